@@ -1,0 +1,61 @@
+// AdamW over flat f32 buffers, and the sum of squares behind the global gradient norm.
+//
+// sum_squares sums fixed 4096-element chunks in double, then adds the chunk sums in order: the
+// result is bit-identical for any thread count, which keeps runs reproducible.
+#include <cmath>
+#include <vector>
+
+#include "tensor/cpu/dispatch.h"
+#include "tensor/ops.h"
+
+namespace megatron::ops {
+
+void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad,
+                const AdamWSpec& spec) {
+  cpu::check_numel(param, grad, "adamw_step");
+  cpu::check_numel(param, exp_avg, "adamw_step");
+  cpu::check_numel(param, exp_avg_sq, "adamw_step");
+  MEGATRON_CHECK(spec.step >= 1, "adamw_step: step must be >= 1, got ", spec.step);
+  cpu::dispatch_float(param, "adamw_step", [&]<typename T>() {
+    T *p = param.data<T>(), *m = exp_avg.data<T>(), *v = exp_avg_sq.data<T>();
+    const T* g = grad.data<T>();
+    const double bc1 = 1.0 - std::pow(static_cast<double>(spec.beta1), spec.step);
+    const double bc2 = 1.0 - std::pow(static_cast<double>(spec.beta2), spec.step);
+    const T b1 = spec.beta1, b2 = spec.beta2, lr = spec.lr, wd = spec.weight_decay;
+    const T eps = spec.eps;
+    const T inv_bc1 = static_cast<T>(1.0 / bc1), inv_sqrt_bc2 = static_cast<T>(1.0 / std::sqrt(bc2));
+    const int64_t n = param.numel();
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      T mi = b1 * m[i] + (1 - b1) * g[i];
+      T vi = b2 * v[i] + (1 - b2) * g[i] * g[i];
+      m[i] = mi;
+      v[i] = vi;
+      T update = (mi * inv_bc1) / (std::sqrt(vi) * inv_sqrt_bc2 + eps) + wd * p[i];
+      p[i] -= lr * update;
+    }
+  });
+}
+
+double sum_squares(const Tensor& x) {
+  constexpr int64_t kChunk = 4096;
+  const int64_t n = x.numel();
+  const int64_t nchunks = (n + kChunk - 1) / kChunk;
+  std::vector<double> partial(static_cast<size_t>(nchunks));
+  cpu::dispatch_float(x, "sum_squares", [&]<typename T>() {
+    const T* p = x.data<T>();
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < nchunks; ++c) {
+      double s = 0;
+      for (int64_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); ++i) {
+        s += static_cast<double>(p[i]) * p[i];
+      }
+      partial[c] = s;
+    }
+  });
+  double total = 0;
+  for (double s : partial) total += s;
+  return total;
+}
+
+}  // namespace megatron::ops

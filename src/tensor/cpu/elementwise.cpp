@@ -1,0 +1,228 @@
+// Elementwise CPU kernels: adds, bias, GELU, SwiGLU, dropout. Memory-bound loops, OpenMP over
+// elements or rows, vectorised by the compiler. Templated on float/double.
+#include <cmath>
+
+#include "core/philox.h"
+#include "tensor/cpu/dispatch.h"
+#include "tensor/ops.h"
+
+namespace megatron::ops {
+using cpu::dispatch_float;
+using cpu::rows_of;
+
+void add(Tensor& out, const Tensor& a, const Tensor& b) {
+  cpu::check_numel(out, a, "add");
+  cpu::check_numel(a, b, "add");
+  cpu::check_same_dtype(out, a, "add");
+  cpu::check_same_dtype(a, b, "add");
+  dispatch_float(out, "add", [&]<typename T>() {
+    T* o = out.data<T>();
+    const T *x = a.data<T>(), *y = b.data<T>();
+    int64_t n = out.numel();
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) o[i] = x[i] + y[i];
+  });
+}
+
+void add_inplace(Tensor& out, const Tensor& a) {
+  cpu::check_numel(out, a, "add_inplace");
+  cpu::check_same_dtype(out, a, "add_inplace");
+  dispatch_float(out, "add_inplace", [&]<typename T>() {
+    T* o = out.data<T>();
+    const T* x = a.data<T>();
+    int64_t n = out.numel();
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) o[i] += x[i];
+  });
+}
+
+void bias_add(Tensor& x, const Tensor& bias) {
+  MEGATRON_CHECK(bias.ndim() == 1 && x.dim(-1) == bias.dim(0), "bias_add: bias ", bias.str(),
+                 " does not match the last dim of ", x.str());
+  cpu::check_same_dtype(x, bias, "bias_add");
+  dispatch_float(x, "bias_add", [&]<typename T>() {
+    T* p = x.data<T>();
+    const T* b = bias.data<T>();
+    int64_t rows = rows_of(x), c = bias.dim(0);
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      T* row = p + r * c;
+#pragma omp simd
+      for (int64_t j = 0; j < c; ++j) row[j] += b[j];
+    }
+  });
+}
+
+void bias_backward(Tensor& dbias, const Tensor& dy) {
+  MEGATRON_CHECK(dbias.ndim() == 1 && dy.dim(-1) == dbias.dim(0), "bias_backward: dbias ",
+                 dbias.str(), " does not match the last dim of ", dy.str());
+  cpu::check_same_dtype(dbias, dy, "bias_backward");
+  dispatch_float(dy, "bias_backward", [&]<typename T>() {
+    T* db = dbias.data<T>();
+    const T* g = dy.data<T>();
+    int64_t rows = rows_of(dy), c = dbias.dim(0);
+    // Parallel over columns: each thread sums its columns over all rows in row order, so the
+    // result does not depend on the thread count.
+#pragma omp parallel for schedule(static)
+    for (int64_t j0 = 0; j0 < c; j0 += 64) {
+      int64_t j1 = std::min(c, j0 + 64);
+      T acc[64] = {};
+      for (int64_t r = 0; r < rows; ++r) {
+        const T* row = g + r * c;
+        for (int64_t j = j0; j < j1; ++j) acc[j - j0] += row[j];
+      }
+      for (int64_t j = j0; j < j1; ++j) db[j] += acc[j - j0];
+    }
+  });
+}
+
+void scale_inplace(Tensor& x, double factor) {
+  dispatch_float(x, "scale_inplace", [&]<typename T>() {
+    T* p = x.data<T>();
+    T f = static_cast<T>(factor);
+    int64_t n = x.numel();
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) p[i] *= f;
+  });
+}
+
+namespace {
+constexpr double kSqrt2OverPi = 0.7978845608028654;
+constexpr double kInvSqrt2 = 0.7071067811865476;
+constexpr double kInvSqrt2Pi = 0.3989422804014327;
+}  // namespace
+
+void gelu_forward(Tensor& out, const Tensor& x, bool tanh_approx) {
+  cpu::check_numel(out, x, "gelu_forward");
+  cpu::check_same_dtype(out, x, "gelu_forward");
+  dispatch_float(x, "gelu_forward", [&]<typename T>() {
+    T* o = out.data<T>();
+    const T* in = x.data<T>();
+    int64_t n = x.numel();
+    if (tanh_approx) {
+#pragma omp parallel for simd schedule(static)
+      for (int64_t i = 0; i < n; ++i) {
+        T v = in[i];
+        T inner = static_cast<T>(kSqrt2OverPi) * (v + static_cast<T>(0.044715) * v * v * v);
+        o[i] = static_cast<T>(0.5) * v * (static_cast<T>(1) + std::tanh(inner));
+      }
+    } else {
+#pragma omp parallel for simd schedule(static)
+      for (int64_t i = 0; i < n; ++i) {
+        T v = in[i];
+        o[i] = static_cast<T>(0.5) * v * (static_cast<T>(1) + std::erf(v * static_cast<T>(kInvSqrt2)));
+      }
+    }
+  });
+}
+
+void gelu_backward(Tensor& dx, const Tensor& dout, const Tensor& x, bool tanh_approx) {
+  cpu::check_numel(dx, x, "gelu_backward");
+  cpu::check_numel(dout, x, "gelu_backward");
+  dispatch_float(x, "gelu_backward", [&]<typename T>() {
+    T* d = dx.data<T>();
+    const T *g = dout.data<T>(), *in = x.data<T>();
+    int64_t n = x.numel();
+    if (tanh_approx) {
+#pragma omp parallel for simd schedule(static)
+      for (int64_t i = 0; i < n; ++i) {
+        T v = in[i];
+        T inner = static_cast<T>(kSqrt2OverPi) * (v + static_cast<T>(0.044715) * v * v * v);
+        T t = std::tanh(inner);
+        T dinner = static_cast<T>(kSqrt2OverPi) * (1 + static_cast<T>(3 * 0.044715) * v * v);
+        T grad = static_cast<T>(0.5) * (1 + t) + static_cast<T>(0.5) * v * (1 - t * t) * dinner;
+        d[i] = g[i] * grad;
+      }
+    } else {
+#pragma omp parallel for simd schedule(static)
+      for (int64_t i = 0; i < n; ++i) {
+        T v = in[i];
+        T cdf = static_cast<T>(0.5) * (1 + std::erf(v * static_cast<T>(kInvSqrt2)));
+        T pdf = static_cast<T>(kInvSqrt2Pi) * std::exp(static_cast<T>(-0.5) * v * v);
+        d[i] = g[i] * (cdf + v * pdf);
+      }
+    }
+  });
+}
+
+void swiglu_forward(Tensor& out, const Tensor& x) {
+  int64_t f = out.dim(-1);
+  MEGATRON_CHECK(x.dim(-1) == 2 * f && rows_of(x) == rows_of(out), "swiglu_forward: input ",
+                 x.str(), " must be [rows, 2f] for output ", out.str());
+  dispatch_float(x, "swiglu_forward", [&]<typename T>() {
+    T* o = out.data<T>();
+    const T* in = x.data<T>();
+    int64_t rows = rows_of(x);
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* gate = in + r * 2 * f;
+      const T* up = gate + f;
+      T* orow = o + r * f;
+#pragma omp simd
+      for (int64_t j = 0; j < f; ++j) {
+        T a = gate[j];
+        orow[j] = a / (1 + std::exp(-a)) * up[j];
+      }
+    }
+  });
+}
+
+void swiglu_backward(Tensor& dx, const Tensor& dout, const Tensor& x) {
+  int64_t f = dout.dim(-1);
+  MEGATRON_CHECK(x.dim(-1) == 2 * f && dx.numel() == x.numel(), "swiglu_backward: shapes ",
+                 dx.str(), ", ", dout.str(), ", ", x.str());
+  dispatch_float(x, "swiglu_backward", [&]<typename T>() {
+    T* d = dx.data<T>();
+    const T *g = dout.data<T>(), *in = x.data<T>();
+    int64_t rows = rows_of(x);
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* gate = in + r * 2 * f;
+      const T* up = gate + f;
+      const T* grow = g + r * f;
+      T* dgate = d + r * 2 * f;
+      T* dup = dgate + f;
+#pragma omp simd
+      for (int64_t j = 0; j < f; ++j) {
+        T a = gate[j];
+        T sig = 1 / (1 + std::exp(-a));
+        T silu = a * sig;
+        dup[j] = grow[j] * silu;
+        dgate[j] = grow[j] * up[j] * sig * (1 + a * (1 - sig));
+      }
+    }
+  });
+}
+
+namespace {
+template <typename T>
+void dropout_apply(T* out, const T* in, int64_t n, float p, uint64_t seed, uint64_t stream) {
+  T scale = static_cast<T>(1.0 / (1.0 - p));
+  // Blocks of 4 elements share one Philox call (4 lanes).
+#pragma omp parallel for schedule(static)
+  for (int64_t i0 = 0; i0 < n; i0 += 4) {
+    auto b = Philox::block(seed, static_cast<uint64_t>(i0) >> 2, stream);
+    for (int64_t i = i0; i < std::min(n, i0 + 4); ++i) {
+      float u = static_cast<float>(b[i - i0] >> 8) * (1.0f / 16777216.0f);
+      out[i] = u >= p ? in[i] * scale : static_cast<T>(0);
+    }
+  }
+}
+}  // namespace
+
+void dropout_forward(Tensor& out, const Tensor& x, float p, uint64_t seed, uint64_t stream) {
+  cpu::check_numel(out, x, "dropout_forward");
+  MEGATRON_CHECK(p >= 0 && p < 1, "dropout probability must be in [0, 1), got ", p);
+  dispatch_float(x, "dropout_forward", [&]<typename T>() {
+    dropout_apply(out.data<T>(), x.data<T>(), x.numel(), p, seed, stream);
+  });
+}
+
+void dropout_backward(Tensor& dx, const Tensor& dout, float p, uint64_t seed, uint64_t stream) {
+  cpu::check_numel(dx, dout, "dropout_backward");
+  dispatch_float(dout, "dropout_backward", [&]<typename T>() {
+    dropout_apply(dx.data<T>(), dout.data<T>(), dout.numel(), p, seed, stream);
+  });
+}
+
+}  // namespace megatron::ops

@@ -1,0 +1,137 @@
+// GEMM through oneDNN (f32, and bf16 inputs with f32 accumulation), plus a plain f64 loop for the
+// finite-difference tests.
+//
+// Transposes are expressed as memory strides, so no copy is made. oneDNN primitives are created
+// once per (M, N, K, transposes, dtype, accumulate) and cached: creating one costs far more than
+// running a small GEMM. The cache is per thread-of-caller (the trainer calls from one thread), so
+// it needs no lock.
+#include <map>
+#include <tuple>
+
+#include <dnnl.hpp>
+
+#include "tensor/cpu/dispatch.h"
+#include "tensor/ops.h"
+
+namespace megatron::ops {
+namespace {
+
+struct GemmKey {
+  int64_t m, n, k;
+  bool ta, tb;
+  DType dtype;
+  bool accumulate;
+  auto tie() const { return std::tie(m, n, k, ta, tb, dtype, accumulate); }
+  bool operator<(const GemmKey& o) const { return tie() < o.tie(); }
+};
+
+class GemmCache {
+ public:
+  static GemmCache& instance() {
+    static thread_local GemmCache cache;
+    return cache;
+  }
+
+  void run(const GemmKey& key, const void* a, const void* b, void* c) {
+    auto it = prims_.find(key);
+    if (it == prims_.end()) it = prims_.emplace(key, create(key)).first;
+    const Entry& e = it->second;
+    dnnl::memory ma(e.a_md, engine_, const_cast<void*>(a));
+    dnnl::memory mb(e.b_md, engine_, const_cast<void*>(b));
+    dnnl::memory mc(e.c_md, engine_, c);
+    e.prim.execute(stream_, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
+    stream_.wait();
+  }
+
+ private:
+  struct Entry {
+    dnnl::memory::desc a_md, b_md, c_md;
+    dnnl::matmul prim;
+  };
+
+  GemmCache() : engine_(dnnl::engine::kind::cpu, 0), stream_(engine_) {}
+
+  Entry create(const GemmKey& key) {
+    using dt = dnnl::memory::data_type;
+    dt in = key.dtype == DType::kBF16 ? dt::bf16 : dt::f32;
+    // Logical A is [m, k]; stored row-major as [m, k] or, when transposed, as [k, m].
+    dnnl::memory::dims a_strides = key.ta ? dnnl::memory::dims{1, key.m}
+                                          : dnnl::memory::dims{key.k, 1};
+    dnnl::memory::dims b_strides = key.tb ? dnnl::memory::dims{1, key.k}
+                                          : dnnl::memory::dims{key.n, 1};
+    Entry e;
+    e.a_md = dnnl::memory::desc({key.m, key.k}, in, a_strides);
+    e.b_md = dnnl::memory::desc({key.k, key.n}, in, b_strides);
+    e.c_md = dnnl::memory::desc({key.m, key.n}, dt::f32, dnnl::memory::dims{key.n, 1});
+    dnnl::primitive_attr attr;
+    if (key.accumulate) {
+      dnnl::post_ops ops;
+      ops.append_sum(1.0f);
+      attr.set_post_ops(ops);
+    }
+    dnnl::matmul::desc desc(e.a_md, e.b_md, e.c_md);
+    dnnl::matmul::primitive_desc pd(desc, attr, engine_);
+    e.prim = dnnl::matmul(pd);
+    return e;
+  }
+
+  dnnl::engine engine_;
+  dnnl::stream stream_;
+  std::map<GemmKey, Entry> prims_;
+};
+
+// C[m, n] (+)= op(A) op(B) in double: the reference path for f64 tensors.
+void gemm_f64(double* c, const double* a, bool ta, const double* b, bool tb, int64_t m, int64_t n,
+              int64_t k, bool accumulate) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double s = 0;
+      for (int64_t p = 0; p < k; ++p) {
+        double av = ta ? a[p * m + i] : a[i * k + p];
+        double bv = tb ? b[j * k + p] : b[p * n + j];
+        s += av * bv;
+      }
+      c[i * n + j] = accumulate ? c[i * n + j] + s : s;
+    }
+  }
+}
+
+}  // namespace
+
+void matmul(Tensor& out, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
+            float beta) {
+  MEGATRON_CHECK(a.ndim() >= 2 && b.ndim() >= 2, "matmul: inputs must have >= 2 dims, got ",
+                 a.str(), " and ", b.str());
+  MEGATRON_CHECK(beta == 0.0f || beta == 1.0f, "matmul: beta must be 0 or 1, got ", beta);
+  // 2-D views: leading dims flattened.
+  const int64_t a_rows = a.numel() / a.dim(-1), a_cols = a.dim(-1);
+  const int64_t b_rows = b.numel() / b.dim(-1), b_cols = b.dim(-1);
+  const int64_t m = trans_a ? a_cols : a_rows, k = trans_a ? a_rows : a_cols;
+  const int64_t kb = trans_b ? b_cols : b_rows, n = trans_b ? b_rows : b_cols;
+  MEGATRON_CHECK(k == kb, "matmul: inner dims differ: op(a) is [", m, ", ", k, "], op(b) is [",
+                 kb, ", ", n, "] (a ", a.str(), trans_a ? "^T" : "", ", b ", b.str(),
+                 trans_b ? "^T" : "", ")");
+  MEGATRON_CHECK(out.numel() == m * n && out.dim(-1) == n, "matmul: out ", out.str(),
+                 " is not [", m, ", ", n, "]");
+  cpu::check_same_dtype(a, b, "matmul");
+  if (m == 0 || n == 0) return;
+  if (a.dtype() == DType::kF64) {
+    MEGATRON_CHECK(out.dtype() == DType::kF64, "matmul: f64 inputs need an f64 output");
+    gemm_f64(out.data<double>(), a.data<double>(), trans_a, b.data<double>(), trans_b, m, n, k,
+             beta != 0.0f);
+    return;
+  }
+  MEGATRON_CHECK(a.dtype() == DType::kF32 || a.dtype() == DType::kBF16,
+                 "matmul: inputs must be f32, bf16 or f64, got ", dtype_name(a.dtype()));
+  MEGATRON_CHECK(out.dtype() == DType::kF32, "matmul: output must be f32, got ",
+                 dtype_name(out.dtype()));
+  if (k == 0) {
+    if (beta == 0.0f) out.zero();
+    return;
+  }
+  GemmCache::instance().run(GemmKey{m, n, k, trans_a, trans_b, a.dtype(), beta != 0.0f}, a.raw(),
+                            b.raw(), out.raw());
+}
+
+}  // namespace megatron::ops

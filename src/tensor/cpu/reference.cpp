@@ -1,0 +1,341 @@
+#include "tensor/cpu/reference.h"
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "core/philox.h"
+
+namespace megatron::ref {
+namespace {
+int64_t rows(const Tensor& t) { return t.numel() / t.dim(-1); }
+const double* P(const Tensor& t) { return t.data<double>(); }
+double* W(Tensor& t) { return t.data<double>(); }
+Tensor like(const Tensor& t) { return Tensor::zeros(t.shape(), DType::kF64); }
+int64_t id_at(const Tensor& ids, int64_t i) {
+  return ids.dtype() == DType::kI64 ? ids.data<int64_t>()[i] : ids.data<int32_t>()[i];
+}
+}  // namespace
+
+Tensor matmul(const Tensor& a, bool ta, const Tensor& b, bool tb) {
+  int64_t ar = rows(a), ac = a.dim(-1), br = rows(b), bc = b.dim(-1);
+  int64_t m = ta ? ac : ar, k = ta ? ar : ac, n = tb ? br : bc;
+  Tensor c = Tensor::zeros({m, n}, DType::kF64);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double s = 0;
+      for (int64_t p = 0; p < k; ++p)
+        s += (ta ? P(a)[p * ac + i] : P(a)[i * ac + p]) * (tb ? P(b)[j * bc + p] : P(b)[p * bc + j]);
+      W(c)[i * n + j] = s;
+    }
+  return c;
+}
+
+Tensor gelu(const Tensor& x, bool tanh_approx) {
+  Tensor y = like(x);
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    double v = P(x)[i];
+    W(y)[i] = tanh_approx
+                  ? 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)))
+                  : 0.5 * v * (1 + std::erf(v / std::sqrt(2.0)));
+  }
+  return y;
+}
+
+Tensor gelu_backward(const Tensor& dout, const Tensor& x, bool tanh_approx) {
+  Tensor dx = like(x);
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    double v = P(x)[i], d;
+    if (tanh_approx) {
+      double u = std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v);
+      double du = std::sqrt(2 / M_PI) * (1 + 3 * 0.044715 * v * v);
+      double t = std::tanh(u);
+      d = 0.5 * (1 + t) + 0.5 * v * (1 - t * t) * du;
+    } else {
+      d = 0.5 * (1 + std::erf(v / std::sqrt(2.0))) + v * std::exp(-0.5 * v * v) / std::sqrt(2 * M_PI);
+    }
+    W(dx)[i] = P(dout)[i] * d;
+  }
+  return dx;
+}
+
+Tensor swiglu(const Tensor& x) {
+  int64_t f = x.dim(-1) / 2, n = rows(x);
+  Tensor y = Tensor::zeros({n, f}, DType::kF64);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t j = 0; j < f; ++j) {
+      double a = P(x)[r * 2 * f + j], u = P(x)[r * 2 * f + f + j];
+      W(y)[r * f + j] = a / (1 + std::exp(-a)) * u;
+    }
+  return y;
+}
+
+Tensor swiglu_backward(const Tensor& dout, const Tensor& x) {
+  int64_t f = x.dim(-1) / 2, n = rows(x);
+  Tensor dx = like(x);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t j = 0; j < f; ++j) {
+      double a = P(x)[r * 2 * f + j], u = P(x)[r * 2 * f + f + j], g = P(dout)[r * f + j];
+      double sig = 1 / (1 + std::exp(-a));
+      W(dx)[r * 2 * f + j] = g * u * (sig + a * sig * (1 - sig));
+      W(dx)[r * 2 * f + f + j] = g * a * sig;
+    }
+  return dx;
+}
+
+Tensor layernorm(const Tensor& x, const Tensor& w, const Tensor& b, double eps) {
+  int64_t h = x.dim(-1);
+  Tensor y = like(x);
+  for (int64_t r = 0; r < rows(x); ++r) {
+    const double* xr = P(x) + r * h;
+    double m = 0, v = 0;
+    for (int64_t j = 0; j < h; ++j) m += xr[j] / h;
+    for (int64_t j = 0; j < h; ++j) v += (xr[j] - m) * (xr[j] - m) / h;
+    for (int64_t j = 0; j < h; ++j)
+      W(y)[r * h + j] = (xr[j] - m) / std::sqrt(v + eps) * P(w)[j] + P(b)[j];
+  }
+  return y;
+}
+
+NormGrads layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& w, double eps) {
+  int64_t h = x.dim(-1);
+  NormGrads g{like(x), Tensor::zeros({h}, DType::kF64), Tensor::zeros({h}, DType::kF64)};
+  for (int64_t r = 0; r < rows(x); ++r) {
+    const double *xr = P(x) + r * h, *gr = P(dout) + r * h;
+    double m = 0, v = 0;
+    for (int64_t j = 0; j < h; ++j) m += xr[j] / h;
+    for (int64_t j = 0; j < h; ++j) v += (xr[j] - m) * (xr[j] - m) / h;
+    double rs = 1 / std::sqrt(v + eps);
+    std::vector<double> xhat(h), dxhat(h);
+    double mean_dxhat = 0, mean_dxhat_xhat = 0;
+    for (int64_t j = 0; j < h; ++j) {
+      xhat[j] = (xr[j] - m) * rs;
+      dxhat[j] = gr[j] * P(w)[j];
+      mean_dxhat += dxhat[j] / h;
+      mean_dxhat_xhat += dxhat[j] * xhat[j] / h;
+      W(g.dweight)[j] += gr[j] * xhat[j];
+      W(g.dbias)[j] += gr[j];
+    }
+    for (int64_t j = 0; j < h; ++j)
+      W(g.dx)[r * h + j] = rs * (dxhat[j] - mean_dxhat - xhat[j] * mean_dxhat_xhat);
+  }
+  return g;
+}
+
+Tensor rmsnorm(const Tensor& x, const Tensor& w, double eps) {
+  int64_t h = x.dim(-1);
+  Tensor y = like(x);
+  for (int64_t r = 0; r < rows(x); ++r) {
+    const double* xr = P(x) + r * h;
+    double ms = 0;
+    for (int64_t j = 0; j < h; ++j) ms += xr[j] * xr[j] / h;
+    for (int64_t j = 0; j < h; ++j) W(y)[r * h + j] = xr[j] / std::sqrt(ms + eps) * P(w)[j];
+  }
+  return y;
+}
+
+NormGrads rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& w, double eps) {
+  int64_t h = x.dim(-1);
+  NormGrads g{like(x), Tensor::zeros({h}, DType::kF64), Tensor()};
+  for (int64_t r = 0; r < rows(x); ++r) {
+    const double *xr = P(x) + r * h, *gr = P(dout) + r * h;
+    double ms = 0;
+    for (int64_t j = 0; j < h; ++j) ms += xr[j] * xr[j] / h;
+    double rs = 1 / std::sqrt(ms + eps), dot = 0;
+    for (int64_t j = 0; j < h; ++j) {
+      dot += gr[j] * P(w)[j] * xr[j] * rs / h;
+      W(g.dweight)[j] += gr[j] * xr[j] * rs;
+    }
+    for (int64_t j = 0; j < h; ++j)
+      W(g.dx)[r * h + j] = rs * (gr[j] * P(w)[j] - xr[j] * rs * dot);
+  }
+  return g;
+}
+
+Tensor embedding(const Tensor& ids, const Tensor& table) {
+  int64_t h = table.dim(1);
+  Tensor y = Tensor::zeros({ids.numel(), h}, DType::kF64);
+  for (int64_t i = 0; i < ids.numel(); ++i)
+    for (int64_t j = 0; j < h; ++j) W(y)[i * h + j] = P(table)[id_at(ids, i) * h + j];
+  return y;
+}
+
+Tensor embedding_backward(const Tensor& dout, const Tensor& ids, int64_t vocab) {
+  int64_t h = dout.dim(-1);
+  Tensor d = Tensor::zeros({vocab, h}, DType::kF64);
+  for (int64_t i = 0; i < ids.numel(); ++i)
+    for (int64_t j = 0; j < h; ++j) W(d)[id_at(ids, i) * h + j] += P(dout)[i * h + j];
+  return d;
+}
+
+Tensor rope(const Tensor& x, const Tensor& positions, const ops::RopeSpec& spec, bool inverse) {
+  int64_t s = x.dim(0), b = x.dim(1), G = x.dim(2), Pp = x.dim(3), hn = x.dim(4);
+  int64_t half = spec.rot_dim / 2;
+  Tensor y = x.clone();
+  for (int64_t t = 0; t < s; ++t)
+    for (int64_t bb = 0; bb < b; ++bb) {
+      double pos = positions.defined() ? positions.data<int64_t>()[t * b + bb] : t;
+      for (int64_t g = 0; g < G; ++g)
+        for (int64_t p = spec.head_begin; p < spec.head_end; ++p) {
+          double* v = W(y) + (((t * b + bb) * G + g) * Pp + p) * hn;
+          for (int64_t j = 0; j < half; ++j) {
+            double theta = pos * std::pow(spec.base, -2.0 * j / spec.rot_dim);
+            if (inverse) theta = -theta;
+            double x1 = v[j], x2 = v[j + half];
+            v[j] = x1 * std::cos(theta) - x2 * std::sin(theta);
+            v[j + half] = x2 * std::cos(theta) + x1 * std::sin(theta);
+          }
+        }
+    }
+  return y;
+}
+
+namespace {
+// Explicit attention pieces for one (batch, head): scores S, probabilities Pm, dropout scale.
+struct HeadView {
+  int64_t s, b, ng, qpg, hn, np;
+  const double* qkv;
+  int64_t tok(int64_t t, int64_t bb) const { return (t * b + bb) * ng * (qpg + 2) * hn; }
+  const double* q(int64_t t, int64_t bb, int64_t h) const {
+    return qkv + tok(t, bb) + ((h / qpg) * (qpg + 2) + h % qpg) * hn;
+  }
+  const double* k(int64_t t, int64_t bb, int64_t h) const {
+    return qkv + tok(t, bb) + ((h / qpg) * (qpg + 2) + qpg) * hn;
+  }
+  const double* v(int64_t t, int64_t bb, int64_t h) const { return k(t, bb, h) + hn; }
+};
+
+HeadView view(const Tensor& qkv, const ops::AttentionSpec& spec) {
+  return HeadView{qkv.dim(0), qkv.dim(1), spec.num_query_groups, spec.queries_per_group,
+                  qkv.dim(4), spec.num_query_groups * spec.queries_per_group, P(qkv)};
+}
+
+// Probabilities (after softmax, before dropout) and dropout keep-scales for (bb, h).
+void probs(const HeadView& hv, const ops::AttentionSpec& spec, int64_t bb, int64_t h,
+           std::vector<double>& pm, std::vector<double>& keep) {
+  int64_t s = hv.s;
+  pm.assign(s * s, 0.0);
+  keep.assign(s * s, 1.0);
+  for (int64_t i = 0; i < s; ++i) {
+    double mx = -std::numeric_limits<double>::infinity();
+    std::vector<double> sc(s, -std::numeric_limits<double>::infinity());
+    for (int64_t j = 0; j < s; ++j) {
+      if (spec.causal && j > i) continue;
+      double d = 0;
+      for (int64_t c = 0; c < hv.hn; ++c) d += hv.q(i, bb, h)[c] * hv.k(j, bb, h)[c];
+      sc[j] = d * spec.scale;
+      mx = std::max(mx, sc[j]);
+    }
+    double z = 0;
+    for (int64_t j = 0; j < s; ++j) z += std::exp(sc[j] - mx);
+    for (int64_t j = 0; j < s; ++j) {
+      pm[i * s + j] = std::exp(sc[j] - mx) / z;
+      if (spec.dropout > 0) {
+        uint64_t idx = static_cast<uint64_t>(((bb * hv.np + h) * s + i) * s + j);
+        keep[i * s + j] = Philox::uniform(spec.seed, spec.stream, idx) >= spec.dropout
+                              ? 1.0 / (1.0 - spec.dropout)
+                              : 0.0;
+      }
+    }
+  }
+}
+}  // namespace
+
+Tensor attention(const Tensor& qkv, const ops::AttentionSpec& spec) {
+  HeadView hv = view(qkv, spec);
+  Tensor out = Tensor::zeros({hv.s, hv.b, hv.np, hv.hn}, DType::kF64);
+  std::vector<double> pm, keep;
+  for (int64_t bb = 0; bb < hv.b; ++bb)
+    for (int64_t h = 0; h < hv.np; ++h) {
+      probs(hv, spec, bb, h, pm, keep);
+      for (int64_t i = 0; i < hv.s; ++i)
+        for (int64_t j = 0; j < hv.s; ++j)
+          for (int64_t c = 0; c < hv.hn; ++c)
+            W(out)[((i * hv.b + bb) * hv.np + h) * hv.hn + c] +=
+                pm[i * hv.s + j] * keep[i * hv.s + j] * hv.v(j, bb, h)[c];
+    }
+  return out;
+}
+
+Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const ops::AttentionSpec& spec) {
+  HeadView hv = view(qkv, spec);
+  Tensor dqkv = like(qkv);
+  std::vector<double> pm, keep;
+  int64_t s = hv.s;
+  auto grad_at = [&](const double* src_ptr) { return W(dqkv) + (src_ptr - hv.qkv); };
+  for (int64_t bb = 0; bb < hv.b; ++bb)
+    for (int64_t h = 0; h < hv.np; ++h) {
+      probs(hv, spec, bb, h, pm, keep);
+      for (int64_t i = 0; i < s; ++i) {
+        const double* go = P(dout) + ((i * hv.b + bb) * hv.np + h) * hv.hn;
+        // dP_ij = keep_ij * dO_i . v_j; dS_ij = P_ij (dP_ij - sum_k P_ik dP_ik)
+        std::vector<double> dp(s, 0.0);
+        double rowsum = 0;
+        for (int64_t j = 0; j < s; ++j) {
+          double d = 0;
+          for (int64_t c = 0; c < hv.hn; ++c) d += go[c] * hv.v(j, bb, h)[c];
+          dp[j] = keep[i * s + j] * d;
+          rowsum += pm[i * s + j] * dp[j];
+        }
+        for (int64_t j = 0; j < s; ++j) {
+          double ds = pm[i * s + j] * (dp[j] - rowsum) * spec.scale;
+          double* dq = grad_at(hv.q(i, bb, h));
+          double* dk = grad_at(hv.k(j, bb, h));
+          double* dv = grad_at(hv.v(j, bb, h));
+          for (int64_t c = 0; c < hv.hn; ++c) {
+            dq[c] += ds * hv.k(j, bb, h)[c];
+            dk[c] += ds * hv.q(i, bb, h)[c];
+            dv[c] += pm[i * s + j] * keep[i * s + j] * go[c];
+          }
+        }
+      }
+    }
+  return dqkv;
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t vocab_size) {
+  int64_t n = rows(logits), vp = logits.dim(-1);
+  Tensor loss = Tensor::zeros({n}, DType::kF64);
+  for (int64_t r = 0; r < n; ++r) {
+    const double* row = P(logits) + r * vp;
+    double mx = -std::numeric_limits<double>::infinity(), z = 0;
+    for (int64_t j = 0; j < vocab_size; ++j) mx = std::max(mx, row[j]);
+    for (int64_t j = 0; j < vocab_size; ++j) z += std::exp(row[j] - mx);
+    W(loss)[r] = mx + std::log(z) - row[targets.data<int64_t>()[r]];
+  }
+  return loss;
+}
+
+Tensor cross_entropy_backward(const Tensor& dloss, const Tensor& logits, const Tensor& targets,
+                              int64_t vocab_size) {
+  int64_t n = rows(logits), vp = logits.dim(-1);
+  Tensor d = like(logits);
+  for (int64_t r = 0; r < n; ++r) {
+    const double* row = P(logits) + r * vp;
+    double mx = -std::numeric_limits<double>::infinity(), z = 0;
+    for (int64_t j = 0; j < vocab_size; ++j) mx = std::max(mx, row[j]);
+    for (int64_t j = 0; j < vocab_size; ++j) z += std::exp(row[j] - mx);
+    for (int64_t j = 0; j < vocab_size; ++j)
+      W(d)[r * vp + j] = P(dloss)[r] * (std::exp(row[j] - mx) / z -
+                                        (j == targets.data<int64_t>()[r] ? 1.0 : 0.0));
+  }
+  return d;
+}
+
+AdamState adamw(const AdamState& s, const Tensor& grad, const ops::AdamWSpec& spec) {
+  AdamState o{s.param.clone(), s.exp_avg.clone(), s.exp_avg_sq.clone()};
+  double bc1 = 1 - std::pow(static_cast<double>(spec.beta1), spec.step);
+  double bc2 = 1 - std::pow(static_cast<double>(spec.beta2), spec.step);
+  for (int64_t i = 0; i < grad.numel(); ++i) {
+    double g = P(grad)[i];
+    double m = spec.beta1 * P(s.exp_avg)[i] + (1 - spec.beta1) * g;
+    double v = spec.beta2 * P(s.exp_avg_sq)[i] + (1 - spec.beta2) * g * g;
+    W(o.exp_avg)[i] = m;
+    W(o.exp_avg_sq)[i] = v;
+    W(o.param)[i] -= spec.lr * ((m / bc1) / (std::sqrt(v / bc2) + spec.eps) +
+                                spec.weight_decay * P(s.param)[i]);
+  }
+  return o;
+}
+
+}  // namespace megatron::ref

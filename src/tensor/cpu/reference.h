@@ -1,0 +1,50 @@
+// Naive fp64 reference implementations of every op in tensor/ops.h: the specification that the
+// fast kernels (and later the CUDA kernels) are tested against. Written for clarity, not speed:
+// single-threaded, no tiling, the formula as printed. All floating tensors are f64; the output
+// arguments are allocated by the callee. Backward functions return fresh gradients (not
+// accumulated).
+#pragma once
+
+#include "tensor/ops.h"
+#include "tensor/tensor.h"
+
+namespace megatron::ref {
+
+Tensor matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b);  // [m, n]
+
+Tensor gelu(const Tensor& x, bool tanh_approx);
+Tensor gelu_backward(const Tensor& dout, const Tensor& x, bool tanh_approx);
+Tensor swiglu(const Tensor& x);
+Tensor swiglu_backward(const Tensor& dout, const Tensor& x);
+
+struct NormGrads {
+  Tensor dx, dweight, dbias;
+};
+Tensor layernorm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps);
+NormGrads layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
+                             double eps);
+Tensor rmsnorm(const Tensor& x, const Tensor& weight, double eps);
+NormGrads rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight, double eps);
+
+Tensor embedding(const Tensor& ids, const Tensor& table);
+Tensor embedding_backward(const Tensor& dout, const Tensor& ids, int64_t vocab);
+
+// Returns a rotated copy of x ([s, b, G, P, hn]).
+Tensor rope(const Tensor& x, const Tensor& positions, const ops::RopeSpec& spec, bool inverse);
+
+// Full softmax attention with an explicit score matrix; out [s, b, np, hn].
+Tensor attention(const Tensor& qkv, const ops::AttentionSpec& spec);
+Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const ops::AttentionSpec& spec);
+
+// Per-row loss (log-sum-exp over the first vocab_size columns minus the target logit).
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t vocab_size);
+Tensor cross_entropy_backward(const Tensor& dloss, const Tensor& logits, const Tensor& targets,
+                              int64_t vocab_size);
+
+// One AdamW step on copies; returns {param, exp_avg, exp_avg_sq}.
+struct AdamState {
+  Tensor param, exp_avg, exp_avg_sq;
+};
+AdamState adamw(const AdamState& s, const Tensor& grad, const ops::AdamWSpec& spec);
+
+}  // namespace megatron::ref

@@ -1,0 +1,111 @@
+#include "tensor/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+namespace megatron {
+
+Storage::Storage(size_t bytes) : bytes_(bytes) {
+  size_t rounded = (bytes + 63) / 64 * 64;
+  data_ = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+  if (!data_) throw std::bad_alloc();
+}
+
+Storage::~Storage() { std::free(data_); }
+
+Tensor Tensor::empty(const Shape& shape, DType dtype) {
+  for (int64_t d : shape) MEGATRON_CHECK(d >= 0, "negative dimension in shape ", shape.str());
+  Tensor t;
+  t.shape_ = shape;
+  t.dtype_ = dtype;
+  t.storage_ = std::make_shared<Storage>(t.nbytes());
+  return t;
+}
+
+Tensor Tensor::zeros(const Shape& shape, DType dtype) {
+  Tensor t = empty(shape, dtype);
+  std::memset(t.raw(), 0, t.nbytes());
+  return t;
+}
+
+Tensor Tensor::full(const Shape& shape, double value, DType dtype) {
+  Tensor t = empty(shape, dtype);
+  t.fill(value);
+  return t;
+}
+
+Tensor Tensor::view(const Shape& shape) const {
+  MEGATRON_CHECK(shape.numel() == numel(), "view: cannot view ", shape_.str(), " as ",
+                 shape.str());
+  Tensor t = *this;
+  t.shape_ = shape;
+  return t;
+}
+
+Tensor Tensor::slice0(int64_t begin, int64_t end) const {
+  MEGATRON_CHECK(ndim() >= 1 && 0 <= begin && begin <= end && end <= dim(0), "slice0: rows [",
+                 begin, ", ", end, ") out of range for ", shape_.str());
+  Tensor t = *this;
+  int64_t row = dim(0) == 0 ? 0 : numel() / dim(0);
+  t.offset_ += static_cast<size_t>(begin * row) * dtype_size(dtype_);
+  t.shape_[0] = end - begin;
+  return t;
+}
+
+Tensor Tensor::flat_view(int64_t offset, const Shape& shape) const {
+  MEGATRON_CHECK(offset >= 0 && offset + shape.numel() <= numel(), "flat_view: ", shape.str(),
+                 " at offset ", offset, " exceeds ", shape_.str());
+  Tensor t = *this;
+  t.offset_ += static_cast<size_t>(offset) * dtype_size(dtype_);
+  t.shape_ = shape;
+  return t;
+}
+
+Tensor Tensor::to(DType dtype) const {
+  Tensor t = empty(shape_, dtype);
+  convert(t.raw(), dtype, raw(), dtype_, numel());
+  return t;
+}
+
+void Tensor::copy_from(const Tensor& src) {
+  MEGATRON_CHECK(src.numel() == numel(), "copy_from: ", src.str(), " into ", str());
+  convert(raw(), dtype_, src.raw(), src.dtype_, numel());
+}
+
+void Tensor::fill(double value) {
+  int64_t n = numel();
+  switch (dtype_) {
+    case DType::kF32: {
+      float* p = data<float>();
+      for (int64_t i = 0; i < n; ++i) p[i] = static_cast<float>(value);
+      break;
+    }
+    case DType::kF64: {
+      double* p = data<double>();
+      for (int64_t i = 0; i < n; ++i) p[i] = value;
+      break;
+    }
+    default: {
+      float v = static_cast<float>(value);
+      for (int64_t i = 0; i < n; ++i)
+        convert(static_cast<char*>(raw()) + i * dtype_size(dtype_), dtype_, &v, DType::kF32, 1);
+    }
+  }
+}
+
+void Tensor::zero() { std::memset(raw(), 0, nbytes()); }
+
+double Tensor::item(int64_t i) const {
+  MEGATRON_CHECK(i >= 0 && i < numel(), "item: index ", i, " out of range for ", str());
+  double v;
+  convert(&v, DType::kF64, static_cast<const char*>(raw()) + i * dtype_size(dtype_), dtype_, 1);
+  return v;
+}
+
+void check_shape(const Tensor& t, const Shape& expected, const char* what) {
+  MEGATRON_CHECK(t.shape() == expected, what, ": expected shape ", expected.str(), ", got ",
+                 t.shape().str());
+}
+
+}  // namespace megatron

@@ -1,0 +1,41 @@
+// Test helpers shared by every test binary.
+//
+// expect_allclose compares element by element with |got - want| <= atol + rtol * |want| and, on
+// failure, reports the max absolute and relative error and the worst index, so a failing
+// tolerance says by how much it failed.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace megatron::testing {
+
+struct CloseReport {
+  bool ok = true;
+  double max_abs = 0, max_rel = 0;
+  int64_t worst = -1;
+  std::string message;
+};
+
+CloseReport compare(const Tensor& got, const Tensor& want, double atol, double rtol);
+
+// GoogleTest assertion form: EXPECT_TRUE(allclose(got, want, atol, rtol)).
+::testing::AssertionResult allclose(const Tensor& got, const Tensor& want, double atol,
+                                    double rtol);
+
+// Deterministic uniform(-scale, scale) tensor of the given dtype (f32 values rounded to dtype).
+Tensor random_tensor(const Shape& shape, uint64_t seed, double scale = 1.0,
+                     DType dtype = DType::kF32);
+
+// Random token ids in [0, vocab) as int64.
+Tensor random_ids(const Shape& shape, uint64_t seed, int64_t vocab);
+
+// Path of a scratch directory unique to this test (created, emptied).
+std::string scratch_dir(const std::string& name);
+
+}  // namespace megatron::testing
