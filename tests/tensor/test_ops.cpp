@@ -1,0 +1,337 @@
+// Every op of tensor/ops.h against its naive fp64 reference (tensor/cpu/reference.h), at odd
+// shapes, and every backward against central finite differences in fp64.
+//
+// Tolerances: fast-f64 vs reference-f64 differs only by summation order: 1e-10. Fast-f32 vs
+// reference: inputs are O(1) and rows are short, so f32 rounding (6e-8 relative per op, growing
+// with the length of a reduction) stays below 1e-5 relative; we use atol 2e-5, rtol 1e-4.
+// Finite differences with step 1e-6 in fp64 are accurate to about 1e-8 on these smooth
+// functions; we allow 1e-6.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+
+#include "tensor/cpu/reference.h"
+#include "tensor/ops.h"
+#include "testing/testing.h"
+
+namespace megatron {
+namespace {
+
+using testing::allclose;
+using testing::random_tensor;
+
+constexpr double kF32Atol = 2e-5, kF32Rtol = 1e-4;
+constexpr double kF64Tol = 1e-10;
+constexpr double kFdTol = 1e-6;
+
+Tensor f64(const Tensor& t) { return t.to(DType::kF64); }
+
+// Numerical gradient of L(x) = sum(dout * f(x)) with respect to x, by central differences.
+Tensor fd_grad(const std::function<Tensor(const Tensor&)>& f, const Tensor& x, const Tensor& dout) {
+  const double h = 1e-6;
+  Tensor g = Tensor::zeros(x.shape(), DType::kF64);
+  Tensor xp = x.clone();
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    double orig = xp.data<double>()[i];
+    auto loss = [&](double v) {
+      xp.data<double>()[i] = v;
+      Tensor y = f(xp);
+      double s = 0;
+      for (int64_t j = 0; j < y.numel(); ++j) s += y.data<double>()[j] * dout.data<double>()[j];
+      return s;
+    };
+    g.data<double>()[i] = (loss(orig + h) - loss(orig - h)) / (2 * h);
+    xp.data<double>()[i] = orig;
+  }
+  return g;
+}
+
+TEST(Matmul, AllTransposesF32AndF64MatchReference) {
+  const int64_t m = 37, n = 29, k = 53;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      Tensor a = random_tensor(ta ? Shape{k, m} : Shape{m, k}, 1);
+      Tensor b = random_tensor(tb ? Shape{n, k} : Shape{k, n}, 2);
+      Tensor want = ref::matmul(f64(a), ta, f64(b), tb);
+      Tensor c = Tensor::empty({m, n});
+      ops::matmul(c, a, ta, b, tb);
+      EXPECT_TRUE(allclose(c, want, kF32Atol * 10, kF32Rtol)) << "ta=" << ta << " tb=" << tb;
+      Tensor c64 = Tensor::empty({m, n}, DType::kF64);
+      ops::matmul(c64, f64(a), ta, f64(b), tb);
+      EXPECT_TRUE(allclose(c64, want, kF64Tol, kF64Tol));
+      // beta = 1 accumulates into the existing output.
+      Tensor acc = Tensor::full({m, n}, 1.0);
+      ops::matmul(acc, a, ta, b, tb, 1.0f);
+      Tensor want_acc = want.clone();
+      for (int64_t i = 0; i < want_acc.numel(); ++i) want_acc.data<double>()[i] += 1.0;
+      EXPECT_TRUE(allclose(acc, want_acc, kF32Atol * 10, kF32Rtol));
+    }
+  }
+}
+
+TEST(Matmul, Bf16InputsAccumulateInF32) {
+  // bf16 inputs are exact copies of bf16-rounded values; with f32 accumulation the only error is
+  // f32 summation over k = 301 terms: well below 1e-4 relative to the O(sqrt(k)) result.
+  const int64_t m = 19, n = 23, k = 301;
+  Tensor a = random_tensor({m, k}, 3).to(DType::kBF16);
+  Tensor b = random_tensor({n, k}, 4).to(DType::kBF16);
+  Tensor want = ref::matmul(f64(a), false, f64(b), true);
+  Tensor c = Tensor::empty({m, n});
+  ops::matmul(c, a, false, b, true);
+  EXPECT_TRUE(allclose(c, want, 1e-4, 1e-4));
+}
+
+TEST(Matmul, RejectsMismatchedInnerDims) {
+  Tensor a = Tensor::zeros({3, 4}), b = Tensor::zeros({5, 6}), c = Tensor::zeros({3, 6});
+  EXPECT_THROW(ops::matmul(c, a, false, b, false), InvalidArgument);
+}
+
+TEST(Gelu, ExactAndTanhForwardBackward) {
+  for (bool tanh_approx : {false, true}) {
+    Tensor x = random_tensor({7, 13}, 5, 3.0);
+    Tensor y = Tensor::empty(x.shape());
+    ops::gelu_forward(y, x, tanh_approx);
+    EXPECT_TRUE(allclose(y, ref::gelu(f64(x), tanh_approx), kF32Atol, kF32Rtol));
+    Tensor dout = random_tensor(x.shape(), 6);
+    Tensor dx = Tensor::empty(x.shape());
+    ops::gelu_backward(dx, dout, x, tanh_approx);
+    Tensor want = ref::gelu_backward(f64(dout), f64(x), tanh_approx);
+    EXPECT_TRUE(allclose(dx, want, kF32Atol, kF32Rtol));
+    Tensor fd = fd_grad([&](const Tensor& v) { return ref::gelu(v, tanh_approx); }, f64(x), f64(dout));
+    EXPECT_TRUE(allclose(want, fd, kFdTol, kFdTol));
+    // The fast kernel in f64 against finite differences too.
+    Tensor dx64 = Tensor::empty(x.shape(), DType::kF64);
+    ops::gelu_backward(dx64, f64(dout), f64(x), tanh_approx);
+    EXPECT_TRUE(allclose(dx64, fd, kFdTol, kFdTol));
+  }
+}
+
+TEST(Swiglu, ForwardBackward) {
+  Tensor x = random_tensor({5, 2 * 11}, 7, 2.0);
+  Tensor y = Tensor::empty({5, 11});
+  ops::swiglu_forward(y, x);
+  EXPECT_TRUE(allclose(y, ref::swiglu(f64(x)), kF32Atol, kF32Rtol));
+  Tensor dout = random_tensor({5, 11}, 8);
+  Tensor dx = Tensor::empty(x.shape(), DType::kF64);
+  ops::swiglu_backward(dx, f64(dout), f64(x));
+  Tensor fd = fd_grad([&](const Tensor& v) { return ref::swiglu(v); }, f64(x), f64(dout));
+  EXPECT_TRUE(allclose(dx, fd, kFdTol, kFdTol));
+  EXPECT_TRUE(allclose(ref::swiglu_backward(f64(dout), f64(x)), fd, kFdTol, kFdTol));
+}
+
+TEST(LayerNorm, ForwardBackwardAndParamGrads) {
+  const int64_t rows = 9, h = 37;
+  Tensor x = random_tensor({3, 3, h}, 9, 2.0), w = random_tensor({h}, 10), b = random_tensor({h}, 11);
+  Tensor y = Tensor::empty(x.shape()), mean = Tensor::empty({rows}), rstd = Tensor::empty({rows});
+  ops::layernorm_forward(y, mean, rstd, x, w, b, 1e-5f);
+  EXPECT_TRUE(allclose(y, ref::layernorm(f64(x), f64(w), f64(b), 1e-5), kF32Atol, kF32Rtol));
+
+  Tensor x64 = f64(x), w64 = f64(w), b64 = f64(b), dout = random_tensor(x.shape(), 12, 1.0, DType::kF64);
+  Tensor y64 = Tensor::empty(x.shape(), DType::kF64), m64 = Tensor::empty({rows}, DType::kF64),
+         r64 = Tensor::empty({rows}, DType::kF64);
+  ops::layernorm_forward(y64, m64, r64, x64, w64, b64, 1e-5f);
+  Tensor dx = Tensor::empty(x.shape(), DType::kF64), dw = Tensor::zeros({h}, DType::kF64),
+         db = Tensor::zeros({h}, DType::kF64);
+  ops::layernorm_backward(dx, dw, db, dout, x64, w64, m64, r64);
+  // eps as the kernel sees it: 1e-5 rounded to f32.
+  const double eps = static_cast<double>(1e-5f);
+  EXPECT_TRUE(allclose(dx, fd_grad([&](const Tensor& v) { return ref::layernorm(v, w64, b64, eps); }, x64, dout), kFdTol, kFdTol));
+  EXPECT_TRUE(allclose(dw, fd_grad([&](const Tensor& v) { return ref::layernorm(x64, v, b64, eps); }, w64, dout), kFdTol, kFdTol));
+  EXPECT_TRUE(allclose(db, fd_grad([&](const Tensor& v) { return ref::layernorm(x64, w64, v, eps); }, b64, dout), kFdTol, kFdTol));
+  // Parameter gradients accumulate.
+  ops::layernorm_backward(dx, dw, db, dout, x64, w64, m64, r64);
+  auto g = ref::layernorm_backward(dout, x64, w64, eps);
+  ops::scale_inplace(g.dweight, 2.0);
+  EXPECT_TRUE(allclose(dw, g.dweight, 1e-9, 1e-9));
+  // f32 backward against the reference.
+  Tensor dx32 = Tensor::empty(x.shape()), dw32 = Tensor::zeros({h}), db32 = Tensor::zeros({h});
+  ops::layernorm_backward(dx32, dw32, db32, dout.to(DType::kF32), x, w, mean, rstd);
+  EXPECT_TRUE(allclose(dx32, g.dx, kF32Atol * 5, kF32Rtol));
+  EXPECT_TRUE(allclose(db32, g.dbias, kF32Atol, kF32Rtol));
+}
+
+TEST(RMSNorm, ForwardBackwardAndParamGrads) {
+  const int64_t rows = 7, h = 29;
+  Tensor x64 = random_tensor({rows, h}, 13, 2.0, DType::kF64), w64 = random_tensor({h}, 14, 1.0, DType::kF64);
+  const double eps = static_cast<double>(1e-6f);
+  Tensor y = Tensor::empty({rows, h}), rstd = Tensor::empty({rows});
+  ops::rmsnorm_forward(y, rstd, x64.to(DType::kF32), w64.to(DType::kF32), 1e-6f);
+  EXPECT_TRUE(allclose(y, ref::rmsnorm(x64, w64, eps), kF32Atol, kF32Rtol));
+  Tensor dout = random_tensor({rows, h}, 15, 1.0, DType::kF64);
+  Tensor y64 = Tensor::empty({rows, h}, DType::kF64), r64 = Tensor::empty({rows}, DType::kF64);
+  ops::rmsnorm_forward(y64, r64, x64, w64, 1e-6f);
+  Tensor dx = Tensor::empty({rows, h}, DType::kF64), dw = Tensor::zeros({h}, DType::kF64);
+  ops::rmsnorm_backward(dx, dw, dout, x64, w64, r64);
+  EXPECT_TRUE(allclose(dx, fd_grad([&](const Tensor& v) { return ref::rmsnorm(v, w64, eps); }, x64, dout), kFdTol, kFdTol));
+  EXPECT_TRUE(allclose(dw, fd_grad([&](const Tensor& v) { return ref::rmsnorm(x64, v, eps); }, w64, dout), kFdTol, kFdTol));
+  auto g = ref::rmsnorm_backward(dout, x64, w64, eps);
+  EXPECT_TRUE(allclose(dx, g.dx, 1e-9, 1e-9));
+}
+
+TEST(Embedding, LookupAndDeterministicScatterAdd) {
+  const int64_t vocab = 17, h = 70;  // h > 64 exercises two column chunks
+  Tensor table = random_tensor({vocab, h}, 16);
+  Tensor ids = testing::random_ids({5, 3}, 17, vocab);  // 15 tokens over 17 ids: repeats likely
+  ids.data<int64_t>()[3] = ids.data<int64_t>()[0];     // and at least one for sure
+  Tensor out = Tensor::empty({15, h});
+  ops::embedding_forward(out, ids, table);
+  EXPECT_TRUE(allclose(out, ref::embedding(ids, f64(table)), 0, 0));
+  Tensor dout = random_tensor({15, h}, 18);
+  Tensor dt = Tensor::zeros({vocab, h});
+  ops::embedding_backward(dt, dout, ids);
+  EXPECT_TRUE(allclose(dt, ref::embedding_backward(f64(dout), ids, vocab), kF32Atol, kF32Rtol));
+  Tensor bad = Tensor::full({2}, 0.0, DType::kI64);
+  bad.data<int64_t>()[1] = vocab;
+  Tensor out2 = Tensor::empty({2, h});
+  EXPECT_THROW(ops::embedding_forward(out2, bad, table), InvalidArgument);
+}
+
+TEST(Rope, MatchesReferenceAndInverseUndoes) {
+  // [s, b, G, P, hn] with the packed-QKV use: rotate the first qpg + 1 heads of each group.
+  const int64_t s = 11, b = 2, G = 2, P = 4, hn = 12;
+  ops::RopeSpec spec{0, 3, 8, 10000.0f};  // partial rotary: 8 of 12 channels
+  Tensor x = random_tensor({s, b, G, P, hn}, 19);
+  Tensor y = x.clone();
+  ops::rope_inplace(y, Tensor(), spec, false);
+  EXPECT_TRUE(allclose(y, ref::rope(f64(x), Tensor(), spec, false), kF32Atol, kF32Rtol));
+  ops::rope_inplace(y, Tensor(), spec, true);
+  EXPECT_TRUE(allclose(y, x, 1e-5, 1e-5));
+  // Backward of a rotation is the inverse rotation: check by finite differences.
+  Tensor x64 = f64(x), dout = random_tensor(x.shape(), 20, 1.0, DType::kF64);
+  Tensor dx = dout.clone();
+  ops::rope_inplace(dx, Tensor(), spec, true);
+  EXPECT_TRUE(allclose(dx, fd_grad([&](const Tensor& v) { return ref::rope(v, Tensor(), spec, false); }, x64, dout), kFdTol, kFdTol));
+  // Explicit positions.
+  Tensor pos = Tensor::empty({s, b}, DType::kI64);
+  for (int64_t i = 0; i < s * b; ++i) pos.data<int64_t>()[i] = (i * 7) % 5;
+  Tensor z = x.clone();
+  ops::rope_inplace(z, pos, spec, false);
+  EXPECT_TRUE(allclose(z, ref::rope(f64(x), pos, spec, false), kF32Atol, kF32Rtol));
+}
+
+struct AttnCase {
+  int64_t s, b, ng, qpg, hn;
+  bool causal;
+  float dropout;
+};
+
+class AttentionTest : public ::testing::TestWithParam<AttnCase> {};
+
+TEST_P(AttentionTest, ForwardBackwardMatchReferenceAndFiniteDifferences) {
+  const AttnCase c = GetParam();
+  ops::AttentionSpec spec{c.ng, c.qpg, 1.0f / std::sqrt(static_cast<float>(c.hn)), c.causal,
+                          c.dropout, 42, 7};
+  const int64_t np = c.ng * c.qpg;
+  Tensor qkv = random_tensor({c.s, c.b, c.ng, c.qpg + 2, c.hn}, 21, 1.5);
+  Tensor out = Tensor::empty({c.s, c.b, np, c.hn}), lse = Tensor::empty({c.b, np, c.s});
+  ops::attention_forward(out, lse, qkv, spec);
+  Tensor want = ref::attention(f64(qkv), spec);
+  EXPECT_TRUE(allclose(out, want, kF32Atol, kF32Rtol));
+
+  Tensor dout = random_tensor(out.shape(), 22);
+  Tensor dqkv = Tensor::empty(qkv.shape());
+  ops::attention_backward(dqkv, dout, qkv, out, lse, spec);
+  Tensor want_d = ref::attention_backward(f64(dout), f64(qkv), spec);
+  EXPECT_TRUE(allclose(dqkv, want_d, kF32Atol * 5, kF32Rtol));
+
+  // Reference backward vs finite differences of the reference forward (f64).
+  if (c.s * c.b * c.ng * (c.qpg + 2) * c.hn <= 2000) {
+    Tensor fd = fd_grad([&](const Tensor& v) { return ref::attention(v, spec); }, f64(qkv), f64(dout));
+    EXPECT_TRUE(allclose(want_d, fd, kFdTol, kFdTol));
+    // Fast kernel in f64.
+    Tensor o64 = Tensor::empty(out.shape(), DType::kF64), l64 = Tensor::empty(lse.shape(), DType::kF64);
+    ops::attention_forward(o64, l64, f64(qkv), spec);
+    Tensor d64 = Tensor::empty(qkv.shape(), DType::kF64);
+    ops::attention_backward(d64, f64(dout), f64(qkv), o64, l64, spec);
+    EXPECT_TRUE(allclose(d64, fd, kFdTol, kFdTol));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, AttentionTest,
+    ::testing::Values(AttnCase{5, 2, 2, 1, 4, true, 0.0f},      // MHA, tiny, FD-checked
+                      AttnCase{7, 1, 1, 3, 3, true, 0.0f},      // GQA 3 queries per group
+                      AttnCase{6, 1, 2, 2, 4, false, 0.0f},     // non-causal
+                      AttnCase{5, 2, 1, 2, 4, true, 0.3f},      // dropout, FD-checked
+                      AttnCase{131, 2, 2, 2, 16, true, 0.0f},   // > 2 tiles, odd length
+                      AttnCase{70, 1, 1, 1, 8, true, 0.1f}));   // dropout across tiles
+
+TEST(CrossEntropy, MaskedPaddingForwardBackward) {
+  const int64_t n = 6, vp = 40, vocab = 33;  // 7 padding columns
+  Tensor logits = random_tensor({n, vp}, 23, 4.0);
+  // Padding columns hold large values: they must not leak into the softmax.
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t j = vocab; j < vp; ++j) logits.data<float>()[r * vp + j] = 50.0f;
+  Tensor targets = testing::random_ids({n}, 24, vocab);
+  Tensor loss = Tensor::empty({n}), lse = Tensor::empty({n});
+  ops::cross_entropy_forward(loss, lse, logits, targets, vocab);
+  EXPECT_TRUE(allclose(loss, ref::cross_entropy(f64(logits), targets, vocab), kF32Atol, kF32Rtol));
+  Tensor dloss = random_tensor({n}, 25);
+  Tensor dlogits = logits.clone();  // in place over a copy of the logits
+  ops::cross_entropy_backward(dlogits, dloss, dlogits, lse, targets, vocab);
+  Tensor want = ref::cross_entropy_backward(f64(dloss), f64(logits), targets, vocab);
+  EXPECT_TRUE(allclose(dlogits, want, kF32Atol, kF32Rtol));
+  Tensor fd = fd_grad([&](const Tensor& v) { return ref::cross_entropy(v, targets, vocab); }, f64(logits), f64(dloss));
+  EXPECT_TRUE(allclose(want, fd, kFdTol, kFdTol));
+  Tensor lp = Tensor::empty({n});
+  ops::log_softmax_gather(lp, logits, targets, vocab);
+  for (int64_t r = 0; r < n; ++r) EXPECT_NEAR(lp.item(r), -loss.item(r), 1e-5);
+  Tensor bad = targets.clone();
+  bad.data<int64_t>()[0] = vocab;  // a padding id is never a valid target
+  EXPECT_THROW(ops::cross_entropy_forward(loss, lse, logits, bad, vocab), InvalidArgument);
+}
+
+TEST(AdamW, MatchesReferenceOverSteps) {
+  const int64_t n = 1001;
+  Tensor p = random_tensor({n}, 26), m = Tensor::zeros({n}), v = Tensor::zeros({n});
+  ref::AdamState st{f64(p), Tensor::zeros({n}, DType::kF64), Tensor::zeros({n}, DType::kF64)};
+  for (int64_t step = 1; step <= 5; ++step) {
+    Tensor g = random_tensor({n}, 100 + static_cast<uint64_t>(step));
+    ops::AdamWSpec spec{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, step};
+    ops::adamw_step(p, m, v, g, spec);
+    st = ref::adamw(st, f64(g), spec);
+  }
+  EXPECT_TRUE(allclose(p, st.param, 1e-6, 1e-5));
+  EXPECT_TRUE(allclose(v, st.exp_avg_sq, 1e-7, 1e-5));
+}
+
+TEST(Dropout, MaskIsDeterministicScaledAndReproducedInBackward) {
+  Tensor x = Tensor::full({1000}, 1.0);
+  Tensor y = Tensor::empty({1000}), y2 = Tensor::empty({1000});
+  ops::dropout_forward(y, x, 0.25f, 5, 9);
+  ops::dropout_forward(y2, x, 0.25f, 5, 9);
+  EXPECT_TRUE(allclose(y, y2, 0, 0));
+  int kept = 0;
+  for (int64_t i = 0; i < 1000; ++i) {
+    ASSERT_TRUE(y.item(i) == 0.0 || std::fabs(y.item(i) - 1 / 0.75) < 1e-6);
+    kept += y.item(i) != 0.0;
+  }
+  // Binomial(1000, 0.75): mean 750, sd 13.7; 5 sd bounds.
+  EXPECT_NEAR(kept, 750, 70);
+  Tensor dx = Tensor::empty({1000});
+  ops::dropout_backward(dx, x, 0.25f, 5, 9);
+  EXPECT_TRUE(allclose(dx, y, 0, 0));
+}
+
+TEST(SumSquares, IndependentOfThreadsAndExact) {
+  Tensor x = random_tensor({10007}, 27);
+  double want = 0;
+  for (int64_t i = 0; i < x.numel(); ++i) want += x.item(i) * x.item(i);
+  EXPECT_NEAR(ops::sum_squares(x), want, 1e-9 * want);
+}
+
+TEST(Bf16, ConversionRoundsToNearestEven) {
+  EXPECT_EQ(f32_to_bf16(1.0f).bits, 0x3f80);
+  // 1 + 2^-8 is exactly halfway between two bf16 values: ties to even (down to 1.0).
+  EXPECT_EQ(f32_to_bf16(1.00390625f).bits, 0x3f80);
+  EXPECT_EQ(f32_to_bf16(1.01171875f).bits, 0x3f82);  // halfway, rounds up to even
+  EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16(std::nanf("")))));
+  EXPECT_EQ(f16_to_f32(f32_to_f16(65504.0f)), 65504.0f);
+  Tensor x = random_tensor({100}, 28);
+  EXPECT_TRUE(allclose(x.to(DType::kBF16).to(DType::kF32), x, 0, 1.0 / 256));
+  EXPECT_TRUE(allclose(x.to(DType::kF16).to(DType::kF32), x, 1e-7, 1.0 / 2048));
+}
+
+}  // namespace
+}  // namespace megatron
