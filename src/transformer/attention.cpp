@@ -1,0 +1,76 @@
+#include "transformer/attention.h"
+
+#include <cmath>
+
+#include "tensor/ops.h"
+
+namespace megatron {
+
+namespace {
+int64_t qkv_width(const TransformerConfig& c) {
+  return (c.num_attention_heads + 2 * c.num_query_groups) * c.head_dim();
+}
+}  // namespace
+
+SelfAttention::SelfAttention(const std::string& name, const TransformerConfig& cfg,
+                             int64_t layer_number)
+    : linear_qkv(name + ".linear_qkv", cfg.hidden_size, qkv_width(cfg), cfg.qkv_bias(),
+                 cfg.init_method_std),
+      // Megatron's scaled_init_method_normal: std / sqrt(2 * num_layers) for output projections.
+      linear_proj(name + ".linear_proj", cfg.num_attention_heads * cfg.head_dim(), cfg.hidden_size,
+                  cfg.add_bias_linear,
+                  cfg.init_method_std / std::sqrt(2.0 * static_cast<double>(cfg.num_layers))),
+      cfg_(cfg),
+      layer_(layer_number) {
+  if (cfg.position_embedding == PositionEmbedding::kRope) {
+    rope_.head_begin = 0;
+    rope_.head_end = cfg.queries_per_group() + 1;  // queries and the key; never the value
+    rope_.rot_dim = static_cast<int64_t>(static_cast<double>(cfg.head_dim()) * cfg.rotary_percent);
+    rope_.base = static_cast<float>(cfg.rotary_base);
+  }
+}
+
+void SelfAttention::collect(std::vector<Param*>& out) {
+  linear_qkv.collect(out);
+  linear_proj.collect(out);
+}
+
+Tensor SelfAttention::forward(const Tensor& x, const Tensor& positions, Ctx& ctx,
+                              const ForwardMode& mode) const {
+  const int64_t s = x.dim(0), b = x.dim(1);
+  const int64_t ng = cfg_.num_query_groups, qpg = cfg_.queries_per_group(), hn = cfg_.head_dim();
+  const int64_t np = cfg_.num_attention_heads;
+  Tensor qkv = linear_qkv.forward(x, ctx.qkv_ctx).view({s, b, ng, qpg + 2, hn});
+  if (cfg_.position_embedding == PositionEmbedding::kRope) {
+    ops::rope_inplace(qkv, positions, rope_, false);
+  }
+  ctx.positions = positions;
+  ctx.spec.num_query_groups = ng;
+  ctx.spec.queries_per_group = qpg;
+  ctx.spec.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hn)));
+  ctx.spec.causal = true;
+  ctx.spec.dropout = mode.training ? static_cast<float>(cfg_.attention_dropout) : 0.0f;
+  ctx.spec.seed = mode.seed;
+  ctx.spec.stream = mode.site_stream(layer_, 0);
+  ctx.qkv = qkv;
+  ctx.out = Tensor::empty({s, b, np, hn}, x.dtype());
+  ctx.lse = Tensor::empty({b, np, s}, x.dtype());
+  ops::attention_forward(ctx.out, ctx.lse, qkv, ctx.spec);
+  Tensor y = linear_proj.forward(ctx.out.view({s, b, np * hn}), ctx.proj_ctx);
+  return y.view({s, b, cfg_.hidden_size});
+}
+
+Tensor SelfAttention::backward(const Tensor& dy, Ctx& ctx) const {
+  const int64_t s = ctx.qkv.dim(0), b = ctx.qkv.dim(1);
+  Tensor dout = linear_proj.backward(dy, ctx.proj_ctx).view(ctx.out.shape());
+  Tensor dqkv = Tensor::empty(ctx.qkv.shape(), ctx.qkv.dtype());
+  ops::attention_backward(dqkv, dout, ctx.qkv, ctx.out, ctx.lse, ctx.spec);
+  if (cfg_.position_embedding == PositionEmbedding::kRope) {
+    ops::rope_inplace(dqkv, ctx.positions, rope_, true);
+  }
+  Tensor dx = linear_qkv.backward(dqkv.view({s * b, dqkv.numel() / (s * b)}), ctx.qkv_ctx);
+  ctx = Ctx{};
+  return dx.view({s, b, cfg_.hidden_size});
+}
+
+}  // namespace megatron

@@ -1,0 +1,56 @@
+#include "transformer/config.h"
+
+#include "core/error.h"
+
+namespace megatron {
+
+void TransformerConfig::finalize() {
+  MEGATRON_CHECK(num_layers > 0, "--num-layers must be positive, got ", num_layers);
+  MEGATRON_CHECK(hidden_size > 0, "--hidden-size must be positive, got ", hidden_size);
+  MEGATRON_CHECK(num_attention_heads > 0, "--num-attention-heads must be positive, got ",
+                 num_attention_heads);
+  if (kv_channels == 0) {
+    MEGATRON_CHECK(hidden_size % num_attention_heads == 0, "--hidden-size (", hidden_size,
+                   ") must be divisible by --num-attention-heads (", num_attention_heads,
+                   "), or set --kv-channels explicitly");
+    kv_channels = hidden_size / num_attention_heads;
+  }
+  if (num_query_groups == 0) num_query_groups = num_attention_heads;
+  MEGATRON_CHECK(num_attention_heads % num_query_groups == 0, "--num-attention-heads (",
+                 num_attention_heads, ") must be divisible by --num-query-groups (",
+                 num_query_groups, ")");
+  if (ffn_hidden_size == 0) ffn_hidden_size = 4 * hidden_size;
+  if (max_position_embeddings == 0) max_position_embeddings = seq_length;
+  MEGATRON_CHECK(seq_length > 0, "--seq-length must be positive, got ", seq_length);
+  if (position_embedding == PositionEmbedding::kLearnedAbsolute) {
+    MEGATRON_CHECK(seq_length <= max_position_embeddings, "--seq-length (", seq_length,
+                   ") exceeds --max-position-embeddings (", max_position_embeddings,
+                   "): learned position embeddings have no row for the later positions");
+  }
+  MEGATRON_CHECK(vocab_size > 0, "vocabulary size must be positive (set --vocab-size)");
+  if (padded_vocab_size == 0) padded_vocab_size = vocab_size;
+  MEGATRON_CHECK(padded_vocab_size >= vocab_size, "padded vocabulary ", padded_vocab_size,
+                 " is smaller than the vocabulary ", vocab_size);
+  MEGATRON_CHECK(hidden_dropout >= 0 && hidden_dropout < 1, "--hidden-dropout must be in [0, 1), got ",
+                 hidden_dropout);
+  MEGATRON_CHECK(attention_dropout >= 0 && attention_dropout < 1,
+                 "--attention-dropout must be in [0, 1), got ", attention_dropout);
+  MEGATRON_CHECK(norm_epsilon > 0, "--norm-epsilon must be positive, got ", norm_epsilon);
+  MEGATRON_CHECK(init_method_std > 0, "--init-method-std must be positive, got ", init_method_std);
+  if (position_embedding == PositionEmbedding::kRope) {
+    MEGATRON_CHECK(rotary_percent > 0 && rotary_percent <= 1, "--rotary-percent must be in (0, 1], got ",
+                   rotary_percent);
+    int64_t rot = static_cast<int64_t>(static_cast<double>(kv_channels) * rotary_percent);
+    MEGATRON_CHECK(rot >= 2 && rot % 2 == 0, "rotary dimension kv_channels * --rotary-percent = ",
+                   rot, " must be even and >= 2");
+  }
+}
+
+int64_t pad_vocab_size(int64_t vocab, int64_t divisible_by, int64_t tp) {
+  MEGATRON_CHECK(divisible_by > 0, "--make-vocab-size-divisible-by must be positive, got ",
+                 divisible_by);
+  int64_t multiple = divisible_by * tp;
+  return (vocab + multiple - 1) / multiple * multiple;
+}
+
+}  // namespace megatron

@@ -1,0 +1,57 @@
+// TransformerConfig: the shape and numerics of a transformer stack, as Megatron's
+// TransformerConfig holds them. One field per concern, each with its unit and default. Built by the
+// CLI from Megatron's flags or from a Hugging Face config.json; validated once by validate().
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/dtype.h"
+
+namespace megatron {
+
+enum class Normalization : uint8_t { kLayerNorm, kRMSNorm };
+enum class PositionEmbedding : uint8_t { kLearnedAbsolute, kRope, kNone };
+
+struct TransformerConfig {
+  int64_t num_layers = 0;               // --num-layers
+  int64_t hidden_size = 0;              // --hidden-size
+  int64_t ffn_hidden_size = 0;          // --ffn-hidden-size (0: 4 * hidden, or 8/3 rounded for SwiGLU by the CLI)
+  int64_t num_attention_heads = 0;      // --num-attention-heads
+  int64_t num_query_groups = 0;         // --num-query-groups (0: = heads, i.e. no GQA)
+  int64_t kv_channels = 0;              // --kv-channels (0: hidden / heads)
+  int64_t seq_length = 0;               // --seq-length
+  int64_t max_position_embeddings = 0;  // --max-position-embeddings (0: = seq_length)
+  int64_t vocab_size = 0;               // real vocabulary (tokenizer size)
+  int64_t padded_vocab_size = 0;        // rows of the embedding, see pad_vocab_size()
+
+  Normalization normalization = Normalization::kLayerNorm;  // --normalization
+  double norm_epsilon = 1e-5;                               // --norm-epsilon
+  bool swiglu = false;                                      // --swiglu
+  bool openai_gelu = false;      // --openai-gelu: tanh GELU (HF gelu_new) instead of exact erf
+  bool add_bias_linear = true;   // false with --disable-bias-linear
+  bool add_qkv_bias = false;     // --add-qkv-bias (QKV bias even when linear biases are off)
+  PositionEmbedding position_embedding = PositionEmbedding::kLearnedAbsolute;
+  double rotary_base = 10000;    // --rotary-base
+  double rotary_percent = 1.0;   // --rotary-percent
+  bool untie_embeddings_and_output_weights = false;
+
+  double hidden_dropout = 0.1;     // --hidden-dropout
+  double attention_dropout = 0.1;  // --attention-dropout
+  double init_method_std = 0.02;   // --init-method-std
+
+  DType compute_dtype = DType::kF32;  // kBF16 with --bf16
+
+  int64_t head_dim() const { return kv_channels; }
+  int64_t queries_per_group() const { return num_attention_heads / num_query_groups; }
+  bool qkv_bias() const { return add_bias_linear || add_qkv_bias; }
+
+  // Fills derived defaults (ffn, groups, kv_channels, max positions) and checks consistency;
+  // errors name the flag.
+  void finalize();
+};
+
+// Megatron's padding: the smallest multiple of divisible_by * tp >= vocab.
+int64_t pad_vocab_size(int64_t vocab, int64_t divisible_by, int64_t tp = 1);
+
+}  // namespace megatron

@@ -1,0 +1,23 @@
+// ForwardMode: what a forward pass needs beyond its input: training or not (dropout on/off) and
+// the counter-based RNG coordinates of this micro-batch. Each dropout site derives its own stream
+// from `stream` and a site id, so masks differ across layers and micro-batches yet are exactly
+// reproducible (same seed and step -> same masks, in any parallel layout).
+#pragma once
+
+#include <cstdint>
+
+namespace megatron {
+
+struct ForwardMode {
+  bool training = false;
+  uint64_t seed = 0;
+  uint64_t stream = 0;  // unique per (iteration, micro-batch)
+
+  // Stream for dropout site `site` of layer `layer` (site < 8).
+  uint64_t site_stream(int64_t layer, int site) const {
+    return stream * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(layer) * 8 +
+           static_cast<uint64_t>(site);
+  }
+};
+
+}  // namespace megatron

@@ -1,0 +1,55 @@
+#include "transformer/norm.h"
+
+#include "tensor/ops.h"
+
+namespace megatron {
+
+Norm::Norm(const std::string& name, int64_t hidden, Normalization kind, double eps)
+    : kind_(kind), eps_(static_cast<float>(eps)) {
+  weight.name = name + ".weight";
+  weight.shape = {hidden};
+  weight.init = Init::kOnes;
+  weight.no_weight_decay = true;
+  if (kind == Normalization::kLayerNorm) {
+    bias.name = name + ".bias";
+    bias.shape = {hidden};
+    bias.init = Init::kZeros;
+    bias.no_weight_decay = true;
+  }
+}
+
+void Norm::collect(std::vector<Param*>& out) {
+  out.push_back(&weight);
+  if (kind_ == Normalization::kLayerNorm) out.push_back(&bias);
+}
+
+Tensor Norm::forward(const Tensor& x, Ctx& ctx) const {
+  const int64_t rows = x.numel() / x.dim(-1);
+  Tensor y = Tensor::empty(x.shape(), x.dtype());
+  ctx.x = x;
+  ctx.rstd = Tensor::empty({rows}, x.dtype());
+  if (kind_ == Normalization::kLayerNorm) {
+    ctx.mean = Tensor::empty({rows}, x.dtype());
+    ops::layernorm_forward(y, ctx.mean, ctx.rstd, x, weight.value_as(x.dtype()),
+                           bias.value_as(x.dtype()), eps_);
+  } else {
+    ops::rmsnorm_forward(y, ctx.rstd, x, weight.value_as(x.dtype()), eps_);
+  }
+  return y;
+}
+
+Tensor Norm::backward(const Tensor& dy, Ctx& ctx) const {
+  Tensor dx = Tensor::empty(ctx.x.shape(), ctx.x.dtype());
+  Tensor dw = weight.main_grad;
+  if (kind_ == Normalization::kLayerNorm) {
+    Tensor db = bias.main_grad;
+    ops::layernorm_backward(dx, dw, db, dy, ctx.x, weight.value_as(dy.dtype()), ctx.mean,
+                            ctx.rstd);
+  } else {
+    ops::rmsnorm_backward(dx, dw, dy, ctx.x, weight.value_as(dy.dtype()), ctx.rstd);
+  }
+  ctx = Ctx{};
+  return dx;
+}
+
+}  // namespace megatron

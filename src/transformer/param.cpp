@@ -1,0 +1,80 @@
+#include "transformer/param.h"
+
+#include "core/philox.h"
+
+namespace megatron {
+
+uint64_t stable_hash(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+ParamSet::ParamSet(std::vector<Param*> params, DType compute_dtype)
+    : params_(std::move(params)), compute_dtype_(compute_dtype) {
+  MEGATRON_CHECK(compute_dtype == DType::kF32 || compute_dtype == DType::kBF16 ||
+                     compute_dtype == DType::kF64,
+                 "compute dtype must be f32, bf16 or f64, got ", dtype_name(compute_dtype));
+  int64_t total = 0;
+  offsets_.resize(params_.size());
+  for (size_t i = params_.size(); i-- > 0;) {
+    offsets_[i] = total;
+    // Each param starts on a 64-byte boundary (16 floats) for aligned vector loads.
+    total += (params_[i]->shape.numel() + 15) / 16 * 16;
+  }
+  // f64 models (gradient checks in tests) keep everything in double.
+  DType master = compute_dtype == DType::kF64 ? DType::kF64 : DType::kF32;
+  main_ = Tensor::zeros({total}, master);
+  grads_ = Tensor::zeros({total}, master);
+  compute_ = compute_dtype == master ? main_ : Tensor::zeros({total}, compute_dtype);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Param& p = *params_[i];
+    p.main = main_.flat_view(offsets_[i], p.shape);
+    p.main_grad = grads_.flat_view(offsets_[i], p.shape);
+    p.value = compute_.flat_view(offsets_[i], p.shape);
+  }
+}
+
+void ParamSet::initialize(uint64_t seed) {
+  for (Param* p : params_) {
+    Tensor& t = p->main;
+    switch (p->init) {
+      case Init::kZeros: t.zero(); break;
+      case Init::kOnes: t.fill(1.0); break;
+      case Init::kNormal: {
+        Tensor tmp = Tensor::empty(t.shape(), DType::kF64);
+        double* d = tmp.data<double>();
+        uint64_t stream = stable_hash(p->name);
+        for (int64_t i = 0; i < tmp.numel(); ++i) {
+          d[i] = p->init_std * Philox::normal(seed, stream, static_cast<uint64_t>(i));
+        }
+        t.copy_from(tmp);
+        break;
+      }
+    }
+  }
+  sync_compute_from_main();
+}
+
+void ParamSet::sync_compute_from_main() {
+  if (compute_.raw() != main_.raw()) compute_.copy_from(main_);
+}
+
+Param& ParamSet::find(const std::string& name) const {
+  for (Param* p : params_)
+    if (p->name == name) return *p;
+  MEGATRON_CHECK(false, "no parameter named '", name, "' in the model");
+  __builtin_unreachable();
+}
+
+int64_t ParamSet::offset_of(const Param& p) const {
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (params_[i] == &p) return offsets_[i];
+  MEGATRON_ASSERT(false, "parameter ", p.name, " is not in this set");
+  return -1;
+}
+
+}  // namespace megatron

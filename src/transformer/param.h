@@ -1,0 +1,74 @@
+// Param: one named weight of a model, and ParamSet: the flat buffers behind all of them.
+//
+// A layer declares its Params (name, shape, init, attributes) at construction; ParamSet then lays
+// every Param out contiguously in three flat buffers: fp32 main weights, compute weights (the
+// same buffer in fp32 runs, a bf16 copy in --bf16 runs) and fp32 gradients (main_grad). The
+// optimizer works on the flat buffers; layers see views. Layout is in reverse registration order,
+// as Megatron's gradient buffers are (the last layer's gradients are ready first in backward).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace megatron {
+
+enum class Init : uint8_t {
+  kNormal,  // N(0, std)
+  kZeros,
+  kOnes,
+};
+
+struct Param {
+  std::string name;  // Megatron-core name, e.g. "decoder.layers.0.mlp.linear_fc1.weight"
+  Shape shape;
+  Init init = Init::kNormal;
+  double init_std = 0.02;
+  bool no_weight_decay = false;  // biases and norm weights (Megatron's param groups)
+  bool is_embedding_or_output = false;
+
+  Tensor value;      // compute weights (f32 or bf16), view into ParamSet::compute()
+  Tensor main;       // fp32 main weights, view into ParamSet::main()
+  Tensor main_grad;  // fp32 gradient, view into ParamSet::grads(); accumulated (+=) by backward
+
+  // value in dtype t: the tensor itself when it already is, else a converted copy (bf16 runs use
+  // this for the small 1-D parameters that feed f32 elementwise kernels).
+  Tensor value_as(DType t) const { return value.dtype() == t ? value : value.to(t); }
+};
+
+class ParamSet {
+ public:
+  // Lays out `params` (owned by the layers, which outlive this set) and allocates the buffers.
+  ParamSet(std::vector<Param*> params, DType compute_dtype);
+
+  // Fills main weights from the init spec of each Param: values depend only on (seed, name), never
+  // on the layout or the number of ranks. Then copies main -> compute.
+  void initialize(uint64_t seed);
+  // After the optimizer changed main(): refresh the compute copy (no-op in fp32 runs).
+  void sync_compute_from_main();
+  void zero_grads() { grads_.zero(); }
+
+  const std::vector<Param*>& params() const { return params_; }
+  Param& find(const std::string& name) const;  // error naming the missing parameter
+  Tensor& main() { return main_; }
+  Tensor& grads() { return grads_; }
+  Tensor& compute() { return compute_; }
+  DType compute_dtype() const { return compute_dtype_; }
+  int64_t numel() const { return main_.numel(); }
+  // Offset of a param inside the flat buffers.
+  int64_t offset_of(const Param& p) const;
+
+ private:
+  std::vector<Param*> params_;
+  std::vector<int64_t> offsets_;
+  DType compute_dtype_;
+  Tensor main_, grads_, compute_;
+};
+
+// Stable 64-bit hash of a string (FNV-1a), for per-parameter RNG streams.
+uint64_t stable_hash(const std::string& s);
+
+}  // namespace megatron

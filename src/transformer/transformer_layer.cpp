@@ -1,0 +1,64 @@
+#include "transformer/transformer_layer.h"
+
+#include "tensor/ops.h"
+
+namespace megatron {
+
+TransformerLayer::TransformerLayer(const std::string& name, const TransformerConfig& cfg,
+                                   int64_t layer_number)
+    : input_layernorm(name + ".input_layernorm", cfg.hidden_size, cfg.normalization,
+                      cfg.norm_epsilon),
+      self_attention(name + ".self_attention", cfg, layer_number),
+      pre_mlp_layernorm(name + ".pre_mlp_layernorm", cfg.hidden_size, cfg.normalization,
+                        cfg.norm_epsilon),
+      mlp(name + ".mlp", cfg),
+      cfg_(cfg),
+      layer_(layer_number) {}
+
+void TransformerLayer::collect(std::vector<Param*>& out) {
+  input_layernorm.collect(out);
+  self_attention.collect(out);
+  pre_mlp_layernorm.collect(out);
+  mlp.collect(out);
+}
+
+Tensor TransformerLayer::forward(const Tensor& x, const Tensor& positions, Ctx& ctx,
+                                 const ForwardMode& mode) const {
+  ctx.dropout = mode.training ? static_cast<float>(cfg_.hidden_dropout) : 0.0f;
+  ctx.seed = mode.seed;
+  ctx.stream_attn = mode.site_stream(layer_, 1);
+  ctx.stream_mlp = mode.site_stream(layer_, 2);
+
+  Tensor a = self_attention.forward(input_layernorm.forward(x, ctx.ln1), positions, ctx.attn, mode);
+  Tensor x1 = Tensor::empty(x.shape(), x.dtype());
+  if (ctx.dropout > 0) ops::dropout_forward(a, a, ctx.dropout, ctx.seed, ctx.stream_attn);
+  ops::add(x1, x, a);
+
+  Tensor m = mlp.forward(pre_mlp_layernorm.forward(x1, ctx.ln2), ctx.mlp);
+  if (ctx.dropout > 0) ops::dropout_forward(m, m, ctx.dropout, ctx.seed, ctx.stream_mlp);
+  ops::add_inplace(m, x1);  // out = x1 + dropout(mlp(...)), reusing m's storage
+  return m;
+}
+
+Tensor TransformerLayer::backward(const Tensor& dy, Ctx& ctx) const {
+  // dx1 = dy + d(pre_mlp_layernorm input)
+  Tensor dm = dy;
+  if (ctx.dropout > 0) {
+    dm = Tensor::empty(dy.shape(), dy.dtype());
+    ops::dropout_backward(dm, dy, ctx.dropout, ctx.seed, ctx.stream_mlp);
+  }
+  Tensor dx1 = pre_mlp_layernorm.backward(mlp.backward(dm, ctx.mlp).view(dy.shape()), ctx.ln2);
+  ops::add_inplace(dx1, dy);
+
+  Tensor da = dx1;
+  if (ctx.dropout > 0) {
+    da = Tensor::empty(dx1.shape(), dx1.dtype());
+    ops::dropout_backward(da, dx1, ctx.dropout, ctx.seed, ctx.stream_attn);
+  }
+  Tensor dx = input_layernorm.backward(self_attention.backward(da, ctx.attn), ctx.ln1);
+  ops::add_inplace(dx, dx1);
+  ctx = Ctx{};
+  return dx;
+}
+
+}  // namespace megatron

@@ -1,0 +1,45 @@
+// TransformerLayer: Megatron's pre-norm GPT layer.
+//
+//   x1  = x + dropout(self_attention(input_layernorm(x)))
+//   out = x1 + dropout(mlp(pre_mlp_layernorm(x1)))
+//
+// Backward mirrors it: the residual stream's gradient passes straight through and each branch
+// adds its input gradient.
+#pragma once
+
+#include <string>
+
+#include "transformer/attention.h"
+#include "transformer/mlp.h"
+#include "transformer/norm.h"
+
+namespace megatron {
+
+class TransformerLayer {
+ public:
+  struct Ctx {
+    Norm::Ctx ln1, ln2;
+    SelfAttention::Ctx attn;
+    MLP::Ctx mlp;
+    float dropout = 0;
+    uint64_t seed = 0, stream_attn = 0, stream_mlp = 0;
+  };
+
+  // layer_number is 0-based and global (it keys the layer's dropout streams).
+  TransformerLayer(const std::string& name, const TransformerConfig& cfg, int64_t layer_number);
+
+  Tensor forward(const Tensor& x, const Tensor& positions, Ctx& ctx, const ForwardMode& mode) const;
+  Tensor backward(const Tensor& dy, Ctx& ctx) const;
+  void collect(std::vector<Param*>& out);
+
+  Norm input_layernorm;
+  SelfAttention self_attention;
+  Norm pre_mlp_layernorm;
+  MLP mlp;
+
+ private:
+  const TransformerConfig& cfg_;
+  int64_t layer_;
+};
+
+}  // namespace megatron

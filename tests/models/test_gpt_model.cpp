@@ -1,0 +1,164 @@
+// Whole-model gradient checks: every parameter gradient of tiny GPT-2-style and Llama-style
+// models, in fp64, against central finite differences of the loss. Dropout is on in one case:
+// the counter-based masks are a pure function of (seed, stream), so the loss is a deterministic
+// smooth function of the weights and finite differences apply.
+//
+// Tolerance: step 1e-6 in fp64 gives ~1e-9 truncation + rounding error on O(1) losses; 1e-7
+// absolute plus 1e-5 relative leaves margin without hiding a wrong term (those are O(1e-2+)).
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "models/gpt_model.h"
+#include "tensor/ops.h"
+#include "testing/testing.h"
+
+namespace megatron {
+namespace {
+
+TransformerConfig gpt2_config() {
+  TransformerConfig c;
+  c.num_layers = 2;
+  c.hidden_size = 8;
+  c.num_attention_heads = 2;
+  c.seq_length = 5;
+  c.max_position_embeddings = 7;
+  c.vocab_size = 37;
+  c.padded_vocab_size = 40;
+  c.openai_gelu = true;
+  c.hidden_dropout = 0;
+  c.attention_dropout = 0;
+  c.init_method_std = 0.3;  // large enough that every path carries signal
+  c.compute_dtype = DType::kF64;
+  c.finalize();
+  return c;
+}
+
+TransformerConfig llama_config() {
+  TransformerConfig c = gpt2_config();
+  c.num_attention_heads = 4;
+  c.num_query_groups = 2;
+  c.kv_channels = 0;
+  c.ffn_hidden_size = 12;
+  c.normalization = Normalization::kRMSNorm;
+  c.swiglu = true;
+  c.openai_gelu = false;
+  c.add_bias_linear = false;
+  c.position_embedding = PositionEmbedding::kRope;
+  c.untie_embeddings_and_output_weights = true;
+  c.finalize();
+  return c;
+}
+
+struct Fixture {
+  GPTModel model;
+  ParamSet params;
+  Tensor tokens, labels;
+  Fixture(const TransformerConfig& cfg)
+      : model(cfg), params(model.parameters(), cfg.compute_dtype) {
+    params.initialize(1234);
+    // Perturb norm weights and biases away from 1 / 0 so their gradients are generic.
+    for (Param* p : params.params()) {
+      if (p->init != Init::kNormal) {
+        Tensor noise = testing::random_tensor(p->shape, stable_hash(p->name), 0.2, DType::kF64);
+        ops::add_inplace(p->main, noise);
+      }
+    }
+    params.sync_compute_from_main();
+    tokens = testing::random_ids({2, cfg.seq_length}, 5, cfg.vocab_size);
+    labels = testing::random_ids({2, cfg.seq_length}, 6, cfg.vocab_size);
+  }
+  double loss(const ForwardMode& mode) {
+    GPTModel::Ctx ctx;
+    Tensor l = model.forward(tokens, labels, Tensor(), ctx, mode);
+    double s = 0;
+    for (int64_t i = 0; i < l.numel(); ++i) s += l.item(i);
+    return s / static_cast<double>(l.numel());
+  }
+};
+
+void check_all_gradients(const TransformerConfig& cfg, const ForwardMode& mode) {
+  Fixture f(cfg);
+  GPTModel::Ctx ctx;
+  Tensor l = f.model.forward(f.tokens, f.labels, Tensor(), ctx, mode);
+  Tensor dloss = Tensor::full(l.shape(), 1.0 / static_cast<double>(l.numel()), DType::kF64);
+  f.params.zero_grads();
+  f.model.backward(dloss, ctx);
+
+  const double h = 1e-6;
+  for (Param* p : f.params.params()) {
+    double* w = p->main.data<double>();
+    double max_err = 0;
+    for (int64_t i = 0; i < p->main.numel(); ++i) {
+      const double orig = w[i];
+      w[i] = orig + h;
+      double lp = f.loss(mode);
+      w[i] = orig - h;
+      double lm = f.loss(mode);
+      w[i] = orig;
+      const double fd = (lp - lm) / (2 * h);
+      const double got = p->main_grad.data<double>()[i];
+      max_err = std::max(max_err, std::fabs(got - fd));
+      ASSERT_NEAR(got, fd, 1e-7 + 1e-5 * std::fabs(fd)) << p->name << " element " << i;
+    }
+    // Padding rows of the vocabulary never receive gradient.
+    if (p->is_embedding_or_output) {
+      for (int64_t r = cfg.vocab_size; r < cfg.padded_vocab_size; ++r)
+        for (int64_t j = 0; j < cfg.hidden_size; ++j)
+          ASSERT_EQ(p->main_grad.data<double>()[r * cfg.hidden_size + j], 0.0) << p->name;
+    }
+  }
+}
+
+TEST(GPTModelGradients, Gpt2StyleAllParamsMatchFiniteDifferences) {
+  check_all_gradients(gpt2_config(), ForwardMode{});
+}
+
+TEST(GPTModelGradients, LlamaStyleAllParamsMatchFiniteDifferences) {
+  check_all_gradients(llama_config(), ForwardMode{});
+}
+
+TEST(GPTModelGradients, WithHiddenAndAttentionDropout) {
+  TransformerConfig c = gpt2_config();
+  c.hidden_dropout = 0.2;
+  c.attention_dropout = 0.3;
+  check_all_gradients(c, ForwardMode{true, 99, 3});
+}
+
+TEST(GPTModel, DropoutOnlyInTrainingAndReproducible) {
+  TransformerConfig c = gpt2_config();
+  c.hidden_dropout = 0.2;
+  c.attention_dropout = 0.3;
+  Fixture f(c);
+  double eval1 = f.loss(ForwardMode{});
+  double train1 = f.loss(ForwardMode{true, 99, 3});
+  double train2 = f.loss(ForwardMode{true, 99, 3});
+  double train3 = f.loss(ForwardMode{true, 99, 4});
+  EXPECT_EQ(train1, train2);  // same masks, bit for bit
+  EXPECT_NE(train1, eval1);
+  EXPECT_NE(train1, train3);  // another micro-batch draws other masks
+}
+
+TEST(GPTModel, PaddingLogitsNeverReceiveProbability) {
+  TransformerConfig c = gpt2_config();
+  Fixture f(c);
+  // Make the padding rows of the (tied) embedding huge: with masking, the loss is unchanged.
+  double before = f.loss(ForwardMode{});
+  Param& we = f.model.word_embeddings;
+  for (int64_t r = c.vocab_size; r < c.padded_vocab_size; ++r)
+    for (int64_t j = 0; j < c.hidden_size; ++j) we.main.data<double>()[r * c.hidden_size + j] = 50;
+  f.params.sync_compute_from_main();
+  EXPECT_EQ(f.loss(ForwardMode{}), before);
+}
+
+TEST(GPTModel, InitDependsOnlyOnSeedAndName) {
+  TransformerConfig c = gpt2_config();
+  Fixture a(c), b(c);
+  EXPECT_TRUE(testing::allclose(a.params.main(), b.params.main(), 0, 0));
+  // Output projections use the scaled init std / sqrt(2 L).
+  Param& proj = a.params.find("decoder.layers.0.self_attention.linear_proj.weight");
+  EXPECT_NEAR(proj.init_std, 0.3 / std::sqrt(4.0), 1e-12);
+}
+
+}  // namespace
+}  // namespace megatron
