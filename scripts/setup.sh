@@ -15,6 +15,7 @@ PACKAGES=(
   libbenchmark-dev                 # micro-benchmarks
   python3-torch python3-numpy      # numerics oracle for tests and the PyTorch baseline in bench/
   python3-crcmod                   # independent CRC-32C for the TensorBoard decoder in tests
+  libopenblas0-pthread             # an optimised BLAS for the PyTorch baseline (else reference BLAS)
 )
 
 missing=()

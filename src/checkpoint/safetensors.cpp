@@ -16,8 +16,10 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <tuple>
 
 #include "core/error.h"
 
@@ -44,7 +46,7 @@ struct DTypeName {
 // In the reference writer's order: its dtype enum sorted descending, which puts the widest
 // alignment first and breaks ties the same way (I64 before F64, F32 before I32, BF16 before F16).
 constexpr DTypeName kDTypes[] = {
-    {DType::kI64, "I64"}, {DType::kF64, "F64"},  {DType::kF32, "F32"},
+    {DType::kI64, "I64"}, {DType::kF64, "F64"},   {DType::kF32, "F32"},
     {DType::kI32, "I32"}, {DType::kBF16, "BF16"}, {DType::kF16, "F16"},
 };
 
@@ -59,9 +61,8 @@ int writer_rank(DType dtype) {
 // "unsupported" rather than "unknown".
 bool is_other_safetensors_dtype(const std::string& s) {
   static const std::set<std::string> kOthers = {
-      "BOOL",        "U8",          "I8",   "I16", "U16", "U32",     "U64",     "C64",
-      "F8_E5M2",     "F8_E4M3",     "F8_E8M0",  "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F4",
-      "F6_E2M3",     "F6_E3M2"};
+      "BOOL",    "U8",      "I8",      "I16",         "U16",         "U32", "U64",     "C64",
+      "F8_E5M2", "F8_E4M3", "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F4",  "F6_E2M3", "F6_E3M2"};
   return kOthers.count(s) != 0;
 }
 
@@ -89,7 +90,9 @@ std::string count(uint64_t n, const std::string& noun) {
   return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
 }
 
-std::string system_error() { return std::strerror(errno); }
+std::string system_error() {
+  return std::strerror(errno);
+}
 
 // Parses one header entry; `where` prefixes every message ("safetensors file P: tensor 'x'").
 TensorInfo parse_entry(const std::string& name, const json& entry, const std::string& where) {
@@ -128,8 +131,8 @@ TensorInfo parse_entry(const std::string& name, const json& entry, const std::st
     uint64_t v = 0;
     MEGATRON_CHECK(as_u64(d, &v), where, ": field \"shape\" must be a list of non-negative ",
                    "integers, got ", shape.dump());
-    MEGATRON_CHECK(v <= static_cast<uint64_t>(INT64_MAX), where, ": dimension ", v,
-                   " in shape ", shape.dump(), " is too large");
+    MEGATRON_CHECK(v <= static_cast<uint64_t>(INT64_MAX), where, ": dimension ", v, " in shape ",
+                   shape.dump(), " is too large");
     dims.push_back(static_cast<int64_t>(v));
   }
   info.shape = Shape(dims.begin(), dims.end());
@@ -199,7 +202,9 @@ bool write_all(int fd, const void* p, size_t n) {
 
 }  // namespace
 
-const char* dtype_string(DType dtype) { return kDTypes[writer_rank(dtype)].name; }
+const char* dtype_string(DType dtype) {
+  return kDTypes[writer_rank(dtype)].name;
+}
 
 File File::open(const std::string& path) {
   const std::string where = "safetensors file " + path;
@@ -279,8 +284,8 @@ File File::open(const std::string& path) {
   });
   uint64_t expected = 0;
   for (const TensorInfo* t : by_offset) {
-    MEGATRON_CHECK(t->begin == expected, where, ": tensor '", t->name, "' data_offsets [",
-                   t->begin, ", ", t->end, "] are not contiguous: ",
+    MEGATRON_CHECK(t->begin == expected, where, ": tensor '", t->name, "' data_offsets [", t->begin,
+                   ", ", t->end, "] are not contiguous: ",
                    expected == 0 ? std::string("the first tensor must start at 0")
                                  : "the previous tensor ends at " + std::to_string(expected),
                    " (tensors must tile the data buffer with no gaps or overlaps)");
@@ -289,9 +294,9 @@ File File::open(const std::string& path) {
   const uint64_t data_size = file_size - f.data_start_;
   if (expected != data_size) {
     const uint64_t want = f.data_start_ + expected;
-    MEGATRON_CHECK(false, where, " is truncated or has trailing bytes: its header describes ",
-                   want, " bytes (8 + ", n, " header + ", expected, " data) but the file has ",
-                   file_size, " (",
+    MEGATRON_CHECK(false, where, " is truncated or has trailing bytes: its header describes ", want,
+                   " bytes (8 + ", n, " header + ", expected, " data) but the file has ", file_size,
+                   " (",
                    want > file_size ? count(want - file_size, "byte") + " short"
                                     : count(file_size - want, "trailing byte"),
                    ")");
@@ -320,7 +325,9 @@ File& File::operator=(File&& other) noexcept {
   return *this;
 }
 
-File::~File() { unmap(); }
+File::~File() {
+  unmap();
+}
 
 void File::unmap() {
   if (base_ != nullptr) ::munmap(const_cast<unsigned char*>(base_), size_);
@@ -330,8 +337,8 @@ void File::unmap() {
 
 const TensorInfo& File::info(const std::string& name) const {
   auto it = tensors_.find(name);
-  MEGATRON_CHECK(it != tensors_.end(), "tensor '", name, "' not found in safetensors file ",
-                 path_, " (it has ", tensors_.size(), " tensors)");
+  MEGATRON_CHECK(it != tensors_.end(), "tensor '", name, "' not found in safetensors file ", path_,
+                 " (it has ", tensors_.size(), " tensors)");
   return it->second;
 }
 
@@ -405,19 +412,19 @@ void write(const std::string& path, const std::vector<std::pair<std::string, Ten
   tmp.set_fd(::open(tmp.path().c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   if (tmp.fd() < 0) {
     int err = errno;
-    MEGATRON_CHECK(false, "cannot write ", where, ": creating ", tmp.path(), " failed: ",
-                   std::strerror(err),
+    MEGATRON_CHECK(false, "cannot write ", where, ": creating ", tmp.path(),
+                   " failed: ", std::strerror(err),
                    err == ENOENT ? " (does the directory exist?)" : "");
   }
-  bool ok = write_all(tmp.fd(), length, sizeof(length)) &&
-            write_all(tmp.fd(), text.data(), text.size());
+  bool ok =
+      write_all(tmp.fd(), length, sizeof(length)) && write_all(tmp.fd(), text.data(), text.size());
   for (size_t i = 0; ok && i < order.size(); ++i) {
     const Tensor& t = order[i]->second;
     ok = write_all(tmp.fd(), t.raw(), t.nbytes());
   }
   MEGATRON_CHECK(ok, "cannot write ", where, ": writing failed: ", system_error());
-  MEGATRON_CHECK(::fsync(tmp.fd()) == 0, "cannot write ", where, ": fsync failed: ",
-                 system_error());
+  MEGATRON_CHECK(::fsync(tmp.fd()) == 0, "cannot write ", where,
+                 ": fsync failed: ", system_error());
   MEGATRON_CHECK(tmp.close() == 0, "cannot write ", where, ": close failed: ", system_error());
   MEGATRON_CHECK(::rename(tmp.path().c_str(), path.c_str()) == 0, "cannot write ", where,
                  ": renaming ", tmp.path(), " over it failed: ", system_error());
@@ -428,13 +435,13 @@ void write(const std::string& path, const std::vector<std::pair<std::string, Ten
   std::string dir = std::filesystem::path(path).parent_path().string();
   if (dir.empty()) dir = ".";
   int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  MEGATRON_CHECK(dfd >= 0, "wrote ", where, " but cannot open its directory to sync it: ",
-                 system_error());
+  MEGATRON_CHECK(dfd >= 0, "wrote ", where,
+                 " but cannot open its directory to sync it: ", system_error());
   int rc = ::fsync(dfd);
   int err = errno;
   ::close(dfd);
-  MEGATRON_CHECK(rc == 0 || err == EINVAL, "wrote ", where, " but syncing its directory failed: ",
-                 std::strerror(err));
+  MEGATRON_CHECK(rc == 0 || err == EINVAL, "wrote ", where,
+                 " but syncing its directory failed: ", std::strerror(err));
 }
 
 }  // namespace megatron::safetensors

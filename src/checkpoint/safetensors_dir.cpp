@@ -82,7 +82,9 @@ const TensorInfo& SafetensorsDir::info(const std::string& name) const {
   return file_of(name).info(name);
 }
 
-Tensor SafetensorsDir::read(const std::string& name) const { return file_of(name).read(name); }
+Tensor SafetensorsDir::read(const std::string& name) const {
+  return file_of(name).read(name);
+}
 
 std::vector<std::string> SafetensorsDir::names() const {
   std::vector<std::string> out;

@@ -1,0 +1,356 @@
+#include "checkpoint/hf_checkpoint.h"
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <set>
+
+#include "checkpoint/safetensors_dir.h"
+
+namespace megatron {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+// A typed config.json field: errors name the file and key.
+template <typename T>
+T get(const json& j, const std::string& key, const std::string& file) {
+  MEGATRON_CHECK(j.contains(key) && !j[key].is_null(), file, ": missing key '", key,
+                 "'; is this a Hugging Face config.json?");
+  try {
+    return j[key].get<T>();
+  } catch (const json::exception& e) {
+    MEGATRON_CHECK(false, file, ": key '", key, "' has the wrong type (", e.what(), ")");
+  }
+  return T{};
+}
+
+template <typename T>
+T get_or(const json& j, const std::string& key, T fallback, const std::string& file) {
+  if (!j.contains(key) || j[key].is_null()) return fallback;
+  return get<T>(j, key, file);
+}
+
+DType dtype_from_torch(const std::string& s, const std::string& file) {
+  if (s == "float32") return DType::kF32;
+  if (s == "bfloat16") return DType::kBF16;
+  if (s == "float16") return DType::kF16;
+  MEGATRON_CHECK(false, file, ": torch_dtype '", s, "' is not supported (float32, bfloat16, float16)");
+  return DType::kF32;
+}
+
+const char* torch_dtype_name(DType t) {
+  switch (t) {
+    case DType::kBF16: return "bfloat16";
+    case DType::kF16: return "float16";
+    default: return "float32";
+  }
+}
+
+}  // namespace
+
+HfModelInfo read_hf_config(const std::string& dir) {
+  const std::string file = (fs::path(dir) / "config.json").string();
+  MEGATRON_CHECK(fs::is_directory(dir), "--pretrained-checkpoint: '", dir,
+                 "' is not a directory; pass a Hugging Face model directory (config.json + "
+                 "model.safetensors)");
+  std::ifstream in(file);
+  MEGATRON_CHECK(in.good(), file, ": cannot open; a Hugging Face model directory needs config.json");
+  HfModelInfo info;
+  try {
+    info.raw = json::parse(in);
+  } catch (const json::exception& e) {
+    MEGATRON_CHECK(false, file, ": not valid JSON (", e.what(), ")");
+  }
+  MEGATRON_CHECK(info.raw.is_object(), file, ": expected a JSON object");
+  const json& j = info.raw;
+  const std::string model_type = get<std::string>(j, "model_type", file);
+  TransformerConfig& c = info.config;
+  c.hidden_dropout = 0;
+  c.attention_dropout = 0;
+  if (model_type == "gpt2") {
+    info.arch = HfArch::kGpt2;
+    c.num_layers = get<int64_t>(j, "n_layer", file);
+    c.hidden_size = get<int64_t>(j, "n_embd", file);
+    c.num_attention_heads = get<int64_t>(j, "n_head", file);
+    c.ffn_hidden_size = get_or<int64_t>(j, "n_inner", 4 * c.hidden_size, file);
+    c.max_position_embeddings = get<int64_t>(j, "n_positions", file);
+    c.vocab_size = get<int64_t>(j, "vocab_size", file);
+    c.norm_epsilon = get_or<double>(j, "layer_norm_epsilon", 1e-5, file);
+    const std::string act = get_or<std::string>(j, "activation_function", "gelu_new", file);
+    MEGATRON_CHECK(act == "gelu_new" || act == "gelu" || act == "gelu_pytorch_tanh", file,
+                   ": activation_function '", act,
+                   "' is not supported (gelu_new, gelu_pytorch_tanh, gelu)");
+    c.openai_gelu = act != "gelu";
+    c.normalization = Normalization::kLayerNorm;
+    c.position_embedding = PositionEmbedding::kLearnedAbsolute;
+    c.add_bias_linear = true;
+    MEGATRON_CHECK(get_or<bool>(j, "tie_word_embeddings", true, file), file,
+                   ": untied GPT-2 output weights are not supported");
+    c.untie_embeddings_and_output_weights = false;
+    MEGATRON_CHECK(!get_or<bool>(j, "scale_attn_by_inverse_layer_idx", false, file) &&
+                       !get_or<bool>(j, "reorder_and_upcast_attn", false, file),
+                   file, ": scale_attn_by_inverse_layer_idx / reorder_and_upcast_attn are not supported");
+  } else if (model_type == "llama" || model_type == "mistral" || model_type == "qwen2") {
+    info.arch = HfArch::kLlama;
+    c.num_layers = get<int64_t>(j, "num_hidden_layers", file);
+    c.hidden_size = get<int64_t>(j, "hidden_size", file);
+    c.num_attention_heads = get<int64_t>(j, "num_attention_heads", file);
+    c.num_query_groups = get_or<int64_t>(j, "num_key_value_heads", c.num_attention_heads, file);
+    c.kv_channels = get_or<int64_t>(j, "head_dim", 0, file);
+    c.ffn_hidden_size = get<int64_t>(j, "intermediate_size", file);
+    c.max_position_embeddings = get<int64_t>(j, "max_position_embeddings", file);
+    c.vocab_size = get<int64_t>(j, "vocab_size", file);
+    c.norm_epsilon = get_or<double>(j, "rms_norm_eps", 1e-6, file);
+    c.rotary_base = get_or<double>(j, "rope_theta", 10000.0, file);
+    const std::string act = get_or<std::string>(j, "hidden_act", "silu", file);
+    MEGATRON_CHECK(act == "silu", file, ": hidden_act '", act, "' is not supported (silu)");
+    MEGATRON_CHECK(!j.contains("rope_scaling") || j["rope_scaling"].is_null(), file,
+                   ": rope_scaling is not supported yet; only plain RoPE models load");
+    c.normalization = Normalization::kRMSNorm;
+    c.swiglu = true;
+    c.position_embedding = PositionEmbedding::kRope;
+    const bool attn_bias = get_or<bool>(j, "attention_bias", model_type == "qwen2", file);
+    MEGATRON_CHECK(!get_or<bool>(j, "mlp_bias", false, file), file, ": mlp_bias is not supported");
+    // Qwen2 has biases on q, k, v only (Megatron's --add-qkv-bias); Llama's attention_bias also
+    // covers o_proj, which Megatron cannot express separately from the MLP.
+    MEGATRON_CHECK(!attn_bias || model_type == "qwen2", file,
+                   ": attention_bias with a bias on o_proj is not supported");
+    c.add_bias_linear = false;
+    c.add_qkv_bias = attn_bias;
+    c.untie_embeddings_and_output_weights = !get_or<bool>(j, "tie_word_embeddings", false, file);
+  } else {
+    MEGATRON_CHECK(false, file, ": model_type '", model_type,
+                   "' is not supported; supported: gpt2, llama (also mistral, qwen2 layouts)");
+  }
+  info.dtype = dtype_from_torch(get_or<std::string>(j, "torch_dtype", "float32", file), file);
+  c.seq_length = c.max_position_embeddings;
+  return info;
+}
+
+namespace {
+
+// One HF tensor <-> one slice of a model parameter, with a layout transform.
+struct Mapping {
+  std::string hf_name;
+  Param* param;
+  int64_t row_begin = 0;  // the HF tensor fills rows [row_begin, row_begin + rows) of param ...
+  std::vector<int64_t> rows;  // ... or, if non-empty, exactly these rows (in HF row order)
+  bool transpose = false;     // HF stores [in, out] (GPT-2 Conv1D)
+  Shape hf_shape;
+};
+
+// Maps every HF tensor to where it lives in our model.
+std::vector<Mapping> build_mappings(const HfModelInfo& info, GPTModel& m) {
+  const TransformerConfig& c = m.config();
+  const int64_t h = c.hidden_size, hn = c.head_dim(), ng = c.num_query_groups;
+  const int64_t qpg = c.queries_per_group(), np = c.num_attention_heads;
+  const int64_t ffn = c.ffn_hidden_size, V = c.vocab_size;
+  std::vector<Mapping> maps;
+  auto add = [&](const std::string& name, Param& p, Shape shape, bool transpose = false,
+                 std::vector<int64_t> rows = {}, int64_t row_begin = 0) {
+    maps.push_back(Mapping{name, &p, row_begin, std::move(rows), transpose, shape});
+  };
+  // Rows of linear_qkv holding query head q (part 0), the key (1) or value (2) of group g.
+  auto qkv_rows = [&](int64_t part, int64_t head_or_group) {
+    std::vector<int64_t> rows;
+    int64_t g = part == 0 ? head_or_group / qpg : head_or_group;
+    int64_t slot = part == 0 ? head_or_group % qpg : qpg + part - 1;
+    for (int64_t c2 = 0; c2 < hn; ++c2) rows.push_back((g * (qpg + 2) + slot) * hn + c2);
+    return rows;
+  };
+  auto all_rows = [&](int64_t part) {  // every head of a part, in HF order
+    std::vector<int64_t> rows;
+    int64_t count = part == 0 ? np : ng;
+    for (int64_t i = 0; i < count; ++i) {
+      auto r = qkv_rows(part, i);
+      rows.insert(rows.end(), r.begin(), r.end());
+    }
+    return rows;
+  };
+
+  if (info.arch == HfArch::kGpt2) {
+    add("wte.weight", m.word_embeddings, {V, h});
+    add("wpe.weight", m.position_embeddings, {c.max_position_embeddings, h});
+    for (int64_t i = 0; i < c.num_layers; ++i) {
+      auto& L = *m.decoder->layers[i];
+      const std::string p = "h." + std::to_string(i) + ".";
+      add(p + "ln_1.weight", L.input_layernorm.weight, {h});
+      add(p + "ln_1.bias", L.input_layernorm.bias, {h});
+      // c_attn columns are [Q | K | V]; ours are grouped per head.
+      std::vector<int64_t> qkv;
+      for (int64_t part = 0; part < 3; ++part) {
+        auto r = all_rows(part);
+        qkv.insert(qkv.end(), r.begin(), r.end());
+      }
+      add(p + "attn.c_attn.weight", L.self_attention.linear_qkv.weight, {h, 3 * h}, true, qkv);
+      add(p + "attn.c_attn.bias", L.self_attention.linear_qkv.bias, {3 * h}, false, qkv);
+      add(p + "attn.c_proj.weight", L.self_attention.linear_proj.weight, {h, h}, true);
+      add(p + "attn.c_proj.bias", L.self_attention.linear_proj.bias, {h});
+      add(p + "ln_2.weight", L.pre_mlp_layernorm.weight, {h});
+      add(p + "ln_2.bias", L.pre_mlp_layernorm.bias, {h});
+      add(p + "mlp.c_fc.weight", L.mlp.linear_fc1.weight, {h, ffn}, true);
+      add(p + "mlp.c_fc.bias", L.mlp.linear_fc1.bias, {ffn});
+      add(p + "mlp.c_proj.weight", L.mlp.linear_fc2.weight, {ffn, h}, true);
+      add(p + "mlp.c_proj.bias", L.mlp.linear_fc2.bias, {h});
+    }
+    add("ln_f.weight", m.decoder->final_layernorm.weight, {h});
+    add("ln_f.bias", m.decoder->final_layernorm.bias, {h});
+  } else {
+    add("model.embed_tokens.weight", m.word_embeddings, {V, h});
+    for (int64_t i = 0; i < c.num_layers; ++i) {
+      auto& L = *m.decoder->layers[i];
+      const std::string p = "model.layers." + std::to_string(i) + ".";
+      add(p + "input_layernorm.weight", L.input_layernorm.weight, {h});
+      add(p + "self_attn.q_proj.weight", L.self_attention.linear_qkv.weight, {np * hn, h}, false, all_rows(0));
+      add(p + "self_attn.k_proj.weight", L.self_attention.linear_qkv.weight, {ng * hn, h}, false, all_rows(1));
+      add(p + "self_attn.v_proj.weight", L.self_attention.linear_qkv.weight, {ng * hn, h}, false, all_rows(2));
+      if (c.add_qkv_bias) {
+        add(p + "self_attn.q_proj.bias", L.self_attention.linear_qkv.bias, {np * hn}, false, all_rows(0));
+        add(p + "self_attn.k_proj.bias", L.self_attention.linear_qkv.bias, {ng * hn}, false, all_rows(1));
+        add(p + "self_attn.v_proj.bias", L.self_attention.linear_qkv.bias, {ng * hn}, false, all_rows(2));
+      }
+      add(p + "self_attn.o_proj.weight", L.self_attention.linear_proj.weight, {h, np * hn});
+      add(p + "post_attention_layernorm.weight", L.pre_mlp_layernorm.weight, {h});
+      add(p + "mlp.gate_proj.weight", L.mlp.linear_fc1.weight, {ffn, h}, false, {}, 0);
+      add(p + "mlp.up_proj.weight", L.mlp.linear_fc1.weight, {ffn, h}, false, {}, ffn);
+      add(p + "mlp.down_proj.weight", L.mlp.linear_fc2.weight, {h, ffn});
+    }
+    add("model.norm.weight", m.decoder->final_layernorm.weight, {h});
+    if (c.untie_embeddings_and_output_weights) add("lm_head.weight", m.output_layer, {V, h});
+  }
+  return maps;
+}
+
+// Row length of a parameter viewed as 2-D [rows, cols] (1-D params are one row per element).
+int64_t row_len(const Param& p) { return p.shape.ndim() == 1 ? 1 : p.shape[1]; }
+
+// Destination row (in the param) of HF row r.
+int64_t dest_row(const Mapping& mp, int64_t r) {
+  return mp.rows.empty() ? mp.row_begin + r : mp.rows[static_cast<size_t>(r)];
+}
+
+std::string strip_prefix(const std::string& name) {
+  const std::string prefix = "transformer.";
+  return name.rfind(prefix, 0) == 0 ? name.substr(prefix.size()) : name;
+}
+
+}  // namespace
+
+void load_hf_weights(const std::string& dir, const HfModelInfo& info, GPTModel& model,
+                     ParamSet& params) {
+  auto st = safetensors::SafetensorsDir::open(dir);
+  // Our names are the HF names without GPT-2's optional "transformer." prefix.
+  std::map<std::string, std::string> by_short;
+  for (const std::string& n : st.names()) by_short[strip_prefix(n)] = n;
+
+  for (Param* p : params.params()) p->main.zero();  // padding rows stay zero
+  std::set<std::string> used;
+  for (const Mapping& mp : build_mappings(info, model)) {
+    auto it = by_short.find(mp.hf_name);
+    MEGATRON_CHECK(it != by_short.end(), dir, ": tensor '", mp.hf_name,
+                   "' is missing from the safetensors files; config.json and the weights disagree");
+    used.insert(it->first);
+    const auto& ti = st.info(it->second);
+    MEGATRON_CHECK(ti.shape == mp.hf_shape, dir, ": tensor '", it->second, "' has shape ",
+                   ti.shape.str(), ", config.json implies ", mp.hf_shape.str());
+    Tensor src = st.read(it->second).to(DType::kF64);
+    const double* s = src.data<double>();
+    Tensor& dst = mp.param->main;
+    const int64_t cols = row_len(*mp.param);
+    // View the HF tensor as [rows, cols] in our orientation.
+    const int64_t rows = mp.hf_shape.ndim() == 1 ? mp.hf_shape[0]
+                         : mp.transpose           ? mp.hf_shape[1]
+                                                  : mp.hf_shape[0];
+    Tensor row_buf = Tensor::empty({cols}, DType::kF64);
+    for (int64_t r = 0; r < rows; ++r) {
+      double* rb = row_buf.data<double>();
+      for (int64_t k = 0; k < cols; ++k) {
+        if (mp.hf_shape.ndim() == 1) rb[k] = s[r];
+        else rb[k] = mp.transpose ? s[k * rows + r] : s[r * cols + k];
+      }
+      dst.flat_view(dest_row(mp, r) * cols, {cols}).copy_from(row_buf);
+    }
+  }
+  for (const auto& [short_name, full] : by_short) {
+    if (used.count(short_name)) continue;
+    const bool mask_buffer = short_name.find(".attn.bias") != std::string::npos ||
+                             short_name.find(".attn.masked_bias") != std::string::npos;
+    const bool tied_head = short_name == "lm_head.weight" && !info.config.untie_embeddings_and_output_weights;
+    const bool rotary_buffer = short_name.find("rotary_emb.inv_freq") != std::string::npos;
+    MEGATRON_CHECK(mask_buffer || tied_head || rotary_buffer, dir, ": unexpected tensor '", full,
+                   "' for a ", info.arch == HfArch::kGpt2 ? "gpt2" : "llama",
+                   " model as config.json describes it");
+  }
+  params.sync_compute_from_main();
+}
+
+std::map<std::string, Tensor> to_hf_tensors(const HfModelInfo& info, const GPTModel& model,
+                                           bool grads) {
+  GPTModel& m = const_cast<GPTModel&>(model);  // mappings take non-const Params; nothing is written
+  std::map<std::string, Tensor> out;
+  for (const Mapping& mp : build_mappings(info, m)) {
+    Tensor t = Tensor::empty(mp.hf_shape, DType::kF64);
+    double* d = t.data<double>();
+    const Tensor src = (grads ? mp.param->main_grad : mp.param->main).to(DType::kF64);
+    const double* s = src.data<double>();
+    const int64_t cols = row_len(*mp.param);
+    const int64_t rows = mp.hf_shape.ndim() == 1 ? mp.hf_shape[0]
+                         : mp.transpose           ? mp.hf_shape[1]
+                                                  : mp.hf_shape[0];
+    for (int64_t r = 0; r < rows; ++r) {
+      const double* sr = s + dest_row(mp, r) * cols;
+      for (int64_t k = 0; k < cols; ++k) {
+        if (mp.hf_shape.ndim() == 1) d[r] = sr[0];
+        else if (mp.transpose) d[k * rows + r] = sr[k];
+        else d[r * cols + k] = sr[k];
+      }
+    }
+    out[mp.hf_name] = t;
+  }
+  return out;
+}
+
+void save_hf(const std::string& dir, const HfModelInfo& info, const GPTModel& model) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  MEGATRON_CHECK(!ec, dir, ": cannot create the output directory (", ec.message(), ")");
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (auto& [name, t] : to_hf_tensors(info, model, false)) tensors.emplace_back(name, t.to(info.dtype));
+  safetensors::SafetensorsDir::write(dir, tensors);
+  const std::string cfg_path = (fs::path(dir) / "config.json").string();
+  std::ofstream f(cfg_path);
+  MEGATRON_CHECK(f.good(), cfg_path, ": cannot write");
+  f << info.raw.dump(2) << "\n";
+  MEGATRON_CHECK(f.good(), cfg_path, ": write failed");
+}
+
+HfModelInfo hf_info_from_config(const TransformerConfig& c, HfArch arch) {
+  HfModelInfo info;
+  info.arch = arch;
+  info.config = c;
+  json& j = info.raw;
+  if (arch == HfArch::kGpt2) {
+    j = {{"model_type", "gpt2"}, {"architectures", {"GPT2LMHeadModel"}},
+         {"n_layer", c.num_layers}, {"n_embd", c.hidden_size}, {"n_head", c.num_attention_heads},
+         {"n_inner", c.ffn_hidden_size}, {"n_positions", c.max_position_embeddings},
+         {"vocab_size", c.vocab_size}, {"layer_norm_epsilon", c.norm_epsilon},
+         {"activation_function", c.openai_gelu ? "gelu_new" : "gelu"},
+         {"tie_word_embeddings", true}};
+  } else {
+    j = {{"model_type", "llama"}, {"architectures", {"LlamaForCausalLM"}},
+         {"num_hidden_layers", c.num_layers}, {"hidden_size", c.hidden_size},
+         {"num_attention_heads", c.num_attention_heads},
+         {"num_key_value_heads", c.num_query_groups}, {"head_dim", c.kv_channels},
+         {"intermediate_size", c.ffn_hidden_size},
+         {"max_position_embeddings", c.max_position_embeddings}, {"vocab_size", c.vocab_size},
+         {"rms_norm_eps", c.norm_epsilon}, {"rope_theta", c.rotary_base}, {"hidden_act", "silu"},
+         {"tie_word_embeddings", !c.untie_embeddings_and_output_weights},
+         {"attention_bias", false}, {"mlp_bias", false}};
+  }
+  j["torch_dtype"] = torch_dtype_name(info.dtype);
+  return info;
+}
+
+}  // namespace megatron

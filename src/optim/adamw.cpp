@@ -1,0 +1,42 @@
+#include "optim/adamw.h"
+
+#include <cmath>
+
+#include "tensor/ops.h"
+
+namespace megatron {
+
+AdamW::AdamW(ParamSet& params, const AdamWConfig& cfg)
+    : params_(params),
+      cfg_(cfg),
+      exp_avg_(Tensor::zeros(params.main().shape(), params.main().dtype())),
+      exp_avg_sq_(Tensor::zeros(params.main().shape(), params.main().dtype())) {}
+
+void AdamW::step(double lr) {
+  ++step_;
+  for (Param* p : params_.params()) {
+    const int64_t off = params_.offset_of(*p);
+    const int64_t n = p->main.numel();
+    Tensor m = exp_avg_.flat_view(off, {n}), v = exp_avg_sq_.flat_view(off, {n});
+    Tensor w = p->main.view({n});
+    ops::AdamWSpec spec;
+    spec.lr = static_cast<float>(lr);
+    spec.beta1 = static_cast<float>(cfg_.beta1);
+    spec.beta2 = static_cast<float>(cfg_.beta2);
+    spec.eps = static_cast<float>(cfg_.eps);
+    spec.weight_decay = p->no_weight_decay ? 0.0f : static_cast<float>(cfg_.weight_decay);
+    spec.step = step_;
+    ops::adamw_step(w, m, v, p->main_grad.view({n}), spec);
+  }
+  params_.sync_compute_from_main();
+}
+
+double grad_norm(ParamSet& params) { return std::sqrt(ops::sum_squares(params.grads())); }
+
+void clip_grads(ParamSet& params, double max_norm, double norm) {
+  if (max_norm <= 0) return;
+  const double coeff = max_norm / (norm + 1e-6);
+  if (coeff < 1.0) ops::scale_inplace(params.grads(), coeff);
+}
+
+}  // namespace megatron

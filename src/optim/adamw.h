@@ -1,0 +1,44 @@
+// AdamW over a ParamSet's flat fp32 buffers, with Megatron's parameter groups (no weight decay on
+// biases and norm weights) and global-norm gradient clipping.
+//
+// Moments live in two flat buffers parallel to ParamSet::main(); a step walks the parameters and
+// applies ops::adamw_step to each one's slices with its group's weight decay. Not the distributed
+// optimizer (that shards these buffers over data-parallel ranks; it comes with parallelism).
+#pragma once
+
+#include "transformer/param.h"
+
+namespace megatron {
+
+struct AdamWConfig {
+  double beta1 = 0.9;     // --adam-beta1
+  double beta2 = 0.999;   // --adam-beta2
+  double eps = 1e-8;      // --adam-eps
+  double weight_decay = 0.01;  // --weight-decay
+};
+
+class AdamW {
+ public:
+  AdamW(ParamSet& params, const AdamWConfig& cfg);
+
+  // One update of the main weights from main_grad with learning rate lr; refreshes the compute
+  // copy. Increments the step counter used for bias correction.
+  void step(double lr);
+
+  int64_t steps() const { return step_; }
+  Tensor& exp_avg() { return exp_avg_; }
+  Tensor& exp_avg_sq() { return exp_avg_sq_; }
+
+ private:
+  ParamSet& params_;
+  AdamWConfig cfg_;
+  Tensor exp_avg_, exp_avg_sq_;
+  int64_t step_ = 0;
+};
+
+// Global L2 norm of all gradients (each element once), accumulated in double.
+double grad_norm(ParamSet& params);
+// Scales gradients by max_norm / (norm + 1e-6) when that is < 1 (Megatron's clip_grad_norm).
+void clip_grads(ParamSet& params, double max_norm, double norm);
+
+}  // namespace megatron

@@ -1,0 +1,142 @@
+// The PyTorch oracle: a tiny GPT-2-style and a tiny Llama-style model with random weights, written
+// by tests/reference/hf_oracle.py as Hugging Face safetensors together with PyTorch's logits,
+// loss, every parameter gradient and the losses of 10 AdamW steps. We load the same directory
+// through our HF importer and must reproduce all of it.
+//
+// Usage: test_hf_oracle ORACLE_DIR (CTest runs the Python script first, as a fixture).
+//
+// Tolerances (both sides compute in f32 with different summation orders and kernels):
+// - logits: |err| <= 1e-5 + 1e-4 |x|. Logits are O(1) sums over h = 64 products; f32 rounding
+//   differences are ~1e-6.
+// - loss: 1e-5 relative.
+// - gradients: |err| <= 1e-6 + 1e-3 |g|, with the largest gradients O(0.1): a wrong term shows
+//   up as O(|g|) error, three orders above this bound.
+// - AdamW losses over 10 steps: 1e-4 relative. Adam normalises updates, so tiny gradient
+//   differences can flip the sign of near-zero updates; the loss still agrees to ~1e-5.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "checkpoint/hf_checkpoint.h"
+#include "checkpoint/safetensors.h"
+#include "optim/adamw.h"
+#include "tensor/ops.h"
+#include "testing/testing.h"
+
+namespace megatron {
+namespace {
+
+std::string g_oracle_dir;
+
+struct Loaded {
+  HfModelInfo info;
+  std::unique_ptr<GPTModel> model;
+  std::unique_ptr<ParamSet> params;
+};
+
+Loaded load(const std::string& dir) {
+  Loaded l;
+  l.info = read_hf_config(dir);
+  TransformerConfig c = l.info.config;
+  c.padded_vocab_size = pad_vocab_size(c.vocab_size, 128);
+  c.seq_length = 16;
+  c.finalize();
+  l.model = std::make_unique<GPTModel>(c);
+  l.params = std::make_unique<ParamSet>(l.model->parameters(), DType::kF32);
+  load_hf_weights(dir, l.info, *l.model, *l.params);
+  return l;
+}
+
+double mean_loss(const Tensor& per_token) {
+  double s = 0;
+  for (int64_t i = 0; i < per_token.numel(); ++i) s += per_token.item(i);
+  return s / static_cast<double>(per_token.numel());
+}
+
+void run_oracle(const std::string& arch) {
+  ASSERT_FALSE(g_oracle_dir.empty()) << "pass the oracle directory as the first argument";
+  const std::string root = g_oracle_dir + "/" + arch;
+  auto expected = safetensors::File::open(root + "/expected.safetensors");
+  Loaded l = load(root + "/model");
+  const TransformerConfig& c = l.model->config();
+
+  Tensor tokens = expected.read("tokens");  // [B, S + 1]
+  const int64_t B = tokens.dim(0), S = tokens.dim(1) - 1;
+  Tensor inputs = Tensor::empty({B, S}, DType::kI64), labels = Tensor::empty({B, S}, DType::kI64);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < S; ++t) {
+      inputs.data<int64_t>()[b * S + t] = tokens.data<int64_t>()[b * (S + 1) + t];
+      labels.data<int64_t>()[b * S + t] = tokens.data<int64_t>()[b * (S + 1) + t + 1];
+    }
+
+  GPTModel::Ctx ctx;
+  Tensor loss = l.model->forward(inputs, labels, Tensor(), ctx, ForwardMode{});
+  // Our logits are [S * B, Vp] (row t * B + b); PyTorch's are [B, S, V].
+  Tensor want_logits = expected.read("logits");
+  Tensor got = Tensor::empty({B, S, c.vocab_size});
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < S; ++t)
+      for (int64_t v = 0; v < c.vocab_size; ++v)
+        got.data<float>()[(b * S + t) * c.vocab_size + v] =
+            ctx.logits.data<float>()[(t * B + b) * c.padded_vocab_size + v];
+  EXPECT_TRUE(testing::allclose(got, want_logits, 1e-5, 1e-4)) << "logits";
+  const double want_loss = expected.read("loss").item(0);
+  EXPECT_NEAR(mean_loss(loss), want_loss, 1e-5 * want_loss) << "loss";
+
+  l.params->zero_grads();
+  l.model->backward(Tensor::full({B, S}, 1.0 / static_cast<double>(B * S)), ctx);
+  auto grads = to_hf_tensors(l.info, *l.model, true);
+  for (const auto& [name, g] : grads) {
+    Tensor want = expected.read("grad." + name);
+    EXPECT_TRUE(testing::allclose(g, want, 1e-6, 1e-3)) << "gradient of " << name;
+  }
+  const double norm = grad_norm(*l.params);
+  EXPECT_NEAR(norm, expected.read("grad_norm").item(0), 1e-4 * norm) << "grad norm";
+
+  // 10 AdamW steps on the same batch: lr 1e-3, betas (0.9, 0.95), wd 0.1 on matrices, clip 1.0.
+  Loaded fresh = load(root + "/model");
+  AdamW opt(*fresh.params, AdamWConfig{0.9, 0.95, 1e-8, 0.1});
+  Tensor want_losses = expected.read("adam_losses");
+  for (int64_t step = 0; step < want_losses.numel(); ++step) {
+    GPTModel::Ctx sctx;
+    Tensor l2 = fresh.model->forward(inputs, labels, Tensor(), sctx, ForwardMode{});
+    const double got_loss = mean_loss(l2);
+    EXPECT_NEAR(got_loss, want_losses.item(step), 1e-4 * want_losses.item(step)) << "step " << step;
+    fresh.params->zero_grads();
+    fresh.model->backward(Tensor::full({B, S}, 1.0 / static_cast<double>(B * S)), sctx);
+    clip_grads(*fresh.params, 1.0, grad_norm(*fresh.params));
+    opt.step(1e-3);
+  }
+}
+
+TEST(PyTorchOracle, Gpt2LogitsLossGradientsAndAdamW) { run_oracle("gpt2"); }
+TEST(PyTorchOracle, LlamaLogitsLossGradientsAndAdamW) { run_oracle("llama"); }
+
+TEST(PyTorchOracle, ExportReproducesTheImportedFilesExactly) {
+  for (const std::string arch : {"gpt2", "llama"}) {
+    const std::string src = g_oracle_dir + "/" + arch + "/model";
+    Loaded l = load(src);
+    const std::string out = testing::scratch_dir("hf_roundtrip_" + arch);
+    save_hf(out, l.info, *l.model);
+    auto a = safetensors::File::open(src + "/model.safetensors");
+    auto b = safetensors::File::open(out + "/model.safetensors");
+    ASSERT_EQ(a.tensors().size(), b.tensors().size()) << arch;
+    for (const auto& [name, info] : a.tensors()) {
+      ASSERT_TRUE(b.contains(name)) << name;
+      ASSERT_EQ(info.shape, b.info(name).shape) << name;
+      ASSERT_EQ(info.end - info.begin, b.info(name).end - b.info(name).begin) << name;
+      EXPECT_EQ(0, std::memcmp(a.data(name), b.data(name), info.end - info.begin))
+          << name << " differs after import and export";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace megatron
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  if (argc > 1) megatron::g_oracle_dir = argv[1];
+  return RUN_ALL_TESTS();
+}

@@ -1,0 +1,368 @@
+#!/usr/bin/env python3
+"""Numerics oracle for the C++ GPT-2 and Llama models.
+
+Builds a tiny model with seeded random weights in plain PyTorch (fp32, no
+dropout), re-implementing the math of Hugging Face's GPT2LMHeadModel and
+LlamaForCausalLM (eager attention path), and writes:
+
+  DIR/model/config.json           Hugging Face style config
+  DIR/model/model.safetensors     weights under Hugging Face names, F32
+  DIR/expected.safetensors        tokens, logits, loss, grad.<name>,
+                                  grad_norm, adam_losses
+
+What this is not: it does not import or call the transformers or
+safetensors packages (both are re-implemented here in a few lines), it is
+not a general checkpoint converter, and it does not test the C++ code by
+itself; the C++ tests read its output and compare with tolerances.
+
+Usage: python3 tests/reference/hf_oracle.py --arch {gpt2,llama} --out DIR [--seed 1234]
+"""
+
+import argparse
+import json
+import math
+import os
+import struct
+import sys
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+BATCH = 2
+SEQ = 16
+ADAM_STEPS = 10
+LR = 1e-3
+BETAS = (0.9, 0.95)
+EPS = 1e-8
+WEIGHT_DECAY = 0.1
+CLIP = 1.0
+
+GPT2_CONFIG = {
+    "model_type": "gpt2",
+    "architectures": ["GPT2LMHeadModel"],
+    "vocab_size": 1000,
+    "n_positions": 64,
+    "n_embd": 64,
+    "n_layer": 2,
+    "n_head": 4,
+    "n_inner": None,
+    "activation_function": "gelu_new",
+    "layer_norm_epsilon": 1e-5,
+    "tie_word_embeddings": True,
+}
+
+LLAMA_CONFIG = {
+    "model_type": "llama",
+    "architectures": ["LlamaForCausalLM"],
+    "vocab_size": 1000,
+    "hidden_size": 64,
+    "intermediate_size": 176,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "hidden_act": "silu",
+    "max_position_embeddings": 64,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+    "attention_bias": False,
+    "mlp_bias": False,
+}
+
+
+# --------------------------------------------------------------------------
+# safetensors writer (minimal, independent of the safetensors package)
+# --------------------------------------------------------------------------
+
+_DTYPES = {torch.float32: ("F32", np.dtype("<f4")), torch.int64: ("I64", np.dtype("<i8"))}
+
+
+def write_safetensors(path, tensors):
+    """Write an ordered dict name -> torch tensor (float32 or int64).
+
+    Layout: u64 little-endian header length N, N bytes of JSON header padded
+    with spaces to a multiple of 8, then each tensor's raw little-endian
+    C-order bytes, contiguous, in header order, offsets relative to the end
+    of the header.
+    """
+    header = {}
+    blobs = []
+    offset = 0
+    for name, t in tensors.items():
+        t = t.detach().cpu().contiguous()
+        if t.dtype not in _DTYPES:
+            raise ValueError(f"{name}: unsupported dtype {t.dtype}")
+        tag, npdt = _DTYPES[t.dtype]
+        data = t.numpy().astype(npdt, copy=False).tobytes(order="C")
+        header[name] = {"dtype": tag, "shape": list(t.shape),
+                        "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    header["__metadata__"] = {"format": "pt"}
+    hbytes = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    hbytes += b" " * ((-len(hbytes)) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(hbytes)))
+        f.write(hbytes)
+        for b in blobs:
+            f.write(b)
+
+
+# --------------------------------------------------------------------------
+# weight init
+# --------------------------------------------------------------------------
+
+class Init:
+    def __init__(self, gen):
+        self.gen = gen
+
+    def matrix(self, *shape):
+        return torch.randn(*shape, generator=self.gen, dtype=torch.float32) * 0.02
+
+    def norm(self, n):
+        return 1.0 + 0.1 * torch.randn(n, generator=self.gen, dtype=torch.float32)
+
+    def bias(self, n):
+        return 0.02 * torch.randn(n, generator=self.gen, dtype=torch.float32)
+
+
+def gpt2_weights(cfg, init):
+    V, P, H, L = cfg["vocab_size"], cfg["n_positions"], cfg["n_embd"], cfg["n_layer"]
+    inner = cfg["n_inner"] or 4 * H
+    w = {}
+    w["wte.weight"] = init.matrix(V, H)
+    w["wpe.weight"] = init.matrix(P, H)
+    for i in range(L):
+        p = f"h.{i}."
+        w[p + "ln_1.weight"] = init.norm(H)
+        w[p + "ln_1.bias"] = init.bias(H)
+        w[p + "attn.c_attn.weight"] = init.matrix(H, 3 * H)
+        w[p + "attn.c_attn.bias"] = init.bias(3 * H)
+        w[p + "attn.c_proj.weight"] = init.matrix(H, H)
+        w[p + "attn.c_proj.bias"] = init.bias(H)
+        w[p + "ln_2.weight"] = init.norm(H)
+        w[p + "ln_2.bias"] = init.bias(H)
+        w[p + "mlp.c_fc.weight"] = init.matrix(H, inner)
+        w[p + "mlp.c_fc.bias"] = init.bias(inner)
+        w[p + "mlp.c_proj.weight"] = init.matrix(inner, H)
+        w[p + "mlp.c_proj.bias"] = init.bias(H)
+    w["ln_f.weight"] = init.norm(H)
+    w["ln_f.bias"] = init.bias(H)
+    return w
+
+
+def llama_weights(cfg, init):
+    V, H, I, L = (cfg["vocab_size"], cfg["hidden_size"], cfg["intermediate_size"],
+                  cfg["num_hidden_layers"])
+    nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd = H // nh
+    w = {}
+    w["model.embed_tokens.weight"] = init.matrix(V, H)
+    for i in range(L):
+        p = f"model.layers.{i}."
+        w[p + "input_layernorm.weight"] = init.norm(H)
+        w[p + "self_attn.q_proj.weight"] = init.matrix(nh * hd, H)
+        w[p + "self_attn.k_proj.weight"] = init.matrix(nkv * hd, H)
+        w[p + "self_attn.v_proj.weight"] = init.matrix(nkv * hd, H)
+        w[p + "self_attn.o_proj.weight"] = init.matrix(H, nh * hd)
+        w[p + "post_attention_layernorm.weight"] = init.norm(H)
+        w[p + "mlp.gate_proj.weight"] = init.matrix(I, H)
+        w[p + "mlp.up_proj.weight"] = init.matrix(I, H)
+        w[p + "mlp.down_proj.weight"] = init.matrix(H, I)
+    w["model.norm.weight"] = init.norm(H)
+    w["lm_head.weight"] = init.matrix(V, H)
+    return w
+
+
+# --------------------------------------------------------------------------
+# forward passes (mirror Hugging Face eager math, fp32)
+# --------------------------------------------------------------------------
+
+def gelu_new(x):
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+def conv1d(x, w, b):
+    # HF Conv1D: weight [in, out], y = x @ W + b
+    size_out = x.size()[:-1] + (w.size(-1),)
+    y = torch.addmm(b, x.reshape(-1, x.size(-1)), w)
+    return y.view(size_out)
+
+
+def gpt2_forward(cfg, w, ids):
+    B, S = ids.shape
+    H, nh, L = cfg["n_embd"], cfg["n_head"], cfg["n_layer"]
+    hd = H // nh
+    eps = cfg["layer_norm_epsilon"]
+    pos = torch.arange(S, dtype=torch.long)
+    x = F.embedding(ids, w["wte.weight"]) + F.embedding(pos, w["wpe.weight"])[None]
+    causal = torch.tril(torch.ones(S, S, dtype=torch.bool))[None, None]
+    mask_value = torch.finfo(torch.float32).min
+    for i in range(L):
+        p = f"h.{i}."
+        h = F.layer_norm(x, (H,), w[p + "ln_1.weight"], w[p + "ln_1.bias"], eps)
+        qkv = conv1d(h, w[p + "attn.c_attn.weight"], w[p + "attn.c_attn.bias"])
+        q, k, v = qkv.split(H, dim=2)
+        q = q.view(B, S, nh, hd).permute(0, 2, 1, 3)
+        k = k.view(B, S, nh, hd).permute(0, 2, 1, 3)
+        v = v.view(B, S, nh, hd).permute(0, 2, 1, 3)
+        att = torch.matmul(q, k.transpose(-1, -2))
+        att = att / torch.full([], hd ** 0.5, dtype=att.dtype)
+        att = torch.where(causal, att, torch.full([], mask_value, dtype=att.dtype))
+        att = torch.softmax(att, dim=-1)
+        o = torch.matmul(att, v).permute(0, 2, 1, 3).contiguous().view(B, S, H)
+        o = conv1d(o, w[p + "attn.c_proj.weight"], w[p + "attn.c_proj.bias"])
+        x = x + o
+        h = F.layer_norm(x, (H,), w[p + "ln_2.weight"], w[p + "ln_2.bias"], eps)
+        h = gelu_new(conv1d(h, w[p + "mlp.c_fc.weight"], w[p + "mlp.c_fc.bias"]))
+        h = conv1d(h, w[p + "mlp.c_proj.weight"], w[p + "mlp.c_proj.bias"])
+        x = x + h
+    x = F.layer_norm(x, (H,), w["ln_f.weight"], w["ln_f.bias"], eps)
+    return F.linear(x, w["wte.weight"])  # tied lm head
+
+
+def rms_norm(x, weight, eps):
+    xf = x.to(torch.float32)
+    var = xf.pow(2).mean(-1, keepdim=True)
+    xf = xf * torch.rsqrt(var + eps)
+    return weight * xf.to(x.dtype)
+
+
+def rotate_half(x):
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def llama_forward(cfg, w, ids):
+    B, S = ids.shape
+    H, L = cfg["hidden_size"], cfg["num_hidden_layers"]
+    nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd = H // nh
+    rep = nh // nkv
+    eps = cfg["rms_norm_eps"]
+    theta = cfg["rope_theta"]
+
+    inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
+    pos = torch.arange(S, dtype=torch.float32)
+    freqs = (inv_freq[:, None] @ pos[None, :]).transpose(0, 1)  # [S, hd/2]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos = emb.cos()[None, None]  # [1,1,S,hd]
+    sin = emb.sin()[None, None]
+
+    causal = torch.full((S, S), torch.finfo(torch.float32).min).triu(1)[None, None]
+    x = F.embedding(ids, w["model.embed_tokens.weight"])
+    for i in range(L):
+        p = f"model.layers.{i}."
+        h = rms_norm(x, w[p + "input_layernorm.weight"], eps)
+        q = F.linear(h, w[p + "self_attn.q_proj.weight"]).view(B, S, nh, hd).transpose(1, 2)
+        k = F.linear(h, w[p + "self_attn.k_proj.weight"]).view(B, S, nkv, hd).transpose(1, 2)
+        v = F.linear(h, w[p + "self_attn.v_proj.weight"]).view(B, S, nkv, hd).transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        # repeat_kv: head j uses kv head j // rep
+        k = k[:, :, None].expand(B, nkv, rep, S, hd).reshape(B, nh, S, hd)
+        v = v[:, :, None].expand(B, nkv, rep, S, hd).reshape(B, nh, S, hd)
+        att = torch.matmul(q, k.transpose(2, 3)) * (hd ** -0.5)
+        att = att + causal
+        att = torch.softmax(att, dim=-1, dtype=torch.float32).to(q.dtype)
+        o = torch.matmul(att, v).transpose(1, 2).contiguous().reshape(B, S, nh * hd)
+        o = F.linear(o, w[p + "self_attn.o_proj.weight"])
+        x = x + o
+        h = rms_norm(x, w[p + "post_attention_layernorm.weight"], eps)
+        g = F.linear(h, w[p + "mlp.gate_proj.weight"])
+        u = F.linear(h, w[p + "mlp.up_proj.weight"])
+        h = F.linear(F.silu(g) * u, w[p + "mlp.down_proj.weight"])
+        x = x + h
+    x = rms_norm(x, w["model.norm.weight"], eps)
+    return F.linear(x, w["lm_head.weight"])
+
+
+ARCHS = {
+    "gpt2": (GPT2_CONFIG, gpt2_weights, gpt2_forward),
+    "llama": (LLAMA_CONFIG, llama_weights, llama_forward),
+}
+
+
+def lm_loss(logits, labels):
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1))
+
+
+def run(arch, out_dir, seed):
+    torch.set_num_threads(1)
+    cfg, make_weights, forward = ARCHS[arch]
+    gen = torch.Generator().manual_seed(seed)
+    init = Init(gen)
+    weights0 = make_weights(cfg, init)
+    V = cfg["vocab_size"]
+    tokens = torch.randint(0, V, (BATCH, SEQ + 1), generator=gen, dtype=torch.int64)
+    inputs, labels = tokens[:, :-1], tokens[:, 1:]
+
+    os.makedirs(os.path.join(out_dir, "model"), exist_ok=True)
+    with open(os.path.join(out_dir, "model", "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+        f.write("\n")
+    write_safetensors(os.path.join(out_dir, "model", "model.safetensors"), weights0)
+
+    names = list(weights0.keys())
+    params = {n: torch.nn.Parameter(t.clone()) for n, t in weights0.items()}
+    decay = [params[n] for n in names if params[n].ndim >= 2]
+    no_decay = [params[n] for n in names if params[n].ndim < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": WEIGHT_DECAY},
+         {"params": no_decay, "weight_decay": 0.0}],
+        lr=LR, betas=BETAS, eps=EPS)
+
+    expected_logits = expected_loss = grad_norm0 = None
+    grads0 = {}
+    losses = []
+    for step in range(ADAM_STEPS):
+        opt.zero_grad(set_to_none=True)
+        logits = forward(cfg, params, inputs)
+        loss = lm_loss(logits, labels)
+        if not torch.isfinite(loss):
+            raise RuntimeError(f"non-finite loss at step {step}: {loss.item()}")
+        losses.append(loss.item())
+        loss.backward()
+        if step == 0:
+            expected_logits = logits.detach().clone()
+            expected_loss = loss.detach().clone().reshape(1)
+            for n in names:
+                if params[n].grad is None:
+                    raise RuntimeError(f"no gradient for {n}")
+                grads0[n] = params[n].grad.detach().clone()
+        norm = torch.nn.utils.clip_grad_norm_([params[n] for n in names], CLIP)
+        if step == 0:
+            grad_norm0 = norm.detach().clone().reshape(1).to(torch.float32)
+        opt.step()
+
+    expected = {"tokens": tokens, "logits": expected_logits, "loss": expected_loss}
+    for n in names:
+        expected["grad." + n] = grads0[n]
+    expected["grad_norm"] = grad_norm0
+    expected["adam_losses"] = torch.tensor(losses, dtype=torch.float32)
+    write_safetensors(os.path.join(out_dir, "expected.safetensors"), expected)
+
+    if not losses[-1] < losses[0]:
+        raise RuntimeError(f"AdamW did not reduce the loss: {losses}")
+    print(f"hf_oracle {arch}: loss={losses[0]:.6f} grad_norm={grad_norm0.item():.6f} "
+          f"adam_loss[{ADAM_STEPS - 1}]={losses[-1]:.6f} -> {out_dir}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", required=True, choices=sorted(ARCHS))
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--seed", type=int, default=1234)
+    args = ap.parse_args()
+    try:
+        run(args.arch, args.out, args.seed)
+    except Exception as e:  # noqa: BLE001 - report any failure as one line
+        print(f"hf_oracle: error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
