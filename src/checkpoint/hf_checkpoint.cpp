@@ -326,6 +326,23 @@ void save_hf(const std::string& dir, const HfModelInfo& info, const GPTModel& mo
   MEGATRON_CHECK(f.good(), cfg_path, ": write failed");
 }
 
+HfArch infer_hf_arch(const TransformerConfig& c) {
+  if (c.position_embedding == PositionEmbedding::kLearnedAbsolute &&
+      c.normalization == Normalization::kLayerNorm && !c.swiglu && c.add_bias_linear &&
+      !c.untie_embeddings_and_output_weights && c.num_query_groups == c.num_attention_heads) {
+    return HfArch::kGpt2;
+  }
+  if (c.position_embedding == PositionEmbedding::kRope && c.normalization == Normalization::kRMSNorm &&
+      c.swiglu && !c.add_bias_linear && !c.add_qkv_bias && c.rotary_percent == 1.0) {
+    return HfArch::kLlama;
+  }
+  MEGATRON_CHECK(false, "this model has no Hugging Face equivalent: GPT-2 needs learned positions, "
+                        "LayerNorm, GELU, biases and tied embeddings; Llama needs "
+                        "--position-embedding-type rope, --normalization RMSNorm, --swiglu and "
+                        "--disable-bias-linear");
+  return HfArch::kGpt2;
+}
+
 HfModelInfo hf_info_from_config(const TransformerConfig& c, HfArch arch) {
   HfModelInfo info;
   info.arch = arch;

@@ -46,6 +46,11 @@ void save_hf(const std::string& dir, const HfModelInfo& info, const GPTModel& mo
 std::map<std::string, Tensor> to_hf_tensors(const HfModelInfo& info, const GPTModel& model,
                                            bool grads);
 
+// The HF architecture that can hold a model of this config: GPT-2 (learned positions, LayerNorm,
+// biases, tied) or Llama (RoPE, RMSNorm, SwiGLU, no biases). Error naming the offending flags
+// otherwise.
+HfArch infer_hf_arch(const TransformerConfig& cfg);
+
 // config.json for a model trained here (no HF source): the HF keys of cfg's architecture.
 HfModelInfo hf_info_from_config(const TransformerConfig& cfg, HfArch arch);
 

@@ -1,0 +1,76 @@
+#include "cli/arg_table.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "core/logging.h"
+
+namespace megatron::cli {
+
+void ArgTable::flag(const std::string& flag, bool& field, const std::string& help) {
+  CLI::Option* opt = app_.add_flag(flag, field, help);
+  entries_.push_back({flag, dest_of(flag), opt, [&field] { return to_text(field); }});
+}
+
+void ArgTable::negative_flag(const std::string& flag, const std::string& dest, bool& field,
+                             const std::string& help) {
+  CLI::Option* opt = app_.add_flag_callback(flag, [&field] { field = false; }, help);
+  entries_.push_back({flag, dest, opt, [&field] { return to_text(field); }});
+}
+
+bool ArgTable::given(const std::string& flag) const {
+  for (const Entry& e : entries_)
+    if (e.flag == flag) return e.option->count() > 0;
+  return false;
+}
+
+std::string ArgTable::dest_of(const std::string& flag) {
+  std::string d = flag.substr(flag.find_first_not_of('-'));
+  std::replace(d.begin(), d.end(), '-', '_');
+  return d;
+}
+
+std::string ArgTable::to_text(double v) {
+  // Python's repr for the common cases: 0.1, 1e-05, 10000.0.
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.17g", v);
+  for (int p = 1; p <= 17; ++p) {
+    std::snprintf(buf, sizeof(buf), "%.*g", p, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
+  std::string s = buf;
+  if (s.find_first_of(".en") == std::string::npos) s += ".0";
+  return s;
+}
+
+void ArgTable::print_dump() const {
+  std::vector<std::pair<std::string, std::string>> rows;
+  for (const Entry& e : entries_) rows.emplace_back(e.dest, e.value());
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) {
+    std::string la = a.first, lb = b.first;
+    std::transform(la.begin(), la.end(), la.begin(), ::tolower);
+    std::transform(lb.begin(), lb.end(), lb.begin(), ::tolower);
+    return la < lb;
+  });
+  log_line("------------------------ arguments ------------------------");
+  for (const auto& [name, value] : rows) {
+    const int dots = std::max(0, 48 - static_cast<int>(name.size()));
+    log_line("  " + name + " " + std::string(static_cast<size_t>(dots), '.') + " " + value);
+  }
+  log_line("-------------------- end of arguments ---------------------");
+}
+
+int parse(CLI::App& app, int argc, char** argv) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    std::fputs(app.help().c_str(), stdout);
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    log_error(std::string(e.what()) + " (see `megatron " + app.get_name() + " --help`)");
+    return 2;
+  }
+  return -1;
+}
+
+}  // namespace megatron::cli

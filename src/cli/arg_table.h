@@ -1,0 +1,54 @@
+// ArgTable: the one table behind parsing (CLI11), --help, "was this flag given?" and Megatron's
+// start-up argument dump. Each entry binds a flag to a field of a plain struct; the dump prints
+// every entry under Megatron's name (flag without dashes, '-' -> '_') and Python-style values.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+namespace megatron::cli {
+
+class ArgTable {
+ public:
+  explicit ArgTable(CLI::App& app) : app_(app) {}
+
+  // --flag VALUE bound to field (int64_t, double, std::string).
+  template <typename T>
+  void add(const std::string& flag, T& field, const std::string& help) {
+    CLI::Option* opt = app_.add_option(flag, field, help)->capture_default_str();
+    entries_.push_back({flag, dest_of(flag), opt, [&field] { return to_text(field); }});
+  }
+  // --flag sets field to true.
+  void flag(const std::string& flag, bool& field, const std::string& help);
+  // --no-foo sets `dest` (a true-by-default field) to false, as Megatron's store_false flags do.
+  void negative_flag(const std::string& flag, const std::string& dest, bool& field,
+                     const std::string& help);
+
+  bool given(const std::string& flag) const;
+  // Megatron's dump: the "arguments" banner, then "  name ....... value" sorted by name.
+  void print_dump() const;
+
+ private:
+  struct Entry {
+    std::string flag, dest;
+    CLI::Option* option;
+    std::function<std::string()> value;
+  };
+  static std::string dest_of(const std::string& flag);
+  static std::string to_text(int64_t v) { return std::to_string(v); }
+  static std::string to_text(double v);
+  static std::string to_text(const std::string& v) { return v.empty() ? "None" : v; }
+  static std::string to_text(bool v) { return v ? "True" : "False"; }
+
+  CLI::App& app_;
+  std::vector<Entry> entries_;
+};
+
+// Parses argv with CLI11. Returns -1 to continue, or an exit code: 0 after --help, 2 after a
+// usage error (message on stderr naming the flag and suggesting --help).
+int parse(CLI::App& app, int argc, char** argv);
+
+}  // namespace megatron::cli

@@ -1,0 +1,12 @@
+// The subcommands of the `megatron` binary. Each parses its own flags and returns the process exit
+// code; errors propagate as exceptions to main(), which maps them to exit codes.
+#pragma once
+
+namespace megatron::cli {
+
+int train_command(int argc, char** argv);
+int score_command(int argc, char** argv);
+int convert_command(int argc, char** argv);
+int bench_command(int argc, char** argv);
+
+}  // namespace megatron::cli

@@ -1,0 +1,53 @@
+// megatron: one binary, one subcommand per job. The only place that turns exceptions into exit
+// codes: 2 for a caller error (bad flag, bad file), 1 for anything else.
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "core/logging.h"
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: megatron <command> [flags]\n"
+    "\n"
+    "commands:\n"
+    "  train     pretrain or finetune a GPT model (Megatron's pretrain_gpt.py flags)\n"
+    "  score     per-token log-probabilities of token sequences under a model\n"
+    "  convert   Hugging Face model directory -> Hugging Face model directory via our layout\n"
+    "  bench     measured peaks of this machine (bench gemm)\n"
+    "\n"
+    "`megatron <command> --help` lists a command's flags.\n";
+
+int dispatch(int argc, char** argv) {
+  using namespace megatron::cli;
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
+    std::fputs(kUsage, argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string cmd = argv[1];
+  // Each subcommand sees argv without the command name.
+  if (cmd == "train") return train_command(argc - 1, argv + 1);
+  if (cmd == "score") return score_command(argc - 1, argv + 1);
+  if (cmd == "convert") return convert_command(argc - 1, argv + 1);
+  if (cmd == "bench") return bench_command(argc - 1, argv + 1);
+  megatron::log_error("unknown command '" + cmd + "'");
+  std::fputs(kUsage, stderr);
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return dispatch(argc, argv);
+  } catch (const megatron::InvalidArgument& e) {
+    megatron::log_error(e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    megatron::log_error(e.what());
+    return 1;
+  }
+}

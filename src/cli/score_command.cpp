@@ -1,0 +1,98 @@
+// `megatron score`: per-token log-probabilities of given token sequences under a model (the
+// loglikelihood request of evaluation harnesses). Input: one sequence per line, token ids
+// separated by spaces (Megatron's NullTokenizer text). Output: one JSON line per input line,
+// {"logprobs": [log p(t_1 | t_0), ...], "loss": mean negative log-probability}.
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/hf_checkpoint.h"
+#include "cli/commands.h"
+#include "cli/train_args.h"
+#include "core/logging.h"
+#include "core/threads.h"
+#include "tensor/ops.h"
+#include "train/model_config.h"
+
+namespace megatron::cli {
+
+namespace {
+std::vector<int64_t> parse_ids(const std::string& line, const std::string& file, int64_t lineno,
+                               int64_t vocab) {
+  std::istringstream in(line);
+  std::vector<int64_t> ids;
+  std::string tok;
+  while (in >> tok) {
+    char* end = nullptr;
+    long long v = std::strtoll(tok.c_str(), &end, 10);
+    MEGATRON_CHECK(end && *end == '\0', file, ":", lineno, ": '", tok,
+                   "' is not a token id (lines are space-separated integer ids)");
+    MEGATRON_CHECK(v >= 0 && v < vocab, file, ":", lineno, ": token id ", v,
+                   " is outside the vocabulary [0, ", vocab, ")");
+    ids.push_back(v);
+  }
+  return ids;
+}
+}  // namespace
+
+int score_command(int argc, char** argv) {
+  CLI::App app("Score token sequences: per-token log-probabilities and mean loss", "score");
+  Arguments args;
+  ArgTable table(app);
+  register_model_args(table, args);
+  std::string input;
+  app.add_option("--input", input, "Text file, one sequence of space-separated token ids per line")
+      ->required();
+  if (int rc = parse(app, argc, argv); rc >= 0) return rc;
+  MEGATRON_CHECK(!args.pretrained_checkpoint.empty(),
+                 "--pretrained-checkpoint is required: the model to score with");
+  merge_pretrained_config(args, table);
+  set_num_threads(static_cast<int>(args.num_threads));
+  args.hidden_dropout = args.attention_dropout = 0;
+  TransformerConfig cfg = transformer_config_from_args(args);
+  GPTModel model(cfg);
+  ParamSet params(model.parameters(), cfg.compute_dtype);
+  HfModelInfo info = read_hf_config(args.pretrained_checkpoint);
+  load_hf_weights(args.pretrained_checkpoint, info, model, params);
+
+  std::ifstream in(input);
+  MEGATRON_CHECK(in.good(), "--input: cannot open '", input, "'");
+  std::string line;
+  int64_t lineno = 0;
+  while (std::getline(in, line)) {
+    ++lineno;
+    std::vector<int64_t> ids = parse_ids(line, input, lineno, cfg.vocab_size);
+    nlohmann::json out;
+    out["logprobs"] = nlohmann::json::array();
+    if (ids.size() < 2) {
+      out["loss"] = nullptr;  // nothing to predict
+      std::puts(out.dump().c_str());
+      continue;
+    }
+    const int64_t n = static_cast<int64_t>(ids.size()) - 1;
+    MEGATRON_CHECK(cfg.position_embedding != PositionEmbedding::kLearnedAbsolute ||
+                       n <= cfg.max_position_embeddings,
+                   input, ":", lineno, ": ", n + 1, " tokens exceed the model's ",
+                   cfg.max_position_embeddings, " positions (+1 for the first token)");
+    Tensor tokens = Tensor::empty({1, n}, DType::kI64), labels = Tensor::empty({1, n}, DType::kI64);
+    for (int64_t i = 0; i < n; ++i) {
+      tokens.data<int64_t>()[i] = ids[static_cast<size_t>(i)];
+      labels.data<int64_t>()[i] = ids[static_cast<size_t>(i) + 1];
+    }
+    GPTModel::Ctx ctx;
+    Tensor loss = model.forward(tokens, labels, Tensor(), ctx, ForwardMode{});
+    double total = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      out["logprobs"].push_back(-loss.item(i));
+      total += loss.item(i);
+    }
+    out["loss"] = total / static_cast<double>(n);
+    std::puts(out.dump().c_str());
+  }
+  std::fflush(stdout);
+  return 0;
+}
+
+}  // namespace megatron::cli

@@ -1,0 +1,20 @@
+// The `megatron train` flags: registration in the ArgTable, cross-flag validation, and merging a
+// Hugging Face config.json (--pretrained-checkpoint) into the model flags.
+#pragma once
+
+#include "cli/arg_table.h"
+#include "train/arguments.h"
+
+namespace megatron::cli {
+
+void register_model_args(ArgTable& t, Arguments& a);
+void register_train_args(ArgTable& t, Arguments& a);
+
+// Checks every cross-flag rule; throws InvalidArgument naming the flags.
+void validate_train_args(Arguments& a);
+
+// Fills the model flags from DIR/config.json. A model flag given explicitly that contradicts the
+// file is an error naming both; flags left at their defaults yield to the file.
+void merge_pretrained_config(Arguments& a, const ArgTable& t);
+
+}  // namespace megatron::cli

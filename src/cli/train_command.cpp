@@ -1,0 +1,27 @@
+// `megatron train`: Megatron's pretrain_gpt.py in one process.
+#include "cli/commands.h"
+#include "cli/train_args.h"
+#include "core/logging.h"
+#include "core/threads.h"
+#include "train/trainer.h"
+
+namespace megatron::cli {
+
+int train_command(int argc, char** argv) {
+  CLI::App app("Pretrain or finetune a GPT model", "train");
+  Arguments args;
+  ArgTable table(app);
+  register_train_args(table, args);
+  if (int rc = parse(app, argc, argv); rc >= 0) return rc;
+  // Validate before merging so errors name what the user typed, then again after.
+  merge_pretrained_config(args, table);
+  validate_train_args(args);
+  set_num_threads(static_cast<int>(args.num_threads));
+  table.print_dump();
+  log_line("[after megatron is initialized] datetime: " + timestamp());
+  Trainer trainer(args);
+  trainer.train();
+  return 0;
+}
+
+}  // namespace megatron::cli

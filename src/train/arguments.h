@@ -1,0 +1,82 @@
+// Arguments: every training flag, under Megatron's names (flag --foo-bar is field foo_bar), with
+// Megatron's defaults. A plain struct: src/cli/ parses argv into it (one table drives parsing,
+// --help, validation messages and the startup dump); the library only reads it.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace megatron {
+
+struct Arguments {
+  // ---- model ----
+  int64_t num_layers = 0;
+  int64_t hidden_size = 0;
+  int64_t ffn_hidden_size = 0;  // 0: 4 * hidden (Megatron's default)
+  int64_t num_attention_heads = 0;
+  bool group_query_attention = false;
+  int64_t num_query_groups = 1;
+  int64_t kv_channels = 0;  // 0: hidden / heads
+  int64_t seq_length = 0;
+  int64_t max_position_embeddings = 0;  // 0: seq_length
+  std::string position_embedding_type = "learned_absolute";
+  double rotary_base = 10000;
+  double rotary_percent = 1.0;
+  std::string normalization = "LayerNorm";
+  double norm_epsilon = 1e-5;
+  bool swiglu = false;
+  bool openai_gelu = false;
+  bool disable_bias_linear = false;
+  bool add_qkv_bias = false;
+  bool untie_embeddings_and_output_weights = false;
+  double hidden_dropout = 0.1;
+  double attention_dropout = 0.1;
+  double init_method_std = 0.02;
+  int64_t make_vocab_size_divisible_by = 128;
+  int64_t vocab_size = 0;  // NullTokenizer / mock data vocabulary
+
+  // ---- training ----
+  int64_t micro_batch_size = 1;
+  int64_t global_batch_size = 0;  // 0: micro_batch_size * data-parallel size
+  int64_t train_iters = 0;
+  int64_t log_interval = 100;
+  int64_t seed = 1234;
+  bool bf16 = false;
+  bool fp16 = false;
+
+  // ---- optimizer and schedule ----
+  std::string optimizer = "adam";
+  double lr = 0;
+  double min_lr = 0;
+  std::string lr_decay_style = "linear";
+  int64_t lr_decay_iters = 0;  // 0: train_iters
+  int64_t lr_warmup_iters = 0;
+  double lr_warmup_fraction = -1;  // < 0: unset
+  double lr_warmup_init = 0;
+  int64_t lr_wsd_decay_iters = 0;
+  std::string lr_wsd_decay_style = "exponential";
+  double weight_decay = 0.01;
+  double adam_beta1 = 0.9;
+  double adam_beta2 = 0.999;
+  double adam_eps = 1e-8;
+  double clip_grad = 1.0;
+  bool check_for_nan_in_loss_and_grad = true;
+
+  // ---- data ----
+  bool mock_data = false;
+  std::string tokenizer_type = "NullTokenizer";
+  bool eod_mask_loss = false;
+
+  // ---- checkpoints (Hugging Face import for now) ----
+  std::string pretrained_checkpoint;
+
+  // ---- logging ----
+  std::string tensorboard_dir;
+  int64_t tensorboard_log_interval = 1;
+  bool log_throughput = false;
+  std::string save_hf;  // write the trained weights as a Hugging Face directory
+  int64_t num_threads = 0;  // OpenMP threads; 0: cores available to the process
+};
+
+}  // namespace megatron

@@ -1,0 +1,18 @@
+#include "train/flops.h"
+
+namespace megatron {
+
+double model_flops_per_iteration(const TransformerConfig& c, int64_t global_batch_size) {
+  const double B = static_cast<double>(global_batch_size), s = static_cast<double>(c.seq_length);
+  const double L = static_cast<double>(c.num_layers), h = static_cast<double>(c.hidden_size);
+  const double n = static_cast<double>(c.num_attention_heads);
+  const double g = static_cast<double>(c.num_query_groups);
+  const double qproj_ratio = n * static_cast<double>(c.kv_channels) / h;
+  const double gated = c.swiglu ? 1.5 : 1.0;
+  const double attention = (1.0 + g / n + s / h) * qproj_ratio;
+  const double mlp = static_cast<double>(c.ffn_hidden_size) / h * gated;
+  const double logit = static_cast<double>(c.padded_vocab_size) / (2.0 * L * h);
+  return 12.0 * B * s * L * h * h * (attention + mlp + logit);
+}
+
+}  // namespace megatron

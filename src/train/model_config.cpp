@@ -1,0 +1,60 @@
+#include "train/model_config.h"
+
+#include "core/error.h"
+
+namespace megatron {
+
+TransformerConfig transformer_config_from_args(const Arguments& a) {
+  TransformerConfig c;
+  c.num_layers = a.num_layers;
+  c.hidden_size = a.hidden_size;
+  c.ffn_hidden_size = a.ffn_hidden_size;
+  c.num_attention_heads = a.num_attention_heads;
+  c.num_query_groups = a.group_query_attention ? a.num_query_groups : 0;
+  c.kv_channels = a.kv_channels;
+  c.seq_length = a.seq_length;
+  c.max_position_embeddings = a.max_position_embeddings;
+  if (a.position_embedding_type == "learned_absolute") {
+    c.position_embedding = PositionEmbedding::kLearnedAbsolute;
+  } else if (a.position_embedding_type == "rope") {
+    c.position_embedding = PositionEmbedding::kRope;
+  } else if (a.position_embedding_type == "none") {
+    c.position_embedding = PositionEmbedding::kNone;
+  } else {
+    MEGATRON_CHECK(false, "--position-embedding-type: unknown type '", a.position_embedding_type,
+                   "'; choose learned_absolute, rope or none");
+  }
+  c.rotary_base = a.rotary_base;
+  c.rotary_percent = a.rotary_percent;
+  if (a.normalization == "LayerNorm") {
+    c.normalization = Normalization::kLayerNorm;
+  } else if (a.normalization == "RMSNorm") {
+    c.normalization = Normalization::kRMSNorm;
+  } else {
+    MEGATRON_CHECK(false, "--normalization: unknown '", a.normalization,
+                   "'; choose LayerNorm or RMSNorm");
+  }
+  c.norm_epsilon = a.norm_epsilon;
+  c.swiglu = a.swiglu;
+  c.openai_gelu = a.openai_gelu;
+  c.add_bias_linear = !a.disable_bias_linear;
+  c.add_qkv_bias = a.add_qkv_bias;
+  c.untie_embeddings_and_output_weights = a.untie_embeddings_and_output_weights;
+  c.hidden_dropout = a.hidden_dropout;
+  c.attention_dropout = a.attention_dropout;
+  c.init_method_std = a.init_method_std;
+  MEGATRON_CHECK(a.vocab_size > 0, "--vocab-size must be set (positive) for ", a.tokenizer_type,
+                 ", got ", a.vocab_size);
+  c.vocab_size = a.vocab_size;
+  c.padded_vocab_size = pad_vocab_size(a.vocab_size, a.make_vocab_size_divisible_by);
+  c.compute_dtype = a.bf16 ? DType::kBF16 : DType::kF32;
+  if (c.swiglu && a.ffn_hidden_size == 0) {
+    // Megatron: SwiGLU keeps the MLP's parameter count with ffn = int(4h * 2/3 / 64) * 64.
+    c.ffn_hidden_size =
+        static_cast<int64_t>(4.0 * static_cast<double>(c.hidden_size) * 2.0 / 3.0 / 64.0) * 64;
+  }
+  c.finalize();
+  return c;
+}
+
+}  // namespace megatron

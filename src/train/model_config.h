@@ -1,0 +1,12 @@
+// From Arguments to a TransformerConfig: Megatron's flag semantics (defaults, padded vocabulary,
+// --group-query-attention) in one place. Errors name the flag.
+#pragma once
+
+#include "train/arguments.h"
+#include "transformer/config.h"
+
+namespace megatron {
+
+TransformerConfig transformer_config_from_args(const Arguments& args);
+
+}  // namespace megatron

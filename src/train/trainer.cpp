@@ -1,0 +1,175 @@
+#include "train/trainer.h"
+
+#include <cmath>
+
+#include "checkpoint/hf_checkpoint.h"
+#include "core/logging.h"
+#include "core/threads.h"
+#include "core/timer.h"
+#include "tensor/ops.h"
+#include "train/flops.h"
+#include "train/gemm_peak.h"
+#include "train/model_config.h"
+
+namespace megatron {
+
+Trainer::Trainer(const Arguments& args) : args_(args) {
+  cfg_ = transformer_config_from_args(args_);
+  log_line(strprintf(" > padded vocab (size: %ld) with %ld dummy tokens (new size: %ld)",
+                     static_cast<long>(cfg_.vocab_size),
+                     static_cast<long>(cfg_.padded_vocab_size - cfg_.vocab_size),
+                     static_cast<long>(cfg_.padded_vocab_size)));
+  num_microbatches_ = args_.global_batch_size / args_.micro_batch_size;
+
+  model_ = std::make_unique<GPTModel>(cfg_);
+  params_ = std::make_unique<ParamSet>(model_->parameters(), cfg_.compute_dtype);
+  if (!args_.pretrained_checkpoint.empty()) {
+    HfModelInfo info = read_hf_config(args_.pretrained_checkpoint);
+    load_hf_weights(args_.pretrained_checkpoint, info, *model_, *params_);
+    log_line(" > loaded pretrained weights from " + args_.pretrained_checkpoint);
+  } else {
+    params_->initialize(static_cast<uint64_t>(args_.seed));
+  }
+  int64_t nparams = 0;
+  for (Param* p : params_->params()) nparams += p->shape.numel();
+  log_line(strprintf(" > number of parameters on (tensor, pipeline) model parallel rank (0, 0): %ld",
+                     static_cast<long>(nparams)));
+
+  optimizer_ = std::make_unique<AdamW>(
+      *params_, AdamWConfig{args_.adam_beta1, args_.adam_beta2, args_.adam_eps, args_.weight_decay});
+
+  // The schedule counts samples (iterations x global batch), as Megatron's does.
+  const int64_t gbs = args_.global_batch_size;
+  schedule_.max_lr = args_.lr;
+  schedule_.min_lr = args_.min_lr;
+  schedule_.warmup_init = args_.lr_warmup_init;
+  schedule_.style = parse_lr_decay_style(args_.lr_decay_style);
+  schedule_.wsd_style = parse_wsd_decay_style(args_.lr_wsd_decay_style);
+  const int64_t decay_iters = args_.lr_decay_iters > 0 ? args_.lr_decay_iters : args_.train_iters;
+  schedule_.decay_samples = decay_iters * gbs;
+  schedule_.warmup_samples =
+      args_.lr_warmup_fraction >= 0
+          ? static_cast<int64_t>(args_.lr_warmup_fraction * static_cast<double>(schedule_.decay_samples))
+          : args_.lr_warmup_iters * gbs;
+  schedule_.wsd_decay_samples = args_.lr_wsd_decay_iters * gbs;
+
+  log_line("> building train, validation, and test datasets ...");
+  data_ = std::make_unique<MockGPTDataset>(cfg_.seq_length, cfg_.vocab_size - 1,
+                                           static_cast<uint64_t>(args_.seed));
+  log_line(strprintf(" > mock GPT dataset: sequence length %ld, end-of-document id %ld",
+                     static_cast<long>(cfg_.seq_length), static_cast<long>(cfg_.vocab_size - 1)));
+
+  if (!args_.tensorboard_dir.empty()) {
+    tensorboard_ = std::make_unique<TensorBoardWriter>(args_.tensorboard_dir);
+  }
+  peak_gflops_ = measure_gemm_gflops(cfg_.compute_dtype, 1024, 0.3);
+  log_line(strprintf(" > measured %s GEMM peak with %d threads: %.1f GFLOP/s (model-FLOPs "
+                     "utilisation is reported against it)",
+                     dtype_name(cfg_.compute_dtype), num_threads(), peak_gflops_));
+}
+
+Trainer::~Trainer() = default;
+
+Trainer::StepResult Trainer::train_step(int64_t iteration, double lr) {
+  StepResult r;
+  params_->zero_grads();
+  const int64_t mbs = args_.micro_batch_size;
+  const int64_t first_sample = (iteration - 1) * args_.global_batch_size;
+  for (int64_t mb = 0; mb < num_microbatches_; ++mb) {
+    GPTBatch batch = make_batch(*data_, first_sample + mb * mbs, mbs, args_.eod_mask_loss);
+    ForwardMode mode{true, static_cast<uint64_t>(args_.seed),
+                     static_cast<uint64_t>(iteration * num_microbatches_ + mb)};
+    GPTModel::Ctx ctx;
+    Tensor loss = model_->forward(batch.tokens, batch.labels, Tensor(), ctx, mode);
+    // Megatron's loss: masked mean over this micro-batch, averaged over micro-batches.
+    const float* lp = loss.data<float>();
+    const float* mp = batch.loss_mask.data<float>();
+    double sum = 0, count = 0;
+    for (int64_t i = 0; i < loss.numel(); ++i) {
+      sum += static_cast<double>(lp[i]) * mp[i];
+      count += mp[i];
+    }
+    count = std::max(count, 1.0);
+    r.loss += sum / count / static_cast<double>(num_microbatches_);
+    Tensor dloss = batch.loss_mask;
+    ops::scale_inplace(dloss, 1.0 / (count * static_cast<double>(num_microbatches_)));
+    model_->backward(dloss, ctx);
+  }
+  if (args_.check_for_nan_in_loss_and_grad) {
+    MEGATRON_CHECK(std::isfinite(r.loss), "found NaN or Inf in the loss at iteration ", iteration,
+                   " (loss = ", r.loss, "); lower --lr, or pass --no-check-for-nan-in-loss-and-grad");
+  }
+  r.grad_norm = grad_norm(*params_);
+  if (args_.check_for_nan_in_loss_and_grad) {
+    MEGATRON_CHECK(std::isfinite(r.grad_norm), "found NaN or Inf in the gradient norm at iteration ",
+                   iteration, "; lower --lr, or pass --no-check-for-nan-in-loss-and-grad");
+  }
+  clip_grads(*params_, args_.clip_grad, r.grad_norm);
+  optimizer_->step(lr);
+  return r;
+}
+
+void Trainer::train() {
+  log_line("[before the start of training step] datetime: " + timestamp());
+  log_line("training ...");
+  const int64_t gbs = args_.global_batch_size;
+  const double flops_per_iter = model_flops_per_iteration(cfg_, gbs);
+  const double tokens_per_iter = static_cast<double>(gbs * cfg_.seq_length);
+  double interval_loss = 0, interval_time = 0;
+  int64_t interval_iters = 0;
+  for (int64_t it = 1; it <= args_.train_iters; ++it) {
+    Timer timer;
+    const double lr = schedule_.lr_at((it - 1) * gbs);
+    StepResult r = train_step(it, lr);
+    const double elapsed = timer.elapsed();
+    losses_.push_back(r.loss);
+    interval_loss += r.loss;
+    interval_time += elapsed;
+    ++interval_iters;
+    // Megatron prints the learning rate the scheduler set after this step, for the next one.
+    const double next_lr = schedule_.lr_at(it * gbs);
+    const double tflops = flops_per_iter / elapsed / 1e12;
+    if (tensorboard_ && it % args_.tensorboard_log_interval == 0) {
+      const int64_t samples = it * gbs;
+      tensorboard_->add_scalars({{"learning-rate", next_lr},
+                                 {"batch-size", static_cast<double>(gbs)},
+                                 {"lm loss", r.loss},
+                                 {"loss-scale", 1.0},
+                                 {"grad-norm", r.grad_norm},
+                                 {"iteration-time", elapsed},
+                                 {"throughput", tflops}},
+                                it);
+      tensorboard_->add_scalars({{"learning-rate vs samples", next_lr},
+                                 {"lm loss vs samples", r.loss},
+                                 {"grad-norm vs samples", r.grad_norm}},
+                                samples);
+    }
+    if (it % args_.log_interval == 0 || it == args_.train_iters) {
+      const double ms = interval_time / static_cast<double>(interval_iters) * 1000.0;
+      const double avg_tflops = flops_per_iter / (ms / 1000.0) / 1e12;
+      std::string line = strprintf(
+          " [%s] iteration %8ld/%8ld | consumed samples: %12ld | elapsed time per iteration (ms): "
+          "%.1f | throughput per GPU (TFLOP/s/GPU): %.1f | learning rate: %.6E | global batch "
+          "size: %5ld | lm loss: %.6E | loss scale: %.1f | grad norm: %.3f | number of skipped "
+          "iterations: %3d | number of nan iterations: %3d | tokens per second: %.1f | model "
+          "FLOPs utilisation: %.1f%% |",
+          timestamp().c_str(), static_cast<long>(it), static_cast<long>(args_.train_iters),
+          static_cast<long>(it * gbs), ms, avg_tflops, next_lr, static_cast<long>(gbs),
+          interval_loss / static_cast<double>(interval_iters), 1.0, r.grad_norm, 0, 0,
+          tokens_per_iter / (ms / 1000.0), 100.0 * avg_tflops * 1e3 / peak_gflops_);
+      log_line(line);
+      if (tensorboard_) tensorboard_->flush();
+      interval_loss = interval_time = 0;
+      interval_iters = 0;
+    }
+  }
+  log_line("[after training is done] datetime: " + timestamp());
+  if (tensorboard_) tensorboard_->close();
+  if (!args_.save_hf.empty()) {
+    HfModelInfo info = hf_info_from_config(cfg_, infer_hf_arch(cfg_));
+    save_hf(args_.save_hf, info, *model_);
+    log_line(" > saved the model as a Hugging Face directory to " + args_.save_hf);
+  }
+}
+
+}  // namespace megatron
