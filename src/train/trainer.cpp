@@ -149,7 +149,7 @@ void Trainer::train() {
       const double avg_tflops = flops_per_iter / (ms / 1000.0) / 1e12;
       std::string line = strprintf(
           " [%s] iteration %8ld/%8ld | consumed samples: %12ld | elapsed time per iteration (ms): "
-          "%.1f | throughput per GPU (TFLOP/s/GPU): %.1f | learning rate: %.6E | global batch "
+          "%.1f | throughput per GPU (TFLOP/s/GPU): %.3f | learning rate: %.6E | global batch "
           "size: %5ld | lm loss: %.6E | loss scale: %.1f | grad norm: %.3f | number of skipped "
           "iterations: %3d | number of nan iterations: %3d | tokens per second: %.1f | model "
           "FLOPs utilisation: %.1f%% |",

@@ -1,0 +1,103 @@
+// Learning-rate schedules against Megatron's formulas, evaluated by hand at chosen points.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "optim/adamw.h"
+#include "optim/lr_scheduler.h"
+
+namespace megatron {
+namespace {
+
+LrSchedule make(LrDecayStyle style) {
+  LrSchedule s;
+  s.max_lr = 1.0;
+  s.min_lr = 0.1;
+  s.warmup_samples = 100;
+  s.decay_samples = 1100;
+  s.style = style;
+  return s;
+}
+
+TEST(LrSchedule, WarmupIsLinearFromInit) {
+  LrSchedule s = make(LrDecayStyle::kCosine);
+  s.warmup_init = 0.2;
+  EXPECT_DOUBLE_EQ(s.lr_at(0), 0.2);
+  EXPECT_DOUBLE_EQ(s.lr_at(50), 0.2 + 0.8 * 0.5);
+  EXPECT_DOUBLE_EQ(s.lr_at(100), 1.0);
+}
+
+TEST(LrSchedule, LinearCosineConstantAfterWarmup) {
+  // Halfway through decay: linear coeff 0.5, cosine coeff 0.5 too; a quarter: 0.75 vs 0.853553.
+  EXPECT_DOUBLE_EQ(make(LrDecayStyle::kLinear).lr_at(600), 0.1 + 0.5 * 0.9);
+  EXPECT_NEAR(make(LrDecayStyle::kCosine).lr_at(600), 0.1 + 0.5 * 0.9, 1e-15);
+  EXPECT_DOUBLE_EQ(make(LrDecayStyle::kLinear).lr_at(350), 0.1 + 0.75 * 0.9);
+  EXPECT_NEAR(make(LrDecayStyle::kCosine).lr_at(350),
+              0.1 + 0.5 * (std::cos(M_PI * 0.25) + 1) * 0.9, 1e-15);
+  EXPECT_DOUBLE_EQ(make(LrDecayStyle::kConstant).lr_at(5000), 1.0);
+  // After the decay length: min_lr.
+  EXPECT_DOUBLE_EQ(make(LrDecayStyle::kLinear).lr_at(1100), 0.1);
+  EXPECT_DOUBLE_EQ(make(LrDecayStyle::kCosine).lr_at(2000), 0.1);
+}
+
+TEST(LrSchedule, InverseSquareRoot) {
+  LrSchedule s = make(LrDecayStyle::kInverseSquareRoot);
+  EXPECT_DOUBLE_EQ(s.lr_at(400), 1.0 * std::sqrt(100.0) / std::sqrt(400.0));
+  s.decay_samples = 100000;
+  EXPECT_DOUBLE_EQ(s.lr_at(40000), 0.1);  // clamped at min_lr (0.05 < 0.1)
+}
+
+TEST(LrSchedule, WarmupStableDecay) {
+  LrSchedule s = make(LrDecayStyle::kWSD);
+  s.wsd_decay_samples = 200;  // anneal over [900, 1100]
+  EXPECT_DOUBLE_EQ(s.lr_at(500), 1.0);
+  EXPECT_DOUBLE_EQ(s.lr_at(900), 1.0);
+  // exponential: coeff = 2 * 0.5^r - 1; r = 0.5 at 1000.
+  EXPECT_NEAR(s.lr_at(1000), 0.1 + (2 * std::pow(0.5, 0.5) - 1) * 0.9, 1e-15);
+  s.wsd_style = WsdDecayStyle::kLinear;
+  EXPECT_DOUBLE_EQ(s.lr_at(1000), 0.1 + 0.5 * 0.9);
+  s.wsd_style = WsdDecayStyle::kMinusSqrt;
+  EXPECT_NEAR(s.lr_at(1000), 0.1 + (1 - std::sqrt(0.5)) * 0.9, 1e-15);
+  EXPECT_NEAR(s.lr_at(1100), 0.1, 1e-15);
+}
+
+TEST(LrSchedule, ParsesMegatronNamesAndRejectsOthers) {
+  EXPECT_EQ(parse_lr_decay_style("inverse-square-root"), LrDecayStyle::kInverseSquareRoot);
+  EXPECT_EQ(parse_lr_decay_style("WSD"), LrDecayStyle::kWSD);
+  EXPECT_THROW(parse_lr_decay_style("wsd"), InvalidArgument);
+  EXPECT_THROW(parse_wsd_decay_style("sqrt"), InvalidArgument);
+}
+
+TEST(AdamWGroups, NoWeightDecayOnBiasesAndNorms) {
+  // With zero gradients Adam's update is 0, so only weight decay moves the weights.
+  Param w, b;
+  w.name = "w";
+  w.shape = {4};
+  b.name = "b";
+  b.shape = {4};
+  b.no_weight_decay = true;
+  ParamSet set({&w, &b}, DType::kF32);
+  w.main.fill(1.0);
+  b.main.fill(1.0);
+  AdamW opt(set, AdamWConfig{0.9, 0.999, 1e-8, 0.5});
+  opt.step(0.1);
+  EXPECT_FLOAT_EQ(static_cast<float>(w.main.item(0)), 1.0f - 0.1f * 0.5f);
+  EXPECT_FLOAT_EQ(static_cast<float>(b.main.item(0)), 1.0f);
+}
+
+TEST(GradClip, ScalesOnlyAboveTheThreshold) {
+  Param w;
+  w.name = "w";
+  w.shape = {2};
+  ParamSet set({&w}, DType::kF32);
+  w.main_grad.data<float>()[0] = 3;
+  w.main_grad.data<float>()[1] = 4;
+  EXPECT_DOUBLE_EQ(grad_norm(set), 5.0);
+  clip_grads(set, 10.0, 5.0);
+  EXPECT_FLOAT_EQ(w.main_grad.data<float>()[0], 3.0f);
+  clip_grads(set, 1.0, 5.0);
+  EXPECT_NEAR(grad_norm(set), 1.0, 1e-6);
+}
+
+}  // namespace
+}  // namespace megatron
