@@ -2,6 +2,7 @@
 // loglikelihood request of evaluation harnesses). Input: one sequence per line, token ids
 // separated by spaces (Megatron's NullTokenizer text). Output: one JSON line per input line,
 // {"logprobs": [log p(t_1 | t_0), ...], "loss": mean negative log-probability}.
+#include <cerrno>
 #include <fstream>
 #include <limits>
 #include <sstream>
@@ -26,9 +27,12 @@ std::vector<int64_t> parse_ids(const std::string& line, const std::string& file,
   std::string tok;
   while (in >> tok) {
     char* end = nullptr;
+    errno = 0;
     long long v = std::strtoll(tok.c_str(), &end, 10);
     MEGATRON_CHECK(end && *end == '\0', file, ":", lineno, ": '", tok,
                    "' is not a token id (lines are space-separated integer ids)");
+    MEGATRON_CHECK(errno != ERANGE, file, ":", lineno, ": token id ", tok,
+                   " is outside the vocabulary [0, ", vocab, ")");
     MEGATRON_CHECK(v >= 0 && v < vocab, file, ":", lineno, ": token id ", v,
                    " is outside the vocabulary [0, ", vocab, ")");
     ids.push_back(v);

@@ -70,6 +70,8 @@ void register_train_args(ArgTable& t, Arguments& a) {
   t.add("--tensorboard-dir", a.tensorboard_dir, "Write TensorBoard event files here");
   t.add("--tensorboard-log-interval", a.tensorboard_log_interval, "Iterations between TensorBoard points");
   t.flag("--log-throughput", a.log_throughput, "Accepted for compatibility: throughput is always logged");
+  t.add("--gemm-peak-gflops", a.gemm_peak_gflops,
+        "GEMM peak (GFLOP/s) for model-FLOPs utilisation; default: measured at start-up");
   t.add("--save-hf", a.save_hf, "After training, write the weights as a Hugging Face model directory here");
 }
 

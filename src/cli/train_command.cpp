@@ -3,6 +3,7 @@
 #include "cli/train_args.h"
 #include "core/logging.h"
 #include "core/threads.h"
+#include "train/model_config.h"
 #include "train/trainer.h"
 
 namespace megatron::cli {
@@ -16,6 +17,9 @@ int train_command(int argc, char** argv) {
   // Validate before merging so errors name what the user typed, then again after.
   merge_pretrained_config(args, table);
   validate_train_args(args);
+  // Model-shape errors (heads not dividing hidden, sequence beyond positions, ...) surface here,
+  // before the argument dump, as Megatron's argument validation does.
+  transformer_config_from_args(args);
   set_num_threads(static_cast<int>(args.num_threads));
   table.print_dump();
   log_line("[after megatron is initialized] datetime: " + timestamp());

@@ -77,6 +77,7 @@ struct Arguments {
   bool log_throughput = false;
   std::string save_hf;  // write the trained weights as a Hugging Face directory
   int64_t num_threads = 0;  // OpenMP threads; 0: cores available to the process
+  double gemm_peak_gflops = 0;  // MFU denominator; 0: measured at start-up
 };
 
 }  // namespace megatron

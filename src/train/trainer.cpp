@@ -1,6 +1,8 @@
 #include "train/trainer.h"
 
 #include <cmath>
+#include <filesystem>
+#include <stdexcept>
 
 #include "checkpoint/hf_checkpoint.h"
 #include "core/logging.h"
@@ -15,6 +17,14 @@ namespace megatron {
 
 Trainer::Trainer(const Arguments& args) : args_(args) {
   cfg_ = transformer_config_from_args(args_);
+  if (!args_.save_hf.empty()) {
+    // Refuse an unexportable model or an unwritable directory now, not after training.
+    infer_hf_arch(cfg_);
+    std::error_code ec;
+    std::filesystem::create_directories(args_.save_hf, ec);
+    MEGATRON_CHECK(!ec && std::filesystem::is_directory(args_.save_hf), "--save-hf: cannot create '",
+                   args_.save_hf, "' (", ec.message(), ")");
+  }
   log_line(strprintf(" > padded vocab (size: %ld) with %ld dummy tokens (new size: %ld)",
                      static_cast<long>(cfg_.vocab_size),
                      static_cast<long>(cfg_.padded_vocab_size - cfg_.vocab_size),
@@ -62,10 +72,18 @@ Trainer::Trainer(const Arguments& args) : args_(args) {
   if (!args_.tensorboard_dir.empty()) {
     tensorboard_ = std::make_unique<TensorBoardWriter>(args_.tensorboard_dir);
   }
-  peak_gflops_ = measure_gemm_gflops(cfg_.compute_dtype, 1024, 0.3);
-  log_line(strprintf(" > measured %s GEMM peak with %d threads: %.1f GFLOP/s (model-FLOPs "
-                     "utilisation is reported against it)",
-                     dtype_name(cfg_.compute_dtype), num_threads(), peak_gflops_));
+  if (args_.gemm_peak_gflops > 0) {
+    peak_gflops_ = args_.gemm_peak_gflops;
+    log_line(strprintf(" > %s GEMM peak given by --gemm-peak-gflops: %.1f GFLOP/s (model-FLOPs "
+                       "utilisation is reported against it)",
+                       dtype_name(cfg_.compute_dtype), peak_gflops_));
+  } else {
+    peak_gflops_ = measure_gemm_gflops(cfg_.compute_dtype, 1024, 0.3);
+    log_line(strprintf(" > measured %s GEMM peak with %d threads: %.1f GFLOP/s (model-FLOPs "
+                       "utilisation is reported against it; a busy machine lowers it, fix it "
+                       "with --gemm-peak-gflops)",
+                       dtype_name(cfg_.compute_dtype), num_threads(), peak_gflops_));
+  }
 }
 
 Trainer::~Trainer() = default;
@@ -96,13 +114,20 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, double lr) {
     model_->backward(dloss, ctx);
   }
   if (args_.check_for_nan_in_loss_and_grad) {
-    MEGATRON_CHECK(std::isfinite(r.loss), "found NaN or Inf in the loss at iteration ", iteration,
-                   " (loss = ", r.loss, "); lower --lr, or pass --no-check-for-nan-in-loss-and-grad");
+    // A diverged run is a runtime failure (exit 1), not bad input.
+    if (!std::isfinite(r.loss)) {
+      throw std::runtime_error(strprintf(
+          "found NaN or Inf in the loss at iteration %ld (loss = %g); lower --lr, or pass "
+          "--no-check-for-nan-in-loss-and-grad", static_cast<long>(iteration), r.loss));
+    }
   }
   r.grad_norm = grad_norm(*params_);
   if (args_.check_for_nan_in_loss_and_grad) {
-    MEGATRON_CHECK(std::isfinite(r.grad_norm), "found NaN or Inf in the gradient norm at iteration ",
-                   iteration, "; lower --lr, or pass --no-check-for-nan-in-loss-and-grad");
+    if (!std::isfinite(r.grad_norm)) {
+      throw std::runtime_error(strprintf(
+          "found NaN or Inf in the gradient norm at iteration %ld; lower --lr, or pass "
+          "--no-check-for-nan-in-loss-and-grad", static_cast<long>(iteration)));
+    }
   }
   clip_grads(*params_, args_.clip_grad, r.grad_norm);
   optimizer_->step(lr);

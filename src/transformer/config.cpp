@@ -25,7 +25,8 @@ void TransformerConfig::finalize() {
   if (position_embedding == PositionEmbedding::kLearnedAbsolute) {
     MEGATRON_CHECK(seq_length <= max_position_embeddings, "--seq-length (", seq_length,
                    ") exceeds --max-position-embeddings (", max_position_embeddings,
-                   "): learned position embeddings have no row for the later positions");
+                   "): learned position embeddings have no row for the later positions (with "
+                   "--pretrained-checkpoint, the limit is the checkpoint's config.json)");
   }
   MEGATRON_CHECK(vocab_size > 0, "vocabulary size must be positive (set --vocab-size)");
   if (padded_vocab_size == 0) padded_vocab_size = vocab_size;

@@ -26,13 +26,21 @@ void check_ce(const Tensor& logits, const Tensor& targets, int64_t vocab_size, c
   }
 }
 
+// log(sum_j exp(row[j])) over the first v entries. exp runs in T, vectorised; partial sums of
+// 1024 terms are added in double so long vocabularies lose no precision.
 template <typename T>
 T row_lse(const T* row, int64_t v) {
   T m = -std::numeric_limits<T>::infinity();
 #pragma omp simd reduction(max : m)
   for (int64_t j = 0; j < v; ++j) m = std::max(m, row[j]);
   double sum = 0;
-  for (int64_t j = 0; j < v; ++j) sum += std::exp(static_cast<double>(row[j] - m));
+  for (int64_t j0 = 0; j0 < v; j0 += 1024) {
+    const int64_t j1 = std::min(v, j0 + 1024);
+    T part = 0;
+#pragma omp simd reduction(+ : part)
+    for (int64_t j = j0; j < j1; ++j) part += std::exp(row[j] - m);
+    sum += static_cast<double>(part);
+  }
   return m + static_cast<T>(std::log(sum));
 }
 
