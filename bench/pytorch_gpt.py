@@ -15,10 +15,11 @@ available there.
 What this is not: not Megatron-LM, not a convergence test, not tuned
 (no torch.compile, no fused optimizers, no channels-last or IPEX tricks);
 it is a reference point for the C++ trainer's tokens/s on the same config.
-Caveat: fp32 matmuls go through whatever BLAS torch was linked against; a
-torch built with BLAS_INFO=generic on a host whose libblas is the reference
-(netlib) one runs fp32 GEMM single-threaded at a few GFLOP/s, while bf16
-goes through oneDNN. The script then says so on stderr.
+Caveat: fp32 matmuls go through whatever BLAS the system's libblas points to
+(Debian's torch is built with BLAS_INFO=generic); with the reference (netlib)
+BLAS they run at a few GFLOP/s, so the setup script installs OpenBLAS, and
+bench/compare_pytorch.py reports which library was loaded. bf16 goes through
+oneDNN.
 
 Usage: python3 bench/pytorch_gpt.py --num-layers 4 --hidden-size 256
     --num-attention-heads 4 --vocab-size 50304 --seq-length 256
@@ -116,10 +117,6 @@ def main():
         return 1
 
     torch.set_num_threads(args.threads)
-    if not args.bf16 and "BLAS_INFO=generic" in torch.__config__.show():
-        print("pytorch_gpt: note: this torch uses a generic system BLAS for fp32 "
-              "matmul; if that is reference BLAS, fp32 numbers understate PyTorch",
-              file=sys.stderr)
     torch.manual_seed(args.seed)
     model = GPT(args.num_layers, args.hidden_size, args.num_attention_heads,
                 args.vocab_size, args.seq_length)

@@ -36,15 +36,19 @@ DType dtype_from_torch(const std::string& s, const std::string& file) {
   if (s == "float32") return DType::kF32;
   if (s == "bfloat16") return DType::kBF16;
   if (s == "float16") return DType::kF16;
-  MEGATRON_CHECK(false, file, ": torch_dtype '", s, "' is not supported (float32, bfloat16, float16)");
+  MEGATRON_CHECK(false, file, ": torch_dtype '", s,
+                 "' is not supported (float32, bfloat16, float16)");
   return DType::kF32;
 }
 
 const char* torch_dtype_name(DType t) {
   switch (t) {
-    case DType::kBF16: return "bfloat16";
-    case DType::kF16: return "float16";
-    default: return "float32";
+    case DType::kBF16:
+      return "bfloat16";
+    case DType::kF16:
+      return "float16";
+    default:
+      return "float32";
   }
 }
 
@@ -56,7 +60,8 @@ HfModelInfo read_hf_config(const std::string& dir) {
                  "' is not a directory; pass a Hugging Face model directory (config.json + "
                  "model.safetensors)");
   std::ifstream in(file);
-  MEGATRON_CHECK(in.good(), file, ": cannot open; a Hugging Face model directory needs config.json");
+  MEGATRON_CHECK(in.good(), file,
+                 ": cannot open; a Hugging Face model directory needs config.json");
   HfModelInfo info;
   try {
     info.raw = json::parse(in);
@@ -91,7 +96,8 @@ HfModelInfo read_hf_config(const std::string& dir) {
     c.untie_embeddings_and_output_weights = false;
     MEGATRON_CHECK(!get_or<bool>(j, "scale_attn_by_inverse_layer_idx", false, file) &&
                        !get_or<bool>(j, "reorder_and_upcast_attn", false, file),
-                   file, ": scale_attn_by_inverse_layer_idx / reorder_and_upcast_attn are not supported");
+                   file,
+                   ": scale_attn_by_inverse_layer_idx / reorder_and_upcast_attn are not supported");
   } else if (model_type == "llama" || model_type == "mistral" || model_type == "qwen2") {
     info.arch = HfArch::kLlama;
     c.num_layers = get<int64_t>(j, "num_hidden_layers", file);
@@ -135,7 +141,7 @@ namespace {
 struct Mapping {
   std::string hf_name;
   Param* param;
-  int64_t row_begin = 0;  // the HF tensor fills rows [row_begin, row_begin + rows) of param ...
+  int64_t row_begin = 0;      // the HF tensor fills rows [row_begin, row_begin + rows) of param ...
   std::vector<int64_t> rows;  // ... or, if non-empty, exactly these rows (in HF row order)
   bool transpose = false;     // HF stores [in, out] (GPT-2 Conv1D)
   Shape hf_shape;
@@ -203,13 +209,19 @@ std::vector<Mapping> build_mappings(const HfModelInfo& info, GPTModel& m) {
       auto& L = *m.decoder->layers[i];
       const std::string p = "model.layers." + std::to_string(i) + ".";
       add(p + "input_layernorm.weight", L.input_layernorm.weight, {h});
-      add(p + "self_attn.q_proj.weight", L.self_attention.linear_qkv.weight, {np * hn, h}, false, all_rows(0));
-      add(p + "self_attn.k_proj.weight", L.self_attention.linear_qkv.weight, {ng * hn, h}, false, all_rows(1));
-      add(p + "self_attn.v_proj.weight", L.self_attention.linear_qkv.weight, {ng * hn, h}, false, all_rows(2));
+      add(p + "self_attn.q_proj.weight", L.self_attention.linear_qkv.weight, {np * hn, h}, false,
+          all_rows(0));
+      add(p + "self_attn.k_proj.weight", L.self_attention.linear_qkv.weight, {ng * hn, h}, false,
+          all_rows(1));
+      add(p + "self_attn.v_proj.weight", L.self_attention.linear_qkv.weight, {ng * hn, h}, false,
+          all_rows(2));
       if (c.add_qkv_bias) {
-        add(p + "self_attn.q_proj.bias", L.self_attention.linear_qkv.bias, {np * hn}, false, all_rows(0));
-        add(p + "self_attn.k_proj.bias", L.self_attention.linear_qkv.bias, {ng * hn}, false, all_rows(1));
-        add(p + "self_attn.v_proj.bias", L.self_attention.linear_qkv.bias, {ng * hn}, false, all_rows(2));
+        add(p + "self_attn.q_proj.bias", L.self_attention.linear_qkv.bias, {np * hn}, false,
+            all_rows(0));
+        add(p + "self_attn.k_proj.bias", L.self_attention.linear_qkv.bias, {ng * hn}, false,
+            all_rows(1));
+        add(p + "self_attn.v_proj.bias", L.self_attention.linear_qkv.bias, {ng * hn}, false,
+            all_rows(2));
       }
       add(p + "self_attn.o_proj.weight", L.self_attention.linear_proj.weight, {h, np * hn});
       add(p + "post_attention_layernorm.weight", L.pre_mlp_layernorm.weight, {h});
@@ -224,7 +236,9 @@ std::vector<Mapping> build_mappings(const HfModelInfo& info, GPTModel& m) {
 }
 
 // Row length of a parameter viewed as 2-D [rows, cols] (1-D params are one row per element).
-int64_t row_len(const Param& p) { return p.shape.ndim() == 1 ? 1 : p.shape[1]; }
+int64_t row_len(const Param& p) {
+  return p.shape.ndim() == 1 ? 1 : p.shape[1];
+}
 
 // Destination row (in the param) of HF row r.
 int64_t dest_row(const Mapping& mp, int64_t r) {
@@ -261,14 +275,16 @@ void load_hf_weights(const std::string& dir, const HfModelInfo& info, GPTModel& 
     const int64_t cols = row_len(*mp.param);
     // View the HF tensor as [rows, cols] in our orientation.
     const int64_t rows = mp.hf_shape.ndim() == 1 ? mp.hf_shape[0]
-                         : mp.transpose           ? mp.hf_shape[1]
-                                                  : mp.hf_shape[0];
+                         : mp.transpose          ? mp.hf_shape[1]
+                                                 : mp.hf_shape[0];
     Tensor row_buf = Tensor::empty({cols}, DType::kF64);
     for (int64_t r = 0; r < rows; ++r) {
       double* rb = row_buf.data<double>();
       for (int64_t k = 0; k < cols; ++k) {
-        if (mp.hf_shape.ndim() == 1) rb[k] = s[r];
-        else rb[k] = mp.transpose ? s[k * rows + r] : s[r * cols + k];
+        if (mp.hf_shape.ndim() == 1)
+          rb[k] = s[r];
+        else
+          rb[k] = mp.transpose ? s[k * rows + r] : s[r * cols + k];
       }
       dst.flat_view(dest_row(mp, r) * cols, {cols}).copy_from(row_buf);
     }
@@ -277,7 +293,8 @@ void load_hf_weights(const std::string& dir, const HfModelInfo& info, GPTModel& 
     if (used.count(short_name)) continue;
     const bool mask_buffer = short_name.find(".attn.bias") != std::string::npos ||
                              short_name.find(".attn.masked_bias") != std::string::npos;
-    const bool tied_head = short_name == "lm_head.weight" && !info.config.untie_embeddings_and_output_weights;
+    const bool tied_head =
+        short_name == "lm_head.weight" && !info.config.untie_embeddings_and_output_weights;
     const bool rotary_buffer = short_name.find("rotary_emb.inv_freq") != std::string::npos;
     MEGATRON_CHECK(mask_buffer || tied_head || rotary_buffer, dir, ": unexpected tensor '", full,
                    "' for a ", info.arch == HfArch::kGpt2 ? "gpt2" : "llama",
@@ -287,7 +304,7 @@ void load_hf_weights(const std::string& dir, const HfModelInfo& info, GPTModel& 
 }
 
 std::map<std::string, Tensor> to_hf_tensors(const HfModelInfo& info, const GPTModel& model,
-                                           bool grads) {
+                                            bool grads) {
   GPTModel& m = const_cast<GPTModel&>(model);  // mappings take non-const Params; nothing is written
   std::map<std::string, Tensor> out;
   for (const Mapping& mp : build_mappings(info, m)) {
@@ -297,14 +314,17 @@ std::map<std::string, Tensor> to_hf_tensors(const HfModelInfo& info, const GPTMo
     const double* s = src.data<double>();
     const int64_t cols = row_len(*mp.param);
     const int64_t rows = mp.hf_shape.ndim() == 1 ? mp.hf_shape[0]
-                         : mp.transpose           ? mp.hf_shape[1]
-                                                  : mp.hf_shape[0];
+                         : mp.transpose          ? mp.hf_shape[1]
+                                                 : mp.hf_shape[0];
     for (int64_t r = 0; r < rows; ++r) {
       const double* sr = s + dest_row(mp, r) * cols;
       for (int64_t k = 0; k < cols; ++k) {
-        if (mp.hf_shape.ndim() == 1) d[r] = sr[0];
-        else if (mp.transpose) d[k * rows + r] = sr[k];
-        else d[r * cols + k] = sr[k];
+        if (mp.hf_shape.ndim() == 1)
+          d[r] = sr[0];
+        else if (mp.transpose)
+          d[k * rows + r] = sr[k];
+        else
+          d[r * cols + k] = sr[k];
       }
     }
     out[mp.hf_name] = t;
@@ -317,7 +337,8 @@ void save_hf(const std::string& dir, const HfModelInfo& info, const GPTModel& mo
   fs::create_directories(dir, ec);
   MEGATRON_CHECK(!ec, dir, ": cannot create the output directory (", ec.message(), ")");
   std::vector<std::pair<std::string, Tensor>> tensors;
-  for (auto& [name, t] : to_hf_tensors(info, model, false)) tensors.emplace_back(name, t.to(info.dtype));
+  for (auto& [name, t] : to_hf_tensors(info, model, false))
+    tensors.emplace_back(name, t.to(info.dtype));
   safetensors::SafetensorsDir::write(dir, tensors);
   const std::string cfg_path = (fs::path(dir) / "config.json").string();
   std::ofstream f(cfg_path);
@@ -332,14 +353,16 @@ HfArch infer_hf_arch(const TransformerConfig& c) {
       !c.untie_embeddings_and_output_weights && c.num_query_groups == c.num_attention_heads) {
     return HfArch::kGpt2;
   }
-  if (c.position_embedding == PositionEmbedding::kRope && c.normalization == Normalization::kRMSNorm &&
-      c.swiglu && !c.add_bias_linear && !c.add_qkv_bias && c.rotary_percent == 1.0) {
+  if (c.position_embedding == PositionEmbedding::kRope &&
+      c.normalization == Normalization::kRMSNorm && c.swiglu && !c.add_bias_linear &&
+      !c.add_qkv_bias && c.rotary_percent == 1.0) {
     return HfArch::kLlama;
   }
-  MEGATRON_CHECK(false, "this model has no Hugging Face equivalent: GPT-2 needs learned positions, "
-                        "LayerNorm, GELU, biases and tied embeddings; Llama needs "
-                        "--position-embedding-type rope, --normalization RMSNorm, --swiglu and "
-                        "--disable-bias-linear");
+  MEGATRON_CHECK(false,
+                 "this model has no Hugging Face equivalent: GPT-2 needs learned positions, "
+                 "LayerNorm, GELU, biases and tied embeddings; Llama needs "
+                 "--position-embedding-type rope, --normalization RMSNorm, --swiglu and "
+                 "--disable-bias-linear");
   return HfArch::kGpt2;
 }
 
@@ -349,22 +372,34 @@ HfModelInfo hf_info_from_config(const TransformerConfig& c, HfArch arch) {
   info.config = c;
   json& j = info.raw;
   if (arch == HfArch::kGpt2) {
-    j = {{"model_type", "gpt2"}, {"architectures", {"GPT2LMHeadModel"}},
-         {"n_layer", c.num_layers}, {"n_embd", c.hidden_size}, {"n_head", c.num_attention_heads},
-         {"n_inner", c.ffn_hidden_size}, {"n_positions", c.max_position_embeddings},
-         {"vocab_size", c.vocab_size}, {"layer_norm_epsilon", c.norm_epsilon},
+    j = {{"model_type", "gpt2"},
+         {"architectures", {"GPT2LMHeadModel"}},
+         {"n_layer", c.num_layers},
+         {"n_embd", c.hidden_size},
+         {"n_head", c.num_attention_heads},
+         {"n_inner", c.ffn_hidden_size},
+         {"n_positions", c.max_position_embeddings},
+         {"vocab_size", c.vocab_size},
+         {"layer_norm_epsilon", c.norm_epsilon},
          {"activation_function", c.openai_gelu ? "gelu_new" : "gelu"},
          {"tie_word_embeddings", true}};
   } else {
-    j = {{"model_type", "llama"}, {"architectures", {"LlamaForCausalLM"}},
-         {"num_hidden_layers", c.num_layers}, {"hidden_size", c.hidden_size},
+    j = {{"model_type", "llama"},
+         {"architectures", {"LlamaForCausalLM"}},
+         {"num_hidden_layers", c.num_layers},
+         {"hidden_size", c.hidden_size},
          {"num_attention_heads", c.num_attention_heads},
-         {"num_key_value_heads", c.num_query_groups}, {"head_dim", c.kv_channels},
+         {"num_key_value_heads", c.num_query_groups},
+         {"head_dim", c.kv_channels},
          {"intermediate_size", c.ffn_hidden_size},
-         {"max_position_embeddings", c.max_position_embeddings}, {"vocab_size", c.vocab_size},
-         {"rms_norm_eps", c.norm_epsilon}, {"rope_theta", c.rotary_base}, {"hidden_act", "silu"},
+         {"max_position_embeddings", c.max_position_embeddings},
+         {"vocab_size", c.vocab_size},
+         {"rms_norm_eps", c.norm_epsilon},
+         {"rope_theta", c.rotary_base},
+         {"hidden_act", "silu"},
          {"tie_word_embeddings", !c.untie_embeddings_and_output_weights},
-         {"attention_bias", false}, {"mlp_bias", false}};
+         {"attention_bias", false},
+         {"mlp_bias", false}};
   }
   j["torch_dtype"] = torch_dtype_name(info.dtype);
   return info;

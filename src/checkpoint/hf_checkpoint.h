@@ -22,9 +22,9 @@ enum class HfArch : uint8_t { kGpt2, kLlama };
 
 struct HfModelInfo {
   HfArch arch = HfArch::kGpt2;
-  TransformerConfig config;  // everything config.json fixes; padded_vocab_size left to the caller
+  TransformerConfig config;   // everything config.json fixes; padded_vocab_size left to the caller
   DType dtype = DType::kF32;  // dtype of the weights in the files
-  nlohmann::json raw;        // config.json as read
+  nlohmann::json raw;         // config.json as read
 };
 
 // Reads dir/config.json. Errors name the file, the key and the fix.
@@ -44,7 +44,7 @@ void save_hf(const std::string& dir, const HfModelInfo& info, const GPTModel& mo
 // The model's weights (grads = false) or gradients (grads = true) under HF names and layouts,
 // as f64 tensors (padding rows dropped). Used by save_hf and by the PyTorch oracle tests.
 std::map<std::string, Tensor> to_hf_tensors(const HfModelInfo& info, const GPTModel& model,
-                                           bool grads);
+                                            bool grads);
 
 // The HF architecture that can hold a model of this config: GPT-2 (learned positions, LayerNorm,
 // biases, tied) or Llama (RoPE, RMSNorm, SwiGLU, no biases). Error naming the offending flags

@@ -14,7 +14,8 @@ void ArgTable::flag(const std::string& flag, bool& field, const std::string& hel
 
 void ArgTable::negative_flag(const std::string& flag, const std::string& dest, bool& field,
                              const std::string& help) {
-  CLI::Option* opt = app_.add_flag_callback(flag, [&field] { field = false; }, help);
+  CLI::Option* opt = app_.add_flag_callback(
+      flag, [&field] { field = false; }, help);
   entries_.push_back({flag, dest, opt, [&field] { return to_text(field); }});
 }
 

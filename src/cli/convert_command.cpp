@@ -13,10 +13,12 @@ int convert_command(int argc, char** argv) {
   CLI::App app("Convert model weights between formats", "convert");
   std::string load_dir, save_dir, dtype;
   app.add_option("--pretrained-checkpoint,--load-hf", load_dir,
-                 "Hugging Face model directory to read")->required();
+                 "Hugging Face model directory to read")
+      ->required();
   app.add_option("--save-hf", save_dir, "Hugging Face model directory to write")->required();
-  app.add_option("--dtype", dtype, "Weights dtype of the output: float32, bfloat16 or float16 "
-                                   "(default: as read)");
+  app.add_option("--dtype", dtype,
+                 "Weights dtype of the output: float32, bfloat16 or float16 "
+                 "(default: as read)");
   if (int rc = parse(app, argc, argv); rc >= 0) return rc;
   HfModelInfo info = read_hf_config(load_dir);
   TransformerConfig cfg = info.config;
@@ -28,7 +30,9 @@ int convert_command(int argc, char** argv) {
   if (!dtype.empty()) {
     MEGATRON_CHECK(dtype == "float32" || dtype == "bfloat16" || dtype == "float16",
                    "--dtype: unknown '", dtype, "'; choose float32, bfloat16 or float16");
-    info.dtype = dtype == "bfloat16" ? DType::kBF16 : dtype == "float16" ? DType::kF16 : DType::kF32;
+    info.dtype = dtype == "bfloat16"  ? DType::kBF16
+                 : dtype == "float16" ? DType::kF16
+                                      : DType::kF32;
     info.raw["torch_dtype"] = dtype;
   }
   save_hf(save_dir, info, model);

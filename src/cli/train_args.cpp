@@ -11,13 +11,16 @@ namespace megatron::cli {
 void register_model_args(ArgTable& t, Arguments& a) {
   t.add("--num-layers", a.num_layers, "Number of transformer layers");
   t.add("--hidden-size", a.hidden_size, "Transformer hidden size");
-  t.add("--ffn-hidden-size", a.ffn_hidden_size, "MLP hidden size (default 4 x hidden; 2/3 of that for SwiGLU)");
+  t.add("--ffn-hidden-size", a.ffn_hidden_size,
+        "MLP hidden size (default 4 x hidden; 2/3 of that for SwiGLU)");
   t.add("--num-attention-heads", a.num_attention_heads, "Number of attention heads");
   t.flag("--group-query-attention", a.group_query_attention, "Use grouped-query attention");
-  t.add("--num-query-groups", a.num_query_groups, "Query groups (key/value heads) with --group-query-attention");
+  t.add("--num-query-groups", a.num_query_groups,
+        "Query groups (key/value heads) with --group-query-attention");
   t.add("--kv-channels", a.kv_channels, "Head dimension (default hidden / heads)");
   t.add("--seq-length", a.seq_length, "Sequence length");
-  t.add("--max-position-embeddings", a.max_position_embeddings, "Rows of the learned position embedding (default seq length)");
+  t.add("--max-position-embeddings", a.max_position_embeddings,
+        "Rows of the learned position embedding (default seq length)");
   t.add("--position-embedding-type", a.position_embedding_type, "learned_absolute, rope or none");
   t.add("--rotary-base", a.rotary_base, "RoPE base");
   t.add("--rotary-percent", a.rotary_percent, "Fraction of the head dimension RoPE rotates");
@@ -26,17 +29,21 @@ void register_model_args(ArgTable& t, Arguments& a) {
   t.flag("--swiglu", a.swiglu, "SwiGLU MLP activation");
   t.flag("--openai-gelu", a.openai_gelu, "tanh-approximated GELU (GPT-2's gelu_new)");
   t.flag("--disable-bias-linear", a.disable_bias_linear, "No biases in linear layers");
-  t.flag("--add-qkv-bias", a.add_qkv_bias, "Bias on the QKV projection even with --disable-bias-linear");
+  t.flag("--add-qkv-bias", a.add_qkv_bias,
+         "Bias on the QKV projection even with --disable-bias-linear");
   t.flag("--untie-embeddings-and-output-weights", a.untie_embeddings_and_output_weights,
          "Separate output layer instead of the tied word embeddings");
   t.add("--hidden-dropout", a.hidden_dropout, "Dropout after attention/MLP and on embeddings");
   t.add("--attention-dropout", a.attention_dropout, "Dropout on attention probabilities");
   t.add("--init-method-std", a.init_method_std, "Std of the normal weight init");
-  t.add("--make-vocab-size-divisible-by", a.make_vocab_size_divisible_by, "Pad the vocabulary to a multiple of this");
+  t.add("--make-vocab-size-divisible-by", a.make_vocab_size_divisible_by,
+        "Pad the vocabulary to a multiple of this");
   t.add("--vocab-size", a.vocab_size, "Vocabulary size (NullTokenizer and mock data)");
   t.add("--tokenizer-type", a.tokenizer_type, "Tokenizer (NullTokenizer)");
-  t.add("--pretrained-checkpoint", a.pretrained_checkpoint, "Hugging Face model directory (config.json + safetensors) to start from");
-  t.flag("--bf16", a.bf16, "bf16 compute weights and GEMM inputs; fp32 main weights, gradients and accumulation");
+  t.add("--pretrained-checkpoint", a.pretrained_checkpoint,
+        "Hugging Face model directory (config.json + safetensors) to start from");
+  t.flag("--bf16", a.bf16,
+         "bf16 compute weights and GEMM inputs; fp32 main weights, gradients and accumulation");
   t.flag("--fp16", a.fp16, "fp16 mixed precision (not supported yet)");
   t.add("--num-threads", a.num_threads, "OpenMP threads (default: cores available to the process)");
 }
@@ -44,20 +51,24 @@ void register_model_args(ArgTable& t, Arguments& a) {
 void register_train_args(ArgTable& t, Arguments& a) {
   register_model_args(t, a);
   t.add("--micro-batch-size", a.micro_batch_size, "Sequences per micro-batch");
-  t.add("--global-batch-size", a.global_batch_size, "Sequences per iteration (default micro batch x data parallel)");
+  t.add("--global-batch-size", a.global_batch_size,
+        "Sequences per iteration (default micro batch x data parallel)");
   t.add("--train-iters", a.train_iters, "Training iterations");
   t.add("--log-interval", a.log_interval, "Iterations between log lines");
   t.add("--seed", a.seed, "Random seed (weights, dropout, data)");
   t.add("--optimizer", a.optimizer, "Optimizer (adam: AdamW)");
   t.add("--lr", a.lr, "Peak learning rate");
   t.add("--min-lr", a.min_lr, "Minimum learning rate");
-  t.add("--lr-decay-style", a.lr_decay_style, "constant, linear, cosine, inverse-square-root or WSD");
+  t.add("--lr-decay-style", a.lr_decay_style,
+        "constant, linear, cosine, inverse-square-root or WSD");
   t.add("--lr-decay-iters", a.lr_decay_iters, "Iterations to decay over (default --train-iters)");
   t.add("--lr-warmup-iters", a.lr_warmup_iters, "Linear warm-up iterations");
-  t.add("--lr-warmup-fraction", a.lr_warmup_fraction, "Warm-up as a fraction of the decay iterations");
+  t.add("--lr-warmup-fraction", a.lr_warmup_fraction,
+        "Warm-up as a fraction of the decay iterations");
   t.add("--lr-warmup-init", a.lr_warmup_init, "Learning rate at the start of warm-up");
   t.add("--lr-wsd-decay-iters", a.lr_wsd_decay_iters, "WSD: iterations of the final decay");
-  t.add("--lr-wsd-decay-style", a.lr_wsd_decay_style, "WSD decay: exponential, linear, cosine, minus_sqrt");
+  t.add("--lr-wsd-decay-style", a.lr_wsd_decay_style,
+        "WSD decay: exponential, linear, cosine, minus_sqrt");
   t.add("--weight-decay", a.weight_decay, "AdamW weight decay (not applied to biases and norms)");
   t.add("--adam-beta1", a.adam_beta1, "Adam beta1");
   t.add("--adam-beta2", a.adam_beta2, "Adam beta2");
@@ -68,11 +79,14 @@ void register_train_args(ArgTable& t, Arguments& a) {
   t.flag("--mock-data", a.mock_data, "Train on synthetic data");
   t.flag("--eod-mask-loss", a.eod_mask_loss, "No loss on end-of-document input tokens");
   t.add("--tensorboard-dir", a.tensorboard_dir, "Write TensorBoard event files here");
-  t.add("--tensorboard-log-interval", a.tensorboard_log_interval, "Iterations between TensorBoard points");
-  t.flag("--log-throughput", a.log_throughput, "Accepted for compatibility: throughput is always logged");
+  t.add("--tensorboard-log-interval", a.tensorboard_log_interval,
+        "Iterations between TensorBoard points");
+  t.flag("--log-throughput", a.log_throughput,
+         "Accepted for compatibility: throughput is always logged");
   t.add("--gemm-peak-gflops", a.gemm_peak_gflops,
         "GEMM peak (GFLOP/s) for model-FLOPs utilisation; default: measured at start-up");
-  t.add("--save-hf", a.save_hf, "After training, write the weights as a Hugging Face model directory here");
+  t.add("--save-hf", a.save_hf,
+        "After training, write the weights as a Hugging Face model directory here");
 }
 
 void validate_train_args(Arguments& a) {
@@ -80,23 +94,28 @@ void validate_train_args(Arguments& a) {
   MEGATRON_CHECK(!a.fp16, "--fp16 is not supported yet (fp16 needs loss scaling); use --bf16");
   MEGATRON_CHECK(a.tokenizer_type == "NullTokenizer", "--tokenizer-type ", a.tokenizer_type,
                  " is not supported yet; use NullTokenizer with --vocab-size");
-  MEGATRON_CHECK(a.mock_data, "no training data: pass --mock-data (indexed datasets via --data-path "
-                              "are not supported yet)");
+  MEGATRON_CHECK(a.mock_data,
+                 "no training data: pass --mock-data (indexed datasets via --data-path "
+                 "are not supported yet)");
   MEGATRON_CHECK(a.num_layers > 0, "--num-layers is required (a positive integer)");
   MEGATRON_CHECK(a.hidden_size > 0, "--hidden-size is required (a positive integer)");
-  MEGATRON_CHECK(a.num_attention_heads > 0, "--num-attention-heads is required (a positive integer)");
+  MEGATRON_CHECK(a.num_attention_heads > 0,
+                 "--num-attention-heads is required (a positive integer)");
   MEGATRON_CHECK(a.seq_length > 0, "--seq-length is required (a positive integer)");
   MEGATRON_CHECK(a.train_iters > 0, "--train-iters is required (a positive integer)");
-  MEGATRON_CHECK(a.micro_batch_size > 0, "--micro-batch-size must be positive, got ", a.micro_batch_size);
+  MEGATRON_CHECK(a.micro_batch_size > 0, "--micro-batch-size must be positive, got ",
+                 a.micro_batch_size);
   if (a.global_batch_size == 0) a.global_batch_size = a.micro_batch_size;  // data-parallel size 1
   const int64_t dp = 1;
   MEGATRON_CHECK(a.global_batch_size > 0 && a.global_batch_size % (a.micro_batch_size * dp) == 0,
                  "global batch size (", a.global_batch_size,
                  ") is not divisible by micro batch size (", a.micro_batch_size,
-                 ") times data parallel size (", dp, "): fix --global-batch-size or --micro-batch-size");
+                 ") times data parallel size (", dp,
+                 "): fix --global-batch-size or --micro-batch-size");
   MEGATRON_CHECK(a.optimizer == "adam", "--optimizer ", a.optimizer, " is not supported (adam)");
   MEGATRON_CHECK(a.lr > 0, "--lr is required (a positive learning rate)");
-  MEGATRON_CHECK(a.min_lr >= 0 && a.min_lr <= a.lr, "--min-lr (", a.min_lr, ") must be in [0, --lr = ", a.lr, "]");
+  MEGATRON_CHECK(a.min_lr >= 0 && a.min_lr <= a.lr, "--min-lr (", a.min_lr,
+                 ") must be in [0, --lr = ", a.lr, "]");
   MEGATRON_CHECK(!(a.lr_warmup_fraction >= 0 && a.lr_warmup_iters > 0),
                  "can only specify one of --lr-warmup-fraction and --lr-warmup-iters");
   MEGATRON_CHECK(a.lr_warmup_fraction < 0 || a.lr_warmup_fraction <= 1,
@@ -152,7 +171,8 @@ void merge_pretrained_config(Arguments& a, const ArgTable& t) {
   set("--max-position-embeddings", a.max_position_embeddings, c.max_position_embeddings);
   set("--position-embedding-type", a.position_embedding_type,
       std::string(c.position_embedding == PositionEmbedding::kRope ? "rope" : "learned_absolute"));
-  if (c.position_embedding == PositionEmbedding::kRope) set("--rotary-base", a.rotary_base, c.rotary_base);
+  if (c.position_embedding == PositionEmbedding::kRope)
+    set("--rotary-base", a.rotary_base, c.rotary_base);
   set("--normalization", a.normalization,
       std::string(c.normalization == Normalization::kRMSNorm ? "RMSNorm" : "LayerNorm"));
   set("--norm-epsilon", a.norm_epsilon, c.norm_epsilon);

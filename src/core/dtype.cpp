@@ -6,24 +6,36 @@ namespace megatron {
 
 size_t dtype_size(DType t) {
   switch (t) {
-    case DType::kF32: return 4;
-    case DType::kF64: return 8;
-    case DType::kBF16: return 2;
-    case DType::kF16: return 2;
-    case DType::kI32: return 4;
-    case DType::kI64: return 8;
+    case DType::kF32:
+      return 4;
+    case DType::kF64:
+      return 8;
+    case DType::kBF16:
+      return 2;
+    case DType::kF16:
+      return 2;
+    case DType::kI32:
+      return 4;
+    case DType::kI64:
+      return 8;
   }
   MEGATRON_ASSERT(false, "unknown dtype");
 }
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::kF32: return "f32";
-    case DType::kF64: return "f64";
-    case DType::kBF16: return "bf16";
-    case DType::kF16: return "f16";
-    case DType::kI32: return "i32";
-    case DType::kI64: return "i64";
+    case DType::kF32:
+      return "f32";
+    case DType::kF64:
+      return "f64";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kF16:
+      return "f16";
+    case DType::kI32:
+      return "i32";
+    case DType::kI64:
+      return "i64";
   }
   return "?";
 }
@@ -32,12 +44,18 @@ namespace {
 // Loads element i of a floating buffer as double (exact for every supported type).
 double load(const void* p, DType t, int64_t i) {
   switch (t) {
-    case DType::kF32: return static_cast<const float*>(p)[i];
-    case DType::kF64: return static_cast<const double*>(p)[i];
-    case DType::kBF16: return bf16_to_f32(static_cast<const bf16*>(p)[i]);
-    case DType::kF16: return f16_to_f32(static_cast<const f16*>(p)[i]);
-    case DType::kI32: return static_cast<const int32_t*>(p)[i];
-    case DType::kI64: return static_cast<double>(static_cast<const int64_t*>(p)[i]);
+    case DType::kF32:
+      return static_cast<const float*>(p)[i];
+    case DType::kF64:
+      return static_cast<const double*>(p)[i];
+    case DType::kBF16:
+      return bf16_to_f32(static_cast<const bf16*>(p)[i]);
+    case DType::kF16:
+      return f16_to_f32(static_cast<const f16*>(p)[i]);
+    case DType::kI32:
+      return static_cast<const int32_t*>(p)[i];
+    case DType::kI64:
+      return static_cast<double>(static_cast<const int64_t*>(p)[i]);
   }
   return 0;
 }
@@ -66,14 +84,24 @@ void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t
   for (int64_t i = 0; i < n; ++i) {
     double v = load(src, src_type, i);
     switch (dst_type) {
-      case DType::kF32: static_cast<float*>(dst)[i] = static_cast<float>(v); break;
-      case DType::kF64: static_cast<double*>(dst)[i] = v; break;
+      case DType::kF32:
+        static_cast<float*>(dst)[i] = static_cast<float>(v);
+        break;
+      case DType::kF64:
+        static_cast<double*>(dst)[i] = v;
+        break;
       case DType::kBF16:
         static_cast<bf16*>(dst)[i] = f32_to_bf16(static_cast<float>(v));
         break;
-      case DType::kF16: static_cast<f16*>(dst)[i] = f32_to_f16(static_cast<float>(v)); break;
-      case DType::kI32: static_cast<int32_t*>(dst)[i] = static_cast<int32_t>(v); break;
-      case DType::kI64: static_cast<int64_t*>(dst)[i] = static_cast<int64_t>(v); break;
+      case DType::kF16:
+        static_cast<f16*>(dst)[i] = f32_to_f16(static_cast<float>(v));
+        break;
+      case DType::kI32:
+        static_cast<int32_t*>(dst)[i] = static_cast<int32_t>(v);
+        break;
+      case DType::kI64:
+        static_cast<int64_t*>(dst)[i] = static_cast<int64_t>(v);
+        break;
     }
   }
 }

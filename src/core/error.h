@@ -36,18 +36,18 @@ std::string concat(const Args&... args) {
 
 }  // namespace megatron
 
-#define MEGATRON_CHECK(cond, ...)                                              \
-  do {                                                                         \
-    if (!(cond)) [[unlikely]] {                                                \
+#define MEGATRON_CHECK(cond, ...)                                                 \
+  do {                                                                            \
+    if (!(cond)) [[unlikely]] {                                                   \
       throw ::megatron::InvalidArgument(::megatron::detail::concat(__VA_ARGS__)); \
-    }                                                                          \
+    }                                                                             \
   } while (0)
 
-#define MEGATRON_ASSERT(cond, ...)                                                          \
-  do {                                                                                      \
-    if (!(cond)) [[unlikely]] {                                                             \
-      throw ::megatron::InternalError(::megatron::detail::concat(                           \
-          "internal error at ", __FILE__, ":", __LINE__, ": `", #cond, "` failed. " __VA_OPT__(, ) \
-              __VA_ARGS__));                                                                \
-    }                                                                                       \
+#define MEGATRON_ASSERT(cond, ...)                                                                \
+  do {                                                                                            \
+    if (!(cond)) [[unlikely]] {                                                                   \
+      throw ::megatron::InternalError(                                                            \
+          ::megatron::detail::concat("internal error at ", __FILE__, ":", __LINE__, ": `", #cond, \
+                                     "` failed. " __VA_OPT__(, ) __VA_ARGS__));                   \
+    }                                                                                             \
   } while (0)

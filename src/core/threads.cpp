@@ -15,8 +15,12 @@ int available_cores() {
   return omp_get_num_procs();
 }
 
-void set_num_threads(int n) { omp_set_num_threads(n > 0 ? n : available_cores()); }
+void set_num_threads(int n) {
+  omp_set_num_threads(n > 0 ? n : available_cores());
+}
 
-int num_threads() { return omp_get_max_threads(); }
+int num_threads() {
+  return omp_get_max_threads();
+}
 
 }  // namespace megatron

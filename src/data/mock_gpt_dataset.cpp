@@ -33,7 +33,8 @@ void MockGPTDataset::sample(int64_t index, int64_t* out) {
   locate(start + seq_length_, doc, offset);  // grows the table far enough
   for (int64_t i = 0; i <= seq_length_; ++i) {
     locate(start + i, doc, offset);
-    const int64_t len = doc_starts_[static_cast<size_t>(doc) + 1] - doc_starts_[static_cast<size_t>(doc)];
+    const int64_t len =
+        doc_starts_[static_cast<size_t>(doc) + 1] - doc_starts_[static_cast<size_t>(doc)];
     out[i] = offset == len - 1 ? eod_ : (offset + 1) % eod_;
   }
 }

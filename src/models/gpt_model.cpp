@@ -14,8 +14,7 @@ Tensor transpose_bs(const Tensor& x) {
   const char* src = static_cast<const char*>(x.raw());
   char* dst = static_cast<char*>(y.raw());
   for (int64_t i = 0; i < b; ++i)
-    for (int64_t t = 0; t < s; ++t)
-      std::memcpy(dst + (t * b + i) * es, src + (i * s + t) * es, es);
+    for (int64_t t = 0; t < s; ++t) std::memcpy(dst + (t * b + i) * es, src + (i * s + t) * es, es);
   return y;
 }
 
@@ -116,9 +115,10 @@ Tensor GPTModel::forward(const Tensor& tokens, const Tensor& labels, const Tenso
   Tensor loss = Tensor::empty({ctx.b, ctx.s}, loss_sb.dtype());
   for (int64_t t = 0; t < ctx.s; ++t)
     for (int64_t i = 0; i < ctx.b; ++i)
-      std::memcpy(static_cast<char*>(loss.raw()) + (i * ctx.s + t) * dtype_size(loss.dtype()),
-                  static_cast<const char*>(loss_sb.raw()) + (t * ctx.b + i) * dtype_size(loss.dtype()),
-                  dtype_size(loss.dtype()));
+      std::memcpy(
+          static_cast<char*>(loss.raw()) + (i * ctx.s + t) * dtype_size(loss.dtype()),
+          static_cast<const char*>(loss_sb.raw()) + (t * ctx.b + i) * dtype_size(loss.dtype()),
+          dtype_size(loss.dtype()));
   return loss;
 }
 
@@ -136,8 +136,7 @@ void GPTModel::backward(const Tensor& dloss, Ctx& ctx) const {
   }
   // dlogits overwrite the logits: no second [n, Vp] buffer.
   Tensor dlogits = ctx.logits;
-  ops::cross_entropy_backward(dlogits, dloss_sb, ctx.logits, ctx.lse, ctx.targets,
-                              cfg_.vocab_size);
+  ops::cross_entropy_backward(dlogits, dloss_sb, ctx.logits, ctx.lse, ctx.targets, cfg_.vocab_size);
   const Param& w = output_weight();
   Tensor dl = w.value.dtype() == DType::kBF16 ? dlogits.to(DType::kBF16) : dlogits;
   ctx.logits = Tensor();

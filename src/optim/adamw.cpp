@@ -31,7 +31,9 @@ void AdamW::step(double lr) {
   params_.sync_compute_from_main();
 }
 
-double grad_norm(ParamSet& params) { return std::sqrt(ops::sum_squares(params.grads())); }
+double grad_norm(ParamSet& params) {
+  return std::sqrt(ops::sum_squares(params.grads()));
+}
 
 void clip_grads(ParamSet& params, double max_norm, double norm) {
   if (max_norm <= 0) return;

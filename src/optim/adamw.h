@@ -11,9 +11,9 @@
 namespace megatron {
 
 struct AdamWConfig {
-  double beta1 = 0.9;     // --adam-beta1
-  double beta2 = 0.999;   // --adam-beta2
-  double eps = 1e-8;      // --adam-eps
+  double beta1 = 0.9;          // --adam-beta1
+  double beta2 = 0.999;        // --adam-beta2
+  double eps = 1e-8;           // --adam-eps
   double weight_decay = 0.01;  // --weight-decay
 };
 

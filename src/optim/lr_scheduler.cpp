@@ -44,25 +44,38 @@ double LrSchedule::lr_at(int64_t samples) const {
                              static_cast<double>(decay_samples - warmup_samples);
   double coeff = 1.0;
   switch (style) {
-    case LrDecayStyle::kLinear: coeff = 1.0 - decay_ratio; break;
-    case LrDecayStyle::kCosine: coeff = 0.5 * (std::cos(M_PI * decay_ratio) + 1.0); break;
+    case LrDecayStyle::kLinear:
+      coeff = 1.0 - decay_ratio;
+      break;
+    case LrDecayStyle::kCosine:
+      coeff = 0.5 * (std::cos(M_PI * decay_ratio) + 1.0);
+      break;
     case LrDecayStyle::kWSD: {
       const int64_t anneal_start = decay_samples - wsd_decay_samples;
       if (samples <= anneal_start) {
         coeff = 1.0;
       } else {
-        const double r = (n - static_cast<double>(anneal_start)) /
-                         static_cast<double>(wsd_decay_samples);
+        const double r =
+            (n - static_cast<double>(anneal_start)) / static_cast<double>(wsd_decay_samples);
         switch (wsd_style) {
-          case WsdDecayStyle::kLinear: coeff = 1.0 - r; break;
-          case WsdDecayStyle::kCosine: coeff = 0.5 * (std::cos(M_PI * r) + 1.0); break;
-          case WsdDecayStyle::kExponential: coeff = 2.0 * std::pow(0.5, r) - 1.0; break;
-          case WsdDecayStyle::kMinusSqrt: coeff = 1.0 - std::sqrt(r); break;
+          case WsdDecayStyle::kLinear:
+            coeff = 1.0 - r;
+            break;
+          case WsdDecayStyle::kCosine:
+            coeff = 0.5 * (std::cos(M_PI * r) + 1.0);
+            break;
+          case WsdDecayStyle::kExponential:
+            coeff = 2.0 * std::pow(0.5, r) - 1.0;
+            break;
+          case WsdDecayStyle::kMinusSqrt:
+            coeff = 1.0 - std::sqrt(r);
+            break;
         }
       }
       break;
     }
-    default: break;
+    default:
+      break;
   }
   return min_lr + coeff * (max_lr - min_lr);
 }

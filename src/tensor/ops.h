@@ -24,11 +24,11 @@ void matmul(Tensor& out, const Tensor& a, bool trans_a, const Tensor& b, bool tr
             float beta = 0.0f);
 
 // ---- elementwise ------------------------------------------------------------------------------
-void add(Tensor& out, const Tensor& a, const Tensor& b);          // out = a + b
-void add_inplace(Tensor& out, const Tensor& a);                   // out += a
-void bias_add(Tensor& x, const Tensor& bias);                     // x[r, :] += bias[:]
-void bias_backward(Tensor& dbias, const Tensor& dy);              // dbias += sum_r dy[r, :]
-void scale_inplace(Tensor& x, double factor);                     // x *= factor
+void add(Tensor& out, const Tensor& a, const Tensor& b);  // out = a + b
+void add_inplace(Tensor& out, const Tensor& a);           // out += a
+void bias_add(Tensor& x, const Tensor& bias);             // x[r, :] += bias[:]
+void bias_backward(Tensor& dbias, const Tensor& dy);      // dbias += sum_r dy[r, :]
+void scale_inplace(Tensor& x, double factor);             // x *= factor
 
 // GELU, exact (erf; Megatron's default) or tanh approximation (--openai-gelu, HF gelu_new).
 void gelu_forward(Tensor& out, const Tensor& x, bool tanh_approx);

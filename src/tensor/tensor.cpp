@@ -90,8 +90,7 @@ Tensor Tensor::full(const Shape& shape, double value, DType dtype) {
 }
 
 Tensor Tensor::view(const Shape& shape) const {
-  MEGATRON_CHECK(shape.numel() == numel(), "view: cannot view ", shape_.str(), " as ",
-                 shape.str());
+  MEGATRON_CHECK(shape.numel() == numel(), "view: cannot view ", shape_.str(), " as ", shape.str());
   Tensor t = *this;
   t.shape_ = shape;
   return t;
@@ -148,7 +147,9 @@ void Tensor::fill(double value) {
   }
 }
 
-void Tensor::zero() { std::memset(raw(), 0, nbytes()); }
+void Tensor::zero() {
+  std::memset(raw(), 0, nbytes());
+}
 
 double Tensor::item(int64_t i) const {
   MEGATRON_CHECK(i >= 0 && i < numel(), "item: index ", i, " out of range for ", str());

@@ -20,12 +20,30 @@ enum class Device : uint8_t { kCPU };
 namespace detail {
 template <typename T>
 constexpr DType dtype_of();
-template <> constexpr DType dtype_of<float>() { return DType::kF32; }
-template <> constexpr DType dtype_of<double>() { return DType::kF64; }
-template <> constexpr DType dtype_of<bf16>() { return DType::kBF16; }
-template <> constexpr DType dtype_of<f16>() { return DType::kF16; }
-template <> constexpr DType dtype_of<int32_t>() { return DType::kI32; }
-template <> constexpr DType dtype_of<int64_t>() { return DType::kI64; }
+template <>
+constexpr DType dtype_of<float>() {
+  return DType::kF32;
+}
+template <>
+constexpr DType dtype_of<double>() {
+  return DType::kF64;
+}
+template <>
+constexpr DType dtype_of<bf16>() {
+  return DType::kBF16;
+}
+template <>
+constexpr DType dtype_of<f16>() {
+  return DType::kF16;
+}
+template <>
+constexpr DType dtype_of<int32_t>() {
+  return DType::kI32;
+}
+template <>
+constexpr DType dtype_of<int64_t>() {
+  return DType::kI64;
+}
 }  // namespace detail
 
 // Owns one aligned allocation.
@@ -68,9 +86,7 @@ class Tensor {
                    ", accessed as ", dtype_name(detail::dtype_of<T>()));
     return static_cast<T*>(raw());
   }
-  void* raw() const {
-    return storage_ ? static_cast<char*>(storage_->data()) + offset_ : nullptr;
-  }
+  void* raw() const { return storage_ ? static_cast<char*>(storage_->data()) + offset_ : nullptr; }
 
   // Same storage, new shape with the same number of elements.
   Tensor view(const Shape& shape) const;

@@ -22,8 +22,8 @@ Trainer::Trainer(const Arguments& args) : args_(args) {
     infer_hf_arch(cfg_);
     std::error_code ec;
     std::filesystem::create_directories(args_.save_hf, ec);
-    MEGATRON_CHECK(!ec && std::filesystem::is_directory(args_.save_hf), "--save-hf: cannot create '",
-                   args_.save_hf, "' (", ec.message(), ")");
+    MEGATRON_CHECK(!ec && std::filesystem::is_directory(args_.save_hf),
+                   "--save-hf: cannot create '", args_.save_hf, "' (", ec.message(), ")");
   }
   log_line(strprintf(" > padded vocab (size: %ld) with %ld dummy tokens (new size: %ld)",
                      static_cast<long>(cfg_.vocab_size),
@@ -42,11 +42,12 @@ Trainer::Trainer(const Arguments& args) : args_(args) {
   }
   int64_t nparams = 0;
   for (Param* p : params_->params()) nparams += p->shape.numel();
-  log_line(strprintf(" > number of parameters on (tensor, pipeline) model parallel rank (0, 0): %ld",
-                     static_cast<long>(nparams)));
+  log_line(
+      strprintf(" > number of parameters on (tensor, pipeline) model parallel rank (0, 0): %ld",
+                static_cast<long>(nparams)));
 
-  optimizer_ = std::make_unique<AdamW>(
-      *params_, AdamWConfig{args_.adam_beta1, args_.adam_beta2, args_.adam_eps, args_.weight_decay});
+  optimizer_ = std::make_unique<AdamW>(*params_, AdamWConfig{args_.adam_beta1, args_.adam_beta2,
+                                                             args_.adam_eps, args_.weight_decay});
 
   // The schedule counts samples (iterations x global batch), as Megatron's does.
   const int64_t gbs = args_.global_batch_size;
@@ -59,7 +60,8 @@ Trainer::Trainer(const Arguments& args) : args_(args) {
   schedule_.decay_samples = decay_iters * gbs;
   schedule_.warmup_samples =
       args_.lr_warmup_fraction >= 0
-          ? static_cast<int64_t>(args_.lr_warmup_fraction * static_cast<double>(schedule_.decay_samples))
+          ? static_cast<int64_t>(args_.lr_warmup_fraction *
+                                 static_cast<double>(schedule_.decay_samples))
           : args_.lr_warmup_iters * gbs;
   schedule_.wsd_decay_samples = args_.lr_wsd_decay_iters * gbs;
 
@@ -74,15 +76,17 @@ Trainer::Trainer(const Arguments& args) : args_(args) {
   }
   if (args_.gemm_peak_gflops > 0) {
     peak_gflops_ = args_.gemm_peak_gflops;
-    log_line(strprintf(" > %s GEMM peak given by --gemm-peak-gflops: %.1f GFLOP/s (model-FLOPs "
-                       "utilisation is reported against it)",
-                       dtype_name(cfg_.compute_dtype), peak_gflops_));
+    log_line(
+        strprintf(" > %s GEMM peak given by --gemm-peak-gflops: %.1f GFLOP/s (model-FLOPs "
+                  "utilisation is reported against it)",
+                  dtype_name(cfg_.compute_dtype), peak_gflops_));
   } else {
     peak_gflops_ = measure_gemm_gflops(cfg_.compute_dtype, 1024, 0.3);
-    log_line(strprintf(" > measured %s GEMM peak with %d threads: %.1f GFLOP/s (model-FLOPs "
-                       "utilisation is reported against it; a busy machine lowers it, fix it "
-                       "with --gemm-peak-gflops)",
-                       dtype_name(cfg_.compute_dtype), num_threads(), peak_gflops_));
+    log_line(
+        strprintf(" > measured %s GEMM peak with %d threads: %.1f GFLOP/s (model-FLOPs "
+                  "utilisation is reported against it; a busy machine lowers it, fix it "
+                  "with --gemm-peak-gflops)",
+                  dtype_name(cfg_.compute_dtype), num_threads(), peak_gflops_));
   }
 }
 
@@ -118,15 +122,17 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, double lr) {
     if (!std::isfinite(r.loss)) {
       throw std::runtime_error(strprintf(
           "found NaN or Inf in the loss at iteration %ld (loss = %g); lower --lr, or pass "
-          "--no-check-for-nan-in-loss-and-grad", static_cast<long>(iteration), r.loss));
+          "--no-check-for-nan-in-loss-and-grad",
+          static_cast<long>(iteration), r.loss));
     }
   }
   r.grad_norm = grad_norm(*params_);
   if (args_.check_for_nan_in_loss_and_grad) {
     if (!std::isfinite(r.grad_norm)) {
-      throw std::runtime_error(strprintf(
-          "found NaN or Inf in the gradient norm at iteration %ld; lower --lr, or pass "
-          "--no-check-for-nan-in-loss-and-grad", static_cast<long>(iteration)));
+      throw std::runtime_error(
+          strprintf("found NaN or Inf in the gradient norm at iteration %ld; lower --lr, or pass "
+                    "--no-check-for-nan-in-loss-and-grad",
+                    static_cast<long>(iteration)));
     }
   }
   clip_grads(*params_, args_.clip_grad, r.grad_norm);

@@ -8,9 +8,9 @@
 
 #include <string>
 
+#include "tensor/ops.h"
 #include "transformer/config.h"
 #include "transformer/forward_mode.h"
-#include "tensor/ops.h"
 #include "transformer/linear.h"
 
 namespace megatron {

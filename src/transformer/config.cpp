@@ -32,18 +32,19 @@ void TransformerConfig::finalize() {
   if (padded_vocab_size == 0) padded_vocab_size = vocab_size;
   MEGATRON_CHECK(padded_vocab_size >= vocab_size, "padded vocabulary ", padded_vocab_size,
                  " is smaller than the vocabulary ", vocab_size);
-  MEGATRON_CHECK(hidden_dropout >= 0 && hidden_dropout < 1, "--hidden-dropout must be in [0, 1), got ",
-                 hidden_dropout);
+  MEGATRON_CHECK(hidden_dropout >= 0 && hidden_dropout < 1,
+                 "--hidden-dropout must be in [0, 1), got ", hidden_dropout);
   MEGATRON_CHECK(attention_dropout >= 0 && attention_dropout < 1,
                  "--attention-dropout must be in [0, 1), got ", attention_dropout);
   MEGATRON_CHECK(norm_epsilon > 0, "--norm-epsilon must be positive, got ", norm_epsilon);
   MEGATRON_CHECK(init_method_std > 0, "--init-method-std must be positive, got ", init_method_std);
   if (position_embedding == PositionEmbedding::kRope) {
-    MEGATRON_CHECK(rotary_percent > 0 && rotary_percent <= 1, "--rotary-percent must be in (0, 1], got ",
-                   rotary_percent);
+    MEGATRON_CHECK(rotary_percent > 0 && rotary_percent <= 1,
+                   "--rotary-percent must be in (0, 1], got ", rotary_percent);
     int64_t rot = static_cast<int64_t>(static_cast<double>(kv_channels) * rotary_percent);
-    MEGATRON_CHECK(rot >= 2 && rot % 2 == 0, "rotary dimension kv_channels * --rotary-percent = ",
-                   rot, " must be even and >= 2");
+    MEGATRON_CHECK(rot >= 2 && rot % 2 == 0,
+                   "rotary dimension kv_channels * --rotary-percent = ", rot,
+                   " must be even and >= 2");
   }
 }
 

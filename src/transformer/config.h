@@ -14,9 +14,10 @@ enum class Normalization : uint8_t { kLayerNorm, kRMSNorm };
 enum class PositionEmbedding : uint8_t { kLearnedAbsolute, kRope, kNone };
 
 struct TransformerConfig {
-  int64_t num_layers = 0;               // --num-layers
-  int64_t hidden_size = 0;              // --hidden-size
-  int64_t ffn_hidden_size = 0;          // --ffn-hidden-size (0: 4 * hidden, or 8/3 rounded for SwiGLU by the CLI)
+  int64_t num_layers = 0;   // --num-layers
+  int64_t hidden_size = 0;  // --hidden-size
+  int64_t ffn_hidden_size =
+      0;  // --ffn-hidden-size (0: 4 * hidden, or 8/3 rounded for SwiGLU by the CLI)
   int64_t num_attention_heads = 0;      // --num-attention-heads
   int64_t num_query_groups = 0;         // --num-query-groups (0: = heads, i.e. no GQA)
   int64_t kv_channels = 0;              // --kv-channels (0: hidden / heads)
@@ -28,12 +29,12 @@ struct TransformerConfig {
   Normalization normalization = Normalization::kLayerNorm;  // --normalization
   double norm_epsilon = 1e-5;                               // --norm-epsilon
   bool swiglu = false;                                      // --swiglu
-  bool openai_gelu = false;      // --openai-gelu: tanh GELU (HF gelu_new) instead of exact erf
-  bool add_bias_linear = true;   // false with --disable-bias-linear
-  bool add_qkv_bias = false;     // --add-qkv-bias (QKV bias even when linear biases are off)
+  bool openai_gelu = false;     // --openai-gelu: tanh GELU (HF gelu_new) instead of exact erf
+  bool add_bias_linear = true;  // false with --disable-bias-linear
+  bool add_qkv_bias = false;    // --add-qkv-bias (QKV bias even when linear biases are off)
   PositionEmbedding position_embedding = PositionEmbedding::kLearnedAbsolute;
-  double rotary_base = 10000;    // --rotary-base
-  double rotary_percent = 1.0;   // --rotary-percent
+  double rotary_base = 10000;   // --rotary-base
+  double rotary_percent = 1.0;  // --rotary-percent
   bool untie_embeddings_and_output_weights = false;
 
   double hidden_dropout = 0.1;     // --hidden-dropout

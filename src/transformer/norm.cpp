@@ -43,8 +43,7 @@ Tensor Norm::backward(const Tensor& dy, Ctx& ctx) const {
   Tensor dw = weight.main_grad;
   if (kind_ == Normalization::kLayerNorm) {
     Tensor db = bias.main_grad;
-    ops::layernorm_backward(dx, dw, db, dy, ctx.x, weight.value_as(dy.dtype()), ctx.mean,
-                            ctx.rstd);
+    ops::layernorm_backward(dx, dw, db, dy, ctx.x, weight.value_as(dy.dtype()), ctx.mean, ctx.rstd);
   } else {
     ops::rmsnorm_backward(dx, dw, dy, ctx.x, weight.value_as(dy.dtype()), ctx.rstd);
   }

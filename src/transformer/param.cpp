@@ -15,9 +15,9 @@ uint64_t stable_hash(const std::string& s) {
 
 ParamSet::ParamSet(std::vector<Param*> params, DType compute_dtype)
     : params_(std::move(params)), compute_dtype_(compute_dtype) {
-  MEGATRON_CHECK(compute_dtype == DType::kF32 || compute_dtype == DType::kBF16 ||
-                     compute_dtype == DType::kF64,
-                 "compute dtype must be f32, bf16 or f64, got ", dtype_name(compute_dtype));
+  MEGATRON_CHECK(
+      compute_dtype == DType::kF32 || compute_dtype == DType::kBF16 || compute_dtype == DType::kF64,
+      "compute dtype must be f32, bf16 or f64, got ", dtype_name(compute_dtype));
   int64_t total = 0;
   offsets_.resize(params_.size());
   for (size_t i = params_.size(); i-- > 0;) {
@@ -42,8 +42,12 @@ void ParamSet::initialize(uint64_t seed) {
   for (Param* p : params_) {
     Tensor& t = p->main;
     switch (p->init) {
-      case Init::kZeros: t.zero(); break;
-      case Init::kOnes: t.fill(1.0); break;
+      case Init::kZeros:
+        t.zero();
+        break;
+      case Init::kOnes:
+        t.fill(1.0);
+        break;
       case Init::kNormal: {
         Tensor tmp = Tensor::empty(t.shape(), DType::kF64);
         double* d = tmp.data<double>();

@@ -6,8 +6,8 @@ TransformerBlock::TransformerBlock(const std::string& name, const TransformerCon
     : final_layernorm(name + ".final_layernorm", cfg.hidden_size, cfg.normalization,
                       cfg.norm_epsilon) {
   for (int64_t i = 0; i < cfg.num_layers; ++i) {
-    layers.push_back(std::make_unique<TransformerLayer>(
-        name + ".layers." + std::to_string(i), cfg, i));
+    layers.push_back(
+        std::make_unique<TransformerLayer>(name + ".layers." + std::to_string(i), cfg, i));
   }
 }
 
@@ -20,7 +20,8 @@ Tensor TransformerBlock::forward(const Tensor& x, const Tensor& positions, Ctx& 
                                  const ForwardMode& mode) const {
   ctx.layers.resize(layers.size());
   Tensor h = x;
-  for (size_t i = 0; i < layers.size(); ++i) h = layers[i]->forward(h, positions, ctx.layers[i], mode);
+  for (size_t i = 0; i < layers.size(); ++i)
+    h = layers[i]->forward(h, positions, ctx.layers[i], mode);
   return final_layernorm.forward(h, ctx.final_norm);
 }
 

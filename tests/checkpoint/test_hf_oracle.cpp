@@ -110,8 +110,12 @@ void run_oracle(const std::string& arch) {
   }
 }
 
-TEST(PyTorchOracle, Gpt2LogitsLossGradientsAndAdamW) { run_oracle("gpt2"); }
-TEST(PyTorchOracle, LlamaLogitsLossGradientsAndAdamW) { run_oracle("llama"); }
+TEST(PyTorchOracle, Gpt2LogitsLossGradientsAndAdamW) {
+  run_oracle("gpt2");
+}
+TEST(PyTorchOracle, LlamaLogitsLossGradientsAndAdamW) {
+  run_oracle("llama");
+}
 
 TEST(PyTorchOracle, ExportReproducesTheImportedFilesExactly) {
   for (const std::string arch : {"gpt2", "llama"}) {

@@ -32,8 +32,8 @@ TEST(LrSchedule, LinearCosineConstantAfterWarmup) {
   EXPECT_DOUBLE_EQ(make(LrDecayStyle::kLinear).lr_at(600), 0.1 + 0.5 * 0.9);
   EXPECT_NEAR(make(LrDecayStyle::kCosine).lr_at(600), 0.1 + 0.5 * 0.9, 1e-15);
   EXPECT_DOUBLE_EQ(make(LrDecayStyle::kLinear).lr_at(350), 0.1 + 0.75 * 0.9);
-  EXPECT_NEAR(make(LrDecayStyle::kCosine).lr_at(350),
-              0.1 + 0.5 * (std::cos(M_PI * 0.25) + 1) * 0.9, 1e-15);
+  EXPECT_NEAR(make(LrDecayStyle::kCosine).lr_at(350), 0.1 + 0.5 * (std::cos(M_PI * 0.25) + 1) * 0.9,
+              1e-15);
   EXPECT_DOUBLE_EQ(make(LrDecayStyle::kConstant).lr_at(5000), 1.0);
   // After the decay length: min_lr.
   EXPECT_DOUBLE_EQ(make(LrDecayStyle::kLinear).lr_at(1100), 0.1);

@@ -12,6 +12,7 @@
 #include <functional>
 
 #include "tensor/cpu/reference.h"
+#include "tensor/cpu/vec_math.h"
 #include "tensor/ops.h"
 #include "testing/testing.h"
 
@@ -25,7 +26,9 @@ constexpr double kF32Atol = 2e-5, kF32Rtol = 1e-4;
 constexpr double kF64Tol = 1e-10;
 constexpr double kFdTol = 1e-6;
 
-Tensor f64(const Tensor& t) { return t.to(DType::kF64); }
+Tensor f64(const Tensor& t) {
+  return t.to(DType::kF64);
+}
 
 // Numerical gradient of L(x) = sum(dout * f(x)) with respect to x, by central differences.
 Tensor fd_grad(const std::function<Tensor(const Tensor&)>& f, const Tensor& x, const Tensor& dout) {
@@ -98,7 +101,8 @@ TEST(Gelu, ExactAndTanhForwardBackward) {
     ops::gelu_backward(dx, dout, x, tanh_approx);
     Tensor want = ref::gelu_backward(f64(dout), f64(x), tanh_approx);
     EXPECT_TRUE(allclose(dx, want, kF32Atol, kF32Rtol));
-    Tensor fd = fd_grad([&](const Tensor& v) { return ref::gelu(v, tanh_approx); }, f64(x), f64(dout));
+    Tensor fd =
+        fd_grad([&](const Tensor& v) { return ref::gelu(v, tanh_approx); }, f64(x), f64(dout));
     EXPECT_TRUE(allclose(want, fd, kFdTol, kFdTol));
     // The fast kernel in f64 against finite differences too.
     Tensor dx64 = Tensor::empty(x.shape(), DType::kF64);
@@ -122,12 +126,14 @@ TEST(Swiglu, ForwardBackward) {
 
 TEST(LayerNorm, ForwardBackwardAndParamGrads) {
   const int64_t rows = 9, h = 37;
-  Tensor x = random_tensor({3, 3, h}, 9, 2.0), w = random_tensor({h}, 10), b = random_tensor({h}, 11);
+  Tensor x = random_tensor({3, 3, h}, 9, 2.0), w = random_tensor({h}, 10),
+         b = random_tensor({h}, 11);
   Tensor y = Tensor::empty(x.shape()), mean = Tensor::empty({rows}), rstd = Tensor::empty({rows});
   ops::layernorm_forward(y, mean, rstd, x, w, b, 1e-5f);
   EXPECT_TRUE(allclose(y, ref::layernorm(f64(x), f64(w), f64(b), 1e-5), kF32Atol, kF32Rtol));
 
-  Tensor x64 = f64(x), w64 = f64(w), b64 = f64(b), dout = random_tensor(x.shape(), 12, 1.0, DType::kF64);
+  Tensor x64 = f64(x), w64 = f64(w), b64 = f64(b),
+         dout = random_tensor(x.shape(), 12, 1.0, DType::kF64);
   Tensor y64 = Tensor::empty(x.shape(), DType::kF64), m64 = Tensor::empty({rows}, DType::kF64),
          r64 = Tensor::empty({rows}, DType::kF64);
   ops::layernorm_forward(y64, m64, r64, x64, w64, b64, 1e-5f);
@@ -136,9 +142,15 @@ TEST(LayerNorm, ForwardBackwardAndParamGrads) {
   ops::layernorm_backward(dx, dw, db, dout, x64, w64, m64, r64);
   // eps as the kernel sees it: 1e-5 rounded to f32.
   const double eps = static_cast<double>(1e-5f);
-  EXPECT_TRUE(allclose(dx, fd_grad([&](const Tensor& v) { return ref::layernorm(v, w64, b64, eps); }, x64, dout), kFdTol, kFdTol));
-  EXPECT_TRUE(allclose(dw, fd_grad([&](const Tensor& v) { return ref::layernorm(x64, v, b64, eps); }, w64, dout), kFdTol, kFdTol));
-  EXPECT_TRUE(allclose(db, fd_grad([&](const Tensor& v) { return ref::layernorm(x64, w64, v, eps); }, b64, dout), kFdTol, kFdTol));
+  EXPECT_TRUE(allclose(
+      dx, fd_grad([&](const Tensor& v) { return ref::layernorm(v, w64, b64, eps); }, x64, dout),
+      kFdTol, kFdTol));
+  EXPECT_TRUE(allclose(
+      dw, fd_grad([&](const Tensor& v) { return ref::layernorm(x64, v, b64, eps); }, w64, dout),
+      kFdTol, kFdTol));
+  EXPECT_TRUE(allclose(
+      db, fd_grad([&](const Tensor& v) { return ref::layernorm(x64, w64, v, eps); }, b64, dout),
+      kFdTol, kFdTol));
   // Parameter gradients accumulate.
   ops::layernorm_backward(dx, dw, db, dout, x64, w64, m64, r64);
   auto g = ref::layernorm_backward(dout, x64, w64, eps);
@@ -153,7 +165,8 @@ TEST(LayerNorm, ForwardBackwardAndParamGrads) {
 
 TEST(RMSNorm, ForwardBackwardAndParamGrads) {
   const int64_t rows = 7, h = 29;
-  Tensor x64 = random_tensor({rows, h}, 13, 2.0, DType::kF64), w64 = random_tensor({h}, 14, 1.0, DType::kF64);
+  Tensor x64 = random_tensor({rows, h}, 13, 2.0, DType::kF64),
+         w64 = random_tensor({h}, 14, 1.0, DType::kF64);
   const double eps = static_cast<double>(1e-6f);
   Tensor y = Tensor::empty({rows, h}), rstd = Tensor::empty({rows});
   ops::rmsnorm_forward(y, rstd, x64.to(DType::kF32), w64.to(DType::kF32), 1e-6f);
@@ -163,8 +176,12 @@ TEST(RMSNorm, ForwardBackwardAndParamGrads) {
   ops::rmsnorm_forward(y64, r64, x64, w64, 1e-6f);
   Tensor dx = Tensor::empty({rows, h}, DType::kF64), dw = Tensor::zeros({h}, DType::kF64);
   ops::rmsnorm_backward(dx, dw, dout, x64, w64, r64);
-  EXPECT_TRUE(allclose(dx, fd_grad([&](const Tensor& v) { return ref::rmsnorm(v, w64, eps); }, x64, dout), kFdTol, kFdTol));
-  EXPECT_TRUE(allclose(dw, fd_grad([&](const Tensor& v) { return ref::rmsnorm(x64, v, eps); }, w64, dout), kFdTol, kFdTol));
+  EXPECT_TRUE(
+      allclose(dx, fd_grad([&](const Tensor& v) { return ref::rmsnorm(v, w64, eps); }, x64, dout),
+               kFdTol, kFdTol));
+  EXPECT_TRUE(
+      allclose(dw, fd_grad([&](const Tensor& v) { return ref::rmsnorm(x64, v, eps); }, w64, dout),
+               kFdTol, kFdTol));
   auto g = ref::rmsnorm_backward(dout, x64, w64, eps);
   EXPECT_TRUE(allclose(dx, g.dx, 1e-9, 1e-9));
 }
@@ -173,7 +190,7 @@ TEST(Embedding, LookupAndDeterministicScatterAdd) {
   const int64_t vocab = 17, h = 70;  // h > 64 exercises two column chunks
   Tensor table = random_tensor({vocab, h}, 16);
   Tensor ids = testing::random_ids({5, 3}, 17, vocab);  // 15 tokens over 17 ids: repeats likely
-  ids.data<int64_t>()[3] = ids.data<int64_t>()[0];     // and at least one for sure
+  ids.data<int64_t>()[3] = ids.data<int64_t>()[0];      // and at least one for sure
   Tensor out = Tensor::empty({15, h});
   ops::embedding_forward(out, ids, table);
   EXPECT_TRUE(allclose(out, ref::embedding(ids, f64(table)), 0, 0));
@@ -201,7 +218,9 @@ TEST(Rope, MatchesReferenceAndInverseUndoes) {
   Tensor x64 = f64(x), dout = random_tensor(x.shape(), 20, 1.0, DType::kF64);
   Tensor dx = dout.clone();
   ops::rope_inplace(dx, Tensor(), spec, true);
-  EXPECT_TRUE(allclose(dx, fd_grad([&](const Tensor& v) { return ref::rope(v, Tensor(), spec, false); }, x64, dout), kFdTol, kFdTol));
+  EXPECT_TRUE(allclose(
+      dx, fd_grad([&](const Tensor& v) { return ref::rope(v, Tensor(), spec, false); }, x64, dout),
+      kFdTol, kFdTol));
   // Explicit positions.
   Tensor pos = Tensor::empty({s, b}, DType::kI64);
   for (int64_t i = 0; i < s * b; ++i) pos.data<int64_t>()[i] = (i * 7) % 5;
@@ -220,8 +239,8 @@ class AttentionTest : public ::testing::TestWithParam<AttnCase> {};
 
 TEST_P(AttentionTest, ForwardBackwardMatchReferenceAndFiniteDifferences) {
   const AttnCase c = GetParam();
-  ops::AttentionSpec spec{c.ng, c.qpg, 1.0f / std::sqrt(static_cast<float>(c.hn)), c.causal,
-                          c.dropout, 42, 7};
+  ops::AttentionSpec spec{
+      c.ng, c.qpg, 1.0f / std::sqrt(static_cast<float>(c.hn)), c.causal, c.dropout, 42, 7};
   const int64_t np = c.ng * c.qpg;
   Tensor qkv = random_tensor({c.s, c.b, c.ng, c.qpg + 2, c.hn}, 21, 1.5);
   Tensor out = Tensor::empty({c.s, c.b, np, c.hn}), lse = Tensor::empty({c.b, np, c.s});
@@ -237,10 +256,12 @@ TEST_P(AttentionTest, ForwardBackwardMatchReferenceAndFiniteDifferences) {
 
   // Reference backward vs finite differences of the reference forward (f64).
   if (c.s * c.b * c.ng * (c.qpg + 2) * c.hn <= 2000) {
-    Tensor fd = fd_grad([&](const Tensor& v) { return ref::attention(v, spec); }, f64(qkv), f64(dout));
+    Tensor fd =
+        fd_grad([&](const Tensor& v) { return ref::attention(v, spec); }, f64(qkv), f64(dout));
     EXPECT_TRUE(allclose(want_d, fd, kFdTol, kFdTol));
     // Fast kernel in f64.
-    Tensor o64 = Tensor::empty(out.shape(), DType::kF64), l64 = Tensor::empty(lse.shape(), DType::kF64);
+    Tensor o64 = Tensor::empty(out.shape(), DType::kF64),
+           l64 = Tensor::empty(lse.shape(), DType::kF64);
     ops::attention_forward(o64, l64, f64(qkv), spec);
     Tensor d64 = Tensor::empty(qkv.shape(), DType::kF64);
     ops::attention_backward(d64, f64(dout), f64(qkv), o64, l64, spec);
@@ -250,12 +271,12 @@ TEST_P(AttentionTest, ForwardBackwardMatchReferenceAndFiniteDifferences) {
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, AttentionTest,
-    ::testing::Values(AttnCase{5, 2, 2, 1, 4, true, 0.0f},      // MHA, tiny, FD-checked
-                      AttnCase{7, 1, 1, 3, 3, true, 0.0f},      // GQA 3 queries per group
-                      AttnCase{6, 1, 2, 2, 4, false, 0.0f},     // non-causal
-                      AttnCase{5, 2, 1, 2, 4, true, 0.3f},      // dropout, FD-checked
-                      AttnCase{131, 2, 2, 2, 16, true, 0.0f},   // > 2 tiles, odd length
-                      AttnCase{70, 1, 1, 1, 8, true, 0.1f}));   // dropout across tiles
+    ::testing::Values(AttnCase{5, 2, 2, 1, 4, true, 0.0f},     // MHA, tiny, FD-checked
+                      AttnCase{7, 1, 1, 3, 3, true, 0.0f},     // GQA 3 queries per group
+                      AttnCase{6, 1, 2, 2, 4, false, 0.0f},    // non-causal
+                      AttnCase{5, 2, 1, 2, 4, true, 0.3f},     // dropout, FD-checked
+                      AttnCase{131, 2, 2, 2, 16, true, 0.0f},  // > 2 tiles, odd length
+                      AttnCase{70, 1, 1, 1, 8, true, 0.1f}));  // dropout across tiles
 
 TEST(CrossEntropy, MaskedPaddingForwardBackward) {
   const int64_t n = 6, vp = 40, vocab = 33;  // 7 padding columns
@@ -272,7 +293,8 @@ TEST(CrossEntropy, MaskedPaddingForwardBackward) {
   ops::cross_entropy_backward(dlogits, dloss, dlogits, lse, targets, vocab);
   Tensor want = ref::cross_entropy_backward(f64(dloss), f64(logits), targets, vocab);
   EXPECT_TRUE(allclose(dlogits, want, kF32Atol, kF32Rtol));
-  Tensor fd = fd_grad([&](const Tensor& v) { return ref::cross_entropy(v, targets, vocab); }, f64(logits), f64(dloss));
+  Tensor fd = fd_grad([&](const Tensor& v) { return ref::cross_entropy(v, targets, vocab); },
+                      f64(logits), f64(dloss));
   EXPECT_TRUE(allclose(want, fd, kFdTol, kFdTol));
   Tensor lp = Tensor::empty({n});
   ops::log_softmax_gather(lp, logits, targets, vocab);
@@ -331,6 +353,31 @@ TEST(Bf16, ConversionRoundsToNearestEven) {
   Tensor x = random_tensor({100}, 28);
   EXPECT_TRUE(allclose(x.to(DType::kBF16).to(DType::kF32), x, 0, 1.0 / 256));
   EXPECT_TRUE(allclose(x.to(DType::kF16).to(DType::kF32), x, 1e-7, 1.0 / 2048));
+}
+
+}  // namespace
+}  // namespace megatron
+
+namespace megatron {
+namespace {
+
+TEST(VecMath, ExpAndErfAccuracy) {
+  // vexp: the degree-7 series and the split ln 2 keep it within a few ulp (f32 ulp = 1.2e-7
+  // relative); verf: the erfc fit is good to 1.2e-7 absolute, plus f32 rounding.
+  double worst_exp = 0, worst_erf = 0, worst_tanh = 0;
+  for (int i = 0; i <= 200000; ++i) {
+    const float x = -87.0f + 175.0f * static_cast<float>(i) / 200000.0f;
+    const double want = std::exp(static_cast<double>(x));
+    worst_exp = std::max(worst_exp, std::fabs(cpu::vexp(x) - want) / want);
+    const float y = -6.0f + 12.0f * static_cast<float>(i) / 200000.0f;
+    worst_erf = std::max(worst_erf, std::fabs(cpu::verf(y) - std::erf(static_cast<double>(y))));
+    worst_tanh = std::max(worst_tanh, std::fabs(cpu::vtanh(y) - std::tanh(static_cast<double>(y))));
+  }
+  EXPECT_LT(worst_tanh, 3e-7);
+  EXPECT_LT(worst_exp, 5e-7);
+  EXPECT_LT(worst_erf, 3e-7);
+  EXPECT_EQ(cpu::vexp(-1000.0f), cpu::vexp(-87.0f));  // flushes to the smallest value, not NaN
+  EXPECT_TRUE(std::isnan(cpu::vexp(std::nanf(""))));
 }
 
 }  // namespace

@@ -3,9 +3,9 @@
 //
 // bf16 tolerance: bf16 keeps 8 bits of mantissa (relative rounding 2^-9 = 0.2%) on weights and
 // GEMM inputs; accumulation, norms, softmax and the optimizer stay in fp32. Over 200 steps the
-// loss curves drift apart by a few tenths of a percent (0.3% measured); we require every bf16 loss within 1% of the
-// fp32 loss at the same step and the mean over the last 50 steps within 1%. A real precision bug
-// (say, bf16 accumulation or a lost gradient) breaks these by far more.
+// loss curves drift apart by a few tenths of a percent (0.3% measured); we require every bf16 loss
+// within 1% of the fp32 loss at the same step and the mean over the last 50 steps within 1%. A real
+// precision bug (say, bf16 accumulation or a lost gradient) breaks these by far more.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -76,8 +76,9 @@ TEST(Trainer, Bf16TracksFp32Over200Steps) {
   }
   EXPECT_LT(std::fabs(tail_b - tail_f) / tail_f, 0.01);
   EXPECT_LT(f32.back(), f32.front() - 1.0);  // it did learn
-  std::printf("bf16 vs fp32 over 200 steps: worst relative loss difference %.4f%%, final %.5f vs %.5f\n",
-              worst * 100, b16.back(), f32.back());
+  std::printf(
+      "bf16 vs fp32 over 200 steps: worst relative loss difference %.4f%%, final %.5f vs %.5f\n",
+      worst * 100, b16.back(), f32.back());
 }
 
 }  // namespace

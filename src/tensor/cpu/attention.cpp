@@ -15,6 +15,7 @@
 
 #include "core/philox.h"
 #include "tensor/cpu/dispatch.h"
+#include "tensor/cpu/vec_math.h"
 #include "tensor/ops.h"
 
 namespace megatron::ops {
@@ -42,8 +43,8 @@ struct Layout {
 Layout make_layout(const Tensor& qkv, const AttentionSpec& spec) {
   MEGATRON_CHECK(qkv.ndim() == 5 && qkv.dim(2) == spec.num_query_groups &&
                      qkv.dim(3) == spec.queries_per_group + 2,
-                 "attention: qkv must be [s, b, ng, qpg + 2, hn] with ng = ",
-                 spec.num_query_groups, ", qpg = ", spec.queries_per_group, "; got ", qkv.str());
+                 "attention: qkv must be [s, b, ng, qpg + 2, hn] with ng = ", spec.num_query_groups,
+                 ", qpg = ", spec.queries_per_group, "; got ", qkv.str());
   Layout l{qkv.dim(0), qkv.dim(1), spec.num_query_groups, spec.queries_per_group, qkv.dim(4), 0};
   l.np = l.ng * l.qpg;
   return l;
@@ -88,11 +89,11 @@ void forward_kernel(T* out, T* lse, const T* qkv, const Layout& l, const Attenti
               tile_max = std::max(tile_max, sc[j - j0]);
             }
             const T m_new = std::max(m, tile_max);
-            const T alpha = std::exp(m - m_new);
+            const T alpha = cpu::vexp(m - m_new);
             sum *= alpha;
             for (int64_t k = 0; k < l.hn; ++k) acc[k] *= alpha;
             for (int64_t j = j0; j < j1; ++j) {
-              T p = std::exp(sc[j - j0] - m_new);
+              T p = cpu::vexp(sc[j - j0] - m_new);
               sum += p;
               if (spec.dropout > 0) p *= dropout_scale(spec, l, bb, h, i, j);
               const T* v = qkv + l.v_off(j, bb, g);
@@ -146,7 +147,7 @@ void backward_kernel(T* dqkv, const T* dout, const T* qkv, const T* out, const T
             for (int64_t j = j0; j < jend; ++j) {
               const T* k = qkv + l.k_off(j, bb, g);
               const T* v = qkv + l.v_off(j, bb, g);
-              const T p = std::exp(scale * dot(q, k, l.hn) - li);
+              const T p = cpu::vexp(scale * dot(q, k, l.hn) - li);
               const T keep = drop ? static_cast<T>(dropout_scale(spec, l, bb, h, i, j)) : T(1);
               const T dp = keep * dot(go, v, l.hn);
               const T ds = p * (dp - Di) * scale;
@@ -180,7 +181,7 @@ void backward_kernel(T* dqkv, const T* dout, const T* qkv, const T* out, const T
           for (int64_t j = 0; j < jend; ++j) {
             const T* k = qkv + l.k_off(j, bb, g);
             const T* v = qkv + l.v_off(j, bb, g);
-            const T p = std::exp(scale * dot(q, k, l.hn) - li);
+            const T p = cpu::vexp(scale * dot(q, k, l.hn) - li);
             const T keep = drop ? static_cast<T>(dropout_scale(spec, l, bb, h, i, j)) : T(1);
             const T ds = p * (keep * dot(go, v, l.hn) - Di) * scale;
 #pragma omp simd
@@ -211,8 +212,8 @@ void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, con
   check_shape(out, {l.s, l.b, l.np, l.hn}, "attention_backward out");
   check_shape(lse, {l.b, l.np, l.s}, "attention_backward lse");
   cpu::dispatch_float(qkv, "attention_backward", [&]<typename T>() {
-    backward_kernel<T>(dqkv.data<T>(), dout.data<T>(), qkv.data<T>(), out.data<T>(),
-                       lse.data<T>(), l, spec);
+    backward_kernel<T>(dqkv.data<T>(), dout.data<T>(), qkv.data<T>(), out.data<T>(), lse.data<T>(),
+                       l, spec);
   });
 }
 

@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "tensor/cpu/dispatch.h"
+#include "tensor/cpu/vec_math.h"
 #include "tensor/ops.h"
 
 namespace megatron::ops {
@@ -38,7 +39,7 @@ T row_lse(const T* row, int64_t v) {
     const int64_t j1 = std::min(v, j0 + 1024);
     T part = 0;
 #pragma omp simd reduction(+ : part)
-    for (int64_t j = j0; j < j1; ++j) part += std::exp(row[j] - m);
+    for (int64_t j = j0; j < j1; ++j) part += cpu::vexp(row[j] - m);
     sum += static_cast<double>(part);
   }
   return m + static_cast<T>(std::log(sum));
@@ -81,9 +82,11 @@ void cross_entropy_backward(Tensor& dlogits, const Tensor& dloss, const Tensor& 
       const T* row = lg + r * vp;
       T* drow = d + r * vp;
       const T z = ls[r], g = dl[r];
+      const int64_t v =
+          vocab_size;  // a local: the captured reference would be reloaded per element
 #pragma omp simd
-      for (int64_t j = 0; j < vocab_size; ++j) drow[j] = g * std::exp(row[j] - z);
-      for (int64_t j = vocab_size; j < vp; ++j) drow[j] = 0;
+      for (int64_t j = 0; j < v; ++j) drow[j] = g * cpu::vexp(row[j] - z);
+      for (int64_t j = v; j < vp; ++j) drow[j] = 0;
       drow[t[r]] -= g;
     }
   });

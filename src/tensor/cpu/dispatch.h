@@ -6,14 +6,20 @@
 namespace megatron::cpu {
 
 // Number of rows when the last dim is the row length.
-inline int64_t rows_of(const Tensor& t) { return t.ndim() == 0 ? 1 : t.numel() / t.dim(-1); }
+inline int64_t rows_of(const Tensor& t) {
+  return t.ndim() == 0 ? 1 : t.numel() / t.dim(-1);
+}
 
 // Calls fn.template operator()<T>() with T = float or double from the dtype of `t`.
 template <typename Fn>
 void dispatch_float(const Tensor& t, const char* op, Fn&& fn) {
   switch (t.dtype()) {
-    case DType::kF32: fn.template operator()<float>(); break;
-    case DType::kF64: fn.template operator()<double>(); break;
+    case DType::kF32:
+      fn.template operator()<float>();
+      break;
+    case DType::kF64:
+      fn.template operator()<double>();
+      break;
     default:
       MEGATRON_CHECK(false, op, ": expected an f32 or f64 tensor, got ", dtype_name(t.dtype()));
   }

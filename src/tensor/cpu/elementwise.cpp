@@ -4,6 +4,7 @@
 
 #include "core/philox.h"
 #include "tensor/cpu/dispatch.h"
+#include "tensor/cpu/vec_math.h"
 #include "tensor/ops.h"
 
 namespace megatron::ops {
@@ -104,13 +105,14 @@ void gelu_forward(Tensor& out, const Tensor& x, bool tanh_approx) {
       for (int64_t i = 0; i < n; ++i) {
         T v = in[i];
         T inner = static_cast<T>(kSqrt2OverPi) * (v + static_cast<T>(0.044715) * v * v * v);
-        o[i] = static_cast<T>(0.5) * v * (static_cast<T>(1) + std::tanh(inner));
+        o[i] = static_cast<T>(0.5) * v * (static_cast<T>(1) + cpu::vtanh(inner));
       }
     } else {
 #pragma omp parallel for simd schedule(static)
       for (int64_t i = 0; i < n; ++i) {
         T v = in[i];
-        o[i] = static_cast<T>(0.5) * v * (static_cast<T>(1) + std::erf(v * static_cast<T>(kInvSqrt2)));
+        o[i] = static_cast<T>(0.5) * v *
+               (static_cast<T>(1) + cpu::verf(v * static_cast<T>(kInvSqrt2)));
       }
     }
   });
@@ -128,7 +130,7 @@ void gelu_backward(Tensor& dx, const Tensor& dout, const Tensor& x, bool tanh_ap
       for (int64_t i = 0; i < n; ++i) {
         T v = in[i];
         T inner = static_cast<T>(kSqrt2OverPi) * (v + static_cast<T>(0.044715) * v * v * v);
-        T t = std::tanh(inner);
+        T t = cpu::vtanh(inner);
         T dinner = static_cast<T>(kSqrt2OverPi) * (1 + static_cast<T>(3 * 0.044715) * v * v);
         T grad = static_cast<T>(0.5) * (1 + t) + static_cast<T>(0.5) * v * (1 - t * t) * dinner;
         d[i] = g[i] * grad;
@@ -137,8 +139,8 @@ void gelu_backward(Tensor& dx, const Tensor& dout, const Tensor& x, bool tanh_ap
 #pragma omp parallel for simd schedule(static)
       for (int64_t i = 0; i < n; ++i) {
         T v = in[i];
-        T cdf = static_cast<T>(0.5) * (1 + std::erf(v * static_cast<T>(kInvSqrt2)));
-        T pdf = static_cast<T>(kInvSqrt2Pi) * std::exp(static_cast<T>(-0.5) * v * v);
+        T cdf = static_cast<T>(0.5) * (1 + cpu::verf(v * static_cast<T>(kInvSqrt2)));
+        T pdf = static_cast<T>(kInvSqrt2Pi) * cpu::vexp(static_cast<T>(-0.5) * v * v);
         d[i] = g[i] * (cdf + v * pdf);
       }
     }
@@ -161,7 +163,7 @@ void swiglu_forward(Tensor& out, const Tensor& x) {
 #pragma omp simd
       for (int64_t j = 0; j < f; ++j) {
         T a = gate[j];
-        orow[j] = a / (1 + std::exp(-a)) * up[j];
+        orow[j] = a / (1 + cpu::vexp(-a)) * up[j];
       }
     }
   });
@@ -185,7 +187,7 @@ void swiglu_backward(Tensor& dx, const Tensor& dout, const Tensor& x) {
 #pragma omp simd
       for (int64_t j = 0; j < f; ++j) {
         T a = gate[j];
-        T sig = 1 / (1 + std::exp(-a));
+        T sig = 1 / (1 + cpu::vexp(-a));
         T silu = a * sig;
         dup[j] = grow[j] * silu;
         dgate[j] = grow[j] * up[j] * sig * (1 + a * (1 - sig));

@@ -55,10 +55,10 @@ class GemmCache {
     using dt = dnnl::memory::data_type;
     dt in = key.dtype == DType::kBF16 ? dt::bf16 : dt::f32;
     // Logical A is [m, k]; stored row-major as [m, k] or, when transposed, as [k, m].
-    dnnl::memory::dims a_strides = key.ta ? dnnl::memory::dims{1, key.m}
-                                          : dnnl::memory::dims{key.k, 1};
-    dnnl::memory::dims b_strides = key.tb ? dnnl::memory::dims{1, key.k}
-                                          : dnnl::memory::dims{key.n, 1};
+    dnnl::memory::dims a_strides =
+        key.ta ? dnnl::memory::dims{1, key.m} : dnnl::memory::dims{key.k, 1};
+    dnnl::memory::dims b_strides =
+        key.tb ? dnnl::memory::dims{1, key.k} : dnnl::memory::dims{key.n, 1};
     Entry e;
     e.a_md = dnnl::memory::desc({key.m, key.k}, in, a_strides);
     e.b_md = dnnl::memory::desc({key.k, key.n}, in, b_strides);
@@ -99,8 +99,7 @@ void gemm_f64(double* c, const double* a, bool ta, const double* b, bool tb, int
 
 }  // namespace
 
-void matmul(Tensor& out, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
-            float beta) {
+void matmul(Tensor& out, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, float beta) {
   MEGATRON_CHECK(a.ndim() >= 2 && b.ndim() >= 2, "matmul: inputs must have >= 2 dims, got ",
                  a.str(), " and ", b.str());
   MEGATRON_CHECK(beta == 0.0f || beta == 1.0f, "matmul: beta must be 0 or 1, got ", beta);
@@ -109,11 +108,11 @@ void matmul(Tensor& out, const Tensor& a, bool trans_a, const Tensor& b, bool tr
   const int64_t b_rows = b.numel() / b.dim(-1), b_cols = b.dim(-1);
   const int64_t m = trans_a ? a_cols : a_rows, k = trans_a ? a_rows : a_cols;
   const int64_t kb = trans_b ? b_cols : b_rows, n = trans_b ? b_rows : b_cols;
-  MEGATRON_CHECK(k == kb, "matmul: inner dims differ: op(a) is [", m, ", ", k, "], op(b) is [",
-                 kb, ", ", n, "] (a ", a.str(), trans_a ? "^T" : "", ", b ", b.str(),
+  MEGATRON_CHECK(k == kb, "matmul: inner dims differ: op(a) is [", m, ", ", k, "], op(b) is [", kb,
+                 ", ", n, "] (a ", a.str(), trans_a ? "^T" : "", ", b ", b.str(),
                  trans_b ? "^T" : "", ")");
-  MEGATRON_CHECK(out.numel() == m * n && out.dim(-1) == n, "matmul: out ", out.str(),
-                 " is not [", m, ", ", n, "]");
+  MEGATRON_CHECK(out.numel() == m * n && out.dim(-1) == n, "matmul: out ", out.str(), " is not [",
+                 m, ", ", n, "]");
   cpu::check_same_dtype(a, b, "matmul");
   if (m == 0 || n == 0) return;
   if (a.dtype() == DType::kF64) {

@@ -8,10 +8,18 @@
 
 namespace megatron::ref {
 namespace {
-int64_t rows(const Tensor& t) { return t.numel() / t.dim(-1); }
-const double* P(const Tensor& t) { return t.data<double>(); }
-double* W(Tensor& t) { return t.data<double>(); }
-Tensor like(const Tensor& t) { return Tensor::zeros(t.shape(), DType::kF64); }
+int64_t rows(const Tensor& t) {
+  return t.numel() / t.dim(-1);
+}
+const double* P(const Tensor& t) {
+  return t.data<double>();
+}
+double* W(Tensor& t) {
+  return t.data<double>();
+}
+Tensor like(const Tensor& t) {
+  return Tensor::zeros(t.shape(), DType::kF64);
+}
 int64_t id_at(const Tensor& ids, int64_t i) {
   return ids.dtype() == DType::kI64 ? ids.data<int64_t>()[i] : ids.data<int32_t>()[i];
 }
@@ -25,7 +33,8 @@ Tensor matmul(const Tensor& a, bool ta, const Tensor& b, bool tb) {
     for (int64_t j = 0; j < n; ++j) {
       double s = 0;
       for (int64_t p = 0; p < k; ++p)
-        s += (ta ? P(a)[p * ac + i] : P(a)[i * ac + p]) * (tb ? P(b)[j * bc + p] : P(b)[p * bc + j]);
+        s +=
+            (ta ? P(a)[p * ac + i] : P(a)[i * ac + p]) * (tb ? P(b)[j * bc + p] : P(b)[p * bc + j]);
       W(c)[i * n + j] = s;
     }
   return c;
@@ -35,9 +44,9 @@ Tensor gelu(const Tensor& x, bool tanh_approx) {
   Tensor y = like(x);
   for (int64_t i = 0; i < x.numel(); ++i) {
     double v = P(x)[i];
-    W(y)[i] = tanh_approx
-                  ? 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)))
-                  : 0.5 * v * (1 + std::erf(v / std::sqrt(2.0)));
+    W(y)
+    [i] = tanh_approx ? 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)))
+                      : 0.5 * v * (1 + std::erf(v / std::sqrt(2.0)));
   }
   return y;
 }
@@ -52,7 +61,8 @@ Tensor gelu_backward(const Tensor& dout, const Tensor& x, bool tanh_approx) {
       double t = std::tanh(u);
       d = 0.5 * (1 + t) + 0.5 * v * (1 - t * t) * du;
     } else {
-      d = 0.5 * (1 + std::erf(v / std::sqrt(2.0))) + v * std::exp(-0.5 * v * v) / std::sqrt(2 * M_PI);
+      d = 0.5 * (1 + std::erf(v / std::sqrt(2.0))) +
+          v * std::exp(-0.5 * v * v) / std::sqrt(2 * M_PI);
     }
     W(dx)[i] = P(dout)[i] * d;
   }
@@ -146,8 +156,7 @@ NormGrads rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& w,
       dot += gr[j] * P(w)[j] * xr[j] * rs / h;
       W(g.dweight)[j] += gr[j] * xr[j] * rs;
     }
-    for (int64_t j = 0; j < h; ++j)
-      W(g.dx)[r * h + j] = rs * (gr[j] * P(w)[j] - xr[j] * rs * dot);
+    for (int64_t j = 0; j < h; ++j) W(g.dx)[r * h + j] = rs * (gr[j] * P(w)[j] - xr[j] * rs * dot);
   }
   return g;
 }
@@ -206,8 +215,13 @@ struct HeadView {
 };
 
 HeadView view(const Tensor& qkv, const ops::AttentionSpec& spec) {
-  return HeadView{qkv.dim(0), qkv.dim(1), spec.num_query_groups, spec.queries_per_group,
-                  qkv.dim(4), spec.num_query_groups * spec.queries_per_group, P(qkv)};
+  return HeadView{qkv.dim(0),
+                  qkv.dim(1),
+                  spec.num_query_groups,
+                  spec.queries_per_group,
+                  qkv.dim(4),
+                  spec.num_query_groups * spec.queries_per_group,
+                  P(qkv)};
 }
 
 // Probabilities (after softmax, before dropout) and dropout keep-scales for (bb, h).
@@ -251,7 +265,8 @@ Tensor attention(const Tensor& qkv, const ops::AttentionSpec& spec) {
       for (int64_t i = 0; i < hv.s; ++i)
         for (int64_t j = 0; j < hv.s; ++j)
           for (int64_t c = 0; c < hv.hn; ++c)
-            W(out)[((i * hv.b + bb) * hv.np + h) * hv.hn + c] +=
+            W(out)
+            [((i * hv.b + bb) * hv.np + h) * hv.hn + c] +=
                 pm[i * hv.s + j] * keep[i * hv.s + j] * hv.v(j, bb, h)[c];
     }
   return out;
@@ -316,8 +331,9 @@ Tensor cross_entropy_backward(const Tensor& dloss, const Tensor& logits, const T
     for (int64_t j = 0; j < vocab_size; ++j) mx = std::max(mx, row[j]);
     for (int64_t j = 0; j < vocab_size; ++j) z += std::exp(row[j] - mx);
     for (int64_t j = 0; j < vocab_size; ++j)
-      W(d)[r * vp + j] = P(dloss)[r] * (std::exp(row[j] - mx) / z -
-                                        (j == targets.data<int64_t>()[r] ? 1.0 : 0.0));
+      W(d)
+      [r * vp + j] =
+          P(dloss)[r] * (std::exp(row[j] - mx) / z - (j == targets.data<int64_t>()[r] ? 1.0 : 0.0));
   }
   return d;
 }
@@ -332,8 +348,9 @@ AdamState adamw(const AdamState& s, const Tensor& grad, const ops::AdamWSpec& sp
     double v = spec.beta2 * P(s.exp_avg_sq)[i] + (1 - spec.beta2) * g * g;
     W(o.exp_avg)[i] = m;
     W(o.exp_avg_sq)[i] = v;
-    W(o.param)[i] -= spec.lr * ((m / bc1) / (std::sqrt(v / bc2) + spec.eps) +
-                                spec.weight_decay * P(s.param)[i]);
+    W(o.param)
+    [i] -=
+        spec.lr * ((m / bc1) / (std::sqrt(v / bc2) + spec.eps) + spec.weight_decay * P(s.param)[i]);
   }
   return o;
 }

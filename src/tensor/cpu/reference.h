@@ -21,8 +21,7 @@ struct NormGrads {
   Tensor dx, dweight, dbias;
 };
 Tensor layernorm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps);
-NormGrads layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
-                             double eps);
+NormGrads layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight, double eps);
 Tensor rmsnorm(const Tensor& x, const Tensor& weight, double eps);
 NormGrads rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight, double eps);
 

@@ -1,0 +1,109 @@
+// Micro-benchmarks of the CPU kernels (Google Benchmark) at the shapes of the benchmark model
+// "config a" (hidden 256, 4 heads, seq 256, micro-batch 8, vocab 50304): where a training step's
+// time goes, kernel by kernel. Timings only; correctness lives in tests/.
+//
+// Run: build/bench/bench_ops [--benchmark_filter=Attention]
+#include <benchmark/benchmark.h>
+
+#include <cmath>
+
+#include "core/philox.h"
+#include "tensor/ops.h"
+
+namespace megatron {
+namespace {
+
+constexpr int64_t kS = 256, kB = 8, kH = 256, kHeads = 4, kVocab = 50304;
+
+Tensor random(const Shape& shape, DType dtype = DType::kF32) {
+  Tensor t = Tensor::empty(shape, DType::kF32);
+  float* p = t.data<float>();
+  for (int64_t i = 0; i < t.numel(); ++i)
+    p[i] = Philox::uniform(1, 2, static_cast<uint64_t>(i)) - 0.5f;
+  return dtype == DType::kF32 ? t : t.to(dtype);
+}
+
+void BM_LinearForward(benchmark::State& state) {
+  const DType dt = state.range(0) ? DType::kBF16 : DType::kF32;
+  Tensor x = random({kS * kB, kH}, dt), w = random({4 * kH, kH}, dt),
+         y = Tensor::empty({kS * kB, 4 * kH});
+  for (auto _ : state) ops::matmul(y, x, false, w, true);
+  state.SetItemsProcessed(state.iterations() * 2 * kS * kB * kH * 4 * kH);  // FLOPs
+}
+BENCHMARK(BM_LinearForward)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
+
+void BM_OutputLayer(benchmark::State& state) {
+  Tensor x = random({kS * kB, kH}), w = random({kVocab, kH}), y = Tensor::empty({kS * kB, kVocab});
+  for (auto _ : state) ops::matmul(y, x, false, w, true);
+  state.SetItemsProcessed(state.iterations() * 2 * kS * kB * kH * kVocab);
+}
+BENCHMARK(BM_OutputLayer)->Unit(benchmark::kMillisecond);
+
+void BM_CrossEntropyForwardBackward(benchmark::State& state) {
+  Tensor logits = random({kS * kB, kVocab}), loss = Tensor::empty({kS * kB}),
+         lse = Tensor::empty({kS * kB});
+  Tensor targets = Tensor::zeros({kS * kB}, DType::kI64), dloss = Tensor::full({kS * kB}, 1.0);
+  Tensor dlogits = Tensor::empty(logits.shape());
+  for (auto _ : state) {
+    ops::cross_entropy_forward(loss, lse, logits, targets, kVocab);
+    ops::cross_entropy_backward(dlogits, dloss, logits, lse, targets, kVocab);
+  }
+  state.SetBytesProcessed(state.iterations() * 3 * logits.nbytes());
+}
+BENCHMARK(BM_CrossEntropyForwardBackward)->Unit(benchmark::kMillisecond);
+
+void BM_Attention(benchmark::State& state) {
+  const bool backward = state.range(0);
+  const int64_t hn = kH / kHeads;
+  ops::AttentionSpec spec{kHeads, 1, 1.0f / std::sqrt(static_cast<float>(hn)), true, 0.0f, 0, 0};
+  Tensor qkv = random({kS, kB, kHeads, 3, hn}), out = Tensor::empty({kS, kB, kHeads, hn});
+  Tensor lse = Tensor::empty({kB, kHeads, kS}), dqkv = Tensor::empty(qkv.shape());
+  ops::attention_forward(out, lse, qkv, spec);
+  for (auto _ : state) {
+    if (backward)
+      ops::attention_backward(dqkv, out, qkv, out, lse, spec);
+    else
+      ops::attention_forward(out, lse, qkv, spec);
+  }
+  // Causal: half of the s x s scores; 2 GEMM-like products forward, 4 backward (+ recompute).
+  state.SetItemsProcessed(state.iterations() * (backward ? 5 : 2) * kB * kHeads * kS * kS * hn);
+}
+BENCHMARK(BM_Attention)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
+
+void BM_LayerNormForwardBackward(benchmark::State& state) {
+  Tensor x = random({kS * kB, kH}), w = random({kH}), b = random({kH}),
+         y = Tensor::empty(x.shape());
+  Tensor mean = Tensor::empty({kS * kB}), rstd = Tensor::empty({kS * kB}),
+         dx = Tensor::empty(x.shape());
+  Tensor dw = Tensor::zeros({kH}), db = Tensor::zeros({kH});
+  for (auto _ : state) {
+    ops::layernorm_forward(y, mean, rstd, x, w, b, 1e-5f);
+    ops::layernorm_backward(dx, dw, db, y, x, w, mean, rstd);
+  }
+  state.SetBytesProcessed(state.iterations() * 5 * x.nbytes());
+}
+BENCHMARK(BM_LayerNormForwardBackward)->Unit(benchmark::kMicrosecond);
+
+void BM_GeluForwardBackward(benchmark::State& state) {
+  Tensor x = random({kS * kB, 4 * kH}), y = Tensor::empty(x.shape()), dx = Tensor::empty(x.shape());
+  for (auto _ : state) {
+    ops::gelu_forward(y, x, false);
+    ops::gelu_backward(dx, y, x, false);
+  }
+  state.SetBytesProcessed(state.iterations() * 5 * x.nbytes());
+}
+BENCHMARK(BM_GeluForwardBackward)->Unit(benchmark::kMillisecond);
+
+void BM_AdamW(benchmark::State& state) {
+  const int64_t n = 16 << 20;  // ~16 M parameters, config a's size
+  Tensor p = random({n}), g = random({n}), m = Tensor::zeros({n}), v = Tensor::zeros({n});
+  ops::AdamWSpec spec{1e-4f, 0.9f, 0.999f, 1e-8f, 0.01f, 1};
+  for (auto _ : state) ops::adamw_step(p, m, v, g, spec);
+  state.SetBytesProcessed(state.iterations() * 7 * p.nbytes());
+}
+BENCHMARK(BM_AdamW)->Unit(benchmark::kMillisecond);
+
+}  // namespace
+}  // namespace megatron
+
+BENCHMARK_MAIN();
