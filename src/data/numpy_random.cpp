@@ -1,0 +1,1 @@
+// Being written: see the header of the same name.

@@ -1,0 +1,42 @@
+// Tokenizer: text <-> token ids, selected by Megatron's --tokenizer-type.
+//
+// Implementations: GPT2BPETokenizer (encoder.json + vocab.bpe, byte-level BPE with GPT-2's
+// pre-tokenizer through PCRE2), HuggingFaceTokenizer (BPE tokenizer.json), SentencePieceTokenizer
+// (libsentencepiece), NullTokenizer (text is space-separated ids). encode() and decode() are safe
+// to call from several threads at once (preprocessing runs one per worker thread).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace megatron {
+
+struct TokenizerArgs {
+  std::string type = "NullTokenizer";  // --tokenizer-type
+  std::string vocab_file;              // --vocab-file (GPT-2 encoder.json)
+  std::string merge_file;              // --merge-file (GPT-2 vocab.bpe)
+  std::string tokenizer_model;         // --tokenizer-model (tokenizer.json or SentencePiece .model)
+  int64_t vocab_size = 0;              // --vocab-size (NullTokenizer)
+};
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+  virtual std::vector<int64_t> encode(std::string_view text) const = 0;
+  virtual std::string decode(std::span<const int64_t> ids) const = 0;
+  // Number of token ids (before Megatron's padding), special tokens included.
+  virtual int64_t vocab_size() const = 0;
+  // End-of-document id, as Megatron defines it for this tokenizer.
+  virtual int64_t eod() const = 0;
+  // Identity for caches and checkpoints: type plus a digest of the files that define it.
+  virtual std::string identity() const = 0;
+};
+
+// Builds the tokenizer named by args.type. Errors name the flag or file and the fix.
+std::unique_ptr<Tokenizer> build_tokenizer(const TokenizerArgs& args);
+
+}  // namespace megatron
