@@ -6,6 +6,8 @@
 #include <functional>
 #include <string>
 #include <vector>
+#include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -42,6 +44,12 @@ class ArgTable {
   static std::string to_text(double v);
   static std::string to_text(const std::string& v) { return v.empty() ? "None" : v; }
   static std::string to_text(bool v) { return v ? "True" : "False"; }
+  static std::string to_text(const std::vector<std::string>& v) {
+    if (v.empty()) return "None";
+    std::string s = "[";
+    for (size_t i = 0; i < v.size(); ++i) s += (i ? ", '" : "'") + v[i] + "'";
+    return s + "]";
+  }
 
   CLI::App& app_;
   std::vector<Entry> entries_;

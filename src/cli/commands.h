@@ -8,5 +8,6 @@ int train_command(int argc, char** argv);
 int score_command(int argc, char** argv);
 int convert_command(int argc, char** argv);
 int bench_command(int argc, char** argv);
+int preprocess_command(int argc, char** argv);
 
 }  // namespace megatron::cli

@@ -18,6 +18,7 @@ constexpr const char* kUsage =
     "  score     per-token log-probabilities of token sequences under a model\n"
     "  convert   Hugging Face model directory -> Hugging Face model directory via our layout\n"
     "  bench     measured peaks of this machine (bench gemm)\n"
+    "  preprocess tokenize JSON lines into Megatron .bin/.idx datasets (preprocess_data.py)\n"
     "\n"
     "`megatron <command> --help` lists a command's flags.\n";
 
@@ -33,6 +34,7 @@ int dispatch(int argc, char** argv) {
   if (cmd == "score") return score_command(argc - 1, argv + 1);
   if (cmd == "convert") return convert_command(argc - 1, argv + 1);
   if (cmd == "bench") return bench_command(argc - 1, argv + 1);
+  if (cmd == "preprocess") return preprocess_command(argc - 1, argv + 1);
   megatron::log_error("unknown command '" + cmd + "'");
   std::fputs(kUsage, stderr);
   return 2;

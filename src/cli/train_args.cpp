@@ -5,6 +5,8 @@
 
 #include "checkpoint/hf_checkpoint.h"
 #include "core/error.h"
+#include "data/tokenizer.h"
+#include "train/trainer.h"
 
 namespace megatron::cli {
 
@@ -39,7 +41,11 @@ void register_model_args(ArgTable& t, Arguments& a) {
   t.add("--make-vocab-size-divisible-by", a.make_vocab_size_divisible_by,
         "Pad the vocabulary to a multiple of this");
   t.add("--vocab-size", a.vocab_size, "Vocabulary size (NullTokenizer and mock data)");
-  t.add("--tokenizer-type", a.tokenizer_type, "Tokenizer (NullTokenizer)");
+  t.add("--tokenizer-type", a.tokenizer_type,
+        "GPT2BPETokenizer, HuggingFaceTokenizer, SentencePieceTokenizer or NullTokenizer");
+  t.add("--vocab-file", a.vocab_file, "GPT-2 BPE vocabulary (encoder.json)");
+  t.add("--merge-file", a.merge_file, "GPT-2 BPE merges (vocab.bpe)");
+  t.add("--tokenizer-model", a.tokenizer_model, "tokenizer.json or SentencePiece model");
   t.add("--pretrained-checkpoint", a.pretrained_checkpoint,
         "Hugging Face model directory (config.json + safetensors) to start from");
   t.flag("--bf16", a.bf16,
@@ -77,6 +83,20 @@ void register_train_args(ArgTable& t, Arguments& a) {
   t.negative_flag("--no-check-for-nan-in-loss-and-grad", "check_for_nan_in_loss_and_grad",
                   a.check_for_nan_in_loss_and_grad, "Do not stop on a NaN/Inf loss or gradient");
   t.flag("--mock-data", a.mock_data, "Train on synthetic data");
+  t.add("--data-path", a.data_path, "Dataset prefix, or a blend: weight prefix weight prefix ...");
+  t.add("--split", a.split, "Train/validation/test proportions of --data-path, e.g. 969,30,1");
+  t.add("--train-data-path", a.train_data_path, "Training dataset prefix(es), instead of --split");
+  t.add("--valid-data-path", a.valid_data_path, "Validation dataset prefix(es)");
+  t.add("--test-data-path", a.test_data_path, "Test dataset prefix(es)");
+  t.add("--data-cache-path", a.data_cache_path, "Directory for the cached sample indices");
+  t.flag("--reset-position-ids", a.reset_position_ids,
+         "Restart position ids after each end of document");
+  t.flag("--reset-attention-mask", a.reset_attention_mask,
+         "Attention does not cross end of document");
+  t.add("--num-workers", a.num_workers, "Background threads preparing batches (0: none)");
+  t.add("--eval-interval", a.eval_interval, "Iterations between validation runs");
+  t.add("--eval-iters", a.eval_iters,
+        "Iterations (global batches) per validation run; 0: no evaluation");
   t.flag("--eod-mask-loss", a.eod_mask_loss, "No loss on end-of-document input tokens");
   t.add("--tensorboard-dir", a.tensorboard_dir, "Write TensorBoard event files here");
   t.add("--tensorboard-log-interval", a.tensorboard_log_interval,
@@ -92,11 +112,18 @@ void register_train_args(ArgTable& t, Arguments& a) {
 void validate_train_args(Arguments& a) {
   MEGATRON_CHECK(!(a.fp16 && a.bf16), "--fp16 and --bf16 are mutually exclusive; pick one");
   MEGATRON_CHECK(!a.fp16, "--fp16 is not supported yet (fp16 needs loss scaling); use --bf16");
-  MEGATRON_CHECK(a.tokenizer_type == "NullTokenizer", "--tokenizer-type ", a.tokenizer_type,
-                 " is not supported yet; use NullTokenizer with --vocab-size");
-  MEGATRON_CHECK(a.mock_data,
-                 "no training data: pass --mock-data (indexed datasets via --data-path "
-                 "are not supported yet)");
+  const bool per_split =
+      !a.train_data_path.empty() || !a.valid_data_path.empty() || !a.test_data_path.empty();
+  MEGATRON_CHECK(a.mock_data || !a.data_path.empty() || per_split,
+                 "no training data: pass --data-path (or --train-data-path) or --mock-data");
+  MEGATRON_CHECK(!(a.mock_data && (!a.data_path.empty() || per_split)),
+                 "--mock-data and --data-path/--train-data-path are mutually exclusive");
+  MEGATRON_CHECK(!(!a.data_path.empty() && per_split),
+                 "--data-path and --train-data-path/--valid-data-path/--test-data-path are "
+                 "mutually exclusive");
+  MEGATRON_CHECK(a.eval_interval > 0, "--eval-interval must be positive, got ", a.eval_interval);
+  MEGATRON_CHECK(a.eval_iters >= 0, "--eval-iters must be >= 0, got ", a.eval_iters);
+  MEGATRON_CHECK(a.num_workers >= 0, "--num-workers must be >= 0, got ", a.num_workers);
   MEGATRON_CHECK(a.num_layers > 0, "--num-layers is required (a positive integer)");
   MEGATRON_CHECK(a.hidden_size > 0, "--hidden-size is required (a positive integer)");
   MEGATRON_CHECK(a.num_attention_heads > 0,
@@ -144,6 +171,21 @@ std::string text(const T& v) {
   return os.str();
 }
 }  // namespace
+
+void resolve_vocab_size(Arguments& a, const ArgTable& t) {
+  if (a.tokenizer_type == "NullTokenizer") return;  // its vocabulary is --vocab-size
+  const int64_t tok_vocab = build_tokenizer(tokenizer_args(a))->vocab_size();
+  if (!a.pretrained_checkpoint.empty()) {
+    MEGATRON_CHECK(tok_vocab <= a.vocab_size, "the tokenizer has ", tok_vocab,
+                   " tokens but ", a.pretrained_checkpoint, "/config.json has vocab_size ",
+                   a.vocab_size, "; use the checkpoint's tokenizer");
+    return;
+  }
+  MEGATRON_CHECK(!t.given("--vocab-size") || a.vocab_size == tok_vocab, "--vocab-size ",
+                 a.vocab_size, " contradicts the ", a.tokenizer_type, " vocabulary (", tok_vocab,
+                 " tokens); drop --vocab-size");
+  a.vocab_size = tok_vocab;
+}
 
 void merge_pretrained_config(Arguments& a, const ArgTable& t) {
   if (a.pretrained_checkpoint.empty()) return;

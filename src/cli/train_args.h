@@ -17,4 +17,8 @@ void validate_train_args(Arguments& a);
 // file is an error naming both; flags left at their defaults yield to the file.
 void merge_pretrained_config(Arguments& a, const ArgTable& t);
 
+// Sets --vocab-size from the tokenizer (files given by the tokenizer flags); with
+// --pretrained-checkpoint, checks the tokenizer fits the checkpoint's vocabulary instead.
+void resolve_vocab_size(Arguments& a, const ArgTable& t);
+
 }  // namespace megatron::cli

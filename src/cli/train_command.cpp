@@ -17,6 +17,7 @@ int train_command(int argc, char** argv) {
   // Validate before merging so errors name what the user typed, then again after.
   merge_pretrained_config(args, table);
   validate_train_args(args);
+  resolve_vocab_size(args, table);
   // Model-shape errors (heads not dividing hidden, sequence beyond positions, ...) surface here,
   // before the argument dump, as Megatron's argument validation does.
   transformer_config_from_args(args);

@@ -52,16 +52,22 @@ class IndexedDataset {
   std::span<const int32_t> sequence_lengths_;
   std::span<const int64_t> sequence_pointers_;
   std::span<const int64_t> document_indices_;
-  const unsigned char* idx_map_ = nullptr;
-  size_t idx_size_ = 0;
+  // The .idx arrays start at byte 34, so in a mapping they are never aligned for int32/int64;
+  // open() copies them out of the map into these, which the spans above view.
+  std::vector<int32_t> lengths_storage_;
+  std::vector<int64_t> pointers_storage_;
+  std::vector<int64_t> documents_storage_;
   const unsigned char* bin_map_ = nullptr;
   size_t bin_size_ = 0;
 };
 
 class IndexedDatasetBuilder {
  public:
-  // Creates (truncates) bin_path; tokens are appended as they come.
+  // Starts bin_path under a temporary name in the same folder; tokens are appended as they come.
+  // Nothing appears under the final names until finalize(); an unfinalized builder leaves none.
   IndexedDatasetBuilder(const std::string& bin_path, IndexDType dtype);
+  IndexedDatasetBuilder(const IndexedDatasetBuilder&) = delete;
+  IndexedDatasetBuilder& operator=(const IndexedDatasetBuilder&) = delete;
   ~IndexedDatasetBuilder();
   // Appends one sequence. Ids must fit the dtype.
   void add_item(std::span<const int64_t> tokens);

@@ -1,1 +1,59 @@
-// Being written: see the header of the same name.
+// build_tokenizer: maps Megatron's --tokenizer-type and its file flags to an implementation, and
+// checks the flags each type needs before any file is opened.
+#include "data/tokenizer.h"
+
+#include <filesystem>
+
+#include "core/error.h"
+#include "data/gpt2_bpe_tokenizer.h"
+#include "data/hf_bpe_tokenizer.h"
+#include "data/null_tokenizer.h"
+#include "data/sentencepiece_tokenizer.h"
+
+namespace megatron {
+
+namespace {
+
+constexpr const char* kSupported =
+    "GPT2BPETokenizer, HuggingFaceTokenizer, SentencePieceTokenizer, GPTSentencePieceTokenizer, "
+    "Llama2Tokenizer, NullTokenizer";
+
+// The flag must be given and name an existing file (or, where allowed, a directory).
+void require_path(const std::string& type, const char* flag, const std::string& path,
+                  const char* what, bool directory_ok = false) {
+  MEGATRON_CHECK(!path.empty(), "--tokenizer-type ", type, " needs ", flag, " (", what, ")");
+  std::error_code ec;
+  const bool ok = std::filesystem::is_regular_file(path, ec) ||
+                  (directory_ok && std::filesystem::is_directory(path, ec));
+  MEGATRON_CHECK(ok, flag, " ", path, ": no such file; pass the path of ", what);
+}
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> build_tokenizer(const TokenizerArgs& args) {
+  const std::string& type = args.type;
+  if (type == "GPT2BPETokenizer") {
+    require_path(type, "--vocab-file", args.vocab_file, "GPT-2's encoder.json");
+    require_path(type, "--merge-file", args.merge_file, "GPT-2's vocab.bpe");
+    return std::make_unique<GPT2BPETokenizer>(args.vocab_file, args.merge_file);
+  }
+  if (type == "HuggingFaceTokenizer") {
+    require_path(type, "--tokenizer-model", args.tokenizer_model,
+                 "a HuggingFace tokenizer.json or its directory", /*directory_ok=*/true);
+    return std::make_unique<HuggingFaceTokenizer>(args.tokenizer_model);
+  }
+  if (type == "SentencePieceTokenizer" || type == "GPTSentencePieceTokenizer" ||
+      type == "Llama2Tokenizer") {
+    require_path(type, "--tokenizer-model", args.tokenizer_model, "a SentencePiece .model file");
+    return std::make_unique<SentencePieceTokenizer>(type, args.tokenizer_model);
+  }
+  if (type == "NullTokenizer") {
+    MEGATRON_CHECK(args.vocab_size > 0,
+                   "--tokenizer-type NullTokenizer needs --vocab-size > 0, got ", args.vocab_size);
+    return std::make_unique<NullTokenizer>(args.vocab_size);
+  }
+  MEGATRON_CHECK(false, "--tokenizer-type ", type, " is not supported; use one of: ", kSupported);
+  return nullptr;
+}
+
+}  // namespace megatron

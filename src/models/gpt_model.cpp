@@ -59,7 +59,7 @@ Tensor gather(const Tensor& ids, const Tensor& table, DType act) {
 }  // namespace
 
 Tensor GPTModel::forward_logits(const Tensor& tokens, const Tensor& positions, Ctx& ctx,
-                                const ForwardMode& mode) const {
+                                const ForwardMode& mode, const Tensor& doc_start) const {
   MEGATRON_CHECK(tokens.ndim() == 2 && tokens.dtype() == DType::kI64,
                  "GPTModel: tokens must be [b, s] i64, got ", tokens.str());
   ctx.b = tokens.dim(0);
@@ -90,8 +90,10 @@ Tensor GPTModel::forward_logits(const Tensor& tokens, const Tensor& positions, C
   ctx.emb_stream = mode.site_stream(-1, 0);
   if (ctx.emb_dropout > 0) ops::dropout_forward(x, x, ctx.emb_dropout, ctx.seed, ctx.emb_stream);
 
-  Tensor rope_pos = cfg_.position_embedding == PositionEmbedding::kRope ? ctx.positions : Tensor();
-  Tensor hidden = decoder->forward(x.view({s, b, h}), rope_pos, ctx.decoder, mode);
+  TokenLayout layout;
+  if (cfg_.position_embedding == PositionEmbedding::kRope) layout.positions = ctx.positions;
+  layout.doc_start = doc_start;
+  Tensor hidden = decoder->forward(x.view({s, b, h}), layout, ctx.decoder, mode);
 
   // Output layer: logits = hidden @ W^T, W = word embeddings (tied) or output_layer.
   const Tensor& w = output_weight().value;
@@ -103,8 +105,8 @@ Tensor GPTModel::forward_logits(const Tensor& tokens, const Tensor& positions, C
 }
 
 Tensor GPTModel::forward(const Tensor& tokens, const Tensor& labels, const Tensor& positions,
-                         Ctx& ctx, const ForwardMode& mode) const {
-  forward_logits(tokens, positions, ctx, mode);
+                         Ctx& ctx, const ForwardMode& mode, const Tensor& doc_start) const {
+  forward_logits(tokens, positions, ctx, mode, doc_start);
   check_shape(labels, tokens.shape(), "GPTModel labels");
   const int64_t n = ctx.s * ctx.b;
   ctx.targets = transpose_bs(labels).view({n});

@@ -30,13 +30,14 @@ class GPTModel {
 
   explicit GPTModel(const TransformerConfig& cfg);
 
-  // tokens, labels: [b, s] i64; positions: [b, s] i64 or undefined (0..s-1). Returns the
-  // per-token loss [b, s] (f32, or f64 in f64 models). Keeps what backward needs in ctx.
+  // tokens, labels: [b, s] i64; positions: [b, s] i64 or undefined (0..s-1); doc_start: [b, s]
+  // i32 document starts for --reset-attention-mask, or undefined. Returns the per-token loss
+  // [b, s] (f32, or f64 in f64 models). Keeps what backward needs in ctx.
   Tensor forward(const Tensor& tokens, const Tensor& labels, const Tensor& positions, Ctx& ctx,
-                 const ForwardMode& mode) const;
+                 const ForwardMode& mode, const Tensor& doc_start = Tensor()) const;
   // Logits [s * b, Vp] for the given tokens (row t * b + i is position t of sequence i).
   Tensor forward_logits(const Tensor& tokens, const Tensor& positions, Ctx& ctx,
-                        const ForwardMode& mode) const;
+                        const ForwardMode& mode, const Tensor& doc_start = Tensor()) const;
   // dloss [b, s]: gradient of the objective w.r.t. each per-token loss. Accumulates main_grad.
   void backward(const Tensor& dloss, Ctx& ctx) const;
 

@@ -87,6 +87,10 @@ struct AttentionSpec {
   bool causal = true;
   float dropout = 0.0f;
   uint64_t seed = 0, stream = 0;
+  // Document boundaries (--reset-attention-mask), or null: [b, s] positions, doc_start[b * s + i]
+  // = first position of the document holding token i; query i then sees only keys j in
+  // [doc_start, i]. Requires causal.
+  const int32_t* doc_start = nullptr;
 };
 void attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const AttentionSpec& spec);
 // dqkv is written (same layout as qkv).

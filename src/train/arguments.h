@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace megatron {
 
@@ -65,8 +66,20 @@ struct Arguments {
 
   // ---- data ----
   bool mock_data = false;
+  std::vector<std::string> data_path;  // one prefix, or a blend "w1 p1 w2 p2 ..."
+  std::string split = "969, 30, 1";
+  std::vector<std::string> train_data_path, valid_data_path, test_data_path;
+  std::string data_cache_path;
   std::string tokenizer_type = "NullTokenizer";
+  std::string vocab_file, merge_file, tokenizer_model;
   bool eod_mask_loss = false;
+  bool reset_position_ids = false;
+  bool reset_attention_mask = false;
+  int64_t num_workers = 2;  // background batch preparation (0: in the training thread)
+
+  // ---- evaluation ----
+  int64_t eval_interval = 1000;
+  int64_t eval_iters = 100;
 
   // ---- checkpoints (Hugging Face import for now) ----
   std::string pretrained_checkpoint;

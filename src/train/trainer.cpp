@@ -15,7 +15,18 @@
 
 namespace megatron {
 
+TokenizerArgs tokenizer_args(const Arguments& a) {
+  TokenizerArgs t;
+  t.type = a.tokenizer_type;
+  t.vocab_file = a.vocab_file;
+  t.merge_file = a.merge_file;
+  t.tokenizer_model = a.tokenizer_model;
+  t.vocab_size = a.vocab_size;
+  return t;
+}
+
 Trainer::Trainer(const Arguments& args) : args_(args) {
+  tokenizer_ = build_tokenizer(tokenizer_args(args_));
   cfg_ = transformer_config_from_args(args_);
   if (!args_.save_hf.empty()) {
     // Refuse an unexportable model or an unwritable directory now, not after training.
@@ -65,11 +76,11 @@ Trainer::Trainer(const Arguments& args) : args_(args) {
           : args_.lr_warmup_iters * gbs;
   schedule_.wsd_decay_samples = args_.lr_wsd_decay_iters * gbs;
 
-  log_line("> building train, validation, and test datasets ...");
-  data_ = std::make_unique<MockGPTDataset>(cfg_.seq_length, cfg_.vocab_size - 1,
-                                           static_cast<uint64_t>(args_.seed));
-  log_line(strprintf(" > mock GPT dataset: sequence length %ld, end-of-document id %ld",
-                     static_cast<long>(cfg_.seq_length), static_cast<long>(cfg_.vocab_size - 1)));
+  batch_options_.eod = tokenizer_->eod();
+  batch_options_.eod_mask_loss = args_.eod_mask_loss;
+  batch_options_.reset_position_ids = args_.reset_position_ids;
+  batch_options_.reset_attention_mask = args_.reset_attention_mask;
+  data_ = build_datasets(args_, *tokenizer_, cfg_.seq_length);
 
   if (!args_.tensorboard_dir.empty()) {
     tensorboard_ = std::make_unique<TensorBoardWriter>(args_.tensorboard_dir);
@@ -95,14 +106,13 @@ Trainer::~Trainer() = default;
 Trainer::StepResult Trainer::train_step(int64_t iteration, double lr) {
   StepResult r;
   params_->zero_grads();
-  const int64_t mbs = args_.micro_batch_size;
-  const int64_t first_sample = (iteration - 1) * args_.global_batch_size;
   for (int64_t mb = 0; mb < num_microbatches_; ++mb) {
-    GPTBatch batch = make_batch(*data_, first_sample + mb * mbs, mbs, args_.eod_mask_loss);
+    GPTBatch batch = prefetcher_->next();
     ForwardMode mode{true, static_cast<uint64_t>(args_.seed),
                      static_cast<uint64_t>(iteration * num_microbatches_ + mb)};
     GPTModel::Ctx ctx;
-    Tensor loss = model_->forward(batch.tokens, batch.labels, Tensor(), ctx, mode);
+    Tensor loss = model_->forward(batch.tokens, batch.labels, batch.positions, ctx, mode,
+                                  batch.doc_start);
     // Megatron's loss: masked mean over this micro-batch, averaged over micro-batches.
     const float* lp = loss.data<float>();
     const float* mp = batch.loss_mask.data<float>();
@@ -140,6 +150,47 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, double lr) {
   return r;
 }
 
+double Trainer::evaluate(const SampleSource& data, int64_t* consumed) {
+  double loss_sum = 0, tokens = 0;
+  const int64_t mbs = args_.micro_batch_size;
+  for (int64_t i = 0; i < args_.eval_iters * num_microbatches_; ++i) {
+    GPTBatch batch = make_batch(data, *consumed, mbs, batch_options_);
+    *consumed += mbs;
+    GPTModel::Ctx ctx;
+    Tensor loss = model_->forward(batch.tokens, batch.labels, batch.positions, ctx, ForwardMode{},
+                                  batch.doc_start);
+    const float* lp = loss.data<float>();
+    const float* mp = batch.loss_mask.data<float>();
+    for (int64_t k = 0; k < loss.numel(); ++k) {
+      loss_sum += static_cast<double>(lp[k]) * mp[k];
+      tokens += mp[k];
+    }
+  }
+  return loss_sum / std::max(tokens, 1.0);
+}
+
+void Trainer::evaluate_and_print(const std::string& prefix, const SampleSource& data,
+                                 int64_t* consumed, int64_t iteration) {
+  const double loss = evaluate(data, consumed);
+  const double ppl = std::exp(std::min(20.0, loss));
+  validation_losses_.push_back(loss);
+  const std::string line =
+      strprintf(" validation loss at %s | lm loss value: %.6E | lm loss PPL: %.6E | ",
+                prefix.c_str(), loss, ppl);
+  const std::string dashes(line.size() + 1, '-');
+  log_line(dashes);
+  log_line(line);
+  log_line(dashes);
+  if (tensorboard_) {
+    tensorboard_->add_scalars({{"lm loss validation", loss}, {"lm loss validation ppl", ppl}},
+                              iteration);
+    tensorboard_->add_scalars({{"lm loss validation vs samples", loss},
+                               {"lm loss validation ppl vs samples", ppl}},
+                              iteration * args_.global_batch_size);
+    tensorboard_->flush();
+  }
+}
+
 void Trainer::train() {
   log_line("[before the start of training step] datetime: " + timestamp());
   log_line("training ...");
@@ -148,6 +199,8 @@ void Trainer::train() {
   const double tokens_per_iter = static_cast<double>(gbs * cfg_.seq_length);
   double interval_loss = 0, interval_time = 0;
   int64_t interval_iters = 0;
+  prefetcher_ = std::make_unique<BatchPrefetcher>(*data_.train, batch_options_,
+                                                  args_.micro_batch_size, 0, args_.num_workers);
   for (int64_t it = 1; it <= args_.train_iters; ++it) {
     Timer timer;
     const double lr = schedule_.lr_at((it - 1) * gbs);
@@ -193,8 +246,22 @@ void Trainer::train() {
       interval_loss = interval_time = 0;
       interval_iters = 0;
     }
+    if (data_.valid && args_.eval_iters > 0 && it % args_.eval_interval == 0) {
+      evaluate_and_print(strprintf("iteration %ld", static_cast<long>(it)), *data_.valid,
+                         &consumed_valid_, it);
+    }
   }
+  prefetcher_.reset();
   log_line("[after training is done] datetime: " + timestamp());
+  const long last = static_cast<long>(args_.train_iters);
+  if (data_.valid && args_.eval_iters > 0) {
+    evaluate_and_print(strprintf("iteration %ld on validation set", last), *data_.valid,
+                       &consumed_valid_, args_.train_iters);
+  }
+  if (data_.test && args_.eval_iters > 0) {
+    evaluate_and_print(strprintf("iteration %ld on test set", last), *data_.test, &consumed_test_,
+                       args_.train_iters);
+  }
   if (tensorboard_) tensorboard_->close();
   if (!args_.save_hf.empty()) {
     HfModelInfo info = hf_info_from_config(cfg_, infer_hf_arch(cfg_));

@@ -3,35 +3,41 @@
 // Each iteration: zero gradients; for each of global_batch / micro_batch micro-batches, forward,
 // loss = masked mean over the micro-batch's tokens divided by the number of micro-batches (so
 // gradients sum to the global-batch mean, as in Megatron), backward; then the global gradient
-// norm, clipping, an AdamW step at the scheduled learning rate, and the log line. Everything that
-// varies between iterations (data, dropout masks) is a pure function of (seed, iteration), so two
-// identical runs print identical losses.
+// norm, clipping, an AdamW step at the scheduled learning rate, and the log line. Every
+// --eval-interval iterations, and at the end, the validation (and at the end the test) loss and
+// perplexity in Megatron's format. Everything that varies between iterations (data, dropout
+// masks) is a pure function of (seed, iteration), so two identical runs print identical losses.
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
-#include "data/mock_gpt_dataset.h"
+#include "data/gpt_batch.h"
+#include "data/tokenizer.h"
 #include "models/gpt_model.h"
 #include "optim/adamw.h"
 #include "optim/lr_scheduler.h"
 #include "train/arguments.h"
+#include "train/batch_prefetcher.h"
+#include "train/datasets.h"
 #include "train/tensorboard_writer.h"
 
 namespace megatron {
 
 class Trainer {
  public:
-  // Builds model, optimizer, schedule and data from args (already validated by the CLI) and
+  // Builds tokenizer, model, optimizer, schedule and data from args (validated by the CLI) and
   // prints the start-up lines.
   explicit Trainer(const Arguments& args);
   ~Trainer();
 
-  // Runs args.train_iters iterations.
+  // Runs args.train_iters iterations, with evaluation.
   void train();
 
-  // Mean loss of each iteration run so far (for tests and tools).
+  // Mean training loss of each iteration run so far, and every validation loss (for tests).
   const std::vector<double>& losses() const { return losses_; }
+  const std::vector<double>& validation_losses() const { return validation_losses_; }
   GPTModel& model() { return *model_; }
   ParamSet& params() { return *params_; }
 
@@ -40,18 +46,29 @@ class Trainer {
     double loss = 0, grad_norm = 0;
   };
   StepResult train_step(int64_t iteration, double lr);
+  // Token-weighted mean loss over eval_iters global batches of `data`, from sample `*consumed`.
+  double evaluate(const SampleSource& data, int64_t* consumed);
+  void evaluate_and_print(const std::string& prefix, const SampleSource& data, int64_t* consumed,
+                          int64_t iteration);
 
   Arguments args_;
   TransformerConfig cfg_;
+  std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<GPTModel> model_;
   std::unique_ptr<ParamSet> params_;
   std::unique_ptr<AdamW> optimizer_;
   LrSchedule schedule_;
-  std::unique_ptr<MockGPTDataset> data_;
+  Datasets data_;
+  BatchOptions batch_options_;
   std::unique_ptr<TensorBoardWriter> tensorboard_;
+  std::unique_ptr<BatchPrefetcher> prefetcher_;
   int64_t num_microbatches_ = 1;
+  int64_t consumed_valid_ = 0, consumed_test_ = 0;
   double peak_gflops_ = 0;
-  std::vector<double> losses_;
+  std::vector<double> losses_, validation_losses_;
 };
+
+// The tokenizer arguments of a run.
+TokenizerArgs tokenizer_args(const Arguments& args);
 
 }  // namespace megatron

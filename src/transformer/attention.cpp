@@ -35,8 +35,9 @@ void SelfAttention::collect(std::vector<Param*>& out) {
   linear_proj.collect(out);
 }
 
-Tensor SelfAttention::forward(const Tensor& x, const Tensor& positions, Ctx& ctx,
+Tensor SelfAttention::forward(const Tensor& x, const TokenLayout& layout, Ctx& ctx,
                               const ForwardMode& mode) const {
+  const Tensor& positions = layout.positions;
   const int64_t s = x.dim(0), b = x.dim(1);
   const int64_t ng = cfg_.num_query_groups, qpg = cfg_.queries_per_group(), hn = cfg_.head_dim();
   const int64_t np = cfg_.num_attention_heads;
@@ -52,6 +53,11 @@ Tensor SelfAttention::forward(const Tensor& x, const Tensor& positions, Ctx& ctx
   ctx.spec.dropout = mode.training ? static_cast<float>(cfg_.attention_dropout) : 0.0f;
   ctx.spec.seed = mode.seed;
   ctx.spec.stream = mode.site_stream(layer_, 0);
+  if (layout.doc_start.defined()) {
+    check_shape(layout.doc_start, {b, s}, "attention doc_start");
+    ctx.doc_start = layout.doc_start;
+    ctx.spec.doc_start = ctx.doc_start.data<int32_t>();
+  }
   ctx.qkv = qkv;
   ctx.out = Tensor::empty({s, b, np, hn}, x.dtype());
   ctx.lse = Tensor::empty({b, np, s}, x.dtype());

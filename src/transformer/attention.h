@@ -23,13 +23,15 @@ class SelfAttention {
     Tensor out;  // [s, b, np, hn]
     Tensor lse;  // [b, np, s]
     Tensor positions;
+    Tensor doc_start;  // keeps spec.doc_start alive until backward
     ops::AttentionSpec spec;  // as run in forward, including the dropout RNG coordinates
   };
 
   SelfAttention(const std::string& name, const TransformerConfig& cfg, int64_t layer_number);
 
-  // x [s, b, h] -> [s, b, h]. positions [s, b] i64, or undefined for 0..s-1.
-  Tensor forward(const Tensor& x, const Tensor& positions, Ctx& ctx, const ForwardMode& mode) const;
+  // x [s, b, h] -> [s, b, h].
+  Tensor forward(const Tensor& x, const TokenLayout& layout, Ctx& ctx,
+                 const ForwardMode& mode) const;
   Tensor backward(const Tensor& dy, Ctx& ctx) const;
   void collect(std::vector<Param*>& out);
 

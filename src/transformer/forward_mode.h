@@ -6,7 +6,17 @@
 
 #include <cstdint>
 
+#include "tensor/tensor.h"
+
 namespace megatron {
+
+// Where each token sits: positions [s, b] i64 (RoPE; undefined = 0..s-1) and, with
+// --reset-attention-mask, doc_start [b, s] i32 (first position of each token's document, so
+// attention stays inside documents; undefined = one document per sequence).
+struct TokenLayout {
+  Tensor positions;
+  Tensor doc_start;
+};
 
 struct ForwardMode {
   bool training = false;

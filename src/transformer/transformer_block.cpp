@@ -16,12 +16,12 @@ void TransformerBlock::collect(std::vector<Param*>& out) {
   final_layernorm.collect(out);
 }
 
-Tensor TransformerBlock::forward(const Tensor& x, const Tensor& positions, Ctx& ctx,
+Tensor TransformerBlock::forward(const Tensor& x, const TokenLayout& layout, Ctx& ctx,
                                  const ForwardMode& mode) const {
   ctx.layers.resize(layers.size());
   Tensor h = x;
   for (size_t i = 0; i < layers.size(); ++i)
-    h = layers[i]->forward(h, positions, ctx.layers[i], mode);
+    h = layers[i]->forward(h, layout, ctx.layers[i], mode);
   return final_layernorm.forward(h, ctx.final_norm);
 }
 

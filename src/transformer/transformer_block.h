@@ -19,7 +19,8 @@ class TransformerBlock {
 
   TransformerBlock(const std::string& name, const TransformerConfig& cfg);
 
-  Tensor forward(const Tensor& x, const Tensor& positions, Ctx& ctx, const ForwardMode& mode) const;
+  Tensor forward(const Tensor& x, const TokenLayout& layout, Ctx& ctx,
+                 const ForwardMode& mode) const;
   Tensor backward(const Tensor& dy, Ctx& ctx) const;
   void collect(std::vector<Param*>& out);
 

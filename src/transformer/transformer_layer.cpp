@@ -22,14 +22,14 @@ void TransformerLayer::collect(std::vector<Param*>& out) {
   mlp.collect(out);
 }
 
-Tensor TransformerLayer::forward(const Tensor& x, const Tensor& positions, Ctx& ctx,
+Tensor TransformerLayer::forward(const Tensor& x, const TokenLayout& layout, Ctx& ctx,
                                  const ForwardMode& mode) const {
   ctx.dropout = mode.training ? static_cast<float>(cfg_.hidden_dropout) : 0.0f;
   ctx.seed = mode.seed;
   ctx.stream_attn = mode.site_stream(layer_, 1);
   ctx.stream_mlp = mode.site_stream(layer_, 2);
 
-  Tensor a = self_attention.forward(input_layernorm.forward(x, ctx.ln1), positions, ctx.attn, mode);
+  Tensor a = self_attention.forward(input_layernorm.forward(x, ctx.ln1), layout, ctx.attn, mode);
   Tensor x1 = Tensor::empty(x.shape(), x.dtype());
   if (ctx.dropout > 0) ops::dropout_forward(a, a, ctx.dropout, ctx.seed, ctx.stream_attn);
   ops::add(x1, x, a);

@@ -28,7 +28,8 @@ class TransformerLayer {
   // layer_number is 0-based and global (it keys the layer's dropout streams).
   TransformerLayer(const std::string& name, const TransformerConfig& cfg, int64_t layer_number);
 
-  Tensor forward(const Tensor& x, const Tensor& positions, Ctx& ctx, const ForwardMode& mode) const;
+  Tensor forward(const Tensor& x, const TokenLayout& layout, Ctx& ctx,
+                 const ForwardMode& mode) const;
   Tensor backward(const Tensor& dy, Ctx& ctx) const;
   void collect(std::vector<Param*>& out);
 

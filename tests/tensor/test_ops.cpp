@@ -269,6 +269,31 @@ TEST_P(AttentionTest, ForwardBackwardMatchReferenceAndFiniteDifferences) {
   }
 }
 
+TEST(Attention, DocumentBoundariesMatchReferenceAndFiniteDifferences) {
+  // Two sequences with documents [0, 3), [3, 7) and [0, 5), [5, 6), [6, 7) (--reset-attention-mask).
+  const int64_t s = 7, b = 2, ng = 1, qpg = 2, hn = 3;
+  std::vector<int32_t> starts = {0, 0, 0, 3, 3, 3, 3, 0, 0, 0, 0, 0, 5, 6};
+  ops::AttentionSpec spec{ng, qpg, 0.6f, true, 0.0f, 0, 0};
+  spec.doc_start = starts.data();
+  Tensor qkv = random_tensor({s, b, ng, qpg + 2, hn}, 31, 1.5);
+  Tensor out = Tensor::empty({s, b, ng * qpg, hn}), lse = Tensor::empty({b, ng * qpg, s});
+  ops::attention_forward(out, lse, qkv, spec);
+  EXPECT_TRUE(allclose(out, ref::attention(f64(qkv), spec), kF32Atol, kF32Rtol));
+  Tensor dout = random_tensor(out.shape(), 32);
+  Tensor dqkv = Tensor::empty(qkv.shape());
+  ops::attention_backward(dqkv, dout, qkv, out, lse, spec);
+  Tensor want_d = ref::attention_backward(f64(dout), f64(qkv), spec);
+  EXPECT_TRUE(allclose(dqkv, want_d, kF32Atol * 5, kF32Rtol));
+  Tensor fd = fd_grad([&](const Tensor& v) { return ref::attention(v, spec); }, f64(qkv), f64(dout));
+  EXPECT_TRUE(allclose(want_d, fd, kFdTol, kFdTol));
+  // The first token of a document sees only itself: its output is its own value vector.
+  const int64_t t = 3, bb = 0;  // token 3 of sequence 0 starts a document
+  for (int64_t c = 0; c < hn; ++c) {
+    const double v = qkv.item(((t * b + bb) * ng * (qpg + 2) + qpg + 1) * hn + c);
+    EXPECT_NEAR(out.item(((t * b + bb) * qpg + 0) * hn + c), v, 1e-6);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Shapes, AttentionTest,
     ::testing::Values(AttnCase{5, 2, 2, 1, 4, true, 0.0f},     // MHA, tiny, FD-checked

@@ -45,6 +45,7 @@ Layout make_layout(const Tensor& qkv, const AttentionSpec& spec) {
                      qkv.dim(3) == spec.queries_per_group + 2,
                  "attention: qkv must be [s, b, ng, qpg + 2, hn] with ng = ", spec.num_query_groups,
                  ", qpg = ", spec.queries_per_group, "; got ", qkv.str());
+  MEGATRON_CHECK(!spec.doc_start || spec.causal, "attention: document masks need causal attention");
   Layout l{qkv.dim(0), qkv.dim(1), spec.num_query_groups, spec.queries_per_group, qkv.dim(4), 0};
   l.np = l.ng * l.qpg;
   return l;
@@ -56,6 +57,11 @@ inline float dropout_scale(const AttentionSpec& spec, const Layout& l, int64_t b
   uint64_t idx = static_cast<uint64_t>(((bb * l.np + h) * l.s + i) * l.s + j);
   float u = Philox::uniform(spec.seed, spec.stream, idx);
   return u >= spec.dropout ? 1.0f / (1.0f - spec.dropout) : 0.0f;
+}
+
+// First key position query i of sequence bb may attend to (document start, or 0).
+inline int64_t first_key(const AttentionSpec& spec, const Layout& l, int64_t bb, int64_t i) {
+  return spec.doc_start ? spec.doc_start[bb * l.s + i] : 0;
 }
 
 template <typename T>
@@ -81,7 +87,7 @@ void forward_kernel(T* out, T* lse, const T* qkv, const Layout& l, const Attenti
           T m = -std::numeric_limits<T>::infinity(), sum = 0;
           std::fill(acc.begin(), acc.end(), T(0));
           const int64_t jend = spec.causal ? i + 1 : l.s;
-          for (int64_t j0 = 0; j0 < jend; j0 += kTile) {
+          for (int64_t j0 = first_key(spec, l, bb, i); j0 < jend; j0 += kTile) {
             const int64_t j1 = std::min(jend, j0 + kTile);
             T tile_max = -std::numeric_limits<T>::infinity();
             for (int64_t j = j0; j < j1; ++j) {
@@ -144,7 +150,7 @@ void backward_kernel(T* dqkv, const T* dout, const T* qkv, const T* out, const T
             const T* go = dout + l.o_off(i, bb, h);
             const T li = lse[l.lse_off(i, bb, h)], Di = D[l.lse_off(i, bb, h)];
             const int64_t jend = spec.causal ? std::min(j1, i + 1) : j1;
-            for (int64_t j = j0; j < jend; ++j) {
+            for (int64_t j = std::max(j0, first_key(spec, l, bb, i)); j < jend; ++j) {
               const T* k = qkv + l.k_off(j, bb, g);
               const T* v = qkv + l.v_off(j, bb, g);
               const T p = cpu::vexp(scale * dot(q, k, l.hn) - li);
@@ -178,7 +184,7 @@ void backward_kernel(T* dqkv, const T* dout, const T* qkv, const T* out, const T
           const T li = lse[l.lse_off(i, bb, h)], Di = D[l.lse_off(i, bb, h)];
           T* dq = dqkv + l.q_off(i, bb, h);
           const int64_t jend = spec.causal ? i + 1 : l.s;
-          for (int64_t j = 0; j < jend; ++j) {
+          for (int64_t j = first_key(spec, l, bb, i); j < jend; ++j) {
             const T* k = qkv + l.k_off(j, bb, g);
             const T* v = qkv + l.v_off(j, bb, g);
             const T p = cpu::vexp(scale * dot(q, k, l.hn) - li);

@@ -235,6 +235,7 @@ void probs(const HeadView& hv, const ops::AttentionSpec& spec, int64_t bb, int64
     std::vector<double> sc(s, -std::numeric_limits<double>::infinity());
     for (int64_t j = 0; j < s; ++j) {
       if (spec.causal && j > i) continue;
+      if (spec.doc_start && j < spec.doc_start[bb * s + i]) continue;
       double d = 0;
       for (int64_t c = 0; c < hv.hn; ++c) d += hv.q(i, bb, h)[c] * hv.k(j, bb, h)[c];
       sc[j] = d * spec.scale;

@@ -1,0 +1,111 @@
+// BlendedDataset: a weighted mixture of GPTDatasets, and build_gpt_datasets, which turns the data
+// flags (--data-path, --train/valid/test-data-path, --split, sample counts) into the train,
+// validation and test SampleSources, as Megatron's BlendedMegatronDatasetBuilder does.
+//
+// Blending (helpers.cpp's build_blending_indices) is deterministic, no RNG: with weights w
+// normalised to sum 1 and c_i samples taken from dataset i so far, sample k comes from the
+// dataset with the largest error w_i * max(k, 1) - c_i (ties to the lowest index) and is that
+// dataset's sample c_i. Randomness within a dataset comes from its own shuffle index. A weighted
+// blend asks each dataset for ceil(ceil(N * w_i) * (1 + surplus)) samples so the greedy order
+// never runs one dry, and has sum_i ceil(N * w_i) samples itself.
+//
+// Not here: Megatron's exhaustive blending (no sizes), multiple validation sets, mock data
+// (mock_gpt_dataset.h), and the rank-0-first build order (callers that run several ranks build
+// on rank 0, barrier, then build elsewhere: the others then load the cache).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "data/gpt_dataset.h"
+#include "data/index_cache.h"
+#include "data/sample_source.h"
+
+namespace megatron {
+
+// numpy.sum of a float64 array: NumPy's pairwise summation, whose rounding the normalised
+// weights (and so the blend order) depend on.
+double numpy_sum(std::span<const double> values);
+// Megatron's normalize(): w / numpy.sum(w).
+std::vector<double> normalize_weights(std::span<const double> weights);
+
+// helpers.cpp's build_blending_indices for normalised weights: dataset_index[k] (int16) and
+// dataset_sample_index[k] (int64) for k in [0, size).
+void build_blending_indices(std::span<const double> weights, std::span<int16_t> dataset_index,
+                            std::span<int64_t> dataset_sample_index);
+
+struct BlendedIndices {
+  NpyArray dataset_index;         // [size] int16: which dataset sample k comes from
+  NpyArray dataset_sample_index;  // [size] int64: which sample of that dataset
+  bool from_cache = false;
+};
+
+// Megatron's BlendedDataset description: class, datasets (their descriptions, nested), split,
+// weights (normalised), size.
+std::string blended_dataset_description(std::span<const std::string> dataset_descriptions,
+                                        Split split, std::span<const double> weights, int64_t size);
+
+// Normalises `weights`, then loads the indices from `cache_dir` if a complete, consistent cache
+// exists there, else builds them and, when cache_dir is not empty, saves them. Throws
+// InvalidArgument when the blend draws more samples from a dataset than it has (the fix is a
+// larger --mid-level-dataset-surplus).
+BlendedIndices load_or_build_blending_indices(std::span<const std::string> dataset_descriptions,
+                                              std::span<const int64_t> dataset_sizes,
+                                              std::span<const double> weights, int64_t size,
+                                              Split split, const std::string& cache_dir, bool log);
+
+class BlendedDataset : public SampleSource {
+ public:
+  // weights > 0, one per dataset, normalised here; the datasets share split and seq_length.
+  // Cached only when path_to_cache is set, as Megatron does.
+  BlendedDataset(std::vector<std::unique_ptr<GPTDataset>> datasets, std::vector<double> weights,
+                 int64_t size, const std::string& path_to_cache, bool log);
+
+  int64_t size() const override { return indices_.dataset_index.numel(); }
+  int64_t seq_length() const override { return datasets_[0]->seq_length(); }
+  void sample(int64_t index, int64_t* out) const override;
+
+  const std::vector<std::unique_ptr<GPTDataset>>& datasets() const { return datasets_; }
+  const BlendedIndices& indices() const { return indices_; }
+
+ private:
+  std::vector<std::unique_ptr<GPTDataset>> datasets_;
+  BlendedIndices indices_;
+};
+
+// The data flags of a GPT run.
+struct GPTDataArgs {
+  // --data-path: one prefix, "w1 p1 w2 p2 ..." (weighted blend) or "p1 p2 ..." (blend weighted
+  // by dataset size); tokens are further split on whitespace. Splits by config.split.
+  std::vector<std::string> data_path;
+  // --train-data-path, --valid-data-path, --test-data-path: one blend per split, same syntax;
+  // instead of data_path and --split.
+  std::vector<std::string> train_data_path, valid_data_path, test_data_path;
+  // Samples the run reads per split (train, valid, test); see megatron_split_num_samples.
+  std::array<int64_t, 3> num_samples{};
+  double mid_level_dataset_surplus = 0.005;  // --mid-level-dataset-surplus
+  // Seed, sequence length, --split (nullopt with data_path = Megatron's "969, 30, 1"), cache path.
+  GPTDatasetConfig config;
+};
+
+// Megatron's requested sample counts: train = train_iters * gbs; valid = (train_iters //
+// eval_interval + 1) * eval_iters * gbs; test = eval_iters * gbs.
+std::array<int64_t, 3> megatron_split_num_samples(int64_t train_iters, int64_t global_batch_size,
+                                                  int64_t eval_interval, int64_t eval_iters);
+
+struct GPTDatasets {
+  // Null where the split is absent (zero --split weight, no per-split path, no documents, or no
+  // samples requested).
+  std::unique_ptr<SampleSource> train, valid, test;
+};
+
+// Opens the datasets and builds (or loads) every index. Throws InvalidArgument naming the flag
+// for bad flags and for unreadable datasets.
+GPTDatasets build_gpt_datasets(const GPTDataArgs& args);
+
+}  // namespace megatron

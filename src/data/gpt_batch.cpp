@@ -1,0 +1,34 @@
+#include "data/gpt_batch.h"
+
+#include <vector>
+
+namespace megatron {
+
+GPTBatch make_batch(const SampleSource& data, int64_t first, int64_t b, const BatchOptions& opt) {
+  const int64_t s = data.seq_length();
+  GPTBatch batch{Tensor::empty({b, s}, DType::kI64), Tensor::empty({b, s}, DType::kI64),
+                 Tensor::full({b, s}, 1.0), Tensor::empty({b, s}, DType::kI64), Tensor()};
+  if (opt.reset_attention_mask) batch.doc_start = Tensor::empty({b, s}, DType::kI32);
+  std::vector<int64_t> buf(static_cast<size_t>(s + 1));
+  for (int64_t i = 0; i < b; ++i) {
+    data.sample(first + i, buf.data());
+    int64_t* tok = batch.tokens.data<int64_t>() + i * s;
+    int64_t* lab = batch.labels.data<int64_t>() + i * s;
+    float* mask = batch.loss_mask.data<float>() + i * s;
+    int64_t* pos = batch.positions.data<int64_t>() + i * s;
+    int32_t* start = opt.reset_attention_mask ? batch.doc_start.data<int32_t>() + i * s : nullptr;
+    int64_t doc_begin = 0;  // position after the last EOD seen
+    for (int64_t t = 0; t < s; ++t) {
+      tok[t] = buf[t];
+      lab[t] = buf[t + 1];
+      pos[t] = opt.reset_position_ids ? t - doc_begin : t;
+      if (start) start[t] = static_cast<int32_t>(doc_begin);
+      const bool is_eod = buf[t] == opt.eod;
+      if (opt.eod_mask_loss && is_eod) mask[t] = 0;
+      if (is_eod) doc_begin = t + 1;
+    }
+  }
+  return batch;
+}
+
+}  // namespace megatron

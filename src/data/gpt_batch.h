@@ -1,0 +1,34 @@
+// GPTBatch: a micro-batch in Megatron's layout, built from samples of a SampleSource, with the
+// masks and positions of Megatron's _get_ltor_masks_and_position_ids:
+// - loss_mask 0 where the input token is EOD (--eod-mask-loss);
+// - position ids restart after every EOD (--reset-position-ids);
+// - doc_start, the first position of each token's document, so attention stays inside documents
+//   (--reset-attention-mask). The EOD token belongs to the document it ends.
+#pragma once
+
+#include <cstdint>
+
+#include "data/sample_source.h"
+#include "tensor/tensor.h"
+
+namespace megatron {
+
+struct GPTBatch {
+  Tensor tokens;     // [b, s] i64
+  Tensor labels;     // [b, s] i64, tokens shifted by one
+  Tensor loss_mask;  // [b, s] f32
+  Tensor positions;  // [b, s] i64
+  Tensor doc_start;  // [b, s] i32, only with reset_attention_mask
+};
+
+struct BatchOptions {
+  int64_t eod = -1;
+  bool eod_mask_loss = false;
+  bool reset_position_ids = false;
+  bool reset_attention_mask = false;
+};
+
+// Builds a batch from samples first, first + 1, ..., first + b - 1 of `data`.
+GPTBatch make_batch(const SampleSource& data, int64_t first, int64_t b, const BatchOptions& opt);
+
+}  // namespace megatron

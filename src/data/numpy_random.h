@@ -1,0 +1,47 @@
+// NumPy's legacy random stream, `numpy.random.RandomState(seed)`, as far as Megatron's dataset
+// indices use it: seeding with a 32-bit integer and `shuffle` of a 1-D array.
+//
+// Megatron shuffles its document and sample indices with RandomState, so a run is sample-identical
+// to Megatron's only if our shuffles are bit-identical to NumPy's. RandomState is frozen by NumPy's
+// compatibility policy (it is the "legacy" generator), which is what makes this worth matching.
+// This is not a general NumPy port: no distributions, no array seeding, no Generator (PCG64).
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <span>
+#include <utility>
+
+namespace megatron {
+
+class NumpyRandomState {
+ public:
+  // RandomState(seed) for an integer seed, which NumPy requires in [0, 2^32).
+  explicit NumpyRandomState(uint32_t seed);
+
+  // One MT19937 output (NumPy's next_uint32).
+  uint32_t next_uint32() { return static_cast<uint32_t>(mt_()); }
+  // Two outputs, the first one in the high half (NumPy's mt19937_next64).
+  uint64_t next_uint64();
+  // Uniform integer in [0, max] by masked rejection (NumPy's random_interval): draw, keep the bits
+  // under the smallest all-ones mask >= max, retry while the value exceeds max. 32-bit draws when
+  // max fits in 32 bits, else 64-bit draws.
+  uint64_t random_interval(uint64_t max);
+
+  // RandomState.shuffle of a 1-D array: Fisher-Yates from the last element down, swapping x[i]
+  // with x[random_interval(i)] for i = n-1 .. 1. The element type does not enter the stream.
+  template <typename T>
+  void shuffle(std::span<T> x) {
+    for (size_t i = x.size(); i-- > 1;) {
+      const size_t j = static_cast<size_t>(random_interval(i));
+      std::swap(x[i], x[j]);
+    }
+  }
+
+ private:
+  // std::mt19937 is specified bit for bit by the C++ standard, and its integer-seed constructor
+  // is Matsumoto and Nishimura's init_genrand, which is what NumPy's mt19937_seed does.
+  std::mt19937 mt_;
+};
+
+}  // namespace megatron

@@ -1,0 +1,76 @@
+#include "train/batch_prefetcher.h"
+
+#include "core/error.h"
+
+namespace megatron {
+
+BatchPrefetcher::BatchPrefetcher(const SampleSource& data, const BatchOptions& options,
+                                 int64_t micro_batch_size, int64_t first_sample, int64_t depth)
+    : data_(data),
+      options_(options),
+      b_(micro_batch_size),
+      next_sample_(first_sample),
+      depth_(depth),
+      produced_sample_(first_sample) {
+  if (depth_ > 0) worker_ = std::thread([this] { run(); });
+}
+
+BatchPrefetcher::~BatchPrefetcher() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+}
+
+void BatchPrefetcher::run() {
+  for (;;) {
+    int64_t first;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return stop_ || static_cast<int64_t>(ready_.size()) < depth_; });
+      if (stop_) return;
+      first = produced_sample_;
+    }
+    // The last batches of a finite source are never requested; stop rather than fail on them.
+    if (first + b_ > data_.size()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      exhausted_ = true;
+      cv_.notify_all();
+      return;
+    }
+    try {
+      GPTBatch batch = make_batch(data_, first, b_, options_);
+      std::lock_guard<std::mutex> lock(mu_);
+      ready_.push_back(std::move(batch));
+      produced_sample_ = first + b_;
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu_);
+      error_ = std::current_exception();
+      cv_.notify_all();
+      return;
+    }
+    cv_.notify_all();
+  }
+}
+
+GPTBatch BatchPrefetcher::next() {
+  if (depth_ == 0) {
+    GPTBatch batch = make_batch(data_, next_sample_, b_, options_);
+    next_sample_ += b_;
+    return batch;
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [this] { return !ready_.empty() || error_ || exhausted_; });
+  if (ready_.empty() && error_) std::rethrow_exception(error_);
+  MEGATRON_CHECK(!ready_.empty(), "the dataset has ", data_.size(),
+                 " samples; a batch starting at sample ", next_sample_, " was requested");
+  GPTBatch batch = std::move(ready_.front());
+  ready_.pop_front();
+  next_sample_ += b_;
+  cv_.notify_all();
+  return batch;
+}
+
+}  // namespace megatron

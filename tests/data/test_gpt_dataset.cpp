@@ -1,0 +1,925 @@
+// GPT dataset indices, blending and their caches against an independent NumPy oracle.
+//
+// tests/data/megatron_indices.py re-implements Megatron's algorithms with NumPy (its
+// RandomState is the real one). Each test writes a list of cases, runs the oracle, and compares
+// what it wrote with what our code builds. Every comparison is exact: these are integer indices
+// and token ids, and the only floating point involved (split fractions, normalised blend
+// weights, the single-precision sample count) is reproduced operation for operation.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "data/blended_dataset.h"
+#include "data/gpt_dataset.h"
+#include "data/index_cache.h"
+#include "data/indexed_dataset.h"
+#include "data/numpy_random.h"
+#include "testing/testing.h"
+
+namespace megatron {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::ordered_json;
+
+// Runs the oracle on `cases`; its outputs land in `dir`.
+void run_oracle(const Json& cases, const std::string& dir) {
+  const std::string spec = dir + "/spec.json";
+  std::ofstream(spec) << cases.dump();
+  const std::string cmd = std::string(MEGATRON_PYTHON_ORACLE) + " " + MEGATRON_INDICES_ORACLE +
+                          " --spec " + spec + " --out " + dir;
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+}
+
+// `f` must throw InvalidArgument whose message names `needle` (a flag, usually).
+void expect_error_naming(const std::function<void()>& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "accepted; expected an error naming " << needle;
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+Json read_json(const std::string& path) {
+  std::ifstream in(path);
+  return Json::parse(in);
+}
+
+// Same dtype, shape and values; names the first difference.
+::testing::AssertionResult same_array(const NpyArray& got, const NpyArray& want) {
+  if (got.dtype() != want.dtype()) {
+    return ::testing::AssertionFailure()
+           << "dtype " << npy_dtype_name(got.dtype()) << " vs " << npy_dtype_name(want.dtype());
+  }
+  if (got.shape() != want.shape()) return ::testing::AssertionFailure() << "shapes differ";
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    if (got.get(i) != want.get(i)) {
+      return ::testing::AssertionFailure()
+             << "element " << i << ": " << got.get(i) << " vs " << want.get(i);
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+NpyArray to_npy(const std::vector<int32_t>& v) {
+  NpyArray a(NpyDType::kInt32, {static_cast<int64_t>(v.size())});
+  std::ranges::copy(v, a.mutable_values<int32_t>().begin());
+  return a;
+}
+
+NpyArray to_npy(const std::vector<int64_t>& v) {
+  NpyArray a(NpyDType::kInt64, {static_cast<int64_t>(v.size())});
+  std::ranges::copy(v, a.mutable_values<int64_t>().begin());
+  return a;
+}
+
+// Documents held in memory: lengths and the concatenated token stream.
+struct Corpus {
+  std::vector<int32_t> lengths;
+  std::vector<int64_t> tokens;
+  std::vector<int64_t> starts;  // prefix sums of lengths
+
+  Corpus(int64_t docs, int32_t min_len, int32_t max_len, uint32_t seed) {
+    std::mt19937 gen(seed);
+    std::uniform_int_distribution<int32_t> len(min_len, max_len);
+    std::uniform_int_distribution<int64_t> tok(0, 65000);
+    starts.push_back(0);
+    for (int64_t d = 0; d < docs; ++d) {
+      lengths.push_back(len(gen));
+      for (int32_t t = 0; t < lengths.back(); ++t) tokens.push_back(tok(gen));
+      starts.push_back(starts.back() + lengths.back());
+    }
+  }
+  ReadTokens reader() const {
+    return [this](int64_t seq, int64_t offset, int64_t length, int64_t* out) {
+      std::copy_n(tokens.begin() + starts[static_cast<size_t>(seq)] + offset, length, out);
+    };
+  }
+  // Writes lengths and tokens as .npy (with our writer) for the oracle; returns their paths.
+  std::pair<std::string, std::string> save(const std::string& dir, const std::string& name) const {
+    const std::string l = dir + "/" + name + ".lengths.npy", t = dir + "/" + name + ".tokens.npy";
+    to_npy(lengths).save(l);
+    to_npy(tokens).save(t);
+    return {l, t};
+  }
+};
+
+// ---- NumPy's RandomState ---------------------------------------------------------------------
+
+TEST(NumpyRandomState, ShuffleMatchesNumPy) {
+  const std::string dir = testing::scratch_dir("gpt_shuffle");
+  const std::vector<int64_t> sizes = {
+      0,   1,   2,   3,    5,    7,     8,     16,    17,           100,
+      255, 256, 257, 1000, 4097, 65535, 65536, 65537, (1 << 20) + 3};
+  const std::vector<int64_t> seeds = {0, 1, 1234, 2147483648LL, 4294967295LL};
+  Json cases = Json::array();
+  for (const char* dtype : {"int32", "uint32", "int64"}) {
+    for (int64_t seed : seeds) {
+      // One RandomState shuffles every size in turn, so the stream continuation is checked too.
+      cases.push_back({{"op", "shuffle"},
+                       {"name", std::string(dtype) + "_" + std::to_string(seed)},
+                       {"seed", seed},
+                       {"dtype", dtype},
+                       {"sizes", sizes}});
+    }
+  }
+  run_oracle(cases, dir);
+  for (const Json& c : cases) {
+    const NpyArray want = NpyArray::load(dir + "/" + c["name"].get<std::string>() + ".npy");
+    NumpyRandomState rng(static_cast<uint32_t>(c["seed"].get<int64_t>()));
+    int64_t total = 0;
+    for (int64_t n : sizes) total += n;
+    NpyArray got(want.dtype(), {total});
+    auto fill = [&]<typename T>(std::span<T> all) {
+      size_t at = 0;
+      for (int64_t n : sizes) {
+        std::span<T> part = all.subspan(at, static_cast<size_t>(n));
+        for (size_t i = 0; i < part.size(); ++i) part[i] = static_cast<T>(i);
+        rng.shuffle(part);
+        at += part.size();
+      }
+    };
+    if (want.dtype() == NpyDType::kInt32) fill(got.mutable_values<int32_t>());
+    if (want.dtype() == NpyDType::kUInt32) fill(got.mutable_values<uint32_t>());
+    if (want.dtype() == NpyDType::kInt64) fill(got.mutable_values<int64_t>());
+    EXPECT_TRUE(same_array(got, want)) << c["name"];
+  }
+}
+
+TEST(NumpyRandomState, RandomIntervalMatchesNumPyRandint) {
+  // RandomState.randint(0, max + 1) draws with the same masked rejection as shuffle's bound,
+  // including the two-draw 64-bit path that arrays below 2^32 elements never reach.
+  const std::string dir = testing::scratch_dir("gpt_randint");
+  // Bounds on both sides of 2^32, where the draws switch from one 32-bit word to two.
+  const std::vector<uint64_t> maxes = {1,
+                                       6,
+                                       1000,
+                                       0xffffffffu,
+                                       1ULL << 32,
+                                       (1ULL << 33) + 5,
+                                       (1ULL << 40) - 1,
+                                       (1ULL << 62) + 12345};  // NOLINT
+  Json cases = Json::array();
+  for (size_t i = 0; i < maxes.size(); ++i) {
+    cases.push_back({{"op", "randint"},
+                     {"name", "r" + std::to_string(i)},
+                     {"seed", 42 + i},
+                     {"max", maxes[i]},
+                     {"count", 500}});
+  }
+  run_oracle(cases, dir);
+  for (size_t i = 0; i < maxes.size(); ++i) {
+    const NpyArray want = NpyArray::load(dir + "/r" + std::to_string(i) + ".npy");
+    NumpyRandomState rng(static_cast<uint32_t>(42 + i));
+    for (int64_t k = 0; k < want.numel(); ++k) {
+      ASSERT_EQ(static_cast<int64_t>(rng.random_interval(maxes[i])), want.get(k))
+          << "max " << maxes[i] << " draw " << k;
+    }
+  }
+}
+
+// ---- .npy files ------------------------------------------------------------------------------
+
+// Values spanning each dtype's range (negative, past 2^31, past 2^32 for int64).
+int64_t pattern(NpyDType t, int64_t k) {
+  const int64_t v = (k * 7919) % 65521 - 32000;
+  switch (t) {
+    case NpyDType::kInt16:
+      return v % 30000;
+    case NpyDType::kInt32:
+      return v * 1000;
+    case NpyDType::kInt64:
+      return v * 4000000000LL;
+    case NpyDType::kUInt32:
+      return v + 4000000000LL;
+  }
+  return 0;
+}
+
+void set_element(NpyArray& a, int64_t k, int64_t v) {
+  const auto i = static_cast<size_t>(k);
+  switch (a.dtype()) {
+    case NpyDType::kInt16:
+      a.mutable_values<int16_t>()[i] = static_cast<int16_t>(v);
+      break;
+    case NpyDType::kInt32:
+      a.mutable_values<int32_t>()[i] = static_cast<int32_t>(v);
+      break;
+    case NpyDType::kInt64:
+      a.mutable_values<int64_t>()[i] = v;
+      break;
+    case NpyDType::kUInt32:
+      a.mutable_values<uint32_t>()[i] = static_cast<uint32_t>(v);
+      break;
+  }
+}
+
+TEST(Npy, NumPyLoadsOursAndOursAreByteIdentical) {
+  const std::string dir = testing::scratch_dir("gpt_npy");
+  struct Case {
+    NpyDType dtype;
+    std::vector<int64_t> shape;
+  };
+  const std::vector<Case> shapes = {
+      {NpyDType::kInt32, {0}},    {NpyDType::kInt32, {1}},     {NpyDType::kInt32, {7}},
+      {NpyDType::kInt64, {1000}}, {NpyDType::kUInt32, {33}},   {NpyDType::kInt16, {129}},
+      {NpyDType::kInt32, {3, 2}}, {NpyDType::kInt64, {0, 2}},  {NpyDType::kInt32, {5000, 2}},
+      {NpyDType::kInt64, {}},     {NpyDType::kInt16, {100003}}};
+  Json cases = Json::array();
+  std::vector<NpyArray> ours;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    NpyArray a(shapes[i].dtype, shapes[i].shape);
+    Json values = Json::array();
+    for (int64_t k = 0; k < a.numel(); ++k) {
+      const int64_t v = pattern(a.dtype(), k);
+      values.push_back(v);
+      set_element(a, k, v);
+    }
+    const std::string path = dir + "/ours" + std::to_string(i) + ".npy";
+    a.save(path);
+    cases.push_back({{"op", "npy_check"},
+                     {"name", "c" + std::to_string(i)},
+                     {"path", path},
+                     {"dtype", npy_dtype_name(a.dtype())},
+                     {"shape", a.shape()},
+                     {"values", values}});
+    ours.push_back(std::move(a));
+  }
+  run_oracle(cases, dir);
+  for (size_t i = 0; i < ours.size(); ++i) {
+    const Json facts = read_json(dir + "/c" + std::to_string(i) + ".json");
+    EXPECT_TRUE(facts["loads"].get<bool>()) << "case " << i;
+    EXPECT_TRUE(facts["same_bytes"].get<bool>()) << "case " << i;
+    // And what numpy.save wrote loads in ours with the same content.
+    const NpyArray theirs = NpyArray::load(dir + "/c" + std::to_string(i) + ".numpy.npy");
+    EXPECT_TRUE(same_array(theirs, ours[i])) << "case " << i;
+  }
+}
+
+TEST(Npy, RejectsBrokenFiles) {
+  const std::string dir = testing::scratch_dir("gpt_npy_broken");
+  NpyArray a(NpyDType::kInt32, {100});
+  a.save(dir + "/good.npy");
+  const auto good_size = fs::file_size(dir + "/good.npy");
+  auto variant = [&](const std::string& name, auto edit) {
+    fs::copy_file(dir + "/good.npy", dir + "/" + name);
+    edit(dir + "/" + name);
+    EXPECT_THROW(NpyArray::load(dir + "/" + name), InvalidArgument) << name;
+  };
+  variant("truncated.npy", [&](const std::string& p) { fs::resize_file(p, good_size - 4); });
+  variant("header_only.npy", [&](const std::string& p) { fs::resize_file(p, 40); });
+  variant("longer.npy", [&](const std::string& p) { fs::resize_file(p, good_size + 4); });
+  variant("empty.npy", [&](const std::string& p) { fs::resize_file(p, 0); });
+  auto patch = [](const std::string& p, size_t at, const std::string& bytes) {
+    std::fstream f(p, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(at));
+    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  };
+  variant("magic.npy", [&](const std::string& p) { patch(p, 1, "X"); });
+  variant("float.npy", [&](const std::string& p) { patch(p, 20, "f4"); });  // '<i4' -> '<f4'
+  variant("fortran.npy", [&](const std::string& p) {
+    std::ifstream in(p, std::ios::binary);
+    std::string s((std::istreambuf_iterator<char>(in)), {});
+    const size_t at = s.find("False");
+    in.close();
+    patch(p, at, "True ");
+  });
+  EXPECT_NO_THROW(NpyArray::load(dir + "/good.npy"));
+}
+
+// ---- splits ----------------------------------------------------------------------------------
+
+TEST(Split, DocumentRangesMatchMegatron) {
+  const std::string dir = testing::scratch_dir("gpt_split");
+  const std::vector<std::string> splits = {"969,30,1",    "969, 30, 1", "99,1,0",   "1,1,1",
+                                           "0,1,0",       "90,5,5",     "1",        "2.5,0.5",
+                                           "0.5,.25,.25", "1,1",        "949,50,1", "98,2"};
+  const std::vector<int64_t> docs = {1, 2, 5, 17, 50, 999, 1000, 2001, 123457};
+  Json cases = Json::array();
+  for (size_t i = 0; i < splits.size(); ++i) {
+    for (size_t j = 0; j < docs.size(); ++j) {
+      cases.push_back({{"op", "split"},
+                       {"name", "s" + std::to_string(i) + "_" + std::to_string(j)},
+                       {"split", splits[i]},
+                       {"num_docs", docs[j]}});
+    }
+  }
+  run_oracle(cases, dir);
+  for (size_t i = 0; i < splits.size(); ++i) {
+    for (size_t j = 0; j < docs.size(); ++j) {
+      const Json want =
+          read_json(dir + "/s" + std::to_string(i) + "_" + std::to_string(j) + ".json");
+      const auto got = split_document_ranges(splits[i], docs[j]);
+      for (size_t k = 0; k < 3; ++k) {
+        const Json& w = want["ranges"][k];
+        ASSERT_EQ(got[k].has_value(), !w.is_null())
+            << splits[i] << " n=" << docs[j] << " split " << k;
+        if (!got[k]) continue;
+        EXPECT_EQ(got[k]->begin, w[0].get<int64_t>()) << splits[i] << " n=" << docs[j];
+        EXPECT_EQ(got[k]->end, w[1].get<int64_t>()) << splits[i] << " n=" << docs[j];
+      }
+    }
+  }
+}
+
+TEST(Split, BadSplitsNameTheFlag) {
+  for (const char* bad : {"1,2,3,4", "0,0,0", "abc", "1..2,1", ""}) {
+    expect_error_naming([&] { parse_split(bad); }, "--split");
+  }
+}
+
+// ---- GPT indices -----------------------------------------------------------------------------
+
+struct GPTCase {
+  const Corpus* corpus;
+  DocumentRange docs;
+  std::optional<int64_t> num_samples;
+  int64_t seq_length;
+  int64_t seed;
+  Split split;
+  bool drop_last = true;
+};
+
+TEST(GPTIndices, MatchOracleAndFetchMatchesTokenStream) {
+  const std::string dir = testing::scratch_dir("gpt_indices");
+  const Corpus a(300, 1, 200, 1), b(120, 0, 40, 2), c(40, 1, 5000, 3);
+  const std::vector<std::pair<const Corpus*, std::string>> corpora = {
+      {&a, "a"}, {&b, "b"}, {&c, "c"}};
+  std::map<const Corpus*, std::pair<std::string, std::string>> files;
+  for (const auto& [corpus, name] : corpora) files[corpus] = corpus->save(dir, name);
+
+  // Request counts around epoch boundaries: one epoch plus 2 samples (final epoch far below 80%:
+  // shuffled separately) and plus 90% of an epoch (not separate).
+  auto per_epoch = [](const Corpus& k, DocumentRange r, int64_t s) {
+    int64_t t = 0;
+    for (int64_t d = r.begin; d < r.end; ++d) t += k.lengths[static_cast<size_t>(d)];
+    return (t - 1) / s;
+  };
+  const DocumentRange a_train{0, 290}, a_small{290, 299};
+  std::vector<GPTCase> cases = {
+      {&a, a_train, 100, 16, 1234, Split::kTrain},
+      {&a, a_train, per_epoch(a, a_train, 16) + 2, 16, 1234, Split::kTrain},
+      {&a, a_train, per_epoch(a, a_train, 16) * 19 / 10, 16, 5, Split::kTrain},
+      {&a, a_train, per_epoch(a, a_train, 32) * 3 + 1, 32, 77, Split::kTrain},
+      {&a, a_small, 500, 64, 1234, Split::kValid},
+      {&a, {0, 300}, 0, 2, 1234, Split::kTrain},
+      {&a, {0, 300}, 1000, 31, 99, Split::kTest},
+      {&b, {0, 120}, std::nullopt, 8, 7, Split::kValid, false},
+      {&b, {10, 100}, 300, 8, 0, Split::kValid, false},
+      {&b, {0, 120}, 1000, 8, 3, Split::kTrain},
+      {&c, {0, 40}, 2000, 128, 4294967295LL, Split::kTrain},
+      {&c, {5, 6}, 100, 16, 1, Split::kTest},
+  };
+  Json spec = Json::array();
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const GPTCase& k = cases[i];
+    spec.push_back({{"op", "gpt"},
+                    {"name", "g" + std::to_string(i)},
+                    {"lengths", files[k.corpus].first},
+                    {"tokens", files[k.corpus].second},
+                    {"begin", k.docs.begin},
+                    {"end", k.docs.end},
+                    {"num_samples", k.num_samples ? Json(*k.num_samples) : Json(nullptr)},
+                    {"seq_length", k.seq_length},
+                    {"seed", k.seed},
+                    {"split", split_name(k.split)},
+                    {"drop_last_partial_validation_sequence", k.drop_last}});
+  }
+  run_oracle(spec, dir);
+
+  bool saw_separate = false, saw_joint_multi_epoch = false, saw_padding = false;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const GPTCase& k = cases[i];
+    const std::string base = dir + "/g" + std::to_string(i);
+    SCOPED_TRACE("case " + std::to_string(i));
+    const GPTIndexPlan plan =
+        plan_gpt_indices(k.corpus->lengths, k.docs, k.num_samples, k.seq_length, k.drop_last);
+    const Json facts = read_json(base + ".json");
+    EXPECT_EQ(plan.num_epochs, facts["num_epochs"].get<int64_t>());
+    EXPECT_EQ(plan.num_samples, facts["num_samples"].get<int64_t>());
+    EXPECT_EQ(plan.tokens_per_epoch, facts["tokens_per_epoch"].get<int64_t>());
+    EXPECT_EQ(plan.separate_final_epoch, facts["separate_final_epoch"].get<bool>());
+    saw_separate |= plan.separate_final_epoch;
+    saw_joint_multi_epoch |= plan.num_epochs > 1 && !plan.separate_final_epoch;
+
+    const GPTIndices ours = build_gpt_indices(k.corpus->lengths, k.docs, plan, k.seq_length,
+                                              static_cast<uint32_t>(k.seed));
+    EXPECT_TRUE(same_array(ours.document_index, NpyArray::load(base + ".document_index.npy")));
+    EXPECT_TRUE(same_array(ours.sample_index, NpyArray::load(base + ".sample_index.npy")));
+    EXPECT_TRUE(same_array(ours.shuffle_index, NpyArray::load(base + ".shuffle_index.npy")));
+    // What we build must pass the check a cache has to pass, or caches would never be reused.
+    EXPECT_EQ(check_gpt_indices(ours, k.corpus->lengths, k.docs), "");
+
+    const NpyArray want = NpyArray::load(base + ".samples.npy");
+    ASSERT_EQ(want.shape(), (std::vector<int64_t>{plan.num_samples, k.seq_length + 1}));
+    std::vector<int64_t> got(static_cast<size_t>(k.seq_length + 1));
+    for (int64_t s = 0; s < plan.num_samples; ++s) {
+      fetch_gpt_sample(ours, k.corpus->lengths, k.seq_length, -1, s, k.corpus->reader(),
+                       got.data());
+      for (int64_t t = 0; t <= k.seq_length; ++t) {
+        ASSERT_EQ(got[static_cast<size_t>(t)], want.get(s * (k.seq_length + 1) + t))
+            << "sample " << s << " token " << t;
+        saw_padding |= got[static_cast<size_t>(t)] == -1;
+      }
+    }
+  }
+  // The cases must cover both final-epoch rules and a padded partial sample.
+  EXPECT_TRUE(saw_separate);
+  EXPECT_TRUE(saw_joint_multi_epoch);
+  EXPECT_TRUE(saw_padding);
+}
+
+TEST(GPTIndices, WideDtypesHoldTheSameValues) {
+  // Past 2^31 document-index entries the sample index is int64, and past 2^32 - 2 samples the
+  // shuffle index is: too large to build here, so force the wide dtypes on a small plan and check
+  // they hold exactly what the narrow ones do (Megatron's two builds differ only in type).
+  const Corpus corpus(50, 1, 60, 41);
+  GPTIndexPlan plan = plan_gpt_indices(corpus.lengths, {0, 50}, 400, 16, true);
+  ASSERT_GT(plan.num_epochs, 1);
+  const GPTIndices narrow = build_gpt_indices(corpus.lengths, {0, 50}, plan, 16, 1234);
+  plan.sample_index_dtype = NpyDType::kInt64;
+  plan.shuffle_index_dtype = NpyDType::kInt64;
+  const GPTIndices wide = build_gpt_indices(corpus.lengths, {0, 50}, plan, 16, 1234);
+  ASSERT_EQ(wide.sample_index.dtype(), NpyDType::kInt64);
+  ASSERT_EQ(wide.shuffle_index.dtype(), NpyDType::kInt64);
+  ASSERT_EQ(wide.sample_index.numel(), narrow.sample_index.numel());
+  for (int64_t i = 0; i < wide.sample_index.numel(); ++i) {
+    ASSERT_EQ(wide.sample_index.get(i), narrow.sample_index.get(i)) << i;
+  }
+  for (int64_t i = 0; i < wide.shuffle_index.numel(); ++i) {
+    ASSERT_EQ(wide.shuffle_index.get(i), narrow.shuffle_index.get(i)) << i;
+  }
+  EXPECT_EQ(check_gpt_indices(wide, corpus.lengths, {0, 50}), "");
+}
+
+TEST(GPTIndices, TooFewTokensIsAnError) {
+  const std::vector<int32_t> lengths = {1, 0, 1};
+  EXPECT_THROW(plan_gpt_indices(lengths, {0, 2}, 10, 4, true), InvalidArgument);
+  EXPECT_THROW(plan_gpt_indices(lengths, {1, 1}, 10, 4, true), InvalidArgument);
+  EXPECT_NO_THROW(plan_gpt_indices(lengths, {0, 3}, 10, 4, true));
+}
+
+// ---- blending --------------------------------------------------------------------------------
+
+TEST(Blending, MatchesOracle) {
+  const std::string dir = testing::scratch_dir("gpt_blend");
+  const std::vector<std::vector<double>> weights = {
+      {0.3, 0.7},
+      {1, 2, 3},
+      {0.5, 0.25, 0.25},
+      {1, 1},
+      {1e-5, 1},
+      {0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.1},  // 10: NumPy's pairwise-sum branch
+      {3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8, 4}};
+  const std::vector<int64_t> sizes = {1, 1000, 12345};
+  Json spec = Json::array();
+  for (size_t i = 0; i < weights.size(); ++i) {
+    for (size_t j = 0; j < sizes.size(); ++j) {
+      spec.push_back({{"op", "blend"},
+                      {"name", "b" + std::to_string(i) + "_" + std::to_string(j)},
+                      {"weights", weights[i]},
+                      {"size", sizes[j]}});
+    }
+  }
+  run_oracle(spec, dir);
+  for (size_t i = 0; i < weights.size(); ++i) {
+    for (size_t j = 0; j < sizes.size(); ++j) {
+      const std::string base = dir + "/b" + std::to_string(i) + "_" + std::to_string(j);
+      SCOPED_TRACE(base);
+      const std::vector<double> w = normalize_weights(weights[i]);
+      const Json facts = read_json(base + ".json");
+      for (size_t k = 0; k < w.size(); ++k) {
+        EXPECT_EQ(w[k], facts["weights"][k].get<double>()) << "weight " << k;  // bit-exact
+      }
+      NpyArray di(NpyDType::kInt16, {sizes[j]}), dsi(NpyDType::kInt64, {sizes[j]});
+      build_blending_indices(w, di.mutable_values<int16_t>(), dsi.mutable_values<int64_t>());
+      EXPECT_TRUE(same_array(di, NpyArray::load(base + ".dataset_index.npy")));
+      EXPECT_TRUE(same_array(dsi, NpyArray::load(base + ".dataset_sample_index.npy")));
+    }
+  }
+}
+
+// ---- descriptions ----------------------------------------------------------------------------
+
+TEST(Descriptions, TextAndMd5MatchMegatron) {
+  const std::string dir = testing::scratch_dir("gpt_description");
+  const Json tokenizer = {
+      {"class", "megatron.core.tokenizers.text.text_tokenizer.MegatronTokenizerText"},
+      {"tokenizer_path", "gpt2"},
+      {"vocab_file", "data/gpt2-vocab.json"}};
+  struct Case {
+    std::string path;
+    std::optional<int64_t> num_samples;
+    Split split;
+    int64_t seed, seq;
+    std::optional<std::string> split_string;
+  };
+  const std::vector<Case> cases = {
+      {"data/my-gpt2_text_document", 3840000, Split::kTrain, 1234, 2048, "969, 30, 1"},
+      {"data/x", std::nullopt, Split::kValid, 0, 16, "99,1,0"},
+      {"data/x", 10, Split::kTest, 4294967295LL, 1, "0,1,0"},
+      {"data/caf\xc3\xa9", 10, Split::kTest, 7, 8, "1"},
+      {"data/y", 77, Split::kValid, 1, 512, std::nullopt},
+  };
+  Json spec = Json::array();
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    spec.push_back({{"op", "gpt_description"},
+                    {"name", "d" + std::to_string(i)},
+                    {"dataset_path", c.path},
+                    {"num_samples", c.num_samples ? Json(*c.num_samples) : Json(nullptr)},
+                    {"index_split", split_name(c.split)},
+                    {"seed", c.seed},
+                    {"seq_length", c.seq},
+                    {"split", c.split_string ? Json(*c.split_string) : Json(nullptr)},
+                    {"tokenizer", tokenizer}});
+  }
+  const std::vector<std::vector<double>> blend_weights = {
+      {0.1, 0.2, 0.7}, {1e-5, 1, 1}, {1, 1, 1}, {3, 0.25, 1e-3}};
+  for (size_t i = 0; i < blend_weights.size(); ++i) {
+    spec.push_back({{"op", "blended_description"},
+                    {"name", "bd" + std::to_string(i)},
+                    {"datasets", Json::array({{{"dataset_path", "p1"}, {"num_samples", 101}},
+                                              {{"dataset_path", "p2"}, {"num_samples", 57}},
+                                              {{"dataset_path", "p3"}, {"num_samples", 3}}})},
+                    {"index_split", "train"},
+                    {"seed", 1234},
+                    {"seq_length", 64},
+                    {"split", "969, 30, 1"},
+                    {"tokenizer", tokenizer},
+                    {"weights", blend_weights[i]},
+                    {"size", 1000}});
+  }
+  run_oracle(spec, dir);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    GPTDatasetConfig config;
+    config.random_seed = c.seed;
+    config.sequence_length = c.seq;
+    config.split = c.split_string;
+    config.tokenizer_json = tokenizer.dump();
+    const std::string ours = gpt_dataset_description(c.path, c.num_samples, c.split, config);
+    const Json want = read_json(dir + "/d" + std::to_string(i) + ".json");
+    EXPECT_EQ(ours, want["text"].get<std::string>());
+    EXPECT_EQ(md5_hex(ours), want["md5"].get<std::string>());
+  }
+  for (size_t i = 0; i < blend_weights.size(); ++i) {
+    GPTDatasetConfig config;
+    config.random_seed = 1234;
+    config.sequence_length = 64;
+    config.split = "969, 30, 1";
+    config.tokenizer_json = tokenizer.dump();
+    const std::vector<std::string> parts = {
+        gpt_dataset_description("p1", 101, Split::kTrain, config),
+        gpt_dataset_description("p2", 57, Split::kTrain, config),
+        gpt_dataset_description("p3", 3, Split::kTrain, config)};
+    const Json want = read_json(dir + "/bd" + std::to_string(i) + ".json");
+    const std::string ours = blended_dataset_description(parts, Split::kTrain,
+                                                         normalize_weights(blend_weights[i]), 1000);
+    EXPECT_EQ(ours, want["text"].get<std::string>());
+    EXPECT_EQ(md5_hex(ours), want["md5"].get<std::string>());
+  }
+}
+
+// ---- caches ----------------------------------------------------------------------------------
+
+TEST(IndexCache, ValidCacheIsReusedAndBrokenOnesAreRebuilt) {
+  const std::string dir = testing::scratch_dir("gpt_cache");
+  const Corpus corpus(200, 1, 100, 9);
+  GPTDatasetConfig config;
+  config.random_seed = 1234;
+  config.sequence_length = 16;
+  config.split = "969, 30, 1";
+  const DocumentRange docs{0, 194};
+  auto build = [&](const std::string& expect_in_log) {
+    ::testing::internal::CaptureStdout();
+    GPTIndices g =
+        load_or_build_gpt_indices(corpus.lengths, docs, 3000, Split::kTrain, "data/c", config, dir);
+    const std::string log = ::testing::internal::GetCapturedStdout();
+    EXPECT_NE(log.find(expect_in_log), std::string::npos) << log;
+    return g;
+  };
+  const GPTIndices first = build("Build and save the GPTDataset train indices");
+  EXPECT_FALSE(first.from_cache);
+  IndexCache cache(dir, "GPTDataset", "train",
+                   gpt_dataset_description("data/c", 3000, Split::kTrain, config));
+  const std::string doc_path = cache.path("document_index.npy");
+  const std::string sample_path = cache.path("sample_index.npy");
+  const std::string shuffle_path = cache.path("shuffle_index.npy");
+  const std::string desc_path = cache.path("description.txt");
+  for (const auto& p : {doc_path, sample_path, shuffle_path, desc_path})
+    ASSERT_TRUE(fs::exists(p)) << p;
+  EXPECT_EQ(fs::path(doc_path).filename().string(),
+            md5_hex(cache.description()) + "-GPTDataset-train-document_index.npy");
+
+  // A valid cache is reused and not rewritten.
+  const auto mtime = fs::last_write_time(sample_path);
+  const GPTIndices again = build("Load the GPTDataset train indices");
+  EXPECT_TRUE(again.from_cache);
+  EXPECT_EQ(fs::last_write_time(sample_path), mtime);
+  auto same_as_first = [&](const GPTIndices& g) {
+    EXPECT_TRUE(same_array(g.document_index, first.document_index));
+    EXPECT_TRUE(same_array(g.sample_index, first.sample_index));
+    EXPECT_TRUE(same_array(g.shuffle_index, first.shuffle_index));
+  };
+  same_as_first(again);
+
+  // Each way of breaking it is noticed, rebuilt, and the rebuilt cache is then reused.
+  auto breaks = [&](const std::string& what, auto damage) {
+    SCOPED_TRACE(what);
+    damage();
+    const GPTIndices rebuilt = build("rebuilding the cached GPTDataset train indices");
+    EXPECT_FALSE(rebuilt.from_cache);
+    same_as_first(rebuilt);
+    EXPECT_TRUE(build("Load the GPTDataset train indices").from_cache);
+  };
+  breaks("truncated sample index",
+         [&] { fs::resize_file(sample_path, fs::file_size(sample_path) / 2); });
+  breaks("garbage shuffle index", [&] { std::ofstream(shuffle_path) << "not a numpy file"; });
+  breaks("document index of the wrong shape",
+         [&] { NpyArray(NpyDType::kInt32, {5}).save(doc_path); });
+  breaks("shuffle index out of range", [&] {
+    NpyArray bad(NpyDType::kUInt32, first.shuffle_index.shape());
+    for (auto& v : bad.mutable_values<uint32_t>()) v = 4000000000u;
+    bad.save(shuffle_path);
+  });
+  breaks("sample index rows out of order", [&] {
+    NpyArray bad(first.sample_index.dtype(), first.sample_index.shape());
+    auto v = bad.mutable_values<int32_t>();
+    std::ranges::copy(first.sample_index.values<int32_t>(), v.begin());
+    std::swap(v[10], v[20]);
+    bad.save(sample_path);
+  });
+  breaks("sample index of the wrong dtype", [&] {
+    NpyArray bad(NpyDType::kInt64, first.sample_index.shape());
+    bad.save(sample_path);
+  });
+  breaks("missing array", [&] { fs::remove(doc_path); });
+  breaks("description mismatch", [&] { std::ofstream(desc_path) << "{}"; });
+  // A crash between the arrays and the description leaves arrays without the commit marker.
+  breaks("half-written (no description)", [&] { fs::remove(desc_path); });
+
+  // A different configuration is a different cache, beside this one.
+  config.random_seed = 4321;
+  const GPTIndices other = build("Build and save the GPTDataset train indices");
+  EXPECT_FALSE(other.from_cache);
+  EXPECT_TRUE(fs::exists(desc_path));
+}
+
+TEST(IndexCache, BlendedCacheIsReusedAndRebuilt) {
+  const std::string dir = testing::scratch_dir("gpt_blend_cache");
+  const std::vector<std::string> descriptions = {"{\"a\": 1}", "{\"b\": 2}"};
+  const std::vector<int64_t> sizes = {400, 800};
+  const std::vector<double> weights = {1, 2};
+  auto build = [&] {
+    return load_or_build_blending_indices(descriptions, sizes, weights, 1000, Split::kTrain, dir,
+                                          false);
+  };
+  const BlendedIndices first = build();
+  EXPECT_FALSE(first.from_cache);
+  const BlendedIndices again = build();
+  EXPECT_TRUE(again.from_cache);
+  EXPECT_TRUE(same_array(again.dataset_sample_index, first.dataset_sample_index));
+  IndexCache cache(
+      dir, "BlendedDataset", "train",
+      blended_dataset_description(descriptions, Split::kTrain, normalize_weights(weights), 1000));
+  const std::string path = cache.path("dataset_sample_index.npy");
+  ASSERT_TRUE(fs::exists(path));
+  fs::resize_file(path, fs::file_size(path) - 8);
+  EXPECT_FALSE(build().from_cache);
+  NpyArray bad(NpyDType::kInt64, {1000});  // right shape, but not the running counts
+  bad.save(path);
+  EXPECT_FALSE(build().from_cache);
+  EXPECT_TRUE(build().from_cache);
+  // A blend that draws more from a dataset than it holds is an error naming the fix.
+  const std::vector<int64_t> small = {400, 10};
+  expect_error_naming(
+      [&] {
+        load_or_build_blending_indices(descriptions, small, weights, 1000, Split::kTrain, "",
+                                       false);
+      },
+      "--mid-level-dataset-surplus");
+}
+
+// ---- the builder, end to end, on real indexed datasets --------------------------------------
+
+// Writes corpus as an indexed dataset at `prefix` (one sequence per document).
+void write_indexed(const Corpus& corpus, const std::string& prefix) {
+  IndexedDatasetBuilder builder(prefix + ".bin", IndexDType::kUInt16);
+  for (size_t d = 0; d < corpus.lengths.size(); ++d) {
+    builder.add_item(std::span<const int64_t>(corpus.tokens.data() + corpus.starts[d],
+                                              static_cast<size_t>(corpus.lengths[d])));
+    builder.end_document();
+  }
+  builder.finalize(prefix + ".idx");
+}
+
+void expect_samples(const SampleSource* got, const std::string& want_path) {
+  if (!fs::exists(want_path)) {
+    EXPECT_EQ(got, nullptr) << want_path;
+    return;
+  }
+  ASSERT_NE(got, nullptr) << want_path;
+  const NpyArray want = NpyArray::load(want_path);
+  ASSERT_EQ(want.shape()[0], got->size()) << want_path;
+  const int64_t width = got->seq_length() + 1;
+  ASSERT_EQ(want.shape()[1], width);
+  std::vector<int64_t> s(static_cast<size_t>(width));
+  for (int64_t i = 0; i < got->size(); ++i) {
+    got->sample(i, s.data());
+    for (int64_t t = 0; t < width; ++t) {
+      ASSERT_EQ(s[static_cast<size_t>(t)], want.get(i * width + t))
+          << want_path << " sample " << i << " token " << t;
+    }
+  }
+}
+
+TEST(BuildGPTDatasets, SinglePrefixAndBlendsMatchOracle) {
+  const std::string dir = testing::scratch_dir("gpt_build");
+  const Corpus c0(400, 1, 300, 11), c1(150, 5, 90, 12), c2(60, 1, 2000, 13);
+  const std::vector<const Corpus*> corpora = {&c0, &c1, &c2};
+  Json sources = Json::array();
+  std::vector<std::string> prefixes;
+  for (size_t i = 0; i < corpora.size(); ++i) {
+    prefixes.push_back(dir + "/corpus" + std::to_string(i) + "_text_document");
+    write_indexed(*corpora[i], prefixes.back());
+    const auto [l, t] = corpora[i]->save(dir, "corpus" + std::to_string(i));
+    sources.push_back({{"lengths", l}, {"tokens", t}});
+  }
+  const int64_t seq = 32, seed = 1234;
+  const std::array<int64_t, 3> counts = megatron_split_num_samples(50, 16, 20, 2);
+  EXPECT_EQ(counts, (std::array<int64_t, 3>{800, 96, 32}));
+
+  struct Run {
+    std::string name;
+    std::vector<std::string> data_path;
+    Json weights;  // for the oracle
+    std::optional<std::string> split;
+    std::array<int64_t, 3> counts;
+  };
+  const std::vector<Run> runs = {
+      // One prefix, Megatron's legacy default split, default cache dir; 3 epochs of valid.
+      {"single", {prefixes[0]}, nullptr, std::nullopt, counts},
+      // Weighted blend of three, as one flag value.
+      {"weighted",
+       {"0.3 " + prefixes[0] + " 0.5 " + prefixes[1] + " 0.2 " + prefixes[2]},
+       Json::array({0.3, 0.5, 0.2}),
+       "90,8,2",
+       {1500, 200, 100}},
+      // Weighted blend of two, as separate tokens; the train part of c2 is taken ~7 times.
+      {"weighted2",
+       {"1", prefixes[1], "3", prefixes[2]},
+       Json::array({1, 3}),
+       "98,2",
+       {3000, 50, 40}},
+      // Unweighted: weights from dataset sizes, one epoch of each.
+      {"unweighted", {prefixes[0], prefixes[1]}, nullptr, "80,10,10", {500, 50, 50}},
+  };
+  Json spec = Json::array();
+  for (const Run& r : runs) {
+    spec.push_back({{"op", "e2e"},
+                    {"name", r.name},
+                    {"sources", r.name == "single"       ? Json::array({sources[0]})
+                                : r.name == "weighted2"  ? Json::array({sources[1], sources[2]})
+                                : r.name == "unweighted" ? Json::array({sources[0], sources[1]})
+                                                         : sources},
+                    {"weights", r.weights},
+                    {"split", r.split ? Json(*r.split) : Json(nullptr)},
+                    {"num_samples", r.counts},
+                    {"seq_length", seq},
+                    {"seed", seed},
+                    {"surplus", 0.005}});
+  }
+  run_oracle(spec, dir);
+
+  for (const Run& r : runs) {
+    SCOPED_TRACE(r.name);
+    GPTDataArgs args;
+    args.data_path = r.data_path;
+    args.num_samples = r.counts;
+    args.config.sequence_length = seq;
+    args.config.random_seed = seed;
+    args.config.split = r.split;
+    args.config.log = r.name == "weighted";
+    if (r.name != "single") args.config.path_to_cache = dir + "/cache_" + r.name;
+    GPTDatasets ds = build_gpt_datasets(args);
+    expect_samples(ds.train.get(), dir + "/" + r.name + ".train.samples.npy");
+    expect_samples(ds.valid.get(), dir + "/" + r.name + ".valid.samples.npy");
+    expect_samples(ds.test.get(), dir + "/" + r.name + ".test.samples.npy");
+    if (r.name == "single") {
+      // No --data-cache-path: Megatron's default, the prefix used as a directory.
+      EXPECT_TRUE(fs::is_directory(prefixes[0] + "/cache/GPTDataset_indices"));
+      auto* train = dynamic_cast<GPTDataset*>(ds.train.get());
+      ASSERT_NE(train, nullptr);
+      EXPECT_FALSE(train->indices().from_cache);
+    }
+    // A second build of the same run loads every index from the caches.
+    GPTDatasets again = build_gpt_datasets(args);
+    for (SampleSource* s : {again.train.get(), again.valid.get(), again.test.get()}) {
+      if (auto* g = dynamic_cast<GPTDataset*>(s)) {
+        EXPECT_TRUE(g->indices().from_cache);
+      }
+      if (auto* b = dynamic_cast<BlendedDataset*>(s)) {
+        EXPECT_TRUE(b->indices().from_cache);
+        for (const auto& part : b->datasets()) EXPECT_TRUE(part->indices().from_cache);
+      }
+    }
+    expect_samples(again.train.get(), dir + "/" + r.name + ".train.samples.npy");
+  }
+}
+
+TEST(BuildGPTDatasets, PerSplitPathsMatchOracle) {
+  const std::string dir = testing::scratch_dir("gpt_build_per_split");
+  const Corpus c0(100, 1, 300, 21), c1(80, 1, 100, 22), c2(30, 1, 50, 23);
+  const std::vector<const Corpus*> corpora = {&c0, &c1, &c2};
+  Json sources = Json::array();
+  std::vector<std::string> prefixes;
+  for (size_t i = 0; i < corpora.size(); ++i) {
+    prefixes.push_back(dir + "/p" + std::to_string(i));
+    write_indexed(*corpora[i], prefixes.back());
+    const auto [l, t] = corpora[i]->save(dir, "p" + std::to_string(i));
+    sources.push_back({{"lengths", l}, {"tokens", t}});
+  }
+  const std::array<int64_t, 3> counts = {700, 64, 0};
+  Json per_split = Json::array({{{"sources", {0, 1}}, {"weights", {2, 1}}},
+                                {{"sources", {2}}, {"weights", nullptr}},
+                                nullptr});
+  run_oracle(Json::array({{{"op", "e2e"},
+                           {"name", "ps"},
+                           {"sources", sources},
+                           {"per_split", per_split},
+                           {"weights", nullptr},
+                           {"split", nullptr},
+                           {"num_samples", counts},
+                           {"seq_length", 24},
+                           {"seed", 5},
+                           {"surplus", 0.005}}}),
+             dir);
+  GPTDataArgs args;
+  args.train_data_path = {"2", prefixes[0], "1", prefixes[1]};
+  args.valid_data_path = {prefixes[2]};
+  args.test_data_path = {prefixes[0]};  // asked for 0 samples: left out
+  args.num_samples = counts;
+  args.config.sequence_length = 24;
+  args.config.random_seed = 5;
+  args.config.path_to_cache = dir + "/cache";
+  args.config.log = false;
+  GPTDatasets ds = build_gpt_datasets(args);
+  expect_samples(ds.train.get(), dir + "/ps.train.samples.npy");
+  expect_samples(ds.valid.get(), dir + "/ps.valid.samples.npy");
+  EXPECT_EQ(ds.test, nullptr);
+}
+
+TEST(BuildGPTDatasets, BadFlagsNameTheFlag) {
+  const std::string dir = testing::scratch_dir("gpt_build_errors");
+  const Corpus c(50, 1, 100, 31);
+  write_indexed(c, dir + "/p");
+  auto fails_naming = [&](GPTDataArgs args, const std::string& flag) {
+    args.config.sequence_length = 8;
+    args.config.log = false;
+    args.config.path_to_cache = dir + "/cache";
+    args.num_samples = {10, 10, 10};
+    expect_error_naming([&] { build_gpt_datasets(args); }, flag);
+  };
+  GPTDataArgs a;
+  fails_naming(a, "--data-path");
+  a.data_path = {"0.5 " + dir + "/p x " + dir + "/p"};
+  fails_naming(a, "--data-path");
+  a.data_path = {"-1 " + dir + "/p"};
+  fails_naming(a, "--data-path");
+  a.data_path = {dir + "/p"};
+  a.config.split = "1,2,3,4";
+  fails_naming(a, "--split");
+  a.config.split = std::nullopt;
+  a.config.random_seed = -1;
+  fails_naming(a, "--seed");
+  GPTDataArgs b;
+  b.data_path = {dir + "/p"};
+  b.train_data_path = {dir + "/p"};
+  fails_naming(b, "--train/valid/test-data-path");
+  GPTDataArgs d;
+  d.train_data_path = {dir + "/p"};
+  d.config.split = "1,1,1";
+  fails_naming(d, "--split");
+  // A split without documents (50 documents, test share 0.1%) is left out, not an error.
+  GPTDataArgs ok;
+  ok.data_path = {dir + "/p"};
+  ok.num_samples = {10, 10, 10};
+  ok.config.sequence_length = 8;
+  ok.config.log = false;
+  ok.config.path_to_cache = dir + "/cache";
+  GPTDatasets ds = build_gpt_datasets(ok);
+  EXPECT_NE(ds.train, nullptr);
+  EXPECT_NE(ds.valid, nullptr);
+  EXPECT_EQ(ds.test, nullptr);
+}
+
+}  // namespace
+}  // namespace megatron

