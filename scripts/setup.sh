@@ -11,6 +11,7 @@ PACKAGES=(
   nlohmann-json3-dev               # JSON: configs, safetensors headers, tokenizer files
   libpcre2-dev                     # GPT-2 / tiktoken pre-tokenizer regex (UTF + UCP)
   libsentencepiece-dev             # SentencePiece tokenizer
+  sentencepiece                    # spm_train/spm_encode: the SentencePiece parity oracle in tests
   libssl-dev                       # MD5 for Megatron-compatible dataset index cache names
   nodejs                           # independent tokenizer oracle and data packages from npm
   libgtest-dev libgmock-dev        # unit tests

@@ -5,13 +5,16 @@
 namespace megatron {
 
 BatchPrefetcher::BatchPrefetcher(const SampleSource& data, const BatchOptions& options,
-                                 int64_t micro_batch_size, int64_t first_sample, int64_t depth)
+                                 int64_t micro_batch_size, int64_t consumed_samples, int64_t depth,
+                                 int64_t dp_rank, int64_t dp_size)
     : data_(data),
       options_(options),
       b_(micro_batch_size),
-      next_sample_(first_sample),
+      stride_(micro_batch_size * dp_size),
+      next_sample_(consumed_samples + dp_rank * micro_batch_size),
       depth_(depth),
-      produced_sample_(first_sample) {
+      produced_sample_(next_sample_) {
+  MEGATRON_ASSERT(dp_rank >= 0 && dp_rank < dp_size, "data-parallel rank out of range");
   if (depth_ > 0) worker_ = std::thread([this] { run(); });
 }
 
@@ -44,7 +47,7 @@ void BatchPrefetcher::run() {
       GPTBatch batch = make_batch(data_, first, b_, options_);
       std::lock_guard<std::mutex> lock(mu_);
       ready_.push_back(std::move(batch));
-      produced_sample_ = first + b_;
+      produced_sample_ = first + stride_;
     } catch (...) {
       std::lock_guard<std::mutex> lock(mu_);
       error_ = std::current_exception();
@@ -58,7 +61,7 @@ void BatchPrefetcher::run() {
 GPTBatch BatchPrefetcher::next() {
   if (depth_ == 0) {
     GPTBatch batch = make_batch(data_, next_sample_, b_, options_);
-    next_sample_ += b_;
+    next_sample_ += stride_;
     return batch;
   }
   std::unique_lock<std::mutex> lock(mu_);
@@ -68,7 +71,7 @@ GPTBatch BatchPrefetcher::next() {
                  " samples; a batch starting at sample ", next_sample_, " was requested");
   GPTBatch batch = std::move(ready_.front());
   ready_.pop_front();
-  next_sample_ += b_;
+  next_sample_ += stride_;
   cv_.notify_all();
   return batch;
 }

@@ -1,9 +1,12 @@
 // BatchPrefetcher: builds the training micro-batches ahead of time on a background thread
 // (--num-workers > 0), in order, so reading and masking data overlaps the model's compute.
 //
-// The k-th call to next() returns the micro-batch of samples [first + k * b, first + (k + 1) * b),
-// exactly what the synchronous path would build: prefetching never changes the data. An error in
-// the background thread is rethrown by next().
+// Sampling is Megatron's MegatronPretrainingSampler: from `consumed` samples on, each group of
+// b x dp_size consecutive sample ids is one micro-step, and data-parallel rank r takes ids
+// [r b, (r + 1) b) of it. So the k-th call to next() returns samples
+// [consumed + (k dp_size + r) b, consumed + (k dp_size + r + 1) b), exactly what the synchronous
+// path builds (prefetching never changes the data), and a run resumed from `consumed` continues
+// with the same samples. An error in the background thread is rethrown by next().
 #pragma once
 
 #include <condition_variable>
@@ -20,7 +23,8 @@ class BatchPrefetcher {
  public:
   // depth: batches prepared ahead (0: build each batch inside next()).
   BatchPrefetcher(const SampleSource& data, const BatchOptions& options, int64_t micro_batch_size,
-                  int64_t first_sample, int64_t depth);
+                  int64_t consumed_samples, int64_t depth, int64_t dp_rank = 0,
+                  int64_t dp_size = 1);
   ~BatchPrefetcher();
   BatchPrefetcher(const BatchPrefetcher&) = delete;
   BatchPrefetcher& operator=(const BatchPrefetcher&) = delete;
@@ -32,7 +36,7 @@ class BatchPrefetcher {
 
   const SampleSource& data_;
   BatchOptions options_;
-  int64_t b_, next_sample_, depth_;
+  int64_t b_, stride_, next_sample_, depth_;
   int64_t produced_sample_;  // next sample the background thread will read
   std::mutex mu_;
   std::condition_variable cv_;
