@@ -114,6 +114,11 @@ HfModelInfo read_hf_config(const std::string& dir) {
     MEGATRON_CHECK(act == "silu", file, ": hidden_act '", act, "' is not supported (silu)");
     MEGATRON_CHECK(!j.contains("rope_scaling") || j["rope_scaling"].is_null(), file,
                    ": rope_scaling is not supported yet; only plain RoPE models load");
+    MEGATRON_CHECK(!j.contains("sliding_window") || j["sliding_window"].is_null() ||
+                       !get_or<bool>(j, "use_sliding_window", model_type == "mistral", file),
+                   file,
+                   ": sliding-window attention is not supported; only full causal "
+                   "attention models load");
     c.normalization = Normalization::kRMSNorm;
     c.swiglu = true;
     c.position_embedding = PositionEmbedding::kRope;
@@ -130,7 +135,9 @@ HfModelInfo read_hf_config(const std::string& dir) {
     MEGATRON_CHECK(false, file, ": model_type '", model_type,
                    "' is not supported; supported: gpt2, llama (also mistral, qwen2 layouts)");
   }
-  info.dtype = dtype_from_torch(get_or<std::string>(j, "torch_dtype", "float32", file), file);
+  // Newer transformers write "dtype"; older ones "torch_dtype".
+  const std::string dtype_key = j.contains("torch_dtype") ? "torch_dtype" : "dtype";
+  info.dtype = dtype_from_torch(get_or<std::string>(j, dtype_key, "float32", file), file);
   c.seq_length = c.max_position_embeddings;
   return info;
 }

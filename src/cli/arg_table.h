@@ -6,8 +6,6 @@
 #include <functional>
 #include <string>
 #include <vector>
-#include <string>
-#include <vector>
 
 #include <CLI/CLI.hpp>
 

@@ -93,7 +93,8 @@ void register_train_args(ArgTable& t, Arguments& a) {
          "Restart position ids after each end of document");
   t.flag("--reset-attention-mask", a.reset_attention_mask,
          "Attention does not cross end of document");
-  t.add("--num-workers", a.num_workers, "Background threads preparing batches (0: none)");
+  t.add("--num-workers", a.num_workers,
+        "Micro-batches prepared ahead on a background thread (0: prepared in the training loop)");
   t.add("--eval-interval", a.eval_interval, "Iterations between validation runs");
   t.add("--eval-iters", a.eval_iters,
         "Iterations (global batches) per validation run; 0: no evaluation");
@@ -176,9 +177,9 @@ void resolve_vocab_size(Arguments& a, const ArgTable& t) {
   if (a.tokenizer_type == "NullTokenizer") return;  // its vocabulary is --vocab-size
   const int64_t tok_vocab = build_tokenizer(tokenizer_args(a))->vocab_size();
   if (!a.pretrained_checkpoint.empty()) {
-    MEGATRON_CHECK(tok_vocab <= a.vocab_size, "the tokenizer has ", tok_vocab,
-                   " tokens but ", a.pretrained_checkpoint, "/config.json has vocab_size ",
-                   a.vocab_size, "; use the checkpoint's tokenizer");
+    MEGATRON_CHECK(tok_vocab <= a.vocab_size, "the tokenizer has ", tok_vocab, " tokens but ",
+                   a.pretrained_checkpoint, "/config.json has vocab_size ", a.vocab_size,
+                   "; use the checkpoint's tokenizer");
     return;
   }
   MEGATRON_CHECK(!t.given("--vocab-size") || a.vocab_size == tok_vocab, "--vocab-size ",
@@ -209,12 +210,18 @@ void merge_pretrained_config(Arguments& a, const ArgTable& t) {
         c.num_query_groups ? c.num_query_groups : c.num_attention_heads);
     a.group_query_attention = true;
   }
-  if (c.kv_channels) set("--kv-channels", a.kv_channels, c.kv_channels);
+  // HF's head dimension is head_dim when given, else hidden / heads.
+  const int64_t head_dim =
+      c.kv_channels ? c.kv_channels
+                    : (c.num_attention_heads ? c.hidden_size / c.num_attention_heads : 0);
+  set("--kv-channels", a.kv_channels, head_dim);
   set("--max-position-embeddings", a.max_position_embeddings, c.max_position_embeddings);
   set("--position-embedding-type", a.position_embedding_type,
       std::string(c.position_embedding == PositionEmbedding::kRope ? "rope" : "learned_absolute"));
-  if (c.position_embedding == PositionEmbedding::kRope)
+  if (c.position_embedding == PositionEmbedding::kRope) {
     set("--rotary-base", a.rotary_base, c.rotary_base);
+    set("--rotary-percent", a.rotary_percent, 1.0);  // HF Llama rotates the whole head
+  }
   set("--normalization", a.normalization,
       std::string(c.normalization == Normalization::kRMSNorm ? "RMSNorm" : "LayerNorm"));
   set("--norm-epsilon", a.norm_epsilon, c.norm_epsilon);

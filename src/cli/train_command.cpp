@@ -14,9 +14,13 @@ int train_command(int argc, char** argv) {
   ArgTable table(app);
   register_train_args(table, args);
   if (int rc = parse(app, argc, argv); rc >= 0) return rc;
-  // Validate before merging so errors name what the user typed, then again after.
   merge_pretrained_config(args, table);
   validate_train_args(args);
+  const bool per_split = !args.train_data_path.empty() || !args.valid_data_path.empty() ||
+                         !args.test_data_path.empty();
+  MEGATRON_CHECK(!(table.given("--split") && per_split),
+                 "--split applies to --data-path only; with --train-data-path/--valid-data-path/"
+                 "--test-data-path each split has its own data: drop --split");
   resolve_vocab_size(args, table);
   // Model-shape errors (heads not dividing hidden, sequence beyond positions, ...) surface here,
   // before the argument dump, as Megatron's argument validation does.

@@ -18,7 +18,14 @@ namespace megatron {
 
 // Megatron's dtype codes in the .idx header.
 enum class IndexDType : uint8_t {
-  kUInt8 = 1, kInt8 = 2, kInt16 = 3, kInt32 = 4, kInt64 = 5, kFloat64 = 6, kFloat32 = 7, kUInt16 = 8
+  kUInt8 = 1,
+  kInt8 = 2,
+  kInt16 = 3,
+  kInt32 = 4,
+  kInt64 = 5,
+  kFloat64 = 6,
+  kFloat32 = 7,
+  kUInt16 = 8
 };
 size_t index_dtype_size(IndexDType t);
 // uint16 when the vocabulary has fewer than 65500 ids, else int32 (what Megatron's writer picks).

@@ -11,8 +11,7 @@ namespace {
 constexpr int64_t kMaxDocLength = 4096;
 }
 
-MockGPTDataset::MockGPTDataset(int64_t num_samples, int64_t seq_length, int64_t eod,
-                               uint64_t seed)
+MockGPTDataset::MockGPTDataset(int64_t num_samples, int64_t seq_length, int64_t eod, uint64_t seed)
     : num_samples_(num_samples), seq_length_(seq_length), eod_(eod) {
   MEGATRON_CHECK(eod >= 1, "mock data needs a vocabulary of at least 2 tokens");
   const int64_t stream_end = num_samples * seq_length + 1;

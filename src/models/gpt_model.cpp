@@ -90,8 +90,11 @@ Tensor GPTModel::forward_logits(const Tensor& tokens, const Tensor& positions, C
   ctx.emb_stream = mode.site_stream(-1, 0);
   if (ctx.emb_dropout > 0) ops::dropout_forward(x, x, ctx.emb_dropout, ctx.seed, ctx.emb_stream);
 
+  // RoPE always rotates by the position in the sequence, 0..s-1: Megatron-core computes the
+  // rotary embedding from the sequence length and ignores --reset-position-ids for it (those
+  // reset the learned absolute embeddings only). Attention across documents is governed by
+  // doc_start (--reset-attention-mask) instead.
   TokenLayout layout;
-  if (cfg_.position_embedding == PositionEmbedding::kRope) layout.positions = ctx.positions;
   layout.doc_start = doc_start;
   Tensor hidden = decoder->forward(x.view({s, b, h}), layout, ctx.decoder, mode);
 

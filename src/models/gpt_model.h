@@ -29,6 +29,9 @@ class GPTModel {
   };
 
   explicit GPTModel(const TransformerConfig& cfg);
+  // Layers hold references to cfg_ and ParamSets hold pointers to the Params: never move or copy.
+  GPTModel(const GPTModel&) = delete;
+  GPTModel& operator=(const GPTModel&) = delete;
 
   // tokens, labels: [b, s] i64; positions: [b, s] i64 or undefined (0..s-1); doc_start: [b, s]
   // i32 document starts for --reset-attention-mask, or undefined. Returns the per-token loss

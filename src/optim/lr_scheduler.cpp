@@ -30,18 +30,18 @@ WsdDecayStyle parse_wsd_decay_style(const std::string& s) {
 
 double LrSchedule::lr_at(int64_t samples) const {
   const double n = static_cast<double>(samples);
-  if (warmup_samples > 0 && samples <= warmup_samples) {
-    return warmup_init + (max_lr - warmup_init) * n / static_cast<double>(warmup_samples);
+  if (warmup_samples > 0 && n <= warmup_samples) {
+    return warmup_init + (max_lr - warmup_init) * n / warmup_samples;
   }
   if (style == LrDecayStyle::kConstant) return max_lr;
   if (samples > decay_samples) return min_lr;
   if (style == LrDecayStyle::kInverseSquareRoot) {
-    const double w = static_cast<double>(std::max<int64_t>(warmup_samples, 1));
+    const double w = std::max(warmup_samples, 1.0);
     const double lr = max_lr * std::sqrt(w) / std::sqrt(std::max(n, 1.0));
     return std::max(min_lr, lr);
   }
-  const double decay_ratio = (n - static_cast<double>(warmup_samples)) /
-                             static_cast<double>(decay_samples - warmup_samples);
+  const double decay_ratio =
+      (n - warmup_samples) / (static_cast<double>(decay_samples) - warmup_samples);
   double coeff = 1.0;
   switch (style) {
     case LrDecayStyle::kLinear:

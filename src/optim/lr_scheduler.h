@@ -18,10 +18,10 @@ LrDecayStyle parse_lr_decay_style(const std::string& s);    // error names --lr-
 WsdDecayStyle parse_wsd_decay_style(const std::string& s);  // error names --lr-wsd-decay-style
 
 struct LrSchedule {
-  double max_lr = 0;       // --lr
-  double min_lr = 0;       // --min-lr
-  double warmup_init = 0;  // --lr-warmup-init
-  int64_t warmup_samples = 0;
+  double max_lr = 0;          // --lr
+  double min_lr = 0;          // --min-lr
+  double warmup_init = 0;     // --lr-warmup-init
+  double warmup_samples = 0;  // fractional with --lr-warmup-fraction, as in Megatron
   int64_t decay_samples = 0;
   int64_t wsd_decay_samples = 0;
   LrDecayStyle style = LrDecayStyle::kLinear;

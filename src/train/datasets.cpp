@@ -46,8 +46,9 @@ Datasets build_datasets(const Arguments& a, const Tokenizer& tokenizer, int64_t 
   g.config.tokenizer_json = nlohmann::json(tokenizer.identity()).dump();
   g.config.path_to_cache = a.data_cache_path;
   GPTDatasets built = build_gpt_datasets(g);
-  MEGATRON_CHECK(built.train != nullptr, "no training data: the training split of --data-path is "
-                                         "empty; check --split or --train-data-path");
+  MEGATRON_CHECK(built.train != nullptr,
+                 "no training data: the training split of --data-path is "
+                 "empty; check --split or --train-data-path");
   d.train = std::move(built.train);
   d.valid = std::move(built.valid);
   d.test = std::move(built.test);

@@ -71,9 +71,8 @@ Trainer::Trainer(const Arguments& args) : args_(args) {
   schedule_.decay_samples = decay_iters * gbs;
   schedule_.warmup_samples =
       args_.lr_warmup_fraction >= 0
-          ? static_cast<int64_t>(args_.lr_warmup_fraction *
-                                 static_cast<double>(schedule_.decay_samples))
-          : args_.lr_warmup_iters * gbs;
+          ? args_.lr_warmup_fraction * static_cast<double>(schedule_.decay_samples)
+          : static_cast<double>(args_.lr_warmup_iters * gbs);
   schedule_.wsd_decay_samples = args_.lr_wsd_decay_iters * gbs;
 
   batch_options_.eod = tokenizer_->eod();
@@ -81,6 +80,18 @@ Trainer::Trainer(const Arguments& args) : args_(args) {
   batch_options_.reset_position_ids = args_.reset_position_ids;
   batch_options_.reset_attention_mask = args_.reset_attention_mask;
   data_ = build_datasets(args_, *tokenizer_, cfg_.seq_length);
+  // Every sample the run will read must exist now, not hours in, at the last evaluation.
+  const SampleCounts need = sample_counts(args_);
+  MEGATRON_CHECK(data_.train->size() >= need.train, "the training data has ", data_.train->size(),
+                 " samples; --train-iters x --global-batch-size needs ", need.train);
+  if (args_.eval_iters > 0) {
+    MEGATRON_CHECK(!data_.valid || data_.valid->size() >= need.valid, "the validation data has ",
+                   data_.valid ? data_.valid->size() : 0, " samples; evaluation needs ", need.valid,
+                   " ((--train-iters / --eval-interval + 1) x --eval-iters x "
+                   "--global-batch-size)");
+    MEGATRON_CHECK(!data_.test || data_.test->size() >= need.test, "the test data has ",
+                   data_.test ? data_.test->size() : 0, " samples; evaluation needs ", need.test);
+  }
 
   if (!args_.tensorboard_dir.empty()) {
     tensorboard_ = std::make_unique<TensorBoardWriter>(args_.tensorboard_dir);
@@ -106,14 +117,17 @@ Trainer::~Trainer() = default;
 Trainer::StepResult Trainer::train_step(int64_t iteration, double lr) {
   StepResult r;
   params_->zero_grads();
+  double loss_sum = 0, token_count = 0;
   for (int64_t mb = 0; mb < num_microbatches_; ++mb) {
     GPTBatch batch = prefetcher_->next();
     ForwardMode mode{true, static_cast<uint64_t>(args_.seed),
                      static_cast<uint64_t>(iteration * num_microbatches_ + mb)};
     GPTModel::Ctx ctx;
-    Tensor loss = model_->forward(batch.tokens, batch.labels, batch.positions, ctx, mode,
-                                  batch.doc_start);
-    // Megatron's loss: masked mean over this micro-batch, averaged over micro-batches.
+    Tensor loss =
+        model_->forward(batch.tokens, batch.labels, batch.positions, ctx, mode, batch.doc_start);
+    // Megatron's objective: the masked mean over this micro-batch divided by the number of
+    // micro-batches. The reported loss is token-weighted over the whole global batch
+    // (sum of masked losses / masked tokens), as Megatron's train_step reduces it.
     const float* lp = loss.data<float>();
     const float* mp = batch.loss_mask.data<float>();
     double sum = 0, count = 0;
@@ -121,12 +135,14 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, double lr) {
       sum += static_cast<double>(lp[i]) * mp[i];
       count += mp[i];
     }
+    loss_sum += sum;
+    token_count += count;
     count = std::max(count, 1.0);
-    r.loss += sum / count / static_cast<double>(num_microbatches_);
     Tensor dloss = batch.loss_mask;
     ops::scale_inplace(dloss, 1.0 / (count * static_cast<double>(num_microbatches_)));
     model_->backward(dloss, ctx);
   }
+  r.loss = loss_sum / std::max(token_count, 1.0);
   if (args_.check_for_nan_in_loss_and_grad) {
     // A diverged run is a runtime failure (exit 1), not bad input.
     if (!std::isfinite(r.loss)) {
@@ -173,7 +189,7 @@ void Trainer::evaluate_and_print(const std::string& prefix, const SampleSource& 
                                  int64_t* consumed, int64_t iteration) {
   const double loss = evaluate(data, consumed);
   const double ppl = std::exp(std::min(20.0, loss));
-  validation_losses_.push_back(loss);
+  eval_losses_.push_back(loss);
   const std::string line =
       strprintf(" validation loss at %s | lm loss value: %.6E | lm loss PPL: %.6E | ",
                 prefix.c_str(), loss, ppl);
@@ -184,9 +200,9 @@ void Trainer::evaluate_and_print(const std::string& prefix, const SampleSource& 
   if (tensorboard_) {
     tensorboard_->add_scalars({{"lm loss validation", loss}, {"lm loss validation ppl", ppl}},
                               iteration);
-    tensorboard_->add_scalars({{"lm loss validation vs samples", loss},
-                               {"lm loss validation ppl vs samples", ppl}},
-                              iteration * args_.global_batch_size);
+    tensorboard_->add_scalars(
+        {{"lm loss validation vs samples", loss}, {"lm loss validation ppl vs samples", ppl}},
+        iteration * args_.global_batch_size);
     tensorboard_->flush();
   }
 }

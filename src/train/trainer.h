@@ -35,9 +35,10 @@ class Trainer {
   // Runs args.train_iters iterations, with evaluation.
   void train();
 
-  // Mean training loss of each iteration run so far, and every validation loss (for tests).
+  // Training loss of each iteration run so far, and every evaluation loss, validation and test,
+  // in the order printed (for tests).
   const std::vector<double>& losses() const { return losses_; }
-  const std::vector<double>& validation_losses() const { return validation_losses_; }
+  const std::vector<double>& eval_losses() const { return eval_losses_; }
   GPTModel& model() { return *model_; }
   ParamSet& params() { return *params_; }
 
@@ -65,7 +66,7 @@ class Trainer {
   int64_t num_microbatches_ = 1;
   int64_t consumed_valid_ = 0, consumed_test_ = 0;
   double peak_gflops_ = 0;
-  std::vector<double> losses_, validation_losses_;
+  std::vector<double> losses_, eval_losses_;
 };
 
 // The tokenizer arguments of a run.

@@ -23,7 +23,7 @@ class SelfAttention {
     Tensor out;  // [s, b, np, hn]
     Tensor lse;  // [b, np, s]
     Tensor positions;
-    Tensor doc_start;  // keeps spec.doc_start alive until backward
+    Tensor doc_start;         // keeps spec.doc_start alive until backward
     ops::AttentionSpec spec;  // as run in forward, including the dropout RNG coordinates
   };
 

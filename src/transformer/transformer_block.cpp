@@ -20,8 +20,7 @@ Tensor TransformerBlock::forward(const Tensor& x, const TokenLayout& layout, Ctx
                                  const ForwardMode& mode) const {
   ctx.layers.resize(layers.size());
   Tensor h = x;
-  for (size_t i = 0; i < layers.size(); ++i)
-    h = layers[i]->forward(h, layout, ctx.layers[i], mode);
+  for (size_t i = 0; i < layers.size(); ++i) h = layers[i]->forward(h, layout, ctx.layers[i], mode);
   return final_layernorm.forward(h, ctx.final_norm);
 }
 

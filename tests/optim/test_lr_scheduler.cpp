@@ -40,6 +40,15 @@ TEST(LrSchedule, LinearCosineConstantAfterWarmup) {
   EXPECT_DOUBLE_EQ(make(LrDecayStyle::kCosine).lr_at(2000), 0.1);
 }
 
+TEST(LrSchedule, FractionalWarmupAsMegatron) {
+  // --lr-warmup-fraction 0.13 of 20 samples: warm-up ends at 2.6 samples, not at 2.
+  LrSchedule s = make(LrDecayStyle::kLinear);
+  s.decay_samples = 20;
+  s.warmup_samples = 0.13 * 20;
+  EXPECT_DOUBLE_EQ(s.lr_at(2), 1.0 * 2 / 2.6);
+  EXPECT_DOUBLE_EQ(s.lr_at(4), 0.1 + (1 - (4 - 2.6) / (20 - 2.6)) * 0.9);
+}
+
 TEST(LrSchedule, InverseSquareRoot) {
   LrSchedule s = make(LrDecayStyle::kInverseSquareRoot);
   EXPECT_DOUBLE_EQ(s.lr_at(400), 1.0 * std::sqrt(100.0) / std::sqrt(400.0));

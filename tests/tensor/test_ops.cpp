@@ -7,6 +7,7 @@
 // Finite differences with step 1e-6 in fp64 are accurate to about 1e-8 on these smooth
 // functions; we allow 1e-6.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <functional>
@@ -88,6 +89,41 @@ TEST(Matmul, Bf16InputsAccumulateInF32) {
 TEST(Matmul, RejectsMismatchedInnerDims) {
   Tensor a = Tensor::zeros({3, 4}), b = Tensor::zeros({5, 6}), c = Tensor::zeros({3, 6});
   EXPECT_THROW(ops::matmul(c, a, false, b, false), InvalidArgument);
+}
+
+TEST(Elementwise, AddBiasAndScaleMatchReference) {
+  // Exact in f32: each output element is one rounded add or multiply, computed the same way.
+  Tensor a = random_tensor({7, 67}, 40), b = random_tensor({7, 67}, 41),
+         bias = random_tensor({67}, 42);
+  Tensor out = Tensor::empty(a.shape());
+  ops::add(out, a, b);
+  Tensor acc = a.clone();
+  ops::add_inplace(acc, b);
+  Tensor biased = a.clone();
+  ops::bias_add(biased, bias);
+  Tensor scaled = a.clone();
+  ops::scale_inplace(scaled, 0.5);
+  for (int64_t r = 0; r < 7; ++r) {
+    for (int64_t j = 0; j < 67; ++j) {
+      const int64_t i = r * 67 + j;
+      const float x = a.data<float>()[i], y = b.data<float>()[i];
+      ASSERT_EQ(out.data<float>()[i], x + y);
+      ASSERT_EQ(acc.data<float>()[i], x + y);
+      ASSERT_EQ(biased.data<float>()[i], x + bias.data<float>()[j]);
+      ASSERT_EQ(scaled.data<float>()[i], x * 0.5f);
+    }
+  }
+  // bias_backward sums over rows (here 3 x 7 = 21) and accumulates; 67 columns cross its
+  // 64-column chunks. Against the fp64 column sums: 21 f32 additions, relative error < 1e-6.
+  Tensor dy = random_tensor({3, 7, 67}, 43);
+  Tensor db = Tensor::full({67}, 1.0);
+  ops::bias_backward(db, dy);
+  Tensor want = Tensor::full({67}, 1.0, DType::kF64);
+  for (int64_t r = 0; r < 21; ++r)
+    for (int64_t j = 0; j < 67; ++j) want.data<double>()[j] += dy.item(r * 67 + j);
+  EXPECT_TRUE(allclose(db, want, 1e-6, 1e-6));
+  Tensor wrong = Tensor::zeros({66});
+  EXPECT_THROW(ops::bias_add(a, wrong), InvalidArgument);
 }
 
 TEST(Gelu, ExactAndTanhForwardBackward) {
@@ -270,7 +306,8 @@ TEST_P(AttentionTest, ForwardBackwardMatchReferenceAndFiniteDifferences) {
 }
 
 TEST(Attention, DocumentBoundariesMatchReferenceAndFiniteDifferences) {
-  // Two sequences with documents [0, 3), [3, 7) and [0, 5), [5, 6), [6, 7) (--reset-attention-mask).
+  // Two sequences with documents [0, 3), [3, 7) and [0, 5), [5, 6), [6, 7)
+  // (--reset-attention-mask).
   const int64_t s = 7, b = 2, ng = 1, qpg = 2, hn = 3;
   std::vector<int32_t> starts = {0, 0, 0, 3, 3, 3, 3, 0, 0, 0, 0, 0, 5, 6};
   ops::AttentionSpec spec{ng, qpg, 0.6f, true, 0.0f, 0, 0};
@@ -284,7 +321,8 @@ TEST(Attention, DocumentBoundariesMatchReferenceAndFiniteDifferences) {
   ops::attention_backward(dqkv, dout, qkv, out, lse, spec);
   Tensor want_d = ref::attention_backward(f64(dout), f64(qkv), spec);
   EXPECT_TRUE(allclose(dqkv, want_d, kF32Atol * 5, kF32Rtol));
-  Tensor fd = fd_grad([&](const Tensor& v) { return ref::attention(v, spec); }, f64(qkv), f64(dout));
+  Tensor fd =
+      fd_grad([&](const Tensor& v) { return ref::attention(v, spec); }, f64(qkv), f64(dout));
   EXPECT_TRUE(allclose(want_d, fd, kFdTol, kFdTol));
   // The first token of a document sees only itself: its output is its own value vector.
   const int64_t t = 3, bb = 0;  // token 3 of sequence 0 starts a document
@@ -362,10 +400,17 @@ TEST(Dropout, MaskIsDeterministicScaledAndReproducedInBackward) {
 }
 
 TEST(SumSquares, IndependentOfThreadsAndExact) {
-  Tensor x = random_tensor({10007}, 27);
+  Tensor x = random_tensor({100007}, 27);
   double want = 0;
   for (int64_t i = 0; i < x.numel(); ++i) want += x.item(i) * x.item(i);
-  EXPECT_NEAR(ops::sum_squares(x), want, 1e-9 * want);
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  const double one = ops::sum_squares(x);
+  omp_set_num_threads(3);
+  const double three = ops::sum_squares(x);
+  omp_set_num_threads(threads);
+  EXPECT_EQ(one, three);  // bit-identical: fixed chunks summed in order
+  EXPECT_NEAR(one, want, 1e-9 * want);
 }
 
 TEST(Bf16, ConversionRoundsToNearestEven) {

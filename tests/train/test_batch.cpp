@@ -11,7 +11,10 @@
 namespace megatron {
 namespace {
 
-// Sample i is seq_length + 1 consecutive ids of an arithmetic stream, with EOD (= 0) every 5th.
+// Sample i is seq_length + 1 consecutive ids of an arithmetic stream, with EOD (= 7, not 0, so a
+// confusion of EOD with the zero id shows) at every 5th position.
+constexpr int64_t kEod = 7;
+
 class StreamSource : public SampleSource {
  public:
   StreamSource(int64_t n, int64_t s) : n_(n), s_(s) {}
@@ -20,7 +23,7 @@ class StreamSource : public SampleSource {
   void sample(int64_t index, int64_t* out) const override {
     for (int64_t t = 0; t <= s_; ++t) {
       const int64_t pos = index * s_ + t;
-      out[t] = pos % 5 == 4 ? 0 : 100 + pos;
+      out[t] = pos % 5 == 4 ? kEod : 100 + pos;
     }
   }
 
@@ -30,10 +33,10 @@ class StreamSource : public SampleSource {
 
 TEST(GPTBatch, MasksAndPositionsFollowMegatron) {
   StreamSource src(4, 8);
-  BatchOptions opt{0, true, true, true};
+  BatchOptions opt{kEod, true, true, true};
   GPTBatch b = make_batch(src, 1, 1, opt);
   // Sample 1 covers stream positions 8..16: EOD at 9 and 14 (inputs t = 1 and 6).
-  const int64_t want_tokens[] = {108, 0, 110, 111, 112, 113, 0, 115};
+  const int64_t want_tokens[] = {108, kEod, 110, 111, 112, 113, kEod, 115};
   const int64_t want_pos[] = {0, 1, 0, 1, 2, 3, 4, 0};    // restart after each EOD
   const int32_t want_start[] = {0, 0, 2, 2, 2, 2, 2, 7};  // the EOD ends its document
   const float want_mask[] = {1, 0, 1, 1, 1, 1, 0, 1};     // no loss on EOD inputs
@@ -44,7 +47,7 @@ TEST(GPTBatch, MasksAndPositionsFollowMegatron) {
     EXPECT_EQ(b.doc_start.data<int32_t>()[t], want_start[t]) << t;
     EXPECT_EQ(b.loss_mask.data<float>()[t], want_mask[t]) << t;
   }
-  GPTBatch plain = make_batch(src, 1, 1, BatchOptions{0, false, false, false});
+  GPTBatch plain = make_batch(src, 1, 1, BatchOptions{kEod, false, false, false});
   EXPECT_FALSE(plain.doc_start.defined());
   for (int64_t t = 0; t < 8; ++t) {
     EXPECT_EQ(plain.positions.data<int64_t>()[t], t);
@@ -52,27 +55,39 @@ TEST(GPTBatch, MasksAndPositionsFollowMegatron) {
   }
 }
 
-std::vector<int64_t> first_tokens(BatchPrefetcher& p, int n) {
+// Every token of the next n micro-batches, flattened.
+std::vector<int64_t> all_tokens(BatchPrefetcher& p, int n) {
   std::vector<int64_t> out;
-  for (int i = 0; i < n; ++i) out.push_back(p.next().tokens.data<int64_t>()[0]);
+  for (int i = 0; i < n; ++i) {
+    GPTBatch b = p.next();
+    out.insert(out.end(), b.tokens.data<int64_t>(), b.tokens.data<int64_t>() + b.tokens.numel());
+  }
+  return out;
+}
+
+// The tokens of samples [first, first + count) as a micro-batch holds them.
+std::vector<int64_t> tokens_of(const SampleSource& src, int64_t first, int64_t count) {
+  std::vector<int64_t> out, buf(static_cast<size_t>(src.seq_length() + 1));
+  for (int64_t i = first; i < first + count; ++i) {
+    src.sample(i, buf.data());
+    out.insert(out.end(), buf.begin(), buf.end() - 1);
+  }
   return out;
 }
 
 TEST(BatchPrefetcher, PrefetchingAndShardingKeepMegatronsSampleOrder) {
   StreamSource src(64, 3);
-  BatchOptions opt{0, false, false, false};
+  BatchOptions opt{kEod, false, false, false};
   BatchPrefetcher sync(src, opt, 2, 4, 0), ahead(src, opt, 2, 4, 3);
-  EXPECT_EQ(first_tokens(sync, 10), first_tokens(ahead, 10));
+  const std::vector<int64_t> got = all_tokens(sync, 10);
+  EXPECT_EQ(got, all_tokens(ahead, 10));
+  EXPECT_EQ(got, tokens_of(src, 4, 20));  // resumed at 4 consumed samples, in order
   // dp = 2, micro-batch 2, resuming from 4 consumed samples: rank 0 takes samples 4-5, 8-9, ...;
   // rank 1 takes 6-7, 10-11, ...
   BatchPrefetcher r0(src, opt, 2, 4, 2, 0, 2), r1(src, opt, 2, 4, 2, 1, 2);
   for (int k = 0; k < 5; ++k) {
-    GPTBatch a = r0.next(), b = r1.next();
-    std::vector<int64_t> buf(4);
-    src.sample(4 + 4 * k, buf.data());
-    EXPECT_EQ(a.tokens.data<int64_t>()[0], buf[0]);
-    src.sample(4 + 4 * k + 2, buf.data());
-    EXPECT_EQ(b.tokens.data<int64_t>()[0], buf[0]);
+    EXPECT_EQ(all_tokens(r0, 1), tokens_of(src, 4 + 4 * k, 2)) << "rank 0, micro-batch " << k;
+    EXPECT_EQ(all_tokens(r1, 1), tokens_of(src, 4 + 4 * k + 2, 2)) << "rank 1, micro-batch " << k;
   }
 }
 

@@ -265,10 +265,9 @@ Tensor attention(const Tensor& qkv, const ops::AttentionSpec& spec) {
       probs(hv, spec, bb, h, pm, keep);
       for (int64_t i = 0; i < hv.s; ++i)
         for (int64_t j = 0; j < hv.s; ++j)
-          for (int64_t c = 0; c < hv.hn; ++c)
-            W(out)
-            [((i * hv.b + bb) * hv.np + h) * hv.hn + c] +=
-                pm[i * hv.s + j] * keep[i * hv.s + j] * hv.v(j, bb, h)[c];
+          for (int64_t c = 0; c < hv.hn; ++c) W(out)
+      [((i * hv.b + bb) * hv.np + h) * hv.hn + c] +=
+          pm[i * hv.s + j] * keep[i * hv.s + j] * hv.v(j, bb, h)[c];
     }
   return out;
 }
@@ -331,10 +330,9 @@ Tensor cross_entropy_backward(const Tensor& dloss, const Tensor& logits, const T
     double mx = -std::numeric_limits<double>::infinity(), z = 0;
     for (int64_t j = 0; j < vocab_size; ++j) mx = std::max(mx, row[j]);
     for (int64_t j = 0; j < vocab_size; ++j) z += std::exp(row[j] - mx);
-    for (int64_t j = 0; j < vocab_size; ++j)
-      W(d)
-      [r * vp + j] =
-          P(dloss)[r] * (std::exp(row[j] - mx) / z - (j == targets.data<int64_t>()[r] ? 1.0 : 0.0));
+    for (int64_t j = 0; j < vocab_size; ++j) W(d)
+    [r * vp + j] =
+        P(dloss)[r] * (std::exp(row[j] - mx) / z - (j == targets.data<int64_t>()[r] ? 1.0 : 0.0));
   }
   return d;
 }

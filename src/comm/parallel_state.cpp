@@ -1,0 +1,73 @@
+#include "comm/parallel_state.h"
+
+#include <utility>
+
+#include "core/error.h"
+
+namespace megatron {
+
+ParallelGrid make_parallel_grid(int world_size, const ParallelConfig& config) {
+  const int tp = config.tensor_model_parallel_size, pp = config.pipeline_model_parallel_size;
+  const int cp = config.context_parallel_size, ep = config.expert_model_parallel_size;
+  MEGATRON_CHECK(world_size >= 1, "the world has ", world_size, " processes");
+  MEGATRON_CHECK(tp >= 1, "--tensor-model-parallel-size must be >= 1, got ", tp);
+  MEGATRON_CHECK(pp >= 1, "--pipeline-model-parallel-size must be >= 1, got ", pp);
+  MEGATRON_CHECK(cp >= 1, "--context-parallel-size must be >= 1, got ", cp);
+  MEGATRON_CHECK(ep == 1, "--expert-model-parallel-size ", ep,
+                 " is not supported yet (no mixture-of-experts layers); use 1");
+  const int64_t model_size = static_cast<int64_t>(tp) * pp * cp;
+  // Megatron's wording ("world size (W) is not divisible by total_model_size (M)"), then how the
+  // number came about and what to change.
+  MEGATRON_CHECK(world_size % model_size == 0, "world size (", world_size,
+                 ") is not divisible by total_model_size (", model_size,
+                 ") = --tensor-model-parallel-size (", tp, ") x --pipeline-model-parallel-size (",
+                 pp, ") x --context-parallel-size (", cp, "); launch a multiple of ", model_size,
+                 " processes (e.g. mpirun -np ", model_size,
+                 ") or choose sizes whose product divides ", world_size);
+  ParallelGrid grid;
+  grid.tp = tp;
+  grid.cp = cp;
+  grid.ep = ep;
+  grid.pp = pp;
+  grid.dp = static_cast<int>(world_size / model_size);
+  return grid;
+}
+
+namespace {
+int world_size_of(const std::shared_ptr<ProcessGroup>& world) {
+  MEGATRON_CHECK(world != nullptr, "ParallelState: the world group is null");
+  return world->size();
+}
+}  // namespace
+
+ParallelState::ParallelState(std::shared_ptr<ProcessGroup> world, const ParallelConfig& config)
+    : grid_(make_parallel_grid(world_size_of(world), config)), world_(std::move(world)) {
+  RankGenerator gen(grid_);
+  // Every rank splits in the same order, so the collective splits pair up.
+  tp_ = world_->split(gen.get_ranks("tp"));
+  pp_ = world_->split(gen.get_ranks("pp"));
+  dp_ = world_->split(gen.get_ranks("dp"));
+  cp_ = world_->split(gen.get_ranks("cp"));
+  dp_cp_ = world_->split(gen.get_ranks("dp-cp"));
+  mp_ = world_->split(gen.get_ranks("tp-pp"));
+  embedding_ = world_->split(embedding_rank_groups(gen.get_ranks("pp")));
+  // Each of these lists partitions the world, so this rank is in one group of each.
+  MEGATRON_ASSERT(tp_ && pp_ && dp_ && cp_ && dp_cp_ && mp_);
+}
+
+ProcessGroup& ParallelState::embedding_group() const {
+  MEGATRON_CHECK(embedding_ != nullptr, "rank ", rank(), " is pipeline stage ", pp_rank(), " of ",
+                 pp_size(),
+                 ": only the first and last stage are in an embedding group (check "
+                 "in_embedding_group() first)");
+  return *embedding_;
+}
+
+std::string ParallelState::str() const {
+  return detail::concat("world ", world_size(), " = tensor-model-parallel ", tp_size(),
+                        " x context-parallel ", cp_size(), " x data-parallel ", dp_size(),
+                        " x pipeline-model-parallel ", pp_size(), "; rank ", rank(), ": tp ",
+                        tp_rank(), ", cp ", cp_rank(), ", dp ", dp_rank(), ", pp ", pp_rank());
+}
+
+}  // namespace megatron

@@ -1,0 +1,262 @@
+#include "comm/process_group.h"
+
+#include <cstring>
+#include <functional>
+#include <utility>
+
+#include "core/error.h"
+
+namespace megatron {
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kMax:
+      return "max";
+  }
+  return "?";
+}
+
+// ---- Work ---------------------------------------------------------------------------------------
+
+Work& Work::operator=(Work&& other) noexcept {
+  if (this != &other) {
+    wait();
+    impl_ = std::move(other.impl_);
+  }
+  return *this;
+}
+
+Work::~Work() {
+  if (impl_) impl_->wait();
+}
+
+void Work::wait() {
+  if (!impl_) return;
+  impl_->wait();
+  impl_.reset();
+}
+
+bool Work::is_completed() {
+  if (!impl_) return true;
+  if (!impl_->test()) return false;
+  wait();
+  return true;
+}
+
+namespace {
+
+// An operation followed by a step that finishes its output once the transfer is done (copying an
+// f32 accumulator back into a bf16 tensor).
+class ThenWork final : public Work::Impl {
+ public:
+  ThenWork(Work inner, std::function<void()> then)
+      : inner_(std::move(inner)), then_(std::move(then)) {}
+  void wait() override {
+    inner_.wait();
+    if (then_) {
+      std::function<void()> f = std::move(then_);
+      then_ = nullptr;
+      f();
+    }
+  }
+  bool test() override { return inner_.is_completed(); }
+
+ private:
+  Work inner_;
+  std::function<void()> then_;
+};
+
+Work then(Work inner, std::function<void()> f) {
+  return Work(std::make_unique<ThenWork>(std::move(inner), std::move(f)));
+}
+
+// bf16 and f16 are reduced through an f32 accumulator.
+bool reduces_through_f32(DType t) {
+  return t == DType::kBF16 || t == DType::kF16;
+}
+
+// The size-1 case of the gathering collectives: the output is the input.
+void copy_if_distinct(Tensor& out, const Tensor& in) {
+  if (out.raw() != in.raw()) std::memmove(out.raw(), in.raw(), in.nbytes());
+}
+
+void check_same_dtype(const char* op, const Tensor& out, const Tensor& in) {
+  MEGATRON_CHECK(out.dtype() == in.dtype(), op, ": output ", out.str(), " and input ", in.str(),
+                 " must have the same dtype");
+}
+
+void check_defined(const char* op, const Tensor& t) {
+  MEGATRON_CHECK(t.defined(), op, ": the tensor is undefined (allocate it first)");
+}
+
+}  // namespace
+
+// ---- ProcessGroup -------------------------------------------------------------------------------
+
+ProcessGroup::ProcessGroup(int rank, std::vector<int> global_ranks)
+    : rank_(rank), global_ranks_(std::move(global_ranks)) {
+  MEGATRON_ASSERT(0 <= rank_ && rank_ < size(), "rank ", rank_, " of a group of ", size());
+}
+
+Work ProcessGroup::reduce(Tensor& t, ReduceOp op, bool async) {
+  check_defined("all_reduce", t);
+  if (size() == 1) return Work();
+  if (reduces_through_f32(t.dtype())) {
+    Tensor acc = t.to(DType::kF32);
+    Work w = do_all_reduce(acc, op, async);
+    return then(std::move(w), [target = t, acc]() mutable { target.copy_from(acc); });
+  }
+  return do_all_reduce(t, op, async);
+}
+
+Work ProcessGroup::reduce_scatter_impl(Tensor& out, const Tensor& in, ReduceOp op, bool async) {
+  check_defined("reduce_scatter", out);
+  check_defined("reduce_scatter", in);
+  check_same_dtype("reduce_scatter", out, in);
+  MEGATRON_CHECK(in.numel() == out.numel() * size(), "reduce_scatter: the input ", in.str(),
+                 " must hold group size (", size(), ") x output ", out.str(), " = ",
+                 out.numel() * size(), " elements");
+  if (size() == 1) {
+    copy_if_distinct(out, in);
+    return Work();
+  }
+  if (reduces_through_f32(in.dtype())) {
+    Tensor in32 = in.to(DType::kF32);
+    Tensor out32 = Tensor::empty(Shape{out.numel()}, DType::kF32);
+    Work w = do_reduce_scatter(out32, in32, op, async);
+    return then(std::move(w), [target = out, out32]() mutable { target.copy_from(out32); });
+  }
+  return do_reduce_scatter(out, in, op, async);
+}
+
+Work ProcessGroup::all_gather_impl(Tensor& out, const Tensor& in, bool async) {
+  check_defined("all_gather", out);
+  check_defined("all_gather", in);
+  check_same_dtype("all_gather", out, in);
+  MEGATRON_CHECK(out.numel() == in.numel() * size(), "all_gather: the output ", out.str(),
+                 " must hold group size (", size(), ") x input ", in.str(), " = ",
+                 in.numel() * size(), " elements");
+  if (size() == 1) {
+    copy_if_distinct(out, in);
+    return Work();
+  }
+  return do_all_gather(out, in, async);
+}
+
+Work ProcessGroup::broadcast_impl(Tensor& t, int root, bool async) {
+  check_defined("broadcast", t);
+  MEGATRON_CHECK(0 <= root && root < size(), "broadcast: root ", root,
+                 " is not a rank of this group of ", size());
+  if (size() == 1) return Work();
+  return do_broadcast(t, root, async);
+}
+
+Work ProcessGroup::all_to_all_impl(Tensor& out, const Tensor& in, bool async) {
+  check_defined("all_to_all", out);
+  check_defined("all_to_all", in);
+  check_same_dtype("all_to_all", out, in);
+  MEGATRON_CHECK(out.numel() == in.numel() && in.numel() % size() == 0, "all_to_all: input ",
+                 in.str(), " and output ", out.str(),
+                 " must have the same number of elements, divisible by the group size (", size(),
+                 ")");
+  if (size() == 1) {
+    copy_if_distinct(out, in);
+    return Work();
+  }
+  return do_all_to_all(out, in, async);
+}
+
+Work ProcessGroup::send_impl(const Tensor& t, int dst, int tag, bool async) {
+  check_defined("send", t);
+  MEGATRON_CHECK(0 <= dst && dst < size() && dst != rank(), "send: destination ", dst,
+                 " must be another rank of this group of ", size(), " (this is rank ", rank(), ")");
+  MEGATRON_CHECK(tag >= 0, "send: tag must be >= 0, got ", tag);
+  return do_send(t, dst, tag, async);
+}
+
+Work ProcessGroup::recv_impl(Tensor& t, int src, int tag, bool async) {
+  check_defined("recv", t);
+  MEGATRON_CHECK(0 <= src && src < size() && src != rank(), "recv: source ", src,
+                 " must be another rank of this group of ", size(), " (this is rank ", rank(), ")");
+  MEGATRON_CHECK(tag >= 0, "recv: tag must be >= 0, got ", tag);
+  return do_recv(t, src, tag, async);
+}
+
+void ProcessGroup::all_reduce(Tensor& t, ReduceOp op) {
+  reduce(t, op, false).wait();
+}
+void ProcessGroup::reduce_scatter(Tensor& out, const Tensor& in, ReduceOp op) {
+  reduce_scatter_impl(out, in, op, false).wait();
+}
+void ProcessGroup::all_gather(Tensor& out, const Tensor& in) {
+  all_gather_impl(out, in, false).wait();
+}
+void ProcessGroup::broadcast(Tensor& t, int root) {
+  broadcast_impl(t, root, false).wait();
+}
+void ProcessGroup::all_to_all(Tensor& out, const Tensor& in) {
+  all_to_all_impl(out, in, false).wait();
+}
+void ProcessGroup::send(const Tensor& t, int dst, int tag) {
+  send_impl(t, dst, tag, false).wait();
+}
+void ProcessGroup::recv(Tensor& t, int src, int tag) {
+  recv_impl(t, src, tag, false).wait();
+}
+void ProcessGroup::barrier() {
+  if (size() > 1) do_barrier(false).wait();
+}
+
+Work ProcessGroup::all_reduce_async(Tensor& t, ReduceOp op) {
+  return reduce(t, op, true);
+}
+Work ProcessGroup::reduce_scatter_async(Tensor& out, const Tensor& in, ReduceOp op) {
+  return reduce_scatter_impl(out, in, op, true);
+}
+Work ProcessGroup::all_gather_async(Tensor& out, const Tensor& in) {
+  return all_gather_impl(out, in, true);
+}
+Work ProcessGroup::broadcast_async(Tensor& t, int root) {
+  return broadcast_impl(t, root, true);
+}
+Work ProcessGroup::all_to_all_async(Tensor& out, const Tensor& in) {
+  return all_to_all_impl(out, in, true);
+}
+Work ProcessGroup::send_async(const Tensor& t, int dst, int tag) {
+  return send_impl(t, dst, tag, true);
+}
+Work ProcessGroup::recv_async(Tensor& t, int src, int tag) {
+  return recv_impl(t, src, tag, true);
+}
+Work ProcessGroup::barrier_async() {
+  return size() > 1 ? do_barrier(true) : Work();
+}
+
+std::shared_ptr<ProcessGroup> ProcessGroup::split(const RankGroups& groups) {
+  // Every member validates the same lists, so a bad list fails on every rank before any of them
+  // enters the collective.
+  std::vector<int> seen(size(), 0);
+  int color = -1, key = -1;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    MEGATRON_CHECK(!groups[g].empty(), "split: group ", g, " is empty");
+    for (size_t k = 0; k < groups[g].size(); ++k) {
+      int r = groups[g][k];
+      MEGATRON_CHECK(0 <= r && r < size(), "split: rank ", r, " in group ", g,
+                     " is not a rank of this group of ", size());
+      MEGATRON_CHECK(seen[r]++ == 0, "split: rank ", r, " appears in more than one group");
+      if (r == rank_) {
+        color = static_cast<int>(g);
+        key = static_cast<int>(k);
+      }
+    }
+  }
+  std::vector<int> members;
+  if (color >= 0) {
+    for (int r : groups[color]) members.push_back(global_ranks_[r]);
+  }
+  return do_split(color, key, std::move(members));
+}
+
+}  // namespace megatron
