@@ -5,6 +5,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -382,6 +383,31 @@ std::string default_gpt_cache_dir(const std::string& dataset_path) {
   return (std::filesystem::path(dataset_path) / "cache" / "GPTDataset_indices").string();
 }
 
+namespace {
+// A structurally valid cache can still be stale: the dataset was preprocessed again under the same
+// prefix with the same document count. The sample index is a pure function of the document index
+// and the current sequence lengths, so recompute it (O(samples)) and require equality; and the
+// shuffle index must be a permutation.
+std::string check_against_data(const GPTIndices& loaded, std::span<const int32_t> sequence_lengths,
+                               int64_t seq_length) {
+  const NpyArray expected =
+      build_sample_index(sequence_lengths, loaded.document_index, loaded.plan, seq_length);
+  if (expected.nbytes() != loaded.sample_index.nbytes() ||
+      std::memcmp(expected.data(), loaded.sample_index.data(), expected.nbytes()) != 0) {
+    return "sample index does not match the dataset's current sequence lengths (stale cache)";
+  }
+  std::vector<bool> seen(static_cast<size_t>(loaded.shuffle_index.numel()), false);
+  for (int64_t i = 0; i < loaded.shuffle_index.numel(); ++i) {
+    const int64_t v = loaded.shuffle_index.get(i);
+    if (seen[static_cast<size_t>(v)]) {
+      return "shuffle index repeats sample " + std::to_string(v);
+    }
+    seen[static_cast<size_t>(v)] = true;
+  }
+  return "";
+}
+}  // namespace
+
 GPTIndices load_or_build_gpt_indices(std::span<const int32_t> sequence_lengths,
                                      DocumentRange documents, std::optional<int64_t> num_samples,
                                      Split split, const std::string& dataset_path,
@@ -408,6 +434,7 @@ GPTIndices load_or_build_gpt_indices(std::span<const int32_t> sequence_lengths,
       loaded.plan = plan;
       loaded.from_cache = true;
       why = check_gpt_indices(loaded, sequence_lengths, documents);
+      if (why.empty()) why = check_against_data(loaded, sequence_lengths, config.sequence_length);
       if (why.empty()) {
         log("Load the GPTDataset " + name + " indices");
         for (std::string_view suffix : kGPTSuffixes) {

@@ -1,11 +1,15 @@
 // SentencePieceTokenizer, GPTSentencePieceTokenizer and Llama2Tokenizer: a SentencePiece
 // `tokenizer.model` run through libsentencepiece.
 //
-// Current Megatron builds all three names the same way (the sentencepiece library, non-legacy):
-// encode = the model's ids for the text with no BOS/EOS added, decode = the model's detokenizer,
-// vocab_size = the model's piece count, EOD = the model's eos id. Invalid UTF-8 is replaced by
-// U+FFFD first, as for the BPE tokenizers. Megatron's legacy mode (extra <CLS>/<SEP>/<EOD>/<MASK>
-// pieces split out of the text) is not implemented.
+// The three names behave as Megatron's training tokenizers do:
+// - GPTSentencePieceTokenizer: the model's ids, no BOS/EOS added; EOD = the model's eos id.
+// - Llama2Tokenizer: the same with the model's BOS prepended to every text; EOD = eos.
+// - SentencePieceTokenizer: the vocabulary is extended with <CLS>, <SEP>, <EOD>, <MASK> and the
+//   pad, BOS and EOS pieces (each appended unless the model has it; a missing pad/BOS/EOS is
+//   named <PAD>/<BOS>/<EOS>), these special tokens are split out of the text before encoding
+//   (earliest occurrence first), and EOD is the id of <EOD>. Decoding writes a special token as
+//   " <TOKEN> " between decoded pieces, as Megatron's detokenize does.
+// Invalid UTF-8 is replaced by U+FFFD first, as for the BPE tokenizers.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +17,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "data/tokenizer.h"
@@ -37,10 +42,18 @@ class SentencePieceTokenizer : public Tokenizer {
   std::string identity() const override { return identity_; }
 
  private:
+  std::vector<int64_t> encode_plain(std::string_view text) const;
+  std::string decode_plain(std::span<const int64_t> ids) const;
+
   std::unique_ptr<sentencepiece::SentencePieceProcessor> processor_;
   std::string model_file_;
+  int64_t piece_count_ = 0;  // the model's own pieces; vocab_size_ adds appended specials
   int64_t vocab_size_ = 0;
   int64_t eos_id_ = -1;
+  int64_t eod_id_ = -1;
+  int64_t bos_to_prepend_ = -1;  // Llama2Tokenizer
+  // SentencePieceTokenizer's special tokens in Megatron's insertion order (text, id).
+  std::vector<std::pair<std::string, int64_t>> specials_;
   std::string identity_;
 };
 

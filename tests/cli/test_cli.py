@@ -762,13 +762,18 @@ class TestIndexedData(CliTestCase):
     MODEL = [*TINY, "--vocab-size", str(VOCAB), "--tokenizer-type", "NullTokenizer",
              "--num-threads", "1"]
 
-    def make_dataset(self, name="ds", docs=120):
+    def make_dataset(self, name="ds", docs=120, reverse=False):
         rng = random.Random(7)
+        rows = []
+        for _ in range(docs):
+            start, n = rng.randrange(1, 100), rng.randrange(5, 90)
+            rows.append([1 + (start + i) % (self.VOCAB - 2) for i in range(n)])
+        if reverse:  # reorders the training split's documents (the first 90%) only
+            cut = docs * 9 // 10
+            rows[:cut] = rows[:cut][::-1]
         path = os.path.join(self.tmp, name + ".jsonl")
         with open(path, "w", encoding="utf-8") as f:
-            for _ in range(docs):
-                start, n = rng.randrange(1, 100), rng.randrange(5, 90)
-                ids = [1 + (start + i) % (self.VOCAB - 2) for i in range(n)]
+            for ids in rows:
                 f.write(json.dumps({"text": " ".join(map(str, ids))}) + "\n")
         prefix = os.path.join(self.tmp, name)
         proc = megatron("preprocess", "--input", path, "--output-prefix", prefix,
@@ -804,6 +809,18 @@ class TestIndexedData(CliTestCase):
         self.assertOk(again, "train again")
         self.assertEqual(losses_of(again.stdout), losses_of(proc.stdout))
         self.assertNotIn("Build and save", again.stdout)
+
+    def test_stale_cache_of_a_rewritten_dataset_is_rebuilt(self):
+        # Same prefix, same documents in another order: every cache array keeps its shape, but
+        # the cached indices describe the old data and must not be used.
+        args = ["--train-iters", "2", "--lr", "1e-3", "--eval-iters", "0"]
+        prefix = self.make_dataset()
+        self.assertOk(self.train(prefix, *args), "first run")
+        self.make_dataset(reverse=True)
+        proc = self.train(prefix, *args)
+        self.assertOk(proc, "after rewriting the dataset")
+        self.assertIn("rebuilding the cached GPTDataset train indices", proc.stdout)
+        self.assertIn("Build and save", proc.stdout)
 
     def test_reset_masks_and_workers_train(self):
         prefix = self.make_dataset()

@@ -402,7 +402,7 @@ TEST(SentencePieceTokenizer, EncodesThroughLibsentencepiece) {
       "--input=" + dir + "/train.txt --model_prefix=" + dir +
       "/m --vocab_size=400 --model_type=bpe --byte_fallback=true --minloglevel=2 --num_threads=1");
   ASSERT_TRUE(status.ok()) << status.ToString();
-  const SentencePieceTokenizer tok("SentencePieceTokenizer", dir + "/m.model");
+  const SentencePieceTokenizer tok("GPTSentencePieceTokenizer", dir + "/m.model");
   EXPECT_EQ(tok.vocab_size(), 400);
   EXPECT_EQ(tok.eod(), 2);  // spm_train's default eos id
   const Ids ids = tok.encode("the lazy fox");
@@ -414,6 +414,26 @@ TEST(SentencePieceTokenizer, EncodesThroughLibsentencepiece) {
   const std::string m =
       error_of([&] { SentencePieceTokenizer("Llama2Tokenizer", dir + "/train.txt"); });
   EXPECT_NE(m.find("not a SentencePiece model"), std::string::npos) << m;
+
+  // Llama2Tokenizer prepends BOS (id 1 by spm_train's default), as Megatron's tokenize() does.
+  const SentencePieceTokenizer llama("Llama2Tokenizer", dir + "/m.model");
+  Ids with_bos = {1};
+  with_bos.insert(with_bos.end(), ids.begin(), ids.end());
+  EXPECT_EQ(llama.encode("the lazy fox"), with_bos);
+  EXPECT_EQ(llama.eod(), 2);
+
+  // SentencePieceTokenizer (Megatron's legacy training tokenizer): <CLS> <SEP> <EOD> <MASK> and
+  // <PAD> (spm_train has no pad piece) are appended as 400..404; <s> and </s> exist (1, 2).
+  const SentencePieceTokenizer legacy("SentencePieceTokenizer", dir + "/m.model");
+  EXPECT_EQ(legacy.vocab_size(), 405);
+  EXPECT_EQ(legacy.eod(), 402);
+  Ids want = tok.encode("the lazy");
+  want.push_back(402);
+  const Ids fox = tok.encode("fox");
+  want.insert(want.end(), fox.begin(), fox.end());
+  want.push_back(2);  // </s> is split out too
+  EXPECT_EQ(legacy.encode("the lazy<EOD>fox</s>"), want);
+  EXPECT_EQ(legacy.decode(Ids{402}), " <EOD> ");
 }
 
 TEST(NullTokenizer, ParsesIdsAndChecksRange) {
