@@ -1,3 +1,5 @@
+// ArgTable's CLI11 bindings, Megatron's argument dump (sorted, dot-padded, Python-style values) and
+// the parse wrapper that maps CLI11 errors to exit code 2.
 #include "cli/arg_table.h"
 
 #include <algorithm>

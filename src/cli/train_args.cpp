@@ -1,3 +1,5 @@
+// The `train` flags in the ArgTable, their cross-flag validation, the vocabulary from the
+// tokenizer, and the merge of a Hugging Face config.json into the model flags.
 #include "cli/train_args.h"
 
 #include <cmath>

@@ -1,3 +1,5 @@
+// ProcessGroup over an MPI communicator: blocking and MPI_I* collectives, split into several calls
+// where counts exceed INT_MAX.
 #include "comm/mpi_process_group.h"
 
 #include <algorithm>

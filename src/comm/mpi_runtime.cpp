@@ -1,3 +1,5 @@
+// MPI initialisation and finalisation, local rank from the shared-memory communicator, and the
+// default thread count per rank.
 #include "comm/mpi_runtime.h"
 
 #include <mpi.h>

@@ -1,3 +1,4 @@
+// ParallelState: validates the layout, creates this rank's groups and coordinates.
 #include "comm/parallel_state.h"
 
 #include <utility>

@@ -1,3 +1,5 @@
+// ProcessGroup's shared front end: argument checks, size-1 shortcuts and the f32 accumulation of
+// bf16/f16 reductions, before the backend's do_* calls.
 #include "comm/process_group.h"
 
 #include <cstring>

@@ -1,3 +1,4 @@
+// Megatron's masked orthogonal rank groups over the tp-cp-ep-dp-pp grid.
 #include "comm/rank_generator.h"
 
 #include <algorithm>

@@ -1,3 +1,4 @@
+// Dtype sizes and names, and element-wise conversions between the floating types.
 #include "core/dtype.h"
 
 #include "core/error.h"

@@ -1,3 +1,4 @@
+// Line-buffered console output and Megatron's timestamp format.
 #include "core/logging.h"
 
 #include <cstdarg>

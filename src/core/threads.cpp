@@ -1,3 +1,4 @@
+// OpenMP thread count from the process's CPU affinity.
 #include "core/threads.h"
 
 #include <omp.h>

@@ -1,3 +1,4 @@
+// Micro-batch construction with Megatron's EOD-driven loss mask, position ids and document starts.
 #include "data/gpt_batch.h"
 
 #include <vector>

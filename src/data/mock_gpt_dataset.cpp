@@ -1,3 +1,4 @@
+// Mock documents laid out once up to the last sample; a sample is a window over that stream.
 #include "data/mock_gpt_dataset.h"
 
 #include <algorithm>

@@ -1,3 +1,5 @@
+// GPT forward and backward: embeddings (+ positions), decoder, output GEMM against the tied or
+// untied weight, fused masked cross-entropy; [b, s] <-> [s, b] transposes at the edges.
 #include "models/gpt_model.h"
 
 #include <cstring>

@@ -1,3 +1,5 @@
+// AdamW step per parameter slice of the flat buffers (weight decay by parameter group), global
+// gradient norm and Megatron's clipping rule.
 #include "optim/adamw.h"
 
 #include <cmath>

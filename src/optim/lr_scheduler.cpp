@@ -1,3 +1,4 @@
+// Megatron's learning-rate formulas (OptimizerParamScheduler.get_lr), evaluated at a sample count.
 #include "optim/lr_scheduler.h"
 
 #include <algorithm>

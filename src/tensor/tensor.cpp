@@ -1,3 +1,4 @@
+// Tensor storage (64-byte aligned, large blocks reused), views and conversions.
 #include "tensor/tensor.h"
 
 #include <cstdlib>

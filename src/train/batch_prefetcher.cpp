@@ -1,3 +1,5 @@
+// One producer thread builds micro-batches in sampler order into a bounded queue; next() pops
+// them in the same order, so prefetching never changes the data.
 #include "train/batch_prefetcher.h"
 
 #include "core/error.h"

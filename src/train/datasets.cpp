@@ -1,3 +1,5 @@
+// Builds the train/validation/test sample sources: mock sources for --mock-data, else GPT datasets
+// through build_gpt_datasets with Megatron's per-split sample counts.
 #include "train/datasets.h"
 
 #include "core/error.h"

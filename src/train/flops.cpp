@@ -1,3 +1,4 @@
+// Megatron's model-FLOPs formula (see flops.h for the derivation).
 #include "train/flops.h"
 
 namespace megatron {

@@ -1,3 +1,4 @@
+// Best rate of a repeated square oneDNN GEMM: the measured peak MFU is reported against.
 #include "train/gemm_peak.h"
 
 #include <algorithm>

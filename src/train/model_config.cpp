@@ -1,3 +1,5 @@
+// Megatron's flag semantics for the model shape: defaults (SwiGLU's ffn size), the padded
+// vocabulary, --group-query-attention; validation is TransformerConfig::finalize.
 #include "train/model_config.h"
 
 #include "core/error.h"

@@ -1,3 +1,5 @@
+// The training loop: start-up lines, the step (micro-batches, clipping, AdamW), the iteration line,
+// TensorBoard scalars and Megatron's evaluation blocks.
 #include "train/trainer.h"
 
 #include <cmath>

@@ -1,3 +1,5 @@
+// Self-attention layer: packed QKV GEMM, RoPE in place on q and k, core attention straight from
+// the packed buffer, output projection; backward undoes RoPE on the gradients.
 #include "transformer/attention.h"
 
 #include <cmath>

@@ -1,3 +1,5 @@
+// TransformerConfig defaults and consistency checks (messages name Megatron's flags), and
+// Megatron's vocabulary padding.
 #include "transformer/config.h"
 
 #include "core/error.h"

@@ -1,3 +1,4 @@
+// Linear forward/backward on oneDNN GEMMs; bf16 runs round the GEMM inputs to bf16.
 #include "transformer/linear.h"
 
 #include "tensor/ops.h"

@@ -1,3 +1,4 @@
+// MLP layer: fc1, GELU or SwiGLU, fc2 (scaled init).
 #include "transformer/mlp.h"
 
 #include <cmath>

@@ -1,3 +1,4 @@
+// LayerNorm / RMSNorm layer over the ops; bf16 weights are widened to f32 per call.
 #include "transformer/norm.h"
 
 #include "tensor/ops.h"

@@ -1,3 +1,4 @@
+// Flat-buffer layout of the parameters and their name-keyed Philox initialisation.
 #include "transformer/param.h"
 
 #include "core/philox.h"

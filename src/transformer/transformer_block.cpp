@@ -1,3 +1,4 @@
+// The decoder stack: layers in order forward, reverse order backward, then the final norm.
 #include "transformer/transformer_block.h"
 
 namespace megatron {

@@ -1,3 +1,4 @@
+// Pre-norm layer: attention and MLP branches with dropout, added to the residual stream.
 #include "transformer/transformer_layer.h"
 
 #include "tensor/ops.h"

@@ -1,3 +1,5 @@
+// Shared test helpers: tolerance comparison with a worst-index report, deterministic random
+// tensors and ids, scratch directories.
 #include "testing/testing.h"
 
 #include <cmath>

@@ -1,3 +1,4 @@
+// The fp64 reference ops: the formulas as printed, single-threaded, no tiling.
 #include "tensor/cpu/reference.h"
 
 #include <cmath>

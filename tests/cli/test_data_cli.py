@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""End-to-end tests of training on indexed datasets through the `megatron` binary.
+
+What it is: `megatron preprocess` then `megatron train --data-path` on NullTokenizer documents with
+a learnable rule, checking that validation loss falls and is printed in Megatron's format, that the
+index cache is reused and rebuilt when stale, that masks and prefetching behave, and that corrupt
+datasets and bad data flags exit 2 naming the file or flag. It shares test_cli.py's helpers.
+
+What it is not: a check of sample order (tests/data/ compare every index with NumPy) or of the
+tokenizers (tests/data/tokenizer_parity).
+
+Usage: test_data_cli.py --megatron BUILD/megatron [unittest args]
+"""
+
+import argparse
+import json
+import math
+import os
+import random
+import re
+import struct
+import sys
+import unittest
+
+import test_cli
+from test_cli import TINY, CliTestCase, iteration_lines, losses_of, megatron
+
+
+# ------------------------------------------------------------------------------------------------
+# training on indexed datasets: preprocess, train with validation, corruptions
+# ------------------------------------------------------------------------------------------------
+
+class TestIndexedData(CliTestCase):
+    """megatron preprocess -> megatron train --data-path, with NullTokenizer documents that follow
+    a learnable rule (each document counts up from a random start)."""
+
+    VOCAB = 200
+    MODEL = [*TINY, "--vocab-size", str(VOCAB), "--tokenizer-type", "NullTokenizer",
+             "--num-threads", "1"]
+
+    def make_dataset(self, name="ds", docs=120, reverse=False):
+        rng = random.Random(7)
+        rows = []
+        for _ in range(docs):
+            start, n = rng.randrange(1, 100), rng.randrange(5, 90)
+            rows.append([1 + (start + i) % (self.VOCAB - 2) for i in range(n)])
+        if reverse:  # reorders the training split's documents (the first 90%) only
+            cut = docs * 9 // 10
+            rows[:cut] = rows[:cut][::-1]
+        path = os.path.join(self.tmp, name + ".jsonl")
+        with open(path, "w", encoding="utf-8") as f:
+            for ids in rows:
+                f.write(json.dumps({"text": " ".join(map(str, ids))}) + "\n")
+        prefix = os.path.join(self.tmp, name)
+        proc = megatron("preprocess", "--input", path, "--output-prefix", prefix,
+                        "--tokenizer-type", "NullTokenizer", "--vocab-size", self.VOCAB,
+                        "--append-eod", "--workers", "2")
+        self.assertOk(proc, "preprocess")
+        return prefix + "_text_document"
+
+    def train(self, data_prefix, *extra):
+        return megatron("train", *self.MODEL, "--data-path", data_prefix, "--split", "90,5,5",
+                        "--data-cache-path", os.path.join(self.tmp, "cache"), *extra)
+
+    def test_validation_loss_falls_and_cache_is_reused(self):
+        prefix = self.make_dataset()
+        args = ["--train-iters", "40", "--lr", "3e-3", "--lr-warmup-iters", "4",
+                "--eval-interval", "10", "--eval-iters", "2", "--log-interval", "10",
+                "--hidden-dropout", "0", "--attention-dropout", "0"]
+        proc = self.train(prefix, *args)
+        self.assertOk(proc, "train")
+        val = [float(v) for v in re.findall(
+            r"validation loss at iteration \d+ \| lm loss value: ([0-9.E+-]+) \| "
+            r"lm loss PPL: ([0-9.E+-]+)", proc.stdout) for v in [v[0]]]
+        self.assertEqual(len(val), 4, proc.stdout[-3000:])  # every 10 of 40 iterations
+        self.assertLess(val[-1], val[0] - 0.5, f"validation loss did not fall: {val}")
+        self.assertIn("on validation set", proc.stdout)
+        self.assertIn("on test set", proc.stdout)
+        for m in re.finditer(r"lm loss value: ([0-9.E+-]+) \| lm loss PPL: ([0-9.E+-]+)",
+                             proc.stdout):
+            self.assertAlmostEqual(math.exp(float(m.group(1))), float(m.group(2)),
+                                   delta=1e-5 * float(m.group(2)))
+        # A second run loads the cached indices and prints the same losses.
+        again = self.train(prefix, *args)
+        self.assertOk(again, "train again")
+        self.assertEqual(losses_of(again.stdout), losses_of(proc.stdout))
+        self.assertNotIn("Build and save", again.stdout)
+
+    def test_stale_cache_of_a_rewritten_dataset_is_rebuilt(self):
+        # Same prefix, same documents in another order: every cache array keeps its shape, but
+        # the cached indices describe the old data and must not be used.
+        args = ["--train-iters", "2", "--lr", "1e-3", "--eval-iters", "0"]
+        prefix = self.make_dataset()
+        self.assertOk(self.train(prefix, *args), "first run")
+        self.make_dataset(reverse=True)
+        proc = self.train(prefix, *args)
+        self.assertOk(proc, "after rewriting the dataset")
+        self.assertIn("rebuilding the cached GPTDataset train indices", proc.stdout)
+        self.assertIn("Build and save", proc.stdout)
+
+    def test_reset_masks_and_workers_train(self):
+        prefix = self.make_dataset()
+        base = ["--train-iters", "3", "--lr", "1e-3", "--eval-iters", "0", "--log-interval", "1",
+                "--eod-mask-loss", "--reset-position-ids", "--reset-attention-mask"]
+        sync = self.train(prefix, *base, "--num-workers", "0")
+        ahead = self.train(prefix, *base, "--num-workers", "2")
+        self.assertOk(sync, "train --num-workers 0")
+        self.assertEqual(losses_of(sync.stdout), losses_of(ahead.stdout))
+        plain = self.train(prefix, "--train-iters", "3", "--lr", "1e-3", "--eval-iters", "0",
+                           "--log-interval", "1")
+        self.assertNotEqual(losses_of(sync.stdout), losses_of(plain.stdout))
+
+    def corrupt_and_expect(self, mutate, *needles):
+        prefix = self.make_dataset("bad")
+        mutate(prefix)
+        proc = self.train(prefix, "--train-iters", "2", "--lr", "1e-3")
+        self.assertUsageError(proc, *needles)
+        self.assertEqual(iteration_lines(proc.stdout), [], "trained on corrupt data")
+
+    def test_corrupt_datasets_exit_2_naming_the_file(self):
+        def truncate_bin(prefix):
+            with open(prefix + ".bin", "r+b") as f:
+                f.truncate(os.path.getsize(prefix + ".bin") - 1)
+
+        def flip_magic(prefix):
+            with open(prefix + ".idx", "r+b") as f:
+                f.write(b"X")
+
+        def bad_pointer(prefix):
+            with open(prefix + ".idx", "r+b") as f:
+                f.seek(18)
+                count = struct.unpack("<Q", f.read(8))[0]
+                f.seek(34 + 4 * count + 8 * 3)  # sequence_pointers[3]
+                value = struct.unpack("<q", f.read(8))[0]
+                f.seek(34 + 4 * count + 8 * 3)
+                f.write(struct.pack("<q", value + 2))
+
+        self.corrupt_and_expect(truncate_bin, "bad_text_document.bin")
+        self.corrupt_and_expect(flip_magic, "bad_text_document.idx")
+        self.corrupt_and_expect(bad_pointer, "bad_text_document.idx", "sequence_pointers")
+        self.corrupt_and_expect(lambda p: os.remove(p + ".bin"), "bad_text_document.bin")
+
+    def test_bad_data_flags(self):
+        prefix = self.make_dataset()
+        self.assertUsageError(self.train(prefix, "--split", "90,x", "--train-iters", "2",
+                                         "--lr", "1e-3"), "--split")
+        self.assertUsageError(megatron("train", *self.MODEL, "--data-path",
+                                       os.path.join(self.tmp, "missing"), "--train-iters", "2",
+                                       "--lr", "1e-3"), "missing")
+        self.assertUsageError(megatron("train", *self.MODEL, "--mock-data", "--data-path",
+                                       prefix, "--train-iters", "2", "--lr", "1e-3"),
+                              "--mock-data")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], add_help=False)
+    parser.add_argument("--megatron", required=True, help="the megatron binary")
+    args, rest = parser.parse_known_args()
+    test_cli.MEGATRON = os.path.abspath(args.megatron)
+    if not os.path.exists(test_cli.MEGATRON):
+        print(f"test_data_cli.py: error: {test_cli.MEGATRON} does not exist", file=sys.stderr)
+        return 2
+    prog = unittest.main(argv=[sys.argv[0], *rest], exit=False)
+    return 0 if prog.result.wasSuccessful() else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
