@@ -53,6 +53,11 @@ void register_model_args(ArgTable& t, Arguments& a) {
   t.flag("--bf16", a.bf16,
          "bf16 compute weights and GEMM inputs; fp32 main weights, gradients and accumulation");
   t.flag("--fp16", a.fp16, "fp16 mixed precision (not supported yet)");
+  t.add("--tensor-model-parallel-size", a.tensor_model_parallel_size,
+        "Tensor-parallel ranks per model replica (1 for now)");
+  t.add("--pipeline-model-parallel-size", a.pipeline_model_parallel_size,
+        "Pipeline stages (1 for now)");
+  t.flag("--sequence-parallel", a.sequence_parallel, "Sequence parallelism (needs TP; not yet)");
   t.add("--num-threads", a.num_threads, "OpenMP threads (default: cores available to the process)");
 }
 
@@ -112,7 +117,7 @@ void register_train_args(ArgTable& t, Arguments& a) {
         "After training, write the weights as a Hugging Face model directory here");
 }
 
-void validate_train_args(Arguments& a) {
+void validate_train_args(Arguments& a, int world_size) {
   MEGATRON_CHECK(!(a.fp16 && a.bf16), "--fp16 and --bf16 are mutually exclusive; pick one");
   MEGATRON_CHECK(!a.fp16, "--fp16 is not supported yet (fp16 needs loss scaling); use --bf16");
   const bool per_split =
@@ -135,8 +140,13 @@ void validate_train_args(Arguments& a) {
   MEGATRON_CHECK(a.train_iters > 0, "--train-iters is required (a positive integer)");
   MEGATRON_CHECK(a.micro_batch_size > 0, "--micro-batch-size must be positive, got ",
                  a.micro_batch_size);
-  if (a.global_batch_size == 0) a.global_batch_size = a.micro_batch_size;  // data-parallel size 1
-  const int64_t dp = 1;
+  MEGATRON_CHECK(a.tensor_model_parallel_size == 1 && a.pipeline_model_parallel_size == 1 &&
+                     !a.sequence_parallel,
+                 "--tensor-model-parallel-size, --pipeline-model-parallel-size and "
+                 "--sequence-parallel are not supported by the trainer yet; run data parallel "
+                 "(launch more ranks with the sizes at 1)");
+  const int64_t dp = world_size / (a.tensor_model_parallel_size * a.pipeline_model_parallel_size);
+  if (a.global_batch_size == 0) a.global_batch_size = a.micro_batch_size * dp;
   MEGATRON_CHECK(a.global_batch_size > 0 && a.global_batch_size % (a.micro_batch_size * dp) == 0,
                  "global batch size (", a.global_batch_size,
                  ") is not divisible by micro batch size (", a.micro_batch_size,

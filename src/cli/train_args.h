@@ -11,7 +11,8 @@ void register_model_args(ArgTable& t, Arguments& a);
 void register_train_args(ArgTable& t, Arguments& a);
 
 // Checks every cross-flag rule; throws InvalidArgument naming the flags.
-void validate_train_args(Arguments& a);
+// world_size: MPI ranks of the job (the data-parallel size is derived from it).
+void validate_train_args(Arguments& a, int world_size = 1);
 
 // Fills the model flags from DIR/config.json. A model flag given explicitly that contradicts the
 // file is an error naming both; flags left at their defaults yield to the file.

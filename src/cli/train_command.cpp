@@ -1,6 +1,8 @@
 // `megatron train`: Megatron's pretrain_gpt.py in one process.
 #include "cli/commands.h"
 #include "cli/train_args.h"
+#include "comm/mpi_runtime.h"
+#include "comm/parallel_state.h"
 #include "core/logging.h"
 #include "core/threads.h"
 #include "train/model_config.h"
@@ -8,14 +10,16 @@
 
 namespace megatron::cli {
 
-int train_command(int argc, char** argv) {
+namespace {
+
+int run_train(int argc, char** argv, MpiRuntime& mpi) {
   CLI::App app("Pretrain or finetune a GPT model", "train");
   Arguments args;
   ArgTable table(app);
   register_train_args(table, args);
   if (int rc = parse(app, argc, argv); rc >= 0) return rc;
   merge_pretrained_config(args, table);
-  validate_train_args(args);
+  validate_train_args(args, mpi.world_size());
   const bool per_split = !args.train_data_path.empty() || !args.valid_data_path.empty() ||
                          !args.test_data_path.empty();
   MEGATRON_CHECK(!(table.given("--split") && per_split),
@@ -25,12 +29,37 @@ int train_command(int argc, char** argv) {
   // Model-shape errors (heads not dividing hidden, sequence beyond positions, ...) surface here,
   // before the argument dump, as Megatron's argument validation does.
   transformer_config_from_args(args);
-  set_num_threads(static_cast<int>(args.num_threads));
-  table.print_dump();
-  log_line("[after megatron is initialized] datetime: " + timestamp());
-  Trainer trainer(args);
+  ParallelConfig pc;
+  pc.tensor_model_parallel_size = static_cast<int>(args.tensor_model_parallel_size);
+  pc.pipeline_model_parallel_size = static_cast<int>(args.pipeline_model_parallel_size);
+  auto parallel = std::make_shared<ParallelState>(mpi.world(), pc);
+  set_num_threads(args.num_threads > 0 ? static_cast<int>(args.num_threads)
+                                       : mpi.default_threads_per_rank());
+  if (mpi.rank() == 0) table.print_dump();
+  if (mpi.rank() == 0) log_line("[after megatron is initialized] datetime: " + timestamp());
+  Trainer trainer(args, parallel);
   trainer.train();
   return 0;
+}
+
+}  // namespace
+
+int train_command(int argc, char** argv) {
+  // MPI is initialised for every run (a plain `megatron train` is a world of one). With several
+  // ranks, an error on any of them aborts the whole job, so no rank waits forever in a collective;
+  // the exit code (2 for bad input, 1 otherwise) is passed to MPI_Abort.
+  MpiRuntime mpi;
+  try {
+    return run_train(argc, argv, mpi);
+  } catch (const InvalidArgument& e) {
+    if (mpi.world_size() == 1) throw;
+    log_error(strprintf("[rank %d] %s", mpi.rank(), e.what()));
+    MpiRuntime::abort(2);
+  } catch (const std::exception& e) {
+    if (mpi.world_size() == 1) throw;
+    log_error(strprintf("[rank %d] %s", mpi.rank(), e.what()));
+    MpiRuntime::abort(1);
+  }
 }
 
 }  // namespace megatron::cli

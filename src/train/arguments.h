@@ -88,8 +88,13 @@ struct Arguments {
   std::string tensorboard_dir;
   int64_t tensorboard_log_interval = 1;
   bool log_throughput = false;
-  std::string save_hf;          // write the trained weights as a Hugging Face directory
-  int64_t num_threads = 0;      // OpenMP threads; 0: cores available to the process
+  std::string save_hf;      // write the trained weights as a Hugging Face directory
+  int64_t num_threads = 0;  // OpenMP threads; 0: cores available to this rank
+
+  // ---- parallelism (data parallel = world size / (tensor x pipeline)) ----
+  int64_t tensor_model_parallel_size = 1;
+  int64_t pipeline_model_parallel_size = 1;
+  bool sequence_parallel = false;
   double gemm_peak_gflops = 0;  // MFU denominator; 0: measured at start-up
 };
 

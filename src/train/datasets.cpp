@@ -20,11 +20,12 @@ SampleCounts sample_counts(const Arguments& a) {
   return c;
 }
 
-Datasets build_datasets(const Arguments& a, const Tokenizer& tokenizer, int64_t seq_length) {
+Datasets build_datasets(const Arguments& a, const Tokenizer& tokenizer, int64_t seq_length,
+                        bool log) {
   const SampleCounts n = sample_counts(a);
   Datasets d;
   if (a.mock_data) {
-    log_line("> building train, validation, and test datasets ...");
+    if (log) log_line("> building train, validation, and test datasets ...");
     // Each split gets its own document stream (seeds differ), like Megatron's mock splits.
     const uint64_t seed = static_cast<uint64_t>(a.seed);
     d.train = std::make_unique<MockGPTDataset>(n.train, seq_length, tokenizer.eod(), seed);
@@ -32,8 +33,9 @@ Datasets build_datasets(const Arguments& a, const Tokenizer& tokenizer, int64_t 
       d.valid = std::make_unique<MockGPTDataset>(n.valid, seq_length, tokenizer.eod(), seed + 1);
     if (n.test > 0)
       d.test = std::make_unique<MockGPTDataset>(n.test, seq_length, tokenizer.eod(), seed + 2);
-    log_line(strprintf(" > mock GPT datasets: sequence length %ld, end-of-document id %ld",
-                       static_cast<long>(seq_length), static_cast<long>(tokenizer.eod())));
+    if (log)
+      log_line(strprintf(" > mock GPT datasets: sequence length %ld, end-of-document id %ld",
+                         static_cast<long>(seq_length), static_cast<long>(tokenizer.eod())));
     return d;
   }
   GPTDataArgs g;
@@ -47,6 +49,7 @@ Datasets build_datasets(const Arguments& a, const Tokenizer& tokenizer, int64_t 
   if (!a.data_path.empty()) g.config.split = a.split;
   g.config.tokenizer_json = nlohmann::json(tokenizer.identity()).dump();
   g.config.path_to_cache = a.data_cache_path;
+  g.config.log = log;
   GPTDatasets built = build_gpt_datasets(g);
   MEGATRON_CHECK(built.train != nullptr,
                  "no training data: the training split of --data-path is "

@@ -21,6 +21,8 @@ struct SampleCounts {
 };
 SampleCounts sample_counts(const Arguments& args);
 
-Datasets build_datasets(const Arguments& args, const Tokenizer& tokenizer, int64_t seq_length);
+// log: print the build lines (rank 0 only).
+Datasets build_datasets(const Arguments& args, const Tokenizer& tokenizer, int64_t seq_length,
+                        bool log = true);
 
 }  // namespace megatron

@@ -17,6 +17,14 @@
 
 namespace megatron {
 
+void Trainer::log_first(const std::string& line) const {
+  if (first_rank_) log_line(line);
+}
+
+void Trainer::log_last(const std::string& line) const {
+  if (last_rank_) log_line(line);
+}
+
 TokenizerArgs tokenizer_args(const Arguments& a) {
   TokenizerArgs t;
   t.type = a.tokenizer_type;
@@ -27,7 +35,17 @@ TokenizerArgs tokenizer_args(const Arguments& a) {
   return t;
 }
 
-Trainer::Trainer(const Arguments& args) : args_(args) {
+Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
+    : args_(args), parallel_(std::move(parallel)) {
+  if (parallel_) {
+    // Data parallelism only, for now: the CLI refuses tensor and pipeline sizes above 1.
+    MEGATRON_ASSERT(parallel_->tp_size() == 1 && parallel_->pp_size() == 1,
+                    "tensor/pipeline parallel layouts are not supported by the trainer yet");
+    dp_size_ = parallel_->dp_size();
+    dp_rank_ = parallel_->dp_rank();
+    first_rank_ = parallel_->rank() == 0;
+    last_rank_ = parallel_->rank() == parallel_->world_size() - 1;
+  }
   tokenizer_ = build_tokenizer(tokenizer_args(args_));
   cfg_ = transformer_config_from_args(args_);
   if (!args_.save_hf.empty()) {
@@ -38,24 +56,24 @@ Trainer::Trainer(const Arguments& args) : args_(args) {
     MEGATRON_CHECK(!ec && std::filesystem::is_directory(args_.save_hf),
                    "--save-hf: cannot create '", args_.save_hf, "' (", ec.message(), ")");
   }
-  log_line(strprintf(" > padded vocab (size: %ld) with %ld dummy tokens (new size: %ld)",
-                     static_cast<long>(cfg_.vocab_size),
-                     static_cast<long>(cfg_.padded_vocab_size - cfg_.vocab_size),
-                     static_cast<long>(cfg_.padded_vocab_size)));
-  num_microbatches_ = args_.global_batch_size / args_.micro_batch_size;
+  log_first(strprintf(" > padded vocab (size: %ld) with %ld dummy tokens (new size: %ld)",
+                      static_cast<long>(cfg_.vocab_size),
+                      static_cast<long>(cfg_.padded_vocab_size - cfg_.vocab_size),
+                      static_cast<long>(cfg_.padded_vocab_size)));
+  num_microbatches_ = args_.global_batch_size / (args_.micro_batch_size * dp_size_);
 
   model_ = std::make_unique<GPTModel>(cfg_);
   params_ = std::make_unique<ParamSet>(model_->parameters(), cfg_.compute_dtype);
   if (!args_.pretrained_checkpoint.empty()) {
     HfModelInfo info = read_hf_config(args_.pretrained_checkpoint);
     load_hf_weights(args_.pretrained_checkpoint, info, *model_, *params_);
-    log_line(" > loaded pretrained weights from " + args_.pretrained_checkpoint);
+    log_first(" > loaded pretrained weights from " + args_.pretrained_checkpoint);
   } else {
     params_->initialize(static_cast<uint64_t>(args_.seed));
   }
   int64_t nparams = 0;
   for (Param* p : params_->params()) nparams += p->shape.numel();
-  log_line(
+  log_first(
       strprintf(" > number of parameters on (tensor, pipeline) model parallel rank (0, 0): %ld",
                 static_cast<long>(nparams)));
 
@@ -81,7 +99,10 @@ Trainer::Trainer(const Arguments& args) : args_(args) {
   batch_options_.eod_mask_loss = args_.eod_mask_loss;
   batch_options_.reset_position_ids = args_.reset_position_ids;
   batch_options_.reset_attention_mask = args_.reset_attention_mask;
-  data_ = build_datasets(args_, *tokenizer_, cfg_.seq_length);
+  // Rank 0 builds (and caches) the sample indices first; the others then load them.
+  if (!first_rank_) parallel_->world_group().barrier();
+  data_ = build_datasets(args_, *tokenizer_, cfg_.seq_length, first_rank_);
+  if (first_rank_ && parallel_) parallel_->world_group().barrier();
   // Every sample the run will read must exist now, not hours in, at the last evaluation.
   const SampleCounts need = sample_counts(args_);
   MEGATRON_CHECK(data_.train->size() >= need.train, "the training data has ", data_.train->size(),
@@ -95,18 +116,18 @@ Trainer::Trainer(const Arguments& args) : args_(args) {
                    data_.test ? data_.test->size() : 0, " samples; evaluation needs ", need.test);
   }
 
-  if (!args_.tensorboard_dir.empty()) {
+  if (!args_.tensorboard_dir.empty() && last_rank_) {  // Megatron writes from the last rank
     tensorboard_ = std::make_unique<TensorBoardWriter>(args_.tensorboard_dir);
   }
   if (args_.gemm_peak_gflops > 0) {
     peak_gflops_ = args_.gemm_peak_gflops;
-    log_line(
+    log_first(
         strprintf(" > %s GEMM peak given by --gemm-peak-gflops: %.1f GFLOP/s (model-FLOPs "
                   "utilisation is reported against it)",
                   dtype_name(cfg_.compute_dtype), peak_gflops_));
   } else {
     peak_gflops_ = measure_gemm_gflops(cfg_.compute_dtype, 1024, 0.3);
-    log_line(
+    log_first(
         strprintf(" > measured %s GEMM peak with %d threads: %.1f GFLOP/s (model-FLOPs "
                   "utilisation is reported against it; a busy machine lowers it, fix it "
                   "with --gemm-peak-gflops)",
@@ -122,8 +143,11 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, double lr) {
   double loss_sum = 0, token_count = 0;
   for (int64_t mb = 0; mb < num_microbatches_; ++mb) {
     GPTBatch batch = prefetcher_->next();
+    // The stream is the micro-batch's index in the global batch (the sampler gives rank r
+    // micro-batch mb * dp + r of it), so any data-parallel size draws the same dropout masks.
+    const int64_t global_mb = mb * dp_size_ + dp_rank_;
     ForwardMode mode{true, static_cast<uint64_t>(args_.seed),
-                     static_cast<uint64_t>(iteration * num_microbatches_ + mb)};
+                     static_cast<uint64_t>(iteration * num_microbatches_ * dp_size_ + global_mb)};
     GPTModel::Ctx ctx;
     Tensor loss =
         model_->forward(batch.tokens, batch.labels, batch.positions, ctx, mode, batch.doc_start);
@@ -143,6 +167,18 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, double lr) {
     Tensor dloss = batch.loss_mask;
     ops::scale_inplace(dloss, 1.0 / (count * static_cast<double>(num_microbatches_)));
     model_->backward(dloss, ctx);
+  }
+  if (dp_size_ > 1) {
+    // Average the replicas' gradients (each is the gradient of its share of the global-batch
+    // objective, scaled for its own micro-batches), and sum the loss statistics.
+    ops::scale_inplace(params_->grads(), 1.0 / static_cast<double>(dp_size_));
+    parallel_->dp_group().all_reduce(params_->grads());
+    Tensor stats = Tensor::empty({2}, DType::kF64);
+    stats.data<double>()[0] = loss_sum;
+    stats.data<double>()[1] = token_count;
+    parallel_->dp_group().all_reduce(stats);
+    loss_sum = stats.data<double>()[0];
+    token_count = stats.data<double>()[1];
   }
   r.loss = loss_sum / std::max(token_count, 1.0);
   if (args_.check_for_nan_in_loss_and_grad) {
@@ -172,8 +208,9 @@ double Trainer::evaluate(const SampleSource& data, int64_t* consumed) {
   double loss_sum = 0, tokens = 0;
   const int64_t mbs = args_.micro_batch_size;
   for (int64_t i = 0; i < args_.eval_iters * num_microbatches_; ++i) {
-    GPTBatch batch = make_batch(data, *consumed, mbs, batch_options_);
-    *consumed += mbs;
+    // Megatron's sampler: micro-step i of the evaluation, this rank's share of it.
+    GPTBatch batch =
+        make_batch(data, *consumed + (i * dp_size_ + dp_rank_) * mbs, mbs, batch_options_);
     GPTModel::Ctx ctx;
     Tensor loss = model_->forward(batch.tokens, batch.labels, batch.positions, ctx, ForwardMode{},
                                   batch.doc_start);
@@ -183,6 +220,15 @@ double Trainer::evaluate(const SampleSource& data, int64_t* consumed) {
       loss_sum += static_cast<double>(lp[k]) * mp[k];
       tokens += mp[k];
     }
+  }
+  *consumed += args_.eval_iters * args_.global_batch_size;
+  if (dp_size_ > 1) {
+    Tensor stats = Tensor::empty({2}, DType::kF64);
+    stats.data<double>()[0] = loss_sum;
+    stats.data<double>()[1] = tokens;
+    parallel_->dp_group().all_reduce(stats);
+    loss_sum = stats.data<double>()[0];
+    tokens = stats.data<double>()[1];
   }
   return loss_sum / std::max(tokens, 1.0);
 }
@@ -196,9 +242,9 @@ void Trainer::evaluate_and_print(const std::string& prefix, const SampleSource& 
       strprintf(" validation loss at %s | lm loss value: %.6E | lm loss PPL: %.6E | ",
                 prefix.c_str(), loss, ppl);
   const std::string dashes(line.size() + 1, '-');
-  log_line(dashes);
-  log_line(line);
-  log_line(dashes);
+  log_last(dashes);
+  log_last(line);
+  log_last(dashes);
   if (tensorboard_) {
     tensorboard_->add_scalars({{"lm loss validation", loss}, {"lm loss validation ppl", ppl}},
                               iteration);
@@ -210,15 +256,16 @@ void Trainer::evaluate_and_print(const std::string& prefix, const SampleSource& 
 }
 
 void Trainer::train() {
-  log_line("[before the start of training step] datetime: " + timestamp());
-  log_line("training ...");
+  log_first("[before the start of training step] datetime: " + timestamp());
+  log_first("training ...");
   const int64_t gbs = args_.global_batch_size;
   const double flops_per_iter = model_flops_per_iteration(cfg_, gbs);
   const double tokens_per_iter = static_cast<double>(gbs * cfg_.seq_length);
   double interval_loss = 0, interval_time = 0;
   int64_t interval_iters = 0;
-  prefetcher_ = std::make_unique<BatchPrefetcher>(*data_.train, batch_options_,
-                                                  args_.micro_batch_size, 0, args_.num_workers);
+  prefetcher_ =
+      std::make_unique<BatchPrefetcher>(*data_.train, batch_options_, args_.micro_batch_size, 0,
+                                        args_.num_workers, dp_rank_, dp_size_);
   for (int64_t it = 1; it <= args_.train_iters; ++it) {
     Timer timer;
     const double lr = schedule_.lr_at((it - 1) * gbs);
@@ -259,7 +306,7 @@ void Trainer::train() {
           static_cast<long>(it * gbs), ms, avg_tflops, next_lr, static_cast<long>(gbs),
           interval_loss / static_cast<double>(interval_iters), 1.0, r.grad_norm, 0, 0,
           tokens_per_iter / (ms / 1000.0), 100.0 * avg_tflops * 1e3 / peak_gflops_);
-      log_line(line);
+      log_last(line);
       if (tensorboard_) tensorboard_->flush();
       interval_loss = interval_time = 0;
       interval_iters = 0;
@@ -270,7 +317,7 @@ void Trainer::train() {
     }
   }
   prefetcher_.reset();
-  log_line("[after training is done] datetime: " + timestamp());
+  log_first("[after training is done] datetime: " + timestamp());
   const long last = static_cast<long>(args_.train_iters);
   if (data_.valid && args_.eval_iters > 0) {
     evaluate_and_print(strprintf("iteration %ld on validation set", last), *data_.valid,
@@ -281,10 +328,10 @@ void Trainer::train() {
                        args_.train_iters);
   }
   if (tensorboard_) tensorboard_->close();
-  if (!args_.save_hf.empty()) {
+  if (!args_.save_hf.empty() && first_rank_) {
     HfModelInfo info = hf_info_from_config(cfg_, infer_hf_arch(cfg_));
     save_hf(args_.save_hf, info, *model_);
-    log_line(" > saved the model as a Hugging Face directory to " + args_.save_hf);
+    log_first(" > saved the model as a Hugging Face directory to " + args_.save_hf);
   }
 }
 

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/parallel_state.h"
 #include "data/gpt_batch.h"
 #include "data/tokenizer.h"
 #include "models/gpt_model.h"
@@ -29,7 +30,8 @@ class Trainer {
  public:
   // Builds tokenizer, model, optimizer, schedule and data from args (validated by the CLI) and
   // prints the start-up lines.
-  explicit Trainer(const Arguments& args);
+  // parallel: the data-parallel layout when launched under MPI; null for a single process.
+  explicit Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel = nullptr);
   ~Trainer();
 
   // Runs args.train_iters iterations, with evaluation.
@@ -52,7 +54,15 @@ class Trainer {
   void evaluate_and_print(const std::string& prefix, const SampleSource& data, int64_t* consumed,
                           int64_t iteration);
 
+  // Megatron prints start-up lines from rank 0 and the iteration and evaluation lines from the
+  // last rank (which owns the loss once pipelines exist).
+  void log_first(const std::string& line) const;
+  void log_last(const std::string& line) const;
+
   Arguments args_;
+  std::shared_ptr<ParallelState> parallel_;
+  int64_t dp_size_ = 1, dp_rank_ = 0;
+  bool first_rank_ = true, last_rank_ = true;
   TransformerConfig cfg_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<GPTModel> model_;
