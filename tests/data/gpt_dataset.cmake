@@ -1,7 +1,8 @@
 # GPT dataset indices, blending and index caches, checked against an independent NumPy oracle
 # (megatron_indices.py, run by the tests themselves with the interpreter below).
 megatron_test(test_gpt_dataset SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_gpt_dataset.cpp
-  LIBS megatron_data)
+  ${CMAKE_CURRENT_SOURCE_DIR}/test_gpt_dataset_builder.cpp LIBS megatron_data)
+target_include_directories(test_gpt_dataset PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
 target_compile_definitions(test_gpt_dataset PRIVATE
   MEGATRON_PYTHON_ORACLE="${PYTHON_ORACLE}"
   MEGATRON_INDICES_ORACLE="${CMAKE_CURRENT_SOURCE_DIR}/megatron_indices.py")
