@@ -1,0 +1,163 @@
+// Column/RowParallelLinear: the local GEMM is our Linear on the shard; the communication is the
+// mappings' conjugate pairs around it.
+#include "parallel/tensor_parallel_linear.h"
+
+#include "core/philox.h"
+#include "parallel/mappings.h"
+#include "tensor/ops.h"
+
+namespace megatron {
+namespace {
+
+Shape with_last(const Shape& s, int64_t n) {
+  Shape out = s;
+  out[-1] = n;
+  return out;
+}
+
+}  // namespace
+
+void initialize_shard(Param& p, uint64_t seed, const Shape& full_shape, int64_t row0,
+                      int64_t col0) {
+  MEGATRON_CHECK(p.shape.ndim() == full_shape.ndim() && p.shape.ndim() >= 1 && p.shape.ndim() <= 2,
+                 p.name, ": shard ", p.shape.str(), " does not fit the full shape ",
+                 full_shape.str());
+  const int64_t rows = p.shape[0], cols = p.shape.ndim() == 2 ? p.shape[1] : 1;
+  const int64_t full_cols = full_shape.ndim() == 2 ? full_shape[1] : 1;
+  MEGATRON_CHECK(row0 >= 0 && col0 >= 0 && row0 + rows <= full_shape[0] && col0 + cols <= full_cols,
+                 p.name, ": shard ", p.shape.str(), " at (", row0, ", ", col0,
+                 ") lies outside the full shape ", full_shape.str());
+  switch (p.init) {
+    case Init::kZeros:
+      p.main.zero();
+      break;
+    case Init::kOnes:
+      p.main.fill(1.0);
+      break;
+    case Init::kNormal: {
+      // Exactly ParamSet::initialize's values (computed in double, rounded once into main), at
+      // the element's index in the full tensor.
+      Tensor tmp = Tensor::empty(p.shape, DType::kF64);
+      double* d = tmp.data<double>();
+      const uint64_t stream = stable_hash(p.name);
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t c = 0; c < cols; ++c) {
+          const auto i = static_cast<uint64_t>((row0 + r) * full_cols + col0 + c);
+          d[r * cols + c] = p.init_std * Philox::normal(seed, stream, i);
+        }
+      }
+      p.main.copy_from(tmp);
+      break;
+    }
+  }
+  if (p.value.raw() != p.main.raw()) p.value.copy_from(p.main);
+}
+
+// ---- ColumnParallelLinear -----------------------------------------------------------------------
+
+ColumnParallelLinear::ColumnParallelLinear(const std::string& name, int64_t in, int64_t out,
+                                           double init_std, ProcessGroup& tp, Options options)
+    : tp_(tp),
+      options_(options),
+      in_(in),
+      out_(out),
+      out_local_(
+          divide(out, tp.size(), name + ": output features by --tensor-model-parallel-size")),
+      local_(name, in, out_local_, options.with_bias, init_std) {}
+
+void ColumnParallelLinear::initialize(uint64_t seed) {
+  const int64_t row0 = tp_.rank() * out_local_;
+  initialize_shard(local_.weight, seed, Shape{out_, in_}, row0, 0);
+  if (local_.has_bias()) initialize_shard(local_.bias, seed, Shape{out_}, row0, 0);
+}
+
+Tensor ColumnParallelLinear::forward(const Tensor& x, Ctx& ctx) const {
+  MEGATRON_CHECK(x.dim(-1) == in_, local_.weight.name, ": input has ", x.dim(-1),
+                 " features, expected ", in_);
+  ctx.in_shape = x.shape();
+  // Under sequence parallelism each rank holds s/p tokens; the GEMM needs all of them.
+  Tensor total = options_.sequence_parallel ? gather_from_sequence_parallel_region_forward(x, tp_)
+                                            : copy_to_tp_region_forward(x, tp_);
+  Tensor y = local_.forward(total, ctx.linear).view(with_last(total.shape(), out_local_));
+  return options_.gather_output ? gather_from_tp_region_forward(y, tp_) : y;
+}
+
+Tensor ColumnParallelLinear::backward(const Tensor& dy, Ctx& ctx) const {
+  Tensor dy_local = options_.gather_output ? gather_from_tp_region_backward(dy, tp_) : dy;
+  Shape total_shape = ctx.in_shape;
+  if (options_.sequence_parallel) total_shape[0] *= tp_.size();
+  // dX_i = dY_i A_i is this rank's partial sum of dX: summed over ranks (and scattered back to
+  // this rank's tokens under sequence parallelism).
+  Tensor dx = local_.backward(dy_local, ctx.linear).view(total_shape);
+  return options_.sequence_parallel ? gather_from_sequence_parallel_region_backward(dx, tp_)
+                                    : copy_to_tp_region_backward(dx, tp_);
+}
+
+// ---- RowParallelLinear --------------------------------------------------------------------------
+
+RowParallelLinear::RowParallelLinear(const std::string& name, int64_t in, int64_t out,
+                                     double init_std, ProcessGroup& tp, Options options)
+    : tp_(tp),
+      options_(options),
+      in_(in),
+      out_(out),
+      in_local_(divide(in, tp.size(), name + ": input features by --tensor-model-parallel-size")),
+      local_(name, in_local_, out, /*with_bias=*/false, init_std) {
+  // Megatron's rule: the sequence-parallel reduce-scatter assumes the input was already split by
+  // the preceding column-parallel layer.
+  MEGATRON_CHECK(!options.sequence_parallel || options.input_is_parallel, name,
+                 ": --sequence-parallel needs input_is_parallel (a column-parallel producer)");
+  if (options.with_bias) {
+    bias.name = name + ".bias";
+    bias.shape = {out};
+    bias.init = Init::kZeros;
+    bias.no_weight_decay = true;
+  }
+}
+
+void RowParallelLinear::collect(std::vector<Param*>& out) {
+  local_.collect(out);
+  if (has_bias()) out.push_back(&bias);
+}
+
+std::vector<Param*> RowParallelLinear::sequence_parallel_params() {
+  if (options_.sequence_parallel && has_bias() && tp_.size() > 1) return {&bias};
+  return {};
+}
+
+void RowParallelLinear::initialize(uint64_t seed) {
+  initialize_shard(local_.weight, seed, Shape{out_, in_}, 0, tp_.rank() * in_local_);
+  if (has_bias()) initialize_shard(bias, seed, Shape{out_}, 0, 0);
+}
+
+Tensor RowParallelLinear::forward(const Tensor& x, Ctx& ctx) const {
+  Tensor x_local = options_.input_is_parallel ? x : scatter_to_tp_region_forward(x, tp_);
+  MEGATRON_CHECK(x_local.dim(-1) == in_local_, local_.weight.name, ": input has ", x.dim(-1),
+                 " features, expected ", options_.input_is_parallel ? in_local_ : in_,
+                 options_.input_is_parallel ? " (this rank's split of the input)" : "");
+  ctx.in_shape = x.shape();
+  Tensor partial = local_.forward(x_local, ctx.linear).view(with_last(x_local.shape(), out_));
+  Tensor y = options_.sequence_parallel
+                 ? reduce_scatter_to_sequence_parallel_region_forward(partial, tp_)
+                 : reduce_from_tp_region_forward(partial, tp_);
+  // After the reduction: the bias is added once, not once per rank.
+  if (has_bias()) ops::bias_add(y, bias.value_as(y.dtype()));
+  return y;
+}
+
+Tensor RowParallelLinear::backward(const Tensor& dy, Ctx& ctx) const {
+  // Under sequence parallelism dy holds this rank's tokens only: the bias gradient is partial
+  // (see sequence_parallel_params) and the GEMM needs every token's gradient.
+  if (has_bias()) {
+    Tensor db = bias.main_grad;
+    ops::bias_backward(db, dy);
+  }
+  Tensor dy_total = options_.sequence_parallel
+                        ? reduce_scatter_to_sequence_parallel_region_backward(dy, tp_)
+                        : reduce_from_tp_region_backward(dy, tp_);
+  Shape local_shape = with_last(ctx.in_shape, in_local_);
+  Tensor dx = local_.backward(dy_total, ctx.linear).view(local_shape);
+  return options_.input_is_parallel ? dx : scatter_to_tp_region_backward(dx, tp_);
+}
+
+}  // namespace megatron

@@ -1,0 +1,132 @@
+// ColumnParallelLinear and RowParallelLinear: Megatron's two halves of a tensor-parallel GEMM.
+//
+// Both compute Y = X A^T + b with A stored [out, in] like Linear (and torch.nn.Linear). Writing
+// the math as Megatron does, with W = A^T so that Y = X W:
+//
+//   Column parallel: W = [W_1, ..., W_p] split along its columns (A's output rows): rank i holds
+//   A_i [out/p, in] and b_i [out/p] and computes Y_i = X W_i + b_i, this rank's slice of Y's last
+//   dim. The input enters through copy_to_tp_region ("f": forward identity, backward all-reduce
+//   of dX, since every rank's dX_i = dY_i A_i is a partial sum); under sequence parallelism X
+//   arrives as [s/p, b, in] and is all-gathered on dim 0 instead (backward: reduce-scatter of dX
+//   on dim 0). gather_output all-gathers Y's last dim so the output is whole on every rank.
+//
+//                 | W_1 |
+//   Row parallel: | ... | split along its rows (A's input columns): rank i holds A_i [out, in/p]
+//                 | W_p |
+//   and X_i = X's columns [i*in/p, (i+1)*in/p), computing the partial product X_i W_i; Y is their
+//   sum, made by reduce_from_tp_region ("g": all-reduce forward, identity backward) or, under
+//   sequence parallelism, by a reduce-scatter on dim 0 (backward: all-gather of dY). b is not
+//   split: it is added once, after the reduction, on every rank.
+//
+// Under sequence parallelism the replicated bias of RowParallelLinear sees only this rank's
+// s/p tokens, so its gradient must be summed over the TP group before the optimizer step
+// (Megatron's finalize_model_grads); sequence_parallel_params() lists it.
+//
+// Initialisation is TP-invariant: initialize(seed) fills this rank's shard with the values the
+// unsharded Param of the same name would get from ParamSet::initialize (Philox stream keyed by
+// the name, counter = element index in the FULL [out, in] tensor), so every TP size starts from
+// the same weights. Param names are the unsharded ones. Call it after ParamSet::initialize, which
+// does not know the shard layout and fills a shard as if it were whole; it refreshes the compute
+// copy of the params it fills.
+//
+// Inputs are [..., in] (usually [s, b, h]) and leading dims are flattened into rows for the GEMM.
+// ColumnParallelLinear outputs [s, b, out/p] (all s tokens, also under sequence parallelism);
+// RowParallelLinear outputs [s, b, out], or [s/p, b, out] under sequence parallelism. Under
+// sequence parallelism the column layer keeps the gathered input for backward; Megatron gathers
+// it again in backward instead, trading a collective for s*b*in floats of memory.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "comm/process_group.h"
+#include "transformer/linear.h"
+#include "transformer/param.h"
+
+namespace megatron {
+
+// Fills `p.main` (the shard [rows, cols] = shape of p) with the slice of the full tensor
+// `full_shape` whose top-left corner is (row0, col0), as ParamSet::initialize would fill the full
+// tensor from (seed, p.name); 1-D params take row0 only. Zeros and ones inits ignore the offsets.
+// Refreshes p.value from p.main.
+void initialize_shard(Param& p, uint64_t seed, const Shape& full_shape, int64_t row0, int64_t col0);
+
+class ColumnParallelLinear {
+ public:
+  struct Options {
+    bool with_bias = true;
+    bool gather_output = false;      // all-gather Y's last dim (output whole on every rank)
+    bool sequence_parallel = false;  // input [s/p, ...], all-gathered on dim 0
+  };
+  struct Ctx {
+    Linear::Ctx linear;  // the full (gathered) input as the local GEMM saw it
+    Shape in_shape;      // the input's shape on this rank
+  };
+
+  // `tp` must outlive the layer. in, out: the full (unsharded) sizes.
+  ColumnParallelLinear(const std::string& name, int64_t in, int64_t out, double init_std,
+                       ProcessGroup& tp, Options options);
+
+  // x [..., in] (or [s/p, ..., in] under sequence parallelism) -> [..., out/p], or [..., out]
+  // with gather_output.
+  Tensor forward(const Tensor& x, Ctx& ctx) const;
+  // dy shaped like forward's output -> dx shaped like its input. Accumulates this rank's weight
+  // and bias gradients.
+  Tensor backward(const Tensor& dy, Ctx& ctx) const;
+
+  void collect(std::vector<Param*>& out) { local_.collect(out); }
+  void initialize(uint64_t seed);
+
+  Param& weight() { return local_.weight; }  // [out/p, in]
+  Param& bias() { return local_.bias; }      // [out/p]; empty name when there is no bias
+  int64_t in_features() const { return in_; }
+  int64_t out_features() const { return out_; }
+  int64_t out_per_partition() const { return out_local_; }
+
+ private:
+  ProcessGroup& tp_;
+  Options options_;
+  int64_t in_, out_, out_local_;
+  Linear local_;
+};
+
+class RowParallelLinear {
+ public:
+  struct Options {
+    bool with_bias = true;
+    bool input_is_parallel = true;   // x already split on its last dim (a column layer's output)
+    bool sequence_parallel = false;  // output reduce-scattered on dim 0; needs input_is_parallel
+  };
+  struct Ctx {
+    Linear::Ctx linear;
+    Shape in_shape;
+  };
+
+  RowParallelLinear(const std::string& name, int64_t in, int64_t out, double init_std,
+                    ProcessGroup& tp, Options options);
+
+  // x [..., in/p] (input_is_parallel) or [..., in] -> [..., out] (or [s/p, ..., out] under
+  // sequence parallelism).
+  Tensor forward(const Tensor& x, Ctx& ctx) const;
+  Tensor backward(const Tensor& dy, Ctx& ctx) const;
+
+  void collect(std::vector<Param*>& out);
+  void initialize(uint64_t seed);
+  // Replicated params whose gradients are partial over the TP group (the bias under sequence
+  // parallelism): to be all-reduced over TP before the optimizer step.
+  std::vector<Param*> sequence_parallel_params();
+
+  Param& weight() { return local_.weight; }  // [out, in/p]
+  Param bias;                                // [out], replicated; empty name when there is none
+  bool has_bias() const { return !bias.name.empty(); }
+  int64_t in_per_partition() const { return in_local_; }
+
+ private:
+  ProcessGroup& tp_;
+  Options options_;
+  int64_t in_, out_, in_local_;
+  Linear local_;  // the partial GEMM, without bias (added after the reduction)
+};
+
+}  // namespace megatron
