@@ -12,7 +12,9 @@
 // every rank exit non-zero (see main), and a job that did not start with the expected number of
 // processes fails instead of passing as a set of singletons.
 #include <gtest/gtest.h>
+
 #include <mpi.h>
+#include "testing/mpi_testing.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -678,31 +680,13 @@ TEST(MpiRuntime, RanksFromTheLauncher) {
   EXPECT_GE(g_runtime->default_threads_per_rank(), 1);
 }
 
-// Failures of other ranks are printed with the rank, since only rank 0 keeps gtest's printer.
-class RankFailurePrinter : public ::testing::EmptyTestEventListener {
- public:
-  explicit RankFailurePrinter(int rank) : rank_(rank) {}
-  void OnTestPartResult(const ::testing::TestPartResult& r) override {
-    if (!r.failed()) return;
-    std::fprintf(stderr, "[rank %d] %s:%d: Failure\n%s\n", rank_,
-                 r.file_name() ? r.file_name() : "?", r.line_number(), r.message());
-    std::fflush(stderr);
-  }
-
- private:
-  int rank_;
-};
-
 }  // namespace
 }  // namespace megatron
 
 int main(int argc, char** argv) {
   megatron::MpiRuntime runtime(&argc, &argv);
   ::testing::InitGoogleTest(&argc, argv);
-  for (int i = 1; i < argc; ++i) {
-    if (std::strncmp(argv[i], "--world-size=", 13) == 0)
-      megatron::g_expected_world = std::atoi(argv[i] + 13);
-  }
+  megatron::g_expected_world = megatron::testing::expected_world_size(argc, argv);
   megatron::g_runtime = &runtime;
   // --abort-from-rank=R: rank R aborts while the others wait in a barrier; the job must end (with
   // a non-zero status) instead of hanging. This is what a failing rank does in the trainer.
@@ -718,24 +702,5 @@ int main(int argc, char** argv) {
       return 0;
     }
   }
-  // Launched as N singletons (an mpiexec of another MPI), every process would see a world of one
-  // and pass alone: refuse instead.
-  if (megatron::g_expected_world != runtime.world_size()) {
-    std::fprintf(stderr, "rank %d: expected a world of %d processes (--world-size), got %d\n",
-                 runtime.rank(), megatron::g_expected_world, runtime.world_size());
-    return 1;
-  }
-  if (runtime.rank() != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-    listeners.Append(new megatron::RankFailurePrinter(runtime.rank()));
-  }
-  int failed = RUN_ALL_TESTS() != 0 ? 1 : 0;
-  // Any rank's failure fails every rank, so CTest sees it whichever process it looks at.
-  int any_failed = 0;
-  MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  if (any_failed && !failed) {
-    std::fprintf(stderr, "rank %d: a test failed on another rank\n", runtime.rank());
-  }
-  return any_failed;
+  return megatron::testing::run_all_tests_on_every_rank(runtime, megatron::g_expected_world);
 }
