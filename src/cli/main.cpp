@@ -14,11 +14,11 @@ constexpr const char* kUsage =
     "usage: megatron <command> [flags]\n"
     "\n"
     "commands:\n"
-    "  train     pretrain or finetune a GPT model (Megatron's pretrain_gpt.py flags)\n"
-    "  score     per-token log-probabilities of token sequences under a model\n"
-    "  convert   Hugging Face model directory -> Hugging Face model directory via our layout\n"
-    "  bench     measured peaks of this machine (bench gemm)\n"
-    "  preprocess tokenize JSON lines into Megatron .bin/.idx datasets (preprocess_data.py)\n"
+    "  train       pretrain or finetune a GPT model (Megatron's pretrain_gpt.py flags)\n"
+    "  preprocess  tokenize JSON lines into Megatron .bin/.idx datasets (preprocess_data.py)\n"
+    "  score       per-token log-probabilities of token sequences under a model\n"
+    "  convert     Hugging Face model directory -> Hugging Face model directory via our layout\n"
+    "  bench       measured peaks of this machine (bench gemm)\n"
     "\n"
     "`megatron <command> --help` lists a command's flags.\n";
 
