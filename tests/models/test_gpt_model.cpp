@@ -9,6 +9,8 @@
 
 #include <cmath>
 
+#include <omp.h>
+
 #include "models/gpt_model.h"
 #include "tensor/ops.h"
 #include "testing/testing.h"
@@ -78,6 +80,9 @@ struct Fixture {
 };
 
 void check_all_gradients(const TransformerConfig& cfg, const ForwardMode& mode) {
+  // Thousands of forwards of a model this small: one thread. Threads would only add OpenMP
+  // barriers, and on a loaded machine each barrier waits for a descheduled thread.
+  omp_set_num_threads(1);
   Fixture f(cfg);
   GPTModel::Ctx ctx;
   Tensor l = f.model.forward(f.tokens, f.labels, Tensor(), ctx, mode);
