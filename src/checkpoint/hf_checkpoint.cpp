@@ -254,6 +254,30 @@ int64_t dest_row(const Mapping& mp, int64_t r) {
   return mp.rows.empty() ? mp.row_begin + r : mp.rows[static_cast<size_t>(r)];
 }
 
+// Number of rows of the HF tensor viewed in our [out, in] orientation.
+int64_t hf_rows(const Mapping& mp) {
+  if (mp.hf_shape.ndim() == 1) return mp.hf_shape[0];
+  return mp.transpose ? mp.hf_shape[1] : mp.hf_shape[0];
+}
+
+// Copies between the HF tensor `hf` and the param's flat buffer `ours` (both f64), element (r, k)
+// of the HF tensor in our orientation <-> row dest_row(r), column k of the param. Both
+// directions share this one index mapping, so import and export cannot disagree.
+void copy_mapped(const Mapping& mp, double* hf, double* ours, bool to_ours) {
+  const int64_t cols = row_len(*mp.param), rows = hf_rows(mp);
+  for (int64_t r = 0; r < rows; ++r) {
+    double* row = ours + dest_row(mp, r) * cols;
+    for (int64_t k = 0; k < cols; ++k) {
+      const int64_t i = mp.hf_shape.ndim() == 1 ? r : mp.transpose ? k * rows + r : r * cols + k;
+      if (to_ours) {
+        row[k] = hf[i];
+      } else {
+        hf[i] = row[k];
+      }
+    }
+  }
+}
+
 std::string strip_prefix(const std::string& name) {
   const std::string prefix = "transformer.";
   return name.rfind(prefix, 0) == 0 ? name.substr(prefix.size()) : name;
@@ -268,7 +292,9 @@ void load_hf_weights(const std::string& dir, const HfModelInfo& info, GPTModel& 
   std::map<std::string, std::string> by_short;
   for (const std::string& n : st.names()) by_short[strip_prefix(n)] = n;
 
-  for (Param* p : params.params()) p->main.zero();  // padding rows stay zero
+  // Each parameter is staged in f64 (padding rows stay zero) and written back once.
+  std::map<Param*, Tensor> staged;
+  for (Param* p : params.params()) staged[p] = Tensor::zeros(p->shape, DType::kF64);
   std::set<std::string> used;
   for (const Mapping& mp : build_mappings(info, model)) {
     auto it = by_short.find(mp.hf_name);
@@ -279,24 +305,7 @@ void load_hf_weights(const std::string& dir, const HfModelInfo& info, GPTModel& 
     MEGATRON_CHECK(ti.shape == mp.hf_shape, dir, ": tensor '", it->second, "' has shape ",
                    ti.shape.str(), ", config.json implies ", mp.hf_shape.str());
     Tensor src = st.read(it->second).to(DType::kF64);
-    const double* s = src.data<double>();
-    Tensor& dst = mp.param->main;
-    const int64_t cols = row_len(*mp.param);
-    // View the HF tensor as [rows, cols] in our orientation.
-    const int64_t rows = mp.hf_shape.ndim() == 1 ? mp.hf_shape[0]
-                         : mp.transpose          ? mp.hf_shape[1]
-                                                 : mp.hf_shape[0];
-    Tensor row_buf = Tensor::empty({cols}, DType::kF64);
-    for (int64_t r = 0; r < rows; ++r) {
-      double* rb = row_buf.data<double>();
-      for (int64_t k = 0; k < cols; ++k) {
-        if (mp.hf_shape.ndim() == 1)
-          rb[k] = s[r];
-        else
-          rb[k] = mp.transpose ? s[k * rows + r] : s[r * cols + k];
-      }
-      dst.flat_view(dest_row(mp, r) * cols, {cols}).copy_from(row_buf);
-    }
+    copy_mapped(mp, src.data<double>(), staged.at(mp.param).data<double>(), true);
   }
   for (const auto& [short_name, full] : by_short) {
     if (used.count(short_name)) continue;
@@ -309,6 +318,7 @@ void load_hf_weights(const std::string& dir, const HfModelInfo& info, GPTModel& 
                    "' for a ", info.arch == HfArch::kGpt2 ? "gpt2" : "llama",
                    " model as config.json describes it");
   }
+  for (auto& [p, t] : staged) p->main.copy_from(t);
   params.sync_compute_from_main();
 }
 
@@ -318,24 +328,8 @@ std::map<std::string, Tensor> to_hf_tensors(const HfModelInfo& info, const GPTMo
   std::map<std::string, Tensor> out;
   for (const Mapping& mp : build_mappings(info, m)) {
     Tensor t = Tensor::empty(mp.hf_shape, DType::kF64);
-    double* d = t.data<double>();
-    const Tensor src = (grads ? mp.param->main_grad : mp.param->main).to(DType::kF64);
-    const double* s = src.data<double>();
-    const int64_t cols = row_len(*mp.param);
-    const int64_t rows = mp.hf_shape.ndim() == 1 ? mp.hf_shape[0]
-                         : mp.transpose          ? mp.hf_shape[1]
-                                                 : mp.hf_shape[0];
-    for (int64_t r = 0; r < rows; ++r) {
-      const double* sr = s + dest_row(mp, r) * cols;
-      for (int64_t k = 0; k < cols; ++k) {
-        if (mp.hf_shape.ndim() == 1)
-          d[r] = sr[0];
-        else if (mp.transpose)
-          d[k * rows + r] = sr[k];
-        else
-          d[r * cols + k] = sr[k];
-      }
-    }
+    Tensor src = (grads ? mp.param->main_grad : mp.param->main).to(DType::kF64);
+    copy_mapped(mp, t.data<double>(), src.data<double>(), false);
     out[mp.hf_name] = t;
   }
   return out;
