@@ -199,15 +199,15 @@ std::vector<Mapping> build_mappings(const HfModelInfo& info, GPTModel& m) {
         auto r = all_rows(part);
         qkv.insert(qkv.end(), r.begin(), r.end());
       }
-      add(p + "attn.c_attn.weight", L.self_attention.linear_qkv.weight, {h, 3 * h}, true, qkv);
-      add(p + "attn.c_attn.bias", L.self_attention.linear_qkv.bias, {3 * h}, false, qkv);
-      add(p + "attn.c_proj.weight", L.self_attention.linear_proj.weight, {h, h}, true);
+      add(p + "attn.c_attn.weight", L.self_attention.linear_qkv.weight(), {h, 3 * h}, true, qkv);
+      add(p + "attn.c_attn.bias", L.self_attention.linear_qkv.bias(), {3 * h}, false, qkv);
+      add(p + "attn.c_proj.weight", L.self_attention.linear_proj.weight(), {h, h}, true);
       add(p + "attn.c_proj.bias", L.self_attention.linear_proj.bias, {h});
       add(p + "ln_2.weight", L.pre_mlp_layernorm.weight, {h});
       add(p + "ln_2.bias", L.pre_mlp_layernorm.bias, {h});
-      add(p + "mlp.c_fc.weight", L.mlp.linear_fc1.weight, {h, ffn}, true);
-      add(p + "mlp.c_fc.bias", L.mlp.linear_fc1.bias, {ffn});
-      add(p + "mlp.c_proj.weight", L.mlp.linear_fc2.weight, {ffn, h}, true);
+      add(p + "mlp.c_fc.weight", L.mlp.linear_fc1.weight(), {h, ffn}, true);
+      add(p + "mlp.c_fc.bias", L.mlp.linear_fc1.bias(), {ffn});
+      add(p + "mlp.c_proj.weight", L.mlp.linear_fc2.weight(), {ffn, h}, true);
       add(p + "mlp.c_proj.bias", L.mlp.linear_fc2.bias, {h});
     }
     add("ln_f.weight", m.decoder->final_layernorm.weight, {h});
@@ -218,25 +218,25 @@ std::vector<Mapping> build_mappings(const HfModelInfo& info, GPTModel& m) {
       auto& L = *m.decoder->layers[i];
       const std::string p = "model.layers." + std::to_string(i) + ".";
       add(p + "input_layernorm.weight", L.input_layernorm.weight, {h});
-      add(p + "self_attn.q_proj.weight", L.self_attention.linear_qkv.weight, {np * hn, h}, false,
+      add(p + "self_attn.q_proj.weight", L.self_attention.linear_qkv.weight(), {np * hn, h}, false,
           all_rows(0));
-      add(p + "self_attn.k_proj.weight", L.self_attention.linear_qkv.weight, {ng * hn, h}, false,
+      add(p + "self_attn.k_proj.weight", L.self_attention.linear_qkv.weight(), {ng * hn, h}, false,
           all_rows(1));
-      add(p + "self_attn.v_proj.weight", L.self_attention.linear_qkv.weight, {ng * hn, h}, false,
+      add(p + "self_attn.v_proj.weight", L.self_attention.linear_qkv.weight(), {ng * hn, h}, false,
           all_rows(2));
       if (c.add_qkv_bias) {
-        add(p + "self_attn.q_proj.bias", L.self_attention.linear_qkv.bias, {np * hn}, false,
+        add(p + "self_attn.q_proj.bias", L.self_attention.linear_qkv.bias(), {np * hn}, false,
             all_rows(0));
-        add(p + "self_attn.k_proj.bias", L.self_attention.linear_qkv.bias, {ng * hn}, false,
+        add(p + "self_attn.k_proj.bias", L.self_attention.linear_qkv.bias(), {ng * hn}, false,
             all_rows(1));
-        add(p + "self_attn.v_proj.bias", L.self_attention.linear_qkv.bias, {ng * hn}, false,
+        add(p + "self_attn.v_proj.bias", L.self_attention.linear_qkv.bias(), {ng * hn}, false,
             all_rows(2));
       }
-      add(p + "self_attn.o_proj.weight", L.self_attention.linear_proj.weight, {h, np * hn});
+      add(p + "self_attn.o_proj.weight", L.self_attention.linear_proj.weight(), {h, np * hn});
       add(p + "post_attention_layernorm.weight", L.pre_mlp_layernorm.weight, {h});
-      add(p + "mlp.gate_proj.weight", L.mlp.linear_fc1.weight, {ffn, h}, false, {}, 0);
-      add(p + "mlp.up_proj.weight", L.mlp.linear_fc1.weight, {ffn, h}, false, {}, ffn);
-      add(p + "mlp.down_proj.weight", L.mlp.linear_fc2.weight, {h, ffn});
+      add(p + "mlp.gate_proj.weight", L.mlp.linear_fc1.weight(), {ffn, h}, false, {}, 0);
+      add(p + "mlp.up_proj.weight", L.mlp.linear_fc1.weight(), {ffn, h}, false, {}, ffn);
+      add(p + "mlp.down_proj.weight", L.mlp.linear_fc2.weight(), {h, ffn});
     }
     add("model.norm.weight", m.decoder->final_layernorm.weight, {h});
     if (c.untie_embeddings_and_output_weights) add("lm_head.weight", m.output_layer, {V, h});

@@ -2,11 +2,15 @@
 // tokenizer, and the merge of a Hugging Face config.json into the model flags.
 #include "cli/train_args.h"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <sstream>
 
 #include "checkpoint/hf_checkpoint.h"
+#include "comm/parallel_state.h"
 #include "core/error.h"
+#include "core/logging.h"
 #include "data/tokenizer.h"
 #include "train/trainer.h"
 
@@ -54,15 +58,25 @@ void register_model_args(ArgTable& t, Arguments& a) {
          "bf16 compute weights and GEMM inputs; fp32 main weights, gradients and accumulation");
   t.flag("--fp16", a.fp16, "fp16 mixed precision (not supported yet)");
   t.add("--tensor-model-parallel-size", a.tensor_model_parallel_size,
-        "Tensor-parallel ranks per model replica (1 for now)");
+        "Degree of tensor model parallelism");
   t.add("--pipeline-model-parallel-size", a.pipeline_model_parallel_size,
-        "Pipeline stages (1 for now)");
-  t.flag("--sequence-parallel", a.sequence_parallel, "Sequence parallelism (needs TP; not yet)");
+        "Degree of pipeline model parallelism");
+  t.flag("--sequence-parallel", a.sequence_parallel,
+         "Enable sequence parallel optimization (with --tensor-model-parallel-size > 1; "
+         "switched off with a warning at 1)");
   t.add("--num-threads", a.num_threads, "OpenMP threads (default: cores available to the process)");
 }
 
 void register_train_args(ArgTable& t, Arguments& a) {
   register_model_args(t, a);
+  t.add("--num-layers-per-virtual-pipeline-stage", a.num_layers_per_virtual_pipeline_stage,
+        "Number of layers per virtual pipeline stage (interleaved 1F1B; 0: none)");
+  t.add("--num-virtual-stages-per-pipeline-rank", a.num_virtual_stages_per_pipeline_rank,
+        "Number of virtual pipeline stages per pipeline parallelism rank (0: none)");
+  t.flag("--overlap-grad-reduce", a.overlap_grad_reduce, "If set, overlap DDP grad reduce");
+  t.add("--ddp-bucket-size", a.ddp_bucket_size,
+        "Bucket size for data-parallel communication, in elements "
+        "(0: max(40000000, 1000000 x data parallel size))");
   t.add("--micro-batch-size", a.micro_batch_size, "Sequences per micro-batch");
   t.add("--global-batch-size", a.global_batch_size,
         "Sequences per iteration (default micro batch x data parallel)");
@@ -117,7 +131,93 @@ void register_train_args(ArgTable& t, Arguments& a) {
         "After training, write the weights as a Hugging Face model directory here");
 }
 
-void validate_train_args(Arguments& a, int world_size) {
+namespace {
+
+// The tensor- and pipeline-parallel layout: Megatron's rules (validate_args, TransformerConfig,
+// the interleaved schedule) in its words, then the flags and numbers involved and the fix. Pure
+// arithmetic on the flags and the world size, so every rank reaches the same verdict without
+// communicating. Returns the data-parallel size.
+int64_t validate_parallel_layout(Arguments& a, int world_size, int rank) {
+  // One source of truth for "world size divisible by tp x pp": the grid the trainer builds.
+  // Sizes beyond int saturate, so the grid refuses them instead of seeing a wrapped value.
+  auto to_int = [](int64_t v) {
+    return static_cast<int>(
+        std::clamp<int64_t>(v, std::numeric_limits<int>::min(), std::numeric_limits<int>::max()));
+  };
+  ParallelConfig pc;
+  pc.tensor_model_parallel_size = to_int(a.tensor_model_parallel_size);
+  pc.pipeline_model_parallel_size = to_int(a.pipeline_model_parallel_size);
+  const int64_t dp = make_parallel_grid(world_size, pc).dp;
+  const int64_t tp = a.tensor_model_parallel_size, pp = a.pipeline_model_parallel_size;
+
+  MEGATRON_CHECK(a.num_attention_heads % tp == 0, "num_attention_heads (", a.num_attention_heads,
+                 ") must be a multiple of tensor_model_parallel_size (", tp,
+                 "): each tensor-parallel rank holds whole heads; choose --num-attention-heads "
+                 "and --tensor-model-parallel-size so that ",
+                 tp, " divides ", a.num_attention_heads);
+  if (a.group_query_attention) {
+    MEGATRON_CHECK(a.num_query_groups % tp == 0, "num_query_groups (", a.num_query_groups,
+                   ") must be a multiple of tensor_model_parallel_size (", tp,
+                   "): each tensor-parallel rank holds whole key/value heads; choose "
+                   "--num-query-groups and --tensor-model-parallel-size so that ",
+                   tp, " divides ", a.num_query_groups);
+  }
+  if (a.sequence_parallel && tp == 1) {
+    if (rank == 0) {
+      log_line(
+          "WARNING: Disabling sequence parallelism because tensor model parallelism is disabled "
+          "(--sequence-parallel needs --tensor-model-parallel-size > 1)");
+    }
+    a.sequence_parallel = false;
+  }
+
+  const int64_t per_vp = a.num_layers_per_virtual_pipeline_stage;
+  const int64_t vp_given = a.num_virtual_stages_per_pipeline_rank;
+  MEGATRON_CHECK(per_vp >= 0,
+                 "--num-layers-per-virtual-pipeline-stage must be >= 0 (0: none), got ", per_vp);
+  MEGATRON_CHECK(vp_given >= 0,
+                 "--num-virtual-stages-per-pipeline-rank must be >= 0 (0: none), got ", vp_given);
+  MEGATRON_CHECK(per_vp == 0 || vp_given == 0, "--num-layers-per-virtual-pipeline-stage (", per_vp,
+                 ") and --num-virtual-stages-per-pipeline-rank (", vp_given,
+                 ") cannot be set at the same time; give one of them");
+  // One virtual stage per rank is no interleaving (Megatron sets the virtual size to None then).
+  const bool interleaved = (per_vp > 0 && per_vp != a.num_layers / pp) || vp_given > 1;
+  MEGATRON_CHECK(!interleaved || pp > 1,
+                 "When interleaved schedule is used, pipeline-model-parallel size should be "
+                 "greater than 1: ",
+                 per_vp > 0 ? "--num-layers-per-virtual-pipeline-stage"
+                            : "--num-virtual-stages-per-pipeline-rank",
+                 " needs --pipeline-model-parallel-size >= 2, got ", pp,
+                 "; raise it or drop the flag");
+  MEGATRON_CHECK(a.num_layers % pp == 0,
+                 "Number of layers should be divisible by the pipeline-model-parallel size: "
+                 "--num-layers (",
+                 a.num_layers, ") is not divisible by --pipeline-model-parallel-size (", pp,
+                 "); choose a layer count that is a multiple of ", pp);
+  const int64_t per_stage = a.num_layers / pp;
+  if (per_vp > 0) {
+    MEGATRON_CHECK(per_stage % per_vp == 0,
+                   "number of layers per pipeline stage must be divisible by number of layers per "
+                   "virtual pipeline stage: --num-layers (",
+                   a.num_layers, ") / --pipeline-model-parallel-size (", pp, ") = ", per_stage,
+                   " layers per stage, not a multiple of --num-layers-per-virtual-pipeline-stage (",
+                   per_vp, ")");
+  }
+  if (vp_given > 0) {
+    MEGATRON_CHECK(
+        per_stage % vp_given == 0,
+        "number of layers per pipeline stage must be divisible by the number of virtual "
+        "stages: --num-layers (",
+        a.num_layers, ") / --pipeline-model-parallel-size (", pp, ") = ", per_stage,
+        " layers per stage cannot be split into --num-virtual-stages-per-pipeline-rank (", vp_given,
+        ") chunks; --num-layers must be a multiple of ", pp * vp_given);
+  }
+  return dp;
+}
+
+}  // namespace
+
+void validate_train_args(Arguments& a, int world_size, int rank) {
   MEGATRON_CHECK(!(a.fp16 && a.bf16), "--fp16 and --bf16 are mutually exclusive; pick one");
   MEGATRON_CHECK(!a.fp16, "--fp16 is not supported yet (fp16 needs loss scaling); use --bf16");
   const bool per_split =
@@ -140,18 +240,26 @@ void validate_train_args(Arguments& a, int world_size) {
   MEGATRON_CHECK(a.train_iters > 0, "--train-iters is required (a positive integer)");
   MEGATRON_CHECK(a.micro_batch_size > 0, "--micro-batch-size must be positive, got ",
                  a.micro_batch_size);
-  MEGATRON_CHECK(a.tensor_model_parallel_size == 1 && a.pipeline_model_parallel_size == 1 &&
-                     !a.sequence_parallel,
-                 "--tensor-model-parallel-size, --pipeline-model-parallel-size and "
-                 "--sequence-parallel are not supported by the trainer yet; run data parallel "
-                 "(launch more ranks with the sizes at 1)");
-  const int64_t dp = world_size / (a.tensor_model_parallel_size * a.pipeline_model_parallel_size);
+  const int64_t dp = validate_parallel_layout(a, world_size, rank);
   if (a.global_batch_size == 0) a.global_batch_size = a.micro_batch_size * dp;
   MEGATRON_CHECK(a.global_batch_size > 0 && a.global_batch_size % (a.micro_batch_size * dp) == 0,
                  "global batch size (", a.global_batch_size,
                  ") is not divisible by micro batch size (", a.micro_batch_size,
                  ") times data parallel size (", dp,
                  "): fix --global-batch-size or --micro-batch-size");
+  if (virtual_pipeline_stages(a) > 1) {
+    const int64_t microbatches = a.global_batch_size / (a.micro_batch_size * dp);
+    MEGATRON_CHECK(microbatches % a.pipeline_model_parallel_size == 0, "number of microbatches (",
+                   microbatches, ") is not divisible by pipeline-model-parallel-size (",
+                   a.pipeline_model_parallel_size,
+                   ") when using interleaved schedule: --global-batch-size (", a.global_batch_size,
+                   ") / (--micro-batch-size (", a.micro_batch_size, ") x data parallel size (", dp,
+                   ")); choose a global batch giving a multiple of ",
+                   a.pipeline_model_parallel_size, " micro-batches");
+  }
+  MEGATRON_CHECK(a.ddp_bucket_size >= 0,
+                 "--ddp-bucket-size must be >= 0 elements (0: Megatron's default), got ",
+                 a.ddp_bucket_size);
   MEGATRON_CHECK(a.optimizer == "adam", "--optimizer ", a.optimizer, " is not supported (adam)");
   MEGATRON_CHECK(a.lr > 0, "--lr is required (a positive learning rate)");
   MEGATRON_CHECK(a.min_lr >= 0 && a.min_lr <= a.lr, "--min-lr (", a.min_lr,

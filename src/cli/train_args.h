@@ -10,9 +10,13 @@ namespace megatron::cli {
 void register_model_args(ArgTable& t, Arguments& a);
 void register_train_args(ArgTable& t, Arguments& a);
 
-// Checks every cross-flag rule; throws InvalidArgument naming the flags.
-// world_size: MPI ranks of the job (the data-parallel size is derived from it).
-void validate_train_args(Arguments& a, int world_size = 1);
+// Checks every cross-flag rule, the parallel layout included (world size divisible by tp x pp,
+// heads and query groups by tp, layers by pp and virtual stages, micro-batches by pp when
+// interleaving); throws InvalidArgument naming the flags. Fills --global-batch-size when unset
+// and turns --sequence-parallel off at tp 1 with Megatron's warning (printed by rank 0).
+// world_size: MPI ranks of the job (the data-parallel size is derived from it); rank: this one.
+// Pure arithmetic on the flags: every rank reaches the same verdict without communicating.
+void validate_train_args(Arguments& a, int world_size = 1, int rank = 0);
 
 // Fills the model flags from DIR/config.json. A model flag given explicitly that contradicts the
 // file is an error naming both; flags left at their defaults yield to the file.

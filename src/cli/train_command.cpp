@@ -19,7 +19,7 @@ int run_train(int argc, char** argv, MpiRuntime& mpi) {
   register_train_args(table, args);
   if (int rc = parse(app, argc, argv); rc >= 0) return rc;
   merge_pretrained_config(args, table);
-  validate_train_args(args, mpi.world_size());
+  validate_train_args(args, mpi.world_size(), mpi.rank());
   const bool per_split = !args.train_data_path.empty() || !args.valid_data_path.empty() ||
                          !args.test_data_path.empty();
   MEGATRON_CHECK(!(table.given("--split") && per_split),

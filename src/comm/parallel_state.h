@@ -59,6 +59,8 @@ class ParallelState {
 
   ProcessGroup& world_group() const { return *world_; }
   ProcessGroup& tp_group() const { return *tp_; }
+  // The TP group as shared ownership, for layers that keep it.
+  const std::shared_ptr<ProcessGroup>& tp_group_ptr() const { return tp_; }
   ProcessGroup& pp_group() const { return *pp_; }
   ProcessGroup& dp_group() const { return *dp_; }
   ProcessGroup& cp_group() const { return *cp_; }

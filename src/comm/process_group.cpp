@@ -261,4 +261,42 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split(const RankGroups& groups) {
   return do_split(color, key, std::move(members));
 }
 
+// ---- the group of one process ------------------------------------------------------------------
+
+namespace {
+
+// Size 1: the public methods never reach a communication hook (they return before), so every
+// hook is unreachable except split, which can only produce another group of one.
+class SelfProcessGroup final : public ProcessGroup {
+ public:
+  SelfProcessGroup() : ProcessGroup(0, {0}) {}
+
+ protected:
+  Work do_all_reduce(Tensor&, ReduceOp, bool) override { return unreachable("all_reduce"); }
+  Work do_reduce_scatter(Tensor&, const Tensor&, ReduceOp, bool) override {
+    return unreachable("reduce_scatter");
+  }
+  Work do_all_gather(Tensor&, const Tensor&, bool) override { return unreachable("all_gather"); }
+  Work do_broadcast(Tensor&, int, bool) override { return unreachable("broadcast"); }
+  Work do_all_to_all(Tensor&, const Tensor&, bool) override { return unreachable("all_to_all"); }
+  Work do_send(const Tensor&, int, int, bool) override { return unreachable("send"); }
+  Work do_recv(Tensor&, int, int, bool) override { return unreachable("recv"); }
+  Work do_barrier(bool) override { return Work(); }
+  std::shared_ptr<ProcessGroup> do_split(int color, int, std::vector<int>) override {
+    return color < 0 ? nullptr : std::make_shared<SelfProcessGroup>();
+  }
+
+ private:
+  static Work unreachable(const char* op) {
+    MEGATRON_ASSERT(false, "a group of one process has no peer for ", op);
+    return Work();
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<ProcessGroup> make_self_process_group() {
+  return std::make_shared<SelfProcessGroup>();
+}
+
 }  // namespace megatron

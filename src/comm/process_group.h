@@ -149,4 +149,8 @@ class ProcessGroup {
   std::vector<int> global_ranks_;
 };
 
+// A group holding only this process, without MPI: what a single-process model uses as its
+// tensor-parallel group (every collective is then the identity, see above).
+std::shared_ptr<ProcessGroup> make_self_process_group();
+
 }  // namespace megatron

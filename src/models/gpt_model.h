@@ -1,19 +1,50 @@
-// GPTModel: embeddings, the transformer decoder, the output layer and the fused LM loss.
+// GPTModel: embeddings, the transformer decoder, the output layer and the fused LM loss; or, in a
+// pipeline, one stage's part of them.
 //
 // Covers GPT-2 style (learned absolute positions, LayerNorm, GELU, biases, tied embeddings) and
 // Llama style (RoPE, RMSNorm, SwiGLU, no biases, GQA, untied output) through TransformerConfig.
 // Inputs are Megatron's [b, s] token batches; inside, activations are [s, b, h]. The output layer
 // has padded_vocab_size rows; rows >= vocab_size are padding and are masked out of the softmax,
 // so they never receive probability, loss or gradient.
+//
+// Parallelism (GPTStage): under tensor parallelism the word embeddings and the output layer are
+// split along the vocabulary (Megatron's VocabParallelEmbedding and vocab-parallel cross entropy:
+// rank r holds rows [r Vp/tp, (r+1) Vp/tp)), attention and MLP as their classes say; with
+// --sequence-parallel the activations between them are [s/tp, b, h]. A pipeline stage holds a
+// contiguous run of layers (global numbers), the embeddings only on the first stage
+// (pre_process) and the final norm, output layer and loss only on the last (post_process). With
+// tied embeddings the last stage of a pipeline keeps its own copy of the word embeddings as the
+// output weight, initialised identically (same name, same Philox stream) and kept identical by
+// summing both copies' gradients over the embedding group (Megatron's shared embedding).
 #pragma once
 
 #include <memory>
 #include <vector>
 
+#include "comm/process_group.h"
 #include "transformer/config.h"
 #include "transformer/transformer_block.h"
 
 namespace megatron {
+
+// The part of the model one instance holds, and its tensor-parallel group.
+struct GPTStage {
+  std::shared_ptr<ProcessGroup> tp;  // null: no tensor parallelism
+  bool sequence_parallel = false;    // --sequence-parallel (ignored without TP)
+  int64_t first_layer = 0;           // global number of this stage's first layer
+  int64_t num_layers = -1;           // -1: every layer from first_layer on
+  bool pre_process = true;           // holds the embeddings (first pipeline stage)
+  bool post_process = true;          // holds final norm, output layer, loss (last stage)
+};
+
+// What a stage reads of the micro-batch: tokens and positions on the first stage, labels on the
+// last, doc_start wherever attention runs (--reset-attention-mask).
+struct GPTInputs {
+  Tensor tokens;     // [b, s] i64
+  Tensor labels;     // [b, s] i64
+  Tensor positions;  // [b, s] i64, or undefined: 0..s-1
+  Tensor doc_start;  // [b, s] i32, or undefined: one document per sequence
+};
 
 class GPTModel {
  public:
@@ -24,38 +55,63 @@ class GPTModel {
     uint64_t seed = 0, emb_stream = 0;
     TransformerBlock::Ctx decoder;
     Tensor hidden;  // final hidden [s * b, h], as the output GEMM saw it (f32 or bf16)
-    Tensor logits;  // [s * b, Vp] f32; becomes dlogits in backward
+    Tensor logits;  // [s * b, Vp/tp] f32; becomes dlogits in backward
     Tensor lse;     // [s * b]
   };
 
-  explicit GPTModel(const TransformerConfig& cfg);
+  explicit GPTModel(const TransformerConfig& cfg, GPTStage stage = {});
   // Layers hold references to cfg_ and ParamSets hold pointers to the Params: never move or copy.
   GPTModel(const GPTModel&) = delete;
   GPTModel& operator=(const GPTModel&) = delete;
 
-  // tokens, labels: [b, s] i64; positions: [b, s] i64 or undefined (0..s-1); doc_start: [b, s]
-  // i32 document starts for --reset-attention-mask, or undefined. Returns the per-token loss
-  // [b, s] (f32, or f64 in f64 models). Keeps what backward needs in ctx.
+  // Whole model (pre_process and post_process). tokens, labels: [b, s] i64; positions: [b, s]
+  // i64 or undefined (0..s-1); doc_start: [b, s] i32 document starts for
+  // --reset-attention-mask, or undefined. Returns the per-token loss [b, s] (f32, or f64 in f64
+  // models). Keeps what backward needs in ctx.
   Tensor forward(const Tensor& tokens, const Tensor& labels, const Tensor& positions, Ctx& ctx,
                  const ForwardMode& mode, const Tensor& doc_start = Tensor()) const;
-  // Logits [s * b, Vp] for the given tokens (row t * b + i is position t of sequence i).
+  // Logits [s * b, Vp] for the given tokens (row t * b + i is position t of sequence i). Whole
+  // model without tensor parallelism only.
   Tensor forward_logits(const Tensor& tokens, const Tensor& positions, Ctx& ctx,
                         const ForwardMode& mode, const Tensor& doc_start = Tensor()) const;
   // dloss [b, s]: gradient of the objective w.r.t. each per-token loss. Accumulates main_grad.
   void backward(const Tensor& dloss, Ctx& ctx) const;
 
+  // One pipeline stage. hidden_in: the previous stage's output [s', b, h] (s' = s/tp under
+  // sequence parallelism), unused on the first stage, which embeds in.tokens. Returns the
+  // per-token loss [b, s] on the last stage, else this stage's output [s', b, h].
+  Tensor forward_stage(const Tensor& hidden_in, const GPTInputs& in, Ctx& ctx,
+                       const ForwardMode& mode) const;
+  // d: dloss [b, s] on the last stage, else the gradient of this stage's output. Returns the
+  // gradient of hidden_in (undefined on the first stage).
+  Tensor backward_stage(const Tensor& d, Ctx& ctx) const;
+
   // Every parameter, in registration order (embedding, decoder layers, final norm, output).
   std::vector<Param*> parameters();
   const TransformerConfig& config() const { return cfg_; }
+  const GPTStage& stage() const { return stage_; }
+  ProcessGroup& tp_group() const { return *stage_.tp; }
+  // Shape of the activation a stage receives and sends: [s', b, h].
+  Shape activation_shape(int64_t micro_batch_size) const;
 
-  Param word_embeddings;      // embedding.word_embeddings.weight [Vp, h]
+  Param word_embeddings;      // embedding.word_embeddings.weight [Vp/tp, h] (first stage, and
+                              // the last stage when tied)
   Param position_embeddings;  // embedding.position_embeddings.weight [max_pos, h] (learned only)
   std::unique_ptr<TransformerBlock> decoder;
-  Param output_layer;  // output_layer.weight [Vp, h] (untied only)
+  Param output_layer;  // output_layer.weight [Vp/tp, h] (untied only, last stage)
 
  private:
   const Param& output_weight() const;
+  Tensor embed(const GPTInputs& in, Ctx& ctx, const ForwardMode& mode) const;
+  void embed_backward(Tensor dx, Ctx& ctx) const;
+  Tensor output_and_loss(const Tensor& hidden, const GPTInputs& in, Ctx& ctx) const;
+  Tensor output_and_loss_backward(const Tensor& dloss, Ctx& ctx) const;
+  Tensor logits_of(const Tensor& hidden, Ctx& ctx) const;
+
   TransformerConfig cfg_;
+  GPTStage stage_;
+  TensorParallelContext tp_;
+  int64_t vocab_start_ = 0;  // first vocabulary row on this TP rank
 };
 
 // Transposes a [b, s] tensor of i64 into [s, b].

@@ -37,6 +37,14 @@ double grad_norm(ParamSet& params) {
   return std::sqrt(ops::sum_squares(params.grads()));
 }
 
+double grad_sum_squares_unique(ParamSet& params) {
+  double sum = 0;
+  for (Param* p : params.params()) {
+    if (!p->is_duplicate()) sum += ops::sum_squares(p->main_grad);
+  }
+  return sum;
+}
+
 void clip_grads(ParamSet& params, double max_norm, double norm) {
   if (max_norm <= 0) return;
   const double coeff = max_norm / (norm + 1e-6);

@@ -6,7 +6,7 @@
 // optimizer (that shards these buffers over data-parallel ranks; it comes with parallelism).
 #pragma once
 
-#include "transformer/param.h"
+#include "parallel/param.h"
 
 namespace megatron {
 
@@ -38,6 +38,10 @@ class AdamW {
 
 // Global L2 norm of all gradients (each element once), accumulated in double.
 double grad_norm(ParamSet& params);
+// This rank's share of the squared global gradient norm: the sum of squares of every gradient
+// except duplicates (Param::is_duplicate), so that summing it over the model-parallel group counts
+// each element of the model once (Megatron's get_grad_norm_fp32).
+double grad_sum_squares_unique(ParamSet& params);
 // Scales gradients by max_norm / (norm + 1e-6) when that is < 1 (Megatron's clip_grad_norm).
 void clip_grads(ParamSet& params, double max_norm, double norm);
 

@@ -2,7 +2,6 @@
 // mappings' conjugate pairs around it.
 #include "parallel/tensor_parallel_linear.h"
 
-#include "core/philox.h"
 #include "parallel/mappings.h"
 #include "tensor/ops.h"
 
@@ -15,43 +14,15 @@ Shape with_last(const Shape& s, int64_t n) {
   return out;
 }
 
-}  // namespace
-
-void initialize_shard(Param& p, uint64_t seed, const Shape& full_shape, int64_t row0,
-                      int64_t col0) {
-  MEGATRON_CHECK(p.shape.ndim() == full_shape.ndim() && p.shape.ndim() >= 1 && p.shape.ndim() <= 2,
-                 p.name, ": shard ", p.shape.str(), " does not fit the full shape ",
-                 full_shape.str());
-  const int64_t rows = p.shape[0], cols = p.shape.ndim() == 2 ? p.shape[1] : 1;
-  const int64_t full_cols = full_shape.ndim() == 2 ? full_shape[1] : 1;
-  MEGATRON_CHECK(row0 >= 0 && col0 >= 0 && row0 + rows <= full_shape[0] && col0 + cols <= full_cols,
-                 p.name, ": shard ", p.shape.str(), " at (", row0, ", ", col0,
-                 ") lies outside the full shape ", full_shape.str());
-  switch (p.init) {
-    case Init::kZeros:
-      p.main.zero();
-      break;
-    case Init::kOnes:
-      p.main.fill(1.0);
-      break;
-    case Init::kNormal: {
-      // Exactly ParamSet::initialize's values (computed in double, rounded once into main), at
-      // the element's index in the full tensor.
-      Tensor tmp = Tensor::empty(p.shape, DType::kF64);
-      double* d = tmp.data<double>();
-      const uint64_t stream = stable_hash(p.name);
-      for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t c = 0; c < cols; ++c) {
-          const auto i = static_cast<uint64_t>((row0 + r) * full_cols + col0 + c);
-          d[r * cols + c] = p.init_std * Philox::normal(seed, stream, i);
-        }
-      }
-      p.main.copy_from(tmp);
-      break;
-    }
-  }
-  if (p.value.raw() != p.main.raw()) p.value.copy_from(p.main);
+// Marks p as the shard of a tensor split on `dim` (or replicated, dim -1) over `tp`.
+void mark_shard(Param& p, ProcessGroup& tp, int dim, int stride = 1) {
+  p.tp_partition_dim = dim;
+  p.tp_partition_stride = stride;
+  p.tp_rank = tp.rank();
+  p.tp_size = tp.size();
 }
+
+}  // namespace
 
 // ---- ColumnParallelLinear -----------------------------------------------------------------------
 
@@ -63,12 +34,11 @@ ColumnParallelLinear::ColumnParallelLinear(const std::string& name, int64_t in, 
       out_(out),
       out_local_(
           divide(out, tp.size(), name + ": output features by --tensor-model-parallel-size")),
-      local_(name, in, out_local_, options.with_bias, init_std) {}
-
-void ColumnParallelLinear::initialize(uint64_t seed) {
-  const int64_t row0 = tp_.rank() * out_local_;
-  initialize_shard(local_.weight, seed, Shape{out_, in_}, row0, 0);
-  if (local_.has_bias()) initialize_shard(local_.bias, seed, Shape{out_}, row0, 0);
+      local_(name, in, out_local_, options.with_bias, init_std) {
+  MEGATRON_CHECK(options.stride >= 1 && out_local_ % options.stride == 0, name, ": ", out_local_,
+                 " output features per rank do not split into ", options.stride, " blocks");
+  mark_shard(local_.weight, tp, 0, options.stride);
+  if (local_.has_bias()) mark_shard(local_.bias, tp, 0, options.stride);
 }
 
 Tensor ColumnParallelLinear::forward(const Tensor& x, Ctx& ctx) const {
@@ -112,7 +82,10 @@ RowParallelLinear::RowParallelLinear(const std::string& name, int64_t in, int64_
     bias.shape = {out};
     bias.init = Init::kZeros;
     bias.no_weight_decay = true;
+    mark_shard(bias, tp, -1);
+    bias.sequence_parallel = options.sequence_parallel && tp.size() > 1;
   }
+  mark_shard(local_.weight, tp, 1);
 }
 
 void RowParallelLinear::collect(std::vector<Param*>& out) {
@@ -123,11 +96,6 @@ void RowParallelLinear::collect(std::vector<Param*>& out) {
 std::vector<Param*> RowParallelLinear::sequence_parallel_params() {
   if (options_.sequence_parallel && has_bias() && tp_.size() > 1) return {&bias};
   return {};
-}
-
-void RowParallelLinear::initialize(uint64_t seed) {
-  initialize_shard(local_.weight, seed, Shape{out_, in_}, 0, tp_.rank() * in_local_);
-  if (has_bias()) initialize_shard(bias, seed, Shape{out_}, 0, 0);
 }
 
 Tensor RowParallelLinear::forward(const Tensor& x, Ctx& ctx) const {

@@ -22,12 +22,10 @@
 // s/p tokens, so its gradient must be summed over the TP group before the optimizer step
 // (Megatron's finalize_model_grads); sequence_parallel_params() lists it.
 //
-// Initialisation is TP-invariant: initialize(seed) fills this rank's shard with the values the
-// unsharded Param of the same name would get from ParamSet::initialize (Philox stream keyed by
-// the name, counter = element index in the FULL [out, in] tensor), so every TP size starts from
-// the same weights. Param names are the unsharded ones. Call it after ParamSet::initialize, which
-// does not know the shard layout and fills a shard as if it were whole; it refreshes the compute
-// copy of the params it fills.
+// Initialisation is TP-invariant: the layers mark their shards (Param::tp_partition_dim and
+// friends), and ParamSet::initialize fills each shard with the slice of the full tensor that the
+// unsharded Param of the same name would get, so every TP size starts from the same weights.
+// Param names are the unsharded ones.
 //
 // Inputs are [..., in] (usually [s, b, h]) and leading dims are flattened into rows for the GEMM.
 // ColumnParallelLinear outputs [s, b, out/p] (all s tokens, also under sequence parallelism);
@@ -41,16 +39,10 @@
 #include <vector>
 
 #include "comm/process_group.h"
-#include "transformer/linear.h"
-#include "transformer/param.h"
+#include "parallel/linear.h"
+#include "parallel/param.h"
 
 namespace megatron {
-
-// Fills `p.main` (the shard [rows, cols] = shape of p) with the slice of the full tensor
-// `full_shape` whose top-left corner is (row0, col0), as ParamSet::initialize would fill the full
-// tensor from (seed, p.name); 1-D params take row0 only. Zeros and ones inits ignore the offsets.
-// Refreshes p.value from p.main.
-void initialize_shard(Param& p, uint64_t seed, const Shape& full_shape, int64_t row0, int64_t col0);
 
 class ColumnParallelLinear {
  public:
@@ -58,6 +50,9 @@ class ColumnParallelLinear {
     bool with_bias = true;
     bool gather_output = false;      // all-gather Y's last dim (output whole on every rank)
     bool sequence_parallel = false;  // input [s/p, ...], all-gathered on dim 0
+    // The output features are `stride` equal blocks, each split over the ranks (2 for SwiGLU's
+    // [gate | up], so that each rank's output is [gate_r | up_r]).
+    int stride = 1;
   };
   struct Ctx {
     Linear::Ctx linear;  // the full (gathered) input as the local GEMM saw it
@@ -76,7 +71,6 @@ class ColumnParallelLinear {
   Tensor backward(const Tensor& dy, Ctx& ctx) const;
 
   void collect(std::vector<Param*>& out) { local_.collect(out); }
-  void initialize(uint64_t seed);
 
   Param& weight() { return local_.weight; }  // [out/p, in]
   Param& bias() { return local_.bias; }      // [out/p]; empty name when there is no bias
@@ -112,7 +106,6 @@ class RowParallelLinear {
   Tensor backward(const Tensor& dy, Ctx& ctx) const;
 
   void collect(std::vector<Param*>& out);
-  void initialize(uint64_t seed);
   // Replicated params whose gradients are partial over the TP group (the bias under sequence
   // parallelism): to be all-reduced over TP before the optimizer step.
   std::vector<Param*> sequence_parallel_params();

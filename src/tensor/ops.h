@@ -38,10 +38,14 @@ void gelu_backward(Tensor& dx, const Tensor& dout, const Tensor& x, bool tanh_ap
 void swiglu_forward(Tensor& out, const Tensor& x);
 void swiglu_backward(Tensor& dx, const Tensor& dout, const Tensor& x);
 
-// Dropout with a counter-based mask: element i is kept iff uniform(seed, stream, i) >= p, and
-// scaled by 1/(1-p). The mask is recomputed in backward, never stored.
-void dropout_forward(Tensor& out, const Tensor& x, float p, uint64_t seed, uint64_t stream);
-void dropout_backward(Tensor& dx, const Tensor& dout, float p, uint64_t seed, uint64_t stream);
+// Dropout with a counter-based mask: element i is kept iff uniform(seed, stream, offset + i) >= p,
+// and scaled by 1/(1-p). The mask is recomputed in backward, never stored. `offset` places a shard
+// in its full tensor (under sequence parallelism rank r holds elements [r n, (r + 1) n)), so
+// every layout draws the same mask for the same element.
+void dropout_forward(Tensor& out, const Tensor& x, float p, uint64_t seed, uint64_t stream,
+                     uint64_t offset = 0);
+void dropout_backward(Tensor& dx, const Tensor& dout, float p, uint64_t seed, uint64_t stream,
+                      uint64_t offset = 0);
 
 // ---- normalisation ----------------------------------------------------------------------------
 // LayerNorm over the last dim h: out = (x - mean) * rstd * weight + bias; mean, rstd: [rows] f32.
@@ -87,6 +91,10 @@ struct AttentionSpec {
   bool causal = true;
   float dropout = 0.0f;
   uint64_t seed = 0, stream = 0;
+  // Under tensor parallelism this rank's heads are heads [head_offset, head_offset + np) of
+  // total_heads (0: np, no offset): dropout counters use the global head, so every TP size draws
+  // the same masks.
+  int64_t head_offset = 0, total_heads = 0;
   // Document boundaries (--reset-attention-mask), or null: [b, s] positions, doc_start[b * s + i]
   // = first position of the document holding token i; query i then sees only keys j in
   // [doc_start, i]. Requires causal.

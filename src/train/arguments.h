@@ -92,10 +92,25 @@ struct Arguments {
   int64_t num_threads = 0;  // OpenMP threads; 0: cores available to this rank
 
   // ---- parallelism (data parallel = world size / (tensor x pipeline)) ----
-  int64_t tensor_model_parallel_size = 1;
-  int64_t pipeline_model_parallel_size = 1;
-  bool sequence_parallel = false;
-  double gemm_peak_gflops = 0;  // MFU denominator; 0: measured at start-up
+  int64_t tensor_model_parallel_size = 1;    // ranks sharing each layer's weights (Megatron's TP)
+  int64_t pipeline_model_parallel_size = 1;  // pipeline stages; --num-layers is split evenly
+  int64_t num_layers_per_virtual_pipeline_stage = 0;  // interleaved 1F1B chunk size; 0: none
+  int64_t num_virtual_stages_per_pipeline_rank = 0;   // chunks per stage (V) directly; 0: none
+  bool sequence_parallel = false;    // shard norms/dropout along s over TP; forced off at TP 1
+  bool overlap_grad_reduce = false;  // reduce each gradient bucket as soon as it is complete
+  int64_t ddp_bucket_size = 0;       // elements; 0: Megatron's max(40000000, 1000000 x dp size)
+  double gemm_peak_gflops = 0;       // MFU denominator; 0: measured at start-up
 };
+
+// Model chunks per pipeline rank (Megatron's virtual_pipeline_model_parallel_size): 1 without
+// interleaving; (num_layers / pp) / --num-layers-per-virtual-pipeline-stage, or
+// --num-virtual-stages-per-pipeline-rank. Assumes the arguments passed validation (train_args).
+inline int64_t virtual_pipeline_stages(const Arguments& a) {
+  if (a.num_layers_per_virtual_pipeline_stage > 0) {
+    return a.num_layers / a.pipeline_model_parallel_size / a.num_layers_per_virtual_pipeline_stage;
+  }
+  if (a.num_virtual_stages_per_pipeline_rank > 0) return a.num_virtual_stages_per_pipeline_rank;
+  return 1;
+}
 
 }  // namespace megatron

@@ -13,6 +13,7 @@
 #include "tensor/ops.h"
 #include "train/flops.h"
 #include "train/gemm_peak.h"
+#include "train/micro_batch_runner.h"
 #include "train/model_config.h"
 
 namespace megatron {
@@ -37,17 +38,24 @@ TokenizerArgs tokenizer_args(const Arguments& a) {
 
 Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
     : args_(args), parallel_(std::move(parallel)) {
-  if (parallel_) {
-    // Data parallelism only, for now: the CLI refuses tensor and pipeline sizes above 1.
-    MEGATRON_ASSERT(parallel_->tp_size() == 1 && parallel_->pp_size() == 1,
-                    "tensor/pipeline parallel layouts are not supported by the trainer yet");
-    dp_size_ = parallel_->dp_size();
-    dp_rank_ = parallel_->dp_rank();
-    first_rank_ = parallel_->rank() == 0;
-    last_rank_ = parallel_->rank() == parallel_->world_size() - 1;
-  }
+  // A single process is a world of one: every group is the process itself.
+  if (!parallel_)
+    parallel_ = std::make_shared<ParallelState>(make_self_process_group(), ParallelConfig{});
+  const ParallelState& ps = *parallel_;
+  dp_size_ = ps.dp_size();
+  dp_rank_ = ps.dp_rank();
+  first_rank_ = ps.rank() == 0;
+  last_rank_ = ps.rank() == ps.world_size() - 1;
+  has_loss_ = ps.is_last_stage();
+  virtual_stages_ = static_cast<int>(virtual_pipeline_stages(args_));
+  needs_data_ = ps.is_first_stage() || ps.is_last_stage() || args_.reset_attention_mask;
   tokenizer_ = build_tokenizer(tokenizer_args(args_));
   cfg_ = transformer_config_from_args(args_);
+  const bool whole_model = ps.tp_size() == 1 && ps.pp_size() == 1;
+  MEGATRON_CHECK(whole_model || (args_.pretrained_checkpoint.empty() && args_.save_hf.empty()),
+                 "--pretrained-checkpoint and --save-hf read and write whole Hugging Face models: "
+                 "run them with --tensor-model-parallel-size 1 and "
+                 "--pipeline-model-parallel-size 1");
   if (!args_.save_hf.empty()) {
     // Refuse an unexportable model or an unwritable directory now, not after training.
     infer_hf_arch(cfg_);
@@ -62,20 +70,37 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
                       static_cast<long>(cfg_.padded_vocab_size)));
   num_microbatches_ = args_.global_batch_size / (args_.micro_batch_size * dp_size_);
 
-  model_ = std::make_unique<GPTModel>(cfg_);
-  params_ = std::make_unique<ParamSet>(model_->parameters(), cfg_.compute_dtype);
+  // Model chunks: chunk c of pipeline rank r is virtual stage g = c * pp + r, holding layers
+  // [g L / (pp V), (g + 1) L / (pp V)) (Megatron's interleaved layout).
+  const int pp = ps.pp_size();
+  const int64_t stages = static_cast<int64_t>(pp) * virtual_stages_;
+  const int64_t per_stage = cfg_.num_layers / stages;
+  std::shared_ptr<ProcessGroup> tp = ps.tp_group_ptr();
+  std::vector<Param*> all;
+  for (int c = 0; c < virtual_stages_; ++c) {
+    const int64_t g = static_cast<int64_t>(c) * pp + ps.pp_rank();
+    GPTStage stage{tp, args_.sequence_parallel, g * per_stage, per_stage, g == 0, g == stages - 1};
+    chunks_.push_back(std::make_unique<GPTModel>(cfg_, stage));
+    for (Param* p : chunks_.back()->parameters()) all.push_back(p);
+  }
+  params_ = std::make_unique<ParamSet>(all, cfg_.compute_dtype);
   if (!args_.pretrained_checkpoint.empty()) {
     HfModelInfo info = read_hf_config(args_.pretrained_checkpoint);
-    load_hf_weights(args_.pretrained_checkpoint, info, *model_, *params_);
+    load_hf_weights(args_.pretrained_checkpoint, info, *chunks_.front(), *params_);
     log_first(" > loaded pretrained weights from " + args_.pretrained_checkpoint);
   } else {
     params_->initialize(static_cast<uint64_t>(args_.seed));
   }
   int64_t nparams = 0;
   for (Param* p : params_->params()) nparams += p->shape.numel();
-  log_first(
-      strprintf(" > number of parameters on (tensor, pipeline) model parallel rank (0, 0): %ld",
-                static_cast<long>(nparams)));
+  // Megatron prints one line per model-parallel rank (from data-parallel rank 0).
+  if (dp_rank_ == 0) {
+    log_line(
+        strprintf(" > number of parameters on (tensor, pipeline) model parallel rank (%d, %d): %ld",
+                  ps.tp_rank(), ps.pp_rank(), static_cast<long>(nparams)));
+  }
+  executor_ = std::make_unique<PipelineExecutor>(
+      ps.pp_group(), chunks_.front()->activation_shape(args_.micro_batch_size), virtual_stages_);
 
   optimizer_ = std::make_unique<AdamW>(*params_, AdamWConfig{args_.adam_beta1, args_.adam_beta2,
                                                              args_.adam_eps, args_.weight_decay});
@@ -102,7 +127,7 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
   // Rank 0 builds (and caches) the sample indices first; the others then load them.
   if (!first_rank_) parallel_->world_group().barrier();
   data_ = build_datasets(args_, *tokenizer_, cfg_.seq_length, first_rank_);
-  if (first_rank_ && parallel_) parallel_->world_group().barrier();
+  if (first_rank_) parallel_->world_group().barrier();
   // Every sample the run will read must exist now, not hours in, at the last evaluation.
   const SampleCounts need = sample_counts(args_);
   MEGATRON_CHECK(data_.train->size() >= need.train, "the training data has ", data_.train->size(),
@@ -137,51 +162,91 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
 
 Trainer::~Trainer() = default;
 
+std::vector<Action> Trainer::schedule() const {
+  const int pp = parallel_->pp_size(), rank = parallel_->pp_rank();
+  const int m = static_cast<int>(num_microbatches_);
+  if (pp == 1) return no_pipelining_schedule(m);
+  if (virtual_stages_ == 1) return one_f_one_b_schedule(pp, rank, m);
+  return interleaved_schedule(pp, rank, m, virtual_stages_);
+}
+
+void Trainer::broadcast_batch(GPTBatch& b) {
+  ProcessGroup& tp = parallel_->tp_group();
+  if (tp.size() == 1) return;
+  const Shape bs{args_.micro_batch_size, cfg_.seq_length};
+  if (tp.rank() != 0) {
+    b.tokens = Tensor::empty(bs, DType::kI64);
+    b.labels = Tensor::empty(bs, DType::kI64);
+    b.loss_mask = Tensor::empty(bs, DType::kF32);
+    b.positions = Tensor::empty(bs, DType::kI64);
+    if (args_.reset_attention_mask) b.doc_start = Tensor::empty(bs, DType::kI32);
+  }
+  tp.broadcast(b.tokens, 0);
+  tp.broadcast(b.labels, 0);
+  tp.broadcast(b.loss_mask, 0);
+  tp.broadcast(b.positions, 0);
+  if (args_.reset_attention_mask) tp.broadcast(b.doc_start, 0);
+}
+
+std::vector<GPTBatch> Trainer::step_batches(const std::function<GPTBatch(int64_t)>& read) {
+  std::vector<GPTBatch> batches(static_cast<size_t>(num_microbatches_));
+  if (!needs_data_) return batches;
+  const bool reads = parallel_->tp_rank() == 0;
+  for (int64_t mb = 0; mb < num_microbatches_; ++mb) {
+    if (reads) batches[mb] = read(mb);
+    broadcast_batch(batches[mb]);
+  }
+  return batches;
+}
+
+void Trainer::finish_gradients() {
+  const ParallelState& ps = *parallel_;
+  if (dp_size_ > 1) {
+    // Average the replicas' gradients (each is the gradient of its share of the global-batch
+    // objective, scaled for its own micro-batches).
+    ops::scale_inplace(params_->grads(), 1.0 / static_cast<double>(dp_size_));
+    ps.dp_group().all_reduce(params_->grads());
+  }
+  for (Param* p : params_->params()) {
+    // Replicated parameters that saw only this rank's s/tp positions (Megatron's
+    // _allreduce_layernorm_grads), and the tied embeddings' two copies
+    // (_allreduce_embedding_grads).
+    if (p->sequence_parallel) ps.tp_group().all_reduce(p->main_grad);
+    if (ps.pp_size() > 1 && !cfg_.untie_embeddings_and_output_weights &&
+        p->name == "embedding.word_embeddings.weight") {
+      ps.embedding_group().all_reduce(p->main_grad);
+    }
+  }
+}
+
+void Trainer::reduce_loss_stats(double* loss_sum, double* tokens) {
+  if (dp_size_ == 1 || !has_loss_) return;
+  Tensor stats = Tensor::empty({2}, DType::kF64);
+  stats.data<double>()[0] = *loss_sum;
+  stats.data<double>()[1] = *tokens;
+  parallel_->dp_group().all_reduce(stats);
+  *loss_sum = stats.data<double>()[0];
+  *tokens = stats.data<double>()[1];
+}
+
 Trainer::StepResult Trainer::train_step(int64_t iteration, double lr) {
   StepResult r;
   params_->zero_grads();
-  double loss_sum = 0, token_count = 0;
-  for (int64_t mb = 0; mb < num_microbatches_; ++mb) {
-    GPTBatch batch = prefetcher_->next();
-    // The stream is the micro-batch's index in the global batch (the sampler gives rank r
-    // micro-batch mb * dp + r of it), so any data-parallel size draws the same dropout masks.
-    const int64_t global_mb = mb * dp_size_ + dp_rank_;
-    ForwardMode mode{true, static_cast<uint64_t>(args_.seed),
-                     static_cast<uint64_t>(iteration * num_microbatches_ * dp_size_ + global_mb)};
-    GPTModel::Ctx ctx;
-    Tensor loss =
-        model_->forward(batch.tokens, batch.labels, batch.positions, ctx, mode, batch.doc_start);
-    // Megatron's objective: the masked mean over this micro-batch divided by the number of
-    // micro-batches. The reported loss is token-weighted over the whole global batch
-    // (sum of masked losses / masked tokens), as Megatron's train_step reduces it.
-    const float* lp = loss.data<float>();
-    const float* mp = batch.loss_mask.data<float>();
-    double sum = 0, count = 0;
-    for (int64_t i = 0; i < loss.numel(); ++i) {
-      sum += static_cast<double>(lp[i]) * mp[i];
-      count += mp[i];
-    }
-    loss_sum += sum;
-    token_count += count;
-    count = std::max(count, 1.0);
-    Tensor dloss = batch.loss_mask;
-    ops::scale_inplace(dloss, 1.0 / (count * static_cast<double>(num_microbatches_)));
-    model_->backward(dloss, ctx);
-  }
-  if (dp_size_ > 1) {
-    // Average the replicas' gradients (each is the gradient of its share of the global-batch
-    // objective, scaled for its own micro-batches), and sum the loss statistics.
-    ops::scale_inplace(params_->grads(), 1.0 / static_cast<double>(dp_size_));
-    parallel_->dp_group().all_reduce(params_->grads());
-    Tensor stats = Tensor::empty({2}, DType::kF64);
-    stats.data<double>()[0] = loss_sum;
-    stats.data<double>()[1] = token_count;
-    parallel_->dp_group().all_reduce(stats);
-    loss_sum = stats.data<double>()[0];
-    token_count = stats.data<double>()[1];
-  }
+  std::vector<GPTBatch> batches = step_batches([&](int64_t) { return prefetcher_->next(); });
+  // The stream is the micro-batch's index in the global batch (the sampler gives rank r
+  // micro-batch mb * dp + r of it), so any layout draws the same dropout masks.
+  const int64_t m = num_microbatches_;
+  auto mode = [&](int mb) {
+    return ForwardMode{true, static_cast<uint64_t>(args_.seed),
+                       static_cast<uint64_t>((iteration * m + mb) * dp_size_ + dp_rank_)};
+  };
+  MicroBatchRunner runner(chunks_, std::move(batches), mode, /*training=*/true);
+  executor_->run(schedule(), runner);
+  finish_gradients();
+  double loss_sum = runner.loss_sum(), token_count = runner.token_count();
+  reduce_loss_stats(&loss_sum, &token_count);
   r.loss = loss_sum / std::max(token_count, 1.0);
-  if (args_.check_for_nan_in_loss_and_grad) {
+  if (args_.check_for_nan_in_loss_and_grad && has_loss_) {
     // A diverged run is a runtime failure (exit 1), not bad input.
     if (!std::isfinite(r.loss)) {
       throw std::runtime_error(strprintf(
@@ -190,7 +255,12 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, double lr) {
           static_cast<long>(iteration), r.loss));
     }
   }
-  r.grad_norm = grad_norm(*params_);
+  // Each element once over the model-parallel group (replicas of a TP-replicated parameter and
+  // the last stage's copy of the tied embeddings are left out).
+  Tensor sq = Tensor::empty({1}, DType::kF64);
+  sq.data<double>()[0] = grad_sum_squares_unique(*params_);
+  parallel_->model_parallel_group().all_reduce(sq);
+  r.grad_norm = std::sqrt(sq.data<double>()[0]);
   if (args_.check_for_nan_in_loss_and_grad) {
     if (!std::isfinite(r.grad_norm)) {
       throw std::runtime_error(
@@ -206,30 +276,22 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, double lr) {
 
 double Trainer::evaluate(const SampleSource& data, int64_t* consumed) {
   double loss_sum = 0, tokens = 0;
-  const int64_t mbs = args_.micro_batch_size;
-  for (int64_t i = 0; i < args_.eval_iters * num_microbatches_; ++i) {
-    // Megatron's sampler: micro-step i of the evaluation, this rank's share of it.
-    GPTBatch batch =
-        make_batch(data, *consumed + (i * dp_size_ + dp_rank_) * mbs, mbs, batch_options_);
-    GPTModel::Ctx ctx;
-    Tensor loss = model_->forward(batch.tokens, batch.labels, batch.positions, ctx, ForwardMode{},
-                                  batch.doc_start);
-    const float* lp = loss.data<float>();
-    const float* mp = batch.loss_mask.data<float>();
-    for (int64_t k = 0; k < loss.numel(); ++k) {
-      loss_sum += static_cast<double>(lp[k]) * mp[k];
-      tokens += mp[k];
-    }
+  const int64_t mbs = args_.micro_batch_size, m = num_microbatches_;
+  for (int64_t it = 0; it < args_.eval_iters; ++it) {
+    // Megatron's sampler: micro-step it * m + mb of the evaluation, this rank's share of it.
+    std::vector<GPTBatch> batches = step_batches([&](int64_t mb) {
+      return make_batch(data, *consumed + ((it * m + mb) * dp_size_ + dp_rank_) * mbs, mbs,
+                        batch_options_);
+    });
+    MicroBatchRunner runner(
+        chunks_, std::move(batches), [](int) { return ForwardMode{}; },
+        /*training=*/false);
+    executor_->run_forward_only(static_cast<int>(m), runner);
+    loss_sum += runner.loss_sum();
+    tokens += runner.token_count();
   }
   *consumed += args_.eval_iters * args_.global_batch_size;
-  if (dp_size_ > 1) {
-    Tensor stats = Tensor::empty({2}, DType::kF64);
-    stats.data<double>()[0] = loss_sum;
-    stats.data<double>()[1] = tokens;
-    parallel_->dp_group().all_reduce(stats);
-    loss_sum = stats.data<double>()[0];
-    tokens = stats.data<double>()[1];
-  }
+  reduce_loss_stats(&loss_sum, &tokens);
   return loss_sum / std::max(tokens, 1.0);
 }
 
@@ -259,13 +321,17 @@ void Trainer::train() {
   log_first("[before the start of training step] datetime: " + timestamp());
   log_first("training ...");
   const int64_t gbs = args_.global_batch_size;
-  const double flops_per_iter = model_flops_per_iteration(cfg_, gbs);
+  // Per rank, as Megatron's "throughput per GPU": the model's FLOPs shared by every rank.
+  const double flops_per_iter =
+      model_flops_per_iteration(cfg_, gbs) / static_cast<double>(parallel_->world_size());
   const double tokens_per_iter = static_cast<double>(gbs * cfg_.seq_length);
   double interval_loss = 0, interval_time = 0;
   int64_t interval_iters = 0;
-  prefetcher_ =
-      std::make_unique<BatchPrefetcher>(*data_.train, batch_options_, args_.micro_batch_size, 0,
-                                        args_.num_workers, dp_rank_, dp_size_);
+  if (needs_data_ && parallel_->tp_rank() == 0) {
+    prefetcher_ =
+        std::make_unique<BatchPrefetcher>(*data_.train, batch_options_, args_.micro_batch_size, 0,
+                                          args_.num_workers, dp_rank_, dp_size_);
+  }
   for (int64_t it = 1; it <= args_.train_iters; ++it) {
     Timer timer;
     const double lr = schedule_.lr_at((it - 1) * gbs);
@@ -330,7 +396,7 @@ void Trainer::train() {
   if (tensorboard_) tensorboard_->close();
   if (!args_.save_hf.empty() && first_rank_) {
     HfModelInfo info = hf_info_from_config(cfg_, infer_hf_arch(cfg_));
-    save_hf(args_.save_hf, info, *model_);
+    save_hf(args_.save_hf, info, *chunks_.front());
     log_first(" > saved the model as a Hugging Face directory to " + args_.save_hf);
   }
 }

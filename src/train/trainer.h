@@ -1,14 +1,19 @@
-// Trainer: Megatron's pretraining loop in one process.
+// Trainer: Megatron's pretraining loop, on one rank of any tensor x pipeline x data parallel
+// layout (or alone).
 //
-// Each iteration: zero gradients; for each of global_batch / micro_batch micro-batches, forward,
-// loss = masked mean over the micro-batch's tokens divided by the number of micro-batches (so
-// gradients sum to the global-batch mean, as in Megatron), backward; then the global gradient
-// norm, clipping, an AdamW step at the scheduled learning rate, and the log line. Every
+// Each iteration: zero gradients; run this stage's schedule over the global_batch / (micro_batch
+// x dp) micro-batches (gradient accumulation without pipelining, 1F1B or interleaved 1F1B with
+// pipelining; see MicroBatchRunner for the loss); then finish the gradients (average over data
+// parallel replicas, sum the sequence-parallel replicated ones over TP and the tied embeddings
+// over the embedding group), the gradient norm over the model-parallel group counting each
+// element once, clipping, an AdamW step at the scheduled learning rate, and the log line (from
+// the last rank, which holds the loss). Every
 // --eval-interval iterations, and at the end, the validation (and at the end the test) loss and
 // perplexity in Megatron's format. Everything that varies between iterations (data, dropout
 // masks) is a pure function of (seed, iteration), so two identical runs print identical losses.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,6 +24,7 @@
 #include "models/gpt_model.h"
 #include "optim/adamw.h"
 #include "optim/lr_scheduler.h"
+#include "pipeline/executor.h"
 #include "train/arguments.h"
 #include "train/batch_prefetcher.h"
 #include "train/datasets.h"
@@ -30,7 +36,7 @@ class Trainer {
  public:
   // Builds tokenizer, model, optimizer, schedule and data from args (validated by the CLI) and
   // prints the start-up lines.
-  // parallel: the data-parallel layout when launched under MPI; null for a single process.
+  // parallel: the layout when launched under MPI; null for a single process.
   explicit Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel = nullptr);
   ~Trainer();
 
@@ -41,7 +47,7 @@ class Trainer {
   // in the order printed (for tests).
   const std::vector<double>& losses() const { return losses_; }
   const std::vector<double>& eval_losses() const { return eval_losses_; }
-  GPTModel& model() { return *model_; }
+  GPTModel& model() { return *chunks_.front(); }
   ParamSet& params() { return *params_; }
 
  private:
@@ -49,6 +55,16 @@ class Trainer {
     double loss = 0, grad_norm = 0;
   };
   StepResult train_step(int64_t iteration, double lr);
+  // This stage's share of the micro-batches of a step: read by TP rank 0 of every stage that
+  // needs the data (first and last stages; every stage with --reset-attention-mask) and
+  // broadcast over the TP group. `read(k)` builds the k-th micro-batch of the step.
+  std::vector<GPTBatch> step_batches(const std::function<GPTBatch(int64_t)>& read);
+  void broadcast_batch(GPTBatch& b);
+  // After backward: data-parallel average, sequence-parallel and shared-embedding sums.
+  void finish_gradients();
+  // Sums (loss, tokens) over the data-parallel replicas of the last stage.
+  void reduce_loss_stats(double* loss_sum, double* tokens);
+  std::vector<Action> schedule() const;
   // Token-weighted mean loss over eval_iters global batches of `data`, from sample `*consumed`.
   double evaluate(const SampleSource& data, int64_t* consumed);
   void evaluate_and_print(const std::string& prefix, const SampleSource& data, int64_t* consumed,
@@ -62,10 +78,14 @@ class Trainer {
   Arguments args_;
   std::shared_ptr<ParallelState> parallel_;
   int64_t dp_size_ = 1, dp_rank_ = 0;
+  int virtual_stages_ = 1;
   bool first_rank_ = true, last_rank_ = true;
+  bool needs_data_ = true;  // this stage reads micro-batches (first, last, or doc masks)
+  bool has_loss_ = true;    // the last pipeline stage
   TransformerConfig cfg_;
   std::unique_ptr<Tokenizer> tokenizer_;
-  std::unique_ptr<GPTModel> model_;
+  std::vector<std::unique_ptr<GPTModel>> chunks_;  // one per virtual pipeline stage
+  std::unique_ptr<PipelineExecutor> executor_;
   std::unique_ptr<ParamSet> params_;
   std::unique_ptr<AdamW> optimizer_;
   LrSchedule schedule_;

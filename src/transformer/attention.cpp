@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "parallel/mappings.h"
 #include "tensor/ops.h"
 
 namespace megatron {
@@ -15,15 +16,23 @@ int64_t qkv_width(const TransformerConfig& c) {
 }  // namespace
 
 SelfAttention::SelfAttention(const std::string& name, const TransformerConfig& cfg,
-                             int64_t layer_number)
-    : linear_qkv(name + ".linear_qkv", cfg.hidden_size, qkv_width(cfg), cfg.qkv_bias(),
-                 cfg.init_method_std),
+                             int64_t layer_number, const TensorParallelContext& tp)
+    : linear_qkv(name + ".linear_qkv", cfg.hidden_size, qkv_width(cfg), cfg.init_method_std,
+                 *tp.group, {.with_bias = cfg.qkv_bias(), .sequence_parallel = tp.sp()}),
       // Megatron's scaled_init_method_normal: std / sqrt(2 * num_layers) for output projections.
       linear_proj(name + ".linear_proj", cfg.num_attention_heads * cfg.head_dim(), cfg.hidden_size,
-                  cfg.add_bias_linear,
-                  cfg.init_method_std / std::sqrt(2.0 * static_cast<double>(cfg.num_layers))),
+                  cfg.init_method_std / std::sqrt(2.0 * static_cast<double>(cfg.num_layers)),
+                  *tp.group,
+                  {.with_bias = cfg.add_bias_linear,
+                   .input_is_parallel = true,
+                   .sequence_parallel = tp.sp()}),
       cfg_(cfg),
-      layer_(layer_number) {
+      layer_(layer_number),
+      tp_(tp),
+      groups_local_(divide(cfg.num_query_groups, tp.size(),
+                           "--num-query-groups by --tensor-model-parallel-size")),
+      heads_local_(divide(cfg.num_attention_heads, tp.size(),
+                          "--num-attention-heads by --tensor-model-parallel-size")) {
   if (cfg.position_embedding == PositionEmbedding::kRope) {
     rope_.head_begin = 0;
     rope_.head_end = cfg.queries_per_group() + 1;  // queries and the key; never the value
@@ -40,9 +49,10 @@ void SelfAttention::collect(std::vector<Param*>& out) {
 Tensor SelfAttention::forward(const Tensor& x, const TokenLayout& layout, Ctx& ctx,
                               const ForwardMode& mode) const {
   const Tensor& positions = layout.positions;
-  const int64_t s = x.dim(0), b = x.dim(1);
-  const int64_t ng = cfg_.num_query_groups, qpg = cfg_.queries_per_group(), hn = cfg_.head_dim();
-  const int64_t np = cfg_.num_attention_heads;
+  // Under sequence parallelism x holds s/tp positions; linear_qkv gathers all s of them.
+  const int64_t s = x.dim(0) * (tp_.sp() ? tp_.size() : 1), b = x.dim(1);
+  const int64_t ng = groups_local_, qpg = cfg_.queries_per_group(), hn = cfg_.head_dim();
+  const int64_t np = heads_local_;
   Tensor qkv = linear_qkv.forward(x, ctx.qkv_ctx).view({s, b, ng, qpg + 2, hn});
   if (cfg_.position_embedding == PositionEmbedding::kRope) {
     ops::rope_inplace(qkv, positions, rope_, false);
@@ -55,6 +65,8 @@ Tensor SelfAttention::forward(const Tensor& x, const TokenLayout& layout, Ctx& c
   ctx.spec.dropout = mode.training ? static_cast<float>(cfg_.attention_dropout) : 0.0f;
   ctx.spec.seed = mode.seed;
   ctx.spec.stream = mode.site_stream(layer_, 0);
+  ctx.spec.head_offset = tp_.rank() * np;
+  ctx.spec.total_heads = cfg_.num_attention_heads;
   if (layout.doc_start.defined()) {
     check_shape(layout.doc_start, {b, s}, "attention doc_start");
     ctx.doc_start = layout.doc_start;
@@ -64,8 +76,7 @@ Tensor SelfAttention::forward(const Tensor& x, const TokenLayout& layout, Ctx& c
   ctx.out = Tensor::empty({s, b, np, hn}, x.dtype());
   ctx.lse = Tensor::empty({b, np, s}, x.dtype());
   ops::attention_forward(ctx.out, ctx.lse, qkv, ctx.spec);
-  Tensor y = linear_proj.forward(ctx.out.view({s, b, np * hn}), ctx.proj_ctx);
-  return y.view({s, b, cfg_.hidden_size});
+  return linear_proj.forward(ctx.out.view({s, b, np * hn}), ctx.proj_ctx);
 }
 
 Tensor SelfAttention::backward(const Tensor& dy, Ctx& ctx) const {
@@ -76,9 +87,9 @@ Tensor SelfAttention::backward(const Tensor& dy, Ctx& ctx) const {
   if (cfg_.position_embedding == PositionEmbedding::kRope) {
     ops::rope_inplace(dqkv, ctx.positions, rope_, true);
   }
-  Tensor dx = linear_qkv.backward(dqkv.view({s * b, dqkv.numel() / (s * b)}), ctx.qkv_ctx);
+  Tensor dx = linear_qkv.backward(dqkv.view({s, b, dqkv.numel() / (s * b)}), ctx.qkv_ctx);
   ctx = Ctx{};
-  return dx.view({s, b, cfg_.hidden_size});
+  return dx;
 }
 
 }  // namespace megatron

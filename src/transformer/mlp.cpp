@@ -3,17 +3,27 @@
 
 #include <cmath>
 
+#include "parallel/mappings.h"
 #include "tensor/ops.h"
 
 namespace megatron {
 
-MLP::MLP(const std::string& name, const TransformerConfig& cfg)
+MLP::MLP(const std::string& name, const TransformerConfig& cfg, const TensorParallelContext& tp)
     : linear_fc1(name + ".linear_fc1", cfg.hidden_size,
-                 cfg.swiglu ? 2 * cfg.ffn_hidden_size : cfg.ffn_hidden_size, cfg.add_bias_linear,
-                 cfg.init_method_std),
-      linear_fc2(name + ".linear_fc2", cfg.ffn_hidden_size, cfg.hidden_size, cfg.add_bias_linear,
-                 cfg.init_method_std / std::sqrt(2.0 * static_cast<double>(cfg.num_layers))),
-      cfg_(cfg) {}
+                 cfg.swiglu ? 2 * cfg.ffn_hidden_size : cfg.ffn_hidden_size, cfg.init_method_std,
+                 *tp.group,
+                 {.with_bias = cfg.add_bias_linear,
+                  .sequence_parallel = tp.sp(),
+                  .stride = cfg.swiglu ? 2 : 1}),
+      linear_fc2(name + ".linear_fc2", cfg.ffn_hidden_size, cfg.hidden_size,
+                 cfg.init_method_std / std::sqrt(2.0 * static_cast<double>(cfg.num_layers)),
+                 *tp.group,
+                 {.with_bias = cfg.add_bias_linear,
+                  .input_is_parallel = true,
+                  .sequence_parallel = tp.sp()}),
+      cfg_(cfg),
+      ffn_local_(divide(cfg.ffn_hidden_size, tp.size(),
+                        "--ffn-hidden-size by --tensor-model-parallel-size")) {}
 
 void MLP::collect(std::vector<Param*>& out) {
   linear_fc1.collect(out);
@@ -21,15 +31,16 @@ void MLP::collect(std::vector<Param*>& out) {
 }
 
 Tensor MLP::forward(const Tensor& x, Ctx& ctx) const {
-  const int64_t rows = x.numel() / x.dim(-1);
-  ctx.pre_act = linear_fc1.forward(x, ctx.fc1_ctx);
-  Tensor act = Tensor::empty({rows, cfg_.ffn_hidden_size}, ctx.pre_act.dtype());
+  ctx.pre_act = linear_fc1.forward(x, ctx.fc1_ctx);  // all s positions, also under SP
+  Shape act_shape = ctx.pre_act.shape();
+  act_shape[-1] = ffn_local_;
+  Tensor act = Tensor::empty(act_shape, ctx.pre_act.dtype());
   if (cfg_.swiglu) {
     ops::swiglu_forward(act, ctx.pre_act);
   } else {
     ops::gelu_forward(act, ctx.pre_act, cfg_.openai_gelu);
   }
-  return linear_fc2.forward(act, ctx.fc2_ctx).view(x.shape());
+  return linear_fc2.forward(act, ctx.fc2_ctx);
 }
 
 Tensor MLP::backward(const Tensor& dy, Ctx& ctx) const {

@@ -3,32 +3,41 @@
 // Activation: exact GELU (Megatron's default), tanh GELU (--openai-gelu), or SwiGLU (--swiglu),
 // where fc1 is twice as wide and its output is [gate | up]. fc2 uses the scaled init
 // std / sqrt(2 * num_layers), as Megatron's output projections do.
+//
+// Tensor parallelism: fc1 is column parallel (each rank computes ffn/tp of the features, for
+// SwiGLU its slice of the gate and of the up projection), the activation is local, fc2 is row
+// parallel and sums over the TP group. Under sequence parallelism the input and output are
+// [s/tp, b, h].
 #pragma once
 
 #include <string>
 
+#include "parallel/tensor_parallel_linear.h"
 #include "transformer/config.h"
-#include "transformer/linear.h"
+#include "transformer/tensor_parallel_context.h"
 
 namespace megatron {
 
 class MLP {
  public:
   struct Ctx {
-    Linear::Ctx fc1_ctx, fc2_ctx;
-    Tensor pre_act;  // fc1 output [rows, ffn or 2 ffn]
+    ColumnParallelLinear::Ctx fc1_ctx;
+    RowParallelLinear::Ctx fc2_ctx;
+    Tensor pre_act;  // fc1 output [s, b, ffn/tp or 2 ffn/tp]
   };
 
-  MLP(const std::string& name, const TransformerConfig& cfg);
+  MLP(const std::string& name, const TransformerConfig& cfg, const TensorParallelContext& tp);
 
   Tensor forward(const Tensor& x, Ctx& ctx) const;  // [s, b, h] -> [s, b, h]
   Tensor backward(const Tensor& dy, Ctx& ctx) const;
   void collect(std::vector<Param*>& out);
 
-  Linear linear_fc1, linear_fc2;
+  ColumnParallelLinear linear_fc1;
+  RowParallelLinear linear_fc2;
 
  private:
   const TransformerConfig& cfg_;
+  int64_t ffn_local_;  // ffn_hidden_size / tp
 };
 
 }  // namespace megatron

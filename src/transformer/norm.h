@@ -5,8 +5,8 @@
 
 #include <string>
 
+#include "parallel/param.h"
 #include "transformer/config.h"
-#include "transformer/param.h"
 
 namespace megatron {
 
@@ -21,6 +21,9 @@ class Norm {
   Tensor forward(const Tensor& x, Ctx& ctx) const;
   Tensor backward(const Tensor& dy, Ctx& ctx) const;
   void collect(std::vector<Param*>& out);
+  // Under sequence parallelism each TP rank normalises only its positions: its weight and bias
+  // gradients are partial sums (Param::sequence_parallel).
+  void mark_sequence_parallel(bool on) { weight.sequence_parallel = bias.sequence_parallel = on; }
 
   Param weight, bias;  // bias unused (empty name) for RMSNorm
 

@@ -3,18 +3,24 @@
 
 namespace megatron {
 
-TransformerBlock::TransformerBlock(const std::string& name, const TransformerConfig& cfg)
+TransformerBlock::TransformerBlock(const std::string& name, const TransformerConfig& cfg,
+                                   const TensorParallelContext& tp, int64_t first_layer,
+                                   int64_t num_layers, bool with_final_norm)
     : final_layernorm(name + ".final_layernorm", cfg.hidden_size, cfg.normalization,
-                      cfg.norm_epsilon) {
-  for (int64_t i = 0; i < cfg.num_layers; ++i) {
+                      cfg.norm_epsilon),
+      has_final_norm_(with_final_norm) {
+  MEGATRON_ASSERT(first_layer >= 0 && num_layers >= 0 && first_layer + num_layers <= cfg.num_layers,
+                  "layers [", first_layer, ", ", first_layer + num_layers, ") of ", cfg.num_layers);
+  for (int64_t i = first_layer; i < first_layer + num_layers; ++i) {
     layers.push_back(
-        std::make_unique<TransformerLayer>(name + ".layers." + std::to_string(i), cfg, i));
+        std::make_unique<TransformerLayer>(name + ".layers." + std::to_string(i), cfg, i, tp));
   }
+  final_layernorm.mark_sequence_parallel(tp.sp());
 }
 
 void TransformerBlock::collect(std::vector<Param*>& out) {
   for (auto& l : layers) l->collect(out);
-  final_layernorm.collect(out);
+  if (has_final_norm_) final_layernorm.collect(out);
 }
 
 Tensor TransformerBlock::forward(const Tensor& x, const TokenLayout& layout, Ctx& ctx,
@@ -22,11 +28,11 @@ Tensor TransformerBlock::forward(const Tensor& x, const TokenLayout& layout, Ctx
   ctx.layers.resize(layers.size());
   Tensor h = x;
   for (size_t i = 0; i < layers.size(); ++i) h = layers[i]->forward(h, layout, ctx.layers[i], mode);
-  return final_layernorm.forward(h, ctx.final_norm);
+  return has_final_norm_ ? final_layernorm.forward(h, ctx.final_norm) : h;
 }
 
 Tensor TransformerBlock::backward(const Tensor& dy, Ctx& ctx) const {
-  Tensor d = final_layernorm.backward(dy, ctx.final_norm);
+  Tensor d = has_final_norm_ ? final_layernorm.backward(dy, ctx.final_norm) : dy;
   for (size_t i = layers.size(); i-- > 0;) d = layers[i]->backward(d, ctx.layers[i]);
   ctx = Ctx{};
   return d;

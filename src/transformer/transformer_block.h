@@ -1,6 +1,8 @@
 // TransformerBlock: a stack of TransformerLayers followed by the final norm (Megatron's
-// "decoder"). Layers are held by pointer: they are not movable (their Params are referenced by
-// the ParamSet).
+// "decoder"), or, in a pipeline stage, a contiguous run of the model's layers, with the final norm
+// only on the last stage. Layers keep their global numbers (names and dropout streams), so a
+// layer is the same in every pipeline layout. Layers are held by pointer: they are not movable
+// (their Params are referenced by the ParamSet).
 #pragma once
 
 #include <memory>
@@ -17,7 +19,11 @@ class TransformerBlock {
     Norm::Ctx final_norm;
   };
 
-  TransformerBlock(const std::string& name, const TransformerConfig& cfg);
+  // Layers [first_layer, first_layer + num_layers) of cfg.num_layers; with_final_norm on the
+  // stage that ends the decoder.
+  TransformerBlock(const std::string& name, const TransformerConfig& cfg,
+                   const TensorParallelContext& tp, int64_t first_layer, int64_t num_layers,
+                   bool with_final_norm);
 
   Tensor forward(const Tensor& x, const TokenLayout& layout, Ctx& ctx,
                  const ForwardMode& mode) const;
@@ -26,6 +32,10 @@ class TransformerBlock {
 
   std::vector<std::unique_ptr<TransformerLayer>> layers;
   Norm final_layernorm;
+  bool has_final_norm() const { return has_final_norm_; }
+
+ private:
+  bool has_final_norm_;
 };
 
 }  // namespace megatron

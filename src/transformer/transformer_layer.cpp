@@ -6,15 +6,19 @@
 namespace megatron {
 
 TransformerLayer::TransformerLayer(const std::string& name, const TransformerConfig& cfg,
-                                   int64_t layer_number)
+                                   int64_t layer_number, const TensorParallelContext& tp)
     : input_layernorm(name + ".input_layernorm", cfg.hidden_size, cfg.normalization,
                       cfg.norm_epsilon),
-      self_attention(name + ".self_attention", cfg, layer_number),
+      self_attention(name + ".self_attention", cfg, layer_number, tp),
       pre_mlp_layernorm(name + ".pre_mlp_layernorm", cfg.hidden_size, cfg.normalization,
                         cfg.norm_epsilon),
-      mlp(name + ".mlp", cfg),
+      mlp(name + ".mlp", cfg, tp),
       cfg_(cfg),
-      layer_(layer_number) {}
+      layer_(layer_number),
+      tp_(tp) {
+  input_layernorm.mark_sequence_parallel(tp.sp());
+  pre_mlp_layernorm.mark_sequence_parallel(tp.sp());
+}
 
 void TransformerLayer::collect(std::vector<Param*>& out) {
   input_layernorm.collect(out);
@@ -29,14 +33,17 @@ Tensor TransformerLayer::forward(const Tensor& x, const TokenLayout& layout, Ctx
   ctx.seed = mode.seed;
   ctx.stream_attn = mode.site_stream(layer_, 1);
   ctx.stream_mlp = mode.site_stream(layer_, 2);
+  ctx.dropout_offset = tp_.sp() ? static_cast<uint64_t>(tp_.rank() * x.numel()) : 0;
 
   Tensor a = self_attention.forward(input_layernorm.forward(x, ctx.ln1), layout, ctx.attn, mode);
   Tensor x1 = Tensor::empty(x.shape(), x.dtype());
-  if (ctx.dropout > 0) ops::dropout_forward(a, a, ctx.dropout, ctx.seed, ctx.stream_attn);
+  if (ctx.dropout > 0)
+    ops::dropout_forward(a, a, ctx.dropout, ctx.seed, ctx.stream_attn, ctx.dropout_offset);
   ops::add(x1, x, a);
 
   Tensor m = mlp.forward(pre_mlp_layernorm.forward(x1, ctx.ln2), ctx.mlp);
-  if (ctx.dropout > 0) ops::dropout_forward(m, m, ctx.dropout, ctx.seed, ctx.stream_mlp);
+  if (ctx.dropout > 0)
+    ops::dropout_forward(m, m, ctx.dropout, ctx.seed, ctx.stream_mlp, ctx.dropout_offset);
   ops::add_inplace(m, x1);  // out = x1 + dropout(mlp(...)), reusing m's storage
   return m;
 }
@@ -46,7 +53,7 @@ Tensor TransformerLayer::backward(const Tensor& dy, Ctx& ctx) const {
   Tensor dm = dy;
   if (ctx.dropout > 0) {
     dm = Tensor::empty(dy.shape(), dy.dtype());
-    ops::dropout_backward(dm, dy, ctx.dropout, ctx.seed, ctx.stream_mlp);
+    ops::dropout_backward(dm, dy, ctx.dropout, ctx.seed, ctx.stream_mlp, ctx.dropout_offset);
   }
   Tensor dx1 = pre_mlp_layernorm.backward(mlp.backward(dm, ctx.mlp).view(dy.shape()), ctx.ln2);
   ops::add_inplace(dx1, dy);
@@ -54,7 +61,7 @@ Tensor TransformerLayer::backward(const Tensor& dy, Ctx& ctx) const {
   Tensor da = dx1;
   if (ctx.dropout > 0) {
     da = Tensor::empty(dx1.shape(), dx1.dtype());
-    ops::dropout_backward(da, dx1, ctx.dropout, ctx.seed, ctx.stream_attn);
+    ops::dropout_backward(da, dx1, ctx.dropout, ctx.seed, ctx.stream_attn, ctx.dropout_offset);
   }
   Tensor dx = input_layernorm.backward(self_attention.backward(da, ctx.attn), ctx.ln1);
   ops::add_inplace(dx, dx1);

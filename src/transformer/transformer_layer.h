@@ -4,7 +4,8 @@
 //   out = x1 + dropout(mlp(pre_mlp_layernorm(x1)))
 //
 // Backward mirrors it: the residual stream's gradient passes straight through and each branch
-// adds its input gradient.
+// adds its input gradient. Under sequence parallelism x, the norms, dropout and residual adds
+// work on this rank's s/tp positions; attention and MLP gather and scatter them.
 #pragma once
 
 #include <string>
@@ -23,10 +24,12 @@ class TransformerLayer {
     MLP::Ctx mlp;
     float dropout = 0;
     uint64_t seed = 0, stream_attn = 0, stream_mlp = 0;
+    uint64_t dropout_offset = 0;  // this rank's first element in the full [s, b, h] activation
   };
 
   // layer_number is 0-based and global (it keys the layer's dropout streams).
-  TransformerLayer(const std::string& name, const TransformerConfig& cfg, int64_t layer_number);
+  TransformerLayer(const std::string& name, const TransformerConfig& cfg, int64_t layer_number,
+                   const TensorParallelContext& tp);
 
   Tensor forward(const Tensor& x, const TokenLayout& layout, Ctx& ctx,
                  const ForwardMode& mode) const;
@@ -41,6 +44,7 @@ class TransformerLayer {
  private:
   const TransformerConfig& cfg_;
   int64_t layer_;
+  TensorParallelContext tp_;
 };
 
 }  // namespace megatron

@@ -40,8 +40,8 @@
 #include "parallel/mappings.h"
 #include "parallel/tensor_parallel_linear.h"
 #include "tensor/ops.h"
-#include "transformer/linear.h"
-#include "transformer/param.h"
+#include "parallel/linear.h"
+#include "parallel/param.h"
 
 namespace megatron {
 namespace {
@@ -238,9 +238,7 @@ struct TpMlp {
     fc1.collect(ps);
     fc2.collect(ps);
     params = std::make_unique<ParamSet>(ps, DType::kF32);
-    params->initialize(kSeed);  // shard-unaware: overwritten by the layers' TP-invariant init
-    fc1.initialize(kSeed);
-    fc2.initialize(kSeed);
+    params->initialize(kSeed);  // TP-invariant: each shard gets its slice of the full init
   }
 };
 
@@ -337,8 +335,6 @@ TEST(TensorParallelLinear, GatherOutputAndScatteredInput) {
     l2.collect(pp);
     ParamSet pps(pp, DType::kF32);
     pps.initialize(kSeed);
-    l1.initialize(kSeed);
-    l2.initialize(kSeed);
     ColumnParallelLinear::Ctx c1;
     RowParallelLinear::Ctx c2;
     Tensor t1 = l1.forward(x, c1);

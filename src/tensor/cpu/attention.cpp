@@ -54,7 +54,8 @@ Layout make_layout(const Tensor& qkv, const AttentionSpec& spec) {
 // Keep-scale of element (bb, h, i, j) under attention dropout: 0 or 1/(1-p).
 inline float dropout_scale(const AttentionSpec& spec, const Layout& l, int64_t bb, int64_t h,
                            int64_t i, int64_t j) {
-  uint64_t idx = static_cast<uint64_t>(((bb * l.np + h) * l.s + i) * l.s + j);
+  const int64_t heads = spec.total_heads > 0 ? spec.total_heads : l.np;
+  uint64_t idx = static_cast<uint64_t>(((bb * heads + spec.head_offset + h) * l.s + i) * l.s + j);
   float u = Philox::uniform(spec.seed, spec.stream, idx);
   return u >= spec.dropout ? 1.0f / (1.0f - spec.dropout) : 0.0f;
 }

@@ -198,32 +198,40 @@ void swiglu_backward(Tensor& dx, const Tensor& dout, const Tensor& x) {
 
 namespace {
 template <typename T>
-void dropout_apply(T* out, const T* in, int64_t n, float p, uint64_t seed, uint64_t stream) {
+void dropout_apply(T* out, const T* in, int64_t n, float p, uint64_t seed, uint64_t stream,
+                   uint64_t offset) {
   T scale = static_cast<T>(1.0 / (1.0 - p));
-  // Blocks of 4 elements share one Philox call (4 lanes).
+  // Blocks of 4 counters share one Philox call (4 lanes); element i has counter offset + i, so
+  // with an offset that is not a multiple of 4 the first and last blocks are partial.
+  const auto first = static_cast<int64_t>(offset >> 2);
+  const auto last = static_cast<int64_t>((offset + static_cast<uint64_t>(n) + 3) >> 2);
+  const auto off = static_cast<int64_t>(offset);
 #pragma omp parallel for schedule(static)
-  for (int64_t i0 = 0; i0 < n; i0 += 4) {
-    auto b = Philox::block(seed, static_cast<uint64_t>(i0) >> 2, stream);
-    for (int64_t i = i0; i < std::min(n, i0 + 4); ++i) {
-      float u = static_cast<float>(b[i - i0] >> 8) * (1.0f / 16777216.0f);
-      out[i] = u >= p ? in[i] * scale : static_cast<T>(0);
+  for (int64_t blk = first; blk < last; ++blk) {
+    auto b = Philox::block(seed, static_cast<uint64_t>(blk), stream);
+    const int64_t g0 = std::max(blk * 4, off), g1 = std::min(blk * 4 + 4, off + n);
+    for (int64_t g = g0; g < g1; ++g) {
+      float u = static_cast<float>(b[g - blk * 4] >> 8) * (1.0f / 16777216.0f);
+      out[g - off] = u >= p ? in[g - off] * scale : static_cast<T>(0);
     }
   }
 }
 }  // namespace
 
-void dropout_forward(Tensor& out, const Tensor& x, float p, uint64_t seed, uint64_t stream) {
+void dropout_forward(Tensor& out, const Tensor& x, float p, uint64_t seed, uint64_t stream,
+                     uint64_t offset) {
   cpu::check_numel(out, x, "dropout_forward");
   MEGATRON_CHECK(p >= 0 && p < 1, "dropout probability must be in [0, 1), got ", p);
   dispatch_float(x, "dropout_forward", [&]<typename T>() {
-    dropout_apply(out.data<T>(), x.data<T>(), x.numel(), p, seed, stream);
+    dropout_apply(out.data<T>(), x.data<T>(), x.numel(), p, seed, stream, offset);
   });
 }
 
-void dropout_backward(Tensor& dx, const Tensor& dout, float p, uint64_t seed, uint64_t stream) {
+void dropout_backward(Tensor& dx, const Tensor& dout, float p, uint64_t seed, uint64_t stream,
+                      uint64_t offset) {
   cpu::check_numel(dx, dout, "dropout_backward");
   dispatch_float(dout, "dropout_backward", [&]<typename T>() {
-    dropout_apply(dx.data<T>(), dout.data<T>(), dout.numel(), p, seed, stream);
+    dropout_apply(dx.data<T>(), dout.data<T>(), dout.numel(), p, seed, stream, offset);
   });
 }
 

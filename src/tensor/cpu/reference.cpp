@@ -247,7 +247,8 @@ void probs(const HeadView& hv, const ops::AttentionSpec& spec, int64_t bb, int64
     for (int64_t j = 0; j < s; ++j) {
       pm[i * s + j] = std::exp(sc[j] - mx) / z;
       if (spec.dropout > 0) {
-        uint64_t idx = static_cast<uint64_t>(((bb * hv.np + h) * s + i) * s + j);
+        const int64_t heads = spec.total_heads > 0 ? spec.total_heads : hv.np;
+        uint64_t idx = static_cast<uint64_t>(((bb * heads + spec.head_offset + h) * s + i) * s + j);
         keep[i * s + j] = Philox::uniform(spec.seed, spec.stream, idx) >= spec.dropout
                               ? 1.0 / (1.0 - spec.dropout)
                               : 0.0;

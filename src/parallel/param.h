@@ -5,6 +5,11 @@
 // same buffer in fp32 runs, a bf16 copy in --bf16 runs) and fp32 gradients (main_grad). The
 // optimizer works on the flat buffers; layers see views. Layout is in reverse registration order,
 // as Megatron's gradient buffers are (the last layer's gradients are ready first in backward).
+//
+// Under tensor parallelism a Param is this rank's shard of a full tensor; its attributes say how
+// the shard sits in the full tensor (Megatron's tensor_model_parallel / partition_dim /
+// partition_stride), so initialisation, gradient norms and checkpoints can reason about the full
+// tensor. Names are always the full tensor's.
 #pragma once
 
 #include <cstdint>
@@ -30,6 +35,21 @@ struct Param {
   bool no_weight_decay = false;  // biases and norm weights (Megatron's param groups)
   bool is_embedding_or_output = false;
 
+  // Tensor parallelism. tp_partition_dim: the dim split over the TP group (-1: every TP rank
+  // holds the whole tensor). tp_partition_stride: the full dim is first cut into this many equal
+  // blocks and each block is split over the ranks, so a shard is the concatenation of its
+  // slices of every block (2 for SwiGLU's fc1 [gate | up]: rank r holds [gate_r | up_r]).
+  int tp_partition_dim = -1;
+  int tp_partition_stride = 1;
+  int tp_rank = 0, tp_size = 1;
+  // Replicated while each TP rank sees only its s/tp tokens (norm weights and row-parallel
+  // biases under --sequence-parallel): the gradient is partial, summed over TP before the step.
+  bool sequence_parallel = false;
+  // The last pipeline stage's copy of the tied word embeddings (the output weight): its gradient
+  // is summed with the first stage's over the embedding group, and it is counted once in the
+  // gradient norm (on the first stage).
+  bool shared_embedding = false;
+
   Tensor value;      // compute weights (f32 or bf16), view into ParamSet::compute()
   Tensor main;       // fp32 main weights, view into ParamSet::main()
   Tensor main_grad;  // fp32 gradient, view into ParamSet::grads(); accumulated (+=) by backward
@@ -37,6 +57,16 @@ struct Param {
   // value in dtype t: the tensor itself when it already is, else a converted copy (bf16 runs use
   // this for the small 1-D parameters that feed f32 elementwise kernels).
   Tensor value_as(DType t) const { return value.dtype() == t ? value : value.to(t); }
+
+  bool is_tensor_parallel() const { return tp_partition_dim >= 0 && tp_size > 1; }
+  // The full tensor's shape (= shape unless tensor parallel).
+  Shape full_shape() const;
+  // Row-major index in the full tensor of element i of this shard.
+  int64_t full_index(int64_t i) const;
+  // A copy that another rank of the model-parallel group also holds and counts (replicated over
+  // TP on a TP rank > 0, or the pipeline's second copy of the tied embeddings): left out of the
+  // gradient norm so that every element is counted once, as Megatron's clip_grad_norm does.
+  bool is_duplicate() const { return shared_embedding || (!is_tensor_parallel() && tp_rank != 0); }
 };
 
 class ParamSet {
@@ -44,8 +74,9 @@ class ParamSet {
   // Lays out `params` (owned by the layers, which outlive this set) and allocates the buffers.
   ParamSet(std::vector<Param*> params, DType compute_dtype);
 
-  // Fills main weights from the init spec of each Param: values depend only on (seed, name), never
-  // on the layout or the number of ranks. Then copies main -> compute.
+  // Fills main weights from the init spec of each Param: element i gets the value that element
+  // full_index(i) of the full tensor gets from (seed, name), so values never depend on the layout
+  // or the number of ranks. Then copies main -> compute.
   void initialize(uint64_t seed);
   // After the optimizer changed main(): refresh the compute copy (no-op in fp32 runs).
   void sync_compute_from_main();

@@ -1,5 +1,5 @@
 // Linear forward/backward on oneDNN GEMMs; bf16 runs round the GEMM inputs to bf16.
-#include "transformer/linear.h"
+#include "parallel/linear.h"
 
 #include "tensor/ops.h"
 

@@ -8,7 +8,7 @@
 
 #include <string>
 
-#include "transformer/param.h"
+#include "parallel/param.h"
 
 namespace megatron {
 

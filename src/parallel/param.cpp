@@ -1,5 +1,5 @@
 // Flat-buffer layout of the parameters and their name-keyed Philox initialisation.
-#include "transformer/param.h"
+#include "parallel/param.h"
 
 #include "core/philox.h"
 
@@ -12,6 +12,31 @@ uint64_t stable_hash(const std::string& s) {
     h *= 1099511628211ull;
   }
   return h;
+}
+
+Shape Param::full_shape() const {
+  if (!is_tensor_parallel()) return shape;
+  Shape full = shape;
+  full[tp_partition_dim] *= tp_size;
+  return full;
+}
+
+int64_t Param::full_index(int64_t i) const {
+  if (!is_tensor_parallel()) return i;
+  MEGATRON_ASSERT(tp_partition_dim < shape.ndim(), name, ": partition dim ", tp_partition_dim,
+                  " of a ", shape.ndim(), "-d tensor");
+  // Split the row-major index into (outer, j, inner) around the partition dim.
+  int64_t inner = 1;
+  for (int d = tp_partition_dim + 1; d < shape.ndim(); ++d) inner *= shape[d];
+  const int64_t local = shape[tp_partition_dim];
+  const int64_t j = i / inner % local, outer = i / inner / local, in = i % inner;
+  MEGATRON_ASSERT(local % tp_partition_stride == 0, name, ": stride ", tp_partition_stride,
+                  " does not divide the shard's ", local);
+  // Local position j lies in block j / per of the stride, at offset j % per inside this rank's
+  // slice of that block.
+  const int64_t per = local / tp_partition_stride;
+  const int64_t full_j = j / per * (per * tp_size) + tp_rank * per + j % per;
+  return (outer * local * tp_size + full_j) * inner + in;
 }
 
 ParamSet::ParamSet(std::vector<Param*> params, DType compute_dtype)
@@ -53,8 +78,10 @@ void ParamSet::initialize(uint64_t seed) {
         Tensor tmp = Tensor::empty(t.shape(), DType::kF64);
         double* d = tmp.data<double>();
         uint64_t stream = stable_hash(p->name);
+        const bool shard = p->is_tensor_parallel();
         for (int64_t i = 0; i < tmp.numel(); ++i) {
-          d[i] = p->init_std * Philox::normal(seed, stream, static_cast<uint64_t>(i));
+          const int64_t full = shard ? p->full_index(i) : i;
+          d[i] = p->init_std * Philox::normal(seed, stream, static_cast<uint64_t>(full));
         }
         t.copy_from(tmp);
         break;
