@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""Hybrid-parallel training under MPI against the single-process run.
+
+What it is: `megatron train` on mock data as one process and under `mpiexec` in every layout of
+the parallelism matrix (tp2, tp4, tp2 + sequence parallel, pp2, pp4, pp2 interleaved, dp2, dp4,
+tp2pp2, tp2pp2dp2 on 8 ranks), with the same global batch, for a GPT-2-style and a Llama-style
+tiny model, dropout on. The layouts differ only in where the arithmetic happens: initialisation
+is TP-invariant (each shard is the slice of the full init), dropout masks are keyed by global
+element and head indices and by the micro-batch's index in the global batch, each rank reads
+Megatron's sampler share. So the loss, gradient-norm and validation curves must equal the
+single-process ones up to the order of floating-point sums: we require 20 iterations within 1e-5
+relative (cross-rank reductions add f32 partial sums in another order than one process does; over
+20 Adam steps that moves the 7th significant digit at most here; a wrong shard, mask or
+reduction moves the 2nd or 3rd).
+
+What it is not: a speed test (bench/), or the bad-layout messages (tests/cli/test_parallel_args.py).
+
+Usage: test_parallel_equivalence.py --megatron BUILD/megatron --mpiexec MPIEXEC
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+import unittest
+
+MEGATRON = None
+MPIEXEC = None
+TIMEOUT_S = 180
+LOSS_RE = re.compile(r"lm loss: ([0-9.E+-]+) \| loss scale: [0-9.]+ \| grad norm: ([0-9.]+)")
+TINY = ["--mock-data", "--vocab-size", "128", "--num-layers", "4", "--hidden-size", "64",
+        "--num-attention-heads", "4", "--seq-length", "32", "--micro-batch-size", "1",
+        "--global-batch-size", "4", "--train-iters", "20", "--log-interval", "1", "--lr", "2e-3",
+        "--lr-warmup-iters", "3", "--eval-iters", "2", "--eval-interval", "10",
+        "--num-threads", "1"]
+# 8 heads in 4 query groups, so that tp4 still holds one group per rank.
+LLAMA = ["--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu",
+         "--disable-bias-linear", "--num-attention-heads", "8", "--group-query-attention",
+         "--num-query-groups", "4", "--untie-embeddings-and-output-weights"]
+TP, PP = "--tensor-model-parallel-size", "--pipeline-model-parallel-size"
+# (name, ranks, flags): the data-parallel size is what the ranks leave over.
+LAYOUTS = [
+    ("tp2", 2, [TP, "2"]),
+    ("tp4", 4, [TP, "4"]),
+    ("tp2+sp", 2, [TP, "2", "--sequence-parallel"]),
+    ("pp2", 2, [PP, "2"]),
+    ("pp4", 4, [PP, "4"]),
+    ("pp2 interleaved", 2, [PP, "2", "--num-layers-per-virtual-pipeline-stage", "1"]),
+    ("dp2", 2, []),
+    ("dp4", 4, []),
+    ("tp2pp2", 4, [TP, "2", PP, "2"]),
+    ("tp2pp2dp2", 8, [TP, "2", PP, "2"]),
+]
+MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+           "OMPI_MCA_btl_vader_single_copy_mechanism": "none", "OMPI_MCA_mpi_yield_when_idle": "1"}
+
+
+def with_flags(base, extra):
+    """base with extra's flags appended, a flag already in base taking extra's value."""
+    out, extra = list(base), list(extra)
+    i = 0
+    while i < len(extra):
+        flag = extra[i]
+        has_value = i + 1 < len(extra) and not extra[i + 1].startswith("--")
+        if flag in out and has_value:
+            out[out.index(flag) + 1] = extra[i + 1]
+        else:
+            out += extra[i:i + 1 + has_value]
+        i += 1 + has_value
+    return out
+
+
+def run(ranks, *args):
+    env = dict(os.environ, **MPI_ENV)
+    cmd = [MEGATRON, "train", *args]
+    if ranks > 1:
+        cmd = [MPIEXEC, "-n", str(ranks), "--oversubscribe", "--allow-run-as-root", *cmd]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, env=env,
+                          check=False)
+
+
+def curve(proc):
+    return [(float(a), float(b)) for a, b in LOSS_RE.findall(proc.stdout)]
+
+
+def validation(proc):
+    return [float(v) for v in re.findall(r"lm loss value: ([0-9.E+-]+)", proc.stdout)]
+
+
+class TestParallelEquivalence(unittest.TestCase):
+    def check_equivalent(self, extra):
+        model = with_flags(TINY, extra)
+        single = run(1, *model)
+        self.assertEqual(single.returncode, 0, single.stderr[-2000:])
+        want = curve(single)
+        self.assertEqual(len(want), 20)
+        for name, ranks, flags in LAYOUTS:
+            with self.subTest(layout=name):
+                proc = run(ranks, *model, *flags)
+                self.assertEqual(proc.returncode, 0, f"{name}: {proc.stderr[-2000:]}")
+                got = curve(proc)
+                self.assertEqual(len(got), 20, f"{name}: one iteration line per iteration, "
+                                               f"printed by one rank:\n{proc.stdout[-2000:]}")
+                for i, ((gl, gn), (wl, wn)) in enumerate(zip(got, want)):
+                    self.assertAlmostEqual(gl, wl, delta=1e-5 * wl, msg=f"{name} loss, iter {i+1}")
+                    # The norm is printed with 3 decimals: allow one unit of the last digit.
+                    self.assertAlmostEqual(gn, wn, delta=1e-5 * wn + 2e-3,
+                                           msg=f"{name} grad norm, iter {i+1}")
+                self.assertEqual(len(validation(proc)), len(validation(single)), name)
+                for g, w in zip(validation(proc), validation(single)):
+                    self.assertAlmostEqual(g, w, delta=1e-5 * w, msg=f"{name} validation")
+                self.assertEqual(proc.stdout.count("------------------------ arguments"), 1)
+
+    def test_gpt2_style_every_layout_matches_single_process(self):
+        self.check_equivalent([])
+
+    def test_llama_style_every_layout_matches_single_process(self):
+        self.check_equivalent(LLAMA)
+
+
+def main():
+    global MEGATRON, MPIEXEC
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--megatron", required=True)
+    parser.add_argument("--mpiexec", required=True)
+    args, rest = parser.parse_known_args()
+    MEGATRON, MPIEXEC = os.path.abspath(args.megatron), args.mpiexec
+    prog = unittest.main(argv=[sys.argv[0], *rest], exit=False)
+    return 0 if prog.result.wasSuccessful() else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
