@@ -257,11 +257,27 @@ Tensor GPTModel::forward_stage(const Tensor& hidden_in, const GPTInputs& in, Ctx
   return stage_.post_process ? output_and_loss(hidden, in, ctx) : hidden;
 }
 
-Tensor GPTModel::backward_stage(const Tensor& d, Ctx& ctx) const {
-  Tensor dh = stage_.post_process ? output_and_loss_backward(d, ctx) : d;
-  Tensor dx = decoder->backward(dh, ctx.decoder);
+void GPTModel::report(const ParamsDone& done, std::initializer_list<const Param*> ps) const {
+  if (!done) return;
+  std::vector<const Param*> out;
+  for (const Param* p : ps)
+    if (!p->name.empty()) out.push_back(p);
+  if (!out.empty()) done(out);
+}
+
+Tensor GPTModel::backward_stage(const Tensor& d, Ctx& ctx, const ParamsDone& done) const {
+  Tensor dh = d;
+  if (stage_.post_process) {
+    dh = output_and_loss_backward(d, ctx);
+    // The output weight is final here unless it is the word embedding of this same stage.
+    if (!(stage_.pre_process && &output_weight() == &word_embeddings)) {
+      report(done, {&output_weight()});
+    }
+  }
+  Tensor dx = decoder->backward(dh, ctx.decoder, done);
   if (stage_.pre_process) {
     embed_backward(dx, ctx);
+    report(done, {&word_embeddings, &position_embeddings});
     dx = Tensor();
   }
   ctx = Ctx{};

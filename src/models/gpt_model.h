@@ -83,8 +83,9 @@ class GPTModel {
   Tensor forward_stage(const Tensor& hidden_in, const GPTInputs& in, Ctx& ctx,
                        const ForwardMode& mode) const;
   // d: dloss [b, s] on the last stage, else the gradient of this stage's output. Returns the
-  // gradient of hidden_in (undefined on the first stage).
-  Tensor backward_stage(const Tensor& d, Ctx& ctx) const;
+  // gradient of hidden_in (undefined on the first stage). `done` (optional) hears of every
+  // parameter as soon as this backward has finished its gradient.
+  Tensor backward_stage(const Tensor& d, Ctx& ctx, const ParamsDone& done = {}) const;
 
   // Every parameter, in registration order (embedding, decoder layers, final norm, output).
   std::vector<Param*> parameters();
@@ -106,6 +107,7 @@ class GPTModel {
   void embed_backward(Tensor dx, Ctx& ctx) const;
   Tensor output_and_loss(const Tensor& hidden, const GPTInputs& in, Ctx& ctx) const;
   Tensor output_and_loss_backward(const Tensor& dloss, Ctx& ctx) const;
+  void report(const ParamsDone& done, std::initializer_list<const Param*> ps) const;
   Tensor logits_of(const Tensor& hidden, Ctx& ctx) const;
 
   TransformerConfig cfg_;

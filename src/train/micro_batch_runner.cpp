@@ -9,11 +9,13 @@ namespace megatron {
 
 MicroBatchRunner::MicroBatchRunner(const std::vector<std::unique_ptr<GPTModel>>& chunks,
                                    std::vector<GPTBatch> batches,
-                                   std::function<ForwardMode(int)> mode, bool training)
+                                   std::function<ForwardMode(int)> mode, bool training,
+                                   GradBuckets* buckets)
     : chunks_(chunks),
       batches_(std::move(batches)),
       mode_(std::move(mode)),
       training_(training),
+      buckets_(buckets),
       ctx_(chunks.size(), std::vector<GPTModel::Ctx>(batches_.size())),
       dloss_(batches_.size()) {}
 
@@ -50,7 +52,16 @@ Tensor MicroBatchRunner::forward(int microbatch, int chunk, const Tensor& input)
 Tensor MicroBatchRunner::backward(int microbatch, int chunk, const Tensor& doutput) {
   const GPTModel& model = *chunks_[chunk];
   Tensor d = model.stage().post_process ? dloss_[microbatch] : doutput;
-  Tensor dx = model.backward_stage(d, ctx_[chunk][microbatch]);
+  // Every schedule runs a chunk's backwards in micro-batch order: the last one finishes its
+  // gradients.
+  ParamsDone done;
+  if (buckets_ && microbatch == static_cast<int>(batches_.size()) - 1) {
+    done = [this](const std::vector<const Param*>& ps) {
+      for (const Param* p : ps) buckets_->mark_ready(*p);
+      buckets_->poll();
+    };
+  }
+  Tensor dx = model.backward_stage(d, ctx_[chunk][microbatch], done);
   if (model.stage().post_process) dloss_[microbatch] = Tensor();
   return dx;
 }

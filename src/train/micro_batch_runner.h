@@ -15,6 +15,7 @@
 
 #include "data/gpt_batch.h"
 #include "models/gpt_model.h"
+#include "parallel/grad_buckets.h"
 #include "pipeline/executor.h"
 
 namespace megatron {
@@ -23,11 +24,13 @@ class MicroBatchRunner final : public StageRunner {
  public:
   // chunks: this rank's model chunks (virtual stages), outliving the runner. batches: the step's
   // micro-batches as far as this stage reads them (undefined tensors where it does not).
+  // buckets (optional): told of each gradient that the step's last backward of a chunk
+  // finishes, so that data-parallel reductions overlap the rest of backward.
   // mode(mb): the forward mode (training flag, dropout stream) of micro-batch mb. training:
   // keep activations and compute the loss gradient for backward.
   MicroBatchRunner(const std::vector<std::unique_ptr<GPTModel>>& chunks,
                    std::vector<GPTBatch> batches, std::function<ForwardMode(int)> mode,
-                   bool training);
+                   bool training, GradBuckets* buckets = nullptr);
 
   Tensor forward(int microbatch, int chunk, const Tensor& input) override;
   Tensor backward(int microbatch, int chunk, const Tensor& doutput) override;
@@ -41,6 +44,7 @@ class MicroBatchRunner final : public StageRunner {
   std::vector<GPTBatch> batches_;
   std::function<ForwardMode(int)> mode_;
   bool training_;
+  GradBuckets* buckets_;
   std::vector<std::vector<GPTModel::Ctx>> ctx_;  // [chunk][microbatch]
   std::vector<Tensor> dloss_;                    // [microbatch], last stage
   double loss_sum_ = 0, token_count_ = 0;

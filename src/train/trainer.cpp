@@ -99,6 +99,11 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
         strprintf(" > number of parameters on (tensor, pipeline) model parallel rank (%d, %d): %ld",
                   ps.tp_rank(), ps.pp_rank(), static_cast<long>(nparams)));
   }
+  const int64_t bucket = args_.ddp_bucket_size > 0
+                             ? args_.ddp_bucket_size
+                             : default_ddp_bucket_size(static_cast<int>(dp_size_));
+  grad_buckets_ =
+      std::make_unique<GradBuckets>(*params_, ps.dp_group(), bucket, args_.overlap_grad_reduce);
   executor_ = std::make_unique<PipelineExecutor>(
       ps.pp_group(), chunks_.front()->activation_shape(args_.micro_batch_size), virtual_stages_);
 
@@ -201,12 +206,9 @@ std::vector<GPTBatch> Trainer::step_batches(const std::function<GPTBatch(int64_t
 
 void Trainer::finish_gradients() {
   const ParallelState& ps = *parallel_;
-  if (dp_size_ > 1) {
-    // Average the replicas' gradients (each is the gradient of its share of the global-batch
-    // objective, scaled for its own micro-batches).
-    ops::scale_inplace(params_->grads(), 1.0 / static_cast<double>(dp_size_));
-    ps.dp_group().all_reduce(params_->grads());
-  }
+  // Average the replicas' gradients (each is the gradient of its share of the global-batch
+  // objective, scaled for its own micro-batches): the buckets not yet reduced during backward.
+  grad_buckets_->finish();
   for (Param* p : params_->params()) {
     // Replicated parameters that saw only this rank's s/tp positions (Megatron's
     // _allreduce_layernorm_grads), and the tied embeddings' two copies
@@ -232,6 +234,7 @@ void Trainer::reduce_loss_stats(double* loss_sum, double* tokens) {
 Trainer::StepResult Trainer::train_step(int64_t iteration, double lr) {
   StepResult r;
   params_->zero_grads();
+  grad_buckets_->reset();
   std::vector<GPTBatch> batches = step_batches([&](int64_t) { return prefetcher_->next(); });
   // The stream is the micro-batch's index in the global batch (the sampler gives rank r
   // micro-batch mb * dp + r of it), so any layout draws the same dropout masks.
@@ -240,7 +243,8 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, double lr) {
     return ForwardMode{true, static_cast<uint64_t>(args_.seed),
                        static_cast<uint64_t>((iteration * m + mb) * dp_size_ + dp_rank_)};
   };
-  MicroBatchRunner runner(chunks_, std::move(batches), mode, /*training=*/true);
+  MicroBatchRunner runner(chunks_, std::move(batches), mode, /*training=*/true,
+                          grad_buckets_.get());
   executor_->run(schedule(), runner);
   finish_gradients();
   double loss_sum = runner.loss_sum(), token_count = runner.token_count();

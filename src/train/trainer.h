@@ -24,6 +24,7 @@
 #include "models/gpt_model.h"
 #include "optim/adamw.h"
 #include "optim/lr_scheduler.h"
+#include "parallel/grad_buckets.h"
 #include "pipeline/executor.h"
 #include "train/arguments.h"
 #include "train/batch_prefetcher.h"
@@ -86,6 +87,7 @@ class Trainer {
   std::unique_ptr<Tokenizer> tokenizer_;
   std::vector<std::unique_ptr<GPTModel>> chunks_;  // one per virtual pipeline stage
   std::unique_ptr<PipelineExecutor> executor_;
+  std::unique_ptr<GradBuckets> grad_buckets_;
   std::unique_ptr<ParamSet> params_;
   std::unique_ptr<AdamW> optimizer_;
   LrSchedule schedule_;

@@ -16,6 +16,9 @@ TransformerBlock::TransformerBlock(const std::string& name, const TransformerCon
         std::make_unique<TransformerLayer>(name + ".layers." + std::to_string(i), cfg, i, tp));
   }
   final_layernorm.mark_sequence_parallel(tp.sp());
+  std::vector<Param*> ps;
+  final_layernorm.collect(ps);
+  final_norm_params_.assign(ps.begin(), ps.end());
 }
 
 void TransformerBlock::collect(std::vector<Param*>& out) {
@@ -31,9 +34,20 @@ Tensor TransformerBlock::forward(const Tensor& x, const TokenLayout& layout, Ctx
   return has_final_norm_ ? final_layernorm.forward(h, ctx.final_norm) : h;
 }
 
-Tensor TransformerBlock::backward(const Tensor& dy, Ctx& ctx) const {
-  Tensor d = has_final_norm_ ? final_layernorm.backward(dy, ctx.final_norm) : dy;
-  for (size_t i = layers.size(); i-- > 0;) d = layers[i]->backward(d, ctx.layers[i]);
+Tensor TransformerBlock::backward(const Tensor& dy, Ctx& ctx, const ParamsDone& done) const {
+  Tensor d = dy;
+  if (has_final_norm_) {
+    d = final_layernorm.backward(dy, ctx.final_norm);
+    if (done) done(final_norm_params_);
+  }
+  for (size_t i = layers.size(); i-- > 0;) {
+    d = layers[i]->backward(d, ctx.layers[i]);
+    if (done) {
+      std::vector<Param*> ps;
+      layers[i]->collect(ps);
+      done(std::vector<const Param*>(ps.begin(), ps.end()));
+    }
+  }
   ctx = Ctx{};
   return d;
 }

@@ -5,12 +5,17 @@
 // (their Params are referenced by the ParamSet).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
 #include "transformer/transformer_layer.h"
 
 namespace megatron {
+
+// Told, during backward, of parameters whose gradient that backward has finished (the
+// data-parallel reducer launches a bucket's all-reduce as soon as all of it is final).
+using ParamsDone = std::function<void(const std::vector<const Param*>&)>;
 
 class TransformerBlock {
  public:
@@ -27,7 +32,8 @@ class TransformerBlock {
 
   Tensor forward(const Tensor& x, const TokenLayout& layout, Ctx& ctx,
                  const ForwardMode& mode) const;
-  Tensor backward(const Tensor& dy, Ctx& ctx) const;
+  // `done` (optional) is called after the final norm's and after each layer's backward.
+  Tensor backward(const Tensor& dy, Ctx& ctx, const ParamsDone& done = {}) const;
   void collect(std::vector<Param*>& out);
 
   std::vector<std::unique_ptr<TransformerLayer>> layers;
@@ -36,6 +42,7 @@ class TransformerBlock {
 
  private:
   bool has_final_norm_;
+  std::vector<const Param*> final_norm_params_;
 };
 
 }  // namespace megatron

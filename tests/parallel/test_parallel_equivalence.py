@@ -3,7 +3,7 @@
 
 What it is: `megatron train` on mock data as one process and under `mpiexec` in every layout of
 the parallelism matrix (tp2, tp4, tp2 + sequence parallel, pp2, pp4, pp2 interleaved, dp2, dp4,
-tp2pp2, tp2pp2dp2 on 8 ranks), with the same global batch, for a GPT-2-style and a Llama-style
+tp2pp2, tp2pp2dp2 on 8 ranks, and overlapped gradient buckets), with the same global batch, for a GPT-2-style and a Llama-style
 tiny model, dropout on. The layouts differ only in where the arithmetic happens: initialisation
 is TP-invariant (each shard is the slice of the full init), dropout masks are keyed by global
 element and head indices and by the micro-batch's index in the global batch, each rank reads
@@ -50,6 +50,11 @@ LAYOUTS = [
     ("dp4", 4, []),
     ("tp2pp2", 4, [TP, "2", PP, "2"]),
     ("tp2pp2dp2", 8, [TP, "2", PP, "2"]),
+    # Bucketed data-parallel reduction overlapped with backward (small buckets: many of them).
+    ("dp2 overlapped buckets", 2, ["--overlap-grad-reduce", "--ddp-bucket-size", "5000"]),
+    ("tp2+sp pp2-interleaved dp2 overlapped", 8,
+     [TP, "2", "--sequence-parallel", PP, "2", "--num-layers-per-virtual-pipeline-stage", "1",
+      "--overlap-grad-reduce", "--ddp-bucket-size", "2000"]),
 ]
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
            "OMPI_MCA_btl_vader_single_copy_mechanism": "none", "OMPI_MCA_mpi_yield_when_idle": "1"}
