@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/logging.h"
 #include "data/tokenizer.h"
+#include "train/fault_injection.h"
 #include "train/trainer.h"
 
 namespace megatron::cli {
@@ -129,6 +130,9 @@ void register_train_args(ArgTable& t, Arguments& a) {
         "GEMM peak (GFLOP/s) for model-FLOPs utilisation; default: measured at start-up");
   t.add("--save-hf", a.save_hf,
         "After training, write the weights as a Hugging Face model directory here");
+  t.add("--inject-fault", a.inject_fault,
+        "Testing hook: KIND:RANK:ITERATION makes world rank RANK fail at the start of "
+        "ITERATION; KIND 'exception' throws there, as a failing rank would");
 }
 
 namespace {
@@ -218,6 +222,7 @@ int64_t validate_parallel_layout(Arguments& a, int world_size, int rank) {
 }  // namespace
 
 void validate_train_args(Arguments& a, int world_size, int rank) {
+  FaultInjection::parse(a.inject_fault);  // a malformed testing hook fails before the dump
   MEGATRON_CHECK(!(a.fp16 && a.bf16), "--fp16 and --bf16 are mutually exclusive; pick one");
   MEGATRON_CHECK(!a.fp16, "--fp16 is not supported yet (fp16 needs loss scaling); use --bf16");
   const bool per_split =

@@ -48,8 +48,8 @@ TransformerConfig transformer_config_from_args(const Arguments& a) {
   MEGATRON_CHECK(a.vocab_size > 0, "--vocab-size must be set (positive) for ", a.tokenizer_type,
                  ", got ", a.vocab_size);
   c.vocab_size = a.vocab_size;
-  c.padded_vocab_size = pad_vocab_size(a.vocab_size, a.make_vocab_size_divisible_by,
-                                       a.tensor_model_parallel_size);
+  c.padded_vocab_size =
+      pad_vocab_size(a.vocab_size, a.make_vocab_size_divisible_by, a.tensor_model_parallel_size);
   c.compute_dtype = a.bf16 ? DType::kBF16 : DType::kF32;
   if (c.swiglu && a.ffn_hidden_size == 0) {
     // Megatron: SwiGLU keeps the MLP's parameter count with ffn = int(4h * 2/3 / 64) * 64.

@@ -49,6 +49,7 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
   has_loss_ = ps.is_last_stage();
   virtual_stages_ = static_cast<int>(virtual_pipeline_stages(args_));
   needs_data_ = ps.is_first_stage() || ps.is_last_stage() || args_.reset_attention_mask;
+  fault_ = FaultInjection::parse(args_.inject_fault);
   tokenizer_ = build_tokenizer(tokenizer_args(args_));
   cfg_ = transformer_config_from_args(args_);
   const bool whole_model = ps.tp_size() == 1 && ps.pp_size() == 1;
@@ -337,6 +338,7 @@ void Trainer::train() {
                                           args_.num_workers, dp_rank_, dp_size_);
   }
   for (int64_t it = 1; it <= args_.train_iters; ++it) {
+    fault_.at_iteration_start(parallel_->rank(), it);
     Timer timer;
     const double lr = schedule_.lr_at((it - 1) * gbs);
     StepResult r = train_step(it, lr);

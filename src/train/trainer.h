@@ -29,6 +29,7 @@
 #include "train/arguments.h"
 #include "train/batch_prefetcher.h"
 #include "train/datasets.h"
+#include "train/fault_injection.h"
 #include "train/tensorboard_writer.h"
 
 namespace megatron {
@@ -88,6 +89,7 @@ class Trainer {
   std::vector<std::unique_ptr<GPTModel>> chunks_;  // one per virtual pipeline stage
   std::unique_ptr<PipelineExecutor> executor_;
   std::unique_ptr<GradBuckets> grad_buckets_;
+  FaultInjection fault_;
   std::unique_ptr<ParamSet> params_;
   std::unique_ptr<AdamW> optimizer_;
   LrSchedule schedule_;

@@ -22,6 +22,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import unittest
 
 MEGATRON = None
@@ -121,6 +122,20 @@ class TestParallelEquivalence(unittest.TestCase):
 
     def test_llama_style_every_layout_matches_single_process(self):
         self.check_equivalent(LLAMA)
+
+    def test_a_failing_rank_takes_the_whole_job_down_with_its_message(self):
+        # World rank 2 (tp 0 of the second pipeline stage) throws at iteration 3, while its peers
+        # wait for it in point-to-point and TP collectives: the job must end quickly, with that
+        # rank's message and exit code 1, never hang.
+        start = time.monotonic()
+        proc = run(4, *TINY, TP, "2", PP, "2", "--inject-fault", "exception:2:3")
+        elapsed = time.monotonic() - start
+        self.assertEqual(proc.returncode, 1, proc.stderr[-2000:])
+        self.assertIn("[rank 2] injected fault (--inject-fault): rank 2 fails at the start of "
+                      "iteration 3", proc.stderr)
+        self.assertLessEqual(len(curve(proc)), 2, "no iteration after the failure")
+        # Start-up of 4 oversubscribed ranks takes a few seconds; a hang would hit TIMEOUT_S.
+        self.assertLess(elapsed, 60, f"the job took {elapsed:.0f} s to go down")
 
 
 def main():

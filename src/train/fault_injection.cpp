@@ -1,0 +1,56 @@
+// Parsing and firing of the --inject-fault testing hook.
+#include "train/fault_injection.h"
+
+#include <stdexcept>
+
+#include "core/error.h"
+#include "core/logging.h"
+
+namespace megatron {
+
+namespace {
+bool parse_int(const std::string& s, int64_t* out) {
+  try {
+    size_t used = 0;
+    *out = std::stoll(s, &used);
+    return used == s.size() && !s.empty();
+  } catch (const std::logic_error&) {
+    return false;
+  }
+}
+}  // namespace
+
+FaultInjection FaultInjection::parse(const std::string& spec) {
+  FaultInjection f;
+  if (spec.empty()) return f;
+  const size_t a = spec.find(':'), b = a == std::string::npos ? a : spec.find(':', a + 1);
+  MEGATRON_CHECK(b != std::string::npos,
+                 "--inject-fault expects KIND:RANK:ITERATION (e.g. "
+                 "exception:1:3), got '",
+                 spec, "'");
+  const std::string kind = spec.substr(0, a);
+  MEGATRON_CHECK(kind == "exception", "--inject-fault: unknown kind '", kind,
+                 "' (known: exception)");
+  f.kind = Kind::kException;
+  int64_t rank = -1;
+  MEGATRON_CHECK(parse_int(spec.substr(a + 1, b - a - 1), &rank) &&
+                     parse_int(spec.substr(b + 1), &f.iteration),
+                 "--inject-fault: RANK and ITERATION must be integers, got '", spec, "'");
+  f.rank = static_cast<int>(rank);
+  MEGATRON_CHECK(f.rank >= 0 && f.iteration >= 1,
+                 "--inject-fault: RANK must be >= 0 and "
+                 "ITERATION >= 1, got '",
+                 spec, "'");
+  return f;
+}
+
+void FaultInjection::at_iteration_start(int world_rank, int64_t it) const {
+  if (kind == Kind::kException && world_rank == rank && it == iteration) {
+    throw std::runtime_error(
+        strprintf("injected fault (--inject-fault): rank %d fails at the "
+                  "start of iteration %ld",
+                  rank, static_cast<long>(it)));
+  }
+}
+
+}  // namespace megatron

@@ -1,0 +1,26 @@
+// FaultInjection: the --inject-fault testing hook, "KIND:RANK:ITERATION".
+//
+// It lets the tests make one rank of a real job fail at a chosen iteration, to check what the
+// rest of the job does: KIND "exception" throws a runtime error on world rank RANK at the start
+// of ITERATION, as a rank whose step fails would (the CLI then aborts the whole MPI job with that
+// rank's message). It is not a chaos tool and does nothing unless the flag is given.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace megatron {
+
+struct FaultInjection {
+  enum class Kind : uint8_t { kNone, kException };
+  Kind kind = Kind::kNone;
+  int rank = -1;
+  int64_t iteration = -1;
+
+  // Parses the flag's value; empty: none. Throws InvalidArgument naming --inject-fault.
+  static FaultInjection parse(const std::string& spec);
+  // Throws the injected failure when this is `rank` at `iteration`.
+  void at_iteration_start(int world_rank, int64_t it) const;
+};
+
+}  // namespace megatron
