@@ -83,6 +83,9 @@ void register_train_args(ArgTable& t, Arguments& a) {
         "Sequences per iteration (default micro batch x data parallel)");
   t.add("--train-iters", a.train_iters, "Training iterations");
   t.add("--log-interval", a.log_interval, "Iterations between log lines");
+  t.add("--timing-log-level", a.timing_log_level,
+        "Granularity of the step-time report printed every --log-interval: 0 none, 1 the "
+        "step's phases (batch, forward-backward, gradient sync, optimizer, communication)");
   t.add("--seed", a.seed, "Random seed (weights, dropout, data)");
   t.add("--optimizer", a.optimizer, "Optimizer (adam: AdamW)");
   t.add("--lr", a.lr, "Peak learning rate");
@@ -281,6 +284,8 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
                    "--lr-decay-style WSD needs --lr-wsd-decay-iters in (0, ", decay, "]");
   }
   MEGATRON_CHECK(a.log_interval > 0, "--log-interval must be positive, got ", a.log_interval);
+  MEGATRON_CHECK(a.timing_log_level >= 0 && a.timing_log_level <= 2,
+                 "--timing-log-level must be 0, 1 or 2, got ", a.timing_log_level);
   MEGATRON_CHECK(a.tensorboard_log_interval > 0, "--tensorboard-log-interval must be positive");
   MEGATRON_CHECK(a.clip_grad >= 0, "--clip-grad must be >= 0, got ", a.clip_grad);
   MEGATRON_CHECK(a.weight_decay >= 0, "--weight-decay must be >= 0, got ", a.weight_decay);

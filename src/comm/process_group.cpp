@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/timer.h"
 
 namespace megatron {
 
@@ -68,6 +69,28 @@ class ThenWork final : public Work::Impl {
  private:
   Work inner_;
   std::function<void()> then_;
+};
+
+// An asynchronous operation whose wait and test calls count towards its group's busy time.
+class TimedWork final : public Work::Impl {
+ public:
+  TimedWork(Work inner, std::shared_ptr<double> busy)
+      : inner_(std::move(inner)), busy_(std::move(busy)) {}
+  void wait() override {
+    Timer t;
+    inner_.wait();
+    *busy_ += t.elapsed();
+  }
+  bool test() override {
+    Timer t;
+    const bool done = inner_.is_completed();
+    *busy_ += t.elapsed();
+    return done;
+  }
+
+ private:
+  Work inner_;
+  std::shared_ptr<double> busy_;
 };
 
 Work then(Work inner, std::function<void()> f) {
@@ -187,53 +210,73 @@ Work ProcessGroup::recv_impl(Tensor& t, int src, int tag, bool async) {
 }
 
 void ProcessGroup::all_reduce(Tensor& t, ReduceOp op) {
+  Timer timer;
   reduce(t, op, false).wait();
+  *busy_ += timer.elapsed();
 }
 void ProcessGroup::reduce_scatter(Tensor& out, const Tensor& in, ReduceOp op) {
+  Timer timer;
   reduce_scatter_impl(out, in, op, false).wait();
+  *busy_ += timer.elapsed();
 }
 void ProcessGroup::all_gather(Tensor& out, const Tensor& in) {
+  Timer timer;
   all_gather_impl(out, in, false).wait();
+  *busy_ += timer.elapsed();
 }
 void ProcessGroup::broadcast(Tensor& t, int root) {
+  Timer timer;
   broadcast_impl(t, root, false).wait();
+  *busy_ += timer.elapsed();
 }
 void ProcessGroup::all_to_all(Tensor& out, const Tensor& in) {
+  Timer timer;
   all_to_all_impl(out, in, false).wait();
+  *busy_ += timer.elapsed();
 }
 void ProcessGroup::send(const Tensor& t, int dst, int tag) {
+  Timer timer;
   send_impl(t, dst, tag, false).wait();
+  *busy_ += timer.elapsed();
 }
 void ProcessGroup::recv(Tensor& t, int src, int tag) {
+  Timer timer;
   recv_impl(t, src, tag, false).wait();
+  *busy_ += timer.elapsed();
 }
 void ProcessGroup::barrier() {
+  Timer timer;
   if (size() > 1) do_barrier(false).wait();
+  *busy_ += timer.elapsed();
 }
 
 Work ProcessGroup::all_reduce_async(Tensor& t, ReduceOp op) {
-  return reduce(t, op, true);
+  return timed(reduce(t, op, true));
 }
 Work ProcessGroup::reduce_scatter_async(Tensor& out, const Tensor& in, ReduceOp op) {
-  return reduce_scatter_impl(out, in, op, true);
+  return timed(reduce_scatter_impl(out, in, op, true));
 }
 Work ProcessGroup::all_gather_async(Tensor& out, const Tensor& in) {
-  return all_gather_impl(out, in, true);
+  return timed(all_gather_impl(out, in, true));
 }
 Work ProcessGroup::broadcast_async(Tensor& t, int root) {
-  return broadcast_impl(t, root, true);
+  return timed(broadcast_impl(t, root, true));
 }
 Work ProcessGroup::all_to_all_async(Tensor& out, const Tensor& in) {
-  return all_to_all_impl(out, in, true);
+  return timed(all_to_all_impl(out, in, true));
 }
 Work ProcessGroup::send_async(const Tensor& t, int dst, int tag) {
-  return send_impl(t, dst, tag, true);
+  return timed(send_impl(t, dst, tag, true));
 }
 Work ProcessGroup::recv_async(Tensor& t, int src, int tag) {
-  return recv_impl(t, src, tag, true);
+  return timed(recv_impl(t, src, tag, true));
 }
 Work ProcessGroup::barrier_async() {
   return size() > 1 ? do_barrier(true) : Work();
+}
+
+Work ProcessGroup::timed(Work w) {
+  return Work(std::make_unique<TimedWork>(std::move(w), busy_));
 }
 
 std::shared_ptr<ProcessGroup> ProcessGroup::split(const RankGroups& groups) {

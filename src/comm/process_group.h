@@ -107,6 +107,11 @@ class ProcessGroup {
   [[nodiscard]] Work recv_async(Tensor& t, int src, int tag = 0);
   [[nodiscard]] Work barrier_async();
 
+  // Seconds this rank has spent inside this group's communication so far: blocking calls, and
+  // wait/test calls on its asynchronous operations (time a transfer overlaps with compute is not
+  // counted). What the step-time breakdown reports as communication.
+  double busy_seconds() const { return *busy_; }
+
   // New groups out of this one. Collective: every member calls it with the same `groups`, lists
   // of ranks of this group, disjoint (not every rank needs to be listed). Returns the group that
   // holds this rank, its members ranked in the order listed, or nullptr when none does.
@@ -145,8 +150,11 @@ class ProcessGroup {
   Work send_impl(const Tensor& t, int dst, int tag, bool async);
   Work recv_impl(Tensor& t, int src, int tag, bool async);
 
+  Work timed(Work w);  // counts w's wait and test calls in busy_
+
   int rank_ = 0;
   std::vector<int> global_ranks_;
+  std::shared_ptr<double> busy_ = std::make_shared<double>(0.0);
 };
 
 // A group holding only this process, without MPI: what a single-process model uses as its

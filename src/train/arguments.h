@@ -100,6 +100,7 @@ struct Arguments {
   bool overlap_grad_reduce = false;  // reduce each gradient bucket as soon as it is complete
   int64_t ddp_bucket_size = 0;       // elements; 0: Megatron's max(40000000, 1000000 x dp size)
   double gemm_peak_gflops = 0;       // MFU denominator; 0: measured at start-up
+  int64_t timing_log_level = 0;      // 0: no step-time report; 1-2: phases (see step_timers.h)
   std::string inject_fault;          // testing hook "KIND:RANK:ITERATION"; empty: none
 };
 

@@ -232,11 +232,24 @@ void Trainer::reduce_loss_stats(double* loss_sum, double* tokens) {
   *tokens = stats.data<double>()[1];
 }
 
+double Trainer::comm_seconds() const {
+  const ParallelState& ps = *parallel_;
+  double s = ps.world_group().busy_seconds() + ps.tp_group().busy_seconds() +
+             ps.pp_group().busy_seconds() + ps.dp_group().busy_seconds() +
+             ps.model_parallel_group().busy_seconds();
+  if (ps.in_embedding_group()) s += ps.embedding_group().busy_seconds();
+  return s;
+}
+
 Trainer::StepResult Trainer::train_step(int64_t iteration, double lr) {
   StepResult r;
+  const double comm0 = comm_seconds();
+  Timer phase;
   params_->zero_grads();
   grad_buckets_->reset();
   std::vector<GPTBatch> batches = step_batches([&](int64_t) { return prefetcher_->next(); });
+  timers_.add("batch-generator", phase.elapsed());
+  phase = Timer();
   // The stream is the micro-batch's index in the global batch (the sampler gives rank r
   // micro-batch mb * dp + r of it), so any layout draws the same dropout masks.
   const int64_t m = num_microbatches_;
@@ -247,7 +260,11 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, double lr) {
   MicroBatchRunner runner(chunks_, std::move(batches), mode, /*training=*/true,
                           grad_buckets_.get());
   executor_->run(schedule(), runner);
+  timers_.add("forward-backward", phase.elapsed());
+  phase = Timer();
   finish_gradients();
+  timers_.add("all-grads-sync", phase.elapsed());
+  phase = Timer();
   double loss_sum = runner.loss_sum(), token_count = runner.token_count();
   reduce_loss_stats(&loss_sum, &token_count);
   r.loss = loss_sum / std::max(token_count, 1.0);
@@ -276,6 +293,8 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, double lr) {
   }
   clip_grads(*params_, args_.clip_grad, r.grad_norm);
   optimizer_->step(lr);
+  timers_.add("optimizer", phase.elapsed());
+  timers_.add("communication (all groups)", comm_seconds() - comm0);
   return r;
 }
 
@@ -379,6 +398,12 @@ void Trainer::train() {
           interval_loss / static_cast<double>(interval_iters), 1.0, r.grad_norm, 0, 0,
           tokens_per_iter / (ms / 1000.0), 100.0 * avg_tflops * 1e3 / peak_gflops_);
       log_last(line);
+      if (args_.timing_log_level > 0) {
+        for (const std::string& l : timers_.report(parallel_->world_group(), interval_iters)) {
+          log_last(l);
+        }
+      }
+      timers_.reset();
       if (tensorboard_) tensorboard_->flush();
       interval_loss = interval_time = 0;
       interval_iters = 0;

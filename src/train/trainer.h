@@ -30,6 +30,7 @@
 #include "train/batch_prefetcher.h"
 #include "train/datasets.h"
 #include "train/fault_injection.h"
+#include "train/step_timers.h"
 #include "train/tensorboard_writer.h"
 
 namespace megatron {
@@ -90,6 +91,9 @@ class Trainer {
   std::unique_ptr<PipelineExecutor> executor_;
   std::unique_ptr<GradBuckets> grad_buckets_;
   FaultInjection fault_;
+  StepTimers timers_;
+  // Seconds spent in communication so far, over every group of this rank.
+  double comm_seconds() const;
   std::unique_ptr<ParamSet> params_;
   std::unique_ptr<AdamW> optimizer_;
   LrSchedule schedule_;

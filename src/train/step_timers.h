@@ -1,0 +1,32 @@
+// StepTimers: Megatron's --timing-log-level report for one log interval: named wall-clock
+// totals on this rank, printed as the (min, max) over ranks of the mean time per iteration.
+//
+//   (min, max) time across ranks (ms):
+//       forward-backward ...............................: (812.31, 815.02)
+//
+// Every rank must add the same names in the same order (a name that does not apply to a rank is
+// added with 0), since report() reduces them position by position. It is not a profiler: the
+// phases are the trainer's, timed around whole calls.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "comm/process_group.h"
+
+namespace megatron {
+
+class StepTimers {
+ public:
+  void add(const std::string& name, double seconds);
+  // Collective over `world`. Lines of the report (header first), per iteration of the interval.
+  std::vector<std::string> report(ProcessGroup& world, int64_t iterations) const;
+  void reset() { entries_.clear(); }
+
+ private:
+  std::vector<std::pair<std::string, double>> entries_;  // first-added order
+};
+
+}  // namespace megatron
