@@ -45,6 +45,7 @@ void GradBuckets::reset() {
     b.ready = 0;
     b.launched = false;
   }
+  for (auto& [p, r] : ready_) r = false;
 }
 
 void GradBuckets::launch(Bucket& b) {
@@ -59,8 +60,10 @@ void GradBuckets::mark_ready(const Param& p) {
   if (!overlap_) return;
   auto it = bucket_of_.find(&p);
   MEGATRON_ASSERT(it != bucket_of_.end(), "parameter ", p.name, " is in no gradient bucket");
+  bool& marked = ready_[&p];
+  MEGATRON_ASSERT(!marked, "parameter ", p.name, " marked ready twice in a step");
+  marked = true;
   Bucket& b = buckets_[it->second];
-  MEGATRON_ASSERT(b.ready < b.num_params, "parameter ", p.name, " marked ready twice in a step");
   if (++b.ready == b.num_params) launch(b);
 }
 

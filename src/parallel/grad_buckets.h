@@ -64,6 +64,7 @@ class GradBuckets {
   bool overlap_;
   std::vector<Bucket> buckets_;
   std::unordered_map<const Param*, int> bucket_of_;
+  std::unordered_map<const Param*, bool> ready_;  // marked this step
 };
 
 // Megatron's default bucket size in elements: max(40,000,000, 1,000,000 x dp size).
