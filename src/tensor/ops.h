@@ -22,6 +22,9 @@ namespace megatron::ops {
 // flattened). beta is 0 (overwrite) or 1 (accumulate). Primitives are cached by shape.
 void matmul(Tensor& out, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
             float beta = 0.0f);
+// Whether this CPU runs bf16 GEMMs natively (oneDNN needs AVX-512). If not, bf16 GEMMs widen
+// their inputs to f32 and run the f32 kernel: the same results, without the bf16 speed-up.
+bool native_bf16_gemm();
 
 // ---- elementwise ------------------------------------------------------------------------------
 void add(Tensor& out, const Tensor& a, const Tensor& b);  // out = a + b

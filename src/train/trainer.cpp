@@ -150,6 +150,11 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
   if (!args_.tensorboard_dir.empty() && last_rank_) {  // Megatron writes from the last rank
     tensorboard_ = std::make_unique<TensorBoardWriter>(args_.tensorboard_dir);
   }
+  if (cfg_.compute_dtype == DType::kBF16 && !ops::native_bf16_gemm()) {
+    log_first(
+        " > warning: this CPU has no native bf16 GEMM (oneDNN needs AVX-512): --bf16 GEMMs widen "
+        "their bf16 inputs to f32 and run at f32 speed (same results)");
+  }
   if (args_.gemm_peak_gflops > 0) {
     peak_gflops_ = args_.gemm_peak_gflops;
     log_first(

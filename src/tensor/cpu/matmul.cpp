@@ -5,8 +5,14 @@
 // once per (M, N, K, transposes, dtype, accumulate) and cached: creating one costs far more than
 // running a small GEMM. The cache is per thread-of-caller (the trainer calls from one thread), so
 // it needs no lock.
+//
+// oneDNN has bf16 matmul kernels only on CPUs with AVX-512 (bf16 instructions or their emulation);
+// elsewhere it cannot create the primitive. Then a bf16 GEMM widens its inputs to f32 (exact: every
+// bf16 value is an f32 value) and runs the f32 kernel, which computes the same thing, bf16 inputs
+// with f32 accumulation, at f32 speed. native_bf16_gemm() tells callers which one they get.
 #include <map>
 #include <tuple>
+#include <vector>
 
 #include <dnnl.hpp>
 
@@ -36,6 +42,10 @@ class GemmCache {
     auto it = prims_.find(key);
     if (it == prims_.end()) it = prims_.emplace(key, create(key)).first;
     const Entry& e = it->second;
+    if (e.widen) {
+      a = widen(a, key.m * key.k, &wide_a_);
+      b = widen(b, key.k * key.n, &wide_b_);
+    }
     dnnl::memory ma(e.a_md, engine_, const_cast<void*>(a));
     dnnl::memory mb(e.b_md, engine_, const_cast<void*>(b));
     dnnl::memory mc(e.c_md, engine_, c);
@@ -47,13 +57,32 @@ class GemmCache {
   struct Entry {
     dnnl::memory::desc a_md, b_md, c_md;
     dnnl::matmul prim;
+    bool widen = false;  // bf16 inputs run through the f32 primitive
   };
+
+  static const void* widen(const void* src, int64_t n, std::vector<float>* buf) {
+    if (static_cast<int64_t>(buf->size()) < n) buf->resize(static_cast<size_t>(n));
+    convert(buf->data(), DType::kF32, src, DType::kBF16, n);
+    return buf->data();
+  }
 
   GemmCache() : engine_(dnnl::engine::kind::cpu, 0), stream_(engine_) {}
 
   Entry create(const GemmKey& key) {
+    if (key.dtype == DType::kBF16) {
+      try {
+        return create_with(key, dnnl::memory::data_type::bf16);
+      } catch (const dnnl::error&) {
+        Entry e = create_with(key, dnnl::memory::data_type::f32);
+        e.widen = true;
+        return e;
+      }
+    }
+    return create_with(key, dnnl::memory::data_type::f32);
+  }
+
+  Entry create_with(const GemmKey& key, dnnl::memory::data_type in) {
     using dt = dnnl::memory::data_type;
-    dt in = key.dtype == DType::kBF16 ? dt::bf16 : dt::f32;
     // Logical A is [m, k]; stored row-major as [m, k] or, when transposed, as [k, m].
     dnnl::memory::dims a_strides =
         key.ta ? dnnl::memory::dims{1, key.m} : dnnl::memory::dims{key.k, 1};
@@ -78,6 +107,7 @@ class GemmCache {
   dnnl::engine engine_;
   dnnl::stream stream_;
   std::map<GemmKey, Entry> prims_;
+  std::vector<float> wide_a_, wide_b_;
 };
 
 // C[m, n] (+)= op(A) op(B) in double: the reference path for f64 tensors.
@@ -98,6 +128,22 @@ void gemm_f64(double* c, const double* a, bool ta, const double* b, bool tb, int
 }
 
 }  // namespace
+
+bool native_bf16_gemm() {
+  static const bool native = [] {
+    try {
+      using dt = dnnl::memory::data_type;
+      dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+      dnnl::memory::desc a({8, 8}, dt::bf16, dnnl::memory::dims{8, 1});
+      dnnl::memory::desc c({8, 8}, dt::f32, dnnl::memory::dims{8, 1});
+      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, a, c), engine);
+      return true;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return native;
+}
 
 void matmul(Tensor& out, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, float beta) {
   MEGATRON_CHECK(a.ndim() >= 2 && b.ndim() >= 2, "matmul: inputs must have >= 2 dims, got ",
