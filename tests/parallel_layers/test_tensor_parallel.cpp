@@ -6,16 +6,18 @@
 // in any order), bit for bit. The layers are checked against our single-process Linear on the
 // full weights, computed locally on every rank, in Megatron's MLP pattern ColumnParallelLinear ->
 // GELU -> RowParallelLinear, with and without sequence parallelism:
-//   - exact where no rank sums another rank's partial results: initial weights, the column
-//     layer's output, its weight and bias gradients, the row layer's weight gradient (its
-//     input slice and dy are exact), and the row layer's bias gradient without sequence
-//     parallelism (dy is replicated);
+//   - exact where no rank sums another rank's partial results and no GEMM is involved: initial
+//     weights and the row layer's bias gradient without sequence parallelism (dy is replicated);
 //   - within a tolerance where there is a cross-rank sum: the MLP output and input gradient (the
 //     row layer's partial products, the column layer's partial dx) and, under sequence
 //     parallelism, the row bias gradient summed over TP. Each such element is a sum of K <= 64
 //     f32 terms grouped differently (p partial sums, then a sum over ranks); two orders differ by
 //     at most about 2 K u sum|terms| (u = 2^-24), i.e. below 1e-5 of sum|terms|, which for these
-//     random data is within about 2x of the largest |result|: tolerance 2e-5 * max|reference|.
+//     random data is within about 2x of the largest |result|: tolerance 2e-5 * max|reference|;
+//   - within the same tolerance for GEMM results without a cross-rank sum (the column layer's
+//     output, weight and bias gradients, the row layer's weight gradient): the shard's GEMM is the
+//     same math on a smaller matrix, but oneDNN chooses kernels by shape and its AVX2 kernels sum
+//     the tail rows of a matrix in another grouping, so bitwise equality holds on some CPUs only.
 //
 // Every rank runs the same tests in the same order so collectives pair up; checks use EXPECT,
 // never an early return. A failure on any rank fails every rank (see main).
@@ -37,11 +39,11 @@
 #include "comm/parallel_state.h"
 #include "core/error.h"
 #include "core/philox.h"
+#include "parallel/linear.h"
 #include "parallel/mappings.h"
+#include "parallel/param.h"
 #include "parallel/tensor_parallel_linear.h"
 #include "tensor/ops.h"
-#include "parallel/linear.h"
-#include "parallel/param.h"
 
 namespace megatron {
 namespace {
@@ -276,7 +278,7 @@ TEST(TensorParallelLinear, MlpMatchesSingleProcess) {
       RowParallelLinear::Ctx c2;
       Tensor h = mlp.fc1.forward(x_in, c1);
       EXPECT_EQ(h.shape(), (Shape{kS, kB, f})) << at;
-      expect_exact(h, cols(ref.h, r * f, f), at + " fc1 output (this rank's columns)");
+      expect_close(h, cols(ref.h, r * f, f), at + " fc1 output (this rank's columns)");
       Tensor a = Tensor::empty(h.shape());
       ops::gelu_forward(a, h, false);
       Tensor y = mlp.fc2.forward(a, c2);
@@ -289,12 +291,12 @@ TEST(TensorParallelLinear, MlpMatchesSingleProcess) {
       EXPECT_EQ(dx.shape(), x_in.shape()) << at;
       expect_close(dx, sp ? rows(ref.dx.view(Shape{kS, kB, kH}), r * n, n) : ref.dx,
                    at + " input grad");
-      // No cross-rank sum: exact slices of the single-process gradients.
-      expect_exact(mlp.fc1.weight().main_grad, rows(ref.fc1.weight.main_grad, r * f, f),
+      // No cross-rank sum, but GEMMs of other shapes upstream (see the file comment).
+      expect_close(mlp.fc1.weight().main_grad, rows(ref.fc1.weight.main_grad, r * f, f),
                    at + " fc1 weight grad");
-      expect_exact(mlp.fc1.bias().main_grad, rows(ref.fc1.bias.main_grad, r * f, f),
+      expect_close(mlp.fc1.bias().main_grad, rows(ref.fc1.bias.main_grad, r * f, f),
                    at + " fc1 bias grad");
-      expect_exact(mlp.fc2.weight().main_grad, cols(ref.fc2.weight.main_grad, r * f, f),
+      expect_close(mlp.fc2.weight().main_grad, cols(ref.fc2.weight.main_grad, r * f, f),
                    at + " fc2 weight grad");
       // The replicated bias: whole dy on every rank without sp; under sp each rank's tokens,
       // summed over TP as finalize_model_grads does.
@@ -339,7 +341,7 @@ TEST(TensorParallelLinear, GatherOutputAndScatteredInput) {
     RowParallelLinear::Ctx c2;
     Tensor t1 = l1.forward(x, c1);
     EXPECT_EQ(t1.shape(), (Shape{kS, kB, kFfn})) << at;
-    expect_exact(t1, y1, at + " gathered column output");
+    expect_close(t1, y1, at + " gathered column output");
     expect_close(l2.forward(t1, c2), y2, at + " row output from a whole input");
     Tensor d1 = l2.backward(dy2, c2);
     EXPECT_EQ(d1.shape(), (Shape{kS, kB, kFfn})) << at;
