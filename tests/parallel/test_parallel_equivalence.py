@@ -94,13 +94,13 @@ def validation(proc):
 
 
 class TestParallelEquivalence(unittest.TestCase):
-    def check_equivalent(self, extra):
+    def check_equivalent(self, extra, layouts=LAYOUTS):
         model = with_flags(TINY, extra)
         single = run(1, *model)
         self.assertEqual(single.returncode, 0, single.stderr[-2000:])
         want = curve(single)
         self.assertEqual(len(want), 20)
-        for name, ranks, flags in LAYOUTS:
+        for name, ranks, flags in layouts:
             with self.subTest(layout=name):
                 proc = run(ranks, *model, *flags)
                 self.assertEqual(proc.returncode, 0, f"{name}: {proc.stderr[-2000:]}")
@@ -122,6 +122,14 @@ class TestParallelEquivalence(unittest.TestCase):
 
     def test_llama_style_every_layout_matches_single_process(self):
         self.check_equivalent(LLAMA)
+
+    def test_document_masks_reach_every_stage(self):
+        # With --reset-attention-mask every pipeline stage needs the document starts (middle
+        # stages read the batch too), and positions restart after each end of document.
+        docs = ["--reset-attention-mask", "--reset-position-ids", "--eod-mask-loss"]
+        layouts = [l for l in LAYOUTS if l[0] in ("tp2+sp", "pp4", "tp2pp2dp2")]
+        self.check_equivalent(docs, layouts)
+        self.check_equivalent([*LLAMA, *docs], layouts)
 
     def test_a_failing_rank_takes_the_whole_job_down_with_its_message(self):
         # World rank 2 (tp 0 of the second pipeline stage) throws at iteration 3, while its peers
