@@ -5,7 +5,7 @@
 # loss and perplexity every 50 iterations. It runs as a 2-process MPI job, tensor and sequence
 # parallel (each rank holds half of every layer and of the vocabulary, one thread each); the loss
 # curve is the single-process one. At the end it prints the unigram entropy of the training
-# tokens: the validation loss ends well below it. About 5 minutes on 2 cores.
+# tokens: the validation loss ends well below it. 5 to 8 minutes on 2 cores.
 # Extra arguments are passed to `megatron train`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
