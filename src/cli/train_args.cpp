@@ -57,7 +57,19 @@ void register_model_args(ArgTable& t, Arguments& a) {
         "Hugging Face model directory (config.json + safetensors) to start from");
   t.flag("--bf16", a.bf16,
          "bf16 compute weights and GEMM inputs; fp32 main weights, gradients and accumulation");
-  t.flag("--fp16", a.fp16, "fp16 mixed precision (not supported yet)");
+  t.flag("--fp16", a.fp16,
+         "fp16 compute weights and GEMM inputs with loss scaling; fp32 main weights and gradients");
+  t.add("--loss-scale", a.loss_scale,
+        "Static loss scaling for fp16 (a positive power of 2 helps); default: dynamic scaling");
+  t.add("--initial-loss-scale", a.initial_loss_scale, "Initial loss scale for dynamic scaling");
+  t.add("--min-loss-scale", a.min_loss_scale, "Minimum loss scale for dynamic scaling");
+  t.add("--loss-scale-window", a.loss_scale_window,
+        "Window over which to raise/lower dynamic scale");
+  t.add("--hysteresis", a.hysteresis, "Hysteresis for dynamic loss scaling");
+  t.flag("--attention-softmax-in-fp32", a.attention_softmax_in_fp32,
+         "Run attention masking and softmax in fp32 (always the case here)");
+  t.flag("--accumulate-allreduce-grads-in-fp32", a.accumulate_allreduce_grads_in_fp32,
+         "Gradient accumulation and all-reduce in fp32 (always the case here)");
   t.add("--tensor-model-parallel-size", a.tensor_model_parallel_size,
         "Degree of tensor model parallelism");
   t.add("--pipeline-model-parallel-size", a.pipeline_model_parallel_size,
@@ -74,10 +86,23 @@ void register_train_args(ArgTable& t, Arguments& a) {
         "Number of layers per virtual pipeline stage (interleaved 1F1B; 0: none)");
   t.add("--num-virtual-stages-per-pipeline-rank", a.num_virtual_stages_per_pipeline_rank,
         "Number of virtual pipeline stages per pipeline parallelism rank (0: none)");
+  t.flag("--use-distributed-optimizer", a.use_distributed_optimizer,
+         "Use distributed optimizer: shard the Adam moments over data-parallel ranks");
   t.flag("--overlap-grad-reduce", a.overlap_grad_reduce, "If set, overlap DDP grad reduce");
   t.add("--ddp-bucket-size", a.ddp_bucket_size,
         "Bucket size for data-parallel communication, in elements "
         "(0: max(40000000, 1000000 x data parallel size))");
+  t.add("--recompute-granularity", a.recompute_granularity,
+        "Activation recomputation: full (whole layers, see --recompute-method) or selective "
+        "(core attention only); default none");
+  t.add("--recompute-method", a.recompute_method,
+        "With --recompute-granularity full: uniform (chunks of --recompute-num-layers layers, "
+        "only each chunk's input kept) or block (the first --recompute-num-layers layers of each "
+        "pipeline stage)");
+  t.add("--recompute-num-layers", a.recompute_num_layers,
+        "Layers per recomputed chunk (uniform) or recomputed layers per pipeline stage (block)");
+  t.flag("--recompute-activations", a.recompute_activations,
+         "Deprecated: the same as --recompute-granularity selective");
   t.add("--micro-batch-size", a.micro_batch_size, "Sequences per micro-batch");
   t.add("--global-batch-size", a.global_batch_size,
         "Sequences per iteration (default micro batch x data parallel)");
@@ -134,8 +159,9 @@ void register_train_args(ArgTable& t, Arguments& a) {
   t.add("--save-hf", a.save_hf,
         "After training, write the weights as a Hugging Face model directory here");
   t.add("--inject-fault", a.inject_fault,
-        "Testing hook: KIND:RANK:ITERATION makes world rank RANK fail at the start of "
-        "ITERATION; KIND 'exception' throws there, as a failing rank would");
+        "Testing hook: KIND:RANK:ITERATION makes world rank RANK fail at ITERATION; KIND "
+        "'exception' throws at its start, as a failing rank would; 'inf-grad' puts +inf into "
+        "one gradient after its backward, as an fp16 overflow would");
 }
 
 namespace {
@@ -222,12 +248,65 @@ int64_t validate_parallel_layout(Arguments& a, int world_size, int rank) {
   return dp;
 }
 
+// Megatron's activation-recomputation rules (TransformerConfig.__post_init__, and its
+// --recompute-activations alias), with the flags named. per_stage: layers per pipeline stage.
+void validate_recompute(Arguments& a, int64_t per_stage) {
+  std::string& granularity = a.recompute_granularity;
+  MEGATRON_CHECK(granularity.empty() || granularity == "full" || granularity == "selective",
+                 "--recompute-granularity must be full or selective, got '", granularity, "'");
+  MEGATRON_CHECK(a.recompute_method.empty() || a.recompute_method == "uniform" ||
+                     a.recompute_method == "block",
+                 "--recompute-method must be uniform or block, got '", a.recompute_method, "'");
+  if (a.recompute_activations) {
+    MEGATRON_CHECK(granularity != "full",
+                   "--recompute-activations (deprecated alias of --recompute-granularity "
+                   "selective) contradicts --recompute-granularity full; drop one of them");
+    granularity = "selective";
+  }
+  MEGATRON_CHECK(a.recompute_method.empty() || granularity == "full",
+                 "--recompute-method requires --recompute-granularity full",
+                 granularity == "selective"
+                     ? " (selective recomputation, the core attention of every layer, takes no "
+                       "method); drop --recompute-method or use --recompute-granularity full"
+                     : "; add --recompute-granularity full or drop --recompute-method");
+  if (granularity == "full") {
+    MEGATRON_CHECK(!a.recompute_method.empty(),
+                   "Using recompute_granularity: full so recompute_method must be \"block\" or "
+                   "\"uniform\": add --recompute-method uniform or --recompute-method block");
+    const int64_t n = a.recompute_num_layers;
+    MEGATRON_CHECK(n >= 1 && (a.recompute_method == "uniform" || n <= per_stage),
+                   "When using recompute_granularity: full recompute_num_layers must be between 1 "
+                   "and num_layers_per_pipeline_rank: ",
+                   per_stage,
+                   " (--num-layers / --pipeline-model-parallel-size), got --recompute-num-layers ",
+                   n, n < 1 ? " (give it)" : "");
+  } else if (granularity == "selective") {
+    MEGATRON_CHECK(a.recompute_num_layers == 0,
+                   "When using recompute_granularity: selective recompute_num_layers must be None: "
+                   "drop --recompute-num-layers (",
+                   a.recompute_num_layers, ")");
+  } else {
+    MEGATRON_CHECK(a.recompute_num_layers == 0, "--recompute-num-layers (", a.recompute_num_layers,
+                   ") requires --recompute-granularity full");
+  }
+}
+
 }  // namespace
 
 void validate_train_args(Arguments& a, int world_size, int rank) {
   FaultInjection::parse(a.inject_fault);  // a malformed testing hook fails before the dump
   MEGATRON_CHECK(!(a.fp16 && a.bf16), "--fp16 and --bf16 are mutually exclusive; pick one");
-  MEGATRON_CHECK(!a.fp16, "--fp16 is not supported yet (fp16 needs loss scaling); use --bf16");
+  MEGATRON_CHECK(a.loss_scale >= 0,
+                 "--loss-scale must be positive (or unset for dynamic "
+                 "scaling), got ",
+                 a.loss_scale);
+  MEGATRON_CHECK(
+      a.initial_loss_scale > 0 && a.min_loss_scale > 0 && a.min_loss_scale <= a.initial_loss_scale,
+      "--min-loss-scale (", a.min_loss_scale, ") and --initial-loss-scale (", a.initial_loss_scale,
+      ") must be positive, the minimum not above the initial");
+  MEGATRON_CHECK(a.loss_scale_window > 0, "--loss-scale-window must be positive, got ",
+                 a.loss_scale_window);
+  MEGATRON_CHECK(a.hysteresis > 0, "--hysteresis must be positive, got ", a.hysteresis);
   const bool per_split =
       !a.train_data_path.empty() || !a.valid_data_path.empty() || !a.test_data_path.empty();
   MEGATRON_CHECK(a.mock_data || !a.data_path.empty() || per_split,
@@ -249,6 +328,7 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
   MEGATRON_CHECK(a.micro_batch_size > 0, "--micro-batch-size must be positive, got ",
                  a.micro_batch_size);
   const int64_t dp = validate_parallel_layout(a, world_size, rank);
+  validate_recompute(a, a.num_layers / a.pipeline_model_parallel_size);
   if (a.global_batch_size == 0) a.global_batch_size = a.micro_batch_size * dp;
   MEGATRON_CHECK(a.global_batch_size > 0 && a.global_batch_size % (a.micro_batch_size * dp) == 0,
                  "global batch size (", a.global_batch_size,

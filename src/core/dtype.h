@@ -14,6 +14,10 @@ enum class DType : uint8_t { kF32, kF64, kBF16, kF16, kI32, kI64 };
 
 size_t dtype_size(DType t);
 const char* dtype_name(DType t);  // "f32", "bf16", ...
+// The 16-bit float storage formats (compute weights of --bf16 and --fp16 runs).
+inline bool is_half(DType t) {
+  return t == DType::kBF16 || t == DType::kF16;
+}
 
 // Brain float: the top 16 bits of an IEEE f32.
 struct bf16 {

@@ -181,7 +181,7 @@ Tensor GPTModel::logits_of(const Tensor& hidden, Ctx& ctx) const {
   Tensor full = tp_.sp() ? gather_from_sequence_parallel_region_forward(hidden, *tp_.group)
                          : copy_to_tp_region_forward(hidden, *tp_.group);
   const Tensor& w = output_weight().value;
-  ctx.hidden = w.dtype() == DType::kBF16 ? full.to(DType::kBF16) : full;
+  ctx.hidden = is_half(w.dtype()) ? full.to(w.dtype()) : full;
   ctx.hidden = ctx.hidden.view({n, h});
   const DType act = w.dtype() == DType::kF64 ? DType::kF64 : DType::kF32;
   ctx.logits = Tensor::empty({n, w.dim(0)}, act);
@@ -220,7 +220,7 @@ Tensor GPTModel::output_and_loss_backward(const Tensor& dloss, Ctx& ctx) const {
                                           vocab_start_, cfg_.vocab_size);
   }
   const Param& w = output_weight();
-  Tensor dl = w.value.dtype() == DType::kBF16 ? dlogits.to(DType::kBF16) : dlogits;
+  Tensor dl = is_half(w.value.dtype()) ? dlogits.to(w.value.dtype()) : dlogits;
   ctx.logits = Tensor();
   dlogits = Tensor();
   Tensor dhidden = Tensor::empty({n, h}, ctx.lse.dtype());

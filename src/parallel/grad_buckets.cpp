@@ -12,8 +12,14 @@ int64_t default_ddp_bucket_size(int dp_size) {
   return std::max<int64_t>(40000000, 1000000 * static_cast<int64_t>(dp_size));
 }
 
-GradBuckets::GradBuckets(ParamSet& params, ProcessGroup& dp, int64_t bucket_size, bool overlap)
-    : params_(params), dp_(dp), overlap_(overlap) {
+BucketLayout distributed_bucket_layout(int64_t bucket_size, int dp_size) {
+  MEGATRON_CHECK(dp_size >= 1, "data-parallel size must be >= 1, got ", dp_size);
+  return BucketLayout{bucket_size, std::lcm(int64_t{16} * dp_size, int64_t{128})};
+}
+
+GradBuckets::GradBuckets(ParamSet& params, ProcessGroup& dp, int64_t bucket_size, bool overlap,
+                         GradReduce reduce)
+    : params_(params), dp_(dp), overlap_(overlap), reduce_(reduce) {
   // Parameters in buffer order (ascending offset).
   std::vector<const Param*> order(params.params().begin(), params.params().end());
   std::vector<int64_t> offset(order.size());
@@ -22,21 +28,64 @@ GradBuckets::GradBuckets(ParamSet& params, ProcessGroup& dp, int64_t bucket_size
   std::iota(idx.begin(), idx.end(), size_t{0});
   std::sort(idx.begin(), idx.end(), [&](size_t a, size_t b) { return offset[a] < offset[b]; });
   const int64_t total = params.grads().numel();
-  Bucket cur;
-  for (size_t k = 0; k < idx.size(); ++k) {
-    bucket_of_[order[idx[k]]] = static_cast<int>(buckets_.size());
-    ++cur.num_params;
-    // A parameter's share of the buffer runs to the next one's offset (alignment padding
-    // included), so the buckets tile the whole buffer.
-    cur.end = k + 1 < idx.size() ? offset[idx[k + 1]] : total;
-    if ((bucket_size > 0 && cur.end - cur.begin >= bucket_size) || k + 1 == idx.size()) {
-      const int64_t next = cur.end;
-      buckets_.push_back(std::move(cur));
-      cur = Bucket{};
-      cur.begin = next;
+  if (reduce == GradReduce::kReduceScatter) {
+    // The ParamSet laid the buckets out (and padded them); take them as they are.
+    MEGATRON_CHECK(params.bucketed(),
+                   "reduce-scatter gradient buckets need a ParamSet laid out in padded buckets; "
+                   "construct it with distributed_bucket_layout(bucket_size, dp size)");
+    const BucketLayout& layout = params.bucket_layout();
+    MEGATRON_CHECK(
+        layout.bucket_size == bucket_size || (layout.bucket_size <= 0 && bucket_size <= 0),
+        "the ParamSet was laid out for buckets of ", layout.bucket_size,
+        " elements, the gradient buckets were given ", bucket_size,
+        "; pass the same bucket size to both");
+    MEGATRON_CHECK(layout.pad_multiple % dp.size() == 0, "the ParamSet's buckets are padded to ",
+                   "a multiple of ", layout.pad_multiple,
+                   " elements, which the data-parallel size ", dp.size(),
+                   " does not divide; lay it out with distributed_bucket_layout(", bucket_size,
+                   ", ", dp.size(), ")");
+    for (const auto& [begin, end] : params.bucket_ranges()) {
+      Bucket b;
+      b.begin = begin;
+      b.end = end;
+      buckets_.push_back(std::move(b));
+    }
+    size_t bucket = 0;
+    for (size_t k : idx) {
+      while (bucket < buckets_.size() && offset[k] >= buckets_[bucket].end) ++bucket;
+      MEGATRON_ASSERT(bucket < buckets_.size(), order[k]->name, " lies outside every bucket");
+      bucket_of_[order[k]] = static_cast<int>(bucket);
+      ++buckets_[bucket].num_params;
+    }
+  } else {
+    Bucket cur;
+    for (size_t k = 0; k < idx.size(); ++k) {
+      bucket_of_[order[idx[k]]] = static_cast<int>(buckets_.size());
+      ++cur.num_params;
+      // A parameter's share of the buffer runs to the next one's offset (alignment padding
+      // included), so the buckets tile the whole buffer.
+      cur.end = k + 1 < idx.size() ? offset[idx[k + 1]] : total;
+      if ((bucket_size > 0 && cur.end - cur.begin >= bucket_size) || k + 1 == idx.size()) {
+        const int64_t next = cur.end;
+        buckets_.push_back(std::move(cur));
+        cur = Bucket{};
+        cur.begin = next;
+      }
     }
   }
-  for (Bucket& b : buckets_) b.view = params.grads().flat_view(b.begin, Shape{b.end - b.begin});
+  for (Bucket& b : buckets_) {
+    b.shard_begin = b.begin;
+    b.shard_end = b.end;
+    if (reduce == GradReduce::kReduceScatter) {
+      const int64_t n = (b.end - b.begin) / dp.size();
+      MEGATRON_ASSERT(n * dp.size() == b.end - b.begin, "bucket [", b.begin, ", ", b.end,
+                      ") does not split into ", dp.size(), " shards");
+      b.shard_begin = b.begin + dp.rank() * n;
+      b.shard_end = b.shard_begin + n;
+    }
+    b.view = params.grads().flat_view(b.begin, Shape{b.end - b.begin});
+    b.shard = params.grads().flat_view(b.shard_begin, Shape{b.shard_end - b.shard_begin});
+  }
 }
 
 void GradBuckets::reset() {
@@ -53,7 +102,11 @@ void GradBuckets::launch(Bucket& b) {
   b.launched = true;
   if (dp_.size() == 1) return;
   ops::scale_inplace(b.view, 1.0 / static_cast<double>(dp_.size()));
-  b.work = dp_.all_reduce_async(b.view);
+  if (reduce_ == GradReduce::kReduceScatter) {
+    b.work = dp_.reduce_scatter_async(b.shard, b.view);
+  } else {
+    b.work = dp_.all_reduce_async(b.view);
+  }
 }
 
 void GradBuckets::mark_ready(const Param& p) {

@@ -14,8 +14,26 @@
 // nonblocking collectives only inside MPI calls). finish() launches whatever is left and waits.
 // Without overlap, finish() reduces every bucket then. Either way the sums are the same.
 //
-// Not here: the distributed optimizer's reduce-scatter (it shards these same buckets), and
-// sequence-parallel or embedding-group sums (other groups; the trainer does them after finish).
+// Distributed mode (GradReduce::kReduceScatter, --use-distributed-optimizer): the buckets are the
+// ParamSet's padded buckets (ParamSet's BucketLayout constructor, see distributed_bucket_layout),
+// each a multiple of dp elements long and cut into dp equal contiguous shards without regard to
+// parameter boundaries: DP rank d owns shard d, [begin + d n, begin + (d + 1) n) with
+// n = (end - begin) / dp, of every bucket. A bucket is scaled by 1/dp and reduce-scattered in
+// place, so after finish() the owned shards hold the mean gradient and every other element of the
+// buffer is stale and must not be read (with the MPI backend it still holds this rank's own
+// gradient times 1/dp; no promise): the distributed optimizer reads the owned shards only.
+// Overlap works the same way.
+//
+// Padding: only the distributed layout pads (zeros at each bucket's end, to a multiple of
+// lcm(16 dp, 128): Megatron's lcm(dp, 128) unless 16 divides dp, where it is larger so that every
+// shard stays a multiple of 16 elements, 64-byte aligned as the parameters are). The padding lives
+// in the ParamSet buffers, between two parameters, so every Param's views stay contiguous; the
+// default ParamSet layout is untouched and the all-reduce mode works on either layout.
+//
+// Not here: the optimizer step on the shards (DistributedOptimizer), and sequence-parallel or
+// embedding-group sums (other groups; the trainer does them after finish: they are sums, so on
+// reduce-scattered buffers they are right on the owned shards as long as every member's shard
+// holds the same elements, which the layout guarantees for the tied embeddings).
 #pragma once
 
 #include <cstdint>
@@ -27,11 +45,18 @@
 
 namespace megatron {
 
+enum class GradReduce : uint8_t {
+  kAllReduce,      // every replica gets the whole mean gradient (plain data parallelism)
+  kReduceScatter,  // DP rank d gets the mean of shard d of every bucket (distributed optimizer)
+};
+
 class GradBuckets {
  public:
   // bucket_size: elements per bucket at least (the last bucket takes the rest); <= 0: one
-  // bucket. params and dp must outlive this object.
-  GradBuckets(ParamSet& params, ProcessGroup& dp, int64_t bucket_size, bool overlap);
+  // bucket. kReduceScatter takes the buckets of a bucketed ParamSet, laid out with this
+  // bucket_size and a padding that dp divides. params and dp must outlive this object.
+  GradBuckets(ParamSet& params, ProcessGroup& dp, int64_t bucket_size, bool overlap,
+              GradReduce reduce = GradReduce::kAllReduce);
 
   // Start of a step: nothing reduced, nothing ready.
   void reset();
@@ -48,13 +73,22 @@ class GradBuckets {
   std::pair<int64_t, int64_t> bucket_range(int64_t i) const {
     return {buckets_[i].begin, buckets_[i].end};
   }
+  // [begin, end) in the flat buffer of the part of bucket i whose mean this rank holds after
+  // finish(): its shard under kReduceScatter, the whole bucket under kAllReduce.
+  std::pair<int64_t, int64_t> shard_range(int64_t i) const {
+    return {buckets_[i].shard_begin, buckets_[i].shard_end};
+  }
+  GradReduce reduce() const { return reduce_; }
+  ParamSet& params() const { return params_; }
+  ProcessGroup& dp_group() const { return dp_; }
 
  private:
   struct Bucket {
-    int64_t begin = 0, end = 0;  // range in ParamSet::grads()
+    int64_t begin = 0, end = 0;              // range in ParamSet::grads()
+    int64_t shard_begin = 0, shard_end = 0;  // this rank's part of it (see shard_range)
     int num_params = 0, ready = 0;
     bool launched = false;
-    Tensor view;  // the range, as a tensor
+    Tensor view, shard;  // the ranges, as tensors
     Work work;
   };
   void launch(Bucket& b);
@@ -62,6 +96,7 @@ class GradBuckets {
   ParamSet& params_;
   ProcessGroup& dp_;
   bool overlap_;
+  GradReduce reduce_;
   std::vector<Bucket> buckets_;
   std::unordered_map<const Param*, int> bucket_of_;
   std::unordered_map<const Param*, bool> ready_;  // marked this step
@@ -69,5 +104,9 @@ class GradBuckets {
 
 // Megatron's default bucket size in elements: max(40,000,000, 1,000,000 x dp size).
 int64_t default_ddp_bucket_size(int dp_size);
+
+// The ParamSet layout that kReduceScatter needs for a data-parallel group of dp_size: buckets of
+// bucket_size, each padded to a multiple of lcm(16 dp_size, 128) elements.
+BucketLayout distributed_bucket_layout(int64_t bucket_size, int dp_size);
 
 }  // namespace megatron

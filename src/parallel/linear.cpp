@@ -38,7 +38,7 @@ Tensor Linear::forward(const Tensor& x, Ctx& ctx) const {
 Tensor Linear::backward(const Tensor& dy, Ctx& ctx) const {
   const int64_t rows = dy.numel() / out_;
   const DType wt = weight.value.dtype();
-  Tensor dy_c = wt == DType::kBF16 ? dy.to(DType::kBF16) : dy;
+  Tensor dy_c = is_half(wt) ? dy.to(wt) : dy;
   Tensor dx = Tensor::empty({rows, in_}, dy.dtype());
   ops::matmul(dx, dy_c, false, weight.value, false);
   Tensor dw = weight.main_grad;

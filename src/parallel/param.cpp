@@ -42,8 +42,8 @@ int64_t Param::full_index(int64_t i) const {
 ParamSet::ParamSet(std::vector<Param*> params, DType compute_dtype)
     : params_(std::move(params)), compute_dtype_(compute_dtype) {
   MEGATRON_CHECK(
-      compute_dtype == DType::kF32 || compute_dtype == DType::kBF16 || compute_dtype == DType::kF64,
-      "compute dtype must be f32, bf16 or f64, got ", dtype_name(compute_dtype));
+      compute_dtype == DType::kF32 || is_half(compute_dtype) || compute_dtype == DType::kF64,
+      "compute dtype must be f32, bf16, f16 or f64, got ", dtype_name(compute_dtype));
   int64_t total = 0;
   offsets_.resize(params_.size());
   for (size_t i = params_.size(); i-- > 0;) {
@@ -51,11 +51,42 @@ ParamSet::ParamSet(std::vector<Param*> params, DType compute_dtype)
     // Each param starts on a 64-byte boundary (16 floats) for aligned vector loads.
     total += (params_[i]->shape.numel() + 15) / 16 * 16;
   }
+  allocate(total);
+}
+
+ParamSet::ParamSet(std::vector<Param*> params, DType compute_dtype, const BucketLayout& layout)
+    : params_(std::move(params)), bucketed_(true), layout_(layout), compute_dtype_(compute_dtype) {
+  MEGATRON_CHECK(
+      compute_dtype == DType::kF32 || is_half(compute_dtype) || compute_dtype == DType::kF64,
+      "compute dtype must be f32, bf16, f16 or f64, got ", dtype_name(compute_dtype));
+  MEGATRON_CHECK(layout.pad_multiple > 0 && layout.pad_multiple % 16 == 0,
+                 "bucket padding must be a positive multiple of 16 elements (the parameters' "
+                 "alignment), got ",
+                 layout.pad_multiple);
+  int64_t total = 0, begin = 0;
+  auto close = [&] {
+    total = (total + layout.pad_multiple - 1) / layout.pad_multiple * layout.pad_multiple;
+    buckets_.emplace_back(begin, total);
+    begin = total;
+  };
+  offsets_.resize(params_.size());
+  for (size_t i = params_.size(); i-- > 0;) {
+    const bool own = params_[i]->is_embedding_or_output;
+    if (own && total > begin) close();
+    offsets_[i] = total;
+    total += (params_[i]->shape.numel() + 15) / 16 * 16;
+    if (own || (layout.bucket_size > 0 && total - begin >= layout.bucket_size)) close();
+  }
+  if (total > begin) close();
+  allocate(total);
+}
+
+void ParamSet::allocate(int64_t total) {
   // f64 models (gradient checks in tests) keep everything in double.
-  DType master = compute_dtype == DType::kF64 ? DType::kF64 : DType::kF32;
+  DType master = compute_dtype_ == DType::kF64 ? DType::kF64 : DType::kF32;
   main_ = Tensor::zeros({total}, master);
   grads_ = Tensor::zeros({total}, master);
-  compute_ = compute_dtype == master ? main_ : Tensor::zeros({total}, compute_dtype);
+  compute_ = compute_dtype_ == master ? main_ : Tensor::zeros({total}, compute_dtype_);
   for (size_t i = 0; i < params_.size(); ++i) {
     Param& p = *params_[i];
     p.main = main_.flat_view(offsets_[i], p.shape);

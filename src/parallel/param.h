@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tensor/tensor.h"
@@ -69,10 +70,27 @@ struct Param {
   bool is_duplicate() const { return shared_embedding || (!is_tensor_parallel() && tp_rank != 0); }
 };
 
+// An optional layout of a ParamSet in data-parallel buckets, for the distributed optimizer
+// (Megatron's padded bucket layout). The buffer, in layout order, is cut at parameter boundaries
+// into buckets; each bucket's end is padded with zeros to a multiple of `pad_multiple`, so that
+// it splits into dp equal shards whose ends are not tied to parameter boundaries. A bucket closes
+// at the first parameter end where it holds at least bucket_size elements (alignment included:
+// GradBuckets' rule). A parameter with is_embedding_or_output has a bucket of its own, so that the
+// first and the last pipeline stage's copies of the tied embeddings sit at the same place of
+// equally padded buckets and their shards hold the same elements: the embedding group's sum of
+// the two copies then works on reduce-scattered shards (Megatron does the same).
+// Only the gaps between parameters change; every Param stays contiguous and 16-aligned.
+struct BucketLayout {
+  int64_t bucket_size = 0;    // elements per bucket at least (the last takes the rest); <= 0: one
+  int64_t pad_multiple = 16;  // every bucket's length is a multiple of this; a multiple of 16
+};
+
 class ParamSet {
  public:
   // Lays out `params` (owned by the layers, which outlive this set) and allocates the buffers.
   ParamSet(std::vector<Param*> params, DType compute_dtype);
+  // The same in buckets (see BucketLayout); bucket_ranges() then lists them.
+  ParamSet(std::vector<Param*> params, DType compute_dtype, const BucketLayout& layout);
 
   // Fills main weights from the init spec of each Param: element i gets the value that element
   // full_index(i) of the full tensor gets from (seed, name), so values never depend on the layout
@@ -91,10 +109,20 @@ class ParamSet {
   int64_t numel() const { return main_.numel(); }
   // Offset of a param inside the flat buffers.
   int64_t offset_of(const Param& p) const;
+  // Laid out in buckets (the second constructor)?
+  bool bucketed() const { return bucketed_; }
+  const BucketLayout& bucket_layout() const { return layout_; }
+  // [begin, end) of every bucket in buffer order, tiling [0, numel()); empty unless bucketed().
+  const std::vector<std::pair<int64_t, int64_t>>& bucket_ranges() const { return buckets_; }
 
  private:
+  void allocate(int64_t total);
+
   std::vector<Param*> params_;
   std::vector<int64_t> offsets_;
+  bool bucketed_ = false;
+  BucketLayout layout_;
+  std::vector<std::pair<int64_t, int64_t>> buckets_;
   DType compute_dtype_;
   Tensor main_, grads_, compute_;
 };

@@ -93,6 +93,8 @@ template <typename TOut, typename TTable>
 TOut widen(TTable x) {
   if constexpr (std::is_same_v<TTable, bf16>) {
     return static_cast<TOut>(bf16_to_f32(x));
+  } else if constexpr (std::is_same_v<TTable, f16>) {
+    return static_cast<TOut>(f16_to_f32(x));
   } else {
     return static_cast<TOut>(x);
   }
@@ -136,8 +138,8 @@ void vocab_parallel_embedding_forward(Tensor& out, const Tensor& ids, const Tens
   const int64_t n = ids.numel(), rows = table_shard.dim(0), h = table_shard.dim(1);
   const DType want_out = table_shard.dtype() == DType::kF64 ? DType::kF64 : DType::kF32;
   MEGATRON_CHECK(table_shard.dtype() == DType::kF32 || table_shard.dtype() == DType::kF64 ||
-                     table_shard.dtype() == DType::kBF16,
-                 op, ": table_shard must be f32, f64 or bf16, got ", table_shard.str());
+                     is_half(table_shard.dtype()),
+                 op, ": table_shard must be f32, f64, bf16 or f16, got ", table_shard.str());
   MEGATRON_CHECK(out.defined() && out.dtype() == want_out && out.numel() == n * h &&
                      (out.ndim() == 0 || out.dim(-1) == h),
                  op, ": expected out ", dtype_name(want_out), " with ", n, " x ", h,
@@ -152,6 +154,9 @@ void vocab_parallel_embedding_forward(Tensor& out, const Tensor& ids, const Tens
       break;
     case DType::kF64:
       masked_lookup(out.data<double>(), id, n, table_shard.data<double>(), rows, h, vocab_start);
+      break;
+    case DType::kF16:
+      masked_lookup(out.data<float>(), id, n, table_shard.data<f16>(), rows, h, vocab_start);
       break;
     default:  // bf16, checked above
       masked_lookup(out.data<float>(), id, n, table_shard.data<bf16>(), rows, h, vocab_start);

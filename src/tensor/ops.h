@@ -17,14 +17,16 @@
 namespace megatron::ops {
 
 // ---- GEMM (oneDNN) ----------------------------------------------------------------------------
-// out[M, N] = op(a) @ op(b) + beta * out, op(x) = x or x^T. a and b are both f32 or both bf16
-// (bf16 products accumulate in f32); out is f32. 2-D views of any contiguous tensor (leading dims
-// flattened). beta is 0 (overwrite) or 1 (accumulate). Primitives are cached by shape.
+// out[M, N] = op(a) @ op(b) + beta * out, op(x) = x or x^T. a and b are both f32, both bf16 or
+// both f16 (16-bit products accumulate in f32); out is f32. 2-D views of any contiguous tensor
+// (leading dims flattened). beta is 0 (overwrite) or 1 (accumulate). Primitives are cached by
+// shape.
 void matmul(Tensor& out, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
             float beta = 0.0f);
-// Whether this CPU runs bf16 GEMMs natively (oneDNN needs AVX-512). If not, bf16 GEMMs widen
-// their inputs to f32 and run the f32 kernel: the same results, without the bf16 speed-up.
-bool native_bf16_gemm();
+// Whether this CPU runs bf16 (or f16) GEMMs natively (oneDNN needs AVX-512; AVX-512 FP16 or AMX
+// for f16). If not, such GEMMs widen their inputs to f32 and run the f32 kernel: the same
+// results, without the 16-bit speed-up.
+bool native_half_gemm(DType t);
 
 // ---- elementwise ------------------------------------------------------------------------------
 void add(Tensor& out, const Tensor& a, const Tensor& b);  // out = a + b

@@ -8,6 +8,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "tensor/memory_stats.h"
+
 namespace megatron {
 namespace {
 
@@ -62,9 +64,11 @@ Storage::Storage(size_t bytes) : bytes_(bytes) {
   data_ = BlockCache::instance().take(rounded);
   if (!data_) data_ = std::aligned_alloc(64, rounded);
   if (!data_) throw std::bad_alloc();
+  detail::note_storage_alloc(bytes_);
 }
 
 Storage::~Storage() {
+  detail::note_storage_free(bytes_);
   const size_t rounded = BlockCache::round(bytes_ == 0 ? 64 : bytes_);
   if (!BlockCache::instance().give(data_, rounded)) std::free(data_);
 }

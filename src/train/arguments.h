@@ -45,6 +45,13 @@ struct Arguments {
   int64_t seed = 1234;
   bool bf16 = false;
   bool fp16 = false;
+  double loss_scale = 0;                     // --loss-scale: constant fp16 scale; 0: dynamic
+  double initial_loss_scale = 4294967296.0;  // 2^32
+  double min_loss_scale = 1.0;
+  int64_t loss_scale_window = 1000;        // clean iterations before the dynamic scale doubles
+  int64_t hysteresis = 2;                  // overflowing iterations tolerated before it halves
+  bool attention_softmax_in_fp32 = false;  // accepted: softmax always runs in fp32 here
+  bool accumulate_allreduce_grads_in_fp32 = false;  // accepted: gradients are always fp32
 
   // ---- optimizer and schedule ----
   std::string optimizer = "adam";
@@ -96,12 +103,19 @@ struct Arguments {
   int64_t pipeline_model_parallel_size = 1;  // pipeline stages; --num-layers is split evenly
   int64_t num_layers_per_virtual_pipeline_stage = 0;  // interleaved 1F1B chunk size; 0: none
   int64_t num_virtual_stages_per_pipeline_rank = 0;   // chunks per stage (V) directly; 0: none
-  bool sequence_parallel = false;    // shard norms/dropout along s over TP; forced off at TP 1
-  bool overlap_grad_reduce = false;  // reduce each gradient bucket as soon as it is complete
-  int64_t ddp_bucket_size = 0;       // elements; 0: Megatron's max(40000000, 1000000 x dp size)
-  double gemm_peak_gflops = 0;       // MFU denominator; 0: measured at start-up
-  int64_t timing_log_level = 0;      // 0: no step-time report; 1-2: phases (see step_timers.h)
-  std::string inject_fault;          // testing hook "KIND:RANK:ITERATION"; empty: none
+  bool sequence_parallel = false;  // shard norms/dropout along s over TP; forced off at TP 1
+  bool use_distributed_optimizer = false;  // ZeRO-1: Adam moments sharded over data parallel
+  bool overlap_grad_reduce = false;        // reduce each gradient bucket as soon as it is complete
+  int64_t ddp_bucket_size = 0;   // elements; 0: Megatron's max(40000000, 1000000 x dp size)
+  double gemm_peak_gflops = 0;   // MFU denominator; 0: measured at start-up
+  int64_t timing_log_level = 0;  // 0: no step-time report; 1-2: phases (see step_timers.h)
+  std::string inject_fault;      // testing hook "KIND:RANK:ITERATION"; empty: none
+
+  // ---- activation recomputation (Megatron's flags; see TransformerBlock) ----
+  std::string recompute_granularity;   // full or selective; empty: none
+  std::string recompute_method;        // uniform or block (with full); empty: none
+  int64_t recompute_num_layers = 0;    // layers per chunk (uniform) / per stage (block); 0: unset
+  bool recompute_activations = false;  // deprecated alias of --recompute-granularity selective
 };
 
 // Model chunks per pipeline rank (Megatron's virtual_pipeline_model_parallel_size): 1 without

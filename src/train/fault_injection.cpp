@@ -29,13 +29,25 @@ FaultInjection FaultInjection::parse(const std::string& spec) {
                  "exception:1:3), got '",
                  spec, "'");
   const std::string kind = spec.substr(0, a);
-  MEGATRON_CHECK(kind == "exception", "--inject-fault: unknown kind '", kind,
-                 "' (known: exception)");
-  f.kind = Kind::kException;
+  MEGATRON_CHECK(kind == "exception" || kind == "inf-grad", "--inject-fault: unknown kind '", kind,
+                 "' (known: exception, inf-grad)");
+  f.kind = kind == "exception" ? Kind::kException : Kind::kInfGrad;
   int64_t rank = -1;
-  MEGATRON_CHECK(parse_int(spec.substr(a + 1, b - a - 1), &rank) &&
-                     parse_int(spec.substr(b + 1), &f.iteration),
-                 "--inject-fault: RANK and ITERATION must be integers, got '", spec, "'");
+  const std::string iters = spec.substr(b + 1);
+  const size_t dash = iters.find('-', 1);
+  f.last_iteration = -2;
+  const bool ok =
+      parse_int(spec.substr(a + 1, b - a - 1), &rank) &&
+      (dash == std::string::npos ? parse_int(iters, &f.iteration)
+                                 : parse_int(iters.substr(0, dash), &f.iteration) &&
+                                       parse_int(iters.substr(dash + 1), &f.last_iteration));
+  MEGATRON_CHECK(ok,
+                 "--inject-fault: RANK and ITERATION must be integers (ITERATION may be a "
+                 "range FIRST-LAST), got '",
+                 spec, "'");
+  if (f.last_iteration == -2) f.last_iteration = f.iteration;
+  MEGATRON_CHECK(f.last_iteration >= f.iteration, "--inject-fault: empty iteration range in '",
+                 spec, "'");
   f.rank = static_cast<int>(rank);
   MEGATRON_CHECK(f.rank >= 0 && f.iteration >= 1,
                  "--inject-fault: RANK must be >= 0 and "

@@ -1,9 +1,12 @@
-// FaultInjection: the --inject-fault testing hook, "KIND:RANK:ITERATION".
+// FaultInjection: the --inject-fault testing hook, "KIND:RANK:ITERATION" (ITERATION may be a
+// range FIRST-LAST, for inf-grad).
 //
 // It lets the tests make one rank of a real job fail at a chosen iteration, to check what the
 // rest of the job does: KIND "exception" throws a runtime error on world rank RANK at the start
 // of ITERATION, as a rank whose step fails would (the CLI then aborts the whole MPI job with that
-// rank's message). It is not a chaos tool and does nothing unless the flag is given.
+// rank's message); KIND "inf-grad" puts +inf into one local gradient of that rank after the
+// iteration's backward, before any reduction, as an fp16 overflow would. It is not a chaos tool
+// and does nothing unless the flag is given.
 #pragma once
 
 #include <cstdint>
@@ -12,15 +15,19 @@
 namespace megatron {
 
 struct FaultInjection {
-  enum class Kind : uint8_t { kNone, kException };
+  enum class Kind : uint8_t { kNone, kException, kInfGrad };
   Kind kind = Kind::kNone;
   int rank = -1;
-  int64_t iteration = -1;
+  int64_t iteration = -1, last_iteration = -1;  // [iteration, last_iteration]
 
   // Parses the flag's value; empty: none. Throws InvalidArgument naming --inject-fault.
   static FaultInjection parse(const std::string& spec);
   // Throws the injected failure when this is `rank` at `iteration`.
   void at_iteration_start(int world_rank, int64_t it) const;
+  // Whether this is `rank` at `iteration` of an inf-grad injection.
+  bool inf_grad_at(int world_rank, int64_t it) const {
+    return kind == Kind::kInfGrad && world_rank == rank && it >= iteration && it <= last_iteration;
+  }
 };
 
 }  // namespace megatron

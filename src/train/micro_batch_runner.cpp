@@ -10,12 +10,13 @@ namespace megatron {
 MicroBatchRunner::MicroBatchRunner(const std::vector<std::unique_ptr<GPTModel>>& chunks,
                                    std::vector<GPTBatch> batches,
                                    std::function<ForwardMode(int)> mode, bool training,
-                                   GradBuckets* buckets)
+                                   GradBuckets* buckets, double loss_scale)
     : chunks_(chunks),
       batches_(std::move(batches)),
       mode_(std::move(mode)),
       training_(training),
       buckets_(buckets),
+      loss_scale_(loss_scale),
       ctx_(chunks.size(), std::vector<GPTModel::Ctx>(batches_.size())),
       dloss_(batches_.size()) {}
 
@@ -41,7 +42,7 @@ Tensor MicroBatchRunner::forward(int microbatch, int chunk, const Tensor& input)
   if (training_) {
     Tensor dloss = b.loss_mask.clone();
     const auto m = static_cast<double>(batches_.size());
-    ops::scale_inplace(dloss, 1.0 / (std::max(count, 1.0) * m));
+    ops::scale_inplace(dloss, loss_scale_ / (std::max(count, 1.0) * m));
     dloss_[microbatch] = dloss;
   } else {
     ctx = GPTModel::Ctx{};

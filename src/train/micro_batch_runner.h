@@ -25,12 +25,13 @@ class MicroBatchRunner final : public StageRunner {
   // chunks: this rank's model chunks (virtual stages), outliving the runner. batches: the step's
   // micro-batches as far as this stage reads them (undefined tensors where it does not).
   // buckets (optional): told of each gradient that the step's last backward of a chunk
-  // finishes, so that data-parallel reductions overlap the rest of backward.
+  // finishes, so that data-parallel reductions overlap the rest of backward. loss_scale: the
+  // fp16 loss scale the objective is multiplied by before backward (1 otherwise).
   // mode(mb): the forward mode (training flag, dropout stream) of micro-batch mb. training:
   // keep activations and compute the loss gradient for backward.
   MicroBatchRunner(const std::vector<std::unique_ptr<GPTModel>>& chunks,
                    std::vector<GPTBatch> batches, std::function<ForwardMode(int)> mode,
-                   bool training, GradBuckets* buckets = nullptr);
+                   bool training, GradBuckets* buckets = nullptr, double loss_scale = 1.0);
 
   Tensor forward(int microbatch, int chunk, const Tensor& input) override;
   Tensor backward(int microbatch, int chunk, const Tensor& doutput) override;
@@ -45,6 +46,7 @@ class MicroBatchRunner final : public StageRunner {
   std::function<ForwardMode(int)> mode_;
   bool training_;
   GradBuckets* buckets_;
+  double loss_scale_;
   std::vector<std::vector<GPTModel::Ctx>> ctx_;  // [chunk][microbatch]
   std::vector<Tensor> dloss_;                    // [microbatch], last stage
   double loss_sum_ = 0, token_count_ = 0;

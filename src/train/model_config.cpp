@@ -45,12 +45,30 @@ TransformerConfig transformer_config_from_args(const Arguments& a) {
   c.hidden_dropout = a.hidden_dropout;
   c.attention_dropout = a.attention_dropout;
   c.init_method_std = a.init_method_std;
+  // The combinations are checked by the CLI (validate_train_args) and by TransformerBlock.
+  if (a.recompute_granularity == "full") {
+    c.recompute_granularity = RecomputeGranularity::kFull;
+  } else if (a.recompute_granularity == "selective" || a.recompute_activations) {
+    c.recompute_granularity = RecomputeGranularity::kSelective;
+  } else {
+    MEGATRON_CHECK(a.recompute_granularity.empty(), "--recompute-granularity: unknown '",
+                   a.recompute_granularity, "'; choose full or selective");
+  }
+  if (a.recompute_method == "uniform") {
+    c.recompute_method = RecomputeMethod::kUniform;
+  } else if (a.recompute_method == "block") {
+    c.recompute_method = RecomputeMethod::kBlock;
+  } else {
+    MEGATRON_CHECK(a.recompute_method.empty(), "--recompute-method: unknown '", a.recompute_method,
+                   "'; choose uniform or block");
+  }
+  c.recompute_num_layers = a.recompute_num_layers;
   MEGATRON_CHECK(a.vocab_size > 0, "--vocab-size must be set (positive) for ", a.tokenizer_type,
                  ", got ", a.vocab_size);
   c.vocab_size = a.vocab_size;
   c.padded_vocab_size =
       pad_vocab_size(a.vocab_size, a.make_vocab_size_divisible_by, a.tensor_model_parallel_size);
-  c.compute_dtype = a.bf16 ? DType::kBF16 : DType::kF32;
+  c.compute_dtype = a.bf16 ? DType::kBF16 : a.fp16 ? DType::kF16 : DType::kF32;
   if (c.swiglu && a.ffn_hidden_size == 0) {
     // Megatron: SwiGLU keeps the MLP's parameter count with ffn = int(4h * 2/3 / 64) * 64.
     c.ffn_hidden_size =

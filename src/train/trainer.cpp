@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <limits>
 #include <stdexcept>
 
 #include "checkpoint/hf_checkpoint.h"
@@ -13,6 +14,7 @@
 #include "tensor/ops.h"
 #include "train/flops.h"
 #include "train/gemm_peak.h"
+#include "train/memory_report.h"
 #include "train/micro_batch_runner.h"
 #include "train/model_config.h"
 
@@ -50,6 +52,11 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
   virtual_stages_ = static_cast<int>(virtual_pipeline_stages(args_));
   needs_data_ = ps.is_first_stage() || ps.is_last_stage() || args_.reset_attention_mask;
   fault_ = FaultInjection::parse(args_.inject_fault);
+  if (args_.fp16) {
+    scaler_ = std::make_unique<LossScaler>(
+        LossScalerConfig{args_.loss_scale, args_.initial_loss_scale, args_.min_loss_scale,
+                         args_.loss_scale_window, args_.hysteresis});
+  }
   tokenizer_ = build_tokenizer(tokenizer_args(args_));
   cfg_ = transformer_config_from_args(args_);
   const bool whole_model = ps.tp_size() == 1 && ps.pp_size() == 1;
@@ -84,7 +91,16 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
     chunks_.push_back(std::make_unique<GPTModel>(cfg_, stage));
     for (Param* p : chunks_.back()->parameters()) all.push_back(p);
   }
-  params_ = std::make_unique<ParamSet>(all, cfg_.compute_dtype);
+  // The buffers' bucket layout must be known before they are allocated: the distributed
+  // optimizer pads each bucket to split evenly into data-parallel shards.
+  const int64_t bucket = args_.ddp_bucket_size > 0
+                             ? args_.ddp_bucket_size
+                             : default_ddp_bucket_size(static_cast<int>(dp_size_));
+  const bool distributed = args_.use_distributed_optimizer;
+  params_ = distributed ? std::make_unique<ParamSet>(
+                              all, cfg_.compute_dtype,
+                              distributed_bucket_layout(bucket, static_cast<int>(dp_size_)))
+                        : std::make_unique<ParamSet>(all, cfg_.compute_dtype);
   if (!args_.pretrained_checkpoint.empty()) {
     HfModelInfo info = read_hf_config(args_.pretrained_checkpoint);
     load_hf_weights(args_.pretrained_checkpoint, info, *chunks_.front(), *params_);
@@ -100,16 +116,27 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
         strprintf(" > number of parameters on (tensor, pipeline) model parallel rank (%d, %d): %ld",
                   ps.tp_rank(), ps.pp_rank(), static_cast<long>(nparams)));
   }
-  const int64_t bucket = args_.ddp_bucket_size > 0
-                             ? args_.ddp_bucket_size
-                             : default_ddp_bucket_size(static_cast<int>(dp_size_));
-  grad_buckets_ =
-      std::make_unique<GradBuckets>(*params_, ps.dp_group(), bucket, args_.overlap_grad_reduce);
+  log_first(theoretical_memory_line(nparams, cfg_.compute_dtype, distributed ? dp_size_ : 1));
+  grad_buckets_ = std::make_unique<GradBuckets>(
+      *params_, ps.dp_group(), bucket, args_.overlap_grad_reduce,
+      distributed ? GradReduce::kReduceScatter : GradReduce::kAllReduce);
   executor_ = std::make_unique<PipelineExecutor>(
       ps.pp_group(), chunks_.front()->activation_shape(args_.micro_batch_size), virtual_stages_);
 
-  optimizer_ = std::make_unique<AdamW>(*params_, AdamWConfig{args_.adam_beta1, args_.adam_beta2,
-                                                             args_.adam_eps, args_.weight_decay});
+  const AdamWConfig adam{args_.adam_beta1, args_.adam_beta2, args_.adam_eps, args_.weight_decay};
+  if (distributed) {
+    dist_optimizer_ = std::make_unique<DistributedOptimizer>(*grad_buckets_, adam);
+    log_first(strprintf(
+        " > distributed optimizer: each of the %ld data-parallel ranks keeps the Adam moments of "
+        "1/%ld of every gradient bucket (%.2f MB on this rank)%s",
+        static_cast<long>(dp_size_), static_cast<long>(dp_size_),
+        static_cast<double>(dist_optimizer_->state_bytes()) / 1048576.0,
+        dp_size_ == 1 ? "; with data-parallel size 1 there is nothing to shard: it behaves as "
+                        "the plain optimizer"
+                      : ""));
+  } else {
+    optimizer_ = std::make_unique<AdamW>(*params_, adam);
+  }
 
   // The schedule counts samples (iterations x global batch), as Megatron's does.
   const int64_t gbs = args_.global_batch_size;
@@ -150,10 +177,11 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
   if (!args_.tensorboard_dir.empty() && last_rank_) {  // Megatron writes from the last rank
     tensorboard_ = std::make_unique<TensorBoardWriter>(args_.tensorboard_dir);
   }
-  if (cfg_.compute_dtype == DType::kBF16 && !ops::native_bf16_gemm()) {
+  if (is_half(cfg_.compute_dtype) && !ops::native_half_gemm(cfg_.compute_dtype)) {
     log_first(
-        " > warning: this CPU has no native bf16 GEMM (oneDNN needs AVX-512): --bf16 GEMMs widen "
-        "their bf16 inputs to f32 and run at f32 speed (same results)");
+        strprintf(" > warning: this CPU has no native %s GEMM (oneDNN needs AVX-512): GEMMs "
+                  "widen their %s inputs to f32 and run at f32 speed (same results)",
+                  dtype_name(cfg_.compute_dtype), dtype_name(cfg_.compute_dtype)));
   }
   if (args_.gemm_peak_gflops > 0) {
     peak_gflops_ = args_.gemm_peak_gflops;
@@ -252,6 +280,11 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, double lr) {
   Timer phase;
   params_->zero_grads();
   grad_buckets_->reset();
+  // Before backward, so that it accumulates onto the inf (inf + x = inf) and the bucket holding
+  // it is launched with it even when reductions overlap backward.
+  if (fault_.inf_grad_at(parallel_->rank(), iteration)) {
+    params_->params().front()->main_grad.data<float>()[0] = std::numeric_limits<float>::infinity();
+  }
   std::vector<GPTBatch> batches = step_batches([&](int64_t) { return prefetcher_->next(); });
   timers_.add("batch-generator", phase.elapsed());
   phase = Timer();
@@ -262,8 +295,9 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, double lr) {
     return ForwardMode{true, static_cast<uint64_t>(args_.seed),
                        static_cast<uint64_t>((iteration * m + mb) * dp_size_ + dp_rank_)};
   };
-  MicroBatchRunner runner(chunks_, std::move(batches), mode, /*training=*/true,
-                          grad_buckets_.get());
+  const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
+  MicroBatchRunner runner(chunks_, std::move(batches), mode, /*training=*/true, grad_buckets_.get(),
+                          loss_scale);
   executor_->run(schedule(), runner);
   timers_.add("forward-backward", phase.elapsed());
   phase = Timer();
@@ -273,7 +307,32 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, double lr) {
   double loss_sum = runner.loss_sum(), token_count = runner.token_count();
   reduce_loss_stats(&loss_sum, &token_count);
   r.loss = loss_sum / std::max(token_count, 1.0);
-  if (args_.check_for_nan_in_loss_and_grad && has_loss_) {
+  if (scaler_) {
+    // Megatron's fp16 step: unscale the fp32 main gradients, look for inf/NaN anywhere in the
+    // model (one flag, all-reduced over every rank so all of them take the same decision), update
+    // the scale, and skip the whole update if anything overflowed.
+    // With the distributed optimizer only this rank's shards are reduced: it checks those, and
+    // the all-reduce over every rank covers the whole model.
+    Tensor found = Tensor::empty({1}, DType::kF64);
+    if (dist_optimizer_) {
+      dist_optimizer_->scale_grads(1.0 / loss_scale);
+      found.data<double>()[0] = dist_optimizer_->grads_finite() ? 0.0 : 1.0;
+    } else {
+      ops::scale_inplace(params_->grads(), 1.0 / loss_scale);
+      found.data<double>()[0] = std::isfinite(ops::sum_squares(params_->grads())) ? 0.0 : 1.0;
+    }
+    parallel_->world_group().all_reduce(found, ReduceOp::kMax);
+    const bool found_inf = found.data<double>()[0] > 0;
+    scaler_->update(found_inf);
+    if (found_inf) {
+      r.skipped = true;
+      r.grad_norm = std::numeric_limits<double>::quiet_NaN();
+      timers_.add("optimizer", phase.elapsed());
+      timers_.add("communication (all groups)", comm_seconds() - comm0);
+      return r;
+    }
+  }
+  if (args_.check_for_nan_in_loss_and_grad && has_loss_ && !scaler_) {
     // A diverged run is a runtime failure (exit 1), not bad input.
     if (!std::isfinite(r.loss)) {
       throw std::runtime_error(strprintf(
@@ -283,9 +342,15 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, double lr) {
     }
   }
   // Each element once over the model-parallel group (replicas of a TP-replicated parameter and
-  // the last stage's copy of the tied embeddings are left out).
+  // the last stage's copy of the tied embeddings are left out); with the distributed optimizer
+  // each data-parallel rank holds only its shards, so their sums are added over DP first.
   Tensor sq = Tensor::empty({1}, DType::kF64);
-  sq.data<double>()[0] = grad_sum_squares_unique(*params_);
+  if (dist_optimizer_) {
+    sq.data<double>()[0] = dist_optimizer_->grad_sum_squares_unique();
+    parallel_->dp_group().all_reduce(sq);
+  } else {
+    sq.data<double>()[0] = grad_sum_squares_unique(*params_);
+  }
   parallel_->model_parallel_group().all_reduce(sq);
   r.grad_norm = std::sqrt(sq.data<double>()[0]);
   if (args_.check_for_nan_in_loss_and_grad) {
@@ -296,8 +361,13 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, double lr) {
                     static_cast<long>(iteration)));
     }
   }
-  clip_grads(*params_, args_.clip_grad, r.grad_norm);
-  optimizer_->step(lr);
+  if (dist_optimizer_) {
+    dist_optimizer_->clip_grads(args_.clip_grad, r.grad_norm);
+    dist_optimizer_->step(lr);
+  } else {
+    clip_grads(*params_, args_.clip_grad, r.grad_norm);
+    optimizer_->step(lr);
+  }
   timers_.add("optimizer", phase.elapsed());
   timers_.add("communication (all groups)", comm_seconds() - comm0);
   return r;
@@ -355,7 +425,7 @@ void Trainer::train() {
       model_flops_per_iteration(cfg_, gbs) / static_cast<double>(parallel_->world_size());
   const double tokens_per_iter = static_cast<double>(gbs * cfg_.seq_length);
   double interval_loss = 0, interval_time = 0;
-  int64_t interval_iters = 0;
+  int64_t interval_iters = 0, interval_skipped = 0, interval_nan = 0;
   if (needs_data_ && parallel_->tp_rank() == 0) {
     prefetcher_ =
         std::make_unique<BatchPrefetcher>(*data_.train, batch_options_, args_.micro_batch_size, 0,
@@ -364,43 +434,63 @@ void Trainer::train() {
   for (int64_t it = 1; it <= args_.train_iters; ++it) {
     fault_.at_iteration_start(parallel_->rank(), it);
     Timer timer;
-    const double lr = schedule_.lr_at((it - 1) * gbs);
+    // The schedule advances only on successful steps (an fp16 step skipped for overflow does
+    // not count), as Megatron's optimizer-parameter scheduler does.
+    const double lr = schedule_.lr_at(scheduler_samples_);
     StepResult r = train_step(it, lr);
     const double elapsed = timer.elapsed();
     losses_.push_back(r.loss);
-    interval_loss += r.loss;
+    if (r.skipped) {
+      ++interval_skipped;
+      if (!std::isfinite(r.loss)) ++interval_nan;
+    } else {
+      interval_loss += r.loss;
+      scheduler_samples_ += gbs;
+    }
     interval_time += elapsed;
     ++interval_iters;
     // Megatron prints the learning rate the scheduler set after this step, for the next one.
-    const double next_lr = schedule_.lr_at(it * gbs);
+    const double next_lr = schedule_.lr_at(scheduler_samples_);
+    const double scale = scaler_ ? scaler_->scale() : 1.0;
     const double tflops = flops_per_iter / elapsed / 1e12;
     if (tensorboard_ && it % args_.tensorboard_log_interval == 0) {
       const int64_t samples = it * gbs;
-      tensorboard_->add_scalars({{"learning-rate", next_lr},
-                                 {"batch-size", static_cast<double>(gbs)},
-                                 {"lm loss", r.loss},
-                                 {"loss-scale", 1.0},
-                                 {"grad-norm", r.grad_norm},
-                                 {"iteration-time", elapsed},
-                                 {"throughput", tflops}},
-                                it);
-      tensorboard_->add_scalars({{"learning-rate vs samples", next_lr},
-                                 {"lm loss vs samples", r.loss},
-                                 {"grad-norm vs samples", r.grad_norm}},
-                                samples);
+      // A skipped (fp16 overflow) iteration has no gradient norm to plot.
+      std::vector<std::pair<std::string, double>> by_iter{
+          {"learning-rate", next_lr},  {"batch-size", static_cast<double>(gbs)},
+          {"lm loss", r.loss},         {"loss-scale", scale},
+          {"iteration-time", elapsed}, {"throughput", tflops}};
+      std::vector<std::pair<std::string, double>> by_samples{{"learning-rate vs samples", next_lr},
+                                                             {"lm loss vs samples", r.loss}};
+      if (!r.skipped) {
+        by_iter.emplace_back("grad-norm", r.grad_norm);
+        by_samples.emplace_back("grad-norm vs samples", r.grad_norm);
+      }
+      tensorboard_->add_scalars(by_iter, it);
+      tensorboard_->add_scalars(by_samples, samples);
     }
     if (it % args_.log_interval == 0 || it == args_.train_iters) {
       const double ms = interval_time / static_cast<double>(interval_iters) * 1000.0;
       const double avg_tflops = flops_per_iter / (ms / 1000.0) / 1e12;
+      // As Megatron's training_log: the loss averages the interval's successful iterations (and
+      // is left out when there were none), the grad norm is the last iteration's (left out when
+      // it was skipped), the counters count the interval's skipped and NaN-loss iterations.
       std::string line = strprintf(
           " [%s] iteration %8ld/%8ld | consumed samples: %12ld | elapsed time per iteration (ms): "
           "%.1f | throughput per GPU (TFLOP/s/GPU): %.3f | learning rate: %.6E | global batch "
-          "size: %5ld | lm loss: %.6E | loss scale: %.1f | grad norm: %.3f | number of skipped "
-          "iterations: %3d | number of nan iterations: %3d | tokens per second: %.1f | model "
-          "FLOPs utilisation: %.1f%% |",
+          "size: %5ld |",
           timestamp().c_str(), static_cast<long>(it), static_cast<long>(args_.train_iters),
-          static_cast<long>(it * gbs), ms, avg_tflops, next_lr, static_cast<long>(gbs),
-          interval_loss / static_cast<double>(interval_iters), 1.0, r.grad_norm, 0, 0,
+          static_cast<long>(it * gbs), ms, avg_tflops, next_lr, static_cast<long>(gbs));
+      if (interval_iters > interval_skipped) {
+        line += strprintf(" lm loss: %.6E |",
+                          interval_loss / static_cast<double>(interval_iters - interval_skipped));
+      }
+      line += strprintf(" loss scale: %.1f |", scale);
+      if (!r.skipped) line += strprintf(" grad norm: %.3f |", r.grad_norm);
+      line += strprintf(
+          " number of skipped iterations: %3ld | number of nan iterations: %3ld | tokens per "
+          "second: %.1f | model FLOPs utilisation: %.1f%% |",
+          static_cast<long>(interval_skipped), static_cast<long>(interval_nan),
           tokens_per_iter / (ms / 1000.0), 100.0 * avg_tflops * 1e3 / peak_gflops_);
       log_last(line);
       if (args_.timing_log_level > 0) {
@@ -409,9 +499,16 @@ void Trainer::train() {
         }
       }
       timers_.reset();
+      // Megatron's memory report, one line per model-parallel rank (data-parallel rank 0).
+      if (dp_rank_ == 0) {
+        log_line(
+            strprintf("[Rank %d] (after %ld iterations) memory (MB) | resident: %.1f | max "
+                      "resident: %.1f",
+                      parallel_->rank(), static_cast<long>(it), resident_mb(), max_resident_mb()));
+      }
       if (tensorboard_) tensorboard_->flush();
       interval_loss = interval_time = 0;
-      interval_iters = 0;
+      interval_iters = interval_skipped = interval_nan = 0;
     }
     if (data_.valid && args_.eval_iters > 0 && it % args_.eval_interval == 0) {
       evaluate_and_print(strprintf("iteration %ld", static_cast<long>(it)), *data_.valid,

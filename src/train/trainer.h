@@ -23,6 +23,8 @@
 #include "data/tokenizer.h"
 #include "models/gpt_model.h"
 #include "optim/adamw.h"
+#include "optim/distributed_optimizer.h"
+#include "optim/loss_scaler.h"
 #include "optim/lr_scheduler.h"
 #include "parallel/grad_buckets.h"
 #include "pipeline/executor.h"
@@ -56,6 +58,7 @@ class Trainer {
  private:
   struct StepResult {
     double loss = 0, grad_norm = 0;
+    bool skipped = false;  // fp16 overflow: no update, the LR schedule does not advance
   };
   StepResult train_step(int64_t iteration, double lr);
   // This stage's share of the micro-batches of a step: read by TP rank 0 of every stage that
@@ -91,11 +94,14 @@ class Trainer {
   std::unique_ptr<PipelineExecutor> executor_;
   std::unique_ptr<GradBuckets> grad_buckets_;
   FaultInjection fault_;
+  std::unique_ptr<LossScaler> scaler_;  // --fp16 only
+  int64_t scheduler_samples_ = 0;  // samples the LR schedule has advanced by (successful steps)
   StepTimers timers_;
   // Seconds spent in communication so far, over every group of this rank.
   double comm_seconds() const;
   std::unique_ptr<ParamSet> params_;
-  std::unique_ptr<AdamW> optimizer_;
+  std::unique_ptr<AdamW> optimizer_;                      // plain optimizer, or
+  std::unique_ptr<DistributedOptimizer> dist_optimizer_;  // --use-distributed-optimizer
   LrSchedule schedule_;
   Datasets data_;
   BatchOptions batch_options_;

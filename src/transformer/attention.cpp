@@ -32,7 +32,8 @@ SelfAttention::SelfAttention(const std::string& name, const TransformerConfig& c
       groups_local_(divide(cfg.num_query_groups, tp.size(),
                            "--num-query-groups by --tensor-model-parallel-size")),
       heads_local_(divide(cfg.num_attention_heads, tp.size(),
-                          "--num-attention-heads by --tensor-model-parallel-size")) {
+                          "--num-attention-heads by --tensor-model-parallel-size")),
+      recompute_core_attention_(cfg.recompute_granularity == RecomputeGranularity::kSelective) {
   if (cfg.position_embedding == PositionEmbedding::kRope) {
     rope_.head_begin = 0;
     rope_.head_end = cfg.queries_per_group() + 1;  // queries and the key; never the value
@@ -44,6 +45,13 @@ SelfAttention::SelfAttention(const std::string& name, const TransformerConfig& c
 void SelfAttention::collect(std::vector<Param*>& out) {
   linear_qkv.collect(out);
   linear_proj.collect(out);
+}
+
+void SelfAttention::core_attention(Ctx& ctx) const {
+  const int64_t s = ctx.qkv.dim(0), b = ctx.qkv.dim(1), np = heads_local_, hn = cfg_.head_dim();
+  ctx.out = Tensor::empty({s, b, np, hn}, ctx.qkv.dtype());
+  ctx.lse = Tensor::empty({b, np, s}, ctx.qkv.dtype());
+  ops::attention_forward(ctx.out, ctx.lse, ctx.qkv, ctx.spec);
 }
 
 Tensor SelfAttention::forward(const Tensor& x, const TokenLayout& layout, Ctx& ctx,
@@ -73,14 +81,27 @@ Tensor SelfAttention::forward(const Tensor& x, const TokenLayout& layout, Ctx& c
     ctx.spec.doc_start = ctx.doc_start.data<int32_t>();
   }
   ctx.qkv = qkv;
-  ctx.out = Tensor::empty({s, b, np, hn}, x.dtype());
-  ctx.lse = Tensor::empty({b, np, s}, x.dtype());
-  ops::attention_forward(ctx.out, ctx.lse, qkv, ctx.spec);
-  return linear_proj.forward(ctx.out.view({s, b, np * hn}), ctx.proj_ctx);
+  core_attention(ctx);
+  Tensor y = linear_proj.forward(ctx.out.view({s, b, np * hn}), ctx.proj_ctx);
+  if (recompute_core_attention_) {
+    ctx.recompute = true;
+    Tensor& proj_input = ctx.proj_ctx.linear.x;
+    if (proj_input.raw() == ctx.out.raw()) {
+      ctx.proj_input_shape = proj_input.shape();
+      proj_input = Tensor();
+    }
+    ctx.out = Tensor();
+    ctx.lse = Tensor();
+  }
+  return y;
 }
 
 Tensor SelfAttention::backward(const Tensor& dy, Ctx& ctx) const {
   const int64_t s = ctx.qkv.dim(0), b = ctx.qkv.dim(1);
+  if (ctx.recompute) {
+    core_attention(ctx);
+    if (ctx.proj_input_shape.ndim() > 0) ctx.proj_ctx.linear.x = ctx.out.view(ctx.proj_input_shape);
+  }
   Tensor dout = linear_proj.backward(dy, ctx.proj_ctx).view(ctx.out.shape());
   Tensor dqkv = Tensor::empty(ctx.qkv.shape(), ctx.qkv.dtype());
   ops::attention_backward(dqkv, dout, ctx.qkv, ctx.out, ctx.lse, ctx.spec);

@@ -4,6 +4,13 @@
 // then one key and one value head, each hn wide ([s, b, ng, qpg + 2, hn]); the core attention
 // reads q, k, v from that buffer in place. With GQA (ng < heads) each key/value head serves qpg
 // query heads. linear_proj maps the heads' outputs back to the hidden size (scaled init).
+//
+// Selective recomputation (--recompute-granularity selective, Megatron's core_attn): forward
+// drops the core attention's output `out` [s, b, np/tp, hn] and log-sum-exp `lse` [b, np/tp, s]
+// once linear_proj has consumed them, and backward recomputes both from the saved qkv with the
+// saved spec (same kernel, same inputs, same dropout coordinates: the same bits) before using
+// them. In f32 runs linear_proj's saved input is `out` itself; it is dropped and re-linked too,
+// so the memory really goes (in bf16 runs linear_proj keeps its own bf16 copy of `out`).
 #pragma once
 
 #include <string>
@@ -22,8 +29,10 @@ class SelfAttention {
     ColumnParallelLinear::Ctx qkv_ctx;
     RowParallelLinear::Ctx proj_ctx;
     Tensor qkv;  // [s, b, ng/tp, qpg + 2, hn], after RoPE
-    Tensor out;  // [s, b, np/tp, hn]
-    Tensor lse;  // [b, np/tp, s]
+    Tensor out;  // [s, b, np/tp, hn]; undefined between forward and backward when selective
+    Tensor lse;  // [b, np/tp, s]; likewise
+    bool recompute = false;  // out and lse dropped in forward, recomputed in backward
+    Shape proj_input_shape;  // if linear_proj's saved input was `out` (dropped with it): its shape
     Tensor positions;
     Tensor doc_start;         // keeps spec.doc_start alive until backward
     ops::AttentionSpec spec;  // as run in forward, including the dropout RNG coordinates
@@ -42,10 +51,14 @@ class SelfAttention {
   RowParallelLinear linear_proj;
 
  private:
+  // ctx.out, ctx.lse = core attention of ctx.qkv under ctx.spec (forward and recomputation).
+  void core_attention(Ctx& ctx) const;
+
   const TransformerConfig& cfg_;
   int64_t layer_;
   TensorParallelContext tp_;
   int64_t groups_local_, heads_local_;  // query groups and heads on this TP rank
+  bool recompute_core_attention_;       // --recompute-granularity selective
   ops::RopeSpec rope_;
 };
 

@@ -12,6 +12,9 @@ namespace megatron {
 
 enum class Normalization : uint8_t { kLayerNorm, kRMSNorm };
 enum class PositionEmbedding : uint8_t { kLearnedAbsolute, kRope, kNone };
+// Megatron's activation recomputation (see TransformerBlock and SelfAttention).
+enum class RecomputeGranularity : uint8_t { kNone, kFull, kSelective };
+enum class RecomputeMethod : uint8_t { kNone, kUniform, kBlock };
 
 struct TransformerConfig {
   int64_t num_layers = 0;   // --num-layers
@@ -42,6 +45,14 @@ struct TransformerConfig {
   double init_method_std = 0.02;   // --init-method-std
 
   DType compute_dtype = DType::kF32;  // kBF16 with --bf16
+
+  // --recompute-granularity: kFull re-runs whole layers in backward, kSelective only the core
+  // attention (default kNone: every activation is kept).
+  RecomputeGranularity recompute_granularity = RecomputeGranularity::kNone;
+  // --recompute-method (kFull only): kUniform chunks of recompute_num_layers layers, kBlock the
+  // first recompute_num_layers layers of each pipeline stage (default kNone).
+  RecomputeMethod recompute_method = RecomputeMethod::kNone;
+  int64_t recompute_num_layers = 0;  // --recompute-num-layers, >= 1 with kFull (default 0: unset)
 
   int64_t head_dim() const { return kv_channels; }
   int64_t queries_per_group() const { return num_attention_heads / num_query_groups; }

@@ -1,14 +1,48 @@
-// The decoder stack: layers in order forward, reverse order backward, then the final norm.
+// The decoder stack: layers in order forward, reverse order backward, then the final norm; full
+// recomputation by segments (only a segment's input kept, its forward re-run in backward).
 #include "transformer/transformer_block.h"
 
+#include <algorithm>
+
 namespace megatron {
+
+std::vector<TransformerBlock::Segment> recompute_segments(const TransformerConfig& cfg,
+                                                          int64_t num_layers) {
+  const bool full = cfg.recompute_granularity == RecomputeGranularity::kFull;
+  MEGATRON_CHECK(full || cfg.recompute_method == RecomputeMethod::kNone,
+                 "recompute_method (--recompute-method) requires recompute_granularity full "
+                 "(--recompute-granularity full)");
+  std::vector<TransformerBlock::Segment> out;
+  if (!full) {
+    for (int64_t i = 0; i < num_layers; ++i) out.push_back({i, i + 1, false});
+    return out;
+  }
+  MEGATRON_CHECK(cfg.recompute_method != RecomputeMethod::kNone,
+                 "recompute_granularity full needs recompute_method uniform or block "
+                 "(--recompute-method)");
+  const int64_t n = cfg.recompute_num_layers;
+  MEGATRON_CHECK(n >= 1,
+                 "recompute_granularity full needs recompute_num_layers >= 1 "
+                 "(--recompute-num-layers), got ",
+                 n);
+  if (cfg.recompute_method == RecomputeMethod::kUniform) {
+    for (int64_t i = 0; i < num_layers; i += n)
+      out.push_back({i, std::min(i + n, num_layers), true});
+  } else {
+    // A model chunk of an interleaved pipeline may hold fewer than n layers: all of them
+    // recompute then.
+    for (int64_t i = 0; i < num_layers; ++i) out.push_back({i, i + 1, i < n});
+  }
+  return out;
+}
 
 TransformerBlock::TransformerBlock(const std::string& name, const TransformerConfig& cfg,
                                    const TensorParallelContext& tp, int64_t first_layer,
                                    int64_t num_layers, bool with_final_norm)
     : final_layernorm(name + ".final_layernorm", cfg.hidden_size, cfg.normalization,
                       cfg.norm_epsilon),
-      has_final_norm_(with_final_norm) {
+      has_final_norm_(with_final_norm),
+      segments_(recompute_segments(cfg, num_layers)) {
   MEGATRON_ASSERT(first_layer >= 0 && num_layers >= 0 && first_layer + num_layers <= cfg.num_layers,
                   "layers [", first_layer, ", ", first_layer + num_layers, ") of ", cfg.num_layers);
   for (int64_t i = first_layer; i < first_layer + num_layers; ++i) {
@@ -29,8 +63,21 @@ void TransformerBlock::collect(std::vector<Param*>& out) {
 Tensor TransformerBlock::forward(const Tensor& x, const TokenLayout& layout, Ctx& ctx,
                                  const ForwardMode& mode) const {
   ctx.layers.resize(layers.size());
+  ctx.segment_inputs.assign(segments_.size(), Tensor());
   Tensor h = x;
-  for (size_t i = 0; i < layers.size(); ++i) h = layers[i]->forward(h, layout, ctx.layers[i], mode);
+  for (size_t k = 0; k < segments_.size(); ++k) {
+    const Segment& seg = segments_[k];
+    if (seg.recompute) {
+      ctx.segment_inputs[k] = h;
+      ctx.layout = layout;
+      ctx.mode = mode;
+    }
+    for (int64_t i = seg.begin; i < seg.end; ++i) {
+      h = layers[i]->forward(h, layout, ctx.layers[i], mode);
+      // What backward would need is dropped here and rebuilt by the recomputation.
+      if (seg.recompute) ctx.layers[i] = TransformerLayer::Ctx{};
+    }
+  }
   return has_final_norm_ ? final_layernorm.forward(h, ctx.final_norm) : h;
 }
 
@@ -40,12 +87,25 @@ Tensor TransformerBlock::backward(const Tensor& dy, Ctx& ctx, const ParamsDone& 
     d = final_layernorm.backward(dy, ctx.final_norm);
     if (done) done(final_norm_params_);
   }
-  for (size_t i = layers.size(); i-- > 0;) {
-    d = layers[i]->backward(d, ctx.layers[i]);
-    if (done) {
-      std::vector<Param*> ps;
-      layers[i]->collect(ps);
-      done(std::vector<const Param*>(ps.begin(), ps.end()));
+  for (size_t k = segments_.size(); k-- > 0;) {
+    const Segment& seg = segments_[k];
+    if (seg.recompute) {
+      // The same forward, from the same input with the same mode, as in forward: same kernels
+      // on the same values, so the rebuilt Ctx is bit for bit the one that was dropped. The
+      // segment's output is not needed (its gradient is d).
+      Tensor h = ctx.segment_inputs[k];
+      for (int64_t i = seg.begin; i < seg.end; ++i) {
+        h = layers[i]->forward(h, ctx.layout, ctx.layers[i], ctx.mode);
+      }
+      ctx.segment_inputs[k] = Tensor();
+    }
+    for (int64_t i = seg.end; i-- > seg.begin;) {
+      d = layers[i]->backward(d, ctx.layers[i]);
+      if (done) {
+        std::vector<Param*> ps;
+        layers[i]->collect(ps);
+        done(std::vector<const Param*>(ps.begin(), ps.end()));
+      }
     }
   }
   ctx = Ctx{};

@@ -3,6 +3,19 @@
 // only on the last stage. Layers keep their global numbers (names and dropout streams), so a
 // layer is the same in every pipeline layout. Layers are held by pointer: they are not movable
 // (their Params are referenced by the ParamSet).
+//
+// Full activation recomputation (--recompute-granularity full) is done here, per block (= per
+// pipeline stage or model chunk), as Megatron's TransformerBlock does it. The block's layers are
+// cut into segments of consecutive layers:
+//   uniform: [0, N), [N, 2N), ... (the last segment may be shorter), every segment recomputed;
+//   block:   [0, 1), [1, 2), ..., [N-1, N) recomputed, then one plain segment per other layer.
+// A recomputed segment keeps only its input in Ctx; its layers' Ctx are dropped as soon as each
+// layer's forward is done. Backward re-runs the segment's forward from that input with the same
+// ForwardMode and TokenLayout (so the counter-based dropout masks are the same), which rebuilds
+// exactly the Ctx the layers would have kept, then runs their backward. Tensor-parallel
+// collectives inside the layers are issued again by the recomputation, in the same order on
+// every TP rank, so they still pair up. Selective recomputation (core attention only) lives in
+// SelfAttention.
 #pragma once
 
 #include <functional>
@@ -20,12 +33,16 @@ using ParamsDone = std::function<void(const std::vector<const Param*>&)>;
 class TransformerBlock {
  public:
   struct Ctx {
-    std::vector<TransformerLayer::Ctx> layers;
+    std::vector<TransformerLayer::Ctx> layers;  // empty between forward and backward when the
+                                                // layer's segment is recomputed
+    std::vector<Tensor> segment_inputs;         // per segment: its input [s, b, h] if recomputed
+    TokenLayout layout;                         // kept for the recomputation (only if any)
+    ForwardMode mode;                           // as run in forward, for the recomputation
     Norm::Ctx final_norm;
   };
 
   // Layers [first_layer, first_layer + num_layers) of cfg.num_layers; with_final_norm on the
-  // stage that ends the decoder.
+  // stage that ends the decoder. cfg's recompute fields choose the segments (see above).
   TransformerBlock(const std::string& name, const TransformerConfig& cfg,
                    const TensorParallelContext& tp, int64_t first_layer, int64_t num_layers,
                    bool with_final_norm);
@@ -40,9 +57,23 @@ class TransformerBlock {
   Norm final_layernorm;
   bool has_final_norm() const { return has_final_norm_; }
 
+  // Layers [begin, end) (indices into `layers`) run as one unit; `recompute`: only the input
+  // is kept and the forward is re-run in backward.
+  struct Segment {
+    int64_t begin = 0, end = 0;
+    bool recompute = false;
+  };
+  const std::vector<Segment>& segments() const { return segments_; }
+
  private:
   bool has_final_norm_;
   std::vector<const Param*> final_norm_params_;
+  std::vector<Segment> segments_;  // covers every layer, in order
 };
+
+// The segments of a block of `num_layers` layers under cfg's recompute settings (one
+// non-recomputed segment per layer without full recomputation). Checks the settings.
+std::vector<TransformerBlock::Segment> recompute_segments(const TransformerConfig& cfg,
+                                                          int64_t num_layers);
 
 }  // namespace megatron

@@ -56,6 +56,12 @@ LAYOUTS = [
     ("tp2+sp pp2-interleaved dp2 overlapped", 8,
      [TP, "2", "--sequence-parallel", PP, "2", "--num-layers-per-virtual-pipeline-stage", "1",
       "--overlap-grad-reduce", "--ddp-bucket-size", "2000"]),
+    # The distributed optimizer (ZeRO-1): reduce-scattered gradients, sharded Adam moments,
+    # all-gathered weights.
+    ("dp2 distributed optimizer", 2, ["--use-distributed-optimizer"]),
+    ("dp4 distributed optimizer, overlapped buckets", 4,
+     ["--use-distributed-optimizer", "--overlap-grad-reduce", "--ddp-bucket-size", "3000"]),
+    ("tp2dp2 distributed optimizer", 4, [TP, "2", "--use-distributed-optimizer"]),
 ]
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
            "OMPI_MCA_btl_vader_single_copy_mechanism": "none", "OMPI_MCA_mpi_yield_when_idle": "1"}
@@ -130,6 +136,22 @@ class TestParallelEquivalence(unittest.TestCase):
         layouts = [l for l in LAYOUTS if l[0] in ("tp2+sp", "pp4", "tp2pp2dp2")]
         self.check_equivalent(docs, layouts)
         self.check_equivalent([*LLAMA, *docs], layouts)
+
+    def test_distributed_optimizer_state_falls_as_one_over_dp(self):
+        # The start-up line states this rank's Adam-moment bytes; ZeRO-1 splits them over dp
+        # (up to the bucket padding to a multiple of lcm(16 dp, 128) elements).
+        state = {}
+        for ranks in (1, 2, 4):
+            proc = run(ranks, *with_flags(TINY, ["--train-iters", "4", "--use-distributed-optimizer"]))
+            self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
+            m = re.search(r"distributed optimizer: .*?\(([0-9.]+) MB on this rank\)", proc.stdout)
+            self.assertIsNotNone(m, proc.stdout[-2000:])
+            state[ranks] = float(m[1])
+            if ranks == 1:
+                self.assertIn("nothing to shard", proc.stdout)
+        print(f"Adam state per rank (MB) at dp 1, 2, 4: {state}", file=sys.stderr)
+        for ranks in (2, 4):
+            self.assertAlmostEqual(state[ranks], state[1] / ranks, delta=0.01 * state[1])
 
     def test_a_failing_rank_takes_the_whole_job_down_with_its_message(self):
         # World rank 2 (tp 0 of the second pipeline stage) throws at iteration 3, while its peers

@@ -6,10 +6,11 @@
 // running a small GEMM. The cache is per thread-of-caller (the trainer calls from one thread), so
 // it needs no lock.
 //
-// oneDNN has bf16 matmul kernels only on CPUs with AVX-512 (bf16 instructions or their emulation);
-// elsewhere it cannot create the primitive. Then a bf16 GEMM widens its inputs to f32 (exact: every
-// bf16 value is an f32 value) and runs the f32 kernel, which computes the same thing, bf16 inputs
-// with f32 accumulation, at f32 speed. native_bf16_gemm() tells callers which one they get.
+// oneDNN has bf16 matmul kernels only on CPUs with AVX-512 (bf16 instructions or their emulation),
+// f16 ones only with AVX-512 FP16 or AMX; elsewhere it cannot create the primitive. Then a bf16 or
+// f16 GEMM widens its inputs to f32 (exact: every 16-bit float value is an f32 value) and runs the
+// f32 kernel, which computes the same thing, 16-bit inputs with f32 accumulation, at f32 speed.
+// native_half_gemm() tells callers which one they get.
 #include <map>
 #include <tuple>
 #include <vector>
@@ -43,6 +44,7 @@ class GemmCache {
     if (it == prims_.end()) it = prims_.emplace(key, create(key)).first;
     const Entry& e = it->second;
     if (e.widen) {
+      half_ = key.dtype;
       a = widen(a, key.m * key.k, &wide_a_);
       b = widen(b, key.k * key.n, &wide_b_);
     }
@@ -60,18 +62,19 @@ class GemmCache {
     bool widen = false;  // bf16 inputs run through the f32 primitive
   };
 
-  static const void* widen(const void* src, int64_t n, std::vector<float>* buf) {
+  const void* widen(const void* src, int64_t n, std::vector<float>* buf) {
     if (static_cast<int64_t>(buf->size()) < n) buf->resize(static_cast<size_t>(n));
-    convert(buf->data(), DType::kF32, src, DType::kBF16, n);
+    convert(buf->data(), DType::kF32, src, half_, n);
     return buf->data();
   }
 
   GemmCache() : engine_(dnnl::engine::kind::cpu, 0), stream_(engine_) {}
 
   Entry create(const GemmKey& key) {
-    if (key.dtype == DType::kBF16) {
+    if (is_half(key.dtype)) {
       try {
-        return create_with(key, dnnl::memory::data_type::bf16);
+        return create_with(key, key.dtype == DType::kBF16 ? dnnl::memory::data_type::bf16
+                                                          : dnnl::memory::data_type::f16);
       } catch (const dnnl::error&) {
         Entry e = create_with(key, dnnl::memory::data_type::f32);
         e.widen = true;
@@ -108,6 +111,7 @@ class GemmCache {
   dnnl::stream stream_;
   std::map<GemmKey, Entry> prims_;
   std::vector<float> wide_a_, wide_b_;
+  DType half_ = DType::kBF16;  // the dtype being widened
 };
 
 // C[m, n] (+)= op(A) op(B) in double: the reference path for f64 tensors.
@@ -129,20 +133,26 @@ void gemm_f64(double* c, const double* a, bool ta, const double* b, bool tb, int
 
 }  // namespace
 
-bool native_bf16_gemm() {
-  static const bool native = [] {
-    try {
-      using dt = dnnl::memory::data_type;
-      dnnl::engine engine(dnnl::engine::kind::cpu, 0);
-      dnnl::memory::desc a({8, 8}, dt::bf16, dnnl::memory::dims{8, 1});
-      dnnl::memory::desc c({8, 8}, dt::f32, dnnl::memory::dims{8, 1});
-      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, a, c), engine);
-      return true;
-    } catch (const dnnl::error&) {
-      return false;
-    }
-  }();
-  return native;
+namespace {
+bool can_create_half_gemm(dnnl::memory::data_type half) {
+  try {
+    using dt = dnnl::memory::data_type;
+    dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+    dnnl::memory::desc a({8, 8}, half, dnnl::memory::dims{8, 1});
+    dnnl::memory::desc c({8, 8}, dt::f32, dnnl::memory::dims{8, 1});
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, a, c), engine);
+    return true;
+  } catch (const dnnl::error&) {
+    return false;
+  }
+}
+}  // namespace
+
+bool native_half_gemm(DType t) {
+  static const bool bf16 = can_create_half_gemm(dnnl::memory::data_type::bf16);
+  static const bool f16 = can_create_half_gemm(dnnl::memory::data_type::f16);
+  MEGATRON_CHECK(is_half(t), "native_half_gemm: ", dtype_name(t), " is not a 16-bit float");
+  return t == DType::kBF16 ? bf16 : f16;
 }
 
 void matmul(Tensor& out, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, float beta) {
@@ -167,8 +177,8 @@ void matmul(Tensor& out, const Tensor& a, bool trans_a, const Tensor& b, bool tr
              beta != 0.0f);
     return;
   }
-  MEGATRON_CHECK(a.dtype() == DType::kF32 || a.dtype() == DType::kBF16,
-                 "matmul: inputs must be f32, bf16 or f64, got ", dtype_name(a.dtype()));
+  MEGATRON_CHECK(a.dtype() == DType::kF32 || is_half(a.dtype()),
+                 "matmul: inputs must be f32, bf16, f16 or f64, got ", dtype_name(a.dtype()));
   MEGATRON_CHECK(out.dtype() == DType::kF32, "matmul: output must be f32, got ",
                  dtype_name(out.dtype()));
   if (k == 0) {

@@ -1,0 +1,103 @@
+// The distributed optimizer's shard bookkeeping (which Param covers which owned elements), its
+// AdamW step on the owned shards, and the all-gather of the main weights.
+#include "optim/distributed_optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "tensor/ops.h"
+
+namespace megatron {
+
+DistributedOptimizer::DistributedOptimizer(GradBuckets& buckets, const AdamWConfig& cfg)
+    : buckets_(buckets), params_(buckets.params()), cfg_(cfg) {
+  MEGATRON_CHECK(buckets.reduce() == GradReduce::kReduceScatter,
+                 "the distributed optimizer needs reduce-scatter gradient buckets "
+                 "(GradReduce::kReduceScatter), got all-reduce ones");
+  // Params in buffer order, with their ranges.
+  std::vector<std::pair<int64_t, const Param*>> order;
+  for (const Param* p : params_.params()) order.emplace_back(params_.offset_of(*p), p);
+  std::sort(order.begin(), order.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  int64_t owned = 0;
+  for (int64_t i = 0; i < buckets.num_buckets(); ++i) {
+    const auto [s0, s1] = buckets.shard_range(i);
+    state_offsets_.push_back(owned);
+    // The Params overlapping [s0, s1): a shard may start or end inside one, or hold none.
+    for (const auto& [off, p] : order) {
+      const int64_t begin = std::max(off, s0), end = std::min(off + p->shape.numel(), s1);
+      if (begin < end) segments_.push_back(Segment{begin, end - begin, owned + begin - s0, p});
+    }
+    owned += s1 - s0;
+  }
+  exp_avg_ = Tensor::zeros({owned}, params_.main().dtype());
+  exp_avg_sq_ = Tensor::zeros({owned}, params_.main().dtype());
+}
+
+void DistributedOptimizer::step(double lr) {
+  ++step_;
+  Tensor& main = params_.main();
+  Tensor& grads = params_.grads();
+  ops::AdamWSpec spec;
+  spec.lr = static_cast<float>(lr);
+  spec.beta1 = static_cast<float>(cfg_.beta1);
+  spec.beta2 = static_cast<float>(cfg_.beta2);
+  spec.eps = static_cast<float>(cfg_.eps);
+  spec.step = step_;
+  for (const Segment& s : segments_) {
+    Tensor w = main.flat_view(s.begin, {s.numel});
+    Tensor m = exp_avg_.flat_view(s.state, {s.numel});
+    Tensor v = exp_avg_sq_.flat_view(s.state, {s.numel});
+    spec.weight_decay = s.param->no_weight_decay ? 0.0f : static_cast<float>(cfg_.weight_decay);
+    ops::adamw_step(w, m, v, grads.flat_view(s.begin, {s.numel}), spec);
+  }
+  // Every rank gets every bucket's updated shards. All buckets in flight at once; each shard is
+  // a view inside its bucket (the backend stages it, see ProcessGroup::all_gather).
+  ProcessGroup& dp = buckets_.dp_group();
+  std::vector<Tensor> full, shard;
+  std::vector<Work> works;
+  for (int64_t i = 0; i < buckets_.num_buckets(); ++i) {
+    const auto [b0, b1] = buckets_.bucket_range(i);
+    const auto [s0, s1] = buckets_.shard_range(i);
+    full.push_back(main.flat_view(b0, {b1 - b0}));
+    shard.push_back(main.flat_view(s0, {s1 - s0}));
+  }
+  for (size_t i = 0; i < full.size(); ++i) works.push_back(dp.all_gather_async(full[i], shard[i]));
+  for (Work& w : works) w.wait();
+  params_.sync_compute_from_main();
+}
+
+double DistributedOptimizer::grad_sum_squares_unique() const {
+  const Tensor& grads = params_.grads();
+  double sum = 0;
+  for (const Segment& s : segments_) {
+    if (!s.param->is_duplicate()) sum += ops::sum_squares(grads.flat_view(s.begin, {s.numel}));
+  }
+  return sum;
+}
+
+void DistributedOptimizer::scale_grads(double factor) {
+  for (int64_t i = 0; i < buckets_.num_buckets(); ++i) {
+    const auto [s0, s1] = buckets_.shard_range(i);
+    Tensor shard = params_.grads().flat_view(s0, {s1 - s0});
+    ops::scale_inplace(shard, factor);
+  }
+}
+
+void DistributedOptimizer::clip_grads(double max_norm, double norm) {
+  if (max_norm <= 0) return;
+  const double coeff = max_norm / (norm + 1e-6);
+  if (coeff < 1.0) scale_grads(coeff);
+}
+
+bool DistributedOptimizer::grads_finite() const {
+  double sum = 0;
+  for (int64_t i = 0; i < buckets_.num_buckets(); ++i) {
+    const auto [s0, s1] = buckets_.shard_range(i);
+    sum += ops::sum_squares(params_.grads().flat_view(s0, {s1 - s0}));
+  }
+  return std::isfinite(sum);
+}
+
+}  // namespace megatron

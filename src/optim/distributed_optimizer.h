@@ -1,0 +1,98 @@
+// DistributedOptimizer: Megatron's distributed optimizer (--use-distributed-optimizer, ZeRO-1):
+// AdamW whose state is sharded over the data-parallel group.
+//
+// It works on the reduce-scatter gradient buckets (GradBuckets with GradReduce::kReduceScatter
+// over a ParamSet laid out by distributed_bucket_layout): every bucket is cut into dp equal
+// contiguous shards, and DP rank d owns shard d of every bucket. A shard ignores parameter
+// boundaries, so a parameter may be split over several ranks; every element of a shard belongs to
+// at most one Param (the rest is padding) and is stepped with that Param's weight decay (none for
+// biases and norm weights, Megatron's param groups). For the owned elements only, and only here:
+//
+//   m, v   the Adam moments, 2 x 4 bytes per owned element (fp32): state_bytes() falls as 1/dp
+//   w      the fp32 main weights: the owned range of ParamSet::main(), stepped in place
+//
+// Every rank keeps the full fp32 main and gradient buffers (the main weights are gathered back
+// after each step), so the bytes per parameter go from 16 to 8 + 8/dp in fp32 runs (Megatron's
+// figure) and from 18 to 10 + 8/dp in bf16 runs (Megatron shards the fp32 main copy of bf16
+// weights too: 6 + 12/dp).
+//
+// A step on DP rank d, after GradBuckets::finish() left the mean gradient g in its shards:
+//   for every owned element i of Param p:  AdamW(w_i, m_i, v_i, g_i, weight decay of p)
+//   w = all_gather over DP of every bucket's shards  (every rank has the full fp32 main weights)
+//   compute copy = w                                  (ParamSet::sync_compute_from_main)
+// which is, element for element, the step that AdamW (adamw.h) takes on all-reduced gradients.
+//
+// The gradient norm: grad_sum_squares_unique() sums the squares of the owned gradient elements
+// once each, leaving out Params that are duplicates (Param::is_duplicate: TP replicas on TP rank
+// > 0, the last stage's tied-embedding copy); the caller sums it over the data-parallel group and
+// then the model-parallel group (together: every rank of the model, each element once) and takes
+// the square root. Clipping and fp16 unscaling scale the owned shards only.
+//
+// The elements of ParamSet::grads() outside the owned shards are stale after finish() and are
+// never read here. Not here: the gradient reduction (GradBuckets), overlapping the parameter
+// all-gather with the next forward (--overlap-param-gather), checkpointing the sharded state.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "optim/adamw.h"
+#include "parallel/grad_buckets.h"
+#include "parallel/param.h"
+
+namespace megatron {
+
+class DistributedOptimizer {
+ public:
+  // buckets: reduce-scatter buckets (GradReduce::kReduceScatter); they, their ParamSet and their
+  // data-parallel group must outlive this object. Moments start at zero.
+  DistributedOptimizer(GradBuckets& buckets, const AdamWConfig& cfg);
+
+  // One AdamW update of the owned main weights from the owned (reduced) gradients with learning
+  // rate lr, then the all-gather of the main weights over DP and the compute-copy refresh.
+  // Collective over the data-parallel group. Increments the step counter (bias correction).
+  void step(double lr);
+
+  // This rank's share of the squared global gradient norm (see the file comment), in double.
+  double grad_sum_squares_unique() const;
+  // Scales the owned gradient shards (fp16 unscaling: factor 1 / loss scale).
+  void scale_grads(double factor);
+  // Megatron's clip_grad_norm on the owned shards: scales them by max_norm / (norm + 1e-6) when
+  // that is < 1; norm is the global norm. max_norm <= 0: no clipping.
+  void clip_grads(double max_norm, double norm);
+  // True when every owned gradient element is finite (the caller MAX-reduces the verdict over
+  // every rank: each element of the model has exactly one owner per model-parallel rank).
+  bool grads_finite() const;
+
+  int64_t steps() const { return step_; }
+  // Elements this rank owns: the sum of its shard lengths, padding included.
+  int64_t owned_numel() const { return exp_avg_.numel(); }
+  // Bytes of optimizer state on this rank (the two moments): 2 x element size x owned_numel().
+  int64_t state_bytes() const {
+    return static_cast<int64_t>(exp_avg_.nbytes() + exp_avg_sq_.nbytes());
+  }
+  // The moments of the owned elements, [owned_numel()]: bucket 0's shard, then bucket 1's, ...
+  Tensor& exp_avg() { return exp_avg_; }
+  Tensor& exp_avg_sq() { return exp_avg_sq_; }
+  // Where bucket i's shard starts in exp_avg() / exp_avg_sq(): element shard_range(i).first + k
+  // of the flat buffers has its moments at state_offset(i) + k.
+  int64_t state_offset(int64_t bucket) const { return state_offsets_[bucket]; }
+
+ private:
+  // One Param's part of one owned shard: [begin, begin + numel) in the flat buffers, moments at
+  // [state, state + numel).
+  struct Segment {
+    int64_t begin = 0, numel = 0, state = 0;
+    const Param* param = nullptr;
+  };
+
+  GradBuckets& buckets_;
+  ParamSet& params_;
+  AdamWConfig cfg_;
+  std::vector<int64_t> state_offsets_;  // per bucket
+  std::vector<Segment> segments_;       // in buffer order
+  Tensor exp_avg_, exp_avg_sq_;
+  int64_t step_ = 0;
+};
+
+}  // namespace megatron

@@ -1,0 +1,42 @@
+// Weight/optimizer estimate and resident-memory measurement (Linux: /proc/self/statm, getrusage).
+#include "train/memory_report.h"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "core/logging.h"
+
+namespace megatron {
+
+double weight_and_optimizer_bytes_per_param(DType compute_dtype, int64_t moment_shards) {
+  const double half_copy = is_half(compute_dtype) ? 2.0 : 0.0;
+  return 4.0 /* fp32 main */ + half_copy + 4.0 /* fp32 grad */ +
+         8.0 / static_cast<double>(moment_shards) /* Adam moments */;
+}
+
+std::string theoretical_memory_line(int64_t params, DType compute_dtype, int64_t moment_shards) {
+  const double mb = static_cast<double>(params) *
+                    weight_and_optimizer_bytes_per_param(compute_dtype, moment_shards) / 1048576.0;
+  return strprintf("Theoretical memory footprints: weight and optimizer=%.2f MB", mb);
+}
+
+double resident_mb() {
+  long pages_total = 0, pages_resident = 0;
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  if (!f) return 0;
+  const int got = std::fscanf(f, "%ld %ld", &pages_total, &pages_resident);
+  std::fclose(f);
+  if (got != 2) return 0;
+  return static_cast<double>(pages_resident) * static_cast<double>(sysconf(_SC_PAGESIZE)) /
+         1048576.0;
+}
+
+double max_resident_mb() {
+  struct rusage u {};
+  if (getrusage(RUSAGE_SELF, &u) != 0) return 0;
+  return static_cast<double>(u.ru_maxrss) / 1024.0;  // Linux reports KiB
+}
+
+}  // namespace megatron

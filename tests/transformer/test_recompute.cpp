@@ -1,0 +1,474 @@
+// Activation recomputation (Megatron's --recompute-granularity full|selective): bit-identical to
+// keeping every activation, and the memory it saves, counted exactly.
+//
+// What it is: for a tiny GPT-2-style (LayerNorm, GELU, biases, learned positions) and a
+// Llama-style (RMSNorm, SwiGLU, no biases, RoPE, GQA, document masks) TransformerConfig in f32
+// with hidden and attention dropout on, a TransformerBlock and a whole GPTModel under every
+// recompute setting give the same output, input gradient and parameter gradients as without
+// recomputation, compared bit for bit (no tolerance: the recomputation runs the same kernels on
+// the same inputs with the same dropout coordinates, so any difference is a bug). The
+// ParamsDone calls come in the same order with the same parameters. The activation bytes a
+// block's Ctx holds after forward are counted twice, independently: by walking the Ctx structs
+// (distinct storages) and by the allocator's live-bytes counter, and both must equal the
+// formula below exactly. The segment layout of each method is checked as a pure function.
+//
+// What it is not: a tensor-parallel test (collectives re-issued by the recomputation are covered
+// end to end by test_recompute_cli.py under mpiexec); bf16 gets the bit-identity check only.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <iostream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "comm/process_group.h"
+#include "models/gpt_model.h"
+#include "tensor/memory_stats.h"
+#include "tensor/ops.h"
+#include "testing/testing.h"
+#include "transformer/transformer_block.h"
+
+namespace megatron {
+namespace {
+
+// ---- configurations ----
+
+// 4 layers, h 64, 4 heads of 16, s 32 (with b 2 below): the sizes the memory numbers in
+// docs/ are quoted for.
+TransformerConfig gpt2_config() {
+  TransformerConfig c;
+  c.num_layers = 4;
+  c.hidden_size = 64;
+  c.num_attention_heads = 4;
+  c.seq_length = 32;
+  c.vocab_size = 97;
+  c.padded_vocab_size = 128;
+  c.openai_gelu = true;
+  c.hidden_dropout = 0.1;
+  c.attention_dropout = 0.1;
+  c.init_method_std = 0.1;  // large enough that every path carries signal
+  c.compute_dtype = DType::kF32;
+  c.finalize();
+  return c;
+}
+
+TransformerConfig llama_config() {
+  TransformerConfig c = gpt2_config();
+  c.num_query_groups = 2;
+  c.ffn_hidden_size = 128;  // Megatron's SwiGLU size for h 64: int(4 * 64 * 2/3 / 64) * 64
+  c.normalization = Normalization::kRMSNorm;
+  c.swiglu = true;
+  c.openai_gelu = false;
+  c.add_bias_linear = false;
+  c.position_embedding = PositionEmbedding::kRope;
+  c.untie_embeddings_and_output_weights = true;
+  c.finalize();
+  return c;
+}
+
+struct Setting {
+  const char* name;
+  RecomputeGranularity granularity;
+  RecomputeMethod method;
+  int64_t num_layers;
+};
+
+const Setting kNone{"none", RecomputeGranularity::kNone, RecomputeMethod::kNone, 0};
+const std::vector<Setting> kRecomputeSettings = {
+    {"full_uniform_1", RecomputeGranularity::kFull, RecomputeMethod::kUniform, 1},
+    {"full_uniform_2", RecomputeGranularity::kFull, RecomputeMethod::kUniform, 2},
+    {"full_uniform_3", RecomputeGranularity::kFull, RecomputeMethod::kUniform, 3},  // 3 + 1
+    {"full_block_1", RecomputeGranularity::kFull, RecomputeMethod::kBlock, 1},
+    {"full_block_2", RecomputeGranularity::kFull, RecomputeMethod::kBlock, 2},
+    {"selective", RecomputeGranularity::kSelective, RecomputeMethod::kNone, 0},
+};
+
+TransformerConfig with(TransformerConfig c, const Setting& s) {
+  c.recompute_granularity = s.granularity;
+  c.recompute_method = s.method;
+  c.recompute_num_layers = s.num_layers;
+  return c;
+}
+
+constexpr int64_t kBatch = 2;
+const ForwardMode kTraining{true, 1234, 7};  // dropout on
+
+// Documents of 10 tokens (--reset-attention-mask) in the Llama-style runs, so the Ctx's kept
+// layout (doc_start) is exercised by the recomputation too.
+TokenLayout layout_for(const TransformerConfig& c) {
+  TokenLayout l;
+  if (c.position_embedding == PositionEmbedding::kRope) {
+    l.doc_start = Tensor::empty({kBatch, c.seq_length}, DType::kI32);
+    int32_t* d = l.doc_start.data<int32_t>();
+    for (int64_t i = 0; i < kBatch; ++i)
+      for (int64_t t = 0; t < c.seq_length; ++t)
+        d[i * c.seq_length + t] = static_cast<int32_t>(t / 10 * 10);
+  }
+  return l;
+}
+
+// ---- bitwise comparison ----
+
+::testing::AssertionResult bitwise_equal(const Tensor& got, const Tensor& want) {
+  if (got.shape() != want.shape() || got.dtype() != want.dtype()) {
+    return ::testing::AssertionFailure() << "got " << got.str() << ", want " << want.str();
+  }
+  if (std::memcmp(got.raw(), want.raw(), got.nbytes()) == 0) return ::testing::AssertionSuccess();
+  int64_t differ = 0, first = -1;
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    if (got.item(i) != want.item(i)) {
+      if (first < 0) first = i;
+      ++differ;
+    }
+  }
+  return ::testing::AssertionFailure()
+         << differ << " of " << got.numel() << " elements differ; first at " << first << ": got "
+         << got.item(first) << ", want " << want.item(first);
+}
+
+// ---- one forward + backward of a block ----
+
+struct BlockRun {
+  Tensor out, dx, grads;
+  std::vector<std::vector<std::string>> done_calls;  // ParamsDone, in call order
+};
+
+struct BlockFixture {
+  std::shared_ptr<ProcessGroup> group = make_self_process_group();
+  TransformerConfig cfg;
+  TransformerBlock block;
+  ParamSet params;
+
+  BlockFixture(const TransformerConfig& c, bool final_norm = true)
+      : cfg(c),
+        block("decoder", cfg, TensorParallelContext{group.get(), false}, 0, cfg.num_layers,
+              final_norm),
+        params(collect(block), DType::kF32) {
+    params.initialize(42);
+    // Norm weights and biases away from 1 / 0, so their gradients are generic.
+    for (Param* p : params.params()) {
+      if (p->init != Init::kNormal) {
+        ops::add_inplace(p->main, testing::random_tensor(p->shape, stable_hash(p->name), 0.2));
+      }
+    }
+    params.sync_compute_from_main();
+  }
+  static std::vector<Param*> collect(TransformerBlock& b) {
+    std::vector<Param*> ps;
+    b.collect(ps);
+    return ps;
+  }
+  Tensor input() const {
+    return testing::random_tensor({cfg.seq_length, kBatch, cfg.hidden_size}, 5);
+  }
+
+  BlockRun run() {
+    BlockRun r;
+    const Tensor x = input();
+    const Tensor dy = testing::random_tensor(x.shape(), 6);
+    const TokenLayout layout = layout_for(cfg);
+    TransformerBlock::Ctx ctx;
+    r.out = block.forward(x, layout, ctx, kTraining).clone();
+    params.zero_grads();
+    r.dx = block.backward(dy, ctx, [&r](const std::vector<const Param*>& ps) {
+      std::vector<std::string> names;
+      for (const Param* p : ps) names.push_back(p->name);
+      r.done_calls.push_back(names);
+    });
+    r.grads = params.grads().clone();
+    return r;
+  }
+};
+
+// Every parameter's gradient in `got` equals the one in `want`, bit for bit; the failure names
+// the parameter.
+void expect_same_grads(const ParamSet& params, const Tensor& got, const Tensor& want) {
+  for (const Param* p : params.params()) {
+    const int64_t off = params.offset_of(*p);
+    EXPECT_TRUE(bitwise_equal(got.flat_view(off, p->shape), want.flat_view(off, p->shape)))
+        << p->name;
+  }
+}
+
+void expect_same_block_run(const TransformerConfig& base, bool final_norm) {
+  BlockFixture ref(with(base, kNone), final_norm);
+  BlockRun want = ref.run();
+  // Every parameter received a gradient: a dead path would compare equal trivially.
+  for (const Param* p : ref.params.params()) {
+    double sum = 0;
+    for (int64_t i = 0; i < p->main_grad.numel(); ++i) sum += std::fabs(p->main_grad.item(i));
+    EXPECT_GT(sum, 0) << p->name;
+  }
+  for (const Setting& s : kRecomputeSettings) {
+    SCOPED_TRACE(s.name);
+    BlockFixture f(with(base, s), final_norm);
+    BlockRun got = f.run();
+    EXPECT_TRUE(bitwise_equal(got.out, want.out)) << "output";
+    EXPECT_TRUE(bitwise_equal(got.dx, want.dx)) << "input gradient";
+    expect_same_grads(f.params, got.grads, want.grads);
+    EXPECT_EQ(got.done_calls, want.done_calls);
+  }
+}
+
+TEST(Recompute, Gpt2StyleBlockBitIdentical) {
+  expect_same_block_run(gpt2_config(), true);
+}
+TEST(Recompute, LlamaStyleBlockBitIdentical) {
+  expect_same_block_run(llama_config(), true);
+}
+
+// A block without the final norm (a pipeline stage that does not end the decoder): its output is
+// the last layer's, recomputed or not.
+TEST(Recompute, StageWithoutFinalNormBitIdentical) {
+  expect_same_block_run(gpt2_config(), false);
+}
+
+// ---- the whole model: embeddings (with dropout), decoder, loss ----
+
+struct ModelRun {
+  Tensor loss, grads;
+};
+
+ModelRun run_model(const TransformerConfig& c) {
+  GPTModel model(c);
+  ParamSet params(model.parameters(), c.compute_dtype);
+  params.initialize(42);
+  const Tensor tokens = testing::random_ids({kBatch, c.seq_length}, 8, c.vocab_size);
+  const Tensor labels = testing::random_ids({kBatch, c.seq_length}, 9, c.vocab_size);
+  const TokenLayout layout = layout_for(c);
+  GPTModel::Ctx ctx;
+  ModelRun r;
+  r.loss = model.forward(tokens, labels, Tensor(), ctx, kTraining, layout.doc_start).clone();
+  Tensor dloss = Tensor::full(r.loss.shape(), 1.0 / static_cast<double>(r.loss.numel()));
+  params.zero_grads();
+  model.backward(dloss, ctx);
+  r.grads = params.grads().clone();
+  return r;
+}
+
+TEST(Recompute, GptModelBitIdentical) {
+  for (const TransformerConfig& base : {gpt2_config(), llama_config()}) {
+    SCOPED_TRACE(base.swiglu ? "llama" : "gpt2");
+    ModelRun want = run_model(with(base, kNone));
+    for (const Setting& s : kRecomputeSettings) {
+      SCOPED_TRACE(s.name);
+      ModelRun got = run_model(with(base, s));
+      EXPECT_TRUE(bitwise_equal(got.loss, want.loss)) << "per-token loss";
+      EXPECT_TRUE(bitwise_equal(got.grads, want.grads)) << "parameter gradients (flat buffer)";
+    }
+  }
+}
+
+// bf16 weights: linear_proj keeps its own bf16 copy of the core attention's output, so
+// selective recomputation drops only the f32 `out` and `lse` (nothing to re-link).
+TEST(Recompute, GptModelBf16BitIdentical) {
+  TransformerConfig base = gpt2_config();
+  base.compute_dtype = DType::kBF16;
+  ModelRun want = run_model(with(base, kNone));
+  // The bf16 path is the one running: its loss is not the f32 one.
+  EXPECT_FALSE(bitwise_equal(want.loss, run_model(with(gpt2_config(), kNone)).loss));
+  for (const Setting& s : kRecomputeSettings) {
+    SCOPED_TRACE(s.name);
+    ModelRun got = run_model(with(base, s));
+    EXPECT_TRUE(bitwise_equal(got.loss, want.loss)) << "per-token loss";
+    EXPECT_TRUE(bitwise_equal(got.grads, want.grads)) << "parameter gradients (flat buffer)";
+  }
+}
+
+// ---- activation memory ----
+
+// Distinct storages a block's Ctx keeps alive, by data pointer (a view shares its tensor's
+// storage: the first layer's input is the block's input, linear_qkv's saved input is the
+// input norm's output, linear_proj's saved input is the core attention's `out`). The caller's
+// layout tensors are not counted: the block only borrows them.
+class HeldBytes {
+ public:
+  void add(const Tensor& t) {
+    if (!t.defined()) return;
+    size_t& b = bytes_[t.raw()];
+    b = std::max(b, t.nbytes());
+  }
+  void add(const Linear::Ctx& c) { add(c.x); }
+  void add(const ColumnParallelLinear::Ctx& c) { add(c.linear); }
+  void add(const RowParallelLinear::Ctx& c) { add(c.linear); }
+  void add(const Norm::Ctx& c) {
+    add(c.x);
+    add(c.mean);
+    add(c.rstd);
+  }
+  void add(const SelfAttention::Ctx& c) {
+    add(c.qkv_ctx);
+    add(c.proj_ctx);
+    add(c.qkv);
+    add(c.out);
+    add(c.lse);
+    add(c.positions);
+    add(c.doc_start);
+  }
+  void add(const MLP::Ctx& c) {
+    add(c.fc1_ctx);
+    add(c.fc2_ctx);
+    add(c.pre_act);
+  }
+  void add(const TransformerLayer::Ctx& c) {
+    add(c.ln1);
+    add(c.attn);
+    add(c.ln2);
+    add(c.mlp);
+  }
+  void add(const TransformerBlock::Ctx& c) {
+    for (const auto& l : c.layers) add(l);
+    for (const Tensor& t : c.segment_inputs) add(t);
+    add(c.final_norm);
+  }
+  void exclude(const Tensor& t) {
+    if (t.defined()) bytes_.erase(t.raw());
+  }
+  bool holds(const Tensor& t) const { return bytes_.count(t.raw()) > 0; }
+  int64_t total() const {
+    size_t n = 0;
+    for (const auto& [p, b] : bytes_) n += b;
+    return static_cast<int64_t>(n);
+  }
+
+ private:
+  std::map<const void*, size_t> bytes_;
+};
+
+// Predicted bytes held by a block's Ctx after forward (f32, no tensor parallelism; s b h, np
+// heads of hn, ng query groups, f = ffn_hidden_size, L layers, floats of 4 bytes).
+//
+// Without recomputation a layer keeps
+//   A = 4 sbh            (its input, both norm outputs = the GEMM inputs, the residual x1)
+//     + 2 (2 sb | sb)    (mean and rstd of both norms; LayerNorm | RMSNorm's rstd only)
+//     + sb (np + 2 ng) hn  (packed qkv after RoPE)
+//     + sb np hn + b np s  (core attention's out, also linear_proj's input, and lse)
+//     + sb (f | 2f) + sb f (fc1 output before the activation: GELU | SwiGLU, and fc2's input)
+// and the final norm keeps F = sbh + (2 sb | sb) (its input, the last layer's output).
+//   none:               L A + F
+//   full uniform N:     ceil(L / N) sbh + F        (one [s, b, h] input per chunk)
+//   full block N:       N sbh + (L - N) A + F      (the first N layers keep their input only)
+//   selective:          L (A - sb np hn - b np s) + F
+// (Dropout masks are never stored: they are regenerated from their counters.)
+int64_t predicted_held_bytes(const TransformerConfig& c, const Setting& s, bool final_norm) {
+  const int64_t sq = c.seq_length, b = kBatch, h = c.hidden_size, L = c.num_layers;
+  const int64_t np = c.num_attention_heads, ng = c.num_query_groups, hn = c.head_dim();
+  const int64_t f = c.ffn_hidden_size, sb = sq * b;
+  const int64_t stats = c.normalization == Normalization::kLayerNorm ? 2 * sb : sb;
+  const int64_t core = sb * np * hn + b * np * sq;
+  const int64_t A = 4 * sb * h + 2 * stats + sb * (np + 2 * ng) * hn + core +
+                    sb * (c.swiglu ? 2 * f : f) + sb * f;
+  const int64_t F = final_norm ? sb * h + stats : 0;
+  int64_t floats = 0;
+  if (s.granularity == RecomputeGranularity::kNone) {
+    floats = L * A + F;
+  } else if (s.granularity == RecomputeGranularity::kSelective) {
+    floats = L * (A - core) + F;
+  } else if (s.method == RecomputeMethod::kUniform) {
+    floats = (L + s.num_layers - 1) / s.num_layers * sb * h + F;
+  } else {
+    floats = s.num_layers * sb * h + (L - s.num_layers) * A + F;
+  }
+  return floats * 4;
+}
+
+void check_memory(const TransformerConfig& base, const char* model) {
+  std::vector<Setting> all = {kNone};
+  all.insert(all.end(), kRecomputeSettings.begin(), kRecomputeSettings.end());
+  for (const Setting& s : all) {
+    SCOPED_TRACE(s.name);
+    BlockFixture f(with(base, s));
+    const Tensor x = f.input();
+    const Tensor dy = testing::random_tensor(x.shape(), 6);
+    const TokenLayout layout = layout_for(f.cfg);
+    TransformerBlock::Ctx ctx;
+
+    const int64_t live_before = live_tensor_bytes();
+    Tensor out = f.block.forward(x, layout, ctx, kTraining);
+    const int64_t live_after = live_tensor_bytes();
+
+    HeldBytes held;
+    held.add(ctx);
+    held.add(ctx.layout.positions);
+    held.exclude(layout.positions);
+    held.exclude(layout.doc_start);
+    const int64_t predicted = predicted_held_bytes(f.cfg, s, true);
+    EXPECT_EQ(held.total(), predicted) << "walking the Ctx";
+    // The allocator's view: forward's new live bytes are the held ones except the input (alive
+    // before), plus the output when the Ctx does not hold it.
+    ASSERT_TRUE(held.holds(x));
+    const int64_t from_allocator = live_after - live_before + static_cast<int64_t>(x.nbytes()) -
+                                   (held.holds(out) ? 0 : static_cast<int64_t>(out.nbytes()));
+    EXPECT_EQ(from_allocator, predicted) << "allocator live bytes";
+
+    // Peak during backward, above what was live when it started (reported, not asserted: it
+    // depends on the order buffers are freed in).
+    reset_peak_tensor_bytes();
+    const int64_t live_bwd = live_tensor_bytes();
+    Tensor dx = f.block.backward(dy, ctx);
+    const int64_t bwd_peak = peak_tensor_bytes() - live_bwd;
+    std::cout << "[ memory   ] " << model << " L=" << base.num_layers << " h=" << base.hidden_size
+              << " s=" << base.seq_length << " b=" << kBatch << " " << s.name
+              << ": held after forward " << held.total() << " bytes (predicted " << predicted
+              << "), backward peak +" << bwd_peak << " bytes\n";
+  }
+}
+
+TEST(Recompute, Gpt2StyleHeldActivationBytesMatchFormula) {
+  check_memory(gpt2_config(), "gpt2");
+}
+TEST(Recompute, LlamaStyleHeldActivationBytesMatchFormula) {
+  check_memory(llama_config(), "llama");
+}
+
+// ---- the segments of each method (a pure function) ----
+
+std::string describe(const std::vector<TransformerBlock::Segment>& segs) {
+  std::string s;
+  for (const auto& g : segs) {
+    s += "[" + std::to_string(g.begin) + "," + std::to_string(g.end) + ")" +
+         (g.recompute ? "r" : "");
+  }
+  return s;
+}
+
+TEST(RecomputeSegments, EachMethod) {
+  TransformerConfig c = gpt2_config();
+  EXPECT_EQ(describe(recompute_segments(c, 4)), "[0,1)[1,2)[2,3)[3,4)");
+  c.recompute_granularity = RecomputeGranularity::kSelective;
+  EXPECT_EQ(describe(recompute_segments(c, 4)), "[0,1)[1,2)[2,3)[3,4)");
+  c.recompute_granularity = RecomputeGranularity::kFull;
+  c.recompute_method = RecomputeMethod::kUniform;
+  c.recompute_num_layers = 1;
+  EXPECT_EQ(describe(recompute_segments(c, 4)), "[0,1)r[1,2)r[2,3)r[3,4)r");
+  c.recompute_num_layers = 3;
+  EXPECT_EQ(describe(recompute_segments(c, 4)), "[0,3)r[3,4)r");
+  c.recompute_num_layers = 8;  // more than the stage holds: one chunk
+  EXPECT_EQ(describe(recompute_segments(c, 4)), "[0,4)r");
+  c.recompute_method = RecomputeMethod::kBlock;
+  c.recompute_num_layers = 2;
+  EXPECT_EQ(describe(recompute_segments(c, 4)), "[0,1)r[1,2)r[2,3)[3,4)");
+  c.recompute_num_layers = 4;
+  EXPECT_EQ(describe(recompute_segments(c, 3)), "[0,1)r[1,2)r[2,3)r");  // a smaller model chunk
+  EXPECT_EQ(describe(recompute_segments(c, 0)), "");
+}
+
+TEST(RecomputeSegments, RefusesInconsistentSettings) {
+  TransformerConfig c = gpt2_config();
+  c.recompute_granularity = RecomputeGranularity::kFull;
+  EXPECT_THROW(recompute_segments(c, 4), InvalidArgument);  // no method
+  c.recompute_method = RecomputeMethod::kUniform;
+  c.recompute_num_layers = 0;
+  EXPECT_THROW(recompute_segments(c, 4), InvalidArgument);
+  c.recompute_granularity = RecomputeGranularity::kSelective;
+  c.recompute_num_layers = 1;
+  EXPECT_THROW(recompute_segments(c, 4), InvalidArgument);  // a method without full
+  c.recompute_granularity = RecomputeGranularity::kNone;
+  EXPECT_THROW(recompute_segments(c, 4), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace megatron

@@ -1,0 +1,186 @@
+#!/usr/bin/env python3
+"""Activation recomputation end to end: `megatron train` with and without recomputation agrees.
+
+What it is: black-box runs of the binary on a tiny model (4 layers, h 64, 4 heads, s 32, micro
+batch 2, global batch 4, 10 iterations, dropout on by default) under every recompute setting
+(Megatron's --recompute-granularity full|selective, --recompute-method uniform|block,
+--recompute-num-layers, --recompute-activations), each compared with the same layout without
+recomputation: every `lm loss` and `grad norm` printed must be identical, and in one process the
+trained weights written by --save-hf must be identical byte for byte (recomputation re-runs the
+same kernels on the same inputs, so nothing may change). Layouts: one process; `mpiexec -n 2`
+with --tensor-model-parallel-size 2 --sequence-parallel (the recomputed forward re-issues its
+all-gathers and reduce-scatters, which must still pair up across the TP ranks); `mpiexec -n 2`
+with --pipeline-model-parallel-size 2 (recomputation per stage). Also: the flag combinations
+Megatron refuses exit 2 with a message naming the flags, and the flags are in --help and in the
+argument dump.
+
+What it is not: the memory saved (tests/transformer/test_recompute.cpp counts it exactly) or the
+numerics of training itself.
+
+Usage: test_recompute_cli.py --megatron BUILD/megatron --mpiexec MPIEXEC [unittest options]
+"""
+import argparse
+import filecmp
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import unittest
+
+MEGATRON = None  # set from --megatron
+MPIEXEC = None  # set from --mpiexec
+# A run takes a few seconds; the limit only guards against a hang (TP ranks whose recomputed
+# collectives do not pair up would wait for each other forever), which is itself the failure.
+TIMEOUT_S = 180
+MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+           "OMPI_MCA_btl_vader_single_copy_mechanism": "none", "OMPI_MCA_mpi_yield_when_idle": "1"}
+TINY = ["--mock-data", "--vocab-size", "128", "--num-layers", "4", "--hidden-size", "64",
+        "--num-attention-heads", "4", "--seq-length", "32", "--micro-batch-size", "2",
+        "--global-batch-size", "4", "--train-iters", "10", "--log-interval", "1",
+        "--num-threads", "1", "--lr", "1e-3"]
+FULL_UNIFORM_1 = ["--recompute-granularity", "full", "--recompute-method", "uniform",
+                  "--recompute-num-layers", "1"]
+FULL_UNIFORM_2 = ["--recompute-granularity", "full", "--recompute-method", "uniform",
+                  "--recompute-num-layers", "2"]
+FULL_BLOCK_1 = ["--recompute-granularity", "full", "--recompute-method", "block",
+                "--recompute-num-layers", "1"]
+FULL_BLOCK_2 = ["--recompute-granularity", "full", "--recompute-method", "block",
+                "--recompute-num-layers", "2"]
+SELECTIVE = ["--recompute-granularity", "selective"]
+DUMP_BANNER = "------------------------ arguments"
+CRASH_MARKERS = ("terminate called", "core dumped", "Segmentation fault", "what():",
+                 "internal error", "Assertion")
+TP2_SP = ["--tensor-model-parallel-size", "2", "--sequence-parallel"]
+PP2 = ["--pipeline-model-parallel-size", "2"]
+
+
+def run(ranks, args):
+    env = dict(os.environ, **MPI_ENV)
+    cmd = [MEGATRON, "train", *args]
+    if ranks > 1:
+        cmd = [MPIEXEC, "-n", str(ranks), "--oversubscribe", "--allow-run-as-root", *cmd]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, env=env,
+                          check=False)
+
+
+def curve(stdout):
+    """Every (lm loss, grad norm) pair of the iteration lines, as printed."""
+    return re.findall(r"\] iteration .*?lm loss: ([0-9.E+-]+) .*?grad norm: ([0-9.E+-]+)", stdout)
+
+
+class TestRecomputeTraining(unittest.TestCase):
+    def train(self, ranks, args):
+        proc = run(ranks, TINY + args)
+        self.assertEqual(proc.returncode, 0, f"{args}:\n{proc.stderr[-3000:]}")
+        points = curve(proc.stdout)
+        self.assertEqual(len(points), 10, proc.stdout[-3000:])
+        return points
+
+    def assertSameCurve(self, ranks, layout, settings):
+        want = self.train(ranks, layout)
+        for setting in settings:
+            with self.subTest(setting=" ".join(setting)):
+                self.assertEqual(self.train(ranks, layout + setting), want)
+
+    def test_one_process_curves_and_weights_identical(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            want_dir = os.path.join(tmp, "none")
+            want = self.train(1, ["--save-hf", want_dir])
+            settings = [SELECTIVE, ["--recompute-activations"], FULL_UNIFORM_1, FULL_UNIFORM_2,
+                        FULL_BLOCK_1, FULL_BLOCK_2]
+            for i, setting in enumerate(settings):
+                with self.subTest(setting=" ".join(setting)):
+                    got_dir = os.path.join(tmp, str(i))
+                    self.assertEqual(self.train(1, setting + ["--save-hf", got_dir]), want)
+                    self.assertTrue(filecmp.cmp(os.path.join(want_dir, "model.safetensors"),
+                                                os.path.join(got_dir, "model.safetensors"),
+                                                shallow=False), "trained weights differ")
+
+    def test_tensor_and_sequence_parallel_curves_identical(self):
+        self.assertSameCurve(2, TP2_SP, [FULL_UNIFORM_1, FULL_BLOCK_1, SELECTIVE])
+
+    def test_pipeline_parallel_curves_identical(self):
+        # 2 layers per stage: uniform 1 recomputes each layer, uniform 2 the whole stage.
+        self.assertSameCurve(2, PP2, [FULL_UNIFORM_1, FULL_UNIFORM_2])
+
+
+class TestRecomputeArgs(unittest.TestCase):
+    def assertRefused(self, ranks, args, *needles):
+        proc = run(ranks, TINY + args)
+        self.assertEqual(proc.returncode, 2, f"{args}: expected exit 2, got {proc.returncode}\n"
+                                             f"stderr:\n{proc.stderr[-3000:]}")
+        for n in needles:
+            self.assertIn(n, proc.stderr, f"stderr does not name {n!r}:\n{proc.stderr}")
+        for marker in CRASH_MARKERS:
+            self.assertNotIn(marker, proc.stderr, f"crash marker {marker!r} in stderr")
+        self.assertNotIn(DUMP_BANNER, proc.stdout, "refused after start-up, not in validation")
+
+    def test_method_without_full(self):
+        self.assertRefused(1, ["--recompute-method", "uniform"],
+                           "--recompute-method requires --recompute-granularity full")
+        self.assertRefused(1, SELECTIVE + ["--recompute-method", "block"],
+                           "--recompute-method requires --recompute-granularity full",
+                           "selective")
+
+    def test_full_without_method(self):
+        self.assertRefused(1, ["--recompute-granularity", "full", "--recompute-num-layers", "1"],
+                           "recompute_method must be \"block\" or \"uniform\"",
+                           "--recompute-method")
+
+    def test_full_num_layers_out_of_range(self):
+        self.assertRefused(1, ["--recompute-granularity", "full", "--recompute-method", "uniform"],
+                           "recompute_num_layers must be between 1 and "
+                           "num_layers_per_pipeline_rank: 4", "got --recompute-num-layers 0")
+        self.assertRefused(1, FULL_BLOCK_1[:-1] + ["5"],
+                           "num_layers_per_pipeline_rank: 4", "got --recompute-num-layers 5")
+        # Per pipeline stage: 4 layers over 2 stages leave 2 for block recomputation.
+        self.assertRefused(2, PP2 + FULL_BLOCK_1[:-1] + ["3"],
+                           "num_layers_per_pipeline_rank: 2", "got --recompute-num-layers 3")
+
+    def test_selective_with_num_layers(self):
+        self.assertRefused(1, SELECTIVE + ["--recompute-num-layers", "2"],
+                           "When using recompute_granularity: selective recompute_num_layers "
+                           "must be None", "--recompute-num-layers")
+
+    def test_num_layers_without_granularity(self):
+        self.assertRefused(1, ["--recompute-num-layers", "2"],
+                           "--recompute-num-layers (2) requires --recompute-granularity full")
+
+    def test_unknown_values(self):
+        self.assertRefused(1, ["--recompute-granularity", "partial"],
+                           "--recompute-granularity must be full or selective, got 'partial'")
+        self.assertRefused(1, ["--recompute-granularity", "full", "--recompute-method", "every",
+                               "--recompute-num-layers", "1"],
+                           "--recompute-method must be uniform or block, got 'every'")
+
+    def test_deprecated_alias_against_full(self):
+        self.assertRefused(1, ["--recompute-activations"] + FULL_UNIFORM_1,
+                           "--recompute-activations", "contradicts --recompute-granularity full")
+
+    def test_flags_in_help_and_dump(self):
+        proc = subprocess.run([MEGATRON, "train", "--help"], capture_output=True, text=True,
+                              timeout=TIMEOUT_S, check=False)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        for flag in ("--recompute-granularity", "--recompute-method", "--recompute-num-layers",
+                     "--recompute-activations"):
+            self.assertIn(flag, proc.stdout)
+        # The deprecated alias shows as what it means.
+        proc = run(1, TINY + ["--recompute-activations"])
+        self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+        self.assertRegex(proc.stdout, r"recompute_granularity \.+ selective")
+        self.assertRegex(proc.stdout, r"recompute_method \.+ None")
+
+
+def main():
+    global MEGATRON, MPIEXEC
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--megatron", required=True)
+    parser.add_argument("--mpiexec", required=True)
+    args, rest = parser.parse_known_args()
+    MEGATRON, MPIEXEC = args.megatron, args.mpiexec
+    unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
+
+
+if __name__ == "__main__":
+    main()
