@@ -2,6 +2,7 @@
 // TensorBoard scalars and Megatron's evaluation blocks.
 #include "train/trainer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <limits>
@@ -116,7 +117,27 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
         strprintf(" > number of parameters on (tensor, pipeline) model parallel rank (%d, %d): %ld",
                   ps.tp_rank(), ps.pp_rank(), static_cast<long>(nparams)));
   }
-  log_first(theoretical_memory_line(nparams, cfg_.compute_dtype, distributed ? dp_size_ : 1));
+  {
+    // Activations: what one micro-batch keeps per chunk, times the (micro-batch, chunk) forwards
+    // this rank holds at once under its schedule (1 without pipelining; the warm-up plus one
+    // under 1F1B and interleaved 1F1B).
+    int64_t per_chunk = 0;
+    for (const auto& chunk : chunks_) {
+      const GPTStage& st = chunk->stage();
+      ActivationShape shape{args_.micro_batch_size, ps.tp_size(),   args_.sequence_parallel,
+                            st.num_layers,          st.pre_process, st.post_process};
+      per_chunk = std::max(per_chunk, activation_bytes_per_microbatch(cfg_, shape));
+    }
+    const int m = static_cast<int>(num_microbatches_);
+    const int in_flight =
+        pp == 1 ? 1
+        : virtual_stages_ == 1
+            ? std::min(one_f_one_b_warmup(pp, ps.pp_rank(), m) + 1, m)
+            : std::min(interleaved_warmup(pp, ps.pp_rank(), m, virtual_stages_) + 1,
+                       m * virtual_stages_);
+    log_first(theoretical_memory_line(nparams, cfg_.compute_dtype, distributed ? dp_size_ : 1,
+                                      in_flight * per_chunk));
+  }
   grad_buckets_ = std::make_unique<GradBuckets>(
       *params_, ps.dp_group(), bucket, args_.overlap_grad_reduce,
       distributed ? GradReduce::kReduceScatter : GradReduce::kAllReduce);

@@ -29,6 +29,7 @@
 #include "tensor/memory_stats.h"
 #include "tensor/ops.h"
 #include "testing/testing.h"
+#include "train/memory_report.h"
 #include "transformer/transformer_block.h"
 
 namespace megatron {
@@ -422,6 +423,21 @@ TEST(Recompute, Gpt2StyleHeldActivationBytesMatchFormula) {
 }
 TEST(Recompute, LlamaStyleHeldActivationBytesMatchFormula) {
   check_memory(llama_config(), "llama");
+}
+
+// The trainer's start-up estimate (train/memory_report.h) uses the same per-layer bookkeeping:
+// for a block without final norm, fp32, no tensor parallelism, it must equal the measured formula.
+TEST(Recompute, TrainerActivationEstimateIsTheMeasuredFormula) {
+  for (const TransformerConfig& base : {gpt2_config(), llama_config()}) {
+    std::vector<Setting> all = {kNone};
+    all.insert(all.end(), kRecomputeSettings.begin(), kRecomputeSettings.end());
+    for (const Setting& s : all) {
+      const TransformerConfig c = with(base, s);
+      ActivationShape shape{kBatch, 1, false, c.num_layers, false, false};
+      EXPECT_EQ(activation_bytes_per_microbatch(c, shape), predicted_held_bytes(c, s, false))
+          << s.name;
+    }
+  }
 }
 
 // ---- the segments of each method (a pure function) ----
