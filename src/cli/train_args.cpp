@@ -68,6 +68,7 @@ void register_model_args(ArgTable& t, Arguments& a) {
   t.add("--hysteresis", a.hysteresis, "Hysteresis for dynamic loss scaling");
   t.flag("--attention-softmax-in-fp32", a.attention_softmax_in_fp32,
          "Run attention masking and softmax in fp32 (always the case here)");
+  t.flag("--grad-reduce-in-bf16", a.grad_reduce_in_bf16, "Reduce gradients in bfloat16");
   t.flag("--accumulate-allreduce-grads-in-fp32", a.accumulate_allreduce_grads_in_fp32,
          "Gradient accumulation and all-reduce in fp32 (always the case here)");
   t.add("--tensor-model-parallel-size", a.tensor_model_parallel_size,

@@ -102,7 +102,15 @@ void GradBuckets::launch(Bucket& b) {
   b.launched = true;
   if (dp_.size() == 1) return;
   ops::scale_inplace(b.view, 1.0 / static_cast<double>(dp_.size()));
-  if (reduce_ == GradReduce::kReduceScatter) {
+  if (reduce_in_bf16_) {
+    b.low = b.view.to(DType::kBF16);
+    if (reduce_ == GradReduce::kReduceScatter) {
+      b.low_shard = Tensor::empty(b.shard.shape(), DType::kBF16);
+      b.work = dp_.reduce_scatter_async(b.low_shard, b.low);
+    } else {
+      b.work = dp_.all_reduce_async(b.low);
+    }
+  } else if (reduce_ == GradReduce::kReduceScatter) {
     b.work = dp_.reduce_scatter_async(b.shard, b.view);
   } else {
     b.work = dp_.all_reduce_async(b.view);
@@ -128,7 +136,17 @@ void GradBuckets::poll() {
 
 void GradBuckets::finish() {
   for (Bucket& b : buckets_) launch(b);
-  for (Bucket& b : buckets_) b.work.wait();
+  for (Bucket& b : buckets_) {
+    b.work.wait();
+    if (b.low.defined()) {  // widen the bf16 result back into the fp32 buffer
+      if (reduce_ == GradReduce::kReduceScatter) {
+        b.shard.copy_from(b.low_shard);
+      } else {
+        b.view.copy_from(b.low);
+      }
+      b.low = b.low_shard = Tensor();
+    }
+  }
 }
 
 }  // namespace megatron

@@ -141,6 +141,7 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
   grad_buckets_ = std::make_unique<GradBuckets>(
       *params_, ps.dp_group(), bucket, args_.overlap_grad_reduce,
       distributed ? GradReduce::kReduceScatter : GradReduce::kAllReduce);
+  grad_buckets_->set_reduce_in_bf16(args_.grad_reduce_in_bf16);
   executor_ = std::make_unique<PipelineExecutor>(
       ps.pp_group(), chunks_.front()->activation_shape(args_.micro_batch_size), virtual_stages_);
 
