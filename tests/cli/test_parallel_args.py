@@ -17,20 +17,20 @@ trainer's business and tested with it), or of the numbers a run produces.
 
 Usage: test_parallel_args.py --megatron BUILD/megatron --mpiexec MPIEXEC [unittest options]
 """
-import argparse
 import os
 import re
 import subprocess
 import sys
 import unittest
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testing"))
+import megatron_job  # noqa: E402  (tests/testing, shared by the end-to-end tests)
+
 MEGATRON = None  # set from --megatron
 MPIEXEC = None  # set from --mpiexec
 # A refused layout exits within a second; the generous limit only guards against a hang (a rank
 # waiting in a collective for one that already left), which is itself the failure to catch.
 TIMEOUT_S = 120
-MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-           "OMPI_MCA_btl_vader_single_copy_mechanism": "none", "OMPI_MCA_mpi_yield_when_idle": "1"}
 # A tiny model whose shape every layout below starts from: 4 layers, 4 heads (2 query groups with
 # GQA), one sequence per micro-batch; the global batch defaults to micro batch x dp.
 TINY = {"--mock-data": None, "--vocab-size": "128", "--num-layers": "4", "--hidden-size": "64",
@@ -55,12 +55,7 @@ def argv(**overrides):
 
 
 def run(ranks, args):
-    env = dict(os.environ, **MPI_ENV)
-    cmd = [MEGATRON, "train", *args]
-    if ranks > 1:
-        cmd = [MPIEXEC, "-n", str(ranks), "--oversubscribe", "--allow-run-as-root", *cmd]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, env=env,
-                          check=False)
+    return megatron_job.run_train(MEGATRON, MPIEXEC, ranks, args, TIMEOUT_S)
 
 
 class TestParallelArgs(unittest.TestCase):
@@ -214,16 +209,5 @@ class TestParallelArgs(unittest.TestCase):
         self.assertRegex(proc.stdout, r"num_virtual_stages_per_pipeline_rank \.+ 0")
 
 
-def main():
-    global MEGATRON, MPIEXEC
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--megatron", required=True)
-    parser.add_argument("--mpiexec", required=True)
-    args, rest = parser.parse_known_args()
-    MEGATRON, MPIEXEC = os.path.abspath(args.megatron), args.mpiexec
-    prog = unittest.main(argv=[sys.argv[0], *rest], exit=False)
-    return 0 if prog.result.wasSuccessful() else 1
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(megatron_job.main(sys.modules[__name__]))

@@ -17,13 +17,14 @@ What it is not: a speed test (bench/), or the bad-layout messages (tests/cli/tes
 
 Usage: test_parallel_equivalence.py --megatron BUILD/megatron --mpiexec MPIEXEC
 """
-import argparse
 import os
 import re
-import subprocess
 import sys
 import time
 import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testing"))
+import megatron_job  # noqa: E402  (tests/testing, shared by the end-to-end tests)
 
 MEGATRON = None
 MPIEXEC = None
@@ -63,8 +64,6 @@ LAYOUTS = [
      ["--use-distributed-optimizer", "--overlap-grad-reduce", "--ddp-bucket-size", "3000"]),
     ("tp2dp2 distributed optimizer", 4, [TP, "2", "--use-distributed-optimizer"]),
 ]
-MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-           "OMPI_MCA_btl_vader_single_copy_mechanism": "none", "OMPI_MCA_mpi_yield_when_idle": "1"}
 
 
 def with_flags(base, extra):
@@ -83,12 +82,7 @@ def with_flags(base, extra):
 
 
 def run(ranks, *args):
-    env = dict(os.environ, **MPI_ENV)
-    cmd = [MEGATRON, "train", *args]
-    if ranks > 1:
-        cmd = [MPIEXEC, "-n", str(ranks), "--oversubscribe", "--allow-run-as-root", *cmd]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, env=env,
-                          check=False)
+    return megatron_job.run_train(MEGATRON, MPIEXEC, ranks, args, TIMEOUT_S)
 
 
 def curve(proc):
@@ -168,16 +162,5 @@ class TestParallelEquivalence(unittest.TestCase):
         self.assertLess(elapsed, 60, f"the job took {elapsed:.0f} s to go down")
 
 
-def main():
-    global MEGATRON, MPIEXEC
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--megatron", required=True)
-    parser.add_argument("--mpiexec", required=True)
-    args, rest = parser.parse_known_args()
-    MEGATRON, MPIEXEC = os.path.abspath(args.megatron), args.mpiexec
-    prog = unittest.main(argv=[sys.argv[0], *rest], exit=False)
-    return 0 if prog.result.wasSuccessful() else 1
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(megatron_job.main(sys.modules[__name__]))

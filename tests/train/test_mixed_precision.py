@@ -19,12 +19,13 @@ What it is not: a check of bit-level fp16 rounding (tests/tensor) or of speed.
 
 Usage: test_mixed_precision.py --megatron BUILD/megatron --mpiexec MPIEXEC
 """
-import argparse
 import os
 import re
-import subprocess
 import sys
 import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testing"))
+import megatron_job  # noqa: E402  (tests/testing, shared by the end-to-end tests)
 
 MEGATRON = None
 MPIEXEC = None
@@ -33,8 +34,6 @@ TINY = ["--mock-data", "--vocab-size", "128", "--num-layers", "4", "--hidden-siz
         "--num-attention-heads", "4", "--seq-length", "32", "--micro-batch-size", "1",
         "--global-batch-size", "4", "--log-interval", "1", "--lr", "2e-3",
         "--lr-warmup-iters", "3", "--eval-iters", "0", "--num-threads", "1"]
-MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-           "OMPI_MCA_btl_vader_single_copy_mechanism": "none", "OMPI_MCA_mpi_yield_when_idle": "1"}
 LINE_RE = re.compile(r"iteration +(\d+)/.*?learning rate: ([0-9.E+-]+) \|.*?"
                      r"(?:lm loss: ([0-9.E+-]+) \| )?loss scale: ([0-9.]+) \| "
                      r"(?:grad norm: ([0-9.]+) \| )?number of skipped iterations: +(\d+) \| "
@@ -43,14 +42,9 @@ TP2PP2 = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size",
 
 
 def run(ranks, *args):
-    env = dict(os.environ, **MPI_ENV)
-    cmd = [MEGATRON, "train", *args]
-    if ranks > 1:
-        cmd = [MPIEXEC, "-n", str(ranks), "--oversubscribe", "--allow-run-as-root", *cmd]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, env=env,
-                          check=False)
+    proc = megatron_job.run_train(MEGATRON, MPIEXEC, ranks, args, TIMEOUT_S)
     if proc.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
+        raise AssertionError(f"{ranks} rank(s), {' '.join(args)} failed:\n{proc.stderr[-3000:]}")
     return proc
 
 
@@ -165,16 +159,5 @@ class TestHalfPrecisionCurves(unittest.TestCase):
                 self.assertLess(worst, 0.02, f"{dtype} {layout or 'dp2'}")
 
 
-def main():
-    global MEGATRON, MPIEXEC
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--megatron", required=True)
-    parser.add_argument("--mpiexec", required=True)
-    args, rest = parser.parse_known_args()
-    MEGATRON, MPIEXEC = os.path.abspath(args.megatron), args.mpiexec
-    prog = unittest.main(argv=[sys.argv[0], *rest], exit=False)
-    return 0 if prog.result.wasSuccessful() else 1
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(megatron_job.main(sys.modules[__name__]))

@@ -19,7 +19,6 @@ numerics of training itself.
 
 Usage: test_recompute_cli.py --megatron BUILD/megatron --mpiexec MPIEXEC [unittest options]
 """
-import argparse
 import filecmp
 import os
 import re
@@ -28,13 +27,14 @@ import sys
 import tempfile
 import unittest
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testing"))
+import megatron_job  # noqa: E402  (tests/testing, shared by the end-to-end tests)
+
 MEGATRON = None  # set from --megatron
 MPIEXEC = None  # set from --mpiexec
 # A run takes a few seconds; the limit only guards against a hang (TP ranks whose recomputed
 # collectives do not pair up would wait for each other forever), which is itself the failure.
 TIMEOUT_S = 180
-MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-           "OMPI_MCA_btl_vader_single_copy_mechanism": "none", "OMPI_MCA_mpi_yield_when_idle": "1"}
 TINY = ["--mock-data", "--vocab-size", "128", "--num-layers", "4", "--hidden-size", "64",
         "--num-attention-heads", "4", "--seq-length", "32", "--micro-batch-size", "2",
         "--global-batch-size", "4", "--train-iters", "10", "--log-interval", "1",
@@ -56,12 +56,7 @@ PP2 = ["--pipeline-model-parallel-size", "2"]
 
 
 def run(ranks, args):
-    env = dict(os.environ, **MPI_ENV)
-    cmd = [MEGATRON, "train", *args]
-    if ranks > 1:
-        cmd = [MPIEXEC, "-n", str(ranks), "--oversubscribe", "--allow-run-as-root", *cmd]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, env=env,
-                          check=False)
+    return megatron_job.run_train(MEGATRON, MPIEXEC, ranks, args, TIMEOUT_S)
 
 
 def curve(stdout):
@@ -172,15 +167,5 @@ class TestRecomputeArgs(unittest.TestCase):
         self.assertRegex(proc.stdout, r"recompute_method \.+ None")
 
 
-def main():
-    global MEGATRON, MPIEXEC
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--megatron", required=True)
-    parser.add_argument("--mpiexec", required=True)
-    args, rest = parser.parse_known_args()
-    MEGATRON, MPIEXEC = args.megatron, args.mpiexec
-    unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
-
-
 if __name__ == "__main__":
-    main()
+    sys.exit(megatron_job.main(sys.modules[__name__]))

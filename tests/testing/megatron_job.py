@@ -1,0 +1,38 @@
+"""Running the `megatron` binary from Python tests: alone, or as an mpiexec job.
+
+What it is: the pieces every end-to-end test under mpiexec shares: the Open MPI environment (root
+may launch, plain shared-memory copies instead of cross-memory attach, which containers often
+forbid, and idle ranks yield, since the tests oversubscribe the cores), the command line of a
+`megatron train` run on N ranks, and a main() that takes the binaries' paths. What it is not: a
+launcher (mpiexec is) or a parser of the log (each test reads what it checks).
+"""
+import argparse
+import os
+import subprocess
+import sys
+import unittest
+
+MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+           "OMPI_MCA_btl_vader_single_copy_mechanism": "none", "OMPI_MCA_mpi_yield_when_idle": "1"}
+
+
+def run_train(megatron, mpiexec, ranks, args, timeout):
+    """`megatron train ARGS` as one process (ranks 1) or under `mpiexec -n RANKS`; never raises
+    on a non-zero exit (the caller checks returncode), raises TimeoutExpired on a hang."""
+    cmd = [megatron, "train", *args]
+    if ranks > 1:
+        cmd = [mpiexec, "-n", str(ranks), "--oversubscribe", "--allow-run-as-root", *cmd]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ, **MPI_ENV), check=False)
+
+
+def main(module):
+    """Parses --megatron and --mpiexec into module.MEGATRON / module.MPIEXEC, runs the module's
+    unittest cases with the remaining arguments; returns the exit code."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--megatron", required=True)
+    parser.add_argument("--mpiexec", required=True)
+    args, rest = parser.parse_known_args()
+    module.MEGATRON, module.MPIEXEC = os.path.abspath(args.megatron), args.mpiexec
+    prog = unittest.main(module=module, argv=[sys.argv[0], *rest], exit=False)
+    return 0 if prog.result.wasSuccessful() else 1
