@@ -93,11 +93,6 @@ void RowParallelLinear::collect(std::vector<Param*>& out) {
   if (has_bias()) out.push_back(&bias);
 }
 
-std::vector<Param*> RowParallelLinear::sequence_parallel_params() {
-  if (options_.sequence_parallel && has_bias() && tp_.size() > 1) return {&bias};
-  return {};
-}
-
 Tensor RowParallelLinear::forward(const Tensor& x, Ctx& ctx) const {
   Tensor x_local = options_.input_is_parallel ? x : scatter_to_tp_region_forward(x, tp_);
   MEGATRON_CHECK(x_local.dim(-1) == in_local_, local_.weight.name, ": input has ", x.dim(-1),
@@ -115,7 +110,7 @@ Tensor RowParallelLinear::forward(const Tensor& x, Ctx& ctx) const {
 
 Tensor RowParallelLinear::backward(const Tensor& dy, Ctx& ctx) const {
   // Under sequence parallelism dy holds this rank's tokens only: the bias gradient is partial
-  // (see sequence_parallel_params) and the GEMM needs every token's gradient.
+  // (see Param::sequence_parallel) and the GEMM needs every token's gradient.
   if (has_bias()) {
     Tensor db = bias.main_grad;
     ops::bias_backward(db, dy);

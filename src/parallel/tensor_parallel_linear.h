@@ -20,7 +20,7 @@
 //
 // Under sequence parallelism the replicated bias of RowParallelLinear sees only this rank's
 // s/p tokens, so its gradient must be summed over the TP group before the optimizer step
-// (Megatron's finalize_model_grads); sequence_parallel_params() lists it.
+// (Megatron's finalize_model_grads); its Param::sequence_parallel says so.
 //
 // Initialisation is TP-invariant: the layers mark their shards (Param::tp_partition_dim and
 // friends), and ParamSet::initialize fills each shard with the slice of the full tensor that the
@@ -106,9 +106,6 @@ class RowParallelLinear {
   Tensor backward(const Tensor& dy, Ctx& ctx) const;
 
   void collect(std::vector<Param*>& out);
-  // Replicated params whose gradients are partial over the TP group (the bias under sequence
-  // parallelism): to be all-reduced over TP before the optimizer step.
-  std::vector<Param*> sequence_parallel_params();
 
   Param& weight() { return local_.weight; }  // [out, in/p]
   Param bias;                                // [out], replicated; empty name when there is none

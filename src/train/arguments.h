@@ -52,7 +52,7 @@ struct Arguments {
   int64_t hysteresis = 2;                  // overflowing iterations tolerated before it halves
   bool attention_softmax_in_fp32 = false;  // accepted: softmax always runs in fp32 here
   bool accumulate_allreduce_grads_in_fp32 = false;  // accepted: gradients are always fp32
-  bool grad_reduce_in_bf16 = false;  // data-parallel gradient reduction in bf16
+  bool grad_reduce_in_bf16 = false;                 // data-parallel gradient reduction in bf16
 
   // ---- optimizer and schedule ----
   std::string optimizer = "adam";

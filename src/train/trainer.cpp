@@ -109,6 +109,14 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
   } else {
     params_->initialize(static_cast<uint64_t>(args_.seed));
   }
+  for (Param* p : params_->params()) {
+    if (p->sequence_parallel) sp_params_.push_back(p);
+    // With pipelining and tied embeddings, the first and the last stage each hold a copy.
+    if (pp > 1 && !cfg_.untie_embeddings_and_output_weights &&
+        p->name == "embedding.word_embeddings.weight") {
+      shared_embedding_ = p;
+    }
+  }
   int64_t nparams = 0;
   for (Param* p : params_->params()) nparams += p->shape.numel();
   // Megatron prints one line per model-parallel rank (from data-parallel rank 0).
@@ -265,16 +273,26 @@ void Trainer::finish_gradients() {
   // Average the replicas' gradients (each is the gradient of its share of the global-batch
   // objective, scaled for its own micro-batches): the buckets not yet reduced during backward.
   grad_buckets_->finish();
-  for (Param* p : params_->params()) {
-    // Replicated parameters that saw only this rank's s/tp positions (Megatron's
-    // _allreduce_layernorm_grads), and the tied embeddings' two copies
-    // (_allreduce_embedding_grads).
-    if (p->sequence_parallel) ps.tp_group().all_reduce(p->main_grad);
-    if (ps.pp_size() > 1 && !cfg_.untie_embeddings_and_output_weights &&
-        p->name == "embedding.word_embeddings.weight") {
-      ps.embedding_group().all_reduce(p->main_grad);
+  // Replicated parameters that saw only this rank's s/tp positions, summed over TP in one
+  // all-reduce of their concatenation (Megatron's _allreduce_layernorm_grads coalesces too).
+  if (!sp_params_.empty()) {
+    int64_t n = 0;
+    for (const Param* p : sp_params_) n += p->main_grad.numel();
+    Tensor flat = Tensor::empty({n}, DType::kF32);
+    int64_t at = 0;
+    for (const Param* p : sp_params_) {
+      flat.flat_view(at, p->main_grad.shape()).copy_from(p->main_grad);
+      at += p->main_grad.numel();
+    }
+    ps.tp_group().all_reduce(flat);
+    at = 0;
+    for (Param* p : sp_params_) {
+      p->main_grad.copy_from(flat.flat_view(at, p->main_grad.shape()));
+      at += p->main_grad.numel();
     }
   }
+  // The tied embeddings' two pipeline copies (Megatron's _allreduce_embedding_grads).
+  if (shared_embedding_) ps.embedding_group().all_reduce(shared_embedding_->main_grad);
 }
 
 void Trainer::reduce_loss_stats(double* loss_sum, double* tokens) {

@@ -93,6 +93,8 @@ class Trainer {
   std::vector<std::unique_ptr<GPTModel>> chunks_;  // one per virtual pipeline stage
   std::unique_ptr<PipelineExecutor> executor_;
   std::unique_ptr<GradBuckets> grad_buckets_;
+  std::vector<Param*> sp_params_;      // gradients summed over TP after backward (SP replicas)
+  Param* shared_embedding_ = nullptr;  // tied embeddings summed over the embedding group
   FaultInjection fault_;
   std::unique_ptr<LossScaler> scaler_;  // --fp16 only
   int64_t scheduler_samples_ = 0;  // samples the LR schedule has advanced by (successful steps)
