@@ -5,6 +5,7 @@
 #include "comm/parallel_state.h"
 #include "core/logging.h"
 #include "core/threads.h"
+#include "tensor/tensor.h"
 #include "train/model_config.h"
 #include "train/trainer.h"
 
@@ -12,23 +13,54 @@ namespace megatron::cli {
 
 namespace {
 
+// Exit code every rank agrees on after the argument phase: the largest code any rank reached
+// (-1 = go on, 0 = --help printed, 2 = bad input). The phase talks to no other rank, so each rank
+// that sees bad input reports it itself (Megatron's message on every rank, in the test suite's
+// words); the agreement comes before the first collective, so all ranks then leave together
+// with exit code 2 and no rank is killed before it has printed its reason.
+int agree_on_exit_code(const MpiRuntime& mpi, int rc) {
+  if (mpi.world_size() == 1) return rc;
+  Tensor worst = Tensor::empty({1}, DType::kF64);
+  worst.data<double>()[0] = rc;
+  mpi.world()->all_reduce(worst, ReduceOp::kMax);
+  return static_cast<int>(worst.data<double>()[0]);
+}
+
 int run_train(int argc, char** argv, MpiRuntime& mpi) {
   CLI::App app("Pretrain or finetune a GPT model", "train");
   Arguments args;
   ArgTable table(app);
   register_train_args(table, args);
-  if (int rc = parse(app, argc, argv); rc >= 0) return rc;
-  merge_pretrained_config(args, table);
-  validate_train_args(args, mpi.world_size(), mpi.rank());
-  const bool per_split = !args.train_data_path.empty() || !args.valid_data_path.empty() ||
-                         !args.test_data_path.empty();
-  MEGATRON_CHECK(!(table.given("--split") && per_split),
-                 "--split applies to --data-path only; with --train-data-path/--valid-data-path/"
-                 "--test-data-path each split has its own data: drop --split");
-  resolve_vocab_size(args, table);
-  // Model-shape errors (heads not dividing hidden, sequence beyond positions, ...) surface here,
-  // before the argument dump, as Megatron's argument validation does.
-  transformer_config_from_args(args);
+  int rc = -1;
+  std::string refusal;
+  try {
+    rc = parse(app, argc, argv);
+    if (rc < 0) {
+      merge_pretrained_config(args, table);
+      validate_train_args(args, mpi.world_size(), mpi.rank());
+      const bool per_split = !args.train_data_path.empty() || !args.valid_data_path.empty() ||
+                             !args.test_data_path.empty();
+      MEGATRON_CHECK(!(table.given("--split") && per_split),
+                     "--split applies to --data-path only; with --train-data-path/"
+                     "--valid-data-path/--test-data-path each split has its own data: drop --split");
+      resolve_vocab_size(args, table);
+      // Model-shape errors (heads not dividing hidden, sequence beyond positions, ...) surface
+      // here, before the argument dump, as Megatron's argument validation does.
+      transformer_config_from_args(args);
+    }
+  } catch (const InvalidArgument& e) {
+    if (mpi.world_size() == 1) throw;
+    refusal = e.what();
+    rc = 2;
+  }
+  if (const int agreed = agree_on_exit_code(mpi, rc); agreed >= 0) {
+    if (!refusal.empty()) {
+      log_error(strprintf("[rank %d] %s", mpi.rank(), refusal.c_str()));
+    } else if (rc < 0) {
+      log_error(strprintf("[rank %d] stopping: another rank refused the arguments", mpi.rank()));
+    }
+    return agreed;
+  }
   ParallelConfig pc;
   pc.tensor_model_parallel_size = static_cast<int>(args.tensor_model_parallel_size);
   pc.pipeline_model_parallel_size = static_cast<int>(args.pipeline_model_parallel_size);
@@ -45,9 +77,10 @@ int run_train(int argc, char** argv, MpiRuntime& mpi) {
 }  // namespace
 
 int train_command(int argc, char** argv) {
-  // MPI is initialised for every run (a plain `megatron train` is a world of one). With several
-  // ranks, an error on any of them aborts the whole job, so no rank waits forever in a collective;
-  // the exit code (2 for bad input, 1 otherwise) is passed to MPI_Abort.
+  // MPI is initialised for every run (a plain `megatron train` is a world of one). Bad arguments
+  // end every rank in step (run_train). After that, with several ranks, an error on any of them
+  // aborts the whole job, so no rank waits forever in a collective; the exit code (2 for bad
+  // input, 1 otherwise) is passed to MPI_Abort.
   MpiRuntime mpi;
   try {
     return run_train(argc, argv, mpi);
