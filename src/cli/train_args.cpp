@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/logging.h"
 #include "data/tokenizer.h"
+#include "train/exit_signal.h"
 #include "train/fault_injection.h"
 #include "train/trainer.h"
 
@@ -157,6 +158,40 @@ void register_train_args(ArgTable& t, Arguments& a) {
          "Accepted for compatibility: throughput is always logged");
   t.add("--gemm-peak-gflops", a.gemm_peak_gflops,
         "GEMM peak (GFLOP/s) for model-FLOPs utilisation; default: measured at start-up");
+  t.add("--save", a.save, "Save checkpoints under this directory (iter_NNNNNNN + tracker)");
+  t.add("--load", a.load, "Resume from the latest checkpoint under this directory");
+  t.add("--save-interval", a.save_interval,
+        "Iterations between checkpoints (default: one at the end of training)");
+  t.negative_flag("--no-save-optim", "save_optim", a.save_optim,
+                  "Do not save the optimizer state (weights and run state only)");
+  t.negative_flag("--no-save-rng", "save_rng", a.save_rng, "Do not save the RNG state");
+  t.negative_flag("--no-load-optim", "load_optim", a.load_optim,
+                  "Do not load the optimizer state (moments start at zero)");
+  t.negative_flag("--no-load-rng", "load_rng", a.load_rng,
+                  "Do not load the RNG state (dropout follows --seed)");
+  t.flag("--finetune", a.finetune,
+         "Load the weights only: iteration, consumed samples, optimizer and RNG start afresh");
+  t.flag("--exit-on-missing-checkpoint", a.exit_on_missing_checkpoint,
+         "With --load: exit (code 2) when there is no checkpoint instead of starting afresh");
+  t.flag("--use-checkpoint-args", a.use_checkpoint_args,
+         "Take the model-shape arguments from the --load checkpoint");
+  t.add("--ckpt-step", a.ckpt_step, "Load this iteration instead of the tracker's");
+  t.flag("--async-save", a.async_save,
+         "Write checkpoints from a host copy on a background thread while training continues");
+  t.flag("--verify-integrity", a.verify_integrity,
+         "On load, check every shard's SHA-256 against metadata.json");
+  t.add("--ckpt-format", a.ckpt_format,
+        "Checkpoint format: torch_dist (the sharded, reshardable format; the only one)");
+  t.flag("--exit-signal-handler", a.exit_signal_handler,
+         "On --exit-signal, save a checkpoint at the next iteration boundary and exit (code 3)");
+  t.add("--exit-signal", a.exit_signal,
+        "Signal for --exit-signal-handler: SIGTERM, SIGINT, SIGUSR1, SIGUSR2 or SIGHUP");
+  t.add("--exit-interval", a.exit_interval,
+        "Exit (after saving) at the first iteration divisible by this");
+  t.add("--exit-duration-in-mins", a.exit_duration_in_mins,
+        "Exit (after saving, code 3) once training has run this many minutes");
+  t.add("--distributed-timeout-minutes", a.distributed_timeout_minutes,
+        "Abort the job when a step or collective makes no progress for this long");
   t.add("--save-hf", a.save_hf,
         "After training, write the weights as a Hugging Face model directory here");
   t.add("--inject-fault", a.inject_fault,
@@ -166,6 +201,28 @@ void register_train_args(ArgTable& t, Arguments& a) {
 }
 
 namespace {
+
+void validate_checkpoint_args(const Arguments& a) {
+  MEGATRON_CHECK(a.ckpt_format == "torch_dist",
+                 "--ckpt-format ", a.ckpt_format, " is not supported: megatron-cpp writes one "
+                 "format, torch_dist-like sharded checkpoints that load into any layout; drop the "
+                 "flag");
+  MEGATRON_CHECK(a.save_interval >= 0, "--save-interval must be >= 0, got ", a.save_interval);
+  MEGATRON_CHECK(a.exit_interval >= 0, "--exit-interval must be >= 0, got ", a.exit_interval);
+  MEGATRON_CHECK(a.exit_duration_in_mins >= 0, "--exit-duration-in-mins must be >= 0, got ",
+                 a.exit_duration_in_mins);
+  MEGATRON_CHECK(a.distributed_timeout_minutes >= 0,
+                 "--distributed-timeout-minutes must be >= 0 (0: no watchdog), got ",
+                 a.distributed_timeout_minutes);
+  MEGATRON_CHECK(!a.use_checkpoint_args || !a.load.empty(),
+                 "--use-checkpoint-args needs --load (the checkpoint to take them from)");
+  MEGATRON_CHECK(a.ckpt_step < 0 || !a.load.empty(), "--ckpt-step needs --load");
+  MEGATRON_CHECK(!a.exit_on_missing_checkpoint || !a.load.empty(),
+                 "--exit-on-missing-checkpoint needs --load");
+  MEGATRON_CHECK(a.load.empty() || a.pretrained_checkpoint.empty(),
+                 "--load and --pretrained-checkpoint both give the starting weights; pass one");
+  parse_exit_signal(a.exit_signal);
+}
 
 // The tensor- and pipeline-parallel layout: Megatron's rules (validate_args, TransformerConfig,
 // the interleaved schedule) in its words, then the flags and numbers involved and the fix. Pure
@@ -296,6 +353,7 @@ void validate_recompute(Arguments& a, int64_t per_stage) {
 
 void validate_train_args(Arguments& a, int world_size, int rank) {
   FaultInjection::parse(a.inject_fault);  // a malformed testing hook fails before the dump
+  validate_checkpoint_args(a);
   MEGATRON_CHECK(!(a.fp16 && a.bf16), "--fp16 and --bf16 are mutually exclusive; pick one");
   MEGATRON_CHECK(a.loss_scale >= 0,
                  "--loss-scale must be positive (or unset for dynamic "

@@ -1,6 +1,7 @@
 // `megatron train`: Megatron's pretrain_gpt.py in one process.
 #include "cli/commands.h"
 #include "cli/train_args.h"
+#include "comm/agreement.h"
 #include "comm/mpi_runtime.h"
 #include "comm/parallel_state.h"
 #include "core/logging.h"
@@ -70,8 +71,7 @@ int run_train(int argc, char** argv, MpiRuntime& mpi) {
   if (mpi.rank() == 0) table.print_dump();
   if (mpi.rank() == 0) log_line("[after megatron is initialized] datetime: " + timestamp());
   Trainer trainer(args, parallel);
-  trainer.train();
-  return 0;
+  return trainer.train();
 }
 
 }  // namespace
@@ -84,6 +84,11 @@ int train_command(int argc, char** argv) {
   MpiRuntime mpi;
   try {
     return run_train(argc, argv, mpi);
+  } catch (const AgreedFailure& e) {
+    // Every rank stopped at the same point with the same message: no rank is left waiting.
+    log_error(mpi.world_size() == 1 ? std::string(e.what())
+                                    : strprintf("[rank %d] %s", mpi.rank(), e.what()));
+    return e.exit_code();
   } catch (const InvalidArgument& e) {
     if (mpi.world_size() == 1) throw;
     log_error(strprintf("[rank %d] %s", mpi.rank(), e.what()));

@@ -26,6 +26,8 @@ class AdamW {
   void step(double lr);
 
   int64_t steps() const { return step_; }
+  // Restores the step counter (bias correction) from a checkpoint.
+  void set_steps(int64_t steps) { step_ = steps; }
   Tensor& exp_avg() { return exp_avg_; }
   Tensor& exp_avg_sq() { return exp_avg_sq_; }
 

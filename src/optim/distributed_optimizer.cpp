@@ -101,3 +101,15 @@ bool DistributedOptimizer::grads_finite() const {
 }
 
 }  // namespace megatron
+
+namespace megatron {
+
+std::vector<DistributedOptimizer::OwnedSegment> DistributedOptimizer::owned_segments() const {
+  std::vector<OwnedSegment> out;
+  for (const Segment& s : segments_) {
+    out.push_back({s.param, s.begin - params_.offset_of(*s.param), s.numel, s.state});
+  }
+  return out;
+}
+
+}  // namespace megatron

@@ -30,7 +30,8 @@
 //
 // The elements of ParamSet::grads() outside the owned shards are stale after finish() and are
 // never read here. Not here: the gradient reduction (GradBuckets), overlapping the parameter
-// all-gather with the next forward (--overlap-param-gather), checkpointing the sharded state.
+// all-gather with the next forward (--overlap-param-gather), checkpointing (src/train/checkpointing.h
+// saves and loads the owned segments).
 #pragma once
 
 #include <cstdint>
@@ -65,6 +66,16 @@ class DistributedOptimizer {
   bool grads_finite() const;
 
   int64_t steps() const { return step_; }
+  // Restores the step counter (bias correction) from a checkpoint.
+  void set_steps(int64_t steps) { step_ = steps; }
+  // One Param's part of one owned shard: elements [param_begin, param_begin + numel) of the
+  // Param's local tensor have their moments at [state, state + numel) of exp_avg() and
+  // exp_avg_sq(). What a checkpoint saves and loads.
+  struct OwnedSegment {
+    const Param* param = nullptr;
+    int64_t param_begin = 0, numel = 0, state = 0;
+  };
+  std::vector<OwnedSegment> owned_segments() const;
   // Elements this rank owns: the sum of its shard lengths, padding included.
   int64_t owned_numel() const { return exp_avg_.numel(); }
   // Bytes of optimizer state on this rank (the two moments): 2 x element size x owned_numel().

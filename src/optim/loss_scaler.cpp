@@ -35,4 +35,11 @@ void LossScaler::update(bool found_inf) {
   }
 }
 
+void LossScaler::set_state(const LossScalerState& s) {
+  if (!dynamic_) return;
+  scale_ = s.scale;
+  growth_tracker_ = s.growth_tracker;
+  hysteresis_tracker_ = s.hysteresis_tracker;
+}
+
 }  // namespace megatron

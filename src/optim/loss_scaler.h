@@ -22,6 +22,12 @@ struct LossScalerConfig {
   int64_t hysteresis = 2;                    // --hysteresis: overflows tolerated before backing off
 };
 
+// What a checkpoint keeps of a scaler: its scale and both trackers.
+struct LossScalerState {
+  double scale = 1;
+  int64_t growth_tracker = 0, hysteresis_tracker = 0;
+};
+
 class LossScaler {
  public:
   explicit LossScaler(const LossScalerConfig& cfg);
@@ -30,6 +36,10 @@ class LossScaler {
   bool dynamic() const { return dynamic_; }
   // After an iteration: found_inf says whether its gradients overflowed (it was skipped).
   void update(bool found_inf);
+
+  LossScalerState state() const { return {scale_, growth_tracker_, hysteresis_tracker_}; }
+  // Restores a checkpoint's state (a constant scaler keeps its --loss-scale).
+  void set_state(const LossScalerState& s);
 
  private:
   bool dynamic_;

@@ -1,7 +1,9 @@
 // Parsing and firing of the --inject-fault testing hook.
 #include "train/fault_injection.h"
 
+#include <chrono>
 #include <stdexcept>
+#include <thread>
 
 #include "core/error.h"
 #include "core/logging.h"
@@ -29,9 +31,18 @@ FaultInjection FaultInjection::parse(const std::string& spec) {
                  "exception:1:3), got '",
                  spec, "'");
   const std::string kind = spec.substr(0, a);
-  MEGATRON_CHECK(kind == "exception" || kind == "inf-grad", "--inject-fault: unknown kind '", kind,
-                 "' (known: exception, inf-grad)");
-  f.kind = kind == "exception" ? Kind::kException : Kind::kInfGrad;
+  if (kind == "exception") {
+    f.kind = Kind::kException;
+  } else if (kind == "inf-grad") {
+    f.kind = Kind::kInfGrad;
+  } else if (kind == "hang") {
+    f.kind = Kind::kHang;
+  } else if (kind == "kill-in-save") {
+    f.kind = Kind::kKillInSave;
+  } else {
+    MEGATRON_CHECK(false, "--inject-fault: unknown kind '", kind,
+                   "' (known: exception, inf-grad, hang, kill-in-save)");
+  }
   int64_t rank = -1;
   const std::string iters = spec.substr(b + 1);
   const size_t dash = iters.find('-', 1);
@@ -62,6 +73,12 @@ void FaultInjection::at_iteration_start(int world_rank, int64_t it) const {
         strprintf("injected fault (--inject-fault): rank %d fails at the "
                   "start of iteration %ld",
                   rank, static_cast<long>(it)));
+  }
+  if (kind == Kind::kHang && world_rank == rank && it == iteration) {
+    log_error(strprintf("injected fault (--inject-fault): rank %d hangs at the start of "
+                        "iteration %ld",
+                        rank, static_cast<long>(it)));
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
   }
 }
 

@@ -9,12 +9,15 @@
 #include <stdexcept>
 
 #include "checkpoint/hf_checkpoint.h"
+#include "comm/agreement.h"
+#include "comm/mpi_runtime.h"
 #include "core/logging.h"
 #include "core/threads.h"
 #include "core/timer.h"
 #include "tensor/ops.h"
 #include "train/flops.h"
 #include "train/gemm_peak.h"
+#include "train/exit_codes.h"
 #include "train/memory_report.h"
 #include "train/micro_batch_runner.h"
 #include "train/model_config.h"
@@ -53,6 +56,7 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
   virtual_stages_ = static_cast<int>(virtual_pipeline_stages(args_));
   needs_data_ = ps.is_first_stage() || ps.is_last_stage() || args_.reset_attention_mask;
   fault_ = FaultInjection::parse(args_.inject_fault);
+  dropout_seed_ = static_cast<uint64_t>(args_.seed);
   if (args_.fp16) {
     scaler_ = std::make_unique<LossScaler>(
         LossScalerConfig{args_.loss_scale, args_.initial_loss_scale, args_.min_loss_scale,
@@ -182,6 +186,25 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
           ? args_.lr_warmup_fraction * static_cast<double>(schedule_.decay_samples)
           : static_cast<double>(args_.lr_warmup_iters * gbs);
   schedule_.wsd_decay_samples = args_.lr_wsd_decay_iters * gbs;
+
+  if (!args_.load.empty()) load_checkpoint();
+  if (!args_.save.empty()) {
+    int kill_rank = -1;
+    int64_t kill_iteration = -1;
+    if (fault_.kind == FaultInjection::Kind::kKillInSave) {
+      kill_rank = fault_.rank;
+      kill_iteration = fault_.iteration;
+    }
+    checkpointer_ = std::make_unique<Checkpointer>(
+        parallel_, args_, CheckpointTarget{params_.get(), optimizer_.get(), dist_optimizer_.get(), dp_rank_},
+        kill_rank, kill_iteration);
+  }
+  // The watchdog aborts the whole job (MPI_Abort from its thread: the main thread is stuck).
+  watchdog_ = std::make_unique<Watchdog>(args_.distributed_timeout_minutes * 60.0,
+                                         parallel_->rank(), [] { MpiRuntime::abort(kExitFailure); });
+  if (args_.exit_signal_handler) {
+    exit_signal_ = std::make_unique<ExitSignalHandler>(parse_exit_signal(args_.exit_signal));
+  }
 
   batch_options_.eod = tokenizer_->eod();
   batch_options_.eod_mask_loss = args_.eod_mask_loss;
@@ -332,7 +355,7 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, double lr) {
   // micro-batch mb * dp + r of it), so any layout draws the same dropout masks.
   const int64_t m = num_microbatches_;
   auto mode = [&](int mb) {
-    return ForwardMode{true, static_cast<uint64_t>(args_.seed),
+    return ForwardMode{true, dropout_seed_,
                        static_cast<uint64_t>((iteration * m + mb) * dp_size_ + dp_rank_)};
   };
   const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
@@ -456,7 +479,151 @@ void Trainer::evaluate_and_print(const std::string& prefix, const SampleSource& 
   }
 }
 
-void Trainer::train() {
+void Trainer::load_checkpoint() {
+  namespace cp = checkpoint;
+  const ParallelState& ps = *parallel_;
+  std::optional<RunState> loaded;
+  std::string dir;
+  run_agreed(ps.world_group(), [&] {
+    std::optional<int64_t> iteration;
+    if (args_.ckpt_step >= 0) {
+      iteration = args_.ckpt_step;
+    } else {
+      iteration = cp::read_tracker(args_.load);
+    }
+    if (!iteration) {
+      const std::string tracker = args_.load + "/" + cp::kTrackerFile;
+      MEGATRON_CHECK(!args_.exit_on_missing_checkpoint, "--load ", args_.load,
+                     " has no checkpoint (no ", tracker,
+                     ") and --exit-on-missing-checkpoint is set: check the path, or drop the "
+                     "flag to start from random weights");
+      log_first("WARNING: could not find the metadata file " + tracker);
+      log_first("    will not load any checkpoints and will start from random");
+      return;
+    }
+    dir = cp::iteration_dir(args_.load, *iteration);
+    log_first(strprintf("loading checkpoint from %s at iteration %ld", args_.load.c_str(),
+                        static_cast<long>(*iteration)));
+    cp::CheckpointReader reader = cp::CheckpointReader::open(dir, args_.verify_integrity);
+    const std::string meta_path = dir + "/" + cp::kMetadataFile;
+    const nlohmann::json& meta = reader.metadata();
+    const std::vector<std::string> diffs =
+        model_arg_differences(meta.value("args", nlohmann::json::object()),
+                              model_args_json(args_, cfg_));
+    if (!diffs.empty()) {
+      std::string list;
+      for (const std::string& d : diffs) list += "\n  " + d;
+      MEGATRON_CHECK(false, "checkpoint ", dir, " holds a different model than this run's "
+                     "arguments describe:", list,
+                     "\npass the checkpoint's values, or --use-checkpoint-args to take them from "
+                     "it");
+    }
+    const bool optim = args_.load_optim && !args_.finetune;
+    if (optim) {
+      MEGATRON_CHECK(meta.value("has_optimizer_state", false), "checkpoint ", dir,
+                     " has no optimizer state (it was saved with --no-save-optim): pass "
+                     "--no-load-optim (moments start at zero) or --finetune");
+    }
+    load_shards(reader, CheckpointTarget{params_.get(), optimizer_.get(), dist_optimizer_.get(),
+                                         dp_rank_},
+                optim);
+    RunState state = run_state_from_json(meta, meta_path);
+    if (optim) {
+      if (optimizer_) optimizer_->set_steps(state.optimizer_steps);
+      if (dist_optimizer_) dist_optimizer_->set_steps(state.optimizer_steps);
+      if (scaler_ && state.loss_scaler) scaler_->set_state(*state.loss_scaler);
+    }
+    loaded = state;
+  });
+  if (!loaded) return;
+  loaded_iteration_ = loaded->iteration;
+  if (!args_.finetune) {
+    start_iteration_ = loaded->iteration;
+    consumed_train_ = loaded->consumed_train_samples;
+    consumed_valid_ = loaded->consumed_valid_samples;
+    consumed_test_ = loaded->consumed_test_samples;
+    // Megatron restores the LR schedule with the optimizer.
+    if (args_.load_optim) scheduler_samples_ = loaded->scheduler_samples;
+    if (args_.load_rng && loaded->rng_seed) dropout_seed_ = *loaded->rng_seed;
+  }
+  log_first(strprintf("  successfully loaded checkpoint from %s [ t %d/%d, p %d/%d ] at "
+                      "iteration %ld",
+                      args_.load.c_str(), ps.tp_rank() + 1, ps.tp_size(), ps.pp_rank() + 1,
+                      ps.pp_size(), static_cast<long>(start_iteration_)));
+}
+
+RunState Trainer::run_state(int64_t iteration) const {
+  RunState s;
+  s.iteration = iteration;
+  s.consumed_train_samples = consumed_train_;
+  s.consumed_valid_samples = consumed_valid_;
+  s.consumed_test_samples = consumed_test_;
+  s.scheduler_samples = scheduler_samples_;
+  s.optimizer_steps = optimizer_ ? optimizer_->steps() : dist_optimizer_->steps();
+  if (scaler_) s.loss_scaler = scaler_->state();
+  if (args_.save_rng) s.rng_seed = dropout_seed_;
+  return s;
+}
+
+nlohmann::json Trainer::checkpoint_extra() const {
+  const ParallelState& ps = *parallel_;
+  return {{"args", model_args_json(args_, cfg_)},
+          {"has_optimizer_state", args_.save_optim},
+          {"padded_vocab_size", cfg_.padded_vocab_size},
+          {"tokenizer", {{"type", args_.tokenizer_type}, {"vocab_size", cfg_.vocab_size}}},
+          {"layout",
+           {{"world_size", ps.world_size()},
+            {"tensor_model_parallel_size", ps.tp_size()},
+            {"pipeline_model_parallel_size", ps.pp_size()},
+            {"virtual_pipeline_model_parallel_size", virtual_stages_},
+            {"data_parallel_size", dp_size_},
+            {"sequence_parallel", args_.sequence_parallel},
+            {"use_distributed_optimizer", args_.use_distributed_optimizer}}},
+          {"compute_dtype", dtype_name(cfg_.compute_dtype)}};
+}
+
+void Trainer::save_checkpoint(int64_t iteration) {
+  watchdog_->enter("save-checkpoint", iteration);
+  checkpointer_->save(run_state(iteration), checkpoint_extra());
+}
+
+int Trainer::exit_decision(int64_t it) {
+  const bool by_signal = exit_signal_ != nullptr;
+  const bool by_time = args_.exit_duration_in_mins > 0;
+  if (by_signal || by_time) {
+    // Every rank takes the decision of the one that saw the signal or ran out of time first.
+    Tensor flags = Tensor::zeros({2}, DType::kI64);
+    if (by_signal && exit_signal_->received()) flags.data<int64_t>()[0] = 1;
+    if (by_time && train_timer_.elapsed() / 60.0 > args_.exit_duration_in_mins) {
+      flags.data<int64_t>()[1] = 1;
+    }
+    parallel_->world_group().all_reduce(flags, ReduceOp::kMax);
+    if (flags.data<int64_t>()[0]) {
+      if (checkpointer_ && checkpointer_->last_saved_iteration() != it) save_checkpoint(it);
+      if (checkpointer_) checkpointer_->finish();
+      log_first(strprintf("[exiting program after receiving %s.] datetime: %s",
+                          args_.exit_signal.c_str(), timestamp().c_str()));
+      return kExitSavedRequeue;
+    }
+    if (flags.data<int64_t>()[1]) {
+      if (checkpointer_ && checkpointer_->last_saved_iteration() != it) save_checkpoint(it);
+      if (checkpointer_) checkpointer_->finish();
+      log_first(strprintf("[exiting program after %f minutes] datetime: %s",
+                          train_timer_.elapsed() / 60.0, timestamp().c_str()));
+      return kExitSavedRequeue;
+    }
+  }
+  if (args_.exit_interval > 0 && it % args_.exit_interval == 0) {
+    if (checkpointer_ && checkpointer_->last_saved_iteration() != it) save_checkpoint(it);
+    if (checkpointer_) checkpointer_->finish();
+    log_first(strprintf("[exiting program at iteration %ld] datetime: %s",
+                        static_cast<long>(it), timestamp().c_str()));
+    return kExitOk;
+  }
+  return -1;
+}
+
+int Trainer::train() {
   log_first("[before the start of training step] datetime: " + timestamp());
   log_first("training ...");
   const int64_t gbs = args_.global_batch_size;
@@ -467,11 +634,13 @@ void Trainer::train() {
   double interval_loss = 0, interval_time = 0;
   int64_t interval_iters = 0, interval_skipped = 0, interval_nan = 0;
   if (needs_data_ && parallel_->tp_rank() == 0) {
-    prefetcher_ =
-        std::make_unique<BatchPrefetcher>(*data_.train, batch_options_, args_.micro_batch_size, 0,
-                                          args_.num_workers, dp_rank_, dp_size_);
+    prefetcher_ = std::make_unique<BatchPrefetcher>(*data_.train, batch_options_,
+                                                    args_.micro_batch_size, consumed_train_,
+                                                    args_.num_workers, dp_rank_, dp_size_);
   }
-  for (int64_t it = 1; it <= args_.train_iters; ++it) {
+  train_timer_.start();
+  for (int64_t it = start_iteration_ + 1; it <= args_.train_iters; ++it) {
+    watchdog_->enter("train-step", it);
     fault_.at_iteration_start(parallel_->rank(), it);
     Timer timer;
     // The schedule advances only on successful steps (an fp16 step skipped for overflow does
@@ -479,6 +648,7 @@ void Trainer::train() {
     const double lr = schedule_.lr_at(scheduler_samples_);
     StepResult r = train_step(it, lr);
     const double elapsed = timer.elapsed();
+    consumed_train_ += gbs;
     losses_.push_back(r.loss);
     if (r.skipped) {
       ++interval_skipped;
@@ -520,7 +690,7 @@ void Trainer::train() {
           "%.1f | throughput per GPU (TFLOP/s/GPU): %.3f | learning rate: %.6E | global batch "
           "size: %5ld |",
           timestamp().c_str(), static_cast<long>(it), static_cast<long>(args_.train_iters),
-          static_cast<long>(it * gbs), ms, avg_tflops, next_lr, static_cast<long>(gbs));
+          static_cast<long>(consumed_train_), ms, avg_tflops, next_lr, static_cast<long>(gbs));
       if (interval_iters > interval_skipped) {
         line += strprintf(" lm loss: %.6E |",
                           interval_loss / static_cast<double>(interval_iters - interval_skipped));
@@ -551,20 +721,44 @@ void Trainer::train() {
       interval_iters = interval_skipped = interval_nan = 0;
     }
     if (data_.valid && args_.eval_iters > 0 && it % args_.eval_interval == 0) {
+      watchdog_->enter("evaluation", it);
       evaluate_and_print(strprintf("iteration %ld", static_cast<long>(it)), *data_.valid,
                          &consumed_valid_, it);
     }
+    if (checkpointer_) {
+      checkpointer_->poll();
+      if (args_.save_interval > 0 && it % args_.save_interval == 0) save_checkpoint(it);
+    }
+    if (const int code = exit_decision(it); code >= 0) {
+      watchdog_->disarm();
+      prefetcher_.reset();
+      if (tensorboard_) tensorboard_->close();
+      return code;
+    }
   }
   prefetcher_.reset();
+  const int64_t final_iteration = std::max(start_iteration_, args_.train_iters);
+  // Megatron saves once more at the end unless the last iteration was just saved; a run that
+  // loaded this very iteration from this directory has nothing new to save.
+  if (checkpointer_ && final_iteration > 0 &&
+      checkpointer_->last_saved_iteration() != final_iteration &&
+      !(loaded_iteration_ == final_iteration && args_.load == args_.save)) {
+    save_checkpoint(final_iteration);
+  }
+  if (checkpointer_) {
+    watchdog_->enter("save-checkpoint", final_iteration);
+    checkpointer_->finish();
+  }
+  watchdog_->enter("evaluation", final_iteration);
   log_first("[after training is done] datetime: " + timestamp());
-  const long last = static_cast<long>(args_.train_iters);
+  const long last = static_cast<long>(final_iteration);
   if (data_.valid && args_.eval_iters > 0) {
     evaluate_and_print(strprintf("iteration %ld on validation set", last), *data_.valid,
-                       &consumed_valid_, args_.train_iters);
+                       &consumed_valid_, final_iteration);
   }
   if (data_.test && args_.eval_iters > 0) {
     evaluate_and_print(strprintf("iteration %ld on test set", last), *data_.test, &consumed_test_,
-                       args_.train_iters);
+                       final_iteration);
   }
   if (tensorboard_) tensorboard_->close();
   if (!args_.save_hf.empty() && first_rank_) {
@@ -572,6 +766,8 @@ void Trainer::train() {
     save_hf(args_.save_hf, info, *chunks_.front());
     log_first(" > saved the model as a Hugging Face directory to " + args_.save_hf);
   }
+  watchdog_->disarm();
+  return kExitOk;
 }
 
 }  // namespace megatron

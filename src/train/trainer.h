@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "comm/parallel_state.h"
+#include "core/timer.h"
 #include "data/gpt_batch.h"
 #include "data/tokenizer.h"
 #include "models/gpt_model.h"
@@ -30,10 +31,13 @@
 #include "pipeline/executor.h"
 #include "train/arguments.h"
 #include "train/batch_prefetcher.h"
+#include "train/checkpointing.h"
 #include "train/datasets.h"
+#include "train/exit_signal.h"
 #include "train/fault_injection.h"
 #include "train/step_timers.h"
 #include "train/tensorboard_writer.h"
+#include "train/watchdog.h"
 
 namespace megatron {
 
@@ -45,8 +49,11 @@ class Trainer {
   explicit Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel = nullptr);
   ~Trainer();
 
-  // Runs args.train_iters iterations, with evaluation.
-  void train();
+  // Runs iterations up to args.train_iters (from the loaded checkpoint's, if any), with
+  // evaluation and checkpoints. Returns the exit code (train/exit_codes.h): 0 when training
+  // finished or --exit-interval was reached, kExitSavedRequeue after --exit-signal or
+  // --exit-duration-in-mins (having saved when --save is given).
+  int train();
 
   // Training loss of each iteration run so far, and every evaluation loss, validation and test,
   // in the order printed (for tests).
@@ -75,6 +82,18 @@ class Trainer {
   double evaluate(const SampleSource& data, int64_t* consumed);
   void evaluate_and_print(const std::string& prefix, const SampleSource& data, int64_t* consumed,
                           int64_t iteration);
+
+  // --load: the checkpoint's weights (and optimizer, RNG and run state, unless told otherwise)
+  // into this layout. Every rank reads its own boxes; a failure on any rank stops all of them
+  // with its message (AgreedFailure).
+  void load_checkpoint();
+  RunState run_state(int64_t iteration) const;
+  // metadata.json's fields besides tensors and run state: model arguments, layout, tokenizer.
+  nlohmann::json checkpoint_extra() const;
+  void save_checkpoint(int64_t iteration);
+  // After iteration `it`: the exit code when the run must stop now (--exit-signal-handler,
+  // --exit-duration-in-mins, --exit-interval; agreed by every rank), else -1.
+  int exit_decision(int64_t it);
 
   // Megatron prints start-up lines from rank 0 and the iteration and evaluation lines from the
   // last rank (which owns the loss once pipelines exist).
@@ -111,6 +130,14 @@ class Trainer {
   std::unique_ptr<BatchPrefetcher> prefetcher_;
   int64_t num_microbatches_ = 1;
   int64_t consumed_valid_ = 0, consumed_test_ = 0;
+  int64_t consumed_train_ = 0;
+  int64_t start_iteration_ = 0;   // the loaded checkpoint's iteration (0 without --load)
+  int64_t loaded_iteration_ = -1;  // -1: nothing loaded
+  uint64_t dropout_seed_ = 0;     // --seed, or the loaded RNG state
+  std::unique_ptr<Checkpointer> checkpointer_;  // --save
+  std::unique_ptr<Watchdog> watchdog_;
+  std::unique_ptr<ExitSignalHandler> exit_signal_;  // --exit-signal-handler
+  Timer train_timer_;                               // for --exit-duration-in-mins
   double peak_gflops_ = 0;
   std::vector<double> losses_, eval_losses_;
 };

@@ -1,0 +1,266 @@
+// Trainer-side checkpointing: shard entries, loading into this layout, run state, async saves.
+#include "train/checkpointing.h"
+
+#include <csignal>
+
+#include "comm/agreement.h"
+#include "core/error.h"
+#include "core/logging.h"
+
+namespace megatron {
+
+namespace cp = checkpoint;
+
+namespace {
+
+// The fields whose values fix the shapes (or the meaning) of the saved tensors.
+const char* const kShapeKeys[] = {
+    "num_layers",      "hidden_size",       "ffn_hidden_size",
+    "num_attention_heads", "num_query_groups", "kv_channels",
+    "max_position_embeddings", "position_embedding_type", "normalization",
+    "swiglu",          "add_bias_linear",   "add_qkv_bias",
+    "untie_embeddings_and_output_weights", "vocab_size", "tokenizer_type"};
+
+// The vocabulary's padding rows depend on the tensor-parallel size; the rows that exist in both
+// layouts are read, the others are zero.
+bool vocab_rows_may_differ(const Param& p) {
+  return p.name == "embedding.word_embeddings.weight" || p.name == "output_layer.weight";
+}
+
+std::vector<int64_t> shape_vector(const Shape& s) { return {s.begin(), s.end()}; }
+
+}  // namespace
+
+nlohmann::json model_args_json(const Arguments& a, const TransformerConfig& cfg) {
+  return {{"num_layers", cfg.num_layers},
+          {"hidden_size", cfg.hidden_size},
+          {"ffn_hidden_size", cfg.ffn_hidden_size},
+          {"num_attention_heads", cfg.num_attention_heads},
+          {"group_query_attention", a.group_query_attention},
+          {"num_query_groups", cfg.num_query_groups},
+          {"kv_channels", cfg.kv_channels},
+          {"max_position_embeddings", cfg.max_position_embeddings},
+          {"seq_length", cfg.seq_length},
+          {"position_embedding_type", a.position_embedding_type},
+          {"rotary_base", cfg.rotary_base},
+          {"rotary_percent", cfg.rotary_percent},
+          {"normalization", a.normalization},
+          {"norm_epsilon", cfg.norm_epsilon},
+          {"swiglu", cfg.swiglu},
+          {"openai_gelu", cfg.openai_gelu},
+          {"add_bias_linear", cfg.add_bias_linear},
+          {"add_qkv_bias", cfg.add_qkv_bias},
+          {"untie_embeddings_and_output_weights", cfg.untie_embeddings_and_output_weights},
+          {"vocab_size", cfg.vocab_size},
+          {"make_vocab_size_divisible_by", a.make_vocab_size_divisible_by},
+          {"tokenizer_type", a.tokenizer_type}};
+}
+
+std::vector<std::string> model_arg_differences(const nlohmann::json& saved,
+                                               const nlohmann::json& mine) {
+  std::vector<std::string> out;
+  for (const char* key : kShapeKeys) {
+    const nlohmann::json s = saved.value(key, nlohmann::json());
+    const nlohmann::json m = mine.value(key, nlohmann::json());
+    if (s != m) out.push_back(std::string(key) + ": checkpoint " + s.dump() + ", this run " + m.dump());
+  }
+  return out;
+}
+
+std::vector<cp::ShardEntry> shard_entries(const CheckpointTarget& t, bool optim, bool copy) {
+  std::vector<cp::ShardEntry> out;
+  auto add = [&](const std::string& name, const Param& p, const Tensor& flat, int64_t flat_begin,
+                 const cp::Piece& piece) {
+    const int64_t n = piece.global.numel();
+    Tensor view = flat.flat_view(flat_begin + piece.local_begin, Shape{n});
+    out.push_back({name, shape_vector(p.full_shape()), piece.global, copy ? view.clone() : view});
+  };
+  ParamSet& ps = *t.params;
+  const bool weights = t.dp_rank == 0;
+  for (const Param* p : ps.params()) {
+    if (p->is_duplicate() || !weights) continue;
+    const int64_t at = ps.offset_of(*p);
+    for (const cp::Piece& piece : cp::shard_pieces(*p, 0, p->shape.numel())) {
+      add("model." + p->name, *p, ps.main(), at, piece);
+      if (optim && t.optimizer) {
+        add("optimizer.exp_avg." + p->name, *p, t.optimizer->exp_avg(), at, piece);
+        add("optimizer.exp_avg_sq." + p->name, *p, t.optimizer->exp_avg_sq(), at, piece);
+      }
+    }
+  }
+  if (optim && t.dist_optimizer) {
+    for (const auto& seg : t.dist_optimizer->owned_segments()) {
+      if (seg.param->is_duplicate()) continue;
+      for (const cp::Piece& piece : cp::shard_pieces(*seg.param, seg.param_begin, seg.numel)) {
+        // piece.local_begin counts from the Param's start; the moments of the segment start at
+        // seg.state for element seg.param_begin.
+        const int64_t state_begin = seg.state - seg.param_begin;
+        add("optimizer.exp_avg." + seg.param->name, *seg.param, t.dist_optimizer->exp_avg(),
+            state_begin, piece);
+        add("optimizer.exp_avg_sq." + seg.param->name, *seg.param,
+            t.dist_optimizer->exp_avg_sq(), state_begin, piece);
+      }
+    }
+  }
+  return out;
+}
+
+void load_shards(cp::CheckpointReader& reader, const CheckpointTarget& t, bool optim) {
+  ParamSet& ps = *t.params;
+  auto read = [&](const std::string& name, const Param& p, Tensor& flat, int64_t flat_begin,
+                  const cp::Piece& piece) {
+    reader.read(name, piece.global, flat.data<float>() + flat_begin + piece.local_begin,
+                vocab_rows_may_differ(p));
+  };
+  for (const Param* p : ps.params()) {
+    const int64_t at = ps.offset_of(*p);
+    for (const cp::Piece& piece : cp::shard_pieces(*p, 0, p->shape.numel())) {
+      read("model." + p->name, *p, ps.main(), at, piece);
+      if (optim && t.optimizer) {
+        read("optimizer.exp_avg." + p->name, *p, t.optimizer->exp_avg(), at, piece);
+        read("optimizer.exp_avg_sq." + p->name, *p, t.optimizer->exp_avg_sq(), at, piece);
+      }
+    }
+  }
+  if (optim && t.dist_optimizer) {
+    for (const auto& seg : t.dist_optimizer->owned_segments()) {
+      const int64_t state_begin = seg.state - seg.param_begin;
+      for (const cp::Piece& piece : cp::shard_pieces(*seg.param, seg.param_begin, seg.numel)) {
+        read("optimizer.exp_avg." + seg.param->name, *seg.param, t.dist_optimizer->exp_avg(),
+             state_begin, piece);
+        read("optimizer.exp_avg_sq." + seg.param->name, *seg.param,
+             t.dist_optimizer->exp_avg_sq(), state_begin, piece);
+      }
+    }
+  }
+  ps.sync_compute_from_main();
+}
+
+nlohmann::json run_state_json(const RunState& s) {
+  nlohmann::json j = {{"consumed_train_samples", s.consumed_train_samples},
+                      {"consumed_valid_samples", s.consumed_valid_samples},
+                      {"consumed_test_samples", s.consumed_test_samples},
+                      {"scheduler_samples", s.scheduler_samples},
+                      {"optimizer_steps", s.optimizer_steps}};
+  j["loss_scaler"] = nullptr;
+  if (s.loss_scaler) {
+    j["loss_scaler"] = {{"scale", s.loss_scaler->scale},
+                        {"growth_tracker", s.loss_scaler->growth_tracker},
+                        {"hysteresis_tracker", s.loss_scaler->hysteresis_tracker}};
+  }
+  j["rng"] = nullptr;
+  if (s.rng_seed) j["rng"] = {{"seed", *s.rng_seed}};
+  return j;
+}
+
+RunState run_state_from_json(const nlohmann::json& meta, const std::string& where) {
+  RunState s;
+  try {
+    s.iteration = meta.at("iteration").get<int64_t>();
+    const nlohmann::json& j = meta.at("run_state");
+    s.consumed_train_samples = j.at("consumed_train_samples").get<int64_t>();
+    s.consumed_valid_samples = j.at("consumed_valid_samples").get<int64_t>();
+    s.consumed_test_samples = j.at("consumed_test_samples").get<int64_t>();
+    s.scheduler_samples = j.at("scheduler_samples").get<int64_t>();
+    s.optimizer_steps = j.at("optimizer_steps").get<int64_t>();
+    if (!j.at("loss_scaler").is_null()) {
+      const nlohmann::json& l = j.at("loss_scaler");
+      s.loss_scaler = LossScalerState{l.at("scale").get<double>(),
+                                      l.at("growth_tracker").get<int64_t>(),
+                                      l.at("hysteresis_tracker").get<int64_t>()};
+    }
+    if (!j.at("rng").is_null()) s.rng_seed = j.at("rng").at("seed").get<uint64_t>();
+  } catch (const nlohmann::json::exception& e) {
+    MEGATRON_CHECK(false, where, ": the run state is incomplete (", e.what(), ")");
+  }
+  return s;
+}
+
+Checkpointer::Checkpointer(std::shared_ptr<ParallelState> parallel, const Arguments& args,
+                           CheckpointTarget target, int kill_rank, int64_t kill_iteration)
+    : parallel_(std::move(parallel)),
+      root_(args.save),
+      async_(args.async_save),
+      save_optim_(args.save_optim),
+      target_(target),
+      kill_rank_(kill_rank),
+      kill_iteration_(kill_iteration) {}
+
+Checkpointer::~Checkpointer() {
+  // An unfinished save is abandoned (the job is failing): its staging directory never commits.
+  if (in_flight_ && in_flight_->writer.joinable()) in_flight_->writer.join();
+}
+
+std::function<void()> Checkpointer::kill_hook(int64_t iteration) const {
+  if (parallel_->rank() != kill_rank_ || iteration != kill_iteration_) return {};
+  return [] { std::raise(SIGKILL); };
+}
+
+void Checkpointer::save(const RunState& state, const nlohmann::json& extra) {
+  finish();
+  const ParallelState& ps = *parallel_;
+  if (ps.rank() == 0) {
+    log_line(strprintf("saving checkpoint at iteration %7ld to %s in torch_dist format",
+                       static_cast<long>(state.iteration), root_.c_str()));
+  }
+  auto f = std::make_unique<InFlight>();
+  f->iteration = state.iteration;
+  f->meta = extra;
+  f->meta["run_state"] = run_state_json(state);
+  f->staging = cp::prepare_save(ps.world_group(), root_, state.iteration);
+  f->entries = shard_entries(target_, save_optim_, /*copy=*/async_);
+  last_saved_ = state.iteration;
+  auto write = [f = f.get(), rank = ps.rank(), hook = kill_hook(state.iteration)] {
+    try {
+      f->record = cp::write_rank_file(f->staging, rank, f->entries, hook);
+    } catch (const std::exception& e) {
+      f->error = e.what();
+    }
+    f->entries.clear();  // the host copies are no longer needed
+    f->done = true;
+  };
+  if (!async_) {
+    write();
+    commit(*f);
+    return;
+  }
+  f->writer = std::thread(write);
+  in_flight_ = std::move(f);
+}
+
+void Checkpointer::poll() {
+  if (!in_flight_) return;
+  Tensor all_done = Tensor::empty({1}, DType::kI64);
+  all_done.data<int64_t>()[0] = in_flight_->done ? 0 : 1;
+  parallel_->world_group().all_reduce(all_done, ReduceOp::kMax);
+  if (all_done.data<int64_t>()[0] == 0) finish();
+}
+
+void Checkpointer::finish() {
+  if (!in_flight_) return;
+  std::unique_ptr<InFlight> f = std::move(in_flight_);
+  f->writer.join();
+  commit(*f);
+}
+
+void Checkpointer::commit(InFlight& f) {
+  try {
+    cp::commit_save(parallel_->world_group(), root_, f.iteration, f.staging, f.record, f.error,
+                    f.meta);
+  } catch (const AgreedFailure& e) {
+    throw AgreedFailure(strprintf("saving the checkpoint of iteration %ld failed, so it was "
+                                  "discarded (the previous checkpoint and the tracker are "
+                                  "untouched): %s",
+                                  static_cast<long>(f.iteration), e.what()),
+                        1, e.failing_rank());
+  }
+  const ParallelState& ps = *parallel_;
+  if (ps.rank() == 0) {
+    log_line(strprintf("  successfully saved checkpoint from iteration %7ld to %s [ t %d/%d, p "
+                       "%d/%d ]",
+                       static_cast<long>(f.iteration), root_.c_str(), ps.tp_rank() + 1,
+                       ps.tp_size(), ps.pp_rank() + 1, ps.pp_size()));
+  }
+}
+
+}  // namespace megatron

@@ -1,0 +1,125 @@
+// Trainer-side checkpointing: which boxes this rank saves, how a checkpoint of any layout loads
+// into this one, the run state, and the (optionally asynchronous) save.
+//
+// Tensors, all f32 and named by the parameter's full (global) name:
+//   model.<param>                  the fp32 main weights (bf16/fp16 compute copies are rounded
+//                                  from them, so a resume is bit-exact)
+//   optimizer.exp_avg.<param>      Adam's first moment   } unless --no-save-optim
+//   optimizer.exp_avg_sq.<param>   Adam's second moment  }
+// Every element is written once: the weights and the plain optimizer's moments by data-parallel
+// rank 0, the distributed optimizer's moments by the rank that owns them, and never by a copy
+// another rank also holds (Param::is_duplicate: TP replicas, the last stage's tied embeddings).
+// Every rank reads the boxes of everything it holds, duplicates included.
+//
+// The run state (metadata.json, next to the tensors): iteration, consumed train/valid/test
+// samples, the samples the LR schedule has advanced by, the optimizer's step count, the fp16
+// loss scaler, the RNG state (dropout masks are counter-based, so the seed is the whole state),
+// the model-shape arguments, the tokenizer and the layout that saved it.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/sharded_checkpoint.h"
+#include "comm/parallel_state.h"
+#include "optim/adamw.h"
+#include "optim/distributed_optimizer.h"
+#include "optim/loss_scaler.h"
+#include "parallel/param.h"
+#include "train/arguments.h"
+#include "transformer/config.h"
+
+namespace megatron {
+
+struct RunState {
+  int64_t iteration = 0;
+  int64_t consumed_train_samples = 0, consumed_valid_samples = 0, consumed_test_samples = 0;
+  int64_t scheduler_samples = 0;  // samples the LR schedule has advanced by (successful steps)
+  int64_t optimizer_steps = 0;
+  std::optional<LossScalerState> loss_scaler;  // --fp16 runs
+  std::optional<uint64_t> rng_seed;            // absent with --no-save-rng
+};
+
+// The model-shape arguments, under Megatron's names, that a checkpoint records
+// (--use-checkpoint-args restores them) and that must match for its tensors to load.
+nlohmann::json model_args_json(const Arguments& a, const TransformerConfig& cfg);
+// "name: checkpoint X, this run Y" for every field of `saved` that differs in `mine`.
+std::vector<std::string> model_arg_differences(const nlohmann::json& saved,
+                                               const nlohmann::json& mine);
+
+// What this rank holds.
+struct CheckpointTarget {
+  ParamSet* params = nullptr;
+  AdamW* optimizer = nullptr;                  // the plain optimizer, or
+  DistributedOptimizer* dist_optimizer = nullptr;
+  int64_t dp_rank = 0;
+};
+
+// This rank's boxes (see the file comment); optim adds the moments. copy: host copies that stay
+// valid while training goes on (an async save), else views into the live buffers.
+std::vector<checkpoint::ShardEntry> shard_entries(const CheckpointTarget& t, bool optim, bool copy);
+
+// Reads every box this rank holds from `reader` into its buffers (main weights, then the compute
+// copy; with optim the moments). No communication. Errors name the tensor and the file.
+void load_shards(checkpoint::CheckpointReader& reader, const CheckpointTarget& t, bool optim);
+
+nlohmann::json run_state_json(const RunState& s);
+RunState run_state_from_json(const nlohmann::json& meta, const std::string& where);
+
+// Saves checkpoints under --save, blocking or (--async-save) on a background thread: at most one
+// save in flight; the next save, poll() once every rank has finished writing, or finish() commits
+// it (metadata.json, then the tracker). A failed write is agreed on by every rank (AgreedFailure,
+// exit 1) and leaves the previous checkpoint and tracker as they were.
+class Checkpointer {
+ public:
+  // kill_rank / kill_iteration: the fault-injection hook "kill-in-save" (the rank kills itself
+  // with SIGKILL in the middle of writing that iteration's file); -1: none.
+  Checkpointer(std::shared_ptr<ParallelState> parallel, const Arguments& args,
+               CheckpointTarget target, int kill_rank = -1, int64_t kill_iteration = -1);
+  ~Checkpointer();
+  Checkpointer(const Checkpointer&) = delete;
+  Checkpointer& operator=(const Checkpointer&) = delete;
+
+  // Collective. Saves `state` (state.iteration) with this rank's boxes; an earlier async save is
+  // committed first.
+  void save(const RunState& state, const nlohmann::json& extra);
+  // Collective (one all-reduce while an async save is in flight, nothing otherwise): commits it
+  // once every rank has written its file.
+  void poll();
+  // Collective: waits for the in-flight save and commits it.
+  void finish();
+  // The iteration of the last save this run committed or started; -1 when none.
+  int64_t last_saved_iteration() const { return last_saved_; }
+
+ private:
+  struct InFlight {
+    int64_t iteration = 0;
+    std::string staging;
+    nlohmann::json meta;
+    std::vector<checkpoint::ShardEntry> entries;  // host copies
+    nlohmann::json record;
+    std::string error;
+    std::atomic<bool> done{false};
+    std::thread writer;
+  };
+  void commit(InFlight& f);
+  std::function<void()> kill_hook(int64_t iteration) const;
+
+  std::shared_ptr<ParallelState> parallel_;
+  std::string root_;
+  bool async_, save_optim_;
+  CheckpointTarget target_;
+  int kill_rank_;
+  int64_t kill_iteration_;
+  std::unique_ptr<InFlight> in_flight_;
+  int64_t last_saved_ = -1;
+};
+
+}  // namespace megatron
