@@ -177,14 +177,13 @@ RunState run_state_from_json(const nlohmann::json& meta, const std::string& wher
 }
 
 Checkpointer::Checkpointer(std::shared_ptr<ParallelState> parallel, const Arguments& args,
-                           CheckpointTarget target, int kill_rank, int64_t kill_iteration)
+                           CheckpointTarget target, FaultInjection fault)
     : parallel_(std::move(parallel)),
       root_(args.save),
       async_(args.async_save),
       save_optim_(args.save_optim),
       target_(target),
-      kill_rank_(kill_rank),
-      kill_iteration_(kill_iteration) {}
+      fault_(fault) {}
 
 Checkpointer::~Checkpointer() {
   // An unfinished save is abandoned (the job is failing): its staging directory never commits.
@@ -192,8 +191,15 @@ Checkpointer::~Checkpointer() {
 }
 
 std::function<void()> Checkpointer::kill_hook(int64_t iteration) const {
-  if (parallel_->rank() != kill_rank_ || iteration != kill_iteration_) return {};
-  return [] { std::raise(SIGKILL); };
+  if (parallel_->rank() != fault_.rank || iteration != fault_.iteration) return {};
+  if (fault_.kind == FaultInjection::Kind::kKillInSave) return [] { std::raise(SIGKILL); };
+  if (fault_.kind == FaultInjection::Kind::kFailInSave) {
+    return [] {
+      throw InvalidArgument(
+          "writing failed: No space left on device (injected by --inject-fault fail-in-save)");
+    };
+  }
+  return {};
 }
 
 void Checkpointer::save(const RunState& state, const nlohmann::json& extra) {

@@ -34,6 +34,7 @@
 #include "optim/loss_scaler.h"
 #include "parallel/param.h"
 #include "train/arguments.h"
+#include "train/fault_injection.h"
 #include "transformer/config.h"
 
 namespace megatron {
@@ -79,10 +80,10 @@ RunState run_state_from_json(const nlohmann::json& meta, const std::string& wher
 // exit 1) and leaves the previous checkpoint and tracker as they were.
 class Checkpointer {
  public:
-  // kill_rank / kill_iteration: the fault-injection hook "kill-in-save" (the rank kills itself
-  // with SIGKILL in the middle of writing that iteration's file); -1: none.
+  // fault: the --inject-fault hook; kill-in-save and fail-in-save act on the writes of their
+  // rank and iteration (SIGKILL mid-write, or a write failing with ENOSPC).
   Checkpointer(std::shared_ptr<ParallelState> parallel, const Arguments& args,
-               CheckpointTarget target, int kill_rank = -1, int64_t kill_iteration = -1);
+               CheckpointTarget target, FaultInjection fault = {});
   ~Checkpointer();
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
@@ -116,8 +117,7 @@ class Checkpointer {
   std::string root_;
   bool async_, save_optim_;
   CheckpointTarget target_;
-  int kill_rank_;
-  int64_t kill_iteration_;
+  FaultInjection fault_;
   std::unique_ptr<InFlight> in_flight_;
   int64_t last_saved_ = -1;
 };

@@ -39,9 +39,11 @@ FaultInjection FaultInjection::parse(const std::string& spec) {
     f.kind = Kind::kHang;
   } else if (kind == "kill-in-save") {
     f.kind = Kind::kKillInSave;
+  } else if (kind == "fail-in-save") {
+    f.kind = Kind::kFailInSave;
   } else {
     MEGATRON_CHECK(false, "--inject-fault: unknown kind '", kind,
-                   "' (known: exception, inf-grad, hang, kill-in-save)");
+                   "' (known: exception, inf-grad, hang, kill-in-save, fail-in-save)");
   }
   int64_t rank = -1;
   const std::string iters = spec.substr(b + 1);

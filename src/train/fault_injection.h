@@ -8,7 +8,8 @@
 // iteration's backward, before any reduction, as an fp16 overflow would; KIND "hang" makes that
 // rank sleep forever at the start of ITERATION (the watchdog test); KIND "kill-in-save" makes it
 // kill itself (SIGKILL) in the middle of writing its file of the checkpoint of ITERATION (the
-// torn-save test). It is not a chaos tool
+// torn-save test); KIND "fail-in-save" makes that file's write fail there as a full disk would
+// (ENOSPC), to test that a failed save is agreed on and discarded. It is not a chaos tool
 // and does nothing unless the flag is given.
 #pragma once
 
@@ -18,7 +19,7 @@
 namespace megatron {
 
 struct FaultInjection {
-  enum class Kind : uint8_t { kNone, kException, kInfGrad, kHang, kKillInSave };
+  enum class Kind : uint8_t { kNone, kException, kInfGrad, kHang, kKillInSave, kFailInSave };
   Kind kind = Kind::kNone;
   int rank = -1;
   int64_t iteration = -1, last_iteration = -1;  // [iteration, last_iteration]

@@ -189,15 +189,10 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
 
   if (!args_.load.empty()) load_checkpoint();
   if (!args_.save.empty()) {
-    int kill_rank = -1;
-    int64_t kill_iteration = -1;
-    if (fault_.kind == FaultInjection::Kind::kKillInSave) {
-      kill_rank = fault_.rank;
-      kill_iteration = fault_.iteration;
-    }
     checkpointer_ = std::make_unique<Checkpointer>(
-        parallel_, args_, CheckpointTarget{params_.get(), optimizer_.get(), dist_optimizer_.get(), dp_rank_},
-        kill_rank, kill_iteration);
+        parallel_, args_,
+        CheckpointTarget{params_.get(), optimizer_.get(), dist_optimizer_.get(), dp_rank_},
+        fault_);
   }
   // The watchdog aborts the whole job (MPI_Abort from its thread: the main thread is stuck).
   watchdog_ = std::make_unique<Watchdog>(args_.distributed_timeout_minutes * 60.0,
