@@ -1,32 +1,126 @@
-// `megatron convert`: Hugging Face model directory in, Hugging Face model directory out, through
-// our model's parameter layout (GPT-2's Conv1D weights transposed, QKV packed per query group,
-// vocabulary padded and unpadded). The round trip is exact; --dtype re-encodes the weights.
+// `megatron convert`: model weights between Hugging Face directories (GPT-2, Llama) and our
+// sharded checkpoints, in any direction:
+//   --load-hf IN  --save-hf OUT    re-export through our layout (exact round trip; --dtype)
+//   --load-hf IN  --save CKPT      a checkpoint (weights only, marked "release") that
+//                                  `megatron train --load CKPT` reads into any parallel layout
+//   --load CKPT   --save-hf OUT    the checkpoint's weights (any layout saved them) as HF files
+//   --load CKPT   --save CKPT2     a weights-only copy
+// A checkpoint records every tensor by its global shape, so no target layout is needed: the
+// layout is chosen when training loads it. One process; no MPI job.
 #include "checkpoint/hf_checkpoint.h"
+#include "checkpoint/sharded_checkpoint.h"
 #include "cli/commands.h"
 #include "cli/train_args.h"
+#include "comm/agreement.h"
 #include "core/logging.h"
+#include "train/checkpointing.h"
 #include "train/model_config.h"
 
 namespace megatron::cli {
 
+namespace {
+
+namespace cp = checkpoint;
+
+struct Model {
+  Arguments args;
+  TransformerConfig cfg;
+  std::unique_ptr<GPTModel> model;
+  std::unique_ptr<ParamSet> params;
+};
+
+void build(Model& m) {
+  m.cfg = transformer_config_from_args(m.args);
+  m.model = std::make_unique<GPTModel>(m.cfg);
+  m.params = std::make_unique<ParamSet>(m.model->parameters(), DType::kF32);
+}
+
+// The model of a Hugging Face directory, with the flags `megatron train` would take from it.
+Model from_hf(const std::string& dir, HfModelInfo* info) {
+  Model m;
+  CLI::App none;
+  ArgTable table(none);
+  m.args.pretrained_checkpoint = dir;
+  merge_pretrained_config(m.args, table);
+  m.args.tokenizer_type = "HuggingFaceTokenizer";
+  *info = read_hf_config(dir);
+  build(m);
+  load_hf_weights(dir, *info, *m.model, *m.params);
+  return m;
+}
+
+// The model of a checkpoint: its recorded arguments, then its weights.
+Model from_checkpoint(const std::string& root, int64_t step) {
+  Model m;
+  CLI::App none;
+  ArgTable table(none);
+  m.args.load = root;
+  m.args.ckpt_step = step;
+  m.args.use_checkpoint_args = true;
+  merge_checkpoint_args(m.args, table, false);
+  const std::optional<int64_t> it = step >= 0 ? step : cp::read_tracker(root);
+  cp::CheckpointReader reader = cp::CheckpointReader::open(cp::iteration_dir(root, *it), false);
+  m.args.vocab_size = reader.metadata().at("args").at("vocab_size").get<int64_t>();
+  build(m);
+  load_shards(reader, CheckpointTarget{m.params.get(), nullptr, nullptr, 0}, /*optim=*/false);
+  return m;
+}
+
+void save_checkpoint(const Model& m, const std::string& root) {
+  std::shared_ptr<ProcessGroup> self = make_self_process_group();
+  const std::string staging = cp::prepare_save(*self, root, 0);
+  const nlohmann::json record = cp::write_rank_file(
+      staging, 0, shard_entries(CheckpointTarget{m.params.get(), nullptr, nullptr, 0}, false, false));
+  nlohmann::json meta = {{"args", model_args_json(m.args, m.cfg)},
+                         {"has_optimizer_state", false},
+                         {"release", true},
+                         {"padded_vocab_size", m.cfg.padded_vocab_size},
+                         {"tokenizer", {{"type", m.args.tokenizer_type},
+                                        {"vocab_size", m.cfg.vocab_size}}},
+                         {"layout", {{"world_size", 1}}}};
+  meta["run_state"] = run_state_json(RunState{});
+  cp::commit_save(*self, root, 0, staging, record, "", meta);
+}
+
+}  // namespace
+
 int convert_command(int argc, char** argv) {
-  CLI::App app("Convert model weights between formats", "convert");
-  std::string load_dir, save_dir, dtype;
-  app.add_option("--pretrained-checkpoint,--load-hf", load_dir,
-                 "Hugging Face model directory to read")
-      ->required();
-  app.add_option("--save-hf", save_dir, "Hugging Face model directory to write")->required();
+  CLI::App app("Convert model weights between Hugging Face directories and checkpoints",
+               "convert");
+  std::string load_hf, save_hf, load, save, dtype;
+  int64_t ckpt_step = -1;
+  app.add_option("--pretrained-checkpoint,--load-hf", load_hf,
+                 "Hugging Face model directory to read");
+  app.add_option("--load", load, "Checkpoint directory to read (its tracker's iteration)");
+  app.add_option("--ckpt-step", ckpt_step, "With --load: this iteration instead of the tracker's");
+  app.add_option("--save-hf", save_hf, "Hugging Face model directory to write");
+  app.add_option("--save", save, "Checkpoint directory to write (iteration 0, weights only)");
   app.add_option("--dtype", dtype,
-                 "Weights dtype of the output: float32, bfloat16 or float16 "
-                 "(default: as read)");
+                 "Weights dtype of a Hugging Face output: float32, bfloat16 or float16 "
+                 "(default: as read, float32 from a checkpoint)");
   if (int rc = parse(app, argc, argv); rc >= 0) return rc;
-  HfModelInfo info = read_hf_config(load_dir);
-  TransformerConfig cfg = info.config;
-  cfg.padded_vocab_size = pad_vocab_size(cfg.vocab_size, 128);
-  cfg.finalize();
-  GPTModel model(cfg);
-  ParamSet params(model.parameters(), DType::kF32);
-  load_hf_weights(load_dir, info, model, params);
+  MEGATRON_CHECK(load_hf.empty() != load.empty(),
+                 "convert: give one input, --load-hf DIR (Hugging Face) or --load DIR "
+                 "(checkpoint)");
+  MEGATRON_CHECK(save_hf.empty() != save.empty(),
+                 "convert: give one output, --save-hf DIR (Hugging Face) or --save DIR "
+                 "(checkpoint)");
+  MEGATRON_CHECK(ckpt_step < 0 || !load.empty(), "convert: --ckpt-step needs --load");
+  HfModelInfo info;
+  Model m = load.empty() ? from_hf(load_hf, &info) : from_checkpoint(load, ckpt_step);
+  const std::string from = load.empty() ? load_hf : load;
+  if (!save.empty()) {
+    MEGATRON_CHECK(dtype.empty(), "convert: --dtype applies to --save-hf only (checkpoints "
+                                  "hold fp32 weights)");
+    try {
+      save_checkpoint(m, save);
+    } catch (const AgreedFailure& e) {
+      throw InvalidArgument(e.what());
+    }
+    log_line("converted " + from + " -> " + save + " (checkpoint, iteration 0)");
+    return 0;
+  }
+  if (!load.empty()) info = hf_info_from_config(m.cfg, infer_hf_arch(m.cfg));
   if (!dtype.empty()) {
     MEGATRON_CHECK(dtype == "float32" || dtype == "bfloat16" || dtype == "float16",
                    "--dtype: unknown '", dtype, "'; choose float32, bfloat16 or float16");
@@ -35,8 +129,8 @@ int convert_command(int argc, char** argv) {
                                       : DType::kF32;
     info.raw["torch_dtype"] = dtype;
   }
-  save_hf(save_dir, info, model);
-  log_line("converted " + load_dir + " -> " + save_dir);
+  megatron::save_hf(save_hf, info, *m.model);
+  log_line("converted " + from + " -> " + save_hf);
   return 0;
 }
 

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "checkpoint/hf_checkpoint.h"
+#include "checkpoint/sharded_checkpoint.h"
 #include "comm/parallel_state.h"
 #include "core/error.h"
 #include "core/logging.h"
@@ -502,6 +503,62 @@ void merge_pretrained_config(Arguments& a, const ArgTable& t) {
       c.untie_embeddings_and_output_weights);
   set("--vocab-size", a.vocab_size, c.vocab_size);
   if (!t.given("--seq-length")) a.seq_length = c.max_position_embeddings;
+}
+
+void merge_checkpoint_args(Arguments& a, const ArgTable& t, bool report) {
+  namespace cp = checkpoint;
+  if (!a.use_checkpoint_args) return;
+  const std::optional<int64_t> it = a.ckpt_step >= 0 ? a.ckpt_step : cp::read_tracker(a.load);
+  MEGATRON_CHECK(it.has_value(), "--use-checkpoint-args: --load ", a.load, " has no checkpoint (no ",
+                 cp::kTrackerFile, ")");
+  const std::string dir = cp::iteration_dir(a.load, *it);
+  const cp::CheckpointReader reader = cp::CheckpointReader::open(dir, false);
+  const nlohmann::json saved = reader.metadata().value("args", nlohmann::json::object());
+  const std::string src = dir + "/" + cp::kMetadataFile;
+  auto set = [&](const std::string& flag, const char* key, auto& field) {
+    if (!saved.contains(key)) return;
+    using T = std::decay_t<decltype(field)>;
+    T value;
+    try {
+      value = saved.at(key).get<T>();
+    } catch (const nlohmann::json::exception&) {
+      MEGATRON_CHECK(false, src, ": argument ", key, " has the wrong type");
+    }
+    if (report && t.given(flag) && field != value) {
+      log_line(" > --use-checkpoint-args: " + flag + " " + text(field) + " replaced by the " +
+               "checkpoint's " + text(value));
+    }
+    field = value;
+  };
+  set("--num-layers", "num_layers", a.num_layers);
+  set("--hidden-size", "hidden_size", a.hidden_size);
+  set("--ffn-hidden-size", "ffn_hidden_size", a.ffn_hidden_size);
+  set("--num-attention-heads", "num_attention_heads", a.num_attention_heads);
+  set("--group-query-attention", "group_query_attention", a.group_query_attention);
+  set("--num-query-groups", "num_query_groups", a.num_query_groups);
+  set("--kv-channels", "kv_channels", a.kv_channels);
+  set("--max-position-embeddings", "max_position_embeddings", a.max_position_embeddings);
+  if (!t.given("--seq-length")) set("--seq-length", "seq_length", a.seq_length);
+  set("--position-embedding-type", "position_embedding_type", a.position_embedding_type);
+  set("--rotary-base", "rotary_base", a.rotary_base);
+  set("--rotary-percent", "rotary_percent", a.rotary_percent);
+  set("--normalization", "normalization", a.normalization);
+  set("--norm-epsilon", "norm_epsilon", a.norm_epsilon);
+  set("--swiglu", "swiglu", a.swiglu);
+  set("--openai-gelu", "openai_gelu", a.openai_gelu);
+  if (saved.contains("add_bias_linear")) {
+    bool add_bias = !a.disable_bias_linear;
+    set("--disable-bias-linear", "add_bias_linear", add_bias);
+    a.disable_bias_linear = !add_bias;
+  }
+  set("--add-qkv-bias", "add_qkv_bias", a.add_qkv_bias);
+  set("--untie-embeddings-and-output-weights", "untie_embeddings_and_output_weights",
+      a.untie_embeddings_and_output_weights);
+  set("--make-vocab-size-divisible-by", "make_vocab_size_divisible_by",
+      a.make_vocab_size_divisible_by);
+  if (!t.given("--tokenizer-type")) set("--tokenizer-type", "tokenizer_type", a.tokenizer_type);
+  // The vocabulary of a NullTokenizer run is the --vocab-size flag itself.
+  if (a.tokenizer_type == "NullTokenizer") set("--vocab-size", "vocab_size", a.vocab_size);
 }
 
 }  // namespace megatron::cli

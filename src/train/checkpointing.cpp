@@ -19,7 +19,7 @@ const char* const kShapeKeys[] = {
     "num_attention_heads", "num_query_groups", "kv_channels",
     "max_position_embeddings", "position_embedding_type", "normalization",
     "swiglu",          "add_bias_linear",   "add_qkv_bias",
-    "untie_embeddings_and_output_weights", "vocab_size", "tokenizer_type"};
+    "untie_embeddings_and_output_weights", "vocab_size"};
 
 // The vocabulary's padding rows depend on the tensor-parallel size; the rows that exist in both
 // layouts are read, the others are zero.

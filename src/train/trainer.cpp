@@ -479,6 +479,7 @@ void Trainer::load_checkpoint() {
   const ParallelState& ps = *parallel_;
   std::optional<RunState> loaded;
   std::string dir;
+  bool release = false;
   run_agreed(ps.world_group(), [&] {
     std::optional<int64_t> iteration;
     if (args_.ckpt_step >= 0) {
@@ -513,7 +514,16 @@ void Trainer::load_checkpoint() {
                      "\npass the checkpoint's values, or --use-checkpoint-args to take them from "
                      "it");
     }
-    const bool optim = args_.load_optim && !args_.finetune;
+    // A release checkpoint (`megatron convert` from Hugging Face) holds weights only and
+    // starts the run at iteration 0, as Megatron's release directories do.
+    release = meta.value("release", false);
+    const std::string saved_tokenizer = meta.value("args", nlohmann::json::object())
+                                            .value("tokenizer_type", args_.tokenizer_type);
+    if (saved_tokenizer != args_.tokenizer_type) {
+      log_first(" > warning: checkpoint " + dir + " was trained with --tokenizer-type " +
+                saved_tokenizer + ", this run uses " + args_.tokenizer_type);
+    }
+    const bool optim = args_.load_optim && !args_.finetune && !release;
     if (optim) {
       MEGATRON_CHECK(meta.value("has_optimizer_state", false), "checkpoint ", dir,
                      " has no optimizer state (it was saved with --no-save-optim): pass "
@@ -532,7 +542,7 @@ void Trainer::load_checkpoint() {
   });
   if (!loaded) return;
   loaded_iteration_ = loaded->iteration;
-  if (!args_.finetune) {
+  if (!args_.finetune && !release) {
     start_iteration_ = loaded->iteration;
     consumed_train_ = loaded->consumed_train_samples;
     consumed_valid_ = loaded->consumed_valid_samples;
