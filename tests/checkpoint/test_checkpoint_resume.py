@@ -1,0 +1,251 @@
+#!/usr/bin/env python3
+"""Sharded checkpoints end to end: exact resume, resharding loads, and a missing optimizer state.
+
+What it is: `megatron train` under mpiexec on an indexed dataset that the test writes itself
+(`megatron preprocess` of a few hundred NullTokenizer documents: the GPT-2 BPE files exist only
+under data/, which scripts/fetch_data.sh downloads, so a fresh clone has no BPE to use), a tiny
+GPT model with dropout on, 20 iterations, evaluation every 5.
+  - Exact resume: a run stopped at iteration 10 (`--save CK --exit-interval 10`, the same
+    --train-iters as the straight run, since the LR schedule decays over it) and resumed with
+    `--load CK` must print the straight run's iteration lines 11..20 and validation lines after
+    iteration 10 character for character: weights, fp32 main weights, Adam moments, step count,
+    schedule, consumed samples (so the data order) and dropout stream all come back. For fp32
+    and bf16 at tp2pp2 and dp2 with the distributed optimizer, and for --async-save, whose
+    iteration-5 checkpoint is written while iterations 6..10 train and must still hold
+    iteration 5's state (resumed with --ckpt-step 5).
+  - Resharding: a tp2pp2 checkpoint loaded at tp1pp1, pp4, dp2 with the distributed optimizer,
+    and tp4 (and tp2pp2 as the control) must take its next step to the straight run's
+    iteration-11 loss, and, saved again right after loading, must hold the same global tensors
+    (weights and both Adam moments) bit for bit, as tests/testing/checkpoint_reader.py
+    assembles them from the shards.
+  - A checkpoint saved with --no-save-optim refuses a load that wants the optimizer (exit 2,
+    naming --no-load-optim) and loads its weights, with zero moments, under --no-load-optim.
+What it is not: the format's unit tests (test_safetensors.cpp), the layouts' numerical
+equivalence without checkpoints (tests/parallel), or fault injection during a save.
+
+Usage: test_checkpoint_resume.py --megatron BUILD/megatron --mpiexec MPIEXEC [unittest args]
+"""
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testing"))
+import checkpoint_reader  # noqa: E402  (tests/testing, shared by the end-to-end tests)
+import megatron_job  # noqa: E402
+
+MEGATRON = None
+MPIEXEC = None
+TIMEOUT_S = 180
+VOCAB = 128
+TMP = None  # the module's tempfile.TemporaryDirectory
+DATA = None  # [--data-path ... flags] of the dataset setUpModule writes
+
+TINY = ["--tokenizer-type", "NullTokenizer", "--vocab-size", str(VOCAB), "--num-layers", "4",
+        "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+        "--micro-batch-size", "1", "--global-batch-size", "4", "--train-iters", "20",
+        "--log-interval", "1", "--lr", "2e-3", "--lr-warmup-iters", "3", "--eval-iters", "2",
+        "--eval-interval", "5", "--hidden-dropout", "0.1", "--attention-dropout", "0.1",
+        "--num-threads", "1"]
+TP, PP = "--tensor-model-parallel-size", "--pipeline-model-parallel-size"
+TP2PP2 = [TP, "2", PP, "2"]
+DISTOPT = ["--use-distributed-optimizer"]
+
+ITER_RE = re.compile(r"iteration\s+(\d+)/\s*\d+ \|(.*)")
+# The iteration line's fields that do not depend on timing, compared as printed.
+FIELDS = ("consumed samples", "learning rate", "global batch size", "lm loss", "loss scale",
+          "grad norm", "number of skipped iterations", "number of nan iterations")
+VALID_RE = re.compile(r"validation loss at iteration\s+(\d+)( on \w+ set)? \| "
+                      r"lm loss value: ([0-9.E+-]+) \| lm loss PPL: ([0-9.E+-]+)")
+
+
+def setUpModule():
+    """Writes the dataset once: documents that count up in steps of 3 from a random start (a
+    rule the model starts to learn within 20 iterations), preprocessed with EOD appended."""
+    global TMP, DATA
+    TMP = tempfile.TemporaryDirectory(prefix="checkpoint_resume_")
+    rng = random.Random(7)
+    jsonl = os.path.join(TMP.name, "docs.jsonl")
+    with open(jsonl, "w", encoding="utf-8") as f:
+        for _ in range(300):
+            start, n = rng.randrange(1, 100), rng.randrange(5, 90)
+            ids = [1 + (start + 3 * i) % (VOCAB - 2) for i in range(n)]
+            f.write(json.dumps({"text": " ".join(map(str, ids))}) + "\n")
+    prefix = os.path.join(TMP.name, "docs")
+    proc = subprocess.run([MEGATRON, "preprocess", "--input", jsonl, "--output-prefix", prefix,
+                           "--tokenizer-type", "NullTokenizer", "--vocab-size", str(VOCAB),
+                           "--append-eod", "--workers", "1"],
+                          capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"megatron preprocess failed:\n{proc.stderr[-3000:]}")
+    DATA = ["--data-path", prefix + "_text_document", "--split", "90,5,5",
+            "--data-cache-path", os.path.join(TMP.name, "cache")]
+
+
+def tearDownModule():
+    TMP.cleanup()
+
+
+def run(ranks, *args, expect_rc=0):
+    """megatron train on the module's dataset with TINY, then args (a later flag wins)."""
+    proc = megatron_job.run_train(MEGATRON, MPIEXEC, ranks, [*DATA, *TINY, *args], TIMEOUT_S)
+    if proc.returncode != expect_rc:
+        raise AssertionError(f"{ranks} rank(s), train {' '.join(args)}: exit {proc.returncode}, "
+                             f"expected {expect_rc}\n{proc.stdout[-1500:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def iterations(proc):
+    """{iteration: {field: printed value}} of the iteration lines (one rank prints them)."""
+    out = {}
+    for m in ITER_RE.finditer(proc.stdout):
+        it = int(m[1])
+        assert it not in out, f"iteration {it} printed twice"
+        kv = (part.split(":", 1) for part in m[2].split("|") if ":" in part)
+        out[it] = {k.strip(): v.strip() for k, v in kv if k.strip() in FIELDS}
+    return out
+
+
+def validations(proc):
+    """[(iteration, set label, loss, PPL)] of the validation lines, in order, as printed."""
+    return [(int(m[1]), m[2] or "", m[3], m[4]) for m in VALID_RE.finditer(proc.stdout)]
+
+
+def tmpdir(name):
+    return tempfile.mkdtemp(prefix=name + "_", dir=TMP.name)
+
+
+class TestExactResume(unittest.TestCase):
+    def check_resume(self, ranks, flags, save_flags=(), resume_from=(10,)):
+        """Straight 20 iterations vs. 10 + save, then a resume from each of resume_from."""
+        ck = tmpdir("ck")
+        straight = run(ranks, *flags)
+        first = run(ranks, *flags, "--save", ck, "--exit-interval", "10", *save_flags)
+        want, want_valid = iterations(straight), validations(straight)
+        self.assertEqual(sorted(want), list(range(1, 21)), straight.stdout[-2000:])
+        self.assertEqual(want[11].get("lm loss") is not None, True, want[11])
+        self.assertEqual(iterations(first), {i: want[i] for i in range(1, 11)},
+                         "the first half is the straight run up to iteration 10")
+        self.assertEqual(validations(first), [v for v in want_valid if v[0] <= 10])
+        for step in resume_from:
+            with self.subTest(resume_from=step):
+                meta, _ = checkpoint_reader.read_checkpoint(
+                    os.path.join(ck, f"iter_{step:07d}"))
+                self.assertEqual(meta["iteration"], step)
+                self.assertEqual(meta["run_state"]["consumed_train_samples"], 4 * step)
+                pick = [] if step == 10 else ["--ckpt-step", str(step)]
+                second = run(ranks, *flags, "--load", ck, *pick)
+                got = iterations(second)
+                self.assertEqual(sorted(got), list(range(step + 1, 21)), second.stdout[-2000:])
+                for i in got:  # string-equal: bit-identical losses print identically
+                    self.assertEqual(got[i], want[i], f"iteration {i} after resuming at {step}")
+                self.assertEqual(validations(second), [v for v in want_valid if v[0] > step])
+        with open(os.path.join(ck, "latest_checkpointed_iteration.txt"), encoding="utf-8") as f:
+            self.assertEqual(f.read().strip(), "10")
+
+    def test_fp32_tp2pp2(self):
+        self.check_resume(4, TP2PP2)
+
+    def test_bf16_tp2pp2(self):
+        self.check_resume(4, [*TP2PP2, "--bf16"])
+
+    def test_fp32_dp2_distributed_optimizer(self):
+        self.check_resume(2, DISTOPT)
+
+    def test_bf16_dp2_distributed_optimizer(self):
+        self.check_resume(2, [*DISTOPT, "--bf16"])
+
+    def test_async_save_tp2pp2(self):
+        # Iteration 5's checkpoint is written on a background thread while 6..10 update the
+        # weights: resuming from it proves the host copy was taken at iteration 5.
+        self.check_resume(4, TP2PP2, ["--async-save", "--save-interval", "5"], (5, 10))
+
+
+def same_tensor(name, a, b, vocab_rows):
+    """a == b exactly; for the vocabulary tensors (padded differently per TP size) on the first
+    vocab_rows rows, and b's rows beyond a's padding must be zero (never saved, never trained)."""
+    if a.shape == b.shape:
+        return np.array_equal(a, b)
+    assert "word_embeddings" in name or "output_layer" in name, f"{name}: {a.shape} vs {b.shape}"
+    assert a.shape[1:] == b.shape[1:], f"{name}: {a.shape} vs {b.shape}"
+    extra_zero = b.shape[0] <= a.shape[0] or not b[a.shape[0]:].any()
+    return np.array_equal(a[:vocab_rows], b[:vocab_rows]) and extra_zero
+
+
+class TestResharding(unittest.TestCase):
+    LAYOUTS = [  # (name, ranks, flags)
+        ("tp2pp2 (the saved layout)", 4, TP2PP2),
+        ("tp1pp1", 1, []),
+        ("tp1pp4", 4, [PP, "4"]),
+        ("dp2 distributed optimizer", 2, DISTOPT),
+        ("tp4", 4, [TP, "4"]),
+    ]
+
+    def test_tp2pp2_checkpoint_loads_in_every_layout(self):
+        ck = tmpdir("ck")
+        want = iterations(run(4, *TP2PP2))[11]
+        run(4, *TP2PP2, "--save", ck, "--exit-interval", "10")
+        saved_meta, saved = checkpoint_reader.read_checkpoint(ck)
+        self.assertEqual(saved_meta["layout"]["tensor_model_parallel_size"], 2)
+        self.assertEqual(saved_meta["layout"]["pipeline_model_parallel_size"], 2)
+        self.assertTrue(any(k.startswith("optimizer.exp_avg_sq.") for k in saved))
+        for name, ranks, flags in self.LAYOUTS:
+            with self.subTest(layout=name):
+                # (i) One step after loading.
+                step = run(ranks, *flags, "--load", ck, "--exit-interval", "11",
+                           "--save", tmpdir("step"))
+                got = iterations(step)
+                self.assertEqual(sorted(got), [11], step.stdout[-2000:])
+                for field in ("consumed samples", "learning rate"):
+                    self.assertEqual(got[11][field], want[field], field)
+                # 1e-5 relative: the layouts add the same f32 partial sums in another order (TP
+                # all-reduces, pipeline stages, data-parallel reduce-scatter), which moves the
+                # 7th significant digit at most in one step; a wrongly placed shard or a lost
+                # moment moves the 3rd.
+                self.assertAlmostEqual(float(got[11]["lm loss"]), float(want["lm loss"]),
+                                       delta=1e-5 * float(want["lm loss"]))
+                # (ii) Saved again right after loading (--train-iters 10: nothing to train, the
+                # end-of-run save writes the loaded state in this layout).
+                out = tmpdir("out")
+                run(ranks, *flags, "--load", ck, "--save", out, "--train-iters", "10")
+                meta, tensors = checkpoint_reader.read_checkpoint(out)
+                self.assertEqual(meta["iteration"], 10)
+                self.assertEqual(meta["run_state"], saved_meta["run_state"])
+                self.assertEqual(meta["layout"]["world_size"], ranks)
+                self.assertEqual(sorted(tensors), sorted(saved))
+                differ = [k for k in saved if not same_tensor(k, saved[k], tensors[k], VOCAB)]
+                self.assertEqual(differ, [], "tensors that did not survive the reshard")
+
+
+class TestOptimizerStateMissing(unittest.TestCase):
+    def test_no_save_optim_needs_no_load_optim(self):
+        ck = tmpdir("ck")
+        run(2, TP, "2", "--train-iters", "10", "--save", ck, "--no-save-optim")
+        meta, saved = checkpoint_reader.read_checkpoint(ck)
+        self.assertFalse(meta["has_optimizer_state"])
+        self.assertEqual([k for k in saved if not k.startswith("model.")], [])
+
+        refused = run(2, TP, "2", "--load", ck, expect_rc=2)
+        self.assertIn("--no-load-optim", refused.stderr)
+        self.assertEqual(iterations(refused), {}, "trained without the optimizer state")
+
+        out = tmpdir("out")
+        run(2, TP, "2", "--load", ck, "--no-load-optim", "--train-iters", "10", "--save", out)
+        _, loaded = checkpoint_reader.read_checkpoint(out)
+        for k, v in loaded.items():
+            if k.startswith("model."):
+                self.assertTrue(np.array_equal(v, saved[k]), k)
+            else:  # --no-load-optim: the moments start at zero
+                self.assertFalse(v.any(), k)
+        resumed = run(2, TP, "2", "--load", ck, "--no-load-optim", "--exit-interval", "11")
+        self.assertEqual(sorted(iterations(resumed)), [11], resumed.stdout[-2000:])
+
+
+if __name__ == "__main__":
+    sys.exit(megatron_job.main(sys.modules[__name__]))
