@@ -147,7 +147,7 @@ nlohmann::json write_rank_file(const std::string& staging, int world_rank,
           {"shards", shards}};
 }
 
-void commit_save(ProcessGroup& world, const std::string& root, int64_t iteration,
+int64_t commit_save(ProcessGroup& world, const std::string& root, int64_t iteration,
                  const std::string& staging, const nlohmann::json& record,
                  const std::string& error, const nlohmann::json& state) {
   try {
@@ -160,6 +160,11 @@ void commit_save(ProcessGroup& world, const std::string& root, int64_t iteration
     throw;
   }
   const std::vector<std::string> records = all_gather_strings(world, record.dump());
+  int64_t total = 0;
+  for (const std::string& text : records) {
+    const nlohmann::json r = nlohmann::json::parse(text);
+    if (!r.empty()) total += r["bytes"].get<int64_t>();
+  }
   run_agreed(world, [&] {
     if (world.rank() != 0) return;
     nlohmann::json meta = state;
@@ -201,6 +206,7 @@ void commit_save(ProcessGroup& world, const std::string& root, int64_t iteration
     write_file_atomic((fs::path(root) / kTrackerFile).string(), std::to_string(iteration) + "\n");
     fsync_dir(root);
   });
+  return total;
 }
 
 std::string sha256_file(const std::string& path) {
@@ -336,6 +342,7 @@ void CheckpointReader::read(const std::string& tensor, const Box& want, float* d
     copy_region(static_cast<const float*>(f.data(s.key)), s.box, dst, want, region);
     copied += region.numel();
   }
+  bytes_read_ += copied * static_cast<int64_t>(sizeof(float));
   MEGATRON_ASSERT(copied == inside.numel(), "checkpoint ", dir_, ": shards of ", tensor,
                   " cover ", copied, " of ", inside.numel(), " elements");
 }

@@ -75,8 +75,9 @@ nlohmann::json write_rank_file(const std::string& staging, int world_rank,
 // Collective. `record` is write_rank_file's result on this rank, or `error` its failure message
 // (then record is ignored). Agrees on success, then rank 0 writes metadata.json (the records
 // and `state`, a JSON object of the trainer's run state), commits the directory and the tracker.
-// Throws AgreedFailure on every rank when any rank failed.
-void commit_save(ProcessGroup& world, const std::string& root, int64_t iteration,
+// Throws AgreedFailure on every rank when any rank failed. Returns the bytes of all the ranks'
+// files together.
+int64_t commit_save(ProcessGroup& world, const std::string& root, int64_t iteration,
                  const std::string& staging, const nlohmann::json& record,
                  const std::string& error, const nlohmann::json& state);
 
@@ -98,6 +99,8 @@ class CheckpointReader {
   // outside the saved global shape (only allowed when allow_outside: the vocabulary padding rows
   // change with the tensor-parallel size) the elements are zero.
   void read(const std::string& tensor, const Box& want, float* dst, bool allow_outside = false);
+  // Tensor bytes copied out by read() so far.
+  int64_t bytes_read() const { return bytes_read_; }
 
  private:
   struct Shard {
@@ -116,6 +119,7 @@ class CheckpointReader {
   std::map<std::string, TensorInfo> tensors_;
   std::map<std::string, std::string> sha256_;  // file -> recorded digest
   std::map<std::string, std::unique_ptr<safetensors::File>> open_;
+  int64_t bytes_read_ = 0;
 };
 
 // Hex SHA-256 of a file's bytes; error naming the file when it cannot be read.

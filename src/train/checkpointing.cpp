@@ -1,6 +1,7 @@
 // Trainer-side checkpointing: shard entries, loading into this layout, run state, async saves.
 #include "train/checkpointing.h"
 
+#include <algorithm>
 #include <csignal>
 
 #include "comm/agreement.h"
@@ -230,6 +231,7 @@ void Checkpointer::save(const RunState& state, const nlohmann::json& extra) {
     commit(*f);
     return;
   }
+  f->blocking_seconds = f->since_start.elapsed();
   f->writer = std::thread(write);
   in_flight_ = std::move(f);
 }
@@ -250,8 +252,9 @@ void Checkpointer::finish() {
 }
 
 void Checkpointer::commit(InFlight& f) {
+  int64_t bytes = 0;
   try {
-    cp::commit_save(parallel_->world_group(), root_, f.iteration, f.staging, f.record, f.error,
+    bytes = cp::commit_save(parallel_->world_group(), root_, f.iteration, f.staging, f.record, f.error,
                     f.meta);
   } catch (const AgreedFailure& e) {
     throw AgreedFailure(strprintf("saving the checkpoint of iteration %ld failed, so it was "
@@ -266,6 +269,16 @@ void Checkpointer::commit(InFlight& f) {
                        "%d/%d ]",
                        static_cast<long>(f.iteration), root_.c_str(), ps.tp_rank() + 1,
                        ps.tp_size(), ps.pp_rank() + 1, ps.pp_size()));
+    const double seconds = f.since_start.elapsed();
+    const double mb = static_cast<double>(bytes) / 1e6;
+    std::string line = strprintf(" > checkpoint of iteration %ld: %.1f MB in %d files, %.3f s "
+                                 "(%.1f MB/s)",
+                                 static_cast<long>(f.iteration), mb, ps.world_size(), seconds,
+                                 mb / std::max(seconds, 1e-9));
+    if (async_) {
+      line += strprintf("; training waited %.3f s for the host copy", f.blocking_seconds);
+    }
+    log_line(line);
   }
 }
 

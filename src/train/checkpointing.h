@@ -32,6 +32,7 @@
 #include "optim/adamw.h"
 #include "optim/distributed_optimizer.h"
 #include "optim/loss_scaler.h"
+#include "core/timer.h"
 #include "parallel/param.h"
 #include "train/arguments.h"
 #include "train/fault_injection.h"
@@ -102,6 +103,8 @@ class Checkpointer {
  private:
   struct InFlight {
     int64_t iteration = 0;
+    Timer since_start;           // from the start of the save
+    double blocking_seconds = 0;  // what the training loop waited for (async: the host copy)
     std::string staging;
     nlohmann::json meta;
     std::vector<checkpoint::ShardEntry> entries;  // host copies

@@ -480,6 +480,8 @@ void Trainer::load_checkpoint() {
   std::optional<RunState> loaded;
   std::string dir;
   bool release = false;
+  Timer timer;
+  int64_t bytes_read = 0;
   run_agreed(ps.world_group(), [&] {
     std::optional<int64_t> iteration;
     if (args_.ckpt_step >= 0) {
@@ -532,6 +534,7 @@ void Trainer::load_checkpoint() {
     load_shards(reader, CheckpointTarget{params_.get(), optimizer_.get(), dist_optimizer_.get(),
                                          dp_rank_},
                 optim);
+    bytes_read = reader.bytes_read();
     RunState state = run_state_from_json(meta, meta_path);
     if (optim) {
       if (optimizer_) optimizer_->set_steps(state.optimizer_steps);
@@ -541,6 +544,12 @@ void Trainer::load_checkpoint() {
     loaded = state;
   });
   if (!loaded) return;
+  Tensor total = Tensor::empty({1}, DType::kI64);
+  total.data<int64_t>()[0] = bytes_read;
+  parallel_->world_group().all_reduce(total);
+  const double seconds = timer.elapsed(), mb = static_cast<double>(total.data<int64_t>()[0]) / 1e6;
+  log_first(strprintf(" > read %.1f MB of tensors on %d ranks in %.3f s (%.1f MB/s)", mb,
+                      ps.world_size(), seconds, mb / std::max(seconds, 1e-9)));
   loaded_iteration_ = loaded->iteration;
   if (!args_.finetune && !release) {
     start_iteration_ = loaded->iteration;
