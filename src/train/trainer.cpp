@@ -66,9 +66,11 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
   cfg_ = transformer_config_from_args(args_);
   const bool whole_model = ps.tp_size() == 1 && ps.pp_size() == 1;
   MEGATRON_CHECK(whole_model || (args_.pretrained_checkpoint.empty() && args_.save_hf.empty()),
-                 "--pretrained-checkpoint and --save-hf read and write whole Hugging Face models: "
-                 "run them with --tensor-model-parallel-size 1 and "
-                 "--pipeline-model-parallel-size 1");
+                 "--pretrained-checkpoint and --save-hf read and write whole Hugging Face models "
+                 "in one process (tensor- and pipeline-parallel size 1); in a parallel layout, "
+                 "convert first (`megatron convert --load-hf IN --save CKPT`, then --load CKPT) "
+                 "and after training (--save CKPT, then `megatron convert --load CKPT --save-hf "
+                 "OUT`)");
   if (!args_.save_hf.empty()) {
     // Refuse an unexportable model or an unwritable directory now, not after training.
     infer_hf_arch(cfg_);
