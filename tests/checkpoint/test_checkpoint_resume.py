@@ -20,6 +20,9 @@ GPT model with dropout on, 20 iterations, evaluation every 5.
     assembles them from the shards.
   - A checkpoint saved with --no-save-optim refuses a load that wants the optimizer (exit 2,
     naming --no-load-optim) and loads its weights, with zero moments, under --no-load-optim.
+  - The reader the checks above trust: an intact tp2 checkpoint assembles its boxes, and a
+    flipped byte, a truncated or unlisted file, and overlapping, missing, out-of-bounds or
+    mis-sized boxes each raise CheckpointError.
 What it is not: the format's unit tests (test_safetensors.cpp), the layouts' numerical
 equivalence without checkpoints (tests/parallel), or fault injection during a save.
 
@@ -29,6 +32,7 @@ import json
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -92,9 +96,25 @@ def tearDownModule():
     TMP.cleanup()
 
 
+def with_flags(base, extra):
+    """base with extra's flags appended, a flag already in base taking extra's value (the
+    parser rejects a repeated flag)."""
+    out, extra = list(base), list(extra)
+    i = 0
+    while i < len(extra):
+        has_value = i + 1 < len(extra) and not extra[i + 1].startswith("--")
+        if extra[i] in out and has_value:
+            out[out.index(extra[i]) + 1] = extra[i + 1]
+        else:
+            out += extra[i:i + 1 + has_value]
+        i += 1 + has_value
+    return out
+
+
 def run(ranks, *args, expect_rc=0):
-    """megatron train on the module's dataset with TINY, then args (a later flag wins)."""
-    proc = megatron_job.run_train(MEGATRON, MPIEXEC, ranks, [*DATA, *TINY, *args], TIMEOUT_S)
+    """megatron train on the module's dataset with TINY and args (args' value of a flag wins)."""
+    proc = megatron_job.run_train(MEGATRON, MPIEXEC, ranks, [*DATA, *with_flags(TINY, args)],
+                                  TIMEOUT_S)
     if proc.returncode != expect_rc:
         raise AssertionError(f"{ranks} rank(s), train {' '.join(args)}: exit {proc.returncode}, "
                              f"expected {expect_rc}\n{proc.stdout[-1500:]}\n{proc.stderr[-3000:]}")
@@ -129,7 +149,7 @@ class TestExactResume(unittest.TestCase):
         first = run(ranks, *flags, "--save", ck, "--exit-interval", "10", *save_flags)
         want, want_valid = iterations(straight), validations(straight)
         self.assertEqual(sorted(want), list(range(1, 21)), straight.stdout[-2000:])
-        self.assertEqual(want[11].get("lm loss") is not None, True, want[11])
+        self.assertIn("lm loss", want[11])
         self.assertEqual(iterations(first), {i: want[i] for i in range(1, 11)},
                          "the first half is the straight run up to iteration 10")
         self.assertEqual(validations(first), [v for v in want_valid if v[0] <= 10])
@@ -197,13 +217,20 @@ class TestResharding(unittest.TestCase):
         self.assertTrue(any(k.startswith("optimizer.exp_avg_sq.") for k in saved))
         for name, ranks, flags in self.LAYOUTS:
             with self.subTest(layout=name):
-                # (i) One step after loading.
+                # (i) One step after loading, saved in this layout.
+                step_dir = tmpdir("step")
                 step = run(ranks, *flags, "--load", ck, "--exit-interval", "11",
-                           "--save", tmpdir("step"))
+                           "--save", step_dir)
                 got = iterations(step)
                 self.assertEqual(sorted(got), [11], step.stdout[-2000:])
+                self.assertEqual(checkpoint_reader.read_checkpoint(step_dir)[0]["iteration"], 11)
                 for field in ("consumed samples", "learning rate"):
                     self.assertEqual(got[11][field], want[field], field)
+                if flags is TP2PP2:  # the same layout: the same sums, so the same bits
+                    self.assertEqual(got[11], want)
+                rel = abs(float(got[11]["lm loss"]) / float(want["lm loss"]) - 1)
+                print(f"{name}: iteration-11 loss {got[11]['lm loss']} vs {want['lm loss']} "
+                      f"(relative {rel:.1e})", file=sys.stderr)
                 # 1e-5 relative: the layouts add the same f32 partial sums in another order (TP
                 # all-reduces, pipeline stages, data-parallel reduce-scatter), which moves the
                 # 7th significant digit at most in one step; a wrongly placed shard or a lost
@@ -245,6 +272,74 @@ class TestOptimizerStateMissing(unittest.TestCase):
                 self.assertFalse(v.any(), k)
         resumed = run(2, TP, "2", "--load", ck, "--no-load-optim", "--exit-interval", "11")
         self.assertEqual(sorted(iterations(resumed)), [11], resumed.stdout[-2000:])
+
+
+class TestCheckpointReader(unittest.TestCase):
+    """The reader's checks are what the other tests trust: each must fire on its corruption."""
+
+    FC1 = "model.decoder.layers.0.mlp.linear_fc1.weight"  # [256, 64], two row boxes at tp2
+
+    @classmethod
+    def setUpClass(cls):
+        cls.ck = tmpdir("ck")
+        run(2, TP, "2", "--train-iters", "4", "--eval-iters", "0", "--save", cls.ck)
+        cls.it_dir = os.path.join(cls.ck, "iter_0000004")
+
+    def corrupted(self, mutate):
+        """A copy of the checkpoint with mutate(iteration dir, metadata) applied."""
+        copy = os.path.join(tmpdir("bad"), "iter_0000004")
+        shutil.copytree(self.it_dir, copy)
+        with open(os.path.join(copy, "metadata.json"), encoding="utf-8") as f:
+            meta = json.load(f)
+        mutate(copy, meta)
+        with open(os.path.join(copy, "metadata.json"), "w", encoding="utf-8") as f:
+            json.dump(meta, f)
+        return copy
+
+    def test_intact_checkpoint_assembles_its_boxes(self):
+        meta, tensors = checkpoint_reader.read_checkpoint(self.ck)
+        self.assertEqual(meta["iteration"], 4)
+        shards = meta["tensors"][self.FC1]["shards"]
+        self.assertEqual([s["offset"] for s in shards], [[0, 0], [128, 0]])
+        halves = [checkpoint_reader.read_safetensors(os.path.join(self.it_dir, s["file"]))[0]
+                  [s["key"]] for s in shards]
+        self.assertTrue(np.array_equal(tensors[self.FC1], np.concatenate(halves)))
+
+    def test_each_corruption_is_caught(self):
+        def flip_byte(d, meta):
+            with open(os.path.join(d, "rank_00001.safetensors"), "r+b") as f:
+                f.seek(-5, os.SEEK_END)
+                byte = f.read(1)
+                f.seek(-5, os.SEEK_END)
+                f.write(bytes([byte[0] ^ 1]))
+
+        def truncate(d, meta):
+            with open(os.path.join(d, "rank_00001.safetensors"), "r+b") as f:
+                f.truncate(os.path.getsize(f.name) - 4)
+
+        def unlisted_file(d, meta):
+            shutil.copy(os.path.join(d, "rank_00001.safetensors"),
+                        os.path.join(d, "rank_00002.safetensors"))
+
+        def overlap(d, meta):
+            meta["tensors"][self.FC1]["shards"][1]["offset"] = [64, 0]
+
+        def gap(d, meta):
+            del meta["tensors"][self.FC1]["shards"][1]
+
+        def outside(d, meta):
+            meta["tensors"][self.FC1]["shards"][1]["offset"] = [192, 0]
+
+        def wrong_extent(d, meta):
+            meta["tensors"][self.FC1]["shards"][1]["extent"] = [64, 64]
+
+        for mutate, message in [(flip_byte, "sha256"), (truncate, "bytes, metadata.json says"),
+                                (unlisted_file, "files on disk"),
+                                (overlap, "covered more than once"), (gap, "uncovered"),
+                                (outside, "outside the shape"), (wrong_extent, "stored shape")]:
+            with self.subTest(corruption=mutate.__name__):
+                with self.assertRaisesRegex(checkpoint_reader.CheckpointError, message):
+                    checkpoint_reader.read_checkpoint(self.corrupted(mutate))
 
 
 if __name__ == "__main__":
