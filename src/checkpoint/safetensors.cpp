@@ -356,7 +356,7 @@ Tensor File::read(const std::string& name) const {
 
 void write(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
            const std::map<std::string, std::string>& metadata,
-           const std::function<void()>& after_tensor) {
+           const std::function<bool()>& after_tensor) {
   const std::string where = "safetensors file " + path;
 
   // Everything that can be rejected is rejected before a file is created.
@@ -422,7 +422,7 @@ void write(const std::string& path, const std::vector<std::pair<std::string, Ten
   for (size_t i = 0; ok && i < order.size(); ++i) {
     const Tensor& t = order[i]->second;
     ok = write_all(tmp.fd(), t.raw(), t.nbytes());
-    if (ok && after_tensor) after_tensor();
+    if (ok && after_tensor) ok = after_tensor();
   }
   MEGATRON_CHECK(ok, "cannot write ", where, ": writing failed: ", system_error());
   MEGATRON_CHECK(::fsync(tmp.fd()) == 0, "cannot write ", where,

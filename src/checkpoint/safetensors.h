@@ -83,9 +83,10 @@ class File {
 // written, synced and renamed over `path`, so a failure (disk full, permission) throws
 // InvalidArgument with the path and the system's reason, leaves no temporary file, and leaves
 // any previous file at `path` as it was. Duplicate or reserved names are an error.
-// after_tensor, when given, runs after each tensor's bytes are written (a test hook).
+// after_tensor, when given, runs after each tensor's bytes are written (a test hook); returning
+// false fails the write there as the disk would, with the errno it set.
 void write(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
            const std::map<std::string, std::string>& metadata = {},
-           const std::function<void()>& after_tensor = {});
+           const std::function<bool()>& after_tensor = {});
 
 }  // namespace megatron::safetensors

@@ -40,8 +40,8 @@ Box to_global(const Param& p, const LocalBox& lb, bool one_dim) {
 
 std::vector<Piece> shard_pieces(const Param& p, int64_t begin, int64_t numel) {
   const int nd = p.shape.ndim();
-  MEGATRON_ASSERT(nd == 1 || nd == 2, "checkpoint shards of ", nd, "-dimensional tensors (",
-                  p.name, ")");
+  MEGATRON_ASSERT(nd == 1 || nd == 2, "checkpoint shards of ", nd, "-dimensional tensors (", p.name,
+                  ")");
   const int64_t total = p.shape.numel();
   MEGATRON_ASSERT(begin >= 0 && numel >= 0 && begin + numel <= total, "range [", begin, ", ",
                   begin + numel, ") outside ", p.name, " (", total, " elements)");
@@ -52,9 +52,8 @@ std::vector<Piece> shard_pieces(const Param& p, int64_t begin, int64_t numel) {
                   "partition stride ", p.tp_partition_stride, " on dim ", p.tp_partition_dim,
                   " of ", p.name);
   // Row boundaries where a new stride block starts (partition dim 0 only).
-  const int64_t block_rows = p.is_tensor_parallel() && p.tp_partition_dim == 0
-                                 ? rows / p.tp_partition_stride
-                                 : rows;
+  const int64_t block_rows =
+      p.is_tensor_parallel() && p.tp_partition_dim == 0 ? rows / p.tp_partition_stride : rows;
 
   // Row-wise runs: [partial first row][whole rows][partial last row].
   std::vector<LocalBox> runs;

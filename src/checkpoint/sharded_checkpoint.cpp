@@ -22,7 +22,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string system_error() { return std::strerror(errno); }
+std::string system_error() {
+  return std::strerror(errno);
+}
 
 // Writes `text` to `path` atomically: temporary sibling, fsync, rename. Errors name the path.
 void write_file_atomic(const std::string& path, const std::string& text) {
@@ -67,7 +69,9 @@ std::string rank_file_name(int rank) {
   return buf;
 }
 
-std::vector<int64_t> int_list(const nlohmann::json& j) { return j.get<std::vector<int64_t>>(); }
+std::vector<int64_t> int_list(const nlohmann::json& j) {
+  return j.get<std::vector<int64_t>>();
+}
 
 }  // namespace
 
@@ -121,7 +125,7 @@ std::string prepare_save(ProcessGroup& world, const std::string& root, int64_t i
 
 nlohmann::json write_rank_file(const std::string& staging, int world_rank,
                                const std::vector<ShardEntry>& entries,
-                               const std::function<void()>& after_tensor) {
+                               const std::function<bool()>& after_tensor) {
   if (entries.empty()) return nlohmann::json::object();
   const std::string name = rank_file_name(world_rank);
   const std::string path = (fs::path(staging) / name).string();
@@ -148,8 +152,8 @@ nlohmann::json write_rank_file(const std::string& staging, int world_rank,
 }
 
 int64_t commit_save(ProcessGroup& world, const std::string& root, int64_t iteration,
-                 const std::string& staging, const nlohmann::json& record,
-                 const std::string& error, const nlohmann::json& state) {
+                    const std::string& staging, const nlohmann::json& record,
+                    const std::string& error, const nlohmann::json& state) {
   try {
     agree_on_failure(world, error, 1);
   } catch (const AgreedFailure&) {
@@ -181,8 +185,10 @@ int64_t commit_save(ProcessGroup& world, const std::string& root, int64_t iterat
         nlohmann::json& t = tensors[s["tensor"].get<std::string>()];
         t["dtype"] = "F32";
         t["shape"] = s["global_shape"];
-        t["shards"].push_back(
-            {{"file", r["file"]}, {"key", s["key"]}, {"offset", s["offset"]}, {"extent", s["extent"]}});
+        t["shards"].push_back({{"file", r["file"]},
+                               {"key", s["key"]},
+                               {"offset", s["offset"]},
+                               {"extent", s["extent"]}});
       }
     }
     meta["files"] = files;
@@ -260,7 +266,8 @@ CheckpointReader CheckpointReader::open(const std::string& dir, bool verify_inte
       const auto want = f.at("bytes").get<int64_t>();
       const auto got = static_cast<int64_t>(fs::file_size(file));
       MEGATRON_CHECK(got == want, "checkpoint shard ", file, " is ", got, " bytes but ", path,
-                     " records ", want, ": the file is truncated or was replaced; restore it, or "
+                     " records ", want,
+                     ": the file is truncated or was replaced; restore it, or "
                      "pass --ckpt-step N to load another iteration");
       r.sha256_[name] = f.at("sha256").get<std::string>();
     }
@@ -274,10 +281,9 @@ CheckpointReader CheckpointReader::open(const std::string& dir, bool verify_inte
                  Box{int_list(s.at("offset")), int_list(s.at("extent"))}};
         MEGATRON_CHECK(r.sha256_.count(sh.file), path, ": tensor ", name, " has a shard in ",
                        sh.file, ", which is not in its file list");
-        MEGATRON_CHECK(sh.box.offset.size() == info.shape.size() &&
-                           sh.box.extent.size() == info.shape.size(),
-                       path, ": a shard of ", name, " does not have ", info.shape.size(),
-                       " dimensions");
+        MEGATRON_CHECK(
+            sh.box.offset.size() == info.shape.size() && sh.box.extent.size() == info.shape.size(),
+            path, ": a shard of ", name, " does not have ", info.shape.size(), " dimensions");
         for (size_t d = 0; d < info.shape.size(); ++d) {
           MEGATRON_CHECK(sh.box.offset[d] >= 0 && sh.box.extent[d] >= 0 &&
                              sh.box.offset[d] + sh.box.extent[d] <= info.shape[d],
@@ -309,8 +315,9 @@ const safetensors::File& CheckpointReader::file(const std::string& name) {
   const std::string path = (fs::path(dir_) / name).string();
   if (verify_) {
     const std::string got = sha256_file(path);
-    MEGATRON_CHECK(got == sha256_[name], "checkpoint shard ", path, " fails --verify-integrity: ",
-                   "its SHA-256 is ", got, ", metadata.json records ", sha256_[name],
+    MEGATRON_CHECK(got == sha256_[name], "checkpoint shard ", path,
+                   " fails --verify-integrity: ", "its SHA-256 is ", got,
+                   ", metadata.json records ", sha256_[name],
                    ": the file is corrupt; restore it, or pass --ckpt-step N to load another "
                    "iteration");
   }
@@ -337,14 +344,16 @@ void CheckpointReader::read(const std::string& tensor, const Box& want, float* d
     if (region.numel() == 0) continue;
     const safetensors::File& f = file(s.file);
     const safetensors::TensorInfo& ti = f.info(s.key);
-    MEGATRON_CHECK(ti.dtype == DType::kF32 && ti.shape == Shape(s.box.extent.begin(), s.box.extent.end()), "checkpoint shard ",
-                   f.path(), ": tensor ", s.key, " is not the f32 box metadata.json describes");
+    MEGATRON_CHECK(
+        ti.dtype == DType::kF32 && ti.shape == Shape(s.box.extent.begin(), s.box.extent.end()),
+        "checkpoint shard ", f.path(), ": tensor ", s.key,
+        " is not the f32 box metadata.json describes");
     copy_region(static_cast<const float*>(f.data(s.key)), s.box, dst, want, region);
     copied += region.numel();
   }
   bytes_read_ += copied * static_cast<int64_t>(sizeof(float));
-  MEGATRON_ASSERT(copied == inside.numel(), "checkpoint ", dir_, ": shards of ", tensor,
-                  " cover ", copied, " of ", inside.numel(), " elements");
+  MEGATRON_ASSERT(copied == inside.numel(), "checkpoint ", dir_, ": shards of ", tensor, " cover ",
+                  copied, " of ", inside.numel(), " elements");
 }
 
 }  // namespace megatron::checkpoint

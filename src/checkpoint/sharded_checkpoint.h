@@ -66,11 +66,11 @@ std::string prepare_save(ProcessGroup& world, const std::string& root, int64_t i
 // Writes this rank's entries to <staging>/rank_<world rank>.safetensors (nothing when there are
 // none) and returns its record for metadata.json (empty object when nothing was written).
 // No communication. Throws InvalidArgument naming the file and the system's reason on failure.
-// after_tensor, when given, runs after each tensor's bytes are written (the fault-injection tests
-// kill the process there, mid-write).
+// after_tensor, when given, runs after each tensor's bytes are written; false fails the write
+// (the fault-injection tests kill the process there, mid-write, or fail it as a full disk).
 nlohmann::json write_rank_file(const std::string& staging, int world_rank,
                                const std::vector<ShardEntry>& entries,
-                               const std::function<void()>& after_tensor = {});
+                               const std::function<bool()>& after_tensor = {});
 
 // Collective. `record` is write_rank_file's result on this rank, or `error` its failure message
 // (then record is ignored). Agrees on success, then rank 0 writes metadata.json (the records
@@ -78,8 +78,8 @@ nlohmann::json write_rank_file(const std::string& staging, int world_rank,
 // Throws AgreedFailure on every rank when any rank failed. Returns the bytes of all the ranks'
 // files together.
 int64_t commit_save(ProcessGroup& world, const std::string& root, int64_t iteration,
-                 const std::string& staging, const nlohmann::json& record,
-                 const std::string& error, const nlohmann::json& state);
+                    const std::string& staging, const nlohmann::json& record,
+                    const std::string& error, const nlohmann::json& state);
 
 // A committed checkpoint directory, opened for reading the boxes a layout needs.
 class CheckpointReader {

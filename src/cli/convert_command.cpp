@@ -70,14 +70,15 @@ void save_checkpoint(const Model& m, const std::string& root) {
   std::shared_ptr<ProcessGroup> self = make_self_process_group();
   const std::string staging = cp::prepare_save(*self, root, 0);
   const nlohmann::json record = cp::write_rank_file(
-      staging, 0, shard_entries(CheckpointTarget{m.params.get(), nullptr, nullptr, 0}, false, false));
-  nlohmann::json meta = {{"args", model_args_json(m.args, m.cfg)},
-                         {"has_optimizer_state", false},
-                         {"release", true},
-                         {"padded_vocab_size", m.cfg.padded_vocab_size},
-                         {"tokenizer", {{"type", m.args.tokenizer_type},
-                                        {"vocab_size", m.cfg.vocab_size}}},
-                         {"layout", {{"world_size", 1}}}};
+      staging, 0,
+      shard_entries(CheckpointTarget{m.params.get(), nullptr, nullptr, 0}, false, false));
+  nlohmann::json meta = {
+      {"args", model_args_json(m.args, m.cfg)},
+      {"has_optimizer_state", false},
+      {"release", true},
+      {"padded_vocab_size", m.cfg.padded_vocab_size},
+      {"tokenizer", {{"type", m.args.tokenizer_type}, {"vocab_size", m.cfg.vocab_size}}},
+      {"layout", {{"world_size", 1}}}};
   meta["run_state"] = run_state_json(RunState{});
   cp::commit_save(*self, root, 0, staging, record, "", meta);
 }
@@ -85,8 +86,7 @@ void save_checkpoint(const Model& m, const std::string& root) {
 }  // namespace
 
 int convert_command(int argc, char** argv) {
-  CLI::App app("Convert model weights between Hugging Face directories and checkpoints",
-               "convert");
+  CLI::App app("Convert model weights between Hugging Face directories and checkpoints", "convert");
   std::string load_hf, save_hf, load, save, dtype;
   int64_t ckpt_step = -1;
   app.add_option("--pretrained-checkpoint,--load-hf", load_hf,
@@ -110,8 +110,9 @@ int convert_command(int argc, char** argv) {
   Model m = load.empty() ? from_hf(load_hf, &info) : from_checkpoint(load, ckpt_step);
   const std::string from = load.empty() ? load_hf : load;
   if (!save.empty()) {
-    MEGATRON_CHECK(dtype.empty(), "convert: --dtype applies to --save-hf only (checkpoints "
-                                  "hold fp32 weights)");
+    MEGATRON_CHECK(dtype.empty(),
+                   "convert: --dtype applies to --save-hf only (checkpoints "
+                   "hold fp32 weights)");
     try {
       save_checkpoint(m, save);
     } catch (const AgreedFailure& e) {

@@ -204,8 +204,8 @@ void register_train_args(ArgTable& t, Arguments& a) {
 namespace {
 
 void validate_checkpoint_args(const Arguments& a) {
-  MEGATRON_CHECK(a.ckpt_format == "torch_dist",
-                 "--ckpt-format ", a.ckpt_format, " is not supported: megatron-cpp writes one "
+  MEGATRON_CHECK(a.ckpt_format == "torch_dist", "--ckpt-format ", a.ckpt_format,
+                 " is not supported: megatron-cpp writes one "
                  "format, torch_dist-like sharded checkpoints that load into any layout; drop the "
                  "flag");
   MEGATRON_CHECK(a.save_interval >= 0, "--save-interval must be >= 0, got ", a.save_interval);
@@ -509,8 +509,8 @@ void merge_checkpoint_args(Arguments& a, const ArgTable& t, bool report) {
   namespace cp = checkpoint;
   if (!a.use_checkpoint_args) return;
   const std::optional<int64_t> it = a.ckpt_step >= 0 ? a.ckpt_step : cp::read_tracker(a.load);
-  MEGATRON_CHECK(it.has_value(), "--use-checkpoint-args: --load ", a.load, " has no checkpoint (no ",
-                 cp::kTrackerFile, ")");
+  MEGATRON_CHECK(it.has_value(), "--use-checkpoint-args: --load ", a.load,
+                 " has no checkpoint (no ", cp::kTrackerFile, ")");
   const std::string dir = cp::iteration_dir(a.load, *it);
   const cp::CheckpointReader reader = cp::CheckpointReader::open(dir, false);
   const nlohmann::json saved = reader.metadata().value("args", nlohmann::json::object());

@@ -42,9 +42,10 @@ int run_train(int argc, char** argv, MpiRuntime& mpi) {
       validate_train_args(args, mpi.world_size(), mpi.rank());
       const bool per_split = !args.train_data_path.empty() || !args.valid_data_path.empty() ||
                              !args.test_data_path.empty();
-      MEGATRON_CHECK(!(table.given("--split") && per_split),
-                     "--split applies to --data-path only; with --train-data-path/"
-                     "--valid-data-path/--test-data-path each split has its own data: drop --split");
+      MEGATRON_CHECK(
+          !(table.given("--split") && per_split),
+          "--split applies to --data-path only; with --train-data-path/"
+          "--valid-data-path/--test-data-path each split has its own data: drop --split");
       resolve_vocab_size(args, table);
       // Model-shape errors (heads not dividing hidden, sequence beyond positions, ...) surface
       // here, before the argument dump, as Megatron's argument validation does.

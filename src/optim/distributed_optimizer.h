@@ -30,8 +30,8 @@
 //
 // The elements of ParamSet::grads() outside the owned shards are stale after finish() and are
 // never read here. Not here: the gradient reduction (GradBuckets), overlapping the parameter
-// all-gather with the next forward (--overlap-param-gather), checkpointing (src/train/checkpointing.h
-// saves and loads the owned segments).
+// all-gather with the next forward (--overlap-param-gather), checkpointing
+// (src/train/checkpointing.h saves and loads the owned segments).
 #pragma once
 
 #include <cstdint>

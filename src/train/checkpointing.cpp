@@ -2,6 +2,7 @@
 #include "train/checkpointing.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <csignal>
 
 #include "comm/agreement.h"
@@ -15,12 +16,20 @@ namespace cp = checkpoint;
 namespace {
 
 // The fields whose values fix the shapes (or the meaning) of the saved tensors.
-const char* const kShapeKeys[] = {
-    "num_layers",      "hidden_size",       "ffn_hidden_size",
-    "num_attention_heads", "num_query_groups", "kv_channels",
-    "max_position_embeddings", "position_embedding_type", "normalization",
-    "swiglu",          "add_bias_linear",   "add_qkv_bias",
-    "untie_embeddings_and_output_weights", "vocab_size"};
+const char* const kShapeKeys[] = {"num_layers",
+                                  "hidden_size",
+                                  "ffn_hidden_size",
+                                  "num_attention_heads",
+                                  "num_query_groups",
+                                  "kv_channels",
+                                  "max_position_embeddings",
+                                  "position_embedding_type",
+                                  "normalization",
+                                  "swiglu",
+                                  "add_bias_linear",
+                                  "add_qkv_bias",
+                                  "untie_embeddings_and_output_weights",
+                                  "vocab_size"};
 
 // The vocabulary's padding rows depend on the tensor-parallel size; the rows that exist in both
 // layouts are read, the others are zero.
@@ -28,7 +37,9 @@ bool vocab_rows_may_differ(const Param& p) {
   return p.name == "embedding.word_embeddings.weight" || p.name == "output_layer.weight";
 }
 
-std::vector<int64_t> shape_vector(const Shape& s) { return {s.begin(), s.end()}; }
+std::vector<int64_t> shape_vector(const Shape& s) {
+  return {s.begin(), s.end()};
+}
 
 }  // namespace
 
@@ -63,7 +74,8 @@ std::vector<std::string> model_arg_differences(const nlohmann::json& saved,
   for (const char* key : kShapeKeys) {
     const nlohmann::json s = saved.value(key, nlohmann::json());
     const nlohmann::json m = mine.value(key, nlohmann::json());
-    if (s != m) out.push_back(std::string(key) + ": checkpoint " + s.dump() + ", this run " + m.dump());
+    if (s != m)
+      out.push_back(std::string(key) + ": checkpoint " + s.dump() + ", this run " + m.dump());
   }
   return out;
 }
@@ -98,8 +110,8 @@ std::vector<cp::ShardEntry> shard_entries(const CheckpointTarget& t, bool optim,
         const int64_t state_begin = seg.state - seg.param_begin;
         add("optimizer.exp_avg." + seg.param->name, *seg.param, t.dist_optimizer->exp_avg(),
             state_begin, piece);
-        add("optimizer.exp_avg_sq." + seg.param->name, *seg.param,
-            t.dist_optimizer->exp_avg_sq(), state_begin, piece);
+        add("optimizer.exp_avg_sq." + seg.param->name, *seg.param, t.dist_optimizer->exp_avg_sq(),
+            state_begin, piece);
       }
     }
   }
@@ -129,8 +141,8 @@ void load_shards(cp::CheckpointReader& reader, const CheckpointTarget& t, bool o
       for (const cp::Piece& piece : cp::shard_pieces(*seg.param, seg.param_begin, seg.numel)) {
         read("optimizer.exp_avg." + seg.param->name, *seg.param, t.dist_optimizer->exp_avg(),
              state_begin, piece);
-        read("optimizer.exp_avg_sq." + seg.param->name, *seg.param,
-             t.dist_optimizer->exp_avg_sq(), state_begin, piece);
+        read("optimizer.exp_avg_sq." + seg.param->name, *seg.param, t.dist_optimizer->exp_avg_sq(),
+             state_begin, piece);
       }
     }
   }
@@ -166,9 +178,9 @@ RunState run_state_from_json(const nlohmann::json& meta, const std::string& wher
     s.optimizer_steps = j.at("optimizer_steps").get<int64_t>();
     if (!j.at("loss_scaler").is_null()) {
       const nlohmann::json& l = j.at("loss_scaler");
-      s.loss_scaler = LossScalerState{l.at("scale").get<double>(),
-                                      l.at("growth_tracker").get<int64_t>(),
-                                      l.at("hysteresis_tracker").get<int64_t>()};
+      s.loss_scaler =
+          LossScalerState{l.at("scale").get<double>(), l.at("growth_tracker").get<int64_t>(),
+                          l.at("hysteresis_tracker").get<int64_t>()};
     }
     if (!j.at("rng").is_null()) s.rng_seed = j.at("rng").at("seed").get<uint64_t>();
   } catch (const nlohmann::json::exception& e) {
@@ -191,13 +203,22 @@ Checkpointer::~Checkpointer() {
   if (in_flight_ && in_flight_->writer.joinable()) in_flight_->writer.join();
 }
 
-std::function<void()> Checkpointer::kill_hook(int64_t iteration) const {
+std::function<bool()> Checkpointer::fault_hook(int64_t iteration) const {
   if (parallel_->rank() != fault_.rank || iteration != fault_.iteration) return {};
-  if (fault_.kind == FaultInjection::Kind::kKillInSave) return [] { std::raise(SIGKILL); };
-  if (fault_.kind == FaultInjection::Kind::kFailInSave) {
+  if (fault_.kind == FaultInjection::Kind::kKillInSave) {
     return [] {
-      throw InvalidArgument(
-          "writing failed: No space left on device (injected by --inject-fault fail-in-save)");
+      std::raise(SIGKILL);
+      return false;
+    };
+  }
+  if (fault_.kind == FaultInjection::Kind::kFailInSave) {
+    return [rank = fault_.rank] {
+      log_error(
+          strprintf("[rank %d] injected fault (--inject-fault fail-in-save): the "
+                    "checkpoint write fails as on a full disk",
+                    rank));
+      errno = ENOSPC;
+      return false;
     };
   }
   return {};
@@ -217,7 +238,7 @@ void Checkpointer::save(const RunState& state, const nlohmann::json& extra) {
   f->staging = cp::prepare_save(ps.world_group(), root_, state.iteration);
   f->entries = shard_entries(target_, save_optim_, /*copy=*/async_);
   last_saved_ = state.iteration;
-  auto write = [f = f.get(), rank = ps.rank(), hook = kill_hook(state.iteration)] {
+  auto write = [f = f.get(), rank = ps.rank(), hook = fault_hook(state.iteration)] {
     try {
       f->record = cp::write_rank_file(f->staging, rank, f->entries, hook);
     } catch (const std::exception& e) {
@@ -254,8 +275,8 @@ void Checkpointer::finish() {
 void Checkpointer::commit(InFlight& f) {
   int64_t bytes = 0;
   try {
-    bytes = cp::commit_save(parallel_->world_group(), root_, f.iteration, f.staging, f.record, f.error,
-                    f.meta);
+    bytes = cp::commit_save(parallel_->world_group(), root_, f.iteration, f.staging, f.record,
+                            f.error, f.meta);
   } catch (const AgreedFailure& e) {
     throw AgreedFailure(strprintf("saving the checkpoint of iteration %ld failed, so it was "
                                   "discarded (the previous checkpoint and the tracker are "
@@ -265,16 +286,17 @@ void Checkpointer::commit(InFlight& f) {
   }
   const ParallelState& ps = *parallel_;
   if (ps.rank() == 0) {
-    log_line(strprintf("  successfully saved checkpoint from iteration %7ld to %s [ t %d/%d, p "
-                       "%d/%d ]",
-                       static_cast<long>(f.iteration), root_.c_str(), ps.tp_rank() + 1,
-                       ps.tp_size(), ps.pp_rank() + 1, ps.pp_size()));
+    log_line(
+        strprintf("  successfully saved checkpoint from iteration %7ld to %s [ t %d/%d, p "
+                  "%d/%d ]",
+                  static_cast<long>(f.iteration), root_.c_str(), ps.tp_rank() + 1, ps.tp_size(),
+                  ps.pp_rank() + 1, ps.pp_size()));
     const double seconds = f.since_start.elapsed();
     const double mb = static_cast<double>(bytes) / 1e6;
-    std::string line = strprintf(" > checkpoint of iteration %ld: %.1f MB in %d files, %.3f s "
-                                 "(%.1f MB/s)",
-                                 static_cast<long>(f.iteration), mb, ps.world_size(), seconds,
-                                 mb / std::max(seconds, 1e-9));
+    std::string line = strprintf(
+        " > checkpoint of iteration %ld: %.1f MB in %d files, %.3f s "
+        "(%.1f MB/s)",
+        static_cast<long>(f.iteration), mb, ps.world_size(), seconds, mb / std::max(seconds, 1e-9));
     if (async_) {
       line += strprintf("; training waited %.3f s for the host copy", f.blocking_seconds);
     }

@@ -29,10 +29,10 @@
 
 #include "checkpoint/sharded_checkpoint.h"
 #include "comm/parallel_state.h"
+#include "core/timer.h"
 #include "optim/adamw.h"
 #include "optim/distributed_optimizer.h"
 #include "optim/loss_scaler.h"
-#include "core/timer.h"
 #include "parallel/param.h"
 #include "train/arguments.h"
 #include "train/fault_injection.h"
@@ -59,7 +59,7 @@ std::vector<std::string> model_arg_differences(const nlohmann::json& saved,
 // What this rank holds.
 struct CheckpointTarget {
   ParamSet* params = nullptr;
-  AdamW* optimizer = nullptr;                  // the plain optimizer, or
+  AdamW* optimizer = nullptr;  // the plain optimizer, or
   DistributedOptimizer* dist_optimizer = nullptr;
   int64_t dp_rank = 0;
 };
@@ -103,7 +103,7 @@ class Checkpointer {
  private:
   struct InFlight {
     int64_t iteration = 0;
-    Timer since_start;           // from the start of the save
+    Timer since_start;            // from the start of the save
     double blocking_seconds = 0;  // what the training loop waited for (async: the host copy)
     std::string staging;
     nlohmann::json meta;
@@ -114,7 +114,7 @@ class Checkpointer {
     std::thread writer;
   };
   void commit(InFlight& f);
-  std::function<void()> kill_hook(int64_t iteration) const;
+  std::function<bool()> fault_hook(int64_t iteration) const;
 
   std::shared_ptr<ParallelState> parallel_;
   std::string root_;

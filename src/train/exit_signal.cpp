@@ -1,6 +1,7 @@
 // The --exit-signal names and the process-wide handler behind ExitSignalHandler.
 #include "train/exit_signal.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -45,9 +46,25 @@ static_assert(std::atomic<bool>::is_always_lock_free,
 constexpr char kSecondSignalMessage[] =
     "megatron: received the exit signal a second time: exiting without saving a checkpoint\n";
 
-// Only async-signal-safe calls here: write, sigaction, raise.
+// The launcher may stop reading our output once it has decided the job ends (Open MPI's mpirun
+// does on SIGTERM), and a rank blocked writing a log line to a full pipe never reaches the save.
+// From the exit signal on, stdout and stderr do not block: a line that does not fit is dropped,
+// the checkpoint is not. fcntl is async-signal-safe.
+void stop_blocking_on_output() {
+  for (int fd : {STDOUT_FILENO, STDERR_FILENO}) {
+    const int flags = fcntl(fd, F_GETFL);
+    if (flags != -1) fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+  }
+}
+
+// Only async-signal-safe calls here: fcntl, write, sigaction, raise.
 void handle_exit_signal(int signum) {
-  if (!g_received.exchange(true)) return;  // first delivery: the trainer saves and stops
+  if (!g_received.exchange(true)) {  // first delivery: the trainer saves and stops
+    const int saved_errno = errno;
+    stop_blocking_on_output();
+    errno = saved_errno;
+    return;
+  }
   const int saved_errno = errno;
   const ssize_t written =
       write(STDERR_FILENO, kSecondSignalMessage, sizeof(kSecondSignalMessage) - 1);

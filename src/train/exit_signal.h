@@ -8,10 +8,15 @@
 // wait for the save: the handler then writes a fixed line to stderr, restores the default action
 // and re-raises the signal, so the process dies of it (its exit status still says which signal).
 //
+// The first delivery also makes stdout and stderr non-blocking: a launcher that stops reading the
+// ranks' output once it has decided to end the job (Open MPI's mpirun does on SIGTERM) would
+// otherwise leave a rank blocked in a log line, never reaching the save; a line may be dropped,
+// the checkpoint is not.
+//
 // It is not a general signal framework: one signal, one instance per process (a signal handler has
-// no context pointer, so its state is necessarily process-wide), nothing but a flag in the handler
-// (only async-signal-safe calls are allowed there). The cross-rank agreement and the save are the
-// trainer's.
+// no context pointer, so its state is necessarily process-wide), nothing but a flag and the
+// output flags in the handler (only async-signal-safe calls are allowed there). The cross-rank
+// agreement and the save are the trainer's.
 #pragma once
 
 #include <csignal>

@@ -77,9 +77,10 @@ void FaultInjection::at_iteration_start(int world_rank, int64_t it) const {
                   rank, static_cast<long>(it)));
   }
   if (kind == Kind::kHang && world_rank == rank && it == iteration) {
-    log_error(strprintf("injected fault (--inject-fault): rank %d hangs at the start of "
-                        "iteration %ld",
-                        rank, static_cast<long>(it)));
+    log_error(
+        strprintf("[rank %d] injected fault (--inject-fault): rank %d hangs at the start "
+                  "of iteration %ld",
+                  rank, rank, static_cast<long>(it)));
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
   }
 }

@@ -15,9 +15,9 @@
 #include "core/threads.h"
 #include "core/timer.h"
 #include "tensor/ops.h"
+#include "train/exit_codes.h"
 #include "train/flops.h"
 #include "train/gemm_peak.h"
-#include "train/exit_codes.h"
 #include "train/memory_report.h"
 #include "train/micro_batch_runner.h"
 #include "train/model_config.h"
@@ -193,12 +193,12 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
   if (!args_.save.empty()) {
     checkpointer_ = std::make_unique<Checkpointer>(
         parallel_, args_,
-        CheckpointTarget{params_.get(), optimizer_.get(), dist_optimizer_.get(), dp_rank_},
-        fault_);
+        CheckpointTarget{params_.get(), optimizer_.get(), dist_optimizer_.get(), dp_rank_}, fault_);
   }
   // The watchdog aborts the whole job (MPI_Abort from its thread: the main thread is stuck).
-  watchdog_ = std::make_unique<Watchdog>(args_.distributed_timeout_minutes * 60.0,
-                                         parallel_->rank(), [] { MpiRuntime::abort(kExitFailure); });
+  watchdog_ =
+      std::make_unique<Watchdog>(args_.distributed_timeout_minutes * 60.0, parallel_->rank(),
+                                 [] { MpiRuntime::abort(kExitFailure); });
   if (args_.exit_signal_handler) {
     exit_signal_ = std::make_unique<ExitSignalHandler>(parse_exit_signal(args_.exit_signal));
   }
@@ -507,22 +507,23 @@ void Trainer::load_checkpoint() {
     cp::CheckpointReader reader = cp::CheckpointReader::open(dir, args_.verify_integrity);
     const std::string meta_path = dir + "/" + cp::kMetadataFile;
     const nlohmann::json& meta = reader.metadata();
-    const std::vector<std::string> diffs =
-        model_arg_differences(meta.value("args", nlohmann::json::object()),
-                              model_args_json(args_, cfg_));
+    const std::vector<std::string> diffs = model_arg_differences(
+        meta.value("args", nlohmann::json::object()), model_args_json(args_, cfg_));
     if (!diffs.empty()) {
       std::string list;
       for (const std::string& d : diffs) list += "\n  " + d;
-      MEGATRON_CHECK(false, "checkpoint ", dir, " holds a different model than this run's "
-                     "arguments describe:", list,
+      MEGATRON_CHECK(false, "checkpoint ", dir,
+                     " holds a different model than this run's "
+                     "arguments describe:",
+                     list,
                      "\npass the checkpoint's values, or --use-checkpoint-args to take them from "
                      "it");
     }
     // A release checkpoint (`megatron convert` from Hugging Face) holds weights only and
     // starts the run at iteration 0, as Megatron's release directories do.
     release = meta.value("release", false);
-    const std::string saved_tokenizer = meta.value("args", nlohmann::json::object())
-                                            .value("tokenizer_type", args_.tokenizer_type);
+    const std::string saved_tokenizer =
+        meta.value("args", nlohmann::json::object()).value("tokenizer_type", args_.tokenizer_type);
     if (saved_tokenizer != args_.tokenizer_type) {
       log_first(" > warning: checkpoint " + dir + " was trained with --tokenizer-type " +
                 saved_tokenizer + ", this run uses " + args_.tokenizer_type);
@@ -533,8 +534,8 @@ void Trainer::load_checkpoint() {
                      " has no optimizer state (it was saved with --no-save-optim): pass "
                      "--no-load-optim (moments start at zero) or --finetune");
     }
-    load_shards(reader, CheckpointTarget{params_.get(), optimizer_.get(), dist_optimizer_.get(),
-                                         dp_rank_},
+    load_shards(reader,
+                CheckpointTarget{params_.get(), optimizer_.get(), dist_optimizer_.get(), dp_rank_},
                 optim);
     bytes_read = reader.bytes_read();
     RunState state = run_state_from_json(meta, meta_path);
@@ -562,10 +563,11 @@ void Trainer::load_checkpoint() {
     if (args_.load_optim) scheduler_samples_ = loaded->scheduler_samples;
     if (args_.load_rng && loaded->rng_seed) dropout_seed_ = *loaded->rng_seed;
   }
-  log_first(strprintf("  successfully loaded checkpoint from %s [ t %d/%d, p %d/%d ] at "
-                      "iteration %ld",
-                      args_.load.c_str(), ps.tp_rank() + 1, ps.tp_size(), ps.pp_rank() + 1,
-                      ps.pp_size(), static_cast<long>(start_iteration_)));
+  log_first(
+      strprintf("  successfully loaded checkpoint from %s [ t %d/%d, p %d/%d ] at "
+                "iteration %ld",
+                args_.load.c_str(), ps.tp_rank() + 1, ps.tp_size(), ps.pp_rank() + 1, ps.pp_size(),
+                static_cast<long>(start_iteration_)));
 }
 
 RunState Trainer::run_state(int64_t iteration) const {
@@ -632,8 +634,8 @@ int Trainer::exit_decision(int64_t it) {
   if (args_.exit_interval > 0 && it % args_.exit_interval == 0) {
     if (checkpointer_ && checkpointer_->last_saved_iteration() != it) save_checkpoint(it);
     if (checkpointer_) checkpointer_->finish();
-    log_first(strprintf("[exiting program at iteration %ld] datetime: %s",
-                        static_cast<long>(it), timestamp().c_str()));
+    log_first(strprintf("[exiting program at iteration %ld] datetime: %s", static_cast<long>(it),
+                        timestamp().c_str()));
     return kExitOk;
   }
   return -1;
@@ -650,9 +652,9 @@ int Trainer::train() {
   double interval_loss = 0, interval_time = 0;
   int64_t interval_iters = 0, interval_skipped = 0, interval_nan = 0;
   if (needs_data_ && parallel_->tp_rank() == 0) {
-    prefetcher_ = std::make_unique<BatchPrefetcher>(*data_.train, batch_options_,
-                                                    args_.micro_batch_size, consumed_train_,
-                                                    args_.num_workers, dp_rank_, dp_size_);
+    prefetcher_ =
+        std::make_unique<BatchPrefetcher>(*data_.train, batch_options_, args_.micro_batch_size,
+                                          consumed_train_, args_.num_workers, dp_rank_, dp_size_);
   }
   train_timer_.start();
   for (int64_t it = start_iteration_ + 1; it <= args_.train_iters; ++it) {

@@ -131,9 +131,9 @@ class Trainer {
   int64_t num_microbatches_ = 1;
   int64_t consumed_valid_ = 0, consumed_test_ = 0;
   int64_t consumed_train_ = 0;
-  int64_t start_iteration_ = 0;   // the loaded checkpoint's iteration (0 without --load)
+  int64_t start_iteration_ = 0;    // the loaded checkpoint's iteration (0 without --load)
   int64_t loaded_iteration_ = -1;  // -1: nothing loaded
-  uint64_t dropout_seed_ = 0;     // --seed, or the loaded RNG state
+  uint64_t dropout_seed_ = 0;      // --seed, or the loaded RNG state
   std::unique_ptr<Checkpointer> checkpointer_;  // --save
   std::unique_ptr<Watchdog> watchdog_;
   std::unique_ptr<ExitSignalHandler> exit_signal_;  // --exit-signal-handler

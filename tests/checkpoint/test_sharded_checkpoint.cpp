@@ -41,8 +41,8 @@ void check_pieces(const Param& p, int64_t begin, int64_t numel) {
     ASSERT_EQ(piece.local_begin, expect) << "pieces must tile the range in local order";
     for (int64_t k = 0; k < piece.global.numel(); ++k) {
       ASSERT_EQ(global_index(piece.global, p.full_shape(), k), p.full_index(expect + k))
-          << p.shape.str() << " dim " << p.tp_partition_dim << " stride "
-          << p.tp_partition_stride << " rank " << p.tp_rank << " element " << expect + k;
+          << p.shape.str() << " dim " << p.tp_partition_dim << " stride " << p.tp_partition_stride
+          << " rank " << p.tp_rank << " element " << expect + k;
     }
     expect += piece.global.numel();
   }
