@@ -113,7 +113,9 @@ void register_train_args(ArgTable& t, Arguments& a) {
   t.add("--log-interval", a.log_interval, "Iterations between log lines");
   t.add("--timing-log-level", a.timing_log_level,
         "Granularity of the step-time report printed every --log-interval: 0 none, 1 the "
-        "step's phases (batch, forward-backward, gradient sync, optimizer, communication)");
+        "step's phases (batch, forward-backward, gradient sync, optimizer, communication), 2 "
+        "also the time inside each kind of kernel (GEMM, attention, norms and elementwise, "
+        "cross entropy, optimizer)");
   t.add("--seed", a.seed, "Random seed (weights, dropout, data)");
   t.add("--optimizer", a.optimizer, "Optimizer (adam: AdamW)");
   t.add("--lr", a.lr, "Peak learning rate");

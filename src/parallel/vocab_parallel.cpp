@@ -6,9 +6,12 @@
 // ranks. The rank sums travel as doubles, so that grouping adds no rounding of its own.
 #include "parallel/vocab_parallel.h"
 
+#include <optional>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <string>
 #include <type_traits>
 
@@ -16,6 +19,7 @@
 #include "parallel/mappings.h"
 #include "tensor/cpu/dispatch.h"
 #include "tensor/cpu/vec_math.h"
+#include "tensor/op_profile.h"
 
 namespace megatron {
 namespace {
@@ -104,6 +108,7 @@ TOut widen(TTable x) {
 template <typename TOut, typename TTable>
 void masked_lookup(TOut* out, const Ids& ids, int64_t n, const TTable* table, int64_t rows,
                    int64_t h, int64_t vocab_start) {
+  const OpTimer op_timer(OpCategory::kNormElementwise);
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     TOut* dst = out + i * h;
@@ -169,6 +174,7 @@ void vocab_parallel_embedding_forward(Tensor& out, const Tensor& ids, const Tens
 void vocab_parallel_embedding_backward(Tensor& dtable_shard, const Tensor& dout, const Tensor& ids,
                                        int64_t vocab_start) {
   const char* op = "vocab_parallel_embedding_backward";
+  const OpTimer op_timer(OpCategory::kNormElementwise);
   const Ids id = ids_of(ids, op);
   MEGATRON_CHECK(dtable_shard.defined() && dtable_shard.ndim() == 2, op,
                  ": dtable_shard must be [Vp/tp, h], got ",
@@ -224,13 +230,17 @@ void vocab_parallel_cross_entropy_forward(Tensor& loss, Tensor& lse, const Tenso
     //    the identity of max; rank 0 always holds valid columns, so the result is finite.
     Tensor max_t = Tensor::empty({n}, logits_shard.dtype());
     T* mx = max_t.data<T>();
+    {
+      // The op profile counts the local passes; the all-reduces are communication.
+      const OpTimer op_timer(OpCategory::kCrossEntropy);
 #pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < n; ++r) {
-      const T* row = lg + r * block;
-      T m = -std::numeric_limits<T>::infinity();
+      for (int64_t r = 0; r < n; ++r) {
+        const T* row = lg + r * block;
+        T m = -std::numeric_limits<T>::infinity();
 #pragma omp simd reduction(max : m)
-      for (int64_t j = 0; j < v; ++j) m = std::max(m, row[j]);
-      mx[r] = m;
+        for (int64_t j = 0; j < v; ++j) m = std::max(m, row[j]);
+        mx[r] = m;
+      }
     }
     if (tp.size() > 1) tp.all_reduce(max_t, ReduceOp::kMax);
 
@@ -239,6 +249,7 @@ void vocab_parallel_cross_entropy_forward(Tensor& loss, Tensor& lse, const Tenso
     Tensor sums = Tensor::empty({2 * n}, DType::kF64);
     double* se = sums.data<double>();
     double* xt = se + n;
+    std::optional<OpTimer> op_timer(std::in_place, OpCategory::kCrossEntropy);
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < n; ++r) {
       const T* row = lg + r * block;
@@ -255,6 +266,7 @@ void vocab_parallel_cross_entropy_forward(Tensor& loss, Tensor& lse, const Tenso
       const int64_t local = t[r] - vocab_start;
       xt[r] = local >= 0 && local < v ? static_cast<double>(row[local]) : 0.0;
     }
+    op_timer.reset();
     if (tp.size() > 1) tp.all_reduce(sums, ReduceOp::kSum);
 
     // 3. Every rank now holds the same m, sums and target logits: same lse and loss everywhere.
@@ -286,6 +298,7 @@ void vocab_parallel_cross_entropy_backward(Tensor& dlogits_shard, const Tensor& 
   check_rows_tensor(dloss, n, logits_shard.dtype(), "vocab_parallel_cross_entropy_backward dloss");
   check_rows_tensor(lse, n, logits_shard.dtype(), "vocab_parallel_cross_entropy_backward lse");
 
+  const OpTimer op_timer(OpCategory::kCrossEntropy);
   cpu::dispatch_float(logits_shard, op, [&]<typename T>() {
     const int64_t v = valid_columns(vocab_start, block, vocab_size);  // a local, as above
     const T *lg = logits_shard.data<T>(), *dl = dloss.data<T>(), *ls = lse.data<T>();

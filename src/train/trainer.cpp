@@ -3,6 +3,7 @@
 #include "train/trainer.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <filesystem>
 #include <limits>
@@ -14,6 +15,7 @@
 #include "core/logging.h"
 #include "core/threads.h"
 #include "core/timer.h"
+#include "tensor/op_profile.h"
 #include "tensor/ops.h"
 #include "train/exit_codes.h"
 #include "train/flops.h"
@@ -57,6 +59,7 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
   needs_data_ = ps.is_first_stage() || ps.is_last_stage() || args_.reset_attention_mask;
   fault_ = FaultInjection::parse(args_.inject_fault);
   dropout_seed_ = static_cast<uint64_t>(args_.seed);
+  if (args_.timing_log_level >= 2) set_op_profiling(true);
   if (args_.fp16) {
     scaler_ = std::make_unique<LossScaler>(
         LossScalerConfig{args_.loss_scale, args_.initial_loss_scale, args_.min_loss_scale,
@@ -334,9 +337,25 @@ double Trainer::comm_seconds() const {
   return s;
 }
 
+std::array<double, kOpCategories> Trainer::op_times() const {
+  std::array<double, kOpCategories> t{};
+  for (int c = 0; c < kOpCategories; ++c) t[c] = op_seconds(static_cast<OpCategory>(c));
+  return t;
+}
+
+void Trainer::add_op_times(const std::array<double, kOpCategories>& before) {
+  if (args_.timing_log_level < 2) return;
+  // The whole step's time inside each kind of kernel (forward, backward and optimizer together).
+  for (int c = 0; c < kOpCategories; ++c) {
+    const auto cat = static_cast<OpCategory>(c);
+    timers_.add(std::string("kernels: ") + op_category_name(cat), op_seconds(cat) - before[c]);
+  }
+}
+
 Trainer::StepResult Trainer::train_step(int64_t iteration, double lr) {
   StepResult r;
   const double comm0 = comm_seconds();
+  const std::array<double, kOpCategories> ops0 = op_times();
   Timer phase;
   params_->zero_grads();
   grad_buckets_->reset();
@@ -389,6 +408,7 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, double lr) {
       r.grad_norm = std::numeric_limits<double>::quiet_NaN();
       timers_.add("optimizer", phase.elapsed());
       timers_.add("communication (all groups)", comm_seconds() - comm0);
+      add_op_times(ops0);
       return r;
     }
   }
@@ -430,6 +450,7 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, double lr) {
   }
   timers_.add("optimizer", phase.elapsed());
   timers_.add("communication (all groups)", comm_seconds() - comm0);
+  add_op_times(ops0);
   return r;
 }
 

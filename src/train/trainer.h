@@ -13,6 +13,7 @@
 // masks) is a pure function of (seed, iteration), so two identical runs print identical losses.
 #pragma once
 
+#include <array>
 #include <functional>
 #include <memory>
 #include <string>
@@ -29,6 +30,7 @@
 #include "optim/lr_scheduler.h"
 #include "parallel/grad_buckets.h"
 #include "pipeline/executor.h"
+#include "tensor/op_profile.h"
 #include "train/arguments.h"
 #include "train/batch_prefetcher.h"
 #include "train/checkpointing.h"
@@ -68,6 +70,10 @@ class Trainer {
     bool skipped = false;  // fp16 overflow: no update, the LR schedule does not advance
   };
   StepResult train_step(int64_t iteration, double lr);
+  // --timing-log-level 2: seconds inside each op category so far, and the step's share of them
+  // added to the timers.
+  std::array<double, kOpCategories> op_times() const;
+  void add_op_times(const std::array<double, kOpCategories>& before);
   // This stage's share of the micro-batches of a step: read by TP rank 0 of every stage that
   // needs the data (first and last stages; every stage with --reset-attention-mask) and
   // broadcast over the TP group. `read(k)` builds the k-th micro-batch of the step.

@@ -70,21 +70,14 @@ TINY = {"--mock-data": None, "--vocab-size": "128", "--num-layers": "4", "--hidd
         "--lr-warmup-iters": "3", "--eval-iters": "0", "--num-threads": "1",
         "--tensor-model-parallel-size": "2"}
 TRACKER = "latest_checkpointed_iteration.txt"
-CRASH_MARKERS = ("terminate called", "core dumped", "Segmentation fault", "what():",
-                 "internal error", "Assertion")
+CRASH_MARKERS = megatron_job.CRASH_MARKERS
 LOSS_RE = re.compile(r"\] iteration +(\d+)/ *\d+ \|.*?\| lm loss: (\S+) \|")
 MEMORY_RE = re.compile(r"\[Rank (\d+)\] \(after (\d+) iterations\) memory")
 
 
 def argv(**overrides):
-    """TINY with flags replaced or added: --foo-bar=VALUE as foo_bar="VALUE", a flag as True."""
-    flags = dict(TINY)
-    for key, value in overrides.items():
-        flags["--" + key.replace("_", "-")] = None if value is True else str(value)
-    out = []
-    for flag, value in flags.items():
-        out += [flag] if value is None else [flag, value]
-    return out
+    """TINY with flags replaced or added (megatron_job.flags_with)."""
+    return megatron_job.flags_with(TINY, **overrides)
 
 
 def run(args, timeout=TIMEOUT_S):

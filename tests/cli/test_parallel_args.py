@@ -38,20 +38,13 @@ TINY = {"--mock-data": None, "--vocab-size": "128", "--num-layers": "4", "--hidd
         "--train-iters": "2", "--log-interval": "1", "--lr": "1e-3", "--eval-iters": "0",
         "--num-threads": "1"}
 DUMP_BANNER = "------------------------ arguments"
-CRASH_MARKERS = ("terminate called", "core dumped", "Segmentation fault", "what():",
-                 "internal error", "Assertion")
+CRASH_MARKERS = megatron_job.CRASH_MARKERS
 SP_WARNING = "WARNING: Disabling sequence parallelism because tensor model parallelism is disabled"
 
 
 def argv(**overrides):
-    """TINY with flags replaced or added: --foo-bar=VALUE as foo_bar="VALUE", a flag as True."""
-    flags = dict(TINY)
-    for key, value in overrides.items():
-        flags["--" + key.replace("_", "-")] = None if value is True else str(value)
-    out = []
-    for flag, value in flags.items():
-        out += [flag] if value is None else [flag, value]
-    return out
+    """TINY with flags replaced or added (megatron_job.flags_with)."""
+    return megatron_job.flags_with(TINY, **overrides)
 
 
 def run(ranks, args):

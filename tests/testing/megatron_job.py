@@ -16,6 +16,24 @@ MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
            "OMPI_MCA_btl_vader_single_copy_mechanism": "none", "OMPI_MCA_mpi_yield_when_idle": "1"}
 
 
+# Text that only a crash prints (an uncaught exception, a signal, a failed assertion): a refusal
+# or an agreed failure must not contain any of it.
+CRASH_MARKERS = ("terminate called", "core dumped", "Segmentation fault", "what():",
+                 "internal error", "Assertion")
+
+
+def flags_with(base, **overrides):
+    """The flag dict `base` ({"--flag": "value" or None}) as an argv list, with flags replaced or
+    added: --foo-bar VALUE as foo_bar="VALUE", a valueless flag as foo_bar=True."""
+    flags = dict(base)
+    for key, value in overrides.items():
+        flags["--" + key.replace("_", "-")] = None if value is True else str(value)
+    out = []
+    for flag, value in flags.items():
+        out += [flag] if value is None else [flag, value]
+    return out
+
+
 def run_train(megatron, mpiexec, ranks, args, timeout):
     """`megatron train ARGS` as one process (ranks 1) or under `mpiexec -n RANKS`; never raises
     on a non-zero exit (the caller checks returncode), raises TimeoutExpired on a hang."""

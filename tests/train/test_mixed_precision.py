@@ -90,8 +90,14 @@ class TestLossScaling(unittest.TestCase):
                 for key in ("skipped", "nan", "scale", "lr"):
                     self.assertEqual(g[key], w[key], f"{layout or 'dp2'}: {key}, {g} vs {w}")
                 if w["loss"] is not None:
-                    # Cross-rank sums in another order (see tests/parallel): 1e-5 relative.
-                    self.assertAlmostEqual(g["loss"], w["loss"], delta=1e-5 * w["loss"],
+                    # Cross-rank sums in another order (see tests/parallel), here on fp16 compute
+                    # weights: a layout that sums a GEMM's partial products across ranks rounds
+                    # them at other points, and fp16's 11-bit mantissa turns that into loss
+                    # differences of about 1e-5 relative after ten Adam steps (measured 1.2e-5 at
+                    # iteration 10 for tp2pp2; fp32 layouts agree to every printed digit): 5e-5
+                    # relative. A rank that did not skip would also differ in "skipped" and
+                    # "scale", checked exactly above.
+                    self.assertAlmostEqual(g["loss"], w["loss"], delta=5e-5 * w["loss"],
                                            msg=f"{layout or 'dp2'} iteration {w['it']}")
 
     def test_default_scale_backs_off_from_2_to_the_32(self):

@@ -6,12 +6,14 @@
 #include <vector>
 
 #include "tensor/cpu/dispatch.h"
+#include "tensor/op_profile.h"
 #include "tensor/ops.h"
 
 namespace megatron::ops {
 
 void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad,
                 const AdamWSpec& spec) {
+  const OpTimer op_timer(OpCategory::kOptimizer);
   cpu::check_numel(param, grad, "adamw_step");
   cpu::check_numel(param, exp_avg, "adamw_step");
   cpu::check_numel(param, exp_avg_sq, "adamw_step");

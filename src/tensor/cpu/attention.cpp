@@ -16,6 +16,7 @@
 #include "core/philox.h"
 #include "tensor/cpu/dispatch.h"
 #include "tensor/cpu/vec_math.h"
+#include "tensor/op_profile.h"
 #include "tensor/ops.h"
 
 namespace megatron::ops {
@@ -203,6 +204,7 @@ void backward_kernel(T* dqkv, const T* dout, const T* qkv, const T* out, const T
 }  // namespace
 
 void attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const AttentionSpec& spec) {
+  const OpTimer op_timer(OpCategory::kAttention);
   Layout l = make_layout(qkv, spec);
   check_shape(out, {l.s, l.b, l.np, l.hn}, "attention_forward out");
   check_shape(lse, {l.b, l.np, l.s}, "attention_forward lse");
@@ -213,6 +215,7 @@ void attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const Attent
 
 void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
                         const Tensor& lse, const AttentionSpec& spec) {
+  const OpTimer op_timer(OpCategory::kAttention);
   Layout l = make_layout(qkv, spec);
   check_shape(dqkv, qkv.shape(), "attention_backward dqkv");
   check_shape(dout, {l.s, l.b, l.np, l.hn}, "attention_backward dout");

@@ -9,6 +9,7 @@
 
 #include "tensor/cpu/dispatch.h"
 #include "tensor/cpu/vec_math.h"
+#include "tensor/op_profile.h"
 #include "tensor/ops.h"
 
 namespace megatron::ops {
@@ -49,6 +50,7 @@ T row_lse(const T* row, int64_t v) {
 
 void cross_entropy_forward(Tensor& loss, Tensor& lse, const Tensor& logits, const Tensor& targets,
                            int64_t vocab_size) {
+  const OpTimer op_timer(OpCategory::kCrossEntropy);
   check_ce(logits, targets, vocab_size, "cross_entropy_forward");
   int64_t rows = cpu::rows_of(logits), vp = logits.dim(-1);
   check_shape(loss, {rows}, "cross_entropy_forward loss");
@@ -69,6 +71,7 @@ void cross_entropy_forward(Tensor& loss, Tensor& lse, const Tensor& logits, cons
 
 void cross_entropy_backward(Tensor& dlogits, const Tensor& dloss, const Tensor& logits,
                             const Tensor& lse, const Tensor& targets, int64_t vocab_size) {
+  const OpTimer op_timer(OpCategory::kCrossEntropy);
   check_ce(logits, targets, vocab_size, "cross_entropy_backward");
   int64_t rows = cpu::rows_of(logits), vp = logits.dim(-1);
   check_shape(dlogits, logits.shape(), "cross_entropy_backward dlogits");
@@ -94,6 +97,7 @@ void cross_entropy_backward(Tensor& dlogits, const Tensor& dloss, const Tensor& 
 
 void log_softmax_gather(Tensor& logprob, const Tensor& logits, const Tensor& targets,
                         int64_t vocab_size) {
+  const OpTimer op_timer(OpCategory::kCrossEntropy);
   check_ce(logits, targets, vocab_size, "log_softmax_gather");
   int64_t rows = cpu::rows_of(logits), vp = logits.dim(-1);
   check_shape(logprob, {rows}, "log_softmax_gather logprob");

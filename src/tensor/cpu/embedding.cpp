@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "tensor/cpu/dispatch.h"
+#include "tensor/op_profile.h"
 #include "tensor/ops.h"
 
 namespace megatron::ops {
@@ -25,6 +26,7 @@ void check_ids(const Tensor& ids, int64_t vocab, const char* op) {
 }  // namespace
 
 void embedding_forward(Tensor& out, const Tensor& ids, const Tensor& table) {
+  const OpTimer op_timer(OpCategory::kNormElementwise);
   int64_t n = ids.numel(), h = table.dim(1);
   MEGATRON_CHECK(table.ndim() == 2 && out.numel() == n * h, "embedding_forward: table ",
                  table.str(), ", ids ", ids.str(), ", out ", out.str());
@@ -40,6 +42,7 @@ void embedding_forward(Tensor& out, const Tensor& ids, const Tensor& table) {
 }
 
 void embedding_backward(Tensor& dtable, const Tensor& dout, const Tensor& ids) {
+  const OpTimer op_timer(OpCategory::kNormElementwise);
   int64_t n = ids.numel(), h = dtable.dim(1);
   MEGATRON_CHECK(dtable.ndim() == 2 && dout.numel() == n * h, "embedding_backward: dtable ",
                  dtable.str(), ", ids ", ids.str(), ", dout ", dout.str());

@@ -18,6 +18,7 @@
 #include <dnnl.hpp>
 
 #include "tensor/cpu/dispatch.h"
+#include "tensor/op_profile.h"
 #include "tensor/ops.h"
 
 namespace megatron::ops {
@@ -156,6 +157,7 @@ bool native_half_gemm(DType t) {
 }
 
 void matmul(Tensor& out, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, float beta) {
+  const OpTimer op_timer(OpCategory::kGemm);
   MEGATRON_CHECK(a.ndim() >= 2 && b.ndim() >= 2, "matmul: inputs must have >= 2 dims, got ",
                  a.str(), " and ", b.str());
   MEGATRON_CHECK(beta == 0.0f || beta == 1.0f, "matmul: beta must be 0 or 1, got ", beta);

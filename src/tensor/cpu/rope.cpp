@@ -7,11 +7,13 @@
 #include <vector>
 
 #include "tensor/cpu/dispatch.h"
+#include "tensor/op_profile.h"
 #include "tensor/ops.h"
 
 namespace megatron::ops {
 
 void rope_inplace(Tensor& x, const Tensor& positions, const RopeSpec& spec, bool inverse) {
+  const OpTimer op_timer(OpCategory::kNormElementwise);
   MEGATRON_CHECK(x.ndim() == 5, "rope_inplace: expected x as [s, b, G, P, hn], got ", x.str());
   int64_t s = x.dim(0), b = x.dim(1), groups = x.dim(2), per = x.dim(3), hn = x.dim(4);
   int64_t rot = spec.rot_dim;

@@ -1,0 +1,62 @@
+// The op profile's counters: one per category, added to by the outermost OpTimer of a thread.
+#include "tensor/op_profile.h"
+
+#include <atomic>
+
+namespace megatron {
+
+namespace {
+
+std::atomic<bool> g_enabled{false};
+// Nanoseconds per category. Atomic although ops run on one thread: tests and tools may not.
+std::atomic<int64_t> g_nanos[kOpCategories];
+thread_local int t_depth = 0;
+
+}  // namespace
+
+const char* op_category_name(OpCategory c) {
+  switch (c) {
+    case OpCategory::kGemm:
+      return "gemm";
+    case OpCategory::kAttention:
+      return "attention";
+    case OpCategory::kNormElementwise:
+      return "norms and elementwise";
+    case OpCategory::kCrossEntropy:
+      return "cross entropy";
+    case OpCategory::kOptimizer:
+      return "optimizer";
+  }
+  return "?";
+}
+
+void set_op_profiling(bool on) {
+  g_enabled.store(on, std::memory_order_relaxed);
+}
+bool op_profiling() {
+  return g_enabled.load(std::memory_order_relaxed);
+}
+
+double op_seconds(OpCategory c) {
+  return static_cast<double>(g_nanos[static_cast<int>(c)].load(std::memory_order_relaxed)) * 1e-9;
+}
+
+OpTimer::OpTimer(OpCategory c) : category_(c) {
+  if (!g_enabled.load(std::memory_order_relaxed)) return;
+  nested_ = true;
+  if (t_depth++ > 0) return;  // inside another op: the outer one counts the time
+  active_ = true;
+  start_ = std::chrono::steady_clock::now();
+}
+
+OpTimer::~OpTimer() {
+  if (!nested_) return;
+  --t_depth;
+  if (!active_) return;
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      std::chrono::steady_clock::now() - start_)
+                      .count();
+  g_nanos[static_cast<int>(category_)].fetch_add(ns, std::memory_order_relaxed);
+}
+
+}  // namespace megatron

@@ -1,0 +1,40 @@
+// Op profile: wall-clock seconds spent inside the ops of each category, for the per-step time
+// breakdown of --timing-log-level 2 (GEMMs, attention, norms and elementwise, cross entropy,
+// optimizer). Each public op opens an OpTimer for its category; nested ops count once, in the
+// outermost one. Off by default: a disabled OpTimer costs one relaxed load.
+//
+// Process-wide counters, like the tensor memory statistics: ops are called from the main thread
+// (OpenMP teams run inside them), so the times are wall-clock time of that thread. It is not a
+// profiler: no per-call or per-shape attribution (perf does that).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+
+namespace megatron {
+
+enum class OpCategory : uint8_t { kGemm, kAttention, kNormElementwise, kCrossEntropy, kOptimizer };
+inline constexpr int kOpCategories = 5;
+// "gemm", "attention", "norms and elementwise", "cross entropy", "optimizer".
+const char* op_category_name(OpCategory c);
+
+void set_op_profiling(bool on);
+bool op_profiling();
+// Seconds inside ops of category c since the start of the process (while profiling was on).
+double op_seconds(OpCategory c);
+
+class OpTimer {
+ public:
+  explicit OpTimer(OpCategory c);
+  ~OpTimer();
+  OpTimer(const OpTimer&) = delete;
+  OpTimer& operator=(const OpTimer&) = delete;
+
+ private:
+  bool nested_ = false;  // counted in this thread's depth (profiling was on)
+  bool active_ = false;  // the outermost timer: adds its time
+  OpCategory category_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+}  // namespace megatron

@@ -1,0 +1,54 @@
+// The op profile: ops add their time to their own category only while profiling is on, and an
+// OpTimer inside another counts nothing (the outer one holds the time).
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "tensor/op_profile.h"
+#include "tensor/ops.h"
+
+namespace megatron {
+namespace {
+
+TEST(OpProfile, OpsCountInTheirCategoryOnlyWhileOn) {
+  Tensor a = Tensor::full({256, 256}, 0.5), b = Tensor::full({256, 256}, 0.25);
+  Tensor c = Tensor::empty({256, 256});
+  set_op_profiling(false);
+  const double gemm0 = op_seconds(OpCategory::kGemm);
+  ops::matmul(c, a, false, b, false);
+  EXPECT_EQ(op_seconds(OpCategory::kGemm), gemm0) << "off: nothing counted";
+
+  set_op_profiling(true);
+  const double ce0 = op_seconds(OpCategory::kCrossEntropy);
+  ops::matmul(c, a, false, b, false);
+  const double gemm1 = op_seconds(OpCategory::kGemm);
+  EXPECT_GT(gemm1, gemm0);
+  const double elt0 = op_seconds(OpCategory::kNormElementwise);
+  ops::add(c, a, b);
+  EXPECT_GT(op_seconds(OpCategory::kNormElementwise), elt0);
+  EXPECT_EQ(op_seconds(OpCategory::kGemm), gemm1) << "an add is not a GEMM";
+  EXPECT_EQ(op_seconds(OpCategory::kCrossEntropy), ce0);
+  set_op_profiling(false);
+}
+
+TEST(OpProfile, NestedTimersCountOnceInTheOutermost) {
+  set_op_profiling(true);
+  const double gemm0 = op_seconds(OpCategory::kGemm);
+  const double attn0 = op_seconds(OpCategory::kAttention);
+  {
+    const OpTimer outer(OpCategory::kAttention);
+    const OpTimer inner(OpCategory::kGemm);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(op_seconds(OpCategory::kGemm), gemm0);
+  EXPECT_GE(op_seconds(OpCategory::kAttention) - attn0, 0.015);
+  set_op_profiling(false);
+}
+
+TEST(OpProfile, CategoryNames) {
+  EXPECT_STREQ(op_category_name(OpCategory::kGemm), "gemm");
+  EXPECT_STREQ(op_category_name(OpCategory::kNormElementwise), "norms and elementwise");
+}
+
+}  // namespace
+}  // namespace megatron
