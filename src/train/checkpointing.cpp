@@ -80,73 +80,63 @@ std::vector<std::string> model_arg_differences(const nlohmann::json& saved,
   return out;
 }
 
-std::vector<cp::ShardEntry> shard_entries(const CheckpointTarget& t, bool optim, bool copy) {
-  std::vector<cp::ShardEntry> out;
-  auto add = [&](const std::string& name, const Param& p, const Tensor& flat, int64_t flat_begin,
-                 const cp::Piece& piece) {
-    const int64_t n = piece.global.numel();
-    Tensor view = flat.flat_view(flat_begin + piece.local_begin, Shape{n});
-    out.push_back({name, shape_vector(p.full_shape()), piece.global, copy ? view.clone() : view});
-  };
+namespace {
+
+// Calls fn(tensor name, param, flat buffer, where the Param's element 0 sits in it, piece) for
+// every box of what `t` holds: the main weights and plain-Adam moments of every Param, and the
+// distributed optimizer's owned moments. writes_only: only the boxes this rank writes (each
+// element once over all ranks, see the file comment); else every box it holds (a load).
+template <typename Fn>
+void for_each_box(const CheckpointTarget& t, bool optim, bool writes_only, Fn&& fn) {
   ParamSet& ps = *t.params;
-  const bool weights = t.dp_rank == 0;
+  const bool weights = !writes_only || t.dp_rank == 0;
   for (const Param* p : ps.params()) {
-    if (p->is_duplicate() || !weights) continue;
+    if (!weights || (writes_only && p->is_duplicate())) continue;
     const int64_t at = ps.offset_of(*p);
     for (const cp::Piece& piece : cp::shard_pieces(*p, 0, p->shape.numel())) {
-      add("model." + p->name, *p, ps.main(), at, piece);
+      fn("model." + p->name, *p, ps.main(), at, piece);
       if (optim && t.optimizer) {
-        add("optimizer.exp_avg." + p->name, *p, t.optimizer->exp_avg(), at, piece);
-        add("optimizer.exp_avg_sq." + p->name, *p, t.optimizer->exp_avg_sq(), at, piece);
+        fn("optimizer.exp_avg." + p->name, *p, t.optimizer->exp_avg(), at, piece);
+        fn("optimizer.exp_avg_sq." + p->name, *p, t.optimizer->exp_avg_sq(), at, piece);
       }
     }
   }
-  if (optim && t.dist_optimizer) {
-    for (const auto& seg : t.dist_optimizer->owned_segments()) {
-      if (seg.param->is_duplicate()) continue;
-      for (const cp::Piece& piece : cp::shard_pieces(*seg.param, seg.param_begin, seg.numel)) {
-        // piece.local_begin counts from the Param's start; the moments of the segment start at
-        // seg.state for element seg.param_begin.
-        const int64_t state_begin = seg.state - seg.param_begin;
-        add("optimizer.exp_avg." + seg.param->name, *seg.param, t.dist_optimizer->exp_avg(),
-            state_begin, piece);
-        add("optimizer.exp_avg_sq." + seg.param->name, *seg.param, t.dist_optimizer->exp_avg_sq(),
-            state_begin, piece);
-      }
+  if (!optim || !t.dist_optimizer) return;
+  for (const auto& seg : t.dist_optimizer->owned_segments()) {
+    if (writes_only && seg.param->is_duplicate()) continue;
+    // The segment's moments start at seg.state for the Param's element seg.param_begin.
+    const int64_t at = seg.state - seg.param_begin;
+    for (const cp::Piece& piece : cp::shard_pieces(*seg.param, seg.param_begin, seg.numel)) {
+      fn("optimizer.exp_avg." + seg.param->name, *seg.param, t.dist_optimizer->exp_avg(), at,
+         piece);
+      fn("optimizer.exp_avg_sq." + seg.param->name, *seg.param, t.dist_optimizer->exp_avg_sq(), at,
+         piece);
     }
   }
+}
+
+}  // namespace
+
+std::vector<cp::ShardEntry> shard_entries(const CheckpointTarget& t, bool optim, bool copy) {
+  std::vector<cp::ShardEntry> out;
+  for_each_box(t, optim, /*writes_only=*/true,
+               [&](const std::string& name, const Param& p, Tensor& flat, int64_t at,
+                   const cp::Piece& piece) {
+                 Tensor view = flat.flat_view(at + piece.local_begin, Shape{piece.global.numel()});
+                 out.push_back({name, shape_vector(p.full_shape()), piece.global,
+                                copy ? view.clone() : view});
+               });
   return out;
 }
 
 void load_shards(cp::CheckpointReader& reader, const CheckpointTarget& t, bool optim) {
-  ParamSet& ps = *t.params;
-  auto read = [&](const std::string& name, const Param& p, Tensor& flat, int64_t flat_begin,
-                  const cp::Piece& piece) {
-    reader.read(name, piece.global, flat.data<float>() + flat_begin + piece.local_begin,
-                vocab_rows_may_differ(p));
-  };
-  for (const Param* p : ps.params()) {
-    const int64_t at = ps.offset_of(*p);
-    for (const cp::Piece& piece : cp::shard_pieces(*p, 0, p->shape.numel())) {
-      read("model." + p->name, *p, ps.main(), at, piece);
-      if (optim && t.optimizer) {
-        read("optimizer.exp_avg." + p->name, *p, t.optimizer->exp_avg(), at, piece);
-        read("optimizer.exp_avg_sq." + p->name, *p, t.optimizer->exp_avg_sq(), at, piece);
-      }
-    }
-  }
-  if (optim && t.dist_optimizer) {
-    for (const auto& seg : t.dist_optimizer->owned_segments()) {
-      const int64_t state_begin = seg.state - seg.param_begin;
-      for (const cp::Piece& piece : cp::shard_pieces(*seg.param, seg.param_begin, seg.numel)) {
-        read("optimizer.exp_avg." + seg.param->name, *seg.param, t.dist_optimizer->exp_avg(),
-             state_begin, piece);
-        read("optimizer.exp_avg_sq." + seg.param->name, *seg.param, t.dist_optimizer->exp_avg_sq(),
-             state_begin, piece);
-      }
-    }
-  }
-  ps.sync_compute_from_main();
+  for_each_box(t, optim, /*writes_only=*/false,
+               [&](const std::string& name, const Param& p, Tensor& flat, int64_t at,
+                   const cp::Piece& piece) {
+                 reader.read(name, piece.global, flat.data<float>() + at + piece.local_begin,
+                             vocab_rows_may_differ(p));
+               });
+  t.params->sync_compute_from_main();
 }
 
 nlohmann::json run_state_json(const RunState& s) {

@@ -627,6 +627,13 @@ void Trainer::save_checkpoint(int64_t iteration) {
 }
 
 int Trainer::exit_decision(int64_t it) {
+  // Every exit saves this iteration (unless just saved) and commits any save in flight first.
+  auto stop = [&](const std::string& why, int code) {
+    if (checkpointer_ && checkpointer_->last_saved_iteration() != it) save_checkpoint(it);
+    if (checkpointer_) checkpointer_->finish();
+    log_first("[" + why + "] datetime: " + timestamp());
+    return code;
+  };
   const bool by_signal = exit_signal_ != nullptr;
   const bool by_time = args_.exit_duration_in_mins > 0;
   if (by_signal || by_time) {
@@ -638,26 +645,15 @@ int Trainer::exit_decision(int64_t it) {
     }
     parallel_->world_group().all_reduce(flags, ReduceOp::kMax);
     if (flags.data<int64_t>()[0]) {
-      if (checkpointer_ && checkpointer_->last_saved_iteration() != it) save_checkpoint(it);
-      if (checkpointer_) checkpointer_->finish();
-      log_first(strprintf("[exiting program after receiving %s.] datetime: %s",
-                          args_.exit_signal.c_str(), timestamp().c_str()));
-      return kExitSavedRequeue;
+      return stop("exiting program after receiving " + args_.exit_signal + ".", kExitSavedRequeue);
     }
     if (flags.data<int64_t>()[1]) {
-      if (checkpointer_ && checkpointer_->last_saved_iteration() != it) save_checkpoint(it);
-      if (checkpointer_) checkpointer_->finish();
-      log_first(strprintf("[exiting program after %f minutes] datetime: %s",
-                          train_timer_.elapsed() / 60.0, timestamp().c_str()));
-      return kExitSavedRequeue;
+      return stop(strprintf("exiting program after %f minutes", train_timer_.elapsed() / 60.0),
+                  kExitSavedRequeue);
     }
   }
   if (args_.exit_interval > 0 && it % args_.exit_interval == 0) {
-    if (checkpointer_ && checkpointer_->last_saved_iteration() != it) save_checkpoint(it);
-    if (checkpointer_) checkpointer_->finish();
-    log_first(strprintf("[exiting program at iteration %ld] datetime: %s", static_cast<long>(it),
-                        timestamp().c_str()));
-    return kExitOk;
+    return stop(strprintf("exiting program at iteration %ld", static_cast<long>(it)), kExitOk);
   }
   return -1;
 }
