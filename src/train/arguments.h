@@ -100,17 +100,17 @@ struct Arguments {
   bool load_rng = true;               // false with --no-load-rng
   bool finetune = false;              // load weights only, start at iteration 0
   bool exit_on_missing_checkpoint = false;
-  bool use_checkpoint_args = false;   // model-shape arguments from the --load checkpoint
-  int64_t ckpt_step = -1;             // --ckpt-step: load this iteration, not the tracker's
-  bool async_save = false;            // write checkpoints on a background thread
-  bool verify_integrity = false;      // compare the shards' SHA-256 with metadata.json on load
+  bool use_checkpoint_args = false;        // model-shape arguments from the --load checkpoint
+  int64_t ckpt_step = -1;                  // --ckpt-step: load this iteration, not the tracker's
+  bool async_save = false;                 // write checkpoints on a background thread
+  bool verify_integrity = false;           // compare the shards' SHA-256 with metadata.json on load
   std::string ckpt_format = "torch_dist";  // accepted: the one (sharded, reshardable) format
 
   // ---- graceful exits and hang detection ----
-  bool exit_signal_handler = false;     // save and exit when --exit-signal arrives
-  std::string exit_signal = "SIGTERM";  // the signal --exit-signal-handler waits for
-  int64_t exit_interval = 0;            // exit (after saving) at iterations divisible by this
-  double exit_duration_in_mins = 0;     // exit (after saving) once training ran this long
+  bool exit_signal_handler = false;         // save and exit when --exit-signal arrives
+  std::string exit_signal = "SIGTERM";      // the signal --exit-signal-handler waits for
+  int64_t exit_interval = 0;                // exit (after saving) at iterations divisible by this
+  double exit_duration_in_mins = 0;         // exit (after saving) once training ran this long
   double distributed_timeout_minutes = 10;  // watchdog: a step or collective hanging this long
 
   // ---- logging ----

@@ -49,8 +49,7 @@ FULL_BLOCK_2 = ["--recompute-granularity", "full", "--recompute-method", "block"
                 "--recompute-num-layers", "2"]
 SELECTIVE = ["--recompute-granularity", "selective"]
 DUMP_BANNER = "------------------------ arguments"
-CRASH_MARKERS = ("terminate called", "core dumped", "Segmentation fault", "what():",
-                 "internal error", "Assertion")
+CRASH_MARKERS = megatron_job.CRASH_MARKERS
 TP2_SP = ["--tensor-model-parallel-size", "2", "--sequence-parallel"]
 PP2 = ["--pipeline-model-parallel-size", "2"]
 
