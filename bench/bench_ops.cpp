@@ -32,12 +32,27 @@ void BM_LinearForward(benchmark::State& state) {
 }
 BENCHMARK(BM_LinearForward)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
 
+// The output layer's three GEMMs: logits = x w^T (0), dx = dlogits w (1), dw += dlogits^T x (2).
 void BM_OutputLayer(benchmark::State& state) {
-  Tensor x = random({kS * kB, kH}), w = random({kVocab, kH}), y = Tensor::empty({kS * kB, kVocab});
-  for (auto _ : state) ops::matmul(y, x, false, w, true);
-  state.SetItemsProcessed(state.iterations() * 2 * kS * kB * kH * kVocab);
+  const int64_t n = kS * kB;
+  Tensor x = random({n, kH}), w = random({kVocab, kH}), logits = random({n, kVocab});
+  Tensor dx = Tensor::empty({n, kH}), dw = Tensor::zeros({kVocab, kH});
+  for (auto _ : state) {
+    switch (state.range(0)) {
+      case 0:
+        ops::matmul(logits, x, false, w, true);
+        break;
+      case 1:
+        ops::matmul(dx, logits, false, w, false);
+        break;
+      default:
+        ops::matmul(dw, logits, true, x, false, 1.0f);
+        break;
+    }
+  }
+  state.SetItemsProcessed(state.iterations() * 2 * n * kH * kVocab);
 }
-BENCHMARK(BM_OutputLayer)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_OutputLayer)->DenseRange(0, 2)->Unit(benchmark::kMillisecond);
 
 void BM_CrossEntropyForwardBackward(benchmark::State& state) {
   Tensor logits = random({kS * kB, kVocab}), loss = Tensor::empty({kS * kB}),

@@ -339,7 +339,42 @@ INSTANTIATE_TEST_SUITE_P(
                       AttnCase{6, 1, 2, 2, 4, false, 0.0f},    // non-causal
                       AttnCase{5, 2, 1, 2, 4, true, 0.3f},     // dropout, FD-checked
                       AttnCase{131, 2, 2, 2, 16, true, 0.0f},  // > 2 tiles, odd length
-                      AttnCase{70, 1, 1, 1, 8, true, 0.1f}));  // dropout across tiles
+                      AttnCase{70, 1, 1, 1, 8, true, 0.1f},    // dropout across tiles
+                      // Tile GEMMs at their full register width (hn 64), partial last tiles,
+                      // several query tiles per key tile, GQA and non-causal across tiles, a
+                      // head size that is no multiple of the vector width.
+                      AttnCase{150, 2, 2, 1, 64, true, 0.0f},
+                      AttnCase{130, 1, 2, 3, 32, true, 0.0f},
+                      AttnCase{129, 1, 1, 2, 20, false, 0.0f},
+                      AttnCase{97, 1, 2, 2, 24, true, 0.2f}));
+
+TEST(Attention, DocumentBoundariesAcrossTiles) {
+  // Documents that start inside, at and just after 64-position tile boundaries, in sequences
+  // longer than two tiles: whole key tiles are skipped for some query tiles, partly masked for
+  // others.
+  const int64_t s = 150, b = 2, ng = 2, qpg = 2, hn = 32;
+  const std::vector<std::vector<int64_t>> docs = {{0, 40, 64, 65, 149}, {0, 127, 128}};
+  std::vector<int32_t> starts(static_cast<size_t>(b * s));
+  for (int64_t bb = 0; bb < b; ++bb) {
+    for (int64_t i = 0; i < s; ++i) {
+      int64_t start = 0;
+      for (int64_t d : docs[static_cast<size_t>(bb)])
+        if (d <= i) start = d;
+      starts[static_cast<size_t>(bb * s + i)] = static_cast<int32_t>(start);
+    }
+  }
+  ops::AttentionSpec spec{ng, qpg, 0.2f, true, 0.0f, 0, 0};
+  spec.doc_start = starts.data();
+  Tensor qkv = random_tensor({s, b, ng, qpg + 2, hn}, 33, 1.5);
+  Tensor out = Tensor::empty({s, b, ng * qpg, hn}), lse = Tensor::empty({b, ng * qpg, s});
+  ops::attention_forward(out, lse, qkv, spec);
+  EXPECT_TRUE(allclose(out, ref::attention(f64(qkv), spec), kF32Atol, kF32Rtol));
+  Tensor dout = random_tensor(out.shape(), 34);
+  Tensor dqkv = Tensor::empty(qkv.shape());
+  ops::attention_backward(dqkv, dout, qkv, out, lse, spec);
+  EXPECT_TRUE(
+      allclose(dqkv, ref::attention_backward(f64(dout), f64(qkv), spec), kF32Atol * 5, kF32Rtol));
+}
 
 TEST(CrossEntropy, MaskedPaddingForwardBackward) {
   const int64_t n = 6, vp = 40, vocab = 33;  // 7 padding columns
