@@ -14,7 +14,7 @@ AdamW::AdamW(ParamSet& params, const AdamWConfig& cfg)
       exp_avg_(Tensor::zeros(params.main().shape(), params.main().dtype())),
       exp_avg_sq_(Tensor::zeros(params.main().shape(), params.main().dtype())) {}
 
-void AdamW::step(double lr) {
+void AdamW::step(double lr, double grad_scale) {
   ++step_;
   for (Param* p : params_.params()) {
     const int64_t off = params_.offset_of(*p);
@@ -28,6 +28,7 @@ void AdamW::step(double lr) {
     spec.eps = static_cast<float>(cfg_.eps);
     spec.weight_decay = p->no_weight_decay ? 0.0f : static_cast<float>(cfg_.weight_decay);
     spec.step = step_;
+    spec.grad_scale = static_cast<float>(grad_scale);
     ops::adamw_step(w, m, v, p->main_grad.view({n}), spec);
   }
   params_.sync_compute_from_main();
@@ -45,9 +46,14 @@ double grad_sum_squares_unique(ParamSet& params) {
   return sum;
 }
 
-void clip_grads(ParamSet& params, double max_norm, double norm) {
-  if (max_norm <= 0) return;
+double clip_coefficient(double max_norm, double norm) {
+  if (max_norm <= 0) return 1.0;
   const double coeff = max_norm / (norm + 1e-6);
+  return coeff < 1.0 ? coeff : 1.0;
+}
+
+void clip_grads(ParamSet& params, double max_norm, double norm) {
+  const double coeff = clip_coefficient(max_norm, norm);
   if (coeff < 1.0) ops::scale_inplace(params.grads(), coeff);
 }
 

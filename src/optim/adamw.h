@@ -21,9 +21,10 @@ class AdamW {
  public:
   AdamW(ParamSet& params, const AdamWConfig& cfg);
 
-  // One update of the main weights from main_grad with learning rate lr; refreshes the compute
-  // copy. Increments the step counter used for bias correction.
-  void step(double lr);
+  // One update of the main weights from main_grad * grad_scale (the clipping coefficient, see
+  // clip_coefficient; the gradients themselves are left as they are) with learning rate lr;
+  // refreshes the compute copy. Increments the step counter used for bias correction.
+  void step(double lr, double grad_scale = 1.0);
 
   int64_t steps() const { return step_; }
   // Restores the step counter (bias correction) from a checkpoint.
@@ -44,7 +45,11 @@ double grad_norm(ParamSet& params);
 // except duplicates (Param::is_duplicate), so that summing it over the model-parallel group counts
 // each element of the model once (Megatron's get_grad_norm_fp32).
 double grad_sum_squares_unique(ParamSet& params);
-// Scales gradients by max_norm / (norm + 1e-6) when that is < 1 (Megatron's clip_grad_norm).
+// Megatron's clip_grad_norm factor: max_norm / (norm + 1e-6) when that is < 1, else 1 (also when
+// max_norm <= 0: no clipping). The trainer passes it to the optimizer's step, which applies it as
+// it reads each gradient.
+double clip_coefficient(double max_norm, double norm);
+// Scales the gradients in place by clip_coefficient (the unfused form, for references and tests).
 void clip_grads(ParamSet& params, double max_norm, double norm);
 
 }  // namespace megatron

@@ -35,7 +35,7 @@ DistributedOptimizer::DistributedOptimizer(GradBuckets& buckets, const AdamWConf
   exp_avg_sq_ = Tensor::zeros({owned}, params_.main().dtype());
 }
 
-void DistributedOptimizer::step(double lr) {
+void DistributedOptimizer::step(double lr, double grad_scale) {
   ++step_;
   Tensor& main = params_.main();
   Tensor& grads = params_.grads();
@@ -45,6 +45,7 @@ void DistributedOptimizer::step(double lr) {
   spec.beta2 = static_cast<float>(cfg_.beta2);
   spec.eps = static_cast<float>(cfg_.eps);
   spec.step = step_;
+  spec.grad_scale = static_cast<float>(grad_scale);
   for (const Segment& s : segments_) {
     Tensor w = main.flat_view(s.begin, {s.numel});
     Tensor m = exp_avg_.flat_view(s.state, {s.numel});
@@ -83,12 +84,6 @@ void DistributedOptimizer::scale_grads(double factor) {
     Tensor shard = params_.grads().flat_view(s0, {s1 - s0});
     ops::scale_inplace(shard, factor);
   }
-}
-
-void DistributedOptimizer::clip_grads(double max_norm, double norm) {
-  if (max_norm <= 0) return;
-  const double coeff = max_norm / (norm + 1e-6);
-  if (coeff < 1.0) scale_grads(coeff);
 }
 
 bool DistributedOptimizer::grads_finite() const {

@@ -49,18 +49,16 @@ class DistributedOptimizer {
   // data-parallel group must outlive this object. Moments start at zero.
   DistributedOptimizer(GradBuckets& buckets, const AdamWConfig& cfg);
 
-  // One AdamW update of the owned main weights from the owned (reduced) gradients with learning
-  // rate lr, then the all-gather of the main weights over DP and the compute-copy refresh.
-  // Collective over the data-parallel group. Increments the step counter (bias correction).
-  void step(double lr);
+  // One AdamW update of the owned main weights from the owned (reduced) gradients times
+  // grad_scale (the clipping coefficient, clip_coefficient in adamw.h) with learning rate lr,
+  // then the all-gather of the main weights over DP and the compute-copy refresh. Collective over
+  // the data-parallel group. Increments the step counter (bias correction).
+  void step(double lr, double grad_scale = 1.0);
 
   // This rank's share of the squared global gradient norm (see the file comment), in double.
   double grad_sum_squares_unique() const;
   // Scales the owned gradient shards (fp16 unscaling: factor 1 / loss scale).
   void scale_grads(double factor);
-  // Megatron's clip_grad_norm on the owned shards: scales them by max_norm / (norm + 1e-6) when
-  // that is < 1; norm is the global norm. max_norm <= 0: no clipping.
-  void clip_grads(double max_norm, double norm);
   // True when every owned gradient element is finite (the caller MAX-reduces the verdict over
   // every rank: each element of the model has exactly one owner per model-parallel rank).
   bool grads_finite() const;

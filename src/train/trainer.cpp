@@ -441,12 +441,12 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, double lr) {
                     static_cast<long>(iteration)));
     }
   }
+  // Clipping rides along with the update (one pass over the gradients instead of two).
+  const double clip = clip_coefficient(args_.clip_grad, r.grad_norm);
   if (dist_optimizer_) {
-    dist_optimizer_->clip_grads(args_.clip_grad, r.grad_norm);
-    dist_optimizer_->step(lr);
+    dist_optimizer_->step(lr, clip);
   } else {
-    clip_grads(*params_, args_.clip_grad, r.grad_norm);
-    optimizer_->step(lr);
+    optimizer_->step(lr, clip);
   }
   timers_.add("optimizer", phase.elapsed());
   timers_.add("communication (all groups)", comm_seconds() - comm0);

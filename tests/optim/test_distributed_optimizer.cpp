@@ -388,8 +388,9 @@ void run_equivalence(ProcessGroup& dp, const Case& c) {
     EXPECT_EQ(norm, ref_norm) << at_step << ": grad norm";
     EXPECT_GT(norm, max_norm) << at_step << ": clipping is not exercised";
     EXPECT_TRUE(opt.grads_finite()) << at_step;
-    opt.clip_grads(max_norm, norm);
-    opt.step(lr);
+    // Clipping fused into the update equals clipping the gradients in place first (the
+    // reference), bit for bit.
+    opt.step(lr, clip_coefficient(max_norm, norm));
     EXPECT_EQ(opt.steps(), step + 1) << at_step;
 
     // The full main weights and compute copy, on every rank.

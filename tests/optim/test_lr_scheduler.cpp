@@ -106,6 +106,9 @@ TEST(GradClip, ScalesOnlyAboveTheThreshold) {
   EXPECT_FLOAT_EQ(w.main_grad.data<float>()[0], 3.0f);
   clip_grads(set, 1.0, 5.0);
   EXPECT_NEAR(grad_norm(set), 1.0, 1e-6);
+  EXPECT_EQ(clip_coefficient(10.0, 5.0), 1.0);
+  EXPECT_EQ(clip_coefficient(0.0, 5.0), 1.0);  // --clip-grad 0: off
+  EXPECT_DOUBLE_EQ(clip_coefficient(1.0, 5.0), 1.0 / (5.0 + 1e-6));
 }
 
 }  // namespace

@@ -414,6 +414,20 @@ TEST(AdamW, MatchesReferenceOverSteps) {
   }
   EXPECT_TRUE(allclose(p, st.param, 1e-6, 1e-5));
   EXPECT_TRUE(allclose(v, st.exp_avg_sq, 1e-7, 1e-5));
+
+  // A grad_scale (fused clipping) gives exactly the step on gradients scaled in place first.
+  Tensor g = random_tensor({n}, 200);
+  Tensor p2 = p.clone(), m2 = m.clone(), v2 = v.clone(), before = p.clone();
+  ops::AdamWSpec spec{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 6};
+  spec.grad_scale = 0.37f;
+  ops::adamw_step(p, m, v, g, spec);
+  Tensor scaled = g.clone();
+  ops::scale_inplace(scaled, spec.grad_scale);
+  spec.grad_scale = 1.0f;
+  ops::adamw_step(p2, m2, v2, scaled, spec);
+  EXPECT_TRUE(allclose(p, p2, 0, 0));
+  EXPECT_TRUE(allclose(v, v2, 0, 0));
+  EXPECT_FALSE(allclose(p, before, 0, 0));  // the step did move the weights
 }
 
 TEST(Dropout, MaskIsDeterministicScaledAndReproducedInBackward) {
