@@ -118,6 +118,25 @@ void BM_AdamW(benchmark::State& state) {
 }
 BENCHMARK(BM_AdamW)->Unit(benchmark::kMillisecond);
 
+// The memory bandwidth the kernels above can at best reach, over 512 MB (far beyond the caches):
+// a read-only pass (sum of squares) and an in-place read + write pass (scaling). A memory-bound
+// kernel's floor is its bytes moved divided by these rates.
+void BM_MemoryRead(benchmark::State& state) {
+  Tensor x = random({128 << 20});
+  double sink = 0;
+  for (auto _ : state) sink += ops::sum_squares(x);
+  benchmark::DoNotOptimize(sink);
+  state.SetBytesProcessed(state.iterations() * x.nbytes());
+}
+BENCHMARK(BM_MemoryRead)->Unit(benchmark::kMillisecond);
+
+void BM_MemoryReadWrite(benchmark::State& state) {
+  Tensor x = random({128 << 20});
+  for (auto _ : state) ops::scale_inplace(x, 1.0);
+  state.SetBytesProcessed(state.iterations() * 2 * x.nbytes());
+}
+BENCHMARK(BM_MemoryReadWrite)->Unit(benchmark::kMillisecond);
+
 }  // namespace
 }  // namespace megatron
 

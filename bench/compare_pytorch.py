@@ -168,7 +168,9 @@ def run_megatron(args, cfg, dtype):
            "--micro-batch-size", str(b), "--global-batch-size", str(b),
            "--train-iters", str(args.warmup + args.iters), "--log-interval", "1",
            "--lr", "1e-4", "--hidden-dropout", "0", "--attention-dropout", "0",
-           "--num-threads", str(args.threads)]
+           # No evaluation: the final validation and test passes (100 iterations each by
+           # default) would take longer than the timed training.
+           "--eval-iters", "0", "--num-threads", str(args.threads)]
     if dtype == "bf16":
         cmd.append("--bf16")
     log(f"megatron-cpp {dtype}: {args.warmup} warm-up + {args.iters} timed iterations ...")

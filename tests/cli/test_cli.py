@@ -380,6 +380,21 @@ class TestTensorBoard(CliTestCase):
 # 5. bad input
 # ------------------------------------------------------------------------------------------------
 
+class TestBenchGemm(CliTestCase):
+    def test_shapes_and_transposes(self):
+        # One line per (dtype, shape) in the order given, then the best rate per dtype.
+        proc = megatron("bench", "gemm", "--shapes", "64x32x16:TN", "48x40x24", "--dtypes", "f32",
+                        "--seconds", "0.01", "--num-threads", "1")
+        self.assertOk(proc, "bench gemm --shapes")
+        rates = re.findall(r"^gemm f32\s+(\S+)\s+threads=1:\s+([0-9.]+) GFLOP/s$", proc.stdout,
+                           re.M)
+        self.assertEqual([r[0] for r in rates], ["64x32x16:TN", "48x40x24:NT"], proc.stdout)
+        self.assertTrue(all(float(r[1]) > 0 for r in rates), proc.stdout)
+        peak = re.search(r"^gemm f32\s+peak: ([0-9.]+) GFLOP/s$", proc.stdout, re.M)
+        self.assertEqual(float(peak.group(1)), max(float(r[1]) for r in rates))
+        self.assertNotIn("bf16", proc.stdout)
+
+
 class TestBadInput(CliTestCase):
     BASE = ["--mock-data", *TINY, "--vocab-size", "128", "--train-iters", "2", "--lr", "1e-3",
             "--num-threads", "1"]
@@ -416,6 +431,11 @@ class TestBadInput(CliTestCase):
         proc = megatron("train", *self.BASE, "--lr-warmup-fraction", "0.1",
                         "--lr-warmup-iters", "5")
         self.assertUsageError(proc, "--lr-warmup-fraction", "--lr-warmup-iters")
+
+    def test_bench_gemm_bad_shape(self):
+        for bad in ("64x32", "64x32x0", "64x32x16:NX", "64x32x16:", "axbxc"):
+            proc = megatron("bench", "gemm", "--shapes", bad, "--seconds", "0.01")
+            self.assertUsageError(proc, "--shapes", bad)
 
     def test_unknown_command(self):
         proc = megatron("nosuchcommand")

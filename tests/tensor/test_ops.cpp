@@ -273,22 +273,34 @@ struct AttnCase {
 
 class AttentionTest : public ::testing::TestWithParam<AttnCase> {};
 
+// The f32 kernels on qkv [s, b, ng, qpg + 2, hn] against the f64 reference, forward and backward
+// (output gradient drawn from `seed`); returns what the callers check further.
+struct AttnRun {
+  Tensor out, dout, want_dqkv;
+};
+AttnRun expect_attention_matches_reference(const Tensor& qkv, const ops::AttentionSpec& spec,
+                                           uint64_t seed) {
+  const int64_t s = qkv.dim(0), b = qkv.dim(1), np = spec.num_query_groups * spec.queries_per_group;
+  AttnRun r;
+  r.out = Tensor::empty({s, b, np, qkv.dim(4)});
+  Tensor lse = Tensor::empty({b, np, s});
+  ops::attention_forward(r.out, lse, qkv, spec);
+  EXPECT_TRUE(allclose(r.out, ref::attention(f64(qkv), spec), kF32Atol, kF32Rtol));
+  r.dout = random_tensor(r.out.shape(), seed);
+  Tensor dqkv = Tensor::empty(qkv.shape());
+  ops::attention_backward(dqkv, r.dout, qkv, r.out, lse, spec);
+  r.want_dqkv = ref::attention_backward(f64(r.dout), f64(qkv), spec);
+  EXPECT_TRUE(allclose(dqkv, r.want_dqkv, kF32Atol * 5, kF32Rtol));
+  return r;
+}
+
 TEST_P(AttentionTest, ForwardBackwardMatchReferenceAndFiniteDifferences) {
   const AttnCase c = GetParam();
   ops::AttentionSpec spec{
       c.ng, c.qpg, 1.0f / std::sqrt(static_cast<float>(c.hn)), c.causal, c.dropout, 42, 7};
-  const int64_t np = c.ng * c.qpg;
   Tensor qkv = random_tensor({c.s, c.b, c.ng, c.qpg + 2, c.hn}, 21, 1.5);
-  Tensor out = Tensor::empty({c.s, c.b, np, c.hn}), lse = Tensor::empty({c.b, np, c.s});
-  ops::attention_forward(out, lse, qkv, spec);
-  Tensor want = ref::attention(f64(qkv), spec);
-  EXPECT_TRUE(allclose(out, want, kF32Atol, kF32Rtol));
-
-  Tensor dout = random_tensor(out.shape(), 22);
-  Tensor dqkv = Tensor::empty(qkv.shape());
-  ops::attention_backward(dqkv, dout, qkv, out, lse, spec);
-  Tensor want_d = ref::attention_backward(f64(dout), f64(qkv), spec);
-  EXPECT_TRUE(allclose(dqkv, want_d, kF32Atol * 5, kF32Rtol));
+  const AttnRun r = expect_attention_matches_reference(qkv, spec, 22);
+  const Tensor &out = r.out, &dout = r.dout, &want_d = r.want_dqkv;
 
   // Reference backward vs finite differences of the reference forward (f64).
   if (c.s * c.b * c.ng * (c.qpg + 2) * c.hn <= 2000) {
@@ -297,7 +309,7 @@ TEST_P(AttentionTest, ForwardBackwardMatchReferenceAndFiniteDifferences) {
     EXPECT_TRUE(allclose(want_d, fd, kFdTol, kFdTol));
     // Fast kernel in f64.
     Tensor o64 = Tensor::empty(out.shape(), DType::kF64),
-           l64 = Tensor::empty(lse.shape(), DType::kF64);
+           l64 = Tensor::empty({c.b, c.ng * c.qpg, c.s}, DType::kF64);
     ops::attention_forward(o64, l64, f64(qkv), spec);
     Tensor d64 = Tensor::empty(qkv.shape(), DType::kF64);
     ops::attention_backward(d64, f64(dout), f64(qkv), o64, l64, spec);
@@ -313,17 +325,11 @@ TEST(Attention, DocumentBoundariesMatchReferenceAndFiniteDifferences) {
   ops::AttentionSpec spec{ng, qpg, 0.6f, true, 0.0f, 0, 0};
   spec.doc_start = starts.data();
   Tensor qkv = random_tensor({s, b, ng, qpg + 2, hn}, 31, 1.5);
-  Tensor out = Tensor::empty({s, b, ng * qpg, hn}), lse = Tensor::empty({b, ng * qpg, s});
-  ops::attention_forward(out, lse, qkv, spec);
-  EXPECT_TRUE(allclose(out, ref::attention(f64(qkv), spec), kF32Atol, kF32Rtol));
-  Tensor dout = random_tensor(out.shape(), 32);
-  Tensor dqkv = Tensor::empty(qkv.shape());
-  ops::attention_backward(dqkv, dout, qkv, out, lse, spec);
-  Tensor want_d = ref::attention_backward(f64(dout), f64(qkv), spec);
-  EXPECT_TRUE(allclose(dqkv, want_d, kF32Atol * 5, kF32Rtol));
+  const AttnRun r = expect_attention_matches_reference(qkv, spec, 32);
+  const Tensor& out = r.out;
   Tensor fd =
-      fd_grad([&](const Tensor& v) { return ref::attention(v, spec); }, f64(qkv), f64(dout));
-  EXPECT_TRUE(allclose(want_d, fd, kFdTol, kFdTol));
+      fd_grad([&](const Tensor& v) { return ref::attention(v, spec); }, f64(qkv), f64(r.dout));
+  EXPECT_TRUE(allclose(r.want_dqkv, fd, kFdTol, kFdTol));
   // The first token of a document sees only itself: its output is its own value vector.
   const int64_t t = 3, bb = 0;  // token 3 of sequence 0 starts a document
   for (int64_t c = 0; c < hn; ++c) {
@@ -366,14 +372,7 @@ TEST(Attention, DocumentBoundariesAcrossTiles) {
   ops::AttentionSpec spec{ng, qpg, 0.2f, true, 0.0f, 0, 0};
   spec.doc_start = starts.data();
   Tensor qkv = random_tensor({s, b, ng, qpg + 2, hn}, 33, 1.5);
-  Tensor out = Tensor::empty({s, b, ng * qpg, hn}), lse = Tensor::empty({b, ng * qpg, s});
-  ops::attention_forward(out, lse, qkv, spec);
-  EXPECT_TRUE(allclose(out, ref::attention(f64(qkv), spec), kF32Atol, kF32Rtol));
-  Tensor dout = random_tensor(out.shape(), 34);
-  Tensor dqkv = Tensor::empty(qkv.shape());
-  ops::attention_backward(dqkv, dout, qkv, out, lse, spec);
-  EXPECT_TRUE(
-      allclose(dqkv, ref::attention_backward(f64(dout), f64(qkv), spec), kF32Atol * 5, kF32Rtol));
+  expect_attention_matches_reference(qkv, spec, 34);
 }
 
 TEST(CrossEntropy, MaskedPaddingForwardBackward) {
