@@ -52,10 +52,10 @@ int bench_command(int argc, char** argv) {
     for (const GemmShape& s : shapes) {
       const double g = measure_gemm_gflops(t, s, seconds);
       best = std::max(best, g);
-      const std::string label = shape_texts.empty() ? "n=" + std::to_string(s.m)
-                                                     : gemm_shape_name(s);
-      log_line(strprintf("gemm %-4s %-5s threads=%d: %8.1f GFLOP/s", dtype_name(t),
-                         label.c_str(), num_threads(), g));
+      const std::string label =
+          shape_texts.empty() ? "n=" + std::to_string(s.m) : gemm_shape_name(s);
+      log_line(strprintf("gemm %-4s %-5s threads=%d: %8.1f GFLOP/s", dtype_name(t), label.c_str(),
+                         num_threads(), g));
     }
     log_line(strprintf("gemm %-4s peak: %.1f GFLOP/s", dtype_name(t), best));
   }

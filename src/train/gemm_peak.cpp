@@ -23,8 +23,8 @@ GemmShape parse_gemm_shape(const std::string& text) {
     if (ok && i < 2) ok = p < end && *p++ == 'x';
   }
   if (ok && p < end) {
-    ok = end - p == 3 && p[0] == ':' && (p[1] == 'N' || p[1] == 'T') &&
-         (p[2] == 'N' || p[2] == 'T');
+    ok =
+        end - p == 3 && p[0] == ':' && (p[1] == 'N' || p[1] == 'T') && (p[2] == 'N' || p[2] == 'T');
     if (ok) {
       s.ta = p[1] == 'T';
       s.tb = p[2] == 'T';
@@ -48,8 +48,8 @@ double measure_gemm_gflops(DType dtype, const GemmShape& s, double seconds) {
   Tensor b = s.tb ? Tensor::full({s.n, s.k}, 0.25, dtype) : Tensor::full({s.k, s.n}, 0.25, dtype);
   Tensor c = Tensor::zeros({s.m, s.n});
   ops::matmul(c, a, s.ta, b, s.tb);  // warm-up: creates and caches the primitive
-  const double flops = 2.0 * static_cast<double>(s.m) * static_cast<double>(s.n) *
-                       static_cast<double>(s.k);
+  const double flops =
+      2.0 * static_cast<double>(s.m) * static_cast<double>(s.n) * static_cast<double>(s.k);
   double best = 0;
   Timer total;
   do {
