@@ -427,6 +427,9 @@ TEST(AdamW, MatchesReferenceOverSteps) {
   EXPECT_TRUE(allclose(p, p2, 0, 0));
   EXPECT_TRUE(allclose(v, v2, 0, 0));
   EXPECT_FALSE(allclose(p, before, 0, 0));  // the step did move the weights
+  spec.grad_scale = 0.37f;
+  st = ref::adamw(st, f64(g), spec);
+  EXPECT_TRUE(allclose(p, st.param, 1e-6, 1e-5));  // the reference scales the same way
 }
 
 TEST(Dropout, MaskIsDeterministicScaledAndReproducedInBackward) {

@@ -344,7 +344,7 @@ AdamState adamw(const AdamState& s, const Tensor& grad, const ops::AdamWSpec& sp
   double bc1 = 1 - std::pow(static_cast<double>(spec.beta1), spec.step);
   double bc2 = 1 - std::pow(static_cast<double>(spec.beta2), spec.step);
   for (int64_t i = 0; i < grad.numel(); ++i) {
-    double g = P(grad)[i];
+    double g = P(grad)[i] * spec.grad_scale;
     double m = spec.beta1 * P(s.exp_avg)[i] + (1 - spec.beta1) * g;
     double v = spec.beta2 * P(s.exp_avg_sq)[i] + (1 - spec.beta2) * g * g;
     W(o.exp_avg)[i] = m;
