@@ -19,7 +19,8 @@ int bench_command(int argc, char** argv) {
   double seconds = 1.0;
   int64_t threads = 0;
   app.add_option("what", what, "gemm")->required()->check(CLI::IsMember({"gemm"}));
-  app.add_option("--sizes", sizes, "Square GEMM sizes")->capture_default_str();
+  CLI::Option* sizes_opt =
+      app.add_option("--sizes", sizes, "Square GEMM sizes")->capture_default_str();
   const CLI::Validator shape_check(
       [](std::string& text) {
         try {
@@ -33,7 +34,8 @@ int bench_command(int argc, char** argv) {
   app.add_option("--shapes", shape_texts,
                  "GEMM shapes instead of squares: MxNxK or MxNxK:XY, X and Y each N or T "
                  "(A, B transposed); default NT")
-      ->check(shape_check);
+      ->check(shape_check)
+      ->excludes(sizes_opt);
   app.add_option("--dtypes", dtypes, "Input dtypes")
       ->check(CLI::IsMember({"f32", "bf16"}))
       ->capture_default_str();

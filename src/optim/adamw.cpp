@@ -28,7 +28,7 @@ void AdamW::step(double lr, double grad_scale) {
     spec.eps = static_cast<float>(cfg_.eps);
     spec.weight_decay = p->no_weight_decay ? 0.0f : static_cast<float>(cfg_.weight_decay);
     spec.step = step_;
-    spec.grad_scale = static_cast<float>(grad_scale);
+    spec.grad_scale = grad_scale;
     ops::adamw_step(w, m, v, p->main_grad.view({n}), spec);
   }
   params_.sync_compute_from_main();

@@ -45,7 +45,7 @@ void DistributedOptimizer::step(double lr, double grad_scale) {
   spec.beta2 = static_cast<float>(cfg_.beta2);
   spec.eps = static_cast<float>(cfg_.eps);
   spec.step = step_;
-  spec.grad_scale = static_cast<float>(grad_scale);
+  spec.grad_scale = grad_scale;
   for (const Segment& s : segments_) {
     Tensor w = main.flat_view(s.begin, {s.numel});
     Tensor m = exp_avg_.flat_view(s.state, {s.numel});

@@ -128,12 +128,13 @@ void log_softmax_gather(Tensor& logprob, const Tensor& logits, const Tensor& tar
 // One AdamW step over flat f32 buffers (decoupled weight decay, bias-corrected moments):
 //   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
 //   p -= lr * ( (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps) + wd * p )
-// g is grad * grad_scale, rounded to the parameter dtype as an in-place scaling of the gradient
-// would round it: gradient clipping fused into the update (one pass fewer over the gradients).
+// g is grad * grad_scale, the factor rounded to the parameter dtype and the product rounded, as
+// an in-place scaling of the gradient (scale_inplace) would: gradient clipping fused into the
+// update (one pass fewer over the gradients).
 struct AdamWSpec {
   float lr = 0, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0;
   int64_t step = 1;         // 1-based, for the bias correction
-  float grad_scale = 1.0f;  // the clipping coefficient
+  double grad_scale = 1.0;  // the clipping coefficient
 };
 void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad,
                 const AdamWSpec& spec);

@@ -436,6 +436,8 @@ class TestBadInput(CliTestCase):
         for bad in ("64x32", "64x32x0", "64x32x16:NX", "64x32x16:", "axbxc"):
             proc = megatron("bench", "gemm", "--shapes", bad, "--seconds", "0.01")
             self.assertUsageError(proc, "--shapes", bad)
+        proc = megatron("bench", "gemm", "--shapes", "64x32x16", "--sizes", "128")
+        self.assertUsageError(proc, "--shapes", "--sizes")
 
     def test_unknown_command(self):
         proc = megatron("nosuchcommand")

@@ -418,16 +418,16 @@ TEST(AdamW, MatchesReferenceOverSteps) {
   Tensor g = random_tensor({n}, 200);
   Tensor p2 = p.clone(), m2 = m.clone(), v2 = v.clone(), before = p.clone();
   ops::AdamWSpec spec{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 6};
-  spec.grad_scale = 0.37f;
+  spec.grad_scale = 0.37;
   ops::adamw_step(p, m, v, g, spec);
   Tensor scaled = g.clone();
   ops::scale_inplace(scaled, spec.grad_scale);
-  spec.grad_scale = 1.0f;
+  spec.grad_scale = 1.0;
   ops::adamw_step(p2, m2, v2, scaled, spec);
   EXPECT_TRUE(allclose(p, p2, 0, 0));
   EXPECT_TRUE(allclose(v, v2, 0, 0));
   EXPECT_FALSE(allclose(p, before, 0, 0));  // the step did move the weights
-  spec.grad_scale = 0.37f;
+  spec.grad_scale = 0.37;
   st = ref::adamw(st, f64(g), spec);
   EXPECT_TRUE(allclose(p, st.param, 1e-6, 1e-5));  // the reference scales the same way
 }

@@ -26,7 +26,7 @@ void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor
     const double bc1 = 1.0 - std::pow(static_cast<double>(spec.beta1), spec.step);
     const double bc2 = 1.0 - std::pow(static_cast<double>(spec.beta2), spec.step);
     const T b1 = spec.beta1, b2 = spec.beta2, lr = spec.lr, wd = spec.weight_decay;
-    const T eps = spec.eps, gs = spec.grad_scale;
+    const T eps = spec.eps, gs = static_cast<T>(spec.grad_scale);
     const T inv_bc1 = static_cast<T>(1.0 / bc1),
             inv_sqrt_bc2 = static_cast<T>(1.0 / std::sqrt(bc2));
     const int64_t n = param.numel();

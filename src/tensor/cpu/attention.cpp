@@ -11,9 +11,9 @@
 // QKV layout into contiguous buffers, K and V transposed where the product needs them so.
 //
 // Parallelism: forward over (batch, head, query tile); backward over (batch, head), one task
-// owning its head's dQ and its own dK/dV partials, which are then summed over the heads of each
-// query group in a fixed order. No atomics, no per-thread copies: results do not depend on the
-// thread count.
+// owning its head's dQ and its dK/dV contributions; with grouped queries those are then summed
+// over the heads of each group in a fixed order. No atomics, no per-thread copies: results do
+// not depend on the thread count.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -190,19 +190,25 @@ void backward_kernel(T* dqkv, const T* dout, const T* qkv, const T* out, const T
   const int64_t ntiles = (l.s + kTile - 1) / kTile, hn = l.hn, sp = ntiles * kTile;
   const T scale = static_cast<T>(spec.scale);
   const bool drop = spec.dropout > 0;
-  // Per (batch, head): its dK and dV contributions, [sp, hn] each, summed over the group below.
+  // With grouped queries, each (batch, head) task leaves its dK and dV contributions, [sp, hn]
+  // each, for the sum over the group below; with one query head per group a task owns its
+  // group's dK and dV and writes them itself (no buffer the size of dK and dV).
   const size_t head_block = static_cast<size_t>(sp * hn);
-  std::vector<T> dk_part(static_cast<size_t>(l.b * l.np) * head_block),
-      dv_part(static_cast<size_t>(l.b * l.np) * head_block);
+  const bool grouped = l.qpg > 1;
+  const size_t parts = grouped ? static_cast<size_t>(l.b * l.np) * head_block : 0;
+  std::vector<T> dk_part(parts), dv_part(parts);
 
 #pragma omp parallel for collapse(2) schedule(dynamic)
   for (int64_t bb = 0; bb < l.b; ++bb) {
     for (int64_t h = 0; h < l.np; ++h) {
       const int64_t g = h / l.qpg;
-      T* dk = dk_part.data() + (bb * l.np + h) * head_block;
-      T* dv = dv_part.data() + (bb * l.np + h) * head_block;
-      std::fill(dk, dk + head_block, T(0));
-      std::fill(dv, dv + head_block, T(0));
+      std::vector<T> own_k(grouped ? 0 : head_block, T(0)), own_v(own_k.size(), T(0));
+      T* dk = grouped ? dk_part.data() + (bb * l.np + h) * head_block : own_k.data();
+      T* dv = grouped ? dv_part.data() + (bb * l.np + h) * head_block : own_v.data();
+      if (grouped) {
+        std::fill(dk, dk + head_block, T(0));
+        std::fill(dv, dv + head_block, T(0));
+      }
       // The head's queries (pre-scaled, as in forward) and output gradients, rows >= s zero.
       std::vector<T> qs(head_block, T(0)), go(head_block, T(0)), dq(head_block, T(0));
       std::vector<T> L(static_cast<size_t>(l.s)), D(static_cast<size_t>(l.s));
@@ -270,11 +276,16 @@ void backward_kernel(T* dqkv, const T* dout, const T* qkv, const T* out, const T
       for (int64_t i = 0; i < l.s; ++i) {
         T* dst = dqkv + l.q_off(i, bb, h);
         for (int64_t c = 0; c < hn; ++c) dst[c] = scale * dq[i * hn + c];
+        if (!grouped) {
+          std::copy(dk + i * hn, dk + (i + 1) * hn, dqkv + l.k_off(i, bb, g));
+          std::copy(dv + i * hn, dv + (i + 1) * hn, dqkv + l.v_off(i, bb, g));
+        }
       }
     }
   }
+  if (!grouped) return;
 
-  // dK and dV of each group: its heads' contributions in head order.
+    // dK and dV of each group: its heads' contributions in head order.
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t bb = 0; bb < l.b; ++bb) {
     for (int64_t g = 0; g < l.ng; ++g) {
