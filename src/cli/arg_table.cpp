@@ -63,17 +63,25 @@ void ArgTable::print_dump() const {
   log_line("-------------------- end of arguments ---------------------");
 }
 
-int parse(CLI::App& app, int argc, char** argv) {
+int parse_quietly(CLI::App& app, int argc, char** argv, std::string* message) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
-    std::fputs(app.help().c_str(), stdout);
+    *message = app.help();
     return 0;
   } catch (const CLI::ParseError& e) {
-    log_error(std::string(e.what()) + " (see `megatron " + app.get_name() + " --help`)");
+    *message = std::string(e.what()) + " (see `megatron " + app.get_name() + " --help`)";
     return 2;
   }
   return -1;
+}
+
+int parse(CLI::App& app, int argc, char** argv) {
+  std::string message;
+  const int rc = parse_quietly(app, argc, argv, &message);
+  if (rc == 0) std::fputs(message.c_str(), stdout);
+  if (rc == 2) log_error(message);
+  return rc;
 }
 
 }  // namespace megatron::cli

@@ -57,4 +57,8 @@ class ArgTable {
 // usage error (message on stderr naming the flag and suggesting --help).
 int parse(CLI::App& app, int argc, char** argv);
 
+// parse() without printing, for a command that decides which rank prints: the same return
+// codes, with the help text (0) or the error message (2) in *message.
+int parse_quietly(CLI::App& app, int argc, char** argv, std::string* message);
+
 }  // namespace megatron::cli

@@ -1,4 +1,9 @@
 // `megatron train`: Megatron's pretrain_gpt.py in one process.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "cli/arg_table.h"
 #include "cli/commands.h"
 #include "cli/train_args.h"
 #include "comm/agreement.h"
@@ -15,10 +20,9 @@ namespace megatron::cli {
 namespace {
 
 // Exit code every rank agrees on after the argument phase: the largest code any rank reached
-// (-1 = go on, 0 = --help printed, 2 = bad input). The phase talks to no other rank, so each rank
-// that sees bad input reports it itself (Megatron's message on every rank, in the test suite's
-// words); the agreement comes before the first collective, so all ranks then leave together
-// with exit code 2 and no rank is killed before it has printed its reason.
+// (-1 = go on, 0 = --help printed, 2 = bad input). The phase talks to no other rank; the
+// agreement comes before the first collective, so all ranks then leave together with exit code 2
+// and no rank is killed before its reason is printed.
 int agree_on_exit_code(const MpiRuntime& mpi, int rc) {
   if (mpi.world_size() == 1) return rc;
   Tensor worst = Tensor::empty({1}, DType::kF64);
@@ -27,15 +31,37 @@ int agree_on_exit_code(const MpiRuntime& mpi, int rc) {
   return static_cast<int>(worst.data<double>()[0]);
 }
 
+// Each rank's reason for refusing the arguments (empty if it had none), printed by rank 0 as one
+// block with a line per rank ("[rank r] ..."): ranks writing their own lines at once interleave
+// mid-line under mpirun's output forwarding. Collective over the world.
+void report_refusals(const MpiRuntime& mpi, const std::string& refusal) {
+  if (mpi.world_size() == 1) {
+    if (!refusal.empty()) log_error(refusal);
+    return;
+  }
+  const std::vector<std::string> all = all_gather_strings(*mpi.world(), refusal);
+  if (mpi.rank() != 0) return;
+  std::string block;
+  for (size_t r = 0; r < all.size(); ++r) {
+    block +=
+        (r == 0 ? "" : "\nerror: ") +
+        strprintf("[rank %zu] %s", r,
+                  all[r].empty() ? "stopping: another rank refused the arguments" : all[r].c_str());
+  }
+  log_error(block);
+}
+
 int run_train(int argc, char** argv, MpiRuntime& mpi) {
   CLI::App app("Pretrain or finetune a GPT model", "train");
   Arguments args;
   ArgTable table(app);
   register_train_args(table, args);
   int rc = -1;
-  std::string refusal;
+  std::string refusal, help;
   try {
-    rc = parse(app, argc, argv);
+    std::string message;
+    rc = parse_quietly(app, argc, argv, &message);
+    (rc == 0 ? help : refusal) = message;
     if (rc < 0) {
       merge_pretrained_config(args, table);
       merge_checkpoint_args(args, table, mpi.rank() == 0);
@@ -57,11 +83,8 @@ int run_train(int argc, char** argv, MpiRuntime& mpi) {
     rc = 2;
   }
   if (const int agreed = agree_on_exit_code(mpi, rc); agreed >= 0) {
-    if (!refusal.empty()) {
-      log_error(strprintf("[rank %d] %s", mpi.rank(), refusal.c_str()));
-    } else if (rc < 0) {
-      log_error(strprintf("[rank %d] stopping: another rank refused the arguments", mpi.rank()));
-    }
+    if (agreed == 0 && mpi.rank() == 0) std::fputs(help.c_str(), stdout);
+    if (agreed == 2) report_refusals(mpi, refusal);
     return agreed;
   }
   ParallelConfig pc;
@@ -87,9 +110,13 @@ int train_command(int argc, char** argv) {
   try {
     return run_train(argc, argv, mpi);
   } catch (const AgreedFailure& e) {
-    // Every rank stopped at the same point with the same message: no rank is left waiting.
-    log_error(mpi.world_size() == 1 ? std::string(e.what())
-                                    : strprintf("[rank %d] %s", mpi.rank(), e.what()));
+    // Every rank stopped at the same point with the same message (the lowest failing rank's):
+    // no rank is left waiting, and rank 0 says it once for all of them.
+    if (mpi.world_size() == 1) {
+      log_error(e.what());
+    } else if (mpi.rank() == 0) {
+      log_error(strprintf("[rank 0] all %d ranks stopped: %s", mpi.world_size(), e.what()));
+    }
     return e.exit_code();
   } catch (const InvalidArgument& e) {
     if (mpi.world_size() == 1) throw;

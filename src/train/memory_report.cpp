@@ -87,7 +87,9 @@ double resident_mb() {
 double max_resident_mb() {
   struct rusage u {};
   if (getrusage(RUSAGE_SELF, &u) != 0) return 0;
-  return static_cast<double>(u.ru_maxrss) / 1024.0;  // Linux reports KiB
+  // Linux reports KiB. Its high-water mark is only updated at some points (unmaps, exits), so
+  // it can trail the current resident set: the peak is at least what is resident now.
+  return std::max(static_cast<double>(u.ru_maxrss) / 1024.0, resident_mb());
 }
 
 }  // namespace megatron

@@ -9,7 +9,7 @@
 // 18).
 // The activation estimate counts what our layers keep for backward per micro-batch (see
 // activation_bytes_per_microbatch) times the micro-batches a stage holds at once under its
-// pipeline schedule; the measured peak is printed every --log-interval next to it.
+// pipeline schedule; the measured peak is printed once, after the first logging interval.
 #pragma once
 
 #include <cstdint>

@@ -30,8 +30,41 @@ void Trainer::log_first(const std::string& line) const {
   if (first_rank_) log_line(line);
 }
 
-void Trainer::log_last(const std::string& line) const {
-  if (last_rank_) log_line(line);
+double Trainer::relay_to_first_rank(double value) const {
+  const ParallelState& ps = *parallel_;
+  if (ps.pp_size() == 1 || ps.tp_rank() != 0 || dp_rank_ != 0) return value;
+  if (!ps.is_first_stage() && !ps.is_last_stage()) return value;
+  // A tag no pipeline transfer uses (those are 2 x chunk + kind): none is in flight here anyway,
+  // since every step and evaluation has finished its transfers before anything is logged.
+  constexpr int kRelayTag = 1 << 20;
+  Tensor t = Tensor::empty({1}, DType::kF64);
+  t.data<double>()[0] = value;
+  if (ps.is_last_stage()) {
+    ps.pp_group().send(t, 0, kRelayTag);
+  } else {
+    ps.pp_group().recv(t, ps.pp_size() - 1, kRelayTag);
+  }
+  return t.data<double>()[0];
+}
+
+void Trainer::report_memory(int64_t iteration) const {
+  // Megatron's report_memory prints from every data-parallel rank 0; here rank 0 prints them
+  // all, in rank order, so that the block is whole under any launcher.
+  const std::string mine =
+      dp_rank_ != 0
+          ? std::string()
+          : strprintf(
+                "[Rank %d] (after %ld iterations) memory (MB) | resident: %.1f | max "
+                "resident: %.1f",
+                parallel_->rank(), static_cast<long>(iteration), resident_mb(), max_resident_mb());
+  const std::vector<std::string> all = all_gather_strings(parallel_->world_group(), mine);
+  if (!first_rank_) return;
+  std::string block;
+  for (const std::string& line : all) {
+    if (!line.empty()) block += line + "\n";
+  }
+  if (!block.empty()) block.pop_back();
+  log_line(block);
 }
 
 TokenizerArgs tokenizer_args(const Arguments& a) {
@@ -128,11 +161,20 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
   }
   int64_t nparams = 0;
   for (Param* p : params_->params()) nparams += p->shape.numel();
-  // Megatron prints one line per model-parallel rank (from data-parallel rank 0).
-  if (dp_rank_ == 0) {
-    log_line(
-        strprintf(" > number of parameters on (tensor, pipeline) model parallel rank (%d, %d): %ld",
-                  ps.tp_rank(), ps.pp_rank(), static_cast<long>(nparams)));
+  // Megatron prints one line per model-parallel rank (from data-parallel rank 0); rank 0 prints
+  // them all as one block, in rank order (see log_first).
+  {
+    const std::string mine =
+        dp_rank_ != 0 ? std::string()
+                      : strprintf(
+                            " > number of parameters on (tensor, pipeline) model parallel "
+                            "rank (%d, %d): %ld",
+                            ps.tp_rank(), ps.pp_rank(), static_cast<long>(nparams));
+    std::string block;
+    for (const std::string& line : all_gather_strings(ps.world_group(), mine)) {
+      if (!line.empty()) block += (block.empty() ? "" : "\n") + line;
+    }
+    log_first(block);
   }
   {
     // Activations: what one micro-batch keeps per chunk, times the (micro-batch, chunk) forwards
@@ -483,13 +525,12 @@ void Trainer::evaluate_and_print(const std::string& prefix, const SampleSource& 
   const double loss = evaluate(data, consumed);
   const double ppl = std::exp(std::min(20.0, loss));
   eval_losses_.push_back(loss);
+  const double printed = relay_to_first_rank(loss);
   const std::string line =
       strprintf(" validation loss at %s | lm loss value: %.6E | lm loss PPL: %.6E | ",
-                prefix.c_str(), loss, ppl);
+                prefix.c_str(), printed, std::exp(std::min(20.0, printed)));
   const std::string dashes(line.size() + 1, '-');
-  log_last(dashes);
-  log_last(line);
-  log_last(dashes);
+  log_first(dashes + "\n" + line + "\n" + dashes);
   if (tensorboard_) {
     tensorboard_->add_scalars({{"lm loss validation", loss}, {"lm loss validation ppl", ppl}},
                               iteration);
@@ -729,9 +770,11 @@ int Trainer::train() {
           "size: %5ld |",
           timestamp().c_str(), static_cast<long>(it), static_cast<long>(args_.train_iters),
           static_cast<long>(consumed_train_), ms, avg_tflops, next_lr, static_cast<long>(gbs));
-      if (interval_iters > interval_skipped) {
-        line += strprintf(" lm loss: %.6E |",
-                          interval_loss / static_cast<double>(interval_iters - interval_skipped));
+      if (interval_iters > interval_skipped) {  // the same on every rank: skips are agreed
+        line +=
+            strprintf(" lm loss: %.6E |",
+                      relay_to_first_rank(interval_loss /
+                                          static_cast<double>(interval_iters - interval_skipped)));
       }
       line += strprintf(" loss scale: %.1f |", scale);
       if (!r.skipped) line += strprintf(" grad norm: %.3f |", r.grad_norm);
@@ -740,19 +783,17 @@ int Trainer::train() {
           "second: %.1f | model FLOPs utilisation: %.1f%% |",
           static_cast<long>(interval_skipped), static_cast<long>(interval_nan),
           tokens_per_iter / (ms / 1000.0), 100.0 * avg_tflops * 1e3 / peak_gflops_);
-      log_last(line);
       if (args_.timing_log_level > 0) {
         for (const std::string& l : timers_.report(parallel_->world_group(), interval_iters)) {
-          log_last(l);
+          line += "\n" + l;
         }
       }
+      log_first(line);
       timers_.reset();
-      // Megatron's memory report, one line per model-parallel rank (data-parallel rank 0).
-      if (dp_rank_ == 0) {
-        log_line(
-            strprintf("[Rank %d] (after %ld iterations) memory (MB) | resident: %.1f | max "
-                      "resident: %.1f",
-                      parallel_->rank(), static_cast<long>(it), resident_mb(), max_resident_mb()));
+      // As Megatron: once, after the first logging interval of the run.
+      if (!memory_reported_) {
+        report_memory(it);
+        memory_reported_ = true;
       }
       if (tensorboard_) tensorboard_->flush();
       interval_loss = interval_time = 0;

@@ -101,18 +101,26 @@ class Trainer {
   // --exit-duration-in-mins, --exit-interval; agreed by every rank), else -1.
   int exit_decision(int64_t it);
 
-  // Megatron prints start-up lines from rank 0 and the iteration and evaluation lines from the
-  // last rank (which owns the loss once pipelines exist).
+  // Every line of the run comes from rank 0. Megatron prints the iteration and evaluation lines
+  // from the last rank (which owns the loss); two ranks writing at once interleave mid-line
+  // under a launcher that forwards their streams in chunks (mpirun does), so the last stage's
+  // loss travels to rank 0 instead (relay_to_first_rank) and per-rank reports are gathered.
   void log_first(const std::string& line) const;
-  void log_last(const std::string& line) const;
+  // The last pipeline stage's `value` on rank 0: the two ends of rank 0's pipeline exchange it.
+  // Every other rank returns `value` as it is. Called by every rank at the same point.
+  double relay_to_first_rank(double value) const;
+  // Megatron's "[Rank r] (after N iterations) memory (MB) | ..." of every data-parallel rank 0,
+  // gathered and printed by rank 0 as one block. Collective over the world group.
+  void report_memory(int64_t iteration) const;
 
   Arguments args_;
   std::shared_ptr<ParallelState> parallel_;
   int64_t dp_size_ = 1, dp_rank_ = 0;
   int virtual_stages_ = 1;
   bool first_rank_ = true, last_rank_ = true;
-  bool needs_data_ = true;  // this stage reads micro-batches (first, last, or doc masks)
-  bool has_loss_ = true;    // the last pipeline stage
+  bool memory_reported_ = false;  // Megatron reports memory once, after the first interval
+  bool needs_data_ = true;        // this stage reads micro-batches (first, last, or doc masks)
+  bool has_loss_ = true;          // the last pipeline stage
   TransformerConfig cfg_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::vector<std::unique_ptr<GPTModel>> chunks_;  // one per virtual pipeline stage

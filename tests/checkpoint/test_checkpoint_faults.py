@@ -5,7 +5,7 @@ What it is: black-box runs of `megatron train` on 2 ranks (tp 2, so each rank wr
 rank_NNNNN.safetensors) against a valid checkpoint made once:
 - corrupt checkpoints (a shard one byte short, a flipped byte with --verify-integrity, a
   missing shard, a tracker holding 'abc' or naming a missing iteration, a truncated or missing
-  metadata.json) exit 2 with the file's name, one "error: [rank r]" line per rank (every rank
+  metadata.json) exit 2 with the file's name, said once by rank 0 for all ranks (every rank
   agrees, then exits cleanly), never a hang; a flipped byte without --verify-integrity loads
   unnoticed; a leftover iter_N.staging is never loaded;
 - a rank killed while writing an async save, and a rank whose write fails (ENOSPC), leave the
@@ -51,6 +51,7 @@ import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testing"))
 import megatron_job  # noqa: E402  (tests/testing, shared by the end-to-end tests)
+import megatron_log  # noqa: E402
 
 MEGATRON = None  # set from --megatron
 MPIEXEC = None  # set from --mpiexec
@@ -71,8 +72,6 @@ TINY = {"--mock-data": None, "--vocab-size": "128", "--num-layers": "4", "--hidd
         "--tensor-model-parallel-size": "2"}
 TRACKER = "latest_checkpointed_iteration.txt"
 CRASH_MARKERS = megatron_job.CRASH_MARKERS
-LOSS_RE = re.compile(r"\] iteration +(\d+)/ *\d+ \|.*?\| lm loss: (\S+) \|")
-MEMORY_RE = re.compile(r"\[Rank (\d+)\] \(after (\d+) iterations\) memory")
 
 
 def argv(**overrides):
@@ -85,16 +84,9 @@ def run(args, timeout=TIMEOUT_S):
 
 
 def losses(stdout):
-    """{iteration: the printed lm loss}, as text: compared exactly."""
-    return {int(i): loss for i, loss in LOSS_RE.findall(stdout)}
-
-
-def last_memory_iteration(stdout):
-    """{world rank: the last iteration its memory line reports}: each rank prints its own."""
-    out = {}
-    for rank, it in MEMORY_RE.findall(stdout):
-        out[int(rank)] = int(it)
-    return out
+    """{iteration: the printed lm loss}, as text: compared exactly. Every iteration line must be
+    whole (megatron_log); callers check which iterations were printed."""
+    return {it: f["lm loss"] for it, f in megatron_log.iteration_lines(stdout).items()}
 
 
 def read_tracker(ckpt):
@@ -216,9 +208,10 @@ class TestCheckpointFaults(unittest.TestCase):
             self.assertNotIn(marker, stderr, f"crash marker {marker!r} in stderr:\n{stderr}")
 
     def assertAgreedError(self, proc, code, *needles):
-        """Exit `code`, every needle in the message, and the message from every rank: one
-        "error: [rank r]" line each holding needles[0] (the others got the failing rank's
-        message, with "rank R: " before the part that came from rank R). Returns the lines."""
+        """Exit `code`, every needle in the message, said once for every rank: rank 0 prints
+        one "error: [rank 0] all N ranks stopped: ..." line holding needles[0] (with "rank R: "
+        before the part that came from rank R when R failed, not rank 0), no other rank prints
+        it. Returns the lines."""
         self.assertEqual(proc.returncode, code, f"expected exit {code}, got {proc.returncode}\n"
                                                 f"stderr:\n{proc.stderr[-3000:]}")
         for n in needles:
@@ -226,11 +219,9 @@ class TestCheckpointFaults(unittest.TestCase):
         self.assertNoCrash(proc.stderr)
         lines = [ln for ln in proc.stderr.splitlines()
                  if ln.startswith("error: [rank ") and needles[0] in ln]
-        got = sorted(int(m[1]) for ln in lines for m in [re.match(r"error: \[rank (\d+)\]", ln)])
-        self.assertEqual(got, list(range(RANKS)), f"one line per rank expected:\n{proc.stderr}")
-        texts = {re.sub(r"rank \d+: ", "", re.sub(r"^error: \[rank \d+\] ", "", ln))
-                 for ln in lines}
-        self.assertEqual(len(texts), 1, f"ranks disagree:\n{proc.stderr}")
+        self.assertEqual(len(lines), 1, f"one line, from rank 0, expected:\n{proc.stderr}")
+        self.assertTrue(lines[0].startswith(f"error: [rank 0] all {RANKS} ranks stopped: "),
+                        lines[0])
         return lines
 
     def assertContinues(self, proc, first, last, ref):
@@ -397,6 +388,7 @@ class TestCheckpointFaults(unittest.TestCase):
         with open(os.path.join(iter_dir(d, k), "metadata.json"), encoding="utf-8") as f:
             meta = json.load(f)
         self.assertEqual(meta["iteration"], k)
+        self.assertEqual(len(meta["files"]), RANKS, meta["files"])  # every rank saved at k
         for name in meta["files"]:
             self.assertTrue(os.path.exists(os.path.join(iter_dir(d, k), name)), name)
         saved = stdout.count("successfully saved checkpoint from iteration")
@@ -452,8 +444,8 @@ class TestCheckpointFaults(unittest.TestCase):
         k = self.check_one_checkpoint_at(d, out)
         print(f"SIGUSR1: signalled after iteration 5, saved at iteration {k}", file=sys.stderr)
         self.assertLess(k, 190, "the signal came too late to leave room for the resume")
-        # Every rank stopped at k: each prints its memory line after each iteration.
-        self.assertEqual(last_memory_iteration(out), {r: k for r in range(RANKS)})
+        # Every rank stopped at k: the save at k is collective, and its checkpoint holds a file
+        # of every rank (check_one_checkpoint_at); nothing was printed after it.
         self.assertEqual(max(losses(out)), k)
         self.check_resume_continues(d, k, 200, straight_prefix=losses(out))
 
@@ -465,7 +457,6 @@ class TestCheckpointFaults(unittest.TestCase):
         self.assertEqual(proc.stdout.count("[exiting program after "), 1)
         self.assertRegex(proc.stdout, r"\[exiting program after [0-9.]+ minutes\] datetime: ")
         k = self.check_one_checkpoint_at(d, proc.stdout)
-        self.assertEqual(last_memory_iteration(proc.stdout), {r: k for r in range(RANKS)})
         self.assertEqual(max(losses(proc.stdout)), k)
 
     # ---- the watchdog ----
@@ -514,10 +505,10 @@ class TestCheckpointFaults(unittest.TestCase):
         proc = run(argv(load=self.base, num_layers=6, hidden_size=96))
         self.assertAgreedError(proc, 2, f"checkpoint {iter_dir(self.base, 20)} holds a "
                                         "different model", "--use-checkpoint-args")
-        # The differences follow on lines of their own, once per rank.
+        # The differences follow on lines of their own, once (rank 0 speaks for every rank).
         for diff in ("num_layers: checkpoint 4, this run 6",
                      "hidden_size: checkpoint 64, this run 96"):
-            self.assertEqual(proc.stderr.count(diff), RANKS, proc.stderr)
+            self.assertEqual(proc.stderr.count(diff), 1, proc.stderr)
 
 
 if __name__ == "__main__":

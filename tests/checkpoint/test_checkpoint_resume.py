@@ -43,6 +43,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testing"))
 import checkpoint_reader  # noqa: E402  (tests/testing, shared by the end-to-end tests)
 import megatron_job  # noqa: E402
+import megatron_log  # noqa: E402
 
 MEGATRON = None
 MPIEXEC = None
@@ -61,12 +62,10 @@ TP, PP = "--tensor-model-parallel-size", "--pipeline-model-parallel-size"
 TP2PP2 = [TP, "2", PP, "2"]
 DISTOPT = ["--use-distributed-optimizer"]
 
-ITER_RE = re.compile(r"iteration\s+(\d+)/\s*\d+ \|(.*)")
 # The iteration line's fields that do not depend on timing, compared as printed.
 FIELDS = ("consumed samples", "learning rate", "global batch size", "lm loss", "loss scale",
           "grad norm", "number of skipped iterations", "number of nan iterations")
-VALID_RE = re.compile(r"validation loss at iteration\s+(\d+)( on \w+ set)? \| "
-                      r"lm loss value: ([0-9.E+-]+) \| lm loss PPL: ([0-9.E+-]+)")
+VALID_AT_RE = re.compile(r"iteration\s+(\d+)( on \w+ set)?$")
 
 
 def setUpModule():
@@ -122,19 +121,20 @@ def run(ranks, *args, expect_rc=0):
 
 
 def iterations(proc):
-    """{iteration: {field: printed value}} of the iteration lines (one rank prints them)."""
-    out = {}
-    for m in ITER_RE.finditer(proc.stdout):
-        it = int(m[1])
-        assert it not in out, f"iteration {it} printed twice"
-        kv = (part.split(":", 1) for part in m[2].split("|") if ":" in part)
-        out[it] = {k.strip(): v.strip() for k, v in kv if k.strip() in FIELDS}
-    return out
+    """{iteration: {field: printed value}} of the iteration lines (every line whole and printed
+    once: megatron_log), the fields that do not depend on timing."""
+    return {it: {k: v for k, v in f.items() if k in FIELDS}
+            for it, f in megatron_log.iteration_lines(proc.stdout).items()}
 
 
 def validations(proc):
     """[(iteration, set label, loss, PPL)] of the validation lines, in order, as printed."""
-    return [(int(m[1]), m[2] or "", m[3], m[4]) for m in VALID_RE.finditer(proc.stdout)]
+    out = []
+    for where, f in megatron_log.validation_lines(proc.stdout):
+        m = VALID_AT_RE.match(where)
+        assert m, f"validation line at {where!r}"
+        out.append((int(m[1]), m[2] or "", f["lm loss value"], f["lm loss PPL"]))
+    return out
 
 
 def tmpdir(name):

@@ -33,6 +33,9 @@ import unittest
 
 import numpy as np
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testing"))
+import megatron_log  # noqa: E402  (tests/testing: the shared log parser)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 DECODE_TFEVENTS = os.path.join(HERE, os.pardir, "train", "decode_tfevents.py")
 
@@ -55,7 +58,6 @@ QUICK = ["--mock-data", "--train-iters", "2", "--lr", "1e-3", "--num-threads", "
 CRASH_MARKERS = ("terminate called", "Aborted", "core dumped", "Segmentation fault", "what():",
                  "internal error", "Traceback", "stack trace", "Assertion")
 
-LOSS_RE = re.compile(r"lm loss: ([0-9.E+-]+)")
 PARAMS_RE = re.compile(r"number of parameters on \(tensor, pipeline\) model parallel rank "
                        r"\(0, 0\): (\d+)")
 
@@ -71,10 +73,15 @@ def megatron(*args, timeout=TIMEOUT_S):
 
 
 def losses_of(stdout):
-    return LOSS_RE.findall(stdout)
+    """The printed lm loss of every iteration line, in iteration order (megatron_log: every line
+    whole, none twice)."""
+    lines = megatron_log.iteration_lines(stdout)
+    return [lines[it]["lm loss"] for it in sorted(lines)]
 
 
 def iteration_lines(stdout):
+    """The iteration lines as printed, after megatron_log has checked that each is whole."""
+    megatron_log.iteration_lines(stdout)
     return [line for line in stdout.splitlines() if "] iteration " in line]
 
 

@@ -17,7 +17,6 @@ import json
 import math
 import os
 import random
-import re
 import struct
 import sys
 import unittest
@@ -69,17 +68,16 @@ class TestIndexedData(CliTestCase):
                 "--hidden-dropout", "0", "--attention-dropout", "0"]
         proc = self.train(prefix, *args)
         self.assertOk(proc, "train")
-        val = [float(v) for v in re.findall(
-            r"validation loss at iteration \d+ \| lm loss value: ([0-9.E+-]+) \| "
-            r"lm loss PPL: ([0-9.E+-]+)", proc.stdout) for v in [v[0]]]
+        valid = test_cli.megatron_log.validation_lines(proc.stdout)
+        val = [float(f["lm loss value"]) for where, f in valid if where.startswith("iteration")
+               and where.split()[-1].isdigit()]
         self.assertEqual(len(val), 4, proc.stdout[-3000:])  # every 10 of 40 iterations
         self.assertLess(val[-1], val[0] - 0.5, f"validation loss did not fall: {val}")
-        self.assertIn("on validation set", proc.stdout)
-        self.assertIn("on test set", proc.stdout)
-        for m in re.finditer(r"lm loss value: ([0-9.E+-]+) \| lm loss PPL: ([0-9.E+-]+)",
-                             proc.stdout):
-            self.assertAlmostEqual(math.exp(float(m.group(1))), float(m.group(2)),
-                                   delta=1e-5 * float(m.group(2)))
+        self.assertEqual([w for w, _ in valid][-2:], ["iteration 40 on validation set",
+                                                      "iteration 40 on test set"])
+        for _, f in valid:
+            self.assertAlmostEqual(math.exp(float(f["lm loss value"])), float(f["lm loss PPL"]),
+                                   delta=1e-5 * float(f["lm loss PPL"]))
         # A second run loads the cached indices and prints the same losses.
         again = self.train(prefix, *args)
         self.assertOk(again, "train again")

@@ -25,11 +25,11 @@ import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testing"))
 import megatron_job  # noqa: E402  (tests/testing, shared by the end-to-end tests)
+import megatron_log  # noqa: E402
 
 MEGATRON = None
 MPIEXEC = None
 TIMEOUT_S = 180
-LOSS_RE = re.compile(r"lm loss: ([0-9.E+-]+) \| loss scale: [0-9.]+ \| grad norm: ([0-9.]+)")
 TINY = ["--mock-data", "--vocab-size", "128", "--num-layers", "4", "--hidden-size", "64",
         "--num-attention-heads", "4", "--seq-length", "32", "--micro-batch-size", "1",
         "--global-batch-size", "4", "--train-iters", "20", "--log-interval", "1", "--lr", "2e-3",
@@ -85,12 +85,17 @@ def run(ranks, *args):
     return megatron_job.run_train(MEGATRON, MPIEXEC, ranks, args, TIMEOUT_S)
 
 
-def curve(proc):
-    return [(float(a), float(b)) for a, b in LOSS_RE.findall(proc.stdout)]
+def curve(proc, iters=20):
+    """{iteration: (lm loss, grad norm)} of iterations 1..iters, every one of them printed."""
+    lines = megatron_log.iteration_lines(proc.stdout, range(1, iters + 1) if iters else None)
+    return {it: (megatron_log.number(f, "lm loss"), megatron_log.number(f, "grad norm"))
+            for it, f in lines.items()}
 
 
 def validation(proc):
-    return [float(v) for v in re.findall(r"lm loss value: ([0-9.E+-]+)", proc.stdout)]
+    """[(where, lm loss value)] of every validation line, in order."""
+    return [(where, megatron_log.number(f, "lm loss value"))
+            for where, f in megatron_log.validation_lines(proc.stdout)]
 
 
 class TestParallelEquivalence(unittest.TestCase):
@@ -99,22 +104,23 @@ class TestParallelEquivalence(unittest.TestCase):
         single = run(1, *model)
         self.assertEqual(single.returncode, 0, single.stderr[-2000:])
         want = curve(single)
-        self.assertEqual(len(want), 20)
+        want_valid = validation(single)
+        self.assertEqual(len(want_valid), 4)  # iterations 10 and 20, then validation and test
         for name, ranks, flags in layouts:
             with self.subTest(layout=name):
                 proc = run(ranks, *model, *flags)
                 self.assertEqual(proc.returncode, 0, f"{name}: {proc.stderr[-2000:]}")
-                got = curve(proc)
-                self.assertEqual(len(got), 20, f"{name}: one iteration line per iteration, "
-                                               f"printed by one rank:\n{proc.stdout[-2000:]}")
-                for i, ((gl, gn), (wl, wn)) in enumerate(zip(got, want)):
-                    self.assertAlmostEqual(gl, wl, delta=1e-5 * wl, msg=f"{name} loss, iter {i+1}")
+                got = curve(proc)  # every iteration, whole lines, printed once
+                for it, (wl, wn) in want.items():
+                    gl, gn = got[it]
+                    self.assertAlmostEqual(gl, wl, delta=1e-5 * wl, msg=f"{name} loss, iter {it}")
                     # The norm is printed with 3 decimals: allow one unit of the last digit.
                     self.assertAlmostEqual(gn, wn, delta=1e-5 * wn + 2e-3,
-                                           msg=f"{name} grad norm, iter {i+1}")
-                self.assertEqual(len(validation(proc)), len(validation(single)), name)
-                for g, w in zip(validation(proc), validation(single)):
-                    self.assertAlmostEqual(g, w, delta=1e-5 * w, msg=f"{name} validation")
+                                           msg=f"{name} grad norm, iter {it}")
+                got_valid = validation(proc)
+                self.assertEqual([w for w, _ in got_valid], [w for w, _ in want_valid], name)
+                for (where, g), (_, w) in zip(got_valid, want_valid):
+                    self.assertAlmostEqual(g, w, delta=1e-5 * w, msg=f"{name} validation {where}")
                 self.assertEqual(proc.stdout.count("------------------------ arguments"), 1)
 
     def test_gpt2_style_every_layout_matches_single_process(self):
@@ -157,7 +163,8 @@ class TestParallelEquivalence(unittest.TestCase):
         self.assertEqual(proc.returncode, 1, proc.stderr[-2000:])
         self.assertIn("[rank 2] injected fault (--inject-fault): rank 2 fails at the start of "
                       "iteration 3", proc.stderr)
-        self.assertLessEqual(len(curve(proc)), 2, "no iteration after the failure")
+        self.assertLessEqual(max(curve(proc, iters=None), default=0), 2,
+                             "no iteration after the failure")
         # Start-up of 4 oversubscribed ranks takes a few seconds; a hang would hit TIMEOUT_S.
         self.assertLess(elapsed, 60, f"the job took {elapsed:.0f} s to go down")
 

@@ -20,12 +20,12 @@ What it is not: a check of bit-level fp16 rounding (tests/tensor) or of speed.
 Usage: test_mixed_precision.py --megatron BUILD/megatron --mpiexec MPIEXEC
 """
 import os
-import re
 import sys
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testing"))
 import megatron_job  # noqa: E402  (tests/testing, shared by the end-to-end tests)
+import megatron_log  # noqa: E402
 
 MEGATRON = None
 MPIEXEC = None
@@ -34,10 +34,6 @@ TINY = ["--mock-data", "--vocab-size", "128", "--num-layers", "4", "--hidden-siz
         "--num-attention-heads", "4", "--seq-length", "32", "--micro-batch-size", "1",
         "--global-batch-size", "4", "--log-interval", "1", "--lr", "2e-3",
         "--lr-warmup-iters", "3", "--eval-iters", "0", "--num-threads", "1"]
-LINE_RE = re.compile(r"iteration +(\d+)/.*?learning rate: ([0-9.E+-]+) \|.*?"
-                     r"(?:lm loss: ([0-9.E+-]+) \| )?loss scale: ([0-9.]+) \| "
-                     r"(?:grad norm: ([0-9.]+) \| )?number of skipped iterations: +(\d+) \| "
-                     r"number of nan iterations: +(\d+)")
 TP2PP2 = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"]
 
 
@@ -49,14 +45,16 @@ def run(ranks, *args):
 
 
 def lines(proc):
-    """Per iteration: dict(it, lr, loss or None, scale, norm or None, skipped, nan)."""
-    out = []
-    for m in LINE_RE.finditer(proc.stdout):
-        out.append({"it": int(m[1]), "lr": float(m[2]),
-                    "loss": float(m[3]) if m[3] else None, "scale": float(m[4]),
-                    "norm": float(m[5]) if m[5] else None, "skipped": int(m[6]),
-                    "nan": int(m[7])})
-    return out
+    """Per iteration 1..--train-iters, each printed once and whole: dict(it, lr, loss or None,
+    scale, norm or None, skipped, nan)."""
+    args = proc.args
+    iters = int(args[args.index("--train-iters") + 1])
+    got = megatron_log.iteration_lines(proc.stdout, range(1, iters + 1))
+    num = megatron_log.number
+    return [{"it": it, "lr": num(f, "learning rate"), "loss": num(f, "lm loss"),
+             "scale": num(f, "loss scale"), "norm": num(f, "grad norm"),
+             "skipped": int(f["number of skipped iterations"]),
+             "nan": int(f["number of nan iterations"])} for it, f in sorted(got.items())]
 
 
 class TestLossScaling(unittest.TestCase):

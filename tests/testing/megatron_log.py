@@ -1,0 +1,87 @@
+"""Reading the log of `megatron train` strictly: iteration lines and validation lines.
+
+What it is: the one parser the end-to-end tests share. It returns each iteration line's fields
+keyed by iteration number, and it fails (AssertionError, naming the line) on anything that looks
+like a piece of such a line but is not a whole one: a line cut in two by a launcher's output
+forwarding, a line printed twice, an iteration that was expected and is missing. Tests then pair
+runs by iteration number, never by position, so a lost line can never shift one curve against
+another. What it is not: a parser of the start-up dump or of the timing report.
+
+Field values are kept as the printed text (tests that compare "every printed digit" compare
+strings); number() converts one.
+"""
+import re
+
+# One whole iteration line: " [date] iteration N/ T | name: value | ... | name: value |".
+ITERATION_RE = re.compile(r"^ \[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] iteration +(\d+)/ *(\d+) \|"
+                          r"((?: [a-zA-Z][a-zA-Z0-9 ()/_-]*: [^|]*\|)+)$")
+# One whole validation line: " validation loss at PLACE | name value: x | name PPL: y | ".
+VALIDATION_RE = re.compile(r"^ validation loss at (.+?) \|((?: [a-zA-Z][a-zA-Z0-9 _-]*: [^|]*\|)+) $")
+# Text that only iteration or validation lines print: a line holding any of it must be whole.
+FRAGMENT_RE = re.compile(r"\] iteration +\d|iteration +\d+/ *\d+ \||consumed samples:|"
+                         r"elapsed time per iteration|lm loss:|grad norm:|number of skipped "
+                         r"iterations|number of nan iterations|validation loss at|lm loss value:|"
+                         r"lm loss PPL:")
+
+
+def _fields(text):
+    """' a: 1 | b: 2 |' -> {"a": "1", "b": "2"} (values stripped)."""
+    out = {}
+    for part in text.split("|")[:-1]:
+        name, sep, value = part.partition(": ")
+        if not sep:
+            raise AssertionError(f"malformed field {part!r}")
+        out[name.strip()] = value.strip()
+    return out
+
+
+def iteration_lines(stdout, expect=None):
+    """{iteration: {field: printed value}} for every iteration line of `stdout`.
+
+    Fails on a cut or malformed line, on an iteration printed twice, and, when `expect` (an
+    iterable of iteration numbers) is given, unless exactly those iterations were printed."""
+    got = {}
+    for n, line in enumerate(stdout.splitlines(), 1):
+        m = ITERATION_RE.match(line)
+        if m is None:
+            if FRAGMENT_RE.search(line) and not VALIDATION_RE.match(line):
+                raise AssertionError(f"log line {n} is a cut or malformed iteration or "
+                                     f"validation line: {line!r}")
+            continue
+        it = int(m[1])
+        if it in got:
+            raise AssertionError(f"log line {n}: iteration {it} printed twice")
+        fields = _fields(m[3])
+        fields["train iters"] = m[2]
+        got[it] = fields
+    if expect is not None:
+        want = set(expect)
+        missing, extra = sorted(want - set(got)), sorted(set(got) - want)
+        if missing or extra:
+            raise AssertionError(f"iteration lines: missing {missing[:20]}"
+                                 f"{' ...' if len(missing) > 20 else ''}, unexpected "
+                                 f"{extra[:20]} ({len(got)} lines found)")
+    return got
+
+
+def validation_lines(stdout):
+    """[(place, {field: printed value})] for every validation line, in order ("iteration 50",
+    "iteration 200 on validation set", ...). Fails on a cut iteration or validation line."""
+    iteration_lines(stdout)  # the fragment check covers validation lines too
+    out = []
+    for line in stdout.splitlines():
+        m = VALIDATION_RE.match(line)
+        if m:
+            out.append((m[1], _fields(m[2])))
+    return out
+
+
+def number(fields, name):
+    """The field as a float, None when the line left it out (a skipped iteration has no loss)."""
+    value = fields.get(name)
+    return None if value is None else float(value)
+
+
+def series(lines, name):
+    """[number(lines[it], name) for it in sorted order]: one field over a run."""
+    return [number(lines[it], name) for it in sorted(lines)]
