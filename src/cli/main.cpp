@@ -7,6 +7,7 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/logging.h"
+#include "tensor/ops.h"
 
 namespace {
 
@@ -20,7 +21,8 @@ constexpr const char* kUsage =
     "  convert     Hugging Face model directory -> Hugging Face model directory via our layout\n"
     "  bench       measured peaks of this machine (bench gemm)\n"
     "\n"
-    "`megatron <command> --help` lists a command's flags.\n";
+    "`megatron <command> --help` lists a command's flags; `megatron --version` prints what\n"
+    "decides this build's arithmetic.\n";
 
 int dispatch(int argc, char** argv) {
   using namespace megatron::cli;
@@ -29,6 +31,10 @@ int dispatch(int argc, char** argv) {
     return argc < 2 ? 2 : 0;
   }
   const std::string cmd = argv[1];
+  if (cmd == "--version") {
+    std::printf("megatron-cpp: %s\n", megatron::ops::numerics_fingerprint().c_str());
+    return 0;
+  }
   // Each subcommand sees argv without the command name.
   if (cmd == "train") return train_command(argc - 1, argv + 1);
   if (cmd == "score") return score_command(argc - 1, argv + 1);

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "tensor/tensor.h"
 
@@ -27,6 +28,12 @@ void matmul(Tensor& out, const Tensor& a, bool trans_a, const Tensor& b, bool tr
 // for f16). If not, such GEMMs widen their inputs to f32 and run the f32 kernel: the same
 // results, without the 16-bit speed-up.
 bool native_half_gemm(DType t);
+// What decides this build's arithmetic, on one line: the vector extensions the kernels were
+// compiled for (-march=native), the compiler, oneDNN's version, the instruction set its kernels
+// use on this CPU and the cache sizes it blocks its GEMMs by. Two machines with the same line
+// compute the same bits; with another line, sums may be ordered otherwise (vector widths, oneDNN's
+// blocking) and the last bits differ.
+std::string numerics_fingerprint();
 
 // ---- elementwise ------------------------------------------------------------------------------
 void add(Tensor& out, const Tensor& a, const Tensor& b);  // out = a + b

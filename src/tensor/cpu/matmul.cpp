@@ -11,12 +11,17 @@
 // f16 GEMM widens its inputs to f32 (exact: every 16-bit float value is an f32 value) and runs the
 // f32 kernel, which computes the same thing, 16-bit inputs with f32 accumulation, at f32 speed.
 // native_half_gemm() tells callers which one they get.
+#include <unistd.h>
+
 #include <map>
+#include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <dnnl.hpp>
 
+#include "core/logging.h"
 #include "tensor/cpu/dispatch.h"
 #include "tensor/op_profile.h"
 #include "tensor/ops.h"
@@ -154,6 +159,66 @@ bool native_half_gemm(DType t) {
   static const bool f16 = can_create_half_gemm(dnnl::memory::data_type::f16);
   MEGATRON_CHECK(is_half(t), "native_half_gemm: ", dtype_name(t), " is not a 16-bit float");
   return t == DType::kBF16 ? bf16 : f16;
+}
+
+std::string numerics_fingerprint() {
+  // The extensions that change results: vector width (reduction order) and 16-bit kernels.
+  std::string isa = "x86-64";
+#if defined(__AVX2__)
+  isa += "+avx2";
+#endif
+#if defined(__FMA__)
+  isa += "+fma";
+#endif
+#if defined(__AVX512F__)
+  isa += "+avx512f";
+#endif
+#if defined(__AVX512BF16__)
+  isa += "+avx512bf16";
+#endif
+#if defined(__AMX_TILE__)
+  isa += "+amx";
+#endif
+  const dnnl_version_t* v = dnnl_version();
+  const char* kernels = "unknown";
+  switch (dnnl::get_effective_cpu_isa()) {
+    case dnnl::cpu_isa::sse41:
+      kernels = "sse41";
+      break;
+    case dnnl::cpu_isa::avx:
+      kernels = "avx";
+      break;
+    case dnnl::cpu_isa::avx2:
+      kernels = "avx2";
+      break;
+    case dnnl::cpu_isa::avx2_vnni:
+      kernels = "avx2_vnni";
+      break;
+    case dnnl::cpu_isa::avx512_core:
+      kernels = "avx512_core";
+      break;
+    case dnnl::cpu_isa::avx512_core_vnni:
+      kernels = "avx512_core_vnni";
+      break;
+    case dnnl::cpu_isa::avx512_core_bf16:
+      kernels = "avx512_core_bf16";
+      break;
+    case dnnl::cpu_isa::avx512_core_amx:
+      kernels = "avx512_core_amx";
+      break;
+    default:
+      break;
+  }
+#if defined(__clang__)
+  const char* compiler = "clang";
+#else
+  const char* compiler = "gcc";
+#endif
+  // oneDNN sizes its GEMM blocks (and so the order of its sums) by the caches.
+  return strprintf(
+      "compiled for %s with %s %s; oneDNN %d.%d.%d kernels %s; L1d %ld KiB, L2 %ld KiB",
+      isa.c_str(), compiler, __VERSION__, v->major, v->minor, v->patch, kernels,
+      sysconf(_SC_LEVEL1_DCACHE_SIZE) / 1024, sysconf(_SC_LEVEL2_CACHE_SIZE) / 1024);
 }
 
 void matmul(Tensor& out, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, float beta) {
