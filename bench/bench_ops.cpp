@@ -70,15 +70,21 @@ BENCHMARK(BM_CrossEntropyForwardBackward)->Unit(benchmark::kMillisecond);
 void BM_Attention(benchmark::State& state) {
   const bool backward = state.range(0);
   const int64_t hn = kH / kHeads;
-  ops::AttentionSpec spec{kHeads, 1, 1.0f / std::sqrt(static_cast<float>(hn)), true, 0.0f, 0, 0};
+  ops::AttentionSpec spec;
+  spec.scale = 1.0f / std::sqrt(static_cast<float>(hn));
   Tensor qkv = random({kS, kB, kHeads, 3, hn}), out = Tensor::empty({kS, kB, kHeads, hn});
   Tensor lse = Tensor::empty({kB, kHeads, kS}), dqkv = Tensor::empty(qkv.shape());
-  ops::attention_forward(out, lse, qkv, spec);
+  using ops::packed_qkv_view, ops::QkvPart;
+  const auto q = packed_qkv_view(qkv, QkvPart::kQuery), k = packed_qkv_view(qkv, QkvPart::kKey),
+             v = packed_qkv_view(qkv, QkvPart::kValue);
+  const auto dq = packed_qkv_view(dqkv, QkvPart::kQuery), dk = packed_qkv_view(dqkv, QkvPart::kKey),
+             dv = packed_qkv_view(dqkv, QkvPart::kValue);
+  ops::attention_forward(out, lse, q, k, v, spec);
   for (auto _ : state) {
     if (backward)
-      ops::attention_backward(dqkv, out, qkv, out, lse, spec);
+      ops::attention_backward(dq, dk, dv, Tensor(), out, q, k, v, out, lse, spec);
     else
-      ops::attention_forward(out, lse, qkv, spec);
+      ops::attention_forward(out, lse, q, k, v, spec);
   }
   // Causal: half of the s x s scores; 2 GEMM-like products forward, 4 backward (+ recompute).
   state.SetItemsProcessed(state.iterations() * (backward ? 5 : 2) * kB * kHeads * kS * kS * hn);

@@ -90,32 +90,79 @@ struct RopeSpec {
 void rope_inplace(Tensor& x, const Tensor& positions, const RopeSpec& spec, bool inverse);
 
 // ---- attention --------------------------------------------------------------------------------
-// Causal (or full) scaled-dot-product attention reading q, k, v straight from Megatron's packed
-// QKV projection: qkv is [s, b, ng, qpg + 2, hn] (per query group: qpg query heads, then one key
-// and one value head). out is [s, b, ng * qpg, hn]; lse is [b, ng * qpg, s] (log-sum-exp of each
-// score row, the only softmax statistic kept for backward). Tiled with an online softmax: memory
-// is linear in s. Attention dropout, if p > 0, uses the counter-based mask of dropout_forward
-// with one counter per (b, head, i, j).
+// Scaled-dot-product attention over any arrangement of q, k and v:
+//   out_i = sum_j P_ij keep_ij v_j,  P_i = softmax_j(scale q_i . k_j + bias_ij) over the keys
+//   query i may see (mask below), keep_ij the dropout keep-scale (0 or 1/(1-p)).
+// Query head h reads key/value head h / (heads per group) (grouped-query attention). out is
+// [sq, b, np, hn]; lse is [b, np, sq], the log-sum-exp of each row of masked scores (the only
+// softmax statistic kept for backward, and what merges results over disjoint key sets exactly:
+// attention_merge). A row that sees no key gets out = 0 and lse = -inf. Tiled with an online
+// softmax: memory is linear in the lengths. Attention dropout, if p > 0, uses the counter-based
+// mask of dropout_forward with one counter per (b, global head, global i, global j).
+
+// One of q, k, v (or of their gradients): elements (t, bb, g, p, c) of a [s, b, G, P, hn]
+// arrangement at strides inside `tensor`, so that they can be read from, and their gradients
+// written into, Megatron's packed QKV projection without copies. Head g * P + p; channels are
+// contiguous. For q, G query groups of P heads each; for k and v one head (P = 1) per group.
+struct AttentionView {
+  Tensor tensor;       // the storage (shared, never copied; written through for gradients)
+  int64_t offset = 0;  // of element (0, 0, 0, 0, 0), in elements of tensor
+  int64_t s = 0, b = 0, groups = 1, per_group = 1, hn = 0;
+  int64_t stride_s = 0, stride_b = 0, stride_g = 0, stride_p = 0;
+  int64_t heads() const { return groups * per_group; }
+};
+// A contiguous [s, b, heads, hn] tensor as `groups` groups of heads / groups heads.
+AttentionView attention_view(const Tensor& t, int64_t groups);
+// The query, key or value heads of Megatron's packed QKV [s, b, ng, qpg + 2, hn] (per query
+// group: qpg query heads, then one key and one value head).
+enum class QkvPart { kQuery, kKey, kValue };
+AttentionView packed_qkv_view(const Tensor& qkv, QkvPart part);
+
+// Which keys query i (global position q_offset + i) of sequence bb sees: key j (global position
+// kv_offset + j) is visible iff
+//   (!causal or kv_offset + j <= q_offset + i)  and
+//   (doc_start undefined or kv_offset + j >= doc_start[bb, i])  and
+//   (key_valid undefined or key_valid[bb, j] != 0).
 struct AttentionSpec {
-  int64_t num_query_groups = 1;
-  int64_t queries_per_group = 1;
   float scale = 1.0f;  // usually 1/sqrt(hn)
   bool causal = true;
+  // Global positions of query row 0 and key row 0: a context-parallel chunk, a decode step
+  // whose queries follow a KV cache.
+  int64_t q_offset = 0, kv_offset = 0;
+  // Document starts (--reset-attention-mask), or undefined: [b, sq] i32, the global position of
+  // the first key query i may see.
+  Tensor doc_start;
+  // Key padding, or undefined: [b, skv] i32, nonzero for a real key, 0 for padding (BERT's
+  // padding mask, batched generation).
+  Tensor key_valid;
+  // Additive bias on the scaled scores, or undefined: [B, np, sq, skv] of the dtype of q, B = 1
+  // (shared over the batch: T5's relative positions, ALiBi) or b.
+  Tensor bias;
   float dropout = 0.0f;
   uint64_t seed = 0, stream = 0;
   // Under tensor parallelism this rank's heads are heads [head_offset, head_offset + np) of
   // total_heads (0: np, no offset): dropout counters use the global head, so every TP size draws
   // the same masks.
   int64_t head_offset = 0, total_heads = 0;
-  // Document boundaries (--reset-attention-mask), or null: [b, s] positions, doc_start[b * s + i]
-  // = first position of the document holding token i; query i then sees only keys j in
-  // [doc_start, i]. Requires causal.
-  const int32_t* doc_start = nullptr;
+  // Extent of the dropout counter grid in query and key positions (0: sq and skv): the whole
+  // sequence when q or k are chunks of it, so every chunking draws the same masks.
+  int64_t q_positions = 0, kv_positions = 0;
 };
-void attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const AttentionSpec& spec);
-// dqkv is written (same layout as qkv).
-void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+void attention_forward(Tensor& out, Tensor& lse, const AttentionView& q, const AttentionView& k,
+                       const AttentionView& v, const AttentionSpec& spec);
+// dq, dk and dv are written (they may be views into one packed gradient, as q, k, v into the
+// packed QKV). out and lse are forward's; for keys split into blocks they are the merged results
+// over all blocks, and each block's backward then gives its share of dq and its dk, dv. dbias, if
+// defined, is written ([B, np, sq, skv], summed over the batch when B = 1).
+void attention_backward(const AttentionView& dq, const AttentionView& dk, const AttentionView& dv,
+                        const Tensor& dbias, const Tensor& dout, const AttentionView& q,
+                        const AttentionView& k, const AttentionView& v, const Tensor& out,
                         const Tensor& lse, const AttentionSpec& spec);
+// Results over two disjoint key sets combined, in place: (out, lse) over keys A and (out_b,
+// lse_b) over keys B become the result over A and B:
+//   lse' = log(exp(lse) + exp(lse_b)),  out' = exp(lse - lse') out + exp(lse_b - lse') out_b.
+// out, out_b: [sq, b, np, hn]; lse, lse_b: [b, np, sq]. Rows with lse = -inf saw no key.
+void attention_merge(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor& lse_b);
 
 // ---- loss -------------------------------------------------------------------------------------
 // Fused softmax cross-entropy over the vocabulary. logits [n, Vp] f32 (Vp = padded vocab);

@@ -51,7 +51,9 @@ void SelfAttention::core_attention(Ctx& ctx) const {
   const int64_t s = ctx.qkv.dim(0), b = ctx.qkv.dim(1), np = heads_local_, hn = cfg_.head_dim();
   ctx.out = Tensor::empty({s, b, np, hn}, ctx.qkv.dtype());
   ctx.lse = Tensor::empty({b, np, s}, ctx.qkv.dtype());
-  ops::attention_forward(ctx.out, ctx.lse, ctx.qkv, ctx.spec);
+  ops::attention_forward(ctx.out, ctx.lse, ops::packed_qkv_view(ctx.qkv, ops::QkvPart::kQuery),
+                         ops::packed_qkv_view(ctx.qkv, ops::QkvPart::kKey),
+                         ops::packed_qkv_view(ctx.qkv, ops::QkvPart::kValue), ctx.spec);
 }
 
 Tensor SelfAttention::forward(const Tensor& x, const TokenLayout& layout, Ctx& ctx,
@@ -66,8 +68,6 @@ Tensor SelfAttention::forward(const Tensor& x, const TokenLayout& layout, Ctx& c
     ops::rope_inplace(qkv, positions, rope_, false);
   }
   ctx.positions = positions;
-  ctx.spec.num_query_groups = ng;
-  ctx.spec.queries_per_group = qpg;
   ctx.spec.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hn)));
   ctx.spec.causal = true;
   ctx.spec.dropout = mode.training ? static_cast<float>(cfg_.attention_dropout) : 0.0f;
@@ -77,8 +77,7 @@ Tensor SelfAttention::forward(const Tensor& x, const TokenLayout& layout, Ctx& c
   ctx.spec.total_heads = cfg_.num_attention_heads;
   if (layout.doc_start.defined()) {
     check_shape(layout.doc_start, {b, s}, "attention doc_start");
-    ctx.doc_start = layout.doc_start;
-    ctx.spec.doc_start = ctx.doc_start.data<int32_t>();
+    ctx.spec.doc_start = layout.doc_start;
   }
   ctx.qkv = qkv;
   core_attention(ctx);
@@ -104,7 +103,12 @@ Tensor SelfAttention::backward(const Tensor& dy, Ctx& ctx) const {
   }
   Tensor dout = linear_proj.backward(dy, ctx.proj_ctx).view(ctx.out.shape());
   Tensor dqkv = Tensor::empty(ctx.qkv.shape(), ctx.qkv.dtype());
-  ops::attention_backward(dqkv, dout, ctx.qkv, ctx.out, ctx.lse, ctx.spec);
+  using ops::packed_qkv_view, ops::QkvPart;
+  ops::attention_backward(
+      packed_qkv_view(dqkv, QkvPart::kQuery), packed_qkv_view(dqkv, QkvPart::kKey),
+      packed_qkv_view(dqkv, QkvPart::kValue), Tensor(), dout,
+      packed_qkv_view(ctx.qkv, QkvPart::kQuery), packed_qkv_view(ctx.qkv, QkvPart::kKey),
+      packed_qkv_view(ctx.qkv, QkvPart::kValue), ctx.out, ctx.lse, ctx.spec);
   if (cfg_.position_embedding == PositionEmbedding::kRope) {
     ops::rope_inplace(dqkv, ctx.positions, rope_, true);
   }

@@ -2,7 +2,8 @@
 //
 // linear_qkv produces Megatron's per-query-group packing: for each of ng groups, qpg query heads
 // then one key and one value head, each hn wide ([s, b, ng, qpg + 2, hn]); the core attention
-// reads q, k, v from that buffer in place. With GQA (ng < heads) each key/value head serves qpg
+// reads q, k, v from that buffer in place (ops::packed_qkv_view), and writes their gradients
+// into one packed dqkv the same way. With GQA (ng < heads) each key/value head serves qpg
 // query heads. linear_proj maps the heads' outputs back to the hidden size (scaled init).
 //
 // Selective recomputation (--recompute-granularity selective, Megatron's core_attn): forward
@@ -34,8 +35,7 @@ class SelfAttention {
     bool recompute = false;  // out and lse dropped in forward, recomputed in backward
     Shape proj_input_shape;  // if linear_proj's saved input was `out` (dropped with it): its shape
     Tensor positions;
-    Tensor doc_start;         // keeps spec.doc_start alive until backward
-    ops::AttentionSpec spec;  // as run in forward, including the dropout RNG coordinates
+    ops::AttentionSpec spec;  // as run in forward: the mask, the dropout RNG coordinates
   };
 
   SelfAttention(const std::string& name, const TransformerConfig& cfg, int64_t layer_number,

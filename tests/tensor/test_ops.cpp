@@ -21,6 +21,7 @@ namespace megatron {
 namespace {
 
 using testing::allclose;
+using testing::fd_grad;
 using testing::random_tensor;
 
 constexpr double kF32Atol = 2e-5, kF32Rtol = 1e-4;
@@ -29,26 +30,6 @@ constexpr double kFdTol = 1e-6;
 
 Tensor f64(const Tensor& t) {
   return t.to(DType::kF64);
-}
-
-// Numerical gradient of L(x) = sum(dout * f(x)) with respect to x, by central differences.
-Tensor fd_grad(const std::function<Tensor(const Tensor&)>& f, const Tensor& x, const Tensor& dout) {
-  const double h = 1e-6;
-  Tensor g = Tensor::zeros(x.shape(), DType::kF64);
-  Tensor xp = x.clone();
-  for (int64_t i = 0; i < x.numel(); ++i) {
-    double orig = xp.data<double>()[i];
-    auto loss = [&](double v) {
-      xp.data<double>()[i] = v;
-      Tensor y = f(xp);
-      double s = 0;
-      for (int64_t j = 0; j < y.numel(); ++j) s += y.data<double>()[j] * dout.data<double>()[j];
-      return s;
-    };
-    g.data<double>()[i] = (loss(orig + h) - loss(orig - h)) / (2 * h);
-    xp.data<double>()[i] = orig;
-  }
-  return g;
 }
 
 TEST(Matmul, AllTransposesF32AndF64MatchReference) {
@@ -263,116 +244,6 @@ TEST(Rope, MatchesReferenceAndInverseUndoes) {
   Tensor z = x.clone();
   ops::rope_inplace(z, pos, spec, false);
   EXPECT_TRUE(allclose(z, ref::rope(f64(x), pos, spec, false), kF32Atol, kF32Rtol));
-}
-
-struct AttnCase {
-  int64_t s, b, ng, qpg, hn;
-  bool causal;
-  float dropout;
-};
-
-class AttentionTest : public ::testing::TestWithParam<AttnCase> {};
-
-// The f32 kernels on qkv [s, b, ng, qpg + 2, hn] against the f64 reference, forward and backward
-// (output gradient drawn from `seed`); returns what the callers check further.
-struct AttnRun {
-  Tensor out, dout, want_dqkv;
-};
-AttnRun expect_attention_matches_reference(const Tensor& qkv, const ops::AttentionSpec& spec,
-                                           uint64_t seed) {
-  const int64_t s = qkv.dim(0), b = qkv.dim(1), np = spec.num_query_groups * spec.queries_per_group;
-  AttnRun r;
-  r.out = Tensor::empty({s, b, np, qkv.dim(4)});
-  Tensor lse = Tensor::empty({b, np, s});
-  ops::attention_forward(r.out, lse, qkv, spec);
-  EXPECT_TRUE(allclose(r.out, ref::attention(f64(qkv), spec), kF32Atol, kF32Rtol));
-  r.dout = random_tensor(r.out.shape(), seed);
-  Tensor dqkv = Tensor::empty(qkv.shape());
-  ops::attention_backward(dqkv, r.dout, qkv, r.out, lse, spec);
-  r.want_dqkv = ref::attention_backward(f64(r.dout), f64(qkv), spec);
-  EXPECT_TRUE(allclose(dqkv, r.want_dqkv, kF32Atol * 5, kF32Rtol));
-  return r;
-}
-
-TEST_P(AttentionTest, ForwardBackwardMatchReferenceAndFiniteDifferences) {
-  const AttnCase c = GetParam();
-  ops::AttentionSpec spec{
-      c.ng, c.qpg, 1.0f / std::sqrt(static_cast<float>(c.hn)), c.causal, c.dropout, 42, 7};
-  Tensor qkv = random_tensor({c.s, c.b, c.ng, c.qpg + 2, c.hn}, 21, 1.5);
-  const AttnRun r = expect_attention_matches_reference(qkv, spec, 22);
-  const Tensor &out = r.out, &dout = r.dout, &want_d = r.want_dqkv;
-
-  // Reference backward vs finite differences of the reference forward (f64).
-  if (c.s * c.b * c.ng * (c.qpg + 2) * c.hn <= 2000) {
-    Tensor fd =
-        fd_grad([&](const Tensor& v) { return ref::attention(v, spec); }, f64(qkv), f64(dout));
-    EXPECT_TRUE(allclose(want_d, fd, kFdTol, kFdTol));
-    // Fast kernel in f64.
-    Tensor o64 = Tensor::empty(out.shape(), DType::kF64),
-           l64 = Tensor::empty({c.b, c.ng * c.qpg, c.s}, DType::kF64);
-    ops::attention_forward(o64, l64, f64(qkv), spec);
-    Tensor d64 = Tensor::empty(qkv.shape(), DType::kF64);
-    ops::attention_backward(d64, f64(dout), f64(qkv), o64, l64, spec);
-    EXPECT_TRUE(allclose(d64, fd, kFdTol, kFdTol));
-  }
-}
-
-TEST(Attention, DocumentBoundariesMatchReferenceAndFiniteDifferences) {
-  // Two sequences with documents [0, 3), [3, 7) and [0, 5), [5, 6), [6, 7)
-  // (--reset-attention-mask).
-  const int64_t s = 7, b = 2, ng = 1, qpg = 2, hn = 3;
-  std::vector<int32_t> starts = {0, 0, 0, 3, 3, 3, 3, 0, 0, 0, 0, 0, 5, 6};
-  ops::AttentionSpec spec{ng, qpg, 0.6f, true, 0.0f, 0, 0};
-  spec.doc_start = starts.data();
-  Tensor qkv = random_tensor({s, b, ng, qpg + 2, hn}, 31, 1.5);
-  const AttnRun r = expect_attention_matches_reference(qkv, spec, 32);
-  const Tensor& out = r.out;
-  Tensor fd =
-      fd_grad([&](const Tensor& v) { return ref::attention(v, spec); }, f64(qkv), f64(r.dout));
-  EXPECT_TRUE(allclose(r.want_dqkv, fd, kFdTol, kFdTol));
-  // The first token of a document sees only itself: its output is its own value vector.
-  const int64_t t = 3, bb = 0;  // token 3 of sequence 0 starts a document
-  for (int64_t c = 0; c < hn; ++c) {
-    const double v = qkv.item(((t * b + bb) * ng * (qpg + 2) + qpg + 1) * hn + c);
-    EXPECT_NEAR(out.item(((t * b + bb) * qpg + 0) * hn + c), v, 1e-6);
-  }
-}
-
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, AttentionTest,
-    ::testing::Values(AttnCase{5, 2, 2, 1, 4, true, 0.0f},     // MHA, tiny, FD-checked
-                      AttnCase{7, 1, 1, 3, 3, true, 0.0f},     // GQA 3 queries per group
-                      AttnCase{6, 1, 2, 2, 4, false, 0.0f},    // non-causal
-                      AttnCase{5, 2, 1, 2, 4, true, 0.3f},     // dropout, FD-checked
-                      AttnCase{131, 2, 2, 2, 16, true, 0.0f},  // > 2 tiles, odd length
-                      AttnCase{70, 1, 1, 1, 8, true, 0.1f},    // dropout across tiles
-                      // Tile GEMMs at their full register width (hn 64), partial last tiles,
-                      // several query tiles per key tile, GQA and non-causal across tiles, a
-                      // head size that is no multiple of the vector width.
-                      AttnCase{150, 2, 2, 1, 64, true, 0.0f},
-                      AttnCase{130, 1, 2, 3, 32, true, 0.0f},
-                      AttnCase{129, 1, 1, 2, 20, false, 0.0f},
-                      AttnCase{97, 1, 2, 2, 24, true, 0.2f}));
-
-TEST(Attention, DocumentBoundariesAcrossTiles) {
-  // Documents that start inside, at and just after 64-position tile boundaries, in sequences
-  // longer than two tiles: whole key tiles are skipped for some query tiles, partly masked for
-  // others.
-  const int64_t s = 150, b = 2, ng = 2, qpg = 2, hn = 32;
-  const std::vector<std::vector<int64_t>> docs = {{0, 40, 64, 65, 149}, {0, 127, 128}};
-  std::vector<int32_t> starts(static_cast<size_t>(b * s));
-  for (int64_t bb = 0; bb < b; ++bb) {
-    for (int64_t i = 0; i < s; ++i) {
-      int64_t start = 0;
-      for (int64_t d : docs[static_cast<size_t>(bb)])
-        if (d <= i) start = d;
-      starts[static_cast<size_t>(bb * s + i)] = static_cast<int32_t>(start);
-    }
-  }
-  ops::AttentionSpec spec{ng, qpg, 0.2f, true, 0.0f, 0, 0};
-  spec.doc_start = starts.data();
-  Tensor qkv = random_tensor({s, b, ng, qpg + 2, hn}, 33, 1.5);
-  expect_attention_matches_reference(qkv, spec, 34);
 }
 
 TEST(CrossEntropy, MaskedPaddingForwardBackward) {

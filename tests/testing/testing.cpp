@@ -57,6 +57,25 @@ Tensor random_tensor(const Shape& shape, uint64_t seed, double scale, DType dtyp
   return dtype == DType::kF64 ? t : t.to(dtype);
 }
 
+Tensor fd_grad(const std::function<Tensor(const Tensor&)>& f, const Tensor& x, const Tensor& dout) {
+  const double h = 1e-6;
+  Tensor g = Tensor::zeros(x.shape(), DType::kF64);
+  Tensor xp = x.clone();
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const double orig = xp.data<double>()[i];
+    auto loss = [&](double v) {
+      xp.data<double>()[i] = v;
+      Tensor y = f(xp);
+      double s = 0;
+      for (int64_t j = 0; j < y.numel(); ++j) s += y.data<double>()[j] * dout.data<double>()[j];
+      return s;
+    };
+    g.data<double>()[i] = (loss(orig + h) - loss(orig - h)) / (2 * h);
+    xp.data<double>()[i] = orig;
+  }
+  return g;
+}
+
 Tensor random_ids(const Shape& shape, uint64_t seed, int64_t vocab) {
   Tensor t = Tensor::empty(shape, DType::kI64);
   int64_t* p = t.data<int64_t>();

@@ -307,7 +307,9 @@ class HeldBytes {
     add(c.out);
     add(c.lse);
     add(c.positions);
-    add(c.doc_start);
+    add(c.spec.doc_start);
+    add(c.spec.key_valid);
+    add(c.spec.bias);
   }
   void add(const MLP::Ctx& c) {
     add(c.fc1_ctx);

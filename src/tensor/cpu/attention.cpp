@@ -1,19 +1,21 @@
 // Tiled scaled-dot-product attention with an online softmax (FlashAttention-2 style) on CPU.
 //
 // Forward walks 64-key tiles for a 64-row block of queries, keeping a running max and sum per row,
-// so no s x s score matrix ever exists; it keeps only out and the per-row log-sum-exp. Backward
-// recomputes probabilities from lse: P_ij = exp(scale q_i.k_j - lse_i), and with
+// so no sq x skv score matrix ever exists; it keeps only out and the per-row log-sum-exp. Backward
+// recomputes probabilities from lse: P_ij = exp(scale q_i.k_j + bias_ij - lse_i), and with
 // D_i = dO_i . O_i (equal to sum_j P_ij dP_ij, dropout included):
 //   dV_j += Pd_ij dO_i,  dP_ij = mask_ij/(1-p) dO_i . v_j,  dS_ij = P_ij (dP_ij - D_i),
-//   dQ_i += scale dS_ij k_j,  dK_j += scale dS_ij q_i.
+//   dQ_i += scale dS_ij k_j,  dK_j += scale dS_ij q_i,  dbias_ij = dS_ij.
 // Every product of tiles (S = Q K^T, O += P V, dP = dO V^T, dV += Pd^T dO, dK += dS^T Q,
-// dQ += dS K) is a register-blocked tile GEMM (tile_gemm.h) on tiles copied out of the packed
-// QKV layout into contiguous buffers, K and V transposed where the product needs them so.
+// dQ += dS K) is a register-blocked tile GEMM (tile_gemm.h) on tiles copied out of the q, k, v
+// views (packed QKV or separate tensors) into contiguous buffers, K and V transposed where the
+// product needs them so.
 //
 // Parallelism: forward over (batch, head, query tile); backward over (batch, head), one task
 // owning its head's dQ and its dK/dV contributions; with grouped queries those are then summed
-// over the heads of each group in a fixed order. No atomics, no per-thread copies: results do
-// not depend on the thread count.
+// over the heads of each group in a fixed order, and a bias shared over the batch has its
+// gradient summed over the batch in order. No atomics, no per-thread copies: results do not
+// depend on the thread count.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -27,51 +29,149 @@
 #include "tensor/ops.h"
 
 namespace megatron::ops {
+
+AttentionView attention_view(const Tensor& t, int64_t groups) {
+  MEGATRON_CHECK(t.ndim() == 4, "attention_view: expected [s, b, heads, hn], got ", t.str());
+  MEGATRON_CHECK(groups > 0 && t.dim(2) % groups == 0, "attention_view: ", t.dim(2),
+                 " heads do not split into ", groups, " groups");
+  const int64_t per_group = t.dim(2) / groups, hn = t.dim(3);
+  return AttentionView{t,
+                       0,
+                       t.dim(0),
+                       t.dim(1),
+                       groups,
+                       per_group,
+                       hn,
+                       t.dim(1) * t.dim(2) * hn,
+                       t.dim(2) * hn,
+                       per_group * hn,
+                       hn};
+}
+
+AttentionView packed_qkv_view(const Tensor& qkv, QkvPart part) {
+  MEGATRON_CHECK(qkv.ndim() == 5 && qkv.dim(3) >= 3,
+                 "packed_qkv_view: expected [s, b, ng, qpg + 2, hn], got ", qkv.str());
+  const int64_t ng = qkv.dim(2), P = qkv.dim(3), qpg = P - 2, hn = qkv.dim(4);
+  AttentionView v{qkv,         0,      qkv.dim(0), qkv.dim(1), ng, 1, hn, qkv.dim(1) * ng * P * hn,
+                  ng * P * hn, P * hn, hn};
+  if (part == QkvPart::kQuery) v.per_group = qpg;
+  if (part == QkvPart::kKey) v.offset = qpg * hn;
+  if (part == QkvPart::kValue) v.offset = (qpg + 1) * hn;
+  return v;
+}
+
 namespace {
 
 constexpr int64_t kTile = 64;  // query rows and key columns per tile
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
-// Strided access into the packed QKV buffer and the output.
-struct Layout {
-  int64_t s, b, ng, qpg, hn, np;
-  int64_t P() const { return qpg + 2; }
-  int64_t token_stride() const { return ng * P() * hn; }  // between (t, bb) and (t, bb + 1)
-  int64_t q_off(int64_t t, int64_t bb, int64_t h) const {
-    int64_t g = h / qpg, jq = h % qpg;
-    return (t * b + bb) * token_stride() + (g * P() + jq) * hn;
+// Row pointers into one view.
+template <typename T>
+struct Rows {
+  T* base;
+  AttentionView v;
+  T* at(int64_t t, int64_t bb, int64_t head) const {
+    return base + t * v.stride_s + bb * v.stride_b + (head / v.per_group) * v.stride_g +
+           (head % v.per_group) * v.stride_p;
   }
-  int64_t k_off(int64_t t, int64_t bb, int64_t g) const {
-    return (t * b + bb) * token_stride() + (g * P() + qpg) * hn;
-  }
-  int64_t v_off(int64_t t, int64_t bb, int64_t g) const { return k_off(t, bb, g) + hn; }
+};
+template <typename T>
+Rows<T> rows(const AttentionView& v) {
+  return Rows<T>{v.tensor.data<T>() + v.offset, v};
+}
+
+// Sizes of one call, checked against every view and tensor.
+struct Dims {
+  int64_t sq, skv, b, np, ng, qpg, hn;
   int64_t o_off(int64_t t, int64_t bb, int64_t h) const { return ((t * b + bb) * np + h) * hn; }
-  int64_t lse_off(int64_t t, int64_t bb, int64_t h) const { return (bb * np + h) * s + t; }
+  int64_t lse_off(int64_t t, int64_t bb, int64_t h) const { return (bb * np + h) * sq + t; }
 };
 
-Layout make_layout(const Tensor& qkv, const AttentionSpec& spec) {
-  MEGATRON_CHECK(qkv.ndim() == 5 && qkv.dim(2) == spec.num_query_groups &&
-                     qkv.dim(3) == spec.queries_per_group + 2,
-                 "attention: qkv must be [s, b, ng, qpg + 2, hn] with ng = ", spec.num_query_groups,
-                 ", qpg = ", spec.queries_per_group, "; got ", qkv.str());
-  MEGATRON_CHECK(!spec.doc_start || spec.causal, "attention: document masks need causal attention");
-  Layout l{qkv.dim(0), qkv.dim(1), spec.num_query_groups, spec.queries_per_group, qkv.dim(4), 0};
-  l.np = l.ng * l.qpg;
-  return l;
+void check_view(const AttentionView& v, const char* what) {
+  MEGATRON_CHECK(v.tensor.defined(), "attention: ", what, " has no tensor");
+  const int64_t last = v.offset + (v.s - 1) * v.stride_s + (v.b - 1) * v.stride_b +
+                       (v.groups - 1) * v.stride_g + (v.per_group - 1) * v.stride_p + v.hn;
+  MEGATRON_CHECK(v.s > 0 && v.b > 0 && v.hn > 0 && v.offset >= 0 && last <= v.tensor.numel(),
+                 "attention: ", what, " view [", v.s, ", ", v.b, ", ", v.groups, ", ", v.per_group,
+                 ", ", v.hn, "] reaches past its tensor ", v.tensor.str());
 }
 
-// Keep-scale of element (bb, h, i, j) under attention dropout: 0 or 1/(1-p).
-inline float dropout_scale(const AttentionSpec& spec, const Layout& l, int64_t bb, int64_t h,
-                           int64_t i, int64_t j) {
-  const int64_t heads = spec.total_heads > 0 ? spec.total_heads : l.np;
-  uint64_t idx = static_cast<uint64_t>(((bb * heads + spec.head_offset + h) * l.s + i) * l.s + j);
-  float u = Philox::uniform(spec.seed, spec.stream, idx);
-  return u >= spec.dropout ? 1.0f / (1.0f - spec.dropout) : 0.0f;
+Dims make_dims(const AttentionView& q, const AttentionView& k, const AttentionView& v,
+               const AttentionSpec& spec) {
+  check_view(q, "q");
+  check_view(k, "k");
+  check_view(v, "v");
+  MEGATRON_CHECK(
+      k.per_group == 1 && v.per_group == 1 && k.groups == q.groups && v.groups == q.groups,
+      "attention: k and v need one head per query group (", q.groups, " groups); got k ", k.groups,
+      "x", k.per_group, ", v ", v.groups, "x", v.per_group);
+  MEGATRON_CHECK(k.s == v.s && k.b == q.b && v.b == q.b && k.hn == q.hn && v.hn == q.hn,
+                 "attention: q [", q.s, ", ", q.b, ", hn ", q.hn, "], k [", k.s, ", ", k.b, ", hn ",
+                 k.hn, "], v [", v.s, ", ", v.b, ", hn ", v.hn,
+                 "] must agree in batch and head size, k and v in length");
+  MEGATRON_CHECK(q.tensor.dtype() == k.tensor.dtype() && q.tensor.dtype() == v.tensor.dtype(),
+                 "attention: q, k, v dtypes differ");
+  Dims d{q.s, k.s, q.b, q.heads(), q.groups, q.per_group, q.hn};
+  if (spec.doc_start.defined()) {
+    check_shape(spec.doc_start, {d.b, d.sq}, "attention doc_start");
+    MEGATRON_CHECK(spec.doc_start.dtype() == DType::kI32, "attention: doc_start must be i32");
+  }
+  if (spec.key_valid.defined()) {
+    check_shape(spec.key_valid, {d.b, d.skv}, "attention key_valid");
+    MEGATRON_CHECK(spec.key_valid.dtype() == DType::kI32, "attention: key_valid must be i32");
+  }
+  if (spec.bias.defined()) {
+    const int64_t bb = spec.bias.ndim() == 4 ? spec.bias.dim(0) : 0;
+    MEGATRON_CHECK(bb == 1 || bb == d.b, "attention: bias must be [1 or b, np, sq, skv]");
+    check_shape(spec.bias, {bb, d.np, d.sq, d.skv}, "attention bias");
+    MEGATRON_CHECK(spec.bias.dtype() == q.tensor.dtype(), "attention: bias dtype must be q's");
+  }
+  return d;
 }
 
-// First key position query i of sequence bb may attend to (document start, or 0).
-inline int64_t first_key(const AttentionSpec& spec, const Layout& l, int64_t bb, int64_t i) {
-  return spec.doc_start ? spec.doc_start[bb * l.s + i] : 0;
-}
+// What a call sees of the mask, the bias and the dropout grid.
+template <typename T>
+struct Masking {
+  const AttentionSpec& spec;
+  const Dims& d;
+  const int32_t* doc = nullptr;    // [b, sq]
+  const int32_t* valid = nullptr;  // [b, skv]
+  const T* bias = nullptr;         // [B, np, sq, skv]
+  bool bias_shared = false;
+  int64_t heads = 0, qpos = 0, kvpos = 0;
+
+  Masking(const AttentionSpec& s, const Dims& dims) : spec(s), d(dims) {
+    if (s.doc_start.defined()) doc = s.doc_start.data<int32_t>();
+    if (s.key_valid.defined()) valid = s.key_valid.data<int32_t>();
+    if (s.bias.defined()) {
+      bias = s.bias.data<T>();
+      bias_shared = s.bias.dim(0) == 1;
+    }
+    heads = s.total_heads > 0 ? s.total_heads : d.np;
+    qpos = s.q_positions > 0 ? s.q_positions : d.sq;
+    kvpos = s.kv_positions > 0 ? s.kv_positions : d.skv;
+  }
+  // First key row query row i may see by its document (0 without documents; may exceed skv).
+  int64_t first_key(int64_t bb, int64_t i) const {
+    return doc ? std::max<int64_t>(doc[bb * d.sq + i] - spec.kv_offset, 0) : 0;
+  }
+  // One past the last key row query row i may see causally (skv without the causal mask).
+  int64_t end_key(int64_t i) const {
+    return spec.causal ? std::clamp<int64_t>(spec.q_offset + i + 1 - spec.kv_offset, 0, d.skv)
+                       : d.skv;
+  }
+  const T* bias_row(int64_t bb, int64_t h, int64_t i) const {
+    return bias + (((bias_shared ? 0 : bb) * d.np + h) * d.sq + i) * d.skv;
+  }
+  // Keep-scale of element (bb, h, i, j) under attention dropout: 0 or 1/(1-p).
+  float dropout_scale(int64_t bb, int64_t h, int64_t i, int64_t j) const {
+    const uint64_t idx = static_cast<uint64_t>(
+        ((bb * heads + spec.head_offset + h) * qpos + spec.q_offset + i) * kvpos + spec.kv_offset +
+        j);
+    const float u = Philox::uniform(spec.seed, spec.stream, idx);
+    return u >= spec.dropout ? 1.0f / (1.0f - spec.dropout) : 0.0f;
+  }
+};
 
 template <typename T>
 inline T dot(const T* a, const T* b, int64_t n) {
@@ -81,103 +181,129 @@ inline T dot(const T* a, const T* b, int64_t n) {
   return acc;
 }
 
-// Keys query i may attend to inside the key tile starting at j0 (bk keys): [lo, hi), relative to
-// j0; empty when lo >= hi.
+// Keys query row i may see inside the key tile starting at j0 (bk keys): [lo, hi) relative to
+// j0 (empty when lo >= hi), further thinned by key padding (`valid`, per key of the tile).
 struct KeyRange {
   int64_t lo, hi;
 };
-inline KeyRange key_range(const AttentionSpec& spec, const Layout& l, int64_t bb, int64_t i,
-                          int64_t j0, int64_t bk) {
-  const int64_t lo = std::max<int64_t>(first_key(spec, l, bb, i) - j0, 0);
-  const int64_t hi = spec.causal ? std::min<int64_t>(i + 1 - j0, bk) : bk;
+template <typename T>
+inline KeyRange key_range(const Masking<T>& mk, int64_t bb, int64_t i, int64_t j0, int64_t bk) {
+  const int64_t lo = std::max<int64_t>(mk.first_key(bb, i) - j0, 0);
+  const int64_t hi = std::min<int64_t>(mk.end_key(i) - j0, bk);
   return {lo, hi};
 }
 
-// The bk keys (slot 0) or values (slot 1) of (bb, group g) from position j0, as a [kTile, hn]
-// row tile or a transposed [hn, kTile] tile; the kTile - bk padding rows/columns are zero.
+// Per key of the tile at j0: 1 for a real key, 0 for padding or past the tile's end.
 template <typename T>
-void load_rows(T* dst, const T* qkv, const Layout& l, int64_t bb, int64_t g, int64_t j0, int64_t bk,
-               int slot) {
-  std::fill(dst + bk * l.hn, dst + kTile * l.hn, T(0));
+void load_valid(T* dst, const Masking<T>& mk, int64_t bb, int64_t j0, int64_t bk) {
+  for (int64_t jj = 0; jj < kTile; ++jj) {
+    dst[jj] = jj < bk && (!mk.valid || mk.valid[bb * mk.d.skv + j0 + jj] != 0) ? T(1) : T(0);
+  }
+}
+
+// bk rows of head `head` of a view from position j0, as a [kTile, hn] row tile or a transposed
+// [hn, kTile] tile; the kTile - bk padding rows/columns are zero.
+template <typename T>
+void load_rows(T* dst, const Rows<T>& src, int64_t bb, int64_t head, int64_t j0, int64_t bk) {
+  const int64_t hn = src.v.hn;
+  std::fill(dst + bk * hn, dst + kTile * hn, T(0));
   for (int64_t jj = 0; jj < bk; ++jj) {
-    const T* src = qkv + l.k_off(j0 + jj, bb, g) + slot * l.hn;
-    std::copy(src, src + l.hn, dst + jj * l.hn);
+    const T* row = src.at(j0 + jj, bb, head);
+    std::copy(row, row + hn, dst + jj * hn);
   }
 }
 
 template <typename T>
-void load_transposed(T* dst, const T* qkv, const Layout& l, int64_t bb, int64_t g, int64_t j0,
-                     int64_t bk, int slot) {
-  if (bk < kTile) std::fill(dst, dst + l.hn * kTile, T(0));
+void load_transposed(T* dst, const Rows<T>& src, int64_t bb, int64_t head, int64_t j0, int64_t bk) {
+  const int64_t hn = src.v.hn;
+  if (bk < kTile) std::fill(dst, dst + hn * kTile, T(0));
   for (int64_t jj = 0; jj < bk; ++jj) {
-    const T* src = qkv + l.k_off(j0 + jj, bb, g) + slot * l.hn;
-    for (int64_t c = 0; c < l.hn; ++c) dst[c * kTile + jj] = src[c];
+    const T* row = src.at(j0 + jj, bb, head);
+    for (int64_t c = 0; c < hn; ++c) dst[c * kTile + jj] = row[c];
   }
 }
 
 template <typename T>
-void forward_kernel(T* out, T* lse, const T* qkv, const Layout& l, const AttentionSpec& spec) {
-  const int64_t ntiles = (l.s + kTile - 1) / kTile, hn = l.hn;
-  const T scale = static_cast<T>(spec.scale);
+void forward_kernel(T* out, T* lse, const Rows<T>& q, const Rows<T>& k, const Rows<T>& v,
+                    const Dims& d, const Masking<T>& mk) {
+  const int64_t qtiles = (d.sq + kTile - 1) / kTile, hn = d.hn;
+  const T scale = static_cast<T>(mk.spec.scale);
+  const T neg_inf = static_cast<T>(kNegInf);
+  const bool drop = mk.spec.dropout > 0;
 #pragma omp parallel for collapse(3) schedule(dynamic)
-  for (int64_t bb = 0; bb < l.b; ++bb) {
-    for (int64_t h = 0; h < l.np; ++h) {
-      for (int64_t qt = 0; qt < ntiles; ++qt) {
-        const int64_t g = h / l.qpg, i0 = qt * kTile, bq = std::min(kTile, l.s - i0);
+  for (int64_t bb = 0; bb < d.b; ++bb) {
+    for (int64_t h = 0; h < d.np; ++h) {
+      for (int64_t qt = 0; qt < qtiles; ++qt) {
+        const int64_t g = h / d.qpg, i0 = qt * kTile, bq = std::min(kTile, d.sq - i0);
         // q pre-scaled, so that S = q k^T is already the scaled score.
-        std::vector<T> q(kTile * hn, T(0)), kt(hn * kTile), v(kTile * hn), sc(kTile * kTile),
-            o(kTile * hn, T(0)), m(kTile, -std::numeric_limits<T>::infinity()), sum(kTile, T(0));
-        int64_t jlo = l.s;
+        std::vector<T> qs(kTile * hn, T(0)), kt(hn * kTile), vr(kTile * hn), sc(kTile * kTile),
+            o(kTile * hn, T(0)), m(kTile, neg_inf), sum(kTile, T(0)), valid(kTile);
+        int64_t jlo = d.skv, jend = 0;
         for (int64_t r = 0; r < bq; ++r) {
-          const T* src = qkv + l.q_off(i0 + r, bb, h);
-          for (int64_t c = 0; c < hn; ++c) q[r * hn + c] = scale * src[c];
-          jlo = std::min(jlo, first_key(spec, l, bb, i0 + r));
+          const T* src = q.at(i0 + r, bb, h);
+          for (int64_t c = 0; c < hn; ++c) qs[r * hn + c] = scale * src[c];
+          jlo = std::min(jlo, mk.first_key(bb, i0 + r));
+          jend = std::max(jend, mk.end_key(i0 + r));
         }
-        const int64_t jend = spec.causal ? i0 + bq : l.s;
         for (int64_t j0 = jlo / kTile * kTile; j0 < jend; j0 += kTile) {
-          const int64_t bk = std::min(kTile, l.s - j0);
-          load_transposed(kt.data(), qkv, l, bb, g, j0, bk, 0);
-          load_rows(v.data(), qkv, l, bb, g, j0, bk, 1);
+          const int64_t bk = std::min(kTile, d.skv - j0);
+          load_transposed(kt.data(), k, bb, g, j0, bk);
+          load_rows(vr.data(), v, bb, g, j0, bk);
+          load_valid(valid.data(), mk, bb, j0, bk);
           std::fill(sc.begin(), sc.end(), T(0));
-          cpu::tile_gemm(sc.data(), kTile, q.data(), hn, kt.data(), kTile, bq, kTile, hn);
+          cpu::tile_gemm(sc.data(), kTile, qs.data(), hn, kt.data(), kTile, bq, kTile, hn);
           for (int64_t r = 0; r < bq; ++r) {
             const int64_t i = i0 + r;
-            const KeyRange kr = key_range(spec, l, bb, i, j0, bk);
+            const KeyRange kr = key_range(mk, bb, i, j0, bk);
             T* row = sc.data() + r * kTile;
             if (kr.lo >= kr.hi) {
               std::fill(row, row + kTile, T(0));
               continue;
             }
-            T tile_max = -std::numeric_limits<T>::infinity();
-            for (int64_t jj = kr.lo; jj < kr.hi; ++jj) tile_max = std::max(tile_max, row[jj]);
+            if (mk.bias) {
+              const T* br = mk.bias_row(bb, h, i) + j0;
+              for (int64_t jj = 0; jj < bk; ++jj) row[jj] += br[jj];
+            }
+            T tile_max = neg_inf;
+            for (int64_t jj = kr.lo; jj < kr.hi; ++jj) {
+              if (valid[jj] != T(0)) tile_max = std::max(tile_max, row[jj]);
+            }
+            if (tile_max == neg_inf) {  // every visible key of the tile is padding
+              std::fill(row, row + kTile, T(0));
+              continue;
+            }
             const T m_new = std::max(m[r], tile_max);
-            const T alpha =
-                m[r] == -std::numeric_limits<T>::infinity() ? T(0) : cpu::vexp(m[r] - m_new);
+            const T alpha = m[r] == neg_inf ? T(0) : cpu::vexp(m[r] - m_new);
             const int64_t lo = kr.lo, hi = kr.hi;
+            const T* ok = valid.data();
             T part = 0;
 #pragma omp simd reduction(+ : part)
             for (int64_t jj = 0; jj < kTile; ++jj) {
-              const T p = jj >= lo && jj < hi ? cpu::vexp(row[jj] - m_new) : T(0);
+              const T p = jj >= lo && jj < hi && ok[jj] != T(0) ? cpu::vexp(row[jj] - m_new) : T(0);
               row[jj] = p;
               part += p;
             }
             sum[r] = sum[r] * alpha + part;
             m[r] = m_new;
-            if (spec.dropout > 0) {
-              for (int64_t jj = lo; jj < hi; ++jj)
-                row[jj] *= dropout_scale(spec, l, bb, h, i, j0 + jj);
+            if (drop) {
+              for (int64_t jj = lo; jj < hi; ++jj) row[jj] *= mk.dropout_scale(bb, h, i, j0 + jj);
             }
             T* orow = o.data() + r * hn;
 #pragma omp simd
             for (int64_t c = 0; c < hn; ++c) orow[c] *= alpha;
           }
-          cpu::tile_gemm(o.data(), hn, sc.data(), kTile, v.data(), hn, bq, hn, kTile);
+          cpu::tile_gemm(o.data(), hn, sc.data(), kTile, vr.data(), hn, bq, hn, kTile);
         }
         for (int64_t r = 0; r < bq; ++r) {
-          T* dst = out + l.o_off(i0 + r, bb, h);
+          T* dst = out + d.o_off(i0 + r, bb, h);
+          if (sum[r] == T(0)) {  // the row saw no key
+            std::fill(dst, dst + hn, T(0));
+            lse[d.lse_off(i0 + r, bb, h)] = neg_inf;
+            continue;
+          }
           const T inv = 1 / sum[r];
           for (int64_t c = 0; c < hn; ++c) dst[c] = o[r * hn + c] * inv;
-          lse[l.lse_off(i0 + r, bb, h)] = m[r] + std::log(sum[r]);
+          lse[d.lse_off(i0 + r, bb, h)] = m[r] + std::log(sum[r]);
         }
       }
     }
@@ -185,53 +311,74 @@ void forward_kernel(T* out, T* lse, const T* qkv, const Layout& l, const Attenti
 }
 
 template <typename T>
-void backward_kernel(T* dqkv, const T* dout, const T* qkv, const T* out, const T* lse,
-                     const Layout& l, const AttentionSpec& spec) {
-  const int64_t ntiles = (l.s + kTile - 1) / kTile, hn = l.hn, sp = ntiles * kTile;
-  const T scale = static_cast<T>(spec.scale);
-  const bool drop = spec.dropout > 0;
-  // With grouped queries, each (batch, head) task leaves its dK and dV contributions, [sp, hn]
+void backward_kernel(const Rows<T>& dq_out, const Rows<T>& dk_out, const Rows<T>& dv_out, T* dbias,
+                     const T* dout, const Rows<T>& q, const Rows<T>& k, const Rows<T>& v,
+                     const T* out, const T* lse, const Dims& d, const Masking<T>& mk) {
+  const int64_t hn = d.hn, qtiles = (d.sq + kTile - 1) / kTile;
+  const int64_t sqp = qtiles * kTile, skvp = (d.skv + kTile - 1) / kTile * kTile;
+  const T scale = static_cast<T>(mk.spec.scale);
+  const T neg_inf = static_cast<T>(kNegInf);
+  const bool drop = mk.spec.dropout > 0;
+  // With grouped queries, each (batch, head) task leaves its dK and dV contributions, [skvp, hn]
   // each, for the sum over the group below; with one query head per group a task owns its
   // group's dK and dV and writes them itself (no buffer the size of dK and dV).
-  const size_t head_block = static_cast<size_t>(sp * hn);
-  const bool grouped = l.qpg > 1;
-  const size_t parts = grouped ? static_cast<size_t>(l.b * l.np) * head_block : 0;
+  const size_t kv_block = static_cast<size_t>(skvp * hn);
+  const bool grouped = d.qpg > 1;
+  const size_t parts = grouped ? static_cast<size_t>(d.b * d.np) * kv_block : 0;
   std::vector<T> dk_part(parts), dv_part(parts);
+  // A bias shared over the batch gets one gradient per (batch, head), summed below in order.
+  const bool bias_sum = dbias && mk.bias_shared && d.b > 1;
+  const size_t head_scores = static_cast<size_t>(d.sq * d.skv);
+  std::vector<T> dbias_part(bias_sum ? static_cast<size_t>(d.b * d.np) * head_scores : 0);
 
 #pragma omp parallel for collapse(2) schedule(dynamic)
-  for (int64_t bb = 0; bb < l.b; ++bb) {
-    for (int64_t h = 0; h < l.np; ++h) {
-      const int64_t g = h / l.qpg;
-      std::vector<T> own_k(grouped ? 0 : head_block, T(0)), own_v(own_k.size(), T(0));
-      T* dk = grouped ? dk_part.data() + (bb * l.np + h) * head_block : own_k.data();
-      T* dv = grouped ? dv_part.data() + (bb * l.np + h) * head_block : own_v.data();
+  for (int64_t bb = 0; bb < d.b; ++bb) {
+    for (int64_t h = 0; h < d.np; ++h) {
+      const int64_t g = h / d.qpg;
+      std::vector<T> own_k(grouped ? 0 : kv_block, T(0)), own_v(own_k.size(), T(0));
+      T* dk = grouped ? dk_part.data() + (bb * d.np + h) * kv_block : own_k.data();
+      T* dv = grouped ? dv_part.data() + (bb * d.np + h) * kv_block : own_v.data();
       if (grouped) {
-        std::fill(dk, dk + head_block, T(0));
-        std::fill(dv, dv + head_block, T(0));
+        std::fill(dk, dk + kv_block, T(0));
+        std::fill(dv, dv + kv_block, T(0));
       }
-      // The head's queries (pre-scaled, as in forward) and output gradients, rows >= s zero.
-      std::vector<T> qs(head_block, T(0)), go(head_block, T(0)), dq(head_block, T(0));
-      std::vector<T> L(static_cast<size_t>(l.s)), D(static_cast<size_t>(l.s));
-      std::vector<int64_t> tile_first(static_cast<size_t>(ntiles), l.s);
-      for (int64_t i = 0; i < l.s; ++i) {
-        const T* q = qkv + l.q_off(i, bb, h);
-        const T* gi = dout + l.o_off(i, bb, h);
-        for (int64_t c = 0; c < hn; ++c) qs[i * hn + c] = scale * q[c];
+      T* db = nullptr;  // this (batch, head)'s [sq, skv] bias gradient
+      if (dbias) {
+        db = bias_sum ? dbias_part.data() + (bb * d.np + h) * head_scores
+                      : dbias + ((mk.bias_shared ? 0 : bb) * d.np + h) * head_scores;
+        std::fill(db, db + head_scores, T(0));
+      }
+      // The head's queries (pre-scaled, as in forward) and output gradients, rows >= sq zero.
+      const size_t q_block = static_cast<size_t>(sqp * hn);
+      std::vector<T> qs(q_block, T(0)), go(q_block, T(0)), dq(q_block, T(0));
+      std::vector<T> L(static_cast<size_t>(d.sq)), D(static_cast<size_t>(d.sq));
+      // Per query tile: the first key row any of its rows sees.
+      std::vector<int64_t> tile_first(static_cast<size_t>(qtiles), d.skv);
+      for (int64_t i = 0; i < d.sq; ++i) {
+        const T* qi = q.at(i, bb, h);
+        const T* gi = dout + d.o_off(i, bb, h);
+        for (int64_t c = 0; c < hn; ++c) qs[i * hn + c] = scale * qi[c];
         std::copy(gi, gi + hn, go.data() + i * hn);
-        L[i] = lse[l.lse_off(i, bb, h)];
-        D[i] = dot(gi, out + l.o_off(i, bb, h), hn);
-        tile_first[i / kTile] = std::min(tile_first[i / kTile], first_key(spec, l, bb, i));
+        L[i] = lse[d.lse_off(i, bb, h)];
+        D[i] = dot(gi, out + d.o_off(i, bb, h), hn);
+        tile_first[i / kTile] = std::min(tile_first[i / kTile], mk.first_key(bb, i));
       }
       std::vector<T> kt(hn * kTile), vt(hn * kTile), kr(kTile * hn), p(kTile * kTile),
-          dp(kTile * kTile);
-      for (int64_t j0 = 0; j0 < l.s; j0 += kTile) {
-        const int64_t bk = std::min(kTile, l.s - j0);
-        load_transposed(kt.data(), qkv, l, bb, g, j0, bk, 0);
-        load_transposed(vt.data(), qkv, l, bb, g, j0, bk, 1);
-        load_rows(kr.data(), qkv, l, bb, g, j0, bk, 0);
-        for (int64_t i0 = spec.causal ? j0 : 0; i0 < l.s; i0 += kTile) {
+          dp(kTile * kTile), valid(kTile);
+      for (int64_t j0 = 0; j0 < d.skv; j0 += kTile) {
+        const int64_t bk = std::min(kTile, d.skv - j0);
+        load_transposed(kt.data(), k, bb, g, j0, bk);
+        load_transposed(vt.data(), v, bb, g, j0, bk);
+        load_rows(kr.data(), k, bb, g, j0, bk);
+        load_valid(valid.data(), mk, bb, j0, bk);
+        // Causally, the first query row that can see key row j0 is j0 + kv_offset - q_offset.
+        const int64_t first_row =
+            mk.spec.causal
+                ? std::max<int64_t>(j0 + mk.spec.kv_offset - mk.spec.q_offset, 0) / kTile * kTile
+                : 0;
+        for (int64_t i0 = first_row; i0 < d.sq; i0 += kTile) {
           if (tile_first[i0 / kTile] >= j0 + bk) continue;  // no row sees this key tile
-          const int64_t bq = std::min(kTile, l.s - i0);
+          const int64_t bq = std::min(kTile, d.sq - i0);
           std::fill(p.begin(), p.end(), T(0));
           std::fill(dp.begin(), dp.end(), T(0));
           cpu::tile_gemm(p.data(), kTile, qs.data() + i0 * hn, hn, kt.data(), kTile, bq, kTile, hn);
@@ -240,30 +387,37 @@ void backward_kernel(T* dqkv, const T* dout, const T* qkv, const T* out, const T
           // p becomes the dropped-out probabilities (for dV), dp becomes dS.
           for (int64_t r = 0; r < bq; ++r) {
             const int64_t i = i0 + r;
-            const KeyRange range = key_range(spec, l, bb, i, j0, bk);
-            const int64_t lo = range.lo, hi = range.hi;
+            const KeyRange range = key_range(mk, bb, i, j0, bk);
+            const int64_t lo = range.lo, hi = L[i] == neg_inf ? 0 : range.hi;
             const T li = L[i], di = D[i];
             T* prow = p.data() + r * kTile;
             T* drow = dp.data() + r * kTile;
+            if (mk.bias && lo < hi) {
+              const T* br = mk.bias_row(bb, h, i) + j0;
+              for (int64_t jj = 0; jj < bk; ++jj) prow[jj] += br[jj];
+            }
+            const T* ok = valid.data();
             if (!drop) {
 #pragma omp simd
               for (int64_t jj = 0; jj < kTile; ++jj) {
-                const T pr = jj >= lo && jj < hi ? cpu::vexp(prow[jj] - li) : T(0);
+                const T pr =
+                    jj >= lo && jj < hi && ok[jj] != T(0) ? cpu::vexp(prow[jj] - li) : T(0);
                 prow[jj] = pr;
                 drow[jj] = pr * (drow[jj] - di);
               }
             } else {
               for (int64_t jj = 0; jj < kTile; ++jj) {
-                if (jj < lo || jj >= hi) {
+                if (jj < lo || jj >= hi || ok[jj] == T(0)) {
                   prow[jj] = drow[jj] = 0;
                   continue;
                 }
                 const T pr = cpu::vexp(prow[jj] - li);
-                const T keep = static_cast<T>(dropout_scale(spec, l, bb, h, i, j0 + jj));
+                const T keep = static_cast<T>(mk.dropout_scale(bb, h, i, j0 + jj));
                 prow[jj] = pr * keep;
                 drow[jj] = pr * (keep * drow[jj] - di);
               }
             }
+            if (db) std::copy(drow, drow + bk, db + i * d.skv + j0);
           }
           // dV += Pd^T dO, dK += dS^T (scale q), dQ += dS K (scale applied when written).
           cpu::tile_gemm_at(dv + j0 * hn, hn, p.data(), kTile, go.data() + i0 * hn, hn, kTile, hn,
@@ -273,34 +427,48 @@ void backward_kernel(T* dqkv, const T* dout, const T* qkv, const T* out, const T
           cpu::tile_gemm(dq.data() + i0 * hn, hn, dp.data(), kTile, kr.data(), hn, bq, hn, kTile);
         }
       }
-      for (int64_t i = 0; i < l.s; ++i) {
-        T* dst = dqkv + l.q_off(i, bb, h);
+      for (int64_t i = 0; i < d.sq; ++i) {
+        T* dst = dq_out.at(i, bb, h);
         for (int64_t c = 0; c < hn; ++c) dst[c] = scale * dq[i * hn + c];
-        if (!grouped) {
-          std::copy(dk + i * hn, dk + (i + 1) * hn, dqkv + l.k_off(i, bb, g));
-          std::copy(dv + i * hn, dv + (i + 1) * hn, dqkv + l.v_off(i, bb, g));
+      }
+      if (!grouped) {
+        for (int64_t j = 0; j < d.skv; ++j) {
+          std::copy(dk + j * hn, dk + (j + 1) * hn, dk_out.at(j, bb, g));
+          std::copy(dv + j * hn, dv + (j + 1) * hn, dv_out.at(j, bb, g));
         }
       }
     }
   }
-  if (!grouped) return;
-
+  if (grouped) {
     // dK and dV of each group: its heads' contributions in head order.
 #pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t bb = 0; bb < l.b; ++bb) {
-    for (int64_t g = 0; g < l.ng; ++g) {
-      for (int64_t j = 0; j < l.s; ++j) {
-        T* dk = dqkv + l.k_off(j, bb, g);
-        T* dv = dqkv + l.v_off(j, bb, g);
-        std::fill(dk, dk + hn, T(0));
-        std::fill(dv, dv + hn, T(0));
-        for (int64_t jq = 0; jq < l.qpg; ++jq) {
-          const size_t at = (bb * l.np + g * l.qpg + jq) * head_block + j * hn;
-          for (int64_t c = 0; c < hn; ++c) {
-            dk[c] += dk_part[at + c];
-            dv[c] += dv_part[at + c];
+    for (int64_t bb = 0; bb < d.b; ++bb) {
+      for (int64_t g = 0; g < d.ng; ++g) {
+        for (int64_t j = 0; j < d.skv; ++j) {
+          T* dkj = dk_out.at(j, bb, g);
+          T* dvj = dv_out.at(j, bb, g);
+          std::fill(dkj, dkj + hn, T(0));
+          std::fill(dvj, dvj + hn, T(0));
+          for (int64_t jq = 0; jq < d.qpg; ++jq) {
+            const size_t at = (bb * d.np + g * d.qpg + jq) * kv_block + j * hn;
+            for (int64_t c = 0; c < hn; ++c) {
+              dkj[c] += dk_part[at + c];
+              dvj[c] += dv_part[at + c];
+            }
           }
         }
+      }
+    }
+  }
+  if (bias_sum) {
+    // The shared bias's gradient: every sequence's, summed in batch order.
+#pragma omp parallel for schedule(static)
+    for (int64_t h = 0; h < d.np; ++h) {
+      T* dst = dbias + h * head_scores;
+      std::fill(dst, dst + head_scores, T(0));
+      for (int64_t bb = 0; bb < d.b; ++bb) {
+        const T* src = dbias_part.data() + (bb * d.np + h) * head_scores;
+        for (size_t e = 0; e < head_scores; ++e) dst[e] += src[e];
       }
     }
   }
@@ -308,27 +476,79 @@ void backward_kernel(T* dqkv, const T* dout, const T* qkv, const T* out, const T
 
 }  // namespace
 
-void attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const AttentionSpec& spec) {
+void attention_forward(Tensor& out, Tensor& lse, const AttentionView& q, const AttentionView& k,
+                       const AttentionView& v, const AttentionSpec& spec) {
   const OpTimer op_timer(OpCategory::kAttention);
-  Layout l = make_layout(qkv, spec);
-  check_shape(out, {l.s, l.b, l.np, l.hn}, "attention_forward out");
-  check_shape(lse, {l.b, l.np, l.s}, "attention_forward lse");
-  cpu::dispatch_float(qkv, "attention_forward", [&]<typename T>() {
-    forward_kernel<T>(out.data<T>(), lse.data<T>(), qkv.data<T>(), l, spec);
+  const Dims d = make_dims(q, k, v, spec);
+  check_shape(out, {d.sq, d.b, d.np, d.hn}, "attention_forward out");
+  check_shape(lse, {d.b, d.np, d.sq}, "attention_forward lse");
+  MEGATRON_CHECK(out.dtype() == q.tensor.dtype() && lse.dtype() == q.tensor.dtype(),
+                 "attention_forward: out and lse must have q's dtype");
+  cpu::dispatch_float(q.tensor, "attention_forward", [&]<typename T>() {
+    const Masking<T> mk(spec, d);
+    forward_kernel<T>(out.data<T>(), lse.data<T>(), rows<T>(q), rows<T>(k), rows<T>(v), d, mk);
   });
 }
 
-void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+void attention_backward(const AttentionView& dq, const AttentionView& dk, const AttentionView& dv,
+                        const Tensor& dbias, const Tensor& dout, const AttentionView& q,
+                        const AttentionView& k, const AttentionView& v, const Tensor& out,
                         const Tensor& lse, const AttentionSpec& spec) {
   const OpTimer op_timer(OpCategory::kAttention);
-  Layout l = make_layout(qkv, spec);
-  check_shape(dqkv, qkv.shape(), "attention_backward dqkv");
-  check_shape(dout, {l.s, l.b, l.np, l.hn}, "attention_backward dout");
-  check_shape(out, {l.s, l.b, l.np, l.hn}, "attention_backward out");
-  check_shape(lse, {l.b, l.np, l.s}, "attention_backward lse");
-  cpu::dispatch_float(qkv, "attention_backward", [&]<typename T>() {
-    backward_kernel<T>(dqkv.data<T>(), dout.data<T>(), qkv.data<T>(), out.data<T>(), lse.data<T>(),
-                       l, spec);
+  const Dims d = make_dims(q, k, v, spec);
+  const Dims dd = make_dims(dq, dk, dv, AttentionSpec{});
+  MEGATRON_CHECK(dd.sq == d.sq && dd.skv == d.skv && dd.b == d.b && dd.np == d.np &&
+                     dd.ng == d.ng && dd.hn == d.hn && dq.tensor.dtype() == q.tensor.dtype(),
+                 "attention_backward: dq, dk, dv must be shaped as q, k, v");
+  check_shape(dout, {d.sq, d.b, d.np, d.hn}, "attention_backward dout");
+  check_shape(out, {d.sq, d.b, d.np, d.hn}, "attention_backward out");
+  check_shape(lse, {d.b, d.np, d.sq}, "attention_backward lse");
+  if (dbias.defined()) {
+    MEGATRON_CHECK(spec.bias.defined(), "attention_backward: dbias without a bias");
+    check_shape(dbias, spec.bias.shape(), "attention_backward dbias");
+  }
+  cpu::dispatch_float(q.tensor, "attention_backward", [&]<typename T>() {
+    const Masking<T> mk(spec, d);
+    backward_kernel<T>(rows<T>(dq), rows<T>(dk), rows<T>(dv),
+                       dbias.defined() ? dbias.data<T>() : nullptr, dout.data<T>(), rows<T>(q),
+                       rows<T>(k), rows<T>(v), out.data<T>(), lse.data<T>(), d, mk);
+  });
+}
+
+void attention_merge(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor& lse_b) {
+  const OpTimer op_timer(OpCategory::kAttention);
+  MEGATRON_CHECK(out.ndim() == 4, "attention_merge: out must be [sq, b, np, hn], got ", out.str());
+  const int64_t sq = out.dim(0), b = out.dim(1), np = out.dim(2), hn = out.dim(3);
+  check_shape(out_b, out.shape(), "attention_merge out_b");
+  check_shape(lse, {b, np, sq}, "attention_merge lse");
+  check_shape(lse_b, {b, np, sq}, "attention_merge lse_b");
+  cpu::dispatch_float(out, "attention_merge", [&]<typename T>() {
+    T* o = out.data<T>();
+    T* l = lse.data<T>();
+    const T* ob = out_b.data<T>();
+    const T* lb = lse_b.data<T>();
+    const T neg_inf = static_cast<T>(kNegInf);
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t bb = 0; bb < b; ++bb) {
+      for (int64_t h = 0; h < np; ++h) {
+        for (int64_t i = 0; i < sq; ++i) {
+          const int64_t li = (bb * np + h) * sq + i;
+          const T la = l[li], lbv = lb[li];
+          if (lbv == neg_inf) continue;  // B saw no key: A's result stands
+          T* oa = o + ((i * b + bb) * np + h) * hn;
+          const T* obr = ob + ((i * b + bb) * np + h) * hn;
+          if (la == neg_inf) {
+            std::copy(obr, obr + hn, oa);
+            l[li] = lbv;
+            continue;
+          }
+          const T mx = std::max(la, lbv);
+          const T wa = std::exp(la - mx), wb = std::exp(lbv - mx), z = wa + wb;
+          for (int64_t c = 0; c < hn; ++c) oa[c] = (wa * oa[c] + wb * obr[c]) / z;
+          l[li] = mx + std::log(z);
+        }
+      }
+    }
   });
 }
 

@@ -201,113 +201,142 @@ Tensor rope(const Tensor& x, const Tensor& positions, const ops::RopeSpec& spec,
 }
 
 namespace {
-// Explicit attention pieces for one (batch, head): scores S, probabilities Pm, dropout scale.
-struct HeadView {
-  int64_t s, b, ng, qpg, hn, np;
-  const double* qkv;
-  int64_t tok(int64_t t, int64_t bb) const { return (t * b + bb) * ng * (qpg + 2) * hn; }
-  const double* q(int64_t t, int64_t bb, int64_t h) const {
-    return qkv + tok(t, bb) + ((h / qpg) * (qpg + 2) + h % qpg) * hn;
-  }
-  const double* k(int64_t t, int64_t bb, int64_t h) const {
-    return qkv + tok(t, bb) + ((h / qpg) * (qpg + 2) + qpg) * hn;
-  }
-  const double* v(int64_t t, int64_t bb, int64_t h) const { return k(t, bb, h) + hn; }
+// Attention for one (batch, head), explicitly: the masked scaled scores plus bias, the
+// probabilities (after softmax, before dropout), the dropout keep-scales and the row lse.
+struct HeadAttention {
+  int64_t sq, skv;
+  std::vector<double> pm, keep, lse;
+  std::vector<char> visible;
 };
 
-HeadView view(const Tensor& qkv, const ops::AttentionSpec& spec) {
-  return HeadView{qkv.dim(0),
-                  qkv.dim(1),
-                  spec.num_query_groups,
-                  spec.queries_per_group,
-                  qkv.dim(4),
-                  spec.num_query_groups * spec.queries_per_group,
-                  P(qkv)};
+struct AttnDims {
+  int64_t sq, skv, b, np, ng, hn;
+  int64_t qpg() const { return np / ng; }
+  const double* q(const Tensor& t, int64_t i, int64_t bb, int64_t h) const {
+    return P(t) + ((i * b + bb) * np + h) * hn;
+  }
+  const double* kv(const Tensor& t, int64_t j, int64_t bb, int64_t h) const {
+    return P(t) + ((j * b + bb) * ng + h / qpg()) * hn;
+  }
+};
+
+AttnDims attn_dims(const Tensor& q, const Tensor& k) {
+  return AttnDims{q.dim(0), k.dim(0), q.dim(1), q.dim(2), k.dim(2), q.dim(3)};
 }
 
-// Probabilities (after softmax, before dropout) and dropout keep-scales for (bb, h).
-void probs(const HeadView& hv, const ops::AttentionSpec& spec, int64_t bb, int64_t h,
-           std::vector<double>& pm, std::vector<double>& keep) {
-  int64_t s = hv.s;
-  pm.assign(s * s, 0.0);
-  keep.assign(s * s, 1.0);
-  for (int64_t i = 0; i < s; ++i) {
+bool visible(const ops::AttentionSpec& spec, const AttnDims& d, int64_t bb, int64_t i, int64_t j) {
+  const int64_t ig = spec.q_offset + i, jg = spec.kv_offset + j;
+  if (spec.causal && jg > ig) return false;
+  if (spec.doc_start.defined() && jg < spec.doc_start.data<int32_t>()[bb * d.sq + i]) return false;
+  if (spec.key_valid.defined() && spec.key_valid.data<int32_t>()[bb * d.skv + j] == 0) return false;
+  return true;
+}
+
+HeadAttention head_attention(const Tensor& q, const Tensor& k, const ops::AttentionSpec& spec,
+                             const AttnDims& d, int64_t bb, int64_t h) {
+  HeadAttention a{d.sq,
+                  d.skv,
+                  std::vector<double>(d.sq * d.skv, 0.0),
+                  std::vector<double>(d.sq * d.skv, 1.0),
+                  std::vector<double>(d.sq),
+                  std::vector<char>(d.sq * d.skv, 0)};
+  const int64_t heads = spec.total_heads > 0 ? spec.total_heads : d.np;
+  const int64_t qpos = spec.q_positions > 0 ? spec.q_positions : d.sq;
+  const int64_t kvpos = spec.kv_positions > 0 ? spec.kv_positions : d.skv;
+  for (int64_t i = 0; i < d.sq; ++i) {
     double mx = -std::numeric_limits<double>::infinity();
-    std::vector<double> sc(s, -std::numeric_limits<double>::infinity());
-    for (int64_t j = 0; j < s; ++j) {
-      if (spec.causal && j > i) continue;
-      if (spec.doc_start && j < spec.doc_start[bb * s + i]) continue;
-      double d = 0;
-      for (int64_t c = 0; c < hv.hn; ++c) d += hv.q(i, bb, h)[c] * hv.k(j, bb, h)[c];
-      sc[j] = d * spec.scale;
+    std::vector<double> sc(d.skv, -std::numeric_limits<double>::infinity());
+    for (int64_t j = 0; j < d.skv; ++j) {
+      if (!visible(spec, d, bb, i, j)) continue;
+      a.visible[i * d.skv + j] = 1;
+      double dot = 0;
+      for (int64_t c = 0; c < d.hn; ++c) dot += d.q(q, i, bb, h)[c] * d.kv(k, j, bb, h)[c];
+      sc[j] = dot * spec.scale;
+      if (spec.bias.defined()) {
+        const int64_t bsel = spec.bias.dim(0) == 1 ? 0 : bb;
+        sc[j] += P(spec.bias)[((bsel * d.np + h) * d.sq + i) * d.skv + j];
+      }
       mx = std::max(mx, sc[j]);
     }
+    if (mx == -std::numeric_limits<double>::infinity()) {  // no visible key: out 0, lse -inf
+      a.lse[i] = mx;
+      continue;
+    }
     double z = 0;
-    for (int64_t j = 0; j < s; ++j) z += std::exp(sc[j] - mx);
-    for (int64_t j = 0; j < s; ++j) {
-      pm[i * s + j] = std::exp(sc[j] - mx) / z;
+    for (int64_t j = 0; j < d.skv; ++j) z += a.visible[i * d.skv + j] ? std::exp(sc[j] - mx) : 0;
+    a.lse[i] = mx + std::log(z);
+    for (int64_t j = 0; j < d.skv; ++j) {
+      if (!a.visible[i * d.skv + j]) continue;
+      a.pm[i * d.skv + j] = std::exp(sc[j] - mx) / z;
       if (spec.dropout > 0) {
-        const int64_t heads = spec.total_heads > 0 ? spec.total_heads : hv.np;
-        uint64_t idx = static_cast<uint64_t>(((bb * heads + spec.head_offset + h) * s + i) * s + j);
-        keep[i * s + j] = Philox::uniform(spec.seed, spec.stream, idx) >= spec.dropout
-                              ? 1.0 / (1.0 - spec.dropout)
-                              : 0.0;
+        const uint64_t idx = static_cast<uint64_t>(
+            ((bb * heads + spec.head_offset + h) * qpos + spec.q_offset + i) * kvpos +
+            spec.kv_offset + j);
+        a.keep[i * d.skv + j] = Philox::uniform(spec.seed, spec.stream, idx) >= spec.dropout
+                                    ? 1.0 / (1.0 - spec.dropout)
+                                    : 0.0;
       }
     }
   }
+  return a;
 }
 }  // namespace
 
-Tensor attention(const Tensor& qkv, const ops::AttentionSpec& spec) {
-  HeadView hv = view(qkv, spec);
-  Tensor out = Tensor::zeros({hv.s, hv.b, hv.np, hv.hn}, DType::kF64);
-  std::vector<double> pm, keep;
-  for (int64_t bb = 0; bb < hv.b; ++bb)
-    for (int64_t h = 0; h < hv.np; ++h) {
-      probs(hv, spec, bb, h, pm, keep);
-      for (int64_t i = 0; i < hv.s; ++i)
-        for (int64_t j = 0; j < hv.s; ++j)
-          for (int64_t c = 0; c < hv.hn; ++c) W(out)
-      [((i * hv.b + bb) * hv.np + h) * hv.hn + c] +=
-          pm[i * hv.s + j] * keep[i * hv.s + j] * hv.v(j, bb, h)[c];
+AttentionResult attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                          const ops::AttentionSpec& spec) {
+  const AttnDims d = attn_dims(q, k);
+  AttentionResult r{Tensor::zeros({d.sq, d.b, d.np, d.hn}, DType::kF64),
+                    Tensor::zeros({d.b, d.np, d.sq}, DType::kF64)};
+  for (int64_t bb = 0; bb < d.b; ++bb)
+    for (int64_t h = 0; h < d.np; ++h) {
+      const HeadAttention a = head_attention(q, k, spec, d, bb, h);
+      for (int64_t i = 0; i < d.sq; ++i) {
+        W(r.lse)[(bb * d.np + h) * d.sq + i] = a.lse[i];
+        double* o = W(r.out) + ((i * d.b + bb) * d.np + h) * d.hn;
+        for (int64_t j = 0; j < d.skv; ++j)
+          for (int64_t c = 0; c < d.hn; ++c)
+            o[c] += a.pm[i * d.skv + j] * a.keep[i * d.skv + j] * d.kv(v, j, bb, h)[c];
+      }
     }
-  return out;
+  return r;
 }
 
-Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const ops::AttentionSpec& spec) {
-  HeadView hv = view(qkv, spec);
-  Tensor dqkv = like(qkv);
-  std::vector<double> pm, keep;
-  int64_t s = hv.s;
-  auto grad_at = [&](const double* src_ptr) { return W(dqkv) + (src_ptr - hv.qkv); };
-  for (int64_t bb = 0; bb < hv.b; ++bb)
-    for (int64_t h = 0; h < hv.np; ++h) {
-      probs(hv, spec, bb, h, pm, keep);
-      for (int64_t i = 0; i < s; ++i) {
-        const double* go = P(dout) + ((i * hv.b + bb) * hv.np + h) * hv.hn;
-        // dP_ij = keep_ij * dO_i . v_j; dS_ij = P_ij (dP_ij - sum_k P_ik dP_ik)
-        std::vector<double> dp(s, 0.0);
+AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
+                                  const Tensor& v, const ops::AttentionSpec& spec) {
+  const AttnDims d = attn_dims(q, k);
+  AttentionGrads g{like(q), like(k), like(v), spec.bias.defined() ? like(spec.bias) : Tensor()};
+  for (int64_t bb = 0; bb < d.b; ++bb)
+    for (int64_t h = 0; h < d.np; ++h) {
+      const HeadAttention a = head_attention(q, k, spec, d, bb, h);
+      for (int64_t i = 0; i < d.sq; ++i) {
+        const double* go = P(dout) + ((i * d.b + bb) * d.np + h) * d.hn;
+        // dP_ij = keep_ij dO_i . v_j; dS_ij = P_ij (dP_ij - sum_k P_ik dP_ik)
+        std::vector<double> dp(d.skv, 0.0);
         double rowsum = 0;
-        for (int64_t j = 0; j < s; ++j) {
-          double d = 0;
-          for (int64_t c = 0; c < hv.hn; ++c) d += go[c] * hv.v(j, bb, h)[c];
-          dp[j] = keep[i * s + j] * d;
-          rowsum += pm[i * s + j] * dp[j];
+        for (int64_t j = 0; j < d.skv; ++j) {
+          double dot = 0;
+          for (int64_t c = 0; c < d.hn; ++c) dot += go[c] * d.kv(v, j, bb, h)[c];
+          dp[j] = a.keep[i * d.skv + j] * dot;
+          rowsum += a.pm[i * d.skv + j] * dp[j];
         }
-        for (int64_t j = 0; j < s; ++j) {
-          double ds = pm[i * s + j] * (dp[j] - rowsum) * spec.scale;
-          double* dq = grad_at(hv.q(i, bb, h));
-          double* dk = grad_at(hv.k(j, bb, h));
-          double* dv = grad_at(hv.v(j, bb, h));
-          for (int64_t c = 0; c < hv.hn; ++c) {
-            dq[c] += ds * hv.k(j, bb, h)[c];
-            dk[c] += ds * hv.q(i, bb, h)[c];
-            dv[c] += pm[i * s + j] * keep[i * s + j] * go[c];
+        for (int64_t j = 0; j < d.skv; ++j) {
+          const double ds = a.pm[i * d.skv + j] * (dp[j] - rowsum);
+          if (spec.bias.defined()) {
+            const int64_t bsel = spec.bias.dim(0) == 1 ? 0 : bb;
+            W(g.dbias)[((bsel * d.np + h) * d.sq + i) * d.skv + j] += ds;
+          }
+          double* dq = W(g.dq) + ((i * d.b + bb) * d.np + h) * d.hn;
+          double* dk = W(g.dk) + ((j * d.b + bb) * d.ng + h / d.qpg()) * d.hn;
+          double* dv = W(g.dv) + ((j * d.b + bb) * d.ng + h / d.qpg()) * d.hn;
+          for (int64_t c = 0; c < d.hn; ++c) {
+            dq[c] += ds * spec.scale * d.kv(k, j, bb, h)[c];
+            dk[c] += ds * spec.scale * d.q(q, i, bb, h)[c];
+            dv[c] += a.pm[i * d.skv + j] * a.keep[i * d.skv + j] * go[c];
           }
         }
       }
     }
-  return dqkv;
+  return g;
 }
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t vocab_size) {

@@ -31,9 +31,20 @@ Tensor embedding_backward(const Tensor& dout, const Tensor& ids, int64_t vocab);
 // Returns a rotated copy of x ([s, b, G, P, hn]).
 Tensor rope(const Tensor& x, const Tensor& positions, const ops::RopeSpec& spec, bool inverse);
 
-// Full softmax attention with an explicit score matrix; out [s, b, np, hn].
-Tensor attention(const Tensor& qkv, const ops::AttentionSpec& spec);
-Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const ops::AttentionSpec& spec);
+// Softmax attention with an explicit score matrix, every masking rule of ops::AttentionSpec
+// applied as written there. q [sq, b, np, hn], k and v [skv, b, ng, hn], contiguous; out [sq, b,
+// np, hn], lse [b, np, sq] (-inf and a zero output for a row that sees no key).
+struct AttentionResult {
+  Tensor out, lse;
+};
+AttentionResult attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                          const ops::AttentionSpec& spec);
+// dq, dk, dv, and dbias when spec.bias is defined (summed over the batch for a shared bias).
+struct AttentionGrads {
+  Tensor dq, dk, dv, dbias;
+};
+AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
+                                  const Tensor& v, const ops::AttentionSpec& spec);
 
 // Per-row loss (log-sum-exp over the first vocab_size columns minus the target logit).
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t vocab_size);

@@ -1,0 +1,439 @@
+// The attention op (ops::attention_forward/backward/merge) against its fp64 reference
+// (ref::attention), and the reference's backward against central finite differences.
+//
+// Covered: q, k, v read from Megatron's packed QKV through views and as separate tensors;
+// causal and not; sq != skv (cross-attention); global offsets (a decode step after a KV cache);
+// document starts; key padding; an additive bias shared over the batch or per sequence, with its
+// gradient; attention dropout; rows that see no key; and results over two key blocks merged
+// through their log-sum-exps against one pass, backward included.
+//
+// Tolerances (the reason for each number): fast f32 against the f64 reference: inputs are O(1),
+// rows at most a few hundred keys, so f32 rounding (6e-8 relative per operation, growing with the
+// reduction length) stays below 1e-5 relative: atol 2e-5, rtol 1e-4 (gradients, which sum over
+// sq or skv more terms, atol 1e-4). Fast f64 against finite differences, and the reference's
+// backward against them: central differences with step 1e-6 on smooth functions are accurate to
+// about 1e-8: 1e-6. Merged halves against one pass in f64 differ only by rounding (1e-16
+// relative per operation): 1e-10.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "tensor/cpu/reference.h"
+#include "tensor/ops.h"
+#include "testing/testing.h"
+
+namespace megatron {
+namespace {
+
+using testing::allclose;
+using testing::fd_grad;
+using testing::random_tensor;
+
+constexpr double kF32Atol = 2e-5, kF32Rtol = 1e-4, kF32GradAtol = 1e-4;
+constexpr double kFdTol = 1e-6;
+constexpr double kF64Tol = 1e-10;
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+Tensor f64(const Tensor& t) {
+  return t.to(DType::kF64);
+}
+
+// The spec with its bias in f64, for the reference.
+ops::AttentionSpec as_f64(ops::AttentionSpec spec) {
+  if (spec.bias.defined()) spec.bias = f64(spec.bias);
+  return spec;
+}
+
+// lse rows of -inf must agree exactly; the others within the tolerance.
+::testing::AssertionResult lse_close(const Tensor& got, const Tensor& want, double atol,
+                                     double rtol) {
+  Tensor g = f64(got), w = f64(want);
+  for (int64_t i = 0; i < g.numel(); ++i) {
+    const bool gi = g.data<double>()[i] == kNegInf, wi = w.data<double>()[i] == kNegInf;
+    if (gi != wi) {
+      return ::testing::AssertionFailure()
+             << "lse[" << i << "] = " << g.data<double>()[i] << ", want " << w.data<double>()[i];
+    }
+    if (gi) g.data<double>()[i] = w.data<double>()[i] = 0;
+  }
+  return allclose(g, w, atol, rtol);
+}
+
+// One call's inputs: q [sq, b, np, hn], k and v [skv, b, ng, hn] (any float dtype, contiguous).
+struct Inputs {
+  Tensor q, k, v;
+  int64_t groups;
+  ops::AttentionSpec spec;
+};
+
+struct Outputs {
+  Tensor out, lse, dq, dk, dv, dbias;
+};
+
+Outputs run_fast(const Inputs& in, const Tensor& dout) {
+  const int64_t sq = in.q.dim(0), b = in.q.dim(1), np = in.q.dim(2), hn = in.q.dim(3);
+  const DType dt = in.q.dtype();
+  Outputs o{Tensor::empty({sq, b, np, hn}, dt),
+            Tensor::empty({b, np, sq}, dt),
+            Tensor::empty(in.q.shape(), dt),
+            Tensor::empty(in.k.shape(), dt),
+            Tensor::empty(in.v.shape(), dt),
+            in.spec.bias.defined() ? Tensor::empty(in.spec.bias.shape(), dt) : Tensor()};
+  const auto q = ops::attention_view(in.q, in.groups), k = ops::attention_view(in.k, in.groups),
+             v = ops::attention_view(in.v, in.groups);
+  ops::attention_forward(o.out, o.lse, q, k, v, in.spec);
+  ops::attention_backward(
+      ops::attention_view(o.dq, in.groups), ops::attention_view(o.dk, in.groups),
+      ops::attention_view(o.dv, in.groups), o.dbias, dout, q, k, v, o.out, o.lse, in.spec);
+  return o;
+}
+
+// The f32 kernels against the reference, forward and backward; with `fd`, the reference's and
+// the fast f64 kernel's gradients against finite differences of the reference forward (small
+// cases only: one forward per input element).
+void expect_matches_reference(const Inputs& in, uint64_t seed, bool fd) {
+  const ops::AttentionSpec spec64 = as_f64(in.spec);
+  const Tensor q64 = f64(in.q), k64 = f64(in.k), v64 = f64(in.v);
+  const ref::AttentionResult want = ref::attention(q64, k64, v64, spec64);
+  const Tensor dout = random_tensor(want.out.shape(), seed);
+  const Outputs got = run_fast(in, dout);
+  EXPECT_TRUE(allclose(got.out, want.out, kF32Atol, kF32Rtol)) << "out";
+  EXPECT_TRUE(lse_close(got.lse, want.lse, kF32Atol, kF32Rtol)) << "lse";
+  const ref::AttentionGrads wg = ref::attention_backward(f64(dout), q64, k64, v64, spec64);
+  EXPECT_TRUE(allclose(got.dq, wg.dq, kF32GradAtol, kF32Rtol)) << "dq";
+  EXPECT_TRUE(allclose(got.dk, wg.dk, kF32GradAtol, kF32Rtol)) << "dk";
+  EXPECT_TRUE(allclose(got.dv, wg.dv, kF32GradAtol, kF32Rtol)) << "dv";
+  if (in.spec.bias.defined()) {
+    EXPECT_TRUE(allclose(got.dbias, wg.dbias, kF32GradAtol, kF32Rtol)) << "dbias";
+  }
+  if (!fd) return;
+  const Tensor d64 = f64(dout);
+  const Tensor fq =
+      fd_grad([&](const Tensor& x) { return ref::attention(x, k64, v64, spec64).out; }, q64, d64);
+  const Tensor fk =
+      fd_grad([&](const Tensor& x) { return ref::attention(q64, x, v64, spec64).out; }, k64, d64);
+  const Tensor fv =
+      fd_grad([&](const Tensor& x) { return ref::attention(q64, k64, x, spec64).out; }, v64, d64);
+  EXPECT_TRUE(allclose(wg.dq, fq, kFdTol, kFdTol)) << "reference dq vs finite differences";
+  EXPECT_TRUE(allclose(wg.dk, fk, kFdTol, kFdTol)) << "reference dk vs finite differences";
+  EXPECT_TRUE(allclose(wg.dv, fv, kFdTol, kFdTol)) << "reference dv vs finite differences";
+  Inputs in64{q64, k64, v64, in.groups, spec64};
+  const Outputs g64 = run_fast(in64, d64);
+  EXPECT_TRUE(allclose(g64.dq, fq, kFdTol, kFdTol)) << "fast f64 dq vs finite differences";
+  EXPECT_TRUE(allclose(g64.dk, fk, kFdTol, kFdTol)) << "fast f64 dk vs finite differences";
+  EXPECT_TRUE(allclose(g64.dv, fv, kFdTol, kFdTol)) << "fast f64 dv vs finite differences";
+  if (in.spec.bias.defined()) {
+    const Tensor fb = fd_grad(
+        [&](const Tensor& x) {
+          ops::AttentionSpec s = spec64;
+          s.bias = x;
+          return ref::attention(q64, k64, v64, s).out;
+        },
+        spec64.bias, d64);
+    EXPECT_TRUE(allclose(wg.dbias, fb, kFdTol, kFdTol)) << "reference dbias vs fd";
+    EXPECT_TRUE(allclose(g64.dbias, fb, kFdTol, kFdTol)) << "fast f64 dbias vs fd";
+  }
+}
+
+Inputs random_inputs(int64_t sq, int64_t skv, int64_t b, int64_t ng, int64_t qpg, int64_t hn,
+                     uint64_t seed) {
+  Inputs in{random_tensor({sq, b, ng * qpg, hn}, seed, 1.5),
+            random_tensor({skv, b, ng, hn}, seed + 1, 1.5),
+            random_tensor({skv, b, ng, hn}, seed + 2, 1.5),
+            ng,
+            {}};
+  in.spec.scale = 1.0f / std::sqrt(static_cast<float>(hn));
+  return in;
+}
+
+// ---- q, k, v read from Megatron's packed QKV ---------------------------------------------------
+
+// The contiguous q [s, b, ng qpg, hn], k and v [s, b, ng, hn] of a packed qkv.
+Inputs split_packed(const Tensor& qkv, const ops::AttentionSpec& spec) {
+  const int64_t s = qkv.dim(0), b = qkv.dim(1), ng = qkv.dim(2), qpg = qkv.dim(3) - 2,
+                hn = qkv.dim(4);
+  Inputs in{Tensor::empty({s, b, ng * qpg, hn}, qkv.dtype()),
+            Tensor::empty({s, b, ng, hn}, qkv.dtype()), Tensor::empty({s, b, ng, hn}, qkv.dtype()),
+            ng, spec};
+  Tensor src = f64(qkv), q = f64(in.q), k = f64(in.k), v = f64(in.v);
+  for (int64_t t = 0; t < s * b; ++t)
+    for (int64_t g = 0; g < ng; ++g)
+      for (int64_t p = 0; p < qpg + 2; ++p)
+        for (int64_t c = 0; c < hn; ++c) {
+          const double x = src.data<double>()[((t * ng + g) * (qpg + 2) + p) * hn + c];
+          if (p < qpg) q.data<double>()[((t * ng + g) * qpg + p) * hn + c] = x;
+          if (p == qpg) k.data<double>()[(t * ng + g) * hn + c] = x;
+          if (p == qpg + 1) v.data<double>()[(t * ng + g) * hn + c] = x;
+        }
+  in.q = q.to(qkv.dtype());
+  in.k = k.to(qkv.dtype());
+  in.v = v.to(qkv.dtype());
+  return in;
+}
+
+struct PackedCase {
+  int64_t s, b, ng, qpg, hn;
+  bool causal;
+  float dropout;
+};
+
+class PackedAttentionTest : public ::testing::TestWithParam<PackedCase> {};
+
+// The packed views read (and their gradients write) exactly what separate tensors hold: the
+// packed run equals the separate run bit for bit, and both match the reference.
+TEST_P(PackedAttentionTest, ViewsIntoPackedQkvMatchSeparateTensorsAndReference) {
+  const PackedCase c = GetParam();
+  ops::AttentionSpec spec;
+  spec.scale = 1.0f / std::sqrt(static_cast<float>(c.hn));
+  spec.causal = c.causal;
+  spec.dropout = c.dropout;
+  spec.seed = 42;
+  spec.stream = 7;
+  const Tensor qkv = random_tensor({c.s, c.b, c.ng, c.qpg + 2, c.hn}, 21, 1.5);
+  const Inputs sep = split_packed(qkv, spec);
+  const int64_t np = c.ng * c.qpg;
+  Tensor out = Tensor::empty({c.s, c.b, np, c.hn}), lse = Tensor::empty({c.b, np, c.s});
+  using ops::packed_qkv_view, ops::QkvPart;
+  ops::attention_forward(out, lse, packed_qkv_view(qkv, QkvPart::kQuery),
+                         packed_qkv_view(qkv, QkvPart::kKey), packed_qkv_view(qkv, QkvPart::kValue),
+                         spec);
+  const Tensor dout = random_tensor(out.shape(), 22);
+  Tensor dqkv = Tensor::empty(qkv.shape());
+  ops::attention_backward(
+      packed_qkv_view(dqkv, QkvPart::kQuery), packed_qkv_view(dqkv, QkvPart::kKey),
+      packed_qkv_view(dqkv, QkvPart::kValue), Tensor(), dout, packed_qkv_view(qkv, QkvPart::kQuery),
+      packed_qkv_view(qkv, QkvPart::kKey), packed_qkv_view(qkv, QkvPart::kValue), out, lse, spec);
+  const Outputs s = run_fast(sep, dout);
+  // Exact: the same kernel on the same values in the same order, only addressed otherwise.
+  EXPECT_TRUE(allclose(out, s.out, 0, 0));
+  EXPECT_TRUE(allclose(lse, s.lse, 0, 0));
+  const Inputs dsplit = split_packed(dqkv, spec);
+  EXPECT_TRUE(allclose(dsplit.q, s.dq, 0, 0));
+  EXPECT_TRUE(allclose(dsplit.k, s.dk, 0, 0));
+  EXPECT_TRUE(allclose(dsplit.v, s.dv, 0, 0));
+  expect_matches_reference(sep, 22, c.s * c.b * c.ng * (c.qpg + 2) * c.hn <= 2000);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, PackedAttentionTest,
+    ::testing::Values(PackedCase{5, 2, 2, 1, 4, true, 0.0f},     // MHA, tiny, FD-checked
+                      PackedCase{7, 1, 1, 3, 3, true, 0.0f},     // GQA 3 queries per group
+                      PackedCase{6, 1, 2, 2, 4, false, 0.0f},    // non-causal
+                      PackedCase{5, 2, 1, 2, 4, true, 0.3f},     // dropout, FD-checked
+                      PackedCase{131, 2, 2, 2, 16, true, 0.0f},  // > 2 tiles, odd length
+                      PackedCase{70, 1, 1, 1, 8, true, 0.1f},    // dropout across tiles
+                      // Tile GEMMs at their full register width (hn 64), partial last tiles,
+                      // several query tiles per key tile, GQA and non-causal across tiles, a
+                      // head size that is no multiple of the vector width.
+                      PackedCase{150, 2, 2, 1, 64, true, 0.0f},
+                      PackedCase{130, 1, 2, 3, 32, true, 0.0f},
+                      PackedCase{129, 1, 1, 2, 20, false, 0.0f},
+                      PackedCase{97, 1, 2, 2, 24, true, 0.2f}));
+
+// ---- masks -------------------------------------------------------------------------------------
+
+Tensor doc_starts(int64_t b, int64_t s, const std::vector<std::vector<int64_t>>& docs) {
+  Tensor t = Tensor::empty({b, s}, DType::kI32);
+  for (int64_t bb = 0; bb < b; ++bb)
+    for (int64_t i = 0; i < s; ++i) {
+      int64_t start = 0;
+      for (int64_t d : docs[static_cast<size_t>(bb)])
+        if (d <= i) start = d;
+      t.data<int32_t>()[bb * s + i] = static_cast<int32_t>(start);
+    }
+  return t;
+}
+
+TEST(Attention, DocumentStartsMatchReferenceAndFiniteDifferences) {
+  // Documents [0, 3), [3, 7) and [0, 5), [5, 6), [6, 7) (--reset-attention-mask).
+  Inputs in = random_inputs(7, 7, 2, 1, 2, 3, 31);
+  in.spec.doc_start = doc_starts(2, 7, {{0, 3}, {0, 5, 6}});
+  expect_matches_reference(in, 32, true);
+  // The first token of a document sees only itself: its output is its own value vector.
+  const Outputs o = run_fast(in, random_tensor({7, 2, 2, 3}, 33));
+  for (int64_t c = 0; c < 3; ++c) {
+    EXPECT_NEAR(o.out.item(((3 * 2 + 0) * 2 + 0) * 3 + c), in.v.item((3 * 2 + 0) * 3 + c), 1e-6);
+  }
+}
+
+TEST(Attention, DocumentStartsAcrossTiles) {
+  // Documents that start inside, at and just after 64-position tile boundaries: whole key tiles
+  // are skipped for some query tiles, partly masked for others.
+  Inputs in = random_inputs(150, 150, 2, 2, 2, 32, 34);
+  in.spec.doc_start = doc_starts(2, 150, {{0, 40, 64, 65, 149}, {0, 127, 128}});
+  expect_matches_reference(in, 35, false);
+}
+
+TEST(Attention, KeyPaddingNonCausal) {
+  // BERT-style: every query sees the real keys of its sequence, padding (0) is never seen.
+  Inputs in = random_inputs(6, 6, 2, 2, 1, 4, 40);
+  in.spec.causal = false;
+  in.spec.key_valid = Tensor::empty({2, 6}, DType::kI32);
+  const int32_t valid[] = {1, 1, 1, 1, 0, 0, 1, 0, 1, 1, 0, 1};
+  std::copy(valid, valid + 12, in.spec.key_valid.data<int32_t>());
+  expect_matches_reference(in, 41, true);
+  // Padding in the middle and at the end of sequences longer than two tiles, with causal.
+  Inputs big = random_inputs(140, 140, 2, 1, 2, 16, 42);
+  big.spec.key_valid = Tensor::empty({2, 140}, DType::kI32);
+  for (int64_t j = 0; j < 140; ++j) {
+    big.spec.key_valid.data<int32_t>()[j] = j < 100;
+    big.spec.key_valid.data<int32_t>()[140 + j] = j % 64 != 3 && (j < 60 || j > 70);
+  }
+  expect_matches_reference(big, 43, false);
+}
+
+TEST(Attention, RowsThatSeeNoKeyGiveZeroAndMinusInfinity) {
+  // Sequence 1 is all padding; sequence 0 sees keys 2.. only, so causal rows 0 and 1 see none.
+  Inputs in = random_inputs(5, 5, 2, 1, 2, 4, 44);
+  in.spec.key_valid = Tensor::empty({2, 5}, DType::kI32);
+  const int32_t valid[] = {0, 0, 1, 1, 1, 0, 0, 0, 0, 0};
+  std::copy(valid, valid + 10, in.spec.key_valid.data<int32_t>());
+  expect_matches_reference(in, 45, true);
+  const Outputs o = run_fast(in, random_tensor({5, 2, 2, 4}, 46));
+  for (int64_t h = 0; h < 2; ++h) {
+    EXPECT_EQ(o.lse.item((0 * 2 + h) * 5 + 0), kNegInf);
+    EXPECT_EQ(o.lse.item((1 * 2 + h) * 5 + 4), kNegInf);
+  }
+  for (int64_t i = 0; i < o.dq.numel(); ++i) EXPECT_TRUE(std::isfinite(o.dq.item(i))) << i;
+  for (int64_t c = 0; c < 4; ++c) EXPECT_EQ(o.out.item(((4 * 2 + 1) * 2 + 1) * 4 + c), 0.0);
+}
+
+// ---- cross-attention, offsets, bias ------------------------------------------------------------
+
+TEST(Attention, CrossAttentionWithOwnLengths) {
+  Inputs in = random_inputs(5, 9, 2, 2, 2, 4, 50);
+  in.spec.causal = false;
+  expect_matches_reference(in, 51, true);
+  // Across tiles: 70 queries against 150 keys, and 150 against 70; GQA.
+  Inputs a = random_inputs(70, 150, 1, 2, 2, 32, 52);
+  a.spec.causal = false;
+  expect_matches_reference(a, 53, false);
+  Inputs b = random_inputs(150, 70, 2, 1, 3, 16, 54);
+  b.spec.causal = false;
+  b.spec.dropout = 0.1f;
+  b.spec.seed = 3;
+  expect_matches_reference(b, 55, false);
+}
+
+TEST(Attention, DecodeStepsAfterAKvCacheEqualTheLastRowsOfOnePass) {
+  // Queries at global positions 7..9 (q_offset 7) against the 10 keys of a cache: causal in
+  // global positions. Independently of the reference, their outputs are the last three rows of
+  // causal attention over all 10 positions.
+  const int64_t s = 10, b = 2, ng = 2, qpg = 2, hn = 8, sq = 3;
+  Inputs full = random_inputs(s, s, b, ng, qpg, hn, 60);
+  Inputs step = full;
+  step.q = full.q.slice0(s - sq, s).clone();
+  step.spec.q_offset = s - sq;
+  expect_matches_reference(step, 61, false);
+  const Outputs whole = run_fast(full, random_tensor({s, b, ng * qpg, hn}, 62));
+  const Outputs part = run_fast(step, random_tensor({sq, b, ng * qpg, hn}, 63));
+  EXPECT_TRUE(allclose(part.out, whole.out.slice0(s - sq, s), kF32Atol, kF32Rtol));
+  // One query (sq 1), FD-checked, with a kv_offset too: keys at global positions 4..9.
+  Inputs one = random_inputs(1, 6, 1, 1, 2, 4, 64);
+  one.spec.q_offset = 8;
+  one.spec.kv_offset = 4;
+  expect_matches_reference(one, 65, true);
+}
+
+TEST(Attention, AdditiveBiasSharedAndPerSequenceWithGradient) {
+  for (int64_t bias_batch : {1, 2}) {
+    for (bool causal : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "bias batch " << bias_batch << " causal " << causal);
+      Inputs in = random_inputs(5, 6, 2, 1, 2, 4, 70);
+      in.spec.causal = causal;
+      in.spec.q_offset = causal ? 1 : 0;  // every causal row sees at least one key
+      in.spec.bias = random_tensor({bias_batch, 2, 5, 6}, 71, 2.0);
+      expect_matches_reference(in, 72, true);
+    }
+  }
+  // Across tiles (T5's relative-position bias is shared over the batch).
+  Inputs big = random_inputs(80, 80, 3, 2, 1, 16, 73);
+  big.spec.causal = false;
+  big.spec.bias = random_tensor({1, 2, 80, 80}, 74, 2.0);
+  expect_matches_reference(big, 75, false);
+}
+
+// ---- merging results over key blocks -----------------------------------------------------------
+
+// Keys [0, split) and [split, s) run as two calls (kv_offset, one dropout grid over all s keys)
+// and merged through their log-sum-exps give one pass over all keys; their backward passes, run
+// with the merged out and lse, give the one pass's dq (summed) and dk, dv (concatenated).
+void expect_halves_merge(DType dtype, double atol, double rtol) {
+  const int64_t s = 150, b = 2, ng = 2, qpg = 2, hn = 16, split = 70;
+  Inputs full = random_inputs(s, s, b, ng, qpg, hn, 80);
+  full.q = full.q.to(dtype);
+  full.k = full.k.to(dtype);
+  full.v = full.v.to(dtype);
+  full.spec.dropout = 0.1f;
+  full.spec.seed = 5;
+  full.spec.kv_positions = s;
+  Inputs a = full, bh = full;
+  a.k = full.k.slice0(0, split).clone();
+  a.v = full.v.slice0(0, split).clone();
+  bh.k = full.k.slice0(split, s).clone();
+  bh.v = full.v.slice0(split, s).clone();
+  bh.spec.kv_offset = split;
+  const Tensor dout = random_tensor({s, b, ng * qpg, hn}, 81, 1.0, dtype);
+  const Outputs one = run_fast(full, dout);
+
+  auto forward = [&](const Inputs& in, Tensor& out, Tensor& lse) {
+    out = Tensor::empty({s, b, ng * qpg, hn}, dtype);
+    lse = Tensor::empty({b, ng * qpg, s}, dtype);
+    ops::attention_forward(out, lse, ops::attention_view(in.q, ng), ops::attention_view(in.k, ng),
+                           ops::attention_view(in.v, ng), in.spec);
+  };
+  Tensor out, lse, out_b, lse_b;
+  forward(a, out, lse);
+  forward(bh, out_b, lse_b);
+  // Causal: queries 0..69 see no key of the second block (lse -inf there).
+  EXPECT_EQ(lse_b.item(0), kNegInf);
+  ops::attention_merge(out, lse, out_b, lse_b);
+  EXPECT_TRUE(allclose(out, one.out, atol, rtol)) << "merged out";
+  EXPECT_TRUE(lse_close(lse, one.lse, atol, rtol)) << "merged lse";
+
+  auto backward = [&](const Inputs& in, Tensor& dq, Tensor& dk, Tensor& dv) {
+    dq = Tensor::empty(in.q.shape(), dtype);
+    dk = Tensor::empty(in.k.shape(), dtype);
+    dv = Tensor::empty(in.v.shape(), dtype);
+    ops::attention_backward(ops::attention_view(dq, ng), ops::attention_view(dk, ng),
+                            ops::attention_view(dv, ng), Tensor(), dout,
+                            ops::attention_view(in.q, ng), ops::attention_view(in.k, ng),
+                            ops::attention_view(in.v, ng), out, lse, in.spec);
+  };
+  Tensor dq_a, dk_a, dv_a, dq_b, dk_b, dv_b;
+  backward(a, dq_a, dk_a, dv_a);
+  backward(bh, dq_b, dk_b, dv_b);
+  ops::add_inplace(dq_a, dq_b);
+  EXPECT_TRUE(allclose(dq_a, one.dq, atol, rtol)) << "dq summed over blocks";
+  EXPECT_TRUE(allclose(dk_a, one.dk.slice0(0, split), atol, rtol)) << "dk, first block";
+  EXPECT_TRUE(allclose(dk_b, one.dk.slice0(split, s), atol, rtol)) << "dk, second block";
+  EXPECT_TRUE(allclose(dv_a, one.dv.slice0(0, split), atol, rtol)) << "dv, first block";
+  EXPECT_TRUE(allclose(dv_b, one.dv.slice0(split, s), atol, rtol)) << "dv, second block";
+}
+
+TEST(Attention, TwoKeyHalvesMergedThroughLseEqualOnePass) {
+  // f32: the merge rescales by exp(lse_a - lse') in f32 and sums two partial outputs each
+  // rounded once more than in one pass: differences of a few 1e-7 relative; 1e-5.
+  expect_halves_merge(DType::kF32, 1e-5, 1e-5);
+  expect_halves_merge(DType::kF64, kF64Tol, kF64Tol);
+}
+
+TEST(Attention, RefusesMismatchedViews) {
+  Inputs in = random_inputs(4, 4, 1, 2, 1, 4, 90);
+  Tensor out = Tensor::empty({4, 1, 2, 4}), lse = Tensor::empty({1, 2, 4});
+  const Tensor short_k = random_tensor({4, 1, 2, 3}, 91);  // hn 3, q's is 4
+  EXPECT_THROW(ops::attention_forward(out, lse, ops::attention_view(in.q, 2),
+                                      ops::attention_view(short_k, 2), ops::attention_view(in.v, 2),
+                                      in.spec),
+               InvalidArgument);
+  ops::AttentionSpec bad = in.spec;
+  bad.bias = random_tensor({1, 2, 4, 5}, 92);  // skv is 4
+  EXPECT_THROW(
+      ops::attention_forward(out, lse, ops::attention_view(in.q, 2), ops::attention_view(in.k, 2),
+                             ops::attention_view(in.v, 2), bad),
+      InvalidArgument);
+}
+
+}  // namespace
+}  // namespace megatron
