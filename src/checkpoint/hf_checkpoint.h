@@ -14,7 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "models/gpt_model.h"
+#include "models/gpt/gpt_model.h"
 
 namespace megatron {
 

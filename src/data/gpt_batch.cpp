@@ -32,4 +32,20 @@ GPTBatch make_batch(const SampleSource& data, int64_t first, int64_t b, const Ba
   return batch;
 }
 
+TensorMap gpt_batch_fields(const GPTBatch& b) {
+  TensorMap m{{kTokens, b.tokens},
+              {kLabels, b.labels},
+              {kLossMask, b.loss_mask},
+              {kPositionIds, b.positions}};
+  if (b.doc_start.defined()) m.set(kDocStart, b.doc_start);
+  return m;
+}
+
+DType gpt_batch_field_dtype(const std::string& name) {
+  if (name == kTokens || name == kLabels || name == kPositionIds) return DType::kI64;
+  if (name == kLossMask) return DType::kF32;
+  MEGATRON_ASSERT(name == kDocStart, "no GPT batch field '", name, "'");
+  return DType::kI32;
+}
+
 }  // namespace megatron

@@ -7,9 +7,11 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "data/sample_source.h"
 #include "tensor/tensor.h"
+#include "tensor/tensor_map.h"
 
 namespace megatron {
 
@@ -27,6 +29,18 @@ struct BatchOptions {
   bool reset_position_ids = false;
   bool reset_attention_mask = false;
 };
+
+// The batch's fields by name, as Megatron's get_batch names them (the names GPT's model chunks
+// read, models/gpt/gpt_chunk.h), and the dtype of each.
+inline constexpr const char* kTokens = "tokens";
+inline constexpr const char* kLabels = "labels";
+inline constexpr const char* kLossMask = "loss_mask";
+inline constexpr const char* kPositionIds = "position_ids";
+inline constexpr const char* kDocStart = "doc_start";
+// Every defined field of b (doc_start only with reset_attention_mask).
+TensorMap gpt_batch_fields(const GPTBatch& b);
+// The dtype of the field `name`; refuses a name that is no GPT batch field.
+DType gpt_batch_field_dtype(const std::string& name);
 
 // Builds a batch from samples first, first + 1, ..., first + b - 1 of `data`.
 GPTBatch make_batch(const SampleSource& data, int64_t first, int64_t b, const BatchOptions& opt);

@@ -12,8 +12,8 @@ int tag_of(int receiving_chunk, int kind) {
 }
 }  // namespace
 
-PipelineExecutor::PipelineExecutor(ProcessGroup& pp, Shape activation, int virtual_stages)
-    : pp_(pp), activation_(activation), virtual_stages_(virtual_stages) {
+PipelineExecutor::PipelineExecutor(ProcessGroup& pp, int virtual_stages)
+    : pp_(pp), virtual_stages_(virtual_stages) {
   MEGATRON_ASSERT(virtual_stages >= 1, "virtual stages ", virtual_stages);
 }
 
@@ -26,17 +26,30 @@ PipelineExecutor::Slot& PipelineExecutor::slot(int microbatch, int chunk) {
   return row[microbatch];
 }
 
-void PipelineExecutor::send(const Tensor& t, int peer_stage, int peer_chunk, int kind) {
-  MEGATRON_ASSERT(t.defined() && t.numel() == activation_.numel(), "pipeline send of ",
-                  t.defined() ? t.str() : "nothing", ", expected ", activation_.str());
-  sends_.push_back(Pending{pp_.send_async(t, peer_stage, tag_of(peer_chunk, kind)), t});
+void PipelineExecutor::send(const TensorMap& m, const std::vector<TensorSpec>& specs,
+                            int peer_stage, int peer_chunk, int kind) {
+  MEGATRON_ASSERT(m.size() == specs.size(), "pipeline send of ", m.names(), ", expected ",
+                  specs.size(), " tensors");
+  for (const TensorSpec& spec : specs) {
+    const Tensor* t = m.find(spec.name);
+    MEGATRON_ASSERT(t && t->defined() && t->shape() == spec.shape && t->dtype() == spec.dtype,
+                    "pipeline send of '", spec.name,
+                    "': ", t && t->defined() ? t->str() : "nothing", ", expected ",
+                    spec.shape.str());
+    sends_.push_back(Pending{pp_.send_async(*t, peer_stage, tag_of(peer_chunk, kind)), *t});
+  }
   reap_sends(false);
 }
 
-Tensor PipelineExecutor::recv(int peer_stage, int chunk, int kind) {
-  Tensor t = Tensor::empty(activation_, DType::kF32);
-  pp_.recv(t, peer_stage, tag_of(chunk, kind));
-  return t;
+TensorMap PipelineExecutor::recv(const std::vector<TensorSpec>& specs, int peer_stage, int chunk,
+                                 int kind) {
+  TensorMap m;
+  for (const TensorSpec& spec : specs) {
+    Tensor t = Tensor::empty(spec.shape, spec.dtype);
+    pp_.recv(t, peer_stage, tag_of(chunk, kind));
+    m.set(spec.name, t);
+  }
+  return m;
 }
 
 void PipelineExecutor::reap_sends(bool wait_all) {
@@ -57,31 +70,31 @@ void PipelineExecutor::run(const std::vector<Action>& actions, StageRunner& runn
     Slot& s = slot(a.microbatch, a.chunk);
     switch (a.kind) {
       case ActionKind::kRecvForward:
-        s.input = recv(a.peer_stage, a.chunk, kActivation);
+        s.input = recv(runner.recv_specs(a.chunk), a.peer_stage, a.chunk, kActivation);
         break;
       case ActionKind::kForward:
-        MEGATRON_ASSERT(first_virtual(a.chunk) || s.input.defined(), "forward ", to_string(a),
+        MEGATRON_ASSERT(first_virtual(a.chunk) || !s.input.empty(), "forward ", to_string(a),
                         " before its input arrived");
         s.output = runner.forward(a.microbatch, a.chunk, s.input);
-        if (last_virtual(a.chunk)) s.output = Tensor();
+        if (last_virtual(a.chunk)) s.output = TensorMap();
         break;
       case ActionKind::kSendForward:
-        send(s.output, a.peer_stage, a.peer_chunk, kActivation);
-        s.output = Tensor();
+        send(s.output, runner.send_specs(a.chunk), a.peer_stage, a.peer_chunk, kActivation);
+        s.output = TensorMap();
         break;
       case ActionKind::kRecvBackward:
-        s.doutput = recv(a.peer_stage, a.chunk, kGradient);
+        s.doutput = recv(runner.send_specs(a.chunk), a.peer_stage, a.chunk, kGradient);
         break;
       case ActionKind::kBackward:
-        MEGATRON_ASSERT(last_virtual(a.chunk) || s.doutput.defined(), "backward ", to_string(a),
+        MEGATRON_ASSERT(last_virtual(a.chunk) || !s.doutput.empty(), "backward ", to_string(a),
                         " before its output gradient arrived");
         s.dinput = runner.backward(a.microbatch, a.chunk, s.doutput);
-        s.input = s.doutput = Tensor();
-        if (first_virtual(a.chunk)) s.dinput = Tensor();
+        s.input = s.doutput = TensorMap();
+        if (first_virtual(a.chunk)) s.dinput = TensorMap();
         break;
       case ActionKind::kSendBackward:
-        send(s.dinput, a.peer_stage, a.peer_chunk, kGradient);
-        s.dinput = Tensor();
+        send(s.dinput, runner.recv_specs(a.chunk), a.peer_stage, a.peer_chunk, kGradient);
+        s.dinput = TensorMap();
         break;
     }
   }
@@ -94,12 +107,14 @@ void PipelineExecutor::run_forward_only(int num_microbatches, StageRunner& runne
   for (int mb = 0; mb < num_microbatches; ++mb) {
     for (int c = 0; c < virtual_stages_; ++c) {
       // Virtual stage g = c * pp + rank receives from g - 1 and sends to g + 1.
-      Tensor in;
-      if (!first_virtual(c)) in = recv(rank == 0 ? pp - 1 : rank - 1, c, kActivation);
-      Tensor out = runner.forward(mb, c, in);
+      TensorMap in;
+      if (!first_virtual(c)) {
+        in = recv(runner.recv_specs(c), rank == 0 ? pp - 1 : rank - 1, c, kActivation);
+      }
+      TensorMap out = runner.forward(mb, c, in);
       if (!last_virtual(c)) {
         const int next = rank == pp - 1 ? 0 : rank + 1, next_chunk = rank == pp - 1 ? c + 1 : c;
-        send(out, next, next_chunk, kActivation);
+        send(out, runner.send_specs(c), next, next_chunk, kActivation);
       }
     }
   }

@@ -1,58 +1,52 @@
 // Forward and backward of one rank's model chunks per micro-batch, and the last stage's loss.
 #include "train/micro_batch_runner.h"
 
-#include <algorithm>
-
-#include "tensor/ops.h"
-
 namespace megatron {
 
-MicroBatchRunner::MicroBatchRunner(const std::vector<std::unique_ptr<GPTModel>>& chunks,
-                                   std::vector<GPTBatch> batches,
+MicroBatchRunner::MicroBatchRunner(const std::vector<std::unique_ptr<ModelChunk>>& chunks,
+                                   const LossFn& loss, int64_t micro_batch_size,
+                                   std::vector<TensorMap> batches,
                                    std::function<ForwardMode(int)> mode, bool training,
                                    GradBuckets* buckets, double loss_scale)
     : chunks_(chunks),
+      loss_(loss),
+      micro_batch_size_(micro_batch_size),
       batches_(std::move(batches)),
       mode_(std::move(mode)),
       training_(training),
       buckets_(buckets),
       loss_scale_(loss_scale),
-      ctx_(chunks.size(), std::vector<GPTModel::Ctx>(batches_.size())),
-      dloss_(batches_.size()) {}
-
-Tensor MicroBatchRunner::forward(int microbatch, int chunk, const Tensor& input) {
-  const GPTModel& model = *chunks_[chunk];
-  const GPTBatch& b = batches_[microbatch];
-  GPTModel::Ctx& ctx = ctx_[chunk][microbatch];
-  Tensor out = model.forward_stage(input, GPTInputs{b.tokens, b.labels, b.positions, b.doc_start},
-                                   ctx, mode_(microbatch));
-  if (!model.stage().post_process) {
-    if (!training_) ctx = GPTModel::Ctx{};
-    return out;
-  }
-  const float* lp = out.data<float>();
-  const float* mp = b.loss_mask.data<float>();
-  double sum = 0, count = 0;
-  for (int64_t i = 0; i < out.numel(); ++i) {
-    sum += static_cast<double>(lp[i]) * mp[i];
-    count += mp[i];
-  }
-  loss_sum_ += sum;
-  token_count_ += count;
-  if (training_) {
-    Tensor dloss = b.loss_mask.clone();
-    const auto m = static_cast<double>(batches_.size());
-    ops::scale_inplace(dloss, loss_scale_ / (std::max(count, 1.0) * m));
-    dloss_[microbatch] = dloss;
-  } else {
-    ctx = GPTModel::Ctx{};
-  }
-  return Tensor();
+      ctx_(chunks.size()),
+      dloss_(batches_.size()) {
+  for (auto& row : ctx_) row.resize(batches_.size());
 }
 
-Tensor MicroBatchRunner::backward(int microbatch, int chunk, const Tensor& doutput) {
-  const GPTModel& model = *chunks_[chunk];
-  Tensor d = model.stage().post_process ? dloss_[microbatch] : doutput;
+std::vector<TensorSpec> MicroBatchRunner::recv_specs(int chunk) const {
+  return chunks_[chunk]->recv_specs(micro_batch_size_);
+}
+
+std::vector<TensorSpec> MicroBatchRunner::send_specs(int chunk) const {
+  return chunks_[chunk]->send_specs(micro_batch_size_);
+}
+
+TensorMap MicroBatchRunner::forward(int microbatch, int chunk, const TensorMap& input) {
+  const ModelChunk& model = *chunks_[chunk];
+  const TensorMap& batch = batches_[microbatch];
+  std::unique_ptr<ModelChunk::Ctx>& ctx = ctx_[chunk][microbatch];
+  ctx = model.new_ctx();
+  TensorMap out = model.forward(input, batch, *ctx, mode_(microbatch));
+  if (model.is_last()) {
+    const ObjectiveScale scale{loss_scale_, static_cast<int64_t>(batches_.size())};
+    losses_.add(loss_.forward(out, batch, scale, training_ ? &dloss_[microbatch] : nullptr));
+    model.aux_losses(*ctx, &losses_);
+    out = TensorMap();
+  }
+  if (!training_) ctx.reset();
+  return out;
+}
+
+TensorMap MicroBatchRunner::backward(int microbatch, int chunk, const TensorMap& doutput) {
+  const ModelChunk& model = *chunks_[chunk];
   // Every schedule runs a chunk's backwards in micro-batch order: the last one finishes its
   // gradients.
   ParamsDone done;
@@ -62,8 +56,10 @@ Tensor MicroBatchRunner::backward(int microbatch, int chunk, const Tensor& doutp
       buckets_->poll();
     };
   }
-  Tensor dx = model.backward_stage(d, ctx_[chunk][microbatch], done);
-  if (model.stage().post_process) dloss_[microbatch] = Tensor();
+  TensorMap dx = model.backward(model.is_last() ? dloss_[microbatch] : doutput,
+                                *ctx_[chunk][microbatch], done);
+  ctx_[chunk][microbatch].reset();
+  if (model.is_last()) dloss_[microbatch] = TensorMap();
   return dx;
 }
 

@@ -1,20 +1,20 @@
 // MicroBatchRunner: what one rank computes for the micro-batches of a training or evaluation
 // step, handed to the pipeline executor (pipeline/executor.h): the forward and backward of this
-// rank's model chunks, and, on the last stage, Megatron's loss.
+// rank's model chunks, and, on the last stage, the model's loss (LossFn).
 //
-// The objective of a micro-batch is its masked mean token loss divided by the number of
+// The objective of a micro-batch is its first loss term's mean divided by the number of
 // micro-batches, so the gradients of a step sum to the gradient of the global-batch mean (as in
-// Megatron); the reported loss is token-weighted over the whole global batch (sum of masked
-// losses / masked tokens), as Megatron's train_step reduces it. Without pipelining the executor
-// runs forward and backward of each micro-batch back to back through this same runner.
+// Megatron); the reported terms are weighted over the whole global batch (sums over sums of
+// counts), as Megatron's train_step reduces them. Without pipelining the executor runs forward
+// and backward of each micro-batch back to back through this same runner. Any model: chunks and
+// loss come from its spec.
 #pragma once
 
 #include <functional>
 #include <memory>
 #include <vector>
 
-#include "data/gpt_batch.h"
-#include "models/gpt_model.h"
+#include "models/model_chunk.h"
 #include "parallel/grad_buckets.h"
 #include "pipeline/executor.h"
 
@@ -22,34 +22,38 @@ namespace megatron {
 
 class MicroBatchRunner final : public StageRunner {
  public:
-  // chunks: this rank's model chunks (virtual stages), outliving the runner. batches: the step's
-  // micro-batches as far as this stage reads them (undefined tensors where it does not).
-  // buckets (optional): told of each gradient that the step's last backward of a chunk
-  // finishes, so that data-parallel reductions overlap the rest of backward. loss_scale: the
-  // fp16 loss scale the objective is multiplied by before backward (1 otherwise).
-  // mode(mb): the forward mode (training flag, dropout stream) of micro-batch mb. training:
-  // keep activations and compute the loss gradient for backward.
-  MicroBatchRunner(const std::vector<std::unique_ptr<GPTModel>>& chunks,
-                   std::vector<GPTBatch> batches, std::function<ForwardMode(int)> mode,
-                   bool training, GradBuckets* buckets = nullptr, double loss_scale = 1.0);
+  // chunks: this rank's model chunks (virtual stages), outliving the runner; loss: the model's
+  // loss, used on the last stage. batches: the step's micro-batches as far as this rank's chunks
+  // read them (empty maps where they read nothing). buckets (optional): told of each gradient
+  // that the step's last backward of a chunk finishes, so that data-parallel reductions overlap
+  // the rest of backward. loss_scale: the fp16 loss scale the objective is multiplied by before
+  // backward (1 otherwise). mode(mb): the forward mode (training flag, dropout stream) of
+  // micro-batch mb. training: keep activations and compute the loss gradient for backward.
+  MicroBatchRunner(const std::vector<std::unique_ptr<ModelChunk>>& chunks, const LossFn& loss,
+                   int64_t micro_batch_size, std::vector<TensorMap> batches,
+                   std::function<ForwardMode(int)> mode, bool training,
+                   GradBuckets* buckets = nullptr, double loss_scale = 1.0);
 
-  Tensor forward(int microbatch, int chunk, const Tensor& input) override;
-  Tensor backward(int microbatch, int chunk, const Tensor& doutput) override;
+  std::vector<TensorSpec> recv_specs(int chunk) const override;
+  std::vector<TensorSpec> send_specs(int chunk) const override;
+  TensorMap forward(int microbatch, int chunk, const TensorMap& input) override;
+  TensorMap backward(int microbatch, int chunk, const TensorMap& doutput) override;
 
-  // On the last stage: the sum of masked token losses and the number of masked tokens so far.
-  double loss_sum() const { return loss_sum_; }
-  double token_count() const { return token_count_; }
+  // On the last stage: the loss terms of the micro-batches so far (sums and counts).
+  const LossTerms& losses() const { return losses_; }
 
  private:
-  const std::vector<std::unique_ptr<GPTModel>>& chunks_;
-  std::vector<GPTBatch> batches_;
+  const std::vector<std::unique_ptr<ModelChunk>>& chunks_;
+  const LossFn& loss_;
+  int64_t micro_batch_size_;
+  std::vector<TensorMap> batches_;
   std::function<ForwardMode(int)> mode_;
   bool training_;
   GradBuckets* buckets_;
   double loss_scale_;
-  std::vector<std::vector<GPTModel::Ctx>> ctx_;  // [chunk][microbatch]
-  std::vector<Tensor> dloss_;                    // [microbatch], last stage
-  double loss_sum_ = 0, token_count_ = 0;
+  std::vector<std::vector<std::unique_ptr<ModelChunk::Ctx>>> ctx_;  // [chunk][microbatch]
+  std::vector<TensorMap> dloss_;  // [microbatch], last stage: the loss's gradient
+  LossTerms losses_;
 };
 
 }  // namespace megatron

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <limits>
 #include <stdexcept>
@@ -30,21 +31,47 @@ void Trainer::log_first(const std::string& line) const {
   if (first_rank_) log_line(line);
 }
 
-double Trainer::relay_to_first_rank(double value) const {
+std::vector<std::pair<std::string, double>> Trainer::relay_to_first_rank(
+    const std::vector<std::pair<std::string, double>>& values) const {
   const ParallelState& ps = *parallel_;
-  if (ps.pp_size() == 1 || ps.tp_rank() != 0 || dp_rank_ != 0) return value;
-  if (!ps.is_first_stage() && !ps.is_last_stage()) return value;
+  if (ps.pp_size() == 1 || ps.tp_rank() != 0 || dp_rank_ != 0) return values;
+  if (!ps.is_first_stage() && !ps.is_last_stage()) return values;
   // A tag no pipeline transfer uses (those are 2 x chunk + kind): none is in flight here anyway,
   // since every step and evaluation has finished its transfers before anything is logged.
   constexpr int kRelayTag = 1 << 20;
-  Tensor t = Tensor::empty({1}, DType::kF64);
-  t.data<double>()[0] = value;
+  // The names as one string ('\n' between them) padded into i32 words, then the values.
+  Tensor header = Tensor::empty({2}, DType::kI64);
+  std::string names;
   if (ps.is_last_stage()) {
-    ps.pp_group().send(t, 0, kRelayTag);
+    for (const auto& v : values) names += (names.empty() ? "" : "\n") + v.first;
+    header.data<int64_t>()[0] = static_cast<int64_t>(values.size());
+    header.data<int64_t>()[1] = static_cast<int64_t>(names.size());
+    ps.pp_group().send(header, 0, kRelayTag);
   } else {
-    ps.pp_group().recv(t, ps.pp_size() - 1, kRelayTag);
+    ps.pp_group().recv(header, ps.pp_size() - 1, kRelayTag);
   }
-  return t.data<double>()[0];
+  const int64_t count = header.data<int64_t>()[0], bytes = header.data<int64_t>()[1];
+  if (count == 0) return {};
+  Tensor text = Tensor::zeros({(bytes + 3) / 4}, DType::kI32);
+  Tensor numbers = Tensor::empty({count}, DType::kF64);
+  if (ps.is_last_stage()) {
+    std::memcpy(text.data<int32_t>(), names.data(), names.size());
+    for (int64_t i = 0; i < count; ++i) numbers.data<double>()[i] = values[i].second;
+    ps.pp_group().send(text, 0, kRelayTag);
+    ps.pp_group().send(numbers, 0, kRelayTag);
+    return values;
+  }
+  ps.pp_group().recv(text, ps.pp_size() - 1, kRelayTag);
+  ps.pp_group().recv(numbers, ps.pp_size() - 1, kRelayTag);
+  names.assign(reinterpret_cast<const char*>(text.data<int32_t>()), static_cast<size_t>(bytes));
+  std::vector<std::pair<std::string, double>> out;
+  size_t start = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    const size_t end = i + 1 < count ? names.find('\n', start) : names.size();
+    out.emplace_back(names.substr(start, end - start), numbers.data<double>()[i]);
+    start = end + 1;
+  }
+  return out;
 }
 
 void Trainer::report_memory(int64_t iteration) const {
@@ -89,7 +116,6 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
   last_rank_ = ps.rank() == ps.world_size() - 1;
   has_loss_ = ps.is_last_stage();
   virtual_stages_ = static_cast<int>(virtual_pipeline_stages(args_));
-  needs_data_ = ps.is_first_stage() || ps.is_last_stage() || args_.reset_attention_mask;
   fault_ = FaultInjection::parse(args_.inject_fault);
   dropout_seed_ = static_cast<uint64_t>(args_.seed);
   if (args_.timing_log_level >= 2) set_op_profiling(true);
@@ -131,8 +157,23 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
   for (int c = 0; c < virtual_stages_; ++c) {
     const int64_t g = static_cast<int64_t>(c) * pp + ps.pp_rank();
     GPTStage stage{tp, args_.sequence_parallel, g * per_stage, per_stage, g == 0, g == stages - 1};
-    chunks_.push_back(std::make_unique<GPTModel>(cfg_, stage));
-    for (Param* p : chunks_.back()->parameters()) all.push_back(p);
+    auto chunk = std::make_unique<GPTChunk>(cfg_, stage, args_.reset_attention_mask);
+    gpt_chunks_.push_back(chunk.get());
+    for (Param* p : chunk->parameters()) all.push_back(p);
+    chunks_.push_back(std::move(chunk));
+  }
+  loss_ = std::make_unique<GPTLoss>();
+  // The fields this rank's chunks read, each once, in first-read order.
+  {
+    const Shape bs{args_.micro_batch_size, cfg_.seq_length};
+    for (const auto& chunk : chunks_) {
+      for (const std::string& f : chunk->batch_fields()) {
+        bool known = false;
+        for (const TensorSpec& t : batch_specs_) known = known || t.name == f;
+        if (!known) batch_specs_.push_back(TensorSpec{f, bs, gpt_batch_field_dtype(f)});
+      }
+    }
+    needs_data_ = !batch_specs_.empty();
   }
   // The buffers' bucket layout must be known before they are allocated: the distributed
   // optimizer pads each bucket to split evenly into data-parallel shards.
@@ -146,7 +187,7 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
                         : std::make_unique<ParamSet>(all, cfg_.compute_dtype);
   if (!args_.pretrained_checkpoint.empty()) {
     HfModelInfo info = read_hf_config(args_.pretrained_checkpoint);
-    load_hf_weights(args_.pretrained_checkpoint, info, *chunks_.front(), *params_);
+    load_hf_weights(args_.pretrained_checkpoint, info, gpt_chunks_.front()->model(), *params_);
     log_first(" > loaded pretrained weights from " + args_.pretrained_checkpoint);
   } else {
     params_->initialize(static_cast<uint64_t>(args_.seed));
@@ -181,8 +222,8 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
     // this rank holds at once under its schedule (1 without pipelining; the warm-up plus one
     // under 1F1B and interleaved 1F1B).
     int64_t per_chunk = 0;
-    for (const auto& chunk : chunks_) {
-      const GPTStage& st = chunk->stage();
+    for (const GPTChunk* chunk : gpt_chunks_) {
+      const GPTStage& st = chunk->model().stage();
       ActivationShape shape{args_.micro_batch_size, ps.tp_size(),   args_.sequence_parallel,
                             st.num_layers,          st.pre_process, st.post_process};
       per_chunk = std::max(per_chunk, activation_bytes_per_microbatch(cfg_, shape));
@@ -201,8 +242,7 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
       *params_, ps.dp_group(), bucket, args_.overlap_grad_reduce,
       distributed ? GradReduce::kReduceScatter : GradReduce::kAllReduce);
   grad_buckets_->set_reduce_in_bf16(args_.grad_reduce_in_bf16);
-  executor_ = std::make_unique<PipelineExecutor>(
-      ps.pp_group(), chunks_.front()->activation_shape(args_.micro_batch_size), virtual_stages_);
+  executor_ = std::make_unique<PipelineExecutor>(ps.pp_group(), virtual_stages_);
 
   const AdamWConfig adam{args_.adam_beta1, args_.adam_beta2, args_.adam_eps, args_.weight_decay};
   if (distributed) {
@@ -307,31 +347,19 @@ std::vector<Action> Trainer::schedule() const {
   return interleaved_schedule(pp, rank, m, virtual_stages_);
 }
 
-void Trainer::broadcast_batch(GPTBatch& b) {
-  ProcessGroup& tp = parallel_->tp_group();
-  if (tp.size() == 1) return;
-  const Shape bs{args_.micro_batch_size, cfg_.seq_length};
-  if (tp.rank() != 0) {
-    b.tokens = Tensor::empty(bs, DType::kI64);
-    b.labels = Tensor::empty(bs, DType::kI64);
-    b.loss_mask = Tensor::empty(bs, DType::kF32);
-    b.positions = Tensor::empty(bs, DType::kI64);
-    if (args_.reset_attention_mask) b.doc_start = Tensor::empty(bs, DType::kI32);
-  }
-  tp.broadcast(b.tokens, 0);
-  tp.broadcast(b.labels, 0);
-  tp.broadcast(b.loss_mask, 0);
-  tp.broadcast(b.positions, 0);
-  if (args_.reset_attention_mask) tp.broadcast(b.doc_start, 0);
-}
-
-std::vector<GPTBatch> Trainer::step_batches(const std::function<GPTBatch(int64_t)>& read) {
-  std::vector<GPTBatch> batches(static_cast<size_t>(num_microbatches_));
+std::vector<TensorMap> Trainer::step_batches(const std::function<GPTBatch(int64_t)>& read) {
+  std::vector<TensorMap> batches(static_cast<size_t>(num_microbatches_));
   if (!needs_data_) return batches;
-  const bool reads = parallel_->tp_rank() == 0;
+  // TP rank 0 reads; the others receive every field this stage reads, in the specs' order.
+  ProcessGroup& tp = parallel_->tp_group();
   for (int64_t mb = 0; mb < num_microbatches_; ++mb) {
-    if (reads) batches[mb] = read(mb);
-    broadcast_batch(batches[mb]);
+    TensorMap& m = batches[mb];
+    const TensorMap all = tp.rank() == 0 ? gpt_batch_fields(read(mb)) : TensorMap();
+    for (const TensorSpec& spec : batch_specs_) {
+      Tensor t = tp.rank() == 0 ? all.at(spec.name) : Tensor::empty(spec.shape, spec.dtype);
+      if (tp.size() > 1) tp.broadcast(t, 0);
+      m.set(spec.name, t);
+    }
   }
   return batches;
 }
@@ -363,14 +391,22 @@ void Trainer::finish_gradients() {
   if (shared_embedding_) ps.embedding_group().all_reduce(shared_embedding_->main_grad);
 }
 
-void Trainer::reduce_loss_stats(double* loss_sum, double* tokens) {
+void Trainer::reduce_loss_stats(LossTerms* terms) {
   if (dp_size_ == 1 || !has_loss_) return;
-  Tensor stats = Tensor::empty({2}, DType::kF64);
-  stats.data<double>()[0] = *loss_sum;
-  stats.data<double>()[1] = *tokens;
+  // Every data-parallel replica of the last stage has the same terms in the same order.
+  const std::vector<LossTerms::Term>& t = terms->terms();
+  const auto n = static_cast<int64_t>(t.size());
+  Tensor stats = Tensor::empty({2 * n}, DType::kF64);
+  for (int64_t i = 0; i < n; ++i) {
+    stats.data<double>()[2 * i] = t[i].sum;
+    stats.data<double>()[2 * i + 1] = t[i].count;
+  }
   parallel_->dp_group().all_reduce(stats);
-  *loss_sum = stats.data<double>()[0];
-  *tokens = stats.data<double>()[1];
+  LossTerms reduced;
+  for (int64_t i = 0; i < n; ++i) {
+    reduced.add(t[i].name, stats.data<double>()[2 * i], stats.data<double>()[2 * i + 1]);
+  }
+  *terms = reduced;
 }
 
 double Trainer::comm_seconds() const {
@@ -409,7 +445,7 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, double lr) {
   if (fault_.inf_grad_at(parallel_->rank(), iteration)) {
     params_->params().front()->main_grad.data<float>()[0] = std::numeric_limits<float>::infinity();
   }
-  std::vector<GPTBatch> batches = step_batches([&](int64_t) { return prefetcher_->next(); });
+  std::vector<TensorMap> batches = step_batches([&](int64_t) { return prefetcher_->next(); });
   timers_.add("batch-generator", phase.elapsed());
   phase = Timer();
   // The stream is the micro-batch's index in the global batch (the sampler gives rank r
@@ -420,17 +456,17 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, double lr) {
                        static_cast<uint64_t>((iteration * m + mb) * dp_size_ + dp_rank_)};
   };
   const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
-  MicroBatchRunner runner(chunks_, std::move(batches), mode, /*training=*/true, grad_buckets_.get(),
-                          loss_scale);
+  MicroBatchRunner runner(chunks_, *loss_, args_.micro_batch_size, std::move(batches), mode,
+                          /*training=*/true, grad_buckets_.get(), loss_scale);
   executor_->run(schedule(), runner);
   timers_.add("forward-backward", phase.elapsed());
   phase = Timer();
   finish_gradients();
   timers_.add("all-grads-sync", phase.elapsed());
   phase = Timer();
-  double loss_sum = runner.loss_sum(), token_count = runner.token_count();
-  reduce_loss_stats(&loss_sum, &token_count);
-  r.loss = loss_sum / std::max(token_count, 1.0);
+  r.terms = runner.losses();
+  reduce_loss_stats(&r.terms);
+  r.loss = r.terms.empty() ? 0.0 : r.terms.terms().front().value();
   if (scaler_) {
     // Megatron's fp16 step: unscale the fp32 main gradients, look for inf/NaN anywhere in the
     // model (one flag, all-reduced over every rank so all of them take the same decision), update
@@ -499,44 +535,49 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, double lr) {
   return r;
 }
 
-double Trainer::evaluate(const SampleSource& data, int64_t* consumed) {
-  double loss_sum = 0, tokens = 0;
+LossTerms Trainer::evaluate(const SampleSource& data, int64_t* consumed) {
+  LossTerms terms;
   const int64_t mbs = args_.micro_batch_size, m = num_microbatches_;
   for (int64_t it = 0; it < args_.eval_iters; ++it) {
     // Megatron's sampler: micro-step it * m + mb of the evaluation, this rank's share of it.
-    std::vector<GPTBatch> batches = step_batches([&](int64_t mb) {
+    std::vector<TensorMap> batches = step_batches([&](int64_t mb) {
       return make_batch(data, *consumed + ((it * m + mb) * dp_size_ + dp_rank_) * mbs, mbs,
                         batch_options_);
     });
     MicroBatchRunner runner(
-        chunks_, std::move(batches), [](int) { return ForwardMode{}; },
+        chunks_, *loss_, mbs, std::move(batches), [](int) { return ForwardMode{}; },
         /*training=*/false);
     executor_->run_forward_only(static_cast<int>(m), runner);
-    loss_sum += runner.loss_sum();
-    tokens += runner.token_count();
+    terms.add(runner.losses());
   }
   *consumed += args_.eval_iters * args_.global_batch_size;
-  reduce_loss_stats(&loss_sum, &tokens);
-  return loss_sum / std::max(tokens, 1.0);
+  reduce_loss_stats(&terms);
+  return terms;
 }
 
 void Trainer::evaluate_and_print(const std::string& prefix, const SampleSource& data,
                                  int64_t* consumed, int64_t iteration) {
-  const double loss = evaluate(data, consumed);
-  const double ppl = std::exp(std::min(20.0, loss));
-  eval_losses_.push_back(loss);
-  const double printed = relay_to_first_rank(loss);
-  const std::string line =
-      strprintf(" validation loss at %s | lm loss value: %.6E | lm loss PPL: %.6E | ",
-                prefix.c_str(), printed, std::exp(std::min(20.0, printed)));
+  const LossTerms terms = evaluate(data, consumed);
+  std::vector<std::pair<std::string, double>> values;
+  for (const LossTerms::Term& t : terms.terms()) values.emplace_back(t.name, t.value());
+  if (!values.empty()) eval_losses_.push_back(values.front().second);
+  // As Megatron's evaluate_and_print_results: every term's value and perplexity.
+  std::string line = " validation loss at " + prefix + " | ";
+  for (const auto& [name, value] : relay_to_first_rank(values)) {
+    line += strprintf("%s value: %.6E | %s PPL: %.6E | ", name.c_str(), value, name.c_str(),
+                      std::exp(std::min(20.0, value)));
+  }
   const std::string dashes(line.size() + 1, '-');
   log_first(dashes + "\n" + line + "\n" + dashes);
   if (tensorboard_) {
-    tensorboard_->add_scalars({{"lm loss validation", loss}, {"lm loss validation ppl", ppl}},
-                              iteration);
-    tensorboard_->add_scalars(
-        {{"lm loss validation vs samples", loss}, {"lm loss validation ppl vs samples", ppl}},
-        iteration * args_.global_batch_size);
+    for (const auto& [name, value] : values) {
+      const double ppl = std::exp(std::min(20.0, value));
+      tensorboard_->add_scalars({{name + " validation", value}, {name + " validation ppl", ppl}},
+                                iteration);
+      tensorboard_->add_scalars(
+          {{name + " validation vs samples", value}, {name + " validation ppl vs samples", ppl}},
+          iteration * args_.global_batch_size);
+    }
     tensorboard_->flush();
   }
 }
@@ -710,7 +751,9 @@ int Trainer::train() {
   const double flops_per_iter =
       model_flops_per_iteration(cfg_, gbs) / static_cast<double>(parallel_->world_size());
   const double tokens_per_iter = static_cast<double>(gbs * cfg_.seq_length);
-  double interval_loss = 0, interval_time = 0;
+  // Per loss term, the sum of its values over the interval's successful iterations.
+  std::vector<std::pair<std::string, double>> interval_terms;
+  double interval_time = 0;
   int64_t interval_iters = 0, interval_skipped = 0, interval_nan = 0;
   if (needs_data_ && parallel_->tp_rank() == 0) {
     prefetcher_ =
@@ -733,7 +776,15 @@ int Trainer::train() {
       ++interval_skipped;
       if (!std::isfinite(r.loss)) ++interval_nan;
     } else {
-      interval_loss += r.loss;
+      for (const LossTerms::Term& t : r.terms.terms()) {
+        auto at = std::find_if(interval_terms.begin(), interval_terms.end(),
+                               [&](const auto& e) { return e.first == t.name; });
+        if (at == interval_terms.end()) {
+          interval_terms.emplace_back(t.name, t.value());
+        } else {
+          at->second += t.value();
+        }
+      }
       scheduler_samples_ += gbs;
     }
     interval_time += elapsed;
@@ -745,12 +796,15 @@ int Trainer::train() {
     if (tensorboard_ && it % args_.tensorboard_log_interval == 0) {
       const int64_t samples = it * gbs;
       // A skipped (fp16 overflow) iteration has no gradient norm to plot.
-      std::vector<std::pair<std::string, double>> by_iter{
-          {"learning-rate", next_lr},  {"batch-size", static_cast<double>(gbs)},
-          {"lm loss", r.loss},         {"loss-scale", scale},
-          {"iteration-time", elapsed}, {"throughput", tflops}};
-      std::vector<std::pair<std::string, double>> by_samples{{"learning-rate vs samples", next_lr},
-                                                             {"lm loss vs samples", r.loss}};
+      std::vector<std::pair<std::string, double>> by_iter{{"learning-rate", next_lr},
+                                                          {"batch-size", static_cast<double>(gbs)}};
+      std::vector<std::pair<std::string, double>> by_samples{{"learning-rate vs samples", next_lr}};
+      for (const LossTerms::Term& t : r.terms.terms()) {  // Megatron's tags: each term's name
+        by_iter.emplace_back(t.name, t.value());
+        by_samples.emplace_back(t.name + " vs samples", t.value());
+      }
+      by_iter.insert(by_iter.end(),
+                     {{"loss-scale", scale}, {"iteration-time", elapsed}, {"throughput", tflops}});
       if (!r.skipped) {
         by_iter.emplace_back("grad-norm", r.grad_norm);
         by_samples.emplace_back("grad-norm vs samples", r.grad_norm);
@@ -771,10 +825,11 @@ int Trainer::train() {
           timestamp().c_str(), static_cast<long>(it), static_cast<long>(args_.train_iters),
           static_cast<long>(consumed_train_), ms, avg_tflops, next_lr, static_cast<long>(gbs));
       if (interval_iters > interval_skipped) {  // the same on every rank: skips are agreed
-        line +=
-            strprintf(" lm loss: %.6E |",
-                      relay_to_first_rank(interval_loss /
-                                          static_cast<double>(interval_iters - interval_skipped)));
+        const auto ok = static_cast<double>(interval_iters - interval_skipped);
+        for (auto& term : interval_terms) term.second /= ok;
+        for (const auto& [name, value] : relay_to_first_rank(interval_terms)) {
+          line += strprintf(" %s: %.6E |", name.c_str(), value);
+        }
       }
       line += strprintf(" loss scale: %.1f |", scale);
       if (!r.skipped) line += strprintf(" grad norm: %.3f |", r.grad_norm);
@@ -796,7 +851,8 @@ int Trainer::train() {
         memory_reported_ = true;
       }
       if (tensorboard_) tensorboard_->flush();
-      interval_loss = interval_time = 0;
+      interval_terms.clear();
+      interval_time = 0;
       interval_iters = interval_skipped = interval_nan = 0;
     }
     if (data_.valid && args_.eval_iters > 0 && it % args_.eval_interval == 0) {
@@ -842,7 +898,7 @@ int Trainer::train() {
   if (tensorboard_) tensorboard_->close();
   if (!args_.save_hf.empty() && first_rank_) {
     HfModelInfo info = hf_info_from_config(cfg_, infer_hf_arch(cfg_));
-    save_hf(args_.save_hf, info, *chunks_.front());
+    save_hf(args_.save_hf, info, gpt_chunks_.front()->model());
     log_first(" > saved the model as a Hugging Face directory to " + args_.save_hf);
   }
   watchdog_->disarm();

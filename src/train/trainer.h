@@ -23,7 +23,8 @@
 #include "core/timer.h"
 #include "data/gpt_batch.h"
 #include "data/tokenizer.h"
-#include "models/gpt_model.h"
+#include "models/gpt/gpt_chunk.h"
+#include "models/model_chunk.h"
 #include "optim/adamw.h"
 #include "optim/distributed_optimizer.h"
 #include "optim/loss_scaler.h"
@@ -61,12 +62,14 @@ class Trainer {
   // in the order printed (for tests).
   const std::vector<double>& losses() const { return losses_; }
   const std::vector<double>& eval_losses() const { return eval_losses_; }
-  GPTModel& model() { return *chunks_.front(); }
+  GPTModel& model() { return gpt_chunks_.front()->model(); }
   ParamSet& params() { return *params_; }
 
  private:
   struct StepResult {
-    double loss = 0, grad_norm = 0;
+    LossTerms terms;  // reduced over data-parallel ranks (on the last stage)
+    double loss = 0;  // the objective: the first term's value
+    double grad_norm = 0;
     bool skipped = false;  // fp16 overflow: no update, the LR schedule does not advance
   };
   StepResult train_step(int64_t iteration, double lr);
@@ -77,15 +80,14 @@ class Trainer {
   // This stage's share of the micro-batches of a step: read by TP rank 0 of every stage that
   // needs the data (first and last stages; every stage with --reset-attention-mask) and
   // broadcast over the TP group. `read(k)` builds the k-th micro-batch of the step.
-  std::vector<GPTBatch> step_batches(const std::function<GPTBatch(int64_t)>& read);
-  void broadcast_batch(GPTBatch& b);
+  std::vector<TensorMap> step_batches(const std::function<GPTBatch(int64_t)>& read);
   // After backward: data-parallel average, sequence-parallel and shared-embedding sums.
   void finish_gradients();
   // Sums (loss, tokens) over the data-parallel replicas of the last stage.
-  void reduce_loss_stats(double* loss_sum, double* tokens);
+  void reduce_loss_stats(LossTerms* terms);
   std::vector<Action> schedule() const;
   // Token-weighted mean loss over eval_iters global batches of `data`, from sample `*consumed`.
-  double evaluate(const SampleSource& data, int64_t* consumed);
+  LossTerms evaluate(const SampleSource& data, int64_t* consumed);
   void evaluate_and_print(const std::string& prefix, const SampleSource& data, int64_t* consumed,
                           int64_t iteration);
 
@@ -106,9 +108,12 @@ class Trainer {
   // under a launcher that forwards their streams in chunks (mpirun does), so the last stage's
   // loss travels to rank 0 instead (relay_to_first_rank) and per-rank reports are gathered.
   void log_first(const std::string& line) const;
-  // The last pipeline stage's `value` on rank 0: the two ends of rank 0's pipeline exchange it.
-  // Every other rank returns `value` as it is. Called by every rank at the same point.
-  double relay_to_first_rank(double value) const;
+  // The last pipeline stage's named values (the loss terms of an interval or an evaluation) on
+  // rank 0: the two ends of rank 0's pipeline exchange names and values, so rank 0 needs to know
+  // neither in advance. Every other rank returns `values` as they are. Called by every rank at
+  // the same point.
+  std::vector<std::pair<std::string, double>> relay_to_first_rank(
+      const std::vector<std::pair<std::string, double>>& values) const;
   // Megatron's "[Rank r] (after N iterations) memory (MB) | ..." of every data-parallel rank 0,
   // gathered and printed by rank 0 as one block. Collective over the world group.
   void report_memory(int64_t iteration) const;
@@ -123,7 +128,10 @@ class Trainer {
   bool has_loss_ = true;          // the last pipeline stage
   TransformerConfig cfg_;
   std::unique_ptr<Tokenizer> tokenizer_;
-  std::vector<std::unique_ptr<GPTModel>> chunks_;  // one per virtual pipeline stage
+  std::vector<std::unique_ptr<ModelChunk>> chunks_;  // one per virtual pipeline stage
+  std::vector<GPTChunk*> gpt_chunks_;                // the same, as GPT (HF import/export)
+  std::unique_ptr<LossFn> loss_;
+  std::vector<TensorSpec> batch_specs_;  // the micro-batch fields this rank's chunks read
   std::unique_ptr<PipelineExecutor> executor_;
   std::unique_ptr<GradBuckets> grad_buckets_;
   std::vector<Param*> sp_params_;      // gradients summed over TP after backward (SP replicas)

@@ -11,7 +11,7 @@
 
 #include <omp.h>
 
-#include "models/gpt_model.h"
+#include "models/gpt/gpt_model.h"
 #include "tensor/ops.h"
 #include "testing/testing.h"
 

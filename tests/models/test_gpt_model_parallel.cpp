@@ -33,7 +33,7 @@
 #include "comm/mpi_runtime.h"
 #include "comm/parallel_state.h"
 #include "core/threads.h"
-#include "models/gpt_model.h"
+#include "models/gpt/gpt_model.h"
 #include "tensor/ops.h"
 #include "testing/mpi_testing.h"
 #include "testing/testing.h"

@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "comm/process_group.h"
-#include "models/gpt_model.h"
+#include "models/gpt/gpt_model.h"
 #include "tensor/memory_stats.h"
 #include "tensor/ops.h"
 #include "testing/testing.h"

@@ -2,7 +2,7 @@
 // untied weight, fused masked cross-entropy; [b, s] <-> [s, b] transposes at the edges. The
 // tensor-parallel variants of the embedding and the loss come from parallel/vocab_parallel.h;
 // with one TP rank the single-process kernels run directly.
-#include "models/gpt_model.h"
+#include "models/gpt/gpt_model.h"
 
 #include <cstring>
 

@@ -1,0 +1,77 @@
+// GPTModel stages behind the ModelChunk interface, and the masked LM loss.
+#include "models/gpt/gpt_chunk.h"
+
+#include <algorithm>
+
+#include "tensor/ops.h"
+
+namespace megatron {
+
+namespace {
+constexpr const char* kHidden = "hidden";
+constexpr const char* kTokenLoss = "per-token loss";
+}  // namespace
+
+GPTChunk::GPTChunk(const TransformerConfig& cfg, GPTStage stage, bool documents)
+    : model_(cfg, std::move(stage)), documents_(documents) {}
+
+std::unique_ptr<ModelChunk::Ctx> GPTChunk::new_ctx() const {
+  return std::make_unique<GPTCtx>();
+}
+
+std::vector<TensorSpec> GPTChunk::recv_specs(int64_t micro_batch_size) const {
+  if (model_.stage().pre_process) return {};
+  return {TensorSpec{kHidden, model_.activation_shape(micro_batch_size), DType::kF32}};
+}
+
+std::vector<TensorSpec> GPTChunk::send_specs(int64_t micro_batch_size) const {
+  if (model_.stage().post_process) return {};
+  return {TensorSpec{kHidden, model_.activation_shape(micro_batch_size), DType::kF32}};
+}
+
+std::vector<std::string> GPTChunk::batch_fields() const {
+  std::vector<std::string> fields;
+  if (model_.stage().pre_process) fields.insert(fields.end(), {kTokens, kPositionIds});
+  if (model_.stage().post_process) fields.insert(fields.end(), {kLabels, kLossMask});
+  if (documents_) fields.emplace_back(kDocStart);
+  return fields;
+}
+
+TensorMap GPTChunk::forward(const TensorMap& in, const TensorMap& batch, Ctx& ctx,
+                            const ForwardMode& mode) const {
+  const GPTInputs inputs{batch.get(kTokens), batch.get(kLabels), batch.get(kPositionIds),
+                         batch.get(kDocStart)};
+  Tensor out = model_.forward_stage(in.get(kHidden), inputs, static_cast<GPTCtx&>(ctx).model, mode);
+  return TensorMap{{is_last() ? kTokenLoss : kHidden, out}};
+}
+
+TensorMap GPTChunk::backward(const TensorMap& dout, Ctx& ctx, const ParamsDone& done) const {
+  const Tensor& d = dout.at(is_last() ? kTokenLoss : kHidden);
+  Tensor dx = model_.backward_stage(d, static_cast<GPTCtx&>(ctx).model, done);
+  if (model_.stage().pre_process) return {};
+  return TensorMap{{kHidden, dx}};
+}
+
+LossTerms GPTLoss::forward(const TensorMap& out, const TensorMap& batch,
+                           const ObjectiveScale& scale, TensorMap* dout) const {
+  const Tensor& loss = out.at(kTokenLoss);
+  const Tensor& mask = batch.at(kLossMask);
+  const float* lp = loss.data<float>();
+  const float* mp = mask.data<float>();
+  double sum = 0, count = 0;
+  for (int64_t i = 0; i < loss.numel(); ++i) {
+    sum += static_cast<double>(lp[i]) * mp[i];
+    count += mp[i];
+  }
+  if (dout) {
+    Tensor dloss = mask.clone();
+    const auto m = static_cast<double>(scale.microbatches);
+    ops::scale_inplace(dloss, scale.loss_scale / (std::max(count, 1.0) * m));
+    dout->set(kTokenLoss, dloss);
+  }
+  LossTerms terms;
+  terms.add("lm loss", sum, count);
+  return terms;
+}
+
+}  // namespace megatron

@@ -1,0 +1,99 @@
+// The shape every model takes for the trainer: ModelChunk (one virtual pipeline stage of any
+// architecture), LossFn (what the last stage's outputs cost), LossTerms (the named results).
+//
+// This is Megatron's forward_step_func contract (the model's output tensor and a loss_func that
+// returns the loss, its token count and the named values to log) cut at pipeline stages: a chunk
+// declares what it receives from the previous stage and sends to the next as TensorSpecs, which
+// batch fields it reads, and runs forward and backward over named tensors; the last chunk's
+// outputs go to the LossFn. Trainer, pipeline executor and checkpointing see only these types,
+// never a model class. Not a module system: there is no autograd here, each chunk writes its own
+// backward.
+#pragma once
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "parallel/param.h"
+#include "tensor/tensor_map.h"
+#include "transformer/forward_mode.h"
+#include "transformer/transformer_block.h"  // ParamsDone
+
+namespace megatron {
+
+// Named loss sums, each with the count it is averaged over ("lm loss": the sum of masked token
+// losses and the number of masked tokens). The first term is the objective backward follows;
+// the others are logged (Megatron's loss_func returns them in its reporting dict). Sums and
+// counts add over micro-batches and data-parallel ranks; the value reported is sum / count.
+class LossTerms {
+ public:
+  struct Term {
+    std::string name;
+    double sum = 0, count = 0;
+    double value() const { return sum / std::max(count, 1.0); }
+  };
+  // Adds (sum, count) to `name`, appending it if new.
+  void add(const std::string& name, double sum, double count);
+  // Adds every term of `other`.
+  void add(const LossTerms& other);
+  const std::vector<Term>& terms() const { return terms_; }
+  bool empty() const { return terms_.empty(); }
+  // The term `name`; it must be there.
+  const Term& at(const std::string& name) const;
+
+ private:
+  std::vector<Term> terms_;
+};
+
+// How the objective of one micro-batch is scaled: its mean loss divided by the number of
+// micro-batches (so that a step's gradients are those of the global-batch mean, as Megatron's),
+// times the fp16 loss scale.
+struct ObjectiveScale {
+  double loss_scale = 1.0;
+  int64_t microbatches = 1;
+};
+
+class ModelChunk {
+ public:
+  // What a forward keeps for its backward: one per (chunk, micro-batch) in flight.
+  struct Ctx {
+    virtual ~Ctx() = default;
+  };
+
+  virtual ~ModelChunk() = default;
+  virtual std::unique_ptr<Ctx> new_ctx() const = 0;
+  // The tensors received from the previous virtual stage (empty on the first) and sent to the
+  // next (empty on the last), for micro-batches of `micro_batch_size` sequences.
+  virtual std::vector<TensorSpec> recv_specs(int64_t micro_batch_size) const = 0;
+  virtual std::vector<TensorSpec> send_specs(int64_t micro_batch_size) const = 0;
+  // The micro-batch fields this chunk reads (a rank whose chunks read none gets no batches).
+  virtual std::vector<std::string> batch_fields() const = 0;
+  // Whether this is the model's last chunk, whose outputs go to the loss.
+  virtual bool is_last() const = 0;
+  // in: the previous stage's tensors (recv_specs); batch: the micro-batch. Returns the send_specs
+  // tensors, or on the last chunk what its LossFn reads. Keeps what backward needs in ctx.
+  virtual TensorMap forward(const TensorMap& in, const TensorMap& batch, Ctx& ctx,
+                            const ForwardMode& mode) const = 0;
+  // dout: the gradients of forward's outputs. Returns the gradients of `in` (empty on the first
+  // chunk) and accumulates parameter gradients; `done` (optional) hears of every parameter as
+  // soon as its gradient is final for this backward.
+  virtual TensorMap backward(const TensorMap& dout, Ctx& ctx, const ParamsDone& done) const = 0;
+  // Terms this chunk adds itself (an MoE router's load-balancing loss, a z-loss); none by default.
+  virtual void aux_losses(const Ctx& /*ctx*/, LossTerms* /*terms*/) const {}
+  // Every parameter, in registration order.
+  virtual std::vector<Param*> parameters() = 0;
+};
+
+class LossFn {
+ public:
+  virtual ~LossFn() = default;
+  // The loss terms of one micro-batch from the last chunk's outputs. With `dout` (training), also
+  // the gradient of the objective (the first term's sum / count, scaled as `scale` says) with
+  // respect to each of those outputs.
+  virtual LossTerms forward(const TensorMap& out, const TensorMap& batch,
+                            const ObjectiveScale& scale, TensorMap* dout) const = 0;
+};
+
+}  // namespace megatron
