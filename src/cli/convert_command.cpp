@@ -7,12 +7,12 @@
 //   --load CKPT   --save CKPT2     a weights-only copy
 // A checkpoint records every tensor by its global shape, so no target layout is needed: the
 // layout is chosen when training loads it. One process; no MPI job.
-#include "checkpoint/hf_checkpoint.h"
 #include "checkpoint/sharded_checkpoint.h"
 #include "cli/commands.h"
 #include "cli/train_args.h"
 #include "comm/agreement.h"
 #include "core/logging.h"
+#include "models/model_spec.h"
 #include "train/checkpointing.h"
 #include "train/model_config.h"
 
@@ -25,27 +25,29 @@ namespace cp = checkpoint;
 struct Model {
   Arguments args;
   TransformerConfig cfg;
-  std::unique_ptr<GPTModel> model;
+  const ModelSpec* spec = nullptr;
+  std::vector<std::unique_ptr<ModelChunk>> chunks;  // one: the whole model
   std::unique_ptr<ParamSet> params;
 };
 
 void build(Model& m) {
   m.cfg = transformer_config_from_args(m.args);
-  m.model = std::make_unique<GPTModel>(m.cfg);
-  m.params = std::make_unique<ParamSet>(m.model->parameters(), DType::kF32);
+  m.spec = &model_spec(m.args.model);
+  m.chunks = m.spec->build_chunks(ModelOptions{m.cfg, false}, ChunkPlacement{});
+  m.params = std::make_unique<ParamSet>(m.chunks.front()->parameters(), DType::kF32);
 }
 
 // The model of a Hugging Face directory, with the flags `megatron train` would take from it.
-Model from_hf(const std::string& dir, HfModelInfo* info) {
+Model from_hf(const std::string& dir, const std::string& model) {
   Model m;
   CLI::App none;
   ArgTable table(none);
+  m.args.model = model;
   m.args.pretrained_checkpoint = dir;
   merge_pretrained_config(m.args, table);
   m.args.tokenizer_type = "HuggingFaceTokenizer";
-  *info = read_hf_config(dir);
   build(m);
-  load_hf_weights(dir, *info, *m.model, *m.params);
+  m.spec->hf.load(dir, *m.chunks.front(), *m.params);
   return m;
 }
 
@@ -61,6 +63,7 @@ Model from_checkpoint(const std::string& root, int64_t step) {
   const std::optional<int64_t> it = step >= 0 ? step : cp::read_tracker(root);
   cp::CheckpointReader reader = cp::CheckpointReader::open(cp::iteration_dir(root, *it), false);
   m.args.vocab_size = reader.metadata().at("args").at("vocab_size").get<int64_t>();
+  m.args.model = reader.metadata().at("args").value("model", std::string("gpt"));
   build(m);
   load_shards(reader, CheckpointTarget{m.params.get(), nullptr, nullptr, 0}, /*optim=*/false);
   return m;
@@ -87,10 +90,13 @@ void save_checkpoint(const Model& m, const std::string& root) {
 
 int convert_command(int argc, char** argv) {
   CLI::App app("Convert model weights between Hugging Face directories and checkpoints", "convert");
-  std::string load_hf, save_hf, load, save, dtype;
+  std::string load_hf, save_hf, load, save, dtype, model = "gpt";
   int64_t ckpt_step = -1;
   app.add_option("--pretrained-checkpoint,--load-hf", load_hf,
                  "Hugging Face model directory to read");
+  app.add_option("--model", model,
+                 "Model architecture of a Hugging Face input: " + model_names() +
+                     " (a checkpoint records its own)");
   app.add_option("--load", load, "Checkpoint directory to read (its tracker's iteration)");
   app.add_option("--ckpt-step", ckpt_step, "With --load: this iteration instead of the tracker's");
   app.add_option("--save-hf", save_hf, "Hugging Face model directory to write");
@@ -106,8 +112,7 @@ int convert_command(int argc, char** argv) {
                  "convert: give one output, --save-hf DIR (Hugging Face) or --save DIR "
                  "(checkpoint)");
   MEGATRON_CHECK(ckpt_step < 0 || !load.empty(), "convert: --ckpt-step needs --load");
-  HfModelInfo info;
-  Model m = load.empty() ? from_hf(load_hf, &info) : from_checkpoint(load, ckpt_step);
+  Model m = load.empty() ? from_hf(load_hf, model) : from_checkpoint(load, ckpt_step);
   const std::string from = load.empty() ? load_hf : load;
   if (!save.empty()) {
     MEGATRON_CHECK(dtype.empty(),
@@ -121,16 +126,15 @@ int convert_command(int argc, char** argv) {
     log_line("converted " + from + " -> " + save + " (checkpoint, iteration 0)");
     return 0;
   }
-  if (!load.empty()) info = hf_info_from_config(m.cfg, infer_hf_arch(m.cfg));
+  std::optional<DType> out_dtype;
   if (!dtype.empty()) {
     MEGATRON_CHECK(dtype == "float32" || dtype == "bfloat16" || dtype == "float16",
                    "--dtype: unknown '", dtype, "'; choose float32, bfloat16 or float16");
-    info.dtype = dtype == "bfloat16"  ? DType::kBF16
-                 : dtype == "float16" ? DType::kF16
-                                      : DType::kF32;
-    info.raw["torch_dtype"] = dtype;
+    out_dtype = dtype == "bfloat16" ? DType::kBF16 : dtype == "float16" ? DType::kF16 : DType::kF32;
   }
-  megatron::save_hf(save_hf, info, *m.model);
+  // From a Hugging Face input its config.json (and dtype) carry over; from a checkpoint the
+  // config is made from the model's.
+  m.spec->hf.save(save_hf, *m.chunks.front(), load_hf, out_dtype);
   log_line("converted " + from + " -> " + save_hf);
   return 0;
 }

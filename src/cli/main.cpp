@@ -3,10 +3,12 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/logging.h"
+#include "models/model_spec.h"
 #include "tensor/ops.h"
 
 namespace {
@@ -15,7 +17,8 @@ constexpr const char* kUsage =
     "usage: megatron <command> [flags]\n"
     "\n"
     "commands:\n"
-    "  train       pretrain or finetune a GPT model (Megatron's pretrain_gpt.py flags)\n"
+    "  train       pretrain or finetune a model (Megatron's pretrain_*.py flags; --model)\n"
+    "  pretrain_gpt  `train --model gpt`: a launch line's pretrain_gpt.py ARGS as it is\n"
     "  preprocess  tokenize JSON lines into Megatron .bin/.idx datasets (preprocess_data.py)\n"
     "  score       per-token log-probabilities of token sequences under a model\n"
     "  convert     Hugging Face model directory -> Hugging Face model directory via our layout\n"
@@ -37,6 +40,17 @@ int dispatch(int argc, char** argv) {
   }
   // Each subcommand sees argv without the command name.
   if (cmd == "train") return train_command(argc - 1, argv + 1);
+  // Megatron's entry points: `megatron pretrain_gpt ARGS` is `megatron train --model gpt ARGS`.
+  for (const megatron::ModelSpec* spec : megatron::model_specs()) {
+    if (cmd != spec->entry_point) continue;
+    std::vector<char*> args{argv[1]};
+    std::string flag = "--model", name = spec->name;
+    args.push_back(flag.data());
+    args.push_back(name.data());
+    for (int i = 2; i < argc; ++i) args.push_back(argv[i]);
+    args.push_back(nullptr);
+    return train_command(static_cast<int>(args.size()) - 1, args.data());
+  }
   if (cmd == "score") return score_command(argc - 1, argv + 1);
   if (cmd == "convert") return convert_command(argc - 1, argv + 1);
   if (cmd == "bench") return bench_command(argc - 1, argv + 1);

@@ -9,11 +9,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "checkpoint/hf_checkpoint.h"
 #include "cli/commands.h"
 #include "cli/train_args.h"
 #include "core/logging.h"
 #include "core/threads.h"
+#include "models/model_spec.h"
 #include "tensor/ops.h"
 #include "train/model_config.h"
 
@@ -56,10 +56,12 @@ int score_command(int argc, char** argv) {
   set_num_threads(static_cast<int>(args.num_threads));
   args.hidden_dropout = args.attention_dropout = 0;
   TransformerConfig cfg = transformer_config_from_args(args);
-  GPTModel model(cfg);
+  const ModelSpec& spec = model_spec(args.model);
+  std::vector<std::unique_ptr<ModelChunk>> chunks =
+      spec.build_chunks(ModelOptions{cfg, false}, ChunkPlacement{});  // the whole model
+  ModelChunk& model = *chunks.front();
   ParamSet params(model.parameters(), cfg.compute_dtype);
-  HfModelInfo info = read_hf_config(args.pretrained_checkpoint);
-  load_hf_weights(args.pretrained_checkpoint, info, model, params);
+  spec.hf.load(args.pretrained_checkpoint, model, params);
 
   std::ifstream in(input);
   MEGATRON_CHECK(in.good(), "--input: cannot open '", input, "'");
@@ -85,8 +87,7 @@ int score_command(int argc, char** argv) {
       tokens.data<int64_t>()[i] = ids[static_cast<size_t>(i)];
       labels.data<int64_t>()[i] = ids[static_cast<size_t>(i) + 1];
     }
-    GPTModel::Ctx ctx;
-    Tensor loss = model.forward(tokens, labels, Tensor(), ctx, ForwardMode{});
+    const Tensor loss = spec.token_losses(model, tokens, labels);
     double total = 0;
     for (int64_t i = 0; i < n; ++i) {
       out["logprobs"].push_back(-loss.item(i));

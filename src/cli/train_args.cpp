@@ -7,12 +7,12 @@
 #include <limits>
 #include <sstream>
 
-#include "checkpoint/hf_checkpoint.h"
 #include "checkpoint/sharded_checkpoint.h"
 #include "comm/parallel_state.h"
 #include "core/error.h"
 #include "core/logging.h"
 #include "data/tokenizer.h"
+#include "models/model_spec.h"
 #include "train/exit_signal.h"
 #include "train/fault_injection.h"
 #include "train/trainer.h"
@@ -20,6 +20,7 @@
 namespace megatron::cli {
 
 void register_model_args(ArgTable& t, Arguments& a) {
+  t.add("--model", a.model, "Model architecture: " + model_names());
   t.add("--num-layers", a.num_layers, "Number of transformer layers");
   t.add("--hidden-size", a.hidden_size, "Transformer hidden size");
   t.add("--ffn-hidden-size", a.ffn_hidden_size,
@@ -356,6 +357,7 @@ void validate_recompute(Arguments& a, int64_t per_stage) {
 
 void validate_train_args(Arguments& a, int world_size, int rank) {
   FaultInjection::parse(a.inject_fault);  // a malformed testing hook fails before the dump
+  model_spec(a.model);                    // an unknown --model, with the known ones
   validate_checkpoint_args(a);
   MEGATRON_CHECK(!(a.fp16 && a.bf16), "--fp16 and --bf16 are mutually exclusive; pick one");
   MEGATRON_CHECK(a.loss_scale >= 0,
@@ -462,8 +464,7 @@ void resolve_vocab_size(Arguments& a, const ArgTable& t) {
 
 void merge_pretrained_config(Arguments& a, const ArgTable& t) {
   if (a.pretrained_checkpoint.empty()) return;
-  const HfModelInfo info = read_hf_config(a.pretrained_checkpoint);
-  const TransformerConfig& c = info.config;
+  const TransformerConfig c = model_spec(a.model).hf.read_config(a.pretrained_checkpoint);
   const std::string src = a.pretrained_checkpoint + "/config.json";
   auto set = [&](const std::string& flag, auto& field, auto value) {
     if (t.given(flag) && field != value) {

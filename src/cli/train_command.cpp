@@ -52,7 +52,8 @@ void report_refusals(const MpiRuntime& mpi, const std::string& refusal) {
 }
 
 int run_train(int argc, char** argv, MpiRuntime& mpi) {
-  CLI::App app("Pretrain or finetune a GPT model", "train");
+  // As `train`, or as a Megatron entry point (`pretrain_gpt`, which adds --model gpt).
+  CLI::App app("Pretrain or finetune a model (--model; Megatron's pretrain_*.py)", argv[0]);
   Arguments args;
   ArgTable table(app);
   register_train_args(table, args);

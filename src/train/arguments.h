@@ -12,6 +12,7 @@ namespace megatron {
 
 struct Arguments {
   // ---- model ----
+  std::string model = "gpt";  // architecture (models/model_spec.h); pretrain_gpt selects gpt
   int64_t num_layers = 0;
   int64_t hidden_size = 0;
   int64_t ffn_hidden_size = 0;  // 0: 4 * hidden (Megatron's default)

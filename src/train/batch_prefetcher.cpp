@@ -6,11 +6,11 @@
 
 namespace megatron {
 
-BatchPrefetcher::BatchPrefetcher(const SampleSource& data, const BatchOptions& options,
-                                 int64_t micro_batch_size, int64_t consumed_samples, int64_t depth,
-                                 int64_t dp_rank, int64_t dp_size)
+BatchPrefetcher::BatchPrefetcher(const SampleSource& data, BatchFn make, int64_t micro_batch_size,
+                                 int64_t consumed_samples, int64_t depth, int64_t dp_rank,
+                                 int64_t dp_size)
     : data_(data),
-      options_(options),
+      make_(std::move(make)),
       b_(micro_batch_size),
       stride_(micro_batch_size * dp_size),
       next_sample_(consumed_samples + dp_rank * micro_batch_size),
@@ -46,7 +46,7 @@ void BatchPrefetcher::run() {
       return;
     }
     try {
-      GPTBatch batch = make_batch(data_, first, b_, options_);
+      TensorMap batch = make_(data_, first, b_);
       std::lock_guard<std::mutex> lock(mu_);
       ready_.push_back(std::move(batch));
       produced_sample_ = first + stride_;
@@ -60,9 +60,9 @@ void BatchPrefetcher::run() {
   }
 }
 
-GPTBatch BatchPrefetcher::next() {
+TensorMap BatchPrefetcher::next() {
   if (depth_ == 0) {
-    GPTBatch batch = make_batch(data_, next_sample_, b_, options_);
+    TensorMap batch = make_(data_, next_sample_, b_);
     next_sample_ += stride_;
     return batch;
   }
@@ -71,7 +71,7 @@ GPTBatch BatchPrefetcher::next() {
   if (ready_.empty() && error_) std::rethrow_exception(error_);
   MEGATRON_CHECK(!ready_.empty(), "the dataset has ", data_.size(),
                  " samples; a batch starting at sample ", next_sample_, " was requested");
-  GPTBatch batch = std::move(ready_.front());
+  TensorMap batch = std::move(ready_.front());
   ready_.pop_front();
   next_sample_ += stride_;
   cv_.notify_all();

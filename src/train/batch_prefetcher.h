@@ -15,32 +15,33 @@
 #include <mutex>
 #include <thread>
 
-#include "data/gpt_batch.h"
+#include "models/model_spec.h"  // BatchFn
 
 namespace megatron {
 
 class BatchPrefetcher {
  public:
   // depth: batches prepared ahead (0: build each batch inside next()).
-  BatchPrefetcher(const SampleSource& data, const BatchOptions& options, int64_t micro_batch_size,
+  // make: the model's batch maker (ModelSpec::batch_maker).
+  BatchPrefetcher(const SampleSource& data, BatchFn make, int64_t micro_batch_size,
                   int64_t consumed_samples, int64_t depth, int64_t dp_rank = 0,
                   int64_t dp_size = 1);
   ~BatchPrefetcher();
   BatchPrefetcher(const BatchPrefetcher&) = delete;
   BatchPrefetcher& operator=(const BatchPrefetcher&) = delete;
 
-  GPTBatch next();
+  TensorMap next();
 
  private:
   void run();
 
   const SampleSource& data_;
-  BatchOptions options_;
+  BatchFn make_;
   int64_t b_, stride_, next_sample_, depth_;
   int64_t produced_sample_;  // next sample the background thread will read
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<GPTBatch> ready_;
+  std::deque<TensorMap> ready_;
   std::exception_ptr error_;
   bool stop_ = false;
   bool exhausted_ = false;  // the source has no further full batch

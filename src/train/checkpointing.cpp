@@ -44,7 +44,8 @@ std::vector<int64_t> shape_vector(const Shape& s) {
 }  // namespace
 
 nlohmann::json model_args_json(const Arguments& a, const TransformerConfig& cfg) {
-  return {{"num_layers", cfg.num_layers},
+  return {{"model", a.model},
+          {"num_layers", cfg.num_layers},
           {"hidden_size", cfg.hidden_size},
           {"ffn_hidden_size", cfg.ffn_hidden_size},
           {"num_attention_heads", cfg.num_attention_heads},

@@ -10,7 +10,6 @@
 #include <limits>
 #include <stdexcept>
 
-#include "checkpoint/hf_checkpoint.h"
 #include "comm/agreement.h"
 #include "comm/mpi_runtime.h"
 #include "core/logging.h"
@@ -19,7 +18,6 @@
 #include "tensor/op_profile.h"
 #include "tensor/ops.h"
 #include "train/exit_codes.h"
-#include "train/flops.h"
 #include "train/gemm_peak.h"
 #include "train/memory_report.h"
 #include "train/micro_batch_runner.h"
@@ -126,6 +124,7 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
   }
   tokenizer_ = build_tokenizer(tokenizer_args(args_));
   cfg_ = transformer_config_from_args(args_);
+  spec_ = &model_spec(args_.model);
   const bool whole_model = ps.tp_size() == 1 && ps.pp_size() == 1;
   MEGATRON_CHECK(whole_model || (args_.pretrained_checkpoint.empty() && args_.save_hf.empty()),
                  "--pretrained-checkpoint and --save-hf read and write whole Hugging Face models "
@@ -135,7 +134,7 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
                  "OUT`)");
   if (!args_.save_hf.empty()) {
     // Refuse an unexportable model or an unwritable directory now, not after training.
-    infer_hf_arch(cfg_);
+    spec_->hf.check_exportable(cfg_);
     std::error_code ec;
     std::filesystem::create_directories(args_.save_hf, ec);
     MEGATRON_CHECK(!ec && std::filesystem::is_directory(args_.save_hf),
@@ -147,22 +146,16 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
                       static_cast<long>(cfg_.padded_vocab_size)));
   num_microbatches_ = args_.global_batch_size / (args_.micro_batch_size * dp_size_);
 
-  // Model chunks: chunk c of pipeline rank r is virtual stage g = c * pp + r, holding layers
-  // [g L / (pp V), (g + 1) L / (pp V)) (Megatron's interleaved layout).
+  // This rank's model chunks, one per virtual pipeline stage, and the model's loss.
   const int pp = ps.pp_size();
-  const int64_t stages = static_cast<int64_t>(pp) * virtual_stages_;
-  const int64_t per_stage = cfg_.num_layers / stages;
-  std::shared_ptr<ProcessGroup> tp = ps.tp_group_ptr();
+  chunks_ = spec_->build_chunks(ModelOptions{cfg_, args_.reset_attention_mask},
+                                ChunkPlacement{ps.tp_group_ptr(), args_.sequence_parallel, pp,
+                                               ps.pp_rank(), virtual_stages_});
   std::vector<Param*> all;
-  for (int c = 0; c < virtual_stages_; ++c) {
-    const int64_t g = static_cast<int64_t>(c) * pp + ps.pp_rank();
-    GPTStage stage{tp, args_.sequence_parallel, g * per_stage, per_stage, g == 0, g == stages - 1};
-    auto chunk = std::make_unique<GPTChunk>(cfg_, stage, args_.reset_attention_mask);
-    gpt_chunks_.push_back(chunk.get());
+  for (const auto& chunk : chunks_) {
     for (Param* p : chunk->parameters()) all.push_back(p);
-    chunks_.push_back(std::move(chunk));
   }
-  loss_ = std::make_unique<GPTLoss>();
+  loss_ = spec_->make_loss();
   // The fields this rank's chunks read, each once, in first-read order.
   {
     const Shape bs{args_.micro_batch_size, cfg_.seq_length};
@@ -170,7 +163,7 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
       for (const std::string& f : chunk->batch_fields()) {
         bool known = false;
         for (const TensorSpec& t : batch_specs_) known = known || t.name == f;
-        if (!known) batch_specs_.push_back(TensorSpec{f, bs, gpt_batch_field_dtype(f)});
+        if (!known) batch_specs_.push_back(spec_->batch_field(f, bs[0], bs[1]));
       }
     }
     needs_data_ = !batch_specs_.empty();
@@ -186,8 +179,7 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
                               distributed_bucket_layout(bucket, static_cast<int>(dp_size_)))
                         : std::make_unique<ParamSet>(all, cfg_.compute_dtype);
   if (!args_.pretrained_checkpoint.empty()) {
-    HfModelInfo info = read_hf_config(args_.pretrained_checkpoint);
-    load_hf_weights(args_.pretrained_checkpoint, info, gpt_chunks_.front()->model(), *params_);
+    spec_->hf.load(args_.pretrained_checkpoint, *chunks_.front(), *params_);
     log_first(" > loaded pretrained weights from " + args_.pretrained_checkpoint);
   } else {
     params_->initialize(static_cast<uint64_t>(args_.seed));
@@ -222,11 +214,9 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
     // this rank holds at once under its schedule (1 without pipelining; the warm-up plus one
     // under 1F1B and interleaved 1F1B).
     int64_t per_chunk = 0;
-    for (const GPTChunk* chunk : gpt_chunks_) {
-      const GPTStage& st = chunk->model().stage();
-      ActivationShape shape{args_.micro_batch_size, ps.tp_size(),   args_.sequence_parallel,
-                            st.num_layers,          st.pre_process, st.post_process};
-      per_chunk = std::max(per_chunk, activation_bytes_per_microbatch(cfg_, shape));
+    for (const auto& chunk : chunks_) {
+      per_chunk =
+          std::max(per_chunk, spec_->activation_bytes(*chunk, cfg_, args_.micro_batch_size));
     }
     const int m = static_cast<int>(num_microbatches_);
     const int in_flight =
@@ -288,10 +278,12 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
     exit_signal_ = std::make_unique<ExitSignalHandler>(parse_exit_signal(args_.exit_signal));
   }
 
-  batch_options_.eod = tokenizer_->eod();
-  batch_options_.eod_mask_loss = args_.eod_mask_loss;
-  batch_options_.reset_position_ids = args_.reset_position_ids;
-  batch_options_.reset_attention_mask = args_.reset_attention_mask;
+  BatchOptions batch_options;
+  batch_options.eod = tokenizer_->eod();
+  batch_options.eod_mask_loss = args_.eod_mask_loss;
+  batch_options.reset_position_ids = args_.reset_position_ids;
+  batch_options.reset_attention_mask = args_.reset_attention_mask;
+  make_batch_ = spec_->batch_maker(batch_options);
   // Rank 0 builds (and caches) the sample indices first; the others then load them.
   if (!first_rank_) parallel_->world_group().barrier();
   data_ = build_datasets(args_, *tokenizer_, cfg_.seq_length, first_rank_);
@@ -347,14 +339,14 @@ std::vector<Action> Trainer::schedule() const {
   return interleaved_schedule(pp, rank, m, virtual_stages_);
 }
 
-std::vector<TensorMap> Trainer::step_batches(const std::function<GPTBatch(int64_t)>& read) {
+std::vector<TensorMap> Trainer::step_batches(const std::function<TensorMap(int64_t)>& read) {
   std::vector<TensorMap> batches(static_cast<size_t>(num_microbatches_));
   if (!needs_data_) return batches;
   // TP rank 0 reads; the others receive every field this stage reads, in the specs' order.
   ProcessGroup& tp = parallel_->tp_group();
   for (int64_t mb = 0; mb < num_microbatches_; ++mb) {
     TensorMap& m = batches[mb];
-    const TensorMap all = tp.rank() == 0 ? gpt_batch_fields(read(mb)) : TensorMap();
+    const TensorMap all = tp.rank() == 0 ? read(mb) : TensorMap();
     for (const TensorSpec& spec : batch_specs_) {
       Tensor t = tp.rank() == 0 ? all.at(spec.name) : Tensor::empty(spec.shape, spec.dtype);
       if (tp.size() > 1) tp.broadcast(t, 0);
@@ -541,8 +533,7 @@ LossTerms Trainer::evaluate(const SampleSource& data, int64_t* consumed) {
   for (int64_t it = 0; it < args_.eval_iters; ++it) {
     // Megatron's sampler: micro-step it * m + mb of the evaluation, this rank's share of it.
     std::vector<TensorMap> batches = step_batches([&](int64_t mb) {
-      return make_batch(data, *consumed + ((it * m + mb) * dp_size_ + dp_rank_) * mbs, mbs,
-                        batch_options_);
+      return make_batch_(data, *consumed + ((it * m + mb) * dp_size_ + dp_rank_) * mbs, mbs);
     });
     MicroBatchRunner runner(
         chunks_, *loss_, mbs, std::move(batches), [](int) { return ForwardMode{}; },
@@ -749,7 +740,7 @@ int Trainer::train() {
   const int64_t gbs = args_.global_batch_size;
   // Per rank, as Megatron's "throughput per GPU": the model's FLOPs shared by every rank.
   const double flops_per_iter =
-      model_flops_per_iteration(cfg_, gbs) / static_cast<double>(parallel_->world_size());
+      spec_->flops_per_iteration(cfg_, gbs) / static_cast<double>(parallel_->world_size());
   const double tokens_per_iter = static_cast<double>(gbs * cfg_.seq_length);
   // Per loss term, the sum of its values over the interval's successful iterations.
   std::vector<std::pair<std::string, double>> interval_terms;
@@ -757,7 +748,7 @@ int Trainer::train() {
   int64_t interval_iters = 0, interval_skipped = 0, interval_nan = 0;
   if (needs_data_ && parallel_->tp_rank() == 0) {
     prefetcher_ =
-        std::make_unique<BatchPrefetcher>(*data_.train, batch_options_, args_.micro_batch_size,
+        std::make_unique<BatchPrefetcher>(*data_.train, make_batch_, args_.micro_batch_size,
                                           consumed_train_, args_.num_workers, dp_rank_, dp_size_);
   }
   train_timer_.start();
@@ -897,8 +888,7 @@ int Trainer::train() {
   }
   if (tensorboard_) tensorboard_->close();
   if (!args_.save_hf.empty() && first_rank_) {
-    HfModelInfo info = hf_info_from_config(cfg_, infer_hf_arch(cfg_));
-    save_hf(args_.save_hf, info, gpt_chunks_.front()->model());
+    spec_->hf.save(args_.save_hf, *chunks_.front(), "", std::nullopt);
     log_first(" > saved the model as a Hugging Face directory to " + args_.save_hf);
   }
   watchdog_->disarm();

@@ -21,10 +21,9 @@
 
 #include "comm/parallel_state.h"
 #include "core/timer.h"
-#include "data/gpt_batch.h"
 #include "data/tokenizer.h"
-#include "models/gpt/gpt_chunk.h"
 #include "models/model_chunk.h"
+#include "models/model_spec.h"
 #include "optim/adamw.h"
 #include "optim/distributed_optimizer.h"
 #include "optim/loss_scaler.h"
@@ -62,7 +61,6 @@ class Trainer {
   // in the order printed (for tests).
   const std::vector<double>& losses() const { return losses_; }
   const std::vector<double>& eval_losses() const { return eval_losses_; }
-  GPTModel& model() { return gpt_chunks_.front()->model(); }
   ParamSet& params() { return *params_; }
 
  private:
@@ -80,7 +78,7 @@ class Trainer {
   // This stage's share of the micro-batches of a step: read by TP rank 0 of every stage that
   // needs the data (first and last stages; every stage with --reset-attention-mask) and
   // broadcast over the TP group. `read(k)` builds the k-th micro-batch of the step.
-  std::vector<TensorMap> step_batches(const std::function<GPTBatch(int64_t)>& read);
+  std::vector<TensorMap> step_batches(const std::function<TensorMap(int64_t)>& read);
   // After backward: data-parallel average, sequence-parallel and shared-embedding sums.
   void finish_gradients();
   // Sums (loss, tokens) over the data-parallel replicas of the last stage.
@@ -129,8 +127,9 @@ class Trainer {
   TransformerConfig cfg_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::vector<std::unique_ptr<ModelChunk>> chunks_;  // one per virtual pipeline stage
-  std::vector<GPTChunk*> gpt_chunks_;                // the same, as GPT (HF import/export)
+  const ModelSpec* spec_ = nullptr;                  // --model
   std::unique_ptr<LossFn> loss_;
+  BatchFn make_batch_;                   // the spec's batch maker under this run's BatchOptions
   std::vector<TensorSpec> batch_specs_;  // the micro-batch fields this rank's chunks read
   std::unique_ptr<PipelineExecutor> executor_;
   std::unique_ptr<GradBuckets> grad_buckets_;
@@ -147,7 +146,6 @@ class Trainer {
   std::unique_ptr<DistributedOptimizer> dist_optimizer_;  // --use-distributed-optimizer
   LrSchedule schedule_;
   Datasets data_;
-  BatchOptions batch_options_;
   std::unique_ptr<TensorBoardWriter> tensorboard_;
   std::unique_ptr<BatchPrefetcher> prefetcher_;
   int64_t num_microbatches_ = 1;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "data/gpt_batch.h"
+#include "models/gpt/gpt_spec.h"
 #include "train/batch_prefetcher.h"
 
 namespace megatron {
@@ -59,8 +60,8 @@ TEST(GPTBatch, MasksAndPositionsFollowMegatron) {
 std::vector<int64_t> all_tokens(BatchPrefetcher& p, int n) {
   std::vector<int64_t> out;
   for (int i = 0; i < n; ++i) {
-    GPTBatch b = p.next();
-    out.insert(out.end(), b.tokens.data<int64_t>(), b.tokens.data<int64_t>() + b.tokens.numel());
+    const Tensor tokens = p.next().at(kTokens);
+    out.insert(out.end(), tokens.data<int64_t>(), tokens.data<int64_t>() + tokens.numel());
   }
   return out;
 }
@@ -77,7 +78,7 @@ std::vector<int64_t> tokens_of(const SampleSource& src, int64_t first, int64_t c
 
 TEST(BatchPrefetcher, PrefetchingAndShardingKeepMegatronsSampleOrder) {
   StreamSource src(64, 3);
-  BatchOptions opt{kEod, false, false, false};
+  const BatchFn opt = gpt_spec().batch_maker(BatchOptions{kEod, false, false, false});
   BatchPrefetcher sync(src, opt, 2, 4, 0), ahead(src, opt, 2, 4, 3);
   const std::vector<int64_t> got = all_tokens(sync, 10);
   EXPECT_EQ(got, all_tokens(ahead, 10));
@@ -93,7 +94,7 @@ TEST(BatchPrefetcher, PrefetchingAndShardingKeepMegatronsSampleOrder) {
 
 TEST(BatchPrefetcher, ExhaustedSourceIsAnErrorNotAHang) {
   StreamSource src(4, 3);
-  BatchPrefetcher p(src, BatchOptions{}, 2, 0, 2);
+  BatchPrefetcher p(src, gpt_spec().batch_maker(BatchOptions{}), 2, 0, 2);
   p.next();
   p.next();
   EXPECT_THROW(p.next(), InvalidArgument);

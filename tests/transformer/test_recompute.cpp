@@ -29,6 +29,7 @@
 #include "tensor/memory_stats.h"
 #include "tensor/ops.h"
 #include "testing/testing.h"
+#include "models/gpt/gpt_memory.h"
 #include "train/memory_report.h"
 #include "transformer/transformer_block.h"
 

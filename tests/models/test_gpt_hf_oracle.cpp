@@ -18,7 +18,7 @@
 #include <cmath>
 #include <filesystem>
 
-#include "checkpoint/hf_checkpoint.h"
+#include "models/gpt/gpt_hf.h"
 #include "checkpoint/safetensors.h"
 #include "optim/adamw.h"
 #include "tensor/ops.h"

@@ -1,6 +1,6 @@
 // config.json parsing for GPT-2 and Llama families, and the name/layout mapping between HF tensors
 // and our parameters (transposes, per-group QKV rows, [gate; up], vocabulary padding).
-#include "checkpoint/hf_checkpoint.h"
+#include "models/gpt/gpt_hf.h"
 
 #include <filesystem>
 #include <fstream>

@@ -1,5 +1,5 @@
-// Megatron's model-FLOPs formula (see flops.h for the derivation).
-#include "train/flops.h"
+// Megatron's model-FLOPs formula (see gpt_flops.h for the derivation).
+#include "models/gpt/gpt_flops.h"
 
 namespace megatron {
 

@@ -1,0 +1,103 @@
+// GPT's spec: GPTChunk stages, GPTLoss, GPTBatch fields, Megatron's GPT FLOPs formula, the
+// activation estimate, the GPT-2/Llama Hugging Face mapping and scoring.
+#include "models/gpt/gpt_spec.h"
+
+#include "models/gpt/gpt_chunk.h"
+#include "models/gpt/gpt_flops.h"
+#include "models/gpt/gpt_hf.h"
+#include "models/gpt/gpt_memory.h"
+
+namespace megatron {
+
+namespace {
+
+// Chunk c of pipeline rank r is virtual stage g = c * pp + r, holding layers
+// [g L / (pp V), (g + 1) L / (pp V)) (Megatron's interleaved layout).
+std::vector<std::unique_ptr<ModelChunk>> build_chunks(const ModelOptions& o,
+                                                      const ChunkPlacement& p) {
+  const int64_t stages = static_cast<int64_t>(p.pp_size) * p.virtual_stages;
+  const int64_t per_stage = o.config.num_layers / stages;
+  std::vector<std::unique_ptr<ModelChunk>> chunks;
+  for (int c = 0; c < p.virtual_stages; ++c) {
+    const int64_t g = static_cast<int64_t>(c) * p.pp_size + p.pp_rank;
+    GPTStage stage{p.tp, p.sequence_parallel, g * per_stage, per_stage, g == 0, g == stages - 1};
+    chunks.push_back(std::make_unique<GPTChunk>(o.config, stage, o.reset_attention_mask));
+  }
+  return chunks;
+}
+
+const GPTModel& gpt(const ModelChunk& chunk) {
+  const auto* g = dynamic_cast<const GPTChunk*>(&chunk);
+  MEGATRON_ASSERT(g != nullptr, "a GPT spec function was given another model's chunk");
+  return g->model();
+}
+
+int64_t activation_bytes(const ModelChunk& chunk, const TransformerConfig& cfg, int64_t mbs) {
+  const GPTModel& m = gpt(chunk);
+  const GPTStage& st = m.stage();
+  const int tp = st.tp ? st.tp->size() : 1;
+  const ActivationShape shape{
+      mbs, tp, st.sequence_parallel && tp > 1, st.num_layers, st.pre_process, st.post_process};
+  return activation_bytes_per_microbatch(cfg, shape);
+}
+
+HfMapping hf_mapping() {
+  HfMapping h;
+  h.read_config = [](const std::string& dir) { return read_hf_config(dir).config; };
+  h.load = [](const std::string& dir, ModelChunk& whole, ParamSet& params) {
+    const HfModelInfo info = read_hf_config(dir);
+    load_hf_weights(dir, info, const_cast<GPTModel&>(gpt(whole)), params);
+  };
+  h.save = [](const std::string& dir, const ModelChunk& whole, const std::string& source_dir,
+              std::optional<DType> dtype) {
+    const GPTModel& m = gpt(whole);
+    HfModelInfo info = source_dir.empty()
+                           ? hf_info_from_config(m.config(), infer_hf_arch(m.config()))
+                           : read_hf_config(source_dir);
+    if (dtype) {
+      info.dtype = *dtype;
+      info.raw["torch_dtype"] = *dtype == DType::kBF16  ? "bfloat16"
+                                : *dtype == DType::kF16 ? "float16"
+                                                        : "float32";
+    }
+    save_hf(dir, info, m);
+  };
+  h.check_exportable = [](const TransformerConfig& cfg) { infer_hf_arch(cfg); };
+  return h;
+}
+
+Tensor token_losses(const ModelChunk& whole, const Tensor& tokens, const Tensor& labels) {
+  GPTModel::Ctx ctx;
+  return gpt(whole).forward(tokens, labels, Tensor(), ctx, ForwardMode{});
+}
+
+ModelSpec make_gpt_spec() {
+  ModelSpec s;
+  s.name = "gpt";
+  s.entry_point = "pretrain_gpt";
+  s.summary = "GPT-2 or Llama style decoder (Megatron's pretrain_gpt.py)";
+  s.build_chunks = build_chunks;
+  s.make_loss = [] { return std::make_unique<GPTLoss>(); };
+  s.batch_field = [](const std::string& name, int64_t b, int64_t seq) {
+    return TensorSpec{name, Shape{b, seq}, gpt_batch_field_dtype(name)};
+  };
+  s.batch_maker = [](const BatchOptions& options) -> BatchFn {
+    return [options](const SampleSource& data, int64_t first, int64_t b) {
+      return gpt_batch_fields(make_batch(data, first, b, options));
+    };
+  };
+  s.flops_per_iteration = model_flops_per_iteration;
+  s.activation_bytes = activation_bytes;
+  s.hf = hf_mapping();
+  s.token_losses = token_losses;
+  return s;
+}
+
+}  // namespace
+
+const ModelSpec& gpt_spec() {
+  static const ModelSpec spec = make_gpt_spec();
+  return spec;
+}
+
+}  // namespace megatron

@@ -1,0 +1,95 @@
+// ModelSpec: everything the trainer and the tools need of one architecture, found by name.
+//
+// What it is: the builder of a rank's model chunks, the loss, the micro-batch (which fields, made
+// from which samples), Megatron's FLOPs formula, the activation estimate, the Hugging Face
+// mapping and the scoring wrapper, as plain functions (the shape of torchtitan's TrainSpec).
+// `megatron train --model NAME` and Megatron's entry-point names (`megatron pretrain_gpt`) look
+// the spec up here; Trainer, the pipeline, checkpoints and the CLI know no model class. What it is
+// not: a plugin system; every spec is compiled in and listed in model_specs().
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "comm/process_group.h"
+#include "data/gpt_batch.h"
+#include "data/sample_source.h"
+#include "models/model_chunk.h"
+#include "parallel/param.h"
+#include "transformer/config.h"
+
+namespace megatron {
+
+// Where this rank's chunks sit in the parallel layout.
+struct ChunkPlacement {
+  std::shared_ptr<ProcessGroup> tp;  // null: no tensor parallelism
+  bool sequence_parallel = false;    // --sequence-parallel (ignored without TP)
+  int pp_size = 1, pp_rank = 0;
+  int virtual_stages = 1;  // chunks per pipeline rank (interleaved schedules)
+};
+
+// What shapes a model besides its placement.
+struct ModelOptions {
+  TransformerConfig config;
+  bool reset_attention_mask = false;  // attention stays inside documents (--reset-attention-mask)
+};
+
+// The micro-batch of samples [first, first + b) of a source, as named fields.
+using BatchFn = std::function<TensorMap(const SampleSource& data, int64_t first, int64_t b)>;
+
+// Hugging Face model directories (config.json + safetensors), for a whole model in one process.
+struct HfMapping {
+  // The architecture config.json fixes (padded_vocab_size left to the caller). Errors name the
+  // file, the key and the fix.
+  std::function<TransformerConfig(const std::string& dir)> read_config;
+  // dir's weights into the whole model's fp32 main weights; refreshes the compute copy.
+  std::function<void(const std::string& dir, ModelChunk& whole, ParamSet& params)> load;
+  // Writes dir from the whole model's main weights, with HF's names and layouts: config.json
+  // and dtype from `source_dir` (an HF directory the weights came from) when given, else made
+  // from the config in fp32; `dtype` overrides the dtype.
+  std::function<void(const std::string& dir, const ModelChunk& whole, const std::string& source_dir,
+                     std::optional<DType> dtype)>
+      save;
+  // Refuses (InvalidArgument naming the flags) a config no HF architecture of this model holds.
+  std::function<void(const TransformerConfig& cfg)> check_exportable;
+};
+
+struct ModelSpec {
+  std::string name;         // --model NAME
+  std::string entry_point;  // the Megatron script it stands for: `megatron pretrain_gpt`
+  std::string summary;      // one line for usage texts
+
+  // This rank's chunks, one per virtual pipeline stage (chunk c of pipeline rank r is virtual
+  // stage c * pp + r), each with its parameters initialised lazily by the caller's ParamSet.
+  std::function<std::vector<std::unique_ptr<ModelChunk>>(const ModelOptions&,
+                                                         const ChunkPlacement&)>
+      build_chunks;
+  std::function<std::unique_ptr<LossFn>()> make_loss;
+  // The spec (shape, dtype) of batch field `name` for micro-batches of b sequences of s tokens.
+  std::function<TensorSpec(const std::string& name, int64_t b, int64_t s)> batch_field;
+  std::function<BatchFn(const BatchOptions& options)> batch_maker;
+  // Megatron's model FLOPs of one iteration (the numerator of MFU).
+  std::function<double(const TransformerConfig& cfg, int64_t global_batch_size)>
+      flops_per_iteration;
+  // Bytes one micro-batch of `micro_batch_size` sequences leaves saved for backward in `chunk`.
+  std::function<int64_t(const ModelChunk& chunk, const TransformerConfig& cfg,
+                        int64_t micro_batch_size)>
+      activation_bytes;
+  HfMapping hf;
+  // Scoring: the per-token loss [1, n] of labels after tokens ([1, n] i64) under a whole model.
+  std::function<Tensor(const ModelChunk& whole, const Tensor& tokens, const Tensor& labels)>
+      token_losses;
+};
+
+// Every model, in the order usage texts list them.
+const std::vector<const ModelSpec*>& model_specs();
+// The names of every model, comma-separated, for usage texts and messages.
+std::string model_names();
+// The model called `name` (--model) or standing for entry point `name` (pretrain_gpt); refuses
+// an unknown name, listing the known ones.
+const ModelSpec& model_spec(const std::string& name);
+
+}  // namespace megatron
