@@ -10,4 +10,4 @@ target_compile_definitions(test_indexed_dataset PRIVATE
 add_test(NAME preprocess_end_to_end
   COMMAND ${PYTHON_ORACLE} ${CMAKE_CURRENT_LIST_DIR}/idx_independent.py preprocess-tests
           --megatron $<TARGET_FILE:megatron>)
-set_tests_properties(preprocess_end_to_end PROPERTIES TIMEOUT 600)
+set_tests_properties(preprocess_end_to_end PROPERTIES TIMEOUT 600 LABELS "e2e;oracle")

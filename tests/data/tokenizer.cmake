@@ -11,4 +11,4 @@ add_test(NAME tokenizer_parity
           ${PROJECT_BINARY_DIR}/tokenizer_parity)
 # Installing the npm packages on a cold cache, three JS encoders over ~60k documents and
 # spm_train take a few minutes on a 2-core machine.
-set_tests_properties(tokenizer_parity PROPERTIES TIMEOUT 1200)
+set_tests_properties(tokenizer_parity PROPERTIES TIMEOUT 1200 LABELS "oracle;slow")
