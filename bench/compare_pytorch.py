@@ -34,7 +34,7 @@ machine are noisy, so read ratios, not the third digit.
 Usage:
     python3 bench/compare_pytorch.py --megatron build/megatron \
         [--config a|b] [--dtype fp32|bf16|both] [--threads 2] \
-        [--iters N] [--warmup W] [--markdown]
+        [--iters N] [--warmup W] [--baseline OLD_BUILD/megatron] [--markdown]
 Exit status: 0 on success, 1 if either side fails or its output cannot be
 parsed, 2 on bad arguments.
 """
@@ -158,9 +158,9 @@ def finite(text):
     return x == x and abs(x) != float("inf")
 
 
-def run_megatron(args, cfg, dtype):
+def run_megatron(args, cfg, dtype, binary=None):
     b = cfg["batch"]
-    cmd = [args.megatron, "train", "--mock-data",
+    cmd = [binary or args.megatron, "train", "--mock-data",
            "--vocab-size", str(VOCAB), "--make-vocab-size-divisible-by", str(VOCAB_DIVISIBLE_BY),
            "--num-layers", str(cfg["layers"]), "--hidden-size", str(cfg["hidden"]),
            "--num-attention-heads", str(cfg["heads"]),
@@ -173,7 +173,8 @@ def run_megatron(args, cfg, dtype):
            "--eval-iters", "0", "--num-threads", str(args.threads)]
     if dtype == "bf16":
         cmd.append("--bf16")
-    log(f"megatron-cpp {dtype}: {args.warmup} warm-up + {args.iters} timed iterations ...")
+    log(f"megatron-cpp {dtype}{' (baseline binary)' if binary else ''}: {args.warmup} warm-up + "
+        f"{args.iters} timed iterations ...")
     rc, out = run(cmd)
     if rc != 0:
         raise BenchError(f"megatron-cpp {dtype} failed (exit {rc}); last output:\n{tail(out)}")
@@ -282,7 +283,7 @@ def command_line():
     argv = list(sys.argv)
     argv[0] = display_path(argv[0])
     for i, a in enumerate(argv):
-        if a == "--megatron" and i + 1 < len(argv):
+        if a in ("--megatron", "--baseline") and i + 1 < len(argv):
             argv[i + 1] = display_path(argv[i + 1])
         elif a.startswith("--megatron="):
             argv[i] = "--megatron=" + display_path(a.split("=", 1)[1])
@@ -335,7 +336,7 @@ def report(args, cfg, probe, removed, results, markdown):
     else:
         w = max(len(k) for k, _ in meta)
         out += [f"{k.ljust(w)} : {val}" for k, val in meta]
-    for dtype, ours, pt in results:
+    for dtype, ours, pt, base in results:
         peak = ours["peak_gflops"]
         ours_tps = tokens / (ours["ms_median"] / 1e3)
         pt_tps = tokens / (pt["ms_mean"] / 1e3)
@@ -349,6 +350,13 @@ def report(args, cfg, probe, removed, results, markdown):
             ["PyTorch eager", f"{pt['ms_mean']:.1f} (mean)", f"{pt_tps:.1f}", "1.00x",
              f"{pt_mfu:.1f}%"],
         ]
+        if base:
+            base_tps = tokens / (base["ms_median"] / 1e3)
+            base_mfu = flops / (base["ms_median"] / 1e3) / (peak * 1e9) * 100
+            rows.append([f"baseline {display_path(args.baseline)}",
+                         f"{base['ms_median']:.1f} (median)", f"{base_tps:.1f}",
+                         f"{base_tps / pt_tps:.2f}x", f"{base_mfu:.1f}%"])
+            rows[0][0] += f" (ours / baseline {ours_tps / base_tps:.3f}x)"
         out.append("")
         if markdown:
             out.append(f"#### {dtype}" + (" (ours --bf16; PyTorch autocast bfloat16)"
@@ -383,6 +391,9 @@ def main():
                     help="timed iterations (default: 5 for config a, 3 for b)")
     ap.add_argument("--warmup", type=int, default=None,
                     help="warm-up iterations, not timed (default: 2 for a, 1 for b)")
+    ap.add_argument("--baseline", default=None,
+                    help="another megatron binary (an older build) run the same way right after "
+                         "ours, for a before/after ratio in the same run")
     ap.add_argument("--python", default=sys.executable,
                     help="interpreter for the PyTorch side (default: this one)")
     ap.add_argument("--markdown", action="store_true", help="print markdown instead of text")
@@ -407,8 +418,9 @@ def main():
         results = []
         for dtype in dtypes:
             ours = run_megatron(args, cfg, dtype)
+            base = run_megatron(args, cfg, dtype, args.baseline) if args.baseline else None
             pt = run_pytorch(args, cfg, dtype, env)
-            results.append((dtype, ours, pt))
+            results.append((dtype, ours, pt, base))
     except BenchError as e:
         print(f"compare_pytorch: error: {e}", file=sys.stderr)
         return 1
