@@ -2,8 +2,10 @@
 #include "parallel/mappings.h"
 
 #include <cstring>
+#include <vector>
 
 #include "core/error.h"
+#include "tensor/ops.h"
 
 namespace megatron {
 namespace {
@@ -33,14 +35,8 @@ Tensor split_last_dim(const Tensor& x, ProcessGroup& group) {
   if (group.size() == 1) return x;
   const int64_t h = x.dim(-1);
   const int64_t chunk = divide(h, group.size(), "split along the last dim: its size by the group");
-  const int64_t rows = x.numel() / h;
   Tensor out = Tensor::empty(with_dim(x.shape(), -1, chunk), x.dtype());
-  // Row-by-row byte copy of this rank's columns: dtype-agnostic, like the collectives' moves.
-  const size_t es = dtype_size(x.dtype());
-  const char* src = static_cast<const char*>(x.raw()) + group.rank() * chunk * es;
-  char* dst = static_cast<char*>(out.raw());
-  for (int64_t r = 0; r < rows; ++r)
-    std::memcpy(dst + r * chunk * es, src + r * h * es, chunk * es);
+  ops::slice_last_dim(out, x, group.rank() * chunk);
   return out;
 }
 
@@ -55,14 +51,11 @@ Tensor gather_last_dim(const Tensor& x, ProcessGroup& group) {
   Tensor stacked = Tensor::empty(Shape{p * x.numel()}, x.dtype());
   group.all_gather(stacked, x);
   Tensor out = Tensor::empty(with_dim(x.shape(), -1, p * chunk), x.dtype());
-  const size_t es = dtype_size(x.dtype());
-  const char* src = static_cast<const char*>(stacked.raw());
-  char* dst = static_cast<char*>(out.raw());
+  std::vector<Tensor> parts;
   for (int64_t j = 0; j < p; ++j) {
-    for (int64_t r = 0; r < rows; ++r) {
-      std::memcpy(dst + (r * p + j) * chunk * es, src + (j * rows + r) * chunk * es, chunk * es);
-    }
+    parts.push_back(stacked.flat_view(j * x.numel(), Shape{rows, chunk}));
   }
+  ops::concat_last_dim(out, parts);
   return out;
 }
 

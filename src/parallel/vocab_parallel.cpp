@@ -1,25 +1,18 @@
-// Vocabulary-parallel embedding and cross entropy: local kernels around at most two collectives.
+// Vocabulary-parallel embedding and cross entropy: the block ops of tensor/ops.h around at most
+// two collectives, and the argument checks every rank makes before the first of them.
 //
-// The cross-entropy kernels mirror tensor/cpu/cross_entropy.cpp term for term (the same vexp of
-// the same x - max, partial sums of 1024 terms added in double, lse = max + log(sum)), so they
-// differ from the single-process result only in how the exp-sum is grouped: per rank, then over
-// ranks. The rank sums travel as doubles, so that grouping adds no rounding of its own.
+// The cross-entropy block ops are the single-process op's own kernels (ops::cross_entropy_forward
+// is the one-block case), so a split vocabulary differs from one process only in how the exp-sum
+// is grouped: per rank, then over ranks. The rank sums travel as doubles, so that grouping adds no
+// rounding of its own.
 #include "parallel/vocab_parallel.h"
 
-#include <optional>
-
 #include <algorithm>
-#include <cmath>
-#include <limits>
-#include <optional>
 #include <string>
-#include <type_traits>
 
 #include "core/error.h"
 #include "parallel/mappings.h"
-#include "tensor/cpu/dispatch.h"
-#include "tensor/cpu/vec_math.h"
-#include "tensor/op_profile.h"
+#include "tensor/ops.h"
 
 namespace megatron {
 namespace {
@@ -93,35 +86,6 @@ int64_t valid_columns(int64_t vocab_start, int64_t block, int64_t vocab_size) {
   return std::clamp<int64_t>(vocab_size - vocab_start, 0, block);
 }
 
-template <typename TOut, typename TTable>
-TOut widen(TTable x) {
-  if constexpr (std::is_same_v<TTable, bf16>) {
-    return static_cast<TOut>(bf16_to_f32(x));
-  } else if constexpr (std::is_same_v<TTable, f16>) {
-    return static_cast<TOut>(f16_to_f32(x));
-  } else {
-    return static_cast<TOut>(x);
-  }
-}
-
-// out[i, :] = this rank's row of ids[i] (widened to TOut), or zeros when another rank holds it.
-template <typename TOut, typename TTable>
-void masked_lookup(TOut* out, const Ids& ids, int64_t n, const TTable* table, int64_t rows,
-                   int64_t h, int64_t vocab_start) {
-  const OpTimer op_timer(OpCategory::kNormElementwise);
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    TOut* dst = out + i * h;
-    const int64_t local = ids[i] - vocab_start;
-    if (local < 0 || local >= rows) {
-      std::fill(dst, dst + h, TOut(0));
-      continue;
-    }
-    const TTable* src = table + local * h;
-    for (int64_t j = 0; j < h; ++j) dst[j] = widen<TOut>(src[j]);
-  }
-}
-
 }  // namespace
 
 VocabRange vocab_range(int64_t padded_vocab_size, int rank, int size) {
@@ -153,20 +117,7 @@ void vocab_parallel_embedding_forward(Tensor& out, const Tensor& ids, const Tens
   check_vocab_start(vocab_start, rows, tp, op);
   check_id_range(id, n, rows * tp.size(), op);
 
-  switch (table_shard.dtype()) {
-    case DType::kF32:
-      masked_lookup(out.data<float>(), id, n, table_shard.data<float>(), rows, h, vocab_start);
-      break;
-    case DType::kF64:
-      masked_lookup(out.data<double>(), id, n, table_shard.data<double>(), rows, h, vocab_start);
-      break;
-    case DType::kF16:
-      masked_lookup(out.data<float>(), id, n, table_shard.data<f16>(), rows, h, vocab_start);
-      break;
-    default:  // bf16, checked above
-      masked_lookup(out.data<float>(), id, n, table_shard.data<bf16>(), rows, h, vocab_start);
-      break;
-  }
+  ops::embedding_forward_shard(out, ids, table_shard, vocab_start);
   // One nonzero term per element: the sum is the row itself, exactly (up to the sign of a zero).
   if (tp.size() > 1) tp.all_reduce(out, ReduceOp::kSum);
 }
@@ -174,7 +125,6 @@ void vocab_parallel_embedding_forward(Tensor& out, const Tensor& ids, const Tens
 void vocab_parallel_embedding_backward(Tensor& dtable_shard, const Tensor& dout, const Tensor& ids,
                                        int64_t vocab_start) {
   const char* op = "vocab_parallel_embedding_backward";
-  const OpTimer op_timer(OpCategory::kNormElementwise);
   const Ids id = ids_of(ids, op);
   MEGATRON_CHECK(dtable_shard.defined() && dtable_shard.ndim() == 2, op,
                  ": dtable_shard must be [Vp/tp, h], got ",
@@ -186,22 +136,7 @@ void vocab_parallel_embedding_backward(Tensor& dtable_shard, const Tensor& dout,
                  dout.defined() ? dout.str() : std::string("an undefined tensor"));
   check_block_start(vocab_start, rows, op);
   check_id_range(id, n, -1, op);
-  cpu::dispatch_float(dtable_shard, op, [&]<typename T>() {
-    T* dt = dtable_shard.data<T>();
-    const T* g = dout.data<T>();
-    constexpr int64_t kChunk = 64;
-#pragma omp parallel for schedule(static)
-    for (int64_t j0 = 0; j0 < h; j0 += kChunk) {
-      const int64_t j1 = std::min(h, j0 + kChunk);
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t local = id[i] - vocab_start;
-        if (local < 0 || local >= rows) continue;
-        T* row = dt + local * h;
-        const T* grow = g + i * h;
-        for (int64_t j = j0; j < j1; ++j) row[j] += grow[j];
-      }
-    }
-  });
+  ops::embedding_backward_shard(dtable_shard, dout, ids, vocab_start);
 }
 
 void vocab_parallel_cross_entropy_forward(Tensor& loss, Tensor& lse, const Tensor& logits_shard,
@@ -211,7 +146,7 @@ void vocab_parallel_cross_entropy_forward(Tensor& loss, Tensor& lse, const Tenso
   MEGATRON_CHECK(logits_shard.defined() && logits_shard.ndim() >= 1, op,
                  ": logits_shard must be [..., Vp/tp], got ",
                  logits_shard.defined() ? logits_shard.str() : std::string("an undefined tensor"));
-  const int64_t n = cpu::rows_of(logits_shard), block = logits_shard.dim(-1);
+  const int64_t block = logits_shard.dim(-1), n = block > 0 ? logits_shard.numel() / block : 0;
   const int64_t vp = block * tp.size();
   MEGATRON_CHECK(vocab_size > 0 && vocab_size <= vp, op, ": vocab size ", vocab_size,
                  " must be in (0, ", vp, "], the padded vocabulary (", block, " columns x tp ",
@@ -221,61 +156,19 @@ void vocab_parallel_cross_entropy_forward(Tensor& loss, Tensor& lse, const Tenso
   check_rows_tensor(loss, n, logits_shard.dtype(), "vocab_parallel_cross_entropy_forward loss");
   check_rows_tensor(lse, n, logits_shard.dtype(), "vocab_parallel_cross_entropy_forward lse");
 
-  cpu::dispatch_float(logits_shard, op, [&]<typename T>() {
-    // A local, not a captured reference, so the inner loops do not reload it per element.
-    const int64_t v = valid_columns(vocab_start, block, vocab_size);
-    const T* lg = logits_shard.data<T>();
-    const int64_t* t = targets.data<int64_t>();
-    // 1. Row max over the valid columns of every rank. An all-padding block contributes -inf,
-    //    the identity of max; rank 0 always holds valid columns, so the result is finite.
-    Tensor max_t = Tensor::empty({n}, logits_shard.dtype());
-    T* mx = max_t.data<T>();
-    {
-      // The op profile counts the local passes; the all-reduces are communication.
-      const OpTimer op_timer(OpCategory::kCrossEntropy);
-#pragma omp parallel for schedule(static)
-      for (int64_t r = 0; r < n; ++r) {
-        const T* row = lg + r * block;
-        T m = -std::numeric_limits<T>::infinity();
-#pragma omp simd reduction(max : m)
-        for (int64_t j = 0; j < v; ++j) m = std::max(m, row[j]);
-        mx[r] = m;
-      }
-    }
-    if (tp.size() > 1) tp.all_reduce(max_t, ReduceOp::kMax);
-
-    // 2. [exp-sums | target logits] [2n], summed over ranks in one collective. exp is taken only
-    //    after the global max is known, so an all-padding block sums nothing (no -inf - -inf).
-    Tensor sums = Tensor::empty({2 * n}, DType::kF64);
-    double* se = sums.data<double>();
-    double* xt = se + n;
-    std::optional<OpTimer> op_timer(std::in_place, OpCategory::kCrossEntropy);
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < n; ++r) {
-      const T* row = lg + r * block;
-      const T m = mx[r];
-      double sum = 0;
-      for (int64_t j0 = 0; j0 < v; j0 += 1024) {
-        const int64_t j1 = std::min(v, j0 + 1024);
-        T part = 0;
-#pragma omp simd reduction(+ : part)
-        for (int64_t j = j0; j < j1; ++j) part += cpu::vexp(row[j] - m);
-        sum += static_cast<double>(part);
-      }
-      se[r] = sum;
-      const int64_t local = t[r] - vocab_start;
-      xt[r] = local >= 0 && local < v ? static_cast<double>(row[local]) : 0.0;
-    }
-    op_timer.reset();
-    if (tp.size() > 1) tp.all_reduce(sums, ReduceOp::kSum);
-
-    // 3. Every rank now holds the same m, sums and target logits: same lse and loss everywhere.
-    T *lo = loss.data<T>(), *ls = lse.data<T>();
-    for (int64_t r = 0; r < n; ++r) {
-      ls[r] = mx[r] + static_cast<T>(std::log(se[r]));
-      lo[r] = ls[r] - static_cast<T>(xt[r]);
-    }
-  });
+  const int64_t v = valid_columns(vocab_start, block, vocab_size);
+  // 1. Row max over the valid columns of every rank. An all-padding block contributes -inf, the
+  //    identity of max; rank 0 always holds valid columns, so the result is finite.
+  Tensor row_max = Tensor::empty({n}, logits_shard.dtype());
+  ops::cross_entropy_shard_max(row_max, logits_shard, v);
+  if (tp.size() > 1) tp.all_reduce(row_max, ReduceOp::kMax);
+  // 2. [exp-sums | target logits] [2n], summed over ranks in one collective. exp is taken only
+  //    after the global max is known, so an all-padding block sums nothing (no -inf - -inf).
+  Tensor sums = Tensor::empty({2 * n}, DType::kF64);
+  ops::cross_entropy_shard_sums(sums, logits_shard, row_max, targets, vocab_start, v);
+  if (tp.size() > 1) tp.all_reduce(sums, ReduceOp::kSum);
+  // 3. Every rank now holds the same max, sums and target logits: same lse and loss everywhere.
+  ops::cross_entropy_shard_finish(loss, lse, row_max, sums);
 }
 
 void vocab_parallel_cross_entropy_backward(Tensor& dlogits_shard, const Tensor& dloss,
@@ -286,7 +179,7 @@ void vocab_parallel_cross_entropy_backward(Tensor& dlogits_shard, const Tensor& 
   MEGATRON_CHECK(logits_shard.defined() && logits_shard.ndim() >= 1, op,
                  ": logits_shard must be [..., Vp/tp], got ",
                  logits_shard.defined() ? logits_shard.str() : std::string("an undefined tensor"));
-  const int64_t n = cpu::rows_of(logits_shard), block = logits_shard.dim(-1);
+  const int64_t block = logits_shard.dim(-1), n = block > 0 ? logits_shard.numel() / block : 0;
   MEGATRON_CHECK(vocab_size > 0, op, ": vocab size must be positive, got ", vocab_size);
   check_block_start(vocab_start, block, op);
   check_targets(targets, n, vocab_size, op);
@@ -298,25 +191,8 @@ void vocab_parallel_cross_entropy_backward(Tensor& dlogits_shard, const Tensor& 
   check_rows_tensor(dloss, n, logits_shard.dtype(), "vocab_parallel_cross_entropy_backward dloss");
   check_rows_tensor(lse, n, logits_shard.dtype(), "vocab_parallel_cross_entropy_backward lse");
 
-  const OpTimer op_timer(OpCategory::kCrossEntropy);
-  cpu::dispatch_float(logits_shard, op, [&]<typename T>() {
-    const int64_t v = valid_columns(vocab_start, block, vocab_size);  // a local, as above
-    const T *lg = logits_shard.data<T>(), *dl = dloss.data<T>(), *ls = lse.data<T>();
-    const int64_t* t = targets.data<int64_t>();
-    T* d = dlogits_shard.data<T>();
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < n; ++r) {
-      // In place is safe: element j is read before it is written, and nothing else is read.
-      const T* row = lg + r * block;
-      T* drow = d + r * block;
-      const T z = ls[r], g = dl[r];
-#pragma omp simd
-      for (int64_t j = 0; j < v; ++j) drow[j] = g * cpu::vexp(row[j] - z);
-      for (int64_t j = v; j < block; ++j) drow[j] = 0;
-      const int64_t local = t[r] - vocab_start;
-      if (local >= 0 && local < v) drow[local] -= g;
-    }
-  });
+  ops::cross_entropy_shard_backward(dlogits_shard, dloss, logits_shard, lse, targets, vocab_start,
+                                    valid_columns(vocab_start, block, vocab_size));
 }
 
 }  // namespace megatron

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "tensor/tensor.h"
 
@@ -76,6 +77,15 @@ void rmsnorm_backward(Tensor& dx, Tensor& dweight, const Tensor& dout, const Ten
 void embedding_forward(Tensor& out, const Tensor& ids, const Tensor& table);
 // dtable[ids[r], :] += dout[r, :] (deterministic: each row of dtable is summed in token order).
 void embedding_backward(Tensor& dtable, const Tensor& dout, const Tensor& ids);
+// One block of a vocabulary split over ranks (parallel/vocab_parallel.h adds the all-reduce):
+// out[r, :] = table_shard[ids[r] - vocab_start, :] for ids in [vocab_start, vocab_start + rows),
+// else 0, widened (f32 out for an f32, bf16 or f16 table; f64 for f64). ids: any valid id.
+void embedding_forward_shard(Tensor& out, const Tensor& ids, const Tensor& table_shard,
+                             int64_t vocab_start);
+// dtable_shard[ids[r] - vocab_start, :] += dout[r, :] for the ids in this block (token order);
+// the others are skipped.
+void embedding_backward_shard(Tensor& dtable_shard, const Tensor& dout, const Tensor& ids,
+                              int64_t vocab_start);
 
 // ---- rotary position embedding ----------------------------------------------------------------
 // x is [s, b, G, P, hn]; heads p in [head_begin, head_end) of every group are rotated in place by
@@ -177,6 +187,38 @@ void cross_entropy_backward(Tensor& dlogits, const Tensor& dloss, const Tensor& 
 // log-softmax of the target under the same masking: logprob[n] (scoring).
 void log_softmax_gather(Tensor& logprob, const Tensor& logits, const Tensor& targets,
                         int64_t vocab_size);
+// The same over one block of a vocabulary split over ranks (columns [vocab_start, vocab_start +
+// block) of the logits, the first `valid` of them real tokens), in the passes the split needs
+// between its all-reduces (parallel/vocab_parallel.h); with one block they are the ops above.
+//   row_max[n] = max over the block's valid columns (-inf for none)        then all-reduce max
+//   sums[2n] f64 = [sum_j exp(x - row_max) | the target's logit, 0 when another block holds it]
+//                                                                             then all-reduce sum
+//   lse = row_max + log(sums[r]), loss = lse - sums[n + r]
+// Exp runs in the logits' dtype, vectorised; partial sums of 1024 terms add in double.
+void cross_entropy_shard_max(Tensor& row_max, const Tensor& logits_shard, int64_t valid);
+void cross_entropy_shard_sums(Tensor& sums, const Tensor& logits_shard, const Tensor& row_max,
+                              const Tensor& targets, int64_t vocab_start, int64_t valid);
+void cross_entropy_shard_finish(Tensor& loss, Tensor& lse, const Tensor& row_max,
+                                const Tensor& sums);
+// dlogits_shard[r, j] = dloss[r] (softmax - [vocab_start + j == target]) on valid columns, 0 on
+// padding; may alias logits_shard.
+void cross_entropy_shard_backward(Tensor& dlogits_shard, const Tensor& dloss,
+                                  const Tensor& logits_shard, const Tensor& lse,
+                                  const Tensor& targets, int64_t vocab_start, int64_t valid);
+// The per-row loss summed under a mask, in row order in double: (sum_r loss[r] mask[r], sum_r
+// mask[r]). loss f32 or f64, mask f32, the same number of elements.
+struct MaskedSum {
+  double sum = 0, count = 0;
+};
+MaskedSum masked_sum(const Tensor& loss, const Tensor& mask);
+
+// ---- layout copies ----------------------------------------------------------------------------
+// out [cols, rows] = x [rows, cols] transposed, any dtype (the [b, s] <-> [s, b] token layouts).
+void transpose_2d(Tensor& out, const Tensor& x);
+// out [..., w] = columns [start, start + w) of x [..., h], any dtype.
+void slice_last_dim(Tensor& out, const Tensor& x, int64_t start);
+// out [..., sum of widths] = the parts [..., w_j] side by side, row by row, any dtype.
+void concat_last_dim(Tensor& out, const std::vector<Tensor>& parts);
 
 // ---- optimizer --------------------------------------------------------------------------------
 // One AdamW step over flat f32 buffers (decoupled weight decay, bias-corrected moments):

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 
@@ -244,6 +245,101 @@ TEST(Rope, MatchesReferenceAndInverseUndoes) {
   Tensor z = x.clone();
   ops::rope_inplace(z, pos, spec, false);
   EXPECT_TRUE(allclose(z, ref::rope(f64(x), pos, spec, false), kF32Atol, kF32Rtol));
+}
+
+TEST(CrossEntropy, VocabularyBlocksCombineToTheWholeOp) {
+  // Two blocks of 24 columns (the second with 15 valid: vocabulary 39 of 48), combined the way
+  // parallel/vocab_parallel.cpp combines them over ranks (max, then summed exp-sums and target
+  // logits), against the one-block op: the same per-row terms, so equal within the rounding of
+  // the two-way exp-sum (1e-6 relative), and the backward blocks equal the whole op's columns.
+  const int64_t n = 5, block = 24, vocab = 39;
+  Tensor logits = random_tensor({n, 2 * block}, 26, 4.0);
+  Tensor targets = testing::random_ids({n}, 27, vocab);
+  Tensor loss = Tensor::empty({n}), lse = Tensor::empty({n});
+  ops::cross_entropy_forward(loss, lse, logits, targets, vocab);
+  Tensor left = Tensor::empty({n, block}), right = Tensor::empty({n, block});
+  ops::slice_last_dim(left, logits, 0);
+  ops::slice_last_dim(right, logits, block);
+  Tensor m0 = Tensor::empty({n}), m1 = Tensor::empty({n});
+  ops::cross_entropy_shard_max(m0, left, block);
+  ops::cross_entropy_shard_max(m1, right, vocab - block);
+  Tensor m = Tensor::empty({n});
+  for (int64_t r = 0; r < n; ++r)
+    m.data<float>()[r] = std::max(m0.data<float>()[r], m1.data<float>()[r]);
+  Tensor s0 = Tensor::empty({2 * n}, DType::kF64), s1 = Tensor::empty({2 * n}, DType::kF64);
+  ops::cross_entropy_shard_sums(s0, left, m, targets, 0, block);
+  ops::cross_entropy_shard_sums(s1, right, m, targets, block, vocab - block);
+  ops::add_inplace(s0, s1);
+  Tensor loss2 = Tensor::empty({n}), lse2 = Tensor::empty({n});
+  ops::cross_entropy_shard_finish(loss2, lse2, m, s0);
+  EXPECT_TRUE(allclose(loss2, loss, 1e-6, 1e-6));
+  EXPECT_TRUE(allclose(lse2, lse, 1e-6, 1e-6));
+  Tensor dloss = random_tensor({n}, 28);
+  Tensor dwhole = Tensor::empty(logits.shape());
+  ops::cross_entropy_backward(dwhole, dloss, logits, lse, targets, vocab);
+  Tensor d0 = Tensor::empty({n, block}), d1 = Tensor::empty({n, block});
+  ops::cross_entropy_shard_backward(d0, dloss, left, lse, targets, 0, block);
+  ops::cross_entropy_shard_backward(d1, dloss, right, lse, targets, block, vocab - block);
+  Tensor joined = Tensor::empty(logits.shape());
+  ops::concat_last_dim(joined, {d0, d1});
+  EXPECT_TRUE(allclose(joined, dwhole, 0, 0));  // the same kernel on the same inputs
+}
+
+TEST(MaskedSum, RowOrderInDouble) {
+  Tensor loss = random_tensor({3, 4}, 29, 5.0), mask = random_tensor({3, 4}, 30);
+  for (int64_t i = 0; i < mask.numel(); ++i) mask.data<float>()[i] = mask.item(i) > 0 ? 1.0f : 0.0f;
+  const ops::MaskedSum got = ops::masked_sum(loss, mask);
+  double sum = 0, count = 0;
+  for (int64_t i = 0; i < loss.numel(); ++i) {
+    sum += loss.item(i) * mask.item(i);
+    count += mask.item(i);
+  }
+  EXPECT_EQ(got.sum, sum);  // the same products added in the same order
+  EXPECT_EQ(got.count, count);
+  EXPECT_THROW(ops::masked_sum(loss, Tensor::zeros({5})), InvalidArgument);
+}
+
+TEST(Layout, TransposeSliceAndConcatAreExactForEveryDtype) {
+  for (DType dt : {DType::kF32, DType::kF64, DType::kBF16, DType::kI64, DType::kI32}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor x = random_tensor({3, 7}, 31, 10.0).to(dt);
+    Tensor t = Tensor::empty({7, 3}, dt);
+    ops::transpose_2d(t, x);
+    for (int64_t r = 0; r < 3; ++r)
+      for (int64_t c = 0; c < 7; ++c) EXPECT_EQ(t.item(c * 3 + r), x.item(r * 7 + c));
+    Tensor a = Tensor::empty({3, 2}, dt), b = Tensor::empty({3, 5}, dt),
+           back = Tensor::empty({3, 7}, dt);
+    ops::slice_last_dim(a, x, 0);
+    ops::slice_last_dim(b, x, 2);
+    ops::concat_last_dim(back, {a, b});
+    for (int64_t i = 0; i < x.numel(); ++i) EXPECT_EQ(back.item(i), x.item(i));
+    Tensor too_wide = Tensor::empty({3, 6}, dt);
+    EXPECT_THROW(ops::slice_last_dim(too_wide, x, 2), InvalidArgument);
+  }
+}
+
+TEST(Embedding, VocabularyBlocksLookUpAndScatterOnlyTheirRows) {
+  // Rows [4, 8) of a 12-row table: ids outside give zero rows and no gradient; inside, the
+  // whole op's rows and gradients exactly.
+  const int64_t h = 5;
+  Tensor table = random_tensor({12, h}, 32);
+  Tensor shard = table.slice0(4, 8).clone();
+  Tensor ids = Tensor::empty({6}, DType::kI64);
+  const int64_t id_values[] = {0, 4, 7, 7, 11, 5};
+  std::copy(id_values, id_values + 6, ids.data<int64_t>());
+  Tensor whole = Tensor::empty({6, h}), part = Tensor::empty({6, h});
+  ops::embedding_forward(whole, ids, table);
+  ops::embedding_forward_shard(part, ids, shard, 4);
+  for (int64_t i = 0; i < 6; ++i) {
+    const bool mine = id_values[i] >= 4 && id_values[i] < 8;
+    for (int64_t j = 0; j < h; ++j)
+      EXPECT_EQ(part.item(i * h + j), mine ? whole.item(i * h + j) : 0.0) << i << "," << j;
+  }
+  Tensor dout = random_tensor({6, h}, 33);
+  Tensor dtable = Tensor::zeros({12, h}), dshard = Tensor::zeros({4, h});
+  ops::embedding_backward(dtable, dout, ids);
+  ops::embedding_backward_shard(dshard, dout, ids, 4);
+  EXPECT_TRUE(allclose(dshard, dtable.slice0(4, 8), 0, 0));
 }
 
 TEST(CrossEntropy, MaskedPaddingForwardBackward) {

@@ -56,13 +56,8 @@ LossTerms GPTLoss::forward(const TensorMap& out, const TensorMap& batch,
                            const ObjectiveScale& scale, TensorMap* dout) const {
   const Tensor& loss = out.at(kTokenLoss);
   const Tensor& mask = batch.at(kLossMask);
-  const float* lp = loss.data<float>();
-  const float* mp = mask.data<float>();
-  double sum = 0, count = 0;
-  for (int64_t i = 0; i < loss.numel(); ++i) {
-    sum += static_cast<double>(lp[i]) * mp[i];
-    count += mp[i];
-  }
+  const ops::MaskedSum masked = ops::masked_sum(loss, mask);
+  const double sum = masked.sum, count = masked.count;
   if (dout) {
     Tensor dloss = mask.clone();
     const auto m = static_cast<double>(scale.microbatches);

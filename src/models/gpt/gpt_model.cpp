@@ -14,13 +14,8 @@ namespace megatron {
 
 Tensor transpose_bs(const Tensor& x) {
   MEGATRON_CHECK(x.ndim() == 2, "expected a [b, s] tensor, got ", x.str());
-  const int64_t b = x.dim(0), s = x.dim(1);
-  Tensor y = Tensor::empty({s, b}, x.dtype());
-  const size_t es = dtype_size(x.dtype());
-  const char* src = static_cast<const char*>(x.raw());
-  char* dst = static_cast<char*>(y.raw());
-  for (int64_t i = 0; i < b; ++i)
-    for (int64_t t = 0; t < s; ++t) std::memcpy(dst + (t * b + i) * es, src + (i * s + t) * es, es);
+  Tensor y = Tensor::empty({x.dim(1), x.dim(0)}, x.dtype());
+  ops::transpose_2d(y, x);
   return y;
 }
 
@@ -29,12 +24,7 @@ namespace {
 // [s, b] -> [b, s] (or back, with the dims swapped) for any dtype.
 Tensor swap_sb(const Tensor& x, int64_t rows, int64_t cols) {
   Tensor y = Tensor::empty({cols, rows}, x.dtype());
-  const size_t es = dtype_size(x.dtype());
-  const char* src = static_cast<const char*>(x.raw());
-  char* dst = static_cast<char*>(y.raw());
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c)
-      std::memcpy(dst + (c * rows + r) * es, src + (r * cols + c) * es, es);
+  ops::transpose_2d(y, x.view({rows, cols}));
   return y;
 }
 
