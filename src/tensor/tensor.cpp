@@ -1,84 +1,29 @@
-// Tensor storage (64-byte aligned, large blocks reused), views and conversions.
+// Tensor storage (from its device's allocator), views and conversions.
 #include "tensor/tensor.h"
 
-#include <cstdlib>
 #include <cstring>
-#include <mutex>
-#include <new>
-#include <unordered_map>
-#include <vector>
 
+#include "tensor/allocator.h"
 #include "tensor/memory_stats.h"
 
 namespace megatron {
-namespace {
-
-// Large freed blocks are kept for reuse. The trainer allocates the same activation buffers every
-// micro-batch; handing them back to the OS (glibc maps anything above 32 MiB separately) would
-// make every step pay page faults and page zeroing again, ~10% of a step. Blocks of at least
-// 1 MiB are rounded up to 64 KiB and reused by exact rounded size; at most kMaxCached bytes are
-// held. Process-wide by nature (it is memory), and thread-safe.
-class BlockCache {
- public:
-  static constexpr size_t kMinBytes = size_t{1} << 20;
-  static constexpr size_t kGranule = size_t{1} << 16;
-  static constexpr size_t kMaxCached = size_t{4} << 30;
-
-  static BlockCache& instance() {
-    static BlockCache* cache = new BlockCache();  // never destroyed: outlives static Tensors
-    return *cache;
-  }
-  static size_t round(size_t bytes) {
-    return bytes >= kMinBytes ? (bytes + kGranule - 1) / kGranule * kGranule
-                              : (bytes + 63) / 64 * 64;
-  }
-  void* take(size_t rounded) {
-    if (rounded < kMinBytes) return nullptr;
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = free_.find(rounded);
-    if (it == free_.end() || it->second.empty()) return nullptr;
-    void* p = it->second.back();
-    it->second.pop_back();
-    cached_ -= rounded;
-    return p;
-  }
-  bool give(void* p, size_t rounded) {
-    if (rounded < kMinBytes) return false;
-    std::lock_guard<std::mutex> lock(mu_);
-    if (cached_ + rounded > kMaxCached) return false;
-    free_[rounded].push_back(p);
-    cached_ += rounded;
-    return true;
-  }
-
- private:
-  std::mutex mu_;
-  std::unordered_map<size_t, std::vector<void*>> free_;
-  size_t cached_ = 0;
-};
-
-}  // namespace
-
-Storage::Storage(size_t bytes) : bytes_(bytes) {
-  const size_t rounded = BlockCache::round(bytes == 0 ? 64 : bytes);
-  data_ = BlockCache::instance().take(rounded);
-  if (!data_) data_ = std::aligned_alloc(64, rounded);
-  if (!data_) throw std::bad_alloc();
+Storage::Storage(size_t bytes, Device device)
+    : bytes_(bytes), device_(device), allocator_(&allocator_for(device)) {
+  data_ = allocator_->allocate(bytes);
   detail::note_storage_alloc(bytes_);
 }
 
 Storage::~Storage() {
   detail::note_storage_free(bytes_);
-  const size_t rounded = BlockCache::round(bytes_ == 0 ? 64 : bytes_);
-  if (!BlockCache::instance().give(data_, rounded)) std::free(data_);
+  allocator_->release(data_, bytes_);
 }
 
-Tensor Tensor::empty(const Shape& shape, DType dtype) {
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   for (int64_t d : shape) MEGATRON_CHECK(d >= 0, "negative dimension in shape ", shape.str());
   Tensor t;
   t.shape_ = shape;
   t.dtype_ = dtype;
-  t.storage_ = std::make_shared<Storage>(t.nbytes());
+  t.storage_ = std::make_shared<Storage>(t.nbytes(), device);
   return t;
 }
 

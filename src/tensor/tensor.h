@@ -11,11 +11,10 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "tensor/device.h"
 #include "tensor/shape.h"
 
 namespace megatron {
-
-enum class Device : uint8_t { kCPU };
 
 namespace detail {
 template <typename T>
@@ -46,19 +45,24 @@ constexpr DType dtype_of<int64_t>() {
 }
 }  // namespace detail
 
-// Owns one aligned allocation.
+class Allocator;
+
+// Owns one aligned allocation from its device's allocator (tensor/allocator.h).
 class Storage {
  public:
-  explicit Storage(size_t bytes);
+  Storage(size_t bytes, Device device);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
   void* data() const { return data_; }
   size_t bytes() const { return bytes_; }
+  Device device() const { return device_; }
 
  private:
   void* data_ = nullptr;
   size_t bytes_ = 0;
+  Device device_;
+  Allocator* allocator_;
 };
 
 class Tensor {
@@ -66,7 +70,7 @@ class Tensor {
   Tensor() = default;
 
   // Uninitialised, zero-filled, or filled with `value`.
-  static Tensor empty(const Shape& shape, DType dtype = DType::kF32);
+  static Tensor empty(const Shape& shape, DType dtype = DType::kF32, Device device = Device::kCPU);
   static Tensor zeros(const Shape& shape, DType dtype = DType::kF32);
   static Tensor full(const Shape& shape, double value, DType dtype = DType::kF32);
 
@@ -76,7 +80,7 @@ class Tensor {
   int64_t dim(int i) const { return shape_[i]; }
   int64_t numel() const { return shape_.numel(); }
   DType dtype() const { return dtype_; }
-  Device device() const { return Device::kCPU; }
+  Device device() const { return storage_ ? storage_->device() : Device::kCPU; }
   size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype_); }
 
   // Typed access; checks that T matches the dtype.

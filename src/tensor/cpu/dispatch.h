@@ -13,6 +13,9 @@ inline int64_t rows_of(const Tensor& t) {
 // Calls fn.template operator()<T>() with T = float or double from the dtype of `t`.
 template <typename Fn>
 void dispatch_float(const Tensor& t, const char* op, Fn&& fn) {
+  // Only CPU storage reaches a CPU kernel; another device's ops are its own implementation.
+  MEGATRON_CHECK(t.device() == Device::kCPU, op, ": the CPU kernel got a tensor on ",
+                 device_name(t.device()));
   switch (t.dtype()) {
     case DType::kF32:
       fn.template operator()<float>();

@@ -1,0 +1,30 @@
+// Allocator: where tensor storage comes from, one per device (ggml's buffer type, one level
+// simpler).
+//
+// Tensor::empty asks the allocator of the device it is given for its storage; the storage gives
+// the block back to the same allocator when the last tensor sharing it goes. The CPU allocator
+// keeps large freed blocks for reuse (tensor/cpu/cpu_allocator.cpp); a CUDA device adds its own
+// behind the same interface. Not a memory pool for kernels' scratch space: kernels allocate
+// tensors like everyone else.
+#pragma once
+
+#include <cstddef>
+
+#include "tensor/device.h"
+
+namespace megatron {
+
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  virtual Device device() const = 0;
+  // `bytes` (0 allowed) of storage aligned to 64 bytes; throws std::bad_alloc.
+  virtual void* allocate(size_t bytes) = 0;
+  // Gives back a block `allocate(bytes)` returned, with the same `bytes`.
+  virtual void release(void* p, size_t bytes) = 0;
+};
+
+// The process-wide allocator of `device` (never destroyed: it outlives static tensors).
+Allocator& allocator_for(Device device);
+
+}  // namespace megatron
