@@ -1,0 +1,240 @@
+// Every layer of src/transformer by finite differences, one at a time, in fp64: Norm (LayerNorm,
+// RMSNorm), MLP (GELU with biases, SwiGLU without), SelfAttention (MHA with learned positions;
+// GQA with RoPE, document masks and attention dropout), TransformerLayer and TransformerBlock
+// (with the final norm, and with full recomputation), each without tensor parallelism (the
+// parallel layouts are checked against these in tests/parallel and tests/e2e).
+//
+// For a layer y = f(x; w) and a random output gradient dy, the loss L = sum(dy * y): backward's dx
+// and every parameter's main_grad are compared with central differences of L. Dropout masks are
+// a pure function of (seed, stream, element), so L is a deterministic smooth function and finite
+// differences apply with dropout on.
+//
+// Tolerance: step 1e-6 in fp64 gives ~1e-9 truncation and rounding error on O(1) values; 1e-7
+// absolute plus 1e-5 relative leaves margin without hiding a wrong term (those are O(1e-2) or
+// more). Up to 40 evenly spaced elements of each tensor are checked, so a layer costs a few
+// hundred forwards.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "comm/process_group.h"
+#include "tensor/ops.h"
+#include "testing/testing.h"
+#include "transformer/attention.h"
+#include "transformer/mlp.h"
+#include "transformer/norm.h"
+#include "transformer/transformer_block.h"
+#include "transformer/transformer_layer.h"
+
+namespace megatron {
+namespace {
+
+constexpr int64_t kS = 6, kB = 2;
+
+TransformerConfig base_config() {
+  TransformerConfig c;
+  c.num_layers = 2;
+  c.hidden_size = 8;
+  c.num_attention_heads = 2;
+  c.seq_length = kS;
+  c.vocab_size = 16;
+  c.padded_vocab_size = 16;
+  c.openai_gelu = false;
+  c.hidden_dropout = 0;
+  c.attention_dropout = 0;
+  c.init_method_std = 0.4;  // large enough that every path carries signal
+  c.compute_dtype = DType::kF64;
+  c.finalize();
+  return c;
+}
+
+TransformerConfig llama_style(TransformerConfig c) {
+  c.num_attention_heads = 4;
+  c.num_query_groups = 2;
+  c.ffn_hidden_size = 12;
+  c.normalization = Normalization::kRMSNorm;
+  c.swiglu = true;
+  c.add_bias_linear = false;
+  c.position_embedding = PositionEmbedding::kRope;
+  c.finalize();
+  return c;
+}
+
+// The layer under test: its parameters and y = forward(x) with a fresh context each call;
+// backward(dy) runs on the context of the last forward and returns dx.
+struct LayerUnderTest {
+  std::vector<Param*> params;
+  std::function<Tensor(const Tensor&)> forward;
+  std::function<Tensor(const Tensor&)> backward;
+};
+
+double loss_of(const Tensor& y, const Tensor& dy) {
+  double s = 0;
+  for (int64_t i = 0; i < y.numel(); ++i) s += y.item(i) * dy.item(i);
+  return s;
+}
+
+void check_layer(LayerUnderTest layer, uint64_t seed) {
+  ParamSet params(layer.params, DType::kF64);
+  params.initialize(seed);
+  // Norm weights and biases away from 1 and 0, so that their gradients are generic.
+  for (Param* p : params.params()) {
+    if (p->init != Init::kNormal) {
+      ops::add_inplace(p->main,
+                       testing::random_tensor(p->shape, stable_hash(p->name), 0.3, DType::kF64));
+    }
+  }
+  params.sync_compute_from_main();
+  Tensor x = testing::random_tensor({kS, kB, 8}, seed + 1, 1.0, DType::kF64);
+  const Tensor y = layer.forward(x);
+  const Tensor dy = testing::random_tensor(y.shape(), seed + 2, 1.0, DType::kF64);
+  params.zero_grads();
+  const Tensor dx = layer.backward(dy);
+
+  const double h = 1e-6;
+  auto check = [&](double* w, int64_t n, const Tensor& got, const std::string& what) {
+    const int64_t step = std::max<int64_t>(1, n / 40);
+    for (int64_t i = 0; i < n; i += step) {
+      const double orig = w[i];
+      w[i] = orig + h;
+      params.sync_compute_from_main();
+      const double lp = loss_of(layer.forward(x), dy);
+      w[i] = orig - h;
+      params.sync_compute_from_main();
+      const double lm = loss_of(layer.forward(x), dy);
+      w[i] = orig;
+      params.sync_compute_from_main();
+      const double fd = (lp - lm) / (2 * h);
+      ASSERT_NEAR(got.item(i), fd, 1e-7 + 1e-5 * std::fabs(fd)) << what << " element " << i;
+    }
+  };
+  check(x.data<double>(), x.numel(), dx, "dx");
+  for (Param* p : params.params())
+    check(p->main.data<double>(), p->main.numel(), p->main_grad, p->name);
+}
+
+struct SelfGroup {
+  std::shared_ptr<ProcessGroup> group = make_self_process_group();
+  TensorParallelContext tp() const { return TensorParallelContext{group.get(), false}; }
+};
+
+TEST(LayerGradients, LayerNormAndRMSNorm) {
+  for (Normalization kind : {Normalization::kLayerNorm, Normalization::kRMSNorm}) {
+    SCOPED_TRACE(kind == Normalization::kLayerNorm ? "LayerNorm" : "RMSNorm");
+    Norm norm("norm", 8, kind, 1e-5);
+    Norm::Ctx ctx;
+    std::vector<Param*> ps;
+    norm.collect(ps);
+    check_layer({ps,
+                 [&](const Tensor& x) {
+                   ctx = {};
+                   return norm.forward(x, ctx);
+                 },
+                 [&](const Tensor& dy) { return norm.backward(dy, ctx); }},
+                11);
+  }
+}
+
+TEST(LayerGradients, MlpGeluWithBiasesAndSwigluWithout) {
+  SelfGroup g;
+  for (const TransformerConfig& cfg : {base_config(), llama_style(base_config())}) {
+    SCOPED_TRACE(cfg.swiglu ? "SwiGLU" : "GELU");
+    MLP mlp("mlp", cfg, g.tp());
+    MLP::Ctx ctx;
+    std::vector<Param*> ps;
+    mlp.collect(ps);
+    check_layer({ps,
+                 [&](const Tensor& x) {
+                   ctx = {};
+                   return mlp.forward(x, ctx);
+                 },
+                 [&](const Tensor& dy) { return mlp.backward(dy, ctx); }},
+                12);
+  }
+}
+
+// Documents [0, 2), [2, 6) in sequence 0 and [0, 6) in sequence 1 (--reset-attention-mask).
+Tensor doc_starts() {
+  Tensor t = Tensor::empty({kB, kS}, DType::kI32);
+  const int32_t starts[] = {0, 0, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0};
+  std::copy(starts, starts + kB * kS, t.data<int32_t>());
+  return t;
+}
+
+TEST(LayerGradients, SelfAttentionMhaAndGqaWithRopeDocumentsAndDropout) {
+  SelfGroup g;
+  TransformerConfig gqa = llama_style(base_config());
+  gqa.attention_dropout = 0.2;
+  const ForwardMode training{true, 77, 5};
+  for (const TransformerConfig& cfg : {base_config(), gqa}) {
+    SCOPED_TRACE(cfg.num_query_groups > 0 && cfg.num_query_groups < cfg.num_attention_heads
+                     ? "GQA + RoPE + documents + dropout"
+                     : "MHA");
+    SelfAttention attn("attn", cfg, 0, g.tp());
+    SelfAttention::Ctx ctx;
+    TokenLayout layout;
+    if (cfg.swiglu) layout.doc_start = doc_starts();
+    std::vector<Param*> ps;
+    attn.collect(ps);
+    check_layer({ps,
+                 [&](const Tensor& x) {
+                   ctx = {};
+                   return attn.forward(x, layout, ctx, training);
+                 },
+                 [&](const Tensor& dy) { return attn.backward(dy, ctx); }},
+                13);
+  }
+}
+
+TEST(LayerGradients, TransformerLayerWithHiddenDropout) {
+  SelfGroup g;
+  for (TransformerConfig cfg : {base_config(), llama_style(base_config())}) {
+    SCOPED_TRACE(cfg.swiglu ? "Llama style" : "GPT-2 style");
+    cfg.hidden_dropout = 0.1;
+    cfg.attention_dropout = 0.1;
+    TransformerLayer layer("layer", cfg, 1, g.tp());
+    TransformerLayer::Ctx ctx;
+    std::vector<Param*> ps;
+    layer.collect(ps);
+    const ForwardMode training{true, 5, 9};
+    check_layer({ps,
+                 [&](const Tensor& x) {
+                   ctx = {};
+                   return layer.forward(x, TokenLayout{}, ctx, training);
+                 },
+                 [&](const Tensor& dy) { return layer.backward(dy, ctx); }},
+                14);
+  }
+}
+
+TEST(LayerGradients, TransformerBlockWithFinalNormPlainAndRecomputed) {
+  SelfGroup g;
+  for (bool recompute : {false, true}) {
+    SCOPED_TRACE(recompute ? "full recomputation, uniform 1" : "no recomputation");
+    TransformerConfig cfg = llama_style(base_config());
+    cfg.hidden_dropout = 0.1;
+    if (recompute) {
+      cfg.recompute_granularity = RecomputeGranularity::kFull;
+      cfg.recompute_method = RecomputeMethod::kUniform;
+      cfg.recompute_num_layers = 1;
+    }
+    TransformerBlock block("decoder", cfg, g.tp(), 0, cfg.num_layers, true);
+    TransformerBlock::Ctx ctx;
+    std::vector<Param*> ps;
+    block.collect(ps);
+    const ForwardMode training{true, 21, 2};
+    check_layer({ps,
+                 [&](const Tensor& x) {
+                   ctx = {};
+                   return block.forward(x, TokenLayout{}, ctx, training);
+                 },
+                 [&](const Tensor& dy) { return block.backward(dy, ctx); }},
+                15);
+  }
+}
+
+}  // namespace
+}  // namespace megatron
