@@ -734,18 +734,31 @@ int Trainer::exit_decision(int64_t it) {
   return -1;
 }
 
+void Trainer::log_iteration(TrainingLog& log, const TrainingLog::Step& step) {
+  std::string line = log.close_interval(step, relay_to_first_rank(log.interval_means()));
+  if (args_.timing_log_level > 0) {
+    for (const std::string& l :
+         timers_.report(parallel_->world_group(), log.interval_iterations())) {
+      line += "\n" + l;
+    }
+  }
+  log_first(line);
+  timers_.reset();
+  // As Megatron: once, after the first logging interval of the run.
+  if (!memory_reported_) {
+    report_memory(step.iteration);
+    memory_reported_ = true;
+  }
+  if (tensorboard_) tensorboard_->flush();
+}
+
 int Trainer::train() {
   log_first("[before the start of training step] datetime: " + timestamp());
   log_first("training ...");
   const int64_t gbs = args_.global_batch_size;
   // Per rank, as Megatron's "throughput per GPU": the model's FLOPs shared by every rank.
-  const double flops_per_iter =
-      spec_->flops_per_iteration(cfg_, gbs) / static_cast<double>(parallel_->world_size());
-  const double tokens_per_iter = static_cast<double>(gbs * cfg_.seq_length);
-  // Per loss term, the sum of its values over the interval's successful iterations.
-  std::vector<std::pair<std::string, double>> interval_terms;
-  double interval_time = 0;
-  int64_t interval_iters = 0, interval_skipped = 0, interval_nan = 0;
+  TrainingLog log(args_.train_iters, gbs, cfg_.seq_length,
+                  spec_->flops_per_iteration(cfg_, gbs) / parallel_->world_size(), peak_gflops_);
   if (needs_data_ && parallel_->tp_rank() == 0) {
     prefetcher_ =
         std::make_unique<BatchPrefetcher>(*data_.train, make_batch_, args_.micro_batch_size,
@@ -758,94 +771,24 @@ int Trainer::train() {
     Timer timer;
     // The schedule advances only on successful steps (an fp16 step skipped for overflow does
     // not count), as Megatron's optimizer-parameter scheduler does.
-    const double lr = schedule_.lr_at(scheduler_samples_);
-    StepResult r = train_step(it, lr);
-    const double elapsed = timer.elapsed();
+    const StepResult r = train_step(it, schedule_.lr_at(scheduler_samples_));
     consumed_train_ += gbs;
+    if (!r.skipped) scheduler_samples_ += gbs;
     losses_.push_back(r.loss);
-    if (r.skipped) {
-      ++interval_skipped;
-      if (!std::isfinite(r.loss)) ++interval_nan;
-    } else {
-      for (const LossTerms::Term& t : r.terms.terms()) {
-        auto at = std::find_if(interval_terms.begin(), interval_terms.end(),
-                               [&](const auto& e) { return e.first == t.name; });
-        if (at == interval_terms.end()) {
-          interval_terms.emplace_back(t.name, t.value());
-        } else {
-          at->second += t.value();
-        }
-      }
-      scheduler_samples_ += gbs;
-    }
-    interval_time += elapsed;
-    ++interval_iters;
     // Megatron prints the learning rate the scheduler set after this step, for the next one.
-    const double next_lr = schedule_.lr_at(scheduler_samples_);
-    const double scale = scaler_ ? scaler_->scale() : 1.0;
-    const double tflops = flops_per_iter / elapsed / 1e12;
-    if (tensorboard_ && it % args_.tensorboard_log_interval == 0) {
-      const int64_t samples = it * gbs;
-      // A skipped (fp16 overflow) iteration has no gradient norm to plot.
-      std::vector<std::pair<std::string, double>> by_iter{{"learning-rate", next_lr},
-                                                          {"batch-size", static_cast<double>(gbs)}};
-      std::vector<std::pair<std::string, double>> by_samples{{"learning-rate vs samples", next_lr}};
-      for (const LossTerms::Term& t : r.terms.terms()) {  // Megatron's tags: each term's name
-        by_iter.emplace_back(t.name, t.value());
-        by_samples.emplace_back(t.name + " vs samples", t.value());
-      }
-      by_iter.insert(by_iter.end(),
-                     {{"loss-scale", scale}, {"iteration-time", elapsed}, {"throughput", tflops}});
-      if (!r.skipped) {
-        by_iter.emplace_back("grad-norm", r.grad_norm);
-        by_samples.emplace_back("grad-norm vs samples", r.grad_norm);
-      }
-      tensorboard_->add_scalars(by_iter, it);
-      tensorboard_->add_scalars(by_samples, samples);
-    }
-    if (it % args_.log_interval == 0 || it == args_.train_iters) {
-      const double ms = interval_time / static_cast<double>(interval_iters) * 1000.0;
-      const double avg_tflops = flops_per_iter / (ms / 1000.0) / 1e12;
-      // As Megatron's training_log: the loss averages the interval's successful iterations (and
-      // is left out when there were none), the grad norm is the last iteration's (left out when
-      // it was skipped), the counters count the interval's skipped and NaN-loss iterations.
-      std::string line = strprintf(
-          " [%s] iteration %8ld/%8ld | consumed samples: %12ld | elapsed time per iteration (ms): "
-          "%.1f | throughput per GPU (TFLOP/s/GPU): %.3f | learning rate: %.6E | global batch "
-          "size: %5ld |",
-          timestamp().c_str(), static_cast<long>(it), static_cast<long>(args_.train_iters),
-          static_cast<long>(consumed_train_), ms, avg_tflops, next_lr, static_cast<long>(gbs));
-      if (interval_iters > interval_skipped) {  // the same on every rank: skips are agreed
-        const auto ok = static_cast<double>(interval_iters - interval_skipped);
-        for (auto& term : interval_terms) term.second /= ok;
-        for (const auto& [name, value] : relay_to_first_rank(interval_terms)) {
-          line += strprintf(" %s: %.6E |", name.c_str(), value);
-        }
-      }
-      line += strprintf(" loss scale: %.1f |", scale);
-      if (!r.skipped) line += strprintf(" grad norm: %.3f |", r.grad_norm);
-      line += strprintf(
-          " number of skipped iterations: %3ld | number of nan iterations: %3ld | tokens per "
-          "second: %.1f | model FLOPs utilisation: %.1f%% |",
-          static_cast<long>(interval_skipped), static_cast<long>(interval_nan),
-          tokens_per_iter / (ms / 1000.0), 100.0 * avg_tflops * 1e3 / peak_gflops_);
-      if (args_.timing_log_level > 0) {
-        for (const std::string& l : timers_.report(parallel_->world_group(), interval_iters)) {
-          line += "\n" + l;
-        }
-      }
-      log_first(line);
-      timers_.reset();
-      // As Megatron: once, after the first logging interval of the run.
-      if (!memory_reported_) {
-        report_memory(it);
-        memory_reported_ = true;
-      }
-      if (tensorboard_) tensorboard_->flush();
-      interval_terms.clear();
-      interval_time = 0;
-      interval_iters = interval_skipped = interval_nan = 0;
-    }
+    const TrainingLog::Step step{it,
+                                 &r.terms,
+                                 r.loss,
+                                 r.grad_norm,
+                                 r.skipped,
+                                 timer.elapsed(),
+                                 schedule_.lr_at(scheduler_samples_),
+                                 scaler_ ? scaler_->scale() : 1.0,
+                                 consumed_train_};
+    log.add(step);
+    if (tensorboard_ && it % args_.tensorboard_log_interval == 0)
+      log.tensorboard(*tensorboard_, step);
+    if (it % args_.log_interval == 0 || it == args_.train_iters) log_iteration(log, step);
     if (data_.valid && args_.eval_iters > 0 && it % args_.eval_interval == 0) {
       watchdog_->enter("evaluation", it);
       evaluate_and_print(strprintf("iteration %ld", static_cast<long>(it)), *data_.valid,
@@ -862,6 +805,10 @@ int Trainer::train() {
       return code;
     }
   }
+  return finish_training();
+}
+
+int Trainer::finish_training() {
   prefetcher_.reset();
   const int64_t final_iteration = std::max(start_iteration_, args_.train_iters);
   // Megatron saves once more at the end unless the last iteration was just saved; a run that

@@ -39,6 +39,7 @@
 #include "train/fault_injection.h"
 #include "train/step_timers.h"
 #include "train/tensorboard_writer.h"
+#include "train/training_log.h"
 #include "train/watchdog.h"
 
 namespace megatron {
@@ -71,6 +72,11 @@ class Trainer {
     bool skipped = false;  // fp16 overflow: no update, the LR schedule does not advance
   };
   StepResult train_step(int64_t iteration, double lr);
+  // The iteration line closing the log interval at `step` (with the timers' report), the
+  // memory report after the first interval; collective over the world.
+  void log_iteration(TrainingLog& log, const TrainingLog::Step& step);
+  // After the last iteration: the final save, the validation and test evaluations, --save-hf.
+  int finish_training();
   // --timing-log-level 2: seconds inside each op category so far, and the step's share of them
   // added to the timers.
   std::array<double, kOpCategories> op_times() const;

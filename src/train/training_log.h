@@ -1,0 +1,66 @@
+// TrainingLog: Megatron's training_log for one run: the log interval's bookkeeping, the
+// iteration line, and the per-iteration TensorBoard points.
+//
+//  [date] iteration N/ T | consumed samples: ... | elapsed time per iteration (ms): ... |
+//  throughput per GPU (TFLOP/s/GPU): ... | learning rate: ... | global batch size: ... |
+//  <each loss term>: ... | loss scale: ... | grad norm: ... | number of skipped iterations: ... |
+//  number of nan iterations: ... | tokens per second: ... | model FLOPs utilisation: ...% |
+//
+// As Megatron's: each loss term averages the interval's successful iterations (all terms are
+// left out when there were none), the grad norm is the last iteration's (left out when it was
+// skipped), the counters count the interval's skipped and NaN-loss iterations. Not the printer:
+// the trainer decides which rank prints (and relays the loss terms to it).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "models/model_chunk.h"
+#include "train/tensorboard_writer.h"
+
+namespace megatron {
+
+class TrainingLog {
+ public:
+  // What one training iteration reports.
+  struct Step {
+    int64_t iteration = 0;
+    const LossTerms* terms = nullptr;  // reduced over data-parallel ranks (last stage), or empty
+    double loss = 0;                   // the objective's value (for the NaN count)
+    double grad_norm = 0;
+    bool skipped = false;  // fp16 overflow: no update
+    double seconds = 0;    // the iteration's wall time
+    double next_lr = 0;    // the learning rate the scheduler set after this step
+    double loss_scale = 1;
+    int64_t consumed_samples = 0;
+  };
+  using Values = std::vector<std::pair<std::string, double>>;
+
+  // flops_per_iteration: this rank's share of the model's FLOPs; peak_gflops: the MFU denominator.
+  TrainingLog(int64_t train_iters, int64_t global_batch_size, int64_t seq_length,
+              double flops_per_iteration, double peak_gflops);
+
+  // Adds an iteration to the current interval.
+  void add(const Step& s);
+  // The interval's mean of each loss term over its successful iterations (empty on a rank
+  // without the loss, or when every iteration was skipped).
+  Values interval_means() const;
+  // The iteration line closing the interval at s, with the loss terms `means` (as relayed to the
+  // printing rank); starts a new interval.
+  std::string close_interval(const Step& s, const Values& means);
+  // The interval's iteration count so far (the timers report per iteration of it).
+  int64_t interval_iterations() const { return iters_; }
+  // Megatron's per-iteration TensorBoard scalars of s (by iteration and by consumed samples).
+  void tensorboard(TensorBoardWriter& tb, const Step& s) const;
+
+ private:
+  int64_t train_iters_, gbs_;
+  double tokens_per_iteration_, flops_per_iteration_, peak_gflops_;
+  Values sums_;  // per loss term, the sum of its values over successful iterations
+  double seconds_ = 0;
+  int64_t iters_ = 0, skipped_ = 0, nan_ = 0;
+};
+
+}  // namespace megatron
