@@ -146,6 +146,18 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
                       static_cast<long>(cfg_.padded_vocab_size)));
   num_microbatches_ = args_.global_batch_size / (args_.micro_batch_size * dp_size_);
 
+  build_model();
+  build_optimizer();
+  build_schedule();
+  build_checkpointing();
+  build_data();
+  report_gemm_peak();
+}
+
+// This rank's model chunks, the model's loss, the parameters (initialised or imported), and the
+// start-up parameter-count and memory lines.
+void Trainer::build_model() {
+  const ParallelState& ps = *parallel_;
   // This rank's model chunks, one per virtual pipeline stage, and the model's loss.
   const int pp = ps.pp_size();
   chunks_ = spec_->build_chunks(ModelOptions{cfg_, args_.reset_attention_mask},
@@ -170,9 +182,7 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
   }
   // The buffers' bucket layout must be known before they are allocated: the distributed
   // optimizer pads each bucket to split evenly into data-parallel shards.
-  const int64_t bucket = args_.ddp_bucket_size > 0
-                             ? args_.ddp_bucket_size
-                             : default_ddp_bucket_size(static_cast<int>(dp_size_));
+  const int64_t bucket = bucket_size();
   const bool distributed = args_.use_distributed_optimizer;
   params_ = distributed ? std::make_unique<ParamSet>(
                               all, cfg_.compute_dtype,
@@ -228,8 +238,19 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
     log_first(theoretical_memory_line(nparams, cfg_.compute_dtype, distributed ? dp_size_ : 1,
                                       in_flight * per_chunk));
   }
+}
+
+int64_t Trainer::bucket_size() const {
+  return args_.ddp_bucket_size > 0 ? args_.ddp_bucket_size
+                                   : default_ddp_bucket_size(static_cast<int>(dp_size_));
+}
+
+// Data-parallel gradient buckets, the pipeline executor and the optimizer (plain or distributed).
+void Trainer::build_optimizer() {
+  const ParallelState& ps = *parallel_;
+  const bool distributed = args_.use_distributed_optimizer;
   grad_buckets_ = std::make_unique<GradBuckets>(
-      *params_, ps.dp_group(), bucket, args_.overlap_grad_reduce,
+      *params_, ps.dp_group(), bucket_size(), args_.overlap_grad_reduce,
       distributed ? GradReduce::kReduceScatter : GradReduce::kAllReduce);
   grad_buckets_->set_reduce_in_bf16(args_.grad_reduce_in_bf16);
   executor_ = std::make_unique<PipelineExecutor>(ps.pp_group(), virtual_stages_);
@@ -248,7 +269,9 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
   } else {
     optimizer_ = std::make_unique<AdamW>(*params_, adam);
   }
+}
 
+void Trainer::build_schedule() {
   // The schedule counts samples (iterations x global batch), as Megatron's does.
   const int64_t gbs = args_.global_batch_size;
   schedule_.max_lr = args_.lr;
@@ -263,7 +286,10 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
           ? args_.lr_warmup_fraction * static_cast<double>(schedule_.decay_samples)
           : static_cast<double>(args_.lr_warmup_iters * gbs);
   schedule_.wsd_decay_samples = args_.lr_wsd_decay_iters * gbs;
+}
 
+// --load, --save, the watchdog and the exit signal.
+void Trainer::build_checkpointing() {
   if (!args_.load.empty()) load_checkpoint();
   if (!args_.save.empty()) {
     checkpointer_ = std::make_unique<Checkpointer>(
@@ -277,7 +303,10 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
   if (args_.exit_signal_handler) {
     exit_signal_ = std::make_unique<ExitSignalHandler>(parse_exit_signal(args_.exit_signal));
   }
+}
 
+// The batch maker, the datasets (checked to hold every sample the run reads) and TensorBoard.
+void Trainer::build_data() {
   BatchOptions batch_options;
   batch_options.eod = tokenizer_->eod();
   batch_options.eod_mask_loss = args_.eod_mask_loss;
@@ -304,6 +333,10 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
   if (!args_.tensorboard_dir.empty() && last_rank_) {  // Megatron writes from the last rank
     tensorboard_ = std::make_unique<TensorBoardWriter>(args_.tensorboard_dir);
   }
+}
+
+// The GEMM peak model-FLOPs utilisation is reported against: given or measured now.
+void Trainer::report_gemm_peak() {
   if (is_half(cfg_.compute_dtype) && !ops::native_half_gemm(cfg_.compute_dtype)) {
     log_first(
         strprintf(" > warning: this CPU has no native %s GEMM (oneDNN needs AVX-512): GEMMs "

@@ -71,6 +71,14 @@ class Trainer {
     double grad_norm = 0;
     bool skipped = false;  // fp16 overflow: no update, the LR schedule does not advance
   };
+  // The constructor's parts, in order.
+  void build_model();
+  void build_optimizer();
+  void build_schedule();
+  void build_checkpointing();
+  void build_data();
+  void report_gemm_peak();
+  int64_t bucket_size() const;  // --ddp-bucket-size or Megatron's default for this dp size
   StepResult train_step(int64_t iteration, double lr);
   // The iteration line closing the log interval at `step` (with the timers' report), the
   // memory report after the first interval; collective over the world.
