@@ -80,7 +80,10 @@ class ModelChunk {
   // chunk) and accumulates parameter gradients; `done` (optional) hears of every parameter as
   // soon as its gradient is final for this backward.
   virtual TensorMap backward(const TensorMap& dout, Ctx& ctx, const ParamsDone& done) const = 0;
-  // Terms this chunk adds itself (an MoE router's load-balancing loss, a z-loss); none by default.
+  // Terms this chunk adds itself after its forward (an MoE router's load-balancing loss, a
+  // z-loss); none by default. Called for every chunk; the trainer reduces and reports the terms
+  // of the last pipeline stage's ranks, so a model whose earlier stages add terms must sum them
+  // over the pipeline group into the last stage's (as Megatron's MoE auxiliary-loss tracker does).
   virtual void aux_losses(const Ctx& /*ctx*/, LossTerms* /*terms*/) const {}
   // Every parameter, in registration order.
   virtual std::vector<Param*> parameters() = 0;

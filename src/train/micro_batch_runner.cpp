@@ -38,9 +38,9 @@ TensorMap MicroBatchRunner::forward(int microbatch, int chunk, const TensorMap& 
   if (model.is_last()) {
     const ObjectiveScale scale{loss_scale_, static_cast<int64_t>(batches_.size())};
     losses_.add(loss_.forward(out, batch, scale, training_ ? &dloss_[microbatch] : nullptr));
-    model.aux_losses(*ctx, &losses_);
     out = TensorMap();
   }
+  model.aux_losses(*ctx, &losses_);
   if (!training_) ctx.reset();
   return out;
 }

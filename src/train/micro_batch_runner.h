@@ -39,7 +39,8 @@ class MicroBatchRunner final : public StageRunner {
   TensorMap forward(int microbatch, int chunk, const TensorMap& input) override;
   TensorMap backward(int microbatch, int chunk, const TensorMap& doutput) override;
 
-  // On the last stage: the loss terms of the micro-batches so far (sums and counts).
+  // The loss terms of the micro-batches so far (sums and counts): the loss on the last stage,
+  // and whatever auxiliary terms this rank's chunks add.
   const LossTerms& losses() const { return losses_; }
 
  private:
