@@ -15,8 +15,9 @@
 #include <vector>
 
 #include "comm/process_group.h"
-#include "data/gpt_batch.h"
+#include "data/data_config.h"
 #include "data/sample_source.h"
+#include "data/tokenizer.h"
 #include "models/model_chunk.h"
 #include "parallel/param.h"
 #include "transformer/config.h"
@@ -70,7 +71,13 @@ struct ModelSpec {
   std::function<std::unique_ptr<LossFn>()> make_loss;
   // The spec (shape, dtype) of batch field `name` for micro-batches of b sequences of s tokens.
   std::function<TensorSpec(const std::string& name, int64_t b, int64_t s)> batch_field;
-  std::function<BatchFn(const BatchOptions& options)> batch_maker;
+  // The micro-batch maker of a run's data config (masks, positions) and tokenizer (special ids).
+  std::function<BatchFn(const DataConfig& config, const Tokenizer& tokenizer)> batch_maker;
+  // The train, validation and test sample sources, each with at least `counts` samples' worth
+  // of data where the source is finite (the trainer checks); log: print the build lines.
+  std::function<Datasets(const DataConfig& config, const Tokenizer& tokenizer, int64_t seq_length,
+                         const SampleCounts& counts, bool log)>
+      build_datasets;
   // Megatron's model FLOPs of one iteration (the numerator of MFU).
   std::function<double(const TransformerConfig& cfg, int64_t global_batch_size)>
       flops_per_iteration;

@@ -307,15 +307,12 @@ void Trainer::build_checkpointing() {
 
 // The batch maker, the datasets (checked to hold every sample the run reads) and TensorBoard.
 void Trainer::build_data() {
-  BatchOptions batch_options;
-  batch_options.eod = tokenizer_->eod();
-  batch_options.eod_mask_loss = args_.eod_mask_loss;
-  batch_options.reset_position_ids = args_.reset_position_ids;
-  batch_options.reset_attention_mask = args_.reset_attention_mask;
-  make_batch_ = spec_->batch_maker(batch_options);
+  const DataConfig data = data_config(args_);
+  make_batch_ = spec_->batch_maker(data, *tokenizer_);
   // Rank 0 builds (and caches) the sample indices first; the others then load them.
   if (!first_rank_) parallel_->world_group().barrier();
-  data_ = build_datasets(args_, *tokenizer_, cfg_.seq_length, first_rank_);
+  data_ =
+      spec_->build_datasets(data, *tokenizer_, cfg_.seq_length, sample_counts(args_), first_rank_);
   if (first_rank_) parallel_->world_group().barrier();
   // Every sample the run will read must exist now, not hours in, at the last evaluation.
   const SampleCounts need = sample_counts(args_);

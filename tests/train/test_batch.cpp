@@ -6,7 +6,6 @@
 #include <vector>
 
 #include "data/gpt_batch.h"
-#include "models/gpt/gpt_spec.h"
 #include "train/batch_prefetcher.h"
 
 namespace megatron {
@@ -78,7 +77,10 @@ std::vector<int64_t> tokens_of(const SampleSource& src, int64_t first, int64_t c
 
 TEST(BatchPrefetcher, PrefetchingAndShardingKeepMegatronsSampleOrder) {
   StreamSource src(64, 3);
-  const BatchFn opt = gpt_spec().batch_maker(BatchOptions{kEod, false, false, false});
+  const BatchOptions options{kEod, false, false, false};
+  const BatchFn opt = [options](const SampleSource& data, int64_t first, int64_t b) {
+    return gpt_batch_fields(make_batch(data, first, b, options));
+  };
   BatchPrefetcher sync(src, opt, 2, 4, 0), ahead(src, opt, 2, 4, 3);
   const std::vector<int64_t> got = all_tokens(sync, 10);
   EXPECT_EQ(got, all_tokens(ahead, 10));
@@ -94,7 +96,12 @@ TEST(BatchPrefetcher, PrefetchingAndShardingKeepMegatronsSampleOrder) {
 
 TEST(BatchPrefetcher, ExhaustedSourceIsAnErrorNotAHang) {
   StreamSource src(4, 3);
-  BatchPrefetcher p(src, gpt_spec().batch_maker(BatchOptions{}), 2, 0, 2);
+  BatchPrefetcher p(
+      src,
+      [](const SampleSource& data, int64_t first, int64_t b) {
+        return gpt_batch_fields(make_batch(data, first, b, BatchOptions{}));
+      },
+      2, 0, 2);
   p.next();
   p.next();
   EXPECT_THROW(p.next(), InvalidArgument);

@@ -3,6 +3,7 @@
 #include "models/gpt/gpt_spec.h"
 
 #include "models/gpt/gpt_chunk.h"
+#include "models/gpt/gpt_data.h"
 #include "models/gpt/gpt_flops.h"
 #include "models/gpt/gpt_hf.h"
 #include "models/gpt/gpt_memory.h"
@@ -81,11 +82,8 @@ ModelSpec make_gpt_spec() {
   s.batch_field = [](const std::string& name, int64_t b, int64_t seq) {
     return TensorSpec{name, Shape{b, seq}, gpt_batch_field_dtype(name)};
   };
-  s.batch_maker = [](const BatchOptions& options) -> BatchFn {
-    return [options](const SampleSource& data, int64_t first, int64_t b) {
-      return gpt_batch_fields(make_batch(data, first, b, options));
-    };
-  };
+  s.batch_maker = gpt_batch_maker;
+  s.build_datasets = gpt_datasets;
   s.flops_per_iteration = model_flops_per_iteration;
   s.activation_bytes = activation_bytes;
   s.hf = hf_mapping();

@@ -1,0 +1,38 @@
+// DataConfig: the data flags of a run (Megatron's --data-path family, --mock-data, the mask and
+// position options), and Datasets: the train, validation and test sample sources built from them.
+//
+// A per-concern config derived from the run's arguments (train/datasets.h), so that a model's
+// dataset hookup (ModelSpec::build_datasets, ::batch_maker) needs no training flags.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "data/sample_source.h"
+
+namespace megatron {
+
+struct DataConfig {
+  bool mock_data = false;              // --mock-data: synthetic documents, no files
+  std::vector<std::string> data_path;  // --data-path [weight] prefix ... (with --split)
+  std::string split = "969, 30, 1";    // --split
+  std::vector<std::string> train_data_path, valid_data_path, test_data_path;  // per split
+  std::string data_cache_path;        // --data-cache-path ("" = beside the data)
+  int64_t seed = 1234;                // --seed: sample order and mock documents
+  bool eod_mask_loss = false;         // --eod-mask-loss
+  bool reset_position_ids = false;    // --reset-position-ids
+  bool reset_attention_mask = false;  // --reset-attention-mask
+};
+
+// Samples each split must hold (Megatron's counts from the iterations, train/datasets.h).
+struct SampleCounts {
+  int64_t train = 0, valid = 0, test = 0;
+};
+
+struct Datasets {
+  std::unique_ptr<SampleSource> train, valid, test;  // valid/test null when absent
+};
+
+}  // namespace megatron

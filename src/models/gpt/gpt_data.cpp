@@ -1,0 +1,64 @@
+// GPT datasets (mock or indexed, with Megatron's per-split sample counts) and GPT micro-batches.
+#include "models/gpt/gpt_data.h"
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/logging.h"
+#include "data/blended_dataset.h"
+#include "data/gpt_batch.h"
+#include "data/mock_gpt_dataset.h"
+
+namespace megatron {
+
+Datasets gpt_datasets(const DataConfig& a, const Tokenizer& tokenizer, int64_t seq_length,
+                      const SampleCounts& n, bool log) {
+  Datasets d;
+  if (a.mock_data) {
+    if (log) log_line("> building train, validation, and test datasets ...");
+    // Each split gets its own document stream (seeds differ), like Megatron's mock splits.
+    const uint64_t seed = static_cast<uint64_t>(a.seed);
+    d.train = std::make_unique<MockGPTDataset>(n.train, seq_length, tokenizer.eod(), seed);
+    if (n.valid > 0)
+      d.valid = std::make_unique<MockGPTDataset>(n.valid, seq_length, tokenizer.eod(), seed + 1);
+    if (n.test > 0)
+      d.test = std::make_unique<MockGPTDataset>(n.test, seq_length, tokenizer.eod(), seed + 2);
+    if (log)
+      log_line(strprintf(" > mock GPT datasets: sequence length %ld, end-of-document id %ld",
+                         static_cast<long>(seq_length), static_cast<long>(tokenizer.eod())));
+    return d;
+  }
+  GPTDataArgs g;
+  g.data_path = a.data_path;
+  g.train_data_path = a.train_data_path;
+  g.valid_data_path = a.valid_data_path;
+  g.test_data_path = a.test_data_path;
+  g.num_samples = {n.train, n.valid, n.test};
+  g.config.random_seed = a.seed;
+  g.config.sequence_length = seq_length;
+  if (!a.data_path.empty()) g.config.split = a.split;
+  g.config.tokenizer_json = nlohmann::json(tokenizer.identity()).dump();
+  g.config.path_to_cache = a.data_cache_path;
+  g.config.log = log;
+  GPTDatasets built = build_gpt_datasets(g);
+  MEGATRON_CHECK(built.train != nullptr,
+                 "no training data: the training split of --data-path is "
+                 "empty; check --split or --train-data-path");
+  d.train = std::move(built.train);
+  d.valid = std::move(built.valid);
+  d.test = std::move(built.test);
+  return d;
+}
+
+BatchFn gpt_batch_maker(const DataConfig& config, const Tokenizer& tokenizer) {
+  BatchOptions options;
+  options.eod = tokenizer.eod();
+  options.eod_mask_loss = config.eod_mask_loss;
+  options.reset_position_ids = config.reset_position_ids;
+  options.reset_attention_mask = config.reset_attention_mask;
+  return [options](const SampleSource& data, int64_t first, int64_t b) {
+    return gpt_batch_fields(make_batch(data, first, b, options));
+  };
+}
+
+}  // namespace megatron
