@@ -227,6 +227,18 @@ class TestLossFallsAndReproducible(CliTestCase):
         # h=64, padded V=128, 32 positions, 2 layers of LayerNorm + biased QKV/proj/MLP (ffn 256).
         self.assertEqual(PARAMS_RE.search(first.stdout).group(1), "110336")
 
+    def test_megatron_entry_point_is_train_with_its_model(self):
+        # A launch line's `pretrain_gpt.py ARGS` runs as `megatron pretrain_gpt ARGS`: the same
+        # run as `megatron train --model gpt ARGS` (and as plain train, gpt being the default).
+        args = [a if a != "60" else "8" for a in LEARN]
+        entry = megatron("pretrain_gpt", *args)
+        self.assertOk(entry, "pretrain_gpt")
+        self.assertIn("Usage: pretrain_gpt", megatron("pretrain_gpt", "--help").stdout)
+        for other in (megatron("train", "--model", "gpt", *args), megatron("train", *args)):
+            self.assertOk(other, "train")
+            self.assertEqual(losses_of(entry.stdout), losses_of(other.stdout))
+        self.assertEqual(len(losses_of(entry.stdout)), 8)
+
     def test_reproducible_with_two_threads(self):
         args = [*LEARN[:LEARN.index("--train-iters")], "--train-iters", "10", "--lr", "1e-3",
                 "--log-interval", "1", "--num-threads", "2"]
@@ -472,6 +484,16 @@ class TestBadInput(CliTestCase):
         top = megatron("--help")
         self.assertEqual(top.returncode, 0)
         self.assertIn("train", top.stdout)
+
+    def test_unknown_model_is_refused_listing_the_known_ones(self):
+        self.assertUsageError(megatron("train", *self.BASE, "--model", "bert"),
+                              "--model: unknown model 'bert'", "choose one of gpt")
+
+    def test_version_names_what_decides_the_arithmetic(self):
+        proc = megatron("--version")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertRegex(proc.stdout, r"^megatron-cpp: compiled for x86-64\S* with \S+ [0-9.]+; "
+                                      r"oneDNN [0-9.]+ kernels \w+; L1d \d+ KiB, L2 \d+ KiB\n$")
 
     # An architecture that --save-hf cannot export (here GPT-2 style with RMSNorm) must be refused
     # before the first iteration, not after the whole run.
