@@ -5,20 +5,50 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "core/error.h"
 #include "core/logging.h"
 
 namespace megatron::cli {
 
 void ArgTable::flag(const std::string& flag, bool& field, const std::string& help) {
   CLI::Option* opt = app_.add_flag(flag, field, help);
-  entries_.push_back({flag, dest_of(flag), opt, [&field] { return to_text(field); }});
+  entries_.push_back(bound(flag, dest_of(flag), opt, field));
 }
 
 void ArgTable::negative_flag(const std::string& flag, const std::string& dest, bool& field,
                              const std::string& help) {
   CLI::Option* opt = app_.add_flag_callback(
       flag, [&field] { field = false; }, help);
-  entries_.push_back({flag, dest, opt, [&field] { return to_text(field); }});
+  entries_.push_back(bound(flag, dest, opt, field));
+}
+
+nlohmann::json ArgTable::record(const std::string& concern) const {
+  nlohmann::json out = nlohmann::json::object();
+  for (const Entry& e : entries_) {
+    if (concern.empty() || e.concern == concern) out[e.dest] = e.to_json();
+  }
+  return out;
+}
+
+std::vector<std::string> ArgTable::restore(const std::string& concern, const nlohmann::json& saved,
+                                           const std::set<std::string>& keep,
+                                           const std::string& source) const {
+  std::vector<std::string> changed;
+  for (const Entry& e : entries_) {
+    if (e.concern != concern || !saved.contains(e.dest)) continue;
+    const bool given = e.option->count() > 0;
+    if (given && keep.count(e.flag)) continue;
+    const std::string before = e.value();
+    try {
+      e.from_json(saved.at(e.dest));
+    } catch (const nlohmann::json::exception&) {
+      MEGATRON_CHECK(false, source, ": argument ", e.dest, " has the wrong type");
+    }
+    if (given && e.value() != before) {
+      changed.push_back(e.flag + " " + before + " replaced by the checkpoint's " + e.value());
+    }
+  }
+  return changed;
 }
 
 bool ArgTable::given(const std::string& flag) const {

@@ -4,10 +4,12 @@
 #pragma once
 
 #include <functional>
+#include <set>
 #include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 namespace megatron::cli {
 
@@ -15,11 +17,15 @@ class ArgTable {
  public:
   explicit ArgTable(CLI::App& app) : app_(app) {}
 
+  // Entries added from now on belong to `name` (e.g. "model": the flags that fix the model's
+  // architecture); record() and restore() work on one concern.
+  void concern(const std::string& name) { concern_ = name; }
+
   // --flag VALUE bound to field (int64_t, double, std::string).
   template <typename T>
   void add(const std::string& flag, T& field, const std::string& help) {
     CLI::Option* opt = app_.add_option(flag, field, help)->capture_default_str();
-    entries_.push_back({flag, dest_of(flag), opt, [&field] { return to_text(field); }});
+    entries_.push_back(bound(flag, dest_of(flag), opt, field));
   }
   // --flag sets field to true.
   void flag(const std::string& flag, bool& field, const std::string& help);
@@ -28,6 +34,16 @@ class ArgTable {
                      const std::string& help);
 
   bool given(const std::string& flag) const;
+  // The entries of `concern` (every entry when empty) as {dest: value}, JSON-typed: what a
+  // checkpoint records of the run's arguments.
+  nlohmann::json record(const std::string& concern = "") const;
+  // Sets the fields of `concern`'s entries from a record (keys are dests; absent keys are left
+  // alone); flags in `keep` keep their value when given. Returns "FLAG OLD replaced by the
+  // checkpoint's NEW" for each given flag it changed. A value of the wrong type is an error
+  // naming `source` and the key.
+  std::vector<std::string> restore(const std::string& concern, const nlohmann::json& saved,
+                                   const std::set<std::string>& keep,
+                                   const std::string& source) const;
   // Megatron's dump: the "arguments" banner, then "  name ....... value" sorted by name.
   void print_dump() const;
 
@@ -36,7 +52,20 @@ class ArgTable {
     std::string flag, dest;
     CLI::Option* option;
     std::function<std::string()> value;
+    std::string concern;
+    std::function<nlohmann::json()> to_json;
+    std::function<void(const nlohmann::json&)> from_json;  // throws json::exception on a bad type
   };
+  template <typename T>
+  Entry bound(const std::string& flag, const std::string& dest, CLI::Option* opt, T& field) {
+    return Entry{flag,
+                 dest,
+                 opt,
+                 [&field] { return to_text(field); },
+                 concern_,
+                 [&field] { return nlohmann::json(field); },
+                 [&field](const nlohmann::json& j) { field = j.get<T>(); }};
+  }
   static std::string dest_of(const std::string& flag);
   static std::string to_text(int64_t v) { return std::to_string(v); }
   static std::string to_text(double v);
@@ -51,6 +80,7 @@ class ArgTable {
 
   CLI::App& app_;
   std::vector<Entry> entries_;
+  std::string concern_ = "general";
 };
 
 // Parses argv with CLI11. Returns -1 to continue, or an exit code: 0 after --help, 2 after a

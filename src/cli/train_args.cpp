@@ -20,6 +20,8 @@
 namespace megatron::cli {
 
 void register_model_args(ArgTable& t, Arguments& a) {
+  // the flags that fix the architecture (what --use-checkpoint-args restores)
+  t.concern("model");
   t.add("--model", a.model, "Model architecture: " + model_names());
   t.add("--num-layers", a.num_layers, "Number of transformer layers");
   t.add("--hidden-size", a.hidden_size, "Transformer hidden size");
@@ -45,19 +47,24 @@ void register_model_args(ArgTable& t, Arguments& a) {
          "Bias on the QKV projection even with --disable-bias-linear");
   t.flag("--untie-embeddings-and-output-weights", a.untie_embeddings_and_output_weights,
          "Separate output layer instead of the tied word embeddings");
+  t.concern("training");
   t.add("--hidden-dropout", a.hidden_dropout, "Dropout after attention/MLP and on embeddings");
   t.add("--attention-dropout", a.attention_dropout, "Dropout on attention probabilities");
   t.add("--init-method-std", a.init_method_std, "Std of the normal weight init");
+  t.concern("model");
   t.add("--make-vocab-size-divisible-by", a.make_vocab_size_divisible_by,
         "Pad the vocabulary to a multiple of this");
   t.add("--vocab-size", a.vocab_size, "Vocabulary size (NullTokenizer and mock data)");
+  t.concern("tokenizer");
   t.add("--tokenizer-type", a.tokenizer_type,
         "GPT2BPETokenizer, HuggingFaceTokenizer, SentencePieceTokenizer or NullTokenizer");
   t.add("--vocab-file", a.vocab_file, "GPT-2 BPE vocabulary (encoder.json)");
   t.add("--merge-file", a.merge_file, "GPT-2 BPE merges (vocab.bpe)");
   t.add("--tokenizer-model", a.tokenizer_model, "tokenizer.json or SentencePiece model");
+  t.concern("checkpoint");
   t.add("--pretrained-checkpoint", a.pretrained_checkpoint,
         "Hugging Face model directory (config.json + safetensors) to start from");
+  t.concern("precision");
   t.flag("--bf16", a.bf16,
          "bf16 compute weights and GEMM inputs; fp32 main weights, gradients and accumulation");
   t.flag("--fp16", a.fp16,
@@ -74,6 +81,7 @@ void register_model_args(ArgTable& t, Arguments& a) {
   t.flag("--grad-reduce-in-bf16", a.grad_reduce_in_bf16, "Reduce gradients in bfloat16");
   t.flag("--accumulate-allreduce-grads-in-fp32", a.accumulate_allreduce_grads_in_fp32,
          "Gradient accumulation and all-reduce in fp32 (always the case here)");
+  t.concern("parallel");
   t.add("--tensor-model-parallel-size", a.tensor_model_parallel_size,
         "Degree of tensor model parallelism");
   t.add("--pipeline-model-parallel-size", a.pipeline_model_parallel_size,
@@ -81,11 +89,13 @@ void register_model_args(ArgTable& t, Arguments& a) {
   t.flag("--sequence-parallel", a.sequence_parallel,
          "Enable sequence parallel optimization (with --tensor-model-parallel-size > 1; "
          "switched off with a warning at 1)");
+  t.concern("runtime");
   t.add("--num-threads", a.num_threads, "OpenMP threads (default: cores available to the process)");
 }
 
 void register_train_args(ArgTable& t, Arguments& a) {
   register_model_args(t, a);
+  t.concern("parallel");
   t.add("--num-layers-per-virtual-pipeline-stage", a.num_layers_per_virtual_pipeline_stage,
         "Number of layers per virtual pipeline stage (interleaved 1F1B; 0: none)");
   t.add("--num-virtual-stages-per-pipeline-rank", a.num_virtual_stages_per_pipeline_rank,
@@ -96,6 +106,7 @@ void register_train_args(ArgTable& t, Arguments& a) {
   t.add("--ddp-bucket-size", a.ddp_bucket_size,
         "Bucket size for data-parallel communication, in elements "
         "(0: max(40000000, 1000000 x data parallel size))");
+  t.concern("memory");
   t.add("--recompute-granularity", a.recompute_granularity,
         "Activation recomputation: full (whole layers, see --recompute-method) or selective "
         "(core attention only); default none");
@@ -107,16 +118,19 @@ void register_train_args(ArgTable& t, Arguments& a) {
         "Layers per recomputed chunk (uniform) or recomputed layers per pipeline stage (block)");
   t.flag("--recompute-activations", a.recompute_activations,
          "Deprecated: the same as --recompute-granularity selective");
+  t.concern("training");
   t.add("--micro-batch-size", a.micro_batch_size, "Sequences per micro-batch");
   t.add("--global-batch-size", a.global_batch_size,
         "Sequences per iteration (default micro batch x data parallel)");
   t.add("--train-iters", a.train_iters, "Training iterations");
+  t.concern("logging");
   t.add("--log-interval", a.log_interval, "Iterations between log lines");
   t.add("--timing-log-level", a.timing_log_level,
         "Granularity of the step-time report printed every --log-interval: 0 none, 1 the "
         "step's phases (batch, forward-backward, gradient sync, optimizer, communication), 2 "
         "also the time inside each kind of kernel (GEMM, attention, norms and elementwise, "
         "cross entropy, optimizer)");
+  t.concern("training");
   t.add("--seed", a.seed, "Random seed (weights, dropout, data)");
   t.add("--optimizer", a.optimizer, "Optimizer (adam: AdamW)");
   t.add("--lr", a.lr, "Peak learning rate");
@@ -138,6 +152,7 @@ void register_train_args(ArgTable& t, Arguments& a) {
   t.add("--clip-grad", a.clip_grad, "Clip the global gradient L2 norm to this (0: off)");
   t.negative_flag("--no-check-for-nan-in-loss-and-grad", "check_for_nan_in_loss_and_grad",
                   a.check_for_nan_in_loss_and_grad, "Do not stop on a NaN/Inf loss or gradient");
+  t.concern("data");
   t.flag("--mock-data", a.mock_data, "Train on synthetic data");
   t.add("--data-path", a.data_path, "Dataset prefix, or a blend: weight prefix weight prefix ...");
   t.add("--split", a.split, "Train/validation/test proportions of --data-path, e.g. 969,30,1");
@@ -151,10 +166,13 @@ void register_train_args(ArgTable& t, Arguments& a) {
          "Attention does not cross end of document");
   t.add("--num-workers", a.num_workers,
         "Micro-batches prepared ahead on a background thread (0: prepared in the training loop)");
+  t.concern("evaluation");
   t.add("--eval-interval", a.eval_interval, "Iterations between validation runs");
   t.add("--eval-iters", a.eval_iters,
         "Iterations (global batches) per validation run; 0: no evaluation");
+  t.concern("data");
   t.flag("--eod-mask-loss", a.eod_mask_loss, "No loss on end-of-document input tokens");
+  t.concern("logging");
   t.add("--tensorboard-dir", a.tensorboard_dir, "Write TensorBoard event files here");
   t.add("--tensorboard-log-interval", a.tensorboard_log_interval,
         "Iterations between TensorBoard points");
@@ -162,6 +180,7 @@ void register_train_args(ArgTable& t, Arguments& a) {
          "Accepted for compatibility: throughput is always logged");
   t.add("--gemm-peak-gflops", a.gemm_peak_gflops,
         "GEMM peak (GFLOP/s) for model-FLOPs utilisation; default: measured at start-up");
+  t.concern("checkpoint");
   t.add("--save", a.save, "Save checkpoints under this directory (iter_NNNNNNN + tracker)");
   t.add("--load", a.load, "Resume from the latest checkpoint under this directory");
   t.add("--save-interval", a.save_interval,
@@ -186,6 +205,7 @@ void register_train_args(ArgTable& t, Arguments& a) {
          "On load, check every shard's SHA-256 against metadata.json");
   t.add("--ckpt-format", a.ckpt_format,
         "Checkpoint format: torch_dist (the sharded, reshardable format; the only one)");
+  t.concern("exit");
   t.flag("--exit-signal-handler", a.exit_signal_handler,
          "On --exit-signal, save a checkpoint at the next iteration boundary and exit (code 3)");
   t.add("--exit-signal", a.exit_signal,
@@ -196,8 +216,10 @@ void register_train_args(ArgTable& t, Arguments& a) {
         "Exit (after saving, code 3) once training has run this many minutes");
   t.add("--distributed-timeout-minutes", a.distributed_timeout_minutes,
         "Abort the job when a step or collective makes no progress for this long");
+  t.concern("checkpoint");
   t.add("--save-hf", a.save_hf,
         "After training, write the weights as a Hugging Face model directory here");
+  t.concern("testing");
   t.add("--inject-fault", a.inject_fault,
         "Testing hook: KIND:RANK:ITERATION makes world rank RANK fail at ITERATION; KIND "
         "'exception' throws at its start, as a failing rank would; 'inf-grad' puts +inf into "
@@ -516,52 +538,27 @@ void merge_checkpoint_args(Arguments& a, const ArgTable& t, bool report) {
                  " has no checkpoint (no ", cp::kTrackerFile, ")");
   const std::string dir = cp::iteration_dir(a.load, *it);
   const cp::CheckpointReader reader = cp::CheckpointReader::open(dir, false);
-  const nlohmann::json saved = reader.metadata().value("args", nlohmann::json::object());
   const std::string src = dir + "/" + cp::kMetadataFile;
-  auto set = [&](const std::string& flag, const char* key, auto& field) {
-    if (!saved.contains(key)) return;
-    using T = std::decay_t<decltype(field)>;
-    T value;
-    try {
-      value = saved.at(key).get<T>();
-    } catch (const nlohmann::json::exception&) {
-      MEGATRON_CHECK(false, src, ": argument ", key, " has the wrong type");
+  // The argument table's record of the run that saved it ("arguments"); a checkpoint from before
+  // that record, or from `megatron convert`, has only the resolved model arguments ("args"),
+  // whose keys are the same dests except add_bias_linear.
+  nlohmann::json saved = reader.metadata().value("arguments", nlohmann::json::object());
+  if (saved.empty()) {
+    saved = reader.metadata().value("args", nlohmann::json::object());
+    if (saved.contains("add_bias_linear") && saved["add_bias_linear"].is_boolean()) {
+      saved["disable_bias_linear"] = !saved["add_bias_linear"].get<bool>();
     }
-    if (report && t.given(flag) && field != value) {
-      log_line(" > --use-checkpoint-args: " + flag + " " + text(field) + " replaced by the " +
-               "checkpoint's " + text(value));
-    }
-    field = value;
-  };
-  set("--num-layers", "num_layers", a.num_layers);
-  set("--hidden-size", "hidden_size", a.hidden_size);
-  set("--ffn-hidden-size", "ffn_hidden_size", a.ffn_hidden_size);
-  set("--num-attention-heads", "num_attention_heads", a.num_attention_heads);
-  set("--group-query-attention", "group_query_attention", a.group_query_attention);
-  set("--num-query-groups", "num_query_groups", a.num_query_groups);
-  set("--kv-channels", "kv_channels", a.kv_channels);
-  set("--max-position-embeddings", "max_position_embeddings", a.max_position_embeddings);
-  if (!t.given("--seq-length")) set("--seq-length", "seq_length", a.seq_length);
-  set("--position-embedding-type", "position_embedding_type", a.position_embedding_type);
-  set("--rotary-base", "rotary_base", a.rotary_base);
-  set("--rotary-percent", "rotary_percent", a.rotary_percent);
-  set("--normalization", "normalization", a.normalization);
-  set("--norm-epsilon", "norm_epsilon", a.norm_epsilon);
-  set("--swiglu", "swiglu", a.swiglu);
-  set("--openai-gelu", "openai_gelu", a.openai_gelu);
-  if (saved.contains("add_bias_linear")) {
-    bool add_bias = !a.disable_bias_linear;
-    set("--disable-bias-linear", "add_bias_linear", add_bias);
-    a.disable_bias_linear = !add_bias;
   }
-  set("--add-qkv-bias", "add_qkv_bias", a.add_qkv_bias);
-  set("--untie-embeddings-and-output-weights", "untie_embeddings_and_output_weights",
-      a.untie_embeddings_and_output_weights);
-  set("--make-vocab-size-divisible-by", "make_vocab_size_divisible_by",
-      a.make_vocab_size_divisible_by);
-  if (!t.given("--tokenizer-type")) set("--tokenizer-type", "tokenizer_type", a.tokenizer_type);
-  // The vocabulary of a NullTokenizer run is the --vocab-size flag itself.
-  if (a.tokenizer_type == "NullTokenizer") set("--vocab-size", "vocab_size", a.vocab_size);
+  // Every flag of the model concern; a given --seq-length wins (a run may train on other
+  // lengths); the vocabulary of a NullTokenizer run is --vocab-size itself, else the tokenizer's.
+  if (!t.given("--tokenizer-type") && saved.contains("tokenizer_type") &&
+      saved["tokenizer_type"].is_string()) {
+    a.tokenizer_type = saved["tokenizer_type"].get<std::string>();
+  }
+  if (a.tokenizer_type != "NullTokenizer") saved.erase("vocab_size");
+  for (const std::string& line : t.restore("model", saved, {"--seq-length"}, src)) {
+    if (report) log_line(" > --use-checkpoint-args: " + line);
+  }
 }
 
 }  // namespace megatron::cli

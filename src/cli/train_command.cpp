@@ -88,6 +88,7 @@ int run_train(int argc, char** argv, MpiRuntime& mpi) {
     if (agreed == 2) report_refusals(mpi, refusal);
     return agreed;
   }
+  args.argument_record = table.record();
   ParallelConfig pc;
   pc.tensor_model_parallel_size = static_cast<int>(args.tensor_model_parallel_size);
   pc.pipeline_model_parallel_size = static_cast<int>(args.pipeline_model_parallel_size);

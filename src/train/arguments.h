@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 namespace megatron {
 
 struct Arguments {
@@ -139,6 +141,12 @@ struct Arguments {
   std::string recompute_method;        // uniform or block (with full); empty: none
   int64_t recompute_num_layers = 0;    // layers per chunk (uniform) / per stage (block); 0: unset
   bool recompute_activations = false;  // deprecated alias of --recompute-granularity selective
+
+  // ---- record ----
+  // Every argument as the argument table holds it ({dest: value}, filled by the CLI after
+  // parsing), saved in checkpoints as "arguments"; --use-checkpoint-args restores its model
+  // concern from there.
+  nlohmann::json argument_record = nlohmann::json::object();
 };
 
 // Model chunks per pipeline rank (Megatron's virtual_pipeline_model_parallel_size): 1 without

@@ -713,6 +713,7 @@ RunState Trainer::run_state(int64_t iteration) const {
 nlohmann::json Trainer::checkpoint_extra() const {
   const ParallelState& ps = *parallel_;
   return {{"args", model_args_json(args_, cfg_)},
+          {"arguments", args_.argument_record},
           {"has_optimizer_state", args_.save_optim},
           {"padded_vocab_size", cfg_.padded_vocab_size},
           {"tokenizer", {{"type", args_.tokenizer_type}, {"vocab_size", cfg_.vocab_size}}},

@@ -274,6 +274,52 @@ class TestOptimizerStateMissing(unittest.TestCase):
         self.assertEqual(sorted(iterations(resumed)), [11], resumed.stdout[-2000:])
 
 
+class TestUseCheckpointArgs(unittest.TestCase):
+    """--use-checkpoint-args takes the model's architecture from the checkpoint: from the argument
+    table's record ("arguments") of the run that saved it, or, in a checkpoint without that
+    record (older saves, `megatron convert`), from its resolved model arguments ("args")."""
+
+    def check_resumes_with_the_checkpoints_shape(self, ck, want):
+        # Shape flags that disagree with the checkpoint: replaced (and said so), and the run
+        # continues the saving run exactly; a run without the flag is refused.
+        refused = run(1, "--load", ck, "--exit-interval", "7", expect_rc=2)
+        self.assertIn("holds a different model", refused.stderr)
+        resumed = run(1, "--load", ck, "--use-checkpoint-args", "--normalization", "LayerNorm",
+                      "--exit-interval", "7")
+        self.assertIn(" > --use-checkpoint-args: --num-layers 4 replaced by the checkpoint's 3",
+                      resumed.stdout)
+        self.assertIn(" > --use-checkpoint-args: --normalization LayerNorm replaced by the "
+                      "checkpoint's RMSNorm", resumed.stdout)
+        got = iterations(resumed)
+        self.assertEqual(sorted(got), [6, 7], resumed.stdout[-2000:])
+        for i in got:
+            self.assertEqual(got[i], want[i], f"iteration {i}")
+
+    def test_architecture_comes_from_the_checkpoint(self):
+        shape = ["--num-layers", "3", "--normalization", "RMSNorm", "--swiglu",
+                 "--position-embedding-type", "rope", "--disable-bias-linear"]
+        straight = run(1, *shape, "--exit-interval", "7")
+        want = iterations(straight)
+        ck = tmpdir("ck")
+        run(1, *shape, "--save", ck, "--exit-interval", "5")
+        meta, _ = checkpoint_reader.read_checkpoint(os.path.join(ck, "iter_0000005"))
+        self.assertEqual(meta["arguments"]["num_layers"], 3)
+        self.assertEqual(meta["arguments"]["normalization"], "RMSNorm")
+        self.assertIs(meta["arguments"]["disable_bias_linear"], True)
+        self.assertEqual(meta["arguments"]["lr"], 2e-3)  # every argument, not only the model's
+        self.check_resumes_with_the_checkpoints_shape(ck, want)
+        # The same checkpoint without the table's record: the resolved "args" serve.
+        legacy = tmpdir("legacy")
+        shutil.copytree(ck, legacy, dirs_exist_ok=True)
+        path = os.path.join(legacy, "iter_0000005", "metadata.json")
+        with open(path, encoding="utf-8") as f:
+            meta = json.load(f)
+        del meta["arguments"]
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(meta, f)
+        self.check_resumes_with_the_checkpoints_shape(legacy, want)
+
+
 class TestCheckpointReader(unittest.TestCase):
     """The reader's checks are what the other tests trust: each must fire on its corruption."""
 
