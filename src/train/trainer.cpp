@@ -72,24 +72,22 @@ std::vector<std::pair<std::string, double>> Trainer::relay_to_first_rank(
   return out;
 }
 
+void Trainer::log_gathered(const std::string& mine) const {
+  std::string block;
+  for (const std::string& line : all_gather_strings(parallel_->world_group(), mine)) {
+    if (!line.empty()) block += (block.empty() ? "" : "\n") + line;
+  }
+  log_first(block);
+}
+
 void Trainer::report_memory(int64_t iteration) const {
   // Megatron's report_memory prints from every data-parallel rank 0; here rank 0 prints them
   // all, in rank order, so that the block is whole under any launcher.
-  const std::string mine =
-      dp_rank_ != 0
-          ? std::string()
-          : strprintf(
-                "[Rank %d] (after %ld iterations) memory (MB) | resident: %.1f | max "
-                "resident: %.1f",
-                parallel_->rank(), static_cast<long>(iteration), resident_mb(), max_resident_mb());
-  const std::vector<std::string> all = all_gather_strings(parallel_->world_group(), mine);
-  if (!first_rank_) return;
-  std::string block;
-  for (const std::string& line : all) {
-    if (!line.empty()) block += line + "\n";
-  }
-  if (!block.empty()) block.pop_back();
-  log_line(block);
+  log_gathered(dp_rank_ != 0 ? std::string()
+                             : strprintf("[Rank %d] (after %ld iterations) memory (MB) | resident: "
+                                         "%.1f | max resident: %.1f",
+                                         parallel_->rank(), static_cast<long>(iteration),
+                                         resident_mb(), max_resident_mb()));
 }
 
 TokenizerArgs tokenizer_args(const Arguments& a) {
@@ -206,19 +204,10 @@ void Trainer::build_model() {
   for (Param* p : params_->params()) nparams += p->shape.numel();
   // Megatron prints one line per model-parallel rank (from data-parallel rank 0); rank 0 prints
   // them all as one block, in rank order (see log_first).
-  {
-    const std::string mine =
-        dp_rank_ != 0 ? std::string()
-                      : strprintf(
-                            " > number of parameters on (tensor, pipeline) model parallel "
-                            "rank (%d, %d): %ld",
-                            ps.tp_rank(), ps.pp_rank(), static_cast<long>(nparams));
-    std::string block;
-    for (const std::string& line : all_gather_strings(ps.world_group(), mine)) {
-      if (!line.empty()) block += (block.empty() ? "" : "\n") + line;
-    }
-    log_first(block);
-  }
+  log_gathered(dp_rank_ != 0 ? std::string()
+                             : strprintf(" > number of parameters on (tensor, pipeline) model "
+                                         "parallel rank (%d, %d): %ld",
+                                         ps.tp_rank(), ps.pp_rank(), static_cast<long>(nparams)));
   {
     // Activations: what one micro-batch keeps per chunk, times the (micro-batch, chunk) forwards
     // this rank holds at once under its schedule (1 without pipelining; the warm-up plus one

@@ -129,6 +129,9 @@ class Trainer {
   // Megatron's "[Rank r] (after N iterations) memory (MB) | ..." of every data-parallel rank 0,
   // gathered and printed by rank 0 as one block. Collective over the world group.
   void report_memory(int64_t iteration) const;
+  // Every rank's line (empty: none), printed by rank 0 as one block in rank order. Collective
+  // over the world group.
+  void log_gathered(const std::string& mine) const;
 
   Arguments args_;
   std::shared_ptr<ParallelState> parallel_;

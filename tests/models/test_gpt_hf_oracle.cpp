@@ -18,8 +18,8 @@
 #include <cmath>
 #include <filesystem>
 
-#include "models/gpt/gpt_hf.h"
 #include "checkpoint/safetensors.h"
+#include "models/gpt/gpt_hf.h"
 #include "optim/adamw.h"
 #include "tensor/ops.h"
 #include "testing/testing.h"

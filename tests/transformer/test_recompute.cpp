@@ -25,11 +25,11 @@
 #include <vector>
 
 #include "comm/process_group.h"
+#include "models/gpt/gpt_memory.h"
 #include "models/gpt/gpt_model.h"
 #include "tensor/memory_stats.h"
 #include "tensor/ops.h"
 #include "testing/testing.h"
-#include "models/gpt/gpt_memory.h"
 #include "train/memory_report.h"
 #include "transformer/transformer_block.h"
 

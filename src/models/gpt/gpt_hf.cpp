@@ -43,6 +43,8 @@ DType dtype_from_torch(const std::string& s, const std::string& file) {
   return DType::kF32;
 }
 
+}  // namespace
+
 const char* torch_dtype_name(DType t) {
   switch (t) {
     case DType::kBF16:
@@ -53,8 +55,6 @@ const char* torch_dtype_name(DType t) {
       return "float32";
   }
 }
-
-}  // namespace
 
 HfModelInfo read_hf_config(const std::string& dir) {
   const std::string file = (fs::path(dir) / "config.json").string();

@@ -27,6 +27,9 @@ struct HfModelInfo {
   nlohmann::json raw;         // config.json as read
 };
 
+// config.json's name of a weights dtype: "float32", "bfloat16" or "float16".
+const char* torch_dtype_name(DType t);
+
 // Reads dir/config.json. Errors name the file, the key and the fix.
 HfModelInfo read_hf_config(const std::string& dir);
 

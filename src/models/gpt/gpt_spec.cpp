@@ -57,9 +57,7 @@ HfMapping hf_mapping() {
                            : read_hf_config(source_dir);
     if (dtype) {
       info.dtype = *dtype;
-      info.raw["torch_dtype"] = *dtype == DType::kBF16  ? "bfloat16"
-                                : *dtype == DType::kF16 ? "float16"
-                                                        : "float32";
+      info.raw["torch_dtype"] = torch_dtype_name(*dtype);
     }
     save_hf(dir, info, m);
   };
