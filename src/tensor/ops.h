@@ -47,6 +47,10 @@ void scale_inplace(Tensor& x, double factor);             // x *= factor
 void gelu_forward(Tensor& out, const Tensor& x, bool tanh_approx);
 void gelu_backward(Tensor& dx, const Tensor& dout, const Tensor& x, bool tanh_approx);
 
+// tanh (the pooler's activation). The backward reads the output: dx = dout (1 - y^2).
+void tanh_forward(Tensor& out, const Tensor& x);
+void tanh_backward(Tensor& dx, const Tensor& dout, const Tensor& y);
+
 // SwiGLU on x[r, 2f] = [gate | up] (Megatron's chunk order): out[r, f] = silu(gate) * up.
 void swiglu_forward(Tensor& out, const Tensor& x);
 void swiglu_backward(Tensor& dx, const Tensor& dout, const Tensor& x);

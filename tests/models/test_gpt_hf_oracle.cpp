@@ -79,7 +79,7 @@ void run_oracle(const std::string& arch) {
     for (int64_t t = 0; t < S; ++t)
       for (int64_t v = 0; v < c.vocab_size; ++v)
         got.data<float>()[(b * S + t) * c.vocab_size + v] =
-            ctx.logits.data<float>()[(t * B + b) * c.padded_vocab_size + v];
+            ctx.head.logits.data<float>()[(t * B + b) * c.padded_vocab_size + v];
   EXPECT_TRUE(testing::allclose(got, want_logits, 1e-5, 1e-4)) << "logits";
   const double want_loss = expected.read("loss").item(0);
   EXPECT_NEAR(mean_loss(loss), want_loss, 1e-5 * want_loss) << "loss";

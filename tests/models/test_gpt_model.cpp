@@ -149,7 +149,7 @@ TEST(GPTModel, PaddingLogitsNeverReceiveProbability) {
   Fixture f(c);
   // Make the padding rows of the (tied) embedding huge: with masking, the loss is unchanged.
   double before = f.loss(ForwardMode{});
-  Param& we = f.model.word_embeddings;
+  Param& we = *f.model.word_embeddings();
   for (int64_t r = c.vocab_size; r < c.padded_vocab_size; ++r)
     for (int64_t j = 0; j < c.hidden_size; ++j) we.main.data<double>()[r * c.hidden_size + j] = 50;
   f.params.sync_compute_from_main();

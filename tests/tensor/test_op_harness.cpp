@@ -134,6 +134,18 @@ void register_elementwise() {
            }},
           {"gelu_forward", "gelu_backward"});
     }
+    add({"tanh", dims(s),
+         [=](DType t) {
+           Tensor y = Tensor::empty(s, t), dx = Tensor::empty(s, t);
+           ops::tanh_forward(y, a.to(t));
+           // The backward reads the output: the reference's y, so that only the kernel differs.
+           ops::tanh_backward(dx, b.to(t), ref::tanh(a).to(t));
+           return std::vector<Tensor>{y, dx};
+         },
+         [=] {
+           return std::vector<Tensor>{ref::tanh(a), ref::tanh_backward(b, ref::tanh(a))};
+         }},
+        {"tanh_forward", "tanh_backward"});
     const Shape half{s[0], std::max<int64_t>(1, s[1] / 2)};
     const Shape both{s[0], 2 * half[1]};
     const Tensor x2 = random_tensor(both, 4, 2.0, DType::kF64);
@@ -504,6 +516,13 @@ TEST(OpsHarness, BackwardsMatchFiniteDifferences) {
     Tensor dx = Tensor::empty(x.shape(), DType::kF64);
     ops::gelu_backward(dx, dy, x, tanh);
     EXPECT_TRUE(testing::allclose(dx, want, kFdTol, kFdTol)) << "gelu " << tanh;
+  }
+  {
+    const Tensor want = fd([](const Tensor& v) { return ref::tanh(v); }, x, dy);
+    EXPECT_TRUE(testing::allclose(ref::tanh_backward(dy, ref::tanh(x)), want, kFdTol, kFdTol));
+    Tensor dx = Tensor::empty(x.shape(), DType::kF64);
+    ops::tanh_backward(dx, dy, ref::tanh(x));
+    EXPECT_TRUE(testing::allclose(dx, want, kFdTol, kFdTol)) << "tanh";
   }
   {
     const Tensor x2 = random_tensor({3, 8}, 34, 2.0, DType::kF64),

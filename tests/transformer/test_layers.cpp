@@ -2,17 +2,8 @@
 // RMSNorm), MLP (GELU with biases, SwiGLU without), SelfAttention (MHA with learned positions;
 // GQA with RoPE, document masks and attention dropout), TransformerLayer and TransformerBlock
 // (with the final norm, and with full recomputation), each without tensor parallelism (the
-// parallel layouts are checked against these in tests/parallel and tests/e2e).
-//
-// For a layer y = f(x; w) and a random output gradient dy, the loss L = sum(dy * y): backward's dx
-// and every parameter's main_grad are compared with central differences of L. Dropout masks are
-// a pure function of (seed, stream, element), so L is a deterministic smooth function and finite
-// differences apply with dropout on.
-//
-// Tolerance: step 1e-6 in fp64 gives ~1e-9 truncation and rounding error on O(1) values; 1e-7
-// absolute plus 1e-5 relative leaves margin without hiding a wrong term (those are O(1e-2) or
-// more). Up to 40 evenly spaced elements of each tensor are checked, so a layer costs a few
-// hundred forwards.
+// parallel layouts are checked against these in tests/parallel and tests/e2e). The check and its
+// tolerance: testing/layer_gradients.h.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -22,6 +13,7 @@
 
 #include "comm/process_group.h"
 #include "tensor/ops.h"
+#include "testing/layer_gradients.h"
 #include "testing/testing.h"
 #include "transformer/attention.h"
 #include "transformer/mlp.h"
@@ -63,57 +55,11 @@ TransformerConfig llama_style(TransformerConfig c) {
   return c;
 }
 
-// The layer under test: its parameters and y = forward(x) with a fresh context each call;
-// backward(dy) runs on the context of the last forward and returns dx.
-struct LayerUnderTest {
-  std::vector<Param*> params;
-  std::function<Tensor(const Tensor&)> forward;
-  std::function<Tensor(const Tensor&)> backward;
-};
-
-double loss_of(const Tensor& y, const Tensor& dy) {
-  double s = 0;
-  for (int64_t i = 0; i < y.numel(); ++i) s += y.item(i) * dy.item(i);
-  return s;
-}
+using testing::LayerUnderTest;
 
 void check_layer(LayerUnderTest layer, uint64_t seed) {
-  ParamSet params(layer.params, DType::kF64);
-  params.initialize(seed);
-  // Norm weights and biases away from 1 and 0, so that their gradients are generic.
-  for (Param* p : params.params()) {
-    if (p->init != Init::kNormal) {
-      ops::add_inplace(p->main,
-                       testing::random_tensor(p->shape, stable_hash(p->name), 0.3, DType::kF64));
-    }
-  }
-  params.sync_compute_from_main();
-  Tensor x = testing::random_tensor({kS, kB, 8}, seed + 1, 1.0, DType::kF64);
-  const Tensor y = layer.forward(x);
-  const Tensor dy = testing::random_tensor(y.shape(), seed + 2, 1.0, DType::kF64);
-  params.zero_grads();
-  const Tensor dx = layer.backward(dy);
-
-  const double h = 1e-6;
-  auto check = [&](double* w, int64_t n, const Tensor& got, const std::string& what) {
-    const int64_t step = std::max<int64_t>(1, n / 40);
-    for (int64_t i = 0; i < n; i += step) {
-      const double orig = w[i];
-      w[i] = orig + h;
-      params.sync_compute_from_main();
-      const double lp = loss_of(layer.forward(x), dy);
-      w[i] = orig - h;
-      params.sync_compute_from_main();
-      const double lm = loss_of(layer.forward(x), dy);
-      w[i] = orig;
-      params.sync_compute_from_main();
-      const double fd = (lp - lm) / (2 * h);
-      ASSERT_NEAR(got.item(i), fd, 1e-7 + 1e-5 * std::fabs(fd)) << what << " element " << i;
-    }
-  };
-  check(x.data<double>(), x.numel(), dx, "dx");
-  for (Param* p : params.params())
-    check(p->main.data<double>(), p->main.numel(), p->main_grad, p->name);
+  testing::check_layer_gradients(
+      std::move(layer), testing::random_tensor({kS, kB, 8}, seed + 1, 1.0, DType::kF64), seed);
 }
 
 struct SelfGroup {

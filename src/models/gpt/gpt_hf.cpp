@@ -186,8 +186,8 @@ std::vector<Mapping> build_mappings(const HfModelInfo& info, GPTModel& m) {
   };
 
   if (info.arch == HfArch::kGpt2) {
-    add("wte.weight", m.word_embeddings, {V, h});
-    add("wpe.weight", m.position_embeddings, {c.max_position_embeddings, h});
+    add("wte.weight", m.embedding->word_embeddings, {V, h});
+    add("wpe.weight", m.embedding->position_embeddings, {c.max_position_embeddings, h});
     for (int64_t i = 0; i < c.num_layers; ++i) {
       auto& L = *m.decoder->layers[i];
       const std::string p = "h." + std::to_string(i) + ".";
@@ -213,7 +213,7 @@ std::vector<Mapping> build_mappings(const HfModelInfo& info, GPTModel& m) {
     add("ln_f.weight", m.decoder->final_layernorm.weight, {h});
     add("ln_f.bias", m.decoder->final_layernorm.bias, {h});
   } else {
-    add("model.embed_tokens.weight", m.word_embeddings, {V, h});
+    add("model.embed_tokens.weight", m.embedding->word_embeddings, {V, h});
     for (int64_t i = 0; i < c.num_layers; ++i) {
       auto& L = *m.decoder->layers[i];
       const std::string p = "model.layers." + std::to_string(i) + ".";
@@ -239,7 +239,7 @@ std::vector<Mapping> build_mappings(const HfModelInfo& info, GPTModel& m) {
       add(p + "mlp.down_proj.weight", L.mlp.linear_fc2.weight(), {h, ffn});
     }
     add("model.norm.weight", m.decoder->final_layernorm.weight, {h});
-    if (c.untie_embeddings_and_output_weights) add("lm_head.weight", m.output_layer, {V, h});
+    if (c.untie_embeddings_and_output_weights) add("lm_head.weight", m.head->own_weight, {V, h});
   }
   return maps;
 }

@@ -1,5 +1,6 @@
 // GPTModel: embeddings, the transformer decoder, the output layer and the fused LM loss; or, in a
-// pipeline, one stage's part of them.
+// pipeline, one stage's part of them. The two ends are the shared language-model parts of
+// models/common (LanguageEmbedding, LMHead); GPT itself is how they and the decoder are staged.
 //
 // Covers GPT-2 style (learned absolute positions, LayerNorm, GELU, biases, tied embeddings) and
 // Llama style (RoPE, RMSNorm, SwiGLU, no biases, GQA, untied output) through TransformerConfig.
@@ -22,6 +23,8 @@
 #include <vector>
 
 #include "comm/process_group.h"
+#include "models/common/language_embedding.h"
+#include "models/common/lm_head.h"
 #include "transformer/config.h"
 #include "transformer/transformer_block.h"
 
@@ -49,14 +52,9 @@ struct GPTInputs {
 class GPTModel {
  public:
   struct Ctx {
-    int64_t s = 0, b = 0;
-    Tensor ids, positions, targets;  // [s, b] i64
-    float emb_dropout = 0;
-    uint64_t seed = 0, emb_stream = 0;
+    LanguageEmbedding::Ctx embedding;
     TransformerBlock::Ctx decoder;
-    Tensor hidden;  // final hidden [s * b, h], as the output GEMM saw it (f32 or bf16)
-    Tensor logits;  // [s * b, Vp/tp] f32; becomes dlogits in backward
-    Tensor lse;     // [s * b]
+    LMHead::Ctx head;  // head.logits: [s * b, Vp/tp] f32 after a forward
   };
 
   explicit GPTModel(const TransformerConfig& cfg, GPTStage stage = {});
@@ -95,28 +93,21 @@ class GPTModel {
   // Shape of the activation a stage receives and sends: [s', b, h].
   Shape activation_shape(int64_t micro_batch_size) const;
 
-  Param word_embeddings;      // embedding.word_embeddings.weight [Vp/tp, h] (first stage, and
-                              // the last stage when tied)
-  Param position_embeddings;  // embedding.position_embeddings.weight [max_pos, h] (learned only)
+  // The word embeddings: the first stage's, or the last stage's tied copy (null on a middle
+  // stage, or on a last stage with an untied output layer and no embedding).
+  const Param* word_embeddings() const;
+  Param* word_embeddings();
+
+  std::unique_ptr<LanguageEmbedding> embedding;  // first stage
   std::unique_ptr<TransformerBlock> decoder;
-  Param output_layer;  // output_layer.weight [Vp/tp, h] (untied only, last stage)
+  std::unique_ptr<LMHead> head;  // last stage
 
  private:
-  const Param& output_weight() const;
-  Tensor embed(const GPTInputs& in, Ctx& ctx, const ForwardMode& mode) const;
-  void embed_backward(Tensor dx, Ctx& ctx) const;
-  Tensor output_and_loss(const Tensor& hidden, const GPTInputs& in, Ctx& ctx) const;
-  Tensor output_and_loss_backward(const Tensor& dloss, Ctx& ctx) const;
   void report(const ParamsDone& done, std::initializer_list<const Param*> ps) const;
-  Tensor logits_of(const Tensor& hidden, Ctx& ctx) const;
 
   TransformerConfig cfg_;
   GPTStage stage_;
   TensorParallelContext tp_;
-  int64_t vocab_start_ = 0;  // first vocabulary row on this TP rank
 };
-
-// Transposes a [b, s] tensor of i64 into [s, b].
-Tensor transpose_bs(const Tensor& x);
 
 }  // namespace megatron

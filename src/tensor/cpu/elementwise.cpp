@@ -1,4 +1,4 @@
-// Elementwise CPU kernels: adds, bias, GELU, SwiGLU, dropout. Memory-bound loops, OpenMP over
+// Elementwise CPU kernels: adds, bias, GELU, tanh, SwiGLU, dropout. Memory-bound loops, OpenMP over
 // elements or rows, vectorised by the compiler. Templated on float/double.
 #include <cmath>
 
@@ -152,6 +152,34 @@ void gelu_backward(Tensor& dx, const Tensor& dout, const Tensor& x, bool tanh_ap
         d[i] = g[i] * (cdf + v * pdf);
       }
     }
+  });
+}
+
+void tanh_forward(Tensor& out, const Tensor& x) {
+  const OpTimer op_timer(OpCategory::kNormElementwise);
+  cpu::check_numel(out, x, "tanh_forward");
+  cpu::check_same_dtype(out, x, "tanh_forward");
+  dispatch_float(x, "tanh_forward", [&]<typename T>() {
+    T* o = out.data<T>();
+    const T* in = x.data<T>();
+    const int64_t n = x.numel();
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) o[i] = cpu::vtanh(in[i]);
+  });
+}
+
+void tanh_backward(Tensor& dx, const Tensor& dout, const Tensor& y) {
+  const OpTimer op_timer(OpCategory::kNormElementwise);
+  cpu::check_numel(dx, y, "tanh_backward");
+  cpu::check_numel(dout, y, "tanh_backward");
+  cpu::check_same_dtype(dx, y, "tanh_backward");
+  cpu::check_same_dtype(dout, y, "tanh_backward");
+  dispatch_float(y, "tanh_backward", [&]<typename T>() {
+    T* d = dx.data<T>();
+    const T *g = dout.data<T>(), *out = y.data<T>();
+    const int64_t n = y.numel();
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) d[i] = g[i] * (static_cast<T>(1) - out[i] * out[i]);
   });
 }
 

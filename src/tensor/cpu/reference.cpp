@@ -70,6 +70,18 @@ Tensor gelu_backward(const Tensor& dout, const Tensor& x, bool tanh_approx) {
   return dx;
 }
 
+Tensor tanh(const Tensor& x) {
+  Tensor y = like(x);
+  for (int64_t i = 0; i < x.numel(); ++i) W(y)[i] = std::tanh(P(x)[i]);
+  return y;
+}
+
+Tensor tanh_backward(const Tensor& dout, const Tensor& y) {
+  Tensor dx = like(y);
+  for (int64_t i = 0; i < y.numel(); ++i) W(dx)[i] = P(dout)[i] * (1 - P(y)[i] * P(y)[i]);
+  return dx;
+}
+
 Tensor swiglu(const Tensor& x) {
   int64_t f = x.dim(-1) / 2, n = rows(x);
   Tensor y = Tensor::zeros({n, f}, DType::kF64);

@@ -14,6 +14,8 @@ Tensor matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b);  //
 
 Tensor gelu(const Tensor& x, bool tanh_approx);
 Tensor gelu_backward(const Tensor& dout, const Tensor& x, bool tanh_approx);
+Tensor tanh(const Tensor& x);
+Tensor tanh_backward(const Tensor& dout, const Tensor& y);  // from the output y
 Tensor swiglu(const Tensor& x);
 Tensor swiglu_backward(const Tensor& dout, const Tensor& x);
 

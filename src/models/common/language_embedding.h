@@ -1,0 +1,59 @@
+// LanguageEmbedding: Megatron's LanguageModelEmbedding, the input end of every language model
+// here (GPT's, BERT's and T5's encoder and decoder, the language half of a vision-language model).
+//
+// word embeddings (split along the vocabulary over tensor parallelism) + learned absolute
+// position embeddings (when the config asks for them; RoPE models rotate inside attention
+// instead) + token-type embeddings (num_tokentypes > 0: BERT's sentence A/B), then dropout on the
+// whole [s, b, h] embedding, and under --sequence-parallel each TP rank keeps its s/tp positions.
+// Inputs are Megatron's [b, s] batches; the output is [s, b, h] (or [s/tp, b, h]).
+//
+// The dropout mask is the single-process one in every layout: it is drawn over the full
+// embedding before the sequence is split (stream: ForwardMode::site_stream(-1, 0)).
+#pragma once
+
+#include "models/common/vocab_shard.h"
+#include "transformer/forward_mode.h"
+
+namespace megatron {
+
+class LanguageEmbedding {
+ public:
+  struct Ctx {
+    int64_t s = 0, b = 0;
+    Tensor ids, positions, token_types;  // [s, b] i64 (positions and token types when used)
+    float dropout = 0;
+    uint64_t seed = 0, stream = 0;
+  };
+
+  LanguageEmbedding(const TransformerConfig& cfg, const TensorParallelContext& tp,
+                    int64_t num_tokentypes = 0);
+  // Params point into ParamSets: never move or copy.
+  LanguageEmbedding(const LanguageEmbedding&) = delete;
+  LanguageEmbedding& operator=(const LanguageEmbedding&) = delete;
+
+  // tokens [b, s] i64; positions [b, s] i64 or undefined (0..s-1); token_types [b, s] i64 (only
+  // and always with num_tokentypes > 0). Returns [s', b, h] f32 (f64 in f64 models).
+  Tensor forward(const Tensor& tokens, const Tensor& positions, const Tensor& token_types, Ctx& ctx,
+                 const ForwardMode& mode) const;
+  // dy: gradient of the output. Accumulates every table's main_grad.
+  void backward(const Tensor& dy, Ctx& ctx) const;
+
+  // word, position and token-type embeddings, those this config has.
+  void collect(std::vector<Param*>& out);
+
+  Param word_embeddings;       // embedding.word_embeddings.weight [Vp/tp, h]
+  Param position_embeddings;   // embedding.position_embeddings.weight [max_pos, h] (learned only)
+  Param tokentype_embeddings;  // embedding.tokentype_embeddings.weight [num_tokentypes, h]
+
+ private:
+  bool learned_positions() const;
+
+  const TransformerConfig& cfg_;
+  TensorParallelContext tp_;
+  VocabShard vocab_;
+};
+
+// Transposes a [b, s] tensor (any dtype) into [s, b].
+Tensor transpose_bs(const Tensor& x);
+
+}  // namespace megatron
