@@ -1,10 +1,12 @@
 // Every tensor op of the trainer, as free functions: outputs first, then inputs.
 //
-// Shapes are checked here at the boundary and the call is dispatched on device (CPU only for now)
-// and dtype: f32 runs the fast kernels, f64 runs the same kernels in double (used by the finite-
-// difference tests). tensor/cpu/reference.h holds a naive fp64 implementation of each op: the spec
-// that the fast kernels are tested against. Unless noted, activations are f32 (or f64) and
-// "rows" means all leading dims flattened: a [s, b, h] tensor has s*b rows of h.
+// The device boundary: every kernel is reached through these functions. Each checks that its
+// tensors share one device, opens the op profile's timer for its category and runs that device's
+// implementation (tensor/ops.cpp): the CPU device's oneDNN/OpenMP kernels (tensor/cpu/), in f32
+// or f64 (f64 for the finite-difference tests), or the reference device's naive fp64 formulas
+// (tensor/reference/), the specification the op harness checks every device against. Unless
+// noted, activations are f32 (or f64) and "rows" means all leading dims flattened: a [s, b, h]
+// tensor has s*b rows of h.
 //
 // Gradient conventions: a backward op *writes* the input gradient (dx = ...) and *accumulates*
 // parameter gradients (dweight += ...), so gradient accumulation over micro-batches is free.

@@ -27,14 +27,14 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   return t;
 }
 
-Tensor Tensor::zeros(const Shape& shape, DType dtype) {
-  Tensor t = empty(shape, dtype);
+Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
   std::memset(t.raw(), 0, t.nbytes());
   return t;
 }
 
-Tensor Tensor::full(const Shape& shape, double value, DType dtype) {
-  Tensor t = empty(shape, dtype);
+Tensor Tensor::full(const Shape& shape, double value, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
   t.fill(value);
   return t;
 }
@@ -66,8 +66,15 @@ Tensor Tensor::flat_view(int64_t offset, const Shape& shape) const {
 }
 
 Tensor Tensor::to(DType dtype) const {
-  Tensor t = empty(shape_, dtype);
+  Tensor t = empty(shape_, dtype, device());
   convert(t.raw(), dtype, raw(), dtype_, numel());
+  return t;
+}
+
+Tensor Tensor::to(Device device) const {
+  // Both devices are host memory today; a device with its own memory copies through its API.
+  Tensor t = empty(shape_, dtype_, device);
+  std::memcpy(t.raw(), raw(), nbytes());
   return t;
 }
 

@@ -71,8 +71,9 @@ class Tensor {
 
   // Uninitialised, zero-filled, or filled with `value`.
   static Tensor empty(const Shape& shape, DType dtype = DType::kF32, Device device = Device::kCPU);
-  static Tensor zeros(const Shape& shape, DType dtype = DType::kF32);
-  static Tensor full(const Shape& shape, double value, DType dtype = DType::kF32);
+  static Tensor zeros(const Shape& shape, DType dtype = DType::kF32, Device device = Device::kCPU);
+  static Tensor full(const Shape& shape, double value, DType dtype = DType::kF32,
+                     Device device = Device::kCPU);
 
   bool defined() const { return storage_ != nullptr; }
   const Shape& shape() const { return shape_; }
@@ -98,8 +99,10 @@ class Tensor {
   Tensor slice0(int64_t begin, int64_t end) const;
   // A view of `shape` starting at element `offset` of this (flat) tensor's storage.
   Tensor flat_view(int64_t offset, const Shape& shape) const;
-  // A new tensor with converted elements.
+  // A new tensor with converted elements, on the same device.
   Tensor to(DType dtype) const;
+  // A copy on another device (same dtype).
+  Tensor to(Device device) const;
   Tensor clone() const { return to(dtype_); }
   // Copies (and converts) src's elements into this tensor; shapes must have equal numel.
   void copy_from(const Tensor& src);

@@ -19,7 +19,7 @@
 #include <cmath>
 #include <limits>
 
-#include "tensor/cpu/reference.h"
+#include "tensor/reference/reference.h"
 #include "tensor/ops.h"
 #include "testing/testing.h"
 

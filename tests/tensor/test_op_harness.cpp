@@ -1,11 +1,12 @@
 // The op-consistency harness (ggml's test-backend-ops is the model): every op of tensor/ops.h,
 // over shapes that include one element, odd and tail sizes (past the vector width and the 64-wide
-// tiles), run by each implementation ("device") it has, fast f32 and fast f64 kernels today,
-// against the fp64 reference (tensor/cpu/reference.h, or the formula written out here for the
-// ops too simple to need one), compared by normalised mean squared error; and, in gradient mode,
-// each backward against central finite differences of the reference forward.
+// tiles), run through ops.h on every device and dtype it has (the CPU device in f32 and in f64
+// today) and on the reference device (tensor/reference/: the naive fp64 formulas), compared by
+// normalised mean squared error; and, in gradient mode, backwards against central finite
+// differences. Each case is written once, as ops.h calls on a Place (a device and a dtype); the
+// reference device's results are the expected ones.
 //
-// A new device (CUDA) adds its runs to Device below and every case checks it; a new op adds its
+// A new device (CUDA) adds its places to kPlaces and every case checks it; a new op adds its
 // cases, and OpsHarness.CoversEveryOpInOpsH fails until it has them (it reads ops.h).
 //
 // Error measure and thresholds (the reason for each number): NMSE = sum (got - want)^2 /
@@ -24,11 +25,11 @@
 #include <regex>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "core/philox.h"
-#include "tensor/cpu/reference.h"
 #include "tensor/ops.h"
+#include "tensor/reference/reference.h"
 #include "testing/testing.h"
 
 namespace megatron {
@@ -38,37 +39,50 @@ using testing::random_tensor;
 
 constexpr double kNmseF32 = 1e-9, kNmseF64 = 1e-20, kFdTol = 1e-6;
 
-// The implementations an op runs on: the fast CPU kernels in f32 and in f64.
-struct Device {
+// Where a case runs: a device, the dtype its floating tensors take there, and the NMSE allowed
+// against the reference.
+struct Place {
   const char* name;
+  Device device;
   DType dtype;
   double nmse;
+
+  // An input moved here: floating tensors converted to dtype, ids and masks keep theirs.
+  Tensor operator()(const Tensor& t) const {
+    const bool floating = t.dtype() == DType::kF64 || t.dtype() == DType::kF32;
+    return (floating ? t.to(dtype) : t).to(device);
+  }
+  Tensor empty(const Shape& s) const { return Tensor::empty(s, dtype, device); }
+  Tensor zeros(const Shape& s) const { return Tensor::zeros(s, dtype, device); }
+  Tensor full(const Shape& s, double v) const { return Tensor::full(s, v, dtype, device); }
 };
-const Device kDevices[] = {{"cpu f32", DType::kF32, kNmseF32}, {"cpu f64", DType::kF64, kNmseF64}};
+const Place kReference{"reference", Device::kReference, DType::kF64, 0};
+const Place kPlaces[] = {{"cpu f32", Device::kCPU, DType::kF32, kNmseF32},
+                         {"cpu f64", Device::kCPU, DType::kF64, kNmseF64}};
 
 double nmse(const Tensor& got, const Tensor& want) {
-  Tensor g = got.to(DType::kF64), w = want.to(DType::kF64);
   double num = 0, den = 0;
-  for (int64_t i = 0; i < w.numel(); ++i) {
-    const double d = g.item(i) - w.item(i);
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    const double d = got.item(i) - want.item(i);
     num += d * d;
-    den += w.item(i) * w.item(i);
+    den += want.item(i) * want.item(i);
   }
   return den > 0 ? num / den : num;
 }
 
-Tensor f64(const Tensor& t) {
-  return t.to(DType::kF64);
+Tensor host_f64(const Tensor& t) {
+  return t.to(Device::kCPU).to(DType::kF64);
 }
 
-// A case: inputs made once (f64 values exactly representable in f32); `run(dtype)` runs the op's
-// fast kernels on copies in `dtype` and returns its outputs; `reference()` returns the fp64
-// reference outputs in the same order.
+// A case: inputs made once (f64 values exactly representable in f32); `run(place)` runs the op on
+// copies at `place` and returns its outputs. `same`: pairs of outputs that compute one thing two
+// ways (a merge of two key blocks and one pass, the sharded loss with one shard and the whole):
+// they must agree at every place, the reference included.
 struct Case {
   std::string op, shape;
-  std::function<std::vector<Tensor>(DType)> run;
-  std::function<std::vector<Tensor>()> reference;
+  std::function<std::vector<Tensor>(const Place&)> run;
   bool exact = false;  // copies, lookups and fixed-order sums: bit for bit
+  std::vector<std::pair<size_t, size_t>> same = {};
 };
 
 std::vector<Case>& cases() {
@@ -96,54 +110,40 @@ void register_elementwise() {
     const Tensor a = random_tensor(s, 1, 2.0, DType::kF64),
                  b = random_tensor(s, 2, 2.0, DType::kF64);
     const Tensor bias = random_tensor({s[1]}, 3, 1.0, DType::kF64);
-    add({"add", dims(s),
-         [=](DType t) {
-           Tensor out = Tensor::empty(s, t), acc = a.to(t);
-           ops::add(out, a.to(t), b.to(t));
-           ops::add_inplace(acc, b.to(t));
-           Tensor x = a.to(t);
-           ops::bias_add(x, bias.to(t));
-           Tensor db = Tensor::zeros({s[1]}, t);
-           ops::bias_backward(db, b.to(t));
-           Tensor sc = a.to(t);
+    add({"add",
+         dims(s),
+         [=](const Place& p) {
+           Tensor out = p.empty(s), acc = p(a);
+           ops::add(out, p(a), p(b));
+           ops::add_inplace(acc, p(b));
+           Tensor x = p(a);
+           ops::bias_add(x, p(bias));
+           Tensor db = p.zeros({s[1]});
+           ops::bias_backward(db, p(b));
+           Tensor sc = p(a);
            ops::scale_inplace(sc, -0.37);
            return std::vector<Tensor>{out, acc, x, db, sc};
          },
-         [=] {
-           Tensor sum = Tensor::empty(s, DType::kF64), biased = a.clone(),
-                  db = Tensor::zeros({s[1]}, DType::kF64), sc = a.clone();
-           for (int64_t i = 0; i < a.numel(); ++i) {
-             sum.data<double>()[i] = a.item(i) + b.item(i);
-             biased.data<double>()[i] += bias.item(i % s[1]);
-             sc.data<double>()[i] *= -0.37;
-           }
-           for (int64_t i = 0; i < b.numel(); ++i) db.data<double>()[i % s[1]] += b.item(i);
-           return std::vector<Tensor>{sum, sum, biased, db, sc};
-         }},
+         false,
+         {{0, 1}}},
         {"add", "add_inplace", "bias_add", "bias_backward", "scale_inplace"});
     for (bool tanh : {false, true}) {
       add({tanh ? "gelu (tanh)" : "gelu", dims(s),
-           [=](DType t) {
-             Tensor y = Tensor::empty(s, t), dx = Tensor::empty(s, t);
-             ops::gelu_forward(y, a.to(t), tanh);
-             ops::gelu_backward(dx, b.to(t), a.to(t), tanh);
+           [=](const Place& p) {
+             Tensor y = p.empty(s), dx = p.empty(s);
+             ops::gelu_forward(y, p(a), tanh);
+             ops::gelu_backward(dx, p(b), p(a), tanh);
              return std::vector<Tensor>{y, dx};
-           },
-           [=] {
-             return std::vector<Tensor>{ref::gelu(a, tanh), ref::gelu_backward(b, a, tanh)};
            }},
           {"gelu_forward", "gelu_backward"});
     }
     add({"tanh", dims(s),
-         [=](DType t) {
-           Tensor y = Tensor::empty(s, t), dx = Tensor::empty(s, t);
-           ops::tanh_forward(y, a.to(t));
+         [=](const Place& p) {
+           Tensor y = p.empty(s), dx = p.empty(s);
+           ops::tanh_forward(y, p(a));
            // The backward reads the output: the reference's y, so that only the kernel differs.
-           ops::tanh_backward(dx, b.to(t), ref::tanh(a).to(t));
+           ops::tanh_backward(dx, p(b), p(ref::tanh(a)));
            return std::vector<Tensor>{y, dx};
-         },
-         [=] {
-           return std::vector<Tensor>{ref::tanh(a), ref::tanh_backward(b, ref::tanh(a))};
          }},
         {"tanh_forward", "tanh_backward"});
     const Shape half{s[0], std::max<int64_t>(1, s[1] / 2)};
@@ -151,33 +151,20 @@ void register_elementwise() {
     const Tensor x2 = random_tensor(both, 4, 2.0, DType::kF64);
     const Tensor dy = random_tensor(half, 5, 1.0, DType::kF64);
     add({"swiglu", dims(both),
-         [=](DType t) {
-           Tensor y = Tensor::empty(half, t), dx = Tensor::empty(both, t);
-           ops::swiglu_forward(y, x2.to(t));
-           ops::swiglu_backward(dx, dy.to(t), x2.to(t));
+         [=](const Place& p) {
+           Tensor y = p.empty(half), dx = p.empty(both);
+           ops::swiglu_forward(y, p(x2));
+           ops::swiglu_backward(dx, p(dy), p(x2));
            return std::vector<Tensor>{y, dx};
-         },
-         [=] {
-           return std::vector<Tensor>{ref::swiglu(x2), ref::swiglu_backward(dy, x2)};
          }},
         {"swiglu_forward", "swiglu_backward"});
     // Dropout: the kept elements scaled by 1/(1-p), the mask a function of (seed, stream,
     // offset + i); backward applies the same mask.
     add({"dropout", dims(s),
-         [=](DType t) {
-           Tensor y = Tensor::empty(s, t), dx = Tensor::empty(s, t);
-           ops::dropout_forward(y, a.to(t), 0.3f, 11, 4, 1000);
-           ops::dropout_backward(dx, b.to(t), 0.3f, 11, 4, 1000);
-           return std::vector<Tensor>{y, dx};
-         },
-         [=] {
-           Tensor y = a.clone(), dx = b.clone();
-           for (int64_t i = 0; i < a.numel(); ++i) {
-             const bool keep = Philox::uniform(11, 4, static_cast<uint64_t>(1000 + i)) >= 0.3f;
-             const double k = keep ? 1.0 / (1.0 - static_cast<double>(0.3f)) : 0.0;
-             y.data<double>()[i] *= k;
-             dx.data<double>()[i] *= k;
-           }
+         [=](const Place& p) {
+           Tensor y = p.empty(s), dx = p.empty(s);
+           ops::dropout_forward(y, p(a), 0.3f, 11, 4, 1000);
+           ops::dropout_backward(dx, p(b), 0.3f, 11, 4, 1000);
            return std::vector<Tensor>{y, dx};
          }},
         {"dropout_forward", "dropout_backward"});
@@ -193,33 +180,21 @@ void register_norms() {
     const Tensor w = random_tensor({s[1]}, 8, 1.0, DType::kF64),
                  b = random_tensor({s[1]}, 9, 1.0, DType::kF64);
     add({"layernorm", dims(s),
-         [=](DType t) {
-           Tensor y = Tensor::empty(s, t), mean = Tensor::empty({s[0]}, t),
-                  rstd = Tensor::empty({s[0]}, t);
-           ops::layernorm_forward(y, mean, rstd, x.to(t), w.to(t), b.to(t), 1e-5f);
-           Tensor dx = Tensor::empty(s, t), dw = Tensor::zeros({s[1]}, t),
-                  db = Tensor::zeros({s[1]}, t);
-           ops::layernorm_backward(dx, dw, db, dy.to(t), x.to(t), w.to(t), mean, rstd);
-           return std::vector<Tensor>{y, dx, dw, db};
-         },
-         [=] {
-           const double eps = static_cast<double>(1e-5f);
-           const ref::NormGrads g = ref::layernorm_backward(dy, x, w, eps);
-           return std::vector<Tensor>{ref::layernorm(x, w, b, eps), g.dx, g.dweight, g.dbias};
+         [=](const Place& p) {
+           Tensor y = p.empty(s), mean = p.empty({s[0]}), rstd = p.empty({s[0]});
+           ops::layernorm_forward(y, mean, rstd, p(x), p(w), p(b), 1e-5f);
+           Tensor dx = p.empty(s), dw = p.zeros({s[1]}), db = p.zeros({s[1]});
+           ops::layernorm_backward(dx, dw, db, p(dy), p(x), p(w), mean, rstd);
+           return std::vector<Tensor>{y, mean, rstd, dx, dw, db};
          }},
         {"layernorm_forward", "layernorm_backward"});
     add({"rmsnorm", dims(s),
-         [=](DType t) {
-           Tensor y = Tensor::empty(s, t), rstd = Tensor::empty({s[0]}, t);
-           ops::rmsnorm_forward(y, rstd, x.to(t), w.to(t), 1e-6f);
-           Tensor dx = Tensor::empty(s, t), dw = Tensor::zeros({s[1]}, t);
-           ops::rmsnorm_backward(dx, dw, dy.to(t), x.to(t), w.to(t), rstd);
-           return std::vector<Tensor>{y, dx, dw};
-         },
-         [=] {
-           const double eps = static_cast<double>(1e-6f);
-           const ref::NormGrads g = ref::rmsnorm_backward(dy, x, w, eps);
-           return std::vector<Tensor>{ref::rmsnorm(x, w, eps), g.dx, g.dweight};
+         [=](const Place& p) {
+           Tensor y = p.empty(s), rstd = p.empty({s[0]});
+           ops::rmsnorm_forward(y, rstd, p(x), p(w), 1e-6f);
+           Tensor dx = p.empty(s), dw = p.zeros({s[1]});
+           ops::rmsnorm_backward(dx, dw, p(dy), p(x), p(w), rstd);
+           return std::vector<Tensor>{y, rstd, dx, dw};
          }},
         {"rmsnorm_forward", "rmsnorm_backward"});
   }
@@ -232,16 +207,11 @@ void register_matmul() {
       const Tensor a = random_tensor(ta ? Shape{k, m} : Shape{m, k}, 10, 1.0, DType::kF64);
       const Tensor b = random_tensor(tb ? Shape{n, k} : Shape{k, n}, 11, 1.0, DType::kF64);
       add({std::string("matmul") + (ta ? " A^T" : "") + (tb ? " B^T" : ""), dims(Shape{m, n, k}),
-           [=](DType t) {
-             Tensor c = Tensor::empty({m, n}, t);
-             ops::matmul(c, a.to(t), ta, b.to(t), tb);
-             Tensor acc = Tensor::full({m, n}, 0.5, t);
-             ops::matmul(acc, a.to(t), ta, b.to(t), tb, 1.0f);
-             return std::vector<Tensor>{c, acc};
-           },
-           [=] {
-             Tensor c = ref::matmul(a, ta, b, tb), acc = c.clone();
-             for (int64_t i = 0; i < acc.numel(); ++i) acc.data<double>()[i] += 0.5;
+           [=](const Place& p) {
+             Tensor c = p.empty({m, n});
+             ops::matmul(c, p(a), ta, p(b), tb);
+             Tensor acc = p.full({m, n}, 0.5);
+             ops::matmul(acc, p(a), ta, p(b), tb, 1.0f);
              return std::vector<Tensor>{c, acc};
            }},
           {"matmul"});
@@ -256,27 +226,16 @@ void register_lookups_and_copies() {
     const Tensor dout = random_tensor({n, h}, 14, 1.0, DType::kF64);
     const int64_t start = vocab / 3, rows = std::max<int64_t>(1, vocab / 3);
     add({"embedding", dims(Shape{vocab, h, n}),
-         [=](DType t) {
-           Tensor out = Tensor::empty({n, h}, t), dt = Tensor::zeros({vocab, h}, t);
-           ops::embedding_forward(out, ids, table.to(t));
-           ops::embedding_backward(dt, dout.to(t), ids);
+         [=](const Place& p) {
+           Tensor out = p.empty({n, h}), dt = p.zeros({vocab, h});
+           ops::embedding_forward(out, p(ids), p(table));
+           ops::embedding_backward(dt, p(dout), p(ids));
            // The block [start, start + rows) of the table: its rows only, zeros elsewhere.
-           Tensor shard = table.slice0(start, start + rows).to(t), part = Tensor::empty({n, h}, t);
-           ops::embedding_forward_shard(part, ids, shard, start);
-           Tensor dshard = Tensor::zeros({rows, h}, t);
-           ops::embedding_backward_shard(dshard, dout.to(t), ids, start);
+           Tensor shard = p(table.slice0(start, start + rows).clone()), part = p.empty({n, h});
+           ops::embedding_forward_shard(part, p(ids), shard, start);
+           Tensor dshard = p.zeros({rows, h});
+           ops::embedding_backward_shard(dshard, p(dout), p(ids), start);
            return std::vector<Tensor>{out, dt, part, dshard};
-         },
-         [=] {
-           Tensor part = ref::embedding(ids, table);
-           for (int64_t i = 0; i < n; ++i) {
-             const int64_t id = ids.data<int64_t>()[i];
-             if (id < start || id >= start + rows)
-               for (int64_t j = 0; j < h; ++j) part.data<double>()[i * h + j] = 0;
-           }
-           Tensor dt = ref::embedding_backward(dout, ids, vocab);
-           return std::vector<Tensor>{ref::embedding(ids, table), dt, part,
-                                      dt.slice0(start, start + rows).clone()};
          },
          /*exact=*/true},
         {"embedding_forward", "embedding_backward", "embedding_forward_shard",
@@ -285,48 +244,31 @@ void register_lookups_and_copies() {
   for (const Shape& s : kRowShapes) {
     const Tensor x = random_tensor(s, 15, 3.0, DType::kF64);
     const int64_t w = std::max<int64_t>(1, s[1] / 3);
-    add({"layout copies", dims(s),
-         [=](DType t) {
-           Tensor tr = Tensor::empty({s[1], s[0]}, t);
-           ops::transpose_2d(tr, x.to(t));
-           Tensor left = Tensor::empty({s[0], w}, t), right = Tensor::empty({s[0], s[1] - w}, t);
-           ops::slice_last_dim(left, x.to(t), 0);
-           if (s[1] > w) ops::slice_last_dim(right, x.to(t), w);
-           Tensor back = Tensor::empty(s, t);
+    add({"layout copies",
+         dims(s),
+         [=](const Place& p) {
+           Tensor tr = p.empty({s[1], s[0]});
+           ops::transpose_2d(tr, p(x));
+           Tensor left = p.empty({s[0], w}), right = p.empty({s[0], s[1] - w});
+           ops::slice_last_dim(left, p(x), 0);
+           if (s[1] > w) ops::slice_last_dim(right, p(x), w);
+           Tensor back = p.empty(s);
            ops::concat_last_dim(
                back, s[1] > w ? std::vector<Tensor>{left, right} : std::vector<Tensor>{left});
-           return std::vector<Tensor>{tr, back};
+           return std::vector<Tensor>{tr, back, p(x)};
          },
-         [=] {
-           Tensor tr = Tensor::empty({s[1], s[0]}, DType::kF64);
-           for (int64_t r = 0; r < s[0]; ++r)
-             for (int64_t c = 0; c < s[1]; ++c)
-               tr.data<double>()[c * s[0] + r] = x.item(r * s[1] + c);
-           return std::vector<Tensor>{tr, x.clone()};
-         },
-         /*exact=*/true},
+         /*exact=*/true,
+         {{1, 2}}},
         {"transpose_2d", "slice_last_dim", "concat_last_dim"});
-    const Tensor mask = random_tensor(s, 16, 1.0, DType::kF64);
+    // The mask is f32 at every place (ops.h: masked_sum's mask is f32).
+    Tensor mask = random_tensor(s, 16, 1.0, DType::kF32);
+    for (int64_t i = 0; i < mask.numel(); ++i) mask.data<float>()[i] = mask.data<float>()[i] > 0;
     add({"masked_sum, sum_squares", dims(s),
-         [=](DType t) {
-           Tensor m = mask.to(DType::kF32);
-           for (int64_t i = 0; i < m.numel(); ++i) m.data<float>()[i] = m.data<float>()[i] > 0;
-           const ops::MaskedSum ms = ops::masked_sum(x.to(t), m);
-           return std::vector<Tensor>{Tensor::full({1}, ms.sum, DType::kF64),
-                                      Tensor::full({1}, ms.count, DType::kF64),
-                                      Tensor::full({1}, ops::sum_squares(x.to(t)), DType::kF64)};
-         },
-         [=] {
-           double sum = 0, count = 0, sq = 0;
-           for (int64_t i = 0; i < x.numel(); ++i) {
-             const double k = static_cast<float>(mask.item(i)) > 0 ? 1.0 : 0.0;
-             sum += x.item(i) * k;
-             count += k;
-             sq += x.item(i) * x.item(i);
-           }
-           return std::vector<Tensor>{Tensor::full({1}, sum, DType::kF64),
-                                      Tensor::full({1}, count, DType::kF64),
-                                      Tensor::full({1}, sq, DType::kF64)};
+         [=](const Place& p) {
+           const ops::MaskedSum ms = ops::masked_sum(p(x), mask.to(p.device));
+           auto scalar = [&](double v) { return Tensor::full({1}, v, DType::kF64, p.device); };
+           return std::vector<Tensor>{scalar(ms.sum), scalar(ms.count),
+                                      scalar(ops::sum_squares(p(x)))};
          }},
         {"masked_sum", "sum_squares"});
   }
@@ -338,15 +280,11 @@ void register_rope_and_loss() {
     const Tensor x = random_tensor(shape, 17, 1.0, DType::kF64);
     const ops::RopeSpec spec{0, 2, rot, 10000.0f};
     add({"rope", dims(shape),
-         [=](DType t) {
-           Tensor y = x.to(t), back = x.to(t);
+         [=](const Place& p) {
+           Tensor y = p(x), back = p(x);
            ops::rope_inplace(y, Tensor(), spec, false);
            ops::rope_inplace(back, Tensor(), spec, true);
            return std::vector<Tensor>{y, back};
-         },
-         [=] {
-           return std::vector<Tensor>{ref::rope(x, Tensor(), spec, false),
-                                      ref::rope(x, Tensor(), spec, true)};
          }},
         {"rope_inplace"});
   }
@@ -354,35 +292,48 @@ void register_rope_and_loss() {
     const Tensor logits = random_tensor({n, vp}, 18, 4.0, DType::kF64);
     const Tensor targets = testing::random_ids({n}, 19, vocab);
     const Tensor dloss = random_tensor({n}, 20, 1.0, DType::kF64);
-    add({"cross entropy", dims(Shape{n, vp, vocab}),
-         [=](DType t) {
-           Tensor loss = Tensor::empty({n}, t), lse = Tensor::empty({n}, t);
-           ops::cross_entropy_forward(loss, lse, logits.to(t), targets, vocab);
-           Tensor d = Tensor::empty({n, vp}, t);
-           ops::cross_entropy_backward(d, dloss.to(t), logits.to(t), lse, targets, vocab);
-           Tensor lp = Tensor::empty({n}, t);
-           ops::log_softmax_gather(lp, logits.to(t), targets, vocab);
-           // One block: the shard ops with vocab_start 0 are the whole op.
-           Tensor mx = Tensor::empty({n}, t), sums = Tensor::empty({2 * n}, DType::kF64);
-           ops::cross_entropy_shard_max(mx, logits.to(t), vocab);
-           ops::cross_entropy_shard_sums(sums, logits.to(t), mx, targets, 0, vocab);
-           Tensor loss2 = Tensor::empty({n}, t), lse2 = Tensor::empty({n}, t);
-           ops::cross_entropy_shard_finish(loss2, lse2, mx, sums);
-           Tensor d2 = Tensor::empty({n, vp}, t);
-           ops::cross_entropy_shard_backward(d2, dloss.to(t), logits.to(t), lse2, targets, 0,
-                                             vocab);
-           return std::vector<Tensor>{loss, d, lp, loss2, d2};
-         },
-         [=] {
-           Tensor loss = ref::cross_entropy(logits, targets, vocab), lp = loss.clone();
+    add({"cross entropy",
+         dims(Shape{n, vp, vocab}),
+         [=](const Place& p) {
+           Tensor loss = p.empty({n}), lse = p.empty({n});
+           ops::cross_entropy_forward(loss, lse, p(logits), p(targets), vocab);
+           Tensor d = p.empty({n, vp});
+           ops::cross_entropy_backward(d, p(dloss), p(logits), lse, p(targets), vocab);
+           Tensor lp = p.empty({n});
+           ops::log_softmax_gather(lp, p(logits), p(targets), vocab);
            ops::scale_inplace(lp, -1.0);
-           Tensor d = ref::cross_entropy_backward(dloss, logits, targets, vocab);
-           return std::vector<Tensor>{loss, d, lp, loss, d};
-         }},
+           // One block: the shard ops with vocab_start 0 are the whole op.
+           Tensor mx = p.empty({n}), sums = Tensor::empty({2 * n}, DType::kF64, p.device);
+           ops::cross_entropy_shard_max(mx, p(logits), vocab);
+           ops::cross_entropy_shard_sums(sums, p(logits), mx, p(targets), 0, vocab);
+           Tensor loss2 = p.empty({n}), lse2 = p.empty({n});
+           ops::cross_entropy_shard_finish(loss2, lse2, mx, sums);
+           Tensor d2 = p.empty({n, vp});
+           ops::cross_entropy_shard_backward(d2, p(dloss), p(logits), lse2, p(targets), 0, vocab);
+           return std::vector<Tensor>{loss, lse, d, lp, loss2, lse2, d2};
+         },
+         false,
+         {{0, 3}, {0, 4}, {1, 5}, {2, 6}}},
         {"cross_entropy_forward", "cross_entropy_backward", "log_softmax_gather",
          "cross_entropy_shard_max", "cross_entropy_shard_sums", "cross_entropy_shard_finish",
          "cross_entropy_shard_backward"});
   }
+}
+
+// Megatron's packed QKV [s, b, 2 groups, 2 + 2, hn] holding q [s, b, 4, hn] and k, v [s, b, 2,
+// hn]: per group its two query heads, then its key and its value head.
+Tensor pack_qkv(const Tensor& q, const Tensor& k, const Tensor& v) {
+  const int64_t s = q.dim(0), hn = q.dim(3);
+  Tensor qkv = Tensor::empty({s, 2, 2, 4, hn}, DType::kF64);
+  for (int64_t tb = 0; tb < s * 2; ++tb)
+    for (int64_t g = 0; g < 2; ++g)
+      for (int64_t part = 0; part < 4; ++part) {
+        const Tensor& src = part < 2 ? q : part == 2 ? k : v;
+        const int64_t head = part < 2 ? g * 2 + part : g, heads = part < 2 ? 4 : 2;
+        std::memcpy(qkv.data<double>() + ((tb * 2 + g) * 4 + part) * hn,
+                    src.data<double>() + (tb * heads + head) * hn, hn * sizeof(double));
+      }
+  return qkv;
 }
 
 void register_attention_and_optimizer() {
@@ -393,74 +344,83 @@ void register_attention_and_optimizer() {
     const Tensor k = random_tensor({skv, 2, 2, hn}, 22, 1.0, DType::kF64);
     const Tensor v = random_tensor({skv, 2, 2, hn}, 23, 1.0, DType::kF64);
     const Tensor dout = random_tensor({sq, 2, 4, hn}, 24, 1.0, DType::kF64);
+    const Tensor qkv = sq == skv ? pack_qkv(q, k, v) : Tensor();
     ops::AttentionSpec spec;
     spec.scale = 0.5f;
     spec.causal = causal != 0;
     spec.q_offset = skv - sq > 0 && causal ? skv - sq : 0;
+    // Outputs: out, lse, dq, dk, dv; the keys in two blocks merged (out, lse) and their
+    // backwards (dq summed, dk and dv side by side); the packed-QKV forward when sq == skv.
+    std::vector<std::pair<size_t, size_t>> same = {{0, 5}, {1, 6}, {2, 7}, {3, 8}, {4, 9}};
+    if (sq == skv) same.emplace_back(0, 10);
     add({causal ? "attention (causal)" : "attention", dims(Shape{sq, skv, hn}),
-         [=](DType t) {
-           const Tensor qt = q.to(t), kt = k.to(t), vt = v.to(t);
-           Tensor out = Tensor::empty({sq, 2, 4, hn}, t), lse = Tensor::empty({2, 4, sq}, t);
-           const auto qv = ops::attention_view(qt, 2), kv = ops::attention_view(kt, 2),
-                      vv = ops::attention_view(vt, 2);
-           ops::attention_forward(out, lse, qv, kv, vv, spec);
-           Tensor dq = Tensor::empty(qt.shape(), t), dk = Tensor::empty(kt.shape(), t),
-                  dv = Tensor::empty(vt.shape(), t);
+         [=](const Place& p) {
+           const Tensor qt = p(q), kt = p(k), vt = p(v), dt = p(dout);
+           Tensor out = p.empty({sq, 2, 4, hn}), lse = p.empty({2, 4, sq});
+           const auto qv = ops::attention_view(qt, 2);
+           ops::attention_forward(out, lse, qv, ops::attention_view(kt, 2),
+                                  ops::attention_view(vt, 2), spec);
+           Tensor dq = p.empty(qt.shape()), dk = p.empty(kt.shape()), dv = p.empty(vt.shape());
            ops::attention_backward(ops::attention_view(dq, 2), ops::attention_view(dk, 2),
-                                   ops::attention_view(dv, 2), Tensor(), dout.to(t), qv, kv, vv,
-                                   out, lse, spec);
-           // The same keys as two blocks merged: the one-pass result.
-           Tensor merged = out.clone(), mlse = lse.clone();
-           ops::attention_merge(merged, mlse, Tensor::zeros(out.shape(), t),
-                                Tensor::full(lse.shape(), -INFINITY, t));
-           std::vector<Tensor> outs{out, dq, dk, dv, merged};
+                                   ops::attention_view(dv, 2), Tensor(), dt, qv,
+                                   ops::attention_view(kt, 2), ops::attention_view(vt, 2), out, lse,
+                                   spec);
+           // Keys [0, half) and [half, skv) as two blocks (at their global positions), merged
+           // through their log-sum-exps; each block's backward with the merged out and lse.
+           const int64_t half = (skv + 1) / 2;
+           Tensor merged = p.empty(out.shape()), mlse = p.empty(lse.shape());
+           Tensor out_b = p.empty(out.shape()), lse_b = p.empty(lse.shape());
+           ops::AttentionSpec first = spec, second = spec;
+           second.kv_offset = half;
+           const Tensor k1 = kt.slice0(0, half), v1 = vt.slice0(0, half);
+           const Tensor k2 = kt.slice0(half, skv), v2 = vt.slice0(half, skv);
+           ops::attention_forward(merged, mlse, qv, ops::attention_view(k1, 2),
+                                  ops::attention_view(v1, 2), first);
+           if (skv > half) {
+             ops::attention_forward(out_b, lse_b, qv, ops::attention_view(k2, 2),
+                                    ops::attention_view(v2, 2), second);
+             ops::attention_merge(merged, mlse, out_b, lse_b);
+           }
+           Tensor bdq = p.empty(qt.shape()), bdk = p.empty(kt.shape()), bdv = p.empty(vt.shape());
+           Tensor dk1 = bdk.slice0(0, half), dv1 = bdv.slice0(0, half);
+           ops::attention_backward(ops::attention_view(bdq, 2), ops::attention_view(dk1, 2),
+                                   ops::attention_view(dv1, 2), Tensor(), dt, qv,
+                                   ops::attention_view(k1, 2), ops::attention_view(v1, 2), merged,
+                                   mlse, first);
+           if (skv > half) {
+             Tensor dq2 = p.empty(qt.shape());
+             Tensor dk2 = bdk.slice0(half, skv), dv2 = bdv.slice0(half, skv);
+             ops::attention_backward(ops::attention_view(dq2, 2), ops::attention_view(dk2, 2),
+                                     ops::attention_view(dv2, 2), Tensor(), dt, qv,
+                                     ops::attention_view(k2, 2), ops::attention_view(v2, 2), merged,
+                                     mlse, second);
+             ops::add_inplace(bdq, dq2);
+           }
+           std::vector<Tensor> outs{out, lse, dq, dk, dv, merged, mlse, bdq, bdk, bdv};
            if (sq == skv) {
-             // The same q, k, v packed as Megatron's QKV [s, b, 2 groups, 2 + 2, hn], read in
-             // place through packed views.
-             Tensor qkv = Tensor::empty({sq, 2, 2, 4, hn}, t);
-             const size_t es = dtype_size(t);
-             for (int64_t tb = 0; tb < sq * 2; ++tb)
-               for (int64_t g = 0; g < 2; ++g)
-                 for (int64_t p = 0; p < 4; ++p) {
-                   const Tensor& src = p < 2 ? qt : p == 2 ? kt : vt;
-                   const int64_t head = p < 2 ? g * 2 + p : g, heads = p < 2 ? 4 : 2;
-                   std::memcpy(static_cast<char*>(qkv.raw()) + ((tb * 2 + g) * 4 + p) * hn * es,
-                               static_cast<const char*>(src.raw()) + (tb * heads + head) * hn * es,
-                               hn * es);
-                 }
-             Tensor pout = Tensor::empty(out.shape(), t), plse = Tensor::empty(lse.shape(), t);
-             ops::attention_forward(pout, plse, ops::packed_qkv_view(qkv, ops::QkvPart::kQuery),
-                                    ops::packed_qkv_view(qkv, ops::QkvPart::kKey),
-                                    ops::packed_qkv_view(qkv, ops::QkvPart::kValue), spec);
+             // The same q, k, v read in place from Megatron's packed QKV.
+             const Tensor packed = p(qkv);
+             Tensor pout = p.empty(out.shape()), plse = p.empty(lse.shape());
+             ops::attention_forward(pout, plse, ops::packed_qkv_view(packed, ops::QkvPart::kQuery),
+                                    ops::packed_qkv_view(packed, ops::QkvPart::kKey),
+                                    ops::packed_qkv_view(packed, ops::QkvPart::kValue), spec);
              outs.push_back(pout);
            }
            return outs;
          },
-         [=] {
-           const ref::AttentionResult r = ref::attention(q, k, v, spec);
-           const ref::AttentionGrads g = ref::attention_backward(dout, q, k, v, spec);
-           std::vector<Tensor> want{r.out, g.dq, g.dk, g.dv, r.out};
-           if (sq == skv) want.push_back(r.out);
-           return want;
-         }},
+         false, same},
         {"attention_forward", "attention_backward", "attention_merge", "attention_view",
          "packed_qkv_view"});
   }
   for (int64_t n : {1, 7, 1001}) {
-    const Tensor p = random_tensor({n}, 25, 1.0, DType::kF64),
+    const Tensor param = random_tensor({n}, 25, 1.0, DType::kF64),
                  g = random_tensor({n}, 26, 1.0, DType::kF64);
     const ops::AdamWSpec spec{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, 0.7};
     add({"adamw_step", dims(Shape{n}),
-         [=](DType t) {
-           Tensor pt = p.to(t), m = Tensor::zeros({n}, t), v2 = Tensor::zeros({n}, t);
-           ops::adamw_step(pt, m, v2, g.to(t), spec);
+         [=](const Place& p) {
+           Tensor pt = p(param), m = p.zeros({n}), v2 = p.zeros({n});
+           ops::adamw_step(pt, m, v2, p(g), spec);
            return std::vector<Tensor>{pt, m, v2};
-         },
-         [=] {
-           const ref::AdamState s = ref::adamw(
-               {p.clone(), Tensor::zeros({n}, DType::kF64), Tensor::zeros({n}, DType::kF64)}, g,
-               spec);
-           return std::vector<Tensor>{s.param, s.exp_avg, s.exp_avg_sq};
          }},
         {"adamw_step"});
   }
@@ -480,28 +440,46 @@ TEST(OpsHarness, EveryCaseOnEveryDeviceMatchesTheReference) {
   register_all();
   int checked = 0;
   for (const Case& c : cases()) {
-    const std::vector<Tensor> want = c.reference();
-    for (const Device& d : kDevices) {
-      SCOPED_TRACE(c.op + " " + c.shape + " on " + d.name);
-      const std::vector<Tensor> got = c.run(d.dtype);
+    SCOPED_TRACE(c.op + " " + c.shape);
+    std::vector<Tensor> want = c.run(kReference);
+    for (Tensor& w : want) {
+      ASSERT_EQ(w.device(), Device::kReference);
+      w = host_f64(w);
+    }
+    for (auto [i, j] : c.same) {
+      EXPECT_LE(nmse(want[j], want[i]), kNmseF64) << "reference: outputs " << i << ", " << j;
+    }
+    for (const Place& place : kPlaces) {
+      SCOPED_TRACE(place.name);
+      std::vector<Tensor> got = c.run(place);
       ASSERT_EQ(got.size(), want.size());
       for (size_t i = 0; i < got.size(); ++i) {
         ASSERT_EQ(got[i].numel(), want[i].numel()) << "output " << i;
-        if (c.exact && d.dtype == DType::kF64) {
-          EXPECT_TRUE(testing::allclose(f64(got[i]), want[i], 0, 0)) << "output " << i;
+        got[i] = host_f64(got[i]);
+        if (c.exact && place.dtype == DType::kF64) {
+          EXPECT_TRUE(testing::allclose(got[i], want[i], 0, 0)) << "output " << i;
         } else {
           const double e = nmse(got[i], want[i]);
-          EXPECT_LE(e, d.nmse) << "output " << i << ": NMSE " << e;
+          EXPECT_LE(e, place.nmse) << "output " << i << ": NMSE " << e;
         }
         ++checked;
       }
+      for (auto [i, j] : c.same) {
+        EXPECT_LE(nmse(got[j], got[i]), place.nmse) << "outputs " << i << ", " << j;
+      }
     }
   }
-  EXPECT_GT(checked, 200);
+  EXPECT_GT(checked, 300);
+}
+
+// A tensor on the reference device, and one back on the host.
+Tensor on_ref(const Tensor& t) {
+  return t.to(Device::kReference);
 }
 
 // Gradient mode: each differentiable op's reference backward against central differences of
-// its reference forward, and the fast f64 backward against the same differences.
+// its reference forward, and the fast f64 backward (and the reference device's norm backwards,
+// which have their own formulas) against the same differences.
 TEST(OpsHarness, BackwardsMatchFiniteDifferences) {
   const Tensor x = random_tensor({3, 7}, 30, 2.0, DType::kF64),
                dy = random_tensor({3, 7}, 31, 1.0, DType::kF64);
@@ -541,6 +519,33 @@ TEST(OpsHarness, BackwardsMatchFiniteDifferences) {
         testing::allclose(ref::layernorm_backward(dy, x, w, eps).dweight, want_w, kFdTol, kFdTol));
     const Tensor want_r = fd([&](const Tensor& v) { return ref::rmsnorm(v, w, eps); }, x, dy);
     EXPECT_TRUE(testing::allclose(ref::rmsnorm_backward(dy, x, w, eps).dx, want_r, kFdTol, kFdTol));
+    // The reference device's backwards, which work from forward's mean and rstd.
+    Tensor y = on_ref(x.clone()), mean = on_ref(Tensor::empty({3}, DType::kF64)),
+           rstd = on_ref(Tensor::empty({3}, DType::kF64));
+    ops::layernorm_forward(y, mean, rstd, on_ref(x), on_ref(w), on_ref(b), 1e-5f);
+    Tensor dx = on_ref(x.clone()), dw = on_ref(Tensor::zeros({7}, DType::kF64)),
+           db = on_ref(Tensor::zeros({7}, DType::kF64));
+    ops::layernorm_backward(dx, dw, db, on_ref(dy), on_ref(x), on_ref(w), mean, rstd);
+    const double feps = static_cast<double>(1e-5f);
+    EXPECT_TRUE(testing::allclose(
+        dx.to(Device::kCPU),
+        fd([&](const Tensor& v) { return ref::layernorm(v, w, b, feps); }, x, dy), kFdTol, kFdTol))
+        << "reference device layernorm dx";
+    EXPECT_TRUE(testing::allclose(
+        dw.to(Device::kCPU),
+        fd([&](const Tensor& v) { return ref::layernorm(x, v, b, feps); }, w, dy), kFdTol, kFdTol))
+        << "reference device layernorm dweight";
+    ops::rmsnorm_forward(y, rstd, on_ref(x), on_ref(w), 1e-5f);
+    Tensor dwr = on_ref(Tensor::zeros({7}, DType::kF64));
+    ops::rmsnorm_backward(dx, dwr, on_ref(dy), on_ref(x), on_ref(w), rstd);
+    EXPECT_TRUE(testing::allclose(
+        dx.to(Device::kCPU), fd([&](const Tensor& v) { return ref::rmsnorm(v, w, feps); }, x, dy),
+        kFdTol, kFdTol))
+        << "reference device rmsnorm dx";
+    EXPECT_TRUE(testing::allclose(
+        dwr.to(Device::kCPU), fd([&](const Tensor& v) { return ref::rmsnorm(x, v, feps); }, w, dy),
+        kFdTol, kFdTol))
+        << "reference device rmsnorm dweight";
   }
   {
     const Tensor targets = testing::random_ids({3}, 36, 6);

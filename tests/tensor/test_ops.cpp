@@ -1,4 +1,4 @@
-// Every op of tensor/ops.h against its naive fp64 reference (tensor/cpu/reference.h), at odd
+// Every op of tensor/ops.h against its naive fp64 reference (tensor/reference/reference.h), at odd
 // shapes, and every backward against central finite differences in fp64.
 //
 // Tolerances: fast-f64 vs reference-f64 differs only by summation order: 1e-10. Fast-f32 vs
@@ -13,7 +13,7 @@
 #include <cmath>
 #include <functional>
 
-#include "tensor/cpu/reference.h"
+#include "tensor/reference/reference.h"
 #include "tensor/cpu/vec_math.h"
 #include "tensor/ops.h"
 #include "testing/testing.h"

@@ -7,15 +7,14 @@
 #include <cmath>
 #include <vector>
 
+#include "tensor/cpu/cpu_ops.h"
 #include "tensor/cpu/dispatch.h"
-#include "tensor/op_profile.h"
 #include "tensor/ops.h"
 
-namespace megatron::ops {
+namespace megatron::cpu {
 
 void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad,
                 const AdamWSpec& spec) {
-  const OpTimer op_timer(OpCategory::kOptimizer);
   cpu::check_numel(param, grad, "adamw_step");
   cpu::check_numel(param, exp_avg, "adamw_step");
   cpu::check_numel(param, exp_avg_sq, "adamw_step");
@@ -64,4 +63,4 @@ double sum_squares(const Tensor& x) {
   return total;
 }
 
-}  // namespace megatron::ops
+}  // namespace megatron::cpu

@@ -22,43 +22,13 @@
 #include <vector>
 
 #include "core/philox.h"
+#include "tensor/cpu/cpu_ops.h"
 #include "tensor/cpu/dispatch.h"
 #include "tensor/cpu/tile_gemm.h"
 #include "tensor/cpu/vec_math.h"
-#include "tensor/op_profile.h"
 #include "tensor/ops.h"
 
-namespace megatron::ops {
-
-AttentionView attention_view(const Tensor& t, int64_t groups) {
-  MEGATRON_CHECK(t.ndim() == 4, "attention_view: expected [s, b, heads, hn], got ", t.str());
-  MEGATRON_CHECK(groups > 0 && t.dim(2) % groups == 0, "attention_view: ", t.dim(2),
-                 " heads do not split into ", groups, " groups");
-  const int64_t per_group = t.dim(2) / groups, hn = t.dim(3);
-  return AttentionView{t,
-                       0,
-                       t.dim(0),
-                       t.dim(1),
-                       groups,
-                       per_group,
-                       hn,
-                       t.dim(1) * t.dim(2) * hn,
-                       t.dim(2) * hn,
-                       per_group * hn,
-                       hn};
-}
-
-AttentionView packed_qkv_view(const Tensor& qkv, QkvPart part) {
-  MEGATRON_CHECK(qkv.ndim() == 5 && qkv.dim(3) >= 3,
-                 "packed_qkv_view: expected [s, b, ng, qpg + 2, hn], got ", qkv.str());
-  const int64_t ng = qkv.dim(2), P = qkv.dim(3), qpg = P - 2, hn = qkv.dim(4);
-  AttentionView v{qkv,         0,      qkv.dim(0), qkv.dim(1), ng, 1, hn, qkv.dim(1) * ng * P * hn,
-                  ng * P * hn, P * hn, hn};
-  if (part == QkvPart::kQuery) v.per_group = qpg;
-  if (part == QkvPart::kKey) v.offset = qpg * hn;
-  if (part == QkvPart::kValue) v.offset = (qpg + 1) * hn;
-  return v;
-}
+namespace megatron::cpu {
 
 namespace {
 
@@ -478,7 +448,6 @@ void backward_kernel(const Rows<T>& dq_out, const Rows<T>& dk_out, const Rows<T>
 
 void attention_forward(Tensor& out, Tensor& lse, const AttentionView& q, const AttentionView& k,
                        const AttentionView& v, const AttentionSpec& spec) {
-  const OpTimer op_timer(OpCategory::kAttention);
   const Dims d = make_dims(q, k, v, spec);
   check_shape(out, {d.sq, d.b, d.np, d.hn}, "attention_forward out");
   check_shape(lse, {d.b, d.np, d.sq}, "attention_forward lse");
@@ -494,7 +463,6 @@ void attention_backward(const AttentionView& dq, const AttentionView& dk, const 
                         const Tensor& dbias, const Tensor& dout, const AttentionView& q,
                         const AttentionView& k, const AttentionView& v, const Tensor& out,
                         const Tensor& lse, const AttentionSpec& spec) {
-  const OpTimer op_timer(OpCategory::kAttention);
   const Dims d = make_dims(q, k, v, spec);
   const Dims dd = make_dims(dq, dk, dv, AttentionSpec{});
   MEGATRON_CHECK(dd.sq == d.sq && dd.skv == d.skv && dd.b == d.b && dd.np == d.np &&
@@ -516,7 +484,6 @@ void attention_backward(const AttentionView& dq, const AttentionView& dk, const 
 }
 
 void attention_merge(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor& lse_b) {
-  const OpTimer op_timer(OpCategory::kAttention);
   MEGATRON_CHECK(out.ndim() == 4, "attention_merge: out must be [sq, b, np, hn], got ", out.str());
   const int64_t sq = out.dim(0), b = out.dim(1), np = out.dim(2), hn = out.dim(3);
   check_shape(out_b, out.shape(), "attention_merge out_b");
@@ -552,4 +519,4 @@ void attention_merge(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor
   });
 }
 
-}  // namespace megatron::ops
+}  // namespace megatron::cpu

@@ -1,4 +1,5 @@
-// The CPU allocator: 64-byte aligned host memory, large freed blocks kept for reuse.
+// The host allocators (the CPU device's and the reference device's): 64-byte aligned host
+// memory, large freed blocks kept for reuse.
 //
 // The trainer allocates the same activation buffers every micro-batch; handing them back to the
 // OS (glibc maps anything above 32 MiB separately) would make every step pay page faults and page
@@ -17,13 +18,15 @@
 namespace megatron {
 namespace {
 
-class CpuAllocator final : public Allocator {
+class HostAllocator final : public Allocator {
  public:
+  explicit HostAllocator(Device device) : device_(device) {}
+
   static constexpr size_t kMinBytes = size_t{1} << 20;
   static constexpr size_t kGranule = size_t{1} << 16;
   static constexpr size_t kMaxCached = size_t{4} << 30;
 
-  Device device() const override { return Device::kCPU; }
+  Device device() const override { return device_; }
 
   void* allocate(size_t bytes) override {
     const size_t rounded = round(bytes);
@@ -62,6 +65,7 @@ class CpuAllocator final : public Allocator {
     return true;
   }
 
+  Device device_;
   std::mutex mu_;
   std::unordered_map<size_t, std::vector<void*>> free_;
   size_t cached_ = 0;
@@ -70,8 +74,16 @@ class CpuAllocator final : public Allocator {
 }  // namespace
 
 Allocator& allocator_for(Device device) {
-  static CpuAllocator* cpu = new CpuAllocator();  // never destroyed: outlives static tensors
-  MEGATRON_CHECK(device == Device::kCPU, "no allocator for device ", device_name(device));
+  // Never destroyed: they outlive static tensors.
+  static HostAllocator* cpu = new HostAllocator(Device::kCPU);
+  static HostAllocator* reference = new HostAllocator(Device::kReference);
+  switch (device) {
+    case Device::kCPU:
+      return *cpu;
+    case Device::kReference:
+      return *reference;
+  }
+  MEGATRON_CHECK(false, "no allocator for device ", device_name(device));
   return *cpu;
 }
 

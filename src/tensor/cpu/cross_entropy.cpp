@@ -11,12 +11,12 @@
 #include <cmath>
 #include <limits>
 
+#include "tensor/cpu/cpu_ops.h"
 #include "tensor/cpu/dispatch.h"
 #include "tensor/cpu/vec_math.h"
-#include "tensor/op_profile.h"
 #include "tensor/ops.h"
 
-namespace megatron::ops {
+namespace megatron::cpu {
 namespace {
 
 void check_targets(const Tensor& targets, int64_t rows, int64_t vocab_size, const char* op) {
@@ -123,7 +123,6 @@ void whole_forward(Tensor& loss, Tensor& lse, const Tensor& logits, const Tensor
 }  // namespace
 
 void cross_entropy_shard_max(Tensor& row_max, const Tensor& logits_shard, int64_t valid) {
-  const OpTimer op_timer(OpCategory::kCrossEntropy);
   check_block(logits_shard, valid, "cross_entropy_shard_max");
   const int64_t rows = cpu::rows_of(logits_shard), block = logits_shard.dim(-1);
   check_rows(row_max, rows, logits_shard.dtype(), "cross_entropy_shard_max row_max");
@@ -134,7 +133,6 @@ void cross_entropy_shard_max(Tensor& row_max, const Tensor& logits_shard, int64_
 
 void cross_entropy_shard_sums(Tensor& sums, const Tensor& logits_shard, const Tensor& row_max,
                               const Tensor& targets, int64_t vocab_start, int64_t valid) {
-  const OpTimer op_timer(OpCategory::kCrossEntropy);
   check_block(logits_shard, valid, "cross_entropy_shard_sums");
   const int64_t rows = cpu::rows_of(logits_shard), block = logits_shard.dim(-1);
   check_rows(row_max, rows, logits_shard.dtype(), "cross_entropy_shard_sums row_max");
@@ -150,7 +148,6 @@ void cross_entropy_shard_sums(Tensor& sums, const Tensor& logits_shard, const Te
 
 void cross_entropy_shard_finish(Tensor& loss, Tensor& lse, const Tensor& row_max,
                                 const Tensor& sums) {
-  const OpTimer op_timer(OpCategory::kCrossEntropy);
   const int64_t rows = row_max.numel();
   check_rows(sums, 2 * rows, DType::kF64, "cross_entropy_shard_finish sums");
   check_rows(loss, rows, row_max.dtype(), "cross_entropy loss");
@@ -164,7 +161,6 @@ void cross_entropy_shard_finish(Tensor& loss, Tensor& lse, const Tensor& row_max
 void cross_entropy_shard_backward(Tensor& dlogits_shard, const Tensor& dloss,
                                   const Tensor& logits_shard, const Tensor& lse,
                                   const Tensor& targets, int64_t vocab_start, int64_t valid) {
-  const OpTimer op_timer(OpCategory::kCrossEntropy);
   check_block(logits_shard, valid, "cross_entropy_shard_backward");
   const int64_t rows = cpu::rows_of(logits_shard), block = logits_shard.dim(-1);
   MEGATRON_CHECK(dlogits_shard.defined() && dlogits_shard.dtype() == logits_shard.dtype(),
@@ -183,32 +179,28 @@ void cross_entropy_shard_backward(Tensor& dlogits_shard, const Tensor& dloss,
 
 void cross_entropy_forward(Tensor& loss, Tensor& lse, const Tensor& logits, const Tensor& targets,
                            int64_t vocab_size) {
-  const OpTimer op_timer(OpCategory::kCrossEntropy);
   check_ce(logits, targets, vocab_size, "cross_entropy_forward");
   whole_forward(loss, lse, logits, targets, vocab_size);
 }
 
 void cross_entropy_backward(Tensor& dlogits, const Tensor& dloss, const Tensor& logits,
                             const Tensor& lse, const Tensor& targets, int64_t vocab_size) {
-  const OpTimer op_timer(OpCategory::kCrossEntropy);
   check_ce(logits, targets, vocab_size, "cross_entropy_backward");
   cross_entropy_shard_backward(dlogits, dloss, logits, lse, targets, 0, vocab_size);
 }
 
 void log_softmax_gather(Tensor& logprob, const Tensor& logits, const Tensor& targets,
                         int64_t vocab_size) {
-  const OpTimer op_timer(OpCategory::kCrossEntropy);
   check_ce(logits, targets, vocab_size, "log_softmax_gather");
   const int64_t rows = cpu::rows_of(logits);
   check_shape(logprob, {rows}, "log_softmax_gather logprob");
   // log p(target) = x_t - lse = -(lse - x_t), exactly: IEEE subtraction is sign-symmetric.
   Tensor lse = Tensor::empty({rows}, logits.dtype());
   whole_forward(logprob, lse, logits, targets, vocab_size);
-  ops::scale_inplace(logprob, -1.0);
+  scale_inplace(logprob, -1.0);
 }
 
 MaskedSum masked_sum(const Tensor& loss, const Tensor& mask) {
-  const OpTimer op_timer(OpCategory::kCrossEntropy);
   MEGATRON_CHECK(mask.dtype() == DType::kF32 && mask.numel() == loss.numel(),
                  "masked_sum: the mask must be f32 with one entry per loss, got loss ", loss.str(),
                  " and mask ", mask.str());
@@ -225,4 +217,4 @@ MaskedSum masked_sum(const Tensor& loss, const Tensor& mask) {
   return out;
 }
 
-}  // namespace megatron::ops
+}  // namespace megatron::cpu

@@ -3,17 +3,14 @@
 #include <cmath>
 
 #include "core/philox.h"
+#include "tensor/cpu/cpu_ops.h"
 #include "tensor/cpu/dispatch.h"
 #include "tensor/cpu/vec_math.h"
-#include "tensor/op_profile.h"
 #include "tensor/ops.h"
 
-namespace megatron::ops {
-using cpu::dispatch_float;
-using cpu::rows_of;
+namespace megatron::cpu {
 
 void add(Tensor& out, const Tensor& a, const Tensor& b) {
-  const OpTimer op_timer(OpCategory::kNormElementwise);
   cpu::check_numel(out, a, "add");
   cpu::check_numel(a, b, "add");
   cpu::check_same_dtype(out, a, "add");
@@ -28,7 +25,6 @@ void add(Tensor& out, const Tensor& a, const Tensor& b) {
 }
 
 void add_inplace(Tensor& out, const Tensor& a) {
-  const OpTimer op_timer(OpCategory::kNormElementwise);
   cpu::check_numel(out, a, "add_inplace");
   cpu::check_same_dtype(out, a, "add_inplace");
   dispatch_float(out, "add_inplace", [&]<typename T>() {
@@ -41,7 +37,6 @@ void add_inplace(Tensor& out, const Tensor& a) {
 }
 
 void bias_add(Tensor& x, const Tensor& bias) {
-  const OpTimer op_timer(OpCategory::kNormElementwise);
   MEGATRON_CHECK(bias.ndim() == 1 && x.dim(-1) == bias.dim(0), "bias_add: bias ", bias.str(),
                  " does not match the last dim of ", x.str());
   cpu::check_same_dtype(x, bias, "bias_add");
@@ -59,7 +54,6 @@ void bias_add(Tensor& x, const Tensor& bias) {
 }
 
 void bias_backward(Tensor& dbias, const Tensor& dy) {
-  const OpTimer op_timer(OpCategory::kNormElementwise);
   MEGATRON_CHECK(dbias.ndim() == 1 && dy.dim(-1) == dbias.dim(0), "bias_backward: dbias ",
                  dbias.str(), " does not match the last dim of ", dy.str());
   cpu::check_same_dtype(dbias, dy, "bias_backward");
@@ -83,7 +77,6 @@ void bias_backward(Tensor& dbias, const Tensor& dy) {
 }
 
 void scale_inplace(Tensor& x, double factor) {
-  const OpTimer op_timer(OpCategory::kNormElementwise);
   dispatch_float(x, "scale_inplace", [&]<typename T>() {
     T* p = x.data<T>();
     T f = static_cast<T>(factor);
@@ -100,7 +93,6 @@ constexpr double kInvSqrt2Pi = 0.3989422804014327;
 }  // namespace
 
 void gelu_forward(Tensor& out, const Tensor& x, bool tanh_approx) {
-  const OpTimer op_timer(OpCategory::kNormElementwise);
   cpu::check_numel(out, x, "gelu_forward");
   cpu::check_same_dtype(out, x, "gelu_forward");
   dispatch_float(x, "gelu_forward", [&]<typename T>() {
@@ -126,7 +118,6 @@ void gelu_forward(Tensor& out, const Tensor& x, bool tanh_approx) {
 }
 
 void gelu_backward(Tensor& dx, const Tensor& dout, const Tensor& x, bool tanh_approx) {
-  const OpTimer op_timer(OpCategory::kNormElementwise);
   cpu::check_numel(dx, x, "gelu_backward");
   cpu::check_numel(dout, x, "gelu_backward");
   dispatch_float(x, "gelu_backward", [&]<typename T>() {
@@ -156,7 +147,6 @@ void gelu_backward(Tensor& dx, const Tensor& dout, const Tensor& x, bool tanh_ap
 }
 
 void tanh_forward(Tensor& out, const Tensor& x) {
-  const OpTimer op_timer(OpCategory::kNormElementwise);
   cpu::check_numel(out, x, "tanh_forward");
   cpu::check_same_dtype(out, x, "tanh_forward");
   dispatch_float(x, "tanh_forward", [&]<typename T>() {
@@ -169,7 +159,6 @@ void tanh_forward(Tensor& out, const Tensor& x) {
 }
 
 void tanh_backward(Tensor& dx, const Tensor& dout, const Tensor& y) {
-  const OpTimer op_timer(OpCategory::kNormElementwise);
   cpu::check_numel(dx, y, "tanh_backward");
   cpu::check_numel(dout, y, "tanh_backward");
   cpu::check_same_dtype(dx, y, "tanh_backward");
@@ -184,7 +173,6 @@ void tanh_backward(Tensor& dx, const Tensor& dout, const Tensor& y) {
 }
 
 void swiglu_forward(Tensor& out, const Tensor& x) {
-  const OpTimer op_timer(OpCategory::kNormElementwise);
   int64_t f = out.dim(-1);
   MEGATRON_CHECK(x.dim(-1) == 2 * f && rows_of(x) == rows_of(out), "swiglu_forward: input ",
                  x.str(), " must be [rows, 2f] for output ", out.str());
@@ -207,7 +195,6 @@ void swiglu_forward(Tensor& out, const Tensor& x) {
 }
 
 void swiglu_backward(Tensor& dx, const Tensor& dout, const Tensor& x) {
-  const OpTimer op_timer(OpCategory::kNormElementwise);
   int64_t f = dout.dim(-1);
   MEGATRON_CHECK(x.dim(-1) == 2 * f && dx.numel() == x.numel(), "swiglu_backward: shapes ",
                  dx.str(), ", ", dout.str(), ", ", x.str());
@@ -258,7 +245,6 @@ void dropout_apply(T* out, const T* in, int64_t n, float p, uint64_t seed, uint6
 
 void dropout_forward(Tensor& out, const Tensor& x, float p, uint64_t seed, uint64_t stream,
                      uint64_t offset) {
-  const OpTimer op_timer(OpCategory::kNormElementwise);
   cpu::check_numel(out, x, "dropout_forward");
   MEGATRON_CHECK(p >= 0 && p < 1, "dropout probability must be in [0, 1), got ", p);
   dispatch_float(x, "dropout_forward", [&]<typename T>() {
@@ -268,11 +254,10 @@ void dropout_forward(Tensor& out, const Tensor& x, float p, uint64_t seed, uint6
 
 void dropout_backward(Tensor& dx, const Tensor& dout, float p, uint64_t seed, uint64_t stream,
                       uint64_t offset) {
-  const OpTimer op_timer(OpCategory::kNormElementwise);
   cpu::check_numel(dx, dout, "dropout_backward");
   dispatch_float(dout, "dropout_backward", [&]<typename T>() {
     dropout_apply(dx.data<T>(), dout.data<T>(), dout.numel(), p, seed, stream, offset);
   });
 }
 
-}  // namespace megatron::ops
+}  // namespace megatron::cpu

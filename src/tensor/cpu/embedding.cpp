@@ -6,11 +6,11 @@
 #include <cstring>
 #include <type_traits>
 
+#include "tensor/cpu/cpu_ops.h"
 #include "tensor/cpu/dispatch.h"
-#include "tensor/op_profile.h"
 #include "tensor/ops.h"
 
-namespace megatron::ops {
+namespace megatron::cpu {
 
 namespace {
 int64_t id_at(const Tensor& ids, int64_t i) {
@@ -28,7 +28,6 @@ void check_ids(const Tensor& ids, int64_t vocab, const char* op) {
 }  // namespace
 
 void embedding_forward(Tensor& out, const Tensor& ids, const Tensor& table) {
-  const OpTimer op_timer(OpCategory::kNormElementwise);
   int64_t n = ids.numel(), h = table.dim(1);
   MEGATRON_CHECK(table.ndim() == 2 && out.numel() == n * h, "embedding_forward: table ",
                  table.str(), ", ids ", ids.str(), ", out ", out.str());
@@ -44,14 +43,12 @@ void embedding_forward(Tensor& out, const Tensor& ids, const Tensor& table) {
 }
 
 void embedding_backward(Tensor& dtable, const Tensor& dout, const Tensor& ids) {
-  const OpTimer op_timer(OpCategory::kNormElementwise);
   check_ids(ids, dtable.dim(0), "embedding_backward");
   embedding_backward_shard(dtable, dout, ids, 0);
 }
 
 void embedding_backward_shard(Tensor& dtable_shard, const Tensor& dout, const Tensor& ids,
                               int64_t vocab_start) {
-  const OpTimer op_timer(OpCategory::kNormElementwise);
   MEGATRON_CHECK(ids.dtype() == DType::kI64 || ids.dtype() == DType::kI32,
                  "embedding_backward: ids must be i32 or i64, got ", dtype_name(ids.dtype()));
   const int64_t n = ids.numel(), rows = dtable_shard.dim(0), h = dtable_shard.dim(1);
@@ -110,7 +107,6 @@ void masked_lookup(TOut* out, const Tensor& ids, const TTable* table, int64_t ro
 
 void embedding_forward_shard(Tensor& out, const Tensor& ids, const Tensor& table_shard,
                              int64_t vocab_start) {
-  const OpTimer op_timer(OpCategory::kNormElementwise);
   MEGATRON_CHECK(ids.dtype() == DType::kI64 || ids.dtype() == DType::kI32,
                  "embedding_forward_shard: ids must be i32 or i64, got ", dtype_name(ids.dtype()));
   MEGATRON_CHECK(table_shard.ndim() == 2, "embedding_forward_shard: table ", table_shard.str());
@@ -138,4 +134,4 @@ void embedding_forward_shard(Tensor& out, const Tensor& ids, const Tensor& table
   }
 }
 
-}  // namespace megatron::ops
+}  // namespace megatron::cpu

@@ -2,13 +2,12 @@
 // byte moves (no arithmetic, so every dtype is the same kernel).
 #include <cstring>
 
-#include "tensor/op_profile.h"
+#include "tensor/cpu/cpu_ops.h"
 #include "tensor/ops.h"
 
-namespace megatron::ops {
+namespace megatron::cpu {
 
 void transpose_2d(Tensor& out, const Tensor& x) {
-  const OpTimer op_timer(OpCategory::kNormElementwise);
   MEGATRON_CHECK(x.ndim() == 2, "transpose_2d: expected a 2-D tensor, got ", x.str());
   const int64_t rows = x.dim(0), cols = x.dim(1);
   check_shape(out, {cols, rows}, "transpose_2d out");
@@ -22,7 +21,6 @@ void transpose_2d(Tensor& out, const Tensor& x) {
 }
 
 void slice_last_dim(Tensor& out, const Tensor& x, int64_t start) {
-  const OpTimer op_timer(OpCategory::kNormElementwise);
   MEGATRON_CHECK(x.ndim() >= 1 && out.ndim() >= 1 && out.dtype() == x.dtype(),
                  "slice_last_dim: out ", out.str(), " from ", x.str());
   const int64_t h = x.dim(-1), w = out.dim(-1), rows = h > 0 ? x.numel() / h : 0;
@@ -36,7 +34,6 @@ void slice_last_dim(Tensor& out, const Tensor& x, int64_t start) {
 }
 
 void concat_last_dim(Tensor& out, const std::vector<Tensor>& parts) {
-  const OpTimer op_timer(OpCategory::kNormElementwise);
   MEGATRON_CHECK(out.ndim() >= 1 && !parts.empty(), "concat_last_dim: out ", out.str());
   const int64_t h = out.dim(-1), rows = h > 0 ? out.numel() / h : 0;
   const size_t es = dtype_size(out.dtype());
@@ -54,4 +51,4 @@ void concat_last_dim(Tensor& out, const std::vector<Tensor>& parts) {
   MEGATRON_CHECK(at == h, "concat_last_dim: parts cover ", at, " of ", h, " columns");
 }
 
-}  // namespace megatron::ops
+}  // namespace megatron::cpu

@@ -22,11 +22,11 @@
 #include <dnnl.hpp>
 
 #include "core/logging.h"
+#include "tensor/cpu/cpu_ops.h"
 #include "tensor/cpu/dispatch.h"
-#include "tensor/op_profile.h"
 #include "tensor/ops.h"
 
-namespace megatron::ops {
+namespace megatron::cpu {
 namespace {
 
 struct GemmKey {
@@ -139,7 +139,45 @@ void gemm_f64(double* c, const double* a, bool ta, const double* b, bool tb, int
 
 }  // namespace
 
+void matmul(Tensor& out, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, float beta) {
+  MEGATRON_CHECK(a.ndim() >= 2 && b.ndim() >= 2, "matmul: inputs must have >= 2 dims, got ",
+                 a.str(), " and ", b.str());
+  MEGATRON_CHECK(beta == 0.0f || beta == 1.0f, "matmul: beta must be 0 or 1, got ", beta);
+  // 2-D views: leading dims flattened.
+  const int64_t a_rows = a.numel() / a.dim(-1), a_cols = a.dim(-1);
+  const int64_t b_rows = b.numel() / b.dim(-1), b_cols = b.dim(-1);
+  const int64_t m = trans_a ? a_cols : a_rows, k = trans_a ? a_rows : a_cols;
+  const int64_t kb = trans_b ? b_cols : b_rows, n = trans_b ? b_rows : b_cols;
+  MEGATRON_CHECK(k == kb, "matmul: inner dims differ: op(a) is [", m, ", ", k, "], op(b) is [", kb,
+                 ", ", n, "] (a ", a.str(), trans_a ? "^T" : "", ", b ", b.str(),
+                 trans_b ? "^T" : "", ")");
+  MEGATRON_CHECK(out.numel() == m * n && out.dim(-1) == n, "matmul: out ", out.str(), " is not [",
+                 m, ", ", n, "]");
+  cpu::check_same_dtype(a, b, "matmul");
+  if (m == 0 || n == 0) return;
+  if (a.dtype() == DType::kF64) {
+    MEGATRON_CHECK(out.dtype() == DType::kF64, "matmul: f64 inputs need an f64 output");
+    gemm_f64(out.data<double>(), a.data<double>(), trans_a, b.data<double>(), trans_b, m, n, k,
+             beta != 0.0f);
+    return;
+  }
+  MEGATRON_CHECK(a.dtype() == DType::kF32 || is_half(a.dtype()),
+                 "matmul: inputs must be f32, bf16, f16 or f64, got ", dtype_name(a.dtype()));
+  MEGATRON_CHECK(out.dtype() == DType::kF32, "matmul: output must be f32, got ",
+                 dtype_name(out.dtype()));
+  if (k == 0) {
+    if (beta == 0.0f) out.zero();
+    return;
+  }
+  GemmCache::instance().run(GemmKey{m, n, k, trans_a, trans_b, a.dtype(), beta != 0.0f}, a.raw(),
+                            b.raw(), out.raw());
+}
+
+}  // namespace megatron::cpu
+
+namespace megatron::ops {
 namespace {
+// Whether oneDNN builds a 16-bit GEMM on this CPU (ops::native_half_gemm below).
 bool can_create_half_gemm(dnnl::memory::data_type half) {
   try {
     using dt = dnnl::memory::data_type;
@@ -219,41 +257,6 @@ std::string numerics_fingerprint() {
       "compiled for %s with %s %s; oneDNN %d.%d.%d kernels %s; L1d %ld KiB, L2 %ld KiB",
       isa.c_str(), compiler, __VERSION__, v->major, v->minor, v->patch, kernels,
       sysconf(_SC_LEVEL1_DCACHE_SIZE) / 1024, sysconf(_SC_LEVEL2_CACHE_SIZE) / 1024);
-}
-
-void matmul(Tensor& out, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, float beta) {
-  const OpTimer op_timer(OpCategory::kGemm);
-  MEGATRON_CHECK(a.ndim() >= 2 && b.ndim() >= 2, "matmul: inputs must have >= 2 dims, got ",
-                 a.str(), " and ", b.str());
-  MEGATRON_CHECK(beta == 0.0f || beta == 1.0f, "matmul: beta must be 0 or 1, got ", beta);
-  // 2-D views: leading dims flattened.
-  const int64_t a_rows = a.numel() / a.dim(-1), a_cols = a.dim(-1);
-  const int64_t b_rows = b.numel() / b.dim(-1), b_cols = b.dim(-1);
-  const int64_t m = trans_a ? a_cols : a_rows, k = trans_a ? a_rows : a_cols;
-  const int64_t kb = trans_b ? b_cols : b_rows, n = trans_b ? b_rows : b_cols;
-  MEGATRON_CHECK(k == kb, "matmul: inner dims differ: op(a) is [", m, ", ", k, "], op(b) is [", kb,
-                 ", ", n, "] (a ", a.str(), trans_a ? "^T" : "", ", b ", b.str(),
-                 trans_b ? "^T" : "", ")");
-  MEGATRON_CHECK(out.numel() == m * n && out.dim(-1) == n, "matmul: out ", out.str(), " is not [",
-                 m, ", ", n, "]");
-  cpu::check_same_dtype(a, b, "matmul");
-  if (m == 0 || n == 0) return;
-  if (a.dtype() == DType::kF64) {
-    MEGATRON_CHECK(out.dtype() == DType::kF64, "matmul: f64 inputs need an f64 output");
-    gemm_f64(out.data<double>(), a.data<double>(), trans_a, b.data<double>(), trans_b, m, n, k,
-             beta != 0.0f);
-    return;
-  }
-  MEGATRON_CHECK(a.dtype() == DType::kF32 || is_half(a.dtype()),
-                 "matmul: inputs must be f32, bf16, f16 or f64, got ", dtype_name(a.dtype()));
-  MEGATRON_CHECK(out.dtype() == DType::kF32, "matmul: output must be f32, got ",
-                 dtype_name(out.dtype()));
-  if (k == 0) {
-    if (beta == 0.0f) out.zero();
-    return;
-  }
-  GemmCache::instance().run(GemmKey{m, n, k, trans_a, trans_b, a.dtype(), beta != 0.0f}, a.raw(),
-                            b.raw(), out.raw());
 }
 
 }  // namespace megatron::ops

@@ -9,11 +9,11 @@
 
 #include <omp.h>
 
+#include "tensor/cpu/cpu_ops.h"
 #include "tensor/cpu/dispatch.h"
-#include "tensor/op_profile.h"
 #include "tensor/ops.h"
 
-namespace megatron::ops {
+namespace megatron::cpu {
 using cpu::dispatch_float;
 using cpu::rows_of;
 
@@ -31,7 +31,6 @@ void reduce_partials(T* dst, const std::vector<double>& partial, int nthreads, i
 
 void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& x,
                        const Tensor& weight, const Tensor& bias, float eps) {
-  const OpTimer op_timer(OpCategory::kNormElementwise);
   int64_t h = x.dim(-1), rows = rows_of(x);
   cpu::check_numel(out, x, "layernorm_forward");
   check_shape(weight, {h}, "layernorm_forward weight");
@@ -68,7 +67,6 @@ void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& x,
 void layernorm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dout,
                         const Tensor& x, const Tensor& weight, const Tensor& mean,
                         const Tensor& rstd) {
-  const OpTimer op_timer(OpCategory::kNormElementwise);
   int64_t h = x.dim(-1), rows = rows_of(x);
   cpu::check_numel(dx, x, "layernorm_backward");
   cpu::check_numel(dout, x, "layernorm_backward");
@@ -116,7 +114,6 @@ void layernorm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor
 }
 
 void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& x, const Tensor& weight, float eps) {
-  const OpTimer op_timer(OpCategory::kNormElementwise);
   int64_t h = x.dim(-1), rows = rows_of(x);
   cpu::check_numel(out, x, "rmsnorm_forward");
   check_shape(weight, {h}, "rmsnorm_forward weight");
@@ -141,7 +138,6 @@ void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& x, const Tensor& w
 
 void rmsnorm_backward(Tensor& dx, Tensor& dweight, const Tensor& dout, const Tensor& x,
                       const Tensor& weight, const Tensor& rstd) {
-  const OpTimer op_timer(OpCategory::kNormElementwise);
   int64_t h = x.dim(-1), rows = rows_of(x);
   cpu::check_numel(dx, x, "rmsnorm_backward");
   cpu::check_numel(dout, x, "rmsnorm_backward");
@@ -176,4 +172,4 @@ void rmsnorm_backward(Tensor& dx, Tensor& dweight, const Tensor& dout, const Ten
   });
 }
 
-}  // namespace megatron::ops
+}  // namespace megatron::cpu

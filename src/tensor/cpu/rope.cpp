@@ -6,14 +6,13 @@
 #include <cmath>
 #include <vector>
 
+#include "tensor/cpu/cpu_ops.h"
 #include "tensor/cpu/dispatch.h"
-#include "tensor/op_profile.h"
 #include "tensor/ops.h"
 
-namespace megatron::ops {
+namespace megatron::cpu {
 
 void rope_inplace(Tensor& x, const Tensor& positions, const RopeSpec& spec, bool inverse) {
-  const OpTimer op_timer(OpCategory::kNormElementwise);
   MEGATRON_CHECK(x.ndim() == 5, "rope_inplace: expected x as [s, b, G, P, hn], got ", x.str());
   int64_t s = x.dim(0), b = x.dim(1), groups = x.dim(2), per = x.dim(3), hn = x.dim(4);
   int64_t rot = spec.rot_dim;
@@ -55,4 +54,4 @@ void rope_inplace(Tensor& x, const Tensor& positions, const RopeSpec& spec, bool
   });
 }
 
-}  // namespace megatron::ops
+}  // namespace megatron::cpu

@@ -1,5 +1,5 @@
 // The fp64 reference ops: the formulas as printed, single-threaded, no tiling.
-#include "tensor/cpu/reference.h"
+#include "tensor/reference/reference.h"
 
 #include <cmath>
 #include <limits>
@@ -314,14 +314,22 @@ AttentionResult attention(const Tensor& q, const Tensor& k, const Tensor& v,
 }
 
 AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
-                                  const Tensor& v, const ops::AttentionSpec& spec) {
+                                  const Tensor& v, const ops::AttentionSpec& spec,
+                                  const Tensor& out, const Tensor& lse) {
   const AttnDims d = attn_dims(q, k);
   AttentionGrads g{like(q), like(k), like(v), spec.bias.defined() ? like(spec.bias) : Tensor()};
   for (int64_t bb = 0; bb < d.b; ++bb)
     for (int64_t h = 0; h < d.np; ++h) {
-      const HeadAttention a = head_attention(q, k, spec, d, bb, h);
+      HeadAttention a = head_attention(q, k, spec, d, bb, h);
       for (int64_t i = 0; i < d.sq; ++i) {
         const double* go = P(dout) + ((i * d.b + bb) * d.np + h) * d.hn;
+        if (lse.defined()) {
+          // P over the block, renormalised from its own lse to the given one.
+          const double lg = P(lse)[(bb * d.np + h) * d.sq + i];
+          const double f =
+              a.lse[i] == -std::numeric_limits<double>::infinity() ? 0.0 : std::exp(a.lse[i] - lg);
+          for (int64_t j = 0; j < d.skv; ++j) a.pm[i * d.skv + j] *= f;
+        }
         // dP_ij = keep_ij dO_i . v_j; dS_ij = P_ij (dP_ij - sum_k P_ik dP_ik)
         std::vector<double> dp(d.skv, 0.0);
         double rowsum = 0;
@@ -330,6 +338,11 @@ AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Ten
           for (int64_t c = 0; c < d.hn; ++c) dot += go[c] * d.kv(v, j, bb, h)[c];
           dp[j] = a.keep[i * d.skv + j] * dot;
           rowsum += a.pm[i * d.skv + j] * dp[j];
+        }
+        if (out.defined()) {  // sum over every block's keys: dout . out
+          rowsum = 0;
+          const double* o = P(out) + ((i * d.b + bb) * d.np + h) * d.hn;
+          for (int64_t c = 0; c < d.hn; ++c) rowsum += go[c] * o[c];
         }
         for (int64_t j = 0; j < d.skv; ++j) {
           const double ds = a.pm[i * d.skv + j] * (dp[j] - rowsum);

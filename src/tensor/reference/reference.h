@@ -1,5 +1,6 @@
-// Naive fp64 reference implementations of every op in tensor/ops.h: the specification that the
-// fast kernels (and later the CUDA kernels) are tested against. Written for clarity, not speed:
+// Naive fp64 reference implementations of the ops in tensor/ops.h: the specification that the
+// fast kernels (and later the CUDA kernels) are tested against, and what the reference device
+// (reference_ops.h) computes with. Written for clarity, not speed:
 // single-threaded, no tiling, the formula as printed. All floating tensors are f64; the output
 // arguments are allocated by the callee. Backward functions return fresh gradients (not
 // accumulated).
@@ -42,11 +43,15 @@ struct AttentionResult {
 AttentionResult attention(const Tensor& q, const Tensor& k, const Tensor& v,
                           const ops::AttentionSpec& spec);
 // dq, dk, dv, and dbias when spec.bias is defined (summed over the batch for a shared bias).
+// With out and lse given (forward's results over a larger key set of which k, v are one block),
+// the probabilities are normalised by that lse and the softmax's row term is dout . out: this
+// block's share of the gradient. Undefined: the attention over k, v alone.
 struct AttentionGrads {
   Tensor dq, dk, dv, dbias;
 };
 AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
-                                  const Tensor& v, const ops::AttentionSpec& spec);
+                                  const Tensor& v, const ops::AttentionSpec& spec,
+                                  const Tensor& out = Tensor(), const Tensor& lse = Tensor());
 
 // Per-row loss (log-sum-exp over the first vocab_size columns minus the target logit).
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t vocab_size);

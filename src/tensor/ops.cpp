@@ -1,0 +1,325 @@
+// The op dispatch: every op of ops.h checks that its tensors share one device, opens the op
+// profile's timer for its category, and calls that device's implementation (tensor/cpu/ for
+// Device::kCPU, tensor/reference/ for Device::kReference). A new device adds its namespace to
+// MEGATRON_DISPATCH and implements every op there; the op harness (tests/tensor/
+// test_op_harness.cpp) then runs each case on it against the reference.
+#include "tensor/ops.h"
+
+#include <initializer_list>
+
+#include "tensor/cpu/cpu_ops.h"
+#include "tensor/op_profile.h"
+#include "tensor/reference/reference_ops.h"
+
+namespace megatron::ops {
+namespace {
+
+// The device of the defined tensors among `tensors` (and `more`); they must agree.
+Device device_of(const char* op, std::initializer_list<const Tensor*> tensors,
+                 const std::vector<Tensor>& more = {}) {
+  bool found = false;
+  Device device = Device::kCPU;
+  auto see = [&](const Tensor& t) {
+    if (!t.defined()) return;
+    if (!found) {
+      device = t.device();
+      found = true;
+      return;
+    }
+    MEGATRON_CHECK(t.device() == device, op, ": tensors on different devices (",
+                   device_name(device), " and ", device_name(t.device()), ")");
+  };
+  for (const Tensor* t : tensors) see(*t);
+  for (const Tensor& t : more) see(t);
+  return device;
+}
+
+}  // namespace
+
+// Calls namespace <device>::call for the device.
+#define MEGATRON_DISPATCH(device, call) \
+  switch (device) {                     \
+    case Device::kCPU:                  \
+      return cpu::call;                 \
+    case Device::kReference:            \
+      return reference::call;           \
+  }                                     \
+  MEGATRON_CHECK(false, "no implementation on device ", device_name(device))
+
+AttentionView attention_view(const Tensor& t, int64_t groups) {
+  MEGATRON_CHECK(t.ndim() == 4, "attention_view: expected [s, b, heads, hn], got ", t.str());
+  MEGATRON_CHECK(groups > 0 && t.dim(2) % groups == 0, "attention_view: ", t.dim(2),
+                 " heads do not split into ", groups, " groups");
+  const int64_t per_group = t.dim(2) / groups, hn = t.dim(3);
+  return AttentionView{t,
+                       0,
+                       t.dim(0),
+                       t.dim(1),
+                       groups,
+                       per_group,
+                       hn,
+                       t.dim(1) * t.dim(2) * hn,
+                       t.dim(2) * hn,
+                       per_group * hn,
+                       hn};
+}
+
+AttentionView packed_qkv_view(const Tensor& qkv, QkvPart part) {
+  MEGATRON_CHECK(qkv.ndim() == 5 && qkv.dim(3) >= 3,
+                 "packed_qkv_view: expected [s, b, ng, qpg + 2, hn], got ", qkv.str());
+  const int64_t ng = qkv.dim(2), P = qkv.dim(3), qpg = P - 2, hn = qkv.dim(4);
+  AttentionView v{qkv,         0,      qkv.dim(0), qkv.dim(1), ng, 1, hn, qkv.dim(1) * ng * P * hn,
+                  ng * P * hn, P * hn, hn};
+  if (part == QkvPart::kQuery) v.per_group = qpg;
+  if (part == QkvPart::kKey) v.offset = qpg * hn;
+  if (part == QkvPart::kValue) v.offset = (qpg + 1) * hn;
+  return v;
+}
+
+void matmul(Tensor& out, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, float beta) {
+  const OpTimer timer(OpCategory::kGemm);
+  MEGATRON_DISPATCH(device_of("matmul", {&out, &a, &b}), matmul(out, a, trans_a, b, trans_b, beta));
+}
+
+void add(Tensor& out, const Tensor& a, const Tensor& b) {
+  const OpTimer timer(OpCategory::kNormElementwise);
+  MEGATRON_DISPATCH(device_of("add", {&out, &a, &b}), add(out, a, b));
+}
+
+void add_inplace(Tensor& out, const Tensor& a) {
+  const OpTimer timer(OpCategory::kNormElementwise);
+  MEGATRON_DISPATCH(device_of("add_inplace", {&out, &a}), add_inplace(out, a));
+}
+
+void bias_add(Tensor& x, const Tensor& bias) {
+  const OpTimer timer(OpCategory::kNormElementwise);
+  MEGATRON_DISPATCH(device_of("bias_add", {&x, &bias}), bias_add(x, bias));
+}
+
+void bias_backward(Tensor& dbias, const Tensor& dy) {
+  const OpTimer timer(OpCategory::kNormElementwise);
+  MEGATRON_DISPATCH(device_of("bias_backward", {&dbias, &dy}), bias_backward(dbias, dy));
+}
+
+void scale_inplace(Tensor& x, double factor) {
+  const OpTimer timer(OpCategory::kNormElementwise);
+  MEGATRON_DISPATCH(device_of("scale_inplace", {&x}), scale_inplace(x, factor));
+}
+
+void gelu_forward(Tensor& out, const Tensor& x, bool tanh_approx) {
+  const OpTimer timer(OpCategory::kNormElementwise);
+  MEGATRON_DISPATCH(device_of("gelu_forward", {&out, &x}), gelu_forward(out, x, tanh_approx));
+}
+
+void gelu_backward(Tensor& dx, const Tensor& dout, const Tensor& x, bool tanh_approx) {
+  const OpTimer timer(OpCategory::kNormElementwise);
+  MEGATRON_DISPATCH(device_of("gelu_backward", {&dx, &dout, &x}),
+                    gelu_backward(dx, dout, x, tanh_approx));
+}
+
+void tanh_forward(Tensor& out, const Tensor& x) {
+  const OpTimer timer(OpCategory::kNormElementwise);
+  MEGATRON_DISPATCH(device_of("tanh_forward", {&out, &x}), tanh_forward(out, x));
+}
+
+void tanh_backward(Tensor& dx, const Tensor& dout, const Tensor& y) {
+  const OpTimer timer(OpCategory::kNormElementwise);
+  MEGATRON_DISPATCH(device_of("tanh_backward", {&dx, &dout, &y}), tanh_backward(dx, dout, y));
+}
+
+void swiglu_forward(Tensor& out, const Tensor& x) {
+  const OpTimer timer(OpCategory::kNormElementwise);
+  MEGATRON_DISPATCH(device_of("swiglu_forward", {&out, &x}), swiglu_forward(out, x));
+}
+
+void swiglu_backward(Tensor& dx, const Tensor& dout, const Tensor& x) {
+  const OpTimer timer(OpCategory::kNormElementwise);
+  MEGATRON_DISPATCH(device_of("swiglu_backward", {&dx, &dout, &x}), swiglu_backward(dx, dout, x));
+}
+
+void dropout_forward(Tensor& out, const Tensor& x, float p, uint64_t seed, uint64_t stream,
+                     uint64_t offset) {
+  const OpTimer timer(OpCategory::kNormElementwise);
+  MEGATRON_DISPATCH(device_of("dropout_forward", {&out, &x}),
+                    dropout_forward(out, x, p, seed, stream, offset));
+}
+
+void dropout_backward(Tensor& dx, const Tensor& dout, float p, uint64_t seed, uint64_t stream,
+                      uint64_t offset) {
+  const OpTimer timer(OpCategory::kNormElementwise);
+  MEGATRON_DISPATCH(device_of("dropout_backward", {&dx, &dout}),
+                    dropout_backward(dx, dout, p, seed, stream, offset));
+}
+
+void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& x,
+                       const Tensor& weight, const Tensor& bias, float eps) {
+  const OpTimer timer(OpCategory::kNormElementwise);
+  MEGATRON_DISPATCH(device_of("layernorm_forward", {&out, &mean, &rstd, &x, &weight, &bias}),
+                    layernorm_forward(out, mean, rstd, x, weight, bias, eps));
+}
+
+void layernorm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dout,
+                        const Tensor& x, const Tensor& weight, const Tensor& mean,
+                        const Tensor& rstd) {
+  const OpTimer timer(OpCategory::kNormElementwise);
+  MEGATRON_DISPATCH(
+      device_of("layernorm_backward", {&dx, &dweight, &dbias, &dout, &x, &weight, &mean, &rstd}),
+      layernorm_backward(dx, dweight, dbias, dout, x, weight, mean, rstd));
+}
+
+void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& x, const Tensor& weight, float eps) {
+  const OpTimer timer(OpCategory::kNormElementwise);
+  MEGATRON_DISPATCH(device_of("rmsnorm_forward", {&out, &rstd, &x, &weight}),
+                    rmsnorm_forward(out, rstd, x, weight, eps));
+}
+
+void rmsnorm_backward(Tensor& dx, Tensor& dweight, const Tensor& dout, const Tensor& x,
+                      const Tensor& weight, const Tensor& rstd) {
+  const OpTimer timer(OpCategory::kNormElementwise);
+  MEGATRON_DISPATCH(device_of("rmsnorm_backward", {&dx, &dweight, &dout, &x, &weight, &rstd}),
+                    rmsnorm_backward(dx, dweight, dout, x, weight, rstd));
+}
+
+void embedding_forward(Tensor& out, const Tensor& ids, const Tensor& table) {
+  const OpTimer timer(OpCategory::kNormElementwise);
+  MEGATRON_DISPATCH(device_of("embedding_forward", {&out, &ids, &table}),
+                    embedding_forward(out, ids, table));
+}
+
+void embedding_backward(Tensor& dtable, const Tensor& dout, const Tensor& ids) {
+  const OpTimer timer(OpCategory::kNormElementwise);
+  MEGATRON_DISPATCH(device_of("embedding_backward", {&dtable, &dout, &ids}),
+                    embedding_backward(dtable, dout, ids));
+}
+
+void embedding_forward_shard(Tensor& out, const Tensor& ids, const Tensor& table_shard,
+                             int64_t vocab_start) {
+  const OpTimer timer(OpCategory::kNormElementwise);
+  MEGATRON_DISPATCH(device_of("embedding_forward_shard", {&out, &ids, &table_shard}),
+                    embedding_forward_shard(out, ids, table_shard, vocab_start));
+}
+
+void embedding_backward_shard(Tensor& dtable_shard, const Tensor& dout, const Tensor& ids,
+                              int64_t vocab_start) {
+  const OpTimer timer(OpCategory::kNormElementwise);
+  MEGATRON_DISPATCH(device_of("embedding_backward_shard", {&dtable_shard, &dout, &ids}),
+                    embedding_backward_shard(dtable_shard, dout, ids, vocab_start));
+}
+
+void rope_inplace(Tensor& x, const Tensor& positions, const RopeSpec& spec, bool inverse) {
+  const OpTimer timer(OpCategory::kNormElementwise);
+  MEGATRON_DISPATCH(device_of("rope_inplace", {&x, &positions}),
+                    rope_inplace(x, positions, spec, inverse));
+}
+
+void attention_forward(Tensor& out, Tensor& lse, const AttentionView& q, const AttentionView& k,
+                       const AttentionView& v, const AttentionSpec& spec) {
+  const OpTimer timer(OpCategory::kAttention);
+  MEGATRON_DISPATCH(device_of("attention_forward", {&out, &lse, &q.tensor, &k.tensor, &v.tensor,
+                                                    &spec.doc_start, &spec.key_valid, &spec.bias}),
+                    attention_forward(out, lse, q, k, v, spec));
+}
+
+void attention_backward(const AttentionView& dq, const AttentionView& dk, const AttentionView& dv,
+                        const Tensor& dbias, const Tensor& dout, const AttentionView& q,
+                        const AttentionView& k, const AttentionView& v, const Tensor& out,
+                        const Tensor& lse, const AttentionSpec& spec) {
+  const OpTimer timer(OpCategory::kAttention);
+  MEGATRON_DISPATCH(
+      device_of("attention_backward",
+                {&dq.tensor, &dk.tensor, &dv.tensor, &dbias, &dout, &q.tensor, &k.tensor, &v.tensor,
+                 &out, &lse, &spec.doc_start, &spec.key_valid, &spec.bias}),
+      attention_backward(dq, dk, dv, dbias, dout, q, k, v, out, lse, spec));
+}
+
+void attention_merge(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor& lse_b) {
+  const OpTimer timer(OpCategory::kAttention);
+  MEGATRON_DISPATCH(device_of("attention_merge", {&out, &lse, &out_b, &lse_b}),
+                    attention_merge(out, lse, out_b, lse_b));
+}
+
+void cross_entropy_forward(Tensor& loss, Tensor& lse, const Tensor& logits, const Tensor& targets,
+                           int64_t vocab_size) {
+  const OpTimer timer(OpCategory::kCrossEntropy);
+  MEGATRON_DISPATCH(device_of("cross_entropy_forward", {&loss, &lse, &logits, &targets}),
+                    cross_entropy_forward(loss, lse, logits, targets, vocab_size));
+}
+
+void cross_entropy_backward(Tensor& dlogits, const Tensor& dloss, const Tensor& logits,
+                            const Tensor& lse, const Tensor& targets, int64_t vocab_size) {
+  const OpTimer timer(OpCategory::kCrossEntropy);
+  MEGATRON_DISPATCH(
+      device_of("cross_entropy_backward", {&dlogits, &dloss, &logits, &lse, &targets}),
+      cross_entropy_backward(dlogits, dloss, logits, lse, targets, vocab_size));
+}
+
+void log_softmax_gather(Tensor& logprob, const Tensor& logits, const Tensor& targets,
+                        int64_t vocab_size) {
+  const OpTimer timer(OpCategory::kCrossEntropy);
+  MEGATRON_DISPATCH(device_of("log_softmax_gather", {&logprob, &logits, &targets}),
+                    log_softmax_gather(logprob, logits, targets, vocab_size));
+}
+
+void cross_entropy_shard_max(Tensor& row_max, const Tensor& logits_shard, int64_t valid) {
+  const OpTimer timer(OpCategory::kCrossEntropy);
+  MEGATRON_DISPATCH(device_of("cross_entropy_shard_max", {&row_max, &logits_shard}),
+                    cross_entropy_shard_max(row_max, logits_shard, valid));
+}
+
+void cross_entropy_shard_sums(Tensor& sums, const Tensor& logits_shard, const Tensor& row_max,
+                              const Tensor& targets, int64_t vocab_start, int64_t valid) {
+  const OpTimer timer(OpCategory::kCrossEntropy);
+  MEGATRON_DISPATCH(
+      device_of("cross_entropy_shard_sums", {&sums, &logits_shard, &row_max, &targets}),
+      cross_entropy_shard_sums(sums, logits_shard, row_max, targets, vocab_start, valid));
+}
+
+void cross_entropy_shard_finish(Tensor& loss, Tensor& lse, const Tensor& row_max,
+                                const Tensor& sums) {
+  const OpTimer timer(OpCategory::kCrossEntropy);
+  MEGATRON_DISPATCH(device_of("cross_entropy_shard_finish", {&loss, &lse, &row_max, &sums}),
+                    cross_entropy_shard_finish(loss, lse, row_max, sums));
+}
+
+void cross_entropy_shard_backward(Tensor& dlogits_shard, const Tensor& dloss,
+                                  const Tensor& logits_shard, const Tensor& lse,
+                                  const Tensor& targets, int64_t vocab_start, int64_t valid) {
+  const OpTimer timer(OpCategory::kCrossEntropy);
+  MEGATRON_DISPATCH(device_of("cross_entropy_shard_backward",
+                              {&dlogits_shard, &dloss, &logits_shard, &lse, &targets}),
+                    cross_entropy_shard_backward(dlogits_shard, dloss, logits_shard, lse, targets,
+                                                 vocab_start, valid));
+}
+
+MaskedSum masked_sum(const Tensor& loss, const Tensor& mask) {
+  const OpTimer timer(OpCategory::kCrossEntropy);
+  MEGATRON_DISPATCH(device_of("masked_sum", {&loss, &mask}), masked_sum(loss, mask));
+}
+
+void transpose_2d(Tensor& out, const Tensor& x) {
+  const OpTimer timer(OpCategory::kNormElementwise);
+  MEGATRON_DISPATCH(device_of("transpose_2d", {&out, &x}), transpose_2d(out, x));
+}
+
+void slice_last_dim(Tensor& out, const Tensor& x, int64_t start) {
+  const OpTimer timer(OpCategory::kNormElementwise);
+  MEGATRON_DISPATCH(device_of("slice_last_dim", {&out, &x}), slice_last_dim(out, x, start));
+}
+
+void concat_last_dim(Tensor& out, const std::vector<Tensor>& parts) {
+  const OpTimer timer(OpCategory::kNormElementwise);
+  MEGATRON_DISPATCH(device_of("concat_last_dim", {&out}, parts), concat_last_dim(out, parts));
+}
+
+void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad,
+                const AdamWSpec& spec) {
+  const OpTimer timer(OpCategory::kOptimizer);
+  MEGATRON_DISPATCH(device_of("adamw_step", {&param, &exp_avg, &exp_avg_sq, &grad}),
+                    adamw_step(param, exp_avg, exp_avg_sq, grad, spec));
+}
+
+double sum_squares(const Tensor& x) {
+  const OpTimer timer(OpCategory::kOptimizer);
+  MEGATRON_DISPATCH(device_of("sum_squares", {&x}), sum_squares(x));
+}
+}  // namespace megatron::ops

@@ -1,0 +1,79 @@
+// The reference device: every op of tensor/ops.h computed by the naive fp64 formulas of
+// tensor/reference/reference.h (single-threaded, no tiling, the formula as printed), with the
+// same signature and contract as the op. Floating tensors on this device are f64; ids, targets
+// and masks keep their dtypes. A test device: what the op harness compares every other device
+// with, through the same ops.h calls.
+#pragma once
+
+#include "tensor/ops.h"
+
+namespace megatron::reference {
+
+using ops::AdamWSpec;
+using ops::AttentionSpec;
+using ops::AttentionView;
+using ops::MaskedSum;
+using ops::QkvPart;
+using ops::RopeSpec;
+
+void matmul(Tensor& out, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, float beta);
+void add(Tensor& out, const Tensor& a, const Tensor& b);
+void add_inplace(Tensor& out, const Tensor& a);
+void bias_add(Tensor& x, const Tensor& bias);
+void bias_backward(Tensor& dbias, const Tensor& dy);
+void scale_inplace(Tensor& x, double factor);
+void gelu_forward(Tensor& out, const Tensor& x, bool tanh_approx);
+void gelu_backward(Tensor& dx, const Tensor& dout, const Tensor& x, bool tanh_approx);
+void tanh_forward(Tensor& out, const Tensor& x);
+void tanh_backward(Tensor& dx, const Tensor& dout, const Tensor& y);
+void swiglu_forward(Tensor& out, const Tensor& x);
+void swiglu_backward(Tensor& dx, const Tensor& dout, const Tensor& x);
+void dropout_forward(Tensor& out, const Tensor& x, float p, uint64_t seed, uint64_t stream,
+                     uint64_t offset);
+void dropout_backward(Tensor& dx, const Tensor& dout, float p, uint64_t seed, uint64_t stream,
+                      uint64_t offset);
+void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& x,
+                       const Tensor& weight, const Tensor& bias, float eps);
+void layernorm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dout,
+                        const Tensor& x, const Tensor& weight, const Tensor& mean,
+                        const Tensor& rstd);
+void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& x, const Tensor& weight, float eps);
+void rmsnorm_backward(Tensor& dx, Tensor& dweight, const Tensor& dout, const Tensor& x,
+                      const Tensor& weight, const Tensor& rstd);
+void embedding_forward(Tensor& out, const Tensor& ids, const Tensor& table);
+void embedding_backward(Tensor& dtable, const Tensor& dout, const Tensor& ids);
+void embedding_forward_shard(Tensor& out, const Tensor& ids, const Tensor& table_shard,
+                             int64_t vocab_start);
+void embedding_backward_shard(Tensor& dtable_shard, const Tensor& dout, const Tensor& ids,
+                              int64_t vocab_start);
+void rope_inplace(Tensor& x, const Tensor& positions, const RopeSpec& spec, bool inverse);
+void attention_forward(Tensor& out, Tensor& lse, const AttentionView& q, const AttentionView& k,
+                       const AttentionView& v, const AttentionSpec& spec);
+void attention_backward(const AttentionView& dq, const AttentionView& dk, const AttentionView& dv,
+                        const Tensor& dbias, const Tensor& dout, const AttentionView& q,
+                        const AttentionView& k, const AttentionView& v, const Tensor& out,
+                        const Tensor& lse, const AttentionSpec& spec);
+void attention_merge(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor& lse_b);
+void cross_entropy_forward(Tensor& loss, Tensor& lse, const Tensor& logits, const Tensor& targets,
+                           int64_t vocab_size);
+void cross_entropy_backward(Tensor& dlogits, const Tensor& dloss, const Tensor& logits,
+                            const Tensor& lse, const Tensor& targets, int64_t vocab_size);
+void log_softmax_gather(Tensor& logprob, const Tensor& logits, const Tensor& targets,
+                        int64_t vocab_size);
+void cross_entropy_shard_max(Tensor& row_max, const Tensor& logits_shard, int64_t valid);
+void cross_entropy_shard_sums(Tensor& sums, const Tensor& logits_shard, const Tensor& row_max,
+                              const Tensor& targets, int64_t vocab_start, int64_t valid);
+void cross_entropy_shard_finish(Tensor& loss, Tensor& lse, const Tensor& row_max,
+                                const Tensor& sums);
+void cross_entropy_shard_backward(Tensor& dlogits_shard, const Tensor& dloss,
+                                  const Tensor& logits_shard, const Tensor& lse,
+                                  const Tensor& targets, int64_t vocab_start, int64_t valid);
+MaskedSum masked_sum(const Tensor& loss, const Tensor& mask);
+void transpose_2d(Tensor& out, const Tensor& x);
+void slice_last_dim(Tensor& out, const Tensor& x, int64_t start);
+void concat_last_dim(Tensor& out, const std::vector<Tensor>& parts);
+void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad,
+                const AdamWSpec& spec);
+double sum_squares(const Tensor& x);
+
+}  // namespace megatron::reference
