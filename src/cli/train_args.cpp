@@ -2,6 +2,8 @@
 // tokenizer, and the merge of a Hugging Face config.json into the model flags.
 #include "cli/train_args.h"
 
+#include "parallel/context_parallel.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -13,6 +15,7 @@
 #include "core/logging.h"
 #include "data/tokenizer.h"
 #include "models/model_spec.h"
+#include "parallel/context_parallel.h"
 #include "train/exit_signal.h"
 #include "train/fault_injection.h"
 #include "train/trainer.h"
@@ -100,6 +103,13 @@ void register_train_args(ArgTable& t, Arguments& a) {
         "Number of layers per virtual pipeline stage (interleaved 1F1B; 0: none)");
   t.add("--num-virtual-stages-per-pipeline-rank", a.num_virtual_stages_per_pipeline_rank,
         "Number of virtual pipeline stages per pipeline parallelism rank (0: none)");
+  t.add("--context-parallel-size", a.context_parallel_size,
+        "Degree of context parallelism: every sequence split over this many ranks");
+  t.add("--cp-comm-type", a.cp_comm_type,
+        "Communication of context-parallel attention: p2p (a ring, overlapped with compute), "
+        "allgather or a2a (all-to-all over heads); one value for every layer");
+  t.add("--hierarchical-context-parallel-sizes", a.hierarchical_context_parallel_sizes,
+        "Sizes of the levels of a2a+p2p context parallelism (not supported yet)");
   t.flag("--use-distributed-optimizer", a.use_distributed_optimizer,
          "Use distributed optimizer: shard the Adam moments over data-parallel ranks");
   t.flag("--overlap-grad-reduce", a.overlap_grad_reduce, "If set, overlap DDP grad reduce");
@@ -250,6 +260,44 @@ void validate_checkpoint_args(const Arguments& a) {
   parse_exit_signal(a.exit_signal);
 }
 
+// --context-parallel-size and its comm types (parallel/context_parallel.h), in Megatron's words
+// where it has them.
+void validate_context_parallel(const Arguments& a) {
+  const int64_t cp = a.context_parallel_size;
+  MEGATRON_CHECK(a.hierarchical_context_parallel_sizes.empty(),
+                 "--hierarchical-context-parallel-sizes (a2a+p2p context parallelism) is not "
+                 "supported yet; use --cp-comm-type p2p, allgather or a2a");
+  MEGATRON_CHECK(!a.cp_comm_type.empty(), "--cp-comm-type needs a value: p2p, allgather or a2a");
+  for (const std::string& t : a.cp_comm_type) {
+    parse_cp_comm_type(t);  // refuses unknown names and a2a+p2p, naming the flag
+    MEGATRON_CHECK(t == a.cp_comm_type.front(),
+                   "--cp-comm-type: one comm type per layer is not supported yet; give one value "
+                   "for every layer (got ",
+                   a.cp_comm_type.front(), " and ", t, ")");
+  }
+  if (cp == 1) return;
+  MEGATRON_CHECK(a.seq_length % (cp * 2) == 0,
+                 "seq-length should be a multiple of 2 * context-parallel-size if "
+                 "context-parallel-size > 1: --seq-length ",
+                 a.seq_length, " is not divisible by 2 x --context-parallel-size = ", 2 * cp,
+                 "; choose a multiple of ", 2 * cp);
+  const int64_t tp = a.tensor_model_parallel_size;
+  MEGATRON_CHECK(!a.sequence_parallel || tp == 1 || (a.seq_length / cp) % tp == 0,
+                 "with --sequence-parallel each rank's part of the sequence (--seq-length ",
+                 a.seq_length, " / --context-parallel-size ", cp, " = ", a.seq_length / cp,
+                 ") must be divisible by --tensor-model-parallel-size (", tp, ")");
+  if (a.cp_comm_type.front() == "a2a") {
+    const int64_t groups = a.group_query_attention ? a.num_query_groups : a.num_attention_heads;
+    MEGATRON_CHECK(
+        groups % (tp * cp) == 0,
+        "--cp-comm-type a2a splits the attention heads over "
+        "the context-parallel ranks: the ",
+        groups, a.group_query_attention ? " query groups" : " heads",
+        " must be divisible by --tensor-model-parallel-size x --context-parallel-size = ", tp * cp,
+        "; use p2p or allgather, or change the sizes");
+  }
+}
+
 // The tensor- and pipeline-parallel layout: Megatron's rules (validate_args, TransformerConfig,
 // the interleaved schedule) in its words, then the flags and numbers involved and the fix. Pure
 // arithmetic on the flags and the world size, so every rank reaches the same verdict without
@@ -264,7 +312,9 @@ int64_t validate_parallel_layout(Arguments& a, int world_size, int rank) {
   ParallelConfig pc;
   pc.tensor_model_parallel_size = to_int(a.tensor_model_parallel_size);
   pc.pipeline_model_parallel_size = to_int(a.pipeline_model_parallel_size);
+  pc.context_parallel_size = to_int(a.context_parallel_size);
   const int64_t dp = make_parallel_grid(world_size, pc).dp;
+  validate_context_parallel(a);
   const int64_t tp = a.tensor_model_parallel_size, pp = a.pipeline_model_parallel_size;
 
   MEGATRON_CHECK(a.num_attention_heads % tp == 0, "num_attention_heads (", a.num_attention_heads,

@@ -19,6 +19,7 @@
 #include "data/sample_source.h"
 #include "data/tokenizer.h"
 #include "models/model_chunk.h"
+#include "parallel/context_parallel.h"
 #include "parallel/param.h"
 #include "transformer/config.h"
 
@@ -29,7 +30,8 @@ struct ChunkPlacement {
   std::shared_ptr<ProcessGroup> tp;  // null: no tensor parallelism
   bool sequence_parallel = false;    // --sequence-parallel (ignored without TP)
   int pp_size = 1, pp_rank = 0;
-  int virtual_stages = 1;  // chunks per pipeline rank (interleaved schedules)
+  int virtual_stages = 1;          // chunks per pipeline rank (interleaved schedules)
+  ContextParallelContext cp = {};  // --context-parallel-size (none by default)
 };
 
 // What shapes a model besides its placement.

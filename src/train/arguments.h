@@ -129,6 +129,10 @@ struct Arguments {
   int64_t num_layers_per_virtual_pipeline_stage = 0;  // interleaved 1F1B chunk size; 0: none
   int64_t num_virtual_stages_per_pipeline_rank = 0;   // chunks per stage (V) directly; 0: none
   bool sequence_parallel = false;  // shard norms/dropout along s over TP; forced off at TP 1
+  int64_t context_parallel_size =
+      1;  // ranks splitting every sequence (parallel/context_parallel.h)
+  std::vector<std::string> cp_comm_type = {"p2p"};  // p2p, allgather or a2a (one for all layers)
+  std::vector<std::string> hierarchical_context_parallel_sizes;  // a2a+p2p only: refused
   bool use_distributed_optimizer = false;  // ZeRO-1: Adam moments sharded over data parallel
   bool overlap_grad_reduce = false;        // reduce each gradient bucket as soon as it is complete
   int64_t ddp_bucket_size = 0;   // elements; 0: Megatron's max(40000000, 1000000 x dp size)

@@ -32,7 +32,7 @@ void Trainer::log_first(const std::string& line) const {
 std::vector<std::pair<std::string, double>> Trainer::relay_to_first_rank(
     const std::vector<std::pair<std::string, double>>& values) const {
   const ParallelState& ps = *parallel_;
-  if (ps.pp_size() == 1 || ps.tp_rank() != 0 || dp_rank_ != 0) return values;
+  if (ps.pp_size() == 1 || ps.tp_rank() != 0 || grad_rank_ != 0) return values;
   if (!ps.is_first_stage() && !ps.is_last_stage()) return values;
   // A tag no pipeline transfer uses (those are 2 x chunk + kind): none is in flight here anyway,
   // since every step and evaluation has finished its transfers before anything is logged.
@@ -108,6 +108,8 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
   const ParallelState& ps = *parallel_;
   dp_size_ = ps.dp_size();
   dp_rank_ = ps.dp_rank();
+  grad_size_ = ps.dp_cp_group().size();
+  grad_rank_ = ps.dp_cp_group().rank();
   first_rank_ = ps.rank() == 0;
   last_rank_ = ps.rank() == ps.world_size() - 1;
   has_loss_ = ps.is_last_stage();
@@ -159,8 +161,12 @@ void Trainer::build_model() {
   // This rank's model chunks, one per virtual pipeline stage, and the model's loss.
   const int pp = ps.pp_size();
   chunks_ = spec_->build_chunks(ModelOptions{cfg_, args_.reset_attention_mask},
-                                ChunkPlacement{ps.tp_group_ptr(), args_.sequence_parallel, pp,
-                                               ps.pp_rank(), virtual_stages_});
+                                ChunkPlacement{.tp = ps.tp_group_ptr(),
+                                               .sequence_parallel = args_.sequence_parallel,
+                                               .pp_size = pp,
+                                               .pp_rank = ps.pp_rank(),
+                                               .virtual_stages = virtual_stages_,
+                                               .cp = context_parallel()});
   std::vector<Param*> all;
   for (const auto& chunk : chunks_) {
     for (Param* p : chunk->parameters()) all.push_back(p);
@@ -184,7 +190,7 @@ void Trainer::build_model() {
   const bool distributed = args_.use_distributed_optimizer;
   params_ = distributed ? std::make_unique<ParamSet>(
                               all, cfg_.compute_dtype,
-                              distributed_bucket_layout(bucket, static_cast<int>(dp_size_)))
+                              distributed_bucket_layout(bucket, static_cast<int>(grad_size_)))
                         : std::make_unique<ParamSet>(all, cfg_.compute_dtype);
   if (!args_.pretrained_checkpoint.empty()) {
     spec_->hf.load(args_.pretrained_checkpoint, *chunks_.front(), *params_);
@@ -204,10 +210,10 @@ void Trainer::build_model() {
   for (Param* p : params_->params()) nparams += p->shape.numel();
   // Megatron prints one line per model-parallel rank (from data-parallel rank 0); rank 0 prints
   // them all as one block, in rank order (see log_first).
-  log_gathered(dp_rank_ != 0 ? std::string()
-                             : strprintf(" > number of parameters on (tensor, pipeline) model "
-                                         "parallel rank (%d, %d): %ld",
-                                         ps.tp_rank(), ps.pp_rank(), static_cast<long>(nparams)));
+  log_gathered(grad_rank_ != 0 ? std::string()
+                               : strprintf(" > number of parameters on (tensor, pipeline) model "
+                                           "parallel rank (%d, %d): %ld",
+                                           ps.tp_rank(), ps.pp_rank(), static_cast<long>(nparams)));
   {
     // Activations: what one micro-batch keeps per chunk, times the (micro-batch, chunk) forwards
     // this rank holds at once under its schedule (1 without pipelining; the warm-up plus one
@@ -224,14 +230,20 @@ void Trainer::build_model() {
             ? std::min(one_f_one_b_warmup(pp, ps.pp_rank(), m) + 1, m)
             : std::min(interleaved_warmup(pp, ps.pp_rank(), m, virtual_stages_) + 1,
                        m * virtual_stages_);
-    log_first(theoretical_memory_line(nparams, cfg_.compute_dtype, distributed ? dp_size_ : 1,
+    log_first(theoretical_memory_line(nparams, cfg_.compute_dtype, distributed ? grad_size_ : 1,
                                       in_flight * per_chunk));
   }
 }
 
+ContextParallelContext Trainer::context_parallel() const {
+  const ParallelState& ps = *parallel_;
+  if (ps.cp_size() == 1) return {};
+  return ContextParallelContext{&ps.cp_group(), parse_cp_comm_type(args_.cp_comm_type.front())};
+}
+
 int64_t Trainer::bucket_size() const {
   return args_.ddp_bucket_size > 0 ? args_.ddp_bucket_size
-                                   : default_ddp_bucket_size(static_cast<int>(dp_size_));
+                                   : default_ddp_bucket_size(static_cast<int>(grad_size_));
 }
 
 // Data-parallel gradient buckets, the pipeline executor and the optimizer (plain or distributed).
@@ -239,7 +251,7 @@ void Trainer::build_optimizer() {
   const ParallelState& ps = *parallel_;
   const bool distributed = args_.use_distributed_optimizer;
   grad_buckets_ = std::make_unique<GradBuckets>(
-      *params_, ps.dp_group(), bucket_size(), args_.overlap_grad_reduce,
+      *params_, ps.dp_cp_group(), bucket_size(), args_.overlap_grad_reduce,
       distributed ? GradReduce::kReduceScatter : GradReduce::kAllReduce);
   grad_buckets_->set_reduce_in_bf16(args_.grad_reduce_in_bf16);
   executor_ = std::make_unique<PipelineExecutor>(ps.pp_group(), virtual_stages_);
@@ -248,13 +260,14 @@ void Trainer::build_optimizer() {
   if (distributed) {
     dist_optimizer_ = std::make_unique<DistributedOptimizer>(*grad_buckets_, adam);
     log_first(strprintf(
-        " > distributed optimizer: each of the %ld data-parallel ranks keeps the Adam moments of "
-        "1/%ld of every gradient bucket (%.2f MB on this rank)%s",
-        static_cast<long>(dp_size_), static_cast<long>(dp_size_),
+        " > distributed optimizer: each of the %ld data-parallel%s ranks keeps the Adam moments "
+        "of 1/%ld of every gradient bucket (%.2f MB on this rank)%s",
+        static_cast<long>(grad_size_), ps.cp_size() > 1 ? " x context-parallel" : "",
+        static_cast<long>(grad_size_),
         static_cast<double>(dist_optimizer_->state_bytes()) / 1048576.0,
-        dp_size_ == 1 ? "; with data-parallel size 1 there is nothing to shard: it behaves as "
-                        "the plain optimizer"
-                      : ""));
+        grad_size_ == 1 ? "; with data-parallel size 1 there is nothing to shard: it behaves as "
+                          "the plain optimizer"
+                        : ""));
   } else {
     optimizer_ = std::make_unique<AdamW>(*params_, adam);
   }
@@ -283,7 +296,8 @@ void Trainer::build_checkpointing() {
   if (!args_.save.empty()) {
     checkpointer_ = std::make_unique<Checkpointer>(
         parallel_, args_,
-        CheckpointTarget{params_.get(), optimizer_.get(), dist_optimizer_.get(), dp_rank_}, fault_);
+        CheckpointTarget{params_.get(), optimizer_.get(), dist_optimizer_.get(), grad_rank_},
+        fault_);
   }
   // The watchdog aborts the whole job (MPI_Abort from its thread: the main thread is stuck).
   watchdog_ =
@@ -363,13 +377,16 @@ std::vector<TensorMap> Trainer::step_batches(const std::function<TensorMap(int64
   if (!needs_data_) return batches;
   // TP rank 0 reads; the others receive every field this stage reads, in the specs' order.
   ProcessGroup& tp = parallel_->tp_group();
+  const ContextParallelContext cp = context_parallel();
   for (int64_t mb = 0; mb < num_microbatches_; ++mb) {
     TensorMap& m = batches[mb];
     const TensorMap all = tp.rank() == 0 ? read(mb) : TensorMap();
     for (const TensorSpec& spec : batch_specs_) {
       Tensor t = tp.rank() == 0 ? all.at(spec.name) : Tensor::empty(spec.shape, spec.dtype);
       if (tp.size() > 1) tp.broadcast(t, 0);
-      m.set(spec.name, t);
+      // Under context parallelism each rank keeps its chunks of every [b, s] field (Megatron's
+      // get_batch_on_this_cp_rank).
+      m.set(spec.name, cp.enabled() ? cp_local_columns(t, cp) : t);
     }
   }
   return batches;
@@ -403,8 +420,9 @@ void Trainer::finish_gradients() {
 }
 
 void Trainer::reduce_loss_stats(LossTerms* terms) {
-  if (dp_size_ == 1 || !has_loss_) return;
-  // Every data-parallel replica of the last stage has the same terms in the same order.
+  if (grad_size_ == 1 || !has_loss_) return;
+  // Every data- and context-parallel replica of the last stage has the same terms in the same
+  // order (a CP rank's are those of its part of each sequence).
   const std::vector<LossTerms::Term>& t = terms->terms();
   const auto n = static_cast<int64_t>(t.size());
   Tensor stats = Tensor::empty({2 * n}, DType::kF64);
@@ -412,7 +430,7 @@ void Trainer::reduce_loss_stats(LossTerms* terms) {
     stats.data<double>()[2 * i] = t[i].sum;
     stats.data<double>()[2 * i + 1] = t[i].count;
   }
-  parallel_->dp_group().all_reduce(stats);
+  parallel_->dp_cp_group().all_reduce(stats);
   LossTerms reduced;
   for (int64_t i = 0; i < n; ++i) {
     reduced.add(t[i].name, stats.data<double>()[2 * i], stats.data<double>()[2 * i + 1]);
@@ -424,6 +442,7 @@ double Trainer::comm_seconds() const {
   const ParallelState& ps = *parallel_;
   double s = ps.world_group().busy_seconds() + ps.tp_group().busy_seconds() +
              ps.pp_group().busy_seconds() + ps.dp_group().busy_seconds() +
+             ps.cp_group().busy_seconds() + ps.dp_cp_group().busy_seconds() +
              ps.model_parallel_group().busy_seconds();
   if (ps.in_embedding_group()) s += ps.embedding_group().busy_seconds();
   return s;
@@ -519,7 +538,7 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, double lr) {
   Tensor sq = Tensor::empty({1}, DType::kF64);
   if (dist_optimizer_) {
     sq.data<double>()[0] = dist_optimizer_->grad_sum_squares_unique();
-    parallel_->dp_group().all_reduce(sq);
+    parallel_->dp_cp_group().all_reduce(sq);
   } else {
     sq.data<double>()[0] = grad_sum_squares_unique(*params_);
   }
@@ -650,9 +669,10 @@ void Trainer::load_checkpoint() {
                      " has no optimizer state (it was saved with --no-save-optim): pass "
                      "--no-load-optim (moments start at zero) or --finetune");
     }
-    load_shards(reader,
-                CheckpointTarget{params_.get(), optimizer_.get(), dist_optimizer_.get(), dp_rank_},
-                optim);
+    load_shards(
+        reader,
+        CheckpointTarget{params_.get(), optimizer_.get(), dist_optimizer_.get(), grad_rank_},
+        optim);
     bytes_read = reader.bytes_read();
     RunState state = run_state_from_json(meta, meta_path);
     if (optim) {
@@ -712,6 +732,7 @@ nlohmann::json Trainer::checkpoint_extra() const {
             {"pipeline_model_parallel_size", ps.pp_size()},
             {"virtual_pipeline_model_parallel_size", virtual_stages_},
             {"data_parallel_size", dp_size_},
+            {"context_parallel_size", ps.cp_size()},
             {"sequence_parallel", args_.sequence_parallel},
             {"use_distributed_optimizer", args_.use_distributed_optimizer}}},
           {"compute_dtype", dtype_name(cfg_.compute_dtype)}};

@@ -78,7 +78,10 @@ class Trainer {
   void build_checkpointing();
   void build_data();
   void report_gemm_peak();
-  int64_t bucket_size() const;  // --ddp-bucket-size or Megatron's default for this dp size
+  int64_t bucket_size() const;
+  // This rank's context-parallel group and comm type (none at --context-parallel-size 1).
+  ContextParallelContext context_parallel()
+      const;  // --ddp-bucket-size or Megatron's default for this dp size
   StepResult train_step(int64_t iteration, double lr);
   // The iteration line closing the log interval at `step` (with the timers' report), the
   // memory report after the first interval; collective over the world.
@@ -136,6 +139,9 @@ class Trainer {
   Arguments args_;
   std::shared_ptr<ParallelState> parallel_;
   int64_t dp_size_ = 1, dp_rank_ = 0;
+  // The group gradients reduce over: data parallel x context parallel (one rank's samples are
+  // split over its CP group, so its replicas are the dp x cp ranks holding the same weights).
+  int64_t grad_size_ = 1, grad_rank_ = 0;
   int virtual_stages_ = 1;
   bool first_rank_ = true, last_rank_ = true;
   bool memory_reported_ = false;  // Megatron reports memory once, after the first interval

@@ -51,6 +51,10 @@ void SelfAttention::core_attention(Ctx& ctx) const {
   const int64_t s = ctx.qkv.dim(0), b = ctx.qkv.dim(1), np = heads_local_, hn = cfg_.head_dim();
   ctx.out = Tensor::empty({s, b, np, hn}, ctx.qkv.dtype());
   ctx.lse = Tensor::empty({b, np, s}, ctx.qkv.dtype());
+  if (tp_.cp.enabled()) {  // the local queries over the whole sequence's keys
+    cp_attention_forward(ctx.out, ctx.lse, ctx.qkv, ctx.spec, tp_.cp);
+    return;
+  }
   ops::attention_forward(ctx.out, ctx.lse, ops::packed_qkv_view(ctx.qkv, ops::QkvPart::kQuery),
                          ops::packed_qkv_view(ctx.qkv, ops::QkvPart::kKey),
                          ops::packed_qkv_view(ctx.qkv, ops::QkvPart::kValue), ctx.spec);
@@ -59,6 +63,9 @@ void SelfAttention::core_attention(Ctx& ctx) const {
 Tensor SelfAttention::forward(const Tensor& x, const TokenLayout& layout, Ctx& ctx,
                               const ForwardMode& mode) const {
   const Tensor& positions = layout.positions;
+  MEGATRON_CHECK(!tp_.cp.enabled() || positions.defined() ||
+                     cfg_.position_embedding != PositionEmbedding::kRope,
+                 "SelfAttention: under context parallelism RoPE needs the global positions");
   // Under sequence parallelism x holds s/tp positions; linear_qkv gathers all s of them.
   const int64_t s = x.dim(0) * (tp_.sp() ? tp_.size() : 1), b = x.dim(1);
   const int64_t ng = groups_local_, qpg = cfg_.queries_per_group(), hn = cfg_.head_dim();
@@ -104,11 +111,15 @@ Tensor SelfAttention::backward(const Tensor& dy, Ctx& ctx) const {
   Tensor dout = linear_proj.backward(dy, ctx.proj_ctx).view(ctx.out.shape());
   Tensor dqkv = Tensor::empty(ctx.qkv.shape(), ctx.qkv.dtype());
   using ops::packed_qkv_view, ops::QkvPart;
-  ops::attention_backward(
-      packed_qkv_view(dqkv, QkvPart::kQuery), packed_qkv_view(dqkv, QkvPart::kKey),
-      packed_qkv_view(dqkv, QkvPart::kValue), Tensor(), dout,
-      packed_qkv_view(ctx.qkv, QkvPart::kQuery), packed_qkv_view(ctx.qkv, QkvPart::kKey),
-      packed_qkv_view(ctx.qkv, QkvPart::kValue), ctx.out, ctx.lse, ctx.spec);
+  if (tp_.cp.enabled()) {
+    cp_attention_backward(dqkv, dout, ctx.qkv, ctx.out, ctx.lse, ctx.spec, tp_.cp);
+  } else {
+    ops::attention_backward(
+        packed_qkv_view(dqkv, QkvPart::kQuery), packed_qkv_view(dqkv, QkvPart::kKey),
+        packed_qkv_view(dqkv, QkvPart::kValue), Tensor(), dout,
+        packed_qkv_view(ctx.qkv, QkvPart::kQuery), packed_qkv_view(ctx.qkv, QkvPart::kKey),
+        packed_qkv_view(ctx.qkv, QkvPart::kValue), ctx.out, ctx.lse, ctx.spec);
+  }
   if (cfg_.position_embedding == PositionEmbedding::kRope) {
     ops::rope_inplace(dqkv, ctx.positions, rope_, true);
   }

@@ -2,6 +2,7 @@
 #include "transformer/transformer_layer.h"
 
 #include "tensor/ops.h"
+#include "transformer/sequence_dropout.h"
 
 namespace megatron {
 
@@ -33,17 +34,19 @@ Tensor TransformerLayer::forward(const Tensor& x, const TokenLayout& layout, Ctx
   ctx.seed = mode.seed;
   ctx.stream_attn = mode.site_stream(layer_, 1);
   ctx.stream_mlp = mode.site_stream(layer_, 2);
-  ctx.dropout_offset = tp_.sp() ? static_cast<uint64_t>(tp_.rank() * x.numel()) : 0;
 
-  Tensor a = self_attention.forward(input_layernorm.forward(x, ctx.ln1), layout, ctx.attn, mode);
+  // The branches' outputs as [s', b, h], so that dropout sees the sequence (its masks are the
+  // single-process ones in every layout: transformer/sequence_dropout.h).
+  Tensor a = self_attention.forward(input_layernorm.forward(x, ctx.ln1), layout, ctx.attn, mode)
+                 .view(x.shape());
   Tensor x1 = Tensor::empty(x.shape(), x.dtype());
   if (ctx.dropout > 0)
-    ops::dropout_forward(a, a, ctx.dropout, ctx.seed, ctx.stream_attn, ctx.dropout_offset);
+    sequence_dropout_forward(a, a, ctx.dropout, ctx.seed, ctx.stream_attn, tp_, true);
   ops::add(x1, x, a);
 
-  Tensor m = mlp.forward(pre_mlp_layernorm.forward(x1, ctx.ln2), ctx.mlp);
+  Tensor m = mlp.forward(pre_mlp_layernorm.forward(x1, ctx.ln2), ctx.mlp).view(x.shape());
   if (ctx.dropout > 0)
-    ops::dropout_forward(m, m, ctx.dropout, ctx.seed, ctx.stream_mlp, ctx.dropout_offset);
+    sequence_dropout_forward(m, m, ctx.dropout, ctx.seed, ctx.stream_mlp, tp_, true);
   ops::add_inplace(m, x1);  // out = x1 + dropout(mlp(...)), reusing m's storage
   return m;
 }
@@ -53,7 +56,7 @@ Tensor TransformerLayer::backward(const Tensor& dy, Ctx& ctx) const {
   Tensor dm = dy;
   if (ctx.dropout > 0) {
     dm = Tensor::empty(dy.shape(), dy.dtype());
-    ops::dropout_backward(dm, dy, ctx.dropout, ctx.seed, ctx.stream_mlp, ctx.dropout_offset);
+    sequence_dropout_backward(dm, dy, ctx.dropout, ctx.seed, ctx.stream_mlp, tp_, true);
   }
   Tensor dx1 = pre_mlp_layernorm.backward(mlp.backward(dm, ctx.mlp).view(dy.shape()), ctx.ln2);
   ops::add_inplace(dx1, dy);
@@ -61,7 +64,7 @@ Tensor TransformerLayer::backward(const Tensor& dy, Ctx& ctx) const {
   Tensor da = dx1;
   if (ctx.dropout > 0) {
     da = Tensor::empty(dx1.shape(), dx1.dtype());
-    ops::dropout_backward(da, dx1, ctx.dropout, ctx.seed, ctx.stream_attn, ctx.dropout_offset);
+    sequence_dropout_backward(da, dx1, ctx.dropout, ctx.seed, ctx.stream_attn, tp_, true);
   }
   Tensor dx = input_layernorm.backward(self_attention.backward(da, ctx.attn), ctx.ln1);
   ops::add_inplace(dx, dx1);

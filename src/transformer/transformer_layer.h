@@ -24,7 +24,6 @@ class TransformerLayer {
     MLP::Ctx mlp;
     float dropout = 0;
     uint64_t seed = 0, stream_attn = 0, stream_mlp = 0;
-    uint64_t dropout_offset = 0;  // this rank's first element in the full [s, b, h] activation
   };
 
   // layer_number is 0-based and global (it keys the layer's dropout streams).

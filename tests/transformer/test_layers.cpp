@@ -64,7 +64,7 @@ void check_layer(LayerUnderTest layer, uint64_t seed) {
 
 struct SelfGroup {
   std::shared_ptr<ProcessGroup> group = make_self_process_group();
-  TensorParallelContext tp() const { return TensorParallelContext{group.get(), false}; }
+  TensorParallelContext tp() const { return TensorParallelContext{group.get(), false, {}}; }
 };
 
 TEST(LayerGradients, LayerNormAndRMSNorm) {

@@ -146,7 +146,7 @@ struct BlockFixture {
 
   BlockFixture(const TransformerConfig& c, bool final_norm = true)
       : cfg(c),
-        block("decoder", cfg, TensorParallelContext{group.get(), false}, 0, cfg.num_layers,
+        block("decoder", cfg, TensorParallelContext{group.get(), false, {}}, 0, cfg.num_layers,
               final_norm),
         params(collect(block), DType::kF32) {
     params.initialize(42);
@@ -436,7 +436,10 @@ TEST(Recompute, TrainerActivationEstimateIsTheMeasuredFormula) {
     all.insert(all.end(), kRecomputeSettings.begin(), kRecomputeSettings.end());
     for (const Setting& s : all) {
       const TransformerConfig c = with(base, s);
-      ActivationShape shape{kBatch, 1, false, c.num_layers, false, false};
+      ActivationShape shape{.micro_batch_size = kBatch,
+                            .num_layers = c.num_layers,
+                            .pre_process = false,
+                            .post_process = false};
       EXPECT_EQ(activation_bytes_per_microbatch(c, shape), predicted_held_bytes(c, s, false))
           << s.name;
     }

@@ -6,6 +6,7 @@
 #include "parallel/mappings.h"
 #include "parallel/vocab_parallel.h"
 #include "tensor/ops.h"
+#include "transformer/sequence_dropout.h"
 
 namespace megatron {
 
@@ -81,10 +82,8 @@ Tensor LanguageEmbedding::forward(const Tensor& tokens, const Tensor& positions,
   if (positions.defined()) {
     ctx.positions = transpose_bs(positions);
   } else {
-    ctx.positions = Tensor::empty({s, b}, DType::kI64);
-    int64_t* p = ctx.positions.data<int64_t>();
-    for (int64_t t = 0; t < s; ++t)
-      for (int64_t i = 0; i < b; ++i) p[t * b + i] = t;
+    // The tokens' places in the sequence (under context parallelism, of the whole sequence).
+    ctx.positions = cp_positions(s, b, tp_.cp);
   }
 
   Tensor x;
@@ -104,8 +103,9 @@ Tensor LanguageEmbedding::forward(const Tensor& tokens, const Tensor& positions,
   ctx.dropout = mode.training ? static_cast<float>(cfg_.hidden_dropout) : 0.0f;
   ctx.seed = mode.seed;
   ctx.stream = mode.site_stream(-1, 0);
-  if (ctx.dropout > 0) ops::dropout_forward(x, x, ctx.dropout, ctx.seed, ctx.stream);
   x = x.view({s, b, h});
+  if (ctx.dropout > 0)
+    sequence_dropout_forward(x, x, ctx.dropout, ctx.seed, ctx.stream, tp_, false);
   return tp_.sp() ? scatter_to_sequence_parallel_region_forward(x, *tp_.group) : x;
 }
 
@@ -115,9 +115,10 @@ void LanguageEmbedding::backward(const Tensor& dy, Ctx& ctx) const {
       (tp_.sp() ? scatter_to_sequence_parallel_region_backward(dy, *tp_.group) : dy).view({n, h});
   if (ctx.dropout > 0) {
     // Into a fresh tensor: the caller's gradient is not ours to change.
-    Tensor masked = Tensor::empty({n, h}, dx.dtype());
-    ops::dropout_backward(masked, dx, ctx.dropout, ctx.seed, ctx.stream);
-    dx = masked;
+    Tensor masked = Tensor::empty({ctx.s, ctx.b, h}, dx.dtype());
+    sequence_dropout_backward(masked, dx.view({ctx.s, ctx.b, h}), ctx.dropout, ctx.seed, ctx.stream,
+                              tp_, false);
+    dx = masked.view({n, h});
   }
   Tensor dwe = word_embeddings.main_grad;
   if (tp_.size() == 1) {

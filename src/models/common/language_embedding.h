@@ -7,8 +7,10 @@
 // whole [s, b, h] embedding, and under --sequence-parallel each TP rank keeps its s/tp positions.
 // Inputs are Megatron's [b, s] batches; the output is [s, b, h] (or [s/tp, b, h]).
 //
-// The dropout mask is the single-process one in every layout: it is drawn over the full
-// embedding before the sequence is split (stream: ForwardMode::site_stream(-1, 0)).
+// The dropout mask is the single-process one in every layout: it is drawn over the local
+// sequence before the sequence-parallel split, at the tokens' global rows under context
+// parallelism (stream: ForwardMode::site_stream(-1, 0)). Default positions are the tokens'
+// places in the whole sequence (context-parallel chunks included).
 #pragma once
 
 #include "models/common/vocab_shard.h"

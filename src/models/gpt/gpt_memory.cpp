@@ -6,7 +6,7 @@
 namespace megatron {
 
 int64_t activation_bytes_per_microbatch(const TransformerConfig& c, const ActivationShape& a) {
-  const int64_t s = c.seq_length, b = a.micro_batch_size, h = c.hidden_size, t = a.tp;
+  const int64_t s = c.seq_length / a.cp, b = a.micro_batch_size, h = c.hidden_size, t = a.tp;
   const int64_t np = c.num_attention_heads, ng = c.num_query_groups, hn = c.head_dim();
   const int64_t f = c.ffn_hidden_size, sb = s * b;
   const int64_t s_local_b = a.sequence_parallel && t > 1 ? sb / t : sb;  // s' b

@@ -15,6 +15,7 @@ struct ActivationShape {
   bool sequence_parallel = false;
   int64_t num_layers = 0;  // layers of this chunk
   bool pre_process = true, post_process = true;
+  int cp = 1;  // context parallelism: each rank holds s / cp of every sequence
 };
 
 // Bytes one micro-batch leaves saved for backward in one model chunk, as our layers keep them:

@@ -10,7 +10,7 @@ GPTModel::GPTModel(const TransformerConfig& cfg, GPTStage stage)
     : cfg_(cfg), stage_(std::move(stage)) {
   if (!stage_.tp) stage_.tp = make_self_process_group();
   if (stage_.num_layers < 0) stage_.num_layers = cfg_.num_layers - stage_.first_layer;
-  tp_ = TensorParallelContext{stage_.tp.get(), stage_.sequence_parallel};
+  tp_ = TensorParallelContext{stage_.tp.get(), stage_.sequence_parallel, stage_.cp};
   vocab_shard(cfg_, tp_);  // every stage refuses a vocabulary the TP size does not divide
   if (stage_.pre_process) embedding = std::make_unique<LanguageEmbedding>(cfg_, tp_);
   decoder = std::make_unique<TransformerBlock>("decoder", cfg_, tp_, stage_.first_layer,
@@ -49,7 +49,7 @@ Param* GPTModel::word_embeddings() {
 }
 
 Shape GPTModel::activation_shape(int64_t micro_batch_size) const {
-  const int64_t s = cfg_.seq_length / (tp_.sp() ? tp_.size() : 1);
+  const int64_t s = cfg_.seq_length / tp_.cp.size() / (tp_.sp() ? tp_.size() : 1);
   return Shape{s, micro_batch_size, cfg_.hidden_size};
 }
 
@@ -65,12 +65,17 @@ Tensor GPTModel::forward_stage(const Tensor& hidden_in, const GPTInputs& in, Ctx
                    "GPTModel: a later pipeline stage needs the previous stage's [s, b, h] output");
     x = hidden_in;
   }
-  // RoPE always rotates by the position in the sequence, 0..s-1: Megatron-core computes the
+  // RoPE always rotates by the position in the sequence, 0..s-1 (under context parallelism the
+  // chunks' global positions): Megatron-core computes the
   // rotary embedding from the sequence length and ignores --reset-position-ids for it (those
   // reset the learned absolute embeddings only). Attention across documents is governed by
   // doc_start (--reset-attention-mask) instead.
   TokenLayout layout;
   layout.doc_start = in.doc_start;
+  if (tp_.cp.enabled()) {  // this rank's chunks sit at their places in the whole sequence
+    const int64_t local = cfg_.seq_length / tp_.cp.size();
+    layout.positions = cp_positions(local, x.dim(1), tp_.cp);
+  }
   Tensor hidden = decoder->forward(x, layout, ctx.decoder, mode);
   return stage_.post_process ? head->loss(hidden, in.labels, ctx.head) : hidden;
 }

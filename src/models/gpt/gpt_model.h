@@ -38,6 +38,7 @@ struct GPTStage {
   int64_t num_layers = -1;           // -1: every layer from first_layer on
   bool pre_process = true;           // holds the embeddings (first pipeline stage)
   bool post_process = true;          // holds final norm, output layer, loss (last stage)
+  ContextParallelContext cp = {};    // --context-parallel-size: this rank's sequence chunks
 };
 
 // What a stage reads of the micro-batch: tokens and positions on the first stage, labels on the
@@ -90,7 +91,8 @@ class GPTModel {
   const TransformerConfig& config() const { return cfg_; }
   const GPTStage& stage() const { return stage_; }
   ProcessGroup& tp_group() const { return *stage_.tp; }
-  // Shape of the activation a stage receives and sends: [s', b, h].
+  // Shape of the activation a stage receives and sends: [s', b, h], s' = s / cp (/ tp under
+  // sequence parallelism).
   Shape activation_shape(int64_t micro_batch_size) const;
 
   // The word embeddings: the first stage's, or the last stage's tied copy (null on a middle

@@ -21,7 +21,13 @@ std::vector<std::unique_ptr<ModelChunk>> build_chunks(const ModelOptions& o,
   std::vector<std::unique_ptr<ModelChunk>> chunks;
   for (int c = 0; c < p.virtual_stages; ++c) {
     const int64_t g = static_cast<int64_t>(c) * p.pp_size + p.pp_rank;
-    GPTStage stage{p.tp, p.sequence_parallel, g * per_stage, per_stage, g == 0, g == stages - 1};
+    const GPTStage stage{.tp = p.tp,
+                         .sequence_parallel = p.sequence_parallel,
+                         .first_layer = g * per_stage,
+                         .num_layers = per_stage,
+                         .pre_process = g == 0,
+                         .post_process = g == stages - 1,
+                         .cp = p.cp};
     chunks.push_back(std::make_unique<GPTChunk>(o.config, stage, o.reset_attention_mask));
   }
   return chunks;
@@ -37,8 +43,13 @@ int64_t activation_bytes(const ModelChunk& chunk, const TransformerConfig& cfg, 
   const GPTModel& m = gpt(chunk);
   const GPTStage& st = m.stage();
   const int tp = st.tp ? st.tp->size() : 1;
-  const ActivationShape shape{
-      mbs, tp, st.sequence_parallel && tp > 1, st.num_layers, st.pre_process, st.post_process};
+  const ActivationShape shape{.micro_batch_size = mbs,
+                              .tp = tp,
+                              .sequence_parallel = st.sequence_parallel && tp > 1,
+                              .num_layers = st.num_layers,
+                              .pre_process = st.pre_process,
+                              .post_process = st.post_process,
+                              .cp = st.cp.size()};
   return activation_bytes_per_microbatch(cfg, shape);
 }
 

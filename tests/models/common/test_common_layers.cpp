@@ -42,7 +42,7 @@ TransformerConfig config() {
 
 struct SelfGroup {
   std::shared_ptr<ProcessGroup> group = make_self_process_group();
-  TensorParallelContext tp() const { return TensorParallelContext{group.get(), false}; }
+  TensorParallelContext tp() const { return TensorParallelContext{group.get(), false, {}}; }
 };
 
 // [b, s] i64 ids in [0, n).

@@ -79,7 +79,7 @@ TEST(CommonParallel, LanguageEmbeddingWithTokenTypesAndDropout) {
   const Tensor types = testing::random_ids({kB, kS}, 2, 2);
   const Tensor dy = testing::random_tensor({kS, kB, kH}, 3);
   auto self = make_self_process_group();
-  LanguageEmbedding whole(cfg, {self.get(), false}, 2);
+  LanguageEmbedding whole(cfg, {self.get(), false, {}}, 2);
   ParamSet whole_params(params_of(whole), DType::kF32);
   whole_params.initialize(kSeed);
   LanguageEmbedding::Ctx wctx;
@@ -92,7 +92,7 @@ TEST(CommonParallel, LanguageEmbeddingWithTokenTypesAndDropout) {
     for (bool sp : {false, true}) {
       SCOPED_TRACE(layout(t, sp));
       ParallelState ps(g_runtime->world(), {.tensor_model_parallel_size = t});
-      const TensorParallelContext tp{ps.tp_group_ptr().get(), sp};
+      const TensorParallelContext tp{ps.tp_group_ptr().get(), sp, {}};
       LanguageEmbedding part(cfg, tp, 2);
       ParamSet part_params(params_of(part), DType::kF32);
       part_params.initialize(kSeed);
@@ -113,7 +113,7 @@ TEST(CommonParallel, PoolerGathersTheSequenceAndSplitsItsGradient) {
   const Tensor hidden = testing::random_tensor({kS, kB, kH}, 4);
   const Tensor dy = testing::random_tensor({kB, kH}, 5);
   auto self = make_self_process_group();
-  Pooler whole("pooler", kH, 0.3, {self.get(), false});
+  Pooler whole("pooler", kH, 0.3, {self.get(), false, {}});
   ParamSet whole_params(params_of(whole), DType::kF32);
   whole_params.initialize(kSeed);
   Pooler::Ctx wctx;
@@ -126,7 +126,7 @@ TEST(CommonParallel, PoolerGathersTheSequenceAndSplitsItsGradient) {
     for (bool sp : {false, true}) {
       SCOPED_TRACE(layout(t, sp));
       ParallelState ps(g_runtime->world(), {.tensor_model_parallel_size = t});
-      const TensorParallelContext tp{ps.tp_group_ptr().get(), sp};
+      const TensorParallelContext tp{ps.tp_group_ptr().get(), sp, {}};
       Pooler part("pooler", kH, 0.3, tp);
       ParamSet part_params(params_of(part), DType::kF32);
       part_params.initialize(kSeed);

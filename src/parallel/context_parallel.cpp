@@ -1,0 +1,342 @@
+// Context-parallel attention: the local query chunks against every key chunk of the sequence,
+// block by block, merged through the log-sum-exps; the key chunks travel by ring (p2p), one
+// all-gather, or an all-to-all over heads (a2a).
+#include "parallel/context_parallel.h"
+
+#include <utility>
+#include <vector>
+
+namespace megatron {
+
+const char* cp_comm_type_name(CpCommType t) {
+  switch (t) {
+    case CpCommType::kP2P:
+      return "p2p";
+    case CpCommType::kAllGather:
+      return "allgather";
+    case CpCommType::kA2A:
+      return "a2a";
+  }
+  return "unknown";
+}
+
+CpCommType parse_cp_comm_type(const std::string& s) {
+  if (s == "p2p") return CpCommType::kP2P;
+  if (s == "allgather") return CpCommType::kAllGather;
+  if (s == "a2a") return CpCommType::kA2A;
+  MEGATRON_CHECK(s != "a2a+p2p",
+                 "--cp-comm-type a2a+p2p (hierarchical context parallelism, with "
+                 "--hierarchical-context-parallel-sizes) is not supported yet; use p2p, "
+                 "allgather or a2a");
+  MEGATRON_CHECK(false, "--cp-comm-type must be p2p, allgather or a2a, got '", s, "'");
+  return CpCommType::kP2P;
+}
+
+int64_t ContextParallelContext::global_row(int64_t t, int64_t local) const {
+  const int64_t c = local / 2, r = rank(), n = size();
+  return t < c ? r * c + t : (2 * n - 1 - r) * c + (t - c);
+}
+
+Tensor cp_local_columns(const Tensor& field, const ContextParallelContext& cp) {
+  MEGATRON_CHECK(field.ndim() == 2, "cp_local_columns: expected a [b, s] field, got ", field.str());
+  const int64_t b = field.dim(0), s = field.dim(1), n = cp.size();
+  MEGATRON_CHECK(s % (2 * n) == 0, "the sequence length (", s,
+                 ") must be divisible by 2 x --context-parallel-size (", 2 * n, ")");
+  const int64_t c = s / (2 * n), r = cp.rank();
+  Tensor first = Tensor::empty({b, c}, field.dtype(), field.device());
+  Tensor second = Tensor::empty({b, c}, field.dtype(), field.device());
+  ops::slice_last_dim(first, field, r * c);
+  ops::slice_last_dim(second, field, (2 * n - 1 - r) * c);
+  Tensor out = Tensor::empty({b, 2 * c}, field.dtype(), field.device());
+  ops::concat_last_dim(out, {first, second});
+  return out;
+}
+
+Tensor cp_positions(int64_t local, int64_t b, const ContextParallelContext& cp) {
+  Tensor p = Tensor::empty({local, b}, DType::kI64);
+  int64_t* d = p.data<int64_t>();
+  for (int64_t t = 0; t < local; ++t)
+    for (int64_t i = 0; i < b; ++i) d[t * b + i] = cp.global_row(t, local);
+  return p;
+}
+
+namespace {
+
+// The geometry of one rank's packed QKV and the blocks it attends.
+struct Layout {
+  int64_t L, c, b, ng, qpg, hn;  // local rows, chunk rows, batch, groups, queries per group
+  int64_t np() const { return ng * qpg; }
+  int64_t kv_numel() const { return L * b * ng * hn; }  // one of K, V for the local rows
+};
+
+Layout layout_of(const Tensor& qkv) {
+  MEGATRON_CHECK(qkv.ndim() == 5 && qkv.dim(3) >= 3 && qkv.dim(0) % 2 == 0,
+                 "context-parallel attention: expected the packed QKV [2c, b, ng, qpg + 2, hn], "
+                 "got ",
+                 qkv.str());
+  return Layout{qkv.dim(0), qkv.dim(0) / 2, qkv.dim(1), qkv.dim(2), qkv.dim(3) - 2, qkv.dim(4)};
+}
+
+// Global start of local chunk q (0 or 1) of `rank`, and of key chunk j of the rank `src`.
+int64_t chunk_start(int q, int rank, int n, int64_t c) {
+  return (q == 0 ? rank : 2 * n - 1 - rank) * c;
+}
+
+// K then V of the local rows, contiguous: [2, L b ng hn].
+Tensor local_kv(const Tensor& qkv, const Layout& d) {
+  const int64_t rows = d.L * d.b * d.ng, width = (d.qpg + 2) * d.hn;
+  Tensor kv = Tensor::empty({2, d.kv_numel()}, qkv.dtype(), qkv.device());
+  for (int part = 0; part < 2; ++part) {
+    Tensor dst = kv.slice0(part, part + 1).view({rows, d.hn});
+    ops::slice_last_dim(dst, qkv.view({rows, width}), (d.qpg + part) * d.hn);
+  }
+  return kv;
+}
+
+// Key (part 0) or value (part 1) chunk j of a [2, L b ng hn] K/V buffer, as [c, b, ng, hn].
+Tensor kv_chunk(const Tensor& kv, int part, int j, const Layout& d) {
+  return kv.slice0(part, part + 1).view({d.L, d.b, d.ng, d.hn}).slice0(j * d.c, (j + 1) * d.c);
+}
+
+// The query heads of local chunk q, read in place from the packed QKV.
+ops::AttentionView query_chunk(const Tensor& qkv, int q, const Layout& d) {
+  ops::AttentionView v = ops::packed_qkv_view(qkv, ops::QkvPart::kQuery);
+  v.offset += q * d.c * v.stride_s;
+  v.s = d.c;
+  return v;
+}
+
+// The spec of block (local query chunk q, key chunk starting at kv_start).
+struct Blocks {
+  const ops::AttentionSpec& spec;
+  const ContextParallelContext& cp;
+  Layout d;
+  ops::AttentionSpec query[2];  // per local query chunk: its offset and doc_start columns
+
+  Blocks(const ops::AttentionSpec& s, const ContextParallelContext& c, const Layout& lay)
+      : spec(s), cp(c), d(lay) {
+    MEGATRON_CHECK(!spec.key_valid.defined() && !spec.bias.defined(),
+                   "context parallelism supports causal and document masks only (no key padding, "
+                   "no additive bias)");
+    const int64_t total = d.L * cp.size();
+    for (int q = 0; q < 2; ++q) {
+      ops::AttentionSpec& qs = query[q];
+      qs = spec;
+      qs.q_offset = chunk_start(q, cp.rank(), cp.size(), d.c);
+      qs.q_positions = spec.q_positions > 0 ? spec.q_positions : total;
+      qs.kv_positions = spec.kv_positions > 0 ? spec.kv_positions : total;
+      if (spec.doc_start.defined()) {
+        qs.doc_start = Tensor::empty({d.b, d.c}, spec.doc_start.dtype());
+        ops::slice_last_dim(qs.doc_start, spec.doc_start, q * d.c);
+      }
+    }
+  }
+  // Whether any query of chunk q sees a key of the chunk starting at kv_start.
+  bool visible(int q, int64_t kv_start) const {
+    return !spec.causal || kv_start <= query[q].q_offset + d.c - 1;
+  }
+  ops::AttentionSpec block(int q, int64_t kv_start) const {
+    ops::AttentionSpec s = query[q];
+    s.kv_offset = kv_start;
+    return s;
+  }
+};
+
+// The rank whose K/V a rank holds at ring step i (its own at step 0).
+int source_at(int step, const ContextParallelContext& cp) {
+  return (cp.rank() - step + cp.size()) % cp.size();
+}
+
+// Forward state of the two local query chunks: each one's output rows and lse so far.
+struct Partial {
+  Tensor out[2], lse[2];
+  bool any[2] = {false, false};
+};
+
+// Adds the blocks of key/value buffer `kv` (the chunks of rank `src`) to the partial results.
+void forward_blocks(Partial& acc, const Tensor& qkv, const Tensor& kv, int src, const Blocks& bl) {
+  const Layout& d = bl.d;
+  for (int q = 0; q < 2; ++q) {
+    const ops::AttentionView qv = query_chunk(qkv, q, d);
+    for (int j = 0; j < 2; ++j) {
+      const int64_t kv_start = chunk_start(j, src, bl.cp.size(), d.c);
+      if (!bl.visible(q, kv_start)) continue;
+      const ops::AttentionView kview = ops::attention_view(kv_chunk(kv, 0, j, d), d.ng);
+      const ops::AttentionView vview = ops::attention_view(kv_chunk(kv, 1, j, d), d.ng);
+      const ops::AttentionSpec s = bl.block(q, kv_start);
+      if (!acc.any[q]) {
+        ops::attention_forward(acc.out[q], acc.lse[q], qv, kview, vview, s);
+        acc.any[q] = true;
+      } else {
+        Tensor o = Tensor::empty(acc.out[q].shape(), acc.out[q].dtype(), acc.out[q].device());
+        Tensor l = Tensor::empty(acc.lse[q].shape(), acc.lse[q].dtype(), acc.lse[q].device());
+        ops::attention_forward(o, l, qv, kview, vview, s);
+        ops::attention_merge(acc.out[q], acc.lse[q], o, l);
+      }
+    }
+  }
+}
+
+// dQ of the local query chunks and this rank's share of dK, dV of `src`'s chunks ([2, L b ng hn],
+// accumulated) from the blocks of key/value buffer `kv`.
+void backward_blocks(Tensor& dq, Tensor& dkv, const Tensor& dout, const Tensor& qkv,
+                     const Tensor& kv, const Tensor& out, const Tensor lse[2], int src,
+                     const Blocks& bl) {
+  const Layout& d = bl.d;
+  const DType t = qkv.dtype();
+  const Device dev = qkv.device();
+  for (int q = 0; q < 2; ++q) {
+    const ops::AttentionView qv = query_chunk(qkv, q, d);
+    const Tensor out_q = out.slice0(q * d.c, (q + 1) * d.c);
+    const Tensor dout_q = dout.slice0(q * d.c, (q + 1) * d.c);
+    Tensor dq_q = dq.slice0(q * d.c, (q + 1) * d.c);
+    for (int j = 0; j < 2; ++j) {
+      const int64_t kv_start = chunk_start(j, src, bl.cp.size(), d.c);
+      if (!bl.visible(q, kv_start)) continue;
+      Tensor tdq = Tensor::empty({d.c, d.b, d.np(), d.hn}, t, dev);
+      Tensor tdk = Tensor::empty({d.c, d.b, d.ng, d.hn}, t, dev);
+      Tensor tdv = Tensor::empty({d.c, d.b, d.ng, d.hn}, t, dev);
+      ops::attention_backward(ops::attention_view(tdq, d.ng), ops::attention_view(tdk, d.ng),
+                              ops::attention_view(tdv, d.ng), Tensor(), dout_q, qv,
+                              ops::attention_view(kv_chunk(kv, 0, j, d), d.ng),
+                              ops::attention_view(kv_chunk(kv, 1, j, d), d.ng), out_q, lse[q],
+                              bl.block(q, kv_start));
+      ops::add_inplace(dq_q, tdq);
+      Tensor dk = kv_chunk(dkv, 0, j, d), dv = kv_chunk(dkv, 1, j, d);
+      ops::add_inplace(dk, tdk);
+      ops::add_inplace(dv, tdv);
+    }
+  }
+}
+
+// dqkv packed from dq [L, b, np, hn] and dK, dV ([2, L b ng hn]).
+void pack_gradients(Tensor& dqkv, const Tensor& dq, const Tensor& dkv, const Layout& d) {
+  const int64_t rows = d.L * d.b * d.ng;
+  Tensor packed = dqkv.view({rows, (d.qpg + 2) * d.hn});
+  ops::concat_last_dim(packed, {dq.view({rows, d.qpg * d.hn}), dkv.slice0(0, 1).view({rows, d.hn}),
+                                dkv.slice0(1, 2).view({rows, d.hn})});
+}
+
+// The local lse [b, np, 2c] as its two query chunks' [b, np, c].
+void split_lse(Tensor lse_q[2], const Tensor& lse, const Layout& d) {
+  for (int q = 0; q < 2; ++q) {
+    lse_q[q] = Tensor::empty({d.b, d.np(), d.c}, lse.dtype(), lse.device());
+    ops::slice_last_dim(lse_q[q], lse, q * d.c);
+  }
+}
+
+constexpr int kKvTag = 1, kDkvTag = 2;
+
+}  // namespace
+
+void cp_attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv,
+                          const ops::AttentionSpec& spec, const ContextParallelContext& cp) {
+  const Layout d = layout_of(qkv);
+  const Blocks bl(spec, cp, d);
+  ProcessGroup& g = *cp.group;
+  const int n = cp.size(), next = (cp.rank() + 1) % n, prev = (cp.rank() - 1 + n) % n;
+  Partial acc;
+  for (int q = 0; q < 2; ++q) {
+    acc.out[q] = out.slice0(q * d.c, (q + 1) * d.c);
+    acc.lse[q] = Tensor::empty({d.b, d.np(), d.c}, lse.dtype(), lse.device());
+  }
+  Tensor kv = local_kv(qkv, d);
+  if (cp.comm == CpCommType::kAllGather) {
+    Tensor all = Tensor::empty({n, 2, d.kv_numel()}, kv.dtype(), kv.device());
+    g.all_gather(all, kv);
+    for (int i = 0; i < n; ++i) {
+      const int src = source_at(i, cp);
+      forward_blocks(acc, qkv, all.slice0(src, src + 1).view({2, d.kv_numel()}), src, bl);
+    }
+  } else {
+    MEGATRON_CHECK(cp.comm == CpCommType::kP2P, "context-parallel attention: comm type ",
+                   cp_comm_type_name(cp.comm), " is not implemented here");
+    for (int i = 0; i < n; ++i) {
+      // The next step's K/V is in flight while this step's blocks compute.
+      Tensor incoming;
+      Work recv, send;
+      if (i + 1 < n) {
+        incoming = Tensor::empty(kv.shape(), kv.dtype(), kv.device());
+        recv = g.recv_async(incoming, prev, kKvTag);
+        send = g.send_async(kv, next, kKvTag);
+      }
+      forward_blocks(acc, qkv, kv, source_at(i, cp), bl);
+      if (i + 1 < n) {
+        recv.wait();
+        send.wait();
+        kv = incoming;
+      }
+    }
+  }
+  // Under a causal mask every query chunk sees at least its own diagonal block.
+  MEGATRON_ASSERT(acc.any[0] && acc.any[1], "a local query chunk saw no key block");
+  ops::concat_last_dim(lse, {acc.lse[0], acc.lse[1]});
+}
+
+void cp_attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                           const Tensor& lse, const ops::AttentionSpec& spec,
+                           const ContextParallelContext& cp) {
+  const Layout d = layout_of(qkv);
+  const Blocks bl(spec, cp, d);
+  ProcessGroup& g = *cp.group;
+  const int n = cp.size(), next = (cp.rank() + 1) % n, prev = (cp.rank() - 1 + n) % n;
+  Tensor lse_q[2];
+  split_lse(lse_q, lse, d);
+  Tensor dq = Tensor::zeros({d.L, d.b, d.np(), d.hn}, qkv.dtype(), qkv.device());
+  Tensor kv = local_kv(qkv, d);
+  Tensor mine;  // this rank's dK, dV at the end
+  if (cp.comm == CpCommType::kAllGather) {
+    Tensor all = Tensor::empty({n, 2, d.kv_numel()}, kv.dtype(), kv.device());
+    g.all_gather(all, kv);
+    Tensor dall = Tensor::zeros(all.shape(), kv.dtype(), kv.device());
+    for (int i = 0; i < n; ++i) {
+      const int src = source_at(i, cp);
+      Tensor dsrc = dall.slice0(src, src + 1).view({2, d.kv_numel()});
+      backward_blocks(dq, dsrc, dout, qkv, all.slice0(src, src + 1).view({2, d.kv_numel()}), out,
+                      lse_q, src, bl);
+    }
+    mine = Tensor::empty(kv.shape(), kv.dtype(), kv.device());
+    g.reduce_scatter(mine, dall);
+  } else {
+    MEGATRON_CHECK(cp.comm == CpCommType::kP2P, "context-parallel attention: comm type ",
+                   cp_comm_type_name(cp.comm), " is not implemented here");
+    // The K/V go round the ring as in forward. Each block's dK, dV follow one step behind: rank
+    // r receives what ranks src .. r - 1 summed for the block it now holds, adds its own share
+    // and passes it on; after n steps every block's dK, dV arrive back at their owner.
+    Tensor travelling, incoming_d;
+    Work d_send, d_recv;
+    for (int i = 0; i < n; ++i) {
+      const int src = source_at(i, cp);
+      Tensor incoming;
+      Work recv, send;
+      if (i + 1 < n) {
+        incoming = Tensor::empty(kv.shape(), kv.dtype(), kv.device());
+        recv = g.recv_async(incoming, prev, kKvTag);
+        send = g.send_async(kv, next, kKvTag);
+      }
+      Tensor share = Tensor::zeros(kv.shape(), kv.dtype(), kv.device());
+      backward_blocks(dq, share, dout, qkv, kv, out, lse_q, src, bl);
+      if (i > 0) {
+        d_recv.wait();
+        ops::add_inplace(incoming_d, share);
+        share = incoming_d;
+      }
+      d_send.wait();  // the previous step's buffer may be reused only after it left
+      travelling = share;
+      d_send = g.send_async(travelling, next, kDkvTag);
+      incoming_d = Tensor::empty(kv.shape(), kv.dtype(), kv.device());
+      d_recv = g.recv_async(incoming_d, prev, kDkvTag);
+      if (i + 1 < n) {
+        recv.wait();
+        send.wait();
+        kv = incoming;
+      }
+    }
+    d_recv.wait();
+    d_send.wait();
+    mine = incoming_d;
+  }
+  pack_gradients(dqkv, dq, mine, d);
+}
+
+}  // namespace megatron
