@@ -225,12 +225,194 @@ void split_lse(Tensor lse_q[2], const Tensor& lse, const Layout& d) {
   }
 }
 
+// ---- a2a (Ulysses) ----------------------------------------------------------------------------
+// Row tensors [L, b, G, X] (X: the elements of one group in a row) between "this rank's rows,
+// every group" and "every row in natural order, groups [r G/n, (r + 1) G/n)". Rank j's local rows
+// are chunks j and 2n - 1 - j of the sequence.
+
+// A copy through the op boundary (a one-part concatenation).
+void copy_into(Tensor dst, const Tensor& src) {
+  ops::concat_last_dim(dst, {src});
+}
+
+Tensor rows_to_groups(const Tensor& x, int64_t G, int64_t X, ProcessGroup& g) {
+  const int n = g.size();
+  const int64_t L = x.dim(0), b = x.dim(1), gl = G / n, c = L / 2, S = L * n;
+  Tensor send = Tensor::empty({n, L * b, gl * X}, x.dtype(), x.device());
+  const Tensor flat = x.view({L * b, G * X});
+  for (int j = 0; j < n; ++j) {
+    Tensor block = send.slice0(j, j + 1).view({L * b, gl * X});
+    ops::slice_last_dim(block, flat, j * gl * X);
+  }
+  Tensor recv = Tensor::empty(send.shape(), x.dtype(), x.device());
+  g.all_to_all(recv, send);
+  Tensor full = Tensor::empty({S, b, gl, X}, x.dtype(), x.device());
+  for (int j = 0; j < n; ++j) {
+    const Tensor rows = recv.slice0(j, j + 1).view({L, b, gl, X});
+    copy_into(full.slice0(j * c, (j + 1) * c), rows.slice0(0, c));
+    copy_into(full.slice0((2 * n - 1 - j) * c, (2 * n - j) * c), rows.slice0(c, L));
+  }
+  return full;
+}
+
+Tensor groups_to_rows(const Tensor& full, int64_t G, int64_t X, ProcessGroup& g) {
+  const int n = g.size();
+  const int64_t S = full.dim(0), b = full.dim(1), gl = G / n, L = S / n, c = L / 2;
+  Tensor send = Tensor::empty({n, L, b, gl * X}, full.dtype(), full.device());
+  for (int j = 0; j < n; ++j) {
+    Tensor rows = send.slice0(j, j + 1).view({L, b, gl * X});
+    copy_into(rows.slice0(0, c), full.slice0(j * c, (j + 1) * c).view({c, b, gl * X}));
+    copy_into(rows.slice0(c, L),
+              full.slice0((2 * n - 1 - j) * c, (2 * n - j) * c).view({c, b, gl * X}));
+  }
+  Tensor recv = Tensor::empty(send.shape(), full.dtype(), full.device());
+  g.all_to_all(recv, send);
+  Tensor out = Tensor::empty({L, b, G, X}, full.dtype(), full.device());
+  std::vector<Tensor> parts;
+  for (int j = 0; j < n; ++j) parts.push_back(recv.slice0(j, j + 1).view({L * b, gl * X}));
+  Tensor flat = out.view({L * b, G * X});
+  ops::concat_last_dim(flat, parts);
+  return out;
+}
+
+// The same for a [b, H, L] row statistic (lse: the sequence is the last dim).
+Tensor lse_to_groups(const Tensor& lse, ProcessGroup& g) {
+  const int n = g.size();
+  const int64_t b = lse.dim(0), H = lse.dim(1), L = lse.dim(2), hl = H / n, c = L / 2;
+  Tensor send = Tensor::empty({n, b, hl * L}, lse.dtype(), lse.device());
+  for (int j = 0; j < n; ++j) {
+    Tensor block = send.slice0(j, j + 1).view({b, hl * L});
+    ops::slice_last_dim(block, lse.view({b, H * L}), j * hl * L);
+  }
+  Tensor recv = Tensor::empty(send.shape(), lse.dtype(), lse.device());
+  g.all_to_all(recv, send);
+  // Natural order: chunk k of the sequence is column block k of the result.
+  std::vector<Tensor> chunks(2 * n);
+  for (int j = 0; j < n; ++j) {
+    const Tensor rows = recv.slice0(j, j + 1).view({b * hl, L});
+    for (int half = 0; half < 2; ++half) {
+      Tensor part = Tensor::empty({b * hl, c}, lse.dtype(), lse.device());
+      ops::slice_last_dim(part, rows, half * c);
+      chunks[half == 0 ? j : 2 * n - 1 - j] = part;
+    }
+  }
+  Tensor full = Tensor::empty({b, hl, L * n}, lse.dtype(), lse.device());
+  Tensor flat = full.view({b * hl, L * n});
+  ops::concat_last_dim(flat, chunks);
+  return full;
+}
+
+Tensor lse_to_rows(const Tensor& full, ProcessGroup& g) {
+  const int n = g.size();
+  const int64_t b = full.dim(0), hl = full.dim(1), S = full.dim(2), L = S / n, c = L / 2;
+  Tensor send = Tensor::empty({n, b * hl, L}, full.dtype(), full.device());
+  const Tensor flat = full.view({b * hl, S});
+  for (int j = 0; j < n; ++j) {
+    Tensor first = Tensor::empty({b * hl, c}, full.dtype(), full.device());
+    Tensor second = Tensor::empty({b * hl, c}, full.dtype(), full.device());
+    ops::slice_last_dim(first, flat, j * c);
+    ops::slice_last_dim(second, flat, (2 * n - 1 - j) * c);
+    Tensor block = send.slice0(j, j + 1).view({b * hl, L});
+    ops::concat_last_dim(block, {first, second});
+  }
+  Tensor recv = Tensor::empty(send.shape(), full.dtype(), full.device());
+  g.all_to_all(recv, send);
+  Tensor lse = Tensor::empty({b, hl * n, L}, full.dtype(), full.device());
+  std::vector<Tensor> parts;
+  for (int j = 0; j < n; ++j) parts.push_back(recv.slice0(j, j + 1).view({b, hl * L}));
+  Tensor out = lse.view({b, hl * n * L});
+  ops::concat_last_dim(out, parts);
+  return lse;
+}
+
+// The whole sequence's document starts [b, S] from the local [b, L] ones.
+Tensor gather_doc_start(const Tensor& local, ProcessGroup& g) {
+  const int n = g.size();
+  const int64_t b = local.dim(0), L = local.dim(1), c = L / 2;
+  Tensor all = Tensor::empty({n, b, L}, local.dtype(), local.device());
+  g.all_gather(all, local.clone());
+  std::vector<Tensor> chunks(2 * n);
+  for (int j = 0; j < n; ++j) {
+    const Tensor rows = all.slice0(j, j + 1).view({b, L});
+    for (int half = 0; half < 2; ++half) {
+      Tensor part = Tensor::empty({b, c}, local.dtype(), local.device());
+      ops::slice_last_dim(part, rows, half * c);
+      chunks[half == 0 ? j : 2 * n - 1 - j] = part;
+    }
+  }
+  Tensor full = Tensor::empty({b, L * n}, local.dtype(), local.device());
+  ops::concat_last_dim(full, chunks);
+  return full;
+}
+
+// The spec of the whole-sequence attention of this rank's heads.
+ops::AttentionSpec a2a_spec(const ops::AttentionSpec& spec, const Layout& d, ProcessGroup& g) {
+  MEGATRON_CHECK(!spec.key_valid.defined() && !spec.bias.defined(),
+                 "context parallelism supports causal and document masks only (no key padding, "
+                 "no additive bias)");
+  MEGATRON_CHECK(d.ng % g.size() == 0, "--cp-comm-type a2a: the ", d.ng,
+                 " query groups of a tensor-parallel rank do not split over the ", g.size(),
+                 " context-parallel ranks");
+  ops::AttentionSpec s = spec;
+  s.head_offset = spec.head_offset + g.rank() * (d.ng / g.size()) * d.qpg;
+  if (s.total_heads == 0) s.total_heads = d.np();
+  if (spec.doc_start.defined()) s.doc_start = gather_doc_start(spec.doc_start, g);
+  return s;
+}
+
+void a2a_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const ops::AttentionSpec& spec,
+                 ProcessGroup& g) {
+  const Layout d = layout_of(qkv);
+  const int64_t P = d.qpg + 2, gl = d.ng / g.size();
+  const ops::AttentionSpec s = a2a_spec(spec, d, g);
+  const Tensor full =
+      rows_to_groups(qkv, d.ng, P * d.hn, g).view({d.L * g.size(), d.b, gl, P, d.hn});
+  const int64_t S = full.dim(0);
+  Tensor fout = Tensor::empty({S, d.b, gl * d.qpg, d.hn}, qkv.dtype(), qkv.device());
+  Tensor flse = Tensor::empty({d.b, gl * d.qpg, S}, qkv.dtype(), qkv.device());
+  ops::attention_forward(fout, flse, ops::packed_qkv_view(full, ops::QkvPart::kQuery),
+                         ops::packed_qkv_view(full, ops::QkvPart::kKey),
+                         ops::packed_qkv_view(full, ops::QkvPart::kValue), s);
+  copy_into(out, groups_to_rows(fout.view({S, d.b, gl, d.qpg * d.hn}), d.ng, d.qpg * d.hn, g)
+                     .view(out.shape()));
+  copy_into(lse, lse_to_rows(flse, g));
+}
+
+void a2a_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                  const Tensor& lse, const ops::AttentionSpec& spec, ProcessGroup& g) {
+  const Layout d = layout_of(qkv);
+  const int64_t P = d.qpg + 2, gl = d.ng / g.size(), X = d.qpg * d.hn;
+  const ops::AttentionSpec s = a2a_spec(spec, d, g);
+  const Tensor full =
+      rows_to_groups(qkv, d.ng, P * d.hn, g).view({d.L * g.size(), d.b, gl, P, d.hn});
+  const int64_t S = full.dim(0);
+  const Tensor fout =
+      rows_to_groups(out.view({d.L, d.b, d.ng, X}), d.ng, X, g).view({S, d.b, gl * d.qpg, d.hn});
+  const Tensor fdout =
+      rows_to_groups(dout.view({d.L, d.b, d.ng, X}), d.ng, X, g).view({S, d.b, gl * d.qpg, d.hn});
+  const Tensor flse = lse_to_groups(lse, g);
+  Tensor fdqkv = Tensor::empty(full.shape(), qkv.dtype(), qkv.device());
+  using ops::packed_qkv_view, ops::QkvPart;
+  ops::attention_backward(
+      packed_qkv_view(fdqkv, QkvPart::kQuery), packed_qkv_view(fdqkv, QkvPart::kKey),
+      packed_qkv_view(fdqkv, QkvPart::kValue), Tensor(), fdout,
+      packed_qkv_view(full, QkvPart::kQuery), packed_qkv_view(full, QkvPart::kKey),
+      packed_qkv_view(full, QkvPart::kValue), fout, flse, s);
+  copy_into(
+      dqkv,
+      groups_to_rows(fdqkv.view({S, d.b, gl, P * d.hn}), d.ng, P * d.hn, g).view(dqkv.shape()));
+}
+
 constexpr int kKvTag = 1, kDkvTag = 2;
 
 }  // namespace
 
 void cp_attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv,
                           const ops::AttentionSpec& spec, const ContextParallelContext& cp) {
+  if (cp.comm == CpCommType::kA2A) {
+    a2a_forward(out, lse, qkv, spec, *cp.group);
+    return;
+  }
   const Layout d = layout_of(qkv);
   const Blocks bl(spec, cp, d);
   ProcessGroup& g = *cp.group;
@@ -276,6 +458,10 @@ void cp_attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv,
 void cp_attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
                            const Tensor& lse, const ops::AttentionSpec& spec,
                            const ContextParallelContext& cp) {
+  if (cp.comm == CpCommType::kA2A) {
+    a2a_backward(dqkv, dout, qkv, out, lse, spec, *cp.group);
+    return;
+  }
   const Layout d = layout_of(qkv);
   const Blocks bl(spec, cp, d);
   ProcessGroup& g = *cp.group;
