@@ -466,6 +466,7 @@ void Trainer::add_op_times(const std::array<double, kOpCategories>& before) {
 Trainer::StepResult Trainer::train_step(int64_t iteration, double lr) {
   StepResult r;
   const double comm0 = comm_seconds();
+  const double cp0 = parallel_->cp_group().busy_seconds();
   const std::array<double, kOpCategories> ops0 = op_times();
   Timer phase;
   params_->zero_grads();
@@ -519,6 +520,7 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, double lr) {
       r.grad_norm = std::numeric_limits<double>::quiet_NaN();
       timers_.add("optimizer", phase.elapsed());
       timers_.add("communication (all groups)", comm_seconds() - comm0);
+      add_cp_time(cp0);
       add_op_times(ops0);
       return r;
     }
@@ -561,8 +563,18 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, double lr) {
   }
   timers_.add("optimizer", phase.elapsed());
   timers_.add("communication (all groups)", comm_seconds() - comm0);
+  add_cp_time(cp0);
   add_op_times(ops0);
   return r;
+}
+
+void Trainer::add_cp_time(double cp0) {
+  // Time this rank waited on context-parallel transfers (blocking collectives whole; the ring's
+  // transfers only where compute did not hide them).
+  if (parallel_->cp_size() > 1) {
+    timers_.add("context-parallel communication (exposed)",
+                parallel_->cp_group().busy_seconds() - cp0);
+  }
 }
 
 LossTerms Trainer::evaluate(const SampleSource& data, int64_t* consumed) {
@@ -776,10 +788,11 @@ int Trainer::exit_decision(int64_t it) {
 }
 
 void Trainer::log_iteration(TrainingLog& log, const TrainingLog::Step& step) {
+  // The interval's length before closing it resets the count: the timers report per iteration.
+  const int64_t iterations = log.interval_iterations();
   std::string line = log.close_interval(step, relay_to_first_rank(log.interval_means()));
   if (args_.timing_log_level > 0) {
-    for (const std::string& l :
-         timers_.report(parallel_->world_group(), log.interval_iterations())) {
+    for (const std::string& l : timers_.report(parallel_->world_group(), iterations)) {
       line += "\n" + l;
     }
   }

@@ -78,10 +78,11 @@ class Trainer {
   void build_checkpointing();
   void build_data();
   void report_gemm_peak();
-  int64_t bucket_size() const;
+  int64_t bucket_size() const;  // --ddp-bucket-size or Megatron's default for the dp x cp size
   // This rank's context-parallel group and comm type (none at --context-parallel-size 1).
-  ContextParallelContext context_parallel()
-      const;  // --ddp-bucket-size or Megatron's default for this dp size
+  ContextParallelContext context_parallel() const;
+  // The step's exposed context-parallel communication into the timing report (cp > 1).
+  void add_cp_time(double cp_busy_at_start);
   StepResult train_step(int64_t iteration, double lr);
   // The iteration line closing the log interval at `step` (with the timers' report), the
   // memory report after the first interval; collective over the world.
