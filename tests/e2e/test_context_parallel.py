@@ -21,6 +21,7 @@ Usage: test_context_parallel.py --megatron BUILD/megatron --mpiexec MPIEXEC
 import os
 import re
 import sys
+import tempfile
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testing"))
@@ -117,6 +118,31 @@ class TestContextParallel(unittest.TestCase):
         # the masks densely against the reference.)
         self.check_equivalent(model(TINY, LLAMA, DOCS), [l for l in LAYOUTS if l[0] in
                                      ("cp2 p2p", "cp2 allgather", "cp2 a2a", "cp2 tp2+sp")])
+
+    def test_checkpoints_reshard_across_context_parallel_layouts(self):
+        # Saved at cp2 with the distributed optimizer (Adam moments sharded over dp x cp = 2),
+        # resumed as one process and as cp2 x dp2 (moments over 4): iterations 5-8 equal the
+        # uninterrupted run's, the optimizer state included.
+        flags = {"--use-distributed-optimizer": None, "--train-iters": "8", "--eval-iters": "0",
+                 "--eval-interval": "1000"}
+        base = model(TINY, flags)
+        full = run(1, *base)
+        self.assertEqual(full.returncode, 0, full.stderr[-2000:])
+        want = megatron_log.iteration_lines(full.stdout, range(1, 9))
+        with tempfile.TemporaryDirectory() as ckpt:
+            saved = run(2, *model(TINY, flags, train_iters=4), CP, "2", "--save", ckpt)
+            self.assertEqual(saved.returncode, 0, saved.stderr[-2000:])
+            for name, ranks in (("cp1", 1), ("cp2 dp2", 4)):
+                extra = [] if ranks == 1 else [CP, "2"]
+                proc = run(ranks, *base, "--load", ckpt, *extra)
+                self.assertEqual(proc.returncode, 0, f"{name}: {proc.stderr[-2000:]}")
+                got = megatron_log.iteration_lines(proc.stdout, range(5, 9))
+                for it in range(5, 9):
+                    for key in ("lm loss", "grad norm"):
+                        self.assertAlmostEqual(megatron_log.number(got[it], key),
+                                               megatron_log.number(want[it], key),
+                                               delta=1e-5 * megatron_log.number(want[it], key),
+                                               msg=f"{name} {key}, iteration {it}")
 
     def assertRefused(self, ranks, args, needle):
         proc = run(ranks, *args)
