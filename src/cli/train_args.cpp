@@ -107,9 +107,10 @@ void register_train_args(ArgTable& t, Arguments& a) {
         "Degree of context parallelism: every sequence split over this many ranks");
   t.add("--cp-comm-type", a.cp_comm_type,
         "Communication of context-parallel attention: p2p (a ring, overlapped with compute), "
-        "allgather or a2a (all-to-all over heads); one value for every layer");
+        "allgather, a2a (all-to-all over heads) or a2a+p2p (hierarchical); one value for every "
+        "layer or one per layer");
   t.add("--hierarchical-context-parallel-sizes", a.hierarchical_context_parallel_sizes,
-        "Sizes of the levels of a2a+p2p context parallelism (not supported yet)");
+        "Sizes of the two levels of a2a+p2p context parallelism: INNER (all-to-all) OUTER (ring)");
   t.flag("--use-distributed-optimizer", a.use_distributed_optimizer,
          "Use distributed optimizer: shard the Adam moments over data-parallel ranks");
   t.flag("--overlap-grad-reduce", a.overlap_grad_reduce, "If set, overlap DDP grad reduce");
@@ -263,17 +264,41 @@ void validate_checkpoint_args(const Arguments& a) {
 // --context-parallel-size and its comm types (parallel/context_parallel.h), in Megatron's words
 // where it has them.
 void validate_context_parallel(const Arguments& a) {
-  const int64_t cp = a.context_parallel_size;
-  MEGATRON_CHECK(a.hierarchical_context_parallel_sizes.empty(),
-                 "--hierarchical-context-parallel-sizes (a2a+p2p context parallelism) is not "
-                 "supported yet; use --cp-comm-type p2p, allgather or a2a");
-  MEGATRON_CHECK(!a.cp_comm_type.empty(), "--cp-comm-type needs a value: p2p, allgather or a2a");
+  const int64_t cp = a.context_parallel_size, tp = a.tensor_model_parallel_size;
+  MEGATRON_CHECK(!a.cp_comm_type.empty(),
+                 "--cp-comm-type needs a value: p2p, allgather, a2a or a2a+p2p");
+  bool hierarchical = false, heads = false;
   for (const std::string& t : a.cp_comm_type) {
-    parse_cp_comm_type(t);  // refuses unknown names and a2a+p2p, naming the flag
-    MEGATRON_CHECK(t == a.cp_comm_type.front(),
-                   "--cp-comm-type: one comm type per layer is not supported yet; give one value "
-                   "for every layer (got ",
-                   a.cp_comm_type.front(), " and ", t, ")");
+    const CpCommType type = parse_cp_comm_type(t);  // refuses unknown names, naming the flag
+    hierarchical = hierarchical || type == CpCommType::kA2AP2P;
+    heads = heads || type == CpCommType::kA2A;
+  }
+  MEGATRON_CHECK(
+      a.cp_comm_type.size() == 1 || static_cast<int64_t>(a.cp_comm_type.size()) == a.num_layers,
+      "--cp-comm-type takes one value for every layer or one per layer (", a.num_layers,
+      " for --num-layers ", a.num_layers, "), got ", a.cp_comm_type.size());
+  const auto& sizes = a.hierarchical_context_parallel_sizes;
+  MEGATRON_CHECK(!hierarchical || !sizes.empty(),
+                 "--cp-comm-type a2a+p2p needs --hierarchical-context-parallel-sizes INNER OUTER "
+                 "(their product the --context-parallel-size)");
+  if (!sizes.empty()) {
+    int64_t product = 1;
+    for (const std::string& v : sizes) {
+      char* end = nullptr;
+      const long long x = std::strtoll(v.c_str(), &end, 10);
+      MEGATRON_CHECK(end != v.c_str() && *end == '\0' && x > 0,
+                     "--hierarchical-context-parallel-sizes takes positive integers, got '", v,
+                     "'");
+      product *= x;
+    }
+    MEGATRON_CHECK(sizes.size() == 2,
+                   "--hierarchical-context-parallel-sizes takes two sizes "
+                   "(the inner all-to-all level, then the outer ring), got ",
+                   sizes.size());
+    MEGATRON_CHECK(product == cp,
+                   "--hierarchical-context-parallel-sizes must multiply to "
+                   "--context-parallel-size (",
+                   cp, "), got ", product);
   }
   if (cp == 1) return;
   MEGATRON_CHECK(a.seq_length % (cp * 2) == 0,
@@ -281,20 +306,24 @@ void validate_context_parallel(const Arguments& a) {
                  "context-parallel-size > 1: --seq-length ",
                  a.seq_length, " is not divisible by 2 x --context-parallel-size = ", 2 * cp,
                  "; choose a multiple of ", 2 * cp);
-  const int64_t tp = a.tensor_model_parallel_size;
   MEGATRON_CHECK(!a.sequence_parallel || tp == 1 || (a.seq_length / cp) % tp == 0,
                  "with --sequence-parallel each rank's part of the sequence (--seq-length ",
                  a.seq_length, " / --context-parallel-size ", cp, " = ", a.seq_length / cp,
                  ") must be divisible by --tensor-model-parallel-size (", tp, ")");
-  if (a.cp_comm_type.front() == "a2a") {
-    const int64_t groups = a.group_query_attention ? a.num_query_groups : a.num_attention_heads;
-    MEGATRON_CHECK(
-        groups % (tp * cp) == 0,
-        "--cp-comm-type a2a splits the attention heads over "
-        "the context-parallel ranks: the ",
-        groups, a.group_query_attention ? " query groups" : " heads",
-        " must be divisible by --tensor-model-parallel-size x --context-parallel-size = ", tp * cp,
-        "; use p2p or allgather, or change the sizes");
+  const int64_t groups = a.group_query_attention ? a.num_query_groups : a.num_attention_heads;
+  const char* what = a.group_query_attention ? " query groups" : " heads";
+  MEGATRON_CHECK(!heads || groups % (tp * cp) == 0,
+                 "--cp-comm-type a2a splits the attention heads over the context-parallel ranks: "
+                 "the ",
+                 groups, what,
+                 " must be divisible by --tensor-model-parallel-size x --context-parallel-size = ",
+                 tp * cp, "; use p2p or allgather, or change the sizes");
+  if (hierarchical) {
+    const int64_t inner = std::strtoll(sizes.front().c_str(), nullptr, 10);
+    MEGATRON_CHECK(groups % (tp * inner) == 0,
+                   "--cp-comm-type a2a+p2p splits the attention heads over the inner level of "
+                   "--hierarchical-context-parallel-sizes: the ",
+                   groups, what, " must be divisible by --tensor-model-parallel-size x ", inner);
   }
 }
 

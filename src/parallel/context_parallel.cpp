@@ -1,6 +1,7 @@
 // Context-parallel attention: the local query chunks against every key chunk of the sequence,
 // block by block, merged through the log-sum-exps; the key chunks travel by ring (p2p), one
-// all-gather, or an all-to-all over heads (a2a).
+// all-gather, an all-to-all over heads (a2a), or an all-to-all inside the inner group and the
+// ring over the outer one (a2a+p2p).
 #include "parallel/context_parallel.h"
 
 #include <utility>
@@ -16,6 +17,8 @@ const char* cp_comm_type_name(CpCommType t) {
       return "allgather";
     case CpCommType::kA2A:
       return "a2a";
+    case CpCommType::kA2AP2P:
+      return "a2a+p2p";
   }
   return "unknown";
 }
@@ -24,12 +27,19 @@ CpCommType parse_cp_comm_type(const std::string& s) {
   if (s == "p2p") return CpCommType::kP2P;
   if (s == "allgather") return CpCommType::kAllGather;
   if (s == "a2a") return CpCommType::kA2A;
-  MEGATRON_CHECK(s != "a2a+p2p",
-                 "--cp-comm-type a2a+p2p (hierarchical context parallelism, with "
-                 "--hierarchical-context-parallel-sizes) is not supported yet; use p2p, "
-                 "allgather or a2a");
-  MEGATRON_CHECK(false, "--cp-comm-type must be p2p, allgather or a2a, got '", s, "'");
+  if (s == "a2a+p2p") return CpCommType::kA2AP2P;
+  MEGATRON_CHECK(false, "--cp-comm-type must be p2p, allgather, a2a or a2a+p2p, got '", s, "'");
   return CpCommType::kP2P;
+}
+
+ContextParallelContext ContextParallelContext::for_layer(int64_t layer) const {
+  ContextParallelContext c = *this;
+  if (!layer_comm.empty()) {
+    MEGATRON_ASSERT(layer >= 0 && layer < static_cast<int64_t>(layer_comm.size()), "layer ", layer,
+                    " has no --cp-comm-type entry");
+    c.comm = layer_comm[static_cast<size_t>(layer)];
+  }
+  return c;
 }
 
 int64_t ContextParallelContext::global_row(int64_t t, int64_t local) const {
@@ -62,27 +72,43 @@ Tensor cp_positions(int64_t local, int64_t b, const ContextParallelContext& cp) 
 
 namespace {
 
-// The geometry of one rank's packed QKV and the blocks it attends.
+// The geometry of a packed QKV [K c, b, ng, qpg + 2, hn] holding K chunks of c rows.
 struct Layout {
-  int64_t L, c, b, ng, qpg, hn;  // local rows, chunk rows, batch, groups, queries per group
+  int64_t L, c, b, ng, qpg, hn;  // rows, chunk rows, batch, groups, queries per group
+  int64_t chunks() const { return L / c; }
   int64_t np() const { return ng * qpg; }
-  int64_t kv_numel() const { return L * b * ng * hn; }  // one of K, V for the local rows
+  int64_t kv_numel() const { return L * b * ng * hn; }  // one of K, V for the rows
 };
 
-Layout layout_of(const Tensor& qkv) {
-  MEGATRON_CHECK(qkv.ndim() == 5 && qkv.dim(3) >= 3 && qkv.dim(0) % 2 == 0,
-                 "context-parallel attention: expected the packed QKV [2c, b, ng, qpg + 2, hn], "
-                 "got ",
-                 qkv.str());
-  return Layout{qkv.dim(0), qkv.dim(0) / 2, qkv.dim(1), qkv.dim(2), qkv.dim(3) - 2, qkv.dim(4)};
+Layout layout_of(const Tensor& qkv, int64_t chunk_rows) {
+  MEGATRON_CHECK(
+      qkv.ndim() == 5 && qkv.dim(3) >= 3 && chunk_rows > 0 && qkv.dim(0) % chunk_rows == 0,
+      "context-parallel attention: expected a packed QKV [K c, b, ng, qpg + 2, hn], "
+      "got ",
+      qkv.str());
+  return Layout{qkv.dim(0), chunk_rows, qkv.dim(1), qkv.dim(2), qkv.dim(3) - 2, qkv.dim(4)};
 }
 
-// Global start of local chunk q (0 or 1) of `rank`, and of key chunk j of the rank `src`.
-int64_t chunk_start(int q, int rank, int n, int64_t c) {
-  return (q == 0 ? rank : 2 * n - 1 - rank) * c;
-}
+// The ring the key/value chunks travel: its members, and which chunks each one holds. A member
+// stands for `inner` consecutive CP ranks (1, or the inner a2a group of a2a+p2p, whose rows it
+// holds after the inner all-to-all); CP rank r holds chunks r and 2n - 1 - r. Member m's row
+// chunk k is chunk k % 2 of CP rank m inner + k / 2.
+struct Ring {
+  ProcessGroup* group;
+  int inner;
+  int n;  // the context-parallel size
+  int64_t c;
+  int members() const { return group->size(); }
+  int me() const { return group->rank(); }
+  int64_t start(int member, int64_t k) const {
+    const int64_t r = static_cast<int64_t>(member) * inner + k / 2;
+    return (k % 2 == 0 ? r : 2 * n - 1 - r) * c;
+  }
+  // The member whose K/V this one holds at step i (its own at step 0).
+  int source_at(int step) const { return (me() - step + members()) % members(); }
+};
 
-// K then V of the local rows, contiguous: [2, L b ng hn].
+// K then V of the rows, contiguous: [2, L b ng hn].
 Tensor local_kv(const Tensor& qkv, const Layout& d) {
   const int64_t rows = d.L * d.b * d.ng, width = (d.qpg + 2) * d.hn;
   Tensor kv = Tensor::empty({2, d.kv_numel()}, qkv.dtype(), qkv.device());
@@ -94,72 +120,66 @@ Tensor local_kv(const Tensor& qkv, const Layout& d) {
 }
 
 // Key (part 0) or value (part 1) chunk j of a [2, L b ng hn] K/V buffer, as [c, b, ng, hn].
-Tensor kv_chunk(const Tensor& kv, int part, int j, const Layout& d) {
+Tensor kv_chunk(const Tensor& kv, int part, int64_t j, const Layout& d) {
   return kv.slice0(part, part + 1).view({d.L, d.b, d.ng, d.hn}).slice0(j * d.c, (j + 1) * d.c);
 }
 
-// The query heads of local chunk q, read in place from the packed QKV.
-ops::AttentionView query_chunk(const Tensor& qkv, int q, const Layout& d) {
+// The query heads of row chunk q, read in place from the packed QKV.
+ops::AttentionView query_chunk(const Tensor& qkv, int64_t q, const Layout& d) {
   ops::AttentionView v = ops::packed_qkv_view(qkv, ops::QkvPart::kQuery);
   v.offset += q * d.c * v.stride_s;
   v.s = d.c;
   return v;
 }
 
-// The spec of block (local query chunk q, key chunk starting at kv_start).
+// The specs of the blocks (query chunk q, a key chunk at its global start).
 struct Blocks {
   const ops::AttentionSpec& spec;
-  const ContextParallelContext& cp;
+  const Ring& ring;
   Layout d;
-  ops::AttentionSpec query[2];  // per local query chunk: its offset and doc_start columns
+  std::vector<ops::AttentionSpec> query;  // per query chunk: its offset and doc_start columns
 
-  Blocks(const ops::AttentionSpec& s, const ContextParallelContext& c, const Layout& lay)
-      : spec(s), cp(c), d(lay) {
+  Blocks(const ops::AttentionSpec& s, const Ring& r, const Layout& lay) : spec(s), ring(r), d(lay) {
     MEGATRON_CHECK(!spec.key_valid.defined() && !spec.bias.defined(),
                    "context parallelism supports causal and document masks only (no key padding, "
                    "no additive bias)");
-    const int64_t total = d.L * cp.size();
-    for (int q = 0; q < 2; ++q) {
-      ops::AttentionSpec& qs = query[q];
-      qs = spec;
-      qs.q_offset = chunk_start(q, cp.rank(), cp.size(), d.c);
+    const int64_t total = 2 * ring.n * d.c;
+    for (int64_t q = 0; q < d.chunks(); ++q) {
+      ops::AttentionSpec qs = spec;
+      qs.q_offset = ring.start(ring.me(), q);
       qs.q_positions = spec.q_positions > 0 ? spec.q_positions : total;
       qs.kv_positions = spec.kv_positions > 0 ? spec.kv_positions : total;
       if (spec.doc_start.defined()) {
         qs.doc_start = Tensor::empty({d.b, d.c}, spec.doc_start.dtype());
         ops::slice_last_dim(qs.doc_start, spec.doc_start, q * d.c);
       }
+      query.push_back(std::move(qs));
     }
   }
   // Whether any query of chunk q sees a key of the chunk starting at kv_start.
-  bool visible(int q, int64_t kv_start) const {
+  bool visible(int64_t q, int64_t kv_start) const {
     return !spec.causal || kv_start <= query[q].q_offset + d.c - 1;
   }
-  ops::AttentionSpec block(int q, int64_t kv_start) const {
+  ops::AttentionSpec block(int64_t q, int64_t kv_start) const {
     ops::AttentionSpec s = query[q];
     s.kv_offset = kv_start;
     return s;
   }
 };
 
-// The rank whose K/V a rank holds at ring step i (its own at step 0).
-int source_at(int step, const ContextParallelContext& cp) {
-  return (cp.rank() - step + cp.size()) % cp.size();
-}
-
-// Forward state of the two local query chunks: each one's output rows and lse so far.
+// Forward state of the query chunks: each one's output rows and lse so far.
 struct Partial {
-  Tensor out[2], lse[2];
-  bool any[2] = {false, false};
+  std::vector<Tensor> out, lse;
+  std::vector<bool> any;
 };
 
-// Adds the blocks of key/value buffer `kv` (the chunks of rank `src`) to the partial results.
+// Adds the blocks of key/value buffer `kv` (member `src`'s chunks) to the partial results.
 void forward_blocks(Partial& acc, const Tensor& qkv, const Tensor& kv, int src, const Blocks& bl) {
   const Layout& d = bl.d;
-  for (int q = 0; q < 2; ++q) {
+  for (int64_t q = 0; q < d.chunks(); ++q) {
     const ops::AttentionView qv = query_chunk(qkv, q, d);
-    for (int j = 0; j < 2; ++j) {
-      const int64_t kv_start = chunk_start(j, src, bl.cp.size(), d.c);
+    for (int64_t j = 0; j < d.chunks(); ++j) {
+      const int64_t kv_start = bl.ring.start(src, j);
       if (!bl.visible(q, kv_start)) continue;
       const ops::AttentionView kview = ops::attention_view(kv_chunk(kv, 0, j, d), d.ng);
       const ops::AttentionView vview = ops::attention_view(kv_chunk(kv, 1, j, d), d.ng);
@@ -177,21 +197,21 @@ void forward_blocks(Partial& acc, const Tensor& qkv, const Tensor& kv, int src, 
   }
 }
 
-// dQ of the local query chunks and this rank's share of dK, dV of `src`'s chunks ([2, L b ng hn],
+// dQ of the query chunks and this member's share of dK, dV of `src`'s chunks ([2, L b ng hn],
 // accumulated) from the blocks of key/value buffer `kv`.
 void backward_blocks(Tensor& dq, Tensor& dkv, const Tensor& dout, const Tensor& qkv,
-                     const Tensor& kv, const Tensor& out, const Tensor lse[2], int src,
+                     const Tensor& kv, const Tensor& out, const std::vector<Tensor>& lse, int src,
                      const Blocks& bl) {
   const Layout& d = bl.d;
   const DType t = qkv.dtype();
   const Device dev = qkv.device();
-  for (int q = 0; q < 2; ++q) {
+  for (int64_t q = 0; q < d.chunks(); ++q) {
     const ops::AttentionView qv = query_chunk(qkv, q, d);
     const Tensor out_q = out.slice0(q * d.c, (q + 1) * d.c);
     const Tensor dout_q = dout.slice0(q * d.c, (q + 1) * d.c);
     Tensor dq_q = dq.slice0(q * d.c, (q + 1) * d.c);
-    for (int j = 0; j < 2; ++j) {
-      const int64_t kv_start = chunk_start(j, src, bl.cp.size(), d.c);
+    for (int64_t j = 0; j < d.chunks(); ++j) {
+      const int64_t kv_start = bl.ring.start(src, j);
       if (!bl.visible(q, kv_start)) continue;
       Tensor tdq = Tensor::empty({d.c, d.b, d.np(), d.hn}, t, dev);
       Tensor tdk = Tensor::empty({d.c, d.b, d.ng, d.hn}, t, dev);
@@ -217,222 +237,31 @@ void pack_gradients(Tensor& dqkv, const Tensor& dq, const Tensor& dkv, const Lay
                                 dkv.slice0(1, 2).view({rows, d.hn})});
 }
 
-// The local lse [b, np, 2c] as its two query chunks' [b, np, c].
-void split_lse(Tensor lse_q[2], const Tensor& lse, const Layout& d) {
-  for (int q = 0; q < 2; ++q) {
-    lse_q[q] = Tensor::empty({d.b, d.np(), d.c}, lse.dtype(), lse.device());
-    ops::slice_last_dim(lse_q[q], lse, q * d.c);
-  }
-}
-
-// ---- a2a (Ulysses) ----------------------------------------------------------------------------
-// Row tensors [L, b, G, X] (X: the elements of one group in a row) between "this rank's rows,
-// every group" and "every row in natural order, groups [r G/n, (r + 1) G/n)". Rank j's local rows
-// are chunks j and 2n - 1 - j of the sequence.
-
-// A copy through the op boundary (a one-part concatenation).
-void copy_into(Tensor dst, const Tensor& src) {
-  ops::concat_last_dim(dst, {src});
-}
-
-Tensor rows_to_groups(const Tensor& x, int64_t G, int64_t X, ProcessGroup& g) {
-  const int n = g.size();
-  const int64_t L = x.dim(0), b = x.dim(1), gl = G / n, c = L / 2, S = L * n;
-  Tensor send = Tensor::empty({n, L * b, gl * X}, x.dtype(), x.device());
-  const Tensor flat = x.view({L * b, G * X});
-  for (int j = 0; j < n; ++j) {
-    Tensor block = send.slice0(j, j + 1).view({L * b, gl * X});
-    ops::slice_last_dim(block, flat, j * gl * X);
-  }
-  Tensor recv = Tensor::empty(send.shape(), x.dtype(), x.device());
-  g.all_to_all(recv, send);
-  Tensor full = Tensor::empty({S, b, gl, X}, x.dtype(), x.device());
-  for (int j = 0; j < n; ++j) {
-    const Tensor rows = recv.slice0(j, j + 1).view({L, b, gl, X});
-    copy_into(full.slice0(j * c, (j + 1) * c), rows.slice0(0, c));
-    copy_into(full.slice0((2 * n - 1 - j) * c, (2 * n - j) * c), rows.slice0(c, L));
-  }
-  return full;
-}
-
-Tensor groups_to_rows(const Tensor& full, int64_t G, int64_t X, ProcessGroup& g) {
-  const int n = g.size();
-  const int64_t S = full.dim(0), b = full.dim(1), gl = G / n, L = S / n, c = L / 2;
-  Tensor send = Tensor::empty({n, L, b, gl * X}, full.dtype(), full.device());
-  for (int j = 0; j < n; ++j) {
-    Tensor rows = send.slice0(j, j + 1).view({L, b, gl * X});
-    copy_into(rows.slice0(0, c), full.slice0(j * c, (j + 1) * c).view({c, b, gl * X}));
-    copy_into(rows.slice0(c, L),
-              full.slice0((2 * n - 1 - j) * c, (2 * n - j) * c).view({c, b, gl * X}));
-  }
-  Tensor recv = Tensor::empty(send.shape(), full.dtype(), full.device());
-  g.all_to_all(recv, send);
-  Tensor out = Tensor::empty({L, b, G, X}, full.dtype(), full.device());
-  std::vector<Tensor> parts;
-  for (int j = 0; j < n; ++j) parts.push_back(recv.slice0(j, j + 1).view({L * b, gl * X}));
-  Tensor flat = out.view({L * b, G * X});
-  ops::concat_last_dim(flat, parts);
-  return out;
-}
-
-// The same for a [b, H, L] row statistic (lse: the sequence is the last dim).
-Tensor lse_to_groups(const Tensor& lse, ProcessGroup& g) {
-  const int n = g.size();
-  const int64_t b = lse.dim(0), H = lse.dim(1), L = lse.dim(2), hl = H / n, c = L / 2;
-  Tensor send = Tensor::empty({n, b, hl * L}, lse.dtype(), lse.device());
-  for (int j = 0; j < n; ++j) {
-    Tensor block = send.slice0(j, j + 1).view({b, hl * L});
-    ops::slice_last_dim(block, lse.view({b, H * L}), j * hl * L);
-  }
-  Tensor recv = Tensor::empty(send.shape(), lse.dtype(), lse.device());
-  g.all_to_all(recv, send);
-  // Natural order: chunk k of the sequence is column block k of the result.
-  std::vector<Tensor> chunks(2 * n);
-  for (int j = 0; j < n; ++j) {
-    const Tensor rows = recv.slice0(j, j + 1).view({b * hl, L});
-    for (int half = 0; half < 2; ++half) {
-      Tensor part = Tensor::empty({b * hl, c}, lse.dtype(), lse.device());
-      ops::slice_last_dim(part, rows, half * c);
-      chunks[half == 0 ? j : 2 * n - 1 - j] = part;
-    }
-  }
-  Tensor full = Tensor::empty({b, hl, L * n}, lse.dtype(), lse.device());
-  Tensor flat = full.view({b * hl, L * n});
-  ops::concat_last_dim(flat, chunks);
-  return full;
-}
-
-Tensor lse_to_rows(const Tensor& full, ProcessGroup& g) {
-  const int n = g.size();
-  const int64_t b = full.dim(0), hl = full.dim(1), S = full.dim(2), L = S / n, c = L / 2;
-  Tensor send = Tensor::empty({n, b * hl, L}, full.dtype(), full.device());
-  const Tensor flat = full.view({b * hl, S});
-  for (int j = 0; j < n; ++j) {
-    Tensor first = Tensor::empty({b * hl, c}, full.dtype(), full.device());
-    Tensor second = Tensor::empty({b * hl, c}, full.dtype(), full.device());
-    ops::slice_last_dim(first, flat, j * c);
-    ops::slice_last_dim(second, flat, (2 * n - 1 - j) * c);
-    Tensor block = send.slice0(j, j + 1).view({b * hl, L});
-    ops::concat_last_dim(block, {first, second});
-  }
-  Tensor recv = Tensor::empty(send.shape(), full.dtype(), full.device());
-  g.all_to_all(recv, send);
-  Tensor lse = Tensor::empty({b, hl * n, L}, full.dtype(), full.device());
-  std::vector<Tensor> parts;
-  for (int j = 0; j < n; ++j) parts.push_back(recv.slice0(j, j + 1).view({b, hl * L}));
-  Tensor out = lse.view({b, hl * n * L});
-  ops::concat_last_dim(out, parts);
-  return lse;
-}
-
-// The whole sequence's document starts [b, S] from the local [b, L] ones.
-Tensor gather_doc_start(const Tensor& local, ProcessGroup& g) {
-  const int n = g.size();
-  const int64_t b = local.dim(0), L = local.dim(1), c = L / 2;
-  Tensor all = Tensor::empty({n, b, L}, local.dtype(), local.device());
-  g.all_gather(all, local.clone());
-  std::vector<Tensor> chunks(2 * n);
-  for (int j = 0; j < n; ++j) {
-    const Tensor rows = all.slice0(j, j + 1).view({b, L});
-    for (int half = 0; half < 2; ++half) {
-      Tensor part = Tensor::empty({b, c}, local.dtype(), local.device());
-      ops::slice_last_dim(part, rows, half * c);
-      chunks[half == 0 ? j : 2 * n - 1 - j] = part;
-    }
-  }
-  Tensor full = Tensor::empty({b, L * n}, local.dtype(), local.device());
-  ops::concat_last_dim(full, chunks);
-  return full;
-}
-
-// The spec of the whole-sequence attention of this rank's heads.
-ops::AttentionSpec a2a_spec(const ops::AttentionSpec& spec, const Layout& d, ProcessGroup& g) {
-  MEGATRON_CHECK(!spec.key_valid.defined() && !spec.bias.defined(),
-                 "context parallelism supports causal and document masks only (no key padding, "
-                 "no additive bias)");
-  MEGATRON_CHECK(d.ng % g.size() == 0, "--cp-comm-type a2a: the ", d.ng,
-                 " query groups of a tensor-parallel rank do not split over the ", g.size(),
-                 " context-parallel ranks");
-  ops::AttentionSpec s = spec;
-  s.head_offset = spec.head_offset + g.rank() * (d.ng / g.size()) * d.qpg;
-  if (s.total_heads == 0) s.total_heads = d.np();
-  if (spec.doc_start.defined()) s.doc_start = gather_doc_start(spec.doc_start, g);
-  return s;
-}
-
-void a2a_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const ops::AttentionSpec& spec,
-                 ProcessGroup& g) {
-  const Layout d = layout_of(qkv);
-  const int64_t P = d.qpg + 2, gl = d.ng / g.size();
-  const ops::AttentionSpec s = a2a_spec(spec, d, g);
-  const Tensor full =
-      rows_to_groups(qkv, d.ng, P * d.hn, g).view({d.L * g.size(), d.b, gl, P, d.hn});
-  const int64_t S = full.dim(0);
-  Tensor fout = Tensor::empty({S, d.b, gl * d.qpg, d.hn}, qkv.dtype(), qkv.device());
-  Tensor flse = Tensor::empty({d.b, gl * d.qpg, S}, qkv.dtype(), qkv.device());
-  ops::attention_forward(fout, flse, ops::packed_qkv_view(full, ops::QkvPart::kQuery),
-                         ops::packed_qkv_view(full, ops::QkvPart::kKey),
-                         ops::packed_qkv_view(full, ops::QkvPart::kValue), s);
-  copy_into(out, groups_to_rows(fout.view({S, d.b, gl, d.qpg * d.hn}), d.ng, d.qpg * d.hn, g)
-                     .view(out.shape()));
-  copy_into(lse, lse_to_rows(flse, g));
-}
-
-void a2a_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                  const Tensor& lse, const ops::AttentionSpec& spec, ProcessGroup& g) {
-  const Layout d = layout_of(qkv);
-  const int64_t P = d.qpg + 2, gl = d.ng / g.size(), X = d.qpg * d.hn;
-  const ops::AttentionSpec s = a2a_spec(spec, d, g);
-  const Tensor full =
-      rows_to_groups(qkv, d.ng, P * d.hn, g).view({d.L * g.size(), d.b, gl, P, d.hn});
-  const int64_t S = full.dim(0);
-  const Tensor fout =
-      rows_to_groups(out.view({d.L, d.b, d.ng, X}), d.ng, X, g).view({S, d.b, gl * d.qpg, d.hn});
-  const Tensor fdout =
-      rows_to_groups(dout.view({d.L, d.b, d.ng, X}), d.ng, X, g).view({S, d.b, gl * d.qpg, d.hn});
-  const Tensor flse = lse_to_groups(lse, g);
-  Tensor fdqkv = Tensor::empty(full.shape(), qkv.dtype(), qkv.device());
-  using ops::packed_qkv_view, ops::QkvPart;
-  ops::attention_backward(
-      packed_qkv_view(fdqkv, QkvPart::kQuery), packed_qkv_view(fdqkv, QkvPart::kKey),
-      packed_qkv_view(fdqkv, QkvPart::kValue), Tensor(), fdout,
-      packed_qkv_view(full, QkvPart::kQuery), packed_qkv_view(full, QkvPart::kKey),
-      packed_qkv_view(full, QkvPart::kValue), fout, flse, s);
-  copy_into(
-      dqkv,
-      groups_to_rows(fdqkv.view({S, d.b, gl, P * d.hn}), d.ng, P * d.hn, g).view(dqkv.shape()));
-}
-
 constexpr int kKvTag = 1, kDkvTag = 2;
 
-}  // namespace
-
-void cp_attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv,
-                          const ops::AttentionSpec& spec, const ContextParallelContext& cp) {
-  if (cp.comm == CpCommType::kA2A) {
-    a2a_forward(out, lse, qkv, spec, *cp.group);
-    return;
-  }
-  const Layout d = layout_of(qkv);
-  const Blocks bl(spec, cp, d);
-  ProcessGroup& g = *cp.group;
-  const int n = cp.size(), next = (cp.rank() + 1) % n, prev = (cp.rank() - 1 + n) % n;
+// Attention of the ring member's query chunks over every member's key chunks: by the ring
+// (gather false) or one all-gather of K/V over the ring's group.
+void ring_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const ops::AttentionSpec& spec,
+                  const Ring& ring, bool gather) {
+  const Layout d = layout_of(qkv, ring.c);
+  const Blocks bl(spec, ring, d);
+  ProcessGroup& g = *ring.group;
+  const int n = ring.members(), next = (ring.me() + 1) % n, prev = (ring.me() - 1 + n) % n;
   Partial acc;
-  for (int q = 0; q < 2; ++q) {
-    acc.out[q] = out.slice0(q * d.c, (q + 1) * d.c);
-    acc.lse[q] = Tensor::empty({d.b, d.np(), d.c}, lse.dtype(), lse.device());
+  for (int64_t q = 0; q < d.chunks(); ++q) {
+    acc.out.push_back(out.slice0(q * d.c, (q + 1) * d.c));
+    acc.lse.push_back(Tensor::empty({d.b, d.np(), d.c}, lse.dtype(), lse.device()));
+    acc.any.push_back(false);
   }
   Tensor kv = local_kv(qkv, d);
-  if (cp.comm == CpCommType::kAllGather) {
+  if (gather) {
     Tensor all = Tensor::empty({n, 2, d.kv_numel()}, kv.dtype(), kv.device());
     g.all_gather(all, kv);
     for (int i = 0; i < n; ++i) {
-      const int src = source_at(i, cp);
+      const int src = ring.source_at(i);
       forward_blocks(acc, qkv, all.slice0(src, src + 1).view({2, d.kv_numel()}), src, bl);
     }
   } else {
-    MEGATRON_CHECK(cp.comm == CpCommType::kP2P, "context-parallel attention: comm type ",
-                   cp_comm_type_name(cp.comm), " is not implemented here");
     for (int i = 0; i < n; ++i) {
       // The next step's K/V is in flight while this step's blocks compute.
       Tensor incoming;
@@ -442,7 +271,7 @@ void cp_attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv,
         recv = g.recv_async(incoming, prev, kKvTag);
         send = g.send_async(kv, next, kKvTag);
       }
-      forward_blocks(acc, qkv, kv, source_at(i, cp), bl);
+      forward_blocks(acc, qkv, kv, ring.source_at(i), bl);
       if (i + 1 < n) {
         recv.wait();
         send.wait();
@@ -451,32 +280,31 @@ void cp_attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv,
     }
   }
   // Under a causal mask every query chunk sees at least its own diagonal block.
-  MEGATRON_ASSERT(acc.any[0] && acc.any[1], "a local query chunk saw no key block");
-  ops::concat_last_dim(lse, {acc.lse[0], acc.lse[1]});
+  for (bool any : acc.any) MEGATRON_ASSERT(any, "a query chunk saw no key block");
+  ops::concat_last_dim(lse, acc.lse);
 }
 
-void cp_attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                           const Tensor& lse, const ops::AttentionSpec& spec,
-                           const ContextParallelContext& cp) {
-  if (cp.comm == CpCommType::kA2A) {
-    a2a_backward(dqkv, dout, qkv, out, lse, spec, *cp.group);
-    return;
+void ring_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                   const Tensor& lse, const ops::AttentionSpec& spec, const Ring& ring,
+                   bool gather) {
+  const Layout d = layout_of(qkv, ring.c);
+  const Blocks bl(spec, ring, d);
+  ProcessGroup& g = *ring.group;
+  const int n = ring.members(), next = (ring.me() + 1) % n, prev = (ring.me() - 1 + n) % n;
+  std::vector<Tensor> lse_q;
+  for (int64_t q = 0; q < d.chunks(); ++q) {
+    lse_q.push_back(Tensor::empty({d.b, d.np(), d.c}, lse.dtype(), lse.device()));
+    ops::slice_last_dim(lse_q.back(), lse, q * d.c);
   }
-  const Layout d = layout_of(qkv);
-  const Blocks bl(spec, cp, d);
-  ProcessGroup& g = *cp.group;
-  const int n = cp.size(), next = (cp.rank() + 1) % n, prev = (cp.rank() - 1 + n) % n;
-  Tensor lse_q[2];
-  split_lse(lse_q, lse, d);
   Tensor dq = Tensor::zeros({d.L, d.b, d.np(), d.hn}, qkv.dtype(), qkv.device());
   Tensor kv = local_kv(qkv, d);
-  Tensor mine;  // this rank's dK, dV at the end
-  if (cp.comm == CpCommType::kAllGather) {
+  Tensor mine;  // this member's dK, dV at the end
+  if (gather) {
     Tensor all = Tensor::empty({n, 2, d.kv_numel()}, kv.dtype(), kv.device());
     g.all_gather(all, kv);
     Tensor dall = Tensor::zeros(all.shape(), kv.dtype(), kv.device());
     for (int i = 0; i < n; ++i) {
-      const int src = source_at(i, cp);
+      const int src = ring.source_at(i);
       Tensor dsrc = dall.slice0(src, src + 1).view({2, d.kv_numel()});
       backward_blocks(dq, dsrc, dout, qkv, all.slice0(src, src + 1).view({2, d.kv_numel()}), out,
                       lse_q, src, bl);
@@ -484,15 +312,13 @@ void cp_attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, 
     mine = Tensor::empty(kv.shape(), kv.dtype(), kv.device());
     g.reduce_scatter(mine, dall);
   } else {
-    MEGATRON_CHECK(cp.comm == CpCommType::kP2P, "context-parallel attention: comm type ",
-                   cp_comm_type_name(cp.comm), " is not implemented here");
-    // The K/V go round the ring as in forward. Each block's dK, dV follow one step behind: rank
-    // r receives what ranks src .. r - 1 summed for the block it now holds, adds its own share
-    // and passes it on; after n steps every block's dK, dV arrive back at their owner.
+    // The K/V go round the ring as in forward. Each block's dK, dV follow one step behind: a
+    // member receives what members src .. me - 1 summed for the block it now holds, adds its own
+    // share and passes it on; after n steps every block's dK, dV arrive back at their owner.
     Tensor travelling, incoming_d;
     Work d_send, d_recv;
     for (int i = 0; i < n; ++i) {
-      const int src = source_at(i, cp);
+      const int src = ring.source_at(i);
       Tensor incoming;
       Work recv, send;
       if (i + 1 < n) {
@@ -523,6 +349,240 @@ void cp_attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, 
     mine = incoming_d;
   }
   pack_gradients(dqkv, dq, mine, d);
+}
+
+// ---- all-to-all over heads ----------------------------------------------------------------------
+// Row tensors [L, b, G, X] (X: the elements of one group in a row) between "this rank's rows,
+// every group" and "the rows of every rank of group g, groups [r G/n, (r + 1) G/n)". Rank j's
+// rows are chunks j' and 2N - 1 - j' of the sequence (j' its CP rank); `natural` puts the rows in
+// sequence order (Ulysses: g is the whole CP group), else in rank order (a2a+p2p's inner group).
+
+// A copy through the op boundary (a one-part concatenation).
+void copy_into(Tensor dst, const Tensor& src) {
+  ops::concat_last_dim(dst, {src});
+}
+
+Tensor rows_to_groups(const Tensor& x, int64_t G, int64_t X, ProcessGroup& g, bool natural) {
+  const int n = g.size();
+  const int64_t L = x.dim(0), b = x.dim(1), gl = G / n, c = L / 2, S = L * n;
+  Tensor send = Tensor::empty({n, L * b, gl * X}, x.dtype(), x.device());
+  const Tensor flat = x.view({L * b, G * X});
+  for (int j = 0; j < n; ++j) {
+    Tensor block = send.slice0(j, j + 1).view({L * b, gl * X});
+    ops::slice_last_dim(block, flat, j * gl * X);
+  }
+  Tensor recv = Tensor::empty(send.shape(), x.dtype(), x.device());
+  g.all_to_all(recv, send);
+  if (!natural) return recv.view({S, b, gl, X});
+  Tensor full = Tensor::empty({S, b, gl, X}, x.dtype(), x.device());
+  for (int j = 0; j < n; ++j) {
+    const Tensor rows = recv.slice0(j, j + 1).view({L, b, gl, X});
+    copy_into(full.slice0(j * c, (j + 1) * c), rows.slice0(0, c));
+    copy_into(full.slice0((2 * n - 1 - j) * c, (2 * n - j) * c), rows.slice0(c, L));
+  }
+  return full;
+}
+
+Tensor groups_to_rows(const Tensor& full, int64_t G, int64_t X, ProcessGroup& g, bool natural) {
+  const int n = g.size();
+  const int64_t S = full.dim(0), b = full.dim(1), gl = G / n, L = S / n, c = L / 2;
+  Tensor send = Tensor::empty({n, L, b, gl * X}, full.dtype(), full.device());
+  for (int j = 0; j < n; ++j) {
+    Tensor rows = send.slice0(j, j + 1).view({L, b, gl * X});
+    if (!natural) {
+      copy_into(rows, full.slice0(j * L, (j + 1) * L).view({L, b, gl * X}));
+      continue;
+    }
+    copy_into(rows.slice0(0, c), full.slice0(j * c, (j + 1) * c).view({c, b, gl * X}));
+    copy_into(rows.slice0(c, L),
+              full.slice0((2 * n - 1 - j) * c, (2 * n - j) * c).view({c, b, gl * X}));
+  }
+  Tensor recv = Tensor::empty(send.shape(), full.dtype(), full.device());
+  g.all_to_all(recv, send);
+  Tensor out = Tensor::empty({L, b, G, X}, full.dtype(), full.device());
+  std::vector<Tensor> parts;
+  for (int j = 0; j < n; ++j) parts.push_back(recv.slice0(j, j + 1).view({L * b, gl * X}));
+  Tensor flat = out.view({L * b, G * X});
+  ops::concat_last_dim(flat, parts);
+  return out;
+}
+
+// Column chunk k of [R, K c] tensors, and the order the chunks of member j's L columns take.
+std::vector<Tensor> column_chunks(const Tensor& rows, int64_t c) {
+  std::vector<Tensor> out;
+  for (int64_t k = 0; k < rows.dim(1) / c; ++k) {
+    out.push_back(Tensor::empty({rows.dim(0), c}, rows.dtype(), rows.device()));
+    ops::slice_last_dim(out.back(), rows, k * c);
+  }
+  return out;
+}
+
+// The same for a [b, H, L] row statistic (lse: the sequence is the last dim).
+Tensor lse_to_groups(const Tensor& lse, ProcessGroup& g, bool natural) {
+  const int n = g.size();
+  const int64_t b = lse.dim(0), H = lse.dim(1), L = lse.dim(2), hl = H / n, c = L / 2;
+  Tensor send = Tensor::empty({n, b, hl * L}, lse.dtype(), lse.device());
+  for (int j = 0; j < n; ++j) {
+    Tensor block = send.slice0(j, j + 1).view({b, hl * L});
+    ops::slice_last_dim(block, lse.view({b, H * L}), j * hl * L);
+  }
+  Tensor recv = Tensor::empty(send.shape(), lse.dtype(), lse.device());
+  g.all_to_all(recv, send);
+  std::vector<Tensor> chunks(2 * n);
+  for (int j = 0; j < n; ++j) {
+    const std::vector<Tensor> halves = column_chunks(recv.slice0(j, j + 1).view({b * hl, L}), c);
+    chunks[natural ? j : 2 * j] = halves[0];
+    chunks[natural ? 2 * n - 1 - j : 2 * j + 1] = halves[1];
+  }
+  Tensor full = Tensor::empty({b, hl, L * n}, lse.dtype(), lse.device());
+  Tensor flat = full.view({b * hl, L * n});
+  ops::concat_last_dim(flat, chunks);
+  return full;
+}
+
+Tensor lse_to_rows(const Tensor& full, ProcessGroup& g, bool natural) {
+  const int n = g.size();
+  const int64_t b = full.dim(0), hl = full.dim(1), S = full.dim(2), L = S / n, c = L / 2;
+  const std::vector<Tensor> chunks = column_chunks(full.view({b * hl, S}), c);
+  Tensor send = Tensor::empty({n, b * hl, L}, full.dtype(), full.device());
+  for (int j = 0; j < n; ++j) {
+    Tensor block = send.slice0(j, j + 1).view({b * hl, L});
+    ops::concat_last_dim(
+        block, {chunks[natural ? j : 2 * j], chunks[natural ? 2 * n - 1 - j : 2 * j + 1]});
+  }
+  Tensor recv = Tensor::empty(send.shape(), full.dtype(), full.device());
+  g.all_to_all(recv, send);
+  Tensor lse = Tensor::empty({b, hl * n, L}, full.dtype(), full.device());
+  std::vector<Tensor> parts;
+  for (int j = 0; j < n; ++j) parts.push_back(recv.slice0(j, j + 1).view({b, hl * L}));
+  Tensor out = lse.view({b, hl * n * L});
+  ops::concat_last_dim(out, parts);
+  return lse;
+}
+
+// The document starts [b, n L] of the rows of every rank of g from the local [b, L] ones.
+Tensor gather_doc_start(const Tensor& local, ProcessGroup& g, bool natural) {
+  const int n = g.size();
+  const int64_t b = local.dim(0), L = local.dim(1), c = L / 2;
+  Tensor all = Tensor::empty({n, b, L}, local.dtype(), local.device());
+  g.all_gather(all, local.clone());
+  std::vector<Tensor> chunks(2 * n);
+  for (int j = 0; j < n; ++j) {
+    const std::vector<Tensor> halves = column_chunks(all.slice0(j, j + 1).view({b, L}), c);
+    chunks[natural ? j : 2 * j] = halves[0];
+    chunks[natural ? 2 * n - 1 - j : 2 * j + 1] = halves[1];
+  }
+  Tensor full = Tensor::empty({b, L * n}, local.dtype(), local.device());
+  ops::concat_last_dim(full, chunks);
+  return full;
+}
+
+// The spec after an all-to-all over g: this rank's heads, the gathered document starts.
+ops::AttentionSpec heads_spec(const ops::AttentionSpec& spec, const Layout& d, ProcessGroup& g,
+                              bool natural, const char* comm) {
+  MEGATRON_CHECK(!spec.key_valid.defined() && !spec.bias.defined(),
+                 "context parallelism supports causal and document masks only (no key padding, "
+                 "no additive bias)");
+  MEGATRON_CHECK(d.ng % g.size() == 0, "--cp-comm-type ", comm, ": the ", d.ng,
+                 " query groups of a tensor-parallel rank do not split over ", g.size(),
+                 " context-parallel ranks");
+  ops::AttentionSpec s = spec;
+  s.head_offset = spec.head_offset + g.rank() * (d.ng / g.size()) * d.qpg;
+  if (s.total_heads == 0) s.total_heads = d.np();
+  if (spec.doc_start.defined()) s.doc_start = gather_doc_start(spec.doc_start, g, natural);
+  return s;
+}
+
+// This rank's rows of the packed QKV, out (or dout) and lse, all-to-all'ed over g.
+struct Heads {
+  Tensor qkv, out, dout, lse;
+};
+
+Heads to_heads(const Tensor& qkv, const Tensor& out, const Tensor& dout, const Tensor& lse,
+               const Layout& d, ProcessGroup& g, bool natural) {
+  const int64_t P = d.qpg + 2, gl = d.ng / g.size(), X = d.qpg * d.hn, S = d.L * g.size();
+  Heads h;
+  h.qkv = rows_to_groups(qkv, d.ng, P * d.hn, g, natural).view({S, d.b, gl, P, d.hn});
+  if (out.defined()) {
+    h.out = rows_to_groups(out.view({d.L, d.b, d.ng, X}), d.ng, X, g, natural)
+                .view({S, d.b, gl * d.qpg, d.hn});
+    h.dout = rows_to_groups(dout.view({d.L, d.b, d.ng, X}), d.ng, X, g, natural)
+                 .view({S, d.b, gl * d.qpg, d.hn});
+    h.lse = lse_to_groups(lse, g, natural);
+  }
+  return h;
+}
+
+// Ulysses (a2a over the whole CP group, whole-sequence attention) or a2a+p2p (a2a over the inner
+// group, then the ring over the outer one).
+void heads_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const ops::AttentionSpec& spec,
+                   const ContextParallelContext& cp) {
+  const bool hier = cp.comm == CpCommType::kA2AP2P;
+  ProcessGroup& g = hier ? *cp.inner : *cp.group;
+  const Layout d = layout_of(qkv, qkv.dim(0) / 2);
+  const ops::AttentionSpec s = heads_spec(spec, d, g, !hier, cp_comm_type_name(cp.comm));
+  const Heads h = to_heads(qkv, Tensor(), Tensor(), Tensor(), d, g, !hier);
+  const int64_t S = h.qkv.dim(0), gl = d.ng / g.size(), X = d.qpg * d.hn;
+  Tensor hout = Tensor::empty({S, d.b, gl * d.qpg, d.hn}, qkv.dtype(), qkv.device());
+  Tensor hlse = Tensor::empty({d.b, gl * d.qpg, S}, qkv.dtype(), qkv.device());
+  if (hier) {
+    ring_forward(hout, hlse, h.qkv, s, Ring{cp.outer, g.size(), cp.size(), d.c}, false);
+  } else {
+    ops::attention_forward(hout, hlse, ops::packed_qkv_view(h.qkv, ops::QkvPart::kQuery),
+                           ops::packed_qkv_view(h.qkv, ops::QkvPart::kKey),
+                           ops::packed_qkv_view(h.qkv, ops::QkvPart::kValue), s);
+  }
+  copy_into(out, groups_to_rows(hout.view({S, d.b, gl, X}), d.ng, X, g, !hier).view(out.shape()));
+  copy_into(lse, lse_to_rows(hlse, g, !hier));
+}
+
+void heads_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                    const Tensor& lse, const ops::AttentionSpec& spec,
+                    const ContextParallelContext& cp) {
+  const bool hier = cp.comm == CpCommType::kA2AP2P;
+  ProcessGroup& g = hier ? *cp.inner : *cp.group;
+  const Layout d = layout_of(qkv, qkv.dim(0) / 2);
+  const int64_t P = d.qpg + 2, gl = d.ng / g.size();
+  const ops::AttentionSpec s = heads_spec(spec, d, g, !hier, cp_comm_type_name(cp.comm));
+  const Heads h = to_heads(qkv, out, dout, lse, d, g, !hier);
+  Tensor hdqkv = Tensor::empty(h.qkv.shape(), qkv.dtype(), qkv.device());
+  if (hier) {
+    ring_backward(hdqkv, h.dout, h.qkv, h.out, h.lse, s, Ring{cp.outer, g.size(), cp.size(), d.c},
+                  false);
+  } else {
+    using ops::packed_qkv_view, ops::QkvPart;
+    ops::attention_backward(
+        packed_qkv_view(hdqkv, QkvPart::kQuery), packed_qkv_view(hdqkv, QkvPart::kKey),
+        packed_qkv_view(hdqkv, QkvPart::kValue), Tensor(), h.dout,
+        packed_qkv_view(h.qkv, QkvPart::kQuery), packed_qkv_view(h.qkv, QkvPart::kKey),
+        packed_qkv_view(h.qkv, QkvPart::kValue), h.out, h.lse, s);
+  }
+  const int64_t S = h.qkv.dim(0);
+  copy_into(dqkv, groups_to_rows(hdqkv.view({S, d.b, gl, P * d.hn}), d.ng, P * d.hn, g, !hier)
+                      .view(dqkv.shape()));
+}
+
+}  // namespace
+
+void cp_attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv,
+                          const ops::AttentionSpec& spec, const ContextParallelContext& cp) {
+  if (cp.comm == CpCommType::kA2A || cp.comm == CpCommType::kA2AP2P) {
+    heads_forward(out, lse, qkv, spec, cp);
+    return;
+  }
+  ring_forward(out, lse, qkv, spec, Ring{cp.group, 1, cp.size(), qkv.dim(0) / 2},
+               cp.comm == CpCommType::kAllGather);
+}
+
+void cp_attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                           const Tensor& lse, const ops::AttentionSpec& spec,
+                           const ContextParallelContext& cp) {
+  if (cp.comm == CpCommType::kA2A || cp.comm == CpCommType::kA2AP2P) {
+    heads_backward(dqkv, dout, qkv, out, lse, spec, cp);
+    return;
+  }
+  ring_backward(dqkv, dout, qkv, out, lse, spec, Ring{cp.group, 1, cp.size(), qkv.dim(0) / 2},
+                cp.comm == CpCommType::kAllGather);
 }
 
 }  // namespace megatron

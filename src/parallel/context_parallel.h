@@ -17,31 +17,44 @@
 //   allgather  one all-gather of K and V (the Llama 3 scheme); backward reduce-scatters dK, dV;
 //   a2a        all-to-all from sequence-split/all-heads to whole-sequence/heads-split (Ulysses),
 //              ordinary attention, all-to-all back; needs the query groups on a TP rank
-//              divisible by cp.
+//              divisible by cp;
+//   a2a+p2p    hierarchical (--hierarchical-context-parallel-sizes A P, cp = A P): all-to-all
+//              over heads inside each inner group of A adjacent CP ranks, then the ring over the
+//              outer group of the P ranks of equal inner index, then all-to-all back; needs the
+//              query groups on a TP rank divisible by A.
 // p2p and allgather visit the blocks in the same order, so their forwards agree bit for bit.
 // Attention dropout draws the single-process masks (counters over the global positions).
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "comm/process_group.h"
 #include "tensor/ops.h"
 
 namespace megatron {
 
-enum class CpCommType { kP2P, kAllGather, kA2A };
-// "p2p", "allgather", "a2a"; the parse throws naming --cp-comm-type for anything else.
+enum class CpCommType { kP2P, kAllGather, kA2A, kA2AP2P };
+// "p2p", "allgather", "a2a", "a2a+p2p"; the parse throws naming --cp-comm-type for anything else.
 const char* cp_comm_type_name(CpCommType t);
 CpCommType parse_cp_comm_type(const std::string& s);
 
 struct ContextParallelContext {
   ProcessGroup* group = nullptr;  // null or a group of one: no context parallelism
   CpCommType comm = CpCommType::kP2P;
+  // a2a+p2p: this rank's inner group (A adjacent CP ranks) and outer ring (the P CP ranks with
+  // its inner index); CP rank r is inner rank r % A of inner group r / A.
+  ProcessGroup* inner = nullptr;
+  ProcessGroup* outer = nullptr;
+  // One comm type per layer (--cp-comm-type with a value per layer); empty: `comm` everywhere.
+  std::vector<CpCommType> layer_comm = {};
 
   int size() const { return group ? group->size() : 1; }
   int rank() const { return group ? group->rank() : 0; }
   bool enabled() const { return size() > 1; }
+  // The context of layer `layer` (its comm type from layer_comm when given).
+  ContextParallelContext for_layer(int64_t layer) const;
   // Global position of row t of this rank's local sequence of `local` rows.
   int64_t global_row(int64_t t, int64_t local) const;
 };

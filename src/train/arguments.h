@@ -131,8 +131,8 @@ struct Arguments {
   bool sequence_parallel = false;  // shard norms/dropout along s over TP; forced off at TP 1
   int64_t context_parallel_size =
       1;  // ranks splitting every sequence (parallel/context_parallel.h)
-  std::vector<std::string> cp_comm_type = {"p2p"};  // p2p, allgather or a2a (one for all layers)
-  std::vector<std::string> hierarchical_context_parallel_sizes;  // a2a+p2p only: refused
+  std::vector<std::string> cp_comm_type = {"p2p"};  // p2p|allgather|a2a|a2a+p2p, one or per layer
+  std::vector<std::string> hierarchical_context_parallel_sizes;  // a2a+p2p: INNER OUTER
   bool use_distributed_optimizer = false;  // ZeRO-1: Adam moments sharded over data parallel
   bool overlap_grad_reduce = false;        // reduce each gradient bucket as soon as it is complete
   int64_t ddp_bucket_size = 0;   // elements; 0: Megatron's max(40000000, 1000000 x dp size)

@@ -146,6 +146,7 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
                       static_cast<long>(cfg_.padded_vocab_size)));
   num_microbatches_ = args_.global_batch_size / (args_.micro_batch_size * dp_size_);
 
+  build_context_parallel();
   build_model();
   build_optimizer();
   build_schedule();
@@ -236,9 +237,35 @@ void Trainer::build_model() {
 }
 
 ContextParallelContext Trainer::context_parallel() const {
+  return cp_;
+}
+
+void Trainer::build_context_parallel() {
   const ParallelState& ps = *parallel_;
-  if (ps.cp_size() == 1) return {};
-  return ContextParallelContext{&ps.cp_group(), parse_cp_comm_type(args_.cp_comm_type.front())};
+  if (ps.cp_size() == 1) return;
+  cp_.group = &ps.cp_group();
+  cp_.comm = parse_cp_comm_type(args_.cp_comm_type.front());
+  if (args_.cp_comm_type.size() > 1) {
+    for (const std::string& t : args_.cp_comm_type) cp_.layer_comm.push_back(parse_cp_comm_type(t));
+  }
+  bool hierarchical = cp_.comm == CpCommType::kA2AP2P;
+  for (CpCommType t : cp_.layer_comm) hierarchical = hierarchical || t == CpCommType::kA2AP2P;
+  if (!hierarchical) return;
+  // Inner groups of A adjacent CP ranks; outer rings of the ranks with equal inner index.
+  const int a = std::stoi(args_.hierarchical_context_parallel_sizes.front());
+  const int n = ps.cp_size();
+  RankGroups inner, outer(static_cast<size_t>(a));
+  for (int g = 0; g < n / a; ++g) {
+    inner.emplace_back();
+    for (int j = 0; j < a; ++j) {
+      inner.back().push_back(g * a + j);
+      outer[static_cast<size_t>(j)].push_back(g * a + j);
+    }
+  }
+  cp_inner_ = ps.cp_group().split(inner);
+  cp_outer_ = ps.cp_group().split(outer);
+  cp_.inner = cp_inner_.get();
+  cp_.outer = cp_outer_.get();
 }
 
 int64_t Trainer::bucket_size() const {
@@ -377,7 +404,7 @@ std::vector<TensorMap> Trainer::step_batches(const std::function<TensorMap(int64
   if (!needs_data_) return batches;
   // TP rank 0 reads; the others receive every field this stage reads, in the specs' order.
   ProcessGroup& tp = parallel_->tp_group();
-  const ContextParallelContext cp = context_parallel();
+  const ContextParallelContext& cp = cp_;
   for (int64_t mb = 0; mb < num_microbatches_; ++mb) {
     TensorMap& m = batches[mb];
     const TensorMap all = tp.rank() == 0 ? read(mb) : TensorMap();

@@ -79,8 +79,10 @@ class Trainer {
   void build_data();
   void report_gemm_peak();
   int64_t bucket_size() const;  // --ddp-bucket-size or Megatron's default for the dp x cp size
-  // This rank's context-parallel group and comm type (none at --context-parallel-size 1).
+  // This rank's context-parallel group and comm types (none at --context-parallel-size 1),
+  // built once (a2a+p2p splits the CP group into its inner and outer groups: collective).
   ContextParallelContext context_parallel() const;
+  void build_context_parallel();
   // The step's exposed context-parallel communication into the timing report (cp > 1).
   void add_cp_time(double cp_busy_at_start);
   StepResult train_step(int64_t iteration, double lr);
@@ -143,6 +145,8 @@ class Trainer {
   // The group gradients reduce over: data parallel x context parallel (one rank's samples are
   // split over its CP group, so its replicas are the dp x cp ranks holding the same weights).
   int64_t grad_size_ = 1, grad_rank_ = 0;
+  ContextParallelContext cp_;
+  std::shared_ptr<ProcessGroup> cp_inner_, cp_outer_;  // a2a+p2p only
   int virtual_stages_ = 1;
   bool first_rank_ = true, last_rank_ = true;
   bool memory_reported_ = false;  // Megatron reports memory once, after the first interval

@@ -34,6 +34,7 @@ SelfAttention::SelfAttention(const std::string& name, const TransformerConfig& c
       heads_local_(divide(cfg.num_attention_heads, tp.size(),
                           "--num-attention-heads by --tensor-model-parallel-size")),
       recompute_core_attention_(cfg.recompute_granularity == RecomputeGranularity::kSelective) {
+  tp_.cp = tp.cp.for_layer(layer_number);  // per-layer --cp-comm-type
   if (cfg.position_embedding == PositionEmbedding::kRope) {
     rope_.head_begin = 0;
     rope_.head_end = cfg.queries_per_group() + 1;  // queries and the key; never the value

@@ -65,6 +65,9 @@ LAYOUTS = [
     ("cp2 pp2", 4, [CP, "2", PP, "2"]),
     ("cp2 dp2 distributed optimizer", 4, [CP, "2", "--use-distributed-optimizer"]),
     ("cp2 selective recomputation", 2, [CP, "2", "--recompute-granularity", "selective"]),
+    ("cp4 a2a+p2p (2 x 2)", 4,
+     [CP, "4", COMM, "a2a+p2p", "--hierarchical-context-parallel-sizes", "2", "2"]),
+    ("cp2 one comm type per layer", 2, [CP, "2", COMM, "p2p", "allgather", "a2a", "p2p"]),
 ]
 
 
@@ -156,10 +159,13 @@ class TestContextParallel(unittest.TestCase):
         cp2 = {CP: "2"}
         self.assertRefused(2, model(TINY, cp2, seq_length=30),
                            "seq-length should be a multiple of 2 * context-parallel-size")
-        self.assertRefused(2, model(TINY, cp2, cp_comm_type="a2a+p2p"), "--cp-comm-type a2a+p2p")
+        self.assertRefused(2, model(TINY, cp2, cp_comm_type="a2a+p2p"),
+                           "--cp-comm-type a2a+p2p needs --hierarchical-context-parallel-sizes")
         self.assertRefused(2, model(TINY, cp2, cp_comm_type="ring"), "--cp-comm-type must be")
-        self.assertRefused(2, model(TINY, cp2, hierarchical_context_parallel_sizes=2),
-                           "--hierarchical-context-parallel-sizes")
+        self.assertRefused(2, model(TINY, cp2) + ["--hierarchical-context-parallel-sizes", "4", "1"],
+                           "--hierarchical-context-parallel-sizes must multiply to")
+        self.assertRefused(2, model(TINY, cp2) + [COMM, "p2p", "a2a"],
+                           "--cp-comm-type takes one value for every layer or one per layer")
         self.assertRefused(4, model(TINY, {CP: "4"}, cp_comm_type="a2a", num_attention_heads=2),
                            "--cp-comm-type a2a splits")
         # The world must be divisible by tp x pp x cp.

@@ -1,6 +1,7 @@
 // Context-parallel attention (parallel/context_parallel.h) under a real MPI job, the world as the
 // context-parallel group (2 and 4 ranks), against the whole sequence's attention on the
-// reference device: for each comm type (p2p, allgather, a2a), causal and not, with document
+// reference device: for each comm type (p2p, allgather, a2a; a2a+p2p as 2 x 2 at 4 ranks),
+// causal and not, with document
 // masks and with attention dropout, chunks of odd length, each rank's output, lse and packed
 // dQKV must be the rows of the whole-sequence results that its chunks hold (r and 2 cp - 1 - r).
 //
@@ -10,6 +11,8 @@
 // chunk, a wrong offset, a mask or dropout counter off by a chunk) is an O(1e-2) error or more.
 #include <gtest/gtest.h>
 
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "comm/mpi_runtime.h"
@@ -52,14 +55,12 @@ Whole reference(const Tensor& qkv, const Tensor& dout, const ops::AttentionSpec&
           Tensor::empty({kB, kHeads, S}, DType::kF64, Device::kReference),
           Tensor::empty(qkv.shape(), DType::kF64, Device::kReference)};
   ops::attention_forward(w.out, w.lse, packed_qkv_view(q, QkvPart::kQuery),
-                         packed_qkv_view(q, QkvPart::kKey), packed_qkv_view(q, QkvPart::kValue),
-                         s);
-  ops::attention_backward(packed_qkv_view(w.dqkv, QkvPart::kQuery),
-                          packed_qkv_view(w.dqkv, QkvPart::kKey),
-                          packed_qkv_view(w.dqkv, QkvPart::kValue), Tensor(),
-                          dout.to(Device::kReference), packed_qkv_view(q, QkvPart::kQuery),
-                          packed_qkv_view(q, QkvPart::kKey), packed_qkv_view(q, QkvPart::kValue),
-                          w.out, w.lse, s);
+                         packed_qkv_view(q, QkvPart::kKey), packed_qkv_view(q, QkvPart::kValue), s);
+  ops::attention_backward(
+      packed_qkv_view(w.dqkv, QkvPart::kQuery), packed_qkv_view(w.dqkv, QkvPart::kKey),
+      packed_qkv_view(w.dqkv, QkvPart::kValue), Tensor(), dout.to(Device::kReference),
+      packed_qkv_view(q, QkvPart::kQuery), packed_qkv_view(q, QkvPart::kKey),
+      packed_qkv_view(q, QkvPart::kValue), w.out, w.lse, s);
   return {w.out.to(Device::kCPU), w.lse.to(Device::kCPU), w.dqkv.to(Device::kCPU)};
 }
 
@@ -68,6 +69,20 @@ struct Setting {
   bool causal, documents;
   float dropout;
 };
+
+// a2a+p2p at 4 ranks: inner groups {0, 1}, {2, 3}; outer rings {0, 2}, {1, 3}.
+struct Hierarchy {
+  std::shared_ptr<ProcessGroup> inner, outer;
+};
+Hierarchy& hierarchy() {
+  static Hierarchy h = [] {
+    Hierarchy x;
+    x.inner = g_runtime->world()->split({{0, 1}, {2, 3}});
+    x.outer = g_runtime->world()->split({{0, 2}, {1, 3}});
+    return x;
+  }();
+  return h;
+}
 
 void check(CpCommType comm, const Setting& st, int64_t chunk, Tensor* forward_out = nullptr) {
   const int n = g_runtime->world_size(), r = g_runtime->rank();
@@ -94,7 +109,11 @@ void check(CpCommType comm, const Setting& st, int64_t chunk, Tensor* forward_ou
   }
   const Whole want = reference(qkv, dout, spec);
 
-  const ContextParallelContext cp{g_runtime->world().get(), comm};
+  ContextParallelContext cp{g_runtime->world().get(), comm};
+  if (comm == CpCommType::kA2AP2P) {
+    cp.inner = hierarchy().inner.get();
+    cp.outer = hierarchy().outer.get();
+  }
   ops::AttentionSpec local = spec;
   if (st.documents) local.doc_start = cp_local_columns(doc_full, cp);
   const Tensor lq = local_rows(qkv, r, n);
@@ -120,7 +139,12 @@ const Setting kSettings[] = {{"causal", true, false, 0.0f},
                              {"causal with dropout", true, false, 0.5f}};
 
 TEST(ContextParallelAttention, EveryCommTypeGivesTheWholeSequenceRows) {
-  for (CpCommType comm : {CpCommType::kP2P, CpCommType::kAllGather, CpCommType::kA2A}) {
+  std::vector<CpCommType> comms = {CpCommType::kP2P, CpCommType::kAllGather, CpCommType::kA2A};
+  if (g_runtime->world_size() == 4) {
+    comms.push_back(CpCommType::kA2AP2P);
+    (void)hierarchy();  // collective: every rank splits, in the same order
+  }
+  for (CpCommType comm : comms) {
     for (const Setting& st : kSettings) {
       for (int64_t chunk : {3, 5}) {
         SCOPED_TRACE(std::string(cp_comm_type_name(comm)) + ", " + st.name + ", chunk " +
@@ -152,7 +176,6 @@ TEST(ContextParallelAttention, SequenceLengthsThatDoNotSplitAreRefused) {
               std::string::npos)
         << e.what();
   }
-  EXPECT_THROW(parse_cp_comm_type("a2a+p2p"), InvalidArgument);
   EXPECT_THROW(parse_cp_comm_type("ring"), InvalidArgument);
 }
 
