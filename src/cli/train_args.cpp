@@ -286,9 +286,11 @@ void validate_context_parallel(const Arguments& a) {
     for (const std::string& v : sizes) {
       char* end = nullptr;
       const long long x = std::strtoll(v.c_str(), &end, 10);
-      MEGATRON_CHECK(end != v.c_str() && *end == '\0' && x > 0,
-                     "--hierarchical-context-parallel-sizes takes positive integers, got '", v,
-                     "'");
+      // A level of one is no hierarchy: a2a (OUTER 1) or p2p (INNER 1) does that job.
+      MEGATRON_CHECK(end != v.c_str() && *end == '\0' && x >= 2,
+                     "--hierarchical-context-parallel-sizes takes sizes of at least 2 (with one "
+                     "level use --cp-comm-type a2a or p2p), got '",
+                     v, "'");
       product *= x;
     }
     MEGATRON_CHECK(sizes.size() == 2,

@@ -150,7 +150,7 @@ struct Blocks {
       qs.q_positions = spec.q_positions > 0 ? spec.q_positions : total;
       qs.kv_positions = spec.kv_positions > 0 ? spec.kv_positions : total;
       if (spec.doc_start.defined()) {
-        qs.doc_start = Tensor::empty({d.b, d.c}, spec.doc_start.dtype());
+        qs.doc_start = Tensor::empty({d.b, d.c}, spec.doc_start.dtype(), spec.doc_start.device());
         ops::slice_last_dim(qs.doc_start, spec.doc_start, q * d.c);
       }
       query.push_back(std::move(qs));
@@ -311,6 +311,9 @@ void ring_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Te
     }
     mine = Tensor::empty(kv.shape(), kv.dtype(), kv.device());
     g.reduce_scatter(mine, dall);
+  } else if (n == 1) {  // a ring of one member holds every block itself
+    mine = Tensor::zeros(kv.shape(), kv.dtype(), kv.device());
+    backward_blocks(dq, mine, dout, qkv, kv, out, lse_q, 0, bl);
   } else {
     // The K/V go round the ring as in forward. Each block's dK, dV follow one step behind: a
     // member receives what members src .. me - 1 summed for the block it now holds, adds its own
@@ -333,7 +336,7 @@ void ring_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Te
         ops::add_inplace(incoming_d, share);
         share = incoming_d;
       }
-      d_send.wait();  // the previous step's buffer may be reused only after it left
+      d_send.wait();  // one dK/dV message in flight per direction
       travelling = share;
       d_send = g.send_async(travelling, next, kDkvTag);
       incoming_d = Tensor::empty(kv.shape(), kv.dtype(), kv.device());

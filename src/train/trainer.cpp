@@ -469,9 +469,15 @@ double Trainer::comm_seconds() const {
   const ParallelState& ps = *parallel_;
   double s = ps.world_group().busy_seconds() + ps.tp_group().busy_seconds() +
              ps.pp_group().busy_seconds() + ps.dp_group().busy_seconds() +
-             ps.cp_group().busy_seconds() + ps.dp_cp_group().busy_seconds() +
-             ps.model_parallel_group().busy_seconds();
+             ps.dp_cp_group().busy_seconds() + ps.model_parallel_group().busy_seconds();
   if (ps.in_embedding_group()) s += ps.embedding_group().busy_seconds();
+  return s + cp_busy_seconds();
+}
+
+double Trainer::cp_busy_seconds() const {
+  double s = parallel_->cp_group().busy_seconds();
+  if (cp_inner_) s += cp_inner_->busy_seconds();  // a2a+p2p's own groups
+  if (cp_outer_) s += cp_outer_->busy_seconds();
   return s;
 }
 
@@ -493,7 +499,7 @@ void Trainer::add_op_times(const std::array<double, kOpCategories>& before) {
 Trainer::StepResult Trainer::train_step(int64_t iteration, double lr) {
   StepResult r;
   const double comm0 = comm_seconds();
-  const double cp0 = parallel_->cp_group().busy_seconds();
+  const double cp0 = cp_busy_seconds();
   const std::array<double, kOpCategories> ops0 = op_times();
   Timer phase;
   params_->zero_grads();
@@ -599,8 +605,7 @@ void Trainer::add_cp_time(double cp0) {
   // Time this rank waited on context-parallel transfers (blocking collectives whole; the ring's
   // transfers only where compute did not hide them).
   if (parallel_->cp_size() > 1) {
-    timers_.add("context-parallel communication (exposed)",
-                parallel_->cp_group().busy_seconds() - cp0);
+    timers_.add("context-parallel communication (exposed)", cp_busy_seconds() - cp0);
   }
 }
 

@@ -85,6 +85,8 @@ class Trainer {
   void build_context_parallel();
   // The step's exposed context-parallel communication into the timing report (cp > 1).
   void add_cp_time(double cp_busy_at_start);
+  // Seconds spent in context-parallel communication so far (the CP group and a2a+p2p's groups).
+  double cp_busy_seconds() const;
   StepResult train_step(int64_t iteration, double lr);
   // The iteration line closing the log interval at `step` (with the timers' report), the
   // memory report after the first interval; collective over the world.

@@ -162,8 +162,11 @@ class TestContextParallel(unittest.TestCase):
         self.assertRefused(2, model(TINY, cp2, cp_comm_type="a2a+p2p"),
                            "--cp-comm-type a2a+p2p needs --hierarchical-context-parallel-sizes")
         self.assertRefused(2, model(TINY, cp2, cp_comm_type="ring"), "--cp-comm-type must be")
-        self.assertRefused(2, model(TINY, cp2) + ["--hierarchical-context-parallel-sizes", "4", "1"],
+        self.assertRefused(2, model(TINY, cp2) + ["--hierarchical-context-parallel-sizes", "2", "4"],
                            "--hierarchical-context-parallel-sizes must multiply to")
+        self.assertRefused(2, model(TINY, cp2) + [COMM, "a2a+p2p",
+                                                  "--hierarchical-context-parallel-sizes", "2", "1"],
+                           "--hierarchical-context-parallel-sizes takes sizes of at least 2")
         self.assertRefused(2, model(TINY, cp2) + [COMM, "p2p", "a2a"],
                            "--cp-comm-type takes one value for every layer or one per layer")
         self.assertRefused(4, model(TINY, {CP: "4"}, cp_comm_type="a2a", num_attention_heads=2),
