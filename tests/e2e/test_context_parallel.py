@@ -75,35 +75,25 @@ def run(ranks, *args):
     return megatron_job.run_train(MEGATRON, MPIEXEC, ranks, args, TIMEOUT_S)
 
 
-def curve(proc):
-    lines = megatron_log.iteration_lines(proc.stdout, range(1, 21))
-    return {it: (megatron_log.number(f, "lm loss"), megatron_log.number(f, "grad norm"))
-            for it, f in lines.items()}
-
-
-def validation(proc):
-    return [(where, megatron_log.number(f, "lm loss value"))
-            for where, f in megatron_log.validation_lines(proc.stdout)]
-
-
 class TestContextParallel(unittest.TestCase):
     def check_equivalent(self, model, layouts=LAYOUTS):
         single = run(1, *model)
         self.assertEqual(single.returncode, 0, single.stderr[-2000:])
-        want, want_valid = curve(single), validation(single)
+        want = megatron_log.loss_curve(single.stdout, 20)
+        want_valid = megatron_log.validation_losses(single.stdout)
         self.assertEqual(len(want_valid), 4)
         for name, ranks, flags in layouts:
             with self.subTest(layout=name):
                 proc = run(ranks, *model, *flags)
                 self.assertEqual(proc.returncode, 0, f"{name}: {proc.stderr[-2000:]}")
-                got = curve(proc)
+                got = megatron_log.loss_curve(proc.stdout, 20)
                 for it, (wl, wn) in want.items():
                     gl, gn = got[it]
                     self.assertAlmostEqual(gl, wl, delta=1e-5 * wl, msg=f"{name} loss, iter {it}")
                     # The norm is printed with 3 decimals: one unit of the last digit.
                     self.assertAlmostEqual(gn, wn, delta=1e-5 * wn + 2e-3,
                                            msg=f"{name} grad norm, iter {it}")
-                got_valid = validation(proc)
+                got_valid = megatron_log.validation_losses(proc.stdout)
                 self.assertEqual([w for w, _ in got_valid], [w for w, _ in want_valid], name)
                 for (where, g), (_, w) in zip(got_valid, want_valid):
                     self.assertAlmostEqual(g, w, delta=1e-5 * w, msg=f"{name} validation {where}")

@@ -85,39 +85,27 @@ def run(ranks, *args):
     return megatron_job.run_train(MEGATRON, MPIEXEC, ranks, args, TIMEOUT_S)
 
 
-def curve(proc, iters=20):
-    """{iteration: (lm loss, grad norm)} of iterations 1..iters, every one of them printed."""
-    lines = megatron_log.iteration_lines(proc.stdout, range(1, iters + 1) if iters else None)
-    return {it: (megatron_log.number(f, "lm loss"), megatron_log.number(f, "grad norm"))
-            for it, f in lines.items()}
-
-
-def validation(proc):
-    """[(where, lm loss value)] of every validation line, in order."""
-    return [(where, megatron_log.number(f, "lm loss value"))
-            for where, f in megatron_log.validation_lines(proc.stdout)]
-
-
 class TestParallelEquivalence(unittest.TestCase):
     def check_equivalent(self, extra, layouts=LAYOUTS):
         model = with_flags(TINY, extra)
         single = run(1, *model)
         self.assertEqual(single.returncode, 0, single.stderr[-2000:])
-        want = curve(single)
-        want_valid = validation(single)
+        want = megatron_log.loss_curve(single.stdout, 20)
+        want_valid = megatron_log.validation_losses(single.stdout)
         self.assertEqual(len(want_valid), 4)  # iterations 10 and 20, then validation and test
         for name, ranks, flags in layouts:
             with self.subTest(layout=name):
                 proc = run(ranks, *model, *flags)
                 self.assertEqual(proc.returncode, 0, f"{name}: {proc.stderr[-2000:]}")
-                got = curve(proc)  # every iteration, whole lines, printed once
+                # Every iteration, whole lines, printed once.
+                got = megatron_log.loss_curve(proc.stdout, 20)
                 for it, (wl, wn) in want.items():
                     gl, gn = got[it]
                     self.assertAlmostEqual(gl, wl, delta=1e-5 * wl, msg=f"{name} loss, iter {it}")
                     # The norm is printed with 3 decimals: allow one unit of the last digit.
                     self.assertAlmostEqual(gn, wn, delta=1e-5 * wn + 2e-3,
                                            msg=f"{name} grad norm, iter {it}")
-                got_valid = validation(proc)
+                got_valid = megatron_log.validation_losses(proc.stdout)
                 self.assertEqual([w for w, _ in got_valid], [w for w, _ in want_valid], name)
                 for (where, g), (_, w) in zip(got_valid, want_valid):
                     self.assertAlmostEqual(g, w, delta=1e-5 * w, msg=f"{name} validation {where}")
@@ -163,7 +151,7 @@ class TestParallelEquivalence(unittest.TestCase):
         self.assertEqual(proc.returncode, 1, proc.stderr[-2000:])
         self.assertIn("[rank 2] injected fault (--inject-fault): rank 2 fails at the start of "
                       "iteration 3", proc.stderr)
-        self.assertLessEqual(max(curve(proc, iters=None), default=0), 2,
+        self.assertLessEqual(max(megatron_log.loss_curve(proc.stdout, None), default=0), 2,
                              "no iteration after the failure")
         # Start-up of 4 oversubscribed ranks takes a few seconds; a hang would hit TIMEOUT_S.
         self.assertLess(elapsed, 60, f"the job took {elapsed:.0f} s to go down")

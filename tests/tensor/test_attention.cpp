@@ -19,8 +19,8 @@
 #include <cmath>
 #include <limits>
 
-#include "tensor/reference/reference.h"
 #include "tensor/ops.h"
+#include "tensor/reference/reference.h"
 #include "testing/testing.h"
 
 namespace megatron {

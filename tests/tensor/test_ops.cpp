@@ -13,9 +13,9 @@
 #include <cmath>
 #include <functional>
 
-#include "tensor/reference/reference.h"
 #include "tensor/cpu/vec_math.h"
 #include "tensor/ops.h"
+#include "tensor/reference/reference.h"
 #include "testing/testing.h"
 
 namespace megatron {

@@ -85,3 +85,15 @@ def number(fields, name):
 def series(lines, name):
     """[number(lines[it], name) for it in sorted order]: one field over a run."""
     return [number(lines[it], name) for it in sorted(lines)]
+
+
+def loss_curve(stdout, iters):
+    """{iteration: (lm loss, grad norm)} as floats for iterations 1..iters, every one printed
+    (iters None: whichever iterations were printed)."""
+    lines = iteration_lines(stdout, range(1, iters + 1) if iters else None)
+    return {it: (number(f, "lm loss"), number(f, "grad norm")) for it, f in lines.items()}
+
+
+def validation_losses(stdout):
+    """[(place, lm loss value)] of every validation line, in order."""
+    return [(where, number(f, "lm loss value")) for where, f in validation_lines(stdout)]

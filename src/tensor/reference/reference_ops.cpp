@@ -52,10 +52,9 @@ Tensor gather_view(const AttentionView& v) {
     for (int64_t bb = 0; bb < v.b; ++bb)
       for (int64_t g = 0; g < v.groups; ++g)
         for (int64_t p = 0; p < v.per_group; ++p)
-          for (int64_t c = 0; c < v.hn; ++c)
-            W(out)
-            [((t * v.b + bb) * v.heads() + g * v.per_group + p) * v.hn + c] =
-                P(v.tensor)[view_index(v, t, bb, g, p) + c];
+          for (int64_t c = 0; c < v.hn; ++c) W(out)
+  [((t * v.b + bb) * v.heads() + g * v.per_group + p) * v.hn + c] =
+      P(v.tensor)[view_index(v, t, bb, g, p) + c];
   return out;
 }
 void scatter_view(const AttentionView& v, const Tensor& x) {
@@ -63,10 +62,9 @@ void scatter_view(const AttentionView& v, const Tensor& x) {
     for (int64_t bb = 0; bb < v.b; ++bb)
       for (int64_t g = 0; g < v.groups; ++g)
         for (int64_t p = 0; p < v.per_group; ++p)
-          for (int64_t c = 0; c < v.hn; ++c)
-            W(v.tensor)
-            [view_index(v, t, bb, g, p) + c] =
-                P(x)[((t * v.b + bb) * v.heads() + g * v.per_group + p) * v.hn + c];
+          for (int64_t c = 0; c < v.hn; ++c) W(v.tensor)
+  [view_index(v, t, bb, g, p) + c] =
+      P(x)[((t * v.b + bb) * v.heads() + g * v.per_group + p) * v.hn + c];
 }
 bool keep(float p, uint64_t seed, uint64_t stream, uint64_t counter) {
   return Philox::uniform(seed, stream, counter) >= p;

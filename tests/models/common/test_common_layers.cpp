@@ -14,8 +14,8 @@
 #include "models/common/language_embedding.h"
 #include "models/common/lm_head.h"
 #include "models/common/pooler.h"
-#include "tensor/reference/reference.h"
 #include "tensor/ops.h"
+#include "tensor/reference/reference.h"
 #include "testing/layer_gradients.h"
 #include "testing/testing.h"
 
