@@ -2,8 +2,6 @@
 // tokenizer, and the merge of a Hugging Face config.json into the model flags.
 #include "cli/train_args.h"
 
-#include "parallel/context_parallel.h"
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -16,6 +14,7 @@
 #include "data/tokenizer.h"
 #include "models/model_spec.h"
 #include "parallel/context_parallel.h"
+#include "train/batch_schedule.h"
 #include "train/exit_signal.h"
 #include "train/fault_injection.h"
 #include "train/trainer.h"
@@ -133,7 +132,17 @@ void register_train_args(ArgTable& t, Arguments& a) {
   t.add("--micro-batch-size", a.micro_batch_size, "Sequences per micro-batch");
   t.add("--global-batch-size", a.global_batch_size,
         "Sequences per iteration (default micro batch x data parallel)");
-  t.add("--train-iters", a.train_iters, "Training iterations");
+  t.add("--train-iters", a.train_iters,
+        "Training iterations (iteration-based training; or --train-samples)");
+  t.add("--train-samples", a.train_samples,
+        "Training samples (sample-based training: the iterations follow from the batch "
+        "schedule; the LR schedule is then given in samples)");
+  t.add("--rampup-batch-size", a.rampup_batch_size,
+        "Batch-size ramp-up START INCREMENT SAMPLES: the global batch starts at START and grows "
+        "by INCREMENT evenly over SAMPLES samples (sample-based training only)");
+  t.flag("--decrease-batch-size-if-needed", a.decrease_batch_size_if_needed,
+         "Round a global batch that does not split into micro-batch x data-parallel pieces down "
+         "to one that does (the rest counts as skipped samples) instead of refusing it");
   t.concern("logging");
   t.add("--log-interval", a.log_interval, "Iterations between log lines");
   t.add("--timing-log-level", a.timing_log_level,
@@ -154,6 +163,12 @@ void register_train_args(ArgTable& t, Arguments& a) {
         "Warm-up as a fraction of the decay iterations");
   t.add("--lr-warmup-init", a.lr_warmup_init, "Learning rate at the start of warm-up");
   t.add("--lr-wsd-decay-iters", a.lr_wsd_decay_iters, "WSD: iterations of the final decay");
+  t.add("--lr-decay-samples", a.lr_decay_samples,
+        "Samples to decay over (sample-based training; default --train-samples)");
+  t.add("--lr-warmup-samples", a.lr_warmup_samples,
+        "Linear warm-up samples (sample-based training)");
+  t.add("--lr-wsd-decay-samples", a.lr_wsd_decay_samples,
+        "WSD: samples of the final decay (sample-based training)");
   t.add("--lr-wsd-decay-style", a.lr_wsd_decay_style,
         "WSD decay: exponential, linear, cosine, minus_sqrt");
   t.add("--weight-decay", a.weight_decay, "AdamW weight decay (not applied to biases and norms)");
@@ -413,6 +428,67 @@ int64_t validate_parallel_layout(Arguments& a, int world_size, int rank) {
   return dp;
 }
 
+// Iteration- or sample-based training (Megatron's validate_args rules, in its words) and the
+// batch schedule: every global batch it runs splits into micro-batch x data-parallel pieces (and
+// into a multiple of the pipeline size when interleaving). Sample-based training sets
+// --train-iters from the schedule, as Megatron's update_train_iters does.
+void validate_batch_schedule(Arguments& a, int64_t dp) {
+  const bool by_samples = a.train_samples > 0;
+  MEGATRON_CHECK(a.train_iters >= 0 && a.train_samples >= 0,
+                 "--train-iters and --train-samples must be positive");
+  MEGATRON_CHECK(a.train_iters > 0 || by_samples,
+                 "either --train-iters or --train-samples is required (a positive integer)");
+  if (!by_samples) {
+    MEGATRON_CHECK(a.lr_decay_samples == 0,
+                   "expected iteration-based learning rate decay: --lr-decay-samples needs "
+                   "--train-samples (with --train-iters use --lr-decay-iters)");
+    MEGATRON_CHECK(a.lr_warmup_samples == 0,
+                   "expected iteration-based learning rate warmup: --lr-warmup-samples needs "
+                   "--train-samples (with --train-iters use --lr-warmup-iters)");
+    MEGATRON_CHECK(a.lr_wsd_decay_samples == 0,
+                   "--lr-wsd-decay-samples needs --train-samples (with --train-iters use "
+                   "--lr-wsd-decay-iters)");
+    MEGATRON_CHECK(a.rampup_batch_size.empty(),
+                   "expected no batch-size rampup for iteration-based training: "
+                   "--rampup-batch-size needs --train-samples instead of --train-iters");
+  } else {
+    MEGATRON_CHECK(a.train_iters == 0,
+                   "expected sample-based training: give --train-iters or --train-samples, not "
+                   "both");
+    MEGATRON_CHECK(a.lr_decay_iters == 0,
+                   "expected sample-based learning rate decay: with --train-samples use "
+                   "--lr-decay-samples instead of --lr-decay-iters");
+    MEGATRON_CHECK(a.lr_warmup_iters == 0,
+                   "expected sample-based learning rate warmup: with --train-samples use "
+                   "--lr-warmup-samples instead of --lr-warmup-iters");
+    MEGATRON_CHECK(a.lr_wsd_decay_iters == 0,
+                   "with --train-samples use --lr-wsd-decay-samples instead of "
+                   "--lr-wsd-decay-iters");
+    MEGATRON_CHECK(!(a.lr_warmup_fraction >= 0 && a.lr_warmup_samples > 0),
+                   "can only specify one of --lr-warmup-fraction and --lr-warmup-samples");
+  }
+  std::optional<BatchRampup> rampup;
+  if (!a.rampup_batch_size.empty()) rampup = parse_rampup_batch_size(a.rampup_batch_size);
+  const BatchSchedule schedule(a.global_batch_size, a.micro_batch_size, dp,
+                               a.decrease_batch_size_if_needed, rampup);
+  if (virtual_pipeline_stages(a) > 1) {
+    const int64_t pp = a.pipeline_model_parallel_size;
+    for (const BatchSchedule::Batch& b : schedule.all_batches()) {
+      MEGATRON_CHECK(b.microbatches % pp == 0, "number of microbatches (", b.microbatches,
+                     ") is not divisible by pipeline-model-parallel-size (", pp,
+                     ") when using interleaved schedule: global batch size ", b.running,
+                     rampup ? " (a step of --rampup-batch-size)" : " (--global-batch-size)",
+                     " / (--micro-batch-size (", a.micro_batch_size, ") x data parallel size (", dp,
+                     ")); choose batch sizes giving a multiple of ", pp, " micro-batches");
+    }
+  }
+  if (by_samples) {
+    a.train_iters = schedule.iterations_for(a.train_samples);
+    MEGATRON_CHECK(a.train_iters > 0, "--train-samples (", a.train_samples,
+                   ") is less than one global batch (", a.global_batch_size, ")");
+  }
+}
+
 // Megatron's activation-recomputation rules (TransformerConfig.__post_init__, and its
 // --recompute-activations alias), with the flags named. per_stage: layers per pipeline stage.
 void validate_recompute(Arguments& a, int64_t per_stage) {
@@ -491,27 +567,14 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
   MEGATRON_CHECK(a.num_attention_heads > 0,
                  "--num-attention-heads is required (a positive integer)");
   MEGATRON_CHECK(a.seq_length > 0, "--seq-length is required (a positive integer)");
-  MEGATRON_CHECK(a.train_iters > 0, "--train-iters is required (a positive integer)");
   MEGATRON_CHECK(a.micro_batch_size > 0, "--micro-batch-size must be positive, got ",
                  a.micro_batch_size);
   const int64_t dp = validate_parallel_layout(a, world_size, rank);
   validate_recompute(a, a.num_layers / a.pipeline_model_parallel_size);
   if (a.global_batch_size == 0) a.global_batch_size = a.micro_batch_size * dp;
-  MEGATRON_CHECK(a.global_batch_size > 0 && a.global_batch_size % (a.micro_batch_size * dp) == 0,
-                 "global batch size (", a.global_batch_size,
-                 ") is not divisible by micro batch size (", a.micro_batch_size,
-                 ") times data parallel size (", dp,
-                 "): fix --global-batch-size or --micro-batch-size");
-  if (virtual_pipeline_stages(a) > 1) {
-    const int64_t microbatches = a.global_batch_size / (a.micro_batch_size * dp);
-    MEGATRON_CHECK(microbatches % a.pipeline_model_parallel_size == 0, "number of microbatches (",
-                   microbatches, ") is not divisible by pipeline-model-parallel-size (",
-                   a.pipeline_model_parallel_size,
-                   ") when using interleaved schedule: --global-batch-size (", a.global_batch_size,
-                   ") / (--micro-batch-size (", a.micro_batch_size, ") x data parallel size (", dp,
-                   ")); choose a global batch giving a multiple of ",
-                   a.pipeline_model_parallel_size, " micro-batches");
-  }
+  MEGATRON_CHECK(a.global_batch_size > 0, "--global-batch-size must be positive, got ",
+                 a.global_batch_size);
+  validate_batch_schedule(a, dp);
   MEGATRON_CHECK(a.ddp_bucket_size >= 0,
                  "--ddp-bucket-size must be >= 0 elements (0: Megatron's default), got ",
                  a.ddp_bucket_size);
@@ -523,12 +586,22 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
                  "can only specify one of --lr-warmup-fraction and --lr-warmup-iters");
   MEGATRON_CHECK(a.lr_warmup_fraction < 0 || a.lr_warmup_fraction <= 1,
                  "--lr-warmup-fraction must be in [0, 1], got ", a.lr_warmup_fraction);
-  const int64_t decay = a.lr_decay_iters > 0 ? a.lr_decay_iters : a.train_iters;
-  MEGATRON_CHECK(a.lr_warmup_iters <= decay, "--lr-warmup-iters (", a.lr_warmup_iters,
-                 ") exceeds the decay length (", decay, " iterations)");
-  if (a.lr_decay_style == "WSD") {
-    MEGATRON_CHECK(a.lr_wsd_decay_iters > 0 && a.lr_wsd_decay_iters <= decay,
-                   "--lr-decay-style WSD needs --lr-wsd-decay-iters in (0, ", decay, "]");
+  if (a.train_samples == 0) {
+    const int64_t decay = a.lr_decay_iters > 0 ? a.lr_decay_iters : a.train_iters;
+    MEGATRON_CHECK(a.lr_warmup_iters <= decay, "--lr-warmup-iters (", a.lr_warmup_iters,
+                   ") exceeds the decay length (", decay, " iterations)");
+    if (a.lr_decay_style == "WSD") {
+      MEGATRON_CHECK(a.lr_wsd_decay_iters > 0 && a.lr_wsd_decay_iters <= decay,
+                     "--lr-decay-style WSD needs --lr-wsd-decay-iters in (0, ", decay, "]");
+    }
+  } else {
+    const int64_t decay = a.lr_decay_samples > 0 ? a.lr_decay_samples : a.train_samples;
+    MEGATRON_CHECK(a.lr_warmup_samples <= decay, "--lr-warmup-samples (", a.lr_warmup_samples,
+                   ") exceeds the decay length (", decay, " samples)");
+    if (a.lr_decay_style == "WSD") {
+      MEGATRON_CHECK(a.lr_wsd_decay_samples > 0 && a.lr_wsd_decay_samples <= decay,
+                     "--lr-decay-style WSD needs --lr-wsd-decay-samples in (0, ", decay, "]");
+    }
   }
   MEGATRON_CHECK(a.log_interval > 0, "--log-interval must be positive, got ", a.log_interval);
   MEGATRON_CHECK(a.timing_log_level >= 0 && a.timing_log_level <= 2,

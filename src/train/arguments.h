@@ -43,7 +43,10 @@ struct Arguments {
   // ---- training ----
   int64_t micro_batch_size = 1;
   int64_t global_batch_size = 0;  // 0: micro_batch_size * data-parallel size
-  int64_t train_iters = 0;
+  int64_t train_iters = 0;     // iteration-based training; computed from train_samples otherwise
+  int64_t train_samples = 0;   // sample-based training (Megatron's update_train_iters); 0: unset
+  std::vector<std::string> rampup_batch_size;  // START INCREMENT SAMPLES (train/batch_schedule.h)
+  bool decrease_batch_size_if_needed = false;  // round batches down to micro x dp multiples
   int64_t log_interval = 100;
   int64_t seed = 1234;
   bool bf16 = false;
@@ -64,6 +67,9 @@ struct Arguments {
   std::string lr_decay_style = "linear";
   int64_t lr_decay_iters = 0;  // 0: train_iters
   int64_t lr_warmup_iters = 0;
+  int64_t lr_decay_samples = 0;  // sample-based decay length; 0: train_samples
+  int64_t lr_warmup_samples = 0;
+  int64_t lr_wsd_decay_samples = 0;
   double lr_warmup_fraction = -1;  // < 0: unset
   double lr_warmup_init = 0;
   int64_t lr_wsd_decay_iters = 0;

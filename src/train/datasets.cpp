@@ -6,7 +6,7 @@ namespace megatron {
 SampleCounts sample_counts(const Arguments& a) {
   SampleCounts c;
   const int64_t gbs = a.global_batch_size;
-  c.train = a.train_iters * gbs;
+  c.train = a.train_samples > 0 ? a.train_samples : a.train_iters * gbs;
   c.valid = (a.train_iters / a.eval_interval + 1) * a.eval_iters * gbs;
   c.test = a.eval_iters * gbs;
   return c;

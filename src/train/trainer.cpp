@@ -144,7 +144,18 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
                       static_cast<long>(cfg_.vocab_size),
                       static_cast<long>(cfg_.padded_vocab_size - cfg_.vocab_size),
                       static_cast<long>(cfg_.padded_vocab_size)));
-  num_microbatches_ = args_.global_batch_size / (args_.micro_batch_size * dp_size_);
+  batch_schedule_.emplace(args_.global_batch_size, args_.micro_batch_size, dp_size_,
+                          args_.decrease_batch_size_if_needed,
+                          args_.rampup_batch_size.empty()
+                              ? std::nullopt
+                              : std::optional(parse_rampup_batch_size(args_.rampup_batch_size)));
+  log_first(batch_schedule_->describe());
+  if (args_.train_samples > 0) {
+    log_first(strprintf("setting training iterations to %ld", static_cast<long>(args_.train_iters)));
+  }
+  // The final (largest) batch: what the memory estimate must hold.
+  num_microbatches_ = batch_schedule_->all_batches().back().microbatches;
+  eval_microbatches_ = args_.global_batch_size / (args_.micro_batch_size * dp_size_);
 
   build_context_parallel();
   build_model();
@@ -301,20 +312,31 @@ void Trainer::build_optimizer() {
 }
 
 void Trainer::build_schedule() {
-  // The schedule counts samples (iterations x global batch), as Megatron's does.
-  const int64_t gbs = args_.global_batch_size;
+  // The schedule counts samples, as Megatron's does: iteration-based lengths are iterations x
+  // global batch; sample-based ones are given in samples.
   schedule_.max_lr = args_.lr;
   schedule_.min_lr = args_.min_lr;
   schedule_.warmup_init = args_.lr_warmup_init;
   schedule_.style = parse_lr_decay_style(args_.lr_decay_style);
   schedule_.wsd_style = parse_wsd_decay_style(args_.lr_wsd_decay_style);
-  const int64_t decay_iters = args_.lr_decay_iters > 0 ? args_.lr_decay_iters : args_.train_iters;
-  schedule_.decay_samples = decay_iters * gbs;
+  double warmup = 0;
+  if (args_.train_samples > 0) {
+    schedule_.decay_samples =
+        args_.lr_decay_samples > 0 ? args_.lr_decay_samples : args_.train_samples;
+    warmup = static_cast<double>(args_.lr_warmup_samples);
+    schedule_.wsd_decay_samples = args_.lr_wsd_decay_samples;
+  } else {
+    const int64_t gbs = args_.global_batch_size;
+    const int64_t decay_iters =
+        args_.lr_decay_iters > 0 ? args_.lr_decay_iters : args_.train_iters;
+    schedule_.decay_samples = decay_iters * gbs;
+    warmup = static_cast<double>(args_.lr_warmup_iters * gbs);
+    schedule_.wsd_decay_samples = args_.lr_wsd_decay_iters * gbs;
+  }
   schedule_.warmup_samples =
       args_.lr_warmup_fraction >= 0
           ? args_.lr_warmup_fraction * static_cast<double>(schedule_.decay_samples)
-          : static_cast<double>(args_.lr_warmup_iters * gbs);
-  schedule_.wsd_decay_samples = args_.lr_wsd_decay_iters * gbs;
+          : warmup;
 }
 
 // --load, --save, the watchdog and the exit signal.
@@ -346,8 +368,10 @@ void Trainer::build_data() {
   if (first_rank_) parallel_->world_group().barrier();
   // Every sample the run will read must exist now, not hours in, at the last evaluation.
   const SampleCounts need = sample_counts(args_);
-  MEGATRON_CHECK(data_.train->size() >= need.train, "the training data has ", data_.train->size(),
-                 " samples; --train-iters x --global-batch-size needs ", need.train);
+  const int64_t train_need = batch_schedule_->samples_in(args_.train_iters);
+  MEGATRON_CHECK(data_.train->size() >= train_need, "the training data has ", data_.train->size(),
+                 " samples; ", args_.train_iters, " iterations of the batch schedule need ",
+                 train_need);
   if (args_.eval_iters > 0) {
     MEGATRON_CHECK(!data_.valid || data_.valid->size() >= need.valid, "the validation data has ",
                    data_.valid ? data_.valid->size() : 0, " samples; evaluation needs ", need.valid,
@@ -399,13 +423,14 @@ std::vector<Action> Trainer::schedule() const {
   return interleaved_schedule(pp, rank, m, virtual_stages_);
 }
 
-std::vector<TensorMap> Trainer::step_batches(const std::function<TensorMap(int64_t)>& read) {
-  std::vector<TensorMap> batches(static_cast<size_t>(num_microbatches_));
+std::vector<TensorMap> Trainer::step_batches(int64_t microbatches,
+                                             const std::function<TensorMap(int64_t)>& read) {
+  std::vector<TensorMap> batches(static_cast<size_t>(microbatches));
   if (!needs_data_) return batches;
   // TP rank 0 reads; the others receive every field this stage reads, in the specs' order.
   ProcessGroup& tp = parallel_->tp_group();
   const ContextParallelContext& cp = cp_;
-  for (int64_t mb = 0; mb < num_microbatches_; ++mb) {
+  for (int64_t mb = 0; mb < microbatches; ++mb) {
     TensorMap& m = batches[mb];
     const TensorMap all = tp.rank() == 0 ? read(mb) : TensorMap();
     for (const TensorSpec& spec : batch_specs_) {
@@ -496,7 +521,8 @@ void Trainer::add_op_times(const std::array<double, kOpCategories>& before) {
   }
 }
 
-Trainer::StepResult Trainer::train_step(int64_t iteration, double lr) {
+Trainer::StepResult Trainer::train_step(int64_t iteration, const BatchSchedule::Batch& batch,
+                                        double lr) {
   StepResult r;
   const double comm0 = comm_seconds();
   const double cp0 = cp_busy_seconds();
@@ -509,15 +535,18 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, double lr) {
   if (fault_.inf_grad_at(parallel_->rank(), iteration)) {
     params_->params().front()->main_grad.data<float>()[0] = std::numeric_limits<float>::infinity();
   }
-  std::vector<TensorMap> batches = step_batches([&](int64_t) { return prefetcher_->next(); });
+  std::vector<TensorMap> batches =
+      step_batches(num_microbatches_, [&](int64_t) { return prefetcher_->next(); });
   timers_.add("batch-generator", phase.elapsed());
   phase = Timer();
-  // The stream is the micro-batch's index in the global batch (the sampler gives rank r
-  // micro-batch mb * dp + r of it), so any layout draws the same dropout masks.
-  const int64_t m = num_microbatches_;
+  // The stream is a micro-batch's place in the sample order counted from the end of this
+  // iteration's batch (the sampler gives rank r micro-batch mb * dp + r of it): any layout with
+  // the same micro-batch size draws the same dropout masks, and batches of a ramp-up never share
+  // a stream. With a constant batch it is (iteration x micro-batches + mb) x dp + r.
+  const int64_t stream0 = (consumed_train_ + batch.running) / args_.micro_batch_size;
   auto mode = [&](int mb) {
     return ForwardMode{true, dropout_seed_,
-                       static_cast<uint64_t>((iteration * m + mb) * dp_size_ + dp_rank_)};
+                       static_cast<uint64_t>(stream0 + mb * dp_size_ + dp_rank_)};
   };
   const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
   MicroBatchRunner runner(chunks_, *loss_, args_.micro_batch_size, std::move(batches), mode,
@@ -611,10 +640,11 @@ void Trainer::add_cp_time(double cp0) {
 
 LossTerms Trainer::evaluate(const SampleSource& data, int64_t* consumed) {
   LossTerms terms;
-  const int64_t mbs = args_.micro_batch_size, m = num_microbatches_;
+  // Megatron evaluates whole --global-batch-size batches, ramp-up or not.
+  const int64_t mbs = args_.micro_batch_size, m = eval_microbatches_;
   for (int64_t it = 0; it < args_.eval_iters; ++it) {
     // Megatron's sampler: micro-step it * m + mb of the evaluation, this rank's share of it.
-    std::vector<TensorMap> batches = step_batches([&](int64_t mb) {
+    std::vector<TensorMap> batches = step_batches(m, [&](int64_t mb) {
       return make_batch_(data, *consumed + ((it * m + mb) * dp_size_ + dp_rank_) * mbs, mbs);
     });
     MicroBatchRunner runner(
@@ -649,7 +679,7 @@ void Trainer::evaluate_and_print(const std::string& prefix, const SampleSource& 
                                 iteration);
       tensorboard_->add_scalars(
           {{name + " validation vs samples", value}, {name + " validation ppl vs samples", ppl}},
-          iteration * args_.global_batch_size);
+          consumed_train_);
     }
     tensorboard_->flush();
   }
@@ -841,25 +871,43 @@ void Trainer::log_iteration(TrainingLog& log, const TrainingLog::Step& step) {
 int Trainer::train() {
   log_first("[before the start of training step] datetime: " + timestamp());
   log_first("training ...");
-  const int64_t gbs = args_.global_batch_size;
   // Per rank, as Megatron's "throughput per GPU": the model's FLOPs shared by every rank.
-  TrainingLog log(args_.train_iters, gbs, cfg_.seq_length,
-                  spec_->flops_per_iteration(cfg_, gbs) / parallel_->world_size(), peak_gflops_);
+  const int64_t gbs = args_.global_batch_size;
+  TrainingLog log(args_.train_iters, cfg_.seq_length,
+                  spec_->flops_per_iteration(cfg_, gbs) / static_cast<double>(gbs) /
+                      parallel_->world_size(),
+                  peak_gflops_);
   if (needs_data_ && parallel_->tp_rank() == 0) {
     prefetcher_ =
         std::make_unique<BatchPrefetcher>(*data_.train, make_batch_, args_.micro_batch_size,
                                           consumed_train_, args_.num_workers, dp_rank_, dp_size_);
   }
+  BatchSchedule::Batch batch = batch_schedule_->at(consumed_train_);
+  if (batch_schedule_->ramps_up()) {
+    log_first(strprintf("setting initial batch size to %ld", static_cast<long>(batch.global)));
+  }
   train_timer_.start();
   for (int64_t it = start_iteration_ + 1; it <= args_.train_iters; ++it) {
     watchdog_->enter("train-step", it);
     fault_.at_iteration_start(parallel_->rank(), it);
+    // The batch follows the consumed samples (Megatron's update_num_microbatches); as Megatron,
+    // a checkpoint is saved before the first iteration of each larger batch.
+    const BatchSchedule::Batch previous = batch;
+    batch = batch_schedule_->at(consumed_train_);
+    if (batch.global != previous.global) {
+      log_first(strprintf("ramping up batch size from %ld to %ld",
+                          static_cast<long>(previous.global), static_cast<long>(batch.global)));
+      if (checkpointer_ && checkpointer_->last_saved_iteration() != it - 1) {
+        save_checkpoint(it - 1);
+      }
+    }
+    num_microbatches_ = batch.microbatches;
     Timer timer;
     // The schedule advances only on successful steps (an fp16 step skipped for overflow does
     // not count), as Megatron's optimizer-parameter scheduler does.
-    const StepResult r = train_step(it, schedule_.lr_at(scheduler_samples_));
-    consumed_train_ += gbs;
-    if (!r.skipped) scheduler_samples_ += gbs;
+    const StepResult r = train_step(it, batch, schedule_.lr_at(scheduler_samples_));
+    consumed_train_ += batch.running;
+    if (!r.skipped) scheduler_samples_ += batch.running;
     losses_.push_back(r.loss);
     // Megatron prints the learning rate the scheduler set after this step, for the next one.
     const TrainingLog::Step step{it,
@@ -870,7 +918,8 @@ int Trainer::train() {
                                  timer.elapsed(),
                                  schedule_.lr_at(scheduler_samples_),
                                  scaler_ ? scaler_->scale() : 1.0,
-                                 consumed_train_};
+                                 consumed_train_,
+                                 batch.running};
     log.add(step);
     if (tensorboard_ && it % args_.tensorboard_log_interval == 0)
       log.tensorboard(*tensorboard_, step);

@@ -16,6 +16,7 @@
 #include <array>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,7 @@
 #include "tensor/op_profile.h"
 #include "train/arguments.h"
 #include "train/batch_prefetcher.h"
+#include "train/batch_schedule.h"
 #include "train/checkpointing.h"
 #include "train/datasets.h"
 #include "train/exit_signal.h"
@@ -87,7 +89,8 @@ class Trainer {
   void add_cp_time(double cp_busy_at_start);
   // Seconds spent in context-parallel communication so far (the CP group and a2a+p2p's groups).
   double cp_busy_seconds() const;
-  StepResult train_step(int64_t iteration, double lr);
+  // One iteration over `batch` (its micro-batch count is num_microbatches_).
+  StepResult train_step(int64_t iteration, const BatchSchedule::Batch& batch, double lr);
   // The iteration line closing the log interval at `step` (with the timers' report), the
   // memory report after the first interval; collective over the world.
   void log_iteration(TrainingLog& log, const TrainingLog::Step& step);
@@ -100,7 +103,8 @@ class Trainer {
   // This stage's share of the micro-batches of a step: read by TP rank 0 of every stage that
   // needs the data (first and last stages; every stage with --reset-attention-mask) and
   // broadcast over the TP group. `read(k)` builds the k-th micro-batch of the step.
-  std::vector<TensorMap> step_batches(const std::function<TensorMap(int64_t)>& read);
+  std::vector<TensorMap> step_batches(int64_t microbatches,
+                                      const std::function<TensorMap(int64_t)>& read);
   // After backward: data-parallel average, sequence-parallel and shared-embedding sums.
   void finish_gradients();
   // Sums (loss, tokens) over the data-parallel replicas of the last stage.
@@ -178,7 +182,9 @@ class Trainer {
   Datasets data_;
   std::unique_ptr<TensorBoardWriter> tensorboard_;
   std::unique_ptr<BatchPrefetcher> prefetcher_;
-  int64_t num_microbatches_ = 1;
+  std::optional<BatchSchedule> batch_schedule_;  // the global batch of each iteration
+  int64_t num_microbatches_ = 1;                 // of the iteration being run
+  int64_t eval_microbatches_ = 1;                // evaluation takes whole --global-batch-size batches
   int64_t consumed_valid_ = 0, consumed_test_ = 0;
   int64_t consumed_train_ = 0;
   int64_t start_iteration_ = 0;    // the loaded checkpoint's iteration (0 without --load)

@@ -8,12 +8,11 @@
 
 namespace megatron {
 
-TrainingLog::TrainingLog(int64_t train_iters, int64_t global_batch_size, int64_t seq_length,
-                         double flops_per_iteration, double peak_gflops)
+TrainingLog::TrainingLog(int64_t train_iters, int64_t seq_length, double flops_per_sample,
+                         double peak_gflops)
     : train_iters_(train_iters),
-      gbs_(global_batch_size),
-      tokens_per_iteration_(static_cast<double>(global_batch_size * seq_length)),
-      flops_per_iteration_(flops_per_iteration),
+      seq_length_(seq_length),
+      flops_per_sample_(flops_per_sample),
       peak_gflops_(peak_gflops) {}
 
 void TrainingLog::add(const Step& s) {
@@ -32,6 +31,7 @@ void TrainingLog::add(const Step& s) {
     }
   }
   seconds_ += s.seconds;
+  samples_ += s.batch_size;
   ++iters_;
 }
 
@@ -45,13 +45,15 @@ TrainingLog::Values TrainingLog::interval_means() const {
 
 std::string TrainingLog::close_interval(const Step& s, const Values& means) {
   const double ms = seconds_ / static_cast<double>(iters_) * 1000.0;
-  const double tflops = flops_per_iteration_ / (ms / 1000.0) / 1e12;
+  const auto samples = static_cast<double>(samples_);
+  const double tflops = flops_per_sample_ * samples / seconds_ / 1e12;
   std::string line = strprintf(
       " [%s] iteration %8ld/%8ld | consumed samples: %12ld | elapsed time per iteration (ms): "
       "%.1f | throughput per GPU (TFLOP/s/GPU): %.3f | learning rate: %.6E | global batch "
       "size: %5ld |",
       timestamp().c_str(), static_cast<long>(s.iteration), static_cast<long>(train_iters_),
-      static_cast<long>(s.consumed_samples), ms, tflops, s.next_lr, static_cast<long>(gbs_));
+      static_cast<long>(s.consumed_samples), ms, tflops, s.next_lr,
+      static_cast<long>(s.batch_size));
   if (iters_ > skipped_) {
     for (const auto& [name, value] : means) line += strprintf(" %s: %.6E |", name.c_str(), value);
   }
@@ -60,17 +62,17 @@ std::string TrainingLog::close_interval(const Step& s, const Values& means) {
   line += strprintf(
       " number of skipped iterations: %3ld | number of nan iterations: %3ld | tokens per "
       "second: %.1f | model FLOPs utilisation: %.1f%% |",
-      static_cast<long>(skipped_), static_cast<long>(nan_), tokens_per_iteration_ / (ms / 1000.0),
-      100.0 * tflops * 1e3 / peak_gflops_);
+      static_cast<long>(skipped_), static_cast<long>(nan_),
+      samples * static_cast<double>(seq_length_) / seconds_, 100.0 * tflops * 1e3 / peak_gflops_);
   sums_.clear();
   seconds_ = 0;
-  iters_ = skipped_ = nan_ = 0;
+  iters_ = skipped_ = nan_ = samples_ = 0;
   return line;
 }
 
 void TrainingLog::tensorboard(TensorBoardWriter& tb, const Step& s) const {
-  const double tflops = flops_per_iteration_ / s.seconds / 1e12;
-  Values by_iter{{"learning-rate", s.next_lr}, {"batch-size", static_cast<double>(gbs_)}};
+  const double tflops = flops_per_sample_ * static_cast<double>(s.batch_size) / s.seconds / 1e12;
+  Values by_iter{{"learning-rate", s.next_lr}, {"batch-size", static_cast<double>(s.batch_size)}};
   Values by_samples{{"learning-rate vs samples", s.next_lr}};
   if (s.terms) {
     for (const LossTerms::Term& t : s.terms->terms()) {  // Megatron's tags: each term's name
@@ -87,7 +89,7 @@ void TrainingLog::tensorboard(TensorBoardWriter& tb, const Step& s) const {
     by_samples.emplace_back("grad-norm vs samples", s.grad_norm);
   }
   tb.add_scalars(by_iter, s.iteration);
-  tb.add_scalars(by_samples, s.iteration * gbs_);
+  tb.add_scalars(by_samples, s.consumed_samples);
 }
 
 }  // namespace megatron

@@ -6,7 +6,8 @@
 //  <each loss term>: ... | loss scale: ... | grad norm: ... | number of skipped iterations: ... |
 //  number of nan iterations: ... | tokens per second: ... | model FLOPs utilisation: ...% |
 //
-// As Megatron's: each loss term averages the interval's successful iterations (all terms are
+// Throughput, tokens per second and MFU are the interval's samples over its time (Megatron sums
+// each iteration's FLOPs since the last log line). As Megatron's: each loss term averages the interval's successful iterations (all terms are
 // left out when there were none), the grad norm is the last iteration's (left out when it was
 // skipped), the counters count the interval's skipped and NaN-loss iterations. Not the printer:
 // the trainer decides which rank prints (and relays the loss terms to it).
@@ -35,12 +36,14 @@ class TrainingLog {
     double next_lr = 0;    // the learning rate the scheduler set after this step
     double loss_scale = 1;
     int64_t consumed_samples = 0;
+    int64_t batch_size = 0;  // the samples this iteration ran (the global batch, or its ramp-up)
   };
   using Values = std::vector<std::pair<std::string, double>>;
 
-  // flops_per_iteration: this rank's share of the model's FLOPs; peak_gflops: the MFU denominator.
-  TrainingLog(int64_t train_iters, int64_t global_batch_size, int64_t seq_length,
-              double flops_per_iteration, double peak_gflops);
+  // flops_per_sample: this rank's share of the model's FLOPs per sample (an iteration's are its
+  // batch size times this: batches vary under a ramp-up); peak_gflops: the MFU denominator.
+  TrainingLog(int64_t train_iters, int64_t seq_length, double flops_per_sample,
+              double peak_gflops);
 
   // Adds an iteration to the current interval.
   void add(const Step& s);
@@ -56,11 +59,11 @@ class TrainingLog {
   void tensorboard(TensorBoardWriter& tb, const Step& s) const;
 
  private:
-  int64_t train_iters_, gbs_;
-  double tokens_per_iteration_, flops_per_iteration_, peak_gflops_;
+  int64_t train_iters_, seq_length_;
+  double flops_per_sample_, peak_gflops_;
   Values sums_;  // per loss term, the sum of its values over successful iterations
   double seconds_ = 0;
-  int64_t iters_ = 0, skipped_ = 0, nan_ = 0;
+  int64_t iters_ = 0, skipped_ = 0, nan_ = 0, samples_ = 0;
 };
 
 }  // namespace megatron

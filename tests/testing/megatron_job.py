@@ -24,13 +24,25 @@ CRASH_MARKERS = ("terminate called", "core dumped", "Segmentation fault", "what(
 
 def flags_with(base, **overrides):
     """The flag dict `base` ({"--flag": "value" or None}) as an argv list, with flags replaced or
-    added: --foo-bar VALUE as foo_bar="VALUE", a valueless flag as foo_bar=True."""
+    added: --foo-bar VALUE as foo_bar="VALUE", a valueless flag as foo_bar=True, a flag of several
+    values as foo_bar=(V1, V2, ...)."""
     flags = dict(base)
     for key, value in overrides.items():
-        flags["--" + key.replace("_", "-")] = None if value is True else str(value)
+        if value is True:
+            value = None
+        elif isinstance(value, (list, tuple)):
+            value = [str(v) for v in value]
+        else:
+            value = str(value)
+        flags["--" + key.replace("_", "-")] = value
     out = []
     for flag, value in flags.items():
-        out += [flag] if value is None else [flag, value]
+        if value is None:
+            out.append(flag)
+        elif isinstance(value, list):
+            out += [flag, *value]
+        else:
+            out += [flag, value]
     return out
 
 
