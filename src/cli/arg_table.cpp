@@ -57,6 +57,30 @@ bool ArgTable::given(const std::string& flag) const {
   return false;
 }
 
+bool ArgTable::has(const std::string& flag) const {
+  for (const Entry& e : entries_)
+    if (e.flag == flag) return true;
+  return false;
+}
+
+std::vector<std::string> ArgTable::flags() const {
+  std::vector<std::string> out;
+  for (const Entry& e : entries_) out.push_back(e.flag);
+  return out;
+}
+
+std::string ArgTable::help_of(const std::string& flag) const {
+  for (const Entry& e : entries_)
+    if (e.flag == flag) return e.option->get_description();
+  return "";
+}
+
+std::string ArgTable::text_of(const std::string& flag) const {
+  for (const Entry& e : entries_)
+    if (e.flag == flag) return e.value();
+  return "";
+}
+
 std::string ArgTable::dest_of(const std::string& flag) {
   std::string d = flag.substr(flag.find_first_not_of('-'));
   std::replace(d.begin(), d.end(), '-', '_');
@@ -93,12 +117,64 @@ void ArgTable::print_dump() const {
   log_line("-------------------- end of arguments ---------------------");
 }
 
+namespace {
+
+// Edit distance (insertions, deletions, substitutions), for "did you mean".
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// "unknown flag --x" for each unexpected argument, with the closest flag of the command when one
+// is within a quarter of its length (at least 2 edits): typos and singular/plural slips.
+std::string unknown_flags_message(const CLI::App& app, const std::vector<std::string>& extras) {
+  std::vector<std::string> known;
+  for (const CLI::Option* opt : app.get_options()) {
+    for (const std::string& name : opt->get_lnames()) known.push_back("--" + name);
+  }
+  std::string out;
+  bool after_flag = false;  // the values of an unknown flag are not reported again
+  for (const std::string& arg : extras) {
+    if (arg.rfind("--", 0) != 0) {
+      if (!after_flag) out += (out.empty() ? "" : "; ") + ("unexpected argument '" + arg + "'");
+      continue;
+    }
+    after_flag = true;
+    if (!out.empty()) out += "; ";
+    const std::string flag = arg.substr(0, arg.find('='));
+    std::string best;
+    size_t best_distance = std::max<size_t>(2, flag.size() / 4) + 1;
+    for (const std::string& k : known) {
+      const size_t d = edit_distance(flag, k);
+      if (d < best_distance) best_distance = d, best = k;
+    }
+    out += "unknown flag " + flag + (best.empty() ? "" : " (did you mean " + best + "?)");
+  }
+  return out;
+}
+
+}  // namespace
+
 int parse_quietly(CLI::App& app, int argc, char** argv, std::string* message) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
     *message = app.help();
     return 0;
+  } catch (const CLI::ExtrasError& e) {
+    *message = unknown_flags_message(app, app.remaining()) + " (see `megatron " + app.get_name() +
+               " --help`)";
+    return 2;
   } catch (const CLI::ParseError& e) {
     *message = std::string(e.what()) + " (see `megatron " + app.get_name() + " --help`)";
     return 2;

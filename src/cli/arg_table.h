@@ -34,6 +34,12 @@ class ArgTable {
                      const std::string& help);
 
   bool given(const std::string& flag) const;
+  bool has(const std::string& flag) const;
+  // Every entry's flag, in registration order; one entry's help text and value as the dump
+  // prints it.
+  std::vector<std::string> flags() const;
+  std::string help_of(const std::string& flag) const;
+  std::string text_of(const std::string& flag) const;
   // The entries of `concern` (every entry when empty) as {dest: value}, JSON-typed: what a
   // checkpoint records of the run's arguments.
   nlohmann::json record(const std::string& concern = "") const;
@@ -84,7 +90,8 @@ class ArgTable {
 };
 
 // Parses argv with CLI11. Returns -1 to continue, or an exit code: 0 after --help, 2 after a
-// usage error (message on stderr naming the flag and suggesting --help).
+// usage error (message on stderr naming the flag and suggesting --help; an unknown flag close to
+// a known one gets "did you mean").
 int parse(CLI::App& app, int argc, char** argv);
 
 // parse() without printing, for a command that decides which rank prints: the same return

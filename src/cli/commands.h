@@ -9,5 +9,6 @@ int score_command(int argc, char** argv);
 int convert_command(int argc, char** argv);
 int bench_command(int argc, char** argv);
 int preprocess_command(int argc, char** argv);
+int flags_command(int argc, char** argv);
 
 }  // namespace megatron::cli

@@ -23,6 +23,7 @@ constexpr const char* kUsage =
     "  score       per-token log-probabilities of token sequences under a model\n"
     "  convert     Hugging Face model directory -> Hugging Face model directory via our layout\n"
     "  bench       measured peaks of this machine (bench gemm)\n"
+    "  flags       Megatron's flags and what `train` does with each (--markdown: docs/FLAGS.md)\n"
     "\n"
     "`megatron <command> --help` lists a command's flags; `megatron --version` prints what\n"
     "decides this build's arithmetic.\n";
@@ -54,6 +55,7 @@ int dispatch(int argc, char** argv) {
   if (cmd == "score") return score_command(argc - 1, argv + 1);
   if (cmd == "convert") return convert_command(argc - 1, argv + 1);
   if (cmd == "bench") return bench_command(argc - 1, argv + 1);
+  if (cmd == "flags") return flags_command(argc - 1, argv + 1);
   if (cmd == "preprocess") return preprocess_command(argc - 1, argv + 1);
   megatron::log_error("unknown command '" + cmd + "'");
   std::fputs(kUsage, stderr);

@@ -38,6 +38,11 @@ void register_model_args(ArgTable& t, Arguments& a) {
   t.add("--max-position-embeddings", a.max_position_embeddings,
         "Rows of the learned position embedding (default seq length)");
   t.add("--position-embedding-type", a.position_embedding_type, "learned_absolute, rope or none");
+  t.flag("--use-rotary-position-embeddings", a.use_rotary_position_embeddings,
+         "Legacy form of --position-embedding-type rope");
+  t.negative_flag("--no-position-embedding", "add_position_embedding", a.add_position_embedding,
+                  "Deprecated (use --position-embedding-type): allowed with rope only, where it "
+                  "changes nothing");
   t.add("--rotary-base", a.rotary_base, "RoPE base");
   t.add("--rotary-percent", a.rotary_percent, "Fraction of the head dimension RoPE rotates");
   t.add("--normalization", a.normalization, "LayerNorm or RMSNorm");
@@ -476,8 +481,10 @@ void validate_batch_schedule(Arguments& a, int64_t dp) {
     for (const BatchSchedule::Batch& b : schedule.all_batches()) {
       MEGATRON_CHECK(b.microbatches % pp == 0, "number of microbatches (", b.microbatches,
                      ") is not divisible by pipeline-model-parallel-size (", pp,
-                     ") when using interleaved schedule: global batch size ", b.running,
-                     rampup ? " (a step of --rampup-batch-size)" : " (--global-batch-size)",
+                     ") when using interleaved schedule: ",
+                     rampup ? "global batch size " + std::to_string(b.running) +
+                                  " (a step of --rampup-batch-size)"
+                            : "--global-batch-size (" + std::to_string(b.running) + ")",
                      " / (--micro-batch-size (", a.micro_batch_size, ") x data parallel size (", dp,
                      ")); choose batch sizes giving a multiple of ", pp, " micro-batches");
     }
@@ -562,6 +569,11 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
   MEGATRON_CHECK(a.eval_interval > 0, "--eval-interval must be positive, got ", a.eval_interval);
   MEGATRON_CHECK(a.eval_iters >= 0, "--eval-iters must be >= 0, got ", a.eval_iters);
   MEGATRON_CHECK(a.num_workers >= 0, "--num-workers must be >= 0, got ", a.num_workers);
+  // Megatron's legacy RoPE arguments.
+  if (a.use_rotary_position_embeddings) a.position_embedding_type = "rope";
+  MEGATRON_CHECK(a.add_position_embedding || a.position_embedding_type == "rope",
+                 "--no-position-embedding is deprecated, use --position-embedding-type (none for "
+                 "no position embedding)");
   MEGATRON_CHECK(a.num_layers > 0, "--num-layers is required (a positive integer)");
   MEGATRON_CHECK(a.hidden_size > 0, "--hidden-size is required (a positive integer)");
   MEGATRON_CHECK(a.num_attention_heads > 0,

@@ -5,6 +5,7 @@
 
 #include "cli/arg_table.h"
 #include "cli/commands.h"
+#include "cli/megatron_flags.h"
 #include "cli/train_args.h"
 #include "comm/agreement.h"
 #include "comm/mpi_runtime.h"
@@ -57,6 +58,8 @@ int run_train(int argc, char** argv, MpiRuntime& mpi) {
   Arguments args;
   ArgTable table(app);
   register_train_args(table, args);
+  const MegatronCompatFlags compat(table);  // the rest of Megatron's flags
+  std::vector<std::string> compat_lines;
   int rc = -1;
   std::string refusal, help;
   try {
@@ -64,6 +67,7 @@ int run_train(int argc, char** argv, MpiRuntime& mpi) {
     rc = parse_quietly(app, argc, argv, &message);
     (rc == 0 ? help : refusal) = message;
     if (rc < 0) {
+      compat_lines = compat.resolve();
       merge_pretrained_config(args, table);
       merge_checkpoint_args(args, table, mpi.rank() == 0);
       validate_train_args(args, mpi.world_size(), mpi.rank());
@@ -96,7 +100,10 @@ int run_train(int argc, char** argv, MpiRuntime& mpi) {
   auto parallel = std::make_shared<ParallelState>(mpi.world(), pc);
   set_num_threads(args.num_threads > 0 ? static_cast<int>(args.num_threads)
                                        : mpi.default_threads_per_rank());
-  if (mpi.rank() == 0) table.print_dump();
+  if (mpi.rank() == 0) {
+    table.print_dump();
+    for (const std::string& line : compat_lines) log_line(line);
+  }
   if (mpi.rank() == 0) log_line("[after megatron is initialized] datetime: " + timestamp());
   Trainer trainer(args, parallel);
   return trainer.train();

@@ -25,6 +25,8 @@ struct Arguments {
   int64_t seq_length = 0;
   int64_t max_position_embeddings = 0;  // 0: seq_length
   std::string position_embedding_type = "learned_absolute";
+  bool use_rotary_position_embeddings = false;  // legacy alias of --position-embedding-type rope
+  bool add_position_embedding = true;           // false with the deprecated --no-position-embedding
   double rotary_base = 10000;
   double rotary_percent = 1.0;
   std::string normalization = "LayerNorm";

@@ -1,0 +1,186 @@
+// The flag table parsed from the TSV compiled into the binary, its registration in the CLI, the
+// start-up lines and refusals, the consistency check and the Markdown page.
+#include "cli/megatron_flags.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace megatron::cli {
+
+namespace {
+
+constexpr const char* kTable =
+#include "megatron_flags_tsv.inc"
+    ;
+
+std::vector<MegatronFlag> parse_table() {
+  std::vector<MegatronFlag> rows;
+  std::istringstream in(kTable);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    std::vector<std::string> cols;
+    size_t at = 0;
+    for (size_t tab; (tab = line.find('\t', at)) != std::string::npos; at = tab + 1) {
+      cols.push_back(line.substr(at, tab - at));
+    }
+    cols.push_back(line.substr(at));
+    // A malformed row is a defect of the build, not of the user's input.
+    if (cols.size() != 5) throw std::logic_error("megatron_flags.tsv: malformed row: " + line);
+    rows.push_back(MegatronFlag{cols[0], cols[1], cols[2], cols[3], cols[4]});
+  }
+  return rows;
+}
+
+// "only V": the value accepted.
+std::string only_value(const MegatronFlag& row) {
+  return row.status.rfind("only ", 0) == 0 ? row.status.substr(5) : std::string();
+}
+
+std::string joined(const std::vector<std::string>& v) {
+  std::string s;
+  for (const std::string& x : v) s += (s.empty() ? "" : " ") + x;
+  return s;
+}
+
+}  // namespace
+
+const std::vector<MegatronFlag>& megatron_flags() {
+  static const std::vector<MegatronFlag> rows = parse_table();
+  return rows;
+}
+
+const std::vector<OwnFlag>& own_train_flags() {
+  static const std::vector<OwnFlag> own = {
+      {"--model", "the architecture; `megatron pretrain_gpt` sets it, as pretrain_gpt.py is"},
+      {"--num-threads", "OpenMP threads of each rank (Megatron's processes use one GPU each)"},
+      {"--gemm-peak-gflops", "the peak model-FLOPs utilisation is reported against"},
+      {"--exit-signal", "the signal --exit-signal-handler waits for (Megatron: SIGTERM only)"},
+      {"--verify-integrity", "checks every shard's SHA-256 on load"},
+      {"--save-hf", "writes the trained model as a Hugging Face directory at the end"},
+      {"--inject-fault", "testing hook for the fault-handling tests"},
+  };
+  return own;
+}
+
+MegatronCompatFlags::MegatronCompatFlags(ArgTable& table) : table_(table) {
+  table.concern("megatron-compat");
+  for (const MegatronFlag& row : megatron_flags()) {
+    if (row.status == "implemented" || table.has(row.flag)) continue;
+    const std::string help = "[Megatron flag, " +
+                             (row.status == "accepted" ? std::string("accepted") : row.status) +
+                             " here] " + row.note;
+    Registered r{&row};
+    if (row.values == "0") {
+      switches_.push_back(false);
+      r.on = &switches_.back();
+      table.flag(row.flag, *r.on, help);
+    } else if (row.values == "1") {
+      values_.emplace_back();
+      r.value = &values_.back();
+      table.add(row.flag, *r.value, help);
+    } else {
+      lists_.emplace_back();
+      r.list = &lists_.back();
+      table.add(row.flag, *r.list, help);
+    }
+    registered_.push_back(r);
+  }
+}
+
+std::vector<std::string> MegatronCompatFlags::resolve() const {
+  std::vector<std::string> lines;
+  for (const Registered& r : registered_) {
+    const MegatronFlag& row = *r.row;
+    if (!table_.given(row.flag)) continue;
+    const std::string value = r.on ? "" : r.value ? *r.value : joined(*r.list);
+    const std::string given = row.flag + (value.empty() ? "" : " " + value);
+    const std::string only = only_value(row);
+    if (row.status == "refused" || (!only.empty() && value != only)) {
+      MEGATRON_CHECK(false, given, ": ", row.note,
+                     only.empty() ? "" : " (only " + only + " is accepted)",
+                     "; drop the flag (docs/FLAGS.md lists every Megatron flag)");
+    }
+    lines.push_back(" > " + given + ": " + row.note);
+  }
+  return lines;
+}
+
+std::vector<std::string> check_megatron_flags(const ArgTable& train) {
+  std::vector<std::string> problems;
+  std::set<std::string> in_table;
+  for (const MegatronFlag& row : megatron_flags()) {
+    if (!in_table.insert(row.flag).second) problems.push_back(row.flag + ": listed twice");
+    const bool implemented = row.status == "implemented";
+    if (implemented && !train.has(row.flag)) {
+      problems.push_back(row.flag + ": the table says implemented, `megatron train` lacks it");
+    }
+    if (!implemented && train.has(row.flag)) {
+      problems.push_back(row.flag + ": `megatron train` implements it, the table says " +
+                         row.status);
+    }
+    if (!implemented && row.note.empty()) problems.push_back(row.flag + ": no note");
+    const bool known_status = implemented || row.status == "accepted" ||
+                              row.status == "refused" || !only_value(row).empty();
+    if (!known_status) problems.push_back(row.flag + ": unknown status '" + row.status + "'");
+  }
+  std::set<std::string> own;
+  for (const OwnFlag& f : own_train_flags()) own.insert(f.flag);
+  for (const std::string& flag : train.flags()) {
+    if (!in_table.count(flag) && !own.count(flag)) {
+      problems.push_back(flag + ": a flag of `megatron train` that is neither in Megatron's table "
+                                "nor listed as our own (own_train_flags)");
+    }
+  }
+  return problems;
+}
+
+std::string megatron_flags_markdown(const ArgTable& train) {
+  std::map<std::string, int> counts;
+  for (const MegatronFlag& row : megatron_flags()) {
+    ++counts[only_value(row).empty() ? row.status : "accepted with one value"];
+  }
+  std::ostringstream md;
+  md << "# Megatron's flags in megatron-cpp\n\n"
+     << "Every flag of Megatron-LM's `megatron/training/arguments.py` (core_r0.14.0), in its "
+        "order, and what `megatron train` (and `megatron pretrain_gpt`) does with it. Generated "
+        "by `megatron flags --markdown` from `src/cli/megatron_flags.tsv` and the flags "
+        "`megatron train` registers; the test suite fails when this page, the table or the "
+        "command disagree.\n\n"
+     << "- **implemented**: Megatron's meaning (the description is `megatron train --help`'s).\n"
+     << "- **accepted**: parsed; when given, one start-up line says what it means here (the "
+        "note).\n"
+     << "- **only V**: accepted with the value V; any other value is refused with the note.\n"
+     << "- **refused**: the run stops before it starts (exit code 2), naming the flag, with the "
+        "note.\n\n"
+     << "Counts: ";
+  bool first = true;
+  for (const auto& [status, n] : counts) {
+    md << (first ? "" : ", ") << n << " " << status;
+    first = false;
+  }
+  md << " (" << megatron_flags().size() << " flags).\n\n"
+     << "| flag | group | status | meaning here |\n|---|---|---|---|\n";
+  auto cell = [](std::string s) {
+    std::string out;
+    for (char c : s) out += c == '|' ? std::string("\\|") : std::string(1, c);
+    return out;
+  };
+  for (const MegatronFlag& row : megatron_flags()) {
+    const std::string meaning = row.status == "implemented" ? train.help_of(row.flag) : row.note;
+    md << "| `" << row.flag << "` | " << row.group << " | " << row.status << " | " << cell(meaning)
+       << " |\n";
+  }
+  md << "\n## Flags of megatron-cpp's own\n\n| flag | why | description |\n|---|---|---|\n";
+  for (const OwnFlag& f : own_train_flags()) {
+    md << "| `" << f.flag << "` | " << cell(f.why) << " | " << cell(train.help_of(f.flag))
+       << " |\n";
+  }
+  return md.str();
+}
+
+}  // namespace megatron::cli

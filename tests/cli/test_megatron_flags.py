@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""Megatron's flag table: every flag of Megatron's arguments.py has an answer, and the docs agree.
+
+What it is: checks of `megatron flags` and of `megatron train` against src/cli/megatron_flags.tsv
+(the list of Megatron-LM r0.14's arguments.py flags with our status for each):
+- `megatron flags --check` passes (the table and the flags `megatron train` registers agree:
+  implemented rows are registered flags, our own flags are listed as ours);
+- docs/FLAGS.md is exactly `megatron flags --markdown` (so the page cannot drift);
+- every accepted flag, all given at once to a real run, trains and prints its start-up line;
+- a refused flag (one of each group and note) exits 2 naming the flag, before training;
+- an "only V" flag runs with V and is refused with another value;
+- an unknown flag exits 2 naming it, with "did you mean" when a known flag is close.
+
+Usage: test_megatron_flags.py --megatron BUILD/megatron
+"""
+import argparse
+import os
+import subprocess
+import sys
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.join(HERE, "..", "..")
+TSV = os.path.join(ROOT, "src", "cli", "megatron_flags.tsv")
+DOC = os.path.join(ROOT, "docs", "FLAGS.md")
+MEGATRON = None
+TIMEOUT_S = 120
+BASE = ["--mock-data", "--vocab-size", "128", "--num-layers", "2", "--hidden-size", "64",
+        "--num-attention-heads", "4", "--seq-length", "32", "--micro-batch-size", "1",
+        "--train-iters", "2", "--lr", "1e-3", "--eval-iters", "0", "--num-threads", "1"]
+CRASH_MARKERS = ("terminate called", "core dumped", "Segmentation fault", "what():")
+
+
+def rows():
+    out = []
+    with open(TSV, encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("#") or not line.strip():
+                continue
+            flag, values, group, status, note = line.rstrip("\n").split("\t")
+            out.append(dict(flag=flag, values=values, group=group, status=status, note=note))
+    return out
+
+
+def run(*args):
+    return subprocess.run([MEGATRON, *args], capture_output=True, text=True, timeout=TIMEOUT_S,
+                          check=False)
+
+
+def with_value(row, value="1"):
+    """The flag as argv: a switch alone, otherwise with `value`."""
+    return [row["flag"]] if row["values"] == "0" else [row["flag"], value]
+
+
+class MegatronFlagsTest(unittest.TestCase):
+    def assertRefused(self, proc, *needles):
+        self.assertEqual(proc.returncode, 2, proc.stdout[-2000:] + proc.stderr[-2000:])
+        for n in needles:
+            self.assertIn(n, proc.stderr)
+        for m in CRASH_MARKERS:
+            self.assertNotIn(m, proc.stderr)
+        self.assertNotIn("training ...", proc.stdout)
+
+    def test_table_agrees_with_train(self):
+        proc = run("flags", "--check")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        table = rows()
+        self.assertEqual(len({r["flag"] for r in table}), len(table), "a flag listed twice")
+        self.assertGreater(len(table), 500)  # arguments.py r0.14 has 513 flags and one alias
+
+    def test_docs_are_generated_from_the_table(self):
+        proc = run("flags", "--markdown")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        with open(DOC, encoding="utf-8") as f:
+            self.assertEqual(f.read(), proc.stdout,
+                             "docs/FLAGS.md is stale: regenerate it with "
+                             "`build/megatron flags --markdown > docs/FLAGS.md`")
+        for r in rows():
+            self.assertIn(f"| `{r['flag']}` | {r['group']} | {r['status']} |", proc.stdout)
+
+    def test_every_accepted_flag_trains_and_says_what_it_means(self):
+        accepted = [r for r in rows() if r["status"] == "accepted"]
+        argv = list(BASE)
+        for r in accepted:
+            argv += with_value(r)
+        proc = run("train", *argv)
+        self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+        self.assertIn("iteration        2/", proc.stdout)
+        lines = proc.stdout.splitlines()
+        for r in accepted:
+            given = r["flag"] + ("" if r["values"] == "0" else " 1")
+            self.assertIn(f" > {given}: {r['note']}", lines, r["flag"])
+
+    def test_refused_flags_exit_2_naming_the_flag(self):
+        seen = set()
+        for r in rows():
+            if r["status"] != "refused" or (r["group"], r["note"]) in seen:
+                continue
+            seen.add((r["group"], r["note"]))
+            with self.subTest(flag=r["flag"]):
+                self.assertRefused(run("train", *BASE, *with_value(r, "2")), r["flag"], r["note"])
+        self.assertGreater(len(seen), 30)
+
+    def test_only_one_value(self):
+        only = [r for r in rows() if r["status"].startswith("only ")]
+        self.assertGreater(len(only), 5)
+        for r in only:
+            value = r["status"][len("only "):]
+            with self.subTest(flag=r["flag"]):
+                ok = run("train", *BASE, r["flag"], value)
+                self.assertEqual(ok.returncode, 0, ok.stderr[-2000:])
+                self.assertIn(f" > {r['flag']} {value}: {r['note']}", ok.stdout.splitlines())
+                self.assertRefused(run("train", *BASE, r["flag"], "other"), r["flag"],
+                                   f"only {value} is accepted")
+
+    def test_unknown_flags(self):
+        proc = run("train", *BASE, "--lr-warmup-iter", "3")
+        self.assertRefused(proc, "unknown flag --lr-warmup-iter",
+                           "did you mean --lr-warmup-iters?")
+        self.assertNotIn("'3'", proc.stderr)  # the unknown flag's value is not a second error
+        proc = run("train", *BASE, "--tensor-model-paralel-size", "2")
+        self.assertRefused(proc, "did you mean --tensor-model-parallel-size?")
+        proc = run("train", *BASE, "--no-such-flag")
+        self.assertRefused(proc, "unknown flag --no-such-flag")
+        self.assertNotIn("did you mean", proc.stderr)
+
+    def test_legacy_rope_flags(self):
+        # --use-rotary-position-embeddings is Megatron's legacy --position-embedding-type rope;
+        # --no-position-embedding is allowed with rope only.
+        proc = run("train", *BASE, "--use-rotary-position-embeddings", "--no-position-embedding")
+        self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
+        self.assertRegex(proc.stdout, r"position_embedding_type \.+ rope")
+        self.assertRefused(run("train", *BASE, "--no-position-embedding"),
+                           "--no-position-embedding is deprecated")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--megatron", required=True)
+    args, rest = parser.parse_known_args()
+    MEGATRON = os.path.abspath(args.megatron)
+    prog = unittest.main(argv=[sys.argv[0], *rest], exit=False)
+    sys.exit(0 if prog.result.wasSuccessful() else 1)
