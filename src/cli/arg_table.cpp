@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/logging.h"
+#include "train/arguments.h"
 
 namespace megatron::cli {
 
@@ -88,6 +89,7 @@ std::string ArgTable::dest_of(const std::string& flag) {
 }
 
 std::string ArgTable::to_text(double v) {
+  if (!is_set(v)) return "None";  // a float flag left unset (train/arguments.h kUnset)
   // Python's repr for the common cases: 0.1, 1e-05, 10000.0.
   char buf[64];
   std::snprintf(buf, sizeof(buf), "%.17g", v);

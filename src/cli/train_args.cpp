@@ -14,6 +14,7 @@
 #include "data/tokenizer.h"
 #include "models/model_spec.h"
 #include "parallel/context_parallel.h"
+#include "optim/lr_scheduler.h"
 #include "train/batch_schedule.h"
 #include "train/exit_signal.h"
 #include "train/fault_injection.h"
@@ -177,6 +178,18 @@ void register_train_args(ArgTable& t, Arguments& a) {
   t.add("--lr-wsd-decay-style", a.lr_wsd_decay_style,
         "WSD decay: exponential, linear, cosine, minus_sqrt");
   t.add("--weight-decay", a.weight_decay, "AdamW weight decay (not applied to biases and norms)");
+  t.add("--start-weight-decay", a.start_weight_decay,
+        "Weight decay at the start of training (with --weight-decay-incr-style linear/cosine)");
+  t.add("--end-weight-decay", a.end_weight_decay,
+        "Weight decay at the end of training (with --weight-decay-incr-style linear/cosine)");
+  t.add("--weight-decay-incr-style", a.weight_decay_incr_style,
+        "Weight decay from --start-weight-decay to --end-weight-decay over the training samples: "
+        "constant (--weight-decay throughout), linear or cosine");
+  t.add("--decoupled-lr", a.decoupled_lr,
+        "Peak learning rate of the word embeddings and the output layer (same schedule); "
+        "default --lr");
+  t.add("--decoupled-min-lr", a.decoupled_min_lr,
+        "Minimum learning rate of the word embeddings and the output layer; default --min-lr");
   t.add("--adam-beta1", a.adam_beta1, "Adam beta1");
   t.add("--adam-beta2", a.adam_beta2, "Adam beta2");
   t.add("--adam-eps", a.adam_eps, "Adam epsilon");
@@ -201,6 +214,8 @@ void register_train_args(ArgTable& t, Arguments& a) {
   t.add("--eval-interval", a.eval_interval, "Iterations between validation runs");
   t.add("--eval-iters", a.eval_iters,
         "Iterations (global batches) per validation run; 0: no evaluation");
+  t.flag("--skip-train", a.skip_train,
+         "No training: evaluate the weights (--load) on the validation and test data, once");
   t.concern("data");
   t.flag("--eod-mask-loss", a.eod_mask_loss, "No loss on end-of-document input tokens");
   t.concern("logging");
@@ -209,6 +224,25 @@ void register_train_args(ArgTable& t, Arguments& a) {
         "Iterations between TensorBoard points");
   t.flag("--log-throughput", a.log_throughput,
          "Accepted for compatibility: throughput is always logged");
+  t.flag("--log-params-norm", a.log_params_norm,
+         "Log the L2 norm of the (fp32 main) weights after each step");
+  t.flag("--log-num-zeros-in-grad", a.log_num_zeros_in_grad,
+         "Log the number of zero elements of the gradients");
+  t.flag("--log-progress", a.log_progress,
+         "Append job starts and checkpoint saves (with throughput, FLOPs and tokens so far) to "
+         "progress.txt in the --save directory");
+  t.flag("--log-timers-to-tensorboard", a.log_timers_to_tensorboard,
+         "Write the iteration time, throughput and (with --timing-log-level) each phase's time "
+         "to TensorBoard");
+  t.flag("--log-memory-to-tensorboard", a.log_memory_to_tensorboard,
+         "Write the resident memory (mem-reserved-bytes) and its peak (mem-max-allocated-bytes) "
+         "to TensorBoard");
+  t.flag("--log-validation-ppl-to-tensorboard", a.log_validation_ppl_to_tensorboard,
+         "Write the validation perplexity to TensorBoard");
+  t.flag("--log-world-size-to-tensorboard", a.log_world_size_to_tensorboard,
+         "Write the world size to TensorBoard");
+  t.negative_flag("--no-log-loss-scale-to-tensorboard", "log_loss_scale_to_tensorboard",
+                  a.log_loss_scale_to_tensorboard, "Do not write the loss scale to TensorBoard");
   t.add("--gemm-peak-gflops", a.gemm_peak_gflops,
         "GEMM peak (GFLOP/s) for model-FLOPs utilisation; default: measured at start-up");
   t.concern("checkpoint");
@@ -216,6 +250,9 @@ void register_train_args(ArgTable& t, Arguments& a) {
   t.add("--load", a.load, "Resume from the latest checkpoint under this directory");
   t.add("--save-interval", a.save_interval,
         "Iterations between checkpoints (default: one at the end of training)");
+  t.add("--save-retain-interval", a.save_retain_interval,
+        "Keep only the checkpoints of iterations divisible by this, and the latest (the others "
+        "are deleted once a newer one is saved)");
   t.negative_flag("--no-save-optim", "save_optim", a.save_optim,
                   "Do not save the optimizer state (weights and run state only)");
   t.negative_flag("--no-save-rng", "save_rng", a.save_rng, "Do not save the RNG state");
@@ -265,6 +302,12 @@ void validate_checkpoint_args(const Arguments& a) {
                  "format, torch_dist-like sharded checkpoints that load into any layout; drop the "
                  "flag");
   MEGATRON_CHECK(a.save_interval >= 0, "--save-interval must be >= 0, got ", a.save_interval);
+  if (a.save_retain_interval != 0) {
+    MEGATRON_CHECK(a.save_retain_interval > 0 && a.save_interval > 0 &&
+                       a.save_retain_interval % a.save_interval == 0,
+                   "--save-retain-interval (", a.save_retain_interval,
+                   ") must be a positive multiple of --save-interval (", a.save_interval, ")");
+  }
   MEGATRON_CHECK(a.exit_interval >= 0, "--exit-interval must be >= 0, got ", a.exit_interval);
   MEGATRON_CHECK(a.exit_duration_in_mins >= 0, "--exit-duration-in-mins must be >= 0, got ",
                  a.exit_duration_in_mins);
@@ -496,6 +539,34 @@ void validate_batch_schedule(Arguments& a, int64_t dp) {
   }
 }
 
+// The weight-decay increment and the decoupled learning rate (Megatron's validate_args and
+// OptimizerParamScheduler rules); a constant style sets both ends to --weight-decay.
+void validate_optimizer_schedules(Arguments& a) {
+  parse_weight_decay_incr_style(a.weight_decay_incr_style);
+  const bool ends = is_set(a.start_weight_decay) || is_set(a.end_weight_decay);
+  if (a.weight_decay_incr_style == "constant") {
+    MEGATRON_CHECK(!ends,
+                   "--start-weight-decay and --end-weight-decay need --weight-decay-incr-style "
+                   "linear or cosine (with the constant style the decay is --weight-decay)");
+    a.start_weight_decay = a.end_weight_decay = a.weight_decay;
+  } else {
+    MEGATRON_CHECK(is_set(a.start_weight_decay) && is_set(a.end_weight_decay),
+                   "--weight-decay-incr-style ", a.weight_decay_incr_style,
+                   " needs --start-weight-decay and --end-weight-decay");
+    MEGATRON_CHECK(a.start_weight_decay >= 0 && a.end_weight_decay >= a.start_weight_decay,
+                   "the weight decay increases: need 0 <= --start-weight-decay (",
+                   a.start_weight_decay, ") <= --end-weight-decay (", a.end_weight_decay, ")");
+  }
+  if (is_set(a.decoupled_lr)) {
+    const double min = is_set(a.decoupled_min_lr) ? a.decoupled_min_lr : a.min_lr;
+    MEGATRON_CHECK(a.decoupled_lr >= 0 && min >= 0 && min <= a.decoupled_lr,
+                   "--decoupled-min-lr (", min, is_set(a.decoupled_min_lr) ? "" : ", from --min-lr",
+                   ") must be in [0, --decoupled-lr = ", a.decoupled_lr, "]");
+    MEGATRON_CHECK(a.lr_warmup_init <= a.decoupled_lr, "--lr-warmup-init (", a.lr_warmup_init,
+                   ") must not exceed --decoupled-lr (", a.decoupled_lr, ")");
+  }
+}
+
 // Megatron's activation-recomputation rules (TransformerConfig.__post_init__, and its
 // --recompute-activations alias), with the flags named. per_stage: layers per pipeline stage.
 void validate_recompute(Arguments& a, int64_t per_stage) {
@@ -591,9 +662,13 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
                  "--ddp-bucket-size must be >= 0 elements (0: Megatron's default), got ",
                  a.ddp_bucket_size);
   MEGATRON_CHECK(a.optimizer == "adam", "--optimizer ", a.optimizer, " is not supported (adam)");
-  MEGATRON_CHECK(a.lr > 0, "--lr is required (a positive learning rate)");
+  // --lr 0 is allowed, as in Megatron: the weights stay as they are (the CLI requires the flag).
+  MEGATRON_CHECK(a.lr >= 0, "--lr must be >= 0, got ", a.lr);
   MEGATRON_CHECK(a.min_lr >= 0 && a.min_lr <= a.lr, "--min-lr (", a.min_lr,
                  ") must be in [0, --lr = ", a.lr, "]");
+  MEGATRON_CHECK(a.lr_warmup_init <= a.lr, "--lr-warmup-init (", a.lr_warmup_init,
+                 ") must not exceed --lr (", a.lr, ")");
+  validate_optimizer_schedules(a);
   MEGATRON_CHECK(!(a.lr_warmup_fraction >= 0 && a.lr_warmup_iters > 0),
                  "can only specify one of --lr-warmup-fraction and --lr-warmup-iters");
   MEGATRON_CHECK(a.lr_warmup_fraction < 0 || a.lr_warmup_fraction <= 1,

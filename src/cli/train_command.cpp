@@ -68,6 +68,8 @@ int run_train(int argc, char** argv, MpiRuntime& mpi) {
     (rc == 0 ? help : refusal) = message;
     if (rc < 0) {
       compat_lines = compat.resolve();
+      // --lr 0 is a valid learning rate (the weights stay fixed); a missing --lr is not.
+      MEGATRON_CHECK(table.given("--lr"), "--lr is required (the peak learning rate)");
       merge_pretrained_config(args, table);
       merge_checkpoint_args(args, table, mpi.rank() == 0);
       validate_train_args(args, mpi.world_size(), mpi.rank());

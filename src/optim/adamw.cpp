@@ -14,7 +14,7 @@ AdamW::AdamW(ParamSet& params, const AdamWConfig& cfg)
       exp_avg_(Tensor::zeros(params.main().shape(), params.main().dtype())),
       exp_avg_sq_(Tensor::zeros(params.main().shape(), params.main().dtype())) {}
 
-void AdamW::step(double lr, double grad_scale) {
+void AdamW::step(const StepRates& rates, double grad_scale) {
   ++step_;
   for (Param* p : params_.params()) {
     const int64_t off = params_.offset_of(*p);
@@ -22,11 +22,11 @@ void AdamW::step(double lr, double grad_scale) {
     Tensor m = exp_avg_.flat_view(off, {n}), v = exp_avg_sq_.flat_view(off, {n});
     Tensor w = p->main.view({n});
     ops::AdamWSpec spec;
-    spec.lr = static_cast<float>(lr);
+    spec.lr = static_cast<float>(rates.lr_of(*p));
     spec.beta1 = static_cast<float>(cfg_.beta1);
     spec.beta2 = static_cast<float>(cfg_.beta2);
     spec.eps = static_cast<float>(cfg_.eps);
-    spec.weight_decay = p->no_weight_decay ? 0.0f : static_cast<float>(cfg_.weight_decay);
+    spec.weight_decay = static_cast<float>(rates.decay_of(*p));
     spec.step = step_;
     spec.grad_scale = grad_scale;
     ops::adamw_step(w, m, v, p->main_grad.view({n}), spec);
@@ -42,6 +42,22 @@ double grad_sum_squares_unique(ParamSet& params) {
   double sum = 0;
   for (Param* p : params.params()) {
     if (!p->is_duplicate()) sum += ops::sum_squares(p->main_grad);
+  }
+  return sum;
+}
+
+int64_t grad_zeros_unique(ParamSet& params) {
+  int64_t zeros = 0;
+  for (Param* p : params.params()) {
+    if (!p->is_duplicate()) zeros += ops::count_zeros(p->main_grad);
+  }
+  return zeros;
+}
+
+double params_sum_squares_unique(ParamSet& params) {
+  double sum = 0;
+  for (Param* p : params.params()) {
+    if (!p->is_duplicate()) sum += ops::sum_squares(p->main);
   }
   return sum;
 }

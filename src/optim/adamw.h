@@ -17,14 +17,30 @@ struct AdamWConfig {
   double weight_decay = 0.01;  // --weight-decay
 };
 
+// One step's hyper-parameters from the schedules (Megatron's parameter groups): the learning
+// rate, the one of the word embeddings and output layer (--decoupled-lr; equal to lr without
+// it), and the weight decay (applied to parameters without no_weight_decay).
+struct StepRates {
+  double lr = 0;
+  double embedding_lr = 0;
+  double weight_decay = 0;
+  // The rate and decay of parameter p.
+  double lr_of(const Param& p) const { return p.is_embedding_or_output ? embedding_lr : lr; }
+  double decay_of(const Param& p) const { return p.no_weight_decay ? 0.0 : weight_decay; }
+};
+
 class AdamW {
  public:
   AdamW(ParamSet& params, const AdamWConfig& cfg);
 
   // One update of the main weights from main_grad * grad_scale (the clipping coefficient, see
-  // clip_coefficient; the gradients themselves are left as they are) with learning rate lr;
-  // refreshes the compute copy. Increments the step counter used for bias correction.
-  void step(double lr, double grad_scale = 1.0);
+  // clip_coefficient; the gradients themselves are left as they are) at `rates`; refreshes the
+  // compute copy. Increments the step counter used for bias correction.
+  void step(const StepRates& rates, double grad_scale = 1.0);
+  // The same with learning rate lr for every parameter and the configured weight decay.
+  void step(double lr, double grad_scale = 1.0) {
+    step(StepRates{lr, lr, cfg_.weight_decay}, grad_scale);
+  }
 
   int64_t steps() const { return step_; }
   // Restores the step counter (bias correction) from a checkpoint.
@@ -45,6 +61,12 @@ double grad_norm(ParamSet& params);
 // except duplicates (Param::is_duplicate), so that summing it over the model-parallel group counts
 // each element of the model once (Megatron's get_grad_norm_fp32).
 double grad_sum_squares_unique(ParamSet& params);
+// The zero elements of those same gradients (Megatron's count_zeros_fp32 before its model-parallel
+// sum), for --log-num-zeros-in-grad.
+int64_t grad_zeros_unique(ParamSet& params);
+// This rank's share of the squared norm of the fp32 main weights, each element of the model once
+// over the model-parallel group (Megatron's calc_params_l2_norm), for --log-params-norm.
+double params_sum_squares_unique(ParamSet& params);
 // Megatron's clip_grad_norm factor: max_norm / (norm + 1e-6) when that is < 1, else 1 (also when
 // max_norm <= 0: no clipping). The trainer passes it to the optimizer's step, which applies it as
 // it reads each gradient.

@@ -35,12 +35,11 @@ DistributedOptimizer::DistributedOptimizer(GradBuckets& buckets, const AdamWConf
   exp_avg_sq_ = Tensor::zeros({owned}, params_.main().dtype());
 }
 
-void DistributedOptimizer::step(double lr, double grad_scale) {
+void DistributedOptimizer::step(const StepRates& rates, double grad_scale) {
   ++step_;
   Tensor& main = params_.main();
   Tensor& grads = params_.grads();
   ops::AdamWSpec spec;
-  spec.lr = static_cast<float>(lr);
   spec.beta1 = static_cast<float>(cfg_.beta1);
   spec.beta2 = static_cast<float>(cfg_.beta2);
   spec.eps = static_cast<float>(cfg_.eps);
@@ -50,7 +49,8 @@ void DistributedOptimizer::step(double lr, double grad_scale) {
     Tensor w = main.flat_view(s.begin, {s.numel});
     Tensor m = exp_avg_.flat_view(s.state, {s.numel});
     Tensor v = exp_avg_sq_.flat_view(s.state, {s.numel});
-    spec.weight_decay = s.param->no_weight_decay ? 0.0f : static_cast<float>(cfg_.weight_decay);
+    spec.lr = static_cast<float>(rates.lr_of(*s.param));
+    spec.weight_decay = static_cast<float>(rates.decay_of(*s.param));
     ops::adamw_step(w, m, v, grads.flat_view(s.begin, {s.numel}), spec);
   }
   // Every rank gets every bucket's updated shards. All buckets in flight at once; each shard is
@@ -76,6 +76,15 @@ double DistributedOptimizer::grad_sum_squares_unique() const {
     if (!s.param->is_duplicate()) sum += ops::sum_squares(grads.flat_view(s.begin, {s.numel}));
   }
   return sum;
+}
+
+int64_t DistributedOptimizer::grad_zeros_unique() const {
+  const Tensor& grads = params_.grads();
+  int64_t zeros = 0;
+  for (const Segment& s : segments_) {
+    if (!s.param->is_duplicate()) zeros += ops::count_zeros(grads.flat_view(s.begin, {s.numel}));
+  }
+  return zeros;
 }
 
 void DistributedOptimizer::scale_grads(double factor) {

@@ -50,13 +50,20 @@ class DistributedOptimizer {
   DistributedOptimizer(GradBuckets& buckets, const AdamWConfig& cfg);
 
   // One AdamW update of the owned main weights from the owned (reduced) gradients times
-  // grad_scale (the clipping coefficient, clip_coefficient in adamw.h) with learning rate lr,
-  // then the all-gather of the main weights over DP and the compute-copy refresh. Collective over
-  // the data-parallel group. Increments the step counter (bias correction).
-  void step(double lr, double grad_scale = 1.0);
+  // grad_scale (the clipping coefficient, clip_coefficient in adamw.h) at `rates`, then the
+  // all-gather of the main weights over DP and the compute-copy refresh. Collective over the
+  // data-parallel group. Increments the step counter (bias correction).
+  void step(const StepRates& rates, double grad_scale = 1.0);
+  // The same with learning rate lr for every parameter and the configured weight decay.
+  void step(double lr, double grad_scale = 1.0) {
+    step(StepRates{lr, lr, cfg_.weight_decay}, grad_scale);
+  }
 
   // This rank's share of the squared global gradient norm (see the file comment), in double.
   double grad_sum_squares_unique() const;
+  // The zero elements of the owned gradient shards, duplicates left out (summed over DP by the
+  // caller, as the squares are).
+  int64_t grad_zeros_unique() const;
   // Scales the owned gradient shards (fp16 unscaling: factor 1 / loss scale).
   void scale_grads(double factor);
   // True when every owned gradient element is finite (the caller MAX-reduces the verdict over

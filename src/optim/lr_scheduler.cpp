@@ -29,6 +29,23 @@ WsdDecayStyle parse_wsd_decay_style(const std::string& s) {
   return WsdDecayStyle::kExponential;
 }
 
+WeightDecayIncrStyle parse_weight_decay_incr_style(const std::string& s) {
+  if (s == "constant") return WeightDecayIncrStyle::kConstant;
+  if (s == "linear") return WeightDecayIncrStyle::kLinear;
+  if (s == "cosine") return WeightDecayIncrStyle::kCosine;
+  MEGATRON_CHECK(false, "--weight-decay-incr-style: unknown style '", s,
+                 "'; choose constant, linear or cosine");
+  return WeightDecayIncrStyle::kConstant;
+}
+
+double WeightDecaySchedule::wd_at(int64_t samples) const {
+  if (samples > incr_samples || style == WeightDecayIncrStyle::kConstant) return end;
+  const double ratio = static_cast<double>(samples) / static_cast<double>(incr_samples);
+  const double coeff =
+      style == WeightDecayIncrStyle::kLinear ? ratio : 0.5 * (std::cos(M_PI * (1 - ratio)) + 1.0);
+  return start + coeff * (end - start);
+}
+
 double LrSchedule::lr_at(int64_t samples) const {
   const double n = static_cast<double>(samples);
   if (warmup_samples > 0 && n <= warmup_samples) {

@@ -13,9 +13,12 @@ namespace megatron {
 
 enum class LrDecayStyle : uint8_t { kConstant, kLinear, kCosine, kInverseSquareRoot, kWSD };
 enum class WsdDecayStyle : uint8_t { kExponential, kLinear, kCosine, kMinusSqrt };
+enum class WeightDecayIncrStyle : uint8_t { kConstant, kLinear, kCosine };
 
 LrDecayStyle parse_lr_decay_style(const std::string& s);    // error names --lr-decay-style
 WsdDecayStyle parse_wsd_decay_style(const std::string& s);  // error names --lr-wsd-decay-style
+// error names --weight-decay-incr-style
+WeightDecayIncrStyle parse_weight_decay_incr_style(const std::string& s);
 
 struct LrSchedule {
   double max_lr = 0;          // --lr
@@ -29,6 +32,17 @@ struct LrSchedule {
 
   // Learning rate after `samples` training samples have been consumed.
   double lr_at(int64_t samples) const;
+};
+
+// Megatron's weight-decay increment (OptimizerParamScheduler.get_wd): from start to end over
+// incr_samples, linearly or along a half cosine; end after that; constant: start == end.
+struct WeightDecaySchedule {
+  double start = 0;          // --start-weight-decay (--weight-decay when constant)
+  double end = 0;            // --end-weight-decay
+  int64_t incr_samples = 0;  // the training samples (train iterations x global batch)
+  WeightDecayIncrStyle style = WeightDecayIncrStyle::kConstant;
+
+  double wd_at(int64_t samples) const;
 };
 
 }  // namespace megatron

@@ -322,4 +322,9 @@ double sum_squares(const Tensor& x) {
   const OpTimer timer(OpCategory::kOptimizer);
   MEGATRON_DISPATCH(device_of("sum_squares", {&x}), sum_squares(x));
 }
+
+int64_t count_zeros(const Tensor& x) {
+  const OpTimer timer(OpCategory::kOptimizer);
+  MEGATRON_DISPATCH(device_of("count_zeros", {&x}), count_zeros(x));
+}
 }  // namespace megatron::ops

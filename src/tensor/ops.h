@@ -242,5 +242,7 @@ void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor
                 const AdamWSpec& spec);
 // sum of squares of every element, accumulated in double.
 double sum_squares(const Tensor& x);
+// The number of elements equal to zero (Megatron's --log-num-zeros-in-grad).
+int64_t count_zeros(const Tensor& x);
 
 }  // namespace megatron::ops

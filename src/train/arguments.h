@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -11,6 +12,10 @@
 #include <nlohmann/json.hpp>
 
 namespace megatron {
+
+// A float flag Megatron leaves at None until given (printed "None" in the argument dump).
+inline constexpr double kUnset = std::numeric_limits<double>::quiet_NaN();
+inline bool is_set(double v) { return v == v; }
 
 struct Arguments {
   // ---- model ----
@@ -77,6 +82,11 @@ struct Arguments {
   int64_t lr_wsd_decay_iters = 0;
   std::string lr_wsd_decay_style = "exponential";
   double weight_decay = 0.01;
+  double start_weight_decay = kUnset;  // with --weight-decay-incr-style linear or cosine
+  double end_weight_decay = kUnset;
+  std::string weight_decay_incr_style = "constant";
+  double decoupled_lr = kUnset;      // LR of the word embeddings and output layer; unset: --lr
+  double decoupled_min_lr = kUnset;  // their minimum; unset: --min-lr
   double adam_beta1 = 0.9;
   double adam_beta2 = 0.999;
   double adam_eps = 1e-8;
@@ -99,12 +109,14 @@ struct Arguments {
   // ---- evaluation ----
   int64_t eval_interval = 1000;
   int64_t eval_iters = 100;
+  bool skip_train = false;  // evaluate the loaded checkpoint on validation and test data only
 
   // ---- checkpoints (see src/train/checkpointing.h) ----
   std::string pretrained_checkpoint;  // Hugging Face model directory to start from
   std::string save;                   // --save: checkpoint root; empty: no checkpoints
   std::string load;                   // --load: checkpoint root to resume from
   int64_t save_interval = 0;          // iterations between saves; 0: only at the end
+  int64_t save_retain_interval = 0;   // keep only these multiples (and the latest); 0: keep all
   bool save_optim = true;             // false with --no-save-optim
   bool save_rng = true;               // false with --no-save-rng
   bool load_optim = true;             // false with --no-load-optim
@@ -128,6 +140,14 @@ struct Arguments {
   std::string tensorboard_dir;
   int64_t tensorboard_log_interval = 1;
   bool log_throughput = false;
+  bool log_params_norm = false;        // "params norm" in the iteration line and TensorBoard
+  bool log_num_zeros_in_grad = false;  // "num zeros" of the gradients
+  bool log_progress = false;           // SAVE/progress.txt (Megatron's progress log)
+  bool log_timers_to_tensorboard = false;
+  bool log_memory_to_tensorboard = false;
+  bool log_validation_ppl_to_tensorboard = false;
+  bool log_world_size_to_tensorboard = false;
+  bool log_loss_scale_to_tensorboard = true;  // false with --no-log-loss-scale-to-tensorboard
   std::string save_hf;      // write the trained weights as a Hugging Face directory
   int64_t num_threads = 0;  // OpenMP threads; 0: cores available to this rank
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <csignal>
+#include <filesystem>
 
 #include "comm/agreement.h"
 #include "core/error.h"
@@ -145,7 +146,9 @@ nlohmann::json run_state_json(const RunState& s) {
                       {"consumed_valid_samples", s.consumed_valid_samples},
                       {"consumed_test_samples", s.consumed_test_samples},
                       {"scheduler_samples", s.scheduler_samples},
-                      {"optimizer_steps", s.optimizer_steps}};
+                      {"optimizer_steps", s.optimizer_steps},
+                      {"skipped_train_samples", s.skipped_train_samples},
+                      {"floating_point_operations", s.floating_point_operations}};
   j["loss_scaler"] = nullptr;
   if (s.loss_scaler) {
     j["loss_scaler"] = {{"scale", s.loss_scaler->scale},
@@ -167,6 +170,8 @@ RunState run_state_from_json(const nlohmann::json& meta, const std::string& wher
     s.consumed_test_samples = j.at("consumed_test_samples").get<int64_t>();
     s.scheduler_samples = j.at("scheduler_samples").get<int64_t>();
     s.optimizer_steps = j.at("optimizer_steps").get<int64_t>();
+    s.skipped_train_samples = j.value("skipped_train_samples", int64_t{0});
+    s.floating_point_operations = j.value("floating_point_operations", 0.0);
     if (!j.at("loss_scaler").is_null()) {
       const nlohmann::json& l = j.at("loss_scaler");
       s.loss_scaler =
@@ -186,6 +191,7 @@ Checkpointer::Checkpointer(std::shared_ptr<ParallelState> parallel, const Argume
       root_(args.save),
       async_(args.async_save),
       save_optim_(args.save_optim),
+      retain_interval_(args.save_retain_interval),
       target_(target),
       fault_(fault) {}
 
@@ -264,6 +270,9 @@ void Checkpointer::finish() {
 }
 
 void Checkpointer::commit(InFlight& f) {
+  // The checkpoint the tracker names until this one commits (--save-retain-interval).
+  int64_t previous = 0;  // 0: none to consider
+  if (retain_interval_ > 0 && parallel_->rank() == 0) previous = cp::read_tracker(root_).value_or(0);
   int64_t bytes = 0;
   try {
     bytes = cp::commit_save(parallel_->world_group(), root_, f.iteration, f.staging, f.record,
@@ -292,6 +301,27 @@ void Checkpointer::commit(InFlight& f) {
       line += strprintf("; training waited %.3f s for the host copy", f.blocking_seconds);
     }
     log_line(line);
+    if (async_ && progress_) progress_->committed_async(f.iteration);
+    // Megatron keeps the multiples of the retain interval and the latest: the checkpoint the
+    // tracker pointed to before is deleted unless it is one of them. A failed deletion is
+    // reported and training goes on.
+    if (previous > 0 && previous != f.iteration && previous % retain_interval_ != 0) {
+      const std::string dir = cp::iteration_dir(root_, previous);
+      std::error_code ec;
+      if (std::filesystem::is_symlink(dir, ec)) {
+        log_line(strprintf("  skipping deleting checkpoint from iteration %7ld at %s since it is "
+                           "a symbolic link",
+                           static_cast<long>(previous), root_.c_str()));
+      } else if (std::filesystem::remove_all(dir, ec); ec) {
+        log_line(strprintf("  encountered exception \"%s\" when trying to delete checkpoint from "
+                           "iteration %7ld at %s",
+                           ec.message().c_str(), static_cast<long>(previous), root_.c_str()));
+      } else {
+        log_line(strprintf("  successfully deleted checkpoint from iteration %7ld at %s",
+                           static_cast<long>(previous), root_.c_str()));
+        if (progress_) progress_->deleted_checkpoint(previous);
+      }
+    }
   }
 }
 

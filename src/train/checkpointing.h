@@ -36,6 +36,7 @@
 #include "parallel/param.h"
 #include "train/arguments.h"
 #include "train/fault_injection.h"
+#include "train/progress_log.h"
 #include "transformer/config.h"
 
 namespace megatron {
@@ -45,6 +46,10 @@ struct RunState {
   int64_t consumed_train_samples = 0, consumed_valid_samples = 0, consumed_test_samples = 0;
   int64_t scheduler_samples = 0;  // samples the LR schedule has advanced by (successful steps)
   int64_t optimizer_steps = 0;
+  // Megatron's skipped_train_samples (--decrease-batch-size-if-needed) and
+  // num_floating_point_operations_so_far (--log-progress throughput); 0 in older checkpoints.
+  int64_t skipped_train_samples = 0;
+  double floating_point_operations = 0;
   std::optional<LossScalerState> loss_scaler;  // --fp16 runs
   std::optional<uint64_t> rng_seed;            // absent with --no-save-rng
 };
@@ -99,6 +104,8 @@ class Checkpointer {
   void finish();
   // The iteration of the last save this run committed or started; -1 when none.
   int64_t last_saved_iteration() const { return last_saved_; }
+  // --log-progress: commits of async saves and deletions are appended to it (rank 0).
+  void set_progress_log(ProgressLog* log) { progress_ = log; }
 
  private:
   struct InFlight {
@@ -119,6 +126,8 @@ class Checkpointer {
   std::shared_ptr<ParallelState> parallel_;
   std::string root_;
   bool async_, save_optim_;
+  int64_t retain_interval_;          // --save-retain-interval; 0: keep every checkpoint
+  ProgressLog* progress_ = nullptr;  // --log-progress
   CheckpointTarget target_;
   FaultInjection fault_;
   std::unique_ptr<InFlight> in_flight_;

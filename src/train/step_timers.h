@@ -20,9 +20,20 @@ namespace megatron {
 
 class StepTimers {
  public:
+  struct Extremes {
+    std::string name;
+    double min_ms = 0, max_ms = 0;  // per iteration of the interval, over the ranks
+  };
+
   void add(const std::string& name, double seconds);
-  // Collective over `world`. Lines of the report (header first), per iteration of the interval.
-  std::vector<std::string> report(ProcessGroup& world, int64_t iterations) const;
+  // Collective over `world`: each phase's (min, max) over the ranks, per iteration.
+  std::vector<Extremes> reduce(ProcessGroup& world, int64_t iterations) const;
+  // Lines of the report (header first).
+  static std::vector<std::string> format(const std::vector<Extremes>& times);
+  // reduce() then format().
+  std::vector<std::string> report(ProcessGroup& world, int64_t iterations) const {
+    return format(reduce(world, iterations));
+  }
   void reset() { entries_.clear(); }
 
  private:

@@ -294,6 +294,7 @@ void Trainer::build_optimizer() {
   grad_buckets_->set_reduce_in_bf16(args_.grad_reduce_in_bf16);
   executor_ = std::make_unique<PipelineExecutor>(ps.pp_group(), virtual_stages_);
 
+  // The weight decay of each step comes from the schedule (StepRates); this is the constant one.
   const AdamWConfig adam{args_.adam_beta1, args_.adam_beta2, args_.adam_eps, args_.weight_decay};
   if (distributed) {
     dist_optimizer_ = std::make_unique<DistributedOptimizer>(*grad_buckets_, adam);
@@ -337,6 +338,26 @@ void Trainer::build_schedule() {
       args_.lr_warmup_fraction >= 0
           ? args_.lr_warmup_fraction * static_cast<double>(schedule_.decay_samples)
           : warmup;
+  // Megatron's decoupled parameter group: the same schedule between other bounds.
+  if (is_set(args_.decoupled_lr)) {
+    decoupled_schedule_ = schedule_;
+    decoupled_schedule_->max_lr = args_.decoupled_lr;
+    decoupled_schedule_->min_lr =
+        is_set(args_.decoupled_min_lr) ? args_.decoupled_min_lr : args_.min_lr;
+  }
+  // The weight decay grows over all training samples (validated: start and end are set).
+  wd_schedule_.start = args_.start_weight_decay;
+  wd_schedule_.end = args_.end_weight_decay;
+  wd_schedule_.incr_samples = args_.train_samples > 0
+                                  ? args_.train_samples
+                                  : args_.train_iters * args_.global_batch_size;
+  wd_schedule_.style = parse_weight_decay_incr_style(args_.weight_decay_incr_style);
+}
+
+StepRates Trainer::rates_at(int64_t samples) const {
+  const double lr = schedule_.lr_at(samples);
+  return StepRates{lr, decoupled_schedule_ ? decoupled_schedule_->lr_at(samples) : lr,
+                   wd_schedule_.wd_at(samples)};
 }
 
 // --load, --save, the watchdog and the exit signal.
@@ -347,6 +368,10 @@ void Trainer::build_checkpointing() {
         parallel_, args_,
         CheckpointTarget{params_.get(), optimizer_.get(), dist_optimizer_.get(), grad_rank_},
         fault_);
+    if (args_.log_progress && first_rank_) {
+      progress_ = std::make_unique<ProgressLog>(args_.save, parallel_->world_size());
+      checkpointer_->set_progress_log(progress_.get());
+    }
   }
   // The watchdog aborts the whole job (MPI_Abort from its thread: the main thread is stuck).
   watchdog_ =
@@ -490,6 +515,13 @@ void Trainer::reduce_loss_stats(LossTerms* terms) {
   *terms = reduced;
 }
 
+double Trainer::params_norm() const {
+  Tensor sq = Tensor::empty({1}, DType::kF64);
+  sq.data<double>()[0] = params_sum_squares_unique(*params_);
+  parallel_->model_parallel_group().all_reduce(sq);
+  return std::sqrt(sq.data<double>()[0]);
+}
+
 double Trainer::comm_seconds() const {
   const ParallelState& ps = *parallel_;
   double s = ps.world_group().busy_seconds() + ps.tp_group().busy_seconds() +
@@ -522,7 +554,7 @@ void Trainer::add_op_times(const std::array<double, kOpCategories>& before) {
 }
 
 Trainer::StepResult Trainer::train_step(int64_t iteration, const BatchSchedule::Batch& batch,
-                                        double lr) {
+                                        const StepRates& rates) {
   StepResult r;
   const double comm0 = comm_seconds();
   const double cp0 = cp_busy_seconds();
@@ -616,12 +648,25 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, const BatchSchedule::
                     static_cast<long>(iteration)));
     }
   }
+  if (args_.log_num_zeros_in_grad) {
+    // Counted as the norm is: each element once over the model-parallel group (the distributed
+    // optimizer's shards summed over DP first). Clipping scales, it keeps zeros zero.
+    Tensor zeros = Tensor::empty({1}, DType::kI64);
+    if (dist_optimizer_) {
+      zeros.data<int64_t>()[0] = dist_optimizer_->grad_zeros_unique();
+      parallel_->dp_cp_group().all_reduce(zeros);
+    } else {
+      zeros.data<int64_t>()[0] = grad_zeros_unique(*params_);
+    }
+    parallel_->model_parallel_group().all_reduce(zeros);
+    r.num_zeros = zeros.data<int64_t>()[0];
+  }
   // Clipping rides along with the update (one pass over the gradients instead of two).
   const double clip = clip_coefficient(args_.clip_grad, r.grad_norm);
   if (dist_optimizer_) {
-    dist_optimizer_->step(lr, clip);
+    dist_optimizer_->step(rates, clip);
   } else {
-    optimizer_->step(lr, clip);
+    optimizer_->step(rates, clip);
   }
   timers_.add("optimizer", phase.elapsed());
   timers_.add("communication (all groups)", comm_seconds() - comm0);
@@ -672,14 +717,19 @@ void Trainer::evaluate_and_print(const std::string& prefix, const SampleSource& 
   }
   const std::string dashes(line.size() + 1, '-');
   log_first(dashes + "\n" + line + "\n" + dashes);
-  if (tensorboard_) {
+  // Megatron writes no evaluation of a --skip-train run to TensorBoard; the perplexity only
+  // with --log-validation-ppl-to-tensorboard.
+  if (tensorboard_ && !args_.skip_train) {
     for (const auto& [name, value] : values) {
       const double ppl = std::exp(std::min(20.0, value));
-      tensorboard_->add_scalars({{name + " validation", value}, {name + " validation ppl", ppl}},
-                                iteration);
-      tensorboard_->add_scalars(
-          {{name + " validation vs samples", value}, {name + " validation ppl vs samples", ppl}},
-          consumed_train_);
+      TrainingLog::Values by_iter{{name + " validation", value}};
+      TrainingLog::Values by_samples{{name + " validation vs samples", value}};
+      if (args_.log_validation_ppl_to_tensorboard) {
+        by_iter.emplace_back(name + " validation ppl", ppl);
+        by_samples.emplace_back(name + " validation ppl vs samples", ppl);
+      }
+      tensorboard_->add_scalars(by_iter, iteration);
+      tensorboard_->add_scalars(by_samples, consumed_train_);
     }
     tensorboard_->flush();
   }
@@ -771,6 +821,8 @@ void Trainer::load_checkpoint() {
     consumed_test_ = loaded->consumed_test_samples;
     // Megatron restores the LR schedule with the optimizer.
     if (args_.load_optim) scheduler_samples_ = loaded->scheduler_samples;
+    skipped_train_samples_ = loaded->skipped_train_samples;
+    flops_so_far_ = flops_at_start_ = loaded->floating_point_operations;
     if (args_.load_rng && loaded->rng_seed) dropout_seed_ = *loaded->rng_seed;
   }
   log_first(
@@ -787,6 +839,8 @@ RunState Trainer::run_state(int64_t iteration) const {
   s.consumed_valid_samples = consumed_valid_;
   s.consumed_test_samples = consumed_test_;
   s.scheduler_samples = scheduler_samples_;
+  s.skipped_train_samples = skipped_train_samples_;
+  s.floating_point_operations = flops_so_far_;
   s.optimizer_steps = optimizer_ ? optimizer_->steps() : dist_optimizer_->steps();
   if (scaler_) s.loss_scaler = scaler_->state();
   if (args_.save_rng) s.rng_seed = dropout_seed_;
@@ -815,6 +869,11 @@ nlohmann::json Trainer::checkpoint_extra() const {
 void Trainer::save_checkpoint(int64_t iteration) {
   watchdog_->enter("save-checkpoint", iteration);
   checkpointer_->save(run_state(iteration), checkpoint_extra());
+  if (progress_) {
+    progress_->saved_checkpoint(iteration, flops_so_far_, flops_at_start_, train_timer_.elapsed(),
+                                static_cast<double>(consumed_train_ * cfg_.seq_length),
+                                args_.async_save);
+  }
 }
 
 int Trainer::exit_decision(int64_t it) {
@@ -854,11 +913,18 @@ void Trainer::log_iteration(TrainingLog& log, const TrainingLog::Step& step) {
   const int64_t iterations = log.interval_iterations();
   std::string line = log.close_interval(step, relay_to_first_rank(log.interval_means()));
   if (args_.timing_log_level > 0) {
-    for (const std::string& l : timers_.report(parallel_->world_group(), iterations)) {
-      line += "\n" + l;
+    const std::vector<StepTimers::Extremes> times =
+        timers_.reduce(parallel_->world_group(), iterations);
+    for (const std::string& l : StepTimers::format(times)) line += "\n" + l;
+    // Megatron's timers.write: each phase's slowest rank, seconds per iteration.
+    if (tensorboard_ && args_.log_timers_to_tensorboard) {
+      TrainingLog::Values points;
+      for (const StepTimers::Extremes& t : times) points.emplace_back(t.name + "-time", t.max_ms / 1e3);
+      tensorboard_->add_scalars(points, step.iteration);
     }
   }
   log_first(line);
+  if (tensorboard_) log.interval_tensorboard(*tensorboard_, step.iteration);
   timers_.reset();
   // As Megatron: once, after the first logging interval of the run.
   if (!memory_reported_) {
@@ -869,14 +935,31 @@ void Trainer::log_iteration(TrainingLog& log, const TrainingLog::Step& step) {
 }
 
 int Trainer::train() {
+  if (progress_) progress_->starting_job();
+  if (args_.skip_train) {
+    // Megatron's --skip-train: the loaded weights evaluated once, nothing trained or saved.
+    log_first("skipping training (--skip-train is on) ...");
+    final_evaluations(start_iteration_);
+    if (tensorboard_) tensorboard_->close();
+    watchdog_->disarm();
+    return kExitOk;
+  }
   log_first("[before the start of training step] datetime: " + timestamp());
   log_first("training ...");
   // Per rank, as Megatron's "throughput per GPU": the model's FLOPs shared by every rank.
   const int64_t gbs = args_.global_batch_size;
-  TrainingLog log(args_.train_iters, cfg_.seq_length,
-                  spec_->flops_per_iteration(cfg_, gbs) / static_cast<double>(gbs) /
-                      parallel_->world_size(),
-                  peak_gflops_);
+  const double flops_per_sample =
+      spec_->flops_per_iteration(cfg_, gbs) / static_cast<double>(gbs);
+  TrainingLog::Options options;
+  options.train_iters = args_.train_iters;
+  options.seq_length = cfg_.seq_length;
+  options.flops_per_sample = flops_per_sample / parallel_->world_size();
+  options.peak_gflops = peak_gflops_;
+  options.loss_scale_to_tensorboard = args_.log_loss_scale_to_tensorboard;
+  options.timers_to_tensorboard = args_.log_timers_to_tensorboard;
+  options.memory_to_tensorboard = args_.log_memory_to_tensorboard;
+  if (args_.log_world_size_to_tensorboard) options.world_size = parallel_->world_size();
+  TrainingLog log(options);
   if (needs_data_ && parallel_->tp_rank() == 0) {
     prefetcher_ =
         std::make_unique<BatchPrefetcher>(*data_.train, make_batch_, args_.micro_batch_size,
@@ -905,21 +988,29 @@ int Trainer::train() {
     Timer timer;
     // The schedule advances only on successful steps (an fp16 step skipped for overflow does
     // not count), as Megatron's optimizer-parameter scheduler does.
-    const StepResult r = train_step(it, batch, schedule_.lr_at(scheduler_samples_));
+    const StepResult r = train_step(it, batch, rates_at(scheduler_samples_));
     consumed_train_ += batch.running;
+    skipped_train_samples_ += batch.global - batch.running;
+    flops_so_far_ += flops_per_sample * static_cast<double>(batch.running);
     if (!r.skipped) scheduler_samples_ += batch.running;
     losses_.push_back(r.loss);
     // Megatron prints the learning rate the scheduler set after this step, for the next one.
-    const TrainingLog::Step step{it,
-                                 &r.terms,
-                                 r.loss,
-                                 r.grad_norm,
-                                 r.skipped,
-                                 timer.elapsed(),
-                                 schedule_.lr_at(scheduler_samples_),
-                                 scaler_ ? scaler_->scale() : 1.0,
-                                 consumed_train_,
-                                 batch.running};
+    const StepRates next = rates_at(scheduler_samples_);
+    TrainingLog::Step step;
+    step.iteration = it;
+    step.terms = &r.terms;
+    step.loss = r.loss;
+    step.grad_norm = r.grad_norm;
+    step.skipped = r.skipped;
+    step.seconds = timer.elapsed();
+    step.next_lr = next.lr;
+    if (decoupled_schedule_) step.next_decoupled_lr = next.embedding_lr;
+    step.loss_scale = scaler_ ? scaler_->scale() : 1.0;
+    step.consumed_samples = consumed_train_;
+    step.skipped_samples = skipped_train_samples_;
+    step.batch_size = batch.running;
+    step.num_zeros = r.skipped ? -1 : r.num_zeros;
+    if (args_.log_params_norm) step.params_norm = params_norm();
     log.add(step);
     if (tensorboard_ && it % args_.tensorboard_log_interval == 0)
       log.tensorboard(*tensorboard_, step);
@@ -943,6 +1034,19 @@ int Trainer::train() {
   return finish_training();
 }
 
+void Trainer::final_evaluations(int64_t iteration) {
+  watchdog_->enter("evaluation", iteration);
+  const long it = static_cast<long>(iteration);
+  if (data_.valid && args_.eval_iters > 0) {
+    evaluate_and_print(strprintf("iteration %ld on validation set", it), *data_.valid,
+                       &consumed_valid_, iteration);
+  }
+  if (data_.test && args_.eval_iters > 0) {
+    evaluate_and_print(strprintf("iteration %ld on test set", it), *data_.test, &consumed_test_,
+                       iteration);
+  }
+}
+
 int Trainer::finish_training() {
   prefetcher_.reset();
   const int64_t final_iteration = std::max(start_iteration_, args_.train_iters);
@@ -957,17 +1061,8 @@ int Trainer::finish_training() {
     watchdog_->enter("save-checkpoint", final_iteration);
     checkpointer_->finish();
   }
-  watchdog_->enter("evaluation", final_iteration);
   log_first("[after training is done] datetime: " + timestamp());
-  const long last = static_cast<long>(final_iteration);
-  if (data_.valid && args_.eval_iters > 0) {
-    evaluate_and_print(strprintf("iteration %ld on validation set", last), *data_.valid,
-                       &consumed_valid_, final_iteration);
-  }
-  if (data_.test && args_.eval_iters > 0) {
-    evaluate_and_print(strprintf("iteration %ld on test set", last), *data_.test, &consumed_test_,
-                       final_iteration);
-  }
+  final_evaluations(final_iteration);
   if (tensorboard_) tensorboard_->close();
   if (!args_.save_hf.empty() && first_rank_) {
     spec_->hf.save(args_.save_hf, *chunks_.front(), "", std::nullopt);

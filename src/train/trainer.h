@@ -39,6 +39,7 @@
 #include "train/datasets.h"
 #include "train/exit_signal.h"
 #include "train/fault_injection.h"
+#include "train/progress_log.h"
 #include "train/step_timers.h"
 #include "train/tensorboard_writer.h"
 #include "train/training_log.h"
@@ -72,6 +73,7 @@ class Trainer {
     double loss = 0;  // the objective: the first term's value
     double grad_norm = 0;
     bool skipped = false;  // fp16 overflow: no update, the LR schedule does not advance
+    int64_t num_zeros = -1;  // --log-num-zeros-in-grad (-1: not counted)
   };
   // The constructor's parts, in order.
   void build_model();
@@ -90,12 +92,17 @@ class Trainer {
   // Seconds spent in context-parallel communication so far (the CP group and a2a+p2p's groups).
   double cp_busy_seconds() const;
   // One iteration over `batch` (its micro-batch count is num_microbatches_).
-  StepResult train_step(int64_t iteration, const BatchSchedule::Batch& batch, double lr);
+  StepResult train_step(int64_t iteration, const BatchSchedule::Batch& batch,
+                        const StepRates& rates);
+  // The schedules' rates after `samples` samples: LR, decoupled LR, weight decay.
+  StepRates rates_at(int64_t samples) const;
   // The iteration line closing the log interval at `step` (with the timers' report), the
   // memory report after the first interval; collective over the world.
   void log_iteration(TrainingLog& log, const TrainingLog::Step& step);
   // After the last iteration: the final save, the validation and test evaluations, --save-hf.
   int finish_training();
+  // The validation and test evaluations at the end of training (or of --skip-train).
+  void final_evaluations(int64_t iteration);
   // --timing-log-level 2: seconds inside each op category so far, and the step's share of them
   // added to the timers.
   std::array<double, kOpCategories> op_times() const;
@@ -107,6 +114,9 @@ class Trainer {
                                       const std::function<TensorMap(int64_t)>& read);
   // After backward: data-parallel average, sequence-parallel and shared-embedding sums.
   void finish_gradients();
+  // --log-params-norm: the L2 norm of the fp32 main weights, each element of the model once
+  // (every rank holds whole main weights after a step). Collective over the model-parallel group.
+  double params_norm() const;
   // Sums (loss, tokens) over the data-parallel replicas of the last stage.
   void reduce_loss_stats(LossTerms* terms);
   std::vector<Action> schedule() const;
@@ -179,6 +189,8 @@ class Trainer {
   std::unique_ptr<AdamW> optimizer_;                      // plain optimizer, or
   std::unique_ptr<DistributedOptimizer> dist_optimizer_;  // --use-distributed-optimizer
   LrSchedule schedule_;
+  std::optional<LrSchedule> decoupled_schedule_;  // --decoupled-lr: embeddings and output layer
+  WeightDecaySchedule wd_schedule_;
   Datasets data_;
   std::unique_ptr<TensorBoardWriter> tensorboard_;
   std::unique_ptr<BatchPrefetcher> prefetcher_;
@@ -187,10 +199,14 @@ class Trainer {
   int64_t eval_microbatches_ = 1;                // evaluation takes whole --global-batch-size batches
   int64_t consumed_valid_ = 0, consumed_test_ = 0;
   int64_t consumed_train_ = 0;
+  int64_t skipped_train_samples_ = 0;  // left out by --decrease-batch-size-if-needed
+  double flops_so_far_ = 0;            // the model's FLOPs of every iteration trained
+  double flops_at_start_ = 0;          // ... when this job started (for --log-progress)
   int64_t start_iteration_ = 0;    // the loaded checkpoint's iteration (0 without --load)
   int64_t loaded_iteration_ = -1;  // -1: nothing loaded
   uint64_t dropout_seed_ = 0;      // --seed, or the loaded RNG state
   std::unique_ptr<Checkpointer> checkpointer_;  // --save
+  std::unique_ptr<ProgressLog> progress_;       // --log-progress with --save, on rank 0
   std::unique_ptr<Watchdog> watchdog_;
   std::unique_ptr<ExitSignalHandler> exit_signal_;  // --exit-signal-handler
   Timer train_timer_;                               // for --exit-duration-in-mins

@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "core/error.h"
 #include "optim/adamw.h"
 #include "optim/lr_scheduler.h"
 
@@ -92,6 +93,48 @@ TEST(AdamWGroups, NoWeightDecayOnBiasesAndNorms) {
   opt.step(0.1);
   EXPECT_FLOAT_EQ(static_cast<float>(w.main.item(0)), 1.0f - 0.1f * 0.5f);
   EXPECT_FLOAT_EQ(static_cast<float>(b.main.item(0)), 1.0f);
+}
+
+TEST(AdamWGroups, DecoupledRateForEmbeddingsAndOutputAndScheduledDecay) {
+  // Zero gradients again: each weight moves by -lr x decay x w, with its group's lr and decay.
+  Param emb, w, b;
+  emb.name = "embedding.word_embeddings.weight";
+  emb.shape = {4};
+  emb.is_embedding_or_output = true;
+  w.name = "w";
+  w.shape = {4};
+  b.name = "b";
+  b.shape = {4};
+  b.no_weight_decay = true;
+  ParamSet set({&emb, &w, &b}, DType::kF32);
+  for (Param* p : {&emb, &w, &b}) p->main.fill(1.0);
+  AdamW opt(set, AdamWConfig{0.9, 0.999, 1e-8, 0.5});
+  opt.step(StepRates{0.1, 0.3, 0.25});
+  EXPECT_FLOAT_EQ(static_cast<float>(emb.main.item(0)), 1.0f - 0.3f * 0.25f);
+  EXPECT_FLOAT_EQ(static_cast<float>(w.main.item(0)), 1.0f - 0.1f * 0.25f);
+  EXPECT_FLOAT_EQ(static_cast<float>(b.main.item(0)), 1.0f);
+  // --lr 0 (and a decoupled 0): nothing moves, bit for bit.
+  opt.step(StepRates{0.0, 0.0, 0.25});
+  EXPECT_EQ(static_cast<float>(w.main.item(0)), 1.0f - 0.1f * 0.25f);
+}
+
+TEST(WeightDecaySchedule, MegatronIncrementStyles) {
+  // OptimizerParamScheduler.get_wd: start + coeff x (end - start), coeff = ratio (linear) or
+  // 0.5 (cos(pi (1 - ratio)) + 1) (cosine), ratio = samples / incr; end after incr samples.
+  WeightDecaySchedule s{0.1, 0.5, 1000, WeightDecayIncrStyle::kLinear};
+  EXPECT_DOUBLE_EQ(s.wd_at(0), 0.1);
+  EXPECT_DOUBLE_EQ(s.wd_at(250), 0.1 + 0.25 * 0.4);
+  EXPECT_DOUBLE_EQ(s.wd_at(1000), 0.5);
+  EXPECT_DOUBLE_EQ(s.wd_at(5000), 0.5);
+  s.style = WeightDecayIncrStyle::kCosine;
+  EXPECT_DOUBLE_EQ(s.wd_at(0), 0.1);
+  EXPECT_NEAR(s.wd_at(250), 0.1 + 0.5 * (std::cos(M_PI * 0.75) + 1.0) * 0.4, 1e-15);
+  EXPECT_NEAR(s.wd_at(500), 0.3, 1e-15);
+  EXPECT_DOUBLE_EQ(s.wd_at(1001), 0.5);
+  const WeightDecaySchedule constant{0.2, 0.2, 1000, WeightDecayIncrStyle::kConstant};
+  EXPECT_DOUBLE_EQ(constant.wd_at(0), 0.2);
+  EXPECT_DOUBLE_EQ(constant.wd_at(700), 0.2);
+  EXPECT_THROW(parse_weight_decay_incr_style("exp"), InvalidArgument);
 }
 
 TEST(GradClip, ScalesOnlyAboveTheThreshold) {

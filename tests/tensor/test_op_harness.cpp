@@ -263,14 +263,16 @@ void register_lookups_and_copies() {
     // The mask is f32 at every place (ops.h: masked_sum's mask is f32).
     Tensor mask = random_tensor(s, 16, 1.0, DType::kF32);
     for (int64_t i = 0; i < mask.numel(); ++i) mask.data<float>()[i] = mask.data<float>()[i] > 0;
-    add({"masked_sum, sum_squares", dims(s),
+    // count_zeros on the mask, about half of whose elements are 0.
+    add({"masked_sum, sum_squares, count_zeros", dims(s),
          [=](const Place& p) {
            const ops::MaskedSum ms = ops::masked_sum(p(x), mask.to(p.device));
            auto scalar = [&](double v) { return Tensor::full({1}, v, DType::kF64, p.device); };
-           return std::vector<Tensor>{scalar(ms.sum), scalar(ms.count),
-                                      scalar(ops::sum_squares(p(x)))};
+           return std::vector<Tensor>{
+               scalar(ms.sum), scalar(ms.count), scalar(ops::sum_squares(p(x))),
+               scalar(static_cast<double>(ops::count_zeros(p(mask.to(DType::kF64)))))};
          }},
-        {"masked_sum", "sum_squares"});
+        {"masked_sum", "sum_squares", "count_zeros"});
   }
 }
 

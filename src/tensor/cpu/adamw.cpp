@@ -63,4 +63,15 @@ double sum_squares(const Tensor& x) {
   return total;
 }
 
+int64_t count_zeros(const Tensor& x) {
+  const int64_t n = x.numel();
+  int64_t zeros = 0;
+  cpu::dispatch_float(x, "count_zeros", [&]<typename T>() {
+    const T* p = x.data<T>();
+#pragma omp parallel for schedule(static) reduction(+ : zeros)
+    for (int64_t i = 0; i < n; ++i) zeros += static_cast<float>(p[i]) == 0.0f;
+  });
+  return zeros;
+}
+
 }  // namespace megatron::cpu

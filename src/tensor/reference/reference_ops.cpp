@@ -444,4 +444,11 @@ double sum_squares(const Tensor& x) {
   return s;
 }
 
+int64_t count_zeros(const Tensor& x) {
+  f64("count_zeros", {&x});
+  int64_t n = 0;
+  for (int64_t i = 0; i < x.numel(); ++i) n += P(x)[i] == 0.0;
+  return n;
+}
+
 }  // namespace megatron::reference

@@ -75,5 +75,6 @@ void concat_last_dim(Tensor& out, const std::vector<Tensor>& parts);
 void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad,
                 const AdamWSpec& spec);
 double sum_squares(const Tensor& x);
+int64_t count_zeros(const Tensor& x);
 
 }  // namespace megatron::reference

@@ -1,0 +1,208 @@
+#!/usr/bin/env python3
+"""Megatron's optimizer, logging and checkpoint-retention flags, end to end.
+
+What it is: `megatron pretrain_gpt` on mock data, alone and under mpiexec, checked against the
+independent checkpoint reader (tests/testing/checkpoint_reader.py), the independent TensorBoard
+decoder (tests/train/decode_tfevents.py) and restatements of Megatron's rules:
+- --lr 0 leaves every weight bit for bit as initialised (a 1- and a 3-iteration run save the
+  same tensors); --lr 0 --decoupled-lr X moves exactly the word embeddings and the output layer
+  (Megatron's is_embedding_or_output_parameter group) and prints "decoupled learning rate";
+- --weight-decay-incr-style linear with start == end equals the constant style digit for digit,
+  and start 0 / end 0.5 differs from both constant 0 and constant 0.5 (the decay really
+  follows the schedule);
+- --log-params-norm equals the L2 norm of the saved fp32 weights (each element once, so the
+  same for one process and tp2 x pp2), to the 3 printed decimals;
+- --log-num-zeros-in-grad is the same count in every layout (tp2, pp2, dp2 with the
+  distributed optimizer) and at least the never-looked-up padded embedding rows;
+- --skip-train on a checkpoint prints the validation and test losses the training run printed
+  at its end, and trains nothing;
+- --save-retain-interval keeps the multiples and the latest checkpoint; --log-progress writes
+  Megatron's progress.txt lines;
+- the TensorBoard flags add (and --no-log-loss-scale-to-tensorboard removes) their tags.
+
+Usage: test_training_flags.py --megatron BUILD/megatron --mpiexec MPIEXEC
+"""
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "testing"))
+import checkpoint_reader  # noqa: E402
+import megatron_job  # noqa: E402
+import megatron_log  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+DECODE_TFEVENTS = os.path.join(HERE, "..", "train", "decode_tfevents.py")
+MEGATRON = None
+MPIEXEC = None
+TIMEOUT_S = 180
+# Vocabulary 100 padded to 128 (a multiple of 64 x tp for tp 1 and 2, so every layout pads the
+# same): with untied embeddings rows 100..127 of the word embeddings are never looked up, so their
+# gradient is exactly zero.
+BASE = {"--mock-data": None, "--vocab-size": "100", "--num-layers": "2", "--hidden-size": "64",
+        "--num-attention-heads": "4", "--seq-length": "32", "--micro-batch-size": "1",
+        "--global-batch-size": "4", "--train-iters": "3", "--log-interval": "1", "--lr": "1e-2",
+        "--eval-iters": "1", "--eval-interval": "100", "--num-threads": "1",
+        "--untie-embeddings-and-output-weights": None, "--make-vocab-size-divisible-by": "64"}
+
+
+def weights(path):
+    """{name: array} of the model's tensors of a checkpoint (optimizer state left out)."""
+    _, tensors = checkpoint_reader.read_checkpoint(path)
+    return {k: v for k, v in tensors.items() if k.startswith("model.")}
+
+
+class TrainingFlagsTest(unittest.TestCase):
+    def setUp(self):
+        self._tmp = tempfile.TemporaryDirectory(prefix="megatron_flags_")
+        self.tmp = self._tmp.name
+
+    def tearDown(self):
+        self._tmp.cleanup()
+
+    def train(self, ranks=1, **overrides):
+        proc = megatron_job.run_train(MEGATRON, MPIEXEC, ranks,
+                                      megatron_job.flags_with(BASE, **overrides), TIMEOUT_S)
+        self.assertEqual(proc.returncode, 0, proc.stdout[-3000:] + proc.stderr[-3000:])
+        return proc
+
+    def test_lr_zero_and_decoupled_lr(self):
+        one, three, dec = (os.path.join(self.tmp, n) for n in ("one", "three", "dec"))
+        self.train(lr=0, train_iters=1, save=one)
+        self.train(lr=0, save=three)
+        proc = self.train(lr=0, decoupled_lr="1e-2", save=dec)
+        a, b, c = weights(one), weights(three), weights(dec)
+        self.assertEqual(sorted(a), sorted(b))
+        for name in a:
+            self.assertTrue(np.array_equal(a[name], b[name]), f"--lr 0 moved {name}")
+        moved = sorted(n for n in a if not np.array_equal(a[n], c[n]))
+        self.assertEqual(moved, ["model.embedding.word_embeddings.weight",
+                                 "model.output_layer.weight"])
+        lines = megatron_log.iteration_lines(proc.stdout, range(1, 4))
+        for it, f in lines.items():
+            self.assertEqual(float(f["learning rate"]), 0.0)
+            # The decoupled rate follows the same (linear, to 0) schedule from 1e-2.
+            self.assertAlmostEqual(float(f["decoupled learning rate"]), 1e-2 * (3 - it) / 3,
+                                   delta=1e-8)
+
+    def test_weight_decay_increment(self):
+        common = dict(train_iters=4, weight_decay="0.5")
+        const = megatron_log.loss_curve(self.train(**common).stdout, 4)
+        same = megatron_log.loss_curve(self.train(
+            **common, weight_decay_incr_style="linear", start_weight_decay="0.5",
+            end_weight_decay="0.5").stdout, 4)
+        self.assertEqual(const, same)
+        zero = megatron_log.loss_curve(self.train(train_iters=4, weight_decay="0").stdout, 4)
+        ramp = megatron_log.loss_curve(self.train(
+            train_iters=4, weight_decay_incr_style="cosine", start_weight_decay="0",
+            end_weight_decay="0.5").stdout, 4)
+        # Iteration 1 has decay 0 in both zero and ramp; later steps apply the ramp's decay.
+        self.assertEqual(ramp[1], zero[1])
+        self.assertNotEqual(ramp[4], zero[4])
+        self.assertNotEqual(ramp[4], const[4])
+
+    def test_params_norm_matches_the_saved_weights_in_every_layout(self):
+        for name, ranks, layout in (("single", 1, {}),
+                                    ("tp2pp2", 4, dict(tensor_model_parallel_size=2,
+                                                       pipeline_model_parallel_size=2))):
+            with self.subTest(layout=name):
+                save = os.path.join(self.tmp, name)
+                proc = self.train(ranks=ranks, log_params_norm=True, save=save, **layout)
+                printed = float(megatron_log.iteration_lines(proc.stdout, range(1, 4))[3]
+                                ["params norm"])
+                w = weights(save)
+                norm = math.sqrt(sum(float(np.sum(v.astype(np.float64) ** 2)) for v in w.values()))
+                self.assertLess(abs(printed - norm), 1e-3, f"{name}: printed {printed}, saved {norm}")
+
+    def test_num_zeros_is_layout_invariant(self):
+        counts = {}
+        for name, ranks, layout in (("single", 1, {}),
+                                    ("tp2", 2, dict(tensor_model_parallel_size=2)),
+                                    ("pp2", 2, dict(pipeline_model_parallel_size=2)),
+                                    ("dp2 distributed optimizer", 2,
+                                     dict(use_distributed_optimizer=True))):
+            proc = self.train(ranks=ranks, log_num_zeros_in_grad=True, **layout)
+            lines = megatron_log.iteration_lines(proc.stdout, range(1, 4))
+            counts[name] = [int(lines[it]["num zeros"]) for it in sorted(lines)]
+        self.assertEqual(len(set(map(tuple, counts.values()))), 1, counts)
+        self.assertGreaterEqual(min(counts["single"]), 28 * 64)  # the padded embedding rows
+
+    def test_skip_train_evaluates_the_checkpoint(self):
+        save = os.path.join(self.tmp, "ckpt")
+        trained = self.train(save=save, eval_iters=2)
+        skipped = self.train(load=save, skip_train=True, eval_iters=2)
+        self.assertIn("skipping training (--skip-train is on) ...", skipped.stdout)
+        self.assertEqual(megatron_log.iteration_lines(skipped.stdout), {})
+        self.assertEqual(megatron_log.validation_losses(skipped.stdout),
+                         megatron_log.validation_losses(trained.stdout)[-2:])
+        self.assertEqual(megatron_log.validation_losses(skipped.stdout)[0][0],
+                         "iteration 3 on validation set")
+
+    def test_retention_and_progress_log(self):
+        save = os.path.join(self.tmp, "ckpt")
+        proc = self.train(train_iters=7, save=save, save_interval=1, save_retain_interval=3,
+                          log_progress=True)
+        kept = sorted(d for d in os.listdir(save) if d.startswith("iter_"))
+        self.assertEqual(kept, ["iter_0000003", "iter_0000006", "iter_0000007"])
+        for it in (1, 2, 4, 5):
+            self.assertIn(f"successfully deleted checkpoint from iteration {it:7d}", proc.stdout)
+        with open(os.path.join(save, "progress.txt"), encoding="utf-8") as f:
+            rows = [line.rstrip("\n").split("\t") for line in f]
+        for r in rows:
+            self.assertRegex(r[0], r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d$")
+            self.assertRegex(r[1], r"^Job ID: ")
+            self.assertEqual(r[2], "# GPUs: 1")
+        events = [(r[3], r[4] if len(r) > 4 else "") for r in rows]
+        self.assertEqual(events[0], ("Starting job", ""))
+        saved = [int(e[1].split(": ")[1]) for e in events if e[0] == "Saved checkpoint"]
+        deleted = [int(e[1].split(": ")[1]) for e in events if e[0] == "Deleted checkpoint"]
+        self.assertEqual(saved, list(range(1, 8)))
+        self.assertEqual(deleted, [1, 2, 4, 5])
+        last = rows[-1]
+        self.assertRegex(last[5], r"^Job throughput: \d+\.\d TFLOP/s/GPU$")
+        self.assertRegex(last[6], r"^Cumulative throughput: \d+\.\d TFLOP/s/GPU$")
+        self.assertRegex(last[7], r"^Floating-point operations: \d\.\d\de[+-]\d\d$")
+        self.assertEqual(last[8], f"Tokens (in billions): {7 * 4 * 32 / 1e9:.2f}")
+        # A second job appends its start and continues the FLOP count from the checkpoint.
+        self.train(train_iters=8, load=save, save=save, save_interval=1, log_progress=True)
+        with open(os.path.join(save, "progress.txt"), encoding="utf-8") as f:
+            rows2 = [line.rstrip("\n").split("\t") for line in f]
+        self.assertEqual(rows2[len(rows)][3], "Starting job")
+        flops = [float(r[7].split(": ")[1]) for r in rows2 if r[3] == "Saved checkpoint"]
+        self.assertAlmostEqual(flops[-1] / flops[-2], 8 / 7, places=2)
+
+    def tags(self, tb):
+        dec = subprocess.run([sys.executable, DECODE_TFEVENTS, tb], capture_output=True,
+                             text=True, timeout=TIMEOUT_S, check=False)
+        self.assertEqual(dec.returncode, 0, dec.stderr)
+        return {json.loads(line)["tag"] for line in dec.stdout.splitlines() if line.strip()}
+
+    def test_tensorboard_flags(self):
+        plain = os.path.join(self.tmp, "plain")
+        self.train(tensorboard_dir=plain, eval_interval=2)
+        flagged = os.path.join(self.tmp, "flagged")
+        self.train(tensorboard_dir=flagged, eval_interval=2, log_params_norm=True,
+                   log_num_zeros_in_grad=True, log_timers_to_tensorboard=True,
+                   log_memory_to_tensorboard=True, log_validation_ppl_to_tensorboard=True,
+                   log_world_size_to_tensorboard=True, no_log_loss_scale_to_tensorboard=True,
+                   decoupled_lr="1e-3", timing_log_level=1)
+        a, b = self.tags(plain), self.tags(flagged)
+        self.assertIn("loss-scale", a)
+        self.assertIn("lm loss validation", a)
+        added = {"params-norm", "num-zeros", "iteration-time", "throughput", "world-size",
+                 "mem-reserved-bytes", "mem-max-allocated-bytes", "lm loss validation ppl",
+                 "decoupled-learning-rate", "forward-backward-time"}
+        self.assertEqual(added & a, set())
+        self.assertEqual(added - b, set())
+        self.assertNotIn("loss-scale", b)
+
+
+if __name__ == "__main__":
+    sys.exit(megatron_job.main(sys.modules[__name__]))
