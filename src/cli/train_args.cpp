@@ -476,7 +476,8 @@ int64_t validate_parallel_layout(Arguments& a, int world_size, int rank) {
   return dp;
 }
 
-// Iteration- or sample-based training (Megatron's validate_args rules, in its words) and the
+// Iteration- or sample-based training (Megatron's validate_args rules, in its words, but for the
+// ramp-up with --train-iters, which runs) and the
 // batch schedule: every global batch it runs splits into micro-batch x data-parallel pieces (and
 // into a multiple of the pipeline size when interleaving). Sample-based training sets
 // --train-iters from the schedule, as Megatron's update_train_iters does.
@@ -496,9 +497,9 @@ void validate_batch_schedule(Arguments& a, int64_t dp) {
     MEGATRON_CHECK(a.lr_wsd_decay_samples == 0,
                    "--lr-wsd-decay-samples needs --train-samples (with --train-iters use "
                    "--lr-wsd-decay-iters)");
-    MEGATRON_CHECK(a.rampup_batch_size.empty(),
-                   "expected no batch-size rampup for iteration-based training: "
-                   "--rampup-batch-size needs --train-samples instead of --train-iters");
+    // Megatron r0.14 asserts against --rampup-batch-size with --train-iters, yet its own GPT-3
+    // example passes both; here the pair runs (see Trainer: --train-iters iterations, each with
+    // the ramp-up's batch).
   } else {
     MEGATRON_CHECK(a.train_iters == 0,
                    "expected sample-based training: give --train-iters or --train-samples, not "

@@ -152,6 +152,12 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
   log_first(batch_schedule_->describe());
   if (args_.train_samples > 0) {
     log_first(strprintf("setting training iterations to %ld", static_cast<long>(args_.train_iters)));
+  } else if (batch_schedule_->ramps_up()) {
+    log_first(
+        " > --rampup-batch-size with --train-iters (Megatron r0.14 asserts against the pair, "
+        "though its GPT-3 example passes both): --train-iters iterations, each of the ramp-up's "
+        "batch; the LR schedule's lengths are iterations x --global-batch-size, as Megatron's "
+        "iteration-based schedule counts them");
   }
   // The final (largest) batch: what the memory estimate must hold.
   num_microbatches_ = batch_schedule_->all_batches().back().microbatches;

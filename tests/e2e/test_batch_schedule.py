@@ -15,9 +15,11 @@ What it is: `megatron pretrain_gpt` on mock data, 2 ranks (data parallel 2):
   iteration-based run with the same schedule digit for digit.
 - --decrease-batch-size-if-needed: a ramp-up step that does not split over micro-batch x data
   parallel is refused without it and rounded down with it.
-- refusals (exit 2, the flag named): ramp-up with --train-iters, both --train-iters and
-  --train-samples, iteration-based LR lengths with sample-based training, a ramp-up that does
-  not reach the global batch in whole increments.
+- a ramp-up with --train-iters (which Megatron's GPT-3 example passes, though Megatron asserts
+  against it) runs --train-iters iterations with the calculator's batches.
+- refusals (exit 2, the flag named): both --train-iters and --train-samples, iteration-based LR
+  lengths with sample-based training and the reverse, a ramp-up that does not reach the global
+  batch in whole increments.
 
 Usage: test_batch_schedule.py --megatron BUILD/megatron --mpiexec MPIEXEC
 """
@@ -127,6 +129,15 @@ class BatchScheduleTest(unittest.TestCase):
         self.assertEqual(megatron_log.validation_losses(by_iters.stdout),
                          megatron_log.validation_losses(by_samples.stdout))
 
+    def test_rampup_with_train_iters(self):
+        # Megatron's GPT-3 example passes --rampup-batch-size with --train-iters: the iterations
+        # are --train-iters, each with the ramp-up's batch.
+        proc = self.train(global_batch_size=8, train_iters=10, rampup_batch_size=(2, 2, 20))
+        lines = megatron_log.iteration_lines(proc.stdout, range(1, 11))
+        want = rampup_batches(2, 2, 20, 8, 10**9)[:10]
+        self.assertEqual([int(lines[it]["global batch size"]) for it in range(1, 11)], want)
+        self.assertIn("--rampup-batch-size with --train-iters", proc.stdout)
+
     def test_decrease_batch_size_if_needed(self):
         # Steps 2, 5, 8: 5 does not split over 2 data-parallel ranks of micro-batch 1.
         flags = dict(global_batch_size=8, train_samples=40, rampup_batch_size=(2, 3, 8))
@@ -142,8 +153,6 @@ class BatchScheduleTest(unittest.TestCase):
 
     def test_refusals(self):
         cases = [
-            (dict(global_batch_size=8, train_iters=5, rampup_batch_size=(2, 2, 20)),
-             "--rampup-batch-size needs --train-samples"),
             (dict(global_batch_size=8, train_iters=5, train_samples=40), "not both"),
             (dict(global_batch_size=8, train_samples=40, lr_warmup_iters=2),
              "--lr-warmup-samples instead of --lr-warmup-iters"),
