@@ -48,6 +48,9 @@ void register_model_args(ArgTable& t, Arguments& a) {
   t.add("--rotary-percent", a.rotary_percent, "Fraction of the head dimension RoPE rotates");
   t.add("--normalization", a.normalization, "LayerNorm or RMSNorm");
   t.add("--norm-epsilon", a.norm_epsilon, "Epsilon of the norms");
+  t.flag("--apply-layernorm-1p", a.apply_layernorm_1p,
+         "Norm weights centred on zero: the scale is 1 + weight, the weight starts at 0 (better "
+         "conditioned in low precision); exported to Hugging Face as 1 + weight");
   t.flag("--swiglu", a.swiglu, "SwiGLU MLP activation");
   t.flag("--openai-gelu", a.openai_gelu, "tanh-approximated GELU (GPT-2's gelu_new)");
   t.flag("--disable-bias-linear", a.disable_bias_linear, "No biases in linear layers");

@@ -36,6 +36,7 @@ struct Arguments {
   double rotary_percent = 1.0;
   std::string normalization = "LayerNorm";
   double norm_epsilon = 1e-5;
+  bool apply_layernorm_1p = false;  // norm weights centred on zero (gamma = 1 + weight)
   bool swiglu = false;
   bool openai_gelu = false;
   bool disable_bias_linear = false;

@@ -26,6 +26,7 @@ const char* const kShapeKeys[] = {"num_layers",
                                   "max_position_embeddings",
                                   "position_embedding_type",
                                   "normalization",
+                                  "apply_layernorm_1p",
                                   "swiglu",
                                   "add_bias_linear",
                                   "add_qkv_bias",
@@ -60,6 +61,7 @@ nlohmann::json model_args_json(const Arguments& a, const TransformerConfig& cfg)
           {"rotary_percent", cfg.rotary_percent},
           {"normalization", a.normalization},
           {"norm_epsilon", cfg.norm_epsilon},
+          {"apply_layernorm_1p", cfg.layernorm_zero_centered_gamma},
           {"swiglu", cfg.swiglu},
           {"openai_gelu", cfg.openai_gelu},
           {"add_bias_linear", cfg.add_bias_linear},
@@ -76,6 +78,8 @@ std::vector<std::string> model_arg_differences(const nlohmann::json& saved,
   for (const char* key : kShapeKeys) {
     const nlohmann::json s = saved.value(key, nlohmann::json());
     const nlohmann::json m = mine.value(key, nlohmann::json());
+    // A model flag newer than the checkpoint: absent means its default, off.
+    if (s.is_null() && m.is_boolean() && !m.get<bool>()) continue;
     if (s != m)
       out.push_back(std::string(key) + ": checkpoint " + s.dump() + ", this run " + m.dump());
   }

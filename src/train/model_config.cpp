@@ -37,6 +37,7 @@ TransformerConfig transformer_config_from_args(const Arguments& a) {
                    "'; choose LayerNorm or RMSNorm");
   }
   c.norm_epsilon = a.norm_epsilon;
+  c.layernorm_zero_centered_gamma = a.apply_layernorm_1p;
   c.swiglu = a.swiglu;
   c.openai_gelu = a.openai_gelu;
   c.add_bias_linear = !a.disable_bias_linear;

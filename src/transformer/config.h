@@ -31,6 +31,9 @@ struct TransformerConfig {
 
   Normalization normalization = Normalization::kLayerNorm;  // --normalization
   double norm_epsilon = 1e-5;                               // --norm-epsilon
+  // --apply-layernorm-1p: the norms' weights are stored centred on zero (gamma = 1 + weight,
+  // weight initialised to 0), as Megatron's zero_centered_gamma.
+  bool layernorm_zero_centered_gamma = false;
   bool swiglu = false;                                      // --swiglu
   bool openai_gelu = false;     // --openai-gelu: tanh GELU (HF gelu_new) instead of exact erf
   bool add_bias_linear = true;  // false with --disable-bias-linear

@@ -5,11 +5,12 @@
 
 namespace megatron {
 
-Norm::Norm(const std::string& name, int64_t hidden, Normalization kind, double eps)
-    : kind_(kind), eps_(static_cast<float>(eps)) {
+Norm::Norm(const std::string& name, int64_t hidden, Normalization kind, double eps,
+           bool zero_centered_gamma)
+    : kind_(kind), eps_(static_cast<float>(eps)), zero_centered_(zero_centered_gamma) {
   weight.name = name + ".weight";
   weight.shape = {hidden};
-  weight.init = Init::kOnes;
+  weight.init = zero_centered_gamma ? Init::kZeros : Init::kOnes;
   weight.no_weight_decay = true;
   if (kind == Normalization::kLayerNorm) {
     bias.name = name + ".bias";
@@ -24,6 +25,13 @@ void Norm::collect(std::vector<Param*>& out) {
   if (kind_ == Normalization::kLayerNorm) out.push_back(&bias);
 }
 
+Tensor Norm::gamma(DType dtype) const {
+  if (!zero_centered_) return weight.value_as(dtype);
+  Tensor g = Tensor::empty(weight.shape, dtype);
+  ops::add(g, weight.value_as(dtype), Tensor::full(weight.shape, 1.0, dtype));
+  return g;
+}
+
 Tensor Norm::forward(const Tensor& x, Ctx& ctx) const {
   const int64_t rows = x.numel() / x.dim(-1);
   Tensor y = Tensor::empty(x.shape(), x.dtype());
@@ -31,10 +39,10 @@ Tensor Norm::forward(const Tensor& x, Ctx& ctx) const {
   ctx.rstd = Tensor::empty({rows}, x.dtype());
   if (kind_ == Normalization::kLayerNorm) {
     ctx.mean = Tensor::empty({rows}, x.dtype());
-    ops::layernorm_forward(y, ctx.mean, ctx.rstd, x, weight.value_as(x.dtype()),
+    ops::layernorm_forward(y, ctx.mean, ctx.rstd, x, gamma(x.dtype()),
                            bias.value_as(x.dtype()), eps_);
   } else {
-    ops::rmsnorm_forward(y, ctx.rstd, x, weight.value_as(x.dtype()), eps_);
+    ops::rmsnorm_forward(y, ctx.rstd, x, gamma(x.dtype()), eps_);
   }
   return y;
 }
@@ -44,9 +52,9 @@ Tensor Norm::backward(const Tensor& dy, Ctx& ctx) const {
   Tensor dw = weight.main_grad;
   if (kind_ == Normalization::kLayerNorm) {
     Tensor db = bias.main_grad;
-    ops::layernorm_backward(dx, dw, db, dy, ctx.x, weight.value_as(dy.dtype()), ctx.mean, ctx.rstd);
+    ops::layernorm_backward(dx, dw, db, dy, ctx.x, gamma(dy.dtype()), ctx.mean, ctx.rstd);
   } else {
-    ops::rmsnorm_backward(dx, dw, dy, ctx.x, weight.value_as(dy.dtype()), ctx.rstd);
+    ops::rmsnorm_backward(dx, dw, dy, ctx.x, gamma(dy.dtype()), ctx.rstd);
   }
   ctx = Ctx{};
   return dx;

@@ -1,6 +1,8 @@
 // Norm: LayerNorm (weight and bias) or RMSNorm (weight only) over the hidden dim, chosen by
 // --normalization. Statistics are kept for backward; the input is kept too (recomputing xhat is
-// cheaper than storing it).
+// cheaper than storing it). With a zero-centred gamma (--apply-layernorm-1p) the scale is
+// 1 + weight, formed in f32 at each call (as Megatron's fused kernels do), and the weight starts
+// at 0; its gradient is the scale's.
 #pragma once
 
 #include <string>
@@ -16,7 +18,12 @@ class Norm {
     Tensor x, mean, rstd;
   };
 
-  Norm(const std::string& name, int64_t hidden, Normalization kind, double eps);
+  Norm(const std::string& name, int64_t hidden, Normalization kind, double eps,
+       bool zero_centered_gamma = false);
+  // From the config: hidden size, --normalization, --norm-epsilon, --apply-layernorm-1p.
+  Norm(const std::string& name, const TransformerConfig& cfg)
+      : Norm(name, cfg.hidden_size, cfg.normalization, cfg.norm_epsilon,
+             cfg.layernorm_zero_centered_gamma) {}
 
   Tensor forward(const Tensor& x, Ctx& ctx) const;
   Tensor backward(const Tensor& dy, Ctx& ctx) const;
@@ -28,8 +35,12 @@ class Norm {
   Param weight, bias;  // bias unused (empty name) for RMSNorm
 
  private:
+  // The scale the op applies: the weight, or 1 + weight when zero-centred.
+  Tensor gamma(DType dtype) const;
+
   Normalization kind_;
   float eps_;
+  bool zero_centered_;
 };
 
 }  // namespace megatron

@@ -39,8 +39,7 @@ std::vector<TransformerBlock::Segment> recompute_segments(const TransformerConfi
 TransformerBlock::TransformerBlock(const std::string& name, const TransformerConfig& cfg,
                                    const TensorParallelContext& tp, int64_t first_layer,
                                    int64_t num_layers, bool with_final_norm)
-    : final_layernorm(name + ".final_layernorm", cfg.hidden_size, cfg.normalization,
-                      cfg.norm_epsilon),
+    : final_layernorm(name + ".final_layernorm", cfg),
       has_final_norm_(with_final_norm),
       segments_(recompute_segments(cfg, num_layers)) {
   MEGATRON_ASSERT(first_layer >= 0 && num_layers >= 0 && first_layer + num_layers <= cfg.num_layers,

@@ -8,11 +8,9 @@ namespace megatron {
 
 TransformerLayer::TransformerLayer(const std::string& name, const TransformerConfig& cfg,
                                    int64_t layer_number, const TensorParallelContext& tp)
-    : input_layernorm(name + ".input_layernorm", cfg.hidden_size, cfg.normalization,
-                      cfg.norm_epsilon),
+    : input_layernorm(name + ".input_layernorm", cfg),
       self_attention(name + ".self_attention", cfg, layer_number, tp),
-      pre_mlp_layernorm(name + ".pre_mlp_layernorm", cfg.hidden_size, cfg.normalization,
-                        cfg.norm_epsilon),
+      pre_mlp_layernorm(name + ".pre_mlp_layernorm", cfg),
       mlp(name + ".mlp", cfg, tp),
       cfg_(cfg),
       layer_(layer_number),

@@ -17,6 +17,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <functional>
 
 #include "checkpoint/safetensors.h"
 #include "models/gpt/gpt_hf.h"
@@ -35,9 +36,12 @@ struct Loaded {
   std::unique_ptr<ParamSet> params;
 };
 
-Loaded load(const std::string& dir) {
+// variant: a change of the config before the model is built (a variant that computes the same
+// function from the same Hugging Face weights, e.g. --apply-layernorm-1p, which stores gamma - 1).
+Loaded load(const std::string& dir, const std::function<void(TransformerConfig&)>& variant = {}) {
   Loaded l;
   l.info = read_hf_config(dir);
+  if (variant) variant(l.info.config);
   TransformerConfig c = l.info.config;
   c.padded_vocab_size = pad_vocab_size(c.vocab_size, 128);
   c.seq_length = 16;
@@ -54,11 +58,12 @@ double mean_loss(const Tensor& per_token) {
   return s / static_cast<double>(per_token.numel());
 }
 
-void run_oracle(const std::string& arch) {
+void run_oracle(const std::string& arch,
+                const std::function<void(TransformerConfig&)>& variant = {}) {
   ASSERT_FALSE(g_oracle_dir.empty()) << "pass the oracle directory as the first argument";
   const std::string root = g_oracle_dir + "/" + arch;
   auto expected = safetensors::File::open(root + "/expected.safetensors");
-  Loaded l = load(root + "/model");
+  Loaded l = load(root + "/model", variant);
   const TransformerConfig& c = l.model->config();
 
   Tensor tokens = expected.read("tokens");  // [B, S + 1]
@@ -95,7 +100,7 @@ void run_oracle(const std::string& arch) {
   EXPECT_NEAR(norm, expected.read("grad_norm").item(0), 1e-4 * norm) << "grad norm";
 
   // 10 AdamW steps on the same batch: lr 1e-3, betas (0.9, 0.95), wd 0.1 on matrices, clip 1.0.
-  Loaded fresh = load(root + "/model");
+  Loaded fresh = load(root + "/model", variant);
   AdamW opt(*fresh.params, AdamWConfig{0.9, 0.95, 1e-8, 0.1});
   Tensor want_losses = expected.read("adam_losses");
   for (int64_t step = 0; step < want_losses.numel(); ++step) {
@@ -115,6 +120,44 @@ TEST(PyTorchOracle, Gpt2LogitsLossGradientsAndAdamW) {
 }
 TEST(PyTorchOracle, LlamaLogitsLossGradientsAndAdamW) {
   run_oracle("llama");
+}
+
+// --apply-layernorm-1p: the norms hold gamma - 1 and scale by 1 + weight. Imported from the same
+// Hugging Face weights (gamma), the model is the same function: PyTorch's logits, loss, gradients
+// (d/dweight = d/dgamma) and AdamW losses (norm weights take no weight decay, so the steps in
+// weight and in gamma coincide), within the same tolerances. The stored weights are f32(gamma - 1),
+// and export writes gamma back to within 6e-8 relative: the round trip gamma -> f32(gamma - 1) ->
+// f32(w + 1) rounds twice, each time by at most half an f32 ulp of the value (2^-24 ~ 6e-8 at 1).
+TEST(PyTorchOracle, LayerNorm1pIsTheSameFunctionAndExportsGamma) {
+  auto one_p = [](TransformerConfig& c) { c.layernorm_zero_centered_gamma = true; };
+  run_oracle("gpt2", one_p);
+  run_oracle("llama", one_p);
+  for (const std::string arch : {"gpt2", "llama"}) {
+    const std::string src = g_oracle_dir + "/" + arch + "/model";
+    Loaded plain = load(src), centred = load(src, one_p);
+    for (size_t i = 0; i < plain.params->params().size(); ++i) {
+      const Param& a = *plain.params->params()[i];
+      const Param& b = *centred.params->params()[i];
+      ASSERT_EQ(a.name, b.name);
+      const bool norm = a.name.find("layernorm.weight") != std::string::npos;
+      for (int64_t k = 0; k < a.main.numel(); ++k) {
+        const double want = norm ? static_cast<double>(static_cast<float>(a.main.item(k) - 1.0))
+                                 : a.main.item(k);
+        ASSERT_EQ(b.main.item(k), want) << a.name << "[" << k << "]";
+      }
+    }
+    const std::string out = testing::scratch_dir("hf_1p_" + arch);
+    save_hf(out, centred.info, *centred.model);
+    Loaded back = load(out);
+    for (size_t i = 0; i < plain.params->params().size(); ++i) {
+      const Param& a = *plain.params->params()[i];
+      const Param& b = *back.params->params()[i];
+      for (int64_t k = 0; k < a.main.numel(); ++k) {
+        EXPECT_NEAR(b.main.item(k), a.main.item(k), 6e-8 * std::max(1.0, std::abs(a.main.item(k))))
+            << a.name << "[" << k << "]";
+      }
+    }
+  }
 }
 
 TEST(PyTorchOracle, ExportReproducesTheImportedFilesExactly) {

@@ -68,9 +68,13 @@ struct SelfGroup {
 };
 
 TEST(LayerGradients, LayerNormAndRMSNorm) {
+  // Plain, and zero-centred (--apply-layernorm-1p: scale 1 + weight).
+  for (const bool centred : {false, true})
   for (Normalization kind : {Normalization::kLayerNorm, Normalization::kRMSNorm}) {
-    SCOPED_TRACE(kind == Normalization::kLayerNorm ? "LayerNorm" : "RMSNorm");
-    Norm norm("norm", 8, kind, 1e-5);
+    SCOPED_TRACE(std::string(kind == Normalization::kLayerNorm ? "LayerNorm" : "RMSNorm") +
+                 (centred ? " 1p" : ""));
+    Norm norm("norm", 8, kind, 1e-5, centred);
+    EXPECT_EQ(norm.weight.init, centred ? Init::kZeros : Init::kOnes);
     Norm::Ctx ctx;
     std::vector<Param*> ps;
     norm.collect(ps);

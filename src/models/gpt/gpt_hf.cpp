@@ -154,6 +154,7 @@ struct Mapping {
   std::vector<int64_t> rows;  // ... or, if non-empty, exactly these rows (in HF row order)
   bool transpose = false;     // HF stores [in, out] (GPT-2 Conv1D)
   Shape hf_shape;
+  double offset = 0;  // HF value = ours + offset (1 for a zero-centred norm weight)
 };
 
 // Maps every HF tensor to where it lives in our model.
@@ -241,6 +242,13 @@ std::vector<Mapping> build_mappings(const HfModelInfo& info, GPTModel& m) {
     add("model.norm.weight", m.decoder->final_layernorm.weight, {h});
     if (c.untie_embeddings_and_output_weights) add("lm_head.weight", m.head->own_weight, {V, h});
   }
+  // --apply-layernorm-1p stores a norm's scale as weight = gamma - 1; Hugging Face stores gamma.
+  if (c.layernorm_zero_centered_gamma) {
+    for (Mapping& mp : maps) {
+      const std::string& n = mp.param->name;
+      if (n.size() > 16 && n.compare(n.size() - 16, 16, "layernorm.weight") == 0) mp.offset = 1;
+    }
+  }
   return maps;
 }
 
@@ -270,9 +278,9 @@ void copy_mapped(const Mapping& mp, double* hf, double* ours, bool to_ours) {
     for (int64_t k = 0; k < cols; ++k) {
       const int64_t i = mp.hf_shape.ndim() == 1 ? r : mp.transpose ? k * rows + r : r * cols + k;
       if (to_ours) {
-        row[k] = hf[i];
+        row[k] = hf[i] - mp.offset;
       } else {
-        hf[i] = row[k];
+        hf[i] = row[k] + mp.offset;
       }
     }
   }
@@ -329,7 +337,9 @@ std::map<std::string, Tensor> to_hf_tensors(const HfModelInfo& info, const GPTMo
   for (const Mapping& mp : build_mappings(info, m)) {
     Tensor t = Tensor::empty(mp.hf_shape, DType::kF64);
     Tensor src = (grads ? mp.param->main_grad : mp.param->main).to(DType::kF64);
-    copy_mapped(mp, t.data<double>(), src.data<double>(), false);
+    Mapping values = mp;
+    if (grads) values.offset = 0;  // d/dgamma = d/dweight: the offset moves values only
+    copy_mapped(values, t.data<double>(), src.data<double>(), false);
     out[mp.hf_name] = t;
   }
   return out;
