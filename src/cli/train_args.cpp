@@ -197,6 +197,10 @@ void register_train_args(ArgTable& t, Arguments& a) {
   t.add("--adam-beta2", a.adam_beta2, "Adam beta2");
   t.add("--adam-eps", a.adam_eps, "Adam epsilon");
   t.add("--clip-grad", a.clip_grad, "Clip the global gradient L2 norm to this (0: off)");
+  t.flag("--calculate-per-token-loss", a.calculate_per_token_loss,
+         "The objective is the mean loss over every token of the global batch (gradients summed "
+         "over replicas, then divided by the token count), instead of the mean of the "
+         "micro-batches' means");
   t.negative_flag("--no-check-for-nan-in-loss-and-grad", "check_for_nan_in_loss_and_grad",
                   a.check_for_nan_in_loss_and_grad, "Do not stop on a NaN/Inf loss or gradient");
   t.concern("data");

@@ -49,10 +49,14 @@ class LossTerms {
 
 // How the objective of one micro-batch is scaled: its mean loss divided by the number of
 // micro-batches (so that a step's gradients are those of the global-batch mean, as Megatron's),
-// times the fp16 loss scale.
+// times the fp16 loss scale. per_token (--calculate-per-token-loss): the sum of its token losses
+// times the loss scale instead; the trainer then divides the summed gradients by the global
+// batch's token count (Megatron's finalize_model_grads), making the objective the mean over
+// every token of the global batch rather than the mean of per-micro-batch means.
 struct ObjectiveScale {
   double loss_scale = 1.0;
   int64_t microbatches = 1;
+  bool per_token = false;
 };
 
 class ModelChunk {

@@ -101,7 +101,7 @@ void GradBuckets::launch(Bucket& b) {
   if (b.launched) return;
   b.launched = true;
   if (dp_.size() == 1) return;
-  ops::scale_inplace(b.view, 1.0 / static_cast<double>(dp_.size()));
+  if (average_) ops::scale_inplace(b.view, 1.0 / static_cast<double>(dp_.size()));
   if (reduce_in_bf16_) {
     b.low = b.view.to(DType::kBF16);
     if (reduce_ == GradReduce::kReduceScatter) {

@@ -62,6 +62,9 @@ class GradBuckets {
   // values are bf16 (widened back into the fp32 buffer by finish()). Through ProcessGroup the sum
   // itself is taken in f32 and rounded once; a NCCL backend would also halve the traffic.
   void set_reduce_in_bf16(bool on) { reduce_in_bf16_ = on; }
+  // false: sum the replicas' gradients instead of averaging them (--calculate-per-token-loss,
+  // where the trainer divides by the global token count afterwards).
+  void set_average(bool on) { average_ = on; }
 
   // Start of a step: nothing reduced, nothing ready.
   void reset();
@@ -103,6 +106,7 @@ class GradBuckets {
   ProcessGroup& dp_;
   bool overlap_;
   bool reduce_in_bf16_ = false;
+  bool average_ = true;
   GradReduce reduce_;
   std::vector<Bucket> buckets_;
   std::unordered_map<const Param*, int> bucket_of_;

@@ -93,6 +93,7 @@ struct Arguments {
   double adam_eps = 1e-8;
   double clip_grad = 1.0;
   bool check_for_nan_in_loss_and_grad = true;
+  bool calculate_per_token_loss = false;  // objective: mean over the global batch's tokens
 
   // ---- data ----
   bool mock_data = false;

@@ -36,7 +36,7 @@ TensorMap MicroBatchRunner::forward(int microbatch, int chunk, const TensorMap& 
   ctx = model.new_ctx();
   TensorMap out = model.forward(input, batch, *ctx, mode_(microbatch));
   if (model.is_last()) {
-    const ObjectiveScale scale{loss_scale_, static_cast<int64_t>(batches_.size())};
+    const ObjectiveScale scale{loss_scale_, static_cast<int64_t>(batches_.size()), per_token_};
     losses_.add(loss_.forward(out, batch, scale, training_ ? &dloss_[microbatch] : nullptr));
     out = TensorMap();
   }

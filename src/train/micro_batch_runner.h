@@ -42,6 +42,8 @@ class MicroBatchRunner final : public StageRunner {
   // The loss terms of the micro-batches so far (sums and counts): the loss on the last stage,
   // and whatever auxiliary terms this rank's chunks add.
   const LossTerms& losses() const { return losses_; }
+  // --calculate-per-token-loss: the loss's objective is its token sum (ObjectiveScale).
+  void set_per_token_loss(bool on) { per_token_ = on; }
 
  private:
   const std::vector<std::unique_ptr<ModelChunk>>& chunks_;
@@ -52,6 +54,7 @@ class MicroBatchRunner final : public StageRunner {
   bool training_;
   GradBuckets* buckets_;
   double loss_scale_;
+  bool per_token_ = false;
   std::vector<std::vector<std::unique_ptr<ModelChunk::Ctx>>> ctx_;  // [chunk][microbatch]
   std::vector<TensorMap> dloss_;  // [microbatch], last stage: the loss's gradient
   LossTerms losses_;

@@ -298,6 +298,7 @@ void Trainer::build_optimizer() {
       *params_, ps.dp_cp_group(), bucket_size(), args_.overlap_grad_reduce,
       distributed ? GradReduce::kReduceScatter : GradReduce::kAllReduce);
   grad_buckets_->set_reduce_in_bf16(args_.grad_reduce_in_bf16);
+  grad_buckets_->set_average(!args_.calculate_per_token_loss);
   executor_ = std::make_unique<PipelineExecutor>(ps.pp_group(), virtual_stages_);
 
   // The weight decay of each step comes from the schedule (StepRates); this is the constant one.
@@ -502,6 +503,22 @@ void Trainer::finish_gradients() {
   if (shared_embedding_) ps.embedding_group().all_reduce(shared_embedding_->main_grad);
 }
 
+void Trainer::divide_by_global_tokens(const LossTerms& terms) {
+  // The last stage knows the global batch's tokens (its terms are reduced over dp x cp); every
+  // stage of its pipeline takes the count from it (Megatron's finalize_model_grads).
+  const ParallelState& ps = *parallel_;
+  Tensor tokens = Tensor::empty({1}, DType::kF64);
+  tokens.data<double>()[0] = has_loss_ && !terms.empty() ? terms.terms().front().count : 0.0;
+  if (ps.pp_size() > 1) ps.pp_group().broadcast(tokens, ps.pp_size() - 1);
+  const double n = tokens.data<double>()[0];
+  if (n <= 0) return;  // nothing to divide by, as Megatron: the gradients stay sums (zero)
+  if (dist_optimizer_) {
+    dist_optimizer_->scale_grads(1.0 / n);
+  } else {
+    ops::scale_inplace(params_->grads(), 1.0 / n);
+  }
+}
+
 void Trainer::reduce_loss_stats(LossTerms* terms) {
   if (grad_size_ == 1 || !has_loss_) return;
   // Every data- and context-parallel replica of the last stage has the same terms in the same
@@ -589,6 +606,7 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, const BatchSchedule::
   const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
   MicroBatchRunner runner(chunks_, *loss_, args_.micro_batch_size, std::move(batches), mode,
                           /*training=*/true, grad_buckets_.get(), loss_scale);
+  runner.set_per_token_loss(args_.calculate_per_token_loss);
   executor_->run(schedule(), runner);
   timers_.add("forward-backward", phase.elapsed());
   phase = Timer();
@@ -598,6 +616,7 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, const BatchSchedule::
   r.terms = runner.losses();
   reduce_loss_stats(&r.terms);
   r.loss = r.terms.empty() ? 0.0 : r.terms.terms().front().value();
+  if (args_.calculate_per_token_loss) divide_by_global_tokens(r.terms);
   if (scaler_) {
     // Megatron's fp16 step: unscale the fp32 main gradients, look for inf/NaN anywhere in the
     // model (one flag, all-reduced over every rank so all of them take the same decision), update

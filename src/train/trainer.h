@@ -117,6 +117,9 @@ class Trainer {
   // --log-params-norm: the L2 norm of the fp32 main weights, each element of the model once
   // (every rank holds whole main weights after a step). Collective over the model-parallel group.
   double params_norm() const;
+  // --calculate-per-token-loss: the summed gradients divided by the global batch's token count
+  // (`terms`: the step's reduced loss terms, on the last stage). Collective over the pipeline.
+  void divide_by_global_tokens(const LossTerms& terms);
   // Sums (loss, tokens) over the data-parallel replicas of the last stage.
   void reduce_loss_stats(LossTerms* terms);
   std::vector<Action> schedule() const;

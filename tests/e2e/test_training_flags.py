@@ -18,12 +18,19 @@ decoder (tests/train/decode_tfevents.py) and restatements of Megatron's rules:
   at its end, and trains nothing;
 - --save-retain-interval keeps the multiples and the latest checkpoint; --log-progress writes
   Megatron's progress.txt lines;
-- the TensorBoard flags add (and --no-log-loss-scale-to-tensorboard removes) their tags.
+- the TensorBoard flags add (and --no-log-loss-scale-to-tensorboard removes) their tags;
+- --calculate-per-token-loss on documents of 3 to 40 tokens with --eod-mask-loss (so that
+  micro-batches hold different numbers of loss tokens): the objective is the mean over the global
+  batch's tokens whatever the micro-batching and layout: micro-batches of 1 (4 per step), of 4
+  (one per step), dp2 and tp2 x pp2 runs give one curve (within 1e-5 relative, the float-sum-order
+  tolerance of tests/e2e/test_parallel_equivalence.py), which the default objective (the mean of
+  the micro-batches' means) leaves at the first step already.
 
 Usage: test_training_flags.py --megatron BUILD/megatron --mpiexec MPIEXEC
 """
 import json
 import math
+import random
 import os
 import re
 import subprocess
@@ -57,6 +64,29 @@ def weights(path):
     """{name: array} of the model's tensors of a checkpoint (optimizer state left out)."""
     _, tensors = checkpoint_reader.read_checkpoint(path)
     return {k: v for k, v in tensors.items() if k.startswith("model.")}
+
+
+def short_documents(tmp):
+    """--data-path flags of a NullTokenizer dataset of 400 documents of 3 to 40 tokens."""
+    rng = random.Random(11)
+    jsonl = os.path.join(tmp, "docs.jsonl")
+    with open(jsonl, "w", encoding="utf-8") as f:
+        for _ in range(400):
+            start, n = rng.randrange(1, 90), rng.randrange(3, 41)
+            f.write(json.dumps({"text": " ".join(str(1 + (start + 3 * i) % 97)
+                                                 for i in range(n))}) + "\n")
+    prefix = os.path.join(tmp, "docs")
+    proc = subprocess.run([MEGATRON, "preprocess", "--input", jsonl, "--output-prefix", prefix,
+                           "--tokenizer-type", "NullTokenizer", "--vocab-size", "100",
+                           "--append-eod", "--workers", "1"],
+                          capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"megatron preprocess failed:\n{proc.stderr[-3000:]}")
+    return prefix + "_text_document"
+
+
+def close(a, b, rel=1e-5):
+    return abs(a - b) <= rel * max(abs(a), abs(b))
 
 
 class TrainingFlagsTest(unittest.TestCase):
@@ -177,6 +207,38 @@ class TrainingFlagsTest(unittest.TestCase):
         self.assertEqual(rows2[len(rows)][3], "Starting job")
         flops = [float(r[7].split(": ")[1]) for r in rows2 if r[3] == "Saved checkpoint"]
         self.assertAlmostEqual(flops[-1] / flops[-2], 8 / 7, places=2)
+
+    def test_calculate_per_token_loss(self):
+        data = {"data_path": short_documents(self.tmp), "split": "90,5,5",
+                "tokenizer_type": "NullTokenizer", "eod_mask_loss": True, "train_iters": 6,
+                "data_cache_path": os.path.join(self.tmp, "cache"),
+                # Dropout masks follow the micro-batch index: off, so that micro-batches of 1
+                # and of 4 compute the same function.
+                "hidden_dropout": "0", "attention_dropout": "0"}
+        base = {k: v for k, v in BASE.items() if k != "--mock-data"}
+
+        def curve(ranks=1, **overrides):
+            proc = megatron_job.run_train(MEGATRON, MPIEXEC, ranks, megatron_job.flags_with(
+                base, **data, **overrides), TIMEOUT_S)
+            self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+            return megatron_log.loss_curve(proc.stdout, 6)
+
+        per_token = curve(calculate_per_token_loss=True)
+        runs = {"one micro-batch of 4": curve(calculate_per_token_loss=True, micro_batch_size=4),
+                "dp2": curve(2, calculate_per_token_loss=True),
+                "tp2 pp2": curve(4, calculate_per_token_loss=True, tensor_model_parallel_size=2,
+                                 pipeline_model_parallel_size=2)}
+        for name, other in runs.items():
+            for it in per_token:
+                for a, b in zip(per_token[it], other[it]):
+                    self.assertTrue(close(a, b), f"{name}, iteration {it}: {per_token[it]} vs "
+                                                 f"{other[it]}")
+        default = curve()
+        one_mb_default = curve(micro_batch_size=4)
+        # One micro-batch per step: the mean of means is the token mean, so both objectives agree;
+        # four micro-batches of unequal token counts: they do not (grad norm of step 1).
+        self.assertTrue(close(one_mb_default[1][1], per_token[1][1]))
+        self.assertFalse(close(default[1][1], per_token[1][1], 1e-4), (default[1], per_token[1]))
 
     def tags(self, tb):
         dec = subprocess.run([sys.executable, DECODE_TFEVENTS, tb], capture_output=True,
