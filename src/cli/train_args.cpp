@@ -122,6 +122,9 @@ void register_train_args(ArgTable& t, Arguments& a) {
   t.flag("--use-distributed-optimizer", a.use_distributed_optimizer,
          "Use distributed optimizer: shard the Adam moments over data-parallel ranks");
   t.flag("--overlap-grad-reduce", a.overlap_grad_reduce, "If set, overlap DDP grad reduce");
+  t.flag("--overlap-param-gather", a.overlap_param_gather,
+         "With the distributed optimizer: the all-gather of the updated weights runs during the "
+         "next forward, each bucket waited for just before the first layer that reads it");
   t.add("--ddp-bucket-size", a.ddp_bucket_size,
         "Bucket size for data-parallel communication, in elements "
         "(0: max(40000000, 1000000 x data parallel size))");
@@ -666,6 +669,13 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
   MEGATRON_CHECK(a.global_batch_size > 0, "--global-batch-size must be positive, got ",
                  a.global_batch_size);
   validate_batch_schedule(a, dp);
+  if (a.overlap_param_gather) {
+    MEGATRON_CHECK(a.use_distributed_optimizer,
+                   "--overlap-param-gather only supported with distributed optimizer: add "
+                   "--use-distributed-optimizer");
+    MEGATRON_CHECK(a.overlap_grad_reduce,
+                   "Must use --overlap-param-gather with --overlap-grad-reduce");
+  }
   MEGATRON_CHECK(a.ddp_bucket_size >= 0,
                  "--ddp-bucket-size must be >= 0 elements (0: Megatron's default), got ",
                  a.ddp_bucket_size);

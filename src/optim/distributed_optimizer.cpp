@@ -6,6 +6,7 @@
 #include <cmath>
 #include <utility>
 
+#include "core/timer.h"
 #include "tensor/ops.h"
 
 namespace megatron {
@@ -36,6 +37,7 @@ DistributedOptimizer::DistributedOptimizer(GradBuckets& buckets, const AdamWConf
 }
 
 void DistributedOptimizer::step(const StepRates& rates, double grad_scale) {
+  finish_param_gather();  // the previous step's weights are all in before this one updates them
   ++step_;
   Tensor& main = params_.main();
   Tensor& grads = params_.grads();
@@ -56,17 +58,49 @@ void DistributedOptimizer::step(const StepRates& rates, double grad_scale) {
   // Every rank gets every bucket's updated shards. All buckets in flight at once; each shard is
   // a view inside its bucket (the backend stages it, see ProcessGroup::all_gather).
   ProcessGroup& dp = buckets_.dp_group();
-  std::vector<Tensor> full, shard;
-  std::vector<Work> works;
-  for (int64_t i = 0; i < buckets_.num_buckets(); ++i) {
-    const auto [b0, b1] = buckets_.bucket_range(i);
-    const auto [s0, s1] = buckets_.shard_range(i);
-    full.push_back(main.flat_view(b0, {b1 - b0}));
-    shard.push_back(main.flat_view(s0, {s1 - s0}));
+  const auto n = static_cast<size_t>(buckets_.num_buckets());
+  gathers_.resize(n);
+  gather_views_.clear();  // the views live as long as their transfers
+  for (size_t i = 0; i < n; ++i) {
+    const auto [b0, b1] = buckets_.bucket_range(static_cast<int64_t>(i));
+    const auto [s0, s1] = buckets_.shard_range(static_cast<int64_t>(i));
+    gather_views_.emplace_back(main.flat_view(b0, {b1 - b0}), main.flat_view(s0, {s1 - s0}));
   }
-  for (size_t i = 0; i < full.size(); ++i) works.push_back(dp.all_gather_async(full[i], shard[i]));
-  for (Work& w : works) w.wait();
-  params_.sync_compute_from_main();
+  for (size_t i = 0; i < n; ++i) {
+    gathers_[i] = dp.all_gather_async(gather_views_[i].first, gather_views_[i].second);
+  }
+  pending_.assign(gathers_.size(), 1);
+  if (!overlap_param_gather_) {
+    const Timer timer;
+    for (Work& w : gathers_) w.wait();
+    gather_wait_seconds_ += timer.elapsed();
+    params_.sync_compute_from_main();
+    pending_.assign(gathers_.size(), 0);
+  }
+}
+
+void DistributedOptimizer::complete_gather(int64_t bucket) const {
+  if (!pending_[static_cast<size_t>(bucket)]) return;
+  const Timer timer;
+  gathers_[static_cast<size_t>(bucket)].wait();
+  pending_[static_cast<size_t>(bucket)] = 0;
+  gather_wait_seconds_ += timer.elapsed();
+  const auto [b0, b1] = buckets_.bucket_range(bucket);
+  params_.sync_compute_from_main(b0, b1);
+}
+
+void DistributedOptimizer::wait_for(const std::vector<const Param*>& params) const {
+  if (gathers_.empty()) return;
+  // Open MPI advances nonblocking collectives only inside MPI calls: testing every pending
+  // gather at each layer boundary keeps the later buckets moving while this layer computes.
+  for (size_t i = 0; i < gathers_.size(); ++i) {
+    if (pending_[i]) gathers_[i].is_completed();
+  }
+  for (const Param* p : params) complete_gather(buckets_.bucket_of(*p));
+}
+
+void DistributedOptimizer::finish_param_gather() const {
+  for (int64_t i = 0; i < static_cast<int64_t>(gathers_.size()); ++i) complete_gather(i);
 }
 
 double DistributedOptimizer::grad_sum_squares_unique() const {

@@ -28,9 +28,14 @@
 // then the model-parallel group (together: every rank of the model, each element once) and takes
 // the square root. Clipping and fp16 unscaling scale the owned shards only.
 //
+// With overlap_param_gather (--overlap-param-gather) the step only launches the all-gathers; the
+// next forward asks wait_for() (ParamGate) before each layer, which completes the gathers of the
+// buckets holding that layer's weights and refreshes their compute copy, so the gathers of the
+// later layers run while the earlier ones compute. finish_param_gather() completes them all (before
+// anything else reads the weights: evaluation, a checkpoint, the parameter norm, the next step).
+//
 // The elements of ParamSet::grads() outside the owned shards are stale after finish() and are
-// never read here. Not here: the gradient reduction (GradBuckets), overlapping the parameter
-// all-gather with the next forward (--overlap-param-gather), checkpointing
+// never read here. Not here: the gradient reduction (GradBuckets), checkpointing
 // (src/train/checkpointing.h saves and loads the owned segments).
 #pragma once
 
@@ -38,12 +43,13 @@
 #include <vector>
 
 #include "optim/adamw.h"
+#include "parallel/param_gate.h"
 #include "parallel/grad_buckets.h"
 #include "parallel/param.h"
 
 namespace megatron {
 
-class DistributedOptimizer {
+class DistributedOptimizer final : public ParamGate {
  public:
   // buckets: reduce-scatter buckets (GradReduce::kReduceScatter); they, their ParamSet and their
   // data-parallel group must outlive this object. Moments start at zero.
@@ -58,6 +64,15 @@ class DistributedOptimizer {
   void step(double lr, double grad_scale = 1.0) {
     step(StepRates{lr, lr, cfg_.weight_decay}, grad_scale);
   }
+  // --overlap-param-gather: step() leaves the all-gathers in flight (see the file comment).
+  void set_overlap_param_gather(bool on) { overlap_param_gather_ = on; }
+  // ParamGate: completes the in-flight gathers of the buckets holding `params`.
+  void wait_for(const std::vector<const Param*>& params) const override;
+  // Completes every in-flight gather.
+  void finish_param_gather() const;
+  // Seconds spent waiting for the all-gathers so far: all of their time without overlap, what
+  // the forward did not hide with it.
+  double param_gather_wait_seconds() const { return gather_wait_seconds_; }
 
   // This rank's share of the squared global gradient norm (see the file comment), in double.
   double grad_sum_squares_unique() const;
@@ -109,6 +124,15 @@ class DistributedOptimizer {
   std::vector<Segment> segments_;       // in buffer order
   Tensor exp_avg_, exp_avg_sq_;
   int64_t step_ = 0;
+  bool overlap_param_gather_ = false;
+  // Per bucket, the all-gather in flight (an empty Work when none); mutable: waiting on it is
+  // what a const forward does through the gate.
+  mutable std::vector<Work> gathers_;
+  mutable std::vector<char> pending_;  // per bucket: its gather is not complete yet
+  std::vector<std::pair<Tensor, Tensor>> gather_views_;  // per bucket: (whole bucket, own shard)
+  mutable double gather_wait_seconds_ = 0;
+
+  void complete_gather(int64_t bucket) const;
 };
 
 }  // namespace megatron

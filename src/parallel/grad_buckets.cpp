@@ -117,6 +117,12 @@ void GradBuckets::launch(Bucket& b) {
   }
 }
 
+int GradBuckets::bucket_of(const Param& p) const {
+  auto it = bucket_of_.find(&p);
+  MEGATRON_ASSERT(it != bucket_of_.end(), "parameter ", p.name, " is in no gradient bucket");
+  return it->second;
+}
+
 void GradBuckets::mark_ready(const Param& p) {
   if (!overlap_) return;
   auto it = bucket_of_.find(&p);

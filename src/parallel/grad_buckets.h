@@ -77,6 +77,8 @@ class GradBuckets {
   void finish();
 
   int64_t num_buckets() const { return static_cast<int64_t>(buckets_.size()); }
+  // The bucket holding p's gradient (and, in the distributed layout, its weights).
+  int bucket_of(const Param& p) const;
   // [begin, end) of bucket i in the flat buffer.
   std::pair<int64_t, int64_t> bucket_range(int64_t i) const {
     return {buckets_[i].begin, buckets_[i].end};

@@ -126,6 +126,11 @@ void ParamSet::sync_compute_from_main() {
   if (compute_.raw() != main_.raw()) compute_.copy_from(main_);
 }
 
+void ParamSet::sync_compute_from_main(int64_t begin, int64_t end) {
+  if (compute_.raw() == main_.raw() || end <= begin) return;
+  compute_.flat_view(begin, {end - begin}).copy_from(main_.flat_view(begin, {end - begin}));
+}
+
 Param& ParamSet::find(const std::string& name) const {
   for (Param* p : params_)
     if (p->name == name) return *p;

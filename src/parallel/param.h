@@ -98,6 +98,8 @@ class ParamSet {
   void initialize(uint64_t seed);
   // After the optimizer changed main(): refresh the compute copy (no-op in fp32 runs).
   void sync_compute_from_main();
+  // The same for the elements [begin, end) of the flat buffers.
+  void sync_compute_from_main(int64_t begin, int64_t end);
   void zero_grads() { grads_.zero(); }
 
   const std::vector<Param*>& params() const { return params_; }

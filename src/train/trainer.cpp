@@ -305,6 +305,7 @@ void Trainer::build_optimizer() {
   const AdamWConfig adam{args_.adam_beta1, args_.adam_beta2, args_.adam_eps, args_.weight_decay};
   if (distributed) {
     dist_optimizer_ = std::make_unique<DistributedOptimizer>(*grad_buckets_, adam);
+    dist_optimizer_->set_overlap_param_gather(args_.overlap_param_gather);
     log_first(strprintf(
         " > distributed optimizer: each of the %ld data-parallel%s ranks keeps the Adam moments "
         "of 1/%ld of every gradient bucket (%.2f MB on this rank)%s",
@@ -538,7 +539,12 @@ void Trainer::reduce_loss_stats(LossTerms* terms) {
   *terms = reduced;
 }
 
+void Trainer::complete_param_gather() const {
+  if (dist_optimizer_) dist_optimizer_->finish_param_gather();
+}
+
 double Trainer::params_norm() const {
+  complete_param_gather();
   Tensor sq = Tensor::empty({1}, DType::kF64);
   sq.data<double>()[0] = params_sum_squares_unique(*params_);
   parallel_->model_parallel_group().all_reduce(sq);
@@ -599,9 +605,12 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, const BatchSchedule::
   // the same micro-batch size draws the same dropout masks, and batches of a ramp-up never share
   // a stream. With a constant batch it is (iteration x micro-batches + mb) x dp + r.
   const int64_t stream0 = (consumed_train_ + batch.running) / args_.micro_batch_size;
+  // --overlap-param-gather: each layer waits for the last step's gather of its weights.
+  const ParamGate* gate = args_.overlap_param_gather ? dist_optimizer_.get() : nullptr;
+  const double gather_wait0 = dist_optimizer_ ? dist_optimizer_->param_gather_wait_seconds() : 0;
   auto mode = [&](int mb) {
-    return ForwardMode{true, dropout_seed_,
-                       static_cast<uint64_t>(stream0 + mb * dp_size_ + dp_rank_)};
+    return ForwardMode{true, dropout_seed_, static_cast<uint64_t>(stream0 + mb * dp_size_ + dp_rank_),
+                       gate};
   };
   const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
   MicroBatchRunner runner(chunks_, *loss_, args_.micro_batch_size, std::move(batches), mode,
@@ -609,6 +618,7 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, const BatchSchedule::
   runner.set_per_token_loss(args_.calculate_per_token_loss);
   executor_->run(schedule(), runner);
   timers_.add("forward-backward", phase.elapsed());
+
   phase = Timer();
   finish_gradients();
   timers_.add("all-grads-sync", phase.elapsed());
@@ -640,6 +650,7 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, const BatchSchedule::
       timers_.add("optimizer", phase.elapsed());
       timers_.add("communication (all groups)", comm_seconds() - comm0);
       add_cp_time(cp0);
+      add_gather_time(gather_wait0);
       add_op_times(ops0);
       return r;
     }
@@ -696,8 +707,17 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, const BatchSchedule::
   timers_.add("optimizer", phase.elapsed());
   timers_.add("communication (all groups)", comm_seconds() - comm0);
   add_cp_time(cp0);
+  add_gather_time(gather_wait0);
   add_op_times(ops0);
   return r;
+}
+
+void Trainer::add_gather_time(double wait0) {
+  // The distributed optimizer's weight all-gather: within the optimizer phase without
+  // --overlap-param-gather (all of it), within forward-backward with it (what was not hidden).
+  if (dist_optimizer_) {
+    timers_.add("params-all-gather (exposed)", dist_optimizer_->param_gather_wait_seconds() - wait0);
+  }
 }
 
 void Trainer::add_cp_time(double cp0) {
@@ -709,6 +729,7 @@ void Trainer::add_cp_time(double cp0) {
 }
 
 LossTerms Trainer::evaluate(const SampleSource& data, int64_t* consumed) {
+  complete_param_gather();
   LossTerms terms;
   // Megatron evaluates whole --global-batch-size batches, ramp-up or not.
   const int64_t mbs = args_.micro_batch_size, m = eval_microbatches_;
@@ -893,6 +914,7 @@ nlohmann::json Trainer::checkpoint_extra() const {
 
 void Trainer::save_checkpoint(int64_t iteration) {
   watchdog_->enter("save-checkpoint", iteration);
+  complete_param_gather();
   checkpointer_->save(run_state(iteration), checkpoint_extra());
   if (progress_) {
     progress_->saved_checkpoint(iteration, flops_so_far_, flops_at_start_, train_timer_.elapsed(),
@@ -1074,6 +1096,7 @@ void Trainer::final_evaluations(int64_t iteration) {
 
 int Trainer::finish_training() {
   prefetcher_.reset();
+  complete_param_gather();
   const int64_t final_iteration = std::max(start_iteration_, args_.train_iters);
   // Megatron saves once more at the end unless the last iteration was just saved; a run that
   // loaded this very iteration from this directory has nothing new to save.

@@ -89,6 +89,8 @@ class Trainer {
   void build_context_parallel();
   // The step's exposed context-parallel communication into the timing report (cp > 1).
   void add_cp_time(double cp_busy_at_start);
+  // The step's wait for the distributed optimizer's weight all-gather into the timing report.
+  void add_gather_time(double wait_at_start);
   // Seconds spent in context-parallel communication so far (the CP group and a2a+p2p's groups).
   double cp_busy_seconds() const;
   // One iteration over `batch` (its micro-batch count is num_microbatches_).
@@ -117,6 +119,9 @@ class Trainer {
   // --log-params-norm: the L2 norm of the fp32 main weights, each element of the model once
   // (every rank holds whole main weights after a step). Collective over the model-parallel group.
   double params_norm() const;
+  // --overlap-param-gather: completes the weights' gathers in flight (before anything but the
+  // next forward reads them).
+  void complete_param_gather() const;
   // --calculate-per-token-loss: the summed gradients divided by the global batch's token count
   // (`terms`: the step's reduced loss terms, on the last stage). Collective over the pipeline.
   void divide_by_global_tokens(const LossTerms& terms);

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "parallel/param_gate.h"
 #include "tensor/tensor.h"
 
 namespace megatron {
@@ -22,6 +23,12 @@ struct ForwardMode {
   bool training = false;
   uint64_t seed = 0;
   uint64_t stream = 0;  // unique per (iteration, micro-batch)
+  // Asked before each module reads its weights (--overlap-param-gather); null: always current.
+  const ParamGate* gate = nullptr;
+
+  void need(const std::vector<const Param*>& params) const {
+    if (gate && !params.empty()) gate->wait_for(params);
+  }
 
   // Stream for dropout site `site` of layer `layer` (site < 8).
   uint64_t site_stream(int64_t layer, int site) const {

@@ -72,12 +72,19 @@ Tensor TransformerBlock::forward(const Tensor& x, const TokenLayout& layout, Ctx
       ctx.mode = mode;
     }
     for (int64_t i = seg.begin; i < seg.end; ++i) {
+      if (mode.gate) {
+        std::vector<Param*> ps;
+        layers[i]->collect(ps);
+        mode.need(std::vector<const Param*>(ps.begin(), ps.end()));
+      }
       h = layers[i]->forward(h, layout, ctx.layers[i], mode);
       // What backward would need is dropped here and rebuilt by the recomputation.
       if (seg.recompute) ctx.layers[i] = TransformerLayer::Ctx{};
     }
   }
-  return has_final_norm_ ? final_layernorm.forward(h, ctx.final_norm) : h;
+  if (!has_final_norm_) return h;
+  mode.need(final_norm_params_);
+  return final_layernorm.forward(h, ctx.final_norm);
 }
 
 Tensor TransformerBlock::backward(const Tensor& dy, Ctx& ctx, const ParamsDone& done) const {

@@ -59,6 +59,7 @@ Tensor GPTModel::forward_stage(const Tensor& hidden_in, const GPTInputs& in, Ctx
   if (stage_.pre_process) {
     MEGATRON_CHECK(in.tokens.defined() && in.tokens.ndim() == 2,
                    "GPTModel: the first stage needs [b, s] tokens");
+    mode.need(named({&embedding->word_embeddings, &embedding->position_embeddings}));
     x = embedding->forward(in.tokens, in.positions, Tensor(), ctx.embedding, mode);
   } else {
     MEGATRON_CHECK(hidden_in.defined() && hidden_in.ndim() == 3,
@@ -77,14 +78,21 @@ Tensor GPTModel::forward_stage(const Tensor& hidden_in, const GPTInputs& in, Ctx
     layout.positions = cp_positions(local, x.dim(1), tp_.cp);
   }
   Tensor hidden = decoder->forward(x, layout, ctx.decoder, mode);
-  return stage_.post_process ? head->loss(hidden, in.labels, ctx.head) : hidden;
+  if (!stage_.post_process) return hidden;
+  mode.need(named({&head->weight()}));
+  return head->loss(hidden, in.labels, ctx.head);
+}
+
+std::vector<const Param*> GPTModel::named(std::initializer_list<const Param*> ps) {
+  std::vector<const Param*> out;
+  for (const Param* p : ps)
+    if (p && !p->name.empty()) out.push_back(p);
+  return out;
 }
 
 void GPTModel::report(const ParamsDone& done, std::initializer_list<const Param*> ps) const {
   if (!done) return;
-  std::vector<const Param*> out;
-  for (const Param* p : ps)
-    if (p && !p->name.empty()) out.push_back(p);
+  const std::vector<const Param*> out = named(ps);
   if (!out.empty()) done(out);
 }
 

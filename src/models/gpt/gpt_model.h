@@ -106,6 +106,8 @@ class GPTModel {
 
  private:
   void report(const ParamsDone& done, std::initializer_list<const Param*> ps) const;
+  // The registered ones of ps (a RoPE model's position table has no name and no storage).
+  static std::vector<const Param*> named(std::initializer_list<const Param*> ps);
 
   TransformerConfig cfg_;
   GPTStage stage_;
