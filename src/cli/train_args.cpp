@@ -46,6 +46,15 @@ void register_model_args(ArgTable& t, Arguments& a) {
                   "changes nothing");
   t.add("--rotary-base", a.rotary_base, "RoPE base");
   t.add("--rotary-percent", a.rotary_percent, "Fraction of the head dimension RoPE rotates");
+  t.flag("--rotary-interleaved", a.rotary_interleaved,
+         "RoPE rotates channel pairs (2j, 2j+1) instead of (j, j + d/2)");
+  t.flag("--use-rope-scaling", a.use_rope_scaling,
+         "Llama 3.1's RoPE frequency scaling (low frequencies slowed by --rope-scaling-factor, "
+         "original context 8192)");
+  t.add("--rope-scaling-factor", a.rope_scaling_factor,
+        "The factor of --use-rope-scaling");
+  t.add("--rotary-seq-len-interpolation-factor", a.rotary_seq_len_interpolation_factor,
+        "RoPE positions divided by this (linear position interpolation)");
   t.add("--normalization", a.normalization, "LayerNorm or RMSNorm");
   t.add("--norm-epsilon", a.norm_epsilon, "Epsilon of the norms");
   t.flag("--apply-layernorm-1p", a.apply_layernorm_1p,
@@ -53,6 +62,17 @@ void register_model_args(ArgTable& t, Arguments& a) {
          "conditioned in low precision); exported to Hugging Face as 1 + weight");
   t.flag("--swiglu", a.swiglu, "SwiGLU MLP activation");
   t.flag("--openai-gelu", a.openai_gelu, "tanh-approximated GELU (GPT-2's gelu_new)");
+  t.flag("--squared-relu", a.squared_relu, "Squared ReLU MLP activation, relu(x)^2");
+  t.flag("--qk-layernorm", a.qk_layernorm,
+         "A norm (--normalization) over the head dimension of every query and key head, before "
+         "RoPE");
+  t.flag("--init-method-xavier-uniform", a.init_method_xavier_uniform,
+         "Xavier-uniform initialisation of the linear layers' weights");
+  t.add("--embedding-init-method-std", a.embedding_init_method_std,
+        "Std of the normal init of the word and position embeddings (default --init-method-std)");
+  t.flag("--fp32-residual-connection", a.fp32_residual_connection,
+         "Keep the residual stream in fp32 with --bf16/--fp16 (always the case here: activations "
+         "are fp32, only GEMM inputs are 16-bit)");
   t.flag("--disable-bias-linear", a.disable_bias_linear, "No biases in linear layers");
   t.flag("--add-qkv-bias", a.add_qkv_bias,
          "Bias on the QKV projection even with --disable-bias-linear");
@@ -628,6 +648,13 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
   model_spec(a.model);                    // an unknown --model, with the known ones
   validate_checkpoint_args(a);
   MEGATRON_CHECK(!(a.fp16 && a.bf16), "--fp16 and --bf16 are mutually exclusive; pick one");
+  MEGATRON_CHECK(!a.fp32_residual_connection || a.fp16 || a.bf16,
+                 "residual connection in fp32 only supported when using fp16 or bf16: "
+                 "--fp32-residual-connection needs --fp16 or --bf16");
+  MEGATRON_CHECK(!(a.squared_relu && a.swiglu),
+                 "--squared-relu and --swiglu are two MLP activations; pick one");
+  MEGATRON_CHECK(!(a.squared_relu && a.openai_gelu),
+                 "--squared-relu and --openai-gelu are two MLP activations; pick one");
   MEGATRON_CHECK(a.loss_scale >= 0,
                  "--loss-scale must be positive (or unset for dynamic "
                  "scaling), got ",
@@ -775,12 +802,21 @@ void merge_pretrained_config(Arguments& a, const ArgTable& t) {
   if (c.position_embedding == PositionEmbedding::kRope) {
     set("--rotary-base", a.rotary_base, c.rotary_base);
     set("--rotary-percent", a.rotary_percent, 1.0);  // HF Llama rotates the whole head
+    set("--rotary-interleaved", a.rotary_interleaved, false);
+    set("--use-rope-scaling", a.use_rope_scaling, c.rope_scaling_factor > 0);
+    if (c.rope_scaling_factor > 0) set("--rope-scaling-factor", a.rope_scaling_factor, c.rope_scaling_factor);
+    if (c.rotary_seq_len_interpolation_factor > 0) {
+      set("--rotary-seq-len-interpolation-factor", a.rotary_seq_len_interpolation_factor,
+          c.rotary_seq_len_interpolation_factor);
+    }
   }
   set("--normalization", a.normalization,
       std::string(c.normalization == Normalization::kRMSNorm ? "RMSNorm" : "LayerNorm"));
   set("--norm-epsilon", a.norm_epsilon, c.norm_epsilon);
   set("--swiglu", a.swiglu, c.swiglu);
   set("--openai-gelu", a.openai_gelu, c.openai_gelu);
+  set("--squared-relu", a.squared_relu, c.squared_relu);
+  set("--qk-layernorm", a.qk_layernorm, c.qk_layernorm);
   set("--disable-bias-linear", a.disable_bias_linear, !c.add_bias_linear);
   set("--add-qkv-bias", a.add_qkv_bias, c.add_qkv_bias);
   set("--untie-embeddings-and-output-weights", a.untie_embeddings_and_output_weights,

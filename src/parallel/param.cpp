@@ -1,6 +1,8 @@
 // Flat-buffer layout of the parameters and their name-keyed Philox initialisation.
 #include "parallel/param.h"
 
+#include <cmath>
+
 #include "core/philox.h"
 
 namespace megatron {
@@ -113,6 +115,22 @@ void ParamSet::initialize(uint64_t seed) {
         for (int64_t i = 0; i < tmp.numel(); ++i) {
           const int64_t full = shard ? p->full_index(i) : i;
           d[i] = p->init_std * Philox::normal(seed, stream, static_cast<uint64_t>(full));
+        }
+        t.copy_from(tmp);
+        break;
+      }
+      case Init::kXavierUniform: {
+        const Shape full_shape = p->full_shape();
+        MEGATRON_ASSERT(full_shape.ndim() == 2, "Xavier init of ", p->name, " needs a matrix");
+        const double a =
+            std::sqrt(6.0 / static_cast<double>(full_shape[0] + full_shape[1]));
+        Tensor tmp = Tensor::empty(t.shape(), DType::kF64);
+        double* d = tmp.data<double>();
+        const uint64_t stream = stable_hash(p->name);
+        const bool shard = p->is_tensor_parallel();
+        for (int64_t i = 0; i < tmp.numel(); ++i) {
+          const int64_t full = shard ? p->full_index(i) : i;
+          d[i] = a * (2.0 * Philox::uniform(seed, stream, static_cast<uint64_t>(full)) - 1.0);
         }
         t.copy_from(tmp);
         break;

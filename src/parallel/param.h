@@ -26,6 +26,9 @@ enum class Init : uint8_t {
   kNormal,  // N(0, std)
   kZeros,
   kOnes,
+  // U(-a, a), a = sqrt(6 / (fan_in + fan_out)) of the full [out, in] matrix (torch's
+  // xavier_uniform_ on the whole tensor, so the same values in every parallel layout).
+  kXavierUniform,
 };
 
 struct Param {

@@ -127,6 +127,17 @@ void tanh_backward(Tensor& dx, const Tensor& dout, const Tensor& y) {
   MEGATRON_DISPATCH(device_of("tanh_backward", {&dx, &dout, &y}), tanh_backward(dx, dout, y));
 }
 
+void squared_relu_forward(Tensor& out, const Tensor& x) {
+  const OpTimer timer(OpCategory::kNormElementwise);
+  MEGATRON_DISPATCH(device_of("squared_relu_forward", {&out, &x}), squared_relu_forward(out, x));
+}
+
+void squared_relu_backward(Tensor& dx, const Tensor& dout, const Tensor& x) {
+  const OpTimer timer(OpCategory::kNormElementwise);
+  MEGATRON_DISPATCH(device_of("squared_relu_backward", {&dx, &dout, &x}),
+                    squared_relu_backward(dx, dout, x));
+}
+
 void swiglu_forward(Tensor& out, const Tensor& x) {
   const OpTimer timer(OpCategory::kNormElementwise);
   MEGATRON_DISPATCH(device_of("swiglu_forward", {&out, &x}), swiglu_forward(out, x));

@@ -53,6 +53,10 @@ void gelu_backward(Tensor& dx, const Tensor& dout, const Tensor& x, bool tanh_ap
 void tanh_forward(Tensor& out, const Tensor& x);
 void tanh_backward(Tensor& dx, const Tensor& dout, const Tensor& y);
 
+// Squared ReLU, relu(x)^2 (--squared-relu): dx = dout 2 relu(x).
+void squared_relu_forward(Tensor& out, const Tensor& x);
+void squared_relu_backward(Tensor& dx, const Tensor& dout, const Tensor& x);
+
 // SwiGLU on x[r, 2f] = [gate | up] (Megatron's chunk order): out[r, f] = silu(gate) * up.
 void swiglu_forward(Tensor& out, const Tensor& x);
 void swiglu_backward(Tensor& dx, const Tensor& dout, const Tensor& x);
@@ -98,10 +102,18 @@ void embedding_backward_shard(Tensor& dtable_shard, const Tensor& dout, const Te
 // the angle pos * inv_freq, on their first rot_dim channels, rotate-half convention (HF Llama,
 // Megatron rotary_interleaved=False): inv_freq[i] = base^(-2i / rot_dim). positions is [s, b]
 // int64, or undefined for pos = s index. inverse = true rotates by -angle (the backward).
+// Channel j of the first rot_dim channels turns by position x inv_freq: pairs (j, j + rot_dim/2)
+// with inv_freq[j] = base^(-2j/rot_dim) (rotate-half, HF Llama), or, interleaved
+// (--rotary-interleaved), pairs (2j, 2j + 1). scaling_factor > 0: Llama 3.1's frequency scaling
+// (--use-rope-scaling: factor, low 1, high 4, original context 8192, as Megatron's _apply_scaling).
+// position_scale: positions are multiplied by it (--rotary-seq-len-interpolation-factor F: 1/F).
 struct RopeSpec {
   int64_t head_begin = 0, head_end = 1;
   int64_t rot_dim = 0;
   float base = 10000.0f;
+  bool interleaved = false;
+  double scaling_factor = 0;  // 0: no Llama 3.1 scaling
+  double position_scale = 1.0;
 };
 void rope_inplace(Tensor& x, const Tensor& positions, const RopeSpec& spec, bool inverse);
 

@@ -34,11 +34,20 @@ struct Arguments {
   bool add_position_embedding = true;           // false with the deprecated --no-position-embedding
   double rotary_base = 10000;
   double rotary_percent = 1.0;
+  bool rotary_interleaved = false;
+  bool use_rope_scaling = false;      // Llama 3.1's frequency scaling
+  double rope_scaling_factor = 8.0;   // its factor
+  double rotary_seq_len_interpolation_factor = kUnset;  // positions / factor
   std::string normalization = "LayerNorm";
   double norm_epsilon = 1e-5;
   bool apply_layernorm_1p = false;  // norm weights centred on zero (gamma = 1 + weight)
   bool swiglu = false;
   bool openai_gelu = false;
+  bool squared_relu = false;
+  bool qk_layernorm = false;
+  bool init_method_xavier_uniform = false;
+  double embedding_init_method_std = kUnset;  // unset: --init-method-std
+  bool fp32_residual_connection = false;      // the residual stream is fp32 here always
   bool disable_bias_linear = false;
   bool add_qkv_bias = false;
   bool untie_embeddings_and_output_weights = false;

@@ -28,6 +28,10 @@ TransformerConfig transformer_config_from_args(const Arguments& a) {
   }
   c.rotary_base = a.rotary_base;
   c.rotary_percent = a.rotary_percent;
+  c.rotary_interleaved = a.rotary_interleaved;
+  c.rope_scaling_factor = a.use_rope_scaling ? a.rope_scaling_factor : 0.0;
+  c.rotary_seq_len_interpolation_factor =
+      is_set(a.rotary_seq_len_interpolation_factor) ? a.rotary_seq_len_interpolation_factor : 0.0;
   if (a.normalization == "LayerNorm") {
     c.normalization = Normalization::kLayerNorm;
   } else if (a.normalization == "RMSNorm") {
@@ -38,6 +42,10 @@ TransformerConfig transformer_config_from_args(const Arguments& a) {
   }
   c.norm_epsilon = a.norm_epsilon;
   c.layernorm_zero_centered_gamma = a.apply_layernorm_1p;
+  c.squared_relu = a.squared_relu;
+  c.qk_layernorm = a.qk_layernorm;
+  c.init_method_xavier_uniform = a.init_method_xavier_uniform;
+  c.embedding_init_method_std = is_set(a.embedding_init_method_std) ? a.embedding_init_method_std : 0;
   c.swiglu = a.swiglu;
   c.openai_gelu = a.openai_gelu;
   c.add_bias_linear = !a.disable_bias_linear;

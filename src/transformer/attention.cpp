@@ -35,17 +35,68 @@ SelfAttention::SelfAttention(const std::string& name, const TransformerConfig& c
                           "--num-attention-heads by --tensor-model-parallel-size")),
       recompute_core_attention_(cfg.recompute_granularity == RecomputeGranularity::kSelective) {
   tp_.cp = tp.cp.for_layer(layer_number);  // per-layer --cp-comm-type
+  if (cfg.qk_layernorm) {
+    q_layernorm.emplace(name + ".q_layernorm", cfg.head_dim(), cfg.normalization,
+                        cfg.norm_epsilon, cfg.layernorm_zero_centered_gamma);
+    k_layernorm.emplace(name + ".k_layernorm", cfg.head_dim(), cfg.normalization,
+                        cfg.norm_epsilon, cfg.layernorm_zero_centered_gamma);
+    q_layernorm->mark_sequence_parallel(true);  // partial over TP: see the header
+    k_layernorm->mark_sequence_parallel(true);
+  }
   if (cfg.position_embedding == PositionEmbedding::kRope) {
     rope_.head_begin = 0;
     rope_.head_end = cfg.queries_per_group() + 1;  // queries and the key; never the value
     rope_.rot_dim = static_cast<int64_t>(static_cast<double>(cfg.head_dim()) * cfg.rotary_percent);
     rope_.base = static_cast<float>(cfg.rotary_base);
+    rope_.interleaved = cfg.rotary_interleaved;
+    rope_.scaling_factor = cfg.rope_scaling_factor;
+    if (cfg.rotary_seq_len_interpolation_factor > 0) {
+      rope_.position_scale = 1.0 / cfg.rotary_seq_len_interpolation_factor;
+    }
   }
 }
 
 void SelfAttention::collect(std::vector<Param*>& out) {
   linear_qkv.collect(out);
+  if (q_layernorm) q_layernorm->collect(out);
+  if (k_layernorm) k_layernorm->collect(out);
   linear_proj.collect(out);
+}
+
+Tensor SelfAttention::qk_norm_forward(const Tensor& qkv, Ctx& ctx) const {
+  // Rows of [s b ng, (qpg + 2) hn]: columns [0, qpg hn) are the queries, then the key, then the
+  // value.
+  const int64_t qpg = cfg_.queries_per_group(), hn = cfg_.head_dim();
+  const int64_t rows = qkv.numel() / ((qpg + 2) * hn);
+  const Tensor flat = qkv.view({rows, (qpg + 2) * hn});
+  Tensor q = Tensor::empty({rows, qpg * hn}, qkv.dtype()), k = Tensor::empty({rows, hn}, qkv.dtype()),
+         v = Tensor::empty({rows, hn}, qkv.dtype());
+  ops::slice_last_dim(q, flat, 0);
+  ops::slice_last_dim(k, flat, qpg * hn);
+  ops::slice_last_dim(v, flat, (qpg + 1) * hn);
+  const Tensor qn = q_layernorm->forward(q.view({rows * qpg, hn}), ctx.q_norm).view(q.shape());
+  const Tensor kn = k_layernorm->forward(k, ctx.k_norm);
+  Tensor out = Tensor::empty(qkv.shape(), qkv.dtype());
+  Tensor out_flat = out.view(flat.shape());
+  ops::concat_last_dim(out_flat, {qn, kn, v});
+  return out;
+}
+
+Tensor SelfAttention::qk_norm_backward(const Tensor& dqkv, Ctx& ctx) const {
+  const int64_t qpg = cfg_.queries_per_group(), hn = cfg_.head_dim();
+  const int64_t rows = dqkv.numel() / ((qpg + 2) * hn);
+  const Tensor flat = dqkv.view({rows, (qpg + 2) * hn});
+  Tensor dq = Tensor::empty({rows, qpg * hn}, dqkv.dtype()),
+         dk = Tensor::empty({rows, hn}, dqkv.dtype()), dv = Tensor::empty({rows, hn}, dqkv.dtype());
+  ops::slice_last_dim(dq, flat, 0);
+  ops::slice_last_dim(dk, flat, qpg * hn);
+  ops::slice_last_dim(dv, flat, (qpg + 1) * hn);
+  const Tensor dqi = q_layernorm->backward(dq.view({rows * qpg, hn}), ctx.q_norm).view(dq.shape());
+  const Tensor dki = k_layernorm->backward(dk, ctx.k_norm);
+  Tensor out = Tensor::empty(dqkv.shape(), dqkv.dtype());
+  Tensor out_flat = out.view(flat.shape());
+  ops::concat_last_dim(out_flat, {dqi, dki, dv});
+  return out;
 }
 
 void SelfAttention::core_attention(Ctx& ctx) const {
@@ -72,6 +123,7 @@ Tensor SelfAttention::forward(const Tensor& x, const TokenLayout& layout, Ctx& c
   const int64_t ng = groups_local_, qpg = cfg_.queries_per_group(), hn = cfg_.head_dim();
   const int64_t np = heads_local_;
   Tensor qkv = linear_qkv.forward(x, ctx.qkv_ctx).view({s, b, ng, qpg + 2, hn});
+  if (q_layernorm) qkv = qk_norm_forward(qkv, ctx);
   if (cfg_.position_embedding == PositionEmbedding::kRope) {
     ops::rope_inplace(qkv, positions, rope_, false);
   }
@@ -124,6 +176,7 @@ Tensor SelfAttention::backward(const Tensor& dy, Ctx& ctx) const {
   if (cfg_.position_embedding == PositionEmbedding::kRope) {
     ops::rope_inplace(dqkv, ctx.positions, rope_, true);
   }
+  if (q_layernorm) dqkv = qk_norm_backward(dqkv, ctx);
   Tensor dx = linear_qkv.backward(dqkv.view({s, b, dqkv.numel() / (s * b)}), ctx.qkv_ctx);
   ctx = Ctx{};
   return dx;

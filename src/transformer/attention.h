@@ -12,7 +12,15 @@
 // saved spec (same kernel, same inputs, same dropout coordinates: the same bits) before using
 // them. In f32 runs linear_proj's saved input is `out` itself; it is dropped and re-linked too,
 // so the memory really goes (in bf16 runs linear_proj keeps its own bf16 copy of `out`).
+//
+// --qk-layernorm: q_layernorm and k_layernorm, norms over hn shared by every query (key) head,
+// run on the query and key heads between linear_qkv and RoPE (Megatron's
+// get_query_key_value_tensors). Each TP rank sees only its heads, so their weight gradients are
+// partial sums over TP (marked like sequence-parallel replicas: summed over TP after backward,
+// as Megatron's _allreduce_layernorm_grads does for q_layernorm and k_layernorm).
 #pragma once
+
+#include <optional>
 
 #include <string>
 
@@ -20,6 +28,7 @@
 #include "tensor/ops.h"
 #include "transformer/config.h"
 #include "transformer/forward_mode.h"
+#include "transformer/norm.h"
 #include "transformer/tensor_parallel_context.h"
 
 namespace megatron {
@@ -36,6 +45,7 @@ class SelfAttention {
     Shape proj_input_shape;  // if linear_proj's saved input was `out` (dropped with it): its shape
     Tensor positions;
     ops::AttentionSpec spec;  // as run in forward: the mask, the dropout RNG coordinates
+    Norm::Ctx q_norm, k_norm;  // --qk-layernorm
   };
 
   SelfAttention(const std::string& name, const TransformerConfig& cfg, int64_t layer_number,
@@ -49,10 +59,16 @@ class SelfAttention {
 
   ColumnParallelLinear linear_qkv;
   RowParallelLinear linear_proj;
+  std::optional<Norm> q_layernorm, k_layernorm;  // --qk-layernorm
 
  private:
   // ctx.out, ctx.lse = core attention of ctx.qkv under ctx.spec (forward and recomputation).
   void core_attention(Ctx& ctx) const;
+  // --qk-layernorm on the packed [s, b, ng, qpg + 2, hn] buffer: the query heads through
+  // q_layernorm, the key head through k_layernorm, the value head as it is. backward maps the
+  // gradient of the result to the gradient of the input the same way.
+  Tensor qk_norm_forward(const Tensor& qkv, Ctx& ctx) const;
+  Tensor qk_norm_backward(const Tensor& dqkv, Ctx& ctx) const;
 
   const TransformerConfig& cfg_;
   int64_t layer_;

@@ -43,6 +43,11 @@ void TransformerConfig::finalize() {
   if (position_embedding == PositionEmbedding::kRope) {
     MEGATRON_CHECK(rotary_percent > 0 && rotary_percent <= 1,
                    "--rotary-percent must be in (0, 1], got ", rotary_percent);
+    MEGATRON_CHECK(rope_scaling_factor >= 0, "--rope-scaling-factor must be positive, got ",
+                   rope_scaling_factor);
+    MEGATRON_CHECK(rotary_seq_len_interpolation_factor >= 0,
+                   "--rotary-seq-len-interpolation-factor must be positive, got ",
+                   rotary_seq_len_interpolation_factor);
     int64_t rot = static_cast<int64_t>(static_cast<double>(kv_channels) * rotary_percent);
     MEGATRON_CHECK(rot >= 2 && rot % 2 == 0,
                    "rotary dimension kv_channels * --rotary-percent = ", rot,

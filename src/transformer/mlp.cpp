@@ -37,6 +37,8 @@ Tensor MLP::forward(const Tensor& x, Ctx& ctx) const {
   Tensor act = Tensor::empty(act_shape, ctx.pre_act.dtype());
   if (cfg_.swiglu) {
     ops::swiglu_forward(act, ctx.pre_act);
+  } else if (cfg_.squared_relu) {
+    ops::squared_relu_forward(act, ctx.pre_act);
   } else {
     ops::gelu_forward(act, ctx.pre_act, cfg_.openai_gelu);
   }
@@ -48,6 +50,8 @@ Tensor MLP::backward(const Tensor& dy, Ctx& ctx) const {
   Tensor dpre = Tensor::empty(ctx.pre_act.shape(), ctx.pre_act.dtype());
   if (cfg_.swiglu) {
     ops::swiglu_backward(dpre, dact, ctx.pre_act);
+  } else if (cfg_.squared_relu) {
+    ops::squared_relu_backward(dpre, dact, ctx.pre_act);
   } else {
     ops::gelu_backward(dpre, dact, ctx.pre_act, cfg_.openai_gelu);
   }

@@ -117,6 +117,19 @@ class TestParallelEquivalence(unittest.TestCase):
     def test_llama_style_every_layout_matches_single_process(self):
         self.check_equivalent(LLAMA)
 
+    def test_model_variants_in_parallel_layouts(self):
+        # The variant flags in the layouts that split what they touch: --qk-layernorm's weights
+        # see only their TP rank's heads (summed over TP after backward), the RoPE variants and
+        # --kv-channels run per head on every rank, squared ReLU and the zero-centred norms
+        # everywhere.
+        layouts = [l for l in LAYOUTS if l[0] in ("tp2+sp", "tp4", "pp2", "tp2pp2dp2")]
+        self.check_equivalent([*LLAMA, "--qk-layernorm", "--rotary-interleaved",
+                               "--use-rope-scaling", "--rotary-base", "500000",
+                               "--kv-channels", "32", "--apply-layernorm-1p"], layouts)
+        self.check_equivalent(["--squared-relu", "--qk-layernorm", "--apply-layernorm-1p",
+                               "--init-method-xavier-uniform", "--embedding-init-method-std",
+                               "0.05"], layouts)
+
     def test_document_masks_reach_every_stage(self):
         # With --reset-attention-mask every pipeline stage needs the document starts (middle
         # stages read the batch too), and positions restart after each end of document.

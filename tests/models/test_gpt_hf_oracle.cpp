@@ -122,6 +122,57 @@ TEST(PyTorchOracle, LlamaLogitsLossGradientsAndAdamW) {
   run_oracle("llama");
 }
 
+// The model variants Hugging Face has, each through its own config: GPT-2 with relu2
+// (--squared-relu); Llama 3.1's rope_scaling llama3 with head_dim 32 != hidden / heads
+// (--use-rope-scaling, --kv-channels); Qwen3's q_norm / k_norm (--qk-layernorm) with
+// rope_scaling linear (--rotary-seq-len-interpolation-factor). The same tolerances.
+TEST(PyTorchOracle, VariantsLogitsLossGradientsAndAdamW) {
+  for (const std::string arch : {"gpt2-relu2", "llama31", "qwen3"}) {
+    SCOPED_TRACE(arch);
+    run_oracle(arch);
+  }
+  // The imported configs are the variants (not silently the plain models).
+  EXPECT_TRUE(read_hf_config(g_oracle_dir + "/gpt2-relu2/model").config.squared_relu);
+  EXPECT_EQ(read_hf_config(g_oracle_dir + "/llama31/model").config.rope_scaling_factor, 8.0);
+  EXPECT_EQ(read_hf_config(g_oracle_dir + "/llama31/model").config.kv_channels, 32);
+  const TransformerConfig q = read_hf_config(g_oracle_dir + "/qwen3/model").config;
+  EXPECT_TRUE(q.qk_layernorm);
+  EXPECT_EQ(q.rotary_seq_len_interpolation_factor, 4.0);
+}
+
+// Each variant's oracle tells it from the plain model: the same weights without the variant
+// give other logits (beyond the tolerance), so the test above cannot pass by ignoring it.
+TEST(PyTorchOracle, VariantsAreDistinguishable) {
+  const std::vector<std::pair<std::string, std::function<void(TransformerConfig&)>>> plain = {
+      {"gpt2-relu2", [](TransformerConfig& c) { c.squared_relu = false; }},
+      {"llama31", [](TransformerConfig& c) { c.rope_scaling_factor = 0; }},
+      {"qwen3", [](TransformerConfig& c) { c.rotary_seq_len_interpolation_factor = 0; }}};
+  for (const auto& [arch, undo] : plain) {
+    SCOPED_TRACE(arch);
+    const std::string root = g_oracle_dir + "/" + arch;
+    auto expected = safetensors::File::open(root + "/expected.safetensors");
+    Loaded l = load(root + "/model", undo);
+    Tensor tokens = expected.read("tokens");
+    const int64_t B = tokens.dim(0), S = tokens.dim(1) - 1;
+    Tensor inputs = Tensor::empty({B, S}, DType::kI64), labels = Tensor::empty({B, S}, DType::kI64);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < S; ++t) {
+        inputs.data<int64_t>()[b * S + t] = tokens.data<int64_t>()[b * (S + 1) + t];
+        labels.data<int64_t>()[b * S + t] = tokens.data<int64_t>()[b * (S + 1) + t + 1];
+      }
+    GPTModel::Ctx ctx;
+    l.model->forward(inputs, labels, Tensor(), ctx, ForwardMode{});
+    const TransformerConfig& c = l.model->config();
+    Tensor want = expected.read("logits"), got = Tensor::empty({B, S, c.vocab_size});
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < S; ++t)
+        for (int64_t v = 0; v < c.vocab_size; ++v)
+          got.data<float>()[(b * S + t) * c.vocab_size + v] =
+              ctx.head.logits.data<float>()[(t * B + b) * c.padded_vocab_size + v];
+    EXPECT_FALSE(testing::allclose(got, want, 1e-5, 1e-4)) << "the plain model matches too";
+  }
+}
+
 // --apply-layernorm-1p: the norms hold gamma - 1 and scale by 1 + weight. Imported from the same
 // Hugging Face weights (gamma), the model is the same function: PyTorch's logits, loss, gradients
 // (d/dweight = d/dgamma) and AdamW losses (norm weights take no weight decay, so the steps in
@@ -161,7 +212,7 @@ TEST(PyTorchOracle, LayerNorm1pIsTheSameFunctionAndExportsGamma) {
 }
 
 TEST(PyTorchOracle, ExportReproducesTheImportedFilesExactly) {
-  for (const std::string arch : {"gpt2", "llama"}) {
+  for (const std::string arch : {"gpt2", "llama", "gpt2-relu2", "llama31", "qwen3"}) {
     const std::string src = g_oracle_dir + "/" + arch + "/model";
     Loaded l = load(src);
     const std::string out = testing::scratch_dir("hf_roundtrip_" + arch);
@@ -176,6 +227,14 @@ TEST(PyTorchOracle, ExportReproducesTheImportedFilesExactly) {
       EXPECT_EQ(0, std::memcmp(a.data(name), b.data(name), info.end - info.begin))
           << name << " differs after import and export";
     }
+    // The exported config.json names the same variant.
+    const TransformerConfig in = read_hf_config(src).config, back = read_hf_config(out).config;
+    EXPECT_EQ(in.squared_relu, back.squared_relu) << arch;
+    EXPECT_EQ(in.qk_layernorm, back.qk_layernorm) << arch;
+    EXPECT_EQ(in.kv_channels, back.kv_channels) << arch;
+    EXPECT_EQ(in.rope_scaling_factor, back.rope_scaling_factor) << arch;
+    EXPECT_EQ(in.rotary_seq_len_interpolation_factor, back.rotary_seq_len_interpolation_factor)
+        << arch;
   }
 }
 

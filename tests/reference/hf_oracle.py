@@ -15,7 +15,15 @@ safetensors packages (both are re-implemented here in a few lines), it is
 not a general checkpoint converter, and it does not test the C++ code by
 itself; the C++ tests read its output and compare with tolerances.
 
-Usage: python3 tests/reference/hf_oracle.py --arch {gpt2,llama} --out DIR [--seed 1234]
+Variants (the model-variant flags where Hugging Face has the same variant):
+  gpt2-relu2  GPT-2 with activation_function relu2 (--squared-relu)
+  llama31     Llama with rope_scaling llama3 factor 8 (--use-rope-scaling) and head_dim 32, not
+              hidden / heads (--kv-channels)
+  qwen3       Qwen3: Llama with q_norm / k_norm over each head (--qk-layernorm), head_dim 32, and
+              rope_scaling linear factor 4 (--rotary-seq-len-interpolation-factor 4)
+
+Usage: python3 tests/reference/hf_oracle.py --arch {gpt2,llama,gpt2-relu2,llama31,qwen3} --out DIR
+       [--seed 1234]
 """
 
 import argparse
@@ -69,6 +77,15 @@ LLAMA_CONFIG = {
     "attention_bias": False,
     "mlp_bias": False,
 }
+
+
+GPT2_RELU2_CONFIG = dict(GPT2_CONFIG, activation_function="relu2")
+LLAMA31_CONFIG = dict(LLAMA_CONFIG, head_dim=32, rope_theta=500000.0,
+                      rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                    "high_freq_factor": 4.0,
+                                    "original_max_position_embeddings": 8192})
+QWEN3_CONFIG = dict(LLAMA_CONFIG, model_type="qwen3", architectures=["Qwen3ForCausalLM"],
+                    head_dim=32, rope_scaling={"rope_type": "linear", "factor": 4.0})
 
 
 # --------------------------------------------------------------------------
@@ -156,7 +173,7 @@ def llama_weights(cfg, init):
     V, H, I, L = (cfg["vocab_size"], cfg["hidden_size"], cfg["intermediate_size"],
                   cfg["num_hidden_layers"])
     nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    hd = H // nh
+    hd = cfg.get("head_dim") or H // nh
     w = {}
     w["model.embed_tokens.weight"] = init.matrix(V, H)
     for i in range(L):
@@ -166,6 +183,9 @@ def llama_weights(cfg, init):
         w[p + "self_attn.k_proj.weight"] = init.matrix(nkv * hd, H)
         w[p + "self_attn.v_proj.weight"] = init.matrix(nkv * hd, H)
         w[p + "self_attn.o_proj.weight"] = init.matrix(H, nh * hd)
+        if cfg["model_type"] == "qwen3":
+            w[p + "self_attn.q_norm.weight"] = init.norm(hd)
+            w[p + "self_attn.k_norm.weight"] = init.norm(hd)
         w[p + "post_attention_layernorm.weight"] = init.norm(H)
         w[p + "mlp.gate_proj.weight"] = init.matrix(I, H)
         w[p + "mlp.up_proj.weight"] = init.matrix(I, H)
@@ -215,7 +235,9 @@ def gpt2_forward(cfg, w, ids):
         o = conv1d(o, w[p + "attn.c_proj.weight"], w[p + "attn.c_proj.bias"])
         x = x + o
         h = F.layer_norm(x, (H,), w[p + "ln_2.weight"], w[p + "ln_2.bias"], eps)
-        h = gelu_new(conv1d(h, w[p + "mlp.c_fc.weight"], w[p + "mlp.c_fc.bias"]))
+        h = conv1d(h, w[p + "mlp.c_fc.weight"], w[p + "mlp.c_fc.bias"])
+        # HF's ACT2FN: gelu_new, or relu2 (ReLUSquaredActivation: relu(x)^2).
+        h = torch.square(F.relu(h)) if cfg["activation_function"] == "relu2" else gelu_new(h)
         h = conv1d(h, w[p + "mlp.c_proj.weight"], w[p + "mlp.c_proj.bias"])
         x = x + h
     x = F.layer_norm(x, (H,), w["ln_f.weight"], w["ln_f.bias"], eps)
@@ -239,13 +261,25 @@ def llama_forward(cfg, w, ids):
     B, S = ids.shape
     H, L = cfg["hidden_size"], cfg["num_hidden_layers"]
     nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    hd = H // nh
+    hd = cfg.get("head_dim") or H // nh
     rep = nh // nkv
     eps = cfg["rms_norm_eps"]
     theta = cfg["rope_theta"]
 
     inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
     pos = torch.arange(S, dtype=torch.float32)
+    scaling = cfg.get("rope_scaling")
+    if scaling and scaling["rope_type"] == "linear":  # HF's linear: positions / factor
+        pos = pos / scaling["factor"]
+    elif scaling and scaling["rope_type"] == "llama3":  # HF's _compute_llama3_parameters
+        factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old = scaling["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old / low, inv_freq / factor, inv_freq)
+        smooth = (old / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < old / high) * ~(wavelen > old / low)
+        inv_freq = torch.where(medium, smoothed, scaled)
     freqs = (inv_freq[:, None] @ pos[None, :]).transpose(0, 1)  # [S, hd/2]
     emb = torch.cat((freqs, freqs), dim=-1)
     cos = emb.cos()[None, None]  # [1,1,S,hd]
@@ -259,6 +293,9 @@ def llama_forward(cfg, w, ids):
         q = F.linear(h, w[p + "self_attn.q_proj.weight"]).view(B, S, nh, hd).transpose(1, 2)
         k = F.linear(h, w[p + "self_attn.k_proj.weight"]).view(B, S, nkv, hd).transpose(1, 2)
         v = F.linear(h, w[p + "self_attn.v_proj.weight"]).view(B, S, nkv, hd).transpose(1, 2)
+        if cfg["model_type"] == "qwen3":  # per-head RMSNorm of q and k, before RoPE
+            q = rms_norm(q, w[p + "self_attn.q_norm.weight"], eps)
+            k = rms_norm(k, w[p + "self_attn.k_norm.weight"], eps)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         # repeat_kv: head j uses kv head j // rep
@@ -282,6 +319,9 @@ def llama_forward(cfg, w, ids):
 ARCHS = {
     "gpt2": (GPT2_CONFIG, gpt2_weights, gpt2_forward),
     "llama": (LLAMA_CONFIG, llama_weights, llama_forward),
+    "gpt2-relu2": (GPT2_RELU2_CONFIG, gpt2_weights, gpt2_forward),
+    "llama31": (LLAMA31_CONFIG, llama_weights, llama_forward),
+    "qwen3": (QWEN3_CONFIG, llama_weights, llama_forward),
 }
 
 

@@ -146,6 +146,14 @@ void register_elementwise() {
            return std::vector<Tensor>{y, dx};
          }},
         {"tanh_forward", "tanh_backward"});
+    add({"squared relu", dims(s),
+         [=](const Place& p) {
+           Tensor y = p.empty(s), dx = p.empty(s);
+           ops::squared_relu_forward(y, p(a));
+           ops::squared_relu_backward(dx, p(b), p(a));
+           return std::vector<Tensor>{y, dx};
+         }},
+        {"squared_relu_forward", "squared_relu_backward"});
     const Shape half{s[0], std::max<int64_t>(1, s[1] / 2)};
     const Shape both{s[0], 2 * half[1]};
     const Tensor x2 = random_tensor(both, 4, 2.0, DType::kF64);
@@ -280,15 +288,23 @@ void register_rope_and_loss() {
   for (auto [s, hn, rot] : {std::array<int64_t, 3>{1, 2, 2}, {5, 12, 8}, {9, 64, 64}}) {
     const Shape shape{s, 2, 2, 3, hn};
     const Tensor x = random_tensor(shape, 17, 1.0, DType::kF64);
-    const ops::RopeSpec spec{0, 2, rot, 10000.0f};
-    add({"rope", dims(shape),
-         [=](const Place& p) {
-           Tensor y = p(x), back = p(x);
-           ops::rope_inplace(y, Tensor(), spec, false);
-           ops::rope_inplace(back, Tensor(), spec, true);
-           return std::vector<Tensor>{y, back};
-         }},
-        {"rope_inplace"});
+    // Plain; interleaved with the sequence-length interpolation; Llama 3.1 scaling at a base of
+    // 500000, whose 32 frequencies at rot 64 fall in all three bands of the rule (kept,
+    // interpolated, slowed), at positions up to 9 x 600.
+    for (const auto& [name, spec] :
+         {std::pair{"rope", ops::RopeSpec{0, 2, rot, 10000.0f}},
+          std::pair{"rope interleaved, positions / 4", ops::RopeSpec{0, 2, rot, 10000.0f, true,
+                                                                      0, 0.25}},
+          std::pair{"rope llama3.1 x8", ops::RopeSpec{0, 2, rot, 500000.0f, false, 8.0, 600.0}}}) {
+      add({name, dims(shape),
+           [=](const Place& p) {
+             Tensor y = p(x), back = p(x);
+             ops::rope_inplace(y, Tensor(), spec, false);
+             ops::rope_inplace(back, Tensor(), spec, true);
+             return std::vector<Tensor>{y, back};
+           }},
+          {"rope_inplace"});
+    }
   }
   for (auto [n, vp, vocab] : {std::array<int64_t, 3>{1, 1, 1}, {6, 40, 33}, {3, 1030, 1025}}) {
     const Tensor logits = random_tensor({n, vp}, 18, 4.0, DType::kF64);
@@ -505,6 +521,14 @@ TEST(OpsHarness, BackwardsMatchFiniteDifferences) {
     EXPECT_TRUE(testing::allclose(dx, want, kFdTol, kFdTol)) << "tanh";
   }
   {
+    // Away from the kink at 0 (no element of x lies within the FD step of it).
+    const Tensor want = fd([](const Tensor& v) { return ref::squared_relu(v); }, x, dy);
+    EXPECT_TRUE(testing::allclose(ref::squared_relu_backward(dy, x), want, kFdTol, kFdTol));
+    Tensor dx = Tensor::empty(x.shape(), DType::kF64);
+    ops::squared_relu_backward(dx, dy, x);
+    EXPECT_TRUE(testing::allclose(dx, want, kFdTol, kFdTol)) << "squared relu";
+  }
+  {
     const Tensor x2 = random_tensor({3, 8}, 34, 2.0, DType::kF64),
                  d2 = random_tensor({3, 4}, 35, 1.0, DType::kF64);
     const Tensor want = fd([](const Tensor& v) { return ref::swiglu(v); }, x2, d2);
@@ -563,13 +587,16 @@ TEST(OpsHarness, BackwardsMatchFiniteDifferences) {
   {
     const Tensor r = random_tensor({2, 1, 1, 2, 6}, 38, 1.0, DType::kF64),
                  dr = random_tensor(r.shape(), 39, 1.0, DType::kF64);
-    const ops::RopeSpec spec{0, 2, 6, 10000.0f};
-    // The backward of a rotation is the inverse rotation of the output gradient.
-    const Tensor want =
-        fd([&](const Tensor& v) { return ref::rope(v, Tensor(), spec, false); }, r, dr);
-    Tensor d = dr.clone();
-    ops::rope_inplace(d, Tensor(), spec, true);
-    EXPECT_TRUE(testing::allclose(d, want, kFdTol, kFdTol)) << "rope";
+    // The backward of a rotation is the inverse rotation of the output gradient (for every
+    // pairing and frequency rule).
+    for (const ops::RopeSpec& spec :
+         {ops::RopeSpec{0, 2, 6, 10000.0f}, ops::RopeSpec{0, 2, 6, 10000.0f, true, 8.0, 0.5}}) {
+      const Tensor want =
+          fd([&](const Tensor& v) { return ref::rope(v, Tensor(), spec, false); }, r, dr);
+      Tensor d = dr.clone();
+      ops::rope_inplace(d, Tensor(), spec, true);
+      EXPECT_TRUE(testing::allclose(d, want, kFdTol, kFdTol)) << "rope";
+    }
   }
 }
 

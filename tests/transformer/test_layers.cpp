@@ -90,8 +90,10 @@ TEST(LayerGradients, LayerNormAndRMSNorm) {
 
 TEST(LayerGradients, MlpGeluWithBiasesAndSwigluWithout) {
   SelfGroup g;
-  for (const TransformerConfig& cfg : {base_config(), llama_style(base_config())}) {
-    SCOPED_TRACE(cfg.swiglu ? "SwiGLU" : "GELU");
+  TransformerConfig relu2 = base_config();
+  relu2.squared_relu = true;
+  for (const TransformerConfig& cfg : {base_config(), llama_style(base_config()), relu2}) {
+    SCOPED_TRACE(cfg.swiglu ? "SwiGLU" : cfg.squared_relu ? "squared ReLU" : "GELU");
     MLP mlp("mlp", cfg, g.tp());
     MLP::Ctx ctx;
     std::vector<Param*> ps;
@@ -136,6 +138,53 @@ TEST(LayerGradients, SelfAttentionMhaAndGqaWithRopeDocumentsAndDropout) {
                  },
                  [&](const Tensor& dy) { return attn.backward(dy, ctx); }},
                 13);
+  }
+}
+
+// The RoPE variants (interleaved pairs, Llama 3.1 scaling, position interpolation, a partial
+// rotary dimension, head dim != hidden / heads) and --qk-layernorm with both norms.
+TEST(LayerGradients, SelfAttentionVariants) {
+  SelfGroup g;
+  std::vector<std::pair<std::string, TransformerConfig>> cases;
+  {
+    TransformerConfig c = llama_style(base_config());
+    c.rotary_interleaved = true;
+    c.rope_scaling_factor = 8;
+    c.rotary_base = 500000;
+    c.rotary_seq_len_interpolation_factor = 0.01;  // positions x 100: every frequency band turns
+    c.finalize();
+    cases.emplace_back("interleaved, Llama 3.1 scaling, interpolation", c);
+  }
+  {
+    TransformerConfig c = llama_style(base_config());
+    c.kv_channels = 4;
+    c.rotary_percent = 0.5;
+    c.qk_layernorm = true;
+    c.finalize();
+    cases.emplace_back("qk RMSNorm, kv-channels 4, rotary 50%", c);
+  }
+  {
+    TransformerConfig c = base_config();
+    c.qk_layernorm = true;
+    c.layernorm_zero_centered_gamma = true;
+    c.finalize();
+    cases.emplace_back("qk LayerNorm 1p", c);
+  }
+  for (const auto& [name, cfg] : cases) {
+    SCOPED_TRACE(name);
+    SelfAttention attn("attn", cfg, 0, g.tp());
+    EXPECT_EQ(attn.q_layernorm.has_value(), cfg.qk_layernorm);
+    SelfAttention::Ctx ctx;
+    TokenLayout layout;
+    std::vector<Param*> ps;
+    attn.collect(ps);
+    check_layer({ps,
+                 [&](const Tensor& x) {
+                   ctx = {};
+                   return attn.forward(x, layout, ctx, ForwardMode{});
+                 },
+                 [&](const Tensor& dy) { return attn.backward(dy, ctx); }},
+                14);
   }
 }
 

@@ -86,10 +86,12 @@ HfModelInfo read_hf_config(const std::string& dir) {
     c.vocab_size = get<int64_t>(j, "vocab_size", file);
     c.norm_epsilon = get_or<double>(j, "layer_norm_epsilon", 1e-5, file);
     const std::string act = get_or<std::string>(j, "activation_function", "gelu_new", file);
-    MEGATRON_CHECK(act == "gelu_new" || act == "gelu" || act == "gelu_pytorch_tanh", file,
-                   ": activation_function '", act,
-                   "' is not supported (gelu_new, gelu_pytorch_tanh, gelu)");
-    c.openai_gelu = act != "gelu";
+    MEGATRON_CHECK(
+        act == "gelu_new" || act == "gelu" || act == "gelu_pytorch_tanh" || act == "relu2", file,
+        ": activation_function '", act,
+        "' is not supported (gelu_new, gelu_pytorch_tanh, gelu, relu2)");
+    c.squared_relu = act == "relu2";  // HF's ReLUSquaredActivation: --squared-relu
+    c.openai_gelu = act != "gelu" && !c.squared_relu;
     c.normalization = Normalization::kLayerNorm;
     c.position_embedding = PositionEmbedding::kLearnedAbsolute;
     c.add_bias_linear = true;
@@ -100,8 +102,12 @@ HfModelInfo read_hf_config(const std::string& dir) {
                        !get_or<bool>(j, "reorder_and_upcast_attn", false, file),
                    file,
                    ": scale_attn_by_inverse_layer_idx / reorder_and_upcast_attn are not supported");
-  } else if (model_type == "llama" || model_type == "mistral" || model_type == "qwen2") {
+  } else if (model_type == "llama" || model_type == "mistral" || model_type == "qwen2" ||
+             model_type == "qwen3") {
     info.arch = HfArch::kLlama;
+    // Qwen3 is Llama with an RMSNorm over each query and key head (q_norm, k_norm):
+    // Megatron's --qk-layernorm.
+    c.qk_layernorm = model_type == "qwen3";
     c.num_layers = get<int64_t>(j, "num_hidden_layers", file);
     c.hidden_size = get<int64_t>(j, "hidden_size", file);
     c.num_attention_heads = get<int64_t>(j, "num_attention_heads", file);
@@ -114,8 +120,29 @@ HfModelInfo read_hf_config(const std::string& dir) {
     c.rotary_base = get_or<double>(j, "rope_theta", 10000.0, file);
     const std::string act = get_or<std::string>(j, "hidden_act", "silu", file);
     MEGATRON_CHECK(act == "silu", file, ": hidden_act '", act, "' is not supported (silu)");
-    MEGATRON_CHECK(!j.contains("rope_scaling") || j["rope_scaling"].is_null(), file,
-                   ": rope_scaling is not supported yet; only plain RoPE models load");
+    if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
+      // Llama 3.1's "llama3" scaling (Megatron's --use-rope-scaling, whose other constants it
+      // fixes) and "linear" position interpolation (--rotary-seq-len-interpolation-factor).
+      const json& rs = j["rope_scaling"];
+      const std::string type = get_or<std::string>(rs, "rope_type", get_or<std::string>(rs, "type", "", file), file);
+      const double factor = get<double>(rs, "factor", file);
+      if (type == "llama3") {
+        MEGATRON_CHECK(get_or<double>(rs, "low_freq_factor", 1.0, file) == 1.0 &&
+                           get_or<double>(rs, "high_freq_factor", 4.0, file) == 4.0 &&
+                           get_or<int64_t>(rs, "original_max_position_embeddings", 8192, file) ==
+                               8192,
+                       file,
+                       ": rope_scaling llama3 loads with Megatron's constants only "
+                       "(low_freq_factor 1, high_freq_factor 4, "
+                       "original_max_position_embeddings 8192)");
+        c.rope_scaling_factor = factor;
+      } else if (type == "linear") {
+        c.rotary_seq_len_interpolation_factor = factor;
+      } else {
+        MEGATRON_CHECK(false, file, ": rope_scaling type '", type,
+                       "' is not supported (llama3 or linear)");
+      }
+    }
     MEGATRON_CHECK(!j.contains("sliding_window") || j["sliding_window"].is_null() ||
                        !get_or<bool>(j, "use_sliding_window", model_type == "mistral", file),
                    file,
@@ -234,6 +261,10 @@ std::vector<Mapping> build_mappings(const HfModelInfo& info, GPTModel& m) {
             all_rows(2));
       }
       add(p + "self_attn.o_proj.weight", L.self_attention.linear_proj.weight(), {h, np * hn});
+      if (c.qk_layernorm) {
+        add(p + "self_attn.q_norm.weight", L.self_attention.q_layernorm->weight, {hn});
+        add(p + "self_attn.k_norm.weight", L.self_attention.k_layernorm->weight, {hn});
+      }
       add(p + "post_attention_layernorm.weight", L.pre_mlp_layernorm.weight, {h});
       add(p + "mlp.gate_proj.weight", L.mlp.linear_fc1.weight(), {ffn, h}, false, {}, 0);
       add(p + "mlp.up_proj.weight", L.mlp.linear_fc1.weight(), {ffn, h}, false, {}, ffn);
@@ -363,19 +394,23 @@ void save_hf(const std::string& dir, const HfModelInfo& info, const GPTModel& mo
 HfArch infer_hf_arch(const TransformerConfig& c) {
   if (c.position_embedding == PositionEmbedding::kLearnedAbsolute &&
       c.normalization == Normalization::kLayerNorm && !c.swiglu && c.add_bias_linear &&
-      !c.untie_embeddings_and_output_weights && c.num_query_groups == c.num_attention_heads) {
+      !c.untie_embeddings_and_output_weights && c.num_query_groups == c.num_attention_heads &&
+      !c.qk_layernorm && c.kv_channels * c.num_attention_heads == c.hidden_size) {
     return HfArch::kGpt2;
   }
   if (c.position_embedding == PositionEmbedding::kRope &&
       c.normalization == Normalization::kRMSNorm && c.swiglu && !c.add_bias_linear &&
-      !c.add_qkv_bias && c.rotary_percent == 1.0) {
+      !c.add_qkv_bias && c.rotary_percent == 1.0 && !c.rotary_interleaved &&
+      !(c.rope_scaling_factor > 0 && c.rotary_seq_len_interpolation_factor > 0)) {
     return HfArch::kLlama;
   }
   MEGATRON_CHECK(false,
                  "this model has no Hugging Face equivalent: GPT-2 needs learned positions, "
                  "LayerNorm, GELU, biases and tied embeddings; Llama needs "
                  "--position-embedding-type rope, --normalization RMSNorm, --swiglu and "
-                 "--disable-bias-linear");
+                 "--disable-bias-linear, and rotates half-split pairs (not --rotary-interleaved) "
+                 "of the whole head with at most one of --use-rope-scaling and "
+                 "--rotary-seq-len-interpolation-factor");
   return HfArch::kGpt2;
 }
 
@@ -394,11 +429,11 @@ HfModelInfo hf_info_from_config(const TransformerConfig& c, HfArch arch) {
          {"n_positions", c.max_position_embeddings},
          {"vocab_size", c.vocab_size},
          {"layer_norm_epsilon", c.norm_epsilon},
-         {"activation_function", c.openai_gelu ? "gelu_new" : "gelu"},
+         {"activation_function", c.squared_relu ? "relu2" : c.openai_gelu ? "gelu_new" : "gelu"},
          {"tie_word_embeddings", true}};
   } else {
-    j = {{"model_type", "llama"},
-         {"architectures", {"LlamaForCausalLM"}},
+    j = {{"model_type", c.qk_layernorm ? "qwen3" : "llama"},
+         {"architectures", {c.qk_layernorm ? "Qwen3ForCausalLM" : "LlamaForCausalLM"}},
          {"num_hidden_layers", c.num_layers},
          {"hidden_size", c.hidden_size},
          {"num_attention_heads", c.num_attention_heads},
@@ -409,10 +444,20 @@ HfModelInfo hf_info_from_config(const TransformerConfig& c, HfArch arch) {
          {"vocab_size", c.vocab_size},
          {"rms_norm_eps", c.norm_epsilon},
          {"rope_theta", c.rotary_base},
+         {"rope_scaling", nullptr},
          {"hidden_act", "silu"},
          {"tie_word_embeddings", !c.untie_embeddings_and_output_weights},
          {"attention_bias", false},
          {"mlp_bias", false}};
+  }
+  if (c.rope_scaling_factor > 0) {
+    j["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", c.rope_scaling_factor},
+                         {"low_freq_factor", 1.0},
+                         {"high_freq_factor", 4.0},
+                         {"original_max_position_embeddings", 8192}};
+  } else if (c.rotary_seq_len_interpolation_factor > 0) {
+    j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", c.rotary_seq_len_interpolation_factor}};
   }
   j["torch_dtype"] = torch_dtype_name(info.dtype);
   return info;

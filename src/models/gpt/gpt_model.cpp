@@ -24,6 +24,27 @@ GPTModel::GPTModel(const TransformerConfig& cfg, GPTStage stage)
     p->tp_rank = tp_.rank();
     p->tp_size = tp_.size();
   }
+  apply_init_methods();
+}
+
+void GPTModel::apply_init_methods() {
+  // Megatron's TransformerConfig: the embeddings take embedding_init_method, which is
+  // N(0, --embedding-init-method-std) when that differs from --init-method-std, else the
+  // init_method itself; --init-method-xavier-uniform makes the init_method (and the scaled one of
+  // the output projections) Xavier-uniform. Norms and biases keep theirs.
+  const bool xavier = cfg_.init_method_xavier_uniform;
+  const double emb_std = cfg_.embedding_init_method_std;
+  const bool emb_own = emb_std > 0 && emb_std != cfg_.init_method_std;
+  for (Param* p : parameters()) {
+    if (p->init != Init::kNormal) continue;
+    const bool emb = p->name == "embedding.word_embeddings.weight" ||
+                     p->name == "embedding.position_embeddings.weight";
+    if (emb && emb_own) {
+      p->init_std = emb_std;
+    } else if (xavier) {
+      p->init = Init::kXavierUniform;
+    }
+  }
 }
 
 std::vector<Param*> GPTModel::parameters() {

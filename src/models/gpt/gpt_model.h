@@ -105,6 +105,8 @@ class GPTModel {
   std::unique_ptr<LMHead> head;  // last stage
 
  private:
+  // --embedding-init-method-std and --init-method-xavier-uniform on the parameters' init specs.
+  void apply_init_methods();
   void report(const ParamsDone& done, std::initializer_list<const Param*> ps) const;
   // The registered ones of ps (a RoPE model's position table has no name and no storage).
   static std::vector<const Param*> named(std::initializer_list<const Param*> ps);

@@ -172,6 +172,37 @@ void tanh_backward(Tensor& dx, const Tensor& dout, const Tensor& y) {
   });
 }
 
+void squared_relu_forward(Tensor& out, const Tensor& x) {
+  cpu::check_numel(out, x, "squared_relu_forward");
+  cpu::check_same_dtype(out, x, "squared_relu_forward");
+  dispatch_float(x, "squared_relu_forward", [&]<typename T>() {
+    T* o = out.data<T>();
+    const T* in = x.data<T>();
+    const int64_t n = x.numel();
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const T r = in[i] > static_cast<T>(0) ? in[i] : static_cast<T>(0);
+      o[i] = r * r;
+    }
+  });
+}
+
+void squared_relu_backward(Tensor& dx, const Tensor& dout, const Tensor& x) {
+  cpu::check_numel(dx, x, "squared_relu_backward");
+  cpu::check_numel(dout, x, "squared_relu_backward");
+  cpu::check_same_dtype(dx, x, "squared_relu_backward");
+  cpu::check_same_dtype(dout, x, "squared_relu_backward");
+  dispatch_float(x, "squared_relu_backward", [&]<typename T>() {
+    T* d = dx.data<T>();
+    const T *g = dout.data<T>(), *in = x.data<T>();
+    const int64_t n = x.numel();
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      d[i] = in[i] > static_cast<T>(0) ? static_cast<T>(2) * in[i] * g[i] : static_cast<T>(0);
+    }
+  });
+}
+
 void swiglu_forward(Tensor& out, const Tensor& x) {
   int64_t f = out.dim(-1);
   MEGATRON_CHECK(x.dim(-1) == 2 * f && rows_of(x) == rows_of(out), "swiglu_forward: input ",

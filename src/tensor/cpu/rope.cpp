@@ -1,8 +1,9 @@
 // Rotary position embedding, applied in place to selected heads of a [s, b, G, P, hn] tensor.
 //
 // Rotate-half convention (HF Llama, Megatron rotary_interleaved=False): channel j < rot_dim/2 pairs
-// with j + rot_dim/2, both rotated by angle pos * base^(-2j/rot_dim). Angles are computed in double
-// so f32 results match the fp64 reference to rounding.
+// with j + rot_dim/2, both rotated by angle pos * inv_freq[j], inv_freq[j] = base^(-2j/rot_dim)
+// (Llama 3.1-scaled with --use-rope-scaling); interleaved: channels 2j and 2j + 1. Angles are
+// computed in double so f32 results match the fp64 reference to rounding.
 #include <cmath>
 #include <vector>
 
@@ -27,13 +28,30 @@ void rope_inplace(Tensor& x, const Tensor& positions, const RopeSpec& spec, bool
   for (int64_t j = 0; j < half; ++j) {
     inv_freq[j] = std::pow(static_cast<double>(spec.base), -2.0 * j / static_cast<double>(rot));
   }
+  if (spec.scaling_factor > 0) {
+    // Llama 3.1: wavelengths above the original context's are slowed by the factor, those below
+    // a quarter of it kept, the band between interpolated.
+    constexpr double kContext = 8192, kLow = 1, kHigh = 4;
+    for (double& f : inv_freq) {
+      const double wavelen = 2 * M_PI / f;
+      if (wavelen > kContext / kLow) {
+        f /= spec.scaling_factor;
+      } else if (wavelen >= kContext / kHigh) {
+        const double smooth = (kContext / wavelen - kLow) / (kHigh - kLow);
+        f = (1 - smooth) * f / spec.scaling_factor + smooth * f;
+      }
+    }
+  }
+  // The channel pairs: (j, j + half), or (2j, 2j + 1) interleaved.
+  const int64_t step = spec.interleaved ? 2 : 1, partner = spec.interleaved ? 1 : half;
   const int64_t* pos = positions.defined() ? positions.data<int64_t>() : nullptr;
   double sign = inverse ? -1.0 : 1.0;
   cpu::dispatch_float(x, "rope_inplace", [&]<typename T>() {
     T* base_ptr = x.data<T>();
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < s * b; ++t) {
-      double p = pos ? static_cast<double>(pos[t]) : static_cast<double>(t / b);
+      const double p = (pos ? static_cast<double>(pos[t]) : static_cast<double>(t / b)) *
+                       spec.position_scale;
       std::vector<T> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
       for (int64_t j = 0; j < half; ++j) {
         double angle = p * inv_freq[j];
@@ -44,9 +62,10 @@ void rope_inplace(Tensor& x, const Tensor& positions, const RopeSpec& spec, bool
         for (int64_t hp = spec.head_begin; hp < spec.head_end; ++hp) {
           T* v = base_ptr + ((t * groups + g) * per + hp) * hn;
           for (int64_t j = 0; j < half; ++j) {
-            T x1 = v[j], x2 = v[j + half];
-            v[j] = x1 * cs[j] - x2 * sn[j];
-            v[j + half] = x2 * cs[j] + x1 * sn[j];
+            T* a = v + j * step;
+            T x1 = a[0], x2 = a[partner];
+            a[0] = x1 * cs[j] - x2 * sn[j];
+            a[partner] = x2 * cs[j] + x1 * sn[j];
           }
         }
       }

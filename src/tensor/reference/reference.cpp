@@ -82,6 +82,18 @@ Tensor tanh_backward(const Tensor& dout, const Tensor& y) {
   return dx;
 }
 
+Tensor squared_relu(const Tensor& x) {
+  Tensor y = like(x);
+  for (int64_t i = 0; i < x.numel(); ++i) W(y)[i] = std::pow(std::max(P(x)[i], 0.0), 2);
+  return y;
+}
+
+Tensor squared_relu_backward(const Tensor& dout, const Tensor& x) {
+  Tensor dx = like(x);
+  for (int64_t i = 0; i < x.numel(); ++i) W(dx)[i] = P(dout)[i] * 2 * std::max(P(x)[i], 0.0);
+  return dx;
+}
+
 Tensor swiglu(const Tensor& x) {
   int64_t f = x.dim(-1) / 2, n = rows(x);
   Tensor y = Tensor::zeros({n, f}, DType::kF64);
@@ -190,6 +202,21 @@ Tensor embedding_backward(const Tensor& dout, const Tensor& ids, int64_t vocab) 
   return d;
 }
 
+namespace {
+// Megatron's RotaryEmbedding.inv_freq for pair j, with _apply_scaling's Llama 3.1 rule written
+// out case by case (factor f, low/high frequency factors 1 and 4, original context 8192).
+double rope_inv_freq(const ops::RopeSpec& spec, int64_t j) {
+  const double base_freq = 1.0 / std::pow(static_cast<double>(spec.base),
+                                          static_cast<double>(2 * j) / spec.rot_dim);
+  if (spec.scaling_factor <= 0) return base_freq;
+  const double wavelen = 2 * M_PI / base_freq, low_wavelen = 8192.0, high_wavelen = 2048.0;
+  if (wavelen < high_wavelen) return base_freq;                        // high frequency: kept
+  if (wavelen > low_wavelen) return base_freq / spec.scaling_factor;  // low: slowed
+  const double smooth = (8192.0 / wavelen - 1.0) / (4.0 - 1.0);
+  return (1 - smooth) * base_freq / spec.scaling_factor + smooth * base_freq;
+}
+}  // namespace
+
 Tensor rope(const Tensor& x, const Tensor& positions, const ops::RopeSpec& spec, bool inverse) {
   int64_t s = x.dim(0), b = x.dim(1), G = x.dim(2), Pp = x.dim(3), hn = x.dim(4);
   int64_t half = spec.rot_dim / 2;
@@ -197,15 +224,19 @@ Tensor rope(const Tensor& x, const Tensor& positions, const ops::RopeSpec& spec,
   for (int64_t t = 0; t < s; ++t)
     for (int64_t bb = 0; bb < b; ++bb) {
       double pos = positions.defined() ? positions.data<int64_t>()[t * b + bb] : t;
+      pos *= spec.position_scale;
       for (int64_t g = 0; g < G; ++g)
         for (int64_t p = spec.head_begin; p < spec.head_end; ++p) {
           double* v = W(y) + (((t * b + bb) * G + g) * Pp + p) * hn;
           for (int64_t j = 0; j < half; ++j) {
-            double theta = pos * std::pow(spec.base, -2.0 * j / spec.rot_dim);
+            double theta = pos * rope_inv_freq(spec, j);
             if (inverse) theta = -theta;
-            double x1 = v[j], x2 = v[j + half];
-            v[j] = x1 * std::cos(theta) - x2 * std::sin(theta);
-            v[j + half] = x2 * std::cos(theta) + x1 * std::sin(theta);
+            // The pair: (j, j + half), or (2j, 2j + 1) with interleaving.
+            const int64_t i1 = spec.interleaved ? 2 * j : j;
+            const int64_t i2 = spec.interleaved ? 2 * j + 1 : j + half;
+            double x1 = v[i1], x2 = v[i2];
+            v[i1] = x1 * std::cos(theta) - x2 * std::sin(theta);
+            v[i2] = x2 * std::cos(theta) + x1 * std::sin(theta);
           }
         }
     }

@@ -17,6 +17,8 @@ Tensor gelu(const Tensor& x, bool tanh_approx);
 Tensor gelu_backward(const Tensor& dout, const Tensor& x, bool tanh_approx);
 Tensor tanh(const Tensor& x);
 Tensor tanh_backward(const Tensor& dout, const Tensor& y);  // from the output y
+Tensor squared_relu(const Tensor& x);
+Tensor squared_relu_backward(const Tensor& dout, const Tensor& x);
 Tensor swiglu(const Tensor& x);
 Tensor swiglu_backward(const Tensor& dout, const Tensor& x);
 

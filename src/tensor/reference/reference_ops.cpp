@@ -128,6 +128,16 @@ void tanh_backward(Tensor& dx, const Tensor& dout, const Tensor& y) {
   write(dx, ref::tanh_backward(dout, y), "tanh_backward");
 }
 
+void squared_relu_forward(Tensor& out, const Tensor& x) {
+  f64("squared_relu_forward", {&out, &x});
+  write(out, ref::squared_relu(x), "squared_relu_forward");
+}
+
+void squared_relu_backward(Tensor& dx, const Tensor& dout, const Tensor& x) {
+  f64("squared_relu_backward", {&dx, &dout, &x});
+  write(dx, ref::squared_relu_backward(dout, x), "squared_relu_backward");
+}
+
 void swiglu_forward(Tensor& out, const Tensor& x) {
   f64("swiglu_forward", {&out, &x});
   write(out, ref::swiglu(x), "swiglu_forward");

@@ -26,6 +26,8 @@ void gelu_forward(Tensor& out, const Tensor& x, bool tanh_approx);
 void gelu_backward(Tensor& dx, const Tensor& dout, const Tensor& x, bool tanh_approx);
 void tanh_forward(Tensor& out, const Tensor& x);
 void tanh_backward(Tensor& dx, const Tensor& dout, const Tensor& y);
+void squared_relu_forward(Tensor& out, const Tensor& x);
+void squared_relu_backward(Tensor& dx, const Tensor& dout, const Tensor& x);
 void swiglu_forward(Tensor& out, const Tensor& x);
 void swiglu_backward(Tensor& dx, const Tensor& dout, const Tensor& x);
 void dropout_forward(Tensor& out, const Tensor& x, float p, uint64_t seed, uint64_t stream,
