@@ -4,8 +4,10 @@
 #pragma once
 
 #include <functional>
+#include <limits>
 #include <set>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -70,7 +72,16 @@ class ArgTable {
                  [&field] { return to_text(field); },
                  concern_,
                  [&field] { return nlohmann::json(field); },
-                 [&field](const nlohmann::json& j) { field = j.get<T>(); }};
+                 [&field](const nlohmann::json& j) {
+                   // An unset float flag (NaN, printed None) is recorded as null.
+                   if constexpr (std::is_same_v<T, double>) {
+                     if (j.is_null()) {
+                       field = std::numeric_limits<double>::quiet_NaN();
+                       return;
+                     }
+                   }
+                   field = j.get<T>();
+                 }};
   }
   static std::string dest_of(const std::string& flag);
   static std::string to_text(int64_t v) { return std::to_string(v); }

@@ -353,13 +353,18 @@ void Trainer::build_schedule() {
     decoupled_schedule_->min_lr =
         is_set(args_.decoupled_min_lr) ? args_.decoupled_min_lr : args_.min_lr;
   }
-  // The weight decay grows over all training samples (validated: start and end are set).
-  wd_schedule_.start = args_.start_weight_decay;
-  wd_schedule_.end = args_.end_weight_decay;
+  // The weight decay grows over all training samples; the constant style is --weight-decay
+  // (the CLI also sets both ends to it, as Megatron's validate_args does).
+  wd_schedule_.style = parse_weight_decay_incr_style(args_.weight_decay_incr_style);
+  const bool constant = wd_schedule_.style == WeightDecayIncrStyle::kConstant;
+  wd_schedule_.start = constant ? args_.weight_decay : args_.start_weight_decay;
+  wd_schedule_.end = constant ? args_.weight_decay : args_.end_weight_decay;
+  MEGATRON_CHECK(is_set(wd_schedule_.start) && is_set(wd_schedule_.end),
+                 "--weight-decay-incr-style ", args_.weight_decay_incr_style,
+                 " needs --start-weight-decay and --end-weight-decay");
   wd_schedule_.incr_samples = args_.train_samples > 0
                                   ? args_.train_samples
                                   : args_.train_iters * args_.global_batch_size;
-  wd_schedule_.style = parse_weight_decay_incr_style(args_.weight_decay_incr_style);
 }
 
 StepRates Trainer::rates_at(int64_t samples) const {

@@ -138,6 +138,12 @@ TEST(PyTorchOracle, VariantsLogitsLossGradientsAndAdamW) {
   const TransformerConfig q = read_hf_config(g_oracle_dir + "/qwen3/model").config;
   EXPECT_TRUE(q.qk_layernorm);
   EXPECT_EQ(q.rotary_seq_len_interpolation_factor, 4.0);
+  // Megatron's RoPE variants without a Hugging Face form: the same Llama weights, the flags set
+  // here, PyTorch's Megatron-formula rotary embedding on the other side.
+  run_oracle("llama-megatron-rope", [](TransformerConfig& c) {
+    c.rotary_interleaved = true;
+    c.rotary_percent = 0.5;
+  });
 }
 
 // Each variant's oracle tells it from the plain model: the same weights without the variant
@@ -146,7 +152,9 @@ TEST(PyTorchOracle, VariantsAreDistinguishable) {
   const std::vector<std::pair<std::string, std::function<void(TransformerConfig&)>>> plain = {
       {"gpt2-relu2", [](TransformerConfig& c) { c.squared_relu = false; }},
       {"llama31", [](TransformerConfig& c) { c.rope_scaling_factor = 0; }},
-      {"qwen3", [](TransformerConfig& c) { c.rotary_seq_len_interpolation_factor = 0; }}};
+      {"qwen3", [](TransformerConfig& c) { c.rotary_seq_len_interpolation_factor = 0; }},
+      {"llama-megatron-rope", [](TransformerConfig& c) { c.rotary_percent = 0.5; }},
+      {"llama-megatron-rope", [](TransformerConfig& c) { c.rotary_interleaved = true; }}};
   for (const auto& [arch, undo] : plain) {
     SCOPED_TRACE(arch);
     const std::string root = g_oracle_dir + "/" + arch;
@@ -212,7 +220,7 @@ TEST(PyTorchOracle, LayerNorm1pIsTheSameFunctionAndExportsGamma) {
 }
 
 TEST(PyTorchOracle, ExportReproducesTheImportedFilesExactly) {
-  for (const std::string arch : {"gpt2", "llama", "gpt2-relu2", "llama31", "qwen3"}) {
+  for (const std::string arch : {"gpt2", "llama", "gpt2-relu2", "llama31", "qwen3"}) {  // HF forms
     const std::string src = g_oracle_dir + "/" + arch + "/model";
     Loaded l = load(src);
     const std::string out = testing::scratch_dir("hf_roundtrip_" + arch);

@@ -21,6 +21,12 @@ Variants (the model-variant flags where Hugging Face has the same variant):
               hidden / heads (--kv-channels)
   qwen3       Qwen3: Llama with q_norm / k_norm over each head (--qk-layernorm), head_dim 32, and
               rope_scaling linear factor 4 (--rotary-seq-len-interpolation-factor 4)
+  llama-megatron-rope
+              Llama with Megatron's RoPE variants that Hugging Face has no config for:
+              --rotary-interleaved (pairs 2j, 2j+1, Megatron's _rotate_half with
+              rotary_interleaved) and --rotary-percent 0.5 (only the first half of each head
+              turns). The weights load through the plain Llama mapping; the C++ test sets the two
+              flags (recorded here under "megatron_rope", a key Hugging Face does not read).
 
 Usage: python3 tests/reference/hf_oracle.py --arch {gpt2,llama,gpt2-relu2,llama31,qwen3} --out DIR
        [--seed 1234]
@@ -84,6 +90,8 @@ LLAMA31_CONFIG = dict(LLAMA_CONFIG, head_dim=32, rope_theta=500000.0,
                       rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                     "high_freq_factor": 4.0,
                                     "original_max_position_embeddings": 8192})
+LLAMA_MEGATRON_ROPE_CONFIG = dict(LLAMA_CONFIG, megatron_rope={"rotary_interleaved": True,
+                                                              "rotary_percent": 0.5})
 QWEN3_CONFIG = dict(LLAMA_CONFIG, model_type="qwen3", architectures=["Qwen3ForCausalLM"],
                     head_dim=32, rope_scaling={"rope_type": "linear", "factor": 4.0})
 
@@ -251,10 +259,19 @@ def rms_norm(x, weight, eps):
     return weight * xf.to(x.dtype)
 
 
-def rotate_half(x):
+def rotate_half(x, interleaved=False):
+    if interleaved:  # Megatron's _rotate_half(x, rotary_interleaved=True)
+        x1, x2 = x[..., ::2], x[..., 1::2]
+        return torch.stack((-x2, x1), dim=-1).reshape(x.shape)
     x1 = x[..., : x.shape[-1] // 2]
     x2 = x[..., x.shape[-1] // 2:]
     return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(t, cos, sin, rot, interleaved):
+    """Megatron's apply_rotary_pos_emb: the first rot channels turn, the rest pass through."""
+    t_rot, t_pass = t[..., :rot], t[..., rot:]
+    return torch.cat((t_rot * cos + rotate_half(t_rot, interleaved) * sin, t_pass), dim=-1)
 
 
 def llama_forward(cfg, w, ids):
@@ -266,7 +283,10 @@ def llama_forward(cfg, w, ids):
     eps = cfg["rms_norm_eps"]
     theta = cfg["rope_theta"]
 
-    inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
+    mrope = cfg.get("megatron_rope", {})
+    rot = int(hd * mrope.get("rotary_percent", 1.0))  # Megatron: dim = int(kv_channels * percent)
+    interleaved = mrope.get("rotary_interleaved", False)
+    inv_freq = 1.0 / (theta ** (torch.arange(0, rot, 2, dtype=torch.int64).float() / rot))
     pos = torch.arange(S, dtype=torch.float32)
     scaling = cfg.get("rope_scaling")
     if scaling and scaling["rope_type"] == "linear":  # HF's linear: positions / factor
@@ -280,8 +300,11 @@ def llama_forward(cfg, w, ids):
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = ~(wavelen < old / high) * ~(wavelen > old / low)
         inv_freq = torch.where(medium, smoothed, scaled)
-    freqs = (inv_freq[:, None] @ pos[None, :]).transpose(0, 1)  # [S, hd/2]
-    emb = torch.cat((freqs, freqs), dim=-1)
+    freqs = (inv_freq[:, None] @ pos[None, :]).transpose(0, 1)  # [S, rot/2]
+    if interleaved:  # Megatron's RotaryEmbedding: each frequency on channels 2j and 2j+1
+        emb = torch.stack((freqs, freqs), dim=-1).reshape(S, rot)
+    else:
+        emb = torch.cat((freqs, freqs), dim=-1)
     cos = emb.cos()[None, None]  # [1,1,S,hd]
     sin = emb.sin()[None, None]
 
@@ -296,8 +319,8 @@ def llama_forward(cfg, w, ids):
         if cfg["model_type"] == "qwen3":  # per-head RMSNorm of q and k, before RoPE
             q = rms_norm(q, w[p + "self_attn.q_norm.weight"], eps)
             k = rms_norm(k, w[p + "self_attn.k_norm.weight"], eps)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        q = apply_rope(q, cos, sin, rot, interleaved)
+        k = apply_rope(k, cos, sin, rot, interleaved)
         # repeat_kv: head j uses kv head j // rep
         k = k[:, :, None].expand(B, nkv, rep, S, hd).reshape(B, nh, S, hd)
         v = v[:, :, None].expand(B, nkv, rep, S, hd).reshape(B, nh, S, hd)
@@ -322,6 +345,7 @@ ARCHS = {
     "gpt2-relu2": (GPT2_RELU2_CONFIG, gpt2_weights, gpt2_forward),
     "llama31": (LLAMA31_CONFIG, llama_weights, llama_forward),
     "qwen3": (QWEN3_CONFIG, llama_weights, llama_forward),
+    "llama-megatron-rope": (LLAMA_MEGATRON_ROPE_CONFIG, llama_weights, llama_forward),
 }
 
 
