@@ -79,9 +79,12 @@ BatchSchedule::Batch BatchSchedule::batch_of(int64_t global) const {
 
 BatchSchedule::Batch BatchSchedule::at(int64_t consumed) const {
   if (!rampup_ || consumed > rampup_->samples) return batch_of(global_);
-  // int() of the quotient, as the calculator does (truncation of a non-negative float).
+  // int() of the quotient, as the calculator does (truncation of a non-negative float). With 0
+  // ramp-up samples Megatron divides 0 by 0; the limit is the start batch for the first step.
   const auto steps =
-      static_cast<int64_t>(static_cast<double>(consumed) / samples_per_increment_);
+      samples_per_increment_ > 0
+          ? static_cast<int64_t>(static_cast<double>(consumed) / samples_per_increment_)
+          : 0;
   return batch_of(rampup_->start + steps * rampup_->increment);
 }
 

@@ -138,6 +138,13 @@ class BatchScheduleTest(unittest.TestCase):
         self.assertEqual([int(lines[it]["global batch size"]) for it in range(1, 11)], want)
         self.assertIn("--rampup-batch-size with --train-iters", proc.stdout)
 
+    def test_rampup_over_zero_samples(self):
+        # Megatron's calculator divides 0 by 0 here; the limit, used here: the start batch for
+        # the first iteration (consumed 0 <= 0 ramp-up samples), the global batch after it.
+        proc = self.train(global_batch_size=8, train_samples=34, rampup_batch_size=(2, 2, 0))
+        lines = megatron_log.iteration_lines(proc.stdout, range(1, 5))
+        self.assertEqual([int(lines[it]["global batch size"]) for it in range(1, 5)], [2, 8, 8, 8])
+
     def test_decrease_batch_size_if_needed(self):
         # Steps 2, 5, 8: 5 does not split over 2 data-parallel ranks of micro-batch 1.
         flags = dict(global_batch_size=8, train_samples=40, rampup_batch_size=(2, 3, 8))
