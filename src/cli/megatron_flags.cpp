@@ -124,16 +124,17 @@ std::vector<std::string> check_megatron_flags(const ArgTable& train) {
                          row.status);
     }
     if (!implemented && row.note.empty()) problems.push_back(row.flag + ": no note");
-    const bool known_status = implemented || row.status == "accepted" ||
-                              row.status == "refused" || !only_value(row).empty();
+    const bool known_status = implemented || row.status == "accepted" || row.status == "refused" ||
+                              !only_value(row).empty();
     if (!known_status) problems.push_back(row.flag + ": unknown status '" + row.status + "'");
   }
   std::set<std::string> own;
   for (const OwnFlag& f : own_train_flags()) own.insert(f.flag);
   for (const std::string& flag : train.flags()) {
     if (!in_table.count(flag) && !own.count(flag)) {
-      problems.push_back(flag + ": a flag of `megatron train` that is neither in Megatron's table "
-                                "nor listed as our own (own_train_flags)");
+      problems.push_back(flag +
+                         ": a flag of `megatron train` that is neither in Megatron's table "
+                         "nor listed as our own (own_train_flags)");
     }
   }
   return problems;

@@ -13,8 +13,8 @@
 #include "core/logging.h"
 #include "data/tokenizer.h"
 #include "models/model_spec.h"
-#include "parallel/context_parallel.h"
 #include "optim/lr_scheduler.h"
+#include "parallel/context_parallel.h"
 #include "train/batch_schedule.h"
 #include "train/exit_signal.h"
 #include "train/fault_injection.h"
@@ -51,8 +51,7 @@ void register_model_args(ArgTable& t, Arguments& a) {
   t.flag("--use-rope-scaling", a.use_rope_scaling,
          "Llama 3.1's RoPE frequency scaling (low frequencies slowed by --rope-scaling-factor, "
          "original context 8192)");
-  t.add("--rope-scaling-factor", a.rope_scaling_factor,
-        "The factor of --use-rope-scaling");
+  t.add("--rope-scaling-factor", a.rope_scaling_factor, "The factor of --use-rope-scaling");
   t.add("--rotary-seq-len-interpolation-factor", a.rotary_seq_len_interpolation_factor,
         "RoPE positions divided by this (linear position interpolation)");
   t.add("--normalization", a.normalization, "LayerNorm or RMSNorm");
@@ -590,8 +589,8 @@ void validate_optimizer_schedules(Arguments& a) {
   }
   if (is_set(a.decoupled_lr)) {
     const double min = is_set(a.decoupled_min_lr) ? a.decoupled_min_lr : a.min_lr;
-    MEGATRON_CHECK(a.decoupled_lr >= 0 && min >= 0 && min <= a.decoupled_lr,
-                   "--decoupled-min-lr (", min, is_set(a.decoupled_min_lr) ? "" : ", from --min-lr",
+    MEGATRON_CHECK(a.decoupled_lr >= 0 && min >= 0 && min <= a.decoupled_lr, "--decoupled-min-lr (",
+                   min, is_set(a.decoupled_min_lr) ? "" : ", from --min-lr",
                    ") must be in [0, --decoupled-lr = ", a.decoupled_lr, "]");
     MEGATRON_CHECK(a.lr_warmup_init <= a.decoupled_lr, "--lr-warmup-init (", a.lr_warmup_init,
                    ") must not exceed --decoupled-lr (", a.decoupled_lr, ")");
@@ -804,7 +803,8 @@ void merge_pretrained_config(Arguments& a, const ArgTable& t) {
     set("--rotary-percent", a.rotary_percent, 1.0);  // HF Llama rotates the whole head
     set("--rotary-interleaved", a.rotary_interleaved, false);
     set("--use-rope-scaling", a.use_rope_scaling, c.rope_scaling_factor > 0);
-    if (c.rope_scaling_factor > 0) set("--rope-scaling-factor", a.rope_scaling_factor, c.rope_scaling_factor);
+    if (c.rope_scaling_factor > 0)
+      set("--rope-scaling-factor", a.rope_scaling_factor, c.rope_scaling_factor);
     if (c.rotary_seq_len_interpolation_factor > 0) {
       set("--rotary-seq-len-interpolation-factor", a.rotary_seq_len_interpolation_factor,
           c.rotary_seq_len_interpolation_factor);

@@ -43,9 +43,9 @@
 #include <vector>
 
 #include "optim/adamw.h"
-#include "parallel/param_gate.h"
 #include "parallel/grad_buckets.h"
 #include "parallel/param.h"
+#include "parallel/param_gate.h"
 
 namespace megatron {
 

@@ -122,8 +122,7 @@ void ParamSet::initialize(uint64_t seed) {
       case Init::kXavierUniform: {
         const Shape full_shape = p->full_shape();
         MEGATRON_ASSERT(full_shape.ndim() == 2, "Xavier init of ", p->name, " needs a matrix");
-        const double a =
-            std::sqrt(6.0 / static_cast<double>(full_shape[0] + full_shape[1]));
+        const double a = std::sqrt(6.0 / static_cast<double>(full_shape[0] + full_shape[1]));
         Tensor tmp = Tensor::empty(t.shape(), DType::kF64);
         double* d = tmp.data<double>();
         const uint64_t stream = stable_hash(p->name);

@@ -15,7 +15,9 @@ namespace megatron {
 
 // A float flag Megatron leaves at None until given (printed "None" in the argument dump).
 inline constexpr double kUnset = std::numeric_limits<double>::quiet_NaN();
-inline bool is_set(double v) { return v == v; }
+inline bool is_set(double v) {
+  return v == v;
+}
 
 struct Arguments {
   // ---- model ----
@@ -35,8 +37,8 @@ struct Arguments {
   double rotary_base = 10000;
   double rotary_percent = 1.0;
   bool rotary_interleaved = false;
-  bool use_rope_scaling = false;      // Llama 3.1's frequency scaling
-  double rope_scaling_factor = 8.0;   // its factor
+  bool use_rope_scaling = false;                        // Llama 3.1's frequency scaling
+  double rope_scaling_factor = 8.0;                     // its factor
   double rotary_seq_len_interpolation_factor = kUnset;  // positions / factor
   std::string normalization = "LayerNorm";
   double norm_epsilon = 1e-5;
@@ -60,8 +62,8 @@ struct Arguments {
   // ---- training ----
   int64_t micro_batch_size = 1;
   int64_t global_batch_size = 0;  // 0: micro_batch_size * data-parallel size
-  int64_t train_iters = 0;     // iteration-based training; computed from train_samples otherwise
-  int64_t train_samples = 0;   // sample-based training (Megatron's update_train_iters); 0: unset
+  int64_t train_iters = 0;        // iteration-based training; computed from train_samples otherwise
+  int64_t train_samples = 0;      // sample-based training (Megatron's update_train_iters); 0: unset
   std::vector<std::string> rampup_batch_size;  // START INCREMENT SAMPLES (train/batch_schedule.h)
   bool decrease_batch_size_if_needed = false;  // round batches down to micro x dp multiples
   int64_t log_interval = 100;

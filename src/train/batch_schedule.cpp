@@ -26,10 +26,9 @@ BatchRampup parse_rampup_batch_size(const std::vector<std::string>& values) {
   MEGATRON_CHECK(r.start > 0, "--rampup-batch-size: start batch size should be positive, got ",
                  r.start);
   MEGATRON_CHECK(r.increment > 0,
-                 "--rampup-batch-size: batch size increment should be positive, got ",
-                 r.increment);
-  MEGATRON_CHECK(r.samples >= 0, "--rampup-batch-size: ramp-up samples should be non-negative, got ",
-                 r.samples);
+                 "--rampup-batch-size: batch size increment should be positive, got ", r.increment);
+  MEGATRON_CHECK(r.samples >= 0,
+                 "--rampup-batch-size: ramp-up samples should be non-negative, got ", r.samples);
   return r;
 }
 
@@ -47,10 +46,12 @@ BatchSchedule::BatchSchedule(int64_t global_batch_size, int64_t micro_batch_size
     MEGATRON_CHECK(diff >= 0, "--rampup-batch-size: the start batch size (", rampup_->start,
                    ") exceeds --global-batch-size (", global_, ")");
     // Megatron divides by the number of increments; none is no ramp-up.
-    MEGATRON_CHECK(diff > 0, "--rampup-batch-size: the start batch size equals --global-batch-size (",
+    MEGATRON_CHECK(diff > 0,
+                   "--rampup-batch-size: the start batch size equals --global-batch-size (",
                    global_, "): there is nothing to ramp up; drop --rampup-batch-size");
-    MEGATRON_CHECK(diff % rampup_->increment == 0, "--rampup-batch-size: the global batch size interval (",
-                   diff, " = --global-batch-size ", global_, " - start ", rampup_->start,
+    MEGATRON_CHECK(diff % rampup_->increment == 0,
+                   "--rampup-batch-size: the global batch size interval (", diff,
+                   " = --global-batch-size ", global_, " - start ", rampup_->start,
                    ") must be divisible by the batch size increment (", rampup_->increment, ")");
     samples_per_increment_ =
         static_cast<double>(rampup_->samples) / static_cast<double>(diff / rampup_->increment);
@@ -91,7 +92,8 @@ BatchSchedule::Batch BatchSchedule::at(int64_t consumed) const {
 std::vector<BatchSchedule::Batch> BatchSchedule::all_batches() const {
   std::vector<Batch> out;
   if (rampup_) {
-    for (int64_t g = rampup_->start; g < global_; g += rampup_->increment) out.push_back(batch_of(g));
+    for (int64_t g = rampup_->start; g < global_; g += rampup_->increment)
+      out.push_back(batch_of(g));
   }
   out.push_back(batch_of(global_));
   return out;

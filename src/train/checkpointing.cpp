@@ -282,7 +282,8 @@ void Checkpointer::finish() {
 void Checkpointer::commit(InFlight& f) {
   // The checkpoint the tracker names until this one commits (--save-retain-interval).
   int64_t previous = 0;  // 0: none to consider
-  if (retain_interval_ > 0 && parallel_->rank() == 0) previous = cp::read_tracker(root_).value_or(0);
+  if (retain_interval_ > 0 && parallel_->rank() == 0)
+    previous = cp::read_tracker(root_).value_or(0);
   int64_t bytes = 0;
   try {
     bytes = cp::commit_save(parallel_->world_group(), root_, f.iteration, f.staging, f.record,
@@ -319,13 +320,15 @@ void Checkpointer::commit(InFlight& f) {
       const std::string dir = cp::iteration_dir(root_, previous);
       std::error_code ec;
       if (std::filesystem::is_symlink(dir, ec)) {
-        log_line(strprintf("  skipping deleting checkpoint from iteration %7ld at %s since it is "
-                           "a symbolic link",
-                           static_cast<long>(previous), root_.c_str()));
+        log_line(
+            strprintf("  skipping deleting checkpoint from iteration %7ld at %s since it is "
+                      "a symbolic link",
+                      static_cast<long>(previous), root_.c_str()));
       } else if (std::filesystem::remove_all(dir, ec); ec) {
-        log_line(strprintf("  encountered exception \"%s\" when trying to delete checkpoint from "
-                           "iteration %7ld at %s",
-                           ec.message().c_str(), static_cast<long>(previous), root_.c_str()));
+        log_line(
+            strprintf("  encountered exception \"%s\" when trying to delete checkpoint from "
+                      "iteration %7ld at %s",
+                      ec.message().c_str(), static_cast<long>(previous), root_.c_str()));
       } else {
         log_line(strprintf("  successfully deleted checkpoint from iteration %7ld at %s",
                            static_cast<long>(previous), root_.c_str()));

@@ -45,7 +45,8 @@ TransformerConfig transformer_config_from_args(const Arguments& a) {
   c.squared_relu = a.squared_relu;
   c.qk_layernorm = a.qk_layernorm;
   c.init_method_xavier_uniform = a.init_method_xavier_uniform;
-  c.embedding_init_method_std = is_set(a.embedding_init_method_std) ? a.embedding_init_method_std : 0;
+  c.embedding_init_method_std =
+      is_set(a.embedding_init_method_std) ? a.embedding_init_method_std : 0;
   c.swiglu = a.swiglu;
   c.openai_gelu = a.openai_gelu;
   c.add_bias_linear = !a.disable_bias_linear;

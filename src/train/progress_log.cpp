@@ -58,7 +58,9 @@ void ProgressLog::append(const std::string& text) const {
       << text << "\n";
 }
 
-void ProgressLog::starting_job() { append("Starting job"); }
+void ProgressLog::starting_job() {
+  append("Starting job");
+}
 
 bool ProgressLog::cumulative_start(double* start_time, double* start_flops) const {
   std::ifstream in(path_);
@@ -93,11 +95,12 @@ void ProgressLog::saved_checkpoint(int64_t iteration, double flops_so_far, doubl
     const double elapsed = std::max(static_cast<double>(std::time(nullptr)) - start_time, 1.0);
     cumulative = (flops_so_far - start_flops) / (elapsed * per_rank);
   }
-  append(strprintf("%s\tIteration: %ld\tJob throughput: %.1f TFLOP/s/GPU\tCumulative "
-                   "throughput: %.1f TFLOP/s/GPU\tFloating-point operations: %.2e\tTokens (in "
-                   "billions): %.2f",
-                   async ? "Saving async checkpoint" : "Saved checkpoint",
-                   static_cast<long>(iteration), job, cumulative, flops_so_far, tokens / 1e9));
+  append(
+      strprintf("%s\tIteration: %ld\tJob throughput: %.1f TFLOP/s/GPU\tCumulative "
+                "throughput: %.1f TFLOP/s/GPU\tFloating-point operations: %.2e\tTokens (in "
+                "billions): %.2f",
+                async ? "Saving async checkpoint" : "Saved checkpoint",
+                static_cast<long>(iteration), job, cumulative, flops_so_far, tokens / 1e9));
 }
 
 void ProgressLog::committed_async(int64_t iteration) {

@@ -151,7 +151,8 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
                               : std::optional(parse_rampup_batch_size(args_.rampup_batch_size)));
   log_first(batch_schedule_->describe());
   if (args_.train_samples > 0) {
-    log_first(strprintf("setting training iterations to %ld", static_cast<long>(args_.train_iters)));
+    log_first(
+        strprintf("setting training iterations to %ld", static_cast<long>(args_.train_iters)));
   } else if (batch_schedule_->ramps_up()) {
     log_first(
         " > --rampup-batch-size with --train-iters (Megatron r0.14 asserts against the pair, "
@@ -336,8 +337,7 @@ void Trainer::build_schedule() {
     schedule_.wsd_decay_samples = args_.lr_wsd_decay_samples;
   } else {
     const int64_t gbs = args_.global_batch_size;
-    const int64_t decay_iters =
-        args_.lr_decay_iters > 0 ? args_.lr_decay_iters : args_.train_iters;
+    const int64_t decay_iters = args_.lr_decay_iters > 0 ? args_.lr_decay_iters : args_.train_iters;
     schedule_.decay_samples = decay_iters * gbs;
     warmup = static_cast<double>(args_.lr_warmup_iters * gbs);
     schedule_.wsd_decay_samples = args_.lr_wsd_decay_iters * gbs;
@@ -362,9 +362,8 @@ void Trainer::build_schedule() {
   MEGATRON_CHECK(is_set(wd_schedule_.start) && is_set(wd_schedule_.end),
                  "--weight-decay-incr-style ", args_.weight_decay_incr_style,
                  " needs --start-weight-decay and --end-weight-decay");
-  wd_schedule_.incr_samples = args_.train_samples > 0
-                                  ? args_.train_samples
-                                  : args_.train_iters * args_.global_batch_size;
+  wd_schedule_.incr_samples =
+      args_.train_samples > 0 ? args_.train_samples : args_.train_iters * args_.global_batch_size;
 }
 
 StepRates Trainer::rates_at(int64_t samples) const {
@@ -614,8 +613,8 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, const BatchSchedule::
   const ParamGate* gate = args_.overlap_param_gather ? dist_optimizer_.get() : nullptr;
   const double gather_wait0 = dist_optimizer_ ? dist_optimizer_->param_gather_wait_seconds() : 0;
   auto mode = [&](int mb) {
-    return ForwardMode{true, dropout_seed_, static_cast<uint64_t>(stream0 + mb * dp_size_ + dp_rank_),
-                       gate};
+    return ForwardMode{true, dropout_seed_,
+                       static_cast<uint64_t>(stream0 + mb * dp_size_ + dp_rank_), gate};
   };
   const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
   MicroBatchRunner runner(chunks_, *loss_, args_.micro_batch_size, std::move(batches), mode,
@@ -721,7 +720,8 @@ void Trainer::add_gather_time(double wait0) {
   // The distributed optimizer's weight all-gather: within the optimizer phase without
   // --overlap-param-gather (all of it), within forward-backward with it (what was not hidden).
   if (dist_optimizer_) {
-    timers_.add("params-all-gather (exposed)", dist_optimizer_->param_gather_wait_seconds() - wait0);
+    timers_.add("params-all-gather (exposed)",
+                dist_optimizer_->param_gather_wait_seconds() - wait0);
   }
 }
 
@@ -971,7 +971,8 @@ void Trainer::log_iteration(TrainingLog& log, const TrainingLog::Step& step) {
     // Megatron's timers.write: each phase's slowest rank, seconds per iteration.
     if (tensorboard_ && args_.log_timers_to_tensorboard) {
       TrainingLog::Values points;
-      for (const StepTimers::Extremes& t : times) points.emplace_back(t.name + "-time", t.max_ms / 1e3);
+      for (const StepTimers::Extremes& t : times)
+        points.emplace_back(t.name + "-time", t.max_ms / 1e3);
       tensorboard_->add_scalars(points, step.iteration);
     }
   }
@@ -1000,8 +1001,7 @@ int Trainer::train() {
   log_first("training ...");
   // Per rank, as Megatron's "throughput per GPU": the model's FLOPs shared by every rank.
   const int64_t gbs = args_.global_batch_size;
-  const double flops_per_sample =
-      spec_->flops_per_iteration(cfg_, gbs) / static_cast<double>(gbs);
+  const double flops_per_sample = spec_->flops_per_iteration(cfg_, gbs) / static_cast<double>(gbs);
   TrainingLog::Options options;
   options.train_iters = args_.train_iters;
   options.seq_length = cfg_.seq_length;

@@ -72,7 +72,7 @@ class Trainer {
     LossTerms terms;  // reduced over data-parallel ranks (on the last stage)
     double loss = 0;  // the objective: the first term's value
     double grad_norm = 0;
-    bool skipped = false;  // fp16 overflow: no update, the LR schedule does not advance
+    bool skipped = false;    // fp16 overflow: no update, the LR schedule does not advance
     int64_t num_zeros = -1;  // --log-num-zeros-in-grad (-1: not counted)
   };
   // The constructor's parts, in order.
@@ -204,15 +204,15 @@ class Trainer {
   std::unique_ptr<BatchPrefetcher> prefetcher_;
   std::optional<BatchSchedule> batch_schedule_;  // the global batch of each iteration
   int64_t num_microbatches_ = 1;                 // of the iteration being run
-  int64_t eval_microbatches_ = 1;                // evaluation takes whole --global-batch-size batches
+  int64_t eval_microbatches_ = 1;  // evaluation takes whole --global-batch-size batches
   int64_t consumed_valid_ = 0, consumed_test_ = 0;
   int64_t consumed_train_ = 0;
   int64_t skipped_train_samples_ = 0;  // left out by --decrease-batch-size-if-needed
   double flops_so_far_ = 0;            // the model's FLOPs of every iteration trained
   double flops_at_start_ = 0;          // ... when this job started (for --log-progress)
-  int64_t start_iteration_ = 0;    // the loaded checkpoint's iteration (0 without --load)
-  int64_t loaded_iteration_ = -1;  // -1: nothing loaded
-  uint64_t dropout_seed_ = 0;      // --seed, or the loaded RNG state
+  int64_t start_iteration_ = 0;        // the loaded checkpoint's iteration (0 without --load)
+  int64_t loaded_iteration_ = -1;      // -1: nothing loaded
+  uint64_t dropout_seed_ = 0;          // --seed, or the loaded RNG state
   std::unique_ptr<Checkpointer> checkpointer_;  // --save
   std::unique_ptr<ProgressLog> progress_;       // --log-progress with --save, on rank 0
   std::unique_ptr<Watchdog> watchdog_;

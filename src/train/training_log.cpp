@@ -41,10 +41,10 @@ std::string TrainingLog::close_interval(const Step& s, const Values& means) {
   const double ms = seconds_ / static_cast<double>(iters_) * 1000.0;
   const auto samples = static_cast<double>(samples_);
   const double tflops = o_.flops_per_sample * samples / seconds_ / 1e12;
-  std::string line = strprintf(" [%s] iteration %8ld/%8ld | consumed samples: %12ld |",
-                               timestamp().c_str(), static_cast<long>(s.iteration),
-                               static_cast<long>(o_.train_iters),
-                               static_cast<long>(s.consumed_samples));
+  std::string line =
+      strprintf(" [%s] iteration %8ld/%8ld | consumed samples: %12ld |", timestamp().c_str(),
+                static_cast<long>(s.iteration), static_cast<long>(o_.train_iters),
+                static_cast<long>(s.consumed_samples));
   if (s.skipped_samples > 0) {
     line += strprintf(" skipped samples: %12ld |", static_cast<long>(s.skipped_samples));
   }

@@ -12,10 +12,11 @@
 // --log-num-zeros-in-grad, --log-params-norm, as Megatron prints them).
 //
 // Throughput, tokens per second and MFU are the interval's samples over its time (Megatron sums
-// each iteration's FLOPs since the last log line). As Megatron's: each loss term averages the interval's successful iterations (all terms are
-// left out when there were none), the grad norm is the last iteration's (left out when it was
-// skipped), the counters count the interval's skipped and NaN-loss iterations. Not the printer:
-// the trainer decides which rank prints (and relays the loss terms to it).
+// each iteration's FLOPs since the last log line). As Megatron's: each loss term averages the
+// interval's successful iterations (all terms are left out when there were none), the grad norm is
+// the last iteration's (left out when it was skipped), the counters count the interval's skipped
+// and NaN-loss iterations. Not the printer: the trainer decides which rank prints (and relays the
+// loss terms to it).
 #pragma once
 
 #include <cstdint>
@@ -44,10 +45,10 @@ class TrainingLog {
     double loss_scale = 1;
     int64_t consumed_samples = 0;
     int64_t batch_size = 0;  // the samples this iteration ran (the global batch, or its ramp-up)
-    int64_t skipped_samples = 0;          // so far, left out by --decrease-batch-size-if-needed
+    int64_t skipped_samples = 0;             // so far, left out by --decrease-batch-size-if-needed
     double next_decoupled_lr = kUnsetValue;  // --decoupled-lr's after this step
-    int64_t num_zeros = -1;               // of the gradients (-1: not counted)
-    double params_norm = kUnsetValue;     // of the weights after the step
+    int64_t num_zeros = -1;                  // of the gradients (-1: not counted)
+    double params_norm = kUnsetValue;        // of the weights after the step
   };
   // What the run logs besides the fixed fields.
   struct Options {

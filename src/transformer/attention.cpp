@@ -36,10 +36,10 @@ SelfAttention::SelfAttention(const std::string& name, const TransformerConfig& c
       recompute_core_attention_(cfg.recompute_granularity == RecomputeGranularity::kSelective) {
   tp_.cp = tp.cp.for_layer(layer_number);  // per-layer --cp-comm-type
   if (cfg.qk_layernorm) {
-    q_layernorm.emplace(name + ".q_layernorm", cfg.head_dim(), cfg.normalization,
-                        cfg.norm_epsilon, cfg.layernorm_zero_centered_gamma);
-    k_layernorm.emplace(name + ".k_layernorm", cfg.head_dim(), cfg.normalization,
-                        cfg.norm_epsilon, cfg.layernorm_zero_centered_gamma);
+    q_layernorm.emplace(name + ".q_layernorm", cfg.head_dim(), cfg.normalization, cfg.norm_epsilon,
+                        cfg.layernorm_zero_centered_gamma);
+    k_layernorm.emplace(name + ".k_layernorm", cfg.head_dim(), cfg.normalization, cfg.norm_epsilon,
+                        cfg.layernorm_zero_centered_gamma);
     q_layernorm->mark_sequence_parallel(true);  // partial over TP: see the header
     k_layernorm->mark_sequence_parallel(true);
   }
@@ -69,8 +69,8 @@ Tensor SelfAttention::qk_norm_forward(const Tensor& qkv, Ctx& ctx) const {
   const int64_t qpg = cfg_.queries_per_group(), hn = cfg_.head_dim();
   const int64_t rows = qkv.numel() / ((qpg + 2) * hn);
   const Tensor flat = qkv.view({rows, (qpg + 2) * hn});
-  Tensor q = Tensor::empty({rows, qpg * hn}, qkv.dtype()), k = Tensor::empty({rows, hn}, qkv.dtype()),
-         v = Tensor::empty({rows, hn}, qkv.dtype());
+  Tensor q = Tensor::empty({rows, qpg * hn}, qkv.dtype()),
+         k = Tensor::empty({rows, hn}, qkv.dtype()), v = Tensor::empty({rows, hn}, qkv.dtype());
   ops::slice_last_dim(q, flat, 0);
   ops::slice_last_dim(k, flat, qpg * hn);
   ops::slice_last_dim(v, flat, (qpg + 1) * hn);

@@ -44,7 +44,7 @@ class SelfAttention {
     bool recompute = false;  // out and lse dropped in forward, recomputed in backward
     Shape proj_input_shape;  // if linear_proj's saved input was `out` (dropped with it): its shape
     Tensor positions;
-    ops::AttentionSpec spec;  // as run in forward: the mask, the dropout RNG coordinates
+    ops::AttentionSpec spec;   // as run in forward: the mask, the dropout RNG coordinates
     Norm::Ctx q_norm, k_norm;  // --qk-layernorm
   };
 

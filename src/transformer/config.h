@@ -34,20 +34,20 @@ struct TransformerConfig {
   // --apply-layernorm-1p: the norms' weights are stored centred on zero (gamma = 1 + weight,
   // weight initialised to 0), as Megatron's zero_centered_gamma.
   bool layernorm_zero_centered_gamma = false;
-  bool swiglu = false;                                      // --swiglu
-  bool openai_gelu = false;     // --openai-gelu: tanh GELU (HF gelu_new) instead of exact erf
-  bool squared_relu = false;    // --squared-relu: relu(x)^2 instead of GELU
-  bool qk_layernorm = false;    // --qk-layernorm: a norm over each query and key head
+  bool swiglu = false;        // --swiglu
+  bool openai_gelu = false;   // --openai-gelu: tanh GELU (HF gelu_new) instead of exact erf
+  bool squared_relu = false;  // --squared-relu: relu(x)^2 instead of GELU
+  bool qk_layernorm = false;  // --qk-layernorm: a norm over each query and key head
   // --init-method-xavier-uniform: linear weights U(-a, a), a = sqrt(6 / (fan_in + fan_out))
   bool init_method_xavier_uniform = false;
   double embedding_init_method_std = 0;  // --embedding-init-method-std; 0: init_method_std
-  bool add_bias_linear = true;  // false with --disable-bias-linear
-  bool add_qkv_bias = false;    // --add-qkv-bias (QKV bias even when linear biases are off)
+  bool add_bias_linear = true;           // false with --disable-bias-linear
+  bool add_qkv_bias = false;  // --add-qkv-bias (QKV bias even when linear biases are off)
   PositionEmbedding position_embedding = PositionEmbedding::kLearnedAbsolute;
-  double rotary_base = 10000;   // --rotary-base
-  double rotary_percent = 1.0;  // --rotary-percent
+  double rotary_base = 10000;       // --rotary-base
+  double rotary_percent = 1.0;      // --rotary-percent
   bool rotary_interleaved = false;  // --rotary-interleaved: rotate pairs (2j, 2j + 1)
-  double rope_scaling_factor = 0;   // --use-rope-scaling's --rope-scaling-factor (Llama 3.1); 0: off
+  double rope_scaling_factor = 0;  // --use-rope-scaling's --rope-scaling-factor (Llama 3.1); 0: off
   double rotary_seq_len_interpolation_factor = 0;  // positions divided by it; 0: off
   bool untie_embeddings_and_output_weights = false;
 

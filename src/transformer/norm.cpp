@@ -39,8 +39,8 @@ Tensor Norm::forward(const Tensor& x, Ctx& ctx) const {
   ctx.rstd = Tensor::empty({rows}, x.dtype());
   if (kind_ == Normalization::kLayerNorm) {
     ctx.mean = Tensor::empty({rows}, x.dtype());
-    ops::layernorm_forward(y, ctx.mean, ctx.rstd, x, gamma(x.dtype()),
-                           bias.value_as(x.dtype()), eps_);
+    ops::layernorm_forward(y, ctx.mean, ctx.rstd, x, gamma(x.dtype()), bias.value_as(x.dtype()),
+                           eps_);
   } else {
     ops::rmsnorm_forward(y, ctx.rstd, x, gamma(x.dtype()), eps_);
   }

@@ -200,8 +200,8 @@ TEST(PyTorchOracle, LayerNorm1pIsTheSameFunctionAndExportsGamma) {
       ASSERT_EQ(a.name, b.name);
       const bool norm = a.name.find("layernorm.weight") != std::string::npos;
       for (int64_t k = 0; k < a.main.numel(); ++k) {
-        const double want = norm ? static_cast<double>(static_cast<float>(a.main.item(k) - 1.0))
-                                 : a.main.item(k);
+        const double want =
+            norm ? static_cast<double>(static_cast<float>(a.main.item(k) - 1.0)) : a.main.item(k);
         ASSERT_EQ(b.main.item(k), want) << a.name << "[" << k << "]";
       }
     }

@@ -293,8 +293,8 @@ void register_rope_and_loss() {
     // interpolated, slowed), at positions up to 9 x 600.
     for (const auto& [name, spec] :
          {std::pair{"rope", ops::RopeSpec{0, 2, rot, 10000.0f}},
-          std::pair{"rope interleaved, positions / 4", ops::RopeSpec{0, 2, rot, 10000.0f, true,
-                                                                      0, 0.25}},
+          std::pair{"rope interleaved, positions / 4",
+                    ops::RopeSpec{0, 2, rot, 10000.0f, true, 0, 0.25}},
           std::pair{"rope llama3.1 x8", ops::RopeSpec{0, 2, rot, 500000.0f, false, 8.0, 600.0}}}) {
       add({name, dims(shape),
            [=](const Place& p) {

@@ -70,22 +70,22 @@ struct SelfGroup {
 TEST(LayerGradients, LayerNormAndRMSNorm) {
   // Plain, and zero-centred (--apply-layernorm-1p: scale 1 + weight).
   for (const bool centred : {false, true})
-  for (Normalization kind : {Normalization::kLayerNorm, Normalization::kRMSNorm}) {
-    SCOPED_TRACE(std::string(kind == Normalization::kLayerNorm ? "LayerNorm" : "RMSNorm") +
-                 (centred ? " 1p" : ""));
-    Norm norm("norm", 8, kind, 1e-5, centred);
-    EXPECT_EQ(norm.weight.init, centred ? Init::kZeros : Init::kOnes);
-    Norm::Ctx ctx;
-    std::vector<Param*> ps;
-    norm.collect(ps);
-    check_layer({ps,
-                 [&](const Tensor& x) {
-                   ctx = {};
-                   return norm.forward(x, ctx);
-                 },
-                 [&](const Tensor& dy) { return norm.backward(dy, ctx); }},
-                11);
-  }
+    for (Normalization kind : {Normalization::kLayerNorm, Normalization::kRMSNorm}) {
+      SCOPED_TRACE(std::string(kind == Normalization::kLayerNorm ? "LayerNorm" : "RMSNorm") +
+                   (centred ? " 1p" : ""));
+      Norm norm("norm", 8, kind, 1e-5, centred);
+      EXPECT_EQ(norm.weight.init, centred ? Init::kZeros : Init::kOnes);
+      Norm::Ctx ctx;
+      std::vector<Param*> ps;
+      norm.collect(ps);
+      check_layer({ps,
+                   [&](const Tensor& x) {
+                     ctx = {};
+                     return norm.forward(x, ctx);
+                   },
+                   [&](const Tensor& dy) { return norm.backward(dy, ctx); }},
+                  11);
+    }
 }
 
 TEST(LayerGradients, MlpGeluWithBiasesAndSwigluWithout) {

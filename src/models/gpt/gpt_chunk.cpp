@@ -61,8 +61,8 @@ LossTerms GPTLoss::forward(const TensorMap& out, const TensorMap& batch,
   if (dout) {
     Tensor dloss = mask.clone();
     const auto m = static_cast<double>(scale.microbatches);
-    ops::scale_inplace(dloss, scale.per_token ? scale.loss_scale
-                                              : scale.loss_scale / (std::max(count, 1.0) * m));
+    ops::scale_inplace(
+        dloss, scale.per_token ? scale.loss_scale : scale.loss_scale / (std::max(count, 1.0) * m));
     dout->set(kTokenLoss, dloss);
   }
   LossTerms terms;

@@ -124,17 +124,18 @@ HfModelInfo read_hf_config(const std::string& dir) {
       // Llama 3.1's "llama3" scaling (Megatron's --use-rope-scaling, whose other constants it
       // fixes) and "linear" position interpolation (--rotary-seq-len-interpolation-factor).
       const json& rs = j["rope_scaling"];
-      const std::string type = get_or<std::string>(rs, "rope_type", get_or<std::string>(rs, "type", "", file), file);
+      const std::string type =
+          get_or<std::string>(rs, "rope_type", get_or<std::string>(rs, "type", "", file), file);
       const double factor = get<double>(rs, "factor", file);
       if (type == "llama3") {
-        MEGATRON_CHECK(get_or<double>(rs, "low_freq_factor", 1.0, file) == 1.0 &&
-                           get_or<double>(rs, "high_freq_factor", 4.0, file) == 4.0 &&
-                           get_or<int64_t>(rs, "original_max_position_embeddings", 8192, file) ==
-                               8192,
-                       file,
-                       ": rope_scaling llama3 loads with Megatron's constants only "
-                       "(low_freq_factor 1, high_freq_factor 4, "
-                       "original_max_position_embeddings 8192)");
+        MEGATRON_CHECK(
+            get_or<double>(rs, "low_freq_factor", 1.0, file) == 1.0 &&
+                get_or<double>(rs, "high_freq_factor", 4.0, file) == 4.0 &&
+                get_or<int64_t>(rs, "original_max_position_embeddings", 8192, file) == 8192,
+            file,
+            ": rope_scaling llama3 loads with Megatron's constants only "
+            "(low_freq_factor 1, high_freq_factor 4, "
+            "original_max_position_embeddings 8192)");
         c.rope_scaling_factor = factor;
       } else if (type == "linear") {
         c.rotary_seq_len_interpolation_factor = factor;
@@ -429,7 +430,9 @@ HfModelInfo hf_info_from_config(const TransformerConfig& c, HfArch arch) {
          {"n_positions", c.max_position_embeddings},
          {"vocab_size", c.vocab_size},
          {"layer_norm_epsilon", c.norm_epsilon},
-         {"activation_function", c.squared_relu ? "relu2" : c.openai_gelu ? "gelu_new" : "gelu"},
+         {"activation_function", c.squared_relu  ? "relu2"
+                                 : c.openai_gelu ? "gelu_new"
+                                                 : "gelu"},
          {"tie_word_embeddings", true}};
   } else {
     j = {{"model_type", c.qk_layernorm ? "qwen3" : "llama"},
@@ -457,7 +460,8 @@ HfModelInfo hf_info_from_config(const TransformerConfig& c, HfArch arch) {
                          {"high_freq_factor", 4.0},
                          {"original_max_position_embeddings", 8192}};
   } else if (c.rotary_seq_len_interpolation_factor > 0) {
-    j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", c.rotary_seq_len_interpolation_factor}};
+    j["rope_scaling"] = {{"rope_type", "linear"},
+                         {"factor", c.rotary_seq_len_interpolation_factor}};
   }
   j["torch_dtype"] = torch_dtype_name(info.dtype);
   return info;

@@ -50,8 +50,8 @@ void rope_inplace(Tensor& x, const Tensor& positions, const RopeSpec& spec, bool
     T* base_ptr = x.data<T>();
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < s * b; ++t) {
-      const double p = (pos ? static_cast<double>(pos[t]) : static_cast<double>(t / b)) *
-                       spec.position_scale;
+      const double p =
+          (pos ? static_cast<double>(pos[t]) : static_cast<double>(t / b)) * spec.position_scale;
       std::vector<T> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
       for (int64_t j = 0; j < half; ++j) {
         double angle = p * inv_freq[j];

@@ -206,11 +206,11 @@ namespace {
 // Megatron's RotaryEmbedding.inv_freq for pair j, with _apply_scaling's Llama 3.1 rule written
 // out case by case (factor f, low/high frequency factors 1 and 4, original context 8192).
 double rope_inv_freq(const ops::RopeSpec& spec, int64_t j) {
-  const double base_freq = 1.0 / std::pow(static_cast<double>(spec.base),
-                                          static_cast<double>(2 * j) / spec.rot_dim);
+  const double base_freq =
+      1.0 / std::pow(static_cast<double>(spec.base), static_cast<double>(2 * j) / spec.rot_dim);
   if (spec.scaling_factor <= 0) return base_freq;
   const double wavelen = 2 * M_PI / base_freq, low_wavelen = 8192.0, high_wavelen = 2048.0;
-  if (wavelen < high_wavelen) return base_freq;                        // high frequency: kept
+  if (wavelen < high_wavelen) return base_freq;                       // high frequency: kept
   if (wavelen > low_wavelen) return base_freq / spec.scaling_factor;  // low: slowed
   const double smooth = (8192.0 / wavelen - 1.0) / (4.0 - 1.0);
   return (1 - smooth) * base_freq / spec.scaling_factor + smooth * base_freq;
