@@ -171,6 +171,9 @@ void register_train_args(ArgTable& t, Arguments& a) {
   t.add("--rampup-batch-size", a.rampup_batch_size,
         "Batch-size ramp-up START INCREMENT SAMPLES: the global batch starts at START and grows "
         "by INCREMENT evenly over SAMPLES samples (sample-based training only)");
+  t.add("--iterations-to-skip", a.iterations_to_skip,
+        "Iterations whose batch is read and dropped without a step (Megatron's count before "
+        "the step: 5 skips the iteration logged as 6); their samples count as skipped");
   t.flag("--decrease-batch-size-if-needed", a.decrease_batch_size_if_needed,
          "Round a global batch that does not split into micro-batch x data-parallel pieces down "
          "to one that does (the rest counts as skipped samples) instead of refusing it");
@@ -561,6 +564,12 @@ void validate_batch_schedule(Arguments& a, int64_t dp) {
                      " / (--micro-batch-size (", a.micro_batch_size, ") x data parallel size (", dp,
                      ")); choose batch sizes giving a multiple of ", pp, " micro-batches");
     }
+  }
+  for (const std::string& v : a.iterations_to_skip) {
+    char* end = nullptr;
+    const long long it = std::strtoll(v.c_str(), &end, 10);
+    MEGATRON_CHECK(end != v.c_str() && *end == '\0' && it >= 0,
+                   "--iterations-to-skip takes iteration numbers >= 0, got '", v, "'");
   }
   if (by_samples) {
     a.train_iters = schedule.iterations_for(a.train_samples);

@@ -63,7 +63,11 @@ struct Arguments {
   int64_t micro_batch_size = 1;
   int64_t global_batch_size = 0;  // 0: micro_batch_size * data-parallel size
   int64_t train_iters = 0;        // iteration-based training; computed from train_samples otherwise
-  int64_t train_samples = 0;      // sample-based training (Megatron's update_train_iters); 0: unset
+  int64_t train_samples = 0;
+  // --iterations-to-skip: Megatron's 0-based iteration counts (before the step) whose batch is
+  // consumed without training.
+  std::vector<std::string>
+      iterations_to_skip;  // sample-based training (Megatron's update_train_iters); 0: unset
   std::vector<std::string> rampup_batch_size;  // START INCREMENT SAMPLES (train/batch_schedule.h)
   bool decrease_batch_size_if_needed = false;  // round batches down to micro x dp multiples
   int64_t log_interval = 100;

@@ -160,6 +160,7 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
         "batch; the LR schedule's lengths are iterations x --global-batch-size, as Megatron's "
         "iteration-based schedule counts them");
   }
+  for (const std::string& v : args_.iterations_to_skip) iterations_to_skip_.insert(std::stoll(v));
   // The final (largest) batch: what the memory estimate must hold.
   num_microbatches_ = batch_schedule_->all_batches().back().microbatches;
   eval_microbatches_ = args_.global_batch_size / (args_.micro_batch_size * dp_size_);
@@ -1037,6 +1038,16 @@ int Trainer::train() {
       }
     }
     num_microbatches_ = batch.microbatches;
+    if (iterations_to_skip_.count(it - 1)) {
+      // Megatron's dummy_train_step: the batch is read and dropped; no step, no schedule
+      // advance, no log line, evaluation or save for this iteration.
+      if (prefetcher_) {
+        for (int64_t mb = 0; mb < num_microbatches_; ++mb) prefetcher_->next();
+      }
+      consumed_train_ += batch.running;
+      skipped_train_samples_ += batch.running;
+      continue;
+    }
     Timer timer;
     // The schedule advances only on successful steps (an fp16 step skipped for overflow does
     // not count), as Megatron's optimizer-parameter scheduler does.

@@ -17,6 +17,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -207,12 +208,13 @@ class Trainer {
   int64_t eval_microbatches_ = 1;  // evaluation takes whole --global-batch-size batches
   int64_t consumed_valid_ = 0, consumed_test_ = 0;
   int64_t consumed_train_ = 0;
-  int64_t skipped_train_samples_ = 0;  // left out by --decrease-batch-size-if-needed
-  double flops_so_far_ = 0;            // the model's FLOPs of every iteration trained
-  double flops_at_start_ = 0;          // ... when this job started (for --log-progress)
-  int64_t start_iteration_ = 0;        // the loaded checkpoint's iteration (0 without --load)
-  int64_t loaded_iteration_ = -1;      // -1: nothing loaded
-  uint64_t dropout_seed_ = 0;          // --seed, or the loaded RNG state
+  int64_t skipped_train_samples_ = 0;     // --decrease-batch-size-if-needed, --iterations-to-skip
+  std::set<int64_t> iterations_to_skip_;  // Megatron's 0-based counts
+  double flops_so_far_ = 0;               // the model's FLOPs of every iteration trained
+  double flops_at_start_ = 0;             // ... when this job started (for --log-progress)
+  int64_t start_iteration_ = 0;           // the loaded checkpoint's iteration (0 without --load)
+  int64_t loaded_iteration_ = -1;         // -1: nothing loaded
+  uint64_t dropout_seed_ = 0;             // --seed, or the loaded RNG state
   std::unique_ptr<Checkpointer> checkpointer_;  // --save
   std::unique_ptr<ProgressLog> progress_;       // --log-progress with --save, on rank 0
   std::unique_ptr<Watchdog> watchdog_;

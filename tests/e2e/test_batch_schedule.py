@@ -138,6 +138,25 @@ class BatchScheduleTest(unittest.TestCase):
         self.assertEqual([int(lines[it]["global batch size"]) for it in range(1, 11)], want)
         self.assertIn("--rampup-batch-size with --train-iters", proc.stdout)
 
+    def test_iterations_to_skip(self):
+        # Megatron's counts before the step: 2 and 3 skip the iterations logged as 3 and 4. Their
+        # batches are read and dropped (consumed and skipped samples grow, the data moves on), the
+        # LR schedule does not advance, nothing is logged for them.
+        flags = dict(global_batch_size=4, train_iters=6, lr_warmup_iters=2, lr_decay_iters=6)
+        plain = megatron_log.iteration_lines(self.train(**flags).stdout, range(1, 7))
+        skip = megatron_log.iteration_lines(
+            self.train(**flags, iterations_to_skip=(2, 3)).stdout, [1, 2, 5, 6])
+        for it in (1, 2):
+            self.assertEqual(skip[it]["lm loss"], plain[it]["lm loss"])
+        self.assertEqual(int(skip[5]["consumed samples"]), 20)
+        self.assertEqual(int(skip[5]["skipped samples"]), 8)
+        self.assertNotIn("skipped samples", plain[5])
+        # Two steps fewer: the LR after step 5 is the plain run's after step 3.
+        self.assertEqual(skip[5]["learning rate"], plain[3]["learning rate"])
+        self.assertEqual(skip[6]["learning rate"], plain[4]["learning rate"])
+        refused = self.train(ranks=1, expect_rc=2, **flags, iterations_to_skip=("x",))
+        self.assertIn("--iterations-to-skip takes iteration numbers", refused.stderr)
+
     def test_rampup_over_zero_samples(self):
         # Megatron's calculator divides 0 by 0 here; the limit, used here: the start batch for
         # the first iteration (consumed 0 <= 0 ramp-up samples), the global batch after it.
