@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <limits>
 #include <sstream>
 
@@ -236,6 +237,13 @@ void register_train_args(ArgTable& t, Arguments& a) {
   t.add("--valid-data-path", a.valid_data_path, "Validation dataset prefix(es)");
   t.add("--test-data-path", a.test_data_path, "Test dataset prefix(es)");
   t.add("--data-cache-path", a.data_cache_path, "Directory for the cached sample indices");
+  t.add("--data-args-path", a.data_args_path,
+        "A file holding the --data-path arguments (prefixes and weights, separated by white "
+        "space), for blends too long for a command line");
+  t.add("--per-split-data-args-path", a.per_split_data_args_path,
+        "A JSON file {\"train\": ..., \"valid\": ..., \"test\": ...}, each a list (or a "
+        "white-space separated string) of prefixes and weights, instead of "
+        "--train-data-path/--valid-data-path/--test-data-path");
   t.flag("--reset-position-ids", a.reset_position_ids,
          "Restart position ids after each end of document");
   t.flag("--reset-attention-mask", a.reset_attention_mask,
@@ -832,6 +840,64 @@ void merge_pretrained_config(Arguments& a, const ArgTable& t) {
       c.untie_embeddings_and_output_weights);
   set("--vocab-size", a.vocab_size, c.vocab_size);
   if (!t.given("--seq-length")) a.seq_length = c.max_position_embeddings;
+}
+
+namespace {
+std::vector<std::string> words(const std::string& text) {
+  std::istringstream in(text);
+  std::vector<std::string> out;
+  for (std::string w; in >> w;) out.push_back(w);
+  return out;
+}
+}  // namespace
+
+void read_data_args_files(Arguments& a) {
+  // Megatron's get_blend_and_blend_per_split: the file replaces the flag it stands for.
+  if (!a.data_args_path.empty()) {
+    MEGATRON_CHECK(a.data_path.empty(),
+                   "--data-args-path and --data-path both give the data; "
+                   "pass one");
+    std::ifstream f(a.data_args_path);
+    MEGATRON_CHECK(f.good(), "--data-args-path: cannot read '", a.data_args_path, "'");
+    std::stringstream text;
+    text << f.rdbuf();
+    a.data_path = words(text.str());
+    MEGATRON_CHECK(!a.data_path.empty(), "--data-args-path: '", a.data_args_path,
+                   "' holds no dataset prefix");
+  }
+  if (a.per_split_data_args_path.empty()) return;
+  MEGATRON_CHECK(a.train_data_path.empty() && a.valid_data_path.empty() && a.test_data_path.empty(),
+                 "--per-split-data-args-path and --train/valid/test-data-path both give the "
+                 "splits; pass one");
+  const std::string& path = a.per_split_data_args_path;
+  std::ifstream f(path);
+  MEGATRON_CHECK(f.good(), "--per-split-data-args-path: cannot read '", path, "'");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(f);
+  } catch (const nlohmann::json::exception& e) {
+    MEGATRON_CHECK(false, "--per-split-data-args-path: '", path, "' is not JSON (", e.what(), ")");
+  }
+  MEGATRON_CHECK(j.is_object(), "--per-split-data-args-path: '", path,
+                 "' must hold an object with the keys train, valid and test");
+  const std::pair<const char*, std::vector<std::string>*> splits[] = {
+      {"train", &a.train_data_path}, {"valid", &a.valid_data_path}, {"test", &a.test_data_path}};
+  for (const auto& [key, field] : splits) {
+    MEGATRON_CHECK(j.contains(key), "--per-split-data-args-path: '", path, "' has no \"", key,
+                   "\" entry");
+    const nlohmann::json& v = j.at(key);
+    if (v.is_string()) {
+      *field = words(v.get<std::string>());
+    } else {
+      MEGATRON_CHECK(v.is_array(), "--per-split-data-args-path: '", path, "': \"", key,
+                     "\" must be a list or a string of prefixes and weights");
+      for (const nlohmann::json& w : v) {
+        MEGATRON_CHECK(w.is_string() || w.is_number(), "--per-split-data-args-path: '", path,
+                       "': \"", key, "\" holds ", w.dump(), ", not a prefix or a weight");
+        field->push_back(w.is_string() ? w.get<std::string>() : w.dump());
+      }
+    }
+  }
 }
 
 void merge_checkpoint_args(Arguments& a, const ArgTable& t, bool report) {

@@ -26,6 +26,10 @@ void merge_pretrained_config(Arguments& a, const ArgTable& t);
 // load_args_from_checkpoint does; a given flag that they override is reported. Reads files only.
 void merge_checkpoint_args(Arguments& a, const ArgTable& t, bool report);
 
+// --data-args-path and --per-split-data-args-path: the files' contents into --data-path and
+// --train/valid/test-data-path (Megatron's get_blend_and_blend_per_split). Reads files only.
+void read_data_args_files(Arguments& a);
+
 // Sets --vocab-size from the tokenizer (files given by the tokenizer flags); with
 // --pretrained-checkpoint, checks the tokenizer fits the checkpoint's vocabulary instead.
 void resolve_vocab_size(Arguments& a, const ArgTable& t);

@@ -115,6 +115,8 @@ struct Arguments {
   std::vector<std::string> data_path;  // one prefix, or a blend "w1 p1 w2 p2 ..."
   std::string split = "969, 30, 1";
   std::vector<std::string> train_data_path, valid_data_path, test_data_path;
+  std::string data_args_path;            // a file holding --data-path's words
+  std::string per_split_data_args_path;  // a JSON file {"train": ..., "valid": ..., "test": ...}
   std::string data_cache_path;
   std::string tokenizer_type = "NullTokenizer";
   std::string vocab_file, merge_file, tokenizer_model;

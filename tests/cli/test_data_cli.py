@@ -138,6 +138,49 @@ class TestIndexedData(CliTestCase):
         self.corrupt_and_expect(bad_pointer, "bad_text_document.idx", "sequence_pointers")
         self.corrupt_and_expect(lambda p: os.remove(p + ".bin"), "bad_text_document.bin")
 
+    def test_data_args_files_equal_the_flags(self):
+        # --data-args-path holds --data-path's words (a weighted blend here), and
+        # --per-split-data-args-path the per-split lists (a list and strings): the same runs.
+        a, b = self.make_dataset("a"), self.make_dataset("b", docs=150)
+        run = ["--train-iters", "4", "--lr", "1e-3", "--log-interval", "1", "--eval-iters", "1",
+               "--eval-interval", "2", "--data-cache-path", os.path.join(self.tmp, "cache")]
+        blend = ["0.3", a, "0.7", b]
+        with_flag = megatron("train", *self.MODEL, *run, "--data-path", *blend, "--split", "90,5,5")
+        args_file = os.path.join(self.tmp, "data_args.txt")
+        with open(args_file, "w", encoding="utf-8") as f:
+            f.write(" ".join(blend[:2]) + "\n  " + " ".join(blend[2:]) + "\n")
+        with_file = megatron("train", *self.MODEL, *run, "--data-args-path", args_file,
+                             "--split", "90,5,5")
+        self.assertOk(with_flag)
+        self.assertOk(with_file)
+        self.assertEqual(losses_of(with_flag.stdout), losses_of(with_file.stdout))
+        self.assertEqual(len(losses_of(with_file.stdout)), 4)
+        per_split = ["--train-data-path", "0.5", a, "0.5", b, "--valid-data-path", b,
+                     "--test-data-path", a]
+        with_flags = megatron("train", *self.MODEL, *run, *per_split)
+        split_file = os.path.join(self.tmp, "splits.json")
+        with open(split_file, "w", encoding="utf-8") as f:
+            json.dump({"train": [0.5, a, "0.5", b], "valid": b, "test": a}, f)
+        with_json = megatron("train", *self.MODEL, *run, "--per-split-data-args-path", split_file)
+        self.assertOk(with_flags)
+        self.assertOk(with_json)
+        self.assertEqual(losses_of(with_flags.stdout), losses_of(with_json.stdout))
+        base = [*self.MODEL, *run]
+        self.assertUsageError(megatron("train", *base, "--data-args-path",
+                                       os.path.join(self.tmp, "nope.txt")),
+                              "--data-args-path", "nope.txt")
+        self.assertUsageError(megatron("train", *base, "--data-args-path", args_file,
+                                       "--data-path", a), "--data-args-path and --data-path")
+        bad = os.path.join(self.tmp, "bad.json")
+        with open(bad, "w", encoding="utf-8") as f:
+            f.write('{"train": [1, 2,')
+        self.assertUsageError(megatron("train", *base, "--per-split-data-args-path", bad),
+                              "--per-split-data-args-path", "is not JSON")
+        with open(bad, "w", encoding="utf-8") as f:
+            json.dump({"train": [a], "valid": [a]}, f)
+        self.assertUsageError(megatron("train", *base, "--per-split-data-args-path", bad),
+                              "has no \"test\" entry")
+
     def test_bad_data_flags(self):
         prefix = self.make_dataset()
         self.assertUsageError(self.train(prefix, "--split", "90,x", "--train-iters", "2",
