@@ -171,7 +171,8 @@ void register_train_args(ArgTable& t, Arguments& a) {
         "schedule; the LR schedule is then given in samples)");
   t.add("--rampup-batch-size", a.rampup_batch_size,
         "Batch-size ramp-up START INCREMENT SAMPLES: the global batch starts at START and grows "
-        "by INCREMENT evenly over SAMPLES samples (sample-based training only)");
+        "by INCREMENT evenly over SAMPLES samples (with --train-samples, or with --train-iters as "
+        "Megatron's GPT-3 example uses it)");
   t.add("--iterations-to-skip", a.iterations_to_skip,
         "Iterations whose batch is read and dropped without a step (Megatron's count before "
         "the step: 5 skips the iteration logged as 6); their samples count as skipped");
