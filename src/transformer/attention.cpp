@@ -63,40 +63,51 @@ void SelfAttention::collect(std::vector<Param*>& out) {
   linear_proj.collect(out);
 }
 
-Tensor SelfAttention::qk_norm_forward(const Tensor& qkv, Ctx& ctx) const {
-  // Rows of [s b ng, (qpg + 2) hn]: columns [0, qpg hn) are the queries, then the key, then the
-  // value.
-  const int64_t qpg = cfg_.queries_per_group(), hn = cfg_.head_dim();
-  const int64_t rows = qkv.numel() / ((qpg + 2) * hn);
-  const Tensor flat = qkv.view({rows, (qpg + 2) * hn});
-  Tensor q = Tensor::empty({rows, qpg * hn}, qkv.dtype()),
-         k = Tensor::empty({rows, hn}, qkv.dtype()), v = Tensor::empty({rows, hn}, qkv.dtype());
-  ops::slice_last_dim(q, flat, 0);
-  ops::slice_last_dim(k, flat, qpg * hn);
-  ops::slice_last_dim(v, flat, (qpg + 1) * hn);
-  const Tensor qn = q_layernorm->forward(q.view({rows * qpg, hn}), ctx.q_norm).view(q.shape());
-  const Tensor kn = k_layernorm->forward(k, ctx.k_norm);
-  Tensor out = Tensor::empty(qkv.shape(), qkv.dtype());
-  Tensor out_flat = out.view(flat.shape());
-  ops::concat_last_dim(out_flat, {qn, kn, v});
+namespace {
+
+// The packed [s, b, ng, qpg + 2, hn] buffer as rows [s b ng, (qpg + 2) hn]: columns [0, qpg hn)
+// are the queries, then the key, then the value. split copies the three parts out (queries as
+// [rows qpg, hn]); join writes them back into a buffer shaped like `like`.
+struct QkvParts {
+  Tensor q, k, v;
+};
+
+QkvParts split_qkv(const Tensor& packed, int64_t qpg, int64_t hn) {
+  const int64_t rows = packed.numel() / ((qpg + 2) * hn);
+  const Tensor flat = packed.view({rows, (qpg + 2) * hn});
+  QkvParts p{Tensor::empty({rows, qpg * hn}, packed.dtype()),
+             Tensor::empty({rows, hn}, packed.dtype()), Tensor::empty({rows, hn}, packed.dtype())};
+  ops::slice_last_dim(p.q, flat, 0);
+  ops::slice_last_dim(p.k, flat, qpg * hn);
+  ops::slice_last_dim(p.v, flat, (qpg + 1) * hn);
+  p.q = p.q.view({rows * qpg, hn});
+  return p;
+}
+
+Tensor join_qkv(const QkvParts& p, const Tensor& like, int64_t qpg, int64_t hn) {
+  const int64_t rows = like.numel() / ((qpg + 2) * hn);
+  Tensor out = Tensor::empty(like.shape(), like.dtype());
+  Tensor flat = out.view({rows, (qpg + 2) * hn});
+  ops::concat_last_dim(flat, {p.q.view({rows, qpg * hn}), p.k, p.v});
   return out;
+}
+
+}  // namespace
+
+Tensor SelfAttention::qk_norm_forward(const Tensor& qkv, Ctx& ctx) const {
+  const int64_t qpg = cfg_.queries_per_group(), hn = cfg_.head_dim();
+  QkvParts p = split_qkv(qkv, qpg, hn);
+  p.q = q_layernorm->forward(p.q, ctx.q_norm);
+  p.k = k_layernorm->forward(p.k, ctx.k_norm);
+  return join_qkv(p, qkv, qpg, hn);
 }
 
 Tensor SelfAttention::qk_norm_backward(const Tensor& dqkv, Ctx& ctx) const {
   const int64_t qpg = cfg_.queries_per_group(), hn = cfg_.head_dim();
-  const int64_t rows = dqkv.numel() / ((qpg + 2) * hn);
-  const Tensor flat = dqkv.view({rows, (qpg + 2) * hn});
-  Tensor dq = Tensor::empty({rows, qpg * hn}, dqkv.dtype()),
-         dk = Tensor::empty({rows, hn}, dqkv.dtype()), dv = Tensor::empty({rows, hn}, dqkv.dtype());
-  ops::slice_last_dim(dq, flat, 0);
-  ops::slice_last_dim(dk, flat, qpg * hn);
-  ops::slice_last_dim(dv, flat, (qpg + 1) * hn);
-  const Tensor dqi = q_layernorm->backward(dq.view({rows * qpg, hn}), ctx.q_norm).view(dq.shape());
-  const Tensor dki = k_layernorm->backward(dk, ctx.k_norm);
-  Tensor out = Tensor::empty(dqkv.shape(), dqkv.dtype());
-  Tensor out_flat = out.view(flat.shape());
-  ops::concat_last_dim(out_flat, {dqi, dki, dv});
-  return out;
+  QkvParts p = split_qkv(dqkv, qpg, hn);
+  p.q = q_layernorm->backward(p.q, ctx.q_norm);
+  p.k = k_layernorm->backward(p.k, ctx.k_norm);
+  return join_qkv(p, dqkv, qpg, hn);
 }
 
 void SelfAttention::core_attention(Ctx& ctx) const {

@@ -58,6 +58,35 @@ double mean_loss(const Tensor& per_token) {
   return s / static_cast<double>(per_token.numel());
 }
 
+struct Batch {
+  Tensor inputs, labels;  // [B, S] each
+};
+
+// The oracle's tokens [B, S + 1] as inputs (the first S) and labels (the last S).
+Batch oracle_batch(safetensors::File& expected) {
+  Tensor tokens = expected.read("tokens");
+  const int64_t B = tokens.dim(0), S = tokens.dim(1) - 1;
+  Batch out{Tensor::empty({B, S}, DType::kI64), Tensor::empty({B, S}, DType::kI64)};
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < S; ++t) {
+      out.inputs.data<int64_t>()[b * S + t] = tokens.data<int64_t>()[b * (S + 1) + t];
+      out.labels.data<int64_t>()[b * S + t] = tokens.data<int64_t>()[b * (S + 1) + t + 1];
+    }
+  return out;
+}
+
+// Our logits are [S * B, Vp] (row t * B + b); PyTorch's are [B, S, V].
+Tensor logits_as_pytorch(const GPTModel::Ctx& ctx, const TransformerConfig& c, int64_t B,
+                         int64_t S) {
+  Tensor got = Tensor::empty({B, S, c.vocab_size});
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < S; ++t)
+      for (int64_t v = 0; v < c.vocab_size; ++v)
+        got.data<float>()[(b * S + t) * c.vocab_size + v] =
+            ctx.head.logits.data<float>()[(t * B + b) * c.padded_vocab_size + v];
+  return got;
+}
+
 void run_oracle(const std::string& arch,
                 const std::function<void(TransformerConfig&)>& variant = {}) {
   ASSERT_FALSE(g_oracle_dir.empty()) << "pass the oracle directory as the first argument";
@@ -65,27 +94,13 @@ void run_oracle(const std::string& arch,
   auto expected = safetensors::File::open(root + "/expected.safetensors");
   Loaded l = load(root + "/model", variant);
   const TransformerConfig& c = l.model->config();
-
-  Tensor tokens = expected.read("tokens");  // [B, S + 1]
-  const int64_t B = tokens.dim(0), S = tokens.dim(1) - 1;
-  Tensor inputs = Tensor::empty({B, S}, DType::kI64), labels = Tensor::empty({B, S}, DType::kI64);
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < S; ++t) {
-      inputs.data<int64_t>()[b * S + t] = tokens.data<int64_t>()[b * (S + 1) + t];
-      labels.data<int64_t>()[b * S + t] = tokens.data<int64_t>()[b * (S + 1) + t + 1];
-    }
-
+  const Batch batch = oracle_batch(expected);
+  const int64_t B = batch.inputs.dim(0), S = batch.inputs.dim(1);
   GPTModel::Ctx ctx;
-  Tensor loss = l.model->forward(inputs, labels, Tensor(), ctx, ForwardMode{});
-  // Our logits are [S * B, Vp] (row t * B + b); PyTorch's are [B, S, V].
-  Tensor want_logits = expected.read("logits");
-  Tensor got = Tensor::empty({B, S, c.vocab_size});
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < S; ++t)
-      for (int64_t v = 0; v < c.vocab_size; ++v)
-        got.data<float>()[(b * S + t) * c.vocab_size + v] =
-            ctx.head.logits.data<float>()[(t * B + b) * c.padded_vocab_size + v];
-  EXPECT_TRUE(testing::allclose(got, want_logits, 1e-5, 1e-4)) << "logits";
+  Tensor loss = l.model->forward(batch.inputs, batch.labels, Tensor(), ctx, ForwardMode{});
+  EXPECT_TRUE(
+      testing::allclose(logits_as_pytorch(ctx, c, B, S), expected.read("logits"), 1e-5, 1e-4))
+      << "logits";
   const double want_loss = expected.read("loss").item(0);
   EXPECT_NEAR(mean_loss(loss), want_loss, 1e-5 * want_loss) << "loss";
 
@@ -105,7 +120,7 @@ void run_oracle(const std::string& arch,
   Tensor want_losses = expected.read("adam_losses");
   for (int64_t step = 0; step < want_losses.numel(); ++step) {
     GPTModel::Ctx sctx;
-    Tensor l2 = fresh.model->forward(inputs, labels, Tensor(), sctx, ForwardMode{});
+    Tensor l2 = fresh.model->forward(batch.inputs, batch.labels, Tensor(), sctx, ForwardMode{});
     const double got_loss = mean_loss(l2);
     EXPECT_NEAR(got_loss, want_losses.item(step), 1e-4 * want_losses.item(step)) << "step " << step;
     fresh.params->zero_grads();
@@ -160,24 +175,13 @@ TEST(PyTorchOracle, VariantsAreDistinguishable) {
     const std::string root = g_oracle_dir + "/" + arch;
     auto expected = safetensors::File::open(root + "/expected.safetensors");
     Loaded l = load(root + "/model", undo);
-    Tensor tokens = expected.read("tokens");
-    const int64_t B = tokens.dim(0), S = tokens.dim(1) - 1;
-    Tensor inputs = Tensor::empty({B, S}, DType::kI64), labels = Tensor::empty({B, S}, DType::kI64);
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t t = 0; t < S; ++t) {
-        inputs.data<int64_t>()[b * S + t] = tokens.data<int64_t>()[b * (S + 1) + t];
-        labels.data<int64_t>()[b * S + t] = tokens.data<int64_t>()[b * (S + 1) + t + 1];
-      }
+    const Batch batch = oracle_batch(expected);
     GPTModel::Ctx ctx;
-    l.model->forward(inputs, labels, Tensor(), ctx, ForwardMode{});
-    const TransformerConfig& c = l.model->config();
-    Tensor want = expected.read("logits"), got = Tensor::empty({B, S, c.vocab_size});
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t t = 0; t < S; ++t)
-        for (int64_t v = 0; v < c.vocab_size; ++v)
-          got.data<float>()[(b * S + t) * c.vocab_size + v] =
-              ctx.head.logits.data<float>()[(t * B + b) * c.padded_vocab_size + v];
-    EXPECT_FALSE(testing::allclose(got, want, 1e-5, 1e-4)) << "the plain model matches too";
+    l.model->forward(batch.inputs, batch.labels, Tensor(), ctx, ForwardMode{});
+    const Tensor got =
+        logits_as_pytorch(ctx, l.model->config(), batch.inputs.dim(0), batch.inputs.dim(1));
+    EXPECT_FALSE(testing::allclose(got, expected.read("logits"), 1e-5, 1e-4))
+        << "the plain model matches too";
   }
 }
 
