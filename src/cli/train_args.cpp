@@ -78,6 +78,51 @@ void register_model_args(ArgTable& t, Arguments& a) {
          "Bias on the QKV projection even with --disable-bias-linear");
   t.flag("--untie-embeddings-and-output-weights", a.untie_embeddings_and_output_weights,
          "Separate output layer instead of the tied word embeddings");
+  t.add("--num-experts", a.num_experts, "Experts per MoE layer (Mixture of Experts; 0: dense)");
+  t.add("--moe-layer-freq", a.moe_layer_freq,
+        "Which layers are MoE: N (every N-th from layer 0) or a list expression such as "
+        "([0]*3+[1]*5)");
+  t.add("--moe-ffn-hidden-size", a.moe_ffn_hidden_size,
+        "FFN width of each expert (default --ffn-hidden-size)");
+  t.add("--moe-shared-expert-intermediate-size", a.moe_shared_expert_intermediate_size,
+        "Total FFN width of the shared experts (applied to every token; default none)");
+  t.flag("--moe-shared-expert-overlap", a.moe_shared_expert_overlap,
+         "Run the shared experts beside the token exchange (alltoall dispatcher)");
+  t.add("--moe-router-topk", a.moe_router_topk, "Experts per token");
+  t.add("--moe-router-score-function", a.moe_router_score_function, "softmax or sigmoid");
+  t.flag("--moe-router-pre-softmax", a.moe_router_pre_softmax,
+         "Softmax over all experts before the top-k (default: over the k selected)");
+  t.add("--moe-router-topk-scaling-factor", a.moe_router_topk_scaling_factor,
+        "Multiplies the routing probabilities");
+  t.add("--moe-router-num-groups", a.moe_router_num_groups,
+        "Expert groups for group-limited routing (device- or node-limited)");
+  t.add("--moe-router-group-topk", a.moe_router_group_topk,
+        "Groups a token may use with --moe-router-num-groups");
+  t.flag("--moe-router-enable-expert-bias", a.moe_router_enable_expert_bias,
+         "Aux-loss-free balancing: a per-expert bias on the selection scores, updated each step "
+         "(sigmoid scores)");
+  t.add("--moe-router-bias-update-rate", a.moe_router_bias_update_rate,
+        "Step of the expert-bias update");
+  t.add("--moe-router-dtype", a.moe_router_dtype,
+        "fp32 or fp64: the gating GEMM in that dtype (routing math is f64 here)");
+  t.add("--moe-router-load-balancing-type", a.moe_router_load_balancing_type,
+        "aux_loss, seq_aux_loss, sinkhorn or none (one or more, with --moe-aux-loss-coeff each)");
+  t.add("--moe-aux-loss-coeff", a.moe_aux_loss_coeff,
+        "Coefficient of each load-balancing loss");
+  t.add("--moe-z-loss-coeff", a.moe_z_loss_coeff, "Coefficient of the router z-loss");
+  t.add("--moe-input-jitter-eps", a.moe_input_jitter_eps,
+        "Router input multiplied by U(1 - eps, 1 + eps) in training");
+  t.add("--moe-expert-capacity-factor", a.moe_expert_capacity_factor,
+        "Tokens per expert at most capacity factor x tokens x topk / experts (default dropless)");
+  t.add("--moe-token-drop-policy", a.moe_token_drop_policy,
+        "probs (drop the lowest probabilities) or position (drop the latest tokens)");
+  t.flag("--moe-pad-expert-input-to-capacity", a.moe_pad_expert_input_to_capacity,
+         "Every expert gets exactly its capacity of rows (padding with probability 0)");
+  t.add("--moe-token-dispatcher-type", a.moe_token_dispatcher_type, "allgather or alltoall");
+  t.flag("--moe-grouped-gemm", a.moe_grouped_gemm,
+         "Grouped GEMMs for the experts (always the case here)");
+  t.flag("--moe-per-layer-logging", a.moe_per_layer_logging,
+         "Each MoE layer's load-balancing and z-losses to TensorBoard");
   t.concern("training");
   t.add("--hidden-dropout", a.hidden_dropout, "Dropout after attention/MLP and on embeddings");
   t.add("--attention-dropout", a.attention_dropout, "Dropout on attention probabilities");
@@ -117,6 +162,10 @@ void register_model_args(ArgTable& t, Arguments& a) {
         "Degree of tensor model parallelism");
   t.add("--pipeline-model-parallel-size", a.pipeline_model_parallel_size,
         "Degree of pipeline model parallelism");
+  t.add("--expert-model-parallel-size", a.expert_model_parallel_size,
+        "Degree of expert parallelism: each MoE layer's experts split over this many ranks");
+  t.add("--expert-tensor-parallel-size", a.expert_tensor_parallel_size,
+        "Degree of tensor parallelism inside each expert (default --tensor-model-parallel-size)");
   t.flag("--sequence-parallel", a.sequence_parallel,
          "Enable sequence parallel optimization (with --tensor-model-parallel-size > 1; "
          "switched off with a warning at 1)");
@@ -433,6 +482,42 @@ void validate_context_parallel(const Arguments& a) {
   }
 }
 
+// Mixture of Experts against the parallel layout (Megatron's validate_args and MoELayer).
+void validate_expert_layout(Arguments& a, int64_t tp) {
+  const int64_t ep = a.expert_model_parallel_size;
+  if (a.expert_tensor_parallel_size == 0) a.expert_tensor_parallel_size = tp;
+  const int64_t etp = a.expert_tensor_parallel_size;
+  MEGATRON_CHECK(ep >= 1, "--expert-model-parallel-size must be >= 1, got ", ep);
+  MEGATRON_CHECK(etp >= 1, "--expert-tensor-parallel-size must be >= 1, got ", etp);
+  MEGATRON_CHECK(ep == 1 || a.num_experts > 0,
+                 "num_experts must be non None to use expert model parallelism: "
+                 "--expert-model-parallel-size ",
+                 ep, " needs --num-experts");
+  if (a.num_experts <= 0) {
+    MEGATRON_CHECK(a.moe_ffn_hidden_size == 0,
+                   "moe_ffn_hidden_size must be None when num_experts is not set: drop "
+                   "--moe-ffn-hidden-size or add --num-experts");
+    return;
+  }
+  MEGATRON_CHECK(a.num_experts % ep == 0,
+                 "Number of experts should be a multiple of expert model parallel_size: "
+                 "--num-experts ",
+                 a.num_experts, " by --expert-model-parallel-size ", ep);
+  MEGATRON_CHECK(!(ep > 1 && a.fp16),
+                 "Expert parallelism is not supported with fp16 training: use --bf16 with "
+                 "--expert-model-parallel-size > 1");
+  MEGATRON_CHECK(ep == 1 && etp == tp,
+                 "--expert-model-parallel-size ", ep, " / --expert-tensor-parallel-size ", etp,
+                 ": experts are split like the dense layers for now (EP 1, ETP = "
+                 "--tensor-model-parallel-size ",
+                 tp, "); drop the flags");
+  MEGATRON_CHECK(tp == 1 || a.sequence_parallel,
+                 "During training, performance may degrade if MoE and tensor parallelism are "
+                 "enabled without also enabling sequence parallelism: add --sequence-parallel "
+                 "with --num-experts and --tensor-model-parallel-size ",
+                 tp);
+}
+
 // The tensor- and pipeline-parallel layout: Megatron's rules (validate_args, TransformerConfig,
 // the interleaved schedule) in its words, then the flags and numbers involved and the fix. Pure
 // arithmetic on the flags and the world size, so every rank reaches the same verdict without
@@ -472,6 +557,7 @@ int64_t validate_parallel_layout(Arguments& a, int world_size, int rank) {
     }
     a.sequence_parallel = false;
   }
+  validate_expert_layout(a, tp);
 
   const int64_t per_vp = a.num_layers_per_virtual_pipeline_stage;
   const int64_t vp_given = a.num_virtual_stages_per_pipeline_rank;

@@ -19,7 +19,7 @@
 #include "parallel/param.h"
 #include "tensor/tensor_map.h"
 #include "transformer/forward_mode.h"
-#include "transformer/transformer_block.h"  // ParamsDone
+#include "transformer/transformer_block.h"  // ParamsDone, TopKRouter
 
 namespace megatron {
 
@@ -91,6 +91,9 @@ class ModelChunk {
   virtual void aux_losses(const Ctx& /*ctx*/, LossTerms* /*terms*/) const {}
   // Every parameter, in registration order.
   virtual std::vector<Param*> parameters() = 0;
+  // The routers of this chunk's MoE layers (none for a dense model), for the trainer's
+  // once-per-step expert-bias update.
+  virtual std::vector<TopKRouter*> moe_routers() { return {}; }
 };
 
 class LossFn {

@@ -188,6 +188,34 @@ struct Arguments {
   int64_t timing_log_level = 0;  // 0: no step-time report; 1-2: phases (see step_timers.h)
   std::string inject_fault;      // testing hook "KIND:RANK:ITERATION"; empty: none
 
+  // ---- mixture of experts (transformer/moe/moe_config.h; Megatron's _add_moe_args) ----
+  int64_t num_experts = 0;                // experts per MoE layer; 0: dense
+  std::string moe_layer_freq = "1";       // N, or a list expression such as ([0]*3+[1]*5)
+  int64_t moe_ffn_hidden_size = 0;        // per-expert FFN width; 0: --ffn-hidden-size
+  int64_t moe_shared_expert_intermediate_size = 0;  // total shared-expert width; 0: none
+  bool moe_shared_expert_overlap = false;
+  int64_t moe_router_topk = 2;
+  std::string moe_router_score_function = "softmax";  // softmax or sigmoid
+  bool moe_router_pre_softmax = false;
+  double moe_router_topk_scaling_factor = kUnset;
+  int64_t moe_router_num_groups = 0;  // group-limited routing; 0: none
+  int64_t moe_router_group_topk = 0;
+  bool moe_router_enable_expert_bias = false;
+  double moe_router_bias_update_rate = 1e-3;
+  std::string moe_router_dtype;  // fp32 or fp64; empty: the compute dtype
+  std::vector<std::string> moe_router_load_balancing_type = {"aux_loss"};
+  std::vector<std::string> moe_aux_loss_coeff = {"0.0"};  // one per load-balancing type
+  double moe_z_loss_coeff = kUnset;
+  double moe_input_jitter_eps = kUnset;
+  double moe_expert_capacity_factor = kUnset;  // unset or negative: dropless
+  std::string moe_token_drop_policy = "probs";  // probs or position
+  bool moe_pad_expert_input_to_capacity = false;
+  std::string moe_token_dispatcher_type = "allgather";  // allgather or alltoall
+  bool moe_grouped_gemm = false;
+  bool moe_per_layer_logging = false;
+  int64_t expert_model_parallel_size = 1;   // EP
+  int64_t expert_tensor_parallel_size = 0;  // ETP; 0: --tensor-model-parallel-size
+
   // ---- activation recomputation (Megatron's flags; see TransformerBlock) ----
   std::string recompute_granularity;   // full or selective; empty: none
   std::string recompute_method;        // uniform or block (with full); empty: none

@@ -32,7 +32,12 @@ const char* const kShapeKeys[] = {"num_layers",
                                   "add_bias_linear",
                                   "add_qkv_bias",
                                   "untie_embeddings_and_output_weights",
-                                  "vocab_size"};
+                                  "vocab_size",
+                                  "num_experts",
+                                  "moe_layer_pattern",
+                                  "moe_ffn_hidden_size",
+                                  "moe_shared_expert_intermediate_size",
+                                  "moe_router_enable_expert_bias"};
 
 // The vocabulary's padding rows depend on the tensor-parallel size; the rows that exist in both
 // layouts are read, the others are zero.
@@ -75,6 +80,11 @@ nlohmann::json model_args_json(const Arguments& a, const TransformerConfig& cfg)
           {"untie_embeddings_and_output_weights", cfg.untie_embeddings_and_output_weights},
           {"vocab_size", cfg.vocab_size},
           {"make_vocab_size_divisible_by", a.make_vocab_size_divisible_by},
+          {"num_experts", cfg.moe.num_experts},
+          {"moe_layer_pattern", cfg.moe.layer_pattern},
+          {"moe_ffn_hidden_size", cfg.moe.ffn_hidden_size},
+          {"moe_shared_expert_intermediate_size", cfg.moe.shared_expert_intermediate_size},
+          {"moe_router_enable_expert_bias", cfg.moe.enable_expert_bias},
           {"tokenizer_type", a.tokenizer_type}};
 }
 
@@ -84,8 +94,11 @@ std::vector<std::string> model_arg_differences(const nlohmann::json& saved,
   for (const char* key : kShapeKeys) {
     const nlohmann::json s = saved.value(key, nlohmann::json());
     const nlohmann::json m = mine.value(key, nlohmann::json());
-    // A model flag newer than the checkpoint: absent means its default, off.
-    if (s.is_null() && m.is_boolean() && !m.get<bool>()) continue;
+    // A model flag newer than the checkpoint: absent means its default (off, 0, none).
+    const bool default_value = (m.is_boolean() && !m.get<bool>()) ||
+                               (m.is_number_integer() && m.get<int64_t>() == 0) ||
+                               (m.is_array() && m.empty());
+    if (s.is_null() && default_value) continue;
     if (s != m)
       out.push_back(std::string(key) + ": checkpoint " + s.dump() + ", this run " + m.dump());
   }

@@ -6,6 +6,72 @@
 
 namespace megatron {
 
+MoeConfig moe_config_from_args(const Arguments& a) {
+  MoeConfig m;
+  m.num_experts = a.num_experts;
+  if (a.num_experts <= 0) return m;
+  m.layer_pattern = parse_moe_layer_freq(a.moe_layer_freq, a.num_layers);
+  m.ffn_hidden_size = a.moe_ffn_hidden_size;
+  m.shared_expert_intermediate_size = a.moe_shared_expert_intermediate_size;
+  m.shared_expert_overlap = a.moe_shared_expert_overlap;
+  m.router_topk = a.moe_router_topk;
+  if (a.moe_router_score_function == "softmax") {
+    m.score_function = MoeScoreFunction::kSoftmax;
+  } else if (a.moe_router_score_function == "sigmoid") {
+    m.score_function = MoeScoreFunction::kSigmoid;
+  } else {
+    MEGATRON_CHECK(false, "--moe-router-score-function: unknown '", a.moe_router_score_function,
+                   "'; choose softmax or sigmoid");
+  }
+  m.pre_softmax = a.moe_router_pre_softmax;
+  m.topk_scaling_factor =
+      is_set(a.moe_router_topk_scaling_factor) ? a.moe_router_topk_scaling_factor : 0.0;
+  m.num_groups = a.moe_router_num_groups;
+  m.group_topk = a.moe_router_group_topk;
+  m.enable_expert_bias = a.moe_router_enable_expert_bias;
+  m.bias_update_rate = a.moe_router_bias_update_rate;
+  m.router_dtype = a.moe_router_dtype;
+  m.load_balancing.clear();
+  for (const std::string& t : a.moe_router_load_balancing_type)
+    m.load_balancing.push_back(parse_moe_load_balancing(t));
+  m.aux_loss_coeff.clear();
+  for (const std::string& c : a.moe_aux_loss_coeff) {
+    try {
+      size_t used = 0;
+      m.aux_loss_coeff.push_back(std::stod(c, &used));
+      MEGATRON_CHECK(used == c.size(), "");
+    } catch (const std::exception&) {
+      MEGATRON_CHECK(false, "--moe-aux-loss-coeff: '", c, "' is not a number");
+    }
+  }
+  m.z_loss_coeff = is_set(a.moe_z_loss_coeff) ? a.moe_z_loss_coeff : 0.0;
+  m.input_jitter_eps = is_set(a.moe_input_jitter_eps) ? a.moe_input_jitter_eps : 0.0;
+  // Megatron turns a negative capacity factor into None (dropless).
+  m.capacity_factor = is_set(a.moe_expert_capacity_factor) && a.moe_expert_capacity_factor > 0
+                          ? a.moe_expert_capacity_factor
+                          : 0.0;
+  if (a.moe_token_drop_policy == "probs") {
+    m.drop_policy = MoeDropPolicy::kProbs;
+  } else if (a.moe_token_drop_policy == "position") {
+    m.drop_policy = MoeDropPolicy::kPosition;
+  } else {
+    MEGATRON_CHECK(false, "--moe-token-drop-policy: unknown '", a.moe_token_drop_policy,
+                   "'; choose probs or position");
+  }
+  m.pad_expert_input_to_capacity = a.moe_pad_expert_input_to_capacity;
+  if (a.moe_token_dispatcher_type == "allgather") {
+    m.dispatcher = MoeDispatcher::kAllGather;
+  } else if (a.moe_token_dispatcher_type == "alltoall") {
+    m.dispatcher = MoeDispatcher::kAllToAll;
+  } else {
+    MEGATRON_CHECK(false, "--moe-token-dispatcher-type: unknown '", a.moe_token_dispatcher_type,
+                   "'; choose allgather or alltoall (flex needs DeepEP on GPUs)");
+  }
+  m.grouped_gemm = a.moe_grouped_gemm;
+  m.per_layer_logging = a.moe_per_layer_logging;
+  return m;
+}
+
 TransformerConfig transformer_config_from_args(const Arguments& a) {
   TransformerConfig c;
   c.num_layers = a.num_layers;
@@ -73,6 +139,7 @@ TransformerConfig transformer_config_from_args(const Arguments& a) {
                    "'; choose uniform or block");
   }
   c.recompute_num_layers = a.recompute_num_layers;
+  c.moe = moe_config_from_args(a);
   MEGATRON_CHECK(a.vocab_size > 0, "--vocab-size must be set (positive) for ", a.tokenizer_type,
                  ", got ", a.vocab_size);
   c.vocab_size = a.vocab_size;

@@ -8,5 +8,7 @@
 namespace megatron {
 
 TransformerConfig transformer_config_from_args(const Arguments& args);
+// The --moe-* flags (dense when --num-experts is 0); validated by TransformerConfig::finalize.
+MoeConfig moe_config_from_args(const Arguments& args);
 
 }  // namespace megatron

@@ -192,6 +192,7 @@ void Trainer::build_model() {
     for (Param* p : chunk->parameters()) all.push_back(p);
   }
   loss_ = spec_->make_loss();
+  if (cfg_.moe.enabled()) moe_tracker_ = std::make_unique<MoeAuxTracker>(cfg_.num_layers);
   // The fields this rank's chunks read, each once, in first-read order.
   {
     const Shape bs{args_.micro_batch_size, cfg_.seq_length};
@@ -525,6 +526,68 @@ void Trainer::divide_by_global_tokens(const LossTerms& terms) {
   }
 }
 
+void Trainer::add_moe_terms(LossTerms* terms) {
+  if (!moe_tracker_) return;
+  // Megatron's track_moe_metrics: each layer's value summed over the step's micro-batches (the
+  // tracker), over the pipeline (each stage holds its layers), over TP x CP (each rank's value is
+  // its share of the micro-batch), averaged over DP; then per name the mean over the MoE layers
+  // and micro-batches. Names in a fixed order on every rank, so the collectives pair up.
+  const ParallelState& ps = *parallel_;
+  const int64_t L = cfg_.num_layers, moe_layers = cfg_.moe.num_moe_layers(L);
+  std::vector<std::string> names;
+  for (MoeLoadBalancing t : {MoeLoadBalancing::kAuxLoss, MoeLoadBalancing::kSeqAuxLoss})
+    if (cfg_.moe.coeff_of(t) > 0)
+      names.push_back(t == MoeLoadBalancing::kAuxLoss ? "load_balancing_loss"
+                                                      : "seq_load_balancing_loss");
+  if (cfg_.moe.z_loss_coeff > 0) names.push_back("z_loss");
+  if (names.empty()) return;
+  const auto n = static_cast<int64_t>(names.size());
+  Tensor v = Tensor::zeros({n * L}, DType::kF64);
+  for (int64_t i = 0; i < n; ++i) {
+    auto it = moe_tracker_->values().find(names[i]);
+    if (it != moe_tracker_->values().end())
+      std::copy(it->second.begin(), it->second.end(), v.data<double>() + i * L);
+  }
+  moe_tracker_->clear();
+  if (ps.pp_size() > 1) ps.pp_group().all_reduce(v);
+  if (ps.tp_size() > 1) ps.tp_group().all_reduce(v);
+  ps.dp_cp_group().all_reduce(v);  // sums over CP, and over DP (divided below)
+  moe_per_layer_.clear();
+  for (int64_t i = 0; i < n; ++i) {
+    double sum = 0;
+    std::vector<double> layers;
+    for (int64_t l = 0; l < L; ++l) {
+      const double x = v.data<double>()[i * L + l] / static_cast<double>(dp_size_) /
+                       static_cast<double>(num_microbatches_);
+      sum += x;
+      if (cfg_.moe.is_moe_layer(l)) layers.push_back(x);
+    }
+    if (has_loss_) terms->add(names[i], sum / static_cast<double>(moe_layers), 1.0);
+    moe_per_layer_.emplace_back(names[i], std::move(layers));
+  }
+}
+
+void Trainer::update_expert_bias() {
+  if (!cfg_.moe.enable_expert_bias) return;
+  // Once per global batch: every router's counts summed over TP x DP x CP (the tokens of the
+  // whole batch), stacked into one all-reduce (Megatron's _update_router_expert_bias).
+  std::vector<TopKRouter*> routers;
+  for (auto& c : chunks_)
+    for (TopKRouter* r : c->moe_routers()) routers.push_back(r);
+  const int64_t E = cfg_.moe.num_experts;
+  Tensor counts = Tensor::zeros({static_cast<int64_t>(routers.size()) * E}, DType::kF64);
+  for (size_t i = 0; i < routers.size(); ++i)
+    std::copy(routers[i]->tokens_per_expert().begin(), routers[i]->tokens_per_expert().end(),
+              counts.data<double>() + static_cast<int64_t>(i) * E);
+  const ParallelState& ps = *parallel_;
+  if (ps.tp_size() > 1) ps.tp_group().all_reduce(counts);
+  ps.dp_cp_group().all_reduce(counts);
+  for (size_t i = 0; i < routers.size(); ++i) {
+    const double* c = counts.data<double>() + static_cast<int64_t>(i) * E;
+    routers[i]->update_expert_bias(std::vector<double>(c, c + E));
+  }
+}
+
 void Trainer::reduce_loss_stats(LossTerms* terms) {
   if (grad_size_ == 1 || !has_loss_) return;
   // Every data- and context-parallel replica of the last stage has the same terms in the same
@@ -613,11 +676,18 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, const BatchSchedule::
   // --overlap-param-gather: each layer waits for the last step's gather of its weights.
   const ParamGate* gate = args_.overlap_param_gather ? dist_optimizer_.get() : nullptr;
   const double gather_wait0 = dist_optimizer_ ? dist_optimizer_->param_gather_wait_seconds() : 0;
-  auto mode = [&](int mb) {
-    return ForwardMode{true, dropout_seed_,
-                       static_cast<uint64_t>(stream0 + mb * dp_size_ + dp_rank_), gate};
-  };
   const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
+  auto mode = [&](int mb) {
+    ForwardMode m{true, dropout_seed_, static_cast<uint64_t>(stream0 + mb * dp_size_ + dp_rank_),
+                  gate};
+    // MoE load-balancing losses join the objective as the main loss does (MicroBatchRunner).
+    m.aux_loss_scale = args_.calculate_per_token_loss
+                           ? loss_scale
+                           : loss_scale / static_cast<double>(num_microbatches_);
+    m.aux_per_token = args_.calculate_per_token_loss;
+    m.moe_tracker = moe_tracker_.get();
+    return m;
+  };
   MicroBatchRunner runner(chunks_, *loss_, args_.micro_batch_size, std::move(batches), mode,
                           /*training=*/true, grad_buckets_.get(), loss_scale);
   runner.set_per_token_loss(args_.calculate_per_token_loss);
@@ -631,6 +701,8 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, const BatchSchedule::
   r.terms = runner.losses();
   reduce_loss_stats(&r.terms);
   r.loss = r.terms.empty() ? 0.0 : r.terms.terms().front().value();
+  add_moe_terms(&r.terms);
+  update_expert_bias();
   if (args_.calculate_per_token_loss) divide_by_global_tokens(r.terms);
   if (scaler_) {
     // Megatron's fp16 step: unscale the fp32 main gradients, look for inf/NaN anywhere in the

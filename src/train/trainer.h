@@ -128,6 +128,12 @@ class Trainer {
   void divide_by_global_tokens(const LossTerms& terms);
   // Sums (loss, tokens) over the data-parallel replicas of the last stage.
   void reduce_loss_stats(LossTerms* terms);
+  // The step's MoE load-balancing and z-losses as Megatron logs them (per name, the mean over
+  // MoE layers of each layer's loss / coeff), appended to the last stage's terms; per layer in
+  // moe_per_layer_. Collective over the world.
+  void add_moe_terms(LossTerms* terms);
+  // --moe-router-enable-expert-bias: the routers' once-per-step bias update. Collective.
+  void update_expert_bias();
   std::vector<Action> schedule() const;
   // Token-weighted mean loss over eval_iters global batches of `data`, from sample `*consumed`.
   LossTerms evaluate(const SampleSource& data, int64_t* consumed);
@@ -195,6 +201,8 @@ class Trainer {
   // Seconds spent in communication so far, over every group of this rank.
   double comm_seconds() const;
   std::unique_ptr<ParamSet> params_;
+  std::unique_ptr<MoeAuxTracker> moe_tracker_;  // MoE models: each layer's losses of a step
+  std::vector<std::pair<std::string, std::vector<double>>> moe_per_layer_;  // last step's
   std::unique_ptr<AdamW> optimizer_;                      // plain optimizer, or
   std::unique_ptr<DistributedOptimizer> dist_optimizer_;  // --use-distributed-optimizer
   LrSchedule schedule_;

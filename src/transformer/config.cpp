@@ -40,6 +40,8 @@ void TransformerConfig::finalize() {
                  "--attention-dropout must be in [0, 1), got ", attention_dropout);
   MEGATRON_CHECK(norm_epsilon > 0, "--norm-epsilon must be positive, got ", norm_epsilon);
   MEGATRON_CHECK(init_method_std > 0, "--init-method-std must be positive, got ", init_method_std);
+  if (moe.enabled() && moe.ffn_hidden_size == 0) moe.ffn_hidden_size = ffn_hidden_size;
+  moe.validate(num_layers, add_bias_linear);
   if (position_embedding == PositionEmbedding::kRope) {
     MEGATRON_CHECK(rotary_percent > 0 && rotary_percent <= 1,
                    "--rotary-percent must be in (0, 1], got ", rotary_percent);

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/dtype.h"
+#include "transformer/moe/moe_config.h"
 
 namespace megatron {
 
@@ -64,6 +65,8 @@ struct TransformerConfig {
   // first recompute_num_layers layers of each pipeline stage (default kNone).
   RecomputeMethod recompute_method = RecomputeMethod::kNone;
   int64_t recompute_num_layers = 0;  // --recompute-num-layers, >= 1 with kFull (default 0: unset)
+
+  MoeConfig moe;  // Mixture of Experts (--num-experts; default: dense)
 
   int64_t head_dim() const { return kv_channels; }
   int64_t queries_per_group() const { return num_attention_heads / num_query_groups; }

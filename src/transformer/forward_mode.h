@@ -11,6 +11,8 @@
 
 namespace megatron {
 
+class MoeAuxTracker;
+
 // Where each token sits: positions [s, b] i64 (RoPE; undefined = 0..s-1) and, with
 // --reset-attention-mask, doc_start [b, s] i32 (first position of each token's document, so
 // attention stays inside documents; undefined = one document per sequence).
@@ -25,6 +27,14 @@ struct ForwardMode {
   uint64_t stream = 0;  // unique per (iteration, micro-batch)
   // Asked before each module reads its weights (--overlap-param-gather); null: always current.
   const ParamGate* gate = nullptr;
+  // MoE load-balancing losses (training): the weight their gradients join the objective with
+  // (the main loss's 1 / micro-batches x loss scale), and with --calculate-per-token-loss
+  // (aux_per_token) they are first multiplied by the micro-batch's tokens, since the gradients
+  // are later divided by the global token count. tracker: where each layer's values go (null:
+  // not recorded).
+  double aux_loss_scale = 0.0;
+  bool aux_per_token = false;
+  MoeAuxTracker* moe_tracker = nullptr;
 
   void need(const std::vector<const Param*>& params) const {
     if (gate && !params.empty()) gate->wait_for(params);

@@ -11,10 +11,14 @@ TransformerLayer::TransformerLayer(const std::string& name, const TransformerCon
     : input_layernorm(name + ".input_layernorm", cfg),
       self_attention(name + ".self_attention", cfg, layer_number, tp),
       pre_mlp_layernorm(name + ".pre_mlp_layernorm", cfg),
-      mlp(name + ".mlp", cfg, tp),
       cfg_(cfg),
       layer_(layer_number),
       tp_(tp) {
+  if (cfg.moe.is_moe_layer(layer_number)) {
+    moe = std::make_unique<MoELayer>(name + ".mlp", cfg, layer_number, tp);
+  } else {
+    mlp = std::make_unique<MLP>(name + ".mlp", cfg, tp);
+  }
   input_layernorm.mark_sequence_parallel(tp.sp());
   pre_mlp_layernorm.mark_sequence_parallel(tp.sp());
 }
@@ -23,7 +27,8 @@ void TransformerLayer::collect(std::vector<Param*>& out) {
   input_layernorm.collect(out);
   self_attention.collect(out);
   pre_mlp_layernorm.collect(out);
-  mlp.collect(out);
+  if (mlp) mlp->collect(out);
+  if (moe) moe->collect(out);
 }
 
 Tensor TransformerLayer::forward(const Tensor& x, const TokenLayout& layout, Ctx& ctx,
@@ -42,7 +47,9 @@ Tensor TransformerLayer::forward(const Tensor& x, const TokenLayout& layout, Ctx
     sequence_dropout_forward(a, a, ctx.dropout, ctx.seed, ctx.stream_attn, tp_, true);
   ops::add(x1, x, a);
 
-  Tensor m = mlp.forward(pre_mlp_layernorm.forward(x1, ctx.ln2), ctx.mlp).view(x.shape());
+  const Tensor normed = pre_mlp_layernorm.forward(x1, ctx.ln2);
+  Tensor m = (moe ? moe->forward(normed, ctx.moe, mode) : mlp->forward(normed, ctx.mlp))
+                 .view(x.shape());
   if (ctx.dropout > 0)
     sequence_dropout_forward(m, m, ctx.dropout, ctx.seed, ctx.stream_mlp, tp_, true);
   ops::add_inplace(m, x1);  // out = x1 + dropout(mlp(...)), reusing m's storage
@@ -56,7 +63,8 @@ Tensor TransformerLayer::backward(const Tensor& dy, Ctx& ctx) const {
     dm = Tensor::empty(dy.shape(), dy.dtype());
     sequence_dropout_backward(dm, dy, ctx.dropout, ctx.seed, ctx.stream_mlp, tp_, true);
   }
-  Tensor dx1 = pre_mlp_layernorm.backward(mlp.backward(dm, ctx.mlp).view(dy.shape()), ctx.ln2);
+  const Tensor dmlp = moe ? moe->backward(dm, ctx.moe) : mlp->backward(dm, ctx.mlp);
+  Tensor dx1 = pre_mlp_layernorm.backward(dmlp.view(dy.shape()), ctx.ln2);
   ops::add_inplace(dx1, dy);
 
   Tensor da = dx1;

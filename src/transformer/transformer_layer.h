@@ -3,6 +3,8 @@
 //   x1  = x + dropout(self_attention(input_layernorm(x)))
 //   out = x1 + dropout(mlp(pre_mlp_layernorm(x1)))
 //
+// The MLP is a Mixture of Experts (MoELayer) on the layers cfg.moe says (--moe-layer-freq).
+//
 // Backward mirrors it: the residual stream's gradient passes straight through and each branch
 // adds its input gradient. Under sequence parallelism x, the norms, dropout and residual adds
 // work on this rank's s/tp positions; attention and MLP gather and scatter them.
@@ -12,6 +14,7 @@
 
 #include "transformer/attention.h"
 #include "transformer/mlp.h"
+#include "transformer/moe/moe_layer.h"
 #include "transformer/norm.h"
 
 namespace megatron {
@@ -22,6 +25,7 @@ class TransformerLayer {
     Norm::Ctx ln1, ln2;
     SelfAttention::Ctx attn;
     MLP::Ctx mlp;
+    MoELayer::Ctx moe;
     float dropout = 0;
     uint64_t seed = 0, stream_attn = 0, stream_mlp = 0;
   };
@@ -38,7 +42,8 @@ class TransformerLayer {
   Norm input_layernorm;
   SelfAttention self_attention;
   Norm pre_mlp_layernorm;
-  MLP mlp;
+  std::unique_ptr<MLP> mlp;       // a dense layer's MLP, or
+  std::unique_ptr<MoELayer> moe;  // an MoE layer's (cfg.moe.is_moe_layer)
 
  private:
   const TransformerConfig& cfg_;

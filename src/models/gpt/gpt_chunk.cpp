@@ -70,4 +70,11 @@ LossTerms GPTLoss::forward(const TensorMap& out, const TensorMap& batch,
   return terms;
 }
 
+std::vector<TopKRouter*> GPTChunk::moe_routers() {
+  std::vector<TopKRouter*> out;
+  for (auto& layer : model_.decoder->layers)
+    if (layer->moe) out.push_back(&layer->moe->router);
+  return out;
+}
+
 }  // namespace megatron

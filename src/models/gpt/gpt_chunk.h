@@ -32,6 +32,7 @@ class GPTChunk final : public ModelChunk {
                     const ForwardMode& mode) const override;
   TensorMap backward(const TensorMap& dout, Ctx& ctx, const ParamsDone& done) const override;
   std::vector<Param*> parameters() override { return model_.parameters(); }
+  std::vector<TopKRouter*> moe_routers() override;
 
   GPTModel& model() { return model_; }
   const GPTModel& model() const { return model_; }

@@ -234,10 +234,10 @@ std::vector<Mapping> build_mappings(const HfModelInfo& info, GPTModel& m) {
       add(p + "attn.c_proj.bias", L.self_attention.linear_proj.bias, {h});
       add(p + "ln_2.weight", L.pre_mlp_layernorm.weight, {h});
       add(p + "ln_2.bias", L.pre_mlp_layernorm.bias, {h});
-      add(p + "mlp.c_fc.weight", L.mlp.linear_fc1.weight(), {h, ffn}, true);
-      add(p + "mlp.c_fc.bias", L.mlp.linear_fc1.bias(), {ffn});
-      add(p + "mlp.c_proj.weight", L.mlp.linear_fc2.weight(), {ffn, h}, true);
-      add(p + "mlp.c_proj.bias", L.mlp.linear_fc2.bias, {h});
+      add(p + "mlp.c_fc.weight", L.mlp->linear_fc1.weight(), {h, ffn}, true);
+      add(p + "mlp.c_fc.bias", L.mlp->linear_fc1.bias(), {ffn});
+      add(p + "mlp.c_proj.weight", L.mlp->linear_fc2.weight(), {ffn, h}, true);
+      add(p + "mlp.c_proj.bias", L.mlp->linear_fc2.bias, {h});
     }
     add("ln_f.weight", m.decoder->final_layernorm.weight, {h});
     add("ln_f.bias", m.decoder->final_layernorm.bias, {h});
@@ -267,9 +267,9 @@ std::vector<Mapping> build_mappings(const HfModelInfo& info, GPTModel& m) {
         add(p + "self_attn.k_norm.weight", L.self_attention.k_layernorm->weight, {hn});
       }
       add(p + "post_attention_layernorm.weight", L.pre_mlp_layernorm.weight, {h});
-      add(p + "mlp.gate_proj.weight", L.mlp.linear_fc1.weight(), {ffn, h}, false, {}, 0);
-      add(p + "mlp.up_proj.weight", L.mlp.linear_fc1.weight(), {ffn, h}, false, {}, ffn);
-      add(p + "mlp.down_proj.weight", L.mlp.linear_fc2.weight(), {h, ffn});
+      add(p + "mlp.gate_proj.weight", L.mlp->linear_fc1.weight(), {ffn, h}, false, {}, 0);
+      add(p + "mlp.up_proj.weight", L.mlp->linear_fc1.weight(), {ffn, h}, false, {}, ffn);
+      add(p + "mlp.down_proj.weight", L.mlp->linear_fc2.weight(), {h, ffn});
     }
     add("model.norm.weight", m.decoder->final_layernorm.weight, {h});
     if (c.untie_embeddings_and_output_weights) add("lm_head.weight", m.head->own_weight, {V, h});

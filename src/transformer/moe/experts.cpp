@@ -1,0 +1,188 @@
+// GroupedExperts: per-expert GEMMs over contiguous row blocks, one activation pass over all rows.
+#include "transformer/moe/experts.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "parallel/mappings.h"
+#include "tensor/ops.h"
+
+namespace megatron {
+namespace {
+
+void mark_etp(Param& p, ProcessGroup& etp, int dim, int stride) {
+  p.tp_partition_dim = dim;
+  p.tp_partition_stride = stride;
+  p.tp_rank = etp.rank();
+  p.tp_size = etp.size();
+}
+
+// Rows [begin, begin + n) of a [N, c] tensor.
+Tensor rows(const Tensor& t, int64_t begin, int64_t n) {
+  return t.slice0(begin, begin + n);
+}
+
+// t[r, :] *= p[r] over a [N, c] f32 or f64 tensor.
+template <typename T>
+void scale_rows_as(Tensor& t, const std::vector<double>& p) {
+  const int64_t N = t.dim(0), c = t.numel() / std::max<int64_t>(N, 1);
+  T* d = t.data<T>();
+  for (int64_t r = 0; r < N; ++r)
+    for (int64_t j = 0; j < c; ++j) d[r * c + j] = static_cast<T>(d[r * c + j] * p[r]);
+}
+void scale_rows(Tensor& t, const std::vector<double>& p) {
+  if (t.dtype() == DType::kF64) {
+    scale_rows_as<double>(t, p);
+  } else {
+    scale_rows_as<float>(t, p);
+  }
+}
+
+// out[r] = <a[r, :], b[r, :]> in double.
+template <typename T>
+void row_dots_as(const Tensor& a, const Tensor& b, std::vector<double>* out) {
+  const int64_t N = a.dim(0), c = a.numel() / std::max<int64_t>(N, 1);
+  const T* x = a.data<T>();
+  const T* y = b.data<T>();
+  out->assign(static_cast<size_t>(N), 0.0);
+  for (int64_t r = 0; r < N; ++r) {
+    double s = 0;
+    for (int64_t j = 0; j < c; ++j) s += static_cast<double>(x[r * c + j]) * y[r * c + j];
+    (*out)[r] = s;
+  }
+}
+void row_dots(const Tensor& a, const Tensor& b, std::vector<double>* out) {
+  if (a.dtype() == DType::kF64) {
+    row_dots_as<double>(a, b, out);
+  } else {
+    row_dots_as<float>(a, b, out);
+  }
+}
+
+}  // namespace
+
+GroupedExperts::GroupedExperts(const std::string& name, const TransformerConfig& cfg, int ep_rank,
+                               int ep_size, ProcessGroup& etp)
+    : cfg_(cfg) {
+  const MoeConfig& m = cfg.moe;
+  const int64_t local = divide(m.num_experts, ep_size,
+                               "--num-experts by --expert-model-parallel-size");
+  first_ = ep_rank * local;
+  ffn_local_ = divide(m.ffn_hidden_size, etp.size(),
+                      "--moe-ffn-hidden-size by --expert-tensor-parallel-size");
+  const int64_t h = cfg.hidden_size, f1 = cfg.swiglu ? 2 * ffn_local_ : ffn_local_;
+  const double out_std = cfg.init_method_std / std::sqrt(2.0 * static_cast<double>(cfg.num_layers));
+  for (int64_t i = 0; i < local; ++i) {
+    const std::string p = name + ".local_experts." + std::to_string(first_ + i);
+    fc1_.push_back(std::make_unique<Linear>(p + ".linear_fc1", h, f1, false, cfg.init_method_std));
+    fc2_.push_back(std::make_unique<Linear>(p + ".linear_fc2", ffn_local_, h, false, out_std));
+    mark_etp(fc1_.back()->weight, etp, 0, cfg.swiglu ? 2 : 1);
+    mark_etp(fc2_.back()->weight, etp, 1, 1);
+  }
+}
+
+void GroupedExperts::collect(std::vector<Param*>& out) {
+  for (size_t i = 0; i < fc1_.size(); ++i) {
+    fc1_[i]->collect(out);
+    fc2_[i]->collect(out);
+  }
+}
+
+Tensor GroupedExperts::forward(const Tensor& x, const std::vector<int64_t>& counts,
+                               const std::vector<double>& probs, Ctx& ctx) const {
+  const int64_t N = x.dim(0), h = cfg_.hidden_size;
+  const int64_t f = ffn_local_, f1 = cfg_.swiglu ? 2 * f : f;
+  const DType wt = fc1_.front()->weight.value.dtype();
+  const DType acc = wt == DType::kF64 ? DType::kF64 : DType::kF32;
+  ctx.counts = counts;
+  ctx.probs = probs;
+  ctx.x = x.dtype() == wt || wt == DType::kF32 ? x : x.to(wt);
+  ctx.pre_act = Tensor::empty({N, f1}, acc);
+  int64_t at = 0;
+  for (size_t e = 0; e < fc1_.size(); ++e) {
+    const int64_t n = counts[e];
+    if (n > 0) {
+      Tensor out = rows(ctx.pre_act, at, n);
+      ops::matmul(out, rows(ctx.x, at, n), false, fc1_[e]->weight.value, true);
+    }
+    at += n;
+  }
+  MEGATRON_ASSERT(at == N);
+  ctx.act = Tensor::empty({N, f}, acc);
+  if (N > 0) {
+    if (cfg_.swiglu) {
+      ops::swiglu_forward(ctx.act, ctx.pre_act);
+    } else if (cfg_.squared_relu) {
+      ops::squared_relu_forward(ctx.act, ctx.pre_act);
+    } else {
+      ops::gelu_forward(ctx.act, ctx.pre_act, cfg_.openai_gelu);
+    }
+  }
+  Tensor scaled = ctx.act.clone();
+  scale_rows(scaled, probs);
+  ctx.scaled = scaled.dtype() == wt || wt == DType::kF32 ? scaled : scaled.to(wt);
+  Tensor y = Tensor::empty({N, h}, acc);
+  at = 0;
+  for (size_t e = 0; e < fc2_.size(); ++e) {
+    const int64_t n = counts[e];
+    if (n > 0) {
+      Tensor out = rows(y, at, n);
+      ops::matmul(out, rows(ctx.scaled, at, n), false, fc2_[e]->weight.value, true);
+    }
+    at += n;
+  }
+  return y;
+}
+
+Tensor GroupedExperts::backward(const Tensor& dy, Ctx& ctx, std::vector<double>* dprobs) const {
+  const int64_t N = dy.dim(0), h = cfg_.hidden_size;
+  const int64_t f = ffn_local_, f1 = cfg_.swiglu ? 2 * f : f;
+  const DType wt = fc1_.front()->weight.value.dtype();
+  const DType acc = wt == DType::kF64 ? DType::kF64 : DType::kF32;
+  const Tensor dy_c = is_half(wt) ? dy.to(wt) : dy;
+  // d(scaled) = dy fc2_e; dW2_e += dy^T scaled.
+  Tensor dscaled = Tensor::empty({N, f}, acc);
+  int64_t at = 0;
+  for (size_t e = 0; e < fc2_.size(); ++e) {
+    const int64_t n = ctx.counts[e];
+    if (n > 0) {
+      Tensor out = rows(dscaled, at, n);
+      const Tensor d = rows(dy_c, at, n);
+      ops::matmul(out, d, false, fc2_[e]->weight.value, false);
+      Tensor dw = fc2_[e]->weight.main_grad;
+      ops::matmul(dw, d, true, rows(ctx.scaled, at, n), false, 1.0f);
+    }
+    at += n;
+  }
+  // scaled = act * p: dp_r = <dscaled_r, act_r>, dact = dscaled * p.
+  row_dots(dscaled, ctx.act, dprobs);
+  scale_rows(dscaled, ctx.probs);
+  Tensor dpre = Tensor::empty({N, f1}, acc);
+  if (N > 0) {
+    if (cfg_.swiglu) {
+      ops::swiglu_backward(dpre, dscaled, ctx.pre_act);
+    } else if (cfg_.squared_relu) {
+      ops::squared_relu_backward(dpre, dscaled, ctx.pre_act);
+    } else {
+      ops::gelu_backward(dpre, dscaled, ctx.pre_act, cfg_.openai_gelu);
+    }
+  }
+  const Tensor dpre_c = is_half(wt) ? dpre.to(wt) : dpre;
+  Tensor dx = Tensor::empty({N, h}, acc);
+  at = 0;
+  for (size_t e = 0; e < fc1_.size(); ++e) {
+    const int64_t n = ctx.counts[e];
+    if (n > 0) {
+      Tensor out = rows(dx, at, n);
+      const Tensor d = rows(dpre_c, at, n);
+      ops::matmul(out, d, false, fc1_[e]->weight.value, false);
+      Tensor dw = fc1_[e]->weight.main_grad;
+      ops::matmul(dw, d, true, rows(ctx.x, at, n), false, 1.0f);
+    }
+    at += n;
+  }
+  ctx = Ctx{};
+  return dx;
+}
+
+}  // namespace megatron

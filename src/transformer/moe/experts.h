@@ -1,0 +1,69 @@
+// GroupedExperts: this rank's experts of one MoE layer, applied to tokens already grouped by
+// expert (the dispatcher's permuted rows), Megatron's experts with the router probability applied
+// after the activation (r0.12+):
+//
+//   y_r = fc2_e( act(fc1_e(x_r)) * p_r )   for row r routed to local expert e
+//
+// which equals p_r * expert_e(x_r) since MoE layers have no biases. fc1 is [ffn_e (x2 for
+// SwiGLU: [gate | up]), h], fc2 [h, ffn_e], per expert, as SequentialMLP's local_experts.
+// Each expert's rows are one contiguous block, and its GEMMs run on that block in place (no
+// per-expert copies); the activation and the probability scaling run once over all rows.
+//
+// Expert tensor parallelism (ETP): fc1 is split by output features and fc2 by input features over
+// the ETP group, like a column- and a row-parallel linear, but without their collectives: the
+// dispatcher's all-gather and reduce-scatter supply the input and sum the partial outputs (and
+// partial input gradients and probability gradients). Params carry the ETP shard attributes.
+//
+// Names: decoder.layers.L.mlp.experts.local_experts.G.linear_fc{1,2}.weight with G the expert's
+// global index, so a checkpoint holds each expert under one name in every EP layout (Megatron's
+// SequentialMLP names at EP 1; its distributed checkpoint uses a global expert axis instead).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/process_group.h"
+#include "parallel/linear.h"
+#include "transformer/config.h"
+
+namespace megatron {
+
+class GroupedExperts {
+ public:
+  struct Ctx {
+    Tensor x;        // [N, h] the GEMM input (compute dtype)
+    Tensor pre_act;  // [N, f1] fc1 output, f32
+    Tensor act;      // [N, f] activation (before the probabilities), f32
+    Tensor scaled;   // [N, f] act * p, as fc2 saw it (compute dtype)
+    std::vector<double> probs;    // [N]
+    std::vector<int64_t> counts;  // rows per local expert
+  };
+
+  // ep_rank, ep_size: this rank's share of the experts (num_experts / ep_size consecutive ones);
+  // etp: the expert-tensor-parallel group (size 1: whole experts).
+  GroupedExperts(const std::string& name, const TransformerConfig& cfg, int ep_rank, int ep_size,
+                 ProcessGroup& etp);
+
+  // x [N, h] rows grouped by local expert, counts[e] rows each; probs [N]. Returns y [N, h] f32
+  // (a partial sum over ETP ranks).
+  Tensor forward(const Tensor& x, const std::vector<int64_t>& counts,
+                 const std::vector<double>& probs, Ctx& ctx) const;
+  // dy [N, h] -> dx [N, h] f32 and dprobs [N] (partial sums over ETP ranks); accumulates the
+  // weights' gradients.
+  Tensor backward(const Tensor& dy, Ctx& ctx, std::vector<double>* dprobs) const;
+  void collect(std::vector<Param*>& out);
+
+  int64_t num_local() const { return static_cast<int64_t>(fc1_.size()); }
+  int64_t first_expert() const { return first_; }
+  Param& fc1(int64_t local) { return fc1_[local]->weight; }
+  Param& fc2(int64_t local) { return fc2_[local]->weight; }
+
+ private:
+  const TransformerConfig& cfg_;
+  int64_t first_;     // global index of local expert 0
+  int64_t ffn_local_;  // ffn_e / etp
+  std::vector<std::unique_ptr<Linear>> fc1_, fc2_;
+};
+
+}  // namespace megatron

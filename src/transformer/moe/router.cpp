@@ -1,0 +1,197 @@
+// TopKRouter: gating GEMM, routing, load-balancing losses and their gradients, expert bias.
+#include "transformer/moe/router.h"
+
+#include <cmath>
+
+#include "core/philox.h"
+#include "tensor/ops.h"
+
+namespace megatron {
+namespace {
+
+// Sums v over the TP group and then the CP group (= over TP x CP: the groups are orthogonal).
+void sum_over_tp_cp(std::vector<double>& v, const TensorParallelContext& tp) {
+  if (tp.size() == 1 && !tp.cp.enabled()) return;
+  Tensor t = Tensor::empty({static_cast<int64_t>(v.size())}, DType::kF64);
+  std::copy(v.begin(), v.end(), t.data<double>());
+  tp.group->all_reduce(t);
+  if (tp.cp.enabled()) tp.cp.group->all_reduce(t);
+  std::copy(t.data<double>(), t.data<double>() + v.size(), v.begin());
+}
+
+std::vector<double> to_f64(const Tensor& t) {
+  Tensor d = t.dtype() == DType::kF64 ? t : t.to(DType::kF64);
+  return std::vector<double>(d.data<double>(), d.data<double>() + d.numel());
+}
+
+}  // namespace
+
+TopKRouter::TopKRouter(const std::string& name, const TransformerConfig& cfg,
+                       int64_t layer_number, const TensorParallelContext& tp)
+    : cfg_(cfg), layer_(layer_number), tp_(tp) {
+  const int64_t E = cfg.moe.num_experts;
+  weight.name = name + ".weight";
+  weight.shape = {E, cfg.hidden_size};
+  weight.init_std = cfg.init_method_std;
+  weight.tp_rank = tp.rank();  // replicated over TP: counted once in norms
+  weight.tp_size = tp.size();
+  weight.sequence_parallel = tp.sp();
+  if (cfg.moe.enable_expert_bias) {
+    expert_bias.name = name + ".expert_bias";
+    expert_bias.shape = {E};
+    expert_bias.init = Init::kZeros;
+    expert_bias.no_weight_decay = true;
+    expert_bias.tp_rank = tp.rank();
+    expert_bias.tp_size = tp.size();
+  }
+  tokens_per_expert_.assign(static_cast<size_t>(E), 0.0);
+}
+
+void TopKRouter::collect(std::vector<Param*>& out) {
+  out.push_back(&weight);
+  if (has_expert_bias()) out.push_back(&expert_bias);
+}
+
+void TopKRouter::forward(const Tensor& x, int64_t batch, Ctx& ctx, const ForwardMode& mode) const {
+  const MoeConfig& m = cfg_.moe;
+  const int64_t h = cfg_.hidden_size, E = m.num_experts, T = x.numel() / h;
+  ctx = Ctx{};
+  ctx.training = mode.training;
+  Tensor xin = x.view({T, h});
+  if (mode.training && m.input_jitter_eps > 0) {
+    // x * U(1 - eps, 1 + eps), one draw per element keyed by the token's place in the whole
+    // micro-batch, so every TP / CP layout draws the same noise for the same token.
+    ctx.jitter = Tensor::empty({T, h}, DType::kF32);
+    Tensor jittered = Tensor::empty({T, h}, DType::kF32);
+    const float* xs = xin.data<float>();
+    float* n = ctx.jitter.data<float>();
+    float* out = jittered.data<float>();
+    const int64_t sp_row0 = tp_.sp() ? tp_.rank() * T : 0;
+    const int64_t cp_local = (tp_.sp() ? T * tp_.size() : T) / batch;  // CP-local positions
+    const uint64_t stream = mode.site_stream(layer_, 3);
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t row = sp_row0 + t, s = row / batch, b = row % batch;
+      const int64_t global = tp_.cp.global_row(s, cp_local) * batch + b;
+      for (int64_t c = 0; c < h; ++c) {
+        const float u = Philox::uniform(mode.seed, stream, static_cast<uint64_t>(global * h + c));
+        n[t * h + c] = static_cast<float>(1.0 - m.input_jitter_eps + 2.0 * m.input_jitter_eps * u);
+        out[t * h + c] = xs[t * h + c] * n[t * h + c];
+      }
+    }
+    xin = jittered;
+  }
+  // The gating GEMM in --moe-router-dtype (fp32/fp64 widen the compute weights), else in the
+  // compute dtype as Megatron's router_gating_linear.
+  const bool wide = !m.router_dtype.empty() || weight.value.dtype() == DType::kF32 ||
+                    weight.value.dtype() == DType::kF64;
+  const DType gemm = wide ? (weight.value.dtype() == DType::kF64 ? DType::kF64 : DType::kF32)
+                          : weight.value.dtype();
+  ctx.x = xin.dtype() == gemm ? xin : xin.to(gemm);
+  Tensor logits =
+      Tensor::empty({T, E}, gemm == DType::kF64 ? DType::kF64 : DType::kF32);
+  ops::matmul(logits, ctx.x, false, weight.value_as(gemm), true);
+  ctx.logits = to_f64(logits);
+
+  std::vector<double> bias;
+  if (has_expert_bias()) bias = to_f64(expert_bias.value_as(DType::kF32));
+  ctx.routing = moe::route(ctx.logits, T, m, bias, mode.training);
+
+  if (!mode.training) return;
+  ctx.tracker = mode.moe_tracker;
+  const int tp_cp = tp_.size() * tp_.cp.size();
+  const double grad_scale =
+      mode.aux_loss_scale * (mode.aux_per_token ? static_cast<double>(T) * tp_cp : 1.0);
+  const double aux_coeff = m.coeff_of(MoeLoadBalancing::kAuxLoss);
+  const double seq_coeff = m.coeff_of(MoeLoadBalancing::kSeqAuxLoss);
+  if (aux_coeff == 0 && seq_coeff == 0 && m.z_loss_coeff == 0) return;
+  ctx.dlogits_aux.assign(static_cast<size_t>(T * E), 0.0);
+  if (m.z_loss_coeff > 0) {
+    // The z-loss of this rank's tokens, weighted 1 / |TP x CP| so that the sum over TP x CP is
+    // the mean over the micro-batch; logged the same way (the tracker sums over TP x CP).
+    const double coeff = m.z_loss_coeff / tp_cp;
+    const double v = moe::z_loss(ctx.logits, T, E, coeff, grad_scale, &ctx.dlogits_aux);
+    ctx.logged.emplace_back("z_loss", v / tp_cp);
+  }
+  if (aux_coeff > 0 || seq_coeff > 0) {
+    const moe::AuxScores a = moe::aux_scores(ctx.logits, T, m);
+    std::vector<double> dscores(static_cast<size_t>(T * E), 0.0);
+    if (aux_coeff > 0) {
+      std::vector<double> counts = moe::aux_counts(a, T, E);
+      sum_over_tp_cp(counts, tp_);
+      const double loss = moe::aux_loss(a, T, E, m.router_topk, counts,
+                                        static_cast<double>(T) * tp_cp, aux_coeff, grad_scale,
+                                        &dscores);
+      ctx.logged.emplace_back("load_balancing_loss", loss / aux_coeff);
+    }
+    if (seq_coeff > 0) {
+      std::vector<double> counts = moe::aux_counts(a, T, E, batch);
+      sum_over_tp_cp(counts, tp_);
+      const double seq_tokens = static_cast<double>(T / batch) * tp_cp;
+      const double loss = moe::seq_aux_loss(a, T, E, m.router_topk, batch, counts, seq_tokens,
+                                            seq_coeff, grad_scale, &dscores);
+      ctx.logged.emplace_back("seq_load_balancing_loss", loss / seq_coeff);
+    }
+    moe::aux_scores_backward(ctx.logits, T, m, dscores, ctx.dlogits_aux);
+  }
+}
+
+Tensor TopKRouter::backward(const std::vector<double>& dprobs, Ctx& ctx) const {
+  const int64_t h = cfg_.hidden_size, E = cfg_.moe.num_experts;
+  const int64_t T = ctx.routing.tokens;
+  std::vector<double> dlogits(static_cast<size_t>(T * E), 0.0);
+  moe::route_backward(ctx.routing, cfg_.moe, dprobs, dlogits);
+  if (!ctx.dlogits_aux.empty())
+    for (size_t i = 0; i < dlogits.size(); ++i) dlogits[i] += ctx.dlogits_aux[i];
+  if (ctx.training) {
+    // Once per training micro-batch, also when its forward was recomputed.
+    if (ctx.tracker)
+      for (const auto& [name, v] : ctx.logged) ctx.tracker->add(name, layer_, v);
+    if (has_expert_bias())
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t e = 0; e < E; ++e) tokens_per_expert_[e] += ctx.routing.map[t * E + e];
+  }
+  const DType gemm = ctx.x.dtype();
+  Tensor dl = Tensor::empty({T, E}, DType::kF64);
+  std::copy(dlogits.begin(), dlogits.end(), dl.data<double>());
+  Tensor dl_g = dl.to(gemm);
+  Tensor dx = Tensor::empty({T, h}, gemm == DType::kF64 ? DType::kF64 : DType::kF32);
+  ops::matmul(dx, dl_g, false, weight.value_as(gemm), false);
+  if (gemm == weight.main_grad.dtype()) {
+    Tensor dw = weight.main_grad;
+    ops::matmul(dw, dl_g, true, ctx.x, false, 1.0f);
+  } else {
+    Tensor dw = Tensor::empty(weight.main_grad.shape(), DType::kF32);
+    ops::matmul(dw, dl_g, true, ctx.x, false);
+    Tensor g = weight.main_grad;
+    ops::add_inplace(g, dw);
+  }
+  if (ctx.jitter.defined()) {
+    float* d = dx.data<float>();
+    const float* n = ctx.jitter.data<float>();
+    for (int64_t i = 0; i < T * h; ++i) d[i] *= n[i];
+  }
+  ctx = Ctx{};
+  return dx;
+}
+
+void TopKRouter::update_expert_bias(const std::vector<double>& global_counts) {
+  if (!has_expert_bias()) return;
+  const int64_t E = cfg_.moe.num_experts;
+  double mean = 0;
+  for (double c : global_counts) mean += c;
+  mean /= static_cast<double>(E);
+  // bias += rate * sign(mean - count), on the fp32 main copy and the compute copy alike (every
+  // rank applies the same update, so replicas stay identical).
+  std::vector<double> b = to_f64(expert_bias.main);
+  for (int64_t e = 0; e < E; ++e) {
+    const double off = mean - global_counts[e];
+    b[e] += cfg_.moe.bias_update_rate * (off > 0 ? 1.0 : off < 0 ? -1.0 : 0.0);
+  }
+  Tensor t = Tensor::empty({E}, DType::kF64);
+  std::copy(b.begin(), b.end(), t.data<double>());
+  expert_bias.main.copy_from(t);
+  if (expert_bias.value.raw() != expert_bias.main.raw()) expert_bias.value.copy_from(t);
+  std::fill(tokens_per_expert_.begin(), tokens_per_expert_.end(), 0.0);
+}
+
+}  // namespace megatron
