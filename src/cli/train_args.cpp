@@ -926,6 +926,20 @@ void merge_pretrained_config(Arguments& a, const ArgTable& t) {
   set("--untie-embeddings-and-output-weights", a.untie_embeddings_and_output_weights,
       c.untie_embeddings_and_output_weights);
   set("--vocab-size", a.vocab_size, c.vocab_size);
+  if (c.moe.enabled()) {
+    set("--num-experts", a.num_experts, c.moe.num_experts);
+    set("--moe-router-topk", a.moe_router_topk, c.moe.router_topk);
+    set("--moe-ffn-hidden-size", a.moe_ffn_hidden_size, c.moe.ffn_hidden_size);
+    set("--moe-router-pre-softmax", a.moe_router_pre_softmax, c.moe.pre_softmax);
+    std::string freq = "1";
+    if (!c.moe.layer_pattern.empty()) {
+      freq = "[";
+      for (size_t i = 0; i < c.moe.layer_pattern.size(); ++i)
+        freq += (i ? "," : "") + std::to_string(c.moe.layer_pattern[i]);
+      freq += "]";
+    }
+    set("--moe-layer-freq", a.moe_layer_freq, freq);
+  }
   if (!t.given("--seq-length")) a.seq_length = c.max_position_embeddings;
 }
 

@@ -22,6 +22,7 @@
 #include "checkpoint/safetensors.h"
 #include "models/gpt/gpt_hf.h"
 #include "optim/adamw.h"
+#include "transformer/moe/aux_tracker.h"
 #include "tensor/ops.h"
 #include "testing/testing.h"
 
@@ -161,6 +162,62 @@ TEST(PyTorchOracle, VariantsLogitsLossGradientsAndAdamW) {
   });
 }
 
+// Mixtral (4 SwiGLU experts, top-2, every layer): with the load-balancing losses off, logits,
+// loss, every gradient (router and each expert's w1 / w2 / w3) and 10 AdamW steps as PyTorch, in
+// the tolerances above: routing is a top-k of distinct scores (the oracle's router weights are 10x
+// the usual scale), so both sides select the same experts and the rest is the same f32 math.
+TEST(PyTorchOracle, MixtralLogitsLossGradientsAndAdamW) {
+  run_oracle("mixtral");
+  const TransformerConfig c = read_hf_config(g_oracle_dir + "/mixtral/model").config;
+  EXPECT_EQ(c.moe.num_experts, 4);
+  EXPECT_EQ(c.moe.router_topk, 2);
+  EXPECT_EQ(c.moe.ffn_hidden_size, 48);
+  EXPECT_FALSE(c.moe.pre_softmax);  // Mixtral renormalises over the k: Megatron's post-softmax
+  EXPECT_EQ(c.moe.num_moe_layers(c.num_layers), c.num_layers);
+}
+
+// With aux loss 0.1 and z-loss 0.01 in training: each layer's losses (logged as loss / coeff, as
+// Megatron's tracker) equal the oracle's restatement of Megatron's per-layer formulas, and the
+// gradients are those of lm loss + sum over layers of 0.1 aux + 0.01 z. Tolerances: the losses are
+// smooth functions of the f32 router logits (~1e-6 relative apart), 1e-5 relative; gradients as
+// above.
+TEST(PyTorchOracle, MixtralPerLayerAuxAndZLossesAndTheirGradients) {
+  const std::string root = g_oracle_dir + "/mixtral";
+  auto expected = safetensors::File::open(root + "/expected.safetensors");
+  Loaded l = load(root + "/model", [](TransformerConfig& c) {
+    c.moe.aux_loss_coeff = {0.1};
+    c.moe.z_loss_coeff = 0.01;
+  });
+  const Batch batch = oracle_batch(expected);
+  const int64_t B = batch.inputs.dim(0), S = batch.inputs.dim(1);
+  MoeAuxTracker tracker(l.model->config().num_layers);
+  ForwardMode mode;
+  mode.training = true;
+  mode.aux_loss_scale = 1.0;  // one micro-batch, no loss scale
+  mode.moe_tracker = &tracker;
+  GPTModel::Ctx ctx;
+  Tensor loss = l.model->forward(batch.inputs, batch.labels, Tensor(), ctx, mode);
+  l.params->zero_grads();
+  l.model->backward(Tensor::full({B, S}, 1.0 / static_cast<double>(B * S)), ctx);
+  const auto& v = tracker.values();
+  ASSERT_TRUE(v.count("load_balancing_loss") && v.count("z_loss"));
+  for (int64_t i = 0; i < l.model->config().num_layers; ++i) {
+    const double aux = expected.read("aux_loss." + std::to_string(i)).item(0);
+    const double z = expected.read("z_loss." + std::to_string(i)).item(0);
+    EXPECT_NEAR(v.at("load_balancing_loss")[i], aux, 1e-5 * aux) << "layer " << i;
+    EXPECT_NEAR(v.at("z_loss")[i], z, 1e-5 * z) << "layer " << i;
+  }
+  bool router_differs = false;  // the aux terms change the router's gradient visibly
+  for (const auto& [name, g] : to_hf_tensors(l.info, *l.model, true)) {
+    EXPECT_TRUE(testing::allclose(g, expected.read("grad_aux." + name), 1e-6, 1e-3))
+        << "gradient of " << name << " with the auxiliary losses";
+    if (name.find("gate.weight") != std::string::npos)
+      router_differs =
+          router_differs || !testing::allclose(g, expected.read("grad." + name), 1e-6, 1e-3);
+  }
+  EXPECT_TRUE(router_differs) << "the auxiliary losses did not change the router's gradient";
+}
+
 // Each variant's oracle tells it from the plain model: the same weights without the variant
 // give other logits (beyond the tolerance), so the test above cannot pass by ignoring it.
 TEST(PyTorchOracle, VariantsAreDistinguishable) {
@@ -224,7 +281,8 @@ TEST(PyTorchOracle, LayerNorm1pIsTheSameFunctionAndExportsGamma) {
 }
 
 TEST(PyTorchOracle, ExportReproducesTheImportedFilesExactly) {
-  for (const std::string arch : {"gpt2", "llama", "gpt2-relu2", "llama31", "qwen3"}) {  // HF forms
+  for (const std::string arch :
+       {"gpt2", "llama", "gpt2-relu2", "llama31", "qwen3", "mixtral"}) {  // HF forms
     const std::string src = g_oracle_dir + "/" + arch + "/model";
     Loaded l = load(src);
     const std::string out = testing::scratch_dir("hf_roundtrip_" + arch);
@@ -247,6 +305,9 @@ TEST(PyTorchOracle, ExportReproducesTheImportedFilesExactly) {
     EXPECT_EQ(in.rope_scaling_factor, back.rope_scaling_factor) << arch;
     EXPECT_EQ(in.rotary_seq_len_interpolation_factor, back.rotary_seq_len_interpolation_factor)
         << arch;
+    EXPECT_EQ(in.moe.num_experts, back.moe.num_experts) << arch;
+    EXPECT_EQ(in.moe.router_topk, back.moe.router_topk) << arch;
+    EXPECT_EQ(in.moe.ffn_hidden_size, back.moe.ffn_hidden_size) << arch;
   }
 }
 

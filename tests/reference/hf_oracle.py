@@ -27,8 +27,13 @@ Variants (the model-variant flags where Hugging Face has the same variant):
               rotary_interleaved) and --rotary-percent 0.5 (only the first half of each head
               turns). The weights load through the plain Llama mapping; the C++ test sets the two
               flags (recorded here under "megatron_rope", a key Hugging Face does not read).
+  mixtral     Mixtral: every MLP a sparse block of 4 SwiGLU experts, top-2 (MixtralSparseMoeBlock).
+              Also written: each layer's Megatron aux loss and z-loss (aux_loss.L, z_loss.L,
+              restated from Megatron's formulas, per layer, unlike HF's loss pooled over the
+              layers) and grad_aux.<name>, the gradients of lm loss + sum over layers of
+              0.1 aux + 0.01 z (coefficients under "megatron_aux").
 
-Usage: python3 tests/reference/hf_oracle.py --arch {gpt2,llama,gpt2-relu2,llama31,qwen3} --out DIR
+Usage: python3 tests/reference/hf_oracle.py --arch {gpt2,llama,gpt2-relu2,llama31,qwen3,mixtral} --out DIR
        [--seed 1234]
 """
 
@@ -94,6 +99,13 @@ LLAMA_MEGATRON_ROPE_CONFIG = dict(LLAMA_CONFIG, megatron_rope={"rotary_interleav
                                                               "rotary_percent": 0.5})
 QWEN3_CONFIG = dict(LLAMA_CONFIG, model_type="qwen3", architectures=["Qwen3ForCausalLM"],
                     head_dim=32, rope_scaling={"rope_type": "linear", "factor": 4.0})
+# Mixtral: every MLP a sparse block of 4 SwiGLU experts, top-2. "megatron_aux" (a key Hugging Face
+# does not read) holds the coefficients of the second objective the oracle differentiates:
+# lm loss + sum over layers of Megatron's per-layer aux loss and z-loss (moe_aux_losses below).
+MIXTRAL_CONFIG = dict(LLAMA_CONFIG, model_type="mixtral", architectures=["MixtralForCausalLM"],
+                      intermediate_size=48, num_local_experts=4, num_experts_per_tok=2,
+                      router_aux_loss_coef=0.0, sliding_window=None,
+                      megatron_aux={"aux_loss_coeff": 0.1, "z_loss_coeff": 0.01})
 
 
 # --------------------------------------------------------------------------
@@ -195,6 +207,17 @@ def llama_weights(cfg, init):
             w[p + "self_attn.q_norm.weight"] = init.norm(hd)
             w[p + "self_attn.k_norm.weight"] = init.norm(hd)
         w[p + "post_attention_layernorm.weight"] = init.norm(H)
+        if cfg["model_type"] == "mixtral":
+            E = cfg["num_local_experts"]
+            # A router 10x the usual scale: distinct logits (no top-k ties) and a visible
+            # balancing loss.
+            w[p + "block_sparse_moe.gate.weight"] = init.matrix(E, H) * 10
+            for e in range(E):
+                x = p + f"block_sparse_moe.experts.{e}."
+                w[x + "w1.weight"] = init.matrix(I, H)
+                w[x + "w2.weight"] = init.matrix(H, I)
+                w[x + "w3.weight"] = init.matrix(I, H)
+            continue
         w[p + "mlp.gate_proj.weight"] = init.matrix(I, H)
         w[p + "mlp.up_proj.weight"] = init.matrix(I, H)
         w[p + "mlp.down_proj.weight"] = init.matrix(H, I)
@@ -274,7 +297,46 @@ def apply_rope(t, cos, sin, rot, interleaved):
     return torch.cat((t_rot * cos + rotate_half(t_rot, interleaved) * sin, t_pass), dim=-1)
 
 
-def llama_forward(cfg, w, ids):
+def mixtral_moe(cfg, w, p, h):
+    """Hugging Face's MixtralSparseMoeBlock: softmax over all experts, top-k, renormalised over
+    the k, the weighted sum of the selected SwiGLU experts. Returns the output and the router
+    logits [B*S, E] (tokens b-major, HF's order)."""
+    B, S, H = h.shape
+    E, k = cfg["num_local_experts"], cfg["num_experts_per_tok"]
+    flat = h.reshape(-1, H)
+    logits = F.linear(flat, w[p + "block_sparse_moe.gate.weight"])
+    probs = torch.softmax(logits, dim=1, dtype=torch.float32)
+    top, idx = torch.topk(probs, k, dim=-1)
+    top = top / top.sum(dim=-1, keepdim=True)
+    out = torch.zeros_like(flat)
+    for e in range(E):
+        x = p + f"block_sparse_moe.experts.{e}."
+        rows, slot = torch.where(idx == e)
+        if rows.numel() == 0:
+            continue
+        t = flat[rows]
+        y = F.linear(F.silu(F.linear(t, w[x + "w1.weight"])) * F.linear(t, w[x + "w3.weight"]),
+                     w[x + "w2.weight"])
+        out = out.index_add(0, rows, y * top[rows, slot, None])
+    return out.reshape(B, S, H), logits
+
+
+def moe_aux_losses(cfg, logits):
+    """Megatron's per-layer losses of one layer's router logits [T, E] at TP = CP = 1 (an
+    independent restatement of router.py / moe_utils.py, not HF's pooled-over-layers loss):
+    aux = E / (k T^2) * sum_e (sum_t P[t, e]) * c_e with P the softmax over all experts and c_e
+    the count of plain top-k assignments; z = mean_t logsumexp_e(logits)^2."""
+    T, E = logits.shape
+    k = cfg["num_experts_per_tok"]
+    P = torch.softmax(logits, dim=-1)
+    _, idx = torch.topk(P, k, dim=-1)
+    counts = torch.zeros(E).index_add(0, idx.reshape(-1), torch.ones(idx.numel()))
+    aux = E / (k * T * T) * (P.sum(0) * counts).sum()
+    z = (torch.logsumexp(logits, dim=-1) ** 2).mean()
+    return aux, z
+
+
+def llama_forward(cfg, w, ids, aux=None):
     B, S = ids.shape
     H, L = cfg["hidden_size"], cfg["num_hidden_layers"]
     nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
@@ -331,6 +393,12 @@ def llama_forward(cfg, w, ids):
         o = F.linear(o, w[p + "self_attn.o_proj.weight"])
         x = x + o
         h = rms_norm(x, w[p + "post_attention_layernorm.weight"], eps)
+        if cfg["model_type"] == "mixtral":
+            h, router_logits = mixtral_moe(cfg, w, p, h)
+            if aux is not None:
+                aux.append(router_logits)
+            x = x + h
+            continue
         g = F.linear(h, w[p + "mlp.gate_proj.weight"])
         u = F.linear(h, w[p + "mlp.up_proj.weight"])
         h = F.linear(F.silu(g) * u, w[p + "mlp.down_proj.weight"])
@@ -346,6 +414,7 @@ ARCHS = {
     "llama31": (LLAMA31_CONFIG, llama_weights, llama_forward),
     "qwen3": (QWEN3_CONFIG, llama_weights, llama_forward),
     "llama-megatron-rope": (LLAMA_MEGATRON_ROPE_CONFIG, llama_weights, llama_forward),
+    "mixtral": (MIXTRAL_CONFIG, llama_weights, llama_forward),
 }
 
 
@@ -407,6 +476,26 @@ def run(arch, out_dir, seed):
     expected["grad_norm"] = grad_norm0
     expected["adam_losses"] = torch.tensor(losses, dtype=torch.float32)
     write_safetensors(os.path.join(out_dir, "expected.safetensors"), expected)
+
+    if "megatron_aux" in cfg:
+        # The second objective: lm loss + sum over layers of coeff x aux + z_coeff x z.
+        coeffs = cfg["megatron_aux"]
+        with torch.no_grad():  # back to the initial weights (the AdamW loop moved them)
+            for n in names:
+                params[n].copy_(weights0[n])
+                params[n].grad = None
+        router_logits = []
+        logits = forward(cfg, params, inputs, router_logits)
+        objective = lm_loss(logits, labels)
+        for i, rl in enumerate(router_logits):
+            aux, z = moe_aux_losses(cfg, rl)
+            expected[f"aux_loss.{i}"] = aux.detach().reshape(1)
+            expected[f"z_loss.{i}"] = z.detach().reshape(1)
+            objective = objective + coeffs["aux_loss_coeff"] * aux + coeffs["z_loss_coeff"] * z
+        objective.backward()
+        for n in names:
+            expected["grad_aux." + n] = params[n].grad.detach().clone()
+        write_safetensors(os.path.join(out_dir, "expected.safetensors"), expected)
 
     if not losses[-1] < losses[0]:
         raise RuntimeError(f"AdamW did not reduce the loss: {losses}")

@@ -56,6 +56,46 @@ const char* torch_dtype_name(DType t) {
   }
 }
 
+namespace {
+
+// Mixtral's and Qwen3-MoE's experts as Megatron's MoE flags. Mixtral's router is softmax over all
+// experts, top-k, renormalised over the k: Megatron's default post-softmax over the k selected
+// logits (the same numbers). Qwen3-MoE renormalises only with norm_topk_prob; without it the
+// probabilities are the pre-top-k softmax (--moe-router-pre-softmax). HF's auxiliary loss is not
+// carried over (its coefficient, if any, is a training choice: --moe-aux-loss-coeff).
+void read_hf_moe(const json& j, const std::string& model_type, const std::string& file,
+                 TransformerConfig& c) {
+  if (model_type == "mixtral") {
+    c.moe.num_experts = get<int64_t>(j, "num_local_experts", file);
+    c.moe.router_topk = get_or<int64_t>(j, "num_experts_per_tok", 2, file);
+    c.moe.ffn_hidden_size = get<int64_t>(j, "intermediate_size", file);
+  } else if (model_type == "qwen3_moe") {
+    c.moe.num_experts = get<int64_t>(j, "num_experts", file);
+    c.moe.router_topk = get_or<int64_t>(j, "num_experts_per_tok", 8, file);
+    c.moe.ffn_hidden_size = get<int64_t>(j, "moe_intermediate_size", file);
+    c.moe.pre_softmax = !get_or<bool>(j, "norm_topk_prob", false, file);
+    const int64_t step = get_or<int64_t>(j, "decoder_sparse_step", 1, file);
+    MEGATRON_CHECK(step >= 1, file, ": decoder_sparse_step must be >= 1");
+    std::vector<int64_t> dense;
+    if (j.contains("mlp_only_layers") && !j["mlp_only_layers"].is_null())
+      dense = j["mlp_only_layers"].get<std::vector<int64_t>>();
+    const int64_t L = get<int64_t>(j, "num_hidden_layers", file);
+    // HF: layer i is sparse iff it is not in mlp_only_layers and (i + 1) % step == 0.
+    for (int64_t i = 0; i < L; ++i) {
+      const bool is_dense = std::find(dense.begin(), dense.end(), i) != dense.end();
+      c.moe.layer_pattern.push_back(!is_dense && (i + 1) % step == 0 ? 1 : 0);
+    }
+    bool all = true;
+    for (int x : c.moe.layer_pattern) all = all && x == 1;
+    if (all) c.moe.layer_pattern.clear();
+  } else {
+    return;
+  }
+  c.moe.aux_loss_coeff = {0.0};
+}
+
+}  // namespace
+
 HfModelInfo read_hf_config(const std::string& dir) {
   const std::string file = (fs::path(dir) / "config.json").string();
   MEGATRON_CHECK(fs::is_directory(dir), "--pretrained-checkpoint: '", dir,
@@ -73,6 +113,7 @@ HfModelInfo read_hf_config(const std::string& dir) {
   MEGATRON_CHECK(info.raw.is_object(), file, ": expected a JSON object");
   const json& j = info.raw;
   const std::string model_type = get<std::string>(j, "model_type", file);
+  info.model_type = model_type;
   TransformerConfig& c = info.config;
   c.hidden_dropout = 0;
   c.attention_dropout = 0;
@@ -103,17 +144,20 @@ HfModelInfo read_hf_config(const std::string& dir) {
                    file,
                    ": scale_attn_by_inverse_layer_idx / reorder_and_upcast_attn are not supported");
   } else if (model_type == "llama" || model_type == "mistral" || model_type == "qwen2" ||
-             model_type == "qwen3") {
+             model_type == "qwen3" || model_type == "mixtral" || model_type == "qwen3_moe") {
     info.arch = HfArch::kLlama;
     // Qwen3 is Llama with an RMSNorm over each query and key head (q_norm, k_norm):
     // Megatron's --qk-layernorm.
-    c.qk_layernorm = model_type == "qwen3";
+    c.qk_layernorm = model_type == "qwen3" || model_type == "qwen3_moe";
+    read_hf_moe(j, model_type, file, c);
     c.num_layers = get<int64_t>(j, "num_hidden_layers", file);
     c.hidden_size = get<int64_t>(j, "hidden_size", file);
     c.num_attention_heads = get<int64_t>(j, "num_attention_heads", file);
     c.num_query_groups = get_or<int64_t>(j, "num_key_value_heads", c.num_attention_heads, file);
     c.kv_channels = get_or<int64_t>(j, "head_dim", 0, file);
-    c.ffn_hidden_size = get<int64_t>(j, "intermediate_size", file);
+    c.ffn_hidden_size = get_or<int64_t>(j, "intermediate_size", 0, file);
+    MEGATRON_CHECK(c.ffn_hidden_size > 0 || c.moe.enabled(), file, ": intermediate_size is missing");
+    if (c.ffn_hidden_size == 0) c.ffn_hidden_size = c.moe.ffn_hidden_size;
     c.max_position_embeddings = get<int64_t>(j, "max_position_embeddings", file);
     c.vocab_size = get<int64_t>(j, "vocab_size", file);
     c.norm_epsilon = get_or<double>(j, "rms_norm_eps", 1e-6, file);
@@ -267,9 +311,27 @@ std::vector<Mapping> build_mappings(const HfModelInfo& info, GPTModel& m) {
         add(p + "self_attn.k_norm.weight", L.self_attention.k_layernorm->weight, {hn});
       }
       add(p + "post_attention_layernorm.weight", L.pre_mlp_layernorm.weight, {h});
-      add(p + "mlp.gate_proj.weight", L.mlp->linear_fc1.weight(), {ffn, h}, false, {}, 0);
-      add(p + "mlp.up_proj.weight", L.mlp->linear_fc1.weight(), {ffn, h}, false, {}, ffn);
-      add(p + "mlp.down_proj.weight", L.mlp->linear_fc2.weight(), {h, ffn});
+      if (L.moe) {
+        // Mixtral: block_sparse_moe.gate, experts.E.w1 (gate) / w3 (up) / w2 (down);
+        // Qwen3-MoE: mlp.gate, mlp.experts.E.gate_proj / up_proj / down_proj.
+        const bool mixtral = info.model_type == "mixtral";
+        const std::string moe = p + (mixtral ? "block_sparse_moe." : "mlp.");
+        const int64_t fe = c.moe.ffn_hidden_size;
+        add(moe + "gate.weight", L.moe->router.weight, {c.moe.num_experts, h});
+        for (int64_t e = 0; e < L.moe->experts.num_local(); ++e) {
+          const std::string x =
+              moe + "experts." + std::to_string(L.moe->experts.first_expert() + e) + ".";
+          add(x + (mixtral ? "w1" : "gate_proj") + ".weight", L.moe->experts.fc1(e), {fe, h},
+              false, {}, 0);
+          add(x + (mixtral ? "w3" : "up_proj") + ".weight", L.moe->experts.fc1(e), {fe, h},
+              false, {}, fe);
+          add(x + (mixtral ? "w2" : "down_proj") + ".weight", L.moe->experts.fc2(e), {h, fe});
+        }
+      } else {
+        add(p + "mlp.gate_proj.weight", L.mlp->linear_fc1.weight(), {ffn, h}, false, {}, 0);
+        add(p + "mlp.up_proj.weight", L.mlp->linear_fc1.weight(), {ffn, h}, false, {}, ffn);
+        add(p + "mlp.down_proj.weight", L.mlp->linear_fc2.weight(), {h, ffn});
+      }
     }
     add("model.norm.weight", m.decoder->final_layernorm.weight, {h});
     if (c.untie_embeddings_and_output_weights) add("lm_head.weight", m.head->own_weight, {V, h});
@@ -434,6 +496,42 @@ HfModelInfo hf_info_from_config(const TransformerConfig& c, HfArch arch) {
                                  : c.openai_gelu ? "gelu_new"
                                                  : "gelu"},
          {"tie_word_embeddings", true}};
+  } else if (c.moe.enabled()) {
+    // Mixtral, or Qwen3-MoE when the heads have q/k norms or some layers are dense.
+    const bool mixtral = !c.qk_layernorm && c.moe.layer_pattern.empty() && !c.moe.pre_softmax;
+    info.model_type = mixtral ? "mixtral" : "qwen3_moe";
+    j = {{"model_type", info.model_type},
+         {"architectures", {mixtral ? "MixtralForCausalLM" : "Qwen3MoeForCausalLM"}},
+         {"num_hidden_layers", c.num_layers},
+         {"hidden_size", c.hidden_size},
+         {"num_attention_heads", c.num_attention_heads},
+         {"num_key_value_heads", c.num_query_groups},
+         {"head_dim", c.kv_channels},
+         {"max_position_embeddings", c.max_position_embeddings},
+         {"vocab_size", c.vocab_size},
+         {"rms_norm_eps", c.norm_epsilon},
+         {"rope_theta", c.rotary_base},
+         {"rope_scaling", nullptr},
+         {"hidden_act", "silu"},
+         {"tie_word_embeddings", !c.untie_embeddings_and_output_weights},
+         {"attention_bias", false},
+         {"num_experts_per_tok", c.moe.router_topk},
+         {"router_aux_loss_coef", 0.0}};
+    if (mixtral) {
+      j["num_local_experts"] = c.moe.num_experts;
+      j["intermediate_size"] = c.moe.ffn_hidden_size;
+      j["sliding_window"] = nullptr;
+    } else {
+      j["num_experts"] = c.moe.num_experts;
+      j["moe_intermediate_size"] = c.moe.ffn_hidden_size;
+      j["intermediate_size"] = c.ffn_hidden_size;
+      j["norm_topk_prob"] = !c.moe.pre_softmax;
+      j["decoder_sparse_step"] = 1;
+      std::vector<int64_t> dense;
+      for (int64_t i = 0; i < c.num_layers; ++i)
+        if (!c.moe.is_moe_layer(i)) dense.push_back(i);
+      j["mlp_only_layers"] = dense;
+    }
   } else {
     j = {{"model_type", c.qk_layernorm ? "qwen3" : "llama"},
          {"architectures", {c.qk_layernorm ? "Qwen3ForCausalLM" : "LlamaForCausalLM"}},
@@ -464,6 +562,7 @@ HfModelInfo hf_info_from_config(const TransformerConfig& c, HfArch arch) {
                          {"factor", c.rotary_seq_len_interpolation_factor}};
   }
   j["torch_dtype"] = torch_dtype_name(info.dtype);
+  info.model_type = j["model_type"].get<std::string>();
   return info;
 }
 

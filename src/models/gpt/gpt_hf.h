@@ -25,6 +25,8 @@ struct HfModelInfo {
   TransformerConfig config;   // everything config.json fixes; padded_vocab_size left to the caller
   DType dtype = DType::kF32;  // dtype of the weights in the files
   nlohmann::json raw;         // config.json as read
+  // config.json's model_type ("llama", "mixtral", ...): it names the MLP's tensors.
+  std::string model_type;
 };
 
 // config.json's name of a weights dtype: "float32", "bfloat16" or "float16".
