@@ -91,6 +91,21 @@ void add_inplace(Tensor& out, const Tensor& a) {
   MEGATRON_DISPATCH(device_of("add_inplace", {&out, &a}), add_inplace(out, a));
 }
 
+void mul(Tensor& out, const Tensor& a, const Tensor& b) {
+  const OpTimer timer(OpCategory::kNormElementwise);
+  MEGATRON_DISPATCH(device_of("mul", {&out, &a, &b}), mul(out, a, b));
+}
+
+void scale_rows(Tensor& x, const Tensor& scale) {
+  const OpTimer timer(OpCategory::kNormElementwise);
+  MEGATRON_DISPATCH(device_of("scale_rows", {&x, &scale}), scale_rows(x, scale));
+}
+
+void row_dots(Tensor& out, const Tensor& a, const Tensor& b) {
+  const OpTimer timer(OpCategory::kNormElementwise);
+  MEGATRON_DISPATCH(device_of("row_dots", {&out, &a, &b}), row_dots(out, a, b));
+}
+
 void bias_add(Tensor& x, const Tensor& bias) {
   const OpTimer timer(OpCategory::kNormElementwise);
   MEGATRON_DISPATCH(device_of("bias_add", {&x, &bias}), bias_add(x, bias));
@@ -310,6 +325,17 @@ MaskedSum masked_sum(const Tensor& loss, const Tensor& mask) {
 void transpose_2d(Tensor& out, const Tensor& x) {
   const OpTimer timer(OpCategory::kNormElementwise);
   MEGATRON_DISPATCH(device_of("transpose_2d", {&out, &x}), transpose_2d(out, x));
+}
+
+void gather_rows(Tensor& out, const Tensor& x, const Tensor& index) {
+  const OpTimer timer(OpCategory::kNormElementwise);
+  MEGATRON_DISPATCH(device_of("gather_rows", {&out, &x, &index}), gather_rows(out, x, index));
+}
+
+void scatter_add_rows(Tensor& out, const Tensor& x, const Tensor& index) {
+  const OpTimer timer(OpCategory::kNormElementwise);
+  MEGATRON_DISPATCH(device_of("scatter_add_rows", {&out, &x, &index}),
+                    scatter_add_rows(out, x, index));
 }
 
 void slice_last_dim(Tensor& out, const Tensor& x, int64_t start) {

@@ -44,6 +44,11 @@ void add_inplace(Tensor& out, const Tensor& a);           // out += a
 void bias_add(Tensor& x, const Tensor& bias);             // x[r, :] += bias[:]
 void bias_backward(Tensor& dbias, const Tensor& dy);      // dbias += sum_r dy[r, :]
 void scale_inplace(Tensor& x, double factor);             // x *= factor
+void mul(Tensor& out, const Tensor& a, const Tensor& b);  // out = a * b (out may be a)
+// Per-row scalars (the router probabilities of an MoE layer's permuted rows): x[r, :] *= scale[r];
+// out[r] = sum_c a[r, c] b[r, c] (accumulated in double). scale and out: [rows], x's dtype.
+void scale_rows(Tensor& x, const Tensor& scale);
+void row_dots(Tensor& out, const Tensor& a, const Tensor& b);
 
 // GELU, exact (erf; Megatron's default) or tanh approximation (--openai-gelu, HF gelu_new).
 void gelu_forward(Tensor& out, const Tensor& x, bool tanh_approx);
@@ -237,6 +242,11 @@ void transpose_2d(Tensor& out, const Tensor& x);
 void slice_last_dim(Tensor& out, const Tensor& x, int64_t start);
 // out [..., sum of widths] = the parts [..., w_j] side by side, row by row, any dtype.
 void concat_last_dim(Tensor& out, const std::vector<Tensor>& parts);
+// Row permutations (an MoE layer's dispatch and combine), index [n] i64 of rows of x / out:
+// gather_rows: out[r, :] = x[index[r], :], any dtype; scatter_add_rows: out[index[r], :] += x[r, :]
+// for r in order (repeated indices add up deterministically), f32 or f64.
+void gather_rows(Tensor& out, const Tensor& x, const Tensor& index);
+void scatter_add_rows(Tensor& out, const Tensor& x, const Tensor& index);
 
 // ---- optimizer --------------------------------------------------------------------------------
 // One AdamW step over flat f32 buffers (decoupled weight decay, bias-corrected moments):

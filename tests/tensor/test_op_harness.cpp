@@ -268,6 +268,28 @@ void register_lookups_and_copies() {
          /*exact=*/true,
          {{1, 2}}},
         {"transpose_2d", "slice_last_dim", "concat_last_dim"});
+    // Per-row scalars and row permutations (an MoE layer's probabilities, dispatch and combine):
+    // the index repeats rows and skips others, as a routing map does.
+    const Tensor row_scale = random_tensor({s[0]}, 17, 1.0, DType::kF64);
+    Tensor index = Tensor::empty({2 * s[0] + 1}, DType::kI64);
+    for (int64_t r = 0; r < index.numel(); ++r) index.data<int64_t>()[r] = (r * 7 + 3) % s[0];
+    add({"row scalars and permutations",
+         dims(s),
+         [=](const Place& p) {
+           Tensor prod = p.empty(s);
+           ops::mul(prod, p(x), p(x));
+           Tensor sc = p(x);
+           ops::scale_rows(sc, p(row_scale));
+           Tensor dots = p.empty({s[0]});
+           ops::row_dots(dots, p(x), sc);
+           Tensor gathered = p.empty({index.numel(), s[1]});
+           ops::gather_rows(gathered, p(x), p(index));
+           Tensor scattered = p(x);
+           ops::scatter_add_rows(scattered, gathered, p(index));
+           return std::vector<Tensor>{prod, sc, dots, gathered, scattered};
+         },
+         false},
+        {"mul", "scale_rows", "row_dots", "gather_rows", "scatter_add_rows"});
     // The mask is f32 at every place (ops.h: masked_sum's mask is f32).
     Tensor mask = random_tensor(s, 16, 1.0, DType::kF32);
     for (int64_t i = 0; i < mask.numel(); ++i) mask.data<float>()[i] = mask.data<float>()[i] > 0;

@@ -17,6 +17,7 @@
 #include "testing/testing.h"
 #include "transformer/attention.h"
 #include "transformer/mlp.h"
+#include "transformer/moe/moe_layer.h"
 #include "transformer/norm.h"
 #include "transformer/transformer_block.h"
 #include "transformer/transformer_layer.h"
@@ -206,6 +207,62 @@ TEST(LayerGradients, TransformerLayerWithHiddenDropout) {
                  },
                  [&](const Tensor& dy) { return layer.backward(dy, ctx); }},
                 14);
+  }
+}
+
+// The MoE layer (router, dispatch, experts, combine) by finite differences: the routing is
+// piecewise constant in the selection, so with distinct router scores the layer is smooth at the
+// test point and its gradient (through the probabilities into the router, and into each expert)
+// is checked like any layer's. Variants: softmax after the top-k with shared experts; sigmoid with
+// the scaling factor and jittered input; pre-softmax top-1 with a capacity that drops tokens. The
+// load-balancing losses are off here (their gradient is not part of the layer's output; the
+// routing and Mixtral oracles check it).
+TEST(LayerGradients, MoeLayerRoutingExpertsAndSharedExperts) {
+  SelfGroup g;
+  TransformerConfig base = llama_style(base_config());
+  base.moe.num_experts = 4;
+  base.moe.ffn_hidden_size = 6;
+  base.moe.aux_loss_coeff = {0.0};
+  auto variant = [&](const std::function<void(MoeConfig&)>& f) {
+    TransformerConfig c = base;
+    f(c.moe);
+    c.finalize();
+    return c;
+  };
+  const std::vector<std::pair<std::string, TransformerConfig>> cfgs = {
+      {"softmax top-2 + shared experts",
+       variant([](MoeConfig& m) { m.shared_expert_intermediate_size = 8; })},
+      {"sigmoid top-2, scaling 2.5, input jitter", variant([](MoeConfig& m) {
+         m.score_function = MoeScoreFunction::kSigmoid;
+         m.topk_scaling_factor = 2.5;
+         m.input_jitter_eps = 0.05;
+       })},
+      {"pre-softmax top-1, capacity 1 (drops)", variant([](MoeConfig& m) {
+         m.pre_softmax = true;
+         m.router_topk = 1;
+         m.capacity_factor = 1.0;
+       })}};
+  const ForwardMode training{true, 3, 4};
+  for (const auto& [name, cfg] : cfgs) {
+    SCOPED_TRACE(name);
+    MoELayer moe("mlp", cfg, 0, g.tp());
+    MoELayer::Ctx ctx;
+    std::vector<Param*> ps;
+    moe.collect(ps);
+    bool dropped = false;
+    check_layer({ps,
+                 [&](const Tensor& x) {
+                   ctx = {};
+                   Tensor y = moe.forward(x, ctx, training);
+                   const auto& r = ctx.router.routing;
+                   int64_t routed = 0;
+                   for (uint8_t v : r.map) routed += v;
+                   dropped = routed < r.tokens * cfg.moe.router_topk;
+                   return y;
+                 },
+                 [&](const Tensor& dy) { return moe.backward(dy, ctx); }},
+                15);
+    EXPECT_EQ(dropped, cfg.moe.capacity_factor > 0) << "the capacity case must drop tokens";
   }
 }
 

@@ -17,6 +17,9 @@ using ops::RopeSpec;
 void matmul(Tensor& out, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, float beta);
 void add(Tensor& out, const Tensor& a, const Tensor& b);
 void add_inplace(Tensor& out, const Tensor& a);
+void mul(Tensor& out, const Tensor& a, const Tensor& b);
+void scale_rows(Tensor& x, const Tensor& scale);
+void row_dots(Tensor& out, const Tensor& a, const Tensor& b);
 void bias_add(Tensor& x, const Tensor& bias);
 void bias_backward(Tensor& dbias, const Tensor& dy);
 void scale_inplace(Tensor& x, double factor);
@@ -71,6 +74,8 @@ void cross_entropy_shard_backward(Tensor& dlogits_shard, const Tensor& dloss,
 MaskedSum masked_sum(const Tensor& loss, const Tensor& mask);
 void transpose_2d(Tensor& out, const Tensor& x);
 void slice_last_dim(Tensor& out, const Tensor& x, int64_t start);
+void gather_rows(Tensor& out, const Tensor& x, const Tensor& index);
+void scatter_add_rows(Tensor& out, const Tensor& x, const Tensor& index);
 void concat_last_dim(Tensor& out, const std::vector<Tensor>& parts);
 void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad,
                 const AdamWSpec& spec);

@@ -36,6 +36,53 @@ void add_inplace(Tensor& out, const Tensor& a) {
   });
 }
 
+void mul(Tensor& out, const Tensor& a, const Tensor& b) {
+  cpu::check_numel(out, a, "mul");
+  cpu::check_numel(a, b, "mul");
+  cpu::check_same_dtype(out, a, "mul");
+  cpu::check_same_dtype(a, b, "mul");
+  dispatch_float(out, "mul", [&]<typename T>() {
+    T* o = out.data<T>();
+    const T *x = a.data<T>(), *y = b.data<T>();
+    int64_t n = out.numel();
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) o[i] = x[i] * y[i];
+  });
+}
+
+void scale_rows(Tensor& x, const Tensor& scale) {
+  const int64_t n = scale.numel(), c = n > 0 ? x.numel() / n : 0;
+  MEGATRON_CHECK(c * n == x.numel(), "scale_rows: ", scale.str(), " scales do not divide ",
+                 x.str(), " into rows");
+  cpu::check_same_dtype(x, scale, "scale_rows");
+  dispatch_float(x, "scale_rows", [&]<typename T>() {
+    T* p = x.data<T>();
+    const T* s = scale.data<T>();
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t j = 0; j < c; ++j) p[r * c + j] *= s[r];
+  });
+}
+
+void row_dots(Tensor& out, const Tensor& a, const Tensor& b) {
+  const int64_t n = out.numel(), c = n > 0 ? a.numel() / n : 0;
+  cpu::check_numel(a, b, "row_dots");
+  MEGATRON_CHECK(c * n == a.numel(), "row_dots: ", out.str(), " is not one value per row of ",
+                 a.str());
+  cpu::check_same_dtype(a, b, "row_dots");
+  cpu::check_same_dtype(out, a, "row_dots");
+  dispatch_float(out, "row_dots", [&]<typename T>() {
+    T* o = out.data<T>();
+    const T *x = a.data<T>(), *y = b.data<T>();
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < n; ++r) {
+      double s = 0;
+      for (int64_t j = 0; j < c; ++j) s += static_cast<double>(x[r * c + j]) * y[r * c + j];
+      o[r] = static_cast<T>(s);
+    }
+  });
+}
+
 void bias_add(Tensor& x, const Tensor& bias) {
   MEGATRON_CHECK(bias.ndim() == 1 && x.dim(-1) == bias.dim(0), "bias_add: bias ", bias.str(),
                  " does not match the last dim of ", x.str());

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "tensor/cpu/cpu_ops.h"
+#include "tensor/cpu/dispatch.h"
 #include "tensor/ops.h"
 
 namespace megatron::cpu {
@@ -18,6 +19,47 @@ void transpose_2d(Tensor& out, const Tensor& x) {
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c)
       std::memcpy(dst + (c * rows + r) * es, src + (r * cols + c) * es, es);
+}
+
+namespace {
+// index [n] i64, each in [0, rows).
+const int64_t* checked_index(const Tensor& index, int64_t n, int64_t rows, const char* op) {
+  MEGATRON_CHECK(index.dtype() == DType::kI64 && index.numel() == n, op, ": index ", index.str(),
+                 " should be ", n, " i64 row numbers");
+  const int64_t* ix = index.data<int64_t>();
+  for (int64_t r = 0; r < n; ++r)
+    MEGATRON_CHECK(ix[r] >= 0 && ix[r] < rows, op, ": row ", ix[r], " outside [0, ", rows, ")");
+  return ix;
+}
+}  // namespace
+
+void gather_rows(Tensor& out, const Tensor& x, const Tensor& index) {
+  const int64_t c = x.ndim() >= 1 ? x.dim(-1) : 1, rows = c > 0 ? x.numel() / c : 0;
+  const int64_t n = index.numel();
+  MEGATRON_CHECK(out.dtype() == x.dtype() && out.numel() == n * c, "gather_rows: out ", out.str(),
+                 " for ", n, " rows of ", x.str());
+  const int64_t* ix = checked_index(index, n, rows, "gather_rows");
+  const size_t row = static_cast<size_t>(c) * dtype_size(x.dtype());
+  const char* src = static_cast<const char*>(x.raw());
+  char* dst = static_cast<char*>(out.raw());
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < n; ++r) std::memcpy(dst + r * row, src + ix[r] * row, row);
+}
+
+void scatter_add_rows(Tensor& out, const Tensor& x, const Tensor& index) {
+  const int64_t c = out.ndim() >= 1 ? out.dim(-1) : 1, rows = c > 0 ? out.numel() / c : 0;
+  const int64_t n = index.numel();
+  MEGATRON_CHECK(x.numel() == n * c, "scatter_add_rows: ", x.str(), " is not ", n, " rows of ",
+                 c);
+  cpu::check_same_dtype(out, x, "scatter_add_rows");
+  const int64_t* ix = checked_index(index, n, rows, "scatter_add_rows");
+  dispatch_float(out, "scatter_add_rows", [&]<typename T>() {
+    T* o = out.data<T>();
+    const T* v = x.data<T>();
+    // In row order (a destination row can receive several): the sums are deterministic.
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t j = 0; j < c; ++j) o[ix[r] * c + j] += v[r * c + j];
+  });
 }
 
 void slice_last_dim(Tensor& out, const Tensor& x, int64_t start) {

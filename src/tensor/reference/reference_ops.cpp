@@ -93,6 +93,27 @@ void add_inplace(Tensor& out, const Tensor& a) {
   accumulate(out, a);
 }
 
+void mul(Tensor& out, const Tensor& a, const Tensor& b) {
+  f64("mul", {&out, &a, &b});
+  for (int64_t i = 0; i < out.numel(); ++i) W(out)[i] = P(a)[i] * P(b)[i];
+}
+
+void scale_rows(Tensor& x, const Tensor& scale) {
+  f64("scale_rows", {&x, &scale});
+  const int64_t c = x.numel() / scale.numel();
+  for (int64_t i = 0; i < x.numel(); ++i) W(x)[i] *= P(scale)[i / c];
+}
+
+void row_dots(Tensor& out, const Tensor& a, const Tensor& b) {
+  f64("row_dots", {&out, &a, &b});
+  const int64_t c = a.numel() / out.numel();
+  for (int64_t r = 0; r < out.numel(); ++r) {
+    double s = 0;
+    for (int64_t j = 0; j < c; ++j) s += P(a)[r * c + j] * P(b)[r * c + j];
+    W(out)[r] = s;
+  }
+}
+
 void bias_add(Tensor& x, const Tensor& bias) {
   f64("bias_add", {&x, &bias});
   for (int64_t i = 0; i < x.numel(); ++i) W(x)[i] += P(bias)[i % bias.numel()];
@@ -410,6 +431,23 @@ void transpose_2d(Tensor& out, const Tensor& x) {
   const auto* in = static_cast<const char*>(x.raw());
   for (int64_t i = 0; i < r; ++i)
     for (int64_t j = 0; j < c; ++j) std::memcpy(o + (j * r + i) * es, in + (i * c + j) * es, es);
+}
+
+void gather_rows(Tensor& out, const Tensor& x, const Tensor& index) {
+  const int64_t c = x.dim(-1);
+  const size_t es = dtype_size(x.dtype());
+  MEGATRON_CHECK(out.dtype() == x.dtype() && out.numel() == index.numel() * c,
+                 "gather_rows: out ", out.str(), " for ", x.str());
+  for (int64_t r = 0; r < index.numel(); ++r)
+    std::memcpy(static_cast<char*>(out.raw()) + r * c * es,
+                static_cast<const char*>(x.raw()) + id_at(index, r) * c * es, c * es);
+}
+
+void scatter_add_rows(Tensor& out, const Tensor& x, const Tensor& index) {
+  f64("scatter_add_rows", {&out, &x});
+  const int64_t c = out.dim(-1);
+  for (int64_t r = 0; r < index.numel(); ++r)
+    for (int64_t j = 0; j < c; ++j) W(out)[id_at(index, r) * c + j] += P(x)[r * c + j];
 }
 
 void slice_last_dim(Tensor& out, const Tensor& x, int64_t start) {

@@ -1,7 +1,6 @@
 // GroupedExperts: per-expert GEMMs over contiguous row blocks, one activation pass over all rows.
 #include "transformer/moe/experts.h"
 
-#include <algorithm>
 #include <cmath>
 
 #include "parallel/mappings.h"
@@ -22,41 +21,11 @@ Tensor rows(const Tensor& t, int64_t begin, int64_t n) {
   return t.slice0(begin, begin + n);
 }
 
-// t[r, :] *= p[r] over a [N, c] f32 or f64 tensor.
-template <typename T>
-void scale_rows_as(Tensor& t, const std::vector<double>& p) {
-  const int64_t N = t.dim(0), c = t.numel() / std::max<int64_t>(N, 1);
-  T* d = t.data<T>();
-  for (int64_t r = 0; r < N; ++r)
-    for (int64_t j = 0; j < c; ++j) d[r * c + j] = static_cast<T>(d[r * c + j] * p[r]);
-}
-void scale_rows(Tensor& t, const std::vector<double>& p) {
-  if (t.dtype() == DType::kF64) {
-    scale_rows_as<double>(t, p);
-  } else {
-    scale_rows_as<float>(t, p);
-  }
-}
-
-// out[r] = <a[r, :], b[r, :]> in double.
-template <typename T>
-void row_dots_as(const Tensor& a, const Tensor& b, std::vector<double>* out) {
-  const int64_t N = a.dim(0), c = a.numel() / std::max<int64_t>(N, 1);
-  const T* x = a.data<T>();
-  const T* y = b.data<T>();
-  out->assign(static_cast<size_t>(N), 0.0);
-  for (int64_t r = 0; r < N; ++r) {
-    double s = 0;
-    for (int64_t j = 0; j < c; ++j) s += static_cast<double>(x[r * c + j]) * y[r * c + j];
-    (*out)[r] = s;
-  }
-}
-void row_dots(const Tensor& a, const Tensor& b, std::vector<double>* out) {
-  if (a.dtype() == DType::kF64) {
-    row_dots_as<double>(a, b, out);
-  } else {
-    row_dots_as<float>(a, b, out);
-  }
+// probs [N] as a tensor of dtype t (f32 in training: Megatron multiplies in the probs' f32).
+Tensor row_tensor(const std::vector<double>& v, DType t) {
+  Tensor d = Tensor::empty({static_cast<int64_t>(v.size())}, DType::kF64);
+  std::copy(v.begin(), v.end(), d.data<double>());
+  return t == DType::kF64 ? d : d.to(t);
 }
 
 }  // namespace
@@ -119,7 +88,7 @@ Tensor GroupedExperts::forward(const Tensor& x, const std::vector<int64_t>& coun
     }
   }
   Tensor scaled = ctx.act.clone();
-  scale_rows(scaled, probs);
+  ops::scale_rows(scaled, row_tensor(probs, acc));
   ctx.scaled = scaled.dtype() == wt || wt == DType::kF32 ? scaled : scaled.to(wt);
   Tensor y = Tensor::empty({N, h}, acc);
   at = 0;
@@ -155,8 +124,11 @@ Tensor GroupedExperts::backward(const Tensor& dy, Ctx& ctx, std::vector<double>*
     at += n;
   }
   // scaled = act * p: dp_r = <dscaled_r, act_r>, dact = dscaled * p.
-  row_dots(dscaled, ctx.act, dprobs);
-  scale_rows(dscaled, ctx.probs);
+  Tensor dp = Tensor::empty({N}, acc);
+  ops::row_dots(dp, dscaled, ctx.act);
+  const Tensor dp64 = dp.to(DType::kF64);
+  dprobs->assign(dp64.data<double>(), dp64.data<double>() + N);
+  ops::scale_rows(dscaled, row_tensor(ctx.probs, acc));
   Tensor dpre = Tensor::empty({N, f1}, acc);
   if (N > 0) {
     if (cfg_.swiglu) {

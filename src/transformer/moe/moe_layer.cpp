@@ -1,40 +1,28 @@
 // MoELayer: router, all-gather dispatch over ETP x EP, grouped experts, combine, shared experts.
 #include "transformer/moe/moe_layer.h"
 
-#include <cstring>
-
 #include "tensor/ops.h"
 
 namespace megatron {
 namespace {
 
-// out[r] = in[index[r]] for rows of any dtype.
-Tensor gather_rows(const Tensor& in, const std::vector<int64_t>& index) {
-  const int64_t c = in.dim(-1), n = static_cast<int64_t>(index.size());
-  Tensor out = Tensor::empty({n, c}, in.dtype());
-  const size_t row = static_cast<size_t>(c) * dtype_size(in.dtype());
-  const char* src = static_cast<const char*>(in.raw());
-  char* dst = static_cast<char*>(out.raw());
-  for (int64_t r = 0; r < n; ++r) std::memcpy(dst + r * row, src + index[r] * row, row);
+Tensor index_tensor(const std::vector<int64_t>& rows) {
+  Tensor t = Tensor::empty({static_cast<int64_t>(rows.size())}, DType::kI64);
+  std::copy(rows.begin(), rows.end(), t.data<int64_t>());
+  return t;
+}
+
+// out[r] = in[rows[r]].
+Tensor gather_rows(const Tensor& in, const Tensor& rows) {
+  Tensor out = Tensor::empty({rows.numel(), in.dim(-1)}, in.dtype());
+  ops::gather_rows(out, in, rows);
   return out;
 }
 
-// out[index[r]] += in[r] (rows in order: deterministic sums), out [rows, c] zero-initialised.
-template <typename T>
-void scatter_add_rows_as(Tensor& out, const Tensor& in, const std::vector<int64_t>& index) {
-  const int64_t c = in.dim(-1);
-  T* o = out.data<T>();
-  const T* x = in.data<T>();
-  for (size_t r = 0; r < index.size(); ++r)
-    for (int64_t j = 0; j < c; ++j) o[index[r] * c + j] += x[static_cast<int64_t>(r) * c + j];
-}
-Tensor scatter_add_rows(const Tensor& in, const std::vector<int64_t>& index, int64_t rows) {
-  Tensor out = Tensor::zeros({rows, in.dim(-1)}, in.dtype());
-  if (in.dtype() == DType::kF64) {
-    scatter_add_rows_as<double>(out, in, index);
-  } else {
-    scatter_add_rows_as<float>(out, in, index);
-  }
+// out[rows[r]] += in[r] into a zero [n, c].
+Tensor scatter_add_rows(const Tensor& in, const Tensor& rows, int64_t n) {
+  Tensor out = Tensor::zeros({n, in.dim(-1)}, in.dtype());
+  ops::scatter_add_rows(out, in, rows);
   return out;
 }
 
@@ -118,8 +106,9 @@ Tensor MoELayer::forward(const Tensor& x, Ctx& ctx, const ForwardMode& mode) con
         probs.push_back(ra[t * 2 * E + first + e]);
         ++counts[e];
       }
-  const Tensor y_perm = experts.forward(gather_rows(x_all, ctx.rows), counts, probs, ctx.experts);
-  Tensor y = reduce_scatter_rows(scatter_add_rows(y_perm, ctx.rows, ctx.gathered), g);
+  ctx.index = index_tensor(ctx.rows);
+  const Tensor y_perm = experts.forward(gather_rows(x_all, ctx.index), counts, probs, ctx.experts);
+  Tensor y = reduce_scatter_rows(scatter_add_rows(y_perm, ctx.index, ctx.gathered), g);
   y = y.view(x.shape());
   if (shared_experts) ops::add_inplace(y, shared_experts->forward(x, ctx.shared).view(x.shape()));
   return y;
@@ -132,8 +121,8 @@ Tensor MoELayer::backward(const Tensor& dy, Ctx& ctx) const {
   const Tensor dy_all = all_gather_rows(dflat, g);
   std::vector<double> dprobs_perm;
   const Tensor dx_perm =
-      experts.backward(gather_rows(dy_all, ctx.rows), ctx.experts, &dprobs_perm);
-  Tensor dx = reduce_scatter_rows(scatter_add_rows(dx_perm, ctx.rows, ctx.gathered), g);
+      experts.backward(gather_rows(dy_all, ctx.index), ctx.experts, &dprobs_perm);
+  Tensor dx = reduce_scatter_rows(scatter_add_rows(dx_perm, ctx.index, ctx.gathered), g);
 
   // The probabilities' gradients back to their tokens' ranks (summed over ETP partials).
   Tensor dprobs_all = Tensor::zeros({ctx.gathered, E}, DType::kF64);

@@ -61,23 +61,24 @@ void TopKRouter::forward(const Tensor& x, int64_t batch, Ctx& ctx, const Forward
   if (mode.training && m.input_jitter_eps > 0) {
     // x * U(1 - eps, 1 + eps), one draw per element keyed by the token's place in the whole
     // micro-batch, so every TP / CP layout draws the same noise for the same token.
-    ctx.jitter = Tensor::empty({T, h}, DType::kF32);
-    Tensor jittered = Tensor::empty({T, h}, DType::kF32);
-    const float* xs = xin.data<float>();
-    float* n = ctx.jitter.data<float>();
-    float* out = jittered.data<float>();
+    ctx.jitter = Tensor::empty({T, h}, xin.dtype());
     const int64_t sp_row0 = tp_.sp() ? tp_.rank() * T : 0;
     const int64_t cp_local = (tp_.sp() ? T * tp_.size() : T) / batch;  // CP-local positions
     const uint64_t stream = mode.site_stream(layer_, 3);
+    std::vector<double> noise(static_cast<size_t>(T * h));
     for (int64_t t = 0; t < T; ++t) {
       const int64_t row = sp_row0 + t, s = row / batch, b = row % batch;
       const int64_t global = tp_.cp.global_row(s, cp_local) * batch + b;
       for (int64_t c = 0; c < h; ++c) {
         const float u = Philox::uniform(mode.seed, stream, static_cast<uint64_t>(global * h + c));
-        n[t * h + c] = static_cast<float>(1.0 - m.input_jitter_eps + 2.0 * m.input_jitter_eps * u);
-        out[t * h + c] = xs[t * h + c] * n[t * h + c];
+        noise[t * h + c] = 1.0 - m.input_jitter_eps + 2.0 * m.input_jitter_eps * u;
       }
     }
+    Tensor n64 = Tensor::empty({T, h}, DType::kF64);
+    std::copy(noise.begin(), noise.end(), n64.data<double>());
+    ctx.jitter.copy_from(n64);  // the noise in the activations' dtype
+    Tensor jittered = Tensor::empty({T, h}, xin.dtype());
+    ops::mul(jittered, xin, ctx.jitter);
     xin = jittered;
   }
   // The gating GEMM in --moe-router-dtype (fp32/fp64 widen the compute weights), else in the
@@ -165,11 +166,7 @@ Tensor TopKRouter::backward(const std::vector<double>& dprobs, Ctx& ctx) const {
     Tensor g = weight.main_grad;
     ops::add_inplace(g, dw);
   }
-  if (ctx.jitter.defined()) {
-    float* d = dx.data<float>();
-    const float* n = ctx.jitter.data<float>();
-    for (int64_t i = 0; i < T * h; ++i) d[i] *= n[i];
-  }
+  if (ctx.jitter.defined()) ops::mul(dx, dx, ctx.jitter);
   ctx = Ctx{};
   return dx;
 }
