@@ -506,11 +506,9 @@ void validate_expert_layout(Arguments& a, int64_t tp) {
   MEGATRON_CHECK(!(ep > 1 && a.fp16),
                  "Expert parallelism is not supported with fp16 training: use --bf16 with "
                  "--expert-model-parallel-size > 1");
-  MEGATRON_CHECK(ep == 1 && etp == tp,
-                 "--expert-model-parallel-size ", ep, " / --expert-tensor-parallel-size ", etp,
-                 ": experts are split like the dense layers for now (EP 1, ETP = "
-                 "--tensor-model-parallel-size ",
-                 tp, "); drop the flags");
+  MEGATRON_CHECK(a.moe_ffn_hidden_size % etp == 0 || a.moe_ffn_hidden_size == 0,
+                 "--moe-ffn-hidden-size (", a.moe_ffn_hidden_size,
+                 ") must be divisible by --expert-tensor-parallel-size (", etp, ")");
   MEGATRON_CHECK(tp == 1 || a.sequence_parallel,
                  "During training, performance may degrade if MoE and tensor parallelism are "
                  "enabled without also enabling sequence parallelism: add --sequence-parallel "
@@ -533,7 +531,10 @@ int64_t validate_parallel_layout(Arguments& a, int world_size, int rank) {
   pc.tensor_model_parallel_size = to_int(a.tensor_model_parallel_size);
   pc.pipeline_model_parallel_size = to_int(a.pipeline_model_parallel_size);
   pc.context_parallel_size = to_int(a.context_parallel_size);
-  const int64_t dp = make_parallel_grid(world_size, pc).dp;
+  pc.expert_model_parallel_size = to_int(a.expert_model_parallel_size);
+  pc.expert_tensor_parallel_size = to_int(a.expert_tensor_parallel_size);
+  const ParallelGrid grid = make_parallel_grid(world_size, pc);
+  const int64_t dp = grid.dp;
   validate_context_parallel(a);
   const int64_t tp = a.tensor_model_parallel_size, pp = a.pipeline_model_parallel_size;
 
@@ -558,6 +559,8 @@ int64_t validate_parallel_layout(Arguments& a, int world_size, int rank) {
     a.sequence_parallel = false;
   }
   validate_expert_layout(a, tp);
+  pc.expert_tensor_parallel_size = to_int(a.expert_tensor_parallel_size);
+  make_expert_grid(grid, pc);  // EP x ETP must divide each stage's ranks
 
   const int64_t per_vp = a.num_layers_per_virtual_pipeline_stage;
   const int64_t vp_given = a.num_virtual_stages_per_pipeline_rank;

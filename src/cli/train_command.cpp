@@ -100,6 +100,8 @@ int run_train(int argc, char** argv, MpiRuntime& mpi) {
   pc.tensor_model_parallel_size = static_cast<int>(args.tensor_model_parallel_size);
   pc.pipeline_model_parallel_size = static_cast<int>(args.pipeline_model_parallel_size);
   pc.context_parallel_size = static_cast<int>(args.context_parallel_size);
+  pc.expert_model_parallel_size = static_cast<int>(args.expert_model_parallel_size);
+  pc.expert_tensor_parallel_size = static_cast<int>(args.expert_tensor_parallel_size);
   auto parallel = std::make_shared<ParallelState>(mpi.world(), pc);
   set_num_threads(args.num_threads > 0 ? static_cast<int>(args.num_threads)
                                        : mpi.default_threads_per_rank());

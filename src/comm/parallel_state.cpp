@@ -14,8 +14,7 @@ ParallelGrid make_parallel_grid(int world_size, const ParallelConfig& config) {
   MEGATRON_CHECK(tp >= 1, "--tensor-model-parallel-size must be >= 1, got ", tp);
   MEGATRON_CHECK(pp >= 1, "--pipeline-model-parallel-size must be >= 1, got ", pp);
   MEGATRON_CHECK(cp >= 1, "--context-parallel-size must be >= 1, got ", cp);
-  MEGATRON_CHECK(ep == 1, "--expert-model-parallel-size ", ep,
-                 " is not supported yet (no mixture-of-experts layers); use 1");
+  MEGATRON_CHECK(ep >= 1, "--expert-model-parallel-size must be >= 1, got ", ep);
   const int64_t model_size = static_cast<int64_t>(tp) * pp * cp;
   // Megatron's wording ("world size (W) is not divisible by total_model_size (M)"), then how the
   // number came about and what to change.
@@ -28,10 +27,25 @@ ParallelGrid make_parallel_grid(int world_size, const ParallelConfig& config) {
   ParallelGrid grid;
   grid.tp = tp;
   grid.cp = cp;
-  grid.ep = ep;
-  grid.pp = pp;
+  grid.pp = pp;  // ep lives in the expert grid (make_expert_grid); the dense grid's is 1
   grid.dp = static_cast<int>(world_size / model_size);
   return grid;
+}
+
+ExpertGrid make_expert_grid(const ParallelGrid& dense, const ParallelConfig& config) {
+  ExpertGrid g;
+  g.ep = config.expert_model_parallel_size;
+  g.etp = config.expert_tensor_parallel_size > 0 ? config.expert_tensor_parallel_size : dense.tp;
+  MEGATRON_CHECK(g.etp >= 1, "--expert-tensor-parallel-size must be >= 1, got ", g.etp);
+  const int64_t stage = static_cast<int64_t>(dense.tp) * dense.cp * dense.dp;  // ranks per stage
+  const int64_t experts = static_cast<int64_t>(g.etp) * g.ep;
+  MEGATRON_CHECK(stage % experts == 0, "--expert-tensor-parallel-size (", g.etp,
+                 ") x --expert-model-parallel-size (", g.ep, ") = ", experts,
+                 " must divide the ranks of a pipeline stage, tensor x context x data parallel = ",
+                 dense.tp, " x ", dense.cp, " x ", dense.dp, " = ", stage,
+                 "; launch more processes or choose smaller expert sizes");
+  g.edp = static_cast<int>(stage / experts);
+  return g;
 }
 
 namespace {
@@ -54,6 +68,22 @@ ParallelState::ParallelState(std::shared_ptr<ProcessGroup> world, const Parallel
   embedding_ = world_->split(embedding_rank_groups(gen.get_ranks("pp")));
   // Each of these lists partitions the world, so this rank is in one group of each.
   MEGATRON_ASSERT(tp_ && pp_ && dp_ && cp_ && dp_cp_ && mp_);
+  // The expert grid over the same ranks (Megatron's expert RankGenerator: cp 1).
+  expert_grid_ = make_expert_grid(grid_, config);
+  ParallelGrid eg;
+  eg.tp = expert_grid_.etp;
+  eg.ep = expert_grid_.ep;
+  eg.dp = expert_grid_.edp;
+  eg.pp = grid_.pp;
+  RankGenerator expert_gen(eg);
+  MEGATRON_ASSERT(expert_gen.get_ranks("pp") == gen.get_ranks("pp"),
+                  "the expert grid's pipeline groups differ from the dense grid's");
+  ep_ = world_->split(expert_gen.get_ranks("ep"));
+  etp_ = world_->split(expert_gen.get_ranks("tp"));
+  tp_ep_ = world_->split(expert_gen.get_ranks("tp-ep"));
+  edp_ = world_->split(expert_gen.get_ranks("dp"));
+  emp_ = world_->split(expert_gen.get_ranks("tp-ep-pp"));
+  MEGATRON_ASSERT(ep_ && etp_ && tp_ep_ && edp_ && emp_);
 }
 
 ProcessGroup& ParallelState::embedding_group() const {
@@ -65,10 +95,17 @@ ProcessGroup& ParallelState::embedding_group() const {
 }
 
 std::string ParallelState::str() const {
-  return detail::concat("world ", world_size(), " = tensor-model-parallel ", tp_size(),
-                        " x context-parallel ", cp_size(), " x data-parallel ", dp_size(),
-                        " x pipeline-model-parallel ", pp_size(), "; rank ", rank(), ": tp ",
-                        tp_rank(), ", cp ", cp_rank(), ", dp ", dp_rank(), ", pp ", pp_rank());
+  std::string s = detail::concat(
+      "world ", world_size(), " = tensor-model-parallel ", tp_size(), " x context-parallel ",
+      cp_size(), " x data-parallel ", dp_size(), " x pipeline-model-parallel ", pp_size(),
+      "; rank ", rank(), ": tp ", tp_rank(), ", cp ", cp_rank(), ", dp ", dp_rank(), ", pp ",
+      pp_rank());
+  if (experts_apart()) {
+    s += detail::concat("; experts: expert-tensor-parallel ", etp_size(),
+                        " x expert-model-parallel ", ep_size(), " x expert-data-parallel ",
+                        edp_size(), ", ep ", ep_rank(), ", edp ", edp_rank());
+  }
+  return s;
 }
 
 }  // namespace megatron

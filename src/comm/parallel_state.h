@@ -9,8 +9,11 @@
 //   of each pipeline group ([0,4] ...).
 // The group lists come from RankGenerator, so they match Megatron's rank for rank.
 //
-// Not here: expert parallelism (ep must be 1 for now; its groups come from a second grid), and
-// checks that depend on the model (heads, layers, batch sizes divisible by the sizes).
+// MoE experts use Megatron's second grid over the same ranks ("MoE parallel folding"): order
+// tp-cp-ep-dp-pp with tp = ETP (expert tensor parallel), cp = 1, ep = EP and dp = EDP = world /
+// (ETP x EP x PP), so that EP is carved out of the tp x cp x dp ranks of each pipeline stage. Its
+// pipeline groups are the dense grid's. Not here: checks that depend on the model (heads, layers,
+// experts, batch sizes divisible by the sizes).
 #pragma once
 
 #include <memory>
@@ -26,8 +29,16 @@ struct ParallelConfig {
   int tensor_model_parallel_size = 1;    // --tensor-model-parallel-size
   int pipeline_model_parallel_size = 1;  // --pipeline-model-parallel-size
   int context_parallel_size = 1;         // --context-parallel-size (groups only; no CP layers yet)
-  int expert_model_parallel_size = 1;    // --expert-model-parallel-size (must be 1 for now)
+  int expert_model_parallel_size = 1;    // --expert-model-parallel-size
+  int expert_tensor_parallel_size = 0;   // --expert-tensor-parallel-size (0: the TP size)
 };
+
+// The expert grid's sizes (see above): ETP, EP and the expert-data-parallel size.
+struct ExpertGrid {
+  int etp = 1, ep = 1, edp = 1;
+};
+// Validates the expert sizes against the dense grid; errors name the flags and the fix.
+ExpertGrid make_expert_grid(const ParallelGrid& dense, const ParallelConfig& config);
 
 // Validates `config` against `world_size` and derives the data-parallel size. Throws
 // InvalidArgument naming the flags, the numbers and the fix (same message on every rank, with no
@@ -47,7 +58,6 @@ class ParallelState {
   int pp_size() const { return grid_.pp; }
   int dp_size() const { return grid_.dp; }
   int cp_size() const { return grid_.cp; }
-  int ep_size() const { return grid_.ep; }
 
   // This rank's coordinates: its rank inside each group.
   int tp_rank() const { return tp_->rank(); }
@@ -73,13 +83,34 @@ class ParallelState {
   bool in_embedding_group() const { return embedding_ != nullptr; }
   ProcessGroup& embedding_group() const;
 
+  // The expert grid (MoE): sizes, this rank's coordinates and groups. Without MoE flags EP is 1
+  // and ETP = TP, and the groups coincide with the dense ones (tp_ep = etp = tp; expert dp =
+  // dp x cp).
+  const ExpertGrid& expert_grid() const { return expert_grid_; }
+  int ep_size() const { return expert_grid_.ep; }
+  int etp_size() const { return expert_grid_.etp; }
+  int edp_size() const { return expert_grid_.edp; }
+  int ep_rank() const { return ep_->rank(); }
+  int edp_rank() const { return edp_->rank(); }
+  // Whether experts are split otherwise than the dense layers (EP > 1 or ETP != TP): then their
+  // gradients, norms and optimizer shards use the expert groups.
+  bool experts_apart() const { return expert_grid_.ep > 1 || expert_grid_.etp != grid_.tp; }
+  ProcessGroup& ep_group() const { return *ep_; }
+  ProcessGroup& etp_group() const { return *etp_; }
+  ProcessGroup& tp_ep_group() const { return *tp_ep_; }
+  ProcessGroup& edp_group() const { return *edp_; }
+  // ETP x EP x PP: every copy of the experts of one expert-data-parallel replica (norms).
+  ProcessGroup& expert_model_parallel_group() const { return *emp_; }
+
   // One line for the startup log, e.g. "world 8 = tensor-model-parallel 2 x context-parallel 1
   // x data-parallel 2 x pipeline-model-parallel 2; rank 5: tp 1, cp 0, dp 0, pp 1".
   std::string str() const;
 
  private:
   ParallelGrid grid_;
+  ExpertGrid expert_grid_;
   std::shared_ptr<ProcessGroup> world_, tp_, pp_, dp_, cp_, dp_cp_, mp_, embedding_;
+  std::shared_ptr<ProcessGroup> ep_, etp_, tp_ep_, edp_, emp_;
 };
 
 }  // namespace megatron

@@ -32,6 +32,7 @@ struct ChunkPlacement {
   int pp_size = 1, pp_rank = 0;
   int virtual_stages = 1;          // chunks per pipeline rank (interleaved schedules)
   ContextParallelContext cp = {};  // --context-parallel-size (none by default)
+  ExpertParallelContext expert = {};  // MoE experts' split (default: EP 1, ETP = TP)
 };
 
 // What shapes a model besides its placement.

@@ -38,26 +38,30 @@ double grad_norm(ParamSet& params) {
   return std::sqrt(ops::sum_squares(params.grads()));
 }
 
-double grad_sum_squares_unique(ParamSet& params) {
+bool in_domain(const Param& p, ParamDomain only) {
+  return only == ParamDomain::kAll || p.expert_parallel == (only == ParamDomain::kExpert);
+}
+
+double grad_sum_squares_unique(ParamSet& params, ParamDomain only) {
   double sum = 0;
   for (Param* p : params.params()) {
-    if (!p->is_duplicate()) sum += ops::sum_squares(p->main_grad);
+    if (!p->is_duplicate() && in_domain(*p, only)) sum += ops::sum_squares(p->main_grad);
   }
   return sum;
 }
 
-int64_t grad_zeros_unique(ParamSet& params) {
+int64_t grad_zeros_unique(ParamSet& params, ParamDomain only) {
   int64_t zeros = 0;
   for (Param* p : params.params()) {
-    if (!p->is_duplicate()) zeros += ops::count_zeros(p->main_grad);
+    if (!p->is_duplicate() && in_domain(*p, only)) zeros += ops::count_zeros(p->main_grad);
   }
   return zeros;
 }
 
-double params_sum_squares_unique(ParamSet& params) {
+double params_sum_squares_unique(ParamSet& params, ParamDomain only) {
   double sum = 0;
   for (Param* p : params.params()) {
-    if (!p->is_duplicate()) sum += ops::sum_squares(p->main);
+    if (!p->is_duplicate() && in_domain(*p, only)) sum += ops::sum_squares(p->main);
   }
   return sum;
 }

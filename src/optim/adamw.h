@@ -60,13 +60,17 @@ double grad_norm(ParamSet& params);
 // This rank's share of the squared global gradient norm: the sum of squares of every gradient
 // except duplicates (Param::is_duplicate), so that summing it over the model-parallel group counts
 // each element of the model once (Megatron's get_grad_norm_fp32).
-double grad_sum_squares_unique(ParamSet& params);
+// `only`: all parameters, or only the dense or only the expert-parallel ones (their sums reduce
+// over different groups when experts are split over EP ranks).
+enum class ParamDomain : uint8_t { kAll, kDense, kExpert };
+bool in_domain(const Param& p, ParamDomain only);
+double grad_sum_squares_unique(ParamSet& params, ParamDomain only = ParamDomain::kAll);
 // The zero elements of those same gradients (Megatron's count_zeros_fp32 before its model-parallel
 // sum), for --log-num-zeros-in-grad.
-int64_t grad_zeros_unique(ParamSet& params);
+int64_t grad_zeros_unique(ParamSet& params, ParamDomain only = ParamDomain::kAll);
 // This rank's share of the squared norm of the fp32 main weights, each element of the model once
 // over the model-parallel group (Megatron's calc_params_l2_norm), for --log-params-norm.
-double params_sum_squares_unique(ParamSet& params);
+double params_sum_squares_unique(ParamSet& params, ParamDomain only = ParamDomain::kAll);
 // Megatron's clip_grad_norm factor: max_norm / (norm + 1e-6) when that is < 1, else 1 (also when
 // max_norm <= 0: no clipping). The trainer passes it to the optimizer's step, which applies it as
 // it reads each gradient.

@@ -57,7 +57,6 @@ void DistributedOptimizer::step(const StepRates& rates, double grad_scale) {
   }
   // Every rank gets every bucket's updated shards. All buckets in flight at once; each shard is
   // a view inside its bucket (the backend stages it, see ProcessGroup::all_gather).
-  ProcessGroup& dp = buckets_.dp_group();
   const auto n = static_cast<size_t>(buckets_.num_buckets());
   gathers_.resize(n);
   gather_views_.clear();  // the views live as long as their transfers
@@ -67,7 +66,9 @@ void DistributedOptimizer::step(const StepRates& rates, double grad_scale) {
     gather_views_.emplace_back(main.flat_view(b0, {b1 - b0}), main.flat_view(s0, {s1 - s0}));
   }
   for (size_t i = 0; i < n; ++i) {
-    gathers_[i] = dp.all_gather_async(gather_views_[i].first, gather_views_[i].second);
+    // Over the bucket's group: data parallel, or expert data parallel for expert buckets.
+    gathers_[i] = buckets_.group_of(static_cast<int64_t>(i))
+                      .all_gather_async(gather_views_[i].first, gather_views_[i].second);
   }
   pending_.assign(gathers_.size(), 1);
   if (!overlap_param_gather_) {
@@ -103,20 +104,20 @@ void DistributedOptimizer::finish_param_gather() const {
   for (int64_t i = 0; i < static_cast<int64_t>(gathers_.size()); ++i) complete_gather(i);
 }
 
-double DistributedOptimizer::grad_sum_squares_unique() const {
+double DistributedOptimizer::grad_sum_squares_unique(ParamDomain only) const {
   const Tensor& grads = params_.grads();
   double sum = 0;
   for (const Segment& s : segments_) {
-    if (!s.param->is_duplicate()) sum += ops::sum_squares(grads.flat_view(s.begin, {s.numel}));
+    if (!s.param->is_duplicate() && in_domain(*s.param, only)) sum += ops::sum_squares(grads.flat_view(s.begin, {s.numel}));
   }
   return sum;
 }
 
-int64_t DistributedOptimizer::grad_zeros_unique() const {
+int64_t DistributedOptimizer::grad_zeros_unique(ParamDomain only) const {
   const Tensor& grads = params_.grads();
   int64_t zeros = 0;
   for (const Segment& s : segments_) {
-    if (!s.param->is_duplicate()) zeros += ops::count_zeros(grads.flat_view(s.begin, {s.numel}));
+    if (!s.param->is_duplicate() && in_domain(*s.param, only)) zeros += ops::count_zeros(grads.flat_view(s.begin, {s.numel}));
   }
   return zeros;
 }

@@ -75,10 +75,10 @@ class DistributedOptimizer final : public ParamGate {
   double param_gather_wait_seconds() const { return gather_wait_seconds_; }
 
   // This rank's share of the squared global gradient norm (see the file comment), in double.
-  double grad_sum_squares_unique() const;
+  double grad_sum_squares_unique(ParamDomain only = ParamDomain::kAll) const;
   // The zero elements of the owned gradient shards, duplicates left out (summed over DP by the
   // caller, as the squares are).
-  int64_t grad_zeros_unique() const;
+  int64_t grad_zeros_unique(ParamDomain only = ParamDomain::kAll) const;
   // Scales the owned gradient shards (fp16 unscaling: factor 1 / loss scale).
   void scale_grads(double factor);
   // True when every owned gradient element is finite (the caller MAX-reduces the verdict over

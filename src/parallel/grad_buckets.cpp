@@ -12,13 +12,16 @@ int64_t default_ddp_bucket_size(int dp_size) {
   return std::max<int64_t>(40000000, 1000000 * static_cast<int64_t>(dp_size));
 }
 
-BucketLayout distributed_bucket_layout(int64_t bucket_size, int dp_size) {
-  MEGATRON_CHECK(dp_size >= 1, "data-parallel size must be >= 1, got ", dp_size);
-  return BucketLayout{bucket_size, std::lcm(int64_t{16} * dp_size, int64_t{128})};
+BucketLayout distributed_bucket_layout(int64_t bucket_size, int dp_size, int expert_dp_size) {
+  MEGATRON_CHECK(dp_size >= 1 && expert_dp_size >= 1, "data-parallel sizes must be >= 1, got ",
+                 dp_size, " and ", expert_dp_size);
+  return BucketLayout{bucket_size,
+                      std::lcm(std::lcm(int64_t{16} * dp_size, int64_t{16} * expert_dp_size),
+                               int64_t{128})};
 }
 
 GradBuckets::GradBuckets(ParamSet& params, ProcessGroup& dp, int64_t bucket_size, bool overlap,
-                         GradReduce reduce)
+                         GradReduce reduce, ExpertReduction expert)
     : params_(params), dp_(dp), overlap_(overlap), reduce_(reduce) {
   // Parameters in buffer order (ascending offset).
   std::vector<const Param*> order(params.params().begin(), params.params().end());
@@ -39,11 +42,13 @@ GradBuckets::GradBuckets(ParamSet& params, ProcessGroup& dp, int64_t bucket_size
         "the ParamSet was laid out for buckets of ", layout.bucket_size,
         " elements, the gradient buckets were given ", bucket_size,
         "; pass the same bucket size to both");
-    MEGATRON_CHECK(layout.pad_multiple % dp.size() == 0, "the ParamSet's buckets are padded to ",
-                   "a multiple of ", layout.pad_multiple,
+    const int group_size = expert.group ? expert.group->size() : 1;
+    MEGATRON_CHECK(layout.pad_multiple % dp.size() == 0 && layout.pad_multiple % group_size == 0,
+                   "the ParamSet's buckets are padded to a multiple of ", layout.pad_multiple,
                    " elements, which the data-parallel size ", dp.size(),
-                   " does not divide; lay it out with distributed_bucket_layout(", bucket_size,
-                   ", ", dp.size(), ")");
+                   " (or the expert-data-parallel size ", group_size,
+                   ") does not divide; lay it out with distributed_bucket_layout(", bucket_size,
+                   ", ", dp.size(), ", ", group_size, ")");
     for (const auto& [begin, end] : params.bucket_ranges()) {
       Bucket b;
       b.begin = begin;
@@ -65,7 +70,10 @@ GradBuckets::GradBuckets(ParamSet& params, ProcessGroup& dp, int64_t bucket_size
       // A parameter's share of the buffer runs to the next one's offset (alignment padding
       // included), so the buckets tile the whole buffer.
       cur.end = k + 1 < idx.size() ? offset[idx[k + 1]] : total;
-      if ((bucket_size > 0 && cur.end - cur.begin >= bucket_size) || k + 1 == idx.size()) {
+      const bool domain_ends = k + 1 < idx.size() && order[idx[k]]->expert_parallel !=
+                                                         order[idx[k + 1]]->expert_parallel;
+      if ((bucket_size > 0 && cur.end - cur.begin >= bucket_size) || domain_ends ||
+          k + 1 == idx.size()) {
         const int64_t next = cur.end;
         buckets_.push_back(std::move(cur));
         cur = Bucket{};
@@ -73,14 +81,26 @@ GradBuckets::GradBuckets(ParamSet& params, ProcessGroup& dp, int64_t bucket_size
       }
     }
   }
+  // Each bucket's group: an expert bucket (all its parameters expert-parallel; the layouts never
+  // mix the two) reduces over the expert group when one is given.
+  std::vector<bool> expert_bucket(buckets_.size(), true);
+  for (const auto& [p, i] : bucket_of_)
+    if (!p->expert_parallel) expert_bucket[static_cast<size_t>(i)] = false;
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    Bucket& b = buckets_[i];
+    const bool ex = expert.group && expert_bucket[i] && b.num_params > 0;
+    b.group = ex ? expert.group : &dp;
+    b.scale = ex ? expert.scale : 1.0 / static_cast<double>(dp.size());
+  }
   for (Bucket& b : buckets_) {
     b.shard_begin = b.begin;
     b.shard_end = b.end;
     if (reduce == GradReduce::kReduceScatter) {
-      const int64_t n = (b.end - b.begin) / dp.size();
-      MEGATRON_ASSERT(n * dp.size() == b.end - b.begin, "bucket [", b.begin, ", ", b.end,
-                      ") does not split into ", dp.size(), " shards");
-      b.shard_begin = b.begin + dp.rank() * n;
+      ProcessGroup& g = *b.group;
+      const int64_t n = (b.end - b.begin) / g.size();
+      MEGATRON_ASSERT(n * g.size() == b.end - b.begin, "bucket [", b.begin, ", ", b.end,
+                      ") does not split into ", g.size(), " shards");
+      b.shard_begin = b.begin + g.rank() * n;
       b.shard_end = b.shard_begin + n;
     }
     b.view = params.grads().flat_view(b.begin, Shape{b.end - b.begin});
@@ -100,20 +120,22 @@ void GradBuckets::reset() {
 void GradBuckets::launch(Bucket& b) {
   if (b.launched) return;
   b.launched = true;
-  if (dp_.size() == 1) return;
-  if (average_) ops::scale_inplace(b.view, 1.0 / static_cast<double>(dp_.size()));
+  ProcessGroup& g = *b.group;
+  // An expert bucket's scale is not 1 / |group| (ExpertReduction): applied even alone.
+  if (average_ && b.scale != 1.0) ops::scale_inplace(b.view, b.scale);
+  if (g.size() == 1) return;
   if (reduce_in_bf16_) {
     b.low = b.view.to(DType::kBF16);
     if (reduce_ == GradReduce::kReduceScatter) {
       b.low_shard = Tensor::empty(b.shard.shape(), DType::kBF16);
-      b.work = dp_.reduce_scatter_async(b.low_shard, b.low);
+      b.work = g.reduce_scatter_async(b.low_shard, b.low);
     } else {
-      b.work = dp_.all_reduce_async(b.low);
+      b.work = g.all_reduce_async(b.low);
     }
   } else if (reduce_ == GradReduce::kReduceScatter) {
-    b.work = dp_.reduce_scatter_async(b.shard, b.view);
+    b.work = g.reduce_scatter_async(b.shard, b.view);
   } else {
-    b.work = dp_.all_reduce_async(b.view);
+    b.work = g.all_reduce_async(b.view);
   }
 }
 

@@ -50,13 +50,23 @@ enum class GradReduce : uint8_t {
   kReduceScatter,  // DP rank d gets the mean of shard d of every bucket (distributed optimizer)
 };
 
+// MoE experts split over EP ranks (or with ETP != TP): the expert-parallel parameters' buckets
+// reduce over the expert-data-parallel group instead, pre-scaled by `scale` = 1 / (dp x cp)
+// rather than 1 / |group| (Megatron's expert buffers: an expert on one EP rank already summed the
+// tokens of its EP peers' samples, so the sum over its replicas divided by dp x cp is the mean
+// over every sample). A null group: experts reduce like dense parameters.
+struct ExpertReduction {
+  ProcessGroup* group = nullptr;
+  double scale = 1.0;
+};
+
 class GradBuckets {
  public:
   // bucket_size: elements per bucket at least (the last bucket takes the rest); <= 0: one
   // bucket. kReduceScatter takes the buckets of a bucketed ParamSet, laid out with this
   // bucket_size and a padding that dp divides. params and dp must outlive this object.
   GradBuckets(ParamSet& params, ProcessGroup& dp, int64_t bucket_size, bool overlap,
-              GradReduce reduce = GradReduce::kAllReduce);
+              GradReduce reduce = GradReduce::kAllReduce, ExpertReduction expert = {});
 
   // --grad-reduce-in-bf16: each bucket is rounded to bf16 before its reduction and the reduced
   // values are bf16 (widened back into the fp32 buffer by finish()). Through ProcessGroup the sum
@@ -89,6 +99,9 @@ class GradBuckets {
     return {buckets_[i].shard_begin, buckets_[i].shard_end};
   }
   GradReduce reduce() const { return reduce_; }
+  // The group bucket i reduces over (data parallel, or expert data parallel for an expert bucket
+  // under ExpertReduction), whose ranks own its shards in kReduceScatter.
+  ProcessGroup& group_of(int64_t i) const { return *buckets_[i].group; }
   ParamSet& params() const { return params_; }
   ProcessGroup& dp_group() const { return dp_; }
 
@@ -98,6 +111,8 @@ class GradBuckets {
     int64_t shard_begin = 0, shard_end = 0;  // this rank's part of it (see shard_range)
     int num_params = 0, ready = 0;
     bool launched = false;
+    ProcessGroup* group = nullptr;  // where it is reduced
+    double scale = 1.0;             // applied before the sum when averaging
     Tensor view, shard;     // the ranges, as tensors
     Tensor low, low_shard;  // bf16 copies in flight with --grad-reduce-in-bf16
     Work work;
@@ -120,6 +135,8 @@ int64_t default_ddp_bucket_size(int dp_size);
 
 // The ParamSet layout that kReduceScatter needs for a data-parallel group of dp_size: buckets of
 // bucket_size, each padded to a multiple of lcm(16 dp_size, 128) elements.
-BucketLayout distributed_bucket_layout(int64_t bucket_size, int dp_size);
+// expert_dp_size: the expert-data-parallel size when experts reduce over their own group
+// (ExpertReduction), which the padding must divide too.
+BucketLayout distributed_bucket_layout(int64_t bucket_size, int dp_size, int expert_dp_size = 1);
 
 }  // namespace megatron

@@ -53,6 +53,10 @@ struct Param {
   // is summed with the first stage's over the embedding group, and it is counted once in the
   // gradient norm (on the first stage).
   bool shared_embedding = false;
+  // An MoE expert's weight (Megatron's allreduce=False): held by one expert-parallel rank and
+  // replicated only over the expert-data-parallel group, where its gradient is reduced. Buckets
+  // never mix expert and dense parameters (ParamSet, GradBuckets).
+  bool expert_parallel = false;
 
   Tensor value;      // compute weights (f32 or bf16), view into ParamSet::compute()
   Tensor main;       // fp32 main weights, view into ParamSet::main()
@@ -81,8 +85,9 @@ struct Param {
 // GradBuckets' rule). A parameter with is_embedding_or_output has a bucket of its own, so that the
 // first and the last pipeline stage's copies of the tied embeddings sit at the same place of
 // equally padded buckets and their shards hold the same elements: the embedding group's sum of
-// the two copies then works on reduce-scattered shards (Megatron does the same).
-// Only the gaps between parameters change; every Param stays contiguous and 16-aligned.
+// the two copies then works on reduce-scattered shards (Megatron does the same). A bucket also
+// closes where the parameters change from dense to expert-parallel or back: the two kinds reduce
+// over different groups. Only the gaps between parameters change; every Param stays contiguous and 16-aligned.
 struct BucketLayout {
   int64_t bucket_size = 0;    // elements per bucket at least (the last takes the rest); <= 0: one
   int64_t pad_multiple = 16;  // every bucket's length is a multiple of this; a multiple of 16

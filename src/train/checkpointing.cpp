@@ -114,8 +114,8 @@ namespace {
 template <typename Fn>
 void for_each_box(const CheckpointTarget& t, bool optim, bool writes_only, Fn&& fn) {
   ParamSet& ps = *t.params;
-  const bool weights = !writes_only || t.dp_rank == 0;
   for (const Param* p : ps.params()) {
+    const bool weights = !writes_only || (p->expert_parallel ? t.expert_dp_rank : t.dp_rank) == 0;
     if (!weights || (writes_only && p->is_duplicate())) continue;
     const int64_t at = ps.offset_of(*p);
     for (const cp::Piece& piece : cp::shard_pieces(*p, 0, p->shape.numel())) {

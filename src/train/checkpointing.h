@@ -67,6 +67,9 @@ struct CheckpointTarget {
   AdamW* optimizer = nullptr;  // the plain optimizer, or
   DistributedOptimizer* dist_optimizer = nullptr;
   int64_t dp_rank = 0;
+  // The expert-data-parallel rank: expert-parallel Params are written by its rank 0 (= dp_rank
+  // when the experts are split like the dense layers).
+  int64_t expert_dp_rank = 0;
 };
 
 // This rank's boxes (see the file comment); optim adds the moments. copy: host copies that stay

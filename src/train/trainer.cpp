@@ -186,7 +186,8 @@ void Trainer::build_model() {
                                                .pp_size = pp,
                                                .pp_rank = ps.pp_rank(),
                                                .virtual_stages = virtual_stages_,
-                                               .cp = context_parallel()});
+                                               .cp = context_parallel(),
+                                               .expert = expert_parallel()});
   std::vector<Param*> all;
   for (const auto& chunk : chunks_) {
     for (Param* p : chunk->parameters()) all.push_back(p);
@@ -209,9 +210,11 @@ void Trainer::build_model() {
   // optimizer pads each bucket to split evenly into data-parallel shards.
   const int64_t bucket = bucket_size();
   const bool distributed = args_.use_distributed_optimizer;
+  const int expert_dp = ps.experts_apart() ? ps.edp_size() : 1;
   params_ = distributed ? std::make_unique<ParamSet>(
                               all, cfg_.compute_dtype,
-                              distributed_bucket_layout(bucket, static_cast<int>(grad_size_)))
+                              distributed_bucket_layout(bucket, static_cast<int>(grad_size_),
+                                                        expert_dp))
                         : std::make_unique<ParamSet>(all, cfg_.compute_dtype);
   if (!args_.pretrained_checkpoint.empty()) {
     spec_->hf.load(args_.pretrained_checkpoint, *chunks_.front(), *params_);
@@ -297,9 +300,13 @@ int64_t Trainer::bucket_size() const {
 void Trainer::build_optimizer() {
   const ParallelState& ps = *parallel_;
   const bool distributed = args_.use_distributed_optimizer;
+  // Experts split over EP (or ETP != TP) reduce over the expert-data-parallel group, scaled by
+  // 1 / (dp x cp) (GradBuckets' ExpertReduction); otherwise they are dense parameters here.
+  ExpertReduction expert;
+  if (ps.experts_apart()) expert = {&ps.edp_group(), 1.0 / static_cast<double>(grad_size_)};
   grad_buckets_ = std::make_unique<GradBuckets>(
       *params_, ps.dp_cp_group(), bucket_size(), args_.overlap_grad_reduce,
-      distributed ? GradReduce::kReduceScatter : GradReduce::kAllReduce);
+      distributed ? GradReduce::kReduceScatter : GradReduce::kAllReduce, expert);
   grad_buckets_->set_reduce_in_bf16(args_.grad_reduce_in_bf16);
   grad_buckets_->set_average(!args_.calculate_per_token_loss);
   executor_ = std::make_unique<PipelineExecutor>(ps.pp_group(), virtual_stages_);
@@ -380,7 +387,8 @@ void Trainer::build_checkpointing() {
   if (!args_.save.empty()) {
     checkpointer_ = std::make_unique<Checkpointer>(
         parallel_, args_,
-        CheckpointTarget{params_.get(), optimizer_.get(), dist_optimizer_.get(), grad_rank_},
+        CheckpointTarget{params_.get(), optimizer_.get(), dist_optimizer_.get(), grad_rank_,
+                         parallel_->experts_apart() ? parallel_->edp_rank() : grad_rank_},
         fault_);
     if (args_.log_progress && first_rank_) {
       progress_ = std::make_unique<ProgressLog>(args_.save, parallel_->world_size());
@@ -526,6 +534,14 @@ void Trainer::divide_by_global_tokens(const LossTerms& terms) {
   }
 }
 
+ExpertParallelContext Trainer::expert_parallel() const {
+  const ParallelState& ps = *parallel_;
+  return ExpertParallelContext{.tp_ep = &ps.tp_ep_group(),
+                               .etp = &ps.etp_group(),
+                               .ep_rank = ps.ep_rank(),
+                               .ep_size = ps.ep_size()};
+}
+
 void Trainer::add_moe_terms(LossTerms* terms) {
   if (!moe_tracker_) return;
   // Megatron's track_moe_metrics: each layer's value summed over the step's micro-batches (the
@@ -613,10 +629,25 @@ void Trainer::complete_param_gather() const {
 
 double Trainer::params_norm() const {
   complete_param_gather();
-  Tensor sq = Tensor::empty({1}, DType::kF64);
-  sq.data<double>()[0] = params_sum_squares_unique(*params_);
-  parallel_->model_parallel_group().all_reduce(sq);
-  return std::sqrt(sq.data<double>()[0]);
+  // Every rank holds whole main weights: no data-parallel sum (sharded = false).
+  if (!parallel_->experts_apart())
+    return std::sqrt(sum_over_model(params_sum_squares_unique(*params_), 0.0, false));
+  return std::sqrt(sum_over_model(params_sum_squares_unique(*params_, ParamDomain::kDense),
+                                  params_sum_squares_unique(*params_, ParamDomain::kExpert),
+                                  false));
+}
+
+double Trainer::sum_over_model(double dense, double expert, bool sharded) const {
+  const ParallelState& ps = *parallel_;
+  sharded = sharded && dist_optimizer_ != nullptr;
+  Tensor d = Tensor::full({1}, dense, DType::kF64);
+  if (sharded) ps.dp_cp_group().all_reduce(d);
+  ps.model_parallel_group().all_reduce(d);
+  if (!ps.experts_apart()) return d.data<double>()[0];
+  Tensor e = Tensor::full({1}, expert, DType::kF64);
+  if (sharded) ps.edp_group().all_reduce(e);
+  ps.expert_model_parallel_group().all_reduce(e);
+  return d.data<double>()[0] + e.data<double>()[0];
 }
 
 double Trainer::comm_seconds() const {
@@ -744,15 +775,15 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, const BatchSchedule::
   // Each element once over the model-parallel group (replicas of a TP-replicated parameter and
   // the last stage's copy of the tied embeddings are left out); with the distributed optimizer
   // each data-parallel rank holds only its shards, so their sums are added over DP first.
-  Tensor sq = Tensor::empty({1}, DType::kF64);
-  if (dist_optimizer_) {
-    sq.data<double>()[0] = dist_optimizer_->grad_sum_squares_unique();
-    parallel_->dp_cp_group().all_reduce(sq);
-  } else {
-    sq.data<double>()[0] = grad_sum_squares_unique(*params_);
-  }
-  parallel_->model_parallel_group().all_reduce(sq);
-  r.grad_norm = std::sqrt(sq.data<double>()[0]);
+  // Experts split over EP ranks are summed over their own groups (sum_over_model).
+  auto grad_squares = [&](ParamDomain d) {
+    return dist_optimizer_ ? dist_optimizer_->grad_sum_squares_unique(d)
+                           : grad_sum_squares_unique(*params_, d);
+  };
+  r.grad_norm = std::sqrt(parallel_->experts_apart()
+                              ? sum_over_model(grad_squares(ParamDomain::kDense),
+                                               grad_squares(ParamDomain::kExpert))
+                              : sum_over_model(grad_squares(ParamDomain::kAll), 0.0));
   if (args_.check_for_nan_in_loss_and_grad) {
     if (!std::isfinite(r.grad_norm)) {
       throw std::runtime_error(
@@ -764,15 +795,15 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, const BatchSchedule::
   if (args_.log_num_zeros_in_grad) {
     // Counted as the norm is: each element once over the model-parallel group (the distributed
     // optimizer's shards summed over DP first). Clipping scales, it keeps zeros zero.
-    Tensor zeros = Tensor::empty({1}, DType::kI64);
-    if (dist_optimizer_) {
-      zeros.data<int64_t>()[0] = dist_optimizer_->grad_zeros_unique();
-      parallel_->dp_cp_group().all_reduce(zeros);
-    } else {
-      zeros.data<int64_t>()[0] = grad_zeros_unique(*params_);
-    }
-    parallel_->model_parallel_group().all_reduce(zeros);
-    r.num_zeros = zeros.data<int64_t>()[0];
+    // (Counts below 2^53 add exactly in double.)
+    auto zeros = [&](ParamDomain d) {
+      return static_cast<double>(dist_optimizer_ ? dist_optimizer_->grad_zeros_unique(d)
+                                                 : grad_zeros_unique(*params_, d));
+    };
+    r.num_zeros = static_cast<int64_t>(
+        parallel_->experts_apart()
+            ? sum_over_model(zeros(ParamDomain::kDense), zeros(ParamDomain::kExpert))
+            : sum_over_model(zeros(ParamDomain::kAll), 0.0));
   }
   // Clipping rides along with the update (one pass over the gradients instead of two).
   const double clip = clip_coefficient(args_.clip_grad, r.grad_norm);
@@ -919,7 +950,8 @@ void Trainer::load_checkpoint() {
     }
     load_shards(
         reader,
-        CheckpointTarget{params_.get(), optimizer_.get(), dist_optimizer_.get(), grad_rank_},
+        CheckpointTarget{params_.get(), optimizer_.get(), dist_optimizer_.get(), grad_rank_,
+                         parallel_->experts_apart() ? parallel_->edp_rank() : grad_rank_},
         optim);
     bytes_read = reader.bytes_read();
     RunState state = run_state_from_json(meta, meta_path);

@@ -87,6 +87,8 @@ class Trainer {
   // This rank's context-parallel group and comm types (none at --context-parallel-size 1),
   // built once (a2a+p2p splits the CP group into its inner and outer groups: collective).
   ContextParallelContext context_parallel() const;
+  // The MoE layers' expert groups (EP, ETP and their product, from the expert grid).
+  ExpertParallelContext expert_parallel() const;
   void build_context_parallel();
   // The step's exposed context-parallel communication into the timing report (cp > 1).
   void add_cp_time(double cp_busy_at_start);
@@ -120,6 +122,11 @@ class Trainer {
   // --log-params-norm: the L2 norm of the fp32 main weights, each element of the model once
   // (every rank holds whole main weights after a step). Collective over the model-parallel group.
   double params_norm() const;
+  // A per-rank sum (squares, zeros) over every element of the model once: the dense part over the
+  // model-parallel group, the expert part (experts_apart) over the expert model-parallel group;
+  // with the distributed optimizer and sharded (gradients), first over the (expert) data-parallel
+  // group that shares the shards. Collective over the world.
+  double sum_over_model(double dense, double expert, bool sharded = true) const;
   // --overlap-param-gather: completes the weights' gathers in flight (before anything but the
   // next forward reads them).
   void complete_param_gather() const;

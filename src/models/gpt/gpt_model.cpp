@@ -10,7 +10,7 @@ GPTModel::GPTModel(const TransformerConfig& cfg, GPTStage stage)
     : cfg_(cfg), stage_(std::move(stage)) {
   if (!stage_.tp) stage_.tp = make_self_process_group();
   if (stage_.num_layers < 0) stage_.num_layers = cfg_.num_layers - stage_.first_layer;
-  tp_ = TensorParallelContext{stage_.tp.get(), stage_.sequence_parallel, stage_.cp};
+  tp_ = TensorParallelContext{stage_.tp.get(), stage_.sequence_parallel, stage_.cp, stage_.expert};
   vocab_shard(cfg_, tp_);  // every stage refuses a vocabulary the TP size does not divide
   if (stage_.pre_process) embedding = std::make_unique<LanguageEmbedding>(cfg_, tp_);
   decoder = std::make_unique<TransformerBlock>("decoder", cfg_, tp_, stage_.first_layer,
@@ -19,8 +19,10 @@ GPTModel::GPTModel(const TransformerConfig& cfg, GPTStage stage)
     head = std::make_unique<LMHead>(cfg_, tp_, embedding ? &embedding->word_embeddings : nullptr);
   }
   // Every parameter knows its TP coordinates, replicated ones too: the gradient norm counts a
-  // replicated parameter on TP rank 0 only.
+  // replicated parameter on TP rank 0 only. Experts keep theirs: they are split over the expert
+  // tensor-parallel group, not the dense TP group.
   for (Param* p : parameters()) {
+    if (p->expert_parallel) continue;
     p->tp_rank = tp_.rank();
     p->tp_size = tp_.size();
   }

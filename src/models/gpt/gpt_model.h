@@ -39,6 +39,7 @@ struct GPTStage {
   bool pre_process = true;           // holds the embeddings (first pipeline stage)
   bool post_process = true;          // holds final norm, output layer, loss (last stage)
   ContextParallelContext cp = {};    // --context-parallel-size: this rank's sequence chunks
+  ExpertParallelContext expert = {};  // MoE layers' expert split (default: EP 1, ETP = TP)
 };
 
 // What a stage reads of the micro-batch: tokens and positions on the first stage, labels on the

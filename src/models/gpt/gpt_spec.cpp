@@ -27,7 +27,8 @@ std::vector<std::unique_ptr<ModelChunk>> build_chunks(const ModelOptions& o,
                          .num_layers = per_stage,
                          .pre_process = g == 0,
                          .post_process = g == stages - 1,
-                         .cp = p.cp};
+                         .cp = p.cp,
+                         .expert = p.expert};
     chunks.push_back(std::make_unique<GPTChunk>(o.config, stage, o.reset_attention_mask));
   }
   return chunks;

@@ -10,6 +10,7 @@ namespace megatron {
 namespace {
 
 void mark_etp(Param& p, ProcessGroup& etp, int dim, int stride) {
+  p.expert_parallel = true;
   p.tp_partition_dim = dim;
   p.tp_partition_stride = stride;
   p.tp_rank = etp.rank();
