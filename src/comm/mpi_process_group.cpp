@@ -309,6 +309,51 @@ Work MpiProcessGroup::do_all_to_all(Tensor& out, const Tensor& in, bool async) {
   return Work(std::move(work));
 }
 
+Work MpiProcessGroup::do_all_to_all_v(Tensor& out, const Tensor& in,
+                                      const std::vector<int64_t>& send,
+                                      const std::vector<int64_t>& recv) {
+  MPI_Datatype type = mpi_type(in.dtype());
+  const int n = size();
+  std::vector<int> sc(n), rc(n), sd(n), rd(n);
+  int64_t s_at = 0, r_at = 0;
+  for (int i = 0; i < n; ++i) {
+    sc[i] = checked_count(send[i], "all_to_all_v");
+    rc[i] = checked_count(recv[i], "all_to_all_v");
+    sd[i] = checked_count(s_at, "all_to_all_v");
+    rd[i] = checked_count(r_at, "all_to_all_v");
+    s_at += send[i];
+    r_at += recv[i];
+  }
+  // An empty tensor may have no storage: MPI takes any address for zero counts.
+  static char empty;
+  void* sbuf = in.numel() > 0 ? const_cast<void*>(in.raw()) : &empty;
+  void* rbuf = out.numel() > 0 ? out.raw() : &empty;
+  check_mpi(MPI_Alltoallv(sbuf, sc.data(), sd.data(), type, rbuf, rc.data(), rd.data(), type,
+                          comm_),
+            "MPI_Alltoallv");
+  return Work();
+}
+
+Work MpiProcessGroup::do_all_gather_v(Tensor& out, const Tensor& in,
+                                      const std::vector<int64_t>& counts) {
+  MPI_Datatype type = mpi_type(in.dtype());
+  const int n = size();
+  std::vector<int> rc(n), rd(n);
+  int64_t at = 0;
+  for (int i = 0; i < n; ++i) {
+    rc[i] = checked_count(counts[i], "all_gather_v");
+    rd[i] = checked_count(at, "all_gather_v");
+    at += counts[i];
+  }
+  static char empty;
+  Tensor source = overlaps(out, in) ? in.clone() : in;
+  void* sbuf = source.numel() > 0 ? source.raw() : &empty;
+  void* rbuf = out.numel() > 0 ? out.raw() : &empty;
+  check_mpi(MPI_Allgatherv(sbuf, rc[rank()], type, rbuf, rc.data(), rd.data(), type, comm_),
+            "MPI_Allgatherv");
+  return Work();
+}
+
 Work MpiProcessGroup::do_send(const Tensor& t, int dst, int tag, bool async) {
   MEGATRON_CHECK(tag <= tag_ub_, "send: tag ", tag, " exceeds MPI's limit ", tag_ub_);
   MPI_Datatype type = mpi_type(t.dtype());

@@ -193,6 +193,53 @@ Work ProcessGroup::all_to_all_impl(Tensor& out, const Tensor& in, bool async) {
   return do_all_to_all(out, in, async);
 }
 
+void ProcessGroup::all_to_all_v(Tensor& out, const Tensor& in,
+                                const std::vector<int64_t>& send_counts,
+                                const std::vector<int64_t>& recv_counts) {
+  const Timer timer;
+  check_same_dtype("all_to_all_v", out, in);
+  MEGATRON_CHECK(static_cast<int>(send_counts.size()) == size() &&
+                     static_cast<int>(recv_counts.size()) == size(),
+                 "all_to_all_v: ", send_counts.size(), " send and ", recv_counts.size(),
+                 " receive counts for a group of ", size());
+  int64_t ns = 0, nr = 0;
+  for (int i = 0; i < size(); ++i) {
+    MEGATRON_CHECK(send_counts[i] >= 0 && recv_counts[i] >= 0, "all_to_all_v: negative count");
+    ns += send_counts[i];
+    nr += recv_counts[i];
+  }
+  MEGATRON_CHECK(ns == in.numel() && nr == out.numel(), "all_to_all_v: counts sum to ", ns,
+                 " sent and ", nr, " received, the tensors hold ", in.numel(), " and ",
+                 out.numel());
+  if (size() == 1) {
+    copy_if_distinct(out, in);
+  } else {
+    // Every member takes part even with nothing to move: the exchange is collective.
+    const Tensor source = in.defined() && out.defined() && in.raw() == out.raw() ? in.clone() : in;
+    do_all_to_all_v(out, source, send_counts, recv_counts).wait();
+  }
+  *busy_ += timer.elapsed();
+}
+
+void ProcessGroup::all_gather_v(Tensor& out, const Tensor& in,
+                                const std::vector<int64_t>& counts) {
+  const Timer timer;
+  check_same_dtype("all_gather_v", out, in);
+  MEGATRON_CHECK(static_cast<int>(counts.size()) == size(), "all_gather_v: ", counts.size(),
+                 " counts for a group of ", size());
+  int64_t n = 0;
+  for (int64_t c : counts) n += c;
+  MEGATRON_CHECK(n == out.numel() && counts[rank()] == in.numel(), "all_gather_v: counts sum to ",
+                 n, " with ", counts[rank()], " from this rank; the tensors hold ", out.numel(),
+                 " and ", in.numel());
+  if (size() == 1) {
+    copy_if_distinct(out, in);
+  } else {
+    do_all_gather_v(out, in, counts).wait();
+  }
+  *busy_ += timer.elapsed();
+}
+
 Work ProcessGroup::send_impl(const Tensor& t, int dst, int tag, bool async) {
   check_defined("send", t);
   MEGATRON_CHECK(0 <= dst && dst < size() && dst != rank(), "send: destination ", dst,
@@ -322,6 +369,13 @@ class SelfProcessGroup final : public ProcessGroup {
   Work do_all_gather(Tensor&, const Tensor&, bool) override { return unreachable("all_gather"); }
   Work do_broadcast(Tensor&, int, bool) override { return unreachable("broadcast"); }
   Work do_all_to_all(Tensor&, const Tensor&, bool) override { return unreachable("all_to_all"); }
+  Work do_all_to_all_v(Tensor&, const Tensor&, const std::vector<int64_t>&,
+                       const std::vector<int64_t>&) override {
+    return unreachable("all_to_all_v");
+  }
+  Work do_all_gather_v(Tensor&, const Tensor&, const std::vector<int64_t>&) override {
+    return unreachable("all_gather_v");
+  }
   Work do_send(const Tensor&, int, int, bool) override { return unreachable("send"); }
   Work do_recv(Tensor&, int, int, bool) override { return unreachable("recv"); }
   Work do_barrier(bool) override { return Work(); }

@@ -11,6 +11,13 @@
 //   broadcast(t, root)       t = t of `root` on every rank
 //   all_to_all(out, in)      in and out: size chunks of n elements; chunk j of in goes to rank j,
 //                            chunk i of out comes from rank i
+//   all_to_all_v(out, in, send_counts, recv_counts)
+//                            the same with chunks of their own sizes (counts in elements, one
+//                            per rank, in rank order; recv_counts[i] = rank i's send_counts[me]):
+//                            MPI_Alltoallv, the MoE token exchange
+//   all_gather_v(out, in, counts)
+//                            out = concat(in of every rank), rank i contributing counts[i]
+//                            elements (MPI_Allgatherv)
 //   send(t, dst) / recv(t, src)  one tensor between two ranks; recv's tensor has the sent numel
 //   barrier()
 //
@@ -93,6 +100,9 @@ class ProcessGroup {
   void all_gather(Tensor& out, const Tensor& in);
   void broadcast(Tensor& t, int root);
   void all_to_all(Tensor& out, const Tensor& in);
+  void all_to_all_v(Tensor& out, const Tensor& in, const std::vector<int64_t>& send_counts,
+                    const std::vector<int64_t>& recv_counts);
+  void all_gather_v(Tensor& out, const Tensor& in, const std::vector<int64_t>& counts);
   void send(const Tensor& t, int dst, int tag = 0);
   void recv(Tensor& t, int src, int tag = 0);
   void barrier();
@@ -133,6 +143,11 @@ class ProcessGroup {
   virtual Work do_all_gather(Tensor& out, const Tensor& in, bool async) = 0;
   virtual Work do_broadcast(Tensor& t, int root, bool async) = 0;
   virtual Work do_all_to_all(Tensor& out, const Tensor& in, bool async) = 0;
+  // Counts checked against the tensors; in and out distinct buffers.
+  virtual Work do_all_to_all_v(Tensor& out, const Tensor& in, const std::vector<int64_t>& send,
+                               const std::vector<int64_t>& recv) = 0;
+  virtual Work do_all_gather_v(Tensor& out, const Tensor& in,
+                               const std::vector<int64_t>& counts) = 0;
   virtual Work do_send(const Tensor& t, int dst, int tag, bool async) = 0;
   virtual Work do_recv(Tensor& t, int src, int tag, bool async) = 0;
   virtual Work do_barrier(bool async) = 0;

@@ -538,6 +538,7 @@ ExpertParallelContext Trainer::expert_parallel() const {
   const ParallelState& ps = *parallel_;
   return ExpertParallelContext{.tp_ep = &ps.tp_ep_group(),
                                .etp = &ps.etp_group(),
+                               .ep = &ps.ep_group(),
                                .ep_rank = ps.ep_rank(),
                                .ep_size = ps.ep_size()};
 }

@@ -18,6 +18,7 @@ namespace megatron {
 struct ExpertParallelContext {
   ProcessGroup* tp_ep = nullptr;  // ETP x EP: the dispatcher's group
   ProcessGroup* etp = nullptr;    // expert tensor parallel
+  ProcessGroup* ep = nullptr;     // expert model parallel (null: EP 1)
   int ep_rank = 0, ep_size = 1;
 };
 

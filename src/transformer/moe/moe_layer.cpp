@@ -62,6 +62,45 @@ MoELayer::MoELayer(const std::string& name, const TransformerConfig& cfg, int64_
       tp_(tp.with_default_experts()) {
   if (cfg.moe.shared_expert_intermediate_size > 0)
     shared_experts = std::make_unique<MLP>(name + ".shared_experts", shared_cfg_, tp);
+  if (!tp_.expert.ep) {
+    self_ = make_self_process_group();
+    tp_.expert.ep = self_.get();
+  }
+}
+
+Tensor MoELayer::forward_alltoall(const Tensor& flat, Ctx& ctx) const {
+  const int64_t E = cfg_.moe.num_experts;
+  const moe::Routing& r = ctx.router.routing;
+  ctx.plan = AllToAllPlan(r.map, ctx.tokens, E, experts.first_expert(), experts.num_local(),
+                          *tp_.expert.ep, *tp_.expert.etp);
+  const AllToAllPlan& plan = ctx.plan;
+  const auto A = static_cast<int64_t>(plan.send_tokens().size());
+  Tensor probs = Tensor::empty({A, 1}, DType::kF64);
+  for (int64_t a = 0; a < A; ++a)
+    probs.data<double>()[a] = r.probs[plan.send_tokens()[a] * E + plan.send_experts()[a]];
+  const Tensor p = plan.to_experts(probs);
+  const std::vector<double> p_perm(p.data<double>(), p.data<double>() + p.numel());
+  const Tensor x_perm = plan.to_experts(gather_rows(flat, plan.send_index()));
+  const Tensor y_perm = experts.forward(x_perm, plan.counts(), p_perm, ctx.experts);
+  return scatter_add_rows(plan.from_experts(y_perm), plan.send_index(), ctx.tokens);
+}
+
+Tensor MoELayer::backward_alltoall(const Tensor& dflat, Ctx& ctx) const {
+  const int64_t E = cfg_.moe.num_experts;
+  const AllToAllPlan& plan = ctx.plan;
+  std::vector<double> dprobs_perm;
+  const Tensor dx_perm = experts.backward(plan.to_experts(gather_rows(dflat, plan.send_index())),
+                                          ctx.experts, &dprobs_perm);
+  Tensor dp = Tensor::empty({static_cast<int64_t>(dprobs_perm.size()), 1}, DType::kF64);
+  std::copy(dprobs_perm.begin(), dprobs_perm.end(), dp.data<double>());
+  const Tensor dp_assign = plan.from_experts(dp);
+  std::vector<double> dprobs(static_cast<size_t>(ctx.tokens * E), 0.0);
+  for (int64_t a = 0; a < dp_assign.numel(); ++a)
+    dprobs[plan.send_tokens()[a] * E + plan.send_experts()[a]] += dp_assign.data<double>()[a];
+  Tensor dx = scatter_add_rows(plan.from_experts(dx_perm), plan.send_index(), ctx.tokens);
+  const Tensor dx_router = router.backward(dprobs, ctx.router);
+  ops::add_inplace(dx, dx_router.dtype() == dx.dtype() ? dx_router : dx_router.to(dx.dtype()));
+  return dx;
 }
 
 void MoELayer::collect(std::vector<Param*>& out) {
@@ -76,6 +115,12 @@ Tensor MoELayer::forward(const Tensor& x, Ctx& ctx, const ForwardMode& mode) con
   ctx.tokens = x.numel() / h;
   const Tensor flat = x.view({ctx.tokens, h});
   router.forward(flat, x.dim(1), ctx.router, mode);
+  if (cfg_.moe.dispatcher == MoeDispatcher::kAllToAll) {
+    Tensor y = forward_alltoall(flat, ctx).view(x.shape());
+    if (shared_experts)
+      ops::add_inplace(y, shared_experts->forward(x, ctx.shared).view(x.shape()));
+    return y;
+  }
 
   // Gather the group's tokens with their probabilities and map ([T, 2E]: probs | map).
   ProcessGroup& g = dispatch_group();
@@ -118,6 +163,13 @@ Tensor MoELayer::backward(const Tensor& dy, Ctx& ctx) const {
   const int64_t h = cfg_.hidden_size, E = cfg_.moe.num_experts;
   ProcessGroup& g = dispatch_group();
   const Tensor dflat = dy.view({ctx.tokens, h});
+  if (cfg_.moe.dispatcher == MoeDispatcher::kAllToAll) {
+    Tensor dx = backward_alltoall(dflat, ctx).view(ctx.in_shape);
+    if (shared_experts)
+      ops::add_inplace(dx, shared_experts->backward(dy, ctx.shared).view(ctx.in_shape));
+    ctx = Ctx{};
+    return dx;
+  }
   const Tensor dy_all = all_gather_rows(dflat, g);
   std::vector<double> dprobs_perm;
   const Tensor dx_perm =

@@ -15,8 +15,11 @@
 // parallelism G has one rank and nothing is communicated.
 //
 // Parallel layout: the input is [s', b, h] as for the MLP (s' = s/tp under sequence
-// parallelism, which MoE needs with TP > 1 as Megatron). Not here: the alltoall dispatcher,
-// whose sends are the same rows by split sizes; its results are identical.
+// parallelism, which MoE needs with TP > 1 as Megatron).
+//
+// --moe-token-dispatcher-type alltoall moves only the routed rows instead (AllToAllPlan: an
+// all-to-all over EP with uneven splits, an all-gather over ETP), the same numbers up to the
+// order of the sums.
 #pragma once
 
 #include <memory>
@@ -24,6 +27,7 @@
 #include <vector>
 
 #include "transformer/mlp.h"
+#include "transformer/moe/alltoall_dispatcher.h"
 #include "transformer/moe/experts.h"
 #include "transformer/moe/router.h"
 
@@ -40,6 +44,7 @@ class MoELayer {
     std::vector<int64_t> experts_of;  // [N] local expert of each permuted row
     int64_t tokens = 0, gathered = 0;  // T local, G x T gathered
     Shape in_shape;
+    AllToAllPlan plan;  // alltoall dispatcher
   };
 
   MoELayer(const std::string& name, const TransformerConfig& cfg, int64_t layer_number,
@@ -55,10 +60,13 @@ class MoELayer {
 
  private:
   ProcessGroup& dispatch_group() const { return *tp_.expert.tp_ep; }
+  Tensor forward_alltoall(const Tensor& flat, Ctx& ctx) const;
+  Tensor backward_alltoall(const Tensor& dflat, Ctx& ctx) const;
 
   TransformerConfig shared_cfg_;  // cfg with the shared experts' width (MLP keeps a reference)
   const TransformerConfig& cfg_;
   TensorParallelContext tp_;
+  std::shared_ptr<ProcessGroup> self_;  // the EP group when there is none (EP 1)
 };
 
 }  // namespace megatron
