@@ -653,6 +653,80 @@ TEST(ParallelState, GroupsMatchRankGenerator) {
   }
 }
 
+// The expert grid (MoE): ETP x EP x EDP over each stage's ranks, Megatron's second RankGenerator
+// (tp = ETP, ep = EP, dp = EDP, cp 1), for every ETP, EP dividing the stage, with tp and pp.
+TEST(ParallelState, ExpertGroupsMatchTheExpertRankGenerator) {
+  const int n = world().size();
+  int checked = 0;
+  for (int tp : {1, 2})
+    for (int pp : {1, 2})
+      for (int etp : {1, 2})
+        for (int ep : {1, 2, 4}) {
+          if (n % (tp * pp) != 0 || (n / pp) % (etp * ep) != 0) continue;
+          ParallelState ps(g_runtime->world(), {.tensor_model_parallel_size = tp,
+                                                .pipeline_model_parallel_size = pp,
+                                                .expert_model_parallel_size = ep,
+                                                .expert_tensor_parallel_size = etp});
+          SCOPED_TRACE(ps.str());
+          ParallelGrid eg;
+          eg.tp = etp;
+          eg.ep = ep;
+          eg.dp = n / (pp * etp * ep);
+          eg.pp = pp;
+          RankGenerator gen(eg);
+          const int r = me();
+          EXPECT_EQ(ps.edp_size(), eg.dp);
+          EXPECT_EQ(ps.experts_apart(), ep > 1 || etp != tp);
+          EXPECT_EQ(ps.ep_group().global_ranks(), group_holding(gen.get_ranks("ep"), r));
+          EXPECT_EQ(ps.etp_group().global_ranks(), group_holding(gen.get_ranks("tp"), r));
+          EXPECT_EQ(ps.tp_ep_group().global_ranks(), group_holding(gen.get_ranks("tp-ep"), r));
+          EXPECT_EQ(ps.edp_group().global_ranks(), group_holding(gen.get_ranks("dp"), r));
+          EXPECT_EQ(ps.expert_model_parallel_group().global_ranks(),
+                    group_holding(gen.get_ranks("tp-ep-pp"), r));
+          EXPECT_EQ(ps.ep_rank(), gen.coordinate(r, "ep"));
+          EXPECT_EQ(ps.edp_rank(), gen.coordinate(r, "dp"));
+          // EP is carved out of the stage: the expert pipeline groups are the dense ones.
+          EXPECT_EQ(gen.get_ranks("pp"), RankGenerator(ps.grid()).get_ranks("pp"));
+          ++checked;
+        }
+  EXPECT_GE(checked, 4);
+}
+
+// all_to_all_v and all_gather_v with uneven (and empty) chunks: rank r sends (r + j) % 3
+// elements r * 100 + j + k / 10 to rank j; every rank contributes r + 1 elements to the gather.
+TEST(Collectives, AllToAllVAndAllGatherVWithUnevenAndEmptyChunks) {
+  ProcessGroup& g = world();
+  const int n = g.size(), r = me();
+  std::vector<int64_t> send(n), recv(n);
+  for (int j = 0; j < n; ++j) {
+    send[j] = (r + j) % 3;
+    recv[j] = (j + r) % 3;
+  }
+  int64_t ns = 0, nr = 0;
+  for (int j = 0; j < n; ++j) {
+    ns += send[j];
+    nr += recv[j];
+  }
+  Tensor in = Tensor::empty({ns}, DType::kF64), out = Tensor::empty({nr}, DType::kF64);
+  int64_t at = 0;
+  for (int j = 0; j < n; ++j)
+    for (int64_t k = 0; k < send[j]; ++k) in.data<double>()[at++] = r * 100 + j + k / 10.0;
+  g.all_to_all_v(out, in, send, recv);
+  at = 0;
+  for (int i = 0; i < n; ++i)
+    for (int64_t k = 0; k < recv[i]; ++k)
+      EXPECT_EQ(out.data<double>()[at++], i * 100 + r + k / 10.0) << "from rank " << i;
+
+  std::vector<int64_t> counts(n);
+  for (int i = 0; i < n; ++i) counts[i] = i + 1;
+  Tensor mine = Tensor::full({r + 1}, r, DType::kI64);
+  Tensor all = Tensor::empty({n * (n + 1) / 2}, DType::kI64);
+  g.all_gather_v(all, mine, counts);
+  at = 0;
+  for (int i = 0; i < n; ++i)
+    for (int k = 0; k <= i; ++k) EXPECT_EQ(all.data<int64_t>()[at++], i);
+}
+
 TEST(ParallelState, BadLayoutFailsOnEveryRankWithoutHanging) {
   const int n = world().size();
   EXPECT_THROW(ParallelState(g_runtime->world(), {.tensor_model_parallel_size = n + 1}),
@@ -660,7 +734,11 @@ TEST(ParallelState, BadLayoutFailsOnEveryRankWithoutHanging) {
   EXPECT_THROW(ParallelState(g_runtime->world(),
                              {.tensor_model_parallel_size = 2, .pipeline_model_parallel_size = n}),
                InvalidArgument);
-  EXPECT_THROW(ParallelState(g_runtime->world(), {.expert_model_parallel_size = 2}),
+  // EP x ETP must divide the ranks of a pipeline stage.
+  EXPECT_THROW(ParallelState(g_runtime->world(), {.expert_model_parallel_size = n + 1}),
+               InvalidArgument);
+  EXPECT_THROW(ParallelState(g_runtime->world(),
+                             {.expert_model_parallel_size = 2, .expert_tensor_parallel_size = n}),
                InvalidArgument);
   world().barrier();  // every rank got here: nobody entered a split the others skipped
 }
