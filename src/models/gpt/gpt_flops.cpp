@@ -11,7 +11,15 @@ double model_flops_per_iteration(const TransformerConfig& c, int64_t global_batc
   const double qproj_ratio = n * static_cast<double>(c.kv_channels) / h;
   const double gated = c.swiglu ? 1.5 : 1.0;
   const double attention = (1.0 + g / n + s / h) * qproj_ratio;
-  const double mlp = static_cast<double>(c.ffn_hidden_size) / h * gated;
+  // MoE (Megatron's num_floating_point_operations): a dense layer's MLP, or the top-k routed
+  // experts' and the shared experts' MLPs of an MoE layer (the router's GEMM is not counted).
+  const double moe_layers = static_cast<double>(c.moe.num_moe_layers(c.num_layers));
+  const double dense_layers = L - moe_layers;
+  const double routed = static_cast<double>(c.moe.ffn_hidden_size * c.moe.router_topk) +
+                        static_cast<double>(c.moe.shared_expert_intermediate_size);
+  const double mlp = (static_cast<double>(c.ffn_hidden_size) * dense_layers / L +
+                      routed * moe_layers / L) /
+                     h * gated;
   const double logit = static_cast<double>(c.padded_vocab_size) / (2.0 * L * h);
   return 12.0 * B * s * L * h * h * (attention + mlp + logit);
 }

@@ -14,30 +14,46 @@ int64_t activation_bytes_per_microbatch(const TransformerConfig& c, const Activa
   const int64_t g = is_half(c.compute_dtype) ? 2 : 4;                    // saved GEMM inputs
   const int64_t stats = (c.normalization == Normalization::kLayerNorm ? 2 : 1) * s_local_b * e;
   const int64_t core = (sb * np * hn + b * np * s) / t * e;  // attention out + lse
-  const int64_t layer = 2 * s_local_b * h * e + 2 * stats    // input, x1, norm statistics
-                        + 2 * sb * h * g                     // qkv and fc1 GEMM inputs
-                        + sb * (np + 2 * ng) * hn / t * e    // qkv after RoPE
-                        + core
-                        // linear_proj's input: the attention output itself in fp32 runs, a
-                        // 16-bit copy otherwise
-                        + (g == 4 ? 0 : sb * np * hn / t * g) +
-                        sb * (c.swiglu ? 2 * f : f) / t * e  // fc1 output
-                        + sb * f / t * g;                    // fc2 input
+  // An MLP of width `ffn` over `rows` tokens: fc1's output, fc2's input.
+  auto mlp = [&](int64_t ffn, int64_t rows) {
+    return rows * (c.swiglu ? 2 * ffn : ffn) / t * e + rows * ffn / t * g;
+  };
+  const int64_t attention = 2 * s_local_b * h * e + 2 * stats  // input, x1, norm statistics
+                            + sb * h * g                       // qkv GEMM input
+                            + sb * (np + 2 * ng) * hn / t * e  // qkv after RoPE
+                            + core
+                            // linear_proj's input: the attention output itself in fp32 runs, a
+                            // 16-bit copy otherwise
+                            + (g == 4 ? 0 : sb * np * hn / t * g);
+  const int64_t layer = attention + sb * h * g + mlp(f, sb);  // + fc1's input
+  // An MoE layer: each token's k expert rows (experts' input, activation before and after the
+  // probabilities), the router's logits and routing, and the shared experts' MLP.
+  const int64_t k = c.moe.router_topk, fe = c.moe.ffn_hidden_size;
+  const int64_t moe_layer =
+      attention + sb * k / t * (h * g + fe * e) + mlp(fe, sb * k) +
+      s_local_b * c.moe.num_experts * 8 * 3 +
+      (c.moe.shared_expert_intermediate_size > 0
+           ? sb * h * g + mlp(c.moe.shared_expert_intermediate_size, sb)
+           : 0);
   const int64_t input = s_local_b * h * e;                   // a recomputed segment's input
   const int64_t L = a.num_layers;
   int64_t bytes = 0;
+  // The stage's layers are global layers [first_layer, first_layer + L).
+  int64_t kept = 0;  // every layer's activations
+  for (int64_t i = 0; i < L; ++i)
+    kept += c.moe.is_moe_layer(a.first_layer + i) ? moe_layer : layer;
   switch (c.recompute_granularity) {
     case RecomputeGranularity::kNone:
-      bytes = L * layer;
+      bytes = kept;
       break;
     case RecomputeGranularity::kSelective:
-      bytes = L * (layer - core);
+      bytes = kept - L * core;
       break;
     case RecomputeGranularity::kFull: {
       const int64_t n = std::max<int64_t>(c.recompute_num_layers, 1);
       bytes = c.recompute_method == RecomputeMethod::kUniform
                   ? (L + n - 1) / n * input
-                  : std::min(n, L) * input + std::max<int64_t>(L - n, 0) * layer;
+                  : std::min(n, L) * input + std::max<int64_t>(L - n, 0) * (kept / L);
       break;
     }
   }

@@ -13,7 +13,8 @@ struct ActivationShape {
   int64_t micro_batch_size = 1;
   int tp = 1;
   bool sequence_parallel = false;
-  int64_t num_layers = 0;  // layers of this chunk
+  int64_t num_layers = 0;   // layers of this chunk
+  int64_t first_layer = 0;  // global number of its first layer (which are MoE layers)
   bool pre_process = true, post_process = true;
   int cp = 1;  // context parallelism: each rank holds s / cp of every sequence
 };

@@ -48,6 +48,7 @@ int64_t activation_bytes(const ModelChunk& chunk, const TransformerConfig& cfg, 
                               .tp = tp,
                               .sequence_parallel = st.sequence_parallel && tp > 1,
                               .num_layers = st.num_layers,
+                              .first_layer = st.first_layer,
                               .pre_process = st.pre_process,
                               .post_process = st.post_process,
                               .cp = st.cp.size()};
