@@ -56,6 +56,7 @@ Model from_checkpoint(const std::string& root, int64_t step) {
   Model m;
   CLI::App none;
   ArgTable table(none);
+  register_model_args(table, m.args);  // the fields the checkpoint's record restores
   m.args.load = root;
   m.args.ckpt_step = step;
   m.args.use_checkpoint_args = true;

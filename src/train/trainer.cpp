@@ -1018,6 +1018,8 @@ nlohmann::json Trainer::checkpoint_extra() const {
             {"virtual_pipeline_model_parallel_size", virtual_stages_},
             {"data_parallel_size", dp_size_},
             {"context_parallel_size", ps.cp_size()},
+            {"expert_model_parallel_size", ps.ep_size()},
+            {"expert_tensor_parallel_size", ps.etp_size()},
             {"sequence_parallel", args_.sequence_parallel},
             {"use_distributed_optimizer", args_.use_distributed_optimizer}}},
           {"compute_dtype", dtype_name(cfg_.compute_dtype)}};

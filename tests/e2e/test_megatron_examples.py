@@ -2,7 +2,8 @@
 """Megatron-LM's own example launch scripts, scaled down, run through `megatron pretrain_gpt`.
 
 What it is: the flag sets of examples/gpt3/train_gpt3_175b_distributed.sh and
-examples/llama/train_llama3_8b_h100_fp8.sh of Megatron-LM core_r0.14.0, written out here flag
+examples/llama/train_llama3_8b_h100_fp8.sh and examples/mixtral/train_mixtral_8x7b_distributed.sh of
+Megatron-LM core_r0.14.0, written out here flag
 for flag in the scripts' order, with only the sizes scaled down (layers, hidden size, heads,
 sequence, batch, iterations, vocabulary) and the paths pointed at a temporary directory, run on 4
 ranks under mpiexec as `megatron pretrain_gpt ARGS`:
@@ -23,8 +24,10 @@ ranks under mpiexec as `megatron pretrain_gpt ARGS`:
   which prints its start-up line. TP 2 x CP 2 with --sequence-parallel.
 Each must train (exit 0) and its loss fall: the last logged loss below the first by the margin
 stated in the test.
-- Mixtral 8x7B's flag set stops at start-up with exit 2 naming --num-experts: Mixture of
-  Experts is refused by name until it is implemented.
+- Mixtral 8x7B: 8 experts, top-2, aux loss, --moe-grouped-gemm, the alltoall dispatcher, with
+  --overlap-param-gather --overlap-grad-reduce, bf16, pipeline x expert parallel 2 x 2 with the
+  distributed optimizer (and its --sequence-parallel at TP 1, switched off with a warning). It must
+  train, its loss fall, and its load_balancing_loss stay near 1 (balanced routing).
 
 Usage: test_megatron_examples.py --megatron BUILD/megatron --mpiexec MPIEXEC
 """
@@ -140,6 +143,44 @@ def llama3_args(tmp, checkpoint):
             eval_and_logging_args + ["--num-threads", "1"])
 
 
+def mixtral_args(tmp, data, checkpoint):
+    """examples/mixtral/train_mixtral_8x7b_distributed.sh, its arrays in order, sizes scaled down:
+    32 layers -> 4, hidden 4096 -> 64, 32 heads in 8 groups -> 4 in 2, ffn 14336 -> 224, 8
+    experts kept; TP 1 x PP 4 x EP 8 on 64 GPUs -> PP 2 x EP 2 on 4 ranks."""
+    model_args = ["--use-mcore-models", "--disable-bias-linear", "--seq-length", "64",
+                  "--max-position-embeddings", "64", "--num-layers", "4", "--hidden-size", "64",
+                  "--ffn-hidden-size", "224", "--num-attention-heads", "4",
+                  "--init-method-std", "0.01", "--attention-dropout", "0.0",
+                  "--hidden-dropout", "0.0", "--normalization", "RMSNorm",
+                  "--position-embedding-type", "rope", "--swiglu",
+                  "--untie-embeddings-and-output-weights", "--group-query-attention",
+                  "--num-query-groups", "2", "--no-masked-softmax-fusion",
+                  "--no-position-embedding", "--rotary-base", "1000000"]
+    moe_args = ["--num-experts", "8", "--moe-router-topk", "2",
+                "--moe-router-load-balancing-type", "aux_loss", "--moe-aux-loss-coeff", "1e-2",
+                "--moe-grouped-gemm", "--moe-token-dispatcher-type", "alltoall",
+                "--overlap-param-gather", "--overlap-grad-reduce"]
+    # The Llama 2 tokenizer -> NullTokenizer over the counting dataset (see gpt3_args).
+    data_args = ["--tokenizer-type", "NullTokenizer", "--vocab-size", str(VOCAB),
+                 "--data-path", data, "--split", "99990,8,2",
+                 "--data-cache-path", os.path.join(tmp, "cache")]
+    # 256 sequences -> 8, 500000 iterations -> 40, lr 1e-4 -> 3e-3 (a tiny model on 40 steps).
+    training_args = ["--micro-batch-size", "1", "--global-batch-size", "8", "--lr", "3e-3",
+                     "--train-iters", "40", "--lr-decay-iters", "32", "--lr-decay-style",
+                     "cosine", "--min-lr", "3.0e-4", "--weight-decay", "0.1",
+                     "--lr-warmup-iters", "4", "--clip-grad", "1.0", "--bf16"]
+    model_parallel_args = ["--tensor-model-parallel-size", "1",
+                           "--pipeline-model-parallel-size", "2",
+                           "--expert-model-parallel-size", "2", "--use-distributed-optimizer",
+                           "--sequence-parallel"]
+    logging_args = ["--log-interval", "1", "--save-interval", "10000", "--eval-interval", "1000",
+                    "--eval-iters", "2", "--save", checkpoint, "--load", checkpoint,
+                    "--tensorboard-dir", os.path.join(checkpoint, "tensorboard"),
+                    "--no-load-optim", "--no-load-rng"]
+    return (model_args + moe_args + data_args + training_args + model_parallel_args +
+            logging_args + ["--num-threads", "1"])
+
+
 class MegatronExamplesTest(unittest.TestCase):
     def setUp(self):
         self._tmp = tempfile.TemporaryDirectory(prefix="megatron_examples_")
@@ -197,22 +238,15 @@ class MegatronExamplesTest(unittest.TestCase):
             self.assertIn(f" > {flag}: ", proc.stdout, flag)
         self.assertIn("setting training iterations to 50", proc.stdout)
 
-    def test_mixtral_script_is_refused_by_name(self):
-        proc = run(1, ["--use-mcore-models", "--disable-bias-linear", "--seq-length", "64",
-                       "--max-position-embeddings", "64", "--num-layers", "2", "--hidden-size",
-                       "64", "--ffn-hidden-size", "224", "--num-attention-heads", "4",
-                       "--init-method-std", "0.01", "--attention-dropout", "0.0",
-                       "--hidden-dropout", "0.0", "--normalization", "RMSNorm",
-                       "--position-embedding-type", "rope", "--swiglu",
-                       "--untie-embeddings-and-output-weights", "--group-query-attention",
-                       "--num-query-groups", "2", "--no-masked-softmax-fusion",
-                       "--no-position-embedding", "--rotary-base", "1000000",
-                       "--num-experts", "8", "--moe-router-topk", "2", "--mock-data",
-                       "--vocab-size", "512", "--micro-batch-size", "1", "--global-batch-size",
-                       "8", "--lr", "1e-4", "--train-iters", "10"])
-        self.assertEqual(proc.returncode, 2, proc.stderr)
-        self.assertIn("--num-experts 8: Mixture of Experts is not implemented yet", proc.stderr)
-
+    def test_mixtral_8x7b_script(self):
+        data = counting_dataset(self.tmp)
+        proc = run(4, mixtral_args(self.tmp, data, os.path.join(self.tmp, "ckpt")))
+        # ln(512) = 6.24 at the start; the counting rule takes at least 1 nat off in 40 steps.
+        self.assertTrainsAndLearns(proc, 40, 1.0)
+        lines = megatron_log.iteration_lines(proc.stdout)
+        # Megatron's tracker: the aux loss / coeff, averaged over the layers, near 1 (balanced).
+        balance = [float(f["load_balancing_loss"]) for f in lines.values()]
+        self.assertTrue(all(0.9 < b < 2.0 for b in balance), balance)
 
 if __name__ == "__main__":
     sys.exit(megatron_job.main(sys.modules[__name__]))

@@ -416,7 +416,16 @@ void load_hf_weights(const std::string& dir, const HfModelInfo& info, GPTModel& 
     const bool tied_head =
         short_name == "lm_head.weight" && !info.config.untie_embeddings_and_output_weights;
     const bool rotary_buffer = short_name.find("rotary_emb.inv_freq") != std::string::npos;
-    MEGATRON_CHECK(mask_buffer || tied_head || rotary_buffer, dir, ": unexpected tensor '", full,
+    // Under expert parallelism this rank holds E / EP experts: the others' are for its peers.
+    bool peer_expert = false;
+    if (const size_t at = short_name.find(".experts."); at != std::string::npos && info.config.moe.enabled()) {
+      const size_t begin = at + 9, end = short_name.find('.', begin);
+      const std::string index = short_name.substr(begin, end - begin);
+      peer_expert = !index.empty() && index.find_first_not_of("0123456789") == std::string::npos &&
+                    std::stoll(index) < info.config.moe.num_experts;
+    }
+    MEGATRON_CHECK(mask_buffer || tied_head || rotary_buffer || peer_expert, dir,
+                   ": unexpected tensor '", full,
                    "' for a ", info.arch == HfArch::kGpt2 ? "gpt2" : "llama",
                    " model as config.json describes it");
   }
@@ -497,8 +506,21 @@ HfModelInfo hf_info_from_config(const TransformerConfig& c, HfArch arch) {
                                                  : "gelu"},
          {"tie_word_embeddings", true}};
   } else if (c.moe.enabled()) {
-    // Mixtral, or Qwen3-MoE when the heads have q/k norms or some layers are dense.
-    const bool mixtral = !c.qk_layernorm && c.moe.layer_pattern.empty() && !c.moe.pre_softmax;
+    // Qwen3-MoE when the heads have q/k norms (it has them always), else Mixtral (every layer
+    // MoE, softmax over the k selected). Routers Hugging Face cannot express have no export.
+    const MoeConfig& m = c.moe;
+    MEGATRON_CHECK(m.score_function == MoeScoreFunction::kSoftmax && m.topk_scaling_factor == 0 &&
+                       m.group_topk == 0 && !m.enable_expert_bias &&
+                       m.shared_expert_intermediate_size == 0 &&
+                       !m.has(MoeLoadBalancing::kSinkhorn),
+                   "this MoE model has no Hugging Face equivalent: Mixtral and Qwen3-MoE route by "
+                   "softmax top-k without scaling, groups, expert bias, sinkhorn or shared experts");
+    const bool mixtral = !c.qk_layernorm;
+    MEGATRON_CHECK(c.qk_layernorm || (m.num_moe_layers(c.num_layers) == c.num_layers &&
+                                      !m.pre_softmax),
+                   "this MoE model has no Hugging Face equivalent: Mixtral has MoE in every layer "
+                   "(--moe-layer-freq 1) and renormalises over the k (no --moe-router-pre-softmax); "
+                   "dense layers or pre-softmax need --qk-layernorm (Qwen3-MoE)");
     info.model_type = mixtral ? "mixtral" : "qwen3_moe";
     j = {{"model_type", info.model_type},
          {"architectures", {mixtral ? "MixtralForCausalLM" : "Qwen3MoeForCausalLM"}},

@@ -1,0 +1,271 @@
+#!/usr/bin/env python3
+"""Mixture of Experts end to end: parallel layouts, capacity, resharding, Mixtral import, refusals.
+
+What it is: `megatron train` on mock data with a tiny Llama-style MoE model (4 experts, top-2,
+aux loss 1e-2, z-loss 1e-3, dropout on), as one process and under mpiexec:
+  - Layouts: expert parallelism ep2, ep4; ep2 with tp2 + sequence parallelism at expert TP 2 and
+    1; expert TP 2 alone; ep2 with pp2; ep2 with the distributed optimizer; and the alltoall
+    dispatcher at ep2 and ep2 + tp2 (etp 1): the same global batch, so the lm loss, the logged
+    load_balancing_loss and z_loss and the grad norm must follow the single-process curve over 12
+    iterations within 1e-5 relative (cross-rank sums add the same f32 partial sums in another
+    order; a wrong expert shard, reduction group or scale moves the 3rd digit).
+  - Capacity (--moe-expert-capacity-factor 0.5, tokens dropped): Megatron drops per rank from
+    the rank's own tokens before any exchange, so the layouts whose ranks hold the single run's
+    micro-batch (dp2, ep2, which carves EP out of DP) drop the same tokens and follow its curve,
+    while tp2 + sequence parallelism (each rank routes half the sequence, with half the capacity)
+    drops others and does not; and the capacity run differs from the dropless one (tokens were
+    dropped at all).
+  - Resharding: a checkpoint saved at ep2 x tp2 (4 ranks) loads at ep1 (one process) and at ep4
+    (4 ranks, tp1), with the plain and the distributed optimizer, and the next iteration's loss
+    equals the uninterrupted ep2 x tp2 run's within 1e-5 relative (expert weights are saved under
+    their global index, so every layout finds them).
+  - Hugging Face Mixtral (the PyTorch oracle's tiny model): --pretrained-checkpoint trains from it
+    at ep2, and `megatron convert` of the trained checkpoint writes a Mixtral directory holding
+    exactly the trained router and experts, which trains again as a pretrained checkpoint.
+  - Bad input: Megatron's validate_args checks for MoE, each an exit 2 on every rank with a
+    message naming the flag.
+What it is not: the router math (tests/transformer/test_moe_routing.cpp), the per-layer gradients
+(test_layers.cpp), or the PyTorch comparison (tests/models/test_gpt_hf_oracle.cpp).
+
+Usage: test_moe.py --megatron BUILD/megatron --mpiexec MPIEXEC [unittest args]
+"""
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testing"))
+import checkpoint_reader  # noqa: E402  (tests/testing, shared by the end-to-end tests)
+import megatron_job  # noqa: E402
+import megatron_log  # noqa: E402
+
+MEGATRON = None
+MPIEXEC = None
+TIMEOUT_S = 240
+ITERS = 12
+TMP = None
+
+MOE = ["--mock-data", "--vocab-size", "128", "--num-layers", "4", "--hidden-size", "64",
+       "--num-attention-heads", "4", "--seq-length", "32", "--micro-batch-size", "1",
+       "--global-batch-size", "4", "--train-iters", str(ITERS), "--log-interval", "1",
+       "--lr", "2e-3", "--lr-warmup-iters", "3", "--eval-iters", "2", "--eval-interval", "100",
+       "--num-threads", "1", "--position-embedding-type", "rope", "--normalization", "RMSNorm",
+       "--swiglu", "--disable-bias-linear", "--untie-embeddings-and-output-weights",
+       "--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "64",
+       "--moe-aux-loss-coeff", "1e-2", "--moe-z-loss-coeff", "1e-3"]
+TP, PP, EP, ETP = ("--tensor-model-parallel-size", "--pipeline-model-parallel-size",
+                   "--expert-model-parallel-size", "--expert-tensor-parallel-size")
+SP, DISTOPT, A2A = ("--sequence-parallel", "--use-distributed-optimizer",
+                    ["--moe-token-dispatcher-type", "alltoall"])
+FIELDS = ("lm loss", "load_balancing_loss", "z_loss", "grad norm")
+# 1e-5 relative: see the module comment.
+RTOL = 1e-5
+
+
+def with_flags(base, extra):
+    """base with extra's flags appended, a flag already in base taking extra's value."""
+    out, extra = list(base), list(extra)
+    i = 0
+    while i < len(extra):
+        flag = extra[i]
+        has_value = i + 1 < len(extra) and not extra[i + 1].startswith("--")
+        if flag in out and has_value:
+            out[out.index(flag) + 1] = extra[i + 1]
+        else:
+            out += extra[i:i + 1 + has_value]
+        i += 1 + has_value
+    return out
+
+
+def run(ranks, *args, expect_rc=0):
+    proc = megatron_job.run_train(MEGATRON, MPIEXEC, ranks, with_flags(MOE, args), TIMEOUT_S)
+    if proc.returncode != expect_rc:
+        raise AssertionError(f"{ranks} rank(s), train {' '.join(args)}: exit {proc.returncode}, "
+                             f"expected {expect_rc}\n{proc.stdout[-1500:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def curve(proc):
+    """{iteration: {field: float}} of the fields that must follow the single-process run."""
+    return {it: {k: float(v) for k, v in f.items() if k in FIELDS}
+            for it, f in megatron_log.iteration_lines(proc.stdout).items()}
+
+
+def worst(got, want):
+    """The largest relative difference of any field of any iteration."""
+    assert sorted(got) == sorted(want), (sorted(got), sorted(want))
+    return max(abs(got[it][k] / want[it][k] - 1) for it in want for k in want[it])
+
+
+_single = {}
+
+
+def single(*flags):
+    key = tuple(flags)
+    if key not in _single:
+        _single[key] = curve(run(1, *flags))
+    return _single[key]
+
+
+class TestLayouts(unittest.TestCase):
+    LAYOUTS = [  # (name, ranks, flags, single-process flags)
+        ("ep2", 2, [EP, "2"], []),
+        ("ep4", 4, [EP, "4"], []),
+        ("ep2 tp2+sp etp2", 4, [EP, "2", TP, "2", SP], []),
+        ("ep2 tp2+sp etp1", 4, [EP, "2", TP, "2", SP, ETP, "1"], []),
+        ("etp2", 2, [ETP, "2"], []),
+        ("ep2 pp2", 4, [EP, "2", PP, "2"], []),
+        ("ep2 dp4 distributed optimizer", 4, [EP, "2", DISTOPT], []),
+        ("alltoall ep2", 2, [EP, "2", *A2A], A2A),
+        ("alltoall ep2 tp2+sp etp1", 4, [EP, "2", TP, "2", SP, ETP, "1", *A2A], A2A),
+    ]
+
+    def test_every_layout_follows_the_single_process_curve(self):
+        for name, ranks, flags, base in self.LAYOUTS:
+            with self.subTest(layout=name):
+                want = single(*base)
+                self.assertEqual(sorted(want), list(range(1, ITERS + 1)))
+                self.assertTrue(all(want[it]["load_balancing_loss"] > 0.5 for it in want))
+                got = curve(run(ranks, *flags))
+                rel = worst(got, want)
+                print(f"{name}: worst relative difference {rel:.1e}", file=sys.stderr)
+                self.assertLess(rel, RTOL)
+
+    def test_alltoall_equals_allgather(self):
+        # Only the routed rows move instead of every token: the same numbers.
+        self.assertLess(worst(single(*A2A), single()), RTOL)
+
+
+class TestCapacity(unittest.TestCase):
+    def test_layouts_with_the_same_local_tokens_drop_the_same(self):
+        cap = ["--moe-expert-capacity-factor", "0.5"]
+        want = single(*cap)
+        self.assertGreater(worst(want, single()), 1e-3, "capacity 0.5 dropped nothing")
+        for name, ranks, flags in [("dp2", 2, []), ("ep2", 2, [EP, "2"])]:
+            with self.subTest(layout=name):
+                self.assertLess(worst(curve(run(ranks, *cap, *flags)), want), RTOL)
+        # Each TP rank routes s / 2 tokens with half the capacity: other tokens are dropped.
+        other = curve(run(2, *cap, TP, "2", SP))
+        self.assertGreater(worst(other, want), 1e-4)
+
+
+class TestResharding(unittest.TestCase):
+    def test_ep2_tp2_checkpoint_loads_at_ep1_and_ep4(self):
+        saved = [EP, "2", TP, "2", SP]
+        for opt in ([], [DISTOPT]):
+            with self.subTest(optimizer="distributed" if opt else "plain"):
+                want = curve(run(4, *saved, *opt))[7]
+                ck = tempfile.mkdtemp(prefix="ck_", dir=TMP.name)
+                run(4, *saved, *opt, "--save", ck, "--exit-interval", "6")
+                for name, ranks, flags in [("ep1", 1, []), ("ep4", 4, [EP, "4"]),
+                                           ("ep2 tp2 (saved)", 4, saved)]:
+                    got = curve(run(ranks, *flags, *opt, "--load", ck, "--exit-interval", "7"))
+                    self.assertEqual(sorted(got), [7], name)
+                    rel = max(abs(got[7][k] / want[k] - 1) for k in want)
+                    print(f"reshard to {name}{' distributed' if opt else ''}: iteration 7 "
+                          f"relative {rel:.1e}", file=sys.stderr)
+                    self.assertLess(rel, RTOL, name)
+
+
+class TestMixtral(unittest.TestCase):
+    def test_pretrained_mixtral_trains_at_ep2_and_converts_back(self):
+        oracle = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference",
+                              "hf_oracle.py")
+        out = tempfile.mkdtemp(prefix="mixtral_", dir=TMP.name)
+        subprocess.run(["/usr/bin/python3", oracle, "--arch", "mixtral", "--out", out],
+                       check=True, capture_output=True, timeout=TIMEOUT_S)
+        hf = os.path.join(out, "model")
+        ck = tempfile.mkdtemp(prefix="ck_", dir=TMP.name)
+        args = ["--mock-data", "--pretrained-checkpoint", hf, "--seq-length", "16",
+                "--micro-batch-size", "1", "--global-batch-size", "2", "--train-iters", "2",
+                "--lr", "1e-4", "--eval-iters", "0", "--num-threads", "1", "--save", ck,
+                "--log-interval", "1",
+                "--disable-bias-linear", EP, "2", "--tokenizer-type", "NullTokenizer"]
+        proc = megatron_job.run_train(MEGATRON, MPIEXEC, 2, args, TIMEOUT_S)
+        self.assertEqual(proc.returncode, 0, proc.stdout[-2000:] + proc.stderr[-2000:])
+        self.assertIn("loaded pretrained weights", proc.stdout)
+        lines = megatron_log.iteration_lines(proc.stdout, range(1, 3))
+        self.assertIn("lm loss", lines[1])
+        back = os.path.join(TMP.name, "mixtral_back")
+        conv = subprocess.run([MEGATRON, "convert", "--load", ck, "--save-hf", back],
+                              capture_output=True, text=True, timeout=TIMEOUT_S)
+        self.assertEqual(conv.returncode, 0, conv.stdout[-2000:] + conv.stderr[-2000:])
+        with open(os.path.join(back, "config.json")) as f:
+            cfg = f.read()
+        self.assertIn('"mixtral"', cfg)
+        self.assertIn('"num_local_experts": 4', cfg)
+        # The trained experts and router (saved by two EP ranks) under Mixtral's names and
+        # layouts: fc1 = [w1; w3], fc2 = w2, the router = gate, exactly.
+        _, trained = checkpoint_reader.read_checkpoint(ck)
+        hf_out, _ = checkpoint_reader.read_safetensors(os.path.join(back, "model.safetensors"))
+        for e in range(4):
+            ours = f"model.decoder.layers.1.mlp.experts.local_experts.{e}."
+            theirs = f"model.layers.1.block_sparse_moe.experts.{e}."
+            fc1 = trained[ours + "linear_fc1.weight"]
+            self.assertTrue(np.array_equal(hf_out[theirs + "w1.weight"], fc1[:48]), e)
+            self.assertTrue(np.array_equal(hf_out[theirs + "w3.weight"], fc1[48:]), e)
+            self.assertTrue(np.array_equal(hf_out[theirs + "w2.weight"],
+                                           trained[ours + "linear_fc2.weight"]), e)
+        self.assertTrue(np.array_equal(hf_out["model.layers.1.block_sparse_moe.gate.weight"],
+                                       trained["model.decoder.layers.1.mlp.router.weight"]))
+        # The exported directory is a pretrained checkpoint again.
+        again = megatron_job.run_train(
+            MEGATRON, MPIEXEC, 1,
+            ["--mock-data", "--pretrained-checkpoint", back, "--seq-length", "16",
+             "--micro-batch-size", "1", "--global-batch-size", "2", "--train-iters", "1",
+             "--lr", "1e-4", "--eval-iters", "0", "--num-threads", "1",
+             "--tokenizer-type", "NullTokenizer"], TIMEOUT_S)
+        self.assertEqual(again.returncode, 0, again.stdout[-2000:] + again.stderr[-2000:])
+
+
+class TestBadInput(unittest.TestCase):
+    CASES = [  # (ranks, flags, text the message must contain)
+        (1, ["--moe-router-topk", "5"], "--moe-router-topk"),
+        (2, [EP, "3"], "--expert-model-parallel-size"),
+        (2, ["--num-experts", "3", EP, "2"], "--expert-model-parallel-size"),
+        (1, ["--moe-router-load-balancing-type", "sinkhorn"], "--moe-aux-loss-coeff"),
+        (1, ["--moe-router-enable-expert-bias"], "--moe-router-score-function sigmoid"),
+        (1, ["--moe-router-topk", "1"], "--moe-router-pre-softmax"),
+        (1, ["--moe-router-num-groups", "3", "--moe-router-group-topk", "1"],
+         "--moe-router-num-groups"),
+        (2, [TP, "2"], "--sequence-parallel"),
+        (1, ["--moe-layer-freq", "[1,0]"], "--moe-layer-freq"),
+        (1, ["--moe-token-dispatcher-type", "flex"], "--moe-token-dispatcher-type"),
+        (1, ["--moe-pad-expert-input-to-capacity"], "--moe-expert-capacity-factor"),
+        (2, [EP, "2", "--fp16"], "fp16"),
+        (1, ["--moe-shared-expert-overlap", "--moe-shared-expert-intermediate-size", "32"],
+         "alltoall"),
+    ]
+
+    def test_each_refusal_names_the_flag_on_every_rank(self):
+        for ranks, flags, text in self.CASES:
+            with self.subTest(flags=" ".join(flags)):
+                proc = run(ranks, *flags, expect_rc=2)
+                err = proc.stderr
+                self.assertIn(text, err)
+                for r in range(ranks if ranks > 1 else 0):
+                    self.assertIn(f"[rank {r}]", err)
+                for marker in megatron_job.CRASH_MARKERS:
+                    self.assertNotIn(marker, err + proc.stdout)
+
+    def test_experts_need_no_bias(self):
+        args = [a for a in MOE if a != "--disable-bias-linear"]
+        proc = megatron_job.run_train(MEGATRON, MPIEXEC, 1, args, TIMEOUT_S)
+        self.assertEqual(proc.returncode, 2)
+        self.assertIn("--disable-bias-linear", proc.stderr)
+
+
+def setUpModule():
+    global TMP
+    TMP = tempfile.TemporaryDirectory(prefix="moe_")
+
+
+def tearDownModule():
+    TMP.cleanup()
+
+
+if __name__ == "__main__":
+    sys.exit(megatron_job.main(sys.modules[__name__]))
