@@ -63,6 +63,7 @@ const std::vector<OwnFlag>& own_train_flags() {
       {"--verify-integrity", "checks every shard's SHA-256 on load"},
       {"--save-hf", "writes the trained model as a Hugging Face directory at the end"},
       {"--inject-fault", "testing hook for the fault-handling tests"},
+      {"--log-expert-load", "the MoE experts' load balance in the iteration line"},
   };
   return own;
 }

@@ -229,6 +229,9 @@ void register_train_args(ArgTable& t, Arguments& a) {
          "Round a global batch that does not split into micro-batch x data-parallel pieces down "
          "to one that does (the rest counts as skipped samples) instead of refusing it");
   t.concern("logging");
+  t.flag("--log-expert-load", a.log_expert_load,
+         "Log each step's expert load: the busiest expert's tokens over the mean, averaged over "
+         "the MoE layers");
   t.add("--log-interval", a.log_interval, "Iterations between log lines");
   t.add("--timing-log-level", a.timing_log_level,
         "Granularity of the step-time report printed every --log-interval: 0 none, 1 the "

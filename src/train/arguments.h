@@ -213,6 +213,7 @@ struct Arguments {
   std::string moe_token_dispatcher_type = "allgather";  // allgather or alltoall
   bool moe_grouped_gemm = false;
   bool moe_per_layer_logging = false;
+  bool log_expert_load = false;  // ours: "expert load max/mean" in the iteration line
   int64_t expert_model_parallel_size = 1;   // EP
   int64_t expert_tensor_parallel_size = 0;  // ETP; 0: --tensor-model-parallel-size
 

@@ -572,37 +572,62 @@ void Trainer::add_moe_terms(LossTerms* terms) {
   moe_per_layer_.clear();
   for (int64_t i = 0; i < n; ++i) {
     double sum = 0;
-    std::vector<double> layers;
+    std::vector<std::pair<int64_t, double>> layers;
     for (int64_t l = 0; l < L; ++l) {
       const double x = v.data<double>()[i * L + l] / static_cast<double>(dp_size_) /
                        static_cast<double>(num_microbatches_);
       sum += x;
-      if (cfg_.moe.is_moe_layer(l)) layers.push_back(x);
+      if (cfg_.moe.is_moe_layer(l)) layers.emplace_back(l, x);
     }
     if (has_loss_) terms->add(names[i], sum / static_cast<double>(moe_layers), 1.0);
     moe_per_layer_.emplace_back(names[i], std::move(layers));
   }
 }
 
-void Trainer::update_expert_bias() {
-  if (!cfg_.moe.enable_expert_bias) return;
-  // Once per global batch: every router's counts summed over TP x DP x CP (the tokens of the
-  // whole batch), stacked into one all-reduce (Megatron's _update_router_expert_bias).
+void Trainer::moe_step_end(LossTerms* terms) {
+  if (!cfg_.moe.enabled()) return;
+  const bool bias = cfg_.moe.enable_expert_bias, load = args_.log_expert_load;
   std::vector<TopKRouter*> routers;
   for (auto& c : chunks_)
     for (TopKRouter* r : c->moe_routers()) routers.push_back(r);
-  const int64_t E = cfg_.moe.num_experts;
-  Tensor counts = Tensor::zeros({static_cast<int64_t>(routers.size()) * E}, DType::kF64);
-  for (size_t i = 0; i < routers.size(); ++i)
-    std::copy(routers[i]->tokens_per_expert().begin(), routers[i]->tokens_per_expert().end(),
-              counts.data<double>() + static_cast<int64_t>(i) * E);
-  const ParallelState& ps = *parallel_;
-  if (ps.tp_size() > 1) ps.tp_group().all_reduce(counts);
-  ps.dp_cp_group().all_reduce(counts);
-  for (size_t i = 0; i < routers.size(); ++i) {
-    const double* c = counts.data<double>() + static_cast<int64_t>(i) * E;
-    routers[i]->update_expert_bias(std::vector<double>(c, c + E));
+  if (bias || load) {
+    // Once per global batch: every router's counts summed over TP x DP x CP (the tokens of the
+    // whole batch; Megatron's _update_router_expert_bias), and over the pipeline for the log:
+    // one [L, E] all-reduce, each stage filling its layers' rows.
+    const int64_t E = cfg_.moe.num_experts, L = cfg_.num_layers;
+    Tensor counts = Tensor::zeros({L * E}, DType::kF64);
+    for (TopKRouter* r : routers)
+      std::copy(r->tokens_per_expert().begin(), r->tokens_per_expert().end(),
+                counts.data<double>() + r->layer_number() * E);
+    const ParallelState& ps = *parallel_;
+    if (ps.tp_size() > 1) ps.tp_group().all_reduce(counts);
+    ps.dp_cp_group().all_reduce(counts);
+    if (load && ps.pp_size() > 1) ps.pp_group().all_reduce(counts);
+    for (TopKRouter* r : routers) {
+      const double* c = counts.data<double>() + r->layer_number() * E;
+      r->update_expert_bias(std::vector<double>(c, c + E));
+    }
+    if (load && has_loss_) {
+      // --log-expert-load: per MoE layer the busiest expert's tokens over the mean, averaged
+      // over the layers (1: perfectly balanced; E / k: every token on the same k experts).
+      double sum = 0;
+      int64_t layers = 0;
+      for (int64_t l = 0; l < L; ++l) {
+        if (!cfg_.moe.is_moe_layer(l)) continue;
+        const double* c = counts.data<double>() + l * E;
+        double mx = 0, mean = 0;
+        for (int64_t e = 0; e < E; ++e) {
+          mx = std::max(mx, c[e]);
+          mean += c[e] / static_cast<double>(E);
+        }
+        sum += mean > 0 ? mx / mean : 0.0;
+        ++layers;
+      }
+      terms->add("expert load max/mean", sum / static_cast<double>(std::max<int64_t>(layers, 1)),
+                 1.0);
+    }
   }
+  for (TopKRouter* r : routers) r->clear_tokens_per_expert();
 }
 
 void Trainer::reduce_loss_stats(LossTerms* terms) {
@@ -734,7 +759,7 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, const BatchSchedule::
   reduce_loss_stats(&r.terms);
   r.loss = r.terms.empty() ? 0.0 : r.terms.terms().front().value();
   add_moe_terms(&r.terms);
-  update_expert_bias();
+  moe_step_end(&r.terms);
   if (args_.calculate_per_token_loss) divide_by_global_tokens(r.terms);
   if (scaler_) {
     // Megatron's fp16 step: unscale the fp32 main gradients, look for inf/NaN anywhere in the
@@ -1182,8 +1207,16 @@ int Trainer::train() {
     step.num_zeros = r.skipped ? -1 : r.num_zeros;
     if (args_.log_params_norm) step.params_norm = params_norm();
     log.add(step);
-    if (tensorboard_ && it % args_.tensorboard_log_interval == 0)
+    if (tensorboard_ && it % args_.tensorboard_log_interval == 0) {
       log.tensorboard(*tensorboard_, step);
+      if (cfg_.moe.per_layer_logging) {  // Megatron's moe/<name>_layer_<i> (1-based layers)
+        std::vector<std::pair<std::string, double>> points;
+        for (const auto& [name, layers] : moe_per_layer_)
+          for (const auto& [l, x] : layers)
+            points.emplace_back("moe/" + name + "_layer_" + std::to_string(l + 1), x);
+        tensorboard_->add_scalars(points, it);
+      }
+    }
     if (it % args_.log_interval == 0 || it == args_.train_iters) log_iteration(log, step);
     if (data_.valid && args_.eval_iters > 0 && it % args_.eval_interval == 0) {
       watchdog_->enter("evaluation", it);

@@ -139,8 +139,9 @@ class Trainer {
   // MoE layers of each layer's loss / coeff), appended to the last stage's terms; per layer in
   // moe_per_layer_. Collective over the world.
   void add_moe_terms(LossTerms* terms);
-  // --moe-router-enable-expert-bias: the routers' once-per-step bias update. Collective.
-  void update_expert_bias();
+  // After each step of an MoE model: --moe-router-enable-expert-bias's bias update, and with
+  // --log-expert-load the "expert load max/mean" term; clears the routers' counts. Collective.
+  void moe_step_end(LossTerms* terms);
   std::vector<Action> schedule() const;
   // Token-weighted mean loss over eval_iters global batches of `data`, from sample `*consumed`.
   LossTerms evaluate(const SampleSource& data, int64_t* consumed);
@@ -209,7 +210,8 @@ class Trainer {
   double comm_seconds() const;
   std::unique_ptr<ParamSet> params_;
   std::unique_ptr<MoeAuxTracker> moe_tracker_;  // MoE models: each layer's losses of a step
-  std::vector<std::pair<std::string, std::vector<double>>> moe_per_layer_;  // last step's
+  // The last step's MoE losses per name: (layer, value) of every MoE layer.
+  std::vector<std::pair<std::string, std::vector<std::pair<int64_t, double>>>> moe_per_layer_;
   std::unique_ptr<AdamW> optimizer_;                      // plain optimizer, or
   std::unique_ptr<DistributedOptimizer> dist_optimizer_;  // --use-distributed-optimizer
   LrSchedule schedule_;

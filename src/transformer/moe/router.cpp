@@ -147,9 +147,8 @@ Tensor TopKRouter::backward(const std::vector<double>& dprobs, Ctx& ctx) const {
     // Once per training micro-batch, also when its forward was recomputed.
     if (ctx.tracker)
       for (const auto& [name, v] : ctx.logged) ctx.tracker->add(name, layer_, v);
-    if (has_expert_bias())
-      for (int64_t t = 0; t < T; ++t)
-        for (int64_t e = 0; e < E; ++e) tokens_per_expert_[e] += ctx.routing.map[t * E + e];
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t e = 0; e < E; ++e) tokens_per_expert_[e] += ctx.routing.map[t * E + e];
   }
   const DType gemm = ctx.x.dtype();
   Tensor dl = Tensor::empty({T, E}, DType::kF64);
@@ -188,6 +187,9 @@ void TopKRouter::update_expert_bias(const std::vector<double>& global_counts) {
   std::copy(b.begin(), b.end(), t.data<double>());
   expert_bias.main.copy_from(t);
   if (expert_bias.value.raw() != expert_bias.main.raw()) expert_bias.value.copy_from(t);
+}
+
+void TopKRouter::clear_tokens_per_expert() const {
   std::fill(tokens_per_expert_.begin(), tokens_per_expert_.end(), 0.0);
 }
 

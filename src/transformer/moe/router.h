@@ -9,11 +9,11 @@
 // the load-balancing counts, summed over TP x CP so that the aux loss is the one of the whole
 // micro-batch (routing.h). W is marked sequence_parallel: its gradient is partial per TP rank.
 //
-// Aux-loss-free balancing (--moe-router-enable-expert-bias): the router counts the tokens each
-// expert gets (in backward, so that a recomputed forward counts once) and the trainer calls
-// update_expert_bias once per global batch: bias_e += rate * sign(mean count - count_e), counts
-// summed over TP x DP x CP. The bias is a Param without gradient (no decay, zero Adam updates)
-// so that it is saved and resharded with the weights.
+// The router counts the tokens each expert gets in training (in backward, so that a recomputed
+// forward counts once). Aux-loss-free balancing (--moe-router-enable-expert-bias) uses them: the
+// trainer calls update_expert_bias once per global batch: bias_e += rate * sign(mean count -
+// count_e), counts summed over TP x DP x CP. The bias is a Param without gradient (no decay,
+// zero Adam updates) so that it is saved and resharded with the weights.
 #pragma once
 
 #include <string>
@@ -54,9 +54,11 @@ class TopKRouter {
 
   // The tokens routed to each expert since the last update (training micro-batches), [E].
   const std::vector<double>& tokens_per_expert() const { return tokens_per_expert_; }
-  // Applies the aux-loss-free update with counts already summed over TP x DP x CP and clears
-  // the counter; no-op without expert bias.
+  void clear_tokens_per_expert() const;
+  // Applies the aux-loss-free update with counts already summed over TP x DP x CP; no-op
+  // without expert bias.
   void update_expert_bias(const std::vector<double>& global_counts);
+  int64_t layer_number() const { return layer_; }
   bool has_expert_bias() const { return !expert_bias.name.empty(); }
 
   Param weight;       // [E, h]
