@@ -77,6 +77,7 @@ void row_dots(Tensor& out, const Tensor& a, const Tensor& b) {
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < n; ++r) {
       double s = 0;
+#pragma omp simd reduction(+ : s)
       for (int64_t j = 0; j < c; ++j) s += static_cast<double>(x[r * c + j]) * y[r * c + j];
       o[r] = static_cast<T>(s);
     }
