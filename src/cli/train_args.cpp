@@ -87,7 +87,8 @@ void register_model_args(ArgTable& t, Arguments& a) {
   t.add("--moe-shared-expert-intermediate-size", a.moe_shared_expert_intermediate_size,
         "Total FFN width of the shared experts (applied to every token; default none)");
   t.flag("--moe-shared-expert-overlap", a.moe_shared_expert_overlap,
-         "Run the shared experts beside the token exchange (alltoall dispatcher)");
+         "Overlap the shared experts with the token exchange (alltoall dispatcher); on the CPU "
+         "they run after the routed experts, the same result");
   t.add("--moe-router-topk", a.moe_router_topk, "Experts per token");
   t.add("--moe-router-score-function", a.moe_router_score_function, "softmax or sigmoid");
   t.flag("--moe-router-pre-softmax", a.moe_router_pre_softmax,
@@ -107,8 +108,7 @@ void register_model_args(ArgTable& t, Arguments& a) {
         "fp32 or fp64: the gating GEMM in that dtype (routing math is f64 here)");
   t.add("--moe-router-load-balancing-type", a.moe_router_load_balancing_type,
         "aux_loss, seq_aux_loss, sinkhorn or none (one or more, with --moe-aux-loss-coeff each)");
-  t.add("--moe-aux-loss-coeff", a.moe_aux_loss_coeff,
-        "Coefficient of each load-balancing loss");
+  t.add("--moe-aux-loss-coeff", a.moe_aux_loss_coeff, "Coefficient of each load-balancing loss");
   t.add("--moe-z-loss-coeff", a.moe_z_loss_coeff, "Coefficient of the router z-loss");
   t.add("--moe-input-jitter-eps", a.moe_input_jitter_eps,
         "Router input multiplied by U(1 - eps, 1 + eps) in training");

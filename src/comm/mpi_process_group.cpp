@@ -328,9 +328,9 @@ Work MpiProcessGroup::do_all_to_all_v(Tensor& out, const Tensor& in,
   static char empty;
   void* sbuf = in.numel() > 0 ? const_cast<void*>(in.raw()) : &empty;
   void* rbuf = out.numel() > 0 ? out.raw() : &empty;
-  check_mpi(MPI_Alltoallv(sbuf, sc.data(), sd.data(), type, rbuf, rc.data(), rd.data(), type,
-                          comm_),
-            "MPI_Alltoallv");
+  check_mpi(
+      MPI_Alltoallv(sbuf, sc.data(), sd.data(), type, rbuf, rc.data(), rd.data(), type, comm_),
+      "MPI_Alltoallv");
   return Work();
 }
 

@@ -44,8 +44,7 @@ class MpiProcessGroup final : public ProcessGroup {
   Work do_all_to_all(Tensor& out, const Tensor& in, bool async) override;
   Work do_all_to_all_v(Tensor& out, const Tensor& in, const std::vector<int64_t>& send,
                        const std::vector<int64_t>& recv) override;
-  Work do_all_gather_v(Tensor& out, const Tensor& in,
-                       const std::vector<int64_t>& counts) override;
+  Work do_all_gather_v(Tensor& out, const Tensor& in, const std::vector<int64_t>& counts) override;
   Work do_send(const Tensor& t, int dst, int tag, bool async) override;
   Work do_recv(Tensor& t, int src, int tag, bool async) override;
   Work do_barrier(bool async) override;

@@ -95,11 +95,11 @@ ProcessGroup& ParallelState::embedding_group() const {
 }
 
 std::string ParallelState::str() const {
-  std::string s = detail::concat(
-      "world ", world_size(), " = tensor-model-parallel ", tp_size(), " x context-parallel ",
-      cp_size(), " x data-parallel ", dp_size(), " x pipeline-model-parallel ", pp_size(),
-      "; rank ", rank(), ": tp ", tp_rank(), ", cp ", cp_rank(), ", dp ", dp_rank(), ", pp ",
-      pp_rank());
+  std::string s =
+      detail::concat("world ", world_size(), " = tensor-model-parallel ", tp_size(),
+                     " x context-parallel ", cp_size(), " x data-parallel ", dp_size(),
+                     " x pipeline-model-parallel ", pp_size(), "; rank ", rank(), ": tp ",
+                     tp_rank(), ", cp ", cp_rank(), ", dp ", dp_rank(), ", pp ", pp_rank());
   if (experts_apart()) {
     s += detail::concat("; experts: expert-tensor-parallel ", etp_size(),
                         " x expert-model-parallel ", ep_size(), " x expert-data-parallel ",

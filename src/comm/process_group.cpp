@@ -221,8 +221,7 @@ void ProcessGroup::all_to_all_v(Tensor& out, const Tensor& in,
   *busy_ += timer.elapsed();
 }
 
-void ProcessGroup::all_gather_v(Tensor& out, const Tensor& in,
-                                const std::vector<int64_t>& counts) {
+void ProcessGroup::all_gather_v(Tensor& out, const Tensor& in, const std::vector<int64_t>& counts) {
   const Timer timer;
   check_same_dtype("all_gather_v", out, in);
   MEGATRON_CHECK(static_cast<int>(counts.size()) == size(), "all_gather_v: ", counts.size(),

@@ -30,8 +30,8 @@ struct ChunkPlacement {
   std::shared_ptr<ProcessGroup> tp;  // null: no tensor parallelism
   bool sequence_parallel = false;    // --sequence-parallel (ignored without TP)
   int pp_size = 1, pp_rank = 0;
-  int virtual_stages = 1;          // chunks per pipeline rank (interleaved schedules)
-  ContextParallelContext cp = {};  // --context-parallel-size (none by default)
+  int virtual_stages = 1;             // chunks per pipeline rank (interleaved schedules)
+  ContextParallelContext cp = {};     // --context-parallel-size (none by default)
   ExpertParallelContext expert = {};  // MoE experts' split (default: EP 1, ETP = TP)
 };
 

@@ -108,7 +108,8 @@ double DistributedOptimizer::grad_sum_squares_unique(ParamDomain only) const {
   const Tensor& grads = params_.grads();
   double sum = 0;
   for (const Segment& s : segments_) {
-    if (!s.param->is_duplicate() && in_domain(*s.param, only)) sum += ops::sum_squares(grads.flat_view(s.begin, {s.numel}));
+    if (!s.param->is_duplicate() && in_domain(*s.param, only))
+      sum += ops::sum_squares(grads.flat_view(s.begin, {s.numel}));
   }
   return sum;
 }
@@ -117,7 +118,8 @@ int64_t DistributedOptimizer::grad_zeros_unique(ParamDomain only) const {
   const Tensor& grads = params_.grads();
   int64_t zeros = 0;
   for (const Segment& s : segments_) {
-    if (!s.param->is_duplicate() && in_domain(*s.param, only)) zeros += ops::count_zeros(grads.flat_view(s.begin, {s.numel}));
+    if (!s.param->is_duplicate() && in_domain(*s.param, only))
+      zeros += ops::count_zeros(grads.flat_view(s.begin, {s.numel}));
   }
   return zeros;
 }

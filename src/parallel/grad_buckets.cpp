@@ -15,9 +15,9 @@ int64_t default_ddp_bucket_size(int dp_size) {
 BucketLayout distributed_bucket_layout(int64_t bucket_size, int dp_size, int expert_dp_size) {
   MEGATRON_CHECK(dp_size >= 1 && expert_dp_size >= 1, "data-parallel sizes must be >= 1, got ",
                  dp_size, " and ", expert_dp_size);
-  return BucketLayout{bucket_size,
-                      std::lcm(std::lcm(int64_t{16} * dp_size, int64_t{16} * expert_dp_size),
-                               int64_t{128})};
+  return BucketLayout{
+      bucket_size,
+      std::lcm(std::lcm(int64_t{16} * dp_size, int64_t{16} * expert_dp_size), int64_t{128})};
 }
 
 GradBuckets::GradBuckets(ParamSet& params, ProcessGroup& dp, int64_t bucket_size, bool overlap,
@@ -70,8 +70,8 @@ GradBuckets::GradBuckets(ParamSet& params, ProcessGroup& dp, int64_t bucket_size
       // A parameter's share of the buffer runs to the next one's offset (alignment padding
       // included), so the buckets tile the whole buffer.
       cur.end = k + 1 < idx.size() ? offset[idx[k + 1]] : total;
-      const bool domain_ends = k + 1 < idx.size() && order[idx[k]]->expert_parallel !=
-                                                         order[idx[k + 1]]->expert_parallel;
+      const bool domain_ends = k + 1 < idx.size() &&
+                               order[idx[k]]->expert_parallel != order[idx[k + 1]]->expert_parallel;
       if ((bucket_size > 0 && cur.end - cur.begin >= bucket_size) || domain_ends ||
           k + 1 == idx.size()) {
         const int64_t next = cur.end;

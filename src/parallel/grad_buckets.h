@@ -113,8 +113,8 @@ class GradBuckets {
     bool launched = false;
     ProcessGroup* group = nullptr;  // where it is reduced
     double scale = 1.0;             // applied before the sum when averaging
-    Tensor view, shard;     // the ranges, as tensors
-    Tensor low, low_shard;  // bf16 copies in flight with --grad-reduce-in-bf16
+    Tensor view, shard;             // the ranges, as tensors
+    Tensor low, low_shard;          // bf16 copies in flight with --grad-reduce-in-bf16
     Work work;
   };
   void launch(Bucket& b);

@@ -74,8 +74,8 @@ ParamSet::ParamSet(std::vector<Param*> params, DType compute_dtype, const Bucket
   offsets_.resize(params_.size());
   for (size_t i = params_.size(); i-- > 0;) {
     const bool own = params_[i]->is_embedding_or_output;
-    const bool other_domain = i + 1 < params_.size() &&
-                              params_[i]->expert_parallel != params_[i + 1]->expert_parallel;
+    const bool other_domain =
+        i + 1 < params_.size() && params_[i]->expert_parallel != params_[i + 1]->expert_parallel;
     if ((own || other_domain) && total > begin) close();
     offsets_[i] = total;
     total += (params_[i]->shape.numel() + 15) / 16 * 16;

@@ -87,7 +87,8 @@ struct Param {
 // equally padded buckets and their shards hold the same elements: the embedding group's sum of
 // the two copies then works on reduce-scattered shards (Megatron does the same). A bucket also
 // closes where the parameters change from dense to expert-parallel or back: the two kinds reduce
-// over different groups. Only the gaps between parameters change; every Param stays contiguous and 16-aligned.
+// over different groups. Only the gaps between parameters change; every Param stays contiguous and
+// 16-aligned.
 struct BucketLayout {
   int64_t bucket_size = 0;    // elements per bucket at least (the last takes the rest); <= 0: one
   int64_t pad_multiple = 16;  // every bucket's length is a multiple of this; a multiple of 16

@@ -189,9 +189,9 @@ struct Arguments {
   std::string inject_fault;      // testing hook "KIND:RANK:ITERATION"; empty: none
 
   // ---- mixture of experts (transformer/moe/moe_config.h; Megatron's _add_moe_args) ----
-  int64_t num_experts = 0;                // experts per MoE layer; 0: dense
-  std::string moe_layer_freq = "1";       // N, or a list expression such as ([0]*3+[1]*5)
-  int64_t moe_ffn_hidden_size = 0;        // per-expert FFN width; 0: --ffn-hidden-size
+  int64_t num_experts = 0;                          // experts per MoE layer; 0: dense
+  std::string moe_layer_freq = "1";                 // N, or a list expression such as ([0]*3+[1]*5)
+  int64_t moe_ffn_hidden_size = 0;                  // per-expert FFN width; 0: --ffn-hidden-size
   int64_t moe_shared_expert_intermediate_size = 0;  // total shared-expert width; 0: none
   bool moe_shared_expert_overlap = false;
   int64_t moe_router_topk = 2;
@@ -207,13 +207,13 @@ struct Arguments {
   std::vector<std::string> moe_aux_loss_coeff = {"0.0"};  // one per load-balancing type
   double moe_z_loss_coeff = kUnset;
   double moe_input_jitter_eps = kUnset;
-  double moe_expert_capacity_factor = kUnset;  // unset or negative: dropless
+  double moe_expert_capacity_factor = kUnset;   // unset or negative: dropless
   std::string moe_token_drop_policy = "probs";  // probs or position
   bool moe_pad_expert_input_to_capacity = false;
   std::string moe_token_dispatcher_type = "allgather";  // allgather or alltoall
   bool moe_grouped_gemm = false;
   bool moe_per_layer_logging = false;
-  bool log_expert_load = false;  // ours: "expert load max/mean" in the iteration line
+  bool log_expert_load = false;             // ours: "expert load max/mean" in the iteration line
   int64_t expert_model_parallel_size = 1;   // EP
   int64_t expert_tensor_parallel_size = 0;  // ETP; 0: --tensor-model-parallel-size
 

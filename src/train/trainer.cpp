@@ -211,11 +211,11 @@ void Trainer::build_model() {
   const int64_t bucket = bucket_size();
   const bool distributed = args_.use_distributed_optimizer;
   const int expert_dp = ps.experts_apart() ? ps.edp_size() : 1;
-  params_ = distributed ? std::make_unique<ParamSet>(
-                              all, cfg_.compute_dtype,
-                              distributed_bucket_layout(bucket, static_cast<int>(grad_size_),
-                                                        expert_dp))
-                        : std::make_unique<ParamSet>(all, cfg_.compute_dtype);
+  params_ = distributed
+                ? std::make_unique<ParamSet>(
+                      all, cfg_.compute_dtype,
+                      distributed_bucket_layout(bucket, static_cast<int>(grad_size_), expert_dp))
+                : std::make_unique<ParamSet>(all, cfg_.compute_dtype);
   if (!args_.pretrained_checkpoint.empty()) {
     spec_->hf.load(args_.pretrained_checkpoint, *chunks_.front(), *params_);
     log_first(" > loaded pretrained weights from " + args_.pretrained_checkpoint);
@@ -682,7 +682,15 @@ double Trainer::comm_seconds() const {
              ps.pp_group().busy_seconds() + ps.dp_group().busy_seconds() +
              ps.dp_cp_group().busy_seconds() + ps.model_parallel_group().busy_seconds();
   if (ps.in_embedding_group()) s += ps.embedding_group().busy_seconds();
-  return s + cp_busy_seconds();
+  return s + cp_busy_seconds() + expert_busy_seconds();
+}
+
+double Trainer::expert_busy_seconds() const {
+  const ParallelState& ps = *parallel_;
+  if (!ps.experts_apart()) return 0.0;  // the expert groups are the dense ones (counted there)
+  return ps.ep_group().busy_seconds() + ps.etp_group().busy_seconds() +
+         ps.tp_ep_group().busy_seconds() + ps.edp_group().busy_seconds() +
+         ps.expert_model_parallel_group().busy_seconds();
 }
 
 double Trainer::cp_busy_seconds() const {
@@ -712,6 +720,7 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, const BatchSchedule::
   StepResult r;
   const double comm0 = comm_seconds();
   const double cp0 = cp_busy_seconds();
+  const double expert0 = expert_busy_seconds();
   const std::array<double, kOpCategories> ops0 = op_times();
   Timer phase;
   params_->zero_grads();
@@ -784,6 +793,7 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, const BatchSchedule::
       timers_.add("optimizer", phase.elapsed());
       timers_.add("communication (all groups)", comm_seconds() - comm0);
       add_cp_time(cp0);
+      add_expert_time(expert0);
       add_gather_time(gather_wait0);
       add_op_times(ops0);
       return r;
@@ -806,10 +816,10 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, const BatchSchedule::
     return dist_optimizer_ ? dist_optimizer_->grad_sum_squares_unique(d)
                            : grad_sum_squares_unique(*params_, d);
   };
-  r.grad_norm = std::sqrt(parallel_->experts_apart()
-                              ? sum_over_model(grad_squares(ParamDomain::kDense),
-                                               grad_squares(ParamDomain::kExpert))
-                              : sum_over_model(grad_squares(ParamDomain::kAll), 0.0));
+  r.grad_norm =
+      std::sqrt(parallel_->experts_apart() ? sum_over_model(grad_squares(ParamDomain::kDense),
+                                                            grad_squares(ParamDomain::kExpert))
+                                           : sum_over_model(grad_squares(ParamDomain::kAll), 0.0));
   if (args_.check_for_nan_in_loss_and_grad) {
     if (!std::isfinite(r.grad_norm)) {
       throw std::runtime_error(
@@ -841,6 +851,7 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, const BatchSchedule::
   timers_.add("optimizer", phase.elapsed());
   timers_.add("communication (all groups)", comm_seconds() - comm0);
   add_cp_time(cp0);
+  add_expert_time(expert0);
   add_gather_time(gather_wait0);
   add_op_times(ops0);
   return r;
@@ -860,6 +871,14 @@ void Trainer::add_cp_time(double cp0) {
   // transfers only where compute did not hide them).
   if (parallel_->cp_size() > 1) {
     timers_.add("context-parallel communication (exposed)", cp_busy_seconds() - cp0);
+  }
+}
+
+void Trainer::add_expert_time(double expert0) {
+  // MoE layers' token exchange (all-to-all over EP, gathers over ETP) and the expert gradients'
+  // reduction over expert-data-parallel, when experts are split apart from the dense layers.
+  if (parallel_->experts_apart()) {
+    timers_.add("expert-parallel communication", expert_busy_seconds() - expert0);
   }
 }
 
@@ -974,11 +993,10 @@ void Trainer::load_checkpoint() {
                      " has no optimizer state (it was saved with --no-save-optim): pass "
                      "--no-load-optim (moments start at zero) or --finetune");
     }
-    load_shards(
-        reader,
-        CheckpointTarget{params_.get(), optimizer_.get(), dist_optimizer_.get(), grad_rank_,
-                         parallel_->experts_apart() ? parallel_->edp_rank() : grad_rank_},
-        optim);
+    load_shards(reader,
+                CheckpointTarget{params_.get(), optimizer_.get(), dist_optimizer_.get(), grad_rank_,
+                                 parallel_->experts_apart() ? parallel_->edp_rank() : grad_rank_},
+                optim);
     bytes_read = reader.bytes_read();
     RunState state = run_state_from_json(meta, meta_path);
     if (optim) {

@@ -96,6 +96,10 @@ class Trainer {
   void add_gather_time(double wait_at_start);
   // Seconds spent in context-parallel communication so far (the CP group and a2a+p2p's groups).
   double cp_busy_seconds() const;
+  // Seconds in the expert groups' communication so far (0 unless experts_apart), and the step's
+  // share of it into the timing report.
+  double expert_busy_seconds() const;
+  void add_expert_time(double expert_at_start);
   // One iteration over `batch` (its micro-batch count is num_microbatches_).
   StepResult train_step(int64_t iteration, const BatchSchedule::Batch& batch,
                         const StepRates& rates);

@@ -23,9 +23,9 @@ struct ExpertParallelContext {
 };
 
 struct TensorParallelContext {
-  ProcessGroup* group = nullptr;   // never null inside a model; outlives the layers
-  bool sequence_parallel = false;  // only meaningful with group->size() > 1
-  ContextParallelContext cp = {};  // this rank's chunks of the sequence; none by default
+  ProcessGroup* group = nullptr;      // never null inside a model; outlives the layers
+  bool sequence_parallel = false;     // only meaningful with group->size() > 1
+  ContextParallelContext cp = {};     // this rank's chunks of the sequence; none by default
   ExpertParallelContext expert = {};  // MoE layers' expert split; default: EP 1, ETP = TP
 
   int size() const { return group->size(); }

@@ -48,8 +48,8 @@ Tensor TransformerLayer::forward(const Tensor& x, const TokenLayout& layout, Ctx
   ops::add(x1, x, a);
 
   const Tensor normed = pre_mlp_layernorm.forward(x1, ctx.ln2);
-  Tensor m = (moe ? moe->forward(normed, ctx.moe, mode) : mlp->forward(normed, ctx.mlp))
-                 .view(x.shape());
+  Tensor m =
+      (moe ? moe->forward(normed, ctx.moe, mode) : mlp->forward(normed, ctx.mlp)).view(x.shape());
   if (ctx.dropout > 0)
     sequence_dropout_forward(m, m, ctx.dropout, ctx.seed, ctx.stream_mlp, tp_, true);
   ops::add_inplace(m, x1);  // out = x1 + dropout(mlp(...)), reusing m's storage

@@ -22,9 +22,9 @@
 #include "checkpoint/safetensors.h"
 #include "models/gpt/gpt_hf.h"
 #include "optim/adamw.h"
-#include "transformer/moe/aux_tracker.h"
 #include "tensor/ops.h"
 #include "testing/testing.h"
+#include "transformer/moe/aux_tracker.h"
 
 namespace megatron {
 namespace {

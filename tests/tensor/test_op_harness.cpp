@@ -273,8 +273,7 @@ void register_lookups_and_copies() {
     const Tensor row_scale = random_tensor({s[0]}, 17, 1.0, DType::kF64);
     Tensor index = Tensor::empty({2 * s[0] + 1}, DType::kI64);
     for (int64_t r = 0; r < index.numel(); ++r) index.data<int64_t>()[r] = (r * 7 + 3) % s[0];
-    add({"row scalars and permutations",
-         dims(s),
+    add({"row scalars and permutations", dims(s),
          [=](const Place& p) {
            Tensor prod = p.empty(s);
            ops::mul(prod, p(x), p(x));

@@ -48,8 +48,8 @@ MoeConfig config_of(const json& c, int64_t E) {
   m.num_experts = E;
   m.ffn_hidden_size = 1;
   m.router_topk = c.at("topk").get<int64_t>();
-  m.score_function = c.at("score") == "sigmoid" ? MoeScoreFunction::kSigmoid
-                                                : MoeScoreFunction::kSoftmax;
+  m.score_function =
+      c.at("score") == "sigmoid" ? MoeScoreFunction::kSigmoid : MoeScoreFunction::kSoftmax;
   m.pre_softmax = c.value("pre_softmax", false);
   m.topk_scaling_factor = c.value("scaling", 0.0);
   m.num_groups = c.value("num_groups", 0);
@@ -58,7 +58,7 @@ MoeConfig config_of(const json& c, int64_t E) {
   if (c.value("sinkhorn", false)) m.load_balancing = {MoeLoadBalancing::kSinkhorn};
   m.capacity_factor = c.value("capacity", 0.0);
   m.drop_policy = c.value("policy", std::string("probs")) == "position" ? MoeDropPolicy::kPosition
-                                                                       : MoeDropPolicy::kProbs;
+                                                                        : MoeDropPolicy::kProbs;
   m.pad_expert_input_to_capacity = c.value("pad", false);
   return m;
 }
@@ -133,7 +133,8 @@ TEST(MoeRouting, ExpertBiasUpdateAgainstTheOracle) {
     Tensor b = Tensor::empty({E}, DType::kF64);
     std::copy(bias.begin(), bias.end(), b.data<double>());
     router.expert_bias.main.copy_from(b);
-    const moe::Routing r = moe::route(c["logits"].get<std::vector<double>>(), T, cfg.moe, bias, true);
+    const moe::Routing r =
+        moe::route(c["logits"].get<std::vector<double>>(), T, cfg.moe, bias, true);
     std::vector<double> counts(static_cast<size_t>(E), 0.0);
     for (int64_t t = 0; t < T; ++t)
       for (int64_t e = 0; e < E; ++e) counts[e] += r.map[t * E + e];
@@ -155,10 +156,10 @@ TEST(MoeRouting, SeqAuxLossEqualsAuxLossForOneSequence) {
   const MoeConfig m = config_of(all["cases"][0]["cfg"], E);
   const auto logits = all["cases"][0]["logits"].get<std::vector<double>>();
   const moe::AuxScores a = moe::aux_scores(logits, T, m);
-  const double aux = moe::aux_loss(a, T, E, m.router_topk, moe::aux_counts(a, T, E), T, 1.0, 0,
-                                   nullptr);
-  const double seq = moe::seq_aux_loss(a, T, E, m.router_topk, 1, moe::aux_counts(a, T, E, 1), T,
-                                       1.0, 0, nullptr);
+  const double aux =
+      moe::aux_loss(a, T, E, m.router_topk, moe::aux_counts(a, T, E), T, 1.0, 0, nullptr);
+  const double seq =
+      moe::seq_aux_loss(a, T, E, m.router_topk, 1, moe::aux_counts(a, T, E, 1), T, 1.0, 0, nullptr);
   EXPECT_NEAR(seq, aux, 1e-14 * aux);
   EXPECT_GT(aux, 0.5);  // a balanced router gives ~1: a real value, not a zero
 }

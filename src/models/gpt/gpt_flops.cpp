@@ -17,9 +17,9 @@ double model_flops_per_iteration(const TransformerConfig& c, int64_t global_batc
   const double dense_layers = L - moe_layers;
   const double routed = static_cast<double>(c.moe.ffn_hidden_size * c.moe.router_topk) +
                         static_cast<double>(c.moe.shared_expert_intermediate_size);
-  const double mlp = (static_cast<double>(c.ffn_hidden_size) * dense_layers / L +
-                      routed * moe_layers / L) /
-                     h * gated;
+  const double mlp =
+      (static_cast<double>(c.ffn_hidden_size) * dense_layers / L + routed * moe_layers / L) / h *
+      gated;
   const double logit = static_cast<double>(c.padded_vocab_size) / (2.0 * L * h);
   return 12.0 * B * s * L * h * h * (attention + mlp + logit);
 }

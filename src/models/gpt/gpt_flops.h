@@ -3,10 +3,9 @@
 // Clusters", appendix): 12 * B * s * L * h^2 * ( (1 + g/n + s/h) * (n*hn/h)
 //   + (ffn/h) * (3/2 if SwiGLU else 1) + Vp / (2 L h) ), with B the global batch. The factor 12 is
 // 3 (forward, data grad, weight grad) x 2 (GEMMs come in pairs) x 2 (multiply-add). In an MoE
-// layer the MLP term is that of the top-k experts plus the shared experts, (moe_ffn k + shared) / h,
-// weighted by the share of MoE layers, as Megatron counts it. It counts
-// full (not causal-halved) attention scores and no recomputation, so it is model FLOPs, the
-// numerator of MFU.
+// layer the MLP term is that of the top-k experts plus the shared experts, (moe_ffn k + shared) /
+// h, weighted by the share of MoE layers, as Megatron counts it. It counts full (not causal-halved)
+// attention scores and no recomputation, so it is model FLOPs, the numerator of MFU.
 #pragma once
 
 #include <cstdint>

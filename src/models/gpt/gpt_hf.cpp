@@ -156,7 +156,8 @@ HfModelInfo read_hf_config(const std::string& dir) {
     c.num_query_groups = get_or<int64_t>(j, "num_key_value_heads", c.num_attention_heads, file);
     c.kv_channels = get_or<int64_t>(j, "head_dim", 0, file);
     c.ffn_hidden_size = get_or<int64_t>(j, "intermediate_size", 0, file);
-    MEGATRON_CHECK(c.ffn_hidden_size > 0 || c.moe.enabled(), file, ": intermediate_size is missing");
+    MEGATRON_CHECK(c.ffn_hidden_size > 0 || c.moe.enabled(), file,
+                   ": intermediate_size is missing");
     if (c.ffn_hidden_size == 0) c.ffn_hidden_size = c.moe.ffn_hidden_size;
     c.max_position_embeddings = get<int64_t>(j, "max_position_embeddings", file);
     c.vocab_size = get<int64_t>(j, "vocab_size", file);
@@ -321,10 +322,10 @@ std::vector<Mapping> build_mappings(const HfModelInfo& info, GPTModel& m) {
         for (int64_t e = 0; e < L.moe->experts.num_local(); ++e) {
           const std::string x =
               moe + "experts." + std::to_string(L.moe->experts.first_expert() + e) + ".";
-          add(x + (mixtral ? "w1" : "gate_proj") + ".weight", L.moe->experts.fc1(e), {fe, h},
-              false, {}, 0);
-          add(x + (mixtral ? "w3" : "up_proj") + ".weight", L.moe->experts.fc1(e), {fe, h},
-              false, {}, fe);
+          add(x + (mixtral ? "w1" : "gate_proj") + ".weight", L.moe->experts.fc1(e), {fe, h}, false,
+              {}, 0);
+          add(x + (mixtral ? "w3" : "up_proj") + ".weight", L.moe->experts.fc1(e), {fe, h}, false,
+              {}, fe);
           add(x + (mixtral ? "w2" : "down_proj") + ".weight", L.moe->experts.fc2(e), {h, fe});
         }
       } else {
@@ -418,15 +419,16 @@ void load_hf_weights(const std::string& dir, const HfModelInfo& info, GPTModel& 
     const bool rotary_buffer = short_name.find("rotary_emb.inv_freq") != std::string::npos;
     // Under expert parallelism this rank holds E / EP experts: the others' are for its peers.
     bool peer_expert = false;
-    if (const size_t at = short_name.find(".experts."); at != std::string::npos && info.config.moe.enabled()) {
+    if (const size_t at = short_name.find(".experts.");
+        at != std::string::npos && info.config.moe.enabled()) {
       const size_t begin = at + 9, end = short_name.find('.', begin);
       const std::string index = short_name.substr(begin, end - begin);
       peer_expert = !index.empty() && index.find_first_not_of("0123456789") == std::string::npos &&
                     std::stoll(index) < info.config.moe.num_experts;
     }
     MEGATRON_CHECK(mask_buffer || tied_head || rotary_buffer || peer_expert, dir,
-                   ": unexpected tensor '", full,
-                   "' for a ", info.arch == HfArch::kGpt2 ? "gpt2" : "llama",
+                   ": unexpected tensor '", full, "' for a ",
+                   info.arch == HfArch::kGpt2 ? "gpt2" : "llama",
                    " model as config.json describes it");
   }
   for (auto& [p, t] : staged) p->main.copy_from(t);
@@ -509,18 +511,18 @@ HfModelInfo hf_info_from_config(const TransformerConfig& c, HfArch arch) {
     // Qwen3-MoE when the heads have q/k norms (it has them always), else Mixtral (every layer
     // MoE, softmax over the k selected). Routers Hugging Face cannot express have no export.
     const MoeConfig& m = c.moe;
-    MEGATRON_CHECK(m.score_function == MoeScoreFunction::kSoftmax && m.topk_scaling_factor == 0 &&
-                       m.group_topk == 0 && !m.enable_expert_bias &&
-                       m.shared_expert_intermediate_size == 0 &&
-                       !m.has(MoeLoadBalancing::kSinkhorn),
-                   "this MoE model has no Hugging Face equivalent: Mixtral and Qwen3-MoE route by "
-                   "softmax top-k without scaling, groups, expert bias, sinkhorn or shared experts");
+    MEGATRON_CHECK(
+        m.score_function == MoeScoreFunction::kSoftmax && m.topk_scaling_factor == 0 &&
+            m.group_topk == 0 && !m.enable_expert_bias && m.shared_expert_intermediate_size == 0 &&
+            !m.has(MoeLoadBalancing::kSinkhorn),
+        "this MoE model has no Hugging Face equivalent: Mixtral and Qwen3-MoE route by "
+        "softmax top-k without scaling, groups, expert bias, sinkhorn or shared experts");
     const bool mixtral = !c.qk_layernorm;
-    MEGATRON_CHECK(c.qk_layernorm || (m.num_moe_layers(c.num_layers) == c.num_layers &&
-                                      !m.pre_softmax),
-                   "this MoE model has no Hugging Face equivalent: Mixtral has MoE in every layer "
-                   "(--moe-layer-freq 1) and renormalises over the k (no --moe-router-pre-softmax); "
-                   "dense layers or pre-softmax need --qk-layernorm (Qwen3-MoE)");
+    MEGATRON_CHECK(
+        c.qk_layernorm || (m.num_moe_layers(c.num_layers) == c.num_layers && !m.pre_softmax),
+        "this MoE model has no Hugging Face equivalent: Mixtral has MoE in every layer "
+        "(--moe-layer-freq 1) and renormalises over the k (no --moe-router-pre-softmax); "
+        "dense layers or pre-softmax need --qk-layernorm (Qwen3-MoE)");
     info.model_type = mixtral ? "mixtral" : "qwen3_moe";
     j = {{"model_type", info.model_type},
          {"architectures", {mixtral ? "MixtralForCausalLM" : "Qwen3MoeForCausalLM"}},

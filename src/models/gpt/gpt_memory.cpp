@@ -29,19 +29,17 @@ int64_t activation_bytes_per_microbatch(const TransformerConfig& c, const Activa
   // An MoE layer: each token's k expert rows (experts' input, activation before and after the
   // probabilities), the router's logits and routing, and the shared experts' MLP.
   const int64_t k = c.moe.router_topk, fe = c.moe.ffn_hidden_size;
-  const int64_t moe_layer =
-      attention + sb * k / t * (h * g + fe * e) + mlp(fe, sb * k) +
-      s_local_b * c.moe.num_experts * 8 * 3 +
-      (c.moe.shared_expert_intermediate_size > 0
-           ? sb * h * g + mlp(c.moe.shared_expert_intermediate_size, sb)
-           : 0);
-  const int64_t input = s_local_b * h * e;                   // a recomputed segment's input
+  const int64_t moe_layer = attention + sb * k / t * (h * g + fe * e) + mlp(fe, sb * k) +
+                            s_local_b * c.moe.num_experts * 8 * 3 +
+                            (c.moe.shared_expert_intermediate_size > 0
+                                 ? sb * h * g + mlp(c.moe.shared_expert_intermediate_size, sb)
+                                 : 0);
+  const int64_t input = s_local_b * h * e;  // a recomputed segment's input
   const int64_t L = a.num_layers;
   int64_t bytes = 0;
   // The stage's layers are global layers [first_layer, first_layer + L).
   int64_t kept = 0;  // every layer's activations
-  for (int64_t i = 0; i < L; ++i)
-    kept += c.moe.is_moe_layer(a.first_layer + i) ? moe_layer : layer;
+  for (int64_t i = 0; i < L; ++i) kept += c.moe.is_moe_layer(a.first_layer + i) ? moe_layer : layer;
   switch (c.recompute_granularity) {
     case RecomputeGranularity::kNone:
       bytes = kept;

@@ -32,13 +32,13 @@ namespace megatron {
 
 // The part of the model one instance holds, and its tensor-parallel group.
 struct GPTStage {
-  std::shared_ptr<ProcessGroup> tp;  // null: no tensor parallelism
-  bool sequence_parallel = false;    // --sequence-parallel (ignored without TP)
-  int64_t first_layer = 0;           // global number of this stage's first layer
-  int64_t num_layers = -1;           // -1: every layer from first_layer on
-  bool pre_process = true;           // holds the embeddings (first pipeline stage)
-  bool post_process = true;          // holds final norm, output layer, loss (last stage)
-  ContextParallelContext cp = {};    // --context-parallel-size: this rank's sequence chunks
+  std::shared_ptr<ProcessGroup> tp;   // null: no tensor parallelism
+  bool sequence_parallel = false;     // --sequence-parallel (ignored without TP)
+  int64_t first_layer = 0;            // global number of this stage's first layer
+  int64_t num_layers = -1;            // -1: every layer from first_layer on
+  bool pre_process = true;            // holds the embeddings (first pipeline stage)
+  bool post_process = true;           // holds final norm, output layer, loss (last stage)
+  ContextParallelContext cp = {};     // --context-parallel-size: this rank's sequence chunks
   ExpertParallelContext expert = {};  // MoE layers' expert split (default: EP 1, ETP = TP)
 };
 

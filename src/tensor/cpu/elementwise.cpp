@@ -52,8 +52,8 @@ void mul(Tensor& out, const Tensor& a, const Tensor& b) {
 
 void scale_rows(Tensor& x, const Tensor& scale) {
   const int64_t n = scale.numel(), c = n > 0 ? x.numel() / n : 0;
-  MEGATRON_CHECK(c * n == x.numel(), "scale_rows: ", scale.str(), " scales do not divide ",
-                 x.str(), " into rows");
+  MEGATRON_CHECK(c * n == x.numel(), "scale_rows: ", scale.str(), " scales do not divide ", x.str(),
+                 " into rows");
   cpu::check_same_dtype(x, scale, "scale_rows");
   dispatch_float(x, "scale_rows", [&]<typename T>() {
     T* p = x.data<T>();

@@ -49,8 +49,7 @@ void gather_rows(Tensor& out, const Tensor& x, const Tensor& index) {
 void scatter_add_rows(Tensor& out, const Tensor& x, const Tensor& index) {
   const int64_t c = out.ndim() >= 1 ? out.dim(-1) : 1, rows = c > 0 ? out.numel() / c : 0;
   const int64_t n = index.numel();
-  MEGATRON_CHECK(x.numel() == n * c, "scatter_add_rows: ", x.str(), " is not ", n, " rows of ",
-                 c);
+  MEGATRON_CHECK(x.numel() == n * c, "scatter_add_rows: ", x.str(), " is not ", n, " rows of ", c);
   cpu::check_same_dtype(out, x, "scatter_add_rows");
   const int64_t* ix = checked_index(index, n, rows, "scatter_add_rows");
   dispatch_float(out, "scatter_add_rows", [&]<typename T>() {

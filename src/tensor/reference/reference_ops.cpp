@@ -436,8 +436,8 @@ void transpose_2d(Tensor& out, const Tensor& x) {
 void gather_rows(Tensor& out, const Tensor& x, const Tensor& index) {
   const int64_t c = x.dim(-1);
   const size_t es = dtype_size(x.dtype());
-  MEGATRON_CHECK(out.dtype() == x.dtype() && out.numel() == index.numel() * c,
-                 "gather_rows: out ", out.str(), " for ", x.str());
+  MEGATRON_CHECK(out.dtype() == x.dtype() && out.numel() == index.numel() * c, "gather_rows: out ",
+                 out.str(), " for ", x.str());
   for (int64_t r = 0; r < index.numel(); ++r)
     std::memcpy(static_cast<char*>(out.raw()) + r * c * es,
                 static_cast<const char*>(x.raw()) + id_at(index, r) * c * es, c * es);

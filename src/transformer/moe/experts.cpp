@@ -35,8 +35,8 @@ GroupedExperts::GroupedExperts(const std::string& name, const TransformerConfig&
                                int ep_size, ProcessGroup& etp)
     : cfg_(cfg) {
   const MoeConfig& m = cfg.moe;
-  const int64_t local = divide(m.num_experts, ep_size,
-                               "--num-experts by --expert-model-parallel-size");
+  const int64_t local =
+      divide(m.num_experts, ep_size, "--num-experts by --expert-model-parallel-size");
   first_ = ep_rank * local;
   ffn_local_ = divide(m.ffn_hidden_size, etp.size(),
                       "--moe-ffn-hidden-size by --expert-tensor-parallel-size");

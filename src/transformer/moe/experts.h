@@ -32,10 +32,10 @@ namespace megatron {
 class GroupedExperts {
  public:
   struct Ctx {
-    Tensor x;        // [N, h] the GEMM input (compute dtype)
-    Tensor pre_act;  // [N, f1] fc1 output, f32
-    Tensor act;      // [N, f] activation (before the probabilities), f32
-    Tensor scaled;   // [N, f] act * p, as fc2 saw it (compute dtype)
+    Tensor x;                     // [N, h] the GEMM input (compute dtype)
+    Tensor pre_act;               // [N, f1] fc1 output, f32
+    Tensor act;                   // [N, f] activation (before the probabilities), f32
+    Tensor scaled;                // [N, f] act * p, as fc2 saw it (compute dtype)
     std::vector<double> probs;    // [N]
     std::vector<int64_t> counts;  // rows per local expert
   };
@@ -61,7 +61,7 @@ class GroupedExperts {
 
  private:
   const TransformerConfig& cfg_;
-  int64_t first_;     // global index of local expert 0
+  int64_t first_;      // global index of local expert 0
   int64_t ffn_local_;  // ffn_e / etp
   std::vector<std::unique_ptr<Linear>> fc1_, fc2_;
 };

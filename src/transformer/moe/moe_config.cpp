@@ -36,8 +36,8 @@ void MoeConfig::validate(int64_t num_layers, bool add_bias_linear) const {
                  " entries, --num-layers is ", num_layers, "; give one 0/1 per layer");
   MEGATRON_CHECK(ffn_hidden_size > 0, "--moe-ffn-hidden-size must be positive, got ",
                  ffn_hidden_size);
-  MEGATRON_CHECK(router_topk >= 1 && router_topk <= num_experts, "--moe-router-topk (",
-                 router_topk, ") must be between 1 and --num-experts (", num_experts, ")");
+  MEGATRON_CHECK(router_topk >= 1 && router_topk <= num_experts, "--moe-router-topk (", router_topk,
+                 ") must be between 1 and --num-experts (", num_experts, ")");
   MEGATRON_CHECK(shared_expert_intermediate_size >= 0,
                  "moe_shared_expert_intermediate_size must be num_shared_experts * "
                  "ffn_size_of_each_shared_expert, but got ",
@@ -92,11 +92,11 @@ void MoeConfig::validate(int64_t num_layers, bool add_bias_linear) const {
                    ") should be smaller than moe_router_num_groups (", num_groups, ")");
     MEGATRON_CHECK(router_topk <= group_topk * (num_experts / num_groups), "--moe-router-topk (",
                    router_topk, ") exceeds the experts of the --moe-router-group-topk (",
-                   group_topk, ") groups a token may use (", group_topk * (num_experts / num_groups),
-                   ")");
+                   group_topk, ") groups a token may use (",
+                   group_topk * (num_experts / num_groups), ")");
   }
-  MEGATRON_CHECK(topk_scaling_factor >= 0, "--moe-router-topk-scaling-factor must be positive, got ",
-                 topk_scaling_factor);
+  MEGATRON_CHECK(topk_scaling_factor >= 0,
+                 "--moe-router-topk-scaling-factor must be positive, got ", topk_scaling_factor);
   MEGATRON_CHECK(router_dtype.empty() || router_dtype == "fp32" || router_dtype == "fp64",
                  "--moe-router-dtype: unknown '", router_dtype, "'; choose fp32 or fp64");
   MEGATRON_CHECK(!pad_expert_input_to_capacity || !dropless(),

@@ -26,12 +26,12 @@ struct MoeConfig {
   int64_t shared_expert_intermediate_size = 0;
   bool shared_expert_overlap = false;  // --moe-shared-expert-overlap (alltoall only)
 
-  int64_t router_topk = 2;  // --moe-router-topk
+  int64_t router_topk = 2;                                       // --moe-router-topk
   MoeScoreFunction score_function = MoeScoreFunction::kSoftmax;  // --moe-router-score-function
   bool pre_softmax = false;                                      // --moe-router-pre-softmax
-  double topk_scaling_factor = 0;  // --moe-router-topk-scaling-factor (0: none)
-  int64_t num_groups = 0;          // --moe-router-num-groups (0: no group-limited routing)
-  int64_t group_topk = 0;          // --moe-router-group-topk
+  double topk_scaling_factor = 0;   // --moe-router-topk-scaling-factor (0: none)
+  int64_t num_groups = 0;           // --moe-router-num-groups (0: no group-limited routing)
+  int64_t group_topk = 0;           // --moe-router-group-topk
   bool enable_expert_bias = false;  // --moe-router-enable-expert-bias (aux-loss-free balancing)
   double bias_update_rate = 1e-3;   // --moe-router-bias-update-rate
   // --moe-router-dtype fp32/fp64: the gating GEMM in that dtype (the routing math here is always
@@ -53,8 +53,7 @@ struct MoeConfig {
 
   bool enabled() const { return num_experts > 0; }
   bool is_moe_layer(int64_t layer) const {
-    return enabled() &&
-           (layer_pattern.empty() || layer_pattern[static_cast<size_t>(layer)] != 0);
+    return enabled() && (layer_pattern.empty() || layer_pattern[static_cast<size_t>(layer)] != 0);
   }
   int64_t num_moe_layers(int64_t num_layers) const;
   bool dropless() const { return capacity_factor <= 0; }

@@ -117,8 +117,7 @@ Tensor MoELayer::forward(const Tensor& x, Ctx& ctx, const ForwardMode& mode) con
   router.forward(flat, x.dim(1), ctx.router, mode);
   if (cfg_.moe.dispatcher == MoeDispatcher::kAllToAll) {
     Tensor y = forward_alltoall(flat, ctx).view(x.shape());
-    if (shared_experts)
-      ops::add_inplace(y, shared_experts->forward(x, ctx.shared).view(x.shape()));
+    if (shared_experts) ops::add_inplace(y, shared_experts->forward(x, ctx.shared).view(x.shape()));
     return y;
   }
 
@@ -187,7 +186,8 @@ Tensor MoELayer::backward(const Tensor& dy, Ctx& ctx) const {
   const Tensor dx_router = router.backward(d, ctx.router);
   ops::add_inplace(dx, dx_router.dtype() == dx.dtype() ? dx_router : dx_router.to(dx.dtype()));
   dx = dx.view(ctx.in_shape);
-  if (shared_experts) ops::add_inplace(dx, shared_experts->backward(dy, ctx.shared).view(ctx.in_shape));
+  if (shared_experts)
+    ops::add_inplace(dx, shared_experts->backward(dy, ctx.shared).view(ctx.in_shape));
   ctx = Ctx{};
   return dx;
 }

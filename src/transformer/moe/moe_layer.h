@@ -39,9 +39,9 @@ class MoELayer {
     TopKRouter::Ctx router;
     GroupedExperts::Ctx experts;
     MLP::Ctx shared;
-    std::vector<int64_t> rows;     // [N] gathered-token index of each permuted row
-    Tensor index;                  // the same as an i64 tensor
-    std::vector<int64_t> experts_of;  // [N] local expert of each permuted row
+    std::vector<int64_t> rows;         // [N] gathered-token index of each permuted row
+    Tensor index;                      // the same as an i64 tensor
+    std::vector<int64_t> experts_of;   // [N] local expert of each permuted row
     int64_t tokens = 0, gathered = 0;  // T local, G x T gathered
     Shape in_shape;
     AllToAllPlan plan;  // alltoall dispatcher

@@ -26,8 +26,8 @@ std::vector<double> to_f64(const Tensor& t) {
 
 }  // namespace
 
-TopKRouter::TopKRouter(const std::string& name, const TransformerConfig& cfg,
-                       int64_t layer_number, const TensorParallelContext& tp)
+TopKRouter::TopKRouter(const std::string& name, const TransformerConfig& cfg, int64_t layer_number,
+                       const TensorParallelContext& tp)
     : cfg_(cfg), layer_(layer_number), tp_(tp) {
   const int64_t E = cfg.moe.num_experts;
   weight.name = name + ".weight";
@@ -88,8 +88,7 @@ void TopKRouter::forward(const Tensor& x, int64_t batch, Ctx& ctx, const Forward
   const DType gemm = wide ? (weight.value.dtype() == DType::kF64 ? DType::kF64 : DType::kF32)
                           : weight.value.dtype();
   ctx.x = xin.dtype() == gemm ? xin : xin.to(gemm);
-  Tensor logits =
-      Tensor::empty({T, E}, gemm == DType::kF64 ? DType::kF64 : DType::kF32);
+  Tensor logits = Tensor::empty({T, E}, gemm == DType::kF64 ? DType::kF64 : DType::kF32);
   ops::matmul(logits, ctx.x, false, weight.value_as(gemm), true);
   ctx.logits = to_f64(logits);
 
@@ -119,9 +118,9 @@ void TopKRouter::forward(const Tensor& x, int64_t batch, Ctx& ctx, const Forward
     if (aux_coeff > 0) {
       std::vector<double> counts = moe::aux_counts(a, T, E);
       sum_over_tp_cp(counts, tp_);
-      const double loss = moe::aux_loss(a, T, E, m.router_topk, counts,
-                                        static_cast<double>(T) * tp_cp, aux_coeff, grad_scale,
-                                        &dscores);
+      const double loss =
+          moe::aux_loss(a, T, E, m.router_topk, counts, static_cast<double>(T) * tp_cp, aux_coeff,
+                        grad_scale, &dscores);
       ctx.logged.emplace_back("load_balancing_loss", loss / aux_coeff);
     }
     if (seq_coeff > 0) {

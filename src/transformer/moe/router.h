@@ -31,9 +31,9 @@ namespace megatron {
 class TopKRouter {
  public:
   struct Ctx {
-    Tensor x;                      // [T, h] the GEMM's input (after jitter)
-    Tensor jitter;                 // [T, h] f32 noise, or undefined
-    std::vector<double> logits;    // [T, E]
+    Tensor x;                    // [T, h] the GEMM's input (after jitter)
+    Tensor jitter;               // [T, h] f32 noise, or undefined
+    std::vector<double> logits;  // [T, E]
     moe::Routing routing;
     std::vector<double> dlogits_aux;  // [T, E] the load-balancing losses' gradient, or empty
     // Values for the tracker (loss / coeff), recorded in backward.

@@ -76,8 +76,9 @@ void drop_tokens(Routing& r, const MoeConfig& cfg) {
   for (int64_t e = 0; e < E; ++e) {
     std::iota(order.begin(), order.end(), 0);
     auto key = [&](int64_t t) {
-      return cfg.drop_policy == MoeDropPolicy::kProbs ? r.probs[static_cast<size_t>(t * E + e)]
-                                                      : double(r.map[static_cast<size_t>(t * E + e)]);
+      return cfg.drop_policy == MoeDropPolicy::kProbs
+                 ? r.probs[static_cast<size_t>(t * E + e)]
+                 : double(r.map[static_cast<size_t>(t * E + e)]);
     };
     std::stable_sort(order.begin(), order.end(),
                      [&](int64_t a, int64_t b) { return key(a) > key(b); });
@@ -102,9 +103,8 @@ std::vector<int32_t> topk_rows(const std::vector<double>& x, int64_t rows, int64
         idx.push_back(static_cast<int32_t>(j));
     MEGATRON_ASSERT(static_cast<int64_t>(idx.size()) >= k);
     const double* v = x.data() + r * n;
-    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t a, int32_t b) {
-      return v[a] > v[b] || (v[a] == v[b] && a < b);
-    });
+    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
+                      [&](int32_t a, int32_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); });
     std::copy_n(idx.begin(), k, out.begin() + r * k);
   }
   return out;
@@ -161,8 +161,7 @@ Routing route(const std::vector<double>& logits, int64_t tokens, const MoeConfig
       for (double& x : r.scores) x = sigmoid(x);
     r.topk = training ? topk_rows(sinkhorn(logits, T, E), T, E, k) : topk_rows(r.scores, T, E, k);
     for (int64_t t = 0; t < T; ++t)
-      for (int64_t j = 0; j < k; ++j)
-        sel_probs[t * k + j] = r.scores[t * E + r.topk[t * k + j]];
+      for (int64_t j = 0; j < k; ++j) sel_probs[t * k + j] = r.scores[t * E + r.topk[t * k + j]];
   } else if (cfg.score_function == MoeScoreFunction::kSoftmax && !cfg.pre_softmax) {
     r.topk = select(logits, T, E, cfg);
     r.softmax.resize(static_cast<size_t>(T * k));
@@ -273,8 +272,7 @@ AuxScores aux_scores(const std::vector<double>& logits, int64_t tokens, const Mo
   return a;
 }
 
-std::vector<double> aux_counts(const AuxScores& a, int64_t tokens, int64_t experts,
-                               int64_t batch) {
+std::vector<double> aux_counts(const AuxScores& a, int64_t tokens, int64_t experts, int64_t batch) {
   const int64_t E = experts;
   std::vector<double> c(static_cast<size_t>(batch > 0 ? batch * E : E), 0.0);
   for (int64_t t = 0; t < tokens; ++t) {

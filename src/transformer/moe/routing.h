@@ -4,8 +4,9 @@
 // Forward (route), in Megatron's order (moe_utils.topk_routing_with_score_function,
 // apply_router_token_dropping, sinkhorn_load_balancing):
 //   softmax, post (default): idx = topk(logits); probs = softmax(logits[idx]) over the k selected
-//   softmax, pre:            scores = softmax(logits) over E; idx = topk(scores); probs = scores[idx]
-//   sigmoid:                 scores = sigmoid(logits); idx = topk(scores + expert_bias);
+//   softmax, pre:            scores = softmax(logits) over E; idx = topk(scores); probs =
+//   scores[idx] sigmoid:                 scores = sigmoid(logits); idx = topk(scores +
+//   expert_bias);
 //                            probs = scores[idx] / (sum scores[idx] + 1e-20) (k > 1), scores[idx]
 //   group-limited (num_groups): topk restricted to the group_topk groups whose top
 //                            (k / group_topk) scores sum highest
