@@ -4,8 +4,9 @@
 What it is: `megatron train` on mock data with a tiny Llama-style MoE model (4 experts, top-2,
 aux loss 1e-2, z-loss 1e-3, dropout on), as one process and under mpiexec:
   - Layouts: expert parallelism ep2, ep4; ep2 with tp2 + sequence parallelism at expert TP 2 and
-    1; expert TP 2 alone; ep2 with pp2; ep2 with the distributed optimizer; and the alltoall
-    dispatcher at ep2 and ep2 + tp2 (etp 1): the same global batch, so the lm loss, the logged
+    1; expert TP 2 alone; ep2 with pp2; ep2 with the distributed optimizer; the alltoall
+    dispatcher at ep2 and ep2 + tp2 (etp 1); ep2 with context parallelism 2, also with
+    --calculate-per-token-loss: the same global batch, so the lm loss, the logged
     load_balancing_loss and z_loss and the grad norm must follow the single-process curve over 12
     iterations within 1e-5 relative (cross-rank sums add the same f32 partial sums in another
     order; a wrong expert shard, reduction group or scale moves the 3rd digit).
@@ -121,6 +122,12 @@ class TestLayouts(unittest.TestCase):
         ("ep2 dp4 distributed optimizer", 4, [EP, "2", DISTOPT], []),
         ("alltoall ep2", 2, [EP, "2", *A2A], A2A),
         ("alltoall ep2 tp2+sp etp1", 4, [EP, "2", TP, "2", SP, ETP, "1", *A2A], A2A),
+        # Context parallelism: the losses' counts sum over TP x CP and each CP rank's share of
+        # their gradient is weighted by CP (the data-parallel average divides by it).
+        ("cp2 ep2", 4, ["--context-parallel-size", "2", EP, "2"], []),
+        ("cp2 ep2 per-token loss", 4, ["--context-parallel-size", "2", EP, "2",
+                                       "--calculate-per-token-loss"],
+         ["--calculate-per-token-loss"]),
     ]
 
     def test_every_layout_follows_the_single_process_curve(self):
@@ -226,6 +233,7 @@ class TestBadInput(unittest.TestCase):
         (1, ["--moe-router-topk", "5"], "--moe-router-topk"),
         (2, [EP, "3"], "--expert-model-parallel-size"),
         (2, ["--num-experts", "3", EP, "2"], "--expert-model-parallel-size"),
+        (2, [EP, "4"], "--expert-model-parallel-size"),  # EP x ETP must divide the stage's ranks
         (1, ["--moe-router-load-balancing-type", "sinkhorn"], "--moe-aux-loss-coeff"),
         (1, ["--moe-router-enable-expert-bias"], "--moe-router-score-function sigmoid"),
         (1, ["--moe-router-topk", "1"], "--moe-router-pre-softmax"),

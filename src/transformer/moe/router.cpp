@@ -99,8 +99,15 @@ void TopKRouter::forward(const Tensor& x, int64_t batch, Ctx& ctx, const Forward
   if (!mode.training) return;
   ctx.tracker = mode.moe_tracker;
   const int tp_cp = tp_.size() * tp_.cp.size();
-  const double grad_scale =
-      mode.aux_loss_scale * (mode.aux_per_token ? static_cast<double>(T) * tp_cp : 1.0);
+  // Each rank's losses are its shares of the micro-batch's (summed over TP x CP). The router's
+  // gradient is summed over TP (sequence parallel) but averaged over CP with the data-parallel
+  // replicas, so the CP ranks' shares are weighted by CP to give the whole loss's gradient
+  // (Megatron r0.14 leaves the 1/CP in: its CP runs weigh the losses less than one process).
+  // With --calculate-per-token-loss gradients are summed, not averaged: the micro-batch's tokens
+  // instead, as the main loss's gradient is divided by the global token count later.
+  const double grad_scale = mode.aux_loss_scale * (mode.aux_per_token
+                                                       ? static_cast<double>(T) * tp_cp
+                                                       : static_cast<double>(tp_.cp.size()));
   const double aux_coeff = m.coeff_of(MoeLoadBalancing::kAuxLoss);
   const double seq_coeff = m.coeff_of(MoeLoadBalancing::kSeqAuxLoss);
   if (aux_coeff == 0 && seq_coeff == 0 && m.z_loss_coeff == 0) return;
