@@ -30,6 +30,7 @@ What it is not: the router math (tests/transformer/test_moe_routing.cpp), the pe
 
 Usage: test_moe.py --megatron BUILD/megatron --mpiexec MPIEXEC [unittest args]
 """
+import json
 import os
 import subprocess
 import sys
@@ -226,6 +227,16 @@ class TestMixtral(unittest.TestCase):
              "--lr", "1e-4", "--eval-iters", "0", "--num-threads", "1",
              "--tokenizer-type", "NullTokenizer"], TIMEOUT_S)
         self.assertEqual(again.returncode, 0, again.stdout[-2000:] + again.stderr[-2000:])
+        # `megatron score` reads the MoE model too: one JSON line per sequence.
+        tokens = os.path.join(TMP.name, "tokens.txt")
+        with open(tokens, "w") as f:
+            f.write("1 2 3 4 5 6\n7 8 9 10\n")
+        score = subprocess.run([MEGATRON, "score", "--pretrained-checkpoint", back, "--input",
+                                tokens, "--num-threads", "1"], capture_output=True, text=True,
+                               timeout=TIMEOUT_S)
+        self.assertEqual(score.returncode, 0, score.stderr[-2000:])
+        lines = [json.loads(l) for l in score.stdout.splitlines() if l.startswith("{")]
+        self.assertEqual([len(l["logprobs"]) for l in lines], [5, 3])
 
 
 class TestBadInput(unittest.TestCase):
