@@ -6,8 +6,9 @@
 //
 // which equals p_r * expert_e(x_r) since MoE layers have no biases. fc1 is [ffn_e (x2 for
 // SwiGLU: [gate | up]), h], fc2 [h, ffn_e], per expert, as SequentialMLP's local_experts.
-// Each expert's rows are one contiguous block, and its GEMMs run on that block in place (no
-// per-expert copies); the activation and the probability scaling run once over all rows.
+// Each expert's rows are one contiguous block, padded with zero rows to a multiple of 32 (the
+// row counts oneDNN's fast bf16 kernels take), and its GEMMs run on that block in place; the
+// activation and the probability scaling run once over all rows.
 //
 // Expert tensor parallelism (ETP): fc1 is split by output features and fc2 by input features over
 // the ETP group, like a column- and a row-parallel linear, but without their collectives: the
@@ -36,8 +37,9 @@ class GroupedExperts {
     Tensor pre_act;               // [N, f1] fc1 output, f32
     Tensor act;                   // [N, f] activation (before the probabilities), f32
     Tensor scaled;                // [N, f] act * p, as fc2 saw it (compute dtype)
-    std::vector<double> probs;    // [N]
-    std::vector<int64_t> counts;  // rows per local expert
+    std::vector<double> probs;            // [N]
+    std::vector<int64_t> counts;          // rows per local expert, as the GEMMs see them
+    std::vector<int64_t> compact_counts;  // the same before padding
   };
 
   // ep_rank, ep_size: this rank's share of the experts (num_experts / ep_size consecutive ones);
@@ -60,6 +62,11 @@ class GroupedExperts {
   Param& fc2(int64_t local) { return fc2_[local]->weight; }
 
  private:
+  // forward / backward on blocks already padded (what the public ones call).
+  Tensor forward_blocks(const Tensor& x, const std::vector<int64_t>& counts,
+                        const std::vector<double>& probs, Ctx& ctx) const;
+  Tensor backward_blocks(const Tensor& dy, Ctx& ctx, std::vector<double>* dprobs) const;
+
   const TransformerConfig& cfg_;
   int64_t first_;      // global index of local expert 0
   int64_t ffn_local_;  // ffn_e / etp
