@@ -39,6 +39,7 @@ double grad_norm(ParamSet& params) {
 }
 
 bool in_domain(const Param& p, ParamDomain only) {
+  if (p.frozen) return false;  // not trained: in no norm or count
   return only == ParamDomain::kAll || p.expert_parallel == (only == ParamDomain::kExpert);
 }
 

@@ -61,7 +61,7 @@ double grad_norm(ParamSet& params);
 // except duplicates (Param::is_duplicate), so that summing it over the model-parallel group counts
 // each element of the model once (Megatron's get_grad_norm_fp32).
 // `only`: all parameters, or only the dense or only the expert-parallel ones (their sums reduce
-// over different groups when experts are split over EP ranks).
+// over different groups when experts are split over EP ranks). Frozen parameters are in none.
 enum class ParamDomain : uint8_t { kAll, kDense, kExpert };
 bool in_domain(const Param& p, ParamDomain only);
 double grad_sum_squares_unique(ParamSet& params, ParamDomain only = ParamDomain::kAll);

@@ -57,6 +57,11 @@ struct Param {
   // replicated only over the expert-data-parallel group, where its gradient is reduced. Buckets
   // never mix expert and dense parameters (ParamSet, GradBuckets).
   bool expert_parallel = false;
+  // Not trained (Megatron keeps such state in buffers, e.g. the MoE router's expert bias): no
+  // gradient ever reaches it, the optimizer leaves it as it is (zero gradient, no decay), and it
+  // is left out of gradient and parameter norms, zero counts and the parameter count. It is
+  // saved and resharded like any parameter.
+  bool frozen = false;
 
   Tensor value;      // compute weights (f32 or bf16), view into ParamSet::compute()
   Tensor main;       // fp32 main weights, view into ParamSet::main()

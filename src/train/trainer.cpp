@@ -132,6 +132,16 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
                  "convert first (`megatron convert --load-hf IN --save CKPT`, then --load CKPT) "
                  "and after training (--save CKPT, then `megatron convert --load CKPT --save-hf "
                  "OUT`)");
+  // Under expert parallelism each rank holds whole experts of its own: a Hugging Face model loads
+  // rank by rank, but only ETP 1 holds whole expert tensors, and only EP 1 can write them all.
+  MEGATRON_CHECK(args_.pretrained_checkpoint.empty() || ps.etp_size() == 1,
+                 "--pretrained-checkpoint loads whole expert tensors: use "
+                 "--expert-tensor-parallel-size 1, or convert first (`megatron convert --load-hf "
+                 "IN --save CKPT`, then --load CKPT)");
+  MEGATRON_CHECK(args_.save_hf.empty() || (ps.ep_size() == 1 && ps.etp_size() == 1),
+                 "--save-hf writes every expert from one process: use "
+                 "--expert-model-parallel-size 1 and --expert-tensor-parallel-size 1, or save a "
+                 "checkpoint (--save CKPT) and `megatron convert --load CKPT --save-hf OUT`");
   if (!args_.save_hf.empty()) {
     // Refuse an unexportable model or an unwritable directory now, not after training.
     spec_->hf.check_exportable(cfg_);
@@ -231,7 +241,8 @@ void Trainer::build_model() {
     }
   }
   int64_t nparams = 0;
-  for (Param* p : params_->params()) nparams += p->shape.numel();
+  for (Param* p : params_->params())
+    if (!p->frozen) nparams += p->shape.numel();  // Megatron counts parameters, not buffers
   // Megatron prints one line per model-parallel rank (from data-parallel rank 0); rank 0 prints
   // them all as one block, in rank order (see log_first).
   log_gathered(grad_rank_ != 0 ? std::string()

@@ -313,8 +313,24 @@ TEST(ParallelGrid, ErrorsNameTheFlagsAndTheFix) {
   EXPECT_NE(e.find("--tensor-model-parallel-size must be >= 1, got 0"), std::string::npos) << e;
   e = error_of(4, {.pipeline_model_parallel_size = -1});
   EXPECT_NE(e.find("--pipeline-model-parallel-size must be >= 1"), std::string::npos) << e;
-  e = error_of(4, {.expert_model_parallel_size = 2});
-  EXPECT_NE(e.find("--expert-model-parallel-size 2 is not supported"), std::string::npos) << e;
+  // The expert grid: ETP x EP must divide the ranks of a pipeline stage (EP is carved out of
+  // them); a valid EP leaves the dense grid as it is.
+  EXPECT_EQ(error_of(4, {.expert_model_parallel_size = 2}), "");
+  try {
+    make_expert_grid(make_parallel_grid(4, {}), {.expert_model_parallel_size = 3});
+    e = "";
+  } catch (const InvalidArgument& ex) {
+    e = ex.what();
+  }
+  EXPECT_NE(e.find("--expert-model-parallel-size (3)"), std::string::npos) << e;
+  EXPECT_NE(e.find("must divide the ranks of a pipeline stage"), std::string::npos) << e;
+  const ExpertGrid g = make_expert_grid(make_parallel_grid(8, {.tensor_model_parallel_size = 2}),
+                                        {.tensor_model_parallel_size = 2,
+                                         .expert_model_parallel_size = 4,
+                                         .expert_tensor_parallel_size = 1});
+  EXPECT_EQ(g.etp, 1);
+  EXPECT_EQ(g.ep, 4);
+  EXPECT_EQ(g.edp, 2);  // 8 = TP 2 x DP 4 = ETP 1 x EP 4 x EDP 2
   e = error_of(2, {.tensor_model_parallel_size = 4});
   EXPECT_NE(e.find("world size (2) is not divisible by total_model_size (4)"), std::string::npos)
       << e;

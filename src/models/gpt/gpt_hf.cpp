@@ -399,6 +399,10 @@ void load_hf_weights(const std::string& dir, const HfModelInfo& info, GPTModel& 
   std::map<Param*, Tensor> staged;
   for (Param* p : params.params()) staged[p] = Tensor::zeros(p->shape, DType::kF64);
   std::set<std::string> used;
+  // The experts this rank holds (the same range in every MoE layer), or null for a dense model.
+  const GroupedExperts* local_experts = nullptr;
+  for (const auto& layer : model.decoder->layers)
+    if (layer->moe) local_experts = &layer->moe->experts;
   for (const Mapping& mp : build_mappings(info, model)) {
     auto it = by_short.find(mp.hf_name);
     MEGATRON_CHECK(it != by_short.end(), dir, ": tensor '", mp.hf_name,
@@ -417,14 +421,23 @@ void load_hf_weights(const std::string& dir, const HfModelInfo& info, GPTModel& 
     const bool tied_head =
         short_name == "lm_head.weight" && !info.config.untie_embeddings_and_output_weights;
     const bool rotary_buffer = short_name.find("rotary_emb.inv_freq") != std::string::npos;
-    // Under expert parallelism this rank holds E / EP experts: the others' are for its peers.
+    // Under expert parallelism this rank holds E / EP experts: the others' (an expert index of
+    // another rank, with an expert weight's name) are for its peers.
     bool peer_expert = false;
-    if (const size_t at = short_name.find(".experts.");
-        at != std::string::npos && info.config.moe.enabled()) {
+    if (const size_t at = short_name.find(".experts."); at != std::string::npos && local_experts) {
       const size_t begin = at + 9, end = short_name.find('.', begin);
       const std::string index = short_name.substr(begin, end - begin);
-      peer_expert = !index.empty() && index.find_first_not_of("0123456789") == std::string::npos &&
-                    std::stoll(index) < info.config.moe.num_experts;
+      const std::string rest = end == std::string::npos ? "" : short_name.substr(end + 1);
+      const bool expert_weight = rest == "w1.weight" || rest == "w2.weight" ||
+                                 rest == "w3.weight" || rest == "gate_proj.weight" ||
+                                 rest == "up_proj.weight" || rest == "down_proj.weight";
+      if (expert_weight && !index.empty() &&
+          index.find_first_not_of("0123456789") == std::string::npos) {
+        const int64_t e = std::stoll(index);
+        peer_expert = e >= 0 && e < info.config.moe.num_experts &&
+                      (e < local_experts->first_expert() ||
+                       e >= local_experts->first_expert() + local_experts->num_local());
+      }
     }
     MEGATRON_CHECK(mask_buffer || tied_head || rotary_buffer || peer_expert, dir,
                    ": unexpected tensor '", full, "' for a ",

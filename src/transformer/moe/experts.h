@@ -33,10 +33,10 @@ namespace megatron {
 class GroupedExperts {
  public:
   struct Ctx {
-    Tensor x;                     // [N, h] the GEMM input (compute dtype)
-    Tensor pre_act;               // [N, f1] fc1 output, f32
-    Tensor act;                   // [N, f] activation (before the probabilities), f32
-    Tensor scaled;                // [N, f] act * p, as fc2 saw it (compute dtype)
+    Tensor x;                             // [N, h] the GEMM input (compute dtype)
+    Tensor pre_act;                       // [N, f1] fc1 output, f32
+    Tensor act;                           // [N, f] activation (before the probabilities), f32
+    Tensor scaled;                        // [N, f] act * p, as fc2 saw it (compute dtype)
     std::vector<double> probs;            // [N]
     std::vector<int64_t> counts;          // rows per local expert, as the GEMMs see them
     std::vector<int64_t> compact_counts;  // the same before padding

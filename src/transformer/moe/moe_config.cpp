@@ -34,6 +34,9 @@ void MoeConfig::validate(int64_t num_layers, bool add_bias_linear) const {
   MEGATRON_CHECK(layer_pattern.empty() || static_cast<int64_t>(layer_pattern.size()) == num_layers,
                  "--moe-layer-freq: the pattern has ", layer_pattern.size(),
                  " entries, --num-layers is ", num_layers, "; give one 0/1 per layer");
+  MEGATRON_CHECK(num_moe_layers(num_layers) > 0,
+                 "--moe-layer-freq makes no layer an MoE layer; give at least one 1, or drop "
+                 "--num-experts for a dense model");
   MEGATRON_CHECK(ffn_hidden_size > 0, "--moe-ffn-hidden-size must be positive, got ",
                  ffn_hidden_size);
   MEGATRON_CHECK(router_topk >= 1 && router_topk <= num_experts, "--moe-router-topk (", router_topk,

@@ -41,6 +41,7 @@ TopKRouter::TopKRouter(const std::string& name, const TransformerConfig& cfg, in
     expert_bias.shape = {E};
     expert_bias.init = Init::kZeros;
     expert_bias.no_weight_decay = true;
+    expert_bias.frozen = true;
     expert_bias.tp_rank = tp.rank();
     expert_bias.tp_size = tp.size();
   }
@@ -83,17 +84,19 @@ void TopKRouter::forward(const Tensor& x, int64_t batch, Ctx& ctx, const Forward
   }
   // The gating GEMM in --moe-router-dtype (fp32/fp64 widen the compute weights), else in the
   // compute dtype as Megatron's router_gating_linear.
-  const bool wide = !m.router_dtype.empty() || weight.value.dtype() == DType::kF32 ||
-                    weight.value.dtype() == DType::kF64;
-  const DType gemm = wide ? (weight.value.dtype() == DType::kF64 ? DType::kF64 : DType::kF32)
-                          : weight.value.dtype();
+  const DType gemm = m.router_dtype == "fp64" || weight.value.dtype() == DType::kF64 ? DType::kF64
+                     : m.router_dtype == "fp32" || weight.value.dtype() == DType::kF32
+                         ? DType::kF32
+                         : weight.value.dtype();
   ctx.x = xin.dtype() == gemm ? xin : xin.to(gemm);
   Tensor logits = Tensor::empty({T, E}, gemm == DType::kF64 ? DType::kF64 : DType::kF32);
   ops::matmul(logits, ctx.x, false, weight.value_as(gemm), true);
   ctx.logits = to_f64(logits);
 
+  // The bias from the fp32 main copy (Megatron keeps it in fp32): a bf16 compute copy would
+  // round away updates of 1e-3 once |bias| > 0.25.
   std::vector<double> bias;
-  if (has_expert_bias()) bias = to_f64(expert_bias.value_as(DType::kF32));
+  if (has_expert_bias()) bias = to_f64(expert_bias.main);
   ctx.routing = moe::route(ctx.logits, T, m, bias, mode.training);
 
   if (!mode.training) return;
@@ -105,9 +108,9 @@ void TopKRouter::forward(const Tensor& x, int64_t batch, Ctx& ctx, const Forward
   // (Megatron r0.14 leaves the 1/CP in: its CP runs weigh the losses less than one process).
   // With --calculate-per-token-loss gradients are summed, not averaged: the micro-batch's tokens
   // instead, as the main loss's gradient is divided by the global token count later.
-  const double grad_scale = mode.aux_loss_scale * (mode.aux_per_token
-                                                       ? static_cast<double>(T) * tp_cp
-                                                       : static_cast<double>(tp_.cp.size()));
+  const double grad_scale =
+      mode.aux_loss_scale *
+      (mode.aux_per_token ? static_cast<double>(T) * tp_cp : static_cast<double>(tp_.cp.size()));
   const double aux_coeff = m.coeff_of(MoeLoadBalancing::kAuxLoss);
   const double seq_coeff = m.coeff_of(MoeLoadBalancing::kSeqAuxLoss);
   if (aux_coeff == 0 && seq_coeff == 0 && m.z_loss_coeff == 0) return;
@@ -157,20 +160,23 @@ Tensor TopKRouter::backward(const std::vector<double>& dprobs, Ctx& ctx) const {
       for (int64_t e = 0; e < E; ++e) tokens_per_expert_[e] += ctx.routing.map[t * E + e];
   }
   const DType gemm = ctx.x.dtype();
+  const DType out = gemm == DType::kF64 ? DType::kF64 : DType::kF32;
   Tensor dl = Tensor::empty({T, E}, DType::kF64);
   std::copy(dlogits.begin(), dlogits.end(), dl.data<double>());
   Tensor dl_g = dl.to(gemm);
-  Tensor dx = Tensor::empty({T, h}, gemm == DType::kF64 ? DType::kF64 : DType::kF32);
+  Tensor dx = Tensor::empty({T, h}, out);
   ops::matmul(dx, dl_g, false, weight.value_as(gemm), false);
-  if (gemm == weight.main_grad.dtype()) {
+  if (out == weight.main_grad.dtype()) {
     Tensor dw = weight.main_grad;
     ops::matmul(dw, dl_g, true, ctx.x, false, 1.0f);
-  } else {
-    Tensor dw = Tensor::empty(weight.main_grad.shape(), DType::kF32);
+  } else {  // an fp64 gating GEMM in an fp32 model: its weight gradient added in fp32
+    Tensor dw = Tensor::empty(weight.main_grad.shape(), out);
     ops::matmul(dw, dl_g, true, ctx.x, false);
     Tensor g = weight.main_grad;
-    ops::add_inplace(g, dw);
+    ops::add_inplace(g, dw.to(g.dtype()));
   }
+  // Back in the activations' dtype (an fp64 gating GEMM in an fp32 model returns f64).
+  if (ctx.jitter.defined() && dx.dtype() != ctx.jitter.dtype()) dx = dx.to(ctx.jitter.dtype());
   if (ctx.jitter.defined()) ops::mul(dx, dx, ctx.jitter);
   ctx = Ctx{};
   return dx;

@@ -12,8 +12,8 @@
 // The router counts the tokens each expert gets in training (in backward, so that a recomputed
 // forward counts once). Aux-loss-free balancing (--moe-router-enable-expert-bias) uses them: the
 // trainer calls update_expert_bias once per global batch: bias_e += rate * sign(mean count -
-// count_e), counts summed over TP x DP x CP. The bias is a Param without gradient (no decay,
-// zero Adam updates) so that it is saved and resharded with the weights.
+// count_e), counts summed over TP x DP x CP. The bias is a frozen Param (no gradient, no decay,
+// out of norms and counts) so that it is saved and resharded with the weights.
 #pragma once
 
 #include <string>
