@@ -23,10 +23,15 @@ class ArgTable {
   // architecture); record() and restore() work on one concern.
   void concern(const std::string& name) { concern_ = name; }
 
-  // --flag VALUE bound to field (int64_t, double, std::string).
+  // --flag VALUE bound to field (int64_t, double, std::string, or a list of strings). A single-
+  // value flag given twice takes its last value, as argparse does (launch scripts that append
+  // overrides rely on it); a list flag given twice collects both occurrences' values.
   template <typename T>
   void add(const std::string& flag, T& field, const std::string& help) {
     CLI::Option* opt = app_.add_option(flag, field, help)->capture_default_str();
+    if constexpr (!std::is_same_v<T, std::vector<std::string>>) {
+      opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+    }
     entries_.push_back(bound(flag, dest_of(flag), opt, field));
   }
   // --flag sets field to true.

@@ -337,6 +337,18 @@ class TestOutputFormat(CliTestCase):
 # 3. gradient accumulation
 # ------------------------------------------------------------------------------------------------
 
+class TestRepeatedFlags(CliTestCase):
+    def test_the_last_value_wins_as_with_argparse(self):
+        # A launch script that appends an override repeats a flag: argparse keeps the last value,
+        # and so do we (a repeated switch is harmless).
+        proc = megatron("train", "--mock-data", *TINY, "--vocab-size", "128", "--train-iters",
+                        "1", "--lr", "1e-3", "--num-threads", "1", "--num-layers", "3",
+                        "--lr", "2e-3", "--swiglu", "--swiglu")
+        self.assertOk(proc, "repeated flags")
+        self.assertIn("  num_layers " + "." * (48 - len("num_layers")) + " 3", proc.stdout)
+        self.assertIn("  lr " + "." * (48 - len("lr")) + " 0.002", proc.stdout)
+
+
 class TestGradientAccumulation(CliTestCase):
     def test_four_micro_batches_equal_one(self):
         common = ["--mock-data", "--num-layers", "2", "--hidden-size", "64",
