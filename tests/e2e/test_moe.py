@@ -6,7 +6,8 @@ aux loss 1e-2, z-loss 1e-3, dropout on), as one process and under mpiexec:
   - Layouts: expert parallelism ep2, ep4; ep2 with tp2 + sequence parallelism at expert TP 2 and
     1; expert TP 2 alone; ep2 with pp2; ep2 with the distributed optimizer; the alltoall
     dispatcher at ep2 and ep2 + tp2 (etp 1); ep2 with context parallelism 2, also with
-    --calculate-per-token-loss: the same global batch, so the lm loss, the logged
+    --calculate-per-token-loss; every second layer MoE on interleaved pp2 x ep2 stages with
+    overlapped bucket reductions and the distributed optimizer: the same global batch, so the lm loss, the logged
     load_balancing_loss and z_loss and the grad norm must follow the single-process curve over 12
     iterations within 1e-5 relative (cross-rank sums add the same f32 partial sums in another
     order; a wrong expert shard, reduction group or scale moves the 3rd digit).
@@ -129,6 +130,12 @@ class TestLayouts(unittest.TestCase):
         ("cp2 ep2 per-token loss", 4, ["--context-parallel-size", "2", EP, "2",
                                        "--calculate-per-token-loss"],
          ["--calculate-per-token-loss"]),
+        # Dense and MoE layers alternating, on interleaved pipeline stages, with overlapped
+        # reductions of small (dense and expert) buckets and the distributed optimizer.
+        ("moe every 2nd layer, pp2 interleaved ep2 overlapped distributed", 4,
+         ["--moe-layer-freq", "([1,0]*2)", PP, "2", "--num-layers-per-virtual-pipeline-stage",
+          "1", EP, "2", "--overlap-grad-reduce", "--ddp-bucket-size", "2000", DISTOPT],
+         ["--moe-layer-freq", "([1,0]*2)"]),
     ]
 
     def test_every_layout_follows_the_single_process_curve(self):
