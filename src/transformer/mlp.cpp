@@ -8,6 +8,27 @@
 
 namespace megatron {
 
+void mlp_activation_forward(const TransformerConfig& cfg, Tensor& out, const Tensor& x) {
+  if (cfg.swiglu) {
+    ops::swiglu_forward(out, x);
+  } else if (cfg.squared_relu) {
+    ops::squared_relu_forward(out, x);
+  } else {
+    ops::gelu_forward(out, x, cfg.openai_gelu);
+  }
+}
+
+void mlp_activation_backward(const TransformerConfig& cfg, Tensor& dx, const Tensor& dout,
+                             const Tensor& x) {
+  if (cfg.swiglu) {
+    ops::swiglu_backward(dx, dout, x);
+  } else if (cfg.squared_relu) {
+    ops::squared_relu_backward(dx, dout, x);
+  } else {
+    ops::gelu_backward(dx, dout, x, cfg.openai_gelu);
+  }
+}
+
 MLP::MLP(const std::string& name, const TransformerConfig& cfg, const TensorParallelContext& tp)
     : linear_fc1(name + ".linear_fc1", cfg.hidden_size,
                  cfg.swiglu ? 2 * cfg.ffn_hidden_size : cfg.ffn_hidden_size, cfg.init_method_std,
@@ -35,26 +56,14 @@ Tensor MLP::forward(const Tensor& x, Ctx& ctx) const {
   Shape act_shape = ctx.pre_act.shape();
   act_shape[-1] = ffn_local_;
   Tensor act = Tensor::empty(act_shape, ctx.pre_act.dtype());
-  if (cfg_.swiglu) {
-    ops::swiglu_forward(act, ctx.pre_act);
-  } else if (cfg_.squared_relu) {
-    ops::squared_relu_forward(act, ctx.pre_act);
-  } else {
-    ops::gelu_forward(act, ctx.pre_act, cfg_.openai_gelu);
-  }
+  mlp_activation_forward(cfg_, act, ctx.pre_act);
   return linear_fc2.forward(act, ctx.fc2_ctx);
 }
 
 Tensor MLP::backward(const Tensor& dy, Ctx& ctx) const {
   Tensor dact = linear_fc2.backward(dy, ctx.fc2_ctx);
   Tensor dpre = Tensor::empty(ctx.pre_act.shape(), ctx.pre_act.dtype());
-  if (cfg_.swiglu) {
-    ops::swiglu_backward(dpre, dact, ctx.pre_act);
-  } else if (cfg_.squared_relu) {
-    ops::squared_relu_backward(dpre, dact, ctx.pre_act);
-  } else {
-    ops::gelu_backward(dpre, dact, ctx.pre_act, cfg_.openai_gelu);
-  }
+  mlp_activation_backward(cfg_, dpre, dact, ctx.pre_act);
   Tensor dx = linear_fc1.backward(dpre, ctx.fc1_ctx);
   ctx = Ctx{};
   return dx;

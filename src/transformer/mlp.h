@@ -40,4 +40,10 @@ class MLP {
   int64_t ffn_local_;  // ffn_hidden_size / tp
 };
 
+// The MLP's activation as cfg chooses it (SwiGLU on [gate | up], squared ReLU, or GELU): out =
+// act(x), and its backward dx = act'(x) dout. Shared with the MoE experts.
+void mlp_activation_forward(const TransformerConfig& cfg, Tensor& out, const Tensor& x);
+void mlp_activation_backward(const TransformerConfig& cfg, Tensor& dx, const Tensor& dout,
+                             const Tensor& x);
+
 }  // namespace megatron

@@ -95,19 +95,7 @@ def tearDownModule():
     TMP.cleanup()
 
 
-def with_flags(base, extra):
-    """base with extra's flags appended, a flag already in base taking extra's value (the
-    parser rejects a repeated flag)."""
-    out, extra = list(base), list(extra)
-    i = 0
-    while i < len(extra):
-        has_value = i + 1 < len(extra) and not extra[i + 1].startswith("--")
-        if extra[i] in out and has_value:
-            out[out.index(extra[i]) + 1] = extra[i + 1]
-        else:
-            out += extra[i:i + 1 + has_value]
-        i += 1 + has_value
-    return out
+with_flags = megatron_job.with_flags
 
 
 def run(ranks, *args, expect_rc=0):

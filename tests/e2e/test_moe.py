@@ -68,19 +68,7 @@ FIELDS = ("lm loss", "load_balancing_loss", "z_loss", "grad norm")
 RTOL = 1e-5
 
 
-def with_flags(base, extra):
-    """base with extra's flags appended, a flag already in base taking extra's value."""
-    out, extra = list(base), list(extra)
-    i = 0
-    while i < len(extra):
-        flag = extra[i]
-        has_value = i + 1 < len(extra) and not extra[i + 1].startswith("--")
-        if flag in out and has_value:
-            out[out.index(flag) + 1] = extra[i + 1]
-        else:
-            out += extra[i:i + 1 + has_value]
-        i += 1 + has_value
-    return out
+with_flags = megatron_job.with_flags
 
 
 def run(ranks, *args, expect_rc=0):

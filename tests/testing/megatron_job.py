@@ -46,6 +46,21 @@ def flags_with(base, **overrides):
     return out
 
 
+def with_flags(base, extra):
+    """base with extra's flags appended, a flag already in base taking extra's value."""
+    out, extra = list(base), list(extra)
+    i = 0
+    while i < len(extra):
+        flag = extra[i]
+        has_value = i + 1 < len(extra) and not extra[i + 1].startswith("--")
+        if flag in out and has_value:
+            out[out.index(flag) + 1] = extra[i + 1]
+        else:
+            out += extra[i:i + 1 + has_value]
+        i += 1 + has_value
+    return out
+
+
 def run_train(megatron, mpiexec, ranks, args, timeout):
     """`megatron train ARGS` as one process (ranks 1) or under `mpiexec -n RANKS`; never raises
     on a non-zero exit (the caller checks returncode), raises TimeoutExpired on a hang."""

@@ -501,6 +501,47 @@ HfArch infer_hf_arch(const TransformerConfig& c) {
   return HfArch::kGpt2;
 }
 
+namespace {
+
+// The MoE keys of a Mixtral or Qwen3-MoE config.json (Llama's keys are already in j).
+void add_hf_moe_keys(const TransformerConfig& c, json& j) {
+  // Qwen3-MoE when the heads have q/k norms (it has them always), else Mixtral (every layer
+  // MoE, softmax over the k selected). Routers Hugging Face cannot express have no export.
+  const MoeConfig& m = c.moe;
+  MEGATRON_CHECK(m.score_function == MoeScoreFunction::kSoftmax && m.topk_scaling_factor == 0 &&
+                     m.group_topk == 0 && !m.enable_expert_bias &&
+                     m.shared_expert_intermediate_size == 0 && !m.has(MoeLoadBalancing::kSinkhorn),
+                 "this MoE model has no Hugging Face equivalent: Mixtral and Qwen3-MoE route by "
+                 "softmax top-k without scaling, groups, expert bias, sinkhorn or shared experts");
+  const bool mixtral = !c.qk_layernorm;
+  MEGATRON_CHECK(
+      c.qk_layernorm || (m.num_moe_layers(c.num_layers) == c.num_layers && !m.pre_softmax),
+      "this MoE model has no Hugging Face equivalent: Mixtral has MoE in every layer "
+      "(--moe-layer-freq 1) and renormalises over the k (no --moe-router-pre-softmax); "
+      "dense layers or pre-softmax need --qk-layernorm (Qwen3-MoE)");
+  j["model_type"] = mixtral ? "mixtral" : "qwen3_moe";
+  j["architectures"] = {mixtral ? "MixtralForCausalLM" : "Qwen3MoeForCausalLM"};
+  j["num_experts_per_tok"] = c.moe.router_topk;
+  j["router_aux_loss_coef"] = 0.0;
+  if (mixtral) {
+    j["num_local_experts"] = c.moe.num_experts;
+    j["intermediate_size"] = c.moe.ffn_hidden_size;
+    j["sliding_window"] = nullptr;
+  } else {
+    j["num_experts"] = c.moe.num_experts;
+    j["moe_intermediate_size"] = c.moe.ffn_hidden_size;
+    j["intermediate_size"] = c.ffn_hidden_size;
+    j["norm_topk_prob"] = !c.moe.pre_softmax;
+    j["decoder_sparse_step"] = 1;
+    std::vector<int64_t> dense;
+    for (int64_t i = 0; i < c.num_layers; ++i)
+      if (!c.moe.is_moe_layer(i)) dense.push_back(i);
+    j["mlp_only_layers"] = dense;
+  }
+}
+
+}  // namespace
+
 HfModelInfo hf_info_from_config(const TransformerConfig& c, HfArch arch) {
   HfModelInfo info;
   info.arch = arch;
@@ -520,59 +561,9 @@ HfModelInfo hf_info_from_config(const TransformerConfig& c, HfArch arch) {
                                  : c.openai_gelu ? "gelu_new"
                                                  : "gelu"},
          {"tie_word_embeddings", true}};
-  } else if (c.moe.enabled()) {
-    // Qwen3-MoE when the heads have q/k norms (it has them always), else Mixtral (every layer
-    // MoE, softmax over the k selected). Routers Hugging Face cannot express have no export.
-    const MoeConfig& m = c.moe;
-    MEGATRON_CHECK(
-        m.score_function == MoeScoreFunction::kSoftmax && m.topk_scaling_factor == 0 &&
-            m.group_topk == 0 && !m.enable_expert_bias && m.shared_expert_intermediate_size == 0 &&
-            !m.has(MoeLoadBalancing::kSinkhorn),
-        "this MoE model has no Hugging Face equivalent: Mixtral and Qwen3-MoE route by "
-        "softmax top-k without scaling, groups, expert bias, sinkhorn or shared experts");
-    const bool mixtral = !c.qk_layernorm;
-    MEGATRON_CHECK(
-        c.qk_layernorm || (m.num_moe_layers(c.num_layers) == c.num_layers && !m.pre_softmax),
-        "this MoE model has no Hugging Face equivalent: Mixtral has MoE in every layer "
-        "(--moe-layer-freq 1) and renormalises over the k (no --moe-router-pre-softmax); "
-        "dense layers or pre-softmax need --qk-layernorm (Qwen3-MoE)");
-    info.model_type = mixtral ? "mixtral" : "qwen3_moe";
-    j = {{"model_type", info.model_type},
-         {"architectures", {mixtral ? "MixtralForCausalLM" : "Qwen3MoeForCausalLM"}},
-         {"num_hidden_layers", c.num_layers},
-         {"hidden_size", c.hidden_size},
-         {"num_attention_heads", c.num_attention_heads},
-         {"num_key_value_heads", c.num_query_groups},
-         {"head_dim", c.kv_channels},
-         {"max_position_embeddings", c.max_position_embeddings},
-         {"vocab_size", c.vocab_size},
-         {"rms_norm_eps", c.norm_epsilon},
-         {"rope_theta", c.rotary_base},
-         {"rope_scaling", nullptr},
-         {"hidden_act", "silu"},
-         {"tie_word_embeddings", !c.untie_embeddings_and_output_weights},
-         {"attention_bias", false},
-         {"num_experts_per_tok", c.moe.router_topk},
-         {"router_aux_loss_coef", 0.0}};
-    if (mixtral) {
-      j["num_local_experts"] = c.moe.num_experts;
-      j["intermediate_size"] = c.moe.ffn_hidden_size;
-      j["sliding_window"] = nullptr;
-    } else {
-      j["num_experts"] = c.moe.num_experts;
-      j["moe_intermediate_size"] = c.moe.ffn_hidden_size;
-      j["intermediate_size"] = c.ffn_hidden_size;
-      j["norm_topk_prob"] = !c.moe.pre_softmax;
-      j["decoder_sparse_step"] = 1;
-      std::vector<int64_t> dense;
-      for (int64_t i = 0; i < c.num_layers; ++i)
-        if (!c.moe.is_moe_layer(i)) dense.push_back(i);
-      j["mlp_only_layers"] = dense;
-    }
   } else {
-    j = {{"model_type", c.qk_layernorm ? "qwen3" : "llama"},
-         {"architectures", {c.qk_layernorm ? "Qwen3ForCausalLM" : "LlamaForCausalLM"}},
-         {"num_hidden_layers", c.num_layers},
+    // Llama's keys, which Mixtral and Qwen3(-MoE) share.
+    j = {{"num_hidden_layers", c.num_layers},
          {"hidden_size", c.hidden_size},
          {"num_attention_heads", c.num_attention_heads},
          {"num_key_value_heads", c.num_query_groups},
@@ -585,8 +576,14 @@ HfModelInfo hf_info_from_config(const TransformerConfig& c, HfArch arch) {
          {"rope_scaling", nullptr},
          {"hidden_act", "silu"},
          {"tie_word_embeddings", !c.untie_embeddings_and_output_weights},
-         {"attention_bias", false},
-         {"mlp_bias", false}};
+         {"attention_bias", false}};
+    if (!c.moe.enabled()) {
+      j["model_type"] = c.qk_layernorm ? "qwen3" : "llama";
+      j["architectures"] = {c.qk_layernorm ? "Qwen3ForCausalLM" : "LlamaForCausalLM"};
+      j["mlp_bias"] = false;
+    } else {
+      add_hf_moe_keys(c, j);
+    }
   }
   if (c.rope_scaling_factor > 0) {
     j["rope_scaling"] = {{"rope_type", "llama3"},

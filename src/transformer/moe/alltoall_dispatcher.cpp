@@ -2,19 +2,16 @@
 #include "transformer/moe/alltoall_dispatcher.h"
 
 #include "tensor/ops.h"
+#include "transformer/moe/permutation.h"
 
 namespace megatron {
 namespace {
 
-Tensor i64_tensor(const std::vector<int64_t>& v) {
-  Tensor t = Tensor::empty({static_cast<int64_t>(v.size())}, DType::kI64);
-  std::copy(v.begin(), v.end(), t.data<int64_t>());
-  return t;
-}
+using moe::index_tensor;
 
 // all_gather of a small i64 vector: [size, n].
 std::vector<int64_t> gather_counts(const std::vector<int64_t>& mine, ProcessGroup& g) {
-  const Tensor in = i64_tensor(mine);
+  const Tensor in = index_tensor(mine);
   Tensor out = Tensor::empty({static_cast<int64_t>(mine.size()) * g.size()}, DType::kI64);
   g.all_gather(out, in);
   return std::vector<int64_t>(out.data<int64_t>(), out.data<int64_t>() + out.numel());
@@ -48,7 +45,7 @@ AllToAllPlan::AllToAllPlan(const std::vector<uint8_t>& map, int64_t tokens, int6
         send_experts_.push_back(e);
         ++n_local[e];
       }
-  send_index_ = i64_tensor(send_tokens_);
+  send_index_ = index_tensor(send_tokens_);
   input_splits_.assign(static_cast<size_t>(P), 0);
   for (int64_t e = 0; e < E; ++e) input_splits_[e / L] += n_local[e];
   // What every EP peer sends to this rank's experts, then the same for every ETP peer.
@@ -83,7 +80,7 @@ AllToAllPlan::AllToAllPlan(const std::vector<uint8_t>& map, int64_t tokens, int6
         for (int64_t r = 0; r < cnt[i]; ++r) perm.push_back(offset[i] + r);
         counts_[l] += cnt[i];
       }
-  perm_ = i64_tensor(perm);
+  perm_ = index_tensor(perm);
 }
 
 Tensor AllToAllPlan::to_experts(const Tensor& rows) const {
@@ -95,9 +92,7 @@ Tensor AllToAllPlan::to_experts(const Tensor& rows) const {
     gathered = Tensor::empty({gathered_, c}, rows.dtype());
     etp_->all_gather_v(gathered, recv, times(etp_rows_, c));
   }
-  Tensor out = Tensor::empty({perm_.numel(), c}, rows.dtype());
-  ops::gather_rows(out, gathered, perm_);
-  return out;
+  return moe::gather_rows(gathered, perm_);
 }
 
 Tensor AllToAllPlan::from_experts(const Tensor& rows) const {

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "parallel/mappings.h"
+#include "transformer/mlp.h"
 #include "tensor/ops.h"
 
 namespace megatron {
@@ -28,6 +29,16 @@ Tensor row_tensor(const std::vector<double>& v, DType t) {
   Tensor d = Tensor::empty({static_cast<int64_t>(v.size())}, DType::kF64);
   std::copy(v.begin(), v.end(), d.data<double>());
   return t == DType::kF64 ? d : d.to(t);
+}
+
+// fn(e, first row, rows) for every local expert with rows, in order.
+template <typename Fn>
+void for_each_block(const std::vector<int64_t>& counts, Fn&& fn) {
+  int64_t at = 0;
+  for (size_t e = 0; e < counts.size(); ++e) {
+    if (counts[e] > 0) fn(e, at, counts[e]);
+    at += counts[e];
+  }
 }
 
 }  // namespace
@@ -131,39 +142,20 @@ Tensor GroupedExperts::forward_blocks(const Tensor& x, const std::vector<int64_t
   ctx.probs = probs;
   ctx.x = x.dtype() == wt || wt == DType::kF32 ? x : x.to(wt);
   ctx.pre_act = Tensor::empty({N, f1}, acc);
-  int64_t at = 0;
-  for (size_t e = 0; e < fc1_.size(); ++e) {
-    const int64_t n = counts[e];
-    if (n > 0) {
-      Tensor out = rows(ctx.pre_act, at, n);
-      ops::matmul(out, rows(ctx.x, at, n), false, fc1_[e]->weight.value, true);
-    }
-    at += n;
-  }
-  MEGATRON_ASSERT(at == N);
+  for_each_block(counts, [&](size_t e, int64_t at, int64_t n) {
+    Tensor out = rows(ctx.pre_act, at, n);
+    ops::matmul(out, rows(ctx.x, at, n), false, fc1_[e]->weight.value, true);
+  });
   ctx.act = Tensor::empty({N, f}, acc);
-  if (N > 0) {
-    if (cfg_.swiglu) {
-      ops::swiglu_forward(ctx.act, ctx.pre_act);
-    } else if (cfg_.squared_relu) {
-      ops::squared_relu_forward(ctx.act, ctx.pre_act);
-    } else {
-      ops::gelu_forward(ctx.act, ctx.pre_act, cfg_.openai_gelu);
-    }
-  }
+  if (N > 0) mlp_activation_forward(cfg_, ctx.act, ctx.pre_act);
   Tensor scaled = ctx.act.clone();
   ops::scale_rows(scaled, row_tensor(probs, acc));
   ctx.scaled = scaled.dtype() == wt || wt == DType::kF32 ? scaled : scaled.to(wt);
   Tensor y = Tensor::empty({N, h}, acc);
-  at = 0;
-  for (size_t e = 0; e < fc2_.size(); ++e) {
-    const int64_t n = counts[e];
-    if (n > 0) {
-      Tensor out = rows(y, at, n);
-      ops::matmul(out, rows(ctx.scaled, at, n), false, fc2_[e]->weight.value, true);
-    }
-    at += n;
-  }
+  for_each_block(counts, [&](size_t e, int64_t at, int64_t n) {
+    Tensor out = rows(y, at, n);
+    ops::matmul(out, rows(ctx.scaled, at, n), false, fc2_[e]->weight.value, true);
+  });
   return y;
 }
 
@@ -176,18 +168,13 @@ Tensor GroupedExperts::backward_blocks(const Tensor& dy, Ctx& ctx,
   const Tensor dy_c = is_half(wt) ? dy.to(wt) : dy;
   // d(scaled) = dy fc2_e; dW2_e += dy^T scaled.
   Tensor dscaled = Tensor::empty({N, f}, acc);
-  int64_t at = 0;
-  for (size_t e = 0; e < fc2_.size(); ++e) {
-    const int64_t n = ctx.counts[e];
-    if (n > 0) {
-      Tensor out = rows(dscaled, at, n);
-      const Tensor d = rows(dy_c, at, n);
-      ops::matmul(out, d, false, fc2_[e]->weight.value, false);
-      Tensor dw = fc2_[e]->weight.main_grad;
-      ops::matmul(dw, d, true, rows(ctx.scaled, at, n), false, 1.0f);
-    }
-    at += n;
-  }
+  for_each_block(ctx.counts, [&](size_t e, int64_t at, int64_t n) {
+    Tensor out = rows(dscaled, at, n);
+    const Tensor d = rows(dy_c, at, n);
+    ops::matmul(out, d, false, fc2_[e]->weight.value, false);
+    Tensor dw = fc2_[e]->weight.main_grad;
+    ops::matmul(dw, d, true, rows(ctx.scaled, at, n), false, 1.0f);
+  });
   // scaled = act * p: dp_r = <dscaled_r, act_r>, dact = dscaled * p.
   Tensor dp = Tensor::empty({N}, acc);
   ops::row_dots(dp, dscaled, ctx.act);
@@ -195,29 +182,16 @@ Tensor GroupedExperts::backward_blocks(const Tensor& dy, Ctx& ctx,
   dprobs->assign(dp64.data<double>(), dp64.data<double>() + N);
   ops::scale_rows(dscaled, row_tensor(ctx.probs, acc));
   Tensor dpre = Tensor::empty({N, f1}, acc);
-  if (N > 0) {
-    if (cfg_.swiglu) {
-      ops::swiglu_backward(dpre, dscaled, ctx.pre_act);
-    } else if (cfg_.squared_relu) {
-      ops::squared_relu_backward(dpre, dscaled, ctx.pre_act);
-    } else {
-      ops::gelu_backward(dpre, dscaled, ctx.pre_act, cfg_.openai_gelu);
-    }
-  }
+  if (N > 0) mlp_activation_backward(cfg_, dpre, dscaled, ctx.pre_act);
   const Tensor dpre_c = is_half(wt) ? dpre.to(wt) : dpre;
   Tensor dx = Tensor::empty({N, h}, acc);
-  at = 0;
-  for (size_t e = 0; e < fc1_.size(); ++e) {
-    const int64_t n = ctx.counts[e];
-    if (n > 0) {
-      Tensor out = rows(dx, at, n);
-      const Tensor d = rows(dpre_c, at, n);
-      ops::matmul(out, d, false, fc1_[e]->weight.value, false);
-      Tensor dw = fc1_[e]->weight.main_grad;
-      ops::matmul(dw, d, true, rows(ctx.x, at, n), false, 1.0f);
-    }
-    at += n;
-  }
+  for_each_block(ctx.counts, [&](size_t e, int64_t at, int64_t n) {
+    Tensor out = rows(dx, at, n);
+    const Tensor d = rows(dpre_c, at, n);
+    ops::matmul(out, d, false, fc1_[e]->weight.value, false);
+    Tensor dw = fc1_[e]->weight.main_grad;
+    ops::matmul(dw, d, true, rows(ctx.x, at, n), false, 1.0f);
+  });
   ctx = Ctx{};
   return dx;
 }

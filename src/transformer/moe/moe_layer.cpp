@@ -2,29 +2,14 @@
 #include "transformer/moe/moe_layer.h"
 
 #include "tensor/ops.h"
+#include "transformer/moe/permutation.h"
 
 namespace megatron {
 namespace {
 
-Tensor index_tensor(const std::vector<int64_t>& rows) {
-  Tensor t = Tensor::empty({static_cast<int64_t>(rows.size())}, DType::kI64);
-  std::copy(rows.begin(), rows.end(), t.data<int64_t>());
-  return t;
-}
-
-// out[r] = in[rows[r]].
-Tensor gather_rows(const Tensor& in, const Tensor& rows) {
-  Tensor out = Tensor::empty({rows.numel(), in.dim(-1)}, in.dtype());
-  ops::gather_rows(out, in, rows);
-  return out;
-}
-
-// out[rows[r]] += in[r] into a zero [n, c].
-Tensor scatter_add_rows(const Tensor& in, const Tensor& rows, int64_t n) {
-  Tensor out = Tensor::zeros({n, in.dim(-1)}, in.dtype());
-  ops::scatter_add_rows(out, in, rows);
-  return out;
-}
+using moe::gather_rows;
+using moe::index_tensor;
+using moe::scatter_add_rows;
 
 // A size-1 group's gather and reduce-scatter are copies: skip them.
 Tensor all_gather_rows(const Tensor& t, ProcessGroup& g) {
