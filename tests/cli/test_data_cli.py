@@ -183,7 +183,9 @@ class TestIndexedData(CliTestCase):
 
     def test_bad_data_flags(self):
         prefix = self.make_dataset()
-        self.assertUsageError(self.train(prefix, "--split", "90,x", "--train-iters", "2",
+        # (The later --split replaces train()'s, as argparse's last value wins; Megatron's
+        # re.findall reading takes "90,x" as [90], so the bad one is a malformed number.)
+        self.assertUsageError(self.train(prefix, "--split", "1.2.3", "--train-iters", "2",
                                          "--lr", "1e-3"), "--split")
         self.assertUsageError(megatron("train", *self.MODEL, "--data-path",
                                        os.path.join(self.tmp, "missing"), "--train-iters", "2",
