@@ -396,11 +396,7 @@ StepRates Trainer::rates_at(int64_t samples) const {
 void Trainer::build_checkpointing() {
   if (!args_.load.empty()) load_checkpoint();
   if (!args_.save.empty()) {
-    checkpointer_ = std::make_unique<Checkpointer>(
-        parallel_, args_,
-        CheckpointTarget{params_.get(), optimizer_.get(), dist_optimizer_.get(), grad_rank_,
-                         parallel_->experts_apart() ? parallel_->edp_rank() : grad_rank_},
-        fault_);
+    checkpointer_ = std::make_unique<Checkpointer>(parallel_, args_, checkpoint_target(), fault_);
     if (args_.log_progress && first_rank_) {
       progress_ = std::make_unique<ProgressLog>(args_.save, parallel_->world_size());
       checkpointer_->set_progress_log(progress_.get());
@@ -545,6 +541,12 @@ void Trainer::divide_by_global_tokens(const LossTerms& terms) {
   }
 }
 
+CheckpointTarget Trainer::checkpoint_target() const {
+  // Expert-parallel Params are written by expert-data-parallel rank 0 when experts are apart.
+  return CheckpointTarget{params_.get(), optimizer_.get(), dist_optimizer_.get(), grad_rank_,
+                          parallel_->experts_apart() ? parallel_->edp_rank() : grad_rank_};
+}
+
 ExpertParallelContext Trainer::expert_parallel() const {
   const ParallelState& ps = *parallel_;
   return ExpertParallelContext{.tp_ep = &ps.tp_ep_group(),
@@ -667,21 +669,19 @@ void Trainer::complete_param_gather() const {
 double Trainer::params_norm() const {
   complete_param_gather();
   // Every rank holds whole main weights: no data-parallel sum (sharded = false).
-  if (!parallel_->experts_apart())
-    return std::sqrt(sum_over_model(params_sum_squares_unique(*params_), 0.0, false));
-  return std::sqrt(sum_over_model(params_sum_squares_unique(*params_, ParamDomain::kDense),
-                                  params_sum_squares_unique(*params_, ParamDomain::kExpert),
-                                  false));
+  return std::sqrt(
+      sum_over_model([&](ParamDomain d) { return params_sum_squares_unique(*params_, d); }, false));
 }
 
-double Trainer::sum_over_model(double dense, double expert, bool sharded) const {
+double Trainer::sum_over_model(const std::function<double(ParamDomain)>& part, bool sharded) const {
   const ParallelState& ps = *parallel_;
   sharded = sharded && dist_optimizer_ != nullptr;
-  Tensor d = Tensor::full({1}, dense, DType::kF64);
+  const bool apart = ps.experts_apart();
+  Tensor d = Tensor::full({1}, part(apart ? ParamDomain::kDense : ParamDomain::kAll), DType::kF64);
   if (sharded) ps.dp_cp_group().all_reduce(d);
   ps.model_parallel_group().all_reduce(d);
-  if (!ps.experts_apart()) return d.data<double>()[0];
-  Tensor e = Tensor::full({1}, expert, DType::kF64);
+  if (!apart) return d.data<double>()[0];
+  Tensor e = Tensor::full({1}, part(ParamDomain::kExpert), DType::kF64);
   if (sharded) ps.edp_group().all_reduce(e);
   ps.expert_model_parallel_group().all_reduce(e);
   return d.data<double>()[0] + e.data<double>()[0];
@@ -827,10 +827,7 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, const BatchSchedule::
     return dist_optimizer_ ? dist_optimizer_->grad_sum_squares_unique(d)
                            : grad_sum_squares_unique(*params_, d);
   };
-  r.grad_norm =
-      std::sqrt(parallel_->experts_apart() ? sum_over_model(grad_squares(ParamDomain::kDense),
-                                                            grad_squares(ParamDomain::kExpert))
-                                           : sum_over_model(grad_squares(ParamDomain::kAll), 0.0));
+  r.grad_norm = std::sqrt(sum_over_model(grad_squares));
   if (args_.check_for_nan_in_loss_and_grad) {
     if (!std::isfinite(r.grad_norm)) {
       throw std::runtime_error(
@@ -847,10 +844,7 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, const BatchSchedule::
       return static_cast<double>(dist_optimizer_ ? dist_optimizer_->grad_zeros_unique(d)
                                                  : grad_zeros_unique(*params_, d));
     };
-    r.num_zeros = static_cast<int64_t>(
-        parallel_->experts_apart()
-            ? sum_over_model(zeros(ParamDomain::kDense), zeros(ParamDomain::kExpert))
-            : sum_over_model(zeros(ParamDomain::kAll), 0.0));
+    r.num_zeros = static_cast<int64_t>(sum_over_model(zeros));
   }
   // Clipping rides along with the update (one pass over the gradients instead of two).
   const double clip = clip_coefficient(args_.clip_grad, r.grad_norm);
@@ -1004,10 +998,7 @@ void Trainer::load_checkpoint() {
                      " has no optimizer state (it was saved with --no-save-optim): pass "
                      "--no-load-optim (moments start at zero) or --finetune");
     }
-    load_shards(reader,
-                CheckpointTarget{params_.get(), optimizer_.get(), dist_optimizer_.get(), grad_rank_,
-                                 parallel_->experts_apart() ? parallel_->edp_rank() : grad_rank_},
-                optim);
+    load_shards(reader, checkpoint_target(), optim);
     bytes_read = reader.bytes_read();
     RunState state = run_state_from_json(meta, meta_path);
     if (optim) {

@@ -126,11 +126,13 @@ class Trainer {
   // --log-params-norm: the L2 norm of the fp32 main weights, each element of the model once
   // (every rank holds whole main weights after a step). Collective over the model-parallel group.
   double params_norm() const;
-  // A per-rank sum (squares, zeros) over every element of the model once: the dense part over the
-  // model-parallel group, the expert part (experts_apart) over the expert model-parallel group;
-  // with the distributed optimizer and sharded (gradients), first over the (expert) data-parallel
-  // group that shares the shards. Collective over the world.
-  double sum_over_model(double dense, double expert, bool sharded = true) const;
+  // A per-rank sum (squares, zeros) over every element of the model once: part(kAll) over the
+  // model-parallel group, or, when experts are apart, part(kDense) there and part(kExpert) over
+  // the expert model-parallel group; with the distributed optimizer and sharded (gradients),
+  // first over the (expert) data-parallel group that shares the shards. Collective over the world.
+  double sum_over_model(const std::function<double(ParamDomain)>& part, bool sharded = true) const;
+  // What this rank holds and writes of a checkpoint.
+  CheckpointTarget checkpoint_target() const;
   // --overlap-param-gather: completes the weights' gathers in flight (before anything but the
   // next forward reads them).
   void complete_param_gather() const;

@@ -5,8 +5,8 @@
 #include <cmath>
 
 #include "parallel/mappings.h"
-#include "transformer/mlp.h"
 #include "tensor/ops.h"
+#include "transformer/mlp.h"
 
 namespace megatron {
 namespace {
