@@ -120,8 +120,8 @@ void register_model_args(ArgTable& t, Arguments& a) {
          "Every expert gets exactly its capacity of rows (padding with probability 0)");
   t.add("--moe-token-dispatcher-type", a.moe_token_dispatcher_type, "allgather or alltoall");
   t.flag("--moe-grouped-gemm", a.moe_grouped_gemm,
-         "Accepted: the experts' GEMMs run expert by expert on row blocks padded to 32 rows, with "
-         "or without it (no batched grouped kernel yet)");
+         "The experts' GEMMs as grouped GEMMs (one op over all local experts); the CPU device "
+         "always runs them so, with or without the flag");
   t.flag("--moe-per-layer-logging", a.moe_per_layer_logging,
          "Each MoE layer's load-balancing and z-losses to TensorBoard");
   t.concern("training");

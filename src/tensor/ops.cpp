@@ -81,6 +81,20 @@ void matmul(Tensor& out, const Tensor& a, bool trans_a, const Tensor& b, bool tr
   MEGATRON_DISPATCH(device_of("matmul", {&out, &a, &b}), matmul(out, a, trans_a, b, trans_b, beta));
 }
 
+void grouped_matmul(Tensor& out, const Tensor& a, const std::vector<Tensor>& b, bool trans_b,
+                    const std::vector<int64_t>& sizes, float beta) {
+  const OpTimer timer(OpCategory::kGemm);
+  MEGATRON_DISPATCH(device_of("grouped_matmul", {&out, &a}, b),
+                    grouped_matmul(out, a, b, trans_b, sizes, beta));
+}
+
+void grouped_matmul_at(std::vector<Tensor>& out, const Tensor& a, const Tensor& c,
+                       const std::vector<int64_t>& sizes, float beta) {
+  const OpTimer timer(OpCategory::kGemm);
+  MEGATRON_DISPATCH(device_of("grouped_matmul_at", {&a, &c}, out),
+                    grouped_matmul_at(out, a, c, sizes, beta));
+}
+
 void add(Tensor& out, const Tensor& a, const Tensor& b) {
   const OpTimer timer(OpCategory::kNormElementwise);
   MEGATRON_DISPATCH(device_of("add", {&out, &a, &b}), add(out, a, b));

@@ -27,6 +27,19 @@ namespace megatron::ops {
 // shape.
 void matmul(Tensor& out, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
             float beta = 0.0f);
+// Grouped GEMM, the experts of an MoE layer as one op (Megatron's --moe-grouped-gemm): the rows
+// of a [N, k] come in consecutive groups of sizes[g] rows (summing to N), and group g has its own
+// matrix b[g], [k, n] or, with trans_b, [n, k] (a Linear's [out, in] weight):
+//   out[rows of g] = a[rows of g] op(b[g]) + beta * out[rows of g]        out: [N, n]
+// and the weight gradients, both operands split by the same groups of rows:
+//   out[g] = a[rows of g]^T c[rows of g] + beta * out[g]                   out[g]: [k_a, k_c]
+// a group of no rows leaves its out[g] as beta makes it (zeroed or untouched). dtypes as matmul.
+// The CPU device runs the blocks of every group in one parallel loop (tensor/cpu/
+// grouped_matmul.cpp), not a GEMM call per group.
+void grouped_matmul(Tensor& out, const Tensor& a, const std::vector<Tensor>& b, bool trans_b,
+                    const std::vector<int64_t>& sizes, float beta = 0.0f);
+void grouped_matmul_at(std::vector<Tensor>& out, const Tensor& a, const Tensor& c,
+                       const std::vector<int64_t>& sizes, float beta = 0.0f);
 // Whether this CPU runs bf16 (or f16) GEMMs natively (oneDNN needs AVX-512; AVX-512 FP16 or AMX
 // for f16). If not, such GEMMs widen their inputs to f32 and run the f32 kernel: the same
 // results, without the 16-bit speed-up.

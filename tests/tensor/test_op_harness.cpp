@@ -227,6 +227,52 @@ void register_matmul() {
   }
 }
 
+// Groups of no, one, odd and several blocks' rows (the CPU device's blocks are 128 x 512), with
+// n and k_c past one block's columns; beta 0 and 1.
+void register_grouped_matmul() {
+  struct Shape3 {
+    std::vector<int64_t> sizes;
+    int64_t k, n;
+  };
+  for (const Shape3& s : {Shape3{{0, 1, 3}, 5, 7}, Shape3{{130, 0, 7, 260}, 17, 530}}) {
+    int64_t N = 0;
+    for (int64_t r : s.sizes) N += r;
+    const auto G = static_cast<int64_t>(s.sizes.size());
+    const std::string shape = dims(Shape{N, s.n, s.k}) + " in " + std::to_string(G) + " groups";
+    const Tensor a = random_tensor({N, s.k}, 12, 1.0, DType::kF64);
+    const Tensor c = random_tensor({N, s.n}, 13, 1.0, DType::kF64);
+    for (bool tb : {false, true}) {
+      std::vector<Tensor> b;
+      for (int64_t g = 0; g < G; ++g)
+        b.push_back(random_tensor(tb ? Shape{s.n, s.k} : Shape{s.k, s.n},
+                                  static_cast<uint64_t>(14 + g), 1.0, DType::kF64));
+      add({std::string("grouped_matmul") + (tb ? " B^T" : ""), shape,
+           [=](const Place& p) {
+             std::vector<Tensor> pb;
+             for (const Tensor& t : b) pb.push_back(p(t));
+             Tensor y = p.empty({N, s.n}), acc = p.full({N, s.n}, 0.5);
+             ops::grouped_matmul(y, p(a), pb, tb, s.sizes);
+             ops::grouped_matmul(acc, p(a), pb, tb, s.sizes, 1.0f);
+             return std::vector<Tensor>{y, acc};
+           }},
+          {"grouped_matmul"});
+    }
+    add({"grouped_matmul_at", shape,
+         [=](const Place& p) {
+           std::vector<Tensor> w, acc;
+           for (int64_t g = 0; g < G; ++g) {
+             w.push_back(p.full({s.k, s.n}, 7.0));  // overwritten, also for a group of no rows
+             acc.push_back(p.full({s.k, s.n}, 0.5));
+           }
+           ops::grouped_matmul_at(w, p(a), p(c), s.sizes);
+           ops::grouped_matmul_at(acc, p(a), p(c), s.sizes, 1.0f);
+           w.insert(w.end(), acc.begin(), acc.end());
+           return w;
+         }},
+        {"grouped_matmul_at"});
+  }
+}
+
 void register_lookups_and_copies() {
   for (auto [vocab, h, n] : {std::array<int64_t, 3>{1, 1, 1}, {13, 7, 9}, {40, 65, 30}}) {
     const Tensor table = random_tensor({vocab, h}, 12, 1.0, DType::kF64);
@@ -470,6 +516,7 @@ void register_all() {
   register_elementwise();
   register_norms();
   register_matmul();
+  register_grouped_matmul();
   register_lookups_and_copies();
   register_rope_and_loss();
   register_attention_and_optimizer();

@@ -68,6 +68,52 @@ TEST(Matmul, Bf16InputsAccumulateInF32) {
   EXPECT_TRUE(allclose(c, want, 1e-4, 1e-4));
 }
 
+// The grouped GEMMs in bf16 (the MoE experts' training dtype) and f32, with groups of several
+// 128 x 512 blocks: against the fp64 reference (bf16 inputs are exact, so only f32 summation over
+// k = 300 or 333 rows errs, as for matmul above), and bit-identical for 1 and 3 threads, since
+// every block is one single-threaded GEMM of a fixed shape.
+TEST(GroupedMatmul, Bf16AndF32MatchReferenceForAnyThreadCount) {
+  const std::vector<int64_t> sizes = {300, 0, 33};
+  const int64_t N = 333, k = 300, n = 600;
+  for (DType dt : {DType::kBF16, DType::kF32}) {
+    const Tensor a = random_tensor({N, k}, 5).to(dt), dy = random_tensor({N, n}, 6).to(dt);
+    std::vector<Tensor> w;
+    for (uint64_t g = 0; g < sizes.size(); ++g) w.push_back(random_tensor({n, k}, 7 + g).to(dt));
+    auto run = [&](int threads) {
+      const int before = omp_get_max_threads();
+      omp_set_num_threads(threads);
+      Tensor y = Tensor::empty({N, n});
+      ops::grouped_matmul(y, a, w, true, sizes);
+      std::vector<Tensor> dw;
+      for (size_t g = 0; g < sizes.size(); ++g) dw.push_back(Tensor::full({n, k}, 1.0));
+      ops::grouped_matmul_at(dw, dy, a, sizes);
+      omp_set_num_threads(before);
+      dw.insert(dw.begin(), y);
+      return dw;
+    };
+    const std::vector<Tensor> one = run(1), three = run(3);
+    for (size_t i = 0; i < one.size(); ++i) EXPECT_TRUE(allclose(one[i], three[i], 0, 0)) << i;
+    int64_t at = 0;
+    for (size_t g = 0; g < sizes.size(); ++g) {
+      const Tensor ag = f64(a).slice0(at, at + sizes[g]);
+      const Tensor want_y = ref::matmul(ag, false, f64(w[g]), true);
+      EXPECT_TRUE(allclose(one[0].slice0(at, at + sizes[g]), want_y, 1e-4, 1e-4)) << g;
+      const Tensor want_dw = ref::matmul(f64(dy).slice0(at, at + sizes[g]), true, ag, false);
+      EXPECT_TRUE(allclose(one[1 + g], want_dw, 1e-4, 1e-4)) << g;  // zeroed for no rows
+      at += sizes[g];
+    }
+  }
+}
+
+TEST(GroupedMatmul, RejectsSizesThatDoNotCoverTheRows) {
+  const Tensor a = Tensor::zeros({5, 4});
+  Tensor y = Tensor::zeros({5, 3});
+  const std::vector<Tensor> w = {Tensor::zeros({3, 4}), Tensor::zeros({3, 4})};
+  EXPECT_THROW(ops::grouped_matmul(y, a, w, true, {2, 2}), InvalidArgument);
+  EXPECT_THROW(ops::grouped_matmul(y, a, w, true, {5}), InvalidArgument);
+  EXPECT_THROW(ops::grouped_matmul(y, a, w, false, {2, 3}), InvalidArgument);
+}
+
 TEST(Matmul, RejectsMismatchedInnerDims) {
   Tensor a = Tensor::zeros({3, 4}), b = Tensor::zeros({5, 6}), c = Tensor::zeros({3, 6});
   EXPECT_THROW(ops::matmul(c, a, false, b, false), InvalidArgument);

@@ -1,10 +1,10 @@
 // GEMM through oneDNN (f32, and bf16 inputs with f32 accumulation), plus a plain f64 loop for the
 // finite-difference tests.
 //
-// Transposes are expressed as memory strides, so no copy is made. oneDNN primitives are created
-// once per (M, N, K, transposes, dtype, accumulate) and cached: creating one costs far more than
-// running a small GEMM. The cache is per thread-of-caller (the trainer calls from one thread), so
-// it needs no lock.
+// Transposes and leading dimensions are expressed as memory strides, so no copy is made. oneDNN
+// primitives are created once per (shape, strides, dtype, accumulate, planned threads) and cached:
+// creating one costs far more than running a small GEMM. The cache is per calling thread (the
+// trainer calls from one thread; grouped_matmul's workers have their own), so it needs no lock.
 //
 // oneDNN has bf16 matmul kernels only on CPUs with AVX-512 (bf16 instructions or their emulation),
 // f16 ones only with AVX-512 FP16 or AMX; elsewhere it cannot create the primitive. Then a bf16 or
@@ -12,6 +12,8 @@
 // f32 kernel, which computes the same thing, 16-bit inputs with f32 accumulation, at f32 speed.
 // native_half_gemm() tells callers which one they get.
 #include <unistd.h>
+
+#include <omp.h>
 
 #include <map>
 #include <string>
@@ -24,19 +26,25 @@
 #include "core/logging.h"
 #include "tensor/cpu/cpu_ops.h"
 #include "tensor/cpu/dispatch.h"
+#include "tensor/cpu/gemm.h"
 #include "tensor/ops.h"
 
 namespace megatron::cpu {
 namespace {
 
 struct GemmKey {
-  int64_t m, n, k;
-  bool ta, tb;
-  DType dtype;
-  bool accumulate;
-  auto tie() const { return std::tie(m, n, k, ta, tb, dtype, accumulate); }
+  GemmShape s;
+  int threads;  // what the primitive was planned for
+  auto tie() const {
+    return std::tie(s.m, s.n, s.k, s.ta, s.tb, s.lda, s.ldb, s.ldc, s.dtype, s.accumulate, threads);
+  }
   bool operator<(const GemmKey& o) const { return tie() < o.tie(); }
 };
+
+// Elements from the first to the last one a strided [rows, cols] view reads.
+int64_t span(int64_t rows, int64_t cols, int64_t ld) {
+  return (rows - 1) * ld + cols;
+}
 
 class GemmCache {
  public:
@@ -50,9 +58,10 @@ class GemmCache {
     if (it == prims_.end()) it = prims_.emplace(key, create(key)).first;
     const Entry& e = it->second;
     if (e.widen) {
-      half_ = key.dtype;
-      a = widen(a, key.m * key.k, &wide_a_);
-      b = widen(b, key.k * key.n, &wide_b_);
+      const GemmShape& s = key.s;
+      half_ = s.dtype;
+      a = widen(a, s.ta ? span(s.k, s.m, s.lda) : span(s.m, s.k, s.lda), &wide_a_);
+      b = widen(b, s.tb ? span(s.n, s.k, s.ldb) : span(s.k, s.n, s.ldb), &wide_b_);
     }
     dnnl::memory ma(e.a_md, engine_, const_cast<void*>(a));
     dnnl::memory mb(e.b_md, engine_, const_cast<void*>(b));
@@ -77,10 +86,10 @@ class GemmCache {
   GemmCache() : engine_(dnnl::engine::kind::cpu, 0), stream_(engine_) {}
 
   Entry create(const GemmKey& key) {
-    if (is_half(key.dtype)) {
+    if (is_half(key.s.dtype)) {
       try {
-        return create_with(key, key.dtype == DType::kBF16 ? dnnl::memory::data_type::bf16
-                                                          : dnnl::memory::data_type::f16);
+        return create_with(key, key.s.dtype == DType::kBF16 ? dnnl::memory::data_type::bf16
+                                                            : dnnl::memory::data_type::f16);
       } catch (const dnnl::error&) {
         Entry e = create_with(key, dnnl::memory::data_type::f32);
         e.widen = true;
@@ -92,17 +101,18 @@ class GemmCache {
 
   Entry create_with(const GemmKey& key, dnnl::memory::data_type in) {
     using dt = dnnl::memory::data_type;
+    const GemmShape& s = key.s;
     // Logical A is [m, k]; stored row-major as [m, k] or, when transposed, as [k, m].
     dnnl::memory::dims a_strides =
-        key.ta ? dnnl::memory::dims{1, key.m} : dnnl::memory::dims{key.k, 1};
+        s.ta ? dnnl::memory::dims{1, s.lda} : dnnl::memory::dims{s.lda, 1};
     dnnl::memory::dims b_strides =
-        key.tb ? dnnl::memory::dims{1, key.k} : dnnl::memory::dims{key.n, 1};
+        s.tb ? dnnl::memory::dims{1, s.ldb} : dnnl::memory::dims{s.ldb, 1};
     Entry e;
-    e.a_md = dnnl::memory::desc({key.m, key.k}, in, a_strides);
-    e.b_md = dnnl::memory::desc({key.k, key.n}, in, b_strides);
-    e.c_md = dnnl::memory::desc({key.m, key.n}, dt::f32, dnnl::memory::dims{key.n, 1});
+    e.a_md = dnnl::memory::desc({s.m, s.k}, in, a_strides);
+    e.b_md = dnnl::memory::desc({s.k, s.n}, in, b_strides);
+    e.c_md = dnnl::memory::desc({s.m, s.n}, dt::f32, dnnl::memory::dims{s.ldc, 1});
     dnnl::primitive_attr attr;
-    if (key.accumulate) {
+    if (s.accumulate) {
       dnnl::post_ops ops;
       ops.append_sum(1.0f);
       attr.set_post_ops(ops);
@@ -139,6 +149,10 @@ void gemm_f64(double* c, const double* a, bool ta, const double* b, bool tb, int
 
 }  // namespace
 
+void gemm(const GemmShape& s, const void* a, const void* b, float* c) {
+  GemmCache::instance().run(GemmKey{s, omp_get_max_threads()}, a, b, c);
+}
+
 void matmul(Tensor& out, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, float beta) {
   MEGATRON_CHECK(a.ndim() >= 2 && b.ndim() >= 2, "matmul: inputs must have >= 2 dims, got ",
                  a.str(), " and ", b.str());
@@ -169,8 +183,9 @@ void matmul(Tensor& out, const Tensor& a, bool trans_a, const Tensor& b, bool tr
     if (beta == 0.0f) out.zero();
     return;
   }
-  GemmCache::instance().run(GemmKey{m, n, k, trans_a, trans_b, a.dtype(), beta != 0.0f}, a.raw(),
-                            b.raw(), out.raw());
+  gemm(GemmShape{m, n, k, trans_a, trans_b, trans_a ? m : k, trans_b ? k : n, n, a.dtype(),
+                 beta != 0.0f},
+       a.raw(), b.raw(), out.data<float>());
 }
 
 }  // namespace megatron::cpu

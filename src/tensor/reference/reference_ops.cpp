@@ -83,6 +83,41 @@ void matmul(Tensor& out, const Tensor& a, bool trans_a, const Tensor& b, bool tr
   }
 }
 
+// Group by group, each a plain matmul of its rows: the definition in ops.h.
+void grouped_matmul(Tensor& out, const Tensor& a, const std::vector<Tensor>& b, bool trans_b,
+                    const std::vector<int64_t>& sizes, float beta) {
+  f64("grouped_matmul", {&out, &a});
+  MEGATRON_CHECK(b.size() == sizes.size(), "grouped_matmul: ", b.size(), " matrices for ",
+                 sizes.size(), " groups");
+  const Tensor a2 = a.view({rows(a), a.dim(-1)});
+  Tensor o2 = out.view({rows(out), out.dim(-1)});
+  int64_t at = 0;
+  for (size_t g = 0; g < sizes.size(); ++g) {
+    f64("grouped_matmul", {&b[g]});
+    Tensor o = o2.slice0(at, at + sizes[g]);
+    matmul(o, a2.slice0(at, at + sizes[g]), false, b[g], trans_b, beta);
+    at += sizes[g];
+  }
+  MEGATRON_CHECK(at == rows(a), "grouped_matmul: group sizes sum to ", at, ", a has ", rows(a),
+                 " rows");
+}
+
+void grouped_matmul_at(std::vector<Tensor>& out, const Tensor& a, const Tensor& c,
+                       const std::vector<int64_t>& sizes, float beta) {
+  f64("grouped_matmul_at", {&a, &c});
+  MEGATRON_CHECK(out.size() == sizes.size(), "grouped_matmul_at: ", out.size(), " outputs for ",
+                 sizes.size(), " groups");
+  const Tensor a2 = a.view({rows(a), a.dim(-1)}), c2 = c.view({rows(c), c.dim(-1)});
+  int64_t at = 0;
+  for (size_t g = 0; g < sizes.size(); ++g) {
+    f64("grouped_matmul_at", {&out[g]});
+    matmul(out[g], a2.slice0(at, at + sizes[g]), true, c2.slice0(at, at + sizes[g]), false, beta);
+    at += sizes[g];
+  }
+  MEGATRON_CHECK(at == rows(a) && at == rows(c), "grouped_matmul_at: group sizes sum to ", at,
+                 ", a has ", rows(a), " rows, c ", rows(c));
+}
+
 void add(Tensor& out, const Tensor& a, const Tensor& b) {
   f64("add", {&out, &a, &b});
   for (int64_t i = 0; i < out.numel(); ++i) W(out)[i] = P(a)[i] + P(b)[i];

@@ -17,6 +17,10 @@ using ops::QkvPart;
 using ops::RopeSpec;
 
 void matmul(Tensor& out, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, float beta);
+void grouped_matmul(Tensor& out, const Tensor& a, const std::vector<Tensor>& b, bool trans_b,
+                    const std::vector<int64_t>& sizes, float beta);
+void grouped_matmul_at(std::vector<Tensor>& out, const Tensor& a, const Tensor& c,
+                       const std::vector<int64_t>& sizes, float beta);
 void add(Tensor& out, const Tensor& a, const Tensor& b);
 void add_inplace(Tensor& out, const Tensor& a);
 void mul(Tensor& out, const Tensor& a, const Tensor& b);

@@ -6,9 +6,10 @@
 //
 // which equals p_r * expert_e(x_r) since MoE layers have no biases. fc1 is [ffn_e (x2 for
 // SwiGLU: [gate | up]), h], fc2 [h, ffn_e], per expert, as SequentialMLP's local_experts.
-// Each expert's rows are one contiguous block, padded with zero rows to a multiple of 32 (the
-// row counts oneDNN's fast bf16 kernels take), and its GEMMs run on that block in place; the
-// activation and the probability scaling run once over all rows.
+// Each expert's rows are one contiguous block; each of the six GEMMs (fc1 and fc2, their input
+// and weight gradients) is one grouped GEMM over all local experts' blocks (ops::grouped_matmul,
+// Megatron's --moe-grouped-gemm; the CPU device has no other kind, so the flag changes nothing
+// here), and the activation and the probability scaling run once over all rows.
 //
 // Expert tensor parallelism (ETP): fc1 is split by output features and fc2 by input features over
 // the ETP group, like a column- and a row-parallel linear, but without their collectives: the
@@ -33,13 +34,12 @@ namespace megatron {
 class GroupedExperts {
  public:
   struct Ctx {
-    Tensor x;                             // [N, h] the GEMM input (compute dtype)
-    Tensor pre_act;                       // [N, f1] fc1 output, f32
-    Tensor act;                           // [N, f] activation (before the probabilities), f32
-    Tensor scaled;                        // [N, f] act * p, as fc2 saw it (compute dtype)
-    std::vector<double> probs;            // [N]
-    std::vector<int64_t> counts;          // rows per local expert, as the GEMMs see them
-    std::vector<int64_t> compact_counts;  // the same before padding
+    Tensor x;                     // [N, h] the GEMM input (compute dtype)
+    Tensor pre_act;               // [N, f1] fc1 output, f32
+    Tensor act;                   // [N, f] activation (before the probabilities), f32
+    Tensor scaled;                // [N, f] act * p, as fc2 saw it (compute dtype)
+    std::vector<double> probs;    // [N]
+    std::vector<int64_t> counts;  // rows per local expert
   };
 
   // ep_rank, ep_size: this rank's share of the experts (num_experts / ep_size consecutive ones);
@@ -47,8 +47,8 @@ class GroupedExperts {
   GroupedExperts(const std::string& name, const TransformerConfig& cfg, int ep_rank, int ep_size,
                  ProcessGroup& etp);
 
-  // x [N, h] rows grouped by local expert, counts[e] rows each; probs [N]. Returns y [N, h] f32
-  // (a partial sum over ETP ranks).
+  // x [N, h] rows grouped by local expert, counts[e] rows each (f32, or already in gemm_dtype());
+  // probs [N]. Returns y [N, h] f32 (a partial sum over ETP ranks).
   Tensor forward(const Tensor& x, const std::vector<int64_t>& counts,
                  const std::vector<double>& probs, Ctx& ctx) const;
   // dy [N, h] -> dx [N, h] f32 and dprobs [N] (partial sums over ETP ranks); accumulates the
@@ -60,12 +60,15 @@ class GroupedExperts {
   int64_t first_expert() const { return first_; }
   Param& fc1(int64_t local) { return fc1_[local]->weight; }
   Param& fc2(int64_t local) { return fc2_[local]->weight; }
+  // The dtype of the experts' GEMM inputs, and t in it where that is a 16-bit type (else t): the
+  // dispatcher converts tokens before moving them, so they travel in half the bytes.
+  DType gemm_dtype() const;
+  Tensor gemm_input(const Tensor& t) const;
 
  private:
-  // forward / backward on blocks already padded (what the public ones call).
-  Tensor forward_blocks(const Tensor& x, const std::vector<int64_t>& counts,
-                        const std::vector<double>& probs, Ctx& ctx) const;
-  Tensor backward_blocks(const Tensor& dy, Ctx& ctx, std::vector<double>* dprobs) const;
+  // The local experts' weights (or their gradients), one per group of the grouped GEMMs.
+  std::vector<Tensor> values(const std::vector<std::unique_ptr<Linear>>& fc) const;
+  std::vector<Tensor> grads(const std::vector<std::unique_ptr<Linear>>& fc) const;
 
   const TransformerConfig& cfg_;
   int64_t first_;      // global index of local expert 0

@@ -65,7 +65,7 @@ Tensor MoELayer::forward_alltoall(const Tensor& flat, Ctx& ctx) const {
     probs.data<double>()[a] = r.probs[plan.send_tokens()[a] * E + plan.send_experts()[a]];
   const Tensor p = plan.to_experts(probs);
   const std::vector<double> p_perm(p.data<double>(), p.data<double>() + p.numel());
-  const Tensor x_perm = plan.to_experts(gather_rows(flat, plan.send_index()));
+  const Tensor x_perm = plan.to_experts(gather_rows(experts.gemm_input(flat), plan.send_index()));
   const Tensor y_perm = experts.forward(x_perm, plan.counts(), p_perm, ctx.experts);
   return scatter_add_rows(plan.from_experts(y_perm), plan.send_index(), ctx.tokens);
 }
@@ -74,8 +74,9 @@ Tensor MoELayer::backward_alltoall(const Tensor& dflat, Ctx& ctx) const {
   const int64_t E = cfg_.moe.num_experts;
   const AllToAllPlan& plan = ctx.plan;
   std::vector<double> dprobs_perm;
-  const Tensor dx_perm = experts.backward(plan.to_experts(gather_rows(dflat, plan.send_index())),
-                                          ctx.experts, &dprobs_perm);
+  const Tensor dx_perm =
+      experts.backward(plan.to_experts(gather_rows(experts.gemm_input(dflat), plan.send_index())),
+                       ctx.experts, &dprobs_perm);
   Tensor dp = Tensor::empty({static_cast<int64_t>(dprobs_perm.size()), 1}, DType::kF64);
   std::copy(dprobs_perm.begin(), dprobs_perm.end(), dp.data<double>());
   const Tensor dp_assign = plan.from_experts(dp);
@@ -116,7 +117,8 @@ Tensor MoELayer::forward(const Tensor& x, Ctx& ctx, const ForwardMode& mode) con
       rt[t * 2 * E + e] = r.probs[t * E + e];
       rt[t * 2 * E + E + e] = r.map[t * E + e];
     }
-  const Tensor x_all = all_gather_rows(flat, g);
+  // Tokens move in the experts' GEMM dtype (bf16 in bf16 training): half the bytes.
+  const Tensor x_all = all_gather_rows(experts.gemm_input(flat), g);
   const Tensor route_all = all_gather_rows(route, g);
   ctx.gathered = x_all.dim(0);
 
@@ -154,7 +156,7 @@ Tensor MoELayer::backward(const Tensor& dy, Ctx& ctx) const {
     ctx = Ctx{};
     return dx;
   }
-  const Tensor dy_all = all_gather_rows(dflat, g);
+  const Tensor dy_all = all_gather_rows(experts.gemm_input(dflat), g);
   std::vector<double> dprobs_perm;
   const Tensor dx_perm =
       experts.backward(gather_rows(dy_all, ctx.index), ctx.experts, &dprobs_perm);
