@@ -7,9 +7,12 @@
 //                softmax, cumulative sum; a token is dropped when the cumulative probability of
 //                the tokens before it already exceeds p, so the token that crosses p is kept and
 //                the first always is), never both; softmax over what is left; one draw; the
-//                token clamped to the tokenizer's vocabulary [0, vocab_size), the padded rows of
-//                the output layer excluded.
+//                token clamped to the tokenizer's vocabulary [0, vocab_size) (a draw from the
+//                output layer's padded rows becomes vocab_size - 1).
 //   top_k == 0 and top_p == 0: plain sampling at the temperature.
+//
+// One deviation: the greedy token is clamped too (Megatron clamps only sampled ones), so a padded
+// row can never come out as a token id the tokenizer does not have.
 //
 // Where Megatron leaves it to the library: top-p sorts ties by index (torch.sort is not stable),
 // and the softmax is computed in double. The draw is the inverse CDF of a uniform u in [0, 1) that
