@@ -16,9 +16,10 @@
 // 16-bit inputs: oneDNN's bf16 kernels (AMX above all) run several times slower when the rows of
 // a GEMM (or the reduction length) are not a multiple of 32 (measured on 2 Xeon cores, [M, 256]
 // x [256, 1024] in bf16: M 512 at 2346 GFLOP/s, 530 at 319). Only a group's last block can have
-// such a count: it runs on a copy padded with zero rows (forward: the block's rows; weight
-// gradient: the last rows of the reduction, as a second GEMM adding to the first), so routing's
-// uneven group sizes cost a copy of at most 31 rows per group, not a slow kernel.
+// such a count. Its whole multiple of 32 runs in place and the rest on a copy padded with zero
+// rows to 32 (forward: the block's last rows; weight gradient: the last rows of the reduction, as
+// a second GEMM adding to the first), so routing's uneven group sizes cost a copy of at most 31
+// rows per group, not a slow kernel.
 //
 // f64 (the finite-difference tests) runs a plain matmul per group.
 #include <omp.h>
@@ -40,10 +41,6 @@ namespace {
 constexpr int64_t kBlockRows = 128, kBlockCols = 512;
 // Rows (and reduction lengths) of 16-bit GEMMs are padded to a multiple of this.
 constexpr int64_t kHalfRows = 32;
-
-int64_t round_up(int64_t n, int64_t to) {
-  return (n + to - 1) / to * to;
-}
 
 // One output block of one group: rows [r0, r0 + m), columns [c0, c0 + n) of group g's output.
 struct Block {
@@ -203,11 +200,15 @@ void grouped_matmul(Tensor& out, const Tensor& a, const std::vector<Tensor>& b, 
     const int64_t row = at[w.g] + w.r0;
     // Columns c0.. of op(b): rows of a stored [n, k], columns of a stored [k, n].
     const char* bp = bytes(b[w.g], trans_b ? w.c0 * k : w.c0);
-    const GemmShape g{w.m, w.n, k, false, trans_b, k, trans_b ? k : n, n, a.dtype(), beta != 0.0f};
-    if (is_half(a.dtype()) && w.m % kHalfRows != 0) {
-      gemm_padded_rows(g, round_up(w.m, kHalfRows), bytes(a, row * k), bp, c + row * n + w.c0);
-    } else {
+    GemmShape g{w.m, w.n, k, false, trans_b, k, trans_b ? k : n, n, a.dtype(), beta != 0.0f};
+    const int64_t tail = is_half(a.dtype()) ? w.m % kHalfRows : 0, head = w.m - tail;
+    if (head > 0) {
+      g.m = head;
       gemm(g, bytes(a, row * k), bp, c + row * n + w.c0);
+    }
+    if (tail > 0) {
+      g.m = tail;
+      gemm_padded_rows(g, kHalfRows, bytes(a, (row + head) * k), bp, c + (row + head) * n + w.c0);
     }
   });
 }

@@ -19,6 +19,18 @@ void mark_etp(Param& p, ProcessGroup& etp, int dim, int stride) {
   p.tp_size = etp.size();
 }
 
+// The local experts' weights (or their gradients), one per group of the grouped GEMMs.
+std::vector<Tensor> values(const std::vector<std::unique_ptr<Linear>>& fc) {
+  std::vector<Tensor> out;
+  for (const auto& l : fc) out.push_back(l->weight.value);
+  return out;
+}
+std::vector<Tensor> grads(const std::vector<std::unique_ptr<Linear>>& fc) {
+  std::vector<Tensor> out;
+  for (const auto& l : fc) out.push_back(l->weight.main_grad);
+  return out;
+}
+
 // probs [N] as a tensor of dtype t (f32 in training: Megatron multiplies in the probs' f32).
 Tensor row_tensor(const std::vector<double>& v, DType t) {
   Tensor d = Tensor::empty({static_cast<int64_t>(v.size())}, DType::kF64);
@@ -61,19 +73,7 @@ DType GroupedExperts::gemm_dtype() const {
 
 Tensor GroupedExperts::gemm_input(const Tensor& t) const {
   const DType wt = gemm_dtype();
-  return is_half(wt) && t.dtype() != wt ? t.to(wt) : t;
-}
-
-std::vector<Tensor> GroupedExperts::values(const std::vector<std::unique_ptr<Linear>>& fc) const {
-  std::vector<Tensor> out;
-  for (const auto& l : fc) out.push_back(l->weight.value);
-  return out;
-}
-
-std::vector<Tensor> GroupedExperts::grads(const std::vector<std::unique_ptr<Linear>>& fc) const {
-  std::vector<Tensor> out;
-  for (const auto& l : fc) out.push_back(l->weight.main_grad);
-  return out;
+  return t.dtype() == wt || wt == DType::kF32 ? t : t.to(wt);
 }
 
 Tensor GroupedExperts::forward(const Tensor& x, const std::vector<int64_t>& counts,

@@ -60,16 +60,12 @@ class GroupedExperts {
   int64_t first_expert() const { return first_; }
   Param& fc1(int64_t local) { return fc1_[local]->weight; }
   Param& fc2(int64_t local) { return fc2_[local]->weight; }
-  // The dtype of the experts' GEMM inputs, and t in it where that is a 16-bit type (else t): the
-  // dispatcher converts tokens before moving them, so they travel in half the bytes.
+  // The dtype of the experts' GEMM inputs, and t in it (f32 weights take t as it is): the
+  // dispatcher converts tokens before moving them, so in bf16 they travel in half the bytes.
   DType gemm_dtype() const;
   Tensor gemm_input(const Tensor& t) const;
 
  private:
-  // The local experts' weights (or their gradients), one per group of the grouped GEMMs.
-  std::vector<Tensor> values(const std::vector<std::unique_ptr<Linear>>& fc) const;
-  std::vector<Tensor> grads(const std::vector<std::unique_ptr<Linear>>& fc) const;
-
   const TransformerConfig& cfg_;
   int64_t first_;      // global index of local expert 0
   int64_t ffn_local_;  // ffn_e / etp

@@ -48,7 +48,7 @@ struct MoeConfig {
   bool pad_expert_input_to_capacity = false;          // --moe-pad-expert-input-to-capacity
 
   MoeDispatcher dispatcher = MoeDispatcher::kAllGather;  // --moe-token-dispatcher-type
-  bool grouped_gemm = false;  // --moe-grouped-gemm (the experts' GEMMs are grouped either way)
+  bool grouped_gemm = false;       // --moe-grouped-gemm (the experts' GEMMs are grouped either way)
   bool per_layer_logging = false;  // --moe-per-layer-logging
 
   bool enabled() const { return num_experts > 0; }
