@@ -21,6 +21,7 @@ constexpr const char* kUsage =
     "  pretrain_gpt  `train --model gpt`: a launch line's pretrain_gpt.py ARGS as it is\n"
     "  preprocess  tokenize JSON lines into Megatron .bin/.idx datasets (preprocess_data.py)\n"
     "  score       per-token log-probabilities of token sequences under a model\n"
+    "  generate    text from prompts (greedy or sampled, through a KV cache)\n"
     "  convert     Hugging Face model directory -> Hugging Face model directory via our layout\n"
     "  bench       measured peaks of this machine (bench gemm)\n"
     "  flags       Megatron's flags and what `train` does with each (--markdown: docs/FLAGS.md)\n"
@@ -53,6 +54,7 @@ int dispatch(int argc, char** argv) {
     return train_command(static_cast<int>(args.size()) - 1, args.data());
   }
   if (cmd == "score") return score_command(argc - 1, argv + 1);
+  if (cmd == "generate") return generate_command(argc - 1, argv + 1);
   if (cmd == "convert") return convert_command(argc - 1, argv + 1);
   if (cmd == "bench") return bench_command(argc - 1, argv + 1);
   if (cmd == "flags") return flags_command(argc - 1, argv + 1);

@@ -28,4 +28,15 @@ const LossTerms::Term& LossTerms::at(const std::string& name) const {
   return terms_.front();
 }
 
+TensorMap ModelChunk::infer(const TensorMap& /*in*/, const TensorMap& /*batch*/,
+                            const ForwardMode& /*mode*/, bool /*last_only*/) const {
+  MEGATRON_CHECK(false, "this model does not generate text (no inference forward)");
+  return {};
+}
+
+std::vector<TensorSpec> ModelChunk::infer_specs(int64_t /*b*/, int64_t /*s*/) const {
+  MEGATRON_CHECK(false, "this model does not generate text (no inference forward)");
+  return {};
+}
+
 }  // namespace megatron

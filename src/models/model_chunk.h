@@ -84,6 +84,16 @@ class ModelChunk {
   // chunk) and accumulates parameter gradients; `done` (optional) hears of every parameter as
   // soon as its gradient is final for this backward.
   virtual TensorMap backward(const TensorMap& dout, Ctx& ctx, const ParamsDone& done) const = 0;
+  // Inference (generation, evaluation): the forward of s new positions of b sequences, through
+  // mode.kv_cache when set (transformer/kv_cache.h), keeping nothing. The first chunk reads
+  // batch "tokens" [b, s] i64 (and "position_ids", optional: the cache's offset on); the others
+  // receive infer_specs(b, s) in `in`. Returns infer_specs(b, s) for the next chunk, or on the
+  // last chunk "logits" [s b, Vp] f32 over the whole padded vocabulary (row t b + i: position t of
+  // sequence i; the last position's only, [b, Vp], with last_only). Models that do not generate
+  // refuse.
+  virtual TensorMap infer(const TensorMap& in, const TensorMap& batch, const ForwardMode& mode,
+                          bool last_only) const;
+  virtual std::vector<TensorSpec> infer_specs(int64_t b, int64_t s) const;
   // Terms this chunk adds itself after its forward (an MoE router's load-balancing loss, a
   // z-loss); none by default. Called for every chunk; the trainer reduces and reports the terms
   // of the last pipeline stage's ranks, so a model whose earlier stages add terms must sum them

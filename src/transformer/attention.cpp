@@ -6,6 +6,7 @@
 
 #include "parallel/mappings.h"
 #include "tensor/ops.h"
+#include "transformer/kv_cache.h"
 
 namespace megatron {
 
@@ -123,8 +124,49 @@ void SelfAttention::core_attention(Ctx& ctx) const {
                          ops::packed_qkv_view(ctx.qkv, ops::QkvPart::kValue), ctx.spec);
 }
 
+Tensor SelfAttention::forward_cached(const Tensor& x, const TokenLayout& layout, Ctx& ctx,
+                                     const ForwardMode& mode) const {
+  MEGATRON_CHECK(!tp_.sp() && !tp_.cp.enabled(),
+                 "SelfAttention: generation runs without sequence or context parallelism");
+  KvCache& cache = *mode.kv_cache;
+  const int64_t s = x.dim(0), b = x.dim(1), offset = cache.offset();
+  const int64_t ng = groups_local_, qpg = cfg_.queries_per_group(), hn = cfg_.head_dim();
+  const int64_t np = heads_local_;
+  Tensor qkv = linear_qkv.forward(x, ctx.qkv_ctx).view({s, b, ng, qpg + 2, hn});
+  if (q_layernorm) qkv = qk_norm_forward(qkv, ctx);
+  if (cfg_.position_embedding == PositionEmbedding::kRope) {
+    Tensor positions = layout.positions;
+    if (!positions.defined()) {  // the new positions follow the cached ones
+      positions = Tensor::empty({s, b}, DType::kI64);
+      int64_t* d = positions.data<int64_t>();
+      for (int64_t t = 0; t < s; ++t)
+        for (int64_t i = 0; i < b; ++i) d[t * b + i] = offset + t;
+    }
+    ops::rope_inplace(qkv, positions, rope_, false);
+  }
+  KvCache::Entry& kv = cache.layer(layer_, s, b, ng, hn, qkv.dtype());
+  const Tensor flat = qkv.view({s * b * ng, (qpg + 2) * hn});
+  Tensor k_new = kv.k.slice0(offset, offset + s).view({s * b * ng, hn});
+  Tensor v_new = kv.v.slice0(offset, offset + s).view({s * b * ng, hn});
+  ops::slice_last_dim(k_new, flat, qpg * hn);
+  ops::slice_last_dim(v_new, flat, (qpg + 1) * hn);
+  ops::AttentionSpec spec;
+  spec.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hn)));
+  spec.causal = true;
+  spec.q_offset = offset;  // query t sees cached keys [0, offset + t]
+  Tensor out = Tensor::empty({s, b, np, hn}, qkv.dtype());
+  Tensor lse = Tensor::empty({b, np, s}, qkv.dtype());
+  ops::attention_forward(out, lse, ops::packed_qkv_view(qkv, ops::QkvPart::kQuery),
+                         ops::attention_view(kv.k.slice0(0, offset + s), ng),
+                         ops::attention_view(kv.v.slice0(0, offset + s), ng), spec);
+  Tensor y = linear_proj.forward(out.view({s, b, np * hn}), ctx.proj_ctx);
+  ctx = Ctx{};
+  return y;
+}
+
 Tensor SelfAttention::forward(const Tensor& x, const TokenLayout& layout, Ctx& ctx,
                               const ForwardMode& mode) const {
+  if (mode.kv_cache) return forward_cached(x, layout, ctx, mode);
   const Tensor& positions = layout.positions;
   MEGATRON_CHECK(!tp_.cp.enabled() || positions.defined() ||
                      cfg_.position_embedding != PositionEmbedding::kRope,

@@ -6,6 +6,11 @@
 // into one packed dqkv the same way. With GQA (ng < heads) each key/value head serves qpg
 // query heads. linear_proj maps the heads' outputs back to the hidden size (scaled init).
 //
+// Generation (mode.kv_cache, transformer/kv_cache.h): x holds the new positions only; their keys
+// and values (after --qk-layernorm and RoPE, at positions offset .. offset + s - 1) join the
+// layer's cache, and the queries attend causally over every cached position. Nothing is kept for
+// backward.
+//
 // Selective recomputation (--recompute-granularity selective, Megatron's core_attn): forward
 // drops the core attention's output `out` [s, b, np/tp, hn] and log-sum-exp `lse` [b, np/tp, s]
 // once linear_proj has consumed them, and backward recomputes both from the saved qkv with the
@@ -21,7 +26,6 @@
 #pragma once
 
 #include <optional>
-
 #include <string>
 
 #include "parallel/tensor_parallel_linear.h"
@@ -62,6 +66,9 @@ class SelfAttention {
   std::optional<Norm> q_layernorm, k_layernorm;  // --qk-layernorm
 
  private:
+  // The generation path (see the file comment).
+  Tensor forward_cached(const Tensor& x, const TokenLayout& layout, Ctx& ctx,
+                        const ForwardMode& mode) const;
   // ctx.out, ctx.lse = core attention of ctx.qkv under ctx.spec (forward and recomputation).
   void core_attention(Ctx& ctx) const;
   // --qk-layernorm on the packed [s, b, ng, qpg + 2, hn] buffer: the query heads through

@@ -11,6 +11,7 @@
 
 namespace megatron {
 
+class KvCache;
 class MoeAuxTracker;
 
 // Where each token sits: positions [s, b] i64 (RoPE; undefined = 0..s-1) and, with
@@ -35,6 +36,9 @@ struct ForwardMode {
   double aux_loss_scale = 0.0;
   bool aux_per_token = false;
   MoeAuxTracker* moe_tracker = nullptr;
+  // Generation: the new positions' keys and values join this cache and attention reads every
+  // cached position (transformer/kv_cache.h); null: attention over the input's positions only.
+  KvCache* kv_cache = nullptr;
 
   void need(const std::vector<const Param*>& params) const {
     if (gate && !params.empty()) gate->wait_for(params);

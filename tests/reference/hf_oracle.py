@@ -151,11 +151,12 @@ def write_safetensors(path, tensors):
 # --------------------------------------------------------------------------
 
 class Init:
-    def __init__(self, gen):
+    def __init__(self, gen, std=0.02):
         self.gen = gen
+        self.std = std
 
     def matrix(self, *shape):
-        return torch.randn(*shape, generator=self.gen, dtype=torch.float32) * 0.02
+        return torch.randn(*shape, generator=self.gen, dtype=torch.float32) * self.std
 
     def norm(self, n):
         return 1.0 + 0.1 * torch.randn(n, generator=self.gen, dtype=torch.float32)

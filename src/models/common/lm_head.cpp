@@ -51,6 +51,21 @@ Tensor LMHead::logits(const Tensor& hidden, Ctx& ctx) const {
   return ctx.logits;
 }
 
+Tensor LMHead::gathered_logits(const Tensor& hidden) const {
+  MEGATRON_CHECK(!tp_.sp(), "LMHead: gathered logits need the whole sequence on every TP rank");
+  Ctx ctx;
+  Tensor local = logits(hidden, ctx);
+  if (tp_.size() == 1) return local;
+  const int64_t n = local.dim(0), cols = local.dim(1), tp = tp_.size();
+  Tensor all = Tensor::empty({tp * n, cols}, local.dtype());
+  tp_.group->all_gather(all, local);  // rank r's [n, Vp/tp] block after rank r - 1's
+  std::vector<Tensor> parts;
+  for (int64_t r = 0; r < tp; ++r) parts.push_back(all.slice0(r * n, (r + 1) * n));
+  Tensor out = Tensor::empty({n, tp * cols}, local.dtype());
+  ops::concat_last_dim(out, parts);
+  return out;
+}
+
 Tensor LMHead::loss(const Tensor& hidden, const Tensor& labels, Ctx& ctx) const {
   logits(hidden, ctx);
   check_shape(labels, {ctx.b, ctx.s}, "LMHead labels");

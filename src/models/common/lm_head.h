@@ -38,6 +38,10 @@ class LMHead {
   // Logits of every position (the GEMM needs them all: under sequence parallelism they are
   // gathered, else the hidden state enters the TP region). Kept in ctx.logits.
   Tensor logits(const Tensor& hidden, Ctx& ctx) const;
+  // Generation and evaluation: the logits [s b, Vp] f32 of the whole padded vocabulary (each TP
+  // rank's columns gathered in rank order, Megatron's parallel_output=False) of hidden [s, b, h]
+  // (no sequence parallelism). Keeps nothing.
+  Tensor gathered_logits(const Tensor& hidden) const;
   // Per-token loss [b, s] of labels [b, s] i64 (f32, or f64 in f64 models).
   Tensor loss(const Tensor& hidden, const Tensor& labels, Ctx& ctx) const;
   // dloss [b, s] -> the gradient of hidden [s', b, h]; accumulates the weight's main_grad.

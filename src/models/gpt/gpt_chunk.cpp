@@ -10,6 +10,7 @@ namespace megatron {
 namespace {
 constexpr const char* kHidden = "hidden";
 constexpr const char* kTokenLoss = "per-token loss";
+constexpr const char* kLogits = "logits";
 }  // namespace
 
 GPTChunk::GPTChunk(const TransformerConfig& cfg, GPTStage stage, bool documents)
@@ -50,6 +51,17 @@ TensorMap GPTChunk::backward(const TensorMap& dout, Ctx& ctx, const ParamsDone& 
   Tensor dx = model_.backward_stage(d, static_cast<GPTCtx&>(ctx).model, done);
   if (model_.stage().pre_process) return {};
   return TensorMap{{kHidden, dx}};
+}
+
+TensorMap GPTChunk::infer(const TensorMap& in, const TensorMap& batch, const ForwardMode& mode,
+                          bool last_only) const {
+  Tensor out = model_.infer_stage(in.get(kHidden), batch.get(kTokens), batch.get(kPositionIds),
+                                  mode, last_only);
+  return TensorMap{{is_last() ? kLogits : kHidden, out}};
+}
+
+std::vector<TensorSpec> GPTChunk::infer_specs(int64_t b, int64_t s) const {
+  return {TensorSpec{kHidden, Shape{s, b, model_.config().hidden_size}, DType::kF32}};
 }
 
 LossTerms GPTLoss::forward(const TensorMap& out, const TensorMap& batch,

@@ -31,6 +31,9 @@ class GPTChunk final : public ModelChunk {
   TensorMap forward(const TensorMap& in, const TensorMap& batch, Ctx& ctx,
                     const ForwardMode& mode) const override;
   TensorMap backward(const TensorMap& dout, Ctx& ctx, const ParamsDone& done) const override;
+  TensorMap infer(const TensorMap& in, const TensorMap& batch, const ForwardMode& mode,
+                  bool last_only) const override;
+  std::vector<TensorSpec> infer_specs(int64_t b, int64_t s) const override;
   std::vector<Param*> parameters() override { return model_.parameters(); }
   std::vector<TopKRouter*> moe_routers() override;
 

@@ -2,6 +2,8 @@
 // over the pipeline, with the parameters' tensor-parallel coordinates.
 #include "models/gpt/gpt_model.h"
 
+#include "transformer/kv_cache.h"
+
 #include <utility>
 
 namespace megatron {
@@ -104,6 +106,37 @@ Tensor GPTModel::forward_stage(const Tensor& hidden_in, const GPTInputs& in, Ctx
   if (!stage_.post_process) return hidden;
   mode.need(named({&head->weight()}));
   return head->loss(hidden, in.labels, ctx.head);
+}
+
+Tensor GPTModel::infer_stage(const Tensor& hidden_in, const Tensor& tokens,
+                             const Tensor& positions, const ForwardMode& mode,
+                             bool last_only) const {
+  MEGATRON_CHECK(!tp_.sp() && !tp_.cp.enabled(),
+                 "GPTModel: inference runs without sequence or context parallelism");
+  MEGATRON_CHECK(!mode.training, "GPTModel: inference runs without dropout");
+  Tensor x;
+  if (stage_.pre_process) {
+    MEGATRON_CHECK(tokens.defined() && tokens.ndim() == 2,
+                   "GPTModel: the first stage needs [b, s] tokens");
+    Tensor pos = positions;
+    if (!pos.defined() && mode.kv_cache && mode.kv_cache->offset() > 0) {
+      const int64_t b = tokens.dim(0), s = tokens.dim(1), offset = mode.kv_cache->offset();
+      pos = Tensor::empty({b, s}, DType::kI64);
+      for (int64_t i = 0; i < b; ++i)
+        for (int64_t t = 0; t < s; ++t) pos.data<int64_t>()[i * s + t] = offset + t;
+    }
+    LanguageEmbedding::Ctx ectx;
+    x = embedding->forward(tokens, pos, Tensor(), ectx, mode);
+  } else {
+    MEGATRON_CHECK(hidden_in.defined() && hidden_in.ndim() == 3,
+                   "GPTModel: a later pipeline stage needs the previous stage's [s, b, h] output");
+    x = hidden_in;
+  }
+  TransformerBlock::Ctx dctx;
+  Tensor hidden = decoder->forward(x, TokenLayout{}, dctx, mode);
+  if (!stage_.post_process) return hidden;
+  if (last_only) hidden = hidden.slice0(hidden.dim(0) - 1, hidden.dim(0));
+  return head->gathered_logits(hidden);
 }
 
 std::vector<const Param*> GPTModel::named(std::initializer_list<const Param*> ps) {

@@ -74,6 +74,15 @@ class GPTModel {
   // model without tensor parallelism only.
   Tensor forward_logits(const Tensor& tokens, const Tensor& positions, Ctx& ctx,
                         const ForwardMode& mode, const Tensor& doc_start = Tensor()) const;
+  // Generation and evaluation, one pipeline stage, no sequence or context parallelism: the
+  // forward of new positions (mode.kv_cache: after the cached ones, at positions offset ..; no
+  // cache: a whole sequence from 0). tokens and positions ([b, s] i64, positions undefined:
+  // from the cache's offset) on the first stage, hidden_in ([s, b, h]) on the others. Returns the
+  // stage's output [s, b, h], or on the last stage the logits [s b, Vp] f32 over the whole padded
+  // vocabulary (gathered over TP) of every position, or of the last one only ([b, Vp]) with
+  // last_only. Keeps nothing for backward.
+  Tensor infer_stage(const Tensor& hidden_in, const Tensor& tokens, const Tensor& positions,
+                     const ForwardMode& mode, bool last_only) const;
   // dloss [b, s]: gradient of the objective w.r.t. each per-token loss. Accumulates main_grad.
   void backward(const Tensor& dloss, Ctx& ctx) const;
 

@@ -1,0 +1,213 @@
+// Static generation (generator.h): the token matrix, prefill and decode through the KV cache,
+// sampling on the last pipeline stage and the broadcast of each new column.
+#include "inference/generator.h"
+
+#include <algorithm>
+#include <span>
+
+#include "core/error.h"
+#include "core/philox.h"
+#include "data/gpt_batch.h"  // the batch field names
+#include "tensor/ops.h"
+#include "transformer/kv_cache.h"
+
+namespace megatron::inference {
+
+namespace {
+// GPT-2's "\n" and "\n\n", which Megatron's stop_on_eol and stop_on_double_eol hard-code.
+constexpr int64_t kGpt2Eol = 198, kGpt2DoubleEol = 628;
+constexpr int kPipelineTag = 7;
+constexpr const char* kLogits = "logits";
+
+// Columns [begin, end) of a [b, n] i64 matrix, contiguous.
+Tensor columns(const Tensor& m, int64_t begin, int64_t end) {
+  Tensor out = Tensor::empty({m.dim(0), end - begin}, DType::kI64);
+  ops::slice_last_dim(out, m, begin);
+  return out;
+}
+}  // namespace
+
+Generator::Generator(const ModelChunk& chunk, ProcessGroup& pp, GeneratorConfig config)
+    : chunk_(chunk), pp_(pp), config_(config) {
+  MEGATRON_CHECK(config_.vocab_size > 0 && config_.max_positions > 0 &&
+                     config_.max_batch_size > 0,
+                 "Generator: vocabulary, positions and batch size must be positive");
+}
+
+void check_request(const GenerationRequest& r, const GeneratorConfig& config) {
+  MEGATRON_CHECK(!r.prompts.empty(), "prompts: no prompt to generate from");
+  MEGATRON_CHECK(r.tokens_to_generate >= 0, "tokens_to_generate must be an integer >= 0, got ",
+                 r.tokens_to_generate);
+  MEGATRON_CHECK(r.tokens_to_generate > 0 || r.return_log_probs,
+                 "tokens_to_generate=0 implies logprobs should be True (it scores the prompts)");
+  check_sampling(r.sampling, config.vocab_size);
+  for (size_t i = 0; i < r.prompts.size(); ++i) {
+    const auto n = static_cast<int64_t>(r.prompts[i].size());
+    MEGATRON_CHECK(n > 0, "prompt ", i, " has no tokens (an empty prompt needs add_BOS)");
+    MEGATRON_CHECK(n + r.tokens_to_generate <= config.max_positions, "prompt ", i, " has ", n,
+                   " tokens; with tokens_to_generate ", r.tokens_to_generate,
+                   " that is longer than the model's ", config.max_positions,
+                   " positions (--max-position-embeddings)");
+    for (int64_t t : r.prompts[i]) {
+      MEGATRON_CHECK(t >= 0 && t < config.vocab_size, "prompt ", i, " holds token id ", t,
+                     " outside the vocabulary [0, ", config.vocab_size, ")");
+    }
+  }
+}
+
+std::vector<GenerationResult> Generator::generate(const GenerationRequest& request) const {
+  check_request(request, config_);
+  std::vector<GenerationResult> out;
+  for (size_t first = 0; first < request.prompts.size();
+       first += static_cast<size_t>(config_.max_batch_size)) {
+    const size_t count = std::min(static_cast<size_t>(config_.max_batch_size),
+                                  request.prompts.size() - first);
+    for (GenerationResult& r : generate_batch(request, first, count)) out.push_back(std::move(r));
+  }
+  return out;
+}
+
+Tensor Generator::forward(const Tensor& tokens, KvCache* cache, bool last_only) const {
+  const int64_t b = tokens.dim(0), s = tokens.dim(1);
+  const int rank = pp_.rank(), stages = pp_.size();
+  ForwardMode mode;
+  mode.kv_cache = cache;
+  TensorMap in, batch;
+  if (rank == 0) {
+    batch.set(kTokens, tokens);
+  } else {
+    for (const TensorSpec& spec : chunk_.infer_specs(b, s)) {
+      Tensor t = Tensor::empty(spec.shape, spec.dtype);
+      pp_.recv(t, rank - 1, kPipelineTag);
+      in.set(spec.name, t);
+    }
+  }
+  const TensorMap out = chunk_.infer(in, batch, mode, last_only);
+  if (rank + 1 < stages) {
+    for (const TensorSpec& spec : chunk_.infer_specs(b, s)) {
+      pp_.send(out.at(spec.name), rank + 1, kPipelineTag);
+    }
+    return Tensor();
+  }
+  const Tensor& logits = out.at(kLogits);
+  return logits.dtype() == DType::kF32 ? logits : logits.to(DType::kF32);
+}
+
+std::vector<GenerationResult> Generator::generate_batch(const GenerationRequest& request,
+                                                        size_t first, size_t count) const {
+  const auto b = static_cast<int64_t>(count);
+  const int64_t ttg = request.tokens_to_generate, vocab = config_.vocab_size;
+  const bool last_stage = pp_.rank() == pp_.size() - 1;
+  std::vector<int64_t> prompt_len(count), length(count);
+  int64_t min_len = 0, max_len = 0;
+  for (size_t i = 0; i < count; ++i) {
+    prompt_len[i] = static_cast<int64_t>(request.prompts[first + i].size());
+    length[i] = prompt_len[i] + ttg;
+    min_len = i == 0 ? prompt_len[i] : std::min(min_len, prompt_len[i]);
+    max_len = std::max(max_len, length[i]);
+  }
+  // The token matrix, padded with the end-of-document id (never read: a sequence's padding is
+  // overwritten by its own samples before the model sees it).
+  Tensor tokens = Tensor::full({b, max_len}, static_cast<double>(config_.eod), DType::kI64);
+  int64_t* tok = tokens.data<int64_t>();
+  for (size_t i = 0; i < count; ++i) {
+    std::copy(request.prompts[first + i].begin(), request.prompts[first + i].end(),
+              tok + static_cast<int64_t>(i) * max_len);
+  }
+  // logprob[i, t] = log p(token t + 1 of sequence i | its tokens 0..t).
+  Tensor logprobs = Tensor::zeros({b, std::max<int64_t>(max_len - 1, 1)}, DType::kF32);
+  const int64_t lp_stride = logprobs.dim(1);
+  // Rows t b + i of `logits` ([rows b, Vp]) are positions begin + t; their targets are the
+  // next tokens.
+  auto record_logprobs = [&](const Tensor& logits, int64_t begin, int64_t rows) {
+    Tensor targets = Tensor::empty({rows * b}, DType::kI64);
+    for (int64_t t = 0; t < rows; ++t)
+      for (int64_t i = 0; i < b; ++i)
+        targets.data<int64_t>()[t * b + i] = tok[i * max_len + begin + t + 1];
+    Tensor lp = Tensor::empty({rows * b}, DType::kF32);
+    ops::log_softmax_gather(lp, logits, targets, vocab);
+    for (int64_t t = 0; t < rows; ++t)
+      for (int64_t i = 0; i < b; ++i)
+        logprobs.data<float>()[i * lp_stride + begin + t] = lp.data<float>()[t * b + i];
+  };
+
+  if (ttg == 0) {  // scoring: one forward over every prompt token
+    const Tensor logits = forward(tokens, nullptr, false);
+    if (last_stage && max_len > 1) record_logprobs(logits, 0, max_len - 1);
+  } else {
+    KvCache cache(max_len);
+    std::vector<bool> done(count, false);
+    SamplingParams sampling = request.sampling;
+    Tensor column = Tensor::empty({b}, DType::kI64);
+    int64_t prev = 0;
+    for (int64_t ctx = min_len; ctx < max_len; ++ctx) {
+      const bool with_logprobs = request.return_log_probs;
+      const Tensor step = columns(tokens, prev, ctx);
+      Tensor logits = forward(step, &cache, !with_logprobs);
+      cache.advance(ctx - prev);
+      if (last_stage) {
+        const int64_t rows = with_logprobs ? ctx - prev : 1, vp = logits.dim(1);
+        float* lg = logits.data<float>();
+        for (int64_t i = 0; i < b; ++i) {
+          float* row = lg + ((rows - 1) * b + i) * vp;
+          if (request.prevent_newline_after_colon && request.colon_id >= 0 &&
+              request.newline_id >= 0 && tok[i * max_len + ctx - 1] == request.colon_id) {
+            row[request.newline_id] = -1e10f;
+          }
+          const bool started = prompt_len[static_cast<size_t>(i)] <= ctx;
+          int64_t next = tok[i * max_len + ctx];
+          if (started && !done[static_cast<size_t>(i)]) {
+            const double u = Philox::uniform(request.seed, first + static_cast<uint64_t>(i),
+                                             static_cast<uint64_t>(ctx));
+            next = sample_token(std::span<const float>(row, static_cast<size_t>(vocab)),
+                                sampling, vocab, u);
+          }
+          column.data<int64_t>()[i] = next;
+        }
+        for (int64_t i = 0; i < b; ++i) tok[i * max_len + ctx] = column.data<int64_t>()[i];
+        if (with_logprobs) record_logprobs(logits, prev, rows);
+      }
+      if (pp_.size() > 1) pp_.broadcast(column, pp_.size() - 1);
+      for (int64_t i = 0; i < b; ++i) tok[i * max_len + ctx] = column.data<int64_t>()[i];
+      // Which sequences stopped: the same verdict on every rank, from the same tokens.
+      bool all_done = true;
+      for (size_t i = 0; i < count; ++i) {
+        const auto row = static_cast<int64_t>(i) * max_len;
+        if (!done[i] && prompt_len[i] <= ctx) {
+          const int64_t t = tok[row + ctx];
+          bool hit = false;
+          if (request.stop_on_double_eol) {
+            hit = t == kGpt2DoubleEol || (t == kGpt2Eol && tok[row + ctx - 1] == kGpt2Eol);
+          } else if (request.stop_on_eol) {
+            hit = t == kGpt2DoubleEol || t == kGpt2Eol;
+          } else {
+            hit = request.stop_on_eod && t == config_.eod;
+          }
+          if (hit) length[i] = ctx + 1;
+          done[i] = hit || ctx + 1 >= length[i];
+        }
+        all_done = all_done && done[i];
+      }
+      if (sampling.top_p > 0 && request.top_p_decay > 0) {
+        sampling.top_p = std::max(sampling.top_p * request.top_p_decay, request.top_p_bound);
+      }
+      prev = ctx;
+      if (all_done) break;
+    }
+  }
+  if (request.return_log_probs && pp_.size() > 1) pp_.broadcast(logprobs, pp_.size() - 1);
+
+  std::vector<GenerationResult> out(count);
+  for (size_t i = 0; i < count; ++i) {
+    const auto row = static_cast<int64_t>(i) * max_len;
+    out[i].prompt_length = prompt_len[i];
+    out[i].tokens.assign(tok + row, tok + row + length[i]);
+    if (request.return_log_probs) {
+      const float* lp = logprobs.data<float>() + static_cast<int64_t>(i) * lp_stride;
+      out[i].logprobs.assign(lp, lp + length[i] - 1);
+    }
+  }
+  return out;
+}
+
+}  // namespace megatron::inference

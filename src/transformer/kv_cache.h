@@ -1,0 +1,48 @@
+// KvCache: the keys and values of every position a generation has run so far, per attention
+// layer (Megatron's StaticInferenceContext and its key_value_memory_dict).
+//
+// A generation runs its prompts' shared prefix at once (prefill), then one position per step
+// (decode). Every sequence of the batch sits at the same position (static batching: prompts of
+// different lengths keep their own tokens until theirs run out), so one offset serves the whole
+// batch. Each layer's K and V are [max_sequence, b, groups/tp, hn] in the compute dtype, after
+// RoPE and --qk-layernorm, allocated at the layer's first forward; a forward of s new positions
+// writes rows [offset, offset + s) of every layer and attends over rows [0, offset + s); the
+// caller advances the offset once the whole model (every pipeline stage) has run them.
+#pragma once
+
+#include <cstdint>
+#include <map>
+
+#include "tensor/tensor.h"
+
+namespace megatron {
+
+class KvCache {
+ public:
+  struct Entry {
+    Tensor k, v;  // [max_sequence, b, groups, hn]
+  };
+
+  explicit KvCache(int64_t max_sequence);
+
+  // Positions already cached (Megatron's sequence_len_offset).
+  int64_t offset() const { return offset_; }
+  int64_t max_sequence() const { return max_sequence_; }
+  // After a forward of n new positions through every layer this rank holds.
+  void advance(int64_t n);
+  // Forgets every position (the buffers stay for the next generation of the same shape).
+  void reset() { offset_ = 0; }
+
+  // Layer `layer_number`'s buffers for a forward of `s` new positions of b sequences with
+  // `groups` key/value heads of hn channels: allocated at first use, checked afterwards (the
+  // batch and the head layout cannot change within a generation; the positions must fit).
+  Entry& layer(int64_t layer_number, int64_t s, int64_t b, int64_t groups, int64_t hn,
+               DType dtype);
+
+ private:
+  int64_t max_sequence_;
+  int64_t offset_ = 0;
+  std::map<int64_t, Entry> layers_;
+};
+
+}  // namespace megatron
