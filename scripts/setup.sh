@@ -9,6 +9,7 @@ PACKAGES=(
   libopenmpi-dev openmpi-bin       # collectives and launch
   libcli11-dev                     # command line
   nlohmann-json3-dev               # JSON: configs, safetensors headers, tokenizer files
+  libcpp-httplib-dev               # the text-generation server's HTTP (megatron serve)
   libpcre2-dev                     # GPT-2 / tiktoken pre-tokenizer regex (UTF + UCP)
   libsentencepiece-dev             # SentencePiece tokenizer
   sentencepiece                    # spm_train/spm_encode: the SentencePiece parity oracle in tests

@@ -29,6 +29,18 @@ std::vector<std::string> all_gather_strings(ProcessGroup& group, const std::stri
   return all;
 }
 
+void broadcast_string(ProcessGroup& group, std::string& text, int root) {
+  if (group.size() == 1) return;
+  Tensor len = Tensor::empty({1}, DType::kI64);
+  len.data<int64_t>()[0] = static_cast<int64_t>(text.size());
+  group.broadcast(len, root);
+  const int64_t bytes = len.data<int64_t>()[0];
+  Tensor words = Tensor::zeros({(bytes + 3) / 4 + 1}, DType::kI32);
+  if (group.rank() == root) std::memcpy(words.data<int32_t>(), text.data(), text.size());
+  group.broadcast(words, root);
+  text.assign(reinterpret_cast<const char*>(words.data<int32_t>()), static_cast<size_t>(bytes));
+}
+
 void agree_on_failure(ProcessGroup& group, const std::string& error, int exit_code) {
   const bool failed = !error.empty();
   Tensor verdict = Tensor::empty({1}, DType::kI64);

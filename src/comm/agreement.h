@@ -37,6 +37,8 @@ class AgreedFailure : public std::runtime_error {
 
 // Every member's string, in group-rank order. Collective.
 std::vector<std::string> all_gather_strings(ProcessGroup& group, const std::string& mine);
+// Root's `text` on every member (a command for ranks that follow the root). Collective.
+void broadcast_string(ProcessGroup& group, std::string& text, int root);
 
 // Runs `work` (which must not communicate) on every member of `group`; if it throws on any of
 // them, every member throws AgreedFailure. The message is the lowest failing rank's, prefixed

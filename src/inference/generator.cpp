@@ -3,6 +3,8 @@
 #include "inference/generator.h"
 
 #include <algorithm>
+#include <cmath>
+#include <numeric>
 #include <span>
 
 #include "core/error.h"
@@ -25,6 +27,23 @@ Tensor columns(const Tensor& m, int64_t begin, int64_t end) {
   ops::slice_last_dim(out, m, begin);
   return out;
 }
+// The n most likely of the first `vocab` logits of a row (best first, ties by lower id) with
+// their log-softmax values.
+void top_log_probs(const float* logits, int64_t vocab, int64_t n, int64_t* ids, float* lp) {
+  const float top = *std::max_element(logits, logits + vocab);
+  double total = 0;
+  for (int64_t v = 0; v < vocab; ++v) total += std::exp(static_cast<double>(logits[v]) - top);
+  const double lse = static_cast<double>(top) + std::log(total);
+  std::vector<int64_t> order(static_cast<size_t>(vocab));
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + n, order.end(), [&](int64_t a, int64_t c) {
+    return logits[a] > logits[c] || (logits[a] == logits[c] && a < c);
+  });
+  for (int64_t j = 0; j < n; ++j) {
+    ids[j] = order[static_cast<size_t>(j)];
+    lp[j] = static_cast<float>(static_cast<double>(logits[ids[j]]) - lse);
+  }
+}
 }  // namespace
 
 Generator::Generator(const ModelChunk& chunk, ProcessGroup& pp, GeneratorConfig config)
@@ -41,6 +60,12 @@ void check_request(const GenerationRequest& r, const GeneratorConfig& config) {
   MEGATRON_CHECK(r.tokens_to_generate > 0 || r.return_log_probs,
                  "tokens_to_generate=0 implies logprobs should be True (it scores the prompts)");
   check_sampling(r.sampling, config.vocab_size);
+  MEGATRON_CHECK(r.top_n_logprobs >= 0 && r.top_n_logprobs <= config.vocab_size &&
+                     (r.top_n_logprobs == 0 || r.tokens_to_generate == 0),
+                 "top-n log-probabilities are computed when scoring (tokens_to_generate 0) only");
+  MEGATRON_CHECK(r.streams.empty() || r.streams.size() == r.prompts.size(),
+                 "GenerationRequest: ", r.streams.size(), " sampling streams for ",
+                 r.prompts.size(), " prompts");
   for (size_t i = 0; i < r.prompts.size(); ++i) {
     const auto n = static_cast<int64_t>(r.prompts[i].size());
     MEGATRON_CHECK(n > 0, "prompt ", i, " has no tokens (an empty prompt needs add_BOS)");
@@ -131,9 +156,28 @@ std::vector<GenerationResult> Generator::generate_batch(const GenerationRequest&
         logprobs.data<float>()[i * lp_stride + begin + t] = lp.data<float>()[t * b + i];
   };
 
+  // Scoring's top-n: [b, max_len - 1, n] ids and log-probabilities, filled on the last stage.
+  const int64_t top_n = request.top_n_logprobs;
+  Tensor top_ids, top_lp;
   if (ttg == 0) {  // scoring: one forward over every prompt token
     const Tensor logits = forward(tokens, nullptr, false);
     if (last_stage && max_len > 1) record_logprobs(logits, 0, max_len - 1);
+    if (top_n > 0) {
+      const int64_t rows = std::max<int64_t>(max_len - 1, 1);
+      top_ids = Tensor::zeros({b, rows, top_n}, DType::kI64);
+      top_lp = Tensor::zeros({b, rows, top_n}, DType::kF32);
+      if (last_stage) {
+        for (int64_t t = 0; t + 1 < max_len; ++t)
+          for (int64_t i = 0; i < b; ++i)
+            top_log_probs(logits.data<float>() + (t * b + i) * logits.dim(1), vocab, top_n,
+                          top_ids.data<int64_t>() + (i * rows + t) * top_n,
+                          top_lp.data<float>() + (i * rows + t) * top_n);
+      }
+      if (pp_.size() > 1) {
+        pp_.broadcast(top_ids, pp_.size() - 1);
+        pp_.broadcast(top_lp, pp_.size() - 1);
+      }
+    }
   } else {
     KvCache cache(max_len);
     std::vector<bool> done(count, false);
@@ -157,8 +201,11 @@ std::vector<GenerationResult> Generator::generate_batch(const GenerationRequest&
           const bool started = prompt_len[static_cast<size_t>(i)] <= ctx;
           int64_t next = tok[i * max_len + ctx];
           if (started && !done[static_cast<size_t>(i)]) {
-            const double u = Philox::uniform(request.seed, first + static_cast<uint64_t>(i),
-                                             static_cast<uint64_t>(ctx));
+            const size_t p = first + static_cast<size_t>(i);
+            const GenerationRequest::Stream rng =
+                request.streams.empty() ? GenerationRequest::Stream{request.seed, p}
+                                        : request.streams[p];
+            const double u = Philox::uniform(rng.seed, rng.stream, static_cast<uint64_t>(ctx));
             next = sample_token(std::span<const float>(row, static_cast<size_t>(vocab)),
                                 sampling, vocab, u);
           }
@@ -205,6 +252,17 @@ std::vector<GenerationResult> Generator::generate_batch(const GenerationRequest&
     if (request.return_log_probs) {
       const float* lp = logprobs.data<float>() + static_cast<int64_t>(i) * lp_stride;
       out[i].logprobs.assign(lp, lp + length[i] - 1);
+    }
+    if (top_n > 0) {
+      const int64_t rows = top_ids.dim(1);
+      for (int64_t t = 0; t + 1 < length[i]; ++t) {
+        std::vector<std::pair<int64_t, float>> best;
+        for (int64_t j = 0; j < top_n; ++j) {
+          const int64_t at = (static_cast<int64_t>(i) * rows + t) * top_n + j;
+          best.emplace_back(top_ids.data<int64_t>()[at], top_lp.data<float>()[at]);
+        }
+        out[i].top_logprobs.push_back(std::move(best));
+      }
     }
   }
   return out;

@@ -15,7 +15,8 @@
 // filtering), over the tokenizer's vocabulary (the output layer's padding rows never receive
 // probability here, as in training); prompt positions included, so a result of n tokens has
 // n - 1 of them. Sampling draws u from Philox(seed, prompt index, position): a seed gives the
-// same tokens on every rank and layout, for every batch split.
+// same tokens on every rank and layout, for every batch split (up to the rounding of GEMMs of
+// other row counts, which moves a draw only when it falls within ~1e-6 of a token's boundary).
 //
 // Collective over the model-parallel group: every rank calls generate() with the same request.
 #pragma once
@@ -34,8 +35,18 @@ struct GenerationRequest {
   int64_t tokens_to_generate = 30;            // 0: score the prompts (needs return_log_probs)
   SamplingParams sampling;
   bool return_log_probs = false;
+  // Sampling draws of prompt i come from Philox(seed, i, position), or, when `streams` is given
+  // (one per prompt), from Philox(streams[i].seed, streams[i].stream, position): requests merged
+  // into one batch keep the draws they would have had alone.
   uint64_t seed = 0;
+  struct Stream {
+    uint64_t seed = 0, stream = 0;
+  };
+  std::vector<Stream> streams;
   bool stop_on_eod = true;  // stop a sequence at the end-of-document token
+  // Scoring only (tokens_to_generate 0): the top_n_logprobs most likely tokens at every position
+  // after the first, with their log-probabilities (the completions endpoint's "logprobs").
+  int64_t top_n_logprobs = 0;
   // The legacy server's extras: top_p *= top_p_decay after every step, floored at top_p_bound;
   // stop at "\n" (stop_on_eol) or at "\n\n" and two "\n" in a row (stop_on_double_eol), with
   // GPT-2's ids 198 and 628 as Megatron hard-codes them; no "\n" right after ":".
@@ -48,6 +59,9 @@ struct GenerationRequest {
 struct GenerationResult {
   std::vector<int64_t> tokens;  // the prompt, then the generated tokens (an end-of-document too)
   std::vector<float> logprobs;  // tokens.size() - 1 entries, when asked for
+  // With top_n_logprobs: per position t >= 1, the most likely (token, log p(token | tokens < t)),
+  // best first, ties by lower id.
+  std::vector<std::vector<std::pair<int64_t, float>>> top_logprobs;
   int64_t prompt_length = 0;
 };
 
@@ -60,7 +74,8 @@ struct GeneratorConfig {
 
 // Checks a request against the model (InvalidArgument naming the field): every prompt non-empty
 // and within the vocabulary, prompt + tokens_to_generate within max_positions, the sampling
-// settings, scoring (tokens_to_generate 0) only with log-probabilities. Pure: every rank agrees.
+// settings, scoring (tokens_to_generate 0) only with log-probabilities, streams (if any) one per
+// prompt. Pure: every rank agrees.
 void check_request(const GenerationRequest& request, const GeneratorConfig& config);
 
 class Generator {
