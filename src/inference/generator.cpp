@@ -159,9 +159,9 @@ std::vector<GenerationResult> Generator::generate_batch(const GenerationRequest&
   // Scoring's top-n: [b, max_len - 1, n] ids and log-probabilities, filled on the last stage.
   const int64_t top_n = request.top_n_logprobs;
   Tensor top_ids, top_lp;
-  if (ttg == 0) {  // scoring: one forward over every prompt token
-    const Tensor logits = forward(tokens, nullptr, false);
-    if (last_stage && max_len > 1) record_logprobs(logits, 0, max_len - 1);
+  if (ttg == 0 && max_len > 1) {  // scoring: one forward over every token but the last
+    const Tensor logits = forward(columns(tokens, 0, max_len - 1), nullptr, false);
+    if (last_stage) record_logprobs(logits, 0, max_len - 1);
     if (top_n > 0) {
       const int64_t rows = std::max<int64_t>(max_len - 1, 1);
       top_ids = Tensor::zeros({b, rows, top_n}, DType::kI64);
@@ -178,7 +178,7 @@ std::vector<GenerationResult> Generator::generate_batch(const GenerationRequest&
         pp_.broadcast(top_lp, pp_.size() - 1);
       }
     }
-  } else {
+  } else if (ttg > 0) {
     KvCache cache(max_len);
     std::vector<bool> done(count, false);
     SamplingParams sampling = request.sampling;

@@ -85,7 +85,8 @@ TextGenerationServer::TextGenerationServer(ServerOptions options, Runner runner)
     res.status = stopping_ ? 503 : 200;
     res.set_content(nlohmann::json{{"status", stopping_ ? "draining" : "ok"},
                                    {"queued", queued},
-                                   {"answered", answered_.load()}}
+                                   {"answered", answered_.load()},
+                                   {"batched", batched_.load()}}
                         .dump(),
                     "application/json");
   });
