@@ -8,6 +8,7 @@ int train_command(int argc, char** argv);
 int score_command(int argc, char** argv);
 int generate_command(int argc, char** argv);
 int serve_command(int argc, char** argv);
+int evaluate_command(int argc, char** argv);
 int convert_command(int argc, char** argv);
 int bench_command(int argc, char** argv);
 int preprocess_command(int argc, char** argv);

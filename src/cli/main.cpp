@@ -23,6 +23,7 @@ constexpr const char* kUsage =
     "  score       per-token log-probabilities of token sequences under a model\n"
     "  generate    text from prompts (greedy or sampled, through a KV cache)\n"
     "  serve       a text-generation server (Megatron's REST API) over HTTP\n"
+    "  evaluate    zero-shot WikiText perplexity, LAMBADA accuracy, multiple choice\n"
     "  convert     Hugging Face model directory -> Hugging Face model directory via our layout\n"
     "  bench       measured peaks of this machine (bench gemm)\n"
     "  flags       Megatron's flags and what `train` does with each (--markdown: docs/FLAGS.md)\n"
@@ -57,6 +58,7 @@ int dispatch(int argc, char** argv) {
   if (cmd == "score") return score_command(argc - 1, argv + 1);
   if (cmd == "generate") return generate_command(argc - 1, argv + 1);
   if (cmd == "serve") return serve_command(argc - 1, argv + 1);
+  if (cmd == "evaluate") return evaluate_command(argc - 1, argv + 1);
   if (cmd == "convert") return convert_command(argc - 1, argv + 1);
   if (cmd == "bench") return bench_command(argc - 1, argv + 1);
   if (cmd == "flags") return flags_command(argc - 1, argv + 1);

@@ -9,7 +9,7 @@
 
 #include "core/error.h"
 #include "core/philox.h"
-#include "data/gpt_batch.h"  // the batch field names
+#include "inference/pipeline_forward.h"
 #include "tensor/ops.h"
 #include "transformer/kv_cache.h"
 
@@ -18,8 +18,6 @@ namespace megatron::inference {
 namespace {
 // GPT-2's "\n" and "\n\n", which Megatron's stop_on_eol and stop_on_double_eol hard-code.
 constexpr int64_t kGpt2Eol = 198, kGpt2DoubleEol = 628;
-constexpr int kPipelineTag = 7;
-constexpr const char* kLogits = "logits";
 
 // Columns [begin, end) of a [b, n] i64 matrix, contiguous.
 Tensor columns(const Tensor& m, int64_t begin, int64_t end) {
@@ -92,32 +90,6 @@ std::vector<GenerationResult> Generator::generate(const GenerationRequest& reque
   return out;
 }
 
-Tensor Generator::forward(const Tensor& tokens, KvCache* cache, bool last_only) const {
-  const int64_t b = tokens.dim(0), s = tokens.dim(1);
-  const int rank = pp_.rank(), stages = pp_.size();
-  ForwardMode mode;
-  mode.kv_cache = cache;
-  TensorMap in, batch;
-  if (rank == 0) {
-    batch.set(kTokens, tokens);
-  } else {
-    for (const TensorSpec& spec : chunk_.infer_specs(b, s)) {
-      Tensor t = Tensor::empty(spec.shape, spec.dtype);
-      pp_.recv(t, rank - 1, kPipelineTag);
-      in.set(spec.name, t);
-    }
-  }
-  const TensorMap out = chunk_.infer(in, batch, mode, last_only);
-  if (rank + 1 < stages) {
-    for (const TensorSpec& spec : chunk_.infer_specs(b, s)) {
-      pp_.send(out.at(spec.name), rank + 1, kPipelineTag);
-    }
-    return Tensor();
-  }
-  const Tensor& logits = out.at(kLogits);
-  return logits.dtype() == DType::kF32 ? logits : logits.to(DType::kF32);
-}
-
 std::vector<GenerationResult> Generator::generate_batch(const GenerationRequest& request,
                                                         size_t first, size_t count) const {
   const auto b = static_cast<int64_t>(count);
@@ -160,7 +132,7 @@ std::vector<GenerationResult> Generator::generate_batch(const GenerationRequest&
   const int64_t top_n = request.top_n_logprobs;
   Tensor top_ids, top_lp;
   if (ttg == 0 && max_len > 1) {  // scoring: one forward over every token but the last
-    const Tensor logits = forward(columns(tokens, 0, max_len - 1), nullptr, false);
+    const Tensor logits = pipeline_logits(chunk_, pp_, columns(tokens, 0, max_len - 1), nullptr, false);
     if (last_stage) record_logprobs(logits, 0, max_len - 1);
     if (top_n > 0) {
       const int64_t rows = std::max<int64_t>(max_len - 1, 1);
@@ -187,7 +159,7 @@ std::vector<GenerationResult> Generator::generate_batch(const GenerationRequest&
     for (int64_t ctx = min_len; ctx < max_len; ++ctx) {
       const bool with_logprobs = request.return_log_probs;
       const Tensor step = columns(tokens, prev, ctx);
-      Tensor logits = forward(step, &cache, !with_logprobs);
+      Tensor logits = pipeline_logits(chunk_, pp_, step, &cache, !with_logprobs);
       cache.advance(ctx - prev);
       if (last_stage) {
         const int64_t rows = with_logprobs ? ctx - prev : 1, vp = logits.dim(1);

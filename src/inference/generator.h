@@ -91,9 +91,6 @@ class Generator {
  private:
   std::vector<GenerationResult> generate_batch(const GenerationRequest& request, size_t first,
                                                size_t count) const;
-  // The model's logits of tokens [b, s] at the cache's offset (null: no cache), on the last
-  // stage; an undefined tensor elsewhere. Runs the pipeline stage by stage.
-  Tensor forward(const Tensor& tokens, KvCache* cache, bool last_only) const;
 
   const ModelChunk& chunk_;
   ProcessGroup& pp_;

@@ -35,11 +35,17 @@ TOKENS = 10
 MIN_GAP = 1e-3
 
 
-def run(arch, out_dir, seed):
-    torch.set_num_threads(1)
+def model(arch, seed):
+    """(config, weights, forward, generator) of the oracle's model: the generator has drawn the
+    weights and goes on to draw the prompts."""
     cfg, make_weights, forward = hf_oracle.ARCHS[arch]
     gen = torch.Generator().manual_seed(seed)
-    weights = make_weights(cfg, hf_oracle.Init(gen, std=0.1))
+    return cfg, make_weights(cfg, hf_oracle.Init(gen, std=0.1)), forward, gen
+
+
+def run(arch, out_dir, seed):
+    torch.set_num_threads(1)
+    cfg, weights, forward, gen = model(arch, seed)
     V = cfg["vocab_size"]
     eod = V - 1
     prompts = [torch.randint(0, V - 1, (n,), generator=gen).tolist() for n in PROMPT_LENGTHS]
