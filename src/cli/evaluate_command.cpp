@@ -67,8 +67,10 @@ void print_block(const std::string& line) {
 }
 
 int run_evaluate(int argc, char** argv, MpiRuntime& mpi) {
-  CLI::App app("Zero-shot evaluation (Megatron's tasks/main.py): WikiText perplexity, LAMBADA "
-               "accuracy, multiple choice", "evaluate");
+  CLI::App app(
+      "Zero-shot evaluation (Megatron's tasks/main.py): WikiText perplexity, LAMBADA "
+      "accuracy, multiple choice",
+      "evaluate");
   Arguments args;
   ArgTable table(app);
   register_inference_args(table, args);
@@ -77,8 +79,9 @@ int run_evaluate(int argc, char** argv, MpiRuntime& mpi) {
   int64_t overlapping_eval = 32, micro_batch = 1;
   bool strict_lambada = false;
   table.concern("evaluation");
-  table.add("--task", task, "WIKITEXT103 (perplexity), LAMBADA (last-word accuracy) or "
-                            "MULTIPLE_CHOICE (log-likelihood of {context, choices, answer})");
+  table.add("--task", task,
+            "WIKITEXT103 (perplexity), LAMBADA (last-word accuracy) or "
+            "MULTIPLE_CHOICE (log-likelihood of {context, choices, answer})");
   table.add("--valid-data", valid_data, "The task's file (raw text, or JSON lines)");
   table.add("--overlapping-eval", overlapping_eval,
             "WIKITEXT103: window stride; every target is scored once with at least seq-length "
@@ -118,15 +121,21 @@ int run_evaluate(int argc, char** argv, MpiRuntime& mpi) {
       log_line(strprintf(" > number of original tokens: %ld, number of detokenized tokens: %zu",
                          static_cast<long>(original), ids.size()));
     }
-    const std::vector<Sample> windows = evaluation::lm_windows(ids, seq, overlapping_eval, tok.eod());
+    const std::vector<Sample> windows =
+        evaluation::lm_windows(ids, seq, overlapping_eval, tok.eod());
     const evaluation::LmMetrics r = evaluation::lm_metrics(
         windows, scorer.score(windows), static_cast<int64_t>(ids.size()), original);
     line += strprintf("avg loss: %.4E | ppl: %.4E | adjusted ppl: %.4E | token ratio: %s |",
                       r.avg_loss, r.ppl, r.adjusted_ppl, python_float(r.token_ratio).c_str());
-    summary.update({{"avg_loss", r.avg_loss}, {"ppl", r.ppl}, {"adjusted_ppl", r.adjusted_ppl},
-                    {"token_ratio", r.token_ratio}, {"num_tokenized_tokens", r.tokenized},
-                    {"num_original_tokens", r.original}, {"windows", windows.size()},
-                    {"detokenizer", detok}, {"overlapping_eval", overlapping_eval}});
+    summary.update({{"avg_loss", r.avg_loss},
+                    {"ppl", r.ppl},
+                    {"adjusted_ppl", r.adjusted_ppl},
+                    {"token_ratio", r.token_ratio},
+                    {"num_tokenized_tokens", r.tokenized},
+                    {"num_original_tokens", r.original},
+                    {"windows", windows.size()},
+                    {"detokenizer", detok},
+                    {"overlapping_eval", overlapping_eval}});
   } else if (task == "LAMBADA") {
     std::vector<Sample> samples;
     for (const nlohmann::json& j : read_jsonl(path)) {
@@ -145,16 +154,18 @@ int run_evaluate(int argc, char** argv, MpiRuntime& mpi) {
         evaluation::lambada_metrics(samples, scorer.score(samples));
     line += strprintf("number correct: %.4E | total examples: %.4E | avg accuracy: %.4E",
                       static_cast<double>(r.correct), static_cast<double>(r.total), r.accuracy());
-    summary.update({{"correct", r.correct}, {"total", r.total}, {"accuracy", r.accuracy()},
+    summary.update({{"correct", r.correct},
+                    {"total", r.total},
+                    {"accuracy", r.accuracy()},
                     {"strict", strict_lambada}});
   } else {
     std::vector<evaluation::ChoiceItem> items;
     std::vector<Sample> all;
     for (const nlohmann::json& j : read_jsonl(path)) {
       const auto lineno = j["__line"].get<int64_t>();
-      const bool ok = j.contains("context") && j["context"].is_string() &&
-                      j.contains("choices") && j["choices"].is_array() &&
-                      j.contains("answer") && j["answer"].is_number_integer();
+      const bool ok = j.contains("context") && j["context"].is_string() && j.contains("choices") &&
+                      j["choices"].is_array() && j.contains("answer") &&
+                      j["answer"].is_number_integer();
       MEGATRON_CHECK(ok, path, ":", lineno,
                      ": needs {\"context\": string, \"choices\": [strings], \"answer\": index}");
       std::vector<std::string> choices;
@@ -172,12 +183,16 @@ int run_evaluate(int argc, char** argv, MpiRuntime& mpi) {
     }
     evaluation::AccuracyMetrics acc, acc_norm;
     evaluation::choice_metrics(items, scorer.score(all), &acc, &acc_norm);
-    line += strprintf("number correct: %.4E | total examples: %.4E | avg accuracy: %.4E | "
-                      "avg accuracy (length-normalized): %.4E",
-                      static_cast<double>(acc.correct), static_cast<double>(acc.total),
-                      acc.accuracy(), acc_norm.accuracy());
-    summary.update({{"correct", acc.correct}, {"total", acc.total}, {"accuracy", acc.accuracy()},
-                    {"correct_norm", acc_norm.correct}, {"accuracy_norm", acc_norm.accuracy()}});
+    line += strprintf(
+        "number correct: %.4E | total examples: %.4E | avg accuracy: %.4E | "
+        "avg accuracy (length-normalized): %.4E",
+        static_cast<double>(acc.correct), static_cast<double>(acc.total), acc.accuracy(),
+        acc_norm.accuracy());
+    summary.update({{"correct", acc.correct},
+                    {"total", acc.total},
+                    {"accuracy", acc.accuracy()},
+                    {"correct_norm", acc_norm.correct},
+                    {"accuracy_norm", acc_norm.accuracy()}});
   }
   if (first) {
     print_block(line);

@@ -13,9 +13,9 @@
 #include "cli/generation_args.h"
 #include "cli/inference_model.h"
 #include "cli/mpi_command.h"
+#include "core/logging.h"
 #include "train/model_config.h"
 #include "train/trainer.h"  // tokenizer_args
-#include "core/logging.h"
 
 namespace megatron::cli {
 
@@ -69,15 +69,16 @@ int run_generate(int argc, char** argv, MpiRuntime& mpi) {
     if (!prompt_file.empty()) prompts = read_prompt_file(prompt_file);
     MEGATRON_CHECK(!prompts.empty(), "--prompt-file ", prompt_file, " holds no prompt");
     const std::unique_ptr<Tokenizer> tokenizer = build_tokenizer(tokenizer_args(args));
-    for (const std::string& p : prompts) request.prompts.push_back(tokenize_prompt(*tokenizer, p, false));
+    for (const std::string& p : prompts)
+      request.prompts.push_back(tokenize_prompt(*tokenizer, p, false));
     request.tokens_to_generate = gen.num_tokens_to_generate;
     request.return_log_probs = gen.return_log_probs;
     request.seed = static_cast<uint64_t>(gen.seed);
     request.sampling = sampling_of(gen, tokenizer->vocab_size());
     const TransformerConfig cfg = transformer_config_from_args(args);
-    inference::check_request(request, inference::GeneratorConfig{
-                                          tokenizer->vocab_size(), tokenizer->eod(),
-                                          cfg.max_position_embeddings, max_batch_of(gen)});
+    inference::check_request(
+        request, inference::GeneratorConfig{tokenizer->vocab_size(), tokenizer->eod(),
+                                            cfg.max_position_embeddings, max_batch_of(gen)});
   });
   if (rc >= 0) return rc;
   const bool first = mpi.rank() == 0;

@@ -16,7 +16,8 @@ namespace cp = checkpoint;
 void register_inference_args(ArgTable& t, Arguments& a) {
   register_model_args(t, a);
   t.concern("checkpoint");
-  t.add("--load", a.load, "Checkpoint directory to load the weights from (its tracker's iteration)");
+  t.add("--load", a.load,
+        "Checkpoint directory to load the weights from (its tracker's iteration)");
   t.add("--ckpt-step", a.ckpt_step, "Load this iteration instead of the tracker's");
 }
 
@@ -32,7 +33,8 @@ void resolve_inference_args(Arguments& a, const ArgTable& t, int world_size, boo
   merge_pretrained_config(a, t);
   resolve_vocab_size(a, t);
   const int64_t tp = a.tensor_model_parallel_size, pp = a.pipeline_model_parallel_size;
-  MEGATRON_CHECK(tp >= 1 && pp >= 1, "--tensor-model-parallel-size and "
+  MEGATRON_CHECK(tp >= 1 && pp >= 1,
+                 "--tensor-model-parallel-size and "
                  "--pipeline-model-parallel-size must be >= 1");
   MEGATRON_CHECK(tp * pp == world_size, "inference runs one model replica: the ", world_size,
                  " ranks must be --tensor-model-parallel-size x --pipeline-model-parallel-size (",
@@ -70,11 +72,10 @@ InferenceModel load_inference_model(const Arguments& args, const MpiRuntime& mpi
                                .ep_rank = ps.ep_rank(),
                                .ep_size = ps.ep_size()};
   std::vector<std::unique_ptr<ModelChunk>> chunks =
-      m.spec->build_chunks(ModelOptions{m.config, false},
-                           ChunkPlacement{.tp = ps.tp_group_ptr(),
-                                          .pp_size = ps.pp_size(),
-                                          .pp_rank = ps.pp_rank(),
-                                          .expert = expert});
+      m.spec->build_chunks(ModelOptions{m.config, false}, ChunkPlacement{.tp = ps.tp_group_ptr(),
+                                                                         .pp_size = ps.pp_size(),
+                                                                         .pp_rank = ps.pp_rank(),
+                                                                         .expert = expert});
   MEGATRON_CHECK(chunks.size() == 1, "inference runs one model chunk per rank");
   m.chunk = std::move(chunks.front());
   m.params = std::make_unique<ParamSet>(m.chunk->parameters(), m.config.compute_dtype);
@@ -89,10 +90,10 @@ InferenceModel load_inference_model(const Arguments& args, const MpiRuntime& mpi
                  cp::kTrackerFile, "): pass the directory --save wrote");
   const std::string dir = cp::iteration_dir(args.load, *it);
   cp::CheckpointReader reader = cp::CheckpointReader::open(dir, false);
-  load_shards(reader,
-              CheckpointTarget{m.params.get(), nullptr, nullptr, 0,
-                               ps.experts_apart() ? ps.edp_rank() : 0},
-              /*optim=*/false);
+  load_shards(
+      reader,
+      CheckpointTarget{m.params.get(), nullptr, nullptr, 0, ps.experts_apart() ? ps.edp_rank() : 0},
+      /*optim=*/false);
   if (log) {
     log_line(strprintf(" > loaded checkpoint %s at iteration %ld", args.load.c_str(),
                        static_cast<long>(*it)));

@@ -223,9 +223,8 @@ int run_serve(int argc, char** argv, MpiRuntime& mpi) {
     }
   }
   Runner runner(m, generator);
-  serve::TextGenerationServer server(options, [&](const std::vector<TextRequest>& r) {
-    return runner(r);
-  });
+  serve::TextGenerationServer server(options,
+                                     [&](const std::vector<TextRequest>& r) { return runner(r); });
   // A failed bind stops the followers too.
   std::string bind_error;
   try {

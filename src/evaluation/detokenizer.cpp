@@ -36,11 +36,11 @@ void regex_replace(std::string& s, const char* pattern, const char* replacement)
   std::string out(s.size() + 64, '\0');
   for (int attempt = 0; attempt < 2; ++attempt) {
     PCRE2_SIZE length = out.size();
-    const int rc = pcre2_substitute(
-        code.get(), reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(), 0,
-        PCRE2_SUBSTITUTE_GLOBAL | PCRE2_SUBSTITUTE_OVERFLOW_LENGTH, nullptr, nullptr,
-        reinterpret_cast<PCRE2_SPTR>(replacement), PCRE2_ZERO_TERMINATED,
-        reinterpret_cast<PCRE2_UCHAR*>(out.data()), &length);
+    const int rc =
+        pcre2_substitute(code.get(), reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(), 0,
+                         PCRE2_SUBSTITUTE_GLOBAL | PCRE2_SUBSTITUTE_OVERFLOW_LENGTH, nullptr,
+                         nullptr, reinterpret_cast<PCRE2_SPTR>(replacement), PCRE2_ZERO_TERMINATED,
+                         reinterpret_cast<PCRE2_UCHAR*>(out.data()), &length);
     if (rc == PCRE2_ERROR_NOMEMORY) {
       out.resize(length);  // the length it needs
       continue;

@@ -77,8 +77,8 @@ std::vector<TokenScores> Scorer::score(const std::vector<Sample>& samples) const
   return out;
 }
 
-std::vector<Sample> lm_windows(const std::vector<int64_t>& tokens, int64_t seq_len,
-                               int64_t stride, int64_t pad) {
+std::vector<Sample> lm_windows(const std::vector<int64_t>& tokens, int64_t seq_len, int64_t stride,
+                               int64_t pad) {
   MEGATRON_CHECK(seq_len >= 1, "--seq-length must be >= 1");
   stride = std::max<int64_t>(1, stride);
   const auto n = static_cast<int64_t>(tokens.size());
@@ -181,9 +181,8 @@ ChoiceItem choice_item(const std::string& context, const std::vector<std::string
     Sample x;
     x.tokens = ctx;
     x.tokens.insert(x.tokens.end(), ids.begin(), ids.end());
-    MEGATRON_CHECK(static_cast<int64_t>(x.tokens.size()) <= seq_len + 1,
-                   "context and choice have ", x.tokens.size(),
-                   " tokens, more than --seq-length + 1 = ", seq_len + 1);
+    MEGATRON_CHECK(static_cast<int64_t>(x.tokens.size()) <= seq_len + 1, "context and choice have ",
+                   x.tokens.size(), " tokens, more than --seq-length + 1 = ", seq_len + 1);
     x.mask.assign(ctx.size() - 1, 0);
     x.mask.resize(x.tokens.size() - 1, 1);
     item.choices.push_back(std::move(x));

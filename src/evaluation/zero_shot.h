@@ -53,8 +53,8 @@ class Scorer {
 };
 
 // WIKITEXT103 (Megatron's _LMDataset): the windows over `tokens`, padded with `pad` to seq_len + 1.
-std::vector<Sample> lm_windows(const std::vector<int64_t>& tokens, int64_t seq_len,
-                               int64_t stride, int64_t pad);
+std::vector<Sample> lm_windows(const std::vector<int64_t>& tokens, int64_t seq_len, int64_t stride,
+                               int64_t pad);
 
 struct LmMetrics {
   double loss_sum = 0;
@@ -74,8 +74,8 @@ Sample lambada_sample(const std::string& text, const Tokenizer& tokenizer, bool 
                       int64_t seq_len);
 
 struct ChoiceItem {
-  std::vector<Sample> choices;          // context + choice, masked on the choice's tokens
-  std::vector<int64_t> choice_chars;    // bytes of each choice's text
+  std::vector<Sample> choices;        // context + choice, masked on the choice's tokens
+  std::vector<int64_t> choice_chars;  // bytes of each choice's text
   int64_t answer = 0;
 };
 ChoiceItem choice_item(const std::string& context, const std::vector<std::string>& choices,

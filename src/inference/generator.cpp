@@ -46,8 +46,7 @@ void top_log_probs(const float* logits, int64_t vocab, int64_t n, int64_t* ids, 
 
 Generator::Generator(const ModelChunk& chunk, ProcessGroup& pp, GeneratorConfig config)
     : chunk_(chunk), pp_(pp), config_(config) {
-  MEGATRON_CHECK(config_.vocab_size > 0 && config_.max_positions > 0 &&
-                     config_.max_batch_size > 0,
+  MEGATRON_CHECK(config_.vocab_size > 0 && config_.max_positions > 0 && config_.max_batch_size > 0,
                  "Generator: vocabulary, positions and batch size must be positive");
 }
 
@@ -83,8 +82,8 @@ std::vector<GenerationResult> Generator::generate(const GenerationRequest& reque
   std::vector<GenerationResult> out;
   for (size_t first = 0; first < request.prompts.size();
        first += static_cast<size_t>(config_.max_batch_size)) {
-    const size_t count = std::min(static_cast<size_t>(config_.max_batch_size),
-                                  request.prompts.size() - first);
+    const size_t count =
+        std::min(static_cast<size_t>(config_.max_batch_size), request.prompts.size() - first);
     for (GenerationResult& r : generate_batch(request, first, count)) out.push_back(std::move(r));
   }
   return out;
@@ -132,7 +131,8 @@ std::vector<GenerationResult> Generator::generate_batch(const GenerationRequest&
   const int64_t top_n = request.top_n_logprobs;
   Tensor top_ids, top_lp;
   if (ttg == 0 && max_len > 1) {  // scoring: one forward over every token but the last
-    const Tensor logits = pipeline_logits(chunk_, pp_, columns(tokens, 0, max_len - 1), nullptr, false);
+    const Tensor logits =
+        pipeline_logits(chunk_, pp_, columns(tokens, 0, max_len - 1), nullptr, false);
     if (last_stage) record_logprobs(logits, 0, max_len - 1);
     if (top_n > 0) {
       const int64_t rows = std::max<int64_t>(max_len - 1, 1);
@@ -174,12 +174,12 @@ std::vector<GenerationResult> Generator::generate_batch(const GenerationRequest&
           int64_t next = tok[i * max_len + ctx];
           if (started && !done[static_cast<size_t>(i)]) {
             const size_t p = first + static_cast<size_t>(i);
-            const GenerationRequest::Stream rng =
-                request.streams.empty() ? GenerationRequest::Stream{request.seed, p}
-                                        : request.streams[p];
+            const GenerationRequest::Stream rng = request.streams.empty()
+                                                      ? GenerationRequest::Stream{request.seed, p}
+                                                      : request.streams[p];
             const double u = Philox::uniform(rng.seed, rng.stream, static_cast<uint64_t>(ctx));
-            next = sample_token(std::span<const float>(row, static_cast<size_t>(vocab)),
-                                sampling, vocab, u);
+            next = sample_token(std::span<const float>(row, static_cast<size_t>(vocab)), sampling,
+                                vocab, u);
           }
           column.data<int64_t>()[i] = next;
         }

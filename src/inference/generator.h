@@ -66,10 +66,10 @@ struct GenerationResult {
 };
 
 struct GeneratorConfig {
-  int64_t vocab_size = 0;         // the tokenizer's (sampling and log-probabilities stop there)
-  int64_t eod = 0;                // the end-of-document id
-  int64_t max_positions = 0;      // prompt + generated tokens may not exceed it
-  int64_t max_batch_size = 8;     // prompts per forward (--inference-max-batch-size)
+  int64_t vocab_size = 0;      // the tokenizer's (sampling and log-probabilities stop there)
+  int64_t eod = 0;             // the end-of-document id
+  int64_t max_positions = 0;   // prompt + generated tokens may not exceed it
+  int64_t max_batch_size = 8;  // prompts per forward (--inference-max-batch-size)
 };
 
 // Checks a request against the model (InvalidArgument naming the field): every prompt non-empty
@@ -85,7 +85,8 @@ class Generator {
   Generator(const ModelChunk& chunk, ProcessGroup& pp, GeneratorConfig config);
 
   const GeneratorConfig& config() const { return config_; }
-  // check_request, then one result per prompt, in order; the prompts run in batches of at most max_batch_size.
+  // check_request, then one result per prompt, in order; the prompts run in batches of at most
+  // max_batch_size.
   std::vector<GenerationResult> generate(const GenerationRequest& request) const;
 
  private:

@@ -31,10 +31,18 @@ Response json_response(int status, const std::string& message) {
 
 std::string batch_key(const TextRequest& r) {
   const inference::GenerationRequest& g = r.generation;
-  nlohmann::json k = {static_cast<int>(r.endpoint), g.tokens_to_generate, g.return_log_probs,
-                      g.sampling.temperature, g.sampling.top_k, g.sampling.top_p,
-                      g.top_p_decay, g.top_p_bound, g.stop_on_eol, g.stop_on_double_eol,
-                      g.prevent_newline_after_colon, g.top_n_logprobs};
+  nlohmann::json k = {static_cast<int>(r.endpoint),
+                      g.tokens_to_generate,
+                      g.return_log_probs,
+                      g.sampling.temperature,
+                      g.sampling.top_k,
+                      g.sampling.top_p,
+                      g.top_p_decay,
+                      g.top_p_bound,
+                      g.stop_on_eol,
+                      g.stop_on_double_eol,
+                      g.prevent_newline_after_colon,
+                      g.top_n_logprobs};
   return k.dump();
 }
 
@@ -57,8 +65,8 @@ TextGenerationServer::TextGenerationServer(ServerOptions options, Runner runner)
         } catch (const nlohmann::json::exception& e) {
           throw RequestError(400, std::string("the request body is not valid JSON: ") + e.what());
         }
-        TextRequest request = endpoint == Endpoint::kApi ? parse_api_request(body)
-                                                         : parse_completions_request(body);
+        TextRequest request =
+            endpoint == Endpoint::kApi ? parse_api_request(body) : parse_completions_request(body);
         if (!request.no_log) {  // Megatron's request log, as one block
           log_line("request IP: " + req.remote_addr + "\n" +
                    body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
@@ -93,9 +101,10 @@ TextGenerationServer::TextGenerationServer(ServerOptions options, Runner runner)
   // Unknown paths and methods: the library's 404/405 with a JSON reason.
   s.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
-    std::string why = res.status == 413 ? "the request body exceeds the server's limit (--max-request-bytes)"
-                                        : "no such endpoint: " + req.method + " " + req.path +
-                                              " (PUT /api, POST /completions, GET /health)";
+    std::string why = res.status == 413
+                          ? "the request body exceeds the server's limit (--max-request-bytes)"
+                          : "no such endpoint: " + req.method + " " + req.path +
+                                " (PUT /api, POST /completions, GET /health)";
     res.set_content(error_body(why), "application/json");
   });
 }

@@ -31,9 +31,9 @@ namespace megatron::serve {
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
-  int port = 5000;                 // 0: any free port (port() says which)
-  int64_t max_queued = 64;         // requests waiting beyond the running ones
-  double timeout_s = 600;          // per request, from arrival to answer
+  int port = 5000;          // 0: any free port (port() says which)
+  int64_t max_queued = 64;  // requests waiting beyond the running ones
+  double timeout_s = 600;   // per request, from arrival to answer
   size_t max_body_bytes = 1 << 20;
   bool batching = true;
 };

@@ -9,8 +9,12 @@ namespace {
   throw RequestError(status, message);
 }
 
-bool is_int(const nlohmann::json& v) { return v.is_number_integer(); }
-bool is_number(const nlohmann::json& v) { return v.is_number() && !v.is_boolean(); }
+bool is_int(const nlohmann::json& v) {
+  return v.is_number_integer();
+}
+bool is_number(const nlohmann::json& v) {
+  return v.is_number() && !v.is_boolean();
+}
 
 }  // namespace
 
@@ -127,8 +131,8 @@ TextRequest parse_api_request(const nlohmann::json& j) {
   if (j.contains("length_penalty") && !j["length_penalty"].is_number_float()) {
     refuse("length_penalty must be a float");
   }
-  g.sampling = inference::SamplingParams{static_cast<float>(temperature), top_k,
-                                         static_cast<float>(top_p)};
+  g.sampling =
+      inference::SamplingParams{static_cast<float>(temperature), top_k, static_cast<float>(top_p)};
   return r;
 }
 
@@ -162,8 +166,9 @@ TextRequest parse_completions_request(const nlohmann::json& j) {
   } else if (p.is_array() && p.empty()) {
     refuse("prompt contains no items: []");
   } else {
-    refuse("Unknown prompt type: a string, a list of strings, a list of token ids or a list of "
-           "such lists");
+    refuse(
+        "Unknown prompt type: a string, a list of strings, a list of token ids or a list of "
+        "such lists");
   }
   if (r.prompts.size() + r.prompt_ids.size() > kMaxPrompts) {
     refuse("Maximum number of prompts is 128");
@@ -232,8 +237,8 @@ TextRequest parse_completions_request(const nlohmann::json& j) {
   if (top_k > 0 && top_p >= 1.0) top_p = 0.0;
   if (top_p > 0.0 && top_k > 0) refuse("cannot set both top-k and top-p samplings.");
   g.return_log_probs = true;
-  g.sampling = inference::SamplingParams{static_cast<float>(temperature), top_k,
-                                         static_cast<float>(top_p)};
+  g.sampling =
+      inference::SamplingParams{static_cast<float>(temperature), top_k, static_cast<float>(top_p)};
   return r;
 }
 

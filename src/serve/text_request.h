@@ -33,10 +33,10 @@ enum class Endpoint { kApi, kCompletions };
 
 struct TextRequest {
   Endpoint endpoint = Endpoint::kApi;
-  std::vector<std::string> prompts;                // text prompts, or
-  std::vector<std::vector<int64_t>> prompt_ids;    // token-id prompts (completions only)
-  bool add_bos = false;                            // the end-of-document id first (add_BOS)
-  int64_t random_seed = -1;                        // -1: the server draws one
+  std::vector<std::string> prompts;              // text prompts, or
+  std::vector<std::vector<int64_t>> prompt_ids;  // token-id prompts (completions only)
+  bool add_bos = false;                          // the end-of-document id first (add_BOS)
+  int64_t random_seed = -1;                      // -1: the server draws one
   bool no_log = false;
   // Everything of the generation but the prompts and the seed.
   inference::GenerationRequest generation;

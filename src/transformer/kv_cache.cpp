@@ -24,8 +24,8 @@ KvCache::Entry& KvCache::layer(int64_t layer_number, int64_t s, int64_t b, int64
     Entry e{Tensor::empty(shape, dtype), Tensor::empty(shape, dtype)};
     it = layers_.emplace(layer_number, std::move(e)).first;
   }
-  MEGATRON_CHECK(it->second.k.shape() == shape && it->second.k.dtype() == dtype,
-                 "KvCache: layer ", layer_number, " holds ", it->second.k.str(), ", a forward of ",
+  MEGATRON_CHECK(it->second.k.shape() == shape && it->second.k.dtype() == dtype, "KvCache: layer ",
+                 layer_number, " holds ", it->second.k.str(), ", a forward of ",
                  Shape{max_sequence_, b, groups, hn}.str(), " ", dtype_name(dtype),
                  " cannot use it (a new batch shape needs a new cache)");
   return it->second;

@@ -36,8 +36,7 @@ class KvCache {
   // Layer `layer_number`'s buffers for a forward of `s` new positions of b sequences with
   // `groups` key/value heads of hn channels: allocated at first use, checked afterwards (the
   // batch and the head layout cannot change within a generation; the positions must fit).
-  Entry& layer(int64_t layer_number, int64_t s, int64_t b, int64_t groups, int64_t hn,
-               DType dtype);
+  Entry& layer(int64_t layer_number, int64_t s, int64_t b, int64_t groups, int64_t hn, DType dtype);
 
  private:
   int64_t max_sequence_;
