@@ -6,8 +6,11 @@
 #include <benchmark/benchmark.h>
 
 #include <cmath>
+#include <utility>
+#include <vector>
 
 #include "core/philox.h"
+#include "tensor/cpu/gemm.h"
 #include "tensor/ops.h"
 
 namespace megatron {
@@ -123,6 +126,45 @@ void BM_AdamW(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * 7 * p.nbytes());
 }
 BENCHMARK(BM_AdamW)->Unit(benchmark::kMillisecond);
+
+// One decoding step's GEMMs of GPT-2 124M (12 layers of QKV, projection, MLP in and out, then the
+// 50304-row output layer; 124 M distinct weights, far beyond the caches, as in generation) for m
+// rows (the batch), by ops::matmul (the skinny kernel for few rows) or oneDNN's matmul directly
+// (cpu::gemm, what ops::matmul ran before it). Args: kernel (0 oneDNN, 1 ops::matmul), bf16, m.
+// bytes/s are the weights' bytes streamed per second.
+void BM_DecodeStepGemms(benchmark::State& state) {
+  const bool ops_path = state.range(0), half = state.range(1);
+  const int64_t m = state.range(2), h = 768, layers = 12, vocab = 50304;
+  const DType dt = half ? DType::kBF16 : DType::kF32;
+  std::vector<Tensor> weights;
+  for (int64_t l = 0; l < layers; ++l) {
+    for (auto [n, k] : {std::pair{3 * h, h}, {h, h}, {4 * h, h}, {h, 4 * h}})
+      weights.push_back(random({n, k}, dt));
+  }
+  weights.push_back(random({vocab, h}, dt));
+  const Tensor x = random({m, 4 * h}, dt);
+  Tensor y = Tensor::empty({m, vocab});
+  int64_t bytes = 0;
+  for (const Tensor& w : weights) bytes += w.nbytes();
+  for (auto _ : state) {
+    for (const Tensor& w : weights) {
+      const int64_t n = w.dim(0), k = w.dim(1);
+      const Tensor xin = x.view({m * 4 * h}).slice0(0, m * k).view({m, k});
+      Tensor out = y.view({m * vocab}).slice0(0, m * n).view({m, n});
+      if (ops_path) {
+        ops::matmul(out, xin, false, w, true);
+      } else {
+        cpu::gemm(cpu::GemmShape{m, n, k, false, true, k, k, n, dt, false}, xin.raw(), w.raw(),
+                  out.data<float>());
+      }
+    }
+  }
+  state.SetBytesProcessed(state.iterations() * bytes);
+}
+BENCHMARK(BM_DecodeStepGemms)
+    ->ArgsProduct({{0, 1}, {0, 1}, {1, 4, 8, 16}})
+    ->ArgNames({"ops", "bf16", "m"})
+    ->Unit(benchmark::kMillisecond);
 
 // The memory bandwidth the kernels above can at best reach, over 512 MB (far beyond the caches):
 // a read-only pass (sum of squares) and an in-place read + write pass (scaling). A memory-bound

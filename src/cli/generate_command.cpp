@@ -2,8 +2,8 @@
 // --prompts or --prompt-file (one per line; a line holding a JSON object gives its "prompt" or
 // "text"), generated in batches through the KV cache on one model replica in any TP x PP layout;
 // rank 0 prints one JSON line per prompt, in order, with Megatron's response fields: "text"
-// (prompt and generation), "tokens", "segments" and "logprobs". Loading lines go to stderr, so
-// stdout is the results alone.
+// (prompt and generation), "tokens", "segments" and "logprobs". Loading lines and the prefill and
+// decode speeds go to stderr, so stdout is the results alone.
 #include <cstdio>
 #include <fstream>
 
@@ -92,8 +92,21 @@ int run_generate(int argc, char** argv, MpiRuntime& mpi) {
       *m.chunk, m.parallel->pp_group(),
       inference::GeneratorConfig{m.tokenizer->vocab_size(), m.tokenizer->eod(),
                                  m.config.max_position_embeddings, max_batch_of(gen)});
-  const std::vector<inference::GenerationResult> results = generator.generate(request);
+  std::vector<inference::BatchTimes> times;
+  const std::vector<inference::GenerationResult> results = generator.generate(request, &times);
   if (!first) return 0;
+  // Positions per second of each phase (b x positions the model ran, as BatchTimes counts).
+  auto rate = [](int64_t n, double s) { return s > 0 ? static_cast<double>(n) / s : 0.0; };
+  for (size_t i = 0; i < times.size(); ++i) {
+    const inference::BatchTimes& t = times[i];
+    std::fprintf(stderr,
+                 " > batch %zu (%ld prompts): prefill %ld positions in %.4f s (%.1f tokens/s), "
+                 "decode %ld positions in %.4f s (%.1f tokens/s)\n",
+                 i + 1, static_cast<long>(t.prompts), static_cast<long>(t.prefill_positions),
+                 t.prefill_seconds, rate(t.prefill_positions, t.prefill_seconds),
+                 static_cast<long>(t.decode_positions), t.decode_seconds,
+                 rate(t.decode_positions, t.decode_seconds));
+  }
   for (size_t i = 0; i < results.size(); ++i) {
     const ResultText t = detokenize(*m.tokenizer, results[i]);
     nlohmann::json line = {{"prompt", prompts[i]},

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/philox.h"
+#include "core/timer.h"
 #include "inference/pipeline_forward.h"
 #include "tensor/ops.h"
 #include "transformer/kv_cache.h"
@@ -77,20 +78,25 @@ void check_request(const GenerationRequest& r, const GeneratorConfig& config) {
   }
 }
 
-std::vector<GenerationResult> Generator::generate(const GenerationRequest& request) const {
+std::vector<GenerationResult> Generator::generate(const GenerationRequest& request,
+                                                  std::vector<BatchTimes>* times) const {
   check_request(request, config_);
   std::vector<GenerationResult> out;
   for (size_t first = 0; first < request.prompts.size();
        first += static_cast<size_t>(config_.max_batch_size)) {
     const size_t count =
         std::min(static_cast<size_t>(config_.max_batch_size), request.prompts.size() - first);
-    for (GenerationResult& r : generate_batch(request, first, count)) out.push_back(std::move(r));
+    BatchTimes batch_times{.prompts = static_cast<int64_t>(count)};
+    for (GenerationResult& r : generate_batch(request, first, count, batch_times))
+      out.push_back(std::move(r));
+    if (times != nullptr) times->push_back(batch_times);
   }
   return out;
 }
 
 std::vector<GenerationResult> Generator::generate_batch(const GenerationRequest& request,
-                                                        size_t first, size_t count) const {
+                                                        size_t first, size_t count,
+                                                        BatchTimes& times) const {
   const auto b = static_cast<int64_t>(count);
   const int64_t ttg = request.tokens_to_generate, vocab = config_.vocab_size;
   const bool last_stage = pp_.rank() == pp_.size() - 1;
@@ -157,6 +163,7 @@ std::vector<GenerationResult> Generator::generate_batch(const GenerationRequest&
     Tensor column = Tensor::empty({b}, DType::kI64);
     int64_t prev = 0;
     for (int64_t ctx = min_len; ctx < max_len; ++ctx) {
+      const Timer step_timer;
       const bool with_logprobs = request.return_log_probs;
       const Tensor step = columns(tokens, prev, ctx);
       Tensor logits = pipeline_logits(chunk_, pp_, step, &cache, !with_logprobs);
@@ -210,6 +217,8 @@ std::vector<GenerationResult> Generator::generate_batch(const GenerationRequest&
       if (sampling.top_p > 0 && request.top_p_decay > 0) {
         sampling.top_p = std::max(sampling.top_p * request.top_p_decay, request.top_p_bound);
       }
+      (prev == 0 ? times.prefill_seconds : times.decode_seconds) += step_timer.elapsed();
+      (prev == 0 ? times.prefill_positions : times.decode_positions) += b * (ctx - prev);
       prev = ctx;
       if (all_done) break;
     }

@@ -65,6 +65,15 @@ struct GenerationResult {
   int64_t prompt_length = 0;
 };
 
+// Where one batch of a generate() call spent its time (wall clock on this rank): prefill is the
+// batch's first forward (the shortest prompt's positions at once, through the sampling of the
+// first new column), decode every later step (one position per sequence). Positions count every
+// row the model ran, b x positions, including a sequence that already stopped but shares the batch.
+struct BatchTimes {
+  int64_t prompts = 0, prefill_positions = 0, decode_positions = 0;
+  double prefill_seconds = 0, decode_seconds = 0;
+};
+
 struct GeneratorConfig {
   int64_t vocab_size = 0;      // the tokenizer's (sampling and log-probabilities stop there)
   int64_t eod = 0;             // the end-of-document id
@@ -86,12 +95,13 @@ class Generator {
 
   const GeneratorConfig& config() const { return config_; }
   // check_request, then one result per prompt, in order; the prompts run in batches of at most
-  // max_batch_size.
-  std::vector<GenerationResult> generate(const GenerationRequest& request) const;
+  // max_batch_size. times (optional) receives where each batch's time went.
+  std::vector<GenerationResult> generate(const GenerationRequest& request,
+                                         std::vector<BatchTimes>* times = nullptr) const;
 
  private:
   std::vector<GenerationResult> generate_batch(const GenerationRequest& request, size_t first,
-                                               size_t count) const;
+                                               size_t count, BatchTimes& times) const;
 
   const ModelChunk& chunk_;
   ProcessGroup& pp_;

@@ -209,7 +209,14 @@ void register_norms() {
 }
 
 void register_matmul() {
-  for (auto [m, n, k] : {std::array<int64_t, 3>{1, 1, 1}, {7, 5, 3}, {33, 65, 17}, {64, 130, 70}}) {
+  // Few rows (the skinny kernel of decoding: m up to 8, n past and off its 4-row blocks, k past and
+  // off its vector width) and ordinary GEMMs.
+  for (auto [m, n, k] : {std::array<int64_t, 3>{1, 1, 1},
+                         {7, 5, 3},
+                         {3, 37, 41},
+                         {8, 9, 100},
+                         {33, 65, 17},
+                         {64, 130, 70}}) {
     for (int tr = 0; tr < 4; ++tr) {
       const bool ta = tr & 1, tb = tr & 2;
       const Tensor a = random_tensor(ta ? Shape{k, m} : Shape{m, k}, 10, 1.0, DType::kF64);

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 
 #include "tensor/cpu/vec_math.h"
@@ -66,6 +67,61 @@ TEST(Matmul, Bf16InputsAccumulateInF32) {
   Tensor c = Tensor::empty({m, n});
   ops::matmul(c, a, false, b, true);
   EXPECT_TRUE(allclose(c, want, 1e-4, 1e-4));
+}
+
+// A few rows against a [n, k] weight (the skinny kernel under ops::matmul, the shape of decoding):
+// every row count up to past the kernel's bounds, n off its 4-row blocks, k below, at and off the
+// vector width, f32 and bf16, overwrite and accumulate. Tolerances as the two tests above: f32
+// summation over k <= 300 terms of O(1) products.
+TEST(Matmul, FewRowsMatchReference) {
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    for (int64_t m = 1; m <= 18; ++m) {
+      for (auto [n, k] : {std::pair<int64_t, int64_t>{1, 1}, {5, 16}, {37, 17}, {9, 300}}) {
+        Tensor a = random_tensor({m, k}, 5).to(dt);
+        Tensor b = random_tensor({n, k}, 6).to(dt);
+        Tensor want = ref::matmul(f64(a), false, f64(b), true);
+        Tensor c = Tensor::empty({m, n});
+        ops::matmul(c, a, false, b, true);
+        EXPECT_TRUE(allclose(c, want, 1e-4, 1e-4))
+            << dtype_name(dt) << " m=" << m << " n=" << n << " k=" << k;
+        Tensor acc = Tensor::full({m, n}, 1.0);
+        ops::matmul(acc, a, false, b, true, 1.0f);
+        for (int64_t i = 0; i < want.numel(); ++i) want.data<double>()[i] += 1.0;
+        EXPECT_TRUE(allclose(acc, want, 1e-4, 1e-4))
+            << dtype_name(dt) << " accumulate m=" << m << " n=" << n << " k=" << k;
+      }
+    }
+  }
+}
+
+// Decoding's GEMMs give the same bits for any thread count and for a weight split by output rows
+// (a column-parallel layer's shards), so that generation at TP 1 and 2 and with any
+// --num-threads agrees exactly where the sums are the same.
+TEST(Matmul, FewRowsSameBitsForThreadsAndColumnShards) {
+  const int64_t m = 3, n = 70, k = 131;
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    Tensor a = random_tensor({m, k}, 7).to(dt);
+    Tensor b = random_tensor({n, k}, 8).to(dt);
+    const int before = omp_get_max_threads();
+    Tensor one = Tensor::empty({m, n}), three = Tensor::empty({m, n});
+    omp_set_num_threads(1);
+    ops::matmul(one, a, false, b, true);
+    omp_set_num_threads(3);
+    ops::matmul(three, a, false, b, true);
+    omp_set_num_threads(before);
+    EXPECT_EQ(std::memcmp(one.raw(), three.raw(), static_cast<size_t>(m * n) * 4), 0);
+    const int64_t half = 33;  // off the kernel's 4-row blocks
+    Tensor lo = Tensor::empty({m, half}), hi = Tensor::empty({m, n - half});
+    ops::matmul(lo, a, false, b.slice0(0, half).clone(), true);
+    ops::matmul(hi, a, false, b.slice0(half, n).clone(), true);
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        const float got =
+            j < half ? lo.data<float>()[i * half + j] : hi.data<float>()[i * (n - half) + j - half];
+        ASSERT_EQ(got, one.data<float>()[i * n + j]) << dtype_name(dt) << " " << i << "," << j;
+      }
+    }
+  }
 }
 
 // The grouped GEMMs in bf16 (the MoE experts' training dtype) and f32, with groups of several

@@ -27,4 +27,18 @@ struct GemmShape {
 
 void gemm(const GemmShape& s, const void* a, const void* b, float* c);
 
+// The few-rows GEMM of token-by-token decoding (skinny_gemm.cpp): C (+)= A B^T with A [m, k] not
+// transposed, B stored [n, k], f32 with m <= kSkinnyRowsF32 or bf16 with m <= kSkinnyRowsBf16.
+// Returns false, doing nothing, for any other shape or dtype. The bounds are where oneDNN's
+// matmul overtakes it (measured on Zen 4, docs/PERFORMANCE.md): its f32 kernels from about 12
+// rows; in bf16 from 8 rows where the kernel must widen bf16 to f32, past 16 where it has the
+// AVX-512 BF16 dot products too.
+inline constexpr int64_t kSkinnyRowsF32 = 8;
+#if defined(__AVX512BF16__)
+inline constexpr int64_t kSkinnyRowsBf16 = 16;
+#else
+inline constexpr int64_t kSkinnyRowsBf16 = 6;
+#endif
+bool skinny_gemm(const GemmShape& s, const void* a, const void* b, float* c);
+
 }  // namespace megatron::cpu

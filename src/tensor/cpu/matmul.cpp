@@ -183,9 +183,10 @@ void matmul(Tensor& out, const Tensor& a, bool trans_a, const Tensor& b, bool tr
     if (beta == 0.0f) out.zero();
     return;
   }
-  gemm(GemmShape{m, n, k, trans_a, trans_b, trans_a ? m : k, trans_b ? k : n, n, a.dtype(),
-                 beta != 0.0f},
-       a.raw(), b.raw(), out.data<float>());
+  const GemmShape shape{
+      m, n, k, trans_a, trans_b, trans_a ? m : k, trans_b ? k : n, n, a.dtype(), beta != 0.0f};
+  if (!skinny_gemm(shape, a.raw(), b.raw(), out.data<float>()))
+    gemm(shape, a.raw(), b.raw(), out.data<float>());
 }
 
 }  // namespace megatron::cpu
