@@ -162,7 +162,7 @@ void BM_DecodeStepGemms(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * bytes);
 }
 BENCHMARK(BM_DecodeStepGemms)
-    ->ArgsProduct({{0, 1}, {0, 1}, {1, 4, 8, 16}})
+    ->ArgsProduct({{0, 1}, {0, 1}, {1, 4, 6, 8, 16}})
     ->ArgNames({"ops", "bf16", "m"})
     ->Unit(benchmark::kMillisecond);
 

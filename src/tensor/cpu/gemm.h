@@ -30,10 +30,10 @@ void gemm(const GemmShape& s, const void* a, const void* b, float* c);
 // The few-rows GEMM of token-by-token decoding (skinny_gemm.cpp): C (+)= A B^T with A [m, k] not
 // transposed, B stored [n, k], f32 with m <= kSkinnyRowsF32 or bf16 with m <= kSkinnyRowsBf16.
 // Returns false, doing nothing, for any other shape or dtype. The bounds are where oneDNN's
-// matmul overtakes it (measured on Zen 4, docs/PERFORMANCE.md): its f32 kernels from about 12
-// rows; in bf16 from 8 rows where the kernel must widen bf16 to f32, past 16 where it has the
-// AVX-512 BF16 dot products too.
-inline constexpr int64_t kSkinnyRowsF32 = 8;
+// matmul catches up (measured on Zen 4 with bench_ops' BM_DecodeStepGemms, docs/PERFORMANCE.md):
+// in f32 at about 8 rows; in bf16 at 8 rows where the kernel must widen bf16 to f32, at 16 where
+// it has the AVX-512 BF16 dot products too.
+inline constexpr int64_t kSkinnyRowsF32 = 6;
 #if defined(__AVX512BF16__)
 inline constexpr int64_t kSkinnyRowsBf16 = 16;
 #else
