@@ -99,6 +99,7 @@ int run_generate(int argc, char** argv, MpiRuntime& mpi) {
   auto rate = [](int64_t n, double s) { return s > 0 ? static_cast<double>(n) / s : 0.0; };
   for (size_t i = 0; i < times.size(); ++i) {
     const inference::BatchTimes& t = times[i];
+    if (t.prefill_positions == 0) continue;  // scoring (no new tokens): no generation steps
     std::fprintf(stderr,
                  " > batch %zu (%ld prompts): prefill %ld positions in %.4f s (%.1f tokens/s), "
                  "decode %ld positions in %.4f s (%.1f tokens/s)\n",
