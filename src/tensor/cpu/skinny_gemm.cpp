@@ -9,12 +9,12 @@
 // weight rows once: a block of kRowsPerBlock rows stays in L1/L2 while every row of A is dotted
 // with it, kInputsPerPass rows of A at a time.
 //
-// Arithmetic: f32 accumulation of exact products. f32 inputs, and bf16 on CPUs without AVX-512
-// BF16 (widened to f32 exactly): each dot product summed in kLanes-wide partial sums, then the
-// lanes, then the k % kLanes tail in order. bf16 with AVX-512 BF16: vdpbf16ps on pairs, then the
-// lanes, then the tail. Every output element is computed by one thread in an order fixed by k
-// alone: the same bits for any thread count and any split of n (column-parallel shards of a
-// weight give the single process's bits).
+// Arithmetic: f32 accumulation (bf16 products are exact in f32). f32 inputs, and bf16 on CPUs
+// without AVX-512 BF16 (widened to f32 exactly): each dot product summed by FMAs in kLanes-wide
+// partial sums, then the lanes, then the k % kLanes tail in order. bf16 with AVX-512 BF16:
+// vdpbf16ps on pairs, then the lanes, then the tail. Every output element is computed by one thread
+// in an order fixed by k alone: the same bits for any thread count and any split of n
+// (column-parallel shards of a weight give the single process's bits).
 #include <immintrin.h>
 #include <omp.h>
 
@@ -94,12 +94,10 @@ void dot_block(const float* x, int64_t k, const W* w, int64_t ldb, float* c, int
   }
 }
 
-// x = rows [0, m) of a (row stride lda) as packed f32 [m, k].
-template <typename A>
-void pack_rows(std::vector<float>& x, const A* a, int64_t m, int64_t k, int64_t lda) {
-  x.resize(static_cast<size_t>(m * k));
-  for (int64_t i = 0; i < m; ++i)
-    for (int64_t p = 0; p < k; ++p) x[static_cast<size_t>(i * k + p)] = widen(a[i * lda + p]);
+// x = the n bf16 values of a as f32.
+[[maybe_unused]] void widen_rows(std::vector<float>& x, const uint16_t* a, int64_t n) {
+  x.resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) x[static_cast<size_t>(i)] = widen(a[i]);
 }
 
 #if defined(__AVX512BF16__)
@@ -180,23 +178,18 @@ bool skinny_gemm(const GemmShape& s, const void* a, const void* b, float* c) {
   const int64_t max_rows = s.dtype == DType::kF32    ? kSkinnyRowsF32
                            : s.dtype == DType::kBF16 ? kSkinnyRowsBf16
                                                      : 0;
-  if (s.ta || !s.tb || s.m > max_rows || s.m < 1 || s.n < 1 || s.k < 1) return false;
-  thread_local std::vector<float> x;  // A as dot_block reads it: a few rows
+  // A's rows packed (as ops::matmul passes them), B's rows at any stride.
+  if (s.ta || !s.tb || s.lda != s.k || s.m > max_rows || s.m < 1 || s.n < 1 || s.k < 1)
+    return false;
   if (s.dtype == DType::kF32) {
-    pack_rows(x, static_cast<const float*>(a), s.m, s.k, s.lda);
-    skinny(s, x.data(), static_cast<const float*>(b), c);
+    skinny(s, static_cast<const float*>(a), static_cast<const float*>(b), c);
     return true;
   }
 #if defined(__AVX512BF16__)
-  thread_local std::vector<uint16_t> x16;  // bf16 rows, packed
-  x16.resize(static_cast<size_t>(s.m * s.k));
-  for (int64_t i = 0; i < s.m; ++i) {
-    std::memcpy(x16.data() + i * s.k, static_cast<const uint16_t*>(a) + i * s.lda,
-                static_cast<size_t>(s.k) * sizeof(uint16_t));
-  }
-  skinny(s, x16.data(), static_cast<const uint16_t*>(b), c);
+  skinny(s, static_cast<const uint16_t*>(a), static_cast<const uint16_t*>(b), c);
 #else
-  pack_rows(x, static_cast<const uint16_t*>(a), s.m, s.k, s.lda);
+  thread_local std::vector<float> x;  // A widened to f32, as dot_block reads it
+  widen_rows(x, static_cast<const uint16_t*>(a), s.m * s.k);
   skinny(s, x.data(), static_cast<const uint16_t*>(b), c);
 #endif
   return true;
