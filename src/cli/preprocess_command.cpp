@@ -1,7 +1,9 @@
 // `megatron preprocess`: Megatron's tools/preprocess_data.py. Tokenizes a JSON-lines file into one
 // indexed dataset per --json-keys key, `<output-prefix>_<key>_document.bin/.idx`, byte for byte
-// what preprocess_data.py writes for the same tokenizer (without --split-sentences, which needs
-// NLTK's punkt model and is not offered).
+// what preprocess_data.py writes for the same tokenizer. With --split-sentences each document is
+// first cut into sentences (data/sentence_splitter.h: ICU's rules where Megatron uses NLTK's
+// punkt, so boundaries can differ) and the outputs are `<output-prefix>_<key>_sentence.bin/.idx`,
+// one sequence per sentence: what BERT and T5 data read.
 //
 // Per line and key, as preprocess_data.py does: a string value is one sequence, a list of strings
 // one sequence per element; sequences that tokenize to nothing are dropped; with --append-eod the
@@ -41,6 +43,7 @@
 #include "core/threads.h"
 #include "core/timer.h"
 #include "data/indexed_dataset.h"
+#include "data/sentence_splitter.h"
 #include "data/tokenizer.h"
 
 namespace megatron::cli {
@@ -52,7 +55,8 @@ struct PreprocessArgs {
   std::vector<std::string> json_keys{"text"};  // --json-keys: one dataset per key
   std::string output_prefix;                   // --output-prefix (required)
   bool append_eod = false;                     // --append-eod
-  bool split_sentences = false;                // --split-sentences: refused (NLTK punkt)
+  bool split_sentences = false;                // --split-sentences: one sequence per sentence
+  bool keep_newlines = false;                  // --keep-newlines: sentences keep them
   int64_t workers = 0;                         // --workers: tokenizing threads; 0 = all cores
   int64_t log_interval = 1000;                 // --log-interval: documents between progress lines
   TokenizerArgs tokenizer;                     // --tokenizer-type and its files
@@ -112,8 +116,8 @@ std::string keys_of(const nlohmann::json& obj) {
 
 class Encoder {
  public:
-  Encoder(const PreprocessArgs& args, const Tokenizer& tokenizer)
-      : args_(args), tokenizer_(tokenizer), eod_(tokenizer.eod()) {}
+  Encoder(const PreprocessArgs& args, const Tokenizer& tokenizer, const SentenceSplitter* splitter)
+      : args_(args), tokenizer_(tokenizer), splitter_(splitter), eod_(tokenizer.eod()) {}
 
   Encoded encode(const std::string& text) const {
     Encoded out;
@@ -186,11 +190,16 @@ class Encoder {
         ids[k].insert(ids[k].end(), sentence_ids.begin(), sentence_ids.end());
         lengths[k].push_back(static_cast<int32_t>(sentence_ids.size()));
       };
+      // Each string is one sequence, or with --split-sentences one per sentence.
+      auto add_text = [&](const std::string& text) {
+        if (!splitter_) return add(text);
+        for (const std::string& sentence : splitter_->split(text)) add(sentence);
+      };
       const nlohmann::json& v = *values[k];
       if (v.is_string()) {
-        add(v.get_ref<const std::string&>());
+        add_text(v.get_ref<const std::string&>());
       } else {
-        for (const nlohmann::json& s : v) add(s.get_ref<const std::string&>());
+        for (const nlohmann::json& s : v) add_text(s.get_ref<const std::string&>());
       }
       if (args_.append_eod && !ids[k].empty()) {
         ids[k].push_back(eod_);
@@ -207,6 +216,7 @@ class Encoder {
 
   const PreprocessArgs& args_;
   const Tokenizer& tokenizer_;
+  const SentenceSplitter* splitter_;  // null: no --split-sentences
   const int64_t eod_;
 };
 
@@ -339,9 +349,8 @@ void validate(const PreprocessArgs& a) {
   MEGATRON_CHECK(!a.input.empty(), "--input is required: the JSON-lines file to tokenize");
   MEGATRON_CHECK(!a.output_prefix.empty(),
                  "--output-prefix is required: outputs are <prefix>_<key>_document.bin/.idx");
-  MEGATRON_CHECK(!a.split_sentences,
-                 "--split-sentences is not supported (it needs NLTK's punkt model); GPT training "
-                 "uses whole documents, drop the flag");
+  MEGATRON_CHECK(!a.keep_newlines || a.split_sentences,
+                 "--keep-newlines applies to --split-sentences; add it or drop --keep-newlines");
   MEGATRON_CHECK(!a.json_keys.empty(), "--json-keys needs at least one key");
   for (size_t i = 0; i < a.json_keys.size(); ++i) {
     MEGATRON_CHECK(!a.json_keys[i].empty(), "--json-keys: a key is empty");
@@ -354,7 +363,8 @@ void validate(const PreprocessArgs& a) {
   MEGATRON_CHECK(a.log_interval >= 1, "--log-interval is ", a.log_interval, ", expected >= 1");
   MEGATRON_CHECK(!a.tokenizer.type.empty(),
                  "--tokenizer-type is required (GPT2BPETokenizer, HuggingFaceTokenizer, "
-                 "SentencePieceTokenizer or NullTokenizer)");
+                 "SentencePieceTokenizer, BertWordPieceLowerCase, BertWordPieceCase or "
+                 "NullTokenizer)");
 }
 
 void print_progress(int64_t docs, int64_t bytes, double elapsed) {
@@ -381,13 +391,20 @@ int preprocess_command(int argc, char** argv) {
       ->capture_default_str();
   table.add("--output-prefix", a.output_prefix, "Outputs are <prefix>_<key>_document.bin and .idx");
   table.flag("--append-eod", a.append_eod, "Append the tokenizer's EOD id to each document");
-  table.flag("--split-sentences", a.split_sentences, "Not supported (needs NLTK punkt)");
+  table.flag("--split-sentences", a.split_sentences,
+             "Split documents into sentences (ICU rules): outputs <prefix>_<key>_sentence");
+  table.flag("--keep-newlines", a.keep_newlines,
+             "With --split-sentences: sentences keep the whitespace and newlines after them");
   table.add("--workers", a.workers,
             "Tokenizing threads (0: one per available core); output does not depend on it");
   table.add("--log-interval", a.log_interval, "Documents between progress lines");
   table.add("--tokenizer-type", a.tokenizer.type,
-            "GPT2BPETokenizer, HuggingFaceTokenizer, SentencePieceTokenizer or NullTokenizer");
-  table.add("--vocab-file", a.tokenizer.vocab_file, "GPT-2 BPE vocabulary (encoder.json)");
+            "GPT2BPETokenizer, HuggingFaceTokenizer, SentencePieceTokenizer, "
+            "BertWordPieceLowerCase, BertWordPieceCase or NullTokenizer");
+  table.add("--vocab-file", a.tokenizer.vocab_file,
+            "GPT-2 BPE vocabulary (encoder.json) or WordPiece vocab.txt");
+  table.add("--vocab-extra-ids", a.tokenizer.vocab_extra_ids,
+            "WordPiece: append <extra_id_0> .. <extra_id_{N-1}> (T5 sentinels)");
   table.add("--merge-file", a.tokenizer.merge_file, "GPT-2 BPE merges (vocab.bpe)");
   table.add("--tokenizer-model", a.tokenizer.tokenizer_model,
             "tokenizer.json or SentencePiece model");
@@ -406,16 +423,21 @@ int preprocess_command(int argc, char** argv) {
   } close_fd{fd};
 
   const std::unique_ptr<Tokenizer> tokenizer = build_tokenizer(a.tokenizer);
+  std::unique_ptr<SentenceSplitter> splitter;
+  if (a.split_sentences) splitter = std::make_unique<SentenceSplitter>(a.keep_newlines);
+  if (a.tokenizer.type.rfind("BertWordPiece", 0) == 0 && !a.split_sentences)
+    log_line("Are you sure you don't want to split sentences?");  // preprocess_data.py's warning
+  const char* level = a.split_sentences ? "sentence" : "document";
   const IndexDType dtype = index_dtype_for_vocab(tokenizer->vocab_size());
   std::vector<std::string> prefixes;
   std::vector<std::unique_ptr<IndexedDatasetBuilder>> builders;
   for (const std::string& key : a.json_keys) {
-    prefixes.push_back(a.output_prefix + "_" + key + "_document");
+    prefixes.push_back(a.output_prefix + "_" + key + "_" + level);
     builders.push_back(std::make_unique<IndexedDatasetBuilder>(prefixes.back() + ".bin", dtype));
   }
   log_line(strprintf("Time to startup: %.3f", startup.elapsed()));
 
-  const Encoder encoder(a, *tokenizer);
+  const Encoder encoder(a, *tokenizer, splitter.get());
   Pipeline pipeline(a, encoder, fd);
   Timer clock;
   pipeline.start();

@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "data/bert_wordpiece_tokenizer.h"
 #include "data/gpt2_bpe_tokenizer.h"
 #include "data/hf_bpe_tokenizer.h"
 #include "data/null_tokenizer.h"
@@ -16,7 +17,7 @@ namespace {
 
 constexpr const char* kSupported =
     "GPT2BPETokenizer, HuggingFaceTokenizer, SentencePieceTokenizer, GPTSentencePieceTokenizer, "
-    "Llama2Tokenizer, NullTokenizer";
+    "Llama2Tokenizer, BertWordPieceLowerCase, BertWordPieceCase, NullTokenizer";
 
 // The flag must be given and name an existing file (or, where allowed, a directory).
 void require_path(const std::string& type, const char* flag, const std::string& path,
@@ -29,6 +30,14 @@ void require_path(const std::string& type, const char* flag, const std::string& 
 }
 
 }  // namespace
+
+std::string Tokenizer::piece(int64_t id) const {
+  MEGATRON_CHECK(false, "this tokenizer (", identity(), ") has no string vocabulary to look id ",
+                 id,
+                 " up in; BERT-style data needs a WordPiece tokenizer (--tokenizer-type "
+                 "BertWordPieceLowerCase or BertWordPieceCase)");
+  return {};
+}
 
 std::unique_ptr<Tokenizer> build_tokenizer(const TokenizerArgs& args) {
   const std::string& type = args.type;
@@ -47,6 +56,14 @@ std::unique_ptr<Tokenizer> build_tokenizer(const TokenizerArgs& args) {
     require_path(type, "--tokenizer-model", args.tokenizer_model, "a SentencePiece .model file");
     return std::make_unique<SentencePieceTokenizer>(type, args.tokenizer_model);
   }
+  if (type == "BertWordPieceLowerCase" || type == "BertWordPieceCase") {
+    require_path(type, "--vocab-file", args.vocab_file, "a WordPiece vocab.txt");
+    return std::make_unique<BertWordPieceTokenizer>(type, args.vocab_file, args.vocab_extra_ids);
+  }
+  MEGATRON_CHECK(args.vocab_extra_ids == 0,
+                 "--vocab-extra-ids applies to the WordPiece "
+                 "tokenizers (BertWordPieceLowerCase, BertWordPieceCase), not ",
+                 type);
   if (type == "NullTokenizer") {
     MEGATRON_CHECK(args.vocab_size > 0,
                    "--tokenizer-type NullTokenizer needs --vocab-size > 0, got ", args.vocab_size);

@@ -2,8 +2,10 @@
 //
 // Implementations: GPT2BPETokenizer (encoder.json + vocab.bpe, byte-level BPE with GPT-2's
 // pre-tokenizer through PCRE2), HuggingFaceTokenizer (BPE tokenizer.json), SentencePieceTokenizer
-// (libsentencepiece), NullTokenizer (text is space-separated ids). encode() and decode() are safe
-// to call from several threads at once (preprocessing runs one per worker thread).
+// (libsentencepiece), BertWordPieceLowerCase / BertWordPieceCase (WordPiece with BERT's basic
+// tokenizer, ICU for the Unicode rules), NullTokenizer (text is space-separated ids). encode() and
+// decode() are safe to call from several threads at once (preprocessing runs one per worker
+// thread).
 #pragma once
 
 #include <cstdint>
@@ -21,6 +23,14 @@ struct TokenizerArgs {
   std::string merge_file;              // --merge-file (GPT-2 vocab.bpe)
   std::string tokenizer_model;         // --tokenizer-model (tokenizer.json or SentencePiece .model)
   int64_t vocab_size = 0;              // --vocab-size (NullTokenizer)
+  int64_t vocab_extra_ids = 0;         // --vocab-extra-ids: <extra_id_i> sentinels (WordPiece)
+};
+
+// Megatron's special-token ids (tokenizer.cls, .sep, .pad, .mask, .bos, .eos and
+// .additional_special_tokens_ids); -1 where the tokenizer has none.
+struct SpecialTokens {
+  int64_t cls = -1, sep = -1, pad = -1, mask = -1, bos = -1, eos = -1;
+  std::vector<int64_t> additional;  // --vocab-extra-ids sentinels, in order
 };
 
 class Tokenizer {
@@ -34,6 +44,11 @@ class Tokenizer {
   virtual int64_t eod() const = 0;
   // Identity for caches and checkpoints: type plus a digest of the files that define it.
   virtual std::string identity() const = 0;
+  // The special tokens BERT- and T5-style data need (none by default).
+  virtual SpecialTokens special_tokens() const { return {}; }
+  // The vocabulary string of `id` (WordPiece's "##" marks continuations, which whole-word
+  // masking reads). Tokenizers without a string vocabulary throw InvalidArgument.
+  virtual std::string piece(int64_t id) const;
 };
 
 // Builds the tokenizer named by args.type. Errors name the flag or file and the fix.

@@ -14,9 +14,11 @@
 #include <thread>
 
 #include "core/error.h"
+#include "data/bert_wordpiece_tokenizer.h"
 #include "data/gpt2_bpe_tokenizer.h"
 #include "data/hf_bpe_tokenizer.h"
 #include "data/null_tokenizer.h"
+#include "data/sentence_splitter.h"
 #include "data/sentencepiece_tokenizer.h"
 #include "data/tokenizer.h"
 #include "testing/testing.h"
@@ -482,6 +484,120 @@ TEST(BuildTokenizer, SelectsByTypeAndChecksFlags) {
   args.tokenizer_model = t.dir + "/nothing_here";
   m = error_of([&] { build_tokenizer(args); });
   EXPECT_NE(m.find("--tokenizer-model " + t.dir + "/nothing_here"), std::string::npos) << m;
+}
+
+// ---------------------------------------------------------------------------------------------
+// BERT WordPiece (the whole Brown corpus and edge cases against an independent encoder are in
+// tokenizer_parity; these pin the rules one by one on a vocabulary small enough to read)
+
+std::string write_wordpiece_vocab(const std::string& dir, const std::vector<std::string>& tokens) {
+  std::string text;
+  for (const std::string& t : tokens) text += t + "\n";
+  const std::string path = dir + "/vocab.txt";
+  write_file(path, text);
+  return path;
+}
+
+const std::vector<std::string> kWordPieceVocab = {
+    "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "un",  "##aff", "##able", "hello", ",",
+    "world", "!",     "cafe",  "汉",    "a",      "##a", "'",     "s",      "the",   "##s"};
+
+TEST(BertWordPieceTokenizer, BasicTokenizerRules) {
+  const std::string dir = testing::scratch_dir("wordpiece_rules");
+  const std::string vocab = write_wordpiece_vocab(dir, kWordPieceVocab);
+  const BertWordPieceTokenizer lower("BertWordPieceLowerCase", vocab, 0);
+  const BertWordPieceTokenizer cased("BertWordPieceCase", vocab, 0);
+  using V = std::vector<std::string>;
+  // Lower-casing strips accents (NFD, Mn dropped); punctuation splits off, ASCII and Unicode.
+  EXPECT_EQ(lower.basic_tokens("UNaffable  Café,“WORLD”!"),
+            (V{"unaffable", "cafe", ",", "“", "world", "”", "!"}));
+  EXPECT_EQ(cased.basic_tokens("UNaffable Café!"), (V{"UNaffable", "Café", "!"}));
+  // CJK ideographs stand alone; kana and Hangul do not.
+  EXPECT_EQ(lower.basic_tokens("ab汉字cd かな"), (V{"ab", "汉", "字", "cd", "かな"}));
+  // Control and format characters vanish (joining the word), tab/newline/NBSP-class separate.
+  EXPECT_EQ(lower.basic_tokens("hel\x01lo wo\xE2\x80\x8Brld\ta\nb\xE2\x80\x83"
+                               "c"),
+            (V{"hello", "world", "a", "b", "c"}));
+  // U+FFFD and NUL are dropped; the line separator U+2028 splits as Python's str.split does.
+  EXPECT_EQ(lower.basic_tokens(std::string("x\xEF\xBF\xBDy\0z", 7) + "\xE2\x80\xA8w"),
+            (V{"xyz", "w"}));
+  // Full lower-casing: final sigma, and U+0130 -> i + combining dot, whose dot is stripped.
+  EXPECT_EQ(lower.basic_tokens("ΟΔΟΣ İ"), (V{"οδος", "i"}));
+}
+
+TEST(BertWordPieceTokenizer, GreedyLongestMatchAndUnknownWords) {
+  const std::string dir = testing::scratch_dir("wordpiece_greedy");
+  const std::string vocab = write_wordpiece_vocab(dir, kWordPieceVocab);
+  const BertWordPieceTokenizer lower("BertWordPieceLowerCase", vocab, 0);
+  const BertWordPieceTokenizer cased("BertWordPieceCase", vocab, 0);
+  EXPECT_EQ(lower.encode("UNaffable hello, WORLD!"), (Ids{5, 6, 7, 8, 9, 10, 11}));
+  EXPECT_EQ(lower.encode("the's"), (Ids{18, 16, 17}));
+  // One unmatched position makes the whole word [UNK]; the case tokenizer keeps capitals.
+  EXPECT_EQ(lower.encode("unaffablex hello"), (Ids{1, 8}));
+  EXPECT_EQ(cased.encode("Hello hello"), (Ids{1, 8}));
+  // Words of up to 200 code points are split; longer ones are [UNK] (Megatron's limit).
+  EXPECT_EQ(lower.encode(std::string(200, 'a')).size(), 200u);
+  EXPECT_EQ(lower.encode(std::string(201, 'a')), (Ids{1}));
+  EXPECT_EQ(lower.encode(" \t\n"), Ids{});
+  EXPECT_EQ(lower.decode(Ids{5, 6, 7, 9, 10, 11}), "unaffable, world!");
+  EXPECT_EQ(lower.decode(Ids{18, 16, 17}), "the's");
+  EXPECT_EQ(lower.piece(19), "##s");
+}
+
+TEST(BertWordPieceTokenizer, SpecialTokensAsMegatronAddsThem) {
+  const std::string dir = testing::scratch_dir("wordpiece_special");
+  const std::string vocab = write_wordpiece_vocab(dir, kWordPieceVocab);
+  const BertWordPieceTokenizer tok("BertWordPieceLowerCase", vocab, 3);
+  const SpecialTokens sp = tok.special_tokens();
+  EXPECT_EQ(sp.pad, 0);
+  EXPECT_EQ(sp.cls, 2);
+  EXPECT_EQ(sp.sep, 3);
+  EXPECT_EQ(sp.mask, 4);
+  // [BOS], [EOS], then the sentinels, appended after the file's 20 tokens; EOD is [EOS].
+  EXPECT_EQ(sp.bos, 20);
+  EXPECT_EQ(sp.eos, 21);
+  EXPECT_EQ(tok.eod(), 21);
+  EXPECT_EQ(sp.additional, (Ids{22, 23, 24}));
+  EXPECT_EQ(tok.vocab_size(), 25);
+  EXPECT_EQ(tok.piece(24), "<extra_id_2>");
+  // Text never makes sentinels: "<", "extra", "_", "id", "_", "0", ">" are all unknown here.
+  EXPECT_EQ(tok.encode("<extra_id_0>"), (Ids{1, 1, 1, 1, 1, 1, 1}));
+}
+
+TEST(BertWordPieceTokenizer, RefusesBadVocabularies) {
+  const std::string dir = testing::scratch_dir("wordpiece_bad");
+  std::vector<std::string> no_mask = kWordPieceVocab;
+  no_mask.erase(no_mask.begin() + 4);
+  const std::string path = write_wordpiece_vocab(dir, no_mask);
+  const std::string e = error_of([&] { BertWordPieceTokenizer("BertWordPieceCase", path, 0); });
+  EXPECT_NE(e.find("--vocab-file"), std::string::npos) << e;
+  EXPECT_NE(e.find("[MASK]"), std::string::npos) << e;
+  std::vector<std::string> twice = kWordPieceVocab;
+  twice.push_back("hello");
+  const std::string path2 = write_wordpiece_vocab(dir, twice);
+  const std::string e2 = error_of([&] { BertWordPieceTokenizer("BertWordPieceCase", path2, 0); });
+  EXPECT_NE(e2.find("line 21 repeats line 9"), std::string::npos) << e2;
+  TokenizerArgs args;
+  args.type = "NullTokenizer";
+  args.vocab_size = 10;
+  args.vocab_extra_ids = 2;
+  EXPECT_NE(error_of([&] { build_tokenizer(args); }).find("--vocab-extra-ids"), std::string::npos);
+}
+
+TEST(SentenceSplitter, SplitsWithAbbreviationsAndKeepsNewlinesOnRequest) {
+  const std::string text =
+      "Mr. Smith went to Washington. He arrived at 5 p.m. on Monday!  Did he?\n\nYes.";
+  using V = std::vector<std::string>;
+  EXPECT_EQ(
+      SentenceSplitter(false).split(text),
+      (V{"Mr. Smith went to Washington.", "He arrived at 5 p.m. on Monday!", "Did he?", "Yes."}));
+  const V kept = SentenceSplitter(true).split(text);
+  EXPECT_EQ(kept, (V{"Mr. Smith went to Washington. ", "He arrived at 5 p.m. on Monday!  ",
+                     "Did he?\n\n", "Yes."}));
+  std::string joined;
+  for (const std::string& s : kept) joined += s;
+  EXPECT_EQ(joined, text);
+  EXPECT_EQ(SentenceSplitter(false).split("  \n "), V{});
 }
 
 // ---------------------------------------------------------------------------------------------
