@@ -369,7 +369,8 @@ void write_file_atomic(const std::string& path, std::string_view bytes) {
 IndexCache::IndexCache(std::string dir, std::string_view class_name, std::string_view split,
                        std::string description)
     : dir_(std::move(dir)), description_(std::move(description)) {
-  base_ = md5_hex(description_) + "-" + std::string(class_name) + "-" + std::string(split) + "-";
+  base_ = md5_hex(description_) + "-" + std::string(class_name) + "-" +
+          (split.empty() ? std::string() : std::string(split) + "-");
 }
 
 std::string IndexCache::path(std::string_view suffix) const {

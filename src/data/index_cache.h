@@ -128,6 +128,7 @@ void write_file_atomic(const std::string& path, std::string_view bytes);
 // One cached index: files `<dir>/<md5(description)>-<class_name>-<split>-<suffix>`.
 class IndexCache {
  public:
+  // split "" for classes whose names carry no split (Megatron's masked-LM datasets).
   IndexCache(std::string dir, std::string_view class_name, std::string_view split,
              std::string description);
 

@@ -1,6 +1,12 @@
 // NumPy's legacy RandomState: see the header.
 #include "data/numpy_random.h"
 
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/error.h"
+
 namespace megatron {
 
 NumpyRandomState::NumpyRandomState(uint32_t seed) : mt_(seed) {}
@@ -30,6 +36,33 @@ uint64_t NumpyRandomState::random_interval(uint64_t max) {
     } while (value > max);
   }
   return value;
+}
+
+double NumpyRandomState::random() {
+  const uint32_t a = next_uint32() >> 5, b = next_uint32() >> 6;
+  return (a * 67108864.0 + b) / 9007199254740992.0;
+}
+
+int64_t NumpyRandomState::randint(int64_t low, int64_t high) {
+  MEGATRON_CHECK(high > low, "randint: empty range [", low, ", ", high, ")");
+  return low + static_cast<int64_t>(random_interval(static_cast<uint64_t>(high - 1 - low)));
+}
+
+int64_t NumpyRandomState::choice_index(std::span<const double> p) {
+  MEGATRON_CHECK(!p.empty(), "choice: no probabilities");
+  std::vector<double> cdf(p.begin(), p.end());
+  for (size_t i = 1; i < cdf.size(); ++i) cdf[i] += cdf[i - 1];
+  const double last = cdf.back();
+  for (double& c : cdf) c /= last;
+  const double u = random();
+  // searchsorted(side="right"): the first entry greater than u.
+  return static_cast<int64_t>(std::upper_bound(cdf.begin(), cdf.end(), u) - cdf.begin());
+}
+
+int64_t NumpyRandomState::geometric(double p) {
+  MEGATRON_CHECK(p > 0 && p < 1.0 / 3, "geometric: p = ", p,
+                 " is outside (0, 1/3), the range NumPy samples by inversion");
+  return static_cast<int64_t>(std::ceil(std::log1p(-random()) / std::log(1 - p)));
 }
 
 }  // namespace megatron

@@ -1,5 +1,6 @@
-// NumPy's legacy random stream, `numpy.random.RandomState(seed)`, as far as Megatron's dataset
-// indices use it: seeding with a 32-bit integer and `shuffle` of a 1-D array.
+// NumPy's legacy random stream, `numpy.random.RandomState(seed)`, as far as Megatron's datasets
+// use it: seeding with a 32-bit integer, `shuffle` of a 1-D array or list, `random()`,
+// `randint(low, high)`, `choice(a, p=...)` and `geometric(p)` (masked-LM sample construction).
 //
 // Megatron shuffles its document and sample indices with RandomState, so a run is sample-identical
 // to Megatron's only if our shuffles are bit-identical to NumPy's. RandomState is frozen by NumPy's
@@ -30,6 +31,17 @@ class NumpyRandomState {
 
   // RandomState.shuffle of a 1-D array: Fisher-Yates from the last element down, swapping x[i]
   // with x[random_interval(i)] for i = n-1 .. 1. The element type does not enter the stream.
+  // RandomState.random(): 53 bits from two draws (NumPy's legacy_double / random_sample).
+  double random();
+  // RandomState.randint(low, high) for a scalar: low + random_interval(high - 1 - low).
+  int64_t randint(int64_t low, int64_t high);
+  // The index RandomState.choice(a, p=p) picks for probabilities p (one random() against the
+  // cumulative sum, normalised by its last entry, searched to the right).
+  int64_t choice_index(std::span<const double> p);
+  // RandomState.geometric(p), for p < 1/3 (inversion: ceil(log1p(-U) / log(1 - p))), the only
+  // range the datasets use (SpanBERT's p = 0.2).
+  int64_t geometric(double p);
+
   template <typename T>
   void shuffle(std::span<T> x) {
     for (size_t i = x.size(); i-- > 1;) {

@@ -1,7 +1,7 @@
-// SampleSource: what the trainer reads samples from. Sample i is seq_length + 1 token ids (inputs
-// are the first seq_length, labels the last seq_length). Implemented by GPTDataset (Megatron's
-// document/sample/shuffle indices over an IndexedDataset), BlendedDataset (weighted mixture) and
-// MockGPTDataset.
+// SampleSource: what the trainer reads samples from. A GPT sample is seq_length + 1 token ids
+// (inputs are the first seq_length, labels the last seq_length). Implemented by GPTDataset
+// (Megatron's document/sample/shuffle indices over an IndexedDataset), BlendedDataset (weighted
+// mixture), MockGPTDataset and BertDataset (a record of several fields, data/bert_dataset.h).
 #pragma once
 
 #include <cstdint>
@@ -14,7 +14,10 @@ class SampleSource {
   // Number of samples (a GPTDataset is built for the number of samples the run needs).
   virtual int64_t size() const = 0;
   virtual int64_t seq_length() const = 0;
-  // Writes sample `index` (seq_length + 1 ids) into out. Safe to call from several threads.
+  // int64 values per sample: seq_length + 1 token ids for GPT; datasets with more fields per
+  // sample (BERT's record) say how many.
+  virtual int64_t sample_width() const { return seq_length() + 1; }
+  // Writes sample `index` (sample_width() values) into out. Safe to call from several threads.
   virtual void sample(int64_t index, int64_t* out) const = 0;
 };
 
