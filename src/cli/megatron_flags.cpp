@@ -64,6 +64,9 @@ const std::vector<OwnFlag>& own_train_flags() {
       {"--save-hf", "writes the trained model as a Hugging Face directory at the end"},
       {"--inject-fault", "testing hook for the fault-handling tests"},
       {"--log-expert-load", "the MoE experts' load balance in the iteration line"},
+      {"--transformer-block-type",
+       "pre_ln or post_ln (NeMo's name): post-LN is the original BERT's layout, which Megatron "
+       "core no longer builds"},
   };
   return own;
 }

@@ -132,10 +132,18 @@ void register_model_args(ArgTable& t, Arguments& a) {
   t.add("--make-vocab-size-divisible-by", a.make_vocab_size_divisible_by,
         "Pad the vocabulary to a multiple of this");
   t.add("--vocab-size", a.vocab_size, "Vocabulary size (NullTokenizer and mock data)");
+  t.add("--transformer-block-type", a.transformer_block_type,
+        "pre_ln (Megatron's norm placement) or post_ln (norms after the residual adds and on "
+        "the embeddings: original BERT)");
+  t.flag("--bert-no-binary-head", a.bert_no_binary_head,
+         "BERT without the sentence-order head (no token types, pooler or binary head)");
   t.concern("tokenizer");
   t.add("--tokenizer-type", a.tokenizer_type,
-        "GPT2BPETokenizer, HuggingFaceTokenizer, SentencePieceTokenizer or NullTokenizer");
-  t.add("--vocab-file", a.vocab_file, "GPT-2 BPE vocabulary (encoder.json)");
+        "GPT2BPETokenizer, HuggingFaceTokenizer, SentencePieceTokenizer, BertWordPieceLowerCase, "
+        "BertWordPieceCase or NullTokenizer");
+  t.add("--vocab-file", a.vocab_file, "GPT-2 BPE vocabulary (encoder.json) or WordPiece vocab.txt");
+  t.add("--vocab-extra-ids", a.vocab_extra_ids,
+        "WordPiece: append <extra_id_0> .. <extra_id_{N-1}> sentinel tokens");
   t.add("--merge-file", a.merge_file, "GPT-2 BPE merges (vocab.bpe)");
   t.add("--tokenizer-model", a.tokenizer_model, "tokenizer.json or SentencePiece model");
   t.concern("checkpoint");
@@ -302,6 +310,9 @@ void register_train_args(ArgTable& t, Arguments& a) {
          "Restart position ids after each end of document");
   t.flag("--reset-attention-mask", a.reset_attention_mask,
          "Attention does not cross end of document");
+  t.add("--mask-prob", a.mask_prob, "BERT: probability of masking a token (masked LM)");
+  t.add("--short-seq-prob", a.short_seq_prob,
+        "BERT: probability of a sample shorter than --seq-length");
   t.add("--num-workers", a.num_workers,
         "Micro-batches prepared ahead on a background thread (0: prepared in the training loop)");
   t.concern("evaluation");

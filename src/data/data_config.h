@@ -24,6 +24,9 @@ struct DataConfig {
   bool eod_mask_loss = false;         // --eod-mask-loss
   bool reset_position_ids = false;    // --reset-position-ids
   bool reset_attention_mask = false;  // --reset-attention-mask
+  double mask_prob = 0.15;            // --mask-prob (BERT)
+  double short_seq_prob = 0.1;        // --short-seq-prob (BERT)
+  bool bert_binary_head = true;       // not --bert-no-binary-head
 };
 
 // Samples each split must hold (Megatron's counts from the iterations, train/datasets.h).

@@ -2,12 +2,13 @@
 #include "models/model_spec.h"
 
 #include "core/error.h"
+#include "models/bert/bert_spec.h"
 #include "models/gpt/gpt_spec.h"
 
 namespace megatron {
 
 const std::vector<const ModelSpec*>& model_specs() {
-  static const std::vector<const ModelSpec*> specs{&gpt_spec()};
+  static const std::vector<const ModelSpec*> specs{&gpt_spec(), &bert_spec()};
   return specs;
 }
 

@@ -123,6 +123,12 @@ struct Arguments {
   bool eod_mask_loss = false;
   bool reset_position_ids = false;
   bool reset_attention_mask = false;
+  // BERT (--model bert / pretrain_bert)
+  double mask_prob = 0.15;                        // --mask-prob
+  double short_seq_prob = 0.1;                    // --short-seq-prob
+  bool bert_no_binary_head = false;               // --bert-no-binary-head
+  std::string transformer_block_type = "pre_ln";  // --transformer-block-type
+  int64_t vocab_extra_ids = 0;                    // --vocab-extra-ids
   int64_t num_workers = 2;  // background batch preparation (0: in the training thread)
 
   // ---- evaluation ----

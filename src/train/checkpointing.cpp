@@ -37,12 +37,15 @@ const char* const kShapeKeys[] = {"num_layers",
                                   "moe_layer_pattern",
                                   "moe_ffn_hidden_size",
                                   "moe_shared_expert_intermediate_size",
-                                  "moe_router_enable_expert_bias"};
+                                  "moe_router_enable_expert_bias",
+                                  "transformer_block_type",
+                                  "bert_binary_head"};
 
 // The vocabulary's padding rows depend on the tensor-parallel size; the rows that exist in both
 // layouts are read, the others are zero.
 bool vocab_rows_may_differ(const Param& p) {
-  return p.name == "embedding.word_embeddings.weight" || p.name == "output_layer.weight";
+  return p.name == "embedding.word_embeddings.weight" || p.name == "output_layer.weight" ||
+         p.name == "output_layer.bias";
 }
 
 std::vector<int64_t> shape_vector(const Shape& s) {
@@ -85,7 +88,9 @@ nlohmann::json model_args_json(const Arguments& a, const TransformerConfig& cfg)
           {"moe_ffn_hidden_size", cfg.moe.ffn_hidden_size},
           {"moe_shared_expert_intermediate_size", cfg.moe.shared_expert_intermediate_size},
           {"moe_router_enable_expert_bias", cfg.moe.enable_expert_bias},
-          {"tokenizer_type", a.tokenizer_type}};
+          {"tokenizer_type", a.tokenizer_type},
+          {"transformer_block_type", a.transformer_block_type},
+          {"bert_binary_head", cfg.bert_binary_head}};
 }
 
 std::vector<std::string> model_arg_differences(const nlohmann::json& saved,

@@ -108,6 +108,11 @@ TransformerConfig transformer_config_from_args(const Arguments& a) {
   }
   c.norm_epsilon = a.norm_epsilon;
   c.layernorm_zero_centered_gamma = a.apply_layernorm_1p;
+  MEGATRON_CHECK(a.transformer_block_type == "pre_ln" || a.transformer_block_type == "post_ln",
+                 "--transformer-block-type: unknown '", a.transformer_block_type,
+                 "'; choose pre_ln (Megatron's) or post_ln (original BERT)");
+  c.post_layernorm = a.transformer_block_type == "post_ln";
+  c.bert_binary_head = !a.bert_no_binary_head;
   c.squared_relu = a.squared_relu;
   c.qk_layernorm = a.qk_layernorm;
   c.init_method_xavier_uniform = a.init_method_xavier_uniform;

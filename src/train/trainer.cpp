@@ -97,6 +97,7 @@ TokenizerArgs tokenizer_args(const Arguments& a) {
   t.merge_file = a.merge_file;
   t.tokenizer_model = a.tokenizer_model;
   t.vocab_size = a.vocab_size;
+  t.vocab_extra_ids = a.vocab_extra_ids;
   return t;
 }
 

@@ -182,7 +182,14 @@ Tensor SelfAttention::forward(const Tensor& x, const TokenLayout& layout, Ctx& c
   }
   ctx.positions = positions;
   ctx.spec.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hn)));
-  ctx.spec.causal = true;
+  MEGATRON_CHECK(layout.causal || !tp_.cp.enabled(),
+                 "SelfAttention: context parallelism runs causal attention only; bidirectional "
+                 "models (BERT) need --context-parallel-size 1");
+  ctx.spec.causal = layout.causal;
+  if (layout.key_valid.defined()) {
+    check_shape(layout.key_valid, {b, s}, "attention key_valid");
+    ctx.spec.key_valid = layout.key_valid;
+  }
   ctx.spec.dropout = mode.training ? static_cast<float>(cfg_.attention_dropout) : 0.0f;
   ctx.spec.seed = mode.seed;
   ctx.spec.stream = mode.site_stream(layer_, 0);

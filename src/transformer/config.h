@@ -31,7 +31,13 @@ struct TransformerConfig {
   int64_t padded_vocab_size = 0;        // rows of the embedding, see pad_vocab_size()
 
   Normalization normalization = Normalization::kLayerNorm;  // --normalization
-  double norm_epsilon = 1e-5;                               // --norm-epsilon
+  // --transformer-block-type post_ln: the original Transformer's (and BERT's) norm placement, a
+  // norm after each residual add and one on the embeddings, none at the end of the block
+  // (transformer/transformer_layer.h). Default pre_ln, Megatron's only placement.
+  bool post_layernorm = false;
+  // BERT's sentence-order head (token types, pooler, binary head); --bert-no-binary-head clears it.
+  bool bert_binary_head = true;
+  double norm_epsilon = 1e-5;  // --norm-epsilon
   // --apply-layernorm-1p: the norms' weights are stored centred on zero (gamma = 1 + weight,
   // weight initialised to 0), as Megatron's zero_centered_gamma.
   bool layernorm_zero_centered_gamma = false;

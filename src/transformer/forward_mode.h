@@ -14,12 +14,16 @@ namespace megatron {
 class KvCache;
 class MoeAuxTracker;
 
-// Where each token sits: positions [s, b] i64 (RoPE; undefined = 0..s-1) and, with
-// --reset-attention-mask, doc_start [b, s] i32 (first position of each token's document, so
-// attention stays inside documents; undefined = one document per sequence).
+// Where each token sits and what it sees: positions [s, b] i64 (RoPE; undefined = 0..s-1);
+// with --reset-attention-mask, doc_start [b, s] i32 (first position of each token's document, so
+// attention stays inside documents; undefined = one document per sequence); causal (decoders)
+// or bidirectional (encoders: BERT); key_valid [b, s] i32, nonzero for real tokens, so that no
+// query attends to padding (BERT's padding mask; undefined = every token is real).
 struct TokenLayout {
   Tensor positions;
   Tensor doc_start;
+  bool causal = true;
+  Tensor key_valid;
 };
 
 struct ForwardMode {

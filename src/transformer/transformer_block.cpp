@@ -40,7 +40,8 @@ TransformerBlock::TransformerBlock(const std::string& name, const TransformerCon
                                    const TensorParallelContext& tp, int64_t first_layer,
                                    int64_t num_layers, bool with_final_norm)
     : final_layernorm(name + ".final_layernorm", cfg),
-      has_final_norm_(with_final_norm),
+      // A post-norm stack ends normalised already (its last layer's norm).
+      has_final_norm_(with_final_norm && !cfg.post_layernorm),
       segments_(recompute_segments(cfg, num_layers)) {
   MEGATRON_ASSERT(first_layer >= 0 && num_layers >= 0 && first_layer + num_layers <= cfg.num_layers,
                   "layers [", first_layer, ", ", first_layer + num_layers, ") of ", cfg.num_layers);

@@ -8,9 +8,11 @@ namespace megatron {
 
 TransformerLayer::TransformerLayer(const std::string& name, const TransformerConfig& cfg,
                                    int64_t layer_number, const TensorParallelContext& tp)
-    : input_layernorm(name + ".input_layernorm", cfg),
+    : input_layernorm(
+          name + (cfg.post_layernorm ? ".post_attention_layernorm" : ".input_layernorm"), cfg),
       self_attention(name + ".self_attention", cfg, layer_number, tp),
-      pre_mlp_layernorm(name + ".pre_mlp_layernorm", cfg),
+      pre_mlp_layernorm(name + (cfg.post_layernorm ? ".post_mlp_layernorm" : ".pre_mlp_layernorm"),
+                        cfg),
       cfg_(cfg),
       layer_(layer_number),
       tp_(tp) {
@@ -37,6 +39,7 @@ Tensor TransformerLayer::forward(const Tensor& x, const TokenLayout& layout, Ctx
   ctx.seed = mode.seed;
   ctx.stream_attn = mode.site_stream(layer_, 1);
   ctx.stream_mlp = mode.site_stream(layer_, 2);
+  if (cfg_.post_layernorm) return forward_post_ln(x, layout, ctx, mode);
 
   // The branches' outputs as [s', b, h], so that dropout sees the sequence (its masks are the
   // single-process ones in every layout: transformer/sequence_dropout.h).
@@ -56,7 +59,44 @@ Tensor TransformerLayer::forward(const Tensor& x, const TokenLayout& layout, Ctx
   return m;
 }
 
+Tensor TransformerLayer::forward_post_ln(const Tensor& x, const TokenLayout& layout, Ctx& ctx,
+                                         const ForwardMode& mode) const {
+  Tensor a = self_attention.forward(x, layout, ctx.attn, mode).view(x.shape());
+  if (ctx.dropout > 0)
+    sequence_dropout_forward(a, a, ctx.dropout, ctx.seed, ctx.stream_attn, tp_, true);
+  ops::add_inplace(a, x);  // a = x + dropout(attention(x))
+  const Tensor x1 = input_layernorm.forward(a, ctx.ln1);
+  Tensor m = (moe ? moe->forward(x1, ctx.moe, mode) : mlp->forward(x1, ctx.mlp)).view(x.shape());
+  if (ctx.dropout > 0)
+    sequence_dropout_forward(m, m, ctx.dropout, ctx.seed, ctx.stream_mlp, tp_, true);
+  ops::add_inplace(m, x1);
+  return pre_mlp_layernorm.forward(m, ctx.ln2);
+}
+
+Tensor TransformerLayer::backward_post_ln(const Tensor& dy, Ctx& ctx) const {
+  // d(x1 + mlp branch) through the second norm; x1 gets it directly and through the MLP.
+  Tensor d2 = pre_mlp_layernorm.backward(dy, ctx.ln2);
+  Tensor dm = d2;
+  if (ctx.dropout > 0) {
+    dm = Tensor::empty(d2.shape(), d2.dtype());
+    sequence_dropout_backward(dm, d2, ctx.dropout, ctx.seed, ctx.stream_mlp, tp_, true);
+  }
+  Tensor dx1 = (moe ? moe->backward(dm, ctx.moe) : mlp->backward(dm, ctx.mlp)).view(dy.shape());
+  ops::add_inplace(dx1, d2);
+  Tensor d1 = input_layernorm.backward(dx1, ctx.ln1);
+  Tensor da = d1;
+  if (ctx.dropout > 0) {
+    da = Tensor::empty(d1.shape(), d1.dtype());
+    sequence_dropout_backward(da, d1, ctx.dropout, ctx.seed, ctx.stream_attn, tp_, true);
+  }
+  Tensor dx = self_attention.backward(da, ctx.attn).view(dy.shape());
+  ops::add_inplace(dx, d1);
+  ctx = Ctx{};
+  return dx;
+}
+
 Tensor TransformerLayer::backward(const Tensor& dy, Ctx& ctx) const {
+  if (cfg_.post_layernorm) return backward_post_ln(dy, ctx);
   // dx1 = dy + d(pre_mlp_layernorm input)
   Tensor dm = dy;
   if (ctx.dropout > 0) {

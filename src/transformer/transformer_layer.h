@@ -5,6 +5,14 @@
 //
 // The MLP is a Mixture of Experts (MoELayer) on the layers cfg.moe says (--moe-layer-freq).
 //
+// With cfg.post_layernorm (--transformer-block-type post_ln: original BERT, Hugging Face's
+// BertModel) the norms follow the residual adds instead:
+//
+//   x1  = post_attention_layernorm(x + dropout(self_attention(x)))
+//   out = post_mlp_layernorm(x1 + dropout(mlp(x1)))
+//
+// held in the same two members (input_layernorm, pre_mlp_layernorm) under those names.
+//
 // Backward mirrors it: the residual stream's gradient passes straight through and each branch
 // adds its input gradient. Under sequence parallelism x, the norms, dropout and residual adds
 // work on this rank's s/tp positions; attention and MLP gather and scatter them.
@@ -39,9 +47,15 @@ class TransformerLayer {
   Tensor backward(const Tensor& dy, Ctx& ctx) const;
   void collect(std::vector<Param*>& out);
 
-  Norm input_layernorm;
+ private:
+  Tensor forward_post_ln(const Tensor& x, const TokenLayout& layout, Ctx& ctx,
+                         const ForwardMode& mode) const;
+  Tensor backward_post_ln(const Tensor& dy, Ctx& ctx) const;
+
+ public:
+  Norm input_layernorm;  // post_attention_layernorm with cfg.post_layernorm
   SelfAttention self_attention;
-  Norm pre_mlp_layernorm;
+  Norm pre_mlp_layernorm;         // post_mlp_layernorm with cfg.post_layernorm
   std::unique_ptr<MLP> mlp;       // a dense layer's MLP, or
   std::unique_ptr<MoELayer> moe;  // an MoE layer's (cfg.moe.is_moe_layer)
 

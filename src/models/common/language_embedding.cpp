@@ -50,6 +50,7 @@ LanguageEmbedding::LanguageEmbedding(const TransformerConfig& cfg, const TensorP
     make_table(tokentype_embeddings, "embedding.tokentype_embeddings.weight", num_tokentypes, cfg_,
                tp_);
   }
+  if (cfg_.post_layernorm) layernorm.emplace("embedding.layernorm", cfg_);
 }
 
 bool LanguageEmbedding::learned_positions() const {
@@ -60,6 +61,7 @@ void LanguageEmbedding::collect(std::vector<Param*>& out) {
   out.push_back(&word_embeddings);
   if (!position_embeddings.name.empty()) out.push_back(&position_embeddings);
   if (!tokentype_embeddings.name.empty()) out.push_back(&tokentype_embeddings);
+  if (layernorm) layernorm->collect(out);
 }
 
 Tensor LanguageEmbedding::forward(const Tensor& tokens, const Tensor& positions,
@@ -104,6 +106,7 @@ Tensor LanguageEmbedding::forward(const Tensor& tokens, const Tensor& positions,
   ctx.seed = mode.seed;
   ctx.stream = mode.site_stream(-1, 0);
   x = x.view({s, b, h});
+  if (layernorm) x = layernorm->forward(x, ctx.norm);
   if (ctx.dropout > 0)
     sequence_dropout_forward(x, x, ctx.dropout, ctx.seed, ctx.stream, tp_, false);
   return tp_.sp() ? scatter_to_sequence_parallel_region_forward(x, *tp_.group) : x;
@@ -120,6 +123,7 @@ void LanguageEmbedding::backward(const Tensor& dy, Ctx& ctx) const {
                               tp_, false);
     dx = masked.view({n, h});
   }
+  if (layernorm) dx = layernorm->backward(dx.view({ctx.s, ctx.b, h}), ctx.norm).view({n, h});
   Tensor dwe = word_embeddings.main_grad;
   if (tp_.size() == 1) {
     ops::embedding_backward(dwe, dx, ctx.ids);

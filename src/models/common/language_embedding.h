@@ -5,6 +5,9 @@
 // position embeddings (when the config asks for them; RoPE models rotate inside attention
 // instead) + token-type embeddings (num_tokentypes > 0: BERT's sentence A/B), then dropout on the
 // whole [s, b, h] embedding, and under --sequence-parallel each TP rank keeps its s/tp positions.
+// A post-norm model (--transformer-block-type post_ln: BERT as Hugging Face has it) normalises the
+// sum before the dropout (embedding.layernorm; on the whole sequence, so its gradients are
+// complete on every TP rank).
 // Inputs are Megatron's [b, s] batches; the output is [s, b, h] (or [s/tp, b, h]).
 //
 // The dropout mask is the single-process one in every layout: it is drawn over the local
@@ -13,8 +16,11 @@
 // places in the whole sequence (context-parallel chunks included).
 #pragma once
 
+#include <optional>
+
 #include "models/common/vocab_shard.h"
 #include "transformer/forward_mode.h"
+#include "transformer/norm.h"
 
 namespace megatron {
 
@@ -23,6 +29,7 @@ class LanguageEmbedding {
   struct Ctx {
     int64_t s = 0, b = 0;
     Tensor ids, positions, token_types;  // [s, b] i64 (positions and token types when used)
+    Norm::Ctx norm;                      // the post-norm model's embedding norm
     float dropout = 0;
     uint64_t seed = 0, stream = 0;
   };
@@ -42,6 +49,8 @@ class LanguageEmbedding {
 
   // word, position and token-type embeddings, those this config has.
   void collect(std::vector<Param*>& out);
+
+  std::optional<Norm> layernorm;  // embedding.layernorm (cfg.post_layernorm)
 
   Param word_embeddings;       // embedding.word_embeddings.weight [Vp/tp, h]
   Param position_embeddings;   // embedding.position_embeddings.weight [max_pos, h] (learned only)

@@ -20,8 +20,17 @@ Tensor swap(const Tensor& x, int64_t rows, int64_t cols) {
 }  // namespace
 
 LMHead::LMHead(const TransformerConfig& cfg, const TensorParallelContext& tp,
-               const Param* word_embeddings)
+               const Param* word_embeddings, bool output_bias)
     : cfg_(cfg), tp_(tp), vocab_(vocab_shard(cfg, tp)), word_embeddings_(nullptr) {
+  if (output_bias) {
+    bias.name = "output_layer.bias";
+    bias.shape = {vocab_.rows};
+    bias.init = Init::kZeros;
+    bias.no_weight_decay = true;
+    bias.tp_partition_dim = 0;
+    bias.tp_rank = tp_.rank();
+    bias.tp_size = tp_.size();
+  }
   if (cfg_.untie_embeddings_and_output_weights) {
     make_vocab_table(own_weight, "output_layer.weight", cfg_, tp_);
   } else if (word_embeddings) {
@@ -48,6 +57,7 @@ Tensor LMHead::logits(const Tensor& hidden, Ctx& ctx) const {
   const DType act = w.dtype() == DType::kF64 ? DType::kF64 : DType::kF32;
   ctx.logits = Tensor::empty({n, w.dim(0)}, act);
   ops::matmul(ctx.logits, ctx.hidden, false, w, true);
+  if (!bias.name.empty()) ops::bias_add(ctx.logits, bias.value_as(act));
   return ctx.logits;
 }
 
@@ -95,6 +105,10 @@ Tensor LMHead::loss_backward(const Tensor& dloss, Ctx& ctx) const {
   } else {
     vocab_parallel_cross_entropy_backward(dlogits, dloss_sb, ctx.logits, ctx.lse, ctx.targets,
                                           vocab_.start, cfg_.vocab_size);
+  }
+  if (!bias.name.empty()) {
+    Tensor db = bias.main_grad;
+    ops::bias_backward(db, dlogits);
   }
   const Param& w = weight();
   Tensor dl = is_half(w.value.dtype()) ? dlogits.to(w.value.dtype()) : dlogits;

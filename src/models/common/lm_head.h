@@ -11,6 +11,8 @@
 //   name, same Philox stream) and kept identical by summing both copies' gradients over the
 //   embedding group (Param::shared_embedding).
 //
+// BERT's output layer also has a bias (output_layer.bias [Vp/tp], split like the weight).
+//
 // hidden is [s', b, h] (s' = s/tp under sequence parallelism); logits are [s b, Vp/tp] f32, row
 // t b + i for position t of sequence i; labels and the per-token loss are Megatron's [b, s].
 #pragma once
@@ -30,8 +32,9 @@ class LMHead {
   };
 
   // word_embeddings: the tied weight when the embedding is on this instance, else null.
+  // output_bias: the output layer has a bias (BERT).
   LMHead(const TransformerConfig& cfg, const TensorParallelContext& tp,
-         const Param* word_embeddings);
+         const Param* word_embeddings, bool output_bias = false);
   LMHead(const LMHead&) = delete;
   LMHead& operator=(const LMHead&) = delete;
 
@@ -50,6 +53,7 @@ class LMHead {
   const Param& weight() const { return word_embeddings_ ? *word_embeddings_ : own_weight; }
   // The weight this instance holds (untied, or the pipeline's tied copy), else empty.
   Param own_weight;
+  Param bias;  // output_layer.bias, or empty (no bias)
   // own_weight is the tied copy of the word embeddings (the first stage holds the original).
   bool holds_embedding_copy() const { return own_weight.shared_embedding; }
 

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "checkpoint/safetensors_dir.h"
+#include "models/common/hf_tensors.h"
 
 namespace megatron {
 namespace fs = std::filesystem;
@@ -15,32 +16,18 @@ using nlohmann::json;
 
 namespace {
 
-// A typed config.json field: errors name the file and key.
 template <typename T>
 T get(const json& j, const std::string& key, const std::string& file) {
-  MEGATRON_CHECK(j.contains(key) && !j[key].is_null(), file, ": missing key '", key,
-                 "'; is this a Hugging Face config.json?");
-  try {
-    return j[key].get<T>();
-  } catch (const json::exception& e) {
-    MEGATRON_CHECK(false, file, ": key '", key, "' has the wrong type (", e.what(), ")");
-  }
-  return T{};
+  return hf_get<T>(j, key, file);
 }
 
 template <typename T>
 T get_or(const json& j, const std::string& key, T fallback, const std::string& file) {
-  if (!j.contains(key) || j[key].is_null()) return fallback;
-  return get<T>(j, key, file);
+  return hf_get_or<T>(j, key, fallback, file);
 }
 
 DType dtype_from_torch(const std::string& s, const std::string& file) {
-  if (s == "float32") return DType::kF32;
-  if (s == "bfloat16") return DType::kBF16;
-  if (s == "float16") return DType::kF16;
-  MEGATRON_CHECK(false, file, ": torch_dtype '", s,
-                 "' is not supported (float32, bfloat16, float16)");
-  return DType::kF32;
+  return hf_dtype_from_torch(s, file);
 }
 
 }  // namespace
@@ -98,19 +85,8 @@ void read_hf_moe(const json& j, const std::string& model_type, const std::string
 
 HfModelInfo read_hf_config(const std::string& dir) {
   const std::string file = (fs::path(dir) / "config.json").string();
-  MEGATRON_CHECK(fs::is_directory(dir), "--pretrained-checkpoint: '", dir,
-                 "' is not a directory; pass a Hugging Face model directory (config.json + "
-                 "model.safetensors)");
-  std::ifstream in(file);
-  MEGATRON_CHECK(in.good(), file,
-                 ": cannot open; a Hugging Face model directory needs config.json");
   HfModelInfo info;
-  try {
-    info.raw = json::parse(in);
-  } catch (const json::exception& e) {
-    MEGATRON_CHECK(false, file, ": not valid JSON (", e.what(), ")");
-  }
-  MEGATRON_CHECK(info.raw.is_object(), file, ": expected a JSON object");
+  info.raw = read_hf_config_json(dir);
   const json& j = info.raw;
   const std::string model_type = get<std::string>(j, "model_type", file);
   info.model_type = model_type;
@@ -219,45 +195,20 @@ HfModelInfo read_hf_config(const std::string& dir) {
 
 namespace {
 
-// One HF tensor <-> one slice of a model parameter, with a layout transform.
-struct Mapping {
-  std::string hf_name;
-  Param* param;
-  int64_t row_begin = 0;      // the HF tensor fills rows [row_begin, row_begin + rows) of param ...
-  std::vector<int64_t> rows;  // ... or, if non-empty, exactly these rows (in HF row order)
-  bool transpose = false;     // HF stores [in, out] (GPT-2 Conv1D)
-  Shape hf_shape;
-  double offset = 0;  // HF value = ours + offset (1 for a zero-centred norm weight)
-};
+using Mapping = HfTensorMapping;
 
 // Maps every HF tensor to where it lives in our model.
 std::vector<Mapping> build_mappings(const HfModelInfo& info, GPTModel& m) {
   const TransformerConfig& c = m.config();
   const int64_t h = c.hidden_size, hn = c.head_dim(), ng = c.num_query_groups;
-  const int64_t qpg = c.queries_per_group(), np = c.num_attention_heads;
+  const int64_t np = c.num_attention_heads;
   const int64_t ffn = c.ffn_hidden_size, V = c.vocab_size;
   std::vector<Mapping> maps;
   auto add = [&](const std::string& name, Param& p, Shape shape, bool transpose = false,
                  std::vector<int64_t> rows = {}, int64_t row_begin = 0) {
-    maps.push_back(Mapping{name, &p, row_begin, std::move(rows), transpose, shape});
+    maps.push_back(Mapping{name, &p, row_begin, std::move(rows), transpose, shape, 0.0});
   };
-  // Rows of linear_qkv holding query head q (part 0), the key (1) or value (2) of group g.
-  auto qkv_rows = [&](int64_t part, int64_t head_or_group) {
-    std::vector<int64_t> rows;
-    int64_t g = part == 0 ? head_or_group / qpg : head_or_group;
-    int64_t slot = part == 0 ? head_or_group % qpg : qpg + part - 1;
-    for (int64_t c2 = 0; c2 < hn; ++c2) rows.push_back((g * (qpg + 2) + slot) * hn + c2);
-    return rows;
-  };
-  auto all_rows = [&](int64_t part) {  // every head of a part, in HF order
-    std::vector<int64_t> rows;
-    int64_t count = part == 0 ? np : ng;
-    for (int64_t i = 0; i < count; ++i) {
-      auto r = qkv_rows(part, i);
-      rows.insert(rows.end(), r.begin(), r.end());
-    }
-    return rows;
-  };
+  auto all_rows = [&](int part) { return packed_qkv_rows(c, part); };
 
   if (info.arch == HfArch::kGpt2) {
     add("wte.weight", m.embedding->word_embeddings, {V, h});
@@ -347,40 +298,6 @@ std::vector<Mapping> build_mappings(const HfModelInfo& info, GPTModel& m) {
   return maps;
 }
 
-// Row length of a parameter viewed as 2-D [rows, cols] (1-D params are one row per element).
-int64_t row_len(const Param& p) {
-  return p.shape.ndim() == 1 ? 1 : p.shape[1];
-}
-
-// Destination row (in the param) of HF row r.
-int64_t dest_row(const Mapping& mp, int64_t r) {
-  return mp.rows.empty() ? mp.row_begin + r : mp.rows[static_cast<size_t>(r)];
-}
-
-// Number of rows of the HF tensor viewed in our [out, in] orientation.
-int64_t hf_rows(const Mapping& mp) {
-  if (mp.hf_shape.ndim() == 1) return mp.hf_shape[0];
-  return mp.transpose ? mp.hf_shape[1] : mp.hf_shape[0];
-}
-
-// Copies between the HF tensor `hf` and the param's flat buffer `ours` (both f64), element (r, k)
-// of the HF tensor in our orientation <-> row dest_row(r), column k of the param. Both
-// directions share this one index mapping, so import and export cannot disagree.
-void copy_mapped(const Mapping& mp, double* hf, double* ours, bool to_ours) {
-  const int64_t cols = row_len(*mp.param), rows = hf_rows(mp);
-  for (int64_t r = 0; r < rows; ++r) {
-    double* row = ours + dest_row(mp, r) * cols;
-    for (int64_t k = 0; k < cols; ++k) {
-      const int64_t i = mp.hf_shape.ndim() == 1 ? r : mp.transpose ? k * rows + r : r * cols + k;
-      if (to_ours) {
-        row[k] = hf[i] - mp.offset;
-      } else {
-        hf[i] = row[k] + mp.offset;
-      }
-    }
-  }
-}
-
 std::string strip_prefix(const std::string& name) {
   const std::string prefix = "transformer.";
   return name.rfind(prefix, 0) == 0 ? name.substr(prefix.size()) : name;
@@ -451,31 +368,11 @@ void load_hf_weights(const std::string& dir, const HfModelInfo& info, GPTModel& 
 std::map<std::string, Tensor> to_hf_tensors(const HfModelInfo& info, const GPTModel& model,
                                             bool grads) {
   GPTModel& m = const_cast<GPTModel&>(model);  // mappings take non-const Params; nothing is written
-  std::map<std::string, Tensor> out;
-  for (const Mapping& mp : build_mappings(info, m)) {
-    Tensor t = Tensor::empty(mp.hf_shape, DType::kF64);
-    Tensor src = (grads ? mp.param->main_grad : mp.param->main).to(DType::kF64);
-    Mapping values = mp;
-    if (grads) values.offset = 0;  // d/dgamma = d/dweight: the offset moves values only
-    copy_mapped(values, t.data<double>(), src.data<double>(), false);
-    out[mp.hf_name] = t;
-  }
-  return out;
+  return mapped_hf_tensors(build_mappings(info, m), grads);
 }
 
 void save_hf(const std::string& dir, const HfModelInfo& info, const GPTModel& model) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  MEGATRON_CHECK(!ec, dir, ": cannot create the output directory (", ec.message(), ")");
-  std::vector<std::pair<std::string, Tensor>> tensors;
-  for (auto& [name, t] : to_hf_tensors(info, model, false))
-    tensors.emplace_back(name, t.to(info.dtype));
-  safetensors::SafetensorsDir::write(dir, tensors);
-  const std::string cfg_path = (fs::path(dir) / "config.json").string();
-  std::ofstream f(cfg_path);
-  MEGATRON_CHECK(f.good(), cfg_path, ": cannot write");
-  f << info.raw.dump(2) << "\n";
-  MEGATRON_CHECK(f.good(), cfg_path, ": write failed");
+  write_hf_dir(dir, to_hf_tensors(info, model, false), info.dtype, info.raw);
 }
 
 HfArch infer_hf_arch(const TransformerConfig& c) {

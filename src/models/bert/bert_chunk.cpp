@@ -1,0 +1,112 @@
+// BertModel stages behind the ModelChunk interface, and pretrain_bert.py's loss.
+#include "models/bert/bert_chunk.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "data/gpt_batch.h"  // kTokens, kLabels, kLossMask
+#include "tensor/ops.h"
+
+namespace megatron {
+
+namespace {
+constexpr const char* kHidden = "hidden";
+constexpr const char* kTokenLoss = "per-token loss";
+constexpr const char* kSopLoss = "sop loss";
+}  // namespace
+
+DType bert_batch_field_dtype(const std::string& name) {
+  if (name == kTokens || name == kLabels || name == kBertTypes || name == kBertIsRandom)
+    return DType::kI64;
+  if (name == kBertPaddingMask) return DType::kI32;
+  if (name == kLossMask) return DType::kF32;
+  MEGATRON_CHECK(false, "'", name, "' is not a BERT batch field");
+  return DType::kF32;
+}
+
+BertChunk::BertChunk(const TransformerConfig& cfg, BertStage stage)
+    : model_(cfg, std::move(stage)) {}
+
+std::unique_ptr<ModelChunk::Ctx> BertChunk::new_ctx() const {
+  return std::make_unique<BertCtx>();
+}
+
+std::vector<TensorSpec> BertChunk::recv_specs(int64_t micro_batch_size) const {
+  if (model_.stage().pre_process) return {};
+  return {TensorSpec{kHidden, model_.activation_shape(micro_batch_size), DType::kF32}};
+}
+
+std::vector<TensorSpec> BertChunk::send_specs(int64_t micro_batch_size) const {
+  if (model_.stage().post_process) return {};
+  return {TensorSpec{kHidden, model_.activation_shape(micro_batch_size), DType::kF32}};
+}
+
+std::vector<std::string> BertChunk::batch_fields() const {
+  std::vector<std::string> fields;
+  const BertStage& st = model_.stage();
+  if (st.pre_process) {
+    fields.emplace_back(kTokens);
+    if (st.binary_head) fields.emplace_back(kBertTypes);
+  }
+  fields.emplace_back(kBertPaddingMask);
+  if (st.post_process) {
+    fields.insert(fields.end(), {kLabels, kLossMask});
+    if (st.binary_head) fields.emplace_back(kBertIsRandom);
+  }
+  return fields;
+}
+
+TensorMap BertChunk::forward(const TensorMap& in, const TensorMap& batch, Ctx& ctx,
+                             const ForwardMode& mode) const {
+  const BertInputs inputs{batch.get(kTokens), batch.get(kBertTypes), batch.get(kBertPaddingMask),
+                          batch.get(kLabels)};
+  const BertModel::Outputs out = model_.forward_stage(
+      in.get(kHidden), inputs, batch.get(kBertIsRandom), static_cast<BertCtx&>(ctx).model, mode);
+  if (!is_last()) return TensorMap{{kHidden, out.hidden}};
+  TensorMap result{{kTokenLoss, out.token_loss}};
+  if (out.sop_loss.defined()) result.set(kSopLoss, out.sop_loss);
+  return result;
+}
+
+TensorMap BertChunk::backward(const TensorMap& dout, Ctx& ctx, const ParamsDone& done) const {
+  Tensor dx = is_last() ? model_.backward_stage(dout.at(kTokenLoss), dout.get(kSopLoss), Tensor(),
+                                                static_cast<BertCtx&>(ctx).model, done)
+                        : model_.backward_stage(Tensor(), Tensor(), dout.at(kHidden),
+                                                static_cast<BertCtx&>(ctx).model, done);
+  if (model_.stage().pre_process) return {};
+  return TensorMap{{kHidden, dx}};
+}
+
+LossTerms BertLoss::forward(const TensorMap& out, const TensorMap& batch,
+                            const ObjectiveScale& scale, TensorMap* dout) const {
+  MEGATRON_CHECK(!scale.per_token,
+                 "--calculate-per-token-loss does not apply to BERT "
+                 "(pretrain_bert.py averages each micro-batch's masked tokens); drop the flag");
+  const Tensor& token_loss = out.at(kTokenLoss);
+  const Tensor& mask = batch.at(kLossMask);
+  const ops::MaskedSum masked = ops::masked_sum(token_loss, mask);
+  const double count = std::max(masked.count, 1.0);
+  const double lm = masked.sum / count;
+  const auto m = static_cast<double>(scale.microbatches);
+  if (dout) {
+    Tensor d = mask.clone();
+    ops::scale_inplace(d, scale.loss_scale / (count * m));
+    dout->set(kTokenLoss, d);
+  }
+  LossTerms terms;
+  terms.add("lm loss", lm, 1);
+  if (const Tensor sop = out.get(kSopLoss); sop.defined()) {
+    const int64_t b = sop.numel();
+    const Tensor sop64 = sop.to(DType::kF64);
+    double sum = 0;
+    for (int64_t i = 0; i < b; ++i) sum += sop64.data<double>()[i];
+    if (dout) {
+      dout->set(kSopLoss,
+                Tensor::full({b}, scale.loss_scale / (static_cast<double>(b) * m), sop.dtype()));
+    }
+    terms.add("sop loss", sum / static_cast<double>(b), 1);
+  }
+  return terms;
+}
+
+}  // namespace megatron

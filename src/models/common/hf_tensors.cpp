@@ -1,0 +1,116 @@
+// Shared Hugging Face directory helpers: see the header.
+#include "models/common/hf_tensors.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include "checkpoint/safetensors_dir.h"
+
+namespace megatron {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Row length of a parameter viewed as 2-D [rows, cols] (1-D params are one row per element).
+int64_t row_len(const Param& p) {
+  return p.shape.ndim() == 1 ? 1 : p.shape[1];
+}
+
+// Destination row (in the param) of HF row r.
+int64_t dest_row(const HfTensorMapping& mp, int64_t r) {
+  return mp.rows.empty() ? mp.row_begin + r : mp.rows[static_cast<size_t>(r)];
+}
+
+// Number of rows of the HF tensor viewed in our [out, in] orientation.
+int64_t hf_rows(const HfTensorMapping& mp) {
+  if (mp.hf_shape.ndim() == 1) return mp.hf_shape[0];
+  return mp.transpose ? mp.hf_shape[1] : mp.hf_shape[0];
+}
+
+}  // namespace
+
+std::vector<int64_t> packed_qkv_rows(const TransformerConfig& c, int part) {
+  const int64_t hn = c.head_dim(), qpg = c.queries_per_group();
+  const int64_t count = part == 0 ? c.num_attention_heads : c.num_query_groups;
+  std::vector<int64_t> rows;
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t g = part == 0 ? i / qpg : i;
+    const int64_t slot = part == 0 ? i % qpg : qpg + part - 1;
+    for (int64_t k = 0; k < hn; ++k) rows.push_back((g * (qpg + 2) + slot) * hn + k);
+  }
+  return rows;
+}
+
+DType hf_dtype_from_torch(const std::string& s, const std::string& file) {
+  if (s == "float32") return DType::kF32;
+  if (s == "bfloat16") return DType::kBF16;
+  if (s == "float16") return DType::kF16;
+  MEGATRON_CHECK(false, file, ": torch_dtype '", s,
+                 "' is not supported (float32, bfloat16, float16)");
+  return DType::kF32;
+}
+
+nlohmann::json read_hf_config_json(const std::string& dir) {
+  const std::string file = (fs::path(dir) / "config.json").string();
+  MEGATRON_CHECK(fs::is_directory(dir), "--pretrained-checkpoint: '", dir,
+                 "' is not a directory; pass a Hugging Face model directory (config.json + "
+                 "model.safetensors)");
+  std::ifstream in(file);
+  MEGATRON_CHECK(in.good(), file,
+                 ": cannot open; a Hugging Face model directory needs config.json");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    MEGATRON_CHECK(false, file, ": not valid JSON (", e.what(), ")");
+  }
+  MEGATRON_CHECK(j.is_object(), file, ": expected a JSON object");
+  return j;
+}
+
+void copy_mapped(const HfTensorMapping& mp, double* hf, double* ours, bool to_ours) {
+  const int64_t cols = row_len(*mp.param), rows = hf_rows(mp);
+  for (int64_t r = 0; r < rows; ++r) {
+    double* row = ours + dest_row(mp, r) * cols;
+    for (int64_t k = 0; k < cols; ++k) {
+      const int64_t i = mp.hf_shape.ndim() == 1 ? r : mp.transpose ? k * rows + r : r * cols + k;
+      if (to_ours) {
+        row[k] = hf[i] - mp.offset;
+      } else {
+        hf[i] = row[k] + mp.offset;
+      }
+    }
+  }
+}
+
+std::map<std::string, Tensor> mapped_hf_tensors(const std::vector<HfTensorMapping>& maps,
+                                                bool grads) {
+  std::map<std::string, Tensor> out;
+  for (const HfTensorMapping& mp : maps) {
+    Tensor t = Tensor::empty(mp.hf_shape, DType::kF64);
+    Tensor src = (grads ? mp.param->main_grad : mp.param->main).to(DType::kF64);
+    HfTensorMapping values = mp;
+    if (grads) values.offset = 0;  // d/dgamma = d/dweight: the offset moves values only
+    copy_mapped(values, t.data<double>(), src.data<double>(), false);
+    out[mp.hf_name] = t;
+  }
+  return out;
+}
+
+void write_hf_dir(const std::string& dir, const std::map<std::string, Tensor>& tensors, DType dtype,
+                  const nlohmann::json& config) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  MEGATRON_CHECK(!ec, dir, ": cannot create the output directory (", ec.message(), ")");
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const auto& [name, t] : tensors) out.emplace_back(name, t.to(dtype));
+  safetensors::SafetensorsDir::write(dir, out);
+  const std::string cfg_path = (fs::path(dir) / "config.json").string();
+  std::ofstream f(cfg_path);
+  MEGATRON_CHECK(f.good(), cfg_path, ": cannot write");
+  f << config.dump(2) << "\n";
+  MEGATRON_CHECK(f.good(), cfg_path, ": write failed");
+}
+
+}  // namespace megatron
