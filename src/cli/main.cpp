@@ -19,6 +19,8 @@ constexpr const char* kUsage =
     "commands:\n"
     "  train       pretrain or finetune a model (Megatron's pretrain_*.py flags; --model)\n"
     "  pretrain_gpt  `train --model gpt`: a launch line's pretrain_gpt.py ARGS as it is\n"
+    "  pretrain_bert `train --model bert`: BERT pretraining (pretrain_bert.py)\n"
+    "  finetune    `train --model bert_classification --task ...`: classification finetuning\n"
     "  preprocess  tokenize JSON lines into Megatron .bin/.idx datasets (preprocess_data.py)\n"
     "  score       per-token log-probabilities of token sequences under a model\n"
     "  generate    text from prompts (greedy or sampled, through a KV cache)\n"

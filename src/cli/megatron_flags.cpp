@@ -64,6 +64,10 @@ const std::vector<OwnFlag>& own_train_flags() {
       {"--save-hf", "writes the trained model as a Hugging Face directory at the end"},
       {"--inject-fault", "testing hook for the fault-handling tests"},
       {"--log-expert-load", "the MoE experts' load balance in the iteration line"},
+      {"--task", "the finetuning task (Megatron's tasks/main.py flag; `megatron finetune`)"},
+      {"--train-data", "finetuning training files (Megatron's tasks/main.py flag)"},
+      {"--valid-data", "finetuning validation files (Megatron's tasks/main.py flag)"},
+      {"--epochs", "finetuning epochs (Megatron's tasks/main.py flag)"},
       {"--transformer-block-type",
        "pre_ln or post_ln (NeMo's name): post-LN is the original BERT's layout, which Megatron "
        "core no longer builds"},

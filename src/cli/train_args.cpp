@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <sstream>
@@ -12,6 +13,7 @@
 #include "comm/parallel_state.h"
 #include "core/error.h"
 #include "core/logging.h"
+#include "data/classification_dataset.h"
 #include "data/tokenizer.h"
 #include "models/model_spec.h"
 #include "optim/lr_scheduler.h"
@@ -148,7 +150,17 @@ void register_model_args(ArgTable& t, Arguments& a) {
   t.add("--tokenizer-model", a.tokenizer_model, "tokenizer.json or SentencePiece model");
   t.concern("checkpoint");
   t.add("--pretrained-checkpoint", a.pretrained_checkpoint,
-        "Hugging Face model directory (config.json + safetensors) to start from");
+        "Weights to start from: a Hugging Face model directory (config.json + safetensors) or "
+        "one of our checkpoints (its latest iteration; tensors the model lacks are skipped, "
+        "parameters the checkpoint lacks keep their initialisation)");
+  t.concern("finetuning");
+  t.add("--task", a.task,
+        "Finetuning task (megatron finetune): classification (text_a, text_b, label), MNLI, QQP");
+  t.add("--train-data", a.train_data, "Finetuning training files (.tsv with a header, .jsonl)");
+  t.add("--valid-data", a.valid_data, "Finetuning validation files (.tsv with a header, .jsonl)");
+  t.add("--epochs", a.epochs,
+        "Finetuning epochs over --train-data (sets --train-iters: epochs x examples / global "
+        "batch)");
   t.concern("precision");
   t.flag("--bf16", a.bf16,
          "bf16 compute weights and GEMM inputs; fp32 main weights, gradients and accumulation");
@@ -789,7 +801,7 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
   MEGATRON_CHECK(a.hysteresis > 0, "--hysteresis must be positive, got ", a.hysteresis);
   const bool per_split =
       !a.train_data_path.empty() || !a.valid_data_path.empty() || !a.test_data_path.empty();
-  MEGATRON_CHECK(a.mock_data || !a.data_path.empty() || per_split,
+  MEGATRON_CHECK(a.mock_data || !a.data_path.empty() || per_split || !a.train_data.empty(),
                  "no training data: pass --data-path (or --train-data-path) or --mock-data");
   MEGATRON_CHECK(!(a.mock_data && (!a.data_path.empty() || per_split)),
                  "--mock-data and --data-path/--train-data-path are mutually exclusive");
@@ -879,7 +891,11 @@ std::string text(const T& v) {
 void resolve_vocab_size(Arguments& a, const ArgTable& t) {
   if (a.tokenizer_type == "NullTokenizer") return;  // its vocabulary is --vocab-size
   const int64_t tok_vocab = build_tokenizer(tokenizer_args(a))->vocab_size();
-  if (!a.pretrained_checkpoint.empty()) {
+  const bool hf_pretrained =
+      !a.pretrained_checkpoint.empty() &&
+      !std::filesystem::exists(std::filesystem::path(a.pretrained_checkpoint) /
+                               checkpoint::kTrackerFile);
+  if (hf_pretrained) {
     MEGATRON_CHECK(tok_vocab <= a.vocab_size, "the tokenizer has ", tok_vocab, " tokens but ",
                    a.pretrained_checkpoint, "/config.json has vocab_size ", a.vocab_size,
                    "; use the checkpoint's tokenizer");
@@ -893,6 +909,23 @@ void resolve_vocab_size(Arguments& a, const ArgTable& t) {
 
 void merge_pretrained_config(Arguments& a, const ArgTable& t) {
   if (a.pretrained_checkpoint.empty()) return;
+  if (std::filesystem::exists(std::filesystem::path(a.pretrained_checkpoint) /
+                              checkpoint::kTrackerFile)) {
+    // One of our checkpoints: its model arguments, except the architecture this run trains
+    // (a classifier from a pretrained BERT) and the sequence length.
+    namespace cp = checkpoint;
+    const std::optional<int64_t> it = cp::read_tracker(a.pretrained_checkpoint);
+    MEGATRON_CHECK(it.has_value(), "--pretrained-checkpoint ", a.pretrained_checkpoint,
+                   ": unreadable ", cp::kTrackerFile);
+    const std::string dir = cp::iteration_dir(a.pretrained_checkpoint, *it);
+    const cp::CheckpointReader reader = cp::CheckpointReader::open(dir, false);
+    nlohmann::json saved = reader.metadata().value("arguments", nlohmann::json::object());
+    if (saved.empty()) saved = reader.metadata().value("args", nlohmann::json::object());
+    saved.erase("model");
+    if (a.tokenizer_type != "NullTokenizer") saved.erase("vocab_size");
+    t.restore("model", saved, {"--model", "--seq-length"}, dir);
+    return;
+  }
   const TransformerConfig c = model_spec(a.model).hf.read_config(a.pretrained_checkpoint);
   const std::string src = a.pretrained_checkpoint + "/config.json";
   auto set = [&](const std::string& flag, auto& field, auto value) {
@@ -958,7 +991,44 @@ void merge_pretrained_config(Arguments& a, const ArgTable& t) {
     }
     set("--moe-layer-freq", a.moe_layer_freq, freq);
   }
+  set("--transformer-block-type", a.transformer_block_type,
+      std::string(c.post_layernorm ? "post_ln" : "pre_ln"));
   if (!t.given("--seq-length")) a.seq_length = c.max_position_embeddings;
+}
+
+void resolve_finetuning(Arguments& a, const ArgTable& t) {
+  const bool finetune = a.model == "bert_classification";
+  const bool given = t.given("--task") || t.given("--train-data") || t.given("--valid-data") ||
+                     t.given("--epochs");
+  MEGATRON_CHECK(finetune || !given,
+                 "--task, --train-data, --valid-data and --epochs belong to "
+                 "`megatron finetune` (--model bert_classification)");
+  if (!finetune) return;
+  MEGATRON_CHECK(!a.task.empty(), "megatron finetune needs --task (classification, MNLI, QQP)");
+  MEGATRON_CHECK(!a.train_data.empty(), "megatron finetune needs --train-data");
+  const ClassificationTask task = classification_task(a.task);
+  const auto train = read_classification_examples(task, a.train_data, "--train-data");
+  a.num_classes = static_cast<int64_t>(classification_labels(task, train).size());
+  const auto n = static_cast<int64_t>(train.size());
+  MEGATRON_CHECK(a.global_batch_size > 0, "--global-batch-size must be set for finetuning");
+  // Megatron: train_iters = epochs x iterations per epoch (whole global batches).
+  const int64_t per_epoch = std::max<int64_t>(1, n / a.global_batch_size);
+  if (t.given("--epochs")) {
+    MEGATRON_CHECK(a.epochs > 0, "--epochs must be positive, got ", a.epochs);
+    MEGATRON_CHECK(!t.given("--train-iters"), "--epochs sets --train-iters; pass one of them");
+    a.train_iters = a.epochs * per_epoch;
+  }
+  MEGATRON_CHECK(a.train_iters > 0, "megatron finetune needs --epochs (or --train-iters)");
+  if (!a.valid_data.empty()) {
+    const auto valid = read_classification_examples(task, a.valid_data, "--valid-data");
+    const auto m = static_cast<int64_t>(valid.size());
+    // One evaluation sees every validation example once (the data is padded to whole batches).
+    if (!t.given("--eval-iters"))
+      a.eval_iters = (m + a.global_batch_size - 1) / a.global_batch_size;
+    if (!t.given("--eval-interval")) a.eval_interval = per_epoch;
+  } else if (!t.given("--eval-iters")) {
+    a.eval_iters = 0;
+  }
 }
 
 namespace {

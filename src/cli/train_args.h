@@ -21,6 +21,10 @@ void validate_train_args(Arguments& a, int world_size = 1, int rank = 0);
 // Fills the model flags from DIR/config.json. A model flag given explicitly that contradicts the
 // file is an error naming both; flags left at their defaults yield to the file.
 void merge_pretrained_config(Arguments& a, const ArgTable& t);
+// `megatron finetune`: the classes from --task and --train-data, --epochs into --train-iters,
+// and evaluations that cover --valid-data once (unless --eval-iters / --eval-interval say
+// otherwise). Refuses the finetuning flags for other models.
+void resolve_finetuning(Arguments& a, const ArgTable& t);
 // --use-checkpoint-args: the model-shape arguments recorded in the --load checkpoint (the
 // tracker's iteration, or --ckpt-step) replace the command line's, as Megatron's
 // load_args_from_checkpoint does; a given flag that they override is reported. Reads files only.

@@ -27,6 +27,11 @@ struct DataConfig {
   double mask_prob = 0.15;            // --mask-prob (BERT)
   double short_seq_prob = 0.1;        // --short-seq-prob (BERT)
   bool bert_binary_head = true;       // not --bert-no-binary-head
+  // Finetuning (`megatron finetune`): --task, --train-data, --valid-data, and the samples of one
+  // evaluation iteration (the global batch), to which validation data is padded.
+  std::string task;
+  std::vector<std::string> train_data, valid_data;
+  int64_t eval_batch = 0;
 };
 
 // Samples each split must hold (Megatron's counts from the iterations, train/datasets.h).

@@ -2,13 +2,15 @@
 #include "models/model_spec.h"
 
 #include "core/error.h"
+#include "models/bert/bert_classification_spec.h"
 #include "models/bert/bert_spec.h"
 #include "models/gpt/gpt_spec.h"
 
 namespace megatron {
 
 const std::vector<const ModelSpec*>& model_specs() {
-  static const std::vector<const ModelSpec*> specs{&gpt_spec(), &bert_spec()};
+  static const std::vector<const ModelSpec*> specs{&gpt_spec(), &bert_spec(),
+                                                   &bert_classification_spec()};
   return specs;
 }
 

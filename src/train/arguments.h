@@ -129,7 +129,13 @@ struct Arguments {
   bool bert_no_binary_head = false;               // --bert-no-binary-head
   std::string transformer_block_type = "pre_ln";  // --transformer-block-type
   int64_t vocab_extra_ids = 0;                    // --vocab-extra-ids
-  int64_t num_workers = 2;  // background batch preparation (0: in the training thread)
+  // Finetuning (`megatron finetune`, Megatron's tasks/main.py)
+  std::string task;                     // --task: classification, MNLI, QQP
+  std::vector<std::string> train_data;  // --train-data
+  std::vector<std::string> valid_data;  // --valid-data
+  int64_t epochs = 0;                   // --epochs (sets --train-iters)
+  int64_t num_classes = 0;              // from the task and the training data
+  int64_t num_workers = 2;              // background batch preparation (0: in the training thread)
 
   // ---- evaluation ----
   int64_t eval_interval = 1000;

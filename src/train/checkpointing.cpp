@@ -169,6 +169,23 @@ void load_shards(cp::CheckpointReader& reader, const CheckpointTarget& t, bool o
   t.params->sync_compute_from_main();
 }
 
+std::vector<std::string> load_weights_present(cp::CheckpointReader& reader,
+                                              const CheckpointTarget& t) {
+  std::vector<std::string> missing;
+  for_each_box(t, /*optim=*/false, /*writes_only=*/false,
+               [&](const std::string& name, const Param& p, Tensor& flat, int64_t at,
+                   const cp::Piece& piece) {
+                 if (!reader.has(name)) {
+                   if (missing.empty() || missing.back() != p.name) missing.push_back(p.name);
+                   return;
+                 }
+                 reader.read(name, piece.global, flat.data<float>() + at + piece.local_begin,
+                             vocab_rows_may_differ(p));
+               });
+  t.params->sync_compute_from_main();
+  return missing;
+}
+
 nlohmann::json run_state_json(const RunState& s) {
   nlohmann::json j = {{"consumed_train_samples", s.consumed_train_samples},
                       {"consumed_valid_samples", s.consumed_valid_samples},

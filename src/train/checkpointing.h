@@ -79,6 +79,11 @@ std::vector<checkpoint::ShardEntry> shard_entries(const CheckpointTarget& t, boo
 // Reads every box this rank holds from `reader` into its buffers (main weights, then the compute
 // copy; with optim the moments). No communication. Errors name the tensor and the file.
 void load_shards(checkpoint::CheckpointReader& reader, const CheckpointTarget& t, bool optim);
+// The weights of `t` that the checkpoint has (no optimizer state), as Megatron's finetuning loads
+// a pretrained checkpoint with strict=False; returns the names of the parameters it lacks, which
+// keep their values. Tensors of the checkpoint the model lacks are not read.
+std::vector<std::string> load_weights_present(checkpoint::CheckpointReader& reader,
+                                              const CheckpointTarget& t);
 
 nlohmann::json run_state_json(const RunState& s);
 RunState run_state_from_json(const nlohmann::json& meta, const std::string& where);

@@ -113,6 +113,7 @@ TransformerConfig transformer_config_from_args(const Arguments& a) {
                  "'; choose pre_ln (Megatron's) or post_ln (original BERT)");
   c.post_layernorm = a.transformer_block_type == "post_ln";
   c.bert_binary_head = !a.bert_no_binary_head;
+  c.num_classes = a.num_classes;
   c.squared_relu = a.squared_relu;
   c.qk_layernorm = a.qk_layernorm;
   c.init_method_xavier_uniform = a.init_method_xavier_uniform;

@@ -227,11 +227,17 @@ void Trainer::build_model() {
                       all, cfg_.compute_dtype,
                       distributed_bucket_layout(bucket, static_cast<int>(grad_size_), expert_dp))
                 : std::make_unique<ParamSet>(all, cfg_.compute_dtype);
+  // Initialised first in every case: what a pretrained model lacks (a classifier's head) keeps
+  // its initialisation.
+  params_->initialize(static_cast<uint64_t>(args_.seed));
   if (!args_.pretrained_checkpoint.empty()) {
-    spec_->hf.load(args_.pretrained_checkpoint, *chunks_.front(), *params_);
+    if (std::filesystem::exists(std::filesystem::path(args_.pretrained_checkpoint) /
+                                checkpoint::kTrackerFile)) {
+      load_pretrained_checkpoint();
+    } else {
+      spec_->hf.load(args_.pretrained_checkpoint, *chunks_.front(), *params_);
+    }
     log_first(" > loaded pretrained weights from " + args_.pretrained_checkpoint);
-  } else {
-    params_->initialize(static_cast<uint64_t>(args_.seed));
   }
   for (Param* p : params_->params()) {
     if (p->sequence_parallel) sp_params_.push_back(p);
@@ -918,8 +924,11 @@ void Trainer::evaluate_and_print(const std::string& prefix, const SampleSource& 
   // As Megatron's evaluate_and_print_results: every term's value and perplexity.
   std::string line = " validation loss at " + prefix + " | ";
   for (const auto& [name, value] : relay_to_first_rank(values)) {
-    line += strprintf("%s value: %.6E | %s PPL: %.6E | ", name.c_str(), value, name.c_str(),
-                      std::exp(std::min(20.0, value)));
+    // A loss has a perplexity; a rate (a classifier's accuracy) does not.
+    const bool loss = name.size() >= 4 && name.compare(name.size() - 4, 4, "loss") == 0;
+    line += loss ? strprintf("%s value: %.6E | %s PPL: %.6E | ", name.c_str(), value, name.c_str(),
+                             std::exp(std::min(20.0, value)))
+                 : strprintf("%s value: %.6E | ", name.c_str(), value);
   }
   const std::string dashes(line.size() + 1, '-');
   log_first(dashes + "\n" + line + "\n" + dashes);
@@ -939,6 +948,23 @@ void Trainer::evaluate_and_print(const std::string& prefix, const SampleSource& 
     }
     tensorboard_->flush();
   }
+}
+
+void Trainer::load_pretrained_checkpoint() {
+  namespace cp = checkpoint;
+  const std::string& root = args_.pretrained_checkpoint;
+  std::vector<std::string> missing;
+  run_agreed(parallel_->world_group(), [&] {
+    const std::optional<int64_t> it = cp::read_tracker(root);
+    MEGATRON_CHECK(it.has_value(), "--pretrained-checkpoint ", root, ": unreadable ",
+                   cp::kTrackerFile);
+    cp::CheckpointReader reader =
+        cp::CheckpointReader::open(cp::iteration_dir(root, *it), args_.verify_integrity);
+    missing = load_weights_present(reader, checkpoint_target());
+  });
+  // Megatron's message for a head the pretrained checkpoint does not have.
+  for (const std::string& name : missing)
+    log_first("***WARNING*** could not find " + name + " in " + root + ", initializing to random");
 }
 
 void Trainer::load_checkpoint() {

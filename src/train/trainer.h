@@ -158,6 +158,9 @@ class Trainer {
   // into this layout. Every rank reads its own boxes; a failure on any rank stops all of them
   // with its message (AgreedFailure).
   void load_checkpoint();
+  // --pretrained-checkpoint naming one of our checkpoints: its latest weights that this model
+  // has (a classifier from a pretrained BERT), nothing else of its state.
+  void load_pretrained_checkpoint();
   RunState run_state(int64_t iteration) const;
   // metadata.json's fields besides tensors and run state: model arguments, layout, tokenizer.
   nlohmann::json checkpoint_extra() const;

@@ -37,6 +37,8 @@ struct TransformerConfig {
   bool post_layernorm = false;
   // BERT's sentence-order head (token types, pooler, binary head); --bert-no-binary-head clears it.
   bool bert_binary_head = true;
+  // A BERT sequence classifier's classes (`megatron finetune --task`); 0: pretraining heads.
+  int64_t num_classes = 0;
   double norm_epsilon = 1e-5;  // --norm-epsilon
   // --apply-layernorm-1p: the norms' weights are stored centred on zero (gamma = 1 + weight,
   // weight initialised to 0), as Megatron's zero_centered_gamma.

@@ -13,10 +13,12 @@ namespace {
 constexpr const char* kHidden = "hidden";
 constexpr const char* kTokenLoss = "per-token loss";
 constexpr const char* kSopLoss = "sop loss";
+constexpr const char* kLogits = "logits";
 }  // namespace
 
 DType bert_batch_field_dtype(const std::string& name) {
-  if (name == kTokens || name == kLabels || name == kBertTypes || name == kBertIsRandom)
+  if (name == kTokens || name == kLabels || name == kBertTypes || name == kBertIsRandom ||
+      name == kClassLabel)
     return DType::kI64;
   if (name == kBertPaddingMask) return DType::kI32;
   if (name == kLossMask) return DType::kF32;
@@ -44,12 +46,15 @@ std::vector<TensorSpec> BertChunk::send_specs(int64_t micro_batch_size) const {
 std::vector<std::string> BertChunk::batch_fields() const {
   std::vector<std::string> fields;
   const BertStage& st = model_.stage();
+  const bool classifier = st.num_classes > 0;
   if (st.pre_process) {
     fields.emplace_back(kTokens);
-    if (st.binary_head) fields.emplace_back(kBertTypes);
+    if (st.binary_head || classifier) fields.emplace_back(kBertTypes);
   }
   fields.emplace_back(kBertPaddingMask);
-  if (st.post_process) {
+  if (st.post_process && classifier) {
+    fields.emplace_back(kClassLabel);
+  } else if (st.post_process) {
     fields.insert(fields.end(), {kLabels, kLossMask});
     if (st.binary_head) fields.emplace_back(kBertIsRandom);
   }
@@ -63,18 +68,62 @@ TensorMap BertChunk::forward(const TensorMap& in, const TensorMap& batch, Ctx& c
   const BertModel::Outputs out = model_.forward_stage(
       in.get(kHidden), inputs, batch.get(kBertIsRandom), static_cast<BertCtx&>(ctx).model, mode);
   if (!is_last()) return TensorMap{{kHidden, out.hidden}};
+  if (out.logits.defined()) return TensorMap{{kLogits, out.logits}};
   TensorMap result{{kTokenLoss, out.token_loss}};
   if (out.sop_loss.defined()) result.set(kSopLoss, out.sop_loss);
   return result;
 }
 
 TensorMap BertChunk::backward(const TensorMap& dout, Ctx& ctx, const ParamsDone& done) const {
-  Tensor dx = is_last() ? model_.backward_stage(dout.at(kTokenLoss), dout.get(kSopLoss), Tensor(),
+  const bool classifier = model_.stage().num_classes > 0;
+  Tensor dx = is_last() ? model_.backward_stage(dout.at(classifier ? kLogits : kTokenLoss),
+                                                dout.get(kSopLoss), Tensor(),
                                                 static_cast<BertCtx&>(ctx).model, done)
                         : model_.backward_stage(Tensor(), Tensor(), dout.at(kHidden),
                                                 static_cast<BertCtx&>(ctx).model, done);
   if (model_.stage().pre_process) return {};
   return TensorMap{{kHidden, dx}};
+}
+
+LossTerms ClassificationLoss::forward(const TensorMap& out, const TensorMap& batch,
+                                      const ObjectiveScale& scale, TensorMap* dout) const {
+  MEGATRON_CHECK(!scale.per_token,
+                 "--calculate-per-token-loss does not apply to classification "
+                 "finetuning (the loss is each micro-batch's mean); drop the flag");
+  const Tensor logits = out.at(kLogits).to(DType::kF32);
+  const Tensor& labels = batch.at(kClassLabel);
+  const int64_t b = logits.dim(0), c = logits.dim(1);
+  Tensor targets = Tensor::empty({b}, DType::kI64);
+  int64_t counted = 0, correct = 0;
+  for (int64_t i = 0; i < b; ++i) {
+    const int64_t y = labels.data<int64_t>()[i];
+    MEGATRON_CHECK(y < c, "class ", y, " is outside the classifier's ", c, " classes");
+    targets.data<int64_t>()[i] = std::max<int64_t>(y, 0);
+    if (y < 0) continue;
+    ++counted;
+    const float* row = logits.data<float>() + i * c;
+    correct += (std::max_element(row, row + c) - row) == y;
+  }
+  Tensor loss = Tensor::empty({b}), lse = Tensor::empty({b});
+  ops::cross_entropy_forward(loss, lse, logits, targets, c);
+  double sum = 0;
+  for (int64_t i = 0; i < b; ++i)
+    if (labels.data<int64_t>()[i] >= 0) sum += loss.data<float>()[i];
+  const double n = static_cast<double>(std::max<int64_t>(counted, 1));
+  if (dout) {
+    Tensor dloss = Tensor::zeros({b});
+    const double g = scale.loss_scale / (n * static_cast<double>(scale.microbatches));
+    for (int64_t i = 0; i < b; ++i)
+      if (labels.data<int64_t>()[i] >= 0) dloss.data<float>()[i] = static_cast<float>(g);
+    Tensor dlogits = Tensor::empty({b, c});
+    ops::cross_entropy_backward(dlogits, dloss, logits, lse, targets, c);
+    dout->set(kLogits, dlogits);
+  }
+  LossTerms terms;
+  // An all-padding micro-batch adds nothing (weight 0), so the logged mean is over real samples.
+  terms.add("lm loss", counted ? sum / n : 0.0, counted ? 1.0 : 0.0);
+  terms.add("accuracy", static_cast<double>(correct), static_cast<double>(counted));
+  return terms;
 }
 
 LossTerms BertLoss::forward(const TensorMap& out, const TensorMap& batch,

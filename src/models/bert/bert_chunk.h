@@ -5,6 +5,8 @@
 // "tokens" (text) and "types" on the first stage, "padding_mask" on every stage (attention never
 // sees padding), "labels", "loss_mask" and "is_random" on the last. Stages pass "hidden"; the
 // last stage outputs "per-token loss" [b, s] and, with the binary head, "sop loss" [b].
+// A classifier (BertStage::num_classes > 0) reads "label" [b] (the class, -1 for a padding
+// sample) on the last stage instead, and outputs "logits" [b, C] to ClassificationLoss.
 #pragma once
 
 #include <memory>
@@ -19,6 +21,7 @@ namespace megatron {
 inline constexpr const char* kBertTypes = "types";
 inline constexpr const char* kBertPaddingMask = "padding_mask";
 inline constexpr const char* kBertIsRandom = "is_random";
+inline constexpr const char* kClassLabel = "label";
 
 // The dtype of BERT batch field `name` (refuses another name).
 DType bert_batch_field_dtype(const std::string& name);
@@ -55,6 +58,16 @@ class BertChunk final : public ModelChunk {
 // "sop loss", averaged over micro-batches and data-parallel ranks as Megatron does.
 // --calculate-per-token-loss is refused: pretrain_bert has no per-token form.
 // The sentence-order term exists when the last chunk outputs it (the binary head).
+// Megatron's finetuning loss (tasks/finetune_utils.py): the cross entropy of the class logits,
+// the mean over the micro-batch's samples (padding samples, label -1, excluded), logged under
+// Megatron's name "lm loss"; plus "accuracy", correct / counted samples (summed over
+// micro-batches and data-parallel ranks: the accuracy of the whole evaluation).
+class ClassificationLoss final : public LossFn {
+ public:
+  LossTerms forward(const TensorMap& out, const TensorMap& batch, const ObjectiveScale& scale,
+                    TensorMap* dout) const override;
+};
+
 class BertLoss final : public LossFn {
  public:
   LossTerms forward(const TensorMap& out, const TensorMap& batch, const ObjectiveScale& scale,

@@ -22,8 +22,8 @@ std::vector<HfTensorMapping> build_mappings(BertModel& m) {
   const int64_t h = c.hidden_size, ffn = c.ffn_hidden_size, V = c.vocab_size;
   const int64_t qkv = c.num_attention_heads * c.head_dim();
   const bool post = c.post_layernorm;
-  MEGATRON_CHECK(m.embedding && m.head && m.pooler,
-                 "BERT's Hugging Face mapping needs the whole model with its binary head");
+  MEGATRON_CHECK(m.embedding && m.pooler && (m.head || m.classification_head),
+                 "BERT's Hugging Face mapping needs the whole model with its pooler");
   std::vector<HfTensorMapping> maps;
   auto add = [&](const std::string& name, Param& p, Shape shape, std::vector<int64_t> rows = {}) {
     maps.push_back(HfTensorMapping{name, &p, 0, std::move(rows), false, shape, 0.0});
@@ -61,6 +61,7 @@ std::vector<HfTensorMapping> build_mappings(BertModel& m) {
   if (!post) norm("bert.encoder.ln", m.encoder->final_layernorm);
   add("bert.pooler.dense.weight", m.pooler->dense.weight, {h, h});
   add("bert.pooler.dense.bias", m.pooler->dense.bias, {h});
+  if (!m.head) return maps;  // a classifier: its head is not in a pretraining directory
   add("cls.predictions.transform.dense.weight", m.lm_dense->weight, {h, h});
   add("cls.predictions.transform.dense.bias", m.lm_dense->bias, {h});
   norm("cls.predictions.transform.LayerNorm", *m.lm_norm);
@@ -155,8 +156,12 @@ BertHfInfo bert_hf_info_from_config(const TransformerConfig& c) {
   return info;
 }
 
-void load_bert_hf_weights(const std::string& dir, const BertHfInfo& info, BertModel& model,
-                          ParamSet& params) {
+namespace {
+
+// strict: every tensor of the directory must map (a pretraining model); else the pretraining
+// heads (cls.*) may be left over (a classifier starting from a pretrained BERT).
+void load_mapped(const std::string& dir, const BertHfInfo& info, BertModel& model, ParamSet& params,
+                 bool strict) {
   auto st = safetensors::SafetensorsDir::open(dir);
   std::map<Param*, Tensor> staged;
   for (Param* p : params.params()) staged[p] = Tensor::zeros(p->shape, DType::kF64);
@@ -180,12 +185,29 @@ void load_bert_hf_weights(const std::string& dir, const BertHfInfo& info, BertMo
                            name == "cls.predictions.decoder.bias";
     const bool buffer =
         name == "bert.embeddings.position_ids" || name == "bert.embeddings.token_type_ids";
-    MEGATRON_CHECK(tied_copy || buffer, dir, ": unexpected tensor '", name, "' for a ",
+    const bool head = !strict && name.rfind("cls.", 0) == 0;
+    MEGATRON_CHECK(tied_copy || buffer || head, dir, ": unexpected tensor '", name, "' for a ",
                    info.config.post_layernorm ? kPostLnArch : kPreLnArch,
                    " as config.json describes it");
   }
-  for (auto& [p, t] : staged) p->main.copy_from(t);
+  // Parameters no tensor maps to (a classifier's head) keep their initialisation.
+  std::set<Param*> mapped;
+  for (const HfTensorMapping& mp : build_mappings(model)) mapped.insert(mp.param);
+  for (auto& [p, t] : staged)
+    if (mapped.count(p)) p->main.copy_from(t);
   params.sync_compute_from_main();
+}
+
+}  // namespace
+
+void load_bert_hf_weights(const std::string& dir, const BertHfInfo& info, BertModel& model,
+                          ParamSet& params) {
+  load_mapped(dir, info, model, params, /*strict=*/true);
+}
+
+void load_bert_hf_encoder(const std::string& dir, const BertHfInfo& info, BertModel& model,
+                          ParamSet& params) {
+  load_mapped(dir, info, model, params, /*strict=*/false);
 }
 
 std::map<std::string, Tensor> bert_hf_tensors(const BertModel& model, bool grads) {

@@ -38,6 +38,10 @@ BertHfInfo bert_hf_info_from_config(const TransformerConfig& cfg);
 
 void load_bert_hf_weights(const std::string& dir, const BertHfInfo& info, BertModel& model,
                           ParamSet& params);
+// A classifier (num_classes > 0) from a pretraining directory: embeddings, encoder and pooler;
+// the pretraining heads are skipped and the classification head keeps its initialisation.
+void load_bert_hf_encoder(const std::string& dir, const BertHfInfo& info, BertModel& model,
+                          ParamSet& params);
 void save_bert_hf(const std::string& dir, const BertHfInfo& info, const BertModel& model);
 // Weights (grads = false) or gradients under HF names and shapes, f64, padding rows dropped.
 std::map<std::string, Tensor> bert_hf_tensors(const BertModel& model, bool grads);

@@ -13,12 +13,19 @@ BertModel::BertModel(const TransformerConfig& cfg, BertStage stage)
   tp_ = TensorParallelContext{stage_.tp.get(), stage_.sequence_parallel, {}, {}};
   vocab_shard(cfg_, tp_);
   if (stage_.pre_process) {
-    // pretrain_bert.py: two token types (sentence A and B) with the binary head, none without.
-    embedding = std::make_unique<LanguageEmbedding>(cfg_, tp_, stage_.binary_head ? 2 : 0);
+    // pretrain_bert.py: two token types (sentence A and B) with the binary head, none without;
+    // Megatron's Classification model always has two.
+    const bool typed = stage_.binary_head || stage_.num_classes > 0;
+    embedding = std::make_unique<LanguageEmbedding>(cfg_, tp_, typed ? 2 : 0);
   }
   encoder = std::make_unique<TransformerBlock>("encoder", cfg_, tp_, stage_.first_layer,
                                                stage_.num_layers, stage_.post_process);
-  if (stage_.post_process) {
+  if (stage_.post_process && stage_.num_classes > 0) {
+    pooler = std::make_unique<Pooler>("pooler", cfg_.hidden_size, cfg_.init_method_std, tp_);
+    classification_head =
+        std::make_unique<Linear>("classification_head", cfg_.hidden_size, stage_.num_classes,
+                                 /*with_bias=*/true, cfg_.init_method_std);
+  } else if (stage_.post_process) {
     lm_dense = std::make_unique<Linear>("lm_head.dense", cfg_.hidden_size, cfg_.hidden_size,
                                         /*with_bias=*/true, cfg_.init_method_std);
     lm_norm = std::make_unique<Norm>("lm_head.layer_norm", cfg_);
@@ -53,10 +60,9 @@ std::vector<Param*> BertModel::parameters() {
       out.push_back(&head->own_weight);
     out.push_back(&head->bias);
   }
-  if (pooler) {
-    pooler->collect(out);
-    binary_head->collect(out);
-  }
+  if (pooler) pooler->collect(out);
+  if (binary_head) binary_head->collect(out);
+  if (classification_head) classification_head->collect(out);
   return out;
 }
 
@@ -99,8 +105,7 @@ BertModel::Outputs BertModel::forward_stage(const Tensor& hidden_in, const BertI
   if (stage_.pre_process) {
     MEGATRON_CHECK(in.tokens.defined() && in.tokens.ndim() == 2,
                    "BertModel: the first stage needs [b, s] tokens");
-    x = embedding->forward(in.tokens, Tensor(), stage_.binary_head ? in.types : Tensor(),
-                           ctx.embedding, mode);
+    x = embedding->forward(in.tokens, Tensor(), typed() ? in.types : Tensor(), ctx.embedding, mode);
   } else {
     MEGATRON_CHECK(hidden_in.defined() && hidden_in.ndim() == 3,
                    "BertModel: a later pipeline stage needs the previous stage's [s, b, h] output");
@@ -110,6 +115,20 @@ BertModel::Outputs BertModel::forward_stage(const Tensor& hidden_in, const BertI
   Outputs out;
   if (!stage_.post_process) {
     out.hidden = hidden;
+    return out;
+  }
+  if (classification_head) {
+    // Megatron's Classification: dropout (--hidden-dropout) on the pooled output, then the head.
+    Tensor pooled = pooler->forward(hidden, ctx.pooler);
+    ctx.dropout = mode.training ? static_cast<float>(cfg_.hidden_dropout) : 0.0f;
+    ctx.seed = mode.seed;
+    ctx.stream = mode.site_stream(-1, 1);
+    if (ctx.dropout > 0) {
+      Tensor dropped = Tensor::empty(pooled.shape(), pooled.dtype());
+      ops::dropout_forward(dropped, pooled, ctx.dropout, ctx.seed, ctx.stream);
+      pooled = dropped;
+    }
+    out.logits = classification_head->forward(pooled, ctx.classifier);
     return out;
   }
   // Labels -1 (no prediction) would be out of every vocabulary shard; any id does, the loss
@@ -138,7 +157,17 @@ Tensor BertModel::backward_stage(const Tensor& d_token_loss, const Tensor& d_sop
     if (done && !ps.empty()) done(ps);
   };
   Tensor dh = d_hidden;
-  if (stage_.post_process) {
+  if (stage_.post_process && classification_head) {
+    Tensor dpooled = classification_head->backward(d_token_loss, ctx.classifier);
+    if (ctx.dropout > 0) {
+      Tensor d = Tensor::empty(dpooled.shape(), dpooled.dtype());
+      ops::dropout_backward(d, dpooled, ctx.dropout, ctx.seed, ctx.stream);
+      dpooled = d;
+    }
+    dh = pooler->backward(dpooled, ctx.pooler);
+    report({&classification_head->weight, &classification_head->bias, &pooler->dense.weight,
+            &pooler->dense.bias});
+  } else if (stage_.post_process) {
     dh = lm_transform_backward(head->loss_backward(d_token_loss, ctx.head), ctx);
     std::vector<const Param*> final_now = {&lm_dense->weight, &lm_dense->bias, &lm_norm->weight,
                                            &head->bias};
@@ -175,8 +204,8 @@ std::pair<Tensor, Tensor> BertModel::forward_logits(const BertInputs& in, Ctx& c
                                                     const ForwardMode& mode) const {
   MEGATRON_CHECK(stage_.pre_process && stage_.post_process && tp_.size() == 1,
                  "BERT logits of the whole vocabulary need the whole model in one process");
-  const Tensor x = embedding->forward(in.tokens, Tensor(), stage_.binary_head ? in.types : Tensor(),
-                                      ctx.embedding, mode);
+  const Tensor x =
+      embedding->forward(in.tokens, Tensor(), typed() ? in.types : Tensor(), ctx.embedding, mode);
   const Tensor hidden = encoder->forward(x, layout(in), ctx.encoder, mode);
   Tensor mlm = head->logits(lm_transform(hidden, ctx), ctx.head);
   Tensor sop;

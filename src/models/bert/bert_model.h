@@ -9,7 +9,10 @@
 //               -> binary_head (h -> 2) -> cross entropy against is_random ("sop loss")
 //
 // --bert-no-binary-head drops the token-type embeddings, the pooler and the binary head, as
-// Megatron does. The layer norm placement is Megatron's pre-LN by default; with
+// Megatron does. A classifier (num_classes > 0: `megatron finetune --task`, Megatron's
+// Classification model) has token types, the pooler, dropout and classification_head (h -> C) on
+// the last stage instead of both pretraining heads. The layer norm placement is Megatron's pre-LN
+// by default; with
 // --transformer-block-type post_ln the model is the original (Hugging Face BertModel) post-LN
 // BERT, with the embedding norm (transformer/transformer_layer.h).
 //
@@ -43,6 +46,7 @@ struct BertStage {
   bool pre_process = true;
   bool post_process = true;
   bool binary_head = true;  // false with --bert-no-binary-head
+  int64_t num_classes = 0;  // > 0: a sequence classifier (no pretraining heads)
 };
 
 // What a stage reads of the micro-batch (Megatron's get_batch names in brackets).
@@ -65,12 +69,16 @@ class BertModel {
     Pooler::Ctx pooler;
     Linear::Ctx binary;
     Tensor sop_logits, sop_lse, sop_targets;  // [b, 2], [b], [b]
+    Linear::Ctx classifier;
+    float dropout = 0;  // the classifier's dropout on the pooled output
+    uint64_t seed = 0, stream = 0;
     Shape hidden_shape;
   };
   struct Outputs {
     Tensor token_loss;  // [b, s] per-token LM loss (any label -1 counted as id 0: mask it)
     Tensor sop_loss;    // [b] per-sequence sentence-order loss (binary head), else undefined
     Tensor hidden;      // a middle stage's output [s', b, h]
+    Tensor logits;      // a classifier's [b, C] f32
   };
 
   explicit BertModel(const TransformerConfig& cfg, BertStage stage = {});
@@ -81,8 +89,9 @@ class BertModel {
   // ([b] i64, the SOP labels) is read on the last stage with the binary head.
   Outputs forward_stage(const Tensor& hidden_in, const BertInputs& in, const Tensor& is_random,
                         Ctx& ctx, const ForwardMode& mode) const;
-  // Last stage: d_token_loss [b, s] and d_sop_loss [b] (undefined without the binary head);
-  // else d_hidden. Returns the gradient of hidden_in (undefined on the first stage).
+  // Last stage: d_token_loss [b, s] and d_sop_loss [b] (undefined without the binary head), or
+  // a classifier's d_logits [b, C] in d_token_loss; else d_hidden. Returns the gradient of
+  // hidden_in (undefined on the first stage).
   Tensor backward_stage(const Tensor& d_token_loss, const Tensor& d_sop_loss,
                         const Tensor& d_hidden, Ctx& ctx, const ParamsDone& done = {}) const;
   // The heads' outputs without a loss (whole model, no TP): MLM logits [s b, Vp] and SOP logits
@@ -98,14 +107,17 @@ class BertModel {
   std::unique_ptr<LanguageEmbedding> embedding;  // first stage
   std::unique_ptr<TransformerBlock> encoder;
   // Last stage:
-  std::unique_ptr<Linear> lm_dense;     // lm_head.dense
-  std::unique_ptr<Norm> lm_norm;        // lm_head.layer_norm
-  std::unique_ptr<LMHead> head;         // output_layer (tied or not) + output_layer.bias
-  std::unique_ptr<Pooler> pooler;       // with the binary head
-  std::unique_ptr<Linear> binary_head;  // binary_head, h -> 2
+  std::unique_ptr<Linear> lm_dense;             // lm_head.dense
+  std::unique_ptr<Norm> lm_norm;                // lm_head.layer_norm
+  std::unique_ptr<LMHead> head;                 // output_layer (tied or not) + output_layer.bias
+  std::unique_ptr<Pooler> pooler;               // with the binary head
+  std::unique_ptr<Linear> binary_head;          // binary_head, h -> 2
+  std::unique_ptr<Linear> classification_head;  // a classifier's, h -> C
 
  private:
   TokenLayout layout(const BertInputs& in) const;
+  // The embedding has token types (binary head or classifier).
+  bool typed() const { return stage_.binary_head || stage_.num_classes > 0; }
   // The LM head's transform: [s', b, h] -> [s', b, h].
   Tensor lm_transform(const Tensor& hidden, Ctx& ctx) const;
   Tensor lm_transform_backward(const Tensor& d, Ctx& ctx) const;
