@@ -124,6 +124,9 @@ TransformerConfig transformer_config_from_args(const Arguments& a) {
   c.add_bias_linear = !a.disable_bias_linear;
   c.add_qkv_bias = a.add_qkv_bias;
   c.untie_embeddings_and_output_weights = a.untie_embeddings_and_output_weights;
+  // A classifier has no output layer: nothing shares the word embeddings, so no pipeline stage
+  // keeps a tied copy to synchronise.
+  if (c.num_classes > 0) c.untie_embeddings_and_output_weights = true;
   c.hidden_dropout = a.hidden_dropout;
   c.attention_dropout = a.attention_dropout;
   c.init_method_std = a.init_method_std;

@@ -127,7 +127,14 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
   cfg_ = transformer_config_from_args(args_);
   spec_ = &model_spec(args_.model);
   const bool whole_model = ps.tp_size() == 1 && ps.pp_size() == 1;
-  MEGATRON_CHECK(whole_model || (args_.pretrained_checkpoint.empty() && args_.save_hf.empty()),
+  // One of our checkpoints as --pretrained-checkpoint loads into any layout (each rank reads its
+  // boxes); a Hugging Face directory only into the whole model.
+  const bool native_pretrained =
+      !args_.pretrained_checkpoint.empty() &&
+      std::filesystem::exists(std::filesystem::path(args_.pretrained_checkpoint) /
+                              checkpoint::kTrackerFile);
+  MEGATRON_CHECK(whole_model || ((args_.pretrained_checkpoint.empty() || native_pretrained) &&
+                                 args_.save_hf.empty()),
                  "--pretrained-checkpoint and --save-hf read and write whole Hugging Face models "
                  "in one process (tensor- and pipeline-parallel size 1); in a parallel layout, "
                  "convert first (`megatron convert --load-hf IN --save CKPT`, then --load CKPT) "
@@ -135,7 +142,7 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
                  "OUT`)");
   // Under expert parallelism each rank holds whole experts of its own: a Hugging Face model loads
   // rank by rank, but only ETP 1 holds whole expert tensors, and only EP 1 can write them all.
-  MEGATRON_CHECK(args_.pretrained_checkpoint.empty() || ps.etp_size() == 1,
+  MEGATRON_CHECK(args_.pretrained_checkpoint.empty() || native_pretrained || ps.etp_size() == 1,
                  "--pretrained-checkpoint loads whole expert tensors: use "
                  "--expert-tensor-parallel-size 1, or convert first (`megatron convert --load-hf "
                  "IN --save CKPT`, then --load CKPT)");
