@@ -8,6 +8,17 @@
 
 namespace megatron {
 
+std::vector<ChunkLayers> chunk_layers(int64_t num_layers, const ChunkPlacement& p) {
+  const int64_t stages = static_cast<int64_t>(p.pp_size) * p.virtual_stages;
+  const int64_t per_stage = num_layers / stages;
+  std::vector<ChunkLayers> out;
+  for (int c = 0; c < p.virtual_stages; ++c) {
+    const int64_t g = static_cast<int64_t>(c) * p.pp_size + p.pp_rank;
+    out.push_back({g * per_stage, per_stage, g == 0, g == stages - 1});
+  }
+  return out;
+}
+
 const std::vector<const ModelSpec*>& model_specs() {
   static const std::vector<const ModelSpec*> specs{&gpt_spec(), &bert_spec(),
                                                    &bert_classification_spec()};

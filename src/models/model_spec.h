@@ -35,6 +35,15 @@ struct ChunkPlacement {
   ExpertParallelContext expert = {};  // MoE experts' split (default: EP 1, ETP = TP)
 };
 
+// The layers and ends of each of this rank's chunks: chunk c of pipeline rank r is virtual stage
+// g = c * pp + r, holding layers [g L / (pp V), (g + 1) L / (pp V)) (Megatron's interleaved
+// layout); the first stage embeds, the last holds the heads.
+struct ChunkLayers {
+  int64_t first_layer = 0, num_layers = 0;
+  bool pre_process = false, post_process = false;
+};
+std::vector<ChunkLayers> chunk_layers(int64_t num_layers, const ChunkPlacement& p);
+
 // What shapes a model besides its placement.
 struct ModelOptions {
   TransformerConfig config;

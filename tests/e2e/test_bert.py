@@ -184,6 +184,22 @@ class TestBert(unittest.TestCase):
         self.assertEqual(resumed.returncode, 0, resumed.stderr[-3000:])
         self.assert_same_curves(self.curves(resumed.stdout, 7, ITERS), want, "tp2+sp -> pp2")
 
+    def tensorboard_tags(self, directory):
+        decoder = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "train",
+                               "decode_tfevents.py")
+        dec = subprocess.run([sys.executable, decoder, directory], capture_output=True,
+                             text=True, timeout=60, check=False)
+        self.assertEqual(dec.returncode, 0, dec.stderr)
+        return {json.loads(line)["tag"] for line in dec.stdout.splitlines() if line.strip()}
+
+    def test_both_losses_reach_tensorboard(self):
+        tb = os.path.join(self.dir, "tb")
+        proc = self.run_bert(1, [*self.base("cache_tb"), "--tensorboard-dir", tb])
+        self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+        tags = self.tensorboard_tags(tb)
+        for tag in ("lm loss", "sop loss", "lm loss validation", "sop loss validation"):
+            self.assertIn(tag, tags)
+
     def test_without_binary_head_only_the_masked_lm_loss(self):
         proc = self.run_bert(2, [*self.base("cache_nohead"), "--bert-no-binary-head", TP, "2"])
         self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "data/gpt_batch.h"  // kTokens, kLabels, kLossMask
+#include "models/gpt/gpt_memory.h"
 #include "tensor/ops.h"
 
 namespace megatron {
@@ -15,6 +16,47 @@ constexpr const char* kTokenLoss = "per-token loss";
 constexpr const char* kSopLoss = "sop loss";
 constexpr const char* kLogits = "logits";
 }  // namespace
+
+std::vector<std::unique_ptr<ModelChunk>> build_bert_chunks(const ModelOptions& o,
+                                                           const ChunkPlacement& p,
+                                                           int64_t num_classes) {
+  MEGATRON_CHECK(!p.cp.enabled(), "BERT attends both ways: --context-parallel-size must be 1");
+  MEGATRON_CHECK(!o.config.moe.enabled(),
+                 "BERT with Mixture-of-Experts layers is not supported; drop --num-experts");
+  MEGATRON_CHECK(!o.reset_attention_mask,
+                 "--reset-attention-mask applies to GPT documents, not to BERT's sentence pairs; "
+                 "drop it");
+  std::vector<std::unique_ptr<ModelChunk>> chunks;
+  for (const ChunkLayers& l : chunk_layers(o.config.num_layers, p)) {
+    chunks.push_back(std::make_unique<BertChunk>(
+        o.config, BertStage{.tp = p.tp,
+                            .sequence_parallel = p.sequence_parallel,
+                            .first_layer = l.first_layer,
+                            .num_layers = l.num_layers,
+                            .pre_process = l.pre_process,
+                            .post_process = l.post_process,
+                            .binary_head = num_classes == 0 && o.config.bert_binary_head,
+                            .num_classes = num_classes}));
+  }
+  return chunks;
+}
+
+int64_t bert_activation_bytes(const ModelChunk& chunk, const TransformerConfig& cfg,
+                              int64_t micro_batch_size) {
+  const auto* b = dynamic_cast<const BertChunk*>(&chunk);
+  MEGATRON_ASSERT(b != nullptr, "a BERT spec function was given another model's chunk");
+  const BertStage& st = b->model().stage();
+  const int tp = st.tp ? st.tp->size() : 1;
+  return activation_bytes_per_microbatch(
+      cfg, ActivationShape{.micro_batch_size = micro_batch_size,
+                           .tp = tp,
+                           .sequence_parallel = st.sequence_parallel && tp > 1,
+                           .num_layers = st.num_layers,
+                           .first_layer = st.first_layer,
+                           .pre_process = st.pre_process,
+                           .post_process = st.post_process,
+                           .cp = 1});
+}
 
 DType bert_batch_field_dtype(const std::string& name) {
   if (name == kTokens || name == kLabels || name == kBertTypes || name == kBertIsRandom ||

@@ -15,6 +15,7 @@
 
 #include "models/bert/bert_model.h"
 #include "models/model_chunk.h"
+#include "models/model_spec.h"
 
 namespace megatron {
 
@@ -22,6 +23,16 @@ inline constexpr const char* kBertTypes = "types";
 inline constexpr const char* kBertPaddingMask = "padding_mask";
 inline constexpr const char* kBertIsRandom = "is_random";
 inline constexpr const char* kClassLabel = "label";
+
+// This rank's BERT chunks (pretraining heads, or a classifier's with num_classes > 0); refuses
+// the layouts BERT has no form for (context parallelism, MoE, --reset-attention-mask).
+std::vector<std::unique_ptr<ModelChunk>> build_bert_chunks(const ModelOptions& o,
+                                                           const ChunkPlacement& p,
+                                                           int64_t num_classes);
+// Bytes a micro-batch leaves saved for backward in a BERT chunk (the encoder's layers keep what
+// GPT's decoder layers keep; the heads add a few [s, b, h]).
+int64_t bert_activation_bytes(const ModelChunk& chunk, const TransformerConfig& cfg,
+                              int64_t micro_batch_size);
 
 // The dtype of BERT batch field `name` (refuses another name).
 DType bert_batch_field_dtype(const std::string& name);

@@ -7,34 +7,10 @@
 #include "models/bert/bert_chunk.h"
 #include "models/bert/bert_hf.h"
 #include "models/gpt/gpt_flops.h"
-#include "models/gpt/gpt_memory.h"
 
 namespace megatron {
 
 namespace {
-
-std::vector<std::unique_ptr<ModelChunk>> build_chunks(const ModelOptions& o,
-                                                      const ChunkPlacement& p) {
-  MEGATRON_CHECK(o.config.num_classes >= 2, "a BERT classifier needs at least two classes");
-  MEGATRON_CHECK(!p.cp.enabled(), "BERT attends both ways: --context-parallel-size must be 1");
-  MEGATRON_CHECK(!o.config.moe.enabled(), "BERT with Mixture-of-Experts layers is not supported");
-  const int64_t stages = static_cast<int64_t>(p.pp_size) * p.virtual_stages;
-  const int64_t per_stage = o.config.num_layers / stages;
-  std::vector<std::unique_ptr<ModelChunk>> chunks;
-  for (int c = 0; c < p.virtual_stages; ++c) {
-    const int64_t g = static_cast<int64_t>(c) * p.pp_size + p.pp_rank;
-    chunks.push_back(
-        std::make_unique<BertChunk>(o.config, BertStage{.tp = p.tp,
-                                                        .sequence_parallel = p.sequence_parallel,
-                                                        .first_layer = g * per_stage,
-                                                        .num_layers = per_stage,
-                                                        .pre_process = g == 0,
-                                                        .post_process = g == stages - 1,
-                                                        .binary_head = false,
-                                                        .num_classes = o.config.num_classes}));
-  }
-  return chunks;
-}
 
 Datasets classification_datasets(const DataConfig& a, const Tokenizer& tokenizer,
                                  int64_t seq_length, const SampleCounts& n, bool log) {
@@ -111,7 +87,10 @@ ModelSpec make_spec() {
   s.name = "bert_classification";
   s.entry_point = "finetune";
   s.summary = "BERT sequence classifier (Megatron's tasks/main.py finetuning; megatron finetune)";
-  s.build_chunks = build_chunks;
+  s.build_chunks = [](const ModelOptions& o, const ChunkPlacement& p) {
+    MEGATRON_CHECK(o.config.num_classes >= 2, "a BERT classifier needs at least two classes");
+    return build_bert_chunks(o, p, o.config.num_classes);
+  };
   s.make_loss = []() -> std::unique_ptr<LossFn> { return std::make_unique<ClassificationLoss>(); };
   s.batch_field = [](const std::string& name, int64_t b, int64_t seq) {
     const Shape shape = name == kClassLabel ? Shape{b} : Shape{b, seq};
@@ -120,19 +99,7 @@ ModelSpec make_spec() {
   s.batch_maker = classification_batch_maker;
   s.build_datasets = classification_datasets;
   s.flops_per_iteration = model_flops_per_iteration;
-  s.activation_bytes = [](const ModelChunk& chunk, const TransformerConfig& cfg, int64_t mbs) {
-    const auto& st = dynamic_cast<const BertChunk&>(chunk).model().stage();
-    const int tp = st.tp ? st.tp->size() : 1;
-    return activation_bytes_per_microbatch(
-        cfg, ActivationShape{.micro_batch_size = mbs,
-                             .tp = tp,
-                             .sequence_parallel = st.sequence_parallel && tp > 1,
-                             .num_layers = st.num_layers,
-                             .first_layer = st.first_layer,
-                             .pre_process = st.pre_process,
-                             .post_process = st.post_process,
-                             .cp = 1});
-  };
+  s.activation_bytes = bert_activation_bytes;
   s.hf = hf_mapping();
   s.token_losses = [](const ModelChunk&, const Tensor&, const Tensor&) -> Tensor {
     MEGATRON_CHECK(false, "`megatron score` applies to GPT models, not to a BERT classifier");

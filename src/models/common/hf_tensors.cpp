@@ -42,6 +42,17 @@ std::vector<int64_t> packed_qkv_rows(const TransformerConfig& c, int part) {
   return rows;
 }
 
+const char* torch_dtype_name(DType t) {
+  switch (t) {
+    case DType::kBF16:
+      return "bfloat16";
+    case DType::kF16:
+      return "float16";
+    default:
+      return "float32";
+  }
+}
+
 DType hf_dtype_from_torch(const std::string& s, const std::string& file) {
   if (s == "float32") return DType::kF32;
   if (s == "bfloat16") return DType::kBF16;

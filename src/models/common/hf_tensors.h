@@ -39,6 +39,8 @@ T hf_get_or(const nlohmann::json& j, const std::string& key, T fallback, const s
   return hf_get<T>(j, key, file);
 }
 
+// config.json's name of a weights dtype: "float32", "bfloat16" or "float16".
+const char* torch_dtype_name(DType t);
 // config.json's torch_dtype -> ours (float32, bfloat16, float16); errors name the file.
 DType hf_dtype_from_torch(const std::string& s, const std::string& file);
 

@@ -32,17 +32,6 @@ DType dtype_from_torch(const std::string& s, const std::string& file) {
 
 }  // namespace
 
-const char* torch_dtype_name(DType t) {
-  switch (t) {
-    case DType::kBF16:
-      return "bfloat16";
-    case DType::kF16:
-      return "float16";
-    default:
-      return "float32";
-  }
-}
-
 namespace {
 
 // Mixtral's and Qwen3-MoE's experts as Megatron's MoE flags. Mixtral's router is softmax over all

@@ -9,6 +9,8 @@
 // This is not our native checkpoint format (sharded, with optimizer state); that is separate.
 #pragma once
 
+#include "models/common/hf_tensors.h"  // torch_dtype_name
+
 #include <map>
 #include <string>
 
@@ -28,9 +30,6 @@ struct HfModelInfo {
   // config.json's model_type ("llama", "mixtral", ...): it names the MLP's tensors.
   std::string model_type;
 };
-
-// config.json's name of a weights dtype: "float32", "bfloat16" or "float16".
-const char* torch_dtype_name(DType t);
 
 // Reads dir/config.json. Errors name the file, the key and the fix.
 HfModelInfo read_hf_config(const std::string& dir);

@@ -12,21 +12,16 @@ namespace megatron {
 
 namespace {
 
-// Chunk c of pipeline rank r is virtual stage g = c * pp + r, holding layers
-// [g L / (pp V), (g + 1) L / (pp V)) (Megatron's interleaved layout).
 std::vector<std::unique_ptr<ModelChunk>> build_chunks(const ModelOptions& o,
                                                       const ChunkPlacement& p) {
-  const int64_t stages = static_cast<int64_t>(p.pp_size) * p.virtual_stages;
-  const int64_t per_stage = o.config.num_layers / stages;
   std::vector<std::unique_ptr<ModelChunk>> chunks;
-  for (int c = 0; c < p.virtual_stages; ++c) {
-    const int64_t g = static_cast<int64_t>(c) * p.pp_size + p.pp_rank;
+  for (const ChunkLayers& l : chunk_layers(o.config.num_layers, p)) {
     const GPTStage stage{.tp = p.tp,
                          .sequence_parallel = p.sequence_parallel,
-                         .first_layer = g * per_stage,
-                         .num_layers = per_stage,
-                         .pre_process = g == 0,
-                         .post_process = g == stages - 1,
+                         .first_layer = l.first_layer,
+                         .num_layers = l.num_layers,
+                         .pre_process = l.pre_process,
+                         .post_process = l.post_process,
                          .cp = p.cp,
                          .expert = p.expert};
     chunks.push_back(std::make_unique<GPTChunk>(o.config, stage, o.reset_attention_mask));
