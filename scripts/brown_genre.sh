@@ -2,7 +2,7 @@
 # The Brown genre task (docs/BERT.md): pretrain a small BERT on two thirds of the Brown corpus,
 # finetune it to tell the genre (15 classes) of paragraphs from the held-out documents, and
 # compare with the same classifier trained from random weights and with the majority class.
-# Needs build/megatron (scripts/build.sh) and the data (scripts/fetch_data.sh). About 35 minutes
+# Needs build/megatron (scripts/build.sh) and the data (scripts/fetch_data.sh). About 40 minutes
 # on 2 cores. Usage: scripts/brown_genre.sh [OUT_DIR] (default runs/brown_genre).
 set -euo pipefail
 cd "$(dirname "$0")/.."
