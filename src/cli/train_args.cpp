@@ -153,14 +153,6 @@ void register_model_args(ArgTable& t, Arguments& a) {
         "Weights to start from: a Hugging Face model directory (config.json + safetensors) or "
         "one of our checkpoints (its latest iteration; tensors the model lacks are skipped, "
         "parameters the checkpoint lacks keep their initialisation)");
-  t.concern("finetuning");
-  t.add("--task", a.task,
-        "Finetuning task (megatron finetune): classification (text_a, text_b, label), MNLI, QQP");
-  t.add("--train-data", a.train_data, "Finetuning training files (.tsv with a header, .jsonl)");
-  t.add("--valid-data", a.valid_data, "Finetuning validation files (.tsv with a header, .jsonl)");
-  t.add("--epochs", a.epochs,
-        "Finetuning epochs over --train-data (sets --train-iters: epochs x examples / global "
-        "batch)");
   t.concern("precision");
   t.flag("--bf16", a.bf16,
          "bf16 compute weights and GEMM inputs; fp32 main weights, gradients and accumulation");
@@ -196,6 +188,15 @@ void register_model_args(ArgTable& t, Arguments& a) {
 
 void register_train_args(ArgTable& t, Arguments& a) {
   register_model_args(t, a);
+  // Training only: `megatron evaluate` has its own --task and --valid-data.
+  t.concern("finetuning");
+  t.add("--task", a.task,
+        "Finetuning task (megatron finetune): classification (text_a, text_b, label), MNLI, QQP");
+  t.add("--train-data", a.train_data, "Finetuning training files (.tsv with a header, .jsonl)");
+  t.add("--valid-data", a.valid_data, "Finetuning validation files (.tsv with a header, .jsonl)");
+  t.add("--epochs", a.epochs,
+        "Finetuning epochs over --train-data (sets --train-iters: epochs x examples / global "
+        "batch)");
   t.concern("parallel");
   t.add("--num-layers-per-virtual-pipeline-stage", a.num_layers_per_virtual_pipeline_stage,
         "Number of layers per virtual pipeline stage (interleaved 1F1B; 0: none)");

@@ -364,9 +364,9 @@ class PreprocessTest(unittest.TestCase):
                             "--vocab-size", 1000])
         self.assertEqual(p.returncode, 2)
         self.assertIn("--output-prefix", p.stderr)
-        prefix, p = self.preprocess("ss", ["--split-sentences"])
+        prefix, p = self.preprocess("kn", ["--keep-newlines"])
         self.assertEqual(p.returncode, 2)
-        self.assertIn("--split-sentences", p.stderr)
+        self.assertIn("--keep-newlines applies to --split-sentences", p.stderr)
         p = run_preprocess(["--input", self.jsonl, "--output-prefix",
                             os.path.join(self.dir, "no", "such", "dir", "x"),
                             "--tokenizer-type", "NullTokenizer", "--vocab-size", 1000])

@@ -460,9 +460,21 @@ TEST(BuildTokenizer, SelectsByTypeAndChecksFlags) {
   args.vocab_size = 0;
   EXPECT_NE(error_of([&] { build_tokenizer(args); }).find("--vocab-size"), std::string::npos);
 
-  args.type = "BertWordPieceCase";
+  // A Megatron tokenizer type we do not build is refused with the list of those we do.
+  args.type = "TikTokenizer";
   std::string m = error_of([&] { build_tokenizer(args); });
   EXPECT_NE(m.find("GPT2BPETokenizer, HuggingFaceTokenizer"), std::string::npos) << m;
+  EXPECT_NE(m.find("BertWordPieceCase"), std::string::npos) << m;
+
+  args.type = "BertWordPieceCase";
+  m = error_of([&] { build_tokenizer(args); });
+  EXPECT_NE(m.find("needs --vocab-file"), std::string::npos) << m;
+  args.type = "NullTokenizer";
+  args.vocab_size = 10;
+  args.vocab_extra_ids = 100;
+  m = error_of([&] { build_tokenizer(args); });
+  EXPECT_NE(m.find("--vocab-extra-ids"), std::string::npos) << m;
+  args.vocab_extra_ids = 0;
 
   args.type = "GPT2BPETokenizer";
   m = error_of([&] { build_tokenizer(args); });
