@@ -68,6 +68,11 @@ const std::vector<OwnFlag>& own_train_flags() {
       {"--train-data", "finetuning training files (Megatron's tasks/main.py flag)"},
       {"--valid-data", "finetuning validation files (Megatron's tasks/main.py flag)"},
       {"--epochs", "finetuning epochs (Megatron's tasks/main.py flag)"},
+      {"--softmax-scale",
+       "the attention score scale (Megatron's TransformerConfig.softmax_scale, no flag there); "
+       "Hugging Face's T5 uses 1"},
+      {"--gated-linear-unit",
+       "GeGLU (Megatron's TransformerConfig.gated_linear_unit with GELU, no flag there); T5 v1.1"},
       {"--transformer-block-type",
        "pre_ln or post_ln (NeMo's name): post-LN is the original BERT's layout, which Megatron "
        "core no longer builds"},

@@ -41,7 +41,22 @@ void register_model_args(ArgTable& t, Arguments& a) {
   t.add("--seq-length", a.seq_length, "Sequence length");
   t.add("--max-position-embeddings", a.max_position_embeddings,
         "Rows of the learned position embedding (default seq length)");
-  t.add("--position-embedding-type", a.position_embedding_type, "learned_absolute, rope or none");
+  t.add("--position-embedding-type", a.position_embedding_type,
+        "learned_absolute, rope, relative (T5's bucketed bias) or none");
+  t.add("--encoder-num-layers", a.encoder_num_layers,
+        "Encoder layers (Megatron's other name of --num-layers; give one of the two)");
+  t.add("--decoder-num-layers", a.decoder_num_layers,
+        "Decoder layers of an encoder-decoder model (default: the encoder's)");
+  t.add("--encoder-seq-length", a.encoder_seq_length,
+        "Encoder sequence length (Megatron's other name of --seq-length; give one of the two)");
+  t.add("--decoder-seq-length", a.decoder_seq_length,
+        "Decoder sequence length of an encoder-decoder model (T5)");
+  t.add("--relative-attention-num-buckets", a.relative_attention_num_buckets,
+        "Buckets of --position-embedding-type relative");
+  t.add("--relative-attention-max-distance", a.relative_attention_max_distance,
+        "Distance beyond which relative positions share a bucket");
+  t.add("--softmax-scale", a.softmax_scale,
+        "Scale of the attention scores (default 1/sqrt(--kv-channels); Hugging Face's T5 has 1)");
   t.flag("--use-rotary-position-embeddings", a.use_rotary_position_embeddings,
          "Legacy form of --position-embedding-type rope");
   t.negative_flag("--no-position-embedding", "add_position_embedding", a.add_position_embedding,
@@ -63,6 +78,8 @@ void register_model_args(ArgTable& t, Arguments& a) {
          "Norm weights centred on zero: the scale is 1 + weight, the weight starts at 0 (better "
          "conditioned in low precision); exported to Hugging Face as 1 + weight");
   t.flag("--swiglu", a.swiglu, "SwiGLU MLP activation");
+  t.flag("--gated-linear-unit", a.gated_linear_unit,
+         "GeGLU MLP: gelu(gate) x up (T5 v1.1; with --openai-gelu the tanh GELU, HF's gated-gelu)");
   t.flag("--openai-gelu", a.openai_gelu, "tanh-approximated GELU (GPT-2's gelu_new)");
   t.flag("--squared-relu", a.squared_relu, "Squared ReLU MLP activation, relu(x)^2");
   t.flag("--qk-layernorm", a.qk_layernorm,
@@ -953,7 +970,19 @@ void merge_pretrained_config(Arguments& a, const ArgTable& t) {
   set("--kv-channels", a.kv_channels, head_dim);
   set("--max-position-embeddings", a.max_position_embeddings, c.max_position_embeddings);
   set("--position-embedding-type", a.position_embedding_type,
-      std::string(c.position_embedding == PositionEmbedding::kRope ? "rope" : "learned_absolute"));
+      std::string(c.position_embedding == PositionEmbedding::kRope       ? "rope"
+                  : c.position_embedding == PositionEmbedding::kRelative ? "relative"
+                                                                         : "learned_absolute"));
+  if (c.position_embedding == PositionEmbedding::kRelative) {
+    set("--relative-attention-num-buckets", a.relative_attention_num_buckets,
+        c.relative_attention_num_buckets);
+    set("--relative-attention-max-distance", a.relative_attention_max_distance,
+        c.relative_attention_max_distance);
+  }
+  if (c.decoder_num_layers > 0)
+    set("--decoder-num-layers", a.decoder_num_layers, c.decoder_num_layers);
+  set("--softmax-scale", a.softmax_scale, c.softmax_scale);
+  set("--gated-linear-unit", a.gated_linear_unit, c.gated_gelu);
   if (c.position_embedding == PositionEmbedding::kRope) {
     set("--rotary-base", a.rotary_base, c.rotary_base);
     set("--rotary-percent", a.rotary_percent, 1.0);  // HF Llama rotates the whole head
@@ -995,6 +1024,52 @@ void merge_pretrained_config(Arguments& a, const ArgTable& t) {
   set("--transformer-block-type", a.transformer_block_type,
       std::string(c.post_layernorm ? "post_ln" : "pre_ln"));
   if (!t.given("--seq-length")) a.seq_length = c.max_position_embeddings;
+}
+
+void resolve_encoder_decoder(Arguments& a, const ArgTable& t) {
+  if (t.given("--encoder-num-layers")) {
+    MEGATRON_CHECK(!t.given("--num-layers") || a.num_layers == a.encoder_num_layers,
+                   "--num-layers (", a.num_layers, ") and --encoder-num-layers (",
+                   a.encoder_num_layers, ") name the same thing: give one");
+    a.num_layers = a.encoder_num_layers;
+  }
+  a.encoder_num_layers = a.num_layers;
+  if (t.given("--encoder-seq-length")) {
+    MEGATRON_CHECK(!t.given("--seq-length") || a.seq_length == a.encoder_seq_length,
+                   "--seq-length (", a.seq_length, ") and --encoder-seq-length (",
+                   a.encoder_seq_length, ") name the same thing: give one");
+    a.seq_length = a.encoder_seq_length;
+  }
+  a.encoder_seq_length = a.seq_length;
+  const bool t5 = a.model == "t5";
+  MEGATRON_CHECK(t5 || (a.decoder_num_layers == 0 && a.decoder_seq_length == 0),
+                 "--decoder-num-layers and --decoder-seq-length belong to encoder-decoder models "
+                 "(--model t5, `megatron pretrain_t5`)");
+  MEGATRON_CHECK(a.decoder_num_layers >= 0 && a.decoder_seq_length >= 0,
+                 "--decoder-num-layers and --decoder-seq-length must be positive");
+  if (!t5) return;
+  if (a.decoder_num_layers == 0) a.decoder_num_layers = a.num_layers;
+  MEGATRON_CHECK(a.vocab_extra_ids > 0,
+                 "T5's span corruption replaces each span by a sentinel token <extra_id_i>: pass "
+                 "--vocab-extra-ids N (Megatron's T5 examples use 100)");
+  MEGATRON_CHECK(a.pipeline_model_parallel_size == 1, "--pipeline-model-parallel-size ",
+                 a.pipeline_model_parallel_size,
+                 ": pipeline parallelism is not supported for T5 (Megatron r0.14 removed it, "
+                 "with --encoder-pipeline-model-parallel-size); use tensor, sequence and data "
+                 "parallelism");
+  MEGATRON_CHECK(a.context_parallel_size == 1,
+                 "--context-parallel-size: T5's bidirectional encoder and cross-attention have no "
+                 "context-parallel form here; use 1");
+  MEGATRON_CHECK(a.num_experts == 0,
+                 "--num-experts: T5 with Mixture-of-Experts layers is not "
+                 "supported; drop --num-experts");
+  MEGATRON_CHECK(!a.reset_attention_mask && !a.reset_position_ids,
+                 "--reset-attention-mask / --reset-position-ids apply to GPT documents, not to "
+                 "T5's span-corruption samples");
+  MEGATRON_CHECK(!a.sequence_parallel || a.decoder_seq_length % a.tensor_model_parallel_size == 0,
+                 "--decoder-seq-length (", a.decoder_seq_length,
+                 ") must be divisible by --tensor-model-parallel-size (",
+                 a.tensor_model_parallel_size, ") with --sequence-parallel");
 }
 
 void resolve_finetuning(Arguments& a, const ArgTable& t) {

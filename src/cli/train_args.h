@@ -18,6 +18,11 @@ void register_train_args(ArgTable& t, Arguments& a);
 // Pure arithmetic on the flags: every rank reaches the same verdict without communicating.
 void validate_train_args(Arguments& a, int world_size = 1, int rank = 0);
 
+// Megatron's encoder-decoder aliases: --encoder-num-layers is --num-layers and
+// --encoder-seq-length is --seq-length (one of each pair may be given); the decoder flags apply
+// to --model t5 only. Run before the other checks.
+void resolve_encoder_decoder(Arguments& a, const ArgTable& t);
+
 // Fills the model flags from DIR/config.json. A model flag given explicitly that contradicts the
 // file is an error naming both; flags left at their defaults yield to the file.
 void merge_pretrained_config(Arguments& a, const ArgTable& t);

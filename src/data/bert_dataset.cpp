@@ -18,19 +18,6 @@ namespace {
 constexpr const char* kClass = "BERTMaskedWordPieceDataset";
 constexpr std::string_view kSuffixes[] = {"sample_index.npy"};
 
-// Empty when the mapping fits the documents, else why (a cache failing this is rebuilt).
-std::string check_mapping(const NpyArray& m, std::span<const int64_t> bounds,
-                          int64_t sequence_length) {
-  if (m.dtype() != NpyDType::kUInt32 || m.shape().size() != 2 || m.shape()[1] != 3)
-    return "the sample index is not uint32 [n, 3]";
-  for (int64_t i = 0; i < m.shape()[0]; ++i) {
-    const int64_t b = m.get(3 * i), e = m.get(3 * i + 1), t = m.get(3 * i + 2);
-    if (b < bounds.front() || e > bounds.back() || b >= e || t < 2 || t > sequence_length - 3)
-      return "row " + std::to_string(i) + " is outside the split's sentences";
-  }
-  return "";
-}
-
 }  // namespace
 
 MaskingVocab masking_vocab(const Tokenizer& tokenizer) {
@@ -113,7 +100,7 @@ BertDataset::BertDataset(std::shared_ptr<const IndexedDataset> dataset, Document
   const std::string name = split_name(split);
   std::string why;
   if (auto arrays = cache.load(kSuffixes, &why)) {
-    why = check_mapping((*arrays)[0], bounds, config.sequence_length);
+    why = check_sample_mapping((*arrays)[0], bounds, config.sequence_length - 3);
     if (why.empty()) {
       if (config.log) log_line("Load the " + std::string(kClass) + " " + name + " indices");
       sample_index_ = std::move((*arrays)[0]);

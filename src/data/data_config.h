@@ -27,6 +27,7 @@ struct DataConfig {
   double mask_prob = 0.15;            // --mask-prob (BERT)
   double short_seq_prob = 0.1;        // --short-seq-prob (BERT)
   bool bert_binary_head = true;       // not --bert-no-binary-head
+  int64_t decoder_seq_length = 0;     // --decoder-seq-length (T5)
   // Finetuning (`megatron finetune`): --task, --train-data, --valid-data, and the samples of one
   // evaluation iteration (the global batch), to which validation data is padded.
   std::string task;

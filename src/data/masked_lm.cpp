@@ -96,6 +96,18 @@ NpyArray build_sample_mapping(std::span<const int64_t> bounds, std::span<const i
   return out;
 }
 
+std::string check_sample_mapping(const NpyArray& m, std::span<const int64_t> bounds,
+                                 int64_t max_seq_length) {
+  if (m.dtype() != NpyDType::kUInt32 || m.shape().size() != 2 || m.shape()[1] != 3)
+    return "the sample index is not uint32 [n, 3]";
+  for (int64_t i = 0; i < m.shape()[0]; ++i) {
+    const int64_t b = m.get(3 * i), e = m.get(3 * i + 1), t = m.get(3 * i + 2);
+    if (b < bounds.front() || e > bounds.back() || b >= e || t < 2 || t > max_seq_length)
+      return "row " + std::to_string(i) + " is outside the split's sentences";
+  }
+  return "";
+}
+
 MaskedLmResult create_masked_lm_predictions(std::span<const int64_t> tokens,
                                             int64_t target_sequence_length,
                                             const MaskingConfig& config, const MaskingVocab& vocab,

@@ -1,5 +1,5 @@
-// Masked-LM sample construction shared by Megatron's WordPiece datasets (BERT now, T5's span
-// corruption later): the sentence-level sample mapping of helpers.cpp's build_mapping and
+// Masked-LM sample construction shared by Megatron's WordPiece datasets (BERT, T5's span
+// corruption): the sentence-level sample mapping of helpers.cpp's build_mapping and
 // MaskedWordPieceDataset._create_masked_lm_predictions, draw for draw, so that sample i here is
 // sample i in Megatron (megatron/core/datasets/masked_dataset.py and helpers.cpp, core r0.14).
 //
@@ -25,6 +25,7 @@
 #include <functional>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "data/index_cache.h"
@@ -43,6 +44,12 @@ NpyArray build_sample_mapping(std::span<const int64_t> sentence_bounds,
                               std::span<const int32_t> sentence_lengths, int32_t num_epochs,
                               uint64_t max_num_samples, int32_t max_seq_length,
                               double short_seq_prob, int32_t seed, int32_t min_num_sent);
+
+// Empty when `mapping` (build_sample_mapping's [n, 3] uint32) fits the split's sentences
+// [bounds.front(), bounds.back()) with targets in [2, max_seq_length], else why; a cached mapping
+// failing this is rebuilt.
+std::string check_sample_mapping(const NpyArray& mapping, std::span<const int64_t> sentence_bounds,
+                                 int64_t max_seq_length);
 
 struct MaskingConfig {
   double masking_probability = 0.15;                // --mask-prob

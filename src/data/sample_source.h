@@ -1,7 +1,8 @@
 // SampleSource: what the trainer reads samples from. A GPT sample is seq_length + 1 token ids
 // (inputs are the first seq_length, labels the last seq_length). Implemented by GPTDataset
 // (Megatron's document/sample/shuffle indices over an IndexedDataset), BlendedDataset (weighted
-// mixture), MockGPTDataset and BertDataset (a record of several fields, data/bert_dataset.h).
+// mixture), MockGPTDataset, BertDataset and T5Dataset (records of several fields,
+// data/bert_dataset.h, data/t5_dataset.h).
 #pragma once
 
 #include <cstdint>

@@ -81,8 +81,10 @@ struct ModelSpec {
                                                          const ChunkPlacement&)>
       build_chunks;
   std::function<std::unique_ptr<LossFn>()> make_loss;
-  // The spec (shape, dtype) of batch field `name` for micro-batches of b sequences of s tokens.
-  std::function<TensorSpec(const std::string& name, int64_t b, int64_t s)> batch_field;
+  // The spec (shape, dtype) of batch field `name` for micro-batches of b sequences of the
+  // model's lengths (cfg.seq_length; an encoder-decoder's decoder fields cfg.decoder_seq_length).
+  std::function<TensorSpec(const std::string& name, int64_t b, const TransformerConfig& cfg)>
+      batch_field;
   // The micro-batch maker of a run's data config (masks, positions) and tokenizer (special ids).
   std::function<BatchFn(const DataConfig& config, const Tokenizer& tokenizer)> batch_maker;
   // The train, validation and test sample sources, each with at least `counts` samples' worth

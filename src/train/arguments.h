@@ -31,6 +31,13 @@ struct Arguments {
   int64_t kv_channels = 0;  // 0: hidden / heads
   int64_t seq_length = 0;
   int64_t max_position_embeddings = 0;  // 0: seq_length
+  // Encoder-decoder models (T5). --encoder-num-layers and --encoder-seq-length are Megatron's
+  // other names of --num-layers and --seq-length; the decoder's default to the encoder's layers.
+  int64_t encoder_num_layers = 0, decoder_num_layers = 0;
+  int64_t encoder_seq_length = 0, decoder_seq_length = 0;
+  int64_t relative_attention_num_buckets = 32;  // --position-embedding-type relative
+  int64_t relative_attention_max_distance = 128;
+  double softmax_scale = 0;  // 0: 1/sqrt(kv_channels); Hugging Face's T5 has 1
   std::string position_embedding_type = "learned_absolute";
   bool use_rotary_position_embeddings = false;  // legacy alias of --position-embedding-type rope
   bool add_position_embedding = true;           // false with the deprecated --no-position-embedding
@@ -44,6 +51,7 @@ struct Arguments {
   double norm_epsilon = 1e-5;
   bool apply_layernorm_1p = false;  // norm weights centred on zero (gamma = 1 + weight)
   bool swiglu = false;
+  bool gated_linear_unit = false;  // GeGLU
   bool openai_gelu = false;
   bool squared_relu = false;
   bool qk_layernorm = false;

@@ -39,13 +39,21 @@ const char* const kShapeKeys[] = {"num_layers",
                                   "moe_shared_expert_intermediate_size",
                                   "moe_router_enable_expert_bias",
                                   "transformer_block_type",
+                                  "decoder_num_layers",
+                                  "relative_attention_num_buckets",
+                                  "gated_linear_unit",
                                   "bert_binary_head"};
 
 // The vocabulary's padding rows depend on the tensor-parallel size; the rows that exist in both
 // layouts are read, the others are zero.
 bool vocab_rows_may_differ(const Param& p) {
-  return p.name == "embedding.word_embeddings.weight" || p.name == "output_layer.weight" ||
-         p.name == "output_layer.bias";
+  auto ends_with = [&](const std::string& suffix) {
+    return p.name.size() >= suffix.size() &&
+           p.name.compare(p.name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  // T5's head is lm_head.output_layer.
+  return p.name == "embedding.word_embeddings.weight" || ends_with("output_layer.weight") ||
+         ends_with("output_layer.bias");
 }
 
 std::vector<int64_t> shape_vector(const Shape& s) {
@@ -77,6 +85,14 @@ nlohmann::json model_args_json(const Arguments& a, const TransformerConfig& cfg)
           {"qk_layernorm", cfg.qk_layernorm},
           {"squared_relu", cfg.squared_relu},
           {"swiglu", cfg.swiglu},
+          {"gated_linear_unit", cfg.gated_gelu},
+          {"decoder_num_layers", cfg.decoder_num_layers},
+          {"decoder_seq_length", cfg.decoder_seq_length},
+          {"relative_attention_num_buckets", cfg.position_embedding == PositionEmbedding::kRelative
+                                                 ? cfg.relative_attention_num_buckets
+                                                 : 0},
+          {"relative_attention_max_distance", cfg.relative_attention_max_distance},
+          {"softmax_scale", cfg.softmax_scale},
           {"openai_gelu", cfg.openai_gelu},
           {"add_bias_linear", cfg.add_bias_linear},
           {"add_qkv_bias", cfg.add_qkv_bias},

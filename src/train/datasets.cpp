@@ -28,6 +28,7 @@ DataConfig data_config(const Arguments& a) {
   d.mask_prob = a.mask_prob;
   d.short_seq_prob = a.short_seq_prob;
   d.bert_binary_head = !a.bert_no_binary_head;
+  d.decoder_seq_length = a.decoder_seq_length;
   d.task = a.task;
   d.train_data = a.train_data;
   d.valid_data = a.valid_data;

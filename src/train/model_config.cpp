@@ -88,9 +88,21 @@ TransformerConfig transformer_config_from_args(const Arguments& a) {
     c.position_embedding = PositionEmbedding::kRope;
   } else if (a.position_embedding_type == "none") {
     c.position_embedding = PositionEmbedding::kNone;
+  } else if (a.position_embedding_type == "relative") {
+    MEGATRON_CHECK(a.model == "t5",
+                   "--position-embedding-type relative is T5's bucketed attention bias; it "
+                   "applies to --model t5 (pretrain_t5)");
+    c.position_embedding = PositionEmbedding::kRelative;
   } else {
     MEGATRON_CHECK(false, "--position-embedding-type: unknown type '", a.position_embedding_type,
-                   "'; choose learned_absolute, rope or none");
+                   "'; choose learned_absolute, rope, relative (T5) or none");
+  }
+  c.relative_attention_num_buckets = a.relative_attention_num_buckets;
+  c.relative_attention_max_distance = a.relative_attention_max_distance;
+  c.softmax_scale = a.softmax_scale;
+  if (a.model == "t5") {
+    c.decoder_num_layers = a.decoder_num_layers > 0 ? a.decoder_num_layers : a.num_layers;
+    c.decoder_seq_length = a.decoder_seq_length;
   }
   c.rotary_base = a.rotary_base;
   c.rotary_percent = a.rotary_percent;
@@ -120,6 +132,7 @@ TransformerConfig transformer_config_from_args(const Arguments& a) {
   c.embedding_init_method_std =
       is_set(a.embedding_init_method_std) ? a.embedding_init_method_std : 0;
   c.swiglu = a.swiglu;
+  c.gated_gelu = a.gated_linear_unit;
   c.openai_gelu = a.openai_gelu;
   c.add_bias_linear = !a.disable_bias_linear;
   c.add_qkv_bias = a.add_qkv_bias;
@@ -161,6 +174,17 @@ TransformerConfig transformer_config_from_args(const Arguments& a) {
         static_cast<int64_t>(4.0 * static_cast<double>(c.hidden_size) * 2.0 / 3.0 / 64.0) * 64;
   }
   c.finalize();
+  if (a.model == "t5") {
+    MEGATRON_CHECK(
+        c.decoder_seq_length > 0,
+        "T5 needs --decoder-seq-length (the decoder's length: span targets + sentinels)");
+    MEGATRON_CHECK(c.position_embedding != PositionEmbedding::kLearnedAbsolute ||
+                       c.decoder_seq_length <= c.max_position_embeddings,
+                   "--decoder-seq-length (", c.decoder_seq_length,
+                   ") exceeds --max-position-embeddings (", c.max_position_embeddings,
+                   "): the shared learned position table has no row for the later decoder "
+                   "positions");
+  }
   return c;
 }
 

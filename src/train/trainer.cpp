@@ -214,12 +214,11 @@ void Trainer::build_model() {
   if (cfg_.moe.enabled()) moe_tracker_ = std::make_unique<MoeAuxTracker>(cfg_.num_layers);
   // The fields this rank's chunks read, each once, in first-read order.
   {
-    const Shape bs{args_.micro_batch_size, cfg_.seq_length};
     for (const auto& chunk : chunks_) {
       for (const std::string& f : chunk->batch_fields()) {
         bool known = false;
         for (const TensorSpec& t : batch_specs_) known = known || t.name == f;
-        if (!known) batch_specs_.push_back(spec_->batch_field(f, bs[0], bs[1]));
+        if (!known) batch_specs_.push_back(spec_->batch_field(f, args_.micro_batch_size, cfg_));
       }
     }
     needs_data_ = !batch_specs_.empty();

@@ -151,7 +151,7 @@ Tensor SelfAttention::forward_cached(const Tensor& x, const TokenLayout& layout,
   ops::slice_last_dim(k_new, flat, qpg * hn);
   ops::slice_last_dim(v_new, flat, (qpg + 1) * hn);
   ops::AttentionSpec spec;
-  spec.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hn)));
+  spec.scale = static_cast<float>(cfg_.attention_scale());
   spec.causal = true;
   spec.q_offset = offset;  // query t sees cached keys [0, offset + t]
   Tensor out = Tensor::empty({s, b, np, hn}, qkv.dtype());
@@ -181,7 +181,12 @@ Tensor SelfAttention::forward(const Tensor& x, const TokenLayout& layout, Ctx& c
     ops::rope_inplace(qkv, positions, rope_, false);
   }
   ctx.positions = positions;
-  ctx.spec.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hn)));
+  ctx.spec.scale = static_cast<float>(cfg_.attention_scale());
+  if (layout.bias.defined()) {
+    MEGATRON_CHECK(!tp_.cp.enabled(), "SelfAttention: a score bias has no context-parallel form");
+    check_shape(layout.bias, {1, np, s, s}, "attention bias");
+    ctx.spec.bias = layout.bias.dtype() == qkv.dtype() ? layout.bias : layout.bias.to(qkv.dtype());
+  }
   MEGATRON_CHECK(layout.causal || !tp_.cp.enabled(),
                  "SelfAttention: context parallelism runs causal attention only; bidirectional "
                  "models (BERT) need --context-parallel-size 1");
@@ -215,7 +220,7 @@ Tensor SelfAttention::forward(const Tensor& x, const TokenLayout& layout, Ctx& c
   return y;
 }
 
-Tensor SelfAttention::backward(const Tensor& dy, Ctx& ctx) const {
+Tensor SelfAttention::backward(const Tensor& dy, Ctx& ctx, Tensor* dbias) const {
   const int64_t s = ctx.qkv.dim(0), b = ctx.qkv.dim(1);
   if (ctx.recompute) {
     core_attention(ctx);
@@ -227,11 +232,15 @@ Tensor SelfAttention::backward(const Tensor& dy, Ctx& ctx) const {
   if (tp_.cp.enabled()) {
     cp_attention_backward(dqkv, dout, ctx.qkv, ctx.out, ctx.lse, ctx.spec, tp_.cp);
   } else {
+    Tensor db;
+    if (ctx.spec.bias.defined() && dbias)
+      db = Tensor::empty(ctx.spec.bias.shape(), ctx.spec.bias.dtype());
     ops::attention_backward(
         packed_qkv_view(dqkv, QkvPart::kQuery), packed_qkv_view(dqkv, QkvPart::kKey),
-        packed_qkv_view(dqkv, QkvPart::kValue), Tensor(), dout,
-        packed_qkv_view(ctx.qkv, QkvPart::kQuery), packed_qkv_view(ctx.qkv, QkvPart::kKey),
-        packed_qkv_view(ctx.qkv, QkvPart::kValue), ctx.out, ctx.lse, ctx.spec);
+        packed_qkv_view(dqkv, QkvPart::kValue), db, dout, packed_qkv_view(ctx.qkv, QkvPart::kQuery),
+        packed_qkv_view(ctx.qkv, QkvPart::kKey), packed_qkv_view(ctx.qkv, QkvPart::kValue), ctx.out,
+        ctx.lse, ctx.spec);
+    if (db.defined()) *dbias = db;
   }
   if (cfg_.position_embedding == PositionEmbedding::kRope) {
     ops::rope_inplace(dqkv, ctx.positions, rope_, true);

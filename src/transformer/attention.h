@@ -1,4 +1,6 @@
 // SelfAttention: packed QKV projection, optional RoPE, causal core attention, output projection.
+// The scores are scaled by cfg.attention_scale() (1/sqrt(hn) unless a softmax scale is set) and
+// take an additive bias where the layout has one (T5's relative positions, after the scale).
 //
 // linear_qkv produces Megatron's per-query-group packing: for each of ng groups, qpg query heads
 // then one key and one value head, each hn wide ([s, b, ng, qpg + 2, hn]); the core attention
@@ -58,7 +60,9 @@ class SelfAttention {
   // x [s, b, h] -> [s, b, h] ([s/tp, b, h] under sequence parallelism).
   Tensor forward(const Tensor& x, const TokenLayout& layout, Ctx& ctx,
                  const ForwardMode& mode) const;
-  Tensor backward(const Tensor& dy, Ctx& ctx) const;
+  // With a score bias (layout.bias, T5's relative positions), dbias (if given) receives its
+  // gradient [1, np/tp, s, s].
+  Tensor backward(const Tensor& dy, Ctx& ctx, Tensor* dbias = nullptr) const;
   void collect(std::vector<Param*>& out);
 
   ColumnParallelLinear linear_qkv;

@@ -2,6 +2,8 @@
 // Megatron's vocabulary padding.
 #include "transformer/config.h"
 
+#include <cmath>
+
 #include "core/error.h"
 
 namespace megatron {
@@ -42,6 +44,18 @@ void TransformerConfig::finalize() {
   MEGATRON_CHECK(init_method_std > 0, "--init-method-std must be positive, got ", init_method_std);
   if (moe.enabled() && moe.ffn_hidden_size == 0) moe.ffn_hidden_size = ffn_hidden_size;
   moe.validate(num_layers, add_bias_linear);
+  MEGATRON_CHECK(!(swiglu && gated_gelu), "--swiglu and --gated-linear-unit are exclusive");
+  MEGATRON_CHECK(softmax_scale >= 0, "the attention softmax scale must be positive, got ",
+                 softmax_scale);
+  if (position_embedding == PositionEmbedding::kRelative) {
+    MEGATRON_CHECK(relative_attention_num_buckets >= 4,
+                   "--relative-attention-num-buckets must be >= 4, got ",
+                   relative_attention_num_buckets);
+    MEGATRON_CHECK(relative_attention_max_distance >= relative_attention_num_buckets / 2,
+                   "--relative-attention-max-distance (", relative_attention_max_distance,
+                   ") must be at least half of --relative-attention-num-buckets (",
+                   relative_attention_num_buckets, ")");
+  }
   if (position_embedding == PositionEmbedding::kRope) {
     MEGATRON_CHECK(rotary_percent > 0 && rotary_percent <= 1,
                    "--rotary-percent must be in (0, 1], got ", rotary_percent);
@@ -55,6 +69,10 @@ void TransformerConfig::finalize() {
                    "rotary dimension kv_channels * --rotary-percent = ", rot,
                    " must be even and >= 2");
   }
+}
+
+double TransformerConfig::attention_scale() const {
+  return softmax_scale > 0 ? softmax_scale : 1.0 / std::sqrt(static_cast<double>(kv_channels));
 }
 
 int64_t pad_vocab_size(int64_t vocab, int64_t divisible_by, int64_t tp) {

@@ -12,7 +12,9 @@
 namespace megatron {
 
 enum class Normalization : uint8_t { kLayerNorm, kRMSNorm };
-enum class PositionEmbedding : uint8_t { kLearnedAbsolute, kRope, kNone };
+// kRelative: T5's bucketed relative-position bias on the self-attention scores
+// (transformer/relative_position.h).
+enum class PositionEmbedding : uint8_t { kLearnedAbsolute, kRope, kNone, kRelative };
 // Megatron's activation recomputation (see TransformerBlock and SelfAttention).
 enum class RecomputeGranularity : uint8_t { kNone, kFull, kSelective };
 enum class RecomputeMethod : uint8_t { kNone, kUniform, kBlock };
@@ -43,7 +45,10 @@ struct TransformerConfig {
   // --apply-layernorm-1p: the norms' weights are stored centred on zero (gamma = 1 + weight,
   // weight initialised to 0), as Megatron's zero_centered_gamma.
   bool layernorm_zero_centered_gamma = false;
-  bool swiglu = false;        // --swiglu
+  bool swiglu = false;  // --swiglu
+  // --gated-linear-unit: a gated MLP with the GELU activation, GeGLU (T5 v1.1, HF's gated-gelu);
+  // fc1 is twice as wide, [gate | up], as with SwiGLU. --openai-gelu makes it tanh GELU.
+  bool gated_gelu = false;
   bool openai_gelu = false;   // --openai-gelu: tanh GELU (HF gelu_new) instead of exact erf
   bool squared_relu = false;  // --squared-relu: relu(x)^2 instead of GELU
   bool qk_layernorm = false;  // --qk-layernorm: a norm over each query and key head
@@ -59,6 +64,16 @@ struct TransformerConfig {
   double rope_scaling_factor = 0;  // --use-rope-scaling's --rope-scaling-factor (Llama 3.1); 0: off
   double rotary_seq_len_interpolation_factor = 0;  // positions divided by it; 0: off
   bool untie_embeddings_and_output_weights = false;
+  // T5 (--position-embedding-type relative): buckets and the distance beyond which all share one.
+  int64_t relative_attention_num_buckets = 32;    // --relative-attention-num-buckets
+  int64_t relative_attention_max_distance = 128;  // --relative-attention-max-distance
+  // The scale of the attention scores; 0: 1/sqrt(kv_channels). Hugging Face's T5 has none (1),
+  // its initialisation absorbing it; Megatron's TransformerConfig.softmax_scale.
+  double softmax_scale = 0;
+  // Encoder-decoder models (T5): the decoder's layers and sequence length; num_layers and
+  // seq_length are the encoder's (--encoder-num-layers, --encoder-seq-length).
+  int64_t decoder_num_layers = 0;  // --decoder-num-layers
+  int64_t decoder_seq_length = 0;  // --decoder-seq-length
 
   double hidden_dropout = 0.1;     // --hidden-dropout
   double attention_dropout = 0.1;  // --attention-dropout
@@ -79,6 +94,10 @@ struct TransformerConfig {
   int64_t head_dim() const { return kv_channels; }
   int64_t queries_per_group() const { return num_attention_heads / num_query_groups; }
   bool qkv_bias() const { return add_bias_linear || add_qkv_bias; }
+  // fc1 computes [gate | up] (SwiGLU or GeGLU).
+  bool gated_mlp() const { return swiglu || gated_gelu; }
+  // The scale attention applies to q . k.
+  double attention_scale() const;
 
   // Fills derived defaults (ffn, groups, kv_channels, max positions) and checks consistency;
   // errors name the flag.

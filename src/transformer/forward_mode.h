@@ -24,6 +24,13 @@ struct TokenLayout {
   Tensor doc_start;
   bool causal = true;
   Tensor key_valid;
+  // Additive bias on every self-attention's scaled scores, [1, np/tp, s, s] (T5's relative
+  // positions, this rank's heads), or undefined.
+  Tensor bias;
+  // Cross-attention (T5's decoder layers): the encoder's output [sk', b, h] and which of its
+  // positions are real, [b, sk] i32 (undefined: all); memory undefined: no cross-attention.
+  Tensor memory;
+  Tensor memory_valid;
 };
 
 struct ForwardMode {

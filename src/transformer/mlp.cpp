@@ -8,8 +8,49 @@
 
 namespace megatron {
 
+namespace {
+
+// GeGLU on [gate | up] rows: out = gelu(gate) * up; backward through both halves.
+struct GluHalves {
+  Tensor gate, up;
+};
+GluHalves glu_halves(const Tensor& x) {
+  const int64_t f = x.dim(x.ndim() - 1) / 2, rows = x.numel() / (2 * f);
+  const Tensor flat = x.view({rows, 2 * f});
+  GluHalves h{Tensor::empty({rows, f}, x.dtype()), Tensor::empty({rows, f}, x.dtype())};
+  ops::slice_last_dim(h.gate, flat, 0);
+  ops::slice_last_dim(h.up, flat, f);
+  return h;
+}
+
+void geglu_forward(Tensor& out, const Tensor& x, bool tanh_approx) {
+  GluHalves h = glu_halves(x);
+  Tensor g = Tensor::empty(h.gate.shape(), x.dtype());
+  ops::gelu_forward(g, h.gate, tanh_approx);
+  Tensor flat = out.view(g.shape());
+  ops::mul(flat, g, h.up);
+}
+
+void geglu_backward(Tensor& dx, const Tensor& dout, const Tensor& x, bool tanh_approx) {
+  GluHalves h = glu_halves(x);
+  const Tensor d = dout.view(h.gate.shape());
+  Tensor g = Tensor::empty(h.gate.shape(), x.dtype());
+  ops::gelu_forward(g, h.gate, tanh_approx);
+  Tensor dup = Tensor::empty(g.shape(), x.dtype()), dg = Tensor::empty(g.shape(), x.dtype());
+  ops::mul(dup, d, g);    // d up = dout * gelu(gate)
+  ops::mul(dg, d, h.up);  // d gelu(gate) = dout * up
+  Tensor dgate = Tensor::empty(g.shape(), x.dtype());
+  ops::gelu_backward(dgate, dg, h.gate, tanh_approx);
+  Tensor flat = dx.view({g.dim(0), 2 * g.dim(1)});
+  ops::concat_last_dim(flat, {dgate, dup});
+}
+
+}  // namespace
+
 void mlp_activation_forward(const TransformerConfig& cfg, Tensor& out, const Tensor& x) {
-  if (cfg.swiglu) {
+  if (cfg.gated_gelu) {
+    geglu_forward(out, x, cfg.openai_gelu);
+  } else if (cfg.swiglu) {
     ops::swiglu_forward(out, x);
   } else if (cfg.squared_relu) {
     ops::squared_relu_forward(out, x);
@@ -20,7 +61,9 @@ void mlp_activation_forward(const TransformerConfig& cfg, Tensor& out, const Ten
 
 void mlp_activation_backward(const TransformerConfig& cfg, Tensor& dx, const Tensor& dout,
                              const Tensor& x) {
-  if (cfg.swiglu) {
+  if (cfg.gated_gelu) {
+    geglu_backward(dx, dout, x, cfg.openai_gelu);
+  } else if (cfg.swiglu) {
     ops::swiglu_backward(dx, dout, x);
   } else if (cfg.squared_relu) {
     ops::squared_relu_backward(dx, dout, x);
@@ -31,11 +74,11 @@ void mlp_activation_backward(const TransformerConfig& cfg, Tensor& dx, const Ten
 
 MLP::MLP(const std::string& name, const TransformerConfig& cfg, const TensorParallelContext& tp)
     : linear_fc1(name + ".linear_fc1", cfg.hidden_size,
-                 cfg.swiglu ? 2 * cfg.ffn_hidden_size : cfg.ffn_hidden_size, cfg.init_method_std,
-                 *tp.group,
+                 cfg.gated_mlp() ? 2 * cfg.ffn_hidden_size : cfg.ffn_hidden_size,
+                 cfg.init_method_std, *tp.group,
                  {.with_bias = cfg.add_bias_linear,
                   .sequence_parallel = tp.sp(),
-                  .stride = cfg.swiglu ? 2 : 1}),
+                  .stride = cfg.gated_mlp() ? 2 : 1}),
       linear_fc2(name + ".linear_fc2", cfg.ffn_hidden_size, cfg.hidden_size,
                  cfg.init_method_std / std::sqrt(2.0 * static_cast<double>(cfg.num_layers)),
                  *tp.group,

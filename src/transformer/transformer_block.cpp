@@ -38,7 +38,8 @@ std::vector<TransformerBlock::Segment> recompute_segments(const TransformerConfi
 
 TransformerBlock::TransformerBlock(const std::string& name, const TransformerConfig& cfg,
                                    const TensorParallelContext& tp, int64_t first_layer,
-                                   int64_t num_layers, bool with_final_norm)
+                                   int64_t num_layers, bool with_final_norm,
+                                   const LayerOptions& options)
     : final_layernorm(name + ".final_layernorm", cfg),
       // A post-norm stack ends normalised already (its last layer's norm).
       has_final_norm_(with_final_norm && !cfg.post_layernorm),
@@ -46,8 +47,8 @@ TransformerBlock::TransformerBlock(const std::string& name, const TransformerCon
   MEGATRON_ASSERT(first_layer >= 0 && num_layers >= 0 && first_layer + num_layers <= cfg.num_layers,
                   "layers [", first_layer, ", ", first_layer + num_layers, ") of ", cfg.num_layers);
   for (int64_t i = first_layer; i < first_layer + num_layers; ++i) {
-    layers.push_back(
-        std::make_unique<TransformerLayer>(name + ".layers." + std::to_string(i), cfg, i, tp));
+    layers.push_back(std::make_unique<TransformerLayer>(name + ".layers." + std::to_string(i), cfg,
+                                                        i, tp, options));
   }
   final_layernorm.mark_sequence_parallel(tp.sp());
   std::vector<Param*> ps;
@@ -88,7 +89,8 @@ Tensor TransformerBlock::forward(const Tensor& x, const TokenLayout& layout, Ctx
   return final_layernorm.forward(h, ctx.final_norm);
 }
 
-Tensor TransformerBlock::backward(const Tensor& dy, Ctx& ctx, const ParamsDone& done) const {
+Tensor TransformerBlock::backward(const Tensor& dy, Ctx& ctx, const ParamsDone& done,
+                                  SideGrads* side) const {
   Tensor d = dy;
   if (has_final_norm_) {
     d = final_layernorm.backward(dy, ctx.final_norm);
@@ -107,7 +109,7 @@ Tensor TransformerBlock::backward(const Tensor& dy, Ctx& ctx, const ParamsDone& 
       ctx.segment_inputs[k] = Tensor();
     }
     for (int64_t i = seg.end; i-- > seg.begin;) {
-      d = layers[i]->backward(d, ctx.layers[i]);
+      d = layers[i]->backward(d, ctx.layers[i], side);
       if (done) {
         std::vector<Param*> ps;
         layers[i]->collect(ps);

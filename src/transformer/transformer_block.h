@@ -43,14 +43,17 @@ class TransformerBlock {
 
   // Layers [first_layer, first_layer + num_layers) of cfg.num_layers; with_final_norm on the
   // stage that ends the decoder. cfg's recompute fields choose the segments (see above).
+  // options: T5's decoder layers (cross-attention, dropout streams after the encoder's).
   TransformerBlock(const std::string& name, const TransformerConfig& cfg,
                    const TensorParallelContext& tp, int64_t first_layer, int64_t num_layers,
-                   bool with_final_norm);
+                   bool with_final_norm, const LayerOptions& options = {});
 
   Tensor forward(const Tensor& x, const TokenLayout& layout, Ctx& ctx,
                  const ForwardMode& mode) const;
   // `done` (optional) is called after the final norm's and after each layer's backward.
-  Tensor backward(const Tensor& dy, Ctx& ctx, const ParamsDone& done = {}) const;
+  // side: the layers' bias and memory gradients, summed (needed when the layout had them).
+  Tensor backward(const Tensor& dy, Ctx& ctx, const ParamsDone& done = {},
+                  SideGrads* side = nullptr) const;
   void collect(std::vector<Param*>& out);
 
   std::vector<std::unique_ptr<TransformerLayer>> layers;

@@ -1,21 +1,41 @@
 // Pre-norm layer: attention and MLP branches with dropout, added to the residual stream.
 #include "transformer/transformer_layer.h"
 
+#include "core/error.h"
 #include "tensor/ops.h"
 #include "transformer/sequence_dropout.h"
 
 namespace megatron {
 
+void accumulate_side_grad(Tensor& acc, const Tensor& g) {
+  if (!acc.defined()) {
+    acc = is_half(g.dtype()) ? g.to(DType::kF32) : g;
+  } else {
+    ops::add_inplace(acc, g.dtype() == acc.dtype() ? g : g.to(acc.dtype()));
+  }
+}
+
 TransformerLayer::TransformerLayer(const std::string& name, const TransformerConfig& cfg,
-                                   int64_t layer_number, const TensorParallelContext& tp)
+                                   int64_t layer_number, const TensorParallelContext& tp,
+                                   const LayerOptions& options)
     : input_layernorm(
           name + (cfg.post_layernorm ? ".post_attention_layernorm" : ".input_layernorm"), cfg),
-      self_attention(name + ".self_attention", cfg, layer_number, tp),
+      self_attention(name + ".self_attention", cfg, layer_number + options.stream_offset, tp),
       pre_mlp_layernorm(name + (cfg.post_layernorm ? ".post_mlp_layernorm" : ".pre_mlp_layernorm"),
                         cfg),
       cfg_(cfg),
       layer_(layer_number),
+      stream_layer_(layer_number + options.stream_offset),
       tp_(tp) {
+  if (options.cross_attention) {
+    MEGATRON_CHECK(
+        !cfg.post_layernorm,
+        "cross-attention layers are pre-LN only (drop --transformer-block-type post_ln)");
+    pre_cross_attn_layernorm = std::make_unique<Norm>(name + ".pre_cross_attn_layernorm", cfg);
+    pre_cross_attn_layernorm->mark_sequence_parallel(tp.sp());
+    cross_attention =
+        std::make_unique<CrossAttention>(name + ".cross_attention", cfg, stream_layer_, tp);
+  }
   if (cfg.moe.is_moe_layer(layer_number)) {
     moe = std::make_unique<MoELayer>(name + ".mlp", cfg, layer_number, tp);
   } else {
@@ -28,6 +48,10 @@ TransformerLayer::TransformerLayer(const std::string& name, const TransformerCon
 void TransformerLayer::collect(std::vector<Param*>& out) {
   input_layernorm.collect(out);
   self_attention.collect(out);
+  if (cross_attention) {
+    pre_cross_attn_layernorm->collect(out);
+    cross_attention->collect(out);
+  }
   pre_mlp_layernorm.collect(out);
   if (mlp) mlp->collect(out);
   if (moe) moe->collect(out);
@@ -37,8 +61,9 @@ Tensor TransformerLayer::forward(const Tensor& x, const TokenLayout& layout, Ctx
                                  const ForwardMode& mode) const {
   ctx.dropout = mode.training ? static_cast<float>(cfg_.hidden_dropout) : 0.0f;
   ctx.seed = mode.seed;
-  ctx.stream_attn = mode.site_stream(layer_, 1);
-  ctx.stream_mlp = mode.site_stream(layer_, 2);
+  ctx.stream_attn = mode.site_stream(stream_layer_, 1);
+  ctx.stream_mlp = mode.site_stream(stream_layer_, 2);
+  ctx.stream_cross = mode.site_stream(stream_layer_, 5);
   if (cfg_.post_layernorm) return forward_post_ln(x, layout, ctx, mode);
 
   // The branches' outputs as [s', b, h], so that dropout sees the sequence (its masks are the
@@ -49,6 +74,18 @@ Tensor TransformerLayer::forward(const Tensor& x, const TokenLayout& layout, Ctx
   if (ctx.dropout > 0)
     sequence_dropout_forward(a, a, ctx.dropout, ctx.seed, ctx.stream_attn, tp_, true);
   ops::add(x1, x, a);
+
+  if (cross_attention) {  // x1 = x1 + dropout(cross_attention(pre_cross_attn_layernorm(x1)))
+    MEGATRON_CHECK(layout.memory.defined(), "a decoder layer needs the encoder's output");
+    Tensor c = cross_attention
+                   ->forward(pre_cross_attn_layernorm->forward(x1, ctx.ln_cross), layout.memory,
+                             layout.memory_valid, ctx.cross, mode)
+                   .view(x.shape());
+    if (ctx.dropout > 0)
+      sequence_dropout_forward(c, c, ctx.dropout, ctx.seed, ctx.stream_cross, tp_, true);
+    ops::add_inplace(c, x1);
+    x1 = c;
+  }
 
   const Tensor normed = pre_mlp_layernorm.forward(x1, ctx.ln2);
   Tensor m =
@@ -73,7 +110,7 @@ Tensor TransformerLayer::forward_post_ln(const Tensor& x, const TokenLayout& lay
   return pre_mlp_layernorm.forward(m, ctx.ln2);
 }
 
-Tensor TransformerLayer::backward_post_ln(const Tensor& dy, Ctx& ctx) const {
+Tensor TransformerLayer::backward_post_ln(const Tensor& dy, Ctx& ctx, SideGrads* side) const {
   // d(x1 + mlp branch) through the second norm; x1 gets it directly and through the MLP.
   Tensor d2 = pre_mlp_layernorm.backward(dy, ctx.ln2);
   Tensor dm = d2;
@@ -89,14 +126,16 @@ Tensor TransformerLayer::backward_post_ln(const Tensor& dy, Ctx& ctx) const {
     da = Tensor::empty(d1.shape(), d1.dtype());
     sequence_dropout_backward(da, d1, ctx.dropout, ctx.seed, ctx.stream_attn, tp_, true);
   }
-  Tensor dx = self_attention.backward(da, ctx.attn).view(dy.shape());
+  Tensor dbias;
+  Tensor dx = self_attention.backward(da, ctx.attn, &dbias).view(dy.shape());
+  if (dbias.defined() && side) accumulate_side_grad(side->bias, dbias);
   ops::add_inplace(dx, d1);
   ctx = Ctx{};
   return dx;
 }
 
-Tensor TransformerLayer::backward(const Tensor& dy, Ctx& ctx) const {
-  if (cfg_.post_layernorm) return backward_post_ln(dy, ctx);
+Tensor TransformerLayer::backward(const Tensor& dy, Ctx& ctx, SideGrads* side) const {
+  if (cfg_.post_layernorm) return backward_post_ln(dy, ctx, side);
   // dx1 = dy + d(pre_mlp_layernorm input)
   Tensor dm = dy;
   if (ctx.dropout > 0) {
@@ -107,12 +146,32 @@ Tensor TransformerLayer::backward(const Tensor& dy, Ctx& ctx) const {
   Tensor dx1 = pre_mlp_layernorm.backward(dmlp.view(dy.shape()), ctx.ln2);
   ops::add_inplace(dx1, dy);
 
+  if (cross_attention) {  // through the cross-attention branch to x1 and the memory
+    Tensor dc = dx1;
+    if (ctx.dropout > 0) {
+      dc = Tensor::empty(dx1.shape(), dx1.dtype());
+      sequence_dropout_backward(dc, dx1, ctx.dropout, ctx.seed, ctx.stream_cross, tp_, true);
+    }
+    Tensor dmemory;
+    const Tensor dn = cross_attention->backward(dc, ctx.cross, &dmemory);
+    MEGATRON_CHECK(side != nullptr, "a decoder layer's backward needs SideGrads for the memory");
+    accumulate_side_grad(side->memory, dmemory);
+    Tensor d = pre_cross_attn_layernorm->backward(dn.view(dy.shape()), ctx.ln_cross);
+    ops::add_inplace(d, dx1);
+    dx1 = d;
+  }
+
   Tensor da = dx1;
   if (ctx.dropout > 0) {
     da = Tensor::empty(dx1.shape(), dx1.dtype());
     sequence_dropout_backward(da, dx1, ctx.dropout, ctx.seed, ctx.stream_attn, tp_, true);
   }
-  Tensor dx = input_layernorm.backward(self_attention.backward(da, ctx.attn), ctx.ln1);
+  Tensor dbias;
+  Tensor dx = input_layernorm.backward(self_attention.backward(da, ctx.attn, &dbias), ctx.ln1);
+  if (dbias.defined()) {
+    MEGATRON_CHECK(side != nullptr, "a biased attention's backward needs SideGrads");
+    accumulate_side_grad(side->bias, dbias);
+  }
   ops::add_inplace(dx, dx1);
   ctx = Ctx{};
   return dx;

@@ -13,6 +13,14 @@
 //
 // held in the same two members (input_layernorm, pre_mlp_layernorm) under those names.
 //
+// T5's decoder layers (LayerOptions::cross_attention) attend to the encoder's output between
+// the two (Megatron's pre_cross_attn_layernorm, cross_attention, cross_attn_bda):
+//
+//   x2  = x1 + dropout(cross_attention(pre_cross_attn_layernorm(x1), memory))
+//
+// with memory and its padding from the TokenLayout; backward adds the memory's gradient (and the
+// self-attention bias's, with T5's relative positions) to SideGrads.
+//
 // Backward mirrors it: the residual stream's gradient passes straight through and each branch
 // adds its input gradient. Under sequence parallelism x, the norms, dropout and residual adds
 // work on this rank's s/tp positions; attention and MLP gather and scatter them.
@@ -21,48 +29,72 @@
 #include <string>
 
 #include "transformer/attention.h"
+#include "transformer/cross_attention.h"
 #include "transformer/mlp.h"
 #include "transformer/moe/moe_layer.h"
 #include "transformer/norm.h"
 
 namespace megatron {
 
+// How a block's layers differ from GPT's: T5's decoder layers have cross-attention, and an
+// encoder-decoder model numbers the decoder's dropout streams after the encoder's layers.
+struct LayerOptions {
+  bool cross_attention = false;
+  int64_t stream_offset = 0;  // added to the layer number for dropout streams
+};
+
+// Gradients a backward gives besides its input's, each added to what is there (set if
+// undefined): the self-attention score bias's [1, np/tp, s, s] (f32) and the cross-attention
+// memory's [sk', b, h].
+struct SideGrads {
+  Tensor bias;
+  Tensor memory;
+};
+
 class TransformerLayer {
  public:
   struct Ctx {
-    Norm::Ctx ln1, ln2;
+    Norm::Ctx ln1, ln2, ln_cross;
     SelfAttention::Ctx attn;
+    CrossAttention::Ctx cross;
     MLP::Ctx mlp;
     MoELayer::Ctx moe;
     float dropout = 0;
-    uint64_t seed = 0, stream_attn = 0, stream_mlp = 0;
+    uint64_t seed = 0, stream_attn = 0, stream_mlp = 0, stream_cross = 0;
   };
 
-  // layer_number is 0-based and global (it keys the layer's dropout streams).
+  // layer_number is 0-based and global (it keys the layer's dropout streams, after
+  // options.stream_offset).
   TransformerLayer(const std::string& name, const TransformerConfig& cfg, int64_t layer_number,
-                   const TensorParallelContext& tp);
+                   const TensorParallelContext& tp, const LayerOptions& options = {});
 
   Tensor forward(const Tensor& x, const TokenLayout& layout, Ctx& ctx,
                  const ForwardMode& mode) const;
-  Tensor backward(const Tensor& dy, Ctx& ctx) const;
+  // side: where the bias and memory gradients go (needed when the layout had them).
+  Tensor backward(const Tensor& dy, Ctx& ctx, SideGrads* side = nullptr) const;
   void collect(std::vector<Param*>& out);
 
  private:
   Tensor forward_post_ln(const Tensor& x, const TokenLayout& layout, Ctx& ctx,
                          const ForwardMode& mode) const;
-  Tensor backward_post_ln(const Tensor& dy, Ctx& ctx) const;
+  Tensor backward_post_ln(const Tensor& dy, Ctx& ctx, SideGrads* side) const;
 
  public:
   Norm input_layernorm;  // post_attention_layernorm with cfg.post_layernorm
   SelfAttention self_attention;
+  std::unique_ptr<Norm> pre_cross_attn_layernorm;  // decoder layers of T5
+  std::unique_ptr<CrossAttention> cross_attention;
   Norm pre_mlp_layernorm;         // post_mlp_layernorm with cfg.post_layernorm
   std::unique_ptr<MLP> mlp;       // a dense layer's MLP, or
   std::unique_ptr<MoELayer> moe;  // an MoE layer's (cfg.moe.is_moe_layer)
 
  private:
   const TransformerConfig& cfg_;
-  int64_t layer_;
+  int64_t layer_, stream_layer_;
   TensorParallelContext tp_;
 };
+
+// acc += g (acc = g if undefined; f32 when g is half, so sums over layers keep their precision).
+void accumulate_side_grad(Tensor& acc, const Tensor& g);
 
 }  // namespace megatron

@@ -92,7 +92,8 @@ ModelSpec make_spec() {
     return build_bert_chunks(o, p, o.config.num_classes);
   };
   s.make_loss = []() -> std::unique_ptr<LossFn> { return std::make_unique<ClassificationLoss>(); };
-  s.batch_field = [](const std::string& name, int64_t b, int64_t seq) {
+  s.batch_field = [](const std::string& name, int64_t b, const TransformerConfig& cfg) {
+    const int64_t seq = cfg.seq_length;
     const Shape shape = name == kClassLabel ? Shape{b} : Shape{b, seq};
     return TensorSpec{name, shape, bert_batch_field_dtype(name)};
   };

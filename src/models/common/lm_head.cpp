@@ -20,10 +20,10 @@ Tensor swap(const Tensor& x, int64_t rows, int64_t cols) {
 }  // namespace
 
 LMHead::LMHead(const TransformerConfig& cfg, const TensorParallelContext& tp,
-               const Param* word_embeddings, bool output_bias)
+               const Param* word_embeddings, bool output_bias, const std::string& prefix)
     : cfg_(cfg), tp_(tp), vocab_(vocab_shard(cfg, tp)), word_embeddings_(nullptr) {
   if (output_bias) {
-    bias.name = "output_layer.bias";
+    bias.name = prefix + "output_layer.bias";
     bias.shape = {vocab_.rows};
     bias.init = Init::kZeros;
     bias.no_weight_decay = true;
@@ -32,7 +32,7 @@ LMHead::LMHead(const TransformerConfig& cfg, const TensorParallelContext& tp,
     bias.tp_size = tp_.size();
   }
   if (cfg_.untie_embeddings_and_output_weights) {
-    make_vocab_table(own_weight, "output_layer.weight", cfg_, tp_);
+    make_vocab_table(own_weight, prefix + "output_layer.weight", cfg_, tp_);
   } else if (word_embeddings) {
     word_embeddings_ = word_embeddings;
   } else {

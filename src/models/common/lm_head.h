@@ -17,6 +17,8 @@
 // t b + i for position t of sequence i; labels and the per-token loss are Megatron's [b, s].
 #pragma once
 
+#include <string>
+
 #include "models/common/vocab_shard.h"
 
 namespace megatron {
@@ -33,8 +35,9 @@ class LMHead {
 
   // word_embeddings: the tied weight when the embedding is on this instance, else null.
   // output_bias: the output layer has a bias (BERT).
+  // prefix: put before the head's own names (T5's "lm_head.").
   LMHead(const TransformerConfig& cfg, const TensorParallelContext& tp,
-         const Param* word_embeddings, bool output_bias = false);
+         const Param* word_embeddings, bool output_bias = false, const std::string& prefix = "");
   LMHead(const LMHead&) = delete;
   LMHead& operator=(const LMHead&) = delete;
 

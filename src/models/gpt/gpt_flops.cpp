@@ -9,7 +9,7 @@ double model_flops_per_iteration(const TransformerConfig& c, int64_t global_batc
   const double n = static_cast<double>(c.num_attention_heads);
   const double g = static_cast<double>(c.num_query_groups);
   const double qproj_ratio = n * static_cast<double>(c.kv_channels) / h;
-  const double gated = c.swiglu ? 1.5 : 1.0;
+  const double gated = c.gated_mlp() ? 1.5 : 1.0;
   const double attention = (1.0 + g / n + s / h) * qproj_ratio;
   // MoE (Megatron's num_floating_point_operations): a dense layer's MLP, or the top-k routed
   // experts' and the shared experts' MLPs of an MoE layer (the router's GEMM is not counted).

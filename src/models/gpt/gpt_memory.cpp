@@ -16,7 +16,7 @@ int64_t activation_bytes_per_microbatch(const TransformerConfig& c, const Activa
   const int64_t core = (sb * np * hn + b * np * s) / t * e;  // attention out + lse
   // An MLP of width `ffn` over `rows` tokens: fc1's output, fc2's input.
   auto mlp = [&](int64_t ffn, int64_t rows) {
-    return rows * (c.swiglu ? 2 * ffn : ffn) / t * e + rows * ffn / t * g;
+    return rows * (c.gated_mlp() ? 2 * ffn : ffn) / t * e + rows * ffn / t * g;
   };
   const int64_t attention = 2 * s_local_b * h * e + 2 * stats  // input, x1, norm statistics
                             + sb * h * g                       // qkv GEMM input

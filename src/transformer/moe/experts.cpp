@@ -49,13 +49,13 @@ GroupedExperts::GroupedExperts(const std::string& name, const TransformerConfig&
   first_ = ep_rank * local;
   ffn_local_ = divide(m.ffn_hidden_size, etp.size(),
                       "--moe-ffn-hidden-size by --expert-tensor-parallel-size");
-  const int64_t h = cfg.hidden_size, f1 = cfg.swiglu ? 2 * ffn_local_ : ffn_local_;
+  const int64_t h = cfg.hidden_size, f1 = cfg.gated_mlp() ? 2 * ffn_local_ : ffn_local_;
   const double out_std = cfg.init_method_std / std::sqrt(2.0 * static_cast<double>(cfg.num_layers));
   for (int64_t i = 0; i < local; ++i) {
     const std::string p = name + ".local_experts." + std::to_string(first_ + i);
     fc1_.push_back(std::make_unique<Linear>(p + ".linear_fc1", h, f1, false, cfg.init_method_std));
     fc2_.push_back(std::make_unique<Linear>(p + ".linear_fc2", ffn_local_, h, false, out_std));
-    mark_etp(fc1_.back()->weight, etp, 0, cfg.swiglu ? 2 : 1);
+    mark_etp(fc1_.back()->weight, etp, 0, cfg.gated_mlp() ? 2 : 1);
     mark_etp(fc2_.back()->weight, etp, 1, 1);
   }
 }
@@ -79,7 +79,7 @@ Tensor GroupedExperts::gemm_input(const Tensor& t) const {
 Tensor GroupedExperts::forward(const Tensor& x, const std::vector<int64_t>& counts,
                                const std::vector<double>& probs, Ctx& ctx) const {
   const int64_t N = x.dim(0), h = cfg_.hidden_size;
-  const int64_t f = ffn_local_, f1 = cfg_.swiglu ? 2 * f : f;
+  const int64_t f = ffn_local_, f1 = cfg_.gated_mlp() ? 2 * f : f;
   const DType acc = gemm_dtype() == DType::kF64 ? DType::kF64 : DType::kF32;
   ctx.counts = counts;
   ctx.probs = probs;
@@ -98,7 +98,7 @@ Tensor GroupedExperts::forward(const Tensor& x, const std::vector<int64_t>& coun
 
 Tensor GroupedExperts::backward(const Tensor& dy, Ctx& ctx, std::vector<double>* dprobs) const {
   const int64_t N = dy.dim(0);
-  const int64_t f = ffn_local_, f1 = cfg_.swiglu ? 2 * f : f;
+  const int64_t f = ffn_local_, f1 = cfg_.gated_mlp() ? 2 * f : f;
   const DType acc = gemm_dtype() == DType::kF64 ? DType::kF64 : DType::kF32;
   const Tensor dy_c = gemm_input(dy);
   // d(scaled) = dy fc2_e; dW2_e += dy^T scaled.

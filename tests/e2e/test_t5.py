@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""T5 end to end: `megatron preprocess --split-sentences` with a WordPiece vocabulary, then
+`megatron pretrain_t5` (span corruption, sentinels from --vocab-extra-ids) as one process and
+under `mpiexec` in the parallel layouts T5 has in Megatron r0.14 (no pipeline).
+
+What it is:
+- equivalence: tp2 + sequence parallel and dp2 with the distributed optimizer against the single
+  process, dropout on, for Megatron's default T5 (learned positions, tied head) and the v1.1
+  form (relative positions, RMSNorm, GeGLU, no biases, untied) with full recomputation; the
+  layouts differ only in where the arithmetic happens, so the lm loss, grad norm and validation
+  loss curves must agree within 1e-5 relative (the order of f32 sums across ranks moves the 7th
+  digit over 12 Adam steps; a wrong shard, mask or reduction moves the 2nd);
+- the model learns: the last iterations' lm loss is below the first ones';
+- a checkpoint saved in tp2+sp resumes in dp2 and continues the single-process curve;
+- bad input on every rank, exit 2 with a message naming the flag or file: pipeline parallelism
+  (Megatron r0.14 removed it for T5), no sentinels (--vocab-extra-ids 0), a decoder longer than
+  the position table, a missing --decoder-seq-length.
+
+The corpus is test_bert.py's synthetic one (seeded sentences from a fixed word list).
+
+Usage: test_t5.py --megatron BUILD/megatron --mpiexec MPIEXEC
+"""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testing"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import megatron_job  # noqa: E402
+import megatron_log  # noqa: E402
+from test_bert import write_corpus, write_vocab  # noqa: E402
+
+MEGATRON = None
+MPIEXEC = None
+TIMEOUT_S = 240
+TP, PP = "--tensor-model-parallel-size", "--pipeline-model-parallel-size"
+ITERS = 12
+V11 = ["--position-embedding-type", "relative", "--relative-attention-num-buckets", "16",
+       "--relative-attention-max-distance", "32", "--normalization", "RMSNorm",
+       "--gated-linear-unit", "--openai-gelu", "--disable-bias-linear",
+       "--untie-embeddings-and-output-weights", "--softmax-scale", "1"]
+
+
+class TestT5(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="megatron_t5_")
+        corpus = write_corpus(cls.dir)
+        cls.vocab = write_vocab(cls.dir)
+        cmd = [MEGATRON, "preprocess", "--input", corpus, "--output-prefix",
+               os.path.join(cls.dir, "corpus"), "--tokenizer-type", "BertWordPieceLowerCase",
+               "--vocab-file", cls.vocab, "--workers", "1", "--split-sentences"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+        assert proc.returncode == 0, proc.stderr
+        cls.sentences = os.path.join(cls.dir, "corpus_text_sentence")
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.dir, ignore_errors=True)
+
+    def base(self, cache):
+        return ["--encoder-num-layers", "2", "--decoder-num-layers", "2", "--hidden-size", "64",
+                "--num-attention-heads", "4", "--kv-channels", "16", "--ffn-hidden-size", "128",
+                "--encoder-seq-length", "64", "--decoder-seq-length", "32",
+                "--max-position-embeddings", "64", "--vocab-extra-ids", "50",
+                "--micro-batch-size", "2", "--global-batch-size", "8", "--train-iters", str(ITERS),
+                "--log-interval", "1", "--lr", "2e-3", "--lr-warmup-iters", "3",
+                "--eval-iters", "2", "--eval-interval", "6", "--num-threads", "1",
+                "--data-path", self.sentences, "--split", "90,10,0",
+                "--tokenizer-type", "BertWordPieceLowerCase", "--vocab-file", self.vocab,
+                "--data-cache-path", os.path.join(self.dir, cache)]
+
+    def run_t5(self, ranks, args):
+        cmd = [MEGATRON, "pretrain_t5", *args]
+        if ranks > 1:
+            cmd = [MPIEXEC, "-n", str(ranks), "--oversubscribe", "--allow-run-as-root", *cmd]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S,
+                              env=dict(os.environ, **megatron_job.MPI_ENV), check=False)
+
+    def curves(self, stdout, first=1, last=ITERS):
+        lines = {it: f for it, f in megatron_log.iteration_lines(stdout).items()
+                 if first <= it <= last}
+        self.assertEqual(sorted(lines), list(range(first, last + 1)), stdout[-2000:])
+        return {it: {k: megatron_log.number(f, k) for k in ("lm loss", "grad norm")}
+                for it, f in lines.items()}
+
+    def assert_same_curves(self, got, want, name):
+        for it, w in want.items():
+            for key, value in w.items():
+                # The grad norm is printed with 3 decimals: one unit of the last digit more.
+                slack = 2e-3 if key == "grad norm" else 0.0
+                self.assertAlmostEqual(got[it][key], value, delta=1e-5 * abs(value) + slack,
+                                       msg=f"{name}: {key} at iteration {it}")
+
+    def check_layouts(self, extra, layouts):
+        single = self.run_t5(1, [*self.base("cache1"), *extra])
+        self.assertEqual(single.returncode, 0, single.stderr[-3000:])
+        want = self.curves(single.stdout)
+        mean = lambda its: sum(want[i]["lm loss"] for i in its) / len(its)
+        self.assertLess(mean(range(ITERS - 2, ITERS + 1)), mean(range(1, 4)) - 0.2,
+                        single.stdout[-3000:])
+        want_valid = megatron_log.validation_lines(single.stdout)
+        self.assertGreaterEqual(len(want_valid), 2)
+        for name, ranks, flags in layouts:
+            with self.subTest(layout=name):
+                proc = self.run_t5(ranks, [*self.base("cache" + str(ranks)), *extra, *flags])
+                self.assertEqual(proc.returncode, 0, f"{name}: {proc.stderr[-3000:]}")
+                self.assert_same_curves(self.curves(proc.stdout), want, name)
+                got_valid = megatron_log.validation_lines(proc.stdout)
+                self.assertEqual(len(got_valid), len(want_valid), name)
+                for (_, g), (where, w) in zip(got_valid, want_valid):
+                    wv = megatron_log.number(w, "lm loss value")
+                    self.assertAlmostEqual(megatron_log.number(g, "lm loss value"), wv,
+                                           delta=1e-5 * wv, msg=f"{name} {where}")
+
+    def test_megatron_default_layouts_match_single_process(self):
+        self.check_layouts([], [
+            ("tp2+sp", 2, [TP, "2", "--sequence-parallel"]),
+            ("dp2 distributed optimizer", 2, ["--use-distributed-optimizer"]),
+        ])
+
+    def test_v11_relative_layouts_match_single_process(self):
+        self.check_layouts([*V11, "--recompute-granularity", "full", "--recompute-method",
+                            "uniform", "--recompute-num-layers", "1"], [
+            ("tp2+sp", 2, [TP, "2", "--sequence-parallel"]),
+            ("dp2 distributed optimizer", 2, ["--use-distributed-optimizer"]),
+        ])
+
+    def test_checkpoint_saved_in_one_layout_resumes_in_another(self):
+        single = self.run_t5(1, self.base("cache_ckpt"))
+        self.assertEqual(single.returncode, 0, single.stderr[-3000:])
+        want = self.curves(single.stdout, 7, ITERS)
+        ckpt = os.path.join(self.dir, "ckpt")
+        first = self.run_t5(2, [*self.base("cache_ckpt"), TP, "2", "--sequence-parallel",
+                                "--save", ckpt, "--save-interval", "6", "--exit-interval", "6"])
+        self.assertEqual(first.returncode, 0, first.stderr[-3000:])
+        resumed = self.run_t5(2, [*self.base("cache_ckpt"), "--use-distributed-optimizer",
+                                  "--load", ckpt])
+        self.assertEqual(resumed.returncode, 0, resumed.stderr[-3000:])
+        self.assert_same_curves(self.curves(resumed.stdout, 7, ITERS), want, "tp2+sp -> dp2")
+
+    def assert_refused(self, args, *needles):
+        proc = self.run_t5(2, args)
+        self.assertEqual(proc.returncode, 2, proc.stdout[-2000:] + proc.stderr[-2000:])
+        for needle in needles:
+            self.assertIn(needle, proc.stderr)
+        self.assertEqual(proc.stderr.count("error:"), 2, proc.stderr)  # every rank says why
+
+    def replaced(self, args, flag, value):
+        at = args.index(flag)
+        return [*args[:at], flag, value, *args[at + 2:]]
+
+    def test_bad_input_is_refused_by_name_on_every_rank(self):
+        args = self.base("cache_bad")
+        self.assert_refused([*args, PP, "2"], "--pipeline-model-parallel-size",
+                            "not supported for T5")
+        self.assert_refused(self.replaced(args, "--vocab-extra-ids", "0"), "--vocab-extra-ids")
+        self.assert_refused(self.replaced(args, "--decoder-seq-length", "80"),
+                            "--decoder-seq-length", "--max-position-embeddings")
+        at = args.index("--decoder-seq-length")
+        self.assert_refused([*args[:at], *args[at + 2:]], "--decoder-seq-length")
+
+
+if __name__ == "__main__":
+    sys.exit(megatron_job.main(sys.modules[__name__]))
