@@ -153,7 +153,11 @@ Tensor SelfAttention::forward_cached(const Tensor& x, const TokenLayout& layout,
   ops::AttentionSpec spec;
   spec.scale = static_cast<float>(cfg_.attention_scale());
   spec.causal = true;
-  spec.q_offset = offset;  // query t sees cached keys [0, offset + t]
+  spec.q_offset = offset;       // query t sees cached keys [0, offset + t]
+  if (layout.bias.defined()) {  // T5's relative positions of the new queries over every key
+    check_shape(layout.bias, {1, np, s, offset + s}, "cached attention bias");
+    spec.bias = layout.bias.dtype() == qkv.dtype() ? layout.bias : layout.bias.to(qkv.dtype());
+  }
   Tensor out = Tensor::empty({s, b, np, hn}, qkv.dtype());
   Tensor lse = Tensor::empty({b, np, s}, qkv.dtype());
   ops::attention_forward(out, lse, ops::packed_qkv_view(qkv, ops::QkvPart::kQuery),

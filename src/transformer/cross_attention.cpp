@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "parallel/mappings.h"
+#include "transformer/kv_cache.h"
 
 namespace megatron {
 
@@ -69,7 +70,13 @@ Tensor CrossAttention::forward(const Tensor& x, const Tensor& memory, const Tens
                  "], got ", memory.str());
   const int64_t np = heads_local_, hn = cfg_.head_dim();
   ctx.q = linear_q.forward(x, ctx.q_ctx).view({sq, b, np, hn});
-  ctx.kv = linear_kv.forward(memory, ctx.kv_ctx).view({sk, b, np, 2, hn});
+  if (mode.kv_cache) {  // generation: the memory's keys and values once per generation
+    Tensor& kv = mode.kv_cache->cross_kv(stream_layer_);
+    if (!kv.defined()) kv = linear_kv.forward(memory, ctx.kv_ctx).view({sk, b, np, 2, hn});
+    ctx.kv = kv;
+  } else {
+    ctx.kv = linear_kv.forward(memory, ctx.kv_ctx).view({sk, b, np, 2, hn});
+  }
   ctx.spec.scale = static_cast<float>(cfg_.attention_scale());
   ctx.spec.causal = false;
   if (memory_valid.defined()) {
@@ -85,7 +92,9 @@ Tensor CrossAttention::forward(const Tensor& x, const Tensor& memory, const Tens
   ctx.lse = Tensor::empty({b, np, sq}, ctx.q.dtype());
   ops::attention_forward(ctx.out, ctx.lse, ops::attention_view(ctx.q, np), kv_view(ctx.kv, false),
                          kv_view(ctx.kv, true), ctx.spec);
-  return linear_proj.forward(ctx.out.view({sq, b, np * hn}), ctx.proj_ctx);
+  Tensor y = linear_proj.forward(ctx.out.view({sq, b, np * hn}), ctx.proj_ctx);
+  if (mode.kv_cache) ctx = Ctx{};  // nothing is kept for a backward in generation
+  return y;
 }
 
 Tensor CrossAttention::backward(const Tensor& dy, Ctx& ctx, Tensor* d_memory) const {

@@ -10,6 +10,9 @@
 // row parallel. Under sequence parallelism both inputs hold this rank's s/tp positions and are
 // gathered by their linears; backward reduce-scatters each gradient back. The encoder output's
 // gradient is returned separately: every decoder layer adds its share to it.
+//
+// Generation (mode.kv_cache): the memory's keys and values are computed at the first step and
+// kept in the cache (KvCache::cross_kv) for every later one; nothing is kept for backward.
 #pragma once
 
 #include <string>

@@ -30,8 +30,17 @@ class KvCache {
   int64_t max_sequence() const { return max_sequence_; }
   // After a forward of n new positions through every layer this rank holds.
   void advance(int64_t n);
-  // Forgets every position (the buffers stay for the next generation of the same shape).
-  void reset() { offset_ = 0; }
+  // Forgets every position (the buffers stay for the next generation of the same shape) and
+  // every cross-attention memory.
+  void reset() {
+    offset_ = 0;
+    cross_.clear();
+  }
+
+  // An encoder-decoder's cross-attention keys and values of layer `layer_number` over the
+  // encoder's output ([sk, b, heads, 2, hn]): undefined until that layer's first decode step
+  // sets it; every later step reuses it.
+  Tensor& cross_kv(int64_t layer_number) { return cross_[layer_number]; }
 
   // Layer `layer_number`'s buffers for a forward of `s` new positions of b sequences with
   // `groups` key/value heads of hn channels: allocated at first use, checked afterwards (the
@@ -42,6 +51,7 @@ class KvCache {
   int64_t max_sequence_;
   int64_t offset_ = 0;
   std::map<int64_t, Entry> layers_;
+  std::map<int64_t, Tensor> cross_;
 };
 
 }  // namespace megatron

@@ -50,7 +50,7 @@ RelativePositionBias::RelativePositionBias(const std::string& name, const Transf
   weight.sequence_parallel = tp.size() > 1;
 }
 
-Tensor RelativePositionBias::forward(int64_t sq, int64_t sk, DType dtype) const {
+Tensor RelativePositionBias::forward(int64_t sq, int64_t sk, DType dtype, int64_t q_offset) const {
   const int64_t heads = cfg_.num_attention_heads, np = heads_local_, h0 = tp_.rank() * np;
   const Tensor table = weight.value_as(DType::kF64);
   const double* t = table.data<double>();
@@ -58,9 +58,9 @@ Tensor RelativePositionBias::forward(int64_t sq, int64_t sk, DType dtype) const 
   double* out = bias.data<double>();
   for (int64_t i = 0; i < sq; ++i) {
     for (int64_t j = 0; j < sk; ++j) {
-      const int64_t k =
-          relative_position_bucket(j - i, bidirectional_, cfg_.relative_attention_num_buckets,
-                                   cfg_.relative_attention_max_distance);
+      const int64_t k = relative_position_bucket(j - (i + q_offset), bidirectional_,
+                                                 cfg_.relative_attention_num_buckets,
+                                                 cfg_.relative_attention_max_distance);
       for (int64_t h = 0; h < np; ++h) out[(h * sq + i) * sk + j] = t[k * heads + h0 + h];
     }
   }

@@ -38,8 +38,9 @@ class RelativePositionBias {
   RelativePositionBias(const RelativePositionBias&) = delete;
   RelativePositionBias& operator=(const RelativePositionBias&) = delete;
 
-  // This rank's heads' bias [1, np/tp, sq, sk] in dtype `dtype` (the attention's).
-  Tensor forward(int64_t sq, int64_t sk, DType dtype) const;
+  // This rank's heads' bias [1, np/tp, sq, sk] in dtype `dtype` (the attention's), for queries
+  // at positions q_offset .. q_offset + sq - 1 (generation after cached ones) and keys 0 .. sk - 1.
+  Tensor forward(int64_t sq, int64_t sk, DType dtype, int64_t q_offset = 0) const;
   // dbias [1, np/tp, sq, sk] (summed over the layers that used the bias): accumulates this
   // rank's columns of the table's main_grad.
   void backward(const Tensor& dbias) const;

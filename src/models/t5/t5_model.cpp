@@ -4,6 +4,7 @@
 #include "core/error.h"
 #include "models/common/vocab_shard.h"
 #include "tensor/ops.h"
+#include "transformer/kv_cache.h"
 
 namespace megatron {
 
@@ -149,6 +150,57 @@ void T5Model::backward(const Tensor& d_token_loss, Ctx& ctx, const ParamsDone& d
 Tensor T5Model::forward_logits(const T5Inputs& in, Ctx& ctx, const ForwardMode& mode) const {
   MEGATRON_CHECK(tp_.size() == 1, "T5 logits of the whole vocabulary need one process");
   return head->logits(run(in, ctx, mode), ctx.head);
+}
+
+Tensor T5Model::encode(const Tensor& enc_tokens, const Tensor& enc_valid,
+                       const ForwardMode& mode) const {
+  MEGATRON_CHECK(!tp_.sp(), "T5Model: generation runs without sequence parallelism");
+  MEGATRON_CHECK(enc_tokens.defined() && enc_tokens.ndim() == 2,
+                 "T5Model: encode needs [b, s_enc] tokens");
+  ForwardMode m = mode;
+  m.kv_cache = nullptr;  // the encoder runs once over the whole prompt
+  const int64_t s = enc_tokens.dim(1);
+  TokenLayout enc;
+  enc.causal = false;
+  enc.key_valid = enc_valid;
+  if (encoder_relative_pos_emb)
+    enc.bias = encoder_relative_pos_emb->forward(s, s, embedding->word_embeddings.value.dtype());
+  LanguageEmbedding::Ctx ectx;
+  TransformerBlock::Ctx bctx;
+  return encoder->forward(embedding->forward(enc_tokens, Tensor(), Tensor(), ectx, m), enc, bctx,
+                          m);
+}
+
+Tensor T5Model::decode(const Tensor& dec_tokens, const Tensor& memory, const Tensor& enc_valid,
+                       const ForwardMode& mode, bool last_only) const {
+  MEGATRON_CHECK(!tp_.sp(), "T5Model: generation runs without sequence parallelism");
+  MEGATRON_CHECK(dec_tokens.defined() && dec_tokens.ndim() == 2,
+                 "T5Model: decode needs [b, s] tokens");
+  const int64_t b = dec_tokens.dim(0), s = dec_tokens.dim(1);
+  const int64_t offset = mode.kv_cache ? mode.kv_cache->offset() : 0;
+  MEGATRON_CHECK(cfg_.position_embedding != PositionEmbedding::kLearnedAbsolute ||
+                     offset + s <= cfg_.max_position_embeddings,
+                 "T5 decoding past the ", cfg_.max_position_embeddings,
+                 " learned positions (--max-position-embeddings)");
+  Tensor positions = Tensor::empty({b, s}, DType::kI64);
+  for (int64_t i = 0; i < b; ++i)
+    for (int64_t t = 0; t < s; ++t) positions.data<int64_t>()[i * s + t] = offset + t;
+  TokenLayout dec;
+  dec.causal = true;
+  dec.memory = memory;
+  dec.memory_valid = enc_valid;
+  if (decoder_relative_pos_emb) {
+    dec.bias = decoder_relative_pos_emb->forward(s, offset + s,
+                                                 embedding->word_embeddings.value.dtype(), offset);
+  }
+  ForwardMode dec_mode = mode;
+  dec_mode.stream = mode.site_stream(-1, 7);
+  LanguageEmbedding::Ctx ectx;
+  TransformerBlock::Ctx bctx;
+  Tensor hidden = decoder->forward(
+      embedding->forward(dec_tokens, positions, Tensor(), ectx, dec_mode), dec, bctx, mode);
+  if (last_only) hidden = hidden.slice0(hidden.dim(0) - 1, hidden.dim(0));
+  return head->gathered_logits(hidden);
 }
 
 }  // namespace megatron

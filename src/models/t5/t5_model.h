@@ -69,6 +69,17 @@ class T5Model {
   // Logits [s_dec b, Vp] f32 of the whole padded vocabulary (no TP; tests and tools).
   Tensor forward_logits(const T5Inputs& in, Ctx& ctx, const ForwardMode& mode) const;
 
+  // Generation (no sequence parallelism, nothing kept for backward). encode: the encoder's output
+  // [s_enc, b, h] for enc_tokens [b, s_enc] (enc_valid [b, s_enc] i32 or undefined).
+  Tensor encode(const Tensor& enc_tokens, const Tensor& enc_valid, const ForwardMode& mode) const;
+  // decode: the logits [s b, Vp] f32 (each TP rank's columns gathered; the last position's
+  // only, [b, Vp], with last_only) of decoder tokens [b, s]. With mode.kv_cache the tokens are
+  // the s positions after the cache's offset() (the decoder's self-attention keys and values and
+  // the cross-attention's over memory are cached; the caller advances the offset); without, they
+  // are the whole decoder input from position 0.
+  Tensor decode(const Tensor& dec_tokens, const Tensor& memory, const Tensor& enc_valid,
+                const ForwardMode& mode, bool last_only) const;
+
   std::vector<Param*> parameters();
   const TransformerConfig& config() const { return cfg_; }
   const TransformerConfig& decoder_config() const { return dec_cfg_; }
