@@ -3,7 +3,10 @@
 // "text"), generated in batches through the KV cache on one model replica in any TP x PP layout;
 // rank 0 prints one JSON line per prompt, in order, with Megatron's response fields: "text"
 // (prompt and generation), "tokens", "segments" and "logprobs". Loading lines and the prefill and
-// decode speeds go to stderr, so stdout is the results alone.
+// decode speeds go to stderr, so stdout is the results alone. An encoder-decoder model (T5) takes
+// each prompt as its encoder input, "<extra_id_N>" marking sentinels, and prints the decoder's
+// generated text.
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 
@@ -14,6 +17,8 @@
 #include "cli/inference_model.h"
 #include "cli/mpi_command.h"
 #include "core/logging.h"
+#include "inference/seq2seq_generator.h"
+#include "models/t5/t5_chunk.h"
 #include "train/model_config.h"
 #include "train/trainer.h"  // tokenizer_args
 
@@ -48,6 +53,83 @@ std::vector<std::string> read_prompt_file(const std::string& path) {
   return prompts;
 }
 
+// A T5 prompt: the encoder's input, where "<extra_id_N>" stands for sentinel N (the tokenizer's
+// --vocab-extra-ids tokens) and the text around the sentinels is tokenized as usual.
+std::vector<int64_t> tokenize_t5_prompt(const Tokenizer& tokenizer, const std::string& prompt) {
+  const std::vector<int64_t> sentinels = tokenizer.special_tokens().additional;
+  const std::string open = "<extra_id_";
+  std::vector<int64_t> ids;
+  auto add_text = [&](std::string_view text) {
+    for (int64_t id : tokenizer.encode(text)) ids.push_back(id);
+  };
+  size_t at = 0;
+  while (true) {
+    const size_t s = prompt.find(open, at);
+    const size_t close = s == std::string::npos ? s : prompt.find('>', s);
+    if (s == std::string::npos || close == std::string::npos) {
+      add_text(std::string_view(prompt).substr(at));
+      break;
+    }
+    const std::string digits = prompt.substr(s + open.size(), close - s - open.size());
+    const bool number =
+        !digits.empty() && digits.size() < 6 &&
+        std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (!number) {  // not a sentinel: plain text up to and including this '<'
+      add_text(std::string_view(prompt).substr(at, s + 1 - at));
+      at = s + 1;
+      continue;
+    }
+    const size_t n = std::stoul(digits);
+    MEGATRON_CHECK(n < sentinels.size(), "prompt '", prompt, "': <extra_id_", n,
+                   "> is not a sentinel of this tokenizer (it has ", sentinels.size(),
+                   "; --vocab-extra-ids)");
+    add_text(std::string_view(prompt).substr(at, s - at));
+    ids.push_back(sentinels[n]);
+    at = close + 1;
+  }
+  return ids;
+}
+
+// T5's decoder starts from [BOS] and stops at [EOS] (Megatron's WordPiece tokenizer adds them);
+// a tokenizer without them (Hugging Face's T5) starts from the pad id and stops at its end id.
+inference::Seq2SeqConfig seq2seq_config(const Tokenizer& tokenizer, int64_t max_batch) {
+  const SpecialTokens sp = tokenizer.special_tokens();
+  inference::Seq2SeqConfig c;
+  c.vocab_size = tokenizer.vocab_size();
+  c.pad = sp.pad >= 0 ? sp.pad : 0;
+  c.start = sp.bos >= 0 ? sp.bos : c.pad;
+  c.end = sp.eos >= 0 ? sp.eos : tokenizer.eod();
+  c.max_batch = max_batch;
+  return c;
+}
+
+// `megatron generate` for an encoder-decoder model: each prompt through the encoder, the
+// decoder's tokens generated (inference/seq2seq_generator.h); rank 0 prints {"prompt", "text"
+// (the generated tokens detokenized, without the end token), "tokens" (the generated ids) and
+// "logprobs"} per prompt.
+int run_seq2seq(const Arguments& args, const GenerationArgs& gen,
+                const std::vector<std::string>& prompts, const inference::Seq2SeqRequest& request,
+                MpiRuntime& mpi) {
+  InferenceModel m = load_inference_model(args, mpi, false);
+  const auto* chunk = dynamic_cast<const T5Chunk*>(m.chunk.get());
+  MEGATRON_CHECK(chunk != nullptr, "--model ", args.model, " is not an encoder-decoder model");
+  const inference::Seq2SeqConfig config = seq2seq_config(*m.tokenizer, max_batch_of(gen));
+  const std::vector<inference::Seq2SeqResult> results =
+      inference::generate_seq2seq(chunk->model(), request, config);
+  if (mpi.rank() != 0) return 0;
+  for (size_t i = 0; i < results.size(); ++i) {
+    std::vector<int64_t> shown = results[i].tokens;
+    if (!shown.empty() && shown.back() == config.end) shown.pop_back();
+    nlohmann::json line = {{"prompt", prompts[i]},
+                           {"text", m.tokenizer->decode(shown)},
+                           {"tokens", results[i].tokens}};
+    if (request.return_log_probs) line["logprobs"] = results[i].logprobs;
+    std::puts(line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  }
+  std::fflush(stdout);
+  return 0;
+}
+
 int run_generate(int argc, char** argv, MpiRuntime& mpi) {
   CLI::App app("Generate text from prompts (Megatron's static inference)", "generate");
   Arguments args;
@@ -62,6 +144,7 @@ int run_generate(int argc, char** argv, MpiRuntime& mpi) {
   table.add("--prompt-file", prompt_file,
             "File of prompts: one per line, or JSON lines with a \"prompt\" (or \"text\") string");
   inference::GenerationRequest request;
+  inference::Seq2SeqRequest seq2seq;
   const int rc = agreed_argument_phase(mpi, app, argc, argv, [&] {
     resolve_inference_args(args, table, mpi.world_size(), false);
     MEGATRON_CHECK(prompts.empty() != prompt_file.empty(),
@@ -69,6 +152,16 @@ int run_generate(int argc, char** argv, MpiRuntime& mpi) {
     if (!prompt_file.empty()) prompts = read_prompt_file(prompt_file);
     MEGATRON_CHECK(!prompts.empty(), "--prompt-file ", prompt_file, " holds no prompt");
     const std::unique_ptr<Tokenizer> tokenizer = build_tokenizer(tokenizer_args(args));
+    if (args.model == "t5") {
+      for (const std::string& p : prompts)
+        seq2seq.prompts.push_back(tokenize_t5_prompt(*tokenizer, p));
+      seq2seq.tokens_to_generate = gen.num_tokens_to_generate;
+      seq2seq.return_log_probs = gen.return_log_probs;
+      seq2seq.seed = static_cast<uint64_t>(gen.seed);
+      seq2seq.sampling = sampling_of(gen, tokenizer->vocab_size());
+      inference::check_seq2seq_request(seq2seq, transformer_config_from_args(args));
+      return;
+    }
     for (const std::string& p : prompts)
       request.prompts.push_back(tokenize_prompt(*tokenizer, p, false));
     request.tokens_to_generate = gen.num_tokens_to_generate;
@@ -81,6 +174,7 @@ int run_generate(int argc, char** argv, MpiRuntime& mpi) {
                                             cfg.max_position_embeddings, max_batch_of(gen)});
   });
   if (rc >= 0) return rc;
+  if (args.model == "t5") return run_seq2seq(args, gen, prompts, seq2seq, mpi);
   const bool first = mpi.rank() == 0;
   InferenceModel m = load_inference_model(args, mpi, false);
   if (first) {

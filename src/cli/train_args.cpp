@@ -1049,6 +1049,8 @@ void resolve_encoder_decoder(Arguments& a, const ArgTable& t) {
                  "--decoder-num-layers and --decoder-seq-length must be positive");
   if (!t5) return;
   if (a.decoder_num_layers == 0) a.decoder_num_layers = a.num_layers;
+  MEGATRON_CHECK(a.decoder_seq_length > 0,
+                 "T5 needs --decoder-seq-length (the decoder's length: span targets + sentinels)");
   MEGATRON_CHECK(a.vocab_extra_ids > 0,
                  "T5's span corruption replaces each span by a sentinel token <extra_id_i>: pass "
                  "--vocab-extra-ids N (Megatron's T5 examples use 100)");

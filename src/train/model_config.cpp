@@ -175,9 +175,6 @@ TransformerConfig transformer_config_from_args(const Arguments& a) {
   }
   c.finalize();
   if (a.model == "t5") {
-    MEGATRON_CHECK(
-        c.decoder_seq_length > 0,
-        "T5 needs --decoder-seq-length (the decoder's length: span targets + sentinels)");
     MEGATRON_CHECK(c.position_embedding != PositionEmbedding::kLearnedAbsolute ||
                        c.decoder_seq_length <= c.max_position_embeddings,
                    "--decoder-seq-length (", c.decoder_seq_length,

@@ -12,6 +12,8 @@ What it is:
   digit over 12 Adam steps; a wrong shard, mask or reduction moves the 2nd);
 - the model learns: the last iterations' lm loss is below the first ones';
 - a checkpoint saved in tp2+sp resumes in dp2 and continues the single-process curve;
+- `megatron generate` from a T5 checkpoint (prompts with <extra_id_N> sentinels, greedy) gives
+  the same tokens in one process and in tp2, a sentinel the tokenizer lacks is refused;
 - bad input on every rank, exit 2 with a message naming the flag or file: pipeline parallelism
   (Megatron r0.14 removed it for T5), no sentinels (--vocab-extra-ids 0), a decoder longer than
   the position table, a missing --decoder-seq-length.
@@ -20,6 +22,7 @@ The corpus is test_bert.py's synthetic one (seeded sentences from a fixed word l
 
 Usage: test_t5.py --megatron BUILD/megatron --mpiexec MPIEXEC
 """
+import json
 import os
 import shutil
 import subprocess
@@ -141,6 +144,42 @@ class TestT5(unittest.TestCase):
                                   "--load", ckpt])
         self.assertEqual(resumed.returncode, 0, resumed.stderr[-3000:])
         self.assert_same_curves(self.curves(resumed.stdout, 7, ITERS), want, "tp2+sp -> dp2")
+
+    def generate(self, ranks, args):
+        cmd = [MEGATRON, "generate", *args]
+        if ranks > 1:
+            cmd = [MPIEXEC, "-n", str(ranks), "--oversubscribe", "--allow-run-as-root", *cmd]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S,
+                              env=dict(os.environ, **megatron_job.MPI_ENV), check=False)
+
+    def test_generation_from_a_checkpoint_in_one_process_and_tp2(self):
+        ckpt = os.path.join(self.dir, "ckpt_gen")
+        train = self.run_t5(1, [*self.base("cache_gen"), *V11, "--save", ckpt,
+                                "--save-interval", str(ITERS)])
+        self.assertEqual(train.returncode, 0, train.stderr[-3000:])
+        prompts = ["the man said <extra_id_0> to the <extra_id_1> .", "walking <extra_id_0>"]
+        tok = ["--tokenizer-type", "BertWordPieceLowerCase", "--vocab-file", self.vocab,
+               "--vocab-extra-ids", "50"]
+        args = ["--load", ckpt, *tok, "--prompts", *prompts, "--num-tokens-to-generate", "6",
+                "--top_k", "1", "--return-log-probs", "--num-threads", "1"]
+        one = self.generate(1, args)
+        self.assertEqual(one.returncode, 0, one.stderr[-3000:])
+        lines = [json.loads(x) for x in one.stdout.splitlines() if x.strip()]
+        self.assertEqual([x["prompt"] for x in lines], prompts)
+        for x in lines:
+            self.assertTrue(1 <= len(x["tokens"]) <= 6, x)
+            self.assertEqual(len(x["logprobs"]), len(x["tokens"]))
+            self.assertTrue(all(lp <= 0 for lp in x["logprobs"]), x)
+        two = self.generate(2, [*args, TP, "2"])
+        self.assertEqual(two.returncode, 0, two.stderr[-3000:])
+        lines2 = [json.loads(x) for x in two.stdout.splitlines() if x.strip()]
+        self.assertEqual([x["tokens"] for x in lines2], [x["tokens"] for x in lines])
+        for a, b in zip(lines, lines2):
+            for u, v in zip(a["logprobs"], b["logprobs"]):
+                self.assertAlmostEqual(u, v, delta=1e-4)
+        bad = self.generate(1, ["--load", ckpt, *tok, "--prompts", "a <extra_id_99> b"])
+        self.assertEqual(bad.returncode, 2, bad.stderr[-2000:])
+        self.assertIn("--vocab-extra-ids", bad.stderr)
 
     def assert_refused(self, args, *needles):
         proc = self.run_t5(2, args)
