@@ -1,7 +1,10 @@
 // `megatron score`: per-token log-probabilities of given token sequences under a model (the
 // loglikelihood request of evaluation harnesses). Input: one sequence per line, token ids
 // separated by spaces (Megatron's NullTokenizer text). Output: one JSON line per input line,
-// {"logprobs": [log p(t_1 | t_0), ...], "loss": mean negative log-probability}.
+// {"logprobs": [log p(t_1 | t_0), ...], "loss": mean negative log-probability}. An encoder-decoder
+// model (T5) scores pairs instead: encoder ids, a tab, target ids; the decoder reads the start
+// token and the targets before each one, and logprobs has one entry per target token.
+#include <algorithm>
 #include <cerrno>
 #include <fstream>
 #include <limits>
@@ -14,8 +17,11 @@
 #include "core/logging.h"
 #include "core/threads.h"
 #include "models/model_spec.h"
+#include "models/t5/t5_chunk.h"
+#include "models/t5/t5_hf.h"
 #include "tensor/ops.h"
 #include "train/model_config.h"
+#include "train/trainer.h"  // tokenizer_args
 
 namespace megatron::cli {
 
@@ -67,8 +73,51 @@ int score_command(int argc, char** argv) {
   MEGATRON_CHECK(in.good(), "--input: cannot open '", input, "'");
   std::string line;
   int64_t lineno = 0;
+  const auto* t5 = dynamic_cast<const T5Chunk*>(&model);
+  // Hugging Face's T5 starts its decoder from decoder_start_token_id (the pad id, 0); a model of
+  // Megatron's WordPiece tokenizer (given with --vocab-file) from its [BOS], as it was trained.
+  int64_t t5_start = 0;
+  if (t5) {
+    t5_start = read_t5_hf_config(args.pretrained_checkpoint)
+                   .raw.value("decoder_start_token_id", static_cast<int64_t>(0));
+    if (args.tokenizer_type.rfind("BertWordPiece", 0) == 0 && !args.vocab_file.empty()) {
+      const int64_t bos = build_tokenizer(tokenizer_args(args))->special_tokens().bos;
+      if (bos >= 0) t5_start = bos;
+    }
+  }
   while (std::getline(in, line)) {
     ++lineno;
+    if (t5) {  // "encoder ids <TAB> target ids": log p(target t | encoder input, targets < t)
+      const size_t tab = line.find('\t');
+      MEGATRON_CHECK(tab != std::string::npos, input, ":", lineno,
+                     ": an encoder-decoder model scores pairs: encoder ids, a tab, target ids");
+      const std::vector<int64_t> enc =
+          parse_ids(line.substr(0, tab), input, lineno, cfg.vocab_size);
+      const std::vector<int64_t> target =
+          parse_ids(line.substr(tab + 1), input, lineno, cfg.vocab_size);
+      MEGATRON_CHECK(!enc.empty() && !target.empty(), input, ":", lineno,
+                     ": both the encoder input and the target need at least one token");
+      const auto se = static_cast<int64_t>(enc.size()), sd = static_cast<int64_t>(target.size());
+      T5Inputs t5_in;
+      t5_in.enc_tokens = Tensor::empty({1, se}, DType::kI64);
+      t5_in.dec_tokens = Tensor::empty({1, sd}, DType::kI64);
+      t5_in.labels = Tensor::empty({1, sd}, DType::kI64);
+      std::copy(enc.begin(), enc.end(), t5_in.enc_tokens.data<int64_t>());
+      std::copy(target.begin(), target.end(), t5_in.labels.data<int64_t>());
+      t5_in.dec_tokens.data<int64_t>()[0] = t5_start;
+      std::copy(target.begin(), target.end() - 1, t5_in.dec_tokens.data<int64_t>() + 1);
+      T5Model::Ctx ctx;
+      const Tensor loss = t5->model().forward(t5_in, ctx, ForwardMode{});
+      nlohmann::json out;
+      double total = 0;
+      for (int64_t i = 0; i < sd; ++i) {
+        out["logprobs"].push_back(-loss.item(i));
+        total += loss.item(i);
+      }
+      out["loss"] = total / static_cast<double>(sd);
+      std::puts(out.dump().c_str());
+      continue;
+    }
     std::vector<int64_t> ids = parse_ids(line, input, lineno, cfg.vocab_size);
     nlohmann::json out;
     out["logprobs"] = nlohmann::json::array();

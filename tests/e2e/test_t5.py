@@ -13,7 +13,9 @@ What it is:
 - the model learns: the last iterations' lm loss is below the first ones';
 - a checkpoint saved in tp2+sp resumes in dp2 and continues the single-process curve;
 - `megatron generate` from a T5 checkpoint (prompts with <extra_id_N> sentinels, greedy) gives
-  the same tokens in one process and in tp2, a sentinel the tokenizer lacks is refused;
+  the same tokens in one process and in tp2, a sentinel the tokenizer lacks is refused; the
+  checkpoint converted to a Hugging Face T5 directory and `megatron score`d on (prompt, generated
+  tokens) gives the generation's log-probabilities;
 - bad input on every rank, exit 2 with a message naming the flag or file: pipeline parallelism
   (Megatron r0.14 removed it for T5), no sentinels (--vocab-extra-ids 0), a decoder longer than
   the position table, a missing --decoder-seq-length.
@@ -177,6 +179,27 @@ class TestT5(unittest.TestCase):
         for a, b in zip(lines, lines2):
             for u, v in zip(a["logprobs"], b["logprobs"]):
                 self.assertAlmostEqual(u, v, delta=1e-4)
+        # The checkpoint as a Hugging Face T5 directory, scored on (prompt, generated tokens):
+        # the training forward gives the generation's log-probabilities.
+        hf = os.path.join(self.dir, "hf_gen")
+        conv = subprocess.run([MEGATRON, "convert", "--load", ckpt, "--save-hf", hf],
+                              capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+        self.assertEqual(conv.returncode, 0, conv.stderr[-3000:])
+        with open(self.vocab) as f:
+            vocab = [line.rstrip("\n") for line in f]
+        prompt_ids = [vocab.index("walk"), vocab.index("##ing"), len(vocab) + 2]  # <extra_id_0>
+        pairs = os.path.join(self.dir, "pairs.txt")
+        with open(pairs, "w") as f:
+            f.write(" ".join(map(str, prompt_ids)) + "\t" +
+                    " ".join(map(str, lines[1]["tokens"])) + "\n")
+        score = subprocess.run([MEGATRON, "score", "--model", "t5", "--pretrained-checkpoint", hf,
+                                *tok, "--input", pairs, "--num-threads", "1"],
+                               capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+        self.assertEqual(score.returncode, 0, score.stderr[-3000:])
+        scored = json.loads(score.stdout.splitlines()[0])
+        self.assertEqual(len(scored["logprobs"]), len(lines[1]["logprobs"]))
+        for u, v in zip(scored["logprobs"], lines[1]["logprobs"]):
+            self.assertAlmostEqual(u, v, delta=1e-4)
         bad = self.generate(1, ["--load", ckpt, *tok, "--prompts", "a <extra_id_99> b"])
         self.assertEqual(bad.returncode, 2, bad.stderr[-2000:])
         self.assertIn("--vocab-extra-ids", bad.stderr)

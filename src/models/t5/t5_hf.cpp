@@ -131,6 +131,9 @@ T5HfInfo read_t5_hf_config(const std::string& dir) {
     MEGATRON_CHECK(false, file, ": feed_forward_proj '", ff,
                    "' is not supported (gated-gelu, gated-silu, gelu)");
   }
+  // No position table (relative buckets); n_positions, where older configs have it, is the
+  // length the model was trained at, the default --seq-length.
+  c.max_position_embeddings = hf_get_or<int64_t>(j, "n_positions", 512, file);
   c.normalization = Normalization::kRMSNorm;
   c.position_embedding = PositionEmbedding::kRelative;
   c.add_bias_linear = false;
