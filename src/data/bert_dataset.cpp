@@ -45,17 +45,8 @@ std::string bert_dataset_description(const std::string& dataset_path,
   base.sequence_length = config.sequence_length;
   base.split = config.split;
   base.tokenizer_json = config.tokenizer_json;
-  auto j = nlohmann::ordered_json::parse(
-      gpt_dataset_description(dataset_path, num_samples, split, base));
-  j["class"] = kClass;
-  const MaskingConfig& m = config.masking;
-  j["masking_probability"] = m.masking_probability;
-  j["short_sequence_probability"] = config.short_sequence_probability;
-  j["masking_max_ngram"] = m.masking_max_ngram;
-  j["masking_do_full_word"] = m.masking_do_full_word;
-  j["masking_do_permutation"] = false;
-  j["masking_use_longer_ngrams"] = m.masking_use_longer_ngrams;
-  j["masking_use_geometric_distribution"] = m.masking_use_geometric_distribution;
+  auto j = masked_dataset_description(kClass, dataset_path, num_samples, split, base,
+                                      config.short_sequence_probability, config.masking);
   j["classification_head"] = config.classification_head;
   return j.dump(4, ' ', true);
 }

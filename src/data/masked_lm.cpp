@@ -205,4 +205,22 @@ MaskedLmResult create_masked_lm_predictions(std::span<const int64_t> tokens,
   return out;
 }
 
+nlohmann::ordered_json masked_dataset_description(const char* cls, const std::string& dataset_path,
+                                                  std::optional<int64_t> num_samples, Split split,
+                                                  const GPTDatasetConfig& base,
+                                                  double short_sequence_probability,
+                                                  const MaskingConfig& m) {
+  auto j = nlohmann::ordered_json::parse(
+      gpt_dataset_description(dataset_path, num_samples, split, base));
+  j["class"] = cls;
+  j["masking_probability"] = m.masking_probability;
+  j["short_sequence_probability"] = short_sequence_probability;
+  j["masking_max_ngram"] = m.masking_max_ngram;
+  j["masking_do_full_word"] = m.masking_do_full_word;
+  j["masking_do_permutation"] = false;
+  j["masking_use_longer_ngrams"] = m.masking_use_longer_ngrams;
+  j["masking_use_geometric_distribution"] = m.masking_use_geometric_distribution;
+  return j;
+}
+
 }  // namespace megatron

@@ -28,6 +28,9 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "data/gpt_dataset.h"  // Split, GPTDatasetConfig
 #include "data/index_cache.h"
 #include "data/numpy_random.h"
 
@@ -58,6 +61,15 @@ struct MaskingConfig {
   bool masking_use_longer_ngrams = false;           // pretrain_bert: False
   bool masking_use_geometric_distribution = false;  // pretrain_bert: False (T5: True)
 };
+
+// Megatron's description of a MaskedWordPieceDataset (BERT's, T5's): the MegatronDataset
+// identifiers of `base` under class `cls`, then the masked-LM key attributes, in Megatron's
+// order; the dataset appends its own keys and dumps it with 4-space indent.
+nlohmann::ordered_json masked_dataset_description(const char* cls, const std::string& dataset_path,
+                                                  std::optional<int64_t> num_samples, Split split,
+                                                  const GPTDatasetConfig& base,
+                                                  double short_sequence_probability,
+                                                  const MaskingConfig& masking);
 
 // What masking needs of the tokenizer: the ids it skips and which pieces continue a word.
 struct MaskingVocab {

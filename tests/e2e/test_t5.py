@@ -131,6 +131,7 @@ class TestT5(unittest.TestCase):
         self.check_layouts([*V11, "--recompute-granularity", "full", "--recompute-method",
                             "uniform", "--recompute-num-layers", "1"], [
             ("tp2+sp", 2, [TP, "2", "--sequence-parallel"]),
+            ("tp2", 2, [TP, "2"]),
             ("dp2 distributed optimizer", 2, ["--use-distributed-optimizer"]),
         ])
 

@@ -1,9 +1,6 @@
 // T5 datasets per split and T5 micro-batches.
 #include "models/t5/t5_data.h"
 
-#include <array>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -11,34 +8,13 @@
 #include "data/gpt_batch.h"
 #include "data/indexed_dataset.h"
 #include "data/t5_dataset.h"
+#include "models/common/sentence_datasets.h"
 #include "models/t5/t5_chunk.h"
 
 namespace megatron {
 
-namespace {
-
-// The one prefix of a --data-path style list ("prefix" or "weight prefix").
-std::string single_prefix(const std::vector<std::string>& args, const char* flag) {
-  std::vector<std::string> tokens;
-  for (const std::string& a : args) {
-    std::istringstream in(a);
-    for (std::string t; in >> t;) tokens.push_back(t);
-  }
-  if (tokens.empty()) return "";
-  MEGATRON_CHECK(tokens.size() == 1 || tokens.size() == 2, flag,
-                 ": T5 trains on one `_text_sentence` dataset per split; blends of several "
-                 "prefixes are not supported for T5 yet (merge the JSON-lines inputs and "
-                 "preprocess once)");
-  return tokens.back();
-}
-
-}  // namespace
-
 Datasets t5_datasets(const DataConfig& a, const Tokenizer& tokenizer, int64_t seq_length,
                      const SampleCounts& n, bool log) {
-  MEGATRON_CHECK(!a.mock_data,
-                 "--mock-data makes GPT documents; T5 needs sentences: pass --data-path with a "
-                 "`megatron preprocess --split-sentences` dataset");
   T5DatasetConfig config;
   config.random_seed = a.seed;
   config.sequence_length = seq_length;
@@ -48,49 +24,15 @@ Datasets t5_datasets(const DataConfig& a, const Tokenizer& tokenizer, int64_t se
   config.short_sequence_probability = a.short_seq_prob;
   config.masking.masking_probability = a.mask_prob;
   config.log = log;
-  const std::array<int64_t, 3> counts = {n.train, n.valid, n.test};
-  std::array<std::unique_ptr<SampleSource>, 3> out;
-  if (log) log_line("> building train, validation, and test datasets for T5 ...");
-  const std::string prefix = single_prefix(a.data_path, "--data-path");
-  if (!prefix.empty()) {
-    MEGATRON_CHECK(
-        a.train_data_path.empty() && a.valid_data_path.empty() && a.test_data_path.empty(),
-        "--data-path and --train/valid/test-data-path are exclusive; pass one or the other");
-    config.split = a.split;
-    auto data = std::make_shared<const IndexedDataset>(IndexedDataset::open(prefix));
-    const auto ranges = split_document_ranges(a.split, data->num_documents());
-    for (size_t i = 0; i < 3; ++i) {
-      if (!ranges[i] || ranges[i]->size() == 0 || counts[i] <= 0) continue;
-      out[i] = std::make_unique<T5Dataset>(data, *ranges[i], counts[i], static_cast<Split>(i),
-                                           config, tokenizer);
-    }
-  } else {
-    const std::array<const std::vector<std::string>*, 3> paths = {
-        &a.train_data_path, &a.valid_data_path, &a.test_data_path};
-    const std::array<const char*, 3> flags = {"--train-data-path", "--valid-data-path",
-                                              "--test-data-path"};
-    for (size_t i = 0; i < 3; ++i) {
-      const std::string p = single_prefix(*paths[i], flags[i]);
-      if (p.empty() || counts[i] <= 0) continue;
-      auto data = std::make_shared<const IndexedDataset>(IndexedDataset::open(p));
-      out[i] = std::make_unique<T5Dataset>(data, DocumentRange{0, data->num_documents()}, counts[i],
-                                           static_cast<Split>(i), config, tokenizer);
-    }
-  }
-  MEGATRON_CHECK(out[0] != nullptr,
-                 "no training data for T5: pass --data-path (a `_text_sentence` dataset) with a "
-                 "non-zero training share in --split, or --train-data-path");
-  if (log) {
-    const char* names[] = {"train", "validation", "test"};
-    for (size_t i = 0; i < 3; ++i)
-      log_line(std::string(" > ") + names[i] + ": " +
-               (out[i] ? std::to_string(out[i]->size()) + " samples" : std::string("none")));
-  }
-  Datasets d;
-  d.train = std::move(out[0]);
-  d.valid = std::move(out[1]);
-  d.test = std::move(out[2]);
-  return d;
+  return sentence_datasets(
+      a, n, "T5",
+      [&](std::shared_ptr<const IndexedDataset> data, DocumentRange documents, int64_t count,
+          Split which, const std::optional<std::string>& split) -> std::unique_ptr<SampleSource> {
+        T5DatasetConfig c = config;
+        c.split = split;
+        return std::make_unique<T5Dataset>(std::move(data), documents, count, which, c, tokenizer);
+      },
+      log);
 }
 
 BatchFn t5_batch_maker(const DataConfig& config, const Tokenizer& tokenizer) {
