@@ -69,12 +69,16 @@ T5Dataset::T5Dataset(std::shared_ptr<const IndexedDataset> dataset, DocumentRang
   MEGATRON_CHECK(
       documents.begin >= 0 && documents.end <= dataset_->num_documents() && documents.size() > 0,
       "T5 dataset ", prefix, ": no documents in the ", split_name(split), " split");
-  // As for BERT: a `_text_document` dataset (no --split-sentences) has one sequence per document.
+  // A `_text_document` dataset (no --split-sentences) has one sequence per document. Megatron
+  // takes it (its T5 example passes one): each document is one "sentence" of the sample mapping,
+  // which skips documents longer than its 512-token sentence limit. Said, not refused.
   const auto doc_index = dataset_->document_indices();
-  MEGATRON_CHECK(dataset_->num_sequences() > dataset_->num_documents(), "--data-path ", prefix,
-                 ": every document is a single sequence, so it was preprocessed without "
-                 "--split-sentences; T5 reads sentences: run `megatron preprocess "
-                 "--split-sentences` (output <prefix>_text_sentence) and pass that");
+  if (dataset_->num_sequences() <= dataset_->num_documents() && config.log) {
+    log_line("> warning: " + prefix +
+             " has one sequence per document (preprocessed without --split-sentences): each "
+             "document is one sentence of T5's sample mapping, which skips documents of more "
+             "than 512 tokens; `megatron preprocess --split-sentences` gives T5 all of them");
+  }
   special_ = tokenizer.special_tokens();
   MEGATRON_CHECK(special_.cls >= 0 && special_.sep >= 0 && special_.pad >= 0 &&
                      special_.mask >= 0 && special_.bos >= 0 && special_.eos >= 0,

@@ -330,7 +330,8 @@ TEST(T5Dataset, Refusals) {
   expect_refused([&] { T5Dataset(data, c.docs, std::nullopt, Split::kTrain, no_dec, tok); },
                  {"--decoder-seq-length"});
 
-  // A `_text_document` dataset: one sequence per document.
+  // A `_text_document` dataset (one sequence per document) is taken, as Megatron takes it: each
+  // document is one sentence of the mapping.
   const std::string doc_prefix = dir + "/corpus_text_document";
   {
     IndexedDatasetBuilder b(doc_prefix + ".bin", IndexDType::kUInt16);
@@ -342,11 +343,15 @@ TEST(T5Dataset, Refusals) {
     b.finalize(doc_prefix + ".idx");
   }
   auto docs = std::make_shared<const IndexedDataset>(IndexedDataset::open(doc_prefix));
-  expect_refused(
-      [&] {
-        T5Dataset(docs, {0, 5}, std::nullopt, Split::kTrain, config, tok);
-      },
-      {"--split-sentences", doc_prefix});
+  {
+    const T5Dataset from_docs(docs, {0, 5}, std::nullopt, Split::kTrain, config, tok);
+    ASSERT_GT(from_docs.size(), 0);
+    std::vector<int64_t> rec(static_cast<size_t>(from_docs.sample_width()));
+    from_docs.sample(0, rec.data());
+    const T5Record r(rec.data(), config.sequence_length, config.sequence_length_decoder);
+    EXPECT_EQ(r.enc_mask[0], 1);
+    EXPECT_EQ(r.loss_mask[0], 1);
+  }
 
   // A decoder too short for the masked spans: the sample is refused, naming the flag.
   T5DatasetConfig short_dec = config;

@@ -3,7 +3,8 @@
 `megatron pretrain_bert` as one process and under `mpiexec` in the parallel layouts.
 
 What it is:
-- equivalence: tp2 + sequence parallel, pp2, dp2 with the distributed optimizer and tp2pp2
+- equivalence: tp2 + sequence parallel, pp2, dp2 with the distributed optimizer (also with
+  --overlap-param-gather, where the embedding and heads must wait for their gathers) and tp2pp2
   against the single process, for Megatron's pre-LN BERT and the post-LN variant, dropout on;
   the layouts differ only in where the arithmetic happens (TP-invariant initialisation, dropout
   keyed by global indices, Megatron's sampler share per rank), so the lm loss, sop loss, grad norm
@@ -161,6 +162,9 @@ class TestBert(unittest.TestCase):
             ("tp2+sp", 2, [TP, "2", "--sequence-parallel"]),
             ("pp2", 2, [PP, "2"]),
             ("dp2 distributed optimizer", 2, ["--use-distributed-optimizer"]),
+            ("dp2 overlapped param gather", 2,
+             ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
+              "--ddp-bucket-size", "2000"]),
             ("tp2pp2", 4, [TP, "2", PP, "2"]),
         ])
 

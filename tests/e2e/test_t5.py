@@ -4,8 +4,8 @@
 under `mpiexec` in the parallel layouts T5 has in Megatron r0.14 (no pipeline).
 
 What it is:
-- equivalence: tp2 + sequence parallel and dp2 with the distributed optimizer against the single
-  process, dropout on, for Megatron's default T5 (learned positions, tied head) and the v1.1
+- equivalence: tp2 (+ sequence parallel) and dp2 with the distributed optimizer (also with
+  --overlap-param-gather) against the single process, dropout on, for Megatron's default T5 (learned positions, tied head) and the v1.1
   form (relative positions, RMSNorm, GeGLU, no biases, untied) with full recomputation; the
   layouts differ only in where the arithmetic happens, so the lm loss, grad norm and validation
   loss curves must agree within 1e-5 relative (the order of f32 sums across ranks moves the 7th
@@ -16,6 +16,8 @@ What it is:
   the same tokens in one process and in tp2, a sentinel the tokenizer lacks is refused; the
   checkpoint converted to a Hugging Face T5 directory and `megatron score`d on (prompt, generated
   tokens) gives the generation's log-probabilities;
+- Megatron's examples/t5/train_t5_220m_distributed.sh, scaled down, runs as `megatron
+  pretrain_t5` on a `_text_document` dataset (as the script's DATA_PATH) and its loss falls;
 - bad input on every rank, exit 2 with a message naming the flag or file: pipeline parallelism
   (Megatron r0.14 removed it for T5), no sentinels (--vocab-extra-ids 0), a decoder longer than
   the position table, a missing --decoder-seq-length.
@@ -125,6 +127,9 @@ class TestT5(unittest.TestCase):
         self.check_layouts([], [
             ("tp2+sp", 2, [TP, "2", "--sequence-parallel"]),
             ("dp2 distributed optimizer", 2, ["--use-distributed-optimizer"]),
+            ("dp2 overlapped param gather", 2,
+             ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
+              "--ddp-bucket-size", "2000"]),
         ])
 
     def test_v11_relative_layouts_match_single_process(self):
@@ -147,6 +152,44 @@ class TestT5(unittest.TestCase):
                                   "--load", ckpt])
         self.assertEqual(resumed.returncode, 0, resumed.stderr[-3000:])
         self.assert_same_curves(self.curves(resumed.stdout, 7, ITERS), want, "tp2+sp -> dp2")
+
+    def test_megatrons_t5_example_script_runs(self):
+        # examples/t5/train_t5_220m_distributed.sh of Megatron-LM core_r0.14.0, its arrays in
+        # order, sizes scaled down (12+12 layers of 768 -> 2+2 of 64, 512/128 positions -> 64/32,
+        # batch 64/512 -> 2/8, 1e6 iterations -> 30, lr x 10 for a tiny model), on 2 ranks
+        # instead of 8 GPUs, and its DATA_PATH a `_text_document` dataset as the script names it.
+        doc_prefix = os.path.join(self.dir, "cased")
+        proc = subprocess.run([MEGATRON, "preprocess", "--input",
+                               os.path.join(self.dir, "corpus.jsonl"), "--output-prefix",
+                               doc_prefix, "--tokenizer-type", "BertWordPieceCase",
+                               "--vocab-file", self.vocab, "--workers", "1"],
+                              capture_output=True, text=True, timeout=120, check=False)
+        self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
+        ckpt, tb = os.path.join(self.dir, "example_ckpt"), os.path.join(self.dir, "example_tb")
+        t5_args = ["--encoder-num-layers", "2", "--decoder-num-layers", "2", "--hidden-size", "64",
+                   "--num-attention-heads", "4", "--kv-channels", "16", "--ffn-hidden-size", "256",
+                   "--encoder-seq-length", "64", "--decoder-seq-length", "32",
+                   "--max-position-embeddings", "64", "--micro-batch-size", "2",
+                   "--global-batch-size", "8", "--lr", "0.001", "--train-iters", "30",
+                   "--lr-decay-iters", "30", "--lr-decay-style", "linear", "--min-lr", "0.00001",
+                   "--weight-decay", "1e-2", "--lr-warmup-fraction", ".01", "--clip-grad", "1.0",
+                   "--bf16", "--vocab-extra-ids", "100", "--init-method-std", "0.015",
+                   "--transformer-impl", "transformer_engine", "--tensor-model-parallel-size", "1",
+                   "--pipeline-model-parallel-size", "1", "--attention-backend", "auto"]
+        data_args = ["--data-path", doc_prefix + "_text_document", "--vocab-file", self.vocab,
+                     "--tokenizer-type", "BertWordPieceCase", "--split", "99982,9,9",
+                     "--data-cache-path", os.path.join(self.dir, "cache_example")]
+        output_args = ["--log-interval", "1", "--tensorboard-dir", tb, "--save-interval", "15",
+                       "--eval-interval", "15", "--eval-iters", "2"]
+        proc = self.run_t5(2, [*t5_args, *data_args, *output_args, "--distributed-backend",
+                               "nccl", "--save", ckpt, "--load", ckpt, "--num-threads", "1"])
+        self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+        self.assertIn("one sequence per document", proc.stdout)  # the document-data warning
+        curve = self.curves(proc.stdout, 1, 30)
+        first = sum(curve[i]["lm loss"] for i in (1, 2, 3)) / 3
+        last = sum(curve[i]["lm loss"] for i in (28, 29, 30)) / 3
+        self.assertLess(last, first - 0.5, proc.stdout[-3000:])
+        self.assertTrue(os.path.exists(os.path.join(ckpt, "latest_checkpointed_iteration.txt")))
 
     def generate(self, ranks, args):
         cmd = [MEGATRON, "generate", *args]

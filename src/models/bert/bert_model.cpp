@@ -1,6 +1,8 @@
 // BERT forward and backward over the shared language-model parts, staged over the pipeline.
 #include "models/bert/bert_model.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "tensor/ops.h"
 
@@ -80,6 +82,15 @@ TokenLayout BertModel::layout(const BertInputs& in) const {
   return l;
 }
 
+std::vector<const Param*> BertModel::outer_params() const {
+  std::vector<Param*> all = const_cast<BertModel*>(this)->parameters(), block;
+  encoder->collect(block);
+  std::vector<const Param*> out;
+  for (const Param* p : all)
+    if (std::find(block.begin(), block.end(), p) == block.end()) out.push_back(p);
+  return out;
+}
+
 Tensor BertModel::lm_transform(const Tensor& hidden, Ctx& ctx) const {
   ctx.hidden_shape = hidden.shape();
   const int64_t n = hidden.numel() / cfg_.hidden_size;
@@ -101,6 +112,9 @@ Tensor BertModel::lm_transform_backward(const Tensor& d, Ctx& ctx) const {
 BertModel::Outputs BertModel::forward_stage(const Tensor& hidden_in, const BertInputs& in,
                                             const Tensor& is_random, Ctx& ctx,
                                             const ForwardMode& mode) const {
+  // --overlap-param-gather: the embedding's and the heads' weights are complete before use (the
+  // encoder's layers wait for theirs one by one).
+  mode.need(outer_params());
   Tensor x;
   if (stage_.pre_process) {
     MEGATRON_CHECK(in.tokens.defined() && in.tokens.ndim() == 2,

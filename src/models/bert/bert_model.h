@@ -116,6 +116,8 @@ class BertModel {
 
  private:
   TokenLayout layout(const BertInputs& in) const;
+  // This stage's parameters outside the encoder's layers (embedding, heads).
+  std::vector<const Param*> outer_params() const;
   // The embedding has token types (binary head or classifier).
   bool typed() const { return stage_.binary_head || stage_.num_classes > 0; }
   // The LM head's transform: [s', b, h] -> [s', b, h].
