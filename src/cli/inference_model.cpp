@@ -31,6 +31,7 @@ void resolve_inference_args(Arguments& a, const ArgTable& t, int world_size, boo
     merge_checkpoint_args(a, t, report);
   }
   merge_pretrained_config(a, t);
+  resolve_encoder_decoder(a, t, /*training=*/false);
   resolve_vocab_size(a, t);
   const int64_t tp = a.tensor_model_parallel_size, pp = a.pipeline_model_parallel_size;
   MEGATRON_CHECK(tp >= 1 && pp >= 1,

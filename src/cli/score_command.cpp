@@ -59,6 +59,7 @@ int score_command(int argc, char** argv) {
   MEGATRON_CHECK(!args.pretrained_checkpoint.empty(),
                  "--pretrained-checkpoint is required: the model to score with");
   merge_pretrained_config(args, table);
+  resolve_encoder_decoder(args, table, /*training=*/false);
   set_num_threads(static_cast<int>(args.num_threads));
   args.hidden_dropout = args.attention_dropout = 0;
   TransformerConfig cfg = transformer_config_from_args(args);

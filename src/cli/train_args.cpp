@@ -941,7 +941,8 @@ void merge_pretrained_config(Arguments& a, const ArgTable& t) {
     if (saved.empty()) saved = reader.metadata().value("args", nlohmann::json::object());
     saved.erase("model");
     if (a.tokenizer_type != "NullTokenizer") saved.erase("vocab_size");
-    t.restore("model", saved, {"--model", "--seq-length"}, dir);
+    t.restore("model", saved,
+              {"--model", "--seq-length", "--encoder-seq-length", "--decoder-seq-length"}, dir);
     return;
   }
   const TransformerConfig c = model_spec(a.model).hf.read_config(a.pretrained_checkpoint);
@@ -1026,7 +1027,7 @@ void merge_pretrained_config(Arguments& a, const ArgTable& t) {
   if (!t.given("--seq-length")) a.seq_length = c.max_position_embeddings;
 }
 
-void resolve_encoder_decoder(Arguments& a, const ArgTable& t) {
+void resolve_encoder_decoder(Arguments& a, const ArgTable& t, bool training) {
   if (t.given("--encoder-num-layers")) {
     MEGATRON_CHECK(!t.given("--num-layers") || a.num_layers == a.encoder_num_layers,
                    "--num-layers (", a.num_layers, ") and --encoder-num-layers (",
@@ -1049,9 +1050,9 @@ void resolve_encoder_decoder(Arguments& a, const ArgTable& t) {
                  "--decoder-num-layers and --decoder-seq-length must be positive");
   if (!t5) return;
   if (a.decoder_num_layers == 0) a.decoder_num_layers = a.num_layers;
-  MEGATRON_CHECK(a.decoder_seq_length > 0,
+  MEGATRON_CHECK(!training || a.decoder_seq_length > 0,
                  "T5 needs --decoder-seq-length (the decoder's length: span targets + sentinels)");
-  MEGATRON_CHECK(a.vocab_extra_ids > 0,
+  MEGATRON_CHECK(!training || a.vocab_extra_ids > 0,
                  "T5's span corruption replaces each span by a sentinel token <extra_id_i>: pass "
                  "--vocab-extra-ids N (Megatron's T5 examples use 100)");
   MEGATRON_CHECK(a.pipeline_model_parallel_size == 1, "--pipeline-model-parallel-size ",
@@ -1193,7 +1194,10 @@ void merge_checkpoint_args(Arguments& a, const ArgTable& t, bool report) {
     a.tokenizer_type = saved["tokenizer_type"].get<std::string>();
   }
   if (a.tokenizer_type != "NullTokenizer") saved.erase("vocab_size");
-  for (const std::string& line : t.restore("model", saved, {"--seq-length"}, src)) {
+  // A given sequence length wins (a run may train on other lengths), the encoder's and the
+  // decoder's too.
+  for (const std::string& line : t.restore(
+           "model", saved, {"--seq-length", "--encoder-seq-length", "--decoder-seq-length"}, src)) {
     if (report) log_line(" > --use-checkpoint-args: " + line);
   }
 }

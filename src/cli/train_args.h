@@ -20,8 +20,10 @@ void validate_train_args(Arguments& a, int world_size = 1, int rank = 0);
 
 // Megatron's encoder-decoder aliases: --encoder-num-layers is --num-layers and
 // --encoder-seq-length is --seq-length (one of each pair may be given); the decoder flags apply
-// to --model t5 only. Run before the other checks.
-void resolve_encoder_decoder(Arguments& a, const ArgTable& t);
+// to --model t5 only, whose layouts (no pipeline, context parallelism or MoE) are checked here;
+// training (not generation or scoring) also needs --decoder-seq-length and sentinels
+// (--vocab-extra-ids). Run before the other checks.
+void resolve_encoder_decoder(Arguments& a, const ArgTable& t, bool training);
 
 // Fills the model flags from DIR/config.json. A model flag given explicitly that contradicts the
 // file is an error naming both; flags left at their defaults yield to the file.

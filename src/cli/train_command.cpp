@@ -36,7 +36,7 @@ int run_train(int argc, char** argv, MpiRuntime& mpi) {
     merge_pretrained_config(args, table);
     merge_checkpoint_args(args, table, mpi.rank() == 0);
     read_data_args_files(args);
-    resolve_encoder_decoder(args, table);
+    resolve_encoder_decoder(args, table, /*training=*/true);
     resolve_finetuning(args, table);
     validate_train_args(args, mpi.world_size(), mpi.rank());
     const bool per_split = !args.train_data_path.empty() || !args.valid_data_path.empty() ||

@@ -51,9 +51,11 @@ void TransformerConfig::finalize() {
     MEGATRON_CHECK(relative_attention_num_buckets >= 4,
                    "--relative-attention-num-buckets must be >= 4, got ",
                    relative_attention_num_buckets);
-    MEGATRON_CHECK(relative_attention_max_distance >= relative_attention_num_buckets / 2,
+    // The causal buckets' exact range is num_buckets / 2: the logarithmic ones span from there
+    // to max_distance, which must lie beyond it (else log(max_distance / exact) is 0).
+    MEGATRON_CHECK(relative_attention_max_distance > relative_attention_num_buckets / 2,
                    "--relative-attention-max-distance (", relative_attention_max_distance,
-                   ") must be at least half of --relative-attention-num-buckets (",
+                   ") must exceed half of --relative-attention-num-buckets (",
                    relative_attention_num_buckets, ")");
   }
   if (position_embedding == PositionEmbedding::kRope) {

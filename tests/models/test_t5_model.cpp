@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
 
 #include <omp.h>
 
@@ -183,6 +184,22 @@ TEST(RelativePositionBucket, FollowsT5sDefinition) {
   // Log buckets: 8 + trunc(log(d / 8) / log(16) * 8): d = 16 -> 10, d = 64 -> 14.
   EXPECT_EQ(relative_position_bucket(-16, true, 32, 128), 10);
   EXPECT_EQ(relative_position_bucket(-64, true, 32, 128), 14);
+}
+
+// A max distance inside the causal buckets' exact range would put every farther key in a bucket
+// computed from log(1) = 0: refused by name.
+TEST(RelativePositionBucket, MaxDistanceMustExceedTheExactRange) {
+  TransformerConfig c = v11_config();
+  c.relative_attention_num_buckets = 32;
+  c.relative_attention_max_distance = 16;
+  try {
+    c.finalize();
+    FAIL() << "max distance 16 with 32 buckets was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("--relative-attention-max-distance"), std::string::npos);
+  }
+  c.relative_attention_max_distance = 17;
+  c.finalize();
 }
 
 }  // namespace

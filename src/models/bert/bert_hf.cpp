@@ -122,12 +122,14 @@ BertHfInfo read_bert_hf_config(const std::string& dir) {
 void check_bert_exportable(const TransformerConfig& c) {
   MEGATRON_CHECK(c.position_embedding == PositionEmbedding::kLearnedAbsolute &&
                      c.normalization == Normalization::kLayerNorm && !c.swiglu && !c.squared_relu &&
-                     c.add_bias_linear && !c.qk_layernorm && !c.layernorm_zero_centered_gamma &&
-                     !c.moe.enabled() && c.num_query_groups == c.num_attention_heads &&
+                     !c.gated_gelu && c.softmax_scale == 0 && c.add_bias_linear &&
+                     !c.qk_layernorm && !c.layernorm_zero_centered_gamma && !c.moe.enabled() &&
+                     c.num_query_groups == c.num_attention_heads &&
                      c.head_dim() * c.num_attention_heads == c.hidden_size && c.bert_binary_head,
                  "this BERT has no Hugging Face form: BertForPreTraining needs learned absolute "
                  "positions, LayerNorm, GELU, linear biases, no --qk-layernorm, "
-                 "--apply-layernorm-1p, MoE, --group-query-attention or --kv-channels, and the "
+                 "--apply-layernorm-1p, MoE, --group-query-attention, --kv-channels, "
+                 "--gated-linear-unit or --softmax-scale, and the "
                  "binary head (no --bert-no-binary-head)");
 }
 

@@ -365,6 +365,10 @@ void save_hf(const std::string& dir, const HfModelInfo& info, const GPTModel& mo
 }
 
 HfArch infer_hf_arch(const TransformerConfig& c) {
+  MEGATRON_CHECK(!c.gated_gelu && c.softmax_scale == 0,
+                 "this model has no Hugging Face equivalent: GPT-2 and Llama have no GeGLU MLP "
+                 "(--gated-linear-unit) and scale attention by 1/sqrt(head dim) (no "
+                 "--softmax-scale)");
   if (c.position_embedding == PositionEmbedding::kLearnedAbsolute &&
       c.normalization == Normalization::kLayerNorm && !c.swiglu && c.add_bias_linear &&
       !c.untie_embeddings_and_output_weights && c.num_query_groups == c.num_attention_heads &&
