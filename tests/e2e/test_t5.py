@@ -81,26 +81,13 @@ class TestT5(unittest.TestCase):
                 "--data-cache-path", os.path.join(self.dir, cache)]
 
     def run_t5(self, ranks, args):
-        cmd = [MEGATRON, "pretrain_t5", *args]
-        if ranks > 1:
-            cmd = [MPIEXEC, "-n", str(ranks), "--oversubscribe", "--allow-run-as-root", *cmd]
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S,
-                              env=dict(os.environ, **megatron_job.MPI_ENV), check=False)
+        return megatron_job.run_train(MEGATRON, MPIEXEC, ranks, args, TIMEOUT_S, "pretrain_t5")
 
     def curves(self, stdout, first=1, last=ITERS):
-        lines = {it: f for it, f in megatron_log.iteration_lines(stdout).items()
-                 if first <= it <= last}
-        self.assertEqual(sorted(lines), list(range(first, last + 1)), stdout[-2000:])
-        return {it: {k: megatron_log.number(f, k) for k in ("lm loss", "grad norm")}
-                for it, f in lines.items()}
+        return megatron_log.curves(stdout, ["lm loss", "grad norm"], first, last)
 
     def assert_same_curves(self, got, want, name):
-        for it, w in want.items():
-            for key, value in w.items():
-                # The grad norm is printed with 3 decimals: one unit of the last digit more.
-                slack = 2e-3 if key == "grad norm" else 0.0
-                self.assertAlmostEqual(got[it][key], value, delta=1e-5 * abs(value) + slack,
-                                       msg=f"{name}: {key} at iteration {it}")
+        megatron_log.assert_same_curves(self, got, want, name)
 
     def check_layouts(self, extra, layouts):
         single = self.run_t5(1, [*self.base("cache1"), *extra])
@@ -192,11 +179,7 @@ class TestT5(unittest.TestCase):
         self.assertTrue(os.path.exists(os.path.join(ckpt, "latest_checkpointed_iteration.txt")))
 
     def generate(self, ranks, args):
-        cmd = [MEGATRON, "generate", *args]
-        if ranks > 1:
-            cmd = [MPIEXEC, "-n", str(ranks), "--oversubscribe", "--allow-run-as-root", *cmd]
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S,
-                              env=dict(os.environ, **megatron_job.MPI_ENV), check=False)
+        return megatron_job.run_train(MEGATRON, MPIEXEC, ranks, args, TIMEOUT_S, "generate")
 
     def test_generation_from_a_checkpoint_in_one_process_and_tp2(self):
         ckpt = os.path.join(self.dir, "ckpt_gen")

@@ -61,10 +61,11 @@ def with_flags(base, extra):
     return out
 
 
-def run_train(megatron, mpiexec, ranks, args, timeout):
-    """`megatron train ARGS` as one process (ranks 1) or under `mpiexec -n RANKS`; never raises
-    on a non-zero exit (the caller checks returncode), raises TimeoutExpired on a hang."""
-    cmd = [megatron, "train", *args]
+def run_train(megatron, mpiexec, ranks, args, timeout, command="train"):
+    """`megatron COMMAND ARGS` (train by default; pretrain_bert, generate, ...) as one process
+    (ranks 1) or under `mpiexec -n RANKS`; never raises on a non-zero exit (the caller checks
+    returncode), raises TimeoutExpired on a hang."""
+    cmd = [megatron, command, *args]
     if ranks > 1:
         cmd = [mpiexec, "-n", str(ranks), "--oversubscribe", "--allow-run-as-root", *cmd]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,

@@ -97,3 +97,22 @@ def loss_curve(stdout, iters):
 def validation_losses(stdout):
     """[(place, lm loss value)] of every validation line, in order."""
     return [(where, number(f, "lm loss value")) for where, f in validation_lines(stdout)]
+
+
+def curves(stdout, keys, first, last):
+    """{iteration: {key: number}} of iterations first..last; fails unless each has its line."""
+    lines = {it: f for it, f in iteration_lines(stdout).items() if first <= it <= last}
+    if sorted(lines) != list(range(first, last + 1)):
+        raise AssertionError(f"iterations {first}..{last} expected, got {sorted(lines)}:\n"
+                             f"{stdout[-2000:]}")
+    return {it: {k: number(f, k) for k in keys} for it, f in lines.items()}
+
+
+def assert_same_curves(test, got, want, name, rel=1e-5):
+    """Every value of `want` ({iteration: {key: number}}) within `rel` of `got`'s; the grad norm,
+    printed with 3 decimals, with one unit of its last digit more."""
+    for it, w in want.items():
+        for key, value in w.items():
+            slack = 2e-3 if key == "grad norm" else 0.0
+            test.assertAlmostEqual(got[it][key], value, delta=rel * abs(value) + slack,
+                                   msg=f"{name}: {key} at iteration {it}")
