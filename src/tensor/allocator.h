@@ -24,7 +24,13 @@ class Allocator {
   virtual void release(void* p, size_t bytes) = 0;
 };
 
-// The process-wide allocator of `device` (never destroyed: it outlives static tensors).
+// The process-wide allocator of `device` (never destroyed: it outlives static tensors). Throws
+// InvalidArgument for a device this build or machine does not have.
 Allocator& allocator_for(Device device);
+
+namespace detail {
+// The host devices' allocators (tensor/cpu/cpu_allocator.cpp).
+Allocator& host_allocator(Device device);
+}  // namespace detail
 
 }  // namespace megatron

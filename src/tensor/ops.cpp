@@ -1,8 +1,8 @@
 // The op dispatch: every op of ops.h checks that its tensors share one device, opens the op
 // profile's timer for its category, and calls that device's implementation (tensor/cpu/ for
-// Device::kCPU, tensor/reference/ for Device::kReference). A new device adds its namespace to
-// MEGATRON_DISPATCH and implements every op there; the op harness (tests/tensor/
-// test_op_harness.cpp) then runs each case on it against the reference.
+// Device::kCPU, tensor/reference/ for Device::kReference, tensor/cuda/ for Device::kCUDA). A new
+// device adds its namespace to MEGATRON_DISPATCH and implements every op there; the op harness
+// (tests/tensor/ test_op_harness.cpp) then runs each case on it against the reference.
 #include "tensor/ops.h"
 
 #include <initializer_list>
@@ -10,6 +10,18 @@
 #include "tensor/cpu/cpu_ops.h"
 #include "tensor/op_profile.h"
 #include "tensor/reference/reference_ops.h"
+
+#if MEGATRON_HAVE_CUDA
+#include "tensor/cuda/cuda_ops.h"
+#define MEGATRON_CUDA_CASE(call) \
+  case Device::kCUDA:            \
+    return cuda::call;
+#else
+// A build without the CUDA device has no CUDA tensors either (allocation refuses them).
+#define MEGATRON_CUDA_CASE(call) \
+  case Device::kCUDA:            \
+    break;
+#endif
 
 namespace megatron::ops {
 namespace {
@@ -43,6 +55,7 @@ Device device_of(const char* op, std::initializer_list<const Tensor*> tensors,
       return cpu::call;                 \
     case Device::kReference:            \
       return reference::call;           \
+      MEGATRON_CUDA_CASE(call)          \
   }                                     \
   MEGATRON_CHECK(false, "no implementation on device ", device_name(device))
 

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "tensor/allocator.h"
+#include "tensor/device_memory.h"
 #include "tensor/memory_stats.h"
 
 namespace megatron {
@@ -29,7 +30,7 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
 
 Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
   Tensor t = empty(shape, dtype, device);
-  std::memset(t.raw(), 0, t.nbytes());
+  t.zero();
   return t;
 }
 
@@ -67,24 +68,37 @@ Tensor Tensor::flat_view(int64_t offset, const Shape& shape) const {
 
 Tensor Tensor::to(DType dtype) const {
   Tensor t = empty(shape_, dtype, device());
-  convert(t.raw(), dtype, raw(), dtype_, numel());
+  detail::convert_on(device(), t.raw(), dtype, raw(), dtype_, numel());
   return t;
 }
 
 Tensor Tensor::to(Device device) const {
-  // Both devices are host memory today; a device with its own memory copies through its API.
   Tensor t = empty(shape_, dtype_, device);
-  std::memcpy(t.raw(), raw(), nbytes());
+  detail::copy_bytes(t.raw(), device, raw(), this->device(), nbytes());
   return t;
 }
 
 void Tensor::copy_from(const Tensor& src) {
   MEGATRON_CHECK(src.numel() == numel(), "copy_from: ", src.str(), " into ", str());
-  convert(raw(), dtype_, src.raw(), src.dtype_, numel());
+  if (src.device() == device() || (detail::on_host(src.device()) && detail::on_host(device()))) {
+    detail::convert_on(device(), raw(), dtype_, src.raw(), src.dtype_, numel());
+    return;
+  }
+  // Across host and GPU memory: move the bytes, then convert where they landed.
+  if (src.dtype_ == dtype_) {
+    detail::copy_bytes(raw(), device(), src.raw(), src.device(), nbytes());
+  } else {
+    const Tensor moved = src.to(device());
+    detail::convert_on(device(), raw(), dtype_, moved.raw(), src.dtype_, numel());
+  }
 }
 
 void Tensor::fill(double value) {
   int64_t n = numel();
+  if (!detail::on_host(device())) {
+    detail::fill_on(device(), raw(), dtype_, value, n);
+    return;
+  }
   switch (dtype_) {
     case DType::kF32: {
       float* p = data<float>();
@@ -105,13 +119,16 @@ void Tensor::fill(double value) {
 }
 
 void Tensor::zero() {
-  std::memset(raw(), 0, nbytes());
+  detail::zero_bytes(raw(), device(), nbytes());
 }
 
 double Tensor::item(int64_t i) const {
   MEGATRON_CHECK(i >= 0 && i < numel(), "item: index ", i, " out of range for ", str());
+  const char* at = static_cast<const char*>(raw()) + i * dtype_size(dtype_);
+  char host[8];
+  detail::copy_bytes(host, Device::kCPU, at, device(), dtype_size(dtype_));
   double v;
-  convert(&v, DType::kF64, static_cast<const char*>(raw()) + i * dtype_size(dtype_), dtype_, 1);
+  convert(&v, DType::kF64, host, dtype_, 1);
   return v;
 }
 

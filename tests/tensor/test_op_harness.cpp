@@ -6,7 +6,8 @@
 // differences. Each case is written once, as ops.h calls on a Place (a device and a dtype); the
 // reference device's results are the expected ones.
 //
-// A new device (CUDA) adds its places to kPlaces and every case checks it; a new op adds its
+// Each device adds its places to places() and every case checks it (the CUDA device's where a GPU
+// is visible: OpsHarness.CudaDevice says so, or is skipped saying why not); a new op adds its
 // cases, and OpsHarness.CoversEveryOpInOpsH fails until it has them (it reads ops.h).
 //
 // Error measure and thresholds (the reason for each number): NMSE = sum (got - want)^2 /
@@ -57,8 +58,17 @@ struct Place {
   Tensor full(const Shape& s, double v) const { return Tensor::full(s, v, dtype, device); }
 };
 const Place kReference{"reference", Device::kReference, DType::kF64, 0};
-const Place kPlaces[] = {{"cpu f32", Device::kCPU, DType::kF32, kNmseF32},
-                         {"cpu f64", Device::kCPU, DType::kF64, kNmseF64}};
+// The CUDA device's f32 kernels round like the CPU's (no TF32 in its GEMMs), and its f64 kernels
+// differ from the reference by summation order only: the same thresholds.
+std::vector<Place> places() {
+  std::vector<Place> all = {{"cpu f32", Device::kCPU, DType::kF32, kNmseF32},
+                            {"cpu f64", Device::kCPU, DType::kF64, kNmseF64}};
+  if (device_available(Device::kCUDA)) {
+    all.push_back({"cuda f32", Device::kCUDA, DType::kF32, kNmseF32});
+    all.push_back({"cuda f64", Device::kCUDA, DType::kF64, kNmseF64});
+  }
+  return all;
+}
 
 double nmse(const Tensor& got, const Tensor& want) {
   double num = 0, den = 0;
@@ -542,7 +552,7 @@ TEST(OpsHarness, EveryCaseOnEveryDeviceMatchesTheReference) {
     for (auto [i, j] : c.same) {
       EXPECT_LE(nmse(want[j], want[i]), kNmseF64) << "reference: outputs " << i << ", " << j;
     }
-    for (const Place& place : kPlaces) {
+    for (const Place& place : places()) {
       SCOPED_TRACE(place.name);
       std::vector<Tensor> got = c.run(place);
       ASSERT_EQ(got.size(), want.size());
@@ -562,7 +572,19 @@ TEST(OpsHarness, EveryCaseOnEveryDeviceMatchesTheReference) {
       }
     }
   }
-  EXPECT_GT(checked, 300);
+  EXPECT_GT(checked, device_available(Device::kCUDA) ? 600 : 300);
+}
+
+// The CUDA device's places above run only where a GPU is visible; elsewhere this test is reported
+// as skipped with the reason, so that a run without one never passes for one that checked it.
+TEST(OpsHarness, CudaDevice) {
+  std::string why;
+  if (!device_available(Device::kCUDA, &why)) {
+    GTEST_SKIP() << "the CUDA device is not checked here: " << why;
+  }
+  int cuda_places = 0;
+  for (const Place& p : places()) cuda_places += p.device == Device::kCUDA;
+  EXPECT_EQ(cuda_places, 2);
 }
 
 // A tensor on the reference device, and one back on the host.

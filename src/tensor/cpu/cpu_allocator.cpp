@@ -73,7 +73,7 @@ class HostAllocator final : public Allocator {
 
 }  // namespace
 
-Allocator& allocator_for(Device device) {
+Allocator& detail::host_allocator(Device device) {
   // Never destroyed: they outlive static tensors.
   static HostAllocator* cpu = new HostAllocator(Device::kCPU);
   static HostAllocator* reference = new HostAllocator(Device::kReference);
@@ -82,8 +82,10 @@ Allocator& allocator_for(Device device) {
       return *cpu;
     case Device::kReference:
       return *reference;
+    case Device::kCUDA:
+      break;
   }
-  MEGATRON_CHECK(false, "no allocator for device ", device_name(device));
+  MEGATRON_ASSERT(false, "no host allocator for device ", device_name(device));
   return *cpu;
 }
 

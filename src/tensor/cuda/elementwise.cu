@@ -1,0 +1,393 @@
+// Elementwise kernels, per-row scalars, dropout, the optimizer step and the reductions that
+// return a number to the host. One thread per element, grid-stride loops; reductions sum fixed
+// chunks per block and the chunk sums in order, so that results do not depend on timing.
+#include "tensor/cuda/common.cuh"
+
+namespace megatron::cuda {
+namespace {
+
+template <typename T>
+__global__ void add_kernel(T* out, const T* a, const T* b, int64_t n) {
+  MEGATRON_GRID_LOOP(i, n) {
+    out[i] = a[i] + b[i];
+  }
+}
+template <typename T>
+__global__ void add_inplace_kernel(T* out, const T* a, int64_t n) {
+  MEGATRON_GRID_LOOP(i, n) {
+    out[i] += a[i];
+  }
+}
+template <typename T>
+__global__ void mul_kernel(T* out, const T* a, const T* b, int64_t n) {
+  MEGATRON_GRID_LOOP(i, n) {
+    out[i] = a[i] * b[i];
+  }
+}
+template <typename T>
+__global__ void scale_kernel(T* x, T f, int64_t n) {
+  MEGATRON_GRID_LOOP(i, n) {
+    x[i] *= f;
+  }
+}
+template <typename T>
+__global__ void bias_add_kernel(T* x, const T* bias, int64_t rows, int64_t cols) {
+  MEGATRON_GRID_LOOP(i, rows * cols) {
+    x[i] += bias[i % cols];
+  }
+}
+template <typename T>
+__global__ void scale_rows_kernel(T* x, const T* s, int64_t rows, int64_t cols) {
+  MEGATRON_GRID_LOOP(i, rows * cols) {
+    x[i] *= s[i / cols];
+  }
+}
+// One warp per row.
+template <typename T>
+__global__ void row_dots_kernel(T* out, const T* a, const T* b, int64_t rows, int64_t cols) {
+  const int64_t r = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
+  const int lane = threadIdx.x & 31;
+  if (r >= rows) return;
+  double s = 0;
+  for (int64_t c = lane; c < cols; c += 32)
+    s += static_cast<double>(a[r * cols + c]) * b[r * cols + c];
+  s = warp_sum(s);
+  if (lane == 0) out[r] = static_cast<T>(s);
+}
+
+// Column sums in two passes: partial[chunk, c] over kRowChunk rows, then the chunks in order.
+constexpr int64_t kRowChunk = 64;
+template <typename T>
+__global__ void column_partial_kernel(T* partial, const T* x, int64_t rows, int64_t cols) {
+  const int64_t chunks = (rows + kRowChunk - 1) / kRowChunk;
+  MEGATRON_GRID_LOOP(i, chunks * cols) {
+    const int64_t ch = i / cols, c = i % cols;
+    const int64_t r1 = min(rows, (ch + 1) * kRowChunk);
+    T s = 0;
+    for (int64_t r = ch * kRowChunk; r < r1; ++r) s += x[r * cols + c];
+    partial[i] = s;
+  }
+}
+template <typename T>
+__global__ void column_finish_kernel(T* out, const T* partial, int64_t chunks, int64_t cols) {
+  MEGATRON_GRID_LOOP(c, cols) {
+    T s = 0;
+    for (int64_t ch = 0; ch < chunks; ++ch) s += partial[ch * cols + c];
+    out[c] += s;
+  }
+}
+
+template <typename T>
+__device__ inline T gelu_exact(T v) {
+  return T(0.5) * v * (T(1) + erf(v * T(0.70710678118654752440)));
+}
+template <typename T>
+__device__ inline T gelu_tanh(T v) {
+  const T k = T(0.79788456080286535588);  // sqrt(2 / pi)
+  return T(0.5) * v * (T(1) + tanh(k * (v + T(0.044715) * v * v * v)));
+}
+
+template <typename T>
+__global__ void activation_forward_kernel(T* out, const T* x, int64_t n, Activation act) {
+  MEGATRON_GRID_LOOP(i, n) {
+    const T v = x[i];
+    switch (act) {
+      case Activation::kGelu:
+        out[i] = gelu_exact(v);
+        break;
+      case Activation::kGeluTanh:
+        out[i] = gelu_tanh(v);
+        break;
+      case Activation::kTanh:
+        out[i] = tanh(v);
+        break;
+      case Activation::kSquaredRelu: {
+        const T r = v > T(0) ? v : T(0);
+        out[i] = r * r;
+        break;
+      }
+    }
+  }
+}
+
+template <typename T>
+__global__ void activation_backward_kernel(T* dx, const T* dout, const T* x, int64_t n,
+                                           Activation act) {
+  MEGATRON_GRID_LOOP(i, n) {
+    const T v = x[i];
+    T d = 0;
+    switch (act) {
+      case Activation::kGelu:
+        d = T(0.5) * (T(1) + erf(v * T(0.70710678118654752440))) +
+            v * exp(T(-0.5) * v * v) * T(0.39894228040143267794);  // 1 / sqrt(2 pi)
+        break;
+      case Activation::kGeluTanh: {
+        const T k = T(0.79788456080286535588);
+        const T u = k * (v + T(0.044715) * v * v * v);
+        const T du = k * (T(1) + T(3 * 0.044715) * v * v);
+        const T t = tanh(u);
+        d = T(0.5) * (T(1) + t) + T(0.5) * v * (T(1) - t * t) * du;
+        break;
+      }
+      case Activation::kTanh:  // x is the output y
+        d = T(1) - v * v;
+        break;
+      case Activation::kSquaredRelu:
+        d = v > T(0) ? T(2) * v : T(0);
+        break;
+    }
+    dx[i] = dout[i] * d;
+  }
+}
+
+template <typename T>
+__device__ inline T sigmoid(T g) {
+  return T(1) / (T(1) + exp(-g));
+}
+template <typename T>
+__global__ void swiglu_forward_kernel(T* out, const T* x, int64_t rows, int64_t f) {
+  MEGATRON_GRID_LOOP(i, rows * f) {
+    const int64_t r = i / f, c = i % f;
+    const T g = x[r * 2 * f + c], u = x[r * 2 * f + f + c];
+    out[i] = g * sigmoid(g) * u;
+  }
+}
+template <typename T>
+__global__ void swiglu_backward_kernel(T* dx, const T* dout, const T* x, int64_t rows, int64_t f) {
+  MEGATRON_GRID_LOOP(i, rows * f) {
+    const int64_t r = i / f, c = i % f;
+    const T g = x[r * 2 * f + c], u = x[r * 2 * f + f + c], s = sigmoid(g);
+    dx[r * 2 * f + c] = dout[i] * u * s * (T(1) + g * (T(1) - s));
+    dx[r * 2 * f + f + c] = dout[i] * g * s;
+  }
+}
+
+template <typename T>
+__global__ void dropout_kernel(T* out, const T* x, int64_t n, float p, T scale, uint64_t seed,
+                               uint64_t stream, uint64_t offset) {
+  MEGATRON_GRID_LOOP(i, n) {
+    const bool keep = philox_uniform(seed, stream, offset + static_cast<uint64_t>(i)) >= p;
+    out[i] = keep ? x[i] * scale : T(0);
+  }
+}
+
+template <typename T>
+__global__ void adamw_kernel(T* p, T* m, T* v, const T* g, int64_t n, T lr, T b1, T b2, T eps, T wd,
+                             T gs, T inv_bc1, T inv_sqrt_bc2) {
+  MEGATRON_GRID_LOOP(i, n) {
+    const T gi = g[i] * gs;
+    const T mi = b1 * m[i] + (T(1) - b1) * gi;
+    const T vi = b2 * v[i] + (T(1) - b2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    const T update = (mi * inv_bc1) / (sqrt(vi) * inv_sqrt_bc2 + eps) + wd * p[i];
+    p[i] -= lr * update;
+  }
+}
+
+// Reductions: block b sums elements [b * chunk, (b + 1) * chunk) into partial[b].
+constexpr int64_t kReduceChunk = 16384;
+template <typename T>
+__global__ void sum_squares_kernel(double* partial, const T* x, int64_t n) {
+  __shared__ double shared[32];
+  const int64_t begin = blockIdx.x * kReduceChunk, end = min(n, begin + kReduceChunk);
+  double s = 0;
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x)
+    s += static_cast<double>(x[i]) * x[i];
+  s = block_sum(s, shared);
+  if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+template <typename T>
+__global__ void count_zeros_kernel(long long* partial, const T* x, int64_t n) {
+  __shared__ long long shared[32];
+  const int64_t begin = blockIdx.x * kReduceChunk, end = min(n, begin + kReduceChunk);
+  long long s = 0;
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x)
+    s += static_cast<float>(x[i]) == 0.0f;
+  s = block_sum(s, shared);
+  if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+template <typename T>
+__global__ void masked_sum_kernel(double* partial, const T* loss, const float* mask, int64_t n) {
+  __shared__ double shared[32];
+  const int64_t begin = blockIdx.x * kReduceChunk, end = min(n, begin + kReduceChunk);
+  double s = 0, c = 0;
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    s += static_cast<double>(loss[i]) * mask[i];
+    c += mask[i];
+  }
+  s = block_sum(s, shared);
+  c = block_sum(c, shared);
+  if (threadIdx.x == 0) {
+    partial[2 * blockIdx.x] = s;
+    partial[2 * blockIdx.x + 1] = c;
+  }
+}
+
+int64_t reduce_blocks(int64_t n) {
+  return (n + kReduceChunk - 1) / kReduceChunk;
+}
+
+}  // namespace
+
+template <typename T>
+void add(T* out, const T* a, const T* b, int64_t n) {
+  if (n == 0) return;
+  add_kernel<<<blocks_for(n), kThreads>>>(out, a, b, n);
+  check_launch("add");
+}
+template <typename T>
+void add_inplace(T* out, const T* a, int64_t n) {
+  if (n == 0) return;
+  add_inplace_kernel<<<blocks_for(n), kThreads>>>(out, a, n);
+  check_launch("add_inplace");
+}
+template <typename T>
+void mul(T* out, const T* a, const T* b, int64_t n) {
+  if (n == 0) return;
+  mul_kernel<<<blocks_for(n), kThreads>>>(out, a, b, n);
+  check_launch("mul");
+}
+template <typename T>
+void scale(T* x, double factor, int64_t n) {
+  if (n == 0) return;
+  scale_kernel<<<blocks_for(n), kThreads>>>(x, static_cast<T>(factor), n);
+  check_launch("scale_inplace");
+}
+template <typename T>
+void bias_add(T* x, const T* bias, int64_t rows, int64_t cols) {
+  if (rows * cols == 0) return;
+  bias_add_kernel<<<blocks_for(rows * cols), kThreads>>>(x, bias, rows, cols);
+  check_launch("bias_add");
+}
+template <typename T>
+void column_sums_accumulate(T* out, const T* x, int64_t rows, int64_t cols) {
+  if (rows * cols == 0) return;
+  const int64_t chunks = (rows + kRowChunk - 1) / kRowChunk;
+  T* partial = static_cast<T*>(workspace(sizeof(T) * chunks * cols, 0));
+  column_partial_kernel<<<blocks_for(chunks * cols), kThreads>>>(partial, x, rows, cols);
+  column_finish_kernel<<<blocks_for(cols), kThreads>>>(out, partial, chunks, cols);
+  check_launch("column sums");
+}
+template <typename T>
+void scale_rows(T* x, const T* s, int64_t rows, int64_t cols) {
+  if (rows * cols == 0) return;
+  scale_rows_kernel<<<blocks_for(rows * cols), kThreads>>>(x, s, rows, cols);
+  check_launch("scale_rows");
+}
+template <typename T>
+void row_dots(T* out, const T* a, const T* b, int64_t rows, int64_t cols) {
+  if (rows == 0) return;
+  row_dots_kernel<<<blocks_for(rows * 32), kThreads>>>(out, a, b, rows, cols);
+  check_launch("row_dots");
+}
+template <typename T>
+void activation_forward(T* out, const T* x, int64_t n, Activation act) {
+  if (n == 0) return;
+  activation_forward_kernel<<<blocks_for(n), kThreads>>>(out, x, n, act);
+  check_launch("activation forward");
+}
+template <typename T>
+void activation_backward(T* dx, const T* dout, const T* x, int64_t n, Activation act) {
+  if (n == 0) return;
+  activation_backward_kernel<<<blocks_for(n), kThreads>>>(dx, dout, x, n, act);
+  check_launch("activation backward");
+}
+template <typename T>
+void swiglu_forward(T* out, const T* x, int64_t rows, int64_t f) {
+  if (rows * f == 0) return;
+  swiglu_forward_kernel<<<blocks_for(rows * f), kThreads>>>(out, x, rows, f);
+  check_launch("swiglu_forward");
+}
+template <typename T>
+void swiglu_backward(T* dx, const T* dout, const T* x, int64_t rows, int64_t f) {
+  if (rows * f == 0) return;
+  swiglu_backward_kernel<<<blocks_for(rows * f), kThreads>>>(dx, dout, x, rows, f);
+  check_launch("swiglu_backward");
+}
+template <typename T>
+void dropout(T* out, const T* x, int64_t n, float p, uint64_t seed, uint64_t stream,
+             uint64_t offset) {
+  if (n == 0) return;
+  const T scale = static_cast<T>(1.0 / (1.0 - static_cast<double>(p)));
+  dropout_kernel<<<blocks_for(n), kThreads>>>(out, x, n, p, scale, seed, stream, offset);
+  check_launch("dropout");
+}
+template <typename T>
+void adamw(T* p, T* m, T* v, const T* g, int64_t n, const AdamArgs& a) {
+  if (n == 0) return;
+  adamw_kernel<<<blocks_for(n), kThreads>>>(
+      p, m, v, g, n, static_cast<T>(a.lr), static_cast<T>(a.beta1), static_cast<T>(a.beta2),
+      static_cast<T>(a.eps), static_cast<T>(a.weight_decay), static_cast<T>(a.grad_scale),
+      static_cast<T>(a.inv_bc1), static_cast<T>(a.inv_sqrt_bc2));
+  check_launch("adamw_step");
+}
+
+template <typename T>
+double sum_squares(const T* x, int64_t n) {
+  if (n == 0) return 0;
+  const int64_t nb = reduce_blocks(n);
+  double* partial = static_cast<double*>(workspace(sizeof(double) * nb, 1));
+  sum_squares_kernel<<<static_cast<unsigned>(nb), kThreads>>>(partial, x, n);
+  check_launch("sum_squares");
+  double* host = new double[nb];
+  copy_to_host(host, partial, sizeof(double) * nb);
+  double total = 0;
+  for (int64_t b = 0; b < nb; ++b) total += host[b];
+  delete[] host;
+  return total;
+}
+template <typename T>
+int64_t count_zeros(const T* x, int64_t n) {
+  if (n == 0) return 0;
+  const int64_t nb = reduce_blocks(n);
+  long long* partial = static_cast<long long*>(workspace(sizeof(long long) * nb, 1));
+  count_zeros_kernel<<<static_cast<unsigned>(nb), kThreads>>>(partial, x, n);
+  check_launch("count_zeros");
+  long long* host = new long long[nb];
+  copy_to_host(host, partial, sizeof(long long) * nb);
+  int64_t total = 0;
+  for (int64_t b = 0; b < nb; ++b) total += host[b];
+  delete[] host;
+  return total;
+}
+template <typename T>
+void masked_sum(const T* loss, const float* mask, int64_t n, double* sum, double* count) {
+  *sum = *count = 0;
+  if (n == 0) return;
+  const int64_t nb = reduce_blocks(n);
+  double* partial = static_cast<double*>(workspace(sizeof(double) * 2 * nb, 1));
+  masked_sum_kernel<<<static_cast<unsigned>(nb), kThreads>>>(partial, loss, mask, n);
+  check_launch("masked_sum");
+  double* host = new double[2 * nb];
+  copy_to_host(host, partial, sizeof(double) * 2 * nb);
+  for (int64_t b = 0; b < nb; ++b) {
+    *sum += host[2 * b];
+    *count += host[2 * b + 1];
+  }
+  delete[] host;
+}
+
+#define MEGATRON_INSTANTIATE(T)                                                         \
+  template void add<T>(T*, const T*, const T*, int64_t);                                \
+  template void add_inplace<T>(T*, const T*, int64_t);                                  \
+  template void mul<T>(T*, const T*, const T*, int64_t);                                \
+  template void scale<T>(T*, double, int64_t);                                          \
+  template void bias_add<T>(T*, const T*, int64_t, int64_t);                            \
+  template void column_sums_accumulate<T>(T*, const T*, int64_t, int64_t);              \
+  template void scale_rows<T>(T*, const T*, int64_t, int64_t);                          \
+  template void row_dots<T>(T*, const T*, const T*, int64_t, int64_t);                  \
+  template void activation_forward<T>(T*, const T*, int64_t, Activation);               \
+  template void activation_backward<T>(T*, const T*, const T*, int64_t, Activation);    \
+  template void swiglu_forward<T>(T*, const T*, int64_t, int64_t);                      \
+  template void swiglu_backward<T>(T*, const T*, const T*, int64_t, int64_t);           \
+  template void dropout<T>(T*, const T*, int64_t, float, uint64_t, uint64_t, uint64_t); \
+  template void adamw<T>(T*, T*, T*, const T*, int64_t, const AdamArgs&);               \
+  template double sum_squares<T>(const T*, int64_t);                                    \
+  template int64_t count_zeros<T>(const T*, int64_t);                                   \
+  template void masked_sum<T>(const T*, const float*, int64_t, double*, double*);
+MEGATRON_INSTANTIATE(float)
+MEGATRON_INSTANTIATE(double)
+#undef MEGATRON_INSTANTIATE
+
+}  // namespace megatron::cuda

@@ -1,0 +1,170 @@
+// The CUDA device's kernel launchers: plain C++17 over raw device pointers, so that the .cu files
+// compile with any toolkit's nvcc and never see the C++20 headers of the rest of the project.
+// tensor/cuda/cuda_ops.cpp checks shapes and dtypes on Tensors and calls these; every launcher runs
+// on the device's one stream (the legacy default stream: host copies order after the kernels, so
+// a read back to the host sees every kernel launched before it).
+//
+// Floating kernels are templates instantiated for T = float and double (the f64 instances are the
+// ones the op harness compares with the fp64 reference bit for bit where the op is exact).
+// Element counts and indices are int64_t. A launch error throws (cuda_fail).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace megatron::cuda {
+
+// Throws megatron::InternalError "<what>: <message>" (defined in cuda_runtime.cpp, C++ side).
+[[noreturn]] void cuda_fail(const char* what, const char* message);
+// Throws if the last launch failed.
+void check_launch(const char* what);
+
+// ---- memory and conversions (dtype codes are megatron::DType's values) ----------------------
+void convert(void* dst, int dst_dtype, const void* src, int src_dtype, int64_t n);
+void fill(void* dst, int dtype, double value, int64_t n);
+// Copies element-size-generic blocks: out[r, :w] = x[r, start:start + w] of rows of h elements.
+void copy_columns(void* out, int64_t out_row, int64_t out_col, const void* x, int64_t x_row,
+                  int64_t x_col, int64_t rows, int64_t width, size_t elem);
+void transpose(void* out, const void* x, int64_t rows, int64_t cols, size_t elem);
+// out[r, :] = x[index[r], :] (index int32 when index_i32, else int64).
+void gather_rows(void* out, const void* x, const void* index, bool index_i32, int64_t n,
+                 int64_t cols, size_t elem);
+
+// ---- elementwise (T = float or double) ------------------------------------------------------
+template <typename T>
+void add(T* out, const T* a, const T* b, int64_t n);
+template <typename T>
+void add_inplace(T* out, const T* a, int64_t n);
+template <typename T>
+void mul(T* out, const T* a, const T* b, int64_t n);
+template <typename T>
+void scale(T* x, double factor, int64_t n);
+template <typename T>
+void bias_add(T* x, const T* bias, int64_t rows, int64_t cols);
+// out[c] += sum over rows of x[r, c], rows summed in a fixed order (deterministic).
+template <typename T>
+void column_sums_accumulate(T* out, const T* x, int64_t rows, int64_t cols);
+template <typename T>
+void scale_rows(T* x, const T* scale, int64_t rows, int64_t cols);
+template <typename T>
+void row_dots(T* out, const T* a, const T* b, int64_t rows, int64_t cols);
+enum class Activation { kGelu, kGeluTanh, kTanh, kSquaredRelu };
+template <typename T>
+void activation_forward(T* out, const T* x, int64_t n, Activation act);
+// dx = dout * f'(x); for kTanh `x` is the forward's output y.
+template <typename T>
+void activation_backward(T* dx, const T* dout, const T* x, int64_t n, Activation act);
+template <typename T>
+void swiglu_forward(T* out, const T* x, int64_t rows, int64_t f);
+template <typename T>
+void swiglu_backward(T* dx, const T* dout, const T* x, int64_t rows, int64_t f);
+template <typename T>
+void dropout(T* out, const T* x, int64_t n, float p, uint64_t seed, uint64_t stream,
+             uint64_t offset);
+
+// ---- reductions returning to the host ------------------------------------------------------
+template <typename T>
+double sum_squares(const T* x, int64_t n);
+template <typename T>
+int64_t count_zeros(const T* x, int64_t n);
+// (sum loss * mask, sum mask) in element order in double.
+template <typename T>
+void masked_sum(const T* loss, const float* mask, int64_t n, double* sum, double* count);
+
+// ---- normalisation --------------------------------------------------------------------------
+template <typename T>
+void layernorm_forward(T* out, T* mean, T* rstd, const T* x, const T* w, const T* b, int64_t rows,
+                       int64_t h, float eps);
+// dx written; dw, db accumulated (db may be null for RMSNorm). mean null: RMSNorm.
+template <typename T>
+void norm_backward(T* dx, T* dw, T* db, const T* dout, const T* x, const T* w, const T* mean,
+                   const T* rstd, int64_t rows, int64_t h);
+template <typename T>
+void rmsnorm_forward(T* out, T* rstd, const T* x, const T* w, int64_t rows, int64_t h, float eps);
+
+// ---- embedding, row permutations --------------------------------------------------------------
+// out[r, :] = table[ids[r] - start, :] for ids in [start, start + block), else 0. table_dtype is
+// a DType code (f32, f64, bf16, f16); out is T.
+template <typename T>
+void embedding_forward(T* out, const void* ids, bool ids_i32, int64_t n, const void* table,
+                       int table_dtype, int64_t start, int64_t block, int64_t h);
+// dtable[ids[r] - start, :] += dout[r, :] in token order (one thread per column: deterministic).
+template <typename T>
+void embedding_backward(T* dtable, const T* dout, const void* ids, bool ids_i32, int64_t n,
+                        int64_t start, int64_t block, int64_t h);
+
+// ---- rotary embedding ----------------------------------------------------------------------
+struct RopeArgs {
+  int64_t s, b, groups, per_group, hn;
+  int64_t head_begin, head_end, rot_dim;
+  double base, scaling_factor, position_scale;
+  bool interleaved, inverse;
+  const int64_t* positions;  // [s, b] or null
+};
+template <typename T>
+void rope(T* x, const RopeArgs& a);
+
+// ---- cross entropy --------------------------------------------------------------------------
+// Over rows of `cols` logits, the first `valid` columns real, targets global ids (int64) offset by
+// vocab_start: row_max, then sums[r] = sum exp(x - max), sums[n + r] = target logit or 0.
+template <typename T>
+void ce_row_max(T* row_max, const T* logits, int64_t n, int64_t cols, int64_t valid);
+template <typename T>
+void ce_sums(double* sums, const T* logits, const T* row_max, const int64_t* targets, int64_t n,
+             int64_t cols, int64_t vocab_start, int64_t valid);
+template <typename T>
+void ce_finish(T* loss, T* lse, const T* row_max, const double* sums, int64_t n);
+// dlogits = dloss (exp(x - lse) - onehot) on valid columns, 0 on padding; may alias logits.
+template <typename T>
+void ce_backward(T* dlogits, const T* dloss, const T* logits, const T* lse, const int64_t* targets,
+                 int64_t n, int64_t cols, int64_t vocab_start, int64_t valid);
+
+// ---- attention ------------------------------------------------------------------------------
+struct AttnView {
+  int64_t offset, s, b, groups, per_group, hn;
+  int64_t stride_s, stride_b, stride_g, stride_p;
+};
+struct AttnArgs {
+  AttnView q, k, v;
+  AttnView dq, dk, dv;  // where backward writes the gradients (offsets and strides of their own)
+  int64_t np, ng;       // query heads, key/value heads
+  float scale;
+  bool causal;
+  int64_t q_offset, kv_offset;
+  const int32_t* doc_start;  // [b, sq] or null
+  const int32_t* key_valid;  // [b, skv] or null
+  int64_t bias_batches;      // 0: no bias, 1 shared, b per sequence
+  float dropout;
+  uint64_t seed, stream;
+  int64_t head_offset, total_heads, q_positions, kv_positions;
+};
+template <typename T>
+void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const T* bias,
+                       const AttnArgs& a);
+// dbias_scratch: [b, np, sq, skv] when bias is defined (reduced into dbias by the caller), else
+// null. delta: [b, np, sq] scratch. dq, dk, dv are written through a.dq, a.dk, a.dv.
+template <typename T>
+void attention_backward(T* dq, T* dk, T* dv, T* dbias_scratch, T* delta, const T* dout, const T* q,
+                        const T* k, const T* v, const T* out, const T* lse, const T* bias,
+                        const AttnArgs& a);
+template <typename T>
+void attention_merge(T* out, T* lse, const T* out_b, const T* lse_b, int64_t sq, int64_t b,
+                     int64_t np, int64_t hn);
+
+// ---- optimizer ------------------------------------------------------------------------------
+struct AdamArgs {
+  double lr, beta1, beta2, eps, weight_decay, grad_scale, inv_bc1, inv_sqrt_bc2;
+};
+template <typename T>
+void adamw(T* p, T* m, T* v, const T* g, int64_t n, const AdamArgs& a);
+
+}  // namespace megatron::cuda
+
+namespace megatron::cuda {
+// A device buffer of at least `bytes` for a kernel's scratch space, one per slot (0..3) and host
+// thread, grown when asked for more and kept: the kernels of one stream run in order, so the next
+// launch that takes the slot finds the previous one done with it.
+void* workspace(size_t bytes, int slot);
+// Copies device memory to the host (synchronous: waits for the kernels before it).
+void copy_to_host(void* dst, const void* src, size_t bytes);
+}  // namespace megatron::cuda

@@ -1,0 +1,113 @@
+// Memory operations by device. Without the CUDA device in the build, asking for CUDA memory is a
+// clear error naming the fix, never a crash.
+#include "tensor/device_memory.h"
+
+#include <cstring>
+
+#include "core/error.h"
+
+#if MEGATRON_HAVE_CUDA
+#include "tensor/cuda/cuda_context.h"
+#include "tensor/cuda/kernels.h"
+#endif
+
+namespace megatron {
+
+#if !MEGATRON_HAVE_CUDA
+namespace {
+[[noreturn]] void no_cuda() {
+  throw InvalidArgument(
+      "this build of megatron has no CUDA device: configure it with a CUDA toolkit "
+      "(cmake -DMEGATRON_CUDA=ON) or use --device cpu");
+}
+}  // namespace
+#endif
+
+bool device_available(Device device, std::string* why) {
+  if (detail::on_host(device)) return true;
+#if MEGATRON_HAVE_CUDA
+  return cuda::usable(why);
+#else
+  if (why) *why = "this build has no CUDA device (configured without a CUDA toolkit)";
+  return false;
+#endif
+}
+
+std::string device_description(Device device) {
+  if (detail::on_host(device)) return "host";
+#if MEGATRON_HAVE_CUDA
+  return cuda::describe();
+#else
+  no_cuda();
+#endif
+}
+
+void device_synchronize(Device device) {
+  if (detail::on_host(device)) return;
+#if MEGATRON_HAVE_CUDA
+  cuda::synchronize();
+#else
+  no_cuda();
+#endif
+}
+
+namespace detail {
+
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
+  if (bytes == 0) return;
+  if (on_host(dst_device) && on_host(src_device)) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+#if MEGATRON_HAVE_CUDA
+  const cuda::CopyKind kind = on_host(src_device)   ? cuda::CopyKind::kHostToDevice
+                              : on_host(dst_device) ? cuda::CopyKind::kDeviceToHost
+                                                    : cuda::CopyKind::kDeviceToDevice;
+  cuda::copy(dst, src, bytes, kind);
+#else
+  no_cuda();
+#endif
+}
+
+void zero_bytes(void* dst, Device device, size_t bytes) {
+  if (on_host(device)) {
+    std::memset(dst, 0, bytes);
+    return;
+  }
+#if MEGATRON_HAVE_CUDA
+  cuda::zero(dst, bytes);
+#else
+  no_cuda();
+#endif
+}
+
+void convert_on(Device device, void* dst, DType dst_type, const void* src, DType src_type,
+                int64_t n) {
+  if (on_host(device)) {
+    convert(dst, dst_type, src, src_type, n);
+    return;
+  }
+#if MEGATRON_HAVE_CUDA
+  if (dst_type == src_type) {
+    cuda::copy(dst, src, static_cast<size_t>(n) * dtype_size(src_type),
+               cuda::CopyKind::kDeviceToDevice);
+  } else {
+    cuda::convert(dst, static_cast<int>(dst_type), src, static_cast<int>(src_type), n);
+  }
+#else
+  no_cuda();
+#endif
+}
+
+void fill_on(Device device, void* dst, DType type, double value, int64_t n) {
+  MEGATRON_ASSERT(!on_host(device), "fill_on is for device memory");
+#if MEGATRON_HAVE_CUDA
+  cuda::fill(dst, static_cast<int>(type), value, n);
+#else
+  (void)dst, (void)type, (void)value, (void)n;
+  no_cuda();
+#endif
+}
+
+}  // namespace detail
+}  // namespace megatron

@@ -1,0 +1,123 @@
+// The CUDA device beyond the op harness: tensors moving between host and GPU memory, conversions
+// on the GPU bit for bit as on the host, 16-bit GEMM inputs, the caching allocator, and the
+// message a build or machine without a GPU gives. The tests that need a GPU are skipped, saying
+// why, where none is visible; the message test runs everywhere.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "core/error.h"
+#include "tensor/ops.h"
+#include "testing/testing.h"
+
+namespace megatron {
+namespace {
+
+#define MEGATRON_NEED_GPU()                                                        \
+  do {                                                                             \
+    std::string why;                                                               \
+    if (!device_available(Device::kCUDA, &why)) GTEST_SKIP() << "no GPU: " << why; \
+  } while (0)
+
+// Without a usable GPU, CUDA tensors are refused with the reason, not a crash.
+TEST(CudaDevice, WithoutAGpuAllocationIsRefusedWithTheReason) {
+  std::string why;
+  if (device_available(Device::kCUDA, &why)) GTEST_SKIP() << "a GPU is visible";
+  EXPECT_FALSE(why.empty());
+  try {
+    Tensor::empty({4}, DType::kF32, Device::kCUDA);
+    FAIL() << "allocated a CUDA tensor without a GPU";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("cuda"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+  }
+}
+
+TEST(CudaDevice, TensorsRoundTripExactlyForEveryDtype) {
+  MEGATRON_NEED_GPU();
+  const Tensor x = testing::random_tensor({37, 5}, 1, 3.0, DType::kF64);
+  for (DType t : {DType::kF32, DType::kF64, DType::kBF16, DType::kF16, DType::kI32, DType::kI64}) {
+    const Tensor host = x.to(t);
+    const Tensor back = host.to(Device::kCUDA).to(Device::kCPU);
+    ASSERT_EQ(back.device(), Device::kCPU);
+    EXPECT_EQ(std::memcmp(back.raw(), host.raw(), host.nbytes()), 0) << dtype_name(t);
+    // item() reads through to device memory.
+    EXPECT_EQ(host.to(Device::kCUDA).item(7), host.item(7)) << dtype_name(t);
+  }
+  Tensor z = Tensor::zeros({1000}, DType::kF32, Device::kCUDA);
+  EXPECT_EQ(ops::sum_squares(z), 0.0);
+  z.fill(1.5);
+  EXPECT_EQ(ops::sum_squares(z), 1000 * 2.25);
+}
+
+// Conversions on the GPU round exactly as core/dtype.h does on the host: ties to even, NaN stays
+// NaN, overflow to infinity, subnormals.
+TEST(CudaDevice, ConversionsOnTheGpuMatchTheHostBitForBit) {
+  MEGATRON_NEED_GPU();
+  Tensor f = testing::random_tensor({4096}, 2, 10.0, DType::kF32);
+  float* p = f.data<float>();
+  const float specials[] = {0.0f,
+                            -0.0f,
+                            1.0f + 1.0f / 256,  // a bf16 tie
+                            1.0f + 3.0f / 256,  // a tie rounding up
+                            std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN(),
+                            std::numeric_limits<float>::max(),
+                            std::numeric_limits<float>::denorm_min(),
+                            65520.0f,                  // rounds to f16 infinity
+                            65504.0f,                  // f16's largest
+                            6.1e-5f,                   // just below f16's smallest normal
+                            3.0e-7f,                   // an f16 subnormal
+                            2.98023223876953125e-8f,   // half f16's smallest subnormal: ties to 0
+                            -8.94069671630859375e-8f,  // 1.5 subnormals: ties to 2
+                            1e-8f};
+  for (size_t i = 0; i < sizeof(specials) / sizeof(float); ++i) p[i] = specials[i];
+  const Tensor on_gpu = f.to(Device::kCUDA);
+  for (DType t : {DType::kBF16, DType::kF16, DType::kF64}) {
+    const Tensor want = f.to(t);
+    const Tensor got = on_gpu.to(t).to(Device::kCPU);
+    EXPECT_EQ(std::memcmp(got.raw(), want.raw(), want.nbytes()), 0) << "f32 -> " << dtype_name(t);
+    const Tensor back_want = want.to(DType::kF32);
+    const Tensor back_got = want.to(Device::kCUDA).to(DType::kF32).to(Device::kCPU);
+    EXPECT_EQ(std::memcmp(back_got.raw(), back_want.raw(), back_want.nbytes()), 0)
+        << dtype_name(t) << " -> f32";
+  }
+}
+
+// bf16 and f16 inputs accumulate in f32: the result equals the f32 GEMM of the rounded inputs up
+// to f32 summation order (NMSE 1e-10: a wrong term or a bf16 accumulation gives 1e-6 or more).
+TEST(CudaDevice, HalfGemmsAccumulateInF32) {
+  MEGATRON_NEED_GPU();
+  const int64_t m = 67, n = 130, k = 300;
+  const Tensor a = testing::random_tensor({m, k}, 3, 1.0, DType::kF32);
+  const Tensor b = testing::random_tensor({n, k}, 4, 1.0, DType::kF32);
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    const Tensor ah = a.to(t), bh = b.to(t);
+    Tensor want = Tensor::empty({m, n});
+    ops::matmul(want, ah.to(DType::kF32), false, bh.to(DType::kF32), true);
+    Tensor got = Tensor::empty({m, n}, DType::kF32, Device::kCUDA);
+    ops::matmul(got, ah.to(Device::kCUDA), false, bh.to(Device::kCUDA), true);
+    const Tensor g = got.to(Device::kCPU);
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < want.numel(); ++i) {
+      const double d = g.item(i) - want.item(i);
+      num += d * d;
+      den += want.item(i) * want.item(i);
+    }
+    EXPECT_LT(num / den, 1e-10) << dtype_name(t);
+  }
+}
+
+TEST(CudaDevice, OpsRefuseTensorsOnTwoDevices) {
+  MEGATRON_NEED_GPU();
+  Tensor out = Tensor::empty({4}, DType::kF32, Device::kCUDA);
+  const Tensor a = Tensor::zeros({4}), b = Tensor::zeros({4}, DType::kF32, Device::kCUDA);
+  EXPECT_THROW(ops::add(out, a, b), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace megatron
