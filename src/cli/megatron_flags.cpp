@@ -58,6 +58,8 @@ const std::vector<OwnFlag>& own_train_flags() {
   static const std::vector<OwnFlag> own = {
       {"--model", "the architecture; `megatron pretrain_gpt` sets it, as pretrain_gpt.py is"},
       {"--num-threads", "OpenMP threads of each rank (Megatron's processes use one GPU each)"},
+      {"--device", "cpu or cuda (Megatron always computes on the GPU of its local rank)"},
+      {"--tf32", "TF32 in f32 GEMMs on a GPU (PyTorch's allow_tf32; Megatron trains in bf16/fp16)"},
       {"--gemm-peak-gflops", "the peak model-FLOPs utilisation is reported against"},
       {"--exit-signal", "the signal --exit-signal-handler waits for (Megatron: SIGTERM only)"},
       {"--verify-integrity", "checks every shard's SHA-256 on load"},

@@ -201,6 +201,12 @@ void register_model_args(ArgTable& t, Arguments& a) {
          "switched off with a warning at 1)");
   t.concern("runtime");
   t.add("--num-threads", a.num_threads, "OpenMP threads (default: cores available to the process)");
+  t.add("--device", a.device,
+        "Where the model computes: cpu, cuda (one GPU per rank, by local rank), or auto (cuda "
+        "where this build has the CUDA device and a GPU is visible, else cpu)");
+  t.flag("--tf32", a.tf32,
+         "Let f32 GEMMs on a GPU use TF32 tensor cores (faster, 10-bit mantissa products; off: "
+         "f32 results match the CPU's)");
 }
 
 void register_train_args(ArgTable& t, Arguments& a) {
@@ -895,6 +901,8 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
   MEGATRON_CHECK(a.adam_beta1 >= 0 && a.adam_beta1 < 1 && a.adam_beta2 >= 0 && a.adam_beta2 < 1,
                  "--adam-beta1 and --adam-beta2 must be in [0, 1)");
   MEGATRON_CHECK(a.num_threads >= 0, "--num-threads must be >= 0, got ", a.num_threads);
+  MEGATRON_CHECK(a.device == "auto" || a.device == "cpu" || a.device == "cuda",
+                 "--device must be cpu, cuda or auto, got '", a.device, "'");
 }
 
 namespace {

@@ -14,6 +14,7 @@
 #include "core/logging.h"
 #include "core/threads.h"
 #include "tensor/tensor.h"
+#include "train/device_choice.h"
 #include "train/model_config.h"
 #include "train/trainer.h"
 
@@ -60,6 +61,9 @@ int run_train(int argc, char** argv, MpiRuntime& mpi) {
   auto parallel = std::make_shared<ParallelState>(mpi.world(), pc);
   set_num_threads(args.num_threads > 0 ? static_cast<int>(args.num_threads)
                                        : mpi.default_threads_per_rank());
+  // One GPU per rank by local rank; ranks share GPUs when there are more ranks than GPUs.
+  if (resolve_device(args.device) == Device::kCUDA) use_gpu(mpi.local_rank() % gpu_count());
+  set_cuda_tf32(args.tf32);
   if (mpi.rank() == 0) {
     table.print_dump();
     for (const std::string& line : compat_lines) log_line(line);

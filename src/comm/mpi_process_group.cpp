@@ -235,7 +235,8 @@ Work MpiProcessGroup::do_reduce_scatter(Tensor& out, const Tensor& in, ReduceOp 
   int n = checked_count(out.numel(), "reduce_scatter");
   // MPI_IN_PLACE for reduce-scatter leaves the result at the start of the buffer, not at this
   // rank's shard, so an output inside the input goes through a staging buffer.
-  Tensor target = overlaps(out, in) ? Tensor::empty(Shape{out.numel()}, out.dtype()) : out;
+  Tensor target =
+      overlaps(out, in) ? Tensor::empty(Shape{out.numel()}, out.dtype(), out.device()) : out;
   std::function<void()> finish;
   if (target.raw() != out.raw()) finish = [out, target]() mutable { out.copy_from(target); };
   if (!async) {

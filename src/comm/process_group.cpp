@@ -104,7 +104,22 @@ bool reduces_through_f32(DType t) {
 
 // The size-1 case of the gathering collectives: the output is the input.
 void copy_if_distinct(Tensor& out, const Tensor& in) {
-  if (out.raw() != in.raw()) std::memmove(out.raw(), in.raw(), in.nbytes());
+  if (out.raw() == in.raw()) return;
+  if (to_host(out).raw() == out.raw() && to_host(in).raw() == in.raw()) {
+    std::memmove(out.raw(), in.raw(), in.nbytes());
+  } else {
+    out.copy_from(in);
+  }
+}
+
+// GPU tensors travel through host copies: the collectives here are MPI's, which reads and writes
+// host memory. (A GPU-native group, NCCL, takes device memory instead.) The input is copied out
+// before the collective and the output copied back when it completes.
+bool on_gpu(const Tensor& t) {
+  return t.defined() && to_host(t).raw() != t.raw();
+}
+Tensor host_buffer(const Tensor& like) {
+  return Tensor::empty(like.shape(), like.dtype(), Device::kCPU);
 }
 
 void check_same_dtype(const char* op, const Tensor& out, const Tensor& in) {
@@ -128,6 +143,11 @@ ProcessGroup::ProcessGroup(int rank, std::vector<int> global_ranks)
 Work ProcessGroup::reduce(Tensor& t, ReduceOp op, bool async) {
   check_defined("all_reduce", t);
   if (size() == 1) return Work();
+  if (on_gpu(t)) {
+    Tensor h = t.to(Device::kCPU);
+    Work w = reduce(h, op, async);
+    return then(std::move(w), [target = t, h]() mutable { target.copy_from(h); });
+  }
   if (reduces_through_f32(t.dtype())) {
     Tensor acc = t.to(DType::kF32);
     Work w = do_all_reduce(acc, op, async);
@@ -146,6 +166,11 @@ Work ProcessGroup::reduce_scatter_impl(Tensor& out, const Tensor& in, ReduceOp o
   if (size() == 1) {
     copy_if_distinct(out, in);
     return Work();
+  }
+  if (on_gpu(out) || on_gpu(in)) {
+    Tensor hout = host_buffer(out);
+    Work w = reduce_scatter_impl(hout, to_host(in), op, async);
+    return then(std::move(w), [target = out, hout]() mutable { target.copy_from(hout); });
   }
   if (reduces_through_f32(in.dtype())) {
     Tensor in32 = in.to(DType::kF32);
@@ -167,6 +192,11 @@ Work ProcessGroup::all_gather_impl(Tensor& out, const Tensor& in, bool async) {
     copy_if_distinct(out, in);
     return Work();
   }
+  if (on_gpu(out) || on_gpu(in)) {
+    Tensor hout = host_buffer(out);
+    Work w = all_gather_impl(hout, to_host(in), async);
+    return then(std::move(w), [target = out, hout]() mutable { target.copy_from(hout); });
+  }
   return do_all_gather(out, in, async);
 }
 
@@ -175,6 +205,11 @@ Work ProcessGroup::broadcast_impl(Tensor& t, int root, bool async) {
   MEGATRON_CHECK(0 <= root && root < size(), "broadcast: root ", root,
                  " is not a rank of this group of ", size());
   if (size() == 1) return Work();
+  if (on_gpu(t)) {
+    Tensor h = t.to(Device::kCPU);
+    Work w = broadcast_impl(h, root, async);
+    return then(std::move(w), [target = t, h]() mutable { target.copy_from(h); });
+  }
   return do_broadcast(t, root, async);
 }
 
@@ -189,6 +224,11 @@ Work ProcessGroup::all_to_all_impl(Tensor& out, const Tensor& in, bool async) {
   if (size() == 1) {
     copy_if_distinct(out, in);
     return Work();
+  }
+  if (on_gpu(out) || on_gpu(in)) {
+    Tensor hout = host_buffer(out);
+    Work w = all_to_all_impl(hout, to_host(in), async);
+    return then(std::move(w), [target = out, hout]() mutable { target.copy_from(hout); });
   }
   return do_all_to_all(out, in, async);
 }
@@ -213,6 +253,10 @@ void ProcessGroup::all_to_all_v(Tensor& out, const Tensor& in,
                  out.numel());
   if (size() == 1) {
     copy_if_distinct(out, in);
+  } else if (on_gpu(out) || on_gpu(in)) {
+    Tensor hout = host_buffer(out);
+    all_to_all_v(hout, to_host(in), send_counts, recv_counts);
+    out.copy_from(hout);
   } else {
     // Every member takes part even with nothing to move: the exchange is collective.
     const Tensor source = in.defined() && out.defined() && in.raw() == out.raw() ? in.clone() : in;
@@ -233,6 +277,10 @@ void ProcessGroup::all_gather_v(Tensor& out, const Tensor& in, const std::vector
                  " and ", in.numel());
   if (size() == 1) {
     copy_if_distinct(out, in);
+  } else if (on_gpu(out) || on_gpu(in)) {
+    Tensor hout = host_buffer(out);
+    all_gather_v(hout, to_host(in), counts);
+    out.copy_from(hout);
   } else {
     do_all_gather_v(out, in, counts).wait();
   }
@@ -244,6 +292,10 @@ Work ProcessGroup::send_impl(const Tensor& t, int dst, int tag, bool async) {
   MEGATRON_CHECK(0 <= dst && dst < size() && dst != rank(), "send: destination ", dst,
                  " must be another rank of this group of ", size(), " (this is rank ", rank(), ")");
   MEGATRON_CHECK(tag >= 0, "send: tag must be >= 0, got ", tag);
+  if (on_gpu(t)) {
+    const Tensor h = t.to(Device::kCPU);
+    return then(do_send(h, dst, tag, async), [h] {});  // keeps the host copy until sent
+  }
   return do_send(t, dst, tag, async);
 }
 
@@ -252,6 +304,11 @@ Work ProcessGroup::recv_impl(Tensor& t, int src, int tag, bool async) {
   MEGATRON_CHECK(0 <= src && src < size() && src != rank(), "recv: source ", src,
                  " must be another rank of this group of ", size(), " (this is rank ", rank(), ")");
   MEGATRON_CHECK(tag >= 0, "recv: tag must be >= 0, got ", tag);
+  if (on_gpu(t)) {
+    Tensor h = host_buffer(t);
+    Work w = do_recv(h, src, tag, async);
+    return then(std::move(w), [target = t, h]() mutable { target.copy_from(h); });
+  }
   return do_recv(t, src, tag, async);
 }
 

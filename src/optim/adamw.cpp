@@ -11,8 +11,9 @@ namespace megatron {
 AdamW::AdamW(ParamSet& params, const AdamWConfig& cfg)
     : params_(params),
       cfg_(cfg),
-      exp_avg_(Tensor::zeros(params.main().shape(), params.main().dtype())),
-      exp_avg_sq_(Tensor::zeros(params.main().shape(), params.main().dtype())) {}
+      exp_avg_(Tensor::zeros(params.main().shape(), params.main().dtype(), params.main().device())),
+      exp_avg_sq_(
+          Tensor::zeros(params.main().shape(), params.main().dtype(), params.main().device())) {}
 
 void AdamW::step(const StepRates& rates, double grad_scale) {
   ++step_;

@@ -32,8 +32,8 @@ DistributedOptimizer::DistributedOptimizer(GradBuckets& buckets, const AdamWConf
     }
     owned += s1 - s0;
   }
-  exp_avg_ = Tensor::zeros({owned}, params_.main().dtype());
-  exp_avg_sq_ = Tensor::zeros({owned}, params_.main().dtype());
+  exp_avg_ = Tensor::zeros({owned}, params_.main().dtype(), params_.main().device());
+  exp_avg_sq_ = Tensor::zeros({owned}, params_.main().dtype(), params_.main().device());
 }
 
 void DistributedOptimizer::step(const StepRates& rates, double grad_scale) {

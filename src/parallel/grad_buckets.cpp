@@ -127,7 +127,7 @@ void GradBuckets::launch(Bucket& b) {
   if (reduce_in_bf16_) {
     b.low = b.view.to(DType::kBF16);
     if (reduce_ == GradReduce::kReduceScatter) {
-      b.low_shard = Tensor::empty(b.shard.shape(), DType::kBF16);
+      b.low_shard = Tensor::empty(b.shard.shape(), DType::kBF16, b.shard.device());
       b.work = g.reduce_scatter_async(b.low_shard, b.low);
     } else {
       b.work = g.all_reduce_async(b.low);

@@ -29,7 +29,7 @@ Tensor Linear::forward(const Tensor& x, Ctx& ctx) const {
   const int64_t rows = x.numel() / in_;
   const DType wt = weight.value.dtype();
   ctx.x = x.dtype() == wt || wt == DType::kF32 ? x : x.to(wt);
-  Tensor y = Tensor::empty({rows, out_}, wt == DType::kF64 ? DType::kF64 : DType::kF32);
+  Tensor y = Tensor::empty({rows, out_}, wt == DType::kF64 ? DType::kF64 : DType::kF32, x.device());
   ops::matmul(y, ctx.x, false, weight.value, true);
   if (has_bias()) ops::bias_add(y, bias.value_as(y.dtype()));
   return y;
@@ -39,7 +39,7 @@ Tensor Linear::backward(const Tensor& dy, Ctx& ctx) const {
   const int64_t rows = dy.numel() / out_;
   const DType wt = weight.value.dtype();
   Tensor dy_c = is_half(wt) ? dy.to(wt) : dy;
-  Tensor dx = Tensor::empty({rows, in_}, dy.dtype());
+  Tensor dx = Tensor::empty({rows, in_}, dy.dtype(), dy.device());
   ops::matmul(dx, dy_c, false, weight.value, false);
   Tensor dw = weight.main_grad;
   ops::matmul(dw, dy_c, true, ctx.x, false, 1.0f);

@@ -35,7 +35,7 @@ Tensor split_last_dim(const Tensor& x, ProcessGroup& group) {
   if (group.size() == 1) return x;
   const int64_t h = x.dim(-1);
   const int64_t chunk = divide(h, group.size(), "split along the last dim: its size by the group");
-  Tensor out = Tensor::empty(with_dim(x.shape(), -1, chunk), x.dtype());
+  Tensor out = Tensor::empty(with_dim(x.shape(), -1, chunk), x.dtype(), x.device());
   ops::slice_last_dim(out, x, group.rank() * chunk);
   return out;
 }
@@ -48,9 +48,9 @@ Tensor gather_last_dim(const Tensor& x, ProcessGroup& group) {
   const int64_t rows = x.numel() / chunk;
   // The group gathers flat chunks in rank order: [p, rows, chunk]. Re-interleave into
   // [rows, p * chunk], rank j's chunk of row r landing in columns [j*chunk, (j+1)*chunk).
-  Tensor stacked = Tensor::empty(Shape{p * x.numel()}, x.dtype());
+  Tensor stacked = Tensor::empty(Shape{p * x.numel()}, x.dtype(), x.device());
   group.all_gather(stacked, x);
-  Tensor out = Tensor::empty(with_dim(x.shape(), -1, p * chunk), x.dtype());
+  Tensor out = Tensor::empty(with_dim(x.shape(), -1, p * chunk), x.dtype(), x.device());
   std::vector<Tensor> parts;
   for (int64_t j = 0; j < p; ++j) {
     parts.push_back(stacked.flat_view(j * x.numel(), Shape{rows, chunk}));
@@ -70,7 +70,8 @@ Tensor split_dim0(const Tensor& x, ProcessGroup& group) {
 Tensor gather_dim0(const Tensor& x, ProcessGroup& group) {
   check_has_dims(x, "gather_dim0");
   if (group.size() == 1) return x;
-  Tensor out = Tensor::empty(with_dim(x.shape(), 0, x.dim(0) * group.size()), x.dtype());
+  Tensor out =
+      Tensor::empty(with_dim(x.shape(), 0, x.dim(0) * group.size()), x.dtype(), x.device());
   group.all_gather(out, x);
   return out;
 }
@@ -80,7 +81,7 @@ Tensor reduce_scatter_dim0(const Tensor& x, ProcessGroup& group) {
   if (group.size() == 1) return x;
   const int64_t n = divide(x.dim(0), group.size(),
                            "reduce-scatter along dim 0 (the sequence): its size by the group");
-  Tensor out = Tensor::empty(with_dim(x.shape(), 0, n), x.dtype());
+  Tensor out = Tensor::empty(with_dim(x.shape(), 0, n), x.dtype(), x.device());
   group.reduce_scatter(out, x);
   return out;
 }

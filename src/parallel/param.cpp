@@ -41,8 +41,8 @@ int64_t Param::full_index(int64_t i) const {
   return (outer * local * tp_size + full_j) * inner + in;
 }
 
-ParamSet::ParamSet(std::vector<Param*> params, DType compute_dtype)
-    : params_(std::move(params)), compute_dtype_(compute_dtype) {
+ParamSet::ParamSet(std::vector<Param*> params, DType compute_dtype, Device device)
+    : params_(std::move(params)), compute_dtype_(compute_dtype), device_(device) {
   MEGATRON_CHECK(
       compute_dtype == DType::kF32 || is_half(compute_dtype) || compute_dtype == DType::kF64,
       "compute dtype must be f32, bf16, f16 or f64, got ", dtype_name(compute_dtype));
@@ -56,8 +56,13 @@ ParamSet::ParamSet(std::vector<Param*> params, DType compute_dtype)
   allocate(total);
 }
 
-ParamSet::ParamSet(std::vector<Param*> params, DType compute_dtype, const BucketLayout& layout)
-    : params_(std::move(params)), bucketed_(true), layout_(layout), compute_dtype_(compute_dtype) {
+ParamSet::ParamSet(std::vector<Param*> params, DType compute_dtype, const BucketLayout& layout,
+                   Device device)
+    : params_(std::move(params)),
+      bucketed_(true),
+      layout_(layout),
+      compute_dtype_(compute_dtype),
+      device_(device) {
   MEGATRON_CHECK(
       compute_dtype == DType::kF32 || is_half(compute_dtype) || compute_dtype == DType::kF64,
       "compute dtype must be f32, bf16, f16 or f64, got ", dtype_name(compute_dtype));
@@ -88,9 +93,9 @@ ParamSet::ParamSet(std::vector<Param*> params, DType compute_dtype, const Bucket
 void ParamSet::allocate(int64_t total) {
   // f64 models (gradient checks in tests) keep everything in double.
   DType master = compute_dtype_ == DType::kF64 ? DType::kF64 : DType::kF32;
-  main_ = Tensor::zeros({total}, master);
-  grads_ = Tensor::zeros({total}, master);
-  compute_ = compute_dtype_ == master ? main_ : Tensor::zeros({total}, compute_dtype_);
+  main_ = Tensor::zeros({total}, master, device_);
+  grads_ = Tensor::zeros({total}, master, device_);
+  compute_ = compute_dtype_ == master ? main_ : Tensor::zeros({total}, compute_dtype_, device_);
   for (size_t i = 0; i < params_.size(); ++i) {
     Param& p = *params_[i];
     p.main = main_.flat_view(offsets_[i], p.shape);

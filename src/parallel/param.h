@@ -101,10 +101,12 @@ struct BucketLayout {
 
 class ParamSet {
  public:
-  // Lays out `params` (owned by the layers, which outlive this set) and allocates the buffers.
-  ParamSet(std::vector<Param*> params, DType compute_dtype);
+  // Lays out `params` (owned by the layers, which outlive this set) and allocates the buffers on
+  // `device` (the layers then compute wherever their weights are: activations follow inputs).
+  ParamSet(std::vector<Param*> params, DType compute_dtype, Device device = Device::kCPU);
   // The same in buckets (see BucketLayout); bucket_ranges() then lists them.
-  ParamSet(std::vector<Param*> params, DType compute_dtype, const BucketLayout& layout);
+  ParamSet(std::vector<Param*> params, DType compute_dtype, const BucketLayout& layout,
+           Device device = Device::kCPU);
 
   // Fills main weights from the init spec of each Param: element i gets the value that element
   // full_index(i) of the full tensor gets from (seed, name), so values never depend on the layout
@@ -122,6 +124,7 @@ class ParamSet {
   Tensor& grads() { return grads_; }
   Tensor& compute() { return compute_; }
   DType compute_dtype() const { return compute_dtype_; }
+  Device device() const { return device_; }
   int64_t numel() const { return main_.numel(); }
   // Offset of a param inside the flat buffers.
   int64_t offset_of(const Param& p) const;
@@ -140,6 +143,7 @@ class ParamSet {
   BucketLayout layout_;
   std::vector<std::pair<int64_t, int64_t>> buckets_;
   DType compute_dtype_;
+  Device device_ = Device::kCPU;
   Tensor main_, grads_, compute_;
 };
 

@@ -17,8 +17,10 @@
 namespace megatron {
 namespace {
 
-// Token ids as i64 or i32, read without a per-element dtype branch in the hot loops.
+// Token ids as i64 or i32 (a host copy where the model runs on a GPU), read without a per-element
+// dtype branch in the hot loops.
 struct Ids {
+  Tensor host;  // keeps the values read below alive
   const int64_t* i64 = nullptr;
   const int32_t* i32 = nullptr;
   int64_t operator[](int64_t i) const { return i64 ? i64[i] : i32[i]; }
@@ -29,10 +31,11 @@ Ids ids_of(const Tensor& ids, const char* op) {
                  ": ids must be an i64 (or i32) tensor, got ",
                  ids.defined() ? ids.str() : std::string("an undefined tensor"));
   Ids out;
+  out.host = to_host(ids);
   if (ids.dtype() == DType::kI64) {
-    out.i64 = ids.data<int64_t>();
+    out.i64 = out.host.data<int64_t>();
   } else {
-    out.i32 = ids.data<int32_t>();
+    out.i32 = out.host.data<int32_t>();
   }
   return out;
 }
@@ -67,7 +70,8 @@ void check_targets(const Tensor& targets, int64_t n, int64_t vocab_size, const c
   MEGATRON_CHECK(targets.defined() && targets.dtype() == DType::kI64 && targets.numel() == n, op,
                  ": targets must be i64 with one id per logits row (", n, "), got ",
                  targets.defined() ? targets.str() : std::string("an undefined tensor"));
-  const int64_t* t = targets.data<int64_t>();
+  const Tensor host = to_host(targets);
+  const int64_t* t = host.data<int64_t>();
   for (int64_t r = 0; r < n; ++r) {
     MEGATRON_CHECK(t[r] >= 0 && t[r] < vocab_size, op, ": target id ", t[r], " at row ", r,
                    " is outside the vocabulary [0, ", vocab_size, ")");
@@ -159,12 +163,12 @@ void vocab_parallel_cross_entropy_forward(Tensor& loss, Tensor& lse, const Tenso
   const int64_t v = valid_columns(vocab_start, block, vocab_size);
   // 1. Row max over the valid columns of every rank. An all-padding block contributes -inf, the
   //    identity of max; rank 0 always holds valid columns, so the result is finite.
-  Tensor row_max = Tensor::empty({n}, logits_shard.dtype());
+  Tensor row_max = Tensor::empty({n}, logits_shard.dtype(), logits_shard.device());
   ops::cross_entropy_shard_max(row_max, logits_shard, v);
   if (tp.size() > 1) tp.all_reduce(row_max, ReduceOp::kMax);
   // 2. [exp-sums | target logits] [2n], summed over ranks in one collective. exp is taken only
   //    after the global max is known, so an all-padding block sums nothing (no -inf - -inf).
-  Tensor sums = Tensor::empty({2 * n}, DType::kF64);
+  Tensor sums = Tensor::empty({2 * n}, DType::kF64, logits_shard.device());
   ops::cross_entropy_shard_sums(sums, logits_shard, row_max, targets, vocab_start, v);
   if (tp.size() > 1) tp.all_reduce(sums, ReduceOp::kSum);
   // 3. Every rank now holds the same max, sums and target logits: same lse and loss everywhere.

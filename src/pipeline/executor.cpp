@@ -12,8 +12,8 @@ int tag_of(int receiving_chunk, int kind) {
 }
 }  // namespace
 
-PipelineExecutor::PipelineExecutor(ProcessGroup& pp, int virtual_stages)
-    : pp_(pp), virtual_stages_(virtual_stages) {
+PipelineExecutor::PipelineExecutor(ProcessGroup& pp, int virtual_stages, Device device)
+    : pp_(pp), virtual_stages_(virtual_stages), device_(device) {
   MEGATRON_ASSERT(virtual_stages >= 1, "virtual stages ", virtual_stages);
 }
 
@@ -45,7 +45,7 @@ TensorMap PipelineExecutor::recv(const std::vector<TensorSpec>& specs, int peer_
                                  int kind) {
   TensorMap m;
   for (const TensorSpec& spec : specs) {
-    Tensor t = Tensor::empty(spec.shape, spec.dtype);
+    Tensor t = Tensor::empty(spec.shape, spec.dtype, device_);
     pp_.recv(t, peer_stage, tag_of(chunk, kind));
     m.set(spec.name, t);
   }

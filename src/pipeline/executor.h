@@ -43,7 +43,8 @@ class StageRunner {
 class PipelineExecutor {
  public:
   // pp: this rank's pipeline group.
-  PipelineExecutor(ProcessGroup& pp, int virtual_stages);
+  // Received activations are placed on `device` (where the model chunks compute).
+  PipelineExecutor(ProcessGroup& pp, int virtual_stages, Device device = Device::kCPU);
 
   // One training step: every action of `actions` (this rank's schedule), then waits for the
   // sends still in flight.
@@ -67,6 +68,7 @@ class PipelineExecutor {
 
   ProcessGroup& pp_;
   int virtual_stages_;
+  Device device_;
   std::vector<std::vector<Slot>> slots_;  // [chunk][microbatch]
   struct Pending {
     Work work;

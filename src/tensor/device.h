@@ -30,6 +30,15 @@ inline const char* device_name(Device d) {
 bool device_available(Device device, std::string* why = nullptr);
 // What the device is, for logs: the GPU's name, compute capability and memory; "host" otherwise.
 std::string device_description(Device device);
+// GPUs visible to this process (0 without the CUDA device), and the one this process's CUDA
+// tensors and kernels use from now on (one per rank: the local rank modulo the count).
+int gpu_count();
+void use_gpu(int index);
+// Whether the CUDA device's f32 GEMMs may use TF32 tensor cores (10-bit mantissa products, about
+// 8x faster on A100/H100; --tf32). Off by default: f32 runs then match the CPU device to f32
+// rounding. Process-wide, like the device itself.
+void set_cuda_tf32(bool allow);
+bool cuda_tf32();
 // Waits until the device has finished the work queued so far (timing; a no-op on the host).
 void device_synchronize(Device device);
 

@@ -2,6 +2,7 @@
 // clear error naming the fix, never a crash.
 #include "tensor/device_memory.h"
 
+#include <atomic>
 #include <cstring>
 
 #include "core/error.h"
@@ -38,6 +39,35 @@ std::string device_description(Device device) {
 #if MEGATRON_HAVE_CUDA
   return cuda::describe();
 #else
+  no_cuda();
+#endif
+}
+
+namespace {
+std::atomic<bool> tf32_allowed{false};
+}  // namespace
+
+void set_cuda_tf32(bool allow) {
+  tf32_allowed.store(allow, std::memory_order_relaxed);
+}
+
+bool cuda_tf32() {
+  return tf32_allowed.load(std::memory_order_relaxed);
+}
+
+int gpu_count() {
+#if MEGATRON_HAVE_CUDA
+  return cuda::usable(nullptr) ? cuda::device_count() : 0;
+#else
+  return 0;
+#endif
+}
+
+void use_gpu(int index) {
+#if MEGATRON_HAVE_CUDA
+  cuda::set_device(index);
+#else
+  (void)index;
   no_cuda();
 #endif
 }

@@ -132,6 +132,14 @@ double Tensor::item(int64_t i) const {
   return v;
 }
 
+Tensor to_host(const Tensor& t) {
+  return !t.defined() || detail::on_host(t.device()) ? t : t.to(Device::kCPU);
+}
+
+Tensor on_device(const Tensor& t, Device device) {
+  return !t.defined() || t.device() == device ? t : t.to(device);
+}
+
 void check_shape(const Tensor& t, const Shape& expected, const char* what) {
   MEGATRON_CHECK(t.shape() == expected, what, ": expected shape ", expected.str(), ", got ",
                  t.shape().str());

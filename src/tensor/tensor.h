@@ -121,6 +121,12 @@ class Tensor {
   DType dtype_ = DType::kF32;
 };
 
+// `t` itself if its storage is host memory (the CPU and reference devices), else a copy of it on
+// the CPU: for code that reads values on the host (file writers, checks, logs).
+Tensor to_host(const Tensor& t);
+// `t` itself if it is on `device` (or undefined), else a copy of it there.
+Tensor on_device(const Tensor& t, Device device);
+
 // Throws with both shapes when a and b differ: "<what>: expected [..], got [..]".
 void check_shape(const Tensor& t, const Shape& expected, const char* what);
 

@@ -187,8 +187,10 @@ struct Arguments {
   bool log_validation_ppl_to_tensorboard = false;
   bool log_world_size_to_tensorboard = false;
   bool log_loss_scale_to_tensorboard = true;  // false with --no-log-loss-scale-to-tensorboard
-  std::string save_hf;      // write the trained weights as a Hugging Face directory
-  int64_t num_threads = 0;  // OpenMP threads; 0: cores available to this rank
+  std::string save_hf;          // write the trained weights as a Hugging Face directory
+  int64_t num_threads = 0;      // OpenMP threads; 0: cores available to this rank
+  std::string device = "auto";  // cpu, cuda, or auto: cuda where a GPU is visible, else cpu
+  bool tf32 = false;            // f32 GEMMs on a GPU may use TF32 tensor cores
 
   // ---- parallelism (data parallel = world size / (tensor x pipeline)) ----
   int64_t tensor_model_parallel_size = 1;    // ranks sharing each layer's weights (Megatron's TP)

@@ -169,18 +169,32 @@ std::vector<cp::ShardEntry> shard_entries(const CheckpointTarget& t, bool optim,
                [&](const std::string& name, const Param& p, Tensor& flat, int64_t at,
                    const cp::Piece& piece) {
                  Tensor view = flat.flat_view(at + piece.local_begin, Shape{piece.global.numel()});
+                 // The writers read host memory: a GPU's weights are copied out.
+                 const bool host = to_host(view).raw() == view.raw();
                  out.push_back({name, shape_vector(p.full_shape()), piece.global,
-                                copy ? view.clone() : view});
+                                !host  ? view.to(Device::kCPU)
+                                : copy ? view.clone()
+                                       : view});
                });
   return out;
 }
+
+namespace {
+// Reads one box of `name` into its elements of flat (through the host where flat is on a GPU).
+void read_box(cp::CheckpointReader& reader, const std::string& name, const cp::Piece& piece,
+              Tensor& flat, int64_t at, bool vocab_rows_differ) {
+  Tensor view = flat.flat_view(at + piece.local_begin, Shape{piece.global.numel()});
+  Tensor host = to_host(view);
+  reader.read(name, piece.global, host.data<float>(), vocab_rows_differ);
+  if (host.raw() != view.raw()) view.copy_from(host);
+}
+}  // namespace
 
 void load_shards(cp::CheckpointReader& reader, const CheckpointTarget& t, bool optim) {
   for_each_box(t, optim, /*writes_only=*/false,
                [&](const std::string& name, const Param& p, Tensor& flat, int64_t at,
                    const cp::Piece& piece) {
-                 reader.read(name, piece.global, flat.data<float>() + at + piece.local_begin,
-                             vocab_rows_may_differ(p));
+                 read_box(reader, name, piece, flat, at, vocab_rows_may_differ(p));
                });
   t.params->sync_compute_from_main();
 }
@@ -195,8 +209,7 @@ std::vector<std::string> load_weights_present(cp::CheckpointReader& reader,
                    if (missing.empty() || missing.back() != p.name) missing.push_back(p.name);
                    return;
                  }
-                 reader.read(name, piece.global, flat.data<float>() + at + piece.local_begin,
-                             vocab_rows_may_differ(p));
+                 read_box(reader, name, piece, flat, at, vocab_rows_may_differ(p));
                });
   t.params->sync_compute_from_main();
   return missing;

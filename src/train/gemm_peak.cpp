@@ -43,11 +43,13 @@ std::string gemm_shape_name(const GemmShape& s) {
          (s.ta ? "T" : "N") + (s.tb ? "T" : "N");
 }
 
-double measure_gemm_gflops(DType dtype, const GemmShape& s, double seconds) {
-  Tensor a = s.ta ? Tensor::full({s.k, s.m}, 0.5, dtype) : Tensor::full({s.m, s.k}, 0.5, dtype);
-  Tensor b = s.tb ? Tensor::full({s.n, s.k}, 0.25, dtype) : Tensor::full({s.k, s.n}, 0.25, dtype);
-  Tensor c = Tensor::zeros({s.m, s.n});
+double measure_gemm_gflops(DType dtype, const GemmShape& s, double seconds, Device device) {
+  const Shape as = s.ta ? Shape{s.k, s.m} : Shape{s.m, s.k};
+  const Shape bs = s.tb ? Shape{s.n, s.k} : Shape{s.k, s.n};
+  Tensor a = Tensor::full(as, 0.5, dtype, device), b = Tensor::full(bs, 0.25, dtype, device);
+  Tensor c = Tensor::zeros({s.m, s.n}, DType::kF32, device);
   ops::matmul(c, a, s.ta, b, s.tb);  // warm-up: creates and caches the primitive
+  device_synchronize(device);
   const double flops =
       2.0 * static_cast<double>(s.m) * static_cast<double>(s.n) * static_cast<double>(s.k);
   double best = 0;
@@ -55,13 +57,14 @@ double measure_gemm_gflops(DType dtype, const GemmShape& s, double seconds) {
   do {
     Timer t;
     ops::matmul(c, a, s.ta, b, s.tb);
+    device_synchronize(device);  // a GPU's GEMM returns before it is done
     best = std::max(best, flops / t.elapsed() / 1e9);
   } while (total.elapsed() < seconds);
   return best;
 }
 
-double measure_gemm_gflops(DType dtype, int64_t n, double seconds) {
-  return measure_gemm_gflops(dtype, GemmShape{n, n, n, false, true}, seconds);
+double measure_gemm_gflops(DType dtype, int64_t n, double seconds, Device device) {
+  return measure_gemm_gflops(dtype, GemmShape{n, n, n, false, true}, seconds, device);
 }
 
 }  // namespace megatron

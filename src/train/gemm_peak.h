@@ -9,6 +9,7 @@
 #include <string>
 
 #include "core/dtype.h"
+#include "tensor/device.h"
 
 namespace megatron {
 
@@ -24,8 +25,9 @@ struct GemmShape {
 GemmShape parse_gemm_shape(const std::string& text);
 std::string gemm_shape_name(const GemmShape& s);
 
-double measure_gemm_gflops(DType dtype, const GemmShape& shape, double seconds);
+double measure_gemm_gflops(DType dtype, const GemmShape& shape, double seconds,
+                           Device device = Device::kCPU);
 // The square n x n x n NT GEMM.
-double measure_gemm_gflops(DType dtype, int64_t n, double seconds);
+double measure_gemm_gflops(DType dtype, int64_t n, double seconds, Device device = Device::kCPU);
 
 }  // namespace megatron

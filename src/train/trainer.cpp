@@ -17,6 +17,7 @@
 #include "core/timer.h"
 #include "tensor/op_profile.h"
 #include "tensor/ops.h"
+#include "train/device_choice.h"
 #include "train/exit_codes.h"
 #include "train/gemm_peak.h"
 #include "train/memory_report.h"
@@ -126,6 +127,7 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
   tokenizer_ = build_tokenizer(tokenizer_args(args_));
   cfg_ = transformer_config_from_args(args_);
   spec_ = &model_spec(args_.model);
+  device_ = resolve_device(args_.device);
   const bool whole_model = ps.tp_size() == 1 && ps.pp_size() == 1;
   // One of our checkpoints as --pretrained-checkpoint loads into any layout (each rank reads its
   // boxes); a Hugging Face directory only into the whole model.
@@ -228,11 +230,12 @@ void Trainer::build_model() {
   const int64_t bucket = bucket_size();
   const bool distributed = args_.use_distributed_optimizer;
   const int expert_dp = ps.experts_apart() ? ps.edp_size() : 1;
-  params_ = distributed
-                ? std::make_unique<ParamSet>(
-                      all, cfg_.compute_dtype,
-                      distributed_bucket_layout(bucket, static_cast<int>(grad_size_), expert_dp))
-                : std::make_unique<ParamSet>(all, cfg_.compute_dtype);
+  params_ =
+      distributed
+          ? std::make_unique<ParamSet>(
+                all, cfg_.compute_dtype,
+                distributed_bucket_layout(bucket, static_cast<int>(grad_size_), expert_dp), device_)
+          : std::make_unique<ParamSet>(all, cfg_.compute_dtype, device_);
   // Initialised first in every case: what a pretrained model lacks (a classifier's head) keeps
   // its initialisation.
   params_->initialize(static_cast<uint64_t>(args_.seed));
@@ -333,7 +336,7 @@ void Trainer::build_optimizer() {
       distributed ? GradReduce::kReduceScatter : GradReduce::kAllReduce, expert);
   grad_buckets_->set_reduce_in_bf16(args_.grad_reduce_in_bf16);
   grad_buckets_->set_average(!args_.calculate_per_token_loss);
-  executor_ = std::make_unique<PipelineExecutor>(ps.pp_group(), virtual_stages_);
+  executor_ = std::make_unique<PipelineExecutor>(ps.pp_group(), virtual_stages_, device_);
 
   // The weight decay of each step comes from the schedule (StepRates); this is the constant one.
   const AdamWConfig adam{args_.adam_beta1, args_.adam_beta2, args_.adam_eps, args_.weight_decay};
@@ -455,6 +458,19 @@ void Trainer::build_data() {
 
 // The GEMM peak model-FLOPs utilisation is reported against: given or measured now.
 void Trainer::report_gemm_peak() {
+  if (device_ == Device::kCUDA) {
+    // A GPU's GEMMs peak at large sizes (a few GFLOP each).
+    peak_gflops_ = args_.gemm_peak_gflops > 0
+                       ? args_.gemm_peak_gflops
+                       : std::max(measure_gemm_gflops(cfg_.compute_dtype, 4096, 0.2, device_),
+                                  measure_gemm_gflops(cfg_.compute_dtype, 8192, 0.3, device_));
+    log_first(strprintf(
+        " > %s GEMM peak of %s: %.1f TFLOP/s (%s; model-FLOPs utilisation is "
+        "reported against it)",
+        dtype_name(cfg_.compute_dtype), device_description(device_).c_str(), peak_gflops_ / 1e3,
+        args_.gemm_peak_gflops > 0 ? "given by --gemm-peak-gflops" : "measured"));
+    return;
+  }
   if (is_half(cfg_.compute_dtype) && !ops::native_half_gemm(cfg_.compute_dtype)) {
     log_first(
         strprintf(" > warning: this CPU has no native %s GEMM (oneDNN needs AVX-512): GEMMs "
@@ -505,7 +521,9 @@ std::vector<TensorMap> Trainer::step_batches(int64_t microbatches,
       if (tp.size() > 1) tp.broadcast(t, 0);
       // Under context parallelism each rank keeps its chunks of every [b, s] field (Megatron's
       // get_batch_on_this_cp_rank).
-      m.set(spec.name, cp.enabled() ? cp_local_columns(t, cp) : t);
+      Tensor local = cp.enabled() ? cp_local_columns(t, cp) : t;
+      // Batches are read and broadcast on the host, then used where the model computes.
+      m.set(spec.name, on_device(local, device_));
     }
   }
   return batches;
@@ -752,7 +770,8 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, const BatchSchedule::
   // Before backward, so that it accumulates onto the inf (inf + x = inf) and the bucket holding
   // it is launched with it even when reductions overlap backward.
   if (fault_.inf_grad_at(parallel_->rank(), iteration)) {
-    params_->params().front()->main_grad.data<float>()[0] = std::numeric_limits<float>::infinity();
+    params_->params().front()->main_grad.flat_view(0, {1}).fill(
+        std::numeric_limits<float>::infinity());
   }
   std::vector<TensorMap> batches =
       step_batches(num_microbatches_, [&](int64_t) { return prefetcher_->next(); });

@@ -247,6 +247,7 @@ class Trainer {
   std::unique_ptr<ExitSignalHandler> exit_signal_;  // --exit-signal-handler
   Timer train_timer_;                               // for --exit-duration-in-mins
   double peak_gflops_ = 0;
+  Device device_ = Device::kCPU;  // where the weights live and the model computes (--device)
   std::vector<double> losses_, eval_losses_;
 };
 

@@ -76,8 +76,9 @@ struct QkvParts {
 QkvParts split_qkv(const Tensor& packed, int64_t qpg, int64_t hn) {
   const int64_t rows = packed.numel() / ((qpg + 2) * hn);
   const Tensor flat = packed.view({rows, (qpg + 2) * hn});
-  QkvParts p{Tensor::empty({rows, qpg * hn}, packed.dtype()),
-             Tensor::empty({rows, hn}, packed.dtype()), Tensor::empty({rows, hn}, packed.dtype())};
+  QkvParts p{Tensor::empty({rows, qpg * hn}, packed.dtype(), packed.device()),
+             Tensor::empty({rows, hn}, packed.dtype(), packed.device()),
+             Tensor::empty({rows, hn}, packed.dtype(), packed.device())};
   ops::slice_last_dim(p.q, flat, 0);
   ops::slice_last_dim(p.k, flat, qpg * hn);
   ops::slice_last_dim(p.v, flat, (qpg + 1) * hn);
@@ -87,7 +88,7 @@ QkvParts split_qkv(const Tensor& packed, int64_t qpg, int64_t hn) {
 
 Tensor join_qkv(const QkvParts& p, const Tensor& like, int64_t qpg, int64_t hn) {
   const int64_t rows = like.numel() / ((qpg + 2) * hn);
-  Tensor out = Tensor::empty(like.shape(), like.dtype());
+  Tensor out = Tensor::empty(like.shape(), like.dtype(), like.device());
   Tensor flat = out.view({rows, (qpg + 2) * hn});
   ops::concat_last_dim(flat, {p.q.view({rows, qpg * hn}), p.k, p.v});
   return out;
@@ -113,8 +114,8 @@ Tensor SelfAttention::qk_norm_backward(const Tensor& dqkv, Ctx& ctx) const {
 
 void SelfAttention::core_attention(Ctx& ctx) const {
   const int64_t s = ctx.qkv.dim(0), b = ctx.qkv.dim(1), np = heads_local_, hn = cfg_.head_dim();
-  ctx.out = Tensor::empty({s, b, np, hn}, ctx.qkv.dtype());
-  ctx.lse = Tensor::empty({b, np, s}, ctx.qkv.dtype());
+  ctx.out = Tensor::empty({s, b, np, hn}, ctx.qkv.dtype(), ctx.qkv.device());
+  ctx.lse = Tensor::empty({b, np, s}, ctx.qkv.dtype(), ctx.qkv.device());
   if (tp_.cp.enabled()) {  // the local queries over the whole sequence's keys
     cp_attention_forward(ctx.out, ctx.lse, ctx.qkv, ctx.spec, tp_.cp);
     return;
@@ -141,6 +142,7 @@ Tensor SelfAttention::forward_cached(const Tensor& x, const TokenLayout& layout,
       int64_t* d = positions.data<int64_t>();
       for (int64_t t = 0; t < s; ++t)
         for (int64_t i = 0; i < b; ++i) d[t * b + i] = offset + t;
+      positions = on_device(positions, x.device());  // built on the host, used where x is
     }
     ops::rope_inplace(qkv, positions, rope_, false);
   }
@@ -158,8 +160,8 @@ Tensor SelfAttention::forward_cached(const Tensor& x, const TokenLayout& layout,
     check_shape(layout.bias, {1, np, s, offset + s}, "cached attention bias");
     spec.bias = layout.bias.dtype() == qkv.dtype() ? layout.bias : layout.bias.to(qkv.dtype());
   }
-  Tensor out = Tensor::empty({s, b, np, hn}, qkv.dtype());
-  Tensor lse = Tensor::empty({b, np, s}, qkv.dtype());
+  Tensor out = Tensor::empty({s, b, np, hn}, qkv.dtype(), qkv.device());
+  Tensor lse = Tensor::empty({b, np, s}, qkv.dtype(), qkv.device());
   ops::attention_forward(out, lse, ops::packed_qkv_view(qkv, ops::QkvPart::kQuery),
                          ops::attention_view(kv.k.slice0(0, offset + s), ng),
                          ops::attention_view(kv.v.slice0(0, offset + s), ng), spec);
@@ -231,14 +233,14 @@ Tensor SelfAttention::backward(const Tensor& dy, Ctx& ctx, Tensor* dbias) const 
     if (ctx.proj_input_shape.ndim() > 0) ctx.proj_ctx.linear.x = ctx.out.view(ctx.proj_input_shape);
   }
   Tensor dout = linear_proj.backward(dy, ctx.proj_ctx).view(ctx.out.shape());
-  Tensor dqkv = Tensor::empty(ctx.qkv.shape(), ctx.qkv.dtype());
+  Tensor dqkv = Tensor::empty(ctx.qkv.shape(), ctx.qkv.dtype(), ctx.qkv.device());
   using ops::packed_qkv_view, ops::QkvPart;
   if (tp_.cp.enabled()) {
     cp_attention_backward(dqkv, dout, ctx.qkv, ctx.out, ctx.lse, ctx.spec, tp_.cp);
   } else {
     Tensor db;
     if (ctx.spec.bias.defined() && dbias)
-      db = Tensor::empty(ctx.spec.bias.shape(), ctx.spec.bias.dtype());
+      db = Tensor::empty(ctx.spec.bias.shape(), ctx.spec.bias.dtype(), ctx.spec.bias.device());
     ops::attention_backward(
         packed_qkv_view(dqkv, QkvPart::kQuery), packed_qkv_view(dqkv, QkvPart::kKey),
         packed_qkv_view(dqkv, QkvPart::kValue), db, dout, packed_qkv_view(ctx.qkv, QkvPart::kQuery),

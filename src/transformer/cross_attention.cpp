@@ -88,8 +88,8 @@ Tensor CrossAttention::forward(const Tensor& x, const Tensor& memory, const Tens
   ctx.spec.stream = mode.site_stream(stream_layer_, 4);
   ctx.spec.head_offset = tp_.rank() * np;
   ctx.spec.total_heads = cfg_.num_attention_heads;
-  ctx.out = Tensor::empty({sq, b, np, hn}, ctx.q.dtype());
-  ctx.lse = Tensor::empty({b, np, sq}, ctx.q.dtype());
+  ctx.out = Tensor::empty({sq, b, np, hn}, ctx.q.dtype(), ctx.q.device());
+  ctx.lse = Tensor::empty({b, np, sq}, ctx.q.dtype(), ctx.q.device());
   ops::attention_forward(ctx.out, ctx.lse, ops::attention_view(ctx.q, np), kv_view(ctx.kv, false),
                          kv_view(ctx.kv, true), ctx.spec);
   Tensor y = linear_proj.forward(ctx.out.view({sq, b, np * hn}), ctx.proj_ctx);
@@ -101,8 +101,8 @@ Tensor CrossAttention::backward(const Tensor& dy, Ctx& ctx, Tensor* d_memory) co
   const int64_t sq = ctx.q.dim(0), sk = ctx.kv.dim(0), b = ctx.q.dim(1);
   const int64_t np = heads_local_;
   Tensor dout = linear_proj.backward(dy, ctx.proj_ctx).view(ctx.out.shape());
-  Tensor dq = Tensor::empty(ctx.q.shape(), ctx.q.dtype());
-  Tensor dkv = Tensor::empty(ctx.kv.shape(), ctx.kv.dtype());
+  Tensor dq = Tensor::empty(ctx.q.shape(), ctx.q.dtype(), ctx.q.device());
+  Tensor dkv = Tensor::empty(ctx.kv.shape(), ctx.kv.dtype(), ctx.kv.device());
   ops::attention_backward(ops::attention_view(dq, np), kv_view(dkv, false), kv_view(dkv, true),
                           Tensor(), dout, ops::attention_view(ctx.q, np), kv_view(ctx.kv, false),
                           kv_view(ctx.kv, true), ctx.out, ctx.lse, ctx.spec);

@@ -17,7 +17,8 @@ struct GluHalves {
 GluHalves glu_halves(const Tensor& x) {
   const int64_t f = x.dim(x.ndim() - 1) / 2, rows = x.numel() / (2 * f);
   const Tensor flat = x.view({rows, 2 * f});
-  GluHalves h{Tensor::empty({rows, f}, x.dtype()), Tensor::empty({rows, f}, x.dtype())};
+  GluHalves h{Tensor::empty({rows, f}, x.dtype(), x.device()),
+              Tensor::empty({rows, f}, x.dtype(), x.device())};
   ops::slice_last_dim(h.gate, flat, 0);
   ops::slice_last_dim(h.up, flat, f);
   return h;
@@ -25,7 +26,7 @@ GluHalves glu_halves(const Tensor& x) {
 
 void geglu_forward(Tensor& out, const Tensor& x, bool tanh_approx) {
   GluHalves h = glu_halves(x);
-  Tensor g = Tensor::empty(h.gate.shape(), x.dtype());
+  Tensor g = Tensor::empty(h.gate.shape(), x.dtype(), x.device());
   ops::gelu_forward(g, h.gate, tanh_approx);
   Tensor flat = out.view(g.shape());
   ops::mul(flat, g, h.up);
@@ -34,12 +35,13 @@ void geglu_forward(Tensor& out, const Tensor& x, bool tanh_approx) {
 void geglu_backward(Tensor& dx, const Tensor& dout, const Tensor& x, bool tanh_approx) {
   GluHalves h = glu_halves(x);
   const Tensor d = dout.view(h.gate.shape());
-  Tensor g = Tensor::empty(h.gate.shape(), x.dtype());
+  Tensor g = Tensor::empty(h.gate.shape(), x.dtype(), x.device());
   ops::gelu_forward(g, h.gate, tanh_approx);
-  Tensor dup = Tensor::empty(g.shape(), x.dtype()), dg = Tensor::empty(g.shape(), x.dtype());
+  Tensor dup = Tensor::empty(g.shape(), x.dtype(), x.device()),
+         dg = Tensor::empty(g.shape(), x.dtype(), x.device());
   ops::mul(dup, d, g);    // d up = dout * gelu(gate)
   ops::mul(dg, d, h.up);  // d gelu(gate) = dout * up
-  Tensor dgate = Tensor::empty(g.shape(), x.dtype());
+  Tensor dgate = Tensor::empty(g.shape(), x.dtype(), x.device());
   ops::gelu_backward(dgate, dg, h.gate, tanh_approx);
   Tensor flat = dx.view({g.dim(0), 2 * g.dim(1)});
   ops::concat_last_dim(flat, {dgate, dup});
@@ -98,14 +100,14 @@ Tensor MLP::forward(const Tensor& x, Ctx& ctx) const {
   ctx.pre_act = linear_fc1.forward(x, ctx.fc1_ctx);  // all s positions, also under SP
   Shape act_shape = ctx.pre_act.shape();
   act_shape[-1] = ffn_local_;
-  Tensor act = Tensor::empty(act_shape, ctx.pre_act.dtype());
+  Tensor act = Tensor::empty(act_shape, ctx.pre_act.dtype(), ctx.pre_act.device());
   mlp_activation_forward(cfg_, act, ctx.pre_act);
   return linear_fc2.forward(act, ctx.fc2_ctx);
 }
 
 Tensor MLP::backward(const Tensor& dy, Ctx& ctx) const {
   Tensor dact = linear_fc2.backward(dy, ctx.fc2_ctx);
-  Tensor dpre = Tensor::empty(ctx.pre_act.shape(), ctx.pre_act.dtype());
+  Tensor dpre = Tensor::empty(ctx.pre_act.shape(), ctx.pre_act.dtype(), ctx.pre_act.device());
   mlp_activation_backward(cfg_, dpre, dact, ctx.pre_act);
   Tensor dx = linear_fc1.backward(dpre, ctx.fc1_ctx);
   ctx = Ctx{};

@@ -27,18 +27,19 @@ void Norm::collect(std::vector<Param*>& out) {
 
 Tensor Norm::gamma(DType dtype) const {
   if (!zero_centered_) return weight.value_as(dtype);
-  Tensor g = Tensor::empty(weight.shape, dtype);
-  ops::add(g, weight.value_as(dtype), Tensor::full(weight.shape, 1.0, dtype));
+  const Device device = weight.value.device();
+  Tensor g = Tensor::empty(weight.shape, dtype, device);
+  ops::add(g, weight.value_as(dtype), Tensor::full(weight.shape, 1.0, dtype, device));
   return g;
 }
 
 Tensor Norm::forward(const Tensor& x, Ctx& ctx) const {
   const int64_t rows = x.numel() / x.dim(-1);
-  Tensor y = Tensor::empty(x.shape(), x.dtype());
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
   ctx.x = x;
-  ctx.rstd = Tensor::empty({rows}, x.dtype());
+  ctx.rstd = Tensor::empty({rows}, x.dtype(), x.device());
   if (kind_ == Normalization::kLayerNorm) {
-    ctx.mean = Tensor::empty({rows}, x.dtype());
+    ctx.mean = Tensor::empty({rows}, x.dtype(), x.device());
     ops::layernorm_forward(y, ctx.mean, ctx.rstd, x, gamma(x.dtype()), bias.value_as(x.dtype()),
                            eps_);
   } else {
@@ -48,7 +49,7 @@ Tensor Norm::forward(const Tensor& x, Ctx& ctx) const {
 }
 
 Tensor Norm::backward(const Tensor& dy, Ctx& ctx) const {
-  Tensor dx = Tensor::empty(ctx.x.shape(), ctx.x.dtype());
+  Tensor dx = Tensor::empty(ctx.x.shape(), ctx.x.dtype(), ctx.x.device());
   Tensor dw = weight.main_grad;
   if (kind_ == Normalization::kLayerNorm) {
     Tensor db = bias.main_grad;

@@ -70,7 +70,7 @@ Tensor TransformerLayer::forward(const Tensor& x, const TokenLayout& layout, Ctx
   // single-process ones in every layout: transformer/sequence_dropout.h).
   Tensor a = self_attention.forward(input_layernorm.forward(x, ctx.ln1), layout, ctx.attn, mode)
                  .view(x.shape());
-  Tensor x1 = Tensor::empty(x.shape(), x.dtype());
+  Tensor x1 = Tensor::empty(x.shape(), x.dtype(), x.device());
   if (ctx.dropout > 0)
     sequence_dropout_forward(a, a, ctx.dropout, ctx.seed, ctx.stream_attn, tp_, true);
   ops::add(x1, x, a);
@@ -115,7 +115,7 @@ Tensor TransformerLayer::backward_post_ln(const Tensor& dy, Ctx& ctx, SideGrads*
   Tensor d2 = pre_mlp_layernorm.backward(dy, ctx.ln2);
   Tensor dm = d2;
   if (ctx.dropout > 0) {
-    dm = Tensor::empty(d2.shape(), d2.dtype());
+    dm = Tensor::empty(d2.shape(), d2.dtype(), d2.device());
     sequence_dropout_backward(dm, d2, ctx.dropout, ctx.seed, ctx.stream_mlp, tp_, true);
   }
   Tensor dx1 = (moe ? moe->backward(dm, ctx.moe) : mlp->backward(dm, ctx.mlp)).view(dy.shape());
@@ -123,7 +123,7 @@ Tensor TransformerLayer::backward_post_ln(const Tensor& dy, Ctx& ctx, SideGrads*
   Tensor d1 = input_layernorm.backward(dx1, ctx.ln1);
   Tensor da = d1;
   if (ctx.dropout > 0) {
-    da = Tensor::empty(d1.shape(), d1.dtype());
+    da = Tensor::empty(d1.shape(), d1.dtype(), d1.device());
     sequence_dropout_backward(da, d1, ctx.dropout, ctx.seed, ctx.stream_attn, tp_, true);
   }
   Tensor dbias;
@@ -139,7 +139,7 @@ Tensor TransformerLayer::backward(const Tensor& dy, Ctx& ctx, SideGrads* side) c
   // dx1 = dy + d(pre_mlp_layernorm input)
   Tensor dm = dy;
   if (ctx.dropout > 0) {
-    dm = Tensor::empty(dy.shape(), dy.dtype());
+    dm = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
     sequence_dropout_backward(dm, dy, ctx.dropout, ctx.seed, ctx.stream_mlp, tp_, true);
   }
   const Tensor dmlp = moe ? moe->backward(dm, ctx.moe) : mlp->backward(dm, ctx.mlp);
@@ -149,7 +149,7 @@ Tensor TransformerLayer::backward(const Tensor& dy, Ctx& ctx, SideGrads* side) c
   if (cross_attention) {  // through the cross-attention branch to x1 and the memory
     Tensor dc = dx1;
     if (ctx.dropout > 0) {
-      dc = Tensor::empty(dx1.shape(), dx1.dtype());
+      dc = Tensor::empty(dx1.shape(), dx1.dtype(), dx1.device());
       sequence_dropout_backward(dc, dx1, ctx.dropout, ctx.seed, ctx.stream_cross, tp_, true);
     }
     Tensor dmemory;
@@ -163,7 +163,7 @@ Tensor TransformerLayer::backward(const Tensor& dy, Ctx& ctx, SideGrads* side) c
 
   Tensor da = dx1;
   if (ctx.dropout > 0) {
-    da = Tensor::empty(dx1.shape(), dx1.dtype());
+    da = Tensor::empty(dx1.shape(), dx1.dtype(), dx1.device());
     sequence_dropout_backward(da, dx1, ctx.dropout, ctx.seed, ctx.stream_attn, tp_, true);
   }
   Tensor dbias;

@@ -464,6 +464,18 @@ class TestBadInput(CliTestCase):
                         "--lr-warmup-iters", "5")
         self.assertUsageError(proc, "--lr-warmup-fraction", "--lr-warmup-iters")
 
+    def test_device_unknown(self):
+        self.assertUsageError(megatron("train", *self.BASE, "--device", "gpu"), "--device", "gpu")
+
+    def test_device_cuda_without_a_gpu(self):
+        # Where a GPU is visible the run trains on it; elsewhere the flag is refused, naming why
+        # (a build without the CUDA device, or the CUDA runtime's reason) and the fix.
+        smi = shutil.which("nvidia-smi")
+        if smi and subprocess.run([smi], capture_output=True).returncode == 0:
+            self.skipTest("a GPU is visible")
+        proc = megatron("train", *self.BASE, "--device", "cuda")
+        self.assertUsageError(proc, "--device cuda", "--device cpu")
+
     def test_bench_gemm_bad_shape(self):
         for bad in ("64x32", "64x32x0", "64x32x16:NX", "64x32x16:", "axbxc"):
             proc = megatron("bench", "gemm", "--shapes", bad, "--seconds", "0.01")

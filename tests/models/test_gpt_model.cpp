@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <map>
+#include <string>
 
 #include <cmath>
 
@@ -227,6 +229,75 @@ TEST(GPTModel, XavierUniformAndEmbeddingInit) {
   EXPECT_EQ(emb.init, Init::kNormal);
   EXPECT_NEAR(std::sqrt(stats(emb)[1]), 0.5, 0.05);  // n = 16384: 1% standard error
   EXPECT_EQ(g.params.find("output_layer.weight").init, Init::kXavierUniform);
+}
+
+}  // namespace
+}  // namespace megatron
+
+namespace megatron {
+namespace {
+
+// A model computes where its weights are: built on another device, every activation and gradient
+// follows the weights (an op given tensors of two devices throws), and the results equal the CPU
+// device's. The reference device runs everywhere (host memory, the fp64 formulas: it catches any
+// tensor left behind on the CPU); the CUDA device where a GPU is visible, in f64 and in f32.
+// Tolerances: in f64 every device's kernels agree with the reference to NMSE 1e-20 per op (the op
+// harness; a relative 1e-10: summation order, and constants the CPU kernels hold in f32), which
+// the model's two layers, softmaxes and normalisations compound: measured up to 1.2e-8 of the
+// largest gradient of a parameter, so 1e-7 relative to it; CUDA f32
+// rounds each op to 24 bits like the CPU's f32 and the two differ in summation order over at most
+// a few hundred terms here (1e-4 on O(1) values; a wrong term is O(1e-2) or more).
+struct DeviceRun {
+  double loss = 0;
+  std::map<std::string, Tensor> grads;  // on the host, f64
+};
+
+DeviceRun run_on(TransformerConfig cfg, Device device, DType dtype, const ForwardMode& mode) {
+  cfg.compute_dtype = dtype;
+  GPTModel model(cfg);
+  ParamSet params(model.parameters(), dtype, device);
+  params.initialize(1234);
+  const Tensor tokens = testing::random_ids({2, cfg.seq_length}, 5, cfg.vocab_size).to(device);
+  const Tensor labels = testing::random_ids({2, cfg.seq_length}, 6, cfg.vocab_size).to(device);
+  GPTModel::Ctx ctx;
+  Tensor l = model.forward(tokens, labels, Tensor(), ctx, mode);
+  EXPECT_EQ(l.device(), device);
+  const Tensor host_loss = to_host(l);
+  DeviceRun r;
+  for (int64_t i = 0; i < host_loss.numel(); ++i) r.loss += host_loss.item(i) / host_loss.numel();
+  Tensor dloss = Tensor::full(l.shape(), 1.0 / static_cast<double>(l.numel()), l.dtype(), device);
+  params.zero_grads();
+  model.backward(dloss, ctx);
+  for (Param* p : params.params()) r.grads[p->name] = to_host(p->main_grad).to(DType::kF64);
+  return r;
+}
+
+void expect_same_run(const DeviceRun& got, const DeviceRun& want, double tol, const char* what) {
+  EXPECT_NEAR(got.loss, want.loss, tol * std::fabs(want.loss)) << what;
+  for (const auto& [name, g] : want.grads) {
+    double scale = 0;
+    for (int64_t i = 0; i < g.numel(); ++i) scale = std::max(scale, std::fabs(g.item(i)));
+    EXPECT_TRUE(testing::allclose(got.grads.at(name), g, tol * scale, tol)) << what << " " << name;
+  }
+}
+
+TEST(GPTModelDevices, ForwardAndBackwardRunWhereTheWeightsAre) {
+  for (bool llama : {false, true}) {
+    TransformerConfig c = llama ? llama_config() : gpt2_config();
+    c.hidden_dropout = 0.1;
+    c.attention_dropout = 0.2;
+    c.finalize();
+    const ForwardMode mode{true, 99, 3};
+    const DeviceRun cpu = run_on(c, Device::kCPU, DType::kF64, mode);
+    expect_same_run(run_on(c, Device::kReference, DType::kF64, mode), cpu, 1e-7,
+                    llama ? "llama reference" : "gpt2 reference");
+    if (!device_available(Device::kCUDA)) continue;
+    expect_same_run(run_on(c, Device::kCUDA, DType::kF64, mode), cpu, 1e-7,
+                    llama ? "llama cuda f64" : "gpt2 cuda f64");
+    expect_same_run(run_on(c, Device::kCUDA, DType::kF32, mode),
+                    run_on(c, Device::kCPU, DType::kF32, mode), 1e-4,
+                    llama ? "llama cuda f32" : "gpt2 cuda f32");
+  }
 }
 
 }  // namespace

@@ -192,8 +192,8 @@ LossTerms BertLoss::forward(const TensorMap& out, const TensorMap& batch,
     double sum = 0;
     for (int64_t i = 0; i < b; ++i) sum += sop64.data<double>()[i];
     if (dout) {
-      dout->set(kSopLoss,
-                Tensor::full({b}, scale.loss_scale / (static_cast<double>(b) * m), sop.dtype()));
+      dout->set(kSopLoss, Tensor::full({b}, scale.loss_scale / (static_cast<double>(b) * m),
+                                       sop.dtype(), sop.device()));
     }
     terms.add("sop loss", sum / static_cast<double>(b), 1);
   }

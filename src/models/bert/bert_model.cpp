@@ -95,7 +95,8 @@ Tensor BertModel::lm_transform(const Tensor& hidden, Ctx& ctx) const {
   ctx.hidden_shape = hidden.shape();
   const int64_t n = hidden.numel() / cfg_.hidden_size;
   ctx.lm_pre_gelu = lm_dense->forward(hidden.view({n, cfg_.hidden_size}), ctx.lm_dense);
-  Tensor g = Tensor::empty(ctx.lm_pre_gelu.shape(), ctx.lm_pre_gelu.dtype());
+  Tensor g =
+      Tensor::empty(ctx.lm_pre_gelu.shape(), ctx.lm_pre_gelu.dtype(), ctx.lm_pre_gelu.device());
   ops::gelu_forward(g, ctx.lm_pre_gelu, /*tanh_approx=*/false);  // torch's erf GELU
   return lm_norm->forward(g.view(hidden.shape()), ctx.lm_norm);
 }
@@ -103,7 +104,7 @@ Tensor BertModel::lm_transform(const Tensor& hidden, Ctx& ctx) const {
 Tensor BertModel::lm_transform_backward(const Tensor& d, Ctx& ctx) const {
   const int64_t n = ctx.lm_pre_gelu.dim(0);
   const Tensor dg = lm_norm->backward(d, ctx.lm_norm).view({n, cfg_.hidden_size});
-  Tensor dz = Tensor::empty(dg.shape(), dg.dtype());
+  Tensor dz = Tensor::empty(dg.shape(), dg.dtype(), dg.device());
   ops::gelu_backward(dz, dg, ctx.lm_pre_gelu, /*tanh_approx=*/false);
   ctx.lm_pre_gelu = Tensor();
   return lm_dense->backward(dz, ctx.lm_dense).view(ctx.hidden_shape);
@@ -138,7 +139,7 @@ BertModel::Outputs BertModel::forward_stage(const Tensor& hidden_in, const BertI
     ctx.seed = mode.seed;
     ctx.stream = mode.site_stream(-1, 1);
     if (ctx.dropout > 0) {
-      Tensor dropped = Tensor::empty(pooled.shape(), pooled.dtype());
+      Tensor dropped = Tensor::empty(pooled.shape(), pooled.dtype(), pooled.device());
       ops::dropout_forward(dropped, pooled, ctx.dropout, ctx.seed, ctx.stream);
       pooled = dropped;
     }
@@ -158,8 +159,8 @@ BertModel::Outputs BertModel::forward_stage(const Tensor& hidden_in, const BertI
                    "BertModel: the binary head needs is_random [b]");
     ctx.sop_logits = binary_head->forward(pooler->forward(hidden, ctx.pooler), ctx.binary);
     ctx.sop_targets = is_random.view({b});
-    ctx.sop_lse = Tensor::empty({b}, ctx.sop_logits.dtype());
-    out.sop_loss = Tensor::empty({b}, ctx.sop_logits.dtype());
+    ctx.sop_lse = Tensor::empty({b}, ctx.sop_logits.dtype(), ctx.sop_logits.device());
+    out.sop_loss = Tensor::empty({b}, ctx.sop_logits.dtype(), ctx.sop_logits.device());
     ops::cross_entropy_forward(out.sop_loss, ctx.sop_lse, ctx.sop_logits, ctx.sop_targets, 2);
   }
   return out;
@@ -174,7 +175,7 @@ Tensor BertModel::backward_stage(const Tensor& d_token_loss, const Tensor& d_sop
   if (stage_.post_process && classification_head) {
     Tensor dpooled = classification_head->backward(d_token_loss, ctx.classifier);
     if (ctx.dropout > 0) {
-      Tensor d = Tensor::empty(dpooled.shape(), dpooled.dtype());
+      Tensor d = Tensor::empty(dpooled.shape(), dpooled.dtype(), dpooled.device());
       ops::dropout_backward(d, dpooled, ctx.dropout, ctx.seed, ctx.stream);
       dpooled = d;
     }
@@ -190,7 +191,8 @@ Tensor BertModel::backward_stage(const Tensor& d_token_loss, const Tensor& d_sop
       final_now.push_back(&head->weight());
     if (stage_.binary_head) {
       MEGATRON_CHECK(d_sop_loss.defined(), "BertModel: the binary head needs d_sop_loss");
-      Tensor dlogits = Tensor::empty(ctx.sop_logits.shape(), ctx.sop_logits.dtype());
+      Tensor dlogits =
+          Tensor::empty(ctx.sop_logits.shape(), ctx.sop_logits.dtype(), ctx.sop_logits.device());
       const Tensor d =
           d_sop_loss.dtype() == dlogits.dtype() ? d_sop_loss : d_sop_loss.to(dlogits.dtype());
       ops::cross_entropy_backward(dlogits, d, ctx.sop_logits, ctx.sop_lse, ctx.sop_targets, 2);

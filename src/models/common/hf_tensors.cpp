@@ -100,7 +100,7 @@ std::map<std::string, Tensor> mapped_hf_tensors(const std::vector<HfTensorMappin
   std::map<std::string, Tensor> out;
   for (const HfTensorMapping& mp : maps) {
     Tensor t = Tensor::empty(mp.hf_shape, DType::kF64);
-    Tensor src = (grads ? mp.param->main_grad : mp.param->main).to(DType::kF64);
+    Tensor src = to_host(grads ? mp.param->main_grad : mp.param->main).to(DType::kF64);
     HfTensorMapping values = mp;
     if (grads) values.offset = 0;  // d/dgamma = d/dweight: the offset moves values only
     copy_mapped(values, t.data<double>(), src.data<double>(), false);

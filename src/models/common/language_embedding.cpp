@@ -12,7 +12,7 @@ namespace megatron {
 
 Tensor transpose_bs(const Tensor& x) {
   MEGATRON_CHECK(x.ndim() == 2, "expected a [b, s] tensor, got ", x.str());
-  Tensor y = Tensor::empty({x.dim(1), x.dim(0)}, x.dtype());
+  Tensor y = Tensor::empty({x.dim(1), x.dim(0)}, x.dtype(), x.device());
   ops::transpose_2d(y, x);
   return y;
 }
@@ -21,7 +21,7 @@ namespace {
 
 // Rows of `table` gathered for `ids`, returned in `act` dtype (bf16 tables are widened).
 Tensor gather(const Tensor& ids, const Tensor& table, DType act) {
-  Tensor rows = Tensor::empty({ids.numel(), table.dim(1)}, table.dtype());
+  Tensor rows = Tensor::empty({ids.numel(), table.dim(1)}, table.dtype(), table.device());
   ops::embedding_forward(rows, ids, table);
   return rows.dtype() == act ? rows : rows.to(act);
 }
@@ -85,14 +85,14 @@ Tensor LanguageEmbedding::forward(const Tensor& tokens, const Tensor& positions,
     ctx.positions = transpose_bs(positions);
   } else {
     // The tokens' places in the sequence (under context parallelism, of the whole sequence).
-    ctx.positions = cp_positions(s, b, tp_.cp);
+    ctx.positions = on_device(cp_positions(s, b, tp_.cp), tokens.device());
   }
 
   Tensor x;
   if (tp_.size() == 1) {
     x = gather(ctx.ids, word_embeddings.value, act);
   } else {
-    x = Tensor::empty({s * b, h}, act);
+    x = Tensor::empty({s * b, h}, act, word_embeddings.value.device());
     vocab_parallel_embedding_forward(x, ctx.ids, word_embeddings.value, vocab_.start, *tp_.group);
   }
   if (learned_positions())
@@ -118,7 +118,7 @@ void LanguageEmbedding::backward(const Tensor& dy, Ctx& ctx) const {
       (tp_.sp() ? scatter_to_sequence_parallel_region_backward(dy, *tp_.group) : dy).view({n, h});
   if (ctx.dropout > 0) {
     // Into a fresh tensor: the caller's gradient is not ours to change.
-    Tensor masked = Tensor::empty({ctx.s, ctx.b, h}, dx.dtype());
+    Tensor masked = Tensor::empty({ctx.s, ctx.b, h}, dx.dtype(), dx.device());
     sequence_dropout_backward(masked, dx.view({ctx.s, ctx.b, h}), ctx.dropout, ctx.seed, ctx.stream,
                               tp_, false);
     dx = masked.view({n, h});

@@ -13,7 +13,7 @@ namespace megatron {
 namespace {
 // [rows, cols] -> [cols, rows] for any dtype.
 Tensor swap(const Tensor& x, int64_t rows, int64_t cols) {
-  Tensor y = Tensor::empty({cols, rows}, x.dtype());
+  Tensor y = Tensor::empty({cols, rows}, x.dtype(), x.device());
   ops::transpose_2d(y, x.view({rows, cols}));
   return y;
 }
@@ -55,7 +55,7 @@ Tensor LMHead::logits(const Tensor& hidden, Ctx& ctx) const {
   ctx.hidden = is_half(w.dtype()) ? full.to(w.dtype()) : full;
   ctx.hidden = ctx.hidden.view({n, h});
   const DType act = w.dtype() == DType::kF64 ? DType::kF64 : DType::kF32;
-  ctx.logits = Tensor::empty({n, w.dim(0)}, act);
+  ctx.logits = Tensor::empty({n, w.dim(0)}, act, w.device());
   ops::matmul(ctx.logits, ctx.hidden, false, w, true);
   if (!bias.name.empty()) ops::bias_add(ctx.logits, bias.value_as(act));
   return ctx.logits;
@@ -67,11 +67,11 @@ Tensor LMHead::gathered_logits(const Tensor& hidden) const {
   Tensor local = logits(hidden, ctx);
   if (tp_.size() == 1) return local;
   const int64_t n = local.dim(0), cols = local.dim(1), tp = tp_.size();
-  Tensor all = Tensor::empty({tp * n, cols}, local.dtype());
+  Tensor all = Tensor::empty({tp * n, cols}, local.dtype(), local.device());
   tp_.group->all_gather(all, local);  // rank r's [n, Vp/tp] block after rank r - 1's
   std::vector<Tensor> parts;
   for (int64_t r = 0; r < tp; ++r) parts.push_back(all.slice0(r * n, (r + 1) * n));
-  Tensor out = Tensor::empty({n, tp * cols}, local.dtype());
+  Tensor out = Tensor::empty({n, tp * cols}, local.dtype(), local.device());
   ops::concat_last_dim(out, parts);
   return out;
 }
@@ -81,8 +81,8 @@ Tensor LMHead::loss(const Tensor& hidden, const Tensor& labels, Ctx& ctx) const 
   check_shape(labels, {ctx.b, ctx.s}, "LMHead labels");
   const int64_t n = ctx.s * ctx.b;
   ctx.targets = transpose_bs(labels).view({n});
-  Tensor loss_sb = Tensor::empty({n}, ctx.logits.dtype());
-  ctx.lse = Tensor::empty({n}, ctx.logits.dtype());
+  Tensor loss_sb = Tensor::empty({n}, ctx.logits.dtype(), ctx.logits.device());
+  ctx.lse = Tensor::empty({n}, ctx.logits.dtype(), ctx.logits.device());
   if (tp_.size() == 1) {
     ops::cross_entropy_forward(loss_sb, ctx.lse, ctx.logits, ctx.targets, cfg_.vocab_size);
   } else {
@@ -114,7 +114,7 @@ Tensor LMHead::loss_backward(const Tensor& dloss, Ctx& ctx) const {
   Tensor dl = is_half(w.value.dtype()) ? dlogits.to(w.value.dtype()) : dlogits;
   ctx.logits = Tensor();
   dlogits = Tensor();
-  Tensor dhidden = Tensor::empty({n, h}, ctx.lse.dtype());
+  Tensor dhidden = Tensor::empty({n, h}, ctx.lse.dtype(), ctx.lse.device());
   ops::matmul(dhidden, dl, false, w.value, false);
   Tensor dw = w.main_grad;
   ops::matmul(dw, dl, true, ctx.hidden, false, 1.0f);

@@ -34,18 +34,18 @@ Tensor Pooler::forward(const Tensor& hidden, Ctx& ctx) const {
   // Position index_ of every sequence: rows [index_ b, (index_ + 1) b) of the [s b, h] view.
   const Tensor x = full.view({ctx.s * ctx.b, h_}).slice0(index_ * ctx.b, (index_ + 1) * ctx.b);
   const Tensor z = dense.forward(x, ctx.dense);
-  ctx.y = Tensor::empty(z.shape(), z.dtype());
+  ctx.y = Tensor::empty(z.shape(), z.dtype(), z.device());
   ops::tanh_forward(ctx.y, z);
   return ctx.y;
 }
 
 Tensor Pooler::backward(const Tensor& dpooled, Ctx& ctx) const {
   check_shape(dpooled, {ctx.b, h_}, "Pooler dpooled");
-  Tensor dz = Tensor::empty(ctx.y.shape(), ctx.y.dtype());
+  Tensor dz = Tensor::empty(ctx.y.shape(), ctx.y.dtype(), ctx.y.device());
   const Tensor d = dpooled.dtype() == dz.dtype() ? dpooled : dpooled.to(dz.dtype());
   ops::tanh_backward(dz, d, ctx.y);
   const Tensor dx = dense.backward(dz, ctx.dense);
-  Tensor dfull = Tensor::zeros({ctx.s, ctx.b, h_}, dx.dtype());
+  Tensor dfull = Tensor::zeros({ctx.s, ctx.b, h_}, dx.dtype(), dx.device());
   Tensor rows = dfull.view({ctx.s * ctx.b, h_}).slice0(index_ * ctx.b, (index_ + 1) * ctx.b);
   ops::add_inplace(rows, dx);  // 0 + dx: exact
   const Tensor out = tp_.sp() ? gather_from_sequence_parallel_region_backward(

@@ -100,7 +100,7 @@ Tensor GPTModel::forward_stage(const Tensor& hidden_in, const GPTInputs& in, Ctx
   layout.doc_start = in.doc_start;
   if (tp_.cp.enabled()) {  // this rank's chunks sit at their places in the whole sequence
     const int64_t local = cfg_.seq_length / tp_.cp.size();
-    layout.positions = cp_positions(local, x.dim(1), tp_.cp);
+    layout.positions = on_device(cp_positions(local, x.dim(1), tp_.cp), x.device());
   }
   Tensor hidden = decoder->forward(x, layout, ctx.decoder, mode);
   if (!stage_.post_process) return hidden;
@@ -108,9 +108,8 @@ Tensor GPTModel::forward_stage(const Tensor& hidden_in, const GPTInputs& in, Ctx
   return head->loss(hidden, in.labels, ctx.head);
 }
 
-Tensor GPTModel::infer_stage(const Tensor& hidden_in, const Tensor& tokens,
-                             const Tensor& positions, const ForwardMode& mode,
-                             bool last_only) const {
+Tensor GPTModel::infer_stage(const Tensor& hidden_in, const Tensor& tokens, const Tensor& positions,
+                             const ForwardMode& mode, bool last_only) const {
   MEGATRON_CHECK(!tp_.sp() && !tp_.cp.enabled(),
                  "GPTModel: inference runs without sequence or context parallelism");
   MEGATRON_CHECK(!mode.training, "GPTModel: inference runs without dropout");
@@ -124,6 +123,7 @@ Tensor GPTModel::infer_stage(const Tensor& hidden_in, const Tensor& tokens,
       pos = Tensor::empty({b, s}, DType::kI64);
       for (int64_t i = 0; i < b; ++i)
         for (int64_t t = 0; t < s; ++t) pos.data<int64_t>()[i * s + t] = offset + t;
+      pos = on_device(pos, tokens.device());  // built on the host, used where the tokens are
     }
     LanguageEmbedding::Ctx ectx;
     x = embedding->forward(tokens, pos, Tensor(), ectx, mode);

@@ -1,9 +1,9 @@
 // GEMMs on the CUDA device through cuBLASLt. The project's tensors are row-major and cuBLAS is
 // column-major: a row-major [r, c] matrix is, as stored, the column-major [c, r] matrix of its
 // transpose, so out = op(a) op(b) is computed as out^T = op(b)^T op(a)^T with b's storage as
-// cuBLAS's first operand. f32 runs in plain f32 (CUBLAS_COMPUTE_32F: no TF32, so results match the
-// CPU device to f32 rounding); bf16 and f16 inputs accumulate in f32 into an f32 output; f64 in
-// f64.
+// cuBLAS's first operand. f32 runs in plain f32 (CUBLAS_COMPUTE_32F: no TF32 unless --tf32, so
+// results match the CPU device to f32 rounding); bf16 and f16 inputs accumulate in f32 into an
+// f32 output; f64 in f64.
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -99,8 +99,11 @@ void matmul(Tensor& out, const Tensor& a, bool trans_a, const Tensor& b, bool tr
   }
   const cudaDataType_t in_t = data_type(a.dtype()), out_t = f64 ? CUDA_R_64F : CUDA_R_32F;
   cublasLtMatmulDesc_t desc = nullptr;
-  check(cublasLtMatmulDescCreate(&desc, f64 ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F,
-                                 f64 ? CUDA_R_64F : CUDA_R_32F),
+  const bool tf32 = a.dtype() == DType::kF32 && cuda_tf32();
+  const cublasComputeType_t compute = f64    ? CUBLAS_COMPUTE_64F
+                                      : tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                             : CUBLAS_COMPUTE_32F;
+  check(cublasLtMatmulDescCreate(&desc, compute, f64 ? CUDA_R_64F : CUDA_R_32F),
         "cublasLtMatmulDescCreate");
   const cublasOperation_t op_first = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_second = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;

@@ -85,11 +85,11 @@ AllToAllPlan::AllToAllPlan(const std::vector<uint8_t>& map, int64_t tokens, int6
 
 Tensor AllToAllPlan::to_experts(const Tensor& rows) const {
   const int64_t c = rows.dim(-1);
-  Tensor recv = Tensor::empty({sum(output_splits_), c}, rows.dtype());
+  Tensor recv = Tensor::empty({sum(output_splits_), c}, rows.dtype(), rows.device());
   ep_->all_to_all_v(recv, rows, times(input_splits_, c), times(output_splits_, c));
   Tensor gathered = recv;
   if (etp_->size() > 1) {
-    gathered = Tensor::empty({gathered_, c}, rows.dtype());
+    gathered = Tensor::empty({gathered_, c}, rows.dtype(), rows.device());
     etp_->all_gather_v(gathered, recv, times(etp_rows_, c));
   }
   return moe::gather_rows(gathered, perm_);
@@ -97,20 +97,20 @@ Tensor AllToAllPlan::to_experts(const Tensor& rows) const {
 
 Tensor AllToAllPlan::from_experts(const Tensor& rows) const {
   const int64_t c = rows.dim(-1);
-  Tensor unsorted = Tensor::zeros({gathered_, c}, rows.dtype());
+  Tensor unsorted = Tensor::zeros({gathered_, c}, rows.dtype(), rows.device());
   ops::scatter_add_rows(unsorted, rows, perm_);  // a permutation: each row lands once
   Tensor mine = unsorted;
   const int Q = etp_->size();
   if (Q > 1) {
     // Reduce-scatter with uneven blocks: every ETP rank's partials of this rank's rows, summed.
     const int64_t R = sum(output_splits_);
-    Tensor parts = Tensor::empty({Q * R, c}, rows.dtype());
+    Tensor parts = Tensor::empty({Q * R, c}, rows.dtype(), rows.device());
     const std::vector<int64_t> recv(static_cast<size_t>(Q), R * c);
     etp_->all_to_all_v(parts, unsorted, times(etp_rows_, c), recv);
     mine = parts.slice0(0, R).clone();
     for (int q = 1; q < Q; ++q) ops::add_inplace(mine, parts.slice0(q * R, (q + 1) * R));
   }
-  Tensor back = Tensor::empty({sum(input_splits_), c}, rows.dtype());
+  Tensor back = Tensor::empty({sum(input_splits_), c}, rows.dtype(), rows.device());
   ep_->all_to_all_v(back, mine, times(output_splits_, c), times(input_splits_, c));
   return back;
 }

@@ -16,7 +16,7 @@ Tensor all_gather_rows(const Tensor& t, ProcessGroup& g) {
   if (g.size() == 1) return t;
   Shape s = t.shape();
   s[0] *= g.size();
-  Tensor out = Tensor::empty(s, t.dtype());
+  Tensor out = Tensor::empty(s, t.dtype(), t.device());
   g.all_gather(out, t);
   return out;
 }
@@ -24,7 +24,7 @@ Tensor reduce_scatter_rows(const Tensor& t, ProcessGroup& g) {
   if (g.size() == 1) return t;
   Shape s = t.shape();
   s[0] /= g.size();
-  Tensor out = Tensor::empty(s, t.dtype());
+  Tensor out = Tensor::empty(s, t.dtype(), t.device());
   g.reduce_scatter(out, t);
   return out;
 }

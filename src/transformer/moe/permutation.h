@@ -20,14 +20,14 @@ inline Tensor index_tensor(const std::vector<int64_t>& rows) {
 
 // out[r] = in[rows[r]].
 inline Tensor gather_rows(const Tensor& in, const Tensor& rows) {
-  Tensor out = Tensor::empty({rows.numel(), in.dim(-1)}, in.dtype());
+  Tensor out = Tensor::empty({rows.numel(), in.dim(-1)}, in.dtype(), in.device());
   ops::gather_rows(out, in, rows);
   return out;
 }
 
 // out[rows[r]] += in[r], out a zero [n, c].
 inline Tensor scatter_add_rows(const Tensor& in, const Tensor& rows, int64_t n) {
-  Tensor out = Tensor::zeros({n, in.dim(-1)}, in.dtype());
+  Tensor out = Tensor::zeros({n, in.dim(-1)}, in.dtype(), in.device());
   ops::scatter_add_rows(out, in, rows);
   return out;
 }

@@ -62,7 +62,7 @@ void TopKRouter::forward(const Tensor& x, int64_t batch, Ctx& ctx, const Forward
   if (mode.training && m.input_jitter_eps > 0) {
     // x * U(1 - eps, 1 + eps), one draw per element keyed by the token's place in the whole
     // micro-batch, so every TP / CP layout draws the same noise for the same token.
-    ctx.jitter = Tensor::empty({T, h}, xin.dtype());
+    ctx.jitter = Tensor::empty({T, h}, xin.dtype(), xin.device());
     const int64_t sp_row0 = tp_.sp() ? tp_.rank() * T : 0;
     const int64_t cp_local = (tp_.sp() ? T * tp_.size() : T) / batch;  // CP-local positions
     const uint64_t stream = mode.site_stream(layer_, 3);
@@ -78,7 +78,7 @@ void TopKRouter::forward(const Tensor& x, int64_t batch, Ctx& ctx, const Forward
     Tensor n64 = Tensor::empty({T, h}, DType::kF64);
     std::copy(noise.begin(), noise.end(), n64.data<double>());
     ctx.jitter.copy_from(n64);  // the noise in the activations' dtype
-    Tensor jittered = Tensor::empty({T, h}, xin.dtype());
+    Tensor jittered = Tensor::empty({T, h}, xin.dtype(), xin.device());
     ops::mul(jittered, xin, ctx.jitter);
     xin = jittered;
   }
