@@ -10,6 +10,7 @@
 #include "cli/train_args.h"
 #include "comm/agreement.h"
 #include "comm/mpi_runtime.h"
+#include "comm/nccl/nccl_process_group.h"
 #include "comm/parallel_state.h"
 #include "core/logging.h"
 #include "core/threads.h"
@@ -58,12 +59,21 @@ int run_train(int argc, char** argv, MpiRuntime& mpi) {
   pc.context_parallel_size = static_cast<int>(args.context_parallel_size);
   pc.expert_model_parallel_size = static_cast<int>(args.expert_model_parallel_size);
   pc.expert_tensor_parallel_size = static_cast<int>(args.expert_tensor_parallel_size);
-  auto parallel = std::make_shared<ParallelState>(mpi.world(), pc);
+  // One GPU per rank by local rank; ranks share GPUs when there are more ranks than GPUs. NCCL
+  // carries the GPU tensors' collectives where every rank has a GPU of its own (it refuses two
+  // ranks on one GPU); otherwise MPI does, through host copies.
+  const Device device = resolve_device(args.device);
+  std::shared_ptr<ProcessGroup> world = mpi.world();
+  if (device == Device::kCUDA) {
+    use_gpu(mpi.local_rank() % gpu_count());
+    if (nccl_available() && mpi.world_size() > 1 && mpi.local_size() <= gpu_count()) {
+      world = make_nccl_process_group(world);
+    }
+  }
+  set_cuda_tf32(args.tf32);
+  auto parallel = std::make_shared<ParallelState>(world, pc);
   set_num_threads(args.num_threads > 0 ? static_cast<int>(args.num_threads)
                                        : mpi.default_threads_per_rank());
-  // One GPU per rank by local rank; ranks share GPUs when there are more ranks than GPUs.
-  if (resolve_device(args.device) == Device::kCUDA) use_gpu(mpi.local_rank() % gpu_count());
-  set_cuda_tf32(args.tf32);
   if (mpi.rank() == 0) {
     table.print_dump();
     for (const std::string& line : compat_lines) log_line(line);

@@ -411,7 +411,7 @@ Work MpiProcessGroup::do_barrier(bool async) {
   return Work(std::move(work));
 }
 
-std::shared_ptr<ProcessGroup> MpiProcessGroup::do_split(int color, int key,
+std::shared_ptr<ProcessGroup> MpiProcessGroup::do_split(const RankGroups&, int color, int key,
                                                         std::vector<int> members) {
   MPI_Comm child = MPI_COMM_NULL;
   check_mpi(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &child),

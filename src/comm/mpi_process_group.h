@@ -48,7 +48,8 @@ class MpiProcessGroup final : public ProcessGroup {
   Work do_send(const Tensor& t, int dst, int tag, bool async) override;
   Work do_recv(Tensor& t, int src, int tag, bool async) override;
   Work do_barrier(bool async) override;
-  std::shared_ptr<ProcessGroup> do_split(int color, int key, std::vector<int> members) override;
+  std::shared_ptr<ProcessGroup> do_split(const RankGroups& groups, int color, int key,
+                                         std::vector<int> members) override;
 
  private:
   MpiProcessGroup(MPI_Comm comm, bool owns_comm, int rank, std::vector<int> global_ranks);

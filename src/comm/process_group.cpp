@@ -118,6 +118,10 @@ void copy_if_distinct(Tensor& out, const Tensor& in) {
 bool on_gpu(const Tensor& t) {
   return t.defined() && to_host(t).raw() != t.raw();
 }
+// Whether group g needs host copies of these tensors.
+bool staged(const ProcessGroup& g, const Tensor& a, const Tensor& b = Tensor()) {
+  return !g.takes_device_memory() && (on_gpu(a) || on_gpu(b));
+}
 Tensor host_buffer(const Tensor& like) {
   return Tensor::empty(like.shape(), like.dtype(), Device::kCPU);
 }
@@ -143,7 +147,7 @@ ProcessGroup::ProcessGroup(int rank, std::vector<int> global_ranks)
 Work ProcessGroup::reduce(Tensor& t, ReduceOp op, bool async) {
   check_defined("all_reduce", t);
   if (size() == 1) return Work();
-  if (on_gpu(t)) {
+  if (staged(*this, t)) {
     Tensor h = t.to(Device::kCPU);
     Work w = reduce(h, op, async);
     return then(std::move(w), [target = t, h]() mutable { target.copy_from(h); });
@@ -167,14 +171,14 @@ Work ProcessGroup::reduce_scatter_impl(Tensor& out, const Tensor& in, ReduceOp o
     copy_if_distinct(out, in);
     return Work();
   }
-  if (on_gpu(out) || on_gpu(in)) {
+  if (staged(*this, out, in)) {
     Tensor hout = host_buffer(out);
     Work w = reduce_scatter_impl(hout, to_host(in), op, async);
     return then(std::move(w), [target = out, hout]() mutable { target.copy_from(hout); });
   }
   if (reduces_through_f32(in.dtype())) {
     Tensor in32 = in.to(DType::kF32);
-    Tensor out32 = Tensor::empty(Shape{out.numel()}, DType::kF32);
+    Tensor out32 = Tensor::empty(Shape{out.numel()}, DType::kF32, out.device());
     Work w = do_reduce_scatter(out32, in32, op, async);
     return then(std::move(w), [target = out, out32]() mutable { target.copy_from(out32); });
   }
@@ -192,7 +196,7 @@ Work ProcessGroup::all_gather_impl(Tensor& out, const Tensor& in, bool async) {
     copy_if_distinct(out, in);
     return Work();
   }
-  if (on_gpu(out) || on_gpu(in)) {
+  if (staged(*this, out, in)) {
     Tensor hout = host_buffer(out);
     Work w = all_gather_impl(hout, to_host(in), async);
     return then(std::move(w), [target = out, hout]() mutable { target.copy_from(hout); });
@@ -205,7 +209,7 @@ Work ProcessGroup::broadcast_impl(Tensor& t, int root, bool async) {
   MEGATRON_CHECK(0 <= root && root < size(), "broadcast: root ", root,
                  " is not a rank of this group of ", size());
   if (size() == 1) return Work();
-  if (on_gpu(t)) {
+  if (staged(*this, t)) {
     Tensor h = t.to(Device::kCPU);
     Work w = broadcast_impl(h, root, async);
     return then(std::move(w), [target = t, h]() mutable { target.copy_from(h); });
@@ -225,7 +229,7 @@ Work ProcessGroup::all_to_all_impl(Tensor& out, const Tensor& in, bool async) {
     copy_if_distinct(out, in);
     return Work();
   }
-  if (on_gpu(out) || on_gpu(in)) {
+  if (staged(*this, out, in)) {
     Tensor hout = host_buffer(out);
     Work w = all_to_all_impl(hout, to_host(in), async);
     return then(std::move(w), [target = out, hout]() mutable { target.copy_from(hout); });
@@ -253,7 +257,7 @@ void ProcessGroup::all_to_all_v(Tensor& out, const Tensor& in,
                  out.numel());
   if (size() == 1) {
     copy_if_distinct(out, in);
-  } else if (on_gpu(out) || on_gpu(in)) {
+  } else if (staged(*this, out, in)) {
     Tensor hout = host_buffer(out);
     all_to_all_v(hout, to_host(in), send_counts, recv_counts);
     out.copy_from(hout);
@@ -277,7 +281,7 @@ void ProcessGroup::all_gather_v(Tensor& out, const Tensor& in, const std::vector
                  " and ", in.numel());
   if (size() == 1) {
     copy_if_distinct(out, in);
-  } else if (on_gpu(out) || on_gpu(in)) {
+  } else if (staged(*this, out, in)) {
     Tensor hout = host_buffer(out);
     all_gather_v(hout, to_host(in), counts);
     out.copy_from(hout);
@@ -292,7 +296,7 @@ Work ProcessGroup::send_impl(const Tensor& t, int dst, int tag, bool async) {
   MEGATRON_CHECK(0 <= dst && dst < size() && dst != rank(), "send: destination ", dst,
                  " must be another rank of this group of ", size(), " (this is rank ", rank(), ")");
   MEGATRON_CHECK(tag >= 0, "send: tag must be >= 0, got ", tag);
-  if (on_gpu(t)) {
+  if (staged(*this, t)) {
     const Tensor h = t.to(Device::kCPU);
     return then(do_send(h, dst, tag, async), [h] {});  // keeps the host copy until sent
   }
@@ -304,7 +308,7 @@ Work ProcessGroup::recv_impl(Tensor& t, int src, int tag, bool async) {
   MEGATRON_CHECK(0 <= src && src < size() && src != rank(), "recv: source ", src,
                  " must be another rank of this group of ", size(), " (this is rank ", rank(), ")");
   MEGATRON_CHECK(tag >= 0, "recv: tag must be >= 0, got ", tag);
-  if (on_gpu(t)) {
+  if (staged(*this, t)) {
     Tensor h = host_buffer(t);
     Work w = do_recv(h, src, tag, async);
     return then(std::move(w), [target = t, h]() mutable { target.copy_from(h); });
@@ -404,7 +408,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split(const RankGroups& groups) {
   if (color >= 0) {
     for (int r : groups[color]) members.push_back(global_ranks_[r]);
   }
-  return do_split(color, key, std::move(members));
+  return do_split(groups, color, key, std::move(members));
 }
 
 // ---- the group of one process ------------------------------------------------------------------
@@ -435,7 +439,8 @@ class SelfProcessGroup final : public ProcessGroup {
   Work do_send(const Tensor&, int, int, bool) override { return unreachable("send"); }
   Work do_recv(Tensor&, int, int, bool) override { return unreachable("recv"); }
   Work do_barrier(bool) override { return Work(); }
-  std::shared_ptr<ProcessGroup> do_split(int color, int, std::vector<int>) override {
+  std::shared_ptr<ProcessGroup> do_split(const RankGroups&, int color, int,
+                                         std::vector<int>) override {
     return color < 0 ? nullptr : std::make_shared<SelfProcessGroup>();
   }
 

@@ -122,6 +122,10 @@ class ProcessGroup {
   // counted). What the step-time breakdown reports as communication.
   double busy_seconds() const { return *busy_; }
 
+  // Whether the backend takes GPU tensors itself (NCCL); otherwise they travel through host
+  // copies (MPI reads host memory).
+  virtual bool takes_device_memory() const { return false; }
+
   // New groups out of this one. Collective: every member calls it with the same `groups`, lists
   // of ranks of this group, disjoint (not every rank needs to be listed). Returns the group that
   // holds this rank, its members ranked in the order listed, or nullptr when none does.
@@ -152,9 +156,11 @@ class ProcessGroup {
   virtual Work do_recv(Tensor& t, int src, int tag, bool async) = 0;
   virtual Work do_barrier(bool async) = 0;
   // Collective over this group. color: index of this rank's new group, or -1 when it is in none;
-  // key: its position there; members: the world ranks of that group in order (empty for -1).
+  // key: its position there; members: the world ranks of that group in order (empty for -1);
+  // groups: split()'s lists (a backend beside another group splits that one by them too).
   // Returns the new group, or nullptr for color -1.
-  virtual std::shared_ptr<ProcessGroup> do_split(int color, int key, std::vector<int> members) = 0;
+  virtual std::shared_ptr<ProcessGroup> do_split(const RankGroups& groups, int color, int key,
+                                                 std::vector<int> members) = 0;
 
  private:
   Work reduce(Tensor& t, ReduceOp op, bool async);

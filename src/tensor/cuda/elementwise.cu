@@ -1,6 +1,8 @@
 // Elementwise kernels, per-row scalars, dropout, the optimizer step and the reductions that
 // return a number to the host. One thread per element, grid-stride loops; reductions sum fixed
 // chunks per block and the chunk sums in order, so that results do not depend on timing.
+#include <vector>
+
 #include "tensor/cuda/common.cuh"
 
 namespace megatron::cuda {
@@ -330,11 +332,10 @@ double sum_squares(const T* x, int64_t n) {
   double* partial = static_cast<double*>(workspace(sizeof(double) * nb, 1));
   sum_squares_kernel<<<static_cast<unsigned>(nb), kThreads>>>(partial, x, n);
   check_launch("sum_squares");
-  double* host = new double[nb];
-  copy_to_host(host, partial, sizeof(double) * nb);
+  std::vector<double> host(static_cast<size_t>(nb));
+  copy_to_host(host.data(), partial, sizeof(double) * nb);
   double total = 0;
-  for (int64_t b = 0; b < nb; ++b) total += host[b];
-  delete[] host;
+  for (double h : host) total += h;
   return total;
 }
 template <typename T>
@@ -344,11 +345,10 @@ int64_t count_zeros(const T* x, int64_t n) {
   long long* partial = static_cast<long long*>(workspace(sizeof(long long) * nb, 1));
   count_zeros_kernel<<<static_cast<unsigned>(nb), kThreads>>>(partial, x, n);
   check_launch("count_zeros");
-  long long* host = new long long[nb];
-  copy_to_host(host, partial, sizeof(long long) * nb);
+  std::vector<long long> host(static_cast<size_t>(nb));
+  copy_to_host(host.data(), partial, sizeof(long long) * nb);
   int64_t total = 0;
-  for (int64_t b = 0; b < nb; ++b) total += host[b];
-  delete[] host;
+  for (long long h : host) total += h;
   return total;
 }
 template <typename T>
@@ -359,13 +359,12 @@ void masked_sum(const T* loss, const float* mask, int64_t n, double* sum, double
   double* partial = static_cast<double*>(workspace(sizeof(double) * 2 * nb, 1));
   masked_sum_kernel<<<static_cast<unsigned>(nb), kThreads>>>(partial, loss, mask, n);
   check_launch("masked_sum");
-  double* host = new double[2 * nb];
-  copy_to_host(host, partial, sizeof(double) * 2 * nb);
+  std::vector<double> host(static_cast<size_t>(2 * nb));
+  copy_to_host(host.data(), partial, sizeof(double) * 2 * nb);
   for (int64_t b = 0; b < nb; ++b) {
     *sum += host[2 * b];
     *count += host[2 * b + 1];
   }
-  delete[] host;
 }
 
 #define MEGATRON_INSTANTIATE(T)                                                         \
