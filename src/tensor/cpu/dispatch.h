@@ -1,6 +1,9 @@
 // Helpers shared by the CPU kernels: row views and f32/f64 dispatch.
 #pragma once
 
+#include <utility>
+
+#include "tensor/dtype_dispatch.h"
 #include "tensor/tensor.h"
 
 namespace megatron::cpu {
@@ -10,22 +13,11 @@ inline int64_t rows_of(const Tensor& t) {
   return t.ndim() == 0 ? 1 : t.numel() / t.dim(-1);
 }
 
-// Calls fn.template operator()<T>() with T = float or double from the dtype of `t`.
+// Calls fn.template operator()<T>() with T = float or double from the dtype of `t` (a CPU
+// tensor).
 template <typename Fn>
 void dispatch_float(const Tensor& t, const char* op, Fn&& fn) {
-  // Only CPU storage reaches a CPU kernel; another device's ops are its own implementation.
-  MEGATRON_CHECK(t.device() == Device::kCPU, op, ": the CPU kernel got a tensor on ",
-                 device_name(t.device()));
-  switch (t.dtype()) {
-    case DType::kF32:
-      fn.template operator()<float>();
-      break;
-    case DType::kF64:
-      fn.template operator()<double>();
-      break;
-    default:
-      MEGATRON_CHECK(false, op, ": expected an f32 or f64 tensor, got ", dtype_name(t.dtype()));
-  }
+  dispatch_float_on(Device::kCPU, t, op, std::forward<Fn>(fn));
 }
 
 inline void check_same_dtype(const Tensor& a, const Tensor& b, const char* op) {

@@ -1,9 +1,11 @@
 // The CUDA device's ops on Tensors: the checks of each op's contract (shapes, dtypes), then the
 // launcher of tensor/cuda/kernels.h for the dtype (f32 or f64). The GEMMs are in gemm.cpp.
 #include <cmath>
+#include <utility>
 
 #include "tensor/cuda/cuda_ops.h"
 #include "tensor/cuda/kernels.h"
+#include "tensor/dtype_dispatch.h"
 
 namespace megatron::cuda {
 namespace {
@@ -12,21 +14,11 @@ int64_t rows_of(const Tensor& t) {
   return t.ndim() == 0 ? 1 : t.numel() / t.dim(-1);
 }
 
-// Calls fn.template operator()<T>() with T = float or double from the dtype of `t`.
+// Calls fn.template operator()<T>() with T = float or double from the dtype of `t` (a GPU
+// tensor).
 template <typename Fn>
 void dispatch_float(const Tensor& t, const char* op, Fn&& fn) {
-  MEGATRON_CHECK(t.device() == Device::kCUDA, op, ": the CUDA kernel got a tensor on ",
-                 device_name(t.device()));
-  switch (t.dtype()) {
-    case DType::kF32:
-      fn.template operator()<float>();
-      break;
-    case DType::kF64:
-      fn.template operator()<double>();
-      break;
-    default:
-      MEGATRON_CHECK(false, op, ": expected an f32 or f64 tensor, got ", dtype_name(t.dtype()));
-  }
+  dispatch_float_on(Device::kCUDA, t, op, std::forward<Fn>(fn));
 }
 
 void same_dtype(const Tensor& a, const Tensor& b, const char* op) {
