@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "models/gpt/gpt_flops.h"
 #include "models/gpt/gpt_model.h"
 #include "optim/adamw.h"
 #include "tensor/ops.h"
@@ -96,13 +97,6 @@ double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// Model FLOPs per token of a GPT (Megatron's formula without recomputation): 6 N per token of the
-// dense weights plus the attention scores, 12 L s h per token (forward and backward).
-double flops_per_token(const TransformerConfig& c, int64_t params) {
-  return 6.0 * static_cast<double>(params) +
-         12.0 * c.num_layers * static_cast<double>(c.seq_length) * c.hidden_size;
-}
-
 int run(const Options& o) {
   const Device device = o.device == "cuda" ? Device::kCUDA : Device::kCPU;
   std::string why;
@@ -119,7 +113,9 @@ int run(const Options& o) {
   AdamW opt(params, acfg);
   int64_t nparams = 0;
   for (const Param* p : params.params()) nparams += p->shape.numel();
-  // The GEMM peak of this device and dtype, in this process: the best of two square sizes.
+  // The GEMM peak of this device and dtype, in this process: the best of two square sizes. (The
+  // trainer's train/gemm_peak.h does the same, but its library links MPI, and this program is
+  // meant to run on GPU machines that have only the CUDA runtime.)
   double peak = 0;
   for (int64_t n : device == Device::kCUDA ? std::vector<int64_t>{4096, 8192}
                                            : std::vector<int64_t>{512, 1024}) {
@@ -139,7 +135,8 @@ int run(const Options& o) {
       "TFLOP/s\n",
       o.device.c_str(), device_description(device).c_str(), o.model.c_str(),
       dtype_name(cfg.compute_dtype), nparams / 1e6, static_cast<long>(stream.size()), peak / 1e12);
-  const double fpt = flops_per_token(cfg, nparams);
+  // Model FLOPs per token by Megatron's formula, the trainer's MFU numerator.
+  const double fpt = model_flops_per_iteration(cfg, b) / static_cast<double>(b * s);
   double timed = 0;
   int64_t timed_tokens = 0;
   int64_t at = 0;

@@ -105,7 +105,7 @@ bool reduces_through_f32(DType t) {
 // The size-1 case of the gathering collectives: the output is the input.
 void copy_if_distinct(Tensor& out, const Tensor& in) {
   if (out.raw() == in.raw()) return;
-  if (to_host(out).raw() == out.raw() && to_host(in).raw() == in.raw()) {
+  if (is_host_memory(out.device()) && is_host_memory(in.device())) {
     std::memmove(out.raw(), in.raw(), in.nbytes());
   } else {
     out.copy_from(in);
@@ -116,7 +116,7 @@ void copy_if_distinct(Tensor& out, const Tensor& in) {
 // host memory. (A GPU-native group, NCCL, takes device memory instead.) The input is copied out
 // before the collective and the output copied back when it completes.
 bool on_gpu(const Tensor& t) {
-  return t.defined() && to_host(t).raw() != t.raw();
+  return t.defined() && !is_host_memory(t.device());
 }
 // Whether group g needs host copies of these tensors.
 bool staged(const ProcessGroup& g, const Tensor& a, const Tensor& b = Tensor()) {

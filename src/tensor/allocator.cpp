@@ -14,7 +14,7 @@
 namespace megatron {
 
 Allocator& allocator_for(Device device) {
-  if (detail::on_host(device)) return detail::host_allocator(device);
+  if (is_host_memory(device)) return detail::host_allocator(device);
   std::string why;
   MEGATRON_CHECK(device_available(device, &why), "cannot allocate on the ", device_name(device),
                  " device: ", why);

@@ -25,6 +25,11 @@ inline const char* device_name(Device d) {
   return "unknown";
 }
 
+// Whether the device's storage is host memory (readable through Tensor::data on the CPU).
+inline bool is_host_memory(Device d) {
+  return d == Device::kCPU || d == Device::kReference;
+}
+
 // Whether tensors can live on `device` in this process: always for the host devices; for CUDA,
 // when the build has the CUDA device and a GPU is visible. *why says why not.
 bool device_available(Device device, std::string* why = nullptr);

@@ -25,7 +25,7 @@ namespace {
 #endif
 
 bool device_available(Device device, std::string* why) {
-  if (detail::on_host(device)) return true;
+  if (is_host_memory(device)) return true;
 #if MEGATRON_HAVE_CUDA
   return cuda::usable(why);
 #else
@@ -35,7 +35,7 @@ bool device_available(Device device, std::string* why) {
 }
 
 std::string device_description(Device device) {
-  if (detail::on_host(device)) return "host";
+  if (is_host_memory(device)) return "host";
 #if MEGATRON_HAVE_CUDA
   return cuda::describe();
 #else
@@ -73,7 +73,7 @@ void use_gpu(int index) {
 }
 
 void device_synchronize(Device device) {
-  if (detail::on_host(device)) return;
+  if (is_host_memory(device)) return;
 #if MEGATRON_HAVE_CUDA
   cuda::synchronize();
 #else
@@ -85,14 +85,14 @@ namespace detail {
 
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
   if (bytes == 0) return;
-  if (on_host(dst_device) && on_host(src_device)) {
+  if (is_host_memory(dst_device) && is_host_memory(src_device)) {
     std::memcpy(dst, src, bytes);
     return;
   }
 #if MEGATRON_HAVE_CUDA
-  const cuda::CopyKind kind = on_host(src_device)   ? cuda::CopyKind::kHostToDevice
-                              : on_host(dst_device) ? cuda::CopyKind::kDeviceToHost
-                                                    : cuda::CopyKind::kDeviceToDevice;
+  const cuda::CopyKind kind = is_host_memory(src_device)   ? cuda::CopyKind::kHostToDevice
+                              : is_host_memory(dst_device) ? cuda::CopyKind::kDeviceToHost
+                                                           : cuda::CopyKind::kDeviceToDevice;
   cuda::copy(dst, src, bytes, kind);
 #else
   no_cuda();
@@ -100,7 +100,7 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
 }
 
 void zero_bytes(void* dst, Device device, size_t bytes) {
-  if (on_host(device)) {
+  if (is_host_memory(device)) {
     std::memset(dst, 0, bytes);
     return;
   }
@@ -113,7 +113,7 @@ void zero_bytes(void* dst, Device device, size_t bytes) {
 
 void convert_on(Device device, void* dst, DType dst_type, const void* src, DType src_type,
                 int64_t n) {
-  if (on_host(device)) {
+  if (is_host_memory(device)) {
     convert(dst, dst_type, src, src_type, n);
     return;
   }
@@ -130,7 +130,7 @@ void convert_on(Device device, void* dst, DType dst_type, const void* src, DType
 }
 
 void fill_on(Device device, void* dst, DType type, double value, int64_t n) {
-  MEGATRON_ASSERT(!on_host(device), "fill_on is for device memory");
+  MEGATRON_ASSERT(!is_host_memory(device), "fill_on is for device memory");
 #if MEGATRON_HAVE_CUDA
   cuda::fill(dst, static_cast<int>(type), value, n);
 #else

@@ -11,9 +11,6 @@
 
 namespace megatron::detail {
 
-inline bool on_host(Device d) {
-  return d == Device::kCPU || d == Device::kReference;
-}
 // Copies `bytes` from src (on src_device) to dst (on dst_device).
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
 void zero_bytes(void* dst, Device device, size_t bytes);

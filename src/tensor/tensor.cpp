@@ -80,7 +80,7 @@ Tensor Tensor::to(Device device) const {
 
 void Tensor::copy_from(const Tensor& src) {
   MEGATRON_CHECK(src.numel() == numel(), "copy_from: ", src.str(), " into ", str());
-  if (src.device() == device() || (detail::on_host(src.device()) && detail::on_host(device()))) {
+  if (src.device() == device() || (is_host_memory(src.device()) && is_host_memory(device()))) {
     detail::convert_on(device(), raw(), dtype_, src.raw(), src.dtype_, numel());
     return;
   }
@@ -95,7 +95,7 @@ void Tensor::copy_from(const Tensor& src) {
 
 void Tensor::fill(double value) {
   int64_t n = numel();
-  if (!detail::on_host(device())) {
+  if (!is_host_memory(device())) {
     detail::fill_on(device(), raw(), dtype_, value, n);
     return;
   }
@@ -133,7 +133,7 @@ double Tensor::item(int64_t i) const {
 }
 
 Tensor to_host(const Tensor& t) {
-  return !t.defined() || detail::on_host(t.device()) ? t : t.to(Device::kCPU);
+  return !t.defined() || is_host_memory(t.device()) ? t : t.to(Device::kCPU);
 }
 
 Tensor on_device(const Tensor& t, Device device) {

@@ -170,7 +170,7 @@ std::vector<cp::ShardEntry> shard_entries(const CheckpointTarget& t, bool optim,
                    const cp::Piece& piece) {
                  Tensor view = flat.flat_view(at + piece.local_begin, Shape{piece.global.numel()});
                  // The writers read host memory: a GPU's weights are copied out.
-                 const bool host = to_host(view).raw() == view.raw();
+                 const bool host = is_host_memory(view.device());
                  out.push_back({name, shape_vector(p.full_shape()), piece.global,
                                 !host  ? view.to(Device::kCPU)
                                 : copy ? view.clone()

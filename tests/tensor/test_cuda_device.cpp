@@ -112,6 +112,36 @@ TEST(CudaDevice, HalfGemmsAccumulateInF32) {
   }
 }
 
+// --tf32: off by default (f32 GEMMs round like the CPU's: NMSE against f64 about 1e-13 here, so
+// below 1e-10); on, the products use TF32's 10-bit mantissas (relative error about 1e-3, NMSE
+// about 1e-7: between 1e-9 and 1e-5).
+TEST(CudaDevice, Tf32IsOffByDefaultAndLowersF32GemmPrecisionWhenOn) {
+  MEGATRON_NEED_GPU();
+  EXPECT_FALSE(cuda_tf32());
+  const Tensor a = testing::random_tensor({128, 512}, 5, 1.0, DType::kF64);
+  const Tensor b = testing::random_tensor({96, 512}, 6, 1.0, DType::kF64);
+  Tensor want = Tensor::empty({128, 96}, DType::kF64);
+  ops::matmul(want, a, false, b, true);
+  auto nmse_on_gpu = [&] {
+    Tensor got = Tensor::empty({128, 96}, DType::kF32, Device::kCUDA);
+    ops::matmul(got, a.to(DType::kF32).to(Device::kCUDA), false,
+                b.to(DType::kF32).to(Device::kCUDA), true);
+    const Tensor g = got.to(Device::kCPU);
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < want.numel(); ++i) {
+      num += (g.item(i) - want.item(i)) * (g.item(i) - want.item(i));
+      den += want.item(i) * want.item(i);
+    }
+    return num / den;
+  };
+  EXPECT_LT(nmse_on_gpu(), 1e-10);
+  set_cuda_tf32(true);
+  const double tf32 = nmse_on_gpu();
+  set_cuda_tf32(false);
+  EXPECT_GT(tf32, 1e-9);
+  EXPECT_LT(tf32, 1e-5);
+}
+
 TEST(CudaDevice, OpsRefuseTensorsOnTwoDevices) {
   MEGATRON_NEED_GPU();
   Tensor out = Tensor::empty({4}, DType::kF32, Device::kCUDA);

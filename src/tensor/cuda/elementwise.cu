@@ -230,6 +230,15 @@ int64_t reduce_blocks(int64_t n) {
   return (n + kReduceChunk - 1) / kReduceChunk;
 }
 
+// The blocks' partial results of a reduction, read back to the host (which adds them in block
+// order: the result does not depend on which block finished first).
+template <typename P>
+std::vector<P> partials_on_host(const P* partial, int64_t n) {
+  std::vector<P> host(static_cast<size_t>(n));
+  copy_to_host(host.data(), partial, sizeof(P) * n);
+  return host;
+}
+
 }  // namespace
 
 template <typename T>
@@ -332,10 +341,8 @@ double sum_squares(const T* x, int64_t n) {
   double* partial = static_cast<double*>(workspace(sizeof(double) * nb, 1));
   sum_squares_kernel<<<static_cast<unsigned>(nb), kThreads>>>(partial, x, n);
   check_launch("sum_squares");
-  std::vector<double> host(static_cast<size_t>(nb));
-  copy_to_host(host.data(), partial, sizeof(double) * nb);
   double total = 0;
-  for (double h : host) total += h;
+  for (double h : partials_on_host(partial, nb)) total += h;
   return total;
 }
 template <typename T>
@@ -345,10 +352,8 @@ int64_t count_zeros(const T* x, int64_t n) {
   long long* partial = static_cast<long long*>(workspace(sizeof(long long) * nb, 1));
   count_zeros_kernel<<<static_cast<unsigned>(nb), kThreads>>>(partial, x, n);
   check_launch("count_zeros");
-  std::vector<long long> host(static_cast<size_t>(nb));
-  copy_to_host(host.data(), partial, sizeof(long long) * nb);
   int64_t total = 0;
-  for (long long h : host) total += h;
+  for (long long h : partials_on_host(partial, nb)) total += h;
   return total;
 }
 template <typename T>
@@ -359,8 +364,7 @@ void masked_sum(const T* loss, const float* mask, int64_t n, double* sum, double
   double* partial = static_cast<double*>(workspace(sizeof(double) * 2 * nb, 1));
   masked_sum_kernel<<<static_cast<unsigned>(nb), kThreads>>>(partial, loss, mask, n);
   check_launch("masked_sum");
-  std::vector<double> host(static_cast<size_t>(2 * nb));
-  copy_to_host(host.data(), partial, sizeof(double) * 2 * nb);
+  const std::vector<double> host = partials_on_host(partial, 2 * nb);
   for (int64_t b = 0; b < nb; ++b) {
     *sum += host[2 * b];
     *count += host[2 * b + 1];
