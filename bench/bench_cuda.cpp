@@ -54,7 +54,8 @@ void gemm(int64_t m, int64_t n, int64_t k, DType t, bool trans_b) {
               trans_b ? " (B^T)" : "      ", s * 1e3, 2.0 * m * n * k / s / 1e12);
 }
 
-void attention(int64_t s, int64_t b, int64_t heads, int64_t hn) {
+// precision kF32: the CUDA-core kernel; kBF16: the tensor cores (a bf16 run's attention).
+void attention(int64_t s, int64_t b, int64_t heads, int64_t hn, DType precision) {
   const Tensor qkv = random_on_gpu({s, b, heads, 3, hn}, DType::kF32);
   const auto q = ops::packed_qkv_view(qkv, ops::QkvPart::kQuery);
   const auto k = ops::packed_qkv_view(qkv, ops::QkvPart::kKey);
@@ -63,6 +64,7 @@ void attention(int64_t s, int64_t b, int64_t heads, int64_t hn) {
   Tensor lse = Tensor::empty({b, heads, s}, DType::kF32, kGpu);
   ops::AttentionSpec spec;
   spec.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hn)));
+  spec.precision = precision;
   const double fwd = time_per_call([&] { ops::attention_forward(out, lse, q, k, v, spec); }, 3);
   Tensor dqkv = Tensor::empty(qkv.shape(), DType::kF32, kGpu);
   const Tensor dout = random_on_gpu(out.shape(), DType::kF32);
@@ -74,10 +76,11 @@ void attention(int64_t s, int64_t b, int64_t heads, int64_t hn) {
   // Causal: half of the s x s scores; forward 2 GEMM-like products, backward 5 (incl. recompute).
   const double flops_fwd = 2.0 * 2 * b * heads * s * s * hn / 2;
   std::printf(
-      "attention f32 s%ld b%ld heads%ld hn%ld causal  fwd %8.3f ms (%6.1f TFLOP/s)  bwd "
+      "attention %s s%ld b%ld heads%ld hn%ld causal  fwd %8.3f ms (%6.1f TFLOP/s)  bwd "
       "%8.3f ms (%6.1f TFLOP/s)\n",
-      static_cast<long>(s), static_cast<long>(b), static_cast<long>(heads), static_cast<long>(hn),
-      fwd * 1e3, flops_fwd / fwd / 1e12, bwd * 1e3, 2.5 * flops_fwd / bwd / 1e12);
+      precision == DType::kF32 ? "f32 " : "bf16", static_cast<long>(s), static_cast<long>(b),
+      static_cast<long>(heads), static_cast<long>(hn), fwd * 1e3, flops_fwd / fwd / 1e12, bwd * 1e3,
+      2.5 * flops_fwd / bwd / 1e12);
 }
 
 void memory_bound(int64_t rows, int64_t h, int64_t vocab) {
@@ -127,7 +130,11 @@ int main(int argc, char** argv) {
   gemm(8192, 2304, 768, DType::kBF16, true);
   gemm(8192, 3072, 768, DType::kBF16, true);
   gemm(8192, 50304, 768, DType::kBF16, true);
-  attention(1024, 8, 12, 64);
+  attention(1024, 8, 12, 64, DType::kF32);
+  // The tensor cores: GPT-2 124M's and 350M's layers (hn 64), a Llama layer (hn 128).
+  attention(1024, 8, 12, 64, DType::kBF16);
+  attention(1024, 8, 16, 64, DType::kBF16);
+  attention(4096, 2, 32, 128, DType::kBF16);
   memory_bound(8192, 768, 50304);
   return 0;
 }

@@ -24,6 +24,7 @@
 #include "models/gpt/gpt_flops.h"
 #include "models/gpt/gpt_model.h"
 #include "optim/adamw.h"
+#include "tensor/op_profile.h"
 #include "tensor/ops.h"
 
 namespace megatron {
@@ -34,6 +35,7 @@ struct Options {
   int64_t micro_batch_size = 4, seq_length = 256, steps = 50, warmup = 3;
   double lr = 3e-4, clip_grad = 1.0;
   uint64_t seed = 1234;
+  bool profile = false;  // time the ops by category (each op waits for the device: slower steps)
 };
 
 TransformerConfig model_config(const Options& o) {
@@ -151,6 +153,7 @@ int run(const Options& o) {
       at += s;
     }
     device_synchronize(device);
+    if (o.profile && step == o.warmup + 1) set_op_profiling(true);
     const double t0 = now();
     GPTModel::Ctx ctx;
     const ForwardMode mode{true, o.seed, static_cast<uint64_t>(step)};
@@ -183,6 +186,17 @@ int run(const Options& o) {
         o.device.c_str(), o.model.c_str(), dtype_name(cfg.compute_dtype), static_cast<long>(b),
         static_cast<long>(s), tps, tps * fpt / 1e12, 100.0 * tps * fpt / peak,
         dtype_name(cfg.compute_dtype));
+    if (o.profile) {
+      const double steps = static_cast<double>(o.steps - o.warmup);
+      double in_ops = 0;
+      std::printf("profile, ms per step (%.1f in all):", timed * 1e3 / steps);
+      for (int c = 0; c < kOpCategories; ++c) {
+        const double sec = op_seconds(static_cast<OpCategory>(c));
+        in_ops += sec;
+        std::printf(" %s %.1f,", op_category_name(static_cast<OpCategory>(c)), sec * 1e3 / steps);
+      }
+      std::printf(" outside ops %.1f\n", (timed - in_ops) * 1e3 / steps);
+    }
   }
   return 0;
 }
@@ -202,6 +216,9 @@ int main(int argc, char** argv) {
   app.add_option("--steps", o.steps, "optimizer steps");
   app.add_option("--lr", o.lr, "peak learning rate (10 warm-up steps)");
   app.add_option("--seed", o.seed, "initialisation seed");
+  app.add_flag("--profile", o.profile,
+               "print the time per step in each op category (GEMM, attention, ...; each op then "
+               "waits for the device, so steps run slower)");
   CLI11_PARSE(app, argc, argv);
   try {
     return megatron::run(o);

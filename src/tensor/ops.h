@@ -193,6 +193,11 @@ struct AttentionSpec {
   // Extent of the dropout counter grid in query and key positions (0: sq and skv): the whole
   // sequence when q or k are chunks of it, so every chunking draws the same masks.
   int64_t q_positions = 0, kv_positions = 0;
+  // The run's 16-bit dtype (bf16 or f16; f32 otherwise): a device with matrix units may round q,
+  // k, v, dout and the probabilities to bf16 for them and accumulate in f32, as Megatron's
+  // attention does on bf16 activations (the CUDA device, for head dimensions 64 and 128 without
+  // a bias: tensor/cuda/flash_attention.cu). The CPU and reference devices compute in f32/f64.
+  DType precision = DType::kF32;
 };
 void attention_forward(Tensor& out, Tensor& lse, const AttentionView& q, const AttentionView& k,
                        const AttentionView& v, const AttentionSpec& spec);

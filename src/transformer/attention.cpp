@@ -155,7 +155,8 @@ Tensor SelfAttention::forward_cached(const Tensor& x, const TokenLayout& layout,
   ops::AttentionSpec spec;
   spec.scale = static_cast<float>(cfg_.attention_scale());
   spec.causal = true;
-  spec.q_offset = offset;       // query t sees cached keys [0, offset + t]
+  spec.q_offset = offset;  // query t sees cached keys [0, offset + t]
+  spec.precision = cfg_.compute_dtype;
   if (layout.bias.defined()) {  // T5's relative positions of the new queries over every key
     check_shape(layout.bias, {1, np, s, offset + s}, "cached attention bias");
     spec.bias = layout.bias.dtype() == qkv.dtype() ? layout.bias : layout.bias.to(qkv.dtype());
@@ -197,6 +198,7 @@ Tensor SelfAttention::forward(const Tensor& x, const TokenLayout& layout, Ctx& c
                  "SelfAttention: context parallelism runs causal attention only; bidirectional "
                  "models (BERT) need --context-parallel-size 1");
   ctx.spec.causal = layout.causal;
+  ctx.spec.precision = cfg_.compute_dtype;
   if (layout.key_valid.defined()) {
     check_shape(layout.key_valid, {b, s}, "attention key_valid");
     ctx.spec.key_valid = layout.key_valid;

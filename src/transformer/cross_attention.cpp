@@ -79,6 +79,7 @@ Tensor CrossAttention::forward(const Tensor& x, const Tensor& memory, const Tens
   }
   ctx.spec.scale = static_cast<float>(cfg_.attention_scale());
   ctx.spec.causal = false;
+  ctx.spec.precision = cfg_.compute_dtype;
   if (memory_valid.defined()) {
     check_shape(memory_valid, {b, sk}, "cross-attention memory_valid");
     ctx.spec.key_valid = memory_valid;

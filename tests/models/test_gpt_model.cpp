@@ -12,6 +12,7 @@
 #include <string>
 
 #include <cmath>
+#include <cstdio>
 
 #include <omp.h>
 
@@ -297,6 +298,49 @@ TEST(GPTModelDevices, ForwardAndBackwardRunWhereTheWeightsAre) {
     expect_same_run(run_on(c, Device::kCUDA, DType::kF32, mode),
                     run_on(c, Device::kCPU, DType::kF32, mode), 1e-4,
                     llama ? "llama cuda f32" : "gpt2 cuda f32");
+  }
+}
+
+// A bf16 run on the GPU against the same run on the CPU, with heads of 64 channels and a
+// sequence of 80 (a ragged tile) so that attention takes the tensor cores. Both devices round
+// the GEMM inputs to bf16 and accumulate in f32; the GPU also rounds attention's q, k, v and
+// probabilities to bf16 where the CPU keeps f32 (AttentionSpec::precision): a relative 2^-9 on
+// attention's output, which then flips a few bf16 roundings of later GEMM inputs (2^-8 each).
+// Measured differences are printed; 5e-2 of the largest gradient of each parameter bounds them,
+// while a wrong mask, head or layout moves gradients by O(1) of it.
+TEST(GPTModelDevices, Bf16OnTheGpuFollowsTheCpu) {
+  std::string why;
+  if (!device_available(Device::kCUDA, &why)) GTEST_SKIP() << "no GPU: " << why;
+  for (bool llama : {false, true}) {
+    TransformerConfig c = llama ? llama_config() : gpt2_config();
+    c.hidden_size = 128;
+    c.num_attention_heads = 2;
+    c.num_query_groups = llama ? 1 : 0;
+    c.kv_channels = 0;
+    c.ffn_hidden_size = llama ? 256 : 0;
+    c.seq_length = 80;
+    c.max_position_embeddings = 96;
+    c.init_method_std = 0.05;
+    c.attention_dropout = 0.1;
+    c.finalize();
+    ASSERT_EQ(c.head_dim(), 64);
+    const ForwardMode mode{true, 99, 3};
+    const DeviceRun gpu = run_on(c, Device::kCUDA, DType::kBF16, mode);
+    const DeviceRun cpu = run_on(c, Device::kCPU, DType::kBF16, mode);
+    double worst = 0;
+    for (const auto& [name, g] : cpu.grads) {
+      double scale = 0, diff = 0;
+      for (int64_t i = 0; i < g.numel(); ++i) {
+        scale = std::max(scale, std::fabs(g.item(i)));
+        diff = std::max(diff, std::fabs(gpu.grads.at(name).item(i) - g.item(i)));
+      }
+      worst = std::max(worst, diff / scale);
+    }
+    std::printf(
+        "%s bf16: loss GPU %.6f CPU %.6f; largest gradient difference %.2e of the "
+        "parameter's largest gradient\n",
+        llama ? "llama" : "gpt2", gpu.loss, cpu.loss, worst);
+    expect_same_run(gpu, cpu, 5e-2, llama ? "llama cuda bf16" : "gpt2 cuda bf16");
   }
 }
 

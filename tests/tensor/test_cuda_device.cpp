@@ -142,6 +142,119 @@ TEST(CudaDevice, Tf32IsOffByDefaultAndLowersF32GemmPrecisionWhenOn) {
   EXPECT_LT(tf32, 1e-5);
 }
 
+// Normalised mean squared error of got against want (host tensors of any dtype).
+double nmse(const Tensor& got, const Tensor& want) {
+  const Tensor g = to_host(got), w = to_host(want);
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < w.numel(); ++i) {
+    num += (g.item(i) - w.item(i)) * (g.item(i) - w.item(i));
+    den += w.item(i) * w.item(i);
+  }
+  return num / den;
+}
+
+Tensor rounded_to_bf16(const Tensor& x) {
+  return x.to(DType::kBF16).to(DType::kF32);
+}
+
+// Attention in a bf16 run (AttentionSpec::precision) takes the tensor cores for head dimensions
+// 64 and 128: q, k, v, dout, the probabilities and dS rounded to bf16, f32 accumulation. Against
+// the CPU's f32 attention of the same bf16-rounded q, k, v and dout, what is left is the rounding
+// of the probabilities (forward) and of P and dS (backward): a relative 2^-9 per element, NMSE
+// about 1e-6 here; 1e-4 leaves room, while a wrong mask, scale, GQA head or dropout mask gives
+// 1e-2 or more. The result must also differ from the CUDA-core kernel's on the unrounded inputs
+// (their bf16 rounding alone moves it by NMSE ~1e-6; above 1e-9 shows the tensor cores ran).
+TEST(CudaDevice, TensorCoreAttentionMatchesF32AttentionOfRoundedInputs) {
+  MEGATRON_NEED_GPU();
+  struct Case {
+    int64_t sq, skv, b, np, ng, hn;
+    bool causal;
+    int64_t q_offset;
+    bool docs, padding;
+    float dropout;
+  };
+  // GQA with ragged tiles; hn 128 with documents and dropout; bidirectional with padded keys;
+  // queries after a cache of keys (a decode step's q_offset).
+  const Case cases[] = {{100, 100, 2, 4, 2, 64, true, 0, false, false, 0.0f},
+                        {130, 130, 1, 2, 2, 128, true, 0, true, false, 0.1f},
+                        {70, 150, 2, 2, 1, 64, false, 0, false, true, 0.0f},
+                        {37, 101, 1, 4, 4, 128, true, 64, false, false, 0.0f}};
+  uint64_t seed = 100;
+  for (const Case& c : cases) {
+    const std::string what = "sq " + std::to_string(c.sq) + " hn " + std::to_string(c.hn);
+    const Tensor q = testing::random_tensor({c.sq, c.b, c.np, c.hn}, ++seed, 1.0);
+    const Tensor k = testing::random_tensor({c.skv, c.b, c.ng, c.hn}, ++seed, 1.0);
+    const Tensor v = testing::random_tensor({c.skv, c.b, c.ng, c.hn}, ++seed, 1.0);
+    const Tensor dout = testing::random_tensor({c.sq, c.b, c.np, c.hn}, ++seed, 1.0);
+    ops::AttentionSpec spec;
+    spec.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.hn)));
+    spec.causal = c.causal;
+    spec.q_offset = c.q_offset;
+    spec.dropout = c.dropout;
+    spec.seed = 7;
+    spec.stream = 3;
+    if (c.docs) {  // a second document starts at position 50
+      spec.doc_start = Tensor::empty({c.b, c.sq}, DType::kI32);
+      for (int64_t i = 0; i < c.b * c.sq; ++i)
+        spec.doc_start.data<int32_t>()[i] = i % c.sq < 50 ? 0 : 50;
+    }
+    if (c.padding) {  // the last 20 keys of sequence 1 are padding
+      spec.key_valid = Tensor::empty({c.b, c.skv}, DType::kI32);
+      for (int64_t i = 0; i < c.b * c.skv; ++i)
+        spec.key_valid.data<int32_t>()[i] = i / c.skv == 1 && i % c.skv >= c.skv - 20 ? 0 : 1;
+    }
+    struct Result {
+      Tensor out, lse, dq, dk, dv;
+    };
+    auto run = [&](Device device, const ops::AttentionSpec& sp, const Tensor& qi, const Tensor& ki,
+                   const Tensor& vi, const Tensor& di) {
+      Result r;
+      r.out = Tensor::empty(qi.shape(), DType::kF32, device);
+      r.lse = Tensor::empty({c.b, c.np, c.sq}, DType::kF32, device);
+      r.dq = Tensor::empty(qi.shape(), DType::kF32, device);
+      r.dk = Tensor::empty(ki.shape(), DType::kF32, device);
+      r.dv = Tensor::empty(vi.shape(), DType::kF32, device);
+      const Tensor qd = qi.to(device), kd = ki.to(device), vd = vi.to(device), dd = di.to(device);
+      ops::attention_forward(r.out, r.lse, ops::attention_view(qd, c.ng),
+                             ops::attention_view(kd, c.ng), ops::attention_view(vd, c.ng), sp);
+      ops::attention_backward(ops::attention_view(r.dq, c.ng), ops::attention_view(r.dk, c.ng),
+                              ops::attention_view(r.dv, c.ng), Tensor(), dd,
+                              ops::attention_view(qd, c.ng), ops::attention_view(kd, c.ng),
+                              ops::attention_view(vd, c.ng), r.out, r.lse, sp);
+      return r;
+    };
+    ops::AttentionSpec gpu_spec = spec;
+    gpu_spec.precision = DType::kBF16;
+    if (spec.doc_start.defined()) gpu_spec.doc_start = spec.doc_start.to(Device::kCUDA);
+    if (spec.key_valid.defined()) gpu_spec.key_valid = spec.key_valid.to(Device::kCUDA);
+    const Result want = run(Device::kCPU, spec, rounded_to_bf16(q), rounded_to_bf16(k),
+                            rounded_to_bf16(v), rounded_to_bf16(dout));
+    const Result got = run(Device::kCUDA, gpu_spec, q, k, v, dout);
+    EXPECT_LT(nmse(got.out, want.out), 1e-4) << what;
+    EXPECT_LT(nmse(got.lse, want.lse), 1e-8) << what;  // f32 sums of f32 probabilities
+    EXPECT_LT(nmse(got.dq, want.dq), 1e-4) << what;
+    EXPECT_LT(nmse(got.dk, want.dk), 1e-4) << what;
+    EXPECT_LT(nmse(got.dv, want.dv), 1e-4) << what;
+    ops::AttentionSpec f32_spec = gpu_spec;
+    f32_spec.precision = DType::kF32;
+    const Result cores = run(Device::kCUDA, f32_spec, q, k, v, dout);
+    EXPECT_GT(nmse(got.out, cores.out), 1e-9) << what << ": the tensor-core kernel did not run";
+    EXPECT_LT(nmse(cores.out, run(Device::kCPU, spec, q, k, v, dout).out), 1e-10) << what;
+  }
+}
+
+TEST(CudaDevice, EmbeddingOfAHalfTableGathersItsRows) {
+  MEGATRON_NEED_GPU();
+  const Tensor table = testing::random_tensor({50, 24}, 9, 1.0).to(DType::kBF16);
+  const Tensor ids = testing::random_ids({7, 3}, 10, 50);
+  Tensor want = Tensor::empty({21, 24}, DType::kBF16);
+  ops::embedding_forward(want, ids, table);
+  Tensor got = Tensor::empty({21, 24}, DType::kBF16, Device::kCUDA);
+  ops::embedding_forward(got, ids.to(Device::kCUDA), table.to(Device::kCUDA));
+  const Tensor g = to_host(got);
+  EXPECT_EQ(std::memcmp(g.raw(), want.raw(), want.nbytes()), 0);
+}
+
 TEST(CudaDevice, OpsRefuseTensorsOnTwoDevices) {
   MEGATRON_NEED_GPU();
   Tensor out = Tensor::empty({4}, DType::kF32, Device::kCUDA);

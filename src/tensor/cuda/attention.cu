@@ -9,8 +9,9 @@
 // every query head that reads it, so each dk, dv element has one writer (deterministic, no
 // atomics). dq, dk and dv are written through their views (strides into a packed QKV gradient).
 #include <cmath>
+#include <type_traits>
 
-#include "tensor/cuda/common.cuh"
+#include "tensor/cuda/attention_common.cuh"
 
 namespace megatron::cuda {
 namespace {
@@ -19,41 +20,12 @@ constexpr int kWarps = 4;
 constexpr int kTile = 32;
 constexpr int kMaxPerLane = 8;  // hn <= 256
 
-__device__ inline int64_t view_at(const AttnView& v, int64_t t, int64_t bb, int64_t head) {
-  const int64_t g = head / v.per_group, p = head % v.per_group;
-  return v.offset + t * v.stride_s + bb * v.stride_b + g * v.stride_g + p * v.stride_p;
-}
-
-__device__ inline bool visible(const AttnArgs& a, int64_t bb, int64_t i, int64_t j) {
-  const int64_t sq = a.q.s, skv = a.k.s;
-  if (i >= sq || j >= skv) return false;
-  const int64_t ig = a.q_offset + i, jg = a.kv_offset + j;
-  if (a.causal && jg > ig) return false;
-  if (a.doc_start && jg < a.doc_start[bb * sq + i]) return false;
-  if (a.key_valid && a.key_valid[bb * skv + j] == 0) return false;
-  return true;
-}
-
 template <typename T>
 __device__ inline T bias_at(const T* bias, const AttnArgs& a, int64_t bb, int64_t h, int64_t i,
                             int64_t j) {
   if (!bias) return T(0);
   const int64_t bsel = a.bias_batches == 1 ? 0 : bb;
   return bias[((bsel * a.np + h) * a.q.s + i) * a.k.s + j];
-}
-
-// The dropout keep-scale of (bb, h, i, j): 0 or 1 / (1 - p).
-template <typename T>
-__device__ inline T keep_scale(const AttnArgs& a, int64_t bb, int64_t h, int64_t i, int64_t j) {
-  if (a.dropout <= 0.0f) return T(1);
-  const int64_t heads = a.total_heads > 0 ? a.total_heads : a.np;
-  const int64_t qpos = a.q_positions > 0 ? a.q_positions : a.q.s;
-  const int64_t kvpos = a.kv_positions > 0 ? a.kv_positions : a.k.s;
-  const uint64_t idx = static_cast<uint64_t>(
-      ((bb * heads + a.head_offset + h) * qpos + a.q_offset + i) * kvpos + a.kv_offset + j);
-  return philox_uniform(a.seed, a.stream, idx) >= a.dropout
-             ? static_cast<T>(1.0 / (1.0 - static_cast<double>(a.dropout)))
-             : T(0);
 }
 
 // Loads rows [r0, r0 + kTile) of a view (one head) into tile[kTile][hn]; rows past s are zeros.
@@ -308,6 +280,12 @@ template <typename T>
 void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const T* bias,
                        const AttnArgs& a) {
   if (a.q.s == 0 || a.q.b == 0 || a.np == 0) return;
+  if constexpr (std::is_same_v<T, float>) {
+    if (flash_attention_applies(a, bias != nullptr, q, k, v)) {
+      flash_attention_forward(out, lse, q, k, v, a);
+      return;
+    }
+  }
   if (a.q.hn > 32 * kMaxPerLane) cuda_fail("attention_forward", "head dimension above 256");
   const size_t bytes = sizeof(T) * (kWarps + 2 * kTile) * a.q.hn;
   allow_shared(forward_kernel<T>, bytes);
@@ -327,6 +305,12 @@ void attention_backward(T* dq, T* dk, T* dv, T* dbias_scratch, T* delta, const T
   if (rows > 0) {
     delta_kernel<T><<<blocks_for(rows * 32), kThreads>>>(delta, dout, out, a);
     check_launch("attention_backward (delta)");
+  }
+  if constexpr (std::is_same_v<T, float>) {
+    if (flash_attention_applies(a, bias != nullptr, q, k, v, dq, dk, dv)) {
+      flash_attention_backward(dq, dk, dv, delta, dout, q, k, v, lse, a);
+      return;
+    }
   }
   const size_t bytes = sizeof(T) * (2 * kWarps + 2 * kTile) * a.q.hn;
   if (a.q.s > 0) {

@@ -77,8 +77,9 @@ __device__ inline float philox_uniform(uint64_t seed, uint64_t stream, uint64_t 
     k0 += 0x9E3779B9u;
     k1 += 0xBB67AE85u;
   }
-  const uint32_t lanes[4] = {c0, c1, c2, c3};
-  return static_cast<float>(lanes[index & 3] >> 8) * (1.0f / 16777216.0f);
+  // Selected without an indexed array, which would live in local memory.
+  const uint32_t lane = (index & 2) ? ((index & 1) ? c3 : c2) : ((index & 1) ? c1 : c0);
+  return static_cast<float>(lane >> 8) * (1.0f / 16777216.0f);
 }
 
 // bf16 <-> f32 as core/dtype.h: round to nearest even, NaN kept quiet.

@@ -106,6 +106,7 @@ AttnArgs attn_args(const AttentionView& q, const AttentionView& k, const Attenti
   a.total_heads = spec.total_heads;
   a.q_positions = spec.q_positions;
   a.kv_positions = spec.kv_positions;
+  a.matrix_units = is_half(spec.precision);
   return a;
 }
 
@@ -310,7 +311,15 @@ void embedding_forward_shard(Tensor& out, const Tensor& ids, const Tensor& table
 }
 
 void embedding_forward(Tensor& out, const Tensor& ids, const Tensor& table) {
-  embedding_forward_shard(out, ids, table, 0);
+  // A row gather in the table's own dtype (a bf16 table gives bf16 rows, as on the CPU); the
+  // shard form above is the one that widens.
+  const bool i32 = ids_i32(ids, "embedding_forward");
+  MEGATRON_CHECK(table.ndim() == 2 && out.dtype() == table.dtype() &&
+                     out.numel() == ids.numel() * table.dim(1),
+                 "embedding_forward: out ", out.str(), " for ids ", ids.str(), " and table ",
+                 table.str());
+  cuda::gather_rows(out.raw(), table.raw(), ids.raw(), i32, ids.numel(), table.dim(1),
+                    dtype_size(table.dtype()));
 }
 
 void embedding_backward_shard(Tensor& dtable_shard, const Tensor& dout, const Tensor& ids,

@@ -137,6 +137,9 @@ struct AttnArgs {
   float dropout;
   uint64_t seed, stream;
   int64_t head_offset, total_heads, q_positions, kv_positions;
+  // AttentionSpec::precision is bf16 or f16: q, k, v, the probabilities and dS may be rounded to
+  // bf16 for the tensor cores (flash_attention_applies says where they are used).
+  bool matrix_units;
 };
 template <typename T>
 void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const T* bias,
@@ -150,6 +153,22 @@ void attention_backward(T* dq, T* dk, T* dv, T* dbias_scratch, T* delta, const T
 template <typename T>
 void attention_merge(T* out, T* lse, const T* out_b, const T* lse_b, int64_t sq, int64_t b,
                      int64_t np, int64_t hn);
+
+// Flash attention on the tensor cores (flash_attention.cu): f32 tensors, products of bf16-rounded
+// operands (q, k, v, dout, the probabilities and dS) accumulated in f32, the softmax statistics and
+// the accumulators in f32. It applies where a.matrix_units is set, the head dimension is 64 or
+// 128, there is no bias, the GPU is sm_80 or later and every view (and, for backward, every
+// gradient view) is 8-byte aligned at each row (float2 loads and stores); elsewhere
+// attention_forward and attention_backward run the CUDA-core kernels, which call these.
+bool flash_attention_applies(const AttnArgs& a, bool has_bias, const float* q, const float* k,
+                             const float* v, const float* dq = nullptr, const float* dk = nullptr,
+                             const float* dv = nullptr);
+void flash_attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                             const AttnArgs& a);
+// delta: [b, np, sq], dout . out per row (attention_backward computes it first).
+void flash_attention_backward(float* dq, float* dk, float* dv, const float* delta,
+                              const float* dout, const float* q, const float* k, const float* v,
+                              const float* lse, const AttnArgs& a);
 
 // ---- optimizer ------------------------------------------------------------------------------
 struct AdamArgs {
