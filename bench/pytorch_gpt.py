@@ -10,7 +10,10 @@ Prints exactly one line of JSON at the end.
 Attention is baddbmm (scale and additive causal mask fused into one batched
 matmul) followed by softmax and bmm: torch 1.13 has no
 scaled_dot_product_attention, and this is the cheapest eager formulation
-available there.
+available there. With --device cuda (a GPU build of a recent torch) the model
+runs on the GPU under torch.autocast('cuda', bfloat16) for --bf16, attention
+through F.scaled_dot_product_attention (its flash kernel), and each timed
+iteration ends with the loss read back (a synchronisation).
 
 What this is not: not Megatron-LM, not a convergence test, not tuned
 (no torch.compile, no fused optimizers, no channels-last or IPEX tricks);
@@ -23,7 +26,7 @@ oneDNN.
 
 Usage: python3 bench/pytorch_gpt.py --num-layers 4 --hidden-size 256
     --num-attention-heads 4 --vocab-size 50304 --seq-length 256
-    --micro-batch-size 8 --iters 10 --warmup 2 --threads 2 [--bf16]
+    --micro-batch-size 8 --iters 10 --warmup 2 --threads 2 [--bf16] [--device cuda]
 """
 
 import argparse
@@ -37,9 +40,10 @@ import torch.nn.functional as F
 
 
 class Block(nn.Module):
-    def __init__(self, hidden, heads, seq):
+    def __init__(self, hidden, heads, seq, sdpa=False):
         super().__init__()
         self.heads = heads
+        self.sdpa = sdpa
         self.ln_1 = nn.LayerNorm(hidden, eps=1e-5)
         self.qkv = nn.Linear(hidden, 3 * hidden)
         self.proj = nn.Linear(hidden, hidden)
@@ -54,6 +58,9 @@ class Block(nn.Module):
         nh = self.heads
         hd = H // nh
         qkv = self.qkv(x).view(B, S, 3, nh, hd).permute(2, 0, 3, 1, 4)  # [3,B,nh,S,hd]
+        if self.sdpa:
+            o = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], is_causal=True)
+            return self.proj(o.transpose(1, 2).reshape(B, S, H))
         q = qkv[0].reshape(B * nh, S, hd)
         k = qkv[1].reshape(B * nh, S, hd)
         v = qkv[2].reshape(B * nh, S, hd)
@@ -70,11 +77,11 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, layers, hidden, heads, vocab, seq):
+    def __init__(self, layers, hidden, heads, vocab, seq, sdpa=False):
         super().__init__()
         self.wte = nn.Embedding(vocab, hidden)
         self.wpe = nn.Embedding(seq, hidden)
-        self.blocks = nn.ModuleList([Block(hidden, heads, seq) for _ in range(layers)])
+        self.blocks = nn.ModuleList([Block(hidden, heads, seq, sdpa) for _ in range(layers)])
         self.ln_f = nn.LayerNorm(hidden, eps=1e-5)
         self.register_buffer("pos", torch.arange(seq), persistent=False)
         for name, p in self.named_parameters():
@@ -107,7 +114,9 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--bf16", action="store_true",
-                    help="run forward+loss under torch.autocast('cpu', bfloat16)")
+                    help="run forward+loss under torch.autocast(device, bfloat16)")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="cuda: on the GPU, attention through scaled_dot_product_attention")
     args = ap.parse_args()
     if args.hidden_size % args.num_attention_heads:
         print("pytorch_gpt: hidden size must be divisible by heads", file=sys.stderr)
@@ -116,10 +125,13 @@ def main():
         print("pytorch_gpt: need --iters >= 1 and --warmup >= 0", file=sys.stderr)
         return 1
 
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("pytorch_gpt: --device cuda: this torch sees no GPU", file=sys.stderr)
+        return 1
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     model = GPT(args.num_layers, args.hidden_size, args.num_attention_heads,
-                args.vocab_size, args.seq_length)
+                args.vocab_size, args.seq_length, sdpa=args.device == "cuda").to(args.device)
     params = list(model.parameters())
     n_params = sum(p.numel() for p in params)
     decay = [p for p in params if p.ndim >= 2]
@@ -131,10 +143,11 @@ def main():
     B, S, V = args.micro_batch_size, args.seq_length, args.vocab_size
     gen = torch.Generator().manual_seed(args.seed)
     tokens = torch.randint(0, V, (B, S + 1), generator=gen)
+    tokens = tokens.to(args.device)
     inputs, labels = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
     def step():
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+        with torch.autocast(args.device, dtype=torch.bfloat16, enabled=args.bf16):
             logits = model(inputs)
             loss = F.cross_entropy(logits.float().view(-1, V), labels.view(-1))
         loss.backward()
@@ -162,6 +175,7 @@ def main():
         "ms_per_iter": round(ms, 2),
         "dtype": "bf16" if args.bf16 else "fp32",
         "threads": args.threads,
+        "device": args.device,
         "params": n_params,
     }
     print(json.dumps(result))

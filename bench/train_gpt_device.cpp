@@ -196,6 +196,11 @@ int run(const Options& o) {
         std::printf(" %s %.1f,", op_category_name(static_cast<OpCategory>(c)), sec * 1e3 / steps);
       }
       std::printf(" outside ops %.1f\n", (timed - in_ops) * 1e3 / steps);
+      std::printf("profile by op, ms per step:");
+      for (const auto& [op, sec] : op_seconds_by_op()) {
+        if (sec * 1e3 / steps >= 0.1) std::printf(" %s %.1f,", op.c_str(), sec * 1e3 / steps);
+      }
+      std::printf("\n");
     }
   }
   return 0;

@@ -10,6 +10,9 @@
 
 #include <chrono>
 #include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace megatron {
 
@@ -22,10 +25,14 @@ void set_op_profiling(bool on);
 bool op_profiling();
 // Seconds inside ops of category c since the start of the process (while profiling was on).
 double op_seconds(OpCategory c);
+// The same time by op (the public op's name, e.g. "layernorm_backward"), largest first: what a
+// category's time is made of.
+std::vector<std::pair<std::string, double>> op_seconds_by_op();
 
 class OpTimer {
  public:
-  explicit OpTimer(OpCategory c);
+  // op: the op's name (a string literal such as __func__), or null.
+  explicit OpTimer(OpCategory c, const char* op = nullptr);
   ~OpTimer();
   OpTimer(const OpTimer&) = delete;
   OpTimer& operator=(const OpTimer&) = delete;
@@ -34,6 +41,7 @@ class OpTimer {
   bool nested_ = false;  // counted in this thread's depth (profiling was on)
   bool active_ = false;  // the outermost timer: adds its time
   OpCategory category_;
+  const char* op_;
   std::chrono::steady_clock::time_point start_;
 };
 

@@ -104,123 +104,123 @@ AttentionView packed_qkv_view(const Tensor& qkv, QkvPart part) {
 }
 
 void matmul(Tensor& out, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, float beta) {
-  const OpTimer timer(OpCategory::kGemm);
+  const OpTimer timer(OpCategory::kGemm, __func__);
   MEGATRON_DISPATCH(device_of("matmul", {&out, &a, &b}), matmul(out, a, trans_a, b, trans_b, beta));
 }
 
 void grouped_matmul(Tensor& out, const Tensor& a, const std::vector<Tensor>& b, bool trans_b,
                     const std::vector<int64_t>& sizes, float beta) {
-  const OpTimer timer(OpCategory::kGemm);
+  const OpTimer timer(OpCategory::kGemm, __func__);
   MEGATRON_DISPATCH(device_of("grouped_matmul", {&out, &a}, b),
                     grouped_matmul(out, a, b, trans_b, sizes, beta));
 }
 
 void grouped_matmul_at(std::vector<Tensor>& out, const Tensor& a, const Tensor& c,
                        const std::vector<int64_t>& sizes, float beta) {
-  const OpTimer timer(OpCategory::kGemm);
+  const OpTimer timer(OpCategory::kGemm, __func__);
   MEGATRON_DISPATCH(device_of("grouped_matmul_at", {&a, &c}, out),
                     grouped_matmul_at(out, a, c, sizes, beta));
 }
 
 void add(Tensor& out, const Tensor& a, const Tensor& b) {
-  const OpTimer timer(OpCategory::kNormElementwise);
+  const OpTimer timer(OpCategory::kNormElementwise, __func__);
   MEGATRON_DISPATCH(device_of("add", {&out, &a, &b}), add(out, a, b));
 }
 
 void add_inplace(Tensor& out, const Tensor& a) {
-  const OpTimer timer(OpCategory::kNormElementwise);
+  const OpTimer timer(OpCategory::kNormElementwise, __func__);
   MEGATRON_DISPATCH(device_of("add_inplace", {&out, &a}), add_inplace(out, a));
 }
 
 void mul(Tensor& out, const Tensor& a, const Tensor& b) {
-  const OpTimer timer(OpCategory::kNormElementwise);
+  const OpTimer timer(OpCategory::kNormElementwise, __func__);
   MEGATRON_DISPATCH(device_of("mul", {&out, &a, &b}), mul(out, a, b));
 }
 
 void scale_rows(Tensor& x, const Tensor& scale) {
-  const OpTimer timer(OpCategory::kNormElementwise);
+  const OpTimer timer(OpCategory::kNormElementwise, __func__);
   MEGATRON_DISPATCH(device_of("scale_rows", {&x, &scale}), scale_rows(x, scale));
 }
 
 void row_dots(Tensor& out, const Tensor& a, const Tensor& b) {
-  const OpTimer timer(OpCategory::kNormElementwise);
+  const OpTimer timer(OpCategory::kNormElementwise, __func__);
   MEGATRON_DISPATCH(device_of("row_dots", {&out, &a, &b}), row_dots(out, a, b));
 }
 
 void bias_add(Tensor& x, const Tensor& bias) {
-  const OpTimer timer(OpCategory::kNormElementwise);
+  const OpTimer timer(OpCategory::kNormElementwise, __func__);
   MEGATRON_DISPATCH(device_of("bias_add", {&x, &bias}), bias_add(x, bias));
 }
 
 void bias_backward(Tensor& dbias, const Tensor& dy) {
-  const OpTimer timer(OpCategory::kNormElementwise);
+  const OpTimer timer(OpCategory::kNormElementwise, __func__);
   MEGATRON_DISPATCH(device_of("bias_backward", {&dbias, &dy}), bias_backward(dbias, dy));
 }
 
 void scale_inplace(Tensor& x, double factor) {
-  const OpTimer timer(OpCategory::kNormElementwise);
+  const OpTimer timer(OpCategory::kNormElementwise, __func__);
   MEGATRON_DISPATCH(device_of("scale_inplace", {&x}), scale_inplace(x, factor));
 }
 
 void gelu_forward(Tensor& out, const Tensor& x, bool tanh_approx) {
-  const OpTimer timer(OpCategory::kNormElementwise);
+  const OpTimer timer(OpCategory::kNormElementwise, __func__);
   MEGATRON_DISPATCH(device_of("gelu_forward", {&out, &x}), gelu_forward(out, x, tanh_approx));
 }
 
 void gelu_backward(Tensor& dx, const Tensor& dout, const Tensor& x, bool tanh_approx) {
-  const OpTimer timer(OpCategory::kNormElementwise);
+  const OpTimer timer(OpCategory::kNormElementwise, __func__);
   MEGATRON_DISPATCH(device_of("gelu_backward", {&dx, &dout, &x}),
                     gelu_backward(dx, dout, x, tanh_approx));
 }
 
 void tanh_forward(Tensor& out, const Tensor& x) {
-  const OpTimer timer(OpCategory::kNormElementwise);
+  const OpTimer timer(OpCategory::kNormElementwise, __func__);
   MEGATRON_DISPATCH(device_of("tanh_forward", {&out, &x}), tanh_forward(out, x));
 }
 
 void tanh_backward(Tensor& dx, const Tensor& dout, const Tensor& y) {
-  const OpTimer timer(OpCategory::kNormElementwise);
+  const OpTimer timer(OpCategory::kNormElementwise, __func__);
   MEGATRON_DISPATCH(device_of("tanh_backward", {&dx, &dout, &y}), tanh_backward(dx, dout, y));
 }
 
 void squared_relu_forward(Tensor& out, const Tensor& x) {
-  const OpTimer timer(OpCategory::kNormElementwise);
+  const OpTimer timer(OpCategory::kNormElementwise, __func__);
   MEGATRON_DISPATCH(device_of("squared_relu_forward", {&out, &x}), squared_relu_forward(out, x));
 }
 
 void squared_relu_backward(Tensor& dx, const Tensor& dout, const Tensor& x) {
-  const OpTimer timer(OpCategory::kNormElementwise);
+  const OpTimer timer(OpCategory::kNormElementwise, __func__);
   MEGATRON_DISPATCH(device_of("squared_relu_backward", {&dx, &dout, &x}),
                     squared_relu_backward(dx, dout, x));
 }
 
 void swiglu_forward(Tensor& out, const Tensor& x) {
-  const OpTimer timer(OpCategory::kNormElementwise);
+  const OpTimer timer(OpCategory::kNormElementwise, __func__);
   MEGATRON_DISPATCH(device_of("swiglu_forward", {&out, &x}), swiglu_forward(out, x));
 }
 
 void swiglu_backward(Tensor& dx, const Tensor& dout, const Tensor& x) {
-  const OpTimer timer(OpCategory::kNormElementwise);
+  const OpTimer timer(OpCategory::kNormElementwise, __func__);
   MEGATRON_DISPATCH(device_of("swiglu_backward", {&dx, &dout, &x}), swiglu_backward(dx, dout, x));
 }
 
 void dropout_forward(Tensor& out, const Tensor& x, float p, uint64_t seed, uint64_t stream,
                      uint64_t offset) {
-  const OpTimer timer(OpCategory::kNormElementwise);
+  const OpTimer timer(OpCategory::kNormElementwise, __func__);
   MEGATRON_DISPATCH(device_of("dropout_forward", {&out, &x}),
                     dropout_forward(out, x, p, seed, stream, offset));
 }
 
 void dropout_backward(Tensor& dx, const Tensor& dout, float p, uint64_t seed, uint64_t stream,
                       uint64_t offset) {
-  const OpTimer timer(OpCategory::kNormElementwise);
+  const OpTimer timer(OpCategory::kNormElementwise, __func__);
   MEGATRON_DISPATCH(device_of("dropout_backward", {&dx, &dout}),
                     dropout_backward(dx, dout, p, seed, stream, offset));
 }
 
 void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& x,
                        const Tensor& weight, const Tensor& bias, float eps) {
-  const OpTimer timer(OpCategory::kNormElementwise);
+  const OpTimer timer(OpCategory::kNormElementwise, __func__);
   MEGATRON_DISPATCH(device_of("layernorm_forward", {&out, &mean, &rstd, &x, &weight, &bias}),
                     layernorm_forward(out, mean, rstd, x, weight, bias, eps));
 }
@@ -228,60 +228,60 @@ void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& x,
 void layernorm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dout,
                         const Tensor& x, const Tensor& weight, const Tensor& mean,
                         const Tensor& rstd) {
-  const OpTimer timer(OpCategory::kNormElementwise);
+  const OpTimer timer(OpCategory::kNormElementwise, __func__);
   MEGATRON_DISPATCH(
       device_of("layernorm_backward", {&dx, &dweight, &dbias, &dout, &x, &weight, &mean, &rstd}),
       layernorm_backward(dx, dweight, dbias, dout, x, weight, mean, rstd));
 }
 
 void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& x, const Tensor& weight, float eps) {
-  const OpTimer timer(OpCategory::kNormElementwise);
+  const OpTimer timer(OpCategory::kNormElementwise, __func__);
   MEGATRON_DISPATCH(device_of("rmsnorm_forward", {&out, &rstd, &x, &weight}),
                     rmsnorm_forward(out, rstd, x, weight, eps));
 }
 
 void rmsnorm_backward(Tensor& dx, Tensor& dweight, const Tensor& dout, const Tensor& x,
                       const Tensor& weight, const Tensor& rstd) {
-  const OpTimer timer(OpCategory::kNormElementwise);
+  const OpTimer timer(OpCategory::kNormElementwise, __func__);
   MEGATRON_DISPATCH(device_of("rmsnorm_backward", {&dx, &dweight, &dout, &x, &weight, &rstd}),
                     rmsnorm_backward(dx, dweight, dout, x, weight, rstd));
 }
 
 void embedding_forward(Tensor& out, const Tensor& ids, const Tensor& table) {
-  const OpTimer timer(OpCategory::kNormElementwise);
+  const OpTimer timer(OpCategory::kNormElementwise, __func__);
   MEGATRON_DISPATCH(device_of("embedding_forward", {&out, &ids, &table}),
                     embedding_forward(out, ids, table));
 }
 
 void embedding_backward(Tensor& dtable, const Tensor& dout, const Tensor& ids) {
-  const OpTimer timer(OpCategory::kNormElementwise);
+  const OpTimer timer(OpCategory::kNormElementwise, __func__);
   MEGATRON_DISPATCH(device_of("embedding_backward", {&dtable, &dout, &ids}),
                     embedding_backward(dtable, dout, ids));
 }
 
 void embedding_forward_shard(Tensor& out, const Tensor& ids, const Tensor& table_shard,
                              int64_t vocab_start) {
-  const OpTimer timer(OpCategory::kNormElementwise);
+  const OpTimer timer(OpCategory::kNormElementwise, __func__);
   MEGATRON_DISPATCH(device_of("embedding_forward_shard", {&out, &ids, &table_shard}),
                     embedding_forward_shard(out, ids, table_shard, vocab_start));
 }
 
 void embedding_backward_shard(Tensor& dtable_shard, const Tensor& dout, const Tensor& ids,
                               int64_t vocab_start) {
-  const OpTimer timer(OpCategory::kNormElementwise);
+  const OpTimer timer(OpCategory::kNormElementwise, __func__);
   MEGATRON_DISPATCH(device_of("embedding_backward_shard", {&dtable_shard, &dout, &ids}),
                     embedding_backward_shard(dtable_shard, dout, ids, vocab_start));
 }
 
 void rope_inplace(Tensor& x, const Tensor& positions, const RopeSpec& spec, bool inverse) {
-  const OpTimer timer(OpCategory::kNormElementwise);
+  const OpTimer timer(OpCategory::kNormElementwise, __func__);
   MEGATRON_DISPATCH(device_of("rope_inplace", {&x, &positions}),
                     rope_inplace(x, positions, spec, inverse));
 }
 
 void attention_forward(Tensor& out, Tensor& lse, const AttentionView& q, const AttentionView& k,
                        const AttentionView& v, const AttentionSpec& spec) {
-  const OpTimer timer(OpCategory::kAttention);
+  const OpTimer timer(OpCategory::kAttention, __func__);
   MEGATRON_DISPATCH(device_of("attention_forward", {&out, &lse, &q.tensor, &k.tensor, &v.tensor,
                                                     &spec.doc_start, &spec.key_valid, &spec.bias}),
                     attention_forward(out, lse, q, k, v, spec));
@@ -291,7 +291,7 @@ void attention_backward(const AttentionView& dq, const AttentionView& dk, const 
                         const Tensor& dbias, const Tensor& dout, const AttentionView& q,
                         const AttentionView& k, const AttentionView& v, const Tensor& out,
                         const Tensor& lse, const AttentionSpec& spec) {
-  const OpTimer timer(OpCategory::kAttention);
+  const OpTimer timer(OpCategory::kAttention, __func__);
   MEGATRON_DISPATCH(
       device_of("attention_backward",
                 {&dq.tensor, &dk.tensor, &dv.tensor, &dbias, &dout, &q.tensor, &k.tensor, &v.tensor,
@@ -300,21 +300,21 @@ void attention_backward(const AttentionView& dq, const AttentionView& dk, const 
 }
 
 void attention_merge(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor& lse_b) {
-  const OpTimer timer(OpCategory::kAttention);
+  const OpTimer timer(OpCategory::kAttention, __func__);
   MEGATRON_DISPATCH(device_of("attention_merge", {&out, &lse, &out_b, &lse_b}),
                     attention_merge(out, lse, out_b, lse_b));
 }
 
 void cross_entropy_forward(Tensor& loss, Tensor& lse, const Tensor& logits, const Tensor& targets,
                            int64_t vocab_size) {
-  const OpTimer timer(OpCategory::kCrossEntropy);
+  const OpTimer timer(OpCategory::kCrossEntropy, __func__);
   MEGATRON_DISPATCH(device_of("cross_entropy_forward", {&loss, &lse, &logits, &targets}),
                     cross_entropy_forward(loss, lse, logits, targets, vocab_size));
 }
 
 void cross_entropy_backward(Tensor& dlogits, const Tensor& dloss, const Tensor& logits,
                             const Tensor& lse, const Tensor& targets, int64_t vocab_size) {
-  const OpTimer timer(OpCategory::kCrossEntropy);
+  const OpTimer timer(OpCategory::kCrossEntropy, __func__);
   MEGATRON_DISPATCH(
       device_of("cross_entropy_backward", {&dlogits, &dloss, &logits, &lse, &targets}),
       cross_entropy_backward(dlogits, dloss, logits, lse, targets, vocab_size));
@@ -322,20 +322,20 @@ void cross_entropy_backward(Tensor& dlogits, const Tensor& dloss, const Tensor& 
 
 void log_softmax_gather(Tensor& logprob, const Tensor& logits, const Tensor& targets,
                         int64_t vocab_size) {
-  const OpTimer timer(OpCategory::kCrossEntropy);
+  const OpTimer timer(OpCategory::kCrossEntropy, __func__);
   MEGATRON_DISPATCH(device_of("log_softmax_gather", {&logprob, &logits, &targets}),
                     log_softmax_gather(logprob, logits, targets, vocab_size));
 }
 
 void cross_entropy_shard_max(Tensor& row_max, const Tensor& logits_shard, int64_t valid) {
-  const OpTimer timer(OpCategory::kCrossEntropy);
+  const OpTimer timer(OpCategory::kCrossEntropy, __func__);
   MEGATRON_DISPATCH(device_of("cross_entropy_shard_max", {&row_max, &logits_shard}),
                     cross_entropy_shard_max(row_max, logits_shard, valid));
 }
 
 void cross_entropy_shard_sums(Tensor& sums, const Tensor& logits_shard, const Tensor& row_max,
                               const Tensor& targets, int64_t vocab_start, int64_t valid) {
-  const OpTimer timer(OpCategory::kCrossEntropy);
+  const OpTimer timer(OpCategory::kCrossEntropy, __func__);
   MEGATRON_DISPATCH(
       device_of("cross_entropy_shard_sums", {&sums, &logits_shard, &row_max, &targets}),
       cross_entropy_shard_sums(sums, logits_shard, row_max, targets, vocab_start, valid));
@@ -343,7 +343,7 @@ void cross_entropy_shard_sums(Tensor& sums, const Tensor& logits_shard, const Te
 
 void cross_entropy_shard_finish(Tensor& loss, Tensor& lse, const Tensor& row_max,
                                 const Tensor& sums) {
-  const OpTimer timer(OpCategory::kCrossEntropy);
+  const OpTimer timer(OpCategory::kCrossEntropy, __func__);
   MEGATRON_DISPATCH(device_of("cross_entropy_shard_finish", {&loss, &lse, &row_max, &sums}),
                     cross_entropy_shard_finish(loss, lse, row_max, sums));
 }
@@ -351,7 +351,7 @@ void cross_entropy_shard_finish(Tensor& loss, Tensor& lse, const Tensor& row_max
 void cross_entropy_shard_backward(Tensor& dlogits_shard, const Tensor& dloss,
                                   const Tensor& logits_shard, const Tensor& lse,
                                   const Tensor& targets, int64_t vocab_start, int64_t valid) {
-  const OpTimer timer(OpCategory::kCrossEntropy);
+  const OpTimer timer(OpCategory::kCrossEntropy, __func__);
   MEGATRON_DISPATCH(device_of("cross_entropy_shard_backward",
                               {&dlogits_shard, &dloss, &logits_shard, &lse, &targets}),
                     cross_entropy_shard_backward(dlogits_shard, dloss, logits_shard, lse, targets,
@@ -359,50 +359,50 @@ void cross_entropy_shard_backward(Tensor& dlogits_shard, const Tensor& dloss,
 }
 
 MaskedSum masked_sum(const Tensor& loss, const Tensor& mask) {
-  const OpTimer timer(OpCategory::kCrossEntropy);
+  const OpTimer timer(OpCategory::kCrossEntropy, __func__);
   MEGATRON_DISPATCH(device_of("masked_sum", {&loss, &mask}), masked_sum(loss, mask));
 }
 
 void transpose_2d(Tensor& out, const Tensor& x) {
-  const OpTimer timer(OpCategory::kNormElementwise);
+  const OpTimer timer(OpCategory::kNormElementwise, __func__);
   MEGATRON_DISPATCH(device_of("transpose_2d", {&out, &x}), transpose_2d(out, x));
 }
 
 void gather_rows(Tensor& out, const Tensor& x, const Tensor& index) {
-  const OpTimer timer(OpCategory::kNormElementwise);
+  const OpTimer timer(OpCategory::kNormElementwise, __func__);
   MEGATRON_DISPATCH(device_of("gather_rows", {&out, &x, &index}), gather_rows(out, x, index));
 }
 
 void scatter_add_rows(Tensor& out, const Tensor& x, const Tensor& index) {
-  const OpTimer timer(OpCategory::kNormElementwise);
+  const OpTimer timer(OpCategory::kNormElementwise, __func__);
   MEGATRON_DISPATCH(device_of("scatter_add_rows", {&out, &x, &index}),
                     scatter_add_rows(out, x, index));
 }
 
 void slice_last_dim(Tensor& out, const Tensor& x, int64_t start) {
-  const OpTimer timer(OpCategory::kNormElementwise);
+  const OpTimer timer(OpCategory::kNormElementwise, __func__);
   MEGATRON_DISPATCH(device_of("slice_last_dim", {&out, &x}), slice_last_dim(out, x, start));
 }
 
 void concat_last_dim(Tensor& out, const std::vector<Tensor>& parts) {
-  const OpTimer timer(OpCategory::kNormElementwise);
+  const OpTimer timer(OpCategory::kNormElementwise, __func__);
   MEGATRON_DISPATCH(device_of("concat_last_dim", {&out}, parts), concat_last_dim(out, parts));
 }
 
 void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad,
                 const AdamWSpec& spec) {
-  const OpTimer timer(OpCategory::kOptimizer);
+  const OpTimer timer(OpCategory::kOptimizer, __func__);
   MEGATRON_DISPATCH(device_of("adamw_step", {&param, &exp_avg, &exp_avg_sq, &grad}),
                     adamw_step(param, exp_avg, exp_avg_sq, grad, spec));
 }
 
 double sum_squares(const Tensor& x) {
-  const OpTimer timer(OpCategory::kOptimizer);
+  const OpTimer timer(OpCategory::kOptimizer, __func__);
   MEGATRON_DISPATCH(device_of("sum_squares", {&x}), sum_squares(x));
 }
 
 int64_t count_zeros(const Tensor& x) {
-  const OpTimer timer(OpCategory::kOptimizer);
+  const OpTimer timer(OpCategory::kOptimizer, __func__);
   MEGATRON_DISPATCH(device_of("count_zeros", {&x}), count_zeros(x));
 }
 }  // namespace megatron::ops

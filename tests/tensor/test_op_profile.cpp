@@ -2,6 +2,7 @@
 // OpTimer inside another counts nothing (the outer one holds the time).
 #include <gtest/gtest.h>
 
+#include <string>
 #include <thread>
 
 #include "tensor/op_profile.h"
@@ -43,6 +44,32 @@ TEST(OpProfile, NestedTimersCountOnceInTheOutermost) {
   EXPECT_EQ(op_seconds(OpCategory::kGemm), gemm0);
   EXPECT_GE(op_seconds(OpCategory::kAttention) - attn0, 0.015);
   set_op_profiling(false);
+}
+
+// By op: the public ops' names, the outermost op's name holding nested time, largest first.
+TEST(OpProfile, TimeIsAlsoKeptByOpName) {
+  auto seconds_of = [](const std::string& op) {
+    for (const auto& [name, sec] : op_seconds_by_op())
+      if (name == op) return sec;
+    return 0.0;
+  };
+  Tensor a = Tensor::full({128, 128}, 0.5), b = Tensor::full({128, 128}, 0.25);
+  Tensor c = Tensor::empty({128, 128});
+  set_op_profiling(true);
+  const double add0 = seconds_of("add"), matmul0 = seconds_of("matmul");
+  ops::add(c, a, b);
+  EXPECT_GT(seconds_of("add"), add0);
+  EXPECT_EQ(seconds_of("matmul"), matmul0);
+  {
+    const OpTimer outer(OpCategory::kAttention, "outer op");
+    const OpTimer inner(OpCategory::kGemm, "inner op");
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  set_op_profiling(false);
+  EXPECT_GE(seconds_of("outer op"), 0.015);
+  EXPECT_EQ(seconds_of("inner op"), 0.0);
+  const auto all = op_seconds_by_op();
+  for (size_t i = 1; i < all.size(); ++i) EXPECT_GE(all[i - 1].second, all[i].second);
 }
 
 TEST(OpProfile, CategoryNames) {

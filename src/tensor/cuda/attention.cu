@@ -307,7 +307,7 @@ void attention_backward(T* dq, T* dk, T* dv, T* dbias_scratch, T* delta, const T
     check_launch("attention_backward (delta)");
   }
   if constexpr (std::is_same_v<T, float>) {
-    if (flash_attention_applies(a, bias != nullptr, q, k, v, dq, dk, dv)) {
+    if (flash_attention_applies(a, bias != nullptr, q, k, v, dq, dk, dv, dout)) {
       flash_attention_backward(dq, dk, dv, delta, dout, q, k, v, lse, a);
       return;
     }

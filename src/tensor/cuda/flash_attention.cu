@@ -2,14 +2,15 @@
 // instructions, sm_80 and later): the same masks, GQA and dropout counters as attention.cu, for
 // head dimensions 64 and 128 and no score bias, in bf16 runs (AttentionSpec::precision).
 //
-// A block is 4 warps; each warp owns 16 rows of a 64-row block (query rows in forward and dq, key
-// rows in dk/dv). Operands are read from f32 global memory, rounded to bf16 and staged in shared
-// memory, row-major where a fragment reads a row's channels and transposed where it reads along
-// the rows; every shared row is padded by 8 bf16 so that the 8 rows one fragment load touches fall
-// in different banks. Scores, probabilities and gradients of a tile live in the mma accumulators
-// (16 x 8 f32 per warp and instruction: thread t holds rows t/4 and t/4 + 8, columns 2 (t % 4) and
-// 2 (t % 4) + 1), and those accumulators become the next product's A fragments without leaving
-// registers. The softmax runs in base 2 (scores times scale * log2 e; lse stored in base e).
+// A block is 8 warps; each warp owns 16 rows of a 128-row block (query rows in forward and dq, key
+// rows in dk/dv) and the block walks the other side in tiles. Operands are read from f32 global
+// memory (16 bytes per load), rounded to bf16 and staged row-major in shared memory, each row
+// padded by 8 bf16 so that the 8 rows one ldmatrix phase reads fall in different banks; ldmatrix
+// (.trans where the product reads along the rows) turns the tiles into mma fragments. Scores,
+// probabilities and gradients of a tile live in the mma accumulators (16 x 8 f32 per warp and
+// instruction: thread t holds rows t/4 and t/4 + 8, columns 2 (t % 4) and 2 (t % 4) + 1), and
+// those accumulators become the next product's A fragments without leaving registers. The softmax
+// runs in base 2 (scores times scale * log2 e; lse stored in base e).
 //
 // Backward is deterministic: delta (attention.cu), then one kernel per key block that loops over
 // the query rows of every query head reading it (dk, dv: one writer each) and one per query block
@@ -25,18 +26,40 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-constexpr int kThreadsFa = 128;  // 4 warps
-constexpr int kRows = 64;        // rows of a block: 16 per warp
-constexpr int kPad = 8;          // bf16 of padding per shared row
+constexpr int kWarpsFa = 8;
+constexpr int kThreadsFa = 32 * kWarpsFa;
+constexpr int kRows = 16 * kWarpsFa;  // rows of a block: 16 per warp
+constexpr int kPad = 8;               // bf16 of padding per shared row
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-// The inner tile (keys per step in forward and dq, queries per step in dk/dv): 64, or 32 for
-// hn 128, which keeps the accumulators of a warp (rows x hn of dq, or dk and dv) in registers.
+// The inner tiles, sized so that a warp's accumulators stay in registers: keys per step of dq
+// (16 x hn of dq, and 16 x kKeysDq of scores and of dP), queries per step of dk/dv (16 x hn of
+// dk and of dv, and 16 x kQueriesDkv of P^T and of dP^T).
 template <int D>
-constexpr int kInner = D == 128 ? 32 : 64;
+constexpr int kKeysDq = D == 128 ? 32 : 64;
+template <int D>
+constexpr int kQueriesDkv = D == 128 ? 16 : 32;
 
-__device__ inline uint32_t ld32(const bf16* p) { return *reinterpret_cast<const uint32_t*>(p); }
+__device__ inline uint32_t shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Four 8 x 8 bf16 matrices from shared memory, lane l giving the address of row l % 8 of matrix
+// l / 8; register i holds row (lane / 4), columns 2 (lane % 4) + {0, 1} of matrix i (transposed:
+// rows 2 (lane % 4) + {0, 1}, column lane / 4).
+__device__ inline void ldsm(uint32_t (&r)[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(shared_address(p))
+               : "memory");
+}
+__device__ inline void ldsm_t(uint32_t (&r)[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(shared_address(p))
+               : "memory");
+}
 
 // Two floats rounded to bf16 (nearest even), the first in the low half: one A-fragment register.
 __device__ inline uint32_t pack(float lo, float hi) {
@@ -46,27 +69,29 @@ __device__ inline uint32_t pack(float lo, float hi) {
 
 // c += a b for a 16 x 16 bf16 A (row-major fragment), a 16 x 8 bf16 B (column-major), f32 c.
 __device__ inline void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
       "{%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// The A fragment of rows r0..r0+15, columns c0..c0+15 of a row-major shared tile (ld columns).
+// The A fragment of rows r0..r0+15, columns c0..c0+15 of a row-major tile (ld bf16 per row).
 __device__ inline void load_a(uint32_t (&a)[4], const bf16* s, int ld, int r0, int c0) {
-  const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
-  a[0] = ld32(s + (r0 + g) * ld + c0 + 2 * t);
-  a[1] = ld32(s + (r0 + g + 8) * ld + c0 + 2 * t);
-  a[2] = ld32(s + (r0 + g) * ld + c0 + 8 + 2 * t);
-  a[3] = ld32(s + (r0 + g + 8) * ld + c0 + 8 + 2 * t);
+  const int l = threadIdx.x & 31, m = l >> 3;
+  ldsm(a, s + (r0 + (l & 7) + (m & 1) * 8) * ld + c0 + (m >> 1) * 8);
 }
 
-// The B fragment (k = c0..c0+15, n = n0..n0+7) of B[k][n] = s[n][k]: a tile stored n-major.
-__device__ inline void load_b(uint32_t& b0, uint32_t& b1, const bf16* s, int ld, int n0, int c0) {
-  const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
-  b0 = ld32(s + (n0 + g) * ld + c0 + 2 * t);
-  b1 = ld32(s + (n0 + g) * ld + c0 + 8 + 2 * t);
+// B fragments (k = c0..c0+15) for n-blocks n0..n0+7 (b[0], b[1]) and n0+8..n0+15 (b[2], b[3]) of
+// B[k][n] = s[n][k]: a tile stored n-major (keys for Q K^T, queries for K Q^T).
+__device__ inline void load_b_nmajor(uint32_t (&b)[4], const bf16* s, int ld, int n0, int c0) {
+  const int l = threadIdx.x & 31, m = l >> 3;
+  ldsm(b, s + (n0 + (l & 7) + (m >> 1) * 8) * ld + c0 + (m & 1) * 8);
+}
+
+// The same for B[k][n] = s[k][n], a tile stored k-major (V for P V, Q for dS^T Q, ...).
+__device__ inline void load_b_kmajor(uint32_t (&b)[4], const bf16* s, int ld, int k0, int n0) {
+  const int l = threadIdx.x & 31, m = l >> 3;
+  ldsm_t(b, s + (k0 + (l & 7) + (m & 1) * 8) * ld + n0 + (m >> 1) * 8);
 }
 
 // Accumulator tiles acc[2kk], acc[2kk + 1] (16 rows x 16 columns) as the A fragment of the next
@@ -78,22 +103,26 @@ __device__ inline void acc_to_a(uint32_t (&a)[4], const float (&lo)[4], const fl
   a[3] = pack(hi[2], hi[3]);
 }
 
-// Rows [r0, r0 + R) of one head of a view into shared memory as bf16: row-major [R][D + kPad]
-// and/or transposed [D][R + kPad] (either may be null). Rows past the view's end are zeros.
+// Offset of row 0, channel 0 of one head of a view (rows follow at stride_s).
+__device__ inline int64_t head_base(const AttnView& v, int64_t bb, int64_t head) {
+  return view_at(v, 0, bb, head);
+}
+
+// Rows [r0, r0 + R) of one head (at `base`, rows stride_s apart, `s` of them) into a row-major
+// shared tile [R][D + kPad] as bf16; rows past the end are zeros.
 template <int D, int R>
-__device__ inline void stage_rows(bf16* rows, bf16* cols, const float* base, const AttnView& v,
-                                  int64_t r0, int64_t bb, int64_t head) {
-  constexpr int kPairs = D / 2;
-  for (int e = threadIdx.x; e < R * kPairs; e += blockDim.x) {
-    const int r = e / kPairs, c = 2 * (e % kPairs);
-    float2 x = make_float2(0.0f, 0.0f);
-    if (r0 + r < v.s) x = *reinterpret_cast<const float2*>(base + view_at(v, r0 + r, bb, head) + c);
-    const __nv_bfloat162 h = __floats2bfloat162_rn(x.x, x.y);
-    if (rows) *reinterpret_cast<__nv_bfloat162*>(rows + r * (D + kPad) + c) = h;
-    if (cols) {
-      cols[c * (R + kPad) + r] = h.x;
-      cols[(c + 1) * (R + kPad) + r] = h.y;
-    }
+__device__ inline void stage_rows(bf16* tile, const float* base, int64_t stride_s, int64_t s,
+                                  int64_t r0) {
+  constexpr int kQuads = D / 4;
+  for (int e = threadIdx.x; e < R * kQuads; e += kThreadsFa) {
+    const int r = e / kQuads, c = 4 * (e % kQuads);
+    float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (r0 + r < s) x = *reinterpret_cast<const float4*>(base + (r0 + r) * stride_s + c);
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(x.x, x.y), hi = __floats2bfloat162_rn(x.z, x.w);
+    uint2 packed;
+    packed.x = *reinterpret_cast<const uint32_t*>(&lo);
+    packed.y = *reinterpret_cast<const uint32_t*>(&hi);
+    *reinterpret_cast<uint2*>(tile + r * (D + kPad) + c) = packed;
   }
 }
 
@@ -116,46 +145,49 @@ template <int D>
 __global__ void __launch_bounds__(kThreadsFa)
     forward_kernel(float* out, float* lse, const float* q, const float* k, const float* v,
                    AttnArgs a) {
-  constexpr int kLd = D + kPad, kTLd = kRows + kPad;
+  constexpr int kK = 64, kLd = D + kPad;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  bf16* qs = reinterpret_cast<bf16*>(smem_raw);  // [64][kLd]
-  bf16* ks = qs + kRows * kLd;                    // [64][kLd]
-  bf16* vt = ks + kRows * kLd;                    // [D][kTLd]
+  bf16* qs = reinterpret_cast<bf16*>(smem_raw);  // [kRows][kLd]
+  bf16* ks = qs + kRows * kLd;                    // [kK][kLd]
+  bf16* vs = ks + kK * kLd;                       // [kK][kLd]
   const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
   const int wr = 16 * warp;
   const int64_t sq = a.q.s;
   const int64_t bb = blockIdx.y / a.np, h = blockIdx.y % a.np, kvh = h / (a.np / a.ng);
   const int64_t i0 = blockIdx.x * static_cast<int64_t>(kRows);
   const int64_t row[2] = {i0 + wr + g, i0 + wr + g + 8};
-  stage_rows<D, kRows>(qs, nullptr, q, a.q, i0, bb, h);
+  const float* kbase = k + head_base(a.k, bb, kvh);
+  const float* vbase = v + head_base(a.v, bb, kvh);
+  stage_rows<D, kRows>(qs, q + head_base(a.q, bb, h), a.q.stride_s, sq, i0);
   __syncthreads();
   uint32_t qa[D / 16][4];
-  #pragma unroll
+#pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) load_a(qa[kk], qs, kLd, wr, 16 * kk);
   float o[D / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   const float scale2 = a.scale * kLog2e;
   const int64_t kv_end = keys_end(a, i0, kRows);
-  for (int64_t j0 = 0; j0 < kv_end; j0 += kRows) {
+  for (int64_t j0 = 0; j0 < kv_end; j0 += kK) {
     __syncthreads();  // the previous tile's readers are done
-    stage_rows<D, kRows>(ks, nullptr, k, a.k, j0, bb, kvh);
-    stage_rows<D, kRows>(nullptr, vt, v, a.v, j0, bb, kvh);
+    stage_rows<D, kK>(ks, kbase, a.k.stride_s, a.k.s, j0);
+    stage_rows<D, kK>(vs, vbase, a.v.stride_s, a.v.s, j0);
     __syncthreads();
-    float s[kRows / 8][4] = {};
-    #pragma unroll
+    float s[kK / 8][4] = {};
+#pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-      #pragma unroll
-      for (int nb = 0; nb < kRows / 8; ++nb) {
-        uint32_t b0, b1;
-        load_b(b0, b1, ks, kLd, 8 * nb, 16 * kk);
-        mma(s[nb], qa[kk], b0, b1);
+#pragma unroll
+      for (int nb = 0; nb < kK / 8; nb += 2) {
+        uint32_t b[4];
+        load_b_nmajor(b, ks, kLd, 8 * nb, 16 * kk);
+        mma(s[nb], qa[kk], b[0], b[1]);
+        mma(s[nb + 1], qa[kk], b[2], b[3]);
       }
     }
-    const bool all = tile_visible(a, i0, kRows, j0, kRows);
+    const bool all = tile_visible(a, i0, kRows, j0, kK);
     float mx[2] = {-INFINITY, -INFINITY};
-    #pragma unroll
-    for (int nb = 0; nb < kRows / 8; ++nb) {
-      #pragma unroll
+#pragma unroll
+    for (int nb = 0; nb < kK / 8; ++nb) {
+#pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = e >> 1;
         const int64_t j = j0 + 8 * nb + 2 * t + (e & 1);
@@ -166,7 +198,7 @@ __global__ void __launch_bounds__(kThreadsFa)
       }
     }
     float base[2];
-    #pragma unroll
+#pragma unroll
     for (int r = 0; r < 2; ++r) {  // the 4 threads of a row group share its maximum
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
@@ -175,15 +207,15 @@ __global__ void __launch_bounds__(kThreadsFa)
       const float corr = exp2f(m[r] - base[r]);
       m[r] = mn;
       l[r] *= corr;
-      #pragma unroll
+#pragma unroll
       for (int db = 0; db < D / 8; ++db) {
         o[db][2 * r] *= corr;
         o[db][2 * r + 1] *= corr;
       }
     }
-    #pragma unroll
-    for (int nb = 0; nb < kRows / 8; ++nb) {
-      #pragma unroll
+#pragma unroll
+    for (int nb = 0; nb < kK / 8; ++nb) {
+#pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = e >> 1;
         float p = exp2f(s[nb][e] - base[r]);
@@ -194,26 +226,27 @@ __global__ void __launch_bounds__(kThreadsFa)
         s[nb][e] = p;
       }
     }
-    #pragma unroll
-    for (int kk = 0; kk < kRows / 16; ++kk) {
+#pragma unroll
+    for (int kk = 0; kk < kK / 16; ++kk) {
       uint32_t pa[4];
       acc_to_a(pa, s[2 * kk], s[2 * kk + 1]);
-      #pragma unroll
-      for (int db = 0; db < D / 8; ++db) {
-        uint32_t b0, b1;
-        load_b(b0, b1, vt, kTLd, 8 * db, 16 * kk);
-        mma(o[db], pa, b0, b1);
+#pragma unroll
+      for (int db = 0; db < D / 8; db += 2) {
+        uint32_t b[4];
+        load_b_kmajor(b, vs, kLd, 16 * kk, 8 * db);
+        mma(o[db], pa, b[0], b[1]);
+        mma(o[db + 1], pa, b[2], b[3]);
       }
     }
   }
-  #pragma unroll
+#pragma unroll
   for (int r = 0; r < 2; ++r) {
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
     if (row[r] >= sq) continue;
     const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
     float* orow = out + ((row[r] * a.q.b + bb) * a.np + h) * D;
-    #pragma unroll
+#pragma unroll
     for (int db = 0; db < D / 8; ++db) {
       *reinterpret_cast<float2*>(orow + 8 * db + 2 * t) =
           make_float2(o[db][2 * r] * inv, o[db][2 * r + 1] * inv);
@@ -224,22 +257,20 @@ __global__ void __launch_bounds__(kThreadsFa)
   }
 }
 
-// dk, dv of 64 keys of one key/value head: for each query head of its group and each tile of
+// dk, dv of kRows keys of one key/value head: for each query head of its group and each tile of
 // kQ queries, S^T = K Q^T and dP^T = V dO^T (16 keys x kQ queries per warp), P^T from lse,
 // dS^T = P^T (keep dP^T - delta), then dV += (keep P^T) dO and dK += dS^T Q.
 template <int D>
 __global__ void __launch_bounds__(kThreadsFa)
     dkv_kernel(float* dk, float* dv, const float* delta, const float* dout, const float* q,
                const float* k, const float* v, const float* lse, AttnArgs a, AttnView dov) {
-  constexpr int kQ = kInner<D>, kLd = D + kPad, kTLd = kQ + kPad;
+  constexpr int kQ = kQueriesDkv<D>, kLd = D + kPad;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  bf16* ks = reinterpret_cast<bf16*>(smem_raw);  // [64][kLd]
-  bf16* vs = ks + kRows * kLd;                    // [64][kLd]
+  bf16* ks = reinterpret_cast<bf16*>(smem_raw);  // [kRows][kLd]
+  bf16* vs = ks + kRows * kLd;                    // [kRows][kLd]
   bf16* qs = vs + kRows * kLd;                    // [kQ][kLd]
   bf16* dos = qs + kQ * kLd;                      // [kQ][kLd]
-  bf16* qt = dos + kQ * kLd;                      // [D][kTLd]
-  bf16* dot = qt + D * kTLd;                      // [D][kTLd]
-  float* lse_s = reinterpret_cast<float*>(dot + D * kTLd);  // [kQ], base 2
+  float* lse_s = reinterpret_cast<float*>(dos + kQ * kLd);  // [kQ], base 2
   float* delta_s = lse_s + kQ;                              // [kQ]
   const int warp = threadIdx.x >> 5, t = threadIdx.x & 3, g = (threadIdx.x & 31) >> 2;
   const int wr = 16 * warp;
@@ -247,8 +278,8 @@ __global__ void __launch_bounds__(kThreadsFa)
   const int64_t bb = blockIdx.y / a.ng, kvh = blockIdx.y % a.ng;
   const int64_t j0 = blockIdx.x * static_cast<int64_t>(kRows);
   const int64_t key[2] = {j0 + wr + g, j0 + wr + g + 8};
-  stage_rows<D, kRows>(ks, nullptr, k, a.k, j0, bb, kvh);
-  stage_rows<D, kRows>(vs, nullptr, v, a.v, j0, bb, kvh);
+  stage_rows<D, kRows>(ks, k + head_base(a.k, bb, kvh), a.k.stride_s, skv, j0);
+  stage_rows<D, kRows>(vs, v + head_base(a.v, bb, kvh), a.v.stride_s, skv, j0);
   float dk_acc[D / 8][4] = {}, dv_acc[D / 8][4] = {};
   // Causal: the queries before this block's first key see none of it.
   int64_t i_begin = 0;
@@ -258,35 +289,41 @@ __global__ void __launch_bounds__(kThreadsFa)
   }
   const float scale2 = a.scale * kLog2e;
   for (int64_t h = kvh * qpg; h < (kvh + 1) * qpg; ++h) {
+    const float* qbase = q + head_base(a.q, bb, h);
+    const float* dobase = dout + head_base(dov, bb, h);
+    const float* lse_h = lse + (bb * a.np + h) * sq;
+    const float* delta_h = delta + (bb * a.np + h) * sq;
     for (int64_t i0 = i_begin; i0 < sq; i0 += kQ) {
       __syncthreads();
-      stage_rows<D, kQ>(qs, qt, q, a.q, i0, bb, h);
-      stage_rows<D, kQ>(dos, dot, dout, dov, i0, bb, h);
-      for (int r = threadIdx.x; r < kQ; r += blockDim.x) {
+      stage_rows<D, kQ>(qs, qbase, a.q.stride_s, sq, i0);
+      stage_rows<D, kQ>(dos, dobase, dov.stride_s, sq, i0);
+      for (int r = threadIdx.x; r < kQ; r += kThreadsFa) {
         const int64_t i = i0 + r;
-        lse_s[r] = i < sq ? lse[(bb * a.np + h) * sq + i] * kLog2e : -INFINITY;
-        delta_s[r] = i < sq ? delta[(bb * a.np + h) * sq + i] : 0.0f;
+        lse_s[r] = i < sq ? lse_h[i] * kLog2e : -INFINITY;
+        delta_s[r] = i < sq ? delta_h[i] : 0.0f;
       }
       __syncthreads();
       float st[kQ / 8][4] = {}, dpt[kQ / 8][4] = {};
-      #pragma unroll
+#pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
         uint32_t ka[4], va[4];
         load_a(ka, ks, kLd, wr, 16 * kk);
         load_a(va, vs, kLd, wr, 16 * kk);
-        #pragma unroll
-        for (int nb = 0; nb < kQ / 8; ++nb) {
-          uint32_t b0, b1;
-          load_b(b0, b1, qs, kLd, 8 * nb, 16 * kk);
-          mma(st[nb], ka, b0, b1);
-          load_b(b0, b1, dos, kLd, 8 * nb, 16 * kk);
-          mma(dpt[nb], va, b0, b1);
+#pragma unroll
+        for (int nb = 0; nb < kQ / 8; nb += 2) {
+          uint32_t b[4];
+          load_b_nmajor(b, qs, kLd, 8 * nb, 16 * kk);
+          mma(st[nb], ka, b[0], b[1]);
+          mma(st[nb + 1], ka, b[2], b[3]);
+          load_b_nmajor(b, dos, kLd, 8 * nb, 16 * kk);
+          mma(dpt[nb], va, b[0], b[1]);
+          mma(dpt[nb + 1], va, b[2], b[3]);
         }
       }
       const bool all = tile_visible(a, i0, kQ, j0, kRows);
-      #pragma unroll
+#pragma unroll
       for (int nb = 0; nb < kQ / 8; ++nb) {
-        #pragma unroll
+#pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int r = e >> 1, col = 8 * nb + 2 * t + (e & 1);
           const int64_t i = i0 + col;
@@ -301,28 +338,30 @@ __global__ void __launch_bounds__(kThreadsFa)
           dpt[nb][e] = ds;
         }
       }
-      #pragma unroll
+#pragma unroll
       for (int kk = 0; kk < kQ / 16; ++kk) {
         uint32_t pa[4], da[4];
         acc_to_a(pa, st[2 * kk], st[2 * kk + 1]);
         acc_to_a(da, dpt[2 * kk], dpt[2 * kk + 1]);
-        #pragma unroll
-        for (int db = 0; db < D / 8; ++db) {
-          uint32_t b0, b1;
-          load_b(b0, b1, dot, kTLd, 8 * db, 16 * kk);
-          mma(dv_acc[db], pa, b0, b1);
-          load_b(b0, b1, qt, kTLd, 8 * db, 16 * kk);
-          mma(dk_acc[db], da, b0, b1);
+#pragma unroll
+        for (int db = 0; db < D / 8; db += 2) {
+          uint32_t b[4];
+          load_b_kmajor(b, dos, kLd, 16 * kk, 8 * db);
+          mma(dv_acc[db], pa, b[0], b[1]);
+          mma(dv_acc[db + 1], pa, b[2], b[3]);
+          load_b_kmajor(b, qs, kLd, 16 * kk, 8 * db);
+          mma(dk_acc[db], da, b[0], b[1]);
+          mma(dk_acc[db + 1], da, b[2], b[3]);
         }
       }
     }
   }
-  #pragma unroll
+#pragma unroll
   for (int r = 0; r < 2; ++r) {
     if (key[r] >= skv) continue;
     float* dkp = dk + view_at(a.dk, key[r], bb, kvh);
     float* dvp = dv + view_at(a.dv, key[r], bb, kvh);
-    #pragma unroll
+#pragma unroll
     for (int db = 0; db < D / 8; ++db) {
       *reinterpret_cast<float2*>(dkp + 8 * db + 2 * t) =
           make_float2(dk_acc[db][2 * r] * a.scale, dk_acc[db][2 * r + 1] * a.scale);
@@ -332,29 +371,30 @@ __global__ void __launch_bounds__(kThreadsFa)
   }
 }
 
-// dq of 64 query rows of one head: for each tile of kK keys, S = Q K^T and dP = dO V^T, P from
+// dq of kRows query rows of one head: for each tile of kK keys, S = Q K^T and dP = dO V^T, P from
 // lse, dS = P (keep dP - delta), dQ += dS K.
 template <int D>
 __global__ void __launch_bounds__(kThreadsFa)
     dq_kernel(float* dq, const float* delta, const float* dout, const float* q, const float* k,
               const float* v, const float* lse, AttnArgs a, AttnView dov) {
-  constexpr int kK = kInner<D>, kLd = D + kPad, kTLd = kK + kPad;
+  constexpr int kK = kKeysDq<D>, kLd = D + kPad;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  bf16* qs = reinterpret_cast<bf16*>(smem_raw);  // [64][kLd]
-  bf16* dos = qs + kRows * kLd;                   // [64][kLd]
+  bf16* qs = reinterpret_cast<bf16*>(smem_raw);  // [kRows][kLd]
+  bf16* dos = qs + kRows * kLd;                   // [kRows][kLd]
   bf16* ks = dos + kRows * kLd;                   // [kK][kLd]
   bf16* vs = ks + kK * kLd;                       // [kK][kLd]
-  bf16* kt = vs + kK * kLd;                       // [D][kTLd]
   const int warp = threadIdx.x >> 5, t = threadIdx.x & 3, g = (threadIdx.x & 31) >> 2;
   const int wr = 16 * warp;
   const int64_t sq = a.q.s;
   const int64_t bb = blockIdx.y / a.np, h = blockIdx.y % a.np, kvh = h / (a.np / a.ng);
   const int64_t i0 = blockIdx.x * static_cast<int64_t>(kRows);
   const int64_t row[2] = {i0 + wr + g, i0 + wr + g + 8};
-  stage_rows<D, kRows>(qs, nullptr, q, a.q, i0, bb, h);
-  stage_rows<D, kRows>(dos, nullptr, dout, dov, i0, bb, h);
+  const float* kbase = k + head_base(a.k, bb, kvh);
+  const float* vbase = v + head_base(a.v, bb, kvh);
+  stage_rows<D, kRows>(qs, q + head_base(a.q, bb, h), a.q.stride_s, sq, i0);
+  stage_rows<D, kRows>(dos, dout + head_base(dov, bb, h), dov.stride_s, sq, i0);
   float lse2[2], dlt[2];
-  #pragma unroll
+#pragma unroll
   for (int r = 0; r < 2; ++r) {
     const bool in = row[r] < sq;
     lse2[r] = in ? lse[(bb * a.np + h) * sq + row[r]] * kLog2e : -INFINITY;
@@ -365,28 +405,30 @@ __global__ void __launch_bounds__(kThreadsFa)
   const int64_t kv_end = keys_end(a, i0, kRows);
   for (int64_t j0 = 0; j0 < kv_end; j0 += kK) {
     __syncthreads();
-    stage_rows<D, kK>(ks, kt, k, a.k, j0, bb, kvh);
-    stage_rows<D, kK>(vs, nullptr, v, a.v, j0, bb, kvh);
+    stage_rows<D, kK>(ks, kbase, a.k.stride_s, a.k.s, j0);
+    stage_rows<D, kK>(vs, vbase, a.v.stride_s, a.v.s, j0);
     __syncthreads();
     float s[kK / 8][4] = {}, dp[kK / 8][4] = {};
-    #pragma unroll
+#pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       uint32_t qa[4], oa[4];
       load_a(qa, qs, kLd, wr, 16 * kk);
       load_a(oa, dos, kLd, wr, 16 * kk);
-      #pragma unroll
-      for (int nb = 0; nb < kK / 8; ++nb) {
-        uint32_t b0, b1;
-        load_b(b0, b1, ks, kLd, 8 * nb, 16 * kk);
-        mma(s[nb], qa, b0, b1);
-        load_b(b0, b1, vs, kLd, 8 * nb, 16 * kk);
-        mma(dp[nb], oa, b0, b1);
+#pragma unroll
+      for (int nb = 0; nb < kK / 8; nb += 2) {
+        uint32_t b[4];
+        load_b_nmajor(b, ks, kLd, 8 * nb, 16 * kk);
+        mma(s[nb], qa, b[0], b[1]);
+        mma(s[nb + 1], qa, b[2], b[3]);
+        load_b_nmajor(b, vs, kLd, 8 * nb, 16 * kk);
+        mma(dp[nb], oa, b[0], b[1]);
+        mma(dp[nb + 1], oa, b[2], b[3]);
       }
     }
     const bool all = tile_visible(a, i0, kRows, j0, kK);
-    #pragma unroll
+#pragma unroll
     for (int nb = 0; nb < kK / 8; ++nb) {
-      #pragma unroll
+#pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = e >> 1;
         const int64_t j = j0 + 8 * nb + 2 * t + (e & 1);
@@ -398,23 +440,24 @@ __global__ void __launch_bounds__(kThreadsFa)
         s[nb][e] = ds;
       }
     }
-    #pragma unroll
+#pragma unroll
     for (int kk = 0; kk < kK / 16; ++kk) {
       uint32_t da[4];
       acc_to_a(da, s[2 * kk], s[2 * kk + 1]);
-      #pragma unroll
-      for (int db = 0; db < D / 8; ++db) {
-        uint32_t b0, b1;
-        load_b(b0, b1, kt, kTLd, 8 * db, 16 * kk);
-        mma(dq_acc[db], da, b0, b1);
+#pragma unroll
+      for (int db = 0; db < D / 8; db += 2) {
+        uint32_t b[4];
+        load_b_kmajor(b, ks, kLd, 16 * kk, 8 * db);
+        mma(dq_acc[db], da, b[0], b[1]);
+        mma(dq_acc[db + 1], da, b[2], b[3]);
       }
     }
   }
-  #pragma unroll
+#pragma unroll
   for (int r = 0; r < 2; ++r) {
     if (row[r] >= sq) continue;
     float* d = dq + view_at(a.dq, row[r], bb, h);
-    #pragma unroll
+#pragma unroll
     for (int db = 0; db < D / 8; ++db) {
       *reinterpret_cast<float2*>(d + 8 * db + 2 * t) =
           make_float2(dq_acc[db][2 * r] * a.scale, dq_acc[db][2 * r + 1] * a.scale);
@@ -424,18 +467,16 @@ __global__ void __launch_bounds__(kThreadsFa)
 
 template <int D>
 constexpr size_t forward_smem() {
-  return sizeof(bf16) * (2 * kRows * (D + kPad) + D * (kRows + kPad));
+  return sizeof(bf16) * (kRows + 2 * 64) * (D + kPad);
 }
 template <int D>
 constexpr size_t dkv_smem() {
-  constexpr int kQ = kInner<D>;
-  return sizeof(bf16) * (2 * kRows * (D + kPad) + 2 * kQ * (D + kPad) + 2 * D * (kQ + kPad)) +
-         sizeof(float) * 2 * kQ;
+  return sizeof(bf16) * (2 * kRows + 2 * kQueriesDkv<D>) * (D + kPad) +
+         sizeof(float) * 2 * kQueriesDkv<D>;
 }
 template <int D>
 constexpr size_t dq_smem() {
-  constexpr int kK = kInner<D>;
-  return sizeof(bf16) * (2 * kRows * (D + kPad) + 2 * kK * (D + kPad) + D * (kK + kPad));
+  return sizeof(bf16) * (2 * kRows + 2 * kKeysDq<D>) * (D + kPad);
 }
 
 template <typename Kernel>
@@ -446,9 +487,10 @@ void allow_smem(Kernel kernel, size_t bytes, const char* what) {
   }
 }
 
-bool aligned(const AttnView& v, const float* base) {
-  const bool even = (v.offset | v.stride_s | v.stride_b | v.stride_g | v.stride_p) % 2 == 0;
-  return even && reinterpret_cast<uintptr_t>(base) % 8 == 0;
+// 16-byte loads of q, k, v and dout, 8-byte stores of out and the gradients.
+bool aligned(const AttnView& v, const float* base, int64_t elements) {
+  const bool whole = (v.offset | v.stride_s | v.stride_b | v.stride_g | v.stride_p) % elements == 0;
+  return whole && reinterpret_cast<uintptr_t>(base) % (4 * elements) == 0;
 }
 
 // dout as a view: [sq, b, np, hn] contiguous, one head per group.
@@ -494,7 +536,8 @@ void backward_d(float* dq, float* dk, float* dv, const float* delta, const float
 }  // namespace
 
 bool flash_attention_applies(const AttnArgs& a, bool has_bias, const float* q, const float* k,
-                             const float* v, const float* dq, const float* dk, const float* dv) {
+                             const float* v, const float* dq, const float* dk, const float* dv,
+                             const float* dout) {
   if (!a.matrix_units || has_bias || (a.q.hn != 64 && a.q.hn != 128)) return false;
   int device = 0, major = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
@@ -502,8 +545,9 @@ bool flash_attention_applies(const AttnArgs& a, bool has_bias, const float* q, c
       major < 8) {
     return false;  // bf16 mma.sync needs sm_80
   }
-  return aligned(a.q, q) && aligned(a.k, k) && aligned(a.v, v) && (!dq || aligned(a.dq, dq)) &&
-         (!dk || aligned(a.dk, dk)) && (!dv || aligned(a.dv, dv));
+  return aligned(a.q, q, 4) && aligned(a.k, k, 4) && aligned(a.v, v, 4) &&
+         (!dq || aligned(a.dq, dq, 2)) && (!dk || aligned(a.dk, dk, 2)) &&
+         (!dv || aligned(a.dv, dv, 2)) && reinterpret_cast<uintptr_t>(dout) % 16 == 0;
 }
 
 void flash_attention_forward(float* out, float* lse, const float* q, const float* k,

@@ -157,12 +157,12 @@ void attention_merge(T* out, T* lse, const T* out_b, const T* lse_b, int64_t sq,
 // Flash attention on the tensor cores (flash_attention.cu): f32 tensors, products of bf16-rounded
 // operands (q, k, v, dout, the probabilities and dS) accumulated in f32, the softmax statistics and
 // the accumulators in f32. It applies where a.matrix_units is set, the head dimension is 64 or
-// 128, there is no bias, the GPU is sm_80 or later and every view (and, for backward, every
-// gradient view) is 8-byte aligned at each row (float2 loads and stores); elsewhere
-// attention_forward and attention_backward run the CUDA-core kernels, which call these.
+// 128, there is no bias, the GPU is sm_80 or later, q, k, v (and dout) are 16-byte aligned at
+// each row and, for backward, the gradient views 8-byte aligned; elsewhere attention_forward and
+// attention_backward run the CUDA-core kernels, which call these.
 bool flash_attention_applies(const AttnArgs& a, bool has_bias, const float* q, const float* k,
                              const float* v, const float* dq = nullptr, const float* dk = nullptr,
-                             const float* dv = nullptr);
+                             const float* dv = nullptr, const float* dout = nullptr);
 void flash_attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                              const AttnArgs& a);
 // delta: [b, np, sq], dout . out per row (attention_backward computes it first).
