@@ -1,6 +1,9 @@
 // Embedding lookups (whole or a vocabulary block) and their deterministic backward, rotary
 // position embedding, and the passes of the vocabulary-parallel cross entropy.
+#include <cub/device/device_radix_sort.cuh>
+
 #include <cmath>
+#include <cstdint>
 
 #include "tensor/cuda/common.cuh"
 
@@ -35,16 +38,29 @@ __global__ void embedding_forward_kernel(T* out, const void* ids, bool i32, int6
   }
 }
 
-// One thread per column walks the tokens in order: each row of the table gets its tokens' rows
-// added in token order, as on the other devices.
+// The backward in two steps: the tokens' local ids are sorted (a stable radix sort: equal ids keep
+// token order), then a thread per (run of one id, column) adds that id's rows in token order onto
+// its table row, as the other devices do; one writer per element, no atomics.
+__global__ void embedding_keys_kernel(int32_t* keys, int32_t* order, const void* ids, bool i32,
+                                      int64_t n, int64_t start, int64_t block) {
+  MEGATRON_GRID_LOOP(r, n) {
+    const int64_t local = id_at(ids, i32, r) - start;
+    keys[r] = local >= 0 && local < block ? static_cast<int32_t>(local)
+                                          : static_cast<int32_t>(block);  // sorts last, skipped
+    order[r] = static_cast<int32_t>(r);
+  }
+}
+
 template <typename T>
-__global__ void embedding_backward_kernel(T* dtable, const T* dout, const void* ids, bool i32,
-                                          int64_t n, int64_t start, int64_t block, int64_t h) {
-  MEGATRON_GRID_LOOP(c, h) {
-    for (int64_t r = 0; r < n; ++r) {
-      const int64_t local = id_at(ids, i32, r) - start;
-      if (local >= 0 && local < block) dtable[local * h + c] += dout[r * h + c];
-    }
+__global__ void embedding_runs_kernel(T* dtable, const T* dout, const int32_t* keys,
+                                      const int32_t* order, int64_t n, int64_t block, int64_t h) {
+  MEGATRON_GRID_LOOP(i, n * h) {
+    const int64_t p = i / h, c = i % h;
+    const int32_t key = keys[p];
+    if (key == block || (p > 0 && keys[p - 1] == key)) continue;  // not the start of a run
+    T acc = dtable[key * h + c];
+    for (int64_t q = p; q < n && keys[q] == key; ++q) acc += dout[order[q] * h + c];
+    dtable[key * h + c] = acc;
   }
 }
 
@@ -150,7 +166,28 @@ template <typename T>
 void embedding_backward(T* dtable, const T* dout, const void* ids, bool ids_i32, int64_t n,
                         int64_t start, int64_t block, int64_t h) {
   if (n * h == 0) return;
-  embedding_backward_kernel<<<blocks_for(h), kThreads>>>(dtable, dout, ids, ids_i32, n, start,
+  if (n > INT32_MAX || block >= INT32_MAX) {
+    cuda_fail("embedding_backward", "more than 2^31 tokens or table rows");
+  }
+  // Workspace slot 1: keys and order, sorted keys and order, the sort's temporary storage.
+  int end_bit = 1;
+  while ((int64_t{1} << end_bit) <= block) ++end_bit;
+  size_t sort_bytes = 0;
+  cub::DeviceRadixSort::SortPairs(
+      nullptr, sort_bytes, static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr),
+      static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), n, 0, end_bit);
+  const size_t ints = 4 * static_cast<size_t>(n);
+  auto* keys = static_cast<int32_t*>(workspace(sizeof(int32_t) * ints + sort_bytes + 256, 1));
+  int32_t *order = keys + n, *sorted_keys = keys + 2 * n, *sorted_order = keys + 3 * n;
+  void* temp =
+      reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(keys + ints) + 255) & ~uintptr_t{255});
+  embedding_keys_kernel<<<blocks_for(n), kThreads>>>(keys, order, ids, ids_i32, n, start, block);
+  check_launch("embedding_backward (keys)");
+  if (cub::DeviceRadixSort::SortPairs(temp, sort_bytes, keys, sorted_keys, order, sorted_order, n,
+                                      0, end_bit) != cudaSuccess) {
+    cuda_fail("embedding_backward", "sorting the token ids failed");
+  }
+  embedding_runs_kernel<<<blocks_for(n * h), kThreads>>>(dtable, dout, sorted_keys, sorted_order, n,
                                                          block, h);
   check_launch("embedding_backward");
 }

@@ -126,6 +126,54 @@ __device__ inline void stage_rows(bf16* tile, const float* base, int64_t stride_
   }
 }
 
+// The tiles a kernel walks are double-buffered: while the warps compute on the bf16 tiles of one
+// step, cp.async copies the next step's f32 rows into a staging area (no registers held, the copy
+// engine's loads in flight), and a short pass then rounds them into the bf16 tiles.
+__device__ inline void cp_async16(void* shared, const void* global, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(shared)),
+               "l"(global), "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ inline void cp_async4(void* shared, const void* global, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(shared_address(shared)),
+               "l"(global), "r"(valid ? 4 : 0)
+               : "memory");
+}
+__device__ inline void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+__device__ inline void cp_async_wait_all() {
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
+// Starts copying rows [r0, r0 + R) of one head into an f32 staging area [R][D] (rows past the end
+// are zero-filled).
+template <int D, int R>
+__device__ inline void fetch_rows(float* stage, const float* base, int64_t stride_s, int64_t s,
+                                  int64_t r0) {
+  constexpr int kQuads = D / 4;
+  for (int e = threadIdx.x; e < R * kQuads; e += kThreadsFa) {
+    const int r = e / kQuads, c = 4 * (e % kQuads);
+    const bool in = r0 + r < s;
+    cp_async16(stage + r * D + c, in ? base + (r0 + r) * stride_s + c : base, in);
+  }
+}
+
+// Staged f32 rows rounded into a bf16 tile [R][D + kPad].
+template <int D, int R>
+__device__ inline void round_rows(bf16* tile, const float* stage) {
+  constexpr int kQuads = D / 4;
+  for (int e = threadIdx.x; e < R * kQuads; e += kThreadsFa) {
+    const int r = e / kQuads, c = 4 * (e % kQuads);
+    const float4 x = *reinterpret_cast<const float4*>(stage + r * D + c);
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(x.x, x.y), hi = __floats2bfloat162_rn(x.z, x.w);
+    uint2 packed;
+    packed.x = *reinterpret_cast<const uint32_t*>(&lo);
+    packed.y = *reinterpret_cast<const uint32_t*>(&hi);
+    *reinterpret_cast<uint2*>(tile + r * (D + kPad) + c) = packed;
+  }
+}
+
 // Whether every (query, key) of the tile is visible, so that the per-element test can be skipped.
 __device__ inline bool tile_visible(const AttnArgs& a, int64_t i0, int rows, int64_t j0, int cols) {
   if (a.doc_start || a.key_valid) return false;
@@ -147,9 +195,11 @@ __global__ void __launch_bounds__(kThreadsFa)
                    AttnArgs a) {
   constexpr int kK = 64, kLd = D + kPad;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  bf16* qs = reinterpret_cast<bf16*>(smem_raw);  // [kRows][kLd]
-  bf16* ks = qs + kRows * kLd;                    // [kK][kLd]
-  bf16* vs = ks + kK * kLd;                       // [kK][kLd]
+  bf16* qs = reinterpret_cast<bf16*>(smem_raw);         // [kRows][kLd]
+  bf16* ks = qs + kRows * kLd;                          // [kK][kLd]
+  bf16* vs = ks + kK * kLd;                             // [kK][kLd]
+  float* kf = reinterpret_cast<float*>(vs + kK * kLd);  // [kK][D] staging of the next tile
+  float* vf = kf + kK * D;                              // [kK][D]
   const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
   const int wr = 16 * warp;
   const int64_t sq = a.q.s;
@@ -158,20 +208,31 @@ __global__ void __launch_bounds__(kThreadsFa)
   const int64_t row[2] = {i0 + wr + g, i0 + wr + g + 8};
   const float* kbase = k + head_base(a.k, bb, kvh);
   const float* vbase = v + head_base(a.v, bb, kvh);
+  const int64_t kv_end = keys_end(a, i0, kRows);
+  if (kv_end > 0) {
+    fetch_rows<D, kK>(kf, kbase, a.k.stride_s, a.k.s, 0);
+    fetch_rows<D, kK>(vf, vbase, a.v.stride_s, a.v.s, 0);
+  }
+  cp_async_commit();
   stage_rows<D, kRows>(qs, q + head_base(a.q, bb, h), a.q.stride_s, sq, i0);
+  cp_async_wait_all();
   __syncthreads();
+  round_rows<D, kK>(ks, kf);
+  round_rows<D, kK>(vs, vf);
   uint32_t qa[D / 16][4];
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) load_a(qa[kk], qs, kLd, wr, 16 * kk);
+  __syncthreads();
   float o[D / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   const float scale2 = a.scale * kLog2e;
-  const int64_t kv_end = keys_end(a, i0, kRows);
   for (int64_t j0 = 0; j0 < kv_end; j0 += kK) {
-    __syncthreads();  // the previous tile's readers are done
-    stage_rows<D, kK>(ks, kbase, a.k.stride_s, a.k.s, j0);
-    stage_rows<D, kK>(vs, vbase, a.v.stride_s, a.v.s, j0);
-    __syncthreads();
+    const bool more = j0 + kK < kv_end;
+    if (more) {
+      fetch_rows<D, kK>(kf, kbase, a.k.stride_s, a.k.s, j0 + kK);
+      fetch_rows<D, kK>(vf, vbase, a.v.stride_s, a.v.s, j0 + kK);
+    }
+    cp_async_commit();
     float s[kK / 8][4] = {};
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
@@ -238,6 +299,13 @@ __global__ void __launch_bounds__(kThreadsFa)
         mma(o[db + 1], pa, b[2], b[3]);
       }
     }
+    cp_async_wait_all();
+    __syncthreads();  // every warp is done with this tile; the next one has landed
+    if (more) {
+      round_rows<D, kK>(ks, kf);
+      round_rows<D, kK>(vs, vf);
+    }
+    __syncthreads();
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -266,12 +334,16 @@ __global__ void __launch_bounds__(kThreadsFa)
                const float* k, const float* v, const float* lse, AttnArgs a, AttnView dov) {
   constexpr int kQ = kQueriesDkv<D>, kLd = D + kPad;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  bf16* ks = reinterpret_cast<bf16*>(smem_raw);  // [kRows][kLd]
-  bf16* vs = ks + kRows * kLd;                    // [kRows][kLd]
-  bf16* qs = vs + kRows * kLd;                    // [kQ][kLd]
-  bf16* dos = qs + kQ * kLd;                      // [kQ][kLd]
+  bf16* ks = reinterpret_cast<bf16*>(smem_raw);             // [kRows][kLd]
+  bf16* vs = ks + kRows * kLd;                              // [kRows][kLd]
+  bf16* qs = vs + kRows * kLd;                              // [kQ][kLd]
+  bf16* dos = qs + kQ * kLd;                                // [kQ][kLd]
   float* lse_s = reinterpret_cast<float*>(dos + kQ * kLd);  // [kQ], base 2
   float* delta_s = lse_s + kQ;                              // [kQ]
+  float* qf = delta_s + kQ;                                 // staging: [kQ][D] of q,
+  float* dof = qf + kQ * D;                                 // [kQ][D] of dout,
+  float* lsef = dof + kQ * D;                               // [kQ] of lse,
+  float* deltaf = lsef + kQ;                                // [kQ] of delta
   const int warp = threadIdx.x >> 5, t = threadIdx.x & 3, g = (threadIdx.x & 31) >> 2;
   const int wr = 16 * warp;
   const int64_t sq = a.q.s, skv = a.k.s, qpg = a.np / a.ng;
@@ -288,21 +360,43 @@ __global__ void __launch_bounds__(kThreadsFa)
     i_begin -= i_begin % kQ;
   }
   const float scale2 = a.scale * kLog2e;
-  for (int64_t h = kvh * qpg; h < (kvh + 1) * qpg; ++h) {
-    const float* qbase = q + head_base(a.q, bb, h);
-    const float* dobase = dout + head_base(dov, bb, h);
-    const float* lse_h = lse + (bb * a.np + h) * sq;
-    const float* delta_h = delta + (bb * a.np + h) * sq;
-    for (int64_t i0 = i_begin; i0 < sq; i0 += kQ) {
-      __syncthreads();
-      stage_rows<D, kQ>(qs, qbase, a.q.stride_s, sq, i0);
-      stage_rows<D, kQ>(dos, dobase, dov.stride_s, sq, i0);
-      for (int r = threadIdx.x; r < kQ; r += kThreadsFa) {
-        const int64_t i = i0 + r;
-        lse_s[r] = i < sq ? lse_h[i] * kLog2e : -INFINITY;
-        delta_s[r] = i < sq ? delta_h[i] : 0.0f;
-      }
-      __syncthreads();
+  // The steps: every query head h of the group, tiles i0 = i_begin, i_begin + kQ, ... < sq.
+  const int64_t h_end = (kvh + 1) * qpg;
+  auto fetch = [&](int64_t h, int64_t i0) {
+    fetch_rows<D, kQ>(qf, q + head_base(a.q, bb, h), a.q.stride_s, sq, i0);
+    fetch_rows<D, kQ>(dof, dout + head_base(dov, bb, h), dov.stride_s, sq, i0);
+    for (int r = threadIdx.x; r < kQ; r += kThreadsFa) {
+      const bool in = i0 + r < sq;
+      const int64_t at = (bb * a.np + h) * sq + (in ? i0 + r : 0);
+      cp_async4(lsef + r, lse + at, in);
+      cp_async4(deltaf + r, delta + at, in);
+    }
+  };
+  auto round_step = [&](int64_t i0) {
+    round_rows<D, kQ>(qs, qf);
+    round_rows<D, kQ>(dos, dof);
+    for (int r = threadIdx.x; r < kQ; r += kThreadsFa) {
+      lse_s[r] = i0 + r < sq ? lsef[r] * kLog2e : -INFINITY;
+      delta_s[r] = deltaf[r];
+    }
+  };
+  int64_t h = kvh * qpg, i0 = i_begin;
+  if (i0 < sq) fetch(h, i0);
+  cp_async_commit();
+  cp_async_wait_all();
+  __syncthreads();
+  if (i0 < sq) round_step(i0);
+  __syncthreads();
+  while (i0 < sq && h < h_end) {
+    int64_t next_h = h, next_i0 = i0 + kQ;
+    if (next_i0 >= sq) {
+      ++next_h;
+      next_i0 = i_begin;
+    }
+    const bool more = next_h < h_end;
+    if (more) fetch(next_h, next_i0);
+    cp_async_commit();
+    {
       float st[kQ / 8][4] = {}, dpt[kQ / 8][4] = {};
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
@@ -355,6 +449,12 @@ __global__ void __launch_bounds__(kThreadsFa)
         }
       }
     }
+    cp_async_wait_all();
+    __syncthreads();
+    if (more) round_step(next_i0);
+    __syncthreads();
+    h = next_h;
+    i0 = next_i0;
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -379,10 +479,12 @@ __global__ void __launch_bounds__(kThreadsFa)
               const float* v, const float* lse, AttnArgs a, AttnView dov) {
   constexpr int kK = kKeysDq<D>, kLd = D + kPad;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  bf16* qs = reinterpret_cast<bf16*>(smem_raw);  // [kRows][kLd]
-  bf16* dos = qs + kRows * kLd;                   // [kRows][kLd]
-  bf16* ks = dos + kRows * kLd;                   // [kK][kLd]
-  bf16* vs = ks + kK * kLd;                       // [kK][kLd]
+  bf16* qs = reinterpret_cast<bf16*>(smem_raw);         // [kRows][kLd]
+  bf16* dos = qs + kRows * kLd;                         // [kRows][kLd]
+  bf16* ks = dos + kRows * kLd;                         // [kK][kLd]
+  bf16* vs = ks + kK * kLd;                             // [kK][kLd]
+  float* kf = reinterpret_cast<float*>(vs + kK * kLd);  // [kK][D] staging of the next tile
+  float* vf = kf + kK * D;                              // [kK][D]
   const int warp = threadIdx.x >> 5, t = threadIdx.x & 3, g = (threadIdx.x & 31) >> 2;
   const int wr = 16 * warp;
   const int64_t sq = a.q.s;
@@ -391,8 +493,19 @@ __global__ void __launch_bounds__(kThreadsFa)
   const int64_t row[2] = {i0 + wr + g, i0 + wr + g + 8};
   const float* kbase = k + head_base(a.k, bb, kvh);
   const float* vbase = v + head_base(a.v, bb, kvh);
+  const int64_t kv_end = keys_end(a, i0, kRows);
+  if (kv_end > 0) {
+    fetch_rows<D, kK>(kf, kbase, a.k.stride_s, a.k.s, 0);
+    fetch_rows<D, kK>(vf, vbase, a.v.stride_s, a.v.s, 0);
+  }
+  cp_async_commit();
   stage_rows<D, kRows>(qs, q + head_base(a.q, bb, h), a.q.stride_s, sq, i0);
   stage_rows<D, kRows>(dos, dout + head_base(dov, bb, h), dov.stride_s, sq, i0);
+  cp_async_wait_all();
+  __syncthreads();
+  round_rows<D, kK>(ks, kf);
+  round_rows<D, kK>(vs, vf);
+  __syncthreads();
   float lse2[2], dlt[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -402,12 +515,13 @@ __global__ void __launch_bounds__(kThreadsFa)
   }
   float dq_acc[D / 8][4] = {};
   const float scale2 = a.scale * kLog2e;
-  const int64_t kv_end = keys_end(a, i0, kRows);
   for (int64_t j0 = 0; j0 < kv_end; j0 += kK) {
-    __syncthreads();
-    stage_rows<D, kK>(ks, kbase, a.k.stride_s, a.k.s, j0);
-    stage_rows<D, kK>(vs, vbase, a.v.stride_s, a.v.s, j0);
-    __syncthreads();
+    const bool more = j0 + kK < kv_end;
+    if (more) {
+      fetch_rows<D, kK>(kf, kbase, a.k.stride_s, a.k.s, j0 + kK);
+      fetch_rows<D, kK>(vf, vbase, a.v.stride_s, a.v.s, j0 + kK);
+    }
+    cp_async_commit();
     float s[kK / 8][4] = {}, dp[kK / 8][4] = {};
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
@@ -452,6 +566,13 @@ __global__ void __launch_bounds__(kThreadsFa)
         mma(dq_acc[db + 1], da, b[2], b[3]);
       }
     }
+    cp_async_wait_all();
+    __syncthreads();
+    if (more) {
+      round_rows<D, kK>(ks, kf);
+      round_rows<D, kK>(vs, vf);
+    }
+    __syncthreads();
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -465,18 +586,21 @@ __global__ void __launch_bounds__(kThreadsFa)
   }
 }
 
+// Shared memory: the bf16 tiles, then the f32 staging of the next step's tiles.
 template <int D>
 constexpr size_t forward_smem() {
-  return sizeof(bf16) * (kRows + 2 * 64) * (D + kPad);
+  return sizeof(bf16) * (kRows + 2 * 64) * (D + kPad) + sizeof(float) * 2 * 64 * D;
 }
 template <int D>
 constexpr size_t dkv_smem() {
-  return sizeof(bf16) * (2 * kRows + 2 * kQueriesDkv<D>) * (D + kPad) +
-         sizeof(float) * 2 * kQueriesDkv<D>;
+  constexpr int kQ = kQueriesDkv<D>;
+  return sizeof(bf16) * (2 * kRows + 2 * kQ) * (D + kPad) +
+         sizeof(float) * (2 * kQ + 2 * kQ * D + 2 * kQ);
 }
 template <int D>
 constexpr size_t dq_smem() {
-  return sizeof(bf16) * (2 * kRows + 2 * kKeysDq<D>) * (D + kPad);
+  return sizeof(bf16) * (2 * kRows + 2 * kKeysDq<D>)*(D + kPad) +
+         sizeof(float) * 2 * kKeysDq<D> * D;
 }
 
 template <typename Kernel>
@@ -550,8 +674,8 @@ bool flash_attention_applies(const AttnArgs& a, bool has_bias, const float* q, c
          (!dv || aligned(a.dv, dv, 2)) && reinterpret_cast<uintptr_t>(dout) % 16 == 0;
 }
 
-void flash_attention_forward(float* out, float* lse, const float* q, const float* k,
-                             const float* v, const AttnArgs& a) {
+void flash_attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                             const AttnArgs& a) {
   if (a.q.s == 0 || a.q.b == 0 || a.np == 0) return;
   if (a.q.hn == 64) {
     forward_d<64>(out, lse, q, k, v, a);
