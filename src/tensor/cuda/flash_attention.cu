@@ -2,8 +2,8 @@
 // instructions, sm_80 and later): the same masks, GQA and dropout counters as attention.cu, for
 // head dimensions 64 and 128 and no score bias, in bf16 runs (AttentionSpec::precision).
 //
-// A block is 8 warps; each warp owns 16 rows of a 128-row block (query rows in forward and dq, key
-// rows in dk/dv) and the block walks the other side in tiles. Operands are read from f32 global
+// A block is W warps; each warp owns 16 rows of the block's 16 W (query rows in forward and dq,
+// key rows in dk/dv) and the block walks the other side in tiles. Operands are read from f32 global
 // memory (16 bytes per load), rounded to bf16 and staged row-major in shared memory, each row
 // padded by 8 bf16 so that the 8 rows one ldmatrix phase reads fall in different banks; ldmatrix
 // (.trans where the product reads along the rows) turns the tiles into mma fragments. Scores,
@@ -26,10 +26,20 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-constexpr int kWarpsFa = 8;
-constexpr int kThreadsFa = 32 * kWarpsFa;
-constexpr int kRows = 16 * kWarpsFa;  // rows of a block: 16 per warp
-constexpr int kPad = 8;               // bf16 of padding per shared row
+// Block shapes: warps per block (16 rows each, so 16 W rows per block) and the blocks per SM
+// their registers are capped for (__launch_bounds__), the best of the variants measured on an
+// H200 (s 1024, 12 and 16 heads of 64; s 4096, 32 heads of 128): forward 8 warps, 2 blocks per SM
+// at hn 64 (51 TFLOP/s against 35 at one block) and one at hn 128 (a cap of 128 registers
+// spills there); backward 4 warps, 3 blocks per SM at hn 64, 8 warps and one block at hn 128.
+template <int D>
+struct ForwardShape {
+  static constexpr int kWarps = 8, kMinBlocks = D == 64 ? 2 : 1;
+};
+template <int D>
+struct BackwardShape {
+  static constexpr int kWarps = D == 64 ? 4 : 8, kMinBlocks = D == 64 ? 3 : 1;
+};
+constexpr int kPad = 8;  // bf16 of padding per shared row
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -114,7 +124,7 @@ template <int D, int R>
 __device__ inline void stage_rows(bf16* tile, const float* base, int64_t stride_s, int64_t s,
                                   int64_t r0) {
   constexpr int kQuads = D / 4;
-  for (int e = threadIdx.x; e < R * kQuads; e += kThreadsFa) {
+  for (int e = threadIdx.x; e < R * kQuads; e += blockDim.x) {
     const int r = e / kQuads, c = 4 * (e % kQuads);
     float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (r0 + r < s) x = *reinterpret_cast<const float4*>(base + (r0 + r) * stride_s + c);
@@ -152,7 +162,7 @@ template <int D, int R>
 __device__ inline void fetch_rows(float* stage, const float* base, int64_t stride_s, int64_t s,
                                   int64_t r0) {
   constexpr int kQuads = D / 4;
-  for (int e = threadIdx.x; e < R * kQuads; e += kThreadsFa) {
+  for (int e = threadIdx.x; e < R * kQuads; e += blockDim.x) {
     const int r = e / kQuads, c = 4 * (e % kQuads);
     const bool in = r0 + r < s;
     cp_async16(stage + r * D + c, in ? base + (r0 + r) * stride_s + c : base, in);
@@ -163,7 +173,7 @@ __device__ inline void fetch_rows(float* stage, const float* base, int64_t strid
 template <int D, int R>
 __device__ inline void round_rows(bf16* tile, const float* stage) {
   constexpr int kQuads = D / 4;
-  for (int e = threadIdx.x; e < R * kQuads; e += kThreadsFa) {
+  for (int e = threadIdx.x; e < R * kQuads; e += blockDim.x) {
     const int r = e / kQuads, c = 4 * (e % kQuads);
     const float4 x = *reinterpret_cast<const float4*>(stage + r * D + c);
     const __nv_bfloat162 lo = __floats2bfloat162_rn(x.x, x.y), hi = __floats2bfloat162_rn(x.z, x.w);
@@ -189,11 +199,11 @@ __device__ inline int64_t keys_end(const AttnArgs& a, int64_t i0, int rows) {
   return last < 0 ? 0 : min(last, a.k.s);
 }
 
-template <int D>
-__global__ void __launch_bounds__(kThreadsFa)
+template <int D, int W, int B>
+__global__ void __launch_bounds__(32 * W, B)
     forward_kernel(float* out, float* lse, const float* q, const float* k, const float* v,
                    AttnArgs a) {
-  constexpr int kK = 64, kLd = D + kPad;
+  constexpr int kRows = 16 * W, kK = 64, kLd = D + kPad;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* qs = reinterpret_cast<bf16*>(smem_raw);         // [kRows][kLd]
   bf16* ks = qs + kRows * kLd;                          // [kK][kLd]
@@ -328,11 +338,11 @@ __global__ void __launch_bounds__(kThreadsFa)
 // dk, dv of kRows keys of one key/value head: for each query head of its group and each tile of
 // kQ queries, S^T = K Q^T and dP^T = V dO^T (16 keys x kQ queries per warp), P^T from lse,
 // dS^T = P^T (keep dP^T - delta), then dV += (keep P^T) dO and dK += dS^T Q.
-template <int D>
-__global__ void __launch_bounds__(kThreadsFa)
+template <int D, int W, int B>
+__global__ void __launch_bounds__(32 * W, B)
     dkv_kernel(float* dk, float* dv, const float* delta, const float* dout, const float* q,
                const float* k, const float* v, const float* lse, AttnArgs a, AttnView dov) {
-  constexpr int kQ = kQueriesDkv<D>, kLd = D + kPad;
+  constexpr int kRows = 16 * W, kQ = kQueriesDkv<D>, kLd = D + kPad;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* ks = reinterpret_cast<bf16*>(smem_raw);             // [kRows][kLd]
   bf16* vs = ks + kRows * kLd;                              // [kRows][kLd]
@@ -365,7 +375,7 @@ __global__ void __launch_bounds__(kThreadsFa)
   auto fetch = [&](int64_t h, int64_t i0) {
     fetch_rows<D, kQ>(qf, q + head_base(a.q, bb, h), a.q.stride_s, sq, i0);
     fetch_rows<D, kQ>(dof, dout + head_base(dov, bb, h), dov.stride_s, sq, i0);
-    for (int r = threadIdx.x; r < kQ; r += kThreadsFa) {
+    for (int r = threadIdx.x; r < kQ; r += blockDim.x) {
       const bool in = i0 + r < sq;
       const int64_t at = (bb * a.np + h) * sq + (in ? i0 + r : 0);
       cp_async4(lsef + r, lse + at, in);
@@ -375,7 +385,7 @@ __global__ void __launch_bounds__(kThreadsFa)
   auto round_step = [&](int64_t i0) {
     round_rows<D, kQ>(qs, qf);
     round_rows<D, kQ>(dos, dof);
-    for (int r = threadIdx.x; r < kQ; r += kThreadsFa) {
+    for (int r = threadIdx.x; r < kQ; r += blockDim.x) {
       lse_s[r] = i0 + r < sq ? lsef[r] * kLog2e : -INFINITY;
       delta_s[r] = deltaf[r];
     }
@@ -473,11 +483,11 @@ __global__ void __launch_bounds__(kThreadsFa)
 
 // dq of kRows query rows of one head: for each tile of kK keys, S = Q K^T and dP = dO V^T, P from
 // lse, dS = P (keep dP - delta), dQ += dS K.
-template <int D>
-__global__ void __launch_bounds__(kThreadsFa)
+template <int D, int W, int B>
+__global__ void __launch_bounds__(32 * W, B)
     dq_kernel(float* dq, const float* delta, const float* dout, const float* q, const float* k,
               const float* v, const float* lse, AttnArgs a, AttnView dov) {
-  constexpr int kK = kKeysDq<D>, kLd = D + kPad;
+  constexpr int kRows = 16 * W, kK = kKeysDq<D>, kLd = D + kPad;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* qs = reinterpret_cast<bf16*>(smem_raw);         // [kRows][kLd]
   bf16* dos = qs + kRows * kLd;                         // [kRows][kLd]
@@ -586,27 +596,31 @@ __global__ void __launch_bounds__(kThreadsFa)
   }
 }
 
-// Shared memory: the bf16 tiles, then the f32 staging of the next step's tiles.
-template <int D>
+// Shared memory of a block of W warps: the bf16 tiles, then the f32 staging of the next step's.
+template <int D, int W>
 constexpr size_t forward_smem() {
-  return sizeof(bf16) * (kRows + 2 * 64) * (D + kPad) + sizeof(float) * 2 * 64 * D;
+  return sizeof(bf16) * (16 * W + 2 * 64) * (D + kPad) + sizeof(float) * 2 * 64 * D;
 }
-template <int D>
+template <int D, int W>
 constexpr size_t dkv_smem() {
   constexpr int kQ = kQueriesDkv<D>;
-  return sizeof(bf16) * (2 * kRows + 2 * kQ) * (D + kPad) +
+  return sizeof(bf16) * (2 * 16 * W + 2 * kQ) * (D + kPad) +
          sizeof(float) * (2 * kQ + 2 * kQ * D + 2 * kQ);
 }
-template <int D>
+template <int D, int W>
 constexpr size_t dq_smem() {
-  return sizeof(bf16) * (2 * kRows + 2 * kKeysDq<D>)*(D + kPad) +
+  return sizeof(bf16) * (2 * 16 * W + 2 * kKeysDq<D>)*(D + kPad) +
          sizeof(float) * 2 * kKeysDq<D> * D;
 }
 
+// The kernel's dynamic shared memory, with the SM's memory split towards shared memory so that
+// the blocks its registers allow also fit.
 template <typename Kernel>
 void allow_smem(Kernel kernel, size_t bytes, const char* what) {
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(bytes)) != cudaSuccess) {
+                           static_cast<int>(bytes)) != cudaSuccess ||
+      cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                           cudaSharedmemCarveoutMaxShared) != cudaSuccess) {
     cuda_fail(what, "cannot reserve the shared memory of the tensor-core attention kernel");
   }
 }
@@ -626,11 +640,12 @@ AttnView dout_view(const AttnArgs& a) {
 template <int D>
 void forward_d(float* out, float* lse, const float* q, const float* k, const float* v,
                const AttnArgs& a) {
-  constexpr size_t bytes = forward_smem<D>();
-  allow_smem(forward_kernel<D>, bytes, "flash_attention_forward");
-  const dim3 grid(static_cast<unsigned>((a.q.s + kRows - 1) / kRows),
+  constexpr int W = ForwardShape<D>::kWarps, B = ForwardShape<D>::kMinBlocks;
+  constexpr size_t bytes = forward_smem<D, W>();
+  allow_smem(forward_kernel<D, W, B>, bytes, "flash_attention_forward");
+  const dim3 grid(static_cast<unsigned>((a.q.s + 16 * W - 1) / (16 * W)),
                   static_cast<unsigned>(a.q.b * a.np));
-  forward_kernel<D><<<grid, kThreadsFa, bytes>>>(out, lse, q, k, v, a);
+  forward_kernel<D, W, B><<<grid, 32 * W, bytes>>>(out, lse, q, k, v, a);
   check_launch("flash_attention_forward");
 }
 
@@ -638,21 +653,22 @@ template <int D>
 void backward_d(float* dq, float* dk, float* dv, const float* delta, const float* dout,
                 const float* q, const float* k, const float* v, const float* lse,
                 const AttnArgs& a) {
+  constexpr int W = BackwardShape<D>::kWarps, B = BackwardShape<D>::kMinBlocks;
   const AttnView dov = dout_view(a);
   if (a.k.s > 0) {
-    constexpr size_t bytes = dkv_smem<D>();
-    allow_smem(dkv_kernel<D>, bytes, "flash_attention_backward (dk, dv)");
-    const dim3 grid(static_cast<unsigned>((a.k.s + kRows - 1) / kRows),
+    constexpr size_t bytes = dkv_smem<D, W>();
+    allow_smem(dkv_kernel<D, W, B>, bytes, "flash_attention_backward (dk, dv)");
+    const dim3 grid(static_cast<unsigned>((a.k.s + 16 * W - 1) / (16 * W)),
                     static_cast<unsigned>(a.q.b * a.ng));
-    dkv_kernel<D><<<grid, kThreadsFa, bytes>>>(dk, dv, delta, dout, q, k, v, lse, a, dov);
+    dkv_kernel<D, W, B><<<grid, 32 * W, bytes>>>(dk, dv, delta, dout, q, k, v, lse, a, dov);
     check_launch("flash_attention_backward (dk, dv)");
   }
   if (a.q.s > 0) {
-    constexpr size_t bytes = dq_smem<D>();
-    allow_smem(dq_kernel<D>, bytes, "flash_attention_backward (dq)");
-    const dim3 grid(static_cast<unsigned>((a.q.s + kRows - 1) / kRows),
+    constexpr size_t bytes = dq_smem<D, W>();
+    allow_smem(dq_kernel<D, W, B>, bytes, "flash_attention_backward (dq)");
+    const dim3 grid(static_cast<unsigned>((a.q.s + 16 * W - 1) / (16 * W)),
                     static_cast<unsigned>(a.q.b * a.np));
-    dq_kernel<D><<<grid, kThreadsFa, bytes>>>(dq, delta, dout, q, k, v, lse, a, dov);
+    dq_kernel<D, W, B><<<grid, 32 * W, bytes>>>(dq, delta, dout, q, k, v, lse, a, dov);
     check_launch("flash_attention_backward (dq)");
   }
 }
