@@ -5,7 +5,9 @@ What it is: one model trained for one iteration and saved (weights, fp32 main we
 Adam moments: 16 bytes per parameter), blocking and with --async-save, on one process and as a
 tp2 job, then loaded back into another layout; reports the MB/s the trainer prints
 (` > checkpoint of iteration ...` and ` > read ... MB of tensors`) next to a plain
-write + fsync of the same number of bytes from Python (the disk's ceiling for one writer).
+write + fsync of the same number of bytes from Python (the disk's ceiling for one writer). Each
+load runs three times: with the per-tensor XXH3-64 checksums (the default), with
+--no-verify-integrity (no checks beyond sizes) and with --verify-integrity (whole-file SHA-256 too).
 What it is not: a correctness test (tests/checkpoint), or a shared-filesystem measurement.
 
 Usage: bench/checkpoint.py --megatron build/megatron [--mpiexec mpiexec] [--markdown]
@@ -82,16 +84,21 @@ def main():
                 sys.exit(f"checkpoint bench: no save line in the output of {name}")
             rows.append((f"save, {name}", float(m.group(1)), float(m.group(2)), float(m.group(3)),
                          float(m.group(4)) if m.group(4) else None))
-            # Load into the other layout: a 1-process checkpoint into tp2 and back.
+            # Load into the other layout: a 1-process checkpoint into tp2 and back; with the
+            # per-tensor checksums (the default), without them, and with whole-file SHA-256 too.
             other = 2 if ranks == 1 else 1
             other_layout = ["--tensor-model-parallel-size", "2"] if other == 2 else []
-            out = run(args, other, [*other_layout, "--num-threads", str(2 // other),
-                                    "--train-iters", "1", "--load", ck])
-            m = LOAD_RE.search(out)
-            if not m:
-                sys.exit(f"checkpoint bench: no load line in the output of {name}")
-            rows.append((f"load into {'tp2' if other == 2 else '1 process'} (saved by {name})",
-                         float(m.group(1)), float(m.group(2)), float(m.group(3)), None))
+            for check, flags in [("checksums", []), ("--no-verify-integrity",
+                                                     ["--no-verify-integrity"]),
+                                 ("--verify-integrity", ["--verify-integrity"])]:
+                out = run(args, other, [*other_layout, "--num-threads", str(2 // other),
+                                        "--train-iters", "1", "--load", ck, *flags])
+                m = LOAD_RE.search(out)
+                if not m:
+                    sys.exit(f"checkpoint bench: no load line in the output of {name}")
+                into = "tp2" if other == 2 else "1 process"
+                rows.append((f"load into {into} (saved by {name}), {check}",
+                             float(m.group(1)), float(m.group(2)), float(m.group(3)), None))
         disk = raw_write(os.path.join(tmp, "raw"), int(rows[0][1] * 1e6))
     if args.markdown:
         print("| operation | MB | seconds | MB/s | training blocked (s) |")

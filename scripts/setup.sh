@@ -15,6 +15,7 @@ PACKAGES=(
   libicu-dev                       # Unicode rules of WordPiece, sentence splitting
   sentencepiece                    # spm_train/spm_encode: the SentencePiece parity oracle in tests
   libssl-dev                       # MD5 for Megatron-compatible dataset index cache names
+  libxxhash-dev                    # per-tensor checkpoint checksums (XXH3-64)
   nodejs                           # independent tokenizer oracle and data packages from npm
   libgtest-dev libgmock-dev        # unit tests
   libbenchmark-dev                 # micro-benchmarks

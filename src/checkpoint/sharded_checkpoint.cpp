@@ -140,7 +140,8 @@ nlohmann::json write_rank_file(const std::string& staging, int world_rank,
                       {"key", key},
                       {"global_shape", e.global_shape},
                       {"offset", e.box.offset},
-                      {"extent", e.box.extent}});
+                      {"extent", e.box.extent},
+                      {"xxh3", xxh3_hex(e.data.raw(), e.data.nbytes())}});
   }
   safetensors::write(path, tensors, {{"format", "megatron-cpp"}}, after_tensor);
   struct stat st {};
@@ -188,7 +189,8 @@ int64_t commit_save(ProcessGroup& world, const std::string& root, int64_t iterat
         t["shards"].push_back({{"file", r["file"]},
                                {"key", s["key"]},
                                {"offset", s["offset"]},
-                               {"extent", s["extent"]}});
+                               {"extent", s["extent"]},
+                               {"xxh3", s["xxh3"]}});
       }
     }
     meta["files"] = files;
@@ -238,10 +240,10 @@ std::string sha256_file(const std::string& path) {
   return out;
 }
 
-CheckpointReader CheckpointReader::open(const std::string& dir, bool verify_integrity) {
+CheckpointReader CheckpointReader::open(const std::string& dir, Integrity integrity) {
   CheckpointReader r;
   r.dir_ = dir;
-  r.verify_ = verify_integrity;
+  r.integrity_ = integrity;
   const std::string path = (fs::path(dir) / kMetadataFile).string();
   MEGATRON_CHECK(fs::is_directory(dir), "checkpoint directory ", dir,
                  " does not exist: the tracker points to a checkpoint that is not there; pass "
@@ -277,8 +279,11 @@ CheckpointReader CheckpointReader::open(const std::string& dir, bool verify_inte
       int64_t total = 1, covered = 0;
       for (int64_t d : info.shape) total *= d;
       for (const nlohmann::json& s : t.at("shards")) {
+        // Checkpoints written before per-tensor checksums have none: their tensors load with the
+        // size checks only.
         Shard sh{s.at("file").get<std::string>(), s.at("key").get<std::string>(),
-                 Box{int_list(s.at("offset")), int_list(s.at("extent"))}};
+                 Box{int_list(s.at("offset")), int_list(s.at("extent"))},
+                 s.value("xxh3", std::string())};
         MEGATRON_CHECK(r.sha256_.count(sh.file), path, ": tensor ", name, " has a shard in ",
                        sh.file, ", which is not in its file list");
         MEGATRON_CHECK(
@@ -313,7 +318,7 @@ const safetensors::File& CheckpointReader::file(const std::string& name) {
   auto it = open_.find(name);
   if (it != open_.end()) return *it->second;
   const std::string path = (fs::path(dir_) / name).string();
-  if (verify_) {
+  if (integrity_ == Integrity::kTensorsAndFiles) {
     const std::string got = sha256_file(path);
     MEGATRON_CHECK(got == sha256_[name], "checkpoint shard ", path,
                    " fails --verify-integrity: ", "its SHA-256 is ", got,
@@ -348,6 +353,15 @@ void CheckpointReader::read(const std::string& tensor, const Box& want, float* d
         ti.dtype == DType::kF32 && ti.shape == Shape(s.box.extent.begin(), s.box.extent.end()),
         "checkpoint shard ", f.path(), ": tensor ", s.key,
         " is not the f32 box metadata.json describes");
+    const std::string shard_id = s.file + "/" + s.key;
+    if (integrity_ != Integrity::kSizesOnly && !s.xxh3.empty() && !checked_.count(shard_id)) {
+      const std::string got = xxh3_hex(f.data(s.key), static_cast<size_t>(s.box.numel()) * 4);
+      MEGATRON_CHECK(got == s.xxh3, "checkpoint shard ", f.path(), ": tensor ", s.key,
+                     " fails its checksum (XXH3-64 ", got, ", ", kMetadataFile, " records ", s.xxh3,
+                     "): the file is corrupt; restore it, or pass --ckpt-step N to load another "
+                     "iteration (--no-verify-integrity loads it unchecked)");
+      checked_.insert(shard_id);  // only a match is remembered: a mismatch fails every read
+    }
     copy_region(static_cast<const float*>(f.data(s.key)), s.box, dst, want, region);
     copied += region.numel();
   }

@@ -8,8 +8,9 @@
 // Every tensor (model weights, fp32 main weights, Adam moments) is described by its global shape
 // and the boxes its shards cover; a shard file holds each box as a dense f32 safetensors tensor
 // named "<tensor>@<offset>" (offsets as "row,col"). metadata.json lists, per tensor, its shape and
-// shards (file, key, offset, extent), per file its size and SHA-256, and the run state the trainer
-// adds (iteration, consumed samples, schedule, loss scaler, RNG seed, model arguments, layout).
+// shards (file, key, offset, extent, XXH3-64 of the payload), per file its size and SHA-256, and
+// the run state the trainer adds (iteration, consumed samples, schedule, loss scaler, RNG seed,
+// model arguments, layout).
 // A load reads exactly the boxes its layout needs, from whatever layout saved them: resharding is
 // a load, not a conversion. docs/CHECKPOINTS.md describes the format for other readers.
 //
@@ -29,11 +30,13 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/checksum.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/shard_boxes.h"
 #include "comm/process_group.h"
@@ -85,9 +88,11 @@ int64_t commit_save(ProcessGroup& world, const std::string& root, int64_t iterat
 class CheckpointReader {
  public:
   // Validates dir/metadata.json and that every shard file it lists exists with its recorded
-  // size. verify_integrity: also compare each file's SHA-256 when it is first read. Errors name
-  // the file and the fix.
-  static CheckpointReader open(const std::string& dir, bool verify_integrity);
+  // size. integrity: kTensors (the default) also compares each shard tensor's XXH3-64 with
+  // metadata.json when read() first uses it; kTensorsAndFiles also each file's SHA-256 when it
+  // is first read (--verify-integrity); kSizesOnly neither (--no-verify-integrity). Errors name
+  // the file, the tensor and the fix.
+  static CheckpointReader open(const std::string& dir, Integrity integrity = Integrity::kTensors);
 
   const std::string& dir() const { return dir_; }
   // metadata.json, as read.
@@ -106,6 +111,7 @@ class CheckpointReader {
   struct Shard {
     std::string file, key;
     Box box;
+    std::string xxh3;  // of the shard's payload, empty in checkpoints written before checksums
   };
   struct TensorInfo {
     std::vector<int64_t> shape;
@@ -114,7 +120,8 @@ class CheckpointReader {
   const safetensors::File& file(const std::string& name);
 
   std::string dir_;
-  bool verify_ = false;
+  Integrity integrity_ = Integrity::kTensors;
+  std::set<std::string> checked_;  // "file/key" of the shards whose checksum matched
   nlohmann::json meta_;
   std::map<std::string, TensorInfo> tensors_;
   std::map<std::string, std::string> sha256_;  // file -> recorded digest

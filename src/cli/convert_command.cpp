@@ -62,7 +62,7 @@ Model from_checkpoint(const std::string& root, int64_t step) {
   m.args.use_checkpoint_args = true;
   merge_checkpoint_args(m.args, table, false);
   const std::optional<int64_t> it = step >= 0 ? step : cp::read_tracker(root);
-  cp::CheckpointReader reader = cp::CheckpointReader::open(cp::iteration_dir(root, *it), false);
+  cp::CheckpointReader reader = cp::CheckpointReader::open(cp::iteration_dir(root, *it));
   m.args.vocab_size = reader.metadata().at("args").at("vocab_size").get<int64_t>();
   m.args.model = reader.metadata().at("args").value("model", std::string("gpt"));
   build(m);

@@ -90,7 +90,7 @@ InferenceModel load_inference_model(const Arguments& args, const MpiRuntime& mpi
   MEGATRON_CHECK(it.has_value(), "--load ", args.load, " has no checkpoint (no ", args.load, "/",
                  cp::kTrackerFile, "): pass the directory --save wrote");
   const std::string dir = cp::iteration_dir(args.load, *it);
-  cp::CheckpointReader reader = cp::CheckpointReader::open(dir, false);
+  cp::CheckpointReader reader = cp::CheckpointReader::open(dir);
   load_shards(
       reader,
       CheckpointTarget{m.params.get(), nullptr, nullptr, 0, ps.experts_apart() ? ps.edp_rank() : 0},

@@ -411,7 +411,10 @@ void register_train_args(ArgTable& t, Arguments& a) {
   t.flag("--async-save", a.async_save,
          "Write checkpoints from a host copy on a background thread while training continues");
   t.flag("--verify-integrity", a.verify_integrity,
-         "On load, check every shard's SHA-256 against metadata.json");
+         "On load, also check every shard file's SHA-256 against metadata.json (each tensor's "
+         "XXH3-64 checksum is checked by default)");
+  t.flag("--no-verify-integrity", a.no_verify_integrity,
+         "On load, skip the per-tensor checksums (file sizes are still checked)");
   t.add("--ckpt-format", a.ckpt_format,
         "Checkpoint format: torch_dist (the sharded, reshardable format; the only one)");
   t.concern("exit");
@@ -805,6 +808,8 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
   model_spec(a.model);                    // an unknown --model, with the known ones
   validate_checkpoint_args(a);
   MEGATRON_CHECK(!(a.fp16 && a.bf16), "--fp16 and --bf16 are mutually exclusive; pick one");
+  MEGATRON_CHECK(!(a.verify_integrity && a.no_verify_integrity),
+                 "--verify-integrity and --no-verify-integrity are mutually exclusive; pick one");
   MEGATRON_CHECK(!a.fp32_residual_connection || a.fp16 || a.bf16,
                  "residual connection in fp32 only supported when using fp16 or bf16: "
                  "--fp32-residual-connection needs --fp16 or --bf16");
@@ -944,7 +949,7 @@ void merge_pretrained_config(Arguments& a, const ArgTable& t) {
     MEGATRON_CHECK(it.has_value(), "--pretrained-checkpoint ", a.pretrained_checkpoint,
                    ": unreadable ", cp::kTrackerFile);
     const std::string dir = cp::iteration_dir(a.pretrained_checkpoint, *it);
-    const cp::CheckpointReader reader = cp::CheckpointReader::open(dir, false);
+    const cp::CheckpointReader reader = cp::CheckpointReader::open(dir);
     nlohmann::json saved = reader.metadata().value("arguments", nlohmann::json::object());
     if (saved.empty()) saved = reader.metadata().value("args", nlohmann::json::object());
     saved.erase("model");
@@ -1183,7 +1188,7 @@ void merge_checkpoint_args(Arguments& a, const ArgTable& t, bool report) {
   MEGATRON_CHECK(it.has_value(), "--use-checkpoint-args: --load ", a.load,
                  " has no checkpoint (no ", cp::kTrackerFile, ")");
   const std::string dir = cp::iteration_dir(a.load, *it);
-  const cp::CheckpointReader reader = cp::CheckpointReader::open(dir, false);
+  const cp::CheckpointReader reader = cp::CheckpointReader::open(dir);
   const std::string src = dir + "/" + cp::kMetadataFile;
   // The argument table's record of the run that saved it ("arguments"); a checkpoint from before
   // that record, or from `megatron convert`, has only the resolved model arguments ("args"),

@@ -165,7 +165,8 @@ struct Arguments {
   bool use_checkpoint_args = false;        // model-shape arguments from the --load checkpoint
   int64_t ckpt_step = -1;                  // --ckpt-step: load this iteration, not the tracker's
   bool async_save = false;                 // write checkpoints on a background thread
-  bool verify_integrity = false;           // compare the shards' SHA-256 with metadata.json on load
+  bool verify_integrity = false;           // on load, also compare the shard files' SHA-256
+  bool no_verify_integrity = false;        // on load, skip the per-tensor XXH3-64 checksums
   std::string ckpt_format = "torch_dist";  // accepted: the one (sharded, reshardable) format
 
   // ---- graceful exits and hang detection ----

@@ -26,6 +26,16 @@
 
 namespace megatron {
 
+namespace {
+// What a checkpoint load checks (--verify-integrity, --no-verify-integrity; per-tensor checksums
+// by default).
+checkpoint::Integrity load_integrity(const Arguments& a) {
+  if (a.no_verify_integrity) return checkpoint::Integrity::kSizesOnly;
+  return a.verify_integrity ? checkpoint::Integrity::kTensorsAndFiles
+                            : checkpoint::Integrity::kTensors;
+}
+}  // namespace
+
 void Trainer::log_first(const std::string& line) const {
   if (first_rank_) log_line(line);
 }
@@ -984,7 +994,7 @@ void Trainer::load_pretrained_checkpoint() {
     MEGATRON_CHECK(it.has_value(), "--pretrained-checkpoint ", root, ": unreadable ",
                    cp::kTrackerFile);
     cp::CheckpointReader reader =
-        cp::CheckpointReader::open(cp::iteration_dir(root, *it), args_.verify_integrity);
+        cp::CheckpointReader::open(cp::iteration_dir(root, *it), load_integrity(args_));
     missing = load_weights_present(reader, checkpoint_target());
   });
   // Megatron's message for a head the pretrained checkpoint does not have.
@@ -1020,7 +1030,7 @@ void Trainer::load_checkpoint() {
     dir = cp::iteration_dir(args_.load, *iteration);
     log_first(strprintf("loading checkpoint from %s at iteration %ld", args_.load.c_str(),
                         static_cast<long>(*iteration)));
-    cp::CheckpointReader reader = cp::CheckpointReader::open(dir, args_.verify_integrity);
+    cp::CheckpointReader reader = cp::CheckpointReader::open(dir, load_integrity(args_));
     const std::string meta_path = dir + "/" + cp::kMetadataFile;
     const nlohmann::json& meta = reader.metadata();
     const std::vector<std::string> diffs = model_arg_differences(

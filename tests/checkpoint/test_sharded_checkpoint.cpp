@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "checkpoint/checksum.h"
 #include "checkpoint/shard_boxes.h"
 #include "checkpoint/sharded_checkpoint.h"
 #include "comm/agreement.h"
@@ -128,7 +129,7 @@ TEST_F(CheckpointFiles, CommitThenReadBoxesAcrossShards) {
   save(7, 100.0F);
   EXPECT_EQ(read_tracker(root_.string()), 7);
   EXPECT_FALSE(fs::exists(dir(7) + ".staging"));
-  CheckpointReader r = CheckpointReader::open(dir(7), /*verify_integrity=*/true);
+  CheckpointReader r = CheckpointReader::open(dir(7), Integrity::kTensorsAndFiles);
   EXPECT_EQ(r.metadata().at("run"), 1);
   EXPECT_EQ(r.global_shape("m.w"), (std::vector<int64_t>{4, 3}));
   // Rows 1..2, columns 1..2: one element row from each shard.
@@ -146,7 +147,7 @@ TEST_F(CheckpointFiles, CommitThenReadBoxesAcrossShards) {
 TEST_F(CheckpointFiles, ResavingAnIterationReplacesIt) {
   save(3, 0.0F);
   save(3, 50.0F);
-  CheckpointReader r = CheckpointReader::open(dir(3), false);
+  CheckpointReader r = CheckpointReader::open(dir(3));
   float v = 0;
   r.read("m.b", Box{{0}, {1}}, &v);
   EXPECT_EQ(v, 50.0F);
@@ -181,27 +182,87 @@ TEST_F(CheckpointFiles, CorruptInputsNameTheFile) {
   EXPECT_FALSE(read_tracker((root_ / "nowhere").string()).has_value());
   // Truncated by one byte.
   fs::resize_file(shard, fs::file_size(shard) - 1);
-  expect_error([&] { CheckpointReader::open(dir(5), false); }, shard);
+  expect_error([&] { CheckpointReader::open(dir(5)); }, shard);
   fs::remove(shard);
-  expect_error([&] { CheckpointReader::open(dir(5), false); }, "is missing");
-  // A flipped data byte: caught by --verify-integrity when the file is read.
+  expect_error([&] { CheckpointReader::open(dir(5)); }, "is missing");
   save(6, 0.0F);
-  const std::string shard6 = dir(6) + "/rank_00000.safetensors";
-  {
-    std::fstream f(shard6, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(-3, std::ios::end);
-    f.put('\x7f');
-  }
-  CheckpointReader r = CheckpointReader::open(dir(6), true);
-  float v = 0;
-  expect_error([&] { r.read("m.b", Box{{0}, {1}}, &v); }, "--verify-integrity");
   // Truncated metadata.json.
   const std::string meta = dir(6) + "/" + kMetadataFile;
   fs::resize_file(meta, fs::file_size(meta) / 2);
-  expect_error([&] { CheckpointReader::open(dir(6), false); }, meta);
+  expect_error([&] { CheckpointReader::open(dir(6)); }, meta);
   // No metadata.json: never a checkpoint.
   fs::remove(meta);
-  expect_error([&] { CheckpointReader::open(dir(6), false); }, "has no metadata.json");
+  expect_error([&] { CheckpointReader::open(dir(6)); }, "has no metadata.json");
+}
+
+// Flips one bit in the second byte of tensor `key`'s payload (the file keeps its size).
+void flip_payload_bit(const std::string& path, const std::string& key) {
+  uint64_t begin = 0;
+  {
+    const safetensors::File f = safetensors::File::open(path);
+    begin = f.info(key).begin;
+  }
+  std::fstream io(path, std::ios::in | std::ios::out | std::ios::binary);
+  uint64_t header = 0;
+  io.read(reinterpret_cast<char*>(&header), 8);
+  const auto at = static_cast<std::streamoff>(8 + header + begin + 1);
+  io.seekg(at);
+  char c = 0;
+  io.get(c);
+  io.seekp(at);
+  io.put(static_cast<char>(c ^ 1));
+}
+
+// A single flipped bit in a tensor's payload (the sizes all still match) is refused when that
+// tensor is read, naming the file and the tensor; the file's other tensors, and boxes that do not
+// need the damaged shard, still load. --no-verify-integrity (kSizesOnly) loads it unchecked;
+// --verify-integrity (kTensorsAndFiles) refuses the whole file by its SHA-256.
+TEST_F(CheckpointFiles, AFlippedPayloadBitIsRefusedNamingFileAndTensor) {
+  save(6, 0.0F);
+  const std::string shard = dir(6) + "/rank_00000.safetensors";
+  flip_payload_bit(shard, "m.w@2,0");
+  CheckpointReader r = CheckpointReader::open(dir(6));
+  std::vector<float> w(12), b(5);
+  r.read("m.b", Box{{0}, {5}}, b.data());
+  r.read("m.w", Box{{0, 0}, {2, 3}}, w.data());  // rows 0..1: the undamaged shard only
+  for (const std::string& needle :
+       {shard, std::string("tensor m.w@2,0"), std::string("fails its checksum"),
+        std::string("--no-verify-integrity")}) {
+    expect_error([&] { r.read("m.w", Box{{0, 0}, {4, 3}}, w.data()); }, needle);
+  }
+  CheckpointReader unchecked = CheckpointReader::open(dir(6), Integrity::kSizesOnly);
+  unchecked.read("m.w", Box{{0, 0}, {4, 3}}, w.data());
+  EXPECT_NE(w[6], 6.0F);  // the damaged element, loaded as it is on disk
+  EXPECT_EQ(w[7], 7.0F);
+  CheckpointReader files = CheckpointReader::open(dir(6), Integrity::kTensorsAndFiles);
+  expect_error([&] { files.read("m.b", Box{{0}, {5}}, b.data()); }, "--verify-integrity");
+}
+
+// metadata.json records each shard's XXH3-64; a checkpoint written before checksums existed (no
+// "xxh3" fields) loads with the size checks only.
+TEST_F(CheckpointFiles, ChecksumsAreRecordedAndOlderCheckpointsStillLoad) {
+  save(8, 0.0F);
+  const std::string meta = dir(8) + "/" + kMetadataFile;
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(meta));
+  for (auto& [name, t] : j["tensors"].items()) {
+    for (auto& s : t["shards"]) {
+      EXPECT_EQ(s.at("xxh3").get<std::string>().size(), 16U) << name;
+      s.erase("xxh3");
+    }
+  }
+  std::ofstream(meta) << j.dump(1);
+  flip_payload_bit(dir(8) + "/rank_00000.safetensors", "m.b@0");
+  CheckpointReader r = CheckpointReader::open(dir(8));
+  std::vector<float> b(5);
+  r.read("m.b", Box{{0}, {5}}, b.data());  // nothing to check it against
+  EXPECT_NE(b[0], 0.0F);
+}
+
+TEST(Checksum, Xxh3MatchesTheReferenceValues) {
+  // XXH3_64bits, seed 0: the empty input's value is xxHash's published one; "abc" pins what
+  // checkpoints record (XXH3's output is fixed since xxHash 0.8.0).
+  EXPECT_EQ(xxh3_hex("", 0), "2d06800538d394c2");
+  EXPECT_EQ(xxh3_hex("abc", 3), "78af5f94892f3950");
 }
 
 }  // namespace

@@ -459,6 +459,10 @@ class TestBadInput(CliTestCase):
     def test_fp16_and_bf16(self):
         self.assertUsageError(megatron("train", *self.BASE, "--fp16", "--bf16"), "--fp16", "--bf16")
 
+    def test_verify_and_no_verify_integrity(self):
+        proc = megatron("train", *self.BASE, "--verify-integrity", "--no-verify-integrity")
+        self.assertUsageError(proc, "--verify-integrity", "--no-verify-integrity")
+
     def test_two_warmups(self):
         proc = megatron("train", *self.BASE, "--lr-warmup-fraction", "0.1",
                         "--lr-warmup-iters", "5")

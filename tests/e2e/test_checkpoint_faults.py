@@ -3,11 +3,12 @@
 
 What it is: black-box runs of `megatron train` on 2 ranks (tp 2, so each rank writes its own
 rank_NNNNN.safetensors) against a valid checkpoint made once:
-- corrupt checkpoints (a shard one byte short, a flipped byte with --verify-integrity, a
-  missing shard, a tracker holding 'abc' or naming a missing iteration, a truncated or missing
-  metadata.json) exit 2 with the file's name, said once by rank 0 for all ranks (every rank
-  agrees, then exits cleanly), never a hang; a flipped byte without --verify-integrity loads
-  unnoticed; a leftover iter_N.staging is never loaded;
+- corrupt checkpoints (a shard one byte short, a flipped payload bit (caught by the per-tensor
+  checksum by default, by the file's SHA-256 with --verify-integrity), a missing shard, a tracker
+  holding 'abc' or naming a missing iteration, a truncated or missing metadata.json) exit 2 with
+  the file's name, said once by rank 0 for all ranks (every rank agrees, then exits cleanly),
+  never a hang; with --no-verify-integrity a flipped bit loads unnoticed; a leftover
+  iter_N.staging is never loaded;
 - a rank killed while writing an async save, and a rank whose write fails (ENOSPC), leave the
   previous checkpoint and the tracker as they were, and a resumed run continues the straight
   run's loss curve exactly;
@@ -265,6 +266,9 @@ class TestCheckpointFaults(unittest.TestCase):
              lambda d: [f"checkpoint shard {rank_file(d, 1)} is "
                         f"{os.path.getsize(rank_file(d, 1))} bytes but {meta(d)} records "
                         f"{os.path.getsize(rank_file(d, 1)) + 1}", "truncated"]),
+            ("flipped bit", lambda d: flip_byte(rank_file(d, 1)), {},
+             lambda d: [f"checkpoint shard {rank_file(d, 1)}: tensor ",
+                        "fails its checksum (XXH3-64"]),
             ("flipped byte, --verify-integrity", lambda d: flip_byte(rank_file(d, 1)),
              {"verify_integrity": True},
              lambda d: [f"checkpoint shard {rank_file(d, 1)} fails --verify-integrity",
@@ -294,12 +298,12 @@ class TestCheckpointFaults(unittest.TestCase):
                 self.assertEqual(losses(proc.stdout), {}, "refused before any training")
                 self.assertLess(time.monotonic() - start, 60, "the refusal took too long")
 
-        # Without --verify-integrity the flipped byte goes unnoticed: the size matches the
-        # manifest and only the hash, which is checked on request (it reads every byte), could
-        # tell. The run loads the perturbed weight and goes on.
+        # With --no-verify-integrity the flipped bit goes unnoticed: the size matches the
+        # manifest and only the checksums, which that flag skips, could tell. The run loads the
+        # perturbed weight and goes on.
         d = self.copy_base("flipped_unverified")
         flip_byte(rank_file(d, 1))
-        proc = run(argv(load=d, train_iters=21))
+        proc = run(argv(load=d, train_iters=21, no_verify_integrity=True))
         self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
         self.assertIn(f"successfully loaded checkpoint from {d}", proc.stdout)
         self.assertEqual(sorted(losses(proc.stdout)), [21])
