@@ -104,6 +104,32 @@ __device__ inline void load_b_kmajor(uint32_t (&b)[4], const bf16* s, int ld, in
   ldsm_t(b, s + (k0 + (l & 7) + (m & 1) * 8) * ld + n0 + (m >> 1) * 8);
 }
 
+// The two products of a backward step for a warp's 16 rows (wr..wr+15) and N columns, over the
+// D channels: x += A1 B1^T and y += A2 B2^T, A1 and A2 row-major tiles of the warp's rows, B1 and
+// B2 n-major tiles of the columns ([N][D + kPad] each). dk/dv: S^T = K Q^T and dP^T = V dO^T;
+// dq: S = Q K^T and dP = dO V^T.
+template <int D, int N>
+__device__ inline void two_products(float (&x)[N / 8][4], float (&y)[N / 8][4], const bf16* a1,
+                                    const bf16* a2, const bf16* b1, const bf16* b2, int wr) {
+  constexpr int kLd = D + kPad;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t f1[4], f2[4];
+    load_a(f1, a1, kLd, wr, 16 * kk);
+    load_a(f2, a2, kLd, wr, 16 * kk);
+#pragma unroll
+    for (int nb = 0; nb < N / 8; nb += 2) {
+      uint32_t b[4];
+      load_b_nmajor(b, b1, kLd, 8 * nb, 16 * kk);
+      mma(x[nb], f1, b[0], b[1]);
+      mma(x[nb + 1], f1, b[2], b[3]);
+      load_b_nmajor(b, b2, kLd, 8 * nb, 16 * kk);
+      mma(y[nb], f2, b[0], b[1]);
+      mma(y[nb + 1], f2, b[2], b[3]);
+    }
+  }
+}
+
 // Accumulator tiles acc[2kk], acc[2kk + 1] (16 rows x 16 columns) as the A fragment of the next
 // product: the register layouts line up, only rounding to bf16 is needed.
 __device__ inline void acc_to_a(uint32_t (&a)[4], const float (&lo)[4], const float (&hi)[4]) {
@@ -111,6 +137,27 @@ __device__ inline void acc_to_a(uint32_t (&a)[4], const float (&lo)[4], const fl
   a[1] = pack(lo[2], lo[3]);
   a[2] = pack(hi[0], hi[1]);
   a[3] = pack(hi[2], hi[3]);
+}
+
+// acc += X B for a warp: X its 16 x N accumulator tile (rounded to bf16 as the A operand), B a
+// k-major tile [N][D + kPad] (row n: the D channels of column n of X). Forward: O += P V;
+// dk/dv: dV += P^T dO, dK += dS^T Q; dq: dQ += dS K.
+template <int D, int N>
+__device__ inline void product_into(float (&acc)[D / 8][4], const float (&x)[N / 8][4],
+                                    const bf16* b) {
+  constexpr int kLd = D + kPad;
+#pragma unroll
+  for (int kk = 0; kk < N / 16; ++kk) {
+    uint32_t xa[4];
+    acc_to_a(xa, x[2 * kk], x[2 * kk + 1]);
+#pragma unroll
+    for (int db = 0; db < D / 8; db += 2) {
+      uint32_t f[4];
+      load_b_kmajor(f, b, kLd, 16 * kk, 8 * db);
+      mma(acc[db], xa, f[0], f[1]);
+      mma(acc[db + 1], xa, f[2], f[3]);
+    }
+  }
 }
 
 // Offset of row 0, channel 0 of one head of a view (rows follow at stride_s).
@@ -184,6 +231,29 @@ __device__ inline void round_rows(bf16* tile, const float* stage) {
   }
 }
 
+// A key/value tile (rows j0..) of forward and dq: started into staging, and rounded from it.
+template <int D, int K>
+__device__ inline void fetch_kv(float* kf, float* vf, const float* kbase, const float* vbase,
+                                const AttnArgs& a, int64_t j0) {
+  fetch_rows<D, K>(kf, kbase, a.k.stride_s, a.k.s, j0);
+  fetch_rows<D, K>(vf, vbase, a.v.stride_s, a.v.s, j0);
+}
+template <int D, int K>
+__device__ inline void round_kv(bf16* ks, bf16* vs, const float* kf, const float* vf) {
+  round_rows<D, K>(ks, kf);
+  round_rows<D, K>(vs, vf);
+}
+
+// The end of a forward or dq step: this thread's copies of the next tile waited for, every warp
+// done with the current tile, the next one rounded in and visible to all.
+template <int D, int K>
+__device__ inline void advance_kv(bool more, bf16* ks, bf16* vs, const float* kf, const float* vf) {
+  cp_async_wait_all();
+  __syncthreads();
+  if (more) round_kv<D, K>(ks, vs, kf, vf);
+  __syncthreads();
+}
+
 // Whether every (query, key) of the tile is visible, so that the per-element test can be skipped.
 __device__ inline bool tile_visible(const AttnArgs& a, int64_t i0, int rows, int64_t j0, int cols) {
   if (a.doc_start || a.key_valid) return false;
@@ -199,6 +269,29 @@ __device__ inline int64_t keys_end(const AttnArgs& a, int64_t i0, int rows) {
   return last < 0 ? 0 : min(last, a.k.s);
 }
 
+// Where a forward or dq block works: (batch, head) from blockIdx.y, query rows from blockIdx.x,
+// the warp's 16 of them and this thread's two (t/4 and t/4 + 8 of its accumulator tiles), the
+// key/value head it reads and how far its keys go.
+struct QueryBlock {
+  int t, wr;
+  int64_t bb, h, i0, row[2], kv_end;
+  const float *kbase, *vbase;
+  __device__ QueryBlock(const AttnArgs& a, int rows, const float* k, const float* v) {
+    const int g = (threadIdx.x & 31) >> 2;
+    t = threadIdx.x & 3;
+    wr = 16 * (threadIdx.x >> 5);
+    bb = blockIdx.y / a.np;
+    h = blockIdx.y % a.np;
+    const int64_t kvh = h / (a.np / a.ng);
+    i0 = blockIdx.x * static_cast<int64_t>(rows);
+    row[0] = i0 + wr + g;
+    row[1] = i0 + wr + g + 8;
+    kv_end = keys_end(a, i0, rows);
+    kbase = k + head_base(a.k, bb, kvh);
+    vbase = v + head_base(a.v, bb, kvh);
+  }
+};
+
 template <int D, int W, int B>
 __global__ void __launch_bounds__(32 * W, B)
     forward_kernel(float* out, float* lse, const float* q, const float* k, const float* v,
@@ -210,25 +303,16 @@ __global__ void __launch_bounds__(32 * W, B)
   bf16* vs = ks + kK * kLd;                             // [kK][kLd]
   float* kf = reinterpret_cast<float*>(vs + kK * kLd);  // [kK][D] staging of the next tile
   float* vf = kf + kK * D;                              // [kK][D]
-  const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
-  const int wr = 16 * warp;
-  const int64_t sq = a.q.s;
-  const int64_t bb = blockIdx.y / a.np, h = blockIdx.y % a.np, kvh = h / (a.np / a.ng);
-  const int64_t i0 = blockIdx.x * static_cast<int64_t>(kRows);
-  const int64_t row[2] = {i0 + wr + g, i0 + wr + g + 8};
-  const float* kbase = k + head_base(a.k, bb, kvh);
-  const float* vbase = v + head_base(a.v, bb, kvh);
-  const int64_t kv_end = keys_end(a, i0, kRows);
-  if (kv_end > 0) {
-    fetch_rows<D, kK>(kf, kbase, a.k.stride_s, a.k.s, 0);
-    fetch_rows<D, kK>(vf, vbase, a.v.stride_s, a.v.s, 0);
-  }
+  const QueryBlock qb(a, kRows, k, v);
+  const int t = qb.t, wr = qb.wr;
+  const int64_t sq = a.q.s, bb = qb.bb, h = qb.h, i0 = qb.i0, kv_end = qb.kv_end;
+  const int64_t(&row)[2] = qb.row;
+  if (kv_end > 0) fetch_kv<D, kK>(kf, vf, qb.kbase, qb.vbase, a, 0);
   cp_async_commit();
   stage_rows<D, kRows>(qs, q + head_base(a.q, bb, h), a.q.stride_s, sq, i0);
   cp_async_wait_all();
   __syncthreads();
-  round_rows<D, kK>(ks, kf);
-  round_rows<D, kK>(vs, vf);
+  round_kv<D, kK>(ks, vs, kf, vf);
   uint32_t qa[D / 16][4];
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) load_a(qa[kk], qs, kLd, wr, 16 * kk);
@@ -239,8 +323,7 @@ __global__ void __launch_bounds__(32 * W, B)
   for (int64_t j0 = 0; j0 < kv_end; j0 += kK) {
     const bool more = j0 + kK < kv_end;
     if (more) {
-      fetch_rows<D, kK>(kf, kbase, a.k.stride_s, a.k.s, j0 + kK);
-      fetch_rows<D, kK>(vf, vbase, a.v.stride_s, a.v.s, j0 + kK);
+      fetch_kv<D, kK>(kf, vf, qb.kbase, qb.vbase, a, j0 + kK);
     }
     cp_async_commit();
     float s[kK / 8][4] = {};
@@ -297,25 +380,8 @@ __global__ void __launch_bounds__(32 * W, B)
         s[nb][e] = p;
       }
     }
-#pragma unroll
-    for (int kk = 0; kk < kK / 16; ++kk) {
-      uint32_t pa[4];
-      acc_to_a(pa, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-      for (int db = 0; db < D / 8; db += 2) {
-        uint32_t b[4];
-        load_b_kmajor(b, vs, kLd, 16 * kk, 8 * db);
-        mma(o[db], pa, b[0], b[1]);
-        mma(o[db + 1], pa, b[2], b[3]);
-      }
-    }
-    cp_async_wait_all();
-    __syncthreads();  // every warp is done with this tile; the next one has landed
-    if (more) {
-      round_rows<D, kK>(ks, kf);
-      round_rows<D, kK>(vs, vf);
-    }
-    __syncthreads();
+    product_into<D, kK>(o, s, vs);
+    advance_kv<D, kK>(more, ks, vs, kf, vf);
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -408,22 +474,7 @@ __global__ void __launch_bounds__(32 * W, B)
     cp_async_commit();
     {
       float st[kQ / 8][4] = {}, dpt[kQ / 8][4] = {};
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        uint32_t ka[4], va[4];
-        load_a(ka, ks, kLd, wr, 16 * kk);
-        load_a(va, vs, kLd, wr, 16 * kk);
-#pragma unroll
-        for (int nb = 0; nb < kQ / 8; nb += 2) {
-          uint32_t b[4];
-          load_b_nmajor(b, qs, kLd, 8 * nb, 16 * kk);
-          mma(st[nb], ka, b[0], b[1]);
-          mma(st[nb + 1], ka, b[2], b[3]);
-          load_b_nmajor(b, dos, kLd, 8 * nb, 16 * kk);
-          mma(dpt[nb], va, b[0], b[1]);
-          mma(dpt[nb + 1], va, b[2], b[3]);
-        }
-      }
+      two_products<D, kQ>(st, dpt, ks, vs, qs, dos, wr);
       const bool all = tile_visible(a, i0, kQ, j0, kRows);
 #pragma unroll
       for (int nb = 0; nb < kQ / 8; ++nb) {
@@ -442,22 +493,8 @@ __global__ void __launch_bounds__(32 * W, B)
           dpt[nb][e] = ds;
         }
       }
-#pragma unroll
-      for (int kk = 0; kk < kQ / 16; ++kk) {
-        uint32_t pa[4], da[4];
-        acc_to_a(pa, st[2 * kk], st[2 * kk + 1]);
-        acc_to_a(da, dpt[2 * kk], dpt[2 * kk + 1]);
-#pragma unroll
-        for (int db = 0; db < D / 8; db += 2) {
-          uint32_t b[4];
-          load_b_kmajor(b, dos, kLd, 16 * kk, 8 * db);
-          mma(dv_acc[db], pa, b[0], b[1]);
-          mma(dv_acc[db + 1], pa, b[2], b[3]);
-          load_b_kmajor(b, qs, kLd, 16 * kk, 8 * db);
-          mma(dk_acc[db], da, b[0], b[1]);
-          mma(dk_acc[db + 1], da, b[2], b[3]);
-        }
-      }
+      product_into<D, kQ>(dv_acc, st, dos);
+      product_into<D, kQ>(dk_acc, dpt, qs);
     }
     cp_async_wait_all();
     __syncthreads();
@@ -495,26 +532,17 @@ __global__ void __launch_bounds__(32 * W, B)
   bf16* vs = ks + kK * kLd;                             // [kK][kLd]
   float* kf = reinterpret_cast<float*>(vs + kK * kLd);  // [kK][D] staging of the next tile
   float* vf = kf + kK * D;                              // [kK][D]
-  const int warp = threadIdx.x >> 5, t = threadIdx.x & 3, g = (threadIdx.x & 31) >> 2;
-  const int wr = 16 * warp;
-  const int64_t sq = a.q.s;
-  const int64_t bb = blockIdx.y / a.np, h = blockIdx.y % a.np, kvh = h / (a.np / a.ng);
-  const int64_t i0 = blockIdx.x * static_cast<int64_t>(kRows);
-  const int64_t row[2] = {i0 + wr + g, i0 + wr + g + 8};
-  const float* kbase = k + head_base(a.k, bb, kvh);
-  const float* vbase = v + head_base(a.v, bb, kvh);
-  const int64_t kv_end = keys_end(a, i0, kRows);
-  if (kv_end > 0) {
-    fetch_rows<D, kK>(kf, kbase, a.k.stride_s, a.k.s, 0);
-    fetch_rows<D, kK>(vf, vbase, a.v.stride_s, a.v.s, 0);
-  }
+  const QueryBlock qb(a, kRows, k, v);
+  const int t = qb.t, wr = qb.wr;
+  const int64_t sq = a.q.s, bb = qb.bb, h = qb.h, i0 = qb.i0, kv_end = qb.kv_end;
+  const int64_t(&row)[2] = qb.row;
+  if (kv_end > 0) fetch_kv<D, kK>(kf, vf, qb.kbase, qb.vbase, a, 0);
   cp_async_commit();
   stage_rows<D, kRows>(qs, q + head_base(a.q, bb, h), a.q.stride_s, sq, i0);
   stage_rows<D, kRows>(dos, dout + head_base(dov, bb, h), dov.stride_s, sq, i0);
   cp_async_wait_all();
   __syncthreads();
-  round_rows<D, kK>(ks, kf);
-  round_rows<D, kK>(vs, vf);
+  round_kv<D, kK>(ks, vs, kf, vf);
   __syncthreads();
   float lse2[2], dlt[2];
 #pragma unroll
@@ -528,27 +556,11 @@ __global__ void __launch_bounds__(32 * W, B)
   for (int64_t j0 = 0; j0 < kv_end; j0 += kK) {
     const bool more = j0 + kK < kv_end;
     if (more) {
-      fetch_rows<D, kK>(kf, kbase, a.k.stride_s, a.k.s, j0 + kK);
-      fetch_rows<D, kK>(vf, vbase, a.v.stride_s, a.v.s, j0 + kK);
+      fetch_kv<D, kK>(kf, vf, qb.kbase, qb.vbase, a, j0 + kK);
     }
     cp_async_commit();
     float s[kK / 8][4] = {}, dp[kK / 8][4] = {};
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t qa[4], oa[4];
-      load_a(qa, qs, kLd, wr, 16 * kk);
-      load_a(oa, dos, kLd, wr, 16 * kk);
-#pragma unroll
-      for (int nb = 0; nb < kK / 8; nb += 2) {
-        uint32_t b[4];
-        load_b_nmajor(b, ks, kLd, 8 * nb, 16 * kk);
-        mma(s[nb], qa, b[0], b[1]);
-        mma(s[nb + 1], qa, b[2], b[3]);
-        load_b_nmajor(b, vs, kLd, 8 * nb, 16 * kk);
-        mma(dp[nb], oa, b[0], b[1]);
-        mma(dp[nb + 1], oa, b[2], b[3]);
-      }
-    }
+    two_products<D, kK>(s, dp, qs, dos, ks, vs, wr);
     const bool all = tile_visible(a, i0, kRows, j0, kK);
 #pragma unroll
     for (int nb = 0; nb < kK / 8; ++nb) {
@@ -564,25 +576,8 @@ __global__ void __launch_bounds__(32 * W, B)
         s[nb][e] = ds;
       }
     }
-#pragma unroll
-    for (int kk = 0; kk < kK / 16; ++kk) {
-      uint32_t da[4];
-      acc_to_a(da, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-      for (int db = 0; db < D / 8; db += 2) {
-        uint32_t b[4];
-        load_b_kmajor(b, ks, kLd, 16 * kk, 8 * db);
-        mma(dq_acc[db], da, b[0], b[1]);
-        mma(dq_acc[db + 1], da, b[2], b[3]);
-      }
-    }
-    cp_async_wait_all();
-    __syncthreads();
-    if (more) {
-      round_rows<D, kK>(ks, kf);
-      round_rows<D, kK>(vs, vf);
-    }
-    __syncthreads();
+    product_into<D, kK>(dq_acc, s, ks);
+    advance_kv<D, kK>(more, ks, vs, kf, vf);
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
