@@ -311,15 +311,16 @@ void embedding_forward_shard(Tensor& out, const Tensor& ids, const Tensor& table
 }
 
 void embedding_forward(Tensor& out, const Tensor& ids, const Tensor& table) {
-  // A row gather in the table's own dtype (a bf16 table gives bf16 rows, as on the CPU); the
-  // shard form above is the one that widens.
+  // A row gather in the table's own dtype (a bf16 table gives bf16 rows, as on the CPU; ids
+  // outside the table give zero rows instead of the CPU's error, which would need a read back);
+  // the shard form above is the one that widens.
   const bool i32 = ids_i32(ids, "embedding_forward");
   MEGATRON_CHECK(table.ndim() == 2 && out.dtype() == table.dtype() &&
                      out.numel() == ids.numel() * table.dim(1),
                  "embedding_forward: out ", out.str(), " for ids ", ids.str(), " and table ",
                  table.str());
-  cuda::gather_rows(out.raw(), table.raw(), ids.raw(), i32, ids.numel(), table.dim(1),
-                    dtype_size(table.dtype()));
+  cuda::embedding_rows(out.raw(), ids.raw(), i32, ids.numel(), table.raw(),
+                       dtype_size(table.dtype()), table.dim(0), table.dim(1));
 }
 
 void embedding_backward_shard(Tensor& dtable_shard, const Tensor& dout, const Tensor& ids,

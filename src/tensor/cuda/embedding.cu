@@ -38,6 +38,15 @@ __global__ void embedding_forward_kernel(T* out, const void* ids, bool i32, int6
   }
 }
 
+template <typename E>
+__global__ void embedding_rows_kernel(E* out, const void* ids, bool i32, int64_t n, const E* table,
+                                      int64_t rows, int64_t h) {
+  MEGATRON_GRID_LOOP(i, n * h) {
+    const int64_t r = i / h, c = i % h, id = id_at(ids, i32, r);
+    out[i] = id >= 0 && id < rows ? table[id * h + c] : E(0);
+  }
+}
+
 // The backward in two steps: the tokens' local ids are sorted (a stable radix sort: equal ids keep
 // token order), then a thread per (run of one id, column) adds that id's rows in token order onto
 // its table row, as the other devices do; one writer per element, no atomics.
@@ -152,6 +161,29 @@ __global__ void ce_backward_kernel(T* dlogits, const T* dloss, const T* logits, 
 }
 
 }  // namespace
+
+void embedding_rows(void* out, const void* ids, bool ids_i32, int64_t n, const void* table,
+                    size_t elem, int64_t rows, int64_t h) {
+  if (n * h == 0) return;
+  const unsigned blocks = blocks_for(n * h);
+  switch (elem) {
+    case 2:
+      embedding_rows_kernel<<<blocks, kThreads>>>(static_cast<uint16_t*>(out), ids, ids_i32, n,
+                                                  static_cast<const uint16_t*>(table), rows, h);
+      break;
+    case 4:
+      embedding_rows_kernel<<<blocks, kThreads>>>(static_cast<uint32_t*>(out), ids, ids_i32, n,
+                                                  static_cast<const uint32_t*>(table), rows, h);
+      break;
+    case 8:
+      embedding_rows_kernel<<<blocks, kThreads>>>(static_cast<uint64_t*>(out), ids, ids_i32, n,
+                                                  static_cast<const uint64_t*>(table), rows, h);
+      break;
+    default:
+      cuda_fail("embedding_forward", "table elements must be 2, 4 or 8 bytes");
+  }
+  check_launch("embedding_forward");
+}
 
 template <typename T>
 void embedding_forward(T* out, const void* ids, bool ids_i32, int64_t n, const void* table,

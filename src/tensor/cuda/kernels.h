@@ -88,6 +88,10 @@ void rmsnorm_forward(T* out, T* rstd, const T* x, const T* w, int64_t rows, int6
 template <typename T>
 void embedding_forward(T* out, const void* ids, bool ids_i32, int64_t n, const void* table,
                        int table_dtype, int64_t start, int64_t block, int64_t h);
+// out[r, :] = table[ids[r], :] in the table's own element type (elem bytes: 2, 4 or 8); rows of
+// ids outside [0, rows) are zeros, as in the vocabulary-block form.
+void embedding_rows(void* out, const void* ids, bool ids_i32, int64_t n, const void* table,
+                    size_t elem, int64_t rows, int64_t h);
 // dtable[ids[r] - start, :] += dout[r, :] in token order (one thread per column: deterministic).
 template <typename T>
 void embedding_backward(T* dtable, const T* dout, const void* ids, bool ids_i32, int64_t n,
