@@ -1,0 +1,145 @@
+// The FP8 codecs (core/fp8.h) against an independent restatement of the OCP 8-bit floating point
+// specification: every code decoded from its bit fields, and every float of a dense sweep encoded
+// by searching all finite codes for the nearest (ties to the even code, i.e. mantissa LSB 0),
+// saturating beyond the largest finite value. Exact equality throughout: both sides are exact.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "core/fp8.h"
+
+namespace megatron {
+namespace {
+
+struct Spec {
+  Fp8Format format;
+  int exponent_bits, mantissa_bits, bias;
+};
+constexpr Spec kSpecs[] = {{Fp8Format::kE4M3, 4, 3, 7}, {Fp8Format::kE5M2, 5, 2, 15}};
+
+// The OCP definition of a code's value, in double.
+double ocp_value(uint8_t code, const Spec& s) {
+  const int e = (code >> s.mantissa_bits) & ((1 << s.exponent_bits) - 1);
+  const int m = code & ((1 << s.mantissa_bits) - 1);
+  const double sign = (code & 0x80) ? -1.0 : 1.0;
+  const int all_ones = (1 << s.exponent_bits) - 1;
+  if (s.format == Fp8Format::kE4M3 && e == all_ones && m == (1 << s.mantissa_bits) - 1)
+    return std::nan("");                              // E4M3: only S.1111.111 is special
+  if (s.format == Fp8Format::kE5M2 && e == all_ones)  // E5M2: IEEE-like specials
+    return m == 0 ? sign * INFINITY : std::nan("");
+  const double frac = static_cast<double>(m) / (1 << s.mantissa_bits);
+  if (e == 0) return sign * frac * std::pow(2.0, 1 - s.bias);
+  return sign * (1.0 + frac) * std::pow(2.0, e - s.bias);
+}
+
+struct Finite {
+  double value;
+  uint8_t code;
+};
+// Every finite non-negative code, by value.
+std::vector<Finite> finite_codes(const Spec& s) {
+  std::vector<Finite> out;
+  for (int c = 0; c < 0x80; ++c) {
+    const double v = ocp_value(static_cast<uint8_t>(c), s);
+    if (std::isfinite(v)) out.push_back({v, static_cast<uint8_t>(c)});
+  }
+  std::sort(out.begin(), out.end(), [](auto& a, auto& b) { return a.value < b.value; });
+  return out;
+}
+
+// The reference encoder: nearest finite code, ties to the even code, saturating.
+uint8_t ocp_encode(float x, const std::vector<Finite>& codes) {
+  const uint8_t sign = std::signbit(x) ? 0x80 : 0;
+  if (std::isnan(x)) return sign | 0x7F;
+  const double a = std::fabs(static_cast<double>(x));
+  if (a >= codes.back().value) return sign | codes.back().code;
+  auto hi = std::lower_bound(codes.begin(), codes.end(), a,
+                             [](const Finite& f, double v) { return f.value < v; });
+  if (hi->value == a) return sign | hi->code;
+  auto lo = hi - 1;
+  const double dl = a - lo->value, dh = hi->value - a;
+  if (dl < dh) return sign | lo->code;
+  if (dh < dl) return sign | hi->code;
+  return sign | ((lo->code & 1) == 0 ? lo->code : hi->code);
+}
+
+float float_of(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+TEST(Fp8, EveryCodeDecodesAsTheSpecificationSays) {
+  for (const Spec& s : kSpecs) {
+    int finite = 0;
+    for (int c = 0; c < 256; ++c) {
+      const double want = ocp_value(static_cast<uint8_t>(c), s);
+      const float got = fp8_decode(static_cast<uint8_t>(c), s.format);
+      if (std::isnan(want)) {
+        EXPECT_TRUE(std::isnan(got)) << fp8_format_name(s.format) << " code " << c;
+        continue;
+      }
+      EXPECT_EQ(static_cast<double>(got), want) << fp8_format_name(s.format) << " code " << c;
+      if (!std::isfinite(want)) continue;
+      ++finite;
+      // Every finite code round-trips (both zeros included).
+      EXPECT_EQ(fp8_encode(got, s.format), c);
+    }
+    // The counts of the specification: 254 finite codes (+-0 included) for E4M3, 248 for E5M2.
+    EXPECT_EQ(finite, s.format == Fp8Format::kE4M3 ? 254 : 248);
+  }
+  EXPECT_EQ(fp8_max(Fp8Format::kE4M3), 448.0f);
+  EXPECT_EQ(fp8_max(Fp8Format::kE5M2), 57344.0f);
+}
+
+TEST(Fp8, DenseSweepEncodesToTheNearestCodeTiesToEvenSaturating) {
+  for (const Spec& s : kSpecs) {
+    const std::vector<Finite> codes = finite_codes(s);
+    std::vector<float> xs;
+    // Every 2^-11 relative step of the f32 line (about 2^20 values), all exponents.
+    for (uint32_t u = 0; u < 0x7F800000u; u += 1u << 11) xs.push_back(float_of(u + 0x155u));
+    // Each midpoint between neighbouring codes (the ties) and the floats just either side of it.
+    for (size_t i = 0; i + 1 < codes.size(); ++i) {
+      const float mid = static_cast<float>((codes[i].value + codes[i + 1].value) / 2);
+      xs.push_back(mid);
+      xs.push_back(std::nextafter(mid, 0.0f));
+      xs.push_back(std::nextafter(mid, INFINITY));
+    }
+    // Around the largest finite value: its half-ulp above and far beyond, infinity.
+    const float mx = fp8_max(s.format);
+    for (float x : {mx, std::nextafter(mx, INFINITY), mx * 1.0625f, mx * 1.125f, mx * 4.0f, 3.0e38f,
+                    INFINITY, 0.0f})
+      xs.push_back(x);
+    int64_t checked = 0;
+    for (float x : xs) {
+      for (float v : {x, -x}) {
+        const uint8_t want = ocp_encode(v, codes);
+        ASSERT_EQ(fp8_encode(v, s.format), want) << fp8_format_name(s.format) << " x=" << v;
+        const float rounded = fp8_round(v, s.format);
+        ASSERT_EQ(rounded, fp8_decode(want, s.format)) << fp8_format_name(s.format) << " x=" << v;
+        ASSERT_EQ(std::signbit(rounded), std::signbit(v)) << "x=" << v;
+        ++checked;
+      }
+    }
+    EXPECT_GT(checked, 2'000'000);
+    // NaN stays NaN (the sign kept); infinities saturate (__NV_SATFINITE).
+    EXPECT_TRUE(std::isnan(fp8_round(std::nanf(""), s.format)));
+    EXPECT_EQ(fp8_encode(std::nanf(""), s.format), 0x7F);
+    EXPECT_EQ(fp8_round(-INFINITY, s.format), -mx);
+  }
+  // Spot values worked by hand: 17 lies between E4M3's 16 and 18 and ties to 16 (mantissa 000);
+  // 0.0009765625 = 2^-10 is half of E4M3's smallest subnormal and ties to zero; E5M2's 1.125 is
+  // the midpoint of 1 and 1.25 and ties to 1.
+  EXPECT_EQ(fp8_round(17.0f, Fp8Format::kE4M3), 16.0f);
+  EXPECT_EQ(fp8_round(19.0f, Fp8Format::kE4M3), 20.0f);
+  EXPECT_EQ(fp8_round(0x1p-10f, Fp8Format::kE4M3), 0.0f);
+  EXPECT_EQ(fp8_round(0x1.8p-10f, Fp8Format::kE4M3), 0x1p-9f);
+  EXPECT_EQ(fp8_round(1.125f, Fp8Format::kE5M2), 1.0f);
+  EXPECT_EQ(fp8_round(1.375f, Fp8Format::kE5M2), 1.5f);
+}
+
+}  // namespace
+}  // namespace megatron
