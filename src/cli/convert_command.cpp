@@ -66,7 +66,8 @@ Model from_checkpoint(const std::string& root, int64_t step) {
   m.args.vocab_size = reader.metadata().at("args").at("vocab_size").get<int64_t>();
   m.args.model = reader.metadata().at("args").value("model", std::string("gpt"));
   build(m);
-  load_shards(reader, CheckpointTarget{m.params.get(), nullptr, nullptr, 0}, /*optim=*/false);
+  load_shards(reader, CheckpointTarget{m.params.get(), nullptr, nullptr, 0, 0, {}},
+              /*optim=*/false);
   return m;
 }
 
@@ -75,7 +76,7 @@ void save_checkpoint(const Model& m, const std::string& root) {
   const std::string staging = cp::prepare_save(*self, root, 0);
   const nlohmann::json record = cp::write_rank_file(
       staging, 0,
-      shard_entries(CheckpointTarget{m.params.get(), nullptr, nullptr, 0}, false, false));
+      shard_entries(CheckpointTarget{m.params.get(), nullptr, nullptr, 0, 0, {}}, false, false));
   nlohmann::json meta = {
       {"args", model_args_json(m.args, m.cfg)},
       {"has_optimizer_state", false},

@@ -91,10 +91,10 @@ InferenceModel load_inference_model(const Arguments& args, const MpiRuntime& mpi
                  cp::kTrackerFile, "): pass the directory --save wrote");
   const std::string dir = cp::iteration_dir(args.load, *it);
   cp::CheckpointReader reader = cp::CheckpointReader::open(dir);
-  load_shards(
-      reader,
-      CheckpointTarget{m.params.get(), nullptr, nullptr, 0, ps.experts_apart() ? ps.edp_rank() : 0},
-      /*optim=*/false);
+  load_shards(reader,
+              CheckpointTarget{
+                  m.params.get(), nullptr, nullptr, 0, ps.experts_apart() ? ps.edp_rank() : 0, {}},
+              /*optim=*/false);
   if (log) {
     log_line(strprintf(" > loaded checkpoint %s at iteration %ld", args.load.c_str(),
                        static_cast<long>(*it)));

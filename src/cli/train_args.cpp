@@ -175,6 +175,7 @@ void register_model_args(ArgTable& t, Arguments& a) {
          "bf16 compute weights and GEMM inputs; fp32 main weights, gradients and accumulation");
   t.flag("--fp16", a.fp16,
          "fp16 compute weights and GEMM inputs with loss scaling; fp32 main weights and gradients");
+  register_fp8_args(t, a);
   t.add("--loss-scale", a.loss_scale,
         "Static loss scaling for fp16 (a positive power of 2 helps); default: dynamic scaling");
   t.add("--initial-loss-scale", a.initial_loss_scale, "Initial loss scale for dynamic scaling");
@@ -854,6 +855,7 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
                  a.micro_batch_size);
   const int64_t dp = validate_parallel_layout(a, world_size, rank);
   validate_recompute(a, a.num_layers / a.pipeline_model_parallel_size);
+  validate_fp8_args(a);
   if (a.global_batch_size == 0) a.global_batch_size = a.micro_batch_size * dp;
   MEGATRON_CHECK(a.global_batch_size > 0, "--global-batch-size must be positive, got ",
                  a.global_batch_size);

@@ -9,6 +9,10 @@ namespace megatron::cli {
 
 void register_model_args(ArgTable& t, Arguments& a);
 void register_train_args(ArgTable& t, Arguments& a);
+// The --fp8-* flags (part of register_train_args; cli/fp8_args.cpp) and their rules (part of
+// validate_train_args).
+void register_fp8_args(ArgTable& t, Arguments& a);
+void validate_fp8_args(const Arguments& a);
 
 // Checks every cross-flag rule, the parallel layout included (world size divisible by tp x pp,
 // heads and query groups by tp, layers by pp and virtual stages, micro-batches by pp when

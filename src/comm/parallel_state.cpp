@@ -66,8 +66,9 @@ ParallelState::ParallelState(std::shared_ptr<ProcessGroup> world, const Parallel
   dp_cp_ = world_->split(gen.get_ranks("dp-cp"));
   mp_ = world_->split(gen.get_ranks("tp-pp"));
   embedding_ = world_->split(embedding_rank_groups(gen.get_ranks("pp")));
+  amax_ = world_->split(gen.get_ranks("tp-dp-cp"));
   // Each of these lists partitions the world, so this rank is in one group of each.
-  MEGATRON_ASSERT(tp_ && pp_ && dp_ && cp_ && dp_cp_ && mp_);
+  MEGATRON_ASSERT(tp_ && pp_ && dp_ && cp_ && dp_cp_ && mp_ && amax_);
   // The expert grid over the same ranks (Megatron's expert RankGenerator: cp 1).
   expert_grid_ = make_expert_grid(grid_, config);
   ParallelGrid eg;

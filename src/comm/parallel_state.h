@@ -76,6 +76,9 @@ class ParallelState {
   ProcessGroup& cp_group() const { return *cp_; }
   // Data parallel x context parallel: where gradients are reduced.
   ProcessGroup& dp_cp_group() const { return *dp_cp_; }
+  // Tensor x data x context parallel: every rank of this pipeline stage, where FP8 delayed
+  // scaling reduces its amaxes (Megatron's amax reduction group, with context parallelism).
+  ProcessGroup& amax_reduction_group() const { return *amax_; }
   // Tensor x pipeline parallel: all ranks holding one copy of the model.
   ProcessGroup& model_parallel_group() const { return *mp_; }
   // First and last stage of this rank's pipeline, which hold the tied word embeddings. Middle
@@ -109,7 +112,7 @@ class ParallelState {
  private:
   ParallelGrid grid_;
   ExpertGrid expert_grid_;
-  std::shared_ptr<ProcessGroup> world_, tp_, pp_, dp_, cp_, dp_cp_, mp_, embedding_;
+  std::shared_ptr<ProcessGroup> world_, tp_, pp_, dp_, cp_, dp_cp_, mp_, embedding_, amax_;
   std::shared_ptr<ProcessGroup> ep_, etp_, tp_ep_, edp_, emp_;
 };
 

@@ -1,8 +1,4 @@
-// FP8 codecs (core/fp8.h). fp8_round works on the f32 bits: normal results round the mantissa to
-// the format's width in place (an add of half an ulp, ties to even, then a mask), subnormal ones
-// are rounded to multiples of the subnormal spacing by adding and subtracting a power of two
-// whose f32 ulp is that spacing (the hardware's round-to-nearest-even does the rounding). The
-// code is then read off the rounded value.
+// FP8 codecs (core/fp8.h): a code is read off the value fp8_round gives.
 #include "core/fp8.h"
 
 #include <cmath>
@@ -16,26 +12,13 @@ struct Layout {
   int bias;
   float max_finite;
   float min_normal;
-  float subnormal_magic;  // 2^(min exponent - mantissa bits + 23): its ulp is the subnormal step
 };
 
-constexpr Layout kE4M3{3, 7, 448.0f, 0x1p-6f, 0x1p14f};
-constexpr Layout kE5M2{2, 15, 57344.0f, 0x1p-14f, 0x1p7f};
+constexpr Layout kE4M3{3, 7, 448.0f, 0x1p-6f};
+constexpr Layout kE5M2{2, 15, 57344.0f, 0x1p-14f};
 
 const Layout& layout(Fp8Format f) {
   return f == Fp8Format::kE4M3 ? kE4M3 : kE5M2;
-}
-
-uint32_t bits_of(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  return u;
-}
-
-float from_bits(uint32_t u) {
-  float x;
-  std::memcpy(&x, &u, 4);
-  return x;
 }
 
 }  // namespace
@@ -46,25 +29,6 @@ const char* fp8_format_name(Fp8Format f) {
 
 float fp8_max(Fp8Format f) {
   return layout(f).max_finite;
-}
-
-float fp8_round(float x, Fp8Format f) {
-  if (std::isnan(x)) return x;
-  const Layout& l = layout(f);
-  const float a = std::fabs(x);
-  float r;
-  if (a < l.min_normal) {
-    // IEEE arithmetic (no -ffast-math): the sum is rounded to f32 before the subtraction.
-    r = (a + l.subnormal_magic) - l.subnormal_magic;
-  } else {
-    const int drop = 23 - l.mantissa_bits;
-    uint32_t u = bits_of(a);
-    u += ((1u << (drop - 1)) - 1) + ((u >> drop) & 1u);
-    u &= ~((1u << drop) - 1);
-    r = from_bits(u);  // +inf when a was inf or rounded past FLT_MAX
-  }
-  r = std::fmin(r, l.max_finite);  // saturation
-  return std::copysign(r, x);
 }
 
 uint8_t fp8_encode(float x, Fp8Format f) {

@@ -16,7 +16,9 @@
 // products and f32 sums of an FP8 GEMM, without a byte format of its own.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 
 namespace megatron {
 
@@ -29,7 +31,30 @@ float fp8_max(Fp8Format f);                // 448, 57344
 uint8_t fp8_encode(float x, Fp8Format f);
 // The value of a code (E4M3 has no infinities; NaN codes give NaN).
 float fp8_decode(uint8_t code, Fp8Format f);
-// fp8_decode(fp8_encode(x)) without the code: what the quantisation kernels use.
-float fp8_round(float x, Fp8Format f);
+// fp8_decode(fp8_encode(x)) without the code: what the quantisation kernels use (inline, so
+// that their loops vectorise). Normal results round the f32 mantissa to the format's width in
+// place (half an ulp added, ties to even, then masked); subnormal ones are rounded to multiples
+// of the subnormal spacing by adding and subtracting a power of two whose f32 ulp is that spacing
+// (IEEE round-to-nearest-even does the rounding; the build never enables -ffast-math).
+inline float fp8_round(float x, Fp8Format f) {
+  if (std::isnan(x)) return x;
+  const bool e4m3 = f == Fp8Format::kE4M3;
+  const int drop = e4m3 ? 20 : 21;  // f32 mantissa bits beyond the format's 3 or 2
+  const float max_finite = e4m3 ? 448.0f : 57344.0f;
+  const float min_normal = e4m3 ? 0x1p-6f : 0x1p-14f;
+  const float magic = e4m3 ? 0x1p14f : 0x1p7f;  // ulp 2^-9 or 2^-16: the subnormal spacing
+  const float a = std::fabs(x);
+  float r;
+  if (a < min_normal) {
+    r = (a + magic) - magic;
+  } else {
+    uint32_t u;
+    std::memcpy(&u, &a, 4);
+    u += ((1u << (drop - 1)) - 1) + ((u >> drop) & 1u);
+    u &= ~((1u << drop) - 1);
+    std::memcpy(&r, &u, 4);  // +inf when a was inf or rounded past FLT_MAX
+  }
+  return std::copysign(std::fmin(r, max_finite), x);  // saturating
+}
 
 }  // namespace megatron

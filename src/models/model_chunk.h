@@ -104,6 +104,10 @@ class ModelChunk {
   // The routers of this chunk's MoE layers (none for a dense model), for the trainer's
   // once-per-step expert-bias update.
   virtual std::vector<TopKRouter*> moe_routers() { return {}; }
+  // State that checkpoints save beside the parameters but that no optimizer trains (Megatron's
+  // _extra_state: FP8 delayed scaling's scales and amax histories), each a Param with its own
+  // f32 storage in `main`; none by default.
+  virtual std::vector<Param*> extra_state() { return {}; }
 };
 
 class LossFn {

@@ -33,6 +33,7 @@ struct ChunkPlacement {
   int virtual_stages = 1;             // chunks per pipeline rank (interleaved schedules)
   ContextParallelContext cp = {};     // --context-parallel-size (none by default)
   ExpertParallelContext expert = {};  // MoE experts' split (default: EP 1, ETP = TP)
+  ProcessGroup* amax = nullptr;       // FP8 delayed scaling's amax reduction group (null: none)
 };
 
 // The layers and ends of each of this rank's chunks: chunk c of pipeline rank r is virtual stage

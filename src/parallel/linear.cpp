@@ -23,9 +23,16 @@ void Linear::collect(std::vector<Param*>& out) {
   if (has_bias()) out.push_back(&bias);
 }
 
+Fp8GemmScaling* Linear::enable_fp8(const Fp8Config& cfg, int tp_rank, int tp_size) {
+  std::string name = weight.name.substr(0, weight.name.size() - std::string(".weight").size());
+  fp8_ = std::make_unique<Fp8GemmScaling>(name, cfg, tp_rank, tp_size);
+  return fp8_.get();
+}
+
 Tensor Linear::forward(const Tensor& x, Ctx& ctx) const {
   MEGATRON_CHECK(x.dim(-1) == in_, weight.name, ": input has ", x.dim(-1), " features, expected ",
                  in_);
+  if (fp8_) return forward_fp8(x, ctx);
   const int64_t rows = x.numel() / in_;
   const DType wt = weight.value.dtype();
   ctx.x = x.dtype() == wt || wt == DType::kF32 ? x : x.to(wt);
@@ -36,6 +43,7 @@ Tensor Linear::forward(const Tensor& x, Ctx& ctx) const {
 }
 
 Tensor Linear::backward(const Tensor& dy, Ctx& ctx) const {
+  if (fp8_) return backward_fp8(dy, ctx);
   const int64_t rows = dy.numel() / out_;
   const DType wt = weight.value.dtype();
   Tensor dy_c = is_half(wt) ? dy.to(wt) : dy;
@@ -48,6 +56,54 @@ Tensor Linear::backward(const Tensor& dy, Ctx& ctx) const {
     ops::bias_backward(db, dy);
   }
   ctx = Ctx{};  // activations are freed as soon as backward is done with them
+  return dx;
+}
+
+namespace {
+// The product of two inverse scales, applied to a GEMM of quantised operands (in f32, as the FP8
+// GEMM's epilogue does).
+double descale(const Fp8Tensor& a, const Fp8Tensor& b) {
+  return static_cast<double>(a.scale_inv * b.scale_inv);
+}
+}  // namespace
+
+Tensor Linear::forward_fp8(const Tensor& x, Ctx& ctx) const {
+  const int64_t rows = x.numel() / in_;
+  ctx.x8 = fp8_->quantize(x, Fp8GemmScaling::kInput);
+  ctx.w8 = fp8_->weight(weight.value);
+  const DType wt = weight.value.dtype();
+  if (!fp8_->config().wgrad) ctx.x = x.dtype() == wt || wt == DType::kF32 ? x : x.to(wt);
+  Tensor y =
+      Tensor::empty({rows, out_}, x.dtype() == DType::kF64 ? DType::kF64 : DType::kF32, x.device());
+  ops::matmul(y, ctx.x8.q, false, ctx.w8.q, true);
+  ops::scale_inplace(y, descale(ctx.x8, ctx.w8));
+  if (has_bias()) ops::bias_add(y, bias.value_as(y.dtype()));
+  return y;
+}
+
+Tensor Linear::backward_fp8(const Tensor& dy, Ctx& ctx) const {
+  const int64_t rows = dy.numel() / out_;
+  const Fp8Tensor dy8 = fp8_->quantize(dy, Fp8GemmScaling::kGradOutput);
+  Tensor dx = Tensor::empty({rows, in_}, dy.dtype(), dy.device());
+  ops::matmul(dx, dy8.q, false, ctx.w8.q, false);
+  ops::scale_inplace(dx, descale(dy8, ctx.w8));
+  Tensor dw = weight.main_grad;
+  if (fp8_->config().wgrad) {
+    // The descaled product is added to main_grad, as the FP8 GEMM's accumulate epilogue does.
+    Tensor partial = Tensor::empty(dw.shape(), dw.dtype(), dw.device());
+    ops::matmul(partial, dy8.q, true, ctx.x8.q, false);
+    ops::scale_inplace(partial, descale(dy8, ctx.x8));
+    ops::add_inplace(dw, partial);
+  } else {
+    const DType wt = weight.value.dtype();
+    Tensor dy_c = is_half(wt) ? dy.to(wt) : dy;
+    ops::matmul(dw, dy_c, true, ctx.x, false, 1.0f);
+  }
+  if (has_bias()) {
+    Tensor db = bias.main_grad;
+    ops::bias_backward(db, dy);
+  }
+  ctx = Ctx{};
   return dx;
 }
 

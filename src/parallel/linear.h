@@ -4,10 +4,17 @@
 // accumulate in f32 and y is f32 (so is everything outside GEMMs). The weight gradient is
 // accumulated straight into the fp32 main_grad by the GEMM (beta = 1), Megatron's
 // gradient-accumulation fusion. Tensor parallelism (Column/RowParallelLinear) builds on this.
+//
+// With FP8 enabled (enable_fp8), the three GEMMs take quantised operands instead
+// (parallel/fp8_scaling.h): y = (q_x q_w^T) s_x^-1 s_w^-1, dx = (q_dy q_w) s_dy^-1 s_w^-1 and
+// dA += (q_dy^T q_x) s_dy^-1 s_x^-1 (in high precision with --no-fp8-wgrad), the FP8 values held
+// in bf16 and multiplied by the bf16 GEMM (exact products, f32 sums, as an FP8 tensor core).
 #pragma once
 
+#include <memory>
 #include <string>
 
+#include "parallel/fp8_scaling.h"
 #include "parallel/param.h"
 
 namespace megatron {
@@ -15,7 +22,9 @@ namespace megatron {
 class Linear {
  public:
   struct Ctx {
-    Tensor x;  // input as the GEMM saw it (f32, or bf16 in bf16 runs)
+    Tensor x;          // input as the GEMM saw it (f32, or bf16 in bf16 runs); FP8: kept for a
+                       // high-precision weight gradient only
+    Fp8Tensor x8, w8;  // FP8: the quantised input and weight of the forward
   };
 
   Linear(const std::string& name, int64_t in, int64_t out, bool with_bias, double init_std);
@@ -26,12 +35,20 @@ class Linear {
   Tensor backward(const Tensor& dy, Ctx& ctx) const;
 
   void collect(std::vector<Param*>& out);
+  // Runs the GEMMs in FP8 from now on; tp_rank/tp_size: the layer's TP group (the scaling
+  // state is replicated over it). Returns the scaling state, owned by this Linear.
+  Fp8GemmScaling* enable_fp8(const Fp8Config& cfg, int tp_rank, int tp_size);
+  Fp8GemmScaling* fp8() const { return fp8_.get(); }
   Param weight;
   Param bias;  // empty name when there is no bias
   bool has_bias() const { return !bias.name.empty(); }
 
  private:
+  Tensor forward_fp8(const Tensor& x, Ctx& ctx) const;
+  Tensor backward_fp8(const Tensor& dy, Ctx& ctx) const;
+
   int64_t in_, out_;
+  std::unique_ptr<Fp8GemmScaling> fp8_;
 };
 
 }  // namespace megatron

@@ -71,6 +71,10 @@ class ColumnParallelLinear {
   Tensor backward(const Tensor& dy, Ctx& ctx) const;
 
   void collect(std::vector<Param*>& out) { local_.collect(out); }
+  // The local GEMMs in FP8 (Linear::enable_fp8); the scaling state is replicated over TP.
+  Fp8GemmScaling* enable_fp8(const Fp8Config& cfg) {
+    return local_.enable_fp8(cfg, tp_.rank(), tp_.size());
+  }
 
   Param& weight() { return local_.weight; }  // [out/p, in]
   Param& bias() { return local_.bias; }      // [out/p]; empty name when there is no bias
@@ -106,6 +110,9 @@ class RowParallelLinear {
   Tensor backward(const Tensor& dy, Ctx& ctx) const;
 
   void collect(std::vector<Param*>& out);
+  Fp8GemmScaling* enable_fp8(const Fp8Config& cfg) {
+    return local_.enable_fp8(cfg, tp_.rank(), tp_.size());
+  }
 
   Param& weight() { return local_.weight; }  // [out, in/p]
   Param bias;                                // [out], replicated; empty name when there is none

@@ -401,6 +401,21 @@ double sum_squares(const Tensor& x) {
   MEGATRON_DISPATCH(device_of("sum_squares", {&x}), sum_squares(x));
 }
 
+double abs_max(const Tensor& x) {
+  const OpTimer timer(OpCategory::kNormElementwise, __func__);
+  MEGATRON_DISPATCH(device_of("abs_max", {&x}), abs_max(x));
+}
+
+void fp8_quantize(Tensor& out, const Tensor& x, float scale, Fp8Format format) {
+  const OpTimer timer(OpCategory::kNormElementwise, __func__);
+  const DType want = x.dtype() == DType::kF64 ? DType::kF64 : DType::kBF16;
+  MEGATRON_CHECK(x.dtype() == DType::kF32 || x.dtype() == DType::kBF16 || x.dtype() == DType::kF64,
+                 "fp8_quantize: x must be f32, bf16 or f64, got ", x.str());
+  MEGATRON_CHECK(out.dtype() == want && out.numel() == x.numel(), "fp8_quantize: out must be ",
+                 dtype_name(want), " with x's ", x.numel(), " elements, got ", out.str());
+  MEGATRON_DISPATCH(device_of("fp8_quantize", {&out, &x}), fp8_quantize(out, x, scale, format));
+}
+
 int64_t count_zeros(const Tensor& x) {
   const OpTimer timer(OpCategory::kOptimizer, __func__);
   MEGATRON_DISPATCH(device_of("count_zeros", {&x}), count_zeros(x));

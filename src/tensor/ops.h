@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "core/fp8.h"
 #include "tensor/tensor.h"
 
 namespace megatron::ops {
@@ -265,6 +266,15 @@ void concat_last_dim(Tensor& out, const std::vector<Tensor>& parts);
 // for r in order (repeated indices add up deterministically), f32 or f64.
 void gather_rows(Tensor& out, const Tensor& x, const Tensor& index);
 void scatter_add_rows(Tensor& out, const Tensor& x, const Tensor& index);
+
+// ---- FP8 (parallel/fp8_scaling.h) ------------------------------------------------------------
+// The largest magnitude of x (f32, bf16 or f64), NaN ignored as the CUDA fmaxf Transformer
+// Engine's amax kernels use ignores it; infinities count. 0 for no elements.
+double abs_max(const Tensor& x);
+// out[i] = fp8_round(f32(x[i]) * scale) (core/fp8.h: the format's nearest value, saturating), the
+// product rounded to f32 first as Transformer Engine's cast kernels compute it. x f32, bf16 or
+// f64; out [x's shape] bf16, which holds every FP8 value exactly (f64 when x is f64).
+void fp8_quantize(Tensor& out, const Tensor& x, float scale, Fp8Format format);
 
 // ---- optimizer --------------------------------------------------------------------------------
 // One AdamW step over flat f32 buffers (decoupled weight decay, bias-corrected moments):

@@ -90,6 +90,16 @@ struct Arguments {
   bool attention_softmax_in_fp32 = false;  // accepted: softmax always runs in fp32 here
   bool accumulate_allreduce_grads_in_fp32 = false;  // accepted: gradients are always fp32
   bool grad_reduce_in_bf16 = false;                 // data-parallel gradient reduction in bf16
+  // FP8 GEMMs (parallel/fp8_scaling.h), Megatron's Transformer Engine flags.
+  std::string fp8_format;                             // --fp8-format e4m3|hybrid ("": off)
+  std::string fp8_recipe = "delayed";                 // --fp8-recipe delayed|tensorwise
+  int64_t fp8_margin = 0;                             // --fp8-margin
+  int64_t fp8_amax_history_len = 1;                   // --fp8-amax-history-len
+  std::string fp8_amax_compute_algo = "most_recent";  // --fp8-amax-compute-algo
+  bool no_fp8_wgrad = false;                          // --no-fp8-wgrad
+  bool first_last_layers_bf16 = false;                // --first-last-layers-bf16
+  int64_t num_layers_at_start_in_bf16 = 1;            // --num-layers-at-start-in-bf16
+  int64_t num_layers_at_end_in_bf16 = 1;              // --num-layers-at-end-in-bf16
 
   // ---- optimizer and schedule ----
   std::string optimizer = "adam";

@@ -147,6 +147,11 @@ void for_each_box(const CheckpointTarget& t, bool optim, bool writes_only, Fn&& 
       }
     }
   }
+  for (const Param* p : t.extra_state) {
+    if (writes_only && (t.dp_rank != 0 || p->is_duplicate())) continue;
+    for (const cp::Piece& piece : cp::shard_pieces(*p, 0, p->shape.numel()))
+      fn("model." + p->name, *p, const_cast<Tensor&>(p->main), 0, piece);
+  }
   if (!optim || !t.dist_optimizer) return;
   for (const auto& seg : t.dist_optimizer->owned_segments()) {
     if (writes_only && seg.param->is_duplicate()) continue;
@@ -190,12 +195,26 @@ void read_box(cp::CheckpointReader& reader, const std::string& name, const cp::P
 }
 }  // namespace
 
-void load_shards(cp::CheckpointReader& reader, const CheckpointTarget& t, bool optim) {
+namespace {
+bool is_extra_state(const CheckpointTarget& t, const Param& p) {
+  return std::find(t.extra_state.begin(), t.extra_state.end(), &p) != t.extra_state.end();
+}
+}  // namespace
+
+void load_shards(cp::CheckpointReader& reader, const CheckpointTarget& t, bool optim,
+                 bool* extra_missing_out) {
+  bool extra_missing = false;
   for_each_box(t, optim, /*writes_only=*/false,
                [&](const std::string& name, const Param& p, Tensor& flat, int64_t at,
                    const cp::Piece& piece) {
+                 // Extra state a checkpoint may lack (saved without FP8): kept as it is.
+                 if (is_extra_state(t, p) && !reader.has(name)) {
+                   extra_missing = true;
+                   return;
+                 }
                  read_box(reader, name, piece, flat, at, vocab_rows_may_differ(p));
                });
+  if (extra_missing_out) *extra_missing_out = extra_missing;
   t.params->sync_compute_from_main();
 }
 
@@ -206,6 +225,7 @@ std::vector<std::string> load_weights_present(cp::CheckpointReader& reader,
                [&](const std::string& name, const Param& p, Tensor& flat, int64_t at,
                    const cp::Piece& piece) {
                  if (!reader.has(name)) {
+                   if (is_extra_state(t, p)) return;  // FP8 state starts afresh
                    if (missing.empty() || missing.back() != p.name) missing.push_back(p.name);
                    return;
                  }

@@ -3,7 +3,8 @@
 //
 // Tensors, all f32 and named by the parameter's full (global) name:
 //   model.<param>                  the fp32 main weights (bf16/fp16 compute copies are rounded
-//                                  from them, so a resume is bit-exact)
+//                                  from them, so a resume is bit-exact), and the models' extra
+//                                  state (FP8 scales and amax histories)
 //   optimizer.exp_avg.<param>      Adam's first moment   } unless --no-save-optim
 //   optimizer.exp_avg_sq.<param>   Adam's second moment  }
 // Every element is written once: the weights and the plain optimizer's moments by data-parallel
@@ -70,6 +71,10 @@ struct CheckpointTarget {
   // The expert-data-parallel rank: expert-parallel Params are written by its rank 0 (= dp_rank
   // when the experts are split like the dense layers).
   int64_t expert_dp_rank = 0;
+  // State saved as "model.<name>" beside the weights but outside the ParamSet (ModelChunk::
+  // extra_state: FP8 scaling), replicated over DP and TP: written by the ranks that write the
+  // dense weights, read by every rank. A checkpoint without it leaves it as it is.
+  std::vector<Param*> extra_state;
 };
 
 // This rank's boxes (see the file comment); optim adds the moments. copy: host copies that stay
@@ -78,7 +83,9 @@ std::vector<checkpoint::ShardEntry> shard_entries(const CheckpointTarget& t, boo
 
 // Reads every box this rank holds from `reader` into its buffers (main weights, then the compute
 // copy; with optim the moments). No communication. Errors name the tensor and the file.
-void load_shards(checkpoint::CheckpointReader& reader, const CheckpointTarget& t, bool optim);
+// extra_missing (optional): set when the checkpoint lacks some of t.extra_state (kept as it is).
+void load_shards(checkpoint::CheckpointReader& reader, const CheckpointTarget& t, bool optim,
+                 bool* extra_missing = nullptr);
 // The weights of `t` that the checkpoint has (no optimizer state), as Megatron's finetuning loads
 // a pretrained checkpoint with strict=False; returns the names of the parameters it lacks, which
 // keep their values. Tensors of the checkpoint the model lacks are not read.

@@ -2,6 +2,8 @@
 // vocabulary, --group-query-attention; validation is TransformerConfig::finalize.
 #include "train/model_config.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace megatron {
@@ -71,6 +73,58 @@ MoeConfig moe_config_from_args(const Arguments& a) {
   m.per_layer_logging = a.moe_per_layer_logging;
   return m;
 }
+
+Fp8Config fp8_config_from_args(const Arguments& a) {
+  Fp8Config f;
+  if (a.fp8_format.empty()) return f;
+  f.mode = a.fp8_format == "hybrid" ? Fp8Mode::kHybrid : Fp8Mode::kE4M3;
+  f.recipe = a.fp8_recipe == "tensorwise" ? Fp8Recipe::kTensorwise : Fp8Recipe::kDelayed;
+  f.margin = static_cast<int>(a.fp8_margin);
+  f.amax_history_len = a.fp8_amax_history_len;
+  f.amax_compute_max = a.fp8_amax_compute_algo == "max";
+  f.wgrad = !a.no_fp8_wgrad;
+  f.first_last_layers_bf16 = a.first_last_layers_bf16;
+  f.num_layers_at_start_in_bf16 = a.num_layers_at_start_in_bf16;
+  f.num_layers_at_end_in_bf16 = a.num_layers_at_end_in_bf16;
+  return f;
+}
+
+namespace {
+// Transformer Engine runs a GEMM in FP8 only when its input is [rows, in] with rows % 8 == 0 and
+// in % 16 == 0 and its weight [out, in] with out % 8 == 0 (assert_dim_for_fp8_exec); Megatron
+// users meet the rule as that assertion. It is kept so that a run configured here also runs on
+// a GPU with TE. Sizes are this rank's (TP-split) ones.
+void check_fp8_gemm_shapes(const TransformerConfig& c, const Arguments& a) {
+  const int64_t tp = a.tensor_model_parallel_size;
+  const int64_t cp = std::max<int64_t>(a.context_parallel_size, 1);
+  const int64_t rows = a.micro_batch_size * c.seq_length / cp;
+  const int64_t hn = c.kv_channels, np = c.num_attention_heads, ng = c.num_query_groups;
+  const int64_t fc1_out = c.ffn_hidden_size * (c.gated_mlp() ? 2 : 1);
+  struct Gemm {
+    const char* name;
+    int64_t in, out;
+    const char* flags;
+  };
+  const Gemm gemms[] = {
+      {"linear_qkv", c.hidden_size, (np + 2 * ng) * hn / tp,
+       "--hidden-size, --num-attention-heads, --num-query-groups, --kv-channels"},
+      {"linear_proj", np * hn / tp, c.hidden_size, "--hidden-size, --kv-channels"},
+      {"linear_fc1", c.hidden_size, fc1_out / tp, "--hidden-size, --ffn-hidden-size"},
+      {"linear_fc2", c.ffn_hidden_size / tp, c.hidden_size, "--ffn-hidden-size"},
+  };
+  for (const Gemm& g : gemms) {
+    MEGATRON_CHECK(g.in % 16 == 0 && g.out % 8 == 0, "--fp8-format: the FP8 GEMM of ", g.name,
+                   " is [", g.out, ", ", g.in, "] on each of the ", tp,
+                   " tensor-parallel ranks; Transformer Engine needs input features divisible "
+                   "by 16 and output features by 8: change ",
+                   g.flags);
+  }
+  MEGATRON_CHECK(rows % 8 == 0,
+                 "--fp8-format: FP8 GEMMs need their rows (--micro-batch-size x "
+                 "--seq-length / context parallel = ",
+                 rows, ") divisible by 8 (Transformer Engine's rule)");
+}
+}  // namespace
 
 TransformerConfig transformer_config_from_args(const Arguments& a) {
   TransformerConfig c;
@@ -173,7 +227,9 @@ TransformerConfig transformer_config_from_args(const Arguments& a) {
     c.ffn_hidden_size =
         static_cast<int64_t>(4.0 * static_cast<double>(c.hidden_size) * 2.0 / 3.0 / 64.0) * 64;
   }
+  c.fp8 = fp8_config_from_args(a);
   c.finalize();
+  if (c.fp8.enabled()) check_fp8_gemm_shapes(c, a);
   if (a.model == "t5") {
     MEGATRON_CHECK(c.position_embedding != PositionEmbedding::kLearnedAbsolute ||
                        c.decoder_seq_length <= c.max_position_embeddings,

@@ -10,5 +10,7 @@ namespace megatron {
 TransformerConfig transformer_config_from_args(const Arguments& args);
 // The --moe-* flags (dense when --num-experts is 0); validated by TransformerConfig::finalize.
 MoeConfig moe_config_from_args(const Arguments& args);
+// The --fp8-* flags (off without --fp8-format; the flag rules are the CLI's validate_fp8_args).
+Fp8Config fp8_config_from_args(const Arguments& args);
 
 }  // namespace megatron

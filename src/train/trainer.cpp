@@ -217,7 +217,8 @@ void Trainer::build_model() {
                                                .pp_rank = ps.pp_rank(),
                                                .virtual_stages = virtual_stages_,
                                                .cp = context_parallel(),
-                                               .expert = expert_parallel()});
+                                               .expert = expert_parallel(),
+                                               .amax = &ps.amax_reduction_group()});
   std::vector<Param*> all;
   for (const auto& chunk : chunks_) {
     for (Param* p : chunk->parameters()) all.push_back(p);
@@ -468,6 +469,22 @@ void Trainer::build_data() {
 
 // The GEMM peak model-FLOPs utilisation is reported against: given or measured now.
 void Trainer::report_gemm_peak() {
+  if (cfg_.fp8.enabled()) {
+    const Fp8Config& f = cfg_.fp8;
+    const std::string recipe = f.recipe == Fp8Recipe::kDelayed
+                                   ? strprintf("delayed scaling (amax history %ld, %s, margin %d)",
+                                               static_cast<long>(f.amax_history_len),
+                                               f.amax_compute_max ? "max" : "most_recent", f.margin)
+                                   : std::string("tensorwise (current) scaling");
+    log_first(strprintf(
+        " > FP8 %s (%s), %s: the inputs, weights and output gradients of every transformer "
+        "layer's linear-layer GEMMs%s are quantised with per-tensor scales; %s has no FP8 GEMM, "
+        "so the FP8 values feed its bf16 GEMM with f32 sums (FP8's numerics, not its speed)",
+        f.mode == Fp8Mode::kHybrid ? "hybrid" : "e4m3",
+        f.mode == Fp8Mode::kHybrid ? "E4M3 forward, E5M2 gradients" : "E4M3 throughout",
+        recipe.c_str(), f.wgrad ? "" : " (weight gradients in high precision: --no-fp8-wgrad)",
+        device_ == Device::kCUDA ? "this GPU backend" : "the CPU"));
+  }
   if (device_ == Device::kCUDA) {
     // A GPU's GEMMs peak at large sizes (a few GFLOP each).
     peak_gflops_ = args_.gemm_peak_gflops > 0
@@ -584,8 +601,15 @@ void Trainer::divide_by_global_tokens(const LossTerms& terms) {
 
 CheckpointTarget Trainer::checkpoint_target() const {
   // Expert-parallel Params are written by expert-data-parallel rank 0 when experts are apart.
-  return CheckpointTarget{params_.get(), optimizer_.get(), dist_optimizer_.get(), grad_rank_,
-                          parallel_->experts_apart() ? parallel_->edp_rank() : grad_rank_};
+  std::vector<Param*> extra;
+  for (const auto& chunk : chunks_)
+    for (Param* p : chunk->extra_state()) extra.push_back(p);
+  return CheckpointTarget{params_.get(),
+                          optimizer_.get(),
+                          dist_optimizer_.get(),
+                          grad_rank_,
+                          parallel_->experts_apart() ? parallel_->edp_rank() : grad_rank_,
+                          std::move(extra)};
 }
 
 ExpertParallelContext Trainer::expert_parallel() const {
@@ -799,6 +823,7 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, const BatchSchedule::
   auto mode = [&](int mb) {
     ForwardMode m{true, dropout_seed_, static_cast<uint64_t>(stream0 + mb * dp_size_ + dp_rank_),
                   gate};
+    m.first_micro_batch = mb == 0;
     // MoE load-balancing losses join the objective as the main loss does (MicroBatchRunner).
     m.aux_loss_scale = args_.calculate_per_token_loss
                            ? loss_scale
@@ -1060,7 +1085,12 @@ void Trainer::load_checkpoint() {
                      " has no optimizer state (it was saved with --no-save-optim): pass "
                      "--no-load-optim (moments start at zero) or --finetune");
     }
-    load_shards(reader, checkpoint_target(), optim);
+    bool fp8_state_missing = false;
+    load_shards(reader, checkpoint_target(), optim, &fp8_state_missing);
+    if (fp8_state_missing)
+      log_first("checkpoint " + dir +
+                " has no FP8 scaling state for some layers (saved without "
+                "--fp8-format): their scales start from 1");
     bytes_read = reader.bytes_read();
     RunState state = run_state_from_json(meta, meta_path);
     if (optim) {

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/dtype.h"
+#include "parallel/fp8_config.h"
 #include "transformer/moe/moe_config.h"
 
 namespace megatron {
@@ -90,6 +91,7 @@ struct TransformerConfig {
   int64_t recompute_num_layers = 0;  // --recompute-num-layers, >= 1 with kFull (default 0: unset)
 
   MoeConfig moe;  // Mixture of Experts (--num-experts; default: dense)
+  Fp8Config fp8;  // FP8 GEMMs (--fp8-format; default: off)
 
   int64_t head_dim() const { return kv_channels; }
   int64_t queries_per_group() const { return num_attention_heads / num_query_groups; }

@@ -39,6 +39,9 @@ struct ForwardMode {
   uint64_t stream = 0;  // unique per (iteration, micro-batch)
   // Asked before each module reads its weights (--overlap-param-gather); null: always current.
   const ParamGate* gate = nullptr;
+  // The first micro-batch of a training step (Megatron's is_first_microbatch): FP8 layers
+  // quantise their weights on it and reuse that copy for the step's other micro-batches.
+  bool first_micro_batch = true;
   // MoE load-balancing losses (training): the weight their gradients join the objective with
   // (the main loss's 1 / micro-batches x loss scale), and with --calculate-per-token-loss
   // (aux_per_token) they are first multiplied by the micro-batch's tokens, since the gradients

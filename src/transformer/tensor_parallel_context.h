@@ -27,6 +27,8 @@ struct TensorParallelContext {
   bool sequence_parallel = false;     // only meaningful with group->size() > 1
   ContextParallelContext cp = {};     // this rank's chunks of the sequence; none by default
   ExpertParallelContext expert = {};  // MoE layers' expert split; default: EP 1, ETP = TP
+  // FP8 delayed scaling's amax reduction group (TP x DP x CP of this stage); null: none.
+  ProcessGroup* amax = nullptr;
 
   int size() const { return group->size(); }
   int rank() const { return group->rank(); }

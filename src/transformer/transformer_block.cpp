@@ -50,6 +50,13 @@ TransformerBlock::TransformerBlock(const std::string& name, const TransformerCon
     layers.push_back(std::make_unique<TransformerLayer>(name + ".layers." + std::to_string(i), cfg,
                                                         i, tp, options));
   }
+  // FP8: every GEMM of the layers that run in FP8 (--first-last-layers-bf16 keeps some out).
+  for (auto& l : layers) {
+    if (!cfg.fp8.layer_in_fp8(l->layer_number(), cfg.num_layers)) continue;
+    if (!fp8_) fp8_ = std::make_unique<Fp8Region>();
+    for (Fp8GemmScaling* g : l->enable_fp8()) fp8_->add(g);
+  }
+  amax_group_ = tp.amax;
   final_layernorm.mark_sequence_parallel(tp.sp());
   std::vector<Param*> ps;
   final_layernorm.collect(ps);
@@ -66,12 +73,17 @@ Tensor TransformerBlock::forward(const Tensor& x, const TokenLayout& layout, Ctx
   ctx.layers.resize(layers.size());
   ctx.segment_inputs.assign(segments_.size(), Tensor());
   Tensor h = x;
+  if (fp8_) {
+    fp8_->begin_forward(mode.training, mode.first_micro_batch);
+    ctx.fp8_scales.clear();
+  }
   for (size_t k = 0; k < segments_.size(); ++k) {
     const Segment& seg = segments_[k];
     if (seg.recompute) {
       ctx.segment_inputs[k] = h;
       ctx.layout = layout;
       ctx.mode = mode;
+      if (fp8_ && ctx.fp8_scales.empty()) ctx.fp8_scales = fp8_->forward_scales();
     }
     for (int64_t i = seg.begin; i < seg.end; ++i) {
       if (mode.gate) {
@@ -84,6 +96,7 @@ Tensor TransformerBlock::forward(const Tensor& x, const TokenLayout& layout, Ctx
       if (seg.recompute) ctx.layers[i] = TransformerLayer::Ctx{};
     }
   }
+  if (fp8_) fp8_->end_forward(mode.training, amax_group_);
   if (!has_final_norm_) return h;
   mode.need(final_norm_params_);
   return final_layernorm.forward(h, ctx.final_norm);
@@ -92,6 +105,7 @@ Tensor TransformerBlock::forward(const Tensor& x, const TokenLayout& layout, Ctx
 Tensor TransformerBlock::backward(const Tensor& dy, Ctx& ctx, const ParamsDone& done,
                                   SideGrads* side) const {
   Tensor d = dy;
+  if (fp8_) fp8_->begin_backward();
   if (has_final_norm_) {
     d = final_layernorm.backward(dy, ctx.final_norm);
     if (done) done(final_norm_params_);
@@ -102,10 +116,13 @@ Tensor TransformerBlock::backward(const Tensor& dy, Ctx& ctx, const ParamsDone& 
       // The same forward, from the same input with the same mode, as in forward: same kernels
       // on the same values, so the rebuilt Ctx is bit for bit the one that was dropped. The
       // segment's output is not needed (its gradient is d).
+      // FP8: with the scales the forward used, recording nothing (TE's recompute phase).
       Tensor h = ctx.segment_inputs[k];
+      if (fp8_) fp8_->begin_recompute(ctx.fp8_scales);
       for (int64_t i = seg.begin; i < seg.end; ++i) {
         h = layers[i]->forward(h, ctx.layout, ctx.layers[i], ctx.mode);
       }
+      if (fp8_) fp8_->end_recompute();
       ctx.segment_inputs[k] = Tensor();
     }
     for (int64_t i = seg.end; i-- > seg.begin;) {
@@ -117,6 +134,7 @@ Tensor TransformerBlock::backward(const Tensor& dy, Ctx& ctx, const ParamsDone& 
       }
     }
   }
+  if (fp8_) fp8_->end_backward(amax_group_);
   ctx = Ctx{};
   return d;
 }

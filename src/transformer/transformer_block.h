@@ -39,6 +39,7 @@ class TransformerBlock {
     TokenLayout layout;                         // kept for the recomputation (only if any)
     ForwardMode mode;                           // as run in forward, for the recomputation
     Norm::Ctx final_norm;
+    std::vector<float> fp8_scales;  // FP8 delayed scaling: the scales forward used (recomputation)
   };
 
   // Layers [first_layer, first_layer + num_layers) of cfg.num_layers; with_final_norm on the
@@ -67,8 +68,14 @@ class TransformerBlock {
     bool recompute = false;
   };
   const std::vector<Segment>& segments() const { return segments_; }
+  // FP8 (cfg.fp8): the scaling state of every FP8 GEMM of the block (checkpointed; empty for
+  // tensorwise scaling or without FP8).
+  std::vector<Param*> fp8_state() const { return fp8_ ? fp8_->state() : std::vector<Param*>{}; }
 
  private:
+  // The layers' FP8 GEMMs, Megatron's fp8_autocast region around this block (null: no FP8).
+  std::unique_ptr<Fp8Region> fp8_;
+  ProcessGroup* amax_group_ = nullptr;
   bool has_final_norm_;
   std::vector<const Param*> final_norm_params_;
   std::vector<Segment> segments_;  // covers every layer, in order

@@ -45,6 +45,23 @@ TransformerLayer::TransformerLayer(const std::string& name, const TransformerCon
   pre_mlp_layernorm.mark_sequence_parallel(tp.sp());
 }
 
+std::vector<Fp8GemmScaling*> TransformerLayer::enable_fp8() {
+  MEGATRON_CHECK(!moe,
+                 "FP8 (--fp8-format) does not run MoE layers yet: their expert GEMMs have "
+                 "no FP8 path; train this model without --fp8-format");
+  std::vector<Fp8GemmScaling*> out;
+  out.push_back(self_attention.linear_qkv.enable_fp8(cfg_.fp8));
+  out.push_back(self_attention.linear_proj.enable_fp8(cfg_.fp8));
+  if (cross_attention) {
+    out.push_back(cross_attention->linear_q.enable_fp8(cfg_.fp8));
+    out.push_back(cross_attention->linear_kv.enable_fp8(cfg_.fp8));
+    out.push_back(cross_attention->linear_proj.enable_fp8(cfg_.fp8));
+  }
+  out.push_back(mlp->linear_fc1.enable_fp8(cfg_.fp8));
+  out.push_back(mlp->linear_fc2.enable_fp8(cfg_.fp8));
+  return out;
+}
+
 void TransformerLayer::collect(std::vector<Param*>& out) {
   input_layernorm.collect(out);
   self_attention.collect(out);

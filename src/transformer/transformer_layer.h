@@ -73,6 +73,10 @@ class TransformerLayer {
   // side: where the bias and memory gradients go (needed when the layout had them).
   Tensor backward(const Tensor& dy, Ctx& ctx, SideGrads* side = nullptr) const;
   void collect(std::vector<Param*>& out);
+  int64_t layer_number() const { return layer_; }
+  // Runs every GEMM of the layer's attention and MLP in FP8 (cfg.fp8); returns their scaling
+  // state. MoE layers are refused (their expert GEMMs have no FP8 path yet).
+  std::vector<Fp8GemmScaling*> enable_fp8();
 
  private:
   Tensor forward_post_ln(const Tensor& x, const TokenLayout& layout, Ctx& ctx,

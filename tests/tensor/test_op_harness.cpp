@@ -137,6 +137,25 @@ void register_elementwise() {
          false,
          {{0, 1}}},
         {"add", "add_inplace", "bias_add", "bias_backward", "scale_inplace"});
+    // FP8: the scales put the values (|x| up to about 4) across each format's whole range: into
+    // the subnormals (1e-3 for E4M3, 2e-5 for E5M2), around 1, and past the largest finite value
+    // (saturation: 300 x 4 > 448, 3e4 x 4 > 57344). Exact: one rounding of an exact product.
+    add({"fp8_quantize, abs_max", dims(s),
+         [=](const Place& p) {
+           std::vector<Tensor> outs;
+           const DType q = p.dtype == DType::kF64 ? DType::kF64 : DType::kBF16;
+           for (Fp8Format f : {Fp8Format::kE4M3, Fp8Format::kE5M2}) {
+             for (float scale : {1e-3f, 2e-5f, 1.0f, 300.0f, 3e4f}) {
+               Tensor out = Tensor::empty(s, q, p.device);
+               ops::fp8_quantize(out, p(a), scale, f);
+               outs.push_back(out);
+             }
+           }
+           outs.push_back(Tensor::full({1}, ops::abs_max(p(a)), DType::kF64, p.device));
+           return outs;
+         },
+         true},
+        {"fp8_quantize", "abs_max"});
     for (bool tanh : {false, true}) {
       add({tanh ? "gelu (tanh)" : "gelu", dims(s),
            [=](const Place& p) {

@@ -12,7 +12,8 @@ GPTModel::GPTModel(const TransformerConfig& cfg, GPTStage stage)
     : cfg_(cfg), stage_(std::move(stage)) {
   if (!stage_.tp) stage_.tp = make_self_process_group();
   if (stage_.num_layers < 0) stage_.num_layers = cfg_.num_layers - stage_.first_layer;
-  tp_ = TensorParallelContext{stage_.tp.get(), stage_.sequence_parallel, stage_.cp, stage_.expert};
+  tp_ = TensorParallelContext{stage_.tp.get(), stage_.sequence_parallel, stage_.cp, stage_.expert,
+                              stage_.amax};
   vocab_shard(cfg_, tp_);  // every stage refuses a vocabulary the TP size does not divide
   if (stage_.pre_process) embedding = std::make_unique<LanguageEmbedding>(cfg_, tp_);
   decoder = std::make_unique<TransformerBlock>("decoder", cfg_, tp_, stage_.first_layer,

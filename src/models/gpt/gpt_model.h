@@ -40,6 +40,7 @@ struct GPTStage {
   bool post_process = true;           // holds final norm, output layer, loss (last stage)
   ContextParallelContext cp = {};     // --context-parallel-size: this rank's sequence chunks
   ExpertParallelContext expert = {};  // MoE layers' expert split (default: EP 1, ETP = TP)
+  ProcessGroup* amax = nullptr;       // FP8 delayed scaling's amax reduction group (null: none)
 };
 
 // What a stage reads of the micro-batch: tokens and positions on the first stage, labels on the

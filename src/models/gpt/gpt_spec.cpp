@@ -23,7 +23,8 @@ std::vector<std::unique_ptr<ModelChunk>> build_chunks(const ModelOptions& o,
                          .pre_process = l.pre_process,
                          .post_process = l.post_process,
                          .cp = p.cp,
-                         .expert = p.expert};
+                         .expert = p.expert,
+                         .amax = p.amax};
     chunks.push_back(std::make_unique<GPTChunk>(o.config, stage, o.reset_attention_mask));
   }
   return chunks;

@@ -567,6 +567,17 @@ double sum_squares(const Tensor& x) {
   return s;
 }
 
+double abs_max(const Tensor& x) {
+  MEGATRON_CHECK(x.dtype() == DType::kF32 || x.dtype() == DType::kBF16 || x.dtype() == DType::kF64,
+                 "abs_max: x must be f32, bf16 or f64, got ", x.str());
+  return cuda::abs_max(x.raw(), static_cast<int>(x.dtype()), x.numel());
+}
+
+void fp8_quantize(Tensor& out, const Tensor& x, float scale, Fp8Format format) {
+  cuda::fp8_quantize(out.raw(), x.raw(), static_cast<int>(x.dtype()), x.numel(), scale,
+                     format == Fp8Format::kE4M3);
+}
+
 int64_t count_zeros(const Tensor& x) {
   int64_t z = 0;
   dispatch_float(x, "count_zeros",

@@ -82,6 +82,12 @@ void norm_backward(T* dx, T* dw, T* db, const T* dout, const T* x, const T* w, c
 template <typename T>
 void rmsnorm_forward(T* out, T* rstd, const T* x, const T* w, int64_t rows, int64_t h, float eps);
 
+// ---- FP8 (fp8.cu) ----------------------------------------------------------------------------
+// max |x| (NaN ignored) of x in dtype code x_dtype (f32, f64 or bf16).
+double abs_max(const void* x, int x_dtype, int64_t n);
+// out = fp8 value of f32(x) * scale (E4M3 or E5M2, saturating), bf16 bits, or f64 for f64 x.
+void fp8_quantize(void* out, const void* x, int x_dtype, int64_t n, float scale, bool e4m3);
+
 // ---- embedding, row permutations --------------------------------------------------------------
 // out[r, :] = table[ids[r] - start, :] for ids in [start, start + block), else 0. table_dtype is
 // a DType code (f32, f64, bf16, f16); out is T.

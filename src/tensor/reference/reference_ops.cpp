@@ -527,6 +527,23 @@ double sum_squares(const Tensor& x) {
   return s;
 }
 
+double abs_max(const Tensor& x) {
+  f64("abs_max", {&x});
+  double m = 0;
+  for (int64_t i = 0; i < x.numel(); ++i)
+    if (std::fabs(P(x)[i]) > m) m = std::fabs(P(x)[i]);  // NaN compares false: ignored
+  return m;
+}
+
+// Through the codec's code (fp8_encode, then fp8_decode), not the fast kernels' fp8_round.
+void fp8_quantize(Tensor& out, const Tensor& x, float scale, Fp8Format format) {
+  f64("fp8_quantize", {&out, &x});
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const float scaled = static_cast<float>(P(x)[i]) * scale;
+    W(out)[i] = fp8_decode(fp8_encode(scaled, format), format);
+  }
+}
+
 int64_t count_zeros(const Tensor& x) {
   f64("count_zeros", {&x});
   int64_t n = 0;

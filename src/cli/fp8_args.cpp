@@ -1,0 +1,75 @@
+// The --fp8-* flags of `megatron train` (Megatron's Transformer Engine group) and their checks.
+// What they do is parallel/fp8_scaling.h's; the GEMM-shape rule is checked with the finished
+// model shape in train/model_config.cpp.
+#include "cli/train_args.h"
+#include "core/error.h"
+
+namespace megatron::cli {
+
+void register_fp8_args(ArgTable& t, Arguments& a) {
+  t.add("--fp8-format", a.fp8_format,
+        "FP8 GEMM inputs in every transformer layer's linear layers: e4m3 (every operand E4M3) "
+        "or hybrid (E4M3 inputs and weights, E5M2 gradients); on the CPU the quantised values "
+        "feed its bf16 GEMM (FP8's numerics, not its speed)");
+  t.add("--fp8-recipe", a.fp8_recipe,
+        "delayed (scales from an amax history) or tensorwise (each tensor's own amax)");
+  t.add("--fp8-margin", a.fp8_margin, "Delayed scaling: scales divided by 2^margin");
+  t.add("--fp8-amax-history-len", a.fp8_amax_history_len,
+        "Delayed scaling: amaxes kept per tensor");
+  t.add("--fp8-amax-compute-algo", a.fp8_amax_compute_algo,
+        "Delayed scaling: most_recent or max (of the history)");
+  t.flag("--no-fp8-wgrad", a.no_fp8_wgrad,
+         "Weight gradients from the unquantised input and output gradient");
+  t.flag("--first-last-layers-bf16", a.first_last_layers_bf16,
+         "Keep the first and last layers out of FP8 (tensorwise recipe)");
+  t.add("--num-layers-at-start-in-bf16", a.num_layers_at_start_in_bf16,
+        "Layers at the start kept out of FP8 with --first-last-layers-bf16");
+  t.add("--num-layers-at-end-in-bf16", a.num_layers_at_end_in_bf16,
+        "Layers at the end kept out of FP8 with --first-last-layers-bf16");
+}
+
+void validate_fp8_args(const Arguments& a) {
+  if (a.fp8_format.empty()) {
+    MEGATRON_CHECK(!a.first_last_layers_bf16,
+                   "--first-last-layers-bf16 applies to FP8 training: add --fp8-format or drop it");
+    return;
+  }
+  MEGATRON_CHECK(a.fp8_format == "e4m3" || a.fp8_format == "hybrid",
+                 "--fp8-format must be e4m3 or "
+                 "hybrid, got '",
+                 a.fp8_format, "'");
+  MEGATRON_CHECK(a.fp8_recipe == "delayed" || a.fp8_recipe == "tensorwise", "--fp8-recipe ",
+                 a.fp8_recipe,
+                 a.fp8_recipe == "blockwise" || a.fp8_recipe == "mxfp8"
+                     ? " is not implemented (its block scales need a GPU backend's GEMMs): use "
+                       "delayed or tensorwise"
+                     : ": unknown recipe; choose delayed or tensorwise");
+  MEGATRON_CHECK(a.fp8_amax_compute_algo == "most_recent" || a.fp8_amax_compute_algo == "max",
+                 "--fp8-amax-compute-algo must be most_recent or max, got '",
+                 a.fp8_amax_compute_algo, "'");
+  MEGATRON_CHECK(a.fp8_amax_history_len >= 1, "--fp8-amax-history-len must be at least 1, got ",
+                 a.fp8_amax_history_len);
+  MEGATRON_CHECK(a.model == "gpt",
+                 "--fp8-format: FP8 training runs GPT models (pretrain_gpt) "
+                 "here; --model ",
+                 a.model, " has no FP8 path yet: drop --fp8-format");
+  MEGATRON_CHECK(a.num_experts <= 0,
+                 "--fp8-format with --num-experts: the experts' grouped "
+                 "GEMMs have no FP8 path yet; drop one of them");
+  if (a.first_last_layers_bf16) {
+    // Megatron's TransformerConfig rules.
+    MEGATRON_CHECK(a.fp8_recipe != "delayed",
+                   "Delayed scaling does not support first / last layer in BF16: "
+                   "--first-last-layers-bf16 needs --fp8-recipe tensorwise");
+    const int64_t per_stage = a.num_layers / a.pipeline_model_parallel_size;
+    for (auto [flag, n] :
+         {std::pair{"--num-layers-at-start-in-bf16", a.num_layers_at_start_in_bf16},
+          std::pair{"--num-layers-at-end-in-bf16", a.num_layers_at_end_in_bf16}}) {
+      MEGATRON_CHECK(n >= 0 && n <= per_stage, flag, " (", n,
+                     ") must be between 0 and number of layers per pipeline stage (", per_stage,
+                     ")");
+    }
+  }
+}
+
+}  // namespace megatron::cli

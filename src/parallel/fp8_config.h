@@ -1,0 +1,46 @@
+// Fp8Config: a run's FP8 training settings, Megatron's fp8_* TransformerConfig fields (set by
+// --fp8-format and friends). Off by default. What they do is parallel/fp8_scaling.h's.
+#pragma once
+
+#include <cstdint>
+
+#include "core/fp8.h"
+
+namespace megatron {
+
+enum class Fp8Mode : uint8_t {
+  kOff,
+  kE4M3,    // --fp8-format e4m3: every quantised tensor E4M3
+  kHybrid,  // --fp8-format hybrid: E4M3 forward (inputs, weights), E5M2 gradients
+};
+enum class Fp8Recipe : uint8_t {
+  kDelayed,     // --fp8-recipe delayed (default): scales from an amax history of earlier steps
+  kTensorwise,  // --fp8-recipe tensorwise: each tensor's scale from its own amax (current scaling)
+};
+
+struct Fp8Config {
+  Fp8Mode mode = Fp8Mode::kOff;             // --fp8-format (off when absent)
+  Fp8Recipe recipe = Fp8Recipe::kDelayed;   // --fp8-recipe
+  int margin = 0;                           // --fp8-margin: scales divided by 2^margin (delayed)
+  int64_t amax_history_len = 1;             // --fp8-amax-history-len (delayed)
+  bool amax_compute_max = false;            // --fp8-amax-compute-algo max (default most_recent)
+  bool wgrad = true;                        // false with --no-fp8-wgrad: weight gradients in bf16
+  bool first_last_layers_bf16 = false;      // --first-last-layers-bf16 (not with delayed)
+  int64_t num_layers_at_start_in_bf16 = 1;  // --num-layers-at-start-in-bf16
+  int64_t num_layers_at_end_in_bf16 = 1;    // --num-layers-at-end-in-bf16
+
+  bool enabled() const { return mode != Fp8Mode::kOff; }
+  Fp8Format forward_format() const { return Fp8Format::kE4M3; }
+  Fp8Format backward_format() const {
+    return mode == Fp8Mode::kHybrid ? Fp8Format::kE5M2 : Fp8Format::kE4M3;
+  }
+  // Whether global layer `layer` (0-based) of `num_layers` runs its GEMMs in FP8 (Megatron's
+  // is_first_last_bf16_layer, negated).
+  bool layer_in_fp8(int64_t layer, int64_t num_layers) const {
+    if (!enabled()) return false;
+    if (!first_last_layers_bf16) return true;
+    return layer >= num_layers_at_start_in_bf16 && layer < num_layers - num_layers_at_end_in_bf16;
+  }
+};
+
+}  // namespace megatron

@@ -1,0 +1,71 @@
+// FP8 quantisation on the CPU: the amax of a tensor and its values rounded to an FP8 format after
+// scaling (tensor/ops.h). The rounding is core/fp8.h's inline fp8_round, so these loops and the
+// codec tested against the OCP specification are one definition.
+#include <algorithm>
+#include <cmath>
+
+#include "tensor/cpu/cpu_ops.h"
+#include "tensor/cpu/dispatch.h"
+
+namespace megatron::cpu {
+namespace {
+
+template <typename T>
+float load(const T* p, int64_t i) {
+  if constexpr (std::is_same_v<T, bf16>)
+    return bf16_to_f32(p[i]);
+  else
+    return static_cast<float>(p[i]);
+}
+
+template <typename T>
+double abs_max_of(const T* p, int64_t n) {
+  double m = 0;
+  if constexpr (std::is_same_v<T, double>) {
+#pragma omp parallel for schedule(static) reduction(max : m)
+    for (int64_t i = 0; i < n; ++i) m = std::fmax(m, std::fabs(p[i]));  // fmax drops NaN
+  } else {
+    float mf = 0;
+#pragma omp parallel for simd schedule(static) reduction(max : mf)
+    for (int64_t i = 0; i < n; ++i) mf = std::fmax(mf, std::fabs(load(p, i)));
+    m = mf;
+  }
+  return m;
+}
+
+}  // namespace
+
+double abs_max(const Tensor& x) {
+  switch (x.dtype()) {
+    case DType::kF32:
+      return abs_max_of(x.data<float>(), x.numel());
+    case DType::kBF16:
+      return abs_max_of(x.data<bf16>(), x.numel());
+    case DType::kF64:
+      return abs_max_of(x.data<double>(), x.numel());
+    default:
+      MEGATRON_CHECK(false, "abs_max: x must be f32, bf16 or f64, got ", x.str());
+  }
+}
+
+void fp8_quantize(Tensor& out, const Tensor& x, float scale, Fp8Format format) {
+  const int64_t n = x.numel();
+  if (x.dtype() == DType::kF64) {
+    const double* px = x.data<double>();
+    double* po = out.data<double>();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) po[i] = fp8_round(static_cast<float>(px[i]) * scale, format);
+    return;
+  }
+  bf16* po = out.data<bf16>();
+  auto run = [&](const auto* px) {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) po[i] = f32_to_bf16(fp8_round(load(px, i) * scale, format));
+  };
+  if (x.dtype() == DType::kBF16)
+    run(x.data<bf16>());
+  else
+    run(x.data<float>());
+}
+
+}  // namespace megatron::cpu
