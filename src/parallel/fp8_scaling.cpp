@@ -215,7 +215,10 @@ void Fp8Region::begin_recompute(const std::vector<float>& saved) {
 }
 
 void Fp8Region::end_recompute() {
-  for (Fp8GemmScaling* g : gemms_) g->end_recompute();
+  for (Fp8GemmScaling* g : gemms_) {
+    g->end_recompute();
+    g->begin_backward();  // recomputation happens inside a backward, which records again
+  }
 }
 
 std::vector<Param*> Fp8Region::state() const {
