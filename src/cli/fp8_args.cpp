@@ -49,10 +49,6 @@ void validate_fp8_args(const Arguments& a) {
                  a.fp8_amax_compute_algo, "'");
   MEGATRON_CHECK(a.fp8_amax_history_len >= 1, "--fp8-amax-history-len must be at least 1, got ",
                  a.fp8_amax_history_len);
-  MEGATRON_CHECK(a.model == "gpt",
-                 "--fp8-format: FP8 training runs GPT models (pretrain_gpt) "
-                 "here; --model ",
-                 a.model, " has no FP8 path yet: drop --fp8-format");
   MEGATRON_CHECK(a.num_experts <= 0,
                  "--fp8-format with --num-experts: the experts' grouped "
                  "GEMMs have no FP8 path yet; drop one of them");

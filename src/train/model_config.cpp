@@ -3,6 +3,7 @@
 #include "train/model_config.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "core/error.h"
 
@@ -105,13 +106,17 @@ void check_fp8_gemm_shapes(const TransformerConfig& c, const Arguments& a) {
     int64_t in, out;
     const char* flags;
   };
-  const Gemm gemms[] = {
+  std::vector<Gemm> gemms = {
       {"linear_qkv", c.hidden_size, (np + 2 * ng) * hn / tp,
        "--hidden-size, --num-attention-heads, --num-query-groups, --kv-channels"},
       {"linear_proj", np * hn / tp, c.hidden_size, "--hidden-size, --kv-channels"},
       {"linear_fc1", c.hidden_size, fc1_out / tp, "--hidden-size, --ffn-hidden-size"},
       {"linear_fc2", c.ffn_hidden_size / tp, c.hidden_size, "--ffn-hidden-size"},
   };
+  if (a.model == "t5") {  // the decoder's cross-attention
+    gemms.push_back({"linear_q", c.hidden_size, np * hn / tp, "--hidden-size, --kv-channels"});
+    gemms.push_back({"linear_kv", c.hidden_size, 2 * np * hn / tp, "--hidden-size, --kv-channels"});
+  }
   for (const Gemm& g : gemms) {
     MEGATRON_CHECK(g.in % 16 == 0 && g.out % 8 == 0, "--fp8-format: the FP8 GEMM of ", g.name,
                    " is [", g.out, ", ", g.in, "] on each of the ", tp,
@@ -123,6 +128,13 @@ void check_fp8_gemm_shapes(const TransformerConfig& c, const Arguments& a) {
                  "--fp8-format: FP8 GEMMs need their rows (--micro-batch-size x "
                  "--seq-length / context parallel = ",
                  rows, ") divisible by 8 (Transformer Engine's rule)");
+  if (a.model == "t5" && c.decoder_seq_length > 0) {
+    const int64_t dec_rows = a.micro_batch_size * c.decoder_seq_length;
+    MEGATRON_CHECK(dec_rows % 8 == 0,
+                   "--fp8-format: FP8 GEMMs need their rows (--micro-batch-size x "
+                   "--decoder-seq-length = ",
+                   dec_rows, ") divisible by 8 (Transformer Engine's rule)");
+  }
 }
 }  // namespace
 

@@ -36,7 +36,8 @@ std::vector<std::unique_ptr<ModelChunk>> build_bert_chunks(const ModelOptions& o
                             .pre_process = l.pre_process,
                             .post_process = l.post_process,
                             .binary_head = num_classes == 0 && o.config.bert_binary_head,
-                            .num_classes = num_classes}));
+                            .num_classes = num_classes,
+                            .amax = p.amax}));
   }
   return chunks;
 }

@@ -50,6 +50,7 @@ class BertChunk final : public ModelChunk {
                     const ForwardMode& mode) const override;
   TensorMap backward(const TensorMap& dout, Ctx& ctx, const ParamsDone& done) const override;
   std::vector<Param*> parameters() override { return model_.parameters(); }
+  std::vector<Param*> extra_state() override { return model_.encoder->fp8_state(); }
 
   BertModel& model() { return model_; }
   const BertModel& model() const { return model_; }

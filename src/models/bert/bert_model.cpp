@@ -12,7 +12,7 @@ BertModel::BertModel(const TransformerConfig& cfg, BertStage stage)
     : cfg_(cfg), stage_(std::move(stage)) {
   if (!stage_.tp) stage_.tp = make_self_process_group();
   if (stage_.num_layers < 0) stage_.num_layers = cfg_.num_layers - stage_.first_layer;
-  tp_ = TensorParallelContext{stage_.tp.get(), stage_.sequence_parallel, {}, {}};
+  tp_ = TensorParallelContext{stage_.tp.get(), stage_.sequence_parallel, {}, {}, stage_.amax};
   vocab_shard(cfg_, tp_);
   if (stage_.pre_process) {
     // pretrain_bert.py: two token types (sentence A and B) with the binary head, none without;

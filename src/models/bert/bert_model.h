@@ -45,8 +45,9 @@ struct BertStage {
   int64_t num_layers = -1;  // -1: every layer from first_layer on
   bool pre_process = true;
   bool post_process = true;
-  bool binary_head = true;  // false with --bert-no-binary-head
-  int64_t num_classes = 0;  // > 0: a sequence classifier (no pretraining heads)
+  bool binary_head = true;       // false with --bert-no-binary-head
+  int64_t num_classes = 0;       // > 0: a sequence classifier (no pretraining heads)
+  ProcessGroup* amax = nullptr;  // FP8 delayed scaling's amax reduction group (null: none)
 };
 
 // What a stage reads of the micro-batch (Megatron's get_batch names in brackets).

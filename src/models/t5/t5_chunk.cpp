@@ -32,7 +32,7 @@ std::vector<std::unique_ptr<ModelChunk>> build_t5_chunks(const ModelOptions& o,
                  "T5 with MoE layers is not supported: drop --num-experts");
   MEGATRON_CHECK(!o.reset_attention_mask, "--reset-attention-mask does not apply to T5");
   std::vector<std::unique_ptr<ModelChunk>> out;
-  out.push_back(std::make_unique<T5Chunk>(o.config, p.tp, p.sequence_parallel));
+  out.push_back(std::make_unique<T5Chunk>(o.config, p.tp, p.sequence_parallel, p.amax));
   return out;
 }
 
@@ -63,8 +63,8 @@ int64_t t5_activation_bytes(const ModelChunk& chunk, const TransformerConfig& cf
 }
 
 T5Chunk::T5Chunk(const TransformerConfig& cfg, std::shared_ptr<ProcessGroup> tp,
-                 bool sequence_parallel)
-    : model_(cfg, std::move(tp), sequence_parallel) {}
+                 bool sequence_parallel, ProcessGroup* amax)
+    : model_(cfg, std::move(tp), sequence_parallel, amax) {}
 
 std::unique_ptr<ModelChunk::Ctx> T5Chunk::new_ctx() const {
   return std::make_unique<T5Ctx>();

@@ -36,7 +36,8 @@ int64_t t5_activation_bytes(const ModelChunk& chunk, const TransformerConfig& cf
 
 class T5Chunk final : public ModelChunk {
  public:
-  T5Chunk(const TransformerConfig& cfg, std::shared_ptr<ProcessGroup> tp, bool sequence_parallel);
+  T5Chunk(const TransformerConfig& cfg, std::shared_ptr<ProcessGroup> tp, bool sequence_parallel,
+          ProcessGroup* amax = nullptr);
 
   std::unique_ptr<Ctx> new_ctx() const override;
   std::vector<TensorSpec> recv_specs(int64_t) const override { return {}; }
@@ -47,6 +48,11 @@ class T5Chunk final : public ModelChunk {
                     const ForwardMode& mode) const override;
   TensorMap backward(const TensorMap& dout, Ctx& ctx, const ParamsDone& done) const override;
   std::vector<Param*> parameters() override { return model_.parameters(); }
+  std::vector<Param*> extra_state() override {
+    std::vector<Param*> out = model_.encoder->fp8_state();
+    for (Param* p : model_.decoder->fp8_state()) out.push_back(p);
+    return out;
+  }
 
   T5Model& model() { return model_; }
   const T5Model& model() const { return model_; }

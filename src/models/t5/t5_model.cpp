@@ -16,10 +16,10 @@ TransformerConfig t5_decoder_config(const TransformerConfig& cfg) {
 }
 
 T5Model::T5Model(const TransformerConfig& cfg, std::shared_ptr<ProcessGroup> tp,
-                 bool sequence_parallel)
+                 bool sequence_parallel, ProcessGroup* amax)
     : cfg_(cfg), dec_cfg_(t5_decoder_config(cfg)), tp_group_(std::move(tp)) {
   if (!tp_group_) tp_group_ = make_self_process_group();
-  tp_ = TensorParallelContext{tp_group_.get(), sequence_parallel, {}, {}};
+  tp_ = TensorParallelContext{tp_group_.get(), sequence_parallel, {}, {}, amax};
   vocab_shard(cfg_, tp_);
   embedding = std::make_unique<LanguageEmbedding>(cfg_, tp_);
   if (cfg_.position_embedding == PositionEmbedding::kRelative) {

@@ -55,9 +55,9 @@ class T5Model {
     LMHead::Ctx head;
   };
 
-  // tp: null for one process.
+  // tp: null for one process. amax: FP8 delayed scaling's amax reduction group (null: none).
   T5Model(const TransformerConfig& cfg, std::shared_ptr<ProcessGroup> tp = nullptr,
-          bool sequence_parallel = false);
+          bool sequence_parallel = false, ProcessGroup* amax = nullptr);
   T5Model(const T5Model&) = delete;
   T5Model& operator=(const T5Model&) = delete;
 
