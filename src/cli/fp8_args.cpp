@@ -49,9 +49,6 @@ void validate_fp8_args(const Arguments& a) {
                  a.fp8_amax_compute_algo, "'");
   MEGATRON_CHECK(a.fp8_amax_history_len >= 1, "--fp8-amax-history-len must be at least 1, got ",
                  a.fp8_amax_history_len);
-  MEGATRON_CHECK(a.num_experts <= 0,
-                 "--fp8-format with --num-experts: the experts' grouped "
-                 "GEMMs have no FP8 path yet; drop one of them");
   if (a.first_last_layers_bf16) {
     // Megatron's TransformerConfig rules.
     MEGATRON_CHECK(a.fp8_recipe != "delayed",

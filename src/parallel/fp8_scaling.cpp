@@ -74,7 +74,7 @@ void Fp8GemmScaling::record(Operand op, double amax) {
   slot = std::fmax(slot, static_cast<float>(amax));
 }
 
-Fp8Tensor Fp8GemmScaling::quantize(const Tensor& x, Operand op) {
+float Fp8GemmScaling::quantize_into(Tensor& out, const Tensor& x, Operand op) {
   const Fp8Format f = format_of(op);
   float scale;
   if (delayed_) {
@@ -84,11 +84,15 @@ Fp8Tensor Fp8GemmScaling::quantize(const Tensor& x, Operand op) {
     const float for_inf = x.dtype() == DType::kBF16 ? 0x1.fep127f : FLT_MAX;
     scale = current_scaling_scale(ops::abs_max(x), fp8_max(f), for_inf);
   }
+  ops::fp8_quantize(out, x, scale, f);
+  return 1.0f / scale;
+}
+
+Fp8Tensor Fp8GemmScaling::quantize(const Tensor& x, Operand op) {
   Fp8Tensor out;
   out.q =
       Tensor::empty(x.shape(), x.dtype() == DType::kF64 ? DType::kF64 : DType::kBF16, x.device());
-  ops::fp8_quantize(out.q, x, scale, f);
-  out.scale_inv = 1.0f / scale;
+  out.scale_inv = quantize_into(out.q, x, op);
   return out;
 }
 

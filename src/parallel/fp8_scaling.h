@@ -75,6 +75,9 @@ class Fp8GemmScaling {
   // x quantised as operand `op` (input or output gradient), recording its amax where the recipe
   // and phase say so.
   Fp8Tensor quantize(const Tensor& x, Operand op);
+  // The same into `out` (bf16, or f64 for f64 x; x's size: a view into a larger tensor, such as
+  // one expert's rows of a grouped GEMM's input); returns the inverse scale.
+  float quantize_into(Tensor& out, const Tensor& x, Operand op);
   // The weight for this forward: quantised afresh on a step's first micro-batch (and outside
   // training), else the copy made then.
   Fp8Tensor weight(const Tensor& w);
@@ -82,6 +85,9 @@ class Fp8GemmScaling {
   // Delayed scaling's checkpointed state (empty for tensorwise): "<linear>.fp8_scale" [3] and
   // "<linear>.fp8_amax_history" [len, 3], f32 in Param::main (not in any ParamSet).
   std::vector<Param*> state();
+  // The state belongs to an MoE expert (Param::expert_parallel: written by expert-data-parallel
+  // rank 0).
+  void mark_expert_parallel() { scale_.expert_parallel = history_.expert_parallel = true; }
 
   // Phases, set by Fp8Region.
   void begin_forward(bool training, bool first_micro_batch);

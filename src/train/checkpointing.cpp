@@ -148,7 +148,8 @@ void for_each_box(const CheckpointTarget& t, bool optim, bool writes_only, Fn&& 
     }
   }
   for (const Param* p : t.extra_state) {
-    if (writes_only && (t.dp_rank != 0 || p->is_duplicate())) continue;
+    const int64_t writer = p->expert_parallel ? t.expert_dp_rank : t.dp_rank;
+    if (writes_only && (writer != 0 || p->is_duplicate())) continue;
     for (const cp::Piece& piece : cp::shard_pieces(*p, 0, p->shape.numel()))
       fn("model." + p->name, *p, const_cast<Tensor&>(p->main), 0, piece);
   }

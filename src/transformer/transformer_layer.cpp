@@ -46,9 +46,6 @@ TransformerLayer::TransformerLayer(const std::string& name, const TransformerCon
 }
 
 std::vector<Fp8GemmScaling*> TransformerLayer::enable_fp8() {
-  MEGATRON_CHECK(!moe,
-                 "FP8 (--fp8-format) does not run MoE layers yet: their expert GEMMs have "
-                 "no FP8 path; train this model without --fp8-format");
   std::vector<Fp8GemmScaling*> out;
   out.push_back(self_attention.linear_qkv.enable_fp8(cfg_.fp8));
   out.push_back(self_attention.linear_proj.enable_fp8(cfg_.fp8));
@@ -56,6 +53,16 @@ std::vector<Fp8GemmScaling*> TransformerLayer::enable_fp8() {
     out.push_back(cross_attention->linear_q.enable_fp8(cfg_.fp8));
     out.push_back(cross_attention->linear_kv.enable_fp8(cfg_.fp8));
     out.push_back(cross_attention->linear_proj.enable_fp8(cfg_.fp8));
+  }
+  if (moe) {
+    // The experts (TE's GroupedLinear) and the shared experts' MLP; the router's gating GEMM
+    // stays in high precision, as in Megatron.
+    for (Fp8GemmScaling* g : moe->experts.enable_fp8(cfg_.fp8)) out.push_back(g);
+    if (moe->shared_experts) {
+      out.push_back(moe->shared_experts->linear_fc1.enable_fp8(cfg_.fp8));
+      out.push_back(moe->shared_experts->linear_fc2.enable_fp8(cfg_.fp8));
+    }
+    return out;
   }
   out.push_back(mlp->linear_fc1.enable_fp8(cfg_.fp8));
   out.push_back(mlp->linear_fc2.enable_fp8(cfg_.fp8));

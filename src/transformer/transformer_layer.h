@@ -74,8 +74,8 @@ class TransformerLayer {
   Tensor backward(const Tensor& dy, Ctx& ctx, SideGrads* side = nullptr) const;
   void collect(std::vector<Param*>& out);
   int64_t layer_number() const { return layer_; }
-  // Runs every GEMM of the layer's attention and MLP in FP8 (cfg.fp8); returns their scaling
-  // state. MoE layers are refused (their expert GEMMs have no FP8 path yet).
+  // Runs every GEMM of the layer's attention and MLP (or experts) in FP8 (cfg.fp8); returns
+  // their scaling state.
   std::vector<Fp8GemmScaling*> enable_fp8();
 
  private:

@@ -287,7 +287,6 @@ class TestBadFlags(unittest.TestCase):
             (["--fp8-format", "hybrid", "--first-last-layers-bf16"], "--first-last-layers-bf16"),
             (["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise", "--first-last-layers-bf16",
               "--num-layers-at-start-in-bf16", "5"], "--num-layers-at-start-in-bf16"),
-            (["--fp8-format", "hybrid", "--num-experts", "4"], "--num-experts"),
             (["--fp8-format", "hybrid", "--fp8-amax-history-len", "0"], "--fp8-amax-history-len"),
             (["--fp8-format", "hybrid", "--fp8-param-gather"], "--fp8-param-gather"),
             (["--first-last-layers-bf16"], "--first-last-layers-bf16"),

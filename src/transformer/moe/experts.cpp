@@ -47,6 +47,8 @@ GroupedExperts::GroupedExperts(const std::string& name, const TransformerConfig&
   const int64_t local =
       divide(m.num_experts, ep_size, "--num-experts by --expert-model-parallel-size");
   first_ = ep_rank * local;
+  etp_rank_ = etp.rank();
+  etp_size_ = etp.size();
   ffn_local_ = divide(m.ffn_hidden_size, etp.size(),
                       "--moe-ffn-hidden-size by --expert-tensor-parallel-size");
   const int64_t h = cfg.hidden_size, f1 = cfg.gated_mlp() ? 2 * ffn_local_ : ffn_local_;
@@ -78,6 +80,7 @@ Tensor GroupedExperts::gemm_input(const Tensor& t) const {
 
 Tensor GroupedExperts::forward(const Tensor& x, const std::vector<int64_t>& counts,
                                const std::vector<double>& probs, Ctx& ctx) const {
+  if (fp8_) return forward_fp8(x, counts, probs, ctx);
   const int64_t N = x.dim(0), h = cfg_.hidden_size;
   const int64_t f = ffn_local_, f1 = cfg_.gated_mlp() ? 2 * f : f;
   const DType acc = gemm_dtype() == DType::kF64 ? DType::kF64 : DType::kF32;
@@ -97,6 +100,7 @@ Tensor GroupedExperts::forward(const Tensor& x, const std::vector<int64_t>& coun
 }
 
 Tensor GroupedExperts::backward(const Tensor& dy, Ctx& ctx, std::vector<double>* dprobs) const {
+  if (fp8_) return backward_fp8(dy, ctx, dprobs);
   const int64_t N = dy.dim(0);
   const int64_t f = ffn_local_, f1 = cfg_.gated_mlp() ? 2 * f : f;
   const DType acc = gemm_dtype() == DType::kF64 ? DType::kF64 : DType::kF32;
@@ -119,6 +123,152 @@ Tensor GroupedExperts::backward(const Tensor& dy, Ctx& ctx, std::vector<double>*
   ops::grouped_matmul(dx, dpre_c, values(fc1_), false, ctx.counts);
   std::vector<Tensor> dw1 = grads(fc1_);
   ops::grouped_matmul_at(dw1, dpre_c, ctx.x, ctx.counts, 1.0f);
+  ctx = Ctx{};
+  return dx;
+}
+
+std::vector<Fp8GemmScaling*> GroupedExperts::enable_fp8(const Fp8Config& cfg) {
+  fp8_ = true;
+  std::vector<Fp8GemmScaling*> out;
+  for (const auto* fc : {&fc1_, &fc2_}) {
+    for (const auto& l : *fc) {
+      Fp8GemmScaling* g = l->enable_fp8(cfg, etp_rank_, etp_size_);
+      g->mark_expert_parallel();
+      out.push_back(g);
+    }
+  }
+  return out;
+}
+
+namespace {
+
+// Each expert's block of rows of x quantised with that expert's scaling (operand op) into one
+// tensor, as the grouped GEMM reads it; the blocks' inverse scales in *inv.
+Tensor quantize_blocks(const Tensor& x, const std::vector<int64_t>& counts,
+                       const std::vector<std::unique_ptr<Linear>>& fc, Fp8GemmScaling::Operand op,
+                       std::vector<float>* inv) {
+  const int64_t cols = x.dim(1);
+  Tensor q =
+      Tensor::empty(x.shape(), x.dtype() == DType::kF64 ? DType::kF64 : DType::kBF16, x.device());
+  inv->clear();
+  int64_t row = 0;
+  for (size_t g = 0; g < counts.size(); ++g) {
+    Tensor block = q.flat_view(row * cols, {counts[g], cols});
+    inv->push_back(
+        fc[g]->fp8()->quantize_into(block, x.flat_view(row * cols, {counts[g], cols}), op));
+    row += counts[g];
+  }
+  return q;
+}
+
+// [N] of dtype t: the rows of block g get a[g] * b[g] (a grouped FP8 GEMM's inverse scales).
+Tensor block_factors(const std::vector<int64_t>& counts, const std::vector<float>& a,
+                     const std::vector<float>& b, DType t) {
+  int64_t n = 0;
+  for (int64_t c : counts) n += c;
+  Tensor f = Tensor::empty({n}, DType::kF64);
+  int64_t row = 0;
+  for (size_t g = 0; g < counts.size(); ++g)
+    for (int64_t i = 0; i < counts[g]; ++i) f.data<double>()[row++] = a[g] * b[g];
+  return t == DType::kF64 ? f : f.to(t);
+}
+
+std::vector<float> inverses(const std::vector<Fp8Tensor>& w) {
+  std::vector<float> out;
+  for (const Fp8Tensor& t : w) out.push_back(t.scale_inv);
+  return out;
+}
+
+std::vector<Tensor> quantised(const std::vector<Fp8Tensor>& w) {
+  std::vector<Tensor> out;
+  for (const Fp8Tensor& t : w) out.push_back(t.q);
+  return out;
+}
+
+// main_grad[g] += (a_g^T c_g) a_inv[g] c_inv[g] over the blocks (FP8 weight gradients).
+void accumulate_fp8_wgrad(const std::vector<std::unique_ptr<Linear>>& fc, const Tensor& a,
+                          const std::vector<float>& a_inv, const Tensor& c,
+                          const std::vector<float>& c_inv, const std::vector<int64_t>& counts) {
+  std::vector<Tensor> partial;
+  for (const auto& l : fc) {
+    const Tensor& g = l->weight.main_grad;
+    partial.push_back(Tensor::empty(g.shape(), g.dtype(), g.device()));
+  }
+  ops::grouped_matmul_at(partial, a, c, counts, 0.0f);
+  for (size_t g = 0; g < fc.size(); ++g) {
+    ops::scale_inplace(partial[g], static_cast<double>(a_inv[g] * c_inv[g]));
+    Tensor dw = fc[g]->weight.main_grad;
+    ops::add_inplace(dw, partial[g]);
+  }
+}
+
+}  // namespace
+
+Tensor GroupedExperts::forward_fp8(const Tensor& x, const std::vector<int64_t>& counts,
+                                   const std::vector<double>& probs, Ctx& ctx) const {
+  const int64_t N = x.dim(0), h = cfg_.hidden_size;
+  const int64_t f = ffn_local_, f1 = cfg_.gated_mlp() ? 2 * f : f;
+  const DType acc = x.dtype() == DType::kF64 ? DType::kF64 : DType::kF32;
+  const bool wgrad = fc1_.front()->fp8()->config().wgrad;
+  ctx.counts = counts;
+  ctx.probs = probs;
+  ctx.w1.clear();
+  ctx.w2.clear();
+  for (size_t g = 0; g < fc1_.size(); ++g) {
+    ctx.w1.push_back(fc1_[g]->fp8()->weight(fc1_[g]->weight.value));
+    ctx.w2.push_back(fc2_[g]->fp8()->weight(fc2_[g]->weight.value));
+  }
+  ctx.x8 = quantize_blocks(x, counts, fc1_, Fp8GemmScaling::kInput, &ctx.x_inv);
+  if (!wgrad) ctx.x = gemm_input(x);
+  ctx.pre_act = Tensor::empty({N, f1}, acc);
+  ops::grouped_matmul(ctx.pre_act, ctx.x8, quantised(ctx.w1), true, counts);
+  ops::scale_rows(ctx.pre_act, block_factors(counts, ctx.x_inv, inverses(ctx.w1), acc));
+  ctx.act = Tensor::empty({N, f}, acc);
+  if (N > 0) mlp_activation_forward(cfg_, ctx.act, ctx.pre_act);
+  Tensor scaled = ctx.act.clone();
+  ops::scale_rows(scaled, row_tensor(probs, acc));
+  ctx.scaled8 = quantize_blocks(scaled, counts, fc2_, Fp8GemmScaling::kInput, &ctx.scaled_inv);
+  if (!wgrad) ctx.scaled = gemm_input(scaled);
+  Tensor y = Tensor::empty({N, h}, acc);
+  ops::grouped_matmul(y, ctx.scaled8, quantised(ctx.w2), true, counts);
+  ops::scale_rows(y, block_factors(counts, ctx.scaled_inv, inverses(ctx.w2), acc));
+  return y;
+}
+
+Tensor GroupedExperts::backward_fp8(const Tensor& dy, Ctx& ctx, std::vector<double>* dprobs) const {
+  const int64_t N = dy.dim(0);
+  const int64_t f = ffn_local_, f1 = cfg_.gated_mlp() ? 2 * f : f;
+  const DType acc = dy.dtype() == DType::kF64 ? DType::kF64 : DType::kF32;
+  const bool wgrad = fc1_.front()->fp8()->config().wgrad;
+  std::vector<float> dy_inv, dpre_inv;
+  const Tensor dy8 = quantize_blocks(dy, ctx.counts, fc2_, Fp8GemmScaling::kGradOutput, &dy_inv);
+  Tensor dscaled = Tensor::empty({N, f}, acc);
+  ops::grouped_matmul(dscaled, dy8, quantised(ctx.w2), false, ctx.counts);
+  ops::scale_rows(dscaled, block_factors(ctx.counts, dy_inv, inverses(ctx.w2), acc));
+  if (wgrad) {
+    accumulate_fp8_wgrad(fc2_, dy8, dy_inv, ctx.scaled8, ctx.scaled_inv, ctx.counts);
+  } else {
+    std::vector<Tensor> dw2 = grads(fc2_);
+    ops::grouped_matmul_at(dw2, gemm_input(dy), ctx.scaled, ctx.counts, 1.0f);
+  }
+  Tensor dp = Tensor::empty({N}, acc);
+  ops::row_dots(dp, dscaled, ctx.act);
+  const Tensor dp64 = dp.to(DType::kF64);
+  dprobs->assign(dp64.data<double>(), dp64.data<double>() + N);
+  ops::scale_rows(dscaled, row_tensor(ctx.probs, acc));
+  Tensor dpre = Tensor::empty({N, f1}, acc);
+  if (N > 0) mlp_activation_backward(cfg_, dpre, dscaled, ctx.pre_act);
+  const Tensor dpre8 =
+      quantize_blocks(dpre, ctx.counts, fc1_, Fp8GemmScaling::kGradOutput, &dpre_inv);
+  Tensor dx = Tensor::empty({N, cfg_.hidden_size}, acc);
+  ops::grouped_matmul(dx, dpre8, quantised(ctx.w1), false, ctx.counts);
+  ops::scale_rows(dx, block_factors(ctx.counts, dpre_inv, inverses(ctx.w1), acc));
+  if (wgrad) {
+    accumulate_fp8_wgrad(fc1_, dpre8, dpre_inv, ctx.x8, ctx.x_inv, ctx.counts);
+  } else {
+    std::vector<Tensor> dw1 = grads(fc1_);
+    ops::grouped_matmul_at(dw1, gemm_input(dpre), ctx.x, ctx.counts, 1.0f);
+  }
   ctx = Ctx{};
   return dx;
 }

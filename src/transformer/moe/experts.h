@@ -40,6 +40,12 @@ class GroupedExperts {
     Tensor scaled;                // [N, f] act * p, as fc2 saw it (compute dtype)
     std::vector<double> probs;    // [N]
     std::vector<int64_t> counts;  // rows per local expert
+    // FP8: x and scaled quantised per expert block, with each block's inverse scale, and the
+    // weights as the forward quantised them.
+    Tensor x8, scaled8;  // [N, h], [N, f] FP8 values (x and scaled then kept only for
+                         // high-precision weight gradients, --no-fp8-wgrad)
+    std::vector<float> x_inv, scaled_inv;
+    std::vector<Fp8Tensor> w1, w2;
   };
 
   // ep_rank, ep_size: this rank's share of the experts (num_experts / ep_size consecutive ones);
@@ -55,6 +61,9 @@ class GroupedExperts {
   // weights' gradients.
   Tensor backward(const Tensor& dy, Ctx& ctx, std::vector<double>* dprobs) const;
   void collect(std::vector<Param*>& out);
+  // Runs the experts' GEMMs in FP8 (Transformer Engine's GroupedLinear: a scaling state per
+  // expert GEMM, each expert's block of rows quantised with its own scale); returns the states.
+  std::vector<Fp8GemmScaling*> enable_fp8(const Fp8Config& cfg);
 
   int64_t num_local() const { return static_cast<int64_t>(fc1_.size()); }
   int64_t first_expert() const { return first_; }
@@ -66,7 +75,13 @@ class GroupedExperts {
   Tensor gemm_input(const Tensor& t) const;
 
  private:
+  Tensor forward_fp8(const Tensor& x, const std::vector<int64_t>& counts,
+                     const std::vector<double>& probs, Ctx& ctx) const;
+  Tensor backward_fp8(const Tensor& dy, Ctx& ctx, std::vector<double>* dprobs) const;
+
   const TransformerConfig& cfg_;
+  bool fp8_ = false;
+  int etp_rank_ = 0, etp_size_ = 1;
   int64_t first_;      // global index of local expert 0
   int64_t ffn_local_;  // ffn_e / etp
   std::vector<std::unique_ptr<Linear>> fc1_, fc2_;

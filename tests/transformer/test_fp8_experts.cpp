@@ -1,0 +1,146 @@
+// The MoE experts' FP8 GEMMs (transformer/moe/experts.h, Transformer Engine's GroupedLinear):
+// each expert's block of rows is quantised with that expert's own scale (tensorwise here, so the
+// scales follow from the data), its weights with theirs, and every grouped GEMM's output rows take
+// their block's inverse scales. Checked against an fp64 restatement built from the codec
+// (core/fp8.h), block by block, an empty block included; the activation between the GEMMs is
+// taken from the layer's own context (an f32 GELU), so both sides quantise the same values.
+//
+// Tolerance: the FP8 values multiply exactly (held in bf16) and sum over K <= 64 terms in f32
+// against the restatement's f64: at most about K 2^-24 sum|terms|, under 1e-5 of the largest
+// result. A block quantised with another block's scale, or an output row descaled by the wrong
+// block, is off by the ratio of two amaxes (tens of percent here: the blocks' ranges differ 4x).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "core/fp8.h"
+#include "tensor/ops.h"
+#include "testing/testing.h"
+#include "transformer/moe/experts.h"
+
+namespace megatron {
+namespace {
+
+using testing::random_tensor;
+
+// The rows [r0, r0 + n) of x [N, c] quantised with its own tensorwise scale: (values, 1 / s).
+std::pair<std::vector<double>, double> block(const Tensor& x, int64_t r0, int64_t n, int64_t c,
+                                             Fp8Format f) {
+  double amax = 0;
+  for (int64_t i = r0 * c; i < (r0 + n) * c; ++i) amax = std::max(amax, std::fabs(x.item(i)));
+  const float s = amax > 0 ? fp8_max(f) / static_cast<float>(amax) : 1.0f;
+  std::vector<double> q;
+  for (int64_t i = r0 * c; i < (r0 + n) * c; ++i)
+    q.push_back(fp8_decode(fp8_encode(static_cast<float>(x.item(i)) * s, f), f));
+  return {q, 1.0 / s};
+}
+
+// out[r, j] = sum_k a[r, k] w[j, k] * descale, a: n x k, w: m x k.
+std::vector<double> gemm_nt(const std::vector<double>& a, const std::vector<double>& w, int64_t n,
+                            int64_t k, int64_t m, double descale) {
+  std::vector<double> out(static_cast<size_t>(n * m), 0.0);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t j = 0; j < m; ++j) {
+      double s = 0;
+      for (int64_t l = 0; l < k; ++l) s += a[r * k + l] * w[j * k + l];
+      out[r * m + j] = s * descale;
+    }
+  return out;
+}
+
+double peak(const std::vector<double>& v) {
+  double p = 0;
+  for (double x : v) p = std::max(p, std::fabs(x));
+  return p;
+}
+
+TEST(Fp8Experts, EachExpertBlockIsQuantisedWithItsOwnScale) {
+  TransformerConfig cfg;
+  cfg.num_layers = 1;
+  cfg.hidden_size = 32;
+  cfg.num_attention_heads = 4;
+  cfg.seq_length = 8;
+  cfg.vocab_size = 64;
+  cfg.padded_vocab_size = 64;
+  cfg.moe.num_experts = 3;
+  cfg.moe.ffn_hidden_size = 16;
+  cfg.moe.router_topk = 2;
+  cfg.add_bias_linear = false;
+  cfg.fp8.mode = Fp8Mode::kE4M3;
+  cfg.fp8.recipe = Fp8Recipe::kTensorwise;
+  cfg.finalize();
+  auto self = make_self_process_group();
+  GroupedExperts experts("mlp.experts", cfg, 0, 1, *self);
+  std::vector<Param*> ps;
+  experts.collect(ps);
+  ParamSet params(ps, DType::kF32);
+  params.initialize(3);
+  params.zero_grads();
+  experts.enable_fp8(cfg.fp8);
+
+  const int64_t h = 32, f = 16;
+  const std::vector<int64_t> counts = {3, 0, 5};
+  const int64_t N = 8;
+  // Block 2's rows four times block 0's range: scales that differ by 4x.
+  Tensor x = random_tensor({N, h}, 5, 1.0);
+  for (int64_t i = 3 * h; i < N * h; ++i) x.data<float>()[i] *= 4.0f;
+  std::vector<double> probs = {0.9, 0.5, 0.7, 0.2, 0.6, 1.0, 0.3, 0.8};
+  GroupedExperts::Ctx ctx;
+  const Tensor y = experts.forward(x, counts, probs, ctx);
+  const Tensor act = ctx.act.clone();
+
+  int64_t r0 = 0;
+  for (int64_t g = 0; g < 3; ++g) {
+    const int64_t n = counts[g];
+    if (n == 0) continue;
+    const auto [qx, x_inv] = block(x, r0, n, h, Fp8Format::kE4M3);
+    const auto [qw1, w1_inv] = block(experts.fc1(g).value, 0, f, h, Fp8Format::kE4M3);
+    const std::vector<double> pre = gemm_nt(qx, qw1, n, h, f, x_inv * w1_inv);
+    for (size_t i = 0; i < pre.size(); ++i)
+      ASSERT_NEAR(ctx.pre_act.item(r0 * f + static_cast<int64_t>(i)), pre[i], 1e-5 * peak(pre))
+          << "fc1, expert " << g;
+    // scaled = act * p in f32, as the layer computes it, then quantised with its block's scale.
+    Tensor scaled = Tensor::empty({n, f}, DType::kF32);
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t c = 0; c < f; ++c)
+        scaled.data<float>()[r * f + c] =
+            act.data<float>()[(r0 + r) * f + c] * static_cast<float>(probs[r0 + r]);
+    const auto [qs, s_inv] = block(scaled, 0, n, f, Fp8Format::kE4M3);
+    const auto [qw2, w2_inv] = block(experts.fc2(g).value, 0, h, f, Fp8Format::kE4M3);
+    const std::vector<double> out = gemm_nt(qs, qw2, n, f, h, s_inv * w2_inv);
+    for (size_t i = 0; i < out.size(); ++i)
+      ASSERT_NEAR(y.item(r0 * h + static_cast<int64_t>(i)), out[i], 1e-5 * peak(out))
+          << "fc2, expert " << g;
+    r0 += n;
+  }
+
+  // Backward: fc2's weight gradient of expert 2 from its quantised output gradient and input.
+  const Tensor dy = random_tensor({N, h}, 6, 0.01);
+  std::vector<double> dprobs;
+  experts.backward(dy, ctx, &dprobs);
+  const int64_t g = 2, n = counts[2], start = 3;
+  const auto [qdy, dy_inv] = block(dy, start, n, h, Fp8Format::kE4M3);
+  Tensor scaled = Tensor::empty({n, f}, DType::kF32);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t c = 0; c < f; ++c)
+      scaled.data<float>()[r * f + c] =
+          act.data<float>()[(start + r) * f + c] * static_cast<float>(probs[start + r]);
+  const auto [qs, s_inv] = block(scaled, 0, n, f, Fp8Format::kE4M3);
+  std::vector<double> dw2(static_cast<size_t>(h * f), 0.0);
+  for (int64_t i = 0; i < h; ++i)
+    for (int64_t j = 0; j < f; ++j) {
+      double s = 0;
+      for (int64_t r = 0; r < n; ++r) s += qdy[r * h + i] * qs[r * f + j];
+      dw2[i * f + j] = s * dy_inv * s_inv;
+    }
+  for (size_t i = 0; i < dw2.size(); ++i)
+    ASSERT_NEAR(experts.fc2(g).main_grad.item(static_cast<int64_t>(i)), dw2[i], 1e-5 * peak(dw2))
+        << "fc2 weight gradient, expert 2";
+  // The empty expert's gradients stay zero.
+  EXPECT_EQ(ops::sum_squares(experts.fc1(1).main_grad), 0.0);
+  EXPECT_EQ(ops::sum_squares(experts.fc2(1).main_grad), 0.0);
+}
+
+}  // namespace
+}  // namespace megatron
