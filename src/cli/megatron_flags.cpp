@@ -65,6 +65,9 @@ const std::vector<OwnFlag>& own_train_flags() {
       {"--verify-integrity", "also checks every shard file's SHA-256 on load"},
       {"--no-verify-integrity", "skips the per-tensor checksums checked on load by default"},
       {"--save-hf", "writes the trained model as a Hugging Face directory at the end"},
+      {"--onebit-freeze-step",
+       "1-bit Adam's uncompressed warm-up steps (DeepSpeed's OneBitAdam freeze_step; 1-bit Adam "
+       "is `--optimizer onebit_adam`, DeepSpeed's \"type\": \"OneBitAdam\")"},
       {"--inject-fault", "testing hook for the fault-handling tests"},
       {"--log-expert-load", "the MoE experts' load balance in the iteration line"},
       {"--task", "the finetuning task (Megatron's tasks/main.py flag; `megatron finetune`)"},

@@ -286,7 +286,12 @@ void register_train_args(ArgTable& t, Arguments& a) {
         "cross entropy, optimizer)");
   t.concern("training");
   t.add("--seed", a.seed, "Random seed (weights, dropout, data)");
-  t.add("--optimizer", a.optimizer, "Optimizer (adam: AdamW)");
+  t.add("--optimizer", a.optimizer,
+        "Optimizer: adam (AdamW) or onebit_adam (DeepSpeed's 1-bit Adam: compressed momentum "
+        "exchange after --onebit-freeze-step steps)");
+  t.add("--onebit-freeze-step", a.onebit_freeze_step,
+        "1-bit Adam: steps of full Adam (gradients all-reduced) before the variance freezes and "
+        "the momentum is exchanged compressed (DeepSpeed's freeze_step)");
   t.add("--lr", a.lr, "Peak learning rate");
   t.add("--min-lr", a.min_lr, "Minimum learning rate");
   t.add("--lr-decay-style", a.lr_decay_style,
@@ -870,7 +875,27 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
   MEGATRON_CHECK(a.ddp_bucket_size >= 0,
                  "--ddp-bucket-size must be >= 0 elements (0: Megatron's default), got ",
                  a.ddp_bucket_size);
-  MEGATRON_CHECK(a.optimizer == "adam", "--optimizer ", a.optimizer, " is not supported (adam)");
+  MEGATRON_CHECK(a.optimizer == "adam" || a.optimizer == "onebit_adam", "--optimizer ", a.optimizer,
+                 " is not supported (adam, onebit_adam)");
+  if (a.optimizer == "onebit_adam") {
+    MEGATRON_CHECK(!a.use_distributed_optimizer,
+                   "--optimizer onebit_adam with --use-distributed-optimizer: 1-bit Adam averages "
+                   "every rank's whole momentum, which the distributed optimizer shards over the "
+                   "data-parallel ranks (DeepSpeed: 1-bit Adam is not compatible with ZeRO); "
+                   "drop one of them");
+    MEGATRON_CHECK(a.num_experts <= 0,
+                   "--optimizer onebit_adam with --num-experts: expert gradients reduce over "
+                   "their own expert-data-parallel group, which the compressed exchange does not "
+                   "cover; use --optimizer adam");
+    MEGATRON_CHECK(a.onebit_freeze_step >= 1, "--onebit-freeze-step must be at least 1, got ",
+                   a.onebit_freeze_step);
+    MEGATRON_CHECK(!a.calculate_per_token_loss,
+                   "--optimizer onebit_adam with --calculate-per-token-loss: the compressed stage "
+                   "averages the ranks' momenta, where per-token gradients must be summed; drop "
+                   "--calculate-per-token-loss");
+    MEGATRON_CHECK(a.device != "cuda",
+                   "--optimizer onebit_adam runs on the CPU device: drop --device cuda");
+  }
   // --lr 0 is allowed, as in Megatron: the weights stay as they are (the CLI requires the flag).
   MEGATRON_CHECK(a.lr >= 0, "--lr must be >= 0, got ", a.lr);
   MEGATRON_CHECK(a.min_lr >= 0 && a.min_lr <= a.lr, "--min-lr (", a.min_lr,

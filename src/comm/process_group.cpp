@@ -255,6 +255,7 @@ void ProcessGroup::all_to_all_v(Tensor& out, const Tensor& in,
   MEGATRON_CHECK(ns == in.numel() && nr == out.numel(), "all_to_all_v: counts sum to ", ns,
                  " sent and ", nr, " received, the tensors hold ", in.numel(), " and ",
                  out.numel());
+  count_sent(static_cast<int64_t>(dtype_size(in.dtype())) * (ns - send_counts[rank()]), 1.0);
   if (size() == 1) {
     copy_if_distinct(out, in);
   } else if (staged(*this, out, in)) {
@@ -279,6 +280,7 @@ void ProcessGroup::all_gather_v(Tensor& out, const Tensor& in, const std::vector
   MEGATRON_CHECK(n == out.numel() && counts[rank()] == in.numel(), "all_gather_v: counts sum to ",
                  n, " with ", counts[rank()], " from this rank; the tensors hold ", out.numel(),
                  " and ", in.numel());
+  count_sent(static_cast<int64_t>(dtype_size(out.dtype())) * (n - counts[rank()]), 1.0);
   if (size() == 1) {
     copy_if_distinct(out, in);
   } else if (staged(*this, out, in)) {
@@ -316,33 +318,50 @@ Work ProcessGroup::recv_impl(Tensor& t, int src, int tag, bool async) {
   return do_recv(t, src, tag, async);
 }
 
+void ProcessGroup::count_sent(int64_t n, double fraction) {
+  if (size() > 1) *bytes_sent_ += static_cast<int64_t>(static_cast<double>(n) * fraction);
+}
+
+namespace {
+// (W - 1) / W: the share of a buffer a ring or pairwise exchange sends from each rank.
+double others(int w) {
+  return static_cast<double>(w - 1) / static_cast<double>(w);
+}
+}  // namespace
+
 void ProcessGroup::all_reduce(Tensor& t, ReduceOp op) {
   Timer timer;
+  count_sent(t.nbytes(), 2 * others(size()));
   reduce(t, op, false).wait();
   *busy_ += timer.elapsed();
 }
 void ProcessGroup::reduce_scatter(Tensor& out, const Tensor& in, ReduceOp op) {
   Timer timer;
+  count_sent(in.nbytes(), others(size()));
   reduce_scatter_impl(out, in, op, false).wait();
   *busy_ += timer.elapsed();
 }
 void ProcessGroup::all_gather(Tensor& out, const Tensor& in) {
   Timer timer;
+  count_sent(out.nbytes(), others(size()));
   all_gather_impl(out, in, false).wait();
   *busy_ += timer.elapsed();
 }
 void ProcessGroup::broadcast(Tensor& t, int root) {
   Timer timer;
+  count_sent(t.nbytes(), 1.0);
   broadcast_impl(t, root, false).wait();
   *busy_ += timer.elapsed();
 }
 void ProcessGroup::all_to_all(Tensor& out, const Tensor& in) {
   Timer timer;
+  count_sent(in.nbytes(), others(size()));
   all_to_all_impl(out, in, false).wait();
   *busy_ += timer.elapsed();
 }
 void ProcessGroup::send(const Tensor& t, int dst, int tag) {
   Timer timer;
+  count_sent(t.nbytes(), 1.0);
   send_impl(t, dst, tag, false).wait();
   *busy_ += timer.elapsed();
 }
@@ -358,21 +377,27 @@ void ProcessGroup::barrier() {
 }
 
 Work ProcessGroup::all_reduce_async(Tensor& t, ReduceOp op) {
+  count_sent(t.nbytes(), 2 * others(size()));
   return timed(reduce(t, op, true));
 }
 Work ProcessGroup::reduce_scatter_async(Tensor& out, const Tensor& in, ReduceOp op) {
+  count_sent(in.nbytes(), others(size()));
   return timed(reduce_scatter_impl(out, in, op, true));
 }
 Work ProcessGroup::all_gather_async(Tensor& out, const Tensor& in) {
+  count_sent(out.nbytes(), others(size()));
   return timed(all_gather_impl(out, in, true));
 }
 Work ProcessGroup::broadcast_async(Tensor& t, int root) {
+  count_sent(t.nbytes(), 1.0);
   return timed(broadcast_impl(t, root, true));
 }
 Work ProcessGroup::all_to_all_async(Tensor& out, const Tensor& in) {
+  count_sent(in.nbytes(), others(size()));
   return timed(all_to_all_impl(out, in, true));
 }
 Work ProcessGroup::send_async(const Tensor& t, int dst, int tag) {
+  count_sent(t.nbytes(), 1.0);
   return timed(send_impl(t, dst, tag, true));
 }
 Work ProcessGroup::recv_async(Tensor& t, int src, int tag) {

@@ -121,6 +121,13 @@ class ProcessGroup {
   // wait/test calls on its asynchronous operations (time a transfer overlaps with compute is not
   // counted). What the step-time breakdown reports as communication.
   double busy_seconds() const { return *busy_; }
+  // Bytes this rank has sent in this group's collectives and sends so far, as the standard
+  // algorithms move them (NCCL's bus-bandwidth accounting): an all-reduce of n bytes 2 (W-1)/W n,
+  // a reduce-scatter, all-gather or all-to-all of n bytes in total (W-1)/W n, the v-forms what
+  // goes to other ranks, a broadcast or send n. Size-1 groups send nothing. For comparing the
+  // traffic of two ways of doing one thing (1-bit Adam's compressed momentum against the
+  // gradient all-reduce), not a wire-level count.
+  int64_t bytes_sent() const { return *bytes_sent_; }
 
   // Whether the backend takes GPU tensors itself (NCCL); otherwise they travel through host
   // copies (MPI reads host memory).
@@ -176,6 +183,9 @@ class ProcessGroup {
   int rank_ = 0;
   std::vector<int> global_ranks_;
   std::shared_ptr<double> busy_ = std::make_shared<double>(0.0);
+  std::shared_ptr<int64_t> bytes_sent_ = std::make_shared<int64_t>(0);
+  // Adds `fraction` of n bytes to bytes_sent_ (a size-1 group sends nothing).
+  void count_sent(int64_t n, double fraction);
 };
 
 // A group holding only this process, without MPI: what a single-process model uses as its

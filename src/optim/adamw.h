@@ -32,11 +32,12 @@ struct StepRates {
 class AdamW {
  public:
   AdamW(ParamSet& params, const AdamWConfig& cfg);
+  virtual ~AdamW() = default;
 
   // One update of the main weights from main_grad * grad_scale (the clipping coefficient, see
   // clip_coefficient; the gradients themselves are left as they are) at `rates`; refreshes the
   // compute copy. Increments the step counter used for bias correction.
-  void step(const StepRates& rates, double grad_scale = 1.0);
+  virtual void step(const StepRates& rates, double grad_scale = 1.0);
   // The same with learning rate lr for every parameter and the configured weight decay.
   void step(double lr, double grad_scale = 1.0) {
     step(StepRates{lr, lr, cfg_.weight_decay}, grad_scale);
@@ -44,11 +45,11 @@ class AdamW {
 
   int64_t steps() const { return step_; }
   // Restores the step counter (bias correction) from a checkpoint.
-  void set_steps(int64_t steps) { step_ = steps; }
+  virtual void set_steps(int64_t steps) { step_ = steps; }
   Tensor& exp_avg() { return exp_avg_; }
   Tensor& exp_avg_sq() { return exp_avg_sq_; }
 
- private:
+ protected:
   ParamSet& params_;
   AdamWConfig cfg_;
   Tensor exp_avg_, exp_avg_sq_;

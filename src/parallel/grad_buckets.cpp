@@ -120,6 +120,7 @@ void GradBuckets::reset() {
 void GradBuckets::launch(Bucket& b) {
   if (b.launched) return;
   b.launched = true;
+  if (!reduce_enabled_) return;
   ProcessGroup& g = *b.group;
   // An expert bucket's scale is not 1 / |group| (ExpertReduction): applied even alone.
   if (average_ && b.scale != 1.0) ops::scale_inplace(b.view, b.scale);

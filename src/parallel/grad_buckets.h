@@ -75,6 +75,9 @@ class GradBuckets {
   // false: sum the replicas' gradients instead of averaging them (--calculate-per-token-loss,
   // where the trainer divides by the global token count afterwards).
   void set_average(bool on) { average_ = on; }
+  // false: no reduction at all, each rank keeps its own gradients (1-bit Adam's compressed
+  // stage, which exchanges the momentum instead); mark_ready and finish then move nothing.
+  void set_reduce(bool on) { reduce_enabled_ = on; }
 
   // Start of a step: nothing reduced, nothing ready.
   void reset();
@@ -124,6 +127,7 @@ class GradBuckets {
   bool overlap_;
   bool reduce_in_bf16_ = false;
   bool average_ = true;
+  bool reduce_enabled_ = true;
   GradReduce reduce_;
   std::vector<Bucket> buckets_;
   std::unordered_map<const Param*, int> bucket_of_;

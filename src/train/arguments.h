@@ -102,7 +102,8 @@ struct Arguments {
   int64_t num_layers_at_end_in_bf16 = 1;              // --num-layers-at-end-in-bf16
 
   // ---- optimizer and schedule ----
-  std::string optimizer = "adam";
+  std::string optimizer = "adam";       // adam (AdamW) or onebit_adam (DeepSpeed's 1-bit Adam)
+  int64_t onebit_freeze_step = 100000;  // --onebit-freeze-step (DeepSpeed's freeze_step)
   double lr = 0;
   double min_lr = 0;
   std::string lr_decay_style = "linear";

@@ -363,6 +363,17 @@ void Trainer::build_optimizer() {
         grad_size_ == 1 ? "; with data-parallel size 1 there is nothing to shard: it behaves as "
                           "the plain optimizer"
                         : ""));
+  } else if (args_.optimizer == "onebit_adam") {
+    auto onebit =
+        std::make_unique<OneBitAdam>(*params_, adam, args_.onebit_freeze_step, ps.dp_cp_group());
+    onebit_ = onebit.get();
+    optimizer_ = std::move(onebit);
+    log_first(strprintf(
+        " > 1-bit Adam (DeepSpeed's OneBitAdam): Adam without bias correction, the first step "
+        "only initialising, the gradients all-reduced over the %ld data-parallel ranks for %ld "
+        "steps (--onebit-freeze-step); then the variance is frozen and the momentum is averaged "
+        "compressed to 1 bit per element with error feedback instead",
+        static_cast<long>(grad_size_), static_cast<long>(args_.onebit_freeze_step)));
   } else {
     optimizer_ = std::make_unique<AdamW>(*params_, adam);
   }
@@ -801,6 +812,10 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, const BatchSchedule::
   Timer phase;
   params_->zero_grads();
   grad_buckets_->reset();
+  // 1-bit Adam's compressed stage: each rank keeps its own gradients.
+  const bool compressed_step = onebit_ && onebit_->compressing();
+  if (onebit_) grad_buckets_->set_reduce(!compressed_step);
+  const int64_t dp_bytes0 = parallel_->dp_cp_group().bytes_sent();
   // Before backward, so that it accumulates onto the inf (inf + x = inf) and the bucket holding
   // it is launched with it even when reductions overlap backward.
   if (fault_.inf_grad_at(parallel_->rank(), iteration)) {
@@ -920,6 +935,7 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, const BatchSchedule::
   } else {
     optimizer_->step(rates, clip);
   }
+  if (onebit_) report_onebit_traffic(iteration, compressed_step, dp_bytes0);
   timers_.add("optimizer", phase.elapsed());
   timers_.add("communication (all groups)", comm_seconds() - comm0);
   add_cp_time(cp0);
@@ -927,6 +943,34 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, const BatchSchedule::
   add_gather_time(gather_wait0);
   add_op_times(ops0);
   return r;
+}
+
+void Trainer::report_onebit_traffic(int64_t iteration, bool compressed, int64_t dp_bytes0) {
+  const int64_t bytes = parallel_->dp_cp_group().bytes_sent() - dp_bytes0;
+  if (!compressed) {
+    onebit_last_full_bytes_ = bytes;
+    if (onebit_->compressing()) {
+      log_first(
+          strprintf(" > 1-bit Adam: the variance froze at iteration %ld; from the next "
+                    "step the momentum is exchanged compressed",
+                    static_cast<long>(iteration)));
+    }
+  } else if (!onebit_reported_) {
+    onebit_reported_ = true;
+    if (onebit_last_full_bytes_ > 0) {
+      log_first(strprintf(
+          " > 1-bit Adam: data-parallel bytes sent by rank 0 per step: %ld with the gradient "
+          "all-reduce, %ld compressed (%.4f of it)",
+          static_cast<long>(onebit_last_full_bytes_), static_cast<long>(bytes),
+          static_cast<double>(bytes) / static_cast<double>(onebit_last_full_bytes_)));
+    } else {
+      log_first(
+          strprintf(" > 1-bit Adam: resumed in the compressed stage (the loaded step is "
+                    "past --onebit-freeze-step; the compression errors restart from 0): "
+                    "%ld data-parallel bytes sent by rank 0 per step",
+                    static_cast<long>(bytes)));
+    }
+  }
 }
 
 void Trainer::add_gather_time(double wait0) {

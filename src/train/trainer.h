@@ -30,6 +30,7 @@
 #include "optim/distributed_optimizer.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_scheduler.h"
+#include "optim/onebit_adam.h"
 #include "parallel/grad_buckets.h"
 #include "pipeline/executor.h"
 #include "tensor/op_profile.h"
@@ -221,7 +222,13 @@ class Trainer {
   std::unique_ptr<MoeAuxTracker> moe_tracker_;  // MoE models: each layer's losses of a step
   // The last step's MoE losses per name: (layer, value) of every MoE layer.
   std::vector<std::pair<std::string, std::vector<std::pair<int64_t, double>>>> moe_per_layer_;
-  std::unique_ptr<AdamW> optimizer_;                      // plain optimizer, or
+  std::unique_ptr<AdamW> optimizer_;  // plain optimizer (or 1-bit Adam), or
+  OneBitAdam* onebit_ = nullptr;      // --optimizer onebit_adam: optimizer_
+  // 1-bit Adam: the data-parallel bytes of the last full step, and whether the comparison with
+  // the first compressed step has been printed.
+  int64_t onebit_last_full_bytes_ = 0;
+  bool onebit_reported_ = false;
+  void report_onebit_traffic(int64_t iteration, bool compressed, int64_t dp_bytes0);
   std::unique_ptr<DistributedOptimizer> dist_optimizer_;  // --use-distributed-optimizer
   LrSchedule schedule_;
   std::optional<LrSchedule> decoupled_schedule_;  // --decoupled-lr: embeddings and output layer

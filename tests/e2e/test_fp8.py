@@ -28,10 +28,7 @@ What it is not: the codec against the OCP spec (tests/core), the FP8 Linear agai
 
 Usage: test_fp8.py --megatron BUILD/megatron --mpiexec MPIEXEC [unittest args]
 """
-import json
 import os
-import random
-import subprocess
 import sys
 import tempfile
 import unittest
@@ -64,22 +61,7 @@ FP8_MAX = {"input": 448.0, "weight": 448.0, "grad": 57344.0}  # hybrid: E4M3, E4
 def setUpModule():
     global TMP, DATA
     TMP = tempfile.TemporaryDirectory(prefix="fp8_")
-    rng = random.Random(11)
-    jsonl = os.path.join(TMP.name, "docs.jsonl")
-    with open(jsonl, "w", encoding="utf-8") as f:
-        for _ in range(400):
-            start, n = rng.randrange(1, 100), rng.randrange(5, 90)
-            ids = [1 + (start + 3 * i) % (VOCAB - 2) for i in range(n)]
-            f.write(json.dumps({"text": " ".join(map(str, ids))}) + "\n")
-    prefix = os.path.join(TMP.name, "docs")
-    proc = subprocess.run([MEGATRON, "preprocess", "--input", jsonl, "--output-prefix", prefix,
-                           "--tokenizer-type", "NullTokenizer", "--vocab-size", str(VOCAB),
-                           "--append-eod", "--workers", "1"],
-                          capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
-    if proc.returncode != 0:
-        raise RuntimeError(f"megatron preprocess failed:\n{proc.stderr[-3000:]}")
-    DATA = ["--data-path", prefix + "_text_document", "--split", "98,1,1",
-            "--data-cache-path", os.path.join(TMP.name, "cache")]
+    DATA = megatron_job.counting_dataset(MEGATRON, TMP.name, VOCAB, seed=11)
 
 
 def tearDownModule():

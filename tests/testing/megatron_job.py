@@ -7,7 +7,9 @@ forbid, and idle ranks yield, since the tests oversubscribe the cores), the comm
 launcher (mpiexec is) or a parser of the log (each test reads what it checks).
 """
 import argparse
+import json
 import os
+import random
 import subprocess
 import sys
 import unittest
@@ -59,6 +61,28 @@ def with_flags(base, extra):
             out += extra[i:i + 1 + has_value]
         i += 1 + has_value
     return out
+
+
+def counting_dataset(megatron, directory, vocab, seed, documents=400, timeout=180):
+    """Writes and preprocesses (NullTokenizer, EOD appended) documents that count up in steps of 3
+    from a random start, a rule a tiny GPT learns within a few hundred steps; returns the
+    --data-path flags (with --split 98,1,1 and a cache under `directory`)."""
+    rng = random.Random(seed)
+    jsonl = os.path.join(directory, "docs.jsonl")
+    with open(jsonl, "w", encoding="utf-8") as f:
+        for _ in range(documents):
+            start, n = rng.randrange(1, 100), rng.randrange(5, 90)
+            ids = [1 + (start + 3 * i) % (vocab - 2) for i in range(n)]
+            f.write(json.dumps({"text": " ".join(map(str, ids))}) + "\n")
+    prefix = os.path.join(directory, "docs")
+    proc = subprocess.run([megatron, "preprocess", "--input", jsonl, "--output-prefix", prefix,
+                           "--tokenizer-type", "NullTokenizer", "--vocab-size", str(vocab),
+                           "--append-eod", "--workers", "1"],
+                          capture_output=True, text=True, timeout=timeout, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"megatron preprocess failed:\n{proc.stderr[-3000:]}")
+    return ["--data-path", prefix + "_text_document", "--split", "98,1,1",
+            "--data-cache-path", os.path.join(directory, "cache")]
 
 
 def run_train(megatron, mpiexec, ranks, args, timeout, command="train"):

@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""1-bit Adam against Adam on the Brown corpus: the loss curves and the data-parallel traffic.
+
+What it is: the main job's model (scripts/quickstart.sh: 4 layers, h 256, GPT-2 BPE, s 128) on
+data/brown_text_document at dp2 (two ranks), the same steps with `--optimizer adam` and with
+`--optimizer onebit_adam --onebit-freeze-step F` (F = 20% of the run, DeepSpeed's guidance),
+printing the lm loss every 25 iterations side by side, the mean of the last 25 losses of each,
+their gap, and the trainer's traffic line (the data-parallel bytes of the first compressed step
+against the last full one, counted by the process group). What it is not: a speed measurement
+(on one machine the exchange is memory copies; the saving is a network's), or a test.
+
+Needs the data (scripts/fetch_data.sh). Usage:
+  bench/onebit_adam.py --megatron build/megatron [--mpiexec mpiexec] [--iters 300] [--markdown]
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+
+MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+           "OMPI_MCA_btl_vader_single_copy_mechanism": "none"}
+LOSS_RE = re.compile(r"iteration +(\d+)/ *\d+ \|.*?lm loss: ([0-9.E+-]+)")
+TRAFFIC_RE = re.compile(r"data-parallel bytes sent by rank 0 per step: (\d+) with the gradient "
+                        r"all-reduce, (\d+) compressed")
+
+
+def model(iters):
+    return ["--data-path", "data/brown_text_document", "--split", "90,5,5",
+            "--data-cache-path", "data/cache", "--tokenizer-type", "GPT2BPETokenizer",
+            "--vocab-file", "data/gpt2-vocab.json", "--merge-file", "data/gpt2-merges.txt",
+            "--num-layers", "4", "--hidden-size", "256", "--num-attention-heads", "4",
+            "--seq-length", "128", "--max-position-embeddings", "128",
+            "--micro-batch-size", "8", "--global-batch-size", "16", "--train-iters", str(iters),
+            "--log-interval", "1", "--eval-iters", "0", "--lr", "1e-3", "--min-lr", "1e-4",
+            "--lr-decay-style", "cosine", "--lr-warmup-iters", str(iters // 10),
+            "--weight-decay", "0.1", "--clip-grad", "1.0", "--num-threads", "1"]
+
+
+def run(args, extra):
+    cmd = [args.mpiexec, "-n", "2", "--oversubscribe", "--allow-run-as-root", args.megatron,
+           "train", *model(args.iters), *extra]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, **MPI_ENV),
+                          check=False)
+    if proc.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
+    return {int(m[1]): float(m[2]) for m in LOSS_RE.finditer(proc.stdout)}, proc.stdout
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--megatron", required=True)
+    p.add_argument("--mpiexec", default="mpiexec")
+    p.add_argument("--iters", type=int, default=300)
+    p.add_argument("--markdown", action="store_true")
+    args = p.parse_args()
+    freeze = args.iters // 5
+    adam, _ = run(args, [])
+    onebit, log = run(args, ["--optimizer", "onebit_adam", "--onebit-freeze-step", str(freeze)])
+    rows = [it for it in sorted(adam) if it % 25 == 0 or it == 1]
+    if args.markdown:
+        print("| iteration | Adam | 1-bit Adam |\n|---:|---:|---:|")
+    for it in rows:
+        mark = " (freeze)" if it == freeze else ""
+        if args.markdown:
+            print(f"| {it}{mark} | {adam[it]:.4f} | {onebit[it]:.4f} |")
+        else:
+            print(f"{it:6d}{mark:9s} adam {adam[it]:.4f}  1-bit {onebit[it]:.4f}")
+    tail = sorted(adam)[-25:]
+    a = sum(adam[i] for i in tail) / len(tail)
+    b = sum(onebit[i] for i in tail) / len(tail)
+    print(f"\nmean lm loss of the last 25 iterations: Adam {a:.4f}, 1-bit Adam {b:.4f} "
+          f"(gap {(b - a) / a:+.2%}); freeze step {freeze}")
+    m = TRAFFIC_RE.search(log)
+    if m:
+        full, compressed = int(m[1]), int(m[2])
+        print(f"data-parallel bytes per step (rank 0): {full} with the gradient all-reduce, "
+              f"{compressed} compressed ({compressed / full:.4f}, 1/{full / compressed:.1f})")
+
+
+if __name__ == "__main__":
+    main()
