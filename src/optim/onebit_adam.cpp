@@ -55,6 +55,12 @@ void OneBitAdam::step(const StepRates& rates, double grad_scale) {
       if (it == errors_.end())
         it = errors_.emplace(p, CompressionErrors::zeros(n, dp_.size())).first;
       compressed_allreduce(m, n, it->second, dp_);
+      // DeepSpeed's exp_avg_mask, from the frozen variance: an element that had no gradient in
+      // the whole warm-up (v = 0: padded vocabulary rows, unused positions) keeps a zero
+      // momentum. The 1-bit exchange cannot send an exact zero, and +-scale / eps would move it
+      // by lr x 1e4 a step. v is the same on every rank, so is the mask.
+      for (int64_t i = 0; i < n; ++i)
+        if (v[i] == 0.0f) m[i] = 0.0f;
     }
     for (int64_t i = 0; i < n; ++i) {
       float update = m[i] / (std::sqrt(v[i]) + eps);

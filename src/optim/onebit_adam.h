@@ -12,7 +12,9 @@
 //   compressed: (t > freeze_step) v is frozen; no gradient all-reduce: each rank's own gradient
 //               enters m = b1 m + (1 - b1) g, and m is replaced by its compressed average over the
 //               data-parallel group (comm/compressed_allreduce.h, per parameter tensor, with each
-//               tensor's worker and server errors), then w moves as above.
+//               tensor's worker and server errors), then w moves as above. Elements whose frozen
+//               v is 0 (no gradient in the whole warm-up) keep m = 0: DeepSpeed's exp_avg_mask,
+//               which DeepSpeed asks the user for, derived here from the variance.
 // g is the gradient times the clipping coefficient. The compression errors are not saved:
 // DeepSpeed resets them when a checkpoint loads, and the stage follows from the loaded step.
 //

@@ -36,7 +36,7 @@ import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testing"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import checkpoint_reader  # noqa: E402
+import fp8_checks  # noqa: E402
 import megatron_job  # noqa: E402
 import megatron_log  # noqa: E402
 from test_bert import write_corpus, write_vocab  # noqa: E402
@@ -81,35 +81,12 @@ class TestT5(unittest.TestCase):
                 "--tokenizer-type", "BertWordPieceLowerCase", "--vocab-file", self.vocab,
                 "--data-cache-path", os.path.join(self.dir, cache)]
 
-
     def test_fp8_hybrid_trains_close_to_bf16_and_checkpoints_its_scales(self):
-        # --fp8-format hybrid on T5's encoder and decoder (cross-attention included) GEMMs (Megatron's TE layers): the loss stays within 5%
-        # of bf16 at every iteration (measured below 1% over these 12 steps; FP8 rounds GEMM
-        # inputs to 3 or 2 mantissa bits, bf16 to 7) and differs from it (quantisation
-        # happens); tp2 quantises with the single process's scales (amaxes reduced over TP), so
-        # iteration 1 agrees to 1e-5 (sum order only); the checkpoint holds the delayed scaling
-        # state of every FP8 GEMM (22), its scales moved from the initial 1.
-        base = [*self.base("cache_fp8"), "--bf16"]
-        fp8 = ["--fp8-format", "hybrid"]
-        ck = os.path.join(self.dir, "fp8_checkpoint")
-        runs = {}
-        for name, ranks, extra in (("bf16", 1, []),
-                                   ("fp8", 1, [*fp8, "--save", ck, "--save-interval", str(ITERS)]),
-                                   ("tp2", 2, [*fp8, "--tensor-model-parallel-size", "2"])):
-            proc = self.run_t5(ranks, [*base, *extra])
-            self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
-            runs[name] = {i: c["lm loss"] for i, c in self.curves(proc.stdout).items()}
-        rel = [abs(runs["fp8"][i] - runs["bf16"][i]) / runs["bf16"][i] for i in runs["bf16"]]
-        print(f"fp8 hybrid vs bf16: worst {max(rel):.4f}, tp2 iteration 1 "
-              f"{abs(runs['tp2'][1] - runs['fp8'][1]) / runs['fp8'][1]:.1e}", file=sys.stderr)
-        self.assertLess(max(rel), 0.05, rel)
-        self.assertGreater(max(rel), 0, rel)
-        self.assertLess(abs(runs["tp2"][1] - runs["fp8"][1]) / runs["fp8"][1], 1e-5)
-        _, tensors = checkpoint_reader.read_checkpoint(ck)
-        scales = {k: v for k, v in tensors.items() if k.endswith(".fp8_scale")}
-        self.assertEqual(len(scales), 22, sorted(scales))
-        for name, value in scales.items():
-            self.assertTrue(all(v != 1 for v in value), (name, value))
+        # --fp8-format hybrid on T5's encoder and decoder GEMMs, cross-attention included
+        # (Megatron's TE layers); measured worst difference from bf16 0.04%, tp2 iteration 1
+        # equal (tests/testing/fp8_checks.py).
+        fp8_checks.check_fp8_against_bf16(self, self.run_t5, self.base("cache_fp8"), self.dir,
+                                          ITERS, 22, self.curves)
 
     def run_t5(self, ranks, args):
         return megatron_job.run_train(MEGATRON, MPIEXEC, ranks, args, TIMEOUT_S, "pretrain_t5")

@@ -113,10 +113,13 @@ struct Model {
     set = std::make_unique<ParamSet>(ps, DType::kF32);
     set->initialize(5);
   }
-  // This rank's gradient of step t: different on every rank.
+  // This rank's gradient of step t: different on every rank, except the last 10 elements of p0,
+  // which never get one (as padded vocabulary rows).
   void local_grads(int rank, int t) {
     float* g = set->grads().data<float>();
     for (int64_t i = 0; i < set->numel(); ++i) g[i] = uniform(rank, i, 100 + t) * 0.1f;
+    const int64_t p0 = set->offset_of(params[0]);
+    for (int64_t i = p0 + 90; i < p0 + 100; ++i) g[i] = 0.0f;
   }
 };
 
@@ -171,6 +174,15 @@ TEST(OneBitAdam, WarmupIsAdamWithoutBiasCorrectionThenCompressedReplicasStayIden
     } else {
       // The variance is frozen at the last warm-up step's.
       for (int64_t i = 0; i < N; ++i) ASSERT_EQ(opt.exp_avg_sq().data<float>()[i], v[i]);
+      // Elements that never had a gradient keep a zero momentum (the mask from v = 0): only the
+      // weight decay moves them, w -= lr wd w.
+      const int64_t p0 = offset_of(model.params[0]);
+      for (int64_t i = p0 + 90; i < p0 + 100; ++i) {
+        ASSERT_EQ(v[i], 0.0f);
+        ASSERT_EQ(opt.exp_avg().data<float>()[i], 0.0f) << "step " << t;
+        w[i] += -1e-2f * (0.1f * w[i]);
+        ASSERT_EQ(got[i], w[i]) << "step " << t;
+      }
     }
     // The replicas agree bit for bit (the compressed momentum is the same everywhere).
     Tensor root = model.set->main().clone();
