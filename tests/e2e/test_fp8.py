@@ -21,6 +21,7 @@ CI does not run).
     scales), identical lines.
   - Exact resume with the scaling state (single process and tp2), the state read back by the
     independent checkpoint reader.
+  - An FP8 checkpoint loads into a run without FP8 (its scaling state left unread).
   - --first-last-layers-bf16 (tensorwise): all layers kept out is the bf16 run bit for bit.
   - Bad flags: exit 2 naming the flag on every rank, no crash.
 What it is not: the codec against the OCP spec (tests/core), the FP8 Linear against fp64
@@ -257,6 +258,16 @@ class TestResume(unittest.TestCase):
                    "--train-iters", "8")
         self.assertIn("has no FP8 scaling state", proc.stdout)
         self.assertEqual(sorted(iterations(proc)), list(range(1, 9)))
+
+
+    def test_an_fp8_checkpoint_loads_into_a_run_without_fp8(self):
+        # The scaling state is extra state: a bf16 run resumes from an FP8 checkpoint, leaving it
+        # unread, and trains on.
+        ck = os.path.join(TMP.name, "fp8_to_bf16")
+        run(1, *HYBRID, "--save", ck, "--save-interval", "5", "--exit-interval", "5")
+        self.assertEqual(len(fp8_state(ck)), 16)
+        resumed = iterations(run(1, "--load", ck, "--train-iters", "8"))
+        self.assertEqual(sorted(resumed), [6, 7, 8])
 
 
 class TestBadFlags(unittest.TestCase):
