@@ -243,6 +243,7 @@ void register_train_args(ArgTable& t, Arguments& a) {
   t.add("--ddp-bucket-size", a.ddp_bucket_size,
         "Bucket size for data-parallel communication, in elements "
         "(0: max(40000000, 1000000 x data parallel size))");
+  register_fsdp_args(t, a);
   t.concern("memory");
   t.add("--recompute-granularity", a.recompute_granularity,
         "Activation recomputation: full (whole layers, see --recompute-method) or selective "
@@ -422,7 +423,8 @@ void register_train_args(ArgTable& t, Arguments& a) {
   t.flag("--no-verify-integrity", a.no_verify_integrity,
          "On load, skip the per-tensor checksums (file sizes are still checked)");
   t.add("--ckpt-format", a.ckpt_format,
-        "Checkpoint format: torch_dist (the sharded, reshardable format; the only one)");
+        "Checkpoint format: torch_dist (the sharded, reshardable format; the only one; "
+        "fsdp_dtensor, which Megatron-FSDP asks for, names the same format)");
   t.concern("exit");
   t.flag("--exit-signal-handler", a.exit_signal_handler,
          "On --exit-signal, save a checkpoint at the next iteration boundary and exit (code 3)");
@@ -447,10 +449,14 @@ void register_train_args(ArgTable& t, Arguments& a) {
 namespace {
 
 void validate_checkpoint_args(const Arguments& a) {
-  MEGATRON_CHECK(a.ckpt_format == "torch_dist", "--ckpt-format ", a.ckpt_format,
-                 " is not supported: megatron-cpp writes one "
-                 "format, torch_dist-like sharded checkpoints that load into any layout; drop the "
-                 "flag");
+  // Megatron-FSDP needs fsdp_dtensor in Megatron; here every layout writes the same sharded
+  // format, which loads into any strategy.
+  MEGATRON_CHECK(
+      a.ckpt_format == "torch_dist" || (a.ckpt_format == "fsdp_dtensor" && a.use_megatron_fsdp),
+      "--ckpt-format ", a.ckpt_format,
+      " is not supported: megatron-cpp writes one "
+      "format, torch_dist-like sharded checkpoints that load into any layout; drop the "
+      "flag");
   MEGATRON_CHECK(a.save_interval >= 0, "--save-interval must be >= 0, got ", a.save_interval);
   if (a.save_retain_interval != 0) {
     MEGATRON_CHECK(a.save_retain_interval > 0 && a.save_interval > 0 &&
@@ -861,6 +867,7 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
   const int64_t dp = validate_parallel_layout(a, world_size, rank);
   validate_recompute(a, a.num_layers / a.pipeline_model_parallel_size);
   validate_fp8_args(a);
+  validate_fsdp_args(a);
   if (a.global_batch_size == 0) a.global_batch_size = a.micro_batch_size * dp;
   MEGATRON_CHECK(a.global_batch_size > 0, "--global-batch-size must be positive, got ",
                  a.global_batch_size);

@@ -13,6 +13,9 @@ void register_train_args(ArgTable& t, Arguments& a);
 // validate_train_args).
 void register_fp8_args(ArgTable& t, Arguments& a);
 void validate_fp8_args(const Arguments& a);
+void register_fsdp_args(ArgTable& t, Arguments& a);
+// May set use_distributed_optimizer (Megatron-FSDP runs on it).
+void validate_fsdp_args(Arguments& a);
 
 // Checks every cross-flag rule, the parallel layout included (world size divisible by tp x pp,
 // heads and query groups by tp, layers by pp and virtual stages, micro-batches by pp when

@@ -40,7 +40,6 @@ void DistributedOptimizer::step(const StepRates& rates, double grad_scale) {
   finish_param_gather();  // the previous step's weights are all in before this one updates them
   ++step_;
   Tensor& main = params_.main();
-  Tensor& grads = params_.grads();
   ops::AdamWSpec spec;
   spec.beta1 = static_cast<float>(cfg_.beta1);
   spec.beta2 = static_cast<float>(cfg_.beta2);
@@ -48,12 +47,17 @@ void DistributedOptimizer::step(const StepRates& rates, double grad_scale) {
   spec.step = step_;
   spec.grad_scale = grad_scale;
   for (const Segment& s : segments_) {
-    Tensor w = main.flat_view(s.begin, {s.numel});
+    Tensor w = main_of(s);
     Tensor m = exp_avg_.flat_view(s.state, {s.numel});
     Tensor v = exp_avg_sq_.flat_view(s.state, {s.numel});
     spec.lr = static_cast<float>(rates.lr_of(*s.param));
     spec.weight_decay = static_cast<float>(rates.decay_of(*s.param));
-    ops::adamw_step(w, m, v, grads.flat_view(s.begin, {s.numel}), spec);
+    ops::adamw_step(w, m, v, grad_of(s), spec);
+  }
+  if (params_.weights_sharded()) {
+    // ZeRO-3: the weights stay sharded; the FSDP runtime gathers each unit when a layer needs it.
+    params_.sync_compute_from_main();
+    return;
   }
   // Every rank gets every bucket's updated shards. All buckets in flight at once; each shard is
   // a view inside its bucket (the backend stages it, see ProcessGroup::all_gather).
@@ -105,39 +109,53 @@ void DistributedOptimizer::finish_param_gather() const {
 }
 
 double DistributedOptimizer::grad_sum_squares_unique(ParamDomain only) const {
-  const Tensor& grads = params_.grads();
   double sum = 0;
   for (const Segment& s : segments_) {
-    if (!s.param->is_duplicate() && in_domain(*s.param, only))
-      sum += ops::sum_squares(grads.flat_view(s.begin, {s.numel}));
+    if (!s.param->is_duplicate() && in_domain(*s.param, only)) sum += ops::sum_squares(grad_of(s));
   }
   return sum;
 }
 
+double DistributedOptimizer::main_sum_squares_unique(ParamDomain only) const {
+  double sum = 0;
+  for (const Segment& s : segments_) {
+    if (!s.param->is_duplicate() && !s.param->frozen && in_domain(*s.param, only))
+      sum += ops::sum_squares(main_of(s));
+  }
+  return sum;
+}
+
+Tensor DistributedOptimizer::main_of(const Segment& s) const {
+  return params_.weights_sharded() ? params_.main().flat_view(s.state, {s.numel})
+                                   : params_.main().flat_view(s.begin, {s.numel});
+}
+
+Tensor DistributedOptimizer::grad_of(const Segment& s) const {
+  // The compact shards are laid out as the moments are (bucket shards in order).
+  return params_.grads_sharded() ? params_.grads().flat_view(s.state, {s.numel})
+                                 : params_.grads().flat_view(s.begin, {s.numel});
+}
+
 int64_t DistributedOptimizer::grad_zeros_unique(ParamDomain only) const {
-  const Tensor& grads = params_.grads();
   int64_t zeros = 0;
   for (const Segment& s : segments_) {
     if (!s.param->is_duplicate() && in_domain(*s.param, only))
-      zeros += ops::count_zeros(grads.flat_view(s.begin, {s.numel}));
+      zeros += ops::count_zeros(grad_of(s));
   }
   return zeros;
 }
 
 void DistributedOptimizer::scale_grads(double factor) {
   for (int64_t i = 0; i < buckets_.num_buckets(); ++i) {
-    const auto [s0, s1] = buckets_.shard_range(i);
-    Tensor shard = params_.grads().flat_view(s0, {s1 - s0});
+    Tensor shard = params_.grad_shard(i);
     ops::scale_inplace(shard, factor);
   }
 }
 
 bool DistributedOptimizer::grads_finite() const {
   double sum = 0;
-  for (int64_t i = 0; i < buckets_.num_buckets(); ++i) {
-    const auto [s0, s1] = buckets_.shard_range(i);
-    sum += ops::sum_squares(params_.grads().flat_view(s0, {s1 - s0}));
-  }
+  for (int64_t i = 0; i < buckets_.num_buckets(); ++i)
+    sum += ops::sum_squares(params_.grad_shard(i));
   return std::isfinite(sum);
 }
 

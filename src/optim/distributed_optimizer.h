@@ -76,6 +76,9 @@ class DistributedOptimizer final : public ParamGate {
 
   // This rank's share of the squared global gradient norm (see the file comment), in double.
   double grad_sum_squares_unique(ParamDomain only = ParamDomain::kAll) const;
+  // The same for the owned fp32 main weights (the parameter norm when the weights are sharded;
+  // frozen parameters left out, as params_sum_squares_unique does).
+  double main_sum_squares_unique(ParamDomain only = ParamDomain::kAll) const;
   // The zero elements of the owned gradient shards, duplicates left out (summed over DP by the
   // caller, as the squares are).
   int64_t grad_zeros_unique(ParamDomain only = ParamDomain::kAll) const;
@@ -133,6 +136,10 @@ class DistributedOptimizer final : public ParamGate {
   mutable double gather_wait_seconds_ = 0;
 
   void complete_gather(int64_t bucket) const;
+  // A segment's main weights and gradients, wherever the ParamSet keeps them (full buffers, or
+  // the compact shards of Megatron-FSDP's sharded strategies).
+  Tensor main_of(const Segment& s) const;
+  Tensor grad_of(const Segment& s) const;
 };
 
 }  // namespace megatron

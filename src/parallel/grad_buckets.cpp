@@ -108,7 +108,57 @@ GradBuckets::GradBuckets(ParamSet& params, ProcessGroup& dp, int64_t bucket_size
   }
 }
 
+void GradBuckets::shard_params(bool weights) {
+  MEGATRON_CHECK(reduce_ == GradReduce::kReduceScatter,
+                 "sharded gradients need reduce-scatter gradient buckets");
+  Sharding s;
+  for (const Bucket& b : buckets_) s.owned.emplace_back(b.shard_begin, b.shard_end);
+  s.grads = true;
+  s.weights = weights;
+  // Drop the views of the full gradient buffer first, so that shard() frees it.
+  for (Bucket& b : buckets_) b.view = b.shard = Tensor();
+  params_.shard(s);
+  for (size_t i = 0; i < buckets_.size(); ++i)
+    buckets_[i].shard = params_.grad_shard(static_cast<int64_t>(i));
+}
+
+void GradBuckets::reduce_scatter_add(int64_t i, Tensor full) {
+  Bucket& b = buckets_[static_cast<size_t>(i)];
+  MEGATRON_ASSERT(full.numel() == b.end - b.begin, "reduce_scatter_add: bucket ", i, " has ",
+                  b.end - b.begin, " elements, got ", full.str());
+  if (!reduce_enabled_) return;
+  ProcessGroup& g = *b.group;
+  if (average_ && b.scale != 1.0) ops::scale_inplace(full, b.scale);
+  if (g.size() == 1) {
+    ops::add_inplace(b.shard, full);
+    return;
+  }
+  Pending p;
+  p.bucket = i;
+  p.full = std::move(full);
+  if (reduce_in_bf16_) {
+    p.low = p.full.to(DType::kBF16);
+    p.out = Tensor::empty(b.shard.shape(), DType::kBF16, b.shard.device());
+    p.work = g.reduce_scatter_async(p.out, p.low);
+  } else {
+    p.out = Tensor::empty(b.shard.shape(), DType::kF32, b.shard.device());
+    p.work = g.reduce_scatter_async(p.out, p.full);
+  }
+  pending_.push_back(std::move(p));
+  while (pending_.size() > 2) complete_oldest();
+}
+
+void GradBuckets::complete_oldest() {
+  Pending& p = pending_.front();
+  p.work.wait();
+  Bucket& b = buckets_[static_cast<size_t>(p.bucket)];
+  // Added in launch order, so the sum over micro-batches is the same on every run.
+  ops::add_inplace(b.shard, p.out.dtype() == DType::kF32 ? p.out : p.out.to(DType::kF32));
+  pending_.erase(pending_.begin());
+}
+
 void GradBuckets::reset() {
+  while (!pending_.empty()) complete_oldest();
   for (Bucket& b : buckets_) {
     b.work.wait();
     b.ready = 0;
@@ -147,7 +197,7 @@ int GradBuckets::bucket_of(const Param& p) const {
 }
 
 void GradBuckets::mark_ready(const Param& p) {
-  if (!overlap_) return;
+  if (!overlap_ || grads_sharded()) return;
   auto it = bucket_of_.find(&p);
   MEGATRON_ASSERT(it != bucket_of_.end(), "parameter ", p.name, " is in no gradient bucket");
   bool& marked = ready_[&p];
@@ -158,12 +208,17 @@ void GradBuckets::mark_ready(const Param& p) {
 }
 
 void GradBuckets::poll() {
+  for (Pending& p : pending_) p.work.is_completed();
   for (Bucket& b : buckets_) {
     if (b.launched) b.work.is_completed();
   }
 }
 
 void GradBuckets::finish() {
+  if (grads_sharded()) {
+    while (!pending_.empty()) complete_oldest();
+    return;
+  }
   for (Bucket& b : buckets_) launch(b);
   for (Bucket& b : buckets_) {
     b.work.wait();

@@ -79,6 +79,21 @@ class GradBuckets {
   // stage, which exchanges the momentum instead); mark_ready and finish then move nothing.
   void set_reduce(bool on) { reduce_enabled_ = on; }
 
+  // Megatron-FSDP (optim_grads, optim_grads_params): from now on the ParamSet keeps only this
+  // rank's shard of every bucket of the gradients (ZeRO-2) and, with `weights`, of the weights
+  // too (ZeRO-3) (ParamSet::shard with these buckets' shard ranges). Gradients then no longer
+  // accumulate in a full buffer over the step: the FSDP runtime (parallel/fsdp.h) hands each
+  // bucket's gradients of one backward to reduce_scatter_add, and mark_ready does nothing.
+  // kReduceScatter only.
+  void shard_params(bool weights);
+  bool grads_sharded() const { return params_.grads_sharded(); }
+  // ZeRO-2: `full` ([bucket length] fp32) is bucket i's gradient of one backward; it is averaged
+  // (scaled as the bucket is), reduce-scattered over the bucket's group, and the result added to
+  // this rank's shard. Asynchronous: at most two are in flight (the older ones are completed
+  // first, so that their full buffers are freed); finish() completes them all. `full` must not be
+  // touched until then.
+  void reduce_scatter_add(int64_t i, Tensor full);
+
   // Start of a step: nothing reduced, nothing ready.
   void reset();
   // p's gradient will not change again this step. Launches its bucket's reduction once the
@@ -121,6 +136,14 @@ class GradBuckets {
     Work work;
   };
   void launch(Bucket& b);
+  // reduce_scatter_add's transfers in flight, oldest first.
+  struct Pending {
+    int64_t bucket = 0;
+    Tensor full, low, out;
+    Work work;
+  };
+  std::vector<Pending> pending_;
+  void complete_oldest();
 
   ParamSet& params_;
   ProcessGroup& dp_;

@@ -1,6 +1,8 @@
 // Flat-buffer layout of the parameters and their name-keyed Philox initialisation.
 #include "parallel/param.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 
 #include "core/philox.h"
@@ -81,13 +83,166 @@ ParamSet::ParamSet(std::vector<Param*> params, DType compute_dtype, const Bucket
     const bool own = params_[i]->is_embedding_or_output;
     const bool other_domain =
         i + 1 < params_.size() && params_[i]->expert_parallel != params_[i + 1]->expert_parallel;
-    if ((own || other_domain) && total > begin) close();
+    const bool other_unit = layout.per_unit && i + 1 < params_.size() &&
+                            fsdp_unit(params_[i]->name) != fsdp_unit(params_[i + 1]->name);
+    if ((own || other_domain || other_unit) && total > begin) close();
     offsets_[i] = total;
     total += (params_[i]->shape.numel() + 15) / 16 * 16;
-    if (own || (layout.bucket_size > 0 && total - begin >= layout.bucket_size)) close();
+    const bool full =
+        !layout.per_unit && layout.bucket_size > 0 && total - begin >= layout.bucket_size;
+    if (own || full) close();
   }
   if (total > begin) close();
   allocate(total);
+  index_buckets();
+}
+
+std::string fsdp_unit(const std::string& name) {
+  // "...layers.<n>." ends a transformer layer's prefix.
+  for (size_t at = name.find("layers."); at != std::string::npos;
+       at = name.find("layers.", at + 1)) {
+    size_t k = at + 7;
+    while (k < name.size() && std::isdigit(static_cast<unsigned char>(name[k]))) ++k;
+    if (k > at + 7 && k < name.size() && name[k] == '.') return name.substr(0, k);
+  }
+  if (name.rfind("embedding.", 0) == 0) return "embedding";
+  // Otherwise the holding module: the name without its last component (weight, bias).
+  const size_t dot = name.rfind('.');
+  return dot == std::string::npos ? name : name.substr(0, dot);
+}
+
+void ParamSet::index_buckets() {
+  bucket_params_.assign(buckets_.size(), {});
+  bucket_param_offsets_.assign(buckets_.size(), {});
+  param_bucket_.clear();
+  std::vector<size_t> order(params_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return offsets_[a] < offsets_[b]; });
+  size_t bucket = 0;
+  for (size_t i : order) {
+    while (bucket < buckets_.size() && offsets_[i] >= buckets_[bucket].second) ++bucket;
+    MEGATRON_ASSERT(bucket < buckets_.size(), params_[i]->name, " lies outside every bucket");
+    param_bucket_[params_[i]] = static_cast<int64_t>(bucket);
+    bucket_params_[bucket].push_back(params_[i]);
+    bucket_param_offsets_[bucket].push_back(offsets_[i] - buckets_[bucket].first);
+  }
+}
+
+int64_t ParamSet::bucket_of(const Param& p) const {
+  MEGATRON_ASSERT(bucketed_, "bucket_of(", p.name, ") on a ParamSet without buckets");
+  const auto it = param_bucket_.find(&p);
+  MEGATRON_ASSERT(it != param_bucket_.end(), "parameter ", p.name, " is not in this set");
+  return it->second;
+}
+
+void ParamSet::shard(const Sharding& s) {
+  MEGATRON_ASSERT(bucketed_ && s.owned.size() == buckets_.size(),
+                  "shard() needs a bucketed ParamSet and one owned range per bucket");
+  MEGATRON_ASSERT(!sharding_.grads && !sharding_.weights, "the ParamSet is sharded already");
+  shard_offsets_.clear();
+  int64_t total = 0;
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    const auto [b, e] = s.owned[i];
+    MEGATRON_ASSERT(buckets_[i].first <= b && b <= e && e <= buckets_[i].second, "shard [", b, ", ",
+                    e, ") outside bucket ", i);
+    shard_offsets_.push_back(total);
+    total += e - b;
+  }
+  auto compact = [&](const Tensor& full) {
+    Tensor out = Tensor::empty({total}, full.dtype(), full.device());
+    for (size_t i = 0; i < buckets_.size(); ++i) {
+      const auto [b, e] = s.owned[i];
+      if (e > b) out.flat_view(shard_offsets_[i], {e - b}).copy_from(full.flat_view(b, {e - b}));
+    }
+    return out;
+  };
+  sharding_ = s;
+  if (s.grads) {
+    grads_ = compact(grads_);
+    for (Param* p : params_) p->main_grad = Tensor();
+  }
+  if (s.weights) {
+    const bool same = compute_.raw() == main_.raw();
+    main_ = compact(main_);
+    compute_ = same ? main_ : compact(compute_);
+    for (Param* p : params_) p->main = p->value = Tensor();
+  }
+}
+
+std::pair<int64_t, int64_t> ParamSet::owned_range(int64_t bucket) const {
+  if (!sharding_.owned.empty()) return sharding_.owned[static_cast<size_t>(bucket)];
+  if (bucketed_) return buckets_[static_cast<size_t>(bucket)];
+  return {0, main_.numel()};
+}
+
+namespace {
+// The shard of bucket `i` in `buf`: compact when that kind is sharded, else at its full place.
+Tensor shard_view(Tensor& buf, bool sharded, int64_t compact_offset,
+                  std::pair<int64_t, int64_t> range) {
+  const int64_t n = range.second - range.first;
+  return buf.flat_view(sharded ? compact_offset : range.first, {n});
+}
+}  // namespace
+
+Tensor ParamSet::main_shard(int64_t bucket) {
+  const int64_t at = sharding_.weights ? shard_offsets_[bucket] : 0;
+  return shard_view(main_, sharding_.weights, at, owned_range(bucket));
+}
+
+Tensor ParamSet::grad_shard(int64_t bucket) {
+  const int64_t at = sharding_.grads ? shard_offsets_[bucket] : 0;
+  return shard_view(grads_, sharding_.grads, at, owned_range(bucket));
+}
+
+Tensor ParamSet::compute_shard(int64_t bucket) {
+  const int64_t at = sharding_.weights ? shard_offsets_[bucket] : 0;
+  return shard_view(compute_, sharding_.weights, at, owned_range(bucket));
+}
+
+void ParamSet::attach_weights(int64_t bucket, const Tensor& full) {
+  const auto [b, e] = buckets_[static_cast<size_t>(bucket)];
+  MEGATRON_ASSERT(full.numel() == e - b && full.dtype() == compute_.dtype(),
+                  "attach_weights: bucket ", bucket, " needs ", e - b, " ",
+                  dtype_name(compute_.dtype()), " elements, got ", full.str());
+  const bool same = compute_.raw() == main_.raw();
+  const auto& ps = bucket_params_[static_cast<size_t>(bucket)];
+  for (size_t k = 0; k < ps.size(); ++k) {
+    ps[k]->value =
+        full.flat_view(bucket_param_offsets_[static_cast<size_t>(bucket)][k], ps[k]->shape);
+    if (same) ps[k]->main = ps[k]->value;
+  }
+}
+
+void ParamSet::attach_main(int64_t bucket, const Tensor& full) {
+  const auto [b, e] = buckets_[static_cast<size_t>(bucket)];
+  MEGATRON_ASSERT(full.numel() == e - b && full.dtype() == main_.dtype(), "attach_main: bucket ",
+                  bucket, " needs ", e - b, " elements, got ", full.str());
+  const bool same = compute_.raw() == main_.raw();
+  const auto& ps = bucket_params_[static_cast<size_t>(bucket)];
+  for (size_t k = 0; k < ps.size(); ++k) {
+    ps[k]->main =
+        full.flat_view(bucket_param_offsets_[static_cast<size_t>(bucket)][k], ps[k]->shape);
+    if (same) ps[k]->value = ps[k]->main;
+  }
+}
+
+void ParamSet::detach_weights(int64_t bucket) {
+  for (Param* p : bucket_params_[static_cast<size_t>(bucket)]) p->value = p->main = Tensor();
+}
+
+void ParamSet::attach_grads(int64_t bucket, const Tensor& full) {
+  const auto [b, e] = buckets_[static_cast<size_t>(bucket)];
+  MEGATRON_ASSERT(full.numel() == e - b && full.dtype() == grads_.dtype(), "attach_grads: bucket ",
+                  bucket, " needs ", e - b, " elements, got ", full.str());
+  const auto& ps = bucket_params_[static_cast<size_t>(bucket)];
+  for (size_t k = 0; k < ps.size(); ++k)
+    ps[k]->main_grad =
+        full.flat_view(bucket_param_offsets_[static_cast<size_t>(bucket)][k], ps[k]->shape);
+}
+
+void ParamSet::detach_grads(int64_t bucket) {
+  for (Param* p : bucket_params_[static_cast<size_t>(bucket)]) p->main_grad = Tensor();
 }
 
 void ParamSet::allocate(int64_t total) {

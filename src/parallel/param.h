@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -97,6 +98,26 @@ struct Param {
 struct BucketLayout {
   int64_t bucket_size = 0;    // elements per bucket at least (the last takes the rest); <= 0: one
   int64_t pad_multiple = 16;  // every bucket's length is a multiple of this; a multiple of 16
+  // Megatron-FSDP's units instead of sizes: a bucket closes exactly where fsdp_unit() of the
+  // parameters changes (each transformer layer, the embeddings, ...), so a unit's weights can be
+  // gathered, and its gradients reduce-scattered, as one flat bucket. bucket_size is then unused.
+  bool per_unit = false;
+};
+
+// The FSDP unit a parameter belongs to, from its name: "decoder.layers.3" for every parameter of
+// that transformer layer (Megatron-FSDP's TransformerLayer units), "embedding" for the embeddings
+// (LanguageModelEmbedding), and for everything else the module that holds it
+// ("decoder.final_layernorm", "output_layer", "lm_head", ...).
+std::string fsdp_unit(const std::string& param_name);
+
+// Which of a bucketed ParamSet's buffers keep only this rank's part of every bucket (Megatron-FSDP
+// with optim_grads: the gradients, ZeRO-2; optim_grads_params: the weights too, ZeRO-3).
+struct Sharding {
+  // Per bucket, [begin, end) in the full buffers: this rank's shard (the GradBuckets' shard
+  // ranges). The shards are stored one after the other, in bucket order.
+  std::vector<std::pair<int64_t, int64_t>> owned;
+  bool grads = false;    // the fp32 gradients
+  bool weights = false;  // the fp32 main weights and the compute copy
 };
 
 class ParamSet {
@@ -133,15 +154,54 @@ class ParamSet {
   const BucketLayout& bucket_layout() const { return layout_; }
   // [begin, end) of every bucket in buffer order, tiling [0, numel()); empty unless bucketed().
   const std::vector<std::pair<int64_t, int64_t>>& bucket_ranges() const { return buckets_; }
+  // The bucket holding p (bucketed sets only).
+  int64_t bucket_of(const Param& p) const;
+  // The Params of bucket i, in buffer order.
+  const std::vector<Param*>& bucket_params(int64_t i) const { return bucket_params_[i]; }
+
+  // Sharded storage (Megatron-FSDP; see Sharding). After shard(), main(), grads() and compute()
+  // of the sharded kinds hold only this rank's shards, concatenated in bucket order (shard i at
+  // shard_offset(i)); the full buffers are freed, and the Params' views of a sharded kind are
+  // undefined except while their bucket is attached (attach_weights / attach_grads), which is
+  // how the FSDP runtime (parallel/fsdp.h) lends a layer its gathered weights and a gradient
+  // buffer for its backward. Initialise (and load pretrained weights) before sharding.
+  void shard(const Sharding& s);
+  bool weights_sharded() const { return sharding_.weights; }
+  bool grads_sharded() const { return sharding_.grads; }
+  // This rank's shard of bucket i, [end - begin] elements, as views into the buffers that hold it
+  // (the full buffers when that kind is not sharded): fp32 main weights, fp32 gradients, compute.
+  // Before shard(), or unbucketed: the whole buffers are one shard.
+  Tensor main_shard(int64_t bucket);
+  Tensor grad_shard(int64_t bucket);
+  Tensor compute_shard(int64_t bucket);
+  std::pair<int64_t, int64_t> owned_range(int64_t bucket) const;
+  int64_t shard_offset(int64_t bucket) const { return shard_offsets_[bucket]; }
+  // Points bucket i's Params at `full` ([bucket length], compute dtype): their compute weights
+  // (and, in fp32 runs where they are the same buffer, their main weights). detach_weights
+  // leaves them undefined again.
+  void attach_weights(int64_t bucket, const Tensor& full);
+  void detach_weights(int64_t bucket);
+  // Points bucket i's Params' fp32 main weights (and, in fp32 runs, their compute weights) at
+  // `full` ([bucket length] fp32): a whole-model reader's view of sharded weights.
+  void attach_main(int64_t bucket, const Tensor& full);
+  // The same for their gradients (`full`: [bucket length] fp32, accumulated into by backward).
+  void attach_grads(int64_t bucket, const Tensor& full);
+  void detach_grads(int64_t bucket);
 
  private:
   void allocate(int64_t total);
+  void index_buckets();
 
   std::vector<Param*> params_;
   std::vector<int64_t> offsets_;
   bool bucketed_ = false;
   BucketLayout layout_;
   std::vector<std::pair<int64_t, int64_t>> buckets_;
+  std::vector<std::vector<Param*>> bucket_params_;
+  std::vector<std::vector<int64_t>> bucket_param_offsets_;  // each Param's offset in its bucket
+  std::unordered_map<const Param*, int64_t> param_bucket_;
+  Sharding sharding_;
+  std::vector<int64_t> shard_offsets_;
   DType compute_dtype_;
   Device device_ = Device::kCPU;
   Tensor main_, grads_, compute_;

@@ -16,6 +16,9 @@ class ParamGate {
   virtual ~ParamGate() = default;
   // Returns once every weight of `params` holds its current value (compute copy included).
   virtual void wait_for(const std::vector<const Param*>& params) const = 0;
+  // The forward that asked wait_for(params) is done reading them (Megatron-FSDP frees gathered
+  // weights here). Every wait_for of a forward is followed by one release of the same set.
+  virtual void release(const std::vector<const Param*>& params) const { (void)params; }
 };
 
 }  // namespace megatron

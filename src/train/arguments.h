@@ -215,12 +215,16 @@ struct Arguments {
   std::vector<std::string> cp_comm_type = {"p2p"};  // p2p|allgather|a2a|a2a+p2p, one or per layer
   std::vector<std::string> hierarchical_context_parallel_sizes;  // a2a+p2p: INNER OUTER
   bool use_distributed_optimizer = false;  // ZeRO-1: Adam moments sharded over data parallel
-  bool overlap_grad_reduce = false;        // reduce each gradient bucket as soon as it is complete
-  bool overlap_param_gather = false;       // gather updated weights during the next forward
-  int64_t ddp_bucket_size = 0;   // elements; 0: Megatron's max(40000000, 1000000 x dp size)
-  double gemm_peak_gflops = 0;   // MFU denominator; 0: measured at start-up
-  int64_t timing_log_level = 0;  // 0: no step-time report; 1-2: phases (see step_timers.h)
-  std::string inject_fault;      // testing hook "KIND:RANK:ITERATION"; empty: none
+  // Megatron-FSDP: per-layer buffers; no_shard, optim (ZeRO-1), optim_grads (ZeRO-2),
+  // optim_grads_params (ZeRO-3).
+  bool use_megatron_fsdp = false;
+  std::string data_parallel_sharding_strategy = "no_shard";
+  bool overlap_grad_reduce = false;   // reduce each gradient bucket as soon as it is complete
+  bool overlap_param_gather = false;  // gather updated weights during the next forward
+  int64_t ddp_bucket_size = 0;        // elements; 0: Megatron's max(40000000, 1000000 x dp size)
+  double gemm_peak_gflops = 0;        // MFU denominator; 0: measured at start-up
+  int64_t timing_log_level = 0;       // 0: no step-time report; 1-2: phases (see step_timers.h)
+  std::string inject_fault;           // testing hook "KIND:RANK:ITERATION"; empty: none
 
   // ---- mixture of experts (transformer/moe/moe_config.h; Megatron's _add_moe_args) ----
   int64_t num_experts = 0;                          // experts per MoE layer; 0: dense

@@ -135,9 +135,12 @@ namespace {
 template <typename Fn>
 void for_each_box(const CheckpointTarget& t, bool optim, bool writes_only, Fn&& fn) {
   ParamSet& ps = *t.params;
+  // Megatron-FSDP's optim_grads_params: each rank holds (and writes) only its shards of the main
+  // weights, the distributed optimizer's owned segments (below).
+  const bool sharded = ps.weights_sharded();
   for (const Param* p : ps.params()) {
     const bool weights = !writes_only || (p->expert_parallel ? t.expert_dp_rank : t.dp_rank) == 0;
-    if (!weights || (writes_only && p->is_duplicate())) continue;
+    if (sharded || !weights || (writes_only && p->is_duplicate())) continue;
     const int64_t at = ps.offset_of(*p);
     for (const cp::Piece& piece : cp::shard_pieces(*p, 0, p->shape.numel())) {
       fn("model." + p->name, *p, ps.main(), at, piece);
@@ -152,6 +155,17 @@ void for_each_box(const CheckpointTarget& t, bool optim, bool writes_only, Fn&& 
     if (writes_only && (writer != 0 || p->is_duplicate())) continue;
     for (const cp::Piece& piece : cp::shard_pieces(*p, 0, p->shape.numel()))
       fn("model." + p->name, *p, const_cast<Tensor&>(p->main), 0, piece);
+  }
+  if (sharded) {
+    MEGATRON_ASSERT(t.dist_optimizer != nullptr,
+                    "sharded weights without the distributed optimizer");
+    for (const auto& seg : t.dist_optimizer->owned_segments()) {
+      if (writes_only && seg.param->is_duplicate()) continue;
+      // The compact main shards are laid out as the moments are.
+      const int64_t at = seg.state - seg.param_begin;
+      for (const cp::Piece& piece : cp::shard_pieces(*seg.param, seg.param_begin, seg.numel))
+        fn("model." + seg.param->name, *seg.param, ps.main(), at, piece);
+    }
   }
   if (!optim || !t.dist_optimizer) return;
   for (const auto& seg : t.dist_optimizer->owned_segments()) {

@@ -50,7 +50,10 @@ TensorMap MicroBatchRunner::backward(int microbatch, int chunk, const TensorMap&
   // Every schedule runs a chunk's backwards in micro-batch order: the last one finishes its
   // gradients.
   ParamsDone done;
-  if (buckets_ && microbatch == static_cast<int>(batches_.size()) - 1) {
+  if (fsdp_) {
+    done = ParamsDone([this](const std::vector<const Param*>& ps) { fsdp_->after_backward(ps); },
+                      [this](const std::vector<const Param*>& ps) { fsdp_->before_backward(ps); });
+  } else if (buckets_ && microbatch == static_cast<int>(batches_.size()) - 1) {
     done = [this](const std::vector<const Param*>& ps) {
       for (const Param* p : ps) buckets_->mark_ready(*p);
       buckets_->poll();

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "models/model_chunk.h"
+#include "parallel/fsdp.h"
 #include "parallel/grad_buckets.h"
 #include "pipeline/executor.h"
 
@@ -44,6 +45,9 @@ class MicroBatchRunner final : public StageRunner {
   const LossTerms& losses() const { return losses_; }
   // --calculate-per-token-loss: the loss's objective is its token sum (ObjectiveScale).
   void set_per_token_loss(bool on) { per_token_ = on; }
+  // Megatron-FSDP's sharded strategies: every backward (not only the last micro-batch's) tells
+  // the runtime which parameters it starts and finishes, so that it lends and reduces them.
+  void set_fsdp(FsdpRuntime* fsdp) { fsdp_ = fsdp; }
 
  private:
   const std::vector<std::unique_ptr<ModelChunk>>& chunks_;
@@ -53,6 +57,7 @@ class MicroBatchRunner final : public StageRunner {
   std::function<ForwardMode(int)> mode_;
   bool training_;
   GradBuckets* buckets_;
+  FsdpRuntime* fsdp_ = nullptr;
   double loss_scale_;
   bool per_token_ = false;
   std::vector<std::vector<std::unique_ptr<ModelChunk::Ctx>>> ctx_;  // [chunk][microbatch]

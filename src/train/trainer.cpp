@@ -241,12 +241,11 @@ void Trainer::build_model() {
   const int64_t bucket = bucket_size();
   const bool distributed = args_.use_distributed_optimizer;
   const int expert_dp = ps.experts_apart() ? ps.edp_size() : 1;
-  params_ =
-      distributed
-          ? std::make_unique<ParamSet>(
-                all, cfg_.compute_dtype,
-                distributed_bucket_layout(bucket, static_cast<int>(grad_size_), expert_dp), device_)
-          : std::make_unique<ParamSet>(all, cfg_.compute_dtype, device_);
+  BucketLayout layout = distributed_bucket_layout(bucket, static_cast<int>(grad_size_), expert_dp);
+  // Megatron-FSDP's buffers: one per unit (transformer layer, embeddings, ...).
+  layout.per_unit = args_.use_megatron_fsdp;
+  params_ = distributed ? std::make_unique<ParamSet>(all, cfg_.compute_dtype, layout, device_)
+                        : std::make_unique<ParamSet>(all, cfg_.compute_dtype, device_);
   // Initialised first in every case: what a pretrained model lacks (a classifier's head) keeps
   // its initialisation.
   params_->initialize(static_cast<uint64_t>(args_.seed));
@@ -347,13 +346,25 @@ void Trainer::build_optimizer() {
       distributed ? GradReduce::kReduceScatter : GradReduce::kAllReduce, expert);
   grad_buckets_->set_reduce_in_bf16(args_.grad_reduce_in_bf16);
   grad_buckets_->set_average(!args_.calculate_per_token_loss);
+  const std::string& strategy = args_.data_parallel_sharding_strategy;
+  const bool shard_grads =
+      args_.use_megatron_fsdp && (strategy == "optim_grads" || strategy == "optim_grads_params");
+  // From here on the gradients (and with optim_grads_params the weights) are shards.
+  if (shard_grads) grad_buckets_->shard_params(strategy == "optim_grads_params");
   executor_ = std::make_unique<PipelineExecutor>(ps.pp_group(), virtual_stages_, device_);
 
   // The weight decay of each step comes from the schedule (StepRates); this is the constant one.
   const AdamWConfig adam{args_.adam_beta1, args_.adam_beta2, args_.adam_eps, args_.weight_decay};
   if (distributed) {
     dist_optimizer_ = std::make_unique<DistributedOptimizer>(*grad_buckets_, adam);
-    dist_optimizer_->set_overlap_param_gather(args_.overlap_param_gather);
+    dist_optimizer_->set_overlap_param_gather(args_.overlap_param_gather &&
+                                              !params_->weights_sharded());
+    if (shard_grads) {
+      fsdp_ = std::make_unique<FsdpRuntime>(
+          *grad_buckets_, args_.overlap_param_gather && !params_->weights_sharded()
+                              ? dist_optimizer_.get()
+                              : nullptr);
+    }
     log_first(strprintf(
         " > distributed optimizer: each of the %ld data-parallel%s ranks keeps the Adam moments "
         "of 1/%ld of every gradient bucket (%.2f MB on this rank)%s",
@@ -377,6 +388,43 @@ void Trainer::build_optimizer() {
   } else {
     optimizer_ = std::make_unique<AdamW>(*params_, adam);
   }
+  if (args_.use_megatron_fsdp) report_fsdp();
+}
+
+void Trainer::report_fsdp() const {
+  // What this rank's buffers hold (measured from the tensors, not estimated): the compute copy
+  // is the main buffer itself in fp32 runs.
+  const double mb = 1048576.0;
+  const double main = static_cast<double>(params_->main().nbytes()) / mb;
+  const double compute = params_->compute().raw() == params_->main().raw()
+                             ? 0.0
+                             : static_cast<double>(params_->compute().nbytes()) / mb;
+  const double grads = static_cast<double>(params_->grads().nbytes()) / mb;
+  const double state =
+      static_cast<double>(dist_optimizer_ ? dist_optimizer_->state_bytes()
+                                          : optimizer_->exp_avg().nbytes() +
+                                                optimizer_->exp_avg_sq().nbytes()) /
+      mb;
+  const std::string& strategy = args_.data_parallel_sharding_strategy;
+  log_first(strprintf(
+      " > Megatron-FSDP, --data-parallel-sharding-strategy %s over %ld data-parallel%s ranks: "
+      "%s; one buffer per unit (each transformer layer, the embeddings, ...)",
+      strategy.c_str(), static_cast<long>(grad_size_),
+      parallel_->cp_size() > 1 ? " x context-parallel" : "",
+      strategy == "no_shard"      ? "nothing sharded (plain data parallelism)"
+      : strategy == "optim"       ? "the optimizer state sharded (ZeRO-1)"
+      : strategy == "optim_grads" ? "the optimizer state and the gradients sharded (ZeRO-2)"
+                                  : "the optimizer state, gradients and weights sharded, each "
+                                    "layer's weights gathered around its use (ZeRO-3)"));
+  log_gathered(
+      strprintf("[Rank %d] FSDP buffers (MB): main weights %.3f | compute weights %.3f "
+                "| gradients %.3f | optimizer state %.3f | total %.3f",
+                parallel_->rank(), main, compute, grads, state, main + compute + grads + state));
+}
+
+const ParamGate* Trainer::forward_gate() const {
+  if (fsdp_) return fsdp_.get();
+  return args_.overlap_param_gather ? dist_optimizer_.get() : nullptr;
 }
 
 void Trainer::build_schedule() {
@@ -571,7 +619,16 @@ void Trainer::finish_gradients() {
   const ParallelState& ps = *parallel_;
   // Average the replicas' gradients (each is the gradient of its share of the global-batch
   // objective, scaled for its own micro-batches): the buckets not yet reduced during backward.
-  grad_buckets_->finish();
+  // (Megatron-FSDP's sharded strategies reduced every micro-batch already; this completes them.)
+  if (fsdp_) {
+    fsdp_->finish();
+  } else {
+    grad_buckets_->finish();
+  }
+  if (params_->grads_sharded()) {
+    finish_sharded_gradients();
+    return;
+  }
   // Replicated parameters that saw only this rank's s/tp positions, summed over TP in one
   // all-reduce of their concatenation (Megatron's _allreduce_layernorm_grads coalesces too).
   if (!sp_params_.empty()) {
@@ -592,6 +649,38 @@ void Trainer::finish_gradients() {
   }
   // The tied embeddings' two pipeline copies (Megatron's _allreduce_embedding_grads).
   if (shared_embedding_) ps.embedding_group().all_reduce(shared_embedding_->main_grad);
+}
+
+void Trainer::finish_sharded_gradients() {
+  // The same sums on this rank's shards: every TP rank (and both embedding copies, which sit in
+  // equally padded buckets of their own) shards its buckets alike, so a shard's elements are
+  // the same elements of the same parameters on each member of those groups.
+  const ParallelState& ps = *parallel_;
+  if (!sp_params_.empty()) {
+    std::vector<Tensor> pieces;
+    for (const auto& seg : dist_optimizer_->owned_segments()) {
+      if (!seg.param->sequence_parallel) continue;
+      pieces.push_back(params_->grads().flat_view(seg.state, {seg.numel}));
+    }
+    int64_t n = 0;
+    for (const Tensor& t : pieces) n += t.numel();
+    Tensor flat = Tensor::empty({n}, DType::kF32);
+    int64_t at = 0;
+    for (const Tensor& t : pieces) {
+      flat.flat_view(at, t.shape()).copy_from(t);
+      at += t.numel();
+    }
+    ps.tp_group().all_reduce(flat);
+    at = 0;
+    for (Tensor& t : pieces) {
+      t.copy_from(flat.flat_view(at, t.shape()));
+      at += t.numel();
+    }
+  }
+  if (shared_embedding_) {
+    Tensor shard = params_->grad_shard(params_->bucket_of(*shared_embedding_));
+    ps.embedding_group().all_reduce(shard);
+  }
 }
 
 void Trainer::divide_by_global_tokens(const LossTerms& terms) {
@@ -744,6 +833,11 @@ void Trainer::complete_param_gather() const {
 
 double Trainer::params_norm() const {
   complete_param_gather();
+  if (params_->weights_sharded()) {
+    // Each rank holds its shards of the main weights only: summed over DP like the gradients.
+    return std::sqrt(sum_over_model(
+        [&](ParamDomain d) { return dist_optimizer_->main_sum_squares_unique(d); }, true));
+  }
   // Every rank holds whole main weights: no data-parallel sum (sharded = false).
   return std::sqrt(
       sum_over_model([&](ParamDomain d) { return params_sum_squares_unique(*params_, d); }, false));
@@ -819,8 +913,9 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, const BatchSchedule::
   // Before backward, so that it accumulates onto the inf (inf + x = inf) and the bucket holding
   // it is launched with it even when reductions overlap backward.
   if (fault_.inf_grad_at(parallel_->rank(), iteration)) {
-    params_->params().front()->main_grad.flat_view(0, {1}).fill(
-        std::numeric_limits<float>::infinity());
+    // Sharded gradients: into this rank's shard, which the reductions add to.
+    Tensor g = params_->grads_sharded() ? params_->grads() : params_->params().front()->main_grad;
+    g.flat_view(0, {1}).fill(std::numeric_limits<float>::infinity());
   }
   std::vector<TensorMap> batches =
       step_batches(num_microbatches_, [&](int64_t) { return prefetcher_->next(); });
@@ -832,7 +927,7 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, const BatchSchedule::
   // a stream. With a constant batch it is (iteration x micro-batches + mb) x dp + r.
   const int64_t stream0 = (consumed_train_ + batch.running) / args_.micro_batch_size;
   // --overlap-param-gather: each layer waits for the last step's gather of its weights.
-  const ParamGate* gate = args_.overlap_param_gather ? dist_optimizer_.get() : nullptr;
+  const ParamGate* gate = forward_gate();
   const double gather_wait0 = dist_optimizer_ ? dist_optimizer_->param_gather_wait_seconds() : 0;
   const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
   auto mode = [&](int mb) {
@@ -850,6 +945,7 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, const BatchSchedule::
   MicroBatchRunner runner(chunks_, *loss_, args_.micro_batch_size, std::move(batches), mode,
                           /*training=*/true, grad_buckets_.get(), loss_scale);
   runner.set_per_token_loss(args_.calculate_per_token_loss);
+  runner.set_fsdp(fsdp_.get());
   executor_->run(schedule(), runner);
   timers_.add("forward-backward", phase.elapsed());
 
@@ -1008,8 +1104,14 @@ LossTerms Trainer::evaluate(const SampleSource& data, int64_t* consumed) {
     std::vector<TensorMap> batches = step_batches(m, [&](int64_t mb) {
       return make_batch_(data, *consumed + ((it * m + mb) * dp_size_ + dp_rank_) * mbs, mbs);
     });
+    const ParamGate* gate = fsdp_ ? fsdp_.get() : nullptr;  // sharded weights are gathered
     MicroBatchRunner runner(
-        chunks_, *loss_, mbs, std::move(batches), [](int) { return ForwardMode{}; },
+        chunks_, *loss_, mbs, std::move(batches),
+        [gate](int) {
+          ForwardMode mode;
+          mode.gate = gate;
+          return mode;
+        },
         /*training=*/false);
     executor_->run_forward_only(static_cast<int>(m), runner);
     terms.add(runner.losses());
@@ -1424,10 +1526,14 @@ int Trainer::finish_training() {
   log_first("[after training is done] datetime: " + timestamp());
   final_evaluations(final_iteration);
   if (tensorboard_) tensorboard_->close();
+  // Sharded weights: every rank gathers the whole fp32 main weights for the export (collective).
+  const bool gather = fsdp_ && fsdp_->shards_weights() && !args_.save_hf.empty();
+  if (gather) fsdp_->gather_main_all();
   if (!args_.save_hf.empty() && first_rank_) {
     spec_->hf.save(args_.save_hf, *chunks_.front(), "", std::nullopt);
     log_first(" > saved the model as a Hugging Face directory to " + args_.save_hf);
   }
+  if (gather) fsdp_->release_all();
   watchdog_->disarm();
   return kExitOk;
 }

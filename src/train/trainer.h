@@ -31,6 +31,7 @@
 #include "optim/loss_scaler.h"
 #include "optim/lr_scheduler.h"
 #include "optim/onebit_adam.h"
+#include "parallel/fsdp.h"
 #include "parallel/grad_buckets.h"
 #include "pipeline/executor.h"
 #include "tensor/op_profile.h"
@@ -124,6 +125,8 @@ class Trainer {
                                       const std::function<TensorMap(int64_t)>& read);
   // After backward: data-parallel average, sequence-parallel and shared-embedding sums.
   void finish_gradients();
+  // Its sequence-parallel and tied-embedding sums on sharded gradients (Megatron-FSDP).
+  void finish_sharded_gradients();
   // --log-params-norm: the L2 norm of the fp32 main weights, each element of the model once
   // (every rank holds whole main weights after a step). Collective over the model-parallel group.
   double params_norm() const;
@@ -230,6 +233,13 @@ class Trainer {
   bool onebit_reported_ = false;
   void report_onebit_traffic(int64_t iteration, bool compressed, int64_t dp_bytes0);
   std::unique_ptr<DistributedOptimizer> dist_optimizer_;  // --use-distributed-optimizer
+  // --use-megatron-fsdp with optim_grads or optim_grads_params: lends sharded units around use.
+  std::unique_ptr<FsdpRuntime> fsdp_;
+  // The gate every forward asks before reading weights (FSDP's, the distributed optimizer's with
+  // --overlap-param-gather, or none).
+  const ParamGate* forward_gate() const;
+  // --use-megatron-fsdp's start-up line: what each rank keeps, in bytes.
+  void report_fsdp() const;
   LrSchedule schedule_;
   std::optional<LrSchedule> decoupled_schedule_;  // --decoupled-lr: embeddings and output layer
   WeightDecaySchedule wd_schedule_;

@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 #include "parallel/param_gate.h"
 #include "tensor/tensor.h"
@@ -57,6 +59,26 @@ struct ForwardMode {
   void need(const std::vector<const Param*>& params) const {
     if (gate && !params.empty()) gate->wait_for(params);
   }
+  // After the forward that called need(params) has read them.
+  void release(const std::vector<const Param*>& params) const {
+    if (gate && !params.empty()) gate->release(params);
+  }
+
+  // need(params) now and release(params) at the end of the scope (a forward with several exits).
+  class Use {
+   public:
+    Use(const ForwardMode& mode, std::vector<const Param*> params)
+        : mode_(mode), params_(std::move(params)) {
+      mode_.need(params_);
+    }
+    ~Use() { mode_.release(params_); }
+    Use(const Use&) = delete;
+    Use& operator=(const Use&) = delete;
+
+   private:
+    const ForwardMode& mode_;
+    std::vector<const Param*> params_;
+  };
 
   // Stream for dropout site `site` of layer `layer` (site < 8).
   uint64_t site_stream(int64_t layer, int site) const {

@@ -86,12 +86,13 @@ Tensor TransformerBlock::forward(const Tensor& x, const TokenLayout& layout, Ctx
       if (fp8_ && ctx.fp8_scales.empty()) ctx.fp8_scales = fp8_->forward_scales();
     }
     for (int64_t i = seg.begin; i < seg.end; ++i) {
+      std::vector<const Param*> ps;
       if (mode.gate) {
-        std::vector<Param*> ps;
-        layers[i]->collect(ps);
-        mode.need(std::vector<const Param*>(ps.begin(), ps.end()));
+        ps = layer_params(i);
+        mode.need(ps);
       }
       h = layers[i]->forward(h, layout, ctx.layers[i], mode);
+      mode.release(ps);
       // What backward would need is dropped here and rebuilt by the recomputation.
       if (seg.recompute) ctx.layers[i] = TransformerLayer::Ctx{};
     }
@@ -99,7 +100,15 @@ Tensor TransformerBlock::forward(const Tensor& x, const TokenLayout& layout, Ctx
   if (fp8_) fp8_->end_forward(mode.training, amax_group_);
   if (!has_final_norm_) return h;
   mode.need(final_norm_params_);
-  return final_layernorm.forward(h, ctx.final_norm);
+  Tensor out = final_layernorm.forward(h, ctx.final_norm);
+  mode.release(final_norm_params_);
+  return out;
+}
+
+std::vector<const Param*> TransformerBlock::layer_params(int64_t i) const {
+  std::vector<Param*> ps;
+  layers[static_cast<size_t>(i)]->collect(ps);
+  return std::vector<const Param*>(ps.begin(), ps.end());
 }
 
 Tensor TransformerBlock::backward(const Tensor& dy, Ctx& ctx, const ParamsDone& done,
@@ -107,6 +116,7 @@ Tensor TransformerBlock::backward(const Tensor& dy, Ctx& ctx, const ParamsDone& 
   Tensor d = dy;
   if (fp8_) fp8_->begin_backward();
   if (has_final_norm_) {
+    done.begin(final_norm_params_);
     d = final_layernorm.backward(dy, ctx.final_norm);
     if (done) done(final_norm_params_);
   }
@@ -118,6 +128,10 @@ Tensor TransformerBlock::backward(const Tensor& dy, Ctx& ctx, const ParamsDone& 
       // segment's output is not needed (its gradient is d).
       // FP8: with the scales the forward used, recording nothing (TE's recompute phase).
       Tensor h = ctx.segment_inputs[k];
+      // The whole segment's weights, read by the recomputation and then by each backward.
+      if (done) {
+        for (int64_t i = seg.begin; i < seg.end; ++i) done.begin(layer_params(i));
+      }
       if (fp8_) fp8_->begin_recompute(ctx.fp8_scales);
       for (int64_t i = seg.begin; i < seg.end; ++i) {
         h = layers[i]->forward(h, ctx.layout, ctx.layers[i], ctx.mode);
@@ -126,12 +140,9 @@ Tensor TransformerBlock::backward(const Tensor& dy, Ctx& ctx, const ParamsDone& 
       ctx.segment_inputs[k] = Tensor();
     }
     for (int64_t i = seg.end; i-- > seg.begin;) {
+      if (done && !seg.recompute) done.begin(layer_params(i));
       d = layers[i]->backward(d, ctx.layers[i], side);
-      if (done) {
-        std::vector<Param*> ps;
-        layers[i]->collect(ps);
-        done(std::vector<const Param*>(ps.begin(), ps.end()));
-      }
+      if (done) done(layer_params(i));
     }
   }
   if (fp8_) fp8_->end_backward(amax_group_);

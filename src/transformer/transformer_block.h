@@ -20,6 +20,8 @@
 
 #include <functional>
 #include <memory>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "transformer/transformer_layer.h"
@@ -27,8 +29,30 @@
 namespace megatron {
 
 // Told, during backward, of parameters whose gradient that backward has finished (the
-// data-parallel reducer launches a bucket's all-reduce as soon as all of it is final).
-using ParamsDone = std::function<void(const std::vector<const Param*>&)>;
+// data-parallel reducer launches a bucket's all-reduce as soon as all of it is final), and, just
+// before a module's backward, of the parameters it is about to read and accumulate gradients
+// into (begin: Megatron-FSDP gathers sharded weights there and lends a gradient buffer). Each
+// module that reports its parameters finished also announces them with begin() first.
+struct ParamsDone {
+  using Fn = std::function<void(const std::vector<const Param*>&)>;
+  Fn after;   // the gradients of these parameters are final for this backward
+  Fn before;  // (optional) this backward is about to use these parameters
+  ParamsDone() = default;
+  ParamsDone(Fn after_fn, Fn before_fn)
+      : after(std::move(after_fn)), before(std::move(before_fn)) {}
+  // A plain callback (any callable on the parameters) converts: told of finished ones only.
+  template <typename F>
+  requires std::is_invocable_v < F, const std::vector<const Param*>
+  & > ParamsDone(F after_fn)  // NOLINT(google-explicit-constructor)
+      : after(std::move(after_fn)) {}
+  explicit operator bool() const { return static_cast<bool>(after) || static_cast<bool>(before); }
+  void operator()(const std::vector<const Param*>& ps) const {
+    if (after) after(ps);
+  }
+  void begin(const std::vector<const Param*>& ps) const {
+    if (before && !ps.empty()) before(ps);
+  }
+};
 
 class TransformerBlock {
  public:
@@ -73,6 +97,8 @@ class TransformerBlock {
   std::vector<Param*> fp8_state() const { return fp8_ ? fp8_->state() : std::vector<Param*>{}; }
 
  private:
+  // Layer i's parameters (TransformerLayer::collect), as the gate and the backward hooks take them.
+  std::vector<const Param*> layer_params(int64_t i) const;
   // The layers' FP8 GEMMs, Megatron's fp8_autocast region around this block (null: no FP8).
   std::unique_ptr<Fp8Region> fp8_;
   ProcessGroup* amax_group_ = nullptr;

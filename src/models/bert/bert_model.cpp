@@ -115,7 +115,7 @@ BertModel::Outputs BertModel::forward_stage(const Tensor& hidden_in, const BertI
                                             const ForwardMode& mode) const {
   // --overlap-param-gather: the embedding's and the heads' weights are complete before use (the
   // encoder's layers wait for theirs one by one).
-  mode.need(outer_params());
+  const ForwardMode::Use use(mode, outer_params());
   Tensor x;
   if (stage_.pre_process) {
     MEGATRON_CHECK(in.tokens.defined() && in.tokens.ndim() == 2,
@@ -171,6 +171,7 @@ Tensor BertModel::backward_stage(const Tensor& d_token_loss, const Tensor& d_sop
   auto report = [&](std::vector<const Param*> ps) {
     if (done && !ps.empty()) done(ps);
   };
+  done.begin(outer_params());
   Tensor dh = d_hidden;
   if (stage_.post_process && classification_head) {
     Tensor dpooled = classification_head->backward(d_token_loss, ctx.classifier);

@@ -85,8 +85,11 @@ Tensor GPTModel::forward_stage(const Tensor& hidden_in, const GPTInputs& in, Ctx
   if (stage_.pre_process) {
     MEGATRON_CHECK(in.tokens.defined() && in.tokens.ndim() == 2,
                    "GPTModel: the first stage needs [b, s] tokens");
-    mode.need(named({&embedding->word_embeddings, &embedding->position_embeddings}));
+    const std::vector<const Param*> ps =
+        named({&embedding->word_embeddings, &embedding->position_embeddings});
+    mode.need(ps);
     x = embedding->forward(in.tokens, in.positions, Tensor(), ctx.embedding, mode);
+    mode.release(ps);
   } else {
     MEGATRON_CHECK(hidden_in.defined() && hidden_in.ndim() == 3,
                    "GPTModel: a later pipeline stage needs the previous stage's [s, b, h] output");
@@ -105,7 +108,7 @@ Tensor GPTModel::forward_stage(const Tensor& hidden_in, const GPTInputs& in, Ctx
   }
   Tensor hidden = decoder->forward(x, layout, ctx.decoder, mode);
   if (!stage_.post_process) return hidden;
-  mode.need(named({&head->weight()}));
+  const ForwardMode::Use use(mode, named({&head->weight()}));
   return head->loss(hidden, in.labels, ctx.head);
 }
 
@@ -156,6 +159,7 @@ void GPTModel::report(const ParamsDone& done, std::initializer_list<const Param*
 Tensor GPTModel::backward_stage(const Tensor& d, Ctx& ctx, const ParamsDone& done) const {
   Tensor dh = d;
   if (stage_.post_process) {
+    done.begin(named({&head->weight()}));
     dh = head->loss_backward(d, ctx.head);
     // The output weight is final here unless it is the word embedding of this same stage.
     if (!(embedding && &head->weight() == &embedding->word_embeddings)) {
@@ -164,6 +168,7 @@ Tensor GPTModel::backward_stage(const Tensor& d, Ctx& ctx, const ParamsDone& don
   }
   Tensor dx = decoder->backward(dh, ctx.decoder, done);
   if (stage_.pre_process) {
+    done.begin(named({&embedding->word_embeddings, &embedding->position_embeddings}));
     embedding->backward(dx, ctx.embedding);
     report(done, {&embedding->word_embeddings, &embedding->position_embeddings});
     dx = Tensor();

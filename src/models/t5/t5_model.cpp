@@ -80,7 +80,7 @@ Tensor T5Model::run(const T5Inputs& in, Ctx& ctx, const ForwardMode& mode) const
                      in.dec_tokens.ndim() == 2 && in.enc_tokens.dim(0) == in.dec_tokens.dim(0),
                  "T5Model: needs [b, s_enc] encoder and [b, s_dec] decoder tokens");
   const int64_t s_enc = in.enc_tokens.dim(1), s_dec = in.dec_tokens.dim(1);
-  mode.need(outer_params());
+  const ForwardMode::Use use(mode, outer_params());
   const DType bias_dtype = embedding->word_embeddings.value.dtype();
 
   TokenLayout enc;
@@ -108,6 +108,7 @@ Tensor T5Model::run(const T5Inputs& in, Ctx& ctx, const ForwardMode& mode) const
 
 Tensor T5Model::forward(const T5Inputs& in, Ctx& ctx, const ForwardMode& mode) const {
   MEGATRON_CHECK(in.labels.defined(), "T5Model: training needs the labels");
+  const ForwardMode::Use use(mode, outer_params());  // the head reads them after run()
   const Tensor hidden = run(in, ctx, mode);
   // Labels -1 (padding) would be out of every vocabulary shard; any id does, the loss mask
   // removes them.
@@ -121,6 +122,7 @@ void T5Model::backward(const Tensor& d_token_loss, Ctx& ctx, const ParamsDone& d
   auto report = [&](std::vector<const Param*> ps) {
     if (done && !ps.empty()) done(ps);
   };
+  done.begin(outer_params());
   const Tensor dh = head->loss_backward(d_token_loss, ctx.head);
   if (!head->bias.name.empty()) report({&head->bias});
   if (!head->own_weight.name.empty()) report({&head->own_weight});

@@ -1,0 +1,49 @@
+// The Megatron-FSDP flags of `megatron train` (--use-megatron-fsdp,
+// --data-parallel-sharding-strategy) and their checks. What they do is parallel/fsdp.h's and the
+// distributed optimizer's; the trainer picks the buffers' layout from them.
+#include "cli/train_args.h"
+#include "core/error.h"
+
+namespace megatron::cli {
+
+void register_fsdp_args(ArgTable& t, Arguments& a) {
+  t.flag("--use-megatron-fsdp", a.use_megatron_fsdp,
+         "Megatron-FSDP: data parallelism over per-layer flat buffers, sharded as "
+         "--data-parallel-sharding-strategy says (implies the distributed optimizer unless "
+         "no_shard)");
+  t.add("--data-parallel-sharding-strategy", a.data_parallel_sharding_strategy,
+        "With --use-megatron-fsdp: no_shard (plain data parallelism), optim (the optimizer state "
+        "and main weights' updates, ZeRO-1), optim_grads (and the gradients, ZeRO-2) or "
+        "optim_grads_params (and the weights, gathered per layer around each use, ZeRO-3)");
+}
+
+void validate_fsdp_args(Arguments& a) {
+  const std::string& s = a.data_parallel_sharding_strategy;
+  MEGATRON_CHECK(s == "no_shard" || s == "optim" || s == "optim_grads" || s == "optim_grads_params",
+                 "--data-parallel-sharding-strategy must be no_shard, optim, optim_grads or "
+                 "optim_grads_params, got '",
+                 s, "'");
+  if (!a.use_megatron_fsdp) {
+    MEGATRON_CHECK(s == "no_shard", "--data-parallel-sharding-strategy ", s,
+                   " shards through Megatron-FSDP: add --use-megatron-fsdp (or use "
+                   "--use-distributed-optimizer for ZeRO-1 without it)");
+    return;
+  }
+  // Megatron-FSDP (v1) runs on the distributed optimizer; with no_shard nothing is sharded and
+  // it is plain data parallelism.
+  a.use_distributed_optimizer = s != "no_shard";
+  MEGATRON_CHECK(a.optimizer == "adam", "--use-megatron-fsdp with --optimizer ", a.optimizer,
+                 ": Megatron-FSDP supports Adam only (1-bit Adam averages whole momenta, which "
+                 "sharding splits); use --optimizer adam");
+  if (s == "optim_grads_params") {
+    MEGATRON_CHECK(!a.moe_router_enable_expert_bias,
+                   "--data-parallel-sharding-strategy optim_grads_params with "
+                   "--moe-router-enable-expert-bias: the routers' expert bias is updated outside "
+                   "the forward and backward, where sharded weights are not gathered; use "
+                   "optim_grads, or drop --moe-router-enable-expert-bias");
+    MEGATRON_CHECK(!a.overlap_param_gather || a.overlap_grad_reduce,
+                   "Must use --overlap-param-gather with --overlap-grad-reduce");
+  }
+}
+
+}  // namespace megatron::cli
