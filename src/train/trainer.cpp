@@ -15,6 +15,7 @@
 #include "core/logging.h"
 #include "core/threads.h"
 #include "core/timer.h"
+#include "tensor/memory_stats.h"
 #include "tensor/op_profile.h"
 #include "tensor/ops.h"
 #include "train/device_choice.h"
@@ -99,6 +100,23 @@ void Trainer::report_memory(int64_t iteration) const {
                                          "%.1f | max resident: %.1f",
                                          parallel_->rank(), static_cast<long>(iteration),
                                          resident_mb(), max_resident_mb()));
+  if (!args_.use_megatron_fsdp) return;
+  // Megatron-FSDP: every rank's own shards differ, so every rank reports. What the buffers hold
+  // (held), what the runtime lent on top at most (gathered weights and gradient buffers), and
+  // the most bytes all tensors took at once, activations included.
+  const double mb = 1048576.0;
+  const double held = static_cast<double>(
+      params_->main().nbytes() + params_->grads().nbytes() +
+      (params_->compute().raw() == params_->main().raw() ? 0 : params_->compute().nbytes()) +
+      (dist_optimizer_ ? dist_optimizer_->state_bytes()
+                       : optimizer_->exp_avg().nbytes() + optimizer_->exp_avg_sq().nbytes()));
+  log_gathered(
+      strprintf("[Rank %d] (after %ld iterations) FSDP memory (MB) | weights, gradients "
+                "and optimizer state: %.3f | lent at most: %.3f | peak of all tensors: "
+                "%.3f",
+                parallel_->rank(), static_cast<long>(iteration), held / mb,
+                static_cast<double>(fsdp_ ? fsdp_->peak_lent_bytes() : 0) / mb,
+                static_cast<double>(peak_tensor_bytes()) / mb));
 }
 
 TokenizerArgs tokenizer_args(const Arguments& a) {
@@ -202,6 +220,9 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
   build_checkpointing();
   build_data();
   report_gemm_peak();
+  // The peak the memory report prints is the run's, not the start-up's (the whole model is
+  // initialised before Megatron-FSDP shards it; the GEMM peak probe).
+  reset_peak_tensor_bytes();
 }
 
 // This rank's model chunks, the model's loss, the parameters (initialised or imported), and the
