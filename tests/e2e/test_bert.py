@@ -161,6 +161,8 @@ class TestBert(unittest.TestCase):
              ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
               "--ddp-bucket-size", "2000"]),
             ("tp2pp2", 4, [TP, "2", PP, "2"]),
+            ("dp2 Megatron-FSDP ZeRO-3", 2,
+             ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params"]),
         ])
 
     def test_post_ln_layouts_match_single_process(self):
@@ -169,6 +171,8 @@ class TestBert(unittest.TestCase):
                             "1"], [
             ("tp2+sp", 2, [TP, "2", "--sequence-parallel"]),
             ("pp2", 2, [PP, "2"]),
+            ("dp2 Megatron-FSDP ZeRO-2", 2,
+             ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads"]),
         ])
 
     def test_checkpoint_saved_in_one_layout_resumes_in_another(self):

@@ -125,6 +125,8 @@ class TestT5(unittest.TestCase):
             ("dp2 overlapped param gather", 2,
              ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
               "--ddp-bucket-size", "2000"]),
+            ("dp2 Megatron-FSDP ZeRO-3", 2,
+             ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params"]),
         ])
 
     def test_v11_relative_layouts_match_single_process(self):
@@ -133,6 +135,8 @@ class TestT5(unittest.TestCase):
             ("tp2+sp", 2, [TP, "2", "--sequence-parallel"]),
             ("tp2", 2, [TP, "2"]),
             ("dp2 distributed optimizer", 2, ["--use-distributed-optimizer"]),
+            ("dp2 Megatron-FSDP ZeRO-3", 2,
+             ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params"]),
         ])
 
     def test_checkpoint_saved_in_one_layout_resumes_in_another(self):
