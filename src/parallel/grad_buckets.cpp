@@ -103,23 +103,18 @@ GradBuckets::GradBuckets(ParamSet& params, ProcessGroup& dp, int64_t bucket_size
       b.shard_begin = b.begin + g.rank() * n;
       b.shard_end = b.shard_begin + n;
     }
+    if (params.grads_sharded()) {
+      // Megatron-FSDP: the ParamSet keeps only the shards, cut as these are.
+      const int64_t i = &b - buckets_.data();
+      MEGATRON_CHECK(params.owned_range(i) == std::make_pair(b.shard_begin, b.shard_end),
+                     "the ParamSet's shard of bucket ", i, " is not this rank's shard over the ",
+                     "bucket's group: shard it over the same groups");
+      b.shard = params.grad_shard(i);
+      continue;
+    }
     b.view = params.grads().flat_view(b.begin, Shape{b.end - b.begin});
     b.shard = params.grads().flat_view(b.shard_begin, Shape{b.shard_end - b.shard_begin});
   }
-}
-
-void GradBuckets::shard_params(bool weights) {
-  MEGATRON_CHECK(reduce_ == GradReduce::kReduceScatter,
-                 "sharded gradients need reduce-scatter gradient buckets");
-  Sharding s;
-  for (const Bucket& b : buckets_) s.owned.emplace_back(b.shard_begin, b.shard_end);
-  s.grads = true;
-  s.weights = weights;
-  // Drop the views of the full gradient buffer first, so that shard() frees it.
-  for (Bucket& b : buckets_) b.view = b.shard = Tensor();
-  params_.shard(s);
-  for (size_t i = 0; i < buckets_.size(); ++i)
-    buckets_[i].shard = params_.grad_shard(static_cast<int64_t>(i));
 }
 
 void GradBuckets::reduce_scatter_add(int64_t i, Tensor full) {

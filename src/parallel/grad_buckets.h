@@ -79,13 +79,11 @@ class GradBuckets {
   // stage, which exchanges the momentum instead); mark_ready and finish then move nothing.
   void set_reduce(bool on) { reduce_enabled_ = on; }
 
-  // Megatron-FSDP (optim_grads, optim_grads_params): from now on the ParamSet keeps only this
-  // rank's shard of every bucket of the gradients (ZeRO-2) and, with `weights`, of the weights
-  // too (ZeRO-3) (ParamSet::shard with these buckets' shard ranges). Gradients then no longer
-  // accumulate in a full buffer over the step: the FSDP runtime (parallel/fsdp.h) hands each
-  // bucket's gradients of one backward to reduce_scatter_add, and mark_ready does nothing.
-  // kReduceScatter only.
-  void shard_params(bool weights);
+  // Megatron-FSDP (optim_grads, optim_grads_params): the ParamSet keeps only this rank's shard of
+  // every bucket of the gradients (Sharding, over the same groups as these buckets). Gradients
+  // then never accumulate in a full buffer over the step: the FSDP runtime (parallel/fsdp.h)
+  // hands each bucket's gradients of one backward to reduce_scatter_add, and mark_ready does
+  // nothing. kReduceScatter only.
   bool grads_sharded() const { return params_.grads_sharded(); }
   // ZeRO-2: `full` ([bucket length] fp32) is bucket i's gradient of one backward; it is averaged
   // (scaled as the bucket is), reduce-scattered over the bucket's group, and the result added to

@@ -59,10 +59,11 @@ ParamSet::ParamSet(std::vector<Param*> params, DType compute_dtype, Device devic
 }
 
 ParamSet::ParamSet(std::vector<Param*> params, DType compute_dtype, const BucketLayout& layout,
-                   Device device)
+                   Device device, const Sharding& sharding)
     : params_(std::move(params)),
       bucketed_(true),
       layout_(layout),
+      sharding_(sharding),
       compute_dtype_(compute_dtype),
       device_(device) {
   MEGATRON_CHECK(
@@ -93,8 +94,9 @@ ParamSet::ParamSet(std::vector<Param*> params, DType compute_dtype, const Bucket
     if (own || full) close();
   }
   if (total > begin) close();
-  allocate(total);
   index_buckets();
+  plan_shards();
+  allocate(total);
 }
 
 std::string fsdp_unit(const std::string& name) {
@@ -136,42 +138,8 @@ int64_t ParamSet::bucket_of(const Param& p) const {
   return it->second;
 }
 
-void ParamSet::shard(const Sharding& s) {
-  MEGATRON_ASSERT(bucketed_ && s.owned.size() == buckets_.size(),
-                  "shard() needs a bucketed ParamSet and one owned range per bucket");
-  MEGATRON_ASSERT(!sharding_.grads && !sharding_.weights, "the ParamSet is sharded already");
-  shard_offsets_.clear();
-  int64_t total = 0;
-  for (size_t i = 0; i < buckets_.size(); ++i) {
-    const auto [b, e] = s.owned[i];
-    MEGATRON_ASSERT(buckets_[i].first <= b && b <= e && e <= buckets_[i].second, "shard [", b, ", ",
-                    e, ") outside bucket ", i);
-    shard_offsets_.push_back(total);
-    total += e - b;
-  }
-  auto compact = [&](const Tensor& full) {
-    Tensor out = Tensor::empty({total}, full.dtype(), full.device());
-    for (size_t i = 0; i < buckets_.size(); ++i) {
-      const auto [b, e] = s.owned[i];
-      if (e > b) out.flat_view(shard_offsets_[i], {e - b}).copy_from(full.flat_view(b, {e - b}));
-    }
-    return out;
-  };
-  sharding_ = s;
-  if (s.grads) {
-    grads_ = compact(grads_);
-    for (Param* p : params_) p->main_grad = Tensor();
-  }
-  if (s.weights) {
-    const bool same = compute_.raw() == main_.raw();
-    main_ = compact(main_);
-    compute_ = same ? main_ : compact(compute_);
-    for (Param* p : params_) p->main = p->value = Tensor();
-  }
-}
-
 std::pair<int64_t, int64_t> ParamSet::owned_range(int64_t bucket) const {
-  if (!sharding_.owned.empty()) return sharding_.owned[static_cast<size_t>(bucket)];
+  if (!owned_.empty()) return owned_[static_cast<size_t>(bucket)];
   if (bucketed_) return buckets_[static_cast<size_t>(bucket)];
   return {0, main_.numel()};
 }
@@ -248,57 +216,106 @@ void ParamSet::detach_grads(int64_t bucket) {
 void ParamSet::allocate(int64_t total) {
   // f64 models (gradient checks in tests) keep everything in double.
   DType master = compute_dtype_ == DType::kF64 ? DType::kF64 : DType::kF32;
-  main_ = Tensor::zeros({total}, master, device_);
-  grads_ = Tensor::zeros({total}, master, device_);
-  compute_ = compute_dtype_ == master ? main_ : Tensor::zeros({total}, compute_dtype_, device_);
+  // Sharded kinds: only this rank's shards, one after the other.
+  const int64_t shards = shard_offsets_.empty()
+                             ? 0
+                             : shard_offsets_.back() + owned_.back().second - owned_.back().first;
+  const int64_t weights = sharding_.weights ? shards : total;
+  main_ = Tensor::zeros({weights}, master, device_);
+  grads_ = Tensor::zeros({sharding_.grads ? shards : total}, master, device_);
+  compute_ = compute_dtype_ == master ? main_ : Tensor::zeros({weights}, compute_dtype_, device_);
   for (size_t i = 0; i < params_.size(); ++i) {
     Param& p = *params_[i];
-    p.main = main_.flat_view(offsets_[i], p.shape);
-    p.main_grad = grads_.flat_view(offsets_[i], p.shape);
-    p.value = compute_.flat_view(offsets_[i], p.shape);
+    if (!sharding_.weights) {
+      p.main = main_.flat_view(offsets_[i], p.shape);
+      p.value = compute_.flat_view(offsets_[i], p.shape);
+    }
+    if (!sharding_.grads) p.main_grad = grads_.flat_view(offsets_[i], p.shape);
   }
 }
 
-void ParamSet::initialize(uint64_t seed) {
-  for (Param* p : params_) {
-    Tensor& t = p->main;
-    switch (p->init) {
-      case Init::kZeros:
-        t.zero();
-        break;
-      case Init::kOnes:
-        t.fill(1.0);
-        break;
-      case Init::kNormal: {
-        Tensor tmp = Tensor::empty(t.shape(), DType::kF64);
-        double* d = tmp.data<double>();
-        uint64_t stream = stable_hash(p->name);
-        const bool shard = p->is_tensor_parallel();
-        for (int64_t i = 0; i < tmp.numel(); ++i) {
-          const int64_t full = shard ? p->full_index(i) : i;
-          d[i] = p->init_std * Philox::normal(seed, stream, static_cast<uint64_t>(full));
-        }
-        t.copy_from(tmp);
-        break;
-      }
-      case Init::kXavierUniform: {
-        const Shape full_shape = p->full_shape();
-        MEGATRON_ASSERT(full_shape.ndim() == 2, "Xavier init of ", p->name, " needs a matrix");
-        const double a = std::sqrt(6.0 / static_cast<double>(full_shape[0] + full_shape[1]));
-        Tensor tmp = Tensor::empty(t.shape(), DType::kF64);
-        double* d = tmp.data<double>();
-        const uint64_t stream = stable_hash(p->name);
-        const bool shard = p->is_tensor_parallel();
-        for (int64_t i = 0; i < tmp.numel(); ++i) {
-          const int64_t full = shard ? p->full_index(i) : i;
-          d[i] = a * (2.0 * Philox::uniform(seed, stream, static_cast<uint64_t>(full)) - 1.0);
-        }
-        t.copy_from(tmp);
-        break;
-      }
+void ParamSet::plan_shards() {
+  if (!sharding_.grads && !sharding_.weights) return;
+  MEGATRON_CHECK(sharding_.dense_size >= 1 && sharding_.expert_size >= 0,
+                 "sharding group sizes must be positive");
+  int64_t total = 0;
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    const auto [b, e] = buckets_[i];
+    const auto& ps = bucket_params_[i];
+    bool expert = sharding_.expert_size > 0 && !ps.empty();
+    for (const Param* p : ps) expert = expert && p->expert_parallel;
+    const int64_t r = expert ? sharding_.expert_rank : sharding_.dense_rank;
+    const int64_t n = expert ? sharding_.expert_size : sharding_.dense_size;
+    MEGATRON_CHECK((e - b) % n == 0, "bucket [", b, ", ", e, ") does not split into ", n,
+                   " shards; lay it out with distributed_bucket_layout");
+    const int64_t s0 = b + r * (e - b) / n, s1 = s0 + (e - b) / n;
+    owned_.emplace_back(s0, s1);
+    shard_offsets_.push_back(total);
+    for (size_t k = 0; k < ps.size(); ++k) {
+      const int64_t off = b + bucket_param_offsets_[i][k];
+      const int64_t lo = std::max(off, s0), hi = std::min(off + ps[k]->shape.numel(), s1);
+      if (lo < hi) segments_.push_back({ps[k], lo - off, hi - lo, total + lo - s0});
     }
+    total += s1 - s0;
+  }
+}
+
+namespace {
+// Elements [begin, begin + out.numel()) of p's (local) initial values into `out`.
+void init_elements(const Param& p, int64_t begin, uint64_t seed, Tensor out) {
+  switch (p.init) {
+    case Init::kZeros:
+      out.zero();
+      return;
+    case Init::kOnes:
+      out.fill(1.0);
+      return;
+    case Init::kNormal:
+    case Init::kXavierUniform:
+      break;
+  }
+  double scale = p.init_std;
+  if (p.init == Init::kXavierUniform) {
+    const Shape full_shape = p.full_shape();
+    MEGATRON_ASSERT(full_shape.ndim() == 2, "Xavier init of ", p.name, " needs a matrix");
+    scale = std::sqrt(6.0 / static_cast<double>(full_shape[0] + full_shape[1]));
+  }
+  Tensor tmp = Tensor::empty({out.numel()}, DType::kF64);
+  double* d = tmp.data<double>();
+  const uint64_t stream = stable_hash(p.name);
+  const bool shard = p.is_tensor_parallel();
+  for (int64_t k = 0; k < tmp.numel(); ++k) {
+    const int64_t i = begin + k;
+    const auto full = static_cast<uint64_t>(shard ? p.full_index(i) : i);
+    d[k] = p.init == Init::kNormal ? scale * Philox::normal(seed, stream, full)
+                                   : scale * (2.0 * Philox::uniform(seed, stream, full) - 1.0);
+  }
+  out.copy_from(tmp.view(out.shape()));
+}
+}  // namespace
+
+void ParamSet::initialize(uint64_t seed) {
+  if (sharding_.weights) {
+    for (const OwnedSegment& s : segments_)
+      init_elements(*s.param, s.param_begin, seed, main_.flat_view(s.at, {s.numel}));
+  } else {
+    for (Param* p : params_) init_elements(*p, 0, seed, p->main);
   }
   sync_compute_from_main();
+}
+
+void ParamSet::set_main(const Param& p, const Tensor& t) {
+  MEGATRON_CHECK(t.numel() == p.shape.numel(), "set_main(", p.name, "): ", t.numel(),
+                 " elements for a parameter of shape ", p.shape.str());
+  if (!sharding_.weights) {
+    const_cast<Param&>(p).main.copy_from(t.view(p.shape));
+    return;
+  }
+  const Tensor flat = t.dtype() == main_.dtype() ? t : t.to(main_.dtype());
+  for (const OwnedSegment& s : segments_) {
+    if (s.param == &p)
+      main_.flat_view(s.at, {s.numel}).copy_from(flat.flat_view(s.param_begin, {s.numel}));
+  }
 }
 
 void ParamSet::sync_compute_from_main() {

@@ -111,13 +111,17 @@ struct BucketLayout {
 std::string fsdp_unit(const std::string& param_name);
 
 // Which of a bucketed ParamSet's buffers keep only this rank's part of every bucket (Megatron-FSDP
-// with optim_grads: the gradients, ZeRO-2; optim_grads_params: the weights too, ZeRO-3).
+// with optim_grads: the gradients, ZeRO-2; optim_grads_params: the weights too, ZeRO-3), and over
+// which group each bucket is sharded: bucket [begin, end) of a group of size n is cut into n equal
+// shards, rank r keeping [begin + r (end - begin) / n, begin + (r + 1) (end - begin) / n) (the
+// distributed optimizer's and GradBuckets' shards). A bucket of expert-parallel parameters is
+// sharded over the expert group when expert_size > 0 (experts reduced over expert data
+// parallelism), else over the dense one.
 struct Sharding {
-  // Per bucket, [begin, end) in the full buffers: this rank's shard (the GradBuckets' shard
-  // ranges). The shards are stored one after the other, in bucket order.
-  std::vector<std::pair<int64_t, int64_t>> owned;
   bool grads = false;    // the fp32 gradients
   bool weights = false;  // the fp32 main weights and the compute copy
+  int dense_rank = 0, dense_size = 1;
+  int expert_rank = 0, expert_size = 0;
 };
 
 class ParamSet {
@@ -125,14 +129,21 @@ class ParamSet {
   // Lays out `params` (owned by the layers, which outlive this set) and allocates the buffers on
   // `device` (the layers then compute wherever their weights are: activations follow inputs).
   ParamSet(std::vector<Param*> params, DType compute_dtype, Device device = Device::kCPU);
-  // The same in buckets (see BucketLayout); bucket_ranges() then lists them.
+  // The same in buckets (see BucketLayout); bucket_ranges() then lists them. With a sharding
+  // (see Sharding and the sharded-storage comment below) the sharded buffers are only ever
+  // allocated as this rank's shards: the whole model is never held.
   ParamSet(std::vector<Param*> params, DType compute_dtype, const BucketLayout& layout,
-           Device device = Device::kCPU);
+           Device device = Device::kCPU, const Sharding& sharding = {});
 
   // Fills main weights from the init spec of each Param: element i gets the value that element
   // full_index(i) of the full tensor gets from (seed, name), so values never depend on the layout
-  // or the number of ranks. Then copies main -> compute.
+  // or the number of ranks (with sharded weights, only the elements of this rank's shards). Then
+  // copies main -> compute.
   void initialize(uint64_t seed);
+  // Sets p's fp32 main weights to `t` (p's shape), wherever they are kept: p's view, or with
+  // sharded weights the parts of it this rank's shards hold (the rest of `t` is not needed).
+  // Call sync_compute_from_main() after the last one.
+  void set_main(const Param& p, const Tensor& t);
   // After the optimizer changed main(): refresh the compute copy (no-op in fp32 runs).
   void sync_compute_from_main();
   // The same for the elements [begin, end) of the flat buffers.
@@ -159,13 +170,11 @@ class ParamSet {
   // The Params of bucket i, in buffer order.
   const std::vector<Param*>& bucket_params(int64_t i) const { return bucket_params_[i]; }
 
-  // Sharded storage (Megatron-FSDP; see Sharding). After shard(), main(), grads() and compute()
-  // of the sharded kinds hold only this rank's shards, concatenated in bucket order (shard i at
-  // shard_offset(i)); the full buffers are freed, and the Params' views of a sharded kind are
-  // undefined except while their bucket is attached (attach_weights / attach_grads), which is
-  // how the FSDP runtime (parallel/fsdp.h) lends a layer its gathered weights and a gradient
-  // buffer for its backward. Initialise (and load pretrained weights) before sharding.
-  void shard(const Sharding& s);
+  // Sharded storage (Megatron-FSDP; see Sharding): main(), grads() and compute() of the sharded
+  // kinds hold only this rank's shards, concatenated in bucket order (shard i at
+  // shard_offset(i)), and the Params' views of a sharded kind are undefined except while their
+  // bucket is attached (attach_weights / attach_grads), which is how the FSDP runtime
+  // (parallel/fsdp.h) lends a layer its gathered weights and a gradient buffer for its backward.
   bool weights_sharded() const { return sharding_.weights; }
   bool grads_sharded() const { return sharding_.grads; }
   // This rank's shard of bucket i, [end - begin] elements, as views into the buffers that hold it
@@ -176,6 +185,15 @@ class ParamSet {
   Tensor compute_shard(int64_t bucket);
   std::pair<int64_t, int64_t> owned_range(int64_t bucket) const;
   int64_t shard_offset(int64_t bucket) const { return shard_offsets_[bucket]; }
+  // One Param's part of one shard: elements [param_begin, param_begin + numel) of the Param sit
+  // at [at, at + numel) of the shards' concatenation (the compact sharded buffers; the
+  // distributed optimizer's moments are laid out the same way).
+  struct OwnedSegment {
+    Param* param = nullptr;
+    int64_t param_begin = 0, numel = 0, at = 0;
+  };
+  // Every Param's parts of this rank's shards, in buffer order (sharded sets only).
+  const std::vector<OwnedSegment>& owned_segments() const { return segments_; }
   // Points bucket i's Params at `full` ([bucket length], compute dtype): their compute weights
   // (and, in fp32 runs where they are the same buffer, their main weights). detach_weights
   // leaves them undefined again.
@@ -191,6 +209,7 @@ class ParamSet {
  private:
   void allocate(int64_t total);
   void index_buckets();
+  void plan_shards();
 
   std::vector<Param*> params_;
   std::vector<int64_t> offsets_;
@@ -201,7 +220,9 @@ class ParamSet {
   std::vector<std::vector<int64_t>> bucket_param_offsets_;  // each Param's offset in its bucket
   std::unordered_map<const Param*, int64_t> param_bucket_;
   Sharding sharding_;
+  std::vector<std::pair<int64_t, int64_t>> owned_;  // per bucket (sharded sets)
   std::vector<int64_t> shard_offsets_;
+  std::vector<OwnedSegment> segments_;
   DType compute_dtype_;
   Device device_ = Device::kCPU;
   Tensor main_, grads_, compute_;

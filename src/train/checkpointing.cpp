@@ -157,12 +157,9 @@ void for_each_box(const CheckpointTarget& t, bool optim, bool writes_only, Fn&& 
       fn("model." + p->name, *p, const_cast<Tensor&>(p->main), 0, piece);
   }
   if (sharded) {
-    MEGATRON_ASSERT(t.dist_optimizer != nullptr,
-                    "sharded weights without the distributed optimizer");
-    for (const auto& seg : t.dist_optimizer->owned_segments()) {
+    for (const ParamSet::OwnedSegment& seg : ps.owned_segments()) {
       if (writes_only && seg.param->is_duplicate()) continue;
-      // The compact main shards are laid out as the moments are.
-      const int64_t at = seg.state - seg.param_begin;
+      const int64_t at = seg.at - seg.param_begin;
       for (const cp::Piece& piece : cp::shard_pieces(*seg.param, seg.param_begin, seg.numel))
         fn("model." + seg.param->name, *seg.param, ps.main(), at, piece);
     }

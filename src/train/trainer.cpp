@@ -263,10 +263,26 @@ void Trainer::build_model() {
   const bool distributed = args_.use_distributed_optimizer;
   const int expert_dp = ps.experts_apart() ? ps.edp_size() : 1;
   BucketLayout layout = distributed_bucket_layout(bucket, static_cast<int>(grad_size_), expert_dp);
-  // Megatron-FSDP's buffers: one per unit (transformer layer, embeddings, ...).
+  // Megatron-FSDP's buffers: one per unit (transformer layer, embeddings, ...); with optim_grads
+  // the gradients, with optim_grads_params the weights too, exist only as this rank's shards
+  // (over the groups the buckets reduce over: dp x cp, and expert data parallelism for experts
+  // split apart), from the start: the whole model is never allocated.
   layout.per_unit = args_.use_megatron_fsdp;
-  params_ = distributed ? std::make_unique<ParamSet>(all, cfg_.compute_dtype, layout, device_)
-                        : std::make_unique<ParamSet>(all, cfg_.compute_dtype, device_);
+  const std::string& strategy = args_.data_parallel_sharding_strategy;
+  Sharding sharding;
+  if (args_.use_megatron_fsdp) {
+    sharding.grads = strategy == "optim_grads" || strategy == "optim_grads_params";
+    sharding.weights = strategy == "optim_grads_params";
+    sharding.dense_rank = static_cast<int>(grad_rank_);
+    sharding.dense_size = static_cast<int>(grad_size_);
+    if (ps.experts_apart()) {
+      sharding.expert_rank = ps.edp_rank();
+      sharding.expert_size = ps.edp_size();
+    }
+  }
+  params_ = distributed
+                ? std::make_unique<ParamSet>(all, cfg_.compute_dtype, layout, device_, sharding)
+                : std::make_unique<ParamSet>(all, cfg_.compute_dtype, device_);
   // Initialised first in every case: what a pretrained model lacks (a classifier's head) keeps
   // its initialisation.
   params_->initialize(static_cast<uint64_t>(args_.seed));
@@ -367,11 +383,6 @@ void Trainer::build_optimizer() {
       distributed ? GradReduce::kReduceScatter : GradReduce::kAllReduce, expert);
   grad_buckets_->set_reduce_in_bf16(args_.grad_reduce_in_bf16);
   grad_buckets_->set_average(!args_.calculate_per_token_loss);
-  const std::string& strategy = args_.data_parallel_sharding_strategy;
-  const bool shard_grads =
-      args_.use_megatron_fsdp && (strategy == "optim_grads" || strategy == "optim_grads_params");
-  // From here on the gradients (and with optim_grads_params the weights) are shards.
-  if (shard_grads) grad_buckets_->shard_params(strategy == "optim_grads_params");
   executor_ = std::make_unique<PipelineExecutor>(ps.pp_group(), virtual_stages_, device_);
 
   // The weight decay of each step comes from the schedule (StepRates); this is the constant one.
@@ -380,7 +391,7 @@ void Trainer::build_optimizer() {
     dist_optimizer_ = std::make_unique<DistributedOptimizer>(*grad_buckets_, adam);
     dist_optimizer_->set_overlap_param_gather(args_.overlap_param_gather &&
                                               !params_->weights_sharded());
-    if (shard_grads) {
+    if (params_->grads_sharded()) {
       fsdp_ = std::make_unique<FsdpRuntime>(
           *grad_buckets_, args_.overlap_param_gather && !params_->weights_sharded()
                               ? dist_optimizer_.get()

@@ -61,12 +61,23 @@ std::vector<double> values(const Tensor& t) {
   return std::vector<double>(d.data<double>(), d.data<double>() + d.numel());
 }
 
+// Shards the gradients (ZeRO-2), and the weights too (ZeRO-3), over the world.
+Sharding over_world(bool weights) {
+  Sharding s;
+  s.grads = true;
+  s.weights = weights;
+  s.dense_rank = world().rank();
+  s.dense_size = world().size();
+  return s;
+}
+
 struct Model {
-  explicit Model(bool bf16 = false) : params(make()), set(pointers(), dtype(bf16), layout()) {
+  explicit Model(bool bf16 = false, const Sharding& sharding = {})
+      : params(make()), set(pointers(), dtype(bf16), layout(), Device::kCPU, sharding) {
     for (Param& p : params) {
       Tensor v = Tensor::empty(p.shape, DType::kF64);
       for (int64_t i = 0; i < p.shape.numel(); ++i) v.data<double>()[i] = weight_value(p, i);
-      p.main.copy_from(v);
+      set.set_main(p, v.to(DType::kF32));
     }
     set.sync_compute_from_main();
   }
@@ -132,9 +143,8 @@ TEST(Fsdp, OneBucketPerUnit) {
 // micro-batches are reduce-scattered into the shards as the mean over ranks of their sum.
 TEST(Fsdp, LendsWeightsAndReducesGradientsIntoShards) {
   Model full;  // never sharded: the reference values
-  Model m;
+  Model m(false, over_world(true));
   GradBuckets buckets(m.set, world(), 0, false, GradReduce::kReduceScatter);
-  buckets.shard_params(/*weights=*/true);
   FsdpRuntime fsdp(buckets);
   const int dp = world().size(), r = world().rank();
   for (const Param& p : m.params) {
@@ -196,11 +206,50 @@ TEST(Fsdp, LendsWeightsAndReducesGradientsIntoShards) {
   EXPECT_GT(fsdp.gathers(), 0);
 }
 
+// Initialisation straight into the shards gives each element the value the unsharded set gives it
+// (the whole model is never allocated).
+TEST(Fsdp, InitialisesTheShardsAsTheWholeModel) {
+  std::vector<Param> whole = Model::make(), parts = Model::make();
+  for (std::vector<Param>* ps : {&whole, &parts}) {
+    for (Param& p : *ps) {
+      p.init = p.name.find("bias") != std::string::npos ? Init::kZeros : Init::kNormal;
+      if (p.name.find("norm") != std::string::npos) p.init = Init::kOnes;
+    }
+  }
+  auto ptrs = [](std::vector<Param>& ps) {
+    std::vector<Param*> out;
+    for (Param& p : ps) out.push_back(&p);
+    return out;
+  };
+  ParamSet a(ptrs(whole), DType::kBF16, Model::layout());
+  ParamSet b(ptrs(parts), DType::kBF16, Model::layout(), Device::kCPU, over_world(true));
+  a.initialize(1234);
+  b.initialize(1234);
+  const int64_t total = a.bucket_ranges().back().second;
+  EXPECT_EQ(b.main().numel() * world().size(), total);
+  EXPECT_EQ(b.compute().numel() * world().size(), total);
+  int64_t checked = 0;
+  for (const ParamSet::OwnedSegment& s : b.owned_segments()) {
+    const Param& w = whole[static_cast<size_t>(s.param - parts.data())];
+    const std::vector<double> want = values(w.main.flat_view(s.param_begin, {s.numel}));
+    EXPECT_EQ(values(b.main().flat_view(s.at, {s.numel})), want) << w.name;
+    EXPECT_EQ(values(b.compute().flat_view(s.at, {s.numel})),
+              values(w.value.flat_view(s.param_begin, {s.numel})))
+        << w.name;
+    checked += s.numel;
+  }
+  // Every element of the model is on exactly one rank.
+  Tensor n = Tensor::full({1}, static_cast<double>(checked), DType::kF64);
+  world().all_reduce(n);
+  int64_t model = 0;
+  for (const Param& p : whole) model += p.shape.numel();
+  EXPECT_EQ(n.data<double>()[0], static_cast<double>(model));
+}
+
 // A unit used by two modules (tied embeddings) stays gathered while either holds it.
 TEST(Fsdp, NestedUsesKeepTheUnit) {
-  Model m;
+  Model m(false, over_world(true));
   GradBuckets buckets(m.set, world(), 0, false, GradReduce::kReduceScatter);
-  buckets.shard_params(/*weights=*/true);
   FsdpRuntime fsdp(buckets);
   const auto emb = m.unit("embedding");
   fsdp.wait_for(emb);
@@ -221,9 +270,8 @@ TEST(Fsdp, NestedUsesKeepTheUnit) {
 
 // ZeRO-2: weights stay whole (nothing gathered), only gradients are lent and sharded.
 TEST(Fsdp, ShardedGradientsKeepWholeWeights) {
-  Model m(/*bf16=*/true);
+  Model m(/*bf16=*/true, over_world(false));
   GradBuckets buckets(m.set, world(), 0, false, GradReduce::kReduceScatter);
-  buckets.shard_params(/*weights=*/false);
   FsdpRuntime fsdp(buckets);
   for (const Param& p : m.params) EXPECT_TRUE(p.value.defined() && p.main.defined()) << p.name;
   const auto l0 = m.unit("decoder.layers.0");
@@ -241,9 +289,8 @@ TEST(Fsdp, ShardedGradientsKeepWholeWeights) {
 // Whole fp32 main weights for a reader of the whole model (the Hugging Face export).
 TEST(Fsdp, GatherMainAll) {
   Model full(/*bf16=*/true);
-  Model m(/*bf16=*/true);
+  Model m(/*bf16=*/true, over_world(true));
   GradBuckets buckets(m.set, world(), 0, false, GradReduce::kReduceScatter);
-  buckets.shard_params(/*weights=*/true);
   FsdpRuntime fsdp(buckets);
   fsdp.gather_main_all();
   for (size_t k = 0; k < m.params.size(); ++k) {

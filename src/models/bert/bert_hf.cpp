@@ -196,7 +196,7 @@ void load_mapped(const std::string& dir, const BertHfInfo& info, BertModel& mode
   std::set<Param*> mapped;
   for (const HfTensorMapping& mp : build_mappings(model)) mapped.insert(mp.param);
   for (auto& [p, t] : staged)
-    if (mapped.count(p)) p->main.copy_from(t);
+    if (mapped.count(p)) params.set_main(*p, t);
   params.sync_compute_from_main();
 }
 

@@ -350,7 +350,7 @@ void load_hf_weights(const std::string& dir, const HfModelInfo& info, GPTModel& 
                    info.arch == HfArch::kGpt2 ? "gpt2" : "llama",
                    " model as config.json describes it");
   }
-  for (auto& [p, t] : staged) p->main.copy_from(t);
+  for (auto& [p, t] : staged) params.set_main(*p, t);
   params.sync_compute_from_main();
 }
 

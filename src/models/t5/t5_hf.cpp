@@ -217,7 +217,7 @@ void load_t5_hf_weights(const std::string& dir, const T5HfInfo& info, T5Model& m
     MEGATRON_CHECK(tied_copy, dir, ": unexpected tensor '", name, "' for a ", kArch,
                    " as config.json describes it");
   }
-  for (auto& [p, t] : staged) p->main.copy_from(t);
+  for (auto& [p, t] : staged) params.set_main(*p, t);
   params.sync_compute_from_main();
 }
 

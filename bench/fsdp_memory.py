@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""Megatron-FSDP memory per rank: what each sharding strategy keeps, measured, against the
+expected 1/dp shares.
+
+What it is: a GPT of 29.4M parameters (8 layers, h 512, ffn 2048, vocabulary 8192, s 64, one
+sequence per micro-batch: the weights and their state dominate the activations) on mock data,
+2 iterations under `mpiexec -n DP` for DP in 2 and 4, fp32 and bf16, with
+`--use-megatron-fsdp --data-parallel-sharding-strategy S` for every S. From rank 0's memory
+report (after the first iteration) it prints:
+  held      the weights, gradients and optimizer state this rank's buffers hold (the sizes of the
+            tensors, measured, not estimated)
+  expected  the bytes per parameter of the strategy x parameters (+ padding is the difference):
+            fp32 no_shard 16, optim 8 + 8/dp, optim_grads 4 + 12/dp, optim_grads_params 16/dp;
+            bf16 two more for the compute copy, sharded with the weights in optim_grads_params
+  lent      the most the FSDP runtime lent at once on top (gathered weights, gradient buffers)
+  peak      the most bytes all tensors took at once during training (activations included)
+  max RSS   the process's peak resident set
+What it is not: a speed measurement, or a test (tests/e2e/test_fsdp.py checks the shares).
+
+Usage: bench/fsdp_memory.py --megatron build/megatron [--mpiexec mpiexec] [--markdown]
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+
+MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+           "OMPI_MCA_btl_vader_single_copy_mechanism": "none"}
+MODEL = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "8192",
+         "--num-layers", "8", "--hidden-size", "512", "--ffn-hidden-size", "2048",
+         "--num-attention-heads", "8", "--seq-length", "64", "--max-position-embeddings", "64",
+         "--micro-batch-size", "1", "--global-batch-size", "4", "--train-iters", "2",
+         "--lr", "1e-4", "--lr-warmup-iters", "1", "--log-interval", "1", "--eval-iters", "0",
+         "--num-threads", "1"]
+STRATEGIES = ["no_shard", "optim", "optim_grads", "optim_grads_params"]
+FSDP_RE = re.compile(r"\[Rank 0\] \(after \d+ iterations\) FSDP memory \(MB\) \| weights, "
+                     r"gradients and optimizer state: ([\d.]+) \| lent at most: ([\d.]+) \| peak "
+                     r"of all tensors: ([\d.]+)")
+RSS_RE = re.compile(r"\[Rank 0\] \(after \d+ iterations\) memory \(MB\) \| resident: [\d.]+ \| "
+                    r"max resident: ([\d.]+)")
+PARAMS_RE = re.compile(r"number of parameters on \(tensor, pipeline\) model parallel rank "
+                       r"\(0, 0\): (\d+)")
+
+
+def expected_bytes_per_param(strategy, dp, bf16):
+    compute = 2 if bf16 else 0
+    return {"no_shard": 16 + compute,
+            "optim": 8 + compute + 8 / dp,
+            "optim_grads": 4 + compute + 12 / dp,
+            "optim_grads_params": (16 + compute) / dp}[strategy]
+
+
+def run(megatron, mpiexec, dp, strategy, bf16):
+    cmd = [mpiexec, "-n", str(dp), "--oversubscribe", megatron, "train", *MODEL,
+           "--use-megatron-fsdp", "--data-parallel-sharding-strategy", strategy]
+    if bf16:
+        cmd.append("--bf16")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
+                          env=dict(os.environ, **MPI_ENV), check=False)
+    if proc.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    m, r, p = FSDP_RE.search(proc.stdout), RSS_RE.search(proc.stdout), PARAMS_RE.search(proc.stdout)
+    if not (m and r and p):
+        sys.exit(f"no memory report in:\n{proc.stdout[-3000:]}")
+    return int(p[1]), float(m[1]), float(m[2]), float(m[3]), float(r[1])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--megatron", required=True)
+    ap.add_argument("--mpiexec", default="mpiexec")
+    ap.add_argument("--markdown", action="store_true")
+    args = ap.parse_args()
+    rows = []
+    for bf16 in (False, True):
+        for dp in (2, 4):
+            for s in STRATEGIES:
+                n, held, lent, peak, rss = run(args.megatron, args.mpiexec, dp, s, bf16)
+                want = expected_bytes_per_param(s, dp, bf16) * n / 1048576
+                rows.append(("bf16" if bf16 else "fp32", dp, s, held, want, lent, peak, rss))
+                print(f"{rows[-1][0]} dp{dp} {s}: held {held:.1f} MB (expected {want:.1f}), lent "
+                      f"{lent:.1f}, peak {peak:.1f}, max RSS {rss:.1f}", file=sys.stderr)
+    if args.markdown:
+        print("| dtype | dp | strategy | held (MB) | expected (MB) | held / expected | lent at "
+              "most (MB) | peak of all tensors (MB) | max RSS (MB) |")
+        print("|---|---:|---|---:|---:|---:|---:|---:|---:|")
+        for d, dp, s, held, want, lent, peak, rss in rows:
+            print(f"| {d} | {dp} | {s} | {held:.1f} | {want:.1f} | {held / want:.3f} | "
+                  f"{lent:.1f} | {peak:.1f} | {rss:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
