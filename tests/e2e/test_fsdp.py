@@ -21,7 +21,8 @@ mpiexec on mock data (a tiny GPT), against the same run without FSDP.
     optim_grads and weights of optim_grads_params are 1/dp of no_shard's, the optimizer state of
     every sharded strategy too (up to each unit's padding to lcm(16 dp, 128) elements).
   - --save-hf from ZeRO-3 (every rank gathers the whole weights) equals plain DP's export (fp32,
-    within 1e-5; measured 5e-7).
+    within 1e-5; measured 5e-7), and ZeRO-3 started from that Hugging Face directory follows plain
+    DP started from it.
   - Bad flags: exit 2 naming the flag, on every rank.
 What it is not: the lending and reductions in isolation (tests/parallel/test_fsdp.cpp, under
 MPI), the memory table of docs/PERFORMANCE.md (bench/fsdp_memory.py).
@@ -213,6 +214,12 @@ class TestMemoryAndExport(unittest.TestCase):
                 # 5e-7 at most); a misplaced or missing shard would be off by the weights' own
                 # size (init std 0.02), far above 1e-5.
                 np.testing.assert_allclose(b[name], a[name], rtol=0, atol=1e-5, err_msg=name)
+        # And back: ZeRO-3 started from that directory (written straight into each rank's
+        # shards) follows plain DP started from it.
+        start = ["--pretrained-checkpoint", plain_dir, "--train-iters", "4", "--eval-iters", "0"]
+        want = curves(run(2, *start), 1, 4)
+        got = curves(run(2, *start, *fsdp("optim_grads_params")), 1, 4)
+        megatron_log.assert_same_curves(self, got, want, "zero3 from HF", FP32_REL)
 
 
 class TestBadFlags(unittest.TestCase):
