@@ -35,15 +35,6 @@ void validate_fsdp_args(Arguments& a) {
   MEGATRON_CHECK(a.optimizer == "adam", "--use-megatron-fsdp with --optimizer ", a.optimizer,
                  ": Megatron-FSDP supports Adam only (1-bit Adam averages whole momenta, which "
                  "sharding splits); use --optimizer adam");
-  if (s == "optim_grads_params") {
-    MEGATRON_CHECK(!a.moe_router_enable_expert_bias,
-                   "--data-parallel-sharding-strategy optim_grads_params with "
-                   "--moe-router-enable-expert-bias: the routers' expert bias is updated outside "
-                   "the forward and backward, where sharded weights are not gathered; use "
-                   "optim_grads, or drop --moe-router-enable-expert-bias");
-    MEGATRON_CHECK(!a.overlap_param_gather || a.overlap_grad_reduce,
-                   "Must use --overlap-param-gather with --overlap-grad-reduce");
-  }
 }
 
 }  // namespace megatron::cli

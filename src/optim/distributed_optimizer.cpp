@@ -39,7 +39,6 @@ DistributedOptimizer::DistributedOptimizer(GradBuckets& buckets, const AdamWConf
 void DistributedOptimizer::step(const StepRates& rates, double grad_scale) {
   finish_param_gather();  // the previous step's weights are all in before this one updates them
   ++step_;
-  Tensor& main = params_.main();
   ops::AdamWSpec spec;
   spec.beta1 = static_cast<float>(cfg_.beta1);
   spec.beta2 = static_cast<float>(cfg_.beta2);
@@ -59,6 +58,28 @@ void DistributedOptimizer::step(const StepRates& rates, double grad_scale) {
     params_.sync_compute_from_main();
     return;
   }
+  start_gathers();
+}
+
+void DistributedOptimizer::refresh_compute() {
+  finish_param_gather();
+  if (!params_.main_sharded() || params_.weights_sharded()) {
+    params_.sync_compute_from_main();
+    return;
+  }
+  const bool overlap = overlap_param_gather_;
+  overlap_param_gather_ = false;
+  start_gathers();
+  overlap_param_gather_ = overlap;
+}
+
+void DistributedOptimizer::start_gathers() {
+  // Sharded main weights (mixed precision): this rank's parts of the compute copy are rounded
+  // from its shards and the 16-bit compute copy is what travels (Megatron's layout); otherwise
+  // the fp32 main weights travel and the compute copy is refreshed from them after.
+  const bool compute = params_.main_sharded();
+  if (compute) params_.sync_compute_from_main();
+  Tensor& buf = compute ? params_.compute() : params_.main();
   // Every rank gets every bucket's updated shards. All buckets in flight at once; each shard is
   // a view inside its bucket (the backend stages it, see ProcessGroup::all_gather).
   const auto n = static_cast<size_t>(buckets_.num_buckets());
@@ -67,7 +88,7 @@ void DistributedOptimizer::step(const StepRates& rates, double grad_scale) {
   for (size_t i = 0; i < n; ++i) {
     const auto [b0, b1] = buckets_.bucket_range(static_cast<int64_t>(i));
     const auto [s0, s1] = buckets_.shard_range(static_cast<int64_t>(i));
-    gather_views_.emplace_back(main.flat_view(b0, {b1 - b0}), main.flat_view(s0, {s1 - s0}));
+    gather_views_.emplace_back(buf.flat_view(b0, {b1 - b0}), buf.flat_view(s0, {s1 - s0}));
   }
   for (size_t i = 0; i < n; ++i) {
     // Over the bucket's group: data parallel, or expert data parallel for expert buckets.
@@ -79,7 +100,7 @@ void DistributedOptimizer::step(const StepRates& rates, double grad_scale) {
     const Timer timer;
     for (Work& w : gathers_) w.wait();
     gather_wait_seconds_ += timer.elapsed();
-    params_.sync_compute_from_main();
+    if (!compute) params_.sync_compute_from_main();
     pending_.assign(gathers_.size(), 0);
   }
 }
@@ -90,6 +111,7 @@ void DistributedOptimizer::complete_gather(int64_t bucket) const {
   gathers_[static_cast<size_t>(bucket)].wait();
   pending_[static_cast<size_t>(bucket)] = 0;
   gather_wait_seconds_ += timer.elapsed();
+  if (params_.main_sharded()) return;  // the compute copy itself was gathered
   const auto [b0, b1] = buckets_.bucket_range(bucket);
   params_.sync_compute_from_main(b0, b1);
 }
@@ -126,7 +148,7 @@ double DistributedOptimizer::main_sum_squares_unique(ParamDomain only) const {
 }
 
 Tensor DistributedOptimizer::main_of(const Segment& s) const {
-  return params_.weights_sharded() ? params_.main().flat_view(s.state, {s.numel})
+  return params_.main_sharded() ? params_.main().flat_view(s.state, {s.numel})
                                    : params_.main().flat_view(s.begin, {s.numel});
 }
 
@@ -169,6 +191,30 @@ std::vector<DistributedOptimizer::OwnedSegment> DistributedOptimizer::owned_segm
     out.push_back({s.param, s.begin - params_.offset_of(*s.param), s.numel, s.state});
   }
   return out;
+}
+
+}  // namespace megatron
+
+namespace megatron {
+
+void DistributedOptimizer::gather_main_all() {
+  finish_param_gather();
+  main_held_.clear();
+  if (!params_.main_sharded()) return;
+  for (int64_t b = 0; b < buckets_.num_buckets(); ++b) {
+    const auto [b0, b1] = buckets_.bucket_range(b);
+    Tensor shard = params_.main_shard(b);
+    Tensor full = Tensor::empty({b1 - b0}, shard.dtype(), shard.device());
+    buckets_.group_of(b).all_gather(full, shard);
+    params_.attach_main(b, full);
+    main_held_.push_back(std::move(full));
+  }
+}
+
+void DistributedOptimizer::release_main_all() {
+  if (main_held_.empty()) return;
+  for (int64_t b = 0; b < buckets_.num_buckets(); ++b) params_.detach_main(b);
+  main_held_.clear();
 }
 
 }  // namespace megatron

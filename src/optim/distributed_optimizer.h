@@ -64,6 +64,14 @@ class DistributedOptimizer final : public ParamGate {
   void step(double lr, double grad_scale = 1.0) {
     step(StepRates{lr, lr, cfg_.weight_decay}, grad_scale);
   }
+  // After the main weights changed outside step() (a checkpoint or pretrained weights loaded):
+  // every rank's compute copy from them, all-gathered when the main weights are sharded and the
+  // compute copy is not. Collective over the data-parallel group.
+  void refresh_compute();
+  // Sharded main weights: every Param's whole fp32 main weights gathered (what the Hugging Face
+  // export reads) until release_main_all(). Collective; no-op when they are whole.
+  void gather_main_all();
+  void release_main_all();
   // --overlap-param-gather: step() leaves the all-gathers in flight (see the file comment).
   void set_overlap_param_gather(bool on) { overlap_param_gather_ = on; }
   // ParamGate: completes the in-flight gathers of the buckets holding `params`.
@@ -136,6 +144,9 @@ class DistributedOptimizer final : public ParamGate {
   mutable double gather_wait_seconds_ = 0;
 
   void complete_gather(int64_t bucket) const;
+  // Launches the all-gathers of the updated weights (waits for them without overlap).
+  void start_gathers();
+  std::vector<Tensor> main_held_;  // gather_main_all's buffers
   // A segment's main weights and gradients, wherever the ParamSet keeps them (full buffers, or
   // the compact shards of Megatron-FSDP's sharded strategies).
   Tensor main_of(const Segment& s) const;

@@ -172,24 +172,7 @@ void FsdpRuntime::gather_all() {
   }
 }
 
-void FsdpRuntime::gather_main_all() {
-  if (!shards_weights()) return;
-  main_held_.clear();
-  for (int64_t b = 0; b < static_cast<int64_t>(units_.size()); ++b) {
-    const auto [begin, end] = params_.bucket_ranges()[static_cast<size_t>(b)];
-    Tensor shard = params_.main_shard(b);
-    Tensor full = Tensor::empty({end - begin}, shard.dtype(), shard.device());
-    buckets_.group_of(b).all_gather(full, shard);
-    params_.attach_main(b, full);
-    main_held_.push_back(std::move(full));
-  }
-}
-
 void FsdpRuntime::release_all() {
-  if (!main_held_.empty()) {
-    for (int64_t b = 0; b < static_cast<int64_t>(units_.size()); ++b) params_.detach_weights(b);
-    main_held_.clear();
-  }
   for (int64_t b = 0; b < static_cast<int64_t>(units_.size()); ++b) {
     Unit& u = units_[static_cast<size_t>(b)];
     if (u.forward_refs > 0) --u.forward_refs;

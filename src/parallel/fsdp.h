@@ -64,9 +64,6 @@ class FsdpRuntime final : public ParamGate {
   // Hugging Face export), until release_all(). Collective over every unit's group.
   void gather_all();
   void release_all();
-  // ZeRO-3: every Param's fp32 main weights gathered whole (what the Hugging Face export reads;
-  // in fp32 runs they are the compute weights too), until release_all(). Collective.
-  void gather_main_all();
 
   bool shards_weights() const { return params_.weights_sharded(); }
   // Counters: all-gathers issued, and the most bytes of gathered weights plus lent gradient
@@ -101,7 +98,6 @@ class FsdpRuntime final : public ParamGate {
   const ParamGate* inner_;
   // Mutable: the forward's gate is const (ParamGate); the lending is bookkeeping, not model state.
   mutable std::vector<Unit> units_;
-  std::vector<Tensor> main_held_;    // gather_main_all's buffers, per bucket
   mutable int64_t prefetched_ = -1;  // a unit gathered ahead and not used yet
   mutable int64_t gathers_ = 0;
   mutable int64_t lent_ = 0, peak_lent_ = 0;

@@ -154,8 +154,8 @@ Tensor shard_view(Tensor& buf, bool sharded, int64_t compact_offset,
 }  // namespace
 
 Tensor ParamSet::main_shard(int64_t bucket) {
-  const int64_t at = sharding_.weights ? shard_offsets_[bucket] : 0;
-  return shard_view(main_, sharding_.weights, at, owned_range(bucket));
+  const int64_t at = main_sharded() ? shard_offsets_[bucket] : 0;
+  return shard_view(main_, main_sharded(), at, owned_range(bucket));
 }
 
 Tensor ParamSet::grad_shard(int64_t bucket) {
@@ -176,6 +176,7 @@ void ParamSet::attach_weights(int64_t bucket, const Tensor& full) {
   const bool same = compute_.raw() == main_.raw();
   const auto& ps = bucket_params_[static_cast<size_t>(bucket)];
   for (size_t k = 0; k < ps.size(); ++k) {
+    if (ps[k]->frozen) continue;  // its private copy
     ps[k]->value =
         full.flat_view(bucket_param_offsets_[static_cast<size_t>(bucket)][k], ps[k]->shape);
     if (same) ps[k]->main = ps[k]->value;
@@ -189,14 +190,26 @@ void ParamSet::attach_main(int64_t bucket, const Tensor& full) {
   const bool same = compute_.raw() == main_.raw();
   const auto& ps = bucket_params_[static_cast<size_t>(bucket)];
   for (size_t k = 0; k < ps.size(); ++k) {
+    if (ps[k]->frozen) continue;  // its private copy
     ps[k]->main =
         full.flat_view(bucket_param_offsets_[static_cast<size_t>(bucket)][k], ps[k]->shape);
     if (same) ps[k]->value = ps[k]->main;
   }
 }
 
+void ParamSet::detach_main(int64_t bucket) {
+  const bool same = compute_.raw() == main_.raw();
+  for (Param* p : bucket_params_[static_cast<size_t>(bucket)]) {
+    if (p->frozen) continue;
+    p->main = Tensor();
+    if (same) p->value = Tensor();
+  }
+}
+
 void ParamSet::detach_weights(int64_t bucket) {
-  for (Param* p : bucket_params_[static_cast<size_t>(bucket)]) p->value = p->main = Tensor();
+  for (Param* p : bucket_params_[static_cast<size_t>(bucket)]) {
+    if (!p->frozen) p->value = p->main = Tensor();
+  }
 }
 
 void ParamSet::attach_grads(int64_t bucket, const Tensor& full) {
@@ -220,22 +233,29 @@ void ParamSet::allocate(int64_t total) {
   const int64_t shards = shard_offsets_.empty()
                              ? 0
                              : shard_offsets_.back() + owned_.back().second - owned_.back().first;
+  MEGATRON_CHECK(!sharding_.main || compute_dtype_ != master,
+                 "sharding the main weights alone needs a 16-bit compute copy (in fp32 runs the "
+                 "compute weights are the main weights: shard the weights)");
   const int64_t weights = sharding_.weights ? shards : total;
-  main_ = Tensor::zeros({weights}, master, device_);
+  main_ = Tensor::zeros({main_sharded() ? shards : total}, master, device_);
   grads_ = Tensor::zeros({sharding_.grads ? shards : total}, master, device_);
   compute_ = compute_dtype_ == master ? main_ : Tensor::zeros({weights}, compute_dtype_, device_);
   for (size_t i = 0; i < params_.size(); ++i) {
     Param& p = *params_[i];
-    if (!sharding_.weights) {
-      p.main = main_.flat_view(offsets_[i], p.shape);
-      p.value = compute_.flat_view(offsets_[i], p.shape);
+    if (main_sharded() && p.frozen) {
+      // Read and updated outside the optimizer (the routers' expert bias): whole and private.
+      p.main = Tensor::zeros(p.shape, master, device_);
+      p.value = compute_dtype_ == master ? p.main : Tensor::zeros(p.shape, compute_dtype_, device_);
+    } else {
+      if (!main_sharded()) p.main = main_.flat_view(offsets_[i], p.shape);
+      if (!sharding_.weights) p.value = compute_.flat_view(offsets_[i], p.shape);
     }
     if (!sharding_.grads) p.main_grad = grads_.flat_view(offsets_[i], p.shape);
   }
 }
 
 void ParamSet::plan_shards() {
-  if (!sharding_.grads && !sharding_.weights) return;
+  if (!sharding_.grads && !sharding_.weights && !sharding_.main) return;
   MEGATRON_CHECK(sharding_.dense_size >= 1 && sharding_.expert_size >= 0,
                  "sharding group sizes must be positive");
   int64_t total = 0;
@@ -295,19 +315,34 @@ void init_elements(const Param& p, int64_t begin, uint64_t seed, Tensor out) {
 }  // namespace
 
 void ParamSet::initialize(uint64_t seed) {
-  if (sharding_.weights) {
-    for (const OwnedSegment& s : segments_)
-      init_elements(*s.param, s.param_begin, seed, main_.flat_view(s.at, {s.numel}));
-  } else {
+  if (!main_sharded()) {
     for (Param* p : params_) init_elements(*p, 0, seed, p->main);
+    sync_compute_from_main();
+    return;
+  }
+  for (const OwnedSegment& s : segments_) {
+    if (!s.param->frozen)
+      init_elements(*s.param, s.param_begin, seed, main_.flat_view(s.at, {s.numel}));
+  }
+  for (Param* p : params_) {
+    if (p->frozen) init_elements(*p, 0, seed, p->main);
   }
   sync_compute_from_main();
+  if (!sharding_.weights) {
+    // The whole compute copy too (every rank holds it): the same values, rounded.
+    for (Param* p : params_) {
+      if (p->frozen) continue;
+      Tensor full = Tensor::empty(p->shape, main_.dtype(), device_);
+      init_elements(*p, 0, seed, full);
+      p->value.copy_from(full);
+    }
+  }
 }
 
 void ParamSet::set_main(const Param& p, const Tensor& t) {
   MEGATRON_CHECK(t.numel() == p.shape.numel(), "set_main(", p.name, "): ", t.numel(),
                  " elements for a parameter of shape ", p.shape.str());
-  if (!sharding_.weights) {
+  if (!main_sharded() || p.frozen) {
     const_cast<Param&>(p).main.copy_from(t.view(p.shape));
     return;
   }
@@ -316,10 +351,26 @@ void ParamSet::set_main(const Param& p, const Tensor& t) {
     if (s.param == &p)
       main_.flat_view(s.at, {s.numel}).copy_from(flat.flat_view(s.param_begin, {s.numel}));
   }
+  // The whole compute copy (main weights sharded alone): its own value, rounded.
+  if (!sharding_.weights) const_cast<Param&>(p).value.copy_from(flat.view(p.shape));
 }
 
 void ParamSet::sync_compute_from_main() {
-  if (compute_.raw() != main_.raw()) compute_.copy_from(main_);
+  if (main_sharded()) {
+    for (Param* p : params_) {
+      if (p->frozen && p->value.raw() != p->main.raw()) p->value.copy_from(p->main);
+    }
+  }
+  if (compute_.raw() == main_.raw()) return;
+  if (sharding_.main && !sharding_.weights) {
+    // Only this rank's parts of the whole compute copy: the distributed optimizer all-gathers
+    // the rest.
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      compute_shard(static_cast<int64_t>(b)).copy_from(main_shard(static_cast<int64_t>(b)));
+    }
+    return;
+  }
+  compute_.copy_from(main_);
 }
 
 void ParamSet::sync_compute_from_main(int64_t begin, int64_t end) {

@@ -120,6 +120,12 @@ std::string fsdp_unit(const std::string& param_name);
 struct Sharding {
   bool grads = false;    // the fp32 gradients
   bool weights = false;  // the fp32 main weights and the compute copy
+  // The fp32 main weights only, the 16-bit compute copy staying whole (mixed precision; the
+  // distributed optimizer then all-gathers the compute copy after each step: Megatron's layout,
+  // 6 + 12/dp bytes per parameter). Frozen Params (buffers such as the routers' expert bias) keep
+  // whole private copies whenever the main weights are sharded: code outside the optimizer reads
+  // and updates them.
+  bool main = false;
   int dense_rank = 0, dense_size = 1;
   int expert_rank = 0, expert_size = 0;
 };
@@ -176,6 +182,7 @@ class ParamSet {
   // bucket is attached (attach_weights / attach_grads), which is how the FSDP runtime
   // (parallel/fsdp.h) lends a layer its gathered weights and a gradient buffer for its backward.
   bool weights_sharded() const { return sharding_.weights; }
+  bool main_sharded() const { return sharding_.weights || sharding_.main; }
   bool grads_sharded() const { return sharding_.grads; }
   // This rank's shard of bucket i, [end - begin] elements, as views into the buffers that hold it
   // (the full buffers when that kind is not sharded): fp32 main weights, fp32 gradients, compute.
@@ -200,8 +207,10 @@ class ParamSet {
   void attach_weights(int64_t bucket, const Tensor& full);
   void detach_weights(int64_t bucket);
   // Points bucket i's Params' fp32 main weights (and, in fp32 runs, their compute weights) at
-  // `full` ([bucket length] fp32): a whole-model reader's view of sharded weights.
+  // `full` ([bucket length] fp32): a whole-model reader's view of sharded weights; detach_main
+  // undoes it. Frozen Params keep their private copies.
   void attach_main(int64_t bucket, const Tensor& full);
+  void detach_main(int64_t bucket);
   // The same for their gradients (`full`: [bucket length] fp32, accumulated into by backward).
   void attach_grads(int64_t bucket, const Tensor& full);
   void detach_grads(int64_t bucket);

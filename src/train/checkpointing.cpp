@@ -135,15 +135,18 @@ namespace {
 template <typename Fn>
 void for_each_box(const CheckpointTarget& t, bool optim, bool writes_only, Fn&& fn) {
   ParamSet& ps = *t.params;
-  // Megatron-FSDP's optim_grads_params: each rank holds (and writes) only its shards of the main
-  // weights, the distributed optimizer's owned segments (below).
-  const bool sharded = ps.weights_sharded();
+  // Sharded main weights (Megatron-FSDP): each rank holds, writes and reads only its shards of
+  // them (the owned segments, below); frozen Params keep whole private copies then, written by
+  // data-parallel rank 0 like unsharded weights.
+  const bool sharded = ps.main_sharded();
   for (const Param* p : ps.params()) {
     const bool weights = !writes_only || (p->expert_parallel ? t.expert_dp_rank : t.dp_rank) == 0;
-    if (sharded || !weights || (writes_only && p->is_duplicate())) continue;
-    const int64_t at = ps.offset_of(*p);
+    if ((sharded && !p->frozen) || !weights || (writes_only && p->is_duplicate())) continue;
+    const bool own = sharded && p->frozen;
+    Tensor& flat = own ? const_cast<Tensor&>(p->main) : ps.main();
+    const int64_t at = own ? 0 : ps.offset_of(*p);
     for (const cp::Piece& piece : cp::shard_pieces(*p, 0, p->shape.numel())) {
-      fn("model." + p->name, *p, ps.main(), at, piece);
+      fn("model." + p->name, *p, flat, at, piece);
       if (optim && t.optimizer) {
         fn("optimizer.exp_avg." + p->name, *p, t.optimizer->exp_avg(), at, piece);
         fn("optimizer.exp_avg_sq." + p->name, *p, t.optimizer->exp_avg_sq(), at, piece);
@@ -158,7 +161,7 @@ void for_each_box(const CheckpointTarget& t, bool optim, bool writes_only, Fn&& 
   }
   if (sharded) {
     for (const ParamSet::OwnedSegment& seg : ps.owned_segments()) {
-      if (writes_only && seg.param->is_duplicate()) continue;
+      if ((writes_only && seg.param->is_duplicate()) || seg.param->frozen) continue;
       const int64_t at = seg.at - seg.param_begin;
       for (const cp::Piece& piece : cp::shard_pieces(*seg.param, seg.param_begin, seg.numel))
         fn("model." + seg.param->name, *seg.param, ps.main(), at, piece);

@@ -82,7 +82,9 @@ struct CheckpointTarget {
 std::vector<checkpoint::ShardEntry> shard_entries(const CheckpointTarget& t, bool optim, bool copy);
 
 // Reads every box this rank holds from `reader` into its buffers (main weights, then the compute
-// copy; with optim the moments). No communication. Errors name the tensor and the file.
+// copy; with optim the moments). No communication (with main weights sharded alone the caller
+// then all-gathers the compute copy: DistributedOptimizer::refresh_compute). Errors name the
+// tensor and the file.
 // extra_missing (optional): set when the checkpoint lacks some of t.extra_state (kept as it is).
 void load_shards(checkpoint::CheckpointReader& reader, const CheckpointTarget& t, bool optim,
                  bool* extra_missing = nullptr);

@@ -273,6 +273,9 @@ void Trainer::build_model() {
   if (args_.use_megatron_fsdp) {
     sharding.grads = strategy == "optim_grads" || strategy == "optim_grads_params";
     sharding.weights = strategy == "optim_grads_params";
+    // Mixed precision: the fp32 main weights shard with the optimizer state (Megatron-FSDP's and
+    // the distributed optimizer's layout), the 16-bit compute copy staying whole.
+    sharding.main = strategy != "no_shard" && cfg_.compute_dtype != DType::kF32;
     sharding.dense_rank = static_cast<int>(grad_rank_);
     sharding.dense_size = static_cast<int>(grad_size_);
     if (ps.experts_apart()) {
@@ -420,6 +423,10 @@ void Trainer::build_optimizer() {
   } else {
     optimizer_ = std::make_unique<AdamW>(*params_, adam);
   }
+  // Main weights sharded alone: the compute copies of pretrained weights read into each rank's
+  // shards meet here (freshly initialised ones are whole already).
+  if (params_->main_sharded() && !args_.pretrained_checkpoint.empty())
+    dist_optimizer_->refresh_compute();
   if (args_.use_megatron_fsdp) report_fsdp();
 }
 
@@ -512,7 +519,11 @@ StepRates Trainer::rates_at(int64_t samples) const {
 
 // --load, --save, the watchdog and the exit signal.
 void Trainer::build_checkpointing() {
-  if (!args_.load.empty()) load_checkpoint();
+  if (!args_.load.empty()) {
+    load_checkpoint();
+    // Main weights sharded alone: each rank read its shards; the compute copies meet here.
+    if (params_->main_sharded()) dist_optimizer_->refresh_compute();
+  }
   if (!args_.save.empty()) {
     checkpointer_ = std::make_unique<Checkpointer>(parallel_, args_, checkpoint_target(), fault_);
     if (args_.log_progress && first_rank_) {
@@ -865,7 +876,7 @@ void Trainer::complete_param_gather() const {
 
 double Trainer::params_norm() const {
   complete_param_gather();
-  if (params_->weights_sharded()) {
+  if (params_->main_sharded()) {
     // Each rank holds its shards of the main weights only: summed over DP like the gradients.
     return std::sqrt(sum_over_model(
         [&](ParamDomain d) { return dist_optimizer_->main_sum_squares_unique(d); }, true));
@@ -1558,14 +1569,14 @@ int Trainer::finish_training() {
   log_first("[after training is done] datetime: " + timestamp());
   final_evaluations(final_iteration);
   if (tensorboard_) tensorboard_->close();
-  // Sharded weights: every rank gathers the whole fp32 main weights for the export (collective).
-  const bool gather = fsdp_ && fsdp_->shards_weights() && !args_.save_hf.empty();
-  if (gather) fsdp_->gather_main_all();
+  // Sharded main weights: every rank gathers them whole for the export (collective).
+  const bool gather = params_->main_sharded() && !args_.save_hf.empty();
+  if (gather) dist_optimizer_->gather_main_all();
   if (!args_.save_hf.empty() && first_rank_) {
     spec_->hf.save(args_.save_hf, *chunks_.front(), "", std::nullopt);
     log_first(" > saved the model as a Hugging Face directory to " + args_.save_hf);
   }
-  if (gather) fsdp_->release_all();
+  if (gather) dist_optimizer_->release_main_all();
   watchdog_->disarm();
   return kExitOk;
 }

@@ -17,6 +17,7 @@
 
 #include "comm/mpi_runtime.h"
 #include "comm/process_group.h"
+#include "optim/distributed_optimizer.h"
 #include "parallel/fsdp.h"
 #include "parallel/grad_buckets.h"
 #include "parallel/param.h"
@@ -291,14 +292,50 @@ TEST(Fsdp, GatherMainAll) {
   Model full(/*bf16=*/true);
   Model m(/*bf16=*/true, over_world(true));
   GradBuckets buckets(m.set, world(), 0, false, GradReduce::kReduceScatter);
-  FsdpRuntime fsdp(buckets);
-  fsdp.gather_main_all();
+  DistributedOptimizer opt(buckets, AdamWConfig{});
+  opt.gather_main_all();
   for (size_t k = 0; k < m.params.size(); ++k) {
     ASSERT_TRUE(m.params[k].main.defined());
     EXPECT_EQ(values(m.params[k].main), values(full.params[k].main)) << m.params[k].name;
   }
-  fsdp.release_all();
+  opt.release_main_all();
   EXPECT_FALSE(m.params.front().main.defined());
+}
+
+// Mixed precision with the main weights sharded alone (Megatron's distributed-optimizer layout):
+// 1/dp of the fp32 main weights, the whole bf16 compute copy, refreshed by an all-gather of the
+// compute copy after a step; a frozen Param keeps a whole private copy.
+TEST(Fsdp, MainWeightsShardedAlone) {
+  Model full(/*bf16=*/true);
+  Sharding main_only;
+  main_only.main = true;
+  main_only.dense_rank = world().rank();
+  main_only.dense_size = world().size();
+  std::vector<Param> ps = Model::make();
+  ps.back().frozen = true;  // the final norm, as a router's expert bias would be
+  std::vector<Param*> ptrs;
+  for (Param& p : ps) ptrs.push_back(&p);
+  ParamSet set(ptrs, DType::kBF16, Model::layout(), Device::kCPU, main_only);
+  for (size_t k = 0; k < ps.size(); ++k) set.set_main(ps[k], full.params[k].main);
+  set.sync_compute_from_main();
+  const int64_t total = set.bucket_ranges().back().second;
+  EXPECT_EQ(set.main().numel() * world().size(), total);
+  EXPECT_EQ(set.compute().numel(), total);
+  EXPECT_EQ(set.grads().numel(), total);
+  EXPECT_TRUE(ps.back().main.defined() && ps.back().main.raw() != set.main().raw());
+  for (size_t k = 0; k + 1 < ps.size(); ++k) EXPECT_FALSE(ps[k].main.defined()) << ps[k].name;
+  GradBuckets buckets(set, world(), 0, false, GradReduce::kReduceScatter);
+  DistributedOptimizer opt(buckets, AdamWConfig{});
+  // Scramble the compute copy; a zero-rate step must bring every rank's back from the shards.
+  set.compute().fill(7.0);
+  for (Param& p : ps) {
+    if (p.frozen) p.value.fill(7.0);
+  }
+  set.zero_grads();
+  opt.step(0.0);
+  opt.refresh_compute();
+  for (size_t k = 0; k < ps.size(); ++k)
+    EXPECT_EQ(values(ps[k].value), values(full.params[k].value)) << ps[k].name;
 }
 
 }  // namespace
