@@ -11,16 +11,22 @@
 
 namespace megatron {
 
-double weight_and_optimizer_bytes_per_param(DType compute_dtype, int64_t moment_shards) {
+double weight_and_optimizer_bytes_per_param(DType compute_dtype, int64_t shards,
+                                            ShardedState sharded) {
+  const double n = static_cast<double>(shards);
+  auto share = [&](double bytes, bool split) { return split ? bytes / n : bytes; };
+  // In fp32 runs the compute weights are the main weights (no copy).
   const double half_copy = is_half(compute_dtype) ? 2.0 : 0.0;
-  return 4.0 /* fp32 main */ + half_copy + 4.0 /* fp32 grad */ +
-         8.0 / static_cast<double>(moment_shards) /* Adam moments */;
+  return share(4.0, sharded.main) /* fp32 main */ + share(half_copy, sharded.compute) +
+         share(4.0, sharded.grads) /* fp32 grad */ +
+         share(8.0, sharded.moments) /* Adam moments */;
 }
 
-std::string theoretical_memory_line(int64_t params, DType compute_dtype, int64_t moment_shards,
-                                    int64_t activation_bytes) {
+std::string theoretical_memory_line(int64_t params, DType compute_dtype, int64_t shards,
+                                    ShardedState sharded, int64_t activation_bytes) {
   const double mb = static_cast<double>(params) *
-                    weight_and_optimizer_bytes_per_param(compute_dtype, moment_shards) / 1048576.0;
+                    weight_and_optimizer_bytes_per_param(compute_dtype, shards, sharded) /
+                    1048576.0;
   const double act = static_cast<double>(activation_bytes) / 1048576.0;
   return strprintf(
       "Theoretical memory footprints: weight and optimizer=%.2f MB, activation=%.2f MB, "

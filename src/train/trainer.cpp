@@ -273,15 +273,16 @@ void Trainer::build_model() {
   if (args_.use_megatron_fsdp) {
     sharding.grads = strategy == "optim_grads" || strategy == "optim_grads_params";
     sharding.weights = strategy == "optim_grads_params";
-    // Mixed precision: the fp32 main weights shard with the optimizer state (Megatron-FSDP's and
-    // the distributed optimizer's layout), the 16-bit compute copy staying whole.
-    sharding.main = strategy != "no_shard" && cfg_.compute_dtype != DType::kF32;
-    sharding.dense_rank = static_cast<int>(grad_rank_);
-    sharding.dense_size = static_cast<int>(grad_size_);
-    if (ps.experts_apart()) {
-      sharding.expert_rank = ps.edp_rank();
-      sharding.expert_size = ps.edp_size();
-    }
+  }
+  // Mixed precision with the distributed optimizer (every FSDP strategy but no_shard): the fp32
+  // main weights shard with the optimizer state, the 16-bit compute copy staying whole
+  // (Megatron's layout, 6 + 12/dp bytes per parameter).
+  sharding.main = distributed && is_half(cfg_.compute_dtype);
+  sharding.dense_rank = static_cast<int>(grad_rank_);
+  sharding.dense_size = static_cast<int>(grad_size_);
+  if (ps.experts_apart()) {
+    sharding.expert_rank = ps.edp_rank();
+    sharding.expert_size = ps.edp_size();
   }
   params_ = distributed
                 ? std::make_unique<ParamSet>(all, cfg_.compute_dtype, layout, device_, sharding)
@@ -331,7 +332,9 @@ void Trainer::build_model() {
             ? std::min(one_f_one_b_warmup(pp, ps.pp_rank(), m) + 1, m)
             : std::min(interleaved_warmup(pp, ps.pp_rank(), m, virtual_stages_) + 1,
                        m * virtual_stages_);
-    log_first(theoretical_memory_line(nparams, cfg_.compute_dtype, distributed ? grad_size_ : 1,
+    const ShardedState sharded{distributed, params_->main_sharded(), params_->grads_sharded(),
+                               params_->weights_sharded()};
+    log_first(theoretical_memory_line(nparams, cfg_.compute_dtype, grad_size_, sharded,
                                       in_flight * per_chunk));
   }
 }
@@ -402,8 +405,9 @@ void Trainer::build_optimizer() {
     }
     log_first(strprintf(
         " > distributed optimizer: each of the %ld data-parallel%s ranks keeps the Adam moments "
-        "of 1/%ld of every gradient bucket (%.2f MB on this rank)%s",
+        "%sof 1/%ld of every gradient bucket (%.2f MB on this rank)%s",
         static_cast<long>(grad_size_), ps.cp_size() > 1 ? " x context-parallel" : "",
+        params_->main_sharded() ? "and the fp32 main weights " : "",
         static_cast<long>(grad_size_),
         static_cast<double>(dist_optimizer_->state_bytes()) / 1048576.0,
         grad_size_ == 1 ? "; with data-parallel size 1 there is nothing to shard: it behaves as "
