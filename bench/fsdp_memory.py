@@ -11,7 +11,8 @@ report (after the first iteration) it prints:
             tensors, measured, not estimated)
   expected  the bytes per parameter of the strategy x parameters (+ padding is the difference):
             fp32 no_shard 16, optim 8 + 8/dp, optim_grads 4 + 12/dp, optim_grads_params 16/dp;
-            bf16 two more for the compute copy, sharded with the weights in optim_grads_params
+            bf16 18, 6 + 12/dp, 2 + 16/dp, 18/dp (the fp32 main weights shard with the moments,
+            the 2-byte compute copy with the weights)
   lent      the most the FSDP runtime lent at once on top (gathered weights, gradient buffers)
   peak      the most bytes all tensors took at once during training (activations included)
   max RSS   the process's peak resident set
@@ -44,11 +45,12 @@ PARAMS_RE = re.compile(r"number of parameters on \(tensor, pipeline\) model para
 
 
 def expected_bytes_per_param(strategy, dp, bf16):
-    compute = 2 if bf16 else 0
-    return {"no_shard": 16 + compute,
-            "optim": 8 + compute + 8 / dp,
-            "optim_grads": 4 + compute + 12 / dp,
-            "optim_grads_params": (16 + compute) / dp}[strategy]
+    if not bf16:
+        return {"no_shard": 16, "optim": 8 + 8 / dp, "optim_grads": 4 + 12 / dp,
+                "optim_grads_params": 16 / dp}[strategy]
+    # Mixed precision: the fp32 main weights shard with the moments whenever those do.
+    return {"no_shard": 18, "optim": 6 + 12 / dp, "optim_grads": 2 + 16 / dp,
+            "optim_grads_params": 18 / dp}[strategy]
 
 
 def run(megatron, mpiexec, dp, strategy, bf16):

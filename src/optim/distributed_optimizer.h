@@ -11,15 +11,18 @@
 //   m, v   the Adam moments, 2 x 4 bytes per owned element (fp32): state_bytes() falls as 1/dp
 //   w      the fp32 main weights: the owned range of ParamSet::main(), stepped in place
 //
-// Every rank keeps the full fp32 main and gradient buffers (the main weights are gathered back
-// after each step), so the bytes per parameter go from 16 to 8 + 8/dp in fp32 runs (Megatron's
-// figure) and from 18 to 10 + 8/dp in bf16 runs (Megatron shards the fp32 main copy of bf16
-// weights too: 6 + 12/dp).
+// Where w and g live is the ParamSet's (ParamSet::main_shard / grad_shard): in fp32 runs the
+// main weights are the compute weights and stay whole on every rank (8 + 8/dp bytes per
+// parameter, Megatron's figure); in bf16/fp16 runs the ParamSet keeps only the owned shards of
+// the fp32 main weights (Sharding::main) and the whole 16-bit compute copy (6 + 12/dp, Megatron's
+// figure). Megatron-FSDP's strategies shard the gradients, and the weights, too (docs/FSDP.md).
 //
 // A step on DP rank d, after GradBuckets::finish() left the mean gradient g in its shards:
 //   for every owned element i of Param p:  AdamW(w_i, m_i, v_i, g_i, weight decay of p)
-//   w = all_gather over DP of every bucket's shards  (every rank has the full fp32 main weights)
-//   compute copy = w                                  (ParamSet::sync_compute_from_main)
+//   fp32:   w = all_gather over DP of every bucket's shards; compute copy = w
+//   16-bit: this rank's part of the compute copy = w (rounded); compute copy = all_gather of it
+//   weights sharded (ZeRO-3): the compute shards = w; nothing gathered (the FSDP runtime gathers
+//           each unit when a layer reads it)
 // which is, element for element, the step that AdamW (adamw.h) takes on all-reduced gradients.
 //
 // The gradient norm: grad_sum_squares_unique() sums the squares of the owned gradient elements
