@@ -875,7 +875,8 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
   if (a.overlap_param_gather) {
     MEGATRON_CHECK(a.use_distributed_optimizer,
                    "--overlap-param-gather only supported with distributed optimizer: add "
-                   "--use-distributed-optimizer");
+                   "--use-distributed-optimizer (or --use-megatron-fsdp with a sharding strategy "
+                   "other than no_shard)");
     MEGATRON_CHECK(a.overlap_grad_reduce,
                    "Must use --overlap-param-gather with --overlap-grad-reduce");
   }

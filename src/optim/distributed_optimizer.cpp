@@ -149,7 +149,7 @@ double DistributedOptimizer::main_sum_squares_unique(ParamDomain only) const {
 
 Tensor DistributedOptimizer::main_of(const Segment& s) const {
   return params_.main_sharded() ? params_.main().flat_view(s.state, {s.numel})
-                                   : params_.main().flat_view(s.begin, {s.numel});
+                                : params_.main().flat_view(s.begin, {s.numel});
 }
 
 Tensor DistributedOptimizer::grad_of(const Segment& s) const {

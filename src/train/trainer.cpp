@@ -407,8 +407,7 @@ void Trainer::build_optimizer() {
         " > distributed optimizer: each of the %ld data-parallel%s ranks keeps the Adam moments "
         "%sof 1/%ld of every gradient bucket (%.2f MB on this rank)%s",
         static_cast<long>(grad_size_), ps.cp_size() > 1 ? " x context-parallel" : "",
-        params_->main_sharded() ? "and the fp32 main weights " : "",
-        static_cast<long>(grad_size_),
+        params_->main_sharded() ? "and the fp32 main weights " : "", static_cast<long>(grad_size_),
         static_cast<double>(dist_optimizer_->state_bytes()) / 1048576.0,
         grad_size_ == 1 ? "; with data-parallel size 1 there is nothing to shard: it behaves as "
                           "the plain optimizer"

@@ -13,7 +13,8 @@ mpiexec on mock data (a tiny GPT), against the same run without FSDP.
     compute copies by one bf16 ulp now and then; measured 2.0e-5).
     dp2 and dp4 (every strategy), tp2 x dp2 with sequence parallelism, pp2 x dp2 (tied
     embeddings summed on shards), MoE with ep2, bf16 with full recomputation, bf16 MoE with the
-    routers' expert bias under pp2 (1e-3: top-k routing flips on near ties).
+    routers' expert bias under pp2 (1e-3: top-k routing flips on near ties), context parallelism,
+    fp16 with loss scaling, FP8 hybrid (the loss within 1e-3: neighbouring FP8 codes).
   - Checkpoints: a ZeRO-3 checkpoint (each rank wrote its shards) resumes bit for bit in its own
     layout, and loads into plain DP on one process, ZeRO-1 at dp4 and ZeRO-2 at tp2 x dp2, whose
     losses then follow the straight runs of those layouts (within the fp32 tolerance); a plain
@@ -127,6 +128,21 @@ class TestStrategies(unittest.TestCase):
         self.check_layout(2, ["optim", "optim_grads", "optim_grads_params"], "--bf16",
                           "--recompute-granularity", "full", "--recompute-method", "uniform",
                           "--recompute-num-layers", "2", rel=BF16_REL)
+
+    def test_context_parallel(self):
+        # The shards span data x context parallelism, as the gradients reduce.
+        self.check_layout(4, ["optim_grads_params"], "--context-parallel-size", "2")
+
+    def test_fp16_and_fp8(self):
+        # fp16 with loss scaling: the overflow check and unscaling on the shards (measured
+        # 2.7e-6). FP8 hybrid: values that differ in their last bits can round to neighbouring
+        # FP8 codes, a 6% step with E4M3's 3-bit mantissa (25% with E5M2's 2 bits for the
+        # gradients): the loss within 1e-3 (measured 1.4e-4); the grad norm, whose E5M2 output
+        # gradients such flips move by 0.8%, is left out.
+        self.check_layout(2, ["optim_grads_params"], "--fp16", "--initial-loss-scale", "4096",
+                          rel=BF16_REL)
+        self.check_layout(2, ["optim_grads_params"], "--bf16", "--fp8-format", "hybrid",
+                          rel=1e-3, loss_only=True)
 
     def test_bf16_experts_with_expert_bias_and_pipeline(self):
         # The routers' expert bias (a frozen buffer, updated after each step outside the
