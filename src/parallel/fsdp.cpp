@@ -11,7 +11,7 @@ FsdpRuntime::FsdpRuntime(GradBuckets& buckets, const ParamGate* inner)
     : buckets_(buckets), params_(buckets.params()), inner_(inner) {
   MEGATRON_CHECK(buckets.grads_sharded(),
                  "FsdpRuntime needs gradient buckets whose ParamSet is sharded "
-                 "(GradBuckets::shard_params)");
+                 "(a ParamSet built with Sharding::grads)");
   units_.resize(static_cast<size_t>(buckets.num_buckets()));
   for (int64_t b = 0; b < buckets.num_buckets(); ++b) {
     units_[static_cast<size_t>(b)].reported.assign(params_.bucket_params(b).size(), 0);

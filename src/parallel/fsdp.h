@@ -2,7 +2,7 @@
 // state (--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads | optim_grads_params).
 //
 // The ParamSet is laid out in one bucket per FSDP unit (BucketLayout::per_unit: each transformer
-// layer, the embeddings, the final norm, the output layer) and sharded (ParamSet::shard): every
+// layer, the embeddings, the final norm, the output layer) and sharded (Sharding): every
 // data-parallel rank keeps its 1/dp shard of each unit's gradients (optim_grads, ZeRO-2) and of
 // its fp32 main and compute weights too (optim_grads_params, ZeRO-3). The model asks for a unit's
 // parameters around each use, and this runtime lends it what the shards do not hold:
@@ -46,8 +46,9 @@ namespace megatron {
 class FsdpRuntime final : public ParamGate {
  public:
   // buckets: per-unit reduce-scatter buckets whose ParamSet has been sharded
-  // (GradBuckets::shard_params); both must outlive this object. inner: another gate asked first
-  // (the distributed optimizer's --overlap-param-gather when the weights are not sharded).
+  // (a ParamSet built with Sharding::grads); both must outlive this object. inner: another gate
+  // asked first (the distributed optimizer's --overlap-param-gather when the weights are not
+  // sharded).
   FsdpRuntime(GradBuckets& buckets, const ParamGate* inner = nullptr);
   ~FsdpRuntime() override;
 

@@ -186,7 +186,7 @@ class ParamSet {
   bool grads_sharded() const { return sharding_.grads; }
   // This rank's shard of bucket i, [end - begin] elements, as views into the buffers that hold it
   // (the full buffers when that kind is not sharded): fp32 main weights, fp32 gradients, compute.
-  // Before shard(), or unbucketed: the whole buffers are one shard.
+  // Unsharded bucketed sets: bucket i itself; unbucketed: the whole buffers.
   Tensor main_shard(int64_t bucket);
   Tensor grad_shard(int64_t bucket);
   Tensor compute_shard(int64_t bucket);
