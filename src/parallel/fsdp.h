@@ -45,8 +45,8 @@ namespace megatron {
 
 class FsdpRuntime final : public ParamGate {
  public:
-  // buckets: per-unit reduce-scatter buckets whose ParamSet has been sharded
-  // (a ParamSet built with Sharding::grads); both must outlive this object. inner: another gate
+  // buckets: per-unit reduce-scatter buckets over a ParamSet built with Sharding::grads; both
+  // must outlive this object. inner: another gate
   // asked first (the distributed optimizer's --overlap-param-gather when the weights are not
   // sharded).
   FsdpRuntime(GradBuckets& buckets, const ParamGate* inner = nullptr);

@@ -220,8 +220,8 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
   build_checkpointing();
   build_data();
   report_gemm_peak();
-  // The peak the memory report prints is the run's, not the start-up's (the whole model is
-  // initialised before Megatron-FSDP shards it; the GEMM peak probe).
+  // The peak the memory report prints is the run's, not the start-up's (initialisation's and
+  // loading's temporaries, the GEMM peak probe).
   reset_peak_tensor_bytes();
 }
 
