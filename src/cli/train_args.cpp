@@ -873,10 +873,11 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
                  a.global_batch_size);
   validate_batch_schedule(a, dp);
   if (a.overlap_param_gather) {
-    MEGATRON_CHECK(a.use_distributed_optimizer,
-                   "--overlap-param-gather only supported with distributed optimizer: add "
-                   "--use-distributed-optimizer (or --use-megatron-fsdp with a sharding strategy "
-                   "other than no_shard)");
+    // Megatron r0.14's rule and message. Megatron-FSDP with no_shard has no weights to gather
+    // (they are replicated): accepted, nothing to overlap.
+    MEGATRON_CHECK(a.use_distributed_optimizer || a.use_megatron_fsdp,
+                   "--overlap-param-gather only supported with distributed optimizer or megatron "
+                   "fsdp: add --use-distributed-optimizer or --use-megatron-fsdp");
     MEGATRON_CHECK(a.overlap_grad_reduce,
                    "Must use --overlap-param-gather with --overlap-grad-reduce");
   }

@@ -129,6 +129,14 @@ class TestStrategies(unittest.TestCase):
                           "--recompute-granularity", "full", "--recompute-method", "uniform",
                           "--recompute-num-layers", "2", rel=BF16_REL)
 
+    def test_overlapped_reductions_and_gathers(self):
+        # --overlap-grad-reduce --overlap-param-gather (Megatron r0.14 accepts the latter with
+        # Megatron-FSDP alone): the same sums, so the same curve as plain DP without them.
+        plain = curves(run(2))
+        for s in ["no_shard", "optim_grads", "optim_grads_params"]:
+            got = curves(run(2, *fsdp(s), "--overlap-grad-reduce", "--overlap-param-gather"))
+            megatron_log.assert_same_curves(self, got, plain, f"{s} overlapped", FP32_REL)
+
     def test_context_parallel(self):
         # The shards span data x context parallelism, as the gradients reduce.
         self.check_layout(4, ["optim_grads_params"], "--context-parallel-size", "2")
