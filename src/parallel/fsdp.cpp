@@ -165,19 +165,4 @@ void FsdpRuntime::finish() {
   }
 }
 
-void FsdpRuntime::gather_all() {
-  for (int64_t b = 0; b < static_cast<int64_t>(units_.size()); ++b) {
-    ++units_[static_cast<size_t>(b)].forward_refs;
-    ensure_weights(b);
-  }
-}
-
-void FsdpRuntime::release_all() {
-  for (int64_t b = 0; b < static_cast<int64_t>(units_.size()); ++b) {
-    Unit& u = units_[static_cast<size_t>(b)];
-    if (u.forward_refs > 0) --u.forward_refs;
-    maybe_drop(b);
-  }
-}
-
 }  // namespace megatron

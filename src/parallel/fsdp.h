@@ -61,11 +61,6 @@ class FsdpRuntime final : public ParamGate {
   // reduction (GradBuckets::finish), and drops whatever is still gathered.
   void finish();
 
-  // ZeRO-3: every unit's weights gathered and attached (what a whole-model reader needs: the
-  // Hugging Face export), until release_all(). Collective over every unit's group.
-  void gather_all();
-  void release_all();
-
   bool shards_weights() const { return params_.weights_sharded(); }
   // Counters: all-gathers issued, and the most bytes of gathered weights plus lent gradient
   // buffers held at once (the working set above the shards).

@@ -105,11 +105,8 @@ void Trainer::report_memory(int64_t iteration) const {
   // (held), what the runtime lent on top at most (gathered weights and gradient buffers), and
   // the most bytes all tensors took at once, activations included.
   const double mb = 1048576.0;
-  const double held = static_cast<double>(
-      params_->main().nbytes() + params_->grads().nbytes() +
-      (params_->compute().raw() == params_->main().raw() ? 0 : params_->compute().nbytes()) +
-      (dist_optimizer_ ? dist_optimizer_->state_bytes()
-                       : optimizer_->exp_avg().nbytes() + optimizer_->exp_avg_sq().nbytes()));
+  const BufferBytes b = buffer_bytes();
+  const double held = static_cast<double>(b.main + b.compute + b.grads + b.state);
   log_gathered(
       strprintf("[Rank %d] (after %ld iterations) FSDP memory (MB) | weights, gradients "
                 "and optimizer state: %.3f | lent at most: %.3f | peak of all tensors: "
@@ -433,20 +430,28 @@ void Trainer::build_optimizer() {
   if (args_.use_megatron_fsdp) report_fsdp();
 }
 
+Trainer::BufferBytes Trainer::buffer_bytes() const {
+  // Measured from the tensors, not estimated: the compute copy is the main buffer itself in fp32
+  // runs.
+  BufferBytes b;
+  b.main = static_cast<int64_t>(params_->main().nbytes());
+  b.compute = params_->compute().raw() == params_->main().raw()
+                  ? 0
+                  : static_cast<int64_t>(params_->compute().nbytes());
+  b.grads = static_cast<int64_t>(params_->grads().nbytes());
+  b.state = dist_optimizer_ ? dist_optimizer_->state_bytes()
+                            : static_cast<int64_t>(optimizer_->exp_avg().nbytes() +
+                                                   optimizer_->exp_avg_sq().nbytes());
+  return b;
+}
+
 void Trainer::report_fsdp() const {
-  // What this rank's buffers hold (measured from the tensors, not estimated): the compute copy
-  // is the main buffer itself in fp32 runs.
   const double mb = 1048576.0;
-  const double main = static_cast<double>(params_->main().nbytes()) / mb;
-  const double compute = params_->compute().raw() == params_->main().raw()
-                             ? 0.0
-                             : static_cast<double>(params_->compute().nbytes()) / mb;
-  const double grads = static_cast<double>(params_->grads().nbytes()) / mb;
-  const double state =
-      static_cast<double>(dist_optimizer_ ? dist_optimizer_->state_bytes()
-                                          : optimizer_->exp_avg().nbytes() +
-                                                optimizer_->exp_avg_sq().nbytes()) /
-      mb;
+  const BufferBytes b = buffer_bytes();
+  const double main = static_cast<double>(b.main) / mb;
+  const double compute = static_cast<double>(b.compute) / mb;
+  const double grads = static_cast<double>(b.grads) / mb;
+  const double state = static_cast<double>(b.state) / mb;
   const std::string& strategy = args_.data_parallel_sharding_strategy;
   log_first(strprintf(
       " > Megatron-FSDP, --data-parallel-sharding-strategy %s over %ld data-parallel%s ranks: "
@@ -974,7 +979,7 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, const BatchSchedule::
   const int64_t stream0 = (consumed_train_ + batch.running) / args_.micro_batch_size;
   // --overlap-param-gather: each layer waits for the last step's gather of its weights.
   const ParamGate* gate = forward_gate();
-  const double gather_wait0 = dist_optimizer_ ? dist_optimizer_->param_gather_wait_seconds() : 0;
+  const double gather_wait0 = param_gather_wait_seconds();
   const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
   auto mode = [&](int mb) {
     ForwardMode m{true, dropout_seed_, static_cast<uint64_t>(stream0 + mb * dp_size_ + dp_rank_),
@@ -1115,13 +1120,17 @@ void Trainer::report_onebit_traffic(int64_t iteration, bool compressed, int64_t 
   }
 }
 
+double Trainer::param_gather_wait_seconds() const {
+  return (dist_optimizer_ ? dist_optimizer_->param_gather_wait_seconds() : 0.0) +
+         (fsdp_ ? fsdp_->gather_wait_seconds() : 0.0);
+}
+
 void Trainer::add_gather_time(double wait0) {
   // The distributed optimizer's weight all-gather: within the optimizer phase without
-  // --overlap-param-gather (all of it), within forward-backward with it (what was not hidden).
-  if (dist_optimizer_) {
-    timers_.add("params-all-gather (exposed)",
-                dist_optimizer_->param_gather_wait_seconds() - wait0);
-  }
+  // --overlap-param-gather (all of it), within forward-backward with it (what was not hidden);
+  // Megatron-FSDP's per-unit gathers of sharded weights: what the prefetch did not hide.
+  if (dist_optimizer_)
+    timers_.add("params-all-gather (exposed)", param_gather_wait_seconds() - wait0);
 }
 
 void Trainer::add_cp_time(double cp0) {

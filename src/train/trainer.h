@@ -240,6 +240,13 @@ class Trainer {
   const ParamGate* forward_gate() const;
   // --use-megatron-fsdp's start-up line: what each rank keeps, in bytes.
   void report_fsdp() const;
+  // Bytes this rank's buffers of weights, gradients and optimizer state hold.
+  struct BufferBytes {
+    int64_t main = 0, compute = 0, grads = 0, state = 0;
+  };
+  BufferBytes buffer_bytes() const;
+  // Seconds waited so far for weight all-gathers (the distributed optimizer's and FSDP's).
+  double param_gather_wait_seconds() const;
   LrSchedule schedule_;
   std::optional<LrSchedule> decoupled_schedule_;  // --decoupled-lr: embeddings and output layer
   WeightDecaySchedule wd_schedule_;

@@ -137,6 +137,16 @@ class TestStrategies(unittest.TestCase):
             got = curves(run(2, *fsdp(s), "--overlap-grad-reduce", "--overlap-param-gather"))
             megatron_log.assert_same_curves(self, got, plain, f"{s} overlapped", FP32_REL)
 
+    def test_timing_report_shows_the_gather_waits(self):
+        # --timing-log-level 1: ZeRO-3's per-unit gathers waited for in forward and backward
+        # appear as the distributed optimizer's do (exposed all-gather time; some is always
+        # exposed: the first unit of each pass has nothing to overlap with).
+        proc = run(2, *fsdp("optim_grads_params"), "--timing-log-level", "1")
+        waits = [float(m[2]) for m in re.finditer(
+            r"params-all-gather \(exposed\) \.+: \(([\d.]+), ([\d.]+)\)", proc.stdout)]
+        self.assertEqual(len(waits), ITERS, proc.stdout[-2000:])
+        self.assertGreater(max(waits), 0.0)
+
     def test_context_parallel(self):
         # The shards span data x context parallelism, as the gradients reduce.
         self.check_layout(4, ["optim_grads_params"], "--context-parallel-size", "2")
