@@ -26,9 +26,28 @@ void register_fp8_args(ArgTable& t, Arguments& a) {
         "Layers at the start kept out of FP8 with --first-last-layers-bf16");
   t.add("--num-layers-at-end-in-bf16", a.num_layers_at_end_in_bf16,
         "Layers at the end kept out of FP8 with --first-last-layers-bf16");
+  t.flag("--fp8-param-gather", a.fp8_param_gather,
+         "Keep the FP8 GEMMs' weights as FP8 codes (one byte each, no bf16 copy), quantised from "
+         "the fp32 main weights after each step and all-gathered as such (distributed optimizer "
+         "or a sharded Megatron-FSDP strategy, --bf16)");
 }
 
 void validate_fp8_args(const Arguments& a) {
+  if (a.fp8_param_gather) {
+    MEGATRON_CHECK(!a.fp8_format.empty(),
+                   "--fp8-param-gather keeps the FP8 GEMMs' weights in FP8: add --fp8-format or "
+                   "drop it");
+    // Megatron's rule; Megatron-FSDP's no_shard is plain data parallelism here, with no
+    // distributed optimizer to quantise the shards.
+    MEGATRON_CHECK(a.use_distributed_optimizer ||
+                       (a.use_megatron_fsdp && a.data_parallel_sharding_strategy != "no_shard"),
+                   "--fp8-param-gather only supported with distributed optimizer or megatron fsdp: "
+                   "add --use-distributed-optimizer (or --use-megatron-fsdp with "
+                   "--data-parallel-sharding-strategy optim, optim_grads or optim_grads_params)");
+    MEGATRON_CHECK(a.bf16,
+                   "--fp8-param-gather needs --bf16: its FP8 codes replace the bf16 compute copy "
+                   "of the FP8 GEMMs' weights");
+  }
   if (a.fp8_format.empty()) {
     MEGATRON_CHECK(!a.first_last_layers_bf16,
                    "--first-last-layers-bf16 applies to FP8 training: add --fp8-format or drop it");

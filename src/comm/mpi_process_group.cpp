@@ -34,6 +34,8 @@ MPI_Datatype mpi_type(DType t) {
       return MPI_INT32_T;
     case DType::kI64:
       return MPI_INT64_T;
+    case DType::kU8:
+      return MPI_UINT8_T;  // FP8 codes: moved, never reduced
     case DType::kBF16:
     case DType::kF16:
       return MPI_UINT16_T;  // moved bit for bit; never reduced (ProcessGroup reduces them in f32)

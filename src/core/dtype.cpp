@@ -19,6 +19,8 @@ size_t dtype_size(DType t) {
       return 4;
     case DType::kI64:
       return 8;
+    case DType::kU8:
+      return 1;
   }
   MEGATRON_ASSERT(false, "unknown dtype");
 }
@@ -37,6 +39,8 @@ const char* dtype_name(DType t) {
       return "i32";
     case DType::kI64:
       return "i64";
+    case DType::kU8:
+      return "u8";
   }
   return "?";
 }
@@ -57,6 +61,8 @@ double load(const void* p, DType t, int64_t i) {
       return static_cast<const int32_t*>(p)[i];
     case DType::kI64:
       return static_cast<double>(static_cast<const int64_t*>(p)[i]);
+    case DType::kU8:
+      break;  // bytes, not numbers: convert() refuses them
   }
   return 0;
 }
@@ -67,6 +73,8 @@ void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t
     std::memcpy(dst, src, static_cast<size_t>(n) * dtype_size(src_type));
     return;
   }
+  MEGATRON_CHECK(dst_type != DType::kU8 && src_type != DType::kU8,
+                 "u8 tensors hold raw bytes (FP8 codes) and convert to no other dtype");
   // Fast paths for the conversions the trainer does every step.
   if (src_type == DType::kF32 && dst_type == DType::kBF16) {
     const float* s = static_cast<const float*>(src);
@@ -103,6 +111,8 @@ void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t
       case DType::kI64:
         static_cast<int64_t*>(dst)[i] = static_cast<int64_t>(v);
         break;
+      case DType::kU8:
+        break;  // refused above
     }
   }
 }

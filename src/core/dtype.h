@@ -1,4 +1,5 @@
-// Element types and their conversions: f32, f64 (references), bf16, f16 (storage), int32/int64 ids.
+// Element types and their conversions: f32, f64 (references), bf16, f16 (storage), int32/int64 ids,
+// u8 (raw bytes: the codes of FP8 primary weights, which are never converted to or from a number).
 //
 // bf16 and f16 are storage formats here: kernels convert to f32 to compute. Conversions to bf16
 // round to nearest even (NaN stays NaN), the rounding every framework and oneDNN use.
@@ -10,7 +11,7 @@
 
 namespace megatron {
 
-enum class DType : uint8_t { kF32, kF64, kBF16, kF16, kI32, kI64 };
+enum class DType : uint8_t { kF32, kF64, kBF16, kF16, kI32, kI64, kU8 };
 
 size_t dtype_size(DType t);
 const char* dtype_name(DType t);  // "f32", "bf16", ...

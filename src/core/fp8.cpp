@@ -62,4 +62,18 @@ float fp8_decode(uint8_t code, Fp8Format f) {
   return sign * std::ldexp(static_cast<float>((1 << m) + mantissa), exponent_field - l.bias - m);
 }
 
+const float* fp8_decode_table(Fp8Format f) {
+  struct Tables {
+    float t[2][256];
+    Tables() {
+      for (int c = 0; c < 256; ++c) {
+        t[0][c] = fp8_decode(static_cast<uint8_t>(c), Fp8Format::kE4M3);
+        t[1][c] = fp8_decode(static_cast<uint8_t>(c), Fp8Format::kE5M2);
+      }
+    }
+  };
+  static const Tables tables;  // built once, read-only after: safe from every thread
+  return tables.t[f == Fp8Format::kE4M3 ? 0 : 1];
+}
+
 }  // namespace megatron

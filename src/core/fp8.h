@@ -57,4 +57,25 @@ inline float fp8_round(float x, Fp8Format f) {
   return std::copysign(std::fmin(r, max_finite), x);  // saturating
 }
 
+// The code of r, an FP8 value (what fp8_round returns) or NaN: fp8_encode's code for a value
+// that needs no rounding, by bit arithmetic only, so that encoding loops vectorise. The result
+// for any other r is unspecified.
+inline uint8_t fp8_code_of(float r, Fp8Format f) {
+  uint32_t u;
+  std::memcpy(&u, &r, 4);
+  const auto sign = static_cast<uint8_t>((u >> 24) & 0x80u);
+  if (std::isnan(r)) return sign | 0x7F;
+  const bool e4m3 = f == Fp8Format::kE4M3;
+  const int man = e4m3 ? 3 : 2, bias = e4m3 ? 7 : 15;
+  const float a = std::fabs(r);
+  if (a < (e4m3 ? 0x1p-6f : 0x1p-14f))  // zero or subnormal: a multiple of the spacing
+    return sign | static_cast<uint8_t>(a * (e4m3 ? 0x1p9f : 0x1p16f));
+  const uint32_t exponent = ((u >> 23) & 0xFFu) - 127u + static_cast<uint32_t>(bias);
+  const uint32_t mantissa = (u >> (23 - man)) & ((1u << man) - 1u);
+  return sign | static_cast<uint8_t>((exponent << man) | mantissa);
+}
+
+// fp8_decode of every code, [256] (for decoding loops).
+const float* fp8_decode_table(Fp8Format f);
+
 }  // namespace megatron

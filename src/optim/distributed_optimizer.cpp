@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <unordered_map>
 #include <utility>
 
 #include "core/timer.h"
+#include "parallel/fp8_scaling.h"
 #include "tensor/ops.h"
 
 namespace megatron {
@@ -56,6 +58,7 @@ void DistributedOptimizer::step(const StepRates& rates, double grad_scale) {
   if (params_.weights_sharded()) {
     // ZeRO-3: the weights stay sharded; the FSDP runtime gathers each unit when a layer needs it.
     params_.sync_compute_from_main();
+    quantize_fp8_weights();
     return;
   }
   start_gathers();
@@ -65,6 +68,7 @@ void DistributedOptimizer::refresh_compute() {
   finish_param_gather();
   if (!params_.main_sharded() || params_.weights_sharded()) {
     params_.sync_compute_from_main();
+    quantize_fp8_weights();
     return;
   }
   const bool overlap = overlap_param_gather_;
@@ -78,17 +82,26 @@ void DistributedOptimizer::start_gathers() {
   // from its shards and the 16-bit compute copy is what travels (Megatron's layout); otherwise
   // the fp32 main weights travel and the compute copy is refreshed from them after.
   const bool compute = params_.main_sharded();
-  if (compute) params_.sync_compute_from_main();
-  Tensor& buf = compute ? params_.compute() : params_.main();
+  if (compute) {
+    params_.sync_compute_from_main();
+    quantize_fp8_weights();
+  }
   // Every rank gets every bucket's updated shards. All buckets in flight at once; each shard is
-  // a view inside its bucket (the backend stages it, see ProcessGroup::all_gather).
+  // a view inside its bucket (the backend stages it, see ProcessGroup::all_gather). FP8 buckets
+  // move their one-byte codes.
   const auto n = static_cast<size_t>(buckets_.num_buckets());
   gathers_.resize(n);
   gather_views_.clear();  // the views live as long as their transfers
   for (size_t i = 0; i < n; ++i) {
-    const auto [b0, b1] = buckets_.bucket_range(static_cast<int64_t>(i));
-    const auto [s0, s1] = buckets_.shard_range(static_cast<int64_t>(i));
-    gather_views_.emplace_back(buf.flat_view(b0, {b1 - b0}), buf.flat_view(s0, {s1 - s0}));
+    const auto b = static_cast<int64_t>(i);
+    if (compute) {
+      gather_views_.emplace_back(params_.compute_bucket(b), params_.compute_shard(b));
+    } else {
+      const auto [b0, b1] = buckets_.bucket_range(b);
+      const auto [s0, s1] = buckets_.shard_range(b);
+      gather_views_.emplace_back(params_.main().flat_view(b0, {b1 - b0}),
+                                 params_.main().flat_view(s0, {s1 - s0}));
+    }
   }
   for (size_t i = 0; i < n; ++i) {
     // Over the bucket's group: data parallel, or expert data parallel for expert buckets.
@@ -128,6 +141,58 @@ void DistributedOptimizer::wait_for(const std::vector<const Param*>& params) con
 
 void DistributedOptimizer::finish_param_gather() const {
   for (int64_t i = 0; i < static_cast<int64_t>(gathers_.size()); ++i) complete_gather(i);
+}
+
+void DistributedOptimizer::quantize_fp8_weights() {
+  if (params_.first_fp8_bucket() >= buckets_.num_buckets()) return;
+  // Each FP8 weight's amax over its owned parts, rounded to bf16 first (the compute dtype the
+  // weight would have without the flag, as Megatron casts the main weight before quantising),
+  // then the max over the weight's data-parallel group: every rank of a group holds the same
+  // weights, so each group's list has the same order everywhere.
+  std::vector<Tensor> rounded(segments_.size());
+  std::unordered_map<const Param*, size_t> slot;
+  std::vector<const Param*> weights;
+  std::vector<ProcessGroup*> groups;
+  for (const Param* p : params_.params()) {
+    if (!p->fp8) continue;
+    slot[p] = weights.size();
+    weights.push_back(p);
+    groups.push_back(&buckets_.group_of(params_.bucket_of(*p)));
+  }
+  std::vector<double> amax(weights.size(), 0.0);
+  for (size_t k = 0; k < segments_.size(); ++k) {
+    const Segment& s = segments_[k];
+    if (!s.param->fp8) continue;
+    rounded[k] = main_of(s).to(DType::kBF16);
+    double& a = amax[slot.at(s.param)];
+    a = std::max(a, ops::abs_max(rounded[k]));
+  }
+  std::vector<ProcessGroup*> distinct;
+  for (ProcessGroup* g : groups)
+    if (std::find(distinct.begin(), distinct.end(), g) == distinct.end()) distinct.push_back(g);
+  for (ProcessGroup* g : distinct) {
+    if (g->size() == 1) continue;
+    std::vector<size_t> members;
+    for (size_t i = 0; i < weights.size(); ++i)
+      if (groups[i] == g) members.push_back(i);
+    Tensor t = Tensor::empty({static_cast<int64_t>(members.size())}, DType::kF32);
+    for (size_t j = 0; j < members.size(); ++j)
+      t.data<float>()[j] = static_cast<float>(amax[members[j]]);
+    g->all_reduce(t, ReduceOp::kMax);
+    for (size_t j = 0; j < members.size(); ++j) amax[members[j]] = t.data<float>()[j];
+  }
+  std::vector<float> scale(weights.size());
+  for (size_t i = 0; i < weights.size(); ++i)
+    scale[i] = weights[i]->fp8->primary_weight_scale(amax[i]);
+  // The owned parts' codes, with the scales every rank of the group shares.
+  for (size_t k = 0; k < segments_.size(); ++k) {
+    const Segment& s = segments_[k];
+    if (!s.param->fp8) continue;
+    const int64_t b = params_.bucket_of(*s.param);
+    Tensor codes =
+        params_.compute_shard(b).flat_view(s.begin - params_.owned_range(b).first, {s.numel});
+    ops::fp8_encode(codes, rounded[k], scale[slot.at(s.param)], Fp8Format::kE4M3);
+  }
 }
 
 double DistributedOptimizer::grad_sum_squares_unique(ParamDomain only) const {

@@ -20,7 +20,9 @@
 // A step on DP rank d, after GradBuckets::finish() left the mean gradient g in its shards:
 //   for every owned element i of Param p:  AdamW(w_i, m_i, v_i, g_i, weight decay of p)
 //   fp32:   w = all_gather over DP of every bucket's shards; compute copy = w
-//   16-bit: this rank's part of the compute copy = w (rounded); compute copy = all_gather of it
+//   16-bit: this rank's part of the compute copy = w (rounded); compute copy = all_gather of it;
+//           FP8 primary weights (--fp8-param-gather, Param::fp8): this rank's part of their codes
+//           = w quantised (quantize_fp8_weights), and the codes are what is all-gathered
 //   weights sharded (ZeRO-3): the compute shards = w; nothing gathered (the FSDP runtime gathers
 //           each unit when a layer reads it)
 // which is, element for element, the step that AdamW (adamw.h) takes on all-reduced gradients.
@@ -149,6 +151,11 @@ class DistributedOptimizer final : public ParamGate {
   void complete_gather(int64_t bucket) const;
   // Launches the all-gathers of the updated weights (waits for them without overlap).
   void start_gathers();
+  // --fp8-param-gather: this rank's parts of the FP8 primary weights (Param::fp8) quantised into
+  // their codes from the owned fp32 main weights, each weight with one scale
+  // (Fp8GemmScaling::primary_weight_scale of its amax, the max over its data-parallel group).
+  // Collective over the groups of the FP8 buckets.
+  void quantize_fp8_weights();
   std::vector<Tensor> main_held_;  // gather_main_all's buffers
   // A segment's main weights and gradients, wherever the ParamSet keeps them (full buffers, or
   // the compact shards of Megatron-FSDP's sharded strategies).

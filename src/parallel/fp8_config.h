@@ -28,6 +28,9 @@ struct Fp8Config {
   bool first_last_layers_bf16 = false;      // --first-last-layers-bf16 (not with delayed)
   int64_t num_layers_at_start_in_bf16 = 1;  // --num-layers-at-start-in-bf16
   int64_t num_layers_at_end_in_bf16 = 1;    // --num-layers-at-end-in-bf16
+  // --fp8-param-gather: the FP8 GEMMs' weights kept as FP8 codes, quantised by the distributed
+  // optimizer after each step and all-gathered as such (Param::fp8).
+  bool param_gather = false;
 
   bool enabled() const { return mode != Fp8Mode::kOff; }
   Fp8Format forward_format() const { return Fp8Format::kE4M3; }

@@ -101,6 +101,29 @@ Fp8Tensor Fp8GemmScaling::weight(const Tensor& w) {
   return weight_cache_;
 }
 
+Fp8Tensor Fp8GemmScaling::weight(const Param& w) {
+  if (!w.fp8) return weight(w.value);
+  MEGATRON_ASSERT(w.fp8 == this, w.name, " is the FP8 primary weight of another GEMM");
+  Fp8Tensor out;
+  out.q = Tensor::empty(w.shape, DType::kBF16, w.value.device());
+  ops::fp8_decode(out.q, w.value, format_of(kWeight));
+  out.scale_inv = primary_scale_inv_;
+  return out;
+}
+
+float Fp8GemmScaling::primary_weight_scale(double amax) {
+  float scale;
+  if (delayed_) {
+    scale = scales()[kWeight];
+    float& slot = history_row0()[kWeight];
+    slot = std::fmax(slot, static_cast<float>(amax));
+  } else {
+    scale = current_scaling_scale(amax, fp8_max(format_of(kWeight)), 0x1.fep127f);  // bf16's max
+  }
+  primary_scale_inv_ = 1.0f / scale;
+  return scale;
+}
+
 void Fp8GemmScaling::begin_forward(bool training, bool first_micro_batch) {
   recording_ = training;
   fresh_weight_ = first_micro_batch || !training;

@@ -81,6 +81,18 @@ class Fp8GemmScaling {
   // The weight for this forward: quantised afresh on a step's first micro-batch (and outside
   // training), else the copy made then.
   Fp8Tensor weight(const Tensor& w);
+  // The weight Param w for a GEMM: an FP8 primary weight (w.fp8, --fp8-param-gather) decoded from
+  // its codes with the scale it was quantised with (a fresh tensor each call: only the codes
+  // stay between uses), else weight(w.value).
+  Fp8Tensor weight(const Param& w);
+  // --fp8-param-gather: the scale that quantises this GEMM's weight into its FP8 primary weight
+  // after a step (TE's cast_master_weights_to_fp8), given the amax of the whole (tensor-parallel
+  // local) weight rounded to bf16 (the max over its data-parallel shards). Delayed: the weight's
+  // current scale, amax recorded as this step's weight amax (the forward's reduction and update
+  // then take it, as they take the amax a first micro-batch records without the flag); tensorwise:
+  // fp8_max / amax. Remembers its inverse for weight(const Param&). The same numbers as
+  // quantising the bf16 weight on the next step's first micro-batch.
+  float primary_weight_scale(double amax);
 
   // Delayed scaling's checkpointed state (empty for tensorwise): "<linear>.fp8_scale" [3] and
   // "<linear>.fp8_amax_history" [len, 3], f32 in Param::main (not in any ParamSet).
@@ -113,9 +125,10 @@ class Fp8GemmScaling {
   bool delayed_;
   Param scale_, history_;  // delayed only
   Fp8Tensor weight_cache_;
-  bool recording_ = false;      // amaxes of this phase are recorded
-  bool fresh_weight_ = true;    // quantise the weight (else the cached copy)
-  float saved_scales_[2] = {};  // the live scales while a recomputation uses old ones
+  float primary_scale_inv_ = 1.0f;  // of the FP8 primary weight's codes
+  bool recording_ = false;          // amaxes of this phase are recorded
+  bool fresh_weight_ = true;        // quantise the weight (else the cached copy)
+  float saved_scales_[2] = {};      // the live scales while a recomputation uses old ones
   bool recomputing_ = false;
 };
 

@@ -26,6 +26,7 @@ void Linear::collect(std::vector<Param*>& out) {
 Fp8GemmScaling* Linear::enable_fp8(const Fp8Config& cfg, int tp_rank, int tp_size) {
   std::string name = weight.name.substr(0, weight.name.size() - std::string(".weight").size());
   fp8_ = std::make_unique<Fp8GemmScaling>(name, cfg, tp_rank, tp_size);
+  if (cfg.param_gather) weight.fp8 = fp8_.get();
   return fp8_.get();
 }
 
@@ -70,13 +71,15 @@ double descale(const Fp8Tensor& a, const Fp8Tensor& b) {
 Tensor Linear::forward_fp8(const Tensor& x, Ctx& ctx) const {
   const int64_t rows = x.numel() / in_;
   ctx.x8 = fp8_->quantize(x, Fp8GemmScaling::kInput);
-  ctx.w8 = fp8_->weight(weight.value);
-  const DType wt = weight.value.dtype();
+  ctx.w8 = fp8_->weight(weight);
+  const DType wt = high_precision_dtype();
   if (!fp8_->config().wgrad) ctx.x = x.dtype() == wt || wt == DType::kF32 ? x : x.to(wt);
   Tensor y =
       Tensor::empty({rows, out_}, x.dtype() == DType::kF64 ? DType::kF64 : DType::kF32, x.device());
   ops::matmul(y, ctx.x8.q, false, ctx.w8.q, true);
   ops::scale_inplace(y, descale(ctx.x8, ctx.w8));
+  // An FP8 primary weight is decoded again by the backward: only its codes stay in between.
+  if (weight.fp8) ctx.w8.q = Tensor();
   if (has_bias()) ops::bias_add(y, bias.value_as(y.dtype()));
   return y;
 }
@@ -84,9 +87,10 @@ Tensor Linear::forward_fp8(const Tensor& x, Ctx& ctx) const {
 Tensor Linear::backward_fp8(const Tensor& dy, Ctx& ctx) const {
   const int64_t rows = dy.numel() / out_;
   const Fp8Tensor dy8 = fp8_->quantize(dy, Fp8GemmScaling::kGradOutput);
+  const Fp8Tensor w8 = ctx.w8.q.defined() ? ctx.w8 : fp8_->weight(weight);
   Tensor dx = Tensor::empty({rows, in_}, dy.dtype(), dy.device());
-  ops::matmul(dx, dy8.q, false, ctx.w8.q, false);
-  ops::scale_inplace(dx, descale(dy8, ctx.w8));
+  ops::matmul(dx, dy8.q, false, w8.q, false);
+  ops::scale_inplace(dx, descale(dy8, w8));
   Tensor dw = weight.main_grad;
   if (fp8_->config().wgrad) {
     // The descaled product is added to main_grad, as the FP8 GEMM's accumulate epilogue does.
@@ -95,7 +99,7 @@ Tensor Linear::backward_fp8(const Tensor& dy, Ctx& ctx) const {
     ops::scale_inplace(partial, descale(dy8, ctx.x8));
     ops::add_inplace(dw, partial);
   } else {
-    const DType wt = weight.value.dtype();
+    const DType wt = high_precision_dtype();
     Tensor dy_c = is_half(wt) ? dy.to(wt) : dy;
     ops::matmul(dw, dy_c, true, ctx.x, false, 1.0f);
   }

@@ -39,6 +39,9 @@ class Linear {
   // state is replicated over it). Returns the scaling state, owned by this Linear.
   Fp8GemmScaling* enable_fp8(const Fp8Config& cfg, int tp_rank, int tp_size);
   Fp8GemmScaling* fp8() const { return fp8_.get(); }
+  // The dtype of the GEMMs outside FP8 (--no-fp8-wgrad): the compute weights', bf16 for an FP8
+  // primary weight (its codes are bytes).
+  DType high_precision_dtype() const { return weight.fp8 ? DType::kBF16 : weight.value.dtype(); }
   Param weight;
   Param bias;  // empty name when there is no bias
   bool has_bias() const { return !bias.name.empty(); }

@@ -54,7 +54,11 @@ ParamSet::ParamSet(std::vector<Param*> params, DType compute_dtype, Device devic
     offsets_[i] = total;
     // Each param starts on a 64-byte boundary (16 floats) for aligned vector loads.
     total += (params_[i]->shape.numel() + 15) / 16 * 16;
+    MEGATRON_CHECK(params_[i]->fp8 == nullptr, params_[i]->name,
+                   ": FP8 primary weights (--fp8-param-gather) need the distributed optimizer's "
+                   "bucketed layout");
   }
+  fp8_begin_ = total;
   allocate(total);
 }
 
@@ -80,18 +84,28 @@ ParamSet::ParamSet(std::vector<Param*> params, DType compute_dtype, const Bucket
     begin = total;
   };
   offsets_.resize(params_.size());
-  for (size_t i = params_.size(); i-- > 0;) {
-    const bool own = params_[i]->is_embedding_or_output;
-    const bool other_domain =
-        i + 1 < params_.size() && params_[i]->expert_parallel != params_[i + 1]->expert_parallel;
-    const bool other_unit = layout.per_unit && i + 1 < params_.size() &&
-                            fsdp_unit(params_[i]->name) != fsdp_unit(params_[i + 1]->name);
-    if ((own || other_domain || other_unit) && total > begin) close();
-    offsets_[i] = total;
-    total += (params_[i]->shape.numel() + 15) / 16 * 16;
-    const bool full =
-        !layout.per_unit && layout.bucket_size > 0 && total - begin >= layout.bucket_size;
-    if (own || full) close();
+  // Two parts: every other parameter, then the FP8 primary weights in buckets of their own.
+  for (const bool fp8_part : {false, true}) {
+    if (fp8_part) {
+      if (total > begin) close();
+      first_fp8_bucket_ = static_cast<int64_t>(buckets_.size());
+      fp8_begin_ = total;
+    }
+    const Param* prev = nullptr;  // the one laid out before, in this part
+    for (size_t i = params_.size(); i-- > 0;) {
+      const Param& p = *params_[i];
+      if ((p.fp8 != nullptr) != fp8_part) continue;
+      const bool own = p.is_embedding_or_output;
+      const bool other_domain = prev && p.expert_parallel != prev->expert_parallel;
+      const bool other_unit = layout.per_unit && prev && fsdp_unit(p.name) != fsdp_unit(prev->name);
+      if ((own || other_domain || other_unit) && total > begin) close();
+      offsets_[i] = total;
+      total += (p.shape.numel() + 15) / 16 * 16;
+      const bool full =
+          !layout.per_unit && layout.bucket_size > 0 && total - begin >= layout.bucket_size;
+      if (own || full) close();
+      prev = &p;
+    }
   }
   if (total > begin) close();
   index_buckets();
@@ -163,16 +177,28 @@ Tensor ParamSet::grad_shard(int64_t bucket) {
   return shard_view(grads_, sharding_.grads, at, owned_range(bucket));
 }
 
+Tensor ParamSet::compute_view(int64_t at, const Shape& shape, bool fp8) {
+  if (!fp8) return compute_.flat_view(at, shape);
+  return codes_.flat_view(at - (sharding_.weights ? fp8_shard_begin_ : fp8_begin_), shape);
+}
+
 Tensor ParamSet::compute_shard(int64_t bucket) {
-  const int64_t at = sharding_.weights ? shard_offsets_[bucket] : 0;
-  return shard_view(compute_, sharding_.weights, at, owned_range(bucket));
+  const auto [s0, s1] = owned_range(bucket);
+  const int64_t at = sharding_.weights ? shard_offsets_[bucket] : s0;
+  return compute_view(at, {s1 - s0}, fp8_bucket(bucket));
+}
+
+Tensor ParamSet::compute_bucket(int64_t bucket) {
+  MEGATRON_ASSERT(!sharding_.weights, "compute_bucket(", bucket, ") of sharded weights");
+  const auto [b, e] = buckets_[static_cast<size_t>(bucket)];
+  return compute_view(b, {e - b}, fp8_bucket(bucket));
 }
 
 void ParamSet::attach_weights(int64_t bucket, const Tensor& full) {
   const auto [b, e] = buckets_[static_cast<size_t>(bucket)];
-  MEGATRON_ASSERT(full.numel() == e - b && full.dtype() == compute_.dtype(),
-                  "attach_weights: bucket ", bucket, " needs ", e - b, " ",
-                  dtype_name(compute_.dtype()), " elements, got ", full.str());
+  const DType want = fp8_bucket(bucket) ? DType::kU8 : compute_.dtype();
+  MEGATRON_ASSERT(full.numel() == e - b && full.dtype() == want, "attach_weights: bucket ", bucket,
+                  " needs ", e - b, " ", dtype_name(want), " elements, got ", full.str());
   const bool same = compute_.raw() == main_.raw();
   const auto& ps = bucket_params_[static_cast<size_t>(bucket)];
   for (size_t k = 0; k < ps.size(); ++k) {
@@ -236,10 +262,19 @@ void ParamSet::allocate(int64_t total) {
   MEGATRON_CHECK(!sharding_.main || compute_dtype_ != master,
                  "sharding the main weights alone needs a 16-bit compute copy (in fp32 runs the "
                  "compute weights are the main weights: shard the weights)");
-  const int64_t weights = sharding_.weights ? shards : total;
+  const bool fp8 = first_fp8_bucket_ < static_cast<int64_t>(buckets_.size());
+  MEGATRON_CHECK(!fp8 || (compute_dtype_ == DType::kBF16 && main_sharded()),
+                 "FP8 primary weights (--fp8-param-gather) need bf16 compute weights and fp32 "
+                 "main weights sharded by the distributed optimizer");
+  // The compute copy of the buckets before the FP8 ones; the FP8 ones' codes after.
+  const int64_t weights = sharding_.weights ? fp8_shard_begin_ : fp8_begin_;
   main_ = Tensor::zeros({main_sharded() ? shards : total}, master, device_);
   grads_ = Tensor::zeros({sharding_.grads ? shards : total}, master, device_);
   compute_ = compute_dtype_ == master ? main_ : Tensor::zeros({weights}, compute_dtype_, device_);
+  if (fp8) {
+    codes_ = Tensor::zeros({sharding_.weights ? shards - fp8_shard_begin_ : total - fp8_begin_},
+                           DType::kU8, device_);
+  }
   for (size_t i = 0; i < params_.size(); ++i) {
     Param& p = *params_[i];
     if (main_sharded() && p.frozen) {
@@ -248,7 +283,7 @@ void ParamSet::allocate(int64_t total) {
       p.value = compute_dtype_ == master ? p.main : Tensor::zeros(p.shape, compute_dtype_, device_);
     } else {
       if (!main_sharded()) p.main = main_.flat_view(offsets_[i], p.shape);
-      if (!sharding_.weights) p.value = compute_.flat_view(offsets_[i], p.shape);
+      if (!sharding_.weights) p.value = compute_view(offsets_[i], p.shape, p.fp8 != nullptr);
     }
     if (!sharding_.grads) p.main_grad = grads_.flat_view(offsets_[i], p.shape);
   }
@@ -278,6 +313,9 @@ void ParamSet::plan_shards() {
     }
     total += s1 - s0;
   }
+  fp8_shard_begin_ = first_fp8_bucket_ < static_cast<int64_t>(buckets_.size())
+                         ? shard_offsets_[static_cast<size_t>(first_fp8_bucket_)]
+                         : total;
 }
 
 namespace {
@@ -331,7 +369,7 @@ void ParamSet::initialize(uint64_t seed) {
   if (!sharding_.weights) {
     // The whole compute copy too (every rank holds it): the same values, rounded.
     for (Param* p : params_) {
-      if (p->frozen) continue;
+      if (p->frozen || p->fp8) continue;  // FP8 codes: the distributed optimizer quantises them
       Tensor full = Tensor::empty(p->shape, main_.dtype(), device_);
       init_elements(*p, 0, seed, full);
       p->value.copy_from(full);
@@ -352,7 +390,7 @@ void ParamSet::set_main(const Param& p, const Tensor& t) {
       main_.flat_view(s.at, {s.numel}).copy_from(flat.flat_view(s.param_begin, {s.numel}));
   }
   // The whole compute copy (main weights sharded alone): its own value, rounded.
-  if (!sharding_.weights) const_cast<Param&>(p).value.copy_from(flat.view(p.shape));
+  if (!sharding_.weights && !p.fp8) const_cast<Param&>(p).value.copy_from(flat.view(p.shape));
 }
 
 void ParamSet::sync_compute_from_main() {
@@ -362,12 +400,11 @@ void ParamSet::sync_compute_from_main() {
     }
   }
   if (compute_.raw() == main_.raw()) return;
-  if (sharding_.main && !sharding_.weights) {
-    // Only this rank's parts of the whole compute copy: the distributed optimizer all-gathers
-    // the rest.
-    for (size_t b = 0; b < buckets_.size(); ++b) {
-      compute_shard(static_cast<int64_t>(b)).copy_from(main_shard(static_cast<int64_t>(b)));
-    }
+  if (main_sharded()) {
+    // Only this rank's shards (the distributed optimizer all-gathers the rest of a whole compute
+    // copy; the FSDP runtime gathers sharded weights around their use). The FP8 buckets' codes
+    // are the distributed optimizer's: quantising them takes the FP8 scaling state.
+    for (int64_t b = 0; b < first_fp8_bucket_; ++b) compute_shard(b).copy_from(main_shard(b));
     return;
   }
   compute_.copy_from(main_);

@@ -23,6 +23,8 @@
 
 namespace megatron {
 
+class Fp8GemmScaling;
+
 enum class Init : uint8_t {
   kNormal,  // N(0, std)
   kZeros,
@@ -63,8 +65,15 @@ struct Param {
   // is left out of gradient and parameter norms, zero counts and the parameter count. It is
   // saved and resharded like any parameter.
   bool frozen = false;
+  // --fp8-param-gather: the weight of this FP8 GEMM, kept as E4M3 codes of one byte (Megatron's
+  // FP8 primary weights): `value` is u8 (ParamSet::codes()), the distributed optimizer quantises
+  // the fp32 main weights into it after each step with the GEMM's weight scale
+  // (Fp8GemmScaling::primary_weight_scale) and the codes are what the all-gathers move. The GEMM
+  // decodes them around each use (Fp8GemmScaling::weight). Null for every other parameter.
+  // Buckets never mix these weights with other parameters.
+  Fp8GemmScaling* fp8 = nullptr;
 
-  Tensor value;      // compute weights (f32 or bf16), view into ParamSet::compute()
+  Tensor value;      // compute weights (f32 or bf16; u8 codes with fp8), view into the ParamSet
   Tensor main;       // fp32 main weights, view into ParamSet::main()
   Tensor main_grad;  // fp32 gradient, view into ParamSet::grads(); accumulated (+=) by backward
 
@@ -88,9 +97,11 @@ struct Param {
 // into buckets; each bucket's end is padded with zeros to a multiple of `pad_multiple`, so that
 // it splits into dp equal shards whose ends are not tied to parameter boundaries. A bucket closes
 // at the first parameter end where it holds at least bucket_size elements (alignment included:
-// GradBuckets' rule). A parameter with is_embedding_or_output has a bucket of its own, so that the
-// first and the last pipeline stage's copies of the tied embeddings sit at the same place of
-// equally padded buckets and their shards hold the same elements: the embedding group's sum of
+// GradBuckets' rule). FP8 primary weights (Param::fp8) are laid out after all other parameters,
+// in buckets of their own (Megatron keeps them in a buffer of their own dtype), each part in
+// reverse registration order. A parameter with is_embedding_or_output has a bucket of its own, so
+// that the first and the last pipeline stage's copies of the tied embeddings sit at the same place
+// of equally padded buckets and their shards hold the same elements: the embedding group's sum of
 // the two copies then works on reduce-scattered shards (Megatron does the same). A bucket also
 // closes where the parameters change from dense to expert-parallel or back: the two kinds reduce
 // over different groups. Only the gaps between parameters change; every Param stays contiguous and
@@ -160,8 +171,19 @@ class ParamSet {
   Param& find(const std::string& name) const;  // error naming the missing parameter
   Tensor& main() { return main_; }
   Tensor& grads() { return grads_; }
+  // The compute copy of every bucket but the FP8 ones, whose codes are codes() (u8; both
+  // compact when the weights are sharded).
   Tensor& compute() { return compute_; }
+  Tensor& codes() { return codes_; }
   DType compute_dtype() const { return compute_dtype_; }
+  // Bucket i holds FP8 primary weights (Param::fp8): its compute storage is u8 codes. They are
+  // the buckets from first_fp8_bucket() on (none when it is the number of buckets).
+  bool fp8_bucket(int64_t bucket) const { return bucket >= first_fp8_bucket_; }
+  int64_t first_fp8_bucket() const { return first_fp8_bucket_; }
+  bool has_fp8_weights() const { return first_fp8_bucket_ < static_cast<int64_t>(buckets_.size()); }
+  // Bucket i's whole compute storage (compute dtype, or u8 codes for an FP8 bucket); buffers that
+  // are not sharded only.
+  Tensor compute_bucket(int64_t bucket);
   Device device() const { return device_; }
   int64_t numel() const { return main_.numel(); }
   // Offset of a param inside the flat buffers.
@@ -185,7 +207,8 @@ class ParamSet {
   bool main_sharded() const { return sharding_.weights || sharding_.main; }
   bool grads_sharded() const { return sharding_.grads; }
   // This rank's shard of bucket i, [end - begin] elements, as views into the buffers that hold it
-  // (the full buffers when that kind is not sharded): fp32 main weights, fp32 gradients, compute.
+  // (the full buffers when that kind is not sharded): fp32 main weights, fp32 gradients, compute
+  // (u8 codes for an FP8 bucket).
   // Unsharded bucketed sets: bucket i itself; unbucketed: the whole buffers.
   Tensor main_shard(int64_t bucket);
   Tensor grad_shard(int64_t bucket);
@@ -201,7 +224,8 @@ class ParamSet {
   };
   // Every Param's parts of this rank's shards, in buffer order (sharded sets only).
   const std::vector<OwnedSegment>& owned_segments() const { return segments_; }
-  // Points bucket i's Params at `full` ([bucket length], compute dtype): their compute weights
+  // Points bucket i's Params at `full` ([bucket length], compute dtype or u8 codes for an FP8
+  // bucket): their compute weights
   // (and, in fp32 runs where they are the same buffer, their main weights). detach_weights
   // leaves them undefined again.
   void attach_weights(int64_t bucket, const Tensor& full);
@@ -218,6 +242,8 @@ class ParamSet {
  private:
   void allocate(int64_t total);
   void index_buckets();
+  // Where element `at` of the compute storage is: compute_ or codes_, full or compact.
+  Tensor compute_view(int64_t at, const Shape& shape, bool fp8);
   void plan_shards();
 
   std::vector<Param*> params_;
@@ -234,7 +260,10 @@ class ParamSet {
   std::vector<OwnedSegment> segments_;
   DType compute_dtype_;
   Device device_ = Device::kCPU;
-  Tensor main_, grads_, compute_;
+  Tensor main_, grads_, compute_, codes_;
+  int64_t first_fp8_bucket_ = 0;  // buckets_.size() when there are none
+  int64_t fp8_begin_ = 0;         // where the FP8 buckets start: flat offset, compact offset
+  int64_t fp8_shard_begin_ = 0;
 };
 
 // Stable 64-bit hash of a string (FNV-1a), for per-parameter RNG streams.

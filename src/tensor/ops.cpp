@@ -416,6 +416,27 @@ void fp8_quantize(Tensor& out, const Tensor& x, float scale, Fp8Format format) {
   MEGATRON_DISPATCH(device_of("fp8_quantize", {&out, &x}), fp8_quantize(out, x, scale, format));
 }
 
+void fp8_encode(Tensor& codes, const Tensor& x, float scale, Fp8Format format) {
+  const OpTimer timer(OpCategory::kNormElementwise, __func__);
+  MEGATRON_CHECK(x.dtype() == DType::kF32 || x.dtype() == DType::kBF16 || x.dtype() == DType::kF64,
+                 "fp8_encode: x must be f32, bf16 or f64, got ", x.str());
+  MEGATRON_CHECK(codes.dtype() == DType::kU8 && codes.numel() == x.numel(),
+                 "fp8_encode: codes must be u8 with x's ", x.numel(), " elements, got ",
+                 codes.str());
+  MEGATRON_DISPATCH(device_of("fp8_encode", {&codes, &x}), fp8_encode(codes, x, scale, format));
+}
+
+void fp8_decode(Tensor& out, const Tensor& codes, Fp8Format format) {
+  const OpTimer timer(OpCategory::kNormElementwise, __func__);
+  MEGATRON_CHECK(
+      out.dtype() == DType::kF32 || out.dtype() == DType::kBF16 || out.dtype() == DType::kF64,
+      "fp8_decode: out must be f32, bf16 or f64, got ", out.str());
+  MEGATRON_CHECK(codes.dtype() == DType::kU8 && codes.numel() == out.numel(),
+                 "fp8_decode: codes must be u8 with out's ", out.numel(), " elements, got ",
+                 codes.str());
+  MEGATRON_DISPATCH(device_of("fp8_decode", {&out, &codes}), fp8_decode(out, codes, format));
+}
+
 int64_t count_zeros(const Tensor& x) {
   const OpTimer timer(OpCategory::kOptimizer, __func__);
   MEGATRON_DISPATCH(device_of("count_zeros", {&x}), count_zeros(x));

@@ -275,6 +275,11 @@ double abs_max(const Tensor& x);
 // product rounded to f32 first as Transformer Engine's cast kernels compute it. x f32, bf16 or
 // f64; out [x's shape] bf16, which holds every FP8 value exactly (f64 when x is f64).
 void fp8_quantize(Tensor& out, const Tensor& x, float scale, Fp8Format format);
+// FP8 primary weights (--fp8-param-gather) as one byte each: codes[i] = the code of the value
+// fp8_quantize gives (codes u8, [x's numel]); and back, out[i] = the value of codes[i] (out f32,
+// bf16 or f64: exact in each).
+void fp8_encode(Tensor& codes, const Tensor& x, float scale, Fp8Format format);
+void fp8_decode(Tensor& out, const Tensor& codes, Fp8Format format);
 
 // ---- optimizer --------------------------------------------------------------------------------
 // One AdamW step over flat f32 buffers (decoupled weight decay, bias-corrected moments):

@@ -43,6 +43,10 @@ template <>
 constexpr DType dtype_of<int64_t>() {
   return DType::kI64;
 }
+template <>
+constexpr DType dtype_of<uint8_t>() {
+  return DType::kU8;
+}
 }  // namespace detail
 
 class Allocator;

@@ -100,6 +100,7 @@ struct Arguments {
   bool first_last_layers_bf16 = false;                // --first-last-layers-bf16
   int64_t num_layers_at_start_in_bf16 = 1;            // --num-layers-at-start-in-bf16
   int64_t num_layers_at_end_in_bf16 = 1;              // --num-layers-at-end-in-bf16
+  bool fp8_param_gather = false;  // --fp8-param-gather: FP8 weights kept and gathered as FP8
 
   // ---- optimizer and schedule ----
   std::string optimizer = "adam";       // adam (AdamW) or onebit_adam (DeepSpeed's 1-bit Adam)

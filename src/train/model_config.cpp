@@ -84,6 +84,7 @@ Fp8Config fp8_config_from_args(const Arguments& a) {
   f.amax_history_len = a.fp8_amax_history_len;
   f.amax_compute_max = a.fp8_amax_compute_algo == "max";
   f.wgrad = !a.no_fp8_wgrad;
+  f.param_gather = a.fp8_param_gather;
   f.first_last_layers_bf16 = a.first_last_layers_bf16;
   f.num_layers_at_start_in_bf16 = a.num_layers_at_start_in_bf16;
   f.num_layers_at_end_in_bf16 = a.num_layers_at_end_in_bf16;

@@ -424,8 +424,11 @@ void Trainer::build_optimizer() {
     optimizer_ = std::make_unique<AdamW>(*params_, adam);
   }
   // Main weights sharded alone: the compute copies of pretrained weights read into each rank's
-  // shards meet here (freshly initialised ones are whole already).
-  if (params_->main_sharded() && !args_.pretrained_checkpoint.empty())
+  // shards meet here (freshly initialised ones are whole already). FP8 primary weights
+  // (--fp8-param-gather) get their first codes here in every case: quantising them takes the
+  // FP8 scaling state and a reduction of the amaxes, the distributed optimizer's.
+  if (params_->main_sharded() &&
+      (!args_.pretrained_checkpoint.empty() || params_->has_fp8_weights()))
     dist_optimizer_->refresh_compute();
   if (args_.use_megatron_fsdp) report_fsdp();
 }
@@ -438,6 +441,8 @@ Trainer::BufferBytes Trainer::buffer_bytes() const {
   b.compute = params_->compute().raw() == params_->main().raw()
                   ? 0
                   : static_cast<int64_t>(params_->compute().nbytes());
+  // FP8 primary weights' codes (--fp8-param-gather): the compute weights of those GEMMs.
+  if (params_->codes().defined()) b.compute += static_cast<int64_t>(params_->codes().nbytes());
   b.grads = static_cast<int64_t>(params_->grads().nbytes());
   b.state = dist_optimizer_ ? dist_optimizer_->state_bytes()
                             : static_cast<int64_t>(optimizer_->exp_avg().nbytes() +
@@ -594,6 +599,11 @@ void Trainer::report_gemm_peak() {
         f.mode == Fp8Mode::kHybrid ? "E4M3 forward, E5M2 gradients" : "E4M3 throughout",
         recipe.c_str(), f.wgrad ? "" : " (weight gradients in high precision: --no-fp8-wgrad)",
         device_ == Device::kCUDA ? "this GPU backend" : "the CPU"));
+    if (f.param_gather)
+      log_first(
+          " > --fp8-param-gather: those GEMMs' weights are kept as E4M3 codes (one byte each, "
+          "no bf16 copy), quantised from the fp32 main weights after each step and all-gathered "
+          "as codes");
   }
   if (device_ == Device::kCUDA) {
     // A GPU's GEMMs peak at large sizes (a few GFLOP each).

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -95,6 +96,24 @@ TEST(Fp8, EveryCodeDecodesAsTheSpecificationSays) {
   EXPECT_EQ(fp8_max(Fp8Format::kE5M2), 57344.0f);
 }
 
+TEST(Fp8, CodeOfEveryValueAndTheDecodeTableInvertTheCodec) {
+  for (const Spec& s : kSpecs) {
+    const float* table = fp8_decode_table(s.format);
+    for (int c = 0; c < 256; ++c) {
+      const auto code = static_cast<uint8_t>(c);
+      const float v = fp8_decode(code, s.format);
+      if (std::isnan(v)) {
+        EXPECT_TRUE(std::isnan(table[c])) << c;
+        EXPECT_EQ(fp8_code_of(v, s.format) & 0x7F, 0x7F) << c;  // NaN: the canonical NaN code
+        continue;
+      }
+      EXPECT_EQ(std::bit_cast<uint32_t>(table[c]), std::bit_cast<uint32_t>(v)) << c;
+      if (std::isinf(v)) continue;  // E5M2's infinities: saturated away before any encoding
+      EXPECT_EQ(fp8_code_of(v, s.format), code) << fp8_format_name(s.format) << " code " << c;
+    }
+  }
+}
+
 TEST(Fp8, DenseSweepEncodesToTheNearestCodeTiesToEvenSaturating) {
   for (const Spec& s : kSpecs) {
     const std::vector<Finite> codes = finite_codes(s);
@@ -121,6 +140,8 @@ TEST(Fp8, DenseSweepEncodesToTheNearestCodeTiesToEvenSaturating) {
         const float rounded = fp8_round(v, s.format);
         ASSERT_EQ(rounded, fp8_decode(want, s.format)) << fp8_format_name(s.format) << " x=" << v;
         ASSERT_EQ(std::signbit(rounded), std::signbit(v)) << "x=" << v;
+        // The vectorisable code of the rounded value (FP8 primary weights' encoding kernels).
+        ASSERT_EQ(fp8_code_of(rounded, s.format), want) << fp8_format_name(s.format) << " x=" << v;
         ++checked;
       }
     }

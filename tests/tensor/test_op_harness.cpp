@@ -156,6 +156,24 @@ void register_elementwise() {
          },
          true},
         {"fp8_quantize", "abs_max"});
+    // FP8 primary weights: the same values as one-byte codes and back (the reference through the
+    // codec, the kernels through bit arithmetic and a table); exact, NaN and -0 included.
+    add({"fp8_encode, fp8_decode", dims(s),
+         [=](const Place& p) {
+           std::vector<Tensor> outs;
+           for (Fp8Format f : {Fp8Format::kE4M3, Fp8Format::kE5M2}) {
+             for (float scale : {1e-3f, 2e-5f, 1.0f, 300.0f, 3e4f}) {
+               Tensor codes = Tensor::empty(s, DType::kU8, p.device);
+               ops::fp8_encode(codes, p(a), scale, f);
+               Tensor out = p.empty(s);
+               ops::fp8_decode(out, codes, f);
+               outs.push_back(out);
+             }
+           }
+           return outs;
+         },
+         true},
+        {"fp8_encode", "fp8_decode"});
     for (bool tanh : {false, true}) {
       add({tanh ? "gelu (tanh)" : "gelu", dims(s),
            [=](const Place& p) {

@@ -50,6 +50,8 @@ ncclDataType_t nccl_type(DType t) {
       return ncclInt32;
     case DType::kI64:
       return ncclInt64;
+    case DType::kU8:
+      return ncclUint8;
   }
   return ncclFloat32;
 }

@@ -68,4 +68,48 @@ void fp8_quantize(Tensor& out, const Tensor& x, float scale, Fp8Format format) {
     run(x.data<float>());
 }
 
+void fp8_encode(Tensor& codes, const Tensor& x, float scale, Fp8Format format) {
+  const int64_t n = x.numel();
+  auto* pc = codes.data<uint8_t>();
+  auto run = [&](const auto* px) {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i)
+      pc[i] = fp8_code_of(fp8_round(static_cast<float>(load(px, i) * scale), format), format);
+  };
+  switch (x.dtype()) {
+    case DType::kBF16:
+      run(x.data<bf16>());
+      break;
+    case DType::kF64:
+      run(x.data<double>());
+      break;
+    default:
+      run(x.data<float>());
+  }
+}
+
+void fp8_decode(Tensor& out, const Tensor& codes, Fp8Format format) {
+  const int64_t n = out.numel();
+  const auto* pc = codes.data<uint8_t>();
+  const float* table = fp8_decode_table(format);
+  switch (out.dtype()) {
+    case DType::kBF16: {
+      bf16* po = out.data<bf16>();
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < n; ++i) po[i] = f32_to_bf16(table[pc[i]]);  // exact
+      break;
+    }
+    case DType::kF64: {
+      double* po = out.data<double>();
+      for (int64_t i = 0; i < n; ++i) po[i] = table[pc[i]];
+      break;
+    }
+    default: {
+      float* po = out.data<float>();
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < n; ++i) po[i] = table[pc[i]];
+    }
+  }
+}
+
 }  // namespace megatron::cpu

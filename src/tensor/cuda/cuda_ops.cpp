@@ -578,6 +578,16 @@ void fp8_quantize(Tensor& out, const Tensor& x, float scale, Fp8Format format) {
                      format == Fp8Format::kE4M3);
 }
 
+void fp8_encode(Tensor& codes, const Tensor& x, float scale, Fp8Format format) {
+  cuda::fp8_encode(codes.raw(), x.raw(), static_cast<int>(x.dtype()), x.numel(), scale,
+                   format == Fp8Format::kE4M3);
+}
+
+void fp8_decode(Tensor& out, const Tensor& codes, Fp8Format format) {
+  cuda::fp8_decode(out.raw(), static_cast<int>(out.dtype()), codes.raw(), out.numel(),
+                   format == Fp8Format::kE4M3);
+}
+
 int64_t count_zeros(const Tensor& x) {
   int64_t z = 0;
   dispatch_float(x, "count_zeros",

@@ -62,6 +62,51 @@ __global__ void fp8_quantize_kernel(void* out, const void* x, int t, int64_t n, 
   }
 }
 
+// fp8_code_of (core/fp8.h) for device code: the code of an FP8 value, or NaN.
+__device__ inline uint8_t fp8_code_device(float r, bool e4m3) {
+  const uint32_t u = __float_as_uint(r);
+  const auto sign = static_cast<uint8_t>((u >> 24) & 0x80u);
+  if (isnan(r)) return sign | 0x7F;
+  const int man = e4m3 ? 3 : 2, bias = e4m3 ? 7 : 15;
+  const float a = fabsf(r);
+  if (a < (e4m3 ? 0x1p-6f : 0x1p-14f))
+    return sign | static_cast<uint8_t>(__fmul_rn(a, e4m3 ? 0x1p9f : 0x1p16f));
+  const uint32_t exponent = ((u >> 23) & 0xFFu) - 127u + static_cast<uint32_t>(bias);
+  const uint32_t mantissa = (u >> (23 - man)) & ((1u << man) - 1u);
+  return sign | static_cast<uint8_t>((exponent << man) | mantissa);
+}
+
+// fp8_decode (core/fp8.cpp) for device code.
+__device__ inline float fp8_value_device(uint8_t code, bool e4m3) {
+  const int m = e4m3 ? 3 : 2, bias = e4m3 ? 7 : 15;
+  const float sign = (code & 0x80) ? -1.0f : 1.0f;
+  const int magnitude = code & 0x7F;
+  const int exponent = magnitude >> m, mantissa = magnitude & ((1 << m) - 1);
+  if (e4m3 && magnitude == 0x7F) return __int_as_float(0x7FC00000);
+  if (!e4m3 && exponent == 31) return mantissa == 0 ? sign * INFINITY : __int_as_float(0x7FC00000);
+  if (exponent == 0) return sign * ldexpf(static_cast<float>(mantissa), 1 - bias - m);
+  return sign * ldexpf(static_cast<float>((1 << m) + mantissa), exponent - bias - m);
+}
+
+__global__ void fp8_encode_kernel(uint8_t* codes, const void* x, int t, int64_t n, float scale,
+                                  bool e4m3) {
+  MEGATRON_GRID_LOOP(i, n) {
+    codes[i] = fp8_code_device(fp8_round_device(__fmul_rn(load_f32(x, t, i), scale), e4m3), e4m3);
+  }
+}
+
+__global__ void fp8_decode_kernel(void* out, int t, const uint8_t* codes, int64_t n, bool e4m3) {
+  MEGATRON_GRID_LOOP(i, n) {
+    const float v = fp8_value_device(codes[i], e4m3);
+    if (t == kF64)
+      static_cast<double*>(out)[i] = v;
+    else if (t == kBF16)
+      static_cast<uint16_t*>(out)[i] = f32_to_bf16_bits(v);  // exact
+    else
+      static_cast<float*>(out)[i] = v;
+  }
+}
+
 }  // namespace
 
 double abs_max(const void* x, int dtype, int64_t n) {
@@ -81,6 +126,20 @@ void fp8_quantize(void* out, const void* x, int x_dtype, int64_t n, float scale,
   if (n == 0) return;
   fp8_quantize_kernel<<<blocks_for(n), kThreads>>>(out, x, x_dtype, n, scale, e4m3);
   check_launch("fp8_quantize");
+}
+
+void fp8_encode(void* codes, const void* x, int x_dtype, int64_t n, float scale, bool e4m3) {
+  if (n == 0) return;
+  fp8_encode_kernel<<<blocks_for(n), kThreads>>>(static_cast<uint8_t*>(codes), x, x_dtype, n, scale,
+                                                 e4m3);
+  check_launch("fp8_encode");
+}
+
+void fp8_decode(void* out, int out_dtype, const void* codes, int64_t n, bool e4m3) {
+  if (n == 0) return;
+  fp8_decode_kernel<<<blocks_for(n), kThreads>>>(out, out_dtype, static_cast<const uint8_t*>(codes),
+                                                 n, e4m3);
+  check_launch("fp8_decode");
 }
 
 }  // namespace megatron::cuda

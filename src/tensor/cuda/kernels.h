@@ -87,6 +87,9 @@ void rmsnorm_forward(T* out, T* rstd, const T* x, const T* w, int64_t rows, int6
 double abs_max(const void* x, int x_dtype, int64_t n);
 // out = fp8 value of f32(x) * scale (E4M3 or E5M2, saturating), bf16 bits, or f64 for f64 x.
 void fp8_quantize(void* out, const void* x, int x_dtype, int64_t n, float scale, bool e4m3);
+// FP8 codes (one byte each) of fp8_quantize's values, and the values (f32, bf16 or f64) of codes.
+void fp8_encode(void* codes, const void* x, int x_dtype, int64_t n, float scale, bool e4m3);
+void fp8_decode(void* out, int out_dtype, const void* codes, int64_t n, bool e4m3);
 
 // ---- embedding, row permutations --------------------------------------------------------------
 // out[r, :] = table[ids[r] - start, :] for ids in [start, start + block), else 0. table_dtype is

@@ -544,6 +544,20 @@ void fp8_quantize(Tensor& out, const Tensor& x, float scale, Fp8Format format) {
   }
 }
 
+// Through the codec (fp8_encode, fp8_decode), not the kernels' fp8_code_of and table.
+void fp8_encode(Tensor& codes, const Tensor& x, float scale, Fp8Format format) {
+  f64("fp8_encode", {&x});
+  auto* pc = codes.data<uint8_t>();
+  for (int64_t i = 0; i < x.numel(); ++i)
+    pc[i] = fp8_encode(static_cast<float>(P(x)[i]) * scale, format);
+}
+
+void fp8_decode(Tensor& out, const Tensor& codes, Fp8Format format) {
+  f64("fp8_decode", {&out});
+  const auto* pc = codes.data<uint8_t>();
+  for (int64_t i = 0; i < out.numel(); ++i) W(out)[i] = fp8_decode(pc[i], format);
+}
+
 int64_t count_zeros(const Tensor& x) {
   f64("count_zeros", {&x});
   int64_t n = 0;

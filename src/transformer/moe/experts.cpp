@@ -70,7 +70,7 @@ void GroupedExperts::collect(std::vector<Param*>& out) {
 }
 
 DType GroupedExperts::gemm_dtype() const {
-  return fc1_.front()->weight.value.dtype();
+  return fc1_.front()->high_precision_dtype();
 }
 
 Tensor GroupedExperts::gemm_input(const Tensor& t) const {
@@ -212,12 +212,8 @@ Tensor GroupedExperts::forward_fp8(const Tensor& x, const std::vector<int64_t>& 
   const bool wgrad = fc1_.front()->fp8()->config().wgrad;
   ctx.counts = counts;
   ctx.probs = probs;
-  ctx.w1.clear();
-  ctx.w2.clear();
-  for (size_t g = 0; g < fc1_.size(); ++g) {
-    ctx.w1.push_back(fc1_[g]->fp8()->weight(fc1_[g]->weight.value));
-    ctx.w2.push_back(fc2_[g]->fp8()->weight(fc2_[g]->weight.value));
-  }
+  ctx.w1 = fp8_weights(fc1_);
+  ctx.w2 = fp8_weights(fc2_);
   ctx.x8 = quantize_blocks(x, counts, fc1_, Fp8GemmScaling::kInput, &ctx.x_inv);
   if (!wgrad) ctx.x = gemm_input(x);
   ctx.pre_act = Tensor::empty({N, f1}, acc);
@@ -232,7 +228,19 @@ Tensor GroupedExperts::forward_fp8(const Tensor& x, const std::vector<int64_t>& 
   Tensor y = Tensor::empty({N, h}, acc);
   ops::grouped_matmul(y, ctx.scaled8, quantised(ctx.w2), true, counts);
   ops::scale_rows(y, block_factors(counts, ctx.scaled_inv, inverses(ctx.w2), acc));
+  // FP8 primary weights are decoded again by the backward: only their codes stay in between.
+  if (fc1_.front()->weight.fp8) {
+    ctx.w1.clear();
+    ctx.w2.clear();
+  }
   return y;
+}
+
+std::vector<Fp8Tensor> GroupedExperts::fp8_weights(
+    const std::vector<std::unique_ptr<Linear>>& fc) const {
+  std::vector<Fp8Tensor> out;
+  for (const auto& l : fc) out.push_back(l->fp8()->weight(l->weight));
+  return out;
 }
 
 Tensor GroupedExperts::backward_fp8(const Tensor& dy, Ctx& ctx, std::vector<double>* dprobs) const {
@@ -241,6 +249,8 @@ Tensor GroupedExperts::backward_fp8(const Tensor& dy, Ctx& ctx, std::vector<doub
   const DType acc = dy.dtype() == DType::kF64 ? DType::kF64 : DType::kF32;
   const bool wgrad = fc1_.front()->fp8()->config().wgrad;
   std::vector<float> dy_inv, dpre_inv;
+  if (ctx.w1.empty()) ctx.w1 = fp8_weights(fc1_);
+  if (ctx.w2.empty()) ctx.w2 = fp8_weights(fc2_);
   const Tensor dy8 = quantize_blocks(dy, ctx.counts, fc2_, Fp8GemmScaling::kGradOutput, &dy_inv);
   Tensor dscaled = Tensor::empty({N, f}, acc);
   ops::grouped_matmul(dscaled, dy8, quantised(ctx.w2), false, ctx.counts);

@@ -78,6 +78,8 @@ class GroupedExperts {
   Tensor forward_fp8(const Tensor& x, const std::vector<int64_t>& counts,
                      const std::vector<double>& probs, Ctx& ctx) const;
   Tensor backward_fp8(const Tensor& dy, Ctx& ctx, std::vector<double>* dprobs) const;
+  // Every expert's weight of fc1_ or fc2_ for its GEMMs (Fp8GemmScaling::weight).
+  std::vector<Fp8Tensor> fp8_weights(const std::vector<std::unique_ptr<Linear>>& fc) const;
 
   const TransformerConfig& cfg_;
   bool fp8_ = false;
