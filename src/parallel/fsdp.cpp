@@ -2,6 +2,7 @@
 #include "parallel/fsdp.h"
 
 #include <algorithm>
+#include <string>
 
 #include "core/timer.h"
 
@@ -13,8 +14,19 @@ FsdpRuntime::FsdpRuntime(GradBuckets& buckets, const ParamGate* inner)
                  "FsdpRuntime needs gradient buckets whose ParamSet is sharded "
                  "(a ParamSet built with Sharding::grads)");
   units_.resize(static_cast<size_t>(buckets.num_buckets()));
+  std::vector<std::string> names;
   for (int64_t b = 0; b < buckets.num_buckets(); ++b) {
     units_[static_cast<size_t>(b)].reported.assign(params_.bucket_params(b).size(), 0);
+    const std::vector<Param*>& ps = params_.bucket_params(b);
+    const std::string name = ps.empty() ? std::string() : fsdp_unit(ps.front()->name);
+    const auto it = std::find(names.begin(), names.end(), name);
+    const auto u = static_cast<int64_t>(it - names.begin());
+    if (it == names.end()) {
+      names.push_back(name);
+      unit_buckets_.emplace_back();
+    }
+    unit_of_.push_back(u);
+    unit_buckets_[static_cast<size_t>(u)].push_back(b);
   }
 }
 
@@ -53,7 +65,7 @@ void FsdpRuntime::start_gather(int64_t b) const {
 void FsdpRuntime::ensure_weights(int64_t b) const {
   if (!shards_weights()) return;
   Unit& u = units_[static_cast<size_t>(b)];
-  if (prefetched_ == b) prefetched_ = -1;  // used now
+  if (prefetched_ == unit_of_[static_cast<size_t>(b)]) prefetched_ = -1;  // used now
   if (!u.weights.defined()) start_gather(b);
   if (u.gathering) {
     const Timer timer;
@@ -67,7 +79,9 @@ void FsdpRuntime::ensure_weights(int64_t b) const {
 void FsdpRuntime::maybe_drop(int64_t b) const {
   if (!shards_weights()) return;
   Unit& u = units_[static_cast<size_t>(b)];
-  if (u.forward_refs > 0 || u.in_backward || !u.weights.defined() || prefetched_ == b) return;
+  if (u.forward_refs > 0 || u.in_backward || !u.weights.defined() ||
+      prefetched_ == unit_of_[static_cast<size_t>(b)])
+    return;
   if (u.gathering) {
     u.gather.wait();
     u.gathering = false;
@@ -77,17 +91,31 @@ void FsdpRuntime::maybe_drop(int64_t b) const {
   u.weights = Tensor();
 }
 
-void FsdpRuntime::prefetch(int64_t b) const {
-  if (!shards_weights() || b < 0 || b >= static_cast<int64_t>(units_.size())) return;
-  if (units_[static_cast<size_t>(b)].weights.defined()) return;
+std::pair<int64_t, int64_t> FsdpRuntime::unit_range(const std::vector<int64_t>& buckets) const {
+  int64_t lo = INT64_MAX, hi = -1;
+  for (int64_t b : buckets) {
+    lo = std::min(lo, unit_of_[static_cast<size_t>(b)]);
+    hi = std::max(hi, unit_of_[static_cast<size_t>(b)]);
+  }
+  return {lo, hi};
+}
+
+void FsdpRuntime::prefetch(int64_t u) const {
+  if (!shards_weights() || u < 0 || u >= static_cast<int64_t>(unit_buckets_.size())) return;
+  const std::vector<int64_t>& bs = unit_buckets_[static_cast<size_t>(u)];
+  bool held = true;
+  for (int64_t b : bs) held = held && units_[static_cast<size_t>(b)].weights.defined();
+  if (held) return;
   // At most one unit gathered ahead: a guess that was not used is dropped.
   if (prefetched_ >= 0) {
     const int64_t old = prefetched_;
     prefetched_ = -1;
-    maybe_drop(old);
+    for (int64_t b : unit_buckets_[static_cast<size_t>(old)]) maybe_drop(b);
   }
-  start_gather(b);
-  prefetched_ = b;
+  for (int64_t b : bs) {
+    if (!units_[static_cast<size_t>(b)].weights.defined()) start_gather(b);
+  }
+  prefetched_ = u;
 }
 
 void FsdpRuntime::wait_for(const std::vector<const Param*>& params) const {
@@ -98,7 +126,7 @@ void FsdpRuntime::wait_for(const std::vector<const Param*>& params) const {
     ensure_weights(b);
   }
   // Forward runs the units in decreasing buffer order (layers are laid out in reverse).
-  if (!bs.empty()) prefetch(*std::min_element(bs.begin(), bs.end()) - 1);
+  if (!bs.empty()) prefetch(unit_range(bs).first - 1);
 }
 
 void FsdpRuntime::release(const std::vector<const Param*>& params) const {
@@ -125,7 +153,7 @@ void FsdpRuntime::before_backward(const std::vector<const Param*>& params) {
     u.num_reported = 0;
   }
   // Backward runs the units in increasing buffer order.
-  if (!bs.empty()) prefetch(*std::max_element(bs.begin(), bs.end()) + 1);
+  if (!bs.empty()) prefetch(unit_range(bs).second + 1);
 }
 
 void FsdpRuntime::after_backward(const std::vector<const Param*>& params) {

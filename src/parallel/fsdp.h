@@ -11,6 +11,9 @@
 //                                buffer (or take the one prefetched) and point the Params at it;
 //                                start gathering the next unit (the one before it in buffer
 //                                order, which is the next layer: buffers are laid out in reverse)
+//                                A unit is one bucket, or two with --fp8-param-gather (its FP8
+//                                weights' codes sit in a bucket of their own, after all others);
+//                                its buckets are gathered, prefetched and dropped together.
 //               release(unit)    ZeRO-3: drop the gathered weights once no forward reads them
 //   backward    before_backward  ZeRO-3: gather again (prefetching the unit after it in buffer
 //                                order, the next one backward reaches); both: a zeroed full
@@ -35,6 +38,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "parallel/grad_buckets.h"
@@ -85,7 +89,10 @@ class FsdpRuntime final : public ParamGate {
   void start_gather(int64_t b) const;
   void ensure_weights(int64_t b) const;
   void maybe_drop(int64_t b) const;
-  void prefetch(int64_t b) const;
+  // The lowest and highest unit index of `buckets` (non-empty).
+  std::pair<int64_t, int64_t> unit_range(const std::vector<int64_t>& buckets) const;
+  // Starts gathering the buckets of unit u (an index in unit order, see unit_of_).
+  void prefetch(int64_t u) const;
   void close_backward(int64_t b);
   void account(int64_t delta) const;
 
@@ -94,6 +101,10 @@ class FsdpRuntime final : public ParamGate {
   const ParamGate* inner_;
   // Mutable: the forward's gate is const (ParamGate); the lending is bookkeeping, not model state.
   mutable std::vector<Unit> units_;
+  // Per bucket, its unit's index, units numbered in buffer order of their first bucket; and each
+  // unit's buckets.
+  std::vector<int64_t> unit_of_;
+  std::vector<std::vector<int64_t>> unit_buckets_;
   mutable int64_t prefetched_ = -1;  // a unit gathered ahead and not used yet
   mutable int64_t gathers_ = 0;
   mutable int64_t lent_ = 0, peak_lent_ = 0;
