@@ -23,6 +23,10 @@ CI does not run).
     independent checkpoint reader.
   - An FP8 checkpoint loads into a run without FP8 (its scaling state left unread).
   - --first-last-layers-bf16 (tensorwise): all layers kept out is the bf16 run bit for bit.
+  - --fp8-param-gather (the FP8 weights kept and all-gathered as codes): the losses of the run
+    without it, digit for digit, under the distributed optimizer (also overlapped), tp2 + SP +
+    pp2, Megatron-FSDP ZeRO-2 and ZeRO-3 (also with MoE experts); the compute copy's bytes
+    falling to one per FP8 weight element; exact resume, also across the flag.
   - Bad flags: exit 2 naming the flag on every rank, no crash.
 What it is not: the codec against the OCP spec (tests/core), the FP8 Linear against fp64
 (tests/parallel), or speed (FP8 on the CPU is emulated through its bf16 GEMM).
@@ -30,6 +34,7 @@ What it is not: the codec against the OCP spec (tests/core), the FP8 Linear agai
 Usage: test_fp8.py --megatron BUILD/megatron --mpiexec MPIEXEC [unittest args]
 """
 import os
+import re
 import sys
 import tempfile
 import unittest
@@ -270,6 +275,81 @@ class TestResume(unittest.TestCase):
         self.assertEqual(sorted(resumed), [6, 7, 8])
 
 
+class TestFp8ParamGather(unittest.TestCase):
+    """--fp8-param-gather: the FP8 GEMMs' weights kept and all-gathered as E4M3 codes."""
+
+    def assert_same_curve(self, want, got, what):
+        # Quantising the fp32 main shards after the step with the weight's scale (and recording
+        # its amax) is what the first micro-batch of the next step does without the flag, so the
+        # losses agree digit for digit. The gradient norm sums the same squares in another order
+        # (the FP8 weights move to buckets of their own, so the shards hold other elements):
+        # equal to its printed 3 decimals, 1e-3 allowed for a last-digit flip.
+        self.assertEqual(sorted(got), sorted(want), what)
+        for i in sorted(want):
+            self.assertEqual(got[i]["lm loss"], want[i]["lm loss"], f"{what} iteration {i}")
+            self.assertAlmostEqual(float(got[i]["grad norm"]), float(want[i]["grad norm"]),
+                                   delta=1e-3, msg=f"{what} iteration {i}")
+
+    def test_losses_equal_the_run_without_it(self):
+        zero3 = ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params"]
+        moe = ["--num-experts", "4", "--expert-model-parallel-size", "2", "--moe-router-topk", "2",
+               "--disable-bias-linear"]
+        for ranks, layout in (
+                (2, ["--use-distributed-optimizer"]),
+                (2, ["--use-distributed-optimizer", "--fp8-recipe", "tensorwise",
+                     "--overlap-param-gather", "--overlap-grad-reduce"]),
+                (4, ["--use-distributed-optimizer", "--tensor-model-parallel-size", "2",
+                     "--sequence-parallel", "--pipeline-model-parallel-size", "2"]),
+                (4, [*zero3, "--fp8-recipe", "tensorwise"]),
+                (4, [*zero3, *moe]),
+                (2, ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads",
+                     "--recompute-granularity", "full", "--recompute-method", "uniform",
+                     "--recompute-num-layers", "1"])):
+            short = ["--train-iters", "10"]  # equality is judged per iteration; 10 suffice
+            want = iterations(run(ranks, *HYBRID, *layout, *short))
+            proc = run(ranks, *HYBRID, *layout, *short, "--fp8-param-gather")
+            self.assertIn("--fp8-param-gather: those GEMMs' weights are kept as E4M3 codes",
+                          proc.stdout)
+            self.assertEqual(len(want), 10)
+            self.assertTrue(all(float(f["lm loss"]) > 0 for f in want.values()))
+            self.assert_same_curve(want, iterations(proc), f"{ranks} ranks {layout}")
+
+    def test_compute_weights_shrink_to_one_byte_per_fp8_weight(self):
+        # ZeRO-3 at dp2, from the start-up buffer line: the compute copy holds 2 bytes per
+        # element of the other parameters and 1 per FP8 weight element, halved by the sharding.
+        # This model: 196,608 FP8 weight elements (qkv 3 x 64 x 64, proj 64 x 64, fc1 and fc2
+        # 64 x 256 per layer, 4 layers), 13,696 others; bucket padding (each unit's buckets to a
+        # multiple of 128 elements) is within the 3% allowed.
+        zero3 = ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params",
+                 "--train-iters", "4"]
+        line = re.compile(r"\[Rank 0\] FSDP buffers \(MB\): main weights [\d.]+ \| compute "
+                          r"weights ([\d.]+)")
+        plain = float(line.search(run(2, *HYBRID, *zero3).stdout).group(1))
+        codes = float(line.search(run(2, *HYBRID, *zero3, "--fp8-param-gather").stdout).group(1))
+        fp8, other = 196608, 13696
+        expected = (2 * other + fp8) / (2 * (other + fp8))
+        print(f"compute weights per rank: {plain:.3f} MB, with FP8 codes {codes:.3f} MB "
+              f"({codes / plain:.3f}, expected {expected:.3f})", file=sys.stderr)
+        self.assertAlmostEqual(codes / plain, expected, delta=0.03)
+
+    def test_resume_is_exact_and_checkpoints_cross_the_flag(self):
+        # A checkpoint of a run with the flag resumes exactly with it, and without it (the codes
+        # are not saved: they are quantised again from the main weights and the scaling state),
+        # and one saved without the flag resumes exactly with it.
+        dist = ["--use-distributed-optimizer", *HYBRID, "--fp8-amax-history-len", "4",
+                "--fp8-amax-compute-algo", "max"]
+        straight = iterations(run(2, *dist))
+        for saved_with, loaded_with in ((True, True), (True, False), (False, True)):
+            ck = os.path.join(TMP.name, f"param_gather_{saved_with}_{loaded_with}")
+            flag = ["--fp8-param-gather"]
+            run(2, *dist, *(flag if saved_with else []), "--save", ck, "--save-interval", "10",
+                "--exit-interval", "10")
+            resumed = iterations(run(2, *dist, *(flag if loaded_with else []), "--load", ck))
+            self.assert_same_curve({i: straight[i] for i in range(11, 21)},
+                                   {i: resumed[i] for i in range(11, 21)},
+                                   f"saved with the flag: {saved_with}, loaded: {loaded_with}")
+
+
 class TestBadFlags(unittest.TestCase):
     def test_refusals_name_the_flag_on_every_rank(self):
         cases = [
@@ -282,6 +362,9 @@ class TestBadFlags(unittest.TestCase):
               "--num-layers-at-start-in-bf16", "5"], "--num-layers-at-start-in-bf16"),
             (["--fp8-format", "hybrid", "--fp8-amax-history-len", "0"], "--fp8-amax-history-len"),
             (["--fp8-format", "hybrid", "--fp8-param-gather"], "--fp8-param-gather"),
+            (["--use-distributed-optimizer", "--fp8-param-gather"], "--fp8-param-gather"),
+            (["--fp8-format", "hybrid", "--use-megatron-fsdp", "--fp8-param-gather"],
+             "--fp8-param-gather"),
             (["--first-last-layers-bf16"], "--first-last-layers-bf16"),
         ]
         # Two ranks: the checks are pure arithmetic on the flags, so every rank refuses alike
@@ -292,6 +375,13 @@ class TestBadFlags(unittest.TestCase):
             self.assertIn(needle, text, args)
             for marker in megatron_job.CRASH_MARKERS:
                 self.assertNotIn(marker, text, args)
+        # FP8 primary weights replace the bf16 compute copy: fp32 runs are refused.
+        fp32 = [a for a in TINY if a != "--bf16"]
+        proc = megatron_job.run_train(
+            MEGATRON, MPIEXEC, 2, [*DATA, *fp32, *HYBRID, "--use-distributed-optimizer",
+                                   "--fp8-param-gather"], TIMEOUT_S)
+        self.assertEqual(proc.returncode, 2, proc.stderr[-2000:])
+        self.assertIn("--fp8-param-gather needs --bf16", proc.stdout + proc.stderr)
 
 
 if __name__ == "__main__":
