@@ -16,9 +16,13 @@ report (after the first iteration) it prints:
   lent      the most the FSDP runtime lent at once on top (gathered weights, gradient buffers)
   peak      the most bytes all tensors took at once during training (activations included)
   max RSS   the process's peak resident set
+With --fp8: bf16 with FP8 hybrid GEMMs (--fp8-format hybrid), strategies optim and
+optim_grads_params at dp2 and dp4, without and with --fp8-param-gather (the FP8 GEMMs' weights
+kept as one-byte codes: expected 1 byte per parameter less for those weights, 1/dp less under
+ZeRO-3; 25,165,824 of the 29,447,168 parameters are FP8 GEMM weights).
 What it is not: a speed measurement, or a test (tests/e2e/test_fsdp.py checks the shares).
 
-Usage: bench/fsdp_memory.py --megatron build/megatron [--mpiexec mpiexec] [--markdown]
+Usage: bench/fsdp_memory.py --megatron build/megatron [--mpiexec mpiexec] [--fp8] [--markdown]
 """
 import argparse
 import os
@@ -53,9 +57,13 @@ def expected_bytes_per_param(strategy, dp, bf16):
             "optim_grads_params": 18 / dp}[strategy]
 
 
-def run(megatron, mpiexec, dp, strategy, bf16):
+# The FP8 GEMM weights of MODEL: qkv 3 h^2, proj h^2, fc1 and fc2 h x ffn, in each of 8 layers.
+FP8_WEIGHTS = 8 * (4 * 512 * 512 + 2 * 512 * 2048)
+
+
+def run(megatron, mpiexec, dp, strategy, bf16, extra=()):
     cmd = [mpiexec, "-n", str(dp), "--oversubscribe", megatron, "train", *MODEL,
-           "--use-megatron-fsdp", "--data-parallel-sharding-strategy", strategy]
+           "--use-megatron-fsdp", "--data-parallel-sharding-strategy", strategy, *extra]
     if bf16:
         cmd.append("--bf16")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
@@ -73,7 +81,11 @@ def main():
     ap.add_argument("--megatron", required=True)
     ap.add_argument("--mpiexec", default="mpiexec")
     ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--fp8", action="store_true", help="FP8 rows, without and with "
+                    "--fp8-param-gather")
     args = ap.parse_args()
+    if args.fp8:
+        return fp8_rows(args)
     rows = []
     for bf16 in (False, True):
         for dp in (2, 4):
@@ -89,6 +101,28 @@ def main():
         print("|---|---:|---|---:|---:|---:|---:|---:|---:|")
         for d, dp, s, held, want, lent, peak, rss in rows:
             print(f"| {d} | {dp} | {s} | {held:.1f} | {want:.1f} | {held / want:.3f} | "
+                  f"{lent:.1f} | {peak:.1f} | {rss:.1f} |")
+
+
+def fp8_rows(args):
+    rows = []
+    for dp in (2, 4):
+        for s in ("optim", "optim_grads_params"):
+            for gather in (False, True):
+                extra = ["--fp8-format", "hybrid", *(["--fp8-param-gather"] if gather else [])]
+                n, held, lent, peak, rss = run(args.megatron, args.mpiexec, dp, s, True, extra)
+                saved = FP8_WEIGHTS * (1 / dp if s == "optim_grads_params" else 1) if gather else 0
+                want = (expected_bytes_per_param(s, dp, True) * n - saved) / 1048576
+                rows.append((dp, s, "yes" if gather else "no", held, want, lent, peak, rss))
+                print(f"fp8 dp{dp} {s} param gather {gather}: held {held:.1f} MB (expected "
+                      f"{want:.1f}), lent {lent:.1f}, peak {peak:.1f}, max RSS {rss:.1f}",
+                      file=sys.stderr)
+    if args.markdown:
+        print("| dp | strategy | --fp8-param-gather | held (MB) | expected (MB) | held / expected "
+              "| lent at most (MB) | peak of all tensors (MB) | max RSS (MB) |")
+        print("|---:|---|---|---:|---:|---:|---:|---:|---:|")
+        for dp, s, g, held, want, lent, peak, rss in rows:
+            print(f"| {dp} | {s} | {g} | {held:.1f} | {want:.1f} | {held / want:.3f} | "
                   f"{lent:.1f} | {peak:.1f} | {rss:.1f} |")
 
 
