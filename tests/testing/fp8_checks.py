@@ -7,7 +7,9 @@ the end, hybrid FP8 at tp2) through the test's own runner and checks what holds 
     (quantisation happens);
   - tp2 quantises with the single process's scales (delayed scaling reduces the amaxes over TP),
     so iteration 1 agrees to 1e-5 (the sum order only);
-  - the checkpoint holds the delayed-scaling state of every FP8 GEMM, its scales moved from 1.
+  - the checkpoint holds the delayed-scaling state of every FP8 GEMM, its scales moved from 1;
+  - with the FP8 weights kept as codes (--fp8-param-gather, on the distributed optimizer) the
+    losses are the FP8 run's, digit for digit (the same quantisation, done after the step).
 What it is not: the FP8 recipes' own tests (tests/e2e/test_fp8.py, tests/parallel).
 """
 import os
@@ -26,7 +28,9 @@ def check_fp8_against_bf16(test, run, base, directory, iters, fp8_gemms, curve):
     runs = {}
     for name, ranks, extra in (("bf16", 1, []),
                                ("fp8", 1, [*fp8, "--save", ck, "--save-interval", str(iters)]),
-                               ("tp2", 2, [*fp8, "--tensor-model-parallel-size", "2"])):
+                               ("tp2", 2, [*fp8, "--tensor-model-parallel-size", "2"]),
+                               ("codes", 1, [*fp8, "--use-distributed-optimizer",
+                                             "--fp8-param-gather"])):
         proc = run(ranks, [*base, *extra])
         test.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
         runs[name] = {i: c["lm loss"] for i, c in curve(proc.stdout).items()}
@@ -36,6 +40,7 @@ def check_fp8_against_bf16(test, run, base, directory, iters, fp8_gemms, curve):
     test.assertLess(max(rel), 0.05, rel)
     test.assertGreater(max(rel), 0, rel)
     test.assertLess(tp2, 1e-5)
+    test.assertEqual(runs["codes"], runs["fp8"])
     _, tensors = checkpoint_reader.read_checkpoint(ck)
     scales = {k: v for k, v in tensors.items() if k.endswith(".fp8_scale")}
     test.assertEqual(len(scales), fp8_gemms, sorted(scales))
