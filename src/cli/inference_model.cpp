@@ -49,6 +49,10 @@ void resolve_inference_args(Arguments& a, const ArgTable& t, int world_size, boo
   a.hidden_dropout = a.attention_dropout = 0;
   a.sequence_parallel = false;  // one position per decode step: nothing to split
   a.context_parallel_size = 1;
+  // FP8 primary weights are a training layout (the distributed optimizer quantises their codes
+  // after each step); Megatron accepts the flag in inference, where our forward quantises the
+  // bf16 weights with the same scales to the same FP8 values.
+  a.fp8_param_gather = false;
   transformer_config_from_args(a);  // the model-shape errors, before any rank builds it
 }
 

@@ -349,6 +349,24 @@ class TestFp8ParamGather(unittest.TestCase):
                                    {i: resumed[i] for i in range(11, 21)},
                                    f"saved with the flag: {saved_with}, loaded: {loaded_with}")
 
+    def test_inference_accepts_the_flag(self):
+        # Megatron accepts --fp8-param-gather in inference; `megatron generate` quantises the
+        # bf16 weights with the same scales, so the flag changes nothing there.
+        ck = os.path.join(TMP.name, "param_gather_generate")
+        run(1, "--use-distributed-optimizer", *HYBRID, "--fp8-param-gather", "--train-iters", "4",
+            "--save", ck, "--save-interval", "4")
+        outputs = []
+        for extra in ([], ["--fp8-param-gather"]):
+            proc = megatron_job.run_train(
+                MEGATRON, MPIEXEC, 1, ["--load", ck, "--tokenizer-type", "NullTokenizer",
+                                       "--vocab-size", str(VOCAB), "--prompts", "1 4 7",
+                                       "--num-tokens-to-generate", "4", "--bf16", *HYBRID,
+                                       *extra], TIMEOUT_S, "generate")
+            self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
+            outputs.append(proc.stdout.strip().splitlines()[-1])
+        self.assertIn('"tokens"', outputs[0])
+        self.assertEqual(outputs[1], outputs[0])
+
 
 class TestBadFlags(unittest.TestCase):
     def test_refusals_name_the_flag_on_every_rank(self):
