@@ -17,6 +17,7 @@ PACKAGES=(
   libssl-dev                       # MD5 for Megatron-compatible dataset index cache names
   libxxhash-dev                    # per-tensor checkpoint checksums (XXH3-64)
   libjpeg62-turbo-dev libpng-dev   # image decoding for the vision encoders
+  libarchive-dev                   # WebDataset tar shards of image-text samples
   nodejs                           # independent tokenizer oracle and data packages from npm
   libgtest-dev libgmock-dev        # unit tests
   libbenchmark-dev                 # micro-benchmarks

@@ -13,5 +13,6 @@ int convert_command(int argc, char** argv);
 int bench_command(int argc, char** argv);
 int preprocess_command(int argc, char** argv);
 int flags_command(int argc, char** argv);
+int scenes_command(int argc, char** argv);
 
 }  // namespace megatron::cli
