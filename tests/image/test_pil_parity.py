@@ -2,8 +2,8 @@
 """Image preprocessing against Pillow: decoding, bicubic resize and Megatron's CLIP transform.
 
 What it is: Pillow (Debian's python3-pil) writes JPEG and PNG files of every kind the decoder
-takes (RGB and gray JPEG; RGB, RGBA, L, LA, palette and 1-bit PNG), of noisy gradients so that
-every pixel differs, and `image_tool` (tests/image/image_tool.cpp) decodes, resizes and
+takes that Pillow can write (RGB and gray JPEG; RGB, RGBA, L, LA, 8- and 4-bit palette and
+1-bit PNG), of noisy gradients so that every pixel differs, and `image_tool` (tests/image/image_tool.cpp) decodes, resizes and
 transforms them. Checked exactly, byte for byte and float for float:
   - decoding: the pixels Pillow opens (palette and 1-bit images as their RGB colours);
   - resizing to smaller, larger and mixed sizes: Image.resize(size, BICUBIC), which is what
@@ -62,6 +62,7 @@ def make_images():
     save("gray.png", Image.fromarray(noisy(33, 20, 1, 5)[..., 0]))
     save("la.png", Image.fromarray(noisy(21, 17, 2, 6), "LA"))
     save("palette.png", Image.fromarray(noisy(45, 31, 3, 7)).quantize(colors=16))
+    save("palette4.png", Image.fromarray(noisy(27, 19, 3, 10)).quantize(colors=12), bits=4)
     save("bits.png", Image.fromarray(noisy(30, 22, 1, 8)[..., 0]).convert("1"))
     return files
 
