@@ -3,8 +3,8 @@
 
 What it is: Pillow (Debian's python3-pil) writes JPEG and PNG files of every kind the decoder
 takes that Pillow can write (RGB and gray JPEG; RGB, RGBA, L, LA, 8- and 4-bit palette and
-1-bit PNG), of noisy gradients so that every pixel differs, and `image_tool` (tests/image/image_tool.cpp) decodes, resizes and
-transforms them. Checked exactly, byte for byte and float for float:
+1-bit PNG), of noisy gradients so that every pixel differs, and `image_tool`
+(tests/image/image_tool.cpp) decodes, resizes and transforms them. Checked exactly, byte for byte and float for float:
   - decoding: the pixels Pillow opens (palette and 1-bit images as their RGB colours);
   - resizing to smaller, larger and mixed sizes: Image.resize(size, BICUBIC), which is what
     torchvision's Resize(interpolation=BICUBIC) calls on a PIL image (premultiplied alpha for
