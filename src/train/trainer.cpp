@@ -331,8 +331,11 @@ void Trainer::build_model() {
                        m * virtual_stages_);
     const ShardedState sharded{distributed, params_->main_sharded(), params_->grads_sharded(),
                                params_->weights_sharded()};
+    int64_t fp8_weights = 0;
+    for (const Param* p : params_->params())
+      if (p->fp8) fp8_weights += p->shape.numel();
     log_first(theoretical_memory_line(nparams, cfg_.compute_dtype, grad_size_, sharded,
-                                      in_flight * per_chunk));
+                                      in_flight * per_chunk, fp8_weights));
   }
 }
 
