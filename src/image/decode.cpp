@@ -318,12 +318,15 @@ Image decode(const std::vector<uint8_t>& bytes, const std::string& name) {
   __builtin_unreachable();
 }
 
-Image read_file(const std::string& path) {
+std::vector<uint8_t> read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   MEGATRON_CHECK(in.good(), "image ", path, ": cannot open it (missing or unreadable)");
-  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)),
-                             std::istreambuf_iterator<char>());
-  return decode(bytes, path);
+  return std::vector<uint8_t>((std::istreambuf_iterator<char>(in)),
+                              std::istreambuf_iterator<char>());
+}
+
+Image read_file(const std::string& path) {
+  return decode(read_bytes(path), path);
 }
 
 }  // namespace megatron::image

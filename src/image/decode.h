@@ -23,5 +23,7 @@ namespace megatron::image {
 Image decode(const std::vector<uint8_t>& bytes, const std::string& name);
 // The same for a file on disk.
 Image read_file(const std::string& path);
+// A whole image file's bytes; a missing or unreadable file is an error naming it.
+std::vector<uint8_t> read_bytes(const std::string& path);
 
 }  // namespace megatron::image

@@ -7,11 +7,11 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "image/decode.h"
 
 namespace megatron::image {
 namespace {
@@ -37,13 +37,6 @@ void read_conversation(const json& turns, ImageTextSample* s, const std::string&
       s->text = t["value"].get<std::string>();
   }
   MEGATRON_CHECK(!s->text.empty(), where, ": the conversation has no \"gpt\" answer");
-}
-
-std::vector<uint8_t> read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  MEGATRON_CHECK(in.good(), "cannot open ", path, " (missing or unreadable)");
-  return std::vector<uint8_t>((std::istreambuf_iterator<char>(in)),
-                              std::istreambuf_iterator<char>());
 }
 
 std::string extension(const std::string& name) {
@@ -87,7 +80,7 @@ std::vector<ImageTextSample> read_manifest(const std::string& path, bool load_im
       try {
         s.image = read_bytes(s.source);
       } catch (const InvalidArgument& e) {
-        MEGATRON_CHECK(false, where, ": image ", s.source, ": ", e.what());
+        MEGATRON_CHECK(false, where, ": ", e.what());
       }
     }
     out.push_back(std::move(s));
