@@ -194,6 +194,17 @@ void squared_relu_backward(Tensor& dx, const Tensor& dout, const Tensor& x) {
                     squared_relu_backward(dx, dout, x));
 }
 
+void quick_gelu_forward(Tensor& out, const Tensor& x) {
+  const OpTimer timer(OpCategory::kNormElementwise, __func__);
+  MEGATRON_DISPATCH(device_of("quick_gelu_forward", {&out, &x}), quick_gelu_forward(out, x));
+}
+
+void quick_gelu_backward(Tensor& dx, const Tensor& dout, const Tensor& x) {
+  const OpTimer timer(OpCategory::kNormElementwise, __func__);
+  MEGATRON_DISPATCH(device_of("quick_gelu_backward", {&dx, &dout, &x}),
+                    quick_gelu_backward(dx, dout, x));
+}
+
 void swiglu_forward(Tensor& out, const Tensor& x) {
   const OpTimer timer(OpCategory::kNormElementwise, __func__);
   MEGATRON_DISPATCH(device_of("swiglu_forward", {&out, &x}), swiglu_forward(out, x));

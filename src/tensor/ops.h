@@ -76,6 +76,11 @@ void tanh_backward(Tensor& dx, const Tensor& dout, const Tensor& y);
 void squared_relu_forward(Tensor& out, const Tensor& x);
 void squared_relu_backward(Tensor& dx, const Tensor& dout, const Tensor& x);
 
+// Quick GELU, x sigmoid(1.702 x) (OpenAI CLIP's activation, Megatron's quick_gelu, HF
+// quick_gelu): dx = dout (s + 1.702 x s (1 - s)), s = sigmoid(1.702 x).
+void quick_gelu_forward(Tensor& out, const Tensor& x);
+void quick_gelu_backward(Tensor& dx, const Tensor& dout, const Tensor& x);
+
 // SwiGLU on x[r, 2f] = [gate | up] (Megatron's chunk order): out[r, f] = silu(gate) * up.
 void swiglu_forward(Tensor& out, const Tensor& x);
 void swiglu_backward(Tensor& dx, const Tensor& dout, const Tensor& x);

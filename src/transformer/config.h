@@ -9,6 +9,7 @@
 #include "core/dtype.h"
 #include "parallel/fp8_config.h"
 #include "transformer/moe/moe_config.h"
+#include "transformer/vision_config.h"
 
 namespace megatron {
 
@@ -52,6 +53,9 @@ struct TransformerConfig {
   bool gated_gelu = false;
   bool openai_gelu = false;   // --openai-gelu: tanh GELU (HF gelu_new) instead of exact erf
   bool squared_relu = false;  // --squared-relu: relu(x)^2 instead of GELU
+  // x sigmoid(1.702 x) instead of GELU: CLIP's vision towers (Megatron's quick_gelu, set by the
+  // vision model's config as examples/multimodal does; no language-model flag).
+  bool quick_gelu = false;
   bool qk_layernorm = false;  // --qk-layernorm: a norm over each query and key head
   // --init-method-xavier-uniform: linear weights U(-a, a), a = sqrt(6 / (fan_in + fan_out))
   bool init_method_xavier_uniform = false;
@@ -92,6 +96,9 @@ struct TransformerConfig {
 
   MoeConfig moe;  // Mixture of Experts (--num-experts; default: dense)
   Fp8Config fp8;  // FP8 GEMMs (--fp8-format; default: off)
+  // A vision-language model's vision encoder and projector (--model llava; default: none).
+  // seq_length is then the language model's combined sequence (text and image embeddings).
+  VisionConfig vision;
 
   int64_t head_dim() const { return kv_channels; }
   int64_t queries_per_group() const { return num_attention_heads / num_query_groups; }

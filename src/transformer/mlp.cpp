@@ -56,6 +56,8 @@ void mlp_activation_forward(const TransformerConfig& cfg, Tensor& out, const Ten
     ops::swiglu_forward(out, x);
   } else if (cfg.squared_relu) {
     ops::squared_relu_forward(out, x);
+  } else if (cfg.quick_gelu) {
+    ops::quick_gelu_forward(out, x);
   } else {
     ops::gelu_forward(out, x, cfg.openai_gelu);
   }
@@ -69,6 +71,8 @@ void mlp_activation_backward(const TransformerConfig& cfg, Tensor& dx, const Ten
     ops::swiglu_backward(dx, dout, x);
   } else if (cfg.squared_relu) {
     ops::squared_relu_backward(dx, dout, x);
+  } else if (cfg.quick_gelu) {
+    ops::quick_gelu_backward(dx, dout, x);
   } else {
     ops::gelu_backward(dx, dout, x, cfg.openai_gelu);
   }

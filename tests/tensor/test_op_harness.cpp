@@ -201,6 +201,14 @@ void register_elementwise() {
            return std::vector<Tensor>{y, dx};
          }},
         {"squared_relu_forward", "squared_relu_backward"});
+    add({"quick gelu", dims(s),
+         [=](const Place& p) {
+           Tensor y = p.empty(s), dx = p.empty(s);
+           ops::quick_gelu_forward(y, p(a));
+           ops::quick_gelu_backward(dx, p(b), p(a));
+           return std::vector<Tensor>{y, dx};
+         }},
+        {"quick_gelu_forward", "quick_gelu_backward"});
     const Shape half{s[0], std::max<int64_t>(1, s[1] / 2)};
     const Shape both{s[0], 2 * half[1]};
     const Tensor x2 = random_tensor(both, 4, 2.0, DType::kF64);
@@ -661,6 +669,13 @@ TEST(OpsHarness, BackwardsMatchFiniteDifferences) {
     Tensor dx = Tensor::empty(x.shape(), DType::kF64);
     ops::squared_relu_backward(dx, dy, x);
     EXPECT_TRUE(testing::allclose(dx, want, kFdTol, kFdTol)) << "squared relu";
+  }
+  {
+    const Tensor want = fd([](const Tensor& v) { return ref::quick_gelu(v); }, x, dy);
+    EXPECT_TRUE(testing::allclose(ref::quick_gelu_backward(dy, x), want, kFdTol, kFdTol));
+    Tensor dx = Tensor::empty(x.shape(), DType::kF64);
+    ops::quick_gelu_backward(dx, dy, x);
+    EXPECT_TRUE(testing::allclose(dx, want, kFdTol, kFdTol)) << "quick gelu";
   }
   {
     const Tensor x2 = random_tensor({3, 8}, 34, 2.0, DType::kF64),

@@ -93,8 +93,13 @@ TEST(LayerGradients, MlpGeluWithBiasesAndSwigluWithout) {
   SelfGroup g;
   TransformerConfig relu2 = base_config();
   relu2.squared_relu = true;
-  for (const TransformerConfig& cfg : {base_config(), llama_style(base_config()), relu2}) {
-    SCOPED_TRACE(cfg.swiglu ? "SwiGLU" : cfg.squared_relu ? "squared ReLU" : "GELU");
+  TransformerConfig quick = base_config();
+  quick.quick_gelu = true;  // CLIP's vision MLP
+  for (const TransformerConfig& cfg : {base_config(), llama_style(base_config()), relu2, quick}) {
+    SCOPED_TRACE(cfg.swiglu         ? "SwiGLU"
+                 : cfg.squared_relu ? "squared ReLU"
+                 : cfg.quick_gelu   ? "quick GELU"
+                                    : "GELU");
     MLP mlp("mlp", cfg, g.tp());
     MLP::Ctx ctx;
     std::vector<Param*> ps;

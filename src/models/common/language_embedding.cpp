@@ -17,13 +17,16 @@ Tensor transpose_bs(const Tensor& x) {
   return y;
 }
 
-namespace {
-
-// Rows of `table` gathered for `ids`, returned in `act` dtype (bf16 tables are widened).
-Tensor gather(const Tensor& ids, const Tensor& table, DType act) {
+Tensor gather_rows(const Tensor& ids, const Tensor& table, DType act) {
   Tensor rows = Tensor::empty({ids.numel(), table.dim(1)}, table.dtype(), table.device());
   ops::embedding_forward(rows, ids, table);
   return rows.dtype() == act ? rows : rows.to(act);
+}
+
+namespace {
+
+Tensor gather(const Tensor& ids, const Tensor& table, DType act) {
+  return gather_rows(ids, table, act);
 }
 
 // A replicated [rows, h] table (every TP rank holds all of it).

@@ -66,5 +66,8 @@ class LanguageEmbedding {
 
 // Transposes a [b, s] tensor (any dtype) into [s, b].
 Tensor transpose_bs(const Tensor& x);
+// Rows of a replicated `table` [rows, h] for `ids` (any shape, i64): [ids.numel(), h] in `act`
+// dtype (bf16 tables are widened).
+Tensor gather_rows(const Tensor& ids, const Tensor& table, DType act);
 
 }  // namespace megatron

@@ -251,6 +251,38 @@ void squared_relu_backward(Tensor& dx, const Tensor& dout, const Tensor& x) {
   });
 }
 
+void quick_gelu_forward(Tensor& out, const Tensor& x) {
+  cpu::check_numel(out, x, "quick_gelu_forward");
+  cpu::check_same_dtype(out, x, "quick_gelu_forward");
+  dispatch_float(x, "quick_gelu_forward", [&]<typename T>() {
+    T* o = out.data<T>();
+    const T* in = x.data<T>();
+    const int64_t n = x.numel();
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      o[i] = in[i] / (static_cast<T>(1) + cpu::vexp(static_cast<T>(-1.702) * in[i]));
+    }
+  });
+}
+
+void quick_gelu_backward(Tensor& dx, const Tensor& dout, const Tensor& x) {
+  cpu::check_numel(dx, x, "quick_gelu_backward");
+  cpu::check_numel(dout, x, "quick_gelu_backward");
+  cpu::check_same_dtype(dx, x, "quick_gelu_backward");
+  cpu::check_same_dtype(dout, x, "quick_gelu_backward");
+  dispatch_float(x, "quick_gelu_backward", [&]<typename T>() {
+    T* d = dx.data<T>();
+    const T *g = dout.data<T>(), *in = x.data<T>();
+    const int64_t n = x.numel();
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const T v = in[i];
+      const T s = static_cast<T>(1) / (static_cast<T>(1) + cpu::vexp(static_cast<T>(-1.702) * v));
+      d[i] = g[i] * (s + static_cast<T>(1.702) * v * s * (static_cast<T>(1) - s));
+    }
+  });
+}
+
 void swiglu_forward(Tensor& out, const Tensor& x) {
   int64_t f = out.dim(-1);
   MEGATRON_CHECK(x.dim(-1) == 2 * f && rows_of(x) == rows_of(out), "swiglu_forward: input ",

@@ -219,6 +219,12 @@ void squared_relu_forward(Tensor& out, const Tensor& x) {
 void squared_relu_backward(Tensor& dx, const Tensor& dout, const Tensor& x) {
   unary_backward(dx, dout, x, Activation::kSquaredRelu, "squared_relu_backward");
 }
+void quick_gelu_forward(Tensor& out, const Tensor& x) {
+  unary(out, x, Activation::kQuickGelu, "quick_gelu_forward");
+}
+void quick_gelu_backward(Tensor& dx, const Tensor& dout, const Tensor& x) {
+  unary_backward(dx, dout, x, Activation::kQuickGelu, "quick_gelu_backward");
+}
 
 void swiglu_forward(Tensor& out, const Tensor& x) {
   const int64_t f = x.dim(-1) / 2;

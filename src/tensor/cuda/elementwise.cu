@@ -115,6 +115,8 @@ __device__ inline T activation_value(T v, Activation act) {
       const T r = v > T(0) ? v : T(0);
       return r * r;
     }
+    case Activation::kQuickGelu:
+      return v / (T(1) + exp(T(-1.702) * v));
   }
   return v;
 }
@@ -137,6 +139,10 @@ __device__ inline T activation_slope(T v, Activation act) {
       return T(1) - v * v;
     case Activation::kSquaredRelu:
       return v > T(0) ? T(2) * v : T(0);
+    case Activation::kQuickGelu: {
+      const T s = T(1) / (T(1) + exp(T(-1.702) * v));
+      return s + T(1.702) * v * s * (T(1) - s);
+    }
   }
   return T(0);
 }

@@ -48,7 +48,7 @@ template <typename T>
 void scale_rows(T* x, const T* scale, int64_t rows, int64_t cols);
 template <typename T>
 void row_dots(T* out, const T* a, const T* b, int64_t rows, int64_t cols);
-enum class Activation { kGelu, kGeluTanh, kTanh, kSquaredRelu };
+enum class Activation { kGelu, kGeluTanh, kTanh, kSquaredRelu, kQuickGelu };
 template <typename T>
 void activation_forward(T* out, const T* x, int64_t n, Activation act);
 // dx = dout * f'(x); for kTanh `x` is the forward's output y.

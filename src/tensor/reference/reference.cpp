@@ -94,6 +94,24 @@ Tensor squared_relu_backward(const Tensor& dout, const Tensor& x) {
   return dx;
 }
 
+Tensor quick_gelu(const Tensor& x) {
+  Tensor y = like(x);
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const double v = P(x)[i];
+    W(y)[i] = v / (1 + std::exp(-1.702 * v));
+  }
+  return y;
+}
+
+Tensor quick_gelu_backward(const Tensor& dout, const Tensor& x) {
+  Tensor dx = like(x);
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const double v = P(x)[i], s = 1 / (1 + std::exp(-1.702 * v));
+    W(dx)[i] = P(dout)[i] * (s + 1.702 * v * s * (1 - s));
+  }
+  return dx;
+}
+
 Tensor swiglu(const Tensor& x) {
   int64_t f = x.dim(-1) / 2, n = rows(x);
   Tensor y = Tensor::zeros({n, f}, DType::kF64);

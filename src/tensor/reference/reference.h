@@ -19,6 +19,8 @@ Tensor tanh(const Tensor& x);
 Tensor tanh_backward(const Tensor& dout, const Tensor& y);  // from the output y
 Tensor squared_relu(const Tensor& x);
 Tensor squared_relu_backward(const Tensor& dout, const Tensor& x);
+Tensor quick_gelu(const Tensor& x);
+Tensor quick_gelu_backward(const Tensor& dout, const Tensor& x);
 Tensor swiglu(const Tensor& x);
 Tensor swiglu_backward(const Tensor& dout, const Tensor& x);
 

@@ -194,6 +194,16 @@ void squared_relu_backward(Tensor& dx, const Tensor& dout, const Tensor& x) {
   write(dx, ref::squared_relu_backward(dout, x), "squared_relu_backward");
 }
 
+void quick_gelu_forward(Tensor& out, const Tensor& x) {
+  f64("quick_gelu_forward", {&out, &x});
+  write(out, ref::quick_gelu(x), "quick_gelu_forward");
+}
+
+void quick_gelu_backward(Tensor& dx, const Tensor& dout, const Tensor& x) {
+  f64("quick_gelu_backward", {&dx, &dout, &x});
+  write(dx, ref::quick_gelu_backward(dout, x), "quick_gelu_backward");
+}
+
 void swiglu_forward(Tensor& out, const Tensor& x) {
   f64("swiglu_forward", {&out, &x});
   write(out, ref::swiglu(x), "swiglu_forward");
