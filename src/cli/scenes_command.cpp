@@ -62,6 +62,13 @@ int scenes_command(int argc, char** argv) {
     out.text = image::scene_caption(s);
     return out;
   };
+  {
+    // A WordPiece vocabulary of the captions' words (--tokenizer-type BertWordPieceLowerCase
+    // --vocab-file DIR/vocab.txt): a language model of 25 tokens instead of GPT-2's 50257.
+    std::ofstream vocab(dir / "vocab.txt");
+    for (const std::string& w : image::scene_vocabulary()) vocab << w << "\n";
+    MEGATRON_CHECK(vocab.good(), "--output-dir ", output_dir, ": cannot write vocab.txt");
+  }
   if (format == "jsonl") {
     const std::filesystem::path manifest = dir / "scenes.jsonl";
     std::ofstream out(manifest);

@@ -143,6 +143,32 @@ void register_model_args(ArgTable& t, Arguments& a) {
          "always runs them so, with or without the flag");
   t.flag("--moe-per-layer-logging", a.moe_per_layer_logging,
          "Each MoE layer's load-balancing and z-losses to TensorBoard");
+  t.add("--vision-model-type", a.vision_model_type,
+        "Vision encoder of --model llava: clip (CLIP ViT: LayerNorm, quick GELU, biases)");
+  t.add("--vision-hidden-size", a.vision_hidden_size,
+        "Hidden size of the vision encoder (default: --hidden-size, as pretrain_vlm copies the "
+        "language model's config)");
+  t.add("--vision-num-attention-heads", a.vision_num_attention_heads,
+        "Attention heads of the vision encoder (default: --num-attention-heads)");
+  t.add("--vision-ffn-hidden-size", a.vision_ffn_hidden_size,
+        "MLP width of the vision encoder (default: 4 x its hidden size)");
+  t.add("--img-h", a.img_h, "Image height the vision encoder takes (images are resized to it)");
+  t.add("--img-w", a.img_w, "Image width the vision encoder takes");
+  t.add("--patch-dim", a.patch_dim, "Side of the vision encoder's square patches");
+  t.flag("--disable-vision-class-token", a.disable_vision_class_token,
+         "Drop the ViT's class token: each image becomes its patches' embeddings only");
+  t.add("--vision-projection-type", a.vision_projection_type,
+        "Projector from the vision encoder to the language model: mlp (two layers, GELU) or "
+        "affine (one)");
+  t.add("--vision-projection-ffn-hidden-size", a.vision_projection_ffn_hidden_size,
+        "Width of the mlp projector (default: --hidden-size, Hugging Face LLaVA's)");
+  t.add("--dataloader-seq-length", a.dataloader_seq_length,
+        "Text tokens per image-text sample (default --seq-length); the language model's "
+        "sequence is these plus each image's embeddings");
+  t.flag("--freeze-LM", a.freeze_lm,
+         "Train no language-model weight (no gradient buffers or optimizer state for them)");
+  t.flag("--freeze-ViT", a.freeze_vit,
+         "Train no vision-encoder weight (no gradient buffers or optimizer state for them)");
   t.concern("training");
   t.add("--hidden-dropout", a.hidden_dropout, "Dropout after attention/MLP and on embeddings");
   t.add("--attention-dropout", a.attention_dropout, "Dropout on attention probabilities");
@@ -1073,10 +1099,72 @@ void merge_pretrained_config(Arguments& a, const ArgTable& t) {
   }
   set("--transformer-block-type", a.transformer_block_type,
       std::string(c.post_layernorm ? "post_ln" : "pre_ln"));
+  if (c.vision.enabled()) {  // a LlavaForConditionalGeneration directory
+    const VisionConfig& v = c.vision;
+    set("--vision-model-type", a.vision_model_type, v.model_type);
+    set("--encoder-num-layers", a.vision_num_layers, v.num_layers);
+    set("--vision-hidden-size", a.vision_hidden_size, v.hidden_size);
+    set("--vision-num-attention-heads", a.vision_num_attention_heads, v.num_attention_heads);
+    set("--vision-ffn-hidden-size", a.vision_ffn_hidden_size, v.ffn_hidden_size);
+    set("--img-h", a.img_h, v.img_h);
+    set("--img-w", a.img_w, v.img_w);
+    set("--patch-dim", a.patch_dim, v.patch_dim);
+    set("--disable-vision-class-token", a.disable_vision_class_token, !v.class_token);
+    set("--vision-projection-type", a.vision_projection_type, v.projection_type);
+    set("--vision-projection-ffn-hidden-size", a.vision_projection_ffn_hidden_size,
+        v.projection_ffn_hidden_size);
+    return;  // the language model's length comes from --dataloader-seq-length and the images
+  }
   if (!t.given("--seq-length")) a.seq_length = c.max_position_embeddings;
 }
 
+namespace {
+
+// Megatron's pretrain_vlm.py: the vision encoder has --encoder-num-layers layers (--num-layers
+// sets both), the language model --decoder-num-layers (default --num-layers); the language
+// model's sequence is --dataloader-seq-length text tokens plus one image's embeddings (the image
+// token's own place given back), padded to a multiple of the TP size under sequence parallelism.
+void resolve_llava(Arguments& a, const ArgTable& t) {
+  // From a pretrained LLaVA directory, or the flags.
+  const int64_t vision = a.vision_num_layers > 0            ? a.vision_num_layers
+                         : t.given("--encoder-num-layers") ? a.encoder_num_layers
+                                                           : a.num_layers;
+  const int64_t lm = a.decoder_num_layers > 0 ? a.decoder_num_layers : a.num_layers;
+  MEGATRON_CHECK(vision > 0,
+                 "--model llava needs the vision encoder's layers: --encoder-num-layers (or "
+                 "--num-layers, which sets the encoder's and the decoder's)");
+  MEGATRON_CHECK(lm > 0,
+                 "--model llava needs the language model's layers: --decoder-num-layers (or "
+                 "--num-layers)");
+  MEGATRON_CHECK(!t.given("--decoder-seq-length") && !t.given("--encoder-seq-length"),
+                 "--encoder-seq-length and --decoder-seq-length are derived for --model llava "
+                 "(the image size and --dataloader-seq-length fix them): drop them");
+  MEGATRON_CHECK(a.patch_dim > 0 && a.img_h > 0 && a.img_w > 0,
+                 "--patch-dim, --img-h and --img-w must be positive");
+  MEGATRON_CHECK(a.img_h % a.patch_dim == 0 && a.img_w % a.patch_dim == 0, "--img-h (", a.img_h,
+                 ") and --img-w (", a.img_w, ") must be multiples of --patch-dim (", a.patch_dim,
+                 ")");
+  a.vision_num_layers = a.encoder_num_layers = vision;
+  a.num_layers = lm;
+  if (a.dataloader_seq_length == 0) a.dataloader_seq_length = a.seq_length;
+  MEGATRON_CHECK(a.dataloader_seq_length > 0,
+                 "--model llava needs the text length: --dataloader-seq-length (or --seq-length)");
+  const int64_t images = (a.img_h / a.patch_dim) * (a.img_w / a.patch_dim) +
+                         (a.disable_vision_class_token ? 0 : 1);
+  int64_t seq = a.dataloader_seq_length + images;
+  const int64_t tp = a.tensor_model_parallel_size;
+  if (a.sequence_parallel && tp > 1) seq = (seq + tp - 1) / tp * tp;
+  a.seq_length = a.encoder_seq_length = seq;
+  a.max_position_embeddings = std::max(a.max_position_embeddings, seq);
+}
+
+}  // namespace
+
 void resolve_encoder_decoder(Arguments& a, const ArgTable& t, bool training) {
+  if (a.model == "llava") {
+    resolve_llava(a, t);
+    return;
+  }
   if (t.given("--encoder-num-layers")) {
     MEGATRON_CHECK(!t.given("--num-layers") || a.num_layers == a.encoder_num_layers,
                    "--num-layers (", a.num_layers, ") and --encoder-num-layers (",

@@ -28,6 +28,11 @@ struct DataConfig {
   double short_seq_prob = 0.1;        // --short-seq-prob (BERT)
   bool bert_binary_head = true;       // not --bert-no-binary-head
   int64_t decoder_seq_length = 0;     // --decoder-seq-length (T5)
+  // Vision-language models (--model llava): the image size the CLIP transform resizes to, the
+  // text tokens per sample (--dataloader-seq-length + 1, the image token included) and the
+  // embeddings each image becomes in the language model's sequence of language_seq_length.
+  int64_t img_h = 0, img_w = 0, text_seq_length = 0, image_embeddings = 0;
+  int64_t language_seq_length = 0;
   // Finetuning (`megatron finetune`): --task, --train-data, --valid-data, and the samples of one
   // evaluation iteration (the global batch), to which validation data is padded.
   std::string task;

@@ -28,21 +28,29 @@ Image to_rgb(const Image& in) {
   return out;
 }
 
-Tensor clip_pixels(const Image& in, int64_t img_h, int64_t img_w, const std::array<float, 3>& mean,
-                   const std::array<float, 3>& std) {
+Image clip_resize(const Image& in, int64_t img_h, int64_t img_w) {
   MEGATRON_CHECK(img_h > 0 && img_w > 0, "--img-h and --img-w must be positive, got ", img_h,
                  " and ", img_w);
-  const Image rgb = to_rgb(resize_bicubic(in, img_w, img_h));
-  Tensor out = Tensor::empty({3, img_h, img_w}, DType::kF32);
-  float* o = out.data<float>();
+  return to_rgb(resize_bicubic(in, img_w, img_h));
+}
+
+void clip_normalize(const uint8_t* rgb, int64_t img_h, int64_t img_w, float* out,
+                    const std::array<float, 3>& mean, const std::array<float, 3>& std) {
   const int64_t plane = img_h * img_w;
   for (int ch = 0; ch < 3; ++ch) {
     for (int64_t i = 0; i < plane; ++i) {
       // float32 throughout, in torchvision's order: v / 255, then (x - mean) / std.
-      const float x = static_cast<float>(rgb.pixels[static_cast<size_t>(i * 3 + ch)]) / 255.0f;
-      o[ch * plane + i] = (x - mean[static_cast<size_t>(ch)]) / std[static_cast<size_t>(ch)];
+      const float x = static_cast<float>(rgb[i * 3 + ch]) / 255.0f;
+      out[ch * plane + i] = (x - mean[static_cast<size_t>(ch)]) / std[static_cast<size_t>(ch)];
     }
   }
+}
+
+Tensor clip_pixels(const Image& in, int64_t img_h, int64_t img_w, const std::array<float, 3>& mean,
+                   const std::array<float, 3>& std) {
+  const Image rgb = clip_resize(in, img_h, img_w);
+  Tensor out = Tensor::empty({3, img_h, img_w}, DType::kF32);
+  clip_normalize(rgb.pixels.data(), img_h, img_w, out.data<float>(), mean, std);
   return out;
 }
 

@@ -20,6 +20,13 @@ inline constexpr std::array<float, 3> kClipStd = {0.26862954f, 0.26130258f, 0.27
 // `in` converted to RGB as Pillow's convert("RGB") does: gray replicated, alpha dropped.
 Image to_rgb(const Image& in);
 
+// The transform's two halves: the resized RGB image (8-bit, what a dataset can keep), and its
+// normalisation into out[3, h, w] (channel planes) from interleaved RGB rgb[h w 3].
+Image clip_resize(const Image& in, int64_t img_h, int64_t img_w);
+void clip_normalize(const uint8_t* rgb, int64_t img_h, int64_t img_w, float* out,
+                    const std::array<float, 3>& mean = kClipMean,
+                    const std::array<float, 3>& std = kClipStd);
+
 // The transform: [3, img_h, img_w] f32.
 Tensor clip_pixels(const Image& in, int64_t img_h, int64_t img_w,
                    const std::array<float, 3>& mean = kClipMean,

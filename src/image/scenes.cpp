@@ -48,6 +48,16 @@ std::string scene_caption(const Scene& s) {
          (place == "center" ? " in the center" : " at the " + place);
 }
 
+std::vector<std::string> scene_vocabulary() {
+  std::vector<std::string> words{"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "at", "in",
+                                 "the"};
+  for (const char* w : kSceneSizes) words.emplace_back(w);
+  for (const char* w : kSceneColours) words.emplace_back(w);
+  for (const char* w : kSceneShapes) words.emplace_back(w);
+  for (const char* w : {"top", "bottom", "left", "right", "center"}) words.emplace_back(w);
+  return words;
+}
+
 Image render_scene(const Scene& s, int64_t side) {
   MEGATRON_CHECK(side >= 16, "scenes: --img-size must be at least 16, got ", side);
   Image img;

@@ -10,6 +10,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "image/image.h"
 
@@ -26,6 +27,9 @@ struct Scene {
   float dx = 0, dy = 0;  // jitter of the centre, in fractions of the image side (|d| <= 0.04)
   float shade = 0;       // in [0, 1): darkens the colour and the background a little
 };
+
+// A WordPiece vocabulary of every caption word, BERT's special tokens first.
+std::vector<std::string> scene_vocabulary();
 
 // Scene `index` of `seed`.
 Scene scene_at(uint64_t seed, int64_t index);

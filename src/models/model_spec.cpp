@@ -5,6 +5,7 @@
 #include "models/bert/bert_classification_spec.h"
 #include "models/bert/bert_spec.h"
 #include "models/gpt/gpt_spec.h"
+#include "models/llava/llava_spec.h"
 #include "models/t5/t5_spec.h"
 
 namespace megatron {
@@ -22,7 +23,8 @@ std::vector<ChunkLayers> chunk_layers(int64_t num_layers, const ChunkPlacement& 
 
 const std::vector<const ModelSpec*>& model_specs() {
   static const std::vector<const ModelSpec*> specs{&gpt_spec(), &bert_spec(),
-                                                   &bert_classification_spec(), &t5_spec()};
+                                                   &bert_classification_spec(), &t5_spec(),
+                                                   &llava_spec()};
   return specs;
 }
 

@@ -35,6 +35,16 @@ struct Arguments {
   // other names of --num-layers and --seq-length; the decoder's default to the encoder's layers.
   int64_t encoder_num_layers = 0, decoder_num_layers = 0;
   int64_t encoder_seq_length = 0, decoder_seq_length = 0;
+  // Vision-language models (--model llava, Megatron's pretrain_vlm.py and examples/multimodal).
+  std::string vision_model_type = "clip";  // --vision-model-type
+  int64_t vision_num_layers = 0;           // resolved from --encoder-num-layers / --num-layers
+  int64_t vision_hidden_size = 0, vision_num_attention_heads = 0, vision_ffn_hidden_size = 0;
+  int64_t img_h = 224, img_w = 224, patch_dim = 16;  // --img-h, --img-w, --patch-dim
+  bool disable_vision_class_token = false;
+  std::string vision_projection_type = "mlp";
+  int64_t vision_projection_ffn_hidden_size = 0;
+  int64_t dataloader_seq_length = 0;  // text tokens per sample (0: --seq-length as given)
+  bool freeze_lm = false, freeze_vit = false;  // --freeze-LM, --freeze-ViT
   int64_t relative_attention_num_buckets = 32;  // --position-embedding-type relative
   int64_t relative_attention_max_distance = 128;
   double softmax_scale = 0;  // 0: 1/sqrt(kv_channels); Hugging Face's T5 has 1

@@ -21,7 +21,9 @@ struct VisionConfig {
   bool class_token = true;           // false: --disable-vision-class-token (drop it after the ViT)
   std::string projection_type = "mlp";     // --vision-projection-type: mlp or affine
   int64_t projection_ffn_hidden_size = 0;  // --vision-projection-ffn-hidden-size (0: LM hidden)
-  int64_t text_seq_length = 0;  // --dataloader-seq-length: text tokens per sample, image token in
+  // Text tokens per sample, the image token included: --dataloader-seq-length + 1 (Megatron's
+  // pretrain_vlm prepends the image token to a text of --dataloader-seq-length tokens).
+  int64_t text_seq_length = 0;
 
   bool enabled() const { return !model_type.empty(); }
   int64_t grid_h() const { return img_h / patch_dim; }

@@ -280,7 +280,7 @@ void check_two_stages(const TransformerConfig& cfg, const Batch& batch, const Pa
   for (Model* m : {&whole, &first, &last}) perturb_constant_inits(m->params);
   const Tensor loss = forward_backward(whole, batch, kTraining);
 
-  const GPTInputs in{batch.tokens, batch.labels, Tensor(), Tensor()};
+  const GPTInputs in{batch.tokens, batch.labels, Tensor(), Tensor(), Tensor()};
   GPTModel::Ctx ctx_first, ctx_last;
   const Tensor hidden = first.model.forward_stage(Tensor(), in, ctx_first, kTraining);
   EXPECT_EQ(hidden.shape(), first.model.activation_shape(kB)) << at;

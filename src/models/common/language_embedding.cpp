@@ -68,8 +68,8 @@ void LanguageEmbedding::collect(std::vector<Param*>& out) {
 }
 
 Tensor LanguageEmbedding::forward(const Tensor& tokens, const Tensor& positions,
-                                  const Tensor& token_types, Ctx& ctx,
-                                  const ForwardMode& mode) const {
+                                  const Tensor& token_types, Ctx& ctx, const ForwardMode& mode,
+                                  bool sequence_parallel_split) const {
   MEGATRON_CHECK(tokens.ndim() == 2 && tokens.dtype() == DType::kI64,
                  "LanguageEmbedding: tokens must be [b, s] i64, got ", tokens.str());
   const bool typed = !tokentype_embeddings.name.empty();
@@ -112,13 +112,15 @@ Tensor LanguageEmbedding::forward(const Tensor& tokens, const Tensor& positions,
   if (layernorm) x = layernorm->forward(x, ctx.norm);
   if (ctx.dropout > 0)
     sequence_dropout_forward(x, x, ctx.dropout, ctx.seed, ctx.stream, tp_, false);
-  return tp_.sp() ? scatter_to_sequence_parallel_region_forward(x, *tp_.group) : x;
+  ctx.scattered = tp_.sp() && sequence_parallel_split;
+  return ctx.scattered ? scatter_to_sequence_parallel_region_forward(x, *tp_.group) : x;
 }
 
 void LanguageEmbedding::backward(const Tensor& dy, Ctx& ctx) const {
   const int64_t n = ctx.s * ctx.b, h = cfg_.hidden_size;
   Tensor dx =
-      (tp_.sp() ? scatter_to_sequence_parallel_region_backward(dy, *tp_.group) : dy).view({n, h});
+      (ctx.scattered ? scatter_to_sequence_parallel_region_backward(dy, *tp_.group) : dy)
+          .view({n, h});
   if (ctx.dropout > 0) {
     // Into a fresh tensor: the caller's gradient is not ours to change.
     Tensor masked = Tensor::empty({ctx.s, ctx.b, h}, dx.dtype(), dx.device());

@@ -32,6 +32,7 @@ class LanguageEmbedding {
     Norm::Ctx norm;                      // the post-norm model's embedding norm
     float dropout = 0;
     uint64_t seed = 0, stream = 0;
+    bool scattered = false;  // the output was split over the sequence-parallel group
   };
 
   LanguageEmbedding(const TransformerConfig& cfg, const TensorParallelContext& tp,
@@ -42,8 +43,10 @@ class LanguageEmbedding {
 
   // tokens [b, s] i64; positions [b, s] i64 or undefined (0..s-1); token_types [b, s] i64 (only
   // and always with num_tokentypes > 0). Returns [s', b, h] f32 (f64 in f64 models).
+  // sequence_parallel_split false: [s, b, h] even under sequence parallelism (a vision-language
+  // model splits after splicing the images in).
   Tensor forward(const Tensor& tokens, const Tensor& positions, const Tensor& token_types, Ctx& ctx,
-                 const ForwardMode& mode) const;
+                 const ForwardMode& mode, bool sequence_parallel_split = true) const;
   // dy: gradient of the output. Accumulates every table's main_grad.
   void backward(const Tensor& dy, Ctx& ctx) const;
 

@@ -41,7 +41,7 @@ std::vector<std::string> GPTChunk::batch_fields() const {
 TensorMap GPTChunk::forward(const TensorMap& in, const TensorMap& batch, Ctx& ctx,
                             const ForwardMode& mode) const {
   const GPTInputs inputs{batch.get(kTokens), batch.get(kLabels), batch.get(kPositionIds),
-                         batch.get(kDocStart)};
+                         batch.get(kDocStart), Tensor()};
   Tensor out = model_.forward_stage(in.get(kHidden), inputs, static_cast<GPTCtx&>(ctx).model, mode);
   return TensorMap{{is_last() ? kTokenLoss : kHidden, out}};
 }

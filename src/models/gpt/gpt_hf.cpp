@@ -73,9 +73,12 @@ void read_hf_moe(const json& j, const std::string& model_type, const std::string
 }  // namespace
 
 HfModelInfo read_hf_config(const std::string& dir) {
-  const std::string file = (fs::path(dir) / "config.json").string();
+  return hf_info_from_json(read_hf_config_json(dir), (fs::path(dir) / "config.json").string());
+}
+
+HfModelInfo hf_info_from_json(const nlohmann::json& config, const std::string& file) {
   HfModelInfo info;
-  info.raw = read_hf_config_json(dir);
+  info.raw = config;
   const json& j = info.raw;
   const std::string model_type = get<std::string>(j, "model_type", file);
   info.model_type = model_type;
@@ -182,12 +185,9 @@ HfModelInfo read_hf_config(const std::string& dir) {
   return info;
 }
 
-namespace {
-
 using Mapping = HfTensorMapping;
 
-// Maps every HF tensor to where it lives in our model.
-std::vector<Mapping> build_mappings(const HfModelInfo& info, GPTModel& m) {
+std::vector<Mapping> hf_tensor_mappings(const HfModelInfo& info, GPTModel& m) {
   const TransformerConfig& c = m.config();
   const int64_t h = c.hidden_size, hn = c.head_dim(), ng = c.num_query_groups;
   const int64_t np = c.num_attention_heads;
@@ -285,6 +285,12 @@ std::vector<Mapping> build_mappings(const HfModelInfo& info, GPTModel& m) {
     }
   }
   return maps;
+}
+
+namespace {
+
+std::vector<Mapping> build_mappings(const HfModelInfo& info, GPTModel& m) {
+  return hf_tensor_mappings(info, m);
 }
 
 std::string strip_prefix(const std::string& name) {

@@ -33,6 +33,12 @@ struct HfModelInfo {
 
 // Reads dir/config.json. Errors name the file, the key and the fix.
 HfModelInfo read_hf_config(const std::string& dir);
+// The same from a parsed config (a LLaVA config's text_config); `file` names it in errors.
+HfModelInfo hf_info_from_json(const nlohmann::json& config, const std::string& file);
+
+// Every HF tensor of a whole model (names without GPT-2's optional "transformer." prefix) and
+// where it lives in `model`.
+std::vector<HfTensorMapping> hf_tensor_mappings(const HfModelInfo& info, GPTModel& model);
 
 // Loads the weights of dir into the model's fp32 main weights (padding rows zero) and refreshes
 // the compute copy. Every expected tensor must be present with the expected shape; unexpected

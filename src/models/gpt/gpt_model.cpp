@@ -82,7 +82,12 @@ Shape GPTModel::activation_shape(int64_t micro_batch_size) const {
 Tensor GPTModel::forward_stage(const Tensor& hidden_in, const GPTInputs& in, Ctx& ctx,
                                const ForwardMode& mode) const {
   Tensor x;
-  if (stage_.pre_process) {
+  ctx.decoder_input = in.decoder_input.defined();
+  if (ctx.decoder_input) {
+    MEGATRON_CHECK(in.decoder_input.ndim() == 3,
+                   "GPTModel: the decoder input must be [s, b, h], got ", in.decoder_input.str());
+    x = in.decoder_input;
+  } else if (stage_.pre_process) {
     MEGATRON_CHECK(in.tokens.defined() && in.tokens.ndim() == 2,
                    "GPTModel: the first stage needs [b, s] tokens");
     const std::vector<const Param*> ps =
@@ -167,7 +172,7 @@ Tensor GPTModel::backward_stage(const Tensor& d, Ctx& ctx, const ParamsDone& don
     }
   }
   Tensor dx = decoder->backward(dh, ctx.decoder, done);
-  if (stage_.pre_process) {
+  if (stage_.pre_process && !ctx.decoder_input) {
     done.begin(named({&embedding->word_embeddings, &embedding->position_embeddings}));
     embedding->backward(dx, ctx.embedding);
     report(done, {&embedding->word_embeddings, &embedding->position_embeddings});
@@ -180,7 +185,7 @@ Tensor GPTModel::backward_stage(const Tensor& d, Ctx& ctx, const ParamsDone& don
 Tensor GPTModel::forward(const Tensor& tokens, const Tensor& labels, const Tensor& positions,
                          Ctx& ctx, const ForwardMode& mode, const Tensor& doc_start) const {
   MEGATRON_ASSERT(stage_.pre_process && stage_.post_process, "forward() runs the whole model");
-  return forward_stage(Tensor(), GPTInputs{tokens, labels, positions, doc_start}, ctx, mode);
+  return forward_stage(Tensor(), GPTInputs{tokens, labels, positions, doc_start, Tensor()}, ctx, mode);
 }
 
 void GPTModel::backward(const Tensor& dloss, Ctx& ctx) const {

@@ -50,6 +50,10 @@ struct GPTInputs {
   Tensor labels;     // [b, s] i64
   Tensor positions;  // [b, s] i64, or undefined: 0..s-1
   Tensor doc_start;  // [b, s] i32, or undefined: one document per sequence
+  // The first stage's decoder input [s', b, h] made by the caller instead of the embedding
+  // (Megatron's decoder_input: a vision-language model's spliced text and image embeddings);
+  // backward_stage then returns its gradient and leaves the embedding to the caller.
+  Tensor decoder_input;
 };
 
 class GPTModel {
@@ -58,6 +62,7 @@ class GPTModel {
     LanguageEmbedding::Ctx embedding;
     TransformerBlock::Ctx decoder;
     LMHead::Ctx head;  // head.logits: [s * b, Vp/tp] f32 after a forward
+    bool decoder_input = false;  // the first stage's input came from the caller
   };
 
   explicit GPTModel(const TransformerConfig& cfg, GPTStage stage = {});
