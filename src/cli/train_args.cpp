@@ -1126,7 +1126,7 @@ namespace {
 // token's own place given back), padded to a multiple of the TP size under sequence parallelism.
 void resolve_llava(Arguments& a, const ArgTable& t) {
   // From a pretrained LLaVA directory, or the flags.
-  const int64_t vision = a.vision_num_layers > 0            ? a.vision_num_layers
+  const int64_t vision = a.vision_num_layers > 0           ? a.vision_num_layers
                          : t.given("--encoder-num-layers") ? a.encoder_num_layers
                                                            : a.num_layers;
   const int64_t lm = a.decoder_num_layers > 0 ? a.decoder_num_layers : a.num_layers;
@@ -1149,8 +1149,8 @@ void resolve_llava(Arguments& a, const ArgTable& t) {
   if (a.dataloader_seq_length == 0) a.dataloader_seq_length = a.seq_length;
   MEGATRON_CHECK(a.dataloader_seq_length > 0,
                  "--model llava needs the text length: --dataloader-seq-length (or --seq-length)");
-  const int64_t images = (a.img_h / a.patch_dim) * (a.img_w / a.patch_dim) +
-                         (a.disable_vision_class_token ? 0 : 1);
+  const int64_t images =
+      (a.img_h / a.patch_dim) * (a.img_w / a.patch_dim) + (a.disable_vision_class_token ? 0 : 1);
   int64_t seq = a.dataloader_seq_length + images;
   const int64_t tp = a.tensor_model_parallel_size;
   if (a.sequence_parallel && tp > 1) seq = (seq + tp - 1) / tp * tp;

@@ -49,8 +49,8 @@ std::string scene_caption(const Scene& s) {
 }
 
 std::vector<std::string> scene_vocabulary() {
-  std::vector<std::string> words{"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "at", "in",
-                                 "the"};
+  std::vector<std::string> words{"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]",
+                                 "a",     "at",    "in",    "the"};
   for (const char* w : kSceneSizes) words.emplace_back(w);
   for (const char* w : kSceneColours) words.emplace_back(w);
   for (const char* w : kSceneShapes) words.emplace_back(w);

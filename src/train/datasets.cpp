@@ -33,8 +33,8 @@ DataConfig data_config(const Arguments& a) {
     d.img_h = a.img_h;
     d.img_w = a.img_w;
     d.text_seq_length = a.dataloader_seq_length + 1;  // and the image token (pretrain_vlm)
-    d.image_embeddings = (a.img_h / a.patch_dim) * (a.img_w / a.patch_dim) +
-                         (a.disable_vision_class_token ? 0 : 1);
+    d.image_embeddings =
+        (a.img_h / a.patch_dim) * (a.img_w / a.patch_dim) + (a.disable_vision_class_token ? 0 : 1);
     d.language_seq_length = a.seq_length;
   }
   d.task = a.task;

@@ -118,9 +118,8 @@ Tensor LanguageEmbedding::forward(const Tensor& tokens, const Tensor& positions,
 
 void LanguageEmbedding::backward(const Tensor& dy, Ctx& ctx) const {
   const int64_t n = ctx.s * ctx.b, h = cfg_.hidden_size;
-  Tensor dx =
-      (ctx.scattered ? scatter_to_sequence_parallel_region_backward(dy, *tp_.group) : dy)
-          .view({n, h});
+  Tensor dx = (ctx.scattered ? scatter_to_sequence_parallel_region_backward(dy, *tp_.group) : dy)
+                  .view({n, h});
   if (ctx.dropout > 0) {
     // Into a fresh tensor: the caller's gradient is not ours to change.
     Tensor masked = Tensor::empty({ctx.s, ctx.b, h}, dx.dtype(), dx.device());

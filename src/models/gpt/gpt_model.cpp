@@ -185,7 +185,8 @@ Tensor GPTModel::backward_stage(const Tensor& d, Ctx& ctx, const ParamsDone& don
 Tensor GPTModel::forward(const Tensor& tokens, const Tensor& labels, const Tensor& positions,
                          Ctx& ctx, const ForwardMode& mode, const Tensor& doc_start) const {
   MEGATRON_ASSERT(stage_.pre_process && stage_.post_process, "forward() runs the whole model");
-  return forward_stage(Tensor(), GPTInputs{tokens, labels, positions, doc_start, Tensor()}, ctx, mode);
+  return forward_stage(Tensor(), GPTInputs{tokens, labels, positions, doc_start, Tensor()}, ctx,
+                       mode);
 }
 
 void GPTModel::backward(const Tensor& dloss, Ctx& ctx) const {

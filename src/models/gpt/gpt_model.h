@@ -61,7 +61,7 @@ class GPTModel {
   struct Ctx {
     LanguageEmbedding::Ctx embedding;
     TransformerBlock::Ctx decoder;
-    LMHead::Ctx head;  // head.logits: [s * b, Vp/tp] f32 after a forward
+    LMHead::Ctx head;            // head.logits: [s * b, Vp/tp] f32 after a forward
     bool decoder_input = false;  // the first stage's input came from the caller
   };
 

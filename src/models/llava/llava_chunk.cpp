@@ -19,14 +19,14 @@ std::unique_ptr<ModelChunk::Ctx> LlavaChunk::new_ctx() const {
 
 std::vector<TensorSpec> LlavaChunk::recv_specs(int64_t micro_batch_size) const {
   if (model_.stage().pre_process) return {};
-  return {TensorSpec{kHidden, model_.language_model.activation_shape(micro_batch_size),
-                     DType::kF32}};
+  return {
+      TensorSpec{kHidden, model_.language_model.activation_shape(micro_batch_size), DType::kF32}};
 }
 
 std::vector<TensorSpec> LlavaChunk::send_specs(int64_t micro_batch_size) const {
   if (model_.stage().post_process) return {};
-  return {TensorSpec{kHidden, model_.language_model.activation_shape(micro_batch_size),
-                     DType::kF32}};
+  return {
+      TensorSpec{kHidden, model_.language_model.activation_shape(micro_batch_size), DType::kF32}};
 }
 
 std::vector<std::string> LlavaChunk::batch_fields() const {

@@ -31,9 +31,7 @@ class LlavaChunk final : public ModelChunk {
                     const ForwardMode& mode) const override;
   TensorMap backward(const TensorMap& dout, Ctx& ctx, const ParamsDone& done) const override;
   std::vector<Param*> parameters() override { return model_.parameters(); }
-  std::vector<Param*> extra_state() override {
-    return model_.language_model.decoder->fp8_state();
-  }
+  std::vector<Param*> extra_state() override { return model_.language_model.decoder->fp8_state(); }
 
   LlavaModel& model() { return model_; }
   const LlavaModel& model() const { return model_; }

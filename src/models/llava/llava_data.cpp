@@ -116,7 +116,8 @@ ImageTextDataset::ImageTextDataset(std::vector<image::ImageTextSample> samples,
       img_w_(config.img_w),
       count_(count) {
   MEGATRON_CHECK(!samples_.empty(), "image-text data: a split has no samples");
-  MEGATRON_CHECK(text_ > 0 && img_h_ > 0 && img_w_ > 0, "image-text data needs positive "
+  MEGATRON_CHECK(text_ > 0 && img_h_ > 0 && img_w_ > 0,
+                 "image-text data needs positive "
                  "--dataloader-seq-length (or --seq-length), --img-h and --img-w");
   texts_.reserve(samples_.size());
   for (const auto& s : samples_) texts_.push_back(llava_text(s, tokenizer, text_));
@@ -167,12 +168,12 @@ Datasets llava_datasets(const DataConfig& config, const Tokenizer& tokenizer,
   std::array<std::unique_ptr<SampleSource>*, 3> slots{&out.train, &out.valid, &out.test};
   for (size_t s = 0; s < 3; ++s) {
     if (log) {
-      log_line(std::string(" > image-text ") + names[s] + " split: " +
-               std::to_string(splits[s].size()) + " samples");
+      log_line(std::string(" > image-text ") + names[s] +
+               " split: " + std::to_string(splits[s].size()) + " samples");
     }
     if (splits[s].empty() || need[s] <= 0) continue;
-    *slots[s] = std::make_unique<ImageTextDataset>(std::move(splits[s]), tokenizer, config,
-                                                   need[s], static_cast<uint64_t>(config.seed) + s);
+    *slots[s] = std::make_unique<ImageTextDataset>(std::move(splits[s]), tokenizer, config, need[s],
+                                                   static_cast<uint64_t>(config.seed) + s);
   }
   MEGATRON_CHECK(out.train != nullptr || counts.train <= 0,
                  "image-text data: the train split is empty (check --split and --data-path)");
@@ -220,8 +221,11 @@ BatchFn llava_batch_maker(const DataConfig& config, const Tokenizer& /*tokenizer
       labels.data<int64_t>()[k] = label < 0 ? 0 : label;
       loss_mask.data<float>()[k] = layout.loss_mask[static_cast<size_t>(k)];
     }
-    return TensorMap{{kTokens, tokens},  {kPositionIds, positions}, {kImages, images},
-                     {kLabels, labels},  {kLossMask, loss_mask}};
+    return TensorMap{{kTokens, tokens},
+                     {kPositionIds, positions},
+                     {kImages, images},
+                     {kLabels, labels},
+                     {kLossMask, loss_mask}};
   };
 }
 

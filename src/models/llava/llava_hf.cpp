@@ -27,11 +27,10 @@ void fill(json& j, const json& defaults) {
   for (const auto& [k, v] : defaults.items())
     if (!j.contains(k) || j[k].is_null()) j[k] = v;
 }
-const json kLlamaDefaults = {{"model_type", "llama"},        {"vocab_size", 32000},
-                             {"hidden_size", 4096},          {"intermediate_size", 11008},
-                             {"num_hidden_layers", 32},      {"num_attention_heads", 32},
-                             {"max_position_embeddings", 2048}, {"rms_norm_eps", 1e-6},
-                             {"tie_word_embeddings", false}};
+const json kLlamaDefaults = {
+    {"model_type", "llama"},           {"vocab_size", 32000},     {"hidden_size", 4096},
+    {"intermediate_size", 11008},      {"num_hidden_layers", 32}, {"num_attention_heads", 32},
+    {"max_position_embeddings", 2048}, {"rms_norm_eps", 1e-6},    {"tie_word_embeddings", false}};
 const json kClipDefaults = {{"model_type", "clip_vision_model"},
                             {"hidden_size", 768},
                             {"intermediate_size", 3072},
@@ -100,7 +99,8 @@ std::vector<HfTensorMapping> mappings(LlavaModel& m) {
     norm(x + "layer_norm2", L.pre_mlp_layernorm, h);
   }
   VisionProjection& proj = *m.vision_projection;
-  MEGATRON_CHECK(!proj.affine(), "Hugging Face LLaVA's projector is the mlp one "
+  MEGATRON_CHECK(!proj.affine(),
+                 "Hugging Face LLaVA's projector is the mlp one "
                  "(--vision-projection-type mlp)");
   const int64_t pf = proj.linear_fc1.out_features();
   add(std::string(kProjector) + "linear_1.weight", proj.linear_fc1.weight(), {pf, h});
@@ -127,8 +127,9 @@ LlavaHfInfo read_llava_hf_config(const std::string& dir) {
   info.raw = read_hf_config_json(dir);
   json j = info.raw;
   fill(j, kLlavaDefaults);
-  MEGATRON_CHECK(hf_get_or<std::string>(j, "model_type", "", file) == "llava", file,
-                 ": model_type must be \"llava\" (LlavaForConditionalGeneration) for --model llava");
+  MEGATRON_CHECK(
+      hf_get_or<std::string>(j, "model_type", "", file) == "llava", file,
+      ": model_type must be \"llava\" (LlavaForConditionalGeneration) for --model llava");
   json text = j.value("text_config", json::object());
   fill(text, kLlamaDefaults);
   if (!text.contains("torch_dtype") && !text.contains("dtype")) {
@@ -153,9 +154,9 @@ LlavaHfInfo read_llava_hf_config(const std::string& dir) {
   info.vision_layers_in_file = hf_get<int64_t>(vision, "num_hidden_layers", vfile);
   const int64_t feature = j["vision_feature_layer"].get<int64_t>();
   const int64_t used = feature < 0 ? info.vision_layers_in_file + 1 + feature : feature;
-  MEGATRON_CHECK(used >= 1 && used <= info.vision_layers_in_file, file,
-                 ": vision_feature_layer ", feature, " selects no layer of the ",
-                 info.vision_layers_in_file, "-layer vision tower");
+  MEGATRON_CHECK(used >= 1 && used <= info.vision_layers_in_file, file, ": vision_feature_layer ",
+                 feature, " selects no layer of the ", info.vision_layers_in_file,
+                 "-layer vision tower");
   const std::string strategy = hf_get<std::string>(j, "vision_feature_select_strategy", file);
   MEGATRON_CHECK(strategy == "default" || strategy == "full", file,
                  ": vision_feature_select_strategy '", strategy, "' (default or full)");
@@ -182,12 +183,12 @@ LlavaHfInfo read_llava_hf_config(const std::string& dir) {
 }
 
 void check_llava_exportable(const TransformerConfig& c) {
-  MEGATRON_CHECK(c.vision.projection_type == "mlp" &&
-                     (c.vision.projection_ffn_hidden_size == 0 ||
-                      c.vision.projection_ffn_hidden_size == c.hidden_size),
-                 "Hugging Face LLaVA's projector is linear_1 (to the text hidden size), GELU, "
-                 "linear_2: export needs --vision-projection-type mlp with "
-                 "--vision-projection-ffn-hidden-size equal to --hidden-size");
+  MEGATRON_CHECK(
+      c.vision.projection_type == "mlp" && (c.vision.projection_ffn_hidden_size == 0 ||
+                                            c.vision.projection_ffn_hidden_size == c.hidden_size),
+      "Hugging Face LLaVA's projector is linear_1 (to the text hidden size), GELU, "
+      "linear_2: export needs --vision-projection-type mlp with "
+      "--vision-projection-ffn-hidden-size equal to --hidden-size");
   MEGATRON_CHECK(infer_hf_arch(c) == HfArch::kLlama,
                  "Hugging Face LLaVA's text model is Llama-style: export needs "
                  "--position-embedding-type rope, --normalization RMSNorm, --swiglu, "

@@ -34,7 +34,7 @@ namespace megatron {
 struct LlavaHfInfo {
   TransformerConfig config;  // the language model's with its `vision` part
   DType dtype = DType::kF32;
-  nlohmann::json raw;                  // config.json as read (or as it will be written)
+  nlohmann::json raw;                 // config.json as read (or as it will be written)
   int64_t vision_layers_in_file = 0;  // vision_config.num_hidden_layers
 };
 

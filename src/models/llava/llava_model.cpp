@@ -50,7 +50,8 @@ LlavaModel::LlavaModel(const TransformerConfig& cfg, GPTStage stage)
     : language_model(cfg, std::move(stage)) {
   MEGATRON_CHECK(cfg.vision.enabled(), "a LLaVA model needs --vision-model-type");
   const GPTStage& st = language_model.stage();
-  MEGATRON_CHECK(!st.cp.enabled(), "LLaVA: --context-parallel-size > 1 is not supported (the "
+  MEGATRON_CHECK(!st.cp.enabled(),
+                 "LLaVA: --context-parallel-size > 1 is not supported (the "
                  "combined text and image sequence would need Megatron's packed-sequence padding)");
   if (st.pre_process) {
     const TensorParallelContext tp{st.tp.get(), false, {}, {}, nullptr};
@@ -99,8 +100,8 @@ Tensor LlavaModel::decoder_input(const LlavaInputs& in, Ctx& ctx, const ForwardM
   if (!cfg.vision.class_token) vit = vit.slice0(1, vit.dim(0));
   const Tensor image_emb = vision_projection->forward(vit, ctx.projection, mode);
 
-  Tensor table = Tensor::zeros({ctx.text_rows + ctx.image_rows + 1, h}, text_emb.dtype(),
-                               text_emb.device());
+  Tensor table =
+      Tensor::zeros({ctx.text_rows + ctx.image_rows + 1, h}, text_emb.dtype(), text_emb.device());
   table.slice0(0, ctx.text_rows).copy_from(text_emb.view({ctx.text_rows, h}));
   table.slice0(ctx.text_rows, ctx.text_rows + ctx.image_rows)
       .copy_from(image_emb.view({ctx.image_rows, h}));

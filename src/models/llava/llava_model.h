@@ -71,7 +71,7 @@ class LlavaModel {
   const GPTStage& stage() const { return language_model.stage(); }
 
   GPTModel language_model;
-  std::unique_ptr<ClipVisionModel> vision_model;   // first stage
+  std::unique_ptr<ClipVisionModel> vision_model;        // first stage
   std::unique_ptr<VisionProjection> vision_projection;  // first stage
 
  private:

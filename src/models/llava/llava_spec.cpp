@@ -52,12 +52,12 @@ double flops_per_iteration(const TransformerConfig& cfg, int64_t global_batch_si
   const auto b = static_cast<double>(global_batch_size);
   const double patches = static_cast<double>(vc.num_patches());
   const double hv = static_cast<double>(v.hidden_size), h = static_cast<double>(cfg.hidden_size);
-  const double stem = 6.0 * b * patches * 3.0 * static_cast<double>(vc.patch_dim * vc.patch_dim) * hv;
+  const double stem =
+      6.0 * b * patches * 3.0 * static_cast<double>(vc.patch_dim * vc.patch_dim) * hv;
   const double ffn = static_cast<double>(
       vc.projection_ffn_hidden_size > 0 ? vc.projection_ffn_hidden_size : cfg.hidden_size);
   const double per_token = vc.projection_type == "affine" ? hv * h : hv * ffn + ffn * h;
-  const double projector =
-      6.0 * b * static_cast<double>(vc.num_image_embeddings()) * per_token;
+  const double projector = 6.0 * b * static_cast<double>(vc.num_image_embeddings()) * per_token;
   return lm + vit + stem + projector;
 }
 
@@ -75,12 +75,12 @@ int64_t activation_bytes(const ModelChunk& chunk, const TransformerConfig& cfg, 
                            .post_process = st.post_process,
                            .cp = st.cp.size()});
   if (m.vision_model) {  // one image per sample; its layers as a block without heads
-    bytes += activation_bytes_per_microbatch(
-        m.vision_model->config(), ActivationShape{.micro_batch_size = mbs,
-                                                  .tp = tp,
-                                                  .num_layers = cfg.vision.num_layers,
-                                                  .pre_process = false,
-                                                  .post_process = false});
+    bytes += activation_bytes_per_microbatch(m.vision_model->config(),
+                                             ActivationShape{.micro_batch_size = mbs,
+                                                             .tp = tp,
+                                                             .num_layers = cfg.vision.num_layers,
+                                                             .pre_process = false,
+                                                             .post_process = false});
   }
   return bytes;
 }
