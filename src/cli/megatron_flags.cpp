@@ -82,6 +82,20 @@ const std::vector<OwnFlag>& own_train_flags() {
       {"--transformer-block-type",
        "pre_ln or post_ln (NeMo's name): post-LN is the original BERT's layout, which Megatron "
        "core no longer builds"},
+      {"--freeze-LM", "pretrain_vlm.py's flag (its extra arguments, not arguments.py)"},
+      {"--freeze-ViT", "pretrain_vlm.py's flag (its extra arguments, not arguments.py)"},
+      {"--disable-vision-class-token", "pretrain_vlm.py's flag (its extra arguments)"},
+      {"--dataloader-seq-length", "pretrain_vlm.py's flag (its extra arguments)"},
+      {"--vision-model-type", "examples/multimodal's flag (clip)"},
+      {"--vision-hidden-size",
+       "the ViT's width (pretrain_vlm copies the language model's config; examples/multimodal "
+       "fixes CLIP ViT-L's in code)"},
+      {"--vision-num-attention-heads", "the ViT's heads (see --vision-hidden-size)"},
+      {"--vision-ffn-hidden-size", "the ViT's MLP width (see --vision-hidden-size)"},
+      {"--vision-projection-type",
+       "mlp or affine (Megatron's MultimodalProjector projector_type, set in code there)"},
+      {"--vision-projection-ffn-hidden-size",
+       "the mlp projector's width (examples/multimodal sets it per language model in code)"},
   };
   return own;
 }

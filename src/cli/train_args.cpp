@@ -1161,6 +1161,14 @@ void resolve_llava(Arguments& a, const ArgTable& t) {
 }  // namespace
 
 void resolve_encoder_decoder(Arguments& a, const ArgTable& t, bool training) {
+  for (const char* flag : {"--vision-model-type", "--vision-hidden-size",
+                           "--vision-num-attention-heads", "--vision-ffn-hidden-size", "--img-h",
+                           "--img-w", "--patch-dim", "--disable-vision-class-token",
+                           "--vision-projection-type", "--vision-projection-ffn-hidden-size",
+                           "--dataloader-seq-length", "--freeze-LM", "--freeze-ViT"}) {
+    MEGATRON_CHECK(a.model == "llava" || !t.given(flag), flag,
+                   " belongs to vision-language models (--model llava, `megatron pretrain_vlm`)");
+  }
   if (a.model == "llava") {
     resolve_llava(a, t);
     return;

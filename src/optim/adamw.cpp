@@ -11,13 +11,17 @@ namespace megatron {
 AdamW::AdamW(ParamSet& params, const AdamWConfig& cfg)
     : params_(params),
       cfg_(cfg),
-      exp_avg_(Tensor::zeros(params.main().shape(), params.main().dtype(), params.main().device())),
-      exp_avg_sq_(
-          Tensor::zeros(params.main().shape(), params.main().dtype(), params.main().device())) {}
+      // Moments for the trained part of the buffers only (frozen weights without gradients lie
+      // after it and have none).
+      exp_avg_(
+          Tensor::zeros({params.trainable_numel()}, params.main().dtype(), params.main().device())),
+      exp_avg_sq_(Tensor::zeros({params.trainable_numel()}, params.main().dtype(),
+                                params.main().device())) {}
 
 void AdamW::step(const StepRates& rates, double grad_scale) {
   ++step_;
   for (Param* p : params_.params()) {
+    if (!p->requires_grad) continue;  // no gradient, no moments
     const int64_t off = params_.offset_of(*p);
     const int64_t n = p->main.numel();
     Tensor m = exp_avg_.flat_view(off, {n}), v = exp_avg_sq_.flat_view(off, {n});

@@ -20,7 +20,8 @@ DistributedOptimizer::DistributedOptimizer(GradBuckets& buckets, const AdamWConf
                  "(GradReduce::kReduceScatter), got all-reduce ones");
   // Params in buffer order, with their ranges.
   std::vector<std::pair<int64_t, const Param*>> order;
-  for (const Param* p : params_.params()) order.emplace_back(params_.offset_of(*p), p);
+  for (const Param* p : params_.params())
+    if (p->requires_grad) order.emplace_back(params_.offset_of(*p), p);  // the others: no state
   std::sort(order.begin(), order.end(),
             [](const auto& a, const auto& b) { return a.first < b.first; });
   int64_t owned = 0;

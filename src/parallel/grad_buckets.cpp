@@ -24,7 +24,10 @@ GradBuckets::GradBuckets(ParamSet& params, ProcessGroup& dp, int64_t bucket_size
                          GradReduce reduce, ExpertReduction expert)
     : params_(params), dp_(dp), overlap_(overlap), reduce_(reduce) {
   // Parameters in buffer order (ascending offset).
-  std::vector<const Param*> order(params.params().begin(), params.params().end());
+  // (Frozen weights without gradients lie after every bucket and take part in none.)
+  std::vector<const Param*> order;
+  for (const Param* p : params.params())
+    if (p->requires_grad) order.push_back(p);
   std::vector<int64_t> offset(order.size());
   for (size_t i = 0; i < order.size(); ++i) offset[i] = params.offset_of(*order[i]);
   std::vector<size_t> idx(order.size());
@@ -192,7 +195,7 @@ int GradBuckets::bucket_of(const Param& p) const {
 }
 
 void GradBuckets::mark_ready(const Param& p) {
-  if (!overlap_ || grads_sharded()) return;
+  if (!overlap_ || grads_sharded() || !p.requires_grad) return;
   auto it = bucket_of_.find(&p);
   MEGATRON_ASSERT(it != bucket_of_.end(), "parameter ", p.name, " is in no gradient bucket");
   bool& marked = ready_[&p];

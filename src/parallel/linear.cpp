@@ -50,9 +50,10 @@ Tensor Linear::backward(const Tensor& dy, Ctx& ctx) const {
   Tensor dy_c = is_half(wt) ? dy.to(wt) : dy;
   Tensor dx = Tensor::empty({rows, in_}, dy.dtype(), dy.device());
   ops::matmul(dx, dy_c, false, weight.value, false);
+  // A frozen weight without gradient storage (Param::requires_grad) skips its weight gradient.
   Tensor dw = weight.main_grad;
-  ops::matmul(dw, dy_c, true, ctx.x, false, 1.0f);
-  if (has_bias()) {
+  if (dw.defined()) ops::matmul(dw, dy_c, true, ctx.x, false, 1.0f);
+  if (has_bias() && bias.main_grad.defined()) {
     Tensor db = bias.main_grad;
     ops::bias_backward(db, dy);
   }
@@ -92,7 +93,9 @@ Tensor Linear::backward_fp8(const Tensor& dy, Ctx& ctx) const {
   ops::matmul(dx, dy8.q, false, w8.q, false);
   ops::scale_inplace(dx, descale(dy8, w8));
   Tensor dw = weight.main_grad;
-  if (fp8_->config().wgrad) {
+  if (!dw.defined()) {
+    // frozen without gradient storage: no weight gradient
+  } else if (fp8_->config().wgrad) {
     // The descaled product is added to main_grad, as the FP8 GEMM's accumulate epilogue does.
     Tensor partial = Tensor::empty(dw.shape(), dw.dtype(), dw.device());
     ops::matmul(partial, dy8.q, true, ctx.x8.q, false);
@@ -103,7 +106,7 @@ Tensor Linear::backward_fp8(const Tensor& dy, Ctx& ctx) const {
     Tensor dy_c = is_half(wt) ? dy.to(wt) : dy;
     ops::matmul(dw, dy_c, true, ctx.x, false, 1.0f);
   }
-  if (has_bias()) {
+  if (has_bias() && bias.main_grad.defined()) {
     Tensor db = bias.main_grad;
     ops::bias_backward(db, dy);
   }

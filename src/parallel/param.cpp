@@ -50,13 +50,17 @@ ParamSet::ParamSet(std::vector<Param*> params, DType compute_dtype, Device devic
       "compute dtype must be f32, bf16, f16 or f64, got ", dtype_name(compute_dtype));
   int64_t total = 0;
   offsets_.resize(params_.size());
-  for (size_t i = params_.size(); i-- > 0;) {
-    offsets_[i] = total;
-    // Each param starts on a 64-byte boundary (16 floats) for aligned vector loads.
-    total += (params_[i]->shape.numel() + 15) / 16 * 16;
-    MEGATRON_CHECK(params_[i]->fp8 == nullptr, params_[i]->name,
-                   ": FP8 primary weights (--fp8-param-gather) need the distributed optimizer's "
-                   "bucketed layout");
+  for (const bool trained : {true, false}) {  // the parameters without gradients last
+    if (!trained) trainable_ = total;
+    for (size_t i = params_.size(); i-- > 0;) {
+      if (params_[i]->requires_grad != trained) continue;
+      offsets_[i] = total;
+      // Each param starts on a 64-byte boundary (16 floats) for aligned vector loads.
+      total += (params_[i]->shape.numel() + 15) / 16 * 16;
+      MEGATRON_CHECK(params_[i]->fp8 == nullptr, params_[i]->name,
+                     ": FP8 primary weights (--fp8-param-gather) need the distributed optimizer's "
+                     "bucketed layout");
+    }
   }
   fp8_begin_ = total;
   allocate(total);
@@ -94,7 +98,7 @@ ParamSet::ParamSet(std::vector<Param*> params, DType compute_dtype, const Bucket
     const Param* prev = nullptr;  // the one laid out before, in this part
     for (size_t i = params_.size(); i-- > 0;) {
       const Param& p = *params_[i];
-      if ((p.fp8 != nullptr) != fp8_part) continue;
+      if ((p.fp8 != nullptr) != fp8_part || !p.requires_grad) continue;
       const bool own = p.is_embedding_or_output;
       const bool other_domain = prev && p.expert_parallel != prev->expert_parallel;
       const bool other_unit = layout.per_unit && prev && fsdp_unit(p.name) != fsdp_unit(prev->name);
@@ -108,6 +112,15 @@ ParamSet::ParamSet(std::vector<Param*> params, DType compute_dtype, const Bucket
     }
   }
   if (total > begin) close();
+  // The parameters without gradients after every bucket: in none of them.
+  trainable_ = total;
+  for (size_t i = params_.size(); i-- > 0;) {
+    if (params_[i]->requires_grad) continue;
+    MEGATRON_CHECK(params_[i]->fp8 == nullptr, params_[i]->name,
+                   ": a frozen weight cannot be an FP8 primary weight");
+    offsets_[i] = total;
+    total += (params_[i]->shape.numel() + 15) / 16 * 16;
+  }
   index_buckets();
   plan_shards();
   allocate(total);
@@ -137,6 +150,7 @@ void ParamSet::index_buckets() {
             [&](size_t a, size_t b) { return offsets_[a] < offsets_[b]; });
   size_t bucket = 0;
   for (size_t i : order) {
+    if (!params_[i]->requires_grad) continue;  // after every bucket
     while (bucket < buckets_.size() && offsets_[i] >= buckets_[bucket].second) ++bucket;
     MEGATRON_ASSERT(bucket < buckets_.size(), params_[i]->name, " lies outside every bucket");
     param_bucket_[params_[i]] = static_cast<int64_t>(bucket);
@@ -155,7 +169,7 @@ int64_t ParamSet::bucket_of(const Param& p) const {
 std::pair<int64_t, int64_t> ParamSet::owned_range(int64_t bucket) const {
   if (!owned_.empty()) return owned_[static_cast<size_t>(bucket)];
   if (bucketed_) return buckets_[static_cast<size_t>(bucket)];
-  return {0, main_.numel()};
+  return {0, trainable_};
 }
 
 namespace {
@@ -267,13 +281,15 @@ void ParamSet::allocate(int64_t total) {
                  "FP8 primary weights (--fp8-param-gather) need bf16 compute weights and fp32 "
                  "main weights sharded by the distributed optimizer");
   // The compute copy of the buckets before the FP8 ones; the FP8 ones' codes after.
-  const int64_t weights = sharding_.weights ? fp8_shard_begin_ : fp8_begin_;
+  // (Without FP8 weights, all of it: the parameters without gradients after the buckets too.)
+  const int64_t weights = sharding_.weights ? fp8_shard_begin_ : fp8 ? fp8_begin_ : total;
   main_ = Tensor::zeros({main_sharded() ? shards : total}, master, device_);
-  grads_ = Tensor::zeros({sharding_.grads ? shards : total}, master, device_);
+  grads_ = Tensor::zeros({sharding_.grads ? shards : trainable_}, master, device_);
   compute_ = compute_dtype_ == master ? main_ : Tensor::zeros({weights}, compute_dtype_, device_);
   if (fp8) {
-    codes_ = Tensor::zeros({sharding_.weights ? shards - fp8_shard_begin_ : total - fp8_begin_},
-                           DType::kU8, device_);
+    codes_ =
+        Tensor::zeros({sharding_.weights ? shards - fp8_shard_begin_ : trainable_ - fp8_begin_},
+                      DType::kU8, device_);
   }
   for (size_t i = 0; i < params_.size(); ++i) {
     Param& p = *params_[i];
@@ -285,7 +301,7 @@ void ParamSet::allocate(int64_t total) {
       if (!main_sharded()) p.main = main_.flat_view(offsets_[i], p.shape);
       if (!sharding_.weights) p.value = compute_view(offsets_[i], p.shape, p.fp8 != nullptr);
     }
-    if (!sharding_.grads) p.main_grad = grads_.flat_view(offsets_[i], p.shape);
+    if (!sharding_.grads && p.requires_grad) p.main_grad = grads_.flat_view(offsets_[i], p.shape);
   }
 }
 

@@ -65,6 +65,12 @@ struct Param {
   // is left out of gradient and parameter norms, zero counts and the parameter count. It is
   // saved and resharded like any parameter.
   bool frozen = false;
+  // false (--freeze-LM, --freeze-ViT; PyTorch's requires_grad): frozen, and besides no gradient
+  // storage at all (main_grad stays undefined, so backward computes no weight gradient for it)
+  // and no optimizer state: the ParamSet lays it out after every bucket, where no gradient
+  // reduction, parameter gather or optimizer looks. Its weights are still saved and loaded.
+  // Set before the ParamSet is built, together with frozen.
+  bool requires_grad = true;
   // --fp8-param-gather: the weight of this FP8 GEMM, kept as E4M3 codes of one byte (Megatron's
   // FP8 primary weights): `value` is u8 (ParamSet::codes()), the distributed optimizer quantises
   // the fp32 main weights into it after each step with the GEMM's weight scale
@@ -166,6 +172,9 @@ class ParamSet {
   // The same for the elements [begin, end) of the flat buffers.
   void sync_compute_from_main(int64_t begin, int64_t end);
   void zero_grads() { grads_.zero(); }
+  // Elements of the trained part of the flat buffers, [0, trainable_numel()): every Param with
+  // requires_grad sits there (and every bucket); the others after it.
+  int64_t trainable_numel() const { return trainable_; }
 
   const std::vector<Param*>& params() const { return params_; }
   Param& find(const std::string& name) const;  // error naming the missing parameter
@@ -264,6 +273,7 @@ class ParamSet {
   int64_t first_fp8_bucket_ = 0;  // buckets_.size() when there are none
   int64_t fp8_begin_ = 0;         // where the FP8 buckets start: flat offset, compact offset
   int64_t fp8_shard_begin_ = 0;
+  int64_t trainable_ = 0;  // end of the part laid out for training (see trainable_numel)
 };
 
 // Stable 64-bit hash of a string (FNV-1a), for per-parameter RNG streams.

@@ -111,7 +111,7 @@ Tensor RowParallelLinear::forward(const Tensor& x, Ctx& ctx) const {
 Tensor RowParallelLinear::backward(const Tensor& dy, Ctx& ctx) const {
   // Under sequence parallelism dy holds this rank's tokens only: the bias gradient is partial
   // (see Param::sequence_parallel) and the GEMM needs every token's gradient.
-  if (has_bias()) {
+  if (has_bias() && bias.main_grad.defined()) {
     Tensor db = bias.main_grad;
     ops::bias_backward(db, dy);
   }

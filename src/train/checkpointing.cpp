@@ -147,7 +147,7 @@ void for_each_box(const CheckpointTarget& t, bool optim, bool writes_only, Fn&& 
     const int64_t at = own ? 0 : ps.offset_of(*p);
     for (const cp::Piece& piece : cp::shard_pieces(*p, 0, p->shape.numel())) {
       fn("model." + p->name, *p, flat, at, piece);
-      if (optim && t.optimizer) {
+      if (optim && t.optimizer && p->requires_grad) {
         fn("optimizer.exp_avg." + p->name, *p, t.optimizer->exp_avg(), at, piece);
         fn("optimizer.exp_avg_sq." + p->name, *p, t.optimizer->exp_avg_sq(), at, piece);
       }

@@ -243,6 +243,8 @@ TransformerConfig transformer_config_from_args(const Arguments& a) {
     v.projection_type = a.vision_projection_type;
     v.projection_ffn_hidden_size = a.vision_projection_ffn_hidden_size;
     v.text_seq_length = a.dataloader_seq_length + 1;  // and the image token (pretrain_vlm)
+    v.freeze_language_model = a.freeze_lm;
+    v.freeze_vision_model = a.freeze_vit;
   }
   MEGATRON_CHECK(a.vocab_size > 0, "--vocab-size must be set (positive) for ", a.tokenizer_type,
                  ", got ", a.vocab_size);

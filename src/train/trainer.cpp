@@ -306,7 +306,8 @@ void Trainer::build_model() {
   }
   int64_t nparams = 0;
   for (Param* p : params_->params())
-    if (!p->frozen) nparams += p->shape.numel();  // Megatron counts parameters, not buffers
+    // Megatron counts parameters (frozen ones too), not buffers (the routers' expert bias).
+    if (!p->frozen || !p->requires_grad) nparams += p->shape.numel();
   // Megatron prints one line per model-parallel rank (from data-parallel rank 0); rank 0 prints
   // them all as one block, in rank order (see log_first).
   log_gathered(grad_rank_ != 0 ? std::string()

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "parallel/param.h"
 #include "parallel/param_gate.h"
 #include "tensor/tensor.h"
 
@@ -56,12 +57,25 @@ struct ForwardMode {
   // cached position (transformer/kv_cache.h); null: attention over the input's positions only.
   KvCache* kv_cache = nullptr;
 
+  // (Frozen weights without gradients, Param::requires_grad, are whole and current on every
+  // rank: the gate never hears of them.)
   void need(const std::vector<const Param*>& params) const {
-    if (gate && !params.empty()) gate->wait_for(params);
+    if (!gate || params.empty()) return;
+    const std::vector<const Param*> t = gated(params);
+    if (!t.empty()) gate->wait_for(t);
   }
   // After the forward that called need(params) has read them.
   void release(const std::vector<const Param*>& params) const {
-    if (gate && !params.empty()) gate->release(params);
+    if (!gate || params.empty()) return;
+    const std::vector<const Param*> t = gated(params);
+    if (!t.empty()) gate->release(t);
+  }
+  static std::vector<const Param*> gated(const std::vector<const Param*>& params) {
+    std::vector<const Param*> out;
+    out.reserve(params.size());
+    for (const Param* p : params)
+      if (p->requires_grad) out.push_back(p);
+    return out;
   }
 
   // need(params) now and release(params) at the end of the scope (a forward with several exits).

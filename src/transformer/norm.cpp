@@ -50,9 +50,16 @@ Tensor Norm::forward(const Tensor& x, Ctx& ctx) const {
 
 Tensor Norm::backward(const Tensor& dy, Ctx& ctx) const {
   Tensor dx = Tensor::empty(ctx.x.shape(), ctx.x.dtype(), ctx.x.device());
-  Tensor dw = weight.main_grad;
+  // A frozen norm without gradient storage (Param::requires_grad): its kernel still computes
+  // weight and bias gradients, into scratch (the norms are vectors of h).
+  auto grad_of = [&](const Param& p) {
+    if (p.main_grad.defined()) return p.main_grad;
+    return Tensor::zeros(p.shape, ctx.x.dtype() == DType::kF64 ? DType::kF64 : DType::kF32,
+                         ctx.x.device());
+  };
+  Tensor dw = grad_of(weight);
   if (kind_ == Normalization::kLayerNorm) {
-    Tensor db = bias.main_grad;
+    Tensor db = grad_of(bias);
     ops::layernorm_backward(dx, dw, db, dy, ctx.x, gamma(dy.dtype()), ctx.mean, ctx.rstd);
   } else {
     ops::rmsnorm_backward(dx, dw, dy, ctx.x, gamma(dy.dtype()), ctx.rstd);

@@ -46,11 +46,24 @@ struct ParamsDone {
   & > ParamsDone(F after_fn)  // NOLINT(google-explicit-constructor)
       : after(std::move(after_fn)) {}
   explicit operator bool() const { return static_cast<bool>(after) || static_cast<bool>(before); }
+  // Frozen weights without gradients (Param::requires_grad) are never passed on: no bucket or
+  // FSDP unit holds them.
   void operator()(const std::vector<const Param*>& ps) const {
-    if (after) after(ps);
+    if (!after) return;
+    const std::vector<const Param*> t = trained(ps);
+    if (!t.empty()) after(t);
   }
   void begin(const std::vector<const Param*>& ps) const {
-    if (before && !ps.empty()) before(ps);
+    if (!before) return;
+    const std::vector<const Param*> t = trained(ps);
+    if (!t.empty()) before(t);
+  }
+  static std::vector<const Param*> trained(const std::vector<const Param*>& ps) {
+    std::vector<const Param*> out;
+    out.reserve(ps.size());
+    for (const Param* p : ps)
+      if (p->requires_grad) out.push_back(p);
+    return out;
   }
 };
 

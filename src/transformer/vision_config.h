@@ -24,6 +24,9 @@ struct VisionConfig {
   // Text tokens per sample, the image token included: --dataloader-seq-length + 1 (Megatron's
   // pretrain_vlm prepends the image token to a text of --dataloader-seq-length tokens).
   int64_t text_seq_length = 0;
+  // --freeze-LM, --freeze-ViT (Megatron's LLaVAModel.freeze; the projection is always trained):
+  // those weights get no gradient storage and no optimizer state (Param::requires_grad).
+  bool freeze_language_model = false, freeze_vision_model = false;
 
   bool enabled() const { return !model_type.empty(); }
   int64_t grid_h() const { return img_h / patch_dim; }

@@ -129,16 +129,18 @@ void LanguageEmbedding::backward(const Tensor& dy, Ctx& ctx) const {
   }
   if (layernorm) dx = layernorm->backward(dx.view({ctx.s, ctx.b, h}), ctx.norm).view({n, h});
   Tensor dwe = word_embeddings.main_grad;
-  if (tp_.size() == 1) {
+  if (!dwe.defined()) {
+    // frozen without gradient storage (Param::requires_grad): the tables get nothing
+  } else if (tp_.size() == 1) {
     ops::embedding_backward(dwe, dx, ctx.ids);
   } else {
     vocab_parallel_embedding_backward(dwe, dx, ctx.ids, vocab_.start);
   }
-  if (learned_positions()) {
+  if (learned_positions() && position_embeddings.main_grad.defined()) {
     Tensor dpe = position_embeddings.main_grad;
     ops::embedding_backward(dpe, dx, ctx.positions);
   }
-  if (ctx.token_types.defined()) {
+  if (ctx.token_types.defined() && tokentype_embeddings.main_grad.defined()) {
     Tensor dte = tokentype_embeddings.main_grad;
     ops::embedding_backward(dte, dx, ctx.token_types);
   }

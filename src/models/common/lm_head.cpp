@@ -106,7 +106,7 @@ Tensor LMHead::loss_backward(const Tensor& dloss, Ctx& ctx) const {
     vocab_parallel_cross_entropy_backward(dlogits, dloss_sb, ctx.logits, ctx.lse, ctx.targets,
                                           vocab_.start, cfg_.vocab_size);
   }
-  if (!bias.name.empty()) {
+  if (!bias.name.empty() && bias.main_grad.defined()) {
     Tensor db = bias.main_grad;
     ops::bias_backward(db, dlogits);
   }
@@ -116,8 +116,8 @@ Tensor LMHead::loss_backward(const Tensor& dloss, Ctx& ctx) const {
   dlogits = Tensor();
   Tensor dhidden = Tensor::empty({n, h}, ctx.lse.dtype(), ctx.lse.device());
   ops::matmul(dhidden, dl, false, w.value, false);
-  Tensor dw = w.main_grad;
-  ops::matmul(dw, dl, true, ctx.hidden, false, 1.0f);
+  Tensor dw = w.main_grad;  // undefined: frozen, no weight gradient (Param::requires_grad)
+  if (dw.defined()) ops::matmul(dw, dl, true, ctx.hidden, false, 1.0f);
   dl = Tensor();
   dhidden = dhidden.view({s, b, h});
   Tensor dx = tp_.sp() ? gather_from_sequence_parallel_region_backward(dhidden, *tp_.group)

@@ -20,7 +20,7 @@ namespace {
 constexpr std::string_view kImageTag = "<image>";
 
 std::string where(const image::ImageTextSample& s) {
-  return s.source + " (sample " + s.key + ")";
+  return s.source + " (" + s.key + ")";
 }
 
 std::vector<image::ImageTextSample> load(const std::vector<std::string>& paths) {
@@ -33,7 +33,10 @@ std::vector<image::ImageTextSample> load(const std::vector<std::string>& paths) 
                    "blends with weights are not supported for image-text data");
     std::vector<image::ImageTextSample> part =
         tar ? image::read_webdataset(p) : image::read_manifest(p);
-    for (auto& s : part) all.push_back(std::move(s));
+    for (auto& s : part) {
+      s.key = p + " sample " + s.key;  // messages name the manifest or shard too
+      all.push_back(std::move(s));
+    }
   }
   return all;
 }

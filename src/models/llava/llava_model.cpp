@@ -59,6 +59,24 @@ LlavaModel::LlavaModel(const TransformerConfig& cfg, GPTStage stage)
     vision_projection =
         std::make_unique<VisionProjection>(cfg, vision_model->config().hidden_size, tp);
   }
+  // Megatron's LLaVAModel.freeze: requires_grad off, here also no gradient storage.
+  auto freeze = [](const std::vector<Param*>& ps) {
+    for (Param* p : ps) {
+      p->frozen = true;
+      p->requires_grad = false;
+    }
+  };
+  if (cfg.vision.freeze_language_model) {
+    MEGATRON_CHECK(!cfg.moe.enabled(),
+                   "--freeze-LM with Mixture-of-Experts layers is not "
+                   "supported: the experts' grouped weight gradients cannot be skipped yet");
+    freeze(language_model.parameters());
+  }
+  if (cfg.vision.freeze_vision_model && vision_model) {
+    std::vector<Param*> ps;
+    vision_model->collect(ps);
+    freeze(ps);
+  }
 }
 
 std::vector<Param*> LlavaModel::parameters() {
@@ -136,13 +154,11 @@ void LlavaModel::splice_backward(const Tensor& dx_in, Ctx& ctx, const ParamsDone
   const Tensor dimage = dtable.slice0(ctx.text_rows, ctx.text_rows + ctx.image_rows)
                             .view({ctx.image_rows / ctx.n_images, ctx.n_images, h});
   Tensor dvit = vision_projection->backward(dimage, ctx.projection, done);
-  if (!cfg.vision.class_token) {  // the dropped class token's rows get no gradient
-    const int64_t rows = dvit.dim(0) + 1;
-    Tensor full = Tensor::zeros({rows, dvit.dim(1), dvit.dim(2)}, dvit.dtype(), dvit.device());
-    full.slice0(1, rows).copy_from(dvit);
-    dvit = full;
+  if (cfg.vision.freeze_vision_model) {
+    ctx.vision = {};  // a frozen ViT needs no backward at all
+  } else {
+    vision_backward(dvit, ctx, done);
   }
-  vision_model->backward(dvit, ctx.vision, done);
 
   const LanguageEmbedding& embedding = *language_model.embedding;
   std::vector<const Param*> ps{&embedding.word_embeddings};
@@ -150,6 +166,16 @@ void LlavaModel::splice_backward(const Tensor& dx_in, Ctx& ctx, const ParamsDone
   done.begin(ps);
   embedding.backward(dtable.slice0(0, ctx.text_rows).view({ctx.text_rows / b, b, h}), ctx.text);
   if (done) done(ps);
+}
+
+void LlavaModel::vision_backward(Tensor dvit, Ctx& ctx, const ParamsDone& done) const {
+  if (!config().vision.class_token) {  // the dropped class token's rows get no gradient
+    const int64_t rows = dvit.dim(0) + 1;
+    Tensor full = Tensor::zeros({rows, dvit.dim(1), dvit.dim(2)}, dvit.dtype(), dvit.device());
+    full.slice0(1, rows).copy_from(dvit);
+    dvit = full;
+  }
+  vision_model->backward(dvit, ctx.vision, done);
 }
 
 Tensor LlavaModel::backward_stage(const Tensor& d, Ctx& ctx, const ParamsDone& done) const {

@@ -76,6 +76,7 @@ class LlavaModel {
 
  private:
   void splice_backward(const Tensor& dx, Ctx& ctx, const ParamsDone& done) const;
+  void vision_backward(Tensor dvit, Ctx& ctx, const ParamsDone& done) const;
 };
 
 }  // namespace megatron

@@ -97,7 +97,7 @@ ClipVisionModel::ClipVisionModel(const TransformerConfig& lm, const TensorParall
       tp_(TensorParallelContext{tp.group, /*sequence_parallel=*/false, {}, {}, nullptr}),
       patch_dim_(lm.vision.patch_dim) {
   class_token.name = "vision_model.class_token";
-  class_token.shape = {1, 1, cfg_.hidden_size};
+  class_token.shape = {cfg_.hidden_size};  // Megatron's [1, 1, h_v] (one class token)
   class_token.init_std = 1.0;
   position_embeddings.name = "vision_model.position_embeddings.weight";
   position_embeddings.shape = {cfg_.seq_length, cfg_.hidden_size};
@@ -167,10 +167,14 @@ void ClipVisionModel::backward(const Tensor& dy, Ctx& ctx, const ParamsDone& don
   Tensor dx = decoder->backward(dy, ctx.decoder, done);
   done.begin(stem());
   dx = ln_pre.backward(dx, ctx.ln_pre);
-  Tensor dpos = position_embeddings.main_grad;
-  ops::embedding_backward(dpos, dx.view({seq * n, h}), ctx.position_ids);
-  Tensor dclass = class_token.main_grad.view({1, h});
-  ops::embedding_backward(dclass, dx.slice0(0, 1).view({n, h}), ctx.class_ids);
+  if (position_embeddings.main_grad.defined()) {  // (undefined: frozen, no gradient storage)
+    Tensor dpos = position_embeddings.main_grad;
+    ops::embedding_backward(dpos, dx.view({seq * n, h}), ctx.position_ids);
+  }
+  if (class_token.main_grad.defined()) {
+    Tensor dclass = class_token.main_grad.view({1, h});
+    ops::embedding_backward(dclass, dx.slice0(0, 1).view({n, h}), ctx.class_ids);
+  }
   conv1.backward(dx.slice0(1, seq).view({(seq - 1) * n, h}), ctx.conv1);  // no image gradient
   if (done) done(stem());
   ctx = Ctx{};

@@ -14,7 +14,8 @@
 // features split over TP; conv1, the class token, the positions and ln_pre replicated, their
 // gradients identical on every TP rank). No sequence or context parallelism inside the ViT, as in
 // Megatron. Parameter names are Megatron's (vision_model.conv1.weight, stored [h_v, 3 p p], the
-// Conv2d's [h_v, 3, p, p] in the same memory order; vision_model.class_token [1, 1, h_v]).
+// Conv2d's [h_v, 3, p, p] in the same memory order; vision_model.class_token [h_v], Megatron's
+// [1, 1, h_v] with its one class token).
 //
 // Initialisation follows Megatron's modules: the class token torch.randn (N(0, 1)), the
 // position table nn.Embedding's default N(0, 1); conv1 N(0, --init-method-std) (Megatron keeps
@@ -67,7 +68,7 @@ class ClipVisionModel {
 
  public:
   Linear conv1;                               // vision_model.conv1.weight [h_v, 3 p p]
-  Param class_token;                          // vision_model.class_token [1, 1, h_v]
+  Param class_token;                          // vision_model.class_token [h_v]
   Param position_embeddings;                  // vision_model.position_embeddings.weight [seq, h_v]
   Norm ln_pre;                                // vision_model.ln_pre
   std::unique_ptr<TransformerBlock> decoder;  // vision_model.decoder.layers.*

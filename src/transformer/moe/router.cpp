@@ -166,7 +166,9 @@ Tensor TopKRouter::backward(const std::vector<double>& dprobs, Ctx& ctx) const {
   Tensor dl_g = dl.to(gemm);
   Tensor dx = Tensor::empty({T, h}, out);
   ops::matmul(dx, dl_g, false, weight.value_as(gemm), false);
-  if (out == weight.main_grad.dtype()) {
+  if (!weight.main_grad.defined()) {
+    // frozen without gradient storage (Param::requires_grad): no weight gradient
+  } else if (out == weight.main_grad.dtype()) {
     Tensor dw = weight.main_grad;
     ops::matmul(dw, dl_g, true, ctx.x, false, 1.0f);
   } else {  // an fp64 gating GEMM in an fp32 model: its weight gradient added in fp32

@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+"""LLaVA end to end: `megatron scenes` writes image-caption data, `megatron pretrain_vlm` trains a
+tiny CLIP ViT + projector + Llama-style decoder on it, as one process and under `mpiexec`.
+
+What it is:
+- equivalence: tp2 (+ sequence parallel), pp2 (the vision encoder on the first stage) and dp2
+  with the distributed optimizer against the single process, dropout on in the decoder: the lm
+  loss and grad norm curves agree within 1e-5 relative (the order of f32 sums across ranks moves
+  the 7th digit over 12 Adam steps; a wrong splice, shard or reduction moves the 2nd);
+- the model learns: the last iterations' lm loss is below the first ones';
+- --freeze-LM --freeze-ViT: only the projector trains; the language model's and the ViT's
+  weights in the checkpoint equal, bit for bit, those of a run that did not move them (lr 0),
+  the projector's do not, and the checkpoint holds Adam moments for the projector only (frozen
+  weights get no optimizer state); the distributed optimizer's state is the projector's alone;
+- WebDataset shards of the same samples train exactly as the JSONL manifest does;
+- bad input on every rank, exit 2 with a message naming the file or flag: a corrupt image, a
+  missing image, a prompt with more image tokens than images, an image size that is no multiple
+  of the patch, a vision flag on a GPT run.
+
+Usage: test_llava.py --megatron BUILD/megatron --mpiexec MPIEXEC
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testing"))
+import checkpoint_reader  # noqa: E402
+import megatron_job  # noqa: E402
+import megatron_log  # noqa: E402
+
+MEGATRON = None
+MPIEXEC = None
+TIMEOUT_S = 300
+TP, PP = "--tensor-model-parallel-size", "--pipeline-model-parallel-size"
+ITERS = 12
+LLAMA = ["--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu",
+         "--disable-bias-linear", "--untie-embeddings-and-output-weights"]
+
+
+def scenes(directory, count, first=0, fmt="jsonl"):
+    proc = subprocess.run([MEGATRON, "scenes", "--output-dir", directory, "--num-samples",
+                           str(count), "--first-index", str(first), "--img-size", "16",
+                           "--format", fmt, "--samples-per-shard", "50"],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    return directory
+
+
+class TestLlava(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="megatron_llava_")
+        cls.train = scenes(os.path.join(cls.dir, "train"), 200)
+        cls.valid = scenes(os.path.join(cls.dir, "valid"), 32, first=100000)
+        cls.vocab = os.path.join(cls.train, "vocab.txt")
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.dir, ignore_errors=True)
+
+    def base(self, train=None):
+        train = train or [os.path.join(self.train, "scenes.jsonl")]
+        return ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
+                # 13 text tokens + 17 image embeddings = 30, which tp 2 divides: the sequence-
+                # parallel run then needs no padding, and its attention-dropout masks (drawn per
+                # [s, s] score) are the single process's.
+                "--img-h", "16", "--img-w", "16", "--patch-dim", "4", "--seq-length", "13",
+                *LLAMA, "--tokenizer-type", "BertWordPieceLowerCase", "--vocab-file", self.vocab,
+                "--train-data-path", *train,
+                "--valid-data-path", os.path.join(self.valid, "scenes.jsonl"),
+                "--micro-batch-size", "2", "--global-batch-size", "8", "--train-iters",
+                str(ITERS), "--log-interval", "1", "--lr", "2e-3", "--lr-warmup-iters", "3",
+                "--hidden-dropout", "0.1", "--attention-dropout", "0.1", "--eval-iters", "2",
+                "--eval-interval", "6", "--num-threads", "1"]
+
+    def run_vlm(self, ranks, args):
+        return megatron_job.run_train(MEGATRON, MPIEXEC, ranks, args, TIMEOUT_S, "pretrain_vlm")
+
+    def curves(self, stdout, first=1, last=ITERS):
+        return megatron_log.curves(stdout, ["lm loss", "grad norm"], first, last)
+
+    def test_layouts_match_single_process(self):
+        single = self.run_vlm(1, self.base())
+        self.assertEqual(single.returncode, 0, single.stderr[-3000:])
+        want = self.curves(single.stdout)
+        mean = lambda its: sum(want[i]["lm loss"] for i in its) / len(its)
+        self.assertLess(mean(range(ITERS - 2, ITERS + 1)), mean(range(1, 4)) - 0.2,
+                        single.stdout[-3000:])
+        for name, ranks, flags in [
+                ("tp2+sp", 2, [TP, "2", "--sequence-parallel"]),
+                ("pp2", 2, [PP, "2"]),
+                ("dp2 distributed optimizer", 2, ["--use-distributed-optimizer"])]:
+            with self.subTest(layout=name):
+                proc = self.run_vlm(ranks, [*self.base(), *flags])
+                self.assertEqual(proc.returncode, 0, f"{name}: {proc.stderr[-3000:]}")
+                megatron_log.assert_same_curves(self, self.curves(proc.stdout), want, name)
+
+    def test_frozen_parts_stay_bit_identical(self):
+        still = os.path.join(self.dir, "ckpt_lr0")
+        proc = self.run_vlm(1, [*megatron_job.with_flags(self.base(), ["--lr", "0"]),
+                                "--save", still, "--save-interval", str(ITERS)])
+        self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+        frozen = os.path.join(self.dir, "ckpt_frozen")
+        proc = self.run_vlm(2, [*self.base(), "--freeze-LM", "--freeze-ViT",
+                                "--use-distributed-optimizer", "--save", frozen,
+                                "--save-interval", str(ITERS)])
+        self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+        # Adam moments of the projector alone: 2 x (32 x 32 + 32) x 2 + ... in fp32, / dp 2.
+        projector = 2 * (32 * 32 + 32)
+        self.assertIn(f"({projector * 2 * 4 / 2 / 1048576:.2f} MB on this rank)", proc.stdout)
+        _, a = checkpoint_reader.read_checkpoint(still)
+        _, b = checkpoint_reader.read_checkpoint(frozen)
+        moved = 0
+        for name, value in b.items():
+            if not name.startswith("model."):
+                continue
+            same = np.array_equal(value, a[name])
+            if name.startswith("model.vision_projection."):
+                moved += not same
+            else:
+                self.assertTrue(same, f"{name} moved although frozen")
+        self.assertEqual(moved, 4, "every projector tensor trains")
+        moments = sorted(n for n in b if n.startswith("optimizer.exp_avg."))
+        self.assertEqual(moments, sorted("optimizer.exp_avg." + n[len("model."):] for n in b
+                                         if n.startswith("model.vision_projection.")))
+
+    def test_webdataset_shards_train_as_the_manifest(self):
+        shards = scenes(os.path.join(self.dir, "train_wds"), 200, fmt="wds")
+        tars = sorted(os.path.join(shards, f) for f in os.listdir(shards) if f.endswith(".tar"))
+        self.assertEqual(len(tars), 4)
+        a = self.run_vlm(1, self.base())
+        b = self.run_vlm(1, self.base(tars))
+        self.assertEqual(a.returncode, 0, a.stderr[-3000:])
+        self.assertEqual(b.returncode, 0, b.stderr[-3000:])
+        self.assertEqual(megatron_log.loss_curve(a.stdout, ITERS),
+                         megatron_log.loss_curve(b.stdout, ITERS))
+
+    def assert_refused(self, args, *words, ranks=2):
+        proc = self.run_vlm(ranks, args)
+        self.assertEqual(proc.returncode, 2, proc.stdout[-2000:] + proc.stderr[-2000:])
+        for w in words:
+            self.assertIn(w, proc.stderr)
+
+    def bad_manifest(self, name, rows):
+        path = os.path.join(self.dir, name + ".jsonl")
+        with open(path, "w") as f:
+            for r in rows:
+                f.write(json.dumps(r) + "\n")
+        return path
+
+    def test_bad_input_exits_2_naming_the_file_or_flag(self):
+        good = os.path.join(self.train, "images", "00000000.png")
+        corrupt = os.path.join(self.dir, "corrupt.png")
+        with open(good, "rb") as f:
+            data = f.read()
+        with open(corrupt, "wb") as f:
+            f.write(data[: len(data) // 2])
+        for name, rows, words in [
+                ("corrupt", [{"image": corrupt, "text": "a small red circle"}] * 8,
+                 ["corrupt.png"]),
+                ("missing", [{"image": "nowhere.png", "text": "a small red circle"}],
+                 ["nowhere.png", "missing.jsonl"]),
+                ("two_images", [{"image": good, "conversations": [
+                    {"from": "human", "value": "<image> and <image>: what is it?"},
+                    {"from": "gpt", "value": "a small red circle"}]}] * 8,
+                 ["more image tokens", "two_images.jsonl"])]:
+            with self.subTest(case=name):
+                self.assert_refused(self.base([self.bad_manifest(name, rows)]), *words)
+        with self.subTest(case="image size"):
+            self.assert_refused(megatron_job.with_flags(self.base(), ["--img-h", "18"]),
+                                "--img-h", "--patch-dim")
+        with self.subTest(case="vision flag on gpt"):
+            proc = megatron_job.run_train(MEGATRON, MPIEXEC, 1,
+                                          ["--freeze-LM", "--mock-data", "--num-layers", "1",
+                                           "--hidden-size", "32", "--num-attention-heads", "4",
+                                           "--seq-length", "16", "--vocab-size", "64",
+                                           "--micro-batch-size", "1", "--train-iters", "1",
+                                           "--lr", "1e-3"], TIMEOUT_S, "pretrain_gpt")
+            self.assertEqual(proc.returncode, 2, proc.stderr[-2000:])
+            self.assertIn("--freeze-LM", proc.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(megatron_job.main(sys.modules[__name__]))
