@@ -14,6 +14,7 @@
 
 #include "cli/commands.h"
 #include "cli/generation_args.h"
+#include "cli/image_generation.h"
 #include "cli/inference_model.h"
 #include "cli/mpi_command.h"
 #include "core/logging.h"
@@ -142,13 +143,26 @@ int run_generate(int argc, char** argv, MpiRuntime& mpi) {
   table.concern("text generation");
   table.add("--prompts", prompts, "Prompts, each one argument");
   table.add("--prompt-file", prompt_file,
-            "File of prompts: one per line, or JSON lines with a \"prompt\" (or \"text\") string");
+            "File of prompts: one per line, or JSON lines with a \"prompt\" (or \"text\") string "
+            "(--model llava: {\"prompt\", \"image\"})");
+  std::vector<std::string> images;
+  table.add("--images", images,
+            "--model llava: one image file per --prompts entry (\"<image>\" in a prompt marks its "
+            "place; else it comes first)");
+  std::vector<ImagePrompt> image_requests;
   inference::GenerationRequest request;
   inference::Seq2SeqRequest seq2seq;
   const int rc = agreed_argument_phase(mpi, app, argc, argv, [&] {
     resolve_inference_args(args, table, mpi.world_size(), false);
     MEGATRON_CHECK(prompts.empty() != prompt_file.empty(),
                    "give the prompts: --prompts P [P ...] or --prompt-file FILE, one of them");
+    if (args.model == "llava") {
+      image_requests = image_prompts(prompts, images, prompt_file);
+      for (const ImagePrompt& p : image_requests) prompts.push_back(p.prompt);
+      (void)sampling_of(gen, build_tokenizer(tokenizer_args(args))->vocab_size());
+      return;
+    }
+    MEGATRON_CHECK(images.empty(), "--images belongs to vision-language models (--model llava)");
     if (!prompt_file.empty()) prompts = read_prompt_file(prompt_file);
     MEGATRON_CHECK(!prompts.empty(), "--prompt-file ", prompt_file, " holds no prompt");
     const std::unique_ptr<Tokenizer> tokenizer = build_tokenizer(tokenizer_args(args));
@@ -175,6 +189,7 @@ int run_generate(int argc, char** argv, MpiRuntime& mpi) {
   });
   if (rc >= 0) return rc;
   if (args.model == "t5") return run_seq2seq(args, gen, prompts, seq2seq, mpi);
+  if (args.model == "llava") return run_image_generation(args, gen, image_requests, mpi);
   const bool first = mpi.rank() == 0;
   InferenceModel m = load_inference_model(args, mpi, false);
   if (first) {

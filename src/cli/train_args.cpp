@@ -165,11 +165,11 @@ void register_model_args(ArgTable& t, Arguments& a) {
   t.add("--dataloader-seq-length", a.dataloader_seq_length,
         "Text tokens per image-text sample (default --seq-length); the language model's "
         "sequence is these plus each image's embeddings");
+  t.concern("training");  // what a run trains, not what the model is: never restored
   t.flag("--freeze-LM", a.freeze_lm,
          "Train no language-model weight (no gradient buffers or optimizer state for them)");
   t.flag("--freeze-ViT", a.freeze_vit,
          "Train no vision-encoder weight (no gradient buffers or optimizer state for them)");
-  t.concern("training");
   t.add("--hidden-dropout", a.hidden_dropout, "Dropout after attention/MLP and on embeddings");
   t.add("--attention-dropout", a.attention_dropout, "Dropout on attention probabilities");
   t.add("--init-method-std", a.init_method_std, "Std of the normal weight init");
@@ -1014,6 +1014,16 @@ void merge_pretrained_config(Arguments& a, const ArgTable& t) {
     const cp::CheckpointReader reader = cp::CheckpointReader::open(dir);
     nlohmann::json saved = reader.metadata().value("arguments", nlohmann::json::object());
     if (saved.empty()) saved = reader.metadata().value("args", nlohmann::json::object());
+    if (saved.value("model", std::string()) != "llava") {
+      // A language model's checkpoint as a LLaVA's language model (Megatron's combine step):
+      // the vision settings are this run's.
+      for (const char* key :
+           {"vision_model_type", "vision_hidden_size", "vision_num_attention_heads",
+            "vision_ffn_hidden_size", "img_h", "img_w", "patch_dim", "disable_vision_class_token",
+            "vision_projection_type", "vision_projection_ffn_hidden_size", "dataloader_seq_length",
+            "encoder_num_layers"})
+        saved.erase(key);
+    }
     saved.erase("model");
     if (a.tokenizer_type != "NullTokenizer") saved.erase("vocab_size");
     t.restore("model", saved,

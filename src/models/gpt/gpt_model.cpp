@@ -118,12 +118,15 @@ Tensor GPTModel::forward_stage(const Tensor& hidden_in, const GPTInputs& in, Ctx
 }
 
 Tensor GPTModel::infer_stage(const Tensor& hidden_in, const Tensor& tokens, const Tensor& positions,
-                             const ForwardMode& mode, bool last_only) const {
+                             const ForwardMode& mode, bool last_only,
+                             const Tensor& decoder_input) const {
   MEGATRON_CHECK(!tp_.sp() && !tp_.cp.enabled(),
                  "GPTModel: inference runs without sequence or context parallelism");
   MEGATRON_CHECK(!mode.training, "GPTModel: inference runs without dropout");
   Tensor x;
-  if (stage_.pre_process) {
+  if (decoder_input.defined()) {
+    x = decoder_input;
+  } else if (stage_.pre_process) {
     MEGATRON_CHECK(tokens.defined() && tokens.ndim() == 2,
                    "GPTModel: the first stage needs [b, s] tokens");
     Tensor pos = positions;

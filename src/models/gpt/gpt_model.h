@@ -87,8 +87,10 @@ class GPTModel {
   // stage's output [s, b, h], or on the last stage the logits [s b, Vp] f32 over the whole padded
   // vocabulary (gathered over TP) of every position, or of the last one only ([b, Vp]) with
   // last_only. Keeps nothing for backward.
+  // decoder_input (first stage, optional): the caller's embeddings [s, b, h] instead of tokens.
   Tensor infer_stage(const Tensor& hidden_in, const Tensor& tokens, const Tensor& positions,
-                     const ForwardMode& mode, bool last_only) const;
+                     const ForwardMode& mode, bool last_only,
+                     const Tensor& decoder_input = Tensor()) const;
   // dloss [b, s]: gradient of the objective w.r.t. each per-token loss. Accumulates main_grad.
   void backward(const Tensor& dloss, Ctx& ctx) const;
 

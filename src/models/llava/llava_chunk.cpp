@@ -45,6 +45,15 @@ TensorMap LlavaChunk::forward(const TensorMap& in, const TensorMap& batch, Ctx& 
   return TensorMap{{is_last() ? kTokenLoss : kHidden, out}};
 }
 
+TensorMap LlavaChunk::infer(const TensorMap& /*in*/, const TensorMap& batch,
+                            const ForwardMode& mode, bool last_only) const {
+  MEGATRON_CHECK(mode.kv_cache == nullptr,
+                 "LLaVA generation runs without a KV cache (megatron generate --model llava)");
+  const LlavaInputs inputs{batch.get(kTokens), batch.get(kPositionIds), batch.get(kImages),
+                           Tensor()};
+  return TensorMap{{"logits", model_.infer(inputs, last_only)}};
+}
+
 TensorMap LlavaChunk::backward(const TensorMap& dout, Ctx& ctx, const ParamsDone& done) const {
   const Tensor& d = dout.at(is_last() ? kTokenLoss : kHidden);
   Tensor dx = model_.backward_stage(d, static_cast<LlavaCtx&>(ctx).model, done);

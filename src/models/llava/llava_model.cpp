@@ -11,7 +11,10 @@ namespace {
 
 // The rows of the stacked table [text [T b]; images [img_seq n]; zero] that make each row
 // (position t, sample i) -> t b + i of the decoder input, from Megatron's splice layout.
-Tensor source_rows(const Tensor& tokens, int64_t img_seq, int64_t n_images, int64_t seq) {
+// seq: the combined length, fixed (training); 0: the batch's longest, with token_end the last
+// combined position of every token (inference).
+Tensor source_rows(const Tensor& tokens, int64_t img_seq, int64_t n_images, int64_t& seq,
+                   int64_t max_seq, std::vector<int64_t>* token_end) {
   const Tensor host = to_host(tokens);
   const int64_t b = host.dim(0), text = host.dim(1);
   SpliceInput in;
@@ -20,10 +23,31 @@ Tensor source_rows(const Tensor& tokens, int64_t img_seq, int64_t n_images, int6
   in.input_ids.assign(host.data<int64_t>(), host.data<int64_t>() + b * text);
   in.num_image_tiles.assign(static_cast<size_t>(n_images), 1);
   in.img_seq_len = img_seq;
-  in.language_max_seq_len = seq;
-  in.pad_to_max = true;
+  in.language_max_seq_len = seq > 0 ? seq : max_seq;
+  in.pad_to_max = seq > 0;
   const SpliceLayout layout = splice_image_tokens(in);
-  MEGATRON_ASSERT(layout.seq_len == seq, "splice length ", layout.seq_len, " != ", seq);
+  if (seq > 0) {
+    MEGATRON_ASSERT(layout.seq_len == seq, "splice length ", layout.seq_len, " != ", seq);
+  } else {
+    MEGATRON_CHECK(layout.full_len <= max_seq, "the prompt with its image embeddings takes ",
+                   layout.full_len, " positions, more than the model's ", max_seq,
+                   " (--max-position-embeddings)");
+    seq = layout.seq_len;
+  }
+  if (token_end) {
+    token_end->assign(static_cast<size_t>(b * text), 0);
+    for (int64_t i = 0; i < b; ++i) {
+      int64_t end = text;  // the sample's own combined length (shorter ones are padded after)
+      for (int64_t j = 0; j < text; ++j)
+        if (in.input_ids[static_cast<size_t>(i * text + j)] == kImageTokenIndex) end += img_seq - 1;
+      for (int64_t j = text - 1; j >= 0; --j) {
+        const int64_t pos = layout.text_position[static_cast<size_t>(i * text + j)];
+        // An image token's place ends where the next token's begins.
+        (*token_end)[static_cast<size_t>(i * text + j)] = pos >= 0 ? pos : end - 1;
+        end = pos >= 0 ? pos : end - img_seq;
+      }
+    }
+  }
   const int64_t zero_row = text * b + img_seq * n_images;
   Tensor rows = Tensor::full({seq * b}, static_cast<double>(zero_row), DType::kI64);
   int64_t* r = rows.data<int64_t>();
@@ -87,16 +111,19 @@ std::vector<Param*> LlavaModel::parameters() {
   return out;
 }
 
-Tensor LlavaModel::decoder_input(const LlavaInputs& in, Ctx& ctx, const ForwardMode& mode) const {
+Tensor LlavaModel::decoder_input(const LlavaInputs& in, Ctx& ctx, const ForwardMode& mode,
+                                 bool for_inference) const {
   const TransformerConfig& cfg = config();
   MEGATRON_CHECK(in.tokens.defined() && in.tokens.ndim() == 2,
                  "LLaVA: the first stage needs [b, T] tokens");
   MEGATRON_CHECK(in.images.defined() && in.images.ndim() == 4,
                  "LLaVA: the first stage needs [n, 3, H, W] images");
   const int64_t b = in.tokens.dim(0), text = in.tokens.dim(1), n = in.images.dim(0);
-  const int64_t h = cfg.hidden_size, seq = cfg.seq_length;
+  const int64_t h = cfg.hidden_size;
+  int64_t seq = for_inference ? 0 : cfg.seq_length;
   const int64_t img_seq = cfg.vision.num_image_embeddings();
-  ctx.source_rows = source_rows(in.tokens, img_seq, n, seq);
+  ctx.source_rows = source_rows(in.tokens, img_seq, n, seq, cfg.max_position_embeddings,
+                                for_inference ? &ctx.token_end : nullptr);
   ctx.text_rows = text * b;
   ctx.image_rows = img_seq * n;
   ctx.n_images = n;
@@ -127,9 +154,31 @@ Tensor LlavaModel::decoder_input(const LlavaInputs& in, Ctx& ctx, const ForwardM
   ops::embedding_forward(x, ctx.source_rows, table);
   x = x.view({seq, b, h});
   const GPTStage& st = stage();
-  if (st.sequence_parallel && st.tp->size() > 1)
+  if (!for_inference && st.sequence_parallel && st.tp->size() > 1)
     x = scatter_to_sequence_parallel_region_forward(x, *st.tp);
   return x;
+}
+
+Tensor LlavaModel::infer(const LlavaInputs& in, bool last_only) const {
+  const GPTStage& st = stage();
+  MEGATRON_CHECK(st.pre_process && st.post_process,
+                 "LLaVA inference runs in one pipeline stage (--pipeline-model-parallel-size 1)");
+  ForwardMode mode;  // no dropout, no cache
+  Ctx ctx;
+  const Tensor x = decoder_input(in, ctx, mode, /*for_inference=*/true);
+  const Tensor logits = language_model.infer_stage(Tensor(), Tensor(), Tensor(), mode,
+                                                   /*last_only=*/false, x);  // [S b, Vp]
+  const int64_t b = in.tokens.dim(0), text = in.tokens.dim(1), vp = logits.dim(1);
+  const int64_t rows = last_only ? 1 : text;
+  Tensor ids = Tensor::empty({rows * b}, DType::kI64);
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t i = 0; i < b; ++i) {
+      const int64_t j = last_only ? text - 1 : t;
+      ids.data<int64_t>()[t * b + i] = ctx.token_end[static_cast<size_t>(i * text + j)] * b + i;
+    }
+  Tensor out = Tensor::empty({rows * b, vp}, logits.dtype(), logits.device());
+  ops::embedding_forward(out, on_device(ids, logits.device()), logits);
+  return out;
 }
 
 Tensor LlavaModel::forward_stage(const Tensor& hidden_in, const LlavaInputs& in, Ctx& ctx,

@@ -49,6 +49,7 @@ class LlavaModel {
     LanguageEmbedding::Ctx text;
     Tensor source_rows;  // [S b] i64: the stacked table's row of each decoder-input row
     int64_t text_rows = 0, image_rows = 0, n_images = 0;
+    std::vector<int64_t> token_end;  // inference: [b, T] each token's last combined position
     GPTModel::Ctx lm;
   };
 
@@ -62,9 +63,16 @@ class LlavaModel {
                        const ForwardMode& mode) const;
   Tensor backward_stage(const Tensor& d, Ctx& ctx, const ParamsDone& done = {}) const;
 
-  // The first stage's decoder input [S', b, h] for tokens and images (no gradient kept unless
-  // ctx is given to backward). Shared by training and inference.
-  Tensor decoder_input(const LlavaInputs& in, Ctx& ctx, const ForwardMode& mode) const;
+  // The first stage's decoder input [S', b, h] for tokens and images (ctx keeps what backward
+  // needs). Training pads every sequence to --seq-length; inference (for_inference) takes the
+  // longest combined sequence of the batch and records each token's last position in ctx.
+  Tensor decoder_input(const LlavaInputs& in, Ctx& ctx, const ForwardMode& mode,
+                       bool for_inference = false) const;
+
+  // Inference in one pipeline stage, without a KV cache: logits [s b, Vp] over the whole padded
+  // vocabulary at each text token's place (row t b + i: the logits after token t of sequence i;
+  // for an image token, after its image's last embedding), or [b, Vp] after the last token.
+  Tensor infer(const LlavaInputs& in, bool last_only) const;
 
   std::vector<Param*> parameters();
   const TransformerConfig& config() const { return language_model.config(); }

@@ -1,0 +1,36 @@
+// `megatron generate` for a vision-language model (--model llava): prompts that carry an image.
+//
+// Each prompt is text where "<image>" marks the image's place (none: the image comes first, as
+// LLaVA's pretraining lays captions out) and an image file, decoded and resized by the CLIP
+// transform the model trained with. Tokens are generated one at a time (sampled as `megatron
+// generate` samples: Philox(seed, prompt index, position), --top_k 1 greedy) until
+// --num-tokens-to-generate or the end-of-document token; one pipeline stage, any TP. Rank 0 prints
+// one JSON line per prompt: "prompt", "image", "text" (the prompt's text and the generation),
+// "generated_text", "tokens" (the prompt's ids with the image token -200, then the generated
+// ids) and, with --return-log-probs, "logprobs" of the generated tokens.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "cli/generation_args.h"
+#include "cli/mpi_command.h"
+#include "train/arguments.h"
+
+namespace megatron::cli {
+
+struct ImagePrompt {
+  std::string prompt;
+  std::string image;  // a JPEG or PNG file
+};
+
+// --prompt-file lines {"prompt": TEXT, "image": PATH} (paths relative to the file's directory),
+// or --prompts with --images, one image per prompt. Errors name the flag or file:line.
+std::vector<ImagePrompt> image_prompts(const std::vector<std::string>& prompts,
+                                       const std::vector<std::string>& images,
+                                       const std::string& prompt_file);
+
+int run_image_generation(const Arguments& args, const GenerationArgs& gen,
+                         const std::vector<ImagePrompt>& prompts, MpiRuntime& mpi);
+
+}  // namespace megatron::cli
