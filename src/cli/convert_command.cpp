@@ -45,6 +45,12 @@ Model from_hf(const std::string& dir, const std::string& model) {
   m.args.model = model;
   m.args.pretrained_checkpoint = dir;
   merge_pretrained_config(m.args, table);
+  if (model == "llava") {
+    // The weights do not depend on the text length; the layers and image size come from
+    // config.json.
+    m.args.dataloader_seq_length = 1;
+    resolve_encoder_decoder(m.args, table, /*training=*/false);
+  }
   m.args.tokenizer_type = "HuggingFaceTokenizer";
   build(m);
   m.spec->hf.load(dir, *m.chunks.front(), *m.params);

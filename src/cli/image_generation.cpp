@@ -142,4 +142,68 @@ int run_image_generation(const Arguments& args, const GenerationArgs& gen,
   return 0;
 }
 
+nlohmann::json score_image_line(const ModelChunk& model, const TransformerConfig& cfg,
+                                const std::string& line, const std::string& where,
+                                const std::string& dir) {
+  const auto* chunk = dynamic_cast<const LlavaChunk*>(&model);
+  MEGATRON_CHECK(chunk != nullptr, "scoring with images needs --model llava");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(line);
+  } catch (const nlohmann::json::exception& e) {
+    MEGATRON_CHECK(false, where, ": not valid JSON (", e.what(), ")");
+  }
+  MEGATRON_CHECK(j.is_object() && j.contains("image") && j["image"].is_string() &&
+                     j.contains("tokens") && j["tokens"].is_array(),
+                 where, ": a line needs {\"image\": PATH, \"tokens\": [ids]}");
+  std::vector<int64_t> ids;
+  int64_t images = 0;
+  for (const auto& t : j["tokens"]) {
+    MEGATRON_CHECK(t.is_number_integer(), where, ": tokens must be integer ids");
+    const auto v = t.get<int64_t>();
+    MEGATRON_CHECK(v == kImageTokenIndex || (v >= 0 && v < cfg.vocab_size), where, ": token id ", v,
+                   " is outside the vocabulary [0, ", cfg.vocab_size,
+                   ") (the image: ", kImageTokenIndex, ")");
+    images += v == kImageTokenIndex;
+    ids.push_back(v);
+  }
+  MEGATRON_CHECK(images == 1, where, ": ", images, " image tokens (", kImageTokenIndex,
+                 ") for one image");
+  std::filesystem::path image = j["image"].get<std::string>();
+  if (image.is_relative()) image = std::filesystem::path(dir) / image;
+  const VisionConfig& v = cfg.vision;
+  const Tensor pixels = image::clip_pixels(image::read_file(image.string()), v.img_h, v.img_w);
+  const auto n = static_cast<int64_t>(ids.size());
+  Tensor tokens = Tensor::empty({1, n}, DType::kI64);
+  std::copy(ids.begin(), ids.end(), tokens.data<int64_t>());
+  const Tensor logits = to_host(
+      chunk
+          ->infer({},
+                  TensorMap{{kTokens, tokens}, {kImages, pixels.view({1, 3, v.img_h, v.img_w})}},
+                  ForwardMode{}, false)
+          .at("logits")
+          .to(DType::kF32));  // [n, Vp]
+  nlohmann::json out;
+  out["logprobs"] = nlohmann::json::array();
+  double total = 0;
+  int64_t counted = 0;
+  for (int64_t t = 0; t + 1 < n; ++t) {
+    const int64_t next = ids[static_cast<size_t>(t) + 1];
+    if (next == kImageTokenIndex) {
+      out["logprobs"].push_back(nullptr);
+      continue;
+    }
+    const float* row = logits.data<float>() + t * logits.dim(1);
+    double max = -INFINITY, sum = 0;
+    for (int64_t k = 0; k < cfg.vocab_size; ++k) max = std::max(max, double(row[k]));
+    for (int64_t k = 0; k < cfg.vocab_size; ++k) sum += std::exp(double(row[k]) - max);
+    const double lp = double(row[next]) - max - std::log(sum);
+    out["logprobs"].push_back(lp);
+    total -= lp;
+    ++counted;
+  }
+  out["loss"] = counted > 0 ? nlohmann::json(total / static_cast<double>(counted)) : nullptr;
+  return out;
+}
+
 }  // namespace megatron::cli

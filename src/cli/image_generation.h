@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "cli/generation_args.h"
 #include "cli/mpi_command.h"
 #include "train/arguments.h"
@@ -32,5 +34,14 @@ std::vector<ImagePrompt> image_prompts(const std::vector<std::string>& prompts,
 
 int run_image_generation(const Arguments& args, const GenerationArgs& gen,
                          const std::vector<ImagePrompt>& prompts, MpiRuntime& mpi);
+
+// `megatron score --model llava`: one input line {"image": PATH, "tokens": [ids]} (the image
+// token -200 where the image goes; PATH relative to the input's directory) scored by a whole
+// LLaVA model: {"logprobs": [log p(token t+1 | tokens <= t, image)] for every text token after
+// the first (null where the next token is the image itself), "loss": their mean negative}.
+// `where` (FILE:LINE) names the line in errors.
+nlohmann::json score_image_line(const ModelChunk& model, const TransformerConfig& cfg,
+                                const std::string& line, const std::string& where,
+                                const std::string& dir);
 
 }  // namespace megatron::cli

@@ -83,6 +83,9 @@ const std::vector<OwnFlag>& own_train_flags() {
        "pre_ln or post_ln (NeMo's name): post-LN is the original BERT's layout, which Megatron "
        "core no longer builds"},
       {"--freeze-LM", "pretrain_vlm.py's flag (its extra arguments, not arguments.py)"},
+      {"--pretrained-vision-checkpoint",
+       "the vision tower of Megatron's combine step (examples/multimodal's "
+       "combine_state_dicts.py merges converted checkpoints instead)"},
       {"--freeze-ViT", "pretrain_vlm.py's flag (its extra arguments, not arguments.py)"},
       {"--disable-vision-class-token", "pretrain_vlm.py's flag (its extra arguments)"},
       {"--dataloader-seq-length", "pretrain_vlm.py's flag (its extra arguments)"},

@@ -3,9 +3,11 @@
 // separated by spaces (Megatron's NullTokenizer text). Output: one JSON line per input line,
 // {"logprobs": [log p(t_1 | t_0), ...], "loss": mean negative log-probability}. An encoder-decoder
 // model (T5) scores pairs instead: encoder ids, a tab, target ids; the decoder reads the start
-// token and the targets before each one, and logprobs has one entry per target token.
+// token and the targets before each one, and logprobs has one entry per target token. A
+// vision-language model (LLaVA) scores JSON lines of an image and token ids (image_generation.h).
 #include <algorithm>
 #include <cerrno>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <sstream>
@@ -13,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/image_generation.h"
 #include "cli/train_args.h"
 #include "core/logging.h"
 #include "core/threads.h"
@@ -53,12 +56,16 @@ int score_command(int argc, char** argv) {
   ArgTable table(app);
   register_model_args(table, args);
   std::string input;
-  app.add_option("--input", input, "Text file, one sequence of space-separated token ids per line")
+  app.add_option("--input", input,
+                 "Text file, one sequence of space-separated token ids per line (--model llava: "
+                 "JSON lines {\"image\": PATH, \"tokens\": [ids, -200 for the image]})")
       ->required();
   if (int rc = parse(app, argc, argv); rc >= 0) return rc;
   MEGATRON_CHECK(!args.pretrained_checkpoint.empty(),
                  "--pretrained-checkpoint is required: the model to score with");
   merge_pretrained_config(args, table);
+  // A vision-language model scores lines of any length (up to its positions): no text length.
+  if (args.model == "llava" && args.seq_length == 0) args.dataloader_seq_length = 1;
   resolve_encoder_decoder(args, table, /*training=*/false);
   set_num_threads(static_cast<int>(args.num_threads));
   args.hidden_dropout = args.attention_dropout = 0;
@@ -86,8 +93,16 @@ int score_command(int argc, char** argv) {
       if (bos >= 0) t5_start = bos;
     }
   }
+  const std::string input_dir = std::filesystem::path(input).parent_path().string();
   while (std::getline(in, line)) {
     ++lineno;
+    if (args.model == "llava") {
+      if (line.empty()) continue;
+      std::puts(score_image_line(model, cfg, line, input + ":" + std::to_string(lineno), input_dir)
+                    .dump()
+                    .c_str());
+      continue;
+    }
     if (t5) {  // "encoder ids <TAB> target ids": log p(target t | encoder input, targets < t)
       const size_t tab = line.find('\t');
       MEGATRON_CHECK(tab != std::string::npos, input, ":", lineno,

@@ -196,6 +196,10 @@ void register_model_args(ArgTable& t, Arguments& a) {
         "Weights to start from: a Hugging Face model directory (config.json + safetensors) or "
         "one of our checkpoints (its latest iteration; tensors the model lacks are skipped, "
         "parameters the checkpoint lacks keep their initialisation)");
+  t.add("--pretrained-vision-checkpoint", a.pretrained_vision_checkpoint,
+        "--model llava: a Hugging Face CLIP directory (CLIPModel, CLIPVisionModel) whose vision "
+        "tower starts the vision encoder (Megatron's combine step; the language model from "
+        "--pretrained-checkpoint)");
   t.concern("precision");
   t.flag("--bf16", a.bf16,
          "bf16 compute weights and GEMM inputs; fp32 main weights, gradients and accumulation");
@@ -1171,11 +1175,12 @@ void resolve_llava(Arguments& a, const ArgTable& t) {
 }  // namespace
 
 void resolve_encoder_decoder(Arguments& a, const ArgTable& t, bool training) {
-  for (const char* flag : {"--vision-model-type", "--vision-hidden-size",
-                           "--vision-num-attention-heads", "--vision-ffn-hidden-size", "--img-h",
-                           "--img-w", "--patch-dim", "--disable-vision-class-token",
-                           "--vision-projection-type", "--vision-projection-ffn-hidden-size",
-                           "--dataloader-seq-length", "--freeze-LM", "--freeze-ViT"}) {
+  for (const char* flag :
+       {"--vision-model-type", "--vision-hidden-size", "--vision-num-attention-heads",
+        "--vision-ffn-hidden-size", "--img-h", "--img-w", "--patch-dim",
+        "--disable-vision-class-token", "--vision-projection-type",
+        "--vision-projection-ffn-hidden-size", "--dataloader-seq-length", "--freeze-LM",
+        "--freeze-ViT", "--pretrained-vision-checkpoint"}) {
     MEGATRON_CHECK(a.model == "llava" || !t.given(flag), flag,
                    " belongs to vision-language models (--model llava, `megatron pretrain_vlm`)");
   }

@@ -69,6 +69,10 @@ struct HfMapping {
       save;
   // Refuses (InvalidArgument naming the flags) a config no HF architecture of this model holds.
   std::function<void(const TransformerConfig& cfg)> check_exportable;
+  // Vision-language models (null for the others): a Hugging Face vision tower directory
+  // (--pretrained-vision-checkpoint) into the first stage's vision encoder.
+  std::function<void(const std::string& dir, ModelChunk& first_stage, ParamSet& params)>
+      load_vision;
 };
 
 struct ModelSpec {

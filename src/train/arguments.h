@@ -43,8 +43,8 @@ struct Arguments {
   bool disable_vision_class_token = false;
   std::string vision_projection_type = "mlp";
   int64_t vision_projection_ffn_hidden_size = 0;
-  int64_t dataloader_seq_length = 0;  // text tokens per sample (0: --seq-length as given)
-  bool freeze_lm = false, freeze_vit = false;  // --freeze-LM, --freeze-ViT
+  int64_t dataloader_seq_length = 0;            // text tokens per sample (0: --seq-length as given)
+  bool freeze_lm = false, freeze_vit = false;   // --freeze-LM, --freeze-ViT
   int64_t relative_attention_num_buckets = 32;  // --position-embedding-type relative
   int64_t relative_attention_max_distance = 128;
   double softmax_scale = 0;  // 0: 1/sqrt(kv_channels); Hugging Face's T5 has 1
@@ -174,15 +174,17 @@ struct Arguments {
 
   // ---- checkpoints (see src/train/checkpointing.h) ----
   std::string pretrained_checkpoint;  // Hugging Face model directory to start from
-  std::string save;                   // --save: checkpoint root; empty: no checkpoints
-  std::string load;                   // --load: checkpoint root to resume from
-  int64_t save_interval = 0;          // iterations between saves; 0: only at the end
-  int64_t save_retain_interval = 0;   // keep only these multiples (and the latest); 0: keep all
-  bool save_optim = true;             // false with --no-save-optim
-  bool save_rng = true;               // false with --no-save-rng
-  bool load_optim = true;             // false with --no-load-optim
-  bool load_rng = true;               // false with --no-load-rng
-  bool finetune = false;              // load weights only, start at iteration 0
+  // --pretrained-vision-checkpoint: a Hugging Face CLIP directory for LLaVA's vision encoder.
+  std::string pretrained_vision_checkpoint;
+  std::string save;                  // --save: checkpoint root; empty: no checkpoints
+  std::string load;                  // --load: checkpoint root to resume from
+  int64_t save_interval = 0;         // iterations between saves; 0: only at the end
+  int64_t save_retain_interval = 0;  // keep only these multiples (and the latest); 0: keep all
+  bool save_optim = true;            // false with --no-save-optim
+  bool save_rng = true;              // false with --no-save-rng
+  bool load_optim = true;            // false with --no-load-optim
+  bool load_rng = true;              // false with --no-load-rng
+  bool finetune = false;             // load weights only, start at iteration 0
   bool exit_on_missing_checkpoint = false;
   bool use_checkpoint_args = false;        // model-shape arguments from the --load checkpoint
   int64_t ckpt_step = -1;                  // --ckpt-step: load this iteration, not the tracker's

@@ -23,16 +23,18 @@ double weight_and_optimizer_bytes_per_param(DType compute_dtype, int64_t shards,
 
 std::string theoretical_memory_line(int64_t params, DType compute_dtype, int64_t shards,
                                     ShardedState sharded, int64_t activation_bytes,
-                                    int64_t fp8_weights) {
+                                    int64_t fp8_weights, int64_t frozen) {
   // An FP8 primary weight's compute copy is its one-byte code: one byte less than the 16-bit
   // copy, shared like the compute copy.
   const double fp8_saving = is_half(compute_dtype) && fp8_weights > 0
                                 ? static_cast<double>(fp8_weights) *
                                       (sharded.compute ? 1.0 / static_cast<double>(shards) : 1.0)
                                 : 0.0;
-  const double mb = (static_cast<double>(params) *
+  const double frozen_bytes =
+      static_cast<double>(frozen) * (4.0 + (is_half(compute_dtype) ? 2.0 : 0.0));
+  const double mb = (static_cast<double>(params - frozen) *
                          weight_and_optimizer_bytes_per_param(compute_dtype, shards, sharded) -
-                     fp8_saving) /
+                     fp8_saving + frozen_bytes) /
                     1048576.0;
   const double act = static_cast<double>(activation_bytes) / 1048576.0;
   return strprintf(

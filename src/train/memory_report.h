@@ -34,9 +34,11 @@ double weight_and_optimizer_bytes_per_param(DType compute_dtype, int64_t shards 
 // Megatron's "Theoretical memory footprints: weight and optimizer=%.2f MB, activation=%.2f MB,
 // total=%.2f MB" for `params` parameters and `activation_bytes`; `fp8_weights` of the parameters
 // are FP8 primary weights (--fp8-param-gather), whose compute copy is one byte, not two.
+// frozen: the parameters without gradients (--freeze-LM, --freeze-ViT), which hold their fp32
+// main and compute copies whole and nothing else.
 std::string theoretical_memory_line(int64_t params, DType compute_dtype, int64_t shards,
                                     ShardedState sharded, int64_t activation_bytes,
-                                    int64_t fp8_weights = 0);
+                                    int64_t fp8_weights = 0, int64_t frozen = 0);
 // Resident set size of this process now and its peak so far, in MB (MiB, as Megatron's "MB").
 double resident_mb();
 double max_resident_mb();

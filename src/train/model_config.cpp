@@ -232,7 +232,7 @@ TransformerConfig transformer_config_from_args(const Arguments& a) {
   if (a.model == "llava") {  // resolve_encoder_decoder derived the layers and lengths
     VisionConfig& v = c.vision;
     v.model_type = a.vision_model_type;
-    v.num_layers = a.vision_num_layers;
+    v.num_layers = a.vision_num_layers > 0 ? a.vision_num_layers : a.encoder_num_layers;
     v.hidden_size = a.vision_hidden_size;
     v.num_attention_heads = a.vision_num_attention_heads;
     v.ffn_hidden_size = a.vision_ffn_hidden_size;

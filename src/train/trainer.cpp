@@ -296,6 +296,18 @@ void Trainer::build_model() {
     }
     log_first(" > loaded pretrained weights from " + args_.pretrained_checkpoint);
   }
+  if (!args_.pretrained_vision_checkpoint.empty()) {
+    // Megatron's combine step: the vision encoder from its own checkpoint (the first stage's).
+    MEGATRON_CHECK(spec_->hf.load_vision != nullptr,
+                   "--pretrained-vision-checkpoint applies to "
+                   "vision-language models (--model llava)");
+    MEGATRON_CHECK(parallel_->tp_size() == 1 && parallel_->pp_size() == 1,
+                   "--pretrained-vision-checkpoint reads a whole Hugging Face "
+                   "vision tower in one process (tensor- and pipeline-parallel size 1); convert "
+                   "the combined model first (`megatron convert`), then --load it");
+    spec_->hf.load_vision(args_.pretrained_vision_checkpoint, *chunks_.front(), *params_);
+    log_first(" > loaded the vision encoder from " + args_.pretrained_vision_checkpoint);
+  }
   for (Param* p : params_->params()) {
     if (p->sequence_parallel) sp_params_.push_back(p);
     // With pipelining and tied embeddings, the first and the last stage each hold a copy.
@@ -332,11 +344,13 @@ void Trainer::build_model() {
                        m * virtual_stages_);
     const ShardedState sharded{distributed, params_->main_sharded(), params_->grads_sharded(),
                                params_->weights_sharded()};
-    int64_t fp8_weights = 0;
-    for (const Param* p : params_->params())
+    int64_t fp8_weights = 0, frozen = 0;
+    for (const Param* p : params_->params()) {
       if (p->fp8) fp8_weights += p->shape.numel();
+      if (!p->requires_grad) frozen += p->shape.numel();
+    }
     log_first(theoretical_memory_line(nparams, cfg_.compute_dtype, grad_size_, sharded,
-                                      in_flight * per_chunk, fp8_weights));
+                                      in_flight * per_chunk, fp8_weights, frozen));
   }
 }
 

@@ -204,6 +204,28 @@ class TestLlava(unittest.TestCase):
                 f.write(proc.stdout)
             out[name] = (path, [json.loads(line)["tokens"] for line in proc.stdout.splitlines()])
         self.assertEqual(out["vlm tp2"][1], out["vlm"][1], "tp2 generates other tokens")
+        # The checkpoint as a Hugging Face LLaVA directory, `megatron score`d on each image with
+        # the tokens it generated: the generated tokens' log-probabilities are generation's (the
+        # same forward, all positions at once instead of the last: 1e-4 covers f32 GEMMs of other
+        # row counts).
+        hf = os.path.join(self.dir, "vlm_hf")
+        proc = subprocess.run([MEGATRON, "convert", "--load", vlm_ckpt, "--save-hf", hf],
+                              capture_output=True, text=True, timeout=120, check=False)
+        self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
+        score_in = os.path.join(test, "score.jsonl")
+        with open(out["vlm"][0]) as f, open(score_in, "w") as g:
+            generated = [json.loads(line) for line in f][:10]
+            for r in generated:
+                g.write(json.dumps({"image": r["image"], "tokens": r["tokens"]}) + "\n")
+        proc = megatron_job.run_train(MEGATRON, MPIEXEC, 1, [
+            "--model", "llava", "--pretrained-checkpoint", hf, *vocab, "--input", score_in,
+            "--num-threads", "1"], TIMEOUT_S, "score")
+        self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
+        for r, line in zip(generated, proc.stdout.splitlines()):
+            scored = json.loads(line)["logprobs"]
+            tail = scored[len(scored) - len(r["logprobs"]):]
+            for a, b in zip(tail, r["logprobs"]):
+                self.assertAlmostEqual(a, b, delta=1e-4, msg=r["image"])
         text = self.accuracy(manifest, out["text"][0])
         vlm = self.accuracy(manifest, out["vlm"][0])
         # Measured (AMD EPYC Zen 5 class, 1 thread, 100 held-out scenes): text-only exact 0.01,

@@ -16,6 +16,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "checkpoint/safetensors.h"
 #include "checkpoint/safetensors_dir.h"
@@ -151,6 +152,60 @@ TEST(LlavaOracle, ExportRoundTripIsExact) {
     ASSERT_EQ(x[i]->name, y[i]->name);
     EXPECT_EQ(std::memcmp(x[i]->main.raw(), y[i]->main.raw(), x[i]->main.nbytes()), 0)
         << x[i]->name;
+  }
+}
+
+// Megatron's combine step with the vision tower from its own checkpoint: a CLIPVisionModel
+// directory (the oracle's tower renamed vision_model.*, its config alone) loads into a fresh
+// model's vision encoder exactly, leaving every other parameter as initialised; a tower of another
+// size is refused naming the flag to set.
+TEST(LlavaOracle, VisionTowerFromItsOwnDirectory) {
+  const std::string src = g_oracle_dir + "/model";
+  Loaded want = load(src, 15);
+  const std::string clip = g_oracle_dir + "/clip";
+  std::filesystem::remove_all(clip);
+  std::filesystem::create_directories(clip);
+  auto st = safetensors::SafetensorsDir::open(src);
+  std::vector<std::pair<std::string, Tensor>> tower;
+  const std::string prefix = "vision_tower.";
+  for (const std::string& n : st.names())
+    if (n.rfind(prefix, 0) == 0) tower.emplace_back(n.substr(prefix.size()), st.read(n));
+  safetensors::SafetensorsDir::write(clip, tower);
+  nlohmann::json config = want.info.raw["vision_config"];
+  config["model_type"] = "clip_vision_model";
+  std::ofstream(clip + "/config.json") << config.dump(2);
+
+  TransformerConfig c = want.model->config();
+  LlavaModel fresh(c, GPTStage{});
+  ParamSet params(fresh.parameters(), DType::kF32);
+  params.initialize(7);
+  std::vector<Param*> before_lm = fresh.language_model.parameters();
+  std::vector<Tensor> lm_init;
+  for (Param* p : before_lm) lm_init.push_back(p->main.clone());
+  load_clip_vision_weights(clip, fresh, params);
+  std::vector<Param*> got, ref;
+  fresh.vision_model->collect(got);
+  want.model->vision_model->collect(ref);
+  ASSERT_EQ(got.size(), ref.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(std::memcmp(got[i]->main.raw(), ref[i]->main.raw(), got[i]->main.nbytes()), 0)
+        << got[i]->name;
+  }
+  for (size_t i = 0; i < before_lm.size(); ++i) {
+    EXPECT_EQ(std::memcmp(before_lm[i]->main.raw(), lm_init[i].raw(), lm_init[i].nbytes()), 0)
+        << before_lm[i]->name << " changed";
+  }
+
+  TransformerConfig other = c;
+  other.vision.hidden_size = 48;
+  other.vision.num_attention_heads = 3;
+  LlavaModel wrong(other, GPTStage{});
+  ParamSet wrong_params(wrong.parameters(), DType::kF32);
+  try {
+    load_clip_vision_weights(clip, wrong, wrong_params);
+    ADD_FAILURE() << "a tower of hidden size 24 loaded into one of 48";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("--vision-hidden-size 24"), std::string::npos) << e.what();
   }
 }
 

@@ -1,5 +1,5 @@
 // The start-up "Theoretical memory footprints" line: bytes per parameter for each sharding, and
-// FP8 primary weights' one-byte compute copy.
+// FP8 primary weights' one-byte compute copy, frozen weights' main and compute copies alone.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -30,6 +30,11 @@ TEST(MemoryReport, BytesPerParameterAndFp8Codes) {
   EXPECT_DOUBLE_EQ(weight_mb(theoretical_memory_line(n, DType::kBF16, dp, zero3, 0, n)), 4.25);
   // fp32: no compute copy (the main weights are it).
   EXPECT_DOUBLE_EQ(weight_mb(theoretical_memory_line(n, DType::kF32, dp, {}, 0)), 16.0);
+  // Frozen weights without gradients (--freeze-LM): 4 main + 2 compute bytes, whole, nothing
+  // else; half of them frozen under ZeRO-1: 9 / 2 + 6 / 2 = 7.5.
+  EXPECT_DOUBLE_EQ(weight_mb(theoretical_memory_line(n, DType::kBF16, dp, zero1, 0, 0, n / 2)),
+                   7.5);
+  EXPECT_DOUBLE_EQ(weight_mb(theoretical_memory_line(n, DType::kF32, dp, {}, 0, 0, n)), 4.0);
 }
 
 }  // namespace

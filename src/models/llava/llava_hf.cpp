@@ -57,9 +57,10 @@ std::string hub_name(const std::string& n) {
   return n;
 }
 
-std::vector<HfTensorMapping> mappings(LlavaModel& m) {
-  MEGATRON_CHECK(m.vision_model && m.vision_projection && m.language_model.head,
-                 "LLaVA's Hugging Face mapping needs the whole model in one process");
+// The CLIP vision tower's tensors under `prefix` (the Hub's "vision_tower.vision_model." in a
+// LLaVA directory, "vision_model." in a CLIP one).
+std::vector<HfTensorMapping> vision_mappings(LlavaModel& m, const std::string& prefix) {
+  MEGATRON_CHECK(m.vision_model != nullptr, "the vision encoder lives on the first stage");
   const TransformerConfig& lm = m.config();
   const TransformerConfig& v = m.vision_model->config();
   const int64_t h = v.hidden_size, ffn = v.ffn_hidden_size, np = v.num_attention_heads;
@@ -74,14 +75,14 @@ std::vector<HfTensorMapping> mappings(LlavaModel& m) {
     add(name + ".bias", n.bias, {width});
   };
   ClipVisionModel& vit = *m.vision_model;
-  const std::string e = std::string(kVision) + "embeddings.";
+  const std::string e = prefix + "embeddings.";
   add(e + "patch_embedding.weight", vit.conv1.weight, {h, 3, p, p});
   add(e + "class_embedding", vit.class_token, {h});
   add(e + "position_embedding.weight", vit.position_embeddings, {v.seq_length, h});
-  norm(std::string(kVision) + "pre_layrnorm", vit.ln_pre, h);
+  norm(prefix + "pre_layrnorm", vit.ln_pre, h);
   for (int64_t i = 0; i < v.num_layers; ++i) {
     TransformerLayer& L = *vit.decoder->layers[static_cast<size_t>(i)];
-    const std::string x = std::string(kVision) + "encoder.layers." + std::to_string(i) + ".";
+    const std::string x = prefix + "encoder.layers." + std::to_string(i) + ".";
     const char* qkv[] = {"q_proj", "k_proj", "v_proj"};
     for (int part = 0; part < 3; ++part) {
       const std::string a = x + "self_attn." + qkv[part];
@@ -98,6 +99,18 @@ std::vector<HfTensorMapping> mappings(LlavaModel& m) {
     add(x + "mlp.fc2.bias", L.mlp->linear_fc2.bias, {h});
     norm(x + "layer_norm2", L.pre_mlp_layernorm, h);
   }
+  return maps;
+}
+
+std::vector<HfTensorMapping> mappings(LlavaModel& m) {
+  MEGATRON_CHECK(m.vision_model && m.vision_projection && m.language_model.head,
+                 "LLaVA's Hugging Face mapping needs the whole model in one process");
+  const TransformerConfig& lm = m.config();
+  const int64_t h = m.vision_model->config().hidden_size;
+  std::vector<HfTensorMapping> maps = vision_mappings(m, kVision);
+  auto add = [&](const std::string& name, Param& param, Shape shape) {
+    maps.push_back(HfTensorMapping{name, &param, 0, {}, false, shape, 0.0});
+  };
   VisionProjection& proj = *m.vision_projection;
   MEGATRON_CHECK(!proj.affine(),
                  "Hugging Face LLaVA's projector is the mlp one "
@@ -290,6 +303,58 @@ void save_llava_hf(const std::string& dir, const LlavaHfInfo& info, const LlavaM
   write_hf_dir(dir, tensors, info.dtype, info.raw);
 }
 
+void load_clip_vision_weights(const std::string& dir, LlavaModel& model, ParamSet& params) {
+  const std::string file = (fs::path(dir) / "config.json").string();
+  json j = read_hf_config_json(dir);
+  const std::string type = hf_get_or<std::string>(j, "model_type", "", file);
+  MEGATRON_CHECK(type == "clip_vision_model" || type == "clip" || type == "llava", file,
+                 ": model_type '", type,
+                 "': --pretrained-vision-checkpoint takes a CLIP (CLIPModel or CLIPVisionModel) or "
+                 "LLaVA directory");
+  json vision = type == "clip_vision_model" ? j : j.value("vision_config", json::object());
+  fill(vision, kClipDefaults);
+  const std::string vfile = file + (type == "clip_vision_model" ? "" : " (vision_config)");
+  const TransformerConfig& v = model.vision_model->config();
+  const VisionConfig& vc = model.config().vision;
+  auto same = [&](const char* key, int64_t ours, const char* flag) {
+    const auto theirs = hf_get<int64_t>(vision, key, vfile);
+    MEGATRON_CHECK(theirs == ours, vfile, ": ", key, " is ", theirs, " but ", flag, " makes ", ours,
+                   "; set ", flag, " ", theirs);
+  };
+  same("hidden_size", v.hidden_size, "--vision-hidden-size");
+  same("num_attention_heads", v.num_attention_heads, "--vision-num-attention-heads");
+  same("intermediate_size", v.ffn_hidden_size, "--vision-ffn-hidden-size");
+  same("patch_size", vc.patch_dim, "--patch-dim");
+  same("image_size", vc.img_h, "--img-h");
+  same("image_size", vc.img_w, "--img-w");
+  const auto layers = hf_get<int64_t>(vision, "num_hidden_layers", vfile);
+  MEGATRON_CHECK(layers >= v.num_layers, vfile, ": the tower has ", layers,
+                 " layers, fewer than "
+                 "--encoder-num-layers ",
+                 v.num_layers);
+  MEGATRON_CHECK(hf_get<std::string>(vision, "hidden_act", vfile) == "quick_gelu", vfile,
+                 ": hidden_act must be quick_gelu (CLIP's)");
+  auto st = safetensors::SafetensorsDir::open(dir);
+  std::map<std::string, std::string> by_hub;
+  for (const std::string& n : st.names()) by_hub[hub_name(n)] = n;
+  const std::string prefix = type == "llava" ? kVision : "vision_model.";
+  // Each parameter staged whole (q, k and v fill parts of one) and written once.
+  std::map<Param*, Tensor> staged;
+  for (const HfTensorMapping& mp : vision_mappings(model, prefix)) {
+    auto it = by_hub.find(mp.hf_name);
+    MEGATRON_CHECK(it != by_hub.end(), dir, ": tensor '", mp.hf_name, "' is missing");
+    const auto& ti = st.info(it->second);
+    MEGATRON_CHECK(ti.shape == mp.hf_shape, dir, ": tensor '", it->second, "' has shape ",
+                   ti.shape.str(), ", the vision encoder's is ", mp.hf_shape.str());
+    auto [at, fresh] = staged.try_emplace(mp.param);
+    if (fresh) at->second = Tensor::zeros(mp.param->shape, DType::kF64);
+    Tensor src = st.read(it->second).to(DType::kF64);
+    copy_mapped(mp, src.data<double>(), at->second.data<double>(), true);
+  }
+  for (auto& [param, t] : staged) params.set_main(*param, t);
+  params.sync_compute_from_main();
+}
+
 HfMapping llava_hf_mapping() {
   auto model_of = [](const ModelChunk& whole) -> LlavaModel& {
     const auto* c = dynamic_cast<const LlavaChunk*>(&whole);
@@ -313,6 +378,9 @@ HfMapping llava_hf_mapping() {
     save_llava_hf(dir, info, m, source_dir);
   };
   h.check_exportable = check_llava_exportable;
+  h.load_vision = [model_of](const std::string& dir, ModelChunk& first, ParamSet& params) {
+    load_clip_vision_weights(dir, model_of(first), params);
+  };
   return h;
 }
 

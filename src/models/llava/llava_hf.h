@@ -53,6 +53,13 @@ std::map<std::string, Tensor> llava_to_hf_tensors(const LlavaHfInfo& info, const
 void save_llava_hf(const std::string& dir, const LlavaHfInfo& info, const LlavaModel& model,
                    const std::string& source_dir);
 
+// A Hugging Face CLIP directory's vision tower (CLIPVisionModel: vision_model.*; CLIPModel: its
+// vision_config and vision_model.*; a LLaVA directory's vision tower too) into the vision
+// encoder of `model` (its first stage): Megatron's combine step, with the language model from
+// --pretrained-checkpoint. The tower's sizes must equal the encoder's (errors name the flag to
+// set); its first --encoder-num-layers layers are read.
+void load_clip_vision_weights(const std::string& dir, LlavaModel& model, ParamSet& params);
+
 HfMapping llava_hf_mapping();
 
 }  // namespace megatron
