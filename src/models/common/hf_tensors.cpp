@@ -109,6 +109,26 @@ std::map<std::string, Tensor> mapped_hf_tensors(const std::vector<HfTensorMappin
   return out;
 }
 
+std::set<std::string> read_mapped_tensors(const safetensors::SafetensorsDir& st,
+                                          const std::map<std::string, std::string>& by_name,
+                                          const std::vector<HfTensorMapping>& maps,
+                                          std::map<Param*, Tensor>& staged,
+                                          const std::string& dir) {
+  std::set<std::string> used;
+  for (const HfTensorMapping& mp : maps) {
+    auto it = by_name.find(mp.hf_name);
+    MEGATRON_CHECK(it != by_name.end(), dir, ": tensor '", mp.hf_name,
+                   "' is missing from the safetensors files; config.json and the weights disagree");
+    used.insert(it->first);
+    const auto& ti = st.info(it->second);
+    MEGATRON_CHECK(ti.shape == mp.hf_shape, dir, ": tensor '", it->second, "' has shape ",
+                   ti.shape.str(), ", config.json implies ", mp.hf_shape.str());
+    Tensor src = st.read(it->second).to(DType::kF64);
+    copy_mapped(mp, src.data<double>(), staged.at(mp.param).data<double>(), true);
+  }
+  return used;
+}
+
 void write_hf_dir(const std::string& dir, const std::map<std::string, Tensor>& tensors, DType dtype,
                   const nlohmann::json& config) {
   std::error_code ec;

@@ -8,11 +8,13 @@
 #pragma once
 
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/safetensors_dir.h"
 #include "core/error.h"
 #include "parallel/param.h"
 #include "tensor/tensor.h"
@@ -70,6 +72,15 @@ std::map<std::string, Tensor> mapped_hf_tensors(const std::vector<HfTensorMappin
 // Rows of Megatron's packed linear_qkv ([ng, qpg + 2, hn] per output row block) that hold every
 // query head (part 0), every key head (1) or every value head (2), in Hugging Face's head order.
 std::vector<int64_t> packed_qkv_rows(const TransformerConfig& cfg, int part);
+
+// Reads every tensor `maps` names from the directory `st` (by_name: a mapping's name -> the file's
+// name) into `staged` (each Param's f64 staging buffer, which must be there), checking that each
+// is present with the shape the mapping expects (errors name `dir` and the tensor). Returns the
+// mapping names read, so that the caller can refuse the file's other tensors.
+std::set<std::string> read_mapped_tensors(const safetensors::SafetensorsDir& st,
+                                          const std::map<std::string, std::string>& by_name,
+                                          const std::vector<HfTensorMapping>& maps,
+                                          std::map<Param*, Tensor>& staged, const std::string& dir);
 
 // Writes dir/model.safetensors (tensors cast to dtype) and dir/config.json, creating dir.
 void write_hf_dir(const std::string& dir, const std::map<std::string, Tensor>& tensors, DType dtype,

@@ -310,22 +310,12 @@ void load_hf_weights(const std::string& dir, const HfModelInfo& info, GPTModel& 
   // Each parameter is staged in f64 (padding rows stay zero) and written back once.
   std::map<Param*, Tensor> staged;
   for (Param* p : params.params()) staged[p] = Tensor::zeros(p->shape, DType::kF64);
-  std::set<std::string> used;
   // The experts this rank holds (the same range in every MoE layer), or null for a dense model.
   const GroupedExperts* local_experts = nullptr;
   for (const auto& layer : model.decoder->layers)
     if (layer->moe) local_experts = &layer->moe->experts;
-  for (const Mapping& mp : build_mappings(info, model)) {
-    auto it = by_short.find(mp.hf_name);
-    MEGATRON_CHECK(it != by_short.end(), dir, ": tensor '", mp.hf_name,
-                   "' is missing from the safetensors files; config.json and the weights disagree");
-    used.insert(it->first);
-    const auto& ti = st.info(it->second);
-    MEGATRON_CHECK(ti.shape == mp.hf_shape, dir, ": tensor '", it->second, "' has shape ",
-                   ti.shape.str(), ", config.json implies ", mp.hf_shape.str());
-    Tensor src = st.read(it->second).to(DType::kF64);
-    copy_mapped(mp, src.data<double>(), staged.at(mp.param).data<double>(), true);
-  }
+  const std::set<std::string> used =
+      read_mapped_tensors(st, by_short, build_mappings(info, model), staged, dir);
   for (const auto& [short_name, full] : by_short) {
     if (used.count(short_name)) continue;
     const bool mask_buffer = short_name.find(".attn.bias") != std::string::npos ||

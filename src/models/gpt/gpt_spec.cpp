@@ -15,18 +15,8 @@ namespace {
 std::vector<std::unique_ptr<ModelChunk>> build_chunks(const ModelOptions& o,
                                                       const ChunkPlacement& p) {
   std::vector<std::unique_ptr<ModelChunk>> chunks;
-  for (const ChunkLayers& l : chunk_layers(o.config.num_layers, p)) {
-    const GPTStage stage{.tp = p.tp,
-                         .sequence_parallel = p.sequence_parallel,
-                         .first_layer = l.first_layer,
-                         .num_layers = l.num_layers,
-                         .pre_process = l.pre_process,
-                         .post_process = l.post_process,
-                         .cp = p.cp,
-                         .expert = p.expert,
-                         .amax = p.amax};
-    chunks.push_back(std::make_unique<GPTChunk>(o.config, stage, o.reset_attention_mask));
-  }
+  for (const ChunkLayers& l : chunk_layers(o.config.num_layers, p))
+    chunks.push_back(std::make_unique<GPTChunk>(o.config, gpt_stage(p, l), o.reset_attention_mask));
   return chunks;
 }
 
@@ -100,6 +90,18 @@ ModelSpec make_gpt_spec() {
 }
 
 }  // namespace
+
+GPTStage gpt_stage(const ChunkPlacement& p, const ChunkLayers& l) {
+  return GPTStage{.tp = p.tp,
+                  .sequence_parallel = p.sequence_parallel,
+                  .first_layer = l.first_layer,
+                  .num_layers = l.num_layers,
+                  .pre_process = l.pre_process,
+                  .post_process = l.post_process,
+                  .cp = p.cp,
+                  .expert = p.expert,
+                  .amax = p.amax};
+}
 
 const ModelSpec& gpt_spec() {
   static const ModelSpec spec = make_gpt_spec();

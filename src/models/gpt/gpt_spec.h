@@ -2,10 +2,14 @@
 // `megatron pretrain_gpt`.
 #pragma once
 
+#include "models/gpt/gpt_model.h"
 #include "models/model_spec.h"
 
 namespace megatron {
 
 const ModelSpec& gpt_spec();
+
+// The GPTModel stage of chunk `l` of a placement (shared with models built on GPT: LLaVA).
+GPTStage gpt_stage(const ChunkPlacement& p, const ChunkLayers& l);
 
 }  // namespace megatron

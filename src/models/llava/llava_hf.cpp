@@ -252,18 +252,7 @@ void load_llava_hf_weights(const std::string& dir, const LlavaHfInfo& info, Llav
   for (const std::string& n : st.names()) by_hub[hub_name(n)] = n;
   std::map<Param*, Tensor> staged;
   for (Param* p : params.params()) staged[p] = Tensor::zeros(p->shape, DType::kF64);
-  std::set<std::string> used;
-  for (const HfTensorMapping& mp : mappings(model)) {
-    auto it = by_hub.find(mp.hf_name);
-    MEGATRON_CHECK(it != by_hub.end(), dir, ": tensor '", mp.hf_name,
-                   "' is missing from the safetensors files; config.json and the weights disagree");
-    used.insert(it->first);
-    const auto& ti = st.info(it->second);
-    MEGATRON_CHECK(ti.shape == mp.hf_shape, dir, ": tensor '", it->second, "' has shape ",
-                   ti.shape.str(), ", config.json implies ", mp.hf_shape.str());
-    Tensor src = st.read(it->second).to(DType::kF64);
-    copy_mapped(mp, src.data<double>(), staged.at(mp.param).data<double>(), true);
-  }
+  const std::set<std::string> used = read_mapped_tensors(st, by_hub, mappings(model), staged, dir);
   const int64_t kept = info.config.vision.num_layers;
   for (const auto& [hub, full] : by_hub) {
     if (used.count(hub)) continue;
@@ -339,18 +328,11 @@ void load_clip_vision_weights(const std::string& dir, LlavaModel& model, ParamSe
   for (const std::string& n : st.names()) by_hub[hub_name(n)] = n;
   const std::string prefix = type == "llava" ? kVision : "vision_model.";
   // Each parameter staged whole (q, k and v fill parts of one) and written once.
+  const std::vector<HfTensorMapping> maps = vision_mappings(model, prefix);
   std::map<Param*, Tensor> staged;
-  for (const HfTensorMapping& mp : vision_mappings(model, prefix)) {
-    auto it = by_hub.find(mp.hf_name);
-    MEGATRON_CHECK(it != by_hub.end(), dir, ": tensor '", mp.hf_name, "' is missing");
-    const auto& ti = st.info(it->second);
-    MEGATRON_CHECK(ti.shape == mp.hf_shape, dir, ": tensor '", it->second, "' has shape ",
-                   ti.shape.str(), ", the vision encoder's is ", mp.hf_shape.str());
-    auto [at, fresh] = staged.try_emplace(mp.param);
-    if (fresh) at->second = Tensor::zeros(mp.param->shape, DType::kF64);
-    Tensor src = st.read(it->second).to(DType::kF64);
-    copy_mapped(mp, src.data<double>(), at->second.data<double>(), true);
-  }
+  for (const HfTensorMapping& mp : maps)
+    staged.try_emplace(mp.param, Tensor::zeros(mp.param->shape, DType::kF64));
+  read_mapped_tensors(st, by_hub, maps, staged, dir);
   for (auto& [param, t] : staged) params.set_main(*param, t);
   params.sync_compute_from_main();
 }

@@ -5,6 +5,7 @@
 #include "models/gpt/gpt_chunk.h"  // GPTLoss
 #include "models/gpt/gpt_flops.h"
 #include "models/gpt/gpt_memory.h"
+#include "models/gpt/gpt_spec.h"  // gpt_stage
 #include "models/llava/llava_chunk.h"
 #include "models/llava/llava_data.h"
 #include "models/llava/llava_hf.h"
@@ -18,18 +19,8 @@ std::vector<std::unique_ptr<ModelChunk>> build_chunks(const ModelOptions& o,
   MEGATRON_CHECK(!o.reset_attention_mask,
                  "--reset-attention-mask applies to GPT documents, not to image-text samples");
   std::vector<std::unique_ptr<ModelChunk>> chunks;
-  for (const ChunkLayers& l : chunk_layers(o.config.num_layers, p)) {
-    const GPTStage stage{.tp = p.tp,
-                         .sequence_parallel = p.sequence_parallel,
-                         .first_layer = l.first_layer,
-                         .num_layers = l.num_layers,
-                         .pre_process = l.pre_process,
-                         .post_process = l.post_process,
-                         .cp = p.cp,
-                         .expert = p.expert,
-                         .amax = p.amax};
-    chunks.push_back(std::make_unique<LlavaChunk>(o.config, stage));
-  }
+  for (const ChunkLayers& l : chunk_layers(o.config.num_layers, p))
+    chunks.push_back(std::make_unique<LlavaChunk>(o.config, gpt_stage(p, l)));
   return chunks;
 }
 
