@@ -309,6 +309,7 @@ void Trainer::build_model() {
     log_first(" > loaded the vision encoder from " + args_.pretrained_vision_checkpoint);
   }
   for (Param* p : params_->params()) {
+    if (!p->requires_grad) continue;  // frozen without gradients: nothing to reduce
     if (p->sequence_parallel) sp_params_.push_back(p);
     // With pipelining and tied embeddings, the first and the last stage each hold a copy.
     if (pp > 1 && !cfg_.untie_embeddings_and_output_weights &&
@@ -992,8 +993,16 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, const BatchSchedule::
   // Before backward, so that it accumulates onto the inf (inf + x = inf) and the bucket holding
   // it is launched with it even when reductions overlap backward.
   if (fault_.inf_grad_at(parallel_->rank(), iteration)) {
-    // Sharded gradients: into this rank's shard, which the reductions add to.
-    Tensor g = params_->grads_sharded() ? params_->grads() : params_->params().front()->main_grad;
+    // Sharded gradients: into this rank's shard, which the reductions add to. (The first
+    // registered parameter may be frozen, without a gradient: a trained one's.)
+    Tensor g = params_->grads();
+    if (!params_->grads_sharded()) {
+      for (const Param* p : params_->params())
+        if (p->requires_grad) {
+          g = p->main_grad;
+          break;
+        }
+    }
     g.flat_view(0, {1}).fill(std::numeric_limits<float>::infinity());
   }
   std::vector<TensorMap> batches =

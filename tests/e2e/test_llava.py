@@ -8,6 +8,7 @@ What it is:
   loss and grad norm curves agree within 1e-5 relative (the order of f32 sums across ranks moves
   the 7th digit over 12 Adam steps; a wrong splice, shard or reduction moves the 2nd);
 - the model learns: the last iterations' lm loss is below the first ones';
+- each freeze flag alone in Megatron-FSDP ZeRO-3, tp2+sp and pp2 against one process;
 - --freeze-LM --freeze-ViT: only the projector trains; the language model's and the ViT's
   weights in the checkpoint equal, bit for bit, those of a run that did not move them (lr 0),
   the projector's do not, and the checkpoint holds Adam moments for the projector only (frozen
@@ -135,6 +136,23 @@ class TestLlava(unittest.TestCase):
         moments = sorted(n for n in b if n.startswith("optimizer.exp_avg."))
         self.assertEqual(moments, sorted("optimizer.exp_avg." + n[len("model."):] for n in b
                                          if n.startswith("model.vision_projection.")))
+
+    def test_frozen_layouts_match_single_process(self):
+        # Frozen weights sit outside every bucket: Megatron-FSDP ZeRO-3 (bf16 main weights
+        # sharded, frozen ones whole and private) and tp2 + pp2 train the rest as one process.
+        for freeze in (["--freeze-ViT"], ["--freeze-LM"]):
+            single = self.run_vlm(1, [*self.base(), *freeze])
+            self.assertEqual(single.returncode, 0, single.stderr[-3000:])
+            want = self.curves(single.stdout)
+            for name, flags in [
+                    ("dp2 ZeRO-3", ["--use-megatron-fsdp", "--data-parallel-sharding-strategy",
+                                    "optim_grads_params"]),
+                    ("tp2+sp", [TP, "2", "--sequence-parallel"]),
+                    ("pp2", [PP, "2"])]:
+                with self.subTest(freeze=freeze[0], layout=name):
+                    proc = self.run_vlm(2, [*self.base(), *freeze, *flags])
+                    self.assertEqual(proc.returncode, 0, f"{name}: {proc.stderr[-3000:]}")
+                    megatron_log.assert_same_curves(self, self.curves(proc.stdout), want, name)
 
     def test_webdataset_shards_train_as_the_manifest(self):
         shards = scenes(os.path.join(self.dir, "train_wds"), 200, fmt="wds")
