@@ -2,6 +2,7 @@
 // labels (see the header).
 #include "models/llava/llava_data.h"
 
+#include <algorithm>
 #include <random>
 
 #include "core/error.h"
@@ -95,6 +96,14 @@ LlavaText llava_text(const image::ImageTextSample& sample, const Tokenizer& toke
     image_token();
     append(std::string_view(sample.prompt).substr(at + kImageTag.size()), false);
   }
+  const auto image_at =
+      static_cast<int64_t>(std::find(ids.begin(), ids.end(), kImageTokenIndex) - ids.begin());
+  MEGATRON_CHECK(image_at < text_seq_length, where(sample),
+                 ": the prompt puts the image token "
+                 "after ",
+                 image_at, " tokens, beyond the ", text_seq_length,
+                 " a sample holds (--dataloader-seq-length + 1): shorten the prompt or raise "
+                 "--dataloader-seq-length");
   append(sample.text, true);
   ids.push_back(tokenizer.eod());
   target.push_back(1);
