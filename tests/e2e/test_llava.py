@@ -4,7 +4,8 @@ tiny CLIP ViT + projector + Llama-style decoder on it, as one process and under 
 
 What it is:
 - equivalence: tp2 (+ sequence parallel), pp2 (the vision encoder on the first stage) and dp2
-  with the distributed optimizer against the single process, dropout on in the decoder: the lm
+  with the distributed optimizer (also overlapping the gradient reduction and the parameter
+  gather, so that every vision weight waits for its bucket) against the single process, dropout on in the decoder: the lm
   loss and grad norm curves agree within 1e-5 relative (the order of f32 sums across ranks moves
   the 7th digit over 12 Adam steps; a wrong splice, shard or reduction moves the 2nd);
 - the model learns: the last iterations' lm loss is below the first ones';
@@ -102,7 +103,10 @@ class TestLlava(unittest.TestCase):
         for name, ranks, flags in [
                 ("tp2+sp", 2, [TP, "2", "--sequence-parallel"]),
                 ("pp2", 2, [PP, "2"]),
-                ("dp2 distributed optimizer", 2, ["--use-distributed-optimizer"])]:
+                ("dp2 distributed optimizer", 2, ["--use-distributed-optimizer"]),
+                ("dp2 overlapped param gather", 2,
+                 ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
+                  "--ddp-bucket-size", "2000"])]:
             with self.subTest(layout=name):
                 proc = self.run_vlm(ranks, [*self.base(), *flags])
                 self.assertEqual(proc.returncode, 0, f"{name}: {proc.stderr[-3000:]}")

@@ -134,9 +134,11 @@ Tensor LlavaModel::decoder_input(const LlavaInputs& in, Ctx& ctx, const ForwardM
     if (ids.data<int64_t>()[k] == kImageTokenIndex) ids.data<int64_t>()[k] = 0;
   ids = on_device(ids, in.tokens.device());
   const LanguageEmbedding& embedding = *language_model.embedding;
+  std::vector<const Param*> tables{&embedding.word_embeddings};
+  if (!embedding.position_embeddings.name.empty()) tables.push_back(&embedding.position_embeddings);
   Tensor text_emb;
   {
-    const ForwardMode::Use use(mode, {&embedding.word_embeddings});
+    const ForwardMode::Use use(mode, tables);
     text_emb = embedding.forward(ids, in.positions, Tensor(), ctx.text, mode,
                                  /*sequence_parallel_split=*/false);
   }
