@@ -107,13 +107,23 @@ int run_image_generation(const Arguments& args, const GenerationArgs& gen,
     const Tensor images = pixels.view({1, 3, v.img_h, v.img_w});
     const size_t prompt_len = ids.size();
     std::vector<float> logprobs;
+    // The prompt with its image once (prefill), then one token per step through the KV cache.
+    const int64_t positions_needed = static_cast<int64_t>(ids.size()) - 1 +
+                                     v.num_image_embeddings() + gen.num_tokens_to_generate;
+    KvCache cache(positions_needed);
     for (int64_t step = 0; step < gen.num_tokens_to_generate; ++step) {
-      Tensor tokens = Tensor::empty({1, static_cast<int64_t>(ids.size())}, DType::kI64);
-      std::copy(ids.begin(), ids.end(), tokens.data<int64_t>());
-      const Tensor logits = to_host(
-          chunk->infer({}, TensorMap{{kTokens, tokens}, {kImages, images}}, ForwardMode{}, true)
-              .at("logits")
-              .to(DType::kF32));
+      const bool prefill = step == 0;
+      const auto n = static_cast<int64_t>(prefill ? ids.size() : 1);
+      Tensor tokens = Tensor::empty({1, n}, DType::kI64);
+      std::copy(ids.end() - n, ids.end(), tokens.data<int64_t>());
+      // Text positions (learned position embeddings read them): the token's index.
+      Tensor text_pos = Tensor::full({1, 1}, static_cast<double>(ids.size() - 1), DType::kI64);
+      int64_t ran = 0;
+      const LlavaInputs in{tokens, prefill ? Tensor() : text_pos, prefill ? images : Tensor(),
+                           Tensor()};
+      const Tensor logits =
+          to_host(chunk->model().infer(in, /*last_only=*/true, &cache, &ran).to(DType::kF32));
+      cache.advance(ran);
       const std::span<const float> row(logits.data<float>(), static_cast<size_t>(logits.dim(1)));
       const double u = Philox::uniform(static_cast<uint64_t>(gen.seed), p, ids.size() - 1);
       const int64_t next = inference::sample_token(row, sampling, tok.vocab_size(), u);

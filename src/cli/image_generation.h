@@ -4,7 +4,9 @@
 // LLaVA's pretraining lays captions out) and an image file, decoded and resized by the CLIP
 // transform the model trained with. Tokens are generated one at a time (sampled as `megatron
 // generate` samples: Philox(seed, prompt index, position), --top_k 1 greedy) until
-// --num-tokens-to-generate or the end-of-document token; one pipeline stage, any TP. Rank 0 prints
+// --num-tokens-to-generate or the end-of-document token, the prompt and image once through the
+// KV cache and then a token per step; one prompt at a time, one pipeline stage, any TP. Rank 0
+// prints
 // one JSON line per prompt: "prompt", "image", "text" (the prompt's text and the generation),
 // "generated_text", "tokens" (the prompt's ids with the image token -200, then the generated
 // ids) and, with --return-log-probs, "logprobs" of the generated tokens.

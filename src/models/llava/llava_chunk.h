@@ -30,10 +30,10 @@ class LlavaChunk final : public ModelChunk {
   TensorMap forward(const TensorMap& in, const TensorMap& batch, Ctx& ctx,
                     const ForwardMode& mode) const override;
   TensorMap backward(const TensorMap& dout, Ctx& ctx, const ParamsDone& done) const override;
-  // Generation and scoring with images: batch "tokens" [b, s] (image tokens included), "images"
-  // [n, 3, img_h, img_w]; one pipeline stage, no KV cache (each call runs the whole prompt: the
-  // image embeddings change the positions a cache would count). Returns "logits" as
-  // LlavaModel::infer.
+  // Scoring with images: batch "tokens" [b, s] (image tokens included), "images"
+  // [n, 3, img_h, img_w]; one pipeline stage, no KV cache (the Generator's cache counts tokens,
+  // not the image's positions: generation calls LlavaModel::infer with its own cache). Returns
+  // "logits" as LlavaModel::infer.
   TensorMap infer(const TensorMap& in, const TensorMap& batch, const ForwardMode& mode,
                   bool last_only) const override;
   std::vector<Param*> parameters() override { return model_.parameters(); }

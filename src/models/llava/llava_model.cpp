@@ -161,13 +161,22 @@ Tensor LlavaModel::decoder_input(const LlavaInputs& in, Ctx& ctx, const ForwardM
   return x;
 }
 
-Tensor LlavaModel::infer(const LlavaInputs& in, bool last_only) const {
+Tensor LlavaModel::infer(const LlavaInputs& in, bool last_only, KvCache* cache,
+                         int64_t* positions) const {
   const GPTStage& st = stage();
   MEGATRON_CHECK(st.pre_process && st.post_process,
                  "LLaVA inference runs in one pipeline stage (--pipeline-model-parallel-size 1)");
-  ForwardMode mode;  // no dropout, no cache
+  ForwardMode mode;  // no dropout
+  mode.kv_cache = cache;
+  if (!in.images.defined()) {  // text after the image, through the cache: GPT's own step
+    MEGATRON_CHECK(cache != nullptr && cache->offset() > 0,
+                   "LLaVA: a step without images continues a cached prompt that had one");
+    if (positions) *positions = in.tokens.dim(1);
+    return language_model.infer_stage(Tensor(), in.tokens, in.positions, mode, last_only);
+  }
   Ctx ctx;
-  const Tensor x = decoder_input(in, ctx, mode, /*for_inference=*/true);
+  const Tensor x = decoder_input(in, ctx, ForwardMode{}, /*for_inference=*/true);
+  if (positions) *positions = x.dim(0);
   const Tensor logits = language_model.infer_stage(Tensor(), Tensor(), Tensor(), mode,
                                                    /*last_only=*/false, x);  // [S b, Vp]
   const int64_t b = in.tokens.dim(0), text = in.tokens.dim(1), vp = logits.dim(1);

@@ -28,6 +28,8 @@
 
 #include <memory>
 
+#include "transformer/kv_cache.h"
+
 #include "models/gpt/gpt_model.h"
 #include "models/vision/clip_vit.h"
 #include "models/vision/vision_projection.h"
@@ -69,10 +71,15 @@ class LlavaModel {
   Tensor decoder_input(const LlavaInputs& in, Ctx& ctx, const ForwardMode& mode,
                        bool for_inference = false) const;
 
-  // Inference in one pipeline stage, without a KV cache: logits [s b, Vp] over the whole padded
-  // vocabulary at each text token's place (row t b + i: the logits after token t of sequence i;
-  // for an image token, after its image's last embedding), or [b, Vp] after the last token.
-  Tensor infer(const LlavaInputs& in, bool last_only) const;
+  // Inference in one pipeline stage: logits [s b, Vp] over the whole padded vocabulary at each
+  // text token's place (row t b + i: the logits after token t of sequence i; for an image token,
+  // after its image's last embedding), or [b, Vp] after the last token. With `cache`, the
+  // positions run join it (the caller advances it by *positions, the combined positions this
+  // call ran: the image's embeddings count); a call without images continues a cached prompt
+  // with text tokens (in.positions: their text positions, which learned position embeddings
+  // read; RoPE turns by the cache's combined positions, as in training).
+  Tensor infer(const LlavaInputs& in, bool last_only, KvCache* cache = nullptr,
+               int64_t* positions = nullptr) const;
 
   std::vector<Param*> parameters();
   const TransformerConfig& config() const { return language_model.config(); }
