@@ -46,6 +46,15 @@ std::vector<int64_t> tokenize(const Tokenizer& tokenizer, const std::string& pro
   return ids;
 }
 
+// log p(token) under the raw logits of one row over the first `vocab` entries (the output layer's
+// padding rows excluded), in double.
+double log_prob(const float* row, int64_t vocab, int64_t token) {
+  double max = -INFINITY, sum = 0;
+  for (int64_t k = 0; k < vocab; ++k) max = std::max(max, static_cast<double>(row[k]));
+  for (int64_t k = 0; k < vocab; ++k) sum += std::exp(static_cast<double>(row[k]) - max);
+  return static_cast<double>(row[token]) - max - std::log(sum);
+}
+
 // The text of ids, the image token left out.
 std::string text_of(const Tokenizer& tokenizer, const std::vector<int64_t>& ids) {
   std::vector<int64_t> text;
@@ -127,12 +136,8 @@ int run_image_generation(const Arguments& args, const GenerationArgs& gen,
       const std::span<const float> row(logits.data<float>(), static_cast<size_t>(logits.dim(1)));
       const double u = Philox::uniform(static_cast<uint64_t>(gen.seed), p, ids.size() - 1);
       const int64_t next = inference::sample_token(row, sampling, tok.vocab_size(), u);
-      if (gen.return_log_probs) {  // log p(next) under the raw logits over the vocabulary
-        double max = -INFINITY, sum = 0;
-        for (int64_t k = 0; k < tok.vocab_size(); ++k) max = std::max(max, double(row[k]));
-        for (int64_t k = 0; k < tok.vocab_size(); ++k) sum += std::exp(double(row[k]) - max);
-        logprobs.push_back(static_cast<float>(double(row[next]) - max - std::log(sum)));
-      }
+      if (gen.return_log_probs)
+        logprobs.push_back(static_cast<float>(log_prob(row.data(), tok.vocab_size(), next)));
       ids.push_back(next);
       if (next == tok.eod()) break;
     }
@@ -203,11 +208,7 @@ nlohmann::json score_image_line(const ModelChunk& model, const TransformerConfig
       out["logprobs"].push_back(nullptr);
       continue;
     }
-    const float* row = logits.data<float>() + t * logits.dim(1);
-    double max = -INFINITY, sum = 0;
-    for (int64_t k = 0; k < cfg.vocab_size; ++k) max = std::max(max, double(row[k]));
-    for (int64_t k = 0; k < cfg.vocab_size; ++k) sum += std::exp(double(row[k]) - max);
-    const double lp = double(row[next]) - max - std::log(sum);
+    const double lp = log_prob(logits.data<float>() + t * logits.dim(1), cfg.vocab_size, next);
     out["logprobs"].push_back(lp);
     total -= lp;
     ++counted;
