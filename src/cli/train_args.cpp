@@ -21,6 +21,7 @@
 #include "train/batch_schedule.h"
 #include "train/exit_signal.h"
 #include "train/fault_injection.h"
+#include "train/model_config.h"
 #include "train/trainer.h"
 
 namespace megatron::cli {
@@ -1163,9 +1164,7 @@ void resolve_llava(Arguments& a, const ArgTable& t) {
   if (a.dataloader_seq_length == 0) a.dataloader_seq_length = a.seq_length;
   MEGATRON_CHECK(a.dataloader_seq_length > 0,
                  "--model llava needs the text length: --dataloader-seq-length (or --seq-length)");
-  const int64_t images =
-      (a.img_h / a.patch_dim) * (a.img_w / a.patch_dim) + (a.disable_vision_class_token ? 0 : 1);
-  int64_t seq = a.dataloader_seq_length + images;
+  int64_t seq = a.dataloader_seq_length + vision_config_from_args(a).num_image_embeddings();
   const int64_t tp = a.tensor_model_parallel_size;
   if (a.sequence_parallel && tp > 1) seq = (seq + tp - 1) / tp * tp;
   a.seq_length = a.encoder_seq_length = seq;

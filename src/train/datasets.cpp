@@ -1,6 +1,8 @@
 // The data flags as a DataConfig, and Megatron's per-split sample counts.
 #include "train/datasets.h"
 
+#include "train/model_config.h"
+
 namespace megatron {
 
 SampleCounts sample_counts(const Arguments& a) {
@@ -29,12 +31,11 @@ DataConfig data_config(const Arguments& a) {
   d.short_seq_prob = a.short_seq_prob;
   d.bert_binary_head = !a.bert_no_binary_head;
   d.decoder_seq_length = a.decoder_seq_length;
-  if (a.model == "llava") {
-    d.img_h = a.img_h;
-    d.img_w = a.img_w;
-    d.text_seq_length = a.dataloader_seq_length + 1;  // and the image token (pretrain_vlm)
-    d.image_embeddings =
-        (a.img_h / a.patch_dim) * (a.img_w / a.patch_dim) + (a.disable_vision_class_token ? 0 : 1);
+  if (const VisionConfig v = vision_config_from_args(a); v.enabled()) {
+    d.img_h = v.img_h;
+    d.img_w = v.img_w;
+    d.text_seq_length = v.text_seq_length;
+    d.image_embeddings = v.num_image_embeddings();
     d.language_seq_length = a.seq_length;
   }
   d.task = a.task;

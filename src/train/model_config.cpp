@@ -229,23 +229,7 @@ TransformerConfig transformer_config_from_args(const Arguments& a) {
   }
   c.recompute_num_layers = a.recompute_num_layers;
   c.moe = moe_config_from_args(a);
-  if (a.model == "llava") {  // resolve_encoder_decoder derived the layers and lengths
-    VisionConfig& v = c.vision;
-    v.model_type = a.vision_model_type;
-    v.num_layers = a.vision_num_layers > 0 ? a.vision_num_layers : a.encoder_num_layers;
-    v.hidden_size = a.vision_hidden_size;
-    v.num_attention_heads = a.vision_num_attention_heads;
-    v.ffn_hidden_size = a.vision_ffn_hidden_size;
-    v.patch_dim = a.patch_dim;
-    v.img_h = a.img_h;
-    v.img_w = a.img_w;
-    v.class_token = !a.disable_vision_class_token;
-    v.projection_type = a.vision_projection_type;
-    v.projection_ffn_hidden_size = a.vision_projection_ffn_hidden_size;
-    v.text_seq_length = a.dataloader_seq_length + 1;  // and the image token (pretrain_vlm)
-    v.freeze_language_model = a.freeze_lm;
-    v.freeze_vision_model = a.freeze_vit;
-  }
+  c.vision = vision_config_from_args(a);
   MEGATRON_CHECK(a.vocab_size > 0, "--vocab-size must be set (positive) for ", a.tokenizer_type,
                  ", got ", a.vocab_size);
   c.vocab_size = a.vocab_size;
@@ -269,6 +253,26 @@ TransformerConfig transformer_config_from_args(const Arguments& a) {
                    "positions");
   }
   return c;
+}
+
+VisionConfig vision_config_from_args(const Arguments& a) {
+  VisionConfig v;
+  if (a.model != "llava") return v;
+  v.model_type = a.vision_model_type;
+  v.num_layers = a.vision_num_layers > 0 ? a.vision_num_layers : a.encoder_num_layers;
+  v.hidden_size = a.vision_hidden_size;
+  v.num_attention_heads = a.vision_num_attention_heads;
+  v.ffn_hidden_size = a.vision_ffn_hidden_size;
+  v.patch_dim = a.patch_dim;
+  v.img_h = a.img_h;
+  v.img_w = a.img_w;
+  v.class_token = !a.disable_vision_class_token;
+  v.projection_type = a.vision_projection_type;
+  v.projection_ffn_hidden_size = a.vision_projection_ffn_hidden_size;
+  v.text_seq_length = a.dataloader_seq_length + 1;  // and the image token (pretrain_vlm)
+  v.freeze_language_model = a.freeze_lm;
+  v.freeze_vision_model = a.freeze_vit;
+  return v;
 }
 
 }  // namespace megatron

@@ -10,6 +10,9 @@ namespace megatron {
 TransformerConfig transformer_config_from_args(const Arguments& args);
 // The --moe-* flags (dense when --num-experts is 0); validated by TransformerConfig::finalize.
 MoeConfig moe_config_from_args(const Arguments& args);
+// The vision-language flags of --model llava (the encoder's layers and the text length as
+// resolve_encoder_decoder leaves them); empty (no encoder) for other models.
+VisionConfig vision_config_from_args(const Arguments& args);
 // The --fp8-* flags (off without --fp8-format; the flag rules are the CLI's validate_fp8_args).
 Fp8Config fp8_config_from_args(const Arguments& args);
 
