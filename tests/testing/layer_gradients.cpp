@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <omp.h>
+
 #include <cmath>
 
 #include "tensor/ops.h"
@@ -18,6 +20,14 @@ double loss_of(const Tensor& y, const Tensor& dy) {
 }  // namespace
 
 void check_layer_gradients(LayerUnderTest layer, const Tensor& x_in, uint64_t seed) {
+  // A few hundred forwards of a few hundred elements each: every OpenMP region would cost a
+  // barrier and no speed, and where two such tests share two cores (ctest -j2) each barrier
+  // waits for a descheduled thread: minutes instead of a second on a busy machine.
+  struct OneThread {
+    int before = omp_get_max_threads();
+    OneThread() { omp_set_num_threads(1); }
+    ~OneThread() { omp_set_num_threads(before); }
+  } one_thread;
   ParamSet params(layer.params, DType::kF64);
   params.initialize(seed);
   for (Param* p : params.params()) {
