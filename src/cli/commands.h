@@ -11,6 +11,7 @@ int serve_command(int argc, char** argv);
 int evaluate_command(int argc, char** argv);
 int convert_command(int argc, char** argv);
 int bench_command(int argc, char** argv);
+int plan_command(int argc, char** argv);
 int preprocess_command(int argc, char** argv);
 int flags_command(int argc, char** argv);
 int scenes_command(int argc, char** argv);

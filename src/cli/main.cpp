@@ -28,6 +28,7 @@ constexpr const char* kUsage =
     "  serve       a text-generation server (Megatron's REST API) over HTTP\n"
     "  evaluate    zero-shot WikiText perplexity, LAMBADA accuracy, multiple choice\n"
     "  convert     Hugging Face model directory -> Hugging Face model directory via our layout\n"
+    "  plan        the parallel layouts of a run on a cluster, predicted time and memory, ranked\n"
     "  bench       measured peaks of this machine (bench gemm)\n"
     "  flags       Megatron's flags and what `train` does with each (--markdown: docs/FLAGS.md)\n"
     "\n"
@@ -64,6 +65,7 @@ int dispatch(int argc, char** argv) {
   if (cmd == "evaluate") return evaluate_command(argc - 1, argv + 1);
   if (cmd == "convert") return convert_command(argc - 1, argv + 1);
   if (cmd == "bench") return bench_command(argc - 1, argv + 1);
+  if (cmd == "plan") return plan_command(argc - 1, argv + 1);
   if (cmd == "flags") return flags_command(argc - 1, argv + 1);
   if (cmd == "preprocess") return preprocess_command(argc - 1, argv + 1);
   if (cmd == "scenes") return scenes_command(argc - 1, argv + 1);

@@ -1,0 +1,170 @@
+// Measurements of this machine for the planner's `cpu` cluster (see plan_calibration.h).
+#include "cli/plan_calibration.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <tuple>
+#include <vector>
+
+#include "core/threads.h"
+#include "core/timer.h"
+#include "tensor/ops.h"
+#include "train/memory_report.h"
+
+namespace megatron::cli {
+
+namespace {
+
+// Median seconds of `fn` over runs totalling about `budget` seconds (at least 3 runs), after one
+// warm-up call.
+template <typename Fn>
+double median_seconds(Fn&& fn, double budget) {
+  fn();
+  std::vector<double> times;
+  Timer total;
+  do {
+    Timer t;
+    fn();
+    times.push_back(t.elapsed());
+  } while (times.size() < 3 || (total.elapsed() < budget && times.size() < 50));
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+// Runs `fn` with `threads` OpenMP threads, restoring the count after.
+template <typename Fn>
+double with_threads(int threads, Fn&& fn) {
+  const int before = num_threads();
+  set_num_threads(threads);
+  const double v = fn();
+  set_num_threads(before);
+  return v;
+}
+
+struct Measured {
+  int threads = 1;
+  double stretch = 1;  // ranks per core beyond one: each rank's share of a core
+  std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool, int>, double> gemms;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool, int, bool>, double>
+      attention;
+
+  double gemm(int64_t m, int64_t n, int64_t k, bool ta, bool tb, DType dtype) {
+    const auto key = std::make_tuple(m, n, k, ta, tb, static_cast<int>(dtype));
+    auto it = gemms.find(key);
+    if (it != gemms.end()) return it->second;
+    const double s = with_threads(threads, [&] {
+      Tensor a = Tensor::full(ta ? Shape{k, m} : Shape{m, k}, 0.5, dtype);
+      Tensor b = Tensor::full(tb ? Shape{n, k} : Shape{k, n}, 0.25, dtype);
+      Tensor c = Tensor::zeros({m, n}, DType::kF32);
+      return median_seconds([&] { ops::matmul(c, a, ta, b, tb); }, 0.03);
+    });
+    return gemms[key] = s * stretch;
+  }
+
+  double attend(int64_t b, int64_t np, int64_t sq, int64_t skv, int64_t hn, bool causal,
+                DType dtype, bool backward) {
+    const auto key = std::make_tuple(b, np, sq, skv, hn, causal, static_cast<int>(dtype), backward);
+    auto it = attention.find(key);
+    if (it != attention.end()) return it->second;
+    const double s = with_threads(threads, [&] {
+      // Activations are f32 in this runtime; a context-parallel rank's queries are the last
+      // sq of the skv keys (its share of the causal work on average).
+      Tensor q = Tensor::full({sq, b, np, hn}, 0.01, DType::kF32);
+      Tensor k = Tensor::full({skv, b, np, hn}, 0.02, DType::kF32);
+      Tensor v = Tensor::full({skv, b, np, hn}, 0.03, DType::kF32);
+      Tensor out = Tensor::zeros({sq, b, np, hn}, DType::kF32);
+      Tensor lse = Tensor::zeros({b, np, sq}, DType::kF32);
+      ops::AttentionSpec spec;
+      spec.causal = causal;
+      spec.scale = 0.125f;
+      spec.q_offset = (skv - sq) / 2;
+      spec.precision = is_half(dtype) ? dtype : DType::kF32;
+      const auto qv = ops::attention_view(q, np), kv = ops::attention_view(k, np),
+                 vv = ops::attention_view(v, np);
+      if (!backward)
+        return median_seconds([&] { ops::attention_forward(out, lse, qv, kv, vv, spec); }, 0.03);
+      ops::attention_forward(out, lse, qv, kv, vv, spec);
+      Tensor dq = Tensor::zeros(q.shape()), dk = Tensor::zeros(k.shape()),
+             dv = Tensor::zeros(v.shape()), dout = Tensor::full(out.shape(), 0.1, DType::kF32);
+      const auto dqv = ops::attention_view(dq, np), dkv = ops::attention_view(dk, np),
+                 dvv = ops::attention_view(dv, np);
+      return median_seconds(
+          [&] {
+            ops::attention_backward(dqv, dkv, dvv, Tensor(), dout, qv, kv, vv, out, lse, spec);
+          },
+          0.03);
+    });
+    return attention[key] = s * stretch;
+  }
+};
+
+// Bytes/s of an elementwise pass (out += a over 16 M floats: 12 bytes per element).
+double memory_bandwidth(int threads) {
+  return with_threads(threads, [] {
+    const int64_t n = int64_t{1} << 24;
+    Tensor a = Tensor::full({n}, 1.0, DType::kF32), b = Tensor::full({n}, 2.0, DType::kF32);
+    return 12.0 * static_cast<double>(n) / median_seconds([&] { ops::add_inplace(a, b); }, 0.2);
+  });
+}
+
+// Latency and bandwidth of all-reduces on `group`, fitted to two sizes.
+plan::Link measure_link(ProcessGroup& group) {
+  auto time_of = [&](int64_t n) {
+    Tensor t = Tensor::full({n}, 1.0, DType::kF32);
+    return median_seconds([&] { group.all_reduce(t); }, 0.3);
+  };
+  const int64_t small = 256, large = int64_t{1} << 22;
+  const double ts = time_of(small), tl = time_of(large);
+  const double p = static_cast<double>(group.size());
+  const double steps = 2 * (p - 1), volume = 2 * (p - 1) / p;
+  plan::Link link;
+  link.latency = ts / steps;
+  link.bandwidth = volume * 4.0 * static_cast<double>(large - small) / std::max(tl - ts, 1e-9);
+  link.efficiency = 1;
+  return link;
+}
+
+}  // namespace
+
+plan::Cluster calibrate_cpu_cluster(int64_t ranks, int64_t cores, ProcessGroup* world) {
+  auto measured = std::make_shared<Measured>();
+  measured->threads = static_cast<int>(std::max<int64_t>(1, cores / std::max<int64_t>(ranks, 1)));
+  measured->stretch = std::max(1.0, static_cast<double>(ranks) / static_cast<double>(cores));
+  plan::Cluster c;
+  plan::Device& d = c.device;
+  d.name = "cpu";
+  const double square = 2.0 * 1024 * 1024 * 1024;
+  d.peak_fp32 = square / measured->gemm(1024, 1024, 1024, false, true, DType::kF32);
+  d.peak_16bit = square / measured->gemm(1024, 1024, 1024, false, true, DType::kBF16);
+  d.memory_bw = memory_bandwidth(measured->threads) / measured->stretch;
+  d.memory_efficiency = 1;  // measured on an elementwise pass already
+  d.gemm_e_max = 1;
+  d.causal_skip = true;
+  const double ram =
+      static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+  d.memory_bytes = ram / static_cast<double>(std::max<int64_t>(ranks, 1));
+  // A rank's resident bytes besides its tensors: this binary and its libraries as loaded now.
+  d.runtime_bytes = resident_mb() * 1048576.0;
+  d.fragmentation = 0;
+  d.gemm_time = [measured](int64_t m, int64_t n, int64_t k, bool ta, bool tb, DType dtype) {
+    return measured->gemm(m, n, k, ta, tb, dtype);
+  };
+  d.attention_time = [measured](int64_t b, int64_t np, int64_t sq, int64_t skv, int64_t hn,
+                                bool causal, DType dtype, bool backward) {
+    return measured->attend(b, np, sq, skv, hn, causal, dtype, backward);
+  };
+  c.nodes = 1;
+  c.devices_per_node = ranks;
+  if (world != nullptr && world->size() > 1) {
+    c.intra = measure_link(*world);
+  } else {
+    c.intra = plan::Link{d.memory_bw * measured->stretch / 2, 20e-6, 1};
+  }
+  c.inter = c.intra;
+  return c;
+}
+
+}  // namespace megatron::cli

@@ -1,0 +1,80 @@
+// Cluster: what the planner knows of the machines a job runs on, as peaks and link speeds.
+//
+// A device has a peak rate per GEMM dtype, a memory size and bandwidth, and a GEMM efficiency
+// that grows with the GEMM's size: efficiency(F) = e_max F / (F + F_half) for a GEMM of F FLOPs
+// (small GEMMs cannot fill the device; F_half is the size at half of e_max). Devices sit in
+// nodes; a collective inside a node runs over the intra-node fabric (NVLink, or shared memory
+// for CPU ranks), one that crosses nodes over each device's share of the network (SimuMax's rule:
+// a group spanning nodes moves its bytes through the NICs). Presets carry public spec-sheet
+// peaks; efficiencies are stated priors (README of each preset in cluster.cpp), not fitted to the
+// validation tables. The `cpu` cluster is measured on this machine instead (plan/cpu_calibration).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+
+namespace megatron::plan {
+
+// One link class: bytes / (bandwidth x efficiency) + latency per message.
+struct Link {
+  double bandwidth = 0;   // bytes/s per device, one direction
+  double latency = 0;     // s per collective step
+  double efficiency = 1;  // achieved share of `bandwidth` for large messages
+};
+
+struct Device {
+  std::string name;
+  double peak_16bit = 0;              // FLOP/s, bf16/fp16 GEMMs (dense)
+  double peak_fp8 = 0;                // FLOP/s, fp8 GEMMs (0: no fp8 units; fp8 runs at peak_16bit)
+  double peak_fp32 = 0;               // FLOP/s, fp32 GEMMs
+  double memory_bytes = 0;            // usable memory per device
+  double memory_bw = 0;               // bytes/s (HBM, or DRAM for CPUs)
+  double gemm_e_max = 0.8;            // GEMM efficiency of very large GEMMs
+  double gemm_f_half = 1e9;           // FLOPs of a GEMM at half of gemm_e_max
+  double attention_efficiency = 0.5;  // fused attention's share of the GEMM efficiency
+  double memory_efficiency = 0.8;     // elementwise kernels' share of memory_bw
+  // The attention kernel skips the masked half of causal scores (flash attention); the 2021-22
+  // Megatron runs on A100 materialised every score (fused softmax over [s, s]).
+  bool causal_skip = true;
+  double runtime_bytes = 0;  // resident besides tensors: context, libraries, comm buffers
+  double fragmentation = 0;  // allocator overhead as a share of activation memory
+  // Measured overrides (the cpu cluster): GEMM seconds for (m, n, k, ta, tb, dtype); null: the
+  // efficiency curve.
+  std::function<double(int64_t m, int64_t n, int64_t k, bool ta, bool tb, DType dtype)> gemm_time;
+  // Seconds of one attention forward / backward for (b, np, sq, skv, hn, causal, dtype); null:
+  // FLOPs at attention_efficiency.
+  std::function<double(int64_t b, int64_t np, int64_t sq, int64_t skv, int64_t hn, bool causal,
+                       DType dtype, bool backward)>
+      attention_time;
+};
+
+struct Cluster {
+  Device device;
+  int64_t nodes = 1;
+  int64_t devices_per_node = 8;
+  Link intra;  // inside a node
+  Link inter;  // across nodes, per device
+  // Fixed seconds per iteration besides the model (data loading, logging, the step's launch).
+  double iteration_overhead = 0;
+  int64_t world() const { return nodes * devices_per_node; }
+};
+
+// The presets by --gpu name: a100-80, h100-80, h200, b200 (cpu is measured: cpu_calibration.h).
+std::vector<std::string> gpu_preset_names();
+// Refuses an unknown name, listing the known ones.
+Device gpu_preset(const std::string& name);
+// The default links of a preset's node (NVLink generation) and network (NDR/HDR per GPU).
+Link preset_intra_link(const std::string& name);
+Link preset_inter_link(const std::string& name);
+
+// Peak FLOP/s of the device for GEMMs in `dtype` (fp8 when `fp8`).
+double peak_flops(const Device& d, DType dtype, bool fp8);
+// Seconds of C[m, n] = op(A) op(B) with K = k on the device (measured where the device has it).
+double gemm_seconds(const Device& d, int64_t m, int64_t n, int64_t k, bool ta, bool tb, DType dtype,
+                    bool fp8);
+
+}  // namespace megatron::plan

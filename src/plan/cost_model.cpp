@@ -1,0 +1,496 @@
+// The planner's memory and time model (see cost_model.h for the structure and its sources).
+#include "plan/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "models/gpt/gpt_memory.h"
+#include "pipeline/schedule.h"
+#include "plan/memory_model.h"
+
+namespace megatron::plan {
+
+namespace {
+
+double d(int64_t v) {
+  return static_cast<double>(v);
+}
+
+// The ranks of a group of `size` whose members are `stride` ranks apart (Megatron's order
+// tp-cp-ep-dp-pp) stay inside a node when the group's span fits in one.
+const Link& link_of(const Cluster& c, int64_t stride, int64_t size) {
+  return stride * size <= c.devices_per_node ? c.intra : c.inter;
+}
+
+double seconds(const Link& link, double bytes, double steps) {
+  return steps * link.latency + bytes / (link.bandwidth * link.efficiency);
+}
+double all_reduce(const Link& link, int64_t n, double bytes) {
+  if (n <= 1) return 0;
+  return seconds(link, 2.0 * d(n - 1) / d(n) * bytes, 2.0 * d(n - 1));
+}
+// All-gather, reduce-scatter and all-to-all of `bytes` (the whole, gathered size).
+double gather(const Link& link, int64_t n, double bytes) {
+  if (n <= 1) return 0;
+  return seconds(link, d(n - 1) / d(n) * bytes, d(n - 1));
+}
+
+// The global layer numbers of pipeline stage `stage` (its vpp chunks, Megatron's interleaving).
+std::vector<int64_t> stage_layers(const TransformerConfig& c, const Layout& l, int64_t stage) {
+  std::vector<int64_t> out;
+  const int64_t per_chunk = c.num_layers / (l.pp * l.vpp);
+  for (int64_t v = 0; v < l.vpp; ++v) {
+    const int64_t first = (v * l.pp + stage) * per_chunk;
+    for (int64_t i = 0; i < per_chunk; ++i) out.push_back(first + i);
+  }
+  return out;
+}
+
+// One layer's costs for one micro-batch on one rank.
+struct LayerCost {
+  double fwd = 0, bwd = 0;  // compute seconds (GEMMs, attention, elementwise)
+  double attention_fwd = 0;
+  double tp_fwd = 0, tp_bwd = 0;  // collective seconds
+  double cp_fwd = 0, cp_bwd = 0;
+  double ep_fwd = 0, ep_bwd = 0;
+};
+
+class StageModel {
+ public:
+  StageModel(const Workload& w, const Layout& l, const Cluster& c) : w_(w), l_(l), c_(c) {
+    const TransformerConfig& cfg = w.config;
+    fp8_ = cfg.fp8.enabled();
+    dtype_ = cfg.compute_dtype;
+    // Activations in the collectives: 16-bit on GPUs, fp32 in this project's CPU runtime.
+    act_bytes_ = w.runtime == ActivationRuntime::kThisProject ? 4.0 : (is_half(dtype_) ? 2.0 : 4.0);
+    tokens_ = l.mbs * cfg.seq_length / l.cp;
+    dense_ = layer(false);
+    if (cfg.moe.num_experts > 0) moe_ = layer(true);
+  }
+
+  const LayerCost& cost(int64_t global_layer) const {
+    return w_.config.moe.is_moe_layer(global_layer) ? moe_ : dense_;
+  }
+
+  double gemm3(int64_t m, int64_t n, int64_t k) const {
+    // forward NT, input gradient NN, weight gradient TN
+    return gemm_seconds(c_.device, m, n, k, false, true, dtype_, fp8_) +
+           gemm_seconds(c_.device, m, k, n, false, false, dtype_, fp8_) +
+           gemm_seconds(c_.device, n, k, m, true, false, dtype_, fp8_);
+  }
+  double gemm_fwd(int64_t m, int64_t n, int64_t k) const {
+    return gemm_seconds(c_.device, m, n, k, false, true, dtype_, fp8_);
+  }
+  double elementwise(double bytes) const {
+    return bytes / (c_.device.memory_bw * c_.device.memory_efficiency);
+  }
+
+  // The logits' GEMMs and the vocabulary-parallel cross entropy, forward and backward.
+  double head_seconds() const {
+    const TransformerConfig& cfg = w_.config;
+    const int64_t vp = cfg.padded_vocab_size / l_.tp;
+    // Cross entropy: fp32 logits read for max, exp-sum, and again for the gradient (3 passes
+    // of read + write).
+    return gemm3(tokens_, vp, cfg.hidden_size) + elementwise(6.0 * 4.0 * d(tokens_) * d(vp)) +
+           (l_.tp > 1 ? 3 * all_reduce(link_of(c_, 1, l_.tp), l_.tp, 4.0 * d(tokens_)) : 0);
+  }
+  double embedding_seconds() const {
+    const int64_t h = w_.config.hidden_size;
+    const double rows = d(tokens_) * d(h) * act_bytes_;
+    return elementwise(4 * rows) + (l_.tp > 1
+                                        ? (l_.sp ? gather(link_of(c_, 1, l_.tp), l_.tp, rows)
+                                                 : all_reduce(link_of(c_, 1, l_.tp), l_.tp, rows))
+                                        : 0);
+  }
+  double pp_message_seconds() const {
+    // One activation [s/cp, b, h] (scattered over tp with SP) per send, between adjacent stages
+    // tp x cp x dp ranks apart.
+    const double bytes =
+        d(tokens_) * d(w_.config.hidden_size) * act_bytes_ / (l_.sp ? d(l_.tp) : 1.0);
+    const Link& link = l_.tp * l_.cp * l_.dp * 2 <= c_.devices_per_node ? c_.intra : c_.inter;
+    return seconds(link, bytes, 1);
+  }
+
+ private:
+  LayerCost layer(bool moe) const {
+    const TransformerConfig& cfg = w_.config;
+    const int64_t T = tokens_, h = cfg.hidden_size, t = l_.tp;
+    const int64_t np = cfg.num_attention_heads, ng = cfg.num_query_groups, hn = cfg.head_dim();
+    LayerCost lc;
+    // Attention GEMMs: QKV [T, h] x [h, (np + 2 ng) hn / t], projection [T, np hn / t] x [.., h].
+    const int64_t qkv = (np + 2 * ng) * hn / t, proj = np * hn / t;
+    double gemm_f = gemm_fwd(T, qkv, h) + gemm_fwd(T, h, proj);
+    double gemm_all = gemm3(T, qkv, h) + gemm3(T, h, proj);
+    // Core attention: each rank's T/b local queries against the sequence's keys (CP exchanges
+    // the rest), np/t heads.
+    const int64_t b = l_.mbs, sq = cfg.seq_length / l_.cp, skv = cfg.seq_length;
+    const bool causal = true;
+    double att_f = 0, att_b = 0;
+    if (c_.device.attention_time) {
+      att_f = c_.device.attention_time(b, np / t, sq, skv, hn, causal, dtype_, false);
+      att_b = c_.device.attention_time(b, np / t, sq, skv, hn, causal, dtype_, true);
+    } else {
+      const double share = c_.device.causal_skip ? 0.5 : 1.0;
+      const double flops = 4.0 * d(b) * d(np / t) * d(sq) * d(skv) * d(hn) * share;
+      const double rate = peak_flops(c_.device, dtype_, false) * c_.device.gemm_e_max *
+                          c_.device.attention_efficiency;
+      att_f = flops / rate;
+      att_b = 2.5 * flops / rate;  // dQ, dK, dV and the recomputed scores: 5 GEMMs to 2
+      if (!c_.device.causal_skip) {
+        // Unfused: the [s, s] scores written, masked, softmaxed and dropped out (about 12
+        // bytes per score forward in 16-bit, twice that backward).
+        const double scores = d(b) * d(np / t) * d(sq) * d(skv);
+        att_f += elementwise(12.0 * scores);
+        att_b += elementwise(24.0 * scores);
+      }
+    }
+    lc.attention_fwd = att_f;
+    // MLP or experts.
+    const int64_t glu = cfg.gated_mlp() ? 2 : 1;
+    double mlp_f = 0, mlp_all = 0;
+    int64_t f_local = 0;  // per-token MLP width on this rank (elementwise bytes)
+    if (!moe) {
+      const int64_t f = cfg.ffn_hidden_size / t;
+      mlp_f = gemm_fwd(T, glu * f, h) + gemm_fwd(T, h, f);
+      mlp_all = gemm3(T, glu * f, h) + gemm3(T, h, f);
+      f_local = f;
+    } else {
+      const MoeConfig& m = cfg.moe;
+      const int64_t E = m.num_experts, k = m.router_topk, fe = m.ffn_hidden_size / l_.etp;
+      const int64_t local = E / l_.ep;
+      // Tokens per expert: each of ep ranks sends T etp / tp tokens k times, spread evenly.
+      const int64_t me = std::max<int64_t>(1, l_.ep * T * l_.etp * k / (t * E));
+      mlp_f = d(local) * (gemm_fwd(me, glu * fe, h) + gemm_fwd(me, h, fe)) + gemm_fwd(T, E, h);
+      mlp_all = d(local) * (gemm3(me, glu * fe, h) + gemm3(me, h, fe)) + gemm3(T, E, h);
+      f_local = local * me * fe / std::max<int64_t>(T, 1);
+      if (m.shared_expert_intermediate_size > 0) {
+        const int64_t fs = m.shared_expert_intermediate_size / t;
+        mlp_f += gemm_fwd(T, glu * fs, h) + gemm_fwd(T, h, fs);
+        mlp_all += gemm3(T, glu * fs, h) + gemm3(T, h, fs);
+        f_local += fs;
+      }
+      // Dispatch and combine: this rank's T etp / tp routed rows of h, k times, over the
+      // expert group (ep ranks, etp apart inside the tp x cp x dp ranks).
+      const double rows = d(T * l_.etp / t) * d(k) * d(h) * act_bytes_;
+      const Link& link = link_of(c_, l_.etp, l_.ep);
+      lc.ep_fwd = 2 * gather(link, l_.ep, rows);
+      lc.ep_bwd = 2 * gather(link, l_.ep, rows);
+    }
+    // Elementwise passes (norms, residuals, dropout, bias + activation, RoPE), bytes per token:
+    // 11 h-rows forward (2 norms read + write, 2 residual adds with their dropout), the
+    // activation's read and write of the MLP width, the QKV rows once for RoPE; backward twice.
+    // Rows of h are local under sequence parallelism.
+    const double e = act_bytes_;
+    const double h_rows = d(T) / (l_.sp ? d(t) : 1.0);
+    const double ew_fwd =
+        e * (11.0 * h_rows * d(h) + d(T) * d((glu + 1) * f_local) + 2.0 * d(T) * d(qkv));
+    lc.fwd = gemm_f + att_f + mlp_f + elementwise(ew_fwd);
+    lc.bwd = (gemm_all - gemm_f) + att_b + (mlp_all - mlp_f) + elementwise(2 * ew_fwd);
+    // Tensor parallelism: [T, h] activations.
+    if (t > 1) {
+      const Link& link = link_of(c_, 1, t);
+      const double S = d(T) * d(h) * act_bytes_;
+      if (l_.sp) {
+        lc.tp_fwd = 4 * gather(link, t, S);
+        lc.tp_bwd = 6 * gather(link, t, S);  // + the inputs gathered again for weight gradients
+      } else {
+        lc.tp_fwd = 2 * all_reduce(link, t, S);
+        lc.tp_bwd = 2 * all_reduce(link, t, S);
+      }
+    }
+    // Context parallelism: K and V of this rank's tokens [T, ng hn / t] travel.
+    if (l_.cp > 1) {
+      const Link& link = link_of(c_, t, l_.cp);
+      const double kv = 2.0 * d(T) * d(ng * hn / std::max<int64_t>(t, 1)) * act_bytes_;
+      double fwd = 0, bwd = 0;
+      if (l_.cp_comm_type == "a2a") {
+        // Ulysses: Q, K, V in and the output out, forward; the same backward.
+        const double q = d(T) * d(np * hn / t) * act_bytes_;
+        fwd = gather(link, l_.cp, 2 * q + kv);
+        bwd = fwd;
+        lc.cp_fwd = fwd;
+        lc.cp_bwd = bwd;
+      } else {
+        // Ring (p2p) and all-gather move (cp - 1) blocks forward, K/V and their gradients
+        // backward, hidden behind the attention they overlap.
+        fwd = seconds(link, d(l_.cp - 1) * kv, d(l_.cp - 1));
+        bwd = 2 * fwd;
+        lc.cp_fwd = std::max(0.0, fwd - att_f);
+        lc.cp_bwd = std::max(0.0, bwd - att_b);
+      }
+    }
+    return lc;
+  }
+
+  const Workload& w_;
+  const Layout& l_;
+  const Cluster& c_;
+  bool fp8_ = false;
+  DType dtype_ = DType::kF32;
+  double act_bytes_ = 2;
+  int64_t tokens_ = 0;
+  LayerCost dense_, moe_;
+};
+
+// Megatron's activation bytes per layer and micro-batch in a 16-bit run (Korthikanti et al.,
+// Table 2, generalised): per token the attention keeps the QKV GEMM's input (2h), Q, K and V
+// (2(np + 2ng)hn), the projection's input (2 np hn) and a dropout mask (h); the MLP its input
+// (2h), fc1's output (2 f glu) and fc2's input (2f) and a mask (h); two norms' inputs (4h).
+// Tensor parallelism divides what lies between the column- and row-parallel GEMMs; sequence
+// parallelism divides the rest too. Unfused attention adds the scores (5 bytes each: softmax
+// output 2, its dropout mask 1, dropout output 2) unless selective recomputation drops them.
+double megatron_layer_bytes(const TransformerConfig& c, const Layout& l, bool moe) {
+  const double s = d(c.seq_length / l.cp), b = d(l.mbs), h = d(c.hidden_size), t = d(l.tp);
+  const double np = d(c.num_attention_heads), ng = d(c.num_query_groups), hn = d(c.head_dim());
+  const double glu = c.gated_mlp() ? 2 : 1;
+  const double masks = c.hidden_dropout > 0 ? 1.0 : 0.0;
+  const double sb = s * b;
+  // Replicated across tp without SP: the GEMM inputs and norm inputs, the masks.
+  const double outer = sb * h * (2 + 2 + 4 + 2 * masks);
+  double inner = sb * (2 * (np + 2 * ng) * hn + 2 * np * hn);
+  if (!moe) {
+    const double f = d(c.ffn_hidden_size);
+    inner += sb * (2 * f * glu + 2 * f);
+  } else {
+    const MoeConfig& m = c.moe;
+    const double fe = d(m.ffn_hidden_size), k = d(m.router_topk);
+    // Routed rows: k copies of the input and of each expert's intermediates; their split is
+    // the expert layout's (etp x ep over the attention's tp x cp x dp ranks), which on average
+    // gives every rank 1/tp of the routed work, as the dense MLP.
+    inner += sb * k * (2 * h + 2 * fe * glu + 2 * fe);
+    if (m.shared_expert_intermediate_size > 0) {
+      const double fs = d(m.shared_expert_intermediate_size);
+      inner += sb * (2 * fs * glu + 2 * fs);
+    }
+  }
+  const double scores = (c.attention_dropout > 0 ? 5.0 : 2.0) * np * s * d(c.seq_length) * b;
+  return (l.sp ? outer / t : outer) + inner / t +
+         (l.recompute == Recompute::kNone ? scores / t : 0.0);
+}
+
+}  // namespace
+
+RankParams rank_params(const TransformerConfig& c, const Layout& l, int64_t stage) {
+  RankParams p;
+  const double h = d(c.hidden_size), t = d(l.tp);
+  const double np = d(c.num_attention_heads), ng = d(c.num_query_groups), hn = d(c.head_dim());
+  const double glu = c.gated_mlp() ? 2 : 1;
+  const double norm = c.normalization == Normalization::kLayerNorm ? 2 * h : h;
+  const bool bias = c.add_bias_linear;
+  for (int64_t layer : stage_layers(c, l, stage)) {
+    // Attention: QKV (+ bias, column-parallel), projection (row-parallel: its bias replicated).
+    p.dense += (h * (np + 2 * ng) * hn + (c.qkv_bias() ? (np + 2 * ng) * hn : 0) + np * hn * h) / t;
+    p.replicated += 2 * norm + (bias ? h : 0);
+    if (c.qk_layernorm)
+      p.replicated += 2 * (c.normalization == Normalization::kLayerNorm ? 2 : 1) * hn;
+    if (!c.moe.is_moe_layer(layer)) {
+      const double f = d(c.ffn_hidden_size);
+      p.dense += (h * f * glu + (bias ? f * glu : 0) + f * h) / t;
+      p.replicated += bias ? h : 0;
+    } else {
+      const MoeConfig& m = c.moe;
+      const double fe = d(m.ffn_hidden_size);
+      p.expert += d(m.num_experts) * (h * fe * glu + fe * h) / d(l.ep * l.etp);
+      p.replicated += d(m.num_experts) * h;  // router
+      if (m.shared_expert_intermediate_size > 0) {
+        const double fs = d(m.shared_expert_intermediate_size);
+        p.dense += (h * fs * glu + fs * h) / t;
+      }
+    }
+  }
+  const double vocab = d(c.padded_vocab_size) * h / t;
+  if (stage == 0) {
+    p.embedding += vocab;
+    if (c.position_embedding == PositionEmbedding::kLearnedAbsolute)
+      p.replicated += d(c.max_position_embeddings) * h;
+  }
+  if (stage == l.pp - 1) {
+    p.replicated += norm;  // final norm
+    // The output layer: its own weight when untied; tied, the last stage keeps a copy of the
+    // embedding when it is not also the first.
+    if (c.untie_embeddings_and_output_weights || l.pp > 1) p.embedding += vocab;
+  }
+  return p;
+}
+
+Prediction predict(const Workload& w, const Layout& l, const Cluster& c) {
+  const TransformerConfig& cfg = w.config;
+  Prediction out;
+  StageModel model(w, l, c);
+  const int64_t m = l.microbatches(w.global_batch);
+  const bool full = l.recompute == Recompute::kFull,
+             selective = l.recompute == Recompute::kSelective;
+
+  // Per micro-batch seconds of each stage (compute + exposed collectives).
+  std::vector<double> stage_time(static_cast<size_t>(l.pp), 0.0);
+  std::vector<double> stage_bwd(static_cast<size_t>(l.pp), 0.0), stage_fwd(stage_time);
+  for (int64_t s = 0; s < l.pp; ++s) {
+    double compute = 0, fwd = 0, bwd = 0, tp = 0, cp = 0, ep = 0;
+    for (int64_t layer : stage_layers(cfg, l, s)) {
+      const LayerCost& lc = model.cost(layer);
+      compute += lc.fwd + lc.bwd + (full ? lc.fwd : 0) + (selective ? lc.attention_fwd : 0);
+      tp += lc.tp_fwd + lc.tp_bwd + (full ? lc.tp_fwd : 0);
+      cp += lc.cp_fwd + lc.cp_bwd + (full ? lc.cp_fwd : 0);
+      ep += lc.ep_fwd + lc.ep_bwd + (full ? lc.ep_fwd : 0);
+      fwd += lc.fwd + lc.tp_fwd + lc.cp_fwd + lc.ep_fwd;
+      bwd += lc.bwd + lc.tp_bwd + lc.cp_bwd + lc.ep_bwd;
+    }
+    if (s == 0) compute += model.embedding_seconds();
+    if (s == l.pp - 1) compute += model.head_seconds();
+    const double pp_comm = l.pp > 1 ? 2.0 * d(l.vpp) * model.pp_message_seconds() : 0.0;
+    stage_time[static_cast<size_t>(s)] = compute + tp + cp + ep + pp_comm;
+    stage_fwd[static_cast<size_t>(s)] = fwd;
+    stage_bwd[static_cast<size_t>(s)] = bwd;
+    // The parts reported are the slowest stage's.
+    if (stage_time[static_cast<size_t>(s)] >=
+        *std::max_element(stage_time.begin(), stage_time.begin() + s + 1)) {
+      out.compute = compute * d(m);
+      out.tp_comm = tp * d(m);
+      out.cp_comm = cp * d(m);
+      out.ep_comm = ep * d(m);
+      out.pp_comm = pp_comm * d(m);
+    }
+  }
+  const double slowest = *std::max_element(stage_time.begin(), stage_time.end());
+  double mean = 0;
+  for (double v : stage_time) mean += v / d(l.pp);
+  out.bubble = l.pp > 1 ? d(l.pp - 1) / d(l.vpp) * mean : 0.0;
+  const double pipeline = d(m) * slowest + out.bubble;
+
+  // Data parallelism over dp ranks tp x cp apart; the experts' gradients over their own
+  // data-parallel group (the tp x cp x dp ranks / (ep x etp)).
+  double params_max = 0;
+  int most = 0;
+  for (int64_t s = 0; s < l.pp; ++s) {
+    const double n = rank_params(cfg, l, s).total();
+    if (n > params_max) {
+      params_max = n;
+      most = static_cast<int>(s);
+    }
+  }
+  const RankParams rp = rank_params(cfg, l, most);
+  const double grad_bytes = w.grad_reduce_in_bf16 ? 2.0 : 4.0;
+  const double param_bytes = is_half(cfg.compute_dtype) ? 2.0 : 4.0;
+  const int64_t edp = l.tp * l.cp * l.dp / (l.ep * l.etp);
+  const Link& dp_link = link_of(c, l.tp * l.cp, l.dp);
+  const Link& edp_link = link_of(c, l.ep * l.etp, edp);
+  const double dense_params = rp.total() - rp.expert;
+  double dp = 0;
+  auto reduce = [&](const Link& link, int64_t n, double params) {
+    if (l.sharding == Sharding::kNone) return all_reduce(link, n, params * grad_bytes);
+    double t = gather(link, n, params * grad_bytes) + gather(link, n, params * param_bytes);
+    // FSDP gathers the weights for every micro-batch's forward and backward and reduces the
+    // gradients every micro-batch.
+    if (l.sharding == Sharding::kFsdp)
+      t = d(m) * (2 * gather(link, n, params * param_bytes) + gather(link, n, params * grad_bytes));
+    return t;
+  };
+  dp = reduce(dp_link, l.dp, dense_params) + reduce(edp_link, edp, rp.expert);
+  if (l.overlap_grad_reduce || l.sharding == Sharding::kFsdp) {
+    // Buckets reduce while the last micro-batch's backward runs (and FSDP's gathers run ahead
+    // of each layer); what that backward does not cover stays exposed, at least one bucket.
+    const double hide =
+        l.sharding == Sharding::kFsdp
+            ? d(m) * (stage_fwd[static_cast<size_t>(most)] + stage_bwd[static_cast<size_t>(most)])
+            : stage_bwd[static_cast<size_t>(most)];
+    const double bucket_share = std::min(1.0, 40e6 / std::max(1.0, rp.total()));
+    dp = std::max(dp * bucket_share, dp - hide);
+  }
+  out.dp_comm = dp;
+
+  // Optimizer: Adam reads gradient, main weight and both moments and writes the three back, then
+  // the 16-bit copy (about 34 bytes per element), plus the gradient norm's read and the gradient
+  // zeroing (8): over this rank's shard.
+  const double shard = l.sharding == Sharding::kNone ? 1.0 : d(l.dp);
+  out.optimizer = (42.0 * rp.total() / shard) / (c.device.memory_bw * c.device.memory_efficiency);
+  out.overhead = c.iteration_overhead;
+  out.step = pipeline + out.dp_comm + out.optimizer + out.overhead;
+
+  // Memory of each stage: the most loaded one.
+  ShardedState sharded;
+  sharded.moments = l.sharding != Sharding::kNone;
+  sharded.main = l.sharding != Sharding::kNone && is_half(cfg.compute_dtype);
+  sharded.grads = sharded.compute = l.sharding == Sharding::kFsdp;
+  const double per_param = weight_and_optimizer_bytes_per_param(cfg.compute_dtype, l.dp, sharded);
+  double worst = 0;
+  for (int64_t s = 0; s < l.pp; ++s) {
+    const RankParams p = rank_params(cfg, l, s);
+    const double weights = p.total() * per_param;
+    // Micro-batches (chunks) this stage holds at once under its schedule.
+    const int in_flight =
+        l.pp == 1    ? 1
+        : l.vpp == 1 ? std::min(one_f_one_b_warmup(static_cast<int>(l.pp), static_cast<int>(s),
+                                                   static_cast<int>(m)) +
+                                    1,
+                                static_cast<int>(m))
+                     : std::min(interleaved_warmup(static_cast<int>(l.pp), static_cast<int>(s),
+                                                   static_cast<int>(m), static_cast<int>(l.vpp)) +
+                                    1,
+                                static_cast<int>(m * l.vpp));
+    const std::vector<int64_t> layers = stage_layers(cfg, l, s);
+    const int64_t chunk_layers =
+        d(layers.size()) > 0 ? static_cast<int64_t>(layers.size()) / l.vpp : 0;
+    double per_chunk = 0;
+    if (w.runtime == ActivationRuntime::kThisProject) {
+      for (int64_t v = 0; v < l.vpp; ++v) {
+        ActivationShape a;
+        a.micro_batch_size = l.mbs;
+        a.tp = static_cast<int>(l.tp);
+        a.sequence_parallel = l.sp;
+        a.num_layers = chunk_layers;
+        a.first_layer = layers[static_cast<size_t>(v * chunk_layers)];
+        a.pre_process = s == 0 && v == 0;
+        a.post_process = s == l.pp - 1 && v == l.vpp - 1;
+        a.cp = static_cast<int>(l.cp);
+        TransformerConfig rc = cfg;
+        rc.recompute_granularity = full        ? RecomputeGranularity::kFull
+                                   : selective ? RecomputeGranularity::kSelective
+                                               : RecomputeGranularity::kNone;
+        if (full) {
+          rc.recompute_method = RecomputeMethod::kUniform;
+          rc.recompute_num_layers = 1;
+        }
+        per_chunk = std::max(per_chunk, d(activation_bytes_per_microbatch(rc, a)));
+      }
+    } else {
+      double chunk = 0;
+      for (int64_t i = 0; i < chunk_layers; ++i) {
+        const bool moe = cfg.moe.is_moe_layer(layers[static_cast<size_t>(i)]);
+        // Full recomputation keeps each layer's input (2 bytes per element, / tp with SP).
+        chunk += full ? 2.0 * d(l.mbs * cfg.seq_length / l.cp) * d(cfg.hidden_size) /
+                            (l.sp ? d(l.tp) : 1.0)
+                      : megatron_layer_bytes(cfg, l, moe);
+      }
+      // The stage being recomputed holds one layer's full activations on top.
+      if (full) {
+        Layout kept = l;
+        kept.recompute = Recompute::kNone;
+        chunk += megatron_layer_bytes(cfg, kept, false);
+      }
+      // The last stage's fp32 logits [s b, V / tp] and their gradient.
+      if (s == l.pp - 1)
+        chunk += 2 * 4.0 * d(l.mbs * cfg.seq_length / l.cp) * d(cfg.padded_vocab_size / l.tp);
+      per_chunk = chunk;
+    }
+    const double act = per_chunk * in_flight;
+    const double total = weights + act * (1 + c.device.fragmentation) + c.device.runtime_bytes;
+    if (total > worst) {
+      worst = total;
+      out.weight_and_optimizer_bytes = weights;
+      out.activation_bytes = act;
+      out.runtime_bytes = act * c.device.fragmentation + c.device.runtime_bytes;
+      out.total_bytes = total;
+      out.most_loaded_stage = static_cast<int>(s);
+      out.params = p;
+    }
+  }
+
+  const double devices = d(l.world());
+  out.tflops_per_device = w.model_flops / (out.step * devices) / 1e12;
+  out.mfu = w.model_flops / (out.step * devices * peak_flops(c.device, cfg.compute_dtype, false));
+  out.tokens_per_second = d(w.global_batch * cfg.seq_length) / out.step;
+  return out;
+}
+
+}  // namespace megatron::plan

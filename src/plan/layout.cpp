@@ -1,0 +1,45 @@
+// Layout names for tables and messages.
+#include "plan/layout.h"
+
+#include "core/logging.h"
+
+namespace megatron::plan {
+
+const char* recompute_name(Recompute r) {
+  switch (r) {
+    case Recompute::kNone:
+      return "none";
+    case Recompute::kSelective:
+      return "selective";
+    case Recompute::kFull:
+      return "full";
+  }
+  return "?";
+}
+
+const char* sharding_name(Sharding s) {
+  switch (s) {
+    case Sharding::kNone:
+      return "ddp";
+    case Sharding::kDistributedOptimizer:
+      return "dist-opt";
+    case Sharding::kFsdp:
+      return "fsdp";
+  }
+  return "?";
+}
+
+std::string layout_name(const Layout& l) {
+  std::string s = strprintf("tp%ld%s", static_cast<long>(l.tp), l.sp ? "+sp" : "");
+  if (l.cp > 1) s += strprintf(" cp%ld", static_cast<long>(l.cp));
+  s += strprintf(" pp%ld", static_cast<long>(l.pp));
+  if (l.vpp > 1) s += strprintf("x%ld", static_cast<long>(l.vpp));
+  if (l.ep > 1 || l.etp != l.tp)
+    s += strprintf(" ep%ld etp%ld", static_cast<long>(l.ep), static_cast<long>(l.etp));
+  s += strprintf(" dp%ld mbs%ld", static_cast<long>(l.dp), static_cast<long>(l.mbs));
+  if (l.recompute != Recompute::kNone) s += std::string(" rc-") + recompute_name(l.recompute);
+  if (l.sharding != Sharding::kNone) s += std::string(" ") + sharding_name(l.sharding);
+  return s;
+}
+
+}  // namespace megatron::plan
