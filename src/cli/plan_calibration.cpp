@@ -48,7 +48,8 @@ struct Measured {
   int threads = 1;
   double stretch = 1;  // ranks per core beyond one: each rank's share of a core
   std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool, int>, double> gemms;
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool, int, bool>, double>
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool, double, int, bool>,
+           double>
       attention;
 
   double gemm(int64_t m, int64_t n, int64_t k, bool ta, bool tb, DType dtype) {
@@ -64,9 +65,76 @@ struct Measured {
     return gemms[key] = s * stretch;
   }
 
+  std::map<std::vector<int64_t>, double> elementwise;
+
+  // The layer's elementwise kernels as the trainer calls them, on tensors of the work's shapes
+  // (f32 activations): two norms, the residual adds with their dropout, the biases and the MLP's
+  // activation; backward their gradients.
+  double layer_elementwise(const plan::ElementwiseWork& w) {
+    const std::vector<int64_t> key = {w.h_rows, w.tokens, w.hidden, w.ffn, w.qkv, w.gated,
+                                      w.layernorm, w.bias, static_cast<int64_t>(w.dropout * 1e6),
+                                      w.backward};
+    auto it = elementwise.find(key);
+    if (it != elementwise.end()) return it->second;
+    const double s = with_threads(threads, [&] {
+      const int64_t glu = w.gated ? 2 : 1;
+      Tensor x = Tensor::full({w.h_rows, w.hidden}, 0.5, DType::kF32), y = x.clone(),
+             dy = x.clone();
+      Tensor weight = Tensor::full({w.hidden}, 1.0, DType::kF32), bias = weight.clone();
+      Tensor dweight = Tensor::zeros({w.hidden}), dbias = Tensor::zeros({w.hidden});
+      Tensor mean = Tensor::zeros({w.h_rows}), rstd = Tensor::full({w.h_rows}, 1.0, DType::kF32);
+      Tensor pre = Tensor::full({w.tokens, glu * w.ffn}, 0.1, DType::kF32);
+      Tensor act = Tensor::zeros({w.tokens, w.ffn}), dact = act.clone(), dpre = pre.clone();
+      Tensor qkv = Tensor::zeros({w.tokens, w.qkv});
+      Tensor bias_ffn = Tensor::zeros({glu * w.ffn}), bias_qkv = Tensor::zeros({w.qkv});
+      const float p = static_cast<float>(w.dropout);
+      auto forward = [&] {
+        for (int i = 0; i < 2; ++i) {
+          if (w.layernorm)
+            ops::layernorm_forward(y, mean, rstd, x, weight, bias, 1e-5f);
+          else
+            ops::rmsnorm_forward(y, rstd, x, weight, 1e-5f);
+          if (p > 0) ops::dropout_forward(y, y, p, 1, static_cast<uint64_t>(i));
+          ops::add_inplace(y, x);
+          if (w.bias) ops::bias_add(y, bias);
+        }
+        if (w.bias) {
+          ops::bias_add(qkv, bias_qkv);
+          ops::bias_add(pre, bias_ffn);
+        }
+        if (w.gated)
+          ops::swiglu_forward(act, pre);
+        else
+          ops::gelu_forward(act, pre, false);
+      };
+      auto backward = [&] {
+        for (int i = 0; i < 2; ++i) {
+          if (w.layernorm)
+            ops::layernorm_backward(y, dweight, dbias, dy, x, weight, mean, rstd);
+          else
+            ops::rmsnorm_backward(y, dweight, dy, x, weight, rstd);
+          if (p > 0) ops::dropout_backward(y, y, p, 1, static_cast<uint64_t>(i));
+          ops::add_inplace(y, dy);
+          if (w.bias) ops::bias_backward(dbias, dy);
+        }
+        if (w.bias) {
+          ops::bias_backward(bias_qkv, qkv);
+          ops::bias_backward(bias_ffn, pre);
+        }
+        if (w.gated)
+          ops::swiglu_backward(dpre, dact, pre);
+        else
+          ops::gelu_backward(dpre, dact, pre, false);
+      };
+      return w.backward ? median_seconds(backward, 0.03) : median_seconds(forward, 0.03);
+    });
+    return elementwise[key] = s * stretch;
+  }
+
   double attend(int64_t b, int64_t np, int64_t sq, int64_t skv, int64_t hn, bool causal,
-                DType dtype, bool backward) {
-    const auto key = std::make_tuple(b, np, sq, skv, hn, causal, static_cast<int>(dtype), backward);
+                double dropout, DType dtype, bool backward) {
+    const auto key =
+        std::make_tuple(b, np, sq, skv, hn, causal, dropout, static_cast<int>(dtype), backward);
     auto it = attention.find(key);
     if (it != attention.end()) return it->second;
     const double s = with_threads(threads, [&] {
@@ -82,6 +150,7 @@ struct Measured {
       spec.scale = 0.125f;
       spec.q_offset = (skv - sq) / 2;
       spec.precision = is_half(dtype) ? dtype : DType::kF32;
+      spec.dropout = static_cast<float>(dropout);
       const auto qv = ops::attention_view(q, np), kv = ops::attention_view(k, np),
                  vv = ops::attention_view(v, np);
       if (!backward)
@@ -130,6 +199,9 @@ plan::Link measure_link(ProcessGroup& group) {
 }  // namespace
 
 plan::Cluster calibrate_cpu_cluster(int64_t ranks, int64_t cores, ProcessGroup* world) {
+  // A rank's resident bytes besides its tensors: this binary and its libraries as loaded, before
+  // the measurements allocate.
+  const double runtime_bytes = resident_mb() * 1048576.0;
   auto measured = std::make_shared<Measured>();
   measured->threads = static_cast<int>(std::max<int64_t>(1, cores / std::max<int64_t>(ranks, 1)));
   measured->stretch = std::max(1.0, static_cast<double>(ranks) / static_cast<double>(cores));
@@ -142,19 +214,21 @@ plan::Cluster calibrate_cpu_cluster(int64_t ranks, int64_t cores, ProcessGroup* 
   d.memory_bw = memory_bandwidth(measured->threads) / measured->stretch;
   d.memory_efficiency = 1;  // measured on an elementwise pass already
   d.gemm_e_max = 1;
-  d.causal_skip = true;
+  d.flash_attention = true;
   const double ram =
       static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
   d.memory_bytes = ram / static_cast<double>(std::max<int64_t>(ranks, 1));
-  // A rank's resident bytes besides its tensors: this binary and its libraries as loaded now.
-  d.runtime_bytes = resident_mb() * 1048576.0;
+  d.runtime_bytes = runtime_bytes;
   d.fragmentation = 0;
   d.gemm_time = [measured](int64_t m, int64_t n, int64_t k, bool ta, bool tb, DType dtype) {
     return measured->gemm(m, n, k, ta, tb, dtype);
   };
   d.attention_time = [measured](int64_t b, int64_t np, int64_t sq, int64_t skv, int64_t hn,
-                                bool causal, DType dtype, bool backward) {
-    return measured->attend(b, np, sq, skv, hn, causal, dtype, backward);
+                                bool causal, double dropout, DType dtype, bool backward) {
+    return measured->attend(b, np, sq, skv, hn, causal, dropout, dtype, backward);
+  };
+  d.elementwise_time = [measured](const plan::ElementwiseWork& w) {
+    return measured->layer_elementwise(w);
   };
   c.nodes = 1;
   c.devices_per_node = ranks;

@@ -199,6 +199,10 @@ nlohmann::json to_json(const plan::Candidate& cand, const std::string& command) 
           {"step_seconds", p.step},
           {"seconds",
            {{"compute", p.compute},
+            {"gemm", p.gemm},
+            {"attention", p.attention},
+            {"elementwise", p.elementwise},
+            {"embedding_and_head", p.ends},
             {"tp_comm", p.tp_comm},
             {"cp_comm", p.cp_comm},
             {"ep_comm", p.ep_comm},
@@ -282,7 +286,8 @@ int run_plan(int argc, char** argv, MpiRuntime& mpi) {
   plan::Cluster cluster;
   if (o.gpu == "cpu") {
     MEGATRON_CHECK(o.nodes == 1, "--gpu cpu plans this machine alone: drop --num-nodes");
-    const int64_t cores = available_cores();
+    // Under mpiexec a rank may be bound to one core: the node's cores are its ranks' together.
+    const int64_t cores = mpi.world_size() > 1 ? mpi.node_cores() : available_cores();
     const int64_t ranks = o.per_node > 0 ? o.per_node : cores;
     cluster =
         calibrate_cpu_cluster(ranks, cores, mpi.world_size() > 1 ? mpi.world().get() : nullptr);

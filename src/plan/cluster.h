@@ -26,6 +26,22 @@ struct Link {
   double efficiency = 1;  // achieved share of `bandwidth` for large messages
 };
 
+// The elementwise work of one transformer layer and micro-batch on one rank: norms, residual
+// adds with their dropout, biases, the MLP's activation, RoPE.
+struct ElementwiseWork {
+  int64_t h_rows = 0;   // tokens of the h-wide rows (local under sequence parallelism)
+  int64_t tokens = 0;   // tokens of the GEMM-side rows
+  int64_t hidden = 0;   // h
+  int64_t ffn = 0;      // the MLP's per-token width on this rank (f / tp; experts: their rows)
+  int64_t qkv = 0;      // the QKV projection's width on this rank
+  bool gated = false;   // SwiGLU (else GELU)
+  bool layernorm = true;  // LayerNorm (else RMSNorm)
+  bool bias = true;     // linear biases
+  bool rope = false;
+  double dropout = 0;   // hidden dropout probability
+  bool backward = false;
+};
+
 struct Device {
   std::string name;
   double peak_16bit = 0;              // FLOP/s, bf16/fp16 GEMMs (dense)
@@ -34,21 +50,26 @@ struct Device {
   double memory_bytes = 0;            // usable memory per device
   double memory_bw = 0;               // bytes/s (HBM, or DRAM for CPUs)
   double gemm_e_max = 0.8;            // GEMM efficiency of very large GEMMs
+  double gemm_e_max_fp8 = 0.65;       // the same for fp8 GEMMs (their share of peak_fp8)
   double gemm_f_half = 1e9;           // FLOPs of a GEMM at half of gemm_e_max
   double attention_efficiency = 0.5;  // fused attention's share of the GEMM efficiency
   double memory_efficiency = 0.8;     // elementwise kernels' share of memory_bw
-  // The attention kernel skips the masked half of causal scores (flash attention); the 2021-22
-  // Megatron runs on A100 materialised every score (fused softmax over [s, s]).
-  bool causal_skip = true;
+  // Flash attention: the kernel skips the masked half of causal scores and keeps no [s, s]
+  // scores for backward; the 2021-22 Megatron runs on A100 materialised every score (fused
+  // softmax over [s, s]) and kept the softmax output and its dropout mask.
+  bool flash_attention = true;
   double runtime_bytes = 0;  // resident besides tensors: context, libraries, comm buffers
   double fragmentation = 0;  // allocator overhead as a share of activation memory
+  // Seconds of a layer's elementwise work (the cpu cluster measures its kernels); null: bytes at
+  // memory_bw x memory_efficiency.
+  std::function<double(const ElementwiseWork&)> elementwise_time;
   // Measured overrides (the cpu cluster): GEMM seconds for (m, n, k, ta, tb, dtype); null: the
   // efficiency curve.
   std::function<double(int64_t m, int64_t n, int64_t k, bool ta, bool tb, DType dtype)> gemm_time;
-  // Seconds of one attention forward / backward for (b, np, sq, skv, hn, causal, dtype); null:
-  // FLOPs at attention_efficiency.
+  // Seconds of one attention forward / backward for (b, np, sq, skv, hn, causal, dropout
+  // probability, dtype); null: FLOPs at attention_efficiency.
   std::function<double(int64_t b, int64_t np, int64_t sq, int64_t skv, int64_t hn, bool causal,
-                       DType dtype, bool backward)>
+                       double dropout, DType dtype, bool backward)>
       attention_time;
 };
 

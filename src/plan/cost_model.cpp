@@ -49,8 +49,10 @@ std::vector<int64_t> stage_layers(const TransformerConfig& c, const Layout& l, i
 
 // One layer's costs for one micro-batch on one rank.
 struct LayerCost {
-  double fwd = 0, bwd = 0;  // compute seconds (GEMMs, attention, elementwise)
-  double attention_fwd = 0;
+  // Compute seconds by kind, forward and backward.
+  double gemm_fwd = 0, gemm_bwd = 0, att_fwd = 0, att_bwd = 0, ew_fwd = 0, ew_bwd = 0;
+  double fwd() const { return gemm_fwd + att_fwd + ew_fwd; }
+  double bwd() const { return gemm_bwd + att_bwd + ew_bwd; }
   double tp_fwd = 0, tp_bwd = 0;  // collective seconds
   double cp_fwd = 0, cp_bwd = 0;
   double ep_fwd = 0, ep_bwd = 0;
@@ -84,6 +86,17 @@ class StageModel {
   }
   double elementwise(double bytes) const {
     return bytes / (c_.device.memory_bw * c_.device.memory_efficiency);
+  }
+  // A layer's elementwise passes: measured where the device can, else bytes per token in
+  // fused 16-bit kernels: 11 h-rows forward (2 norms read + write, 2 residual adds with their
+  // dropout), the activation's read and write of the MLP width, the QKV rows once for RoPE;
+  // backward twice that.
+  double elementwise_seconds(const ElementwiseWork& w) const {
+    if (c_.device.elementwise_time) return c_.device.elementwise_time(w);
+    const double bytes = act_bytes_ * (11.0 * d(w.h_rows) * d(w.hidden) +
+                                       d(w.tokens) * d((w.gated ? 3 : 2) * w.ffn) +
+                                       (w.rope ? 2.0 * d(w.tokens) * d(w.qkv) : 0.0));
+    return elementwise(w.backward ? 2 * bytes : bytes);
   }
 
   // The logits' GEMMs and the vocabulary-parallel cross entropy, forward and backward.
@@ -128,16 +141,17 @@ class StageModel {
     const bool causal = true;
     double att_f = 0, att_b = 0;
     if (c_.device.attention_time) {
-      att_f = c_.device.attention_time(b, np / t, sq, skv, hn, causal, dtype_, false);
-      att_b = c_.device.attention_time(b, np / t, sq, skv, hn, causal, dtype_, true);
+      const double p = cfg.attention_dropout;
+      att_f = c_.device.attention_time(b, np / t, sq, skv, hn, causal, p, dtype_, false);
+      att_b = c_.device.attention_time(b, np / t, sq, skv, hn, causal, p, dtype_, true);
     } else {
-      const double share = c_.device.causal_skip ? 0.5 : 1.0;
+      const double share = c_.device.flash_attention ? 0.5 : 1.0;
       const double flops = 4.0 * d(b) * d(np / t) * d(sq) * d(skv) * d(hn) * share;
       const double rate = peak_flops(c_.device, dtype_, false) * c_.device.gemm_e_max *
                           c_.device.attention_efficiency;
       att_f = flops / rate;
       att_b = 2.5 * flops / rate;  // dQ, dK, dV and the recomputed scores: 5 GEMMs to 2
-      if (!c_.device.causal_skip) {
+      if (!c_.device.flash_attention) {
         // Unfused: the [s, s] scores written, masked, softmaxed and dropped out (about 12
         // bytes per score forward in 16-bit, twice that backward).
         const double scores = d(b) * d(np / t) * d(sq) * d(skv);
@@ -145,10 +159,11 @@ class StageModel {
         att_b += elementwise(24.0 * scores);
       }
     }
-    lc.attention_fwd = att_f;
+    lc.att_fwd = att_f;
+    lc.att_bwd = att_b;
     // MLP or experts.
     const int64_t glu = cfg.gated_mlp() ? 2 : 1;
-    double mlp_f = 0, mlp_all = 0;
+    double mlp_f = 0, mlp_all = 0, routing_bytes = 0;
     int64_t f_local = 0;  // per-token MLP width on this rank (elementwise bytes)
     if (!moe) {
       const int64_t f = cfg.ffn_hidden_size / t;
@@ -176,17 +191,31 @@ class StageModel {
       const Link& link = link_of(c_, l_.etp, l_.ep);
       lc.ep_fwd = 2 * gather(link, l_.ep, rows);
       lc.ep_bwd = 2 * gather(link, l_.ep, rows);
+      // Routing: the router's scores and top-k over E (fp32, a few passes), the rows permuted
+      // into expert order and back with their probabilities (read + write each), twice as much
+      // backward.
+      routing_bytes = 3.0 * 4.0 * d(T) * d(E) + 4.0 * rows;
     }
-    // Elementwise passes (norms, residuals, dropout, bias + activation, RoPE), bytes per token:
-    // 11 h-rows forward (2 norms read + write, 2 residual adds with their dropout), the
-    // activation's read and write of the MLP width, the QKV rows once for RoPE; backward twice.
-    // Rows of h are local under sequence parallelism.
-    const double e = act_bytes_;
-    const double h_rows = d(T) / (l_.sp ? d(t) : 1.0);
-    const double ew_fwd =
-        e * (11.0 * h_rows * d(h) + d(T) * d((glu + 1) * f_local) + 2.0 * d(T) * d(qkv));
-    lc.fwd = gemm_f + att_f + mlp_f + elementwise(ew_fwd);
-    lc.bwd = (gemm_all - gemm_f) + att_b + (mlp_all - mlp_f) + elementwise(2 * ew_fwd);
+    ElementwiseWork ew;
+    ew.h_rows = l_.sp ? T / t : T;
+    ew.tokens = T;
+    ew.hidden = h;
+    ew.ffn = f_local;
+    ew.qkv = qkv;
+    ew.gated = cfg.gated_mlp();
+    ew.layernorm = cfg.normalization == Normalization::kLayerNorm;
+    ew.bias = cfg.add_bias_linear;
+    ew.rope = cfg.position_embedding == PositionEmbedding::kRope;
+    ew.dropout = cfg.hidden_dropout;
+    lc.gemm_fwd = gemm_f + mlp_f;
+    lc.gemm_bwd = (gemm_all - gemm_f) + (mlp_all - mlp_f);
+    // FP8 GEMMs quantise their inputs (read 16-bit, write 8-bit) forward, and backward the
+    // output gradients plus transposed copies for the weight gradients.
+    const double gemm_inputs = d(T) * d(2 * h + proj + f_local);
+    const double fp8_bytes = fp8_ ? 3.0 * gemm_inputs : 0.0;
+    lc.ew_fwd = elementwise_seconds(ew) + elementwise(routing_bytes + fp8_bytes);
+    ew.backward = true;
+    lc.ew_bwd = elementwise_seconds(ew) + elementwise(2 * routing_bytes + 2 * fp8_bytes);
     // Tensor parallelism: [T, h] activations.
     if (t > 1) {
       const Link& link = link_of(c_, 1, t);
@@ -239,8 +268,9 @@ class StageModel {
 // (2h), fc1's output (2 f glu) and fc2's input (2f) and a mask (h); two norms' inputs (4h).
 // Tensor parallelism divides what lies between the column- and row-parallel GEMMs; sequence
 // parallelism divides the rest too. Unfused attention adds the scores (5 bytes each: softmax
-// output 2, its dropout mask 1, dropout output 2) unless selective recomputation drops them.
-double megatron_layer_bytes(const TransformerConfig& c, const Layout& l, bool moe) {
+// output 2, its dropout mask 1, dropout output 2) unless selective recomputation drops them;
+// flash attention keeps only their log-sum-exp.
+double megatron_layer_bytes(const TransformerConfig& c, const Layout& l, bool moe, bool flash) {
   const double s = d(c.seq_length / l.cp), b = d(l.mbs), h = d(c.hidden_size), t = d(l.tp);
   const double np = d(c.num_attention_heads), ng = d(c.num_query_groups), hn = d(c.head_dim());
   const double glu = c.gated_mlp() ? 2 : 1;
@@ -264,9 +294,11 @@ double megatron_layer_bytes(const TransformerConfig& c, const Layout& l, bool mo
       inner += sb * (2 * fs * glu + 2 * fs);
     }
   }
-  const double scores = (c.attention_dropout > 0 ? 5.0 : 2.0) * np * s * d(c.seq_length) * b;
+  // Flash attention keeps the log-sum-exp (fp32) instead of scores.
+  const double scores = flash ? 4.0 * np * s * b
+                              : (c.attention_dropout > 0 ? 5.0 : 2.0) * np * s * d(c.seq_length) * b;
   return (l.sp ? outer / t : outer) + inner / t +
-         (l.recompute == Recompute::kNone ? scores / t : 0.0);
+         (l.recompute == Recompute::kNone || flash ? scores / t : 0.0);
 }
 
 }  // namespace
@@ -326,18 +358,23 @@ Prediction predict(const Workload& w, const Layout& l, const Cluster& c) {
   std::vector<double> stage_time(static_cast<size_t>(l.pp), 0.0);
   std::vector<double> stage_bwd(static_cast<size_t>(l.pp), 0.0), stage_fwd(stage_time);
   for (int64_t s = 0; s < l.pp; ++s) {
-    double compute = 0, fwd = 0, bwd = 0, tp = 0, cp = 0, ep = 0;
+    double compute = 0, fwd = 0, bwd = 0, tp = 0, cp = 0, ep = 0, gemm = 0, att = 0, ew = 0;
     for (int64_t layer : stage_layers(cfg, l, s)) {
       const LayerCost& lc = model.cost(layer);
-      compute += lc.fwd + lc.bwd + (full ? lc.fwd : 0) + (selective ? lc.attention_fwd : 0);
+      gemm += lc.gemm_fwd + lc.gemm_bwd + (full ? lc.gemm_fwd : 0);
+      att += lc.att_fwd + lc.att_bwd + (full || selective ? lc.att_fwd : 0);
+      ew += lc.ew_fwd + lc.ew_bwd + (full ? lc.ew_fwd : 0);
       tp += lc.tp_fwd + lc.tp_bwd + (full ? lc.tp_fwd : 0);
       cp += lc.cp_fwd + lc.cp_bwd + (full ? lc.cp_fwd : 0);
       ep += lc.ep_fwd + lc.ep_bwd + (full ? lc.ep_fwd : 0);
-      fwd += lc.fwd + lc.tp_fwd + lc.cp_fwd + lc.ep_fwd;
-      bwd += lc.bwd + lc.tp_bwd + lc.cp_bwd + lc.ep_bwd;
+      fwd += lc.fwd() + lc.tp_fwd + lc.cp_fwd + lc.ep_fwd;
+      // Backward with the recomputation it runs first.
+      bwd += lc.bwd() + lc.tp_bwd + lc.cp_bwd + lc.ep_bwd +
+             (full ? lc.fwd() + lc.tp_fwd + lc.cp_fwd + lc.ep_fwd : selective ? lc.att_fwd : 0.0);
     }
-    if (s == 0) compute += model.embedding_seconds();
-    if (s == l.pp - 1) compute += model.head_seconds();
+    const double ends = (s == 0 ? model.embedding_seconds() : 0.0) +
+                        (s == l.pp - 1 ? model.head_seconds() : 0.0);
+    compute = gemm + att + ew + ends;
     const double pp_comm = l.pp > 1 ? 2.0 * d(l.vpp) * model.pp_message_seconds() : 0.0;
     stage_time[static_cast<size_t>(s)] = compute + tp + cp + ep + pp_comm;
     stage_fwd[static_cast<size_t>(s)] = fwd;
@@ -346,6 +383,10 @@ Prediction predict(const Workload& w, const Layout& l, const Cluster& c) {
     if (stage_time[static_cast<size_t>(s)] >=
         *std::max_element(stage_time.begin(), stage_time.begin() + s + 1)) {
       out.compute = compute * d(m);
+      out.gemm = gemm * d(m);
+      out.attention = att * d(m);
+      out.elementwise = ew * d(m);
+      out.ends = ends * d(m);
       out.tp_comm = tp * d(m);
       out.cp_comm = cp * d(m);
       out.ep_comm = ep * d(m);
@@ -431,49 +472,62 @@ Prediction predict(const Workload& w, const Layout& l, const Cluster& c) {
     const std::vector<int64_t> layers = stage_layers(cfg, l, s);
     const int64_t chunk_layers =
         d(layers.size()) > 0 ? static_cast<int64_t>(layers.size()) / l.vpp : 0;
-    double per_chunk = 0;
+    // Bytes of one micro-batch in one chunk, held by each of the in-flight forwards, and bytes
+    // the stage holds once: the working set of the layer being recomputed, and on the last
+    // stage the logits and their gradient (its micro-batch's backward follows its forward).
+    double per_chunk = 0, once = 0;
+    const double sb = d(l.mbs * cfg.seq_length / l.cp);
+    const double logits = 4.0 * sb * d(cfg.padded_vocab_size / l.tp);  // fp32 [s b, V / tp]
     if (w.runtime == ActivationRuntime::kThisProject) {
+      TransformerConfig rc = cfg;
+      rc.recompute_granularity = full        ? RecomputeGranularity::kFull
+                                 : selective ? RecomputeGranularity::kSelective
+                                             : RecomputeGranularity::kNone;
+      rc.recompute_method = full ? RecomputeMethod::kUniform : RecomputeMethod::kNone;
+      rc.recompute_num_layers = full ? 1 : 0;
+      ActivationShape a;
+      a.micro_batch_size = l.mbs;
+      a.tp = static_cast<int>(l.tp);
+      a.sequence_parallel = l.sp;
+      a.cp = static_cast<int>(l.cp);
       for (int64_t v = 0; v < l.vpp; ++v) {
-        ActivationShape a;
-        a.micro_batch_size = l.mbs;
-        a.tp = static_cast<int>(l.tp);
-        a.sequence_parallel = l.sp;
         a.num_layers = chunk_layers;
         a.first_layer = layers[static_cast<size_t>(v * chunk_layers)];
         a.pre_process = s == 0 && v == 0;
-        a.post_process = s == l.pp - 1 && v == l.vpp - 1;
-        a.cp = static_cast<int>(l.cp);
-        TransformerConfig rc = cfg;
-        rc.recompute_granularity = full        ? RecomputeGranularity::kFull
-                                   : selective ? RecomputeGranularity::kSelective
-                                               : RecomputeGranularity::kNone;
-        if (full) {
-          rc.recompute_method = RecomputeMethod::kUniform;
-          rc.recompute_num_layers = 1;
-        }
+        a.post_process = false;
         per_chunk = std::max(per_chunk, d(activation_bytes_per_microbatch(rc, a)));
       }
+      if (s == l.pp - 1) {
+        // The head's share (final norm, output GEMM input, logits) and the logits' gradient.
+        a.num_layers = 0;
+        a.pre_process = false;
+        a.post_process = true;
+        once += d(activation_bytes_per_microbatch(rc, a)) + logits;
+      }
+      if (full) {
+        TransformerConfig kept = rc;
+        kept.recompute_granularity = RecomputeGranularity::kNone;
+        a.num_layers = 1;
+        a.first_layer = layers.front();
+        a.pre_process = a.post_process = false;
+        once += d(activation_bytes_per_microbatch(kept, a));
+      }
     } else {
-      double chunk = 0;
+      const bool flash = c.device.flash_attention;
       for (int64_t i = 0; i < chunk_layers; ++i) {
         const bool moe = cfg.moe.is_moe_layer(layers[static_cast<size_t>(i)]);
         // Full recomputation keeps each layer's input (2 bytes per element, / tp with SP).
-        chunk += full ? 2.0 * d(l.mbs * cfg.seq_length / l.cp) * d(cfg.hidden_size) /
-                            (l.sp ? d(l.tp) : 1.0)
-                      : megatron_layer_bytes(cfg, l, moe);
+        per_chunk += full ? 2.0 * sb * d(cfg.hidden_size) / (l.sp ? d(l.tp) : 1.0)
+                          : megatron_layer_bytes(cfg, l, moe, flash);
       }
-      // The stage being recomputed holds one layer's full activations on top.
       if (full) {
         Layout kept = l;
         kept.recompute = Recompute::kNone;
-        chunk += megatron_layer_bytes(cfg, kept, false);
+        once += megatron_layer_bytes(cfg, kept, cfg.moe.is_moe_layer(layers.front()), flash);
       }
-      // The last stage's fp32 logits [s b, V / tp] and their gradient.
-      if (s == l.pp - 1)
-        chunk += 2 * 4.0 * d(l.mbs * cfg.seq_length / l.cp) * d(cfg.padded_vocab_size / l.tp);
-      per_chunk = chunk;
+      if (s == l.pp - 1) once += 2 * logits;
     }
-    const double act = per_chunk * in_flight;
+    const double act = per_chunk * in_flight + once;
     const double total = weights + act * (1 + c.device.fragmentation) + c.device.runtime_bytes;
     if (total > worst) {
       worst = total;
