@@ -33,7 +33,8 @@ LLAMA = ["--num-layers", "4", "--hidden-size", "384", "--num-attention-heads", "
          "--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope",
          "--disable-bias-linear", "--hidden-dropout", "0", "--attention-dropout", "0",
          "--untie-embeddings-and-output-weights"]
-MOE = SMALL + ["--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "512"]
+MOE = SMALL + ["--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "512",
+              "--disable-bias-linear"]
 
 TP2, SP, PP2, CP2 = (["--tensor-model-parallel-size", "2"], ["--sequence-parallel"],
                      ["--pipeline-model-parallel-size", "2"], ["--context-parallel-size", "2"])
@@ -76,10 +77,17 @@ CASES = [
     ("moe dp2 ep2", MOE, 2, mbs(4) + ["--expert-model-parallel-size", "2"]),
 ]
 
-MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-           "OMPI_MCA_btl_vader_single_copy_mechanism": "none", "OMPI_MCA_mpi_yield_when_idle": "1"}
+# Open MPI's defaults (shared-memory transfers by cross-memory attach: with copy-in/copy-out a
+# large pipeline send only advances inside MPI calls, see docs/PERFORMANCE.md); ranks bound to
+# cores where there are enough, oversubscribed otherwise.
+MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 ITER_RE = re.compile(r"elapsed time per iteration \(ms\): ([0-9.]+)")
 MEM_RE = re.compile(r"max resident: ([0-9.]+)")
+
+
+def launcher(args, ranks):
+    bind = ["--bind-to", "core"] if ranks <= (os.cpu_count() or 1) else ["--oversubscribe"]
+    return [args.mpiexec, "-n", str(ranks), *bind]
 
 
 def predict(args, model, ranks, flags):
@@ -87,7 +95,7 @@ def predict(args, model, ranks, flags):
            *flags, "--evaluate", "--json"]
     # Launched as the run will be, so that the planner measures this job's collectives.
     if ranks > 1:
-        cmd = [args.mpiexec, "-n", str(ranks), "--oversubscribe", *cmd]
+        cmd = launcher(args, ranks) + cmd
     proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, **MPI_ENV),
                           timeout=600, check=False)
     if proc.returncode != 0:
@@ -100,7 +108,7 @@ def measure(args, model, ranks, flags):
     cmd = [args.megatron, "train", *COMMON, *model, *flags, "--lr", "1e-4", "--train-iters",
            str(args.iters), "--log-interval", str(args.interval), "--eval-iters", "0"]
     if ranks > 1:
-        cmd = [args.mpiexec, "-n", str(ranks), "--oversubscribe", *cmd]
+        cmd = launcher(args, ranks) + cmd
     proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, **MPI_ENV),
                           timeout=1800, check=False)
     if proc.returncode != 0:

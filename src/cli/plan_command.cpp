@@ -19,7 +19,6 @@
 #include "cli/commands.h"
 #include "cli/megatron_flags.h"
 #include "cli/mpi_command.h"
-#include "cli/plan_calibration.h"
 #include "cli/train_args.h"
 #include "comm/mpi_runtime.h"
 #include "core/error.h"
@@ -27,7 +26,9 @@
 #include "core/threads.h"
 #include "models/model_spec.h"
 #include "plan/planner.h"
+#include "train/cpu_calibration.h"
 #include "train/model_config.h"
+#include "train/plan_prediction.h"
 
 namespace megatron::cli {
 
@@ -103,34 +104,6 @@ void apply_layout(Arguments& a, const plan::Layout& l) {
   a.overlap_grad_reduce = l.overlap_grad_reduce;
   a.overlap_param_gather = l.overlap_param_gather;
   a.cp_comm_type = {l.cp_comm_type};
-}
-
-// The layout the flags describe (what `train` would run).
-plan::Layout layout_of(const Arguments& a, int64_t world) {
-  plan::Layout l;
-  l.tp = a.tensor_model_parallel_size;
-  l.sp = a.sequence_parallel && l.tp > 1;
-  l.cp = a.context_parallel_size;
-  l.pp = a.pipeline_model_parallel_size;
-  l.vpp = a.num_virtual_stages_per_pipeline_rank > 0 ? a.num_virtual_stages_per_pipeline_rank
-          : a.num_layers_per_virtual_pipeline_stage > 0
-              ? a.num_layers / (l.pp * a.num_layers_per_virtual_pipeline_stage)
-              : 1;
-  l.ep = a.expert_model_parallel_size;
-  l.etp = a.expert_tensor_parallel_size > 0 ? a.expert_tensor_parallel_size : l.tp;
-  l.dp = std::max<int64_t>(1, world / (l.tp * l.cp * l.pp));
-  l.mbs = a.micro_batch_size;
-  l.recompute = a.recompute_granularity == "full" ? plan::Recompute::kFull
-                : a.recompute_granularity == "selective" || a.recompute_activations
-                    ? plan::Recompute::kSelective
-                    : plan::Recompute::kNone;
-  l.sharding = a.use_megatron_fsdp           ? plan::Sharding::kFsdp
-               : a.use_distributed_optimizer ? plan::Sharding::kDistributedOptimizer
-                                             : plan::Sharding::kNone;
-  l.overlap_grad_reduce = a.overlap_grad_reduce;
-  l.overlap_param_gather = a.overlap_param_gather;
-  l.cp_comm_type = a.cp_comm_type.empty() ? "p2p" : a.cp_comm_type.front();
-  return l;
 }
 
 // The launch line of a layout: the user's flags (less the layout's and the planner's) and the
@@ -289,8 +262,15 @@ int run_plan(int argc, char** argv, MpiRuntime& mpi) {
     // Under mpiexec a rank may be bound to one core: the node's cores are its ranks' together.
     const int64_t cores = mpi.world_size() > 1 ? mpi.node_cores() : available_cores();
     const int64_t ranks = o.per_node > 0 ? o.per_node : cores;
-    cluster =
-        calibrate_cpu_cluster(ranks, cores, mpi.world_size() > 1 ? mpi.world().get() : nullptr);
+    // Measured alone, a rank stands for one of `ranks` sharing the cores; under mpiexec with the
+    // planned ranks every rank measures at once, sharing them for real.
+    const bool together = mpi.world_size() == ranks;
+    CpuCalibration cal;
+    cal.ranks = ranks;
+    cal.threads = static_cast<int>(std::max<int64_t>(1, cores / ranks));
+    cal.stretch = together ? 1.0 : static_cast<double>(ranks) / static_cast<double>(cores);
+    cal.group = mpi.world_size() > 1 ? mpi.world().get() : nullptr;
+    cluster = calibrate_cpu_cluster(cal);
     // The trainer's own fixed cost per iteration (logging, the loss's reduction, the batch):
     // a few milliseconds on this runtime.
     cluster.iteration_overhead = 2e-3;
@@ -306,7 +286,9 @@ int run_plan(int argc, char** argv, MpiRuntime& mpi) {
   if (o.intra_latency_us >= 0) cluster.intra.latency = o.intra_latency_us * 1e-6;
   if (o.inter_latency_us >= 0) cluster.inter.latency = o.inter_latency_us * 1e-6;
   if (o.overhead_ms >= 0) cluster.iteration_overhead = o.overhead_ms * 1e-3;
-  if (mpi.rank() != 0) return 0;  // the other ranks only took part in the measurement
+  // Every rank plans (measuring each shape when the rank next to it does, as in the run); rank 0
+  // prints.
+  const bool printer = mpi.rank() == 0;
 
   const ModelSpec& spec = model_spec(args.model);
   plan::PlanRequest request;
@@ -340,7 +322,7 @@ int run_plan(int argc, char** argv, MpiRuntime& mpi) {
 
   std::vector<plan::Candidate> ranked;
   if (o.evaluate) {
-    const plan::Layout l = layout_of(args, world);
+    const plan::Layout l = layout_from_args(args, world);
     const std::string rule = plan::layout_rule_violation(w, l, world);
     MEGATRON_CHECK(rule.empty(), "the layout of the flags (", plan::layout_name(l),
                    ") cannot run on ", world, " devices: ", rule);
@@ -362,11 +344,11 @@ int run_plan(int argc, char** argv, MpiRuntime& mpi) {
     k.mbs = fixed("--micro-batch-size", args.micro_batch_size);
     if (table.given("--num-virtual-stages-per-pipeline-rank") ||
         table.given("--num-layers-per-virtual-pipeline-stage"))
-      k.vpp = layout_of(args, world).vpp;
+      k.vpp = layout_from_args(args, world).vpp;
     if (table.given("--recompute-granularity") || table.given("--recompute-activations"))
-      k.recompute = plan::recompute_name(layout_of(args, world).recompute);
+      k.recompute = plan::recompute_name(layout_from_args(args, world).recompute);
     if (table.given("--use-distributed-optimizer") || table.given("--use-megatron-fsdp"))
-      k.sharding = plan::sharding_name(layout_of(args, world).sharding);
+      k.sharding = plan::sharding_name(layout_from_args(args, world).sharding);
     request.refuse = refuse;
     ranked = plan::plan_layouts(request);
     MEGATRON_CHECK(!ranked.empty(), "no layout of this model runs on ", world,
@@ -395,6 +377,7 @@ int run_plan(int argc, char** argv, MpiRuntime& mpi) {
   const size_t shown =
       o.top > 0 ? std::min<size_t>(ranked.size(), static_cast<size_t>(o.top)) : ranked.size();
   const ModelSpec& entry = spec;
+  if (!printer) return 0;
   if (o.json) {
     nlohmann::json doc;
     doc["cluster"] = {

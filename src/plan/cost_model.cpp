@@ -303,6 +303,14 @@ double megatron_layer_bytes(const TransformerConfig& c, const Layout& l, bool mo
 
 }  // namespace
 
+int in_flight_microbatches(int64_t pp, int64_t vpp, int64_t stage, int64_t m) {
+  const int p = static_cast<int>(pp), r = static_cast<int>(stage), n = static_cast<int>(m);
+  if (pp == 1) return 1;
+  if (vpp == 1) return std::min(one_f_one_b_warmup(p, r, n) + 1, n);
+  return std::min(interleaved_warmup(p, r, n, static_cast<int>(vpp)) + 1,
+                  n * static_cast<int>(vpp));
+}
+
 RankParams rank_params(const TransformerConfig& c, const Layout& l, int64_t stage) {
   RankParams p;
   const double h = d(c.hidden_size), t = d(l.tp);
@@ -344,6 +352,101 @@ RankParams rank_params(const TransformerConfig& c, const Layout& l, int64_t stag
     if (c.untie_embeddings_and_output_weights || l.pp > 1) p.embedding += vocab;
   }
   return p;
+}
+
+void predict_memory(const Workload& w, const Layout& l, const Device& dev, Prediction* out_ptr) {
+  const TransformerConfig& cfg = w.config;
+  Prediction& out = *out_ptr;
+  const int64_t m = l.microbatches(w.global_batch);
+  const bool full = l.recompute == Recompute::kFull, selective = l.recompute == Recompute::kSelective;
+  ShardedState sharded;
+  sharded.moments = l.sharding != Sharding::kNone;
+  sharded.main = l.sharding != Sharding::kNone && is_half(cfg.compute_dtype);
+  sharded.grads = sharded.compute = l.sharding == Sharding::kFsdp;
+  const double per_param = weight_and_optimizer_bytes_per_param(cfg.compute_dtype, l.dp, sharded);
+  double worst = 0;
+  for (int64_t s = 0; s < l.pp; ++s) {
+    const RankParams p = rank_params(cfg, l, s);
+    const double weights = p.total() * per_param;
+    // Micro-batches (chunks) this stage holds at once under its schedule.
+    const int in_flight = in_flight_microbatches(l.pp, l.vpp, s, m);
+    const std::vector<int64_t> layers = stage_layers(cfg, l, s);
+    const int64_t chunk_layers =
+        d(layers.size()) > 0 ? static_cast<int64_t>(layers.size()) / l.vpp : 0;
+    // Bytes of one micro-batch in one chunk, held by each of the in-flight forwards, and bytes
+    // the stage holds once: the working set of the layer being recomputed, and on the last
+    // stage the logits and their gradient (its micro-batch's backward follows its forward).
+    double per_chunk = 0, once = 0;
+    const double sb = d(l.mbs * cfg.seq_length / l.cp);
+    const double logits = 4.0 * sb * d(cfg.padded_vocab_size / l.tp);  // fp32 [s b, V / tp]
+    if (w.runtime == ActivationRuntime::kThisProject) {
+      TransformerConfig rc = cfg;
+      rc.recompute_granularity = full        ? RecomputeGranularity::kFull
+                                 : selective ? RecomputeGranularity::kSelective
+                                             : RecomputeGranularity::kNone;
+      rc.recompute_method = full ? RecomputeMethod::kUniform : RecomputeMethod::kNone;
+      rc.recompute_num_layers = full ? 1 : 0;
+      ActivationShape a;
+      a.micro_batch_size = l.mbs;
+      a.tp = static_cast<int>(l.tp);
+      a.sequence_parallel = l.sp;
+      a.cp = static_cast<int>(l.cp);
+      for (int64_t v = 0; v < l.vpp; ++v) {
+        a.num_layers = chunk_layers;
+        a.first_layer = layers[static_cast<size_t>(v * chunk_layers)];
+        a.pre_process = s == 0 && v == 0;
+        a.post_process = false;
+        per_chunk = std::max(per_chunk, d(activation_bytes_per_microbatch(rc, a)));
+      }
+      if (s == l.pp - 1) {
+        // The head's share (final norm, output GEMM input, logits) and the logits' gradient.
+        a.num_layers = 0;
+        a.pre_process = false;
+        a.post_process = true;
+        once += d(activation_bytes_per_microbatch(rc, a)) + logits;
+      }
+      if (full) {
+        TransformerConfig kept = rc;
+        kept.recompute_granularity = RecomputeGranularity::kNone;
+        a.num_layers = 1;
+        a.first_layer = layers.front();
+        a.pre_process = a.post_process = false;
+        once += d(activation_bytes_per_microbatch(kept, a));
+      }
+    } else {
+      const bool flash = dev.flash_attention;
+      for (int64_t i = 0; i < chunk_layers; ++i) {
+        const bool moe = cfg.moe.is_moe_layer(layers[static_cast<size_t>(i)]);
+        // Full recomputation keeps each layer's input (2 bytes per element, / tp with SP).
+        per_chunk += full ? 2.0 * sb * d(cfg.hidden_size) / (l.sp ? d(l.tp) : 1.0)
+                          : megatron_layer_bytes(cfg, l, moe, flash);
+      }
+      if (full) {
+        Layout kept = l;
+        kept.recompute = Recompute::kNone;
+        once += megatron_layer_bytes(cfg, kept, cfg.moe.is_moe_layer(layers.front()), flash);
+      }
+      if (s == l.pp - 1) once += 2 * logits;
+    }
+    const double act = per_chunk * in_flight + once;
+    // This project's gradient reduction hands MPI whole buckets, whose reduction allocates a
+    // temporary of the bucket's size (fp32 gradients, at most Megatron's 40M-element bucket).
+    const double comm_buffer = w.runtime == ActivationRuntime::kThisProject && l.dp * l.cp > 1
+                                   ? 4.0 * std::min(p.total(), 40e6)
+                                   : 0.0;
+    const double total =
+        weights + act * (1 + dev.fragmentation) + dev.runtime_bytes + comm_buffer;
+    if (total > worst) {
+      worst = total;
+      out.weight_and_optimizer_bytes = weights;
+      out.activation_bytes = act;
+      out.runtime_bytes = act * dev.fragmentation + dev.runtime_bytes + comm_buffer;
+      out.total_bytes = total;
+      out.most_loaded_stage = static_cast<int>(s);
+      out.params = p;
+    }
+  }
+
 }
 
 Prediction predict(const Workload& w, const Layout& l, const Cluster& c) {
@@ -448,97 +551,7 @@ Prediction predict(const Workload& w, const Layout& l, const Cluster& c) {
   out.overhead = c.iteration_overhead;
   out.step = pipeline + out.dp_comm + out.optimizer + out.overhead;
 
-  // Memory of each stage: the most loaded one.
-  ShardedState sharded;
-  sharded.moments = l.sharding != Sharding::kNone;
-  sharded.main = l.sharding != Sharding::kNone && is_half(cfg.compute_dtype);
-  sharded.grads = sharded.compute = l.sharding == Sharding::kFsdp;
-  const double per_param = weight_and_optimizer_bytes_per_param(cfg.compute_dtype, l.dp, sharded);
-  double worst = 0;
-  for (int64_t s = 0; s < l.pp; ++s) {
-    const RankParams p = rank_params(cfg, l, s);
-    const double weights = p.total() * per_param;
-    // Micro-batches (chunks) this stage holds at once under its schedule.
-    const int in_flight =
-        l.pp == 1    ? 1
-        : l.vpp == 1 ? std::min(one_f_one_b_warmup(static_cast<int>(l.pp), static_cast<int>(s),
-                                                   static_cast<int>(m)) +
-                                    1,
-                                static_cast<int>(m))
-                     : std::min(interleaved_warmup(static_cast<int>(l.pp), static_cast<int>(s),
-                                                   static_cast<int>(m), static_cast<int>(l.vpp)) +
-                                    1,
-                                static_cast<int>(m * l.vpp));
-    const std::vector<int64_t> layers = stage_layers(cfg, l, s);
-    const int64_t chunk_layers =
-        d(layers.size()) > 0 ? static_cast<int64_t>(layers.size()) / l.vpp : 0;
-    // Bytes of one micro-batch in one chunk, held by each of the in-flight forwards, and bytes
-    // the stage holds once: the working set of the layer being recomputed, and on the last
-    // stage the logits and their gradient (its micro-batch's backward follows its forward).
-    double per_chunk = 0, once = 0;
-    const double sb = d(l.mbs * cfg.seq_length / l.cp);
-    const double logits = 4.0 * sb * d(cfg.padded_vocab_size / l.tp);  // fp32 [s b, V / tp]
-    if (w.runtime == ActivationRuntime::kThisProject) {
-      TransformerConfig rc = cfg;
-      rc.recompute_granularity = full        ? RecomputeGranularity::kFull
-                                 : selective ? RecomputeGranularity::kSelective
-                                             : RecomputeGranularity::kNone;
-      rc.recompute_method = full ? RecomputeMethod::kUniform : RecomputeMethod::kNone;
-      rc.recompute_num_layers = full ? 1 : 0;
-      ActivationShape a;
-      a.micro_batch_size = l.mbs;
-      a.tp = static_cast<int>(l.tp);
-      a.sequence_parallel = l.sp;
-      a.cp = static_cast<int>(l.cp);
-      for (int64_t v = 0; v < l.vpp; ++v) {
-        a.num_layers = chunk_layers;
-        a.first_layer = layers[static_cast<size_t>(v * chunk_layers)];
-        a.pre_process = s == 0 && v == 0;
-        a.post_process = false;
-        per_chunk = std::max(per_chunk, d(activation_bytes_per_microbatch(rc, a)));
-      }
-      if (s == l.pp - 1) {
-        // The head's share (final norm, output GEMM input, logits) and the logits' gradient.
-        a.num_layers = 0;
-        a.pre_process = false;
-        a.post_process = true;
-        once += d(activation_bytes_per_microbatch(rc, a)) + logits;
-      }
-      if (full) {
-        TransformerConfig kept = rc;
-        kept.recompute_granularity = RecomputeGranularity::kNone;
-        a.num_layers = 1;
-        a.first_layer = layers.front();
-        a.pre_process = a.post_process = false;
-        once += d(activation_bytes_per_microbatch(kept, a));
-      }
-    } else {
-      const bool flash = c.device.flash_attention;
-      for (int64_t i = 0; i < chunk_layers; ++i) {
-        const bool moe = cfg.moe.is_moe_layer(layers[static_cast<size_t>(i)]);
-        // Full recomputation keeps each layer's input (2 bytes per element, / tp with SP).
-        per_chunk += full ? 2.0 * sb * d(cfg.hidden_size) / (l.sp ? d(l.tp) : 1.0)
-                          : megatron_layer_bytes(cfg, l, moe, flash);
-      }
-      if (full) {
-        Layout kept = l;
-        kept.recompute = Recompute::kNone;
-        once += megatron_layer_bytes(cfg, kept, cfg.moe.is_moe_layer(layers.front()), flash);
-      }
-      if (s == l.pp - 1) once += 2 * logits;
-    }
-    const double act = per_chunk * in_flight + once;
-    const double total = weights + act * (1 + c.device.fragmentation) + c.device.runtime_bytes;
-    if (total > worst) {
-      worst = total;
-      out.weight_and_optimizer_bytes = weights;
-      out.activation_bytes = act;
-      out.runtime_bytes = act * c.device.fragmentation + c.device.runtime_bytes;
-      out.total_bytes = total;
-      out.most_loaded_stage = static_cast<int>(s);
-      out.params = p;
-    }
-  }
+  predict_memory(w, l, c.device, &out);
 
   const double devices = d(l.world());
   out.tflops_per_device = w.model_flops / (out.step * devices) / 1e12;

@@ -86,6 +86,15 @@ struct Prediction {
 // Parameters held by a rank of pipeline stage `stage` (all its virtual chunks).
 RankParams rank_params(const TransformerConfig& cfg, const Layout& l, int64_t stage);
 
+// The micro-batch forwards (chunks, with virtual stages) that pipeline stage `stage` of pp holds
+// at once under its schedule with m micro-batches: 1 without pipelining, 1F1B's warm-up + 1,
+// interleaved 1F1B's warm-up + 1 chunks.
+int in_flight_microbatches(int64_t pp, int64_t vpp, int64_t stage, int64_t m);
+
+// The memory part of the prediction alone (its bytes fields and most_loaded_stage, params):
+// arithmetic on the shapes and the device's runtime bytes, no rates.
+void predict_memory(const Workload& w, const Layout& layout, const Device& device, Prediction* out);
+
 // The prediction for `layout` (assumed valid: planner.h checks the rules).
 Prediction predict(const Workload& w, const Layout& layout, const Cluster& cluster);
 

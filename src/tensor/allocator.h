@@ -22,6 +22,9 @@ class Allocator {
   virtual void* allocate(size_t bytes) = 0;
   // Gives back a block `allocate(bytes)` returned, with the same `bytes`.
   virtual void release(void* p, size_t bytes) = 0;
+  // Hands the blocks kept for reuse back to the system (PyTorch's empty_cache): after one-off
+  // work whose block sizes the run will not ask for again (the planner's measurements).
+  virtual void release_cached() {}
 };
 
 // The process-wide allocator of `device` (never destroyed: it outlives static tensors). Throws

@@ -21,7 +21,10 @@
 #include "train/device_choice.h"
 #include "train/exit_codes.h"
 #include "train/gemm_peak.h"
+#include "tensor/allocator.h"
 #include "train/memory_report.h"
+#include "train/plan_prediction.h"
+#include "train/cpu_calibration.h"
 #include "train/micro_batch_runner.h"
 #include "train/model_config.h"
 
@@ -217,6 +220,7 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
   build_checkpointing();
   build_data();
   report_gemm_peak();
+  predict_step();
   // The peak the memory report prints is the run's, not the start-up's (initialisation's and
   // loading's temporaries, the GEMM peak probe).
   reset_peak_tensor_bytes();
@@ -336,13 +340,8 @@ void Trainer::build_model() {
       per_chunk =
           std::max(per_chunk, spec_->activation_bytes(*chunk, cfg_, args_.micro_batch_size));
     }
-    const int m = static_cast<int>(num_microbatches_);
     const int in_flight =
-        pp == 1 ? 1
-        : virtual_stages_ == 1
-            ? std::min(one_f_one_b_warmup(pp, ps.pp_rank(), m) + 1, m)
-            : std::min(interleaved_warmup(pp, ps.pp_rank(), m, virtual_stages_) + 1,
-                       m * virtual_stages_);
+        plan::in_flight_microbatches(pp, virtual_stages_, ps.pp_rank(), num_microbatches_);
     const ShardedState sharded{distributed, params_->main_sharded(), params_->grads_sharded(),
                                params_->weights_sharded()};
     int64_t fp8_weights = 0, frozen = 0;
@@ -350,8 +349,18 @@ void Trainer::build_model() {
       if (p->fp8) fp8_weights += p->shape.numel();
       if (!p->requires_grad) frozen += p->shape.numel();
     }
-    log_first(theoretical_memory_line(nparams, cfg_.compute_dtype, grad_size_, sharded,
-                                      in_flight * per_chunk, fp8_weights, frozen));
+    int64_t activation = in_flight * per_chunk;
+    if (spec_->name == "gpt") {
+      // The planner's memory model of this layout (the one the start-up prediction and `megatron
+      // plan` use): the in-flight micro-batches' activations and what a stage holds once.
+      plan::Prediction p;
+      plan::predict_memory(
+          workload_from_args(args_, cfg_, *spec_, plan::ActivationRuntime::kThisProject),
+          layout_from_args(args_, ps.world_size()), plan::Device{}, &p);
+      activation = static_cast<int64_t>(p.activation_bytes);
+    }
+    log_first(theoretical_memory_line(nparams, cfg_.compute_dtype, grad_size_, sharded, activation,
+                                      fp8_weights, frozen));
   }
 }
 
@@ -602,6 +611,33 @@ void Trainer::build_data() {
 }
 
 // The GEMM peak model-FLOPs utilisation is reported against: given or measured now.
+// The planner's prediction of this run (GPT on CPUs): this machine measured at the run's shapes
+// by every rank at once (as the run will load it), the layout's step time and peak memory
+// printed; put beside the measurements after the second logging interval.
+void Trainer::predict_step() {
+  if (spec_->name != "gpt" || device_ != Device::kCPU) return;
+  const ParallelState& ps = *parallel_;
+  Timer timer;
+  const plan::Workload workload =
+      workload_from_args(args_, cfg_, *spec_, plan::ActivationRuntime::kThisProject);
+  const plan::Layout layout = layout_from_args(args_, ps.world_size());
+  CpuCalibration cal;
+  cal.ranks = ps.world_size();
+  cal.threads = num_threads();
+  cal.group = &ps.world_group();
+  // The run's own peak (measured above) for both dtypes: MFU's denominator is the run's dtype's.
+  cal.peak_fp32_gflops = cal.peak_16bit_gflops = peak_gflops_;
+  // The probe sweeps no more than the optimizer's fp32 weights and moments do every step.
+  cal.probe_bytes = static_cast<int64_t>(
+      std::min(32.0 * 1048576.0, 12.0 * plan::rank_params(cfg_, layout, ps.pp_rank()).total()));
+  const plan::Cluster cluster = calibrate_cpu_cluster(cal);
+  prediction_ = plan::predict(workload, layout, cluster);
+  // The measurements' blocks are sizes the run will not ask for: give them back.
+  allocator_for(Device::kCPU).release_cached();
+  log_first(prediction_line(*prediction_) +
+            strprintf("; this machine measured in %.2f s", timer.elapsed()));
+}
+
 void Trainer::report_gemm_peak() {
   if (cfg_.fp8.enabled()) {
     const Fp8Config& f = cfg_.fp8;
@@ -1446,6 +1482,7 @@ int Trainer::exit_decision(int64_t it) {
 void Trainer::log_iteration(TrainingLog& log, const TrainingLog::Step& step) {
   // The interval's length before closing it resets the count: the timers report per iteration.
   const int64_t iterations = log.interval_iterations();
+  const double interval_seconds = log.interval_seconds_per_iteration();
   std::string line = log.close_interval(step, relay_to_first_rank(log.interval_means()));
   if (args_.timing_log_level > 0) {
     const std::vector<StepTimers::Extremes> times =
@@ -1466,6 +1503,16 @@ void Trainer::log_iteration(TrainingLog& log, const TrainingLog::Step& step) {
   if (!memory_reported_) {
     report_memory(step.iteration);
     memory_reported_ = true;
+  }
+  // The prediction against the second interval (the first warms up caches and primitives), or
+  // the first when the run logs only once.
+  ++intervals_logged_;
+  if (prediction_ && (intervals_logged_ == 2 || (intervals_logged_ == 1 &&
+                                                 step.iteration + args_.log_interval >
+                                                     args_.train_iters))) {
+    Tensor peak = Tensor::full({1}, max_resident_mb(), DType::kF64);
+    parallel_->world_group().all_reduce(peak, ReduceOp::kMax);
+    log_first(prediction_check_line(*prediction_, interval_seconds, peak.item(0)));
   }
   if (tensorboard_) tensorboard_->flush();
 }

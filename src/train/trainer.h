@@ -34,6 +34,7 @@
 #include "parallel/fsdp.h"
 #include "parallel/grad_buckets.h"
 #include "pipeline/executor.h"
+#include "plan/cost_model.h"
 #include "tensor/op_profile.h"
 #include "train/arguments.h"
 #include "train/batch_prefetcher.h"
@@ -85,6 +86,7 @@ class Trainer {
   void build_checkpointing();
   void build_data();
   void report_gemm_peak();
+  void predict_step();
   int64_t bucket_size() const;  // --ddp-bucket-size or Megatron's default for the dp x cp size
   // This rank's context-parallel group and comm types (none at --context-parallel-size 1),
   // built once (a2a+p2p splits the CP group into its inner and outer groups: collective).
@@ -202,6 +204,10 @@ class Trainer {
   int virtual_stages_ = 1;
   bool first_rank_ = true, last_rank_ = true;
   bool memory_reported_ = false;  // Megatron reports memory once, after the first interval
+  // The planner's prediction of this run's step and memory (GPT on CPUs), put beside the
+  // measured ones once, after the second logging interval (the first warms up).
+  std::optional<plan::Prediction> prediction_;
+  int64_t intervals_logged_ = 0;
   bool needs_data_ = true;        // this stage reads micro-batches (first, last, or doc masks)
   bool has_loss_ = true;          // the last pipeline stage
   TransformerConfig cfg_;

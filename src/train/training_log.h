@@ -77,6 +77,10 @@ class TrainingLog {
   std::string close_interval(const Step& s, const Values& means);
   // The interval's iteration count so far (the timers report per iteration of it).
   int64_t interval_iterations() const { return iters_; }
+  // Seconds per iteration of the open interval.
+  double interval_seconds_per_iteration() const {
+    return iters_ > 0 ? seconds_ / static_cast<double>(iters_) : 0.0;
+  }
   // Megatron's per-iteration TensorBoard scalars of s (by iteration and by consumed samples).
   void tensorboard(TensorBoardWriter& tb, const Step& s) const;
   // After close_interval, with --log-timers-to-tensorboard: the interval's iteration-time

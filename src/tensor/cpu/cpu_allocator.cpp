@@ -36,6 +36,14 @@ class HostAllocator final : public Allocator {
     return p;
   }
 
+  void release_cached() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [size, blocks] : free_)
+      for (void* p : blocks) std::free(p);
+    free_.clear();
+    cached_ = 0;
+  }
+
   void release(void* p, size_t bytes) override {
     if (!give(p, round(bytes))) std::free(p);
   }

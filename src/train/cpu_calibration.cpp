@@ -1,5 +1,5 @@
 // Measurements of this machine for the planner's `cpu` cluster (see plan_calibration.h).
-#include "cli/plan_calibration.h"
+#include "train/cpu_calibration.h"
 
 #include <unistd.h>
 
@@ -11,10 +11,12 @@
 
 #include "core/threads.h"
 #include "core/timer.h"
+#include "tensor/allocator.h"
+#include "tensor/memory_stats.h"
 #include "tensor/ops.h"
 #include "train/memory_report.h"
 
-namespace megatron::cli {
+namespace megatron {
 
 namespace {
 
@@ -170,12 +172,13 @@ struct Measured {
   }
 };
 
-// Bytes/s of an elementwise pass (out += a over 16 M floats: 12 bytes per element).
-double memory_bandwidth(int threads) {
-  return with_threads(threads, [] {
-    const int64_t n = int64_t{1} << 24;
+// Bytes/s of an elementwise pass (out += a: 12 bytes per element) over two buffers of `bytes`
+// together (32 MB: past the caches of a core).
+double memory_bandwidth(int threads, int64_t bytes) {
+  return with_threads(threads, [&] {
+    const int64_t n = std::max<int64_t>(bytes / 8, 4096);
     Tensor a = Tensor::full({n}, 1.0, DType::kF32), b = Tensor::full({n}, 2.0, DType::kF32);
-    return 12.0 * static_cast<double>(n) / median_seconds([&] { ops::add_inplace(a, b); }, 0.2);
+    return 12.0 * static_cast<double>(n) / median_seconds([&] { ops::add_inplace(a, b); }, 0.05);
   });
 }
 
@@ -198,20 +201,28 @@ plan::Link measure_link(ProcessGroup& group) {
 
 }  // namespace
 
-plan::Cluster calibrate_cpu_cluster(int64_t ranks, int64_t cores, ProcessGroup* world) {
-  // A rank's resident bytes besides its tensors: this binary and its libraries as loaded, before
-  // the measurements allocate.
-  const double runtime_bytes = resident_mb() * 1048576.0;
+plan::Cluster calibrate_cpu_cluster(const CpuCalibration& o) {
+  const int64_t ranks = o.ranks;
+  ProcessGroup* world = o.group;
+  // A rank's resident bytes besides its tensors: this binary, its libraries and MPI as loaded,
+  // i.e. what is resident less the live tensors (the blocks cached for reuse handed back first).
+  allocator_for(Device::kCPU).release_cached();
+  const double runtime_bytes =
+      resident_mb() * 1048576.0 - static_cast<double>(live_tensor_bytes());
   auto measured = std::make_shared<Measured>();
-  measured->threads = static_cast<int>(std::max<int64_t>(1, cores / std::max<int64_t>(ranks, 1)));
-  measured->stretch = std::max(1.0, static_cast<double>(ranks) / static_cast<double>(cores));
+  measured->threads = std::max(1, o.threads);
+  measured->stretch = std::max(1.0, o.stretch);
   plan::Cluster c;
   plan::Device& d = c.device;
   d.name = "cpu";
   const double square = 2.0 * 1024 * 1024 * 1024;
-  d.peak_fp32 = square / measured->gemm(1024, 1024, 1024, false, true, DType::kF32);
-  d.peak_16bit = square / measured->gemm(1024, 1024, 1024, false, true, DType::kBF16);
-  d.memory_bw = memory_bandwidth(measured->threads) / measured->stretch;
+  d.peak_fp32 = o.peak_fp32_gflops > 0
+                    ? o.peak_fp32_gflops * 1e9
+                    : square / measured->gemm(1024, 1024, 1024, false, true, DType::kF32);
+  d.peak_16bit = o.peak_16bit_gflops > 0
+                     ? o.peak_16bit_gflops * 1e9
+                     : square / measured->gemm(1024, 1024, 1024, false, true, DType::kBF16);
+  d.memory_bw = memory_bandwidth(measured->threads, o.probe_bytes) / measured->stretch;
   d.memory_efficiency = 1;  // measured on an elementwise pass already
   d.gemm_e_max = 1;
   d.flash_attention = true;
@@ -241,4 +252,4 @@ plan::Cluster calibrate_cpu_cluster(int64_t ranks, int64_t cores, ProcessGroup* 
   return c;
 }
 
-}  // namespace megatron::cli
+}  // namespace megatron

@@ -1,0 +1,69 @@
+// Layout and workload of a run's flags for the planner (see plan_prediction.h).
+#include "train/plan_prediction.h"
+
+#include <algorithm>
+
+#include "core/logging.h"
+
+namespace megatron {
+
+plan::Layout layout_from_args(const Arguments& a, int64_t world) {
+  plan::Layout l;
+  l.tp = a.tensor_model_parallel_size;
+  l.sp = a.sequence_parallel && l.tp > 1;
+  l.cp = a.context_parallel_size;
+  l.pp = a.pipeline_model_parallel_size;
+  l.vpp = a.num_virtual_stages_per_pipeline_rank > 0 ? a.num_virtual_stages_per_pipeline_rank
+          : a.num_layers_per_virtual_pipeline_stage > 0
+              ? a.num_layers / (l.pp * a.num_layers_per_virtual_pipeline_stage)
+              : 1;
+  l.ep = a.expert_model_parallel_size;
+  l.etp = a.expert_tensor_parallel_size > 0 ? a.expert_tensor_parallel_size : l.tp;
+  l.dp = std::max<int64_t>(1, world / (l.tp * l.cp * l.pp));
+  l.mbs = a.micro_batch_size;
+  l.recompute = a.recompute_granularity == "full" ? plan::Recompute::kFull
+                : a.recompute_granularity == "selective" || a.recompute_activations
+                    ? plan::Recompute::kSelective
+                    : plan::Recompute::kNone;
+  l.sharding = a.use_megatron_fsdp           ? plan::Sharding::kFsdp
+               : a.use_distributed_optimizer ? plan::Sharding::kDistributedOptimizer
+                                             : plan::Sharding::kNone;
+  l.overlap_grad_reduce = a.overlap_grad_reduce;
+  l.overlap_param_gather = a.overlap_param_gather;
+  l.cp_comm_type = a.cp_comm_type.empty() ? "p2p" : a.cp_comm_type.front();
+  return l;
+}
+
+plan::Workload workload_from_args(const Arguments& a, const TransformerConfig& cfg,
+                                  const ModelSpec& spec, plan::ActivationRuntime runtime) {
+  plan::Workload w;
+  w.config = cfg;
+  w.global_batch = a.global_batch_size;
+  w.model_flops = spec.flops_per_iteration(cfg, a.global_batch_size);
+  w.runtime = runtime;
+  w.grad_reduce_in_bf16 = a.grad_reduce_in_bf16;
+  return w;
+}
+
+std::string prediction_line(const plan::Prediction& p) {
+  const double mb = 1048576.0;
+  return strprintf(
+      "planner prediction for this layout: step %.1f ms (compute %.1f, communication %.1f, "
+      "bubble %.1f, data-parallel %.1f, optimizer %.1f), peak memory %.1f MB per rank "
+      "(weights and optimizer %.1f, activations %.1f, runtime %.1f)",
+      1e3 * p.step, 1e3 * p.compute, 1e3 * (p.tp_comm + p.cp_comm + p.ep_comm + p.pp_comm),
+      1e3 * p.bubble, 1e3 * p.dp_comm, 1e3 * p.optimizer, p.total_bytes / mb,
+      p.weight_and_optimizer_bytes / mb, p.activation_bytes / mb, p.runtime_bytes / mb);
+}
+
+std::string prediction_check_line(const plan::Prediction& p, double step_seconds,
+                                  double max_resident_mb) {
+  const double predicted_mb = p.total_bytes / 1048576.0;
+  return strprintf(
+      "planner vs measured: step %.1f ms predicted, %.1f ms measured (%+.1f%%); peak memory "
+      "%.1f MB predicted, %.1f MB max resident (%+.1f%%)",
+      1e3 * p.step, 1e3 * step_seconds, 100 * (p.step / step_seconds - 1), predicted_mb,
+      max_resident_mb, 100 * (predicted_mb / max_resident_mb - 1));
+}
+
+}  // namespace megatron

@@ -1,0 +1,28 @@
+// The planner's view of a run's own flags: its layout and workload (`megatron plan --evaluate`
+// and the trainer's start-up prediction of its step time and memory), and the line that puts
+// the prediction beside what the run measured.
+#pragma once
+
+#include <string>
+
+#include "models/model_spec.h"
+#include "plan/cost_model.h"
+#include "train/arguments.h"
+
+namespace megatron {
+
+// The layout the flags describe on `world` ranks (virtual stages from either VPP flag, expert
+// tensor parallelism defaulting to tp, the sharding from the optimizer and FSDP flags).
+plan::Layout layout_from_args(const Arguments& a, int64_t world);
+// The workload of the flags: the model config, global batch, Megatron's model FLOPs.
+plan::Workload workload_from_args(const Arguments& a, const TransformerConfig& cfg,
+                                  const ModelSpec& spec, plan::ActivationRuntime runtime);
+
+// "planner: step X ms (compute ..., communication ..., bubble ..., data-parallel ...), peak
+// memory Y MB per rank (weights and optimizer ..., activations ...)".
+std::string prediction_line(const plan::Prediction& p);
+// The prediction beside the measured step time (seconds per iteration) and peak resident MB.
+std::string prediction_check_line(const plan::Prediction& p, double step_seconds,
+                                  double max_resident_mb);
+
+}  // namespace megatron
