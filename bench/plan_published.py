@@ -30,7 +30,7 @@ GIB = 2.0 ** 30
 # Published data
 # ---------------------------------------------------------------------------------------------
 
-# Table A (reference notes section 2a): Narayanan et al., SC'21 ("Efficient Large-Scale Language Model Training on GPU
+# Table A: Narayanan et al., SC'21 ("Efficient Large-Scale Language Model Training on GPU
 # Clusters"), Table 1, weak scaling on A100-80GB (Selene), fp16. Launch configs of
 # examples/academic_paper_scripts/sc21/run_table_1.sh. Common: seq 2048, vocab 51200 (GPT-2 BPE),
 # MHA, FFN 4h, full recomputation (uniform, one layer per chunk) in every row. DDP "torch" (the
@@ -52,7 +52,7 @@ SC21_TABLE1 = [
     ("1T", 160, 25600, 128, 8, 64, None, 3072, 1, 3072, 163, "local"),
 ]
 
-# Table B (reference notes section 2b): Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
+# Table B: Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
 # Models", arXiv 2205.05198), A100-80GB, fp16, seq 2048, vocab 51200, DP 1, FFN 4h, MHA.
 # Configs as in Calculon's validation/seqsel JSON (the paper's Table 3).
 # Table 5: end-to-end iteration seconds, compared directly, in two modes:
@@ -70,7 +70,7 @@ KORTHIKANTI = [
     ("1T", 160, 25600, 128, 8, 64, None, 512, 512, 1, (94.42, 71.49), (32.96, 131.25, 26.56)),
 ]
 
-# Table C (reference notes section 2c): Megatron-LM README, H100 weak-scaling table (Megatron-Core r0.8.0, 2024-07). BF16,
+# Table C: Megatron-LM README, H100 weak-scaling table (Megatron-Core r0.8.0, 2024-07). BF16,
 # seq 4096, vocab 131072, untied embeddings, FFN 4h, MHA; --overlap-grad-reduce
 # --overlap-param-gather --use-distributed-optimizer (and --tp-comm-overlap, which the planner
 # does not model). DP = 48 in every row, hence CP = 1. The micro-batch size and the recomputation
@@ -92,7 +92,7 @@ H100_README = [
     ("462B", 144, 18432, 112, 8, 16, 6144, 3072, 459.9),
 ]
 
-# Table D (reference notes sections 2d and 3): MoE on DGX-H100 (8 x H100 per node), seq 4096.
+# Table D: MoE on DGX-H100 (8 x H100 per node), seq 4096.
 # FLOP convention of current Megatron (causal attention, >= 2025-03), per token:
 #   12 l h [f_moe k g] + 12 l h q (1 + G/a) + 6 l q s + 6 h V_padded
 #   (g = 3/2 for SwiGLU; q = kv_channels x heads; G = query groups; a = heads; every layer MoE,

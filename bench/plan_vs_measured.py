@@ -86,8 +86,11 @@ MEM_RE = re.compile(r"max resident: ([0-9.]+)")
 
 
 def launcher(args, ranks):
-    bind = ["--bind-to", "core"] if ranks <= (os.cpu_count() or 1) else ["--oversubscribe"]
-    return [args.mpiexec, "-n", str(ranks), *bind]
+    """mpiexec for `ranks`: bound to cores where there are enough; oversubscribed otherwise, with
+    idle ranks yielding (a busy-polling rank would take a core from one that computes)."""
+    if ranks <= (os.cpu_count() or 1):
+        return [args.mpiexec, "-n", str(ranks), "--bind-to", "core"]
+    return [args.mpiexec, "-n", str(ranks), "--oversubscribe", "--mca", "mpi_yield_when_idle", "1"]
 
 
 def predict(args, model, ranks, flags):

@@ -347,6 +347,7 @@ int run_plan(int argc, char** argv, MpiRuntime& mpi) {
       k.vpp = layout_from_args(args, world).vpp;
     if (table.given("--recompute-granularity") || table.given("--recompute-activations"))
       k.recompute = plan::recompute_name(layout_from_args(args, world).recompute);
+    if (table.given("--cp-comm-type")) k.cp_comm_type = layout_from_args(args, world).cp_comm_type;
     if (table.given("--use-distributed-optimizer") || table.given("--use-megatron-fsdp"))
       k.sharding = plan::sharding_name(layout_from_args(args, world).sharding);
     request.refuse = refuse;

@@ -295,8 +295,9 @@ double megatron_layer_bytes(const TransformerConfig& c, const Layout& l, bool mo
     }
   }
   // Flash attention keeps the log-sum-exp (fp32) instead of scores.
-  const double scores = flash ? 4.0 * np * s * b
-                              : (c.attention_dropout > 0 ? 5.0 : 2.0) * np * s * d(c.seq_length) * b;
+  const double scores = flash
+                            ? 4.0 * np * s * b
+                            : (c.attention_dropout > 0 ? 5.0 : 2.0) * np * s * d(c.seq_length) * b;
   return (l.sp ? outer / t : outer) + inner / t +
          (l.recompute == Recompute::kNone || flash ? scores / t : 0.0);
 }
@@ -358,7 +359,8 @@ void predict_memory(const Workload& w, const Layout& l, const Device& dev, Predi
   const TransformerConfig& cfg = w.config;
   Prediction& out = *out_ptr;
   const int64_t m = l.microbatches(w.global_batch);
-  const bool full = l.recompute == Recompute::kFull, selective = l.recompute == Recompute::kSelective;
+  const bool full = l.recompute == Recompute::kFull,
+             selective = l.recompute == Recompute::kSelective;
   ShardedState sharded;
   sharded.moments = l.sharding != Sharding::kNone;
   sharded.main = l.sharding != Sharding::kNone && is_half(cfg.compute_dtype);
@@ -431,11 +433,19 @@ void predict_memory(const Workload& w, const Layout& l, const Device& dev, Predi
     const double act = per_chunk * in_flight + once;
     // This project's gradient reduction hands MPI whole buckets, whose reduction allocates a
     // temporary of the bucket's size (fp32 gradients, at most Megatron's 40M-element bucket).
-    const double comm_buffer = w.runtime == ActivationRuntime::kThisProject && l.dp * l.cp > 1
-                                   ? 4.0 * std::min(p.total(), 40e6)
-                                   : 0.0;
-    const double total =
-        weights + act * (1 + dev.fragmentation) + dev.runtime_bytes + comm_buffer;
+    double comm_buffer = w.runtime == ActivationRuntime::kThisProject && l.dp * l.cp > 1
+                             ? 4.0 * std::min(p.total(), 40e6)
+                             : 0.0;
+    // Megatron-FSDP gathers a unit's weights (and gives its gradients a full-size buffer) for
+    // the layer running and the one prefetched: the largest unit, a layer or the embedding.
+    double fsdp_buffers = 0;
+    if (l.sharding == Sharding::kFsdp) {
+      const double unit =
+          std::max((p.total() - p.embedding) / d(std::max<size_t>(layers.size(), 1)), p.embedding);
+      fsdp_buffers = 2.0 * unit * ((is_half(cfg.compute_dtype) ? 2.0 : 4.0) + 4.0);
+    }
+    comm_buffer += fsdp_buffers;
+    const double total = weights + act * (1 + dev.fragmentation) + dev.runtime_bytes + comm_buffer;
     if (total > worst) {
       worst = total;
       out.weight_and_optimizer_bytes = weights;
@@ -446,7 +456,6 @@ void predict_memory(const Workload& w, const Layout& l, const Device& dev, Predi
       out.params = p;
     }
   }
-
 }
 
 Prediction predict(const Workload& w, const Layout& l, const Cluster& c) {
@@ -473,10 +482,12 @@ Prediction predict(const Workload& w, const Layout& l, const Cluster& c) {
       fwd += lc.fwd() + lc.tp_fwd + lc.cp_fwd + lc.ep_fwd;
       // Backward with the recomputation it runs first.
       bwd += lc.bwd() + lc.tp_bwd + lc.cp_bwd + lc.ep_bwd +
-             (full ? lc.fwd() + lc.tp_fwd + lc.cp_fwd + lc.ep_fwd : selective ? lc.att_fwd : 0.0);
+             (full        ? lc.fwd() + lc.tp_fwd + lc.cp_fwd + lc.ep_fwd
+              : selective ? lc.att_fwd
+                          : 0.0);
     }
-    const double ends = (s == 0 ? model.embedding_seconds() : 0.0) +
-                        (s == l.pp - 1 ? model.head_seconds() : 0.0);
+    const double ends =
+        (s == 0 ? model.embedding_seconds() : 0.0) + (s == l.pp - 1 ? model.head_seconds() : 0.0);
     compute = gemm + att + ew + ends;
     const double pp_comm = l.pp > 1 ? 2.0 * d(l.vpp) * model.pp_message_seconds() : 0.0;
     stage_time[static_cast<size_t>(s)] = compute + tp + cp + ep + pp_comm;

@@ -31,7 +31,9 @@ const char* sharding_name(Sharding s) {
 
 std::string layout_name(const Layout& l) {
   std::string s = strprintf("tp%ld%s", static_cast<long>(l.tp), l.sp ? "+sp" : "");
-  if (l.cp > 1) s += strprintf(" cp%ld", static_cast<long>(l.cp));
+  if (l.cp > 1)
+    s += strprintf(" cp%ld%s", static_cast<long>(l.cp),
+                   l.cp_comm_type == "p2p" ? "" : ("-" + l.cp_comm_type).c_str());
   s += strprintf(" pp%ld", static_cast<long>(l.pp));
   if (l.vpp > 1) s += strprintf("x%ld", static_cast<long>(l.vpp));
   if (l.ep > 1 || l.etp != l.tp)

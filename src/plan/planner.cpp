@@ -22,6 +22,13 @@ std::vector<int64_t> powers_of_two(int64_t limit) {
   return out;
 }
 
+// The context-parallel exchanges searched: one without context parallelism or when fixed.
+std::vector<std::string> cp_comms(int64_t cp, const std::string& fixed) {
+  if (!fixed.empty()) return {fixed};
+  if (cp == 1) return {"p2p"};
+  return {"p2p", "allgather", "a2a"};
+}
+
 template <typename T>
 std::vector<T> fixed_or(int64_t fixed, std::vector<T> all) {
   if (fixed > 0) return {static_cast<T>(fixed)};
@@ -32,12 +39,12 @@ std::vector<T> fixed_or(int64_t fixed, std::vector<T> all) {
 
 std::string layout_rule_violation(const Workload& w, const Layout& l, int64_t world) {
   const TransformerConfig& c = w.config;
-  auto why = [](auto... parts) { return strprintf("%s", (std::string() + ... + parts).c_str()); };
+  auto why = [](auto... parts) { return (std::string() + ... + std::string(parts)); };
+  if (c.num_attention_heads % l.tp != 0 || c.num_query_groups % l.tp != 0)
+    return "--tensor-model-parallel-size must divide the heads and query groups";
   if (l.world() != world)
     return why("tp x cp x pp x dp = ", std::to_string(l.world()), " is not the ",
                std::to_string(world), " devices");
-  if (c.num_attention_heads % l.tp != 0 || c.num_query_groups % l.tp != 0)
-    return "--tensor-model-parallel-size must divide the heads and query groups";
   if (l.sp && l.tp == 1) return "--sequence-parallel needs tp > 1";
   if (c.num_layers % (l.pp * l.vpp) != 0) return "--num-layers must divide by pp x virtual stages";
   if (l.vpp > 1 && l.pp == 1) return "virtual pipeline stages need pp > 1";
@@ -56,6 +63,8 @@ std::string layout_rule_violation(const Workload& w, const Layout& l, int64_t wo
     return "expert parallelism needs --num-experts";
   }
   if (l.sharding == Sharding::kFsdp && l.pp > 1) return "Megatron-FSDP runs without pipelining";
+  if (l.cp_comm_type == "a2a" && c.num_attention_heads % (l.tp * l.cp) != 0)
+    return "--cp-comm-type a2a needs the heads divisible by tp x cp";
   return "";
 }
 
@@ -92,30 +101,32 @@ std::vector<Candidate> plan_layouts(const PlanRequest& r) {
                      k.etp, moe && tp > 1 ? std::vector<int64_t>{1, tp} : std::vector<int64_t>{tp}))
               for (int64_t mbs : fixed_or(k.mbs, powers_of_two(r.max_micro_batch)))
                 for (Recompute rc : recomputes)
-                  for (Sharding sh : shardings) {
-                    if (sh != Sharding::kNone && dp == 1) continue;  // nothing to shard
-                    Layout l;
-                    l.tp = tp;
-                    l.cp = cp;
-                    l.pp = pp;
-                    l.vpp = vpp;
-                    l.ep = ep;
-                    l.etp = etp;
-                    l.dp = dp;
-                    l.mbs = mbs;
-                    l.sp = tp > 1;
-                    l.recompute = rc;
-                    l.sharding = sh;
-                    l.overlap_grad_reduce = dp > 1;
-                    l.overlap_param_gather = dp > 1 && sh == Sharding::kDistributedOptimizer;
-                    if (!layout_rule_violation(w, l, world).empty()) continue;
-                    if (r.refuse && !r.refuse(l).empty()) continue;
-                    Candidate cand;
-                    cand.layout = l;
-                    cand.prediction = predict(w, l, r.cluster);
-                    cand.fits = cand.prediction.total_bytes <= r.cluster.device.memory_bytes;
-                    out.push_back(cand);
-                  }
+                  for (Sharding sh : shardings)
+                    for (const std::string& cp_comm : cp_comms(cp, k.cp_comm_type)) {
+                      if (sh != Sharding::kNone && dp == 1) continue;  // nothing to shard
+                      Layout l;
+                      l.tp = tp;
+                      l.cp = cp;
+                      l.pp = pp;
+                      l.vpp = vpp;
+                      l.ep = ep;
+                      l.etp = etp;
+                      l.dp = dp;
+                      l.mbs = mbs;
+                      l.sp = tp > 1;
+                      l.recompute = rc;
+                      l.sharding = sh;
+                      l.cp_comm_type = cp_comm;
+                      l.overlap_grad_reduce = dp > 1;
+                      l.overlap_param_gather = dp > 1 && sh == Sharding::kDistributedOptimizer;
+                      if (!layout_rule_violation(w, l, world).empty()) continue;
+                      if (r.refuse && !r.refuse(l).empty()) continue;
+                      Candidate cand;
+                      cand.layout = l;
+                      cand.prediction = predict(w, l, r.cluster);
+                      cand.fits = cand.prediction.total_bytes <= r.cluster.device.memory_bytes;
+                      out.push_back(cand);
+                    }
       }
   std::stable_sort(out.begin(), out.end(), [](const Candidate& a, const Candidate& b) {
     if (a.fits != b.fits) return a.fits;

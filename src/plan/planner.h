@@ -1,7 +1,8 @@
 // Planner: every valid layout of a workload on a cluster, predicted and ranked.
 //
-// Enumerates tensor parallelism (with sequence parallelism), context parallelism, pipeline
-// parallelism with its virtual stages, expert parallelism (expert tensor parallelism 1 or tp),
+// Enumerates tensor parallelism (with sequence parallelism), context parallelism (ring, all-gather
+// or all-to-all exchange), pipeline parallelism with its virtual stages, expert parallelism
+// (expert tensor parallelism 1 or tp),
 // data parallelism with each sharding (DDP, distributed optimizer, FSDP), the micro-batch size
 // and recomputation (none, selective, full), keeping those that satisfy Megatron's rules
 // (divisibility of heads, groups, layers, experts, batch and sequence; interleaving only with
@@ -22,8 +23,9 @@ namespace megatron::plan {
 // Degrees the user fixed (0: free).
 struct Constraints {
   int64_t tp = 0, cp = 0, pp = 0, vpp = 0, ep = 0, etp = 0, mbs = 0;
-  std::string recompute;  // "" free, or none / selective / full
-  std::string sharding;   // "" free, or ddp / dist-opt / fsdp
+  std::string recompute;     // "" free, or none / selective / full
+  std::string sharding;      // "" free, or ddp / dist-opt / fsdp
+  std::string cp_comm_type;  // "" free, or p2p / allgather / a2a
 };
 
 struct Candidate {

@@ -20,10 +20,10 @@ namespace megatron {
 
 namespace {
 
-// Median seconds of `fn` over runs totalling about `budget` seconds (at least 3 runs), after one
-// warm-up call.
+// Median seconds of `fn` over runs totalling about `budget` seconds (at least `min_runs`), after
+// one warm-up call.
 template <typename Fn>
-double median_seconds(Fn&& fn, double budget) {
+double median_seconds(Fn&& fn, double budget, size_t min_runs) {
   fn();
   std::vector<double> times;
   Timer total;
@@ -31,7 +31,7 @@ double median_seconds(Fn&& fn, double budget) {
     Timer t;
     fn();
     times.push_back(t.elapsed());
-  } while (times.size() < 3 || (total.elapsed() < budget && times.size() < 50));
+  } while (times.size() < min_runs || (total.elapsed() < budget && times.size() < 50));
   std::sort(times.begin(), times.end());
   return times[times.size() / 2];
 }
@@ -47,11 +47,12 @@ double with_threads(int threads, Fn&& fn) {
 }
 
 struct Measured {
+  double budget = 0.03;  // seconds per shape
+  size_t min_runs = 3;
   int threads = 1;
   double stretch = 1;  // ranks per core beyond one: each rank's share of a core
   std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool, int>, double> gemms;
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool, double, int, bool>,
-           double>
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool, double, int, bool>, double>
       attention;
 
   double gemm(int64_t m, int64_t n, int64_t k, bool ta, bool tb, DType dtype) {
@@ -62,7 +63,7 @@ struct Measured {
       Tensor a = Tensor::full(ta ? Shape{k, m} : Shape{m, k}, 0.5, dtype);
       Tensor b = Tensor::full(tb ? Shape{n, k} : Shape{k, n}, 0.25, dtype);
       Tensor c = Tensor::zeros({m, n}, DType::kF32);
-      return median_seconds([&] { ops::matmul(c, a, ta, b, tb); }, 0.03);
+      return median_seconds([&] { ops::matmul(c, a, ta, b, tb); }, budget, min_runs);
     });
     return gemms[key] = s * stretch;
   }
@@ -73,8 +74,9 @@ struct Measured {
   // (f32 activations): two norms, the residual adds with their dropout, the biases and the MLP's
   // activation; backward their gradients.
   double layer_elementwise(const plan::ElementwiseWork& w) {
-    const std::vector<int64_t> key = {w.h_rows, w.tokens, w.hidden, w.ffn, w.qkv, w.gated,
-                                      w.layernorm, w.bias, static_cast<int64_t>(w.dropout * 1e6),
+    const std::vector<int64_t> key = {w.h_rows,    w.tokens, w.hidden,
+                                      w.ffn,       w.qkv,    w.gated,
+                                      w.layernorm, w.bias,   static_cast<int64_t>(w.dropout * 1e6),
                                       w.backward};
     auto it = elementwise.find(key);
     if (it != elementwise.end()) return it->second;
@@ -128,7 +130,8 @@ struct Measured {
         else
           ops::gelu_backward(dpre, dact, pre, false);
       };
-      return w.backward ? median_seconds(backward, 0.03) : median_seconds(forward, 0.03);
+      return w.backward ? median_seconds(backward, budget, min_runs)
+                        : median_seconds(forward, budget, min_runs);
     });
     return elementwise[key] = s * stretch;
   }
@@ -156,7 +159,8 @@ struct Measured {
       const auto qv = ops::attention_view(q, np), kv = ops::attention_view(k, np),
                  vv = ops::attention_view(v, np);
       if (!backward)
-        return median_seconds([&] { ops::attention_forward(out, lse, qv, kv, vv, spec); }, 0.03);
+        return median_seconds([&] { ops::attention_forward(out, lse, qv, kv, vv, spec); }, budget,
+                              min_runs);
       ops::attention_forward(out, lse, qv, kv, vv, spec);
       Tensor dq = Tensor::zeros(q.shape()), dk = Tensor::zeros(k.shape()),
              dv = Tensor::zeros(v.shape()), dout = Tensor::full(out.shape(), 0.1, DType::kF32);
@@ -166,7 +170,7 @@ struct Measured {
           [&] {
             ops::attention_backward(dqv, dkv, dvv, Tensor(), dout, qv, kv, vv, out, lse, spec);
           },
-          0.03);
+          budget, min_runs);
     });
     return attention[key] = s * stretch;
   }
@@ -174,21 +178,22 @@ struct Measured {
 
 // Bytes/s of an elementwise pass (out += a: 12 bytes per element) over two buffers of `bytes`
 // together (32 MB: past the caches of a core).
-double memory_bandwidth(int threads, int64_t bytes) {
+double memory_bandwidth(int threads, int64_t bytes, double budget) {
   return with_threads(threads, [&] {
     const int64_t n = std::max<int64_t>(bytes / 8, 4096);
     Tensor a = Tensor::full({n}, 1.0, DType::kF32), b = Tensor::full({n}, 2.0, DType::kF32);
-    return 12.0 * static_cast<double>(n) / median_seconds([&] { ops::add_inplace(a, b); }, 0.05);
+    return 12.0 * static_cast<double>(n) /
+           median_seconds([&] { ops::add_inplace(a, b); }, budget, 3);
   });
 }
 
 // Latency and bandwidth of all-reduces on `group`, fitted to two sizes.
-plan::Link measure_link(ProcessGroup& group) {
+plan::Link measure_link(ProcessGroup& group, double budget) {
   auto time_of = [&](int64_t n) {
     Tensor t = Tensor::full({n}, 1.0, DType::kF32);
-    return median_seconds([&] { group.all_reduce(t); }, 0.3);
+    return median_seconds([&] { group.all_reduce(t); }, budget, 5);
   };
-  const int64_t small = 256, large = int64_t{1} << 22;
+  const int64_t small = 256, large = int64_t{1} << 20;
   const double ts = time_of(small), tl = time_of(large);
   const double p = static_cast<double>(group.size());
   const double steps = 2 * (p - 1), volume = 2 * (p - 1) / p;
@@ -207,10 +212,11 @@ plan::Cluster calibrate_cpu_cluster(const CpuCalibration& o) {
   // A rank's resident bytes besides its tensors: this binary, its libraries and MPI as loaded,
   // i.e. what is resident less the live tensors (the blocks cached for reuse handed back first).
   allocator_for(Device::kCPU).release_cached();
-  const double runtime_bytes =
-      resident_mb() * 1048576.0 - static_cast<double>(live_tensor_bytes());
+  const double runtime_bytes = resident_mb() * 1048576.0 - static_cast<double>(live_tensor_bytes());
   auto measured = std::make_shared<Measured>();
   measured->threads = std::max(1, o.threads);
+  measured->budget = o.budget;
+  measured->min_runs = o.min_runs;
   measured->stretch = std::max(1.0, o.stretch);
   plan::Cluster c;
   plan::Device& d = c.device;
@@ -222,7 +228,8 @@ plan::Cluster calibrate_cpu_cluster(const CpuCalibration& o) {
   d.peak_16bit = o.peak_16bit_gflops > 0
                      ? o.peak_16bit_gflops * 1e9
                      : square / measured->gemm(1024, 1024, 1024, false, true, DType::kBF16);
-  d.memory_bw = memory_bandwidth(measured->threads, o.probe_bytes) / measured->stretch;
+  d.memory_bw =
+      memory_bandwidth(measured->threads, o.probe_bytes, 10 * o.budget) / measured->stretch;
   d.memory_efficiency = 1;  // measured on an elementwise pass already
   d.gemm_e_max = 1;
   d.flash_attention = true;
@@ -244,7 +251,7 @@ plan::Cluster calibrate_cpu_cluster(const CpuCalibration& o) {
   c.nodes = 1;
   c.devices_per_node = ranks;
   if (world != nullptr && world->size() > 1) {
-    c.intra = measure_link(*world);
+    c.intra = measure_link(*world, 10 * o.budget);
   } else {
     c.intra = plan::Link{d.memory_bw * measured->stretch / 2, 20e-6, 1};
   }

@@ -15,18 +15,18 @@
 #include "core/logging.h"
 #include "core/threads.h"
 #include "core/timer.h"
+#include "tensor/allocator.h"
 #include "tensor/memory_stats.h"
 #include "tensor/op_profile.h"
 #include "tensor/ops.h"
+#include "train/cpu_calibration.h"
 #include "train/device_choice.h"
 #include "train/exit_codes.h"
 #include "train/gemm_peak.h"
-#include "tensor/allocator.h"
 #include "train/memory_report.h"
-#include "train/plan_prediction.h"
-#include "train/cpu_calibration.h"
 #include "train/micro_batch_runner.h"
 #include "train/model_config.h"
+#include "train/plan_prediction.h"
 
 namespace megatron {
 
@@ -625,6 +625,8 @@ void Trainer::predict_step() {
   cal.ranks = ps.world_size();
   cal.threads = num_threads();
   cal.group = &ps.world_group();
+  cal.budget = 0;
+  cal.min_runs = 1;
   // The run's own peak (measured above) for both dtypes: MFU's denominator is the run's dtype's.
   cal.peak_fp32_gflops = cal.peak_16bit_gflops = peak_gflops_;
   // The probe sweeps no more than the optimizer's fp32 weights and moments do every step.
@@ -1507,9 +1509,9 @@ void Trainer::log_iteration(TrainingLog& log, const TrainingLog::Step& step) {
   // The prediction against the second interval (the first warms up caches and primitives), or
   // the first when the run logs only once.
   ++intervals_logged_;
-  if (prediction_ && (intervals_logged_ == 2 || (intervals_logged_ == 1 &&
-                                                 step.iteration + args_.log_interval >
-                                                     args_.train_iters))) {
+  if (prediction_ &&
+      (intervals_logged_ == 2 ||
+       (intervals_logged_ == 1 && step.iteration + args_.log_interval > args_.train_iters))) {
     Tensor peak = Tensor::full({1}, max_resident_mb(), DType::kF64);
     parallel_->world_group().all_reduce(peak, ReduceOp::kMax);
     log_first(prediction_check_line(*prediction_, interval_seconds, peak.item(0)));
