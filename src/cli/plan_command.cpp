@@ -98,9 +98,12 @@ void apply_layout(Arguments& a, const plan::Layout& l) {
   a.recompute_method = l.recompute == plan::Recompute::kFull ? "uniform" : "";
   a.recompute_num_layers = l.recompute == plan::Recompute::kFull ? 1 : 0;
   a.use_distributed_optimizer = l.sharding == plan::Sharding::kDistributedOptimizer;
-  a.use_megatron_fsdp = l.sharding == plan::Sharding::kFsdp;
+  a.use_megatron_fsdp =
+      l.sharding == plan::Sharding::kFsdp || l.sharding == plan::Sharding::kFsdpGrads;
   a.data_parallel_sharding_strategy =
-      l.sharding == plan::Sharding::kFsdp ? "optim_grads_params" : "no_shard";
+      l.sharding == plan::Sharding::kFsdp        ? "optim_grads_params"
+      : l.sharding == plan::Sharding::kFsdpGrads ? "optim_grads"
+                                                 : "no_shard";
   a.overlap_grad_reduce = l.overlap_grad_reduce;
   a.overlap_param_gather = l.overlap_param_gather;
   a.cp_comm_type = {l.cp_comm_type};
@@ -143,6 +146,8 @@ std::string command_line(int argc, char** argv, const ModelSpec& spec, const pla
   if (l.recompute == plan::Recompute::kFull)
     out += " --recompute-granularity full --recompute-method uniform --recompute-num-layers 1";
   if (l.sharding == plan::Sharding::kDistributedOptimizer) out += " --use-distributed-optimizer";
+  if (l.sharding == plan::Sharding::kFsdpGrads)
+    out += " --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads";
   if (l.sharding == plan::Sharding::kFsdp)
     out += " --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params";
   if (l.overlap_grad_reduce) out += " --overlap-grad-reduce";
@@ -270,6 +275,7 @@ int run_plan(int argc, char** argv, MpiRuntime& mpi) {
     cal.threads = static_cast<int>(std::max<int64_t>(1, cores / ranks));
     cal.stretch = together ? 1.0 : static_cast<double>(ranks) / static_cast<double>(cores);
     cal.group = mpi.world_size() > 1 ? mpi.world().get() : nullptr;
+    cal.ranks_per_core = static_cast<double>(ranks) / static_cast<double>(cores);
     cluster = calibrate_cpu_cluster(cal);
     // The trainer's own fixed cost per iteration (logging, the loss's reduction, the batch):
     // a few milliseconds on this runtime.
@@ -419,8 +425,11 @@ int run_plan(int argc, char** argv, MpiRuntime& mpi) {
     std::printf("%s\n", table_row(i + 1, ranked[i], cluster.device.memory_bytes / kGiB).c_str());
   std::printf(
       "(TFLOP/s and MFU by Megatron's model FLOPs; comp/comm/bubble/dp: shares of the "
-      "step; ! = does not fit)\n\nbest: %s\n",
-      command_line(argc, argv, entry, ranked.front().layout, cluster).c_str());
+      "step; ! = does not fit)\n\n");
+  // Each layout's launch line (add the data and optimizer flags of the run).
+  for (size_t i = 0; i < shown; ++i)
+    std::printf("%s%zu: %s\n", i == 0 ? "best " : "", i + 1,
+                command_line(argc, argv, entry, ranked[i].layout, cluster).c_str());
   return 0;
 }
 

@@ -79,6 +79,9 @@ struct Cluster {
   int64_t devices_per_node = 8;
   Link intra;  // inside a node
   Link inter;  // across nodes, per device
+  // Ranks per core (>= 1): CPU ranks sharing cores, whose measured times already include the
+  // sharing; a rank waiting in a pipeline bubble leaves its core to the others.
+  double oversubscription = 1;
   // Fixed seconds per iteration besides the model (data loading, logging, the step's launch).
   double iteration_overhead = 0;
   int64_t world() const { return nodes * devices_per_node; }

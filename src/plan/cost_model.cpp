@@ -364,7 +364,8 @@ void predict_memory(const Workload& w, const Layout& l, const Device& dev, Predi
   ShardedState sharded;
   sharded.moments = l.sharding != Sharding::kNone;
   sharded.main = l.sharding != Sharding::kNone && is_half(cfg.compute_dtype);
-  sharded.grads = sharded.compute = l.sharding == Sharding::kFsdp;
+  sharded.grads = l.sharding == Sharding::kFsdp || l.sharding == Sharding::kFsdpGrads;
+  sharded.compute = l.sharding == Sharding::kFsdp;
   const double per_param = weight_and_optimizer_bytes_per_param(cfg.compute_dtype, l.dp, sharded);
   double worst = 0;
   for (int64_t s = 0; s < l.pp; ++s) {
@@ -511,7 +512,11 @@ Prediction predict(const Workload& w, const Layout& l, const Cluster& c) {
   double mean = 0;
   for (double v : stage_time) mean += v / d(l.pp);
   out.bubble = l.pp > 1 ? d(l.pp - 1) / d(l.vpp) * mean : 0.0;
-  const double pipeline = d(m) * slowest + out.bubble;
+  // Ranks sharing cores (times measured shared): the critical path runs at the unshared speed
+  // while others wait, but the cores must still do every rank's work.
+  const double pipeline =
+      std::max((d(m) * slowest + out.bubble) / c.oversubscription, d(m) * mean);
+  if (c.oversubscription > 1) out.bubble = std::max(0.0, pipeline - d(m) * slowest);
 
   // Data parallelism over dp ranks tp x cp apart; the experts' gradients over their own
   // data-parallel group (the tp x cp x dp ranks / (ep x etp)).
@@ -536,19 +541,24 @@ Prediction predict(const Workload& w, const Layout& l, const Cluster& c) {
     if (l.sharding == Sharding::kNone) return all_reduce(link, n, params * grad_bytes);
     double t = gather(link, n, params * grad_bytes) + gather(link, n, params * param_bytes);
     // FSDP gathers the weights for every micro-batch's forward and backward and reduces the
-    // gradients every micro-batch.
+    // gradients every micro-batch; with the weights whole (optim_grads) it reduce-scatters each
+    // micro-batch's gradients and gathers the updated weights once.
     if (l.sharding == Sharding::kFsdp)
       t = d(m) * (2 * gather(link, n, params * param_bytes) + gather(link, n, params * grad_bytes));
+    if (l.sharding == Sharding::kFsdpGrads)
+      t = d(m) * gather(link, n, params * grad_bytes) + gather(link, n, params * param_bytes);
     return t;
   };
   dp = reduce(dp_link, l.dp, dense_params) + reduce(edp_link, edp, rp.expert);
-  if (l.overlap_grad_reduce || l.sharding == Sharding::kFsdp) {
-    // Buckets reduce while the last micro-batch's backward runs (and FSDP's gathers run ahead
-    // of each layer); what that backward does not cover stays exposed, at least one bucket.
-    const double hide =
-        l.sharding == Sharding::kFsdp
-            ? d(m) * (stage_fwd[static_cast<size_t>(most)] + stage_bwd[static_cast<size_t>(most)])
-            : stage_bwd[static_cast<size_t>(most)];
+  const bool fsdp = l.sharding == Sharding::kFsdp || l.sharding == Sharding::kFsdpGrads;
+  if (l.overlap_grad_reduce || fsdp) {
+    // Buckets reduce while the last micro-batch's backward runs (FSDP's every micro-batch's,
+    // and its gathers run ahead of each layer's forward); what that does not cover stays
+    // exposed, at least one bucket.
+    const size_t st = static_cast<size_t>(most);
+    const double hide = l.sharding == Sharding::kFsdp        ? d(m) * (stage_fwd[st] + stage_bwd[st])
+                        : l.sharding == Sharding::kFsdpGrads ? d(m) * stage_bwd[st]
+                                                             : stage_bwd[st];
     const double bucket_share = std::min(1.0, 40e6 / std::max(1.0, rp.total()));
     dp = std::max(dp * bucket_share, dp - hide);
   }

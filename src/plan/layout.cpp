@@ -23,6 +23,8 @@ const char* sharding_name(Sharding s) {
       return "ddp";
     case Sharding::kDistributedOptimizer:
       return "dist-opt";
+    case Sharding::kFsdpGrads:
+      return "fsdp-grads";
     case Sharding::kFsdp:
       return "fsdp";
   }

@@ -14,9 +14,10 @@
 namespace megatron::plan {
 
 enum class Recompute : uint8_t { kNone, kSelective, kFull };
-// The data-parallel sharding: plain DDP, the distributed optimizer (ZeRO-1), or Megatron-FSDP
-// with weights, gradients and optimizer state sharded (ZeRO-3, optim_grads_params).
-enum class Sharding : uint8_t { kNone, kDistributedOptimizer, kFsdp };
+// The data-parallel sharding: plain DDP, the distributed optimizer (ZeRO-1), Megatron-FSDP with
+// gradients and optimizer state sharded (ZeRO-2, optim_grads), or with the weights too (ZeRO-3,
+// optim_grads_params).
+enum class Sharding : uint8_t { kNone, kDistributedOptimizer, kFsdpGrads, kFsdp };
 
 struct Layout {
   int64_t tp = 1, cp = 1, pp = 1, vpp = 1, ep = 1, etp = 1, dp = 1;

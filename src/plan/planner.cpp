@@ -62,7 +62,8 @@ std::string layout_rule_violation(const Workload& w, const Layout& l, int64_t wo
   } else if (l.ep != 1 || l.etp != l.tp) {
     return "expert parallelism needs --num-experts";
   }
-  if (l.sharding == Sharding::kFsdp && l.pp > 1) return "Megatron-FSDP runs without pipelining";
+  if ((l.sharding == Sharding::kFsdp || l.sharding == Sharding::kFsdpGrads) && l.pp > 1)
+    return "Megatron-FSDP runs without pipelining";
   if (l.cp_comm_type == "a2a" && c.num_attention_heads % (l.tp * l.cp) != 0)
     return "--cp-comm-type a2a needs the heads divisible by tp x cp";
   return "";
@@ -81,9 +82,10 @@ std::vector<Candidate> plan_layouts(const PlanRequest& r) {
                                                : Recompute::kNone};
   }
   std::vector<Sharding> shardings = {Sharding::kNone, Sharding::kDistributedOptimizer,
-                                     Sharding::kFsdp};
+                                     Sharding::kFsdpGrads, Sharding::kFsdp};
   if (!k.sharding.empty()) {
-    shardings = {k.sharding == "fsdp"       ? Sharding::kFsdp
+    shardings = {k.sharding == "fsdp"         ? Sharding::kFsdp
+                 : k.sharding == "fsdp-grads" ? Sharding::kFsdpGrads
                  : k.sharding == "dist-opt" ? Sharding::kDistributedOptimizer
                                             : Sharding::kNone};
   }

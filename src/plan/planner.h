@@ -24,7 +24,7 @@ namespace megatron::plan {
 struct Constraints {
   int64_t tp = 0, cp = 0, pp = 0, vpp = 0, ep = 0, etp = 0, mbs = 0;
   std::string recompute;     // "" free, or none / selective / full
-  std::string sharding;      // "" free, or ddp / dist-opt / fsdp
+  std::string sharding;      // "" free, or ddp / dist-opt / fsdp-grads / fsdp
   std::string cp_comm_type;  // "" free, or p2p / allgather / a2a
 };
 

@@ -279,6 +279,9 @@ struct Arguments {
   // parsing), saved in checkpoints as "arguments"; --use-checkpoint-args restores its model
   // concern from there.
   nlohmann::json argument_record = nlohmann::json::object();
+  // Not a flag: this node's ranks per core (>= 1; above 1 the ranks share cores), set by the
+  // command from the MPI job for the planner's prediction.
+  double ranks_per_core = 1;
 };
 
 // Model chunks per pipeline rank (Megatron's virtual_pipeline_model_parallel_size): 1 without

@@ -188,12 +188,14 @@ double memory_bandwidth(int threads, int64_t bytes, double budget) {
 }
 
 // Latency and bandwidth of all-reduces on `group`, fitted to two sizes.
-plan::Link measure_link(ProcessGroup& group, double budget) {
+// The large message has `large` floats (a gradient bucket's order of size: a small one sits in the
+// caches and reads too fast).
+plan::Link measure_link(ProcessGroup& group, double budget, int64_t large) {
   auto time_of = [&](int64_t n) {
     Tensor t = Tensor::full({n}, 1.0, DType::kF32);
     return median_seconds([&] { group.all_reduce(t); }, budget, 5);
   };
-  const int64_t small = 256, large = int64_t{1} << 20;
+  const int64_t small = 256;
   const double ts = time_of(small), tl = time_of(large);
   const double p = static_cast<double>(group.size());
   const double steps = 2 * (p - 1), volume = 2 * (p - 1) / p;
@@ -250,8 +252,10 @@ plan::Cluster calibrate_cpu_cluster(const CpuCalibration& o) {
   };
   c.nodes = 1;
   c.devices_per_node = ranks;
+  c.oversubscription = std::max(1.0, o.ranks_per_core);
   if (world != nullptr && world->size() > 1) {
-    c.intra = measure_link(*world, 10 * o.budget);
+    c.intra = measure_link(*world, 10 * o.budget,
+                           std::clamp<int64_t>(o.probe_bytes / 4, int64_t{1} << 18, int64_t{1} << 22));
   } else {
     c.intra = plan::Link{d.memory_bw * measured->stretch / 2, 20e-6, 1};
   }

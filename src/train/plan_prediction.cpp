@@ -25,9 +25,14 @@ plan::Layout layout_from_args(const Arguments& a, int64_t world) {
                 : a.recompute_granularity == "selective" || a.recompute_activations
                     ? plan::Recompute::kSelective
                     : plan::Recompute::kNone;
-  l.sharding = a.use_megatron_fsdp           ? plan::Sharding::kFsdp
-               : a.use_distributed_optimizer ? plan::Sharding::kDistributedOptimizer
-                                             : plan::Sharding::kNone;
+  // Megatron-FSDP's no_shard is plain data parallelism and its optim the distributed
+  // optimizer's sharding.
+  const std::string& strategy = a.data_parallel_sharding_strategy;
+  l.sharding = a.use_megatron_fsdp && strategy == "optim_grads_params" ? plan::Sharding::kFsdp
+               : a.use_megatron_fsdp && strategy == "optim_grads"      ? plan::Sharding::kFsdpGrads
+               : (a.use_megatron_fsdp && strategy == "optim") || a.use_distributed_optimizer
+                   ? plan::Sharding::kDistributedOptimizer
+                   : plan::Sharding::kNone;
   l.overlap_grad_reduce = a.overlap_grad_reduce;
   l.overlap_param_gather = a.overlap_param_gather;
   l.cp_comm_type = a.cp_comm_type.empty() ? "p2p" : a.cp_comm_type.front();

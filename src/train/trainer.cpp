@@ -627,11 +627,13 @@ void Trainer::predict_step() {
   cal.group = &ps.world_group();
   cal.budget = 0;
   cal.min_runs = 1;
+  cal.ranks_per_core = args_.ranks_per_core;
   // The run's own peak (measured above) for both dtypes: MFU's denominator is the run's dtype's.
   cal.peak_fp32_gflops = cal.peak_16bit_gflops = peak_gflops_;
-  // The probe sweeps no more than the optimizer's fp32 weights and moments do every step.
+  // The probe sweeps no more than the optimizer's fp32 weights and moments do every step; the
+  // same size on every rank (it sizes the collective probe too): the first stage's.
   cal.probe_bytes = static_cast<int64_t>(
-      std::min(32.0 * 1048576.0, 12.0 * plan::rank_params(cfg_, layout, ps.pp_rank()).total()));
+      std::min(32.0 * 1048576.0, 12.0 * plan::rank_params(cfg_, layout, 0).total()));
   const plan::Cluster cluster = calibrate_cpu_cluster(cal);
   prediction_ = plan::predict(workload, layout, cluster);
   // The measurements' blocks are sizes the run will not ask for: give them back.

@@ -96,8 +96,9 @@ class Plan(unittest.TestCase):
         proc = plan(["--gpu", "b200", *MODEL, "--bf16", "--global-batch-size", "64"])
         self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
         self.assertIn("valid layouts", proc.stdout)
-        self.assertRegex(proc.stdout, r"best: mpiexec -n 8 megatron pretrain_gpt .*"
+        self.assertRegex(proc.stdout, r"best 1: mpiexec -n 8 megatron pretrain_gpt .*"
                                       r"--micro-batch-size")
+        self.assertRegex(proc.stdout, r"\n10: mpiexec -n 8 megatron pretrain_gpt ")
 
     def test_cpu_plan_measures_the_job_and_its_best_command_trains(self):
         proc = plan(["--gpu", "cpu", "--gpus-per-node", "2", *MODEL, "--global-batch-size", "8",

@@ -3,9 +3,10 @@
 //
 // The trainer allocates the same activation buffers every micro-batch; handing them back to the
 // OS (glibc maps anything above 32 MiB separately) would make every step pay page faults and page
-// zeroing again, ~10% of a step. Blocks of at least 1 MiB are rounded up to 64 KiB and reused by
-// exact rounded size; at most kMaxCached bytes are held. Process-wide by nature (it is memory),
+// zeroing again, ~10% of a step. Blocks of at least 1 MiB are rounded up to a size class (8 per
+// power of two) and reused by class; at most kMaxCached bytes are held. Process-wide by nature (it is memory),
 // and thread-safe.
+#include <algorithm>
 #include <cstdlib>
 #include <mutex>
 #include <new>
@@ -49,10 +50,17 @@ class HostAllocator final : public Allocator {
   }
 
  private:
+  // Blocks of at least kMinBytes come in 8 size classes per power of two (at most 12.5% above
+  // the request, in untouched pages that never become resident), so that tensors whose row
+  // count varies from step to step (an MoE layer's routed rows) reuse each other's blocks
+  // instead of each new size keeping a block of its own.
   static size_t round(size_t bytes) {
     if (bytes == 0) bytes = 64;
-    return bytes >= kMinBytes ? (bytes + kGranule - 1) / kGranule * kGranule
-                              : (bytes + 63) / 64 * 64;
+    if (bytes < kMinBytes) return (bytes + 63) / 64 * 64;
+    size_t octave = kMinBytes;
+    while (octave * 2 <= bytes) octave *= 2;
+    const size_t step = std::max(octave / 8, kGranule);
+    return (bytes + step - 1) / step * step;
   }
   void* take(size_t rounded) {
     if (rounded < kMinBytes) return nullptr;
