@@ -100,10 +100,9 @@ void apply_layout(Arguments& a, const plan::Layout& l) {
   a.use_distributed_optimizer = l.sharding == plan::Sharding::kDistributedOptimizer;
   a.use_megatron_fsdp =
       l.sharding == plan::Sharding::kFsdp || l.sharding == plan::Sharding::kFsdpGrads;
-  a.data_parallel_sharding_strategy =
-      l.sharding == plan::Sharding::kFsdp        ? "optim_grads_params"
-      : l.sharding == plan::Sharding::kFsdpGrads ? "optim_grads"
-                                                 : "no_shard";
+  a.data_parallel_sharding_strategy = l.sharding == plan::Sharding::kFsdp ? "optim_grads_params"
+                                      : l.sharding == plan::Sharding::kFsdpGrads ? "optim_grads"
+                                                                                 : "no_shard";
   a.overlap_grad_reduce = l.overlap_grad_reduce;
   a.overlap_param_gather = l.overlap_param_gather;
   a.cp_comm_type = {l.cp_comm_type};
@@ -235,8 +234,8 @@ int run_plan(int argc, char** argv, MpiRuntime& mpi) {
   app.add_option("--inter-node-bandwidth", o.inter_bw, "GB/s per device across nodes (preset's)");
   app.add_option("--inter-node-latency", o.inter_latency_us, "us per collective step across nodes");
   app.add_option("--iteration-overhead", o.overhead_ms,
-                 "ms per iteration besides the model (data, logging; default 0 on GPUs, measured "
-                 "trainer overhead on cpu)");
+                 "ms per iteration besides the model (default 0 on GPU presets, 2 on cpu: the "
+                 "trainer's batch and reductions)");
   app.add_option("--top", o.top, "Layouts to print (0: all)")->capture_default_str();
   app.add_option("--max-micro-batch-size", o.max_mbs, "Largest micro-batch size searched")
       ->capture_default_str();
@@ -277,9 +276,6 @@ int run_plan(int argc, char** argv, MpiRuntime& mpi) {
     cal.group = mpi.world_size() > 1 ? mpi.world().get() : nullptr;
     cal.ranks_per_core = static_cast<double>(ranks) / static_cast<double>(cores);
     cluster = calibrate_cpu_cluster(cal);
-    // The trainer's own fixed cost per iteration (logging, the loss's reduction, the batch):
-    // a few milliseconds on this runtime.
-    cluster.iteration_overhead = 2e-3;
   } else {
     cluster.device = plan::gpu_preset(o.gpu);
     cluster.devices_per_node = o.per_node > 0 ? o.per_node : 8;
@@ -300,13 +296,10 @@ int run_plan(int argc, char** argv, MpiRuntime& mpi) {
   plan::PlanRequest request;
   request.cluster = cluster;
   request.max_micro_batch = o.max_mbs;
-  plan::Workload& w = request.workload;
-  w.config = transformer_config_from_args(args);
-  w.global_batch = args.global_batch_size;
-  w.model_flops = spec.flops_per_iteration(w.config, w.global_batch);
-  w.runtime =
-      o.gpu == "cpu" ? plan::ActivationRuntime::kThisProject : plan::ActivationRuntime::kMegatron;
-  w.grad_reduce_in_bf16 = args.grad_reduce_in_bf16;
+  request.workload = workload_from_args(
+      args, transformer_config_from_args(args), spec,
+      o.gpu == "cpu" ? plan::ActivationRuntime::kThisProject : plan::ActivationRuntime::kMegatron);
+  const plan::Workload& w = request.workload;
   const int64_t world = cluster.world();
 
   std::string first_refusal;  // for the message when nothing is left

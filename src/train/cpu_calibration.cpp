@@ -253,9 +253,13 @@ plan::Cluster calibrate_cpu_cluster(const CpuCalibration& o) {
   c.nodes = 1;
   c.devices_per_node = ranks;
   c.oversubscription = std::max(1.0, o.ranks_per_core);
+  // The trainer's own work per iteration outside the model: the batch (about 1 ms for the
+  // benchmarks' models), the loss's and the log's reductions.
+  c.iteration_overhead = 2e-3;
   if (world != nullptr && world->size() > 1) {
-    c.intra = measure_link(*world, 10 * o.budget,
-                           std::clamp<int64_t>(o.probe_bytes / 4, int64_t{1} << 18, int64_t{1} << 22));
+    c.intra =
+        measure_link(*world, 10 * o.budget,
+                     std::clamp<int64_t>(o.probe_bytes / 4, int64_t{1} << 18, int64_t{1} << 22));
   } else {
     c.intra = plan::Link{d.memory_bw * measured->stretch / 2, 20e-6, 1};
   }
