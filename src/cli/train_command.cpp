@@ -54,8 +54,8 @@ int run_train(int argc, char** argv, MpiRuntime& mpi) {
   });
   if (rc >= 0) return rc;
   args.argument_record = table.record();
-  args.ranks_per_core = std::max(
-      1.0, static_cast<double>(mpi.local_size()) / static_cast<double>(std::max(1, mpi.node_cores())));
+  args.ranks_per_core = std::max(1.0, static_cast<double>(mpi.local_size()) /
+                                          static_cast<double>(std::max(1, mpi.node_cores())));
   ParallelConfig pc;
   pc.tensor_model_parallel_size = static_cast<int>(args.tensor_model_parallel_size);
   pc.pipeline_model_parallel_size = static_cast<int>(args.pipeline_model_parallel_size);

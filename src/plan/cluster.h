@@ -29,16 +29,16 @@ struct Link {
 // The elementwise work of one transformer layer and micro-batch on one rank: norms, residual
 // adds with their dropout, biases, the MLP's activation, RoPE.
 struct ElementwiseWork {
-  int64_t h_rows = 0;   // tokens of the h-wide rows (local under sequence parallelism)
-  int64_t tokens = 0;   // tokens of the GEMM-side rows
-  int64_t hidden = 0;   // h
-  int64_t ffn = 0;      // the MLP's per-token width on this rank (f / tp; experts: their rows)
-  int64_t qkv = 0;      // the QKV projection's width on this rank
-  bool gated = false;   // SwiGLU (else GELU)
+  int64_t h_rows = 0;     // tokens of the h-wide rows (local under sequence parallelism)
+  int64_t tokens = 0;     // tokens of the GEMM-side rows
+  int64_t hidden = 0;     // h
+  int64_t ffn = 0;        // the MLP's per-token width on this rank (f / tp; experts: their rows)
+  int64_t qkv = 0;        // the QKV projection's width on this rank
+  bool gated = false;     // SwiGLU (else GELU)
   bool layernorm = true;  // LayerNorm (else RMSNorm)
-  bool bias = true;     // linear biases
+  bool bias = true;       // linear biases
   bool rope = false;
-  double dropout = 0;   // hidden dropout probability
+  double dropout = 0;  // hidden dropout probability
   bool backward = false;
 };
 

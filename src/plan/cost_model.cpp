@@ -514,8 +514,7 @@ Prediction predict(const Workload& w, const Layout& l, const Cluster& c) {
   out.bubble = l.pp > 1 ? d(l.pp - 1) / d(l.vpp) * mean : 0.0;
   // Ranks sharing cores (times measured shared): the critical path runs at the unshared speed
   // while others wait, but the cores must still do every rank's work.
-  const double pipeline =
-      std::max((d(m) * slowest + out.bubble) / c.oversubscription, d(m) * mean);
+  const double pipeline = std::max((d(m) * slowest + out.bubble) / c.oversubscription, d(m) * mean);
   if (c.oversubscription > 1) out.bubble = std::max(0.0, pipeline - d(m) * slowest);
 
   // Data parallelism over dp ranks tp x cp apart; the experts' gradients over their own
@@ -556,7 +555,7 @@ Prediction predict(const Workload& w, const Layout& l, const Cluster& c) {
     // and its gathers run ahead of each layer's forward); what that does not cover stays
     // exposed, at least one bucket.
     const size_t st = static_cast<size_t>(most);
-    const double hide = l.sharding == Sharding::kFsdp        ? d(m) * (stage_fwd[st] + stage_bwd[st])
+    const double hide = l.sharding == Sharding::kFsdp ? d(m) * (stage_fwd[st] + stage_bwd[st])
                         : l.sharding == Sharding::kFsdpGrads ? d(m) * stage_bwd[st]
                                                              : stage_bwd[st];
     const double bucket_share = std::min(1.0, 40e6 / std::max(1.0, rp.total()));

@@ -59,10 +59,10 @@ struct RankParams {
 struct Prediction {
   // Seconds per iteration and its parts (exposed time only).
   double step = 0;
-  double compute = 0;    // GEMMs, attention, elementwise and recomputation of every micro-batch
+  double compute = 0;  // GEMMs, attention, elementwise and recomputation of every micro-batch
   double gemm = 0, attention = 0, elementwise = 0;  // the layers' share of compute, by kind
-  double ends = 0;  // embedding, output layer and cross entropy
-  double tp_comm = 0;    // tensor-parallel collectives
+  double ends = 0;                                  // embedding, output layer and cross entropy
+  double tp_comm = 0;                               // tensor-parallel collectives
   double cp_comm = 0;    // context-parallel KV exchange not hidden by attention
   double ep_comm = 0;    // expert all-to-alls
   double pp_comm = 0;    // pipeline sends and receives

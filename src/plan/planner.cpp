@@ -86,8 +86,8 @@ std::vector<Candidate> plan_layouts(const PlanRequest& r) {
   if (!k.sharding.empty()) {
     shardings = {k.sharding == "fsdp"         ? Sharding::kFsdp
                  : k.sharding == "fsdp-grads" ? Sharding::kFsdpGrads
-                 : k.sharding == "dist-opt" ? Sharding::kDistributedOptimizer
-                                            : Sharding::kNone};
+                 : k.sharding == "dist-opt"   ? Sharding::kDistributedOptimizer
+                                              : Sharding::kNone};
   }
   std::vector<Candidate> out;
   for (int64_t tp : fixed_or(k.tp, divisors(world, 64)))

@@ -21,9 +21,9 @@
 namespace megatron {
 
 struct CpuCalibration {
-  int64_t ranks = 1;   // the ranks planned on this machine (the cluster's devices)
-  int threads = 1;     // OpenMP threads per rank
-  double stretch = 1;  // the factor on measured times (>= 1)
+  int64_t ranks = 1;          // the ranks planned on this machine (the cluster's devices)
+  int threads = 1;            // OpenMP threads per rank
+  double stretch = 1;         // the factor on measured times (>= 1)
   double ranks_per_core = 1;  // the planned ranks over the cores (>= 1)
   // The job's ranks on this machine, every one of which calls this (null or size 1: no
   // collective measurement).

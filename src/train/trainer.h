@@ -208,8 +208,8 @@ class Trainer {
   // measured ones once, after the second logging interval (the first warms up).
   std::optional<plan::Prediction> prediction_;
   int64_t intervals_logged_ = 0;
-  bool needs_data_ = true;        // this stage reads micro-batches (first, last, or doc masks)
-  bool has_loss_ = true;          // the last pipeline stage
+  bool needs_data_ = true;  // this stage reads micro-batches (first, last, or doc masks)
+  bool has_loss_ = true;    // the last pipeline stage
   TransformerConfig cfg_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::vector<std::unique_ptr<ModelChunk>> chunks_;  // one per virtual pipeline stage

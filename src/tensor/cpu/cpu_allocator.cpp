@@ -4,8 +4,8 @@
 // The trainer allocates the same activation buffers every micro-batch; handing them back to the
 // OS (glibc maps anything above 32 MiB separately) would make every step pay page faults and page
 // zeroing again, ~10% of a step. Blocks of at least 1 MiB are rounded up to a size class (8 per
-// power of two) and reused by class; at most kMaxCached bytes are held. Process-wide by nature (it is memory),
-// and thread-safe.
+// power of two) and reused by class; at most kMaxCached bytes are held. Process-wide by nature (it
+// is memory), and thread-safe.
 #include <algorithm>
 #include <cstdlib>
 #include <mutex>
