@@ -82,32 +82,6 @@ const std::set<std::string>& plan_value_flags() {
   return flags;
 }
 
-void apply_layout(Arguments& a, const plan::Layout& l) {
-  a.tensor_model_parallel_size = l.tp;
-  a.sequence_parallel = l.sp;
-  a.context_parallel_size = l.cp;
-  a.pipeline_model_parallel_size = l.pp;
-  a.num_layers_per_virtual_pipeline_stage = 0;
-  a.num_virtual_stages_per_pipeline_rank = l.vpp > 1 ? l.vpp : 0;
-  a.expert_model_parallel_size = l.ep;
-  a.expert_tensor_parallel_size = l.etp;
-  a.micro_batch_size = l.mbs;
-  a.recompute_activations = false;
-  a.recompute_granularity =
-      l.recompute == plan::Recompute::kNone ? "" : plan::recompute_name(l.recompute);
-  a.recompute_method = l.recompute == plan::Recompute::kFull ? "uniform" : "";
-  a.recompute_num_layers = l.recompute == plan::Recompute::kFull ? 1 : 0;
-  a.use_distributed_optimizer = l.sharding == plan::Sharding::kDistributedOptimizer;
-  a.use_megatron_fsdp =
-      l.sharding == plan::Sharding::kFsdp || l.sharding == plan::Sharding::kFsdpGrads;
-  a.data_parallel_sharding_strategy = l.sharding == plan::Sharding::kFsdp ? "optim_grads_params"
-                                      : l.sharding == plan::Sharding::kFsdpGrads ? "optim_grads"
-                                                                                 : "no_shard";
-  a.overlap_grad_reduce = l.overlap_grad_reduce;
-  a.overlap_param_gather = l.overlap_param_gather;
-  a.cp_comm_type = {l.cp_comm_type};
-}
-
 // The launch line of a layout: the user's flags (less the layout's and the planner's) and the
 // layout's.
 std::string command_line(int argc, char** argv, const ModelSpec& spec, const plan::Layout& l,
@@ -305,7 +279,7 @@ int run_plan(int argc, char** argv, MpiRuntime& mpi) {
   std::string first_refusal;  // for the message when nothing is left
   auto refuse = [&](const plan::Layout& l) -> std::string {
     Arguments a = args;
-    apply_layout(a, l);
+    apply_layout_to_args(l, a);
     // The data does not shape the layout: a plan without data paths checks as mock data.
     if (a.data_path.empty() && a.train_data_path.empty()) a.mock_data = true;
     if (a.train_iters == 0 && a.train_samples == 0) a.train_iters = 1;

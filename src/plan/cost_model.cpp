@@ -374,8 +374,7 @@ void predict_memory(const Workload& w, const Layout& l, const Device& dev, Predi
     // Micro-batches (chunks) this stage holds at once under its schedule.
     const int in_flight = in_flight_microbatches(l.pp, l.vpp, s, m);
     const std::vector<int64_t> layers = stage_layers(cfg, l, s);
-    const int64_t chunk_layers =
-        d(layers.size()) > 0 ? static_cast<int64_t>(layers.size()) / l.vpp : 0;
+    const int64_t chunk_layers = static_cast<int64_t>(layers.size()) / l.vpp;
     // Bytes of one micro-batch in one chunk, held by each of the in-flight forwards, and bytes
     // the stage holds once: the working set of the layer being recomputed, and on the last
     // stage the logits and their gradient (its micro-batch's backward follows its forward).
@@ -434,24 +433,22 @@ void predict_memory(const Workload& w, const Layout& l, const Device& dev, Predi
     const double act = per_chunk * in_flight + once;
     // This project's gradient reduction hands MPI whole buckets, whose reduction allocates a
     // temporary of the bucket's size (fp32 gradients, at most Megatron's 40M-element bucket).
-    double comm_buffer = w.runtime == ActivationRuntime::kThisProject && l.dp * l.cp > 1
-                             ? 4.0 * std::min(p.total(), 40e6)
-                             : 0.0;
+    double buffers = w.runtime == ActivationRuntime::kThisProject && l.dp * l.cp > 1
+                         ? 4.0 * std::min(p.total(), 40e6)
+                         : 0.0;
     // Megatron-FSDP gathers a unit's weights (and gives its gradients a full-size buffer) for
     // the layer running and the one prefetched: the largest unit, a layer or the embedding.
-    double fsdp_buffers = 0;
     if (l.sharding == Sharding::kFsdp) {
       const double unit =
           std::max((p.total() - p.embedding) / d(std::max<size_t>(layers.size(), 1)), p.embedding);
-      fsdp_buffers = 2.0 * unit * ((is_half(cfg.compute_dtype) ? 2.0 : 4.0) + 4.0);
+      buffers += 2.0 * unit * ((is_half(cfg.compute_dtype) ? 2.0 : 4.0) + 4.0);
     }
-    comm_buffer += fsdp_buffers;
-    const double total = weights + act * (1 + dev.fragmentation) + dev.runtime_bytes + comm_buffer;
+    const double total = weights + act * (1 + dev.fragmentation) + dev.runtime_bytes + buffers;
     if (total > worst) {
       worst = total;
       out.weight_and_optimizer_bytes = weights;
       out.activation_bytes = act;
-      out.runtime_bytes = act * dev.fragmentation + dev.runtime_bytes + comm_buffer;
+      out.runtime_bytes = act * dev.fragmentation + dev.runtime_bytes + buffers;
       out.total_bytes = total;
       out.most_loaded_stage = static_cast<int>(s);
       out.params = p;
@@ -468,8 +465,9 @@ Prediction predict(const Workload& w, const Layout& l, const Cluster& c) {
              selective = l.recompute == Recompute::kSelective;
 
   // Per micro-batch seconds of each stage (compute + exposed collectives).
-  std::vector<double> stage_time(static_cast<size_t>(l.pp), 0.0);
-  std::vector<double> stage_bwd(static_cast<size_t>(l.pp), 0.0), stage_fwd(stage_time);
+  const size_t stages = static_cast<size_t>(l.pp);
+  std::vector<double> stage_time(stages, 0.0), stage_fwd(stages, 0.0), stage_bwd(stages, 0.0);
+  double slowest = 0;
   for (int64_t s = 0; s < l.pp; ++s) {
     double compute = 0, fwd = 0, bwd = 0, tp = 0, cp = 0, ep = 0, gemm = 0, att = 0, ew = 0;
     for (int64_t layer : stage_layers(cfg, l, s)) {
@@ -495,8 +493,8 @@ Prediction predict(const Workload& w, const Layout& l, const Cluster& c) {
     stage_fwd[static_cast<size_t>(s)] = fwd;
     stage_bwd[static_cast<size_t>(s)] = bwd;
     // The parts reported are the slowest stage's.
-    if (stage_time[static_cast<size_t>(s)] >=
-        *std::max_element(stage_time.begin(), stage_time.begin() + s + 1)) {
+    if (stage_time[static_cast<size_t>(s)] >= slowest) {
+      slowest = stage_time[static_cast<size_t>(s)];
       out.compute = compute * d(m);
       out.gemm = gemm * d(m);
       out.attention = att * d(m);
@@ -508,7 +506,6 @@ Prediction predict(const Workload& w, const Layout& l, const Cluster& c) {
       out.pp_comm = pp_comm * d(m);
     }
   }
-  const double slowest = *std::max_element(stage_time.begin(), stage_time.end());
   double mean = 0;
   for (double v : stage_time) mean += v / d(l.pp);
   out.bubble = l.pp > 1 ? d(l.pp - 1) / d(l.vpp) * mean : 0.0;
@@ -519,36 +516,37 @@ Prediction predict(const Workload& w, const Layout& l, const Cluster& c) {
 
   // Data parallelism over dp ranks tp x cp apart; the experts' gradients over their own
   // data-parallel group (the tp x cp x dp ranks / (ep x etp)).
-  double params_max = 0;
-  int most = 0;
+  // The stage with the most parameters reduces the most gradients.
+  RankParams rp;
+  int64_t most = 0;
   for (int64_t s = 0; s < l.pp; ++s) {
-    const double n = rank_params(cfg, l, s).total();
-    if (n > params_max) {
-      params_max = n;
-      most = static_cast<int>(s);
+    const RankParams p = rank_params(cfg, l, s);
+    if (s == 0 || p.total() > rp.total()) {
+      rp = p;
+      most = s;
     }
   }
-  const RankParams rp = rank_params(cfg, l, most);
   const double grad_bytes = w.grad_reduce_in_bf16 ? 2.0 : 4.0;
   const double param_bytes = is_half(cfg.compute_dtype) ? 2.0 : 4.0;
   const int64_t edp = l.tp * l.cp * l.dp / (l.ep * l.etp);
   const Link& dp_link = link_of(c, l.tp * l.cp, l.dp);
   const Link& edp_link = link_of(c, l.ep * l.etp, edp);
   const double dense_params = rp.total() - rp.expert;
-  double dp = 0;
   auto reduce = [&](const Link& link, int64_t n, double params) {
-    if (l.sharding == Sharding::kNone) return all_reduce(link, n, params * grad_bytes);
-    double t = gather(link, n, params * grad_bytes) + gather(link, n, params * param_bytes);
-    // FSDP gathers the weights for every micro-batch's forward and backward and reduces the
-    // gradients every micro-batch; with the weights whole (optim_grads) it reduce-scatters each
-    // micro-batch's gradients and gathers the updated weights once.
-    if (l.sharding == Sharding::kFsdp)
-      t = d(m) * (2 * gather(link, n, params * param_bytes) + gather(link, n, params * grad_bytes));
-    if (l.sharding == Sharding::kFsdpGrads)
-      t = d(m) * gather(link, n, params * grad_bytes) + gather(link, n, params * param_bytes);
-    return t;
+    const double grads = params * grad_bytes, weights = params * param_bytes;
+    switch (l.sharding) {
+      case Sharding::kNone:
+        return all_reduce(link, n, grads);
+      case Sharding::kDistributedOptimizer:  // reduce-scatter, then gather the updated weights
+        return gather(link, n, grads) + gather(link, n, weights);
+      case Sharding::kFsdpGrads:  // each micro-batch's gradients scattered, weights gathered once
+        return d(m) * gather(link, n, grads) + gather(link, n, weights);
+      case Sharding::kFsdp:  // weights gathered for each forward and backward, gradients scattered
+        return d(m) * (2 * gather(link, n, weights) + gather(link, n, grads));
+    }
+    return 0.0;
   };
-  dp = reduce(dp_link, l.dp, dense_params) + reduce(edp_link, edp, rp.expert);
+  double dp = reduce(dp_link, l.dp, dense_params) + reduce(edp_link, edp, rp.expert);
   const bool fsdp = l.sharding == Sharding::kFsdp || l.sharding == Sharding::kFsdpGrads;
   if (l.overlap_grad_reduce || fsdp) {
     // Buckets reduce while the last micro-batch's backward runs (FSDP's every micro-batch's,

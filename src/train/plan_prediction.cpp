@@ -39,6 +39,32 @@ plan::Layout layout_from_args(const Arguments& a, int64_t world) {
   return l;
 }
 
+void apply_layout_to_args(const plan::Layout& l, Arguments& a) {
+  a.tensor_model_parallel_size = l.tp;
+  a.sequence_parallel = l.sp;
+  a.context_parallel_size = l.cp;
+  a.pipeline_model_parallel_size = l.pp;
+  a.num_layers_per_virtual_pipeline_stage = 0;
+  a.num_virtual_stages_per_pipeline_rank = l.vpp > 1 ? l.vpp : 0;
+  a.expert_model_parallel_size = l.ep;
+  a.expert_tensor_parallel_size = l.etp;
+  a.micro_batch_size = l.mbs;
+  a.recompute_activations = false;
+  a.recompute_granularity =
+      l.recompute == plan::Recompute::kNone ? "" : plan::recompute_name(l.recompute);
+  a.recompute_method = l.recompute == plan::Recompute::kFull ? "uniform" : "";
+  a.recompute_num_layers = l.recompute == plan::Recompute::kFull ? 1 : 0;
+  a.use_distributed_optimizer = l.sharding == plan::Sharding::kDistributedOptimizer;
+  a.use_megatron_fsdp =
+      l.sharding == plan::Sharding::kFsdp || l.sharding == plan::Sharding::kFsdpGrads;
+  a.data_parallel_sharding_strategy = l.sharding == plan::Sharding::kFsdp ? "optim_grads_params"
+                                      : l.sharding == plan::Sharding::kFsdpGrads ? "optim_grads"
+                                                                                 : "no_shard";
+  a.overlap_grad_reduce = l.overlap_grad_reduce;
+  a.overlap_param_gather = l.overlap_param_gather;
+  a.cp_comm_type = {l.cp_comm_type};
+}
+
 plan::Workload workload_from_args(const Arguments& a, const TransformerConfig& cfg,
                                   const ModelSpec& spec, plan::ActivationRuntime runtime) {
   plan::Workload w;

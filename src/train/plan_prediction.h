@@ -14,6 +14,10 @@ namespace megatron {
 // The layout the flags describe on `world` ranks (virtual stages from either VPP flag, expert
 // tensor parallelism defaulting to tp, the sharding from the optimizer and FSDP flags).
 plan::Layout layout_from_args(const Arguments& a, int64_t world);
+// The inverse: the layout's degrees, recomputation (full: uniform, one layer per chunk) and
+// sharding written into the flags (a Megatron-FSDP layout as --use-megatron-fsdp with its
+// strategy).
+void apply_layout_to_args(const plan::Layout& l, Arguments& a);
 // The workload of the flags: the model config, global batch, Megatron's model FLOPs.
 plan::Workload workload_from_args(const Arguments& a, const TransformerConfig& cfg,
                                   const ModelSpec& spec, plan::ActivationRuntime runtime);

@@ -332,16 +332,6 @@ void Trainer::build_model() {
                                            "parallel rank (%d, %d): %ld",
                                            ps.tp_rank(), ps.pp_rank(), static_cast<long>(nparams)));
   {
-    // Activations: what one micro-batch keeps per chunk, times the (micro-batch, chunk) forwards
-    // this rank holds at once under its schedule (1 without pipelining; the warm-up plus one
-    // under 1F1B and interleaved 1F1B).
-    int64_t per_chunk = 0;
-    for (const auto& chunk : chunks_) {
-      per_chunk =
-          std::max(per_chunk, spec_->activation_bytes(*chunk, cfg_, args_.micro_batch_size));
-    }
-    const int in_flight =
-        plan::in_flight_microbatches(pp, virtual_stages_, ps.pp_rank(), num_microbatches_);
     const ShardedState sharded{distributed, params_->main_sharded(), params_->grads_sharded(),
                                params_->weights_sharded()};
     int64_t fp8_weights = 0, frozen = 0;
@@ -349,7 +339,7 @@ void Trainer::build_model() {
       if (p->fp8) fp8_weights += p->shape.numel();
       if (!p->requires_grad) frozen += p->shape.numel();
     }
-    int64_t activation = in_flight * per_chunk;
+    int64_t activation = 0;
     if (spec_->name == "gpt") {
       // The planner's memory model of this layout (the one the start-up prediction and `megatron
       // plan` use): the in-flight micro-batches' activations and what a stage holds once.
@@ -358,6 +348,16 @@ void Trainer::build_model() {
           workload_from_args(args_, cfg_, *spec_, plan::ActivationRuntime::kThisProject),
           layout_from_args(args_, ps.world_size()), plan::Device{}, &p);
       activation = static_cast<int64_t>(p.activation_bytes);
+    } else {
+      // What one micro-batch keeps per chunk (the model's own estimate), times the (micro-batch,
+      // chunk) forwards this rank holds at once under its schedule.
+      int64_t per_chunk = 0;
+      for (const auto& chunk : chunks_) {
+        per_chunk =
+            std::max(per_chunk, spec_->activation_bytes(*chunk, cfg_, args_.micro_batch_size));
+      }
+      activation = per_chunk * plan::in_flight_microbatches(pp, virtual_stages_, ps.pp_rank(),
+                                                            num_microbatches_);
     }
     log_first(theoretical_memory_line(nparams, cfg_.compute_dtype, grad_size_, sharded, activation,
                                       fp8_weights, frozen));
@@ -610,7 +610,6 @@ void Trainer::build_data() {
   }
 }
 
-// The GEMM peak model-FLOPs utilisation is reported against: given or measured now.
 // The planner's prediction of this run (GPT on CPUs): this machine measured at the run's shapes
 // by every rank at once (as the run will load it), the layout's step time and peak memory
 // printed; put beside the measurements after the second logging interval.
@@ -642,6 +641,7 @@ void Trainer::predict_step() {
             strprintf("; this machine measured in %.2f s", timer.elapsed()));
 }
 
+// The GEMM peak model-FLOPs utilisation is reported against: given or measured now.
 void Trainer::report_gemm_peak() {
   if (cfg_.fp8.enabled()) {
     const Fp8Config& f = cfg_.fp8;
