@@ -111,9 +111,14 @@ void Tensor::fill(double value) {
       break;
     }
     default: {
-      float v = static_cast<float>(value);
-      for (int64_t i = 0; i < n; ++i)
-        convert(static_cast<char*>(raw()) + i * dtype_size(dtype_), dtype_, &v, DType::kF32, 1);
+      // One conversion, then its bytes repeated: convert() opens a parallel region per call,
+      // which per element made a bf16 fill of a vocabulary-sized matrix take seconds.
+      if (n == 0) break;
+      const float v = static_cast<float>(value);
+      char* p = static_cast<char*>(raw());
+      const size_t size = dtype_size(dtype_);
+      convert(p, dtype_, &v, DType::kF32, 1);
+      for (int64_t i = 1; i < n; ++i) std::memcpy(p + i * size, p, size);
     }
   }
 }

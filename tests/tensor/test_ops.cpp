@@ -420,6 +420,27 @@ TEST(Layout, TransposeSliceAndConcatAreExactForEveryDtype) {
   }
 }
 
+TEST(Layout, FillGivesEveryElementTheConvertedValue) {
+  // The 16-bit and integer fills convert once and repeat the bytes: every element, the last
+  // included, holds what one conversion of the value gives (1/3 rounds in bf16 and f16; -7.6
+  // truncates toward zero in the integer types).
+  for (DType dt : {DType::kF32, DType::kF64, DType::kBF16, DType::kF16, DType::kI32, DType::kI64}) {
+    SCOPED_TRACE(dtype_name(dt));
+    for (double value : {1.0 / 3.0, -7.6, 0.0}) {
+      // f64 keeps the double; every other type is filled from its f32 rounding.
+      const float v = static_cast<float>(value);
+      Tensor one = Tensor::empty({1}, dt);
+      if (dt == DType::kF64)
+        convert(one.raw(), dt, &value, DType::kF64, 1);
+      else
+        convert(one.raw(), dt, &v, DType::kF32, 1);
+      const Tensor t = Tensor::full({5, 13}, value, dt);
+      for (int64_t i = 0; i < t.numel(); ++i) EXPECT_EQ(t.item(i), one.item(0)) << i;
+    }
+  }
+  EXPECT_EQ(Tensor::full({0}, 2.0, DType::kBF16).numel(), 0);
+}
+
 TEST(Embedding, VocabularyBlocksLookUpAndScatterOnlyTheirRows) {
   // Rows [4, 8) of a 12-row table: ids outside give zero rows and no gradient; inside, the
   // whole op's rows and gradients exactly.
