@@ -16,6 +16,7 @@
 
 #include <omp.h>
 
+#include "core/philox.h"
 #include "models/gpt/gpt_model.h"
 #include "tensor/ops.h"
 #include "testing/testing.h"
@@ -168,6 +169,33 @@ TEST(GPTModel, InitDependsOnlyOnSeedAndName) {
   // Output projections use the scaled init std / sqrt(2 L).
   Param& proj = a.params.find("decoder.layers.0.self_attention.linear_proj.weight");
   EXPECT_NEAR(proj.init_std, 0.3 / std::sqrt(4.0), 1e-12);
+}
+
+// Initialisation draws element i of a weight from Philox(seed, hash(name), i) in parallel: the
+// same bits with one thread or two, and the draw's formula exactly, on a word embedding large
+// enough (2048 x 64) for the threaded loop.
+TEST(GPTModel, InitIsTheSameForAnyThreadCount) {
+  TransformerConfig c = gpt2_config();
+  c.hidden_size = 64;
+  c.num_attention_heads = 4;
+  c.vocab_size = 2000;
+  c.padded_vocab_size = 2048;
+  c.finalize();
+  const int before = omp_get_max_threads();
+  omp_set_num_threads(1);
+  GPTModel one(c), two(c);
+  ParamSet a(one.parameters(), c.compute_dtype), b(two.parameters(), c.compute_dtype);
+  a.initialize(77);
+  omp_set_num_threads(2);
+  b.initialize(77);
+  omp_set_num_threads(before);
+  EXPECT_TRUE(testing::allclose(a.main(), b.main(), 0, 0));
+  const Param& emb = b.find("embedding.word_embeddings.weight");
+  ASSERT_GT(emb.main.numel(), 65536);
+  for (int64_t i : {int64_t{0}, int64_t{65537}, emb.main.numel() - 1}) {
+    EXPECT_EQ(emb.main.item(i), emb.init_std * Philox::normal(77, stable_hash(emb.name),
+                                                              static_cast<uint64_t>(i)));
+  }
 }
 
 // --init-method-xavier-uniform: every normally initialised matrix (the linear layers, the
