@@ -193,8 +193,8 @@ TEST(GPTModel, InitIsTheSameForAnyThreadCount) {
   const Param& emb = b.find("embedding.word_embeddings.weight");
   ASSERT_GT(emb.main.numel(), 65536);
   for (int64_t i : {int64_t{0}, int64_t{65537}, emb.main.numel() - 1}) {
-    EXPECT_EQ(emb.main.item(i), emb.init_std * Philox::normal(77, stable_hash(emb.name),
-                                                              static_cast<uint64_t>(i)));
+    EXPECT_EQ(emb.main.item(i),
+              emb.init_std * Philox::normal(77, stable_hash(emb.name), static_cast<uint64_t>(i)));
   }
 }
 
