@@ -11,7 +11,8 @@
 // views (packed QKV or separate tensors) into contiguous buffers, K and V transposed where the
 // product needs them so.
 //
-// Parallelism: forward over (batch, head, query tile); backward over (batch, head), one task
+// Parallelism: forward over (batch, head, query tile), whole heads per task where there are
+// enough heads; backward over (batch, head), one task
 // owning its head's dQ and its dK/dV contributions; with grouped queries those are then summed
 // over the heads of each group in a fixed order, and a bias shared over the batch has its
 // gradient summed over the batch in order. No atomics, no per-thread copies: results do not
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "core/philox.h"
+#include "core/threads.h"
 #include "tensor/cpu/cpu_ops.h"
 #include "tensor/cpu/dispatch.h"
 #include "tensor/cpu/tile_gemm.h"
@@ -196,84 +198,112 @@ void load_transposed(T* dst, const Rows<T>& src, int64_t bb, int64_t head, int64
 template <typename T>
 void forward_kernel(T* out, T* lse, const Rows<T>& q, const Rows<T>& k, const Rows<T>& v,
                     const Dims& d, const Masking<T>& mk) {
-  const int64_t qtiles = (d.sq + kTile - 1) / kTile, hn = d.hn;
+  const int64_t qtiles = (d.sq + kTile - 1) / kTile, ktiles = (d.skv + kTile - 1) / kTile,
+                hn = d.hn;
   const T scale = static_cast<T>(mk.spec.scale);
   const T neg_inf = static_cast<T>(kNegInf);
   const bool drop = mk.spec.dropout > 0;
-#pragma omp parallel for collapse(3) schedule(dynamic)
-  for (int64_t bb = 0; bb < d.b; ++bb) {
-    for (int64_t h = 0; h < d.np; ++h) {
-      for (int64_t qt = 0; qt < qtiles; ++qt) {
-        const int64_t g = h / d.qpg, i0 = qt * kTile, bq = std::min(kTile, d.sq - i0);
-        // q pre-scaled, so that S = q k^T is already the scaled score.
-        std::vector<T> qs(kTile * hn, T(0)), kt(hn * kTile), vr(kTile * hn), sc(kTile * kTile),
-            o(kTile * hn, T(0)), m(kTile, neg_inf), sum(kTile, T(0)), valid(kTile);
-        int64_t jlo = d.skv, jend = 0;
-        for (int64_t r = 0; r < bq; ++r) {
-          const T* src = q.at(i0 + r, bb, h);
-          for (int64_t c = 0; c < hn; ++c) qs[r * hn + c] = scale * src[c];
-          jlo = std::min(jlo, mk.first_key(bb, i0 + r));
-          jend = std::max(jend, mk.end_key(i0 + r));
-        }
-        for (int64_t j0 = jlo / kTile * kTile; j0 < jend; j0 += kTile) {
-          const int64_t bk = std::min(kTile, d.skv - j0);
-          load_transposed(kt.data(), k, bb, g, j0, bk);
-          load_rows(vr.data(), v, bb, g, j0, bk);
-          load_valid(valid.data(), mk, bb, j0, bk);
-          std::fill(sc.begin(), sc.end(), T(0));
-          cpu::tile_gemm(sc.data(), kTile, qs.data(), hn, kt.data(), kTile, bq, kTile, hn);
+  // Whole heads per task where there are enough of them to balance the threads (every key tile
+  // loaded once per head); single query tiles otherwise (few heads, long sequences).
+  const int64_t chunk = d.b * d.np >= 4 * num_threads() ? qtiles : 1;
+#pragma omp parallel
+  {
+    // One set of buffers per thread. The key tiles a thread has loaded for its current
+    // (batch, head) (K transposed, V as rows, the padding flags) serve its next query tiles of
+    // that head: causally query tile t reads t + 1 key tiles, so loading them per tile pair
+    // would read each one qtiles / 2 times.
+    std::vector<T> qs(kTile * hn), kt(ktiles * hn * kTile), vr(ktiles * kTile * hn),
+        sc(kTile * kTile), o(kTile * hn), m(kTile), sum(kTile), valid(ktiles * kTile);
+    std::vector<char> loaded(static_cast<size_t>(ktiles));
+    int64_t cached = -1;  // the (batch, head) whose tiles `loaded` marks
+#pragma omp for collapse(3) schedule(dynamic, chunk)
+    for (int64_t bb = 0; bb < d.b; ++bb) {
+      for (int64_t h = 0; h < d.np; ++h) {
+        for (int64_t qt = 0; qt < qtiles; ++qt) {
+          const int64_t g = h / d.qpg;
+          if (bb * d.np + h != cached) {
+            std::fill(loaded.begin(), loaded.end(), 0);
+            cached = bb * d.np + h;
+          }
+          const int64_t i0 = qt * kTile, bq = std::min(kTile, d.sq - i0);
+          // q pre-scaled, so that S = q k^T is already the scaled score.
+          std::fill(qs.begin(), qs.end(), T(0));
+          std::fill(o.begin(), o.end(), T(0));
+          std::fill(m.begin(), m.end(), neg_inf);
+          std::fill(sum.begin(), sum.end(), T(0));
+          int64_t jlo = d.skv, jend = 0;
           for (int64_t r = 0; r < bq; ++r) {
-            const int64_t i = i0 + r;
-            const KeyRange kr = key_range(mk, bb, i, j0, bk);
-            T* row = sc.data() + r * kTile;
-            if (kr.lo >= kr.hi) {
-              std::fill(row, row + kTile, T(0));
-              continue;
+            const T* src = q.at(i0 + r, bb, h);
+            for (int64_t c = 0; c < hn; ++c) qs[r * hn + c] = scale * src[c];
+            jlo = std::min(jlo, mk.first_key(bb, i0 + r));
+            jend = std::max(jend, mk.end_key(i0 + r));
+          }
+          for (int64_t j0 = jlo / kTile * kTile; j0 < jend; j0 += kTile) {
+            const int64_t bk = std::min(kTile, d.skv - j0), t = j0 / kTile;
+            T* ktile = kt.data() + t * hn * kTile;
+            T* vtile = vr.data() + t * kTile * hn;
+            T* ok = valid.data() + t * kTile;
+            if (!loaded[static_cast<size_t>(t)]) {
+              load_transposed(ktile, k, bb, g, j0, bk);
+              load_rows(vtile, v, bb, g, j0, bk);
+              load_valid(ok, mk, bb, j0, bk);
+              loaded[static_cast<size_t>(t)] = 1;
             }
-            if (mk.bias) {
-              const T* br = mk.bias_row(bb, h, i) + j0;
-              for (int64_t jj = 0; jj < bk; ++jj) row[jj] += br[jj];
-            }
-            T tile_max = neg_inf;
-            for (int64_t jj = kr.lo; jj < kr.hi; ++jj) {
-              if (valid[jj] != T(0)) tile_max = std::max(tile_max, row[jj]);
-            }
-            if (tile_max == neg_inf) {  // every visible key of the tile is padding
-              std::fill(row, row + kTile, T(0));
-              continue;
-            }
-            const T m_new = std::max(m[r], tile_max);
-            const T alpha = m[r] == neg_inf ? T(0) : cpu::vexp(m[r] - m_new);
-            const int64_t lo = kr.lo, hi = kr.hi;
-            const T* ok = valid.data();
-            T part = 0;
+            std::fill(sc.begin(), sc.end(), T(0));
+            cpu::tile_gemm(sc.data(), kTile, qs.data(), hn, ktile, kTile, bq, kTile, hn);
+            for (int64_t r = 0; r < bq; ++r) {
+              const int64_t i = i0 + r;
+              const KeyRange kr = key_range(mk, bb, i, j0, bk);
+              T* row = sc.data() + r * kTile;
+              if (kr.lo >= kr.hi) {
+                std::fill(row, row + kTile, T(0));
+                continue;
+              }
+              if (mk.bias) {
+                const T* br = mk.bias_row(bb, h, i) + j0;
+                for (int64_t jj = 0; jj < bk; ++jj) row[jj] += br[jj];
+              }
+              T tile_max = neg_inf;
+              for (int64_t jj = kr.lo; jj < kr.hi; ++jj) {
+                if (ok[jj] != T(0)) tile_max = std::max(tile_max, row[jj]);
+              }
+              if (tile_max == neg_inf) {  // every visible key of the tile is padding
+                std::fill(row, row + kTile, T(0));
+                continue;
+              }
+              const T m_new = std::max(m[r], tile_max);
+              const T alpha = m[r] == neg_inf ? T(0) : cpu::vexp(m[r] - m_new);
+              const int64_t lo = kr.lo, hi = kr.hi;
+              T part = 0;
 #pragma omp simd reduction(+ : part)
-            for (int64_t jj = 0; jj < kTile; ++jj) {
-              const T p = jj >= lo && jj < hi && ok[jj] != T(0) ? cpu::vexp(row[jj] - m_new) : T(0);
-              row[jj] = p;
-              part += p;
-            }
-            sum[r] = sum[r] * alpha + part;
-            m[r] = m_new;
-            if (drop) {
-              for (int64_t jj = lo; jj < hi; ++jj) row[jj] *= mk.dropout_scale(bb, h, i, j0 + jj);
-            }
-            T* orow = o.data() + r * hn;
+              for (int64_t jj = 0; jj < kTile; ++jj) {
+                const T p =
+                    jj >= lo && jj < hi && ok[jj] != T(0) ? cpu::vexp(row[jj] - m_new) : T(0);
+                row[jj] = p;
+                part += p;
+              }
+              sum[r] = sum[r] * alpha + part;
+              m[r] = m_new;
+              if (drop) {
+                for (int64_t jj = lo; jj < hi; ++jj) row[jj] *= mk.dropout_scale(bb, h, i, j0 + jj);
+              }
+              T* orow = o.data() + r * hn;
 #pragma omp simd
-            for (int64_t c = 0; c < hn; ++c) orow[c] *= alpha;
+              for (int64_t c = 0; c < hn; ++c) orow[c] *= alpha;
+            }
+            cpu::tile_gemm(o.data(), hn, sc.data(), kTile, vtile, hn, bq, hn, kTile);
           }
-          cpu::tile_gemm(o.data(), hn, sc.data(), kTile, vr.data(), hn, bq, hn, kTile);
-        }
-        for (int64_t r = 0; r < bq; ++r) {
-          T* dst = out + d.o_off(i0 + r, bb, h);
-          if (sum[r] == T(0)) {  // the row saw no key
-            std::fill(dst, dst + hn, T(0));
-            lse[d.lse_off(i0 + r, bb, h)] = neg_inf;
-            continue;
+          for (int64_t r = 0; r < bq; ++r) {
+            T* dst = out + d.o_off(i0 + r, bb, h);
+            if (sum[r] == T(0)) {  // the row saw no key
+              std::fill(dst, dst + hn, T(0));
+              lse[d.lse_off(i0 + r, bb, h)] = neg_inf;
+              continue;
+            }
+            const T inv = 1 / sum[r];
+            for (int64_t c = 0; c < hn; ++c) dst[c] = o[r * hn + c] * inv;
+            lse[d.lse_off(i0 + r, bb, h)] = m[r] + std::log(sum[r]);
           }
-          const T inv = 1 / sum[r];
-          for (int64_t c = 0; c < hn; ++c) dst[c] = o[r * hn + c] * inv;
-          lse[d.lse_off(i0 + r, bb, h)] = m[r] + std::log(sum[r]);
         }
       }
     }
@@ -301,110 +331,117 @@ void backward_kernel(const Rows<T>& dq_out, const Rows<T>& dk_out, const Rows<T>
   const size_t head_scores = static_cast<size_t>(d.sq * d.skv);
   std::vector<T> dbias_part(bias_sum ? static_cast<size_t>(d.b * d.np) * head_scores : 0);
 
-#pragma omp parallel for collapse(2) schedule(dynamic)
-  for (int64_t bb = 0; bb < d.b; ++bb) {
-    for (int64_t h = 0; h < d.np; ++h) {
-      const int64_t g = h / d.qpg;
-      std::vector<T> own_k(grouped ? 0 : kv_block, T(0)), own_v(own_k.size(), T(0));
-      T* dk = grouped ? dk_part.data() + (bb * d.np + h) * kv_block : own_k.data();
-      T* dv = grouped ? dv_part.data() + (bb * d.np + h) * kv_block : own_v.data();
-      if (grouped) {
+  const size_t q_block = static_cast<size_t>(sqp * hn);
+#pragma omp parallel
+  {
+    // One set of buffers per thread, reused by its tasks (allocating them per task made the
+    // allocator hand memory back and fault it in again every time). The query-side blocks'
+    // rows >= sq stay zero: no task writes them.
+    std::vector<T> own_k(grouped ? 0 : kv_block), own_v(own_k.size());
+    std::vector<T> qs(q_block, T(0)), go(q_block, T(0)), dq(q_block);
+    std::vector<T> L(static_cast<size_t>(d.sq)), D(static_cast<size_t>(d.sq));
+    std::vector<int64_t> tile_first(static_cast<size_t>(qtiles));
+    std::vector<T> kt(hn * kTile), vt(hn * kTile), kr(kTile * hn), p(kTile * kTile),
+        dp(kTile * kTile), valid(kTile);
+#pragma omp for collapse(2) schedule(dynamic)
+    for (int64_t bb = 0; bb < d.b; ++bb) {
+      for (int64_t h = 0; h < d.np; ++h) {
+        const int64_t g = h / d.qpg;
+        T* dk = grouped ? dk_part.data() + (bb * d.np + h) * kv_block : own_k.data();
+        T* dv = grouped ? dv_part.data() + (bb * d.np + h) * kv_block : own_v.data();
         std::fill(dk, dk + kv_block, T(0));
         std::fill(dv, dv + kv_block, T(0));
-      }
-      T* db = nullptr;  // this (batch, head)'s [sq, skv] bias gradient
-      if (dbias) {
-        db = bias_sum ? dbias_part.data() + (bb * d.np + h) * head_scores
-                      : dbias + ((mk.bias_shared ? 0 : bb) * d.np + h) * head_scores;
-        std::fill(db, db + head_scores, T(0));
-      }
-      // The head's queries (pre-scaled, as in forward) and output gradients, rows >= sq zero.
-      const size_t q_block = static_cast<size_t>(sqp * hn);
-      std::vector<T> qs(q_block, T(0)), go(q_block, T(0)), dq(q_block, T(0));
-      std::vector<T> L(static_cast<size_t>(d.sq)), D(static_cast<size_t>(d.sq));
-      // Per query tile: the first key row any of its rows sees.
-      std::vector<int64_t> tile_first(static_cast<size_t>(qtiles), d.skv);
-      for (int64_t i = 0; i < d.sq; ++i) {
-        const T* qi = q.at(i, bb, h);
-        const T* gi = dout + d.o_off(i, bb, h);
-        for (int64_t c = 0; c < hn; ++c) qs[i * hn + c] = scale * qi[c];
-        std::copy(gi, gi + hn, go.data() + i * hn);
-        L[i] = lse[d.lse_off(i, bb, h)];
-        D[i] = dot(gi, out + d.o_off(i, bb, h), hn);
-        tile_first[i / kTile] = std::min(tile_first[i / kTile], mk.first_key(bb, i));
-      }
-      std::vector<T> kt(hn * kTile), vt(hn * kTile), kr(kTile * hn), p(kTile * kTile),
-          dp(kTile * kTile), valid(kTile);
-      for (int64_t j0 = 0; j0 < d.skv; j0 += kTile) {
-        const int64_t bk = std::min(kTile, d.skv - j0);
-        load_transposed(kt.data(), k, bb, g, j0, bk);
-        load_transposed(vt.data(), v, bb, g, j0, bk);
-        load_rows(kr.data(), k, bb, g, j0, bk);
-        load_valid(valid.data(), mk, bb, j0, bk);
-        // Causally, the first query row that can see key row j0 is j0 + kv_offset - q_offset.
-        const int64_t first_row =
-            mk.spec.causal
-                ? std::max<int64_t>(j0 + mk.spec.kv_offset - mk.spec.q_offset, 0) / kTile * kTile
-                : 0;
-        for (int64_t i0 = first_row; i0 < d.sq; i0 += kTile) {
-          if (tile_first[i0 / kTile] >= j0 + bk) continue;  // no row sees this key tile
-          const int64_t bq = std::min(kTile, d.sq - i0);
-          std::fill(p.begin(), p.end(), T(0));
-          std::fill(dp.begin(), dp.end(), T(0));
-          cpu::tile_gemm(p.data(), kTile, qs.data() + i0 * hn, hn, kt.data(), kTile, bq, kTile, hn);
-          cpu::tile_gemm(dp.data(), kTile, go.data() + i0 * hn, hn, vt.data(), kTile, bq, kTile,
-                         hn);
-          // p becomes the dropped-out probabilities (for dV), dp becomes dS.
-          for (int64_t r = 0; r < bq; ++r) {
-            const int64_t i = i0 + r;
-            const KeyRange range = key_range(mk, bb, i, j0, bk);
-            const int64_t lo = range.lo, hi = L[i] == neg_inf ? 0 : range.hi;
-            const T li = L[i], di = D[i];
-            T* prow = p.data() + r * kTile;
-            T* drow = dp.data() + r * kTile;
-            if (mk.bias && lo < hi) {
-              const T* br = mk.bias_row(bb, h, i) + j0;
-              for (int64_t jj = 0; jj < bk; ++jj) prow[jj] += br[jj];
-            }
-            const T* ok = valid.data();
-            if (!drop) {
-#pragma omp simd
-              for (int64_t jj = 0; jj < kTile; ++jj) {
-                const T pr =
-                    jj >= lo && jj < hi && ok[jj] != T(0) ? cpu::vexp(prow[jj] - li) : T(0);
-                prow[jj] = pr;
-                drow[jj] = pr * (drow[jj] - di);
-              }
-            } else {
-              for (int64_t jj = 0; jj < kTile; ++jj) {
-                if (jj < lo || jj >= hi || ok[jj] == T(0)) {
-                  prow[jj] = drow[jj] = 0;
-                  continue;
-                }
-                const T pr = cpu::vexp(prow[jj] - li);
-                const T keep = static_cast<T>(mk.dropout_scale(bb, h, i, j0 + jj));
-                prow[jj] = pr * keep;
-                drow[jj] = pr * (keep * drow[jj] - di);
-              }
-            }
-            if (db) std::copy(drow, drow + bk, db + i * d.skv + j0);
-          }
-          // dV += Pd^T dO, dK += dS^T (scale q), dQ += dS K (scale applied when written).
-          cpu::tile_gemm_at(dv + j0 * hn, hn, p.data(), kTile, go.data() + i0 * hn, hn, kTile, hn,
-                            bq);
-          cpu::tile_gemm_at(dk + j0 * hn, hn, dp.data(), kTile, qs.data() + i0 * hn, hn, kTile, hn,
-                            bq);
-          cpu::tile_gemm(dq.data() + i0 * hn, hn, dp.data(), kTile, kr.data(), hn, bq, hn, kTile);
+        T* db = nullptr;  // this (batch, head)'s [sq, skv] bias gradient
+        if (dbias) {
+          db = bias_sum ? dbias_part.data() + (bb * d.np + h) * head_scores
+                        : dbias + ((mk.bias_shared ? 0 : bb) * d.np + h) * head_scores;
+          std::fill(db, db + head_scores, T(0));
         }
-      }
-      for (int64_t i = 0; i < d.sq; ++i) {
-        T* dst = dq_out.at(i, bb, h);
-        for (int64_t c = 0; c < hn; ++c) dst[c] = scale * dq[i * hn + c];
-      }
-      if (!grouped) {
-        for (int64_t j = 0; j < d.skv; ++j) {
-          std::copy(dk + j * hn, dk + (j + 1) * hn, dk_out.at(j, bb, g));
-          std::copy(dv + j * hn, dv + (j + 1) * hn, dv_out.at(j, bb, g));
+        // The head's queries (pre-scaled, as in forward) and output gradients, rows >= sq zero.
+        std::fill(dq.begin(), dq.end(), T(0));
+        // Per query tile: the first key row any of its rows sees.
+        std::fill(tile_first.begin(), tile_first.end(), d.skv);
+        for (int64_t i = 0; i < d.sq; ++i) {
+          const T* qi = q.at(i, bb, h);
+          const T* gi = dout + d.o_off(i, bb, h);
+          for (int64_t c = 0; c < hn; ++c) qs[i * hn + c] = scale * qi[c];
+          std::copy(gi, gi + hn, go.data() + i * hn);
+          L[i] = lse[d.lse_off(i, bb, h)];
+          D[i] = dot(gi, out + d.o_off(i, bb, h), hn);
+          tile_first[i / kTile] = std::min(tile_first[i / kTile], mk.first_key(bb, i));
+        }
+        for (int64_t j0 = 0; j0 < d.skv; j0 += kTile) {
+          const int64_t bk = std::min(kTile, d.skv - j0);
+          load_transposed(kt.data(), k, bb, g, j0, bk);
+          load_transposed(vt.data(), v, bb, g, j0, bk);
+          load_rows(kr.data(), k, bb, g, j0, bk);
+          load_valid(valid.data(), mk, bb, j0, bk);
+          // Causally, the first query row that can see key row j0 is j0 + kv_offset - q_offset.
+          const int64_t first_row =
+              mk.spec.causal
+                  ? std::max<int64_t>(j0 + mk.spec.kv_offset - mk.spec.q_offset, 0) / kTile * kTile
+                  : 0;
+          for (int64_t i0 = first_row; i0 < d.sq; i0 += kTile) {
+            if (tile_first[i0 / kTile] >= j0 + bk) continue;  // no row sees this key tile
+            const int64_t bq = std::min(kTile, d.sq - i0);
+            std::fill(p.begin(), p.end(), T(0));
+            std::fill(dp.begin(), dp.end(), T(0));
+            cpu::tile_gemm(p.data(), kTile, qs.data() + i0 * hn, hn, kt.data(), kTile, bq, kTile,
+                           hn);
+            cpu::tile_gemm(dp.data(), kTile, go.data() + i0 * hn, hn, vt.data(), kTile, bq, kTile,
+                           hn);
+            // p becomes the dropped-out probabilities (for dV), dp becomes dS.
+            for (int64_t r = 0; r < bq; ++r) {
+              const int64_t i = i0 + r;
+              const KeyRange range = key_range(mk, bb, i, j0, bk);
+              const int64_t lo = range.lo, hi = L[i] == neg_inf ? 0 : range.hi;
+              const T li = L[i], di = D[i];
+              T* prow = p.data() + r * kTile;
+              T* drow = dp.data() + r * kTile;
+              if (mk.bias && lo < hi) {
+                const T* br = mk.bias_row(bb, h, i) + j0;
+                for (int64_t jj = 0; jj < bk; ++jj) prow[jj] += br[jj];
+              }
+              const T* ok = valid.data();
+              if (!drop) {
+#pragma omp simd
+                for (int64_t jj = 0; jj < kTile; ++jj) {
+                  const T pr =
+                      jj >= lo && jj < hi && ok[jj] != T(0) ? cpu::vexp(prow[jj] - li) : T(0);
+                  prow[jj] = pr;
+                  drow[jj] = pr * (drow[jj] - di);
+                }
+              } else {
+                for (int64_t jj = 0; jj < kTile; ++jj) {
+                  if (jj < lo || jj >= hi || ok[jj] == T(0)) {
+                    prow[jj] = drow[jj] = 0;
+                    continue;
+                  }
+                  const T pr = cpu::vexp(prow[jj] - li);
+                  const T keep = static_cast<T>(mk.dropout_scale(bb, h, i, j0 + jj));
+                  prow[jj] = pr * keep;
+                  drow[jj] = pr * (keep * drow[jj] - di);
+                }
+              }
+              if (db) std::copy(drow, drow + bk, db + i * d.skv + j0);
+            }
+            // dV += Pd^T dO, dK += dS^T (scale q), dQ += dS K (scale applied when written).
+            cpu::tile_gemm_at(dv + j0 * hn, hn, p.data(), kTile, go.data() + i0 * hn, hn, kTile, hn,
+                              bq);
+            cpu::tile_gemm_at(dk + j0 * hn, hn, dp.data(), kTile, qs.data() + i0 * hn, hn, kTile,
+                              hn, bq);
+            cpu::tile_gemm(dq.data() + i0 * hn, hn, dp.data(), kTile, kr.data(), hn, bq, hn, kTile);
+          }
+        }
+        for (int64_t i = 0; i < d.sq; ++i) {
+          T* dst = dq_out.at(i, bb, h);
+          for (int64_t c = 0; c < hn; ++c) dst[c] = scale * dq[i * hn + c];
+        }
+        if (!grouped) {
+          for (int64_t j = 0; j < d.skv; ++j) {
+            std::copy(dk + j * hn, dk + (j + 1) * hn, dk_out.at(j, bb, g));
+            std::copy(dv + j * hn, dv + (j + 1) * hn, dv_out.at(j, bb, g));
+          }
         }
       }
     }
