@@ -70,11 +70,14 @@ void BM_CrossEntropyForwardBackward(benchmark::State& state) {
 }
 BENCHMARK(BM_CrossEntropyForwardBackward)->Unit(benchmark::kMillisecond);
 
+// Arguments: forward (0) or backward (1); the run's precision f32 (0) or bf16 (1: bf16 tiles where
+// the CPU has AVX-512 BF16).
 void BM_Attention(benchmark::State& state) {
   const bool backward = state.range(0);
   const int64_t hn = kH / kHeads;
   ops::AttentionSpec spec;
   spec.scale = 1.0f / std::sqrt(static_cast<float>(hn));
+  spec.precision = state.range(1) ? DType::kBF16 : DType::kF32;
   Tensor qkv = random({kS, kB, kHeads, 3, hn}), out = Tensor::empty({kS, kB, kHeads, hn});
   Tensor lse = Tensor::empty({kB, kHeads, kS}), dqkv = Tensor::empty(qkv.shape());
   using ops::packed_qkv_view, ops::QkvPart;
@@ -92,7 +95,12 @@ void BM_Attention(benchmark::State& state) {
   // Causal: half of the s x s scores; 2 GEMM-like products forward, 4 backward (+ recompute).
   state.SetItemsProcessed(state.iterations() * (backward ? 5 : 2) * kB * kHeads * kS * kS * hn);
 }
-BENCHMARK(BM_Attention)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Attention)
+    ->Args({0, 0})
+    ->Args({1, 0})
+    ->Args({0, 1})
+    ->Args({1, 1})
+    ->Unit(benchmark::kMillisecond);
 
 void BM_LayerNormForwardBackward(benchmark::State& state) {
   Tensor x = random({kS * kB, kH}), w = random({kH}), b = random({kH}),

@@ -18,7 +18,10 @@
 
 #include <cmath>
 #include <limits>
+#include <string>
+#include <utility>
 
+#include "tensor/cpu/tile_gemm_bf16.h"
 #include "tensor/ops.h"
 #include "tensor/reference/reference.h"
 #include "testing/testing.h"
@@ -417,6 +420,78 @@ TEST(Attention, TwoKeyHalvesMergedThroughLseEqualOnePass) {
   // rounded once more than in one pass: differences of a few 1e-7 relative; 1e-5.
   expect_halves_merge(DType::kF32, 1e-5, 1e-5);
   expect_halves_merge(DType::kF64, kF64Tol, kF64Tol);
+}
+
+// bf16 runs (AttentionSpec::precision bf16) multiply bf16 tiles on CPUs with AVX-512 BF16:
+// against the f32 kernels on the same inputs rounded to bf16, only the probabilities' and dS's
+// rounding to bf16 (2^-9 relative) separates them: NMSE 1e-6 to 5e-6, bound 1e-4 (the CUDA
+// device's tensor-core test uses the same bound); lse sums the same exact bf16 products in f32:
+// 1e-8. The cases cover odd query tiles (99 rows: a last pair half empty), GQA, hn 80 (a
+// 16-column tail), hn 128 with documents and dropout, padded keys without the causal mask, a
+// decode step after a cache, an additive bias, and hn 72, which keeps the f32 tiles (bit-equal).
+TEST(Attention, Bf16TilesMatchF32OnRoundedInputs) {
+  struct Case {
+    int64_t sq, skv, b, np, ng, hn;
+    bool causal;
+    int64_t q_offset;
+    bool docs, padding, bias;
+    float dropout;
+  };
+  const Case cases[] = {{99, 99, 2, 4, 2, 64, true, 0, false, false, false, 0.0f},
+                        {70, 70, 1, 2, 1, 80, true, 0, false, false, false, 0.0f},
+                        {130, 130, 1, 2, 2, 128, true, 0, true, false, false, 0.1f},
+                        {70, 150, 2, 2, 1, 64, false, 0, false, true, false, 0.0f},
+                        {37, 101, 1, 4, 4, 64, true, 64, false, false, false, 0.0f},
+                        {64, 64, 2, 2, 2, 64, true, 0, false, false, true, 0.0f},
+                        {50, 50, 1, 2, 2, 72, true, 0, false, false, false, 0.0f}};
+  uint64_t seed = 300;
+  for (const Case& c : cases) {
+    SCOPED_TRACE("sq " + std::to_string(c.sq) + " hn " + std::to_string(c.hn));
+    Inputs in{random_tensor({c.sq, c.b, c.np, c.hn}, ++seed),
+              random_tensor({c.skv, c.b, c.ng, c.hn}, ++seed),
+              random_tensor({c.skv, c.b, c.ng, c.hn}, ++seed),
+              c.ng,
+              {}};
+    in.spec.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.hn)));
+    in.spec.causal = c.causal;
+    in.spec.q_offset = c.q_offset;
+    in.spec.dropout = c.dropout;
+    in.spec.seed = 7;
+    in.spec.stream = 3;
+    if (c.docs) in.spec.doc_start = doc_starts(c.b, c.sq, {{0, 50}});
+    if (c.padding) {  // the last 20 keys of sequence 1 are padding
+      in.spec.key_valid = Tensor::empty({c.b, c.skv}, DType::kI32);
+      for (int64_t i = 0; i < c.b * c.skv; ++i)
+        in.spec.key_valid.data<int32_t>()[i] = i / c.skv == 1 && i % c.skv >= c.skv - 20 ? 0 : 1;
+    }
+    if (c.bias) in.spec.bias = random_tensor({1, c.np, c.sq, c.skv}, ++seed);
+    const Tensor dout = random_tensor({c.sq, c.b, c.np, c.hn}, ++seed);
+    auto rounded = [](const Tensor& x) { return x.to(DType::kBF16).to(DType::kF32); };
+    Inputs tiles = in;
+    tiles.spec.precision = DType::kBF16;
+    const Outputs got = run_fast(tiles, dout);
+    Inputs f32 = {rounded(in.q), rounded(in.k), rounded(in.v), in.groups, in.spec};
+    const Outputs want = run_fast(f32, dout.to(DType::kBF16).to(DType::kF32));
+    if (!cpu::kBf16Tiles || c.hn % 16 != 0) {  // f32 tiles: the plain f32 kernels' bits
+      const Outputs plain = run_fast(in, dout);
+      for (auto [a, b] : {std::pair{got.out, plain.out},
+                          {got.dq, plain.dq},
+                          {got.dk, plain.dk},
+                          {got.dv, plain.dv}})
+        EXPECT_TRUE(allclose(a, b, 0, 0));
+      continue;
+    }
+    EXPECT_LT(testing::nmse(got.out, want.out), 1e-4);
+    EXPECT_TRUE(lse_close(got.lse, want.lse, 1e-5, 1e-5));
+    EXPECT_LT(testing::nmse(got.dq, want.dq), 1e-4);
+    EXPECT_LT(testing::nmse(got.dk, want.dk), 1e-4);
+    EXPECT_LT(testing::nmse(got.dv, want.dv), 1e-4);
+    if (c.bias) {
+      EXPECT_LT(testing::nmse(got.dbias, want.dbias), 1e-4);
+    }
+    // The probabilities' rounding shows: the bf16 tiles ran.
+    EXPECT_GT(testing::nmse(got.out, want.out), 1e-12);
+  }
 }
 
 TEST(Attention, RefusesMismatchedViews) {

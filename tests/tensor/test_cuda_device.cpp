@@ -144,13 +144,7 @@ TEST(CudaDevice, Tf32IsOffByDefaultAndLowersF32GemmPrecisionWhenOn) {
 
 // Normalised mean squared error of got against want (host tensors of any dtype).
 double nmse(const Tensor& got, const Tensor& want) {
-  const Tensor g = to_host(got), w = to_host(want);
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < w.numel(); ++i) {
-    num += (g.item(i) - w.item(i)) * (g.item(i) - w.item(i));
-    den += w.item(i) * w.item(i);
-  }
-  return num / den;
+  return testing::nmse(to_host(got), to_host(want));
 }
 
 Tensor rounded_to_bf16(const Tensor& x) {

@@ -10,6 +10,16 @@
 
 namespace megatron::testing {
 
+double nmse(const Tensor& got, const Tensor& want) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    const double g = got.item(i), w = want.item(i);
+    num += (g - w) * (g - w);
+    den += w * w;
+  }
+  return num / den;
+}
+
 CloseReport compare(const Tensor& got, const Tensor& want, double atol, double rtol) {
   CloseReport r;
   if (got.numel() != want.numel()) {

@@ -29,6 +29,9 @@ CloseReport compare(const Tensor& got, const Tensor& want, double atol, double r
 ::testing::AssertionResult allclose(const Tensor& got, const Tensor& want, double atol,
                                     double rtol);
 
+// Normalised mean squared error sum((got - want)^2) / sum(want^2) of two host tensors.
+double nmse(const Tensor& got, const Tensor& want);
+
 // Deterministic uniform(-scale, scale) tensor of the given dtype (f32 values rounded to dtype).
 Tensor random_tensor(const Shape& shape, uint64_t seed, double scale = 1.0,
                      DType dtype = DType::kF32);

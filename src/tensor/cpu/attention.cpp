@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "core/philox.h"
@@ -27,6 +28,7 @@
 #include "tensor/cpu/cpu_ops.h"
 #include "tensor/cpu/dispatch.h"
 #include "tensor/cpu/tile_gemm.h"
+#include "tensor/cpu/tile_gemm_bf16.h"
 #include "tensor/cpu/vec_math.h"
 #include "tensor/ops.h"
 
@@ -36,6 +38,17 @@ namespace {
 
 constexpr int64_t kTile = 64;  // query rows and key columns per tile
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+// bf16 runs multiply bf16 tiles where the CPU has AVX-512 BF16 (tile_gemm_bf16.h): q, k, v,
+// dout, the probabilities and dS rounded to bf16 as they are packed, products accumulated in
+// f32, as Megatron's attention on bf16 activations. Everything else (the softmax, lse, D, the
+// accumulators, dropout, the bias) stays f32.
+template <typename T>
+constexpr bool kBf16Capable = std::is_same_v<T, float>&& kBf16Tiles;
+template <typename T>
+bool bf16_tiles(const AttentionSpec& spec, int64_t hn) {
+  return kBf16Capable<T> && spec.precision == DType::kBF16 && hn % 16 == 0;
+}
 
 // Row pointers into one view.
 template <typename T>
@@ -206,6 +219,10 @@ void forward_kernel(T* out, T* lse, const Rows<T>& q, const Rows<T>& k, const Ro
   // Whole heads per task where there are enough of them to balance the threads (every key tile
   // loaded once per head); single query tiles otherwise (few heads, long sequences).
   const int64_t chunk = d.b * d.np >= 4 * num_threads() ? qtiles : 1;
+  const bool bf = bf16_tiles<T>(mk.spec, hn);
+  // The f32 tiles take q pre-scaled (S = q k^T is then the scaled score); the bf16 tiles round q
+  // itself and scale S in f32, so that a scale that is no power of two rounds nothing more.
+  const T qscale = bf ? T(1) : scale;
 #pragma omp parallel
   {
     // One set of buffers per thread. The key tiles a thread has loaded for its current
@@ -216,6 +233,10 @@ void forward_kernel(T* out, T* lse, const Rows<T>& q, const Rows<T>& k, const Ro
         sc(kTile * kTile), o(kTile * hn), m(kTile), sum(kTile), valid(ktiles * kTile);
     std::vector<char> loaded(static_cast<size_t>(ktiles));
     int64_t cached = -1;  // the (batch, head) whose tiles `loaded` marks
+    // bf16 tiles: q's rows, K^T and V as pairs per key tile, the probabilities' rows.
+    const int64_t hp = hn / 2, tp = kTile / 2;
+    std::vector<uint32_t> qa(bf ? kTile * hp : 0), ktv(bf ? ktiles * hp * kTile : 0),
+        vv(bf ? ktiles * tp * hn : 0), pa(bf ? kTile * tp : 0);
 #pragma omp for collapse(3) schedule(dynamic, chunk)
     for (int64_t bb = 0; bb < d.b; ++bb) {
       for (int64_t h = 0; h < d.np; ++h) {
@@ -234,9 +255,12 @@ void forward_kernel(T* out, T* lse, const Rows<T>& q, const Rows<T>& k, const Ro
           int64_t jlo = d.skv, jend = 0;
           for (int64_t r = 0; r < bq; ++r) {
             const T* src = q.at(i0 + r, bb, h);
-            for (int64_t c = 0; c < hn; ++c) qs[r * hn + c] = scale * src[c];
+            for (int64_t c = 0; c < hn; ++c) qs[r * hn + c] = qscale * src[c];
             jlo = std::min(jlo, mk.first_key(bb, i0 + r));
             jend = std::max(jend, mk.end_key(i0 + r));
+          }
+          if constexpr (kBf16Capable<T>) {
+            if (bf) pack_rows_bf16(qa.data(), hp, qs.data(), hn, bq, hn);
           }
           for (int64_t j0 = jlo / kTile * kTile; j0 < jend; j0 += kTile) {
             const int64_t bk = std::min(kTile, d.skv - j0), t = j0 / kTile;
@@ -247,10 +271,23 @@ void forward_kernel(T* out, T* lse, const Rows<T>& q, const Rows<T>& k, const Ro
               load_transposed(ktile, k, bb, g, j0, bk);
               load_rows(vtile, v, bb, g, j0, bk);
               load_valid(ok, mk, bb, j0, bk);
+              if constexpr (kBf16Capable<T>) {
+                if (bf) {
+                  pack_pairs_bf16(ktv.data() + t * hp * kTile, ktile, kTile, hn, kTile);
+                  pack_pairs_bf16(vv.data() + t * tp * hn, vtile, hn, kTile, hn);
+                }
+              }
               loaded[static_cast<size_t>(t)] = 1;
             }
             std::fill(sc.begin(), sc.end(), T(0));
-            cpu::tile_gemm(sc.data(), kTile, qs.data(), hn, ktile, kTile, bq, kTile, hn);
+            if constexpr (kBf16Capable<T>) {
+              if (bf) {
+                tile_gemm_bf16<false>(sc.data(), kTile, qa.data(), hp, ktv.data() + t * hp * kTile,
+                                      bq, kTile, hp);
+                for (int64_t e = 0; e < bq * kTile; ++e) sc[e] *= scale;
+              }
+            }
+            if (!bf) cpu::tile_gemm(sc.data(), kTile, qs.data(), hn, ktile, kTile, bq, kTile, hn);
             for (int64_t r = 0; r < bq; ++r) {
               const int64_t i = i0 + r;
               const KeyRange kr = key_range(mk, bb, i, j0, bk);
@@ -291,7 +328,14 @@ void forward_kernel(T* out, T* lse, const Rows<T>& q, const Rows<T>& k, const Ro
 #pragma omp simd
               for (int64_t c = 0; c < hn; ++c) orow[c] *= alpha;
             }
-            cpu::tile_gemm(o.data(), hn, sc.data(), kTile, vtile, hn, bq, hn, kTile);
+            if constexpr (kBf16Capable<T>) {
+              if (bf) {
+                pack_rows_bf16(pa.data(), tp, sc.data(), kTile, bq, kTile);
+                tile_gemm_bf16<false>(o.data(), hn, pa.data(), tp, vv.data() + t * tp * hn, bq, hn,
+                                      tp);
+              }
+            }
+            if (!bf) cpu::tile_gemm(o.data(), hn, sc.data(), kTile, vtile, hn, bq, hn, kTile);
           }
           for (int64_t r = 0; r < bq; ++r) {
             T* dst = out + d.o_off(i0 + r, bb, h);
@@ -332,6 +376,8 @@ void backward_kernel(const Rows<T>& dq_out, const Rows<T>& dk_out, const Rows<T>
   std::vector<T> dbias_part(bias_sum ? static_cast<size_t>(d.b * d.np) * head_scores : 0);
 
   const size_t q_block = static_cast<size_t>(sqp * hn);
+  const bool bf = bf16_tiles<T>(mk.spec, hn);
+  const T qscale = bf ? T(1) : scale;  // as in forward: the bf16 tiles scale S and dK in f32
 #pragma omp parallel
   {
     // One set of buffers per thread, reused by its tasks (allocating them per task made the
@@ -343,6 +389,15 @@ void backward_kernel(const Rows<T>& dq_out, const Rows<T>& dk_out, const Rows<T>
     std::vector<int64_t> tile_first(static_cast<size_t>(qtiles));
     std::vector<T> kt(hn * kTile), vt(hn * kTile), kr(kTile * hn), p(kTile * kTile),
         dp(kTile * kTile), valid(kTile);
+    // bf16 tiles: the head's q and dout as rows (S, dP) and as pairs (dK, dV); per key tile K^T,
+    // V^T and K as pairs; per tile pair the dropped-out probabilities and dS as pairs (dV, dK)
+    // and dS as rows (dQ).
+    const int64_t hp = hn / 2, tp = kTile / 2;
+    const auto words = [&](int64_t n) { return bf ? static_cast<size_t>(n) : size_t{0}; };
+    std::vector<uint32_t> qa(words(sqp * hp)), ga(qa.size()), qv(qa.size()), gv(qa.size()),
+        ktv(words(hp * kTile)), vtv(ktv.size()), krv(words(tp * hn)), pv(words(tp * kTile)),
+        dsv(pv.size()), dsa(pv.size());
+
 #pragma omp for collapse(2) schedule(dynamic)
     for (int64_t bb = 0; bb < d.b; ++bb) {
       for (int64_t h = 0; h < d.np; ++h) {
@@ -364,18 +419,34 @@ void backward_kernel(const Rows<T>& dq_out, const Rows<T>& dk_out, const Rows<T>
         for (int64_t i = 0; i < d.sq; ++i) {
           const T* qi = q.at(i, bb, h);
           const T* gi = dout + d.o_off(i, bb, h);
-          for (int64_t c = 0; c < hn; ++c) qs[i * hn + c] = scale * qi[c];
+          for (int64_t c = 0; c < hn; ++c) qs[i * hn + c] = qscale * qi[c];
           std::copy(gi, gi + hn, go.data() + i * hn);
           L[i] = lse[d.lse_off(i, bb, h)];
           D[i] = dot(gi, out + d.o_off(i, bb, h), hn);
           tile_first[i / kTile] = std::min(tile_first[i / kTile], mk.first_key(bb, i));
         }
+        if constexpr (kBf16Capable<T>) {
+          if (bf) {
+            pack_rows_bf16(qa.data(), hp, qs.data(), hn, sqp, hn);
+            pack_rows_bf16(ga.data(), hp, go.data(), hn, sqp, hn);
+            pack_pairs_bf16(qv.data(), qs.data(), hn, sqp, hn);
+            pack_pairs_bf16(gv.data(), go.data(), hn, sqp, hn);
+          }
+        }
+
         for (int64_t j0 = 0; j0 < d.skv; j0 += kTile) {
           const int64_t bk = std::min(kTile, d.skv - j0);
           load_transposed(kt.data(), k, bb, g, j0, bk);
           load_transposed(vt.data(), v, bb, g, j0, bk);
           load_rows(kr.data(), k, bb, g, j0, bk);
           load_valid(valid.data(), mk, bb, j0, bk);
+          if constexpr (kBf16Capable<T>) {
+            if (bf) {
+              pack_pairs_bf16(ktv.data(), kt.data(), kTile, hn, kTile);
+              pack_pairs_bf16(vtv.data(), vt.data(), kTile, hn, kTile);
+              pack_pairs_bf16(krv.data(), kr.data(), hn, kTile, hn);
+            }
+          }
           // Causally, the first query row that can see key row j0 is j0 + kv_offset - q_offset.
           const int64_t first_row =
               mk.spec.causal
@@ -386,10 +457,21 @@ void backward_kernel(const Rows<T>& dq_out, const Rows<T>& dk_out, const Rows<T>
             const int64_t bq = std::min(kTile, d.sq - i0);
             std::fill(p.begin(), p.end(), T(0));
             std::fill(dp.begin(), dp.end(), T(0));
-            cpu::tile_gemm(p.data(), kTile, qs.data() + i0 * hn, hn, kt.data(), kTile, bq, kTile,
-                           hn);
-            cpu::tile_gemm(dp.data(), kTile, go.data() + i0 * hn, hn, vt.data(), kTile, bq, kTile,
-                           hn);
+            if constexpr (kBf16Capable<T>) {
+              if (bf) {
+                tile_gemm_bf16<false>(p.data(), kTile, qa.data() + i0 * hp, hp, ktv.data(), bq,
+                                      kTile, hp);
+                for (int64_t e = 0; e < bq * kTile; ++e) p[e] *= scale;
+                tile_gemm_bf16<false>(dp.data(), kTile, ga.data() + i0 * hp, hp, vtv.data(), bq,
+                                      kTile, hp);
+              }
+            }
+            if (!bf) {
+              cpu::tile_gemm(p.data(), kTile, qs.data() + i0 * hn, hn, kt.data(), kTile, bq, kTile,
+                             hn);
+              cpu::tile_gemm(dp.data(), kTile, go.data() + i0 * hn, hn, vt.data(), kTile, bq, kTile,
+                             hn);
+            }
             // p becomes the dropped-out probabilities (for dV), dp becomes dS.
             for (int64_t r = 0; r < bq; ++r) {
               const int64_t i = i0 + r;
@@ -426,12 +508,30 @@ void backward_kernel(const Rows<T>& dq_out, const Rows<T>& dk_out, const Rows<T>
               if (db) std::copy(drow, drow + bk, db + i * d.skv + j0);
             }
             // dV += Pd^T dO, dK += dS^T (scale q), dQ += dS K (scale applied when written).
+            if constexpr (kBf16Capable<T>) {
+              if (bf) {
+                const int64_t pairs = (bq + 1) / 2;
+                pack_pairs_bf16(pv.data(), p.data(), kTile, bq, kTile);
+                pack_pairs_bf16(dsv.data(), dp.data(), kTile, bq, kTile);
+                pack_rows_bf16(dsa.data(), tp, dp.data(), kTile, bq, kTile);
+                tile_gemm_bf16<true>(dv + j0 * hn, hn, pv.data(), kTile, gv.data() + i0 / 2 * hn,
+                                     kTile, hn, pairs);
+                tile_gemm_bf16<true>(dk + j0 * hn, hn, dsv.data(), kTile, qv.data() + i0 / 2 * hn,
+                                     kTile, hn, pairs);
+                tile_gemm_bf16<false>(dq.data() + i0 * hn, hn, dsa.data(), tp, krv.data(), bq, hn,
+                                      tp);
+                continue;
+              }
+            }
             cpu::tile_gemm_at(dv + j0 * hn, hn, p.data(), kTile, go.data() + i0 * hn, hn, kTile, hn,
                               bq);
             cpu::tile_gemm_at(dk + j0 * hn, hn, dp.data(), kTile, qs.data() + i0 * hn, hn, kTile,
                               hn, bq);
             cpu::tile_gemm(dq.data() + i0 * hn, hn, dp.data(), kTile, kr.data(), hn, bq, hn, kTile);
           }
+        }
+        if (bf) {  // dK summed dS^T q of the unscaled q
+          for (size_t e = 0; e < kv_block; ++e) dk[e] *= scale;
         }
         for (int64_t i = 0; i < d.sq; ++i) {
           T* dst = dq_out.at(i, bb, h);
