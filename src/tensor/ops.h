@@ -202,7 +202,9 @@ struct AttentionSpec {
   // The run's 16-bit dtype (bf16 or f16; f32 otherwise): a device with matrix units may round q,
   // k, v, dout and the probabilities to bf16 for them and accumulate in f32, as Megatron's
   // attention does on bf16 activations (the CUDA device, for head dimensions 64 and 128 without
-  // a bias: tensor/cuda/flash_attention.cu). The CPU and reference devices compute in f32/f64.
+  // a bias: tensor/cuda/flash_attention.cu; the CPU, in bf16 runs on CPUs with AVX-512 BF16 for
+  // head dimensions that are multiples of 16: tensor/cpu/tile_gemm_bf16.h). The reference device
+  // computes in f64.
   DType precision = DType::kF32;
 };
 void attention_forward(Tensor& out, Tensor& lse, const AttentionView& q, const AttentionView& k,
