@@ -494,6 +494,45 @@ TEST(Attention, Bf16TilesMatchF32OnRoundedInputs) {
   }
 }
 
+// Tensor parallelism gives each rank a slice of the heads (head_offset, total_heads): both tile
+// paths compute every head alone, so a slice's outputs, gradients and dropout masks are the
+// whole call's bits for those heads.
+TEST(Attention, HeadSlicesGiveTheWholeCallsBitsInBothPrecisions) {
+  const int64_t s = 70, b = 2, np = 4, hn = 16, half = np / 2;
+  const Tensor q = random_tensor({s, b, np, hn}, 401), k = random_tensor({s, b, np, hn}, 402),
+               v = random_tensor({s, b, np, hn}, 403), dout = random_tensor({s, b, np, hn}, 404);
+  // Heads [first, first + half) of a [s, b, np, hn] tensor.
+  auto heads = [&](const Tensor& t, int64_t first) {
+    Tensor o = Tensor::empty({s, b, half, hn});
+    for (int64_t r = 0; r < s * b; ++r)
+      for (int64_t h = 0; h < half; ++h)
+        for (int64_t c = 0; c < hn; ++c)
+          o.data<float>()[(r * half + h) * hn + c] = t.data<float>()[(r * np + first + h) * hn + c];
+    return o;
+  };
+  for (DType precision : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(dtype_name(precision));
+    ops::AttentionSpec spec;
+    spec.scale = 0.25f;
+    spec.dropout = 0.1f;
+    spec.seed = 5;
+    spec.precision = precision;
+    const Outputs whole = run_fast(Inputs{q, k, v, np, spec}, dout);
+    for (int64_t first : {int64_t{0}, half}) {
+      ops::AttentionSpec part = spec;
+      part.head_offset = first;
+      part.total_heads = np;
+      const Outputs got =
+          run_fast(Inputs{heads(q, first), heads(k, first), heads(v, first), half, part},
+                   heads(dout, first));
+      EXPECT_TRUE(allclose(got.out, heads(whole.out, first), 0, 0));
+      EXPECT_TRUE(allclose(got.dq, heads(whole.dq, first), 0, 0));
+      EXPECT_TRUE(allclose(got.dk, heads(whole.dk, first), 0, 0));
+      EXPECT_TRUE(allclose(got.dv, heads(whole.dv, first), 0, 0));
+    }
+  }
+}
+
 TEST(Attention, RefusesMismatchedViews) {
   Inputs in = random_inputs(4, 4, 1, 2, 1, 4, 90);
   Tensor out = Tensor::empty({4, 1, 2, 4}), lse = Tensor::empty({1, 2, 4});
