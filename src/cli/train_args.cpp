@@ -315,7 +315,8 @@ void register_train_args(ArgTable& t, Arguments& a) {
         "Granularity of the step-time report printed every --log-interval: 0 none, 1 the "
         "step's phases (batch, forward-backward, gradient sync, optimizer, communication), 2 "
         "also the time inside each kind of kernel (GEMM, attention, norms and elementwise, "
-        "cross entropy, optimizer)");
+        "cross entropy, optimizer), and at the end of training rank 0's mean time per step in "
+        "each op");
   t.concern("training");
   t.add("--seed", a.seed, "Random seed (weights, dropout, data)");
   t.add("--optimizer", a.optimizer,

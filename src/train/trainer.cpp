@@ -1001,7 +1001,11 @@ double Trainer::cp_busy_seconds() const {
   return s;
 }
 
-std::array<double, kOpCategories> Trainer::op_times() const {
+std::array<double, kOpCategories> Trainer::op_times() {
+  if (args_.timing_log_level >= 2) {
+    step_op_start_.clear();
+    for (const auto& [op, seconds] : op_seconds_by_op()) step_op_start_[op] = seconds;
+  }
   std::array<double, kOpCategories> t{};
   for (int c = 0; c < kOpCategories; ++c) t[c] = op_seconds(static_cast<OpCategory>(c));
   return t;
@@ -1014,6 +1018,34 @@ void Trainer::add_op_times(const std::array<double, kOpCategories>& before) {
     const auto cat = static_cast<OpCategory>(c);
     timers_.add(std::string("kernels: ") + op_category_name(cat), op_seconds(cat) - before[c]);
   }
+  // The run's first step builds the GEMM primitives and warms the caches: left out.
+  if (!first_step_profiled_) {
+    first_step_profiled_ = true;
+    return;
+  }
+  for (const auto& [op, seconds] : op_seconds_by_op()) {
+    const auto it = step_op_start_.find(op);
+    step_op_seconds_[op] += seconds - (it == step_op_start_.end() ? 0.0 : it->second);
+  }
+  ++profiled_steps_;
+}
+
+void Trainer::report_op_times() const {
+  if (args_.timing_log_level < 2 || profiled_steps_ == 0) return;
+  std::vector<std::pair<std::string, double>> ops(step_op_seconds_.begin(), step_op_seconds_.end());
+  std::sort(ops.begin(), ops.end(),
+            [](const auto& a, const auto& b) { return a.second > b.second; });
+  std::string text =
+      strprintf("time by op on rank 0, ms per training step (mean of the %ld after the first):",
+                static_cast<long>(profiled_steps_));
+  for (const auto& [op, seconds] : ops) {
+    const double ms = 1e3 * seconds / static_cast<double>(profiled_steps_);
+    if (ms < 0.005) continue;
+    std::string name = "    " + op + " ";
+    if (name.size() < 52) name += std::string(52 - name.size(), '.');
+    text += strprintf("\n%s: %.2f", name.c_str(), ms);
+  }
+  log_first(text);
 }
 
 Trainer::StepResult Trainer::train_step(int64_t iteration, const BatchSchedule::Batch& batch,
@@ -1666,6 +1698,7 @@ int Trainer::finish_training() {
     watchdog_->enter("save-checkpoint", final_iteration);
     checkpointer_->finish();
   }
+  report_op_times();
   log_first("[after training is done] datetime: " + timestamp());
   final_evaluations(final_iteration);
   if (tensorboard_) tensorboard_->close();

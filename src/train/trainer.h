@@ -15,6 +15,7 @@
 
 #include <array>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -118,8 +119,12 @@ class Trainer {
   void final_evaluations(int64_t iteration);
   // --timing-log-level 2: seconds inside each op category so far, and the step's share of them
   // added to the timers.
-  std::array<double, kOpCategories> op_times() const;
+  // The step's time by op is added to step_op_seconds_ too, for the table at the end of training.
+  std::array<double, kOpCategories> op_times();
   void add_op_times(const std::array<double, kOpCategories>& before);
+  // --timing-log-level 2, after the last iteration: this rank's mean time per training step in
+  // each op, largest first (what the kernel categories are made of).
+  void report_op_times() const;
   // This stage's share of the micro-batches of a step: read by TP rank 0 of every stage that
   // needs the data (first and last stages; every stage with --reset-attention-mask) and
   // broadcast over the TP group. `read(k)` builds the k-th micro-batch of the step.
@@ -208,6 +213,10 @@ class Trainer {
   // measured ones once, after the second logging interval (the first warms up).
   std::optional<plan::Prediction> prediction_;
   int64_t intervals_logged_ = 0;
+  // --timing-log-level 2: seconds by op at the start of the current step, and summed over steps.
+  std::map<std::string, double> step_op_start_, step_op_seconds_;
+  int64_t profiled_steps_ = 0;
+  bool first_step_profiled_ = false;
   bool needs_data_ = true;  // this stage reads micro-batches (first, last, or doc masks)
   bool has_loss_ = true;    // the last pipeline stage
   TransformerConfig cfg_;

@@ -4,7 +4,8 @@ What it is: `megatron train` on mock data with --timing-log-level 1 and 2, check
 "(min, max) time across ranks (ms)" block: level 1 has the step's phases, level 2 adds the time
 inside each kind of kernel (gemm, attention, norms and elementwise, cross entropy, optimizer),
 each positive, their sum within the step's time, GEMMs the largest; under mpiexec every rank
-takes part (min <= max). What it is not: a benchmark (bench/) or a check of the values' accuracy.
+takes part (min <= max); at the end of a level-2 run the time by op (each op positive, matmul the
+largest, their sum within the mean step time), absent at level 1. What it is not: a benchmark (bench/) or a check of the values' accuracy.
 
 Usage: test_timing_report.py --megatron BUILD/megatron --mpiexec MPIEXEC
 """
@@ -25,6 +26,9 @@ MODEL = ["--mock-data", "--vocab-size", "512", "--num-layers", "2", "--hidden-si
 TIMER_RE = re.compile(r"^\s+(.+?) \.+: \(([0-9.]+), ([0-9.]+)\)$", re.M)
 KERNELS = ["gemm", "attention", "norms and elementwise", "cross entropy", "optimizer"]
 PHASES = ["batch-generator", "forward-backward", "all-grads-sync", "optimizer"]
+OP_RE = re.compile(r"^    (\w+) \.+: ([0-9.]+)$", re.M)
+ELAPSED_RE = re.compile(r"elapsed time per iteration \(ms\): ([0-9.]+)")
+
 
 
 def report(stdout):
@@ -37,17 +41,29 @@ def report(stdout):
             for m in TIMER_RE.finditer(blocks[-1])}
 
 
+def ops_table(stdout):
+    """The time-by-op table at the end of a level-2 run: {op: ms per step}, or None."""
+    _, found, tail = stdout.partition("time by op on rank 0, ms per training step")
+    if not found:
+        return None
+    table = tail.split("[after training is done]")[0]
+    return {m.group(1): float(m.group(2)) for m in OP_RE.finditer(table)}
+
+
 class TimingReport(unittest.TestCase):
-    def run_train(self, ranks, extra):
+    def run_train(self, ranks, extra, with_stdout=False):
         proc = megatron_job.run_train(MEGATRON, MPIEXEC, ranks, [*MODEL, *extra], timeout=180)
         self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
-        return report(proc.stdout)
+        return (report(proc.stdout), proc.stdout) if with_stdout else report(proc.stdout)
+
 
     def test_level_1_has_phases_only(self):
-        timers = self.run_train(1, ["--timing-log-level", "1"])
+        timers, stdout = self.run_train(1, ["--timing-log-level", "1"], with_stdout=True)
         for name in PHASES:
             self.assertIn(name, timers)
         self.assertFalse([n for n in timers if n.startswith("kernels:")], timers)
+        self.assertIsNone(ops_table(stdout))
+
 
     def check_kernels(self, timers):
         kernels = {k: timers[f"kernels: {k}"] for k in KERNELS}
@@ -59,7 +75,22 @@ class TimingReport(unittest.TestCase):
         self.assertEqual(max(kernels, key=lambda k: kernels[k][0]), "gemm", kernels)
 
     def test_level_2_adds_kernel_categories(self):
-        self.check_kernels(self.run_train(1, ["--timing-log-level", "2"]))
+        timers, stdout = self.run_train(1, ["--timing-log-level", "2"], with_stdout=True)
+        self.check_kernels(timers)
+        # The table: steps 2-4 (the first is left out); each op's mean, their sum within the
+        # mean of those steps' times (1% for the rounding of the printed times).
+        ops = ops_table(stdout)
+        self.assertIsNotNone(ops, stdout[-2000:])
+        for op in ("matmul", "attention_forward", "attention_backward", "adamw_step",
+                   "cross_entropy_forward", "layernorm_forward"):
+            self.assertGreater(ops.get(op, 0), 0, (op, ops))
+        self.assertEqual(max(ops, key=ops.get), "matmul", ops)
+        elapsed = [float(x) for x in ELAPSED_RE.findall(stdout)]
+        self.assertEqual(len(elapsed), 2)  # --log-interval 2: iterations 1-2 and 3-4
+        # Steps 2-4 take at most iterations 1-4's time: their mean is below (2 e1 + 2 e2) / 3.
+        self.assertLess(sum(ops.values()), 1.01 * (2 * elapsed[0] + 2 * elapsed[1]) / 3,
+                        (ops, elapsed))
+
 
     def test_level_2_on_every_rank_of_a_tp2_job(self):
         self.check_kernels(self.run_train(2, ["--timing-log-level", "2",
