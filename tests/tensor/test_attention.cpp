@@ -16,10 +16,12 @@
 // relative per operation): 1e-10.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "tensor/cpu/tile_gemm_bf16.h"
 #include "tensor/ops.h"
@@ -529,6 +531,39 @@ TEST(Attention, HeadSlicesGiveTheWholeCallsBitsInBothPrecisions) {
       EXPECT_TRUE(allclose(got.dq, heads(whole.dq, first), 0, 0));
       EXPECT_TRUE(allclose(got.dk, heads(whole.dk, first), 0, 0));
       EXPECT_TRUE(allclose(got.dv, heads(whole.dv, first), 0, 0));
+    }
+  }
+}
+
+// Past 8 MB of key tiles per thread the forward keeps one tile and loads it at each use: a
+// sequence of 257 key tiles (16448 tokens, head size 64) in documents of 64 tokens, each of which
+// sees only itself, gives every document the bits of a call on that document alone.
+TEST(Attention, LongSequencesGiveEachDocumentItsOwnCallsBits) {
+  const int64_t s = 16448, doc = 64, hn = 64;
+  const Tensor q = random_tensor({s, 1, 1, hn}, 501), k = random_tensor({s, 1, 1, hn}, 502),
+               v = random_tensor({s, 1, 1, hn}, 503), dout = random_tensor({s, 1, 1, hn}, 504);
+  std::vector<int64_t> starts;
+  for (int64_t i = 0; i < s; i += doc) starts.push_back(i);
+  auto rows = [&](const Tensor& t, int64_t first) {
+    Tensor o = Tensor::empty({doc, 1, 1, hn});
+    std::copy(t.data<float>() + first * hn, t.data<float>() + (first + doc) * hn, o.data<float>());
+    return o;
+  };
+  for (DType precision : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(dtype_name(precision));
+    ops::AttentionSpec spec;
+    spec.scale = 0.125f;
+    spec.precision = precision;
+    ops::AttentionSpec whole_spec = spec;
+    whole_spec.doc_start = doc_starts(1, s, {starts});
+    const Outputs whole = run_fast(Inputs{q, k, v, 1, whole_spec}, dout);
+    for (int64_t first : {int64_t{0}, s / 2 / doc * doc, s - doc}) {
+      const Outputs one = run_fast(Inputs{rows(q, first), rows(k, first), rows(v, first), 1, spec},
+                                   rows(dout, first));
+      EXPECT_TRUE(allclose(rows(whole.out, first), one.out, 0, 0)) << first;
+      EXPECT_TRUE(allclose(rows(whole.dq, first), one.dq, 0, 0)) << first;
+      EXPECT_TRUE(allclose(rows(whole.dk, first), one.dk, 0, 0)) << first;
+      EXPECT_TRUE(allclose(rows(whole.dv, first), one.dv, 0, 0)) << first;
     }
   }
 }

@@ -228,15 +228,19 @@ void forward_kernel(T* out, T* lse, const Rows<T>& q, const Rows<T>& k, const Ro
     // One set of buffers per thread. The key tiles a thread has loaded for its current
     // (batch, head) (K transposed, V as rows, the padding flags) serve its next query tiles of
     // that head: causally query tile t reads t + 1 key tiles, so loading them per tile pair
-    // would read each one qtiles / 2 times.
-    std::vector<T> qs(kTile * hn), kt(ktiles * hn * kTile), vr(ktiles * kTile * hn),
-        sc(kTile * kTile), o(kTile * hn), m(kTile), sum(kTile), valid(ktiles * kTile);
-    std::vector<char> loaded(static_cast<size_t>(ktiles));
+    // would read each one qtiles / 2 times. Up to 8 MB of them per thread (4096 keys at head
+    // size 128); longer sequences keep one tile, loaded at each use.
+    const int64_t hp = hn / 2, tp = kTile / 2;
+    const int64_t tile_bytes = kTile * hn * (2 * static_cast<int64_t>(sizeof(T)) + (bf ? 4 : 0));
+    const bool keep = ktiles * tile_bytes <= (int64_t{8} << 20);
+    const int64_t slots = keep ? ktiles : 1;
+    std::vector<T> qs(kTile * hn), kt(slots * hn * kTile), vr(slots * kTile * hn),
+        sc(kTile * kTile), o(kTile * hn), m(kTile), sum(kTile), valid(slots * kTile);
+    std::vector<char> loaded(static_cast<size_t>(slots));
     int64_t cached = -1;  // the (batch, head) whose tiles `loaded` marks
     // bf16 tiles: q's rows, K^T and V as pairs per key tile, the probabilities' rows.
-    const int64_t hp = hn / 2, tp = kTile / 2;
-    std::vector<uint32_t> qa(bf ? kTile * hp : 0), ktv(bf ? ktiles * hp * kTile : 0),
-        vv(bf ? ktiles * tp * hn : 0), pa(bf ? kTile * tp : 0);
+    std::vector<uint32_t> qa(bf ? kTile * hp : 0), ktv(bf ? slots * hp * kTile : 0),
+        vv(bf ? slots * tp * hn : 0), pa(bf ? kTile * tp : 0);
 #pragma omp for collapse(3) schedule(dynamic, chunk)
     for (int64_t bb = 0; bb < d.b; ++bb) {
       for (int64_t h = 0; h < d.np; ++h) {
@@ -263,11 +267,11 @@ void forward_kernel(T* out, T* lse, const Rows<T>& q, const Rows<T>& k, const Ro
             if (bf) pack_rows_bf16(qa.data(), hp, qs.data(), hn, bq, hn);
           }
           for (int64_t j0 = jlo / kTile * kTile; j0 < jend; j0 += kTile) {
-            const int64_t bk = std::min(kTile, d.skv - j0), t = j0 / kTile;
+            const int64_t bk = std::min(kTile, d.skv - j0), t = keep ? j0 / kTile : 0;
             T* ktile = kt.data() + t * hn * kTile;
             T* vtile = vr.data() + t * kTile * hn;
             T* ok = valid.data() + t * kTile;
-            if (!loaded[static_cast<size_t>(t)]) {
+            if (!keep || !loaded[static_cast<size_t>(t)]) {
               load_transposed(ktile, k, bb, g, j0, bk);
               load_rows(vtile, v, bb, g, j0, bk);
               load_valid(ok, mk, bb, j0, bk);
@@ -412,7 +416,8 @@ void backward_kernel(const Rows<T>& dq_out, const Rows<T>& dk_out, const Rows<T>
                         : dbias + ((mk.bias_shared ? 0 : bb) * d.np + h) * head_scores;
           std::fill(db, db + head_scores, T(0));
         }
-        // The head's queries (pre-scaled, as in forward) and output gradients, rows >= sq zero.
+        // The head's queries (pre-scaled for the f32 tiles, as in forward) and output
+        // gradients, rows >= sq zero.
         std::fill(dq.begin(), dq.end(), T(0));
         // Per query tile: the first key row any of its rows sees.
         std::fill(tile_first.begin(), tile_first.end(), d.skv);
@@ -433,7 +438,6 @@ void backward_kernel(const Rows<T>& dq_out, const Rows<T>& dk_out, const Rows<T>
             pack_pairs_bf16(gv.data(), go.data(), hn, sqp, hn);
           }
         }
-
         for (int64_t j0 = 0; j0 < d.skv; j0 += kTile) {
           const int64_t bk = std::min(kTile, d.skv - j0);
           load_transposed(kt.data(), k, bb, g, j0, bk);
