@@ -11,7 +11,9 @@
 // tile_gemm_bf16 computes C[m, n] += A B in f32 from A in rows or in pairs layout (the pairs
 // layout of a stored [k, m] matrix is the rows layout of its transpose: A^T B without a
 // transpose) and B in pairs layout. Each C element sums its k / 2 pair products in order, so the
-// result does not depend on m, n or the thread count. n must be a multiple of 16.
+// result does not depend on m, n or the thread count. n must be a multiple of 16. vdpbf16ps
+// rounds each step's sum to nearest even (the bf16 products are exact in f32) and treats
+// subnormal inputs and results as zero, whatever MXCSR says.
 #pragma once
 
 #include <cstdint>
