@@ -72,6 +72,19 @@ inline void rows(float* __restrict c, int64_t ldc, const uint32_t* __restrict a,
   }
 }
 
+// The last `rest` (< kRows) rows: rows<R> for R == rest.
+template <int R, bool kPairsA>
+inline void tail(int64_t rest, float* c, int64_t ldc, const uint32_t* a, int64_t lda,
+                 const uint32_t* b, int64_t n, int64_t kp) {
+  if constexpr (R > 0) {
+    if (rest == R) {
+      rows<R, kPairsA>(c, ldc, a, lda, b, n, kp);
+      return;
+    }
+    tail<R - 1, kPairsA>(rest, c, ldc, a, lda, b, n, kp);
+  }
+}
+
 template <bool kPairsA>
 inline void gemm(float* c, int64_t ldc, const uint32_t* a, int64_t lda, const uint32_t* b,
                  int64_t m, int64_t n, int64_t kp) {
@@ -81,33 +94,7 @@ inline void gemm(float* c, int64_t ldc, const uint32_t* a, int64_t lda, const ui
   int64_t i = 0;
   for (; i + kRows <= m; i += kRows)
     rows<kRows, kPairsA>(c + i * ldc, ldc, a + i * step, lda, b, n, kp);
-  float* ci = c + i * ldc;
-  const uint32_t* ai = a + i * step;
-  switch (m - i) {
-    case 7:
-      rows<7, kPairsA>(ci, ldc, ai, lda, b, n, kp);
-      break;
-    case 6:
-      rows<6, kPairsA>(ci, ldc, ai, lda, b, n, kp);
-      break;
-    case 5:
-      rows<5, kPairsA>(ci, ldc, ai, lda, b, n, kp);
-      break;
-    case 4:
-      rows<4, kPairsA>(ci, ldc, ai, lda, b, n, kp);
-      break;
-    case 3:
-      rows<3, kPairsA>(ci, ldc, ai, lda, b, n, kp);
-      break;
-    case 2:
-      rows<2, kPairsA>(ci, ldc, ai, lda, b, n, kp);
-      break;
-    case 1:
-      rows<1, kPairsA>(ci, ldc, ai, lda, b, n, kp);
-      break;
-    default:
-      break;
-  }
+  if (i < m) tail<kRows - 1, kPairsA>(m - i, c + i * ldc, ldc, a + i * step, lda, b, n, kp);
 }
 
 }  // namespace bf16_tile_detail
