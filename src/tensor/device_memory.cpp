@@ -2,6 +2,9 @@
 // clear error naming the fix, never a crash.
 #include "tensor/device_memory.h"
 
+#include <omp.h>
+
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 
@@ -101,7 +104,22 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
 
 void zero_bytes(void* dst, Device device, size_t bytes) {
   if (is_host_memory(device)) {
-    std::memset(dst, 0, bytes);
+    // Large buffers (a step's gradients: 0.5 GB for 124M parameters) in one contiguous range per
+    // thread: one core's stores do not fill the memory bandwidth (2 cores of a Zen 4: 9.6 -> 7
+    // ms for 500 MB).
+    constexpr size_t kParallelBytes = size_t{4} << 20, kPage = 4096;
+    if (bytes < kParallelBytes) {
+      std::memset(dst, 0, bytes);
+      return;
+    }
+#pragma omp parallel
+    {
+      const auto threads = static_cast<size_t>(omp_get_num_threads());
+      const size_t chunk = (bytes / threads + kPage - 1) / kPage * kPage;
+      const size_t begin = static_cast<size_t>(omp_get_thread_num()) * chunk;
+      if (begin < bytes)
+        std::memset(static_cast<char*>(dst) + begin, 0, std::min(chunk, bytes - begin));
+    }
     return;
   }
 #if MEGATRON_HAVE_CUDA

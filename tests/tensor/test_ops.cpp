@@ -441,6 +441,20 @@ TEST(Layout, FillGivesEveryElementTheConvertedValue) {
   EXPECT_EQ(Tensor::full({0}, 2.0, DType::kBF16).numel(), 0);
 }
 
+TEST(Layout, ZeroClearsEveryByteOfALargeBuffer) {
+  // Past 4 MB the host zeroes one page-aligned range per thread: an odd size (1234567 floats)
+  // leaves a short last range, and nothing outside the tensor's bytes may be touched.
+  Tensor big = Tensor::full({1234567 + 2}, 1.0, DType::kF32);
+  Tensor t = big.flat_view(1, {1234567});
+  t.zero();
+  const float* p = big.data<float>();
+  EXPECT_EQ(p[0], 1.0f);
+  EXPECT_EQ(p[1234567 + 1], 1.0f);
+  int64_t nonzero = 0;
+  for (int64_t i = 1; i <= 1234567; ++i) nonzero += p[i] != 0.0f;
+  EXPECT_EQ(nonzero, 0);
+}
+
 TEST(Embedding, VocabularyBlocksLookUpAndScatterOnlyTheirRows) {
   // Rows [4, 8) of a 12-row table: ids outside give zero rows and no gradient; inside, the
   // whole op's rows and gradients exactly.
