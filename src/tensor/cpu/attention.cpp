@@ -208,6 +208,12 @@ void load_transposed(T* dst, const Rows<T>& src, int64_t bb, int64_t head, int64
   }
 }
 
+// dst[c, r] = src[r, c] for a [rows, cols] matrix of 32-bit words (bf16 pairs).
+inline void transpose_words(uint32_t* dst, const uint32_t* src, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) dst[c * rows + r] = src[r * cols + c];
+}
+
 template <typename T>
 void forward_kernel(T* out, T* lse, const Rows<T>& q, const Rows<T>& k, const Rows<T>& v,
                     const Dims& d, const Masking<T>& mk) {
@@ -400,7 +406,7 @@ void backward_kernel(const Rows<T>& dq_out, const Rows<T>& dk_out, const Rows<T>
     const auto words = [&](int64_t n) { return bf ? static_cast<size_t>(n) : size_t{0}; };
     std::vector<uint32_t> qa(words(sqp * hp)), ga(qa.size()), qv(qa.size()), gv(qa.size()),
         ktv(words(hp * kTile)), vtv(ktv.size()), krv(words(tp * hn)), pv(words(tp * kTile)),
-        dsv(pv.size()), dsa(pv.size());
+        dsv(pv.size()), dsa(pv.size()), rows_words(ktv.size());
 
 #pragma omp for collapse(2) schedule(dynamic)
     for (int64_t bb = 0; bb < d.b; ++bb) {
@@ -440,14 +446,21 @@ void backward_kernel(const Rows<T>& dq_out, const Rows<T>& dk_out, const Rows<T>
         }
         for (int64_t j0 = 0; j0 < d.skv; j0 += kTile) {
           const int64_t bk = std::min(kTile, d.skv - j0);
-          load_transposed(kt.data(), k, bb, g, j0, bk);
-          load_transposed(vt.data(), v, bb, g, j0, bk);
           load_rows(kr.data(), k, bb, g, j0, bk);
           load_valid(valid.data(), mk, bb, j0, bk);
+          if (!bf) {
+            load_transposed(kt.data(), k, bb, g, j0, bk);
+            load_transposed(vt.data(), v, bb, g, j0, bk);
+          }
           if constexpr (kBf16Capable<T>) {
             if (bf) {
-              pack_pairs_bf16(ktv.data(), kt.data(), kTile, hn, kTile);
-              pack_pairs_bf16(vtv.data(), vt.data(), kTile, hn, kTile);
+              // K^T and V^T in pairs layout are the word transposes of K's and V's rows layout:
+              // word (p, j) = (K[j, 2p], K[j, 2p + 1]). V's rows go through vt's storage.
+              pack_rows_bf16(rows_words.data(), hp, kr.data(), hn, kTile, hn);
+              transpose_words(ktv.data(), rows_words.data(), kTile, hp);
+              load_rows(vt.data(), v, bb, g, j0, bk);
+              pack_rows_bf16(rows_words.data(), hp, vt.data(), hn, kTile, hn);
+              transpose_words(vtv.data(), rows_words.data(), kTile, hp);
               pack_pairs_bf16(krv.data(), kr.data(), hn, kTile, hn);
             }
           }
