@@ -21,7 +21,12 @@ AdamW::AdamW(ParamSet& params, const AdamWConfig& cfg)
 void AdamW::step(const StepRates& rates, double grad_scale) {
   ++step_;
   for (Param* p : params_.params()) {
-    if (!p->requires_grad) continue;  // no gradient, no moments
+    if (!p->requires_grad) {
+      // No gradient, no moments; the compute copy still follows main (a router's expert bias is
+      // updated outside the optimizer).
+      if (p->value.raw() != p->main.raw()) p->value.copy_from(p->main);
+      continue;
+    }
     const int64_t off = params_.offset_of(*p);
     const int64_t n = p->main.numel();
     Tensor m = exp_avg_.flat_view(off, {n}), v = exp_avg_sq_.flat_view(off, {n});
@@ -34,9 +39,10 @@ void AdamW::step(const StepRates& rates, double grad_scale) {
     spec.weight_decay = static_cast<float>(rates.decay_of(*p));
     spec.step = step_;
     spec.grad_scale = grad_scale;
-    ops::adamw_step(w, m, v, p->main_grad.view({n}), spec);
+    // Mixed precision: the step writes the 16-bit compute copy as it goes.
+    Tensor rounded = p->value.raw() != p->main.raw() ? p->value.view({n}) : Tensor();
+    ops::adamw_step(w, m, v, p->main_grad.view({n}), spec, rounded.defined() ? &rounded : nullptr);
   }
-  params_.sync_compute_from_main();
 }
 
 double grad_norm(ParamSet& params) {

@@ -48,21 +48,26 @@ void DistributedOptimizer::step(const StepRates& rates, double grad_scale) {
   spec.eps = static_cast<float>(cfg_.eps);
   spec.step = step_;
   spec.grad_scale = grad_scale;
+  // Sharded mixed-precision main weights: the step rounds this rank's part of the compute copy as
+  // it updates the shards (one pass over memory fewer); FP8 codes are quantised after.
+  const bool round = params_.main_sharded() && params_.compute().raw() != params_.main().raw();
   for (const Segment& s : segments_) {
     Tensor w = main_of(s);
     Tensor m = exp_avg_.flat_view(s.state, {s.numel});
     Tensor v = exp_avg_sq_.flat_view(s.state, {s.numel});
     spec.lr = static_cast<float>(rates.lr_of(*s.param));
     spec.weight_decay = static_cast<float>(rates.decay_of(*s.param));
-    ops::adamw_step(w, m, v, grad_of(s), spec);
+    Tensor rounded = round && !s.param->fp8 ? compute_of(s) : Tensor();
+    ops::adamw_step(w, m, v, grad_of(s), spec, rounded.defined() ? &rounded : nullptr);
   }
+  if (round) params_.sync_frozen_compute();
   if (params_.weights_sharded()) {
     // ZeRO-3: the weights stay sharded; the FSDP runtime gathers each unit when a layer needs it.
-    params_.sync_compute_from_main();
+    if (!round) params_.sync_compute_from_main();
     quantize_fp8_weights();
     return;
   }
-  start_gathers();
+  start_gathers(/*rounded=*/round);
 }
 
 void DistributedOptimizer::refresh_compute() {
@@ -74,17 +79,17 @@ void DistributedOptimizer::refresh_compute() {
   }
   const bool overlap = overlap_param_gather_;
   overlap_param_gather_ = false;
-  start_gathers();
+  start_gathers(/*rounded=*/false);
   overlap_param_gather_ = overlap;
 }
 
-void DistributedOptimizer::start_gathers() {
+void DistributedOptimizer::start_gathers(bool rounded) {
   // Sharded main weights (mixed precision): this rank's parts of the compute copy are rounded
   // from its shards and the 16-bit compute copy is what travels (Megatron's layout); otherwise
   // the fp32 main weights travel and the compute copy is refreshed from them after.
   const bool compute = params_.main_sharded();
   if (compute) {
-    params_.sync_compute_from_main();
+    if (!rounded) params_.sync_compute_from_main();
     quantize_fp8_weights();
   }
   // Every rank gets every bucket's updated shards. All buckets in flight at once; each shard is
@@ -216,6 +221,12 @@ double DistributedOptimizer::main_sum_squares_unique(ParamDomain only) const {
 Tensor DistributedOptimizer::main_of(const Segment& s) const {
   return params_.main_sharded() ? params_.main().flat_view(s.state, {s.numel})
                                 : params_.main().flat_view(s.begin, {s.numel});
+}
+
+Tensor DistributedOptimizer::compute_of(const Segment& s) const {
+  // The compute copy is compact exactly when the weights are sharded (ZeRO-3), laid out as the
+  // main shards are; otherwise it is whole, as the unsharded buffers.
+  return params_.compute().flat_view(params_.weights_sharded() ? s.state : s.begin, {s.numel});
 }
 
 Tensor DistributedOptimizer::grad_of(const Segment& s) const {

@@ -150,7 +150,8 @@ class DistributedOptimizer final : public ParamGate {
 
   void complete_gather(int64_t bucket) const;
   // Launches the all-gathers of the updated weights (waits for them without overlap).
-  void start_gathers();
+  // rounded: this rank's part of the compute copy was already rounded by the step.
+  void start_gathers(bool rounded);
   // --fp8-param-gather: this rank's parts of the FP8 primary weights (Param::fp8) quantised into
   // their codes from the owned fp32 main weights, each weight with one scale
   // (Fp8GemmScaling::primary_weight_scale of its amax, the max over its data-parallel group).
@@ -161,6 +162,8 @@ class DistributedOptimizer final : public ParamGate {
   // the compact shards of Megatron-FSDP's sharded strategies).
   Tensor main_of(const Segment& s) const;
   Tensor grad_of(const Segment& s) const;
+  // The segment's elements of the compute copy (mixed precision with sharded main weights).
+  Tensor compute_of(const Segment& s) const;
 };
 
 }  // namespace megatron

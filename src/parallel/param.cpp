@@ -414,12 +414,15 @@ void ParamSet::set_main(const Param& p, const Tensor& t) {
   if (!sharding_.weights && !p.fp8) const_cast<Param&>(p).value.copy_from(flat.view(p.shape));
 }
 
-void ParamSet::sync_compute_from_main() {
-  if (main_sharded()) {
-    for (Param* p : params_) {
-      if (p->frozen && p->value.raw() != p->main.raw()) p->value.copy_from(p->main);
-    }
+void ParamSet::sync_frozen_compute() {
+  if (!main_sharded()) return;
+  for (Param* p : params_) {
+    if (p->frozen && p->value.raw() != p->main.raw()) p->value.copy_from(p->main);
   }
+}
+
+void ParamSet::sync_compute_from_main() {
+  sync_frozen_compute();
   if (compute_.raw() == main_.raw()) return;
   if (main_sharded()) {
     // Only this rank's shards (the distributed optimizer all-gathers the rest of a whole compute

@@ -169,6 +169,9 @@ class ParamSet {
   void set_main(const Param& p, const Tensor& t);
   // After the optimizer changed main(): refresh the compute copy (no-op in fp32 runs).
   void sync_compute_from_main();
+  // Only the private compute copies of frozen parameters kept outside the sharded buffers (for an
+  // optimizer that rounded the compute copy of its shards itself, ops::adamw_step's `rounded`).
+  void sync_frozen_compute();
   // The same for the elements [begin, end) of the flat buffers.
   void sync_compute_from_main(int64_t begin, int64_t end);
   void zero_grads() { grads_.zero(); }

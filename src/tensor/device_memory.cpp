@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "tensor/op_profile.h"
 
 #if MEGATRON_HAVE_CUDA
 #include "tensor/cuda/cuda_context.h"
@@ -131,6 +132,8 @@ void zero_bytes(void* dst, Device device, size_t bytes) {
 
 void convert_on(Device device, void* dst, DType dst_type, const void* src, DType src_type,
                 int64_t n) {
+  // In the op profile: conversions are the bf16 runs' GEMM-input roundings.
+  const OpTimer timer(OpCategory::kNormElementwise, dst_type == src_type ? "copy" : "convert");
   if (is_host_memory(device)) {
     convert(dst, dst_type, src, src_type, n);
     return;

@@ -21,6 +21,10 @@ std::map<std::string, int64_t>& by_op() {
   static std::map<std::string, int64_t> m;
   return m;
 }
+std::map<std::string, ShapeTime>& by_shape() {
+  static std::map<std::string, ShapeTime> m;
+  return m;
+}
 
 }  // namespace
 
@@ -62,6 +66,11 @@ std::vector<std::pair<std::string, double>> op_seconds_by_op() {
   return out;
 }
 
+std::vector<std::pair<std::string, ShapeTime>> gemm_times_by_shape() {
+  const std::lock_guard<std::mutex> lock(g_by_op_mutex);
+  return {by_shape().begin(), by_shape().end()};
+}
+
 OpTimer::OpTimer(OpCategory c, const char* op) : category_(c), op_(op) {
   if (!g_enabled.load(std::memory_order_relaxed)) return;
   nested_ = true;
@@ -81,6 +90,13 @@ OpTimer::~OpTimer() {
   if (op_) {
     const std::lock_guard<std::mutex> lock(g_by_op_mutex);
     by_op()[op_] += ns;
+  }
+  if (!shape_.empty()) {
+    const std::lock_guard<std::mutex> lock(g_by_op_mutex);
+    ShapeTime& t = by_shape()[shape_];
+    t.seconds += static_cast<double>(ns) * 1e-9;
+    t.calls += 1;
+    t.flops += flops_;
   }
 }
 

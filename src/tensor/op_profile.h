@@ -5,7 +5,8 @@
 //
 // Process-wide counters, like the tensor memory statistics: ops are called from the main thread
 // (OpenMP teams run inside them), so the times are wall-clock time of that thread. It is not a
-// profiler: no per-call or per-shape attribution (perf does that).
+// profiler: no per-call attribution (perf does that); GEMMs alone are also kept by shape, because
+// their speed depends on it.
 #pragma once
 
 #include <chrono>
@@ -29,11 +30,26 @@ double op_seconds(OpCategory c);
 // category's time is made of.
 std::vector<std::pair<std::string, double>> op_seconds_by_op();
 
+// GEMM time by shape, keyed "MxNxK XY dtype" (XY: N or T for A and B; "+=" when accumulating).
+struct ShapeTime {
+  double seconds = 0;
+  int64_t calls = 0;
+  double flops = 0;  // 2 m n k per call, summed
+};
+std::vector<std::pair<std::string, ShapeTime>> gemm_times_by_shape();
+
 class OpTimer {
  public:
   // op: the op's name (a string literal such as __func__), or null.
   explicit OpTimer(OpCategory c, const char* op = nullptr);
   ~OpTimer();
+  // Whether this timer is the outermost one while profiling (the one that adds its time).
+  bool active() const { return active_; }
+  // Also adds this call's time under a GEMM shape (gemm_times_by_shape); call when active().
+  void set_gemm_shape(std::string key, double flops) {
+    shape_ = std::move(key);
+    flops_ = flops;
+  }
   OpTimer(const OpTimer&) = delete;
   OpTimer& operator=(const OpTimer&) = delete;
 
@@ -42,6 +58,8 @@ class OpTimer {
   bool active_ = false;  // the outermost timer: adds its time
   OpCategory category_;
   const char* op_;
+  std::string shape_;
+  double flops_ = 0;
   std::chrono::steady_clock::time_point start_;
 };
 

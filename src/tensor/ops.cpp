@@ -7,6 +7,7 @@
 
 #include <initializer_list>
 
+#include "core/logging.h"
 #include "tensor/cpu/cpu_ops.h"
 #include "tensor/op_profile.h"
 #include "tensor/reference/reference_ops.h"
@@ -104,7 +105,17 @@ AttentionView packed_qkv_view(const Tensor& qkv, QkvPart part) {
 }
 
 void matmul(Tensor& out, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, float beta) {
-  const OpTimer timer(OpCategory::kGemm, __func__);
+  OpTimer timer(OpCategory::kGemm, __func__);
+  if (timer.active() && a.ndim() >= 2 && b.ndim() >= 2) {
+    const int64_t m = trans_a ? a.dim(-1) : a.numel() / a.dim(-1);
+    const int64_t k = trans_a ? a.numel() / a.dim(-1) : a.dim(-1);
+    const int64_t n = trans_b ? b.numel() / b.dim(-1) : b.dim(-1);
+    timer.set_gemm_shape(
+        strprintf("%ldx%ldx%ld %c%c %s%s", static_cast<long>(m), static_cast<long>(n),
+                  static_cast<long>(k), trans_a ? 'T' : 'N', trans_b ? 'T' : 'N',
+                  dtype_name(a.dtype()), beta != 0.0f ? " +=" : ""),
+        2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k));
+  }
   MEGATRON_DISPATCH(device_of("matmul", {&out, &a, &b}), matmul(out, a, trans_a, b, trans_b, beta));
 }
 
@@ -401,10 +412,15 @@ void concat_last_dim(Tensor& out, const std::vector<Tensor>& parts) {
 }
 
 void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad,
-                const AdamWSpec& spec) {
+                const AdamWSpec& spec, Tensor* rounded) {
   const OpTimer timer(OpCategory::kOptimizer, __func__);
+  if (rounded) {
+    MEGATRON_CHECK(is_half(rounded->dtype()) && rounded->numel() == param.numel(),
+                   "adamw_step: rounded must be bf16 or f16 with param's ", param.numel(),
+                   " elements, got ", rounded->str());
+  }
   MEGATRON_DISPATCH(device_of("adamw_step", {&param, &exp_avg, &exp_avg_sq, &grad}),
-                    adamw_step(param, exp_avg, exp_avg_sq, grad, spec));
+                    adamw_step(param, exp_avg, exp_avg_sq, grad, spec, rounded));
 }
 
 double sum_squares(const Tensor& x) {

@@ -300,8 +300,11 @@ struct AdamWSpec {
   int64_t step = 1;         // 1-based, for the bias correction
   double grad_scale = 1.0;  // the clipping coefficient
 };
+// rounded (optional): a bf16 or f16 tensor of param's size that receives the updated weights
+// rounded as rounded->copy_from(param) would, in the same pass over memory (the 16-bit compute
+// copy of mixed-precision runs, refreshed without reading the main weights again).
 void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad,
-                const AdamWSpec& spec);
+                const AdamWSpec& spec, Tensor* rounded = nullptr);
 // sum of squares of every element, accumulated in double.
 double sum_squares(const Tensor& x);
 // The number of elements equal to zero (Megatron's --log-num-zeros-in-grad).

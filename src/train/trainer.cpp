@@ -1005,6 +1005,8 @@ std::array<double, kOpCategories> Trainer::op_times() {
   if (args_.timing_log_level >= 2) {
     step_op_start_.clear();
     for (const auto& [op, seconds] : op_seconds_by_op()) step_op_start_[op] = seconds;
+    step_gemm_start_.clear();
+    for (const auto& [shape, t] : gemm_times_by_shape()) step_gemm_start_[shape] = t;
   }
   std::array<double, kOpCategories> t{};
   for (int c = 0; c < kOpCategories; ++c) t[c] = op_seconds(static_cast<OpCategory>(c));
@@ -1027,6 +1029,14 @@ void Trainer::add_op_times(const std::array<double, kOpCategories>& before) {
     const auto it = step_op_start_.find(op);
     step_op_seconds_[op] += seconds - (it == step_op_start_.end() ? 0.0 : it->second);
   }
+  for (const auto& [shape, t] : gemm_times_by_shape()) {
+    const auto it = step_gemm_start_.find(shape);
+    const ShapeTime start = it == step_gemm_start_.end() ? ShapeTime{} : it->second;
+    ShapeTime& sum = step_gemm_times_[shape];
+    sum.seconds += t.seconds - start.seconds;
+    sum.calls += t.calls - start.calls;
+    sum.flops += t.flops - start.flops;
+  }
   ++profiled_steps_;
 }
 
@@ -1044,6 +1054,23 @@ void Trainer::report_op_times() const {
     std::string name = "    " + op + " ";
     if (name.size() < 52) name += std::string(52 - name.size(), '.');
     text += strprintf("\n%s: %.2f", name.c_str(), ms);
+  }
+  // The GEMMs by shape (m x n x k of op(A) op(B), A and B transposed or not, input dtype; "+="
+  // accumulates into the output, as weight gradients do): where the GEMM time goes, and each
+  // shape's rate in the step, to set beside `megatron bench gemm --shapes`.
+  std::vector<std::pair<std::string, ShapeTime>> gemms(step_gemm_times_.begin(),
+                                                       step_gemm_times_.end());
+  std::sort(gemms.begin(), gemms.end(),
+            [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
+  if (!gemms.empty()) text += "\nGEMMs by shape, ms per training step (calls per step, GFLOP/s):";
+  const auto steps = static_cast<double>(profiled_steps_);
+  for (const auto& [shape, t] : gemms) {
+    if (1e3 * t.seconds / steps < 0.005) continue;
+    std::string name = "    " + shape + " ";
+    if (name.size() < 52) name += std::string(52 - name.size(), '.');
+    text += strprintf("\n%s: %.2f (%g, %.1f)", name.c_str(), 1e3 * t.seconds / steps,
+                      static_cast<double>(t.calls) / steps,
+                      t.seconds > 0 ? t.flops / t.seconds * 1e-9 : 0.0);
   }
   log_first(text);
 }

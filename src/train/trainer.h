@@ -123,7 +123,7 @@ class Trainer {
   std::array<double, kOpCategories> op_times();
   void add_op_times(const std::array<double, kOpCategories>& before);
   // --timing-log-level 2, after the last iteration: this rank's mean time per training step in
-  // each op, largest first (what the kernel categories are made of).
+  // each op, largest first (what the kernel categories are made of), then the GEMMs' by shape.
   void report_op_times() const;
   // This stage's share of the micro-batches of a step: read by TP rank 0 of every stage that
   // needs the data (first and last stages; every stage with --reset-attention-mask) and
@@ -215,6 +215,8 @@ class Trainer {
   int64_t intervals_logged_ = 0;
   // --timing-log-level 2: seconds by op at the start of the current step, and summed over steps.
   std::map<std::string, double> step_op_start_, step_op_seconds_;
+  // The same for the GEMMs by shape.
+  std::map<std::string, ShapeTime> step_gemm_start_, step_gemm_times_;
   int64_t profiled_steps_ = 0;
   bool first_step_profiled_ = false;
   bool needs_data_ = true;  // this stage reads micro-batches (first, last, or doc masks)

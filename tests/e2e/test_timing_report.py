@@ -5,7 +5,8 @@ What it is: `megatron train` on mock data with --timing-log-level 1 and 2, check
 inside each kind of kernel (gemm, attention, norms and elementwise, cross entropy, optimizer),
 each positive, their sum within the step's time, GEMMs the largest; under mpiexec every rank
 takes part (min <= max); at the end of a level-2 run the time by op (each op positive, matmul the
-largest, their sum within the mean step time), absent at level 1. What it is not: a benchmark (bench/) or a check of the values' accuracy.
+largest, their sum within the mean step time) and the GEMMs by shape (their sum the matmul line,
+the calls the model's), absent at level 1. What it is not: a benchmark (bench/) or a check of the values' accuracy.
 
 Usage: test_timing_report.py --megatron BUILD/megatron --mpiexec MPIEXEC
 """
@@ -28,6 +29,8 @@ KERNELS = ["gemm", "attention", "norms and elementwise", "cross entropy", "optim
 PHASES = ["batch-generator", "forward-backward", "all-grads-sync", "optimizer"]
 OP_RE = re.compile(r"^    (\w+) \.+: ([0-9.]+)$", re.M)
 ELAPSED_RE = re.compile(r"elapsed time per iteration \(ms\): ([0-9.]+)")
+SHAPE_RE = re.compile(r"^    (\d+x\d+x\d+ [NT][NT] \w+(?: \+=)?) \.+: ([0-9.]+) \(([0-9.]+), ([0-9.]+)\)$",
+                      re.M)
 
 
 
@@ -46,8 +49,18 @@ def ops_table(stdout):
     _, found, tail = stdout.partition("time by op on rank 0, ms per training step")
     if not found:
         return None
-    table = tail.split("[after training is done]")[0]
+    table = tail.split("[after training is done]")[0].split("GEMMs by shape")[0]
     return {m.group(1): float(m.group(2)) for m in OP_RE.finditer(table)}
+
+
+def gemm_table(stdout):
+    """The GEMMs by shape after the op table: {shape: (ms per step, calls per step, GFLOP/s)}."""
+    _, found, tail = stdout.partition("GEMMs by shape, ms per training step")
+    if not found:
+        return None
+    table = tail.split("[after training is done]")[0]
+    return {m.group(1): (float(m.group(2)), float(m.group(3)), float(m.group(4)))
+            for m in SHAPE_RE.finditer(table)}
 
 
 class TimingReport(unittest.TestCase):
@@ -63,6 +76,7 @@ class TimingReport(unittest.TestCase):
             self.assertIn(name, timers)
         self.assertFalse([n for n in timers if n.startswith("kernels:")], timers)
         self.assertIsNone(ops_table(stdout))
+        self.assertIsNone(gemm_table(stdout))
 
 
     def check_kernels(self, timers):
@@ -90,6 +104,18 @@ class TimingReport(unittest.TestCase):
         # Steps 2-4 take at most iterations 1-4's time: their mean is below (2 e1 + 2 e2) / 3.
         self.assertLess(sum(ops.values()), 1.01 * (2 * elapsed[0] + 2 * elapsed[1]) / 3,
                         (ops, elapsed))
+        # The GEMMs by shape add up to the matmul line (each printed to 0.01 ms: 15 shapes).
+        gemms = gemm_table(stdout)
+        self.assertIsNotNone(gemms, stdout[-2000:])
+        self.assertAlmostEqual(sum(ms for ms, _, _ in gemms.values()), ops["matmul"],
+                               delta=0.01 * len(gemms), msg=gemms)
+        # 2 micro-batches of 128 tokens, hidden 128, 2 layers: the QKV forward (out 384) twice
+        # per micro-batch, its weight gradient accumulating; in all, three GEMMs for each of the
+        # 2 x 4 linear layers and the output layer in each micro-batch; every rate positive.
+        self.assertEqual(gemms.get("128x384x128 NT f32", (0, 0, 0))[1], 4, gemms)
+        self.assertEqual(gemms.get("384x128x128 TN f32 +=", (0, 0, 0))[1], 4, gemms)
+        self.assertEqual(sum(calls for _, calls, _ in gemms.values()), 2 * 3 * (2 * 4 + 1), gemms)
+        self.assertTrue(all(rate > 0 for _, _, rate in gemms.values()), gemms)
 
 
     def test_level_2_on_every_rank_of_a_tp2_job(self):

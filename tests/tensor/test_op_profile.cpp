@@ -72,6 +72,34 @@ TEST(OpProfile, TimeIsAlsoKeptByOpName) {
   for (size_t i = 1; i < all.size(); ++i) EXPECT_GE(all[i - 1].second, all[i].second);
 }
 
+// GEMMs are also kept by shape: m x n x k of op(A) op(B), the transposes, the input dtype and
+// "+=" when accumulating; one call each, 2 m n k FLOPs; a GEMM inside another op counts nothing.
+TEST(OpProfile, GemmsAreAlsoKeptByShape) {
+  auto shape_time = [](const std::string& key) {
+    for (const auto& [shape, t] : gemm_times_by_shape())
+      if (shape == key) return t;
+    return ShapeTime{};
+  };
+  Tensor a = Tensor::full({24, 40}, 0.5), b = Tensor::full({24, 16}, 0.25);
+  Tensor c = Tensor::zeros({40, 16});
+  set_op_profiling(true);
+  const ShapeTime acc0 = shape_time("40x16x24 TN f32 +="), plain0 = shape_time("40x16x24 TN f32");
+  ops::matmul(c, a, true, b, false, 1.0f);
+  ops::matmul(c, a, true, b, false, 1.0f);
+  ops::matmul(c, a, true, b, false);
+  {
+    const OpTimer outer(OpCategory::kAttention, "outer op");
+    ops::matmul(c, a, true, b, false);
+  }
+  set_op_profiling(false);
+  ops::matmul(c, a, true, b, false);
+  const ShapeTime acc = shape_time("40x16x24 TN f32 +="), plain = shape_time("40x16x24 TN f32");
+  EXPECT_EQ(acc.calls - acc0.calls, 2);
+  EXPECT_EQ(acc.flops - acc0.flops, 2 * 2.0 * 40 * 16 * 24);
+  EXPECT_GT(acc.seconds, acc0.seconds);
+  EXPECT_EQ(plain.calls - plain0.calls, 1);
+}
+
 TEST(OpProfile, CategoryNames) {
   EXPECT_STREQ(op_category_name(OpCategory::kGemm), "gemm");
   EXPECT_STREQ(op_category_name(OpCategory::kNormElementwise), "norms and elementwise");

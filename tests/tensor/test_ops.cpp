@@ -536,6 +536,42 @@ TEST(AdamW, MatchesReferenceOverSteps) {
   EXPECT_TRUE(allclose(p, st.param, 1e-6, 1e-5));  // the reference scales the same way
 }
 
+// The mixed-precision step writes the 16-bit compute copy in the same pass: its bits must be those
+// of converting the updated weights afterwards (what the separate pass did), and the weights and
+// moments those of the step without it.
+TEST(AdamW, RoundedCopyIsTheConvertedUpdate) {
+  const int64_t n = 4099;  // not a multiple of any vector width or thread split
+  for (DType half : {DType::kBF16, DType::kF16}) {
+    for (DType t : {DType::kF32, DType::kF64}) {
+      Tensor p = random_tensor({n}, 27).to(t), g = random_tensor({n}, 28).to(t);
+      // Weights over many binades, from f16's subnormals to past its largest finite value.
+      for (int64_t i = 0; i < 64; ++i) {
+        const double w = std::ldexp(1.0 + static_cast<double>(i) / 64.0, -30 + static_cast<int>(i));
+        if (t == DType::kF32)
+          p.data<float>()[i] = static_cast<float>(w);
+        else
+          p.data<double>()[i] = w;
+      }
+      Tensor m = Tensor::zeros({n}, t), v = Tensor::zeros({n}, t);
+      Tensor p2 = p.clone(), m2 = m.clone(), v2 = v.clone();
+      Tensor rounded = Tensor::empty({n}, half);
+      const ops::AdamWSpec spec{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 0.5};
+      ops::adamw_step(p, m, v, g, spec, &rounded);
+      ops::adamw_step(p2, m2, v2, g, spec);
+      EXPECT_TRUE(allclose(p, p2, 0, 0));
+      EXPECT_TRUE(allclose(m, m2, 0, 0));
+      EXPECT_TRUE(allclose(v, v2, 0, 0));
+      const Tensor want = p2.to(half);
+      EXPECT_EQ(std::memcmp(rounded.raw(), want.raw(), static_cast<size_t>(n) * 2), 0)
+          << dtype_name(half) << " from " << dtype_name(t);
+    }
+  }
+  Tensor p = Tensor::zeros({8}), m = Tensor::zeros({8}), v = Tensor::zeros({8});
+  Tensor wrong = Tensor::empty({7}, DType::kBF16), f32 = Tensor::empty({8});
+  EXPECT_THROW(ops::adamw_step(p, m, v, p, {}, &wrong), InvalidArgument);
+  EXPECT_THROW(ops::adamw_step(p, m, v, p, {}, &f32), InvalidArgument);
+}
+
 TEST(Dropout, MaskIsDeterministicScaledAndReproducedInBackward) {
   Tensor x = Tensor::full({1000}, 1.0);
   Tensor y = Tensor::empty({1000}), y2 = Tensor::empty({1000});

@@ -14,7 +14,7 @@
 namespace megatron::cpu {
 
 void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad,
-                const AdamWSpec& spec) {
+                const AdamWSpec& spec, Tensor* rounded) {
   cpu::check_numel(param, grad, "adamw_step");
   cpu::check_numel(param, exp_avg, "adamw_step");
   cpu::check_numel(param, exp_avg_sq, "adamw_step");
@@ -29,15 +29,30 @@ void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor
     const T inv_bc1 = static_cast<T>(1.0 / bc1),
             inv_sqrt_bc2 = static_cast<T>(1.0 / std::sqrt(bc2));
     const int64_t n = param.numel();
+    // store(i, w): what else the pass writes of the updated weight w.
+    auto run = [&](auto store) {
 #pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      const T gi = g[i] * gs;
-      T mi = b1 * m[i] + (1 - b1) * gi;
-      T vi = b2 * v[i] + (1 - b2) * gi * gi;
-      m[i] = mi;
-      v[i] = vi;
-      T update = (mi * inv_bc1) / (std::sqrt(vi) * inv_sqrt_bc2 + eps) + wd * p[i];
-      p[i] -= lr * update;
+      for (int64_t i = 0; i < n; ++i) {
+        const T gi = g[i] * gs;
+        T mi = b1 * m[i] + (1 - b1) * gi;
+        T vi = b2 * v[i] + (1 - b2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        T update = (mi * inv_bc1) / (std::sqrt(vi) * inv_sqrt_bc2 + eps) + wd * p[i];
+        const T w = p[i] - lr * update;
+        p[i] = w;
+        store(i, w);
+      }
+    };
+    // The 16-bit copies round through f32, as convert() does from either source dtype.
+    if (!rounded) {
+      run([](int64_t, T) {});
+    } else if (rounded->dtype() == DType::kBF16) {
+      bf16* r = rounded->data<bf16>();
+      run([r](int64_t i, T w) { r[i] = f32_to_bf16(static_cast<float>(w)); });
+    } else {
+      f16* r = rounded->data<f16>();
+      run([r](int64_t i, T w) { r[i] = f32_to_f16(static_cast<float>(w)); });
     }
   });
 }

@@ -552,7 +552,7 @@ void scatter_add_rows(Tensor& out, const Tensor& x, const Tensor& index) {
 }
 
 void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad,
-                const AdamWSpec& spec) {
+                const AdamWSpec& spec, Tensor* rounded) {
   same_numel(param, grad, "adamw_step");
   same_numel(param, exp_avg, "adamw_step");
   same_numel(param, exp_avg_sq, "adamw_step");
@@ -564,6 +564,9 @@ void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor
   dispatch_float(param, "adamw_step", [&]<typename T>() {
     cuda::adamw(P<T>(param), P<T>(exp_avg), P<T>(exp_avg_sq), P<T>(grad), param.numel(), a);
   });
+  // A second, device-side pass: on a GPU the step is bandwidth-bound either way and the
+  // conversion kernel is the one every other rounding uses.
+  if (rounded) rounded->copy_from(param);
 }
 
 double sum_squares(const Tensor& x) {

@@ -522,12 +522,13 @@ void concat_last_dim(Tensor& out, const std::vector<Tensor>& parts) {
 }
 
 void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad,
-                const AdamWSpec& spec) {
+                const AdamWSpec& spec, Tensor* rounded) {
   f64("adamw_step", {&param, &exp_avg, &exp_avg_sq, &grad});
   const ref::AdamState s = ref::adamw({param, exp_avg, exp_avg_sq}, grad, spec);
   param.copy_from(s.param);
   exp_avg.copy_from(s.exp_avg);
   exp_avg_sq.copy_from(s.exp_avg_sq);
+  if (rounded) rounded->copy_from(param);
 }
 
 double sum_squares(const Tensor& x) {
