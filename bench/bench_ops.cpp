@@ -126,14 +126,40 @@ void BM_GeluForwardBackward(benchmark::State& state) {
 }
 BENCHMARK(BM_GeluForwardBackward)->Unit(benchmark::kMillisecond);
 
+// The MLP's activation in a bf16 run, fc1's bias included: Arg 0 the ops in sequence (bias_add,
+// gelu_forward, rounding for fc2's GEMM), Arg 1 the fused bias + GELU writing bf16 directly. Same
+// bits (tests/tensor/test_ops.cpp).
+void BM_BiasGeluBf16(benchmark::State& state) {
+  const bool fused = state.range(0) != 0;
+  const Shape s{kS * kB, 4 * kH};
+  const Tensor y0 = random(s), bias = random({s[1]});
+  Tensor y = y0.clone(), act = Tensor::empty(s), act16 = Tensor::empty(s, DType::kBF16);
+  for (auto _ : state) {
+    state.PauseTiming();
+    y.copy_from(y0);  // the bias is added in place
+    state.ResumeTiming();
+    if (fused) {
+      ops::bias_gelu_forward(act16, y, bias, false);
+    } else {
+      ops::bias_add(y, bias);
+      ops::gelu_forward(act, y, false);
+      act16.copy_from(act);
+    }
+  }
+}
+BENCHMARK(BM_BiasGeluBf16)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
+
 void BM_AdamW(benchmark::State& state) {
   const int64_t n = 16 << 20;  // ~16 M parameters, config a's size
   Tensor p = random({n}), g = random({n}), m = Tensor::zeros({n}), v = Tensor::zeros({n});
   ops::AdamWSpec spec{1e-4f, 0.9f, 0.999f, 1e-8f, 0.01f, 1};
-  for (auto _ : state) ops::adamw_step(p, m, v, g, spec);
-  state.SetBytesProcessed(state.iterations() * 7 * p.nbytes());
+  // Arg 1: a bf16 run's step, the compute copy rounded in the same pass (Arg 0: without one).
+  Tensor rounded = Tensor::empty({n}, DType::kBF16);
+  Tensor* out = state.range(0) != 0 ? &rounded : nullptr;
+  for (auto _ : state) ops::adamw_step(p, m, v, g, spec, out);
+  state.SetBytesProcessed(state.iterations() * (7 * p.nbytes() + (out ? rounded.nbytes() : 0)));
 }
-BENCHMARK(BM_AdamW)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_AdamW)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
 
 // One decoding step's GEMMs of GPT-2 124M (12 layers of QKV, projection, MLP in and out, then the
 // 50304-row output layer; 124 M distinct weights, far beyond the caches, as in generation) for m

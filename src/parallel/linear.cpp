@@ -39,7 +39,7 @@ Tensor Linear::forward(const Tensor& x, Ctx& ctx) const {
   ctx.x = x.dtype() == wt || wt == DType::kF32 ? x : x.to(wt);
   Tensor y = Tensor::empty({rows, out_}, wt == DType::kF64 ? DType::kF64 : DType::kF32, x.device());
   ops::matmul(y, ctx.x, false, weight.value, true);
-  if (has_bias()) ops::bias_add(y, bias.value_as(y.dtype()));
+  if (adds_bias()) ops::bias_add(y, bias.value_as(y.dtype()));
   return y;
 }
 
@@ -47,13 +47,14 @@ Tensor Linear::backward(const Tensor& dy, Ctx& ctx) const {
   if (fp8_) return backward_fp8(dy, ctx);
   const int64_t rows = dy.numel() / out_;
   const DType wt = weight.value.dtype();
-  Tensor dy_c = is_half(wt) ? dy.to(wt) : dy;
-  Tensor dx = Tensor::empty({rows, in_}, dy.dtype(), dy.device());
+  Tensor dy_c = is_half(wt) && dy.dtype() != wt ? dy.to(wt) : dy;
+  Tensor dx =
+      Tensor::empty({rows, in_}, is_half(dy.dtype()) ? DType::kF32 : dy.dtype(), dy.device());
   ops::matmul(dx, dy_c, false, weight.value, false);
   // A frozen weight without gradient storage (Param::requires_grad) skips its weight gradient.
   Tensor dw = weight.main_grad;
   if (dw.defined()) ops::matmul(dw, dy_c, true, ctx.x, false, 1.0f);
-  if (has_bias() && bias.main_grad.defined()) {
+  if (adds_bias() && bias.main_grad.defined()) {
     Tensor db = bias.main_grad;
     ops::bias_backward(db, dy);
   }
@@ -81,7 +82,7 @@ Tensor Linear::forward_fp8(const Tensor& x, Ctx& ctx) const {
   ops::scale_inplace(y, descale(ctx.x8, ctx.w8));
   // An FP8 primary weight is decoded again by the backward: only its codes stay in between.
   if (weight.fp8) ctx.w8.q = Tensor();
-  if (has_bias()) ops::bias_add(y, bias.value_as(y.dtype()));
+  if (adds_bias()) ops::bias_add(y, bias.value_as(y.dtype()));
   return y;
 }
 
@@ -106,7 +107,7 @@ Tensor Linear::backward_fp8(const Tensor& dy, Ctx& ctx) const {
     Tensor dy_c = is_half(wt) ? dy.to(wt) : dy;
     ops::matmul(dw, dy_c, true, ctx.x, false, 1.0f);
   }
-  if (has_bias() && bias.main_grad.defined()) {
+  if (adds_bias() && bias.main_grad.defined()) {
     Tensor db = bias.main_grad;
     ops::bias_backward(db, dy);
   }

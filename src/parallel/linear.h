@@ -31,7 +31,8 @@ class Linear {
 
   // x [rows, in] f32 -> y [rows, out] f32.
   Tensor forward(const Tensor& x, Ctx& ctx) const;
-  // dy [rows, out] -> dx [rows, in]; weight.main_grad += dy^T x, bias.main_grad += sum dy.
+  // dy [rows, out] (f32, or already in gemm_input_dtype()) -> dx [rows, in] (f32, f64 for f64);
+  // weight.main_grad += dy^T x, bias.main_grad += sum dy.
   Tensor backward(const Tensor& dy, Ctx& ctx) const;
 
   void collect(std::vector<Param*>& out);
@@ -42,6 +43,17 @@ class Linear {
   // The dtype of the GEMMs outside FP8 (--no-fp8-wgrad): the compute weights', bf16 for an FP8
   // primary weight (its codes are bytes).
   DType high_precision_dtype() const { return weight.fp8 ? DType::kBF16 : weight.value.dtype(); }
+  // The dtype the GEMMs take their activations in: the 16-bit compute dtype in bf16/fp16 runs
+  // (forward's x and backward's dy are rounded to it), f32 under FP8 (quantised from f32) and in
+  // f32 runs, f64 in f64 ones. A producer may write it directly and spare the rounding pass.
+  DType gemm_input_dtype() const {
+    const DType wt = weight.value.dtype();
+    return !fp8_ && is_half(wt) ? wt : wt == DType::kF64 ? DType::kF64 : DType::kF32;
+  }
+  // Megatron's skip_bias_add: forward returns x A^T without the bias and backward leaves the
+  // bias gradient to the caller, which fuses the bias into what follows (ops::bias_gelu_forward).
+  void set_skip_bias_add(bool skip) { skip_bias_add_ = skip; }
+  bool adds_bias() const { return has_bias() && !skip_bias_add_; }
   Param weight;
   Param bias;  // empty name when there is no bias
   bool has_bias() const { return !bias.name.empty(); }
@@ -51,6 +63,7 @@ class Linear {
   Tensor backward_fp8(const Tensor& dy, Ctx& ctx) const;
 
   int64_t in_, out_;
+  bool skip_bias_add_ = false;
   std::unique_ptr<Fp8GemmScaling> fp8_;
 };
 

@@ -39,6 +39,7 @@ ColumnParallelLinear::ColumnParallelLinear(const std::string& name, int64_t in, 
                  " output features per rank do not split into ", options.stride, " blocks");
   mark_shard(local_.weight, tp, 0, options.stride);
   if (local_.has_bias()) mark_shard(local_.bias, tp, 0, options.stride);
+  local_.set_skip_bias_add(options.skip_bias_add);
 }
 
 Tensor ColumnParallelLinear::forward(const Tensor& x, Ctx& ctx) const {

@@ -53,6 +53,9 @@ class ColumnParallelLinear {
     // The output features are `stride` equal blocks, each split over the ranks (2 for SwiGLU's
     // [gate | up], so that each rank's output is [gate_r | up_r]).
     int stride = 1;
+    // Megatron's skip_bias_add: the output comes without the bias, whose addition (and gradient)
+    // the caller fuses into what follows (Linear::set_skip_bias_add).
+    bool skip_bias_add = false;
   };
   struct Ctx {
     Linear::Ctx linear;  // the full (gathered) input as the local GEMM saw it
@@ -78,6 +81,8 @@ class ColumnParallelLinear {
 
   Param& weight() { return local_.weight; }  // [out/p, in]
   Param& bias() { return local_.bias; }      // [out/p]; empty name when there is no bias
+  const Param& bias() const { return local_.bias; }
+  DType gemm_input_dtype() const { return local_.gemm_input_dtype(); }
   int64_t in_features() const { return in_; }
   int64_t out_features() const { return out_; }
   int64_t out_per_partition() const { return out_local_; }
@@ -118,6 +123,7 @@ class RowParallelLinear {
   Param bias;                                // [out], replicated; empty name when there is none
   bool has_bias() const { return !bias.name.empty(); }
   int64_t in_per_partition() const { return in_local_; }
+  DType gemm_input_dtype() const { return local_.gemm_input_dtype(); }
 
  private:
   ProcessGroup& tp_;

@@ -187,9 +187,11 @@ void vocab_parallel_cross_entropy_backward(Tensor& dlogits_shard, const Tensor& 
   MEGATRON_CHECK(vocab_size > 0, op, ": vocab size must be positive, got ", vocab_size);
   check_block_start(vocab_start, block, op);
   check_targets(targets, n, vocab_size, op);
-  MEGATRON_CHECK(dlogits_shard.defined() && dlogits_shard.dtype() == logits_shard.dtype(), op,
-                 ": dlogits_shard must have the logits' dtype ", dtype_name(logits_shard.dtype()),
-                 ", got ",
+  MEGATRON_CHECK(dlogits_shard.defined() &&
+                     (dlogits_shard.dtype() == logits_shard.dtype() ||
+                      (logits_shard.dtype() == DType::kF32 && is_half(dlogits_shard.dtype()))),
+                 op, ": dlogits_shard must have the logits' dtype ",
+                 dtype_name(logits_shard.dtype()), " (or bf16/f16 for f32 logits), got ",
                  dlogits_shard.defined() ? dlogits_shard.str() : std::string("undefined"));
   check_shape(dlogits_shard, logits_shard.shape(), "vocab_parallel_cross_entropy_backward dlogits");
   check_rows_tensor(dloss, n, logits_shard.dtype(), "vocab_parallel_cross_entropy_backward dloss");

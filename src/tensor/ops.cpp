@@ -74,6 +74,16 @@ Device device_of(const char* op, std::initializer_list<const Tensor*> tensors,
   }                                     \
   MEGATRON_CHECK(false, "no implementation on device ", device_name(device))
 
+namespace {
+// A 16-bit dlogits for f32 logits: the CPU kernels round as they write; elsewhere the gradient is
+// computed in the logits' dtype and converted.
+bool rounds_elsewhere(const Tensor& dlogits, const Tensor& logits) {
+  return dlogits.defined() && logits.defined() && dlogits.dtype() != logits.dtype() &&
+         logits.dtype() == DType::kF32 && is_half(dlogits.dtype()) &&
+         logits.device() != Device::kCPU;
+}
+}  // namespace
+
 AttentionView attention_view(const Tensor& t, int64_t groups) {
   MEGATRON_CHECK(t.ndim() == 4, "attention_view: expected [s, b, heads, hn], got ", t.str());
   MEGATRON_CHECK(groups > 0 && t.dim(2) % groups == 0, "attention_view: ", t.dim(2),
@@ -161,6 +171,19 @@ void row_dots(Tensor& out, const Tensor& a, const Tensor& b) {
 void bias_add(Tensor& x, const Tensor& bias) {
   const OpTimer timer(OpCategory::kNormElementwise, __func__);
   MEGATRON_DISPATCH(device_of("bias_add", {&x, &bias}), bias_add(x, bias));
+}
+
+void bias_gelu_forward(Tensor& out, Tensor& y, const Tensor& bias, bool tanh_approx) {
+  const OpTimer timer(OpCategory::kNormElementwise, __func__);
+  if (device_of("bias_gelu_forward", {&out, &y, &bias}) == Device::kCPU) {
+    cpu::bias_gelu_forward(out, y, bias, tanh_approx);
+    return;
+  }
+  // Elsewhere, the ops it fuses.
+  bias_add(y, bias);
+  Tensor act = out.dtype() == y.dtype() ? out : Tensor::empty(y.shape(), y.dtype(), y.device());
+  gelu_forward(act, y, tanh_approx);
+  if (act.raw() != out.raw()) out.copy_from(act);
 }
 
 void bias_backward(Tensor& dbias, const Tensor& dy) {
@@ -337,6 +360,12 @@ void cross_entropy_forward(Tensor& loss, Tensor& lse, const Tensor& logits, cons
 void cross_entropy_backward(Tensor& dlogits, const Tensor& dloss, const Tensor& logits,
                             const Tensor& lse, const Tensor& targets, int64_t vocab_size) {
   const OpTimer timer(OpCategory::kCrossEntropy, __func__);
+  if (rounds_elsewhere(dlogits, logits)) {
+    Tensor wide = Tensor::empty(logits.shape(), logits.dtype(), logits.device());
+    cross_entropy_backward(wide, dloss, logits, lse, targets, vocab_size);
+    dlogits.copy_from(wide);
+    return;
+  }
   MEGATRON_DISPATCH(
       device_of("cross_entropy_backward", {&dlogits, &dloss, &logits, &lse, &targets}),
       cross_entropy_backward(dlogits, dloss, logits, lse, targets, vocab_size));
@@ -374,6 +403,12 @@ void cross_entropy_shard_backward(Tensor& dlogits_shard, const Tensor& dloss,
                                   const Tensor& logits_shard, const Tensor& lse,
                                   const Tensor& targets, int64_t vocab_start, int64_t valid) {
   const OpTimer timer(OpCategory::kCrossEntropy, __func__);
+  if (rounds_elsewhere(dlogits_shard, logits_shard)) {
+    Tensor wide = Tensor::empty(logits_shard.shape(), logits_shard.dtype(), logits_shard.device());
+    cross_entropy_shard_backward(wide, dloss, logits_shard, lse, targets, vocab_start, valid);
+    dlogits_shard.copy_from(wide);
+    return;
+  }
   MEGATRON_DISPATCH(device_of("cross_entropy_shard_backward",
                               {&dlogits_shard, &dloss, &logits_shard, &lse, &targets}),
                     cross_entropy_shard_backward(dlogits_shard, dloss, logits_shard, lse, targets,

@@ -67,6 +67,11 @@ void row_dots(Tensor& out, const Tensor& a, const Tensor& b);
 // GELU, exact (erf; Megatron's default) or tanh approximation (--openai-gelu, HF gelu_new).
 void gelu_forward(Tensor& out, const Tensor& x, bool tanh_approx);
 void gelu_backward(Tensor& dx, const Tensor& dout, const Tensor& x, bool tanh_approx);
+// Bias + GELU fused, the forward of Megatron's bias-GELU fusion (y: fc1's output without its
+// bias): y += bias in place (the pre-activation gelu_backward takes), out = gelu(y), in one pass.
+// out may be bf16 or f16 for f32 y (rounded: the next GEMM's input). The values are those of
+// bias_add, gelu_forward and a conversion in sequence.
+void bias_gelu_forward(Tensor& out, Tensor& y, const Tensor& bias, bool tanh_approx);
 
 // tanh (the pooler's activation). The backward reads the output: dx = dout (1 - y^2).
 void tanh_forward(Tensor& out, const Tensor& x);
@@ -230,7 +235,8 @@ void attention_merge(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor
 void cross_entropy_forward(Tensor& loss, Tensor& lse, const Tensor& logits, const Tensor& targets,
                            int64_t vocab_size);
 // dlogits[r, v] = dloss[r] * (softmax(r, v) - [v == target]); may alias logits (in place).
-// Padding columns get 0.
+// Padding columns get 0. For f32 logits dlogits may be bf16 or f16: the values rounded (what a
+// 16-bit output layer's GEMMs take, without an f32 gradient of the whole vocabulary).
 void cross_entropy_backward(Tensor& dlogits, const Tensor& dloss, const Tensor& logits,
                             const Tensor& lse, const Tensor& targets, int64_t vocab_size);
 // log-softmax of the target under the same masking: logprob[n] (scoring).

@@ -47,6 +47,12 @@ void geglu_backward(Tensor& dx, const Tensor& dout, const Tensor& x, bool tanh_a
   ops::concat_last_dim(flat, {dgate, dup});
 }
 
+// Plain GELU after a biased fc1: Megatron's bias-GELU fusion applies (fc1 skips its bias, the
+// activation adds it).
+bool fuses_bias_gelu(const TransformerConfig& cfg) {
+  return cfg.add_bias_linear && !cfg.gated_mlp() && !cfg.squared_relu && !cfg.quick_gelu;
+}
+
 }  // namespace
 
 void mlp_activation_forward(const TransformerConfig& cfg, Tensor& out, const Tensor& x) {
@@ -84,7 +90,8 @@ MLP::MLP(const std::string& name, const TransformerConfig& cfg, const TensorPara
                  cfg.init_method_std, *tp.group,
                  {.with_bias = cfg.add_bias_linear,
                   .sequence_parallel = tp.sp(),
-                  .stride = cfg.gated_mlp() ? 2 : 1}),
+                  .stride = cfg.gated_mlp() ? 2 : 1,
+                  .skip_bias_add = fuses_bias_gelu(cfg)}),
       linear_fc2(name + ".linear_fc2", cfg.ffn_hidden_size, cfg.hidden_size,
                  cfg.init_method_std / std::sqrt(2.0 * static_cast<double>(cfg.num_layers)),
                  *tp.group,
@@ -104,6 +111,14 @@ Tensor MLP::forward(const Tensor& x, Ctx& ctx) const {
   ctx.pre_act = linear_fc1.forward(x, ctx.fc1_ctx);  // all s positions, also under SP
   Shape act_shape = ctx.pre_act.shape();
   act_shape[-1] = ffn_local_;
+  if (fuses_bias_gelu(cfg_)) {
+    // The activation is written in fc2's GEMM-input dtype (bf16 in bf16 runs); pre_act gets the
+    // bias added in the same pass, as the backward needs it.
+    Tensor act = Tensor::empty(act_shape, linear_fc2.gemm_input_dtype(), ctx.pre_act.device());
+    ops::bias_gelu_forward(act, ctx.pre_act, linear_fc1.bias().value_as(ctx.pre_act.dtype()),
+                           cfg_.openai_gelu);
+    return linear_fc2.forward(act, ctx.fc2_ctx);
+  }
   Tensor act = Tensor::empty(act_shape, ctx.pre_act.dtype(), ctx.pre_act.device());
   mlp_activation_forward(cfg_, act, ctx.pre_act);
   return linear_fc2.forward(act, ctx.fc2_ctx);
@@ -113,6 +128,13 @@ Tensor MLP::backward(const Tensor& dy, Ctx& ctx) const {
   Tensor dact = linear_fc2.backward(dy, ctx.fc2_ctx);
   Tensor dpre = Tensor::empty(ctx.pre_act.shape(), ctx.pre_act.dtype(), ctx.pre_act.device());
   mlp_activation_backward(cfg_, dpre, dact, ctx.pre_act);
+  // With the fusion fc1 leaves its bias gradient to the MLP (Linear::set_skip_bias_add). (A fused
+  // backward with the bias sum was measured slower on CPUs: summing each column in row order, as
+  // bias_backward does for reproducible bits, walks the rows a column range at a time.)
+  if (fuses_bias_gelu(cfg_) && linear_fc1.bias().main_grad.defined()) {
+    Tensor db = linear_fc1.bias().main_grad;
+    ops::bias_backward(db, dpre);
+  }
   Tensor dx = linear_fc1.backward(dpre, ctx.fc1_ctx);
   ctx = Ctx{};
   return dx;

@@ -183,6 +183,14 @@ void register_elementwise() {
              return std::vector<Tensor>{y, dx};
            }},
           {"gelu_forward", "gelu_backward"});
+      // Fused with fc1's bias: on the CPU its own kernel, elsewhere the ops above composed.
+      add({tanh ? "bias + gelu (tanh)" : "bias + gelu", dims(s),
+           [=](const Place& p) {
+             Tensor y = p.empty(s), pre = p(a);
+             ops::bias_gelu_forward(y, pre, p(bias), tanh);
+             return std::vector<Tensor>{y, pre};
+           }},
+          {"bias_gelu_forward"});
     }
     add({"tanh", dims(s),
          [=](const Place& p) {

@@ -231,6 +231,44 @@ TEST(Gelu, ExactAndTanhForwardBackward) {
   }
 }
 
+// The fused bias + GELU gives the bits of the ops it replaces run one after another (bias_add,
+// gelu_forward, a conversion to the 16-bit output), for either GELU, f32 and f64, and leaves the
+// biased pre-activation in y, bit for bit. (Their accuracy against the f64 reference and finite
+// differences is the plain ops' test above.)
+TEST(BiasGelu, FusedGivesTheBitsOfTheOpsInSequence) {
+  auto same_bits = [](const Tensor& a, const Tensor& b) {
+    return a.dtype() == b.dtype() && a.numel() == b.numel() &&
+           std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+  };
+  for (const Shape& s :
+       {Shape{1, 1}, Shape{3, 7}, Shape{5, 64}, Shape{33, 200}, Shape{2, 3, 130}}) {
+    for (bool tanh_approx : {false, true}) {
+      for (DType t : {DType::kF32, DType::kF64}) {
+        const Tensor y = random_tensor(s, 40, 3.0).to(t), bias = random_tensor({s[-1]}, 42).to(t);
+        Tensor pre = y.clone(), act = Tensor::empty(s, t);
+        ops::bias_add(pre, bias);
+        ops::gelu_forward(act, pre, tanh_approx);
+        std::vector<DType> outs = {t};
+        if (t == DType::kF32) outs = {t, DType::kBF16, DType::kF16};
+        for (DType o : outs) {
+          SCOPED_TRACE(s.str() + (tanh_approx ? " tanh " : " erf ") + dtype_name(t) + " -> " +
+                       dtype_name(o));
+          Tensor out = Tensor::empty(s, o), y2 = y.clone();
+          ops::bias_gelu_forward(out, y2, bias, tanh_approx);
+          EXPECT_TRUE(same_bits(out, act.to(o)));
+          EXPECT_TRUE(same_bits(y2, pre));
+        }
+      }
+    }
+  }
+  Tensor y = Tensor::zeros({2, 4}), b = Tensor::zeros({4}), bad_bias = Tensor::zeros({3});
+  Tensor out16 = Tensor::empty({2, 4}, DType::kBF16), out = Tensor::empty({2, 4});
+  Tensor y64 = y.to(DType::kF64);
+  EXPECT_THROW(ops::bias_gelu_forward(out, y, bad_bias, false), InvalidArgument);
+  EXPECT_THROW(ops::bias_gelu_forward(out16, y64, b.to(DType::kF64), false),
+               InvalidArgument);  // 16-bit outputs are for f32 inputs
+}
+
 TEST(Swiglu, ForwardBackward) {
   Tensor x = random_tensor({5, 2 * 11}, 7, 2.0);
   Tensor y = Tensor::empty({5, 11});
@@ -477,6 +515,41 @@ TEST(Embedding, VocabularyBlocksLookUpAndScatterOnlyTheirRows) {
   ops::embedding_backward(dtable, dout, ids);
   ops::embedding_backward_shard(dshard, dout, ids, 4);
   EXPECT_TRUE(allclose(dshard, dtable.slice0(4, 8), 0, 0));
+}
+
+// A 16-bit dlogits (a bf16 output layer's GEMM input) gets the f32 gradient's values rounded, bit
+// for bit, whole and per vocabulary block, with padding columns, rows longer than the kernel's
+// 1024-column chunks and targets in any chunk.
+TEST(CrossEntropy, BackwardIntoA16BitGradientRoundsTheF32One) {
+  const int64_t n = 6, padded = 2200, vocab = 2100;
+  const Tensor logits = random_tensor({n, padded}, 60, 4.0), dloss = random_tensor({n}, 61);
+  Tensor targets = Tensor::empty({n}, DType::kI64);
+  const int64_t ids[n] = {0, 1023, 1024, 2047, 2099, 5};
+  for (int64_t r = 0; r < n; ++r) targets.data<int64_t>()[r] = ids[r];
+  Tensor loss = Tensor::empty({n}), lse = Tensor::empty({n});
+  ops::cross_entropy_forward(loss, lse, logits, targets, vocab);
+  Tensor want = Tensor::empty({n, padded});
+  ops::cross_entropy_backward(want, dloss, logits, lse, targets, vocab);
+  for (DType half : {DType::kBF16, DType::kF16}) {
+    Tensor got = Tensor::empty({n, padded}, half);
+    ops::cross_entropy_backward(got, dloss, logits, lse, targets, vocab);
+    const Tensor rounded = want.to(half);
+    EXPECT_EQ(std::memcmp(got.raw(), rounded.raw(), got.nbytes()), 0) << dtype_name(half);
+    // One block of a split vocabulary (columns [1100, 2200), 1000 of them real tokens).
+    const int64_t start = 1100, block = padded - start;
+    Tensor shard = Tensor::empty({n, block}), wide = Tensor::empty({n, block});
+    for (int64_t r = 0; r < n; ++r)
+      std::memcpy(shard.data<float>() + r * block, logits.data<float>() + r * padded + start,
+                  static_cast<size_t>(block) * 4);
+    Tensor got_block = Tensor::empty({n, block}, half);
+    ops::cross_entropy_shard_backward(wide, dloss, shard, lse, targets, start, vocab - start);
+    ops::cross_entropy_shard_backward(got_block, dloss, shard, lse, targets, start, vocab - start);
+    const Tensor wide_rounded = wide.to(half);
+    EXPECT_EQ(std::memcmp(got_block.raw(), wide_rounded.raw(), got_block.nbytes()), 0);
+  }
+  Tensor f64_out = Tensor::empty({n, padded}, DType::kF64);
+  EXPECT_THROW(ops::cross_entropy_backward(f64_out, dloss, logits, lse, targets, vocab),
+               InvalidArgument);
 }
 
 TEST(CrossEntropy, MaskedPaddingForwardBackward) {

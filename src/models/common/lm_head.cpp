@@ -97,8 +97,12 @@ Tensor LMHead::loss_backward(const Tensor& dloss, Ctx& ctx) const {
   check_shape(dloss, {b, s}, "LMHead dloss");
   Tensor d = dloss.dtype() == ctx.logits.dtype() ? dloss : dloss.to(ctx.logits.dtype());
   Tensor dloss_sb = swap(d, b, s).view({n});
-  // dlogits overwrite the logits: no second [n, Vp] buffer.
-  Tensor dlogits = ctx.logits;
+  // dlogits overwrite the logits: no second [n, Vp] buffer; with 16-bit weights and no output
+  // bias (which sums the f32 gradient) the loss writes the GEMMs' rounded input directly.
+  const Param& w = weight();
+  const bool rounded = is_half(w.value.dtype()) && (bias.name.empty() || !bias.main_grad.defined());
+  Tensor dlogits = rounded ? Tensor::empty(ctx.logits.shape(), w.value.dtype(), ctx.logits.device())
+                           : ctx.logits;
   if (tp_.size() == 1) {
     ops::cross_entropy_backward(dlogits, dloss_sb, ctx.logits, ctx.lse, ctx.targets,
                                 cfg_.vocab_size);
@@ -110,8 +114,7 @@ Tensor LMHead::loss_backward(const Tensor& dloss, Ctx& ctx) const {
     Tensor db = bias.main_grad;
     ops::bias_backward(db, dlogits);
   }
-  const Param& w = weight();
-  Tensor dl = is_half(w.value.dtype()) ? dlogits.to(w.value.dtype()) : dlogits;
+  Tensor dl = is_half(w.value.dtype()) && !rounded ? dlogits.to(w.value.dtype()) : dlogits;
   ctx.logits = Tensor();
   dlogits = Tensor();
   Tensor dhidden = Tensor::empty({n, h}, ctx.lse.dtype(), ctx.lse.device());

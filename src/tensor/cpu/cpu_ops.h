@@ -9,4 +9,7 @@ namespace megatron::cpu {
 
 #include "tensor/device_ops.inc"  // IWYU pragma: export
 
+// Fused kernels the CPU has (tensor/ops.h composes them from the ops above on other devices).
+void bias_gelu_forward(Tensor& out, Tensor& y, const Tensor& bias, bool tanh_approx);
+
 }  // namespace megatron::cpu

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include "tensor/cpu/cpu_ops.h"
 #include "tensor/cpu/dispatch.h"
@@ -109,6 +110,36 @@ void backward_kernel(T* d, const T* lg, const T* dl, const T* ls, const int64_t*
   }
 }
 
+// The same for f32 logits, rounding into a 16-bit dlogits (what the output layer's bf16 GEMMs
+// take) without an f32 [rows, block] tensor: each chunk of a row is computed in f32 as above, then
+// rounded, so the values are those of the kernel above converted.
+template <typename Half>
+void backward_rounding_kernel(Half* d, const float* lg, const float* dl, const float* ls,
+                              const int64_t* t, int64_t rows, int64_t block, int64_t start,
+                              int64_t v) {
+  constexpr int64_t kChunk = 1024;
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = lg + r * block;
+    Half* drow = d + r * block;
+    const float z = ls[r], g = dl[r];
+    const int64_t local = t[r] - start;
+    float buf[kChunk];
+    for (int64_t j0 = 0; j0 < block; j0 += kChunk) {
+      const int64_t w = std::min(kChunk, block - j0), live = std::clamp<int64_t>(v - j0, 0, w);
+#pragma omp simd
+      for (int64_t j = 0; j < live; ++j) buf[j] = g * cpu::vexp(row[j0 + j] - z);
+      for (int64_t j = live; j < w; ++j) buf[j] = 0;
+      if (local >= j0 && local < j0 + live) buf[local - j0] -= g;
+      if constexpr (std::is_same_v<Half, bf16>) {
+        for (int64_t j = 0; j < w; ++j) drow[j0 + j] = f32_to_bf16(buf[j]);
+      } else {
+        for (int64_t j = 0; j < w; ++j) drow[j0 + j] = f32_to_f16(buf[j]);
+      }
+    }
+  }
+}
+
 // loss and lse of every row over the first v columns (one block, start 0).
 void whole_forward(Tensor& loss, Tensor& lse, const Tensor& logits, const Tensor& targets,
                    int64_t v) {
@@ -163,14 +194,29 @@ void cross_entropy_shard_backward(Tensor& dlogits_shard, const Tensor& dloss,
                                   const Tensor& targets, int64_t vocab_start, int64_t valid) {
   check_block(logits_shard, valid, "cross_entropy_shard_backward");
   const int64_t rows = cpu::rows_of(logits_shard), block = logits_shard.dim(-1);
-  MEGATRON_CHECK(dlogits_shard.defined() && dlogits_shard.dtype() == logits_shard.dtype(),
+  MEGATRON_CHECK(dlogits_shard.defined() &&
+                     (dlogits_shard.dtype() == logits_shard.dtype() ||
+                      (logits_shard.dtype() == DType::kF32 && is_half(dlogits_shard.dtype()))),
                  "cross_entropy backward: dlogits must have the logits' dtype ",
-                 dtype_name(logits_shard.dtype()));
+                 dtype_name(logits_shard.dtype()), " (or bf16/f16 for f32 logits), got ",
+                 dlogits_shard.str());
   check_shape(dlogits_shard, logits_shard.shape(), "cross_entropy backward dlogits");
   check_rows(dloss, rows, logits_shard.dtype(), "cross_entropy backward dloss");
   check_rows(lse, rows, logits_shard.dtype(), "cross_entropy backward lse");
   MEGATRON_CHECK(targets.defined() && targets.dtype() == DType::kI64 && targets.numel() == rows,
                  "cross_entropy backward: targets must be i64 with one id per row");
+  if (dlogits_shard.dtype() == DType::kBF16) {
+    backward_rounding_kernel(dlogits_shard.data<bf16>(), logits_shard.data<float>(),
+                             dloss.data<float>(), lse.data<float>(), targets.data<int64_t>(), rows,
+                             block, vocab_start, valid);
+    return;
+  }
+  if (dlogits_shard.dtype() == DType::kF16) {
+    backward_rounding_kernel(dlogits_shard.data<f16>(), logits_shard.data<float>(),
+                             dloss.data<float>(), lse.data<float>(), targets.data<int64_t>(), rows,
+                             block, vocab_start, valid);
+    return;
+  }
   cpu::dispatch_float(logits_shard, "cross_entropy_shard_backward", [&]<typename T>() {
     backward_kernel(dlogits_shard.data<T>(), logits_shard.data<T>(), dloss.data<T>(), lse.data<T>(),
                     targets.data<int64_t>(), rows, block, vocab_start, valid);

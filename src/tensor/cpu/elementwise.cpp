@@ -5,6 +5,7 @@
 #include "core/philox.h"
 #include "tensor/cpu/cpu_ops.h"
 #include "tensor/cpu/dispatch.h"
+#include "tensor/cpu/gelu.h"
 #include "tensor/cpu/vec_math.h"
 #include "tensor/ops.h"
 
@@ -134,12 +135,6 @@ void scale_inplace(Tensor& x, double factor) {
   });
 }
 
-namespace {
-constexpr double kSqrt2OverPi = 0.7978845608028654;
-constexpr double kInvSqrt2 = 0.7071067811865476;
-constexpr double kInvSqrt2Pi = 0.3989422804014327;
-}  // namespace
-
 void gelu_forward(Tensor& out, const Tensor& x, bool tanh_approx) {
   cpu::check_numel(out, x, "gelu_forward");
   cpu::check_same_dtype(out, x, "gelu_forward");
@@ -149,18 +144,10 @@ void gelu_forward(Tensor& out, const Tensor& x, bool tanh_approx) {
     int64_t n = x.numel();
     if (tanh_approx) {
 #pragma omp parallel for simd schedule(static)
-      for (int64_t i = 0; i < n; ++i) {
-        T v = in[i];
-        T inner = static_cast<T>(kSqrt2OverPi) * (v + static_cast<T>(0.044715) * v * v * v);
-        o[i] = static_cast<T>(0.5) * v * (static_cast<T>(1) + cpu::vtanh(inner));
-      }
+      for (int64_t i = 0; i < n; ++i) o[i] = gelu_of<true>(in[i]);
     } else {
 #pragma omp parallel for simd schedule(static)
-      for (int64_t i = 0; i < n; ++i) {
-        T v = in[i];
-        o[i] = static_cast<T>(0.5) * v *
-               (static_cast<T>(1) + cpu::verf(v * static_cast<T>(kInvSqrt2)));
-      }
+      for (int64_t i = 0; i < n; ++i) o[i] = gelu_of<false>(in[i]);
     }
   });
 }
@@ -174,22 +161,10 @@ void gelu_backward(Tensor& dx, const Tensor& dout, const Tensor& x, bool tanh_ap
     int64_t n = x.numel();
     if (tanh_approx) {
 #pragma omp parallel for simd schedule(static)
-      for (int64_t i = 0; i < n; ++i) {
-        T v = in[i];
-        T inner = static_cast<T>(kSqrt2OverPi) * (v + static_cast<T>(0.044715) * v * v * v);
-        T t = cpu::vtanh(inner);
-        T dinner = static_cast<T>(kSqrt2OverPi) * (1 + static_cast<T>(3 * 0.044715) * v * v);
-        T grad = static_cast<T>(0.5) * (1 + t) + static_cast<T>(0.5) * v * (1 - t * t) * dinner;
-        d[i] = g[i] * grad;
-      }
+      for (int64_t i = 0; i < n; ++i) d[i] = g[i] * gelu_grad_of<true>(in[i]);
     } else {
 #pragma omp parallel for simd schedule(static)
-      for (int64_t i = 0; i < n; ++i) {
-        T v = in[i];
-        T cdf = static_cast<T>(0.5) * (1 + cpu::verf(v * static_cast<T>(kInvSqrt2)));
-        T pdf = static_cast<T>(kInvSqrt2Pi) * cpu::vexp(static_cast<T>(-0.5) * v * v);
-        d[i] = g[i] * (cdf + v * pdf);
-      }
+      for (int64_t i = 0; i < n; ++i) d[i] = g[i] * gelu_grad_of<false>(in[i]);
     }
   });
 }
