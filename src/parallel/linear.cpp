@@ -53,7 +53,7 @@ Tensor Linear::backward(const Tensor& dy, Ctx& ctx) const {
   ops::matmul(dx, dy_c, false, weight.value, false);
   // A frozen weight without gradient storage (Param::requires_grad) skips its weight gradient.
   Tensor dw = weight.main_grad;
-  if (dw.defined()) ops::matmul(dw, dy_c, true, ctx.x, false, 1.0f);
+  if (dw.defined()) ops::matmul(dw, dy_c, true, ctx.x, false, weight.grad_beta());
   if (adds_bias() && bias.main_grad.defined()) {
     Tensor db = bias.main_grad;
     ops::bias_backward(db, dy);
@@ -102,10 +102,11 @@ Tensor Linear::backward_fp8(const Tensor& dy, Ctx& ctx) const {
     ops::matmul(partial, dy8.q, true, ctx.x8.q, false);
     ops::scale_inplace(partial, descale(dy8, ctx.x8));
     ops::add_inplace(dw, partial);
+    weight.main_grad_zero = false;
   } else {
     const DType wt = high_precision_dtype();
     Tensor dy_c = is_half(wt) ? dy.to(wt) : dy;
-    ops::matmul(dw, dy_c, true, ctx.x, false, 1.0f);
+    ops::matmul(dw, dy_c, true, ctx.x, false, weight.grad_beta());
   }
   if (adds_bias() && bias.main_grad.defined()) {
     Tensor db = bias.main_grad;

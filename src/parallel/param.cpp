@@ -414,6 +414,11 @@ void ParamSet::set_main(const Param& p, const Tensor& t) {
   if (!sharding_.weights && !p.fp8) const_cast<Param&>(p).value.copy_from(flat.view(p.shape));
 }
 
+void ParamSet::zero_grads() {
+  grads_.zero();
+  for (Param* p : params_) p->main_grad_zero = true;
+}
+
 void ParamSet::sync_frozen_compute() {
   if (!main_sharded()) return;
   for (Param* p : params_) {

@@ -82,6 +82,18 @@ struct Param {
   Tensor value;      // compute weights (f32 or bf16; u8 codes with fp8), view into the ParamSet
   Tensor main;       // fp32 main weights, view into ParamSet::main()
   Tensor main_grad;  // fp32 gradient, view into ParamSet::grads(); accumulated (+=) by backward
+  // main_grad holds zeros: set when the ParamSet zeroes the gradients (every step). The first
+  // weight-gradient GEMM of the step then writes its product instead of adding it (beta 0: the
+  // GEMM neither reads main_grad nor sums into it; grad_beta()), and every writer of a weight that
+  // a GEMM writes too clears it (the tied word embeddings' lookup backward).
+  mutable bool main_grad_zero = false;
+  // The beta of a GEMM accumulating into main_grad: 0 while it holds zeros, else 1. Clears the
+  // flag.
+  float grad_beta() const {
+    const float beta = main_grad_zero ? 0.0f : 1.0f;
+    main_grad_zero = false;
+    return beta;
+  }
 
   // value in dtype t: the tensor itself when it already is, else a converted copy (bf16 runs use
   // this for the small 1-D parameters that feed f32 elementwise kernels).
@@ -174,7 +186,7 @@ class ParamSet {
   void sync_frozen_compute();
   // The same for the elements [begin, end) of the flat buffers.
   void sync_compute_from_main(int64_t begin, int64_t end);
-  void zero_grads() { grads_.zero(); }
+  void zero_grads();
   // Elements of the trained part of the flat buffers, [0, trainable_numel()): every Param with
   // requires_grad sits there (and every bucket); the others after it.
   int64_t trainable_numel() const { return trainable_; }

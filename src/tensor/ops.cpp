@@ -75,12 +75,11 @@ Device device_of(const char* op, std::initializer_list<const Tensor*> tensors,
   MEGATRON_CHECK(false, "no implementation on device ", device_name(device))
 
 namespace {
-// A 16-bit dlogits for f32 logits: the CPU kernels round as they write; elsewhere the gradient is
-// computed in the logits' dtype and converted.
-bool rounds_elsewhere(const Tensor& dlogits, const Tensor& logits) {
-  return dlogits.defined() && logits.defined() && dlogits.dtype() != logits.dtype() &&
-         logits.dtype() == DType::kF32 && is_half(dlogits.dtype()) &&
-         logits.device() != Device::kCPU;
+// A 16-bit output of an op on f32 inputs (a 16-bit GEMM's input): the CPU kernels round as they
+// write; elsewhere the op runs in the input's dtype and the result is converted.
+bool rounds_elsewhere(const Tensor& out, const Tensor& in) {
+  return out.defined() && in.defined() && out.dtype() != in.dtype() && in.dtype() == DType::kF32 &&
+         is_half(out.dtype()) && in.device() != Device::kCPU;
 }
 }  // namespace
 
@@ -266,6 +265,12 @@ void dropout_backward(Tensor& dx, const Tensor& dout, float p, uint64_t seed, ui
 void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& x,
                        const Tensor& weight, const Tensor& bias, float eps) {
   const OpTimer timer(OpCategory::kNormElementwise, __func__);
+  if (rounds_elsewhere(out, x)) {
+    Tensor wide = Tensor::empty(x.shape(), x.dtype(), x.device());
+    layernorm_forward(wide, mean, rstd, x, weight, bias, eps);
+    out.copy_from(wide);
+    return;
+  }
   MEGATRON_DISPATCH(device_of("layernorm_forward", {&out, &mean, &rstd, &x, &weight, &bias}),
                     layernorm_forward(out, mean, rstd, x, weight, bias, eps));
 }
@@ -281,6 +286,12 @@ void layernorm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor
 
 void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& x, const Tensor& weight, float eps) {
   const OpTimer timer(OpCategory::kNormElementwise, __func__);
+  if (rounds_elsewhere(out, x)) {
+    Tensor wide = Tensor::empty(x.shape(), x.dtype(), x.device());
+    rmsnorm_forward(wide, rstd, x, weight, eps);
+    out.copy_from(wide);
+    return;
+  }
   MEGATRON_DISPATCH(device_of("rmsnorm_forward", {&out, &rstd, &x, &weight}),
                     rmsnorm_forward(out, rstd, x, weight, eps));
 }

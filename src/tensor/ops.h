@@ -101,6 +101,7 @@ void dropout_backward(Tensor& dx, const Tensor& dout, float p, uint64_t seed, ui
 
 // ---- normalisation ----------------------------------------------------------------------------
 // LayerNorm over the last dim h: out = (x - mean) * rstd * weight + bias; mean, rstd: [rows] f32.
+// For f32 x, out of both norms may be bf16 or f16: the f32 values rounded (a 16-bit GEMM's input).
 void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& x,
                        const Tensor& weight, const Tensor& bias, float eps);
 void layernorm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dout,

@@ -1099,6 +1099,7 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, const BatchSchedule::
       for (const Param* p : params_->params())
         if (p->requires_grad) {
           g = p->main_grad;
+          p->main_grad_zero = false;  // its first GEMM must add to the inf, not overwrite it
           break;
         }
     }

@@ -33,9 +33,9 @@ Tensor Norm::gamma(DType dtype) const {
   return g;
 }
 
-Tensor Norm::forward(const Tensor& x, Ctx& ctx) const {
+Tensor Norm::forward(const Tensor& x, Ctx& ctx, DType out) const {
   const int64_t rows = x.numel() / x.dim(-1);
-  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  Tensor y = Tensor::empty(x.shape(), out, x.device());
   ctx.x = x;
   ctx.rstd = Tensor::empty({rows}, x.dtype(), x.device());
   if (kind_ == Normalization::kLayerNorm) {

@@ -25,7 +25,10 @@ class Norm {
       : Norm(name, cfg.hidden_size, cfg.normalization, cfg.norm_epsilon,
              cfg.layernorm_zero_centered_gamma) {}
 
-  Tensor forward(const Tensor& x, Ctx& ctx) const;
+  Tensor forward(const Tensor& x, Ctx& ctx) const { return forward(x, ctx, x.dtype()); }
+  // The output in `out` (x's dtype, or bf16/f16 for f32 x when only a 16-bit GEMM reads it:
+  // TransformerLayer passes the next linear's gemm_input_dtype()).
+  Tensor forward(const Tensor& x, Ctx& ctx, DType out) const;
   Tensor backward(const Tensor& dy, Ctx& ctx) const;
   void collect(std::vector<Param*>& out);
   // Under sequence parallelism each TP rank normalises only its positions: its weight and bias

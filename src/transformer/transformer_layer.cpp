@@ -92,7 +92,12 @@ Tensor TransformerLayer::forward(const Tensor& x, const TokenLayout& layout, Ctx
 
   // The branches' outputs as [s', b, h], so that dropout sees the sequence (its masks are the
   // single-process ones in every layout: transformer/sequence_dropout.h).
-  Tensor a = self_attention.forward(input_layernorm.forward(x, ctx.ln1), layout, ctx.attn, mode)
+  // Each norm's output goes to one linear layer only: it is written in the dtype that layer's
+  // GEMM takes (bf16 in bf16 runs; f32 for an MoE router, which computes in f32).
+  Tensor a = self_attention
+                 .forward(input_layernorm.forward(x, ctx.ln1,
+                                                  self_attention.linear_qkv.gemm_input_dtype()),
+                          layout, ctx.attn, mode)
                  .view(x.shape());
   Tensor x1 = Tensor::empty(x.shape(), x.dtype(), x.device());
   if (ctx.dropout > 0)
@@ -102,8 +107,9 @@ Tensor TransformerLayer::forward(const Tensor& x, const TokenLayout& layout, Ctx
   if (cross_attention) {  // x1 = x1 + dropout(cross_attention(pre_cross_attn_layernorm(x1)))
     MEGATRON_CHECK(layout.memory.defined(), "a decoder layer needs the encoder's output");
     Tensor c = cross_attention
-                   ->forward(pre_cross_attn_layernorm->forward(x1, ctx.ln_cross), layout.memory,
-                             layout.memory_valid, ctx.cross, mode)
+                   ->forward(pre_cross_attn_layernorm->forward(
+                                 x1, ctx.ln_cross, cross_attention->linear_q.gemm_input_dtype()),
+                             layout.memory, layout.memory_valid, ctx.cross, mode)
                    .view(x.shape());
     if (ctx.dropout > 0)
       sequence_dropout_forward(c, c, ctx.dropout, ctx.seed, ctx.stream_cross, tp_, true);
@@ -111,7 +117,8 @@ Tensor TransformerLayer::forward(const Tensor& x, const TokenLayout& layout, Ctx
     x1 = c;
   }
 
-  const Tensor normed = pre_mlp_layernorm.forward(x1, ctx.ln2);
+  const Tensor normed =
+      pre_mlp_layernorm.forward(x1, ctx.ln2, moe ? x1.dtype() : mlp->linear_fc1.gemm_input_dtype());
   Tensor m =
       (moe ? moe->forward(normed, ctx.moe, mode) : mlp->forward(normed, ctx.mlp)).view(x.shape());
   if (ctx.dropout > 0)

@@ -321,6 +321,30 @@ TEST(LayerNorm, ForwardBackwardAndParamGrads) {
   EXPECT_TRUE(allclose(db32, g.dbias, kF32Atol, kF32Rtol));
 }
 
+// Both norms write a 16-bit output (the next GEMM's input) as the f32 one rounded, bit for bit, and
+// the same statistics.
+TEST(LayerNorm, SixteenBitOutputIsTheF32OneRounded) {
+  const Tensor x = random_tensor({5, 130}, 70, 2.0), w = random_tensor({130}, 71),
+               b = random_tensor({130}, 72);
+  Tensor y = Tensor::empty(x.shape()), mean = Tensor::empty({5}), rstd = Tensor::empty({5});
+  ops::layernorm_forward(y, mean, rstd, x, w, b, 1e-5f);
+  Tensor ry = Tensor::empty(x.shape()), rrstd = Tensor::empty({5});
+  ops::rmsnorm_forward(ry, rrstd, x, w, 1e-5f);
+  for (DType half : {DType::kBF16, DType::kF16}) {
+    Tensor y16 = Tensor::empty(x.shape(), half), mean2 = Tensor::empty({5}),
+           rstd2 = Tensor::empty({5});
+    ops::layernorm_forward(y16, mean2, rstd2, x, w, b, 1e-5f);
+    const Tensor want = y.to(half);
+    EXPECT_EQ(std::memcmp(y16.raw(), want.raw(), want.nbytes()), 0) << dtype_name(half);
+    EXPECT_TRUE(allclose(mean2, mean, 0, 0));
+    EXPECT_TRUE(allclose(rstd2, rstd, 0, 0));
+    Tensor r16 = Tensor::empty(x.shape(), half);
+    ops::rmsnorm_forward(r16, rstd2, x, w, 1e-5f);
+    const Tensor rwant = ry.to(half);
+    EXPECT_EQ(std::memcmp(r16.raw(), rwant.raw(), rwant.nbytes()), 0) << dtype_name(half);
+  }
+}
+
 TEST(RMSNorm, ForwardBackwardAndParamGrads) {
   const int64_t rows = 7, h = 29;
   Tensor x64 = random_tensor({rows, h}, 13, 2.0, DType::kF64),

@@ -136,6 +136,7 @@ void LanguageEmbedding::backward(const Tensor& dy, Ctx& ctx) const {
   } else {
     vocab_parallel_embedding_backward(dwe, dx, ctx.ids, vocab_.start);
   }
+  word_embeddings.main_grad_zero = false;  // the output layer's GEMM may add to it next
   if (learned_positions() && position_embeddings.main_grad.defined()) {
     Tensor dpe = position_embeddings.main_grad;
     ops::embedding_backward(dpe, dx, ctx.positions);

@@ -120,7 +120,7 @@ Tensor LMHead::loss_backward(const Tensor& dloss, Ctx& ctx) const {
   Tensor dhidden = Tensor::empty({n, h}, ctx.lse.dtype(), ctx.lse.device());
   ops::matmul(dhidden, dl, false, w.value, false);
   Tensor dw = w.main_grad;  // undefined: frozen, no weight gradient (Param::requires_grad)
-  if (dw.defined()) ops::matmul(dw, dl, true, ctx.hidden, false, 1.0f);
+  if (dw.defined()) ops::matmul(dw, dl, true, ctx.hidden, false, w.grad_beta());
   dl = Tensor();
   dhidden = dhidden.view({s, b, h});
   Tensor dx = tp_.sp() ? gather_from_sequence_parallel_region_backward(dhidden, *tp_.group)

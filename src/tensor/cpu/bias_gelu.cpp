@@ -17,27 +17,6 @@
 namespace megatron::cpu {
 namespace {
 
-// Calls fn.template operator()<O>() with O = T, bf16 or f16 from out's dtype (16-bit outputs for
-// f32 inputs only).
-template <typename T, typename Fn>
-void dispatch_out(const Tensor& out, const char* op, Fn&& fn) {
-  if (out.dtype() == detail::dtype_of<T>()) {
-    fn.template operator()<T>();
-    return;
-  }
-  constexpr bool kF32 = std::is_same_v<T, float>;
-  MEGATRON_CHECK(kF32 && is_half(out.dtype()), op, ": output ", out.str(),
-                 " must have the input's dtype ", dtype_name(detail::dtype_of<T>()),
-                 " (or bf16/f16 for f32 input)");
-  if constexpr (kF32) {
-    if (out.dtype() == DType::kBF16) {
-      fn.template operator()<bf16>();
-    } else {
-      fn.template operator()<f16>();
-    }
-  }
-}
-
 void check_args(const Tensor& out, const Tensor& y, const Tensor& bias, const char* op) {
   check_numel(out, y, op);
   MEGATRON_CHECK(bias.ndim() == 1 && y.ndim() >= 1 && y.dim(-1) == bias.dim(0), op, ": bias ",

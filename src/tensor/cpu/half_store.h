@@ -8,6 +8,8 @@
 #include <type_traits>
 
 #include "core/dtype.h"
+#include "core/error.h"
+#include "tensor/tensor.h"
 
 namespace megatron::cpu {
 
@@ -30,6 +32,27 @@ inline StoredAs<O> stored_value(T v) {
 template <typename O>
 inline StoredAs<O>* stored_ptr(O* p) {
   return reinterpret_cast<StoredAs<O>*>(p);
+}
+
+// Calls fn.template operator()<O>() with O = T, bf16 or f16 from out's dtype (16-bit outputs for
+// f32 inputs only).
+template <typename T, typename Fn>
+void dispatch_out(const Tensor& out, const char* op, Fn&& fn) {
+  if (out.dtype() == detail::dtype_of<T>()) {
+    fn.template operator()<T>();
+    return;
+  }
+  constexpr bool kF32 = std::is_same_v<T, float>;
+  MEGATRON_CHECK(kF32 && is_half(out.dtype()), op, ": output ", out.str(),
+                 " must have the input's dtype ", dtype_name(detail::dtype_of<T>()),
+                 " (or bf16/f16 for f32 input)");
+  if constexpr (kF32) {
+    if (out.dtype() == DType::kBF16) {
+      fn.template operator()<bf16>();
+    } else {
+      fn.template operator()<f16>();
+    }
+  }
 }
 
 }  // namespace megatron::cpu

@@ -11,6 +11,7 @@
 
 #include "tensor/cpu/cpu_ops.h"
 #include "tensor/cpu/dispatch.h"
+#include "tensor/cpu/half_store.h"
 #include "tensor/ops.h"
 
 namespace megatron::cpu {
@@ -38,29 +39,32 @@ void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& x,
   check_shape(mean, {rows}, "layernorm_forward mean");
   check_shape(rstd, {rows}, "layernorm_forward rstd");
   dispatch_float(x, "layernorm_forward", [&]<typename T>() {
-    const T *in = x.data<T>(), *w = weight.data<T>(), *b = bias.data<T>();
-    T *o = out.data<T>(), *mu = mean.data<T>(), *rs = rstd.data<T>();
+    dispatch_out<T>(out, "layernorm_forward", [&]<typename O>() {
+      const T *in = x.data<T>(), *w = weight.data<T>(), *b = bias.data<T>();
+      T *mu = mean.data<T>(), *rs = rstd.data<T>();
+      StoredAs<O>* o = stored_ptr(out.data<O>());
 #pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      const T* xr = in + r * h;
-      double s = 0;
+      for (int64_t r = 0; r < rows; ++r) {
+        const T* xr = in + r * h;
+        double s = 0;
 #pragma omp simd reduction(+ : s)
-      for (int64_t j = 0; j < h; ++j) s += xr[j];
-      double m = s / static_cast<double>(h);
-      double v = 0;
+        for (int64_t j = 0; j < h; ++j) s += xr[j];
+        double m = s / static_cast<double>(h);
+        double v = 0;
 #pragma omp simd reduction(+ : v)
-      for (int64_t j = 0; j < h; ++j) {
-        double d = xr[j] - m;
-        v += d * d;
-      }
-      double inv = 1.0 / std::sqrt(v / static_cast<double>(h) + eps);
-      T mt = static_cast<T>(m), it = static_cast<T>(inv);
-      T* orow = o + r * h;
+        for (int64_t j = 0; j < h; ++j) {
+          double d = xr[j] - m;
+          v += d * d;
+        }
+        double inv = 1.0 / std::sqrt(v / static_cast<double>(h) + eps);
+        T mt = static_cast<T>(m), it = static_cast<T>(inv);
+        StoredAs<O>* orow = o + r * h;
 #pragma omp simd
-      for (int64_t j = 0; j < h; ++j) orow[j] = (xr[j] - mt) * it * w[j] + b[j];
-      mu[r] = mt;
-      rs[r] = it;
-    }
+        for (int64_t j = 0; j < h; ++j) orow[j] = stored_value<O>((xr[j] - mt) * it * w[j] + b[j]);
+        mu[r] = mt;
+        rs[r] = it;
+      }
+    });
   });
 }
 
@@ -119,20 +123,23 @@ void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& x, const Tensor& w
   check_shape(weight, {h}, "rmsnorm_forward weight");
   check_shape(rstd, {rows}, "rmsnorm_forward rstd");
   dispatch_float(x, "rmsnorm_forward", [&]<typename T>() {
-    const T *in = x.data<T>(), *w = weight.data<T>();
-    T *o = out.data<T>(), *rs = rstd.data<T>();
+    dispatch_out<T>(out, "rmsnorm_forward", [&]<typename O>() {
+      const T *in = x.data<T>(), *w = weight.data<T>();
+      T* rs = rstd.data<T>();
+      StoredAs<O>* o = stored_ptr(out.data<O>());
 #pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      const T* xr = in + r * h;
-      double ss = 0;
+      for (int64_t r = 0; r < rows; ++r) {
+        const T* xr = in + r * h;
+        double ss = 0;
 #pragma omp simd reduction(+ : ss)
-      for (int64_t j = 0; j < h; ++j) ss += static_cast<double>(xr[j]) * xr[j];
-      T inv = static_cast<T>(1.0 / std::sqrt(ss / static_cast<double>(h) + eps));
-      T* orow = o + r * h;
+        for (int64_t j = 0; j < h; ++j) ss += static_cast<double>(xr[j]) * xr[j];
+        T inv = static_cast<T>(1.0 / std::sqrt(ss / static_cast<double>(h) + eps));
+        StoredAs<O>* orow = o + r * h;
 #pragma omp simd
-      for (int64_t j = 0; j < h; ++j) orow[j] = xr[j] * inv * w[j];
-      rs[r] = inv;
-    }
+        for (int64_t j = 0; j < h; ++j) orow[j] = stored_value<O>(xr[j] * inv * w[j]);
+        rs[r] = inv;
+      }
+    });
   });
 }
 
