@@ -77,9 +77,16 @@ Device device_of(const char* op, std::initializer_list<const Tensor*> tensors,
 namespace {
 // A 16-bit output of an op on f32 inputs (a 16-bit GEMM's input): the CPU kernels round as they
 // write; elsewhere the op runs in the input's dtype and the result is converted.
-bool rounds_elsewhere(const Tensor& out, const Tensor& in) {
-  return out.defined() && in.defined() && out.dtype() != in.dtype() && in.dtype() == DType::kF32 &&
-         is_half(out.dtype()) && in.device() != Device::kCPU;
+// Returns whether it did: run(wide) computes into an f32 tensor of in's shape, out gets it rounded.
+template <typename Run>
+bool rounded_elsewhere(Tensor& out, const Tensor& in, Run run) {
+  if (!out.defined() || !in.defined() || out.dtype() == in.dtype() || in.dtype() != DType::kF32 ||
+      !is_half(out.dtype()) || in.device() == Device::kCPU)
+    return false;
+  Tensor wide = Tensor::empty(in.shape(), in.dtype(), in.device());
+  run(wide);
+  out.copy_from(wide);
+  return true;
 }
 }  // namespace
 
@@ -265,12 +272,9 @@ void dropout_backward(Tensor& dx, const Tensor& dout, float p, uint64_t seed, ui
 void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& x,
                        const Tensor& weight, const Tensor& bias, float eps) {
   const OpTimer timer(OpCategory::kNormElementwise, __func__);
-  if (rounds_elsewhere(out, x)) {
-    Tensor wide = Tensor::empty(x.shape(), x.dtype(), x.device());
-    layernorm_forward(wide, mean, rstd, x, weight, bias, eps);
-    out.copy_from(wide);
+  if (rounded_elsewhere(
+          out, x, [&](Tensor& wide) { layernorm_forward(wide, mean, rstd, x, weight, bias, eps); }))
     return;
-  }
   MEGATRON_DISPATCH(device_of("layernorm_forward", {&out, &mean, &rstd, &x, &weight, &bias}),
                     layernorm_forward(out, mean, rstd, x, weight, bias, eps));
 }
@@ -286,12 +290,8 @@ void layernorm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor
 
 void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& x, const Tensor& weight, float eps) {
   const OpTimer timer(OpCategory::kNormElementwise, __func__);
-  if (rounds_elsewhere(out, x)) {
-    Tensor wide = Tensor::empty(x.shape(), x.dtype(), x.device());
-    rmsnorm_forward(wide, rstd, x, weight, eps);
-    out.copy_from(wide);
+  if (rounded_elsewhere(out, x, [&](Tensor& wide) { rmsnorm_forward(wide, rstd, x, weight, eps); }))
     return;
-  }
   MEGATRON_DISPATCH(device_of("rmsnorm_forward", {&out, &rstd, &x, &weight}),
                     rmsnorm_forward(out, rstd, x, weight, eps));
 }
@@ -371,12 +371,10 @@ void cross_entropy_forward(Tensor& loss, Tensor& lse, const Tensor& logits, cons
 void cross_entropy_backward(Tensor& dlogits, const Tensor& dloss, const Tensor& logits,
                             const Tensor& lse, const Tensor& targets, int64_t vocab_size) {
   const OpTimer timer(OpCategory::kCrossEntropy, __func__);
-  if (rounds_elsewhere(dlogits, logits)) {
-    Tensor wide = Tensor::empty(logits.shape(), logits.dtype(), logits.device());
-    cross_entropy_backward(wide, dloss, logits, lse, targets, vocab_size);
-    dlogits.copy_from(wide);
+  if (rounded_elsewhere(dlogits, logits, [&](Tensor& wide) {
+        cross_entropy_backward(wide, dloss, logits, lse, targets, vocab_size);
+      }))
     return;
-  }
   MEGATRON_DISPATCH(
       device_of("cross_entropy_backward", {&dlogits, &dloss, &logits, &lse, &targets}),
       cross_entropy_backward(dlogits, dloss, logits, lse, targets, vocab_size));
@@ -414,12 +412,10 @@ void cross_entropy_shard_backward(Tensor& dlogits_shard, const Tensor& dloss,
                                   const Tensor& logits_shard, const Tensor& lse,
                                   const Tensor& targets, int64_t vocab_start, int64_t valid) {
   const OpTimer timer(OpCategory::kCrossEntropy, __func__);
-  if (rounds_elsewhere(dlogits_shard, logits_shard)) {
-    Tensor wide = Tensor::empty(logits_shard.shape(), logits_shard.dtype(), logits_shard.device());
-    cross_entropy_shard_backward(wide, dloss, logits_shard, lse, targets, vocab_start, valid);
-    dlogits_shard.copy_from(wide);
+  if (rounded_elsewhere(dlogits_shard, logits_shard, [&](Tensor& wide) {
+        cross_entropy_shard_backward(wide, dloss, logits_shard, lse, targets, vocab_start, valid);
+      }))
     return;
-  }
   MEGATRON_DISPATCH(device_of("cross_entropy_shard_backward",
                               {&dlogits_shard, &dloss, &logits_shard, &lse, &targets}),
                     cross_entropy_shard_backward(dlogits_shard, dloss, logits_shard, lse, targets,

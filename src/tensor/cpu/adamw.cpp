@@ -9,6 +9,7 @@
 
 #include "tensor/cpu/cpu_ops.h"
 #include "tensor/cpu/dispatch.h"
+#include "tensor/cpu/half_store.h"
 #include "tensor/ops.h"
 
 namespace megatron::cpu {
@@ -45,14 +46,16 @@ void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor
       }
     };
     // The 16-bit copies round through f32, as convert() does from either source dtype.
+    auto round_into = [&]<typename Half>() {
+      StoredAs<Half>* r = stored_ptr(rounded->data<Half>());
+      run([r](int64_t i, T w) { r[i] = stored_value<Half>(w); });
+    };
     if (!rounded) {
       run([](int64_t, T) {});
     } else if (rounded->dtype() == DType::kBF16) {
-      bf16* r = rounded->data<bf16>();
-      run([r](int64_t i, T w) { r[i] = f32_to_bf16(static_cast<float>(w)); });
+      round_into.template operator()<bf16>();
     } else {
-      f16* r = rounded->data<f16>();
-      run([r](int64_t i, T w) { r[i] = f32_to_f16(static_cast<float>(w)); });
+      round_into.template operator()<f16>();
     }
   });
 }

@@ -10,10 +10,10 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <type_traits>
 
 #include "tensor/cpu/cpu_ops.h"
 #include "tensor/cpu/dispatch.h"
+#include "tensor/cpu/half_store.h"
 #include "tensor/cpu/vec_math.h"
 #include "tensor/ops.h"
 
@@ -121,7 +121,7 @@ void backward_rounding_kernel(Half* d, const float* lg, const float* dl, const f
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     const float* row = lg + r * block;
-    Half* drow = d + r * block;
+    StoredAs<Half>* drow = stored_ptr(d + r * block);
     const float z = ls[r], g = dl[r];
     const int64_t local = t[r] - start;
     float buf[kChunk];
@@ -131,11 +131,7 @@ void backward_rounding_kernel(Half* d, const float* lg, const float* dl, const f
       for (int64_t j = 0; j < live; ++j) buf[j] = g * cpu::vexp(row[j0 + j] - z);
       for (int64_t j = live; j < w; ++j) buf[j] = 0;
       if (local >= j0 && local < j0 + live) buf[local - j0] -= g;
-      if constexpr (std::is_same_v<Half, bf16>) {
-        for (int64_t j = 0; j < w; ++j) drow[j0 + j] = f32_to_bf16(buf[j]);
-      } else {
-        for (int64_t j = 0; j < w; ++j) drow[j0 + j] = f32_to_f16(buf[j]);
-      }
+      for (int64_t j = 0; j < w; ++j) drow[j0 + j] = stored_value<Half>(buf[j]);
     }
   }
 }
