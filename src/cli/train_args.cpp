@@ -325,6 +325,7 @@ void register_train_args(ArgTable& t, Arguments& a) {
   t.add("--onebit-freeze-step", a.onebit_freeze_step,
         "1-bit Adam: steps of full Adam (gradients all-reduced) before the variance freezes and "
         "the momentum is exchanged compressed (DeepSpeed's freeze_step)");
+  register_precision_aware_args(t, a);
   t.add("--lr", a.lr, "Peak learning rate");
   t.add("--min-lr", a.min_lr, "Minimum learning rate");
   t.add("--lr-decay-style", a.lr_decay_style,
@@ -900,6 +901,7 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
   validate_recompute(a, a.num_layers / a.pipeline_model_parallel_size);
   validate_fp8_args(a);
   validate_fsdp_args(a);
+  validate_precision_aware_args(a);
   if (a.global_batch_size == 0) a.global_batch_size = a.micro_batch_size * dp;
   MEGATRON_CHECK(a.global_batch_size > 0, "--global-batch-size must be positive, got ",
                  a.global_batch_size);

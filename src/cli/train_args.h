@@ -14,6 +14,10 @@ void register_train_args(ArgTable& t, Arguments& a);
 void register_fp8_args(ArgTable& t, Arguments& a);
 void validate_fp8_args(const Arguments& a);
 void register_fsdp_args(ArgTable& t, Arguments& a);
+// The precision-aware optimizer's flags (cli/optimizer_args.cpp) and their rules, checked after
+// validate_fsdp_args (which decides whether the distributed optimizer runs).
+void register_precision_aware_args(ArgTable& t, Arguments& a);
+void validate_precision_aware_args(const Arguments& a);
 // May set use_distributed_optimizer (Megatron-FSDP runs on it).
 void validate_fsdp_args(Arguments& a);
 

@@ -16,7 +16,12 @@ AdamW::AdamW(ParamSet& params, const AdamWConfig& cfg)
       exp_avg_(
           Tensor::zeros({params.trainable_numel()}, params.main().dtype(), params.main().device())),
       exp_avg_sq_(Tensor::zeros({params.trainable_numel()}, params.main().dtype(),
-                                params.main().device())) {}
+                                params.main().device())) {
+  MEGATRON_CHECK(
+      cfg.exp_avg_dtype == MomentDType::kF32 && cfg.exp_avg_sq_dtype == MomentDType::kF32,
+      "Adam moments in lower precision are the distributed optimizer's "
+      "(--use-precision-aware-optimizer only supported with distributed optimizer)");
+}
 
 void AdamW::step(const StepRates& rates, double grad_scale) {
   ++step_;

@@ -6,6 +6,7 @@
 // optimizer (that shards these buffers over data-parallel ranks; it comes with parallelism).
 #pragma once
 
+#include "optim/moment_storage.h"
 #include "parallel/param.h"
 
 namespace megatron {
@@ -15,6 +16,10 @@ struct AdamWConfig {
   double beta2 = 0.999;        // --adam-beta2
   double eps = 1e-8;           // --adam-eps
   double weight_decay = 0.01;  // --weight-decay
+  // The precision-aware optimizer's moment storage (--exp-avg-dtype, --exp-avg-sq-dtype;
+  // MomentStorage): the distributed optimizer only, as in Megatron; AdamW keeps fp32.
+  MomentDType exp_avg_dtype = MomentDType::kF32;
+  MomentDType exp_avg_sq_dtype = MomentDType::kF32;
 };
 
 // One step's hyper-parameters from the schedules (Megatron's parameter groups): the learning

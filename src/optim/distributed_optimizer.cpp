@@ -35,8 +35,26 @@ DistributedOptimizer::DistributedOptimizer(GradBuckets& buckets, const AdamWConf
     }
     owned += s1 - s0;
   }
-  exp_avg_ = Tensor::zeros({owned}, params_.main().dtype(), params_.main().device());
-  exp_avg_sq_ = Tensor::zeros({owned}, params_.main().dtype(), params_.main().device());
+  // One scale group per segment: what Transformer Engine's FusedAdam scales as one parameter
+  // under Megatron's distributed optimizer (a Param's part of this rank's shard).
+  std::vector<std::pair<int64_t, int64_t>> groups;
+  for (const Segment& s : segments_) groups.emplace_back(s.state, s.state + s.numel);
+  const DType wide = params_.main().dtype();
+  exp_avg_ = MomentStorage(owned, cfg.exp_avg_dtype, wide, params_.main().device(), groups);
+  exp_avg_sq_ = MomentStorage(owned, cfg.exp_avg_sq_dtype, wide, params_.main().device(), groups);
+}
+
+std::pair<Tensor, Tensor> DistributedOptimizer::moments_f32() const {
+  auto f32 = [](const MomentStorage& m) {
+    // fp32 storage: its whole buffer (groups and padding) aliased, written in place by a load.
+    return m.dtype() == MomentDType::kF32 ? m.whole() : m.to_f32();
+  };
+  return {f32(exp_avg_), f32(exp_avg_sq_)};
+}
+
+void DistributedOptimizer::set_moments(const Tensor& exp_avg, const Tensor& exp_avg_sq) {
+  if (exp_avg_.dtype() != MomentDType::kF32) exp_avg_.from_f32(exp_avg);
+  if (exp_avg_sq_.dtype() != MomentDType::kF32) exp_avg_sq_.from_f32(exp_avg_sq);
 }
 
 void DistributedOptimizer::step(const StepRates& rates, double grad_scale) {
@@ -51,14 +69,20 @@ void DistributedOptimizer::step(const StepRates& rates, double grad_scale) {
   // Sharded mixed-precision main weights: the step rounds this rank's part of the compute copy as
   // it updates the shards (one pass over memory fewer); FP8 codes are quantised after.
   const bool round = params_.main_sharded() && params_.compute().raw() != params_.main().raw();
-  for (const Segment& s : segments_) {
+  for (size_t k = 0; k < segments_.size(); ++k) {
+    const Segment& s = segments_[k];
+    const auto group = static_cast<int64_t>(k);
     Tensor w = main_of(s);
-    Tensor m = exp_avg_.flat_view(s.state, {s.numel});
-    Tensor v = exp_avg_sq_.flat_view(s.state, {s.numel});
+    // fp32 and bf16 moments are updated where they are stored; fp16 and fp8 ones in fp32 copies,
+    // stored back with new scales (MomentStorage).
+    Tensor m = exp_avg_.scaled() ? exp_avg_.unscaled(group) : exp_avg_.group(group);
+    Tensor v = exp_avg_sq_.scaled() ? exp_avg_sq_.unscaled(group) : exp_avg_sq_.group(group);
     spec.lr = static_cast<float>(rates.lr_of(*s.param));
     spec.weight_decay = static_cast<float>(rates.decay_of(*s.param));
     Tensor rounded = round && !s.param->fp8 ? compute_of(s) : Tensor();
     ops::adamw_step(w, m, v, grad_of(s), spec, rounded.defined() ? &rounded : nullptr);
+    if (exp_avg_.scaled()) exp_avg_.store(group, m);
+    if (exp_avg_sq_.scaled()) exp_avg_sq_.store(group, v);
   }
   if (round) params_.sync_frozen_compute();
   if (params_.weights_sharded()) {

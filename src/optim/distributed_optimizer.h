@@ -8,7 +8,9 @@
 // at most one Param (the rest is padding) and is stepped with that Param's weight decay (none for
 // biases and norm weights, Megatron's param groups). For the owned elements only, and only here:
 //
-//   m, v   the Adam moments, 2 x 4 bytes per owned element (fp32): state_bytes() falls as 1/dp
+//   m, v   the Adam moments, 2 x 4 bytes per owned element in fp32, fewer with the
+//          precision-aware optimizer's storage (MomentStorage: bf16, fp16 or fp8 moments,
+//          AdamWConfig's exp_avg_dtype / exp_avg_sq_dtype): state_bytes() falls as 1/dp
 //   w      the fp32 main weights: the owned range of ParamSet::main(), stepped in place
 //
 // Where w and g live is the ParamSet's (ParamSet::main_shard / grad_shard): in fp32 runs the
@@ -48,6 +50,7 @@
 #include <vector>
 
 #include "optim/adamw.h"
+#include "optim/moment_storage.h"
 #include "parallel/grad_buckets.h"
 #include "parallel/param.h"
 #include "parallel/param_gate.h"
@@ -114,13 +117,16 @@ class DistributedOptimizer final : public ParamGate {
   std::vector<OwnedSegment> owned_segments() const;
   // Elements this rank owns: the sum of its shard lengths, padding included.
   int64_t owned_numel() const { return exp_avg_.numel(); }
-  // Bytes of optimizer state on this rank (the two moments): 2 x element size x owned_numel().
-  int64_t state_bytes() const {
-    return static_cast<int64_t>(exp_avg_.nbytes() + exp_avg_sq_.nbytes());
-  }
+  // Bytes of optimizer state on this rank (the two moments): their element sizes x owned_numel().
+  int64_t state_bytes() const { return exp_avg_.nbytes() + exp_avg_sq_.nbytes(); }
   // The moments of the owned elements, [owned_numel()]: bucket 0's shard, then bucket 1's, ...
-  Tensor& exp_avg() { return exp_avg_; }
-  Tensor& exp_avg_sq() { return exp_avg_sq_; }
+  // in their storage (one group per segment, in owned_segments() order).
+  const MomentStorage& exp_avg() const { return exp_avg_; }
+  const MomentStorage& exp_avg_sq() const { return exp_avg_sq_; }
+  // Both moments as fp32 [owned_numel()] (what a checkpoint saves and loads): the storage itself
+  // when it is fp32, else unscaled copies, which set_moments() stores back after a load.
+  std::pair<Tensor, Tensor> moments_f32() const;
+  void set_moments(const Tensor& exp_avg, const Tensor& exp_avg_sq);
   // Where bucket i's shard starts in exp_avg() / exp_avg_sq(): element shard_range(i).first + k
   // of the flat buffers has its moments at state_offset(i) + k.
   int64_t state_offset(int64_t bucket) const { return state_offsets_[bucket]; }
@@ -138,7 +144,7 @@ class DistributedOptimizer final : public ParamGate {
   AdamWConfig cfg_;
   std::vector<int64_t> state_offsets_;  // per bucket
   std::vector<Segment> segments_;       // in buffer order
-  Tensor exp_avg_, exp_avg_sq_;
+  MomentStorage exp_avg_, exp_avg_sq_;
   int64_t step_ = 0;
   bool overlap_param_gather_ = false;
   // Per bucket, the all-gather in flight (an empty Work when none); mutable: waiting on it is

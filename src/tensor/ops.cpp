@@ -461,8 +461,21 @@ void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor
                    "adamw_step: rounded must be bf16 or f16 with param's ", param.numel(),
                    " elements, got ", rounded->str());
   }
-  MEGATRON_DISPATCH(device_of("adamw_step", {&param, &exp_avg, &exp_avg_sq, &grad}),
-                    adamw_step(param, exp_avg, exp_avg_sq, grad, spec, rounded));
+  const Device device = device_of("adamw_step", {&param, &exp_avg, &exp_avg_sq, &grad});
+  const bool m16 = exp_avg.dtype() == DType::kBF16, v16 = exp_avg_sq.dtype() == DType::kBF16;
+  if ((m16 || v16) && device != Device::kCPU) {
+    // bf16 moments elsewhere: the f32 step on widened copies, rounded back (the CPU kernel does
+    // the same in one pass; convert rounds as it does).
+    MEGATRON_CHECK(param.dtype() == DType::kF32, "adamw_step: bf16 moments need f32 weights, got ",
+                   param.str());
+    Tensor m = m16 ? exp_avg.to(DType::kF32) : exp_avg;
+    Tensor v = v16 ? exp_avg_sq.to(DType::kF32) : exp_avg_sq;
+    [&] { MEGATRON_DISPATCH(device, adamw_step(param, m, v, grad, spec, rounded)); }();
+    if (m16) exp_avg.copy_from(m);
+    if (v16) exp_avg_sq.copy_from(v);
+    return;
+  }
+  MEGATRON_DISPATCH(device, adamw_step(param, exp_avg, exp_avg_sq, grad, spec, rounded));
 }
 
 double sum_squares(const Tensor& x) {

@@ -307,6 +307,8 @@ struct AdamWSpec {
   int64_t step = 1;         // 1-based, for the bias correction
   double grad_scale = 1.0;  // the clipping coefficient
 };
+// exp_avg and exp_avg_sq may each be bf16 with f32 weights (the precision-aware optimizer's
+// bf16 moments): read exactly, updated in f32, stored rounded as convert() rounds.
 // rounded (optional): a bf16 or f16 tensor of param's size that receives the updated weights
 // rounded as rounded->copy_from(param) would, in the same pass over memory (the 16-bit compute
 // copy of mixed-precision runs, refreshed without reading the main weights again).

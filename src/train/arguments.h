@@ -115,6 +115,11 @@ struct Arguments {
   // ---- optimizer and schedule ----
   std::string optimizer = "adam";       // adam (AdamW) or onebit_adam (DeepSpeed's 1-bit Adam)
   int64_t onebit_freeze_step = 100000;  // --onebit-freeze-step (DeepSpeed's freeze_step)
+  // --use-precision-aware-optimizer: the Adam moments stored in --exp-avg-dtype /
+  // --exp-avg-sq-dtype (fp32, fp16, bf16, fp8; optim/moment_storage.h), distributed optimizer only
+  bool use_precision_aware_optimizer = false;
+  std::string exp_avg_dtype = "fp32";
+  std::string exp_avg_sq_dtype = "fp32";
   double lr = 0;
   double min_lr = 0;
   std::string lr_decay_style = "linear";

@@ -168,17 +168,19 @@ void for_each_box(const CheckpointTarget& t, bool optim, bool writes_only, Fn&& 
     }
   }
   if (!optim || !t.dist_optimizer) return;
+  // The moments in fp32 whatever their storage (the precision-aware optimizer's bf16, fp16 or fp8
+  // moments are saved unscaled, as Megatron saves them), stored back after a load.
+  auto [exp_avg, exp_avg_sq] = t.dist_optimizer->moments_f32();
   for (const auto& seg : t.dist_optimizer->owned_segments()) {
     if (writes_only && seg.param->is_duplicate()) continue;
     // The segment's moments start at seg.state for the Param's element seg.param_begin.
     const int64_t at = seg.state - seg.param_begin;
     for (const cp::Piece& piece : cp::shard_pieces(*seg.param, seg.param_begin, seg.numel)) {
-      fn("optimizer.exp_avg." + seg.param->name, *seg.param, t.dist_optimizer->exp_avg(), at,
-         piece);
-      fn("optimizer.exp_avg_sq." + seg.param->name, *seg.param, t.dist_optimizer->exp_avg_sq(), at,
-         piece);
+      fn("optimizer.exp_avg." + seg.param->name, *seg.param, exp_avg, at, piece);
+      fn("optimizer.exp_avg_sq." + seg.param->name, *seg.param, exp_avg_sq, at, piece);
     }
   }
+  if (!writes_only) t.dist_optimizer->set_moments(exp_avg, exp_avg_sq);
 }
 
 }  // namespace

@@ -419,7 +419,12 @@ void Trainer::build_optimizer() {
   // The weight decay of each step comes from the schedule (StepRates); this is the constant one.
   const AdamWConfig adam{args_.adam_beta1, args_.adam_beta2, args_.adam_eps, args_.weight_decay};
   if (distributed) {
-    dist_optimizer_ = std::make_unique<DistributedOptimizer>(*grad_buckets_, adam);
+    AdamWConfig moments = adam;
+    // --use-precision-aware-optimizer's storage (validated: fp32 without the flag).
+    MEGATRON_CHECK(parse_moment_dtype(args_.exp_avg_dtype, &moments.exp_avg_dtype) &&
+                       parse_moment_dtype(args_.exp_avg_sq_dtype, &moments.exp_avg_sq_dtype),
+                   "--exp-avg-dtype / --exp-avg-sq-dtype: fp32, fp16, bf16 or fp8");
+    dist_optimizer_ = std::make_unique<DistributedOptimizer>(*grad_buckets_, moments);
     dist_optimizer_->set_overlap_param_gather(args_.overlap_param_gather &&
                                               !params_->weights_sharded());
     if (params_->grads_sharded()) {
@@ -437,6 +442,13 @@ void Trainer::build_optimizer() {
         grad_size_ == 1 ? "; with data-parallel size 1 there is nothing to shard: it behaves as "
                           "the plain optimizer"
                         : ""));
+    if (args_.use_precision_aware_optimizer) {
+      log_first(strprintf(
+          " > precision-aware optimizer: Adam's moments stored as exp_avg %s, exp_avg_sq %s "
+          "(updated in fp32; fp16 and fp8 scaled per parameter shard, Transformer Engine's "
+          "FusedAdam); checkpoints hold them in fp32",
+          moment_dtype_name(moments.exp_avg_dtype), moment_dtype_name(moments.exp_avg_sq_dtype)));
+    }
   } else if (args_.optimizer == "onebit_adam") {
     auto onebit =
         std::make_unique<OneBitAdam>(*params_, adam, args_.onebit_freeze_step, ps.dp_cp_group());

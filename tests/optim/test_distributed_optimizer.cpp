@@ -335,13 +335,45 @@ struct Case {
   bool overlap;
   bool megatron_padding;  // distributed_bucket_layout's; else the smallest, 16 dp (more splits)
   DType dtype;
+  // The precision-aware optimizer's moment storage (fp16 and fp8 only with dp 1, see below).
+  MomentDType exp_avg = MomentDType::kF32, exp_avg_sq = MomentDType::kF32;
 };
+
+// The reference's moments as the distributed optimizer stores them: after each AdamW step of the
+// reference, every owned segment of `opt` (dp 1: all of them) goes through a MomentStorage of the
+// same kind (MomentStorage's own rules are checked in test_moment_storage.cpp; this checks that
+// the optimizer scales per segment, reads the moments back before the next update and uses the
+// unrounded ones for this one). bf16 rounds elementwise, so any dp works for it.
+void store_like(Tensor& ref_moment, MomentDType t, const DistributedOptimizer& opt,
+                const Model& dist, const Model& ref) {
+  if (t == MomentDType::kF32) return;
+  if (t == MomentDType::kBF16) {  // elementwise: other ranks' segments too
+    ref_moment.copy_from(ref_moment.to(DType::kBF16));
+    return;
+  }
+  std::vector<std::pair<int64_t, int64_t>> groups;
+  for (const auto& seg : opt.owned_segments()) {
+    size_t k = 0;
+    while (&dist.params[k] != seg.param) ++k;
+    const int64_t at = ref.set.offset_of(ref.params[k]) + seg.param_begin;
+    groups.emplace_back(at, at + seg.numel);
+  }
+  MomentStorage storage(ref_moment.numel(), t, DType::kF32, Device::kCPU, groups);
+  for (int64_t g = 0; g < storage.num_groups(); ++g) {
+    const auto [b, e] = groups[static_cast<size_t>(g)];
+    Tensor slice = ref_moment.flat_view(b, {e - b});
+    Tensor v = slice.clone();
+    storage.store(g, v);
+    slice.copy_from(storage.unscaled(g));
+  }
+}
 
 void run_equivalence(ProcessGroup& dp, const Case& c) {
   const std::string at = "bucket_size " + std::to_string(c.bucket_size) +
                          (c.overlap ? ", overlap" : ", no overlap") +
                          (c.megatron_padding ? ", lcm padding" : ", 16 dp padding") + ", " +
-                         dtype_name(c.dtype) + where(dp);
+                         dtype_name(c.dtype) + ", moments " + moment_dtype_name(c.exp_avg) + "/" +
+                         moment_dtype_name(c.exp_avg_sq) + where(dp);
   const AdamWConfig cfg{0.9, 0.95, 1e-8, 0.1};
   const double max_norm = 1.0;  // below every step's norm: clipping is active
   constexpr int kSteps = 5;
@@ -359,11 +391,17 @@ void run_equivalence(ProcessGroup& dp, const Case& c) {
   Model dist(kSpecs, c.dtype, layout);
   dist.set.initialize(kSeed);
   GradBuckets buckets(dist.set, dp, c.bucket_size, c.overlap, GradReduce::kReduceScatter);
-  DistributedOptimizer opt(buckets, cfg);
+  AdamWConfig stored = cfg;
+  stored.exp_avg_dtype = c.exp_avg;
+  stored.exp_avg_sq_dtype = c.exp_avg_sq;
+  DistributedOptimizer opt(buckets, stored);
 
   // Memory: the two moments of the owned elements only, 1/dp of the padded buffer.
   EXPECT_EQ(opt.owned_numel() * dp.size(), dist.set.numel()) << at;
-  EXPECT_EQ(opt.state_bytes(), 2 * 4 * opt.owned_numel()) << at;
+  EXPECT_EQ(
+      opt.state_bytes(),
+      (moment_element_bytes(c.exp_avg) + moment_element_bytes(c.exp_avg_sq)) * opt.owned_numel())
+      << at;
 
   for (int step = 0; step < kSteps; ++step) {
     const std::string at_step = at + ", step " + std::to_string(step + 1);
@@ -376,6 +414,8 @@ void run_equivalence(ProcessGroup& dp, const Case& c) {
     const double ref_norm = std::sqrt(grad_sum_squares_unique(ref.set));
     clip_grads(ref.set, max_norm, ref_norm);
     ref_opt.step(lr);
+    store_like(ref_opt.exp_avg(), c.exp_avg, opt, dist, ref);
+    store_like(ref_opt.exp_avg_sq(), c.exp_avg_sq, opt, dist, ref);
 
     dist.set.zero_grads();
     buckets.reset();
@@ -401,6 +441,7 @@ void run_equivalence(ProcessGroup& dp, const Case& c) {
                    at_step + ", compute weights of " + ref.params[k].name);
     }
     // The moments of the owned elements: the matching slices of the reference's; padding zero.
+    const auto [exp_avg, exp_avg_sq] = opt.moments_f32();
     std::vector<bool> is_param(static_cast<size_t>(dist.set.numel()), false);
     for (size_t k = 0; k < kSpecs.size(); ++k) {
       const int64_t off = dist.set.offset_of(dist.params[k]),
@@ -413,11 +454,10 @@ void run_equivalence(ProcessGroup& dp, const Case& c) {
         const Shape n{e1 - e0};
         const int64_t state = opt.state_offset(b) + e0 - s0;
         expect_equal(
-            opt.exp_avg().flat_view(state, n), ref_opt.exp_avg().flat_view(ref_off + e0 - off, n),
+            exp_avg.flat_view(state, n), ref_opt.exp_avg().flat_view(ref_off + e0 - off, n),
             at_step + ", exp_avg of " + ref.params[k].name + " in bucket " + std::to_string(b));
         expect_equal(
-            opt.exp_avg_sq().flat_view(state, n),
-            ref_opt.exp_avg_sq().flat_view(ref_off + e0 - off, n),
+            exp_avg_sq.flat_view(state, n), ref_opt.exp_avg_sq().flat_view(ref_off + e0 - off, n),
             at_step + ", exp_avg_sq of " + ref.params[k].name + " in bucket " + std::to_string(b));
       }
     }
@@ -425,9 +465,9 @@ void run_equivalence(ProcessGroup& dp, const Case& c) {
     for (int64_t b = 0; b < buckets.num_buckets(); ++b) {
       const auto [s0, s1] = buckets.shard_range(b);
       for (int64_t e = s0; e < s1; ++e) {
-        if (!is_param[e] && (opt.exp_avg().item(opt.state_offset(b) + e - s0) != 0 ||
-                             opt.exp_avg_sq().item(opt.state_offset(b) + e - s0) != 0 ||
-                             dist.set.main().item(e) != 0)) {
+        if (!is_param[e] &&
+            (exp_avg.item(opt.state_offset(b) + e - s0) != 0 ||
+             exp_avg_sq.item(opt.state_offset(b) + e - s0) != 0 || dist.set.main().item(e) != 0)) {
           ++nonzero_padding;
         }
       }
@@ -449,6 +489,22 @@ TEST(DistributedOptimizer, EqualsAllReduceAndAdamW) {
   for (ProcessGroup* dp : groups().list) {
     for (const Case& c : cases) run_equivalence(*dp, c);
   }
+}
+
+TEST(DistributedOptimizer, PrecisionAwareMomentStorage) {
+  // --use-precision-aware-optimizer: bf16 moments on every group (elementwise rounding: the same
+  // bits whatever the layout), fp16 and fp8 ones, scaled per segment, with dp 1 (the reference
+  // then knows every segment) over bucket layouts that cut parameters differently.
+  using M = MomentDType;
+  for (ProcessGroup* dp : groups().list) {
+    run_equivalence(*dp, Case{50, true, false, DType::kF32, M::kBF16, M::kBF16});
+    run_equivalence(*dp, Case{0, false, true, DType::kBF16, M::kBF16, M::kF32});
+  }
+  ProcessGroup& self = *groups().self;
+  run_equivalence(self, Case{0, false, true, DType::kF32, M::kF16, M::kF16});
+  run_equivalence(self, Case{50, false, false, DType::kBF16, M::kFP8, M::kBF16});
+  run_equivalence(self, Case{1, false, true, DType::kF32, M::kFP8, M::kFP8});
+  run_equivalence(self, Case{150, true, false, DType::kF32, M::kF32, M::kF16});
 }
 
 TEST(DistributedOptimizer, SizeOneGroupIsThePlainOptimizer) {

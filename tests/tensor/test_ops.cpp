@@ -13,6 +13,8 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <string>
+#include <utility>
 
 #include "tensor/cpu/vec_math.h"
 #include "tensor/ops.h"
@@ -667,6 +669,42 @@ TEST(AdamW, RoundedCopyIsTheConvertedUpdate) {
   Tensor wrong = Tensor::empty({7}, DType::kBF16), f32 = Tensor::empty({8});
   EXPECT_THROW(ops::adamw_step(p, m, v, p, {}, &wrong), InvalidArgument);
   EXPECT_THROW(ops::adamw_step(p, m, v, p, {}, &f32), InvalidArgument);
+}
+
+TEST(AdamW, Bf16MomentsAreTheF32UpdateRounded) {
+  // The precision-aware optimizer's bf16 moments, read and written by the kernel itself: the
+  // same bits as the f32 step on the widened moments, with the moments rounded after it (the
+  // weights use the unrounded ones, as Transformer Engine's FusedAdam updates them). Three steps,
+  // so that the rounded moments are read back; each moment bf16 alone and both.
+  const int64_t n = 4099;  // not a multiple of any vector width or thread split
+  const Tensor g = random_tensor({n}, 31);
+  for (const auto& [m16, v16] : {std::pair{true, true}, {true, false}, {false, true}}) {
+    Tensor p = random_tensor({n}, 32), p2 = p.clone();
+    Tensor m = Tensor::zeros({n}, m16 ? DType::kBF16 : DType::kF32);
+    Tensor v = Tensor::zeros({n}, v16 ? DType::kBF16 : DType::kF32);
+    Tensor m2 = Tensor::zeros({n}), v2 = Tensor::zeros({n});
+    Tensor rounded = Tensor::empty({n}, DType::kBF16);
+    for (int64_t step = 1; step <= 3; ++step) {
+      const ops::AdamWSpec spec{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, 0.5};
+      ops::adamw_step(p, m, v, g, spec, &rounded);
+      ops::adamw_step(p2, m2, v2, g, spec);
+      if (m16) m2.copy_from(m2.to(DType::kBF16));
+      if (v16) v2.copy_from(v2.to(DType::kBF16));
+      const std::string at = std::string(m16 ? "bf16" : "f32") + " exp_avg, " +
+                             (v16 ? "bf16" : "f32") + " exp_avg_sq, step " + std::to_string(step);
+      EXPECT_TRUE(allclose(p, p2, 0, 0)) << at;
+      EXPECT_TRUE(allclose(m.to(DType::kF32), m2, 0, 0)) << at;
+      EXPECT_TRUE(allclose(v.to(DType::kF32), v2, 0, 0)) << at;
+      const Tensor want = p2.to(DType::kBF16);
+      EXPECT_EQ(std::memcmp(rounded.raw(), want.raw(), static_cast<size_t>(n) * 2), 0) << at;
+    }
+  }
+  // bf16 moments with f64 weights, f16 moments: refused.
+  Tensor p = Tensor::zeros({8}, DType::kF64), g64 = Tensor::zeros({8}, DType::kF64);
+  Tensor m = Tensor::zeros({8}, DType::kBF16), v = Tensor::zeros({8}, DType::kF64);
+  EXPECT_THROW(ops::adamw_step(p, m, v, g64, {}), InvalidArgument);
+  Tensor p32 = Tensor::zeros({8}), g32 = Tensor::zeros({8}), f16m = Tensor::zeros({8}, DType::kF16);
+  EXPECT_THROW(ops::adamw_step(p32, f16m, f16m, g32, {}), InvalidArgument);
 }
 
 TEST(Dropout, MaskIsDeterministicScaledAndReproducedInBackward) {

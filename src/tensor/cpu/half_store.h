@@ -1,9 +1,10 @@
-// Stores of f32/f64 results into 16-bit outputs, written so that GCC vectorises the loops around
-// them: the value is rounded as f32_to_bf16 / f32_to_f16 (and so convert()) round it, and stored
-// through a uint16_t pointer (a loop storing the bf16/f16 structs themselves stays scalar:
-// "complicated access pattern").
+// Stores of f32/f64 results into 16-bit outputs (and bf16 loads), written so that GCC vectorises
+// the loops around them: the value is rounded as f32_to_bf16 / f32_to_f16 (and so convert()) round
+// it, and stored through a uint16_t pointer (a loop storing the bf16/f16 structs themselves stays
+// scalar: "complicated access pattern").
 #pragma once
 
+#include <bit>
 #include <cstdint>
 #include <type_traits>
 
@@ -25,6 +26,17 @@ inline StoredAs<O> stored_value(T v) {
     return f32_to_f16(static_cast<float>(v)).bits;
   } else {
     return v;
+  }
+}
+
+// The value a stored element of type O holds, as T (bf16 read exactly; the loads GCC vectorises).
+template <typename O, typename T>
+inline T loaded_value(StoredAs<O> s) {
+  if constexpr (std::is_same_v<O, bf16>) {
+    return static_cast<T>(std::bit_cast<float>(static_cast<uint32_t>(s) << 16));
+  } else {
+    static_assert(!std::is_same_v<O, f16>, "f16 loads: use f16_to_f32");
+    return static_cast<T>(s);
   }
 }
 

@@ -1,0 +1,151 @@
+// The precision-aware optimizer's moment storage: Transformer Engine FusedAdam's scaling rules
+// (see the header), composed from the tensor ops so that it runs on every device.
+#include "optim/moment_storage.h"
+
+#include <cmath>
+
+#include "core/error.h"
+#include "core/fp8.h"
+#include "tensor/ops.h"
+
+namespace megatron {
+
+namespace {
+DType storage_dtype(MomentDType t) {
+  switch (t) {
+    case MomentDType::kF16:
+      return DType::kF16;
+    case MomentDType::kBF16:
+      return DType::kBF16;
+    case MomentDType::kFP8:
+      return DType::kU8;
+    default:
+      return DType::kF32;
+  }
+}
+
+// What the scaled formats divide the absmax by: half of fp16's largest value (FusedAdam leaves a
+// factor 2 of headroom there) and E4M3's largest.
+float range_of(MomentDType t) {
+  return t == MomentDType::kF16 ? 65504.0f / 2.0f : fp8_max(Fp8Format::kE4M3);
+}
+}  // namespace
+
+bool parse_moment_dtype(const std::string& s, MomentDType* out) {
+  if (s == "fp32") {
+    *out = MomentDType::kF32;
+  } else if (s == "fp16") {
+    *out = MomentDType::kF16;
+  } else if (s == "bf16") {
+    *out = MomentDType::kBF16;
+  } else if (s == "fp8") {
+    *out = MomentDType::kFP8;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+const char* moment_dtype_name(MomentDType t) {
+  switch (t) {
+    case MomentDType::kF16:
+      return "fp16";
+    case MomentDType::kBF16:
+      return "bf16";
+    case MomentDType::kFP8:
+      return "fp8";
+    default:
+      return "fp32";
+  }
+}
+
+int64_t moment_element_bytes(MomentDType t) {
+  return static_cast<int64_t>(dtype_size(storage_dtype(t)));
+}
+
+MomentStorage::MomentStorage(int64_t numel, MomentDType dtype, DType wide, Device device,
+                             std::vector<std::pair<int64_t, int64_t>> groups)
+    : dtype_(dtype),
+      data_(
+          Tensor::zeros({numel}, dtype == MomentDType::kF32 ? wide : storage_dtype(dtype), device)),
+      groups_(std::move(groups)),
+      read_scale_(groups_.size(), 1.0f) {
+  MEGATRON_CHECK(dtype == MomentDType::kF32 || wide == DType::kF32, "Adam moments in ",
+                 moment_dtype_name(dtype), " need f32 main weights, got ", dtype_name(wide));
+  for (const auto& [b, e] : groups_)
+    MEGATRON_CHECK(0 <= b && b <= e && e <= numel, "MomentStorage: group [", b, ", ", e,
+                   ") outside [0, ", numel, ")");
+}
+
+Tensor MomentStorage::group(int64_t k) const {
+  const auto [b, e] = groups_[static_cast<size_t>(k)];
+  return data_.flat_view(b, {e - b});
+}
+
+Tensor MomentStorage::unscaled(int64_t k) const {
+  const Tensor stored = group(k);
+  switch (dtype_) {
+    case MomentDType::kF32:
+      return stored.clone();
+    case MomentDType::kBF16:
+      return stored.to(DType::kF32);
+    case MomentDType::kF16: {
+      Tensor out = stored.to(DType::kF32);
+      ops::scale_inplace(out, read_scale(k));
+      return out;
+    }
+    case MomentDType::kFP8: {
+      Tensor out = Tensor::empty(stored.shape(), DType::kF32, stored.device());
+      ops::fp8_decode(out, stored, Fp8Format::kE4M3);
+      ops::scale_inplace(out, read_scale(k));
+      return out;
+    }
+  }
+  return Tensor();
+}
+
+void MomentStorage::store(int64_t k, Tensor& values) {
+  Tensor stored = group(k);
+  MEGATRON_CHECK(values.numel() == stored.numel(), "MomentStorage::store: expected ",
+                 stored.numel(), " elements, got ", values.str());
+  if (!scaled()) {
+    stored.copy_from(values);
+    return;
+  }
+  // FusedAdam's _apply_scale: the scale from the new values' absmax, in fp32.
+  const auto absmax = static_cast<float>(ops::abs_max(values));
+  const float scale = absmax / range_of(dtype_);
+  const float inv = scale > 0 ? 1.0f / scale : 0.0f;
+  if (dtype_ == MomentDType::kF16) {
+    ops::scale_inplace(values, inv);
+    stored.copy_from(values);
+    read_scale_[static_cast<size_t>(k)] = scale;
+  } else {
+    // The FP8 tensor quantises with 1 / scale and dequantises with its inverse.
+    ops::fp8_encode(stored, values, inv, Fp8Format::kE4M3);
+    read_scale_[static_cast<size_t>(k)] = inv > 0 ? 1.0f / inv : 0.0f;
+  }
+}
+
+Tensor MomentStorage::to_f32() const {
+  if (dtype_ == MomentDType::kF32) return data_.clone();
+  Tensor out = Tensor::zeros({numel()}, DType::kF32, data_.device());
+  for (int64_t k = 0; k < num_groups(); ++k) {
+    const auto [b, e] = groups_[static_cast<size_t>(k)];
+    Tensor dst = out.flat_view(b, {e - b});
+    dst.copy_from(unscaled(k));
+  }
+  return out;
+}
+
+void MomentStorage::from_f32(const Tensor& values) {
+  MEGATRON_CHECK(values.numel() == numel(), "MomentStorage::from_f32: expected ", numel(),
+                 " values, got ", values.str());
+  for (int64_t k = 0; k < num_groups(); ++k) {
+    const auto [b, e] = groups_[static_cast<size_t>(k)];
+    Tensor v = values.flat_view(b, {e - b}).clone();
+    store(k, v);
+  }
+}
+
+}  // namespace megatron
