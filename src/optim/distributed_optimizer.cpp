@@ -73,16 +73,20 @@ void DistributedOptimizer::step(const StepRates& rates, double grad_scale) {
     const Segment& s = segments_[k];
     const auto group = static_cast<int64_t>(k);
     Tensor w = main_of(s);
-    // fp32 and bf16 moments are updated where they are stored; fp16 and fp8 ones in fp32 copies,
-    // stored back with new scales (MomentStorage).
-    Tensor m = exp_avg_.scaled() ? exp_avg_.unscaled(group) : exp_avg_.group(group);
-    Tensor v = exp_avg_sq_.scaled() ? exp_avg_sq_.unscaled(group) : exp_avg_sq_.group(group);
     spec.lr = static_cast<float>(rates.lr_of(*s.param));
     spec.weight_decay = static_cast<float>(rates.decay_of(*s.param));
     Tensor rounded = round && !s.param->fp8 ? compute_of(s) : Tensor();
-    ops::adamw_step(w, m, v, grad_of(s), spec, rounded.defined() ? &rounded : nullptr);
-    if (exp_avg_.scaled()) exp_avg_.store(group, m);
-    if (exp_avg_sq_.scaled()) exp_avg_sq_.store(group, v);
+    Tensor* r = rounded.defined() ? &rounded : nullptr;
+    Tensor m, v;
+    if (exp_avg_.scaled() || exp_avg_sq_.scaled()) {
+      // fp16 / fp8 moments (the precision-aware optimizer): rescaled per segment by the step.
+      ops::adamw_step_scaled(w, exp_avg_.for_step(group, m), exp_avg_sq_.for_step(group, v),
+                             grad_of(s), spec, r);
+    } else {
+      m = exp_avg_.group(group);  // fp32, or bf16 read and written by the kernel
+      v = exp_avg_sq_.group(group);
+      ops::adamw_step(w, m, v, grad_of(s), spec, r);
+    }
   }
   if (round) params_.sync_frozen_compute();
   if (params_.weights_sharded()) {

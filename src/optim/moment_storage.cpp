@@ -24,11 +24,6 @@ DType storage_dtype(MomentDType t) {
   }
 }
 
-// What the scaled formats divide the absmax by: half of fp16's largest value (FusedAdam leaves a
-// factor 2 of headroom there) and E4M3's largest.
-float range_of(MomentDType t) {
-  return t == MomentDType::kF16 ? 65504.0f / 2.0f : fp8_max(Fp8Format::kE4M3);
-}
 }  // namespace
 
 bool parse_moment_dtype(const std::string& s, MomentDType* out) {
@@ -112,19 +107,15 @@ void MomentStorage::store(int64_t k, Tensor& values) {
     stored.copy_from(values);
     return;
   }
-  // FusedAdam's _apply_scale: the scale from the new values' absmax, in fp32.
-  const auto absmax = static_cast<float>(ops::abs_max(values));
-  const float scale = absmax / range_of(dtype_);
-  const float inv = scale > 0 ? 1.0f / scale : 0.0f;
+  // FusedAdam's _apply_scale: the scaling from the new values' absmax.
+  const ops::MomentScaling s = ops::moment_scaling(ops::abs_max(values), stored.dtype());
   if (dtype_ == MomentDType::kF16) {
-    ops::scale_inplace(values, inv);
+    ops::scale_inplace(values, s.store);
     stored.copy_from(values);
-    read_scale_[static_cast<size_t>(k)] = scale;
   } else {
-    // The FP8 tensor quantises with 1 / scale and dequantises with its inverse.
-    ops::fp8_encode(stored, values, inv, Fp8Format::kE4M3);
-    read_scale_[static_cast<size_t>(k)] = inv > 0 ? 1.0f / inv : 0.0f;
+    ops::fp8_encode(stored, values, s.store, Fp8Format::kE4M3);
   }
+  read_scale_[static_cast<size_t>(k)] = s.read;
 }
 
 Tensor MomentStorage::to_f32() const {

@@ -16,11 +16,11 @@
 // Elements outside every group (a shard's padding) stay zero.
 //
 // The kernel arithmetic is fp32 for every storage (FusedAdam reads the moments widened and
-// unscaled, updates them in fp32 and stores them back): ops::adamw_step reads and writes bf16
-// moments itself; fp16 and fp8 go through unscaled() and store(). Checkpoints hold the unscaled
-// fp32 values (FusedAdam's state_dict), so they load into any storage and any layout; a
-// checkpoint written from fp16 or fp8 moments re-derives the scales on load (bits can differ from
-// the uninterrupted run there: the scales are not saved, as in Megatron).
+// unscaled, updates them in fp32 and stores them back): ops::adamw_step_scaled reads and writes
+// every storage itself (for_step); unscaled() and store() compose the same from the tensor ops.
+// Checkpoints hold the unscaled fp32 values (FusedAdam's state_dict), so they load into any storage
+// and any layout; a checkpoint written from fp16 or fp8 moments re-derives the scales on load (bits
+// can differ from the uninterrupted run there: the scales are not saved, as in Megatron).
 #pragma once
 
 #include <cstdint>
@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "tensor/ops.h"
 #include "tensor/tensor.h"
 
 namespace megatron {
@@ -66,6 +67,11 @@ class MomentStorage {
   void store(int64_t k, Tensor& values);
   // The scale group k's values are read with: fp16's scale, fp8's 1 / (1 / scale); 1 otherwise.
   float read_scale(int64_t k) const { return read_scale_[static_cast<size_t>(k)]; }
+  // Group k as ops::adamw_step_scaled updates it in place (its scale replaced by the step's).
+  ops::StoredMoment for_step(int64_t k, Tensor& view) {
+    view = group(k);
+    return {&view, &read_scale_[static_cast<size_t>(k)]};
+  }
 
   // Every element in fp32 (padding 0): what a checkpoint saves.
   Tensor to_f32() const;

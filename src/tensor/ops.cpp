@@ -478,6 +478,73 @@ void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor
   MEGATRON_DISPATCH(device, adamw_step(param, exp_avg, exp_avg_sq, grad, spec, rounded));
 }
 
+MomentScaling moment_scaling(double absmax, DType stored) {
+  MEGATRON_CHECK(stored == DType::kF16 || stored == DType::kU8,
+                 "moment_scaling: scaled moments are f16 or u8 (E4M3 codes), got ",
+                 dtype_name(stored));
+  const auto a = static_cast<float>(absmax);
+  if (!(a > 0)) return {};
+  // fp32 arithmetic, as FusedAdam's scale tensors compute it.
+  if (stored == DType::kF16) {
+    const float scale = a / (65504.0f / 2.0f);
+    return {1.0f / scale, scale};
+  }
+  const float q = 1.0f / (a / 448.0f);
+  return {q, 1.0f / q};
+}
+
+void adamw_step_scaled(Tensor& param, StoredMoment exp_avg, StoredMoment exp_avg_sq,
+                       const Tensor& grad, const AdamWSpec& spec, Tensor* rounded) {
+  const OpTimer timer(OpCategory::kOptimizer, __func__);
+  MEGATRON_CHECK(exp_avg.stored && exp_avg_sq.stored, "adamw_step_scaled: moments missing");
+  for (const StoredMoment& m : {exp_avg, exp_avg_sq}) {
+    const DType t = m.stored->dtype();
+    MEGATRON_CHECK(t == DType::kF32 || t == DType::kBF16 || t == DType::kF16 || t == DType::kU8,
+                   "adamw_step_scaled: a moment must be f32, bf16, f16 or u8, got ",
+                   m.stored->str());
+    MEGATRON_CHECK((t != DType::kF16 && t != DType::kU8) || m.read_scale,
+                   "adamw_step_scaled: an f16 or u8 moment needs its read scale");
+  }
+  const Device device =
+      device_of("adamw_step_scaled", {&param, exp_avg.stored, exp_avg_sq.stored, &grad});
+  if (device == Device::kCPU) {
+    cpu::adamw_step_scaled(param, exp_avg, exp_avg_sq, grad, spec, rounded);
+    return;
+  }
+  // Elsewhere: widened (and unscaled), stepped, stored back.
+  auto scaled = [](const StoredMoment& m) {
+    return m.stored->dtype() == DType::kF16 || m.stored->dtype() == DType::kU8;
+  };
+  auto widen = [&](const StoredMoment& m) {
+    if (m.stored->dtype() == DType::kF32) return *m.stored;
+    Tensor out = Tensor::empty(m.stored->shape(), DType::kF32, m.stored->device());
+    if (m.stored->dtype() == DType::kU8) {
+      fp8_decode(out, *m.stored, Fp8Format::kE4M3);
+    } else {
+      out.copy_from(*m.stored);
+    }
+    if (scaled(m)) scale_inplace(out, *m.read_scale);
+    return out;
+  };
+  Tensor m = widen(exp_avg), v = widen(exp_avg_sq);
+  adamw_step(param, m, v, grad, spec, rounded);
+  for (auto& [wide, moment] : {std::pair{&m, exp_avg}, {&v, exp_avg_sq}}) {
+    if (wide->raw() == moment.stored->raw()) continue;
+    if (!scaled(moment)) {
+      moment.stored->copy_from(*wide);
+      continue;
+    }
+    const MomentScaling s = moment_scaling(abs_max(*wide), moment.stored->dtype());
+    if (moment.stored->dtype() == DType::kU8) {
+      fp8_encode(*moment.stored, *wide, s.store, Fp8Format::kE4M3);
+    } else {
+      scale_inplace(*wide, s.store);
+      moment.stored->copy_from(*wide);
+    }
+    *moment.read_scale = s.read;
+  }
+}
+
 double sum_squares(const Tensor& x) {
   const OpTimer timer(OpCategory::kOptimizer, __func__);
   MEGATRON_DISPATCH(device_of("sum_squares", {&x}), sum_squares(x));

@@ -314,6 +314,27 @@ struct AdamWSpec {
 // copy of mixed-precision runs, refreshed without reading the main weights again).
 void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad,
                 const AdamWSpec& spec, Tensor* rounded = nullptr);
+// The precision-aware optimizer's scaled Adam moments (Transformer Engine FusedAdam's storage):
+// with absmax a of a group's new values, fp16 (f16 storage): scale = a / (65504 / 2), stored =
+// f16(value x (1 / scale)), read back as stored x scale; FP8 (u8 E4M3 codes): q = 1 / (a / 448),
+// code = E4M3(value x q) (saturating), read back as the code's value x (1 / q). An all-zero group
+// (a = 0) stores zeros with multipliers 0.
+struct MomentScaling {
+  float store = 0, read = 0;  // the multipliers before rounding and after reading
+};
+MomentScaling moment_scaling(double absmax, DType stored);
+// One moment of adamw_step_scaled: its storage (f32, bf16, f16 or u8 E4M3 codes) and, for f16
+// and u8, the scale it is read with (MomentScaling::read), replaced by the step's new one.
+struct StoredMoment {
+  Tensor* stored = nullptr;
+  float* read_scale = nullptr;
+};
+// adamw_step with moments in any of those storages: each read (x its read scale), updated in f32
+// as adamw_step updates it, and stored back (fp16 and FP8 with the scaling of their new absmax,
+// so the CPU makes two passes: the new moments' absmax, then the step). The same bits as widening
+// the moments, adamw_step on them, and storing each with moment_scaling of its abs_max.
+void adamw_step_scaled(Tensor& param, StoredMoment exp_avg, StoredMoment exp_avg_sq,
+                       const Tensor& grad, const AdamWSpec& spec, Tensor* rounded = nullptr);
 // sum of squares of every element, accumulated in double.
 double sum_squares(const Tensor& x);
 // The number of elements equal to zero (Megatron's --log-num-zeros-in-grad).

@@ -14,7 +14,9 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <tuple>
 #include <utility>
+#include <vector>
 
 #include "tensor/cpu/vec_math.h"
 #include "tensor/ops.h"
@@ -705,6 +707,72 @@ TEST(AdamW, Bf16MomentsAreTheF32UpdateRounded) {
   EXPECT_THROW(ops::adamw_step(p, m, v, g64, {}), InvalidArgument);
   Tensor p32 = Tensor::zeros({8}), g32 = Tensor::zeros({8}), f16m = Tensor::zeros({8}, DType::kF16);
   EXPECT_THROW(ops::adamw_step(p32, f16m, f16m, g32, {}), InvalidArgument);
+}
+
+TEST(AdamW, ScaledMomentsAreTheWidenedUpdateStoredWithNewScales) {
+  // adamw_step_scaled (two passes: the new moments' absmax, then the step) against the composed
+  // form: moments widened (E4M3 codes decoded) times their read scale, adamw_step in f32, each
+  // stored with moment_scaling of its abs_max. Three steps, so that stored moments and scales are
+  // read back; bits compared.
+  const int64_t n = 4099;
+  const Tensor g = random_tensor({n}, 41);
+  const std::vector<std::pair<DType, DType>> kinds = {{DType::kF16, DType::kF16},
+                                                      {DType::kU8, DType::kBF16},
+                                                      {DType::kU8, DType::kU8},
+                                                      {DType::kF32, DType::kF16}};
+  auto scaled = [](DType t) { return t == DType::kF16 || t == DType::kU8; };
+  for (const auto& [mt, vt] : kinds) {
+    Tensor p = random_tensor({n}, 42), p2 = p.clone();
+    Tensor m = Tensor::zeros({n}, mt), v = Tensor::zeros({n}, vt);
+    Tensor m2 = m.clone(), v2 = v.clone();
+    float ms = 1, vs = 1, ms2 = 1, vs2 = 1;
+    Tensor rounded = Tensor::empty({n}, DType::kBF16), rounded2 = rounded.clone();
+    for (int64_t step = 1; step <= 3; ++step) {
+      const ops::AdamWSpec spec{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, 0.5};
+      ops::adamw_step_scaled(p, {&m, &ms}, {&v, &vs}, g, spec, &rounded);
+      // The composed form.
+      auto widen = [&](const Tensor& t, float read) {
+        Tensor w = Tensor::empty({n});
+        if (t.dtype() == DType::kU8) {
+          ops::fp8_decode(w, t, Fp8Format::kE4M3);
+        } else {
+          w.copy_from(t);
+        }
+        if (scaled(t.dtype())) ops::scale_inplace(w, read);
+        return w;
+      };
+      Tensor wm = widen(m2, ms2), wv = widen(v2, vs2);
+      ops::adamw_step(p2, wm, wv, g, spec, &rounded2);
+      for (auto [wide, stored, read] : {std::tuple{&wm, &m2, &ms2}, {&wv, &v2, &vs2}}) {
+        if (!scaled(stored->dtype())) {
+          stored->copy_from(*wide);
+          continue;
+        }
+        const ops::MomentScaling sc = ops::moment_scaling(ops::abs_max(*wide), stored->dtype());
+        if (stored->dtype() == DType::kU8) {
+          ops::fp8_encode(*stored, *wide, sc.store, Fp8Format::kE4M3);
+        } else {
+          ops::scale_inplace(*wide, sc.store);
+          stored->copy_from(*wide);
+        }
+        *read = sc.read;
+      }
+      const std::string at =
+          std::string(dtype_name(mt)) + "/" + dtype_name(vt) + ", step " + std::to_string(step);
+      EXPECT_TRUE(allclose(p, p2, 0, 0)) << at;
+      EXPECT_EQ(std::memcmp(m.raw(), m2.raw(), m.nbytes()), 0) << at;
+      EXPECT_EQ(std::memcmp(v.raw(), v2.raw(), v.nbytes()), 0) << at;
+      EXPECT_EQ(ms, ms2) << at;
+      EXPECT_EQ(vs, vs2) << at;
+      EXPECT_EQ(std::memcmp(rounded.raw(), rounded2.raw(), rounded.nbytes()), 0) << at;
+    }
+    if (scaled(mt)) {
+      EXPECT_GT(ms, 0.0f) << dtype_name(mt);
+    }
+  }
+  Tensor p = Tensor::zeros({8}), g8 = Tensor::zeros({8}), m = Tensor::zeros({8}, DType::kF16);
+  EXPECT_THROW(ops::adamw_step_scaled(p, {&m, nullptr}, {&m, nullptr}, g8, {}), InvalidArgument);
+  EXPECT_THROW(ops::moment_scaling(1.0, DType::kBF16), InvalidArgument);
 }
 
 TEST(Dropout, MaskIsDeterministicScaledAndReproducedInBackward) {

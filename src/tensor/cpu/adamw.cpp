@@ -4,10 +4,12 @@
 // result is bit-identical for any thread count, which keeps runs reproducible. Inside a chunk the
 // sum runs in vector lanes (a fixed order for a given build), four to eight times faster than one
 // serial chain of double additions.
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
 #include <vector>
 
+#include "core/fp8.h"
 #include "tensor/cpu/cpu_ops.h"
 #include "tensor/cpu/dispatch.h"
 #include "tensor/cpu/half_store.h"
@@ -74,6 +76,153 @@ void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor
                    "adamw_step: moments ", exp_avg.str(), ", ", exp_avg_sq.str(),
                    " must have the weights' dtype (or bf16 with f32 weights)");
     with_store.template operator()<T, T>();
+  });
+}
+
+namespace {
+
+// How adamw_step_scaled reads and writes one moment stored as S: float, bf16, f16 (scaled) or
+// uint8_t (E4M3 codes, scaled). Loads multiply by the read scale, stores by the store multiplier
+// before rounding: the arithmetic of widen, scale_inplace and convert / fp8_encode in turn.
+template <typename S>
+struct MomentIo {
+  using Raw = std::conditional_t<std::is_same_v<S, uint8_t>, uint8_t, StoredAs<S>>;
+  const float* table = nullptr;  // E4M3 decoding
+  float read = 1, store = 1;
+
+  float load(Raw r) const {
+    if constexpr (std::is_same_v<S, f16>) {
+      return f16_to_f32(f16{r}) * read;
+    } else if constexpr (std::is_same_v<S, uint8_t>) {
+      return table[r] * read;
+    } else {
+      return loaded_value<S, float>(r);
+    }
+  }
+  Raw put(float x) const {
+    if constexpr (std::is_same_v<S, f16>) {
+      return f32_to_f16(x * store).bits;
+    } else if constexpr (std::is_same_v<S, uint8_t>) {
+      return fp8_code_of(fp8_round(x * store, Fp8Format::kE4M3), Fp8Format::kE4M3);
+    } else {
+      return stored_value<S>(x);
+    }
+  }
+  static constexpr bool kScaled = std::is_same_v<S, f16> || std::is_same_v<S, uint8_t>;
+};
+
+// Calls fn.template operator()<S>() with the S of a moment's storage dtype.
+template <typename Fn>
+void dispatch_moment(const Tensor& t, Fn&& fn) {
+  switch (t.dtype()) {
+    case DType::kBF16:
+      return fn.template operator()<bf16>();
+    case DType::kF16:
+      return fn.template operator()<f16>();
+    case DType::kU8:
+      return fn.template operator()<uint8_t>();
+    default:
+      return fn.template operator()<float>();
+  }
+}
+
+// The constants of one step (adamw_step's, so that the moments and weights come out as its do).
+struct AdamConstants {
+  float b1, b2, lr, wd, eps, gs, inv_bc1, inv_sqrt_bc2;
+};
+
+// Pass 1 of adamw_step_scaled: the new moments' absmaxes (NaN ignored, as abs_max ignores it),
+// nothing written. Plain pointers and values, so that the loop vectorises.
+template <typename M, typename V>
+void new_moment_absmax(const float* g, const typename MomentIo<M>::Raw* m,
+                       const typename MomentIo<V>::Raw* v, int64_t n, MomentIo<M> mio,
+                       MomentIo<V> vio, AdamConstants c, float* am_out, float* av_out) {
+  float am = 0, av = 0;
+#pragma omp parallel for simd schedule(static) reduction(max : am, av)
+  for (int64_t i = 0; i < n; ++i) {
+    const float gi = g[i] * c.gs;
+    const float mi = c.b1 * mio.load(m[i]) + (1 - c.b1) * gi;
+    const float vi = c.b2 * vio.load(v[i]) + (1 - c.b2) * gi * gi;
+    if constexpr (MomentIo<M>::kScaled) am = std::max(am, std::fabs(mi));
+    if constexpr (MomentIo<V>::kScaled) av = std::max(av, std::fabs(vi));
+  }
+  *am_out = am;
+  *av_out = av;
+}
+
+// Pass 2: the step, the moments stored with their new scaling; R: the rounded copy's type (void
+// for none).
+template <typename M, typename V, typename R>
+void scaled_step(float* p, const float* g, typename MomentIo<M>::Raw* m,
+                 typename MomentIo<V>::Raw* v, StoredAs<R>* r, int64_t n, MomentIo<M> mio,
+                 MomentIo<V> vio, AdamConstants c) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float gi = g[i] * c.gs;
+    const float mi = c.b1 * mio.load(m[i]) + (1 - c.b1) * gi;
+    const float vi = c.b2 * vio.load(v[i]) + (1 - c.b2) * gi * gi;
+    m[i] = mio.put(mi);
+    v[i] = vio.put(vi);
+    const float update = (mi * c.inv_bc1) / (std::sqrt(vi) * c.inv_sqrt_bc2 + c.eps) + c.wd * p[i];
+    const float w = p[i] - c.lr * update;
+    p[i] = w;
+    if constexpr (!std::is_void_v<R>) r[i] = stored_value<R>(w);
+  }
+}
+
+}  // namespace
+
+void adamw_step_scaled(Tensor& param, ops::StoredMoment exp_avg, ops::StoredMoment exp_avg_sq,
+                       const Tensor& grad, const ops::AdamWSpec& spec, Tensor* rounded) {
+  cpu::check_numel(param, grad, "adamw_step_scaled");
+  cpu::check_numel(param, *exp_avg.stored, "adamw_step_scaled");
+  cpu::check_numel(param, *exp_avg_sq.stored, "adamw_step_scaled");
+  MEGATRON_CHECK(param.dtype() == DType::kF32 && grad.dtype() == DType::kF32,
+                 "adamw_step_scaled: f32 weights and gradients, got ", param.str(), ", ",
+                 grad.str());
+  MEGATRON_CHECK(spec.step >= 1, "adamw_step_scaled: step must be >= 1, got ", spec.step);
+  const double bc1 = 1.0 - std::pow(static_cast<double>(spec.beta1), spec.step);
+  const double bc2 = 1.0 - std::pow(static_cast<double>(spec.beta2), spec.step);
+  const AdamConstants c{spec.beta1,
+                        spec.beta2,
+                        spec.lr,
+                        spec.weight_decay,
+                        spec.eps,
+                        static_cast<float>(spec.grad_scale),
+                        static_cast<float>(1.0 / bc1),
+                        static_cast<float>(1.0 / std::sqrt(bc2))};
+  const int64_t n = param.numel();
+  const float* table = fp8_decode_table(Fp8Format::kE4M3);
+  dispatch_moment(*exp_avg.stored, [&]<typename M>() {
+    dispatch_moment(*exp_avg_sq.stored, [&]<typename V>() {
+      MomentIo<M> mio{table};
+      MomentIo<V> vio{table};
+      if constexpr (MomentIo<M>::kScaled) mio.read = *exp_avg.read_scale;
+      if constexpr (MomentIo<V>::kScaled) vio.read = *exp_avg_sq.read_scale;
+      auto* m = reinterpret_cast<typename MomentIo<M>::Raw*>(exp_avg.stored->raw());
+      auto* v = reinterpret_cast<typename MomentIo<V>::Raw*>(exp_avg_sq.stored->raw());
+      float am = 0, av = 0;
+      new_moment_absmax<M, V>(grad.data<float>(), m, v, n, mio, vio, c, &am, &av);
+      if constexpr (MomentIo<M>::kScaled) {
+        const ops::MomentScaling s = ops::moment_scaling(am, exp_avg.stored->dtype());
+        mio.store = s.store;
+        *exp_avg.read_scale = s.read;
+      }
+      if constexpr (MomentIo<V>::kScaled) {
+        const ops::MomentScaling s = ops::moment_scaling(av, exp_avg_sq.stored->dtype());
+        vio.store = s.store;
+        *exp_avg_sq.read_scale = s.read;
+      }
+      float* p = param.data<float>();
+      const float* g = grad.data<float>();
+      if (!rounded) {
+        scaled_step<M, V, void>(p, g, m, v, nullptr, n, mio, vio, c);
+      } else if (rounded->dtype() == DType::kBF16) {
+        scaled_step<M, V, bf16>(p, g, m, v, stored_ptr(rounded->data<bf16>()), n, mio, vio, c);
+      } else {
+        scaled_step<M, V, f16>(p, g, m, v, stored_ptr(rounded->data<f16>()), n, mio, vio, c);
+      }
+    });
   });
 }
 

@@ -11,5 +11,7 @@ namespace megatron::cpu {
 
 // Fused kernels the CPU has (tensor/ops.h composes them from the ops above on other devices).
 void bias_gelu_forward(Tensor& out, Tensor& y, const Tensor& bias, bool tanh_approx);
+void adamw_step_scaled(Tensor& param, ops::StoredMoment exp_avg, ops::StoredMoment exp_avg_sq,
+                       const Tensor& grad, const ops::AdamWSpec& spec, Tensor* rounded);
 
 }  // namespace megatron::cpu
