@@ -75,6 +75,28 @@ inline uint8_t fp8_code_of(float r, Fp8Format f) {
   return sign | static_cast<uint8_t>((exponent << man) | mantissa);
 }
 
+// fp8_code_of(fp8_round(x, kE4M3), kE4M3) with selects instead of branches, so that GCC
+// vectorises the loops around it (fp8_round's early NaN return keeps them scalar): the mantissa
+// rounded to 3 bits in the f32 bits (ties to even) for normal results, saturated at 448 (code
+// 0x7E; infinities too), subnormal ones rounded to multiples of 2^-9 by IEEE addition; NaN gives
+// 0x7F with x's sign.
+inline uint8_t e4m3_code(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  const uint32_t sign = (u >> 24) & 0x80u, au = u & 0x7FFFFFFFu;
+  float a;
+  std::memcpy(&a, &au, 4);
+  uint32_t rounded = au + 0x7FFFFu + ((au >> 20) & 1u);
+  rounded &= ~0xFFFFFu;
+  const uint32_t normal = rounded >= 0x43E00000u  // 448.0f: the largest finite E4M3
+                              ? 0x7Eu
+                              : (((rounded >> 23) - 120u) << 3) | ((rounded >> 20) & 7u);
+  const auto subnormal = static_cast<uint32_t>(((a + 0x1p14f) - 0x1p14f) * 0x1p9f);
+  uint32_t code = a < 0x1p-6f ? subnormal : normal;
+  code = au > 0x7F800000u ? 0x7Fu : code;
+  return static_cast<uint8_t>(sign | code);
+}
+
 // fp8_decode of every code, [256] (for decoding loops).
 const float* fp8_decode_table(Fp8Format f);
 

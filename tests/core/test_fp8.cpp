@@ -114,6 +114,34 @@ TEST(Fp8, CodeOfEveryValueAndTheDecodeTableInvertTheCodec) {
   }
 }
 
+TEST(Fp8, BranchFreeE4M3CodeIsTheRoundedValuesCode) {
+  // e4m3_code against fp8_code_of(fp8_round(x)): every 61st f32 bit pattern (both signs, every
+  // exponent, NaNs and infinities), and every pattern from 2^-11 to 512 whose low 12 mantissa
+  // bits are 0x7FF, 0x800 or 0x801 (just below, at and above the rounding points of every
+  // binade where E4M3 ties and subnormals lie).
+  auto check = [](uint32_t bits) {
+    float x;
+    std::memcpy(&x, &bits, 4);
+    const uint8_t want = fp8_code_of(fp8_round(x, Fp8Format::kE4M3), Fp8Format::kE4M3);
+    return e4m3_code(x) == want;
+  };
+  int64_t bad = 0;
+  uint32_t first_bad = 0;
+  for (uint64_t b = 0; b <= 0xFFFFFFFFull; b += 61) {
+    if (!check(static_cast<uint32_t>(b)) && bad++ == 0) first_bad = static_cast<uint32_t>(b);
+  }
+  const uint32_t lo = 0x3A000000u, hi = 0x44000000u;  // 2^-11 .. 512
+  for (uint32_t b = lo; b < hi; b += 0x1000u) {
+    for (uint32_t low : {0x7FFu, 0x800u, 0x801u, 0xFFFu, 0x0u}) {
+      for (uint32_t sign : {0u, 0x80000000u}) {
+        const uint32_t bits = sign | (b & ~0xFFFu) | low;
+        if (!check(bits) && bad++ == 0) first_bad = bits;
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0) << "first at bits 0x" << std::hex << first_bad;
+}
+
 TEST(Fp8, DenseSweepEncodesToTheNearestCodeTiesToEvenSaturating) {
   for (const Spec& s : kSpecs) {
     const std::vector<Finite> codes = finite_codes(s);

@@ -4,6 +4,8 @@
 // result is bit-identical for any thread count, which keeps runs reproducible. Inside a chunk the
 // sum runs in vector lanes (a fixed order for a given build), four to eight times faster than one
 // serial chain of double additions.
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
@@ -82,33 +84,59 @@ void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor
 namespace {
 
 // How adamw_step_scaled reads and writes one moment stored as S: float, bf16, f16 (scaled) or
-// uint8_t (E4M3 codes, scaled). Loads multiply by the read scale, stores by the store multiplier
-// before rounding: the arithmetic of widen, scale_inplace and convert / fp8_encode in turn.
+// uint8_t (E4M3 codes, scaled), a chunk at a time into and out of f32. Loads multiply by the read
+// scale, stores by the store multiplier before rounding: the arithmetic of widening,
+// scale_inplace and convert / fp8_encode in turn. f16 converts with the CPU's vcvtph2ps /
+// vcvtps2ph (IEEE round to nearest even, as GCC's _Float16 casts), which GCC does not emit for
+// those casts itself (the zero-masked forms: GCC 12 warns that the plain ones read an undefined
+// source register).
 template <typename S>
 struct MomentIo {
   using Raw = std::conditional_t<std::is_same_v<S, uint8_t>, uint8_t, StoredAs<S>>;
+  static constexpr bool kScaled = std::is_same_v<S, f16> || std::is_same_v<S, uint8_t>;
   const float* table = nullptr;  // E4M3 decoding
   float read = 1, store = 1;
 
-  float load(Raw r) const {
+  void widen(const Raw* src, float* dst, int64_t len) const {
+    int64_t j = 0;
     if constexpr (std::is_same_v<S, f16>) {
-      return f16_to_f32(f16{r}) * read;
+#if defined(__AVX512F__)
+      const __m512 r = _mm512_set1_ps(read);
+      for (; j + 16 <= len; j += 16) {
+        const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + j));
+        _mm512_storeu_ps(dst + j, _mm512_mul_ps(_mm512_maskz_cvtph_ps(0xFFFF, h), r));
+      }
+#endif
+      for (; j < len; ++j) dst[j] = f16_to_f32(f16{src[j]}) * read;
     } else if constexpr (std::is_same_v<S, uint8_t>) {
-      return table[r] * read;
+#pragma omp simd
+      for (j = 0; j < len; ++j) dst[j] = table[src[j]] * read;
     } else {
-      return loaded_value<S, float>(r);
+#pragma omp simd
+      for (j = 0; j < len; ++j) dst[j] = loaded_value<S, float>(src[j]);
     }
   }
-  Raw put(float x) const {
+  void narrow(const float* src, Raw* dst, int64_t len) const {
+    int64_t j = 0;
     if constexpr (std::is_same_v<S, f16>) {
-      return f32_to_f16(x * store).bits;
+#if defined(__AVX512F__)
+      const __m512 sc = _mm512_set1_ps(store);
+      for (; j + 16 <= len; j += 16) {
+        const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(src + j), sc);
+        _mm256_storeu_si256(
+            reinterpret_cast<__m256i*>(dst + j),
+            _mm512_maskz_cvtps_ph(0xFFFF, x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      }
+#endif
+      for (; j < len; ++j) dst[j] = f32_to_f16(src[j] * store).bits;
     } else if constexpr (std::is_same_v<S, uint8_t>) {
-      return fp8_code_of(fp8_round(x * store, Fp8Format::kE4M3), Fp8Format::kE4M3);
+#pragma omp simd
+      for (j = 0; j < len; ++j) dst[j] = e4m3_code(src[j] * store);
     } else {
-      return stored_value<S>(x);
+#pragma omp simd
+      for (j = 0; j < len; ++j) dst[j] = stored_value<S>(src[j]);
     }
   }
-  static constexpr bool kScaled = std::is_same_v<S, f16> || std::is_same_v<S, uint8_t>;
 };
 
 // Calls fn.template operator()<S>() with the S of a moment's storage dtype.
@@ -131,20 +159,35 @@ struct AdamConstants {
   float b1, b2, lr, wd, eps, gs, inv_bc1, inv_sqrt_bc2;
 };
 
+// Elements per chunk: the widened moments of one chunk stay in L1.
+constexpr int64_t kMomentChunk = 512;
+
 // Pass 1 of adamw_step_scaled: the new moments' absmaxes (NaN ignored, as abs_max ignores it),
-// nothing written. Plain pointers and values, so that the loop vectorises.
+// nothing written.
 template <typename M, typename V>
 void new_moment_absmax(const float* g, const typename MomentIo<M>::Raw* m,
                        const typename MomentIo<V>::Raw* v, int64_t n, MomentIo<M> mio,
                        MomentIo<V> vio, AdamConstants c, float* am_out, float* av_out) {
+  const int64_t chunks = (n + kMomentChunk - 1) / kMomentChunk;
   float am = 0, av = 0;
-#pragma omp parallel for simd schedule(static) reduction(max : am, av)
-  for (int64_t i = 0; i < n; ++i) {
-    const float gi = g[i] * c.gs;
-    const float mi = c.b1 * mio.load(m[i]) + (1 - c.b1) * gi;
-    const float vi = c.b2 * vio.load(v[i]) + (1 - c.b2) * gi * gi;
-    if constexpr (MomentIo<M>::kScaled) am = std::max(am, std::fabs(mi));
-    if constexpr (MomentIo<V>::kScaled) av = std::max(av, std::fabs(vi));
+#pragma omp parallel for schedule(static) reduction(max : am, av)
+  for (int64_t k = 0; k < chunks; ++k) {
+    alignas(64) float mt[kMomentChunk], vt[kMomentChunk];
+    const int64_t i0 = k * kMomentChunk, len = std::min(kMomentChunk, n - i0);
+    mio.widen(m + i0, mt, len);
+    vio.widen(v + i0, vt, len);
+    const float* gk = g + i0;
+    float cm = 0, cv = 0;
+#pragma omp simd reduction(max : cm, cv)
+    for (int64_t j = 0; j < len; ++j) {
+      const float gi = gk[j] * c.gs;
+      const float mi = c.b1 * mt[j] + (1 - c.b1) * gi;
+      const float vi = c.b2 * vt[j] + (1 - c.b2) * gi * gi;
+      cm = std::max(cm, std::fabs(mi));
+      cv = std::max(cv, std::fabs(vi));
+    }
+    am = std::max(am, cm);
+    av = std::max(av, cv);
   }
   *am_out = am;
   *av_out = av;
@@ -156,17 +199,30 @@ template <typename M, typename V, typename R>
 void scaled_step(float* p, const float* g, typename MomentIo<M>::Raw* m,
                  typename MomentIo<V>::Raw* v, StoredAs<R>* r, int64_t n, MomentIo<M> mio,
                  MomentIo<V> vio, AdamConstants c) {
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    const float gi = g[i] * c.gs;
-    const float mi = c.b1 * mio.load(m[i]) + (1 - c.b1) * gi;
-    const float vi = c.b2 * vio.load(v[i]) + (1 - c.b2) * gi * gi;
-    m[i] = mio.put(mi);
-    v[i] = vio.put(vi);
-    const float update = (mi * c.inv_bc1) / (std::sqrt(vi) * c.inv_sqrt_bc2 + c.eps) + c.wd * p[i];
-    const float w = p[i] - c.lr * update;
-    p[i] = w;
-    if constexpr (!std::is_void_v<R>) r[i] = stored_value<R>(w);
+  const int64_t chunks = (n + kMomentChunk - 1) / kMomentChunk;
+#pragma omp parallel for schedule(static)
+  for (int64_t k = 0; k < chunks; ++k) {
+    alignas(64) float mt[kMomentChunk], vt[kMomentChunk];
+    const int64_t i0 = k * kMomentChunk, len = std::min(kMomentChunk, n - i0);
+    mio.widen(m + i0, mt, len);
+    vio.widen(v + i0, vt, len);
+    float* pk = p + i0;
+    const float* gk = g + i0;
+#pragma omp simd
+    for (int64_t j = 0; j < len; ++j) {
+      const float gi = gk[j] * c.gs;
+      const float mi = c.b1 * mt[j] + (1 - c.b1) * gi;
+      const float vi = c.b2 * vt[j] + (1 - c.b2) * gi * gi;
+      mt[j] = mi;
+      vt[j] = vi;
+      const float update =
+          (mi * c.inv_bc1) / (std::sqrt(vi) * c.inv_sqrt_bc2 + c.eps) + c.wd * pk[j];
+      const float w = pk[j] - c.lr * update;
+      pk[j] = w;
+      if constexpr (!std::is_void_v<R>) r[i0 + j] = stored_value<R>(w);
+    }
+    mio.narrow(mt, m + i0, len);
+    vio.narrow(vt, v + i0, len);
   }
 }
 
@@ -202,7 +258,8 @@ void adamw_step_scaled(Tensor& param, ops::StoredMoment exp_avg, ops::StoredMome
       auto* m = reinterpret_cast<typename MomentIo<M>::Raw*>(exp_avg.stored->raw());
       auto* v = reinterpret_cast<typename MomentIo<V>::Raw*>(exp_avg_sq.stored->raw());
       float am = 0, av = 0;
-      new_moment_absmax<M, V>(grad.data<float>(), m, v, n, mio, vio, c, &am, &av);
+      if constexpr (MomentIo<M>::kScaled || MomentIo<V>::kScaled)
+        new_moment_absmax<M, V>(grad.data<float>(), m, v, n, mio, vio, c, &am, &av);
       if constexpr (MomentIo<M>::kScaled) {
         const ops::MomentScaling s = ops::moment_scaling(am, exp_avg.stored->dtype());
         mio.store = s.store;
