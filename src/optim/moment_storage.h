@@ -50,7 +50,7 @@ class MomentStorage {
                 std::vector<std::pair<int64_t, int64_t>> groups);
 
   MomentDType dtype() const { return dtype_; }
-  // fp16 and fp8 keep scales; an update then goes through unscaled() and store().
+  // fp16 and fp8 keep scales; an update then goes through ops::adamw_step_scaled (for_step).
   bool scaled() const { return dtype_ == MomentDType::kF16 || dtype_ == MomentDType::kFP8; }
   int64_t numel() const { return data_.numel(); }
   int64_t nbytes() const { return static_cast<int64_t>(data_.nbytes()); }
