@@ -507,17 +507,18 @@ void adamw_step_scaled(Tensor& param, StoredMoment exp_avg, StoredMoment exp_avg
   }
   const Device device =
       device_of("adamw_step_scaled", {&param, exp_avg.stored, exp_avg_sq.stored, &grad});
-  if (device == Device::kCPU) {
+  if (device == Device::kCPU && param.dtype() == DType::kF32) {
     cpu::adamw_step_scaled(param, exp_avg, exp_avg_sq, grad, spec, rounded);
     return;
   }
-  // Elsewhere: widened (and unscaled), stepped, stored back.
+  // Elsewhere (and for f64 weights): widened to the weights' dtype (and unscaled), stepped,
+  // stored back.
   auto scaled = [](const StoredMoment& m) {
     return m.stored->dtype() == DType::kF16 || m.stored->dtype() == DType::kU8;
   };
   auto widen = [&](const StoredMoment& m) {
-    if (m.stored->dtype() == DType::kF32) return *m.stored;
-    Tensor out = Tensor::empty(m.stored->shape(), DType::kF32, m.stored->device());
+    if (m.stored->dtype() == param.dtype()) return *m.stored;
+    Tensor out = Tensor::empty(m.stored->shape(), param.dtype(), m.stored->device());
     if (m.stored->dtype() == DType::kU8) {
       fp8_decode(out, *m.stored, Fp8Format::kE4M3);
     } else {

@@ -578,6 +578,37 @@ void register_attention_and_optimizer() {
            return std::vector<Tensor>{pt, m, v2};
          }},
         {"adamw_step"});
+    // The precision-aware optimizer's scaled moments (fp16 and E4M3 codes from zero): the CPU's
+    // two-pass kernel in f32, the composed ops elsewhere. Gradients from a few dyadic values and
+    // beta 0.5, so that every scaled moment lies well inside a rounding interval of its format
+    // (f32 and f64 round it alike); the moments are compared read back.
+    const double kGrads[] = {1.0, -0.5, 0.25, -0.75, 1.5};
+    Tensor gd = Tensor::empty({n}, DType::kF64);
+    for (int64_t i = 0; i < n; ++i) gd.data<double>()[i] = kGrads[i % 5];
+    const ops::AdamWSpec half_betas{1e-2f, 0.5f, 0.5f, 1e-8f, 0.1f, 1, 1.0};
+    add({"adamw_step_scaled", dims(Shape{n}),
+         [=](const Place& p) {
+           std::vector<Tensor> outs;
+           for (DType stored : {DType::kF16, DType::kU8}) {
+             Tensor pt = p(param), m = Tensor::zeros({n}, stored, p.device),
+                    v = Tensor::zeros({n}, stored, p.device);
+             float ms = 1, vs = 1;
+             ops::adamw_step_scaled(pt, {&m, &ms}, {&v, &vs}, p(gd), half_betas);
+             outs.push_back(pt);
+             for (auto [t, scale] : {std::pair{&m, ms}, {&v, vs}}) {
+               Tensor wide = p.empty({n});
+               if (stored == DType::kU8) {
+                 ops::fp8_decode(wide, *t, Fp8Format::kE4M3);
+               } else {
+                 wide.copy_from(*t);
+               }
+               ops::scale_inplace(wide, scale);
+               outs.push_back(wide);
+             }
+           }
+           return outs;
+         }},
+        {"adamw_step_scaled"});
   }
 }
 
