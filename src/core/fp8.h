@@ -91,7 +91,9 @@ inline uint8_t e4m3_code(float x) {
   const uint32_t normal = rounded >= 0x43E00000u  // 448.0f: the largest finite E4M3
                               ? 0x7Eu
                               : (((rounded >> 23) - 120u) << 3) | ((rounded >> 20) & 7u);
-  const auto subnormal = static_cast<uint32_t>(((a + 0x1p14f) - 0x1p14f) * 0x1p9f);
+  // (Only a subnormal result is converted to an integer: NaN and infinities would be undefined.)
+  const float small = a < 0x1p-6f ? a : 0.0f;
+  const auto subnormal = static_cast<uint32_t>(((small + 0x1p14f) - 0x1p14f) * 0x1p9f);
   uint32_t code = a < 0x1p-6f ? subnormal : normal;
   code = au > 0x7F800000u ? 0x7Fu : code;
   return static_cast<uint8_t>(sign | code);
