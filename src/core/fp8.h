@@ -16,9 +16,9 @@
 // products and f32 sums of an FP8 GEMM, without a byte format of its own.
 #pragma once
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 
 namespace megatron {
 
@@ -37,66 +37,49 @@ float fp8_decode(uint8_t code, Fp8Format f);
 // of the subnormal spacing by adding and subtracting a power of two whose f32 ulp is that spacing
 // (IEEE round-to-nearest-even does the rounding; the build never enables -ffast-math).
 inline float fp8_round(float x, Fp8Format f) {
-  if (std::isnan(x)) return x;
   const bool e4m3 = f == Fp8Format::kE4M3;
   const int drop = e4m3 ? 20 : 21;  // f32 mantissa bits beyond the format's 3 or 2
   const float max_finite = e4m3 ? 448.0f : 57344.0f;
   const float min_normal = e4m3 ? 0x1p-6f : 0x1p-14f;
   const float magic = e4m3 ? 0x1p14f : 0x1p7f;  // ulp 2^-9 or 2^-16: the subnormal spacing
+  // Both roundings, then a select (no branch, so that loops vectorise).
   const float a = std::fabs(x);
-  float r;
-  if (a < min_normal) {
-    r = (a + magic) - magic;
-  } else {
-    uint32_t u;
-    std::memcpy(&u, &a, 4);
-    u += ((1u << (drop - 1)) - 1) + ((u >> drop) & 1u);
-    u &= ~((1u << drop) - 1);
-    std::memcpy(&r, &u, 4);  // +inf when a was inf or rounded past FLT_MAX
-  }
-  return std::copysign(std::fmin(r, max_finite), x);  // saturating
+  uint32_t u = std::bit_cast<uint32_t>(a);
+  u += ((1u << (drop - 1)) - 1) + ((u >> drop) & 1u);
+  u &= ~((1u << drop) - 1);
+  const float normal = std::bit_cast<float>(u);  // +inf when a was inf or rounded past FLT_MAX
+  const float small = a < min_normal ? a : 0.0f;
+  const float subnormal = (small + magic) - magic;
+  const float rounded = a < min_normal ? subnormal : normal;
+  // Saturating (a compare, not fminf, which does not vectorise; NaN is handled below).
+  const float r = std::copysign(rounded < max_finite ? rounded : max_finite, x);
+  return std::isnan(x) ? x : r;  // NaN stays NaN
 }
 
 // The code of r, an FP8 value (what fp8_round returns) or NaN: fp8_encode's code for a value
-// that needs no rounding, by bit arithmetic only, so that encoding loops vectorise. The result
-// for any other r is unspecified.
+// that needs no rounding, by bit arithmetic and selects only, so that encoding loops vectorise.
+// The result for any other r is unspecified.
 inline uint8_t fp8_code_of(float r, Fp8Format f) {
-  uint32_t u;
-  std::memcpy(&u, &r, 4);
+  const uint32_t u = std::bit_cast<uint32_t>(r);
   const auto sign = static_cast<uint8_t>((u >> 24) & 0x80u);
-  if (std::isnan(r)) return sign | 0x7F;
   const bool e4m3 = f == Fp8Format::kE4M3;
   const int man = e4m3 ? 3 : 2, bias = e4m3 ? 7 : 15;
   const float a = std::fabs(r);
-  if (a < (e4m3 ? 0x1p-6f : 0x1p-14f))  // zero or subnormal: a multiple of the spacing
-    return sign | static_cast<uint8_t>(a * (e4m3 ? 0x1p9f : 0x1p16f));
+  // Zero or subnormal: a multiple of the spacing (only such values are converted to an integer:
+  // NaN would be undefined).
+  const bool subnormal = a < (e4m3 ? 0x1p-6f : 0x1p-14f);
+  const float small = subnormal ? a : 0.0f;
+  const auto sub_code = static_cast<uint32_t>(small * (e4m3 ? 0x1p9f : 0x1p16f));
   const uint32_t exponent = ((u >> 23) & 0xFFu) - 127u + static_cast<uint32_t>(bias);
   const uint32_t mantissa = (u >> (23 - man)) & ((1u << man) - 1u);
-  return sign | static_cast<uint8_t>((exponent << man) | mantissa);
+  const uint32_t code = subnormal ? sub_code : (exponent << man) | mantissa;
+  return std::isnan(r) ? static_cast<uint8_t>(sign | 0x7F) : static_cast<uint8_t>(sign | code);
 }
 
-// fp8_code_of(fp8_round(x, kE4M3), kE4M3) with selects instead of branches, so that GCC
-// vectorises the loops around it (fp8_round's early NaN return keeps them scalar): the mantissa
-// rounded to 3 bits in the f32 bits (ties to even) for normal results, saturated at 448 (code
-// 0x7E; infinities too), subnormal ones rounded to multiples of 2^-9 by IEEE addition; NaN gives
-// 0x7F with x's sign.
+// fp8_code_of(fp8_round(x, kE4M3), kE4M3): what the precision-aware optimizer's FP8 moments
+// store.
 inline uint8_t e4m3_code(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  const uint32_t sign = (u >> 24) & 0x80u, au = u & 0x7FFFFFFFu;
-  float a;
-  std::memcpy(&a, &au, 4);
-  uint32_t rounded = au + 0x7FFFFu + ((au >> 20) & 1u);
-  rounded &= ~0xFFFFFu;
-  const uint32_t normal = rounded >= 0x43E00000u  // 448.0f: the largest finite E4M3
-                              ? 0x7Eu
-                              : (((rounded >> 23) - 120u) << 3) | ((rounded >> 20) & 7u);
-  // (Only a subnormal result is converted to an integer: NaN and infinities would be undefined.)
-  const float small = a < 0x1p-6f ? a : 0.0f;
-  const auto subnormal = static_cast<uint32_t>(((small + 0x1p14f) - 0x1p14f) * 0x1p9f);
-  uint32_t code = a < 0x1p-6f ? subnormal : normal;
-  code = au > 0x7F800000u ? 0x7Fu : code;
-  return static_cast<uint8_t>(sign | code);
+  return fp8_code_of(fp8_round(x, Fp8Format::kE4M3), Fp8Format::kE4M3);
 }
 
 // fp8_decode of every code, [256] (for decoding loops).

@@ -6,6 +6,7 @@
 
 #include "tensor/cpu/cpu_ops.h"
 #include "tensor/cpu/dispatch.h"
+#include "tensor/cpu/half_store.h"
 
 namespace megatron::cpu {
 namespace {
@@ -48,6 +49,35 @@ double abs_max(const Tensor& x) {
   }
 }
 
+namespace {
+// Calls fn.template operator()<F>() with the format as a constant (the rounding's constants then
+// fold and the loops vectorise).
+template <typename Fn>
+void with_format(Fp8Format format, Fn&& fn) {
+  if (format == Fp8Format::kE4M3) {
+    fn.template operator()<Fp8Format::kE4M3>();
+  } else {
+    fn.template operator()<Fp8Format::kE5M2>();
+  }
+}
+
+// The loops, on plain pointers and values (read through a lambda's captures, every pointer would
+// be reloaded after each one-byte store, which may alias it, and the loop would stay scalar).
+template <Fp8Format F, typename T>
+void quantize_into_bf16(StoredAs<bf16>* out, const StoredAs<T>* x, int64_t n, float scale) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i)
+    out[i] = stored_value<bf16>(fp8_round(loaded_value<T, float>(x[i]) * scale, F));
+}
+
+template <Fp8Format F, typename T>
+void encode(uint8_t* codes, const StoredAs<T>* x, int64_t n, float scale) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i)
+    codes[i] = fp8_code_of(fp8_round(loaded_value<T, float>(x[i]) * scale, F), F);
+}
+}  // namespace
+
 void fp8_quantize(Tensor& out, const Tensor& x, float scale, Fp8Format format) {
   const int64_t n = x.numel();
   if (x.dtype() == DType::kF64) {
@@ -57,10 +87,11 @@ void fp8_quantize(Tensor& out, const Tensor& x, float scale, Fp8Format format) {
     for (int64_t i = 0; i < n; ++i) po[i] = fp8_round(static_cast<float>(px[i]) * scale, format);
     return;
   }
-  bf16* po = out.data<bf16>();
-  auto run = [&](const auto* px) {
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) po[i] = f32_to_bf16(fp8_round(load(px, i) * scale, format));
+  // bf16 holds every FP8 value exactly: the store's rounding changes nothing.
+  StoredAs<bf16>* po = stored_ptr(out.data<bf16>());
+  auto run = [&]<typename T>(const T* px) {
+    with_format(format,
+                [&]<Fp8Format F>() { quantize_into_bf16<F, T>(po, stored_ptr(px), n, scale); });
   };
   if (x.dtype() == DType::kBF16)
     run(x.data<bf16>());
@@ -71,10 +102,8 @@ void fp8_quantize(Tensor& out, const Tensor& x, float scale, Fp8Format format) {
 void fp8_encode(Tensor& codes, const Tensor& x, float scale, Fp8Format format) {
   const int64_t n = x.numel();
   auto* pc = codes.data<uint8_t>();
-  auto run = [&](const auto* px) {
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i)
-      pc[i] = fp8_code_of(fp8_round(static_cast<float>(load(px, i) * scale), format), format);
+  auto run = [&]<typename T>(const T* px) {
+    with_format(format, [&]<Fp8Format F>() { encode<F, T>(pc, stored_ptr(px), n, scale); });
   };
   switch (x.dtype()) {
     case DType::kBF16:

@@ -45,6 +45,10 @@ template <typename O>
 inline StoredAs<O>* stored_ptr(O* p) {
   return reinterpret_cast<StoredAs<O>*>(p);
 }
+template <typename O>
+inline const StoredAs<O>* stored_ptr(const O* p) {
+  return reinterpret_cast<const StoredAs<O>*>(p);
+}
 
 // Calls fn.template operator()<O>() with O = T, bf16 or f16 from out's dtype (16-bit outputs for
 // f32 inputs only).
