@@ -1,10 +1,14 @@
-// AdamW over flat f32 buffers, and the sum of squares behind the global gradient norm.
+// AdamW over flat f32 buffers, its forms for the precision-aware optimizer's moments (bf16 read
+// and written by the same loop; fp16 and E4M3 codes, scaled, by adamw_step_scaled's two passes),
+// and the sum of squares behind the global gradient norm.
 //
 // sum_squares sums fixed 4096-element chunks in double, then adds the chunk sums in order: the
 // result is bit-identical for any thread count, which keeps runs reproducible. Inside a chunk the
 // sum runs in vector lanes (a fixed order for a given build), four to eight times faster than one
 // serial chain of double additions.
+#if defined(__AVX512F__)
 #include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
