@@ -366,6 +366,7 @@ void predict_memory(const Workload& w, const Layout& l, const Device& dev, Predi
   sharded.main = l.sharding != Sharding::kNone && is_half(cfg.compute_dtype);
   sharded.grads = l.sharding == Sharding::kFsdp || l.sharding == Sharding::kFsdpGrads;
   sharded.compute = l.sharding == Sharding::kFsdp;
+  if (l.sharding != Sharding::kNone) sharded.moment_bytes = w.moment_bytes;
   const double per_param = weight_and_optimizer_bytes_per_param(cfg.compute_dtype, l.dp, sharded);
   double worst = 0;
   for (int64_t s = 0; s < l.pp; ++s) {

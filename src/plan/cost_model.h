@@ -45,6 +45,9 @@ struct Workload {
   double model_flops = 0;  // Megatron's model FLOPs per iteration (the MFU numerator)
   ActivationRuntime runtime = ActivationRuntime::kMegatron;
   bool grad_reduce_in_bf16 = false;  // --grad-reduce-in-bf16
+  // Bytes of the two Adam moments per parameter where the distributed optimizer keeps them: 8
+  // in fp32, fewer with --exp-avg-dtype / --exp-avg-sq-dtype (the precision-aware optimizer).
+  double moment_bytes = 8.0;
 };
 
 // Parameters on one rank, by how they are split.

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "core/logging.h"
+#include "optim/moment_storage.h"
 
 namespace megatron {
 
@@ -65,6 +66,13 @@ void apply_layout_to_args(const plan::Layout& l, Arguments& a) {
   a.cp_comm_type = {l.cp_comm_type};
 }
 
+double moment_bytes_from_args(const Arguments& a) {
+  MomentDType m = MomentDType::kF32, v = MomentDType::kF32;
+  if (!parse_moment_dtype(a.exp_avg_dtype, &m) || !parse_moment_dtype(a.exp_avg_sq_dtype, &v))
+    return 8.0;  // refused by the argument checks before a run gets here
+  return static_cast<double>(moment_element_bytes(m) + moment_element_bytes(v));
+}
+
 plan::Workload workload_from_args(const Arguments& a, const TransformerConfig& cfg,
                                   const ModelSpec& spec, plan::ActivationRuntime runtime) {
   plan::Workload w;
@@ -73,6 +81,7 @@ plan::Workload workload_from_args(const Arguments& a, const TransformerConfig& c
   w.model_flops = spec.flops_per_iteration(cfg, a.global_batch_size);
   w.runtime = runtime;
   w.grad_reduce_in_bf16 = a.grad_reduce_in_bf16;
+  w.moment_bytes = moment_bytes_from_args(a);
   return w;
 }
 

@@ -334,12 +334,7 @@ void Trainer::build_model() {
   {
     ShardedState sharded{distributed, params_->main_sharded(), params_->grads_sharded(),
                          params_->weights_sharded()};
-    // The precision-aware optimizer's moment storage (validated; fp32 without it).
-    MomentDType m = MomentDType::kF32, v = MomentDType::kF32;
-    if (parse_moment_dtype(args_.exp_avg_dtype, &m) &&
-        parse_moment_dtype(args_.exp_avg_sq_dtype, &v)) {
-      sharded.moment_bytes = static_cast<double>(moment_element_bytes(m) + moment_element_bytes(v));
-    }
+    sharded.moment_bytes = moment_bytes_from_args(args_);  // the precision-aware optimizer's
     int64_t fp8_weights = 0, frozen = 0;
     for (const Param* p : params_->params()) {
       if (p->fp8) fp8_weights += p->shape.numel();
