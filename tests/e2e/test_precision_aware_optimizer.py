@@ -6,8 +6,8 @@ What it is: `megatron train` with --use-precision-aware-optimizer --exp-avg-dtyp
 writes (megatron_job.counting_dataset), --bf16.
   - Curves: 200 iterations with each storage (bf16/bf16, fp16/fp16, fp8/bf16, fp8/fp8) against
     the fp32 moments: the last 20 iterations' mean loss within the bound stated at each, and not
-    the fp32 run's numbers (the storage is in effect); the optimizer's memory line reports the
-    moments' bytes of the storage.
+    the fp32 run's numbers (the storage is in effect); the optimizer's memory line and the
+    start-up memory estimate count the moments' bytes of the storage.
   - Checkpoints hold fp32 moments (Transformer Engine's FusedAdam state_dict): with bf16 storage
     every saved moment is a bf16 value (its low 16 bits zero), and a run stopped at iteration 10
     and resumed prints the straight run's iterations 11..20 character for character at dp2 (the
@@ -82,6 +82,14 @@ def iterations(proc):
             for it, f in megatron_log.iteration_lines(proc.stdout).items()}
 
 
+def weight_and_optimizer_mb(proc):
+    """The start-up estimate's "weight and optimizer" MB."""
+    for line in proc.stdout.splitlines():
+        if "Theoretical memory footprints: weight and optimizer=" in line:
+            return float(line.split("weight and optimizer=")[1].split(" MB")[0])
+    raise AssertionError("no theoretical memory line:\n" + proc.stdout[-2000:])
+
+
 def state_mb(proc):
     """The distributed optimizer's reported state on rank 0 (MB)."""
     for line in proc.stdout.splitlines():
@@ -119,6 +127,12 @@ class TestCurves(unittest.TestCase):
                 # log's two decimals.
                 self.assertAlmostEqual(state_mb(proc), want_mb * bytes_per_element / 8,
                                        delta=0.011)
+                # The start-up estimate counts them too: a bf16 run's 4 + 2 + 4 bytes of main
+                # weights, compute copy and gradients per parameter plus the moments' (18 with
+                # fp32 moments).
+                self.assertAlmostEqual(weight_and_optimizer_mb(proc),
+                                       weight_and_optimizer_mb(fp32) * (10 + bytes_per_element)
+                                       / 18, delta=0.011)
 
     def test_megatron_fsdp_stores_the_same(self):
         # bf16 storage rounds each element alone, so the FSDP units' other shard boundaries
