@@ -76,12 +76,6 @@ inline uint8_t fp8_code_of(float r, Fp8Format f) {
   return std::isnan(r) ? static_cast<uint8_t>(sign | 0x7F) : static_cast<uint8_t>(sign | code);
 }
 
-// fp8_code_of(fp8_round(x, kE4M3), kE4M3): what the precision-aware optimizer's FP8 moments
-// store.
-inline uint8_t e4m3_code(float x) {
-  return fp8_code_of(fp8_round(x, Fp8Format::kE4M3), Fp8Format::kE4M3);
-}
-
 // fp8_decode of every code, [256] (for decoding loops).
 const float* fp8_decode_table(Fp8Format f);
 

@@ -2,10 +2,7 @@
 // (see the header), composed from the tensor ops so that it runs on every device.
 #include "optim/moment_storage.h"
 
-#include <cmath>
-
 #include "core/error.h"
-#include "core/fp8.h"
 #include "tensor/ops.h"
 
 namespace megatron {
@@ -78,44 +75,20 @@ Tensor MomentStorage::group(int64_t k) const {
 }
 
 Tensor MomentStorage::unscaled(int64_t k) const {
-  const Tensor stored = group(k);
-  switch (dtype_) {
-    case MomentDType::kF32:
-      return stored.clone();
-    case MomentDType::kBF16:
-      return stored.to(DType::kF32);
-    case MomentDType::kF16: {
-      Tensor out = stored.to(DType::kF32);
-      ops::scale_inplace(out, read_scale(k));
-      return out;
-    }
-    case MomentDType::kFP8: {
-      Tensor out = Tensor::empty(stored.shape(), DType::kF32, stored.device());
-      ops::fp8_decode(out, stored, Fp8Format::kE4M3);
-      ops::scale_inplace(out, read_scale(k));
-      return out;
-    }
-  }
-  return Tensor();
+  Tensor stored = group(k);
+  if (dtype_ == MomentDType::kF32) return stored.clone();
+  Tensor out = Tensor::empty(stored.shape(), DType::kF32, stored.device());
+  float read = read_scale(k);
+  ops::unscale_moment(out, {&stored, &read});
+  return out;
 }
 
 void MomentStorage::store(int64_t k, Tensor& values) {
   Tensor stored = group(k);
   MEGATRON_CHECK(values.numel() == stored.numel(), "MomentStorage::store: expected ",
-                 stored.numel(), " elements, got ", values.str());
-  if (!scaled()) {
-    stored.copy_from(values);
-    return;
-  }
+                 stored.numel(), " values, got ", values.str());
   // FusedAdam's _apply_scale: the scaling from the new values' absmax.
-  const ops::MomentScaling s = ops::moment_scaling(ops::abs_max(values), stored.dtype());
-  if (dtype_ == MomentDType::kF16) {
-    ops::scale_inplace(values, s.store);
-    stored.copy_from(values);
-  } else {
-    ops::fp8_encode(stored, values, s.store, Fp8Format::kE4M3);
-  }
-  read_scale_[static_cast<size_t>(k)] = s.read;
+  ops::store_moment({&stored, &read_scale_[static_cast<size_t>(k)]}, values);
 }
 
 Tensor MomentStorage::to_f32() const {

@@ -478,6 +478,13 @@ void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor
   MEGATRON_DISPATCH(device, adamw_step(param, exp_avg, exp_avg_sq, grad, spec, rounded));
 }
 
+namespace {
+// fp16 and E4M3 codes: the moments stored with a scale.
+bool is_scaled_moment(DType t) {
+  return t == DType::kF16 || t == DType::kU8;
+}
+}  // namespace
+
 MomentScaling moment_scaling(double absmax, DType stored) {
   MEGATRON_CHECK(stored == DType::kF16 || stored == DType::kU8,
                  "moment_scaling: scaled moments are f16 or u8 (E4M3 codes), got ",
@@ -502,7 +509,7 @@ void adamw_step_scaled(Tensor& param, StoredMoment exp_avg, StoredMoment exp_avg
     MEGATRON_CHECK(t == DType::kF32 || t == DType::kBF16 || t == DType::kF16 || t == DType::kU8,
                    "adamw_step_scaled: a moment must be f32, bf16, f16 or u8, got ",
                    m.stored->str());
-    MEGATRON_CHECK((t != DType::kF16 && t != DType::kU8) || m.read_scale,
+    MEGATRON_CHECK(!is_scaled_moment(t) || m.read_scale,
                    "adamw_step_scaled: an f16 or u8 moment needs its read scale");
   }
   const Device device =
@@ -513,37 +520,40 @@ void adamw_step_scaled(Tensor& param, StoredMoment exp_avg, StoredMoment exp_avg
   }
   // Elsewhere (and for f64 weights): widened to the weights' dtype (and unscaled), stepped,
   // stored back.
-  auto scaled = [](const StoredMoment& m) {
-    return m.stored->dtype() == DType::kF16 || m.stored->dtype() == DType::kU8;
-  };
   auto widen = [&](const StoredMoment& m) {
     if (m.stored->dtype() == param.dtype()) return *m.stored;
     Tensor out = Tensor::empty(m.stored->shape(), param.dtype(), m.stored->device());
-    if (m.stored->dtype() == DType::kU8) {
-      fp8_decode(out, *m.stored, Fp8Format::kE4M3);
-    } else {
-      out.copy_from(*m.stored);
-    }
-    if (scaled(m)) scale_inplace(out, *m.read_scale);
+    unscale_moment(out, m);
     return out;
   };
   Tensor m = widen(exp_avg), v = widen(exp_avg_sq);
   adamw_step(param, m, v, grad, spec, rounded);
-  for (auto& [wide, moment] : {std::pair{&m, exp_avg}, {&v, exp_avg_sq}}) {
-    if (wide->raw() == moment.stored->raw()) continue;
-    if (!scaled(moment)) {
-      moment.stored->copy_from(*wide);
-      continue;
-    }
-    const MomentScaling s = moment_scaling(abs_max(*wide), moment.stored->dtype());
-    if (moment.stored->dtype() == DType::kU8) {
-      fp8_encode(*moment.stored, *wide, s.store, Fp8Format::kE4M3);
-    } else {
-      scale_inplace(*wide, s.store);
-      moment.stored->copy_from(*wide);
-    }
-    *moment.read_scale = s.read;
+  if (m.raw() != exp_avg.stored->raw()) store_moment(exp_avg, m);
+  if (v.raw() != exp_avg_sq.stored->raw()) store_moment(exp_avg_sq, v);
+}
+
+void unscale_moment(Tensor& out, const StoredMoment& m) {
+  if (m.stored->dtype() == DType::kU8) {
+    fp8_decode(out, *m.stored, Fp8Format::kE4M3);
+  } else {
+    out.copy_from(*m.stored);
   }
+  if (is_scaled_moment(m.stored->dtype())) scale_inplace(out, *m.read_scale);
+}
+
+void store_moment(StoredMoment m, Tensor& values) {
+  if (!is_scaled_moment(m.stored->dtype())) {
+    m.stored->copy_from(values);
+    return;
+  }
+  const MomentScaling s = moment_scaling(abs_max(values), m.stored->dtype());
+  if (m.stored->dtype() == DType::kU8) {
+    fp8_encode(*m.stored, values, s.store, Fp8Format::kE4M3);
+  } else {
+    scale_inplace(values, s.store);
+    m.stored->copy_from(values);
+  }
+  *m.read_scale = s.read;
 }
 
 double sum_squares(const Tensor& x) {

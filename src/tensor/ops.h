@@ -329,6 +329,13 @@ struct StoredMoment {
   Tensor* stored = nullptr;
   float* read_scale = nullptr;
 };
+// A moment read back in out's dtype (f32 or f64): converted, or decoded from E4M3 codes, times
+// its read scale when it is scaled.
+void unscale_moment(Tensor& out, const StoredMoment& m);
+// Stores `values` (f32 or f64, m's size) into m: rounded for f32 and bf16 storage; for f16 and
+// E4M3, with the scaling of their abs_max (moment_scaling), m's read scale replaced and `values`
+// multiplied by the store multiplier in place, as FusedAdam's _apply_scale leaves them.
+void store_moment(StoredMoment m, Tensor& values);
 // adamw_step with moments in any of those storages: each read (x its read scale), updated in f32
 // as adamw_step updates it, and stored back (fp16 and FP8 with the scaling of their new absmax,
 // so the CPU makes two passes: the new moments' absmax, then the step). The same bits as widening

@@ -8,6 +8,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "core/fp8.h"
@@ -114,32 +115,33 @@ TEST(Fp8, CodeOfEveryValueAndTheDecodeTableInvertTheCodec) {
   }
 }
 
-TEST(Fp8, BranchFreeE4M3CodeIsTheRoundedValuesCode) {
-  // e4m3_code against fp8_code_of(fp8_round(x)): every 61st f32 bit pattern (both signs, every
-  // exponent, NaNs and infinities), and every pattern from 2^-11 to 512 whose low 12 mantissa
-  // bits are 0x7FF, 0x800 or 0x801 (just below, at and above the rounding points of every
-  // binade where E4M3 ties and subnormals lie).
-  auto check = [](uint32_t bits) {
-    float x;
-    std::memcpy(&x, &bits, 4);
-    const uint8_t want = fp8_code_of(fp8_round(x, Fp8Format::kE4M3), Fp8Format::kE4M3);
-    return e4m3_code(x) == want;
-  };
-  int64_t bad = 0;
-  uint32_t first_bad = 0;
-  for (uint64_t b = 0; b <= 0xFFFFFFFFull; b += 61) {
-    if (!check(static_cast<uint32_t>(b)) && bad++ == 0) first_bad = static_cast<uint32_t>(b);
-  }
-  const uint32_t lo = 0x3A000000u, hi = 0x44000000u;  // 2^-11 .. 512
-  for (uint32_t b = lo; b < hi; b += 0x1000u) {
-    for (uint32_t low : {0x7FFu, 0x800u, 0x801u, 0xFFFu, 0x0u}) {
-      for (uint32_t sign : {0u, 0x80000000u}) {
-        const uint32_t bits = sign | (b & ~0xFFFu) | low;
-        if (!check(bits) && bad++ == 0) first_bad = bits;
+TEST(Fp8, InlineCodecAgreesWithTheScalarEncoderOnEveryKindOfInput) {
+  // fp8_round and fp8_code_of choose between their subnormal and normal results and NaN with
+  // selects (so that the kernels' loops vectorise): against the out-of-line fp8_encode, which
+  // derives the code with frexp, over every 61st f32 bit pattern (both signs, every exponent,
+  // NaNs and infinities) and every pattern from 2^-17 to 2^17 whose low 12 mantissa bits are
+  // 0x7FF, 0x800, 0x801, 0xFFF or 0 (both formats' rounding points and subnormals lie there).
+  for (const Spec& s : kSpecs) {
+    int64_t bad = 0;
+    uint32_t first_bad = 0;
+    auto check = [&](uint32_t bits) {
+      const float x = std::bit_cast<float>(bits);
+      if (fp8_code_of(fp8_round(x, s.format), s.format) != fp8_encode(x, s.format) && bad++ == 0)
+        first_bad = bits;
+    };
+    for (uint64_t b = 0; b <= 0xFFFFFFFFull; b += 61) check(static_cast<uint32_t>(b));
+    for (uint32_t b = 0x37000000u; b < 0x48000000u; b += 0x1000u) {
+      for (uint32_t low : {0x7FFu, 0x800u, 0x801u, 0xFFFu, 0x0u}) {
+        for (uint32_t sign : {0u, 0x80000000u}) check(sign | (b & ~0xFFFu) | low);
       }
     }
+    EXPECT_EQ(bad, 0) << fp8_format_name(s.format) << ": first at bits 0x" << std::hex << first_bad;
+    // Infinities saturate to the largest finite value; NaN stays NaN.
+    const float inf = std::numeric_limits<float>::infinity();
+    EXPECT_EQ(fp8_round(inf, s.format), fp8_max(s.format));
+    EXPECT_EQ(fp8_round(-inf, s.format), -fp8_max(s.format));
+    EXPECT_TRUE(std::isnan(fp8_round(std::numeric_limits<float>::quiet_NaN(), s.format)));
   }
-  EXPECT_EQ(bad, 0) << "first at bits 0x" << std::hex << first_bad;
 }
 
 TEST(Fp8, DenseSweepEncodesToTheNearestCodeTiesToEvenSaturating) {

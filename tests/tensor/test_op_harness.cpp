@@ -595,20 +595,30 @@ void register_attention_and_optimizer() {
              float ms = 1, vs = 1;
              ops::adamw_step_scaled(pt, {&m, &ms}, {&v, &vs}, p(gd), half_betas);
              outs.push_back(pt);
-             for (auto [t, scale] : {std::pair{&m, ms}, {&v, vs}}) {
+             for (ops::StoredMoment read : {ops::StoredMoment{&m, &ms}, {&v, &vs}}) {
                Tensor wide = p.empty({n});
-               if (stored == DType::kU8) {
-                 ops::fp8_decode(wide, *t, Fp8Format::kE4M3);
-               } else {
-                 wide.copy_from(*t);
-               }
-               ops::scale_inplace(wide, scale);
+               ops::unscale_moment(wide, read);
                outs.push_back(wide);
              }
            }
            return outs;
          }},
-        {"adamw_step_scaled"});
+        {"adamw_step_scaled", "unscale_moment"});
+    // Stored and read back: fp16 and E4M3 with new scales, bf16 rounded.
+    add({"store_moment, unscale_moment", dims(Shape{n}),
+         [=](const Place& p) {
+           std::vector<Tensor> outs;
+           for (DType stored : {DType::kF16, DType::kU8, DType::kBF16}) {
+             Tensor t = Tensor::zeros({n}, stored, p.device), values = p(gd);
+             float scale = 1;
+             ops::store_moment({&t, &scale}, values);
+             Tensor back = p.empty({n});
+             ops::unscale_moment(back, {&t, &scale});
+             outs.push_back(back);
+           }
+           return outs;
+         }},
+        {"store_moment", "unscale_moment"});
   }
 }
 

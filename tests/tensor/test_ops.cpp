@@ -14,7 +14,6 @@
 #include <cstring>
 #include <functional>
 #include <string>
-#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -712,8 +711,8 @@ TEST(AdamW, Bf16MomentsAreTheF32UpdateRounded) {
 TEST(AdamW, ScaledMomentsAreTheWidenedUpdateStoredWithNewScales) {
   // adamw_step_scaled (two passes: the new moments' absmax, then the step) against the composed
   // form: moments widened (E4M3 codes decoded) times their read scale, adamw_step in f32, each
-  // stored with moment_scaling of its abs_max. Three steps, so that stored moments and scales are
-  // read back; bits compared.
+  // stored with moment_scaling of its abs_max (unscale_moment, store_moment). Three steps, so that
+  // stored moments and scales are read back; bits compared.
   const int64_t n = 4099;
   const Tensor g = random_tensor({n}, 41);
   const std::vector<std::pair<DType, DType>> kinds = {{DType::kF16, DType::kF16},
@@ -731,32 +730,12 @@ TEST(AdamW, ScaledMomentsAreTheWidenedUpdateStoredWithNewScales) {
       const ops::AdamWSpec spec{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, 0.5};
       ops::adamw_step_scaled(p, {&m, &ms}, {&v, &vs}, g, spec, &rounded);
       // The composed form.
-      auto widen = [&](const Tensor& t, float read) {
-        Tensor w = Tensor::empty({n});
-        if (t.dtype() == DType::kU8) {
-          ops::fp8_decode(w, t, Fp8Format::kE4M3);
-        } else {
-          w.copy_from(t);
-        }
-        if (scaled(t.dtype())) ops::scale_inplace(w, read);
-        return w;
-      };
-      Tensor wm = widen(m2, ms2), wv = widen(v2, vs2);
+      Tensor wm = Tensor::empty({n}), wv = Tensor::empty({n});
+      ops::unscale_moment(wm, {&m2, &ms2});
+      ops::unscale_moment(wv, {&v2, &vs2});
       ops::adamw_step(p2, wm, wv, g, spec, &rounded2);
-      for (auto [wide, stored, read] : {std::tuple{&wm, &m2, &ms2}, {&wv, &v2, &vs2}}) {
-        if (!scaled(stored->dtype())) {
-          stored->copy_from(*wide);
-          continue;
-        }
-        const ops::MomentScaling sc = ops::moment_scaling(ops::abs_max(*wide), stored->dtype());
-        if (stored->dtype() == DType::kU8) {
-          ops::fp8_encode(*stored, *wide, sc.store, Fp8Format::kE4M3);
-        } else {
-          ops::scale_inplace(*wide, sc.store);
-          stored->copy_from(*wide);
-        }
-        *read = sc.read;
-      }
+      ops::store_moment({&m2, &ms2}, wm);
+      ops::store_moment({&v2, &vs2}, wv);
       const std::string at =
           std::string(dtype_name(mt)) + "/" + dtype_name(vt) + ", step " + std::to_string(step);
       EXPECT_TRUE(allclose(p, p2, 0, 0)) << at;

@@ -148,7 +148,8 @@ struct MomentIo {
       for (; j < len; ++j) dst[j] = f32_to_f16(src[j] * store).bits;
     } else if constexpr (std::is_same_v<S, uint8_t>) {
 #pragma omp simd
-      for (j = 0; j < len; ++j) dst[j] = e4m3_code(src[j] * store);
+      for (j = 0; j < len; ++j)
+        dst[j] = fp8_code_of(fp8_round(src[j] * store, Fp8Format::kE4M3), Fp8Format::kE4M3);
     } else {
 #pragma omp simd
       for (j = 0; j < len; ++j) dst[j] = stored_value<S>(src[j]);
