@@ -293,6 +293,64 @@ TEST(Gelu, GradientIsTheSameInVectorAndScalarCode) {
   }
 }
 
+// The elementwise ops, the optimizer step and the norms give the same bits at any thread count:
+// the threads' shares of a flat loop put each element in a vectorised body or a scalar remainder
+// depending on the count, and the two must round alike (gelu.h's fma; this caught the GELU
+// gradient). 7 x 301 elements: every share ends off the 16-wide vectors; 1, 2, 3 and 5 threads.
+TEST(Elementwise, SameBitsForAnyThreadCount) {
+  const Shape s{7, 301};
+  const Tensor a = random_tensor(s, 49, 3.0), b = random_tensor(s, 50),
+               c = random_tensor(s, 51, 0.1), bias = random_tensor({301}, 52);
+  const Tensor glu = random_tensor({7, 602}, 53, 3.0), w = random_tensor({301}, 54);
+  auto run_all = [&]() {
+    std::vector<Tensor> outs;
+    auto out = [&]() -> Tensor& { return outs.emplace_back(Tensor::empty(s)); };
+    ops::add(out(), a, b);
+    ops::mul(out(), a, b);
+    outs.push_back(a.clone());
+    ops::add_inplace(outs.back(), b);
+    outs.push_back(a.clone());
+    ops::scale_inplace(outs.back(), 0.37);
+    for (bool tanh : {false, true}) {
+      ops::gelu_forward(out(), a, tanh);
+      ops::gelu_backward(out(), b, a, tanh);
+      Tensor pre = a.clone();
+      ops::bias_gelu_forward(out(), pre, bias, tanh);
+    }
+    ops::tanh_forward(out(), a);
+    ops::tanh_backward(out(), b, c);
+    ops::squared_relu_forward(out(), a);
+    ops::squared_relu_backward(out(), b, a);
+    ops::quick_gelu_forward(out(), a);
+    ops::quick_gelu_backward(out(), b, a);
+    ops::swiglu_forward(out(), glu);
+    outs.push_back(Tensor::empty({7, 602}));
+    ops::swiglu_backward(outs.back(), b, glu);
+    ops::dropout_forward(out(), a, 0.3f, 5, 6);
+    ops::dropout_backward(out(), b, 0.3f, 5, 6);
+    Tensor mean = Tensor::empty({7}), rstd = Tensor::empty({7});
+    ops::layernorm_forward(out(), mean, rstd, a, w, bias, 1e-5f);
+    ops::rmsnorm_forward(out(), rstd, a, w, 1e-5f);
+    Tensor p = a.clone(), m = c.clone(), v = c.clone();
+    ops::mul(v, v, v);
+    ops::adamw_step(p, m, v, b, ops::AdamWSpec{1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 3}, nullptr);
+    outs.insert(outs.end(), {p, m, v});
+    return outs;
+  };
+  const int before = omp_get_max_threads();
+  omp_set_num_threads(1);
+  const std::vector<Tensor> want = run_all();
+  for (int threads : {2, 3, 5}) {
+    omp_set_num_threads(threads);
+    const std::vector<Tensor> got = run_all();
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_EQ(std::memcmp(got[i].raw(), want[i].raw(), want[i].nbytes()), 0)
+          << "output " << i << " at " << threads << " threads";
+    }
+  }
+  omp_set_num_threads(before);
+}
+
 TEST(Swiglu, ForwardBackward) {
   Tensor x = random_tensor({5, 2 * 11}, 7, 2.0);
   Tensor y = Tensor::empty({5, 11});
