@@ -65,6 +65,23 @@ Rows<T> rows(const AttentionView& v) {
   return Rows<T>{v.tensor.data<T>() + v.offset, v};
 }
 
+// The q, k, v, out and gradient rows a kernel copies in or out lie a row of the [s, b, heads, hn]
+// layout apart (b x heads x hn elements: 36 KB in config b's packed QKV), a few cache lines each,
+// which the hardware prefetchers do not follow: the row loops ask for the row kAhead rows on.
+constexpr int64_t kAhead = 4;
+template <typename T>
+inline void prefetch_row(const T* row, int64_t hn) {
+  for (int64_t c = 0; c < hn; c += 64 / static_cast<int64_t>(sizeof(T))) {
+    __builtin_prefetch(row + c, 0);
+  }
+}
+template <typename T>
+inline void prefetch_row_for_write(T* row, int64_t hn) {
+  for (int64_t c = 0; c < hn; c += 64 / static_cast<int64_t>(sizeof(T))) {
+    __builtin_prefetch(row + c, 1);
+  }
+}
+
 // Sizes of one call, checked against every view and tensor.
 struct Dims {
   int64_t sq, skv, b, np, ng, qpg, hn;
@@ -193,6 +210,7 @@ void load_rows(T* dst, const Rows<T>& src, int64_t bb, int64_t head, int64_t j0,
   const int64_t hn = src.v.hn;
   std::fill(dst + bk * hn, dst + kTile * hn, T(0));
   for (int64_t jj = 0; jj < bk; ++jj) {
+    if (jj + kAhead < bk) prefetch_row(src.at(j0 + jj + kAhead, bb, head), hn);
     const T* row = src.at(j0 + jj, bb, head);
     std::copy(row, row + hn, dst + jj * hn);
   }
@@ -203,6 +221,7 @@ void load_transposed(T* dst, const Rows<T>& src, int64_t bb, int64_t head, int64
   const int64_t hn = src.v.hn;
   if (bk < kTile) std::fill(dst, dst + hn * kTile, T(0));
   for (int64_t jj = 0; jj < bk; ++jj) {
+    if (jj + kAhead < bk) prefetch_row(src.at(j0 + jj + kAhead, bb, head), hn);
     const T* row = src.at(j0 + jj, bb, head);
     for (int64_t c = 0; c < hn; ++c) dst[c * kTile + jj] = row[c];
   }
@@ -264,6 +283,7 @@ void forward_kernel(T* out, T* lse, const Rows<T>& q, const Rows<T>& k, const Ro
           std::fill(sum.begin(), sum.end(), T(0));
           int64_t jlo = d.skv, jend = 0;
           for (int64_t r = 0; r < bq; ++r) {
+            if (r + kAhead < bq) prefetch_row(q.at(i0 + r + kAhead, bb, h), hn);
             const T* src = q.at(i0 + r, bb, h);
             for (int64_t c = 0; c < hn; ++c) qs[r * hn + c] = qscale * src[c];
             jlo = std::min(jlo, mk.first_key(bb, i0 + r));
@@ -310,9 +330,13 @@ void forward_kernel(T* out, T* lse, const Rows<T>& q, const Rows<T>& k, const Ro
                 const T* br = mk.bias_row(bb, h, i) + j0;
                 for (int64_t jj = 0; jj < bk; ++jj) row[jj] += br[jj];
               }
+              // Selects, so that it vectorises (a branch per key did not); max is exact, so
+              // the order of the comparisons changes nothing.
               T tile_max = neg_inf;
+#pragma omp simd reduction(max : tile_max)
               for (int64_t jj = kr.lo; jj < kr.hi; ++jj) {
-                if (ok[jj] != T(0)) tile_max = std::max(tile_max, row[jj]);
+                const T x = ok[jj] != T(0) ? row[jj] : neg_inf;
+                tile_max = x > tile_max ? x : tile_max;
               }
               if (tile_max == neg_inf) {  // every visible key of the tile is padding
                 std::fill(row, row + kTile, T(0));
@@ -348,6 +372,7 @@ void forward_kernel(T* out, T* lse, const Rows<T>& q, const Rows<T>& k, const Ro
             if (!bf) cpu::tile_gemm(o.data(), hn, sc.data(), kTile, vtile, hn, bq, hn, kTile);
           }
           for (int64_t r = 0; r < bq; ++r) {
+            if (r + kAhead < bq) prefetch_row_for_write(out + d.o_off(i0 + r + kAhead, bb, h), hn);
             T* dst = out + d.o_off(i0 + r, bb, h);
             if (sum[r] == T(0)) {  // the row saw no key
               std::fill(dst, dst + hn, T(0));
@@ -428,6 +453,11 @@ void backward_kernel(const Rows<T>& dq_out, const Rows<T>& dk_out, const Rows<T>
         // Per query tile: the first key row any of its rows sees.
         std::fill(tile_first.begin(), tile_first.end(), d.skv);
         for (int64_t i = 0; i < d.sq; ++i) {
+          if (i + kAhead < d.sq) {
+            prefetch_row(q.at(i + kAhead, bb, h), hn);
+            prefetch_row(dout + d.o_off(i + kAhead, bb, h), hn);
+            prefetch_row(out + d.o_off(i + kAhead, bb, h), hn);
+          }
           const T* qi = q.at(i, bb, h);
           const T* gi = dout + d.o_off(i, bb, h);
           for (int64_t c = 0; c < hn; ++c) qs[i * hn + c] = qscale * qi[c];
@@ -551,11 +581,16 @@ void backward_kernel(const Rows<T>& dq_out, const Rows<T>& dk_out, const Rows<T>
           for (size_t e = 0; e < kv_block; ++e) dk[e] *= scale;
         }
         for (int64_t i = 0; i < d.sq; ++i) {
+          if (i + kAhead < d.sq) prefetch_row_for_write(dq_out.at(i + kAhead, bb, h), hn);
           T* dst = dq_out.at(i, bb, h);
           for (int64_t c = 0; c < hn; ++c) dst[c] = scale * dq[i * hn + c];
         }
         if (!grouped) {
           for (int64_t j = 0; j < d.skv; ++j) {
+            if (j + kAhead < d.skv) {
+              prefetch_row_for_write(dk_out.at(j + kAhead, bb, g), hn);
+              prefetch_row_for_write(dv_out.at(j + kAhead, bb, g), hn);
+            }
             std::copy(dk + j * hn, dk + (j + 1) * hn, dk_out.at(j, bb, g));
             std::copy(dv + j * hn, dv + (j + 1) * hn, dv_out.at(j, bb, g));
           }
