@@ -70,15 +70,13 @@ Rows<T> rows(const AttentionView& v) {
 // which the hardware prefetchers do not follow: the row loops ask for the row kAhead rows on.
 constexpr int64_t kAhead = 4;
 template <typename T>
-inline void prefetch_row(const T* row, int64_t hn) {
+inline void prefetch_row(const T* row, int64_t hn, bool for_write = false) {
   for (int64_t c = 0; c < hn; c += 64 / static_cast<int64_t>(sizeof(T))) {
-    __builtin_prefetch(row + c, 0);
-  }
-}
-template <typename T>
-inline void prefetch_row_for_write(T* row, int64_t hn) {
-  for (int64_t c = 0; c < hn; c += 64 / static_cast<int64_t>(sizeof(T))) {
-    __builtin_prefetch(row + c, 1);
+    if (for_write) {
+      __builtin_prefetch(row + c, 1);
+    } else {
+      __builtin_prefetch(row + c, 0);
+    }
   }
 }
 
@@ -372,7 +370,7 @@ void forward_kernel(T* out, T* lse, const Rows<T>& q, const Rows<T>& k, const Ro
             if (!bf) cpu::tile_gemm(o.data(), hn, sc.data(), kTile, vtile, hn, bq, hn, kTile);
           }
           for (int64_t r = 0; r < bq; ++r) {
-            if (r + kAhead < bq) prefetch_row_for_write(out + d.o_off(i0 + r + kAhead, bb, h), hn);
+            if (r + kAhead < bq) prefetch_row(out + d.o_off(i0 + r + kAhead, bb, h), hn, true);
             T* dst = out + d.o_off(i0 + r, bb, h);
             if (sum[r] == T(0)) {  // the row saw no key
               std::fill(dst, dst + hn, T(0));
@@ -581,15 +579,15 @@ void backward_kernel(const Rows<T>& dq_out, const Rows<T>& dk_out, const Rows<T>
           for (size_t e = 0; e < kv_block; ++e) dk[e] *= scale;
         }
         for (int64_t i = 0; i < d.sq; ++i) {
-          if (i + kAhead < d.sq) prefetch_row_for_write(dq_out.at(i + kAhead, bb, h), hn);
+          if (i + kAhead < d.sq) prefetch_row(dq_out.at(i + kAhead, bb, h), hn, true);
           T* dst = dq_out.at(i, bb, h);
           for (int64_t c = 0; c < hn; ++c) dst[c] = scale * dq[i * hn + c];
         }
         if (!grouped) {
           for (int64_t j = 0; j < d.skv; ++j) {
             if (j + kAhead < d.skv) {
-              prefetch_row_for_write(dk_out.at(j + kAhead, bb, g), hn);
-              prefetch_row_for_write(dv_out.at(j + kAhead, bb, g), hn);
+              prefetch_row(dk_out.at(j + kAhead, bb, g), hn, true);
+              prefetch_row(dv_out.at(j + kAhead, bb, g), hn, true);
             }
             std::copy(dk + j * hn, dk + (j + 1) * hn, dk_out.at(j, bb, g));
             std::copy(dv + j * hn, dv + (j + 1) * hn, dv_out.at(j, bb, g));
