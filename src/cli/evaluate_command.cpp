@@ -11,6 +11,7 @@
 
 #include "cli/commands.h"
 #include "cli/inference_model.h"
+#include "cli/megatron_flags.h"
 #include "cli/mpi_command.h"
 #include "core/logging.h"
 #include "evaluation/detokenizer.h"
@@ -89,7 +90,10 @@ int run_evaluate(int argc, char** argv, MpiRuntime& mpi) {
   table.flag("--strict-lambada", strict_lambada,
              "LAMBADA: the target is the whole last word, not its last token");
   table.add("--micro-batch-size", micro_batch, "Samples per forward");
+  const MegatronCompatFlags compat(table, "evaluate");  // the rest of Megatron's flags
+  std::vector<std::string> compat_lines;
   const int rc = agreed_argument_phase(mpi, app, argc, argv, [&] {
+    compat_lines = compat.resolve();
     resolve_inference_args(args, table, mpi.world_size(), false);
     MEGATRON_CHECK(task == "WIKITEXT103" || task == "LAMBADA" || task == "MULTIPLE_CHOICE",
                    "--task '", task, "': use WIKITEXT103, LAMBADA or MULTIPLE_CHOICE");
@@ -103,6 +107,9 @@ int run_evaluate(int argc, char** argv, MpiRuntime& mpi) {
   });
   if (rc >= 0) return rc;
   const bool first = mpi.rank() == 0;
+  if (first) {
+    for (const std::string& line : compat_lines) log_line(line);
+  }
   InferenceModel m = load_inference_model(args, mpi, false);
   const Tokenizer& tok = *m.tokenizer;
   const std::string& path = valid_data.front();

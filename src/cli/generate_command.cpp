@@ -16,6 +16,7 @@
 #include "cli/generation_args.h"
 #include "cli/image_generation.h"
 #include "cli/inference_model.h"
+#include "cli/megatron_flags.h"
 #include "cli/mpi_command.h"
 #include "core/logging.h"
 #include "inference/seq2seq_generator.h"
@@ -149,10 +150,14 @@ int run_generate(int argc, char** argv, MpiRuntime& mpi) {
   table.add("--images", images,
             "--model llava: one image file per --prompts entry (\"<image>\" in a prompt marks its "
             "place; else it comes first)");
+  const MegatronCompatFlags compat(table, "generate");  // the rest of Megatron's flags
+  std::vector<std::string> compat_lines;
   std::vector<ImagePrompt> image_requests;
   inference::GenerationRequest request;
   inference::Seq2SeqRequest seq2seq;
   const int rc = agreed_argument_phase(mpi, app, argc, argv, [&] {
+    compat_lines = compat.resolve();
+    resolve_generation_args(gen, table);
     resolve_inference_args(args, table, mpi.world_size(), false);
     MEGATRON_CHECK(prompts.empty() != prompt_file.empty(),
                    "give the prompts: --prompts P [P ...] or --prompt-file FILE, one of them");
@@ -183,11 +188,13 @@ int run_generate(int argc, char** argv, MpiRuntime& mpi) {
     request.seed = static_cast<uint64_t>(gen.seed);
     request.sampling = sampling_of(gen, tokenizer->vocab_size());
     const TransformerConfig cfg = transformer_config_from_args(args);
-    inference::check_request(
-        request, inference::GeneratorConfig{tokenizer->vocab_size(), tokenizer->eod(),
-                                            cfg.max_position_embeddings, max_batch_of(gen)});
+    inference::check_request(request,
+                             generator_config(gen, *tokenizer, cfg.max_position_embeddings));
   });
   if (rc >= 0) return rc;
+  if (mpi.rank() == 0) {
+    for (const std::string& line : compat_lines) std::fprintf(stderr, "%s\n", line.c_str());
+  }
   if (args.model == "t5") return run_seq2seq(args, gen, prompts, seq2seq, mpi);
   if (args.model == "llava") return run_image_generation(args, gen, image_requests, mpi);
   const bool first = mpi.rank() == 0;
@@ -199,8 +206,7 @@ int run_generate(int argc, char** argv, MpiRuntime& mpi) {
   }
   const inference::Generator generator(
       *m.chunk, m.parallel->pp_group(),
-      inference::GeneratorConfig{m.tokenizer->vocab_size(), m.tokenizer->eod(),
-                                 m.config.max_position_embeddings, max_batch_of(gen)});
+      generator_config(gen, *m.tokenizer, m.config.max_position_embeddings));
   std::vector<inference::BatchTimes> times;
   const std::vector<inference::GenerationResult> results = generator.generate(request, &times);
   if (!first) return 0;

@@ -14,10 +14,15 @@ void register_generation_args(ArgTable& t, GenerationArgs& g) {
          "Return the log probabilities of the output tokens (always on, as in Megatron)");
   t.add("--num-tokens-to-generate", g.num_tokens_to_generate,
         "Number of tokens to generate for each prompt");
+  t.add("--inference-max-requests", g.inference_max_requests,
+        "Prompts generated together in one batch (Megatron's static inference context)");
   t.add("--inference-max-batch-size", g.inference_max_batch_size,
-        "Prompts generated together in one batch");
+        "Earlier name of --inference-max-requests");
   t.add("--max-batch-size", g.max_batch_size,
-        "Deprecated in favor of --inference-max-batch-size (the larger applies)");
+        "Deprecated in favor of --inference-max-requests (the larger applies)");
+  t.add("--inference-max-seq-length", g.inference_max_seq_length,
+        "Longest prompt plus tokens to generate, image embeddings included (Megatron's static "
+        "inference context, for decoder-only models; --max-position-embeddings bounds it too)");
   t.add("--seed", g.seed, "Random seed of the sampling");
 }
 
@@ -28,10 +33,32 @@ inference::SamplingParams sampling_of(const GenerationArgs& g, int64_t vocab_siz
   return p;
 }
 
+void resolve_generation_args(GenerationArgs& g, const ArgTable& t) {
+  if (t.given("--inference-max-batch-size")) {
+    MEGATRON_CHECK(!t.given("--inference-max-requests") ||
+                       g.inference_max_requests == g.inference_max_batch_size,
+                   "--inference-max-requests ", g.inference_max_requests,
+                   " and --inference-max-batch-size ", g.inference_max_batch_size,
+                   " are two names of the batch size: give one of them");
+    g.inference_max_requests = g.inference_max_batch_size;
+  }
+  g.inference_max_requests = std::max(g.inference_max_requests, g.max_batch_size);
+  MEGATRON_CHECK(g.inference_max_requests >= 1, "--inference-max-requests must be >= 1, got ",
+                 g.inference_max_requests);
+  g.inference_max_batch_size = g.inference_max_requests;
+  MEGATRON_CHECK(g.inference_max_seq_length >= 1, "--inference-max-seq-length must be >= 1, got ",
+                 g.inference_max_seq_length);
+}
+
 int64_t max_batch_of(const GenerationArgs& g) {
-  const int64_t n = std::max(g.inference_max_batch_size, g.max_batch_size);
-  MEGATRON_CHECK(n >= 1, "--inference-max-batch-size must be >= 1, got ", n);
-  return n;
+  return g.inference_max_requests;
+}
+
+inference::GeneratorConfig generator_config(const GenerationArgs& g, const Tokenizer& tokenizer,
+                                            int64_t max_position_embeddings) {
+  return inference::GeneratorConfig{tokenizer.vocab_size(), tokenizer.eod(),
+                                    max_position_embeddings, max_batch_of(g),
+                                    g.inference_max_seq_length};
 }
 
 std::vector<int64_t> tokenize_prompt(const Tokenizer& tokenizer, const std::string& prompt,

@@ -119,6 +119,11 @@ int run_image_generation(const Arguments& args, const GenerationArgs& gen,
     // The prompt with its image once (prefill), then one token per step through the KV cache.
     const int64_t positions_needed = static_cast<int64_t>(ids.size()) - 1 +
                                      v.num_image_embeddings() + gen.num_tokens_to_generate;
+    MEGATRON_CHECK(positions_needed <= gen.inference_max_seq_length, "prompt ", p, " with its ",
+                   v.num_image_embeddings(), " image embeddings and ", gen.num_tokens_to_generate,
+                   " tokens to generate needs ", positions_needed,
+                   " positions: more than --inference-max-seq-length ",
+                   gen.inference_max_seq_length, " allows");
     KvCache cache(positions_needed);
     for (int64_t step = 0; step < gen.num_tokens_to_generate; ++step) {
       const bool prefill = step == 0;

@@ -103,10 +103,65 @@ const std::vector<OwnFlag>& own_train_flags() {
   return own;
 }
 
-MegatronCompatFlags::MegatronCompatFlags(ArgTable& table) : table_(table) {
+namespace {
+
+// What a flag of `megatron train` means to an inference command that does not take it: a row of
+// the table's form (status accepted or "only V", and the note printed when the flag is given).
+MegatronFlag as_inference_flag(const MegatronFlag& row, const std::string& command) {
+  static const std::map<std::string, std::pair<std::string, std::string>> kSpecific = {
+      {"--context-parallel-size",
+       {"only 1",
+        "inference runs one model replica of tensor x pipeline ranks, without context "
+        "parallelism"}},
+      {"--use-checkpoint-args",
+       {"accepted", "inference always takes the model's arguments from the checkpoint (--load)"}},
+      {"--exit-on-missing-checkpoint",
+       {"accepted", "a missing checkpoint always stops inference (exit code 2)"}},
+      {"--no-load-rng", {"accepted", "inference loads the model's weights only"}},
+      {"--no-load-optim", {"accepted", "inference loads the model's weights only"}},
+      {"--finetune", {"accepted", "inference loads the model's weights only"}},
+      {"--num-layers-per-virtual-pipeline-stage",
+       {"accepted",
+        "inference runs one model chunk per pipeline rank; a checkpoint of an interleaved run "
+        "loads into that layout"}},
+      {"--num-virtual-stages-per-pipeline-rank",
+       {"accepted",
+        "inference runs one model chunk per pipeline rank; a checkpoint of an interleaved run "
+        "loads into that layout"}},
+      {"--micro-batch-size",
+       {"accepted",
+        "a training batch size: prompts generated together are "
+        "--inference-max-requests"}},
+      {"--global-batch-size",
+       {"accepted",
+        "a training batch size: prompts generated together are "
+        "--inference-max-requests"}},
+  };
+  MegatronFlag out = row;
+  const auto it = kSpecific.find(row.flag);
+  if (it != kSpecific.end()) {
+    out.status = it->second.first;
+    out.note = it->second.second;
+  } else {
+    out.status = "accepted";
+    out.note = "a training flag: no effect on `megatron " + command + "`";
+  }
+  return out;
+}
+
+}  // namespace
+
+MegatronCompatFlags::MegatronCompatFlags(ArgTable& table, const std::string& command)
+    : table_(table) {
   table.concern("megatron-compat");
-  for (const MegatronFlag& row : megatron_flags()) {
-    if (row.status == "implemented" || table.has(row.flag)) continue;
+  const bool inference = command != "train";
+  for (const MegatronFlag& table_row : megatron_flags()) {
+    if (table.has(table_row.flag)) continue;
+    if (table_row.status == "implemented" && !inference) continue;
+    if (table_row.status == "implemented")
+      inference_rows_.push_back(as_inference_flag(table_row, command));
+    const MegatronFlag& row =
+        table_row.status == "implemented" ? inference_rows_.back() : table_row;
     const std::string help = "[Megatron flag, " +
                              (row.status == "accepted" ? std::string("accepted") : row.status) +
                              " here] " + row.note;
@@ -194,6 +249,11 @@ std::string megatron_flags_markdown(const ArgTable& train) {
      << "- **only V**: accepted with the value V; any other value is refused with the note.\n"
      << "- **refused**: the run stops before it starts (exit code 2), naming the flag, with the "
         "note.\n\n"
+     << "`megatron generate`, `megatron serve` and `megatron evaluate` take the same table, as "
+        "Megatron's text-generation server and tasks/main.py parse all of arguments.py: their "
+        "own flags (`--help`) with Megatron's meaning, the rows below as they stand, and the "
+        "implemented training flags they do not use accepted, each with its start-up line "
+        "(mostly: no effect), except --context-parallel-size other than 1.\n\n"
      << "Counts: ";
   bool first = true;
   for (const auto& [status, n] : counts) {

@@ -34,9 +34,16 @@ const std::vector<OwnFlag>& own_train_flags();
 
 // Registers every row of the table that `table` does not implement, each into storage of its
 // own (concern "megatron-compat"); lives as long as the table.
+//
+// `command` is the command whose table it is. Megatron's tools (the text-generation server,
+// tasks/main.py) parse the whole of arguments.py, so a launch line written for them carries
+// training flags; for an inference command (generate, serve, evaluate) the rows `megatron train`
+// implements and `table` lacks are accepted with what they mean there (nothing, mostly), except
+// the few that would ask for a layout inference does not run (--context-parallel-size other
+// than 1). "train" (and `plan`, which takes train's flags) keeps the table's rows as they are.
 class MegatronCompatFlags {
  public:
-  explicit MegatronCompatFlags(ArgTable& table);
+  explicit MegatronCompatFlags(ArgTable& table, const std::string& command = "train");
   // After parsing: one start-up line per accepted flag given ("FLAG VALUE: meaning"); a refused
   // flag given (or an "only V" one given another value) throws InvalidArgument naming it.
   std::vector<std::string> resolve() const;
@@ -49,6 +56,7 @@ class MegatronCompatFlags {
     bool* on = nullptr;
   };
   const ArgTable& table_;
+  std::deque<MegatronFlag> inference_rows_;  // train's flags as an inference command takes them
   std::deque<std::string> values_;
   std::deque<std::vector<std::string>> lists_;
   std::deque<bool> switches_;

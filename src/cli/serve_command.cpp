@@ -10,6 +10,7 @@
 #include "cli/commands.h"
 #include "cli/generation_args.h"
 #include "cli/inference_model.h"
+#include "cli/megatron_flags.h"
 #include "cli/mpi_command.h"
 #include "comm/agreement.h"
 #include "core/logging.h"
@@ -196,15 +197,21 @@ int run_serve(int argc, char** argv, MpiRuntime& mpi) {
   table.flag("--no-request-batching", no_batching,
              "Serve requests one at a time (Megatron's lock) instead of batching those with the "
              "same generation settings");
+  const MegatronCompatFlags compat(table, "serve");  // the rest of Megatron's flags
+  std::vector<std::string> compat_lines;
   const int rc = agreed_argument_phase(mpi, app, argc, argv, [&] {
+    compat_lines = compat.resolve();
+    resolve_generation_args(gen, table);
     resolve_inference_args(args, table, mpi.world_size(), false);
     MEGATRON_CHECK(port >= 0 && port <= 65535, "--port ", port, " must be in [0, 65535]");
     MEGATRON_CHECK(options.max_queued >= 1, "--max-queued-requests must be >= 1");
     MEGATRON_CHECK(options.timeout_s > 0, "--request-timeout must be positive");
     MEGATRON_CHECK(max_bytes >= 1024, "--max-request-bytes must be at least 1024");
-    max_batch_of(gen);
   });
   if (rc >= 0) return rc;
+  if (mpi.rank() == 0) {
+    for (const std::string& line : compat_lines) log_line(line);
+  }
   options.port = static_cast<int>(port);
   options.max_body_bytes = static_cast<size_t>(max_bytes);
   options.batching = !no_batching;
@@ -212,8 +219,7 @@ int run_serve(int argc, char** argv, MpiRuntime& mpi) {
   InferenceModel m = load_inference_model(args, mpi, false);
   const inference::Generator generator(
       *m.chunk, m.parallel->pp_group(),
-      inference::GeneratorConfig{m.tokenizer->vocab_size(), m.tokenizer->eod(),
-                                 m.config.max_position_embeddings, max_batch_of(gen)});
+      generator_config(gen, *m.tokenizer, m.config.max_position_embeddings));
   if (mpi.rank() != 0) {
     for (;;) {  // follow rank 0's broadcasts
       std::string command;

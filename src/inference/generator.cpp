@@ -71,6 +71,10 @@ void check_request(const GenerationRequest& r, const GeneratorConfig& config) {
                    " tokens; with tokens_to_generate ", r.tokens_to_generate,
                    " that is longer than the model's ", config.max_positions,
                    " positions (--max-position-embeddings)");
+    MEGATRON_CHECK(
+        config.max_sequence_length <= 0 || n + r.tokens_to_generate <= config.max_sequence_length,
+        "prompt ", i, " has ", n, " tokens; with tokens_to_generate ", r.tokens_to_generate,
+        " that is longer than --inference-max-seq-length ", config.max_sequence_length, " allows");
     for (int64_t t : r.prompts[i]) {
       MEGATRON_CHECK(t >= 0 && t < config.vocab_size, "prompt ", i, " holds token id ", t,
                      " outside the vocabulary [0, ", config.vocab_size, ")");

@@ -78,11 +78,14 @@ struct GeneratorConfig {
   int64_t vocab_size = 0;      // the tokenizer's (sampling and log-probabilities stop there)
   int64_t eod = 0;             // the end-of-document id
   int64_t max_positions = 0;   // prompt + generated tokens may not exceed it
-  int64_t max_batch_size = 8;  // prompts per forward (--inference-max-batch-size)
+  int64_t max_batch_size = 8;  // prompts per forward (--inference-max-requests)
+  // Nor this (--inference-max-seq-length; 0: only the positions bound them).
+  int64_t max_sequence_length = 0;
 };
 
 // Checks a request against the model (InvalidArgument naming the field): every prompt non-empty
-// and within the vocabulary, prompt + tokens_to_generate within max_positions, the sampling
+// and within the vocabulary, prompt + tokens_to_generate within max_positions and
+// max_sequence_length, the sampling
 // settings, scoring (tokens_to_generate 0) only with log-probabilities, streams (if any) one per
 // prompt. Pure: every rank agrees.
 void check_request(const GenerationRequest& request, const GeneratorConfig& config);

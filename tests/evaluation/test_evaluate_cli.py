@@ -14,7 +14,8 @@ _LMDataset's windows and masks, avg loss / ppl / adjusted ppl / token ratio, all
 accuracy) with full PyTorch forwards of the same weights, and the JSON summary must agree: losses
 within 1e-5 relative (f32 forwards in two implementations: the per-token losses agree to ~1e-6),
 counts exactly (the oracle's logits have clear argmax gaps; a flipped count would need a gap of
-1e-6). Then the same at tp2 and pp2 from a converted checkpoint, Megatron's printed block, and
+1e-6). Then the same at tp2 and pp2 from a converted checkpoint and with a Megatron launch
+line's training flags (accepted, no effect), Megatron's printed block, and
 the refusals (unknown task, missing file, bad JSON line, a LAMBADA text beyond --seq-length).
 
 Usage: test_evaluate_cli.py --megatron BUILD/megatron --mpiexec MPIEXEC [unittest args]
@@ -87,8 +88,11 @@ def summary(r):
     return json.loads(lines[-1])
 
 
+# The last: flags of Megatron's zero-shot launch line (examples/evaluate_zeroshot_gpt.sh; tasks/
+# main.py parses all of arguments.py) that mean nothing to evaluation, accepted.
 LAYOUTS = [(1, ()), (2, ("--tensor-model-parallel-size", "2")),
-           (2, ("--pipeline-model-parallel-size", "2"))]
+           (2, ("--pipeline-model-parallel-size", "2")),
+           (1, ("--log-interval", "10", "--no-load-optim", "--no-load-rng"))]
 
 
 class TestWikiText(unittest.TestCase):
@@ -137,6 +141,9 @@ class TestWikiText(unittest.TestCase):
                     for key in ("avg_loss", "ppl", "adjusted_ppl", "token_ratio"):
                         self.assertAlmostEqual(got[key] / want[key], 1.0, delta=REL_TOL, msg=key)
                     self.assertIn(" validation results on WIKITEXT103 | avg loss: ", r.stdout)
+                    if "--log-interval" in layout:
+                        self.assertIn(" > --log-interval 10: a training flag: no effect on "
+                                      "`megatron evaluate`", r.stdout)
                     self.assertIn("| token ratio: %r |" % want["token_ratio"], r.stdout)
 
 

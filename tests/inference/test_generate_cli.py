@@ -17,8 +17,12 @@ What it is:
     different summation order: the logits agree to ~1e-6, log-probabilities of ~-8 to ~1e-5).
   - Sampling (--top_k 5 / --top_p 0.9 at temperature 0.7): a fixed --seed gives the same tokens
     twice and in the tp2 layout; another seed gives other tokens.
+  - A Megatron launch line's training flags (MEGATRON_LINE) are accepted and change no token,
+    each with its start-up line; --inference-max-requests sets the batch size.
   - Bad input: exit 2 with the flag named (top-k with top-p, prompt plus tokens beyond the
-    positions, no prompts, a missing prompt file, bad JSON in it, no weights), on every rank.
+    positions or --inference-max-seq-length, the batch size's two names disagreeing, context
+    parallelism, a flag Megatron removed, no prompts, a missing prompt file, bad JSON in it, no
+    weights), on every rank.
 What it is not: the sampling distributions (tests/inference/test_sampling.cpp).
 
 Usage: test_generate_cli.py --megatron BUILD/megatron --mpiexec MPIEXEC [unittest args]
@@ -69,6 +73,14 @@ def oracle(arch):
         return out, json.load(f)
 
 
+# Flags of a Megatron text-generation launch line (tools/run_text_generation_server.py and the
+# static-inference examples parse all of arguments.py) that mean nothing to generation here.
+MEGATRON_LINE = ["--micro-batch-size", "1", "--seed", "42", "--use-checkpoint-args",
+                 "--no-load-rng", "--no-load-optim", "--exit-on-missing-checkpoint",
+                 "--inference-max-seq-length", "22", "--enable-cuda-graph",
+                 "--context-parallel-size", "1", "--lr", "1e-4", "--train-iters", "10"]
+
+
 def generate(weights, prompt_file, ranks=1, extra=()):
     r = run(["generate", *weights, "--tokenizer-type", "NullTokenizer", "--prompt-file",
              prompt_file, "--num-tokens-to-generate", "10", "--num-threads", "1", *extra], ranks)
@@ -80,6 +92,9 @@ class TestGreedyAgainstPyTorch(unittest.TestCase):
         ("hf", 1, [], False),
         ("tp1", 1, [], True),
         ("tp1-batch1", 1, ["--inference-max-batch-size", "1"], True),
+        # A launch line written for Megatron's tools (its whole parser): training flags are
+        # accepted and change nothing; --inference-max-requests is the batch size.
+        ("tp1-megatron-line", 1, MEGATRON_LINE + ["--inference-max-requests", "3"], True),
         ("tp2", 2, ["--tensor-model-parallel-size", "2"], True),
         ("pp2", 2, ["--pipeline-model-parallel-size", "2"], True),
         ("tp2pp2", 4, ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size",
@@ -95,6 +110,12 @@ class TestGreedyAgainstPyTorch(unittest.TestCase):
                            ["--pretrained-checkpoint", os.path.join(out, "model")])
                 r, results = generate(weights, prompts, ranks, flags)
                 self.assertEqual(r.returncode, 0, r.stderr[-3000:])
+                if "--use-checkpoint-args" in flags:
+                    self.assertIn(" > --lr 1e-4: a training flag: no effect on `megatron "
+                                  "generate`", r.stderr)
+                    self.assertIn(" > --enable-cuda-graph: CUDA graphs are not captured",
+                                  r.stderr)
+                    self.assertIn("batch 1 (3 prompts)", r.stderr)
                 self.assertEqual(len(results), len(expected["greedy"]))
                 for res, want, want_lp, prompt in zip(results, expected["greedy"],
                                                       expected["logprobs"], expected["prompts"]):
@@ -164,6 +185,14 @@ class TestRefusals(unittest.TestCase):
             (ckpt + ["--prompts", "1 2 5000"], "outside [0, 1000)"),
             (prompts, "--load"),
             (ckpt + prompts + ["--tensor-model-parallel-size", "2"], "ranks"),
+            # The longest prompt has 12 tokens: 12 + 10 to generate is 22.
+            (ckpt + prompts + ["--inference-max-seq-length", "21"],
+             "--inference-max-seq-length 21"),
+            (ckpt + prompts + ["--inference-max-requests", "2", "--inference-max-batch-size",
+                               "3"], "two names of the batch size"),
+            (ckpt + prompts + ["--inference-max-requests", "0"], "--inference-max-requests"),
+            (ckpt + prompts + ["--context-parallel-size", "2"], "without context parallelism"),
+            (ckpt + prompts + ["--batch-size", "4"], "--batch-size 4: removed in Megatron"),
         ]
         for args, needle in cases:
             with self.subTest(args=args[2:]):

@@ -16,6 +16,8 @@ tokens, 64 positions; tests/reference/generate_oracle.py), one process and tp2 u
   - SIGTERM while a request runs: it is answered, later ones are refused, exit 0 (mpirun exits 1
     on SIGTERM whatever its ranks do; under it the drain shows in the log).
   - A port in use: exit 2 naming --port.
+  - A Megatron launch line (training flags with the static context's --inference-max-requests
+    and --inference-max-seq-length): served, the same tokens, the length limit a 400.
 
 Usage: test_serve_cli.py --megatron BUILD/megatron --mpiexec MPIEXEC [unittest args]
 """
@@ -382,6 +384,30 @@ class TestShutdown(unittest.TestCase):
             self.assertEqual(r["tokens"], EXPECTED["greedy"])
         finally:
             server.stop()
+
+    def test_megatron_launch_line(self):
+        # tools/run_text_generation_server.py parses all of arguments.py, so its launch lines
+        # carry training flags: accepted, each with its start-up line, changing no token;
+        # --inference-max-requests and --inference-max-seq-length are the static context's.
+        server = Server(extra=["--tensor-model-parallel-size", "1", "--micro-batch-size", "1",
+                               "--seed", "42", "--no-load-rng", "--no-load-optim",
+                               "--exit-on-missing-checkpoint", "--inference-max-requests", "2",
+                               "--inference-max-seq-length", "20", "--enable-cuda-graph"])
+        try:
+            prompts = [text(p) for p in EXPECTED["prompts"]]
+            # The longest prompt has 12 tokens: 8 more reach the 20 allowed.
+            status, r = server.api({"prompts": prompts, "tokens_to_generate": 8, "top_k": 1})
+            self.assertEqual(status, 200, r)
+            for got, want, prompt in zip(r["tokens"], EXPECTED["greedy"], EXPECTED["prompts"]):
+                self.assertEqual(got, want[:len(prompt) + 8])
+            status, r = server.api({"prompts": prompts, "tokens_to_generate": 9, "top_k": 1})
+            self.assertEqual(status, 400)
+            self.assertIn("--inference-max-seq-length 20", r["message"])
+        finally:
+            rc, out, err = server.stop()
+        self.assertEqual(rc, 0, err)
+        self.assertIn(" > --micro-batch-size 1: a training batch size", out)
+        self.assertIn(" > --no-load-optim: inference loads the model's weights only", out)
 
     def test_port_in_use(self):
         with socket.socket() as s:
