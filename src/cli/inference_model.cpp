@@ -44,8 +44,7 @@ void resolve_inference_args(Arguments& a, const ArgTable& t, int world_size, boo
                  "--pretrained-checkpoint reads a whole Hugging Face model in one process; in a "
                  "parallel layout convert it first (`megatron convert --load-hf DIR --save "
                  "CKPT`) and pass --load CKPT");
-  MEGATRON_CHECK(a.num_layers % pp == 0, "--num-layers ", a.num_layers,
-                 " must be divisible by --pipeline-model-parallel-size ", pp);
+  validate_pipeline_split(a.num_layers, pp, 1, pipeline_split(a));
   a.hidden_dropout = a.attention_dropout = 0;
   a.sequence_parallel = false;  // one position per decode step: nothing to split
   a.context_parallel_size = 1;
@@ -76,11 +75,12 @@ InferenceModel load_inference_model(const Arguments& args, const MpiRuntime& mpi
                                .ep = &ps.ep_group(),
                                .ep_rank = ps.ep_rank(),
                                .ep_size = ps.ep_size()};
-  std::vector<std::unique_ptr<ModelChunk>> chunks =
-      m.spec->build_chunks(ModelOptions{m.config, false}, ChunkPlacement{.tp = ps.tp_group_ptr(),
-                                                                         .pp_size = ps.pp_size(),
-                                                                         .pp_rank = ps.pp_rank(),
-                                                                         .expert = expert});
+  std::vector<std::unique_ptr<ModelChunk>> chunks = m.spec->build_chunks(
+      ModelOptions{m.config, false}, ChunkPlacement{.tp = ps.tp_group_ptr(),
+                                                    .pp_size = ps.pp_size(),
+                                                    .pp_rank = ps.pp_rank(),
+                                                    .expert = expert,
+                                                    .split = pipeline_split(args)});
   MEGATRON_CHECK(chunks.size() == 1, "inference runs one model chunk per rank");
   m.chunk = std::move(chunks.front());
   m.params = std::make_unique<ParamSet>(m.chunk->parameters(), m.config.compute_dtype);

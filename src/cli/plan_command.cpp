@@ -315,6 +315,7 @@ int run_plan(int argc, char** argv, MpiRuntime& mpi) {
     k.ep = fixed("--expert-model-parallel-size", args.expert_model_parallel_size);
     k.etp = fixed("--expert-tensor-parallel-size", args.expert_tensor_parallel_size);
     k.mbs = fixed("--micro-batch-size", args.micro_batch_size);
+    k.split = pipeline_split(args);  // given split flags apply to every layout
     if (table.given("--num-virtual-stages-per-pipeline-rank") ||
         table.given("--num-layers-per-virtual-pipeline-stage"))
       k.vpp = layout_from_args(args, world).vpp;

@@ -224,6 +224,16 @@ void register_model_args(ArgTable& t, Arguments& a) {
         "Degree of tensor model parallelism");
   t.add("--pipeline-model-parallel-size", a.pipeline_model_parallel_size,
         "Degree of pipeline model parallelism");
+  t.add("--decoder-first-pipeline-num-layers", a.decoder_first_pipeline_num_layers,
+        "Transformer layers of the first pipeline stage (uneven split; the middle stages share "
+        "the rest evenly; 0: even split)");
+  t.add("--decoder-last-pipeline-num-layers", a.decoder_last_pipeline_num_layers,
+        "Transformer layers of the last pipeline stage (uneven split; 0: even split)");
+  t.flag("--account-for-embedding-in-pipeline-split", a.account_for_embedding_in_pipeline_split,
+         "Count the embedding as one layer of the first pipeline stage when splitting the layers");
+  t.flag("--account-for-loss-in-pipeline-split", a.account_for_loss_in_pipeline_split,
+         "Count the output layer and loss as one layer of the last pipeline stage when splitting "
+         "the layers");
   t.add("--expert-model-parallel-size", a.expert_model_parallel_size,
         "Degree of expert parallelism: each MoE layer's experts split over this many ranks");
   t.add("--expert-tensor-parallel-size", a.expert_tensor_parallel_size,
@@ -670,8 +680,16 @@ int64_t validate_parallel_layout(Arguments& a, int world_size, int rank) {
   MEGATRON_CHECK(per_vp == 0 || vp_given == 0, "--num-layers-per-virtual-pipeline-stage (", per_vp,
                  ") and --num-virtual-stages-per-pipeline-rank (", vp_given,
                  ") cannot be set at the same time; give one of them");
+  const PipelineSplit split = pipeline_split(a);
+  MEGATRON_CHECK(per_vp == 0 || !split.uneven(),
+                 "please use --num-virtual-stages-per-pipeline-rank to specify virtual pipeline "
+                 "parallel degree when enable uneven pipeline parallelism "
+                 "(--decoder-first/last-pipeline-num-layers); drop "
+                 "--num-layers-per-virtual-pipeline-stage");
+  // The layers (and the embedding / loss where the split counts them) per pipeline rank.
+  const int64_t units = split_units(a.num_layers, split);
   // One virtual stage per rank is no interleaving (Megatron sets the virtual size to None then).
-  const bool interleaved = (per_vp > 0 && per_vp != a.num_layers / pp) || vp_given > 1;
+  const bool interleaved = (per_vp > 0 && per_vp * pp != units) || vp_given > 1;
   MEGATRON_CHECK(!interleaved || pp > 1,
                  "When interleaved schedule is used, pipeline-model-parallel size should be "
                  "greater than 1: ",
@@ -679,29 +697,25 @@ int64_t validate_parallel_layout(Arguments& a, int world_size, int rank) {
                             : "--num-virtual-stages-per-pipeline-rank",
                  " needs --pipeline-model-parallel-size >= 2, got ", pp,
                  "; raise it or drop the flag");
-  MEGATRON_CHECK(a.num_layers % pp == 0,
-                 "Number of layers should be divisible by the pipeline-model-parallel size: "
-                 "--num-layers (",
-                 a.num_layers, ") is not divisible by --pipeline-model-parallel-size (", pp,
-                 "); choose a layer count that is a multiple of ", pp);
-  const int64_t per_stage = a.num_layers / pp;
+  validate_pipeline_split(a.num_layers, pp, 1, split);
   if (per_vp > 0) {
-    MEGATRON_CHECK(per_stage % per_vp == 0,
+    MEGATRON_CHECK((units / pp) % per_vp == 0,
                    "number of layers per pipeline stage must be divisible by number of layers per "
                    "virtual pipeline stage: --num-layers (",
-                   a.num_layers, ") / --pipeline-model-parallel-size (", pp, ") = ", per_stage,
+                   a.num_layers, ") / --pipeline-model-parallel-size (", pp, ") = ", units / pp,
                    " layers per stage, not a multiple of --num-layers-per-virtual-pipeline-stage (",
                    per_vp, ")");
   }
-  if (vp_given > 0) {
+  if (vp_given > 0 && !split.uneven()) {
     MEGATRON_CHECK(
-        per_stage % vp_given == 0,
+        (units / pp) % vp_given == 0,
         "number of layers per pipeline stage must be divisible by the number of virtual "
         "stages: --num-layers (",
-        a.num_layers, ") / --pipeline-model-parallel-size (", pp, ") = ", per_stage,
+        a.num_layers, ") / --pipeline-model-parallel-size (", pp, ") = ", units / pp,
         " layers per stage cannot be split into --num-virtual-stages-per-pipeline-rank (", vp_given,
         ") chunks; --num-layers must be a multiple of ", pp * vp_given);
   }
+  validate_pipeline_split(a.num_layers, pp, virtual_pipeline_stages(a), split);
   return dp;
 }
 

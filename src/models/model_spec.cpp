@@ -12,11 +12,13 @@ namespace megatron {
 
 std::vector<ChunkLayers> chunk_layers(int64_t num_layers, const ChunkPlacement& p) {
   const int64_t stages = static_cast<int64_t>(p.pp_size) * p.virtual_stages;
-  const int64_t per_stage = num_layers / stages;
+  validate_pipeline_split(num_layers, p.pp_size, p.virtual_stages, p.split);
   std::vector<ChunkLayers> out;
   for (int c = 0; c < p.virtual_stages; ++c) {
     const int64_t g = static_cast<int64_t>(c) * p.pp_size + p.pp_rank;
-    out.push_back({g * per_stage, per_stage, g == 0, g == stages - 1});
+    const LayerRange r =
+        chunk_layer_range(num_layers, p.pp_size, p.virtual_stages, p.split, p.pp_rank, c);
+    out.push_back({r.first, r.count, g == 0, g == stages - 1});
   }
   return out;
 }

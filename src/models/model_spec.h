@@ -21,6 +21,7 @@
 #include "models/model_chunk.h"
 #include "parallel/context_parallel.h"
 #include "parallel/param.h"
+#include "pipeline/layer_split.h"
 #include "transformer/config.h"
 
 namespace megatron {
@@ -34,11 +35,13 @@ struct ChunkPlacement {
   ContextParallelContext cp = {};     // --context-parallel-size (none by default)
   ExpertParallelContext expert = {};  // MoE experts' split (default: EP 1, ETP = TP)
   ProcessGroup* amax = nullptr;       // FP8 delayed scaling's amax reduction group (null: none)
+  PipelineSplit split = {};           // uneven stages (--decoder-first-pipeline-num-layers, ...)
 };
 
 // The layers and ends of each of this rank's chunks: chunk c of pipeline rank r is virtual stage
-// g = c * pp + r, holding layers [g L / (pp V), (g + 1) L / (pp V)) (Megatron's interleaved
-// layout); the first stage embeds, the last holds the heads.
+// g = c * pp + r, holding the g-th block of layers (Megatron's interleaved layout; the blocks'
+// sizes are the split's, pipeline/layer_split.h); the first stage embeds, the last holds the
+// heads.
 struct ChunkLayers {
   int64_t first_layer = 0, num_layers = 0;
   bool pre_process = false, post_process = false;

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "pipeline/layer_split.h"
 
 namespace megatron {
 namespace {
@@ -190,19 +191,8 @@ std::vector<Action> interleaved_schedule(int pp_size, int pp_rank, int num_micro
 
 void validate_pipeline(int pp_size, int num_microbatches, int virtual_stages, int num_layers) {
   check_stage(pp_size, 0, num_microbatches);
-  MEGATRON_CHECK(num_layers % pp_size == 0,
-                 "Number of layers should be divisible by the pipeline-model-parallel size: "
-                 "--num-layers ",
-                 num_layers, " is not divisible by --pipeline-model-parallel-size ", pp_size, ".");
   check_interleaving(pp_size, num_microbatches, virtual_stages);
-  const int per_stage = num_layers / pp_size;
-  MEGATRON_CHECK(per_stage % virtual_stages == 0,
-                 "number of layers per pipeline stage must be divisible by the number of virtual "
-                 "stages: --num-layers ",
-                 num_layers, " / --pipeline-model-parallel-size ", pp_size, " = ", per_stage,
-                 " layers per stage cannot be split into ", virtual_stages,
-                 " virtual stages; choose --num-layers-per-virtual-pipeline-stage dividing ",
-                 per_stage, ".");
+  validate_pipeline_split(num_layers, pp_size, virtual_stages, PipelineSplit{});
 }
 
 }  // namespace megatron

@@ -78,7 +78,8 @@ std::vector<Action> interleaved_schedule(int pp_size, int pp_rank, int num_micro
 
 // Checks a pipeline layout with Megatron's constraints, naming the flags to change; throws
 // InvalidArgument. virtual_stages is 1 without interleaving, else the number of layers per stage
-// divided by --num-layers-per-virtual-pipeline-stage.
+// divided by --num-layers-per-virtual-pipeline-stage. The layers split evenly (uneven splits:
+// validate_pipeline_split, layer_split.h).
 void validate_pipeline(int pp_size, int num_microbatches, int virtual_stages, int num_layers);
 
 }  // namespace megatron

@@ -36,14 +36,24 @@ double gather(const Link& link, int64_t n, double bytes) {
   return seconds(link, d(n - 1) / d(n) * bytes, d(n - 1));
 }
 
-// The global layer numbers of pipeline stage `stage` (its vpp chunks, Megatron's interleaving).
+// The global layer numbers of each of pipeline stage `stage`'s vpp chunks (Megatron's
+// interleaving, with the layout's split).
+std::vector<std::vector<int64_t>> stage_chunk_layers(const TransformerConfig& c, const Layout& l,
+                                                     int64_t stage) {
+  std::vector<std::vector<int64_t>> out;
+  for (int64_t v = 0; v < l.vpp; ++v) {
+    const LayerRange r = chunk_layer_range(c.num_layers, l.pp, l.vpp, l.split, stage, v);
+    std::vector<int64_t>& chunk = out.emplace_back();
+    for (int64_t i = 0; i < r.count; ++i) chunk.push_back(r.first + i);
+  }
+  return out;
+}
+
+// All of them, chunk after chunk.
 std::vector<int64_t> stage_layers(const TransformerConfig& c, const Layout& l, int64_t stage) {
   std::vector<int64_t> out;
-  const int64_t per_chunk = c.num_layers / (l.pp * l.vpp);
-  for (int64_t v = 0; v < l.vpp; ++v) {
-    const int64_t first = (v * l.pp + stage) * per_chunk;
-    for (int64_t i = 0; i < per_chunk; ++i) out.push_back(first + i);
-  }
+  for (const std::vector<int64_t>& chunk : stage_chunk_layers(c, l, stage))
+    out.insert(out.end(), chunk.begin(), chunk.end());
   return out;
 }
 
@@ -374,8 +384,8 @@ void predict_memory(const Workload& w, const Layout& l, const Device& dev, Predi
     const double weights = p.total() * per_param;
     // Micro-batches (chunks) this stage holds at once under its schedule.
     const int in_flight = in_flight_microbatches(l.pp, l.vpp, s, m);
+    const std::vector<std::vector<int64_t>> chunks = stage_chunk_layers(cfg, l, s);
     const std::vector<int64_t> layers = stage_layers(cfg, l, s);
-    const int64_t chunk_layers = static_cast<int64_t>(layers.size()) / l.vpp;
     // Bytes of one micro-batch in one chunk, held by each of the in-flight forwards, and bytes
     // the stage holds once: the working set of the layer being recomputed, and on the last
     // stage the logits and their gradient (its micro-batch's backward follows its forward).
@@ -395,8 +405,9 @@ void predict_memory(const Workload& w, const Layout& l, const Device& dev, Predi
       a.sequence_parallel = l.sp;
       a.cp = static_cast<int>(l.cp);
       for (int64_t v = 0; v < l.vpp; ++v) {
-        a.num_layers = chunk_layers;
-        a.first_layer = layers[static_cast<size_t>(v * chunk_layers)];
+        const std::vector<int64_t>& chunk = chunks[static_cast<size_t>(v)];
+        a.num_layers = static_cast<int64_t>(chunk.size());
+        a.first_layer = chunk.empty() ? 0 : chunk.front();
         a.pre_process = s == 0 && v == 0;
         a.post_process = false;
         per_chunk = std::max(per_chunk, d(activation_bytes_per_microbatch(rc, a)));
@@ -408,7 +419,7 @@ void predict_memory(const Workload& w, const Layout& l, const Device& dev, Predi
         a.post_process = true;
         once += d(activation_bytes_per_microbatch(rc, a)) + logits;
       }
-      if (full) {
+      if (full && !layers.empty()) {
         TransformerConfig kept = rc;
         kept.recompute_granularity = RecomputeGranularity::kNone;
         a.num_layers = 1;
@@ -418,13 +429,17 @@ void predict_memory(const Workload& w, const Layout& l, const Device& dev, Predi
       }
     } else {
       const bool flash = dev.flash_attention;
-      for (int64_t i = 0; i < chunk_layers; ++i) {
-        const bool moe = cfg.moe.is_moe_layer(layers[static_cast<size_t>(i)]);
-        // Full recomputation keeps each layer's input (2 bytes per element, / tp with SP).
-        per_chunk += full ? 2.0 * sb * d(cfg.hidden_size) / (l.sp ? d(l.tp) : 1.0)
-                          : megatron_layer_bytes(cfg, l, moe, flash);
+      for (const std::vector<int64_t>& chunk : chunks) {
+        double bytes = 0;
+        for (int64_t layer : chunk) {
+          const bool moe = cfg.moe.is_moe_layer(layer);
+          // Full recomputation keeps each layer's input (2 bytes per element, / tp with SP).
+          bytes += full ? 2.0 * sb * d(cfg.hidden_size) / (l.sp ? d(l.tp) : 1.0)
+                        : megatron_layer_bytes(cfg, l, moe, flash);
+        }
+        per_chunk = std::max(per_chunk, bytes);
       }
-      if (full) {
+      if (full && !layers.empty()) {
         Layout kept = l;
         kept.recompute = Recompute::kNone;
         once += megatron_layer_bytes(cfg, kept, cfg.moe.is_moe_layer(layers.front()), flash);

@@ -38,6 +38,12 @@ std::string layout_name(const Layout& l) {
                    l.cp_comm_type == "p2p" ? "" : ("-" + l.cp_comm_type).c_str());
   s += strprintf(" pp%ld", static_cast<long>(l.pp));
   if (l.vpp > 1) s += strprintf("x%ld", static_cast<long>(l.vpp));
+  if (l.split.first_stage_layers > 0)
+    s += strprintf(" first%ld", static_cast<long>(l.split.first_stage_layers));
+  if (l.split.last_stage_layers > 0)
+    s += strprintf(" last%ld", static_cast<long>(l.split.last_stage_layers));
+  if (l.split.embedding_in_split) s += " +emb";
+  if (l.split.loss_in_split) s += " +loss";
   if (l.ep > 1 || l.etp != l.tp)
     s += strprintf(" ep%ld etp%ld", static_cast<long>(l.ep), static_cast<long>(l.etp));
   s += strprintf(" dp%ld mbs%ld", static_cast<long>(l.dp), static_cast<long>(l.mbs));

@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <string>
 
+#include "pipeline/layer_split.h"
+
 namespace megatron::plan {
 
 enum class Recompute : uint8_t { kNone, kSelective, kFull };
@@ -28,6 +30,7 @@ struct Layout {
   bool overlap_grad_reduce = false;   // --overlap-grad-reduce
   bool overlap_param_gather = false;  // --overlap-param-gather
   std::string cp_comm_type = "p2p";   // --cp-comm-type
+  PipelineSplit split = {};  // uneven pipeline stages (--decoder-first-pipeline-num-layers, ...)
 
   int64_t world() const { return tp * cp * pp * dp; }
   // Micro-batches per data-parallel rank for a global batch.

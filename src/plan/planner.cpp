@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "core/error.h"
 #include "core/logging.h"
 
 namespace megatron::plan {
@@ -46,7 +47,11 @@ std::string layout_rule_violation(const Workload& w, const Layout& l, int64_t wo
     return why("tp x cp x pp x dp = ", std::to_string(l.world()), " is not the ",
                std::to_string(world), " devices");
   if (l.sp && l.tp == 1) return "--sequence-parallel needs tp > 1";
-  if (c.num_layers % (l.pp * l.vpp) != 0) return "--num-layers must divide by pp x virtual stages";
+  try {
+    validate_pipeline_split(c.num_layers, l.pp, l.vpp, l.split);
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
   if (l.vpp > 1 && l.pp == 1) return "virtual pipeline stages need pp > 1";
   if (w.global_batch % (l.mbs * l.dp) != 0)
     return "--global-batch-size must divide by micro-batch x data-parallel size";
@@ -92,11 +97,13 @@ std::vector<Candidate> plan_layouts(const PlanRequest& r) {
   std::vector<Candidate> out;
   for (int64_t tp : fixed_or(k.tp, divisors(world, 64)))
     for (int64_t cp : fixed_or(k.cp, divisors(world / tp, 64)))
-      for (int64_t pp : fixed_or(k.pp, divisors(world / (tp * cp), c.num_layers))) {
+      for (int64_t pp :
+           fixed_or(k.pp, divisors(world / (tp * cp), split_units(c.num_layers, k.split)))) {
         if (world % (tp * cp * pp) != 0) continue;
         const int64_t dp = world / (tp * cp * pp);
-        for (int64_t vpp :
-             fixed_or(k.vpp, pp > 1 ? divisors(c.num_layers / pp, 8) : std::vector<int64_t>{1}))
+        // Virtual stages: those the split allows (layout_rule_violation checks them).
+        for (int64_t vpp : fixed_or(k.vpp, pp > 1 ? std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8}
+                                                  : std::vector<int64_t>{1}))
           for (int64_t ep :
                fixed_or(k.ep, moe ? divisors(c.moe.num_experts, world) : std::vector<int64_t>{1}))
             for (int64_t etp : fixed_or(
@@ -119,6 +126,7 @@ std::vector<Candidate> plan_layouts(const PlanRequest& r) {
                       l.recompute = rc;
                       l.sharding = sh;
                       l.cp_comm_type = cp_comm;
+                      l.split = k.split;
                       l.overlap_grad_reduce = dp > 1;
                       l.overlap_param_gather = dp > 1 && sh == Sharding::kDistributedOptimizer;
                       if (!layout_rule_violation(w, l, world).empty()) continue;

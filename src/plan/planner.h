@@ -26,6 +26,7 @@ struct Constraints {
   std::string recompute;     // "" free, or none / selective / full
   std::string sharding;      // "" free, or ddp / dist-opt / fsdp-grads / fsdp
   std::string cp_comm_type;  // "" free, or p2p / allgather / a2a
+  PipelineSplit split;       // every layout's layer split (default: even)
 };
 
 struct Candidate {

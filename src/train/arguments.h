@@ -11,6 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "pipeline/layer_split.h"
+
 namespace megatron {
 
 // A float flag Megatron leaves at None until given (printed "None" in the argument dump).
@@ -224,9 +226,13 @@ struct Arguments {
 
   // ---- parallelism (data parallel = world size / (tensor x pipeline)) ----
   int64_t tensor_model_parallel_size = 1;    // ranks sharing each layer's weights (Megatron's TP)
-  int64_t pipeline_model_parallel_size = 1;  // pipeline stages; --num-layers is split evenly
-  int64_t num_layers_per_virtual_pipeline_stage = 0;  // interleaved 1F1B chunk size; 0: none
-  int64_t num_virtual_stages_per_pipeline_rank = 0;   // chunks per stage (V) directly; 0: none
+  int64_t pipeline_model_parallel_size = 1;  // pipeline stages (split: pipeline/layer_split.h)
+  int64_t decoder_first_pipeline_num_layers = 0;         // layers of the first stage; 0: even split
+  int64_t decoder_last_pipeline_num_layers = 0;          // layers of the last stage; 0: even split
+  bool account_for_embedding_in_pipeline_split = false;  // the embedding counts as a layer
+  bool account_for_loss_in_pipeline_split = false;       // the loss counts as a layer
+  int64_t num_layers_per_virtual_pipeline_stage = 0;     // interleaved 1F1B chunk size; 0: none
+  int64_t num_virtual_stages_per_pipeline_rank = 0;      // chunks per stage (V) directly; 0: none
   bool sequence_parallel = false;  // shard norms/dropout along s over TP; forced off at TP 1
   int64_t context_parallel_size =
       1;  // ranks splitting every sequence (parallel/context_parallel.h)
@@ -289,12 +295,21 @@ struct Arguments {
   double ranks_per_core = 1;
 };
 
-// Model chunks per pipeline rank (Megatron's virtual_pipeline_model_parallel_size): 1 without
-// interleaving; (num_layers / pp) / --num-layers-per-virtual-pipeline-stage, or
+// The pipeline's layer split of the flags (Megatron's uneven stages).
+// Then model chunks per pipeline rank (Megatron's virtual_pipeline_model_parallel_size): 1 without
+// interleaving; (num_layers / pp) / --num-layers-per-virtual-pipeline-stage (the embedding and
+// loss counted in when the split counts them), or
 // --num-virtual-stages-per-pipeline-rank. Assumes the arguments passed validation (train_args).
+inline PipelineSplit pipeline_split(const Arguments& a) {
+  return PipelineSplit{a.decoder_first_pipeline_num_layers, a.decoder_last_pipeline_num_layers,
+                       a.account_for_embedding_in_pipeline_split,
+                       a.account_for_loss_in_pipeline_split};
+}
+
 inline int64_t virtual_pipeline_stages(const Arguments& a) {
   if (a.num_layers_per_virtual_pipeline_stage > 0) {
-    return a.num_layers / a.pipeline_model_parallel_size / a.num_layers_per_virtual_pipeline_stage;
+    return split_units(a.num_layers, pipeline_split(a)) / a.pipeline_model_parallel_size /
+           a.num_layers_per_virtual_pipeline_stage;
   }
   if (a.num_virtual_stages_per_pipeline_rank > 0) return a.num_virtual_stages_per_pipeline_rank;
   return 1;

@@ -14,10 +14,8 @@ plan::Layout layout_from_args(const Arguments& a, int64_t world) {
   l.sp = a.sequence_parallel && l.tp > 1;
   l.cp = a.context_parallel_size;
   l.pp = a.pipeline_model_parallel_size;
-  l.vpp = a.num_virtual_stages_per_pipeline_rank > 0 ? a.num_virtual_stages_per_pipeline_rank
-          : a.num_layers_per_virtual_pipeline_stage > 0
-              ? a.num_layers / (l.pp * a.num_layers_per_virtual_pipeline_stage)
-              : 1;
+  l.vpp = virtual_pipeline_stages(a);
+  l.split = pipeline_split(a);
   l.ep = a.expert_model_parallel_size;
   l.etp = a.expert_tensor_parallel_size > 0 ? a.expert_tensor_parallel_size : l.tp;
   l.dp = std::max<int64_t>(1, world / (l.tp * l.cp * l.pp));
@@ -47,6 +45,10 @@ void apply_layout_to_args(const plan::Layout& l, Arguments& a) {
   a.pipeline_model_parallel_size = l.pp;
   a.num_layers_per_virtual_pipeline_stage = 0;
   a.num_virtual_stages_per_pipeline_rank = l.vpp > 1 ? l.vpp : 0;
+  a.decoder_first_pipeline_num_layers = l.split.first_stage_layers;
+  a.decoder_last_pipeline_num_layers = l.split.last_stage_layers;
+  a.account_for_embedding_in_pipeline_split = l.split.embedding_in_split;
+  a.account_for_loss_in_pipeline_split = l.split.loss_in_split;
   a.expert_model_parallel_size = l.ep;
   a.expert_tensor_parallel_size = l.etp;
   a.micro_batch_size = l.mbs;

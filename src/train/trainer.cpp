@@ -240,7 +240,8 @@ void Trainer::build_model() {
                                                .virtual_stages = virtual_stages_,
                                                .cp = context_parallel(),
                                                .expert = expert_parallel(),
-                                               .amax = &ps.amax_reduction_group()});
+                                               .amax = &ps.amax_reduction_group(),
+                                               .split = pipeline_split(args_)});
   std::vector<Param*> all;
   for (const auto& chunk : chunks_) {
     for (Param* p : chunk->parameters()) all.push_back(p);

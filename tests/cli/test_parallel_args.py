@@ -4,7 +4,8 @@
 What it is: black-box runs of the binary, alone and under `mpiexec -n 2` / `-n 4`, with tensor-,
 pipeline- and virtual-pipeline layouts that Megatron's validate_args (and TransformerConfig, and
 the interleaved schedule) refuse: the world size not divisible by tp x pp, heads or query groups
-not divisible by tp, layers not divisible by pp or by the virtual stages, both virtual-stage
+not divisible by tp, layers not divisible by pp or by the virtual stages, uneven splits that do
+not add up (Megatron's --decoder-first/last-pipeline-num-layers rules), both virtual-stage
 flags at once, interleaving at pp 1, micro-batches not divisible by pp when interleaving, a global
 batch not divisible by micro batch x dp. Each must exit 2 before training starts (no argument
 dump), with a message naming the flag and the numbers, printed by every rank ("[rank N] ...":
@@ -129,6 +130,37 @@ class TestParallelArgs(unittest.TestCase):
         self.assertRefused(2, argv(pipeline_model_parallel_size=2,
                                    num_virtual_stages_per_pipeline_rank=4),
                            "--num-virtual-stages-per-pipeline-rank (4)", "multiple of 8")
+
+    def test_uneven_pipeline_splits(self):
+        # Megatron's rules for --decoder-first/last-pipeline-num-layers and the account-for flags
+        # (TransformerConfig), each naming the flags. TINY has 4 layers.
+        self.assertRefused(4, argv(pipeline_model_parallel_size=4,
+                                   decoder_first_pipeline_num_layers=2),
+                           "number of layers at middle stage: 2 must be divisible by the middle "
+                           "pipeline model parallel size 3")
+        self.assertRefused(2, argv(pipeline_model_parallel_size=2,
+                                   decoder_first_pipeline_num_layers=1,
+                                   decoder_last_pipeline_num_layers=1),
+                           "Mismatch: 2 middle layers remaining but 0 middle PP stages")
+        self.assertRefused(2, argv(pipeline_model_parallel_size=2,
+                                   decoder_first_pipeline_num_layers=1,
+                                   num_virtual_stages_per_pipeline_rank=2),
+                           "--decoder-first-pipeline-num-layers (1)",
+                           "virtual pipeline parallel degree 2")
+        self.assertRefused(2, argv(pipeline_model_parallel_size=2,
+                                   decoder_first_pipeline_num_layers=2,
+                                   num_layers_per_virtual_pipeline_stage=1),
+                           "please use --num-virtual-stages-per-pipeline-rank")
+        self.assertRefused(2, [*argv(pipeline_model_parallel_size=2),
+                               "--account-for-embedding-in-pipeline-split"],
+                           "Number of layers should be divisible by the pipeline-model-parallel "
+                           "size", "plus the embedding (--account-for-embedding-in-pipeline-"
+                           "split) = 5")
+        self.assertRefused(2, [*argv(pipeline_model_parallel_size=2,
+                                     decoder_first_pipeline_num_layers=2),
+                               "--account-for-loss-in-pipeline-split"],
+                           "cannot be set at the same time with "
+                           "--account-for-embedding-in-pipeline-split")
 
     def test_both_virtual_stage_flags(self):
         self.assertRefused(2, argv(pipeline_model_parallel_size=2,

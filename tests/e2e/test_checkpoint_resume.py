@@ -14,7 +14,9 @@ GPT model with dropout on, 20 iterations, evaluation every 5.
     iteration-5 checkpoint is written while iterations 6..10 train and must still hold
     iteration 5's state (resumed with --ckpt-step 5).
   - Resharding: a tp2pp2 checkpoint loaded at tp1pp1, pp4, dp2 with the distributed optimizer,
-    and tp4 (and tp2pp2 as the control) must take its next step to the straight run's
+    tp4, and two uneven pipeline splits (pp2 with a 1-layer first stage; tp2pp3 with the
+    embedding and loss counted as layers) (and tp2pp2 as the control) must take its next step to
+    the straight run's
     iteration-11 loss, and, saved again right after loading, must hold the same global tensors
     (weights and both Adam moments) bit for bit, as tests/testing/checkpoint_reader.py
     assembles them from the shards.
@@ -193,6 +195,11 @@ class TestResharding(unittest.TestCase):
         ("tp1pp4", 4, [PP, "4"]),
         ("dp2 distributed optimizer", 2, DISTOPT),
         ("tp4", 4, [TP, "4"]),
+        # Uneven pipeline stages (layers 1 + 3; 1 + 2 + 1 with the embedding and loss counted).
+        ("pp2 first stage 1 layer", 2, [PP, "2", "--decoder-first-pipeline-num-layers", "1"]),
+        ("tp2pp3 embedding and loss counted", 6,
+         [TP, "2", PP, "3", "--account-for-embedding-in-pipeline-split",
+          "--account-for-loss-in-pipeline-split"]),
     ]
 
     def test_tp2pp2_checkpoint_loads_in_every_layout(self):

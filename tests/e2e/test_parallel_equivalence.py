@@ -3,7 +3,8 @@
 
 What it is: `megatron train` on mock data as one process and under `mpiexec` in every layout of
 the parallelism matrix (tp2, tp4, tp2 + sequence parallel, pp2, pp4, pp2 interleaved, dp2, dp4,
-tp2pp2, tp2pp2dp2 on 8 ranks, and overlapped gradient buckets), with the same global batch, for a GPT-2-style and a Llama-style
+tp2pp2, tp2pp2dp2 on 8 ranks, and overlapped gradient buckets; uneven pipeline splits), with the
+same global batch, for a GPT-2-style and a Llama-style
 tiny model, dropout on. The layouts differ only in where the arithmetic happens: initialisation
 is TP-invariant (each shard is the slice of the full init), dropout masks are keyed by global
 element and head indices and by the micro-batch's index in the global batch, each rank reads
@@ -117,6 +118,22 @@ class TestParallelEquivalence(unittest.TestCase):
         self.check_equivalent(["--squared-relu", "--qk-layernorm", "--apply-layernorm-1p",
                                "--init-method-xavier-uniform", "--embedding-init-method-std",
                                "0.05"], layouts)
+
+    def test_uneven_pipeline_splits_match_single_process(self):
+        # Megatron's uneven stages: a first (last) stage of its own size, the middle sharing the
+        # rest; the embedding and the loss counted as layers, down to chunks holding no
+        # transformer layer at all (pp2x3 with both: rank 0's first chunk only embeds, rank 1's
+        # last only computes the loss). The 4 layers go 1+3, 1+2+1, 0+1|1+1|1+0, 1+3.
+        emb, loss = "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"
+        self.check_equivalent([*LLAMA], [
+            ("pp2 first 1", 2, [PP, "2", "--decoder-first-pipeline-num-layers", "1"]),
+            ("pp3 embedding and loss counted", 3, [PP, "3", emb, loss]),
+            ("pp2x3 embedding and loss counted", 2,
+             [PP, "2", "--num-layers-per-virtual-pipeline-stage", "1", emb, loss]),
+            ("tp2pp2 last 3, distributed optimizer", 4,
+             [TP, "2", PP, "2", "--decoder-last-pipeline-num-layers", "3",
+              "--use-distributed-optimizer"]),
+        ])
 
     def test_document_masks_reach_every_stage(self):
         # With --reset-attention-mask every pipeline stage needs the document starts (middle

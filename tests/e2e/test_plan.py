@@ -133,6 +133,36 @@ class Plan(unittest.TestCase):
         self.assertEqual(len(counts), 2, run.stdout[-3000:])
         self.assertEqual({int(c) for c in counts}, {int(predicted)})
 
+    def test_uneven_pipeline_split(self):
+        # --decoder-first-pipeline-num-layers 3 of 4 layers: stage 0 holds 3 layers and the
+        # embedding, the most loaded stage, whose parameters are the trainer's count there.
+        layout = ["--pipeline-model-parallel-size", "2", "--decoder-first-pipeline-num-layers",
+                  "3", "--global-batch-size", "4", "--micro-batch-size", "2"]
+        proc = plan(["--gpu", "h100-80", "--gpus-per-node", "2", *MODEL, *layout, "--evaluate",
+                     "--json"])
+        self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+        got = json.loads(proc.stdout)["layouts"][0]
+        self.assertIn("first3", got["name"])
+        self.assertEqual(got["memory_bytes"]["stage"], 0)
+        run = megatron_job.run_train(MEGATRON, MPIEXEC, 2,
+                                     [*MODEL, *layout, "--mock-data", "--lr", "1e-3",
+                                      "--train-iters", "1", "--eval-iters", "0"], timeout=300)
+        self.assertEqual(run.returncode, 0, run.stderr[-3000:])
+        counts = re.findall(r"model parallel rank \(0, (\d+)\): (\d+)", run.stdout)
+        self.assertEqual(len(counts), 2, run.stdout[-3000:])
+        by_stage = {int(stage): int(n) for stage, n in counts}
+        self.assertGreater(by_stage[0], by_stage[1])
+        self.assertEqual(by_stage[0], int(got["parameters_on_rank"]))
+        # The search keeps the split for every layout, and refuses what it cannot split.
+        proc = plan(["--gpu", "h100-80", "--gpus-per-node", "6", *MODEL, "--global-batch-size",
+                     "12", "--decoder-first-pipeline-num-layers", "2", "--json", "--top", "0"])
+        self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+        pps = {l["layout"]["pp"] for l in json.loads(proc.stdout)["layouts"]}
+        self.assertEqual(pps, {2, 3})  # 2 + 2, 2 + 1 + 1; pp1 and pp6 cannot split so
+        self.refused(plan(["--gpu", "h100-80", "--gpus-per-node", "2", *MODEL, *layout[:2],
+                           "--decoder-first-pipeline-num-layers", "5", "--global-batch-size",
+                           "4", "--evaluate"]), "--decoder-first-pipeline-num-layers (5)")
+
     def test_the_trainer_prints_its_prediction_and_checks_it(self):
         run = megatron_job.run_train(MEGATRON, MPIEXEC, 1,
                                      [*MODEL, "--mock-data", "--lr", "1e-3", "--micro-batch-size",

@@ -9,8 +9,8 @@ What it is:
     pass over the sequence so far (no cache), with the log-probabilities of a full forward.
   - `megatron generate --top_k 1` of the four prompts in one batch (different lengths: prefill of
     the shortest, then one position per step through the cache) must give exactly those tokens,
-    from the HF directory in one process, and from a converted checkpoint at tp1, tp2, pp2 and
-    tp2 x pp2 (and ep2 for the MoE model); also one prompt per batch. The oracle refuses a model
+    from the HF directory in one process, and from a converted checkpoint at tp1, tp2, pp2,
+    tp2 x pp2 and pp3 split unevenly (and ep2 for the MoE model); also one prompt per batch. The oracle refuses a model
     whose best and second-best logits ever come closer than 1e-3, so f32 rounding (~1e-6) cannot
     flip a choice and an exact token match is a fair demand.
   - logprobs within 1e-4 of PyTorch's (f64 log-softmax of f32 logits; ours are f32 through a
@@ -99,6 +99,9 @@ class TestGreedyAgainstPyTorch(unittest.TestCase):
         ("pp2", 2, ["--pipeline-model-parallel-size", "2"], True),
         ("tp2pp2", 4, ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size",
                        "2"], True),
+        # An uneven split of the 2 layers: stage 0 only embeds, stages 1 and 2 one layer each.
+        ("pp3 embedding counted", 3, ["--pipeline-model-parallel-size", "3",
+                                      "--account-for-embedding-in-pipeline-split"], True),
     ]
 
     def check_arch(self, arch, layouts):

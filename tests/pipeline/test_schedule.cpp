@@ -264,7 +264,7 @@ TEST(ScheduleTest, ValidationNamesTheFlags) {
   EXPECT_NO_THROW(validate_pipeline(4, 8, 2, 16));
   EXPECT_NO_THROW(validate_pipeline(2, 4, 2, 4));
   expect_invalid([] { validate_pipeline(4, 8, 1, 6); },
-                 {"--num-layers 6", "--pipeline-model-parallel-size 4"});
+                 {"--num-layers (6)", "--pipeline-model-parallel-size (4)"});
   // 16 layers / pp 4 = 4 per stage: 3 virtual stages do not divide it.
   expect_invalid([] { validate_pipeline(4, 8, 3, 16); },
                  {"--num-layers-per-virtual-pipeline-stage", "--pipeline-model-parallel-size"});
