@@ -44,7 +44,14 @@ void resolve_inference_args(Arguments& a, const ArgTable& t, int world_size, boo
                  "--pretrained-checkpoint reads a whole Hugging Face model in one process; in a "
                  "parallel layout convert it first (`megatron convert --load-hf DIR --save "
                  "CKPT`) and pass --load CKPT");
-  validate_pipeline_split(a.num_layers, pp, 1, pipeline_split(a));
+  const PipelineSplit split = pipeline_split(a);
+  MEGATRON_CHECK(
+      static_cast<int64_t>(split.layout.size()) <= pp,
+      "inference runs one model chunk per pipeline rank: --pipeline-model-parallel-layout "
+      "has ",
+      split.layout.size(), " stages for --pipeline-model-parallel-size ", pp,
+      "; give one stage per rank (the checkpoint loads into any split)");
+  validate_pipeline_split(a.num_layers, pp, 1, split);
   a.hidden_dropout = a.attention_dropout = 0;
   a.sequence_parallel = false;  // one position per decode step: nothing to split
   a.context_parallel_size = 1;
@@ -75,12 +82,16 @@ InferenceModel load_inference_model(const Arguments& args, const MpiRuntime& mpi
                                .ep = &ps.ep_group(),
                                .ep_rank = ps.ep_rank(),
                                .ep_size = ps.ep_size()};
-  std::vector<std::unique_ptr<ModelChunk>> chunks = m.spec->build_chunks(
-      ModelOptions{m.config, false}, ChunkPlacement{.tp = ps.tp_group_ptr(),
-                                                    .pp_size = ps.pp_size(),
-                                                    .pp_rank = ps.pp_rank(),
-                                                    .expert = expert,
-                                                    .split = pipeline_split(args)});
+  // Assigned field by field: GCC 12 warns (wrongly) of an uninitialised member when a
+  // designated initializer skips the context-parallel one here.
+  ChunkPlacement placement;
+  placement.tp = ps.tp_group_ptr();
+  placement.pp_size = ps.pp_size();
+  placement.pp_rank = ps.pp_rank();
+  placement.expert = expert;
+  placement.split = pipeline_split(args);
+  std::vector<std::unique_ptr<ModelChunk>> chunks =
+      m.spec->build_chunks(ModelOptions{m.config, false}, placement);
   MEGATRON_CHECK(chunks.size() == 1, "inference runs one model chunk per rank");
   m.chunk = std::move(chunks.front());
   m.params = std::make_unique<ParamSet>(m.chunk->parameters(), m.config.compute_dtype);

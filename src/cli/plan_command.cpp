@@ -82,6 +82,18 @@ const std::set<std::string>& plan_value_flags() {
   return flags;
 }
 
+// A word as a POSIX shell reads it back: as it is when it holds only safe characters, else in
+// single quotes (a layout string's '|' would be a pipe, its '(' a subshell).
+std::string shell_word(const std::string& word) {
+  const bool safe = !word.empty() && word.find_first_not_of(
+                                         "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                         "0123456789-_=./:,+@%") == std::string::npos;
+  if (safe) return word;
+  std::string out = "'";
+  for (char ch : word) out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  return out + "'";
+}
+
 // The launch line of a layout: the user's flags (less the layout's and the planner's) and the
 // layout's.
 std::string command_line(int argc, char** argv, const ModelSpec& spec, const plan::Layout& l,
@@ -101,7 +113,7 @@ std::string command_line(int argc, char** argv, const ModelSpec& spec, const pla
     } else if (skipping) {
       continue;
     }
-    out += " " + word;
+    out += " " + shell_word(word);
   }
   auto num = [&](const char* flag, int64_t v) {
     out += strprintf(" %s %ld", flag, static_cast<long>(v));
@@ -111,7 +123,7 @@ std::string command_line(int argc, char** argv, const ModelSpec& spec, const pla
   if (l.cp > 1) num("--context-parallel-size", l.cp);
   if (l.cp > 1 && l.cp_comm_type != "p2p") out += " --cp-comm-type " + l.cp_comm_type;
   if (l.pp > 1) num("--pipeline-model-parallel-size", l.pp);
-  if (l.vpp > 1) num("--num-virtual-stages-per-pipeline-rank", l.vpp);
+  if (l.vpp > 1 && l.split.layout.empty()) num("--num-virtual-stages-per-pipeline-rank", l.vpp);
   if (l.ep > 1) num("--expert-model-parallel-size", l.ep);
   if (l.etp != l.tp) num("--expert-tensor-parallel-size", l.etp);
   num("--micro-batch-size", l.mbs);

@@ -234,6 +234,10 @@ void register_model_args(ArgTable& t, Arguments& a) {
   t.flag("--account-for-loss-in-pipeline-split", a.account_for_loss_in_pipeline_split,
          "Count the output layer and loss as one layer of the last pipeline stage when splitting "
          "the layers");
+  t.add("--pipeline-model-parallel-layout", a.pipeline_model_parallel_layout,
+        "Every virtual pipeline stage spelled out, e.g. \"Et*3|(tt|)*29,L\": '|' between "
+        "stages (pp x V of them: V follows), E the embedding, t a transformer layer, L the loss, "
+        "(...)*n and x*n repeat");
   t.add("--expert-model-parallel-size", a.expert_model_parallel_size,
         "Degree of expert parallelism: each MoE layer's experts split over this many ranks");
   t.add("--expert-tensor-parallel-size", a.expert_tensor_parallel_size,
@@ -680,7 +684,18 @@ int64_t validate_parallel_layout(Arguments& a, int world_size, int rank) {
   MEGATRON_CHECK(per_vp == 0 || vp_given == 0, "--num-layers-per-virtual-pipeline-stage (", per_vp,
                  ") and --num-virtual-stages-per-pipeline-rank (", vp_given,
                  ") cannot be set at the same time; give one of them");
+  MEGATRON_CHECK(a.pipeline_model_parallel_layout.empty() || (per_vp == 0 && vp_given == 0),
+                 "No more than one of the following arguments can be set at the same time: "
+                 "--num-layers-per-virtual-pipeline-stage, --num-virtual-stages-per-pipeline-rank, "
+                 "--pipeline-model-parallel-layout (the layout sets the virtual stages); drop one");
   const PipelineSplit split = pipeline_split(a);
+  if (!split.layout.empty()) {
+    const auto stages = static_cast<int64_t>(split.layout.size());
+    MEGATRON_CHECK(stages % pp == 0,
+                   "The length of pipeline_model_parallel_layout must be divisible by "
+                   "pipeline_model_parallel_size: --pipeline-model-parallel-layout has ",
+                   stages, " stages, --pipeline-model-parallel-size is ", pp);
+  }
   MEGATRON_CHECK(per_vp == 0 || !split.uneven(),
                  "please use --num-virtual-stages-per-pipeline-rank to specify virtual pipeline "
                  "parallel degree when enable uneven pipeline parallelism "
@@ -689,15 +704,18 @@ int64_t validate_parallel_layout(Arguments& a, int world_size, int rank) {
   // The layers (and the embedding / loss where the split counts them) per pipeline rank.
   const int64_t units = split_units(a.num_layers, split);
   // One virtual stage per rank is no interleaving (Megatron sets the virtual size to None then).
-  const bool interleaved = (per_vp > 0 && per_vp * pp != units) || vp_given > 1;
+  const bool interleaved = (per_vp > 0 && per_vp * pp != units) || vp_given > 1 ||
+                           static_cast<int64_t>(split.layout.size()) > pp;
   MEGATRON_CHECK(!interleaved || pp > 1,
                  "When interleaved schedule is used, pipeline-model-parallel size should be "
                  "greater than 1: ",
-                 per_vp > 0 ? "--num-layers-per-virtual-pipeline-stage"
-                            : "--num-virtual-stages-per-pipeline-rank",
+                 per_vp > 0     ? "--num-layers-per-virtual-pipeline-stage"
+                 : vp_given > 0 ? "--num-virtual-stages-per-pipeline-rank"
+                                : "--pipeline-model-parallel-layout with several stages",
                  " needs --pipeline-model-parallel-size >= 2, got ", pp,
                  "; raise it or drop the flag");
-  validate_pipeline_split(a.num_layers, pp, 1, split);
+  // (A layout gives its virtual stages itself: checked with them below.)
+  if (split.layout.empty()) validate_pipeline_split(a.num_layers, pp, 1, split);
   if (per_vp > 0) {
     MEGATRON_CHECK((units / pp) % per_vp == 0,
                    "number of layers per pipeline stage must be divisible by number of layers per "

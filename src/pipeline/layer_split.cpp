@@ -1,6 +1,8 @@
 // The pipeline layer split (layer_split.h): Megatron's rules and per-stage layer counts.
 #include "pipeline/layer_split.h"
 
+#include <algorithm>
+#include <regex>
 #include <string>
 
 #include "core/error.h"
@@ -26,9 +28,65 @@ Middle middle_of(int64_t num_layers, int64_t pp, const PipelineSplit& s) {
   return m;
 }
 
+// Python's re.sub(pattern, lambda m: m.group(1) * int(m.group(2)), text): every non-overlapping
+// match, left to right, replaced by its first group repeated.
+std::string unroll(const std::string& text, const std::regex& pattern) {
+  std::string out;
+  auto begin = text.cbegin();
+  std::smatch m;
+  while (std::regex_search(begin, text.cend(), m, pattern)) {
+    out.append(begin, m[0].first);
+    const std::string what = m[1].str();
+    const int64_t n = std::stoll(m[2].str());
+    MEGATRON_CHECK(n >= 0 && n <= 1000000, "--pipeline-model-parallel-layout: repeat count ", n,
+                   " of '", what, "' is out of range");
+    for (int64_t i = 0; i < n; ++i) out += what;
+    begin = m[0].second;
+  }
+  out.append(begin, text.cend());
+  return out;
+}
+
 }  // namespace
 
+std::vector<int64_t> parse_pipeline_layout(const std::string& text) {
+  std::string s = text;
+  s.erase(std::remove(s.begin(), s.end(), ','), s.end());  // purely cosmetic commas
+  s = unroll(s, std::regex(R"(\(([^)]+)\)\*(\d+))"));
+  s = unroll(s, std::regex(R"((.)\*(\d+))"));
+  std::vector<int64_t> counts(1, 0);
+  int64_t embeddings = 0, losses = 0;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (c == '|') {
+      counts.push_back(0);
+    } else if (c == 't') {
+      ++counts.back();
+    } else if (c == 'E') {
+      MEGATRON_CHECK(i == 0, "--pipeline-model-parallel-layout '", text,
+                     "': the embedding (E) must be the first layer of the first stage");
+      ++embeddings;
+    } else if (c == 'L') {
+      MEGATRON_CHECK(i + 1 == s.size(), "--pipeline-model-parallel-layout '", text,
+                     "': the loss (L) must be the last layer of the last stage");
+      ++losses;
+    } else {
+      MEGATRON_CHECK(c != 'm', "--pipeline-model-parallel-layout '", text,
+                     "': multi-token prediction layers (m) are not implemented");
+      MEGATRON_CHECK(false, "--pipeline-model-parallel-layout '", text,
+                     "': invalid layer character '", std::string(1, c),
+                     "'; known layer characters: E (embedding), t (transformer layer), L (loss), "
+                     "| between stages, (...)*n and x*n repeats");
+    }
+  }
+  MEGATRON_CHECK(embeddings == 1 && losses == 1, "--pipeline-model-parallel-layout '", text,
+                 "': the first layer must be the embedding (E) and the last the loss (L), each "
+                 "exactly once");
+  return counts;
+}
+
 int64_t split_units(int64_t num_layers, const PipelineSplit& s) {
+  if (!s.layout.empty()) return num_layers;
   return num_layers + (s.embedding_in_split ? 1 : 0) + (s.loss_in_split ? 1 : 0);
 }
 
@@ -38,6 +96,26 @@ void validate_pipeline_split(int64_t num_layers, int64_t pp, int64_t vpp, const 
   MEGATRON_CHECK(s.first_stage_layers >= 0 && s.last_stage_layers >= 0,
                  "--decoder-first-pipeline-num-layers and --decoder-last-pipeline-num-layers "
                  "must be larger than 0");
+  if (!s.layout.empty()) {
+    MEGATRON_CHECK(!s.uneven() && !s.embedding_in_split && !s.loss_in_split,
+                   "--pipeline-model-parallel-layout cannot be set with other pipeline layout "
+                   "arguments (--decoder-first/last-pipeline-num-layers, "
+                   "--account-for-embedding/loss-in-pipeline-split)");
+    const auto stages = static_cast<int64_t>(s.layout.size());
+    MEGATRON_CHECK(stages % pp == 0,
+                   "The length of pipeline_model_parallel_layout must be "
+                   "divisible by pipeline_model_parallel_size: --pipeline-model-parallel-layout "
+                   "has ",
+                   stages, " stages, --pipeline-model-parallel-size is ", pp);
+    MEGATRON_CHECK(stages == pp * vpp, "--pipeline-model-parallel-layout's ", stages,
+                   " stages are ", stages / pp, " virtual stages per pipeline rank, not ", vpp,
+                   " (--num-virtual-stages-per-pipeline-rank: drop it, the layout sets it)");
+    int64_t total = 0;
+    for (int64_t n : s.layout) total += n;
+    MEGATRON_CHECK(total == num_layers, "Number of decoder layers ", total,
+                   " in --pipeline-model-parallel-layout must match --num-layers ", num_layers);
+    return;
+  }
   if (s.uneven()) {
     MEGATRON_CHECK(!s.embedding_in_split && !s.loss_in_split,
                    "--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers "
@@ -92,6 +170,7 @@ void validate_pipeline_split(int64_t num_layers, int64_t pp, int64_t vpp, const 
 
 std::vector<int64_t> virtual_stage_layer_counts(int64_t num_layers, int64_t pp, int64_t vpp,
                                                 const PipelineSplit& s) {
+  if (!s.layout.empty()) return s.layout;
   // Layers per pipeline rank, each rank's spread evenly over its chunks.
   std::vector<int64_t> per_rank(static_cast<size_t>(pp));
   if (s.uneven()) {

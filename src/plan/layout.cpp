@@ -44,6 +44,7 @@ std::string layout_name(const Layout& l) {
     s += strprintf(" last%ld", static_cast<long>(l.split.last_stage_layers));
   if (l.split.embedding_in_split) s += " +emb";
   if (l.split.loss_in_split) s += " +loss";
+  if (!l.split.layout.empty()) s += " layout";
   if (l.ep > 1 || l.etp != l.tp)
     s += strprintf(" ep%ld etp%ld", static_cast<long>(l.ep), static_cast<long>(l.etp));
   s += strprintf(" dp%ld mbs%ld", static_cast<long>(l.dp), static_cast<long>(l.mbs));

@@ -3,6 +3,7 @@
 // --help, validation messages and the startup dump); the library only reads it.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -231,8 +232,9 @@ struct Arguments {
   int64_t decoder_last_pipeline_num_layers = 0;          // layers of the last stage; 0: even split
   bool account_for_embedding_in_pipeline_split = false;  // the embedding counts as a layer
   bool account_for_loss_in_pipeline_split = false;       // the loss counts as a layer
-  int64_t num_layers_per_virtual_pipeline_stage = 0;     // interleaved 1F1B chunk size; 0: none
-  int64_t num_virtual_stages_per_pipeline_rank = 0;      // chunks per stage (V) directly; 0: none
+  std::string pipeline_model_parallel_layout;  // every virtual stage spelled out ("Et|tt|tL")
+  int64_t num_layers_per_virtual_pipeline_stage = 0;  // interleaved 1F1B chunk size; 0: none
+  int64_t num_virtual_stages_per_pipeline_rank = 0;   // chunks per stage (V) directly; 0: none
   bool sequence_parallel = false;  // shard norms/dropout along s over TP; forced off at TP 1
   int64_t context_parallel_size =
       1;  // ranks splitting every sequence (parallel/context_parallel.h)
@@ -301,12 +303,21 @@ struct Arguments {
 // loss counted in when the split counts them), or
 // --num-virtual-stages-per-pipeline-rank. Assumes the arguments passed validation (train_args).
 inline PipelineSplit pipeline_split(const Arguments& a) {
-  return PipelineSplit{a.decoder_first_pipeline_num_layers, a.decoder_last_pipeline_num_layers,
-                       a.account_for_embedding_in_pipeline_split,
-                       a.account_for_loss_in_pipeline_split};
+  PipelineSplit s{a.decoder_first_pipeline_num_layers,
+                  a.decoder_last_pipeline_num_layers,
+                  a.account_for_embedding_in_pipeline_split,
+                  a.account_for_loss_in_pipeline_split,
+                  {}};
+  if (!a.pipeline_model_parallel_layout.empty())
+    s.layout = parse_pipeline_layout(a.pipeline_model_parallel_layout);
+  return s;
 }
 
 inline int64_t virtual_pipeline_stages(const Arguments& a) {
+  if (!a.pipeline_model_parallel_layout.empty()) {
+    return static_cast<int64_t>(pipeline_split(a).layout.size()) /
+           std::max<int64_t>(1, a.pipeline_model_parallel_size);
+  }
   if (a.num_layers_per_virtual_pipeline_stage > 0) {
     return split_units(a.num_layers, pipeline_split(a)) / a.pipeline_model_parallel_size /
            a.num_layers_per_virtual_pipeline_stage;

@@ -44,7 +44,8 @@ void apply_layout_to_args(const plan::Layout& l, Arguments& a) {
   a.context_parallel_size = l.cp;
   a.pipeline_model_parallel_size = l.pp;
   a.num_layers_per_virtual_pipeline_stage = 0;
-  a.num_virtual_stages_per_pipeline_rank = l.vpp > 1 ? l.vpp : 0;
+  // A layout sets the virtual stages itself (the flags may not name them twice).
+  a.num_virtual_stages_per_pipeline_rank = l.vpp > 1 && l.split.layout.empty() ? l.vpp : 0;
   a.decoder_first_pipeline_num_layers = l.split.first_stage_layers;
   a.decoder_last_pipeline_num_layers = l.split.last_stage_layers;
   a.account_for_embedding_in_pipeline_split = l.split.embedding_in_split;

@@ -161,6 +161,17 @@ class TestParallelArgs(unittest.TestCase):
                                "--account-for-loss-in-pipeline-split"],
                            "cannot be set at the same time with "
                            "--account-for-embedding-in-pipeline-split")
+        layout = ["--pipeline-model-parallel-layout", "Et|tt|tL"]
+        self.assertRefused(2, [*argv(pipeline_model_parallel_size=2), *layout],
+                           "The length of pipeline_model_parallel_layout must be divisible by "
+                           "pipeline_model_parallel_size", "3 stages")
+        self.assertRefused(3, [*argv(pipeline_model_parallel_size=3, num_layers=5), *layout],
+                           "Number of decoder layers 4", "--num-layers 5")
+        self.assertRefused(3, [*argv(pipeline_model_parallel_size=3,
+                                     num_virtual_stages_per_pipeline_rank=1), *layout],
+                           "No more than one of the following arguments")
+        self.assertRefused(1, [*argv(), "--pipeline-model-parallel-layout", "Et|tm|tL"],
+                           "multi-token prediction layers (m) are not implemented")
 
     def test_both_virtual_stage_flags(self):
         self.assertRefused(2, argv(pipeline_model_parallel_size=2,

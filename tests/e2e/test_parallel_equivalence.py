@@ -123,7 +123,8 @@ class TestParallelEquivalence(unittest.TestCase):
         # Megatron's uneven stages: a first (last) stage of its own size, the middle sharing the
         # rest; the embedding and the loss counted as layers, down to chunks holding no
         # transformer layer at all (pp2x3 with both: rank 0's first chunk only embeds, rank 1's
-        # last only computes the loss). The 4 layers go 1+3, 1+2+1, 0+1|1+1|1+0, 1+3.
+        # last only computes the loss); a layout string. The 4 layers go 1+3, 1+2+1,
+        # 0+1|1+1|1+0, 1+3, 0+2|1+1.
         emb, loss = "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"
         self.check_equivalent([*LLAMA], [
             ("pp2 first 1", 2, [PP, "2", "--decoder-first-pipeline-num-layers", "1"]),
@@ -133,6 +134,10 @@ class TestParallelEquivalence(unittest.TestCase):
             ("tp2pp2 last 3, distributed optimizer", 4,
              [TP, "2", PP, "2", "--decoder-last-pipeline-num-layers", "3",
               "--use-distributed-optimizer"]),
+            # Megatron's layout string: 2 ranks x 2 chunks holding 0 (the embedding alone),
+            # 2, 1 and 1 layers.
+            ("pp2x2 layout E|tt|t|tL", 2, [PP, "2", "--pipeline-model-parallel-layout",
+                                            "E|tt|t|tL"]),
         ])
 
     def test_document_masks_reach_every_stage(self):

@@ -162,6 +162,19 @@ class Plan(unittest.TestCase):
         self.refused(plan(["--gpu", "h100-80", "--gpus-per-node", "2", *MODEL, *layout[:2],
                            "--decoder-first-pipeline-num-layers", "5", "--global-batch-size",
                            "4", "--evaluate"]), "--decoder-first-pipeline-num-layers (5)")
+        # A layout string: its stages fix pp x V; the best command quotes it for the shell and,
+        # evaluated again, is the same layout.
+        proc = plan(["--gpu", "h100-80", "--gpus-per-node", "2", *MODEL, "--global-batch-size",
+                     "4", "--pipeline-model-parallel-layout", "E|tt|t|tL", "--json"])
+        self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+        best = json.loads(proc.stdout)["layouts"][0]
+        self.assertEqual((best["layout"]["pp"], best["layout"]["vpp"]), (2, 2))
+        self.assertIn("'E|tt|t|tL'", best["command"])
+        self.assertNotIn("--num-virtual-stages-per-pipeline-rank", best["command"])
+        again = plan(["--gpu", "h100-80", "--gpus-per-node", "2",
+                      *launch_flags(best["command"]), "--evaluate", "--json"])
+        self.assertEqual(again.returncode, 0, again.stderr[-3000:])
+        self.assertEqual(json.loads(again.stdout)["layouts"][0]["name"], best["name"])
 
     def test_the_trainer_prints_its_prediction_and_checks_it(self):
         run = megatron_job.run_train(MEGATRON, MPIEXEC, 1,

@@ -130,6 +130,15 @@ int64_t megatron_layer_offset(const MegatronConfig& c, int64_t vp_stage, int64_t
   return offset;
 }
 
+PipelineSplit make_split(int64_t first, int64_t last, bool embedding, bool loss) {
+  PipelineSplit s;
+  s.first_stage_layers = first;
+  s.last_stage_layers = last;
+  s.embedding_in_split = embedding;
+  s.loss_in_split = loss;
+  return s;
+}
+
 TEST(LayerSplit, EveryLayoutAgreesWithMegatronsArithmetic) {
   int checked = 0, refused = 0;
   for (int64_t n = 1; n <= 13; ++n) {
@@ -139,7 +148,7 @@ TEST(LayerSplit, EveryLayoutAgreesWithMegatronsArithmetic) {
         for (int64_t f = 0; f <= n; ++f) {
           for (int64_t l = 0; l <= n; ++l) {
             for (int extra = 0; extra < 4; ++extra) {
-              const PipelineSplit s{f, l, (extra & 1) != 0, (extra & 2) != 0};
+              const PipelineSplit s = make_split(f, l, (extra & 1) != 0, (extra & 2) != 0);
               MegatronConfig c{n,
                                pp,
                                std::nullopt,
@@ -196,13 +205,37 @@ TEST(LayerSplit, EveryLayoutAgreesWithMegatronsArithmetic) {
 
 // The blocks tile the layers in order of virtual stage g = chunk * pp + rank.
 TEST(LayerSplit, BlocksAreContiguousInVirtualStageOrder) {
-  const PipelineSplit s{0, 0, true, true};
+  const PipelineSplit s = make_split(0, 0, true, true);
   const std::vector<int64_t> counts = virtual_stage_layer_counts(6, 2, 3, s);
   EXPECT_EQ(counts, (std::vector<int64_t>{0, 1, 1, 1, 1, 0}));  // 8 units, 1 per chunk
-  EXPECT_EQ(virtual_stage_layer_counts(8, 4, 1, PipelineSplit{1, 1, false, false}),
+  EXPECT_EQ(virtual_stage_layer_counts(8, 4, 1, make_split(1, 1, false, false)),
             (std::vector<int64_t>{1, 3, 3, 1}));
-  EXPECT_EQ(virtual_stage_layer_counts(12, 2, 2, PipelineSplit{4, 0, false, false}),
+  EXPECT_EQ(virtual_stage_layer_counts(12, 2, 2, make_split(4, 0, false, false)),
             (std::vector<int64_t>{2, 4, 2, 4}));
+}
+
+// Megatron's layout strings: its unrolling (parentheses first, then single characters), stages at
+// '|', transformer layers counted per stage (the E and L ends hold none).
+TEST(LayerSplit, LayoutStringsParseAsMegatronsDo) {
+  using V = std::vector<int64_t>;
+  EXPECT_EQ(parse_pipeline_layout("Et*3|(tt|)*2,L"), (V{3, 2, 2, 0}));
+  EXPECT_EQ(parse_pipeline_layout("E(t|tt)*2,tL"), (V{1, 3, 3}));  // Et|ttt|tttL
+  EXPECT_EQ(parse_pipeline_layout("E(|t)*2L"), (V{0, 1, 1}));      // E|t|tL
+  EXPECT_EQ(parse_pipeline_layout("Et*12L"), (V{12}));
+  EXPECT_EQ(parse_pipeline_layout("E,t,t|t,t,L"), (V{2, 2}));
+  // Megatron's docstring example, 'm' (MTP) replaced by a transformer layer.
+  const V big = parse_pipeline_layout("Ettt|(tt|)*29,t|L");
+  ASSERT_EQ(big.size(), 32u);
+  EXPECT_EQ(big.front(), 3);
+  EXPECT_EQ(big[30], 1);
+  EXPECT_EQ(big.back(), 0);
+  // A layout's counts are the split, whatever pp x V reads them.
+  PipelineSplit s;
+  s.layout = parse_pipeline_layout("E|tt|t|tL");
+  EXPECT_NO_THROW(validate_pipeline_split(4, 2, 2, s));
+  EXPECT_EQ(chunk_layer_range(4, 2, 2, s, 0, 1).first, 2);  // rank 0's second chunk: layer 2
+  EXPECT_EQ(chunk_layer_range(4, 2, 2, s, 0, 1).count, 1);
+  EXPECT_EQ(chunk_layer_range(4, 2, 2, s, 0, 0).count, 0);  // the embedding alone
 }
 
 void expect_invalid(int64_t n, int64_t pp, int64_t vpp, const PipelineSplit& s,
@@ -222,18 +255,41 @@ TEST(LayerSplit, RefusalsNameTheFlags) {
   expect_invalid(5, 2, 1, {},
                  {"--num-layers (5)", "--pipeline-model-parallel-size (2)",
                   "--decoder-first-pipeline-num-layers"});
-  expect_invalid(6, 4, 1, PipelineSplit{0, 0, true, false},
+  expect_invalid(6, 4, 1, make_split(0, 0, true, false),
                  {"--account-for-embedding-in-pipeline-split", "= 7"});
-  expect_invalid(8, 4, 1, PipelineSplit{2, 0, true, false},
+  expect_invalid(8, 4, 1, make_split(2, 0, true, false),
                  {"--decoder-first-pipeline-num-layers", "--account-for-embedding"});
-  expect_invalid(8, 4, 2, PipelineSplit{3, 0, false, false},
+  expect_invalid(8, 4, 2, make_split(3, 0, false, false),
                  {"--decoder-first-pipeline-num-layers (3)", "virtual pipeline parallel degree 2"});
-  expect_invalid(8, 4, 1, PipelineSplit{1, 2, false, false},
+  expect_invalid(8, 4, 1, make_split(1, 2, false, false),
                  {"middle stage: 5", "middle pipeline model parallel size 2"});
-  expect_invalid(4, 2, 1, PipelineSplit{1, 2, false, false},
+  expect_invalid(4, 2, 1, make_split(1, 2, false, false),
                  {"Mismatch: 1 middle layers remaining but 0 middle PP stages"});
-  expect_invalid(4, 3, 1, PipelineSplit{3, 3, false, false}, {"more than the model's"});
-  EXPECT_NO_THROW(validate_pipeline_split(4, 2, 1, PipelineSplit{2, 2, false, false}));
+  expect_invalid(4, 3, 1, make_split(3, 3, false, false), {"more than the model's"});
+  EXPECT_NO_THROW(validate_pipeline_split(4, 2, 1, make_split(2, 2, false, false)));
+  // Layouts: the stages against pp x V and the layers, and no other split beside them.
+  PipelineSplit layout;
+  layout.layout = {1, 2, 1};
+  expect_invalid(4, 2, 1, layout, {"divisible by pipeline_model_parallel_size", "3 stages"});
+  layout.layout = {1, 2, 1, 1};
+  expect_invalid(4, 2, 2, layout, {"Number of decoder layers 5", "--num-layers 4"});
+  expect_invalid(5, 2, 1, layout, {"2 virtual stages per pipeline rank, not 1"});
+  layout.first_stage_layers = 1;
+  expect_invalid(5, 2, 2, layout, {"cannot be set with other pipeline layout arguments"});
+  auto bad_layout = [](const std::string& text, const std::string& needle) {
+    try {
+      parse_pipeline_layout(text);
+      ADD_FAILURE() << text << ": no InvalidArgument thrown";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("--pipeline-model-parallel-layout"), std::string::npos);
+    }
+  };
+  bad_layout("tE|tL", "the embedding (E) must be the first layer");
+  bad_layout("Et|Lt", "the loss (L) must be the last layer");
+  bad_layout("Et|tt", "each exactly once");
+  bad_layout("Et|mL", "multi-token prediction");
+  bad_layout("Et|xL", "invalid layer character 'x'");
 }
 
 }  // namespace
