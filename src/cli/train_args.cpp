@@ -342,6 +342,12 @@ void register_train_args(ArgTable& t, Arguments& a) {
   register_precision_aware_args(t, a);
   t.add("--lr", a.lr, "Peak learning rate");
   t.add("--min-lr", a.min_lr, "Minimum learning rate");
+  t.flag("--override-opt_param-scheduler", a.override_opt_param_scheduler,
+         "On --load, keep this run's learning-rate and weight-decay schedule parameters (by "
+         "default they must equal the checkpoint's)");
+  t.flag("--use-checkpoint-opt_param-scheduler", a.use_checkpoint_opt_param_scheduler,
+         "On --load, take the learning-rate and weight-decay schedule parameters from the "
+         "checkpoint instead of the flags");
   t.add("--lr-decay-style", a.lr_decay_style,
         "constant, linear, cosine, inverse-square-root or WSD");
   t.add("--lr-decay-iters", a.lr_decay_iters, "Iterations to decay over (default --train-iters)");
@@ -810,6 +816,10 @@ void validate_batch_schedule(Arguments& a, int64_t dp) {
 // The weight-decay increment and the decoupled learning rate (Megatron's validate_args and
 // OptimizerParamScheduler rules); a constant style sets both ends to --weight-decay.
 void validate_optimizer_schedules(Arguments& a) {
+  MEGATRON_CHECK(!(a.override_opt_param_scheduler && a.use_checkpoint_opt_param_scheduler),
+                 "both override and use-checkpoint are set: --override-opt_param-scheduler keeps "
+                 "this run's schedule, --use-checkpoint-opt_param-scheduler takes the "
+                 "checkpoint's; give one of them");
   parse_weight_decay_incr_style(a.weight_decay_incr_style);
   const bool ends = is_set(a.start_weight_decay) || is_set(a.end_weight_decay);
   if (a.weight_decay_incr_style == "constant") {

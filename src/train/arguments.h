@@ -193,6 +193,10 @@ struct Arguments {
   bool load_optim = true;            // false with --no-load-optim
   bool load_rng = true;              // false with --no-load-rng
   bool finetune = false;             // load weights only, start at iteration 0
+  // On --load, the schedule's parameters: this run's (override), the checkpoint's
+  // (use_checkpoint), or, with neither, this run's, which must equal the checkpoint's.
+  bool override_opt_param_scheduler = false;
+  bool use_checkpoint_opt_param_scheduler = false;
   bool exit_on_missing_checkpoint = false;
   bool use_checkpoint_args = false;        // model-shape arguments from the --load checkpoint
   int64_t ckpt_step = -1;                  // --ckpt-step: load this iteration, not the tracker's

@@ -268,6 +268,7 @@ nlohmann::json run_state_json(const RunState& s) {
   }
   j["rng"] = nullptr;
   if (s.rng_seed) j["rng"] = {{"seed", *s.rng_seed}};
+  j["opt_param_scheduler"] = s.opt_param_scheduler;
   return j;
 }
 
@@ -290,6 +291,7 @@ RunState run_state_from_json(const nlohmann::json& meta, const std::string& wher
                           l.at("hysteresis_tracker").get<int64_t>()};
     }
     if (!j.at("rng").is_null()) s.rng_seed = j.at("rng").at("seed").get<uint64_t>();
+    s.opt_param_scheduler = j.value("opt_param_scheduler", nlohmann::json());
   } catch (const nlohmann::json::exception& e) {
     MEGATRON_CHECK(false, where, ": the run state is incomplete (", e.what(), ")");
   }

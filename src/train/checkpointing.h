@@ -53,6 +53,9 @@ struct RunState {
   double floating_point_operations = 0;
   std::optional<LossScalerState> loss_scaler;  // --fp16 runs
   std::optional<uint64_t> rng_seed;            // absent with --no-save-rng
+  // Megatron's OptimizerParamScheduler.state_dict() (optim/scheduler_state.h); null in
+  // checkpoints written before it was saved.
+  nlohmann::json opt_param_scheduler;
 };
 
 // The model-shape arguments, under Megatron's names, that a checkpoint records

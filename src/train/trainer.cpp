@@ -566,6 +566,25 @@ void Trainer::build_schedule() {
       args_.train_samples > 0 ? args_.train_samples : args_.train_iters * args_.global_batch_size;
 }
 
+void Trainer::restore_schedule(const nlohmann::json& saved) {
+  if (saved.is_null()) return;  // a checkpoint from before the schedule was saved
+  const SchedulerLoad mode = args_.override_opt_param_scheduler ? SchedulerLoad::kOverride
+                             : args_.use_checkpoint_opt_param_scheduler
+                                 ? SchedulerLoad::kUseCheckpoint
+                                 : SchedulerLoad::kCheck;
+  for (const std::string& line :
+       load_scheduler_state(saved, mode, schedule_, wd_schedule_, "--load " + args_.load)) {
+    log_first(line);
+  }
+  // The decoupled group shares the schedule's shape, between its own rates.
+  if (decoupled_schedule_) {
+    const double max_lr = decoupled_schedule_->max_lr, min_lr = decoupled_schedule_->min_lr;
+    decoupled_schedule_ = schedule_;
+    decoupled_schedule_->max_lr = max_lr;
+    decoupled_schedule_->min_lr = min_lr;
+  }
+}
+
 StepRates Trainer::rates_at(int64_t samples) const {
   const double lr = schedule_.lr_at(samples);
   return StepRates{lr, decoupled_schedule_ ? decoupled_schedule_->lr_at(samples) : lr,
@@ -1465,8 +1484,12 @@ void Trainer::load_checkpoint() {
     consumed_train_ = loaded->consumed_train_samples;
     consumed_valid_ = loaded->consumed_valid_samples;
     consumed_test_ = loaded->consumed_test_samples;
-    // Megatron restores the LR schedule with the optimizer.
-    if (args_.load_optim) scheduler_samples_ = loaded->scheduler_samples;
+    // Megatron restores the LR schedule with the optimizer: its position, and its parameters
+    // checked against, kept over or taken from the checkpoint's (optim/scheduler_state.h).
+    if (args_.load_optim) {
+      scheduler_samples_ = loaded->scheduler_samples;
+      restore_schedule(loaded->opt_param_scheduler);
+    }
     skipped_train_samples_ = loaded->skipped_train_samples;
     flops_so_far_ = flops_at_start_ = loaded->floating_point_operations;
     if (args_.load_rng && loaded->rng_seed) dropout_seed_ = *loaded->rng_seed;
@@ -1485,6 +1508,7 @@ RunState Trainer::run_state(int64_t iteration) const {
   s.consumed_valid_samples = consumed_valid_;
   s.consumed_test_samples = consumed_test_;
   s.scheduler_samples = scheduler_samples_;
+  s.opt_param_scheduler = scheduler_state_dict(schedule_, wd_schedule_, scheduler_samples_);
   s.skipped_train_samples = skipped_train_samples_;
   s.floating_point_operations = flops_so_far_;
   s.optimizer_steps = optimizer_ ? optimizer_->steps() : dist_optimizer_->steps();

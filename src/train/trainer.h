@@ -32,6 +32,7 @@
 #include "optim/loss_scaler.h"
 #include "optim/lr_scheduler.h"
 #include "optim/onebit_adam.h"
+#include "optim/scheduler_state.h"
 #include "parallel/fsdp.h"
 #include "parallel/grad_buckets.h"
 #include "pipeline/executor.h"
@@ -110,6 +111,9 @@ class Trainer {
                         const StepRates& rates);
   // The schedules' rates after `samples` samples: LR, decoupled LR, weight decay.
   StepRates rates_at(int64_t samples) const;
+  // A loaded checkpoint's schedule parameters (--override-opt_param-scheduler,
+  // --use-checkpoint-opt_param-scheduler or the default check; optim/scheduler_state.h).
+  void restore_schedule(const nlohmann::json& saved);
   // The iteration line closing the log interval at `step` (with the timers' report), the
   // memory report after the first interval; collective over the world.
   void log_iteration(TrainingLog& log, const TrainingLog::Step& step);

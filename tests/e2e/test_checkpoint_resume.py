@@ -20,6 +20,10 @@ GPT model with dropout on, 20 iterations, evaluation every 5.
     iteration-11 loss, and, saved again right after loading, must hold the same global tensors
     (weights and both Adam moments) bit for bit, as tests/testing/checkpoint_reader.py
     assembles them from the shards.
+  - The learning-rate schedule on load, as Megatron's OptimizerParamScheduler: its state dict
+    saved; a resume with another --lr or --train-iters refused (exit 2), kept with
+    --override-opt_param-scheduler, the checkpoint's taken with
+    --use-checkpoint-opt_param-scheduler (the learning rate printed at the next iteration).
   - A checkpoint saved with --no-save-optim refuses a load that wants the optimizer (exit 2,
     naming --no-load-optim) and loads its weights, with zero moments, under --no-load-optim.
   - The reader the checks above trust: an intact tp2 checkpoint assembles its boxes, and a
@@ -233,9 +237,11 @@ class TestResharding(unittest.TestCase):
                 self.assertAlmostEqual(float(got[11]["lm loss"]), float(want["lm loss"]),
                                        delta=1e-5 * float(want["lm loss"]))
                 # (ii) Saved again right after loading (--train-iters 10: nothing to train, the
-                # end-of-run save writes the loaded state in this layout).
+                # end-of-run save writes the loaded state in this layout; the schedule's
+                # parameters taken from the checkpoint, whose run was 20 iterations long).
                 out = tmpdir("out")
-                run(ranks, *flags, "--load", ck, "--save", out, "--train-iters", "10")
+                run(ranks, *flags, "--load", ck, "--save", out, "--train-iters", "10",
+                    "--use-checkpoint-opt_param-scheduler")
                 meta, tensors = checkpoint_reader.read_checkpoint(out)
                 self.assertEqual(meta["iteration"], 10)
                 self.assertEqual(meta["run_state"], saved_meta["run_state"])
@@ -243,6 +249,50 @@ class TestResharding(unittest.TestCase):
                 self.assertEqual(sorted(tensors), sorted(saved))
                 differ = [k for k in saved if not same_tensor(k, saved[k], tensors[k], VOCAB)]
                 self.assertEqual(differ, [], "tensors that did not survive the reshard")
+
+
+class TestScheduleOnLoad(unittest.TestCase):
+    """Megatron's OptimizerParamScheduler on load: the checkpoint holds the schedule's parameters
+    (its state_dict, in samples); a resume must give the same ones unless
+    --override-opt_param-scheduler keeps the run's or --use-checkpoint-opt_param-scheduler takes
+    the checkpoint's."""
+
+    def test_schedule_parameters_checked_overridden_or_taken(self):
+        ck = tmpdir("sched")
+        run(1, "--save", ck, "--exit-interval", "10", "--eval-iters", "0")
+        meta, _ = checkpoint_reader.read_checkpoint(os.path.join(ck, "iter_0000010"))
+        # TINY: --lr 2e-3, warm-up 3 iterations, decay over --train-iters 20, global batch 4.
+        self.assertEqual(meta["run_state"]["opt_param_scheduler"],
+                         {"max_lr": 2e-3, "min_lr": 0.0, "lr_warmup_steps": 12.0,
+                          "lr_decay_steps": 80, "lr_decay_style": "linear", "num_steps": 40,
+                          "start_wd": 0.01, "end_wd": 0.01, "wd_incr_steps": 80,
+                          "wd_incr_style": "constant"})
+        same = run(1, "--load", ck, "--eval-iters", "0")
+        self.assertIn(" > using checkpoint value 0.002 for learning rate", same.stdout)
+        self.assertIn(" > using checkpoint value 80 for total number of iterations", same.stdout)
+        # Another --lr, or another --train-iters (the decay length follows it): refused.
+        for flags, name in ((["--lr", "1e-3"], "0.001 and checkpoint value 0.002 for learning "
+                                               "rate do not match"),
+                            (["--train-iters", "30"], "for total number of iterations do not "
+                                                      "match")):
+            with self.subTest(flags=flags):
+                proc = run(1, "--load", ck, "--eval-iters", "0", *flags, expect_rc=2)
+                self.assertIn(name, proc.stderr)
+                self.assertIn("--override-opt_param-scheduler", proc.stderr)
+        # Kept or taken: iteration 11's learning rate is the straight run's with those values.
+        lr_at_11 = {lr: iterations(run(1, "--lr", lr, "--eval-iters", "0", "--exit-interval",
+                                       "11"))[11]["learning rate"] for lr in ("1e-3", "2e-3")}
+        self.assertNotEqual(lr_at_11["1e-3"], lr_at_11["2e-3"])
+        kept = run(1, "--load", ck, "--eval-iters", "0", "--lr", "1e-3",
+                   "--override-opt_param-scheduler")
+        self.assertIn(" > overriding learning rate value to 0.001", kept.stdout)
+        self.assertEqual(iterations(kept)[11]["learning rate"], lr_at_11["1e-3"])
+        taken = run(1, "--load", ck, "--eval-iters", "0", "--lr", "1e-3",
+                    "--use-checkpoint-opt_param-scheduler")
+        self.assertEqual(iterations(taken)[11]["learning rate"], lr_at_11["2e-3"])
+        proc = run(1, "--load", ck, "--override-opt_param-scheduler",
+                   "--use-checkpoint-opt_param-scheduler", expect_rc=2)
+        self.assertIn("both override and use-checkpoint are set", proc.stderr)
 
 
 class TestOptimizerStateMissing(unittest.TestCase):

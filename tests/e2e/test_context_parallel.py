@@ -123,7 +123,9 @@ class TestContextParallel(unittest.TestCase):
         self.assertEqual(full.returncode, 0, full.stderr[-2000:])
         want = megatron_log.iteration_lines(full.stdout, range(1, 9))
         with tempfile.TemporaryDirectory() as ckpt:
-            saved = run(2, *model(TINY, flags, train_iters=4), CP, "2", "--save", ckpt)
+            # The first 4 of the 8 iterations (--exit-interval: the same schedule, which a resume
+            # must match, as in Megatron).
+            saved = run(2, *model(TINY, flags, exit_interval=4), CP, "2", "--save", ckpt)
             self.assertEqual(saved.returncode, 0, saved.stderr[-2000:])
             for name, ranks in (("cp1", 1), ("cp2 dp2", 4)):
                 extra = [] if ranks == 1 else [CP, "2"]
