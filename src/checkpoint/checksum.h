@@ -6,11 +6,13 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace megatron::checkpoint {
 
-// XXH3-64 of the bytes, as 16 lowercase hex digits (seed 0).
+// XXH3-64 of the bytes (seed 0), and as 16 lowercase hex digits.
+uint64_t xxh3_64(const void* data, size_t bytes);
 std::string xxh3_hex(const void* data, size_t bytes);
 
 // What a load checks: nothing beyond sizes (--no-verify-integrity), each tensor's XXH3-64 (the

@@ -19,6 +19,14 @@ void register_fsdp_args(ArgTable& t, Arguments& a) {
 
 void validate_fsdp_args(Arguments& a) {
   const std::string& s = a.data_parallel_sharding_strategy;
+  MEGATRON_CHECK(a.check_weight_hash_across_dp_replicas_interval >= 0,
+                 "--check-weight-hash-across-dp-replicas-interval must be >= 0 (0: never), got ",
+                 a.check_weight_hash_across_dp_replicas_interval);
+  MEGATRON_CHECK(!(a.use_megatron_fsdp && s == "optim_grads_params" &&
+                   a.check_weight_hash_across_dp_replicas_interval > 0),
+                 "check_weight_hash_across_dp_replicas_interval is not supported with "
+                 "optim_grads_params: the data-parallel ranks hold different shards of the "
+                 "weights; drop --check-weight-hash-across-dp-replicas-interval");
   MEGATRON_CHECK(s == "no_shard" || s == "optim" || s == "optim_grads" || s == "optim_grads_params",
                  "--data-parallel-sharding-strategy must be no_shard, optim, optim_grads or "
                  "optim_grads_params, got '",

@@ -325,6 +325,10 @@ void register_train_args(ArgTable& t, Arguments& a) {
          "Log each step's expert load: the busiest expert's tokens over the mean, averaged over "
          "the MoE layers");
   t.add("--log-interval", a.log_interval, "Iterations between log lines");
+  t.add("--check-weight-hash-across-dp-replicas-interval",
+        a.check_weight_hash_across_dp_replicas_interval,
+        "Every N iterations (and before training) check that the data-parallel replicas hold "
+        "the same weights, bit for bit; a difference stops the run (exit 1). 0: never");
   t.add("--timing-log-level", a.timing_log_level,
         "Granularity of the step-time report printed every --log-interval: 0 none, 1 the "
         "step's phases (batch, forward-backward, gradient sync, optimizer, communication), 2 "
@@ -496,7 +500,8 @@ void register_train_args(ArgTable& t, Arguments& a) {
   t.add("--inject-fault", a.inject_fault,
         "Testing hook: KIND:RANK:ITERATION makes world rank RANK fail at ITERATION; KIND "
         "'exception' throws at its start, as a failing rank would; 'inf-grad' puts +inf into "
-        "one gradient after its backward, as an fp16 overflow would");
+        "one gradient after its backward, as an fp16 overflow would; 'flip-weight' flips a bit "
+        "of one weight after its step, as silent memory corruption would");
 }
 
 namespace {

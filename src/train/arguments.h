@@ -193,6 +193,7 @@ struct Arguments {
   bool load_optim = true;            // false with --no-load-optim
   bool load_rng = true;              // false with --no-load-rng
   bool finetune = false;             // load weights only, start at iteration 0
+  int64_t check_weight_hash_across_dp_replicas_interval = 0;  // 0: never (train/replica_check.h)
   // On --load, the schedule's parameters: this run's (override), the checkpoint's
   // (use_checkpoint), or, with neither, this run's, which must equal the checkpoint's.
   bool override_opt_param_scheduler = false;

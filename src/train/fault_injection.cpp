@@ -41,9 +41,12 @@ FaultInjection FaultInjection::parse(const std::string& spec) {
     f.kind = Kind::kKillInSave;
   } else if (kind == "fail-in-save") {
     f.kind = Kind::kFailInSave;
+  } else if (kind == "flip-weight") {
+    f.kind = Kind::kFlipWeight;
   } else {
     MEGATRON_CHECK(false, "--inject-fault: unknown kind '", kind,
-                   "' (known: exception, inf-grad, hang, kill-in-save, fail-in-save)");
+                   "' (known: exception, inf-grad, hang, kill-in-save, fail-in-save, "
+                   "flip-weight)");
   }
   int64_t rank = -1;
   const std::string iters = spec.substr(b + 1);

@@ -9,7 +9,9 @@
 // rank sleep forever at the start of ITERATION (the watchdog test); KIND "kill-in-save" makes it
 // kill itself (SIGKILL) in the middle of writing its file of the checkpoint of ITERATION (the
 // torn-save test); KIND "fail-in-save" makes that file's write fail there as a full disk would
-// (ENOSPC), to test that a failed save is agreed on and discarded. It is not a chaos tool
+// (ENOSPC), to test that a failed save is agreed on and discarded; KIND "flip-weight" flips the
+// lowest bit of the first compute weight of that rank's first parameter after ITERATION's step,
+// as silent memory corruption would (the weight-hash check's test). It is not a chaos tool
 // and does nothing unless the flag is given.
 #pragma once
 
@@ -19,7 +21,15 @@
 namespace megatron {
 
 struct FaultInjection {
-  enum class Kind : uint8_t { kNone, kException, kInfGrad, kHang, kKillInSave, kFailInSave };
+  enum class Kind : uint8_t {
+    kNone,
+    kException,
+    kInfGrad,
+    kHang,
+    kKillInSave,
+    kFailInSave,
+    kFlipWeight
+  };
   Kind kind = Kind::kNone;
   int rank = -1;
   int64_t iteration = -1, last_iteration = -1;  // [iteration, last_iteration]
@@ -31,6 +41,11 @@ struct FaultInjection {
   // Whether this is `rank` at `iteration` of an inf-grad injection.
   bool inf_grad_at(int world_rank, int64_t it) const {
     return kind == Kind::kInfGrad && world_rank == rank && it >= iteration && it <= last_iteration;
+  }
+  // Whether this is `rank` after the step of `iteration` of a flip-weight injection.
+  bool flip_weight_at(int world_rank, int64_t it) const {
+    return kind == Kind::kFlipWeight && world_rank == rank && it >= iteration &&
+           it <= last_iteration;
   }
 };
 

@@ -27,6 +27,7 @@
 #include "train/micro_batch_runner.h"
 #include "train/model_config.h"
 #include "train/plan_prediction.h"
+#include "train/replica_check.h"
 
 namespace megatron {
 
@@ -1653,6 +1654,9 @@ int Trainer::train() {
   if (batch_schedule_->ramps_up()) {
     log_first(strprintf("setting initial batch size to %ld", static_cast<long>(batch.global)));
   }
+  // As Megatron, the replicas are compared once before training too (after a load).
+  if (args_.check_weight_hash_across_dp_replicas_interval > 0)
+    check_weight_hashes(start_iteration_);
   train_timer_.start();
   for (int64_t it = start_iteration_ + 1; it <= args_.train_iters; ++it) {
     watchdog_->enter("train-step", it);
@@ -1683,6 +1687,7 @@ int Trainer::train() {
     // The schedule advances only on successful steps (an fp16 step skipped for overflow does
     // not count), as Megatron's optimizer-parameter scheduler does.
     const StepResult r = train_step(it, batch, rates_at(scheduler_samples_));
+    if (fault_.flip_weight_at(parallel_->rank(), it)) flip_one_weight_bit();
     consumed_train_ += batch.running;
     skipped_train_samples_ += batch.global - batch.running;
     flops_so_far_ += flops_per_sample * static_cast<double>(batch.running);
@@ -1717,6 +1722,8 @@ int Trainer::train() {
       }
     }
     if (it % args_.log_interval == 0 || it == args_.train_iters) log_iteration(log, step);
+    const int64_t hash_interval = args_.check_weight_hash_across_dp_replicas_interval;
+    if (hash_interval > 0 && it % hash_interval == 0) check_weight_hashes(it);
     if (data_.valid && args_.eval_iters > 0 && it % args_.eval_interval == 0) {
       watchdog_->enter("evaluation", it);
       evaluate_and_print(strprintf("iteration %ld", static_cast<long>(it)), *data_.valid,
@@ -1734,6 +1741,32 @@ int Trainer::train() {
     }
   }
   return finish_training();
+}
+
+void Trainer::check_weight_hashes(int64_t iteration) {
+  complete_param_gather();  // every replica's weights in, as Megatron disables its gather hook
+  const ParallelState& ps = *parallel_;
+  const std::vector<std::string> differ =
+      replica_weight_mismatches(params_->params(), ps.dp_cp_group(), ps.edp_group());
+  if (!differ.empty()) {
+    std::string list;
+    for (const std::string& d : differ) list += (list.empty() ? "" : "; ") + d;
+    // Corruption, not bad input: a runtime failure (exit 1) on every rank, which all see it.
+    throw std::runtime_error(
+        strprintf("Parameter hashes not matching across DP replicas after %ld iterations: %s. The "
+                  "replicas have diverged (silent data corruption, or a reduction that is not "
+                  "deterministic); resume from the last checkpoint that passed the check",
+                  static_cast<long>(iteration), list.c_str()));
+  }
+  log_first(
+      strprintf(">>> Weight hashes match after %ld iterations...", static_cast<long>(iteration)));
+}
+
+void Trainer::flip_one_weight_bit() {
+  Param& p = *params_->params().front();
+  Tensor host = p.value.device() == Device::kCPU ? p.value : p.value.to(Device::kCPU);
+  static_cast<uint8_t*>(host.raw())[0] ^= 1;  // the lowest bit of the first element
+  if (p.value.device() != Device::kCPU) p.value.copy_from(host);
 }
 
 void Trainer::final_evaluations(int64_t iteration) {

@@ -111,6 +111,11 @@ class Trainer {
                         const StepRates& rates);
   // The schedules' rates after `samples` samples: LR, decoupled LR, weight decay.
   StepRates rates_at(int64_t samples) const;
+  // --check-weight-hash-across-dp-replicas-interval (train/replica_check.h): throws when the
+  // data-parallel replicas' weights differ; collective.
+  void check_weight_hashes(int64_t iteration);
+  // --inject-fault flip-weight: one bit of this rank's first weight flipped.
+  void flip_one_weight_bit();
   // A loaded checkpoint's schedule parameters (--override-opt_param-scheduler,
   // --use-checkpoint-opt_param-scheduler or the default check; optim/scheduler_state.h).
   void restore_schedule(const nlohmann::json& saved);

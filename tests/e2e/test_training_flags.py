@@ -16,6 +16,9 @@ decoder (tests/train/decode_tfevents.py) and restatements of Megatron's rules:
   distributed optimizer) and at least the never-looked-up padded embedding rows;
 - --skip-train on a checkpoint prints the validation and test losses the training run printed
   at its end, and trains nothing;
+- --check-weight-hash-across-dp-replicas-interval: the replicas' weights match before training
+  and at every interval (dp2, tp2 x dp2 with the distributed optimizer); a bit flipped on one
+  replica stops the run at the next check on every rank, naming the parameter and the replica;
 - --save-retain-interval keeps the multiples and the latest checkpoint; --log-progress writes
   Megatron's progress.txt lines;
 - the TensorBoard flags add (and --no-log-loss-scale-to-tensorboard removes) their tags;
@@ -180,6 +183,41 @@ class TrainingFlagsTest(unittest.TestCase):
                          megatron_log.validation_losses(trained.stdout)[-2:])
         self.assertEqual(megatron_log.validation_losses(skipped.stdout)[0][0],
                          "iteration 3 on validation set")
+
+    def test_weight_hashes_across_data_parallel_replicas(self):
+        # dp2 (and tp2 x dp2 with the distributed optimizer): the replicas' weights are compared
+        # before training and every 2 iterations and match; one flipped bit on one replica (the
+        # testing hook, after iteration 3's step) stops the run at the next check, on every rank,
+        # naming the parameter and the replica (exit 1: a runtime failure, not bad input).
+        flag = "check_weight_hash_across_dp_replicas_interval"
+        for ranks, layout in ((2, {}), (4, {"tensor_model_parallel_size": 2,
+                                            "use_distributed_optimizer": True})):
+            with self.subTest(ranks=ranks):
+                proc = self.train(ranks, train_iters=4, **layout, **{flag: 2})
+                for it in (0, 2, 4):
+                    self.assertIn(f">>> Weight hashes match after {it} iterations...",
+                                  proc.stdout)
+        proc = megatron_job.run_train(
+            MEGATRON, MPIEXEC, 2,
+            megatron_job.flags_with(BASE, train_iters=6, inject_fault="flip-weight:1:3",
+                                    **{flag: 2}), TIMEOUT_S)
+        self.assertEqual(proc.returncode, 1, proc.stderr[-3000:])
+        self.assertIn(">>> Weight hashes match after 2 iterations...", proc.stdout)
+        self.assertNotIn("match after 4 iterations", proc.stdout)
+        for rank in (0, 1):
+            self.assertIn(f"[rank {rank}] Parameter hashes not matching across DP replicas after "
+                          "4 iterations: embedding.word_embeddings.weight: rank 1 of its "
+                          "data-parallel group differs from rank 0", proc.stderr)
+        for marker in megatron_job.CRASH_MARKERS:
+            self.assertNotIn(marker, proc.stderr)
+        # Megatron-FSDP's ZeRO-3 shards the weights: no replicas to compare (refused, as there).
+        proc = megatron_job.run_train(
+            MEGATRON, MPIEXEC, 2,
+            megatron_job.flags_with(BASE, use_megatron_fsdp=True,
+                                    data_parallel_sharding_strategy="optim_grads_params",
+                                    **{flag: 2}), TIMEOUT_S)
+        self.assertEqual(proc.returncode, 2, proc.stderr[-3000:])
+        self.assertIn("not supported with optim_grads_params", proc.stderr)
 
     def test_retention_and_progress_log(self):
         save = os.path.join(self.tmp, "ckpt")
