@@ -90,16 +90,7 @@ std::string ArgTable::dest_of(const std::string& flag) {
 
 std::string ArgTable::to_text(double v) {
   if (!is_set(v)) return "None";  // a float flag left unset (train/arguments.h kUnset)
-  // Python's repr for the common cases: 0.1, 1e-05, 10000.0.
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "%.17g", v);
-  for (int p = 1; p <= 17; ++p) {
-    std::snprintf(buf, sizeof(buf), "%.*g", p, v);
-    if (std::strtod(buf, nullptr) == v) break;
-  }
-  std::string s = buf;
-  if (s.find_first_of(".en") == std::string::npos) s += ".0";
-  return s;
+  return python_float(v);
 }
 
 void ArgTable::print_dump() const {

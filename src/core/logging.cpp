@@ -3,6 +3,7 @@
 
 #include <cstdarg>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 
 namespace megatron {
@@ -25,6 +26,17 @@ void log_line(const std::string& line) {
 void log_error(const std::string& line) {
   std::fprintf(stderr, "error: %s\n", line.c_str());
   std::fflush(stderr);
+}
+
+std::string python_float(double v) {
+  char buf[64];
+  for (int p = 1; p <= 17; ++p) {
+    std::snprintf(buf, sizeof(buf), "%.*g", p, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
+  std::string s = buf;
+  if (s.find_first_of(".en") == std::string::npos) s += ".0";
+  return s;
 }
 
 std::string strprintf(const char* fmt, ...) {

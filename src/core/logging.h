@@ -20,4 +20,8 @@ void log_error(const std::string& line);
 // printf-style formatting into a std::string.
 std::string strprintf(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 
+// A double as Python's repr prints it in the common cases (0.1, 1e-05, 10000.0): the shortest
+// %g that reads back the same value, with ".0" on integers (Megatron's printed values).
+std::string python_float(double v);
+
 }  // namespace megatron

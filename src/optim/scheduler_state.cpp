@@ -1,29 +1,12 @@
 // Megatron's scheduler state dict and its load rules (scheduler_state.h).
 #include "optim/scheduler_state.h"
 
-#include <cstdio>
-#include <cstdlib>
 #include <functional>
 
 #include "core/error.h"
+#include "core/logging.h"
 
 namespace megatron {
-
-namespace {
-
-// Python's repr of a float for the common cases (0.0003, 1e-05, 4000.0).
-std::string repr(double v) {
-  char buf[64];
-  for (int p = 1; p <= 17; ++p) {
-    std::snprintf(buf, sizeof(buf), "%.*g", p, v);
-    if (std::strtod(buf, nullptr) == v) break;
-  }
-  std::string s = buf;
-  if (s.find_first_of(".en") == std::string::npos) s += ".0";
-  return s;
-}
-
-}  // namespace
 
 const char* lr_decay_style_name(LrDecayStyle s) {
   switch (s) {
@@ -92,7 +75,7 @@ std::vector<std::string> load_scheduler_state(const nlohmann::json& saved, Sched
     auto number = [&](const char* key, const char* name, double& field) {
       if (!saved.contains(key)) return;
       const double v = saved.at(key).get<double>();
-      check_and_set(name, repr(field), repr(v), [&] { field = v; });
+      check_and_set(name, python_float(field), python_float(v), [&] { field = v; });
     };
     auto count = [&](const char* key, const char* name, int64_t& field) {
       if (!saved.contains(key)) return;
