@@ -471,6 +471,9 @@ void register_train_args(ArgTable& t, Arguments& a) {
          "With --load: exit (code 2) when there is no checkpoint instead of starting afresh");
   t.flag("--use-checkpoint-args", a.use_checkpoint_args,
          "Take the model-shape arguments from the --load checkpoint");
+  t.flag("--use-mp-args-from-checkpoint-args", a.use_mp_args_from_checkpoint_args,
+         "With --use-checkpoint-args, also take the tensor, pipeline (and virtual) and expert "
+         "parallel sizes from the checkpoint");
   t.add("--ckpt-step", a.ckpt_step, "Load this iteration instead of the tracker's");
   t.flag("--async-save", a.async_save,
          "Write checkpoints from a host copy on a background thread while training continues");
@@ -1379,6 +1382,9 @@ void read_data_args_files(Arguments& a) {
 
 void merge_checkpoint_args(Arguments& a, const ArgTable& t, bool report) {
   namespace cp = checkpoint;
+  MEGATRON_CHECK(!a.use_mp_args_from_checkpoint_args || a.use_checkpoint_args,
+                 "--use-mp-args-from-checkpoint-args reads the checkpoint's arguments, which "
+                 "--use-checkpoint-args loads: add --use-checkpoint-args");
   if (!a.use_checkpoint_args) return;
   const std::optional<int64_t> it = a.ckpt_step >= 0 ? a.ckpt_step : cp::read_tracker(a.load);
   MEGATRON_CHECK(it.has_value(), "--use-checkpoint-args: --load ", a.load,
@@ -1408,6 +1414,19 @@ void merge_checkpoint_args(Arguments& a, const ArgTable& t, bool report) {
   for (const std::string& line : t.restore(
            "model", saved, {"--seq-length", "--encoder-seq-length", "--decoder-seq-length"}, src)) {
     if (report) log_line(" > --use-checkpoint-args: " + line);
+  }
+  // --use-mp-args-from-checkpoint-args: the saving run's model-parallel sizes as well, given
+  // flags replaced (Megatron's force=True); the checkpoint loads into any layout either way.
+  if (a.use_mp_args_from_checkpoint_args) {
+    nlohmann::json mp = nlohmann::json::object();
+    for (const char* key : {"tensor_model_parallel_size", "pipeline_model_parallel_size",
+                            "num_layers_per_virtual_pipeline_stage",
+                            "num_virtual_stages_per_pipeline_rank", "expert_model_parallel_size"}) {
+      if (saved.contains(key)) mp[key] = saved[key];
+    }
+    for (const std::string& line : t.restore("parallel", mp, {}, src)) {
+      if (report) log_line(" > --use-mp-args-from-checkpoint-args: " + line);
+    }
   }
 }
 

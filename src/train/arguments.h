@@ -199,7 +199,10 @@ struct Arguments {
   bool override_opt_param_scheduler = false;
   bool use_checkpoint_opt_param_scheduler = false;
   bool exit_on_missing_checkpoint = false;
-  bool use_checkpoint_args = false;        // model-shape arguments from the --load checkpoint
+  bool use_checkpoint_args = false;
+  bool use_mp_args_from_checkpoint_args =
+      false;  // also the model-parallel sizes        // model-shape arguments from the --load
+              // checkpoint
   int64_t ckpt_step = -1;                  // --ckpt-step: load this iteration, not the tracker's
   bool async_save = false;                 // write checkpoints on a background thread
   bool verify_integrity = false;           // on load, also compare the shard files' SHA-256

@@ -20,6 +20,8 @@ GPT model with dropout on, 20 iterations, evaluation every 5.
     iteration-11 loss, and, saved again right after loading, must hold the same global tensors
     (weights and both Adam moments) bit for bit, as tests/testing/checkpoint_reader.py
     assembles them from the shards.
+  - --use-mp-args-from-checkpoint-args takes the saving run's model-parallel sizes over the
+    given ones (with --use-checkpoint-args; refused without).
   - The learning-rate schedule on load, as Megatron's OptimizerParamScheduler: its state dict
     saved; a resume with another --lr or --train-iters refused (exit 2), kept with
     --override-opt_param-scheduler, the checkpoint's taken with
@@ -363,6 +365,23 @@ class TestUseCheckpointArgs(unittest.TestCase):
         with open(path, "w", encoding="utf-8") as f:
             json.dump(meta, f)
         self.check_resumes_with_the_checkpoints_shape(legacy, want)
+
+    def test_model_parallel_sizes_from_the_checkpoint(self):
+        # --use-mp-args-from-checkpoint-args (with --use-checkpoint-args): a tp2 checkpoint
+        # resumed on 2 ranks with --tensor-model-parallel-size 1 given runs at the checkpoint's
+        # tp2 (Megatron's force=True), and prints the replacement; without --use-checkpoint-args
+        # the flag is refused, naming it.
+        ck = tmpdir("mp")
+        run(2, TP, "2", "--save", ck, "--exit-interval", "5", "--eval-iters", "0")
+        proc = run(2, TP, "1", "--load", ck, "--use-checkpoint-args",
+                   "--use-mp-args-from-checkpoint-args", "--eval-iters", "0", "--exit-interval",
+                   "6")
+        self.assertIn(" > --use-mp-args-from-checkpoint-args: --tensor-model-parallel-size 1 "
+                      "replaced by the checkpoint's 2", proc.stdout)
+        self.assertRegex(proc.stdout, r"tensor_model_parallel_size \.+ 2\n")
+        self.assertEqual(sorted(iterations(proc)), [6])
+        proc = run(1, "--load", ck, "--use-mp-args-from-checkpoint-args", expect_rc=2)
+        self.assertIn("add --use-checkpoint-args", proc.stderr)
 
 
 class TestCheckpointReader(unittest.TestCase):
