@@ -101,9 +101,14 @@ std::vector<Candidate> plan_layouts(const PlanRequest& r) {
            fixed_or(k.pp, divisors(world / (tp * cp), split_units(c.num_layers, k.split)))) {
         if (world % (tp * cp * pp) != 0) continue;
         const int64_t dp = world / (tp * cp * pp);
-        // Virtual stages: those the split allows (layout_rule_violation checks them).
-        for (int64_t vpp : fixed_or(k.vpp, pp > 1 ? std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8}
-                                                  : std::vector<int64_t>{1}))
+        // Virtual stages: those the split allows (layout_rule_violation checks them); a layout
+        // string fixes them (its stages over pp).
+        const auto layout_stages = static_cast<int64_t>(k.split.layout.size());
+        const std::vector<int64_t> vpps =
+            layout_stages > 0 ? std::vector<int64_t>{std::max<int64_t>(1, layout_stages / pp)}
+            : pp > 1          ? std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8}
+                              : std::vector<int64_t>{1};
+        for (int64_t vpp : fixed_or(k.vpp, vpps))
           for (int64_t ep :
                fixed_or(k.ep, moe ? divisors(c.moe.num_experts, world) : std::vector<int64_t>{1}))
             for (int64_t etp : fixed_or(

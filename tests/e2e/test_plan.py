@@ -175,6 +175,13 @@ class Plan(unittest.TestCase):
                       *launch_flags(best["command"]), "--evaluate", "--json"])
         self.assertEqual(again.returncode, 0, again.stderr[-3000:])
         self.assertEqual(json.loads(again.stdout)["layouts"][0]["name"], best["name"])
+        # The search takes the layout's virtual stages, beyond the 8 it tries otherwise.
+        proc = plan(["--gpu", "h100-80", "--gpus-per-node", "2", "--num-layers", "20",
+                     *MODEL[2:], "--global-batch-size", "4", "--pipeline-model-parallel-layout",
+                     "E(t|)*19tL", "--json"])
+        self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+        got = json.loads(proc.stdout)["layouts"][0]["layout"]
+        self.assertEqual((got["pp"], got["vpp"]), (2, 10))
 
     def test_the_trainer_prints_its_prediction_and_checks_it(self):
         run = megatron_job.run_train(MEGATRON, MPIEXEC, 1,
