@@ -45,7 +45,6 @@ void resolve_generation_args(GenerationArgs& g, const ArgTable& t) {
   g.inference_max_requests = std::max(g.inference_max_requests, g.max_batch_size);
   MEGATRON_CHECK(g.inference_max_requests >= 1, "--inference-max-requests must be >= 1, got ",
                  g.inference_max_requests);
-  g.inference_max_batch_size = g.inference_max_requests;
   MEGATRON_CHECK(g.inference_max_seq_length >= 1, "--inference-max-seq-length must be >= 1, got ",
                  g.inference_max_seq_length);
 }

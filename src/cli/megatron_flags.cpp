@@ -157,11 +157,12 @@ MegatronCompatFlags::MegatronCompatFlags(ArgTable& table, const std::string& com
   const bool inference = command != "train";
   for (const MegatronFlag& table_row : megatron_flags()) {
     if (table.has(table_row.flag)) continue;
-    if (table_row.status == "implemented" && !inference) continue;
-    if (table_row.status == "implemented")
-      inference_rows_.push_back(as_inference_flag(table_row, command));
-    const MegatronFlag& row =
-        table_row.status == "implemented" ? inference_rows_.back() : table_row;
+    const MegatronFlag* listed = &table_row;
+    if (table_row.status == "implemented") {  // a flag of `megatron train`
+      if (!inference) continue;
+      listed = &inference_rows_.emplace_back(as_inference_flag(table_row, command));
+    }
+    const MegatronFlag& row = *listed;
     const std::string help = "[Megatron flag, " +
                              (row.status == "accepted" ? std::string("accepted") : row.status) +
                              " here] " + row.note;

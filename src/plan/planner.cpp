@@ -108,7 +108,13 @@ std::vector<Candidate> plan_layouts(const PlanRequest& r) {
             layout_stages > 0 ? std::vector<int64_t>{std::max<int64_t>(1, layout_stages / pp)}
             : pp > 1          ? std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8}
                               : std::vector<int64_t>{1};
-        for (int64_t vpp : fixed_or(k.vpp, vpps))
+        for (int64_t vpp : fixed_or(k.vpp, vpps)) {
+          // The split is checked once per (pp, vpp), not for every layout beneath it.
+          try {
+            validate_pipeline_split(c.num_layers, pp, vpp, k.split);
+          } catch (const InvalidArgument&) {
+            continue;
+          }
           for (int64_t ep :
                fixed_or(k.ep, moe ? divisors(c.moe.num_experts, world) : std::vector<int64_t>{1}))
             for (int64_t etp : fixed_or(
@@ -142,6 +148,7 @@ std::vector<Candidate> plan_layouts(const PlanRequest& r) {
                       cand.fits = cand.prediction.total_bytes <= r.cluster.device.memory_bytes;
                       out.push_back(cand);
                     }
+        }
       }
   std::stable_sort(out.begin(), out.end(), [](const Candidate& a, const Candidate& b) {
     if (a.fits != b.fits) return a.fits;

@@ -199,10 +199,8 @@ struct Arguments {
   bool override_opt_param_scheduler = false;
   bool use_checkpoint_opt_param_scheduler = false;
   bool exit_on_missing_checkpoint = false;
-  bool use_checkpoint_args = false;
-  bool use_mp_args_from_checkpoint_args =
-      false;  // also the model-parallel sizes        // model-shape arguments from the --load
-              // checkpoint
+  bool use_checkpoint_args = false;  // model-shape arguments from the --load checkpoint
+  bool use_mp_args_from_checkpoint_args = false;  // with it, the model-parallel sizes too
   int64_t ckpt_step = -1;                  // --ckpt-step: load this iteration, not the tracker's
   bool async_save = false;                 // write checkpoints on a background thread
   bool verify_integrity = false;           // on load, also compare the shard files' SHA-256
@@ -305,11 +303,8 @@ struct Arguments {
   double ranks_per_core = 1;
 };
 
-// The pipeline's layer split of the flags (Megatron's uneven stages).
-// Then model chunks per pipeline rank (Megatron's virtual_pipeline_model_parallel_size): 1 without
-// interleaving; (num_layers / pp) / --num-layers-per-virtual-pipeline-stage (the embedding and
-// loss counted in when the split counts them), or
-// --num-virtual-stages-per-pipeline-rank. Assumes the arguments passed validation (train_args).
+// The pipeline's layer split of the flags (Megatron's uneven stages, pipeline/layer_split.h); a
+// malformed --pipeline-model-parallel-layout throws InvalidArgument naming it.
 inline PipelineSplit pipeline_split(const Arguments& a) {
   PipelineSplit s{a.decoder_first_pipeline_num_layers,
                   a.decoder_last_pipeline_num_layers,
@@ -321,6 +316,10 @@ inline PipelineSplit pipeline_split(const Arguments& a) {
   return s;
 }
 
+// Model chunks per pipeline rank (Megatron's virtual_pipeline_model_parallel_size): 1 without
+// interleaving; (num_layers / pp) / --num-layers-per-virtual-pipeline-stage (the embedding and
+// loss counted in when the split counts them), --num-virtual-stages-per-pipeline-rank, or the
+// layout's stages over pp. Assumes the arguments passed validation (train_args).
 inline int64_t virtual_pipeline_stages(const Arguments& a) {
   if (!a.pipeline_model_parallel_layout.empty()) {
     return static_cast<int64_t>(pipeline_split(a).layout.size()) /
