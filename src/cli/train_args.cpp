@@ -86,6 +86,24 @@ void register_model_args(ArgTable& t, Arguments& a) {
   t.flag("--qk-layernorm", a.qk_layernorm,
          "A norm (--normalization) over the head dimension of every query and key head, before "
          "RoPE");
+  t.flag("--multi-latent-attention", a.multi_latent_attention,
+         "Multi-latent attention (DeepSeek-V2/V3): queries through a --q-lora-rank bottleneck, "
+         "keys and values from a shared --kv-lora-rank latent plus one rotary key; its norms with "
+         "--qk-layernorm");
+  t.add("--q-lora-rank", a.q_lora_rank,
+        "MLA: rank of the query bottleneck (unset: one full-rank query projection)");
+  t.add("--kv-lora-rank", a.kv_lora_rank, "MLA: channels of the shared key/value latent");
+  t.add("--qk-head-dim", a.qk_head_dim, "MLA: content channels of a query or key head");
+  t.add("--qk-pos-emb-head-dim", a.qk_pos_emb_head_dim,
+        "MLA: rotary channels of a query or key head (the rotary key is shared by all heads)");
+  t.add("--v-head-dim", a.v_head_dim, "MLA: channels of a value head");
+  t.add("--rotary-scaling-factor", a.rotary_scaling_factor,
+        "MLA: YaRN's scaling factor (1: plain RoPE frequencies)");
+  t.add("--mscale", a.mscale, "MLA: YaRN's mscale (cos and sin scaled by mscale ratios)");
+  t.add("--mscale-all-dim", a.mscale_all_dim,
+        "MLA: YaRN's mscale_all_dim (also scales the attention softmax)");
+  t.add("--rope-type", a.rope_type,
+        "rope or yarn: MLA's rotary embedding (default yarn); other attention takes rope only");
   t.flag("--init-method-xavier-uniform", a.init_method_xavier_uniform,
          "Xavier-uniform initialisation of the linear layers' weights");
   t.add("--embedding-init-method-std", a.embedding_init_method_std,

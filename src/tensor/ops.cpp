@@ -5,6 +5,8 @@
 // (tests/tensor/ test_op_harness.cpp) then runs each case on it against the reference.
 #include "tensor/ops.h"
 
+#include <algorithm>
+#include <cmath>
 #include <initializer_list>
 
 #include "core/logging.h"
@@ -329,7 +331,57 @@ void embedding_backward_shard(Tensor& dtable_shard, const Tensor& dout, const Te
                     embedding_backward_shard(dtable_shard, dout, ids, vocab_start));
 }
 
+double YarnRamp::at(int64_t j) const {
+  return std::clamp((static_cast<double>(j) - low) / (high - low), 0.0, 1.0);
+}
+
+YarnRamp yarn_ramp(const RopeSpec& spec) {
+  // The pair index whose wavelength fits `rotations` turns into the original context.
+  const auto dim_of = [&](double rotations) {
+    return static_cast<double>(spec.rot_dim) *
+           std::log(spec.yarn_original_max_positions / (rotations * 2 * M_PI)) /
+           (2 * std::log(static_cast<double>(spec.base)));
+  };
+  YarnRamp r;
+  r.low = std::max(std::floor(dim_of(spec.yarn_beta_fast)), 0.0);
+  r.high = std::min(std::ceil(dim_of(spec.yarn_beta_slow)), static_cast<double>(spec.rot_dim - 1));
+  if (r.low == r.high) r.high += 0.001;
+  return r;
+}
+
+std::vector<double> rope_inv_freqs(const RopeSpec& spec) {
+  const int64_t half = spec.rot_dim / 2;
+  std::vector<double> inv_freq(static_cast<size_t>(half));
+  for (int64_t j = 0; j < half; ++j) {
+    inv_freq[j] = std::pow(static_cast<double>(spec.base), -2.0 * j / static_cast<double>(spec.rot_dim));
+  }
+  if (spec.scaling_factor > 0) {
+    // Llama 3.1: wavelengths above the original context's are slowed by the factor, those below
+    // a quarter of it kept, the band between interpolated.
+    constexpr double kContext = 8192, kLow = 1, kHigh = 4;
+    for (double& f : inv_freq) {
+      const double wavelen = 2 * M_PI / f;
+      if (wavelen > kContext / kLow) {
+        f /= spec.scaling_factor;
+      } else if (wavelen >= kContext / kHigh) {
+        const double smooth = (kContext / wavelen - kLow) / (kHigh - kLow);
+        f = (1 - smooth) * f / spec.scaling_factor + smooth * f;
+      }
+    }
+  }
+  if (spec.yarn_factor > 0) {
+    const YarnRamp ramp = yarn_ramp(spec);
+    for (int64_t j = 0; j < half; ++j) {
+      const double r = ramp.at(j);
+      inv_freq[j] = inv_freq[j] / spec.yarn_factor * r + inv_freq[j] * (1 - r);
+    }
+  }
+  return inv_freq;
+}
+
 void rope_inplace(Tensor& x, const Tensor& positions, const RopeSpec& spec, bool inverse) {
+  MEGATRON_CHECK(spec.yarn_factor <= 0 || spec.scaling_factor <= 0,
+                 "rope_inplace: YaRN and Llama 3.1 scaling are exclusive");
   const OpTimer timer(OpCategory::kNormElementwise, __func__);
   MEGATRON_DISPATCH(device_of("rope_inplace", {&x, &positions}),
                     rope_inplace(x, positions, spec, inverse));

@@ -137,6 +137,11 @@ void embedding_backward_shard(Tensor& dtable_shard, const Tensor& dout, const Te
 // (--rotary-interleaved), pairs (2j, 2j + 1). scaling_factor > 0: Llama 3.1's frequency scaling
 // (--use-rope-scaling: factor, low 1, high 4, original context 8192, as Megatron's _apply_scaling).
 // position_scale: positions are multiplied by it (--rotary-seq-len-interpolation-factor F: 1/F).
+// YaRN (--rope-type yarn, multi-latent attention): pair j's frequency blends the original
+// base^(-2j/rot_dim) (j below the correction range, fast rotations) into it divided by
+// yarn_factor (j above it), linearly over the range Megatron's YarnRotaryEmbedding computes from
+// beta_fast, beta_slow and the original context; cos and sin are multiplied by `mscale` (YaRN's
+// concentration factor), in both directions: the backward (inverse) is the transpose.
 struct RopeSpec {
   int64_t head_begin = 0, head_end = 1;
   int64_t rot_dim = 0;
@@ -144,8 +149,22 @@ struct RopeSpec {
   bool interleaved = false;
   double scaling_factor = 0;  // 0: no Llama 3.1 scaling
   double position_scale = 1.0;
+  double yarn_factor = 0;  // 0: no YaRN
+  double yarn_original_max_positions = 4096, yarn_beta_fast = 32, yarn_beta_slow = 1;
+  double mscale = 1.0;
 };
 void rope_inplace(Tensor& x, const Tensor& positions, const RopeSpec& spec, bool inverse);
+// Every pair's inverse frequency under `spec` (Llama 3.1 scaling or YaRN included): what each
+// device's rope_inplace turns channel pair j by, per unit of position.
+std::vector<double> rope_inv_freqs(const RopeSpec& spec);
+// YaRN's ramp over the pairs: 0 up to `low`, 1 from `high` on (Megatron's
+// _yarn_find_correction_range, rounded outwards, and _yarn_linear_ramp_mask's guard against
+// low == high); the frequency is original x (1 - ramp) + original / factor x ramp.
+struct YarnRamp {
+  double low = 0, high = 0;
+  double at(int64_t j) const;
+};
+YarnRamp yarn_ramp(const RopeSpec& spec);
 
 // ---- attention --------------------------------------------------------------------------------
 // Scaled-dot-product attention over any arrangement of q, k and v:

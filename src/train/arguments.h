@@ -68,6 +68,17 @@ struct Arguments {
   bool openai_gelu = false;
   bool squared_relu = false;
   bool qk_layernorm = false;
+  // Multi-latent attention (transformer/mla_config.h); Megatron's defaults.
+  bool multi_latent_attention = false;
+  int64_t q_lora_rank = 0;  // 0: None (a full-rank query projection)
+  int64_t kv_lora_rank = 32;
+  int64_t qk_head_dim = 128;
+  int64_t qk_pos_emb_head_dim = 64;
+  int64_t v_head_dim = 128;
+  double rotary_scaling_factor = 1.0;
+  double mscale = 1.0;
+  double mscale_all_dim = 0.0;
+  std::string rope_type;  // rope or yarn; empty: yarn under MLA, rope otherwise
   bool init_method_xavier_uniform = false;
   double embedding_init_method_std = kUnset;  // unset: --init-method-std
   bool fp32_residual_connection = false;      // the residual stream is fp32 here always

@@ -114,6 +114,21 @@ void check_fp8_gemm_shapes(const TransformerConfig& c, const Arguments& a) {
       {"linear_fc1", c.hidden_size, fc1_out / tp, "--hidden-size, --ffn-hidden-size"},
       {"linear_fc2", c.ffn_hidden_size / tp, c.hidden_size, "--ffn-hidden-size"},
   };
+  if (c.mla.enabled) {  // MLA's projections instead of linear_qkv
+    const MlaConfig& m = c.mla;
+    const char* flags = "--q-lora-rank, --kv-lora-rank, --qk-head-dim, --qk-pos-emb-head-dim, "
+                        "--v-head-dim, --num-attention-heads";
+    gemms[0] = {"linear_kv_down_proj", c.hidden_size, m.kv_lora_rank + m.qk_pos_emb_head_dim, flags};
+    gemms[1] = {"linear_proj", np * m.v_head_dim / tp, c.hidden_size, flags};
+    gemms.push_back({"linear_kv_up_proj", m.kv_lora_rank, np * (m.qk_head_dim + m.v_head_dim) / tp,
+                     flags});
+    if (m.q_lora_rank > 0) {
+      gemms.push_back({"linear_q_down_proj", c.hidden_size, m.q_lora_rank, flags});
+      gemms.push_back({"linear_q_up_proj", m.q_lora_rank, np * m.q_head_dim() / tp, flags});
+    } else {
+      gemms.push_back({"linear_q_proj", c.hidden_size, np * m.q_head_dim() / tp, flags});
+    }
+  }
   if (a.model == "t5") {  // the decoder's cross-attention
     gemms.push_back({"linear_q", c.hidden_size, np * hn / tp, "--hidden-size, --kv-channels"});
     gemms.push_back({"linear_kv", c.hidden_size, 2 * np * hn / tp, "--hidden-size, --kv-channels"});
@@ -195,6 +210,21 @@ TransformerConfig transformer_config_from_args(const Arguments& a) {
   c.num_classes = a.num_classes;
   c.squared_relu = a.squared_relu;
   c.qk_layernorm = a.qk_layernorm;
+  MEGATRON_CHECK(a.rope_type.empty() || a.rope_type == "rope" || a.rope_type == "yarn",
+                 "--rope-type: unknown '", a.rope_type, "'; choose rope or yarn");
+  MEGATRON_CHECK(a.multi_latent_attention || a.rope_type.empty() || a.rope_type == "rope",
+                 "--rope-type yarn needs --multi-latent-attention (as in Megatron, other attention "
+                 "takes rope only)");
+  c.mla.enabled = a.multi_latent_attention;
+  c.mla.q_lora_rank = a.q_lora_rank;
+  c.mla.kv_lora_rank = a.kv_lora_rank;
+  c.mla.qk_head_dim = a.qk_head_dim;
+  c.mla.qk_pos_emb_head_dim = a.qk_pos_emb_head_dim;
+  c.mla.v_head_dim = a.v_head_dim;
+  c.mla.yarn = a.rope_type != "rope";
+  c.mla.rotary_scaling_factor = a.rotary_scaling_factor;
+  c.mla.mscale = a.mscale;
+  c.mla.mscale_all_dim = a.mscale_all_dim;
   c.init_method_xavier_uniform = a.init_method_xavier_uniform;
   c.embedding_init_method_std =
       is_set(a.embedding_init_method_std) ? a.embedding_init_method_std : 0;

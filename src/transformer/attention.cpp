@@ -18,10 +18,8 @@ int64_t qkv_width(const TransformerConfig& c) {
 
 SelfAttention::SelfAttention(const std::string& name, const TransformerConfig& cfg,
                              int64_t layer_number, const TensorParallelContext& tp)
-    : linear_qkv(name + ".linear_qkv", cfg.hidden_size, qkv_width(cfg), cfg.init_method_std,
-                 *tp.group, {.with_bias = cfg.qkv_bias(), .sequence_parallel = tp.sp()}),
-      // Megatron's scaled_init_method_normal: std / sqrt(2 * num_layers) for output projections.
-      linear_proj(name + ".linear_proj", cfg.num_attention_heads * cfg.head_dim(), cfg.hidden_size,
+    : // Megatron's scaled_init_method_normal: std / sqrt(2 * num_layers) for output projections.
+      linear_proj(name + ".linear_proj", cfg.num_attention_heads * cfg.v_head_dim(), cfg.hidden_size,
                   cfg.init_method_std / std::sqrt(2.0 * static_cast<double>(cfg.num_layers)),
                   *tp.group,
                   {.with_bias = cfg.add_bias_linear,
@@ -36,6 +34,31 @@ SelfAttention::SelfAttention(const std::string& name, const TransformerConfig& c
                           "--num-attention-heads by --tensor-model-parallel-size")),
       recompute_core_attention_(cfg.recompute_granularity == RecomputeGranularity::kSelective) {
   tp_.cp = tp.cp.for_layer(layer_number);  // per-layer --cp-comm-type
+  if (cfg.mla.enabled) {
+    mla.emplace(name, cfg, tp);
+    const MlaConfig& m = cfg.mla;
+    rope_on_ = true;
+    rope_.head_begin = 0;
+    rope_.head_end = 2;  // the query and the key; never the value
+    // Megatron's RotaryEmbedding over the rotary channels takes --rotary-percent; its YaRN all.
+    rope_.rot_dim = m.yarn ? m.qk_pos_emb_head_dim
+                           : static_cast<int64_t>(static_cast<double>(m.qk_pos_emb_head_dim) *
+                                                  cfg.rotary_percent) / 2 * 2;
+    rope_.base = static_cast<float>(cfg.rotary_base);
+    rope_.interleaved = true;  // pairs (2j, 2j + 1): see the file comment
+    if (m.yarn) {
+      rope_.yarn_factor = m.rotary_scaling_factor;
+      rope_.yarn_original_max_positions = m.original_max_position_embeddings;
+      rope_.yarn_beta_fast = m.beta_fast;
+      rope_.yarn_beta_slow = m.beta_slow;
+      rope_.mscale = m.rope_mscale();
+    }
+    return;
+  }
+  linear_qkv.emplace(name + ".linear_qkv", cfg.hidden_size, qkv_width(cfg), cfg.init_method_std,
+                     *tp.group,
+                     ColumnParallelLinear::Options{.with_bias = cfg.qkv_bias(),
+                                                   .sequence_parallel = tp.sp()});
   if (cfg.qk_layernorm) {
     q_layernorm.emplace(name + ".q_layernorm", cfg.head_dim(), cfg.normalization, cfg.norm_epsilon,
                         cfg.layernorm_zero_centered_gamma);
@@ -45,6 +68,7 @@ SelfAttention::SelfAttention(const std::string& name, const TransformerConfig& c
     k_layernorm->mark_sequence_parallel(true);
   }
   if (cfg.position_embedding == PositionEmbedding::kRope) {
+    rope_on_ = true;
     rope_.head_begin = 0;
     rope_.head_end = cfg.queries_per_group() + 1;  // queries and the key; never the value
     rope_.rot_dim = static_cast<int64_t>(static_cast<double>(cfg.head_dim()) * cfg.rotary_percent);
@@ -58,10 +82,39 @@ SelfAttention::SelfAttention(const std::string& name, const TransformerConfig& c
 }
 
 void SelfAttention::collect(std::vector<Param*>& out) {
-  linear_qkv.collect(out);
+  if (mla) mla->collect(out);
+  if (linear_qkv) linear_qkv->collect(out);
   if (q_layernorm) q_layernorm->collect(out);
   if (k_layernorm) k_layernorm->collect(out);
   linear_proj.collect(out);
+}
+
+std::vector<Fp8GemmScaling*> SelfAttention::enable_fp8() {
+  std::vector<Fp8GemmScaling*> out;
+  if (mla) out = mla->enable_fp8(cfg_.fp8);
+  if (linear_qkv) out.push_back(linear_qkv->enable_fp8(cfg_.fp8));
+  out.push_back(linear_proj.enable_fp8(cfg_.fp8));
+  return out;
+}
+
+Tensor SelfAttention::proj_input(const Tensor& out) const {
+  const int64_t s = out.dim(0), b = out.dim(1), np = out.dim(2), hn = out.dim(3);
+  const int64_t dv = cfg_.v_head_dim();
+  if (dv == hn) return out.view({s, b, np * hn});
+  Tensor x = Tensor::empty({s * b * np, dv}, out.dtype(), out.device());
+  ops::slice_last_dim(x, out.view({s * b * np, hn}), 0);
+  return x.view({s, b, np * dv});
+}
+
+Tensor SelfAttention::heads_grad(const Tensor& dproj, const Shape& out_shape) const {
+  const int64_t rows = out_shape[0] * out_shape[1] * out_shape[2], hn = out_shape[3];
+  const int64_t dv = cfg_.v_head_dim();
+  if (dv == hn) return dproj.view(out_shape);
+  Tensor d = Tensor::empty(out_shape, dproj.dtype(), dproj.device());
+  Tensor flat = d.view({rows, hn});
+  ops::concat_last_dim(flat, {dproj.view({rows, dv}),
+                              Tensor::zeros({rows, hn - dv}, dproj.dtype(), dproj.device())});
+  return d;
 }
 
 namespace {
@@ -133,9 +186,10 @@ Tensor SelfAttention::forward_cached(const Tensor& x, const TokenLayout& layout,
   const int64_t s = x.dim(0), b = x.dim(1), offset = cache.offset();
   const int64_t ng = groups_local_, qpg = cfg_.queries_per_group(), hn = cfg_.head_dim();
   const int64_t np = heads_local_;
-  Tensor qkv = linear_qkv.forward(x, ctx.qkv_ctx).view({s, b, ng, qpg + 2, hn});
+  Tensor qkv = (mla ? mla->forward(x, ctx.mla) : linear_qkv->forward(x, ctx.qkv_ctx))
+                   .view({s, b, ng, qpg + 2, hn});
   if (q_layernorm) qkv = qk_norm_forward(qkv, ctx);
-  if (cfg_.position_embedding == PositionEmbedding::kRope) {
+  if (rope_on_) {
     Tensor positions = layout.positions;
     if (!positions.defined()) {  // the new positions follow the cached ones
       positions = Tensor::empty({s, b}, DType::kI64);
@@ -166,7 +220,7 @@ Tensor SelfAttention::forward_cached(const Tensor& x, const TokenLayout& layout,
   ops::attention_forward(out, lse, ops::packed_qkv_view(qkv, ops::QkvPart::kQuery),
                          ops::attention_view(kv.k.slice0(0, offset + s), ng),
                          ops::attention_view(kv.v.slice0(0, offset + s), ng), spec);
-  Tensor y = linear_proj.forward(out.view({s, b, np * hn}), ctx.proj_ctx);
+  Tensor y = linear_proj.forward(proj_input(out), ctx.proj_ctx);
   ctx = Ctx{};
   return y;
 }
@@ -175,18 +229,16 @@ Tensor SelfAttention::forward(const Tensor& x, const TokenLayout& layout, Ctx& c
                               const ForwardMode& mode) const {
   if (mode.kv_cache) return forward_cached(x, layout, ctx, mode);
   const Tensor& positions = layout.positions;
-  MEGATRON_CHECK(!tp_.cp.enabled() || positions.defined() ||
-                     cfg_.position_embedding != PositionEmbedding::kRope,
+  MEGATRON_CHECK(!tp_.cp.enabled() || positions.defined() || !rope_on_,
                  "SelfAttention: under context parallelism RoPE needs the global positions");
   // Under sequence parallelism x holds s/tp positions; linear_qkv gathers all s of them.
   const int64_t s = x.dim(0) * (tp_.sp() ? tp_.size() : 1), b = x.dim(1);
   const int64_t ng = groups_local_, qpg = cfg_.queries_per_group(), hn = cfg_.head_dim();
   const int64_t np = heads_local_;
-  Tensor qkv = linear_qkv.forward(x, ctx.qkv_ctx).view({s, b, ng, qpg + 2, hn});
+  Tensor qkv = (mla ? mla->forward(x, ctx.mla) : linear_qkv->forward(x, ctx.qkv_ctx))
+                   .view({s, b, ng, qpg + 2, hn});
   if (q_layernorm) qkv = qk_norm_forward(qkv, ctx);
-  if (cfg_.position_embedding == PositionEmbedding::kRope) {
-    ops::rope_inplace(qkv, positions, rope_, false);
-  }
+  if (rope_on_) ops::rope_inplace(qkv, positions, rope_, false);
   ctx.positions = positions;
   ctx.spec.scale = static_cast<float>(cfg_.attention_scale());
   if (layout.bias.defined()) {
@@ -214,7 +266,7 @@ Tensor SelfAttention::forward(const Tensor& x, const TokenLayout& layout, Ctx& c
   }
   ctx.qkv = qkv;
   core_attention(ctx);
-  Tensor y = linear_proj.forward(ctx.out.view({s, b, np * hn}), ctx.proj_ctx);
+  Tensor y = linear_proj.forward(proj_input(ctx.out), ctx.proj_ctx);
   if (recompute_core_attention_) {
     ctx.recompute = true;
     Tensor& proj_input = ctx.proj_ctx.linear.x;
@@ -234,7 +286,7 @@ Tensor SelfAttention::backward(const Tensor& dy, Ctx& ctx, Tensor* dbias) const 
     core_attention(ctx);
     if (ctx.proj_input_shape.ndim() > 0) ctx.proj_ctx.linear.x = ctx.out.view(ctx.proj_input_shape);
   }
-  Tensor dout = linear_proj.backward(dy, ctx.proj_ctx).view(ctx.out.shape());
+  Tensor dout = heads_grad(linear_proj.backward(dy, ctx.proj_ctx), ctx.out.shape());
   Tensor dqkv = Tensor::empty(ctx.qkv.shape(), ctx.qkv.dtype(), ctx.qkv.device());
   using ops::packed_qkv_view, ops::QkvPart;
   if (tp_.cp.enabled()) {
@@ -250,11 +302,10 @@ Tensor SelfAttention::backward(const Tensor& dy, Ctx& ctx, Tensor* dbias) const 
         ctx.lse, ctx.spec);
     if (db.defined()) *dbias = db;
   }
-  if (cfg_.position_embedding == PositionEmbedding::kRope) {
-    ops::rope_inplace(dqkv, ctx.positions, rope_, true);
-  }
+  if (rope_on_) ops::rope_inplace(dqkv, ctx.positions, rope_, true);
   if (q_layernorm) dqkv = qk_norm_backward(dqkv, ctx);
-  Tensor dx = linear_qkv.backward(dqkv.view({s, b, dqkv.numel() / (s * b)}), ctx.qkv_ctx);
+  Tensor dx = mla ? mla->backward(dqkv, ctx.mla)
+                  : linear_qkv->backward(dqkv.view({s, b, dqkv.numel() / (s * b)}), ctx.qkv_ctx);
   ctx = Ctx{};
   return dx;
 }

@@ -20,6 +20,12 @@
 // them. In f32 runs linear_proj's saved input is `out` itself; it is dropped and re-linked too,
 // so the memory really goes (in bf16 runs linear_proj keeps its own bf16 copy of `out`).
 //
+// Multi-latent attention (--multi-latent-attention, transformer/mla.h): MlaProjections replaces
+// linear_qkv and writes the same packed buffer (one query per group, heads cfg.head_dim() wide);
+// RoPE then turns the first qk_pos_emb_head_dim channels of every query and key head (YaRN with
+// --rope-type yarn) whatever --position-embedding-type says, as Megatron's MLA applies its own, and
+// linear_proj takes the first v_head_dim channels of each head's output.
+//
 // --qk-layernorm: q_layernorm and k_layernorm, norms over hn shared by every query (key) head,
 // run on the query and key heads between linear_qkv and RoPE (Megatron's
 // get_query_key_value_tensors). Each TP rank sees only its heads, so their weight gradients are
@@ -34,6 +40,7 @@
 #include "tensor/ops.h"
 #include "transformer/config.h"
 #include "transformer/forward_mode.h"
+#include "transformer/mla.h"
 #include "transformer/norm.h"
 #include "transformer/tensor_parallel_context.h"
 
@@ -52,6 +59,7 @@ class SelfAttention {
     Tensor positions;
     ops::AttentionSpec spec;   // as run in forward: the mask, the dropout RNG coordinates
     Norm::Ctx q_norm, k_norm;  // --qk-layernorm
+    MlaProjections::Ctx mla;   // --multi-latent-attention
   };
 
   SelfAttention(const std::string& name, const TransformerConfig& cfg, int64_t layer_number,
@@ -65,9 +73,16 @@ class SelfAttention {
   Tensor backward(const Tensor& dy, Ctx& ctx, Tensor* dbias = nullptr) const;
   void collect(std::vector<Param*>& out);
 
-  ColumnParallelLinear linear_qkv;
+  std::optional<ColumnParallelLinear> linear_qkv;  // every attention but multi-latent
+  std::optional<MlaProjections> mla;               // --multi-latent-attention
   RowParallelLinear linear_proj;
-  std::optional<Norm> q_layernorm, k_layernorm;  // --qk-layernorm
+  std::optional<Norm> q_layernorm, k_layernorm;  // --qk-layernorm (not with MLA: see mla.h)
+  // What the first GEMMs take the layer's (normed) input in.
+  DType gemm_input_dtype() const {
+    return mla ? mla->gemm_input_dtype() : linear_qkv->gemm_input_dtype();
+  }
+  // Every GEMM's FP8 scaling state (cfg.fp8).
+  std::vector<Fp8GemmScaling*> enable_fp8();
 
  private:
   // The generation path (see the file comment).
@@ -87,6 +102,11 @@ class SelfAttention {
   int64_t groups_local_, heads_local_;  // query groups and heads on this TP rank
   bool recompute_core_attention_;       // --recompute-granularity selective
   ops::RopeSpec rope_;
+  bool rope_on_ = false;  // RoPE (or MLA's own) turns q and k
+  // The heads' outputs [s, b, np/tp, head_dim] -> linear_proj's input [s, b, np/tp * v_head_dim]
+  // (the same tensor unless MLA's value heads are narrower), and back for the gradient.
+  Tensor proj_input(const Tensor& out) const;
+  Tensor heads_grad(const Tensor& dproj, const Shape& out_shape) const;
 };
 
 }  // namespace megatron

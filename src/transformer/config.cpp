@@ -19,6 +19,23 @@ void TransformerConfig::finalize() {
                    "), or set --kv-channels explicitly");
     kv_channels = hidden_size / num_attention_heads;
   }
+  if (mla.enabled) {
+    mla.validate();
+    MEGATRON_CHECK(num_query_groups == 0 || num_query_groups == num_attention_heads,
+                   "--num-query-groups (", num_query_groups,
+                   ") with --multi-latent-attention: every head has its own key and value from the "
+                   "shared latent; drop --group-query-attention");
+    MEGATRON_CHECK(!rotary_interleaved,
+                   "--rotary-interleaved does not work with --multi-latent-attention (as in "
+                   "Megatron)");
+    MEGATRON_CHECK(rope_scaling_factor == 0 && rotary_seq_len_interpolation_factor == 0,
+                   "--use-rope-scaling and --rotary-seq-len-interpolation-factor do not apply to "
+                   "--multi-latent-attention: its rotary part scales by YaRN (--rope-type yarn, "
+                   "--rotary-scaling-factor)");
+    MEGATRON_CHECK(position_embedding != PositionEmbedding::kRelative,
+                   "--position-embedding-type relative does not work with "
+                   "--multi-latent-attention");
+  }
   if (num_query_groups == 0) num_query_groups = num_attention_heads;
   MEGATRON_CHECK(num_attention_heads % num_query_groups == 0, "--num-attention-heads (",
                  num_attention_heads, ") must be divisible by --num-query-groups (",
@@ -66,7 +83,9 @@ void TransformerConfig::finalize() {
     MEGATRON_CHECK(rotary_seq_len_interpolation_factor >= 0,
                    "--rotary-seq-len-interpolation-factor must be positive, got ",
                    rotary_seq_len_interpolation_factor);
-    int64_t rot = static_cast<int64_t>(static_cast<double>(kv_channels) * rotary_percent);
+    // MLA turns its own rotary channels (qk_pos_emb_head_dim, checked by mla.validate()).
+    const int64_t rot = mla.enabled ? 2 : static_cast<int64_t>(static_cast<double>(kv_channels) *
+                                                                rotary_percent);
     MEGATRON_CHECK(rot >= 2 && rot % 2 == 0,
                    "rotary dimension kv_channels * --rotary-percent = ", rot,
                    " must be even and >= 2");
@@ -74,6 +93,8 @@ void TransformerConfig::finalize() {
 }
 
 double TransformerConfig::attention_scale() const {
+  // Megatron's multi-latent attention hands its own scale to the core attention.
+  if (mla.enabled) return mla.softmax_scale();
   return softmax_scale > 0 ? softmax_scale : 1.0 / std::sqrt(static_cast<double>(kv_channels));
 }
 

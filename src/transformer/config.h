@@ -3,11 +3,13 @@
 // CLI from Megatron's flags or from a Hugging Face config.json; validated once by validate().
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
 #include "core/dtype.h"
 #include "parallel/fp8_config.h"
+#include "transformer/mla_config.h"
 #include "transformer/moe/moe_config.h"
 #include "transformer/vision_config.h"
 
@@ -95,12 +97,19 @@ struct TransformerConfig {
   int64_t recompute_num_layers = 0;  // --recompute-num-layers, >= 1 with kFull (default 0: unset)
 
   MoeConfig moe;  // Mixture of Experts (--num-experts; default: dense)
+  MlaConfig mla;  // multi-latent attention (--multi-latent-attention; default: off)
   Fp8Config fp8;  // FP8 GEMMs (--fp8-format; default: off)
   // A vision-language model's vision encoder and projector (--model llava; default: none).
   // seq_length is then the language model's combined sequence (text and image embeddings).
   VisionConfig vision;
 
-  int64_t head_dim() const { return kv_channels; }
+  // The width of the heads the core attention sees: kv_channels, or under multi-latent attention
+  // the wider of a query (key) head and a value head (the narrower one zero-padded to it).
+  int64_t head_dim() const {
+    return mla.enabled ? std::max(mla.q_head_dim(), mla.v_head_dim) : kv_channels;
+  }
+  // The width of a value head: the heads' outputs linear_proj takes.
+  int64_t v_head_dim() const { return mla.enabled ? mla.v_head_dim : kv_channels; }
   int64_t queries_per_group() const { return num_attention_heads / num_query_groups; }
   bool qkv_bias() const { return add_bias_linear || add_qkv_bias; }
   // fc1 computes [gate | up] (SwiGLU or GeGLU).

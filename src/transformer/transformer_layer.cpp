@@ -47,8 +47,7 @@ TransformerLayer::TransformerLayer(const std::string& name, const TransformerCon
 
 std::vector<Fp8GemmScaling*> TransformerLayer::enable_fp8() {
   std::vector<Fp8GemmScaling*> out;
-  out.push_back(self_attention.linear_qkv.enable_fp8(cfg_.fp8));
-  out.push_back(self_attention.linear_proj.enable_fp8(cfg_.fp8));
+  out = self_attention.enable_fp8();
   if (cross_attention) {
     out.push_back(cross_attention->linear_q.enable_fp8(cfg_.fp8));
     out.push_back(cross_attention->linear_kv.enable_fp8(cfg_.fp8));
@@ -96,7 +95,7 @@ Tensor TransformerLayer::forward(const Tensor& x, const TokenLayout& layout, Ctx
   // GEMM takes (bf16 in bf16 runs; f32 for an MoE router, which computes in f32).
   Tensor a = self_attention
                  .forward(input_layernorm.forward(x, ctx.ln1,
-                                                  self_attention.linear_qkv.gemm_input_dtype()),
+                                                  self_attention.gemm_input_dtype()),
                           layout, ctx.attn, mode)
                  .view(x.shape());
   Tensor x1 = Tensor::empty(x.shape(), x.dtype(), x.device());

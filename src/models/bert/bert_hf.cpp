@@ -44,9 +44,9 @@ std::vector<HfTensorMapping> build_mappings(BertModel& m) {
     const char* parts[] = {"query", "key", "value"};
     for (int part = 0; part < 3; ++part) {
       const std::vector<int64_t> rows = packed_qkv_rows(c, part);
-      add(p + "attention.self." + parts[part] + ".weight", L.self_attention.linear_qkv.weight(),
+      add(p + "attention.self." + parts[part] + ".weight", L.self_attention.linear_qkv->weight(),
           {qkv, h}, rows);
-      add(p + "attention.self." + parts[part] + ".bias", L.self_attention.linear_qkv.bias(), {qkv},
+      add(p + "attention.self." + parts[part] + ".bias", L.self_attention.linear_qkv->bias(), {qkv},
           rows);
     }
     add(p + "attention.output.dense.weight", L.self_attention.linear_proj.weight(), {h, qkv});

@@ -21,6 +21,22 @@ double model_flops_per_iteration(const TransformerConfig& c, int64_t global_batc
       (static_cast<double>(c.ffn_hidden_size) * dense_layers / L + routed * moe_layers / L) / h *
       gated;
   const double logit = static_cast<double>(c.padded_vocab_size) / (2.0 * L * h);
+  if (c.mla.enabled) {
+    // Megatron's multi-latent attention term (r0.14's training.py), per token and layer: the
+    // projections' parameters (the latent norms counted as one FMA per channel), linear_proj,
+    // and the causal half of q . k over the query heads' width and of the values.
+    const MlaConfig& m = c.mla;
+    const double dq = static_cast<double>(m.q_head_dim()), dv = static_cast<double>(m.v_head_dim);
+    const double q_term = m.q_lora_rank > 0
+                              ? static_cast<double>(m.q_lora_rank) * (h + n * dq + 1)
+                              : h * n * dq;
+    const double mla = q_term +
+                       static_cast<double>(m.kv_lora_rank) *
+                           (h + n * static_cast<double>(m.qk_head_dim + m.v_head_dim) + 1) +
+                       h * static_cast<double>(m.qk_pos_emb_head_dim) + n * dv * h +
+                       s * n * dq / 2 + s * n * dv / 2;
+    return 12.0 * B * s * L * h * h * (mlp + logit) + 6.0 * B * s * L * mla;
+  }
   return 12.0 * B * s * L * h * h * (attention + mlp + logit);
 }
 

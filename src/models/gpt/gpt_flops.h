@@ -5,7 +5,9 @@
 // 3 (forward, data grad, weight grad) x 2 (GEMMs come in pairs) x 2 (multiply-add). In an MoE
 // layer the MLP term is that of the top-k experts plus the shared experts, (moe_ffn k + shared) /
 // h, weighted by the share of MoE layers, as Megatron counts it. It counts full (not causal-halved)
-// attention scores and no recomputation, so it is model FLOPs, the numerator of MFU.
+// attention scores and no recomputation, so it is model FLOPs, the numerator of MFU. Multi-latent
+// attention replaces the attention term by Megatron's MLA term (its projections' and linear_proj's
+// parameters plus the causal half of the scores and values per token, as r0.14 writes it).
 #pragma once
 
 #include <cstdint>

@@ -213,8 +213,8 @@ std::vector<Mapping> hf_tensor_mappings(const HfModelInfo& info, GPTModel& m) {
         auto r = all_rows(part);
         qkv.insert(qkv.end(), r.begin(), r.end());
       }
-      add(p + "attn.c_attn.weight", L.self_attention.linear_qkv.weight(), {h, 3 * h}, true, qkv);
-      add(p + "attn.c_attn.bias", L.self_attention.linear_qkv.bias(), {3 * h}, false, qkv);
+      add(p + "attn.c_attn.weight", L.self_attention.linear_qkv->weight(), {h, 3 * h}, true, qkv);
+      add(p + "attn.c_attn.bias", L.self_attention.linear_qkv->bias(), {3 * h}, false, qkv);
       add(p + "attn.c_proj.weight", L.self_attention.linear_proj.weight(), {h, h}, true);
       add(p + "attn.c_proj.bias", L.self_attention.linear_proj.bias, {h});
       add(p + "ln_2.weight", L.pre_mlp_layernorm.weight, {h});
@@ -232,18 +232,18 @@ std::vector<Mapping> hf_tensor_mappings(const HfModelInfo& info, GPTModel& m) {
       auto& L = *m.decoder->layers[i];
       const std::string p = "model.layers." + std::to_string(i) + ".";
       add(p + "input_layernorm.weight", L.input_layernorm.weight, {h});
-      add(p + "self_attn.q_proj.weight", L.self_attention.linear_qkv.weight(), {np * hn, h}, false,
+      add(p + "self_attn.q_proj.weight", L.self_attention.linear_qkv->weight(), {np * hn, h}, false,
           all_rows(0));
-      add(p + "self_attn.k_proj.weight", L.self_attention.linear_qkv.weight(), {ng * hn, h}, false,
+      add(p + "self_attn.k_proj.weight", L.self_attention.linear_qkv->weight(), {ng * hn, h}, false,
           all_rows(1));
-      add(p + "self_attn.v_proj.weight", L.self_attention.linear_qkv.weight(), {ng * hn, h}, false,
+      add(p + "self_attn.v_proj.weight", L.self_attention.linear_qkv->weight(), {ng * hn, h}, false,
           all_rows(2));
       if (c.add_qkv_bias) {
-        add(p + "self_attn.q_proj.bias", L.self_attention.linear_qkv.bias(), {np * hn}, false,
+        add(p + "self_attn.q_proj.bias", L.self_attention.linear_qkv->bias(), {np * hn}, false,
             all_rows(0));
-        add(p + "self_attn.k_proj.bias", L.self_attention.linear_qkv.bias(), {ng * hn}, false,
+        add(p + "self_attn.k_proj.bias", L.self_attention.linear_qkv->bias(), {ng * hn}, false,
             all_rows(1));
-        add(p + "self_attn.v_proj.bias", L.self_attention.linear_qkv.bias(), {ng * hn}, false,
+        add(p + "self_attn.v_proj.bias", L.self_attention.linear_qkv->bias(), {ng * hn}, false,
             all_rows(2));
       }
       add(p + "self_attn.o_proj.weight", L.self_attention.linear_proj.weight(), {h, np * hn});

@@ -86,9 +86,9 @@ std::vector<HfTensorMapping> vision_mappings(LlavaModel& m, const std::string& p
     const char* qkv[] = {"q_proj", "k_proj", "v_proj"};
     for (int part = 0; part < 3; ++part) {
       const std::string a = x + "self_attn." + qkv[part];
-      add(a + ".weight", L.self_attention.linear_qkv.weight(), {np * hn, h},
+      add(a + ".weight", L.self_attention.linear_qkv->weight(), {np * hn, h},
           packed_qkv_rows(v, part));
-      add(a + ".bias", L.self_attention.linear_qkv.bias(), {np * hn}, packed_qkv_rows(v, part));
+      add(a + ".bias", L.self_attention.linear_qkv->bias(), {np * hn}, packed_qkv_rows(v, part));
     }
     add(x + "self_attn.out_proj.weight", L.self_attention.linear_proj.weight(), {h, np * hn});
     add(x + "self_attn.out_proj.bias", L.self_attention.linear_proj.bias, {h});

@@ -55,7 +55,7 @@ std::vector<HfTensorMapping> build_mappings(T5Model& m) {
   auto self_attention = [&](const std::string& p, TransformerLayer& L) {
     const char* parts[] = {"q", "k", "v"};
     for (int part = 0; part < 3; ++part)
-      add(p + "SelfAttention." + parts[part] + ".weight", L.self_attention.linear_qkv.weight(),
+      add(p + "SelfAttention." + parts[part] + ".weight", L.self_attention.linear_qkv->weight(),
           {inner, h}, packed_qkv_rows(c, part));
     add(p + "SelfAttention.o.weight", L.self_attention.linear_proj.weight(), {h, inner});
   };

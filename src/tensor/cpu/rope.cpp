@@ -2,8 +2,9 @@
 //
 // Rotate-half convention (HF Llama, Megatron rotary_interleaved=False): channel j < rot_dim/2 pairs
 // with j + rot_dim/2, both rotated by angle pos * inv_freq[j], inv_freq[j] = base^(-2j/rot_dim)
-// (Llama 3.1-scaled with --use-rope-scaling); interleaved: channels 2j and 2j + 1. Angles are
-// computed in double so f32 results match the fp64 reference to rounding.
+// (Llama 3.1-scaled with --use-rope-scaling, or YaRN's blend: ops::rope_inv_freqs); interleaved:
+// channels 2j and 2j + 1. cos and sin carry YaRN's mscale. Angles are computed in double so f32
+// results match the fp64 reference to rounding.
 #include <cmath>
 #include <vector>
 
@@ -24,24 +25,7 @@ void rope_inplace(Tensor& x, const Tensor& positions, const RopeSpec& spec, bool
                  ") out of range for P = ", per);
   if (positions.defined()) check_shape(positions, {s, b}, "rope_inplace positions");
   int64_t half = rot / 2;
-  std::vector<double> inv_freq(static_cast<size_t>(half));
-  for (int64_t j = 0; j < half; ++j) {
-    inv_freq[j] = std::pow(static_cast<double>(spec.base), -2.0 * j / static_cast<double>(rot));
-  }
-  if (spec.scaling_factor > 0) {
-    // Llama 3.1: wavelengths above the original context's are slowed by the factor, those below
-    // a quarter of it kept, the band between interpolated.
-    constexpr double kContext = 8192, kLow = 1, kHigh = 4;
-    for (double& f : inv_freq) {
-      const double wavelen = 2 * M_PI / f;
-      if (wavelen > kContext / kLow) {
-        f /= spec.scaling_factor;
-      } else if (wavelen >= kContext / kHigh) {
-        const double smooth = (kContext / wavelen - kLow) / (kHigh - kLow);
-        f = (1 - smooth) * f / spec.scaling_factor + smooth * f;
-      }
-    }
-  }
+  const std::vector<double> inv_freq = rope_inv_freqs(spec);
   // The channel pairs: (j, j + half), or (2j, 2j + 1) interleaved.
   const int64_t step = spec.interleaved ? 2 : 1, partner = spec.interleaved ? 1 : half;
   const int64_t* pos = positions.defined() ? positions.data<int64_t>() : nullptr;
@@ -55,8 +39,8 @@ void rope_inplace(Tensor& x, const Tensor& positions, const RopeSpec& spec, bool
       std::vector<T> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
       for (int64_t j = 0; j < half; ++j) {
         double angle = p * inv_freq[j];
-        cs[j] = static_cast<T>(std::cos(angle));
-        sn[j] = static_cast<T>(sign * std::sin(angle));
+        cs[j] = static_cast<T>(spec.mscale * std::cos(angle));
+        sn[j] = static_cast<T>(sign * spec.mscale * std::sin(angle));
       }
       for (int64_t g = 0; g < groups; ++g) {
         for (int64_t hp = spec.head_begin; hp < spec.head_end; ++hp) {

@@ -355,6 +355,7 @@ void rope_inplace(Tensor& x, const Tensor& positions, const RopeSpec& spec, bool
     MEGATRON_CHECK(positions.dtype() == DType::kI64 && positions.numel() == x.dim(0) * x.dim(1),
                    "rope_inplace: positions must be i64 [s, b], got ", positions.str());
   }
+  const ops::YarnRamp ramp = spec.yarn_factor > 0 ? ops::yarn_ramp(spec) : ops::YarnRamp{0, 1};
   const RopeArgs a{x.dim(0),
                    x.dim(1),
                    x.dim(2),
@@ -366,6 +367,10 @@ void rope_inplace(Tensor& x, const Tensor& positions, const RopeSpec& spec, bool
                    spec.base,
                    spec.scaling_factor,
                    spec.position_scale,
+                   spec.yarn_factor,
+                   ramp.low,
+                   ramp.high,
+                   spec.mscale,
                    spec.interleaved,
                    inverse,
                    positions.defined() ? positions.data<int64_t>() : nullptr};

@@ -76,6 +76,10 @@ __global__ void embedding_runs_kernel(T* dtable, const T* dout, const int32_t* k
 // inv_freq of pair j with Llama 3.1's scaling (reference.cpp's rope_inv_freq).
 __device__ inline double rope_inv_freq(const RopeArgs& a, int64_t j) {
   const double base_freq = 1.0 / pow(a.base, static_cast<double>(2 * j) / a.rot_dim);
+  if (a.yarn_factor > 0) {  // YaRN's ramp (ops::rope_inv_freqs)
+    const double r = fmin(fmax((static_cast<double>(j) - a.yarn_low) / (a.yarn_high - a.yarn_low), 0.0), 1.0);
+    return base_freq / a.yarn_factor * r + base_freq * (1 - r);
+  }
   if (a.scaling_factor <= 0) return base_freq;
   const double wavelen = 2 * M_PI / base_freq;
   if (wavelen < 2048.0) return base_freq;
@@ -102,7 +106,7 @@ __global__ void rope_kernel(T* x, RopeArgs a) {
     if (a.inverse) theta = -theta;
     T* v = x + (((t * a.b + bb) * a.groups + g) * a.per_group + p) * a.hn;
     const int64_t i1 = a.interleaved ? 2 * j : j, i2 = a.interleaved ? 2 * j + 1 : j + half;
-    const T c = static_cast<T>(cos(theta)), s = static_cast<T>(sin(theta));
+    const T c = static_cast<T>(a.mscale * cos(theta)), s = static_cast<T>(a.mscale * sin(theta));
     const T x1 = v[i1], x2 = v[i2];
     v[i1] = x1 * c - x2 * s;
     v[i2] = x2 * c + x1 * s;

@@ -111,6 +111,7 @@ struct RopeArgs {
   int64_t s, b, groups, per_group, hn;
   int64_t head_begin, head_end, rot_dim;
   double base, scaling_factor, position_scale;
+  double yarn_factor, yarn_low, yarn_high, mscale;  // YaRN (ops::yarn_ramp); factor 0: off
   bool interleaved, inverse;
   const int64_t* positions;  // [s, b] or null
 };

@@ -226,6 +226,25 @@ namespace {
 double rope_inv_freq(const ops::RopeSpec& spec, int64_t j) {
   const double base_freq =
       1.0 / std::pow(static_cast<double>(spec.base), static_cast<double>(2 * j) / spec.rot_dim);
+  if (spec.yarn_factor > 0) {
+    // YaRN, as HF DeepSeek's yarn_find_correction_dim / yarn_find_correction_range /
+    // yarn_linear_ramp_mask write it: the pair indices whose wavelengths make beta_fast and
+    // beta_slow turns in the original context bound a linear ramp from the original frequency
+    // to the interpolated one (base frequency / factor).
+    const auto correction_dim = [&](double turns) {
+      return spec.rot_dim * std::log(spec.yarn_original_max_positions / (turns * 2 * M_PI)) /
+             (2 * std::log(static_cast<double>(spec.base)));
+    };
+    double low = std::floor(correction_dim(spec.yarn_beta_fast));
+    double high = std::ceil(correction_dim(spec.yarn_beta_slow));
+    low = low < 0 ? 0 : low;
+    high = high > spec.rot_dim - 1 ? spec.rot_dim - 1 : high;
+    if (low == high) high += 0.001;
+    double ramp = (static_cast<double>(j) - low) / (high - low);
+    ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+    const double extrapolation_mask = 1 - ramp;
+    return base_freq / spec.yarn_factor * (1 - extrapolation_mask) + base_freq * extrapolation_mask;
+  }
   if (spec.scaling_factor <= 0) return base_freq;
   const double wavelen = 2 * M_PI / base_freq, low_wavelen = 8192.0, high_wavelen = 2048.0;
   if (wavelen < high_wavelen) return base_freq;                       // high frequency: kept
@@ -253,8 +272,9 @@ Tensor rope(const Tensor& x, const Tensor& positions, const ops::RopeSpec& spec,
             const int64_t i1 = spec.interleaved ? 2 * j : j;
             const int64_t i2 = spec.interleaved ? 2 * j + 1 : j + half;
             double x1 = v[i1], x2 = v[i2];
-            v[i1] = x1 * std::cos(theta) - x2 * std::sin(theta);
-            v[i2] = x2 * std::cos(theta) + x1 * std::sin(theta);
+            const double c = spec.mscale * std::cos(theta), sn = spec.mscale * std::sin(theta);
+            v[i1] = x1 * c - x2 * sn;
+            v[i2] = x2 * c + x1 * sn;
           }
         }
     }
