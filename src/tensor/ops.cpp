@@ -353,7 +353,8 @@ std::vector<double> rope_inv_freqs(const RopeSpec& spec) {
   const int64_t half = spec.rot_dim / 2;
   std::vector<double> inv_freq(static_cast<size_t>(half));
   for (int64_t j = 0; j < half; ++j) {
-    inv_freq[j] = std::pow(static_cast<double>(spec.base), -2.0 * j / static_cast<double>(spec.rot_dim));
+    inv_freq[j] =
+        std::pow(static_cast<double>(spec.base), -2.0 * j / static_cast<double>(spec.rot_dim));
   }
   if (spec.scaling_factor > 0) {
     // Llama 3.1: wavelengths above the original context's are slowed by the factor, those below

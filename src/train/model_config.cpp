@@ -116,12 +116,14 @@ void check_fp8_gemm_shapes(const TransformerConfig& c, const Arguments& a) {
   };
   if (c.mla.enabled) {  // MLA's projections instead of linear_qkv
     const MlaConfig& m = c.mla;
-    const char* flags = "--q-lora-rank, --kv-lora-rank, --qk-head-dim, --qk-pos-emb-head-dim, "
-                        "--v-head-dim, --num-attention-heads";
-    gemms[0] = {"linear_kv_down_proj", c.hidden_size, m.kv_lora_rank + m.qk_pos_emb_head_dim, flags};
+    const char* flags =
+        "--q-lora-rank, --kv-lora-rank, --qk-head-dim, --qk-pos-emb-head-dim, "
+        "--v-head-dim, --num-attention-heads";
+    gemms[0] = {"linear_kv_down_proj", c.hidden_size, m.kv_lora_rank + m.qk_pos_emb_head_dim,
+                flags};
     gemms[1] = {"linear_proj", np * m.v_head_dim / tp, c.hidden_size, flags};
-    gemms.push_back({"linear_kv_up_proj", m.kv_lora_rank, np * (m.qk_head_dim + m.v_head_dim) / tp,
-                     flags});
+    gemms.push_back(
+        {"linear_kv_up_proj", m.kv_lora_rank, np * (m.qk_head_dim + m.v_head_dim) / tp, flags});
     if (m.q_lora_rank > 0) {
       gemms.push_back({"linear_q_down_proj", c.hidden_size, m.q_lora_rank, flags});
       gemms.push_back({"linear_q_up_proj", m.q_lora_rank, np * m.q_head_dim() / tp, flags});

@@ -18,13 +18,13 @@ int64_t qkv_width(const TransformerConfig& c) {
 
 SelfAttention::SelfAttention(const std::string& name, const TransformerConfig& cfg,
                              int64_t layer_number, const TensorParallelContext& tp)
-    : // Megatron's scaled_init_method_normal: std / sqrt(2 * num_layers) for output projections.
-      linear_proj(name + ".linear_proj", cfg.num_attention_heads * cfg.v_head_dim(), cfg.hidden_size,
-                  cfg.init_method_std / std::sqrt(2.0 * static_cast<double>(cfg.num_layers)),
-                  *tp.group,
-                  {.with_bias = cfg.add_bias_linear,
-                   .input_is_parallel = true,
-                   .sequence_parallel = tp.sp()}),
+    :  // Megatron's scaled_init_method_normal: std / sqrt(2 * num_layers) for output projections.
+      linear_proj(
+          name + ".linear_proj", cfg.num_attention_heads * cfg.v_head_dim(), cfg.hidden_size,
+          cfg.init_method_std / std::sqrt(2.0 * static_cast<double>(cfg.num_layers)), *tp.group,
+          {.with_bias = cfg.add_bias_linear,
+           .input_is_parallel = true,
+           .sequence_parallel = tp.sp()}),
       cfg_(cfg),
       layer_(layer_number),
       tp_(tp),
@@ -43,7 +43,8 @@ SelfAttention::SelfAttention(const std::string& name, const TransformerConfig& c
     // Megatron's RotaryEmbedding over the rotary channels takes --rotary-percent; its YaRN all.
     rope_.rot_dim = m.yarn ? m.qk_pos_emb_head_dim
                            : static_cast<int64_t>(static_cast<double>(m.qk_pos_emb_head_dim) *
-                                                  cfg.rotary_percent) / 2 * 2;
+                                                  cfg.rotary_percent) /
+                                 2 * 2;
     rope_.base = static_cast<float>(cfg.rotary_base);
     rope_.interleaved = true;  // pairs (2j, 2j + 1): see the file comment
     if (m.yarn) {
@@ -55,10 +56,9 @@ SelfAttention::SelfAttention(const std::string& name, const TransformerConfig& c
     }
     return;
   }
-  linear_qkv.emplace(name + ".linear_qkv", cfg.hidden_size, qkv_width(cfg), cfg.init_method_std,
-                     *tp.group,
-                     ColumnParallelLinear::Options{.with_bias = cfg.qkv_bias(),
-                                                   .sequence_parallel = tp.sp()});
+  linear_qkv.emplace(
+      name + ".linear_qkv", cfg.hidden_size, qkv_width(cfg), cfg.init_method_std, *tp.group,
+      ColumnParallelLinear::Options{.with_bias = cfg.qkv_bias(), .sequence_parallel = tp.sp()});
   if (cfg.qk_layernorm) {
     q_layernorm.emplace(name + ".q_layernorm", cfg.head_dim(), cfg.normalization, cfg.norm_epsilon,
                         cfg.layernorm_zero_centered_gamma);

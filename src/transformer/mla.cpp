@@ -64,8 +64,8 @@ MlaProjections::MlaProjections(const std::string& name, const TransformerConfig&
                                cfg.init_method_std);
     linear_q_down_proj->weight.sequence_parallel = tp.sp();
     if (cfg.qk_layernorm) {
-      q_layernorm.emplace(name + ".q_layernorm", m.q_lora_rank, cfg.normalization,
-                          cfg.norm_epsilon, cfg.layernorm_zero_centered_gamma);
+      q_layernorm.emplace(name + ".q_layernorm", m.q_lora_rank, cfg.normalization, cfg.norm_epsilon,
+                          cfg.layernorm_zero_centered_gamma);
       q_layernorm->mark_sequence_parallel(tp.sp());
     }
     linear_q_up_proj.emplace(name + ".linear_q_up_proj", m.q_lora_rank, q_width,
@@ -138,14 +138,12 @@ Tensor MlaProjections::forward(const Tensor& x, Ctx& ctx) const {
   }
   // The rotary key once per local head: [s b, np pe] as [rows, pe].
   const Tensor k_pe_heads =
-      concat(std::vector<Tensor>(static_cast<size_t>(np), k_pe.view({s * b, pe})))
-          .view({rows, pe});
+      concat(std::vector<Tensor>(static_cast<size_t>(np), k_pe.view({s * b, pe}))).view({rows, pe});
 
   const auto zeros = [&](int64_t n) { return Tensor::zeros({rows, n}, q.dtype(), q.device()); };
-  const Tensor packed =
-      concat({columns(q, nope, pe), columns(q, 0, nope), zeros(width - nope - pe), k_pe_heads,
-              columns(kv, 0, nope), zeros(width - nope - pe), columns(kv, nope, dv),
-              zeros(width - dv)});
+  const Tensor packed = concat({columns(q, nope, pe), columns(q, 0, nope), zeros(width - nope - pe),
+                                k_pe_heads, columns(kv, 0, nope), zeros(width - nope - pe),
+                                columns(kv, nope, dv), zeros(width - dv)});
   return packed.view({s, b, np, 3, width});
 }
 
@@ -166,7 +164,8 @@ Tensor MlaProjections::backward(const Tensor& dqkv, Ctx& ctx) const {
   // this rank's positions under sequence parallelism).
   const Tensor dk_heads = columns(d, width, pe).view({s * b, np * pe});
   Tensor dk_pe = columns(dk_heads, 0, pe);
-  for (int64_t head = 1; head < np; ++head) ops::add_inplace(dk_pe, columns(dk_heads, head * pe, pe));
+  for (int64_t head = 1; head < np; ++head)
+    ops::add_inplace(dk_pe, columns(dk_heads, head * pe, pe));
   if (tp_.sp()) {
     dk_pe = gather_from_sequence_parallel_region_backward(dk_pe.view({s, b, pe}), *tp_.group)
                 .view({s_local * b, pe});
@@ -182,8 +181,8 @@ Tensor MlaProjections::backward(const Tensor& dqkv, Ctx& ctx) const {
   if (linear_q_down_proj) {
     Tensor dqc = linear_q_up_proj->backward(dq, ctx.q_up);
     if (q_layernorm) dqc = q_layernorm->backward(dqc, ctx.q_norm);
-    ops::add_inplace(dx, linear_q_down_proj->backward(dqc.view({s_local * b, m.q_lora_rank}),
-                                                      ctx.q_down));
+    ops::add_inplace(
+        dx, linear_q_down_proj->backward(dqc.view({s_local * b, m.q_lora_rank}), ctx.q_down));
   } else {
     ops::add_inplace(dx, linear_q_proj->backward(dq, ctx.q_up).view({s_local * b, h}));
   }

@@ -67,10 +67,10 @@ class MlaProjections {
   // What the down projections (or linear_q_proj) take x in: a norm before them may write it.
   DType gemm_input_dtype() const { return linear_kv_down_proj.gemm_input_dtype(); }
 
-  std::optional<Linear> linear_q_down_proj;               // with --q-lora-rank
-  std::optional<Norm> q_layernorm;                        // with --q-lora-rank and --qk-layernorm
-  std::optional<ColumnParallelLinear> linear_q_up_proj;   // with --q-lora-rank
-  std::optional<ColumnParallelLinear> linear_q_proj;      // without
+  std::optional<Linear> linear_q_down_proj;              // with --q-lora-rank
+  std::optional<Norm> q_layernorm;                       // with --q-lora-rank and --qk-layernorm
+  std::optional<ColumnParallelLinear> linear_q_up_proj;  // with --q-lora-rank
+  std::optional<ColumnParallelLinear> linear_q_proj;     // without
   Linear linear_kv_down_proj;
   std::optional<Norm> kv_layernorm;  // --qk-layernorm
   ColumnParallelLinear linear_kv_up_proj;

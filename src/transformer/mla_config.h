@@ -14,13 +14,13 @@
 namespace megatron {
 
 struct MlaConfig {
-  bool enabled = false;             // --multi-latent-attention
-  int64_t q_lora_rank = 0;          // --q-lora-rank (0: none, a full-rank linear_q_proj)
-  int64_t kv_lora_rank = 32;        // --kv-lora-rank
-  int64_t qk_head_dim = 128;        // --qk-head-dim
-  int64_t qk_pos_emb_head_dim = 64; // --qk-pos-emb-head-dim
-  int64_t v_head_dim = 128;         // --v-head-dim
-  bool yarn = true;                 // --rope-type yarn (MLA's default) or rope
+  bool enabled = false;                // --multi-latent-attention
+  int64_t q_lora_rank = 0;             // --q-lora-rank (0: none, a full-rank linear_q_proj)
+  int64_t kv_lora_rank = 32;           // --kv-lora-rank
+  int64_t qk_head_dim = 128;           // --qk-head-dim
+  int64_t qk_pos_emb_head_dim = 64;    // --qk-pos-emb-head-dim
+  int64_t v_head_dim = 128;            // --v-head-dim
+  bool yarn = true;                    // --rope-type yarn (MLA's default) or rope
   double rotary_scaling_factor = 1.0;  // --rotary-scaling-factor (YaRN's factor)
   double mscale = 1.0;                 // --mscale
   double mscale_all_dim = 0.0;         // --mscale-all-dim

@@ -94,8 +94,7 @@ Tensor TransformerLayer::forward(const Tensor& x, const TokenLayout& layout, Ctx
   // Each norm's output goes to one linear layer only: it is written in the dtype that layer's
   // GEMM takes (bf16 in bf16 runs; f32 for an MoE router, which computes in f32).
   Tensor a = self_attention
-                 .forward(input_layernorm.forward(x, ctx.ln1,
-                                                  self_attention.gemm_input_dtype()),
+                 .forward(input_layernorm.forward(x, ctx.ln1, self_attention.gemm_input_dtype()),
                           layout, ctx.attn, mode)
                  .view(x.shape());
   Tensor x1 = Tensor::empty(x.shape(), x.dtype(), x.device());

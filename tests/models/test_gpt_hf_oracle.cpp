@@ -176,6 +176,36 @@ TEST(PyTorchOracle, MixtralLogitsLossGradientsAndAdamW) {
   EXPECT_EQ(c.moe.num_moe_layers(c.num_layers), c.num_layers);
 }
 
+// DeepSeek-V3: multi-latent attention with a query bottleneck and YaRN (factor 40, a concentration
+// factor and softmax scale other than 1), a dense first layer, then MoE layers routed by sigmoid
+// scores plus the expert bias (e_score_correction_bias, a frozen tensor without gradient) among 2
+// of 4 groups, top-4, scaled by 2.5, with a shared expert: logits, loss, every gradient and 10
+// AdamW steps as PyTorch, in the tolerances above (routing on distinct scores, as Mixtral's).
+// The plain variant: full-rank q_proj, plain RoPE, value heads wider than the query heads (the
+// query and key heads zero-padded to them here).
+TEST(PyTorchOracle, DeepSeekV3LogitsLossGradientsAndAdamW) {
+  run_oracle("deepseek-v3");
+  const TransformerConfig c = read_hf_config(g_oracle_dir + "/deepseek-v3/model").config;
+  EXPECT_TRUE(c.mla.enabled);
+  EXPECT_TRUE(c.mla.yarn);
+  EXPECT_EQ(c.mla.q_lora_rank, 32);
+  EXPECT_EQ(c.moe.score_function, MoeScoreFunction::kSigmoid);
+  EXPECT_TRUE(c.moe.enable_expert_bias);
+  EXPECT_EQ(c.moe.num_groups, 4);
+  EXPECT_EQ(c.moe.group_topk, 2);
+  EXPECT_EQ(c.moe.topk_scaling_factor, 2.5);
+  EXPECT_EQ(c.moe.shared_expert_intermediate_size, 32);
+  EXPECT_EQ(c.moe.num_moe_layers(c.num_layers), 2);
+}
+
+TEST(PyTorchOracle, DeepSeekV3PlainLogitsLossGradientsAndAdamW) {
+  run_oracle("deepseek-v3-plain");
+  const TransformerConfig plain = read_hf_config(g_oracle_dir + "/deepseek-v3-plain/model").config;
+  EXPECT_FALSE(plain.mla.yarn);
+  EXPECT_EQ(plain.mla.q_lora_rank, 0);
+  EXPECT_EQ(plain.head_dim(), 32);  // the value heads' width
+}
+
 // With aux loss 0.1 and z-loss 0.01 in training: each layer's losses (logged as loss / coeff, as
 // Megatron's tracker) equal the oracle's restatement of Megatron's per-layer formulas, and the
 // gradients are those of lm loss + sum over layers of 0.1 aux + 0.01 z. Tolerances: the losses are
@@ -226,7 +256,13 @@ TEST(PyTorchOracle, VariantsAreDistinguishable) {
       {"llama31", [](TransformerConfig& c) { c.rope_scaling_factor = 0; }},
       {"qwen3", [](TransformerConfig& c) { c.rotary_seq_len_interpolation_factor = 0; }},
       {"llama-megatron-rope", [](TransformerConfig& c) { c.rotary_percent = 0.5; }},
-      {"llama-megatron-rope", [](TransformerConfig& c) { c.rotary_interleaved = true; }}};
+      {"llama-megatron-rope", [](TransformerConfig& c) { c.rotary_interleaved = true; }},
+      // DeepSeek-V3 without YaRN's frequencies, without its concentration factor and softmax
+      // scale (mscale_all_dim), without the expert bias, groups or scaling of its routing.
+      {"deepseek-v3", [](TransformerConfig& c) { c.mla.yarn = false; }},
+      {"deepseek-v3", [](TransformerConfig& c) { c.mla.mscale_all_dim = c.mla.mscale; }},
+      {"deepseek-v3", [](TransformerConfig& c) { c.moe.num_groups = c.moe.group_topk = 0; }},
+      {"deepseek-v3", [](TransformerConfig& c) { c.moe.topk_scaling_factor = 0; }}};
   for (const auto& [arch, undo] : plain) {
     SCOPED_TRACE(arch);
     const std::string root = g_oracle_dir + "/" + arch;
@@ -281,8 +317,8 @@ TEST(PyTorchOracle, LayerNorm1pIsTheSameFunctionAndExportsGamma) {
 }
 
 TEST(PyTorchOracle, ExportReproducesTheImportedFilesExactly) {
-  for (const std::string arch :
-       {"gpt2", "llama", "gpt2-relu2", "llama31", "qwen3", "mixtral"}) {  // HF forms
+  for (const std::string arch : {"gpt2", "llama", "gpt2-relu2", "llama31", "qwen3", "mixtral",
+                                 "deepseek-v3", "deepseek-v3-plain"}) {  // HF forms
     const std::string src = g_oracle_dir + "/" + arch + "/model";
     Loaded l = load(src);
     const std::string out = testing::scratch_dir("hf_roundtrip_" + arch);
@@ -308,6 +344,13 @@ TEST(PyTorchOracle, ExportReproducesTheImportedFilesExactly) {
     EXPECT_EQ(in.moe.num_experts, back.moe.num_experts) << arch;
     EXPECT_EQ(in.moe.router_topk, back.moe.router_topk) << arch;
     EXPECT_EQ(in.moe.ffn_hidden_size, back.moe.ffn_hidden_size) << arch;
+    EXPECT_EQ(in.moe.layer_pattern, back.moe.layer_pattern) << arch;
+    EXPECT_EQ(in.moe.num_groups, back.moe.num_groups) << arch;
+    EXPECT_EQ(in.moe.topk_scaling_factor, back.moe.topk_scaling_factor) << arch;
+    EXPECT_EQ(in.mla.enabled, back.mla.enabled) << arch;
+    EXPECT_EQ(in.mla.q_lora_rank, back.mla.q_lora_rank) << arch;
+    EXPECT_EQ(in.mla.yarn, back.mla.yarn) << arch;
+    EXPECT_EQ(in.mla.mscale_all_dim, back.mla.mscale_all_dim) << arch;
   }
 }
 

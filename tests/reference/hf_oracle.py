@@ -33,7 +33,14 @@ Variants (the model-variant flags where Hugging Face has the same variant):
               layers) and grad_aux.<name>, the gradients of lm loss + sum over layers of
               0.1 aux + 0.01 z (coefficients under "megatron_aux").
 
-Usage: python3 tests/reference/hf_oracle.py --arch {gpt2,llama,gpt2-relu2,llama31,qwen3,mixtral} --out DIR
+  deepseek-v3 DeepSeek-V3: multi-latent attention (query bottleneck, YaRN), a dense layer, then
+              sigmoid-routed MoE layers with expert bias, groups, scaling and a shared expert.
+  deepseek-v3-plain
+              DeepSeek-V3 without the query bottleneck or YaRN, dense, value heads wider than
+              the query heads.
+
+Usage: python3 tests/reference/hf_oracle.py --arch {gpt2,llama,gpt2-relu2,llama31,qwen3,mixtral,
+       deepseek-v3,deepseek-v3-plain} --out DIR
        [--seed 1234]
 """
 
@@ -106,6 +113,52 @@ MIXTRAL_CONFIG = dict(LLAMA_CONFIG, model_type="mixtral", architectures=["Mixtra
                       intermediate_size=48, num_local_experts=4, num_experts_per_tok=2,
                       router_aux_loss_coef=0.0, sliding_window=None,
                       megatron_aux={"aux_loss_coeff": 0.1, "z_loss_coeff": 0.01})
+# DeepSeek-V3 (DeepseekV3ForCausalLM): multi-latent attention with a query bottleneck, YaRN
+# (factor 40, mscale_all_dim 0.8 so that both the cos/sin concentration factor and the softmax
+# scale differ from 1), a dense first layer, then MoE layers of 8 sigmoid-routed experts with an
+# expert bias, 4 groups of which 2 are kept, top-4, scaled by 2.5, plus one shared expert.
+DEEPSEEK_V3_CONFIG = {
+    "model_type": "deepseek_v3",
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "vocab_size": 1000,
+    "hidden_size": 64,
+    "intermediate_size": 176,
+    "moe_intermediate_size": 32,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "n_shared_experts": 1,
+    "n_routed_experts": 8,
+    "routed_scaling_factor": 2.5,
+    "kv_lora_rank": 24,
+    "q_lora_rank": 32,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 12,
+    "qk_nope_head_dim": 16,
+    "n_group": 4,
+    "topk_group": 2,
+    "num_experts_per_tok": 4,
+    "first_k_dense_replace": 1,
+    "norm_topk_prob": True,
+    "hidden_act": "silu",
+    "max_position_embeddings": 64,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "rope_scaling": {"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
+                     "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 0.8},
+    "tie_word_embeddings": False,
+    "attention_bias": False,
+    "rope_interleave": True,
+    "topk_method": "noaux_tc",
+    "scoring_func": "sigmoid",
+    "num_nextn_predict_layers": 0,
+}
+# Without the query bottleneck (q_proj), plain RoPE, dense, and value heads wider than the query
+# heads (32 > 16 + 8).
+DEEPSEEK_V3_PLAIN_CONFIG = dict(DEEPSEEK_V3_CONFIG, q_lora_rank=None, rope_scaling=None,
+                                v_head_dim=32, n_routed_experts=None, first_k_dense_replace=0)
+# Hugging Face buffers: in the weights file, never trained.
+BUFFER_SUFFIXES = ("e_score_correction_bias",)
 
 
 # --------------------------------------------------------------------------
@@ -218,6 +271,54 @@ def llama_weights(cfg, init):
                 w[x + "w1.weight"] = init.matrix(I, H)
                 w[x + "w2.weight"] = init.matrix(H, I)
                 w[x + "w3.weight"] = init.matrix(I, H)
+            continue
+        w[p + "mlp.gate_proj.weight"] = init.matrix(I, H)
+        w[p + "mlp.up_proj.weight"] = init.matrix(I, H)
+        w[p + "mlp.down_proj.weight"] = init.matrix(H, I)
+    w["model.norm.weight"] = init.norm(H)
+    w["lm_head.weight"] = init.matrix(V, H)
+    return w
+
+
+def deepseek_weights(cfg, init):
+    V, H, I, L = (cfg["vocab_size"], cfg["hidden_size"], cfg["intermediate_size"],
+                  cfg["num_hidden_layers"])
+    nh, nope, rope, dv = (cfg["num_attention_heads"], cfg["qk_nope_head_dim"],
+                          cfg["qk_rope_head_dim"], cfg["v_head_dim"])
+    qr, kvr = cfg["q_lora_rank"], cfg["kv_lora_rank"]
+    w = {"model.embed_tokens.weight": init.matrix(V, H)}
+    for i in range(L):
+        p = f"model.layers.{i}."
+        a = p + "self_attn."
+        w[p + "input_layernorm.weight"] = init.norm(H)
+        if qr:
+            w[a + "q_a_proj.weight"] = init.matrix(qr, H)
+            w[a + "q_a_layernorm.weight"] = init.norm(qr)
+            w[a + "q_b_proj.weight"] = init.matrix(nh * (nope + rope), qr)
+        else:
+            w[a + "q_proj.weight"] = init.matrix(nh * (nope + rope), H)
+        w[a + "kv_a_proj_with_mqa.weight"] = init.matrix(kvr + rope, H)
+        w[a + "kv_a_layernorm.weight"] = init.norm(kvr)
+        w[a + "kv_b_proj.weight"] = init.matrix(nh * (nope + dv), kvr)
+        w[a + "o_proj.weight"] = init.matrix(H, nh * dv)
+        w[p + "post_attention_layernorm.weight"] = init.norm(H)
+        if cfg.get("n_routed_experts") and i >= cfg["first_k_dense_replace"]:
+            E, FE = cfg["n_routed_experts"], cfg["moe_intermediate_size"]
+            FS = FE * cfg["n_shared_experts"]
+            # A router 10x the usual scale: distinct scores, no top-k ties.
+            w[p + "mlp.gate.weight"] = init.matrix(E, H) * 10
+            # Positive: Hugging Face masks the groups it drops with 0.0 where Megatron masks with
+            # -inf, the same choice while every kept score + bias is positive (sigmoid > 0).
+            w[p + "mlp.gate.e_score_correction_bias"] = init.matrix(E).abs() * 0.5
+            for e in range(E):
+                x = p + f"mlp.experts.{e}."
+                w[x + "gate_proj.weight"] = init.matrix(FE, H)
+                w[x + "up_proj.weight"] = init.matrix(FE, H)
+                w[x + "down_proj.weight"] = init.matrix(H, FE)
+            x = p + "mlp.shared_experts."
+            w[x + "gate_proj.weight"] = init.matrix(FS, H)
+            w[x + "up_proj.weight"] = init.matrix(FS, H)
+            w[x + "down_proj.weight"] = init.matrix(H, FS)
             continue
         w[p + "mlp.gate_proj.weight"] = init.matrix(I, H)
         w[p + "mlp.up_proj.weight"] = init.matrix(I, H)
@@ -408,6 +509,146 @@ def llama_forward(cfg, w, ids, aux=None):
     return F.linear(x, w["lm_head.weight"])
 
 
+def yarn_get_mscale(scale, mscale):
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def deepseek_rope(cfg, S):
+    """Hugging Face's rotary tables for DeepSeek-V3: plain RoPE, or YaRN as
+    _compute_yarn_parameters writes it (frequencies blended over the correction range, cos and
+    sin times the attention factor). Returns cos, sin [S, rope]."""
+    dim, base = cfg["qk_rope_head_dim"], cfg["rope_theta"]
+    pos_freqs = base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    inv_freq = 1.0 / pos_freqs
+    factor = 1.0
+    rs = cfg.get("rope_scaling")
+    if rs:
+        factor = rs["factor"]
+        orig, beta_fast, beta_slow = (rs["original_max_position_embeddings"], rs["beta_fast"],
+                                      rs["beta_slow"])
+
+        def correction_dim(rot):
+            return (dim * math.log(orig / (rot * 2 * math.pi))) / (2 * math.log(base))
+
+        low = max(math.floor(correction_dim(beta_fast)), 0)
+        high = min(math.ceil(correction_dim(beta_slow)), dim - 1)
+        if low == high:
+            high += 0.001
+        ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low),
+                           0, 1)
+        extrapolation = 1 - ramp
+        inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + inv_freq * extrapolation
+        mscale, mscale_all = rs.get("mscale"), rs.get("mscale_all_dim")
+        if mscale and mscale_all:
+            attention_factor = yarn_get_mscale(factor, mscale) / yarn_get_mscale(factor, mscale_all)
+        else:
+            attention_factor = yarn_get_mscale(factor, 1.0)
+    else:
+        attention_factor = 1.0
+    freqs = torch.outer(torch.arange(S, dtype=torch.float64), inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return ((emb.cos() * attention_factor).to(torch.float32),
+            (emb.sin() * attention_factor).to(torch.float32))
+
+
+def deepseek_interleave(t):
+    """apply_rotary_pos_emb_interleave's reordering: pairs (2j, 2j+1) to (j, j + d/2)."""
+    b, h, s, d = t.shape
+    return t.view(b, h, s, d // 2, 2).transpose(4, 3).reshape(b, h, s, d)
+
+
+def deepseek_moe(cfg, w, p, h):
+    """DeepseekV3MoE: sigmoid scores; experts chosen by score + e_score_correction_bias among the
+    topk_group groups with the best top-2 sums (others masked to 0.0, as HF does); weights the
+    plain scores of the chosen, renormalised, times routed_scaling_factor; plus the shared
+    experts over every token."""
+    B, S, H = h.shape
+    E, k = cfg["n_routed_experts"], cfg["num_experts_per_tok"]
+    G, TG = cfg["n_group"], cfg["topk_group"]
+    flat = h.reshape(-1, H)
+    logits = F.linear(flat.float(), w[p + "mlp.gate.weight"].float())
+    scores = logits.sigmoid()
+    choice = scores.detach() + w[p + "mlp.gate.e_score_correction_bias"]
+    group_scores = choice.view(-1, G, E // G).topk(2, dim=-1)[0].sum(dim=-1)
+    group_idx = torch.topk(group_scores, k=TG, dim=-1, sorted=False)[1]
+    group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1)
+    score_mask = group_mask.unsqueeze(-1).expand(-1, G, E // G).reshape(-1, E)
+    choice = choice.masked_fill(~score_mask.bool(), 0.0)
+    idx = torch.topk(choice, k=k, dim=-1, sorted=False)[1]
+    weights = scores.gather(1, idx)
+    weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    weights = weights * cfg["routed_scaling_factor"]
+    out = torch.zeros_like(flat)
+    for e in range(E):
+        x = p + f"mlp.experts.{e}."
+        rows, slot = torch.where(idx == e)
+        if rows.numel() == 0:
+            continue
+        t = flat[rows]
+        y = F.linear(F.silu(F.linear(t, w[x + "gate_proj.weight"])) *
+                     F.linear(t, w[x + "up_proj.weight"]), w[x + "down_proj.weight"])
+        out = out.index_add(0, rows, y * weights[rows, slot, None])
+    x = p + "mlp.shared_experts."
+    shared = F.linear(F.silu(F.linear(flat, w[x + "gate_proj.weight"])) *
+                      F.linear(flat, w[x + "up_proj.weight"]), w[x + "down_proj.weight"])
+    return (out + shared).reshape(B, S, H)
+
+
+def deepseek_forward(cfg, w, ids):
+    """DeepseekV3ForCausalLM's eager path (DeepseekV3Attention, DeepseekV3MLP / MoE)."""
+    B, S = ids.shape
+    H, L, eps = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["rms_norm_eps"]
+    nh, nope, rope, dv = (cfg["num_attention_heads"], cfg["qk_nope_head_dim"],
+                          cfg["qk_rope_head_dim"], cfg["v_head_dim"])
+    kvr = cfg["kv_lora_rank"]
+    dq = nope + rope
+    scaling = dq ** -0.5
+    rs = cfg.get("rope_scaling")
+    if rs and rs.get("mscale_all_dim"):
+        m = yarn_get_mscale(rs["factor"], rs["mscale_all_dim"])
+        scaling = scaling * m * m
+    cos, sin = deepseek_rope(cfg, S)
+    cos, sin = cos[None, None], sin[None, None]
+    causal = torch.full((S, S), torch.finfo(torch.float32).min).triu(1)[None, None]
+    x = F.embedding(ids, w["model.embed_tokens.weight"])
+    for i in range(L):
+        p = f"model.layers.{i}."
+        a = p + "self_attn."
+        h = rms_norm(x, w[p + "input_layernorm.weight"], eps)
+        if cfg["q_lora_rank"]:
+            q = F.linear(rms_norm(F.linear(h, w[a + "q_a_proj.weight"]),
+                                  w[a + "q_a_layernorm.weight"], eps), w[a + "q_b_proj.weight"])
+        else:
+            q = F.linear(h, w[a + "q_proj.weight"])
+        q = q.view(B, S, nh, dq).transpose(1, 2)
+        q_pass, q_rot = torch.split(q, [nope, rope], dim=-1)
+        ckv = F.linear(h, w[a + "kv_a_proj_with_mqa.weight"])
+        k_pass, k_rot = torch.split(ckv, [kvr, rope], dim=-1)
+        k_pass = F.linear(rms_norm(k_pass, w[a + "kv_a_layernorm.weight"], eps),
+                          w[a + "kv_b_proj.weight"]).view(B, S, nh, nope + dv).transpose(1, 2)
+        k_pass, v = torch.split(k_pass, [nope, dv], dim=-1)
+        k_rot = k_rot.view(B, 1, S, rope)
+        q_rot, k_rot = deepseek_interleave(q_rot), deepseek_interleave(k_rot)
+        q_rot = q_rot * cos + rotate_half(q_rot) * sin
+        k_rot = k_rot * cos + rotate_half(k_rot) * sin
+        k_rot = k_rot.expand(B, nh, S, rope)
+        qs = torch.cat((q_pass, q_rot), dim=-1)
+        ks = torch.cat((k_pass, k_rot), dim=-1)
+        att = torch.matmul(qs, ks.transpose(2, 3)) * scaling + causal
+        att = torch.softmax(att, dim=-1, dtype=torch.float32)
+        o = torch.matmul(att, v).transpose(1, 2).reshape(B, S, nh * dv)
+        x = x + F.linear(o, w[a + "o_proj.weight"])
+        h = rms_norm(x, w[p + "post_attention_layernorm.weight"], eps)
+        if cfg.get("n_routed_experts") and i >= cfg["first_k_dense_replace"]:
+            x = x + deepseek_moe(cfg, w, p, h)
+            continue
+        g = F.linear(h, w[p + "mlp.gate_proj.weight"])
+        u = F.linear(h, w[p + "mlp.up_proj.weight"])
+        x = x + F.linear(F.silu(g) * u, w[p + "mlp.down_proj.weight"])
+    x = rms_norm(x, w["model.norm.weight"], eps)
+    return F.linear(x, w["lm_head.weight"])
+
+
 ARCHS = {
     "gpt2": (GPT2_CONFIG, gpt2_weights, gpt2_forward),
     "llama": (LLAMA_CONFIG, llama_weights, llama_forward),
@@ -416,6 +657,8 @@ ARCHS = {
     "qwen3": (QWEN3_CONFIG, llama_weights, llama_forward),
     "llama-megatron-rope": (LLAMA_MEGATRON_ROPE_CONFIG, llama_weights, llama_forward),
     "mixtral": (MIXTRAL_CONFIG, llama_weights, llama_forward),
+    "deepseek-v3": (DEEPSEEK_V3_CONFIG, deepseek_weights, deepseek_forward),
+    "deepseek-v3-plain": (DEEPSEEK_V3_PLAIN_CONFIG, deepseek_weights, deepseek_forward),
 }
 
 
@@ -439,8 +682,9 @@ def run(arch, out_dir, seed):
         f.write("\n")
     write_safetensors(os.path.join(out_dir, "model", "model.safetensors"), weights0)
 
-    names = list(weights0.keys())
-    params = {n: torch.nn.Parameter(t.clone()) for n, t in weights0.items()}
+    names = [n for n in weights0 if not n.endswith(BUFFER_SUFFIXES)]
+    params = {n: torch.nn.Parameter(t.clone(), requires_grad=n in names)
+              for n, t in weights0.items()}
     decay = [params[n] for n in names if params[n].ndim >= 2]
     no_decay = [params[n] for n in names if params[n].ndim < 2]
     opt = torch.optim.AdamW(

@@ -99,6 +99,8 @@ std::map<std::string, Tensor> mapped_hf_tensors(const std::vector<HfTensorMappin
                                                 bool grads) {
   std::map<std::string, Tensor> out;
   for (const HfTensorMapping& mp : maps) {
+    // A frozen tensor (DeepSeek's expert bias, a buffer in Hugging Face) has no gradient.
+    if (grads && (mp.param->frozen || !mp.param->main_grad.defined())) continue;
     Tensor t = Tensor::empty(mp.hf_shape, DType::kF64);
     Tensor src = to_host(grads ? mp.param->main_grad : mp.param->main).to(DType::kF64);
     HfTensorMapping values = mp;

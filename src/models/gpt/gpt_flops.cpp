@@ -27,9 +27,8 @@ double model_flops_per_iteration(const TransformerConfig& c, int64_t global_batc
     // and the causal half of q . k over the query heads' width and of the values.
     const MlaConfig& m = c.mla;
     const double dq = static_cast<double>(m.q_head_dim()), dv = static_cast<double>(m.v_head_dim);
-    const double q_term = m.q_lora_rank > 0
-                              ? static_cast<double>(m.q_lora_rank) * (h + n * dq + 1)
-                              : h * n * dq;
+    const double q_term =
+        m.q_lora_rank > 0 ? static_cast<double>(m.q_lora_rank) * (h + n * dq + 1) : h * n * dq;
     const double mla = q_term +
                        static_cast<double>(m.kv_lora_rank) *
                            (h + n * static_cast<double>(m.qk_head_dim + m.v_head_dim) + 1) +

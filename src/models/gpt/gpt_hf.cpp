@@ -9,6 +9,7 @@
 
 #include "checkpoint/safetensors_dir.h"
 #include "models/common/hf_tensors.h"
+#include "models/gpt/deepseek_hf.h"
 
 namespace megatron {
 namespace fs = std::filesystem;
@@ -174,9 +175,13 @@ HfModelInfo hf_info_from_json(const nlohmann::json& config, const std::string& f
     c.add_bias_linear = false;
     c.add_qkv_bias = attn_bias;
     c.untie_embeddings_and_output_weights = !get_or<bool>(j, "tie_word_embeddings", false, file);
+  } else if (model_type == "deepseek_v3") {
+    info.arch = HfArch::kLlama;  // Llama's embedding, norms, dense MLPs and head
+    read_deepseek_v3_config(j, file, c);
   } else {
     MEGATRON_CHECK(false, file, ": model_type '", model_type,
-                   "' is not supported; supported: gpt2, llama (also mistral, qwen2 layouts)");
+                   "' is not supported; supported: gpt2, llama (also mistral, qwen2, qwen3, "
+                   "mixtral, qwen3_moe layouts), deepseek_v3");
   }
   // Newer transformers write "dtype"; older ones "torch_dtype".
   const std::string dtype_key = j.contains("torch_dtype") ? "torch_dtype" : "dtype";
@@ -232,27 +237,33 @@ std::vector<Mapping> hf_tensor_mappings(const HfModelInfo& info, GPTModel& m) {
       auto& L = *m.decoder->layers[i];
       const std::string p = "model.layers." + std::to_string(i) + ".";
       add(p + "input_layernorm.weight", L.input_layernorm.weight, {h});
-      add(p + "self_attn.q_proj.weight", L.self_attention.linear_qkv->weight(), {np * hn, h}, false,
-          all_rows(0));
-      add(p + "self_attn.k_proj.weight", L.self_attention.linear_qkv->weight(), {ng * hn, h}, false,
-          all_rows(1));
-      add(p + "self_attn.v_proj.weight", L.self_attention.linear_qkv->weight(), {ng * hn, h}, false,
-          all_rows(2));
-      if (c.add_qkv_bias) {
-        add(p + "self_attn.q_proj.bias", L.self_attention.linear_qkv->bias(), {np * hn}, false,
-            all_rows(0));
-        add(p + "self_attn.k_proj.bias", L.self_attention.linear_qkv->bias(), {ng * hn}, false,
-            all_rows(1));
-        add(p + "self_attn.v_proj.bias", L.self_attention.linear_qkv->bias(), {ng * hn}, false,
-            all_rows(2));
-      }
-      add(p + "self_attn.o_proj.weight", L.self_attention.linear_proj.weight(), {h, np * hn});
-      if (c.qk_layernorm) {
-        add(p + "self_attn.q_norm.weight", L.self_attention.q_layernorm->weight, {hn});
-        add(p + "self_attn.k_norm.weight", L.self_attention.k_layernorm->weight, {hn});
+      if (c.mla.enabled) {
+        add_deepseek_attention_mappings(c, L, p, maps);
+      } else {
+        add(p + "self_attn.q_proj.weight", L.self_attention.linear_qkv->weight(), {np * hn, h},
+            false, all_rows(0));
+        add(p + "self_attn.k_proj.weight", L.self_attention.linear_qkv->weight(), {ng * hn, h},
+            false, all_rows(1));
+        add(p + "self_attn.v_proj.weight", L.self_attention.linear_qkv->weight(), {ng * hn, h},
+            false, all_rows(2));
+        if (c.add_qkv_bias) {
+          add(p + "self_attn.q_proj.bias", L.self_attention.linear_qkv->bias(), {np * hn}, false,
+              all_rows(0));
+          add(p + "self_attn.k_proj.bias", L.self_attention.linear_qkv->bias(), {ng * hn}, false,
+              all_rows(1));
+          add(p + "self_attn.v_proj.bias", L.self_attention.linear_qkv->bias(), {ng * hn}, false,
+              all_rows(2));
+        }
+        add(p + "self_attn.o_proj.weight", L.self_attention.linear_proj.weight(), {h, np * hn});
+        if (c.qk_layernorm) {
+          add(p + "self_attn.q_norm.weight", L.self_attention.q_layernorm->weight, {hn});
+          add(p + "self_attn.k_norm.weight", L.self_attention.k_layernorm->weight, {hn});
+        }
       }
       add(p + "post_attention_layernorm.weight", L.pre_mlp_layernorm.weight, {h});
-      if (L.moe) {
+      if (L.moe && info.model_type == "deepseek_v3") {
+        add_deepseek_moe_mappings(c, L, p, maps);
+      } else if (L.moe) {
         // Mixtral: block_sparse_moe.gate, experts.E.w1 (gate) / w3 (up) / w2 (down);
         // Qwen3-MoE: mlp.gate, mlp.experts.E.gate_proj / up_proj / down_proj.
         const bool mixtral = info.model_type == "mixtral";
@@ -365,6 +376,13 @@ HfArch infer_hf_arch(const TransformerConfig& c) {
                  "this model has no Hugging Face equivalent: GPT-2 and Llama have no GeGLU MLP "
                  "(--gated-linear-unit) and scale attention by 1/sqrt(head dim) (no "
                  "--softmax-scale)");
+  if (c.mla.enabled) {  // DeepSeek-V3 (Llama's other tensors)
+    MEGATRON_CHECK(c.normalization == Normalization::kRMSNorm && c.swiglu && !c.add_bias_linear &&
+                       !c.add_qkv_bias,
+                   "this multi-latent attention model has no Hugging Face equivalent: "
+                   "DeepSeek-V3 needs --normalization RMSNorm, --swiglu and --disable-bias-linear");
+    return HfArch::kLlama;
+  }
   if (c.position_embedding == PositionEmbedding::kLearnedAbsolute &&
       c.normalization == Normalization::kLayerNorm && !c.swiglu && c.add_bias_linear &&
       !c.untie_embeddings_and_output_weights && c.num_query_groups == c.num_attention_heads &&
@@ -447,6 +465,8 @@ HfModelInfo hf_info_from_config(const TransformerConfig& c, HfArch arch) {
                                  : c.openai_gelu ? "gelu_new"
                                                  : "gelu"},
          {"tie_word_embeddings", true}};
+  } else if (c.mla.enabled) {
+    j = deepseek_v3_config_json(c);
   } else {
     // Llama's keys, which Mixtral and Qwen3(-MoE) share.
     j = {{"num_hidden_layers", c.num_layers},
