@@ -1145,6 +1145,21 @@ void merge_pretrained_config(Arguments& a, const ArgTable& t) {
     set("--decoder-num-layers", a.decoder_num_layers, c.decoder_num_layers);
   set("--softmax-scale", a.softmax_scale, c.softmax_scale);
   set("--gated-linear-unit", a.gated_linear_unit, c.gated_gelu);
+  if (c.mla.enabled) {  // DeepSeek-V3
+    const MlaConfig& m = c.mla;
+    set("--multi-latent-attention", a.multi_latent_attention, true);
+    if (m.q_lora_rank > 0) set("--q-lora-rank", a.q_lora_rank, m.q_lora_rank);
+    set("--kv-lora-rank", a.kv_lora_rank, m.kv_lora_rank);
+    set("--qk-head-dim", a.qk_head_dim, m.qk_head_dim);
+    set("--qk-pos-emb-head-dim", a.qk_pos_emb_head_dim, m.qk_pos_emb_head_dim);
+    set("--v-head-dim", a.v_head_dim, m.v_head_dim);
+    set("--rope-type", a.rope_type, std::string(m.yarn ? "yarn" : "rope"));
+    if (m.yarn) {
+      set("--rotary-scaling-factor", a.rotary_scaling_factor, m.rotary_scaling_factor);
+      set("--mscale", a.mscale, m.mscale);
+      set("--mscale-all-dim", a.mscale_all_dim, m.mscale_all_dim);
+    }
+  }
   if (c.position_embedding == PositionEmbedding::kRope) {
     set("--rotary-base", a.rotary_base, c.rotary_base);
     set("--rotary-percent", a.rotary_percent, 1.0);  // HF Llama rotates the whole head
@@ -1174,6 +1189,22 @@ void merge_pretrained_config(Arguments& a, const ArgTable& t) {
     set("--moe-router-topk", a.moe_router_topk, c.moe.router_topk);
     set("--moe-ffn-hidden-size", a.moe_ffn_hidden_size, c.moe.ffn_hidden_size);
     set("--moe-router-pre-softmax", a.moe_router_pre_softmax, c.moe.pre_softmax);
+    if (c.moe.score_function == MoeScoreFunction::kSigmoid)  // DeepSeek-V3's router
+      set("--moe-router-score-function", a.moe_router_score_function, std::string("sigmoid"));
+    set("--moe-router-enable-expert-bias", a.moe_router_enable_expert_bias,
+        c.moe.enable_expert_bias);
+    if (c.moe.num_groups > 0) {
+      set("--moe-router-num-groups", a.moe_router_num_groups, c.moe.num_groups);
+      set("--moe-router-group-topk", a.moe_router_group_topk, c.moe.group_topk);
+    }
+    if (c.moe.topk_scaling_factor > 0) {
+      set("--moe-router-topk-scaling-factor", a.moe_router_topk_scaling_factor,
+          c.moe.topk_scaling_factor);
+    }
+    if (c.moe.shared_expert_intermediate_size > 0) {
+      set("--moe-shared-expert-intermediate-size", a.moe_shared_expert_intermediate_size,
+          c.moe.shared_expert_intermediate_size);
+    }
     std::string freq = "1";
     if (!c.moe.layer_pattern.empty()) {
       freq = "[";

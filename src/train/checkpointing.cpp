@@ -28,6 +28,12 @@ const char* const kShapeKeys[] = {"num_layers",
                                   "normalization",
                                   "apply_layernorm_1p",
                                   "qk_layernorm",
+                                  "multi_latent_attention",
+                                  "q_lora_rank",
+                                  "kv_lora_rank",
+                                  "qk_head_dim",
+                                  "qk_pos_emb_head_dim",
+                                  "v_head_dim",
                                   "swiglu",
                                   "add_bias_linear",
                                   "add_qkv_bias",
@@ -63,7 +69,7 @@ std::vector<int64_t> shape_vector(const Shape& s) {
 }  // namespace
 
 nlohmann::json model_args_json(const Arguments& a, const TransformerConfig& cfg) {
-  return {{"model", a.model},
+  nlohmann::json j = {{"model", a.model},
           {"num_layers", cfg.num_layers},
           {"hidden_size", cfg.hidden_size},
           {"ffn_hidden_size", cfg.ffn_hidden_size},
@@ -83,6 +89,16 @@ nlohmann::json model_args_json(const Arguments& a, const TransformerConfig& cfg)
           {"norm_epsilon", cfg.norm_epsilon},
           {"apply_layernorm_1p", cfg.layernorm_zero_centered_gamma},
           {"qk_layernorm", cfg.qk_layernorm},
+          {"multi_latent_attention", cfg.mla.enabled},
+          {"q_lora_rank", cfg.mla.enabled ? cfg.mla.q_lora_rank : 0},
+          {"kv_lora_rank", cfg.mla.enabled ? cfg.mla.kv_lora_rank : 0},
+          {"qk_head_dim", cfg.mla.enabled ? cfg.mla.qk_head_dim : 0},
+          {"qk_pos_emb_head_dim", cfg.mla.enabled ? cfg.mla.qk_pos_emb_head_dim : 0},
+          {"v_head_dim", cfg.mla.enabled ? cfg.mla.v_head_dim : 0},
+          {"rope_type", cfg.mla.enabled ? (cfg.mla.yarn ? "yarn" : "rope") : "rope"},
+          {"rotary_scaling_factor", cfg.mla.rotary_scaling_factor},
+          {"mscale", cfg.mla.mscale},
+          {"mscale_all_dim", cfg.mla.mscale_all_dim},
           {"squared_relu", cfg.squared_relu},
           {"swiglu", cfg.swiglu},
           {"gated_linear_unit", cfg.gated_gelu},
@@ -107,6 +123,20 @@ nlohmann::json model_args_json(const Arguments& a, const TransformerConfig& cfg)
           {"tokenizer_type", a.tokenizer_type},
           {"transformer_block_type", a.transformer_block_type},
           {"bert_binary_head", cfg.bert_binary_head}};
+  // The routing, under the flags' dests, so that a checkpoint without the full argument record
+  // (`megatron convert`'s) restores it with --use-checkpoint-args.
+  if (cfg.moe.enabled()) {
+    const MoeConfig& m = cfg.moe;
+    j["moe_router_topk"] = m.router_topk;
+    j["moe_router_pre_softmax"] = m.pre_softmax;
+    j["moe_router_score_function"] =
+        m.score_function == MoeScoreFunction::kSigmoid ? "sigmoid" : "softmax";
+    j["moe_router_num_groups"] = m.num_groups;
+    j["moe_router_group_topk"] = m.group_topk;
+    if (m.topk_scaling_factor > 0) j["moe_router_topk_scaling_factor"] = m.topk_scaling_factor;
+    j["moe_layer_freq"] = a.moe_layer_freq;
+  }
+  return j;
 }
 
 std::vector<std::string> model_arg_differences(const nlohmann::json& saved,

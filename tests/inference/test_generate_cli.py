@@ -3,14 +3,14 @@
 argmax of full forward passes without a cache, in every layout; seeded sampling; refusals.
 
 What it is:
-  - The oracle (tests/reference/generate_oracle.py) writes a tiny GPT-2-style, Llama-style and
-    Mixtral-style model as Hugging Face directories, four prompts of 1 to 12 tokens and, for each,
+  - The oracle (tests/reference/generate_oracle.py) writes a tiny GPT-2-style, Llama-style,
+    Mixtral-style and DeepSeek-V3-style model as Hugging Face directories, four prompts of 1 to 12 tokens and, for each,
     PyTorch's greedy continuation of 10 tokens where every token is the argmax of a full forward
     pass over the sequence so far (no cache), with the log-probabilities of a full forward.
   - `megatron generate --top_k 1` of the four prompts in one batch (different lengths: prefill of
     the shortest, then one position per step through the cache) must give exactly those tokens,
     from the HF directory in one process, and from a converted checkpoint at tp1, tp2, pp2,
-    tp2 x pp2 and pp3 split unevenly (and ep2 for the MoE model); also one prompt per batch. The oracle refuses a model
+    tp2 x pp2 and pp3 split unevenly (and ep2 for the MoE models); also one prompt per batch. The oracle refuses a model
     whose best and second-best logits ever come closer than 1e-3, so f32 rounding (~1e-6) cannot
     flip a choice and an exact token match is a fair demand.
   - logprobs within 1e-4 of PyTorch's (f64 log-softmax of f32 logits; ours are f32 through a
@@ -141,6 +141,16 @@ class TestGreedyAgainstPyTorch(unittest.TestCase):
             ("ep2", 2, ["--expert-model-parallel-size", "2", "--tensor-model-parallel-size",
                         "2", "--expert-tensor-parallel-size", "1"], True),
             ("pp2", 2, ["--pipeline-model-parallel-size", "2"], True)])
+
+
+    def test_deepseek_v3(self):
+        # Multi-latent attention's KV cache holds the up-projected keys and values of every head;
+        # its rotary key is shared by the heads (summed over TP in training, copied here).
+        self.check_arch("deepseek-v3", self.LAYOUTS[:2] + [
+            ("tp2", 2, ["--tensor-model-parallel-size", "2"], True),
+            ("pp3", 3, ["--pipeline-model-parallel-size", "3"], True),
+            ("ep2", 2, ["--expert-model-parallel-size", "2", "--tensor-model-parallel-size",
+                        "2", "--expert-tensor-parallel-size", "1"], True)])
 
 
 class TestSampling(unittest.TestCase):

@@ -77,7 +77,8 @@ __global__ void embedding_runs_kernel(T* dtable, const T* dout, const int32_t* k
 __device__ inline double rope_inv_freq(const RopeArgs& a, int64_t j) {
   const double base_freq = 1.0 / pow(a.base, static_cast<double>(2 * j) / a.rot_dim);
   if (a.yarn_factor > 0) {  // YaRN's ramp (ops::rope_inv_freqs)
-    const double r = fmin(fmax((static_cast<double>(j) - a.yarn_low) / (a.yarn_high - a.yarn_low), 0.0), 1.0);
+    const double r =
+        fmin(fmax((static_cast<double>(j) - a.yarn_low) / (a.yarn_high - a.yarn_low), 0.0), 1.0);
     return base_freq / a.yarn_factor * r + base_freq * (1 - r);
   }
   if (a.scaling_factor <= 0) return base_freq;
