@@ -142,9 +142,31 @@ class StageModel {
     const int64_t np = cfg.num_attention_heads, ng = cfg.num_query_groups, hn = cfg.head_dim();
     LayerCost lc;
     // Attention GEMMs: QKV [T, h] x [h, (np + 2 ng) hn / t], projection [T, np hn / t] x [.., h].
-    const int64_t qkv = (np + 2 * ng) * hn / t, proj = np * hn / t;
-    double gemm_f = gemm_fwd(T, qkv, h) + gemm_fwd(T, h, proj);
-    double gemm_all = gemm3(T, qkv, h) + gemm3(T, h, proj);
+    const int64_t qkv = (np + 2 * ng) * hn / t, proj = np * cfg.v_head_dim() / t;
+    double gemm_f = 0, gemm_all = 0;
+    if (cfg.mla.enabled) {
+      // Multi-latent attention: the replicated down projections, the column-parallel up
+      // projections (or the full-rank query projection), then linear_proj.
+      const MlaConfig& m = cfg.mla;
+      const int64_t q_out = np * m.q_head_dim() / t,
+                    kv_out = np * (m.qk_head_dim + m.v_head_dim) / t;
+      const auto both = [&](int64_t rows, int64_t out, int64_t in) {
+        gemm_f += gemm_fwd(rows, out, in);
+        gemm_all += gemm3(rows, out, in);
+      };
+      if (m.q_lora_rank > 0) {
+        both(T, m.q_lora_rank, h);
+        both(T, q_out, m.q_lora_rank);
+      } else {
+        both(T, q_out, h);
+      }
+      both(T, m.kv_lora_rank + m.qk_pos_emb_head_dim, h);
+      both(T, kv_out, m.kv_lora_rank);
+      both(T, h, proj);
+    } else {
+      gemm_f = gemm_fwd(T, qkv, h) + gemm_fwd(T, h, proj);
+      gemm_all = gemm3(T, qkv, h) + gemm3(T, h, proj);
+    }
     // Core attention: each rank's T/b local queries against the sequence's keys (CP exchanges
     // the rest), np/t heads.
     const int64_t b = l_.mbs, sq = cfg.seq_length / l_.cp, skv = cfg.seq_length;
@@ -289,6 +311,14 @@ double megatron_layer_bytes(const TransformerConfig& c, const Layout& l, bool mo
   // Replicated across tp without SP: the GEMM inputs and norm inputs, the masks.
   const double outer = sb * h * (2 + 2 + 4 + 2 * masks);
   double inner = sb * (2 * (np + 2 * ng) * hn + 2 * np * hn);
+  double latents = 0;  // multi-latent attention's, replicated over TP like the norms' inputs
+  if (c.mla.enabled) {
+    // Q and K (np heads of q_head_dim), V and the projection's input (v_head_dim); the latents
+    // and their normed copies (the up projections' inputs) and the rotary key.
+    const MlaConfig& m = c.mla;
+    inner = sb * (4 * np * d(m.q_head_dim()) + 4 * np * d(m.v_head_dim));
+    latents = sb * (4 * d(m.q_lora_rank + m.kv_lora_rank) + 2 * d(m.qk_pos_emb_head_dim));
+  }
   if (!moe) {
     const double f = d(c.ffn_hidden_size);
     inner += sb * (2 * f * glu + 2 * f);
@@ -308,7 +338,7 @@ double megatron_layer_bytes(const TransformerConfig& c, const Layout& l, bool mo
   const double scores = flash
                             ? 4.0 * np * s * b
                             : (c.attention_dropout > 0 ? 5.0 : 2.0) * np * s * d(c.seq_length) * b;
-  return (l.sp ? outer / t : outer) + inner / t +
+  return (l.sp ? (outer + latents) / t : outer + latents) + inner / t +
          (l.recompute == Recompute::kNone || flash ? scores / t : 0.0);
 }
 
@@ -331,10 +361,23 @@ RankParams rank_params(const TransformerConfig& c, const Layout& l, int64_t stag
   const bool bias = c.add_bias_linear;
   for (int64_t layer : stage_layers(c, l, stage)) {
     // Attention: QKV (+ bias, column-parallel), projection (row-parallel: its bias replicated).
-    p.dense += (h * (np + 2 * ng) * hn + (c.qkv_bias() ? (np + 2 * ng) * hn : 0) + np * hn * h) / t;
     p.replicated += 2 * norm + (bias ? h : 0);
-    if (c.qk_layernorm)
-      p.replicated += 2 * (c.normalization == Normalization::kLayerNorm ? 2 : 1) * hn;
+    const double norm_params = c.normalization == Normalization::kLayerNorm ? 2 : 1;
+    if (c.mla.enabled) {
+      // Multi-latent attention: the down projections and latent norms replicated, the up
+      // projections and linear_proj split.
+      const MlaConfig& m = c.mla;
+      const double rq = d(m.q_lora_rank), rkv = d(m.kv_lora_rank), dq = d(m.q_head_dim());
+      p.dense += ((rq > 0 ? rq * np * dq : h * np * dq) +
+                  rkv * np * d(m.qk_head_dim + m.v_head_dim) + np * d(m.v_head_dim) * h) /
+                 t;
+      p.replicated += h * (rq + rkv + d(m.qk_pos_emb_head_dim));
+      if (c.qk_layernorm) p.replicated += norm_params * (rq + rkv);
+    } else {
+      p.dense +=
+          (h * (np + 2 * ng) * hn + (c.qkv_bias() ? (np + 2 * ng) * hn : 0) + np * hn * h) / t;
+      if (c.qk_layernorm) p.replicated += 2 * norm_params * hn;
+    }
     if (!c.moe.is_moe_layer(layer)) {
       const double f = d(c.ffn_hidden_size);
       p.dense += (h * f * glu + (bias ? f * glu : 0) + f * h) / t;

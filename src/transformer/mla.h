@@ -27,8 +27,8 @@
 // its gradient reduce-scattered; the down projections' and latent norms' weight gradients are
 // then partial sums over TP (Param::sequence_parallel, as Megatron marks them). Without sequence
 // parallelism every TP rank holds the whole k_pe and its heads' share of its gradient, summed
-// over TP in backward (Megatron leaves that sum out with TP > 1 and no sequence parallelism,
-// which makes TP ranks drift apart; here every layout matches one process).
+// over TP in backward (as we read Megatron's code it has no such sum with TP > 1 and no sequence
+// parallelism; here every layout matches one process).
 #pragma once
 
 #include <optional>

@@ -4,9 +4,9 @@
 What it is: `megatron train` on mock data as one process and under `mpiexec` in every layout of
 the parallelism matrix (tp2, tp4, tp2 + sequence parallel, pp2, pp4, pp2 interleaved, dp2, dp4,
 tp2pp2, tp2pp2dp2 on 8 ranks, and overlapped gradient buckets; uneven pipeline splits), with the
-same global batch, for a GPT-2-style and a Llama-style
-tiny model, dropout on. The layouts differ only in where the arithmetic happens: initialisation
-is TP-invariant (each shard is the slice of the full init), dropout masks are keyed by global
+same global batch, for a GPT-2-style and a Llama-style tiny model (and multi-latent attention),
+dropout on. The layouts differ only in where the arithmetic happens: initialisation is
+TP-invariant (each shard is the slice of the full init), dropout masks are keyed by global
 element and head indices and by the micro-batch's index in the global batch, each rank reads
 Megatron's sampler share. So the loss, gradient-norm and validation curves must equal the
 single-process ones up to the order of floating-point sums: we require 20 iterations within 1e-5
@@ -118,6 +118,26 @@ class TestParallelEquivalence(unittest.TestCase):
         self.check_equivalent(["--squared-relu", "--qk-layernorm", "--apply-layernorm-1p",
                                "--init-method-xavier-uniform", "--embedding-init-method-std",
                                "0.05"], layouts)
+
+    def test_multi_latent_attention_in_parallel_layouts(self):
+        # MLA (DeepSeek-V3's attention) with YaRN: the replicated down projections and latent
+        # norms (summed over TP under sequence parallelism), the rotary key shared by the heads
+        # (its gradient summed over TP without sequence parallelism, reduce-scattered with it),
+        # the zero-padded value heads, selective recomputation of the core attention. Then
+        # without the query bottleneck, with plain RoPE and value heads wider than the queries'.
+        mla = ["--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu",
+               "--disable-bias-linear", "--untie-embeddings-and-output-weights",
+               "--multi-latent-attention", "--kv-lora-rank", "16", "--qk-head-dim", "16",
+               "--qk-pos-emb-head-dim", "8", "--qk-layernorm"]
+        layouts = [l for l in LAYOUTS if l[0] in ("tp2", "tp2+sp", "tp4", "pp2", "tp2pp2dp2",
+                                                  "tp2dp2 distributed optimizer")]
+        self.check_equivalent([*mla, "--q-lora-rank", "24", "--v-head-dim", "12",
+                               "--rotary-scaling-factor", "40", "--mscale-all-dim", "0.8"],
+                              layouts + [("tp2+sp selective recompute", 2,
+                                          [TP, "2", "--sequence-parallel",
+                                           "--recompute-granularity", "selective"])])
+        self.check_equivalent([*mla, "--rope-type", "rope", "--v-head-dim", "32"],
+                              [l for l in layouts if l[0] in ("tp2", "tp2+sp", "pp2")])
 
     def test_uneven_pipeline_splits_match_single_process(self):
         # Megatron's uneven stages: a first (last) stage of its own size, the middle sharing the

@@ -56,6 +56,24 @@ TransformerConfig moe_style() {
   return c;
 }
 
+// DeepSeek-V3's shape: multi-latent attention (with and without the query bottleneck) over the MoE
+// layers with a shared expert and the router's expert bias.
+TransformerConfig mla_style(int64_t q_lora_rank) {
+  TransformerConfig c = moe_style();
+  c.num_query_groups = c.num_attention_heads;
+  c.kv_channels = 0;
+  c.mla.enabled = true;
+  c.mla.q_lora_rank = q_lora_rank;
+  c.mla.kv_lora_rank = 24;
+  c.mla.qk_head_dim = 16;
+  c.mla.qk_pos_emb_head_dim = 8;
+  c.mla.v_head_dim = 12;
+  c.moe.score_function = MoeScoreFunction::kSigmoid;
+  c.moe.enable_expert_bias = true;
+  c.finalize();
+  return c;
+}
+
 // Parameters the trainer counts on a rank: every parameter but buffers (the routers' expert
 // bias), as the start-up line does.
 int64_t built_params(const TransformerConfig& c, int pp, int rank) {
@@ -71,7 +89,8 @@ int64_t built_params(const TransformerConfig& c, int pp, int rank) {
 
 TEST(PlanParams, RankParamsMatchTheBuiltModelOnEveryStage) {
   // Exact: both count the same tensors' elements.
-  for (const TransformerConfig& c : {gpt2_style(), llama_style(), moe_style()}) {
+  for (const TransformerConfig& c :
+       {gpt2_style(), llama_style(), moe_style(), mla_style(32), mla_style(0)}) {
     for (int pp : {1, 2, 4}) {
       Layout l;
       l.pp = pp;

@@ -421,6 +421,13 @@ void register_lookups_and_copies() {
   }
 }
 
+ops::RopeSpec yarn_spec(int64_t rot) {
+  ops::RopeSpec spec{0, 2, rot, 10000.0f, true, 0, 1.0};
+  spec.yarn_factor = 40;
+  spec.mscale = 1.07;
+  return spec;
+}
+
 void register_rope_and_loss() {
   for (auto [s, hn, rot] : {std::array<int64_t, 3>{1, 2, 2}, {5, 12, 8}, {9, 64, 64}}) {
     const Shape shape{s, 2, 2, 3, hn};
@@ -432,7 +439,10 @@ void register_rope_and_loss() {
          {std::pair{"rope", ops::RopeSpec{0, 2, rot, 10000.0f}},
           std::pair{"rope interleaved, positions / 4",
                     ops::RopeSpec{0, 2, rot, 10000.0f, true, 0, 0.25}},
-          std::pair{"rope llama3.1 x8", ops::RopeSpec{0, 2, rot, 500000.0f, false, 8.0, 600.0}}}) {
+          std::pair{"rope llama3.1 x8", ops::RopeSpec{0, 2, rot, 500000.0f, false, 8.0, 600.0}},
+          // YaRN (multi-latent attention): factor 40 at DeepSeek-V3's original context, whose
+          // correction range falls inside the pairs for rot 8 and 64, cos and sin scaled.
+          std::pair{"rope yarn x40, mscale", yarn_spec(rot)}}) {
       add({name, dims(shape),
            [=](const Place& p) {
              Tensor y = p(x), back = p(x);
@@ -788,7 +798,8 @@ TEST(OpsHarness, BackwardsMatchFiniteDifferences) {
     // The backward of a rotation is the inverse rotation of the output gradient (for every
     // pairing and frequency rule).
     for (const ops::RopeSpec& spec :
-         {ops::RopeSpec{0, 2, 6, 10000.0f}, ops::RopeSpec{0, 2, 6, 10000.0f, true, 8.0, 0.5}}) {
+         {ops::RopeSpec{0, 2, 6, 10000.0f}, ops::RopeSpec{0, 2, 6, 10000.0f, true, 8.0, 0.5},
+          yarn_spec(6)}) {
       const Tensor want =
           fd([&](const Tensor& v) { return ref::rope(v, Tensor(), spec, false); }, r, dr);
       Tensor d = dr.clone();

@@ -1,9 +1,9 @@
 // Every layer of src/transformer by finite differences, one at a time, in fp64: Norm (LayerNorm,
 // RMSNorm), MLP (GELU with biases, SwiGLU without), SelfAttention (MHA with learned positions;
-// GQA with RoPE, document masks and attention dropout), TransformerLayer and TransformerBlock
-// (with the final norm, and with full recomputation), each without tensor parallelism (the
-// parallel layouts are checked against these in tests/parallel and tests/e2e). The check and its
-// tolerance: testing/layer_gradients.h.
+// GQA with RoPE, document masks and attention dropout; multi-latent attention), TransformerLayer
+// and TransformerBlock (with the final norm, and with full recomputation), each without tensor
+// parallelism (the parallel layouts are checked against these in tests/parallel and tests/e2e).
+// The check and its tolerance: testing/layer_gradients.h.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -191,6 +191,71 @@ TEST(LayerGradients, SelfAttentionVariants) {
                  },
                  [&](const Tensor& dy) { return attn.backward(dy, ctx); }},
                 14);
+  }
+}
+
+// Multi-latent attention: with the query bottleneck and YaRN (both mscales in play), attention
+// dropout and document masks; without the bottleneck, with plain RoPE over part of the rotary
+// channels and value heads wider than the query heads (q and k zero-padded); and with the latent
+// norms LayerNorm-1p. Every weight (down and up projections, latent norms, linear_proj) and the
+// input by finite differences through the packed buffer, RoPE and the padding.
+TEST(LayerGradients, MultiLatentAttention) {
+  SelfGroup g;
+  std::vector<std::pair<std::string, TransformerConfig>> cases;
+  const auto mla = [](TransformerConfig c) {
+    c.kv_channels = 0;
+    c.mla.enabled = true;
+    c.mla.kv_lora_rank = 6;
+    c.mla.qk_head_dim = 4;
+    c.mla.qk_pos_emb_head_dim = 4;
+    c.mla.v_head_dim = 3;
+    c.qk_layernorm = true;
+    c.num_query_groups = 0;
+    return c;
+  };
+  {
+    TransformerConfig c = mla(llama_style(base_config()));
+    c.mla.q_lora_rank = 5;
+    c.mla.rotary_scaling_factor = 40;
+    c.mla.mscale = 1.0;
+    c.mla.mscale_all_dim = 0.8;
+    c.mla.original_max_position_embeddings = 16;  // a correction range inside the 2 pairs
+    c.attention_dropout = 0.2;
+    c.finalize();
+    cases.emplace_back("query bottleneck, YaRN, dropout, documents", c);
+  }
+  {
+    TransformerConfig c = mla(llama_style(base_config()));
+    c.mla.yarn = false;
+    c.rotary_percent = 0.5;
+    c.mla.v_head_dim = 11;  // wider than 4 + 4
+    c.finalize();
+    cases.emplace_back("full-rank queries, RoPE over half, wide values", c);
+  }
+  {
+    TransformerConfig c = mla(base_config());
+    c.layernorm_zero_centered_gamma = true;
+    c.finalize();
+    cases.emplace_back("LayerNorm-1p latents, learned positions", c);
+  }
+  const ForwardMode training{true, 77, 5};
+  for (const auto& [name, cfg] : cases) {
+    SCOPED_TRACE(name);
+    SelfAttention attn("attn", cfg, 0, g.tp());
+    ASSERT_TRUE(attn.mla.has_value());
+    EXPECT_FALSE(attn.linear_qkv.has_value());
+    SelfAttention::Ctx ctx;
+    TokenLayout layout;
+    if (cfg.attention_dropout > 0) layout.doc_start = doc_starts();
+    std::vector<Param*> ps;
+    attn.collect(ps);
+    check_layer({ps,
+                 [&](const Tensor& x) {
+                   ctx = {};
+                   return attn.forward(x, layout, ctx, training);
+                 },
+                 [&](const Tensor& dy) { return attn.backward(dy, ctx); }},
+                15);
   }
 }
 

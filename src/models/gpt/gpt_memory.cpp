@@ -18,13 +18,26 @@ int64_t activation_bytes_per_microbatch(const TransformerConfig& c, const Activa
   auto mlp = [&](int64_t ffn, int64_t rows) {
     return rows * (c.gated_mlp() ? 2 * ffn : ffn) / t * e + rows * ffn / t * g;
   };
-  const int64_t attention = 2 * s_local_b * h * e + 2 * stats  // input, x1, norm statistics
-                            + sb * h * g                       // qkv GEMM input
-                            + sb * (np + 2 * ng) * hn / t * e  // qkv after RoPE
-                            + core
-                            // linear_proj's input: the attention output itself in fp32 runs, a
-                            // 16-bit copy otherwise
-                            + (g == 4 ? 0 : sb * np * hn / t * g);
+  const int64_t gqa_attention = 2 * s_local_b * h * e + 2 * stats  // input, x1, norm statistics
+                                + sb * h * g                       // qkv GEMM input
+                                + sb * (np + 2 * ng) * hn / t * e  // qkv after RoPE
+                                + core
+                                // linear_proj's input: the attention output itself in fp32 runs, a
+                                // 16-bit copy otherwise
+                                + (g == 4 ? 0 : sb * np * hn / t * g);
+  // Multi-latent attention (transformer/mla.h): the down projections' shared input (this rank's
+  // positions), the latents before their norms (f32) and after (the up projections' inputs,
+  // gathered under SP), the packed buffer of heads head_dim() wide, the core attention's output,
+  // and linear_proj's input (a copy of the value channels when they are narrower, or 16-bit).
+  auto mla_attention = [&]() {
+    const MlaConfig& m = c.mla;
+    const int64_t latents = (m.q_lora_rank + m.kv_lora_rank) * (c.qk_layernorm ? 1 : 0);
+    const int64_t proj_copy = m.v_head_dim != hn || g != 4 ? sb * np * m.v_head_dim / t * g : 0;
+    return 2 * s_local_b * h * e + 2 * stats + s_local_b * h * g + s_local_b * latents * e +
+           (c.qk_layernorm ? 2 * s_local_b * e : 0) + sb * (m.q_lora_rank + m.kv_lora_rank) * g +
+           sb * np * 3 * hn / t * e + core + proj_copy;
+  };
+  const int64_t attention = c.mla.enabled ? mla_attention() : gqa_attention;
   const int64_t layer = attention + sb * h * g + mlp(f, sb);  // + fc1's input
   // An MoE layer: each token's k expert rows (experts' input, activation before and after the
   // probabilities), the router's logits and routing, and the shared experts' MLP.
