@@ -104,6 +104,11 @@ void register_model_args(ArgTable& t, Arguments& a) {
         "MLA: YaRN's mscale_all_dim (also scales the attention softmax)");
   t.add("--rope-type", a.rope_type,
         "rope or yarn: MLA's rotary embedding (default yarn); other attention takes rope only");
+  t.add("--mtp-num-layers", a.mtp_num_layers,
+        "Multi-token prediction (DeepSeek-V3): depths after the decoder, each predicting one "
+        "token further with its own transformer layer and the shared embedding and output layer");
+  t.add("--mtp-loss-scaling-factor", a.mtp_loss_scaling_factor,
+        "Weight of the multi-token prediction depths' mean loss in the objective");
   t.flag("--init-method-xavier-uniform", a.init_method_xavier_uniform,
          "Xavier-uniform initialisation of the linear layers' weights");
   t.add("--embedding-init-method-std", a.embedding_init_method_std,
@@ -926,6 +931,19 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
   MEGATRON_CHECK(!a.fp32_residual_connection || a.fp16 || a.bf16,
                  "residual connection in fp32 only supported when using fp16 or bf16: "
                  "--fp32-residual-connection needs --fp16 or --bf16");
+  if (a.mtp_num_layers > 0) {
+    MEGATRON_CHECK(a.model == "gpt",
+                   "--mtp-num-layers: multi-token prediction is implemented for "
+                   "--model gpt only (Megatron's GPTModel), not ",
+                   a.model);
+    MEGATRON_CHECK(a.context_parallel_size <= 1,
+                   "--mtp-num-layers with --context-parallel-size > 1 is not implemented yet (the "
+                   "rolled tokens cross the context-parallel chunks): use "
+                   "--context-parallel-size 1");
+    MEGATRON_CHECK(a.fp8_format.empty(),
+                   "--mtp-num-layers with --fp8-format is not implemented yet (the prediction "
+                   "layers would run outside FP8): drop one");
+  }
   MEGATRON_CHECK(!(a.squared_relu && a.swiglu),
                  "--squared-relu and --swiglu are two MLP activations; pick one");
   MEGATRON_CHECK(!(a.squared_relu && a.openai_gelu),
@@ -1145,6 +1163,7 @@ void merge_pretrained_config(Arguments& a, const ArgTable& t) {
     set("--decoder-num-layers", a.decoder_num_layers, c.decoder_num_layers);
   set("--softmax-scale", a.softmax_scale, c.softmax_scale);
   set("--gated-linear-unit", a.gated_linear_unit, c.gated_gelu);
+  if (c.mtp_num_layers > 0) set("--mtp-num-layers", a.mtp_num_layers, c.mtp_num_layers);
   if (c.mla.enabled) {  // DeepSeek-V3
     const MlaConfig& m = c.mla;
     set("--multi-latent-attention", a.multi_latent_attention, true);

@@ -88,7 +88,7 @@ struct ModelSpec {
   std::function<std::vector<std::unique_ptr<ModelChunk>>(const ModelOptions&,
                                                          const ChunkPlacement&)>
       build_chunks;
-  std::function<std::unique_ptr<LossFn>()> make_loss;
+  std::function<std::unique_ptr<LossFn>(const TransformerConfig&)> make_loss;
   // The spec (shape, dtype) of batch field `name` for micro-batches of b sequences of the
   // model's lengths (cfg.seq_length; an encoder-decoder's decoder fields cfg.decoder_seq_length).
   std::function<TensorSpec(const std::string& name, int64_t b, const TransformerConfig& cfg)>

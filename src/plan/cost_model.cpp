@@ -54,6 +54,9 @@ std::vector<int64_t> stage_layers(const TransformerConfig& c, const Layout& l, i
   std::vector<int64_t> out;
   for (const std::vector<int64_t>& chunk : stage_chunk_layers(c, l, stage))
     out.insert(out.end(), chunk.begin(), chunk.end());
+  // Multi-token prediction's layers (numbered after the decoder's) run on the last stage.
+  if (stage == l.pp - 1)
+    for (int64_t k = 0; k < c.mtp_num_layers; ++k) out.push_back(c.num_layers + k);
   return out;
 }
 
@@ -404,6 +407,13 @@ RankParams rank_params(const TransformerConfig& c, const Layout& l, int64_t stag
     // The output layer: its own weight when untied; tied, the last stage keeps a copy of the
     // embedding when it is not also the first.
     if (c.untie_embeddings_and_output_weights || l.pp > 1) p.embedding += vocab;
+    // Multi-token prediction: per depth two input norms, the final norm and eh_proj [h, 2h]
+    // (column parallel); a last stage that is not the first also keeps a copy of the word
+    // embeddings for the rolled tokens (the tied output weight's copy serves when tied).
+    const double mtp = d(c.mtp_num_layers);
+    p.replicated += mtp * 3 * norm;
+    p.dense += mtp * 2 * h * h / t;
+    if (mtp > 0 && l.pp > 1 && c.untie_embeddings_and_output_weights) p.embedding += vocab;
   }
   return p;
 }
@@ -450,6 +460,8 @@ void predict_memory(const Workload& w, const Layout& l, const Device& dev, Predi
       for (int64_t v = 0; v < l.vpp; ++v) {
         const std::vector<int64_t>& chunk = chunks[static_cast<size_t>(v)];
         a.num_layers = static_cast<int64_t>(chunk.size());
+        // The last chunk of the last stage runs multi-token prediction's layers after its own.
+        if (s == l.pp - 1 && v == l.vpp - 1) a.num_layers += cfg.mtp_num_layers;
         a.first_layer = chunk.empty() ? 0 : chunk.front();
         a.pre_process = s == 0 && v == 0;
         a.post_process = false;
@@ -474,7 +486,11 @@ void predict_memory(const Workload& w, const Layout& l, const Device& dev, Predi
       const bool flash = dev.flash_attention;
       for (const std::vector<int64_t>& chunk : chunks) {
         double bytes = 0;
-        for (int64_t layer : chunk) {
+        std::vector<int64_t> run = chunk;
+        // The last chunk of the last stage runs multi-token prediction's layers after its own.
+        if (s == l.pp - 1 && &chunk == &chunks.back())
+          for (int64_t k = 0; k < cfg.mtp_num_layers; ++k) run.push_back(cfg.num_layers + k);
+        for (int64_t layer : run) {
           const bool moe = cfg.moe.is_moe_layer(layer);
           // Full recomputation keeps each layer's input (2 bytes per element, / tp with SP).
           bytes += full ? 2.0 * sb * d(cfg.hidden_size) / (l.sp ? d(l.tp) : 1.0)
@@ -544,8 +560,8 @@ Prediction predict(const Workload& w, const Layout& l, const Cluster& c) {
               : selective ? lc.att_fwd
                           : 0.0);
     }
-    const double ends =
-        (s == 0 ? model.embedding_seconds() : 0.0) + (s == l.pp - 1 ? model.head_seconds() : 0.0);
+    const double ends = (s == 0 ? model.embedding_seconds() : 0.0) +
+                        (s == l.pp - 1 ? d(1 + cfg.mtp_num_layers) * model.head_seconds() : 0.0);
     compute = gemm + att + ew + ends;
     const double pp_comm = l.pp > 1 ? 2.0 * d(l.vpp) * model.pp_message_seconds() : 0.0;
     stage_time[static_cast<size_t>(s)] = compute + tp + cp + ep + pp_comm;

@@ -217,6 +217,8 @@ TransformerConfig transformer_config_from_args(const Arguments& a) {
   MEGATRON_CHECK(a.multi_latent_attention || a.rope_type.empty() || a.rope_type == "rope",
                  "--rope-type yarn needs --multi-latent-attention (as in Megatron, other attention "
                  "takes rope only)");
+  c.mtp_num_layers = a.mtp_num_layers;
+  c.mtp_loss_scaling_factor = a.mtp_loss_scaling_factor;
   c.mla.enabled = a.multi_latent_attention;
   c.mla.q_lora_rank = a.q_lora_rank;
   c.mla.kv_lora_rank = a.kv_lora_rank;

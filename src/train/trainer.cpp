@@ -247,7 +247,7 @@ void Trainer::build_model() {
   for (const auto& chunk : chunks_) {
     for (Param* p : chunk->parameters()) all.push_back(p);
   }
-  loss_ = spec_->make_loss();
+  loss_ = spec_->make_loss(cfg_);
   if (cfg_.moe.enabled()) moe_tracker_ = std::make_unique<MoeAuxTracker>(cfg_.num_layers);
   // The fields this rank's chunks read, each once, in first-read order.
   {
@@ -317,8 +317,9 @@ void Trainer::build_model() {
   for (Param* p : params_->params()) {
     if (!p->requires_grad) continue;  // frozen without gradients: nothing to reduce
     if (p->sequence_parallel) sp_params_.push_back(p);
-    // With pipelining and tied embeddings, the first and the last stage each hold a copy.
-    if (pp > 1 && !cfg_.untie_embeddings_and_output_weights &&
+    // With pipelining and tied embeddings (or multi-token prediction, which embeds on the last
+    // stage), the first and the last stage each hold a copy.
+    if (pp > 1 && (!cfg_.untie_embeddings_and_output_weights || cfg_.mtp_num_layers > 0) &&
         p->name == "embedding.word_embeddings.weight") {
       shared_embedding_ = p;
     }

@@ -36,6 +36,13 @@ void TransformerConfig::finalize() {
                    "--position-embedding-type relative does not work with "
                    "--multi-latent-attention");
   }
+  MEGATRON_CHECK(mtp_num_layers >= 0, "--mtp-num-layers must be positive, got ", mtp_num_layers);
+  if (mtp_num_layers > 0) {
+    MEGATRON_CHECK(position_embedding == PositionEmbedding::kRope ||
+                       position_embedding == PositionEmbedding::kNone,
+                   "--mtp-num-layers needs --position-embedding-type rope or none (as in "
+                   "Megatron: the rolled tokens have no learned positions)");
+  }
   if (num_query_groups == 0) num_query_groups = num_attention_heads;
   MEGATRON_CHECK(num_attention_heads % num_query_groups == 0, "--num-attention-heads (",
                  num_attention_heads, ") must be divisible by --num-query-groups (",

@@ -98,6 +98,10 @@ struct TransformerConfig {
 
   MoeConfig moe;  // Mixture of Experts (--num-experts; default: dense)
   MlaConfig mla;  // multi-latent attention (--multi-latent-attention; default: off)
+  // Multi-token prediction (models/gpt/mtp.h): depths after the decoder (--mtp-num-layers; 0:
+  // none) and the weight of their mean loss in the objective (--mtp-loss-scaling-factor).
+  int64_t mtp_num_layers = 0;
+  double mtp_loss_scaling_factor = 0.1;
   Fp8Config fp8;  // FP8 GEMMs (--fp8-format; default: off)
   // A vision-language model's vision encoder and projector (--model llava; default: none).
   // seq_length is then the language model's combined sequence (text and image embeddings).

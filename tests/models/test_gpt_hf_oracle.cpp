@@ -88,6 +88,25 @@ Tensor logits_as_pytorch(const GPTModel::Ctx& ctx, const TransformerConfig& c, i
   return got;
 }
 
+// Multi-token prediction (the oracle's deepseek-v3-mtp): the training forward computes each
+// depth's per-token loss, and its gradient joins the main loss's as GPTLoss makes it: depth k's
+// loss mask (all ones) rolled left by k, times --mtp-loss-scaling-factor / depths over its count.
+ForwardMode oracle_mode(const TransformerConfig& c) {
+  return c.mtp_num_layers > 0 ? ForwardMode{true, 1, 0} : ForwardMode{};
+}
+
+void set_mtp_gradients(const TransformerConfig& c, int64_t B, int64_t S, GPTModel::Ctx& ctx) {
+  ctx.mtp_dlosses.clear();
+  for (int64_t k = 1; k <= c.mtp_num_layers; ++k) {
+    Tensor d = Tensor::zeros({B, S});
+    const double w = c.mtp_loss_scaling_factor / static_cast<double>(c.mtp_num_layers) /
+                     static_cast<double>(B * (S - k));
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t + k < S; ++t) d.data<float>()[b * S + t] = static_cast<float>(w);
+    ctx.mtp_dlosses.push_back(d);
+  }
+}
+
 void run_oracle(const std::string& arch,
                 const std::function<void(TransformerConfig&)>& variant = {}) {
   ASSERT_FALSE(g_oracle_dir.empty()) << "pass the oracle directory as the first argument";
@@ -98,7 +117,8 @@ void run_oracle(const std::string& arch,
   const Batch batch = oracle_batch(expected);
   const int64_t B = batch.inputs.dim(0), S = batch.inputs.dim(1);
   GPTModel::Ctx ctx;
-  Tensor loss = l.model->forward(batch.inputs, batch.labels, Tensor(), ctx, ForwardMode{});
+  Tensor loss = l.model->forward(batch.inputs, batch.labels, Tensor(), ctx, oracle_mode(c));
+  EXPECT_EQ(static_cast<int64_t>(ctx.mtp_losses.size()), c.mtp_num_layers);
   EXPECT_TRUE(
       testing::allclose(logits_as_pytorch(ctx, c, B, S), expected.read("logits"), 1e-5, 1e-4))
       << "logits";
@@ -106,6 +126,7 @@ void run_oracle(const std::string& arch,
   EXPECT_NEAR(mean_loss(loss), want_loss, 1e-5 * want_loss) << "loss";
 
   l.params->zero_grads();
+  set_mtp_gradients(c, B, S, ctx);
   l.model->backward(Tensor::full({B, S}, 1.0 / static_cast<double>(B * S)), ctx);
   auto grads = to_hf_tensors(l.info, *l.model, true);
   for (const auto& [name, g] : grads) {
@@ -121,10 +142,11 @@ void run_oracle(const std::string& arch,
   Tensor want_losses = expected.read("adam_losses");
   for (int64_t step = 0; step < want_losses.numel(); ++step) {
     GPTModel::Ctx sctx;
-    Tensor l2 = fresh.model->forward(batch.inputs, batch.labels, Tensor(), sctx, ForwardMode{});
+    Tensor l2 = fresh.model->forward(batch.inputs, batch.labels, Tensor(), sctx, oracle_mode(c));
     const double got_loss = mean_loss(l2);
     EXPECT_NEAR(got_loss, want_losses.item(step), 1e-4 * want_losses.item(step)) << "step " << step;
     fresh.params->zero_grads();
+    set_mtp_gradients(c, B, S, sctx);
     fresh.model->backward(Tensor::full({B, S}, 1.0 / static_cast<double>(B * S)), sctx);
     clip_grads(*fresh.params, 1.0, grad_norm(*fresh.params));
     opt.step(1e-3);
@@ -196,6 +218,15 @@ TEST(PyTorchOracle, DeepSeekV3LogitsLossGradientsAndAdamW) {
   EXPECT_EQ(c.moe.topk_scaling_factor, 2.5);
   EXPECT_EQ(c.moe.shared_expert_intermediate_size, 32);
   EXPECT_EQ(c.moe.num_moe_layers(c.num_layers), 2);
+}
+
+// With one multi-token prediction layer (DeepSeek-V3's layer 3 in the files; Megatron's MTP
+// forward): every gradient of lm loss + 0.1 x the depth's mean loss, and 10 AdamW steps on that
+// objective, as the oracle's restatement of Megatron's MultiTokenPredictionLayer.
+TEST(PyTorchOracle, DeepSeekV3MultiTokenPredictionGradientsAndAdamW) {
+  run_oracle("deepseek-v3-mtp");
+  const TransformerConfig c = read_hf_config(g_oracle_dir + "/deepseek-v3-mtp/model").config;
+  EXPECT_EQ(c.mtp_num_layers, 1);
 }
 
 TEST(PyTorchOracle, DeepSeekV3PlainLogitsLossGradientsAndAdamW) {
@@ -351,6 +382,7 @@ TEST(PyTorchOracle, ExportReproducesTheImportedFilesExactly) {
     EXPECT_EQ(in.mla.q_lora_rank, back.mla.q_lora_rank) << arch;
     EXPECT_EQ(in.mla.yarn, back.mla.yarn) << arch;
     EXPECT_EQ(in.mla.mscale_all_dim, back.mla.mscale_all_dim) << arch;
+    EXPECT_EQ(in.mtp_num_layers, back.mtp_num_layers) << arch;
   }
 }
 

@@ -57,7 +57,8 @@ TransformerConfig moe_style() {
 }
 
 // DeepSeek-V3's shape: multi-latent attention (with and without the query bottleneck) over the MoE
-// layers with a shared expert and the router's expert bias.
+// layers with a shared expert and the router's expert bias; with the bottleneck, two multi-token
+// prediction depths (of the last layer's kind: dense here).
 TransformerConfig mla_style(int64_t q_lora_rank) {
   TransformerConfig c = moe_style();
   c.num_query_groups = c.num_attention_heads;
@@ -70,6 +71,7 @@ TransformerConfig mla_style(int64_t q_lora_rank) {
   c.mla.v_head_dim = 12;
   c.moe.score_function = MoeScoreFunction::kSigmoid;
   c.moe.enable_expert_bias = true;
+  c.mtp_num_layers = q_lora_rank > 0 ? 2 : 0;  // multi-token prediction on the last stage
   c.finalize();
   return c;
 }

@@ -38,9 +38,13 @@ Variants (the model-variant flags where Hugging Face has the same variant):
   deepseek-v3-plain
               DeepSeek-V3 without the query bottleneck or YaRN, dense, value heads wider than
               the query heads.
+  deepseek-v3-mtp
+              DeepSeek-V3 with one multi-token prediction layer: gradients and AdamW steps of
+              lm loss + Megatron's MTP term (0.1 x the depth's mean loss); "loss", "logits" and
+              "adam_losses" are the main model's.
 
 Usage: python3 tests/reference/hf_oracle.py --arch {gpt2,llama,gpt2-relu2,llama31,qwen3,mixtral,
-       deepseek-v3,deepseek-v3-plain} --out DIR
+       deepseek-v3,deepseek-v3-plain,deepseek-v3-mtp} --out DIR
        [--seed 1234]
 """
 
@@ -157,8 +161,16 @@ DEEPSEEK_V3_CONFIG = {
 # heads (32 > 16 + 8).
 DEEPSEEK_V3_PLAIN_CONFIG = dict(DEEPSEEK_V3_CONFIG, q_lora_rank=None, rope_scaling=None,
                                 v_head_dim=32, n_routed_experts=None, first_k_dense_replace=0)
-# Hugging Face buffers: in the weights file, never trained.
-BUFFER_SUFFIXES = ("e_score_correction_bias",)
+# DeepSeek-V3 with one multi-token prediction layer (layer 3 in its files: its own MLA and MoE
+# layer, enorm, hnorm, eh_proj, shared_head.norm, and copies of the embedding and the head); the
+# objective adds Megatron's MTP term with --mtp-loss-scaling-factor MTP_LOSS_SCALE.
+DEEPSEEK_V3_MTP_CONFIG = dict(DEEPSEEK_V3_CONFIG, num_nextn_predict_layers=1)
+MTP_LOSS_SCALE = 0.1
+# Hugging Face buffers and DeepSeek-V3's copies of the shared tensors: in the weights file, never
+# trained (the copies equal what they copy).
+def is_buffer(name):
+    return name.endswith(("e_score_correction_bias", "shared_head.head.weight")) or (
+        name.startswith("model.layers.") and name.endswith(".embed_tokens.weight"))
 
 
 # --------------------------------------------------------------------------
@@ -325,6 +337,23 @@ def deepseek_weights(cfg, init):
         w[p + "mlp.down_proj.weight"] = init.matrix(H, I)
     w["model.norm.weight"] = init.norm(H)
     w["lm_head.weight"] = init.matrix(V, H)
+    for k in range(cfg.get("num_nextn_predict_layers") or 0):
+        # The MTP layer: a decoder layer's tensors (drawn by a throwaway config of L + k + 1
+        # layers), its own norms and projection, and copies of the embedding and the head.
+        i = L + k
+        p = f"model.layers.{i}."
+        extra = deepseek_weights(dict(cfg, num_hidden_layers=i + 1, num_nextn_predict_layers=0,
+                                      first_k_dense_replace=min(cfg["first_k_dense_replace"], i)),
+                                 init)
+        for n, t in extra.items():
+            if n.startswith(p):
+                w[n] = t
+        w[p + "enorm.weight"] = init.norm(H)
+        w[p + "hnorm.weight"] = init.norm(H)
+        w[p + "eh_proj.weight"] = init.matrix(H, 2 * H)
+        w[p + "shared_head.norm.weight"] = init.norm(H)
+        w[p + "shared_head.head.weight"] = w["lm_head.weight"].clone()
+        w[p + "embed_tokens.weight"] = w["model.embed_tokens.weight"].clone()
     return w
 
 
@@ -594,10 +623,10 @@ def deepseek_moe(cfg, w, p, h):
     return (out + shared).reshape(B, S, H)
 
 
-def deepseek_forward(cfg, w, ids):
-    """DeepseekV3ForCausalLM's eager path (DeepseekV3Attention, DeepseekV3MLP / MoE)."""
-    B, S = ids.shape
-    H, L, eps = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["rms_norm_eps"]
+def deepseek_layer(cfg, w, p, x, moe, cos, sin, causal):
+    """One DeepSeek-V3 decoder layer (DeepseekV3DecoderLayer): MLA, then the MLP or the MoE."""
+    B, S, _ = x.shape
+    eps = cfg["rms_norm_eps"]
     nh, nope, rope, dv = (cfg["num_attention_heads"], cfg["qk_nope_head_dim"],
                           cfg["qk_rope_head_dim"], cfg["v_head_dim"])
     kvr = cfg["kv_lora_rank"]
@@ -607,46 +636,94 @@ def deepseek_forward(cfg, w, ids):
     if rs and rs.get("mscale_all_dim"):
         m = yarn_get_mscale(rs["factor"], rs["mscale_all_dim"])
         scaling = scaling * m * m
+    a = p + "self_attn."
+    h = rms_norm(x, w[p + "input_layernorm.weight"], eps)
+    if cfg["q_lora_rank"]:
+        q = F.linear(rms_norm(F.linear(h, w[a + "q_a_proj.weight"]),
+                              w[a + "q_a_layernorm.weight"], eps), w[a + "q_b_proj.weight"])
+    else:
+        q = F.linear(h, w[a + "q_proj.weight"])
+    q = q.view(B, S, nh, dq).transpose(1, 2)
+    q_pass, q_rot = torch.split(q, [nope, rope], dim=-1)
+    ckv = F.linear(h, w[a + "kv_a_proj_with_mqa.weight"])
+    k_pass, k_rot = torch.split(ckv, [kvr, rope], dim=-1)
+    k_pass = F.linear(rms_norm(k_pass, w[a + "kv_a_layernorm.weight"], eps),
+                      w[a + "kv_b_proj.weight"]).view(B, S, nh, nope + dv).transpose(1, 2)
+    k_pass, v = torch.split(k_pass, [nope, dv], dim=-1)
+    k_rot = k_rot.view(B, 1, S, rope)
+    q_rot, k_rot = deepseek_interleave(q_rot), deepseek_interleave(k_rot)
+    q_rot = q_rot * cos + rotate_half(q_rot) * sin
+    k_rot = k_rot * cos + rotate_half(k_rot) * sin
+    k_rot = k_rot.expand(B, nh, S, rope)
+    qs = torch.cat((q_pass, q_rot), dim=-1)
+    ks = torch.cat((k_pass, k_rot), dim=-1)
+    att = torch.matmul(qs, ks.transpose(2, 3)) * scaling + causal
+    att = torch.softmax(att, dim=-1, dtype=torch.float32)
+    o = torch.matmul(att, v).transpose(1, 2).reshape(B, S, nh * dv)
+    x = x + F.linear(o, w[a + "o_proj.weight"])
+    h = rms_norm(x, w[p + "post_attention_layernorm.weight"], eps)
+    if moe:
+        return x + deepseek_moe(cfg, w, p, h)
+    g = F.linear(h, w[p + "mlp.gate_proj.weight"])
+    u = F.linear(h, w[p + "mlp.up_proj.weight"])
+    return x + F.linear(F.silu(g) * u, w[p + "mlp.down_proj.weight"])
+
+
+def is_moe_layer(cfg, i):
+    """DeepSeek-V3: MoE from first_k_dense_replace on (the MTP layers too, as the last layer)."""
+    return bool(cfg.get("n_routed_experts")) and i >= cfg["first_k_dense_replace"]
+
+
+def roll_left(t):
+    """Megatron's roll_tensor(shifts=-1) without context parallelism: the last position 0."""
+    out = torch.roll(t, shifts=-1, dims=-1)
+    out[..., -1] = 0
+    return out
+
+
+def deepseek_forward(cfg, w, ids, mtp_logits=None):
+    """DeepseekV3ForCausalLM's eager path. With num_nextn_predict_layers and a list in
+    mtp_logits, also Megatron's multi-token prediction (MultiTokenPredictionLayer) on the
+    normed output, the logits of each depth appended: depth k embeds the tokens rolled left by k,
+    joins enorm(embedding) and hnorm(previous depth's output) through eh_proj, runs its layer
+    (numbered after the decoder's, in DeepSeek-V3's files) and shared_head.norm, and shares the
+    model's embedding and output layer."""
+    B, S = ids.shape
+    L, eps = cfg["num_hidden_layers"], cfg["rms_norm_eps"]
     cos, sin = deepseek_rope(cfg, S)
     cos, sin = cos[None, None], sin[None, None]
     causal = torch.full((S, S), torch.finfo(torch.float32).min).triu(1)[None, None]
     x = F.embedding(ids, w["model.embed_tokens.weight"])
     for i in range(L):
-        p = f"model.layers.{i}."
-        a = p + "self_attn."
-        h = rms_norm(x, w[p + "input_layernorm.weight"], eps)
-        if cfg["q_lora_rank"]:
-            q = F.linear(rms_norm(F.linear(h, w[a + "q_a_proj.weight"]),
-                                  w[a + "q_a_layernorm.weight"], eps), w[a + "q_b_proj.weight"])
-        else:
-            q = F.linear(h, w[a + "q_proj.weight"])
-        q = q.view(B, S, nh, dq).transpose(1, 2)
-        q_pass, q_rot = torch.split(q, [nope, rope], dim=-1)
-        ckv = F.linear(h, w[a + "kv_a_proj_with_mqa.weight"])
-        k_pass, k_rot = torch.split(ckv, [kvr, rope], dim=-1)
-        k_pass = F.linear(rms_norm(k_pass, w[a + "kv_a_layernorm.weight"], eps),
-                          w[a + "kv_b_proj.weight"]).view(B, S, nh, nope + dv).transpose(1, 2)
-        k_pass, v = torch.split(k_pass, [nope, dv], dim=-1)
-        k_rot = k_rot.view(B, 1, S, rope)
-        q_rot, k_rot = deepseek_interleave(q_rot), deepseek_interleave(k_rot)
-        q_rot = q_rot * cos + rotate_half(q_rot) * sin
-        k_rot = k_rot * cos + rotate_half(k_rot) * sin
-        k_rot = k_rot.expand(B, nh, S, rope)
-        qs = torch.cat((q_pass, q_rot), dim=-1)
-        ks = torch.cat((k_pass, k_rot), dim=-1)
-        att = torch.matmul(qs, ks.transpose(2, 3)) * scaling + causal
-        att = torch.softmax(att, dim=-1, dtype=torch.float32)
-        o = torch.matmul(att, v).transpose(1, 2).reshape(B, S, nh * dv)
-        x = x + F.linear(o, w[a + "o_proj.weight"])
-        h = rms_norm(x, w[p + "post_attention_layernorm.weight"], eps)
-        if cfg.get("n_routed_experts") and i >= cfg["first_k_dense_replace"]:
-            x = x + deepseek_moe(cfg, w, p, h)
-            continue
-        g = F.linear(h, w[p + "mlp.gate_proj.weight"])
-        u = F.linear(h, w[p + "mlp.up_proj.weight"])
-        x = x + F.linear(F.silu(g) * u, w[p + "mlp.down_proj.weight"])
+        x = deepseek_layer(cfg, w, f"model.layers.{i}.", x, is_moe_layer(cfg, i), cos, sin, causal)
     x = rms_norm(x, w["model.norm.weight"], eps)
+    if mtp_logits is not None:
+        prev, rolled = x, ids
+        for k in range(cfg.get("num_nextn_predict_layers") or 0):
+            p = f"model.layers.{L + k}."
+            rolled = roll_left(rolled)
+            e = rms_norm(F.embedding(rolled, w["model.embed_tokens.weight"]),
+                         w[p + "enorm.weight"], eps)
+            hcat = torch.cat((e, rms_norm(prev, w[p + "hnorm.weight"], eps)), dim=-1)
+            y = deepseek_layer(cfg, w, p, F.linear(hcat, w[p + "eh_proj.weight"]),
+                               is_moe_layer(cfg, L + k), cos, sin, causal)
+            prev = rms_norm(y, w[p + "shared_head.norm.weight"], eps)
+            mtp_logits.append(F.linear(prev, w["lm_head.weight"]))
     return F.linear(x, w["lm_head.weight"])
+
+
+def mtp_objective(cfg, mtp_logits, labels):
+    """Megatron's MTP term: per depth k the mean cross entropy against the labels rolled left by
+    k over the loss mask rolled the same way (all ones here, so the last k positions drop out),
+    summed over the depths times MTP_LOSS_SCALE / depths."""
+    total, rolled = 0.0, labels
+    mask = torch.ones_like(labels, dtype=torch.float32)
+    for logits in mtp_logits:
+        rolled, mask = roll_left(rolled), roll_left(mask)
+        ce = F.cross_entropy(logits.reshape(-1, logits.size(-1)), rolled.reshape(-1),
+                             reduction="none").reshape(rolled.shape)
+        total = total + (ce * mask).sum() / mask.sum()
+    return total * MTP_LOSS_SCALE / len(mtp_logits)
 
 
 ARCHS = {
@@ -659,6 +736,7 @@ ARCHS = {
     "mixtral": (MIXTRAL_CONFIG, llama_weights, llama_forward),
     "deepseek-v3": (DEEPSEEK_V3_CONFIG, deepseek_weights, deepseek_forward),
     "deepseek-v3-plain": (DEEPSEEK_V3_PLAIN_CONFIG, deepseek_weights, deepseek_forward),
+    "deepseek-v3-mtp": (DEEPSEEK_V3_MTP_CONFIG, deepseek_weights, deepseek_forward),
 }
 
 
@@ -682,7 +760,7 @@ def run(arch, out_dir, seed):
         f.write("\n")
     write_safetensors(os.path.join(out_dir, "model", "model.safetensors"), weights0)
 
-    names = [n for n in weights0 if not n.endswith(BUFFER_SUFFIXES)]
+    names = [n for n in weights0 if not is_buffer(n)]
     params = {n: torch.nn.Parameter(t.clone(), requires_grad=n in names)
               for n, t in weights0.items()}
     decay = [params[n] for n in names if params[n].ndim >= 2]
@@ -697,12 +775,18 @@ def run(arch, out_dir, seed):
     losses = []
     for step in range(ADAM_STEPS):
         opt.zero_grad(set_to_none=True)
-        logits = forward(cfg, params, inputs)
-        loss = lm_loss(logits, labels)
+        if cfg.get("num_nextn_predict_layers"):  # the objective with Megatron's MTP term
+            mtp_logits = []
+            logits = forward(cfg, params, inputs, mtp_logits=mtp_logits)
+            loss = lm_loss(logits, labels)
+            objective = loss + mtp_objective(cfg, mtp_logits, labels)
+        else:
+            logits = forward(cfg, params, inputs)
+            loss = objective = lm_loss(logits, labels)
         if not torch.isfinite(loss):
             raise RuntimeError(f"non-finite loss at step {step}: {loss.item()}")
         losses.append(loss.item())
-        loss.backward()
+        objective.backward()
         if step == 0:
             expected_logits = logits.detach().clone()
             expected_loss = loss.detach().clone().reshape(1)

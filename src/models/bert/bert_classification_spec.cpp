@@ -91,7 +91,9 @@ ModelSpec make_spec() {
     MEGATRON_CHECK(o.config.num_classes >= 2, "a BERT classifier needs at least two classes");
     return build_bert_chunks(o, p, o.config.num_classes);
   };
-  s.make_loss = []() -> std::unique_ptr<LossFn> { return std::make_unique<ClassificationLoss>(); };
+  s.make_loss = [](const TransformerConfig&) -> std::unique_ptr<LossFn> {
+    return std::make_unique<ClassificationLoss>();
+  };
   s.batch_field = [](const std::string& name, int64_t b, const TransformerConfig& cfg) {
     const int64_t seq = cfg.seq_length;
     const Shape shape = name == kClassLabel ? Shape{b} : Shape{b, seq};

@@ -48,7 +48,9 @@ ModelSpec make_bert_spec() {
   s.build_chunks = [](const ModelOptions& o, const ChunkPlacement& p) {
     return build_bert_chunks(o, p, /*num_classes=*/0);
   };
-  s.make_loss = []() -> std::unique_ptr<LossFn> { return std::make_unique<BertLoss>(); };
+  s.make_loss = [](const TransformerConfig&) -> std::unique_ptr<LossFn> {
+    return std::make_unique<BertLoss>();
+  };
   s.batch_field = [](const std::string& name, int64_t b, const TransformerConfig& cfg) {
     const int64_t seq = cfg.seq_length;
     const Shape shape = name == kBertIsRandom ? Shape{b} : Shape{b, seq};

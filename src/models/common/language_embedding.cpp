@@ -69,7 +69,7 @@ void LanguageEmbedding::collect(std::vector<Param*>& out) {
 
 Tensor LanguageEmbedding::forward(const Tensor& tokens, const Tensor& positions,
                                   const Tensor& token_types, Ctx& ctx, const ForwardMode& mode,
-                                  bool sequence_parallel_split) const {
+                                  bool sequence_parallel_split, int64_t dropout_site) const {
   MEGATRON_CHECK(tokens.ndim() == 2 && tokens.dtype() == DType::kI64,
                  "LanguageEmbedding: tokens must be [b, s] i64, got ", tokens.str());
   const bool typed = !tokentype_embeddings.name.empty();
@@ -107,7 +107,7 @@ Tensor LanguageEmbedding::forward(const Tensor& tokens, const Tensor& positions,
   }
   ctx.dropout = mode.training ? static_cast<float>(cfg_.hidden_dropout) : 0.0f;
   ctx.seed = mode.seed;
-  ctx.stream = mode.site_stream(-1, 0);
+  ctx.stream = mode.site_stream(dropout_site, 0);
   x = x.view({s, b, h});
   if (layernorm) x = layernorm->forward(x, ctx.norm);
   if (ctx.dropout > 0)

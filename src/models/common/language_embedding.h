@@ -45,8 +45,11 @@ class LanguageEmbedding {
   // and always with num_tokentypes > 0). Returns [s', b, h] f32 (f64 in f64 models).
   // sequence_parallel_split false: [s, b, h] even under sequence parallelism (a vision-language
   // model splits after splicing the images in).
+  // dropout_site: which dropout stream (ForwardMode::site_stream(dropout_site, 0)): -1 for the
+  // model's input, another for a second lookup in the same micro-batch (multi-token prediction).
   Tensor forward(const Tensor& tokens, const Tensor& positions, const Tensor& token_types, Ctx& ctx,
-                 const ForwardMode& mode, bool sequence_parallel_split = true) const;
+                 const ForwardMode& mode, bool sequence_parallel_split = true,
+                 int64_t dropout_site = -1) const;
   // dy: gradient of the output. Accumulates every table's main_grad.
   void backward(const Tensor& dy, Ctx& ctx) const;
 

@@ -93,9 +93,8 @@ void read_deepseek_v3_config(const json& j, const std::string& file, Transformer
   MEGATRON_CHECK(get_or<bool>(j, "rope_interleave", true, file), file,
                  ": rope_interleave false is not supported (Megatron's MLA turns de-interleaved "
                  "pairs, as DeepSeek-V3)");
-  MEGATRON_CHECK(get_or<int64_t>(j, "num_nextn_predict_layers", 0, file) == 0, file,
-                 ": num_nextn_predict_layers > 0: multi-token prediction layers are not "
-                 "implemented; set it to 0 and drop their tensors");
+  c.mtp_num_layers = get_or<int64_t>(j, "num_nextn_predict_layers", 0, file);
+  MEGATRON_CHECK(c.mtp_num_layers >= 0, file, ": num_nextn_predict_layers must be >= 0");
   c.normalization = Normalization::kRMSNorm;
   c.swiglu = true;
   c.position_embedding = PositionEmbedding::kRope;
@@ -159,7 +158,7 @@ json deepseek_v3_config_json(const TransformerConfig& c) {
             {"qk_nope_head_dim", m.qk_head_dim},
             {"qk_rope_head_dim", m.qk_pos_emb_head_dim},
             {"v_head_dim", m.v_head_dim},
-            {"num_nextn_predict_layers", 0},
+            {"num_nextn_predict_layers", c.mtp_num_layers},
             {"rope_scaling", nullptr}};
   if (m.yarn) {
     j["rope_scaling"] = {{"rope_type", "yarn"},
@@ -208,6 +207,18 @@ json deepseek_v3_config_json(const TransformerConfig& c) {
   j["n_group"] = moe.num_groups > 1 ? moe.num_groups : 1;
   j["topk_group"] = moe.num_groups > 1 ? moe.group_topk : 1;
   return j;
+}
+
+std::vector<std::pair<std::string, std::string>> deepseek_mtp_copies(const TransformerConfig& c) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (int64_t k = 0; k < c.mtp_num_layers; ++k) {
+    const std::string p = "model.layers." + std::to_string(c.num_layers + k) + ".";
+    out.emplace_back(p + "embed_tokens.weight", "model.embed_tokens.weight");
+    out.emplace_back(p + "shared_head.head.weight", c.untie_embeddings_and_output_weights
+                                                        ? "lm_head.weight"
+                                                        : "model.embed_tokens.weight");
+  }
+  return out;
 }
 
 void add_deepseek_attention_mappings(const TransformerConfig& c, TransformerLayer& L,

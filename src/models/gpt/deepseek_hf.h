@@ -43,4 +43,9 @@ void add_deepseek_attention_mappings(const TransformerConfig& c, TransformerLaye
 void add_deepseek_moe_mappings(const TransformerConfig& c, TransformerLayer& layer,
                                const std::string& prefix, std::vector<HfTensorMapping>& maps);
 
+// DeepSeek-V3's multi-token prediction layer N + k (N decoder layers) holds, besides its own
+// tensors, copies of the embedding and the output layer (embed_tokens, shared_head.head), which
+// Megatron's MTP shares with the model: (copy's name, the shared tensor's name) per depth.
+std::vector<std::pair<std::string, std::string>> deepseek_mtp_copies(const TransformerConfig& c);
+
 }  // namespace megatron

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "models/gpt/mtp.h"
 #include "tensor/ops.h"
 
 namespace megatron {
@@ -34,21 +35,35 @@ std::vector<std::string> GPTChunk::batch_fields() const {
   std::vector<std::string> fields;
   if (model_.stage().pre_process) fields.insert(fields.end(), {kTokens, kPositionIds});
   if (model_.stage().post_process) fields.insert(fields.end(), {kLabels, kLossMask});
+  // Multi-token prediction embeds the tokens again on the last stage.
+  if (model_.mtp && !model_.stage().pre_process) fields.emplace_back(kTokens);
   if (documents_) fields.emplace_back(kDocStart);
   return fields;
+}
+
+std::string mtp_loss_name(int64_t k) {
+  return "mtp_" + std::to_string(k) + " per-token loss";
 }
 
 TensorMap GPTChunk::forward(const TensorMap& in, const TensorMap& batch, Ctx& ctx,
                             const ForwardMode& mode) const {
   const GPTInputs inputs{batch.get(kTokens), batch.get(kLabels), batch.get(kPositionIds),
                          batch.get(kDocStart), Tensor()};
-  Tensor out = model_.forward_stage(in.get(kHidden), inputs, static_cast<GPTCtx&>(ctx).model, mode);
-  return TensorMap{{is_last() ? kTokenLoss : kHidden, out}};
+  GPTModel::Ctx& mctx = static_cast<GPTCtx&>(ctx).model;
+  Tensor out = model_.forward_stage(in.get(kHidden), inputs, mctx, mode);
+  TensorMap result{{is_last() ? kTokenLoss : kHidden, out}};
+  for (size_t k = 0; k < mctx.mtp_losses.size(); ++k)
+    result.set(mtp_loss_name(static_cast<int64_t>(k) + 1), mctx.mtp_losses[k]);
+  return result;
 }
 
 TensorMap GPTChunk::backward(const TensorMap& dout, Ctx& ctx, const ParamsDone& done) const {
   const Tensor& d = dout.at(is_last() ? kTokenLoss : kHidden);
-  Tensor dx = model_.backward_stage(d, static_cast<GPTCtx&>(ctx).model, done);
+  GPTModel::Ctx& mctx = static_cast<GPTCtx&>(ctx).model;
+  mctx.mtp_dlosses.clear();
+  for (size_t k = 0; k < mctx.mtp_losses.size(); ++k)
+    mctx.mtp_dlosses.push_back(dout.at(mtp_loss_name(static_cast<int64_t>(k) + 1)));
+  Tensor dx = model_.backward_stage(d, mctx, done);
   if (model_.stage().pre_process) return {};
   return TensorMap{{kHidden, dx}};
 }
@@ -79,6 +94,21 @@ LossTerms GPTLoss::forward(const TensorMap& out, const TensorMap& batch,
   }
   LossTerms terms;
   terms.add("lm loss", sum, count);
+  if (!dout || mtp_depths_ == 0) return terms;
+  Tensor rolled = mask;
+  for (int64_t k = 1; k <= mtp_depths_; ++k) {
+    rolled = roll_left(rolled);
+    const Tensor& depth_loss = out.at(mtp_loss_name(k));
+    const ops::MaskedSum m = ops::masked_sum(depth_loss, rolled);
+    Tensor d = rolled.clone();
+    const double weight = mtp_scale_ / static_cast<double>(mtp_depths_);
+    const auto mb = static_cast<double>(scale.microbatches);
+    ops::scale_inplace(
+        d, weight * (scale.per_token ? scale.loss_scale
+                                     : scale.loss_scale / (std::max(m.count, 1.0) * mb)));
+    dout->set(mtp_loss_name(k), d);
+    terms.add("mtp_" + std::to_string(k) + " loss", m.sum, m.count);
+  }
   return terms;
 }
 

@@ -51,10 +51,25 @@ class GPTChunk final : public ModelChunk {
 
 class GPTLoss final : public LossFn {
  public:
+  GPTLoss() = default;
+  // Takes --mtp-num-layers and --mtp-loss-scaling-factor from cfg.
+  explicit GPTLoss(const TransformerConfig& cfg)
+      : mtp_depths_(cfg.mtp_num_layers), mtp_scale_(cfg.mtp_loss_scaling_factor) {}
   // "lm loss": sum over tokens of loss x loss_mask, count = sum of loss_mask. The objective's
   // gradient is loss_mask x loss_scale / (count x micro-batches).
+  // In training with multi-token prediction, depth k's per-token loss ("mtp_k per-token loss")
+  // joins the objective as Megatron's MTPLossAutoScaler adds it: its mean over the loss mask
+  // rolled left by k (the last k positions out) times --mtp-loss-scaling-factor / depths,
+  // scaled like the main loss; logged as "mtp_k loss" (not part of "lm loss").
   LossTerms forward(const TensorMap& out, const TensorMap& batch, const ObjectiveScale& scale,
                     TensorMap* dout) const override;
+
+ private:
+  int64_t mtp_depths_ = 0;
+  double mtp_scale_ = 0;
 };
+
+// The name of multi-token prediction depth k's (1-based) per-token loss among a chunk's outputs.
+std::string mtp_loss_name(int64_t k);
 
 }  // namespace megatron

@@ -10,21 +10,16 @@ double model_flops_per_iteration(const TransformerConfig& c, int64_t global_batc
   const double g = static_cast<double>(c.num_query_groups);
   const double qproj_ratio = n * static_cast<double>(c.kv_channels) / h;
   const double gated = c.gated_mlp() ? 1.5 : 1.0;
-  const double attention = (1.0 + g / n + s / h) * qproj_ratio;
-  // MoE (Megatron's num_floating_point_operations): a dense layer's MLP, or the top-k routed
-  // experts' and the shared experts' MLPs of an MoE layer (the router's GEMM is not counted).
-  const double moe_layers = static_cast<double>(c.moe.num_moe_layers(c.num_layers));
-  const double dense_layers = L - moe_layers;
-  const double routed = static_cast<double>(c.moe.ffn_hidden_size * c.moe.router_topk) +
-                        static_cast<double>(c.moe.shared_expert_intermediate_size);
-  const double mlp =
-      (static_cast<double>(c.ffn_hidden_size) * dense_layers / L + routed * moe_layers / L) / h *
-      gated;
-  const double logit = static_cast<double>(c.padded_vocab_size) / (2.0 * L * h);
+  // Multi-token prediction's layers count as layers of the last decoder layer's kind (r0.14).
+  const double mtp = static_cast<double>(c.mtp_num_layers);
+  const double layers = L + mtp;
+  // Per token and layer, in units of 12 h^2 (forward, data grad, weight grad x GEMM pairs x
+  // multiply-add).
+  double attention = (1.0 + g / n + s / h) * qproj_ratio;
   if (c.mla.enabled) {
-    // Megatron's multi-latent attention term (r0.14's training.py), per token and layer: the
-    // projections' parameters (the latent norms counted as one FMA per channel), linear_proj,
-    // and the causal half of q . k over the query heads' width and of the values.
+    // Megatron's multi-latent attention term (r0.14's training.py): the projections' parameters
+    // (the latent norms counted as one FMA per channel), linear_proj, and the causal half of
+    // q . k over the query heads' width and of the values; 6 FLOPs per parameter and token.
     const MlaConfig& m = c.mla;
     const double dq = static_cast<double>(m.q_head_dim()), dv = static_cast<double>(m.v_head_dim);
     const double q_term =
@@ -34,9 +29,24 @@ double model_flops_per_iteration(const TransformerConfig& c, int64_t global_batc
                            (h + n * static_cast<double>(m.qk_head_dim + m.v_head_dim) + 1) +
                        h * static_cast<double>(m.qk_pos_emb_head_dim) + n * dv * h +
                        s * n * dq / 2 + s * n * dv / 2;
-    return 12.0 * B * s * L * h * h * (mlp + logit) + 6.0 * B * s * L * mla;
+    attention = 6.0 * mla / (12.0 * h * h);
   }
-  return 12.0 * B * s * L * h * h * (attention + mlp + logit);
+  // MoE (Megatron's num_floating_point_operations): a dense layer's MLP, or the top-k routed
+  // experts' and the shared experts' MLPs of an MoE layer (the router's GEMM is not counted).
+  const double last_moe = c.moe.is_moe_layer(c.num_layers - 1) ? 1.0 : 0.0;
+  const double moe_layers =
+      static_cast<double>(c.moe.num_moe_layers(c.num_layers)) + last_moe * mtp;
+  const double dense_layers = layers - moe_layers;
+  const double routed = static_cast<double>(c.moe.ffn_hidden_size * c.moe.router_topk) +
+                        static_cast<double>(c.moe.shared_expert_intermediate_size);
+  const double mlp = (static_cast<double>(c.ffn_hidden_size) * dense_layers / layers +
+                      routed * moe_layers / layers) /
+                     h * gated;
+  // MTP's two input norms, final norm and eh_proj per depth, and one more pass through the
+  // output layer per depth.
+  const double mtp_extra = 6.0 * mtp * (3.0 * h + 2.0 * h * h);
+  const double logits = 6.0 * h * static_cast<double>(c.padded_vocab_size) * (mtp + 1.0);
+  return B * s * (12.0 * layers * h * h * (attention + mlp) + mtp_extra + logits);
 }
 
 }  // namespace megatron

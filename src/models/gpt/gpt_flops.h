@@ -8,6 +8,8 @@
 // attention scores and no recomputation, so it is model FLOPs, the numerator of MFU. Multi-latent
 // attention replaces the attention term by Megatron's MLA term (its projections' and linear_proj's
 // parameters plus the causal half of the scores and values per token, as r0.14 writes it).
+// Multi-token prediction adds its layers (of the last layer's kind), their norms and eh_proj,
+// and one output layer per depth, as r0.14 counts them.
 #pragma once
 
 #include <cstdint>

@@ -2,6 +2,7 @@
 // and our parameters (transposes, per-group QKV rows, [gate; up], vocabulary padding).
 #include "models/gpt/gpt_hf.h"
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -233,8 +234,9 @@ std::vector<Mapping> hf_tensor_mappings(const HfModelInfo& info, GPTModel& m) {
     add("ln_f.bias", m.decoder->final_layernorm.bias, {h});
   } else {
     add("model.embed_tokens.weight", m.embedding->word_embeddings, {V, h});
-    for (int64_t i = 0; i < c.num_layers; ++i) {
-      auto& L = *m.decoder->layers[i];
+    // Decoder layer i, or (i >= num_layers) multi-token prediction depth i - num_layers's
+    // transformer layer, where DeepSeek-V3 keeps it (its extra tensors below).
+    const auto layer_maps = [&](TransformerLayer& L, int64_t i) {
       const std::string p = "model.layers." + std::to_string(i) + ".";
       add(p + "input_layernorm.weight", L.input_layernorm.weight, {h});
       if (c.mla.enabled) {
@@ -284,6 +286,18 @@ std::vector<Mapping> hf_tensor_mappings(const HfModelInfo& info, GPTModel& m) {
         add(p + "mlp.up_proj.weight", L.mlp->linear_fc1.weight(), {ffn, h}, false, {}, ffn);
         add(p + "mlp.down_proj.weight", L.mlp->linear_fc2.weight(), {h, ffn});
       }
+    };
+    for (int64_t i = 0; i < c.num_layers; ++i) layer_maps(*m.decoder->layers[i], i);
+    if (m.mtp) {
+      for (int64_t k = 0; k < m.mtp->depths(); ++k) {
+        MultiTokenPrediction::Depth& d = *m.mtp->layers[k];
+        const std::string p = "model.layers." + std::to_string(c.num_layers + k) + ".";
+        layer_maps(d.transformer_layer, c.num_layers + k);
+        add(p + "enorm.weight", d.enorm.weight, {h});
+        add(p + "hnorm.weight", d.hnorm.weight, {h});
+        add(p + "eh_proj.weight", d.eh_proj.weight(), {h, 2 * h});
+        add(p + "shared_head.norm.weight", d.final_layernorm.weight, {h});
+      }
     }
     add("model.norm.weight", m.decoder->final_layernorm.weight, {h});
     if (c.untie_embeddings_and_output_weights) add("lm_head.weight", m.head->own_weight, {V, h});
@@ -299,6 +313,12 @@ std::vector<Mapping> hf_tensor_mappings(const HfModelInfo& info, GPTModel& m) {
 }
 
 namespace {
+
+// The same dtype, shape and bytes.
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  return a.dtype() == b.dtype() && a.shape() == b.shape() &&
+         std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
 
 std::vector<Mapping> build_mappings(const HfModelInfo& info, GPTModel& m) {
   return hf_tensor_mappings(info, m);
@@ -334,6 +354,19 @@ void load_hf_weights(const std::string& dir, const HfModelInfo& info, GPTModel& 
     const bool tied_head =
         short_name == "lm_head.weight" && !info.config.untie_embeddings_and_output_weights;
     const bool rotary_buffer = short_name.find("rotary_emb.inv_freq") != std::string::npos;
+    // DeepSeek-V3's multi-token prediction layers carry copies of the embedding and the output
+    // layer; Megatron's MTP shares the model's (mtp_embedding_copy).
+    bool mtp_copy = false;
+    for (const auto& [copy, shared] : deepseek_mtp_copies(info.config)) {
+      if (copy != short_name) continue;
+      // A copy that differs from the shared tensor would be lost: refuse it.
+      MEGATRON_CHECK(
+          by_short.count(shared) && same_bytes(st.read(full), st.read(by_short.at(shared))), dir,
+          ": '", full, "' differs from '", shared,
+          "': Megatron's multi-token prediction shares the model's embedding and "
+          "output layer, so their copies must be equal");
+      mtp_copy = true;
+    }
     // Under expert parallelism this rank holds E / EP experts: the others' (an expert index of
     // another rank, with an expert weight's name) are for its peers.
     bool peer_expert = false;
@@ -352,7 +385,7 @@ void load_hf_weights(const std::string& dir, const HfModelInfo& info, GPTModel& 
                        e >= local_experts->first_expert() + local_experts->num_local());
       }
     }
-    MEGATRON_CHECK(mask_buffer || tied_head || rotary_buffer || peer_expert, dir,
+    MEGATRON_CHECK(mask_buffer || tied_head || rotary_buffer || peer_expert || mtp_copy, dir,
                    ": unexpected tensor '", full, "' for a ",
                    info.arch == HfArch::kGpt2 ? "gpt2" : "llama",
                    " model as config.json describes it");
@@ -368,7 +401,11 @@ std::map<std::string, Tensor> to_hf_tensors(const HfModelInfo& info, const GPTMo
 }
 
 void save_hf(const std::string& dir, const HfModelInfo& info, const GPTModel& model) {
-  write_hf_dir(dir, to_hf_tensors(info, model, false), info.dtype, info.raw);
+  std::map<std::string, Tensor> tensors = to_hf_tensors(info, model, false);
+  for (const auto& [copy, shared] : deepseek_mtp_copies(model.config())) {
+    tensors[copy] = tensors.at(shared);
+  }
+  write_hf_dir(dir, tensors, info.dtype, info.raw);
 }
 
 HfArch infer_hf_arch(const TransformerConfig& c) {
@@ -376,6 +413,9 @@ HfArch infer_hf_arch(const TransformerConfig& c) {
                  "this model has no Hugging Face equivalent: GPT-2 and Llama have no GeGLU MLP "
                  "(--gated-linear-unit) and scale attention by 1/sqrt(head dim) (no "
                  "--softmax-scale)");
+  MEGATRON_CHECK(c.mtp_num_layers == 0 || c.mla.enabled,
+                 "this model has no Hugging Face equivalent: multi-token prediction layers have "
+                 "a Hugging Face form in DeepSeek-V3 only (--multi-latent-attention)");
   if (c.mla.enabled) {  // DeepSeek-V3 (Llama's other tensors)
     MEGATRON_CHECK(c.normalization == Normalization::kRMSNorm && c.swiglu && !c.add_bias_linear &&
                        !c.add_qkv_bias,

@@ -2,6 +2,7 @@
 // over the pipeline, with the parameters' tensor-parallel coordinates.
 #include "models/gpt/gpt_model.h"
 
+#include "tensor/ops.h"
 #include "transformer/kv_cache.h"
 
 #include <utility>
@@ -15,12 +16,16 @@ GPTModel::GPTModel(const TransformerConfig& cfg, GPTStage stage)
   tp_ = TensorParallelContext{stage_.tp.get(), stage_.sequence_parallel, stage_.cp, stage_.expert,
                               stage_.amax};
   vocab_shard(cfg_, tp_);  // every stage refuses a vocabulary the TP size does not divide
-  if (stage_.pre_process) embedding = std::make_unique<LanguageEmbedding>(cfg_, tp_);
+  const bool mtp_here = stage_.post_process && cfg_.mtp_num_layers > 0;
+  if (stage_.pre_process || mtp_here) embedding = std::make_unique<LanguageEmbedding>(cfg_, tp_);
+  // The last stage's copy for multi-token prediction (see the header).
+  if (!stage_.pre_process && embedding) embedding->word_embeddings.shared_embedding = true;
   decoder = std::make_unique<TransformerBlock>("decoder", cfg_, tp_, stage_.first_layer,
                                                stage_.num_layers, stage_.post_process);
   if (stage_.post_process) {
     head = std::make_unique<LMHead>(cfg_, tp_, embedding ? &embedding->word_embeddings : nullptr);
   }
+  if (mtp_here) mtp = std::make_unique<MultiTokenPrediction>(cfg_, tp_);
   // Every parameter knows its TP coordinates, replicated ones too: the gradient norm counts a
   // replicated parameter on TP rank 0 only. Experts keep theirs: they are split over the expert
   // tensor-parallel group, not the dense TP group.
@@ -58,6 +63,7 @@ std::vector<Param*> GPTModel::parameters() {
   // The tied copy of the word embeddings comes first, where the embedding would be.
   if (head && head->holds_embedding_copy()) out.push_back(&head->own_weight);
   decoder->collect(out);
+  if (mtp) mtp->collect(out);
   if (head && !head->own_weight.name.empty() && !head->holds_embedding_copy()) {
     out.push_back(&head->own_weight);
   }
@@ -114,6 +120,18 @@ Tensor GPTModel::forward_stage(const Tensor& hidden_in, const GPTInputs& in, Ctx
   Tensor hidden = decoder->forward(x, layout, ctx.decoder, mode);
   if (!stage_.post_process) return hidden;
   const ForwardMode::Use use(mode, named({&head->weight()}));
+  if (mtp && mode.training) {
+    MEGATRON_CHECK(in.tokens.defined(),
+                   "GPTModel: multi-token prediction needs the tokens on the "
+                   "last stage");
+    std::vector<Param*> ps;
+    mtp->collect(ps);
+    std::vector<const Param*> gated(ps.begin(), ps.end());
+    gated.push_back(&embedding->word_embeddings);
+    const ForwardMode::Use use_mtp(mode, gated);
+    ctx.mtp_losses =
+        mtp->forward(hidden, in.tokens, in.labels, *embedding, *head, layout, ctx.mtp, mode);
+  }
   return head->loss(hidden, in.labels, ctx.head);
 }
 
@@ -158,6 +176,10 @@ std::vector<const Param*> GPTModel::named(std::initializer_list<const Param*> ps
   return out;
 }
 
+void GPTModel::report_all(const ParamsDone& done, const std::vector<const Param*>& ps) const {
+  if (done && !ps.empty()) done(ps);
+}
+
 void GPTModel::report(const ParamsDone& done, std::initializer_list<const Param*> ps) const {
   if (!done) return;
   const std::vector<const Param*> out = named(ps);
@@ -169,10 +191,26 @@ Tensor GPTModel::backward_stage(const Tensor& d, Ctx& ctx, const ParamsDone& don
   if (stage_.post_process) {
     done.begin(named({&head->weight()}));
     dh = head->loss_backward(d, ctx.head);
-    // The output weight is final here unless it is the word embedding of this same stage.
-    if (!(embedding && &head->weight() == &embedding->word_embeddings)) {
-      report(done, {&head->weight()});
+    if (!ctx.mtp_losses.empty()) {
+      // Multi-token prediction adds to the decoder output's gradient, the head's and the
+      // embedding's.
+      MEGATRON_CHECK(ctx.mtp_dlosses.size() == ctx.mtp_losses.size(),
+                     "GPTModel: multi-token prediction's loss gradients are missing");
+      std::vector<Param*> ps;
+      mtp->collect(ps);
+      std::vector<const Param*> mine(ps.begin(), ps.end());
+      done.begin(mine);
+      ops::add_inplace(dh, mtp->backward(ctx.mtp_dlosses, *embedding, *head, ctx.mtp));
+      report_all(done, mine);
+      // The last stage's copy of the word embeddings is final (the first stage's is final after
+      // its own lookup's backward, below).
+      if (!stage_.pre_process) report(done, {&embedding->word_embeddings});
     }
+    // The output weight is final here unless it is the word embedding of this same stage (the
+    // lookup's backward below adds to it), or multi-token prediction's copy reported above.
+    const bool is_embedding = embedding && &head->weight() == &embedding->word_embeddings;
+    const bool reported = is_embedding && !ctx.mtp_losses.empty() && !stage_.pre_process;
+    if (!(is_embedding && stage_.pre_process) && !reported) report(done, {&head->weight()});
   }
   Tensor dx = decoder->backward(dh, ctx.decoder, done);
   if (stage_.pre_process && !ctx.decoder_input) {

@@ -17,6 +17,9 @@
 // tied embeddings the last stage of a pipeline keeps its own copy of the word embeddings as the
 // output weight, initialised identically (same name, same Philox stream) and kept identical by
 // summing both copies' gradients over the embedding group (Megatron's shared embedding).
+// Multi-token prediction (models/gpt/mtp.h) runs on the last stage after the decoder; in training
+// forward_stage leaves its per-depth losses in Ctx::mtp_losses (GPTChunk hands them to GPTLoss).
+
 #pragma once
 
 #include <memory>
@@ -25,6 +28,7 @@
 #include "comm/process_group.h"
 #include "models/common/language_embedding.h"
 #include "models/common/lm_head.h"
+#include "models/gpt/mtp.h"
 #include "transformer/config.h"
 #include "transformer/transformer_block.h"
 
@@ -63,6 +67,10 @@ class GPTModel {
     TransformerBlock::Ctx decoder;
     LMHead::Ctx head;            // head.logits: [s * b, Vp/tp] f32 after a forward
     bool decoder_input = false;  // the first stage's input came from the caller
+    // Multi-token prediction (last stage, training): each depth's per-token loss [b, s] after a
+    // forward; their gradients are set here before backward.
+    MultiTokenPrediction::Ctx mtp;
+    std::vector<Tensor> mtp_losses, mtp_dlosses;
   };
 
   explicit GPTModel(const TransformerConfig& cfg, GPTStage stage = {});
@@ -121,11 +129,16 @@ class GPTModel {
   std::unique_ptr<LanguageEmbedding> embedding;  // first stage
   std::unique_ptr<TransformerBlock> decoder;
   std::unique_ptr<LMHead> head;  // last stage
+  // --mtp-num-layers: on the last stage, after the decoder. Without the first stage there the
+  // last stage holds `embedding` too, for the rolled tokens: a copy of the word embeddings kept
+  // identical as the tied output weight's copy is (summed over the embedding group).
+  std::unique_ptr<MultiTokenPrediction> mtp;
 
  private:
   // --embedding-init-method-std and --init-method-xavier-uniform on the parameters' init specs.
   void apply_init_methods();
   void report(const ParamsDone& done, std::initializer_list<const Param*> ps) const;
+  void report_all(const ParamsDone& done, const std::vector<const Param*>& ps) const;
   // The registered ones of ps (a RoPE model's position table has no name and no storage).
   static std::vector<const Param*> named(std::initializer_list<const Param*> ps);
 

@@ -75,7 +75,7 @@ ModelSpec make_gpt_spec() {
   s.entry_point = "pretrain_gpt";
   s.summary = "GPT-2 or Llama style decoder (Megatron's pretrain_gpt.py)";
   s.build_chunks = build_chunks;
-  s.make_loss = [] { return std::make_unique<GPTLoss>(); };
+  s.make_loss = [](const TransformerConfig& cfg) { return std::make_unique<GPTLoss>(cfg); };
   s.batch_field = [](const std::string& name, int64_t b, const TransformerConfig& cfg) {
     const int64_t seq = cfg.seq_length;
     return TensorSpec{name, Shape{b, seq}, gpt_batch_field_dtype(name)};

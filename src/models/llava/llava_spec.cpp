@@ -84,7 +84,7 @@ ModelSpec make_llava_spec() {
       "LLaVA vision-language model: CLIP ViT + projector + GPT/Llama decoder (Megatron's "
       "pretrain_vlm.py)";
   s.build_chunks = build_chunks;
-  s.make_loss = [] { return std::make_unique<GPTLoss>(); };
+  s.make_loss = [](const TransformerConfig&) { return std::make_unique<GPTLoss>(); };
   s.batch_field = llava_batch_field;
   s.batch_maker = llava_batch_maker;
   s.build_datasets = llava_datasets;

@@ -62,7 +62,9 @@ ModelSpec make_t5_spec() {
   s.entry_point = "pretrain_t5";
   s.summary = "T5 encoder-decoder with span-corruption pretraining (Megatron's pretrain_t5.py)";
   s.build_chunks = build_t5_chunks;
-  s.make_loss = []() -> std::unique_ptr<LossFn> { return std::make_unique<GPTLoss>(); };
+  s.make_loss = [](const TransformerConfig&) -> std::unique_ptr<LossFn> {
+    return std::make_unique<GPTLoss>();
+  };
   s.batch_field = t5_batch_field;
   s.batch_maker = t5_batch_maker;
   s.build_datasets = t5_datasets;

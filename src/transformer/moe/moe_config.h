@@ -4,6 +4,7 @@
 // ETP), which live in ParallelConfig and are checked against these by the CLI.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -52,8 +53,12 @@ struct MoeConfig {
   bool per_layer_logging = false;  // --moe-per-layer-logging
 
   bool enabled() const { return num_experts > 0; }
+  // Layers past the pattern (multi-token prediction's) take the last layer's kind, as Megatron
+  // builds them from the last decoder layer's spec.
   bool is_moe_layer(int64_t layer) const {
-    return enabled() && (layer_pattern.empty() || layer_pattern[static_cast<size_t>(layer)] != 0);
+    if (!enabled() || layer_pattern.empty()) return enabled();
+    const size_t i = std::min(static_cast<size_t>(layer), layer_pattern.size() - 1);
+    return layer_pattern[i] != 0;
   }
   int64_t num_moe_layers(int64_t num_layers) const;
   bool dropless() const { return capacity_factor <= 0; }

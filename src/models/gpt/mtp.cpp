@@ -1,0 +1,117 @@
+// Multi-token prediction's depths: embedding of the rolled tokens, the two norms, the projection,
+// a transformer layer, the final norm and the shared head's loss (see mtp.h).
+#include "models/gpt/mtp.h"
+
+#include <cstring>
+
+#include "parallel/mappings.h"
+#include "tensor/ops.h"
+
+namespace megatron {
+
+Tensor roll_left(const Tensor& x) {
+  MEGATRON_CHECK(x.ndim() == 2, "roll_left: expected [b, s], got ", x.str());
+  const Tensor host = to_host(x);
+  Tensor out = Tensor::zeros(x.shape(), x.dtype());
+  const int64_t b = x.dim(0), s = x.dim(1), w = static_cast<int64_t>(dtype_size(x.dtype()));
+  const auto* src = static_cast<const char*>(host.raw());
+  auto* dst = static_cast<char*>(out.raw());
+  for (int64_t i = 0; i < b; ++i) std::memcpy(dst + i * s * w, src + (i * s + 1) * w, (s - 1) * w);
+  return on_device(out, x.device());
+}
+
+MultiTokenPrediction::Depth::Depth(const std::string& name, const TransformerConfig& cfg,
+                                   int64_t layer_number, const TensorParallelContext& tp)
+    : enorm(name + ".enorm", cfg),
+      hnorm(name + ".hnorm", cfg),
+      eh_proj(name + ".eh_proj", 2 * cfg.hidden_size, cfg.hidden_size, cfg.init_method_std,
+              *tp.group, {.with_bias = false, .sequence_parallel = tp.sp()}),
+      transformer_layer(name + ".transformer_layer", cfg, layer_number, tp),
+      final_layernorm(name + ".final_layernorm", cfg) {
+  enorm.mark_sequence_parallel(tp.sp());
+  hnorm.mark_sequence_parallel(tp.sp());
+  final_layernorm.mark_sequence_parallel(tp.sp());
+}
+
+MultiTokenPrediction::MultiTokenPrediction(const TransformerConfig& cfg,
+                                           const TensorParallelContext& tp)
+    : cfg_(cfg), tp_(tp) {
+  for (int64_t k = 0; k < cfg.mtp_num_layers; ++k) {
+    layers.push_back(
+        std::make_unique<Depth>("mtp.layers." + std::to_string(k), cfg, cfg.num_layers + k, tp));
+  }
+}
+
+void MultiTokenPrediction::collect(std::vector<Param*>& out) {
+  for (auto& d : layers) {
+    d->enorm.collect(out);
+    d->hnorm.collect(out);
+    d->eh_proj.collect(out);
+    d->transformer_layer.collect(out);
+    d->final_layernorm.collect(out);
+  }
+}
+
+std::vector<Tensor> MultiTokenPrediction::forward(const Tensor& hidden, const Tensor& tokens,
+                                                  const Tensor& labels,
+                                                  const LanguageEmbedding& embedding,
+                                                  const LMHead& head, const TokenLayout& layout,
+                                                  Ctx& ctx, const ForwardMode& mode) const {
+  const int64_t h = cfg_.hidden_size, D = depths();
+  ctx.depths.assign(static_cast<size_t>(D), {});
+  std::vector<Tensor> losses;
+  Tensor ids = tokens, targets = labels, prev = hidden;
+  for (int64_t k = 0; k < D; ++k) {
+    const Depth& L = *layers[static_cast<size_t>(k)];
+    Ctx::Depth& c = ctx.depths[static_cast<size_t>(k)];
+    ids = roll_left(ids);
+    targets = roll_left(targets);
+    // The embedding's own dropout stream per depth (the model's input has site -1).
+    const Tensor e = embedding.forward(ids, Tensor(), Tensor(), c.embedding, mode, true, -2 - k);
+    const int64_t rows = prev.numel() / h;
+    const Tensor en = L.enorm.forward(e, c.e).view({rows, h});
+    const Tensor hn = L.hnorm.forward(prev, c.h).view({rows, h});
+    Tensor cat = Tensor::empty({rows, 2 * h}, en.dtype(), en.device());
+    ops::concat_last_dim(cat, {en, hn});
+    Tensor x = L.eh_proj.forward(cat.view({prev.dim(0), prev.dim(1), 2 * h}), c.proj);
+    x = gather_from_tp_region_forward(x, *tp_.group);  // [s, b, h] on every TP rank
+    if (tp_.sp()) x = scatter_to_sequence_parallel_region_forward(x, *tp_.group);
+    x = L.transformer_layer.forward(x, layout, c.layer, mode);
+    prev = L.final_layernorm.forward(x, c.f);
+    losses.push_back(head.loss(prev, targets, c.head));
+  }
+  return losses;
+}
+
+Tensor MultiTokenPrediction::backward(const std::vector<Tensor>& dlosses,
+                                      const LanguageEmbedding& embedding, const LMHead& head,
+                                      Ctx& ctx) const {
+  const int64_t h = cfg_.hidden_size, D = depths();
+  MEGATRON_CHECK(static_cast<int64_t>(dlosses.size()) == D, "MultiTokenPrediction: ", D,
+                 " depths, ", dlosses.size(), " loss gradients");
+  Tensor dprev;  // the gradient of depth k's output from depth k + 1
+  for (int64_t k = D - 1; k >= 0; --k) {
+    const Depth& L = *layers[static_cast<size_t>(k)];
+    Ctx::Depth& c = ctx.depths[static_cast<size_t>(k)];
+    Tensor dh = head.loss_backward(dlosses[static_cast<size_t>(k)], c.head);
+    if (dprev.defined()) ops::add_inplace(dh, dprev.view(dh.shape()));
+    Tensor dx = L.final_layernorm.backward(dh, c.f);
+    dx = L.transformer_layer.backward(dx, c.layer);
+    if (tp_.sp()) dx = scatter_to_sequence_parallel_region_backward(dx, *tp_.group);
+    dx = gather_from_tp_region_backward(dx, *tp_.group);
+    const Tensor dcat = L.eh_proj.backward(dx, c.proj);
+    const int64_t rows = dcat.numel() / (2 * h);
+    const Tensor flat = dcat.view({rows, 2 * h});
+    Tensor de = Tensor::empty({rows, h}, flat.dtype(), flat.device());
+    Tensor dhn = Tensor::empty({rows, h}, flat.dtype(), flat.device());
+    ops::slice_last_dim(de, flat, 0);
+    ops::slice_last_dim(dhn, flat, h);
+    const Shape shape{dcat.dim(0), dcat.dim(1), h};
+    embedding.backward(L.enorm.backward(de.view(shape), c.e), c.embedding);
+    dprev = L.hnorm.backward(dhn.view(shape), c.h);
+  }
+  ctx = Ctx{};
+  return dprev;
+}
+
+}  // namespace megatron

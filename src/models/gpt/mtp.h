@@ -1,0 +1,82 @@
+// MultiTokenPrediction: Megatron's multi-token prediction (DeepSeek-V3's MTP; --mtp-num-layers D,
+// --mtp-loss-scaling-factor), on the last pipeline stage after the decoder's final norm.
+//
+// Depth k = 1..D predicts the token k + 1 places ahead. With h_0 the decoder's output:
+//
+//   ids_k = ids_{k-1} rolled left by one (the last position 0), ids_0 the input tokens
+//   e_k   = embedding(ids_k)                                     (the model's word embeddings)
+//   h_k   = final_layernorm_k(transformer_layer_k(eh_proj_k([enorm_k(e_k) | hnorm_k(h_{k-1})])))
+//   loss_k = cross entropy of output_layer(h_k) against the labels rolled left by k
+//
+// with the model's own output layer (shared head). eh_proj is column parallel [2h -> h], its
+// output gathered over TP (and scattered over the sequence under sequence parallelism), as
+// Megatron's MultiTokenPredictionLayer. The transformer layer is the last decoder layer's kind
+// (MoE if that is), numbered after the decoder's layers (its dropout streams and MoE statistics).
+// forward returns each depth's per-token loss [b, s], unmasked: GPTLoss masks the last k
+// positions (the rolled loss mask) and scales each depth's mean by --mtp-loss-scaling-factor / D
+// into the objective (Megatron's MTPLossAutoScaler), logging it as "mtp_k loss".
+//
+// Parameters are Megatron's names: mtp.layers.{k-1}.{enorm, hnorm, eh_proj, transformer_layer.*,
+// final_layernorm}.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "models/common/language_embedding.h"
+#include "models/common/lm_head.h"
+#include "parallel/tensor_parallel_linear.h"
+#include "transformer/transformer_layer.h"
+
+namespace megatron {
+
+class MultiTokenPrediction {
+ public:
+  struct Depth {
+    Depth(const std::string& name, const TransformerConfig& cfg, int64_t layer_number,
+          const TensorParallelContext& tp);
+    Norm enorm, hnorm;
+    ColumnParallelLinear eh_proj;
+    TransformerLayer transformer_layer;
+    Norm final_layernorm;
+  };
+  struct Ctx {
+    struct Depth {
+      LanguageEmbedding::Ctx embedding;
+      Norm::Ctx e, h, f;
+      ColumnParallelLinear::Ctx proj;
+      TransformerLayer::Ctx layer;
+      LMHead::Ctx head;
+    };
+    std::vector<Depth> depths;
+  };
+
+  MultiTokenPrediction(const TransformerConfig& cfg, const TensorParallelContext& tp);
+  MultiTokenPrediction(const MultiTokenPrediction&) = delete;
+  MultiTokenPrediction& operator=(const MultiTokenPrediction&) = delete;
+
+  // hidden: the decoder's normed output [s', b, h]; tokens, labels [b, s] i64. Returns per depth
+  // the per-token loss [b, s] against the labels rolled left by k (last k positions: label 0).
+  std::vector<Tensor> forward(const Tensor& hidden, const Tensor& tokens, const Tensor& labels,
+                              const LanguageEmbedding& embedding, const LMHead& head,
+                              const TokenLayout& layout, Ctx& ctx, const ForwardMode& mode) const;
+  // dlosses: each depth's loss gradient [b, s]. Returns the gradient of hidden; accumulates the
+  // depths', the embedding's and the head's parameter gradients.
+  Tensor backward(const std::vector<Tensor>& dlosses, const LanguageEmbedding& embedding,
+                  const LMHead& head, Ctx& ctx) const;
+
+  void collect(std::vector<Param*>& out);
+  int64_t depths() const { return static_cast<int64_t>(layers.size()); }
+
+  std::vector<std::unique_ptr<Depth>> layers;
+
+ private:
+  const TransformerConfig& cfg_;
+  TensorParallelContext tp_;
+};
+
+// x [b, s] (any dtype) rolled left by one along s, the last column zero (Megatron's roll_tensor
+// without context parallelism).
+Tensor roll_left(const Tensor& x);
+
+}  // namespace megatron
