@@ -248,7 +248,10 @@ void Trainer::build_model() {
     for (Param* p : chunk->parameters()) all.push_back(p);
   }
   loss_ = spec_->make_loss(cfg_);
-  if (cfg_.moe.enabled()) moe_tracker_ = std::make_unique<MoeAuxTracker>(cfg_.num_layers);
+  // Multi-token prediction's layers are numbered after the decoder's (Megatron's tracker holds
+  // num_layers + mtp_num_layers entries too).
+  if (cfg_.moe.enabled())
+    moe_tracker_ = std::make_unique<MoeAuxTracker>(cfg_.num_layers + cfg_.mtp_num_layers);
   // The fields this rank's chunks read, each once, in first-read order.
   {
     for (const auto& chunk : chunks_) {
@@ -883,7 +886,7 @@ void Trainer::add_moe_terms(LossTerms* terms) {
   // its share of the micro-batch), averaged over DP; then per name the mean over the MoE layers
   // and micro-batches. Names in a fixed order on every rank, so the collectives pair up.
   const ParallelState& ps = *parallel_;
-  const int64_t L = cfg_.num_layers, moe_layers = cfg_.moe.num_moe_layers(L);
+  const int64_t L = cfg_.num_layers + cfg_.mtp_num_layers, moe_layers = cfg_.moe.num_moe_layers(L);
   std::vector<std::string> names;
   for (MoeLoadBalancing t : {MoeLoadBalancing::kAuxLoss, MoeLoadBalancing::kSeqAuxLoss})
     if (cfg_.moe.coeff_of(t) > 0)
@@ -927,7 +930,7 @@ void Trainer::moe_step_end(LossTerms* terms) {
     // Once per global batch: every router's counts summed over TP x DP x CP (the tokens of the
     // whole batch; Megatron's _update_router_expert_bias), and over the pipeline for the log:
     // one [L, E] all-reduce, each stage filling its layers' rows.
-    const int64_t E = cfg_.moe.num_experts, L = cfg_.num_layers;
+    const int64_t E = cfg_.moe.num_experts, L = cfg_.num_layers + cfg_.mtp_num_layers;
     Tensor counts = Tensor::zeros({L * E}, DType::kF64);
     for (TopKRouter* r : routers)
       std::copy(r->tokens_per_expert().begin(), r->tokens_per_expert().end(),

@@ -463,6 +463,28 @@ class TestBadInput(CliTestCase):
         proc = megatron("train", *self.BASE, "--verify-integrity", "--no-verify-integrity")
         self.assertUsageError(proc, "--verify-integrity", "--no-verify-integrity")
 
+    def test_multi_latent_attention_and_prediction_refusals(self):
+        rope = ["--position-embedding-type", "rope"]
+        mla = [*rope, "--multi-latent-attention", "--kv-lora-rank", "8", "--qk-head-dim", "8",
+               "--qk-pos-emb-head-dim", "4", "--v-head-dim", "8"]
+        self.assertUsageError(megatron("train", *self.BASE, *rope, "--rope-type", "yarn"),
+                              "--rope-type yarn", "--multi-latent-attention")
+        self.assertUsageError(megatron("train", *self.BASE, *mla, "--rope-type", "ntk"),
+                              "--rope-type", "rope or yarn")
+        self.assertUsageError(megatron("train", *self.BASE, *mla, "--group-query-attention",
+                                       "--num-query-groups", "2"), "--num-query-groups")
+        self.assertUsageError(megatron("train", *self.BASE, *mla, "--rotary-interleaved"),
+                              "--rotary-interleaved")
+        self.assertUsageError(megatron("train", *self.BASE, *mla, "--qk-pos-emb-head-dim", "3"),
+                              "--qk-pos-emb-head-dim")
+        self.assertUsageError(megatron("train", *self.BASE, *mla, "--cache-mla-latents"),
+                              "--cache-mla-latents")
+        self.assertUsageError(megatron("train", *self.BASE, "--mtp-num-layers", "1"),
+                              "--mtp-num-layers", "--position-embedding-type")
+        self.assertUsageError(megatron("train", *self.BASE, *rope, "--mtp-num-layers", "1",
+                                       "--context-parallel-size", "2"),
+                              "--mtp-num-layers", "--context-parallel-size")
+
     def test_two_warmups(self):
         proc = megatron("train", *self.BASE, "--lr-warmup-fraction", "0.1",
                         "--lr-warmup-iters", "5")

@@ -4,11 +4,11 @@
 What it is: `megatron train` on mock data as one process and under `mpiexec` in every layout of
 the parallelism matrix (tp2, tp4, tp2 + sequence parallel, pp2, pp4, pp2 interleaved, dp2, dp4,
 tp2pp2, tp2pp2dp2 on 8 ranks, and overlapped gradient buckets; uneven pipeline splits), with the
-same global batch, for a GPT-2-style and a Llama-style tiny model (and multi-latent attention),
-dropout on. The layouts differ only in where the arithmetic happens: initialisation is
-TP-invariant (each shard is the slice of the full init), dropout masks are keyed by global
-element and head indices and by the micro-batch's index in the global batch, each rank reads
-Megatron's sampler share. So the loss, gradient-norm and validation curves must equal the
+same global batch, for a GPT-2-style and a Llama-style tiny model (and multi-latent attention,
+multi-token prediction), dropout on. The layouts differ only in where the arithmetic happens:
+initialisation is TP-invariant (each shard is the slice of the full init), dropout masks are
+keyed by global element and head indices and by the micro-batch's index in the global batch, each
+rank reads Megatron's sampler share. So the loss, gradient-norm and validation curves must equal the
 single-process ones up to the order of floating-point sums: we require 20 iterations within 1e-5
 relative (cross-rank reductions add f32 partial sums in another order than one process does; over
 20 Adam steps that moves the 7th significant digit at most here; a wrong shard, mask or
@@ -75,11 +75,13 @@ def run(ranks, *args):
 
 
 class TestParallelEquivalence(unittest.TestCase):
-    def check_equivalent(self, extra, layouts=LAYOUTS):
+    def check_equivalent(self, extra, layouts=LAYOUTS, mtp_depths=0):
         model = with_flags(TINY, extra)
         single = run(1, *model)
         self.assertEqual(single.returncode, 0, single.stderr[-2000:])
         want = megatron_log.loss_curve(single.stdout, 20)
+        mtp_keys = [f"mtp_{k} loss" for k in range(1, mtp_depths + 1)]
+        want_mtp = megatron_log.curves(single.stdout, mtp_keys, 1, 20) if mtp_keys else {}
         want_valid = megatron_log.validation_losses(single.stdout)
         self.assertEqual(len(want_valid), 4)  # iterations 10 and 20, then validation and test
         for name, ranks, flags in layouts:
@@ -94,6 +96,12 @@ class TestParallelEquivalence(unittest.TestCase):
                     # The norm is printed with 3 decimals: allow one unit of the last digit.
                     self.assertAlmostEqual(gn, wn, delta=1e-5 * wn + 2e-3,
                                            msg=f"{name} grad norm, iter {it}")
+                if mtp_keys:
+                    got_mtp = megatron_log.curves(proc.stdout, mtp_keys, 1, 20)
+                    for it, values in want_mtp.items():
+                        for key, w in values.items():
+                            self.assertAlmostEqual(got_mtp[it][key], w, delta=1e-5 * w,
+                                                   msg=f"{name} {key}, iter {it}")
                 got_valid = megatron_log.validation_losses(proc.stdout)
                 self.assertEqual([w for w, _ in got_valid], [w for w, _ in want_valid], name)
                 for (where, g), (_, w) in zip(got_valid, want_valid):
@@ -138,6 +146,39 @@ class TestParallelEquivalence(unittest.TestCase):
                                            "--recompute-granularity", "selective"])])
         self.check_equivalent([*mla, "--rope-type", "rope", "--v-head-dim", "32"],
                               [l for l in layouts if l[0] in ("tp2", "tp2+sp", "pp2")])
+
+    def test_multi_token_prediction_in_parallel_layouts(self):
+        # Megatron's MTP after the decoder on the last stage: the rolled tokens through the shared
+        # embedding (a copy on the last stage under pipelining, summed with the first stage's, for
+        # tied and untied output layers alike), eh_proj gathered over TP, the depths' losses in
+        # the objective. Then a DeepSeek-V3-style model: MLA, dense then MoE layers with sigmoid
+        # routing, expert bias and a shared expert, an MoE prediction layer (its router in the
+        # load-balancing loss and the bias update), under expert parallelism too. The mtp_k
+        # losses are compared as the lm loss is.
+        mtp = [*LLAMA, "--mtp-num-layers", "2", "--mtp-loss-scaling-factor", "0.3"]
+        layouts = [l for l in LAYOUTS if l[0] in ("tp2+sp", "pp2", "pp2 interleaved",
+                                                  "dp2 distributed optimizer",
+                                                  "tp2+sp pp2-interleaved dp2 overlapped")]
+        self.check_equivalent(mtp, layouts, mtp_depths=2)
+        self.check_equivalent([m for m in mtp if m != "--untie-embeddings-and-output-weights"],
+                              [l for l in layouts if l[0] in ("pp2", "tp2+sp")], mtp_depths=2)
+        deepseek = ["--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu",
+                    "--disable-bias-linear", "--untie-embeddings-and-output-weights",
+                    "--multi-latent-attention", "--q-lora-rank", "24", "--kv-lora-rank", "16",
+                    "--qk-head-dim", "16", "--qk-pos-emb-head-dim", "8", "--v-head-dim", "12",
+                    "--qk-layernorm", "--rotary-scaling-factor", "40", "--mscale-all-dim", "1.0",
+                    "--num-experts", "4", "--moe-router-topk", "2", "--moe-layer-freq",
+                    "([0]+[1]*3)", "--moe-router-score-function", "sigmoid",
+                    "--moe-router-enable-expert-bias", "--moe-aux-loss-coeff", "0.01",
+                    "--moe-shared-expert-intermediate-size", "32", "--moe-ffn-hidden-size", "32",
+                    "--moe-token-dispatcher-type", "alltoall", "--mtp-num-layers", "1"]
+        self.check_equivalent(deepseek, [
+            ("tp2+sp", 2, [TP, "2", "--sequence-parallel"]),
+            ("ep2", 2, ["--expert-model-parallel-size", "2"]),
+            ("pp2", 2, [PP, "2"]),
+            ("tp2+sp ep2 pp2", 8, [TP, "2", "--sequence-parallel", "--expert-model-parallel-size",
+                                    "2", PP, "2"]),
+        ], mtp_depths=1)
 
     def test_uneven_pipeline_splits_match_single_process(self):
         # Megatron's uneven stages: a first (last) stage of its own size, the middle sharing the

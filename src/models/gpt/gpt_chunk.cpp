@@ -116,6 +116,9 @@ std::vector<TopKRouter*> GPTChunk::moe_routers() {
   std::vector<TopKRouter*> out;
   for (auto& layer : model_.decoder->layers)
     if (layer->moe) out.push_back(&layer->moe->router);
+  if (model_.mtp)
+    for (auto& depth : model_.mtp->layers)
+      if (depth->transformer_layer.moe) out.push_back(&depth->transformer_layer.moe->router);
   return out;
 }
 
