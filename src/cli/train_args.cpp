@@ -324,6 +324,12 @@ void register_train_args(ArgTable& t, Arguments& a) {
         "Layers per recomputed chunk (uniform) or recomputed layers per pipeline stage (block)");
   t.flag("--recompute-activations", a.recompute_activations,
          "Deprecated: the same as --recompute-granularity selective");
+  t.add("--recompute-modules", a.recompute_modules,
+        "What --recompute-granularity selective recomputes (default core_attn): core_attn, mlp "
+        "(dense MLPs), moe (whole MoE layers), shared_experts, moe_act (the experts' "
+        "activation), mla_up_proj (multi-latent attention's up projections and RoPE)");
+  t.flag("--moe-layer-recompute", a.moe_layer_recompute,
+         "Deprecated: --recompute-granularity selective with the moe module");
   t.concern("training");
   t.add("--micro-batch-size", a.micro_batch_size, "Sequences per micro-batch");
   t.add("--global-batch-size", a.global_batch_size,
@@ -890,6 +896,47 @@ void validate_recompute(Arguments& a, int64_t per_stage) {
                    "--recompute-activations (deprecated alias of --recompute-granularity "
                    "selective) contradicts --recompute-granularity full; drop one of them");
     granularity = "selective";
+  }
+  if (a.moe_layer_recompute) {  // Megatron's deprecated flag: selective with "moe" added
+    MEGATRON_CHECK(granularity != "full",
+                   "Do not set --moe-layer-recompute with full recompute granularity: drop one");
+    granularity = "selective";
+    if (a.recompute_modules.empty()) a.recompute_modules = {"core_attn"};
+    if (std::find(a.recompute_modules.begin(), a.recompute_modules.end(), "moe") ==
+        a.recompute_modules.end())
+      a.recompute_modules.push_back("moe");
+  }
+  for (const std::string& m : a.recompute_modules) {
+    MEGATRON_CHECK(m == "core_attn" || m == "mlp" || m == "moe" || m == "shared_experts" ||
+                       m == "moe_act" || m == "mla_up_proj" || m == "layernorm",
+                   "--recompute-modules: invalid choice '", m,
+                   "'; allowed: core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, "
+                   "shared_experts");
+  }
+  if (granularity == "selective") {
+    const auto has = [&](const char* m) {
+      return std::find(a.recompute_modules.begin(), a.recompute_modules.end(), m) !=
+             a.recompute_modules.end();
+    };
+    MEGATRON_CHECK(!has("layernorm"),
+                   "--recompute-modules layernorm is not implemented yet (the norms' outputs "
+                   "are the next GEMMs' saved inputs here); use mlp or moe to free the largest "
+                   "activations, or --recompute-granularity full");
+    MEGATRON_CHECK(!has("moe_act") || a.moe_grouped_gemm,
+                   "moe_act in recompute_modules is only supported with moe_grouped_gemm: add "
+                   "--moe-grouped-gemm (as Megatron requires)");
+    MEGATRON_CHECK(!has("mla_up_proj") || a.multi_latent_attention,
+                   "mla_up_proj in recompute_modules is only supported with "
+                   "multi_latent_attention (--multi-latent-attention)");
+    MEGATRON_CHECK(!has("shared_experts") || !a.moe_shared_expert_overlap,
+                   "shared_experts recompute cannot work with --moe-shared-expert-overlap: drop "
+                   "one");
+    const bool beyond_core = std::any_of(a.recompute_modules.begin(), a.recompute_modules.end(),
+                                         [](const std::string& m) { return m != "core_attn"; });
+    MEGATRON_CHECK(!beyond_core || a.fp8_format.empty(),
+                   "--recompute-modules other than core_attn with --fp8-format is not implemented "
+                   "yet (the recomputed GEMMs would quantise again): keep core_attn only, or "
+                   "drop FP8");
   }
   MEGATRON_CHECK(a.recompute_method.empty() || granularity == "full",
                  "--recompute-method requires --recompute-granularity full",

@@ -305,6 +305,9 @@ struct Arguments {
   std::string recompute_method;        // uniform or block (with full); empty: none
   int64_t recompute_num_layers = 0;    // layers per chunk (uniform) / per stage (block); 0: unset
   bool recompute_activations = false;  // deprecated alias of --recompute-granularity selective
+  // --recompute-modules (with selective); unset: Megatron's default, core_attn.
+  std::vector<std::string> recompute_modules;
+  bool moe_layer_recompute = false;  // deprecated: selective with the moe module
 
   // ---- record ----
   // Every argument as the argument table holds it ({dest: value}, filled by the CLI after

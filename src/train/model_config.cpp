@@ -262,6 +262,19 @@ TransformerConfig transformer_config_from_args(const Arguments& a) {
                    "'; choose uniform or block");
   }
   c.recompute_num_layers = a.recompute_num_layers;
+  if (!a.recompute_modules.empty()) {  // unset: Megatron's default, core_attn alone
+    RecomputeModules& m = c.recompute_modules;
+    m = RecomputeModules{};
+    m.core_attn = false;
+    for (const std::string& name : a.recompute_modules) {
+      m.core_attn = m.core_attn || name == "core_attn";
+      m.mlp = m.mlp || name == "mlp";
+      m.moe = m.moe || name == "moe";
+      m.shared_experts = m.shared_experts || name == "shared_experts";
+      m.moe_act = m.moe_act || name == "moe_act";
+      m.mla_up_proj = m.mla_up_proj || name == "mla_up_proj";
+    }
+  }
   c.moe = moe_config_from_args(a);
   c.vision = vision_config_from_args(a);
   MEGATRON_CHECK(a.vocab_size > 0, "--vocab-size must be set (positive) for ", a.tokenizer_type,

@@ -32,10 +32,11 @@ SelfAttention::SelfAttention(const std::string& name, const TransformerConfig& c
                            "--num-query-groups by --tensor-model-parallel-size")),
       heads_local_(divide(cfg.num_attention_heads, tp.size(),
                           "--num-attention-heads by --tensor-model-parallel-size")),
-      recompute_core_attention_(cfg.recompute_granularity == RecomputeGranularity::kSelective) {
+      recompute_core_attention_(cfg.recomputes(&RecomputeModules::core_attn)) {
   tp_.cp = tp.cp.for_layer(layer_number);  // per-layer --cp-comm-type
   if (cfg.mla.enabled) {
     mla.emplace(name, cfg, tp);
+    recompute_mla_up_ = cfg.recomputes(&RecomputeModules::mla_up_proj);
     const MlaConfig& m = cfg.mla;
     rope_on_ = true;
     rope_.head_begin = 0;
@@ -277,10 +278,20 @@ Tensor SelfAttention::forward(const Tensor& x, const TokenLayout& layout, Ctx& c
     ctx.out = Tensor();
     ctx.lse = Tensor();
   }
+  if (recompute_mla_up_ && mode.training) {
+    // Megatron's mla_up_proj: the up-projected, rotated q, k, v go; the latents stay.
+    ctx.qkv = Tensor();
+    ctx.rebuild_qkv = true;
+    mla->drop_up(ctx.mla);
+  }
   return y;
 }
 
 Tensor SelfAttention::backward(const Tensor& dy, Ctx& ctx, Tensor* dbias) const {
+  if (ctx.rebuild_qkv) {  // mla_up_proj's recomputation, before anything reads qkv
+    ctx.qkv = mla->up(ctx.mla);
+    ops::rope_inplace(ctx.qkv, ctx.positions, rope_, false);
+  }
   const int64_t s = ctx.qkv.dim(0), b = ctx.qkv.dim(1);
   if (ctx.recompute) {
     core_attention(ctx);

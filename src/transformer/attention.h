@@ -55,6 +55,7 @@ class SelfAttention {
     Tensor out;  // [s, b, np/tp, hn]; undefined between forward and backward when selective
     Tensor lse;  // [b, np/tp, s]; likewise
     bool recompute = false;  // out and lse dropped in forward, recomputed in backward
+    bool rebuild_qkv = false;  // qkv dropped in forward (mla_up_proj), rebuilt in backward
     Shape proj_input_shape;  // if linear_proj's saved input was `out` (dropped with it): its shape
     Tensor positions;
     ops::AttentionSpec spec;   // as run in forward: the mask, the dropout RNG coordinates
@@ -100,7 +101,8 @@ class SelfAttention {
   int64_t layer_;
   TensorParallelContext tp_;
   int64_t groups_local_, heads_local_;  // query groups and heads on this TP rank
-  bool recompute_core_attention_;       // --recompute-granularity selective
+  bool recompute_core_attention_;       // --recompute-granularity selective (core_attn)
+  bool recompute_mla_up_ = false;       // --recompute-modules mla_up_proj
   ops::RopeSpec rope_;
   bool rope_on_ = false;  // RoPE (or MLA's own) turns q and k
   // The heads' outputs [s, b, np/tp, head_dim] -> linear_proj's input [s, b, np/tp * v_head_dim]

@@ -22,6 +22,14 @@ enum class PositionEmbedding : uint8_t { kLearnedAbsolute, kRope, kNone, kRelati
 // Megatron's activation recomputation (see TransformerBlock and SelfAttention).
 enum class RecomputeGranularity : uint8_t { kNone, kFull, kSelective };
 enum class RecomputeMethod : uint8_t { kNone, kUniform, kBlock };
+// Megatron's --recompute-modules: what selective recomputation recomputes. core_attn, mlp, moe and
+// shared_experts keep their module's input and run the module again in backward; moe_act and
+// mla_up_proj drop their outputs (the experts' activation, multi-latent attention's up-projected
+// and rotated q, k, v) and rebuild them from what they were computed from.
+struct RecomputeModules {
+  bool core_attn = true;  // Megatron's default
+  bool mlp = false, moe = false, shared_experts = false, moe_act = false, mla_up_proj = false;
+};
 
 struct TransformerConfig {
   int64_t num_layers = 0;   // --num-layers
@@ -95,6 +103,11 @@ struct TransformerConfig {
   // first recompute_num_layers layers of each pipeline stage (default kNone).
   RecomputeMethod recompute_method = RecomputeMethod::kNone;
   int64_t recompute_num_layers = 0;  // --recompute-num-layers, >= 1 with kFull (default 0: unset)
+  RecomputeModules recompute_modules;  // --recompute-modules (with kSelective)
+  // Whether selective recomputation covers a module (the flag's name for it).
+  bool recomputes(bool RecomputeModules::*module) const {
+    return recompute_granularity == RecomputeGranularity::kSelective && recompute_modules.*module;
+  }
 
   MoeConfig moe;  // Mixture of Experts (--num-experts; default: dense)
   MlaConfig mla;  // multi-latent attention (--multi-latent-attention; default: off)

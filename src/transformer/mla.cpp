@@ -106,44 +106,59 @@ std::vector<Fp8GemmScaling*> MlaProjections::enable_fp8(const Fp8Config& cfg) {
 Tensor MlaProjections::forward(const Tensor& x, Ctx& ctx) const {
   const MlaConfig& m = cfg_.mla;
   const int64_t s_local = x.dim(0), b = x.dim(1), h = cfg_.hidden_size;
-  const int64_t s = s_local * (tp_.sp() ? tp_.size() : 1), np = heads_local_;
-  const int64_t rows = s * b * np, width = cfg_.head_dim();
-  const int64_t pe = m.qk_pos_emb_head_dim, nope = m.qk_head_dim, dv = m.v_head_dim;
-  ctx.s = s;
+  const int64_t pe = m.qk_pos_emb_head_dim;
+  ctx.s = s_local * (tp_.sp() ? tp_.size() : 1);
   ctx.b = b;
   const Tensor x2 = x.view({s_local * b, h});
+  ctx.q_latent = linear_q_down_proj
+                     ? linear_q_down_proj->forward(x2, ctx.q_down).view({s_local, b, m.q_lora_rank})
+                     : x;
+  // The latent and the shared rotary key.
+  auto [c, k_pe] = split_columns(linear_kv_down_proj.forward(x2, ctx.kv_down), m.kv_lora_rank);
+  ctx.kv_latent = c.view({s_local, b, m.kv_lora_rank});
+  if (tp_.sp()) {
+    k_pe = gather_from_sequence_parallel_region_forward(k_pe.view({s_local, b, pe}), *tp_.group);
+  }
+  ctx.k_pe = k_pe.view({ctx.s * b, pe});
+  return up(ctx);
+}
 
+void MlaProjections::drop_up(Ctx& ctx) const {
+  ctx.q_norm = Norm::Ctx{};
+  ctx.kv_norm = Norm::Ctx{};
+  ctx.q_up = ColumnParallelLinear::Ctx{};
+  ctx.kv_up = ColumnParallelLinear::Ctx{};
+}
+
+Tensor MlaProjections::up(Ctx& ctx) const {
+  const MlaConfig& m = cfg_.mla;
+  const int64_t s = ctx.s, b = ctx.b, np = heads_local_;
+  const int64_t rows = s * b * np, width = cfg_.head_dim();
+  const int64_t pe = m.qk_pos_emb_head_dim, nope = m.qk_head_dim, dv = m.v_head_dim;
   // Queries: [s, b, np * (nope + pe)], per head [q_nope | q_pe].
   Tensor q;
   if (linear_q_down_proj) {
-    Tensor qc = linear_q_down_proj->forward(x2, ctx.q_down).view({s_local, b, m.q_lora_rank});
-    if (q_layernorm) {
-      qc = q_layernorm->forward(qc, ctx.q_norm, linear_q_up_proj->gemm_input_dtype());
-    }
+    Tensor qc = ctx.q_latent;
+    if (q_layernorm) qc = q_layernorm->forward(qc, ctx.q_norm, linear_q_up_proj->gemm_input_dtype());
     q = linear_q_up_proj->forward(qc, ctx.q_up);
   } else {
-    q = linear_q_proj->forward(x, ctx.q_up);
+    q = linear_q_proj->forward(ctx.q_latent, ctx.q_up);
   }
   q = q.view({rows, m.q_head_dim()});
-
-  // The latent and the shared rotary key.
-  auto [c, k_pe] = split_columns(linear_kv_down_proj.forward(x2, ctx.kv_down), m.kv_lora_rank);
-  Tensor latent = c.view({s_local, b, m.kv_lora_rank});
+  Tensor latent = ctx.kv_latent;
   if (kv_layernorm) {
     latent = kv_layernorm->forward(latent, ctx.kv_norm, linear_kv_up_proj.gemm_input_dtype());
   }
   const Tensor kv = linear_kv_up_proj.forward(latent, ctx.kv_up).view({rows, nope + dv});
-  if (tp_.sp()) {
-    k_pe = gather_from_sequence_parallel_region_forward(k_pe.view({s_local, b, pe}), *tp_.group);
-  }
   // The rotary key once per local head: [s b, np pe] as [rows, pe].
   const Tensor k_pe_heads =
-      concat(std::vector<Tensor>(static_cast<size_t>(np), k_pe.view({s * b, pe}))).view({rows, pe});
+      concat(std::vector<Tensor>(static_cast<size_t>(np), ctx.k_pe)).view({rows, pe});
 
   const auto zeros = [&](int64_t n) { return Tensor::zeros({rows, n}, q.dtype(), q.device()); };
-  const Tensor packed = concat({columns(q, nope, pe), columns(q, 0, nope), zeros(width - nope - pe),
-                                k_pe_heads, columns(kv, 0, nope), zeros(width - nope - pe),
-                                columns(kv, nope, dv), zeros(width - dv)});
+  const Tensor packed =
+      concat({columns(q, nope, pe), columns(q, 0, nope), zeros(width - nope - pe), k_pe_heads,
+              columns(kv, 0, nope), zeros(width - nope - pe), columns(kv, nope, dv),
+              zeros(width - dv)});
   return packed.view({s, b, np, 3, width});
 }
 

@@ -50,6 +50,10 @@ class MlaProjections {
     Norm::Ctx q_norm, kv_norm;
     ColumnParallelLinear::Ctx q_up, kv_up;  // q_up: linear_q_proj's without --q-lora-rank
     int64_t s = 0, b = 0;                   // the whole sequence's length, the batch
+    // What the up projections start from: the query latent (x itself without --q-lora-rank) and
+    // the key/value latent [s', b, r] before their norms, the rotary key [s b, pe] (gathered
+    // under sequence parallelism).
+    Tensor q_latent, kv_latent, k_pe;
   };
 
   MlaProjections(const std::string& name, const TransformerConfig& cfg,
@@ -61,6 +65,11 @@ class MlaProjections {
   // The packed buffer's gradient (after RoPE's backward) -> dx shaped like forward's x. Adds to
   // every weight's gradient.
   Tensor backward(const Tensor& dqkv, Ctx& ctx) const;
+  // --recompute-modules mla_up_proj (output-discarding): drop what the latent norms and up
+  // projections kept, and later rebuild the packed buffer (before RoPE) from the latents, with
+  // the same kernels on the same values (the same bits), refilling what backward needs.
+  void drop_up(Ctx& ctx) const;
+  Tensor up(Ctx& ctx) const;
 
   void collect(std::vector<Param*>& out);
   std::vector<Fp8GemmScaling*> enable_fp8(const Fp8Config& cfg);

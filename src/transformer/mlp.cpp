@@ -108,6 +108,15 @@ void MLP::collect(std::vector<Param*>& out) {
 }
 
 Tensor MLP::forward(const Tensor& x, Ctx& ctx) const {
+  Tensor y = run(x, ctx);
+  if (recompute_) {
+    ctx = Ctx{};
+    ctx.input = x;
+  }
+  return y;
+}
+
+Tensor MLP::run(const Tensor& x, Ctx& ctx) const {
   ctx.pre_act = linear_fc1.forward(x, ctx.fc1_ctx);  // all s positions, also under SP
   Shape act_shape = ctx.pre_act.shape();
   act_shape[-1] = ffn_local_;
@@ -125,6 +134,7 @@ Tensor MLP::forward(const Tensor& x, Ctx& ctx) const {
 }
 
 Tensor MLP::backward(const Tensor& dy, Ctx& ctx) const {
+  if (ctx.input.defined()) run(ctx.input, ctx);  // recompute(): the dropped forward
   Tensor dact = linear_fc2.backward(dy, ctx.fc2_ctx);
   Tensor dpre = Tensor::empty(ctx.pre_act.shape(), ctx.pre_act.dtype(), ctx.pre_act.device());
   mlp_activation_backward(cfg_, dpre, dact, ctx.pre_act);

@@ -24,6 +24,7 @@ class MLP {
     ColumnParallelLinear::Ctx fc1_ctx;
     RowParallelLinear::Ctx fc2_ctx;
     Tensor pre_act;  // fc1 output [s, b, ffn/tp or 2 ffn/tp]
+    Tensor input;    // recompute(): the input, the only thing kept between forward and backward
   };
 
   MLP(const std::string& name, const TransformerConfig& cfg, const TensorParallelContext& tp);
@@ -31,13 +32,20 @@ class MLP {
   Tensor forward(const Tensor& x, Ctx& ctx) const;  // [s, b, h] -> [s, b, h]
   Tensor backward(const Tensor& dy, Ctx& ctx) const;
   void collect(std::vector<Param*>& out);
+  // Selective recomputation of the whole MLP (--recompute-modules mlp, or shared_experts for an
+  // MoE layer's): forward keeps only its input, backward runs the forward again first (the same
+  // kernels on the same input, so the same bits).
+  void set_recompute(bool on) { recompute_ = on; }
 
   ColumnParallelLinear linear_fc1;
   RowParallelLinear linear_fc2;
 
  private:
+  Tensor run(const Tensor& x, Ctx& ctx) const;  // the forward itself
+
   const TransformerConfig& cfg_;
   int64_t ffn_local_;  // ffn_hidden_size / tp
+  bool recompute_ = false;
 };
 
 // The MLP's activation as cfg chooses it (SwiGLU on [gate | up], squared ReLU, or GELU): out =

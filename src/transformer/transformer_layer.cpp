@@ -40,6 +40,7 @@ TransformerLayer::TransformerLayer(const std::string& name, const TransformerCon
     moe = std::make_unique<MoELayer>(name + ".mlp", cfg, layer_number, tp);
   } else {
     mlp = std::make_unique<MLP>(name + ".mlp", cfg, tp);
+    mlp->set_recompute(cfg.recomputes(&RecomputeModules::mlp));
   }
   input_layernorm.mark_sequence_parallel(tp.sp());
   pre_mlp_layernorm.mark_sequence_parallel(tp.sp());
@@ -117,12 +118,34 @@ Tensor TransformerLayer::forward(const Tensor& x, const TokenLayout& layout, Ctx
 
   const Tensor normed =
       pre_mlp_layernorm.forward(x1, ctx.ln2, moe ? x1.dtype() : mlp->linear_fc1.gemm_input_dtype());
-  Tensor m =
-      (moe ? moe->forward(normed, ctx.moe, mode) : mlp->forward(normed, ctx.mlp)).view(x.shape());
+  Tensor m = ffn_forward(normed, ctx, mode).view(x.shape());
   if (ctx.dropout > 0)
     sequence_dropout_forward(m, m, ctx.dropout, ctx.seed, ctx.stream_mlp, tp_, true);
   ops::add_inplace(m, x1);  // out = x1 + dropout(mlp(...)), reusing m's storage
   return m;
+}
+
+Tensor TransformerLayer::ffn_forward(const Tensor& x, Ctx& ctx, const ForwardMode& mode) const {
+  if (!moe) return mlp->forward(x, ctx.mlp);
+  Tensor y = moe->forward(x, ctx.moe, mode);
+  if (mode.training && cfg_.recomputes(&RecomputeModules::moe)) {
+    // Only the input (and the mode: the same dropout-free routing, the same loss scale) stays;
+    // backward routes and dispatches again, with the same results (the router logs its losses
+    // and counts in backward, once).
+    ctx.moe = MoELayer::Ctx{};
+    ctx.moe_input = x;
+    ctx.moe_mode = mode;
+  }
+  return y;
+}
+
+Tensor TransformerLayer::ffn_backward(const Tensor& dy, Ctx& ctx) const {
+  if (!moe) return mlp->backward(dy, ctx.mlp);
+  if (ctx.moe_input.defined()) {
+    moe->forward(ctx.moe_input, ctx.moe, ctx.moe_mode);
+    ctx.moe_input = Tensor();
+  }
+  return moe->backward(dy, ctx.moe);
 }
 
 Tensor TransformerLayer::forward_post_ln(const Tensor& x, const TokenLayout& layout, Ctx& ctx,
@@ -132,7 +155,7 @@ Tensor TransformerLayer::forward_post_ln(const Tensor& x, const TokenLayout& lay
     sequence_dropout_forward(a, a, ctx.dropout, ctx.seed, ctx.stream_attn, tp_, true);
   ops::add_inplace(a, x);  // a = x + dropout(attention(x))
   const Tensor x1 = input_layernorm.forward(a, ctx.ln1);
-  Tensor m = (moe ? moe->forward(x1, ctx.moe, mode) : mlp->forward(x1, ctx.mlp)).view(x.shape());
+  Tensor m = ffn_forward(x1, ctx, mode).view(x.shape());
   if (ctx.dropout > 0)
     sequence_dropout_forward(m, m, ctx.dropout, ctx.seed, ctx.stream_mlp, tp_, true);
   ops::add_inplace(m, x1);
@@ -147,7 +170,7 @@ Tensor TransformerLayer::backward_post_ln(const Tensor& dy, Ctx& ctx, SideGrads*
     dm = Tensor::empty(d2.shape(), d2.dtype(), d2.device());
     sequence_dropout_backward(dm, d2, ctx.dropout, ctx.seed, ctx.stream_mlp, tp_, true);
   }
-  Tensor dx1 = (moe ? moe->backward(dm, ctx.moe) : mlp->backward(dm, ctx.mlp)).view(dy.shape());
+  Tensor dx1 = ffn_backward(dm, ctx).view(dy.shape());
   ops::add_inplace(dx1, d2);
   Tensor d1 = input_layernorm.backward(dx1, ctx.ln1);
   Tensor da = d1;
@@ -171,7 +194,7 @@ Tensor TransformerLayer::backward(const Tensor& dy, Ctx& ctx, SideGrads* side) c
     dm = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
     sequence_dropout_backward(dm, dy, ctx.dropout, ctx.seed, ctx.stream_mlp, tp_, true);
   }
-  const Tensor dmlp = moe ? moe->backward(dm, ctx.moe) : mlp->backward(dm, ctx.mlp);
+  const Tensor dmlp = ffn_backward(dm, ctx);
   Tensor dx1 = pre_mlp_layernorm.backward(dmlp.view(dy.shape()), ctx.ln2);
   ops::add_inplace(dx1, dy);
 

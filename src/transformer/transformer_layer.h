@@ -59,6 +59,9 @@ class TransformerLayer {
     CrossAttention::Ctx cross;
     MLP::Ctx mlp;
     MoELayer::Ctx moe;
+    // --recompute-modules moe: the MoE layer's input and mode, kept instead of its Ctx.
+    Tensor moe_input;
+    ForwardMode moe_mode;
     float dropout = 0;
     uint64_t seed = 0, stream_attn = 0, stream_mlp = 0, stream_cross = 0;
   };
@@ -82,6 +85,10 @@ class TransformerLayer {
   Tensor forward_post_ln(const Tensor& x, const TokenLayout& layout, Ctx& ctx,
                          const ForwardMode& mode) const;
   Tensor backward_post_ln(const Tensor& dy, Ctx& ctx, SideGrads* side) const;
+  // The MLP or MoE branch, with --recompute-modules moe's recomputation of the MoE layer (the
+  // dense MLP recomputes itself: MLP::set_recompute).
+  Tensor ffn_forward(const Tensor& x, Ctx& ctx, const ForwardMode& mode) const;
+  Tensor ffn_backward(const Tensor& dy, Ctx& ctx) const;
 
  public:
   Norm input_layernorm;  // post_attention_layernorm with cfg.post_layernorm

@@ -4,10 +4,11 @@
 What it is: black-box runs of the binary on a tiny model (4 layers, h 64, 4 heads, s 32, micro
 batch 2, global batch 4, 10 iterations, dropout on by default) under every recompute setting
 (Megatron's --recompute-granularity full|selective, --recompute-method uniform|block,
---recompute-num-layers, --recompute-activations), each compared with the same layout without
-recomputation: every `lm loss` and `grad norm` printed must be identical, and in one process the
-trained weights written by --save-hf must be identical byte for byte (recomputation re-runs the
-same kernels on the same inputs, so nothing may change). Layouts: one process; `mpiexec -n 2`
+--recompute-num-layers, --recompute-activations, --recompute-modules on a DeepSeek-V3-style
+model with multi-latent attention and MoE, --moe-layer-recompute), each compared with the same
+layout without recomputation: every `lm loss` and `grad norm` printed must be identical, and in
+one process the trained weights written by --save-hf must be identical byte for byte
+(recomputation re-runs the same kernels on the same inputs, so nothing may change). Layouts: one process; `mpiexec -n 2`
 with --tensor-model-parallel-size 2 --sequence-parallel (the recomputed forward re-issues its
 all-gathers and reduce-scatters, which must still pair up across the TP ranks); `mpiexec -n 2`
 with --pipeline-model-parallel-size 2 (recomputation per stage). Also: the flag combinations
@@ -65,7 +66,7 @@ def curve(stdout, iters=10):
     return [(lines[it]["lm loss"], lines[it]["grad norm"]) for it in sorted(lines)]
 
 
-class TestRecomputeTraining(unittest.TestCase):
+class CurveCase(unittest.TestCase):
     def train(self, ranks, args):
         proc = run(ranks, TINY + args)
         self.assertEqual(proc.returncode, 0, f"{args}:\n{proc.stderr[-3000:]}")
@@ -77,6 +78,8 @@ class TestRecomputeTraining(unittest.TestCase):
             with self.subTest(setting=" ".join(setting)):
                 self.assertEqual(self.train(ranks, layout + setting), want)
 
+
+class TestRecomputeTraining(CurveCase):
     def test_one_process_curves_and_weights_identical(self):
         with tempfile.TemporaryDirectory() as tmp:
             want_dir = os.path.join(tmp, "none")
@@ -97,6 +100,43 @@ class TestRecomputeTraining(unittest.TestCase):
     def test_pipeline_parallel_curves_identical(self):
         # 2 layers per stage: uniform 1 recomputes each layer, uniform 2 the whole stage.
         self.assertSameCurve(2, PP2, [FULL_UNIFORM_1, FULL_UNIFORM_2])
+
+
+# A DeepSeek-V3-style model for the module recomputation: multi-latent attention, a dense layer
+# then MoE layers (alltoall) with a shared expert and sigmoid routing with an aux loss.
+DEEPSEEK = ["--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu",
+            "--disable-bias-linear", "--multi-latent-attention", "--q-lora-rank", "24",
+            "--kv-lora-rank", "16", "--qk-head-dim", "16", "--qk-pos-emb-head-dim", "8",
+            "--v-head-dim", "12", "--qk-layernorm", "--num-experts", "4", "--moe-router-topk", "2",
+            "--moe-layer-freq", "([0]+[1]*3)", "--moe-ffn-hidden-size", "32",
+            "--moe-shared-expert-intermediate-size", "32", "--moe-router-score-function",
+            "sigmoid", "--moe-aux-loss-coeff", "0.01", "--moe-token-dispatcher-type", "alltoall",
+            "--moe-grouped-gemm"]
+MODULES = ["--recompute-granularity", "selective", "--recompute-modules"]
+
+
+class TestRecomputeModules(CurveCase):
+    # --recompute-modules: each module's recomputation re-runs the same kernels on the same
+    # inputs (MLP, MoE with its routing and token exchange, shared experts, the experts'
+    # activation, MLA's up projections and RoPE), so every printed loss and norm is identical to
+    # the run without recomputation, in one process, under TP + SP (the recomputed forwards
+    # re-issue their all-gathers) and under expert parallelism (the recomputed MoE layer
+    # exchanges its tokens again).
+    SETTINGS = [MODULES + ["mlp", "moe"],
+                MODULES + ["core_attn", "mla_up_proj", "moe_act", "shared_experts"],
+                MODULES + ["mla_up_proj", "moe", "mlp"],
+                ["--moe-layer-recompute"]]
+
+    def test_one_process(self):
+        self.assertSameCurve(1, DEEPSEEK, self.SETTINGS)
+
+    def test_tensor_sequence_and_expert_parallel(self):
+        self.assertSameCurve(2, DEEPSEEK + TP2_SP, self.SETTINGS[:2])
+        self.assertSameCurve(2, DEEPSEEK + ["--expert-model-parallel-size", "2"],
+                             self.SETTINGS[:1])
+
+    def test_gpt_mlp(self):
+        self.assertSameCurve(1, [], [MODULES + ["mlp"], MODULES + ["core_attn", "mlp"]])
 
 
 class TestRecomputeArgs(unittest.TestCase):
@@ -147,6 +187,17 @@ class TestRecomputeArgs(unittest.TestCase):
         self.assertRefused(1, ["--recompute-granularity", "full", "--recompute-method", "every",
                                "--recompute-num-layers", "1"],
                            "--recompute-method must be uniform or block, got 'every'")
+
+    def test_module_refusals(self):
+        self.assertRefused(1, MODULES + ["attention"], "--recompute-modules: invalid choice "
+                                                       "'attention'")
+        self.assertRefused(1, MODULES + ["mla_up_proj"], "mla_up_proj",
+                           "--multi-latent-attention")
+        self.assertRefused(1, DEEPSEEK[:-1] + MODULES + ["moe_act"], "moe_act",
+                           "--moe-grouped-gemm")
+        self.assertRefused(1, MODULES + ["layernorm"], "--recompute-modules layernorm")
+        self.assertRefused(1, ["--moe-layer-recompute"] + FULL_UNIFORM_1,
+                           "--moe-layer-recompute", "full")
 
     def test_deprecated_alias_against_full(self):
         self.assertRefused(1, ["--recompute-activations"] + FULL_UNIFORM_1,

@@ -237,7 +237,7 @@ TEST(GPTModel, XavierUniformAndEmbeddingInit) {
   };
   {
     Initialised f(c);
-    for (const std::string name : {"decoder.layers.0.self_attention.linear_qkv->weight",
+    for (const std::string name : {"decoder.layers.0.self_attention.linear_qkv.weight",
                                    "decoder.layers.1.mlp.linear_fc2.weight",
                                    "embedding.word_embeddings.weight", "output_layer.weight"}) {
       SCOPED_TRACE(name);

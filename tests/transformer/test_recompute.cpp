@@ -76,7 +76,15 @@ struct Setting {
   RecomputeGranularity granularity;
   RecomputeMethod method;
   int64_t num_layers;
+  RecomputeModules modules = {};  // --recompute-modules (default: core_attn)
 };
+
+RecomputeModules modules(bool core_attn, bool mlp) {
+  RecomputeModules m;
+  m.core_attn = core_attn;
+  m.mlp = mlp;
+  return m;
+}
 
 const Setting kNone{"none", RecomputeGranularity::kNone, RecomputeMethod::kNone, 0};
 const std::vector<Setting> kRecomputeSettings = {
@@ -86,12 +94,18 @@ const std::vector<Setting> kRecomputeSettings = {
     {"full_block_1", RecomputeGranularity::kFull, RecomputeMethod::kBlock, 1},
     {"full_block_2", RecomputeGranularity::kFull, RecomputeMethod::kBlock, 2},
     {"selective", RecomputeGranularity::kSelective, RecomputeMethod::kNone, 0},
+    // --recompute-modules core_attn mlp, and mlp alone.
+    {"selective_core_attn_mlp", RecomputeGranularity::kSelective, RecomputeMethod::kNone, 0,
+     modules(true, true)},
+    {"selective_mlp", RecomputeGranularity::kSelective, RecomputeMethod::kNone, 0,
+     modules(false, true)},
 };
 
 TransformerConfig with(TransformerConfig c, const Setting& s) {
   c.recompute_granularity = s.granularity;
   c.recompute_method = s.method;
   c.recompute_num_layers = s.num_layers;
+  c.recompute_modules = s.modules;
   return c;
 }
 
@@ -264,6 +278,87 @@ TEST(Recompute, GptModelBitIdentical) {
   }
 }
 
+// --recompute-modules on a DeepSeek-V3-style model (multi-latent attention, a dense layer then MoE
+// layers with a shared expert, sigmoid routing with an aux loss), dropout on: every module set
+// gives the loss and every gradient bit for bit, and after forward the recomputed modules hold
+// what they should not (checked on a layer's Ctx): MLA's packed q, k, v and the up projections'
+// saved inputs; the experts' activation and its scaled copy; the shared experts' and the dense
+// MLP's intermediates; the whole MoE layer's state (only its input and mode kept).
+TransformerConfig deepseek_config() {
+  TransformerConfig c = llama_config();
+  c.num_query_groups = 0;
+  c.kv_channels = 0;
+  c.mla.enabled = true;
+  c.mla.q_lora_rank = 24;
+  c.mla.kv_lora_rank = 16;
+  c.mla.qk_head_dim = 16;
+  c.mla.qk_pos_emb_head_dim = 8;
+  c.mla.v_head_dim = 12;
+  c.mla.rotary_scaling_factor = 40;
+  c.mla.mscale_all_dim = 1.0;
+  c.qk_layernorm = true;
+  c.moe.num_experts = 4;
+  c.moe.router_topk = 2;
+  c.moe.ffn_hidden_size = 32;
+  c.moe.shared_expert_intermediate_size = 32;
+  c.moe.layer_pattern = {0, 1, 1, 1};
+  c.moe.score_function = MoeScoreFunction::kSigmoid;
+  c.moe.aux_loss_coeff = {0.01};
+  c.finalize();
+  return c;
+}
+
+TransformerConfig with_modules(TransformerConfig c, const RecomputeModules& m) {
+  c.recompute_granularity = RecomputeGranularity::kSelective;
+  c.recompute_modules = m;
+  return c;
+}
+
+TEST(Recompute, ModulesGiveTheSameBitsAndDropTheirActivations) {
+  const TransformerConfig base = deepseek_config();
+  ForwardMode mode = kTraining;
+  mode.aux_loss_scale = 1.0;
+  const auto run = [&](const TransformerConfig& c) {
+    GPTModel model(c);
+    ParamSet params(model.parameters(), c.compute_dtype);
+    params.initialize(42);
+    const Tensor tokens = testing::random_ids({kBatch, c.seq_length}, 8, c.vocab_size);
+    const Tensor labels = testing::random_ids({kBatch, c.seq_length}, 9, c.vocab_size);
+    GPTModel::Ctx ctx;
+    ModelRun r;
+    r.loss = model.forward(tokens, labels, Tensor(), ctx, mode).clone();
+    // What the modules dropped, on layer 1 (MoE) and layer 0 (dense).
+    const TransformerLayer::Ctx& moe_layer = ctx.decoder.layers[1];
+    const TransformerLayer::Ctx& dense = ctx.decoder.layers[0];
+    const RecomputeModules& m = c.recompute_modules;
+    const bool on = c.recompute_granularity == RecomputeGranularity::kSelective;
+    EXPECT_EQ(moe_layer.attn.qkv.defined(), !(on && m.mla_up_proj));
+    EXPECT_EQ(moe_layer.attn.mla.kv_up.linear.x.defined(), !(on && m.mla_up_proj));
+    EXPECT_EQ(moe_layer.moe_input.defined(), on && m.moe);
+    if (!(on && m.moe)) {
+      EXPECT_EQ(moe_layer.moe.experts.act.defined(), !(on && m.moe_act));
+      EXPECT_EQ(moe_layer.moe.shared.pre_act.defined(), !(on && m.shared_experts));
+    }
+    EXPECT_EQ(dense.mlp.pre_act.defined(), !(on && m.mlp));
+    Tensor dloss = Tensor::full(r.loss.shape(), 1.0 / static_cast<double>(r.loss.numel()));
+    params.zero_grads();
+    model.backward(dloss, ctx);
+    r.grads = params.grads().clone();
+    return r;
+  };
+  const ModelRun want = run(base);
+  RecomputeModules up_act_shared;
+  up_act_shared.mla_up_proj = up_act_shared.moe_act = up_act_shared.shared_experts = true;
+  RecomputeModules moe_mlp;
+  moe_mlp.core_attn = false;
+  moe_mlp.moe = moe_mlp.mlp = moe_mlp.mla_up_proj = true;
+  for (const RecomputeModules& m : {up_act_shared, moe_mlp}) {
+    const ModelRun got = run(with_modules(base, m));
+    EXPECT_TRUE(bitwise_equal(got.loss, want.loss)) << "per-token loss";
+    EXPECT_TRUE(bitwise_equal(got.grads, want.grads)) << "parameter gradients (flat buffer)";
+  }
+}
+
 // bf16 weights: linear_proj keeps its own bf16 copy of the core attention's output, so
 // selective recomputation drops only the f32 `out` and `lse` (nothing to re-link).
 TEST(Recompute, GptModelBf16BitIdentical) {
@@ -316,6 +411,7 @@ class HeldBytes {
     add(c.fc1_ctx);
     add(c.fc2_ctx);
     add(c.pre_act);
+    add(c.input);
   }
   void add(const TransformerLayer::Ctx& c) {
     add(c.ln1);
@@ -356,6 +452,8 @@ class HeldBytes {
 //   full uniform N:     ceil(L / N) sbh + F        (one [s, b, h] input per chunk)
 //   full block N:       N sbh + (L - N) A + F      (the first N layers keep their input only)
 //   selective:          L (A - sb np hn - b np s) + F
+//     with mlp:         the MLP keeps its input (the second norm's output) alone: minus
+//                       L (sb (f | 2f) + sb f); without core_attn the core output stays
 // (Dropout masks are never stored: they are regenerated from their counters.)
 int64_t predicted_held_bytes(const TransformerConfig& c, const Setting& s, bool final_norm) {
   const int64_t sq = c.seq_length, b = kBatch, h = c.hidden_size, L = c.num_layers;
@@ -370,7 +468,8 @@ int64_t predicted_held_bytes(const TransformerConfig& c, const Setting& s, bool 
   if (s.granularity == RecomputeGranularity::kNone) {
     floats = L * A + F;
   } else if (s.granularity == RecomputeGranularity::kSelective) {
-    floats = L * (A - core) + F;
+    const int64_t mlp = sb * (c.swiglu ? 2 * f : f) + sb * f;
+    floats = L * (A - (s.modules.core_attn ? core : 0) - (s.modules.mlp ? mlp : 0)) + F;
   } else if (s.method == RecomputeMethod::kUniform) {
     floats = (L + s.num_layers - 1) / s.num_layers * sb * h + F;
   } else {

@@ -57,9 +57,28 @@ int64_t activation_bytes_per_microbatch(const TransformerConfig& c, const Activa
     case RecomputeGranularity::kNone:
       bytes = kept;
       break;
-    case RecomputeGranularity::kSelective:
-      bytes = kept - L * core;
+    case RecomputeGranularity::kSelective: {
+      // What each module's recomputation drops (--recompute-modules): the core attention's
+      // output; a dense MLP's or MoE layer's (or the shared experts') intermediates, their input
+      // kept; the experts' activation and its scaled copy; MLA's packed q, k, v.
+      const RecomputeModules& r = c.recompute_modules;
+      const int64_t shared = c.moe.shared_expert_intermediate_size;
+      const int64_t moe_intermediates = moe_layer - attention - s_local_b * h * g;
+      bytes = kept;
+      for (int64_t i = 0; i < L; ++i) {
+        const bool is_moe = c.moe.is_moe_layer(a.first_layer + i);
+        if (r.core_attn) bytes -= core;
+        if (r.mla_up_proj && c.mla.enabled) bytes -= sb * np * 3 * hn / t * e;
+        if (!is_moe && r.mlp) bytes -= mlp(f, sb);
+        if (is_moe && r.moe) {
+          bytes -= moe_intermediates;
+        } else if (is_moe) {
+          if (r.moe_act) bytes -= sb * k / t * fe * (e + g);
+          if (r.shared_experts && shared > 0) bytes -= mlp(shared, sb);
+        }
+      }
       break;
+    }
     case RecomputeGranularity::kFull: {
       const int64_t n = std::max<int64_t>(c.recompute_num_layers, 1);
       bytes = c.recompute_method == RecomputeMethod::kUniform

@@ -47,6 +47,7 @@ GroupedExperts::GroupedExperts(const std::string& name, const TransformerConfig&
   const int64_t local =
       divide(m.num_experts, ep_size, "--num-experts by --expert-model-parallel-size");
   first_ = ep_rank * local;
+  recompute_act_ = cfg.recomputes(&RecomputeModules::moe_act);
   etp_rank_ = etp.rank();
   etp_size_ = etp.size();
   ffn_local_ = divide(m.ffn_hidden_size, etp.size(),
@@ -89,18 +90,28 @@ Tensor GroupedExperts::forward(const Tensor& x, const std::vector<int64_t>& coun
   ctx.x = gemm_input(x);
   ctx.pre_act = Tensor::empty({N, f1}, acc);
   ops::grouped_matmul(ctx.pre_act, ctx.x, values(fc1_), true, counts);
+  activation(ctx);
+  Tensor y = Tensor::empty({N, h}, acc);
+  ops::grouped_matmul(y, ctx.scaled, values(fc2_), true, counts);
+  // --recompute-modules moe_act: the activation and its scaled copy are rebuilt in backward from
+  // pre_act and the probabilities (output-discarding recomputation).
+  if (recompute_act_) ctx.act = ctx.scaled = Tensor();
+  return y;
+}
+
+void GroupedExperts::activation(Ctx& ctx) const {
+  const int64_t N = ctx.pre_act.dim(0), f = ffn_local_;
+  const DType acc = ctx.pre_act.dtype();
   ctx.act = Tensor::empty({N, f}, acc);
   if (N > 0) mlp_activation_forward(cfg_, ctx.act, ctx.pre_act);
   Tensor scaled = ctx.act.clone();
-  ops::scale_rows(scaled, row_tensor(probs, acc));
+  ops::scale_rows(scaled, row_tensor(ctx.probs, acc));
   ctx.scaled = gemm_input(scaled);
-  Tensor y = Tensor::empty({N, h}, acc);
-  ops::grouped_matmul(y, ctx.scaled, values(fc2_), true, counts);
-  return y;
 }
 
 Tensor GroupedExperts::backward(const Tensor& dy, Ctx& ctx, std::vector<double>* dprobs) const {
   if (fp8_) return backward_fp8(dy, ctx, dprobs);
+  if (!ctx.act.defined()) activation(ctx);  // moe_act's recomputation
   const int64_t N = dy.dim(0);
   const int64_t f = ffn_local_, f1 = cfg_.gated_mlp() ? 2 * f : f;
   const DType acc = gemm_dtype() == DType::kF64 ? DType::kF64 : DType::kF32;

@@ -78,11 +78,15 @@ class GroupedExperts {
   Tensor forward_fp8(const Tensor& x, const std::vector<int64_t>& counts,
                      const std::vector<double>& probs, Ctx& ctx) const;
   Tensor backward_fp8(const Tensor& dy, Ctx& ctx, std::vector<double>* dprobs) const;
+  // ctx.act = activation(ctx.pre_act) and ctx.scaled = act x probabilities (the GEMM input of
+  // fc2): the forward's, and moe_act's recomputation of them.
+  void activation(Ctx& ctx) const;
   // Every expert's weight of fc1_ or fc2_ for its GEMMs (Fp8GemmScaling::weight).
   std::vector<Fp8Tensor> fp8_weights(const std::vector<std::unique_ptr<Linear>>& fc) const;
 
   const TransformerConfig& cfg_;
   bool fp8_ = false;
+  bool recompute_act_ = false;  // --recompute-modules moe_act
   int etp_rank_ = 0, etp_size_ = 1;
   int64_t first_;      // global index of local expert 0
   int64_t ffn_local_;  // ffn_e / etp
