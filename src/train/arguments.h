@@ -78,7 +78,7 @@ struct Arguments {
   double rotary_scaling_factor = 1.0;
   double mscale = 1.0;
   double mscale_all_dim = 0.0;
-  std::string rope_type;  // rope or yarn; empty: yarn under MLA, rope otherwise
+  std::string rope_type;       // rope or yarn; empty: yarn under MLA, rope otherwise
   int64_t mtp_num_layers = 0;  // multi-token prediction depths (Megatron's None: 0)
   double mtp_loss_scaling_factor = 0.1;
   bool init_method_xavier_uniform = false;

@@ -54,7 +54,7 @@ class SelfAttention {
     Tensor qkv;  // [s, b, ng/tp, qpg + 2, hn], after RoPE
     Tensor out;  // [s, b, np/tp, hn]; undefined between forward and backward when selective
     Tensor lse;  // [b, np/tp, s]; likewise
-    bool recompute = false;  // out and lse dropped in forward, recomputed in backward
+    bool recompute = false;    // out and lse dropped in forward, recomputed in backward
     bool rebuild_qkv = false;  // qkv dropped in forward (mla_up_proj), rebuilt in backward
     Shape proj_input_shape;  // if linear_proj's saved input was `out` (dropped with it): its shape
     Tensor positions;

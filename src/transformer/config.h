@@ -102,7 +102,7 @@ struct TransformerConfig {
   // --recompute-method (kFull only): kUniform chunks of recompute_num_layers layers, kBlock the
   // first recompute_num_layers layers of each pipeline stage (default kNone).
   RecomputeMethod recompute_method = RecomputeMethod::kNone;
-  int64_t recompute_num_layers = 0;  // --recompute-num-layers, >= 1 with kFull (default 0: unset)
+  int64_t recompute_num_layers = 0;    // --recompute-num-layers, >= 1 with kFull (default 0: unset)
   RecomputeModules recompute_modules;  // --recompute-modules (with kSelective)
   // Whether selective recomputation covers a module (the flag's name for it).
   bool recomputes(bool RecomputeModules::*module) const {

@@ -139,7 +139,8 @@ Tensor MlaProjections::up(Ctx& ctx) const {
   Tensor q;
   if (linear_q_down_proj) {
     Tensor qc = ctx.q_latent;
-    if (q_layernorm) qc = q_layernorm->forward(qc, ctx.q_norm, linear_q_up_proj->gemm_input_dtype());
+    if (q_layernorm)
+      qc = q_layernorm->forward(qc, ctx.q_norm, linear_q_up_proj->gemm_input_dtype());
     q = linear_q_up_proj->forward(qc, ctx.q_up);
   } else {
     q = linear_q_proj->forward(ctx.q_latent, ctx.q_up);
@@ -155,10 +156,9 @@ Tensor MlaProjections::up(Ctx& ctx) const {
       concat(std::vector<Tensor>(static_cast<size_t>(np), ctx.k_pe)).view({rows, pe});
 
   const auto zeros = [&](int64_t n) { return Tensor::zeros({rows, n}, q.dtype(), q.device()); };
-  const Tensor packed =
-      concat({columns(q, nope, pe), columns(q, 0, nope), zeros(width - nope - pe), k_pe_heads,
-              columns(kv, 0, nope), zeros(width - nope - pe), columns(kv, nope, dv),
-              zeros(width - dv)});
+  const Tensor packed = concat({columns(q, nope, pe), columns(q, 0, nope), zeros(width - nope - pe),
+                                k_pe_heads, columns(kv, 0, nope), zeros(width - nope - pe),
+                                columns(kv, nope, dv), zeros(width - dv)});
   return packed.view({s, b, np, 3, width});
 }
 

@@ -47,7 +47,8 @@ MoELayer::MoELayer(const std::string& name, const TransformerConfig& cfg, int64_
       tp_(tp.with_default_experts()) {
   if (cfg.moe.shared_expert_intermediate_size > 0)
     shared_experts = std::make_unique<MLP>(name + ".shared_experts", shared_cfg_, tp);
-  if (shared_experts) shared_experts->set_recompute(cfg.recomputes(&RecomputeModules::shared_experts));
+  if (shared_experts)
+    shared_experts->set_recompute(cfg.recomputes(&RecomputeModules::shared_experts));
   if (!tp_.expert.ep) {
     self_ = make_self_process_group();
     tp_.expert.ep = self_.get();
