@@ -159,7 +159,12 @@ class TestParallelEquivalence(unittest.TestCase):
         layouts = [l for l in LAYOUTS if l[0] in ("tp2+sp", "pp2", "pp2 interleaved",
                                                   "dp2 distributed optimizer",
                                                   "tp2+sp pp2-interleaved dp2 overlapped")]
-        self.check_equivalent(mtp, layouts, mtp_depths=2)
+        # Megatron-FSDP ZeRO-3: the word embeddings' gradient buffer must be attached before the
+        # prediction depths add the rolled tokens' gradients to it.
+        fsdp = ("fsdp optim_grads_params", 2, ["--use-megatron-fsdp",
+                                                "--data-parallel-sharding-strategy",
+                                                "optim_grads_params"])
+        self.check_equivalent(mtp, layouts + [fsdp], mtp_depths=2)
         self.check_equivalent([m for m in mtp if m != "--untie-embeddings-and-output-weights"],
                               [l for l in layouts if l[0] in ("pp2", "tp2+sp")], mtp_depths=2)
         deepseek = ["--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu",

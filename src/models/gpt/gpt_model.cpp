@@ -199,7 +199,11 @@ Tensor GPTModel::backward_stage(const Tensor& d, Ctx& ctx, const ParamsDone& don
       std::vector<Param*> ps;
       mtp->collect(ps);
       std::vector<const Param*> mine(ps.begin(), ps.end());
-      done.begin(mine);
+      // The word embeddings receive the rolled tokens' gradients here, before the first stage's
+      // own lookup (FSDP attaches their gradient buffer on begin).
+      std::vector<const Param*> used = mine;
+      used.push_back(&embedding->word_embeddings);
+      done.begin(used);
       ops::add_inplace(dh, mtp->backward(ctx.mtp_dlosses, *embedding, *head, ctx.mtp));
       report_all(done, mine);
       // The last stage's copy of the word embeddings is final (the first stage's is final after
