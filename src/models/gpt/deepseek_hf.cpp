@@ -8,54 +8,44 @@ using nlohmann::json;
 
 namespace {
 
-template <typename T>
-T get(const json& j, const std::string& key, const std::string& file) {
-  return hf_get<T>(j, key, file);
-}
-
-template <typename T>
-T get_or(const json& j, const std::string& key, T fallback, const std::string& file) {
-  return hf_get_or<T>(j, key, fallback, file);
-}
-
 void add(std::vector<HfTensorMapping>& maps, const std::string& name, Param& p, Shape shape,
          int64_t row_begin = 0) {
   maps.push_back(HfTensorMapping{name, &p, row_begin, {}, false, shape, 0.0});
 }
 
 void read_moe(const json& j, const std::string& file, TransformerConfig& c) {
-  const int64_t experts = get_or<int64_t>(j, "n_routed_experts", 0, file);
+  const int64_t experts = hf_get_or<int64_t>(j, "n_routed_experts", 0, file);
   if (experts == 0) return;
   MoeConfig& m = c.moe;
   m.num_experts = experts;
-  m.router_topk = get<int64_t>(j, "num_experts_per_tok", file);
-  m.ffn_hidden_size = get<int64_t>(j, "moe_intermediate_size", file);
+  m.router_topk = hf_get<int64_t>(j, "num_experts_per_tok", file);
+  m.ffn_hidden_size = hf_get<int64_t>(j, "moe_intermediate_size", file);
   m.shared_expert_intermediate_size =
-      get_or<int64_t>(j, "n_shared_experts", 0, file) * m.ffn_hidden_size;
-  MEGATRON_CHECK(get_or<int64_t>(j, "moe_layer_freq", 1, file) == 1, file,
+      hf_get_or<int64_t>(j, "n_shared_experts", 0, file) * m.ffn_hidden_size;
+  MEGATRON_CHECK(hf_get_or<int64_t>(j, "moe_layer_freq", 1, file) == 1, file,
                  ": moe_layer_freq other than 1 is not supported (DeepSeek-V3 has 1)");
-  const int64_t dense = get_or<int64_t>(j, "first_k_dense_replace", 0, file);
+  const int64_t dense = hf_get_or<int64_t>(j, "first_k_dense_replace", 0, file);
   MEGATRON_CHECK(dense >= 0 && dense <= c.num_layers, file, ": first_k_dense_replace ", dense,
                  " is outside [0, num_hidden_layers]");
   m.layer_pattern.clear();
   if (dense > 0) {
     for (int64_t i = 0; i < c.num_layers; ++i) m.layer_pattern.push_back(i < dense ? 0 : 1);
   }
-  const std::string scoring = get_or<std::string>(j, "scoring_func", "sigmoid", file);
-  const std::string method = get_or<std::string>(j, "topk_method", "noaux_tc", file);
+  const std::string scoring = hf_get_or<std::string>(j, "scoring_func", "sigmoid", file);
+  const std::string method = hf_get_or<std::string>(j, "topk_method", "noaux_tc", file);
   MEGATRON_CHECK(scoring == "sigmoid" && method == "noaux_tc", file, ": scoring_func '", scoring,
                  "' with topk_method '", method,
                  "' is not supported (DeepSeek-V3's sigmoid with noaux_tc)");
   m.score_function = MoeScoreFunction::kSigmoid;
   m.enable_expert_bias = true;
   // Megatron's sigmoid router renormalises over the k selected whenever k > 1.
-  MEGATRON_CHECK(get_or<bool>(j, "norm_topk_prob", true, file) || m.router_topk == 1, file,
+  MEGATRON_CHECK(hf_get_or<bool>(j, "norm_topk_prob", true, file) || m.router_topk == 1, file,
                  ": norm_topk_prob false is not supported (Megatron renormalises sigmoid scores "
                  "over the k selected)");
-  const double scaling = get_or<double>(j, "routed_scaling_factor", 1.0, file);
+  const double scaling = hf_get_or<double>(j, "routed_scaling_factor", 1.0, file);
   m.topk_scaling_factor = scaling == 1.0 ? 0.0 : scaling;
-  const int64_t groups = get_or<int64_t>(j, "n_group", 1, file);
-  const int64_t group_topk = get_or<int64_t>(j, "topk_group", 1, file);
+  const int64_t groups = hf_get_or<int64_t>(j, "n_group", 1, file);
+  const int64_t group_topk = hf_get_or<int64_t>(j, "topk_group", 1, file);
   if (groups > 1) {
     // Hugging Face scores a group by the sum of its top 2 experts, Megatron by its top
     // k / group_topk: they agree when that is 2 (DeepSeek-V3: 8 / 4).
@@ -73,61 +63,61 @@ void read_moe(const json& j, const std::string& file, TransformerConfig& c) {
 }  // namespace
 
 void read_deepseek_v3_config(const json& j, const std::string& file, TransformerConfig& c) {
-  c.num_layers = get<int64_t>(j, "num_hidden_layers", file);
-  c.hidden_size = get<int64_t>(j, "hidden_size", file);
-  c.num_attention_heads = get<int64_t>(j, "num_attention_heads", file);
-  MEGATRON_CHECK(get_or<int64_t>(j, "num_key_value_heads", c.num_attention_heads, file) ==
+  c.num_layers = hf_get<int64_t>(j, "num_hidden_layers", file);
+  c.hidden_size = hf_get<int64_t>(j, "hidden_size", file);
+  c.num_attention_heads = hf_get<int64_t>(j, "num_attention_heads", file);
+  MEGATRON_CHECK(hf_get_or<int64_t>(j, "num_key_value_heads", c.num_attention_heads, file) ==
                      c.num_attention_heads,
                  file,
                  ": num_key_value_heads must equal num_attention_heads (MLA has a key and "
                  "value per head)");
-  c.ffn_hidden_size = get<int64_t>(j, "intermediate_size", file);
-  c.max_position_embeddings = get<int64_t>(j, "max_position_embeddings", file);
-  c.vocab_size = get<int64_t>(j, "vocab_size", file);
-  c.norm_epsilon = get_or<double>(j, "rms_norm_eps", 1e-6, file);
-  c.rotary_base = get_or<double>(j, "rope_theta", 10000.0, file);
-  const std::string act = get_or<std::string>(j, "hidden_act", "silu", file);
+  c.ffn_hidden_size = hf_get<int64_t>(j, "intermediate_size", file);
+  c.max_position_embeddings = hf_get<int64_t>(j, "max_position_embeddings", file);
+  c.vocab_size = hf_get<int64_t>(j, "vocab_size", file);
+  c.norm_epsilon = hf_get_or<double>(j, "rms_norm_eps", 1e-6, file);
+  c.rotary_base = hf_get_or<double>(j, "rope_theta", 10000.0, file);
+  const std::string act = hf_get_or<std::string>(j, "hidden_act", "silu", file);
   MEGATRON_CHECK(act == "silu", file, ": hidden_act '", act, "' is not supported (silu)");
-  MEGATRON_CHECK(!get_or<bool>(j, "attention_bias", false, file), file,
+  MEGATRON_CHECK(!hf_get_or<bool>(j, "attention_bias", false, file), file,
                  ": attention_bias is not supported");
-  MEGATRON_CHECK(get_or<bool>(j, "rope_interleave", true, file), file,
+  MEGATRON_CHECK(hf_get_or<bool>(j, "rope_interleave", true, file), file,
                  ": rope_interleave false is not supported (Megatron's MLA turns de-interleaved "
                  "pairs, as DeepSeek-V3)");
-  c.mtp_num_layers = get_or<int64_t>(j, "num_nextn_predict_layers", 0, file);
+  c.mtp_num_layers = hf_get_or<int64_t>(j, "num_nextn_predict_layers", 0, file);
   MEGATRON_CHECK(c.mtp_num_layers >= 0, file, ": num_nextn_predict_layers must be >= 0");
   c.normalization = Normalization::kRMSNorm;
   c.swiglu = true;
   c.position_embedding = PositionEmbedding::kRope;
   c.add_bias_linear = false;
   c.qk_layernorm = true;  // q_a_layernorm and kv_a_layernorm
-  c.untie_embeddings_and_output_weights = !get_or<bool>(j, "tie_word_embeddings", false, file);
+  c.untie_embeddings_and_output_weights = !hf_get_or<bool>(j, "tie_word_embeddings", false, file);
 
   MlaConfig& m = c.mla;
   m.enabled = true;
-  m.q_lora_rank = get_or<int64_t>(j, "q_lora_rank", 0, file);
-  m.kv_lora_rank = get<int64_t>(j, "kv_lora_rank", file);
-  m.qk_head_dim = get<int64_t>(j, "qk_nope_head_dim", file);
-  m.qk_pos_emb_head_dim = get<int64_t>(j, "qk_rope_head_dim", file);
-  m.v_head_dim = get<int64_t>(j, "v_head_dim", file);
+  m.q_lora_rank = hf_get_or<int64_t>(j, "q_lora_rank", 0, file);
+  m.kv_lora_rank = hf_get<int64_t>(j, "kv_lora_rank", file);
+  m.qk_head_dim = hf_get<int64_t>(j, "qk_nope_head_dim", file);
+  m.qk_pos_emb_head_dim = hf_get<int64_t>(j, "qk_rope_head_dim", file);
+  m.v_head_dim = hf_get<int64_t>(j, "v_head_dim", file);
   m.yarn = false;
   if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
     const json& rs = j["rope_scaling"];
     const std::string type =
-        get_or<std::string>(rs, "rope_type", get_or<std::string>(rs, "type", "", file), file);
+        hf_get_or<std::string>(rs, "rope_type", hf_get_or<std::string>(rs, "type", "", file), file);
     MEGATRON_CHECK(type == "yarn", file, ": rope_scaling type '", type,
                    "' is not supported (yarn, or none)");
     MEGATRON_CHECK(
-        get_or<double>(rs, "original_max_position_embeddings", 4096, file) ==
+        hf_get_or<double>(rs, "original_max_position_embeddings", 4096, file) ==
                 m.original_max_position_embeddings &&
-            get_or<double>(rs, "beta_fast", 32, file) == m.beta_fast &&
-            get_or<double>(rs, "beta_slow", 1, file) == m.beta_slow,
+            hf_get_or<double>(rs, "beta_fast", 32, file) == m.beta_fast &&
+            hf_get_or<double>(rs, "beta_slow", 1, file) == m.beta_slow,
         file,
         ": rope_scaling yarn loads with Megatron's constants only (original_max_position_"
         "embeddings 4096, beta_fast 32, beta_slow 1)");
     m.yarn = true;
-    m.rotary_scaling_factor = get<double>(rs, "factor", file);
-    m.mscale = get_or<double>(rs, "mscale", 1.0, file);
-    m.mscale_all_dim = get_or<double>(rs, "mscale_all_dim", 0.0, file);
+    m.rotary_scaling_factor = hf_get<double>(rs, "factor", file);
+    m.mscale = hf_get_or<double>(rs, "mscale", 1.0, file);
+    m.mscale_all_dim = hf_get_or<double>(rs, "mscale_all_dim", 0.0, file);
   }
   read_moe(j, file, c);
 }
