@@ -327,7 +327,8 @@ void register_train_args(ArgTable& t, Arguments& a) {
   t.add("--recompute-modules", a.recompute_modules,
         "What --recompute-granularity selective recomputes (default core_attn): core_attn, mlp "
         "(dense MLPs), moe (whole MoE layers), shared_experts, moe_act (the experts' "
-        "activation), mla_up_proj (multi-latent attention's up projections and RoPE)");
+        "activation), layernorm (the input and pre-MLP norms' outputs), mla_up_proj "
+        "(multi-latent attention's up projections and RoPE)");
   t.flag("--moe-layer-recompute", a.moe_layer_recompute,
          "Deprecated: --recompute-granularity selective with the moe module");
   t.concern("training");
@@ -918,10 +919,6 @@ void validate_recompute(Arguments& a, int64_t per_stage) {
       return std::find(a.recompute_modules.begin(), a.recompute_modules.end(), m) !=
              a.recompute_modules.end();
     };
-    MEGATRON_CHECK(!has("layernorm"),
-                   "--recompute-modules layernorm is not implemented yet (the norms' outputs "
-                   "are the next GEMMs' saved inputs here); use mlp or moe to free the largest "
-                   "activations, or --recompute-granularity full");
     MEGATRON_CHECK(!has("moe_act") || a.moe_grouped_gemm,
                    "moe_act in recompute_modules is only supported with moe_grouped_gemm: add "
                    "--moe-grouped-gemm (as Megatron requires)");

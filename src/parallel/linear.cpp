@@ -36,11 +36,17 @@ Tensor Linear::forward(const Tensor& x, Ctx& ctx) const {
   if (fp8_) return forward_fp8(x, ctx);
   const int64_t rows = x.numel() / in_;
   const DType wt = weight.value.dtype();
-  ctx.x = x.dtype() == wt || wt == DType::kF32 ? x : x.to(wt);
+  keep_input(x, ctx);
   Tensor y = Tensor::empty({rows, out_}, wt == DType::kF64 ? DType::kF64 : DType::kF32, x.device());
   ops::matmul(y, ctx.x, false, weight.value, true);
   if (adds_bias()) ops::bias_add(y, bias.value_as(y.dtype()));
   return y;
+}
+
+void Linear::keep_input(const Tensor& x, Ctx& ctx) const {
+  MEGATRON_CHECK(!fp8_, weight.name, ": an FP8 layer's input is not recomputed");
+  const DType wt = weight.value.dtype();
+  ctx.x = x.dtype() == wt || wt == DType::kF32 ? x : x.to(wt);
 }
 
 Tensor Linear::backward(const Tensor& dy, Ctx& ctx) const {

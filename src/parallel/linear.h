@@ -36,6 +36,9 @@ class Linear {
   Tensor backward(const Tensor& dy, Ctx& ctx) const;
 
   void collect(std::vector<Param*>& out);
+  // ctx.x as forward would keep it for input x (output-discarding recomputation: a norm whose
+  // output this layer saved recomputes it and hands it back here; not under FP8).
+  void keep_input(const Tensor& x, Ctx& ctx) const;
   // Runs the GEMMs in FP8 from now on; tp_rank/tp_size: the layer's TP group (the scaling
   // state is replicated over it). Returns the scaling state, owned by this Linear.
   Fp8GemmScaling* enable_fp8(const Fp8Config& cfg, int tp_rank, int tp_size);

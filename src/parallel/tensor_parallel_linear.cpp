@@ -53,6 +53,14 @@ Tensor ColumnParallelLinear::forward(const Tensor& x, Ctx& ctx) const {
   return options_.gather_output ? gather_from_tp_region_forward(y, tp_) : y;
 }
 
+void ColumnParallelLinear::keep_input(const Tensor& x, Ctx& ctx) const {
+  ctx.in_shape = x.shape();
+  local_.keep_input(options_.sequence_parallel
+                        ? gather_from_sequence_parallel_region_forward(x, tp_)
+                        : copy_to_tp_region_forward(x, tp_),
+                    ctx.linear);
+}
+
 Tensor ColumnParallelLinear::backward(const Tensor& dy, Ctx& ctx) const {
   Tensor dy_local = options_.gather_output ? gather_from_tp_region_backward(dy, tp_) : dy;
   Shape total_shape = ctx.in_shape;

@@ -72,6 +72,9 @@ class ColumnParallelLinear {
   // dy shaped like forward's output -> dx shaped like its input. Accumulates this rank's weight
   // and bias gradients.
   Tensor backward(const Tensor& dy, Ctx& ctx) const;
+  // What forward keeps of input x, again (gathered under sequence parallelism: the same
+  // collective on every TP rank), for output-discarding recomputation.
+  void keep_input(const Tensor& x, Ctx& ctx) const;
 
   void collect(std::vector<Param*>& out) { local_.collect(out); }
   // The local GEMMs in FP8 (Linear::enable_fp8); the scaling state is replicated over TP.

@@ -273,6 +273,7 @@ TransformerConfig transformer_config_from_args(const Arguments& a) {
       m.shared_experts = m.shared_experts || name == "shared_experts";
       m.moe_act = m.moe_act || name == "moe_act";
       m.mla_up_proj = m.mla_up_proj || name == "mla_up_proj";
+      m.layernorm = m.layernorm || name == "layernorm";
     }
   }
   c.moe = moe_config_from_args(a);

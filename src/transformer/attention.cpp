@@ -98,6 +98,22 @@ std::vector<Fp8GemmScaling*> SelfAttention::enable_fp8() {
   return out;
 }
 
+void SelfAttention::drop_input(Ctx& ctx) const {
+  if (mla) {
+    mla->drop_input(ctx.mla);
+  } else {
+    ctx.qkv_ctx.linear.x = Tensor();
+  }
+}
+
+void SelfAttention::keep_input(const Tensor& x, Ctx& ctx) const {
+  if (mla) {
+    mla->keep_input(x, ctx.mla);
+  } else {
+    linear_qkv->keep_input(x, ctx.qkv_ctx);
+  }
+}
+
 Tensor SelfAttention::proj_input(const Tensor& out) const {
   const int64_t s = out.dim(0), b = out.dim(1), np = out.dim(2), hn = out.dim(3);
   const int64_t dv = cfg_.v_head_dim();

@@ -84,6 +84,10 @@ class SelfAttention {
   }
   // Every GEMM's FP8 scaling state (cfg.fp8).
   std::vector<Fp8GemmScaling*> enable_fp8();
+  // --recompute-modules layernorm: forget the input x where forward kept it (the first GEMMs'
+  // saved inputs), and take it back, recomputed, before backward.
+  void drop_input(Ctx& ctx) const;
+  void keep_input(const Tensor& x, Ctx& ctx) const;
 
  private:
   // The generation path (see the file comment).

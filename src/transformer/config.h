@@ -23,12 +23,15 @@ enum class PositionEmbedding : uint8_t { kLearnedAbsolute, kRope, kNone, kRelati
 enum class RecomputeGranularity : uint8_t { kNone, kFull, kSelective };
 enum class RecomputeMethod : uint8_t { kNone, kUniform, kBlock };
 // Megatron's --recompute-modules: what selective recomputation recomputes. core_attn, mlp, moe and
-// shared_experts keep their module's input and run the module again in backward; moe_act and
-// mla_up_proj drop their outputs (the experts' activation, multi-latent attention's up-projected
-// and rotated q, k, v) and rebuild them from what they were computed from.
+// shared_experts keep their module's input and run the module again in backward; moe_act,
+// layernorm and mla_up_proj drop their outputs (the experts' activation, multi-latent attention's
+// up-projected and rotated q, k, v) and rebuild them from what they were computed from.
 struct RecomputeModules {
   bool core_attn = true;  // Megatron's default
   bool mlp = false, moe = false, shared_experts = false, moe_act = false, mla_up_proj = false;
+  // The input and pre-MLP norms' outputs (output-discarding; an MoE layer's pre-MLP norm only
+  // with moe, where the layer's kept input is that output).
+  bool layernorm = false;
 };
 
 struct TransformerConfig {

@@ -123,6 +123,25 @@ Tensor MlaProjections::forward(const Tensor& x, Ctx& ctx) const {
   return up(ctx);
 }
 
+void MlaProjections::drop_input(Ctx& ctx) const {
+  ctx.q_down.x = Tensor();
+  ctx.kv_down.x = Tensor();
+  if (linear_q_proj) {
+    ctx.q_up.linear.x = Tensor();
+    ctx.q_latent = Tensor();
+  }
+}
+
+void MlaProjections::keep_input(const Tensor& x, Ctx& ctx) const {
+  const Tensor x2 = x.view({x.numel() / cfg_.hidden_size, cfg_.hidden_size});
+  if (linear_q_down_proj) linear_q_down_proj->keep_input(x2, ctx.q_down);
+  linear_kv_down_proj.keep_input(x2, ctx.kv_down);
+  if (linear_q_proj) {
+    ctx.q_latent = x;
+    linear_q_proj->keep_input(x, ctx.q_up);
+  }
+}
+
 void MlaProjections::drop_up(Ctx& ctx) const {
   ctx.q_norm = Norm::Ctx{};
   ctx.kv_norm = Norm::Ctx{};

@@ -70,6 +70,9 @@ class MlaProjections {
   // the same kernels on the same values (the same bits), refilling what backward needs.
   void drop_up(Ctx& ctx) const;
   Tensor up(Ctx& ctx) const;
+  // --recompute-modules layernorm: forget x where forward kept it, and take it back.
+  void drop_input(Ctx& ctx) const;
+  void keep_input(const Tensor& x, Ctx& ctx) const;
 
   void collect(std::vector<Param*>& out);
   std::vector<Fp8GemmScaling*> enable_fp8(const Fp8Config& cfg);

@@ -116,6 +116,19 @@ Tensor MLP::forward(const Tensor& x, Ctx& ctx) const {
   return y;
 }
 
+void MLP::drop_input(Ctx& ctx) const {
+  ctx.input = Tensor();
+  ctx.fc1_ctx.linear.x = Tensor();
+}
+
+void MLP::keep_input(const Tensor& x, Ctx& ctx) const {
+  if (recompute_) {
+    ctx.input = x;  // the whole MLP runs again from it
+  } else {
+    linear_fc1.keep_input(x, ctx.fc1_ctx);
+  }
+}
+
 Tensor MLP::run(const Tensor& x, Ctx& ctx) const {
   ctx.pre_act = linear_fc1.forward(x, ctx.fc1_ctx);  // all s positions, also under SP
   Shape act_shape = ctx.pre_act.shape();

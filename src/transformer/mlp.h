@@ -36,6 +36,10 @@ class MLP {
   // MoE layer's): forward keeps only its input, backward runs the forward again first (the same
   // kernels on the same input, so the same bits).
   void set_recompute(bool on) { recompute_ = on; }
+  // --recompute-modules layernorm: forget the input forward kept (the norm's output), and take
+  // it back recomputed before backward.
+  void drop_input(Ctx& ctx) const;
+  void keep_input(const Tensor& x, Ctx& ctx) const;
 
   ColumnParallelLinear linear_fc1;
   RowParallelLinear linear_fc2;

@@ -98,6 +98,13 @@ Tensor TransformerLayer::forward(const Tensor& x, const TokenLayout& layout, Ctx
                  .forward(input_layernorm.forward(x, ctx.ln1, self_attention.gemm_input_dtype()),
                           layout, ctx.attn, mode)
                  .view(x.shape());
+  // --recompute-modules layernorm: the norm's output, kept only as the attention's GEMM input,
+  // goes; backward recomputes it from the norm's saved input.
+  const bool drop_norms = mode.training && cfg_.recomputes(&RecomputeModules::layernorm);
+  if (drop_norms) {
+    self_attention.drop_input(ctx.attn);
+    ctx.ln1_dropped = true;
+  }
   Tensor x1 = Tensor::empty(x.shape(), x.dtype(), x.device());
   if (ctx.dropout > 0)
     sequence_dropout_forward(a, a, ctx.dropout, ctx.seed, ctx.stream_attn, tp_, true);
@@ -119,6 +126,11 @@ Tensor TransformerLayer::forward(const Tensor& x, const TokenLayout& layout, Ctx
   const Tensor normed =
       pre_mlp_layernorm.forward(x1, ctx.ln2, moe ? x1.dtype() : mlp->linear_fc1.gemm_input_dtype());
   Tensor m = ffn_forward(normed, ctx, mode).view(x.shape());
+  if (drop_norms && (mlp || ctx.moe_input.defined())) {
+    if (mlp) mlp->drop_input(ctx.mlp);
+    ctx.moe_input = Tensor();
+    ctx.ln2_dropped = true;
+  }
   if (ctx.dropout > 0)
     sequence_dropout_forward(m, m, ctx.dropout, ctx.seed, ctx.stream_mlp, tp_, true);
   ops::add_inplace(m, x1);  // out = x1 + dropout(mlp(...)), reusing m's storage
@@ -194,6 +206,16 @@ Tensor TransformerLayer::backward(const Tensor& dy, Ctx& ctx, SideGrads* side) c
     dm = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
     sequence_dropout_backward(dm, dy, ctx.dropout, ctx.seed, ctx.stream_mlp, tp_, true);
   }
+  if (ctx.ln2_dropped) {  // layernorm's recomputation of the pre-MLP norm's output
+    Norm::Ctx again;
+    const Tensor normed = pre_mlp_layernorm.forward(
+        ctx.ln2.x, again, moe ? ctx.ln2.x.dtype() : mlp->linear_fc1.gemm_input_dtype());
+    if (mlp) {
+      mlp->keep_input(normed, ctx.mlp);
+    } else {
+      ctx.moe_input = normed;
+    }
+  }
   const Tensor dmlp = ffn_backward(dm, ctx);
   Tensor dx1 = pre_mlp_layernorm.backward(dmlp.view(dy.shape()), ctx.ln2);
   ops::add_inplace(dx1, dy);
@@ -217,6 +239,11 @@ Tensor TransformerLayer::backward(const Tensor& dy, Ctx& ctx, SideGrads* side) c
   if (ctx.dropout > 0) {
     da = Tensor::empty(dx1.shape(), dx1.dtype(), dx1.device());
     sequence_dropout_backward(da, dx1, ctx.dropout, ctx.seed, ctx.stream_attn, tp_, true);
+  }
+  if (ctx.ln1_dropped) {  // layernorm's recomputation of the input norm's output
+    Norm::Ctx again;
+    self_attention.keep_input(
+        input_layernorm.forward(ctx.ln1.x, again, self_attention.gemm_input_dtype()), ctx.attn);
   }
   Tensor dbias;
   Tensor dx = input_layernorm.backward(self_attention.backward(da, ctx.attn, &dbias), ctx.ln1);

@@ -62,6 +62,8 @@ class TransformerLayer {
     // --recompute-modules moe: the MoE layer's input and mode, kept instead of its Ctx.
     Tensor moe_input;
     ForwardMode moe_mode;
+    // --recompute-modules layernorm: the norms' outputs were dropped from their consumers' Ctx.
+    bool ln1_dropped = false, ln2_dropped = false;
     float dropout = 0;
     uint64_t seed = 0, stream_attn = 0, stream_mlp = 0, stream_cross = 0;
   };

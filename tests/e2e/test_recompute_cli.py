@@ -123,8 +123,10 @@ class TestRecomputeModules(CurveCase):
     # re-issue their all-gathers) and under expert parallelism (the recomputed MoE layer
     # exchanges its tokens again).
     SETTINGS = [MODULES + ["mlp", "moe"],
-                MODULES + ["core_attn", "mla_up_proj", "moe_act", "shared_experts"],
-                MODULES + ["mla_up_proj", "moe", "mlp"],
+                MODULES + ["core_attn", "mla_up_proj", "moe_act", "shared_experts", "layernorm"],
+                # Megatron's DeepSeek recipes' set.
+                MODULES + ["layernorm", "mla_up_proj", "mlp", "moe_act"],
+                MODULES + ["mla_up_proj", "moe", "mlp", "layernorm"],
                 ["--moe-layer-recompute"]]
 
     def test_one_process(self):
@@ -135,8 +137,10 @@ class TestRecomputeModules(CurveCase):
         self.assertSameCurve(2, DEEPSEEK + ["--expert-model-parallel-size", "2"],
                              self.SETTINGS[:1])
 
-    def test_gpt_mlp(self):
-        self.assertSameCurve(1, [], [MODULES + ["mlp"], MODULES + ["core_attn", "mlp"]])
+    def test_gpt_mlp_and_layernorm(self):
+        self.assertSameCurve(1, [], [MODULES + ["mlp"], MODULES + ["core_attn", "mlp"],
+                                     MODULES + ["layernorm"]])
+        self.assertSameCurve(2, TP2_SP, [MODULES + ["layernorm", "mlp"]])
 
 
 class TestRecomputeArgs(unittest.TestCase):
@@ -195,7 +199,6 @@ class TestRecomputeArgs(unittest.TestCase):
                            "--multi-latent-attention")
         self.assertRefused(1, DEEPSEEK[:-1] + MODULES + ["moe_act"], "moe_act",
                            "--moe-grouped-gemm")
-        self.assertRefused(1, MODULES + ["layernorm"], "--recompute-modules layernorm")
         self.assertRefused(1, ["--moe-layer-recompute"] + FULL_UNIFORM_1,
                            "--moe-layer-recompute", "full")
 

@@ -79,10 +79,11 @@ struct Setting {
   RecomputeModules modules = {};  // --recompute-modules (default: core_attn)
 };
 
-RecomputeModules modules(bool core_attn, bool mlp) {
+RecomputeModules modules(bool core_attn, bool mlp, bool layernorm = false) {
   RecomputeModules m;
   m.core_attn = core_attn;
   m.mlp = mlp;
+  m.layernorm = layernorm;
   return m;
 }
 
@@ -99,6 +100,11 @@ const std::vector<Setting> kRecomputeSettings = {
      modules(true, true)},
     {"selective_mlp", RecomputeGranularity::kSelective, RecomputeMethod::kNone, 0,
      modules(false, true)},
+    // --recompute-modules layernorm, alone and with core_attn mlp.
+    {"selective_layernorm", RecomputeGranularity::kSelective, RecomputeMethod::kNone, 0,
+     modules(false, false, true)},
+    {"selective_core_attn_mlp_layernorm", RecomputeGranularity::kSelective, RecomputeMethod::kNone,
+     0, modules(true, true, true)},
 };
 
 TransformerConfig with(TransformerConfig c, const Setting& s) {
@@ -334,12 +340,19 @@ TEST(Recompute, ModulesGiveTheSameBitsAndDropTheirActivations) {
     const bool on = c.recompute_granularity == RecomputeGranularity::kSelective;
     EXPECT_EQ(moe_layer.attn.qkv.defined(), !(on && m.mla_up_proj));
     EXPECT_EQ(moe_layer.attn.mla.kv_up.linear.x.defined(), !(on && m.mla_up_proj));
-    EXPECT_EQ(moe_layer.moe_input.defined(), on && m.moe);
+    // moe keeps the layer's input, which is the pre-MLP norm's output layernorm drops.
+    EXPECT_EQ(moe_layer.moe_input.defined(), on && m.moe && !m.layernorm);
+    EXPECT_EQ(moe_layer.ln2_dropped, on && m.moe && m.layernorm);
     if (!(on && m.moe)) {
       EXPECT_EQ(moe_layer.moe.experts.act.defined(), !(on && m.moe_act));
       EXPECT_EQ(moe_layer.moe.shared.pre_act.defined(), !(on && m.shared_experts));
     }
     EXPECT_EQ(dense.mlp.pre_act.defined(), !(on && m.mlp));
+    // layernorm: the down projections' saved input (the input norm's output) is gone; the dense
+    // MLP's (its input, or fc1's saved input) too.
+    EXPECT_EQ(moe_layer.attn.mla.kv_down.x.defined(), !(on && m.layernorm));
+    EXPECT_EQ(dense.mlp.input.defined() || dense.mlp.fc1_ctx.linear.x.defined(),
+              !(on && m.layernorm));
     Tensor dloss = Tensor::full(r.loss.shape(), 1.0 / static_cast<double>(r.loss.numel()));
     params.zero_grads();
     model.backward(dloss, ctx);
@@ -349,9 +362,10 @@ TEST(Recompute, ModulesGiveTheSameBitsAndDropTheirActivations) {
   const ModelRun want = run(base);
   RecomputeModules up_act_shared;
   up_act_shared.mla_up_proj = up_act_shared.moe_act = up_act_shared.shared_experts = true;
+  up_act_shared.layernorm = true;
   RecomputeModules moe_mlp;
   moe_mlp.core_attn = false;
-  moe_mlp.moe = moe_mlp.mlp = moe_mlp.mla_up_proj = true;
+  moe_mlp.moe = moe_mlp.mlp = moe_mlp.mla_up_proj = moe_mlp.layernorm = true;
   for (const RecomputeModules& m : {up_act_shared, moe_mlp}) {
     const ModelRun got = run(with_modules(base, m));
     EXPECT_TRUE(bitwise_equal(got.loss, want.loss)) << "per-token loss";
@@ -454,6 +468,7 @@ class HeldBytes {
 //   selective:          L (A - sb np hn - b np s) + F
 //     with mlp:         the MLP keeps its input (the second norm's output) alone: minus
 //                       L (sb (f | 2f) + sb f); without core_attn the core output stays
+//     with layernorm:   both norms' outputs go: minus L 2 sbh
 // (Dropout masks are never stored: they are regenerated from their counters.)
 int64_t predicted_held_bytes(const TransformerConfig& c, const Setting& s, bool final_norm) {
   const int64_t sq = c.seq_length, b = kBatch, h = c.hidden_size, L = c.num_layers;
@@ -469,7 +484,9 @@ int64_t predicted_held_bytes(const TransformerConfig& c, const Setting& s, bool 
     floats = L * A + F;
   } else if (s.granularity == RecomputeGranularity::kSelective) {
     const int64_t mlp = sb * (c.swiglu ? 2 * f : f) + sb * f;
-    floats = L * (A - (s.modules.core_attn ? core : 0) - (s.modules.mlp ? mlp : 0)) + F;
+    floats = L * (A - (s.modules.core_attn ? core : 0) - (s.modules.mlp ? mlp : 0) -
+                  (s.modules.layernorm ? 2 * sb * h : 0)) +
+             F;
   } else if (s.method == RecomputeMethod::kUniform) {
     floats = (L + s.num_layers - 1) / s.num_layers * sb * h + F;
   } else {

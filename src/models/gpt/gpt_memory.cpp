@@ -70,8 +70,11 @@ int64_t activation_bytes_per_microbatch(const TransformerConfig& c, const Activa
         if (r.core_attn) bytes -= core;
         if (r.mla_up_proj && c.mla.enabled) bytes -= sb * np * 3 * hn / t * e;
         if (!is_moe && r.mlp) bytes -= mlp(f, sb);
+        // layernorm: the norms' outputs as their consumers kept them (gathered under SP).
+        if (r.layernorm) bytes -= c.mla.enabled ? s_local_b * h * g : sb * h * g;
+        if (r.layernorm && !is_moe) bytes -= sb * h * g;
         if (is_moe && r.moe) {
-          bytes -= moe_intermediates;
+          bytes -= moe_intermediates + (r.layernorm ? s_local_b * h * g : 0);
         } else if (is_moe) {
           if (r.moe_act) bytes -= sb * k / t * fe * (e + g);
           if (r.shared_experts && shared > 0) bytes -= mlp(shared, sb);
