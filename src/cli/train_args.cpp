@@ -975,6 +975,10 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
   MEGATRON_CHECK(!a.fp32_residual_connection || a.fp16 || a.bf16,
                  "residual connection in fp32 only supported when using fp16 or bf16: "
                  "--fp32-residual-connection needs --fp16 or --bf16");
+  MEGATRON_CHECK(!a.multi_latent_attention || a.model == "gpt",
+                 "--multi-latent-attention is implemented for --model gpt (Megatron's GPTModel), "
+                 "not ",
+                 a.model);
   if (a.mtp_num_layers > 0) {
     MEGATRON_CHECK(a.model == "gpt",
                    "--mtp-num-layers: multi-token prediction is implemented for "

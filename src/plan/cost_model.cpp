@@ -157,13 +157,15 @@ class StageModel {
         gemm_f += gemm_fwd(rows, out, in);
         gemm_all += gemm3(rows, out, in);
       };
+      // The replicated down projections see this rank's T / tp tokens under SP.
+      const int64_t local = l_.sp ? T / t : T;
       if (m.q_lora_rank > 0) {
-        both(T, m.q_lora_rank, h);
+        both(local, m.q_lora_rank, h);
         both(T, q_out, m.q_lora_rank);
       } else {
         both(T, q_out, h);
       }
-      both(T, m.kv_lora_rank + m.qk_pos_emb_head_dim, h);
+      both(local, m.kv_lora_rank + m.qk_pos_emb_head_dim, h);
       both(T, kv_out, m.kv_lora_rank);
       both(T, h, proj);
     } else {
@@ -444,7 +446,8 @@ void predict_memory(const Workload& w, const Layout& l, const Device& dev, Predi
     // stage the logits and their gradient (its micro-batch's backward follows its forward).
     double per_chunk = 0, once = 0;
     const double sb = d(l.mbs * cfg.seq_length / l.cp);
-    const double logits = 4.0 * sb * d(cfg.padded_vocab_size / l.tp);  // fp32 [s b, V / tp]
+    // fp32 [s b, V / tp], once more per multi-token prediction depth
+    const double logits = 4.0 * sb * d(cfg.padded_vocab_size / l.tp) * d(1 + cfg.mtp_num_layers);
     if (w.runtime == ActivationRuntime::kThisProject) {
       TransformerConfig rc = cfg;
       rc.recompute_granularity = full        ? RecomputeGranularity::kFull

@@ -36,7 +36,7 @@ void TransformerConfig::finalize() {
                    "--position-embedding-type relative does not work with "
                    "--multi-latent-attention");
   }
-  MEGATRON_CHECK(mtp_num_layers >= 0, "--mtp-num-layers must be positive, got ", mtp_num_layers);
+  MEGATRON_CHECK(mtp_num_layers >= 0, "--mtp-num-layers must be >= 0, got ", mtp_num_layers);
   if (mtp_num_layers > 0) {
     MEGATRON_CHECK(position_embedding == PositionEmbedding::kRope ||
                        position_embedding == PositionEmbedding::kNone,

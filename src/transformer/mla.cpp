@@ -93,12 +93,15 @@ void MlaProjections::collect(std::vector<Param*>& out) {
 }
 
 std::vector<Fp8GemmScaling*> MlaProjections::enable_fp8(const Fp8Config& cfg) {
-  // The replicated down projections' scaling state is the same on every TP rank (rank 0 of 1).
+  // The replicated down projections' scaling state is the same on every TP rank (their amaxes
+  // are reduced over TP): it carries the TP coordinates, so that one rank saves it.
   std::vector<Fp8GemmScaling*> out;
-  if (linear_q_down_proj) out.push_back(linear_q_down_proj->enable_fp8(cfg, 0, 1));
+  if (linear_q_down_proj) {
+    out.push_back(linear_q_down_proj->enable_fp8(cfg, tp_.rank(), tp_.size()));
+  }
   if (linear_q_up_proj) out.push_back(linear_q_up_proj->enable_fp8(cfg));
   if (linear_q_proj) out.push_back(linear_q_proj->enable_fp8(cfg));
-  out.push_back(linear_kv_down_proj.enable_fp8(cfg, 0, 1));
+  out.push_back(linear_kv_down_proj.enable_fp8(cfg, tp_.rank(), tp_.size()));
   out.push_back(linear_kv_up_proj.enable_fp8(cfg));
   return out;
 }

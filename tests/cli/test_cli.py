@@ -479,6 +479,8 @@ class TestBadInput(CliTestCase):
                               "--qk-pos-emb-head-dim")
         self.assertUsageError(megatron("train", *self.BASE, *mla, "--cache-mla-latents"),
                               "--cache-mla-latents")
+        self.assertUsageError(megatron("train", *self.BASE, *mla, "--model", "bert"),
+                              "--multi-latent-attention", "--model gpt")
         self.assertUsageError(megatron("train", *self.BASE, "--mtp-num-layers", "1"),
                               "--mtp-num-layers", "--position-embedding-type")
         self.assertUsageError(megatron("train", *self.BASE, *rope, "--mtp-num-layers", "1",

@@ -128,6 +128,14 @@ json deepseek_v3_config_json(const TransformerConfig& c) {
   MEGATRON_CHECK(c.qk_layernorm,
                  "this model has no Hugging Face equivalent: DeepSeek-V3 normalises the latents "
                  "(--qk-layernorm)");
+  // Plain RoPE exports as rope_scaling null: Hugging Face then scales the softmax by
+  // 1/sqrt(head dim) and rotates every rotary channel.
+  MEGATRON_CHECK(
+      m.yarn || (MlaConfig::yarn_mscale(m.rotary_scaling_factor, m.mscale_all_dim) == 1.0 &&
+                 c.rotary_percent == 1.0),
+      "this model has no Hugging Face equivalent: with --rope-type rope DeepSeek-V3 "
+      "has no softmax mscale (--rotary-scaling-factor with --mscale-all-dim) and "
+      "rotates every rotary channel (--rotary-percent 1)");
   json j = {{"model_type", "deepseek_v3"},
             {"architectures", {"DeepseekV3ForCausalLM"}},
             {"num_hidden_layers", c.num_layers},

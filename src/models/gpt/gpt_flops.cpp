@@ -45,8 +45,10 @@ double model_flops_per_iteration(const TransformerConfig& c, int64_t global_batc
   // MTP's two input norms, final norm and eh_proj per depth, and one more pass through the
   // output layer per depth.
   const double mtp_extra = 6.0 * mtp * (3.0 * h + 2.0 * h * h);
-  const double logits = 6.0 * h * static_cast<double>(c.padded_vocab_size) * (mtp + 1.0);
-  return B * s * (12.0 * layers * h * h * (attention + mlp) + mtp_extra + logits);
+  // The output layer, once more per depth, as a share of the per-layer unit (the arrangement of
+  // the formula before multi-token prediction: the same bits without it).
+  const double logit = static_cast<double>(c.padded_vocab_size) * (mtp + 1.0) / (2.0 * layers * h);
+  return 12.0 * B * s * layers * h * h * (attention + mlp + logit) + B * s * mtp_extra;
 }
 
 }  // namespace megatron

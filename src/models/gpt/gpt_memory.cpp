@@ -92,8 +92,10 @@ int64_t activation_bytes_per_microbatch(const TransformerConfig& c, const Activa
   }
   if (a.post_process) {
     const int64_t vp_local = c.padded_vocab_size / t;
-    // Final norm (input and statistics), output GEMM input, fp32 logits, their lse, targets.
-    bytes += s_local_b * h * e + stats + sb * h * g + sb * vp_local * e + sb * e + sb * 8;
+    // Final norm (input and statistics), output GEMM input, fp32 logits, their lse, targets;
+    // each multi-token prediction depth keeps its own (its head's Ctx until backward).
+    bytes += (s_local_b * h * e + stats + sb * h * g + sb * vp_local * e + sb * e + sb * 8) *
+             (1 + c.mtp_num_layers);
   }
   if (a.pre_process) bytes += 2 * sb * 8;  // token and position ids, i64
   return bytes;

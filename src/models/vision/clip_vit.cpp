@@ -66,6 +66,8 @@ TransformerConfig vision_transformer_config(const TransformerConfig& lm) {
   c.softmax_scale = 0;
   c.hidden_dropout = c.attention_dropout = 0;
   c.moe = MoeConfig{};
+  c.mla = MlaConfig{};  // the vision tower's attention is CLIP's whatever the language model's
+  c.mtp_num_layers = 0;
   c.fp8 = Fp8Config{};
   c.recompute_granularity = RecomputeGranularity::kNone;  // Megatron: --recompute-vision, apart
   c.recompute_method = RecomputeMethod::kNone;
