@@ -122,6 +122,24 @@ Tensor doc_starts() {
   return t;
 }
 
+// SelfAttention's parameter and input gradients by finite differences (doc_start: document
+// masks, or undefined).
+void check_attention(SelfAttention& attn, const Tensor& doc_start, const ForwardMode& mode,
+                     uint64_t seed) {
+  SelfAttention::Ctx ctx;
+  TokenLayout layout;
+  layout.doc_start = doc_start;
+  std::vector<Param*> ps;
+  attn.collect(ps);
+  check_layer({ps,
+               [&](const Tensor& x) {
+                 ctx = {};
+                 return attn.forward(x, layout, ctx, mode);
+               },
+               [&](const Tensor& dy) { return attn.backward(dy, ctx); }},
+              seed);
+}
+
 TEST(LayerGradients, SelfAttentionMhaAndGqaWithRopeDocumentsAndDropout) {
   SelfGroup g;
   TransformerConfig gqa = llama_style(base_config());
@@ -132,18 +150,7 @@ TEST(LayerGradients, SelfAttentionMhaAndGqaWithRopeDocumentsAndDropout) {
                      ? "GQA + RoPE + documents + dropout"
                      : "MHA");
     SelfAttention attn("attn", cfg, 0, g.tp());
-    SelfAttention::Ctx ctx;
-    TokenLayout layout;
-    if (cfg.swiglu) layout.doc_start = doc_starts();
-    std::vector<Param*> ps;
-    attn.collect(ps);
-    check_layer({ps,
-                 [&](const Tensor& x) {
-                   ctx = {};
-                   return attn.forward(x, layout, ctx, training);
-                 },
-                 [&](const Tensor& dy) { return attn.backward(dy, ctx); }},
-                13);
+    check_attention(attn, cfg.swiglu ? doc_starts() : Tensor(), training, 13);
   }
 }
 
@@ -180,17 +187,7 @@ TEST(LayerGradients, SelfAttentionVariants) {
     SCOPED_TRACE(name);
     SelfAttention attn("attn", cfg, 0, g.tp());
     EXPECT_EQ(attn.q_layernorm.has_value(), cfg.qk_layernorm);
-    SelfAttention::Ctx ctx;
-    TokenLayout layout;
-    std::vector<Param*> ps;
-    attn.collect(ps);
-    check_layer({ps,
-                 [&](const Tensor& x) {
-                   ctx = {};
-                   return attn.forward(x, layout, ctx, ForwardMode{});
-                 },
-                 [&](const Tensor& dy) { return attn.backward(dy, ctx); }},
-                14);
+    check_attention(attn, Tensor(), ForwardMode{}, 14);
   }
 }
 
@@ -244,18 +241,7 @@ TEST(LayerGradients, MultiLatentAttention) {
     SelfAttention attn("attn", cfg, 0, g.tp());
     ASSERT_TRUE(attn.mla.has_value());
     EXPECT_FALSE(attn.linear_qkv.has_value());
-    SelfAttention::Ctx ctx;
-    TokenLayout layout;
-    if (cfg.attention_dropout > 0) layout.doc_start = doc_starts();
-    std::vector<Param*> ps;
-    attn.collect(ps);
-    check_layer({ps,
-                 [&](const Tensor& x) {
-                   ctx = {};
-                   return attn.forward(x, layout, ctx, training);
-                 },
-                 [&](const Tensor& dy) { return attn.backward(dy, ctx); }},
-                15);
+    check_attention(attn, cfg.attention_dropout > 0 ? doc_starts() : Tensor(), training, 15);
   }
 }
 
