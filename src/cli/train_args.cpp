@@ -445,10 +445,23 @@ void register_train_args(ArgTable& t, Arguments& a) {
         "BERT: probability of a sample shorter than --seq-length");
   t.add("--num-workers", a.num_workers,
         "Micro-batches prepared ahead on a background thread (0: prepared in the training loop)");
+  t.add("--dataloader-type", a.dataloader_type,
+        "single: the samples in order; cyclic: a random order per epoch (torch.randperm seeded "
+        "with the epoch), repeating the data as long as the run reads");
+  t.negative_flag("--no-data-sharding", "data_sharding", a.data_sharding,
+                  "--dataloader-type cyclic: shuffle the whole dataset for every data-parallel "
+                  "rank, instead of one contiguous bucket of it per rank (no effect with "
+                  "single, as in Megatron)");
   t.concern("evaluation");
   t.add("--eval-interval", a.eval_interval, "Iterations between validation runs");
   t.add("--eval-iters", a.eval_iters,
         "Iterations (global batches) per validation run; 0: no evaluation");
+  t.flag("--full-validation", a.full_validation,
+         "Each evaluation reads the whole validation set once (one epoch of it, every sample "
+         "counted once); --eval-iters then sizes the test evaluation only");
+  t.flag("--multiple-validation-sets", a.multiple_validation_sets,
+         "With several --valid-data-path prefixes and --full-validation: evaluate and log each "
+         "prefix as its own set (validation-0, validation-1, ...) instead of their blend");
   t.flag("--skip-train", a.skip_train,
          "No training: evaluate the weights (--load) on the validation and test data, once");
   t.concern("data");
@@ -1019,6 +1032,21 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
   MEGATRON_CHECK(a.eval_interval > 0, "--eval-interval must be positive, got ", a.eval_interval);
   MEGATRON_CHECK(a.eval_iters >= 0, "--eval-iters must be >= 0, got ", a.eval_iters);
   MEGATRON_CHECK(a.num_workers >= 0, "--num-workers must be >= 0, got ", a.num_workers);
+  MEGATRON_CHECK(!a.multiple_validation_sets || a.full_validation,
+                 "--multiple-validation-sets currently requires --full-validation (as in "
+                 "Megatron): add it");
+  if (a.full_validation) {
+    MEGATRON_CHECK(a.model == "gpt",
+                   "--full-validation is implemented for GPT datasets "
+                   "(--model gpt) only; drop it for --model ",
+                   a.model);
+    MEGATRON_CHECK(!a.mock_data,
+                   "--full-validation evaluates one epoch of the validation data, "
+                   "which --mock-data does not have: pass --data-path or --valid-data-path");
+  }
+  MEGATRON_CHECK(a.dataloader_type == "single" || a.dataloader_type == "cyclic",
+                 "--dataloader-type must be single or cyclic, got '", a.dataloader_type,
+                 "' (external needs a Python data iterator, which a command line cannot give)");
   // Megatron's legacy RoPE arguments.
   if (a.use_rotary_position_embeddings) a.position_embedding_type = "rope";
   MEGATRON_CHECK(a.add_position_embedding || a.position_embedding_type == "rope",

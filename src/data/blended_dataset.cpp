@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -156,9 +157,15 @@ int64_t samples_for(int64_t target, double weight, double surplus) {
 // BlendedDataset, following BlendedMegatronDatasetBuilder over the sources that have samples.
 std::unique_ptr<SampleSource> build_split(const std::vector<Source>& all_sources,
                                           const std::optional<std::vector<double>>& all_weights,
-                                          Split split, int64_t num_samples, const GPTDataArgs& args,
-                                          const GPTDatasetConfig& config) {
-  if (num_samples <= 0) return nullptr;
+                                          Split split, std::optional<int64_t> num_samples,
+                                          const GPTDataArgs& args, const GPTDatasetConfig& config) {
+  if (num_samples && *num_samples <= 0) return nullptr;
+  // No count (--full-validation): one epoch of each dataset, which a weighted blend cannot give
+  // (Megatron asserts "size_is_none => weights_are_none").
+  MEGATRON_CHECK(num_samples || !all_weights, "--full-validation evaluates one epoch of the ",
+                 split_name(split),
+                 " data, which a weighted blend does not define: drop the "
+                 "weights from the blend (or --full-validation)");
   std::vector<const Source*> sources;
   std::optional<std::vector<double>> weights;
   if (all_weights) weights.emplace();
@@ -178,9 +185,10 @@ std::unique_ptr<SampleSource> build_split(const std::vector<Source>& all_sources
     if (weights) {
       // Build a little more than the blend will take (the surplus), blend exactly the target.
       const double w = (*weights)[d];
-      parts.push_back(make_gpt(
-          *sources[d], split, samples_for(num_samples, w, args.mid_level_dataset_surplus), config));
-      size += samples_for(num_samples, w, 0.0);
+      parts.push_back(make_gpt(*sources[d], split,
+                               samples_for(*num_samples, w, args.mid_level_dataset_surplus),
+                               config));
+      size += samples_for(*num_samples, w, 0.0);
       part_weights.push_back(w);
     } else {
       // Unweighted: one epoch of each, weighted by its size.
@@ -189,11 +197,13 @@ std::unique_ptr<SampleSource> build_split(const std::vector<Source>& all_sources
       part_weights.push_back(static_cast<double>(parts.back()->size()));
     }
   }
-  if (!weights) size = std::min(size, num_samples);
   if (config.log && parts.size() == 1) {
     log_line(" > WARNING: building a BlendedDataset for a single GPTDataset");
   }
-  return std::make_unique<BlendedDataset>(std::move(parts), std::move(part_weights), size,
+  // Unweighted without a count: Megatron's exhaustive blend (every sample of each once).
+  std::optional<int64_t> blend_size;
+  if (num_samples) blend_size = weights ? size : std::min(size, *num_samples);
+  return std::make_unique<BlendedDataset>(std::move(parts), std::move(part_weights), blend_size,
                                           config.path_to_cache, config.log);
 }
 
@@ -257,9 +267,42 @@ void build_blending_indices(std::span<const double> weights, std::span<int16_t> 
   }
 }
 
+void build_exhaustive_blending_indices(std::span<const int64_t> sizes,
+                                       std::span<int16_t> dataset_index,
+                                       std::span<int64_t> dataset_sample_index) {
+  MEGATRON_ASSERT(!sizes.empty() && sizes.size() < 32767, "1 to 32766 datasets");
+  int64_t total = 0;
+  for (int64_t n : sizes) total += n;
+  MEGATRON_ASSERT(static_cast<int64_t>(dataset_index.size()) == total &&
+                      dataset_sample_index.size() == dataset_index.size(),
+                  "exhaustive blend: one entry per sample");
+  std::vector<double> weights;
+  for (int64_t n : sizes) weights.push_back(static_cast<double>(n) / static_cast<double>(total));
+  std::vector<int64_t> taken(sizes.size(), 0);
+  std::vector<bool> spent(sizes.size(), false);
+  for (size_t d = 0; d < sizes.size(); ++d) spent[d] = sizes[d] == 0;
+  for (size_t k = 0; k < dataset_index.size(); ++k) {
+    const double k_double = std::max(static_cast<double>(k), 1.0);
+    size_t best = 0;
+    double best_error = std::numeric_limits<double>::lowest();
+    for (size_t d = 0; d < sizes.size(); ++d) {  // ascending, as the std::set Megatron walks
+      if (spent[d]) continue;
+      volatile double product = weights[d] * k_double;  // rounded, as build_blending_indices
+      const double error = product - static_cast<double>(taken[d]);
+      if (error > best_error) {
+        best_error = error;
+        best = d;
+      }
+    }
+    dataset_index[k] = static_cast<int16_t>(best);
+    dataset_sample_index[k] = taken[best]++;
+    if (taken[best] == sizes[best]) spent[best] = true;
+  }
+}
+
 std::string blended_dataset_description(std::span<const std::string> dataset_descriptions,
                                         Split split, std::span<const double> weights,
-                                        int64_t size) {
+                                        std::optional<int64_t> size) {
   using Json = nlohmann::ordered_json;
   Json j;
   j["class"] = "BlendedDataset";
@@ -267,19 +310,35 @@ std::string blended_dataset_description(std::span<const std::string> dataset_des
   for (const std::string& d : dataset_descriptions) datasets.push_back(Json::parse(d));
   j["datasets"] = datasets;
   j["split"] = split_name(split);
-  j["weights"] = std::vector<double>(weights.begin(), weights.end());
-  j["size"] = size;
+  if (size) {
+    j["weights"] = std::vector<double>(weights.begin(), weights.end());
+    j["size"] = *size;
+  } else {  // Python's list of len() values: integers
+    Json w = Json::array();
+    for (double x : weights) w.push_back(static_cast<int64_t>(x));
+    j["weights"] = w;
+    j["size"] = nullptr;
+  }
   return j.dump(4, ' ', true);
 }
 
 BlendedIndices load_or_build_blending_indices(std::span<const std::string> dataset_descriptions,
                                               std::span<const int64_t> dataset_sizes,
-                                              std::span<const double> weights, int64_t size,
-                                              Split split, const std::string& cache_dir, bool log) {
+                                              std::span<const double> weights,
+                                              std::optional<int64_t> blend_size, Split split,
+                                              const std::string& cache_dir, bool log) {
   MEGATRON_ASSERT(dataset_descriptions.size() == weights.size() &&
                       dataset_sizes.size() == weights.size() && !weights.empty(),
                   "one description, size and weight per dataset");
-  const std::vector<double> w = normalize_weights(weights);
+  // Exhaustive (no size): the weights are the datasets' sizes, kept as they are.
+  const std::vector<double> w =
+      blend_size ? normalize_weights(weights) : std::vector<double>(weights.begin(), weights.end());
+  int64_t size = 0;
+  if (blend_size) {
+    size = *blend_size;
+  } else {
+    for (int64_t n : dataset_sizes) size += n;
+  }
   const std::string name = split_name(split);
   auto say = [&](const std::string& line) {
     if (log) log_line(line);
@@ -290,7 +349,7 @@ BlendedIndices load_or_build_blending_indices(std::span<const std::string> datas
   bool loaded = false;
   if (!cache_dir.empty()) {
     cache.emplace(cache_dir, "BlendedDataset", name,
-                  blended_dataset_description(dataset_descriptions, split, w, size));
+                  blended_dataset_description(dataset_descriptions, split, w, blend_size));
     std::string why;
     if (auto arrays = cache->load(kBlendedSuffixes, &why)) {
       b.dataset_index = std::move((*arrays)[0]);
@@ -311,8 +370,13 @@ BlendedIndices load_or_build_blending_indices(std::span<const std::string> datas
     say("Build and save the BlendedDataset " + name + " indices");
     b = BlendedIndices{NpyArray(NpyDType::kInt16, {size}), NpyArray(NpyDType::kInt64, {size}),
                        false};
-    build_blending_indices(w, b.dataset_index.mutable_values<int16_t>(),
-                           b.dataset_sample_index.mutable_values<int64_t>());
+    if (blend_size) {
+      build_blending_indices(w, b.dataset_index.mutable_values<int16_t>(),
+                             b.dataset_sample_index.mutable_values<int64_t>());
+    } else {
+      build_exhaustive_blending_indices(dataset_sizes, b.dataset_index.mutable_values<int16_t>(),
+                                        b.dataset_sample_index.mutable_values<int64_t>());
+    }
   }
 
   // Megatron raises IndexError here: the greedy order wants more of a dataset than was built.
@@ -336,7 +400,9 @@ BlendedIndices load_or_build_blending_indices(std::span<const std::string> datas
   if (log) {
     std::string line = " > " + name + " blend of " + std::to_string(size) + " samples:";
     for (size_t d = 0; d < w.size(); ++d) {
-      line += strprintf(" dataset %zu weight %.6f achieved %.6f;", d, w[d],
+      const double weight =
+          blend_size ? w[d] : w[d] / static_cast<double>(std::max<int64_t>(size, 1));
+      line += strprintf(" dataset %zu weight %.6f achieved %.6f;", d, weight,
                         size ? static_cast<double>(counts[d]) / static_cast<double>(size) : 0.0);
     }
     say(line);
@@ -345,12 +411,12 @@ BlendedIndices load_or_build_blending_indices(std::span<const std::string> datas
 }
 
 BlendedDataset::BlendedDataset(std::vector<std::unique_ptr<GPTDataset>> datasets,
-                               std::vector<double> weights, int64_t size,
+                               std::vector<double> weights, std::optional<int64_t> size,
                                const std::string& path_to_cache, bool log)
     : datasets_(std::move(datasets)) {
   MEGATRON_ASSERT(!datasets_.empty() && datasets_.size() == weights.size(),
                   "one weight per dataset");
-  MEGATRON_ASSERT(size >= 0, "negative blend size");
+  MEGATRON_ASSERT(!size || *size >= 0, "negative blend size");
   std::vector<std::string> descriptions;
   std::vector<int64_t> sizes;
   for (const auto& d : datasets_) {
@@ -398,13 +464,19 @@ GPTDatasets build_gpt_datasets(const GPTDataArgs& args) {
     MEGATRON_CHECK(n >= 0, "negative number of samples requested: ", n);
   }
   const std::array<const char*, 3> kLabels = {"train:      ", "validation: ", "test:       "};
+  auto count = [&](size_t i) -> std::optional<int64_t> {
+    if (i == 1 && args.valid_one_epoch) return std::nullopt;
+    return args.num_samples[i];
+  };
   if (config.log) {
     log_line("> building train, validation, and test datasets for GPT ...");
     log_line(" > datasets target sizes (minimum size):");
     for (size_t i = 0; i < 3; ++i) {
-      log_line(std::string("    ") + kLabels[i] + std::to_string(args.num_samples[i]));
+      log_line(std::string("    ") + kLabels[i] +
+               (count(i) ? std::to_string(*count(i)) : std::string("one epoch")));
     }
   }
+  GPTDatasets built;
 
   std::array<std::unique_ptr<SampleSource>, 3> out;
   if (!per_split) {
@@ -416,8 +488,7 @@ GPTDatasets build_gpt_datasets(const GPTDataArgs& args) {
       sources.push_back(open_source(p, matrix, config.log));
     for (size_t i = 0; i < 3; ++i) {
       if (!matrix[i]) continue;
-      out[i] = build_split(sources, blend.weights, static_cast<Split>(i), args.num_samples[i], args,
-                           config);
+      out[i] = build_split(sources, blend.weights, static_cast<Split>(i), count(i), args, config);
     }
   } else {
     MEGATRON_CHECK(!config.split,
@@ -437,8 +508,26 @@ GPTDatasets build_gpt_datasets(const GPTDataArgs& args) {
         sources.push_back(open_source(p, spoof, config.log));
       // Megatron uses a single prefix directly even when it carries a weight here.
       const auto weights = blend.prefixes.size() == 1 ? std::nullopt : blend.weights;
-      out[i] =
-          build_split(sources, weights, static_cast<Split>(i), args.num_samples[i], args, config);
+      if (i == 1 && args.multiple_validation_sets && sources.size() > 1) {
+        // One dataset per prefix, unweighted (Megatron's multiple_validation_sets).
+        MEGATRON_CHECK(!weights || count(i),
+                       "--multiple-validation-sets with --full-validation "
+                       "evaluates each --valid-data-path prefix whole: drop the weights");
+        for (size_t k = 0; k < sources.size(); ++k) {
+          std::unique_ptr<SampleSource> set =
+              build_split({sources[k]}, std::nullopt, Split::kValid, count(i), args, config);
+          MEGATRON_CHECK(set != nullptr, "--valid-data-path ", blend.prefixes[k],
+                         ": no validation samples (no documents, or too few tokens for one "
+                         "sequence); drop it from the validation sets");
+          if (k == 0) {
+            out[i] = std::move(set);
+          } else {
+            built.more_valid.push_back(std::move(set));
+          }
+        }
+        continue;
+      }
+      out[i] = build_split(sources, weights, static_cast<Split>(i), count(i), args, config);
     }
   }
   if (config.log) {
@@ -448,7 +537,10 @@ GPTDatasets build_gpt_datasets(const GPTDataArgs& args) {
     }
     log_line("> finished creating GPT datasets ...");
   }
-  return GPTDatasets{std::move(out[0]), std::move(out[1]), std::move(out[2])};
+  built.train = std::move(out[0]);
+  built.valid = std::move(out[1]);
+  built.test = std::move(out[2]);
+  return built;
 }
 
 }  // namespace megatron

@@ -38,6 +38,12 @@ std::vector<double> normalize_weights(std::span<const double> weights);
 // dataset_sample_index[k] (int64) for k in [0, size).
 void build_blending_indices(std::span<const double> weights, std::span<int16_t> dataset_index,
                             std::span<int64_t> dataset_sample_index);
+// helpers.cpp's build_exhaustive_blending_indices: every sample of every dataset once (sum of
+// sizes entries), in the greedy order of the weights size / total, a dataset leaving the race
+// once spent (a blend with no size: Megatron's size=None, --full-validation's one epoch).
+void build_exhaustive_blending_indices(std::span<const int64_t> sizes,
+                                       std::span<int16_t> dataset_index,
+                                       std::span<int64_t> dataset_sample_index);
 
 struct BlendedIndices {
   NpyArray dataset_index;         // [size] int16: which dataset sample k comes from
@@ -46,9 +52,11 @@ struct BlendedIndices {
 };
 
 // Megatron's BlendedDataset description: class, datasets (their descriptions, nested), split,
-// weights (normalised), size.
+// weights (normalised), size; without a size (exhaustive) the weights are the datasets' sizes,
+// written as integers, and the size null.
 std::string blended_dataset_description(std::span<const std::string> dataset_descriptions,
-                                        Split split, std::span<const double> weights, int64_t size);
+                                        Split split, std::span<const double> weights,
+                                        std::optional<int64_t> size);
 
 // Normalises `weights`, then loads the indices from `cache_dir` if a complete, consistent cache
 // exists there, else builds them and, when cache_dir is not empty, saves them. Throws
@@ -56,15 +64,17 @@ std::string blended_dataset_description(std::span<const std::string> dataset_des
 // larger --mid-level-dataset-surplus).
 BlendedIndices load_or_build_blending_indices(std::span<const std::string> dataset_descriptions,
                                               std::span<const int64_t> dataset_sizes,
-                                              std::span<const double> weights, int64_t size,
-                                              Split split, const std::string& cache_dir, bool log);
+                                              std::span<const double> weights,
+                                              std::optional<int64_t> size, Split split,
+                                              const std::string& cache_dir, bool log);
 
 class BlendedDataset : public SampleSource {
  public:
   // weights > 0, one per dataset, normalised here; the datasets share split and seq_length.
+  // size nullopt: every sample of every dataset once (exhaustive; weights are then the sizes).
   // Cached only when path_to_cache is set, as Megatron does.
   BlendedDataset(std::vector<std::unique_ptr<GPTDataset>> datasets, std::vector<double> weights,
-                 int64_t size, const std::string& path_to_cache, bool log);
+                 std::optional<int64_t> size, const std::string& path_to_cache, bool log);
 
   int64_t size() const override { return indices_.dataset_index.numel(); }
   int64_t seq_length() const override { return datasets_[0]->seq_length(); }
@@ -88,6 +98,12 @@ struct GPTDataArgs {
   std::vector<std::string> train_data_path, valid_data_path, test_data_path;
   // Samples the run reads per split (train, valid, test); see megatron_split_num_samples.
   std::array<int64_t, 3> num_samples{};
+  // --full-validation: the validation split is one epoch of its data (num_samples[1] unused;
+  // Megatron's size None), blended exhaustively when it has several prefixes.
+  bool valid_one_epoch = false;
+  // --multiple-validation-sets: with several --valid-data-path prefixes, one validation dataset
+  // per prefix (valid, then more_valid) instead of their blend.
+  bool multiple_validation_sets = false;
   double mid_level_dataset_surplus = 0.005;  // --mid-level-dataset-surplus
   // Seed, sequence length, --split (nullopt with data_path = Megatron's "969, 30, 1"), cache path.
   GPTDatasetConfig config;
@@ -102,6 +118,9 @@ struct GPTDatasets {
   // Null where the split is absent (zero --split weight, no per-split path, no documents, or no
   // samples requested).
   std::unique_ptr<SampleSource> train, valid, test;
+  // --multiple-validation-sets: the validation datasets after the first (valid), in the order of
+  // --valid-data-path.
+  std::vector<std::unique_ptr<SampleSource>> more_valid;
 };
 
 // Opens the datasets and builds (or loads) every index. Throws InvalidArgument naming the flag

@@ -19,15 +19,16 @@ struct DataConfig {
   std::vector<std::string> data_path;  // --data-path [weight] prefix ... (with --split)
   std::string split = "969, 30, 1";    // --split
   std::vector<std::string> train_data_path, valid_data_path, test_data_path;  // per split
-  std::string data_cache_path;        // --data-cache-path ("" = beside the data)
-  int64_t seed = 1234;                // --seed: sample order and mock documents
-  bool eod_mask_loss = false;         // --eod-mask-loss
-  bool reset_position_ids = false;    // --reset-position-ids
-  bool reset_attention_mask = false;  // --reset-attention-mask
-  double mask_prob = 0.15;            // --mask-prob (BERT)
-  double short_seq_prob = 0.1;        // --short-seq-prob (BERT)
-  bool bert_binary_head = true;       // not --bert-no-binary-head
-  int64_t decoder_seq_length = 0;     // --decoder-seq-length (T5)
+  bool multiple_validation_sets = false;  // one validation set per --valid-data-path prefix
+  std::string data_cache_path;            // --data-cache-path ("" = beside the data)
+  int64_t seed = 1234;                    // --seed: sample order and mock documents
+  bool eod_mask_loss = false;             // --eod-mask-loss
+  bool reset_position_ids = false;        // --reset-position-ids
+  bool reset_attention_mask = false;      // --reset-attention-mask
+  double mask_prob = 0.15;                // --mask-prob (BERT)
+  double short_seq_prob = 0.1;            // --short-seq-prob (BERT)
+  bool bert_binary_head = true;           // not --bert-no-binary-head
+  int64_t decoder_seq_length = 0;         // --decoder-seq-length (T5)
   // Vision-language models (--model llava): the image size the CLIP transform resizes to, the
   // text tokens per sample (--dataloader-seq-length + 1, the image token included) and the
   // embeddings each image becomes in the language model's sequence of language_seq_length.
@@ -43,10 +44,14 @@ struct DataConfig {
 // Samples each split must hold (Megatron's counts from the iterations, train/datasets.h).
 struct SampleCounts {
   int64_t train = 0, valid = 0, test = 0;
+  // --full-validation: the validation split is one epoch of its data, whatever `valid` says.
+  bool valid_one_epoch = false;
 };
 
 struct Datasets {
   std::unique_ptr<SampleSource> train, valid, test;  // valid/test null when absent
+  // --multiple-validation-sets: the validation sets after the first (valid).
+  std::vector<std::unique_ptr<SampleSource>> more_valid;
 };
 
 }  // namespace megatron

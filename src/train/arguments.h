@@ -187,10 +187,18 @@ struct Arguments {
   int64_t epochs = 0;                   // --epochs (sets --train-iters)
   int64_t num_classes = 0;              // from the task and the training data
   int64_t num_workers = 2;              // background batch preparation (0: in the training thread)
+  // --dataloader-type: single (Megatron's sequential sampler) or cyclic (its random sampler,
+  // epoch after epoch; data/random_sampler.h), and its --no-data-sharding.
+  std::string dataloader_type = "single";
+  bool data_sharding = true;
 
   // ---- evaluation ----
   int64_t eval_interval = 1000;
   int64_t eval_iters = 100;
+  // --full-validation: each evaluation reads the whole validation set once (one epoch of it);
+  // --multiple-validation-sets: one set per --valid-data-path prefix, evaluated and logged apart.
+  bool full_validation = false;
+  bool multiple_validation_sets = false;
   bool skip_train = false;  // evaluate the loaded checkpoint on validation and test data only
 
   // ---- checkpoints (see src/train/checkpointing.h) ----

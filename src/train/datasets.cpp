@@ -11,6 +11,7 @@ SampleCounts sample_counts(const Arguments& a) {
   c.train = a.train_samples > 0 ? a.train_samples : a.train_iters * gbs;
   c.valid = (a.train_iters / a.eval_interval + 1) * a.eval_iters * gbs;
   c.test = a.eval_iters * gbs;
+  c.valid_one_epoch = a.full_validation;
   return c;
 }
 
@@ -22,6 +23,7 @@ DataConfig data_config(const Arguments& a) {
   d.train_data_path = a.train_data_path;
   d.valid_data_path = a.valid_data_path;
   d.test_data_path = a.test_data_path;
+  d.multiple_validation_sets = a.multiple_validation_sets;
   d.data_cache_path = a.data_cache_path;
   d.seed = a.seed;
   d.eod_mask_loss = a.eod_mask_loss;

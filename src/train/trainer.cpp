@@ -15,6 +15,7 @@
 #include "core/logging.h"
 #include "core/threads.h"
 #include "core/timer.h"
+#include "data/random_sampler.h"
 #include "tensor/allocator.h"
 #include "tensor/memory_stats.h"
 #include "tensor/op_profile.h"
@@ -22,6 +23,7 @@
 #include "train/cpu_calibration.h"
 #include "train/device_choice.h"
 #include "train/exit_codes.h"
+#include "train/full_validation.h"
 #include "train/gemm_peak.h"
 #include "train/memory_report.h"
 #include "train/micro_batch_runner.h"
@@ -635,12 +637,24 @@ void Trainer::build_data() {
                  " samples; ", args_.train_iters, " iterations of the batch schedule need ",
                  train_need);
   if (args_.eval_iters > 0) {
-    MEGATRON_CHECK(!data_.valid || data_.valid->size() >= need.valid, "the validation data has ",
-                   data_.valid ? data_.valid->size() : 0, " samples; evaluation needs ", need.valid,
+    MEGATRON_CHECK(args_.full_validation || !data_.valid || data_.valid->size() >= need.valid,
+                   "the validation data has ", data_.valid ? data_.valid->size() : 0,
+                   " samples; evaluation needs ", need.valid,
                    " ((--train-iters / --eval-interval + 1) x --eval-iters x "
                    "--global-batch-size)");
     MEGATRON_CHECK(!data_.test || data_.test->size() >= need.test, "the test data has ",
                    data_.test ? data_.test->size() : 0, " samples; evaluation needs ", need.test);
+  }
+  // --dataloader-type cyclic: every split read in the random sampler's order, epoch after epoch
+  // (Megatron wraps the validation and test loaders too).
+  // --full-validation reads its sets in order, whole (Megatron's sequential sampler for them).
+  if (args_.dataloader_type == "cyclic") {
+    for (std::unique_ptr<SampleSource>* split : {&data_.train, &data_.valid, &data_.test}) {
+      if (*split && !(split == &data_.valid && args_.full_validation)) {
+        *split = std::make_unique<SampledSource>(std::move(*split), args_.micro_batch_size,
+                                                 dp_size_, args_.data_sharding);
+      }
+    }
   }
 
   if (!args_.tensorboard_dir.empty() && last_rank_) {  // Megatron writes from the last rank
@@ -1329,10 +1343,20 @@ LossTerms Trainer::evaluate(const SampleSource& data, int64_t* consumed) {
   LossTerms terms;
   // Megatron evaluates whole --global-batch-size batches, ramp-up or not.
   const int64_t mbs = args_.micro_batch_size, m = eval_microbatches_;
-  for (int64_t it = 0; it < args_.eval_iters; ++it) {
+  const bool whole = consumed == nullptr;  // --full-validation
+  const WrappedSource wrapped(data);
+  const int64_t steps =
+      whole ? full_validation_steps(data.size(), m * dp_size_ * mbs) : args_.eval_iters;
+  for (int64_t it = 0; it < steps; ++it) {
     // Megatron's sampler: micro-step it * m + mb of the evaluation, this rank's share of it.
     std::vector<TensorMap> batches = step_batches(m, [&](int64_t mb) {
-      return make_batch_(data, *consumed + ((it * m + mb) * dp_size_ + dp_rank_) * mbs, mbs);
+      const int64_t first = ((it * m + mb) * dp_size_ + dp_rank_) * mbs;
+      if (!whole) return make_batch_(data, *consumed + first, mbs);
+      // The last step's positions past the end re-read the start, their loss masked.
+      TensorMap batch = make_batch_(wrapped, first, mbs);
+      if (first + mbs > data.size())
+        mask_rows_from(batch, std::max<int64_t>(data.size() - first, 0));
+      return batch;
     });
     const ParamGate* gate = fsdp_ ? fsdp_.get() : nullptr;  // sharded weights are gathered
     MicroBatchRunner runner(
@@ -1346,19 +1370,34 @@ LossTerms Trainer::evaluate(const SampleSource& data, int64_t* consumed) {
     executor_->run_forward_only(static_cast<int>(m), runner);
     terms.add(runner.losses());
   }
-  *consumed += args_.eval_iters * args_.global_batch_size;
+  if (!whole) *consumed += args_.eval_iters * args_.global_batch_size;
   reduce_loss_stats(&terms);
   return terms;
 }
 
-void Trainer::evaluate_and_print(const std::string& prefix, const SampleSource& data,
-                                 int64_t* consumed, int64_t iteration) {
+void Trainer::validate(const std::string& prefix, int64_t iteration) {
+  if (!data_.valid || (args_.eval_iters == 0 && !args_.full_validation)) return;
+  watchdog_->enter("evaluation", iteration);
+  if (!args_.full_validation) {
+    evaluate_and_print(prefix, "", *data_.valid, &consumed_valid_, iteration);
+    return;
+  }
+  std::vector<const SampleSource*> sets = {data_.valid.get()};
+  for (const auto& more : data_.more_valid) sets.push_back(more.get());
+  for (size_t i = 0; i < sets.size(); ++i) {
+    const std::string set = args_.multiple_validation_sets ? "-" + std::to_string(i) : "";
+    evaluate_and_print(prefix, set, *sets[i], nullptr, iteration);
+  }
+}
+
+void Trainer::evaluate_and_print(const std::string& prefix, const std::string& set,
+                                 const SampleSource& data, int64_t* consumed, int64_t iteration) {
   const LossTerms terms = evaluate(data, consumed);
   std::vector<std::pair<std::string, double>> values;
   for (const LossTerms::Term& t : terms.terms()) values.emplace_back(t.name, t.value());
   if (!values.empty()) eval_losses_.push_back(values.front().second);
   // As Megatron's evaluate_and_print_results: every term's value and perplexity.
-  std::string line = " validation loss at " + prefix + " | ";
+  std::string line = " validation" + set + " loss at " + prefix + " | ";
   for (const auto& [name, value] : relay_to_first_rank(values)) {
     // A loss has a perplexity; a rate (a classifier's accuracy) does not.
     const bool loss = name.size() >= 4 && name.compare(name.size() - 4, 4, "loss") == 0;
@@ -1373,11 +1412,12 @@ void Trainer::evaluate_and_print(const std::string& prefix, const SampleSource& 
   if (tensorboard_ && !args_.skip_train) {
     for (const auto& [name, value] : values) {
       const double ppl = std::exp(std::min(20.0, value));
-      TrainingLog::Values by_iter{{name + " validation", value}};
-      TrainingLog::Values by_samples{{name + " validation vs samples", value}};
+      const std::string tag = name + " validation" + set;
+      TrainingLog::Values by_iter{{tag, value}};
+      TrainingLog::Values by_samples{{tag + " vs samples", value}};
       if (args_.log_validation_ppl_to_tensorboard) {
-        by_iter.emplace_back(name + " validation ppl", ppl);
-        by_samples.emplace_back(name + " validation ppl vs samples", ppl);
+        by_iter.emplace_back(tag + " ppl", ppl);
+        by_samples.emplace_back(tag + " ppl vs samples", ppl);
       }
       tensorboard_->add_scalars(by_iter, iteration);
       tensorboard_->add_scalars(by_samples, consumed_train_);
@@ -1728,11 +1768,8 @@ int Trainer::train() {
     if (it % args_.log_interval == 0 || it == args_.train_iters) log_iteration(log, step);
     const int64_t hash_interval = args_.check_weight_hash_across_dp_replicas_interval;
     if (hash_interval > 0 && it % hash_interval == 0) check_weight_hashes(it);
-    if (data_.valid && args_.eval_iters > 0 && it % args_.eval_interval == 0) {
-      watchdog_->enter("evaluation", it);
-      evaluate_and_print(strprintf("iteration %ld", static_cast<long>(it)), *data_.valid,
-                         &consumed_valid_, it);
-    }
+    if (it % args_.eval_interval == 0)
+      validate(strprintf("iteration %ld", static_cast<long>(it)), it);
     if (checkpointer_) {
       checkpointer_->poll();
       if (args_.save_interval > 0 && it % args_.save_interval == 0) save_checkpoint(it);
@@ -1776,12 +1813,9 @@ void Trainer::flip_one_weight_bit() {
 void Trainer::final_evaluations(int64_t iteration) {
   watchdog_->enter("evaluation", iteration);
   const long it = static_cast<long>(iteration);
-  if (data_.valid && args_.eval_iters > 0) {
-    evaluate_and_print(strprintf("iteration %ld on validation set", it), *data_.valid,
-                       &consumed_valid_, iteration);
-  }
+  validate(strprintf("iteration %ld on validation set", it), iteration);
   if (data_.test && args_.eval_iters > 0) {
-    evaluate_and_print(strprintf("iteration %ld on test set", it), *data_.test, &consumed_test_,
+    evaluate_and_print(strprintf("iteration %ld on test set", it), "", *data_.test, &consumed_test_,
                        iteration);
   }
 }

@@ -169,10 +169,16 @@ class Trainer {
   // --log-expert-load the "expert load max/mean" term; clears the routers' counts. Collective.
   void moe_step_end(LossTerms* terms);
   std::vector<Action> schedule() const;
-  // Token-weighted mean loss over eval_iters global batches of `data`, from sample `*consumed`.
+  // Token-weighted mean loss over eval_iters global batches of `data`, from sample `*consumed`;
+  // consumed null (--full-validation): over every sample of `data` once (train/full_validation.h).
   LossTerms evaluate(const SampleSource& data, int64_t* consumed);
-  void evaluate_and_print(const std::string& prefix, const SampleSource& data, int64_t* consumed,
-                          int64_t iteration);
+  // set: "" or, with --multiple-validation-sets, "-<index>" (Megatron's log and TensorBoard
+  // suffix of the set).
+  void evaluate_and_print(const std::string& prefix, const std::string& set,
+                          const SampleSource& data, int64_t* consumed, int64_t iteration);
+  // The validation sets' evaluations at `prefix` ("iteration N" ...); none without validation
+  // data or evaluation iterations.
+  void validate(const std::string& prefix, int64_t iteration);
 
   // --load: the checkpoint's weights (and optimizer, RNG and run state, unless told otherwise)
   // into this layout. Every rank reads its own boxes; a failure on any rank stops all of them

@@ -6,3 +6,10 @@ target_include_directories(test_gpt_dataset PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
 target_compile_definitions(test_gpt_dataset PRIVATE
   MEGATRON_PYTHON_ORACLE="${PYTHON_ORACLE}"
   MEGATRON_INDICES_ORACLE="${CMAKE_CURRENT_SOURCE_DIR}/megatron_indices.py")
+
+# --dataloader-type cyclic against Megatron's random sampler restated over PyTorch's randperm.
+megatron_test(test_random_sampler SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_random_sampler.cpp
+  LIBS megatron_data)
+target_compile_definitions(test_random_sampler PRIVATE
+  MEGATRON_PYTHON_ORACLE="${PYTHON_ORACLE}"
+  MEGATRON_SAMPLER_ORACLE="${CMAKE_CURRENT_SOURCE_DIR}/random_sampler_oracle.py")

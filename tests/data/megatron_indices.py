@@ -176,6 +176,24 @@ def blending_indices(weights, size):
     return which, nth
 
 
+def exhaustive_blending_indices(sizes):
+    """A blend without a size: every sample of every dataset once. The same greedy race over the
+    shares size / total, among the datasets not yet spent (ties: lowest index)."""
+    total = sum(sizes)
+    shares = [n / float(total) for n in sizes]
+    taken = [0] * len(sizes)
+    which = np.zeros(total, dtype=np.int16)
+    nth = np.zeros(total, dtype=np.int64)
+    for k in range(total):
+        scale = max(float(k), 1.0)
+        live = [i for i in range(len(sizes)) if taken[i] < sizes[i]]
+        best = max(live, key=lambda i: (shares[i] * scale - float(taken[i]), -i))
+        which[k] = best
+        nth[k] = taken[best]
+        taken[best] += 1
+    return which, nth
+
+
 # ---- descriptions --------------------------------------------------------------------------
 
 
@@ -287,6 +305,10 @@ def run_case(case, out):
         save(out, name + ".dataset_index.npy", which)
         save(out, name + ".dataset_sample_index.npy", nth)
         facts = {"weights": w}
+    elif op == "exhaustive_blend":
+        which, nth = exhaustive_blending_indices(case["sizes"])
+        save(out, name + ".dataset_index.npy", which)
+        save(out, name + ".dataset_sample_index.npy", nth)
     elif op == "split":
         m = split_matrix(case["split"])
         facts = {"ranges": document_ranges(m, case["num_docs"]), "matrix": m}
@@ -300,7 +322,8 @@ def run_case(case, out):
                             case["seq_length"], case["split"], case["tokenizer"])
             for d in case["datasets"]
         ]
-        w = normalize(case["weights"])
+        # Without a size Megatron keeps the weights as given: the datasets' len() values.
+        w = normalize(case["weights"]) if case["size"] is not None else case["weights"]
         facts["text"], facts["md5"] = describe(blended_identifiers(datasets, case["index_split"],
                                                                    w, case["size"]))
     elif op == "npy_check":

@@ -408,6 +408,29 @@ TEST(Blending, MatchesOracle) {
   }
 }
 
+TEST(Blending, ExhaustiveMatchesOracle) {
+  // --full-validation's blend of several prefixes: no size, every sample of each dataset once.
+  const std::string dir = testing::scratch_dir("gpt_exhaustive_blend");
+  const std::vector<std::vector<int64_t>> sizes = {
+      {1}, {3, 5}, {100, 1, 37}, {0, 4, 4}, {1000, 999, 17, 250}};
+  Json spec = Json::array();
+  for (size_t i = 0; i < sizes.size(); ++i)
+    spec.push_back(
+        {{"op", "exhaustive_blend"}, {"name", "e" + std::to_string(i)}, {"sizes", sizes[i]}});
+  run_oracle(spec, dir);
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    SCOPED_TRACE("e" + std::to_string(i));
+    int64_t total = 0;
+    for (int64_t n : sizes[i]) total += n;
+    NpyArray di(NpyDType::kInt16, {total}), dsi(NpyDType::kInt64, {total});
+    build_exhaustive_blending_indices(sizes[i], di.mutable_values<int16_t>(),
+                                      dsi.mutable_values<int64_t>());
+    const std::string base = dir + "/e" + std::to_string(i);
+    EXPECT_TRUE(same_array(di, NpyArray::load(base + ".dataset_index.npy")));
+    EXPECT_TRUE(same_array(dsi, NpyArray::load(base + ".dataset_sample_index.npy")));
+  }
+}
+
 // ---- descriptions ----------------------------------------------------------------------------
 
 TEST(Descriptions, TextAndMd5MatchMegatron) {
@@ -459,6 +482,18 @@ TEST(Descriptions, TextAndMd5MatchMegatron) {
                     {"weights", blend_weights[i]},
                     {"size", 1000}});
   }
+  // Exhaustive (--full-validation): the weights are the datasets' sizes, the size null.
+  spec.push_back({{"op", "blended_description"},
+                  {"name", "bd_exhaustive"},
+                  {"datasets", Json::array({{{"dataset_path", "p1"}, {"num_samples", nullptr}},
+                                            {{"dataset_path", "p2"}, {"num_samples", nullptr}}})},
+                  {"index_split", "valid"},
+                  {"seed", 1234},
+                  {"seq_length", 64},
+                  {"split", "969, 30, 1"},
+                  {"tokenizer", tokenizer},
+                  {"weights", {101, 57}},
+                  {"size", nullptr}});
   run_oracle(spec, dir);
   for (size_t i = 0; i < cases.size(); ++i) {
     const Case& c = cases[i];
@@ -485,6 +520,21 @@ TEST(Descriptions, TextAndMd5MatchMegatron) {
     const Json want = read_json(dir + "/bd" + std::to_string(i) + ".json");
     const std::string ours = blended_dataset_description(parts, Split::kTrain,
                                                          normalize_weights(blend_weights[i]), 1000);
+    EXPECT_EQ(ours, want["text"].get<std::string>());
+    EXPECT_EQ(md5_hex(ours), want["md5"].get<std::string>());
+  }
+  {
+    GPTDatasetConfig config;
+    config.random_seed = 1234;
+    config.sequence_length = 64;
+    config.split = "969, 30, 1";
+    config.tokenizer_json = tokenizer.dump();
+    const std::vector<std::string> parts = {
+        gpt_dataset_description("p1", std::nullopt, Split::kValid, config),
+        gpt_dataset_description("p2", std::nullopt, Split::kValid, config)};
+    const std::vector<double> sizes = {101, 57};
+    const std::string ours = blended_dataset_description(parts, Split::kValid, sizes, std::nullopt);
+    const Json want = read_json(dir + "/bd_exhaustive.json");
     EXPECT_EQ(ours, want["text"].get<std::string>());
     EXPECT_EQ(md5_hex(ours), want["md5"].get<std::string>());
   }

@@ -16,7 +16,9 @@ import re
 ITERATION_RE = re.compile(r"^ \[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] iteration +(\d+)/ *(\d+) \|"
                           r"((?: [a-zA-Z][a-zA-Z0-9 ()/_-]*: [^|]*\|)+)$")
 # One whole validation line: " validation loss at PLACE | name value: x | name PPL: y | ".
-VALIDATION_RE = re.compile(r"^ validation loss at (.+?) \|((?: [a-zA-Z][a-zA-Z0-9 _-]*: [^|]*\|)+) $")
+# " validation loss at ..." or, with --multiple-validation-sets, " validation-<set> loss at ...".
+VALIDATION_RE = re.compile(
+    r"^ validation(?:-(\d+))? loss at (.+?) \|((?: [a-zA-Z][a-zA-Z0-9 _-]*: [^|]*\|)+) $")
 # Text that only iteration or validation lines print: a line holding any of it must be whole.
 FRAGMENT_RE = re.compile(r"\] iteration +\d|iteration +\d+/ *\d+ \||consumed samples:|"
                          r"elapsed time per iteration|lm loss:|grad norm:|number of skipped "
@@ -68,11 +70,18 @@ def validation_lines(stdout):
     """[(place, {field: printed value})] for every validation line, in order ("iteration 50",
     "iteration 200 on validation set", ...). Fails on a cut iteration or validation line."""
     iteration_lines(stdout)  # the fragment check covers validation lines too
+    return [(place, fields) for _, place, fields in validation_set_lines(stdout)]
+
+
+def validation_set_lines(stdout):
+    """[(set, place, {field: printed value})] for every validation line, in order; set is None
+    for a plain " validation loss" line, the index of " validation-<index> loss" lines."""
+    iteration_lines(stdout)
     out = []
     for line in stdout.splitlines():
         m = VALIDATION_RE.match(line)
         if m:
-            out.append((m[1], _fields(m[2])))
+            out.append((None if m[1] is None else int(m[1]), m[2], _fields(m[3])))
     return out
 
 

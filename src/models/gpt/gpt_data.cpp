@@ -34,6 +34,8 @@ Datasets gpt_datasets(const DataConfig& a, const Tokenizer& tokenizer, int64_t s
   g.valid_data_path = a.valid_data_path;
   g.test_data_path = a.test_data_path;
   g.num_samples = {n.train, n.valid, n.test};
+  g.valid_one_epoch = n.valid_one_epoch;
+  g.multiple_validation_sets = a.multiple_validation_sets;
   g.config.random_seed = a.seed;
   g.config.sequence_length = seq_length;
   if (!a.data_path.empty()) g.config.split = a.split;
@@ -47,6 +49,7 @@ Datasets gpt_datasets(const DataConfig& a, const Tokenizer& tokenizer, int64_t s
   d.train = std::move(built.train);
   d.valid = std::move(built.valid);
   d.test = std::move(built.test);
+  d.more_valid = std::move(built.more_valid);
   return d;
 }
 

@@ -1,0 +1,180 @@
+#!/usr/bin/env python3
+"""Megatron's data-loader and validation flags, end to end: --dataloader-type cyclic (with and
+without --no-data-sharding), --full-validation and --multiple-validation-sets.
+
+What it checks (the sampler's order itself is checked against PyTorch's randperm in
+tests/data/test_random_sampler.cpp):
+- cyclic: the run reads other samples than the single sampler (the curves differ from the first
+  step); a run saved at iteration 3 and resumed gives iterations 4-6 digit for digit as the
+  straight run (the order is a function of the consumed samples); prefetching (--num-workers)
+  changes nothing; dp2 with and without data sharding trains;
+- --full-validation reads every validation sample exactly once: the validation loss of the same
+  weights (--lr 0) is one number whatever the micro-batch size, the data-parallel size and the
+  tensor/pipeline layout, including layouts whose last step runs past the end of the set (masked
+  re-reads) — within 1e-5 relative, the float-sum-order tolerance of
+  tests/e2e/test_parallel_equivalence.py; a missed or doubled sample moves it by about 1/N;
+- --eval-iters 0 does not turn full validation off (Megatron's do_valid);
+- --multiple-validation-sets: " validation-0/-1 loss" lines, each equal to a full validation of
+  that prefix alone; without the flag the two prefixes' exhaustive blend is evaluated, whose loss
+  is the sample-weighted mean of the two (every sample of each once);
+- refusals (exit 2, the flag named): --multiple-validation-sets without --full-validation,
+  --full-validation with --mock-data or a weighted validation blend, --dataloader-type external.
+
+Usage: test_data_loading.py --megatron BUILD/megatron --mpiexec MPIEXEC
+"""
+import os
+import re
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "testing"))
+import megatron_job  # noqa: E402
+import megatron_log  # noqa: E402
+
+MEGATRON = None
+MPIEXEC = None
+TIMEOUT_S = 300
+MODEL = {"--tokenizer-type": "NullTokenizer", "--vocab-size": "100", "--num-layers": "2",
+         "--hidden-size": "64", "--num-attention-heads": "4", "--seq-length": "32",
+         "--max-position-embeddings": "32", "--micro-batch-size": "2", "--global-batch-size": "4",
+         "--train-iters": "6", "--log-interval": "1", "--lr": "1e-2", "--eval-iters": "1",
+         "--eval-interval": "100", "--num-threads": "1", "--seed": "7"}
+REL = 1e-5  # float-sum order across layouts (tests/e2e/test_parallel_equivalence.py)
+
+
+class DataLoadingTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls._tmp = tempfile.TemporaryDirectory(prefix="megatron_data_loading_")
+        cls.tmp = cls._tmp.name
+        cls.prefix = {}
+        for name, seed, docs in (("a", 3, 400), ("b", 5, 60), ("c", 9, 90)):
+            d = os.path.join(cls.tmp, name)
+            os.makedirs(d)
+            flags = megatron_job.counting_dataset(MEGATRON, d, 100, seed, documents=docs)
+            cls.prefix[name] = flags[1]
+        cls.cache = os.path.join(cls.tmp, "cache")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls._tmp.cleanup()
+
+    def data(self, split="80,20,0"):
+        return {"--data-path": self.prefix["a"], "--split": split, "--data-cache-path": self.cache}
+
+    def run_ok(self, ranks=1, extra=(), data=None, **overrides):
+        base = {**MODEL, **(self.data() if data is None else data)}
+        proc = megatron_job.run_train(MEGATRON, MPIEXEC, ranks,
+                                      [*megatron_job.flags_with(base, **overrides), *extra],
+                                      TIMEOUT_S)
+        self.assertEqual(proc.returncode, 0, proc.stdout[-3000:] + proc.stderr[-3000:])
+        return proc.stdout
+
+    def refused(self, flag, extra=(), data=None, **overrides):
+        base = {**MODEL, **(self.data() if data is None else data)}
+        proc = megatron_job.run_train(MEGATRON, MPIEXEC, 1,
+                                      [*megatron_job.flags_with(base, **overrides), *extra],
+                                      TIMEOUT_S)
+        self.assertEqual(proc.returncode, 2, proc.stdout[-2000:] + proc.stderr[-2000:])
+        self.assertIn(flag, proc.stderr)
+        for marker in megatron_job.CRASH_MARKERS:
+            self.assertNotIn(marker, proc.stderr)
+
+    # ---- --dataloader-type cyclic ----------------------------------------------------------
+
+    def test_cyclic_differs_from_single_and_resumes_exactly(self):
+        keys = ["lm loss", "grad norm"]
+        single = megatron_log.curves(self.run_ok(), keys, 1, 6)
+        straight_out = self.run_ok(dataloader_type="cyclic")
+        straight = megatron_log.curves(straight_out, keys, 1, 6)
+        self.assertNotEqual(single[1]["lm loss"], straight[1]["lm loss"],
+                            "cyclic read the single sampler's first batch")
+        # Prefetching never changes what is read.
+        inline = megatron_log.curves(self.run_ok(dataloader_type="cyclic", num_workers=0), keys,
+                                     1, 6)
+        self.assertEqual(inline, straight)
+        ckpt = os.path.join(self.tmp, "cyclic_ckpt")
+        self.run_ok(dataloader_type="cyclic", exit_interval=3, save=ckpt, save_interval=3)
+        resumed = megatron_log.curves(self.run_ok(dataloader_type="cyclic", load=ckpt), keys,
+                                      4, 6)
+        self.assertEqual(resumed, {it: straight[it] for it in (4, 5, 6)})
+
+    def test_cyclic_data_parallel_with_and_without_sharding(self):
+        for extra in ((), ("--no-data-sharding",)):
+            out = self.run_ok(ranks=2, extra=extra, dataloader_type="cyclic")
+            curve = megatron_log.curves(out, ["lm loss"], 1, 6)
+            self.assertTrue(all(c["lm loss"] < 10 for c in curve.values()), out[-2000:])
+
+    # ---- --full-validation -------------------------------------------------------------------
+
+    def full_validation_loss(self, ranks=1, extra=(), **overrides):
+        # A wide initialisation makes the samples' losses differ (at the default one every
+        # sample's loss is near ln(vocabulary)), so that a missed or doubled one shows.
+        out = self.run_ok(ranks, extra=extra, lr=0, train_iters=1, eval_interval=1,
+                          full_validation=True, init_method_std=0.5, **overrides)
+        values = megatron_log.validation_losses(out)
+        # At iteration 1 and at the end "on validation set": the same weights, the same loss.
+        self.assertEqual(len(values), 2, out[-2000:])
+        self.assertEqual(values[0][1], values[1][1])
+        return values[0][1], out
+
+    def test_full_validation_reads_every_sample_once_in_any_layout(self):
+        want, out = self.full_validation_loss(micro_batch_size=1, global_batch_size=1)
+        samples = int(re.search(r" > validation: +(\d+) samples", out)[1])
+        self.assertGreater(samples, 50)
+        layouts = [
+            # (ranks, extra flags, overrides): each with a last step past the end of the set
+            (1, (), {"micro_batch_size": 4, "global_batch_size": 8}),
+            (2, (), {"micro_batch_size": 3, "global_batch_size": 6}),
+            (4, ("--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"),
+             {"micro_batch_size": 2, "global_batch_size": 6}),
+            (1, (), {"micro_batch_size": 2, "global_batch_size": 4, "eval_iters": 0}),
+            (1, (), {"micro_batch_size": 2, "global_batch_size": 4,
+                     "dataloader_type": "cyclic"}),
+        ]
+        for ranks, extra, overrides in layouts:
+            with self.subTest(ranks=ranks, extra=extra, **overrides):
+                self.assertNotEqual(samples % (overrides["global_batch_size"]), 0)
+                got, _ = self.full_validation_loss(ranks, extra=extra, **overrides)
+                self.assertAlmostEqual(got, want, delta=REL * abs(want))
+
+    def test_multiple_validation_sets(self):
+        per_split = {"--train-data-path": self.prefix["a"], "--data-cache-path": self.cache}
+        alone = {}
+        for name in ("b", "c"):
+            loss, out = self.full_validation_loss(
+                data={**per_split, "--valid-data-path": self.prefix[name]})
+            alone[name] = (loss, int(re.search(r" > validation: +(\d+) samples", out)[1]))
+        both = {**per_split, "--valid-data-path": [self.prefix["b"], self.prefix["c"]]}
+        out = self.run_ok(data=both, extra=("--multiple-validation-sets",), lr=0, train_iters=1,
+                          eval_interval=1, full_validation=True, init_method_std=0.5)
+        lines = megatron_log.validation_set_lines(out)
+        by_set = {}
+        for index, place, fields in lines:
+            by_set.setdefault(index, []).append(float(fields["lm loss value"]))
+        self.assertEqual(sorted(by_set), [0, 1], out[-2000:])
+        for index, name in ((0, "b"), (1, "c")):
+            self.assertEqual(len(by_set[index]), 2)  # iteration 1, and the end of training
+            for value in by_set[index]:
+                self.assertAlmostEqual(value, alone[name][0], delta=REL * alone[name][0])
+        # Without the flag: one blend of both, every sample of each once. Every sample has
+        # --seq-length loss tokens (no --eod-mask-loss), so its loss is the sample-weighted mean.
+        blended, _ = self.full_validation_loss(data=both)
+        (lb, nb), (lc, nc) = alone["b"], alone["c"]
+        want = (lb * nb + lc * nc) / (nb + nc)
+        self.assertAlmostEqual(blended, want, delta=REL * want)
+
+    def test_refusals(self):
+        self.refused("--multiple-validation-sets", extra=("--multiple-validation-sets",))
+        self.refused("--full-validation", data={"--mock-data": None}, full_validation=True)
+        weighted = {"--train-data-path": self.prefix["a"],
+                    "--valid-data-path": ["1", self.prefix["b"], "2", self.prefix["c"]],
+                    "--data-cache-path": self.cache}
+        self.refused("--full-validation", data=weighted, full_validation=True)
+        self.refused("--dataloader-type", dataloader_type="external")
+
+
+if __name__ == "__main__":
+    sys.exit(megatron_job.main(sys.modules[__name__]))
