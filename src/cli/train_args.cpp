@@ -501,6 +501,15 @@ void register_train_args(ArgTable& t, Arguments& a) {
   t.add("--save-retain-interval", a.save_retain_interval,
         "Keep only the checkpoints of iterations divisible by this, and the latest (the others "
         "are deleted once a newer one is saved)");
+  t.add("--non-persistent-save-interval", a.non_persistent_save_interval,
+        "Iterations between non-persistent checkpoints (--non-persistent-ckpt-type global): "
+        "only the latest is kept, and a resume takes it when it is newer than --save's");
+  t.add("--non-persistent-ckpt-type", a.non_persistent_ckpt_type,
+        "global: non-persistent checkpoints in the checkpoint format, under "
+        "--non-persistent-global-ckpt-dir (default <save>/non_persistent)");
+  t.add("--non-persistent-global-ckpt-dir", a.non_persistent_global_ckpt_dir,
+        "Directory of the global non-persistent checkpoints (default <save or load>/"
+        "non_persistent)");
   t.negative_flag("--no-save-optim", "save_optim", a.save_optim,
                   "Do not save the optimizer state (weights and run state only)");
   t.negative_flag("--no-save-rng", "save_rng", a.save_rng, "Do not save the RNG state");
@@ -562,6 +571,21 @@ void validate_checkpoint_args(const Arguments& a) {
       "format, torch_dist-like sharded checkpoints that load into any layout; drop the "
       "flag");
   MEGATRON_CHECK(a.save_interval >= 0, "--save-interval must be >= 0, got ", a.save_interval);
+  MEGATRON_CHECK(a.non_persistent_ckpt_type.empty() || a.non_persistent_ckpt_type == "global" ||
+                     a.non_persistent_ckpt_type == "local",
+                 "--non-persistent-ckpt-type must be global or local, got '",
+                 a.non_persistent_ckpt_type, "' (Megatron does not support in_memory either)");
+  MEGATRON_CHECK(a.non_persistent_ckpt_type != "local",
+                 "--non-persistent-ckpt-type local is not implemented: Megatron's local "
+                 "checkpoints need NVIDIA's resiliency extension (LocalCheckpointManager); use "
+                 "--non-persistent-ckpt-type global, with --non-persistent-global-ckpt-dir on "
+                 "fast storage");
+  MEGATRON_CHECK(a.non_persistent_save_interval >= 0,
+                 "--non-persistent-save-interval must be >= 0, got ",
+                 a.non_persistent_save_interval);
+  MEGATRON_CHECK(a.non_persistent_save_interval == 0 || !a.non_persistent_ckpt_type.empty(),
+                 "--non-persistent-save-interval needs --non-persistent-ckpt-type global (where "
+                 "Megatron would fail at the first non-persistent save)");
   if (a.save_retain_interval != 0) {
     MEGATRON_CHECK(a.save_retain_interval > 0 && a.save_interval > 0 &&
                        a.save_retain_interval % a.save_interval == 0,

@@ -209,11 +209,17 @@ struct Arguments {
   std::string load;                  // --load: checkpoint root to resume from
   int64_t save_interval = 0;         // iterations between saves; 0: only at the end
   int64_t save_retain_interval = 0;  // keep only these multiples (and the latest); 0: keep all
-  bool save_optim = true;            // false with --no-save-optim
-  bool save_rng = true;              // false with --no-save-rng
-  bool load_optim = true;            // false with --no-load-optim
-  bool load_rng = true;              // false with --no-load-rng
-  bool finetune = false;             // load weights only, start at iteration 0
+  // Non-persistent checkpoints (Megatron's global type): every --non-persistent-save-interval
+  // iterations that are not a --save-interval multiple, into --non-persistent-global-ckpt-dir
+  // (default <save>/non_persistent), keeping the latest; a load takes the newer of the two.
+  int64_t non_persistent_save_interval = 0;
+  std::string non_persistent_ckpt_type;  // "", global (local needs NVIDIA's resiliency extension)
+  std::string non_persistent_global_ckpt_dir;
+  bool save_optim = true;  // false with --no-save-optim
+  bool save_rng = true;    // false with --no-save-rng
+  bool load_optim = true;  // false with --no-load-optim
+  bool load_rng = true;    // false with --no-load-rng
+  bool finetune = false;   // load weights only, start at iteration 0
   int64_t check_weight_hash_across_dp_replicas_interval = 0;  // 0: never (train/replica_check.h)
   // On --load, the schedule's parameters: this run's (override), the checkpoint's
   // (use_checkpoint), or, with neither, this run's, which must equal the checkpoint's.

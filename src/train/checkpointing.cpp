@@ -332,15 +332,47 @@ RunState run_state_from_json(const nlohmann::json& meta, const std::string& wher
   return s;
 }
 
+std::string non_persistent_dir(const Arguments& args, const std::string& root) {
+  return args.non_persistent_global_ckpt_dir.empty() ? root + "/non_persistent"
+                                                     : args.non_persistent_global_ckpt_dir;
+}
+
 Checkpointer::Checkpointer(std::shared_ptr<ParallelState> parallel, const Arguments& args,
-                           CheckpointTarget target, FaultInjection fault)
+                           CheckpointTarget target, FaultInjection fault, Kind kind)
     : parallel_(std::move(parallel)),
-      root_(args.save),
+      root_(kind == Kind::kPersistent ? args.save : non_persistent_dir(args, args.save)),
+      kind_(kind),
       async_(args.async_save),
       save_optim_(args.save_optim),
-      retain_interval_(args.save_retain_interval),
+      retain_interval_(kind == Kind::kPersistent ? args.save_retain_interval : 0),
       target_(target),
       fault_(fault) {}
+
+void Checkpointer::delete_older_non_persistent() const {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::vector<std::pair<int64_t, fs::path>> committed;  // iter_NNNNNNN directories
+  for (const fs::directory_entry& e : fs::directory_iterator(root_, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() <= 5 || name.compare(0, 5, "iter_") != 0) continue;
+    const std::string digits = name.substr(5);
+    if (digits.find_first_not_of("0123456789") != std::string::npos) continue;  // staging
+    committed.emplace_back(std::stoll(digits), e.path());
+  }
+  std::sort(committed.begin(), committed.end());
+  for (size_t i = 0; i + 1 < committed.size(); ++i) {
+    const auto& [iteration, path] = committed[i];
+    if (fs::remove_all(path, ec); ec) {
+      log_line(
+          strprintf("  encountered exception \"%s\" when trying to delete the "
+                    "non-persistent checkpoint %s",
+                    ec.message().c_str(), path.c_str()));
+    } else {
+      log_line(strprintf("  deleted the non-persistent checkpoint of iteration %ld (%s)",
+                         static_cast<long>(iteration), path.c_str()));
+    }
+  }
+}
 
 Checkpointer::~Checkpointer() {
   // An unfinished save is abandoned (the job is failing): its staging directory never commits.
@@ -372,7 +404,10 @@ void Checkpointer::save(const RunState& state, const nlohmann::json& extra) {
   finish();
   const ParallelState& ps = *parallel_;
   if (ps.rank() == 0) {
-    log_line(strprintf("saving checkpoint at iteration %7ld to %s in torch_dist format",
+    // Before the new one is written: the newest committed one stays until it is.
+    if (kind_ == Kind::kNonPersistent) delete_older_non_persistent();
+    log_line(strprintf("saving %scheckpoint at iteration %7ld to %s in torch_dist format",
+                       kind_ == Kind::kNonPersistent ? "non-persistent " : "",
                        static_cast<long>(state.iteration), root_.c_str()));
   }
   auto f = std::make_unique<InFlight>();

@@ -100,16 +100,24 @@ std::vector<std::string> load_weights_present(checkpoint::CheckpointReader& read
 nlohmann::json run_state_json(const RunState& s);
 RunState run_state_from_json(const nlohmann::json& meta, const std::string& where);
 
+// The directory of the global non-persistent checkpoints of a run whose --save (or --load) is
+// `root`: --non-persistent-global-ckpt-dir, else <root>/non_persistent (Megatron's default).
+std::string non_persistent_dir(const Arguments& args, const std::string& root);
+
 // Saves checkpoints under --save, blocking or (--async-save) on a background thread: at most one
 // save in flight; the next save, poll() once every rank has finished writing, or finish() commits
 // it (metadata.json, then the tracker). A failed write is agreed on by every rank (AgreedFailure,
 // exit 1) and leaves the previous checkpoint and tracker as they were.
 class Checkpointer {
  public:
+  // kPersistent: under --save, --save-retain-interval applied. kNonPersistent: under
+  // non_persistent_dir(args, --save); before each save the checkpoints there but the newest are
+  // deleted (Megatron's cleanup_old_non_persistent_checkpoint), so at most two exist.
+  enum class Kind { kPersistent, kNonPersistent };
   // fault: the --inject-fault hook; kill-in-save and fail-in-save act on the writes of their
   // rank and iteration (SIGKILL mid-write, or a write failing with ENOSPC).
   Checkpointer(std::shared_ptr<ParallelState> parallel, const Arguments& args,
-               CheckpointTarget target, FaultInjection fault = {});
+               CheckpointTarget target, FaultInjection fault = {}, Kind kind = Kind::kPersistent);
   ~Checkpointer();
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
@@ -142,9 +150,12 @@ class Checkpointer {
   };
   void commit(InFlight& f);
   std::function<bool()> fault_hook(int64_t iteration) const;
+  // Non-persistent: rank 0 deletes every committed checkpoint under root_ but the newest.
+  void delete_older_non_persistent() const;
 
   std::shared_ptr<ParallelState> parallel_;
   std::string root_;
+  Kind kind_;
   bool async_, save_optim_;
   int64_t retain_interval_;          // --save-retain-interval; 0: keep every checkpoint
   ProgressLog* progress_ = nullptr;  // --log-progress

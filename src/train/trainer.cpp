@@ -607,6 +607,14 @@ void Trainer::build_checkpointing() {
   }
   if (!args_.save.empty()) {
     checkpointer_ = std::make_unique<Checkpointer>(parallel_, args_, checkpoint_target(), fault_);
+    if (args_.non_persistent_save_interval > 0 && args_.non_persistent_ckpt_type == "global") {
+      np_checkpointer_ = std::make_unique<Checkpointer>(parallel_, args_, checkpoint_target(),
+                                                        fault_, Checkpointer::Kind::kNonPersistent);
+    }
+  } else if (args_.non_persistent_save_interval > 0) {
+    log_first(
+        "WARNING: --non-persistent-save-interval without --save: no checkpoints are saved "
+        "(as Megatron)");
     if (args_.log_progress && first_rank_) {
       progress_ = std::make_unique<ProgressLog>(args_.save, parallel_->world_size());
       checkpointer_->set_progress_log(progress_.get());
@@ -1451,12 +1459,31 @@ void Trainer::load_checkpoint() {
   bool release = false;
   Timer timer;
   int64_t bytes_read = 0;
+  std::string root = args_.load;
   run_agreed(ps.world_group(), [&] {
     std::optional<int64_t> iteration;
     if (args_.ckpt_step >= 0) {
       iteration = args_.ckpt_step;
     } else {
       iteration = cp::read_tracker(args_.load);
+    }
+    // --non-persistent-ckpt-type global: the non-persistent checkpoint when it is at least as
+    // new as the persistent one (Megatron's _load_base_checkpoint).
+    if (args_.non_persistent_ckpt_type == "global") {
+      const std::string np = non_persistent_dir(args_, args_.load);
+      const std::optional<int64_t> np_iteration = cp::read_tracker(np);
+      if (!np_iteration) {
+        log_first("WARNING: no non-persistent checkpoint under " + np + " (no " + cp::kTrackerFile +
+                  ")");
+      } else if (!iteration || *np_iteration >= *iteration) {
+        root = np;
+        iteration = np_iteration;
+      } else {
+        log_first(
+            strprintf("WARNING: the non-persistent checkpoint (iteration %ld) is older "
+                      "than the persistent one (iteration %ld): loading the persistent one",
+                      static_cast<long>(*np_iteration), static_cast<long>(*iteration)));
+      }
     }
     if (!iteration) {
       const std::string tracker = args_.load + "/" + cp::kTrackerFile;
@@ -1468,8 +1495,9 @@ void Trainer::load_checkpoint() {
       log_first("    will not load any checkpoints and will start from random");
       return;
     }
-    dir = cp::iteration_dir(args_.load, *iteration);
-    log_first(strprintf("loading checkpoint from %s at iteration %ld", args_.load.c_str(),
+    dir = cp::iteration_dir(root, *iteration);
+    log_first(strprintf("loading %scheckpoint from %s at iteration %ld",
+                        root == args_.load ? "" : "non-persistent ", root.c_str(),
                         static_cast<long>(*iteration)));
     cp::CheckpointReader reader = cp::CheckpointReader::open(dir, load_integrity(args_));
     const std::string meta_path = dir + "/" + cp::kMetadataFile;
@@ -1542,7 +1570,7 @@ void Trainer::load_checkpoint() {
   log_first(
       strprintf("  successfully loaded checkpoint from %s [ t %d/%d, p %d/%d ] at "
                 "iteration %ld",
-                args_.load.c_str(), ps.tp_rank() + 1, ps.tp_size(), ps.pp_rank() + 1, ps.pp_size(),
+                root.c_str(), ps.tp_rank() + 1, ps.tp_size(), ps.pp_rank() + 1, ps.pp_size(),
                 static_cast<long>(start_iteration_)));
 }
 
@@ -1583,9 +1611,13 @@ nlohmann::json Trainer::checkpoint_extra() const {
           {"compute_dtype", dtype_name(cfg_.compute_dtype)}};
 }
 
-void Trainer::save_checkpoint(int64_t iteration) {
+void Trainer::save_checkpoint(int64_t iteration, bool non_persistent) {
   watchdog_->enter("save-checkpoint", iteration);
   complete_param_gather();
+  if (non_persistent) {  // Megatron's progress log records persistent saves only
+    np_checkpointer_->save(run_state(iteration), checkpoint_extra());
+    return;
+  }
   checkpointer_->save(run_state(iteration), checkpoint_extra());
   if (progress_) {
     progress_->saved_checkpoint(iteration, flops_so_far_, flops_at_start_, train_timer_.elapsed(),
@@ -1599,6 +1631,7 @@ int Trainer::exit_decision(int64_t it) {
   auto stop = [&](const std::string& why, int code) {
     if (checkpointer_ && checkpointer_->last_saved_iteration() != it) save_checkpoint(it);
     if (checkpointer_) checkpointer_->finish();
+    if (np_checkpointer_) np_checkpointer_->finish();
     log_first("[" + why + "] datetime: " + timestamp());
     return code;
   };
@@ -1772,7 +1805,15 @@ int Trainer::train() {
       validate(strprintf("iteration %ld", static_cast<long>(it)), it);
     if (checkpointer_) {
       checkpointer_->poll();
-      if (args_.save_interval > 0 && it % args_.save_interval == 0) save_checkpoint(it);
+      if (np_checkpointer_) np_checkpointer_->poll();
+      // As Megatron's checkpoint_and_decide_exit: a non-persistent save only on iterations
+      // without a persistent one.
+      const int64_t np_interval = args_.non_persistent_save_interval;
+      if (args_.save_interval > 0 && it % args_.save_interval == 0) {
+        save_checkpoint(it);
+      } else if (np_checkpointer_ && it % np_interval == 0) {
+        save_checkpoint(it, /*non_persistent=*/true);
+      }
     }
     if (const int code = exit_decision(it); code >= 0) {
       watchdog_->disarm();
@@ -1834,6 +1875,7 @@ int Trainer::finish_training() {
   if (checkpointer_) {
     watchdog_->enter("save-checkpoint", final_iteration);
     checkpointer_->finish();
+    if (np_checkpointer_) np_checkpointer_->finish();
   }
   report_op_times();
   log_first("[after training is done] datetime: " + timestamp());

@@ -190,7 +190,7 @@ class Trainer {
   RunState run_state(int64_t iteration) const;
   // metadata.json's fields besides tensors and run state: model arguments, layout, tokenizer.
   nlohmann::json checkpoint_extra() const;
-  void save_checkpoint(int64_t iteration);
+  void save_checkpoint(int64_t iteration, bool non_persistent = false);
   // After iteration `it`: the exit code when the run must stop now (--exit-signal-handler,
   // --exit-duration-in-mins, --exit-interval; agreed by every rank), else -1.
   int exit_decision(int64_t it);
@@ -298,7 +298,9 @@ class Trainer {
   int64_t loaded_iteration_ = -1;         // -1: nothing loaded
   uint64_t dropout_seed_ = 0;             // --seed, or the loaded RNG state
   std::unique_ptr<Checkpointer> checkpointer_;  // --save
-  std::unique_ptr<ProgressLog> progress_;       // --log-progress with --save, on rank 0
+  // --non-persistent-save-interval with --non-persistent-ckpt-type global (and --save).
+  std::unique_ptr<Checkpointer> np_checkpointer_;
+  std::unique_ptr<ProgressLog> progress_;  // --log-progress with --save, on rank 0
   std::unique_ptr<Watchdog> watchdog_;
   std::unique_ptr<ExitSignalHandler> exit_signal_;  // --exit-signal-handler
   Timer train_timer_;                               // for --exit-duration-in-mins

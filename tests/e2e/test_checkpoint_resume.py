@@ -20,6 +20,10 @@ GPT model with dropout on, 20 iterations, evaluation every 5.
     iteration-11 loss, and, saved again right after loading, must hold the same global tensors
     (weights and both Adam moments) bit for bit, as tests/testing/checkpoint_reader.py
     assembles them from the shards.
+  - Non-persistent checkpoints (--non-persistent-ckpt-type global): a dp2 run that fails at
+    iteration 14 leaves persistent checkpoint 10 and non-persistent 8 and 12 (4 deleted); the
+    resume takes 12 and prints the straight run's iterations 13..20 and validations exactly;
+    once the persistent one is newer it wins (with a warning); bad type/interval flags exit 2.
   - --use-mp-args-from-checkpoint-args takes the saving run's model-parallel sizes over the
     given ones (with --use-checkpoint-args; refused without).
   - The learning-rate schedule on load, as Megatron's OptimizerParamScheduler: its state dict
@@ -181,6 +185,54 @@ class TestExactResume(unittest.TestCase):
         # Iteration 5's checkpoint is written on a background thread while 6..10 update the
         # weights: resuming from it proves the host copy was taken at iteration 5.
         self.check_resume(4, TP2PP2, ["--async-save", "--save-interval", "5"], (5, 10))
+
+
+class TestNonPersistent(unittest.TestCase):
+    """--non-persistent-ckpt-type global: checkpoints every --non-persistent-save-interval
+    iterations that are not --save-interval multiples, under <save>/non_persistent, only the
+    newest kept (the older ones deleted before each save, so at most two exist); a load takes the
+    non-persistent checkpoint when it is at least as new as the persistent one."""
+
+    NP = ["--non-persistent-ckpt-type", "global"]
+
+    def test_a_crash_resumes_from_the_newer_non_persistent_checkpoint(self):
+        ck = tmpdir("np")
+        straight = run(2, *DISTOPT)
+        want, want_valid = iterations(straight), validations(straight)
+        # Rank 0 fails at the start of iteration 14: persistent checkpoint 10, non-persistent 12.
+        crashed = megatron_job.run_train(
+            MEGATRON, MPIEXEC, 2,
+            [*DATA, *with_flags(TINY, [*DISTOPT, *self.NP, "--save", ck, "--save-interval", "10",
+                                       "--non-persistent-save-interval", "4",
+                                       "--inject-fault", "exception:0:14"])], TIMEOUT_S)
+        self.assertNotEqual(crashed.returncode, 0)
+        self.assertIn("saving non-persistent checkpoint at iteration      12", crashed.stdout)
+        np_dir = os.path.join(ck, "non_persistent")
+        self.assertEqual(sorted(os.listdir(np_dir)),
+                         ["iter_0000008", "iter_0000012", "latest_checkpointed_iteration.txt"])
+        self.assertEqual(sorted(d for d in os.listdir(ck) if d.startswith("iter_")),
+                         ["iter_0000010"])
+        resumed = run(2, *DISTOPT, *self.NP, "--load", ck, "--save", ck)
+        self.assertIn(f"loading non-persistent checkpoint from {np_dir} at iteration 12",
+                      resumed.stdout)
+        got = iterations(resumed)
+        self.assertEqual(sorted(got), list(range(13, 21)), resumed.stdout[-2000:])
+        for i in got:
+            self.assertEqual(got[i], want[i], f"iteration {i} after the non-persistent resume")
+        self.assertEqual(validations(resumed), [v for v in want_valid if v[0] > 12])
+        # Without the type the persistent checkpoint (iteration 20 now) is the only one looked at;
+        # with it the older non-persistent one (12) is passed over with a warning.
+        for flags in ([], self.NP):
+            again = run(2, *DISTOPT, *flags, "--load", ck)
+            self.assertIn(f"loading checkpoint from {ck} at iteration 20", again.stdout)
+            self.assertEqual(bool(flags), "is older than the persistent one" in again.stdout)
+
+    def test_refusals(self):
+        for flags, named in ((["--non-persistent-save-interval", "4"], "--non-persistent-ckpt-type"),
+                             (["--non-persistent-ckpt-type", "local"], "local"),
+                             (["--non-persistent-ckpt-type", "in_memory"], "in_memory")):
+            proc = run(1, *flags, expect_rc=2)
+            self.assertIn(named, proc.stderr)
 
 
 def same_tensor(name, a, b, vocab_rows):
