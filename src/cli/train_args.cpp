@@ -200,6 +200,10 @@ void register_model_args(ArgTable& t, Arguments& a) {
   t.concern("model");
   t.add("--make-vocab-size-divisible-by", a.make_vocab_size_divisible_by,
         "Pad the vocabulary to a multiple of this");
+  t.add("--padded-vocab-size", a.padded_vocab_size,
+        "The model's vocabulary (embedding rows, logits) as given, instead of the tokenizer's "
+        "rounded up to --make-vocab-size-divisible-by x TP; at least the tokenizer's, divisible "
+        "by TP");
   t.add("--vocab-size", a.vocab_size, "Vocabulary size (NullTokenizer and mock data)");
   t.add("--transformer-block-type", a.transformer_block_type,
         "pre_ln (Megatron's norm placement) or post_ln (norms after the residual adds and on "
@@ -517,6 +521,10 @@ void register_train_args(ArgTable& t, Arguments& a) {
                   "Do not load the optimizer state (moments start at zero)");
   t.negative_flag("--no-load-rng", "load_rng", a.load_rng,
                   "Do not load the RNG state (dropout follows --seed)");
+  t.flag("--load-main-params-from-ckpt", a.load_main_params_from_ckpt,
+         "With --no-load-optim: the fp32 main weights from the checkpoint, not rounded from the "
+         "bf16/fp16 model weights (every load here does this: checkpoints hold the fp32 main "
+         "weights)");
   t.flag("--finetune", a.finetune,
          "Load the weights only: iteration, consumed samples, optimizer and RNG start afresh");
   t.flag("--exit-on-missing-checkpoint", a.exit_on_missing_checkpoint,
@@ -598,6 +606,9 @@ void validate_checkpoint_args(const Arguments& a) {
   MEGATRON_CHECK(a.distributed_timeout_minutes >= 0,
                  "--distributed-timeout-minutes must be >= 0 (0: no watchdog), got ",
                  a.distributed_timeout_minutes);
+  MEGATRON_CHECK(!a.load_main_params_from_ckpt || !a.load_optim,
+                 "--load-main-params-from-ckpt must be used with --no-load-optim (as in "
+                 "Megatron): add it");
   MEGATRON_CHECK(!a.use_checkpoint_args || !a.load.empty(),
                  "--use-checkpoint-args needs --load (the checkpoint to take them from)");
   MEGATRON_CHECK(a.ckpt_step < 0 || !a.load.empty(), "--ckpt-step needs --load");

@@ -91,7 +91,8 @@ struct Arguments {
   double attention_dropout = 0.1;
   double init_method_std = 0.02;
   int64_t make_vocab_size_divisible_by = 128;
-  int64_t vocab_size = 0;  // NullTokenizer / mock data vocabulary
+  int64_t padded_vocab_size = 0;  // --padded-vocab-size; 0: the vocabulary rounded up as above
+  int64_t vocab_size = 0;         // NullTokenizer / mock data vocabulary
 
   // ---- training ----
   int64_t micro_batch_size = 1;
@@ -219,7 +220,10 @@ struct Arguments {
   bool save_rng = true;    // false with --no-save-rng
   bool load_optim = true;  // false with --no-load-optim
   bool load_rng = true;    // false with --no-load-rng
-  bool finetune = false;   // load weights only, start at iteration 0
+  // --load-main-params-from-ckpt: the fp32 main weights from the checkpoint under
+  // --no-load-optim; checkpoints here hold the main weights, so every load does that.
+  bool load_main_params_from_ckpt = false;
+  bool finetune = false;  // load weights only, start at iteration 0
   int64_t check_weight_hash_across_dp_replicas_interval = 0;  // 0: never (train/replica_check.h)
   // On --load, the schedule's parameters: this run's (override), the checkpoint's
   // (use_checkpoint), or, with neither, this run's, which must equal the checkpoint's.

@@ -283,6 +283,17 @@ TransformerConfig transformer_config_from_args(const Arguments& a) {
   c.vocab_size = a.vocab_size;
   c.padded_vocab_size =
       pad_vocab_size(a.vocab_size, a.make_vocab_size_divisible_by, a.tensor_model_parallel_size);
+  if (a.padded_vocab_size > 0) {
+    // Megatron takes it as given; a size below the tokenizer's would leave token ids without an
+    // embedding row (an out-of-range lookup, or at TP > 1 silently zero), so it is refused.
+    MEGATRON_CHECK(a.padded_vocab_size >= a.vocab_size, "--padded-vocab-size ", a.padded_vocab_size,
+                   " is smaller than the tokenizer's vocabulary (", a.vocab_size,
+                   "): give at least ", a.vocab_size, " or drop the flag");
+    MEGATRON_CHECK(a.padded_vocab_size % a.tensor_model_parallel_size == 0, "--padded-vocab-size ",
+                   a.padded_vocab_size, " is not divisible by --tensor-model-parallel-size ",
+                   a.tensor_model_parallel_size, ": round it up to a multiple");
+    c.padded_vocab_size = a.padded_vocab_size;
+  }
   c.compute_dtype = a.bf16 ? DType::kBF16 : a.fp16 ? DType::kF16 : DType::kF32;
   if (c.swiglu && a.ffn_hidden_size == 0) {
     // Megatron: SwiGLU keeps the MLP's parameter count with ffn = int(4h * 2/3 / 64) * 64.

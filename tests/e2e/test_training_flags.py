@@ -4,6 +4,10 @@
 What it is: `megatron pretrain_gpt` on mock data, alone and under mpiexec, checked against the
 independent checkpoint reader (tests/testing/checkpoint_reader.py), the independent TensorBoard
 decoder (tests/train/decode_tfevents.py) and restatements of Megatron's rules:
+- --load-main-params-from-ckpt (with --no-load-optim): a bf16 checkpoint's fp32 main weights
+  load as they are (saved again at once: the same bits); without --no-load-optim it exits 2;
+- --padded-vocab-size sets the embedding and output rows (one process and tp2); below the
+  vocabulary, or not divisible by TP, it exits 2;
 - --lr 0 leaves every weight bit for bit as initialised (a 1- and a 3-iteration run save the
   same tensors); --lr 0 --decoupled-lr X moves exactly the word embeddings and the output layer
   (Megatron's is_embedding_or_output_parameter group) and prints "decoupled learning rate";
@@ -111,6 +115,40 @@ class TrainingFlagsTest(unittest.TestCase):
                                       TIMEOUT_S)
         self.assertEqual(proc.returncode, 0, proc.stdout[-3000:] + proc.stderr[-3000:])
         return proc
+
+    def test_load_main_params_from_ckpt(self):
+        # A bf16 run's fp32 main weights come back from the checkpoint under --no-load-optim
+        # (not rounded from the bf16 compute copies): saved again at once, they are the same bits.
+        a, b = os.path.join(self.tmp, "main_a"), os.path.join(self.tmp, "main_b")
+        self.train(bf16=True, save=a)
+        self.train(bf16=True, load=a, save=b, no_load_optim=True,
+                   load_main_params_from_ckpt=True)
+        wa, wb = weights(a + "/iter_0000003"), weights(b + "/iter_0000003")
+        self.assertEqual(sorted(wa), sorted(wb))
+        for name in wa:
+            self.assertTrue(np.array_equal(wa[name], wb[name]), name)
+        proc = megatron_job.run_train(
+            MEGATRON, MPIEXEC, 1,
+            megatron_job.flags_with(BASE, load=a, load_main_params_from_ckpt=True), TIMEOUT_S)
+        self.assertEqual(proc.returncode, 2, proc.stderr[-2000:])
+        self.assertIn("--no-load-optim", proc.stderr)
+
+    def test_padded_vocab_size(self):
+        # The embedding and output layer take the given number of rows (200, not 100 rounded up
+        # to 128), split over TP; a size below the vocabulary or not divisible by TP exits 2.
+        for ranks, extra in ((1, ()), (2, ("--tensor-model-parallel-size", "2"))):
+            ck = os.path.join(self.tmp, f"padded{ranks}")
+            proc = self.train(ranks, extra, padded_vocab_size=200, train_iters=1, save=ck)
+            self.assertIn("(new size: 200)", proc.stdout)
+            w = weights(ck + "/iter_0000001")
+            self.assertEqual(w["model.embedding.word_embeddings.weight"].shape, (200, 64))
+            self.assertEqual(w["model.output_layer.weight"].shape, (200, 64))
+        for ranks, extra, size in ((1, (), 50), (2, ("--tensor-model-parallel-size", "2"), 201)):
+            proc = megatron_job.run_train(
+                MEGATRON, MPIEXEC, ranks,
+                [*megatron_job.flags_with(BASE, padded_vocab_size=size), *extra], TIMEOUT_S)
+            self.assertEqual(proc.returncode, 2, proc.stderr[-2000:])
+            self.assertIn("--padded-vocab-size", proc.stderr)
 
     def test_lr_zero_and_decoupled_lr(self):
         one, three, dec = (os.path.join(self.tmp, n) for n in ("one", "three", "dec"))
