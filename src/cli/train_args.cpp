@@ -18,6 +18,7 @@
 #include "models/model_spec.h"
 #include "optim/lr_scheduler.h"
 #include "parallel/context_parallel.h"
+#include "pipeline/schedule.h"
 #include "train/batch_schedule.h"
 #include "train/exit_signal.h"
 #include "train/fault_injection.h"
@@ -298,6 +299,9 @@ void register_train_args(ArgTable& t, Arguments& a) {
         "Number of layers per virtual pipeline stage (interleaved 1F1B; 0: none)");
   t.add("--num-virtual-stages-per-pipeline-rank", a.num_virtual_stages_per_pipeline_rank,
         "Number of virtual pipeline stages per pipeline parallelism rank (0: none)");
+  t.add("--microbatch-group-size-per-virtual-pipeline-stage", a.microbatch_group_size_per_vp_stage,
+        "Interleaved schedule: micro-batches run on one virtual stage before the next (default "
+        "the pipeline size, depth-first; the number of micro-batches: breadth-first)");
   t.add("--context-parallel-size", a.context_parallel_size,
         "Degree of context parallelism: every sequence split over this many ranks");
   t.add("--cp-comm-type", a.cp_comm_type,
@@ -873,7 +877,18 @@ void validate_batch_schedule(Arguments& a, int64_t dp) {
   if (!a.rampup_batch_size.empty()) rampup = parse_rampup_batch_size(a.rampup_batch_size);
   const BatchSchedule schedule(a.global_batch_size, a.micro_batch_size, dp,
                                a.decrease_batch_size_if_needed, rampup);
-  if (virtual_pipeline_stages(a) > 1) {
+  MEGATRON_CHECK(a.microbatch_group_size_per_vp_stage >= 0,
+                 "--microbatch-group-size-per-virtual-pipeline-stage must be positive, got ",
+                 a.microbatch_group_size_per_vp_stage);
+  if (virtual_pipeline_stages(a) > 1 && a.microbatch_group_size_per_vp_stage > 0) {
+    // Megatron's checks of the group (every batch of a ramp-up too), naming the flag.
+    for (const BatchSchedule::Batch& b : schedule.all_batches()) {
+      validate_interleaving(static_cast<int>(a.pipeline_model_parallel_size),
+                            static_cast<int>(b.microbatches),
+                            static_cast<int>(virtual_pipeline_stages(a)),
+                            static_cast<int>(a.microbatch_group_size_per_vp_stage));
+    }
+  } else if (virtual_pipeline_stages(a) > 1) {
     const int64_t pp = a.pipeline_model_parallel_size;
     for (const BatchSchedule::Batch& b : schedule.all_batches()) {
       MEGATRON_CHECK(b.microbatches % pp == 0, "number of microbatches (", b.microbatches,

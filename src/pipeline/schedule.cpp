@@ -73,7 +73,7 @@ void check_stage(int pp_size, int pp_rank, int num_microbatches) {
 // Megatron's interleaving constraints on the schedule itself (schedules.py, with the default
 // micro-batch group size = pp): the group size must lie in [pp, M] and M % group must be 0 or at
 // least pp; with group = pp both reduce to "M is a multiple of pp".
-void check_interleaving(int pp_size, int num_microbatches, int virtual_stages) {
+void check_interleaving(int pp_size, int num_microbatches, int virtual_stages, int group_size) {
   MEGATRON_CHECK(virtual_stages >= 1, "virtual stages per pipeline rank must be at least 1, got ",
                  virtual_stages, "; check --num-layers-per-virtual-pipeline-stage.");
   if (virtual_stages == 1) return;
@@ -83,13 +83,28 @@ void check_interleaving(int pp_size, int num_microbatches, int virtual_stages) {
       "than 1: --num-layers-per-virtual-pipeline-stage needs "
       "--pipeline-model-parallel-size > 1, got ",
       pp_size, ". Drop --num-layers-per-virtual-pipeline-stage or raise pp.");
-  MEGATRON_CHECK(num_microbatches % pp_size == 0,
-                 "the interleaved schedule needs the number of micro-batches to be a multiple of "
-                 "--pipeline-model-parallel-size (",
-                 pp_size, "), got ", num_microbatches,
-                 " micro-batches (--global-batch-size / (--micro-batch-size x data-parallel "
-                 "size)). Change --global-batch-size or --micro-batch-size, or drop "
-                 "--num-layers-per-virtual-pipeline-stage.");
+  if (group_size == 0) {
+    MEGATRON_CHECK(num_microbatches % pp_size == 0,
+                   "the interleaved schedule needs the number of micro-batches to be a multiple "
+                   "of --pipeline-model-parallel-size (",
+                   pp_size, "), got ", num_microbatches,
+                   " micro-batches (--global-batch-size / (--micro-batch-size x data-parallel "
+                   "size)). Change --global-batch-size or --micro-batch-size, or drop "
+                   "--num-layers-per-virtual-pipeline-stage.");
+    return;
+  }
+  // Megatron's checks in forward_backward_pipelining_with_interleaving.
+  MEGATRON_CHECK(group_size >= pp_size && group_size <= num_microbatches,
+                 "--microbatch-group-size-per-virtual-pipeline-stage (", group_size,
+                 ") must be between --pipeline-model-parallel-size (", pp_size,
+                 ") and the number of micro-batches (", num_microbatches,
+                 ": --global-batch-size / (--micro-batch-size x data-parallel size))");
+  const int rest = num_microbatches % group_size;
+  MEGATRON_CHECK(rest == 0 || rest >= pp_size, "the last group of ", rest,
+                 " micro-batches is smaller than --pipeline-model-parallel-size (", pp_size,
+                 "): choose --microbatch-group-size-per-virtual-pipeline-stage (", group_size,
+                 ") or the batch sizes so that ", num_microbatches,
+                 " micro-batches leave no remainder or one of at least ", pp_size);
 }
 
 }  // namespace
@@ -122,11 +137,13 @@ int one_f_one_b_warmup(int pp_size, int pp_rank, int num_microbatches) {
   return std::min(pp_size - pp_rank - 1, num_microbatches);
 }
 
-int interleaved_warmup(int pp_size, int pp_rank, int num_microbatches, int virtual_stages) {
+int interleaved_warmup(int pp_size, int pp_rank, int num_microbatches, int virtual_stages,
+                       int group_size) {
   check_stage(pp_size, pp_rank, num_microbatches);
-  check_interleaving(pp_size, num_microbatches, virtual_stages);
+  check_interleaving(pp_size, num_microbatches, virtual_stages, group_size);
   const int total = num_microbatches * virtual_stages;
-  return std::min((pp_size - pp_rank - 1) * 2 + (virtual_stages - 1) * pp_size, total);
+  const int group = group_size == 0 ? pp_size : group_size;
+  return std::min((pp_size - pp_rank - 1) * 2 + (virtual_stages - 1) * group, total);
 }
 
 std::vector<Action> no_pipelining_schedule(int num_microbatches) {
@@ -154,22 +171,23 @@ std::vector<Action> one_f_one_b_schedule(int pp_size, int pp_rank, int num_micro
 }
 
 std::vector<Action> interleaved_schedule(int pp_size, int pp_rank, int num_microbatches,
-                                         int virtual_stages) {
-  const int warmup = interleaved_warmup(pp_size, pp_rank, num_microbatches, virtual_stages);
+                                         int virtual_stages, int group_size) {
+  const int warmup =
+      interleaved_warmup(pp_size, pp_rank, num_microbatches, virtual_stages, group_size);
   MEGATRON_CHECK(virtual_stages > 1,
                  "the interleaved schedule needs at least 2 virtual stages per pipeline rank, got ",
                  virtual_stages, "; without --num-layers-per-virtual-pipeline-stage use 1F1B.");
   const int total = num_microbatches * virtual_stages;
-  const int group =
-      pp_size;  // --microbatch-group-size-per-virtual-pipeline-stage, Megatron's default
+  const int group = group_size == 0 ? pp_size : group_size;
 
-  // Megatron's schedule table: entry k is (micro-batch, chunk) of the k-th forward. Since M is a
-  // multiple of the group size, every group is full.
+  // Megatron's schedule table (get_schedule_table): entry k is (micro-batch, chunk) of the k-th
+  // forward; the last group holds what is left (at least pp micro-batches, or none).
   std::vector<std::pair<int, int>> table;
   table.reserve(total);
   for (int first = 0; first < num_microbatches; first += group) {
+    const int end = std::min(first + group, num_microbatches);
     for (int chunk = 0; chunk < virtual_stages; ++chunk) {
-      for (int m = first; m < first + group; ++m) table.push_back({m, chunk});
+      for (int m = first; m < end; ++m) table.push_back({m, chunk});
     }
   }
   // The k-th backward walks the same table with the chunk reversed: gradients enter at the last
@@ -189,10 +207,15 @@ std::vector<Action> interleaved_schedule(int pp_size, int pp_rank, int num_micro
   return with_communication(order, pp_size, pp_rank, virtual_stages);
 }
 
-void validate_pipeline(int pp_size, int num_microbatches, int virtual_stages, int num_layers) {
+void validate_pipeline(int pp_size, int num_microbatches, int virtual_stages, int num_layers,
+                       int group_size) {
   check_stage(pp_size, 0, num_microbatches);
-  check_interleaving(pp_size, num_microbatches, virtual_stages);
+  check_interleaving(pp_size, num_microbatches, virtual_stages, group_size);
   validate_pipeline_split(num_layers, pp_size, virtual_stages, PipelineSplit{});
+}
+
+void validate_interleaving(int pp_size, int num_microbatches, int virtual_stages, int group_size) {
+  check_interleaving(pp_size, num_microbatches, virtual_stages, group_size);
 }
 
 }  // namespace megatron

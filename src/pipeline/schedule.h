@@ -4,9 +4,10 @@
 //
 // Three schedules: no pipelining (gradient accumulation, pp = 1), 1F1B (warm-up forwards, steady
 // one-forward-one-backward, cool-down backwards) and interleaved 1F1B (V model chunks per stage,
-// micro-batches in groups of pp). Each is a pure function of (pp size, pp rank, micro-batches,
-// virtual stages); an executor walks the list and runs each action, nothing more. This file is
-// not the executor, does no communication and knows nothing of tensors or models.
+// micro-batches in groups of pp or of --microbatch-group-size-per-virtual-pipeline-stage). Each is
+// a pure function of (pp size, pp rank, micro-batches, virtual stages, group size); an executor
+// walks the list and runs each action, nothing more. This file is not the executor, does no
+// communication and knows nothing of tensors or models.
 //
 // Stages and chunks. With V chunks per rank, the model is cut into pp x V virtual stages; virtual
 // stage g = chunk * pp + rank (Megatron's layout: chunk v of rank r holds layer block v * pp + r).
@@ -54,10 +55,12 @@ std::ostream& operator<<(std::ostream& os, const Action& action);
 // backward of a step. 1F1B: min(pp - rank - 1, M); the last stage starts 1F1B at once and earlier
 // stages run ahead by as many micro-batches as there are stages behind them.
 int one_f_one_b_warmup(int pp_size, int pp_rank, int num_microbatches);
-// Interleaved: min((pp - rank - 1) * 2 + (V - 1) * pp, M * V), counted in (micro-batch, chunk)
-// forwards: (V - 1) * pp on every rank, so that one group has gone through every chunk but the
-// last, plus 2 per rank behind this one (earlier ranks run further ahead, the last rank least).
-int interleaved_warmup(int pp_size, int pp_rank, int num_microbatches, int virtual_stages);
+// Interleaved: min((pp - rank - 1) * 2 + (V - 1) * N, M * V), counted in (micro-batch, chunk)
+// forwards, N the micro-batch group size (group_size; 0: pp, Megatron's default): (V - 1) * N on
+// every rank, so that one group has gone through every chunk but the last, plus 2 per rank behind
+// this one (earlier ranks run further ahead, the last rank least).
+int interleaved_warmup(int pp_size, int pp_rank, int num_microbatches, int virtual_stages,
+                       int group_size = 0);
 
 // Gradient accumulation without pipelining: F0 B0 F1 B1 ... on chunk 0, no communication.
 std::vector<Action> no_pipelining_schedule(int num_microbatches);
@@ -68,18 +71,25 @@ std::vector<Action> no_pipelining_schedule(int num_microbatches);
 std::vector<Action> one_f_one_b_schedule(int pp_size, int pp_rank, int num_microbatches);
 
 // Interleaved 1F1B with V = virtual_stages chunks per rank. The k-th forward runs micro-batch
-// and chunk from Megatron's schedule table: micro-batches in groups of pp, each group through
-// chunk 0, then chunk 1, ... (pp 2, V 2, M 4: (0,0) (1,0) (0,1) (1,1) (2,0) (3,0) (2,1) (3,1)).
-// The k-th backward takes the same entry with the chunk reversed (V - 1 - chunk). W =
-// interleaved_warmup forwards, then 1F1B rounds, then the remaining backwards.
-// Requires pp > 1, V > 1 and num_microbatches a multiple of pp.
+// and chunk from Megatron's schedule table: micro-batches in groups of N (group_size,
+// --microbatch-group-size-per-virtual-pipeline-stage; 0: pp), each group through chunk 0, then
+// chunk 1, ... (pp 2, V 2, M 4: (0,0) (1,0) (0,1) (1,1) (2,0) (3,0) (2,1) (3,1)); the last group
+// takes the remainder. The k-th backward takes the same entry with the chunk reversed (V - 1 -
+// chunk). W = interleaved_warmup forwards, then 1F1B rounds, then the remaining backwards.
+// Requires pp > 1, V > 1 and Megatron's group rules: with N = pp, M a multiple of pp; else
+// pp <= N <= M and a remainder M mod N of 0 or at least pp.
 std::vector<Action> interleaved_schedule(int pp_size, int pp_rank, int num_microbatches,
-                                         int virtual_stages);
+                                         int virtual_stages, int group_size = 0);
 
 // Checks a pipeline layout with Megatron's constraints, naming the flags to change; throws
 // InvalidArgument. virtual_stages is 1 without interleaving, else the number of layers per stage
 // divided by --num-layers-per-virtual-pipeline-stage. The layers split evenly (uneven splits:
 // validate_pipeline_split, layer_split.h).
-void validate_pipeline(int pp_size, int num_microbatches, int virtual_stages, int num_layers);
+void validate_pipeline(int pp_size, int num_microbatches, int virtual_stages, int num_layers,
+                       int group_size = 0);
+// The interleaving part of validate_pipeline alone: pp > 1 with V > 1, and the micro-batch
+// group rules of interleaved_schedule; throws InvalidArgument naming the flags.
+void validate_interleaving(int pp_size, int num_microbatches, int virtual_stages,
+                           int group_size = 0);
 
 }  // namespace megatron

@@ -349,11 +349,11 @@ double megatron_layer_bytes(const TransformerConfig& c, const Layout& l, bool mo
 
 }  // namespace
 
-int in_flight_microbatches(int64_t pp, int64_t vpp, int64_t stage, int64_t m) {
+int in_flight_microbatches(int64_t pp, int64_t vpp, int64_t stage, int64_t m, int64_t group) {
   const int p = static_cast<int>(pp), r = static_cast<int>(stage), n = static_cast<int>(m);
   if (pp == 1) return 1;
   if (vpp == 1) return std::min(one_f_one_b_warmup(p, r, n) + 1, n);
-  return std::min(interleaved_warmup(p, r, n, static_cast<int>(vpp)) + 1,
+  return std::min(interleaved_warmup(p, r, n, static_cast<int>(vpp), static_cast<int>(group)) + 1,
                   n * static_cast<int>(vpp));
 }
 
@@ -438,7 +438,7 @@ void predict_memory(const Workload& w, const Layout& l, const Device& dev, Predi
     const RankParams p = rank_params(cfg, l, s);
     const double weights = p.total() * per_param;
     // Micro-batches (chunks) this stage holds at once under its schedule.
-    const int in_flight = in_flight_microbatches(l.pp, l.vpp, s, m);
+    const int in_flight = in_flight_microbatches(l.pp, l.vpp, s, m, l.vpp_group);
     const std::vector<std::vector<int64_t>> chunks = stage_chunk_layers(cfg, l, s);
     const std::vector<int64_t> layers = stage_layers(cfg, l, s);
     // Bytes of one micro-batch in one chunk, held by each of the in-flight forwards, and bytes

@@ -92,7 +92,7 @@ RankParams rank_params(const TransformerConfig& cfg, const Layout& l, int64_t st
 // The micro-batch forwards (chunks, with virtual stages) that pipeline stage `stage` of pp holds
 // at once under its schedule with m micro-batches: 1 without pipelining, 1F1B's warm-up + 1,
 // interleaved 1F1B's warm-up + 1 chunks.
-int in_flight_microbatches(int64_t pp, int64_t vpp, int64_t stage, int64_t m);
+int in_flight_microbatches(int64_t pp, int64_t vpp, int64_t stage, int64_t m, int64_t group = 0);
 
 // The memory part of the prediction alone (its bytes fields and most_loaded_stage, params):
 // arithmetic on the shapes and the device's runtime bytes, no rates.

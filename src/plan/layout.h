@@ -24,6 +24,8 @@ enum class Sharding : uint8_t { kNone, kDistributedOptimizer, kFsdpGrads, kFsdp 
 struct Layout {
   int64_t tp = 1, cp = 1, pp = 1, vpp = 1, ep = 1, etp = 1, dp = 1;
   int64_t mbs = 1;  // --micro-batch-size
+  // --microbatch-group-size-per-virtual-pipeline-stage (interleaved schedule); 0: pp.
+  int64_t vpp_group = 0;
   bool sp = false;  // --sequence-parallel (with tp > 1)
   Recompute recompute = Recompute::kNone;
   Sharding sharding = Sharding::kNone;

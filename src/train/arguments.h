@@ -272,6 +272,9 @@ struct Arguments {
   std::string pipeline_model_parallel_layout;  // every virtual stage spelled out ("Et|tt|tL")
   int64_t num_layers_per_virtual_pipeline_stage = 0;  // interleaved 1F1B chunk size; 0: none
   int64_t num_virtual_stages_per_pipeline_rank = 0;   // chunks per stage (V) directly; 0: none
+  // Micro-batches that run on one virtual stage before the next (the interleaved schedule's
+  // group, pipeline/schedule.h); 0: the pipeline size, Megatron's default.
+  int64_t microbatch_group_size_per_vp_stage = 0;
   bool sequence_parallel = false;  // shard norms/dropout along s over TP; forced off at TP 1
   int64_t context_parallel_size =
       1;  // ranks splitting every sequence (parallel/context_parallel.h)

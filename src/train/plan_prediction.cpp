@@ -20,6 +20,7 @@ plan::Layout layout_from_args(const Arguments& a, int64_t world) {
   l.etp = a.expert_tensor_parallel_size > 0 ? a.expert_tensor_parallel_size : l.tp;
   l.dp = std::max<int64_t>(1, world / (l.tp * l.cp * l.pp));
   l.mbs = a.micro_batch_size;
+  l.vpp_group = a.microbatch_group_size_per_vp_stage;
   l.recompute = a.recompute_granularity == "full" ? plan::Recompute::kFull
                 : a.recompute_granularity == "selective" || a.recompute_activations
                     ? plan::Recompute::kSelective

@@ -365,8 +365,9 @@ void Trainer::build_model() {
         per_chunk =
             std::max(per_chunk, spec_->activation_bytes(*chunk, cfg_, args_.micro_batch_size));
       }
-      activation = per_chunk * plan::in_flight_microbatches(pp, virtual_stages_, ps.pp_rank(),
-                                                            num_microbatches_);
+      activation = per_chunk * plan::in_flight_microbatches(
+                                   pp, virtual_stages_, ps.pp_rank(), num_microbatches_,
+                                   args_.microbatch_group_size_per_vp_stage);
     }
     log_first(theoretical_memory_line(nparams, cfg_.compute_dtype, grad_size_, sharded, activation,
                                       fp8_weights, frozen));
@@ -769,7 +770,8 @@ std::vector<Action> Trainer::schedule() const {
   const int m = static_cast<int>(num_microbatches_);
   if (pp == 1) return no_pipelining_schedule(m);
   if (virtual_stages_ == 1) return one_f_one_b_schedule(pp, rank, m);
-  return interleaved_schedule(pp, rank, m, virtual_stages_);
+  return interleaved_schedule(pp, rank, m, virtual_stages_,
+                              static_cast<int>(args_.microbatch_group_size_per_vp_stage));
 }
 
 std::vector<TensorMap> Trainer::step_batches(int64_t microbatches,

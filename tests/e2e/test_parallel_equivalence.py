@@ -2,7 +2,8 @@
 """Hybrid-parallel training under MPI against the single-process run.
 
 What it is: `megatron train` on mock data as one process and under `mpiexec` in every layout of
-the parallelism matrix (tp2, tp4, tp2 + sequence parallel, pp2, pp4, pp2 interleaved, dp2, dp4,
+the parallelism matrix (tp2, tp4, tp2 + sequence parallel, pp2, pp4, pp2 interleaved (also with
+--microbatch-group-size-per-virtual-pipeline-stage), dp2, dp4,
 tp2pp2, tp2pp2dp2 on 8 ranks, and overlapped gradient buckets; uneven pipeline splits), with the
 same global batch, for a GPT-2-style and a Llama-style tiny model (and multi-latent attention,
 multi-token prediction), dropout on. The layouts differ only in where the arithmetic happens:
@@ -107,6 +108,16 @@ class TestParallelEquivalence(unittest.TestCase):
                 for (where, g), (_, w) in zip(got_valid, want_valid):
                     self.assertAlmostEqual(g, w, delta=1e-5 * w, msg=f"{name} validation {where}")
                 self.assertEqual(proc.stdout.count("------------------------ arguments"), 1)
+
+    def test_interleaved_microbatch_groups(self):
+        # --microbatch-group-size-per-virtual-pipeline-stage: 5 micro-batches in groups of 3 (the
+        # last of 2), and breadth-first (one group of all 5), which the default groups of pp 2
+        # cannot schedule.
+        vpp = [PP, "2", "--num-layers-per-virtual-pipeline-stage", "1",
+               "--microbatch-group-size-per-virtual-pipeline-stage"]
+        self.check_equivalent(["--global-batch-size", "5"],
+                              layouts=[("pp2 interleaved, groups of 3", 2, [*vpp, "3"]),
+                                       ("pp2 interleaved, breadth-first", 2, [*vpp, "5"])])
 
     def test_gpt2_style_every_layout_matches_single_process(self):
         self.check_equivalent([])

@@ -37,19 +37,21 @@ std::string join(const std::vector<Action>& actions, bool compute_only = false) 
 
 // Megatron's warm-up counts, restated independently of the library (schedules.py,
 // get_pp_rank_microbatches).
-int expected_warmup(int pp, int rank, int m, int v) {
+// group: --microbatch-group-size-per-virtual-pipeline-stage (0: pp).
+int expected_warmup(int pp, int rank, int m, int v, int group = 0) {
   if (v == 1) return std::min(pp - rank - 1, m);
-  return std::min((pp - rank - 1) * 2 + (v - 1) * pp, m * v);
+  return std::min((pp - rank - 1) * 2 + (v - 1) * (group == 0 ? pp : group), m * v);
 }
 
-std::vector<Action> schedule_for(int pp, int rank, int m, int v) {
-  return v == 1 ? one_f_one_b_schedule(pp, rank, m) : interleaved_schedule(pp, rank, m, v);
+std::vector<Action> schedule_for(int pp, int rank, int m, int v, int group = 0) {
+  return v == 1 ? one_f_one_b_schedule(pp, rank, m) : interleaved_schedule(pp, rank, m, v, group);
 }
 
 // Single-stage invariants of one rank's list.
-void check_stage(const std::vector<Action>& actions, int pp, int rank, int m, int v) {
+void check_stage(const std::vector<Action>& actions, int pp, int rank, int m, int v,
+                 int group = 0) {
   SCOPED_TRACE(::testing::Message() << "pp " << pp << " rank " << rank << " M " << m << " V " << v
-                                    << ": " << join(actions));
+                                    << " group " << group << ": " << join(actions));
   std::map<MbChunk, int> forward_at, backward_at;
   int in_flight = 0, max_in_flight = 0, forwards_before_first_backward = -1, step = 0;
   for (const Action& a : actions) {
@@ -78,7 +80,7 @@ void check_stage(const std::vector<Action>& actions, int pp, int rank, int m, in
   }
   EXPECT_EQ(forward_at.size(), static_cast<size_t>(m * v));
   EXPECT_EQ(backward_at.size(), static_cast<size_t>(m * v));
-  const int warmup = expected_warmup(pp, rank, m, v);
+  const int warmup = expected_warmup(pp, rank, m, v, group);
   // The first backward comes after the warm-up forwards and the first steady forward, if any.
   EXPECT_EQ(forwards_before_first_backward, std::min(warmup + 1, m * v));
   // 1F1B's memory bound: activations of at most warm-up + 1 forwards are alive at once.
@@ -89,11 +91,12 @@ void check_stage(const std::vector<Action>& actions, int pp, int rank, int m, in
 // Runs all stages together. Sends are queued on a FIFO channel (src, dst, forward?) and never
 // block; a receive blocks until its channel is non-empty and must then match the head. Returns
 // once no stage can move; every stage must have finished.
-void simulate(int pp, int m, int v) {
-  SCOPED_TRACE(::testing::Message() << "simulating pp " << pp << " M " << m << " V " << v);
+void simulate(int pp, int m, int v, int group = 0) {
+  SCOPED_TRACE(::testing::Message()
+               << "simulating pp " << pp << " M " << m << " V " << v << " group " << group);
   const int last = pp * v - 1;
   std::vector<std::vector<Action>> lists;
-  for (int r = 0; r < pp; ++r) lists.push_back(schedule_for(pp, r, m, v));
+  for (int r = 0; r < pp; ++r) lists.push_back(schedule_for(pp, r, m, v, group));
   std::map<std::tuple<int, int, bool>, std::deque<MbChunk>> channels;
   std::vector<size_t> pc(pp, 0);
   std::vector<std::set<MbChunk>> activations(pp), gradients(pp), forwarded(pp), backwarded(pp);
@@ -255,6 +258,38 @@ TEST(ScheduleTest, InterleavedInvariantsAndSimulation) {
   }
 }
 
+TEST(ScheduleTest, MicrobatchGroupsFollowMegatronsTable) {
+  // schedules.py's get_schedule_table example: pp 2, V 2, group 3, M 5 gives micro-batches
+  // 0 1 2 0 1 2 3 4 3 4 on chunks 0 0 0 1 1 1 0 0 1 1. Rank 1 warms up with (2 - 1 - 1) * 2 +
+  // (2 - 1) * 3 = 3 forwards; backward k takes entry k with the chunk reversed.
+  EXPECT_EQ(join(interleaved_schedule(2, 1, 5, 2, 3), true),
+            "F0.0 F1.0 F2.0 "
+            "F0.1 B0.1 F1.1 B1.1 F2.1 B2.1 F3.0 B0.0 F4.0 B1.0 F3.1 B2.0 F4.1 B3.1 "
+            "B4.1 B3.0 B4.0");
+  // The group of the pipeline size is the default.
+  EXPECT_EQ(interleaved_schedule(2, 0, 4, 2, 2), interleaved_schedule(2, 0, 4, 2));
+  // Breadth-first (group = M): every micro-batch through chunk 0 before chunk 1.
+  EXPECT_EQ(join(interleaved_schedule(2, 1, 4, 2, 4), true).substr(0, 23),
+            "F0.0 F1.0 F2.0 F3.0 F0.");
+}
+
+TEST(ScheduleTest, MicrobatchGroupsInvariantsAndSimulation) {
+  for (int pp = 2; pp <= 4; ++pp) {
+    for (int v = 2; v <= 3; ++v) {
+      for (int m = pp; m <= 3 * pp + 1; ++m) {
+        for (int group = pp; group <= m; ++group) {
+          const int rest = m % group;
+          if (rest != 0 && rest < pp) continue;  // refused (SchedulesRejectBadArguments)
+          for (int rank = 0; rank < pp; ++rank) {
+            check_stage(interleaved_schedule(pp, rank, m, v, group), pp, rank, m, v, group);
+          }
+          simulate(pp, m, v, group);
+        }
+      }
+    }
+  }
+}
+
 TEST(ScheduleTest, PipelineOfOneIsGradientAccumulation) {
   EXPECT_EQ(one_f_one_b_schedule(1, 0, 4), no_pipelining_schedule(4));
 }
@@ -285,6 +320,13 @@ TEST(ScheduleTest, SchedulesRejectBadArguments) {
                  {"--num-layers-per-virtual-pipeline-stage"});
   expect_invalid([] { one_f_one_b_schedule(2, 2, 4); }, {"pipeline rank"});
   expect_invalid([] { no_pipelining_schedule(0); }, {"--micro-batch-size"});
+  // Megatron's group rules: pp <= group <= M, and a last group of 0 or at least pp.
+  const std::string group = "--microbatch-group-size-per-virtual-pipeline-stage";
+  expect_invalid([] { interleaved_schedule(4, 0, 8, 2, 3); }, {group, "(4)"});
+  expect_invalid([] { interleaved_schedule(2, 0, 4, 2, 5); }, {group, "(4"});
+  expect_invalid([] { interleaved_schedule(4, 0, 9, 2, 4); }, {group, "last group of 1"});
+  expect_invalid([] { validate_interleaving(4, 9, 2, 4); }, {group});
+  EXPECT_NO_THROW(validate_interleaving(4, 9, 2, 5));  // groups of 5 and 4
 }
 
 }  // namespace
