@@ -87,6 +87,13 @@ void register_model_args(ArgTable& t, Arguments& a) {
   t.flag("--qk-layernorm", a.qk_layernorm,
          "A norm (--normalization) over the head dimension of every query and key head, before "
          "RoPE");
+  t.flag("--qk-l2-norm", a.qk_l2_norm,
+         "Llama 4's query/key norm: each query and key head divided by its root mean square "
+         "(eps --norm-epsilon, no weight), before RoPE; instead of --qk-layernorm");
+  t.add("--no-rope-freq", a.no_rope_freq,
+        "Layers without RoPE (Llama 4's NoPE layers): N, every N-th layer (the N-th, 2N-th, "
+        "...), or a list expression with one 0/1 per layer, 1 skipping RoPE, e.g. "
+        "([0]*3+[1])*3");
   t.flag("--multi-latent-attention", a.multi_latent_attention,
          "Multi-latent attention (DeepSeek-V2/V3): queries through a --q-lora-rank bottleneck, "
          "keys and values from a shared --kv-lora-rank latent plus one rotary key; its norms with "
@@ -1038,6 +1045,14 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
   MEGATRON_CHECK(!a.fp32_residual_connection || a.fp16 || a.bf16,
                  "residual connection in fp32 only supported when using fp16 or bf16: "
                  "--fp32-residual-connection needs --fp16 or --bf16");
+  MEGATRON_CHECK(!(a.qk_l2_norm && a.multi_latent_attention),
+                 "qk_l2_norm is not supported with MLA: drop --qk-l2-norm or "
+                 "--multi-latent-attention");
+  MEGATRON_CHECK((!a.qk_l2_norm && a.no_rope_freq.empty()) || a.model == "gpt",
+                 "--qk-l2-norm and --no-rope-freq are implemented for --model gpt only");
+  MEGATRON_CHECK(a.no_rope_freq.empty() || a.mtp_num_layers == 0,
+                 "--no-rope-freq with --mtp-num-layers: the pattern has no entry for the "
+                 "prediction layers (Megatron indexes past its end); drop one");
   MEGATRON_CHECK(!a.multi_latent_attention || a.model == "gpt",
                  "--multi-latent-attention is implemented for --model gpt (Megatron's GPTModel), "
                  "not ",

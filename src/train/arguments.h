@@ -68,6 +68,8 @@ struct Arguments {
   bool openai_gelu = false;
   bool squared_relu = false;
   bool qk_layernorm = false;
+  bool qk_l2_norm = false;   // --qk-l2-norm (Llama 4): weightless RMS norm of q and k heads
+  std::string no_rope_freq;  // --no-rope-freq: N (every N-th layer) or a 0/1 list expression
   // Multi-latent attention (transformer/mla_config.h); Megatron's defaults.
   bool multi_latent_attention = false;
   int64_t q_lora_rank = 0;  // 0: None (a full-rank query projection)

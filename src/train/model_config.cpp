@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "transformer/layer_pattern.h"
 
 namespace megatron {
 
@@ -212,6 +213,8 @@ TransformerConfig transformer_config_from_args(const Arguments& a) {
   c.num_classes = a.num_classes;
   c.squared_relu = a.squared_relu;
   c.qk_layernorm = a.qk_layernorm;
+  c.qk_l2_norm = a.qk_l2_norm;
+  if (!a.no_rope_freq.empty()) c.no_rope_layers = parse_no_rope_freq(a.no_rope_freq, a.num_layers);
   MEGATRON_CHECK(a.rope_type.empty() || a.rope_type == "rope" || a.rope_type == "yarn",
                  "--rope-type: unknown '", a.rope_type, "'; choose rope or yarn");
   MEGATRON_CHECK(a.multi_latent_attention || a.rope_type.empty() || a.rope_type == "rope",

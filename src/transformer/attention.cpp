@@ -60,7 +60,12 @@ SelfAttention::SelfAttention(const std::string& name, const TransformerConfig& c
   linear_qkv.emplace(
       name + ".linear_qkv", cfg.hidden_size, qkv_width(cfg), cfg.init_method_std, *tp.group,
       ColumnParallelLinear::Options{.with_bias = cfg.qkv_bias(), .sequence_parallel = tp.sp()});
-  if (cfg.qk_layernorm) {
+  if (cfg.qk_l2_norm) {  // Megatron's L2Norm: RMS normalisation without a weight
+    q_layernorm.emplace(name + ".q_layernorm", cfg.head_dim(), Normalization::kRMSNorm,
+                        cfg.norm_epsilon, false, /*learnable=*/false);
+    k_layernorm.emplace(name + ".k_layernorm", cfg.head_dim(), Normalization::kRMSNorm,
+                        cfg.norm_epsilon, false, /*learnable=*/false);
+  } else if (cfg.qk_layernorm) {
     q_layernorm.emplace(name + ".q_layernorm", cfg.head_dim(), cfg.normalization, cfg.norm_epsilon,
                         cfg.layernorm_zero_centered_gamma);
     k_layernorm.emplace(name + ".k_layernorm", cfg.head_dim(), cfg.normalization, cfg.norm_epsilon,
@@ -68,7 +73,8 @@ SelfAttention::SelfAttention(const std::string& name, const TransformerConfig& c
     q_layernorm->mark_sequence_parallel(true);  // partial over TP: see the header
     k_layernorm->mark_sequence_parallel(true);
   }
-  if (cfg.position_embedding == PositionEmbedding::kRope) {
+  // --no-rope-freq: Megatron drops the rotary embedding of this layer's attention (NoPE).
+  if (cfg.position_embedding == PositionEmbedding::kRope && !cfg.skips_rope(layer_number)) {
     rope_on_ = true;
     rope_.head_begin = 0;
     rope_.head_end = cfg.queries_per_group() + 1;  // queries and the key; never the value

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/dtype.h"
 #include "parallel/fp8_config.h"
@@ -70,6 +71,16 @@ struct TransformerConfig {
   // vision model's config as examples/multimodal does; no language-model flag).
   bool quick_gelu = false;
   bool qk_layernorm = false;  // --qk-layernorm: a norm over each query and key head
+  // --qk-l2-norm (Llama 4): q_layernorm and k_layernorm are Megatron's L2Norm instead, RMS
+  // normalisation without a weight (eps --norm-epsilon), before RoPE; wins over qk_layernorm.
+  bool qk_l2_norm = false;
+  // --no-rope-freq: one entry per decoder layer, 1 where the layer skips RoPE (Llama 4's NoPE
+  // layers); empty: every layer rotates.
+  std::vector<int> no_rope_layers;
+  bool skips_rope(int64_t layer) const {
+    return layer >= 0 && layer < static_cast<int64_t>(no_rope_layers.size()) &&
+           no_rope_layers[static_cast<size_t>(layer)] != 0;
+  }
   // --init-method-xavier-uniform: linear weights U(-a, a), a = sqrt(6 / (fan_in + fan_out))
   bool init_method_xavier_uniform = false;
   double embedding_init_method_std = 0;  // --embedding-init-method-std; 0: init_method_std

@@ -1,13 +1,20 @@
 // LayerNorm / RMSNorm layer over the ops; bf16 weights are widened to f32 per call.
 #include "transformer/norm.h"
 
+#include "core/error.h"
 #include "tensor/ops.h"
 
 namespace megatron {
 
 Norm::Norm(const std::string& name, int64_t hidden, Normalization kind, double eps,
-           bool zero_centered_gamma)
-    : kind_(kind), eps_(static_cast<float>(eps)), zero_centered_(zero_centered_gamma) {
+           bool zero_centered_gamma, bool learnable)
+    : kind_(kind),
+      eps_(static_cast<float>(eps)),
+      zero_centered_(zero_centered_gamma),
+      learnable_(learnable),
+      hidden_(hidden) {
+  MEGATRON_ASSERT(learnable || kind == Normalization::kRMSNorm,
+                  "a norm without parameters is an RMSNorm");
   weight.name = name + ".weight";
   weight.shape = {hidden};
   weight.init = zero_centered_gamma ? Init::kZeros : Init::kOnes;
@@ -21,11 +28,13 @@ Norm::Norm(const std::string& name, int64_t hidden, Normalization kind, double e
 }
 
 void Norm::collect(std::vector<Param*>& out) {
+  if (!learnable_) return;
   out.push_back(&weight);
   if (kind_ == Normalization::kLayerNorm) out.push_back(&bias);
 }
 
-Tensor Norm::gamma(DType dtype) const {
+Tensor Norm::gamma(DType dtype, Device where) const {
+  if (!learnable_) return Tensor::full({hidden_}, 1.0, dtype, where);
   if (!zero_centered_) return weight.value_as(dtype);
   const Device device = weight.value.device();
   Tensor g = Tensor::empty(weight.shape, dtype, device);
@@ -40,10 +49,10 @@ Tensor Norm::forward(const Tensor& x, Ctx& ctx, DType out) const {
   ctx.rstd = Tensor::empty({rows}, x.dtype(), x.device());
   if (kind_ == Normalization::kLayerNorm) {
     ctx.mean = Tensor::empty({rows}, x.dtype(), x.device());
-    ops::layernorm_forward(y, ctx.mean, ctx.rstd, x, gamma(x.dtype()), bias.value_as(x.dtype()),
-                           eps_);
+    ops::layernorm_forward(y, ctx.mean, ctx.rstd, x, gamma(x.dtype(), x.device()),
+                           bias.value_as(x.dtype()), eps_);
   } else {
-    ops::rmsnorm_forward(y, ctx.rstd, x, gamma(x.dtype()), eps_);
+    ops::rmsnorm_forward(y, ctx.rstd, x, gamma(x.dtype(), x.device()), eps_);
   }
   return y;
 }
@@ -57,12 +66,17 @@ Tensor Norm::backward(const Tensor& dy, Ctx& ctx) const {
     return Tensor::zeros(p.shape, ctx.x.dtype() == DType::kF64 ? DType::kF64 : DType::kF32,
                          ctx.x.device());
   };
-  Tensor dw = grad_of(weight);
+  // Without parameters the kernel's weight gradient goes to scratch.
+  Tensor dw = learnable_ ? grad_of(weight)
+                         : Tensor::zeros({hidden_},
+                                         ctx.x.dtype() == DType::kF64 ? DType::kF64 : DType::kF32,
+                                         ctx.x.device());
   if (kind_ == Normalization::kLayerNorm) {
     Tensor db = grad_of(bias);
-    ops::layernorm_backward(dx, dw, db, dy, ctx.x, gamma(dy.dtype()), ctx.mean, ctx.rstd);
+    ops::layernorm_backward(dx, dw, db, dy, ctx.x, gamma(dy.dtype(), dy.device()), ctx.mean,
+                            ctx.rstd);
   } else {
-    ops::rmsnorm_backward(dx, dw, dy, ctx.x, gamma(dy.dtype()), ctx.rstd);
+    ops::rmsnorm_backward(dx, dw, dy, ctx.x, gamma(dy.dtype(), dy.device()), ctx.rstd);
   }
   ctx = Ctx{};
   return dx;

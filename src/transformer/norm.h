@@ -18,8 +18,9 @@ class Norm {
     Tensor x, mean, rstd;
   };
 
+  // learnable false: a fixed scale of ones and no parameters (Megatron's L2Norm, --qk-l2-norm).
   Norm(const std::string& name, int64_t hidden, Normalization kind, double eps,
-       bool zero_centered_gamma = false);
+       bool zero_centered_gamma = false, bool learnable = true);
   // From the config: hidden size, --normalization, --norm-epsilon, --apply-layernorm-1p.
   Norm(const std::string& name, const TransformerConfig& cfg)
       : Norm(name, cfg.hidden_size, cfg.normalization, cfg.norm_epsilon,
@@ -38,12 +39,14 @@ class Norm {
   Param weight, bias;  // bias unused (empty name) for RMSNorm
 
  private:
-  // The scale the op applies: the weight, or 1 + weight when zero-centred.
-  Tensor gamma(DType dtype) const;
+  // The scale the op applies: the weight, 1 + weight when zero-centred, ones when not learnable.
+  Tensor gamma(DType dtype, Device where) const;
 
   Normalization kind_;
   float eps_;
   bool zero_centered_;
+  bool learnable_;
+  int64_t hidden_;
 };
 
 }  // namespace megatron

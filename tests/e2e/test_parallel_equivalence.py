@@ -137,6 +137,9 @@ class TestParallelEquivalence(unittest.TestCase):
         self.check_equivalent(["--squared-relu", "--qk-layernorm", "--apply-layernorm-1p",
                                "--init-method-xavier-uniform", "--embedding-init-method-std",
                                "0.05"], layouts)
+        # Llama 4's attention variants: weightless L2 norms of the heads, and layers 2 and 4
+        # without RoPE (a global layer index: pp2 puts one of each on each stage).
+        self.check_equivalent([*LLAMA, "--qk-l2-norm", "--no-rope-freq", "2"], layouts)
 
     def test_multi_latent_attention_in_parallel_layouts(self):
         # MLA (DeepSeek-V3's attention) with YaRN: the replicated down projections and latent

@@ -6,6 +6,8 @@ independent checkpoint reader (tests/testing/checkpoint_reader.py), the independ
 decoder (tests/train/decode_tfevents.py) and restatements of Megatron's rules:
 - --load-main-params-from-ckpt (with --no-load-optim): a bf16 checkpoint's fp32 main weights
   load as they are (saved again at once: the same bits); without --no-load-optim it exits 2;
+- --no-rope-freq 1 trains as --position-embedding-type none bit for bit, and --qk-l2-norm as
+  --qk-layernorm (RMSNorm) with --lr 0 (its weights stay the ones the L2 norm fixes);
 - --padded-vocab-size sets the embedding and output rows (one process and tp2); below the
   vocabulary, or not divisible by TP, it exits 2;
 - --lr 0 leaves every weight bit for bit as initialised (a 1- and a 3-iteration run save the
@@ -115,6 +117,29 @@ class TrainingFlagsTest(unittest.TestCase):
                                       TIMEOUT_S)
         self.assertEqual(proc.returncode, 0, proc.stdout[-3000:] + proc.stderr[-3000:])
         return proc
+
+    def test_llama4_attention_variants(self):
+        # --no-rope-freq 1 (every layer without RoPE) is a model without positions, bit for bit;
+        # --qk-l2-norm is --qk-layernorm (RMSNorm) with its weights at their initial ones: the
+        # same losses while --lr 0 keeps them there. Every value as printed.
+        rms = {"normalization": "RMSNorm"}
+        nope = self.train(position_embedding_type="rope", no_rope_freq=1, **rms)
+        none = self.train(position_embedding_type="none", **rms)
+        self.assertEqual(megatron_log.curves(nope.stdout, ["lm loss", "grad norm"], 1, 3),
+                         megatron_log.curves(none.stdout, ["lm loss", "grad norm"], 1, 3))
+        with_rope = self.train(position_embedding_type="rope", **rms)
+        self.assertNotEqual(megatron_log.curves(with_rope.stdout, ["lm loss"], 1, 1),
+                            megatron_log.curves(none.stdout, ["lm loss"], 1, 1))
+        l2 = self.train(position_embedding_type="rope", qk_l2_norm=True, lr=0, **rms)
+        qk = self.train(position_embedding_type="rope", qk_layernorm=True, lr=0, **rms)
+        self.assertEqual(megatron_log.curves(l2.stdout, ["lm loss"], 1, 3),
+                         megatron_log.curves(qk.stdout, ["lm loss"], 1, 3))
+        for flags, named in (({"no_rope_freq": 3}, "--no-rope-freq"),
+                             ({"qk_l2_norm": True, "multi_latent_attention": True}, "MLA")):
+            proc = megatron_job.run_train(MEGATRON, MPIEXEC, 1,
+                                          megatron_job.flags_with(BASE, **flags), TIMEOUT_S)
+            self.assertEqual(proc.returncode, 2, proc.stderr[-2000:])
+            self.assertIn(named, proc.stderr)
 
     def test_load_main_params_from_ckpt(self):
         # A bf16 run's fp32 main weights come back from the checkpoint under --no-load-optim

@@ -6,7 +6,10 @@
 // The check and its tolerance: testing/layer_gradients.h.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <cmath>
+#include <deque>
 #include <functional>
 #include <string>
 #include <vector>
@@ -155,10 +158,12 @@ TEST(LayerGradients, SelfAttentionMhaAndGqaWithRopeDocumentsAndDropout) {
 }
 
 // The RoPE variants (interleaved pairs, Llama 3.1 scaling, position interpolation, a partial
-// rotary dimension, head dim != hidden / heads) and --qk-layernorm with both norms.
+// rotary dimension, head dim != hidden / heads), --qk-layernorm with both norms, --qk-l2-norm
+// and a --no-rope-freq layer.
 TEST(LayerGradients, SelfAttentionVariants) {
   SelfGroup g;
-  std::vector<std::pair<std::string, TransformerConfig>> cases;
+  // A deque: GCC 12's -Warray-bounds misreads a vector's reallocating moves of these pairs.
+  std::deque<std::pair<std::string, TransformerConfig>> cases;
   {
     TransformerConfig c = llama_style(base_config());
     c.rotary_interleaved = true;
@@ -183,10 +188,29 @@ TEST(LayerGradients, SelfAttentionVariants) {
     c.finalize();
     cases.emplace_back("qk LayerNorm 1p", c);
   }
+  {
+    TransformerConfig c = llama_style(base_config());
+    c.qk_l2_norm = true;  // Megatron's L2Norm: no weight
+    c.finalize();
+    cases.emplace_back("qk L2 norm (Llama 4)", c);
+  }
+  {
+    TransformerConfig c = llama_style(base_config());
+    c.qk_l2_norm = true;
+    c.no_rope_layers = {1};  // --no-rope-freq: layer 0 skips RoPE
+    c.finalize();
+    cases.emplace_back("qk L2 norm, NoPE layer", c);
+  }
   for (const auto& [name, cfg] : cases) {
     SCOPED_TRACE(name);
     SelfAttention attn("attn", cfg, 0, g.tp());
-    EXPECT_EQ(attn.q_layernorm.has_value(), cfg.qk_layernorm);
+    EXPECT_EQ(attn.q_layernorm.has_value(), cfg.qk_layernorm || cfg.qk_l2_norm);
+    std::vector<Param*> params;
+    attn.collect(params);
+    const bool norm_params = std::any_of(params.begin(), params.end(), [](const Param* p) {
+      return p->name.find("layernorm") != std::string::npos;
+    });
+    EXPECT_EQ(norm_params, cfg.qk_layernorm && !cfg.qk_l2_norm);  // L2Norm has no weight
     check_attention(attn, Tensor(), ForwardMode{}, 14);
   }
 }

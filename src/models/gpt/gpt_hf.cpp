@@ -413,6 +413,12 @@ HfArch infer_hf_arch(const TransformerConfig& c) {
                  "this model has no Hugging Face equivalent: GPT-2 and Llama have no GeGLU MLP "
                  "(--gated-linear-unit) and scale attention by 1/sqrt(head dim) (no "
                  "--softmax-scale)");
+  // Llama 4 (the nearest) puts no L2 norm on its NoPE layers and scales their queries by the
+  // position: neither Megatron variant is its model.
+  MEGATRON_CHECK(!c.qk_l2_norm && c.no_rope_layers.empty(),
+                 "this model has no Hugging Face equivalent: --qk-l2-norm and --no-rope-freq are "
+                 "Megatron's variants of Llama 4's attention, which differs from them (no norm on "
+                 "its NoPE layers, temperature-tuned NoPE queries)");
   MEGATRON_CHECK(c.mtp_num_layers == 0 || c.mla.enabled,
                  "this model has no Hugging Face equivalent: multi-token prediction layers have "
                  "a Hugging Face form in DeepSeek-V3 only (--multi-latent-attention)");

@@ -2,9 +2,8 @@
 // has one) and the --moe-layer-freq expression.
 #include "transformer/moe/moe_config.h"
 
-#include <cctype>
-
 #include "core/error.h"
+#include "transformer/layer_pattern.h"
 
 namespace megatron {
 
@@ -106,87 +105,10 @@ void MoeConfig::validate(int64_t num_layers, bool add_bias_linear) const {
                  "--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor");
 }
 
-namespace {
-
-// Recursive descent over Megatron's list expressions: sum := term ('+' term)*; term := atom
-// ('*' int)?; atom := '[' int (',' int)* ']' | '(' sum ')'.
-class PatternParser {
- public:
-  explicit PatternParser(const std::string& s) : s_(s) {}
-
-  std::vector<int> parse() {
-    std::vector<int> v = sum();
-    skip();
-    expect(pos_ == s_.size(), "unexpected text");
-    return v;
-  }
-
- private:
-  void skip() {
-    while (pos_ < s_.size() && std::isspace(static_cast<unsigned char>(s_[pos_]))) ++pos_;
-  }
-  bool eat(char c) {
-    skip();
-    if (pos_ < s_.size() && s_[pos_] == c) {
-      ++pos_;
-      return true;
-    }
-    return false;
-  }
-  void expect(bool ok, const char* what) const {
-    MEGATRON_CHECK(ok, "--moe-layer-freq '", s_, "': ", what, " at character ", pos_,
-                   "; give an integer N or a list expression such as ([0]*3+[1]*5)");
-  }
-  int64_t integer() {
-    skip();
-    const size_t start = pos_;
-    while (pos_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[pos_]))) ++pos_;
-    expect(pos_ > start, "expected a number");
-    return std::stoll(s_.substr(start, pos_ - start));
-  }
-  std::vector<int> sum() {
-    std::vector<int> v = term();
-    while (eat('+')) {
-      std::vector<int> t = term();
-      v.insert(v.end(), t.begin(), t.end());
-    }
-    return v;
-  }
-  std::vector<int> term() {
-    std::vector<int> a = atom();
-    if (!eat('*')) return a;
-    const int64_t n = integer();
-    std::vector<int> v;
-    for (int64_t i = 0; i < n; ++i) v.insert(v.end(), a.begin(), a.end());
-    return v;
-  }
-  std::vector<int> atom() {
-    if (eat('(')) {
-      std::vector<int> v = sum();
-      expect(eat(')'), "expected ')'");
-      return v;
-    }
-    expect(eat('['), "expected '[' or '('");
-    std::vector<int> v;
-    do {
-      const int64_t x = integer();
-      expect(x == 0 || x == 1, "entries must be 0 (dense) or 1 (MoE)");
-      v.push_back(static_cast<int>(x));
-    } while (eat(','));
-    expect(eat(']'), "expected ']'");
-    return v;
-  }
-
-  const std::string& s_;
-  size_t pos_ = 0;
-};
-
-}  // namespace
-
 std::vector<int> parse_moe_layer_freq(const std::string& text, int64_t num_layers) {
   std::vector<int> out;
   if (text.find('[') != std::string::npos) {
-    out = PatternParser(text).parse();
+    out = parse_layer_pattern(text, "--moe-layer-freq", "0 (dense) or 1 (MoE)");
     MEGATRON_CHECK(static_cast<int64_t>(out.size()) == num_layers, "--moe-layer-freq '", text,
                    "' has ", out.size(), " entries but --num-layers is ", num_layers,
                    "; the pattern needs one 0/1 per layer");
