@@ -460,6 +460,13 @@ void register_train_args(ArgTable& t, Arguments& a) {
         "BERT: probability of a sample shorter than --seq-length");
   t.add("--num-workers", a.num_workers,
         "Micro-batches prepared ahead on a background thread (0: prepared in the training loop)");
+  t.flag("--sft", a.sft,
+         "Supervised finetuning: --data-path (or the per-split paths) are JSON-lines files of "
+         "conversations ({\"messages\": [{\"role\", \"content\"}, ...]}), rendered with "
+         "--sft-tokenizer-prompt-format, the loss on the assistant turns only; with "
+         "--tokenizer-type SFTTokenizer");
+  t.add("--sft-tokenizer-prompt-format", a.sft_tokenizer_prompt_format,
+        "The chat template of --sft (Megatron's: nemotron-h-aligned)");
   t.add("--dataloader-type", a.dataloader_type,
         "single: the samples in order; cyclic: a random order per epoch (torch.randperm seeded "
         "with the epoch), repeating the data as long as the run reads");
@@ -1097,6 +1104,24 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
   MEGATRON_CHECK(a.eval_interval > 0, "--eval-interval must be positive, got ", a.eval_interval);
   MEGATRON_CHECK(a.eval_iters >= 0, "--eval-iters must be >= 0, got ", a.eval_iters);
   MEGATRON_CHECK(a.num_workers >= 0, "--num-workers must be >= 0, got ", a.num_workers);
+  if (a.sft) {
+    MEGATRON_CHECK(a.model == "gpt", "--sft trains GPT models (--model gpt), not --model ",
+                   a.model);
+    MEGATRON_CHECK(a.tokenizer_type == "SFTTokenizer",
+                   "--sft tokenizes conversations with --tokenizer-type SFTTokenizer (a Hugging "
+                   "Face tokenizer.json with --tokenizer-model), got ",
+                   a.tokenizer_type);
+    MEGATRON_CHECK(!a.mock_data,
+                   "--sft reads conversations: pass --data-path (a JSON-lines "
+                   "file), not --mock-data");
+    // Megatron's SFTDataset asserts both off; its size comes from the iterations.
+    MEGATRON_CHECK(!a.reset_position_ids && !a.reset_attention_mask,
+                   "--sft samples are one conversation each: drop --reset-position-ids and "
+                   "--reset-attention-mask");
+    MEGATRON_CHECK(!a.full_validation,
+                   "--full-validation needs a dataset of one epoch, which "
+                   "Megatron's SFT dataset does not define: drop it with --sft");
+  }
   MEGATRON_CHECK(!a.multiple_validation_sets || a.full_validation,
                  "--multiple-validation-sets currently requires --full-validation (as in "
                  "Megatron): add it");

@@ -376,12 +376,26 @@ void HuggingFaceTokenizer::encode_text(std::string_view piece, size_t step,
 }
 
 std::vector<int64_t> HuggingFaceTokenizer::encode(std::string_view text) const {
+  std::vector<int64_t> ids(prefix_ids_);
+  const std::vector<int64_t> body = encode_plain(text);
+  ids.insert(ids.end(), body.begin(), body.end());
+  ids.insert(ids.end(), suffix_ids_.begin(), suffix_ids_.end());
+  return ids;
+}
+
+int64_t HuggingFaceTokenizer::token_to_id(const std::string& token) const {
+  for (const AddedToken& a : added_)
+    if (a.content == token) return a.id;
+  return bpe_->token_id(token);
+}
+
+std::vector<int64_t> HuggingFaceTokenizer::encode_plain(std::string_view text) const {
   std::string repaired;
   if (!is_valid_utf8(text)) {
     repaired = replace_invalid_utf8(text);
     text = repaired;
   }
-  std::vector<int64_t> ids(prefix_ids_);
+  std::vector<int64_t> ids;
   ids.reserve(text.size() / 3 + 4);
   std::vector<Segment> segments{{-1, 0, text.size()}};
   split_added_tokens(text, /*normalized_pass=*/false, &segments);
@@ -393,7 +407,6 @@ std::vector<int64_t> HuggingFaceTokenizer::encode(std::string_view text) const {
       encode_text(text.substr(seg.begin, seg.end - seg.begin), 0, &ids);
     }
   }
-  ids.insert(ids.end(), suffix_ids_.begin(), suffix_ids_.end());
   return ids;
 }
 

@@ -37,6 +37,12 @@ class HuggingFaceTokenizer : public Tokenizer {
   ~HuggingFaceTokenizer() override;
 
   std::vector<int64_t> encode(std::string_view text) const override;
+  // Without the post-processor's template (HF's add_special_tokens=False: what
+  // apply_chat_template(tokenize=True) encodes a rendered conversation with).
+  std::vector<int64_t> encode_plain(std::string_view text) const;
+  // HF's convert_tokens_to_ids for one token: an added token's id, else the vocabulary's (the
+  // byte-mapped string); -1 when the tokenizer has neither.
+  int64_t token_to_id(const std::string& token) const;
   std::string decode(std::span<const int64_t> ids) const override;
   int64_t vocab_size() const override { return vocab_size_; }
   // See the file comment for the rule; an error when no token qualifies.

@@ -16,7 +16,8 @@ namespace megatron {
 namespace {
 
 constexpr const char* kSupported =
-    "GPT2BPETokenizer, HuggingFaceTokenizer, SentencePieceTokenizer, GPTSentencePieceTokenizer, "
+    "GPT2BPETokenizer, HuggingFaceTokenizer, SFTTokenizer, SentencePieceTokenizer, "
+    "GPTSentencePieceTokenizer, "
     "Llama2Tokenizer, BertWordPieceLowerCase, BertWordPieceCase, NullTokenizer";
 
 // The flag must be given and name an existing file (or, where allowed, a directory).
@@ -46,7 +47,8 @@ std::unique_ptr<Tokenizer> build_tokenizer(const TokenizerArgs& args) {
     require_path(type, "--merge-file", args.merge_file, "GPT-2's vocab.bpe");
     return std::make_unique<GPT2BPETokenizer>(args.vocab_file, args.merge_file);
   }
-  if (type == "HuggingFaceTokenizer") {
+  // SFTTokenizer: the Hugging Face tokenizer under --sft's chat template (data/sft_dataset.h).
+  if (type == "HuggingFaceTokenizer" || type == "SFTTokenizer") {
     require_path(type, "--tokenizer-model", args.tokenizer_model,
                  "a HuggingFace tokenizer.json or its directory", /*directory_ok=*/true);
     return std::make_unique<HuggingFaceTokenizer>(args.tokenizer_model);

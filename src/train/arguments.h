@@ -193,6 +193,10 @@ struct Arguments {
   // --dataloader-type: single (Megatron's sequential sampler) or cyclic (its random sampler,
   // epoch after epoch; data/random_sampler.h), and its --no-data-sharding.
   std::string dataloader_type = "single";
+  // --sft: supervised finetuning on JSON-lines conversations (data/sft_dataset.h), with
+  // --tokenizer-type SFTTokenizer and this chat template.
+  bool sft = false;
+  std::string sft_tokenizer_prompt_format = "nemotron-h-aligned";
   bool data_sharding = true;
 
   // ---- evaluation ----

@@ -13,3 +13,10 @@ megatron_test(test_random_sampler SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_rando
 target_compile_definitions(test_random_sampler PRIVATE
   MEGATRON_PYTHON_ORACLE="${PYTHON_ORACLE}"
   MEGATRON_SAMPLER_ORACLE="${CMAKE_CURRENT_SOURCE_DIR}/random_sampler_oracle.py")
+
+# --sft samples against Megatron's SFT tokenizer and dataset restated in Python.
+megatron_test(test_sft_dataset SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_sft_dataset.cpp
+  LIBS megatron_data)
+target_compile_definitions(test_sft_dataset PRIVATE
+  MEGATRON_PYTHON_ORACLE="${PYTHON_ORACLE}"
+  MEGATRON_SFT_ORACLE="${CMAKE_CURRENT_SOURCE_DIR}/sft_oracle.py")

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Megatron's data-loader and validation flags, end to end: --dataloader-type cyclic (with and
-without --no-data-sharding), --full-validation and --multiple-validation-sets.
+without --no-data-sharding), --full-validation, --multiple-validation-sets and --sft.
 
 What it checks (the sampler's order itself is checked against PyTorch's randperm in
 tests/data/test_random_sampler.cpp):
@@ -17,6 +17,9 @@ tests/data/test_random_sampler.cpp):
 - --multiple-validation-sets: " validation-0/-1 loss" lines, each equal to a full validation of
   that prefix alone; without the flag the two prefixes' exhaustive blend is evaluated, whose loss
   is the sample-weighted mean of the two (every sample of each once);
+- --sft: a run on conversations of tests/data/sft_oracle.py (whose samples test_sft_dataset.cpp
+  checks) learns them (the loss falls below 0.6 of its start in 30 steps), tp2 follows one
+  process, and a conversation the SFT tokenizer refuses stops the run with exit 2 naming it;
 - refusals (exit 2, the flag named): --multiple-validation-sets without --full-validation,
   --full-validation with --mock-data or a weighted validation blend, --dataloader-type external.
 
@@ -24,6 +27,7 @@ Usage: test_data_loading.py --megatron BUILD/megatron --mpiexec MPIEXEC
 """
 import os
 import re
+import subprocess
 import sys
 import tempfile
 import unittest
@@ -33,6 +37,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "testing"))
 import megatron_job  # noqa: E402
 import megatron_log  # noqa: E402
 
+SFT_ORACLE = os.path.join(HERE, "..", "data", "sft_oracle.py")
 MEGATRON = None
 MPIEXEC = None
 TIMEOUT_S = 300
@@ -165,6 +170,59 @@ class DataLoadingTest(unittest.TestCase):
         (lb, nb), (lc, nc) = alone["b"], alone["c"]
         want = (lb * nb + lc * nc) / (nb + nc)
         self.assertAlmostEqual(blended, want, delta=REL * want)
+
+    # ---- --sft -------------------------------------------------------------------------------
+
+    def sft_fixture(self):
+        """The byte-level tokenizer and conversations of tests/data/sft_oracle.py; good.jsonl
+        holds the 13 conversations it accepts, conversations.jsonl also the 3 it refuses."""
+        d = os.path.join(self.tmp, "sft")
+        subprocess.run([sys.executable, SFT_ORACLE, "--out", d, "--seq-length", "64"],
+                       check=True, timeout=TIMEOUT_S)
+        with open(os.path.join(d, "conversations.jsonl"), encoding="utf-8") as f:
+            lines = f.readlines()
+        with open(os.path.join(d, "good.jsonl"), "w", encoding="utf-8") as f:
+            f.writelines(lines[:13])
+        return d
+
+    def test_sft(self):
+        d = self.sft_fixture()
+        data = {"--tokenizer-type": "SFTTokenizer", "--tokenizer-model": d,
+                "--data-path": os.path.join(d, "good.jsonl"), "--split": "10,3,0"}
+        base = {k: v for k, v in MODEL.items() if k != "--vocab-size"}
+        base["--tokenizer-type"] = "SFTTokenizer"
+        flags = dict(seq_length=64, max_position_embeddings=64, train_iters=30, eval_interval=10,
+                     lr="3e-3", global_batch_size=4, micro_batch_size=2)
+
+        def sft_run(ranks, extra=(), **over):
+            args = [*megatron_job.flags_with({**base, **data, "--sft": None}, **{**flags, **over}),
+                    *extra]
+            proc = megatron_job.run_train(MEGATRON, MPIEXEC, ranks, args, TIMEOUT_S)
+            self.assertEqual(proc.returncode, 0, proc.stdout[-3000:] + proc.stderr[-3000:])
+            return proc.stdout
+
+        one = sft_run(1)
+        self.assertIn("SFT train split: conversations [0, 10)", one)
+        curve = megatron_log.curves(one, ["lm loss"], 1, 30)
+        # The assistant turns count up: the loss falls well below its start.
+        self.assertLess(curve[30]["lm loss"], 0.6 * curve[1]["lm loss"])
+        self.assertEqual(len(megatron_log.validation_losses(one)), 3 + 1)  # 10, 20, 30, end
+        # Tensor parallelism reads the same batches (tokens, labels, masks broadcast over TP).
+        two = sft_run(2, ("--tensor-model-parallel-size", "2"), train_iters=5)
+        want = megatron_log.curves(sft_run(1, train_iters=5), ["lm loss"], 1, 5)
+        megatron_log.assert_same_curves(self, megatron_log.curves(two, ["lm loss"], 1, 5), want,
+                                        "tp2 sft")
+        # A conversation Megatron's tokenizer refuses stops the run naming the file and line.
+        bad = megatron_job.run_train(
+            MEGATRON, MPIEXEC, 1,
+            megatron_job.flags_with({**base, **data, "--sft": None,
+                                     "--data-path": os.path.join(d, "conversations.jsonl"),
+                                     "--split": "100,0,0"}, **flags), TIMEOUT_S)
+        self.assertEqual(bad.returncode, 2, bad.stderr[-2000:])
+        self.assertIn("conversation 14: empty assistant turn", bad.stderr)
+        for marker in megatron_job.CRASH_MARKERS:
+            self.assertNotIn(marker, bad.stderr)
+        self.refused("--tokenizer-type SFTTokenizer", extra=("--sft",))
 
     def test_refusals(self):
         self.refused("--multiple-validation-sets", extra=("--multiple-validation-sets",))

@@ -8,6 +8,7 @@
 #include "data/blended_dataset.h"
 #include "data/gpt_batch.h"
 #include "data/mock_gpt_dataset.h"
+#include "data/sft_dataset.h"
 
 namespace megatron {
 
@@ -27,6 +28,11 @@ Datasets gpt_datasets(const DataConfig& a, const Tokenizer& tokenizer, int64_t s
       log_line(strprintf(" > mock GPT datasets: sequence length %ld, end-of-document id %ld",
                          static_cast<long>(seq_length), static_cast<long>(tokenizer.eod())));
     return d;
+  }
+  if (a.sft) {
+    const auto* hf = dynamic_cast<const HuggingFaceTokenizer*>(&tokenizer);
+    MEGATRON_CHECK(hf != nullptr, "--sft needs --tokenizer-type SFTTokenizer");
+    return build_sft_datasets(a, *hf, seq_length, n, log);
   }
   GPTDataArgs g;
   g.data_path = a.data_path;
@@ -54,6 +60,14 @@ Datasets gpt_datasets(const DataConfig& a, const Tokenizer& tokenizer, int64_t s
 }
 
 BatchFn gpt_batch_maker(const DataConfig& config, const Tokenizer& tokenizer) {
+  if (config.sft) {  // the dataset's records carry Megatron's targets (data/sft_dataset.h)
+    const auto* hf = dynamic_cast<const HuggingFaceTokenizer*>(&tokenizer);
+    MEGATRON_CHECK(hf != nullptr, "--sft needs --tokenizer-type SFTTokenizer");
+    const int64_t pad = SftTokenizer(*hf, config.sft_prompt_format).pad();
+    return [pad](const SampleSource& data, int64_t first, int64_t b) {
+      return gpt_batch_fields(make_sft_batch(data, first, b, pad));
+    };
+  }
   BatchOptions options;
   options.eod = tokenizer.eod();
   options.eod_mask_loss = config.eod_mask_loss;
