@@ -100,18 +100,21 @@ InferenceModel load_inference_model(const Arguments& args, const MpiRuntime& mpi
     if (log) log_line(" > loaded " + args.pretrained_checkpoint);
     return m;
   }
-  const std::optional<int64_t> it =
-      args.ckpt_step >= 0 ? std::optional<int64_t>(args.ckpt_step) : cp::read_tracker(args.load);
-  MEGATRON_CHECK(it.has_value(), "--load ", args.load, " has no checkpoint (no ", args.load, "/",
-                 cp::kTrackerFile, "): pass the directory --save wrote");
-  const std::string dir = cp::iteration_dir(args.load, *it);
+  std::vector<std::string> notes;  // the same checkpoint training would resume from
+  const std::optional<CheckpointChoice> choice = checkpoint_to_load(args, &notes);
+  if (log)
+    for (const std::string& note : notes) log_line(note);
+  MEGATRON_CHECK(choice.has_value(), "--load ", args.load, " has no checkpoint (no ", args.load,
+                 "/", cp::kTrackerFile, "): pass the directory --save wrote");
+  const std::optional<int64_t> it = choice->iteration;
+  const std::string dir = cp::iteration_dir(choice->root, *it);
   cp::CheckpointReader reader = cp::CheckpointReader::open(dir);
   load_shards(reader,
               CheckpointTarget{
                   m.params.get(), nullptr, nullptr, 0, ps.experts_apart() ? ps.edp_rank() : 0, {}},
               /*optim=*/false);
   if (log) {
-    log_line(strprintf(" > loaded checkpoint %s at iteration %ld", args.load.c_str(),
+    log_line(strprintf(" > loaded checkpoint %s at iteration %ld", choice->root.c_str(),
                        static_cast<long>(*it)));
   }
   return m;

@@ -328,6 +328,7 @@ int run_plan(int argc, char** argv, MpiRuntime& mpi) {
     k.etp = fixed("--expert-tensor-parallel-size", args.expert_tensor_parallel_size);
     k.mbs = fixed("--micro-batch-size", args.micro_batch_size);
     k.split = pipeline_split(args);  // given split flags apply to every layout
+    k.vpp_group = args.microbatch_group_size_per_vp_stage;
     if (table.given("--num-virtual-stages-per-pipeline-rank") ||
         table.given("--num-layers-per-virtual-pipeline-stage"))
       k.vpp = layout_from_args(args, world).vpp;

@@ -20,6 +20,7 @@
 #include "parallel/context_parallel.h"
 #include "pipeline/schedule.h"
 #include "train/batch_schedule.h"
+#include "train/checkpointing.h"
 #include "train/exit_signal.h"
 #include "train/fault_injection.h"
 #include "train/model_config.h"
@@ -1057,6 +1058,9 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
                  "--multi-latent-attention");
   MEGATRON_CHECK((!a.qk_l2_norm && a.no_rope_freq.empty()) || a.model == "gpt",
                  "--qk-l2-norm and --no-rope-freq are implemented for --model gpt only");
+  MEGATRON_CHECK(a.no_rope_freq.empty() || !a.multi_latent_attention,
+                 "--no-rope-freq does not apply to --multi-latent-attention (its rotary "
+                 "channels turn on every layer, as in Megatron): drop one");
   MEGATRON_CHECK(a.no_rope_freq.empty() || a.mtp_num_layers == 0,
                  "--no-rope-freq with --mtp-num-layers: the pattern has no entry for the "
                  "prediction layers (Megatron indexes past its end); drop one");
@@ -1620,10 +1624,12 @@ void merge_checkpoint_args(Arguments& a, const ArgTable& t, bool report) {
                  "--use-mp-args-from-checkpoint-args reads the checkpoint's arguments, which "
                  "--use-checkpoint-args loads: add --use-checkpoint-args");
   if (!a.use_checkpoint_args) return;
-  const std::optional<int64_t> it = a.ckpt_step >= 0 ? a.ckpt_step : cp::read_tracker(a.load);
-  MEGATRON_CHECK(it.has_value(), "--use-checkpoint-args: --load ", a.load,
+  // The checkpoint the load will read (a newer non-persistent one included).
+  std::vector<std::string> notes;
+  const std::optional<CheckpointChoice> choice = checkpoint_to_load(a, &notes);
+  MEGATRON_CHECK(choice.has_value(), "--use-checkpoint-args: --load ", a.load,
                  " has no checkpoint (no ", cp::kTrackerFile, ")");
-  const std::string dir = cp::iteration_dir(a.load, *it);
+  const std::string dir = cp::iteration_dir(choice->root, choice->iteration);
   const cp::CheckpointReader reader = cp::CheckpointReader::open(dir);
   const std::string src = dir + "/" + cp::kMetadataFile;
   // The argument table's record of the run that saved it ("arguments"); a checkpoint from before

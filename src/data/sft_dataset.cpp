@@ -71,12 +71,13 @@ std::vector<SftConversation> read_sft_conversations(const std::string& path) {
         !j.is_discarded() && j.is_object() && j.contains("messages") && j["messages"].is_array(),
         "--sft data ", path, " line ", number, ": not a JSON object with a \"messages\" list");
     SftConversation c;
+    c.line = number;
     for (const nlohmann::json& m : j["messages"]) {
       MEGATRON_CHECK(m.is_object() && m.contains("role") && m["role"].is_string() &&
                          m.contains("content") && m["content"].is_string(),
                      "--sft data ", path, " line ", number,
                      ": every message needs string \"role\" and \"content\"");
-      c.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+      c.messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
     }
     out.push_back(std::move(c));
   }
@@ -95,9 +96,9 @@ SftTokenizer::SftTokenizer(const HuggingFaceTokenizer& tokenizer, const std::str
                  tokenizer_.identity(), ") does not have: use a Nemotron-H tokenizer");
 }
 
-std::string SftTokenizer::render(const SftConversation& c) const {
+std::string SftTokenizer::render(const std::vector<SftMessage>& messages) const {
   std::string out;
-  for (const SftMessage& m : c) {
+  for (const SftMessage& m : messages) {
     if (m.role == "system") {
       out += "<SPECIAL_10>System\n" + python_strip(m.content) + "\n";
     } else if (m.role == "user") {
@@ -110,7 +111,8 @@ std::string SftTokenizer::render(const SftConversation& c) const {
 }
 
 std::pair<std::vector<int64_t>, std::vector<int64_t>> SftTokenizer::tokenize(
-    const SftConversation& c) const {
+    const SftConversation& conversation) const {
+  const std::vector<SftMessage>& c = conversation.messages;
   std::vector<int64_t> tokens = tokenizer_.encode_plain(render(c));
   std::vector<int64_t> target = tokens;
   size_t at = 0;
@@ -121,7 +123,9 @@ std::pair<std::vector<int64_t>, std::vector<int64_t>> SftTokenizer::tokenize(
     MEGATRON_CHECK(role != "assistant" || !c[t].content.empty(), "empty assistant turn (turn ", t,
                    ")");
     if (role == "assistant") {
-      std::string previous = t > 0 ? c[t - 1].role : "";
+      // Megatron reads conversation[turn_idx - 1]: for the first turn, Python's index -1 is
+      // the last turn.
+      std::string previous = t > 0 ? c[t - 1].role : c.back().role;
       std::transform(previous.begin(), previous.end(), previous.begin(),
                      [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
       MEGATRON_CHECK(previous == "user", "assistant turn ", t, " does not follow a user turn");
@@ -161,14 +165,13 @@ SftDataset::SftDataset(std::shared_ptr<const std::vector<SftConversation>> conve
 void SftDataset::sample(int64_t index, int64_t* out) const {
   MEGATRON_CHECK(index >= 0 && index < num_samples_, "SFT sample ", index, " is outside [0, ",
                  num_samples_, ")");
-  const int64_t conversation = begin_ + index % (end_ - begin_);
+  const SftConversation& conversation =
+      (*conversations_)[static_cast<size_t>(begin_ + index % (end_ - begin_))];
   std::vector<int64_t> tokens, target;
   try {
-    std::tie(tokens, target) =
-        tokenizer_->tokenize((*conversations_)[static_cast<size_t>(conversation)]);
+    std::tie(tokens, target) = tokenizer_->tokenize(conversation);
   } catch (const InvalidArgument& e) {
-    MEGATRON_CHECK(false, "--sft data ", path_, ", conversation ", conversation + 1, ": ",
-                   e.what());
+    MEGATRON_CHECK(false, "--sft data ", path_, " line ", conversation.line, ": ", e.what());
   }
   const size_t keep = static_cast<size_t>(seq_length_ - 1);  // room for the EOD
   if (tokens.size() > keep) {

@@ -38,7 +38,10 @@ inline constexpr int64_t kSftIgnoreIndex = -100;  // Megatron's IGNORE_INDEX
 struct SftMessage {
   std::string role, content;
 };
-using SftConversation = std::vector<SftMessage>;
+struct SftConversation {
+  std::vector<SftMessage> messages;
+  int64_t line = 0;  // in its file, 1-based (for messages)
+};
 
 // Every line of a JSON-lines file (blank lines skipped). Errors name the file and the line.
 std::vector<SftConversation> read_sft_conversations(const std::string& path);
@@ -55,8 +58,8 @@ class SftTokenizer {
   // Errors (empty assistant turn, assistant not after user, a turn whose tokens differ alone,
   // an unknown role) say which.
   std::pair<std::vector<int64_t>, std::vector<int64_t>> tokenize(const SftConversation& c) const;
-  // The chat template applied to `c`, as text.
-  std::string render(const SftConversation& c) const;
+  // The chat template applied to `messages`, as text.
+  std::string render(const std::vector<SftMessage>& messages) const;
   int64_t pad() const { return pad_; }
   int64_t eod() const { return tokenizer_.eod(); }
 

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "core/logging.h"
+#include "pipeline/schedule.h"
 
 namespace megatron::plan {
 
@@ -56,7 +57,14 @@ std::string layout_rule_violation(const Workload& w, const Layout& l, int64_t wo
   if (w.global_batch % (l.mbs * l.dp) != 0)
     return "--global-batch-size must divide by micro-batch x data-parallel size";
   const int64_t m = l.microbatches(w.global_batch);
-  if (l.vpp > 1 && m % l.pp != 0) return "interleaving needs micro-batches divisible by pp";
+  if (l.vpp > 1) {
+    try {  // the interleaved schedule's micro-batch groups (pipeline/schedule.h)
+      validate_interleaving(static_cast<int>(l.pp), static_cast<int>(m), static_cast<int>(l.vpp),
+                            static_cast<int>(l.vpp_group));
+    } catch (const InvalidArgument& e) {
+      return e.what();
+    }
+  }
   if (l.cp > 1 && c.seq_length % (2 * l.cp) != 0)
     return "--seq-length must divide by 2 x context-parallel size";
   if (c.moe.num_experts > 0) {
@@ -138,6 +146,7 @@ std::vector<Candidate> plan_layouts(const PlanRequest& r) {
                       l.sharding = sh;
                       l.cp_comm_type = cp_comm;
                       l.split = k.split;
+                      l.vpp_group = vpp > 1 ? k.vpp_group : 0;
                       l.overlap_grad_reduce = dp > 1;
                       l.overlap_param_gather = dp > 1 && sh == Sharding::kDistributedOptimizer;
                       if (!layout_rule_violation(w, l, world).empty()) continue;

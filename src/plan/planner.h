@@ -27,6 +27,8 @@ struct Constraints {
   std::string sharding;      // "" free, or ddp / dist-opt / fsdp-grads / fsdp
   std::string cp_comm_type;  // "" free, or p2p / allgather / a2a
   PipelineSplit split;       // every layout's layer split (default: even)
+  // --microbatch-group-size-per-virtual-pipeline-stage for the interleaved layouts (0: pp).
+  int64_t vpp_group = 0;
 };
 
 struct Candidate {

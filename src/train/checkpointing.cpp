@@ -28,6 +28,8 @@ const char* const kShapeKeys[] = {"num_layers",
                                   "normalization",
                                   "apply_layernorm_1p",
                                   "qk_layernorm",
+                                  "qk_l2_norm",
+                                  "no_rope_layers",
                                   "multi_latent_attention",
                                   "mtp_num_layers",
                                   "q_lora_rank",
@@ -127,6 +129,12 @@ nlohmann::json model_args_json(const Arguments& a, const TransformerConfig& cfg)
       {"tokenizer_type", a.tokenizer_type},
       {"transformer_block_type", a.transformer_block_type},
       {"bert_binary_head", cfg.bert_binary_head}};
+  // Llama 4's attention variants: the flags' dests (restored by --use-checkpoint-args from a
+  // checkpoint without the full argument record) and the resolved NoPE layers (compared).
+  j["qk_l2_norm"] = cfg.qk_l2_norm;
+  j["no_rope_freq"] = a.no_rope_freq;
+  j["no_rope_layers"] = cfg.no_rope_layers;
+  if (a.padded_vocab_size > 0) j["padded_vocab_size"] = a.padded_vocab_size;
   // The routing, under the flags' dests, so that a checkpoint without the full argument record
   // (`megatron convert`'s) restores it with --use-checkpoint-args.
   if (cfg.moe.enabled()) {
@@ -335,6 +343,29 @@ RunState run_state_from_json(const nlohmann::json& meta, const std::string& wher
 std::string non_persistent_dir(const Arguments& args, const std::string& root) {
   return args.non_persistent_global_ckpt_dir.empty() ? root + "/non_persistent"
                                                      : args.non_persistent_global_ckpt_dir;
+}
+
+std::optional<CheckpointChoice> checkpoint_to_load(const Arguments& args,
+                                                   std::vector<std::string>* notes) {
+  std::optional<int64_t> iteration =
+      args.ckpt_step >= 0 ? std::optional<int64_t>(args.ckpt_step) : cp::read_tracker(args.load);
+  if (args.non_persistent_ckpt_type == "global") {
+    const std::string np = non_persistent_dir(args, args.load);
+    const std::optional<int64_t> np_iteration = cp::read_tracker(np);
+    if (!np_iteration) {
+      notes->push_back("WARNING: no non-persistent checkpoint under " + np + " (no " +
+                       cp::kTrackerFile + ")");
+    } else if (!iteration || *np_iteration >= *iteration) {
+      return CheckpointChoice{np, *np_iteration, true};
+    } else {
+      notes->push_back(strprintf(
+          "WARNING: the non-persistent checkpoint (iteration %ld) is older than the persistent "
+          "one (iteration %ld): loading the persistent one",
+          static_cast<long>(*np_iteration), static_cast<long>(*iteration)));
+    }
+  }
+  if (!iteration) return std::nullopt;
+  return CheckpointChoice{args.load, *iteration, false};
 }
 
 Checkpointer::Checkpointer(std::shared_ptr<ParallelState> parallel, const Arguments& args,

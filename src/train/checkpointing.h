@@ -104,6 +104,18 @@ RunState run_state_from_json(const nlohmann::json& meta, const std::string& wher
 // `root`: --non-persistent-global-ckpt-dir, else <root>/non_persistent (Megatron's default).
 std::string non_persistent_dir(const Arguments& args, const std::string& root);
 
+// The checkpoint --load resumes from (Megatron's _load_base_checkpoint): --ckpt-step or the
+// tracker under --load; with --non-persistent-ckpt-type global, the non-persistent checkpoint
+// instead when its iteration is at least that one (so also over --ckpt-step). nullopt: none.
+// Messages for the log (a missing or older non-persistent checkpoint) go to `notes`.
+struct CheckpointChoice {
+  std::string root;  // --load, or its non-persistent directory
+  int64_t iteration = 0;
+  bool non_persistent = false;
+};
+std::optional<CheckpointChoice> checkpoint_to_load(const Arguments& args,
+                                                   std::vector<std::string>* notes);
+
 // Saves checkpoints under --save, blocking or (--async-save) on a background thread: at most one
 // save in flight; the next save, poll() once every rank has finished writing, or finish() commits
 // it (metadata.json, then the tracker). A failed write is agreed on by every rank (AgreedFailure,

@@ -37,7 +37,14 @@ TensorMap MicroBatchRunner::forward(int microbatch, int chunk, const TensorMap& 
   TensorMap out = model.forward(input, batch, *ctx, mode_(microbatch));
   if (model.is_last()) {
     const ObjectiveScale scale{loss_scale_, static_cast<int64_t>(batches_.size()), per_token_};
-    losses_.add(loss_.forward(out, batch, scale, training_ ? &dloss_[microbatch] : nullptr));
+    const LossTerms terms =
+        loss_.forward(out, batch, scale, training_ ? &dloss_[microbatch] : nullptr);
+    if (!microbatch_means_) {
+      losses_.add(terms);
+    } else {
+      for (const LossTerms::Term& t : terms.terms())
+        if (t.count > 0) losses_.add(t.name, t.sum / t.count, 1.0);
+    }
     out = TensorMap();
   }
   model.aux_losses(*ctx, &losses_);

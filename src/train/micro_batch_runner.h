@@ -45,6 +45,11 @@ class MicroBatchRunner final : public StageRunner {
   const LossTerms& losses() const { return losses_; }
   // --calculate-per-token-loss: the loss's objective is its token sum (ObjectiveScale).
   void set_per_token_loss(bool on) { per_token_ = on; }
+  // --sft: the loss terms report each micro-batch's mean as one unit (sum / count, 1), so that
+  // the logged value is the mean of the micro-batches' means, as Megatron reports SFT losses
+  // (training.py, "normalization happens on micro batch"); a micro-batch without loss tokens
+  // adds nothing.
+  void set_report_microbatch_means(bool on) { microbatch_means_ = on; }
   // Megatron-FSDP's sharded strategies: every backward (not only the last micro-batch's) tells
   // the runtime which parameters it starts and finishes, so that it lends and reduces them.
   void set_fsdp(FsdpRuntime* fsdp) { fsdp_ = fsdp; }
@@ -60,6 +65,7 @@ class MicroBatchRunner final : public StageRunner {
   FsdpRuntime* fsdp_ = nullptr;
   double loss_scale_;
   bool per_token_ = false;
+  bool microbatch_means_ = false;
   std::vector<std::vector<std::unique_ptr<ModelChunk::Ctx>>> ctx_;  // [chunk][microbatch]
   std::vector<TensorMap> dloss_;  // [microbatch], last stage: the loss's gradient
   LossTerms losses_;

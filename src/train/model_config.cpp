@@ -214,6 +214,8 @@ TransformerConfig transformer_config_from_args(const Arguments& a) {
   c.squared_relu = a.squared_relu;
   c.qk_layernorm = a.qk_layernorm;
   c.qk_l2_norm = a.qk_l2_norm;
+  // Megatron's spec takes L2Norm over the q/k layernorm when both are given.
+  if (c.qk_l2_norm) c.qk_layernorm = false;
   if (!a.no_rope_freq.empty()) c.no_rope_layers = parse_no_rope_freq(a.no_rope_freq, a.num_layers);
   MEGATRON_CHECK(a.rope_type.empty() || a.rope_type == "rope" || a.rope_type == "yarn",
                  "--rope-type: unknown '", a.rope_type, "'; choose rope or yarn");

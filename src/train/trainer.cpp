@@ -608,6 +608,10 @@ void Trainer::build_checkpointing() {
   }
   if (!args_.save.empty()) {
     checkpointer_ = std::make_unique<Checkpointer>(parallel_, args_, checkpoint_target(), fault_);
+    if (args_.log_progress && first_rank_) {
+      progress_ = std::make_unique<ProgressLog>(args_.save, parallel_->world_size());
+      checkpointer_->set_progress_log(progress_.get());
+    }
     if (args_.non_persistent_save_interval > 0 && args_.non_persistent_ckpt_type == "global") {
       np_checkpointer_ = std::make_unique<Checkpointer>(parallel_, args_, checkpoint_target(),
                                                         fault_, Checkpointer::Kind::kNonPersistent);
@@ -616,10 +620,6 @@ void Trainer::build_checkpointing() {
     log_first(
         "WARNING: --non-persistent-save-interval without --save: no checkpoints are saved "
         "(as Megatron)");
-    if (args_.log_progress && first_rank_) {
-      progress_ = std::make_unique<ProgressLog>(args_.save, parallel_->world_size());
-      checkpointer_->set_progress_log(progress_.get());
-    }
   }
   // The watchdog aborts the whole job (MPI_Abort from its thread: the main thread is stuck).
   watchdog_ =
@@ -1195,6 +1195,7 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, const BatchSchedule::
   MicroBatchRunner runner(chunks_, *loss_, args_.micro_batch_size, std::move(batches), mode,
                           /*training=*/true, grad_buckets_.get(), loss_scale);
   runner.set_per_token_loss(args_.calculate_per_token_loss);
+  runner.set_report_microbatch_means(args_.sft);
   runner.set_fsdp(fsdp_.get());
   executor_->run(schedule(), runner);
   timers_.add("forward-backward", phase.elapsed());
@@ -1377,6 +1378,7 @@ LossTerms Trainer::evaluate(const SampleSource& data, int64_t* consumed) {
           return mode;
         },
         /*training=*/false);
+    runner.set_report_microbatch_means(args_.sft);
     executor_->run_forward_only(static_cast<int>(m), runner);
     terms.add(runner.losses());
   }
@@ -1463,29 +1465,13 @@ void Trainer::load_checkpoint() {
   int64_t bytes_read = 0;
   std::string root = args_.load;
   run_agreed(ps.world_group(), [&] {
+    std::vector<std::string> notes;
+    const std::optional<CheckpointChoice> choice = checkpoint_to_load(args_, &notes);
+    for (const std::string& note : notes) log_first(note);
     std::optional<int64_t> iteration;
-    if (args_.ckpt_step >= 0) {
-      iteration = args_.ckpt_step;
-    } else {
-      iteration = cp::read_tracker(args_.load);
-    }
-    // --non-persistent-ckpt-type global: the non-persistent checkpoint when it is at least as
-    // new as the persistent one (Megatron's _load_base_checkpoint).
-    if (args_.non_persistent_ckpt_type == "global") {
-      const std::string np = non_persistent_dir(args_, args_.load);
-      const std::optional<int64_t> np_iteration = cp::read_tracker(np);
-      if (!np_iteration) {
-        log_first("WARNING: no non-persistent checkpoint under " + np + " (no " + cp::kTrackerFile +
-                  ")");
-      } else if (!iteration || *np_iteration >= *iteration) {
-        root = np;
-        iteration = np_iteration;
-      } else {
-        log_first(
-            strprintf("WARNING: the non-persistent checkpoint (iteration %ld) is older "
-                      "than the persistent one (iteration %ld): loading the persistent one",
-                      static_cast<long>(*np_iteration), static_cast<long>(*iteration)));
-      }
+    if (choice) {
+      root = choice->root;
+      iteration = choice->iteration;
     }
     if (!iteration) {
       const std::string tracker = args_.load + "/" + cp::kTrackerFile;

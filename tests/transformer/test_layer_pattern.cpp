@@ -37,6 +37,7 @@ TEST(LayerPattern, NoRopeFreq) {
   // Megatron's TransformerConfig: N -> [0]*(N-1)+[1] repeated num_layers / N times.
   EXPECT_EQ(parse_no_rope_freq("4", 8), (std::vector<int>{0, 0, 0, 1, 0, 0, 0, 1}));
   EXPECT_EQ(parse_no_rope_freq("1", 2), (std::vector<int>{1, 1}));
+  EXPECT_TRUE(parse_no_rope_freq("0", 8).empty());  // falsy in Megatron: off
   EXPECT_EQ(parse_no_rope_freq("([0]*3+[1]*1)*3", 12), parse_no_rope_freq("4", 12));
   expect_refused([] { parse_no_rope_freq("3", 8); }, "--no-rope-freq 3 should divide");
   expect_refused([] { parse_no_rope_freq("[0,1]", 3); }, "must match the number of layers");
