@@ -93,28 +93,35 @@ std::vector<int> parse_layer_pattern(const std::string& text, const std::string&
   return PatternParser(text, flag, entries).parse();
 }
 
-std::vector<int> parse_no_rope_freq(const std::string& text, int64_t num_layers) {
+LayerFreq parse_layer_freq(const std::string& text, int64_t num_layers, const std::string& flag,
+                           const std::string& entries) {
+  LayerFreq out;
   if (text.find('[') != std::string::npos) {
-    std::vector<int> out = parse_layer_pattern(text, "--no-rope-freq", "0 (RoPE) or 1 (no RoPE)");
-    MEGATRON_CHECK(static_cast<int64_t>(out.size()) == num_layers, "Length of no_rope list (",
-                   out.size(), ") must match the number of layers (", num_layers,
-                   "): --no-rope-freq '", text, "'");
+    out.pattern = parse_layer_pattern(text, flag, entries);
+    MEGATRON_CHECK(static_cast<int64_t>(out.pattern.size()) == num_layers, flag, " '", text,
+                   "' has ", out.pattern.size(), " entries but --num-layers is ", num_layers,
+                   "; the pattern needs one 0/1 per layer");
     return out;
   }
-  int64_t n = 0;
   try {
     size_t used = 0;
-    n = std::stoll(text, &used);
+    out.every = std::stoll(text, &used);
     MEGATRON_CHECK(used == text.size(), "");
   } catch (const std::exception&) {
-    MEGATRON_CHECK(false, "--no-rope-freq '", text,
+    MEGATRON_CHECK(false, flag, " '", text,
                    "' is neither an integer nor a list expression such as ([0]*3+[1])*3");
   }
-  if (n == 0) return {};  // Megatron's `if self.no_rope_freq:`: 0 is off
-  MEGATRON_CHECK(n >= 1 && num_layers % n == 0, "--no-rope-freq ", n,
+  MEGATRON_CHECK(out.every >= 0, flag, " must be >= 0, got ", out.every);
+  return out;
+}
+
+std::vector<int> parse_no_rope_freq(const std::string& text, int64_t num_layers) {
+  LayerFreq f = parse_layer_freq(text, num_layers, "--no-rope-freq", "0 (RoPE) or 1 (no RoPE)");
+  if (!f.pattern.empty() || f.every == 0) return f.pattern;  // 0: off (Megatron's falsy value)
+  MEGATRON_CHECK(num_layers % f.every == 0, "--no-rope-freq ", f.every,
                  " should divide --num-layers (", num_layers, ")");
   std::vector<int> out;
-  for (int64_t i = 0; i < num_layers; ++i) out.push_back((i + 1) % n == 0 ? 1 : 0);
+  for (int64_t i = 0; i < num_layers; ++i) out.push_back((i + 1) % f.every == 0 ? 1 : 0);
   return out;
 }
 

@@ -15,6 +15,16 @@ namespace megatron {
 std::vector<int> parse_layer_pattern(const std::string& text, const std::string& flag,
                                      const std::string& entries);
 
+// A flag that takes an integer N or a list expression (--moe-layer-freq, --no-rope-freq): the
+// expression's entries, checked to be one per layer, or the integer (`every`, >= 0; the caller
+// expands it). Errors name `flag`.
+struct LayerFreq {
+  std::vector<int> pattern;  // empty for an integer
+  int64_t every = 0;
+};
+LayerFreq parse_layer_freq(const std::string& text, int64_t num_layers, const std::string& flag,
+                           const std::string& entries);
+
 // --no-rope-freq: an integer N (layers N, 2N, ... skip RoPE: [0]*(N-1)+[1] repeated, N dividing
 // the layer count; 0: none, as Megatron's falsy value) or a list expression of one entry per
 // layer; 1 marks a layer without RoPE.

@@ -507,12 +507,14 @@ TEST(Descriptions, TextAndMd5MatchMegatron) {
     EXPECT_EQ(ours, want["text"].get<std::string>());
     EXPECT_EQ(md5_hex(ours), want["md5"].get<std::string>());
   }
+  // The blends' datasets: seed 1234, sequence 64, the legacy split.
+  GPTDatasetConfig blend_config;
+  blend_config.random_seed = 1234;
+  blend_config.sequence_length = 64;
+  blend_config.split = "969, 30, 1";
+  blend_config.tokenizer_json = tokenizer.dump();
   for (size_t i = 0; i < blend_weights.size(); ++i) {
-    GPTDatasetConfig config;
-    config.random_seed = 1234;
-    config.sequence_length = 64;
-    config.split = "969, 30, 1";
-    config.tokenizer_json = tokenizer.dump();
+    const GPTDatasetConfig& config = blend_config;
     const std::vector<std::string> parts = {
         gpt_dataset_description("p1", 101, Split::kTrain, config),
         gpt_dataset_description("p2", 57, Split::kTrain, config),
@@ -524,14 +526,9 @@ TEST(Descriptions, TextAndMd5MatchMegatron) {
     EXPECT_EQ(md5_hex(ours), want["md5"].get<std::string>());
   }
   {
-    GPTDatasetConfig config;
-    config.random_seed = 1234;
-    config.sequence_length = 64;
-    config.split = "969, 30, 1";
-    config.tokenizer_json = tokenizer.dump();
     const std::vector<std::string> parts = {
-        gpt_dataset_description("p1", std::nullopt, Split::kValid, config),
-        gpt_dataset_description("p2", std::nullopt, Split::kValid, config)};
+        gpt_dataset_description("p1", std::nullopt, Split::kValid, blend_config),
+        gpt_dataset_description("p2", std::nullopt, Split::kValid, blend_config)};
     const std::vector<double> sizes = {101, 57};
     const std::string ours = blended_dataset_description(parts, Split::kValid, sizes, std::nullopt);
     const Json want = read_json(dir + "/bd_exhaustive.json");

@@ -40,7 +40,7 @@ TEST(LayerPattern, NoRopeFreq) {
   EXPECT_TRUE(parse_no_rope_freq("0", 8).empty());  // falsy in Megatron: off
   EXPECT_EQ(parse_no_rope_freq("([0]*3+[1]*1)*3", 12), parse_no_rope_freq("4", 12));
   expect_refused([] { parse_no_rope_freq("3", 8); }, "--no-rope-freq 3 should divide");
-  expect_refused([] { parse_no_rope_freq("[0,1]", 3); }, "must match the number of layers");
+  expect_refused([] { parse_no_rope_freq("[0,1]", 3); }, "has 2 entries but --num-layers is 3");
   expect_refused([] { parse_no_rope_freq("four", 8); }, "--no-rope-freq");
 }
 

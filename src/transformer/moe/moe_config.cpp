@@ -106,25 +106,11 @@ void MoeConfig::validate(int64_t num_layers, bool add_bias_linear) const {
 }
 
 std::vector<int> parse_moe_layer_freq(const std::string& text, int64_t num_layers) {
+  LayerFreq f = parse_layer_freq(text, num_layers, "--moe-layer-freq", "0 (dense) or 1 (MoE)");
+  if (!f.pattern.empty()) return f.pattern;
+  MEGATRON_CHECK(f.every >= 1, "--moe-layer-freq must be >= 1, got ", f.every);
   std::vector<int> out;
-  if (text.find('[') != std::string::npos) {
-    out = parse_layer_pattern(text, "--moe-layer-freq", "0 (dense) or 1 (MoE)");
-    MEGATRON_CHECK(static_cast<int64_t>(out.size()) == num_layers, "--moe-layer-freq '", text,
-                   "' has ", out.size(), " entries but --num-layers is ", num_layers,
-                   "; the pattern needs one 0/1 per layer");
-    return out;
-  }
-  int64_t n = 0;
-  try {
-    size_t used = 0;
-    n = std::stoll(text, &used);
-    MEGATRON_CHECK(used == text.size(), "");
-  } catch (const std::exception&) {
-    MEGATRON_CHECK(false, "--moe-layer-freq '", text,
-                   "' is neither an integer nor a list expression such as ([0]*3+[1]*5)");
-  }
-  MEGATRON_CHECK(n >= 1, "--moe-layer-freq must be >= 1, got ", n);
-  for (int64_t i = 0; i < num_layers; ++i) out.push_back(i % n == 0 ? 1 : 0);
+  for (int64_t i = 0; i < num_layers; ++i) out.push_back(i % f.every == 0 ? 1 : 0);
   return out;
 }
 
