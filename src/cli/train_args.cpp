@@ -1058,6 +1058,11 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
                  "--multi-latent-attention");
   MEGATRON_CHECK((!a.qk_l2_norm && a.no_rope_freq.empty()) || a.model == "gpt",
                  "--qk-l2-norm and --no-rope-freq are implemented for --model gpt only");
+  MEGATRON_CHECK(a.mtp_num_layers == 0 || a.recompute_granularity != "full" ||
+                     a.recompute_method != "uniform" || a.recompute_num_layers == 1,
+                 "recompute_num_layers must be 1 for MTP recompute (Megatron: --mtp-num-layers "
+                 "with --recompute-granularity full --recompute-method uniform needs "
+                 "--recompute-num-layers 1)");
   MEGATRON_CHECK(a.no_rope_freq.empty() || !a.multi_latent_attention,
                  "--no-rope-freq does not apply to --multi-latent-attention (its rotary "
                  "channels turn on every layer, as in Megatron): drop one");

@@ -137,6 +137,16 @@ class TestRecomputeModules(CurveCase):
         self.assertSameCurve(2, DEEPSEEK + ["--expert-model-parallel-size", "2"],
                              self.SETTINGS[:1])
 
+    def test_multi_token_prediction_full_uniform(self):
+        # Megatron recomputes each MTP depth (norms, eh_proj, layer, final norm) under full
+        # uniform recomputation: the same curves (the depth's gradients enter the norm); and it
+        # requires one layer per recomputed chunk with MTP.
+        mtp = DEEPSEEK + ["--mtp-num-layers", "1"]
+        self.assertSameCurve(1, mtp, [FULL_UNIFORM_1])
+        proc = run(1, TINY + mtp + FULL_UNIFORM_2)
+        self.assertEqual(proc.returncode, 2, proc.stderr[-2000:])
+        self.assertIn("recompute_num_layers must be 1 for MTP recompute", proc.stderr)
+
     def test_gpt_mlp_and_layernorm(self):
         self.assertSameCurve(1, [], [MODULES + ["mlp"], MODULES + ["core_attn", "mlp"],
                                      MODULES + ["layernorm"]])

@@ -373,6 +373,61 @@ TEST(Recompute, ModulesGiveTheSameBitsAndDropTheirActivations) {
   }
 }
 
+// Multi-token prediction under --recompute-granularity full (uniform, one layer), as Megatron
+// recomputes each depth's norms, eh_proj, transformer layer and final norm: the main and the
+// depths' losses and every gradient bit for bit, the depths' activations dropped after forward
+// (block leaves them, as Megatron skips MTP recomputation there).
+TEST(Recompute, MultiTokenPredictionBitIdentical) {
+  TransformerConfig base = deepseek_config();
+  base.mtp_num_layers = 2;
+  base.finalize();
+  ForwardMode mode = kTraining;
+  mode.aux_loss_scale = 1.0;
+  struct Run {
+    ModelRun r;
+    std::vector<Tensor> mtp;
+  };
+  const auto run = [&](const TransformerConfig& c, bool dropped) {
+    GPTModel model(c);
+    ParamSet params(model.parameters(), c.compute_dtype);
+    params.initialize(42);
+    const Tensor tokens = testing::random_ids({kBatch, c.seq_length}, 8, c.vocab_size);
+    const Tensor labels = testing::random_ids({kBatch, c.seq_length}, 9, c.vocab_size);
+    GPTModel::Ctx ctx;
+    Run out;
+    out.r.loss = model.forward(tokens, labels, Tensor(), ctx, mode).clone();
+    EXPECT_EQ(ctx.mtp_losses.size(), 2u);
+    for (const MultiTokenPrediction::Ctx::Depth& d : ctx.mtp.depths) {
+      EXPECT_EQ(d.e.x.defined(), !dropped);
+      EXPECT_EQ(d.proj.linear.x.defined(), !dropped);
+      EXPECT_EQ(d.e_in.defined(), dropped);
+    }
+    for (const Tensor& l : ctx.mtp_losses) {
+      out.mtp.push_back(l.clone());
+      ctx.mtp_dlosses.push_back(Tensor::full(l.shape(), 0.5 / static_cast<double>(l.numel())));
+    }
+    Tensor dloss = Tensor::full(out.r.loss.shape(), 1.0 / static_cast<double>(out.r.loss.numel()));
+    params.zero_grads();
+    model.backward(dloss, ctx);
+    out.r.grads = params.grads().clone();
+    return out;
+  };
+  const Run want = run(base, false);
+  TransformerConfig uniform = base, block = base;
+  uniform.recompute_granularity = block.recompute_granularity = RecomputeGranularity::kFull;
+  uniform.recompute_method = RecomputeMethod::kUniform;
+  block.recompute_method = RecomputeMethod::kBlock;
+  uniform.recompute_num_layers = block.recompute_num_layers = 1;
+  for (const auto& [c, dropped] : {std::pair{uniform, true}, std::pair{block, false}}) {
+    SCOPED_TRACE(dropped ? "uniform" : "block");
+    const Run got = run(c, dropped);
+    EXPECT_TRUE(bitwise_equal(got.r.loss, want.r.loss)) << "per-token loss";
+    for (size_t k = 0; k < want.mtp.size(); ++k)
+      EXPECT_TRUE(bitwise_equal(got.mtp[k], want.mtp[k])) << "mtp depth " << k + 1;
+    EXPECT_TRUE(bitwise_equal(got.r.grads, want.r.grads)) << "parameter gradients (flat buffer)";
+  }
+}
+
 // bf16 weights: linear_proj keeps its own bf16 copy of the core attention's output, so
 // selective recomputation drops only the f32 `out` and `lse` (nothing to re-link).
 TEST(Recompute, GptModelBf16BitIdentical) {

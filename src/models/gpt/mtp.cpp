@@ -35,7 +35,10 @@ MultiTokenPrediction::Depth::Depth(const std::string& name, const TransformerCon
 
 MultiTokenPrediction::MultiTokenPrediction(const TransformerConfig& cfg,
                                            const TensorParallelContext& tp)
-    : cfg_(cfg), tp_(tp) {
+    : cfg_(cfg),
+      tp_(tp),
+      recompute_(cfg.recompute_granularity == RecomputeGranularity::kFull &&
+                 cfg.recompute_method == RecomputeMethod::kUniform) {
   for (int64_t k = 0; k < cfg.mtp_num_layers; ++k) {
     layers.push_back(
         std::make_unique<Depth>("mtp.layers." + std::to_string(k), cfg, cfg.num_layers + k, tp));
@@ -52,13 +55,33 @@ void MultiTokenPrediction::collect(std::vector<Param*>& out) {
   }
 }
 
+Tensor MultiTokenPrediction::region_forward(const Depth& L, Ctx::Depth& c, const Tensor& e,
+                                            const Tensor& prev, const TokenLayout& layout,
+                                            const ForwardMode& mode) const {
+  const int64_t h = cfg_.hidden_size, rows = prev.numel() / h;
+  const Tensor en = L.enorm.forward(e, c.e).view({rows, h});
+  const Tensor hn = L.hnorm.forward(prev, c.h).view({rows, h});
+  Tensor cat = Tensor::empty({rows, 2 * h}, en.dtype(), en.device());
+  ops::concat_last_dim(cat, {en, hn});
+  Tensor x = L.eh_proj.forward(cat.view({prev.dim(0), prev.dim(1), 2 * h}), c.proj);
+  x = gather_from_tp_region_forward(x, *tp_.group);  // [s, b, h] on every TP rank
+  if (tp_.sp()) x = scatter_to_sequence_parallel_region_forward(x, *tp_.group);
+  x = L.transformer_layer.forward(x, layout, c.layer, mode);
+  return L.final_layernorm.forward(x, c.f);
+}
+
 std::vector<Tensor> MultiTokenPrediction::forward(const Tensor& hidden, const Tensor& tokens,
                                                   const Tensor& labels,
                                                   const LanguageEmbedding& embedding,
                                                   const LMHead& head, const TokenLayout& layout,
                                                   Ctx& ctx, const ForwardMode& mode) const {
-  const int64_t h = cfg_.hidden_size, D = depths();
+  const int64_t D = depths();
   ctx.depths.assign(static_cast<size_t>(D), {});
+  ctx.recompute = recompute_ && mode.training;
+  if (ctx.recompute) {
+    ctx.layout = layout;
+    ctx.mode = mode;
+  }
   std::vector<Tensor> losses;
   Tensor ids = tokens, targets = labels, prev = hidden;
   for (int64_t k = 0; k < D; ++k) {
@@ -68,16 +91,16 @@ std::vector<Tensor> MultiTokenPrediction::forward(const Tensor& hidden, const Te
     targets = roll_left(targets);
     // The embedding's own dropout stream per depth (the model's input has site -1).
     const Tensor e = embedding.forward(ids, Tensor(), Tensor(), c.embedding, mode, true, -2 - k);
-    const int64_t rows = prev.numel() / h;
-    const Tensor en = L.enorm.forward(e, c.e).view({rows, h});
-    const Tensor hn = L.hnorm.forward(prev, c.h).view({rows, h});
-    Tensor cat = Tensor::empty({rows, 2 * h}, en.dtype(), en.device());
-    ops::concat_last_dim(cat, {en, hn});
-    Tensor x = L.eh_proj.forward(cat.view({prev.dim(0), prev.dim(1), 2 * h}), c.proj);
-    x = gather_from_tp_region_forward(x, *tp_.group);  // [s, b, h] on every TP rank
-    if (tp_.sp()) x = scatter_to_sequence_parallel_region_forward(x, *tp_.group);
-    x = L.transformer_layer.forward(x, layout, c.layer, mode);
-    prev = L.final_layernorm.forward(x, c.f);
+    const Tensor in = prev;
+    prev = region_forward(L, c, e, in, layout, mode);
+    if (ctx.recompute) {
+      // What backward needs is dropped and rebuilt from the region's inputs.
+      c.e_in = e;
+      c.prev_in = in;
+      c.e = c.h = c.f = Norm::Ctx{};
+      c.proj = ColumnParallelLinear::Ctx{};
+      c.layer = TransformerLayer::Ctx{};
+    }
     losses.push_back(head.loss(prev, targets, c.head));
   }
   return losses;
@@ -95,6 +118,11 @@ Tensor MultiTokenPrediction::backward(const std::vector<Tensor>& dlosses,
     Ctx::Depth& c = ctx.depths[static_cast<size_t>(k)];
     Tensor dh = head.loss_backward(dlosses[static_cast<size_t>(k)], c.head);
     if (dprev.defined()) ops::add_inplace(dh, dprev.view(dh.shape()));
+    if (ctx.recompute) {
+      // The same forward from the same inputs and mode: the rebuilt Ctx is the dropped one.
+      region_forward(L, c, c.e_in, c.prev_in, ctx.layout, ctx.mode);
+      c.e_in = c.prev_in = Tensor();
+    }
     Tensor dx = L.final_layernorm.backward(dh, c.f);
     dx = L.transformer_layer.backward(dx, c.layer);
     if (tp_.sp()) dx = scatter_to_sequence_parallel_region_backward(dx, *tp_.group);

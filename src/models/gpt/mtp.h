@@ -17,7 +17,8 @@
 // into the objective (Megatron's MTPLossAutoScaler), logging it as "mtp_k loss".
 //
 // Parameters are Megatron's names: mtp.layers.{k-1}.{enorm, hnorm, eh_proj, transformer_layer.*,
-// final_layernorm}.
+// final_layernorm}. Under --recompute-granularity full (method uniform) each depth from the
+// norms to the final norm is recomputed in backward (recomputes()).
 #pragma once
 
 #include <memory>
@@ -47,8 +48,14 @@ class MultiTokenPrediction {
       ColumnParallelLinear::Ctx proj;
       TransformerLayer::Ctx layer;
       LMHead::Ctx head;
+      // Full recomputation: the region's inputs (the embedding output and the previous hidden
+      // states); e, h, proj, layer and f are dropped after forward and rebuilt in backward.
+      Tensor e_in, prev_in;
     };
     std::vector<Depth> depths;
+    bool recompute = false;
+    TokenLayout layout;  // what the recomputation runs with
+    ForwardMode mode;
   };
 
   MultiTokenPrediction(const TransformerConfig& cfg, const TensorParallelContext& tp);
@@ -67,12 +74,22 @@ class MultiTokenPrediction {
 
   void collect(std::vector<Param*>& out);
   int64_t depths() const { return static_cast<int64_t>(layers.size()); }
+  // Megatron's MTP recomputation: with --recompute-granularity full and --recompute-method
+  // uniform, in training, each depth's enorm/hnorm, eh_proj, transformer layer and final norm
+  // (its _proj_and_transformer_layer) are recomputed in backward; block skips it, as Megatron.
+  bool recomputes() const { return recompute_; }
 
   std::vector<std::unique_ptr<Depth>> layers;
 
  private:
+  // The recomputed region of depth k, from the embedding output e and the previous depth's
+  // hidden states prev, to the final norm's output.
+  Tensor region_forward(const Depth& L, Ctx::Depth& c, const Tensor& e, const Tensor& prev,
+                        const TokenLayout& layout, const ForwardMode& mode) const;
+
   const TransformerConfig& cfg_;
   TensorParallelContext tp_;
+  bool recompute_ = false;
 };
 
 // x [b, s] (any dtype) rolled left by one along s, the last column zero (Megatron's roll_tensor
