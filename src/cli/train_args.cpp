@@ -1078,10 +1078,6 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
                    "--mtp-num-layers: multi-token prediction is implemented for "
                    "--model gpt only (Megatron's GPTModel), not ",
                    a.model);
-    MEGATRON_CHECK(a.context_parallel_size <= 1,
-                   "--mtp-num-layers with --context-parallel-size > 1 is not implemented yet (the "
-                   "rolled tokens cross the context-parallel chunks): use "
-                   "--context-parallel-size 1");
     MEGATRON_CHECK(a.fp8_format.empty(),
                    "--mtp-num-layers with --fp8-format is not implemented yet (the prediction "
                    "layers would run outside FP8): drop one");

@@ -4,6 +4,7 @@
 // ring over the outer one (a2a+p2p).
 #include "parallel/context_parallel.h"
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -35,9 +36,9 @@ CpCommType parse_cp_comm_type(const std::string& s) {
 ContextParallelContext ContextParallelContext::for_layer(int64_t layer) const {
   ContextParallelContext c = *this;
   if (!layer_comm.empty()) {
-    MEGATRON_ASSERT(layer >= 0 && layer < static_cast<int64_t>(layer_comm.size()), "layer ", layer,
-                    " has no --cp-comm-type entry");
-    c.comm = layer_comm[static_cast<size_t>(layer)];
+    // Layers past the list (multi-token prediction's, of the last layer's kind) take its last.
+    MEGATRON_ASSERT(layer >= 0, "negative layer ", layer);
+    c.comm = layer_comm[std::min(static_cast<size_t>(layer), layer_comm.size() - 1)];
   }
   return c;
 }

@@ -53,7 +53,8 @@ struct ContextParallelContext {
   int size() const { return group ? group->size() : 1; }
   int rank() const { return group ? group->rank() : 0; }
   bool enabled() const { return size() > 1; }
-  // The context of layer `layer` (its comm type from layer_comm when given).
+  // The context of layer `layer` (its comm type from layer_comm when given; layers past the list,
+  // multi-token prediction's, take its last entry).
   ContextParallelContext for_layer(int64_t layer) const;
   // Global position of row t of this rank's local sequence of `local` rows.
   int64_t global_row(int64_t t, int64_t local) const;

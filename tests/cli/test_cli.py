@@ -484,8 +484,8 @@ class TestBadInput(CliTestCase):
         self.assertUsageError(megatron("train", *self.BASE, "--mtp-num-layers", "1"),
                               "--mtp-num-layers", "--position-embedding-type")
         self.assertUsageError(megatron("train", *self.BASE, *rope, "--mtp-num-layers", "1",
-                                       "--context-parallel-size", "2"),
-                              "--mtp-num-layers", "--context-parallel-size")
+                                       "--fp8-format", "hybrid"),
+                              "--mtp-num-layers", "--fp8-format")
 
     def test_two_warmups(self):
         proc = megatron("train", *self.BASE, "--lr-warmup-fraction", "0.1",

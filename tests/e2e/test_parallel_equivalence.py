@@ -6,8 +6,8 @@ the parallelism matrix (tp2, tp4, tp2 + sequence parallel, pp2, pp4, pp2 interle
 --microbatch-group-size-per-virtual-pipeline-stage), dp2, dp4,
 tp2pp2, tp2pp2dp2 on 8 ranks, and overlapped gradient buckets; uneven pipeline splits), with the
 same global batch, for a GPT-2-style and a Llama-style tiny model (and multi-latent attention,
-multi-token prediction), dropout on. The layouts differ only in where the arithmetic happens:
-initialisation is TP-invariant (each shard is the slice of the full init), dropout masks are
+multi-token prediction, also under context parallelism), dropout on. The layouts differ only in
+where the arithmetic happens: initialisation is TP-invariant (each shard is the slice of the full init), dropout masks are
 keyed by global element and head indices and by the micro-batch's index in the global batch, each
 rank reads Megatron's sampler share. So the loss, gradient-norm and validation curves must equal the
 single-process ones up to the order of floating-point sums: we require 20 iterations within 1e-5
@@ -160,6 +160,18 @@ class TestParallelEquivalence(unittest.TestCase):
                                            "--recompute-granularity", "selective"])])
         self.check_equivalent([*mla, "--rope-type", "rope", "--v-head-dim", "32"],
                               [l for l in layouts if l[0] in ("tp2", "tp2+sp", "pp2")])
+
+    def test_multi_token_prediction_with_context_parallelism(self):
+        # The rolled tokens, labels and loss mask cross the context-parallel chunks (each chunk's
+        # last position takes the next global chunk's first, gathered over CP), and the
+        # prediction layers' attention runs context-parallel like the decoder's.
+        mtp = [*LLAMA, "--mtp-num-layers", "2", "--mtp-loss-scaling-factor", "0.3"]
+        cp = "--context-parallel-size"
+        self.check_equivalent(mtp, [("cp2", 2, [cp, "2"]),
+                                    ("cp4 allgather", 4, [cp, "4", "--cp-comm-type", "allgather"]),
+                                    ("tp2+sp cp2", 4, [TP, "2", "--sequence-parallel", cp, "2"]),
+                                    ("cp2 pp2", 4, [cp, "2", PP, "2"])],
+                              mtp_depths=2)
 
     def test_multi_token_prediction_in_parallel_layouts(self):
         # Megatron's MTP after the decoder on the last stage: the rolled tokens through the shared

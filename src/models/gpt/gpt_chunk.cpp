@@ -45,6 +45,14 @@ std::string mtp_loss_name(int64_t k) {
   return "mtp_" + std::to_string(k) + " per-token loss";
 }
 
+std::string mtp_mask_name(int64_t k) {
+  return "mtp_" + std::to_string(k) + " loss mask";
+}
+
+std::string mtp_count_name(int64_t k) {
+  return "mtp_" + std::to_string(k) + " token count";
+}
+
 TensorMap GPTChunk::forward(const TensorMap& in, const TensorMap& batch, Ctx& ctx,
                             const ForwardMode& mode) const {
   const GPTInputs inputs{batch.get(kTokens), batch.get(kLabels), batch.get(kPositionIds),
@@ -52,8 +60,24 @@ TensorMap GPTChunk::forward(const TensorMap& in, const TensorMap& batch, Ctx& ct
   GPTModel::Ctx& mctx = static_cast<GPTCtx&>(ctx).model;
   Tensor out = model_.forward_stage(in.get(kHidden), inputs, mctx, mode);
   TensorMap result{{is_last() ? kTokenLoss : kHidden, out}};
-  for (size_t k = 0; k < mctx.mtp_losses.size(); ++k)
+  Tensor mask = mctx.mtp_losses.empty() ? Tensor() : batch.get(kLossMask);
+  for (size_t k = 0; k < mctx.mtp_losses.size(); ++k) {
     result.set(mtp_loss_name(static_cast<int64_t>(k) + 1), mctx.mtp_losses[k]);
+    // Under context parallelism the loss mask rolls across the ranks' chunks here (collective);
+    // GPTLoss rolls it itself otherwise.
+    const ContextParallelContext& cp = model_.mtp->cp();
+    if (cp.enabled() && mask.defined()) {
+      mask = roll_left(mask, cp);
+      result.set(mtp_mask_name(static_cast<int64_t>(k) + 1), mask);
+      // The depth's mean is over the whole sequence's rolled tokens, which the CP ranks hold
+      // unevenly (the last k positions are on one rank): each rank normalises by the global
+      // count / cp, so that the gradients averaged over CP are one process's.
+      Tensor count = Tensor::full({1}, ops::masked_sum(mask, mask).count, DType::kF64);
+      cp.group->all_reduce(count);
+      count.data<double>()[0] /= static_cast<double>(cp.size());
+      result.set(mtp_count_name(static_cast<int64_t>(k) + 1), count);
+    }
+  }
   return result;
 }
 
@@ -97,9 +121,10 @@ LossTerms GPTLoss::forward(const TensorMap& out, const TensorMap& batch,
   if (!dout || mtp_depths_ == 0) return terms;
   Tensor rolled = mask;
   for (int64_t k = 1; k <= mtp_depths_; ++k) {
-    rolled = roll_left(rolled);
+    rolled = out.find(mtp_mask_name(k)) ? out.at(mtp_mask_name(k)) : roll_left(rolled);
     const Tensor& depth_loss = out.at(mtp_loss_name(k));
-    const ops::MaskedSum m = ops::masked_sum(depth_loss, rolled);
+    ops::MaskedSum m = ops::masked_sum(depth_loss, rolled);
+    if (const Tensor* global = out.find(mtp_count_name(k))) m.count = global->item();
     Tensor d = rolled.clone();
     const double weight = mtp_scale_ / static_cast<double>(mtp_depths_);
     const auto mb = static_cast<double>(scale.microbatches);

@@ -71,5 +71,10 @@ class GPTLoss final : public LossFn {
 
 // The name of multi-token prediction depth k's (1-based) per-token loss among a chunk's outputs.
 std::string mtp_loss_name(int64_t k);
+// The loss mask rolled left by k over the whole sequence, among the outputs only under context
+// parallelism (where rolling needs the other ranks' chunks).
+std::string mtp_mask_name(int64_t k);
+// With context parallelism, depth k's token count for its mean: the whole sequence's / cp.
+std::string mtp_count_name(int64_t k);
 
 }  // namespace megatron

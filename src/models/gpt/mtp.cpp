@@ -20,6 +20,42 @@ Tensor roll_left(const Tensor& x) {
   return on_device(out, x.device());
 }
 
+Tensor roll_left(const Tensor& x, const ContextParallelContext& cp) {
+  if (!cp.enabled()) return roll_left(x);
+  MEGATRON_CHECK(x.ndim() == 2 && x.dim(1) % 2 == 0,
+                 "roll_left: expected a [b, 2c] local part, "
+                 "got ",
+                 x.str());
+  const Tensor host = to_host(x);
+  const int64_t b = x.dim(0), s = x.dim(1), c = s / 2, n = cp.size(), r = cp.rank();
+  const auto w = static_cast<int64_t>(dtype_size(x.dtype()));
+  const auto* src = static_cast<const char*>(host.raw());
+  // Every rank's first elements of its two chunks, [n][b][2] after the gather.
+  Tensor mine = Tensor::empty({b, 2}, x.dtype());
+  auto* m = static_cast<char*>(mine.raw());
+  for (int64_t i = 0; i < b; ++i)
+    for (int64_t j = 0; j < 2; ++j) std::memcpy(m + (i * 2 + j) * w, src + (i * s + j * c) * w, w);
+  Tensor all = Tensor::empty({n * b, 2}, x.dtype());
+  cp.group->all_gather(all, mine);
+  const auto* firsts = static_cast<const char*>(all.raw());
+  // Global chunk g sits on rank g (slot 0) or 2n - 1 - g (slot 1).
+  auto first_of = [&](int64_t g, int64_t i) {
+    const int64_t q = g < n ? g : 2 * n - 1 - g, slot = g < n ? 0 : 1;
+    return firsts + ((q * b + i) * 2 + slot) * w;
+  };
+  Tensor out = Tensor::zeros(x.shape(), x.dtype());
+  auto* dst = static_cast<char*>(out.raw());
+  for (int64_t i = 0; i < b; ++i) {
+    for (int64_t j = 0; j < 2; ++j) {
+      const int64_t g = j == 0 ? r : 2 * n - 1 - r;
+      char* row = dst + (i * s + j * c) * w;
+      std::memcpy(row, src + (i * s + j * c + 1) * w, (c - 1) * w);
+      if (g + 1 < 2 * n) std::memcpy(row + (c - 1) * w, first_of(g + 1, i), w);
+    }
+  }
+  return on_device(out, x.device());
+}
+
 MultiTokenPrediction::Depth::Depth(const std::string& name, const TransformerConfig& cfg,
                                    int64_t layer_number, const TensorParallelContext& tp)
     : enorm(name + ".enorm", cfg),
@@ -87,8 +123,8 @@ std::vector<Tensor> MultiTokenPrediction::forward(const Tensor& hidden, const Te
   for (int64_t k = 0; k < D; ++k) {
     const Depth& L = *layers[static_cast<size_t>(k)];
     Ctx::Depth& c = ctx.depths[static_cast<size_t>(k)];
-    ids = roll_left(ids);
-    targets = roll_left(targets);
+    ids = roll_left(ids, tp_.cp);
+    targets = roll_left(targets, tp_.cp);
     // The embedding's own dropout stream per depth (the model's input has site -1).
     const Tensor e = embedding.forward(ids, Tensor(), Tensor(), c.embedding, mode, true, -2 - k);
     const Tensor in = prev;

@@ -26,6 +26,7 @@
 
 #include "models/common/language_embedding.h"
 #include "models/common/lm_head.h"
+#include "parallel/context_parallel.h"
 #include "parallel/tensor_parallel_linear.h"
 #include "transformer/transformer_layer.h"
 
@@ -90,10 +91,18 @@ class MultiTokenPrediction {
   const TransformerConfig& cfg_;
   TensorParallelContext tp_;
   bool recompute_ = false;
+
+ public:
+  const ContextParallelContext& cp() const { return tp_.cp; }
 };
 
 // x [b, s] (any dtype) rolled left by one along s, the last column zero (Megatron's roll_tensor
 // without context parallelism).
 Tensor roll_left(const Tensor& x);
+// The same roll of the whole sequence when x is this rank's context-parallel part [b, 2c]
+// (global chunks r and 2 cp - 1 - r, cp_local_columns): each chunk shifts left and takes the
+// first element of the global chunk after it, gathered over CP (one all-gather of [b, 2]); the
+// sequence's last position gets 0. Collective over CP; roll_left without CP.
+Tensor roll_left(const Tensor& x, const ContextParallelContext& cp);
 
 }  // namespace megatron
