@@ -79,6 +79,8 @@ class MultiTokenPrediction {
   // uniform, in training, each depth's enorm/hnorm, eh_proj, transformer layer and final norm
   // (its _proj_and_transformer_layer) are recomputed in backward; block skips it, as Megatron.
   bool recomputes() const { return recompute_; }
+  // The context-parallel group the rolls cross (GPTChunk rolls the loss mask with it).
+  const ContextParallelContext& cp() const { return tp_.cp; }
 
   std::vector<std::unique_ptr<Depth>> layers;
 
@@ -91,9 +93,6 @@ class MultiTokenPrediction {
   const TransformerConfig& cfg_;
   TensorParallelContext tp_;
   bool recompute_ = false;
-
- public:
-  const ContextParallelContext& cp() const { return tp_.cp; }
 };
 
 // x [b, s] (any dtype) rolled left by one along s, the last column zero (Megatron's roll_tensor
