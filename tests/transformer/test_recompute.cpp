@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <string>
@@ -320,44 +321,54 @@ TransformerConfig with_modules(TransformerConfig c, const RecomputeModules& m) {
   return c;
 }
 
-TEST(Recompute, ModulesGiveTheSameBitsAndDropTheirActivations) {
-  const TransformerConfig base = deepseek_config();
+// One training step of a GPTModel (seed 42, fixed tokens, dropout on, aux losses at scale 1):
+// the per-token loss and the flat gradients. after_forward inspects the Ctx before backward (and
+// may set the MTP depths' loss gradients).
+ModelRun run_training_step(const TransformerConfig& c,
+                           const std::function<void(GPTModel::Ctx&)>& after_forward) {
   ForwardMode mode = kTraining;
   mode.aux_loss_scale = 1.0;
+  GPTModel model(c);
+  ParamSet params(model.parameters(), c.compute_dtype);
+  params.initialize(42);
+  const Tensor tokens = testing::random_ids({kBatch, c.seq_length}, 8, c.vocab_size);
+  const Tensor labels = testing::random_ids({kBatch, c.seq_length}, 9, c.vocab_size);
+  GPTModel::Ctx ctx;
+  ModelRun r;
+  r.loss = model.forward(tokens, labels, Tensor(), ctx, mode).clone();
+  after_forward(ctx);
+  Tensor dloss = Tensor::full(r.loss.shape(), 1.0 / static_cast<double>(r.loss.numel()));
+  params.zero_grads();
+  model.backward(dloss, ctx);
+  r.grads = params.grads().clone();
+  return r;
+}
+
+TEST(Recompute, ModulesGiveTheSameBitsAndDropTheirActivations) {
+  const TransformerConfig base = deepseek_config();
   const auto run = [&](const TransformerConfig& c) {
-    GPTModel model(c);
-    ParamSet params(model.parameters(), c.compute_dtype);
-    params.initialize(42);
-    const Tensor tokens = testing::random_ids({kBatch, c.seq_length}, 8, c.vocab_size);
-    const Tensor labels = testing::random_ids({kBatch, c.seq_length}, 9, c.vocab_size);
-    GPTModel::Ctx ctx;
-    ModelRun r;
-    r.loss = model.forward(tokens, labels, Tensor(), ctx, mode).clone();
-    // What the modules dropped, on layer 1 (MoE) and layer 0 (dense).
-    const TransformerLayer::Ctx& moe_layer = ctx.decoder.layers[1];
-    const TransformerLayer::Ctx& dense = ctx.decoder.layers[0];
-    const RecomputeModules& m = c.recompute_modules;
-    const bool on = c.recompute_granularity == RecomputeGranularity::kSelective;
-    EXPECT_EQ(moe_layer.attn.qkv.defined(), !(on && m.mla_up_proj));
-    EXPECT_EQ(moe_layer.attn.mla.kv_up.linear.x.defined(), !(on && m.mla_up_proj));
-    // moe keeps the layer's input, which is the pre-MLP norm's output layernorm drops.
-    EXPECT_EQ(moe_layer.moe_input.defined(), on && m.moe && !m.layernorm);
-    EXPECT_EQ(moe_layer.ln2_dropped, on && m.moe && m.layernorm);
-    if (!(on && m.moe)) {
-      EXPECT_EQ(moe_layer.moe.experts.act.defined(), !(on && m.moe_act));
-      EXPECT_EQ(moe_layer.moe.shared.pre_act.defined(), !(on && m.shared_experts));
-    }
-    EXPECT_EQ(dense.mlp.pre_act.defined(), !(on && m.mlp));
-    // layernorm: the down projections' saved input (the input norm's output) is gone; the dense
-    // MLP's (its input, or fc1's saved input) too.
-    EXPECT_EQ(moe_layer.attn.mla.kv_down.x.defined(), !(on && m.layernorm));
-    EXPECT_EQ(dense.mlp.input.defined() || dense.mlp.fc1_ctx.linear.x.defined(),
-              !(on && m.layernorm));
-    Tensor dloss = Tensor::full(r.loss.shape(), 1.0 / static_cast<double>(r.loss.numel()));
-    params.zero_grads();
-    model.backward(dloss, ctx);
-    r.grads = params.grads().clone();
-    return r;
+    return run_training_step(c, [&](GPTModel::Ctx& ctx) {
+      // What the modules dropped, on layer 1 (MoE) and layer 0 (dense).
+      const TransformerLayer::Ctx& moe_layer = ctx.decoder.layers[1];
+      const TransformerLayer::Ctx& dense = ctx.decoder.layers[0];
+      const RecomputeModules& m = c.recompute_modules;
+      const bool on = c.recompute_granularity == RecomputeGranularity::kSelective;
+      EXPECT_EQ(moe_layer.attn.qkv.defined(), !(on && m.mla_up_proj));
+      EXPECT_EQ(moe_layer.attn.mla.kv_up.linear.x.defined(), !(on && m.mla_up_proj));
+      // moe keeps the layer's input, which is the pre-MLP norm's output layernorm drops.
+      EXPECT_EQ(moe_layer.moe_input.defined(), on && m.moe && !m.layernorm);
+      EXPECT_EQ(moe_layer.ln2_dropped, on && m.moe && m.layernorm);
+      if (!(on && m.moe)) {
+        EXPECT_EQ(moe_layer.moe.experts.act.defined(), !(on && m.moe_act));
+        EXPECT_EQ(moe_layer.moe.shared.pre_act.defined(), !(on && m.shared_experts));
+      }
+      EXPECT_EQ(dense.mlp.pre_act.defined(), !(on && m.mlp));
+      // layernorm: the down projections' saved input (the input norm's output) is gone; the dense
+      // MLP's (its input, or fc1's saved input) too.
+      EXPECT_EQ(moe_layer.attn.mla.kv_down.x.defined(), !(on && m.layernorm));
+      EXPECT_EQ(dense.mlp.input.defined() || dense.mlp.fc1_ctx.linear.x.defined(),
+                !(on && m.layernorm));
+    });
   };
   const ModelRun want = run(base);
   RecomputeModules up_act_shared;
@@ -381,35 +392,24 @@ TEST(Recompute, MultiTokenPredictionBitIdentical) {
   TransformerConfig base = deepseek_config();
   base.mtp_num_layers = 2;
   base.finalize();
-  ForwardMode mode = kTraining;
-  mode.aux_loss_scale = 1.0;
   struct Run {
     ModelRun r;
     std::vector<Tensor> mtp;
   };
   const auto run = [&](const TransformerConfig& c, bool dropped) {
-    GPTModel model(c);
-    ParamSet params(model.parameters(), c.compute_dtype);
-    params.initialize(42);
-    const Tensor tokens = testing::random_ids({kBatch, c.seq_length}, 8, c.vocab_size);
-    const Tensor labels = testing::random_ids({kBatch, c.seq_length}, 9, c.vocab_size);
-    GPTModel::Ctx ctx;
     Run out;
-    out.r.loss = model.forward(tokens, labels, Tensor(), ctx, mode).clone();
-    EXPECT_EQ(ctx.mtp_losses.size(), 2u);
-    for (const MultiTokenPrediction::Ctx::Depth& d : ctx.mtp.depths) {
-      EXPECT_EQ(d.e.x.defined(), !dropped);
-      EXPECT_EQ(d.proj.linear.x.defined(), !dropped);
-      EXPECT_EQ(d.e_in.defined(), dropped);
-    }
-    for (const Tensor& l : ctx.mtp_losses) {
-      out.mtp.push_back(l.clone());
-      ctx.mtp_dlosses.push_back(Tensor::full(l.shape(), 0.5 / static_cast<double>(l.numel())));
-    }
-    Tensor dloss = Tensor::full(out.r.loss.shape(), 1.0 / static_cast<double>(out.r.loss.numel()));
-    params.zero_grads();
-    model.backward(dloss, ctx);
-    out.r.grads = params.grads().clone();
+    out.r = run_training_step(c, [&](GPTModel::Ctx& ctx) {
+      EXPECT_EQ(ctx.mtp_losses.size(), 2u);
+      for (const MultiTokenPrediction::Ctx::Depth& d : ctx.mtp.depths) {
+        EXPECT_EQ(d.e.x.defined(), !dropped);
+        EXPECT_EQ(d.proj.linear.x.defined(), !dropped);
+        EXPECT_EQ(d.e_in.defined(), dropped);
+      }
+      for (const Tensor& l : ctx.mtp_losses) {
+        out.mtp.push_back(l.clone());
+        ctx.mtp_dlosses.push_back(Tensor::full(l.shape(), 0.5 / static_cast<double>(l.numel())));
+      }
+    });
     return out;
   };
   const Run want = run(base, false);
