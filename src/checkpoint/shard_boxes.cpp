@@ -21,16 +21,12 @@ struct LocalBox {
   int64_t row = 0, col = 0, rows = 0, cols = 0;
 };
 
-// Maps a local box that lies inside one stride block (of the partition dim) to the global box.
+// Maps a local box that lies inside one block (of the partition dim) to the global box.
 Box to_global(const Param& p, const LocalBox& lb, bool one_dim) {
   int64_t row = lb.row, col = lb.col;
   if (p.is_tensor_parallel()) {
-    const int64_t local_dim = p.shape[p.tp_partition_dim];
-    const int64_t per_block = local_dim / p.tp_partition_stride;  // this rank's share of a block
-    const int64_t block = per_block * p.tp_size;                  // one stride block, full
     int64_t& at = p.tp_partition_dim == 0 ? row : col;
-    const int64_t j = at / per_block;
-    at = j * block + static_cast<int64_t>(p.tp_rank) * per_block + (at - j * per_block);
+    at = p.full_partition_position(at);
   }
   if (one_dim) return Box{{row}, {lb.rows}};
   return Box{{row, col}, {lb.rows, lb.cols}};
@@ -48,12 +44,13 @@ std::vector<Piece> shard_pieces(const Param& p, int64_t begin, int64_t numel) {
   const bool one_dim = nd == 1;
   const int64_t rows = p.shape[0], cols = one_dim ? 1 : p.shape[1];
   // A stride > 1 on the last dim of a matrix would cut rows into pieces that are not contiguous.
-  MEGATRON_ASSERT(!p.is_tensor_parallel() || p.tp_partition_dim == 0 || p.tp_partition_stride == 1,
+  MEGATRON_ASSERT(!p.is_tensor_parallel() || p.tp_partition_dim == 0 ||
+                      (p.tp_partition_stride == 1 && p.tp_partition_sections.empty()),
                   "partition stride ", p.tp_partition_stride, " on dim ", p.tp_partition_dim,
                   " of ", p.name);
-  // Row boundaries where a new stride block starts (partition dim 0 only).
-  const int64_t block_rows =
-      p.is_tensor_parallel() && p.tp_partition_dim == 0 ? rows / p.tp_partition_stride : rows;
+  // Rows where a new stride block or section starts (partition dim 0 only).
+  const bool blocked = p.is_tensor_parallel() && p.tp_partition_dim == 0;
+  auto block_end = [&](int64_t r) { return blocked ? p.local_block_end(r) : rows; };
 
   // Row-wise runs: [partial first row][whole rows][partial last row].
   std::vector<LocalBox> runs;
@@ -67,7 +64,7 @@ std::vector<Piece> shard_pieces(const Param& p, int64_t begin, int64_t numel) {
       at += n;
     } else {
       // Whole rows up to the end of the range or of the stride block, whichever comes first.
-      const int64_t last = std::min(end / cols, (r / block_rows + 1) * block_rows);
+      const int64_t last = std::min(end / cols, block_end(r));
       runs.push_back({r, 0, last - r, cols});
       at = last * cols;
     }

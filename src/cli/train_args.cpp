@@ -95,6 +95,26 @@ void register_model_args(ArgTable& t, Arguments& a) {
         "Layers without RoPE (Llama 4's NoPE layers): N, every N-th layer (the N-th, 2N-th, "
         "...), or a list expression with one 0/1 per layer, 1 skipping RoPE, e.g. "
         "([0]*3+[1])*3");
+  t.add("--hybrid-attention-ratio", a.hybrid_attention_ratio,
+        "Hybrid Mamba models: the share of attention layers, spread evenly between the Mamba "
+        "layers (Megatron's allocate_layers)");
+  t.add("--hybrid-mlp-ratio", a.hybrid_mlp_ratio,
+        "Hybrid Mamba models: the share of MLP layers, spread evenly among the Mamba layers");
+  t.add("--hybrid-override-pattern", a.hybrid_override_pattern,
+        "Hybrid Mamba models: one symbol per layer, M (Mamba-2), * (attention) or - (MLP), e.g. "
+        "M*M-; with a ratio given it must hold as many of each");
+  t.add("--mamba-state-dim", a.mamba_state_dim, "Mamba layers: the state size per channel");
+  t.add("--mamba-head-dim", a.mamba_head_dim, "Mamba layers: channels per head");
+  t.add("--mamba-num-groups", a.mamba_num_groups,
+        "Mamba layers: groups of heads sharing B and C (divisible by the TP size)");
+  t.add("--mamba-num-heads", a.mamba_num_heads,
+        "Mamba layers: heads (default 2 x --hidden-size / --mamba-head-dim)");
+  t.flag("--is-hybrid-model", a.is_hybrid_model,
+         "Megatron's switch to the hybrid FLOPs formula; --model mamba always counts hybrid FLOPs");
+  t.add("--spec", a.spec,
+        "The layer spec: megatron.core.models.mamba.mamba_layer_specs mamba_stack_spec (the "
+        "hybrid Mamba stack, --model mamba) or local (Megatron's non-TE GPT layers, the layers "
+        "here); other Python module specs cannot be loaded");
   t.flag("--multi-latent-attention", a.multi_latent_attention,
          "Multi-latent attention (DeepSeek-V2/V3): queries through a --q-lora-rank bottleneck, "
          "keys and values from a shared --kv-lora-rank latent plus one rotary key; its norms with "
@@ -1041,6 +1061,45 @@ void validate_recompute(Arguments& a, int64_t per_stage) {
   }
 }
 
+// Hybrid Mamba models (--model mamba, Megatron's pretrain_mamba.py) and --spec.
+void validate_hybrid_args(const Arguments& a) {
+  const std::vector<std::string> mamba_spec{"megatron.core.models.mamba.mamba_layer_specs",
+                                            "mamba_stack_spec"};
+  const bool local = a.spec == std::vector<std::string>{"local"};
+  std::string given;
+  for (const std::string& v : a.spec) given += (given.empty() ? "" : " ") + v;
+  MEGATRON_CHECK(a.spec.empty() || a.spec == mamba_spec || local, "--spec '", given,
+                 "': Python module specs cannot be loaded here; the layers are given by --model "
+                 "(gpt: Megatron's local GPT spec; mamba: megatron.core.models.mamba."
+                 "mamba_layer_specs mamba_stack_spec): drop --spec");
+  MEGATRON_CHECK(a.spec != mamba_spec || a.model == "mamba",
+                 "--spec megatron.core.models.mamba.mamba_layer_specs mamba_stack_spec is the "
+                 "hybrid Mamba stack: use `megatron pretrain_mamba` (--model mamba)");
+  MEGATRON_CHECK(!local || a.model != "mamba",
+                 "--spec local is a GPT layer spec; `megatron pretrain_mamba` takes "
+                 "megatron.core.models.mamba.mamba_layer_specs mamba_stack_spec (or no --spec)");
+  const bool hybrid_flags = a.hybrid_attention_ratio != 0.0 || a.hybrid_mlp_ratio != 0.0 ||
+                            !a.hybrid_override_pattern.empty() || a.is_hybrid_model;
+  MEGATRON_CHECK(!hybrid_flags || a.model == "mamba",
+                 "--hybrid-attention-ratio, --hybrid-mlp-ratio, --hybrid-override-pattern and "
+                 "--is-hybrid-model shape hybrid Mamba models: use `megatron pretrain_mamba` "
+                 "(--model mamba), not --model ",
+                 a.model);
+  if (a.model != "mamba") return;
+  MEGATRON_CHECK(a.num_experts == 0,
+                 "--num-experts with --model mamba: Mixture of Experts layers in a hybrid Mamba "
+                 "model are not implemented (Megatron r0.14's hybrid layers are M, * and -)");
+  MEGATRON_CHECK(a.context_parallel_size == 1,
+                 "--context-parallel-size with --model mamba is not implemented yet (Megatron's "
+                 "MambaContextParallel all-to-all): use tensor, sequence, pipeline or data "
+                 "parallelism");
+  MEGATRON_CHECK(a.mtp_num_layers == 0,
+                 "--mtp-num-layers with --model mamba is not implemented (MTP is GPTModel's)");
+  MEGATRON_CHECK(!a.multi_latent_attention,
+                 "--multi-latent-attention with --model mamba is not implemented (Megatron "
+                 "r0.14's hybrid attention layers are standard self-attention)");
+}
+
 }  // namespace
 
 void validate_train_args(Arguments& a, int world_size, int rank) {
@@ -1082,6 +1141,7 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
                    "--mtp-num-layers with --fp8-format is not implemented yet (the prediction "
                    "layers would run outside FP8): drop one");
   }
+  validate_hybrid_args(a);
   MEGATRON_CHECK(!(a.squared_relu && a.swiglu),
                  "--squared-relu and --swiglu are two MLP activations; pick one");
   MEGATRON_CHECK(!(a.squared_relu && a.openai_gelu),
@@ -1110,7 +1170,8 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
   MEGATRON_CHECK(a.eval_iters >= 0, "--eval-iters must be >= 0, got ", a.eval_iters);
   MEGATRON_CHECK(a.num_workers >= 0, "--num-workers must be >= 0, got ", a.num_workers);
   if (a.sft) {
-    MEGATRON_CHECK(a.model == "gpt", "--sft trains GPT models (--model gpt), not --model ",
+    MEGATRON_CHECK(a.model == "gpt" || a.model == "mamba",
+                   "--sft trains GPT and hybrid Mamba models (--model gpt or mamba), not --model ",
                    a.model);
     MEGATRON_CHECK(a.tokenizer_type == "SFTTokenizer",
                    "--sft tokenizes conversations with --tokenizer-type SFTTokenizer (a Hugging "
@@ -1131,9 +1192,9 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
                  "--multiple-validation-sets currently requires --full-validation (as in "
                  "Megatron): add it");
   if (a.full_validation) {
-    MEGATRON_CHECK(a.model == "gpt",
+    MEGATRON_CHECK(a.model == "gpt" || a.model == "mamba",
                    "--full-validation is implemented for GPT datasets "
-                   "(--model gpt) only; drop it for --model ",
+                   "(--model gpt or mamba) only; drop it for --model ",
                    a.model);
     MEGATRON_CHECK(!a.mock_data,
                    "--full-validation evaluates one epoch of the validation data, "

@@ -6,6 +6,7 @@
 #include "models/bert/bert_spec.h"
 #include "models/gpt/gpt_spec.h"
 #include "models/llava/llava_spec.h"
+#include "models/mamba/mamba_spec.h"
 #include "models/t5/t5_spec.h"
 
 namespace megatron {
@@ -25,7 +26,7 @@ std::vector<ChunkLayers> chunk_layers(int64_t num_layers, const ChunkPlacement& 
 
 const std::vector<const ModelSpec*>& model_specs() {
   static const std::vector<const ModelSpec*> specs{
-      &gpt_spec(), &bert_spec(), &bert_classification_spec(), &t5_spec(), &llava_spec()};
+      &gpt_spec(), &bert_spec(), &bert_classification_spec(), &t5_spec(), &llava_spec(), &mamba_spec()};
   return specs;
 }
 

@@ -34,13 +34,58 @@ int64_t Param::full_index(int64_t i) const {
   for (int d = tp_partition_dim + 1; d < shape.ndim(); ++d) inner *= shape[d];
   const int64_t local = shape[tp_partition_dim];
   const int64_t j = i / inner % local, outer = i / inner / local, in = i % inner;
-  MEGATRON_ASSERT(local % tp_partition_stride == 0, name, ": stride ", tp_partition_stride,
-                  " does not divide the shard's ", local);
-  // Local position j lies in block j / per of the stride, at offset j % per inside this rank's
-  // slice of that block.
-  const int64_t per = local / tp_partition_stride;
-  const int64_t full_j = j / per * (per * tp_size) + tp_rank * per + j % per;
-  return (outer * local * tp_size + full_j) * inner + in;
+  return (outer * local * tp_size + full_partition_position(j)) * inner + in;
+}
+
+namespace {
+// Calls f(start, n) for the local [start, start + n) of each block of p's shard along its
+// partition dim (stride blocks or sections), in order, until f returns true. No allocation: init
+// calls it once per element.
+template <typename F>
+void for_each_block(const Param& p, F&& f) {
+  const int64_t local = p.shape[p.tp_partition_dim];
+  int64_t start = 0;
+  if (p.tp_partition_sections.empty()) {
+    MEGATRON_ASSERT(local % p.tp_partition_stride == 0, p.name, ": stride ", p.tp_partition_stride,
+                    " does not divide the shard's ", local);
+    const int64_t n = local / p.tp_partition_stride;
+    for (int k = 0; k < p.tp_partition_stride; ++k, start += n)
+      if (f(start, n)) return;
+    return;
+  }
+  for (int64_t full : p.tp_partition_sections) {
+    MEGATRON_ASSERT(full % p.tp_size == 0, p.name, ": section of ", full, " does not split over ",
+                    p.tp_size, " ranks");
+    const int64_t n = full / p.tp_size;
+    if (f(start, n)) return;
+    start += n;
+  }
+  MEGATRON_ASSERT(start == local, p.name, ": sections cover ", start, " of the shard's ", local);
+}
+}  // namespace
+
+int64_t Param::full_partition_position(int64_t j) const {
+  // Local position j lies in block [start, start + n) at offset j - start; the block's full copy
+  // starts at start * tp_size (every earlier block is tp_size times its local size) and this
+  // rank's slice of it at tp_rank * n.
+  int64_t out = -1;
+  for_each_block(*this, [&](int64_t start, int64_t n) {
+    if (j >= start + n) return false;
+    out = start * tp_size + tp_rank * n + (j - start);
+    return true;
+  });
+  MEGATRON_ASSERT(out >= 0, name, ": position ", j, " outside the shard");
+  return out;
+}
+
+int64_t Param::local_block_end(int64_t j) const {
+  int64_t end = shape[tp_partition_dim];
+  for_each_block(*this, [&](int64_t start, int64_t n) {
+    if (j >= start + n) return false;
+    end = start + n;
+    return true;
+  });
+  return end;
 }
 
 ParamSet::ParamSet(std::vector<Param*> params, DType compute_dtype, Device device)
@@ -335,6 +380,20 @@ void ParamSet::plan_shards() {
 }
 
 namespace {
+// Element `full` of a tensor initialised by `init` (scale: the normal's std or the uniform's
+// bound).
+double init_value(Init init, double scale, uint64_t seed, uint64_t stream, uint64_t full) {
+  if (init == Init::kNormal) return scale * Philox::normal(seed, stream, full);
+  const double u = Philox::uniform(seed, stream, full);
+  if (init == Init::kMambaALog) return std::log(1.0 + 15.0 * u);
+  if (init == Init::kMambaDtBias) {
+    const double lo = std::log(0.001), hi = std::log(0.1);
+    const double dt = std::max(std::exp(lo + u * (hi - lo)), 1e-4);
+    return dt + std::log(-std::expm1(-dt));  // softplus^-1(dt)
+  }
+  return scale * (2.0 * u - 1.0);
+}
+
 // Elements [begin, begin + out.numel()) of p's (local) initial values into `out`.
 void init_elements(const Param& p, int64_t begin, uint64_t seed, Tensor out) {
   switch (p.init) {
@@ -346,6 +405,9 @@ void init_elements(const Param& p, int64_t begin, uint64_t seed, Tensor out) {
       return;
     case Init::kNormal:
     case Init::kXavierUniform:
+    case Init::kUniform:
+    case Init::kMambaALog:
+    case Init::kMambaDtBias:
       break;
   }
   double scale = p.init_std;
@@ -366,8 +428,7 @@ void init_elements(const Param& p, int64_t begin, uint64_t seed, Tensor out) {
   for (int64_t k = 0; k < tmp.numel(); ++k) {
     const int64_t i = begin + k;
     const auto full = static_cast<uint64_t>(shard ? p.full_index(i) : i);
-    d[k] = p.init == Init::kNormal ? scale * Philox::normal(seed, stream, full)
-                                   : scale * (2.0 * Philox::uniform(seed, stream, full) - 1.0);
+    d[k] = init_value(p.init, scale, seed, stream, full);
   }
   out.copy_from(tmp.view(out.shape()));
 }

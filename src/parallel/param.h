@@ -32,6 +32,12 @@ enum class Init : uint8_t {
   // U(-a, a), a = sqrt(6 / (fan_in + fan_out)) of the full [out, in] matrix (torch's
   // xavier_uniform_ on the whole tensor, so the same values in every parallel layout).
   kXavierUniform,
+  kUniform,  // U(-init_std, init_std) (torch's kaiming_uniform_ bound, e.g. Mamba's conv1d)
+  // Mamba's A_log: log of U(1, 16) (Megatron's A_init_range).
+  kMambaALog,
+  // Mamba's dt_bias: softplus^-1 of dt, dt log-uniform in [0.001, 0.1] floored at 1e-4
+  // (Megatron's dt_min, dt_max, dt_init_floor), so that softplus(dt_bias) starts in that range.
+  kMambaDtBias,
 };
 
 struct Param {
@@ -48,6 +54,10 @@ struct Param {
   // slices of every block (2 for SwiGLU's fc1 [gate | up]: rank r holds [gate_r | up_r]).
   int tp_partition_dim = -1;
   int tp_partition_stride = 1;
+  // Unequal blocks instead of a stride: the full sizes of consecutive blocks of the partition
+  // dim, each split over the ranks (Mamba's in-projection [z | x | B | C | dt]: rank r holds
+  // [z_r | x_r | B_r | C_r | dt_r]). Empty: tp_partition_stride equal blocks.
+  std::vector<int64_t> tp_partition_sections;
   int tp_rank = 0, tp_size = 1;
   // Replicated while each TP rank sees only its s/tp tokens (norm weights and row-parallel
   // biases under --sequence-parallel): the gradient is partial, summed over TP before the step.
@@ -104,6 +114,10 @@ struct Param {
   Shape full_shape() const;
   // Row-major index in the full tensor of element i of this shard.
   int64_t full_index(int64_t i) const;
+  // Along the partition dim: the full position of local position j, and the local end of the
+  // block (stride block or section) that holds it.
+  int64_t full_partition_position(int64_t j) const;
+  int64_t local_block_end(int64_t j) const;
   // A copy that another rank of the model-parallel group also holds and counts (replicated over
   // TP on a TP rank > 0, or the pipeline's second copy of the tied embeddings): left out of the
   // gradient norm so that every element is counted once, as Megatron's clip_grad_norm does.

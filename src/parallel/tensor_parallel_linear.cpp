@@ -39,6 +39,18 @@ ColumnParallelLinear::ColumnParallelLinear(const std::string& name, int64_t in, 
                  " output features per rank do not split into ", options.stride, " blocks");
   mark_shard(local_.weight, tp, 0, options.stride);
   if (local_.has_bias()) mark_shard(local_.bias, tp, 0, options.stride);
+  if (!options.sections.empty()) {
+    MEGATRON_CHECK(options.stride == 1, name, ": a stride and sections together");
+    int64_t sum = 0;
+    for (int64_t n : options.sections) {
+      sum += n;
+      MEGATRON_CHECK(n % tp.size() == 0, name, ": an output block of ", n,
+                     " features does not split over --tensor-model-parallel-size ", tp.size());
+    }
+    MEGATRON_CHECK(sum == out, name, ": output blocks of ", sum, " features, expected ", out);
+    local_.weight.tp_partition_sections = options.sections;
+    if (local_.has_bias()) local_.bias.tp_partition_sections = options.sections;
+  }
   local_.set_skip_bias_add(options.skip_bias_add);
 }
 

@@ -53,6 +53,9 @@ class ColumnParallelLinear {
     // The output features are `stride` equal blocks, each split over the ranks (2 for SwiGLU's
     // [gate | up], so that each rank's output is [gate_r | up_r]).
     int stride = 1;
+    // Or unequal blocks: the full sizes of consecutive output blocks, each split over the ranks
+    // (Mamba's in-projection [z | x | B | C | dt]; Param::tp_partition_sections).
+    std::vector<int64_t> sections = {};
     // Megatron's skip_bias_add: the output comes without the bias, whose addition (and gradient)
     // the caller fuses into what follows (Linear::set_skip_bias_add).
     bool skip_bias_add = false;

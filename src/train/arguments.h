@@ -70,6 +70,16 @@ struct Arguments {
   bool qk_layernorm = false;
   bool qk_l2_norm = false;   // --qk-l2-norm (Llama 4): weightless RMS norm of q and k heads
   std::string no_rope_freq;  // --no-rope-freq: N (every N-th layer) or a 0/1 list expression
+  // Hybrid Mamba models (--model mamba, transformer/mamba/mamba_config.h); Megatron's defaults.
+  double hybrid_attention_ratio = 0.0;
+  double hybrid_mlp_ratio = 0.0;
+  std::string hybrid_override_pattern;  // empty: from the ratios
+  int64_t mamba_state_dim = 128;
+  int64_t mamba_head_dim = 64;
+  int64_t mamba_num_groups = 8;
+  int64_t mamba_num_heads = 0;  // 0: None (2 hidden / head_dim)
+  bool is_hybrid_model = false;
+  std::vector<std::string> spec;  // --spec: the module spec (Megatron's Mamba stack spec, local)
   // Multi-latent attention (transformer/mla_config.h); Megatron's defaults.
   bool multi_latent_attention = false;
   int64_t q_lora_rank = 0;  // 0: None (a full-rank query projection)

@@ -222,6 +222,15 @@ TransformerConfig transformer_config_from_args(const Arguments& a) {
   MEGATRON_CHECK(a.multi_latent_attention || a.rope_type.empty() || a.rope_type == "rope",
                  "--rope-type yarn needs --multi-latent-attention (as in Megatron, other attention "
                  "takes rope only)");
+  if (a.model == "mamba") {
+    c.mamba.layers = allocate_hybrid_layers(a.num_layers, a.hybrid_attention_ratio,
+                                            a.hybrid_mlp_ratio, a.hybrid_override_pattern);
+    c.mamba.state_dim = a.mamba_state_dim;
+    c.mamba.head_dim = a.mamba_head_dim;
+    c.mamba.num_groups = a.mamba_num_groups;
+    c.mamba.num_heads = a.mamba_num_heads;
+    c.mamba.validate(a.num_layers, a.hidden_size, a.tensor_model_parallel_size);
+  }
   c.mtp_num_layers = a.mtp_num_layers;
   c.mtp_loss_scaling_factor = a.mtp_loss_scaling_factor;
   c.mla.enabled = a.multi_latent_attention;

@@ -43,6 +43,17 @@ void TransformerConfig::finalize() {
                    "--mtp-num-layers needs --position-embedding-type rope or none (as in "
                    "Megatron: the rolled tokens have no learned positions)");
   }
+  if (mamba.enabled()) {
+    mamba.validate(num_layers, hidden_size, 1);
+    MEGATRON_CHECK(!post_layernorm,
+                   "hybrid Mamba models are pre-LN: drop "
+                   "--transformer-block-type post_ln");
+    MEGATRON_CHECK(!moe.enabled(),
+                   "Mixture of Experts in a hybrid Mamba model is not "
+                   "implemented (Megatron's hybrid layers are M, * and -)");
+    MEGATRON_CHECK(mtp_num_layers == 0,
+                   "--mtp-num-layers with a hybrid Mamba model is not implemented");
+  }
   if (num_query_groups == 0) num_query_groups = num_attention_heads;
   MEGATRON_CHECK(num_attention_heads % num_query_groups == 0, "--num-attention-heads (",
                  num_attention_heads, ") must be divisible by --num-query-groups (",

@@ -10,6 +10,7 @@
 
 #include "core/dtype.h"
 #include "parallel/fp8_config.h"
+#include "transformer/mamba/mamba_config.h"
 #include "transformer/mla_config.h"
 #include "transformer/moe/moe_config.h"
 #include "transformer/vision_config.h"
@@ -125,6 +126,8 @@ struct TransformerConfig {
 
   MoeConfig moe;  // Mixture of Experts (--num-experts; default: dense)
   MlaConfig mla;  // multi-latent attention (--multi-latent-attention; default: off)
+  // A hybrid Mamba model's layer types and Mamba sizes (megatron pretrain_mamba; default: none).
+  MambaConfig mamba;
   // Multi-token prediction (models/gpt/mtp.h): depths after the decoder (--mtp-num-layers; 0:
   // none) and the weight of their mean loss in the objective (--mtp-loss-scaling-factor).
   int64_t mtp_num_layers = 0;

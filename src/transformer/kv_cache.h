@@ -35,12 +35,21 @@ class KvCache {
   void reset() {
     offset_ = 0;
     cross_.clear();
+    recurrent_.clear();
   }
 
   // An encoder-decoder's cross-attention keys and values of layer `layer_number` over the
   // encoder's output ([sk, b, heads, 2, hn]): undefined until that layer's first decode step
   // sets it; every later step reuses it.
   Tensor& cross_kv(int64_t layer_number) { return cross_[layer_number]; }
+
+  // A Mamba layer's carried state (transformer/mamba/mamba_mixer.h): the convolution's last
+  // d_conv - 1 inputs [b, d_conv - 1, channels] and the scan's state [b, heads, head_dim, state];
+  // undefined until the layer's first forward of a generation (which starts from zeros).
+  struct Recurrent {
+    Tensor conv, ssm;
+  };
+  Recurrent& recurrent(int64_t layer_number) { return recurrent_[layer_number]; }
 
   // Layer `layer_number`'s buffers for a forward of `s` new positions of b sequences with
   // `groups` key/value heads of hn channels: allocated at first use, checked afterwards (the
@@ -52,6 +61,7 @@ class KvCache {
   int64_t offset_ = 0;
   std::map<int64_t, Entry> layers_;
   std::map<int64_t, Tensor> cross_;
+  std::map<int64_t, Recurrent> recurrent_;
 };
 
 }  // namespace megatron

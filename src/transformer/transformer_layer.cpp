@@ -18,15 +18,26 @@ void accumulate_side_grad(Tensor& acc, const Tensor& g) {
 TransformerLayer::TransformerLayer(const std::string& name, const TransformerConfig& cfg,
                                    int64_t layer_number, const TensorParallelContext& tp,
                                    const LayerOptions& options)
-    : input_layernorm(
-          name + (cfg.post_layernorm ? ".post_attention_layernorm" : ".input_layernorm"), cfg),
-      self_attention(name + ".self_attention", cfg, layer_number + options.stream_offset, tp),
-      pre_mlp_layernorm(name + (cfg.post_layernorm ? ".post_mlp_layernorm" : ".pre_mlp_layernorm"),
-                        cfg),
-      cfg_(cfg),
+    : cfg_(cfg),
       layer_(layer_number),
       stream_layer_(layer_number + options.stream_offset),
       tp_(tp) {
+  const char type = cfg.mamba.layer_type(layer_number);
+  if (type == 'M') {
+    MEGATRON_CHECK(!cfg.post_layernorm && !options.cross_attention,
+                   "Mamba layers are pre-LN decoder layers only");
+    norm = std::make_unique<Norm>(name + ".norm", cfg);
+    norm->mark_sequence_parallel(tp.sp());
+    mixer = std::make_unique<MambaMixer>(name + ".mixer", cfg, layer_number, tp);
+    return;
+  }
+  if (type != '-') {
+    input_layernorm = std::make_unique<Norm>(
+        name + (cfg.post_layernorm ? ".post_attention_layernorm" : ".input_layernorm"), cfg);
+    input_layernorm->mark_sequence_parallel(tp.sp());
+    self_attention = std::make_unique<SelfAttention>(name + ".self_attention", cfg,
+                                                     layer_number + options.stream_offset, tp);
+  }
   if (options.cross_attention) {
     MEGATRON_CHECK(
         !cfg.post_layernorm,
@@ -36,19 +47,22 @@ TransformerLayer::TransformerLayer(const std::string& name, const TransformerCon
     cross_attention =
         std::make_unique<CrossAttention>(name + ".cross_attention", cfg, stream_layer_, tp);
   }
+  if (type == '*') return;
+  pre_mlp_layernorm = std::make_unique<Norm>(
+      name + (cfg.post_layernorm ? ".post_mlp_layernorm" : ".pre_mlp_layernorm"), cfg);
+  pre_mlp_layernorm->mark_sequence_parallel(tp.sp());
   if (cfg.moe.is_moe_layer(layer_number)) {
     moe = std::make_unique<MoELayer>(name + ".mlp", cfg, layer_number, tp);
   } else {
     mlp = std::make_unique<MLP>(name + ".mlp", cfg, tp);
     mlp->set_recompute(cfg.recomputes(&RecomputeModules::mlp));
   }
-  input_layernorm.mark_sequence_parallel(tp.sp());
-  pre_mlp_layernorm.mark_sequence_parallel(tp.sp());
 }
 
 std::vector<Fp8GemmScaling*> TransformerLayer::enable_fp8() {
+  if (mixer) return mixer->enable_fp8(cfg_.fp8);
   std::vector<Fp8GemmScaling*> out;
-  out = self_attention.enable_fp8();
+  if (self_attention) out = self_attention->enable_fp8();
   if (cross_attention) {
     out.push_back(cross_attention->linear_q.enable_fp8(cfg_.fp8));
     out.push_back(cross_attention->linear_kv.enable_fp8(cfg_.fp8));
@@ -64,19 +78,28 @@ std::vector<Fp8GemmScaling*> TransformerLayer::enable_fp8() {
     }
     return out;
   }
-  out.push_back(mlp->linear_fc1.enable_fp8(cfg_.fp8));
-  out.push_back(mlp->linear_fc2.enable_fp8(cfg_.fp8));
+  if (mlp) {
+    out.push_back(mlp->linear_fc1.enable_fp8(cfg_.fp8));
+    out.push_back(mlp->linear_fc2.enable_fp8(cfg_.fp8));
+  }
   return out;
 }
 
 void TransformerLayer::collect(std::vector<Param*>& out) {
-  input_layernorm.collect(out);
-  self_attention.collect(out);
+  if (mixer) {
+    norm->collect(out);
+    mixer->collect(out);
+    return;
+  }
+  if (self_attention) {
+    input_layernorm->collect(out);
+    self_attention->collect(out);
+  }
   if (cross_attention) {
     pre_cross_attn_layernorm->collect(out);
     cross_attention->collect(out);
   }
-  pre_mlp_layernorm.collect(out);
+  if (pre_mlp_layernorm) pre_mlp_layernorm->collect(out);
   if (mlp) mlp->collect(out);
   if (moe) moe->collect(out);
 }
@@ -89,26 +112,31 @@ Tensor TransformerLayer::forward(const Tensor& x, const TokenLayout& layout, Ctx
   ctx.stream_mlp = mode.site_stream(stream_layer_, 2);
   ctx.stream_cross = mode.site_stream(stream_layer_, 5);
   if (cfg_.post_layernorm) return forward_post_ln(x, layout, ctx, mode);
+  if (mixer) return forward_mamba(x, ctx, mode);
 
   // The branches' outputs as [s', b, h], so that dropout sees the sequence (its masks are the
   // single-process ones in every layout: transformer/sequence_dropout.h).
   // Each norm's output goes to one linear layer only: it is written in the dtype that layer's
   // GEMM takes (bf16 in bf16 runs; f32 for an MoE router, which computes in f32).
-  Tensor a = self_attention
-                 .forward(input_layernorm.forward(x, ctx.ln1, self_attention.gemm_input_dtype()),
-                          layout, ctx.attn, mode)
-                 .view(x.shape());
-  // --recompute-modules layernorm: the norm's output, kept only as the attention's GEMM input,
-  // goes; backward recomputes it from the norm's saved input.
+  // --recompute-modules layernorm: a norm's output, kept only as the next GEMM's input, goes;
+  // backward recomputes it from the norm's saved input.
   const bool drop_norms = mode.training && cfg_.recomputes(&RecomputeModules::layernorm);
-  if (drop_norms) {
-    self_attention.drop_input(ctx.attn);
-    ctx.ln1_dropped = true;
+  Tensor x1 = x;  // an MLP-only layer's ('-') branch adds to the input itself
+  if (self_attention) {
+    Tensor a =
+        self_attention
+            ->forward(input_layernorm->forward(x, ctx.ln1, self_attention->gemm_input_dtype()),
+                      layout, ctx.attn, mode)
+            .view(x.shape());
+    if (drop_norms) {
+      self_attention->drop_input(ctx.attn);
+      ctx.ln1_dropped = true;
+    }
+    x1 = Tensor::empty(x.shape(), x.dtype(), x.device());
+    if (ctx.dropout > 0)
+      sequence_dropout_forward(a, a, ctx.dropout, ctx.seed, ctx.stream_attn, tp_, true);
+    ops::add(x1, x, a);
   }
-  Tensor x1 = Tensor::empty(x.shape(), x.dtype(), x.device());
-  if (ctx.dropout > 0)
-    sequence_dropout_forward(a, a, ctx.dropout, ctx.seed, ctx.stream_attn, tp_, true);
-  ops::add(x1, x, a);
 
   if (cross_attention) {  // x1 = x1 + dropout(cross_attention(pre_cross_attn_layernorm(x1)))
     MEGATRON_CHECK(layout.memory.defined(), "a decoder layer needs the encoder's output");
@@ -123,8 +151,9 @@ Tensor TransformerLayer::forward(const Tensor& x, const TokenLayout& layout, Ctx
     x1 = c;
   }
 
-  const Tensor normed =
-      pre_mlp_layernorm.forward(x1, ctx.ln2, moe ? x1.dtype() : mlp->linear_fc1.gemm_input_dtype());
+  if (!has_mlp()) return x1;  // an attention-only layer ('*')
+  const Tensor normed = pre_mlp_layernorm->forward(
+      x1, ctx.ln2, moe ? x1.dtype() : mlp->linear_fc1.gemm_input_dtype());
   Tensor m = ffn_forward(normed, ctx, mode).view(x.shape());
   if (drop_norms && (mlp || ctx.moe_input.defined())) {
     if (mlp) mlp->drop_input(ctx.mlp);
@@ -162,21 +191,21 @@ Tensor TransformerLayer::ffn_backward(const Tensor& dy, Ctx& ctx) const {
 
 Tensor TransformerLayer::forward_post_ln(const Tensor& x, const TokenLayout& layout, Ctx& ctx,
                                          const ForwardMode& mode) const {
-  Tensor a = self_attention.forward(x, layout, ctx.attn, mode).view(x.shape());
+  Tensor a = self_attention->forward(x, layout, ctx.attn, mode).view(x.shape());
   if (ctx.dropout > 0)
     sequence_dropout_forward(a, a, ctx.dropout, ctx.seed, ctx.stream_attn, tp_, true);
   ops::add_inplace(a, x);  // a = x + dropout(attention(x))
-  const Tensor x1 = input_layernorm.forward(a, ctx.ln1);
+  const Tensor x1 = input_layernorm->forward(a, ctx.ln1);
   Tensor m = ffn_forward(x1, ctx, mode).view(x.shape());
   if (ctx.dropout > 0)
     sequence_dropout_forward(m, m, ctx.dropout, ctx.seed, ctx.stream_mlp, tp_, true);
   ops::add_inplace(m, x1);
-  return pre_mlp_layernorm.forward(m, ctx.ln2);
+  return pre_mlp_layernorm->forward(m, ctx.ln2);
 }
 
 Tensor TransformerLayer::backward_post_ln(const Tensor& dy, Ctx& ctx, SideGrads* side) const {
   // d(x1 + mlp branch) through the second norm; x1 gets it directly and through the MLP.
-  Tensor d2 = pre_mlp_layernorm.backward(dy, ctx.ln2);
+  Tensor d2 = pre_mlp_layernorm->backward(dy, ctx.ln2);
   Tensor dm = d2;
   if (ctx.dropout > 0) {
     dm = Tensor::empty(d2.shape(), d2.dtype(), d2.device());
@@ -184,14 +213,14 @@ Tensor TransformerLayer::backward_post_ln(const Tensor& dy, Ctx& ctx, SideGrads*
   }
   Tensor dx1 = ffn_backward(dm, ctx).view(dy.shape());
   ops::add_inplace(dx1, d2);
-  Tensor d1 = input_layernorm.backward(dx1, ctx.ln1);
+  Tensor d1 = input_layernorm->backward(dx1, ctx.ln1);
   Tensor da = d1;
   if (ctx.dropout > 0) {
     da = Tensor::empty(d1.shape(), d1.dtype(), d1.device());
     sequence_dropout_backward(da, d1, ctx.dropout, ctx.seed, ctx.stream_attn, tp_, true);
   }
   Tensor dbias;
-  Tensor dx = self_attention.backward(da, ctx.attn, &dbias).view(dy.shape());
+  Tensor dx = self_attention->backward(da, ctx.attn, &dbias).view(dy.shape());
   if (dbias.defined() && side) accumulate_side_grad(side->bias, dbias);
   ops::add_inplace(dx, d1);
   ctx = Ctx{};
@@ -200,25 +229,29 @@ Tensor TransformerLayer::backward_post_ln(const Tensor& dy, Ctx& ctx, SideGrads*
 
 Tensor TransformerLayer::backward(const Tensor& dy, Ctx& ctx, SideGrads* side) const {
   if (cfg_.post_layernorm) return backward_post_ln(dy, ctx, side);
+  if (mixer) return backward_mamba(dy, ctx);
   // dx1 = dy + d(pre_mlp_layernorm input)
-  Tensor dm = dy;
-  if (ctx.dropout > 0) {
-    dm = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
-    sequence_dropout_backward(dm, dy, ctx.dropout, ctx.seed, ctx.stream_mlp, tp_, true);
-  }
-  if (ctx.ln2_dropped) {  // layernorm's recomputation of the pre-MLP norm's output
-    Norm::Ctx again;
-    const Tensor normed = pre_mlp_layernorm.forward(
-        ctx.ln2.x, again, moe ? ctx.ln2.x.dtype() : mlp->linear_fc1.gemm_input_dtype());
-    if (mlp) {
-      mlp->keep_input(normed, ctx.mlp);
-    } else {
-      ctx.moe_input = normed;
+  Tensor dx1 = dy;  // an attention-only layer's ('*') residual gradient
+  if (has_mlp()) {
+    Tensor dm = dy;
+    if (ctx.dropout > 0) {
+      dm = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
+      sequence_dropout_backward(dm, dy, ctx.dropout, ctx.seed, ctx.stream_mlp, tp_, true);
     }
+    if (ctx.ln2_dropped) {  // layernorm's recomputation of the pre-MLP norm's output
+      Norm::Ctx again;
+      const Tensor normed = pre_mlp_layernorm->forward(
+          ctx.ln2.x, again, moe ? ctx.ln2.x.dtype() : mlp->linear_fc1.gemm_input_dtype());
+      if (mlp) {
+        mlp->keep_input(normed, ctx.mlp);
+      } else {
+        ctx.moe_input = normed;
+      }
+    }
+    const Tensor dmlp = ffn_backward(dm, ctx);
+    dx1 = pre_mlp_layernorm->backward(dmlp.view(dy.shape()), ctx.ln2);
+    ops::add_inplace(dx1, dy);
   }
-  const Tensor dmlp = ffn_backward(dm, ctx);
-  Tensor dx1 = pre_mlp_layernorm.backward(dmlp.view(dy.shape()), ctx.ln2);
-  ops::add_inplace(dx1, dy);
 
   if (cross_attention) {  // through the cross-attention branch to x1 and the memory
     Tensor dc = dx1;
@@ -235,6 +268,10 @@ Tensor TransformerLayer::backward(const Tensor& dy, Ctx& ctx, SideGrads* side) c
     dx1 = d;
   }
 
+  if (!self_attention) {  // an MLP-only layer ('-')
+    ctx = Ctx{};
+    return dx1;
+  }
   Tensor da = dx1;
   if (ctx.dropout > 0) {
     da = Tensor::empty(dx1.shape(), dx1.dtype(), dx1.device());
@@ -242,16 +279,38 @@ Tensor TransformerLayer::backward(const Tensor& dy, Ctx& ctx, SideGrads* side) c
   }
   if (ctx.ln1_dropped) {  // layernorm's recomputation of the input norm's output
     Norm::Ctx again;
-    self_attention.keep_input(
-        input_layernorm.forward(ctx.ln1.x, again, self_attention.gemm_input_dtype()), ctx.attn);
+    self_attention->keep_input(
+        input_layernorm->forward(ctx.ln1.x, again, self_attention->gemm_input_dtype()), ctx.attn);
   }
   Tensor dbias;
-  Tensor dx = input_layernorm.backward(self_attention.backward(da, ctx.attn, &dbias), ctx.ln1);
+  Tensor dx = input_layernorm->backward(self_attention->backward(da, ctx.attn, &dbias), ctx.ln1);
   if (dbias.defined()) {
     MEGATRON_CHECK(side != nullptr, "a biased attention's backward needs SideGrads");
     accumulate_side_grad(side->bias, dbias);
   }
   ops::add_inplace(dx, dx1);
+  ctx = Ctx{};
+  return dx;
+}
+
+Tensor TransformerLayer::forward_mamba(const Tensor& x, Ctx& ctx, const ForwardMode& mode) const {
+  Tensor m =
+      mixer->forward(norm->forward(x, ctx.ln_mamba, mixer->gemm_input_dtype()), ctx.mamba, mode)
+          .view(x.shape());
+  if (ctx.dropout > 0)
+    sequence_dropout_forward(m, m, ctx.dropout, ctx.seed, ctx.stream_attn, tp_, true);
+  ops::add_inplace(m, x);  // out = x + dropout(mixer(norm(x)))
+  return m;
+}
+
+Tensor TransformerLayer::backward_mamba(const Tensor& dy, Ctx& ctx) const {
+  Tensor dm = dy;
+  if (ctx.dropout > 0) {
+    dm = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
+    sequence_dropout_backward(dm, dy, ctx.dropout, ctx.seed, ctx.stream_attn, tp_, true);
+  }
+  Tensor dx = norm->backward(mixer->backward(dm, ctx.mamba).view(dy.shape()), ctx.ln_mamba);
+  ops::add_inplace(dx, dy);
   ctx = Ctx{};
   return dx;
 }

@@ -21,6 +21,12 @@
 // with memory and its padding from the TokenLayout; backward adds the memory's gradient (and the
 // self-attention bias's, with T5's relative positions) to SideGrads.
 //
+// A hybrid model's layers (cfg.mamba.layers, transformer/mamba/mamba_config.h) have one branch
+// each: '*' the attention branch only, '-' the MLP branch only (Megatron's MLPLayer), 'M' a
+// Mamba branch instead of both (Megatron's MambaLayer):
+//
+//   out = x + dropout(mixer(norm(x)))
+//
 // Backward mirrors it: the residual stream's gradient passes straight through and each branch
 // adds its input gradient. Under sequence parallelism x, the norms, dropout and residual adds
 // work on this rank's s/tp positions; attention and MLP gather and scatter them.
@@ -30,6 +36,7 @@
 
 #include "transformer/attention.h"
 #include "transformer/cross_attention.h"
+#include "transformer/mamba/mamba_mixer.h"
 #include "transformer/mlp.h"
 #include "transformer/moe/moe_layer.h"
 #include "transformer/norm.h"
@@ -54,7 +61,8 @@ struct SideGrads {
 class TransformerLayer {
  public:
   struct Ctx {
-    Norm::Ctx ln1, ln2, ln_cross;
+    Norm::Ctx ln1, ln2, ln_cross, ln_mamba;
+    MambaMixer::Ctx mamba;
     SelfAttention::Ctx attn;
     CrossAttention::Ctx cross;
     MLP::Ctx mlp;
@@ -91,15 +99,23 @@ class TransformerLayer {
   // dense MLP recomputes itself: MLP::set_recompute).
   Tensor ffn_forward(const Tensor& x, Ctx& ctx, const ForwardMode& mode) const;
   Tensor ffn_backward(const Tensor& dy, Ctx& ctx) const;
+  Tensor forward_mamba(const Tensor& x, Ctx& ctx, const ForwardMode& mode) const;
+  Tensor backward_mamba(const Tensor& dy, Ctx& ctx) const;
 
  public:
-  Norm input_layernorm;  // post_attention_layernorm with cfg.post_layernorm
-  SelfAttention self_attention;
+  // The attention branch (null in a hybrid model's '-' and 'M' layers).
+  std::unique_ptr<Norm> input_layernorm;  // post_attention_layernorm with cfg.post_layernorm
+  std::unique_ptr<SelfAttention> self_attention;
   std::unique_ptr<Norm> pre_cross_attn_layernorm;  // decoder layers of T5
   std::unique_ptr<CrossAttention> cross_attention;
-  Norm pre_mlp_layernorm;         // post_mlp_layernorm with cfg.post_layernorm
-  std::unique_ptr<MLP> mlp;       // a dense layer's MLP, or
-  std::unique_ptr<MoELayer> moe;  // an MoE layer's (cfg.moe.is_moe_layer)
+  // The MLP branch (null in a hybrid model's '*' and 'M' layers).
+  std::unique_ptr<Norm> pre_mlp_layernorm;  // post_mlp_layernorm with cfg.post_layernorm
+  std::unique_ptr<MLP> mlp;                 // a dense layer's MLP, or
+  std::unique_ptr<MoELayer> moe;            // an MoE layer's (cfg.moe.is_moe_layer)
+  // A hybrid model's 'M' layers: Megatron's MambaLayer norm and mixer.
+  std::unique_ptr<Norm> norm;
+  std::unique_ptr<MambaMixer> mixer;
+  bool has_mlp() const { return mlp || moe; }
 
  private:
   const TransformerConfig& cfg_;

@@ -44,19 +44,19 @@ std::vector<HfTensorMapping> build_mappings(BertModel& m) {
     const char* parts[] = {"query", "key", "value"};
     for (int part = 0; part < 3; ++part) {
       const std::vector<int64_t> rows = packed_qkv_rows(c, part);
-      add(p + "attention.self." + parts[part] + ".weight", L.self_attention.linear_qkv->weight(),
+      add(p + "attention.self." + parts[part] + ".weight", L.self_attention->linear_qkv->weight(),
           {qkv, h}, rows);
-      add(p + "attention.self." + parts[part] + ".bias", L.self_attention.linear_qkv->bias(), {qkv},
-          rows);
+      add(p + "attention.self." + parts[part] + ".bias", L.self_attention->linear_qkv->bias(),
+          {qkv}, rows);
     }
-    add(p + "attention.output.dense.weight", L.self_attention.linear_proj.weight(), {h, qkv});
-    add(p + "attention.output.dense.bias", L.self_attention.linear_proj.bias, {h});
-    norm(p + (post ? "attention.output.LayerNorm" : "attention.ln"), L.input_layernorm);
+    add(p + "attention.output.dense.weight", L.self_attention->linear_proj.weight(), {h, qkv});
+    add(p + "attention.output.dense.bias", L.self_attention->linear_proj.bias, {h});
+    norm(p + (post ? "attention.output.LayerNorm" : "attention.ln"), *L.input_layernorm);
     add(p + "intermediate.dense.weight", L.mlp->linear_fc1.weight(), {ffn, h});
     add(p + "intermediate.dense.bias", L.mlp->linear_fc1.bias(), {ffn});
     add(p + "output.dense.weight", L.mlp->linear_fc2.weight(), {h, ffn});
     add(p + "output.dense.bias", L.mlp->linear_fc2.bias, {h});
-    norm(p + (post ? "output.LayerNorm" : "ln"), L.pre_mlp_layernorm);
+    norm(p + (post ? "output.LayerNorm" : "ln"), *L.pre_mlp_layernorm);
   }
   if (!post) norm("bert.encoder.ln", m.encoder->final_layernorm);
   add("bert.pooler.dense.weight", m.pooler->dense.weight, {h, h});

@@ -222,7 +222,7 @@ std::vector<std::pair<std::string, std::string>> deepseek_mtp_copies(const Trans
 void add_deepseek_attention_mappings(const TransformerConfig& c, TransformerLayer& L,
                                      const std::string& p, std::vector<HfTensorMapping>& maps) {
   const MlaConfig& m = c.mla;
-  MlaProjections& a = *L.self_attention.mla;
+  MlaProjections& a = *L.self_attention->mla;
   const int64_t h = c.hidden_size, np = c.num_attention_heads;
   const std::string s = p + "self_attn.";
   if (a.linear_q_down_proj) {
@@ -242,7 +242,7 @@ void add_deepseek_attention_mappings(const TransformerConfig& c, TransformerLaye
   add(maps, s + "kv_a_layernorm.weight", a.kv_layernorm->weight, {m.kv_lora_rank});
   add(maps, s + "kv_b_proj.weight", a.linear_kv_up_proj.weight(),
       {np * (m.qk_head_dim + m.v_head_dim), m.kv_lora_rank});
-  add(maps, s + "o_proj.weight", L.self_attention.linear_proj.weight(), {h, np * m.v_head_dim});
+  add(maps, s + "o_proj.weight", L.self_attention->linear_proj.weight(), {h, np * m.v_head_dim});
 }
 
 void add_deepseek_moe_mappings(const TransformerConfig& c, TransformerLayer& L,

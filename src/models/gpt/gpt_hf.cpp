@@ -211,20 +211,20 @@ std::vector<Mapping> hf_tensor_mappings(const HfModelInfo& info, GPTModel& m) {
     for (int64_t i = 0; i < c.num_layers; ++i) {
       auto& L = *m.decoder->layers[i];
       const std::string p = "h." + std::to_string(i) + ".";
-      add(p + "ln_1.weight", L.input_layernorm.weight, {h});
-      add(p + "ln_1.bias", L.input_layernorm.bias, {h});
+      add(p + "ln_1.weight", L.input_layernorm->weight, {h});
+      add(p + "ln_1.bias", L.input_layernorm->bias, {h});
       // c_attn columns are [Q | K | V]; ours are grouped per head.
       std::vector<int64_t> qkv;
       for (int64_t part = 0; part < 3; ++part) {
         auto r = all_rows(part);
         qkv.insert(qkv.end(), r.begin(), r.end());
       }
-      add(p + "attn.c_attn.weight", L.self_attention.linear_qkv->weight(), {h, 3 * h}, true, qkv);
-      add(p + "attn.c_attn.bias", L.self_attention.linear_qkv->bias(), {3 * h}, false, qkv);
-      add(p + "attn.c_proj.weight", L.self_attention.linear_proj.weight(), {h, h}, true);
-      add(p + "attn.c_proj.bias", L.self_attention.linear_proj.bias, {h});
-      add(p + "ln_2.weight", L.pre_mlp_layernorm.weight, {h});
-      add(p + "ln_2.bias", L.pre_mlp_layernorm.bias, {h});
+      add(p + "attn.c_attn.weight", L.self_attention->linear_qkv->weight(), {h, 3 * h}, true, qkv);
+      add(p + "attn.c_attn.bias", L.self_attention->linear_qkv->bias(), {3 * h}, false, qkv);
+      add(p + "attn.c_proj.weight", L.self_attention->linear_proj.weight(), {h, h}, true);
+      add(p + "attn.c_proj.bias", L.self_attention->linear_proj.bias, {h});
+      add(p + "ln_2.weight", L.pre_mlp_layernorm->weight, {h});
+      add(p + "ln_2.bias", L.pre_mlp_layernorm->bias, {h});
       add(p + "mlp.c_fc.weight", L.mlp->linear_fc1.weight(), {h, ffn}, true);
       add(p + "mlp.c_fc.bias", L.mlp->linear_fc1.bias(), {ffn});
       add(p + "mlp.c_proj.weight", L.mlp->linear_fc2.weight(), {ffn, h}, true);
@@ -238,31 +238,31 @@ std::vector<Mapping> hf_tensor_mappings(const HfModelInfo& info, GPTModel& m) {
     // transformer layer, where DeepSeek-V3 keeps it (its extra tensors below).
     const auto layer_maps = [&](TransformerLayer& L, int64_t i) {
       const std::string p = "model.layers." + std::to_string(i) + ".";
-      add(p + "input_layernorm.weight", L.input_layernorm.weight, {h});
+      add(p + "input_layernorm.weight", L.input_layernorm->weight, {h});
       if (c.mla.enabled) {
         add_deepseek_attention_mappings(c, L, p, maps);
       } else {
-        add(p + "self_attn.q_proj.weight", L.self_attention.linear_qkv->weight(), {np * hn, h},
+        add(p + "self_attn.q_proj.weight", L.self_attention->linear_qkv->weight(), {np * hn, h},
             false, all_rows(0));
-        add(p + "self_attn.k_proj.weight", L.self_attention.linear_qkv->weight(), {ng * hn, h},
+        add(p + "self_attn.k_proj.weight", L.self_attention->linear_qkv->weight(), {ng * hn, h},
             false, all_rows(1));
-        add(p + "self_attn.v_proj.weight", L.self_attention.linear_qkv->weight(), {ng * hn, h},
+        add(p + "self_attn.v_proj.weight", L.self_attention->linear_qkv->weight(), {ng * hn, h},
             false, all_rows(2));
         if (c.add_qkv_bias) {
-          add(p + "self_attn.q_proj.bias", L.self_attention.linear_qkv->bias(), {np * hn}, false,
+          add(p + "self_attn.q_proj.bias", L.self_attention->linear_qkv->bias(), {np * hn}, false,
               all_rows(0));
-          add(p + "self_attn.k_proj.bias", L.self_attention.linear_qkv->bias(), {ng * hn}, false,
+          add(p + "self_attn.k_proj.bias", L.self_attention->linear_qkv->bias(), {ng * hn}, false,
               all_rows(1));
-          add(p + "self_attn.v_proj.bias", L.self_attention.linear_qkv->bias(), {ng * hn}, false,
+          add(p + "self_attn.v_proj.bias", L.self_attention->linear_qkv->bias(), {ng * hn}, false,
               all_rows(2));
         }
-        add(p + "self_attn.o_proj.weight", L.self_attention.linear_proj.weight(), {h, np * hn});
+        add(p + "self_attn.o_proj.weight", L.self_attention->linear_proj.weight(), {h, np * hn});
         if (c.qk_layernorm) {
-          add(p + "self_attn.q_norm.weight", L.self_attention.q_layernorm->weight, {hn});
-          add(p + "self_attn.k_norm.weight", L.self_attention.k_layernorm->weight, {hn});
+          add(p + "self_attn.q_norm.weight", L.self_attention->q_layernorm->weight, {hn});
+          add(p + "self_attn.k_norm.weight", L.self_attention->k_layernorm->weight, {hn});
         }
       }
-      add(p + "post_attention_layernorm.weight", L.pre_mlp_layernorm.weight, {h});
+      add(p + "post_attention_layernorm.weight", L.pre_mlp_layernorm->weight, {h});
       if (L.moe && info.model_type == "deepseek_v3") {
         add_deepseek_moe_mappings(c, L, p, maps);
       } else if (L.moe) {

@@ -52,7 +52,36 @@ int64_t activation_bytes_per_microbatch(const TransformerConfig& c, const Activa
   int64_t bytes = 0;
   // The stage's layers are global layers [first_layer, first_layer + L).
   int64_t kept = 0;  // every layer's activations
-  for (int64_t i = 0; i < L; ++i) kept += c.moe.is_moe_layer(a.first_layer + i) ? moe_layer : layer;
+  // A hybrid model's layers (transformer/mamba): attention only, MLP only (its input, norm
+  // statistics and fc1's input besides the MLP), or Mamba: its input and norm statistics,
+  // in_proj's input, the f32 convolution input and output, dt, z, the scan's output, the gated
+  // norm's statistics and out_proj's input, and one scan state per 64 positions.
+  const int64_t mlp_only = s_local_b * h * e + stats + sb * h * g + mlp(f, sb);
+  int64_t mamba_layer = 0;
+  if (c.mamba.has_mamba()) {
+    const MambaConfig& m = c.mamba;
+    const int64_t di = m.d_inner(h) / t, heads = m.heads(h) / t, conv = m.conv_dim(h) / t;
+    const int64_t states = (s + 63) / 64 * b * heads * m.head_dim * m.state_dim;
+    mamba_layer = s_local_b * h * e + stats + sb * h * g +
+                  sb * (2 * conv + heads + 2 * di + m.num_groups / t) * e + sb * di * g +
+                  states * e;
+  }
+  for (int64_t i = 0; i < L; ++i) {
+    const int64_t l = a.first_layer + i;
+    switch (c.mamba.layer_type(l)) {
+      case 'M':
+        kept += mamba_layer;
+        break;
+      case '*':
+        kept += attention;
+        break;
+      case '-':
+        kept += mlp_only;
+        break;
+      default:
+        kept += c.moe.is_moe_layer(l) ? moe_layer : layer;
+    }
+  }
   switch (c.recompute_granularity) {
     case RecomputeGranularity::kNone:
       bytes = kept;
@@ -67,12 +96,15 @@ int64_t activation_bytes_per_microbatch(const TransformerConfig& c, const Activa
       bytes = kept;
       for (int64_t i = 0; i < L; ++i) {
         const bool is_moe = c.moe.is_moe_layer(a.first_layer + i);
-        if (r.core_attn) bytes -= core;
-        if (r.mla_up_proj && c.mla.enabled) bytes -= sb * np * 3 * hn / t * e;
-        if (!is_moe && r.mlp) bytes -= mlp(f, sb);
+        // A hybrid model's layers recompute only the branch they have (none in Mamba layers).
+        const char kind = c.mamba.layer_type(a.first_layer + i);
+        const bool attn = kind == '\0' || kind == '*', dense = kind == '\0' || kind == '-';
+        if (attn && r.core_attn) bytes -= core;
+        if (attn && r.mla_up_proj && c.mla.enabled) bytes -= sb * np * 3 * hn / t * e;
+        if (dense && !is_moe && r.mlp) bytes -= mlp(f, sb);
         // layernorm: the norms' outputs as their consumers kept them (gathered under SP).
-        if (r.layernorm) bytes -= c.mla.enabled ? s_local_b * h * g : sb * h * g;
-        if (r.layernorm && !is_moe) bytes -= sb * h * g;
+        if (attn && r.layernorm) bytes -= c.mla.enabled ? s_local_b * h * g : sb * h * g;
+        if (dense && r.layernorm && !is_moe) bytes -= sb * h * g;
         if (is_moe && r.moe) {
           bytes -= moe_intermediates + (r.layernorm ? s_local_b * h * g : 0);
         } else if (is_moe) {

@@ -86,18 +86,18 @@ std::vector<HfTensorMapping> vision_mappings(LlavaModel& m, const std::string& p
     const char* qkv[] = {"q_proj", "k_proj", "v_proj"};
     for (int part = 0; part < 3; ++part) {
       const std::string a = x + "self_attn." + qkv[part];
-      add(a + ".weight", L.self_attention.linear_qkv->weight(), {np * hn, h},
+      add(a + ".weight", L.self_attention->linear_qkv->weight(), {np * hn, h},
           packed_qkv_rows(v, part));
-      add(a + ".bias", L.self_attention.linear_qkv->bias(), {np * hn}, packed_qkv_rows(v, part));
+      add(a + ".bias", L.self_attention->linear_qkv->bias(), {np * hn}, packed_qkv_rows(v, part));
     }
-    add(x + "self_attn.out_proj.weight", L.self_attention.linear_proj.weight(), {h, np * hn});
-    add(x + "self_attn.out_proj.bias", L.self_attention.linear_proj.bias, {h});
-    norm(x + "layer_norm1", L.input_layernorm, h);
+    add(x + "self_attn.out_proj.weight", L.self_attention->linear_proj.weight(), {h, np * hn});
+    add(x + "self_attn.out_proj.bias", L.self_attention->linear_proj.bias, {h});
+    norm(x + "layer_norm1", *L.input_layernorm, h);
     add(x + "mlp.fc1.weight", L.mlp->linear_fc1.weight(), {ffn, h});
     add(x + "mlp.fc1.bias", L.mlp->linear_fc1.bias(), {ffn});
     add(x + "mlp.fc2.weight", L.mlp->linear_fc2.weight(), {h, ffn});
     add(x + "mlp.fc2.bias", L.mlp->linear_fc2.bias, {h});
-    norm(x + "layer_norm2", L.pre_mlp_layernorm, h);
+    norm(x + "layer_norm2", *L.pre_mlp_layernorm, h);
   }
   return maps;
 }

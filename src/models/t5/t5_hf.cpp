@@ -55,24 +55,24 @@ std::vector<HfTensorMapping> build_mappings(T5Model& m) {
   auto self_attention = [&](const std::string& p, TransformerLayer& L) {
     const char* parts[] = {"q", "k", "v"};
     for (int part = 0; part < 3; ++part)
-      add(p + "SelfAttention." + parts[part] + ".weight", L.self_attention.linear_qkv->weight(),
+      add(p + "SelfAttention." + parts[part] + ".weight", L.self_attention->linear_qkv->weight(),
           {inner, h}, packed_qkv_rows(c, part));
-    add(p + "SelfAttention.o.weight", L.self_attention.linear_proj.weight(), {h, inner});
+    add(p + "SelfAttention.o.weight", L.self_attention->linear_proj.weight(), {h, inner});
   };
   for (int64_t i = 0; i < c.num_layers; ++i) {
     TransformerLayer& L = *m.encoder->layers[static_cast<size_t>(i)];
     const std::string p = "encoder.block." + std::to_string(i) + ".layer.";
     self_attention(p + "0.", L);
-    add(p + "0.layer_norm.weight", L.input_layernorm.weight, {h});
+    add(p + "0.layer_norm.weight", L.input_layernorm->weight, {h});
     mlp(p + "1.", L);
-    add(p + "1.layer_norm.weight", L.pre_mlp_layernorm.weight, {h});
+    add(p + "1.layer_norm.weight", L.pre_mlp_layernorm->weight, {h});
   }
   add("encoder.final_layer_norm.weight", m.encoder->final_layernorm.weight, {h});
   for (size_t i = 0; i < m.decoder->layers.size(); ++i) {
     TransformerLayer& L = *m.decoder->layers[i];
     const std::string p = "decoder.block." + std::to_string(i) + ".layer.";
     self_attention(p + "0.", L);
-    add(p + "0.layer_norm.weight", L.input_layernorm.weight, {h});
+    add(p + "0.layer_norm.weight", L.input_layernorm->weight, {h});
     CrossAttention& x = *L.cross_attention;
     add(p + "1.EncDecAttention.q.weight", x.linear_q.weight(), {inner, h});
     add(p + "1.EncDecAttention.k.weight", x.linear_kv.weight(), {inner, h}, packed_kv_rows(c, 0));
@@ -80,7 +80,7 @@ std::vector<HfTensorMapping> build_mappings(T5Model& m) {
     add(p + "1.EncDecAttention.o.weight", x.linear_proj.weight(), {h, inner});
     add(p + "1.layer_norm.weight", L.pre_cross_attn_layernorm->weight, {h});
     mlp(p + "2.", L);
-    add(p + "2.layer_norm.weight", L.pre_mlp_layernorm.weight, {h});
+    add(p + "2.layer_norm.weight", L.pre_mlp_layernorm->weight, {h});
   }
   add("decoder.final_layer_norm.weight", m.decoder->final_layernorm.weight, {h});
   add("lm_head.weight", m.head->own_weight, {V, h});
