@@ -74,6 +74,33 @@ TEST(ShardPieces, MatchFullIndexForEveryLayout) {
   }
 }
 
+// Unequal sections (Mamba's in-projection [z | x | B | C | dt], its convolution [x | B | C]):
+// each section split over the ranks, a rank's shard the concatenation of its slices.
+TEST(ShardPieces, UnequalSectionsMatchFullIndex) {
+  const std::vector<int64_t> sections{8, 8, 4, 4, 2};  // 26 rows in all
+  for (int size : {1, 2}) {
+    for (int rank = 0; rank < size; ++rank) {
+      for (const Shape& full : {Shape{26, 3}, Shape{26}}) {
+        Shape local = full;
+        local[0] = 26 / size;
+        Param p = make_param(local, 0, 1, rank, size);
+        p.tp_partition_sections = sections;
+        const int64_t n = p.shape.numel();
+        check_pieces(p, 0, n);
+        for (int64_t b = 0; b < n; b += 5)
+          for (int64_t len : {int64_t{1}, int64_t{7}, n - b})
+            if (b + len <= n) check_pieces(p, b, len);
+        if (size == 2 && rank == 1 && full.ndim() == 2) {
+          // Local row 4 (x_1's first) is full row 8 + 4; local row 12 (dt_1) is 24 + 1.
+          EXPECT_EQ(p.full_partition_position(4), 12);
+          EXPECT_EQ(p.full_partition_position(12), 25);
+          EXPECT_EQ(shard_pieces(p, 0, n).size(), 5U);  // one box per section
+        }
+      }
+    }
+  }
+}
+
 TEST(ShardPieces, WholeShardIsOneBoxPerStrideBlock) {
   // Rank 1 of 2 holds [gate_1 | up_1], 4 rows each, of a full [gate | up] of 2 x 8 rows.
   const Param swiglu = make_param({8, 3}, 0, 2, 1, 2);

@@ -1,0 +1,299 @@
+// Hybrid Mamba models' pieces (transformer/mamba): Megatron's layer allocation; the scan against
+// the SSD "attention" form of the same recurrence; carried state (generation) against one pass;
+// the kernels' backward (with the chunked recomputation) and the mixer and hybrid layers by
+// finite differences in fp64.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <vector>
+
+#include "comm/process_group.h"
+#include "testing/layer_gradients.h"
+#include "testing/testing.h"
+#include "transformer/mamba/mamba_config.h"
+#include "transformer/mamba/mamba_mixer.h"
+#include "transformer/mamba/ssm_kernels.h"
+#include "transformer/transformer_layer.h"
+
+namespace megatron {
+namespace {
+
+// Megatron's allocate_layers (core_v0.14.0, run on each case) gives these patterns.
+TEST(HybridAllocation, MatchesMegatron) {
+  struct Case {
+    int64_t n;
+    double attention, mlp;
+    const char* want;
+  };
+  const Case cases[] = {
+      {9, 0.0, 0.0, "MMMMMMMMM"},
+      {8, 0.25, 0.0, "MM*MM*MM"},
+      {10, 0.1, 0.5, "M-M--*M-M-"},
+      {24, 0.08, 0.5, "M-M-M--*M-M-M-M-*M--M-M-"},
+      {52, 0.08, 0.5, "M-M-M--M-M*-M-M-M--M*-M-M-M-M-M*--M-M-M-M*-M--M-M-M-"},
+      {12, 1.0 / 3, 1.0 / 3, "M-*M*-M*-*M-"},
+      {5, 0.5, 0.0, "M*M*M"},
+      {6, 0.0, 0.5, "M-M-M-"},
+      {7, 0.3, 0.3, "MM*-*M-"},
+  };
+  for (const Case& c : cases)
+    EXPECT_EQ(allocate_hybrid_layers(c.n, c.attention, c.mlp, ""), c.want)
+        << c.n << " " << c.attention << " " << c.mlp;
+}
+
+TEST(HybridAllocation, OverrideRules) {
+  EXPECT_EQ(allocate_hybrid_layers(4, 0, 0, "M*-M"), "M*-M");
+  // With a ratio the override must hold as many of each type: MM*MM*MM has 2 '*'.
+  EXPECT_EQ(allocate_hybrid_layers(8, 0.25, 0, "*MMMMMM*"), "*MMMMMM*");
+  EXPECT_THROW(allocate_hybrid_layers(8, 0.25, 0, "*MMMMMMM"), InvalidArgument);
+  EXPECT_THROW(allocate_hybrid_layers(4, 0, 0, "M*M"), InvalidArgument);   // wrong length
+  EXPECT_THROW(allocate_hybrid_layers(4, 0, 0, "M*EM"), InvalidArgument);  // unknown symbol
+  EXPECT_THROW(allocate_hybrid_layers(4, 0.6, 0.6, ""), InvalidArgument);  // ratios above 1
+}
+
+// Small scan problem with random inputs (fp64).
+struct ScanProblem {
+  ssm::ScanShape sh;
+  std::vector<double> x, dt, A_log, B, C, D, bias;
+  explicit ScanProblem(int64_t s, int64_t chunk) {
+    sh = {.s = s, .b = 2, .heads = 4, .head_dim = 3, .groups = 2, .state = 5, .chunk = chunk};
+    uint64_t seed = 17;
+    auto fill = [&](std::vector<double>& v, int64_t n, double lo, double hi) {
+      const Tensor t = testing::random_tensor({n}, ++seed, 1.0, DType::kF64);
+      v.resize(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i)
+        v[static_cast<size_t>(i)] = lo + (hi - lo) * (t.data<double>()[i] + 1) / 2;
+    };
+    const int64_t rows = s * sh.b;
+    fill(x, rows * sh.heads * sh.head_dim, -1, 1);
+    fill(dt, rows * sh.heads, -3, 1);
+    fill(A_log, sh.heads, 0, 2.7);
+    fill(B, rows * sh.groups * sh.state, -1, 1);
+    fill(C, rows * sh.groups * sh.state, -1, 1);
+    fill(D, sh.heads, 0.5, 1.5);
+    fill(bias, sh.heads, -1, 1);
+  }
+  std::vector<double> forward(double* state = nullptr, double* kept = nullptr) const {
+    std::vector<double> y(x.size());
+    ssm::scan_forward<double>(sh, x.data(), dt.data(), A_log.data(), B.data(), C.data(), D.data(),
+                              bias.data(), y.data(), state, kept);
+    return y;
+  }
+};
+
+double softplus(double v) { return v > 20 ? v : std::log1p(std::exp(v)); }
+
+// The same recurrence written as Mamba-2's state-space duality (the "attention" form):
+// y_t = sum_{u <= t} (C_t . B_u) exp(A sum_{k=u+1..t} dt_k) dt_u x_u + D x_t.
+TEST(MambaScan, RecurrenceEqualsDualForm) {
+  const ScanProblem p(7, 3);
+  const std::vector<double> y = p.forward();
+  const auto& sh = p.sh;
+  const int64_t H = sh.heads, P = sh.head_dim, N = sh.state, G = sh.groups;
+  for (int64_t i = 0; i < sh.b; ++i)
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t g = h / (H / G);
+      const double A = -std::exp(p.A_log[h]);
+      auto dts = [&](int64_t t) { return softplus(p.dt[(t * sh.b + i) * H + h] + p.bias[h]); };
+      for (int64_t t = 0; t < sh.s; ++t)
+        for (int64_t q = 0; q < P; ++q) {
+          double want = p.D[h] * p.x[((t * sh.b + i) * H + h) * P + q];
+          for (int64_t u = 0; u <= t; ++u) {
+            double cb = 0, decay = 0;
+            for (int64_t n = 0; n < N; ++n)
+              cb += p.C[((t * sh.b + i) * G + g) * N + n] * p.B[((u * sh.b + i) * G + g) * N + n];
+            for (int64_t k = u + 1; k <= t; ++k) decay += dts(k);
+            want += cb * std::exp(A * decay) * dts(u) * p.x[((u * sh.b + i) * H + h) * P + q];
+          }
+          // Both sides are fp64 sums of a few dozen O(1) terms.
+          EXPECT_NEAR(y[((t * sh.b + i) * H + h) * P + q], want, 1e-12);
+        }
+    }
+}
+
+// Generation: the scan and the convolution over positions [0, 3) then [3, 7), carrying the state
+// and the convolution's history, equal one pass over [0, 7).
+TEST(MambaScan, CarriedStateEqualsOnePass) {
+  const ScanProblem p(7, 64);
+  const std::vector<double> whole = p.forward();
+  const auto& sh = p.sh;
+  const int64_t per_row_x = sh.heads * sh.head_dim, per_row_bc = sh.groups * sh.state;
+  std::vector<double> state(static_cast<size_t>(sh.b * per_row_x * sh.state), 0.0);
+  std::vector<double> got;
+  for (auto [t0, t1] : {std::pair<int64_t, int64_t>{0, 3}, {3, 7}}) {
+    ScanProblem part = p;
+    part.sh.s = t1 - t0;
+    auto cut = [&](const std::vector<double>& v, int64_t per_row) {
+      return std::vector<double>(v.begin() + t0 * sh.b * per_row, v.begin() + t1 * sh.b * per_row);
+    };
+    part.x = cut(p.x, per_row_x);
+    part.dt = cut(p.dt, sh.heads);
+    part.B = cut(p.B, per_row_bc);
+    part.C = cut(p.C, per_row_bc);
+    const std::vector<double> y = part.forward(state.data());
+    got.insert(got.end(), y.begin(), y.end());
+  }
+  ASSERT_EQ(got.size(), whole.size());
+  for (size_t k = 0; k < got.size(); ++k) EXPECT_NEAR(got[k], whole[k], 1e-12);
+
+  // The convolution: width 4, 3 channels.
+  const ssm::ConvShape cs{.s = 7, .b = 2, .channels = 3, .width = 4};
+  const Tensor in = testing::random_tensor({7 * 2 * 3}, 3, 1.0, DType::kF64);
+  const Tensor w = testing::random_tensor({12}, 4, 1.0, DType::kF64);
+  const Tensor bias = testing::random_tensor({3}, 5, 1.0, DType::kF64);
+  std::vector<double> one(42), parts(42), hist(2 * 3 * 3, 0.0), next(hist.size());
+  ssm::conv_silu_forward<double>(cs, in.data<double>(), nullptr, w.data<double>(),
+                                 bias.data<double>(), one.data());
+  for (auto [t0, t1] : {std::pair<int64_t, int64_t>{0, 2}, {2, 3}, {3, 7}}) {
+    const ssm::ConvShape part{.s = t1 - t0, .b = 2, .channels = 3, .width = 4};
+    const double* src = in.data<double>() + t0 * 6;
+    ssm::conv_silu_forward<double>(part, src, hist.data(), w.data<double>(), bias.data<double>(),
+                                   parts.data() + t0 * 6);
+    ssm::conv_history<double>(part, src, hist.data(), next.data());
+    hist = next;
+  }
+  for (size_t k = 0; k < one.size(); ++k) EXPECT_NEAR(parts[k], one[k], 1e-14);
+}
+
+// L = sum(dy * y) as a function of one input array, and its central difference.
+double fd(const std::function<double()>& loss, double& v) {
+  const double h = 1e-6, keep = v;
+  v = keep + h;
+  const double up = loss();
+  v = keep - h;
+  const double down = loss();
+  v = keep;
+  return (up - down) / (2 * h);
+}
+
+// The scan's backward, with chunks of 2 positions (the kept states and the recomputation inside
+// each chunk are exercised), against central differences of every input. Tolerance: the check
+// in testing/layer_gradients.h (step 1e-6 in fp64: ~1e-9 error on O(1) values).
+TEST(MambaScan, BackwardMatchesFiniteDifferences) {
+  ScanProblem p(5, 2);
+  const Tensor dyt = testing::random_tensor({static_cast<int64_t>(p.x.size())}, 99, 1.0,
+                                            DType::kF64);
+  const double* dy = dyt.data<double>();
+  auto loss = [&] {
+    const std::vector<double> y = p.forward();
+    double l = 0;
+    for (size_t k = 0; k < y.size(); ++k) l += dy[k] * y[k];
+    return l;
+  };
+  std::vector<double> kept(static_cast<size_t>(p.sh.kept_states()));
+  p.forward(nullptr, kept.data());
+  std::vector<double> dx(p.x.size()), ddt(p.dt.size()), dB(p.B.size()), dC(p.C.size());
+  std::vector<double> dA(p.A_log.size(), 0.0), dD(dA.size(), 0.0), dbias(dA.size(), 0.0);
+  ssm::scan_backward<double>(p.sh, p.x.data(), p.dt.data(), p.A_log.data(), p.B.data(),
+                             p.C.data(), p.D.data(), p.bias.data(), kept.data(), dy, dx.data(),
+                             ddt.data(), dB.data(), dC.data(), dA.data(), dD.data(), dbias.data());
+  auto check = [&](const char* what, std::vector<double>& in, const std::vector<double>& grad) {
+    for (size_t k = 0; k < in.size(); k += std::max<size_t>(1, in.size() / 25)) {
+      const double want = fd(loss, in[k]);
+      EXPECT_NEAR(grad[k], want, 1e-7 + 1e-5 * std::abs(want)) << what << "[" << k << "]";
+    }
+  };
+  check("x", p.x, dx);
+  check("dt", p.dt, ddt);
+  check("B", p.B, dB);
+  check("C", p.C, dC);
+  check("A_log", p.A_log, dA);
+  check("D", p.D, dD);
+  check("dt_bias", p.bias, dbias);
+}
+
+struct SelfGroup {
+  std::shared_ptr<ProcessGroup> group = make_self_process_group();
+  TensorParallelContext tp() const { return TensorParallelContext{group.get(), false, {}}; }
+};
+
+TransformerConfig hybrid_config(const std::string& pattern) {
+  TransformerConfig c;
+  c.num_layers = static_cast<int64_t>(pattern.size());
+  c.hidden_size = 8;
+  c.num_attention_heads = 2;
+  c.ffn_hidden_size = 12;
+  c.seq_length = 6;
+  c.vocab_size = 16;
+  c.padded_vocab_size = 16;
+  c.normalization = Normalization::kRMSNorm;
+  c.add_bias_linear = false;
+  c.position_embedding = PositionEmbedding::kNone;
+  c.hidden_dropout = 0.1;
+  c.attention_dropout = 0;
+  c.init_method_std = 0.4;  // large enough that every path carries signal
+  c.compute_dtype = DType::kF64;
+  c.mamba.layers = pattern;
+  c.mamba.state_dim = 4;
+  c.mamba.head_dim = 4;  // d_inner 16: 4 heads
+  c.mamba.num_groups = 2;
+  c.finalize();
+  return c;
+}
+
+// The mixer (projections, convolution, scan, gated norm) and a hybrid model's three layer types
+// with hidden dropout, by finite differences in fp64 (testing/layer_gradients.h).
+TEST(MambaLayers, GradientsMatchFiniteDifferences) {
+  SelfGroup g;
+  const TransformerConfig cfg = hybrid_config("M*-");
+  const Tensor x = testing::random_tensor({6, 2, 8}, 7, 1.0, DType::kF64);
+  {
+    SCOPED_TRACE("mixer");
+    MambaMixer mixer("mixer", cfg, 0, g.tp());
+    MambaMixer::Ctx ctx;
+    std::vector<Param*> ps;
+    mixer.collect(ps);
+    testing::check_layer_gradients({ps,
+                                    [&](const Tensor& in) {
+                                      ctx = {};
+                                      return mixer.forward(in, ctx, ForwardMode{});
+                                    },
+                                    [&](const Tensor& dy) { return mixer.backward(dy, ctx); }},
+                                   x, 11);
+  }
+  for (int64_t l = 0; l < 3; ++l) {
+    SCOPED_TRACE("layer type " + std::string(1, cfg.mamba.layers[static_cast<size_t>(l)]));
+    TransformerLayer layer("layer", cfg, l, g.tp());
+    EXPECT_EQ(layer.mixer != nullptr, l == 0);
+    EXPECT_EQ(layer.self_attention != nullptr, l == 1);
+    EXPECT_EQ(layer.has_mlp(), l == 2);
+    TransformerLayer::Ctx ctx;
+    std::vector<Param*> ps;
+    layer.collect(ps);
+    const ForwardMode training{true, 5, 9};
+    testing::check_layer_gradients({ps,
+                                    [&](const Tensor& in) {
+                                      ctx = {};
+                                      return layer.forward(in, TokenLayout{}, ctx, training);
+                                    },
+                                    [&](const Tensor& dy) { return layer.backward(dy, ctx); }},
+                                   x, 13 + static_cast<uint64_t>(l));
+  }
+}
+
+// Megatron's names and shapes (conv1d.weight flattened to [channels, d_conv]).
+TEST(MambaLayers, ParameterNamesAndShapes) {
+  SelfGroup g;
+  const TransformerConfig cfg = hybrid_config("M");
+  TransformerLayer layer("decoder.layers.0", cfg, 0, g.tp());
+  std::vector<Param*> ps;
+  layer.collect(ps);
+  std::vector<std::pair<std::string, Shape>> got;
+  for (const Param* p : ps) got.emplace_back(p->name, p->shape);
+  const std::vector<std::pair<std::string, Shape>> want = {
+      {"decoder.layers.0.norm.weight", {8}},
+      {"decoder.layers.0.mixer.in_proj.weight", {2 * 16 + 2 * 2 * 4 + 4, 8}},
+      {"decoder.layers.0.mixer.conv1d.weight", {16 + 2 * 2 * 4, 4}},
+      {"decoder.layers.0.mixer.conv1d.bias", {16 + 2 * 2 * 4}},
+      {"decoder.layers.0.mixer.A_log", {4}},
+      {"decoder.layers.0.mixer.D", {4}},
+      {"decoder.layers.0.mixer.dt_bias", {4}},
+      {"decoder.layers.0.mixer.norm.weight", {16}},
+      {"decoder.layers.0.mixer.out_proj.weight", {8, 16}},
+  };
+  EXPECT_EQ(got, want);
+}
+
+}  // namespace
+}  // namespace megatron
