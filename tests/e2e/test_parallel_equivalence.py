@@ -6,7 +6,7 @@ the parallelism matrix (tp2, tp4, tp2 + sequence parallel, pp2, pp4, pp2 interle
 --microbatch-group-size-per-virtual-pipeline-stage), dp2, dp4,
 tp2pp2, tp2pp2dp2 on 8 ranks, and overlapped gradient buckets; uneven pipeline splits), with the
 same global batch, for a GPT-2-style and a Llama-style tiny model (and multi-latent attention,
-multi-token prediction, also under context parallelism), dropout on. The layouts differ only in
+multi-token prediction, also under context parallelism, and a hybrid Mamba model), dropout on. The layouts differ only in
 where the arithmetic happens: initialisation is TP-invariant (each shard is the slice of the full init), dropout masks are
 keyed by global element and head indices and by the micro-batch's index in the global batch, each
 rank reads Megatron's sampler share. So the loss, gradient-norm and validation curves must equal the
@@ -140,6 +140,20 @@ class TestParallelEquivalence(unittest.TestCase):
         # Llama 4's attention variants: weightless L2 norms of the heads, and layers 2 and 4
         # without RoPE (a global layer index: pp2 puts one of each on each stage).
         self.check_equivalent([*LLAMA, "--qk-l2-norm", "--no-rope-freq", "2"], layouts)
+
+    def test_hybrid_mamba_in_parallel_layouts(self):
+        # A hybrid Mamba model (pretrain_mamba): Mamba-2, attention-only and MLP-only layers. Its
+        # mixers split whole heads and groups over TP (the in-projection's z, x, B, C and dt
+        # blocks each sharded), their norms and dropout see SP's positions, and the pattern is
+        # global: pp2 puts M* on one stage and M- on the other, the interleaved split one layer
+        # per chunk.
+        layouts = [l for l in LAYOUTS if l[0] in ("tp2+sp", "tp4", "pp2", "pp2 interleaved",
+                                                   "tp2pp2dp2", "dp2 distributed optimizer")]
+        self.check_equivalent(["--model", "mamba", "--hybrid-override-pattern", "M*M-",
+                               "--mamba-state-dim", "8", "--mamba-head-dim", "16",
+                               "--mamba-num-groups", "4", "--normalization", "RMSNorm",
+                               "--position-embedding-type", "none", "--disable-bias-linear"],
+                              layouts)
 
     def test_multi_latent_attention_in_parallel_layouts(self):
         # MLA (DeepSeek-V3's attention) with YaRN: the replicated down projections and latent
