@@ -51,7 +51,12 @@ const char* const kShapeKeys[] = {"num_layers",
                                   "decoder_num_layers",
                                   "relative_attention_num_buckets",
                                   "gated_linear_unit",
-                                  "bert_binary_head"};
+                                  "bert_binary_head",
+                                  "hybrid_layers",
+                                  "mamba_state_dim",
+                                  "mamba_head_dim",
+                                  "mamba_num_groups",
+                                  "mamba_heads"};
 
 // The vocabulary's padding rows depend on the tensor-parallel size; the rows that exist in both
 // layouts are read, the others are zero.
@@ -135,6 +140,15 @@ nlohmann::json model_args_json(const Arguments& a, const TransformerConfig& cfg)
   j["no_rope_freq"] = a.no_rope_freq;
   j["no_rope_layers"] = cfg.no_rope_layers;
   if (a.padded_vocab_size > 0) j["padded_vocab_size"] = a.padded_vocab_size;
+  // Hybrid Mamba models: the resolved layer types and the mixers' sizes (compared), and the
+  // pattern under its flag's dest (restored by --use-checkpoint-args).
+  const MambaConfig& mb = cfg.mamba;
+  j["hybrid_layers"] = mb.layers;
+  if (mb.enabled()) j["hybrid_override_pattern"] = mb.layers;
+  j["mamba_state_dim"] = mb.has_mamba() ? mb.state_dim : 0;
+  j["mamba_head_dim"] = mb.has_mamba() ? mb.head_dim : 0;
+  j["mamba_num_groups"] = mb.has_mamba() ? mb.num_groups : 0;
+  j["mamba_heads"] = mb.has_mamba() ? mb.heads(cfg.hidden_size) : 0;
   // The routing, under the flags' dests, so that a checkpoint without the full argument record
   // (`megatron convert`'s) restores it with --use-checkpoint-args.
   if (cfg.moe.enabled()) {
@@ -158,9 +172,9 @@ std::vector<std::string> model_arg_differences(const nlohmann::json& saved,
     const nlohmann::json s = saved.value(key, nlohmann::json());
     const nlohmann::json m = mine.value(key, nlohmann::json());
     // A model flag newer than the checkpoint: absent means its default (off, 0, none).
-    const bool default_value = (m.is_boolean() && !m.get<bool>()) ||
-                               (m.is_number_integer() && m.get<int64_t>() == 0) ||
-                               (m.is_array() && m.empty());
+    const bool default_value =
+        (m.is_boolean() && !m.get<bool>()) || (m.is_number_integer() && m.get<int64_t>() == 0) ||
+        (m.is_array() && m.empty()) || (m.is_string() && m.get<std::string>().empty());
     if (s.is_null() && default_value) continue;
     if (s != m)
       out.push_back(std::string(key) + ": checkpoint " + s.dump() + ", this run " + m.dump());

@@ -261,25 +261,40 @@ class TestResharding(unittest.TestCase):
     ]
 
     def test_tp2pp2_checkpoint_loads_in_every_layout(self):
+        self.check_reshard([], 4, TP2PP2, self.LAYOUTS)
+
+    def test_hybrid_mamba_checkpoint_reshards(self):
+        # A hybrid Mamba model's in-projection holds five blocks (z, x, B, C, dt) and its
+        # convolution three, each split over TP: saved at tp2 with the distributed optimizer,
+        # loaded at tp1, tp4 and pp2, and saved again unchanged.
+        mamba = ["--model", "mamba", "--hybrid-override-pattern", "M*M-", "--mamba-state-dim", "8",
+                 "--mamba-head-dim", "16", "--mamba-num-groups", "4", "--normalization",
+                 "RMSNorm", "--position-embedding-type", "none"]
+        saved = [TP, "2", *DISTOPT]
+        self.check_reshard(mamba, 4, saved, [("tp2dp2 (the saved layout)", 4, saved),
+                                             ("tp1pp1", 1, []), ("tp4", 4, [TP, "4"]),
+                                             ("pp2 dp2 distributed optimizer", 4,
+                                              [PP, "2", *DISTOPT])])
+
+    def check_reshard(self, model, saved_ranks, saved_flags, layouts):
         ck = tmpdir("ck")
-        want = iterations(run(4, *TP2PP2))[11]
-        run(4, *TP2PP2, "--save", ck, "--exit-interval", "10")
+        want = iterations(run(saved_ranks, *model, *saved_flags))[11]
+        run(saved_ranks, *model, *saved_flags, "--save", ck, "--exit-interval", "10")
         saved_meta, saved = checkpoint_reader.read_checkpoint(ck)
         self.assertEqual(saved_meta["layout"]["tensor_model_parallel_size"], 2)
-        self.assertEqual(saved_meta["layout"]["pipeline_model_parallel_size"], 2)
         self.assertTrue(any(k.startswith("optimizer.exp_avg_sq.") for k in saved))
-        for name, ranks, flags in self.LAYOUTS:
+        for name, ranks, flags in layouts:
             with self.subTest(layout=name):
                 # (i) One step after loading, saved in this layout.
                 step_dir = tmpdir("step")
-                step = run(ranks, *flags, "--load", ck, "--exit-interval", "11",
+                step = run(ranks, *model, *flags, "--load", ck, "--exit-interval", "11",
                            "--save", step_dir)
                 got = iterations(step)
                 self.assertEqual(sorted(got), [11], step.stdout[-2000:])
                 self.assertEqual(checkpoint_reader.read_checkpoint(step_dir)[0]["iteration"], 11)
                 for field in ("consumed samples", "learning rate"):
                     self.assertEqual(got[11][field], want[field], field)
-                if flags is TP2PP2:  # the same layout: the same sums, so the same bits
+                if flags is saved_flags:  # the same layout: the same sums, so the same bits
                     self.assertEqual(got[11], want)
                 rel = abs(float(got[11]["lm loss"]) / float(want["lm loss"]) - 1)
                 print(f"{name}: iteration-11 loss {got[11]['lm loss']} vs {want['lm loss']} "
@@ -294,7 +309,7 @@ class TestResharding(unittest.TestCase):
                 # end-of-run save writes the loaded state in this layout; the schedule's
                 # parameters taken from the checkpoint, whose run was 20 iterations long).
                 out = tmpdir("out")
-                run(ranks, *flags, "--load", ck, "--save", out, "--train-iters", "10",
+                run(ranks, *model, *flags, "--load", ck, "--save", out, "--train-iters", "10",
                     "--use-checkpoint-opt_param-scheduler")
                 meta, tensors = checkpoint_reader.read_checkpoint(out)
                 self.assertEqual(meta["iteration"], 10)
