@@ -1384,7 +1384,16 @@ void merge_pretrained_config(Arguments& a, const ArgTable& t) {
   set("--position-embedding-type", a.position_embedding_type,
       std::string(c.position_embedding == PositionEmbedding::kRope       ? "rope"
                   : c.position_embedding == PositionEmbedding::kRelative ? "relative"
+                  : c.position_embedding == PositionEmbedding::kNone     ? "none"
                                                                          : "learned_absolute"));
+  if (c.mamba.enabled()) {  // NemotronH
+    const MambaConfig& mb = c.mamba;
+    set("--hybrid-override-pattern", a.hybrid_override_pattern, mb.layers);
+    set("--mamba-state-dim", a.mamba_state_dim, mb.state_dim);
+    set("--mamba-head-dim", a.mamba_head_dim, mb.head_dim);
+    set("--mamba-num-groups", a.mamba_num_groups, mb.num_groups);
+    set("--mamba-num-heads", a.mamba_num_heads, mb.num_heads);
+  }
   if (c.position_embedding == PositionEmbedding::kRelative) {
     set("--relative-attention-num-buckets", a.relative_attention_num_buckets,
         c.relative_attention_num_buckets);

@@ -42,9 +42,13 @@ Variants (the model-variant flags where Hugging Face has the same variant):
               DeepSeek-V3 with one multi-token prediction layer: gradients and AdamW steps of
               lm loss + Megatron's MTP term (0.1 x the depth's mean loss); "loss", "logits" and
               "adam_losses" are the main model's.
+  nemotron-h  NemotronH (NemotronHForCausalLM), Megatron's hybrid Mamba model in Hugging Face's
+              form: Mamba-2, attention-only (GQA, no positions) and squared-ReLU MLP-only layers
+              after hybrid_override_pattern "M*M-", each x + mixer(rmsnorm(x)). The Mamba mixer
+              (its torch_forward math) with the scan as its recurrence, one position at a time.
 
 Usage: python3 tests/reference/hf_oracle.py --arch {gpt2,llama,gpt2-relu2,llama31,qwen3,mixtral,
-       deepseek-v3,deepseek-v3-plain,deepseek-v3-mtp} --out DIR
+       deepseek-v3,deepseek-v3-plain,deepseek-v3-mtp,nemotron-h} --out DIR
        [--seed 1234]
 """
 
@@ -166,6 +170,37 @@ DEEPSEEK_V3_PLAIN_CONFIG = dict(DEEPSEEK_V3_CONFIG, q_lora_rank=None, rope_scali
 # objective adds Megatron's MTP term with --mtp-loss-scaling-factor MTP_LOSS_SCALE.
 DEEPSEEK_V3_MTP_CONFIG = dict(DEEPSEEK_V3_CONFIG, num_nextn_predict_layers=1)
 MTP_LOSS_SCALE = 0.1
+# NemotronH: 4 layers "M*M-"; Mamba-2 with 8 heads of 16 channels (d_inner 128), 2 groups of
+# state 8; attention 4 query heads over 2 key/value heads of 16 channels; relu2 MLP of 128.
+# time_step_limit [0, inf] is written as Python writes it (Infinity), as real configs have it.
+NEMOTRON_H_CONFIG = {
+    "model_type": "nemotron_h",
+    "architectures": ["NemotronHForCausalLM"],
+    "vocab_size": 1000,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 4,
+    "hybrid_override_pattern": "M*M-",
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 64,
+    "mlp_hidden_act": "relu2",
+    "attention_bias": False,
+    "mlp_bias": False,
+    "use_bias": False,
+    "use_conv_bias": True,
+    "layer_norm_epsilon": 1e-5,
+    "residual_in_fp32": False,
+    "ssm_state_size": 8,
+    "mamba_num_heads": 8,
+    "mamba_head_dim": 16,
+    "n_groups": 2,
+    "conv_kernel": 4,
+    "expand": 2,
+    "time_step_limit": [0.0, float("inf")],
+    "tie_word_embeddings": False,
+}
 # Hugging Face buffers and DeepSeek-V3's copies of the shared tensors: in the weights file, never
 # trained (the copies equal what they copy).
 def is_buffer(name):
@@ -738,6 +773,104 @@ ARCHS = {
     "deepseek-v3-plain": (DEEPSEEK_V3_PLAIN_CONFIG, deepseek_weights, deepseek_forward),
     "deepseek-v3-mtp": (DEEPSEEK_V3_MTP_CONFIG, deepseek_weights, deepseek_forward),
 }
+
+
+def nemotron_h_weights(cfg, init):
+    H, V = cfg["hidden_size"], cfg["vocab_size"]
+    I = cfg["mamba_num_heads"] * cfg["mamba_head_dim"]
+    G, N, nh = cfg["n_groups"], cfg["ssm_state_size"], cfg["mamba_num_heads"]
+    conv = I + 2 * G * N
+    hd, na, nkv = cfg["head_dim"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    w = {"backbone.embeddings.weight": init.matrix(V, H)}
+    for i, t in enumerate(cfg["hybrid_override_pattern"]):
+        p = f"backbone.layers.{i}."
+        w[p + "norm.weight"] = init.norm(H)
+        x = p + "mixer."
+        if t == "M":
+            w[x + "in_proj.weight"] = init.matrix(2 * I + 2 * G * N + nh, H) * 5
+            w[x + "conv1d.weight"] = init.matrix(conv, 1, cfg["conv_kernel"]) * 15
+            w[x + "conv1d.bias"] = init.bias(conv) * 5
+            # A in [1, 16) as Megatron initialises it; dt_bias so that softplus(dt) is ~0.01-0.1.
+            w[x + "A_log"] = torch.log(1 + 15 * torch.rand(nh, generator=init.gen))
+            w[x + "D"] = init.norm(nh)
+            w[x + "dt_bias"] = -3 + torch.rand(nh, generator=init.gen) * 2
+            w[x + "norm.weight"] = init.norm(I)
+            w[x + "out_proj.weight"] = init.matrix(H, I) * 3
+        elif t == "*":
+            w[x + "q_proj.weight"] = init.matrix(na * hd, H)
+            w[x + "k_proj.weight"] = init.matrix(nkv * hd, H)
+            w[x + "v_proj.weight"] = init.matrix(nkv * hd, H)
+            w[x + "o_proj.weight"] = init.matrix(H, na * hd)
+        else:
+            w[x + "up_proj.weight"] = init.matrix(cfg["intermediate_size"], H)
+            w[x + "down_proj.weight"] = init.matrix(H, cfg["intermediate_size"])
+    w["backbone.norm_f.weight"] = init.norm(H)
+    w["lm_head.weight"] = init.matrix(V, H)
+    return w
+
+
+def nemotron_h_mamba(cfg, w, x, h):
+    """NemotronHMamba2Mixer.torch_forward's math; the scan as its recurrence over positions."""
+    B, S, _ = h.shape
+    nh, P, G, N = (cfg["mamba_num_heads"], cfg["mamba_head_dim"], cfg["n_groups"],
+                   cfg["ssm_state_size"])
+    I, K = nh * P, cfg["conv_kernel"]
+    zxbcdt = F.linear(h, w[x + "in_proj.weight"])
+    z, xBC, dt = torch.split(zxbcdt, [I, I + 2 * G * N, nh], dim=-1)
+    xBC = F.conv1d(xBC.transpose(1, 2), w[x + "conv1d.weight"], w[x + "conv1d.bias"],
+                   padding=K - 1, groups=I + 2 * G * N)[..., :S].transpose(1, 2)
+    xBC = F.silu(xBC)
+    xs, Bm, Cm = torch.split(xBC, [I, G * N, G * N], dim=-1)
+    xs = xs.reshape(B, S, nh, P)
+    # Head h reads group h // (heads / groups).
+    Bm = Bm.reshape(B, S, G, N).repeat_interleave(nh // G, dim=2)
+    Cm = Cm.reshape(B, S, G, N).repeat_interleave(nh // G, dim=2)
+    dt = F.softplus(dt + w[x + "dt_bias"])  # time_step_limit [0, inf]: no clamp
+    A = -torch.exp(w[x + "A_log"])
+    state = torch.zeros(B, nh, P, N)
+    ys = []
+    for t in range(S):
+        decay = torch.exp(dt[:, t] * A)[:, :, None, None]
+        state = state * decay + (dt[:, t, :, None] * xs[:, t])[..., None] * Bm[:, t, :, None, :]
+        ys.append((state * Cm[:, t, :, None, :]).sum(-1) + w[x + "D"][None, :, None] * xs[:, t])
+    y = torch.stack(ys, dim=1).reshape(B, S, I)
+    g = (y * F.silu(z)).reshape(B, S, G, I // G)
+    g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + cfg["layer_norm_epsilon"])
+    y = g.reshape(B, S, I) * w[x + "norm.weight"]
+    return F.linear(y, w[x + "out_proj.weight"])
+
+
+def nemotron_h_forward(cfg, w, ids):
+    B, S = ids.shape
+    eps = cfg["layer_norm_epsilon"]
+    nh, nkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    rep = nh // nkv
+    causal = torch.full((S, S), torch.finfo(torch.float32).min).triu(1)[None, None]
+    x = F.embedding(ids, w["backbone.embeddings.weight"])
+    for i, t in enumerate(cfg["hybrid_override_pattern"]):
+        p = f"backbone.layers.{i}."
+        h = rms_norm(x, w[p + "norm.weight"], eps)
+        m = p + "mixer."
+        if t == "M":
+            out = nemotron_h_mamba(cfg, w, m, h)
+        elif t == "*":  # no positional embedding
+            q = F.linear(h, w[m + "q_proj.weight"]).view(B, S, nh, hd).transpose(1, 2)
+            k = F.linear(h, w[m + "k_proj.weight"]).view(B, S, nkv, hd).transpose(1, 2)
+            v = F.linear(h, w[m + "v_proj.weight"]).view(B, S, nkv, hd).transpose(1, 2)
+            k = k[:, :, None].expand(B, nkv, rep, S, hd).reshape(B, nh, S, hd)
+            v = v[:, :, None].expand(B, nkv, rep, S, hd).reshape(B, nh, S, hd)
+            att = torch.softmax(torch.matmul(q, k.transpose(2, 3)) * hd ** -0.5 + causal, dim=-1)
+            o = torch.matmul(att, v).transpose(1, 2).reshape(B, S, nh * hd)
+            out = F.linear(o, w[m + "o_proj.weight"])
+        else:  # relu2 MLP
+            out = F.linear(torch.relu(F.linear(h, w[m + "up_proj.weight"])) ** 2,
+                           w[m + "down_proj.weight"])
+        x = x + out
+    x = rms_norm(x, w["backbone.norm_f.weight"], eps)
+    return F.linear(x, w["lm_head.weight"])
+
+
+ARCHS["nemotron-h"] = (NEMOTRON_H_CONFIG, nemotron_h_weights, nemotron_h_forward)
 
 
 def lm_loss(logits, labels):

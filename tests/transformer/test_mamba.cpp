@@ -82,7 +82,9 @@ struct ScanProblem {
   }
 };
 
-double softplus(double v) { return v > 20 ? v : std::log1p(std::exp(v)); }
+double softplus(double v) {
+  return v > 20 ? v : std::log1p(std::exp(v));
+}
 
 // The same recurrence written as Mamba-2's state-space duality (the "attention" form):
 // y_t = sum_{u <= t} (C_t . B_u) exp(A sum_{k=u+1..t} dt_k) dt_u x_u + D x_t.
@@ -172,8 +174,8 @@ double fd(const std::function<double()>& loss, double& v) {
 // in testing/layer_gradients.h (step 1e-6 in fp64: ~1e-9 error on O(1) values).
 TEST(MambaScan, BackwardMatchesFiniteDifferences) {
   ScanProblem p(5, 2);
-  const Tensor dyt = testing::random_tensor({static_cast<int64_t>(p.x.size())}, 99, 1.0,
-                                            DType::kF64);
+  const Tensor dyt =
+      testing::random_tensor({static_cast<int64_t>(p.x.size())}, 99, 1.0, DType::kF64);
   const double* dy = dyt.data<double>();
   auto loss = [&] {
     const std::vector<double> y = p.forward();
@@ -185,9 +187,9 @@ TEST(MambaScan, BackwardMatchesFiniteDifferences) {
   p.forward(nullptr, kept.data());
   std::vector<double> dx(p.x.size()), ddt(p.dt.size()), dB(p.B.size()), dC(p.C.size());
   std::vector<double> dA(p.A_log.size(), 0.0), dD(dA.size(), 0.0), dbias(dA.size(), 0.0);
-  ssm::scan_backward<double>(p.sh, p.x.data(), p.dt.data(), p.A_log.data(), p.B.data(),
-                             p.C.data(), p.D.data(), p.bias.data(), kept.data(), dy, dx.data(),
-                             ddt.data(), dB.data(), dC.data(), dA.data(), dD.data(), dbias.data());
+  ssm::scan_backward<double>(p.sh, p.x.data(), p.dt.data(), p.A_log.data(), p.B.data(), p.C.data(),
+                             p.D.data(), p.bias.data(), kept.data(), dy, dx.data(), ddt.data(),
+                             dB.data(), dC.data(), dA.data(), dD.data(), dbias.data());
   auto check = [&](const char* what, std::vector<double>& in, const std::vector<double>& grad) {
     for (size_t k = 0; k < in.size(); k += std::max<size_t>(1, in.size() / 25)) {
       const double want = fd(loss, in[k]);

@@ -28,6 +28,40 @@ int64_t hf_rows(const HfTensorMapping& mp) {
   return mp.transpose ? mp.hf_shape[1] : mp.hf_shape[0];
 }
 
+// Python's json module writes the floats inf and nan as bare Infinity, -Infinity and NaN (e.g.
+// NemotronH's time_step_limit [0.0, Infinity]), which JSON has not: outside strings they become
+// the strings "Infinity", "-Infinity" and "NaN".
+std::string python_json_constants_as_strings(const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char ch = text[i];
+    if (in_string) {
+      out += ch;
+      if (ch == '\\' && i + 1 < text.size()) {
+        out += text[++i];
+      } else if (ch == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (ch == '"') in_string = true;
+    bool replaced = false;
+    for (const char* word : {"-Infinity", "Infinity", "NaN"}) {
+      const std::string w(word);
+      if (text.compare(i, w.size(), w) == 0) {
+        out += '"' + w + '"';
+        i += w.size() - 1;
+        replaced = true;
+        break;
+      }
+    }
+    if (!replaced) out += ch;
+  }
+  return out;
+}
+
 }  // namespace
 
 std::vector<int64_t> packed_qkv_rows(const TransformerConfig& c, int part) {
@@ -70,9 +104,10 @@ nlohmann::json read_hf_config_json(const std::string& dir) {
   std::ifstream in(file);
   MEGATRON_CHECK(in.good(), file,
                  ": cannot open; a Hugging Face model directory needs config.json");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(in);
+    j = nlohmann::json::parse(python_json_constants_as_strings(text));
   } catch (const nlohmann::json::exception& e) {
     MEGATRON_CHECK(false, file, ": not valid JSON (", e.what(), ")");
   }

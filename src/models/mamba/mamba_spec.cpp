@@ -4,7 +4,9 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "models/gpt/gpt_chunk.h"
 #include "models/gpt/gpt_spec.h"
+#include "models/mamba/mamba_hf.h"
 
 namespace megatron {
 
@@ -31,25 +33,27 @@ double hybrid_flops_per_iteration(const TransformerConfig& c, int64_t global_bat
 
 namespace {
 
+const GPTModel& gpt_of(const ModelChunk& chunk) {
+  const auto* g = dynamic_cast<const GPTChunk*>(&chunk);
+  MEGATRON_ASSERT(g != nullptr, "a hybrid Mamba spec function was given another model's chunk");
+  return g->model();
+}
+
 ModelSpec make_mamba_spec() {
   ModelSpec s = gpt_spec();
   s.name = "mamba";
   s.entry_point = "pretrain_mamba";
   s.summary = "hybrid Mamba-2 / attention / MLP decoder (Megatron's pretrain_mamba.py)";
   s.flops_per_iteration = hybrid_flops_per_iteration;
-  const auto refuse = [] {
-    MEGATRON_CHECK(false,
-                   "Hugging Face conversion of hybrid Mamba models is not implemented: train from "
-                   "scratch or from a megatron checkpoint (--load)");
+  s.hf.read_config = [](const std::string& dir) { return read_nemotron_h_config(dir).config; };
+  s.hf.load = [](const std::string& dir, ModelChunk& whole, ParamSet& params) {
+    load_nemotron_h_weights(dir, const_cast<GPTModel&>(gpt_of(whole)), params);
   };
-  s.hf.read_config = [refuse](const std::string&) -> TransformerConfig {
-    refuse();
-    return {};
+  s.hf.save = [](const std::string& dir, const ModelChunk& whole, const std::string& source_dir,
+                 std::optional<DType> dtype) {
+    save_nemotron_h(dir, gpt_of(whole), source_dir, dtype);
   };
-  s.hf.load = [refuse](const std::string&, ModelChunk&, ParamSet&) { refuse(); };
-  s.hf.save = [refuse](const std::string&, const ModelChunk&, const std::string&,
-                       std::optional<DType>) { refuse(); };
-  s.hf.check_exportable = [refuse](const TransformerConfig&) { refuse(); };
+  s.hf.check_exportable = check_nemotron_h_exportable;
   return s;
 }
 

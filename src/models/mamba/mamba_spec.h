@@ -7,7 +7,8 @@
 // the model is GPTModel itself with those layers (TransformerLayer's hybrid branches), so every
 // GPT feature that does not depend on whole layers carries over: tensor, sequence, pipeline (any
 // split, virtual stages too) and data parallelism, the distributed optimizer, recomputation,
-// bf16/fp16, FP8 projections, checkpoints and generation.
+// bf16/fp16, FP8 projections, checkpoints and generation. Hugging Face's form is NemotronH
+// (models/mamba/mamba_hf.h).
 #pragma once
 
 #include "models/model_spec.h"

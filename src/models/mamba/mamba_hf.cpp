@@ -1,0 +1,227 @@
+// NemotronH <-> hybrid Mamba GPTModel: config.json, the tensor mapping, load and save.
+#include "models/mamba/mamba_hf.h"
+
+#include <cmath>
+#include <set>
+
+#include "checkpoint/safetensors_dir.h"
+#include "models/common/hf_tensors.h"
+
+namespace megatron {
+
+namespace {
+
+using Mapping = HfTensorMapping;
+
+std::vector<Mapping> mappings(GPTModel& m) {
+  const TransformerConfig& c = m.config();
+  const int64_t h = c.hidden_size, hn = c.kv_channels, np = c.num_attention_heads;
+  const int64_t ng = c.num_query_groups, ffn = c.ffn_hidden_size, V = c.vocab_size;
+  const MambaConfig& mb = c.mamba;
+  const int64_t di = mb.d_inner(h), conv = mb.conv_dim(h), heads = mb.heads(h);
+  std::vector<Mapping> maps;
+  auto add = [&](const std::string& name, Param& p, Shape shape, std::vector<int64_t> rows = {}) {
+    maps.push_back(Mapping{name, &p, 0, std::move(rows), false, std::move(shape), 0.0});
+  };
+  add("backbone.embeddings.weight", m.embedding->word_embeddings, {V, h});
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    TransformerLayer& L = *m.decoder->layers[static_cast<size_t>(i)];
+    const std::string p = "backbone.layers." + std::to_string(i) + ".";
+    const std::string x = p + "mixer.";
+    switch (mb.layer_type(i)) {
+      case 'M': {
+        MambaMixer& mx = *L.mixer;
+        add(p + "norm.weight", L.norm->weight, {h});
+        add(x + "in_proj.weight", mx.in_proj.weight(), {mb.in_proj_dim(h), h});
+        add(x + "conv1d.weight", mx.conv1d_weight, {conv, 1, mb.d_conv});
+        add(x + "conv1d.bias", mx.conv1d_bias, {conv});
+        add(x + "A_log", mx.A_log, {heads});
+        add(x + "D", mx.D, {heads});
+        add(x + "dt_bias", mx.dt_bias, {heads});
+        add(x + "norm.weight", mx.norm_weight, {di});
+        add(x + "out_proj.weight", mx.out_proj.weight(), {h, di});
+        break;
+      }
+      case '*': {
+        Param& qkv = L.self_attention->linear_qkv->weight();
+        add(p + "norm.weight", L.input_layernorm->weight, {h});
+        add(x + "q_proj.weight", qkv, {np * hn, h}, packed_qkv_rows(c, 0));
+        add(x + "k_proj.weight", qkv, {ng * hn, h}, packed_qkv_rows(c, 1));
+        add(x + "v_proj.weight", qkv, {ng * hn, h}, packed_qkv_rows(c, 2));
+        add(x + "o_proj.weight", L.self_attention->linear_proj.weight(), {h, np * hn});
+        break;
+      }
+      default:  // '-'
+        add(p + "norm.weight", L.pre_mlp_layernorm->weight, {h});
+        add(x + "up_proj.weight", L.mlp->linear_fc1.weight(), {ffn, h});
+        add(x + "down_proj.weight", L.mlp->linear_fc2.weight(), {h, ffn});
+    }
+  }
+  add("backbone.norm_f.weight", m.decoder->final_layernorm.weight, {h});
+  if (c.untie_embeddings_and_output_weights) add("lm_head.weight", m.head->own_weight, {V, h});
+  return maps;
+}
+
+// NemotronH's config names some Mamba keys two ways (its constructor's mamba_* arguments and the
+// attributes it stores); either is read.
+template <typename T>
+T either(const nlohmann::json& j, const std::string& a, const std::string& b, T fallback,
+         const std::string& file) {
+  if (j.contains(a) && !j[a].is_null()) return hf_get<T>(j, a, file);
+  return hf_get_or<T>(j, b, fallback, file);
+}
+
+nlohmann::json config_json(const TransformerConfig& c, DType dtype) {
+  const MambaConfig& mb = c.mamba;
+  return {{"model_type", "nemotron_h"},
+          {"architectures", {"NemotronHForCausalLM"}},
+          {"vocab_size", c.vocab_size},
+          {"hidden_size", c.hidden_size},
+          {"intermediate_size", c.ffn_hidden_size},
+          {"num_hidden_layers", c.num_layers},
+          {"hybrid_override_pattern", mb.layers},
+          {"num_attention_heads", c.num_attention_heads},
+          {"num_key_value_heads", c.num_query_groups},
+          {"head_dim", c.kv_channels},
+          {"max_position_embeddings", c.max_position_embeddings},
+          {"mlp_hidden_act", "relu2"},
+          {"attention_bias", false},
+          {"mlp_bias", false},
+          {"use_bias", false},
+          {"use_conv_bias", true},
+          {"layer_norm_epsilon", c.norm_epsilon},
+          {"residual_in_fp32", false},
+          {"ssm_state_size", mb.state_dim},
+          {"mamba_num_heads", mb.heads(c.hidden_size)},
+          {"mamba_head_dim", mb.head_dim},
+          {"n_groups", mb.num_groups},
+          {"conv_kernel", mb.d_conv},
+          {"expand", mb.expand},
+          {"mamba_hidden_act", "silu"},
+          {"tie_word_embeddings", !c.untie_embeddings_and_output_weights},
+          {"torch_dtype", torch_dtype_name(dtype)}};
+}
+
+}  // namespace
+
+NemotronHInfo read_nemotron_h_config(const std::string& dir) {
+  const std::string file = dir + "/config.json";
+  NemotronHInfo info;
+  info.raw = read_hf_config_json(dir);
+  const nlohmann::json& j = info.raw;
+  const std::string type = hf_get_or<std::string>(j, "model_type", "", file);
+  MEGATRON_CHECK(type == "nemotron_h", file, ": model_type '", type,
+                 "' is not a hybrid Mamba model; --model mamba loads nemotron_h (NemotronH) "
+                 "directories");
+  TransformerConfig& c = info.config;
+  c.num_layers = hf_get<int64_t>(j, "num_hidden_layers", file);
+  c.hidden_size = hf_get<int64_t>(j, "hidden_size", file);
+  c.ffn_hidden_size = hf_get<int64_t>(j, "intermediate_size", file);
+  c.num_attention_heads = hf_get<int64_t>(j, "num_attention_heads", file);
+  c.num_query_groups = hf_get_or<int64_t>(j, "num_key_value_heads", c.num_attention_heads, file);
+  c.kv_channels = hf_get_or<int64_t>(j, "head_dim", 128, file);  // NemotronHConfig's default
+  c.vocab_size = hf_get<int64_t>(j, "vocab_size", file);
+  c.max_position_embeddings = hf_get_or<int64_t>(j, "max_position_embeddings", 4096, file);
+  c.seq_length = c.max_position_embeddings;
+  c.position_embedding = PositionEmbedding::kNone;
+  c.normalization = Normalization::kRMSNorm;
+  c.norm_epsilon = hf_get_or<double>(j, "layer_norm_epsilon", 1e-5, file);
+  MEGATRON_CHECK(std::abs(c.norm_epsilon - 1e-5) < 1e-12, file, ": layer_norm_epsilon ",
+                 c.norm_epsilon,
+                 " is not supported: Megatron's Mamba mixer normalises with 1e-5 (the other norms "
+                 "take --norm-epsilon)");
+  const std::string act = hf_get_or<std::string>(j, "mlp_hidden_act", "relu2", file);
+  MEGATRON_CHECK(act == "relu2", file, ": mlp_hidden_act '", act,
+                 "' is not supported; NemotronH's MLP layers are relu2 (--squared-relu)");
+  c.squared_relu = true;
+  for (const char* key : {"attention_bias", "mlp_bias", "use_bias"})
+    MEGATRON_CHECK(!hf_get_or<bool>(j, key, false, file), file, ": ", key,
+                   " is not supported (Megatron's hybrid layers have no biases here)");
+  MEGATRON_CHECK(either<bool>(j, "use_conv_bias", "mamba_conv_bias", true, file), file,
+                 ": use_conv_bias false is not supported (Megatron's mixer has a conv1d bias)");
+  c.add_bias_linear = false;
+  c.untie_embeddings_and_output_weights = !hf_get_or<bool>(j, "tie_word_embeddings", false, file);
+  MambaConfig& mb = c.mamba;
+  mb.layers = hf_get<std::string>(j, "hybrid_override_pattern", file);
+  for (char ch : mb.layers)
+    MEGATRON_CHECK(ch == 'M' || ch == '*' || ch == '-', file, ": hybrid_override_pattern '",
+                   mb.layers, "': layer type '", std::string(1, ch),
+                   "' is not supported (M, * and -; MoE layers E are not implemented)");
+  mb.state_dim = hf_get_or<int64_t>(j, "ssm_state_size", 128, file);
+  mb.num_heads = hf_get_or<int64_t>(j, "mamba_num_heads", 128, file);
+  mb.head_dim = hf_get_or<int64_t>(j, "mamba_head_dim", 64, file);
+  mb.num_groups = either<int64_t>(j, "n_groups", "mamba_n_groups", 8, file);
+  const int64_t d_conv = either<int64_t>(j, "conv_kernel", "mamba_d_conv", 4, file);
+  MEGATRON_CHECK(d_conv == 4, file, ": conv_kernel ", d_conv,
+                 " is not supported (Megatron's mixer convolves over 4 positions)");
+  if (j.contains("time_step_limit") && j["time_step_limit"].is_array()) {
+    const auto& lim = j["time_step_limit"];
+    const bool open =
+        lim.size() == 2 && lim[0].is_number() && lim[0].get<double>() == 0.0 &&
+        (lim[1].is_string() || (lim[1].is_number() && std::isinf(lim[1].get<double>())));
+    MEGATRON_CHECK(open, file, ": time_step_limit ", lim.dump(),
+                   " is not supported (Megatron's mixer does not clamp dt: [0, inf])");
+  }
+  const std::string dtype_key = j.contains("torch_dtype") ? "torch_dtype" : "dtype";
+  info.dtype = hf_dtype_from_torch(hf_get_or<std::string>(j, dtype_key, "float32", file), file);
+  return info;
+}
+
+void check_nemotron_h_exportable(const TransformerConfig& c) {
+  MEGATRON_CHECK(c.mamba.enabled(), "NemotronH export needs a hybrid Mamba model (--model mamba)");
+  MEGATRON_CHECK(c.normalization == Normalization::kRMSNorm && !c.layernorm_zero_centered_gamma &&
+                     std::abs(c.norm_epsilon - 1e-5) < 1e-12,
+                 "this hybrid model has no NemotronH equivalent: NemotronH's norms are RMSNorm "
+                 "with epsilon 1e-5 (--normalization RMSNorm, no --apply-layernorm-1p)");
+  MEGATRON_CHECK(c.squared_relu && !c.gated_mlp(),
+                 "this hybrid model has no NemotronH equivalent: its MLP layers are squared ReLU "
+                 "(--squared-relu)");
+  MEGATRON_CHECK(!c.add_bias_linear && !c.add_qkv_bias,
+                 "this hybrid model has no NemotronH equivalent: no biases "
+                 "(--disable-bias-linear)");
+  MEGATRON_CHECK(c.position_embedding == PositionEmbedding::kNone,
+                 "this hybrid model has no NemotronH equivalent: its attention has no positional "
+                 "embedding (--position-embedding-type none)");
+  MEGATRON_CHECK(!c.qk_layernorm && !c.qk_l2_norm && c.softmax_scale == 0 && c.mamba.d_conv == 4,
+                 "this hybrid model has no NemotronH equivalent: plain attention (no "
+                 "--qk-layernorm, --qk-l2-norm or --softmax-scale)");
+}
+
+void load_nemotron_h_weights(const std::string& dir, GPTModel& model, ParamSet& params) {
+  auto st = safetensors::SafetensorsDir::open(dir);
+  std::map<std::string, std::string> by_name;
+  for (const std::string& n : st.names()) by_name[n] = n;
+  std::map<Param*, Tensor> staged;
+  for (Param* p : params.params()) staged[p] = Tensor::zeros(p->shape, DType::kF64);
+  const std::set<std::string> used = read_mapped_tensors(st, by_name, mappings(model), staged, dir);
+  const bool tied = !model.config().untie_embeddings_and_output_weights;
+  for (const auto& [name, full] : by_name)
+    MEGATRON_CHECK(used.count(name) || (tied && name == "lm_head.weight"), dir,
+                   ": unexpected tensor '", full,
+                   "' for a NemotronH model as config.json describes it");
+  for (auto& [p, t] : staged) params.set_main(*p, t);
+  params.sync_compute_from_main();
+}
+
+std::map<std::string, Tensor> nemotron_h_tensors(const GPTModel& model, bool grads) {
+  GPTModel& m = const_cast<GPTModel&>(model);  // mappings take non-const Params; nothing written
+  return mapped_hf_tensors(mappings(m), grads);
+}
+
+void save_nemotron_h(const std::string& dir, const GPTModel& model, const std::string& source_dir,
+                     std::optional<DType> dtype) {
+  check_nemotron_h_exportable(model.config());
+  nlohmann::json config;
+  DType out = DType::kF32;
+  if (!source_dir.empty()) {
+    const NemotronHInfo src = read_nemotron_h_config(source_dir);
+    config = src.raw;
+    out = src.dtype;
+  }
+  if (dtype) out = *dtype;
+  if (source_dir.empty()) config = config_json(model.config(), out);
+  config["torch_dtype"] = torch_dtype_name(out);
+  write_hf_dir(dir, nemotron_h_tensors(model, false), out, config);
+}
+
+}  // namespace megatron

@@ -1,0 +1,206 @@
+// The hybrid Mamba model against PyTorch: tests/reference/hf_oracle.py --arch nemotron-h writes a
+// tiny NemotronH ("M*M-": Mamba-2, attention-only and squared-ReLU MLP-only layers) with random
+// weights and PyTorch's logits, loss, every gradient and 10 AdamW steps; we load the directory
+// through the NemotronH importer (models/mamba/mamba_hf.h) and reproduce them. Then: the export
+// writes the files' tensors back bit for bit, and generation's carried Mamba state (prefill, then
+// one position at a time) gives the logits of full forwards.
+//
+// Usage: test_mamba_hf_oracle ORACLE_DIR (CTest runs the Python script first, as a fixture).
+//
+// Tolerances, as test_gpt_hf_oracle's (both sides f32 with different summation orders: PyTorch's
+// scan sums a position's state updates in another order than ours, O(1e-7) relative per step):
+// logits 1e-5 + 1e-4 |x|; loss 1e-5 relative; gradients 1e-6 + 1e-3 |g|; AdamW losses 1e-4
+// relative.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "checkpoint/safetensors.h"
+#include "checkpoint/safetensors_dir.h"
+#include "models/mamba/mamba_hf.h"
+#include "optim/adamw.h"
+#include "testing/testing.h"
+#include "transformer/kv_cache.h"
+
+namespace megatron {
+namespace {
+
+std::string g_oracle_dir;
+
+struct Loaded {
+  NemotronHInfo info;
+  std::unique_ptr<GPTModel> model;
+  std::unique_ptr<ParamSet> params;
+};
+
+Loaded load(const std::string& dir) {
+  Loaded l;
+  l.info = read_nemotron_h_config(dir);
+  TransformerConfig c = l.info.config;
+  c.padded_vocab_size = pad_vocab_size(c.vocab_size, 128);
+  c.seq_length = 16;
+  c.hidden_dropout = c.attention_dropout = 0;
+  c.finalize();
+  l.model = std::make_unique<GPTModel>(c);
+  l.params = std::make_unique<ParamSet>(l.model->parameters(), DType::kF32);
+  load_nemotron_h_weights(dir, *l.model, *l.params);
+  return l;
+}
+
+double mean(const Tensor& t) {
+  double s = 0;
+  for (int64_t i = 0; i < t.numel(); ++i) s += t.item(i);
+  return s / static_cast<double>(t.numel());
+}
+
+struct Batch {
+  Tensor inputs, labels;  // [B, S]
+};
+
+Batch oracle_batch(safetensors::File& expected) {
+  Tensor tokens = expected.read("tokens");
+  const int64_t B = tokens.dim(0), S = tokens.dim(1) - 1;
+  Batch out{Tensor::empty({B, S}, DType::kI64), Tensor::empty({B, S}, DType::kI64)};
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < S; ++t) {
+      out.inputs.data<int64_t>()[b * S + t] = tokens.data<int64_t>()[b * (S + 1) + t];
+      out.labels.data<int64_t>()[b * S + t] = tokens.data<int64_t>()[b * (S + 1) + t + 1];
+    }
+  return out;
+}
+
+// Logits [S * B, Vp] (row t * B + b) as PyTorch's [B, S, V].
+Tensor as_pytorch(const Tensor& logits, const TransformerConfig& c, int64_t B, int64_t S) {
+  Tensor got = Tensor::empty({B, S, c.vocab_size});
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < S; ++t)
+      for (int64_t v = 0; v < c.vocab_size; ++v)
+        got.data<float>()[(b * S + t) * c.vocab_size + v] =
+            logits.data<float>()[(t * B + b) * c.padded_vocab_size + v];
+  return got;
+}
+
+std::string root() {
+  return g_oracle_dir + "/nemotron-h";
+}
+
+TEST(NemotronHOracle, LogitsLossGradientsAndAdamW) {
+  ASSERT_FALSE(g_oracle_dir.empty()) << "pass the oracle directory as the first argument";
+  auto expected = safetensors::File::open(root() + "/expected.safetensors");
+  Loaded l = load(root() + "/model");
+  const TransformerConfig& c = l.model->config();
+  EXPECT_EQ(c.mamba.layers, "M*M-");
+  const Batch batch = oracle_batch(expected);
+  const int64_t B = batch.inputs.dim(0), S = batch.inputs.dim(1);
+  GPTModel::Ctx ctx;
+  const Tensor loss = l.model->forward(batch.inputs, batch.labels, Tensor(), ctx, ForwardMode{});
+  EXPECT_TRUE(
+      testing::allclose(as_pytorch(ctx.head.logits, c, B, S), expected.read("logits"), 1e-5, 1e-4))
+      << "logits";
+  const double want_loss = expected.read("loss").item(0);
+  EXPECT_NEAR(mean(loss), want_loss, 1e-5 * want_loss) << "loss";
+
+  l.params->zero_grads();
+  l.model->backward(Tensor::full({B, S}, 1.0 / static_cast<double>(B * S)), ctx);
+  const auto grads = nemotron_h_tensors(*l.model, true);
+  // Every tensor: the embedding, 2 Mamba layers of 9, the attention layer's 5, the MLP layer's 3,
+  // the final norm and the head.
+  EXPECT_EQ(grads.size(), 1U + 2 * 9 + 5 + 3 + 2);
+  for (const auto& [name, g] : grads)
+    EXPECT_TRUE(testing::allclose(g, expected.read("grad." + name), 1e-6, 1e-3))
+        << "gradient of " << name;
+  const double norm = grad_norm(*l.params);
+  EXPECT_NEAR(norm, expected.read("grad_norm").item(0), 1e-4 * norm) << "grad norm";
+
+  // 10 AdamW steps on the same batch: lr 1e-3, betas (0.9, 0.95), wd 0.1 on tensors of >= 2
+  // dims (conv1d.weight included, as Megatron decays its 3-D weight), clip 1.0.
+  Loaded fresh = load(root() + "/model");
+  AdamW opt(*fresh.params, AdamWConfig{0.9, 0.95, 1e-8, 0.1});
+  const Tensor want_losses = expected.read("adam_losses");
+  for (int64_t step = 0; step < want_losses.numel(); ++step) {
+    GPTModel::Ctx sctx;
+    const Tensor l2 =
+        fresh.model->forward(batch.inputs, batch.labels, Tensor(), sctx, ForwardMode{});
+    EXPECT_NEAR(mean(l2), want_losses.item(step), 1e-4 * want_losses.item(step)) << "step " << step;
+    fresh.params->zero_grads();
+    fresh.model->backward(Tensor::full({B, S}, 1.0 / static_cast<double>(B * S)), sctx);
+    clip_grads(*fresh.params, 1.0, grad_norm(*fresh.params));
+    opt.step(1e-3);
+  }
+}
+
+// Import -> export reproduces the files' tensors and config bit for bit.
+TEST(NemotronHOracle, ExportRoundTrip) {
+  Loaded l = load(root() + "/model");
+  const std::string out = testing::scratch_dir("nemotron_h_export");
+  save_nemotron_h(out, *l.model, root() + "/model", std::nullopt);
+  auto a = safetensors::SafetensorsDir::open(root() + "/model");
+  auto b = safetensors::SafetensorsDir::open(out);
+  EXPECT_EQ(a.names(), b.names());
+  for (const std::string& n : a.names()) {
+    const Tensor x = a.read(n), y = b.read(n);
+    ASSERT_EQ(x.shape(), y.shape()) << n;
+    EXPECT_EQ(std::memcmp(x.raw(), y.raw(), x.nbytes()), 0) << n;
+  }
+  // A config made from ours (no source directory) reads back as the same model.
+  const std::string fresh = testing::scratch_dir("nemotron_h_fresh");
+  save_nemotron_h(fresh, *l.model, "", std::nullopt);
+  const TransformerConfig back = read_nemotron_h_config(fresh).config;
+  const TransformerConfig& in = l.info.config;
+  EXPECT_EQ(back.mamba.layers, in.mamba.layers);
+  EXPECT_EQ(back.mamba.heads(back.hidden_size), in.mamba.heads(in.hidden_size));
+  EXPECT_EQ(back.mamba.num_groups, in.mamba.num_groups);
+  EXPECT_EQ(back.mamba.state_dim, in.mamba.state_dim);
+  EXPECT_EQ(back.num_query_groups, in.num_query_groups);
+  EXPECT_EQ(back.kv_channels, in.kv_channels);
+  EXPECT_EQ(back.untie_embeddings_and_output_weights, in.untie_embeddings_and_output_weights);
+}
+
+// Generation: a prefill of 5 positions, then one position per call with the Mamba layers' carried
+// convolution inputs and scan state and the attention layer's KV cache, gives each position's
+// logits as one full forward over the whole sequence (f32, different summation orders in the
+// attention over the cache: 1e-5 + 1e-4 |x|, the logits tolerance above).
+TEST(NemotronHOracle, CarriedStateGenerationEqualsFullForward) {
+  auto expected = safetensors::File::open(root() + "/expected.safetensors");
+  Loaded l = load(root() + "/model");
+  const Batch batch = oracle_batch(expected);
+  const int64_t B = batch.inputs.dim(0), S = batch.inputs.dim(1);
+  const int64_t Vp = l.model->config().padded_vocab_size;
+  const Tensor full = l.model->infer_stage(Tensor(), batch.inputs, Tensor(), ForwardMode{}, false);
+  KvCache cache(S);
+  ForwardMode mode;
+  mode.kv_cache = &cache;
+  auto columns = [&](int64_t t0, int64_t t1) {
+    Tensor out = Tensor::empty({B, t1 - t0}, DType::kI64);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = t0; t < t1; ++t)
+        out.data<int64_t>()[b * (t1 - t0) + t - t0] = batch.inputs.data<int64_t>()[b * S + t];
+    return out;
+  };
+  const int64_t prefill = 5;
+  std::vector<float> got(static_cast<size_t>(S * B * Vp));
+  for (int64_t t0 = 0; t0 < S;) {
+    const int64_t t1 = t0 == 0 ? prefill : t0 + 1;
+    const Tensor logits = l.model->infer_stage(Tensor(), columns(t0, t1), Tensor(), mode, false);
+    cache.advance(t1 - t0);
+    std::copy(logits.data<float>(), logits.data<float>() + logits.numel(),
+              got.begin() + t0 * B * Vp);
+    t0 = t1;
+  }
+  Tensor g = Tensor::empty({S * B, Vp});
+  std::copy(got.begin(), got.end(), g.data<float>());
+  EXPECT_TRUE(testing::allclose(g, full, 1e-5, 1e-4));
+  // A second generation after reset() starts from zero state again.
+  cache.reset();
+  const Tensor again = l.model->infer_stage(Tensor(), columns(0, S), Tensor(), mode, false);
+  EXPECT_TRUE(testing::allclose(again, full, 1e-5, 1e-4));
+}
+
+}  // namespace
+}  // namespace megatron
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  if (argc > 1) megatron::g_oracle_dir = argv[1];
+  return RUN_ALL_TESTS();
+}
