@@ -124,6 +124,33 @@ class MegatronFlagsTest(unittest.TestCase):
         self.assertRefused(proc, "unknown flag --no-such-flag")
         self.assertNotIn("did you mean", proc.stderr)
 
+    def test_hybrid_mamba_flags(self):
+        # Megatron's Mamba stack spec runs as pretrain_mamba; other specs and hybrid flags on
+        # other models, bad patterns, sizes and layouts exit 2 naming the flag.
+        mamba = [*BASE, "--mamba-state-dim", "8", "--mamba-head-dim", "16",
+                 "--mamba-num-groups", "2"]
+        spec = ["--spec", "megatron.core.models.mamba.mamba_layer_specs", "mamba_stack_spec"]
+        ok = run("pretrain_mamba", *mamba, *spec, "--hybrid-override-pattern", "M*")
+        self.assertEqual(ok.returncode, 0, ok.stderr[-2000:])
+        self.assertIn("Hybrid allocation (M is mamba, * is attention, - is mlp):\nM*\n", ok.stdout)
+        self.assertRefused(run("train", *BASE, "--spec", "my.module", "my_spec"), "--spec",
+                           "Python module specs cannot be loaded")
+        self.assertRefused(run("train", *BASE, *spec), "--spec", "pretrain_mamba")
+        self.assertRefused(run("train", *BASE, "--hybrid-override-pattern", "M*"),
+                           "--hybrid-override-pattern", "pretrain_mamba")
+        self.assertRefused(run("pretrain_mamba", *mamba, "--hybrid-override-pattern", "M*-"),
+                           "--hybrid-override-pattern", "wrong length")
+        self.assertRefused(run("pretrain_mamba", *mamba, "--hybrid-override-pattern", "ME"),
+                           "--hybrid-override-pattern", "not a layer symbol")
+        self.assertRefused(run("pretrain_mamba", *mamba, "--hybrid-attention-ratio", "0.5",
+                               "--hybrid-override-pattern", "MM"),
+                           "--hybrid-override-pattern", "as many of each layer type")
+        self.assertRefused(run("pretrain_mamba", *mamba, "--mamba-num-groups", "3"),
+                           "--mamba-num-groups")
+        self.assertRefused(run("pretrain_mamba", *mamba, "--context-parallel-size", "2"),
+                           "--context-parallel-size")
+        self.assertRefused(run("pretrain_mamba", *mamba, "--num-experts", "4"), "--num-experts")
+
     def test_legacy_rope_flags(self):
         # --use-rotary-position-embeddings is Megatron's legacy --position-embedding-type rope;
         # --no-position-embedding is allowed with rope only.

@@ -28,6 +28,11 @@ stated in the test.
   --overlap-param-gather --overlap-grad-reduce, bf16, pipeline x expert parallel 2 x 2 with the
   distributed optimizer (and its --sequence-parallel at TP 1, switched off with a warning). It must
   train, its loss fall, and its load_balancing_loss stay near 1 (balanced routing).
+- Mamba (examples/mamba/train.sh) as `megatron pretrain_mamba`: a hybrid of Mamba-2, attention
+  and MLP layers from --hybrid-attention-ratio 0.08 --hybrid-mlp-ratio 0.5, its --spec, GQA
+  attention without positions, bf16, TP 2 with --sequence-parallel x DP 2 with the distributed
+  optimizer and both overlaps; the Mamba sizes (defaults 128 / 64 / 8 in the script) scaled down
+  with the flags. It must train and its loss fall.
 
 Usage: test_megatron_examples.py --megatron BUILD/megatron --mpiexec MPIEXEC
 """
@@ -50,8 +55,8 @@ TIMEOUT_S = 600
 VOCAB = 512
 
 
-def run(ranks, args, timeout=TIMEOUT_S):
-    cmd = [MEGATRON, "pretrain_gpt", *args]
+def run(ranks, args, timeout=TIMEOUT_S, entry="pretrain_gpt"):
+    cmd = [MEGATRON, entry, *args]
     if ranks > 1:
         cmd = [MPIEXEC, "-n", str(ranks), "--oversubscribe", "--allow-run-as-root", *cmd]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
@@ -181,6 +186,37 @@ def mixtral_args(tmp, data, checkpoint):
             logging_args + ["--num-threads", "1"])
 
 
+def mamba_args(tmp, data, checkpoint):
+    """examples/mamba/train.sh's options, in order, sizes scaled down: 56 layers -> 8, hidden
+    4096 -> 64, 32 heads in 8 groups -> 4 in 2, sequence 4096 -> 64, global batch 512 -> 8;
+    the Mamba state, head size and groups (the script leaves Megatron's defaults 128, 64, 8) ->
+    16, 16, 2. TP 8 on 8 GPUs -> TP 2 x DP 2."""
+    options = ["--tensor-model-parallel-size", "2", "--sequence-parallel",
+               "--pipeline-model-parallel-size", "1", "--use-distributed-optimizer",
+               "--overlap-param-gather", "--overlap-grad-reduce",
+               "--untie-embeddings-and-output-weights", "--init-method-std", "0.02",
+               "--position-embedding-type", "none", "--num-layers", "8", "--hidden-size", "64",
+               "--num-attention-heads", "4", "--group-query-attention", "--num-query-groups", "2",
+               "--hybrid-attention-ratio", "0.08", "--hybrid-mlp-ratio", "0.5",
+               "--seq-length", "64", "--max-position-embeddings", "64",
+               "--train-samples", "400", "--lr-warmup-samples", "16", "--lr-decay-samples", "396",
+               "--save", checkpoint, "--load", checkpoint, "--data-path", data,
+               "--data-cache-path", os.path.join(tmp, "cache"), "--split", "99,1,0",
+               "--tokenizer-type", "NullTokenizer", "--vocab-size", str(VOCAB),
+               "--distributed-backend", "nccl", "--micro-batch-size", "1",
+               "--global-batch-size", "8", "--lr", "2.5e-3", "--min-lr", "2.5e-4",
+               "--lr-decay-style", "cosine", "--weight-decay", "0.1", "--clip-grad", "1.0",
+               "--attention-dropout", "0.0", "--hidden-dropout", "0.0", "--disable-bias-linear",
+               "--normalization", "RMSNorm", "--adam-beta1", "0.9", "--adam-beta2", "0.95",
+               "--log-interval", "1", "--save-interval", "2000", "--eval-interval", "2000",
+               "--eval-iters", "2", "--bf16", "--use-mcore-models",
+               "--spec", "megatron.core.models.mamba.mamba_layer_specs", "mamba_stack_spec",
+               "--no-create-attention-mask-in-dataloader",
+               "--tensorboard-dir", os.path.join(tmp, "tb")]
+    return options + ["--mamba-state-dim", "16", "--mamba-head-dim", "16",
+                      "--mamba-num-groups", "2", "--num-threads", "1"]
+
+
 class MegatronExamplesTest(unittest.TestCase):
     def setUp(self):
         self._tmp = tempfile.TemporaryDirectory(prefix="megatron_examples_")
@@ -247,6 +283,15 @@ class MegatronExamplesTest(unittest.TestCase):
         # Megatron's tracker: the aux loss / coeff, averaged over the layers, near 1 (balanced).
         balance = [float(f["load_balancing_loss"]) for f in lines.values()]
         self.assertTrue(all(0.9 < b < 2.0 for b in balance), balance)
+
+    def test_mamba_script(self):
+        data = counting_dataset(self.tmp)
+        proc = run(4, mamba_args(self.tmp, data, os.path.join(self.tmp, "ckpt")),
+                   entry="pretrain_mamba")
+        # ln(512) = 6.24 at the start; the counting rule takes at least 1 nat off in 50 steps.
+        self.assertTrainsAndLearns(proc, 50, 1.0)
+        # Megatron's allocation of 8 layers at ratios 0.08 / 0.5.
+        self.assertIn("Hybrid allocation (M is mamba, * is attention, - is mlp):\nM-M-*-M-\n", proc.stdout)
 
 if __name__ == "__main__":
     sys.exit(megatron_job.main(sys.modules[__name__]))
