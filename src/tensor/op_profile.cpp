@@ -40,6 +40,8 @@ const char* op_category_name(OpCategory c) {
       return "cross entropy";
     case OpCategory::kOptimizer:
       return "optimizer";
+    case OpCategory::kStateSpace:
+      return "state space";
   }
   return "?";
 }

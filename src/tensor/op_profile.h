@@ -17,9 +17,18 @@
 
 namespace megatron {
 
-enum class OpCategory : uint8_t { kGemm, kAttention, kNormElementwise, kCrossEntropy, kOptimizer };
-inline constexpr int kOpCategories = 5;
-// "gemm", "attention", "norms and elementwise", "cross entropy", "optimizer".
+// kStateSpace: a hybrid Mamba model's convolution, scan and gated norm
+// (transformer/mamba/ssm_kernels.h).
+enum class OpCategory : uint8_t {
+  kGemm,
+  kAttention,
+  kNormElementwise,
+  kCrossEntropy,
+  kOptimizer,
+  kStateSpace
+};
+inline constexpr int kOpCategories = 6;
+// "gemm", "attention", "norms and elementwise", "cross entropy", "optimizer", "state space".
 const char* op_category_name(OpCategory c);
 
 void set_op_profiling(bool on);

@@ -1090,6 +1090,8 @@ void Trainer::add_op_times(const std::array<double, kOpCategories>& before) {
   // The whole step's time inside each kind of kernel (forward, backward and optimizer together).
   for (int c = 0; c < kOpCategories; ++c) {
     const auto cat = static_cast<OpCategory>(c);
+    // Only hybrid Mamba models have state-space kernels (every rank knows the config).
+    if (cat == OpCategory::kStateSpace && !cfg_.mamba.has_mamba()) continue;
     timers_.add(std::string("kernels: ") + op_category_name(cat), op_seconds(cat) - before[c]);
   }
   // The run's first step builds the GEMM primitives and warms the caches: left out.

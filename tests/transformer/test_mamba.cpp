@@ -52,12 +52,13 @@ TEST(HybridAllocation, OverrideRules) {
   EXPECT_THROW(allocate_hybrid_layers(4, 0.6, 0.6, ""), InvalidArgument);  // ratios above 1
 }
 
-// Small scan problem with random inputs (fp64).
+// Small scan problem with random inputs (fp64); head_dim 5 takes both the 4-channel blocks and
+// the one-channel remainder of the backward.
 struct ScanProblem {
   ssm::ScanShape sh;
   std::vector<double> x, dt, A_log, B, C, D, bias;
   explicit ScanProblem(int64_t s, int64_t chunk) {
-    sh = {.s = s, .b = 2, .heads = 4, .head_dim = 3, .groups = 2, .state = 5, .chunk = chunk};
+    sh = {.s = s, .b = 2, .heads = 4, .head_dim = 5, .groups = 2, .state = 5, .chunk = chunk};
     uint64_t seed = 17;
     auto fill = [&](std::vector<double>& v, int64_t n, double lo, double hi) {
       const Tensor t = testing::random_tensor({n}, ++seed, 1.0, DType::kF64);

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "parallel/mappings.h"
+#include "tensor/op_profile.h"
 #include "tensor/ops.h"
 #include "transformer/kv_cache.h"
 #include "transformer/mamba/ssm_kernels.h"
@@ -134,6 +135,7 @@ Tensor MambaMixer::forward(const Tensor& h, Ctx& ctx, const ForwardMode& mode) c
     carried->ssm = Tensor::zeros({b, heads_, head_dim_, state_}, w);
 
   auto run = [&]<typename T>(T) {
+    const OpTimer timer(OpCategory::kStateSpace, "mamba_forward");
     if (carried) {
       Tensor next = Tensor::empty({b, d_conv_ - 1, conv_dim_}, w);
       ssm::conv_history<T>(conv, ctx.xbc.data<T>(), ptr<T>(carried->conv), next.data<T>());
@@ -182,6 +184,7 @@ Tensor MambaMixer::backward(const Tensor& dy, Ctx& ctx) const {
   const int64_t gn = groups_ * state_;
   Tensor dzx = Tensor::empty({rows, d_inner_ + conv_dim_ + heads_}, w);
   auto run = [&]<typename T>(T) {
+    const OpTimer timer(OpCategory::kStateSpace, "mamba_backward");
     Tensor dy_scan = Tensor::empty({rows, d_inner_}, w), dz = Tensor::empty({rows, d_inner_}, w);
     Tensor dnw = Tensor::zeros({d_inner_}, w);
     const Tensor nw = norm_weight.value_as(w);

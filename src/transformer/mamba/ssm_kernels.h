@@ -43,7 +43,7 @@ struct ScanShape {
   int64_t s = 0, b = 0, heads = 0, head_dim = 0, groups = 0, state = 0;
   int64_t chunk = 64;  // positions between kept states
   int64_t chunks() const { return (s + chunk - 1) / chunk; }
-  // Elements of the kept states: [chunks, b, heads, head_dim, state].
+  // Elements of the kept states: [chunks, b, heads, state, head_dim].
   int64_t kept_states() const { return chunks() * b * heads * head_dim * state; }
 };
 
