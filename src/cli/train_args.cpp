@@ -1089,10 +1089,6 @@ void validate_hybrid_args(const Arguments& a) {
   MEGATRON_CHECK(a.num_experts == 0,
                  "--num-experts with --model mamba: Mixture of Experts layers in a hybrid Mamba "
                  "model are not implemented (Megatron r0.14's hybrid layers are M, * and -)");
-  MEGATRON_CHECK(a.context_parallel_size == 1,
-                 "--context-parallel-size with --model mamba is not implemented yet (Megatron's "
-                 "MambaContextParallel all-to-all): use tensor, sequence, pipeline or data "
-                 "parallelism");
   MEGATRON_CHECK(a.mtp_num_layers == 0,
                  "--mtp-num-layers with --model mamba is not implemented (MTP is GPTModel's)");
   MEGATRON_CHECK(!a.multi_latent_attention,

@@ -589,4 +589,15 @@ void cp_attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, 
                 cp.comm == CpCommType::kAllGather);
 }
 
+Tensor cp_rows_to_groups(const Tensor& x, int64_t G, int64_t X, const ContextParallelContext& cp) {
+  MEGATRON_CHECK(G % cp.size() == 0, G, " groups do not split over context parallel size ",
+                 cp.size());
+  return rows_to_groups(x, G, X, *cp.group, true);
+}
+
+Tensor cp_groups_to_rows(const Tensor& full, int64_t G, int64_t X,
+                         const ContextParallelContext& cp) {
+  return groups_to_rows(full, G, X, *cp.group, true);
+}
+
 }  // namespace megatron

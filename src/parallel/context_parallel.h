@@ -66,6 +66,16 @@ Tensor cp_local_columns(const Tensor& field, const ContextParallelContext& cp);
 // The global positions of the local sequence, [local, b] i64 (RoPE's positions).
 Tensor cp_positions(int64_t local, int64_t b, const ContextParallelContext& cp);
 
+// Ulysses' all-to-all, also Mamba's (Megatron's _all_to_all_cp2hp with the load balancing
+// undone): x [L, b, G, X], this rank's L rows of every one of G groups of X elements, ->
+// [cp L, b, G/cp, X], every rank's rows in sequence order for this rank's groups
+// [r G/cp, (r + 1) G/cp). G must be divisible by the CP size.
+Tensor cp_rows_to_groups(const Tensor& x, int64_t G, int64_t X, const ContextParallelContext& cp);
+// Its inverse (_all_to_all_hp2cp with the load balancing redone): [cp L, b, G/cp, X] ->
+// [L, b, G, X].
+Tensor cp_groups_to_rows(const Tensor& full, int64_t G, int64_t X,
+                         const ContextParallelContext& cp);
+
 // Attention of the local queries over the whole sequence. qkv: this rank's packed QKV
 // [2c, b, ng, qpg + 2, hn] (Megatron's per-group packing, as SelfAttention holds it); out
 // [2c, b, ng qpg, hn] and lse [b, ng qpg, 2c] as ops::attention_forward writes them; spec: the

@@ -539,8 +539,8 @@ class TestBadInput(CliTestCase):
         self.assertIn("train", top.stdout)
 
     def test_unknown_model_is_refused_listing_the_known_ones(self):
-        self.assertUsageError(megatron("train", *self.BASE, "--model", "mamba"),
-                              "--model: unknown model 'mamba'", "choose one of gpt")
+        self.assertUsageError(megatron("train", *self.BASE, "--model", "retro"),
+                              "--model: unknown model 'retro'", "choose one of gpt")
 
     def test_version_names_what_decides_the_arithmetic(self):
         proc = megatron("--version")

@@ -147,8 +147,6 @@ class MegatronFlagsTest(unittest.TestCase):
                            "--hybrid-override-pattern", "as many of each layer type")
         self.assertRefused(run("pretrain_mamba", *mamba, "--mamba-num-groups", "3"),
                            "--mamba-num-groups")
-        self.assertRefused(run("pretrain_mamba", *mamba, "--context-parallel-size", "2"),
-                           "--context-parallel-size")
         self.assertRefused(run("pretrain_mamba", *mamba, "--num-experts", "4"), "--num-experts")
 
     def test_legacy_rope_flags(self):

@@ -143,17 +143,25 @@ class TestParallelEquivalence(unittest.TestCase):
 
     def test_hybrid_mamba_in_parallel_layouts(self):
         # A hybrid Mamba model (pretrain_mamba): Mamba-2, attention-only and MLP-only layers. Its
-        # mixers split whole heads and groups over TP (the in-projection's z, x, B, C and dt
+        # mixers split whole heads and groups over TP and CP (the in-projection's z, x, B, C and dt
         # blocks each sharded), their norms and dropout see SP's positions, and the pattern is
         # global: pp2 puts M* on one stage and M- on the other, the interleaved split one layer
         # per chunk.
         layouts = [l for l in LAYOUTS if l[0] in ("tp2+sp", "tp4", "pp2", "pp2 interleaved",
                                                    "tp2pp2dp2", "dp2 distributed optimizer")]
-        self.check_equivalent(["--model", "mamba", "--hybrid-override-pattern", "M*M-",
-                               "--mamba-state-dim", "8", "--mamba-head-dim", "16",
-                               "--mamba-num-groups", "4", "--normalization", "RMSNorm",
-                               "--position-embedding-type", "none", "--disable-bias-linear"],
-                              layouts)
+        mamba = ["--model", "mamba", "--hybrid-override-pattern", "M*M-",
+                 "--mamba-state-dim", "8", "--mamba-head-dim", "16", "--mamba-num-groups", "4",
+                 "--normalization", "RMSNorm", "--position-embedding-type", "none",
+                 "--disable-bias-linear"]
+        # Context parallelism: the mixers' all-to-all from rows to heads and back (4 groups over
+        # cp2; over tp2 x cp4 one group per TP rank serves two CP ranks, Megatron's repeat),
+        # beside the attention layer's own CP.
+        cp = "--context-parallel-size"
+        layouts += [("cp2", 2, [cp, "2"]), ("cp4", 4, [cp, "4"]),
+                    ("tp2+sp cp2", 4, [TP, "2", "--sequence-parallel", cp, "2"]),
+                    ("tp2 cp4", 8, [TP, "2", cp, "4"]),
+                    ("cp2 pp2", 4, [cp, "2", PP, "2"])]
+        self.check_equivalent(mamba, layouts)
 
     def test_multi_latent_attention_in_parallel_layouts(self):
         # MLA (DeepSeek-V3's attention) with YaRN: the replicated down projections and latent

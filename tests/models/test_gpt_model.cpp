@@ -167,7 +167,7 @@ TEST(GPTModel, InitDependsOnlyOnSeedAndName) {
   Fixture a(c), b(c);
   EXPECT_TRUE(testing::allclose(a.params.main(), b.params.main(), 0, 0));
   // Output projections use the scaled init std / sqrt(2 L).
-  Param& proj = a.params.find("decoder.layers.0.self_attention->linear_proj.weight");
+  Param& proj = a.params.find("decoder.layers.0.self_attention.linear_proj.weight");
   EXPECT_NEAR(proj.init_std, 0.3 / std::sqrt(4.0), 1e-12);
 }
 
@@ -237,7 +237,7 @@ TEST(GPTModel, XavierUniformAndEmbeddingInit) {
   };
   {
     Initialised f(c);
-    for (const std::string name : {"decoder.layers.0.self_attention->linear_qkv.weight",
+    for (const std::string name : {"decoder.layers.0.self_attention.linear_qkv.weight",
                                    "decoder.layers.1.mlp.linear_fc2.weight",
                                    "embedding.word_embeddings.weight", "output_layer.weight"}) {
       SCOPED_TRACE(name);
@@ -250,7 +250,7 @@ TEST(GPTModel, XavierUniformAndEmbeddingInit) {
       EXPECT_NEAR(var, a * a / 3, 0.1 * a * a / 3);
       EXPECT_NEAR(mean, 0, 4 * a / std::sqrt(3.0 * static_cast<double>(p.main.numel())));
     }
-    EXPECT_EQ(f.params.find("decoder.layers.0.input_layernorm->weight").init, Init::kOnes);
+    EXPECT_EQ(f.params.find("decoder.layers.0.input_layernorm.weight").init, Init::kOnes);
   }
   c.embedding_init_method_std = 0.5;
   Initialised g(c);

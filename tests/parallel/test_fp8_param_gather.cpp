@@ -50,8 +50,8 @@ struct Spec {
 };
 const std::vector<Spec> kSpecs = {
     {"embedding.word_embeddings.weight", Shape{37}, false, true},
-    {"decoder.layers.0.self_attention->linear_qkv.weight", Shape{8, 16}, true},
-    {"decoder.layers.0.self_attention->linear_qkv.bias", Shape{8}},
+    {"decoder.layers.0.self_attention.linear_qkv.weight", Shape{8, 16}, true},
+    {"decoder.layers.0.self_attention.linear_qkv.bias", Shape{8}},
     {"decoder.layers.1.mlp.linear_fc1.weight", Shape{24, 16}, true},
     {"decoder.layers.1.mlp.linear_fc1.bias", Shape{24}},
     {"decoder.final_layernorm.weight", Shape{9}},

@@ -42,9 +42,9 @@ struct Spec {
 };
 const std::vector<Spec> kSpecs = {
     {"embedding.word_embeddings.weight", 37, true},
-    {"decoder.layers.0.self_attention->linear_qkv.weight", 21},
+    {"decoder.layers.0.self_attention.linear_qkv.weight", 21},
     {"decoder.layers.0.mlp.linear_fc1.bias", 5},
-    {"decoder.layers.1.self_attention->linear_qkv.weight", 21},
+    {"decoder.layers.1.self_attention.linear_qkv.weight", 21},
     {"decoder.layers.1.mlp.linear_fc1.bias", 5},
     {"decoder.final_layernorm.weight", 9},
 };
@@ -118,7 +118,7 @@ struct Model {
 
 TEST(Fsdp, UnitNames) {
   EXPECT_EQ(fsdp_unit("decoder.layers.12.mlp.linear_fc1.weight"), "decoder.layers.12");
-  EXPECT_EQ(fsdp_unit("encoder.layers.0.self_attention->linear_qkv.bias"), "encoder.layers.0");
+  EXPECT_EQ(fsdp_unit("encoder.layers.0.self_attention.linear_qkv.bias"), "encoder.layers.0");
   EXPECT_EQ(fsdp_unit("embedding.word_embeddings.weight"), "embedding");
   EXPECT_EQ(fsdp_unit("embedding.position_embeddings.weight"), "embedding");
   EXPECT_EQ(fsdp_unit("decoder.final_layernorm.weight"), "decoder.final_layernorm");

@@ -19,6 +19,12 @@
 // The kernels run in f32 (f64 in f64 runs) on the CPU; in bf16 runs only the projections' GEMMs
 // take bf16, as Megatron's mixer computes the scan in fp32.
 //
+// Context parallelism (Megatron's MambaContextParallel): the in-projection's x, B, C and dt go
+// through an all-to-all from this rank's rows of every head to the whole sequence of its share of
+// the heads (cp_rows_to_groups; groups repeated when fewer than the CP ranks), the convolution
+// and scan run there with the matching slices of the parameters, and y returns by the inverse;
+// z stays local for the gated norm (its groups are whole heads).
+//
 // Generation (mode.kv_cache): the convolution's last d_conv - 1 inputs and the scan's state per
 // sequence are carried between calls (KvCache::recurrent), so decoding one position costs the
 // same at any length (Megatron's MambaMixer.step).
@@ -39,10 +45,11 @@ class MambaMixer {
   struct Ctx {
     ColumnParallelLinear::Ctx in_ctx;
     RowParallelLinear::Ctx out_ctx;
-    // [s, b, .] in the kernels' dtype: the convolution's input and output, the raw dt, z, the
-    // scan's output, the norm's statistics and the scan's kept states.
+    // In the kernels' dtype: the convolution's input and output, the raw dt and the scan's kept
+    // states (this CP rank's heads over the whole sequence), z, the scan's output and the norm's
+    // statistics (every head of this rank's rows).
     Tensor xbc, xbc_act, dt, z, y, rstd, kept;
-    int64_t s = 0, b = 0;
+    int64_t s = 0, b = 0;  // this rank's rows and sequences
   };
 
   // layer_number: 0-based and global (the generation state's key).
@@ -61,7 +68,20 @@ class MambaMixer {
   RowParallelLinear out_proj;
 
  private:
+  // This CP rank's heads and groups of the TP rank's (all of them without CP): counts, first
+  // ones, and how many CP ranks share a group (Megatron's group_repeat_count).
+  struct Part {
+    int64_t heads, groups, h0, g0, repeat;
+  };
+  using Ranges = std::vector<std::pair<int64_t, int64_t>>;
+  Part part() const;
+  // The convolution's rows of a part: its x channels, its B and its C groups.
+  Ranges conv_rows(const Part& p) const;
+  // CP: [x | B | C] and dt of this rank's rows [L b, .] -> the part's heads over every row.
+  Tensor to_heads(const Tensor& xbc, const Tensor& dt, int64_t L, int64_t b, Tensor& dt_out) const;
+
   int64_t layer_;
+  ContextParallelContext cp_;
   int64_t heads_, groups_, head_dim_, state_, d_inner_, conv_dim_, d_conv_;  // this rank's
 };
 
