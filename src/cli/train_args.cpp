@@ -332,6 +332,9 @@ void register_train_args(ArgTable& t, Arguments& a) {
         "the pipeline size, depth-first; the number of micro-batches: breadth-first)");
   t.add("--context-parallel-size", a.context_parallel_size,
         "Degree of context parallelism: every sequence split over this many ranks");
+  t.flag("--use-tp-pp-dp-mapping", a.use_tp_pp_dp_mapping,
+         "Rank order tp-cp-ep-pp-dp instead of Megatron's default tp-cp-ep-dp-pp: a data-parallel "
+         "replica's pipeline stages on adjacent ranks, its replicas furthest apart");
   t.add("--cp-comm-type", a.cp_comm_type,
         "Communication of context-parallel attention: p2p (a ring, overlapped with compute), "
         "allgather, a2a (all-to-all over heads) or a2a+p2p (hierarchical); one value for every "
@@ -777,6 +780,7 @@ int64_t validate_parallel_layout(Arguments& a, int world_size, int rank) {
   pc.context_parallel_size = to_int(a.context_parallel_size);
   pc.expert_model_parallel_size = to_int(a.expert_model_parallel_size);
   pc.expert_tensor_parallel_size = to_int(a.expert_tensor_parallel_size);
+  if (a.use_tp_pp_dp_mapping) pc.order = "tp-cp-ep-pp-dp";
   const ParallelGrid grid = make_parallel_grid(world_size, pc);
   const int64_t dp = grid.dp;
   validate_context_parallel(a);
@@ -804,6 +808,7 @@ int64_t validate_parallel_layout(Arguments& a, int world_size, int rank) {
   }
   validate_expert_layout(a, tp);
   pc.expert_tensor_parallel_size = to_int(a.expert_tensor_parallel_size);
+  if (a.use_tp_pp_dp_mapping) pc.order = "tp-cp-ep-pp-dp";
   make_expert_grid(grid, pc);  // EP x ETP must divide each stage's ranks
 
   const int64_t per_vp = a.num_layers_per_virtual_pipeline_stage;

@@ -45,6 +45,18 @@ ExpertGrid make_expert_grid(const ParallelGrid& dense, const ParallelConfig& con
                  dense.tp, " x ", dense.cp, " x ", dense.dp, " = ", stage,
                  "; launch more processes or choose smaller expert sizes");
   g.edp = static_cast<int>(stage / experts);
+  // With the pipeline before data parallelism in the rank order (--use-tp-pp-dp-mapping) a
+  // pipeline group's stride is tp x cp in the dense grid and etp x ep in the expert grid: both
+  // grids must share their pipeline groups.
+  if (config.order.find("pp") < config.order.find("dp")) {
+    MEGATRON_CHECK(experts == static_cast<int64_t>(dense.tp) * dense.cp,
+                   "--use-tp-pp-dp-mapping with experts: --expert-tensor-parallel-size x "
+                   "--expert-model-parallel-size (",
+                   experts, ") must equal --tensor-model-parallel-size x --context-parallel-size (",
+                   static_cast<int64_t>(dense.tp) * dense.cp,
+                   ") so that the experts' pipeline groups are the dense layers'; drop the flag or "
+                   "change the expert sizes");
+  }
   return g;
 }
 
@@ -57,7 +69,7 @@ int world_size_of(const std::shared_ptr<ProcessGroup>& world) {
 
 ParallelState::ParallelState(std::shared_ptr<ProcessGroup> world, const ParallelConfig& config)
     : grid_(make_parallel_grid(world_size_of(world), config)), world_(std::move(world)) {
-  RankGenerator gen(grid_);
+  RankGenerator gen(grid_, config.order);
   // Every rank splits in the same order, so the collective splits pair up.
   tp_ = world_->split(gen.get_ranks("tp"));
   pp_ = world_->split(gen.get_ranks("pp"));
@@ -76,7 +88,8 @@ ParallelState::ParallelState(std::shared_ptr<ProcessGroup> world, const Parallel
   eg.ep = expert_grid_.ep;
   eg.dp = expert_grid_.edp;
   eg.pp = grid_.pp;
-  RankGenerator expert_gen(eg);
+  RankGenerator expert_gen(eg, config.order);
+  // (make_expert_grid refuses the sizes for which they would differ.)
   MEGATRON_ASSERT(expert_gen.get_ranks("pp") == gen.get_ranks("pp"),
                   "the expert grid's pipeline groups differ from the dense grid's");
   ep_ = world_->split(expert_gen.get_ranks("ep"));

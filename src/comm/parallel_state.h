@@ -31,6 +31,9 @@ struct ParallelConfig {
   int context_parallel_size = 1;         // --context-parallel-size (groups only; no CP layers yet)
   int expert_model_parallel_size = 1;    // --expert-model-parallel-size
   int expert_tensor_parallel_size = 0;   // --expert-tensor-parallel-size (0: the TP size)
+  // The rank order of both grids: Megatron's default, or "tp-cp-ep-pp-dp" with
+  // --use-tp-pp-dp-mapping (pipeline stages of one data-parallel replica on adjacent ranks).
+  std::string order = std::string(kDefaultRankOrder);
 };
 
 // The expert grid's sizes (see above): ETP, EP and the expert-data-parallel size.

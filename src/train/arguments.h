@@ -291,7 +291,8 @@ struct Arguments {
   // Micro-batches that run on one virtual stage before the next (the interleaved schedule's
   // group, pipeline/schedule.h); 0: the pipeline size, Megatron's default.
   int64_t microbatch_group_size_per_vp_stage = 0;
-  bool sequence_parallel = false;  // shard norms/dropout along s over TP; forced off at TP 1
+  bool sequence_parallel = false;     // shard norms/dropout along s over TP; forced off at TP 1
+  bool use_tp_pp_dp_mapping = false;  // --use-tp-pp-dp-mapping: rank order tp-cp-ep-pp-dp
   int64_t context_parallel_size =
       1;  // ranks splitting every sequence (parallel/context_parallel.h)
   std::vector<std::string> cp_comm_type = {"p2p"};  // p2p|allgather|a2a|a2a+p2p, one or per layer

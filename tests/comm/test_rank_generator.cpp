@@ -266,6 +266,30 @@ TEST(RankGenerator, DefaultOrderTensorFastestPipelineSlowest) {
       }
 }
 
+// --use-tp-pp-dp-mapping's order (Megatron's 'tp-cp-ep-pp-dp'): rank = tp + 2 pp + 4 dp for
+// tp 2, pp 2, dp 2, so a replica's stages are adjacent; an expert grid must keep the dense pipeline
+// groups (etp x ep = tp x cp), or the layout is refused naming the flags.
+TEST(RankGenerator, TpPpDpMapping) {
+  RankGenerator gen({.tp = 2, .dp = 2, .pp = 2}, "tp-cp-ep-pp-dp");
+  EXPECT_EQ(gen.get_ranks("tp"), (RankGroups{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
+  EXPECT_EQ(gen.get_ranks("pp"), (RankGroups{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
+  EXPECT_EQ(gen.get_ranks("dp"), (RankGroups{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
+  ParallelConfig c;
+  c.tensor_model_parallel_size = 2;
+  c.pipeline_model_parallel_size = 2;
+  c.order = "tp-cp-ep-pp-dp";
+  const ParallelGrid grid = make_parallel_grid(8, c);
+  c.expert_model_parallel_size = 1;  // etp 2 x ep 1 = tp 2: allowed
+  EXPECT_EQ(make_expert_grid(grid, c).edp, 2);
+  c.expert_model_parallel_size = 2;  // etp 2 x ep 2 != tp 2
+  try {
+    make_expert_grid(grid, c);
+    ADD_FAILURE() << "expected a refusal";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("--use-tp-pp-dp-mapping"), std::string::npos) << e.what();
+  }
+}
+
 TEST(RankGenerator, RejectsBadInput) {
   EXPECT_THROW(RankGenerator({.tp = 0}), InvalidArgument);
   EXPECT_THROW(RankGenerator({.cp = 2, .ep = 2}), InvalidArgument);

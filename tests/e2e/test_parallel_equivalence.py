@@ -54,6 +54,8 @@ LAYOUTS = [
     ("dp4", 4, []),
     ("tp2pp2", 4, [TP, "2", PP, "2"]),
     ("tp2pp2dp2", 8, [TP, "2", PP, "2"]),
+    # Megatron's other rank order (tp-cp-ep-pp-dp): the same groups' arithmetic on other ranks.
+    ("tp2pp2dp2 --use-tp-pp-dp-mapping", 8, [TP, "2", PP, "2", "--use-tp-pp-dp-mapping"]),
     # Bucketed data-parallel reduction overlapped with backward (small buckets: many of them).
     ("dp2 overlapped buckets", 2, ["--overlap-grad-reduce", "--ddp-bucket-size", "5000"]),
     ("tp2+sp pp2-interleaved dp2 overlapped", 8,
