@@ -10,6 +10,7 @@
 #include "checkpoint/sharded_checkpoint.h"
 #include "cli/commands.h"
 #include "cli/train_args.h"
+#include "cli/whole_model.h"
 #include "comm/agreement.h"
 #include "core/logging.h"
 #include "models/model_spec.h"
@@ -17,84 +18,6 @@
 #include "train/model_config.h"
 
 namespace megatron::cli {
-
-namespace {
-
-namespace cp = checkpoint;
-
-struct Model {
-  Arguments args;
-  TransformerConfig cfg;
-  const ModelSpec* spec = nullptr;
-  std::vector<std::unique_ptr<ModelChunk>> chunks;  // one: the whole model
-  std::unique_ptr<ParamSet> params;
-};
-
-void build(Model& m) {
-  m.cfg = transformer_config_from_args(m.args);
-  m.spec = &model_spec(m.args.model);
-  m.chunks = m.spec->build_chunks(ModelOptions{m.cfg, false}, ChunkPlacement{});
-  m.params = std::make_unique<ParamSet>(m.chunks.front()->parameters(), DType::kF32);
-}
-
-// The model of a Hugging Face directory, with the flags `megatron train` would take from it.
-Model from_hf(const std::string& dir, const std::string& model) {
-  Model m;
-  CLI::App none;
-  ArgTable table(none);
-  m.args.model = model;
-  m.args.pretrained_checkpoint = dir;
-  merge_pretrained_config(m.args, table);
-  if (model == "llava") {
-    // The weights do not depend on the text length; the layers and image size come from
-    // config.json.
-    m.args.dataloader_seq_length = 1;
-    resolve_encoder_decoder(m.args, table, /*training=*/false);
-  }
-  m.args.tokenizer_type = "HuggingFaceTokenizer";
-  build(m);
-  m.spec->hf.load(dir, *m.chunks.front(), *m.params);
-  return m;
-}
-
-// The model of a checkpoint: its recorded arguments, then its weights.
-Model from_checkpoint(const std::string& root, int64_t step) {
-  Model m;
-  CLI::App none;
-  ArgTable table(none);
-  register_model_args(table, m.args);  // the fields the checkpoint's record restores
-  m.args.load = root;
-  m.args.ckpt_step = step;
-  m.args.use_checkpoint_args = true;
-  merge_checkpoint_args(m.args, table, false);
-  const std::optional<int64_t> it = step >= 0 ? step : cp::read_tracker(root);
-  cp::CheckpointReader reader = cp::CheckpointReader::open(cp::iteration_dir(root, *it));
-  m.args.vocab_size = reader.metadata().at("args").at("vocab_size").get<int64_t>();
-  m.args.model = reader.metadata().at("args").value("model", std::string("gpt"));
-  build(m);
-  load_shards(reader, CheckpointTarget{m.params.get(), nullptr, nullptr, 0, 0, {}},
-              /*optim=*/false);
-  return m;
-}
-
-void save_checkpoint(const Model& m, const std::string& root) {
-  std::shared_ptr<ProcessGroup> self = make_self_process_group();
-  const std::string staging = cp::prepare_save(*self, root, 0);
-  const nlohmann::json record = cp::write_rank_file(
-      staging, 0,
-      shard_entries(CheckpointTarget{m.params.get(), nullptr, nullptr, 0, 0, {}}, false, false));
-  nlohmann::json meta = {
-      {"args", model_args_json(m.args, m.cfg)},
-      {"has_optimizer_state", false},
-      {"release", true},
-      {"padded_vocab_size", m.cfg.padded_vocab_size},
-      {"tokenizer", {{"type", m.args.tokenizer_type}, {"vocab_size", m.cfg.vocab_size}}},
-      {"layout", {{"world_size", 1}}}};
-  meta["run_state"] = run_state_json(RunState{});
-  cp::commit_save(*self, root, 0, staging, record, "", meta);
-}
-
-}  // namespace
 
 int convert_command(int argc, char** argv) {
   CLI::App app("Convert model weights between Hugging Face directories and checkpoints", "convert");
@@ -120,14 +43,15 @@ int convert_command(int argc, char** argv) {
                  "convert: give one output, --save-hf DIR (Hugging Face) or --save DIR "
                  "(checkpoint)");
   MEGATRON_CHECK(ckpt_step < 0 || !load.empty(), "convert: --ckpt-step needs --load");
-  Model m = load.empty() ? from_hf(load_hf, model) : from_checkpoint(load, ckpt_step);
+  WholeModel m = load.empty() ? whole_model_from_hf(load_hf, model)
+                              : whole_model_from_checkpoint(load, ckpt_step);
   const std::string from = load.empty() ? load_hf : load;
   if (!save.empty()) {
     MEGATRON_CHECK(dtype.empty(),
                    "convert: --dtype applies to --save-hf only (checkpoints "
                    "hold fp32 weights)");
     try {
-      save_checkpoint(m, save);
+      save_whole_checkpoint(m, save, 0);
     } catch (const AgreedFailure& e) {
       throw InvalidArgument(e.what());
     }

@@ -151,6 +151,13 @@ void register_model_args(ArgTable& t, Arguments& a) {
   t.flag("--untie-embeddings-and-output-weights", a.untie_embeddings_and_output_weights,
          "Separate output layer instead of the tied word embeddings");
   t.add("--num-experts", a.num_experts, "Experts per MoE layer (Mixture of Experts; 0: dense)");
+  t.flag("--moe-use-upcycling", a.moe_use_upcycling,
+         "Upcycle the dense model of --load into this MoE model (its MLPs copied into the experts, "
+         "Megatron's scaling), saved to --save as iteration 1 and trained from there; only for "
+         "the first run");
+  t.add("--moe-upcycling-granularity", a.moe_upcycling_granularity,
+        "Upcycling: how many times the dense FFN is wider than an expert (each dense MLP cut into "
+        "this many experts)");
   t.add("--moe-layer-freq", a.moe_layer_freq,
         "Which layers are MoE: N (every N-th from layer 0) or a list expression such as "
         "([0]*3+[1]*5)");
@@ -1096,6 +1103,9 @@ void validate_hybrid_args(const Arguments& a) {
                  "model are not implemented (Megatron r0.14's hybrid layers are M, * and -)");
   MEGATRON_CHECK(a.mtp_num_layers == 0,
                  "--mtp-num-layers with --model mamba is not implemented (MTP is GPTModel's)");
+  MEGATRON_CHECK(a.device != "cuda",
+                 "--device cuda with --model mamba: the Mamba layers' scan runs on the CPU only "
+                 "here; use --device cpu");
   MEGATRON_CHECK(!a.multi_latent_attention,
                  "--multi-latent-attention with --model mamba is not implemented (Megatron "
                  "r0.14's hybrid attention layers are standard self-attention)");
@@ -1143,6 +1153,17 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
                    "layers would run outside FP8): drop one");
   }
   validate_hybrid_args(a);
+  if (a.moe_use_upcycling) {
+    MEGATRON_CHECK(!a.save.empty(),
+                   "When using upcycling, the --save option must be specified "
+                   "(--moe-use-upcycling writes the MoE checkpoint there)");
+    MEGATRON_CHECK(!a.load.empty(), "--moe-use-upcycling needs --load: the dense checkpoint");
+    MEGATRON_CHECK(a.num_experts > 0, "--moe-use-upcycling needs --num-experts");
+    // Megatron's validate_args: the upcycled checkpoint has no optimizer or RNG state.
+    if (a.load_optim && rank == 0) log_line("Warning: disabling --no-load-optim for upcycling.");
+    if (a.load_rng && rank == 0) log_line("Warning: disabling --no-load-rng for upcycling.");
+    a.load_optim = a.load_rng = false;
+  }
   MEGATRON_CHECK(!(a.squared_relu && a.swiglu),
                  "--squared-relu and --swiglu are two MLP activations; pick one");
   MEGATRON_CHECK(!(a.squared_relu && a.openai_gelu),

@@ -9,6 +9,7 @@
 #include "cli/megatron_flags.h"
 #include "cli/mpi_command.h"
 #include "cli/train_args.h"
+#include "cli/upcycling.h"
 #include "comm/agreement.h"
 #include "comm/mpi_runtime.h"
 #include "comm/nccl/nccl_process_group.h"
@@ -83,6 +84,15 @@ int run_train(int argc, char** argv, MpiRuntime& mpi) {
     for (const std::string& line : compat_lines) log_line(line);
   }
   if (mpi.rank() == 0) log_line("[after megatron is initialized] datetime: " + timestamp());
+  if (args.moe_use_upcycling) {
+    // Rank 0 converts --load's dense model into --save (one process, no communication: every
+    // rank learns of a failure together); then the run loads that checkpoint as any other.
+    run_agreed(parallel->world_group(), [&] {
+      if (mpi.rank() == 0) upcycle_checkpoint(args);
+    });
+    args.load = args.save;
+    args.ckpt_step = -1;
+  }
   Trainer trainer(args, parallel);
   return trainer.train();
 }

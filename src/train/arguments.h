@@ -310,9 +310,11 @@ struct Arguments {
   std::string inject_fault;           // testing hook "KIND:RANK:ITERATION"; empty: none
 
   // ---- mixture of experts (transformer/moe/moe_config.h; Megatron's _add_moe_args) ----
-  int64_t num_experts = 0;                          // experts per MoE layer; 0: dense
-  std::string moe_layer_freq = "1";                 // N, or a list expression such as ([0]*3+[1]*5)
-  int64_t moe_ffn_hidden_size = 0;                  // per-expert FFN width; 0: --ffn-hidden-size
+  int64_t num_experts = 0;                // experts per MoE layer; 0: dense
+  bool moe_use_upcycling = false;         // --moe-use-upcycling: --load's dense model as this MoE
+  int64_t moe_upcycling_granularity = 1;  // the dense FFN width / the experts' width
+  std::string moe_layer_freq = "1";       // N, or a list expression such as ([0]*3+[1]*5)
+  int64_t moe_ffn_hidden_size = 0;        // per-expert FFN width; 0: --ffn-hidden-size
   int64_t moe_shared_expert_intermediate_size = 0;  // total shared-expert width; 0: none
   bool moe_shared_expert_overlap = false;
   int64_t moe_router_topk = 2;

@@ -149,6 +149,7 @@ nlohmann::json model_args_json(const Arguments& a, const TransformerConfig& cfg)
   j["mamba_head_dim"] = mb.has_mamba() ? mb.head_dim : 0;
   j["mamba_num_groups"] = mb.has_mamba() ? mb.num_groups : 0;
   j["mamba_heads"] = mb.has_mamba() ? mb.heads(cfg.hidden_size) : 0;
+  j["mamba_num_heads"] = mb.num_heads;
   // The routing, under the flags' dests, so that a checkpoint without the full argument record
   // (`megatron convert`'s) restores it with --use-checkpoint-args.
   if (cfg.moe.enabled()) {

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Mixture of Experts end to end: parallel layouts, capacity, resharding, Mixtral import, refusals.
+"""Mixture of Experts end to end: parallel layouts, capacity, resharding, Mixtral import, refusals,
+upcycling a dense checkpoint.
 
 What it is: `megatron train` on mock data with a tiny Llama-style MoE model (4 experts, top-2,
 aux loss 1e-2, z-loss 1e-3, dropout on), as one process and under mpiexec:
@@ -330,6 +331,76 @@ class TestBadInput(unittest.TestCase):
         proc = megatron_job.run_train(MEGATRON, MPIEXEC, 1, args, TIMEOUT_S)
         self.assertEqual(proc.returncode, 2)
         self.assertIn("--disable-bias-linear", proc.stderr)
+
+
+class TestUpcycling(unittest.TestCase):
+    """--moe-use-upcycling: a dense checkpoint becomes the MoE model (Megatron's upcycling)."""
+
+    # The dense model of MOE: the same layers with one MLP of the experts' width.
+    DENSE = [a for a in with_flags(MOE, ["--ffn-hidden-size", "64"])]
+
+    @classmethod
+    def dense(cls):
+        drop = {"--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
+                "--moe-aux-loss-coeff", "--moe-z-loss-coeff"}
+        out, skip = [], False
+        for a in cls.DENSE:
+            if skip:
+                skip = False
+                continue
+            if a in drop:
+                skip = True
+                continue
+            out.append(a)
+        return out
+
+    def validation(self, proc):
+        return [float(f["lm loss value"]) for _, f in megatron_log.validation_lines(proc.stdout)]
+
+    def test_dense_checkpoint_upcycles_into_the_same_model(self):
+        dense_dir = os.path.join(TMP.name, "dense")
+        dense = self.dense()
+        train = megatron_job.run_train(MEGATRON, MPIEXEC, 1, [*dense, "--save", dense_dir],
+                                       TIMEOUT_S)
+        self.assertEqual(train.returncode, 0, train.stderr[-2000:])
+        ref = megatron_job.run_train(MEGATRON, MPIEXEC, 1,
+                                     [*dense, "--load", dense_dir, "--skip-train"], TIMEOUT_S)
+        want = self.validation(ref)
+        self.assertEqual(len(want), 2, ref.stdout[-2000:])  # validation and test sets
+        # Granularity 1, softmax after the top 2: both chosen experts are the dense MLP and their
+        # probabilities sum to 1, so the MoE model is the dense one up to the rounding of that
+        # sum (1e-5 relative: the f32 sums, as the layouts' tolerance).
+        for name, ranks, flags in [("ep1", 1, []), ("ep2", 2, [EP, "2"])]:
+            with self.subTest(layout=name):
+                out = os.path.join(TMP.name, "moe_" + name)
+                proc = run(ranks, "--load", dense_dir, "--save", out, "--moe-use-upcycling",
+                           "--skip-train", *flags)
+                self.assertIn("Upcycled checkpoint saved to", proc.stdout)
+                self.assertIn("Warning: disabling --no-load-optim for upcycling.", proc.stdout)
+                got = self.validation(proc)
+                self.assertEqual(len(got), 2)
+                for g, w in zip(got, want):
+                    self.assertAlmostEqual(g, w, delta=1e-5 * w)
+                self.assertIn("validation loss at iteration 1 ", proc.stdout)
+        # The next run trains the upcycled model from iteration 1, without the flag; with it the
+        # existing checkpoint is refused.
+        out = os.path.join(TMP.name, "moe_ep1")
+        proc = run(1, "--load", out, "--no-load-optim", "--no-load-rng")
+        self.assertEqual(sorted(megatron_log.iteration_lines(proc.stdout)),
+                         list(range(2, ITERS + 1)))
+        again = run(1, "--load", dense_dir, "--save", out, "--moe-use-upcycling", expect_rc=2)
+        self.assertIn("already holds a checkpoint", again.stderr)
+        # Granularity 2 with softmax before the top-k (8 experts of half the width, Megatron's
+        # scaling of the weights): a different function, which trains from there.
+        fine = run(1, "--load", dense_dir, "--save", os.path.join(TMP.name, "moe_g2"),
+                   "--moe-use-upcycling", "--num-experts", "8", "--moe-ffn-hidden-size", "32",
+                   "--moe-upcycling-granularity", "2", "--moe-router-pre-softmax")
+        losses = [float(f["lm loss"]) for _, f in
+                  sorted(megatron_log.iteration_lines(fine.stdout).items())]
+        self.assertLess(losses[-1], losses[0])
+        bad = run(1, "--load", dense_dir, "--save", os.path.join(TMP.name, "moe_bad"),
+                  "--moe-use-upcycling", "--moe-upcycling-granularity", "3", expect_rc=2)
+        self.assertIn("--moe-upcycling-granularity", bad.stderr)
 
 
 def setUpModule():

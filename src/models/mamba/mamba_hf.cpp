@@ -83,6 +83,7 @@ nlohmann::json config_json(const TransformerConfig& c, DType dtype) {
           {"num_attention_heads", c.num_attention_heads},
           {"num_key_value_heads", c.num_query_groups},
           {"head_dim", c.kv_channels},
+          {"attention_head_dim", c.kv_channels},
           {"max_position_embeddings", c.max_position_embeddings},
           {"mlp_hidden_act", "relu2"},
           {"attention_bias", false},
@@ -119,7 +120,8 @@ NemotronHInfo read_nemotron_h_config(const std::string& dir) {
   c.ffn_hidden_size = hf_get<int64_t>(j, "intermediate_size", file);
   c.num_attention_heads = hf_get<int64_t>(j, "num_attention_heads", file);
   c.num_query_groups = hf_get_or<int64_t>(j, "num_key_value_heads", c.num_attention_heads, file);
-  c.kv_channels = hf_get_or<int64_t>(j, "head_dim", 128, file);  // NemotronHConfig's default
+  // NemotronHConfig's head_dim (default 128); its remote-code config's attention_head_dim.
+  c.kv_channels = either<int64_t>(j, "head_dim", "attention_head_dim", 128, file);
   c.vocab_size = hf_get<int64_t>(j, "vocab_size", file);
   c.max_position_embeddings = hf_get_or<int64_t>(j, "max_position_embeddings", 4096, file);
   c.seq_length = c.max_position_embeddings;
@@ -151,6 +153,9 @@ NemotronHInfo read_nemotron_h_config(const std::string& dir) {
   mb.num_heads = hf_get_or<int64_t>(j, "mamba_num_heads", 128, file);
   mb.head_dim = hf_get_or<int64_t>(j, "mamba_head_dim", 64, file);
   mb.num_groups = either<int64_t>(j, "n_groups", "mamba_n_groups", 8, file);
+  const std::string mamba_act = hf_get_or<std::string>(j, "mamba_hidden_act", "silu", file);
+  MEGATRON_CHECK(mamba_act == "silu", file, ": mamba_hidden_act '", mamba_act,
+                 "' is not supported (Megatron's mixer applies SiLU after its convolution)");
   const int64_t d_conv = either<int64_t>(j, "conv_kernel", "mamba_d_conv", 4, file);
   MEGATRON_CHECK(d_conv == 4, file, ": conv_kernel ", d_conv,
                  " is not supported (Megatron's mixer convolves over 4 positions)");
@@ -221,6 +226,9 @@ void save_nemotron_h(const std::string& dir, const GPTModel& model, const std::s
   if (dtype) out = *dtype;
   if (source_dir.empty()) config = config_json(model.config(), out);
   config["torch_dtype"] = torch_dtype_name(out);
+  // An open time_step_limit [0, inf] (read from Python's bare Infinity as a string) is
+  // NemotronHConfig's default: left out rather than written back as a string.
+  config.erase("time_step_limit");
   write_hf_dir(dir, nemotron_h_tensors(model, false), out, config);
 }
 

@@ -2,6 +2,7 @@
 #include "models/mamba/mamba_spec.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/error.h"
 #include "models/gpt/gpt_chunk.h"
@@ -22,11 +23,18 @@ double hybrid_flops_per_iteration(const TransformerConfig& c, int64_t global_bat
   const double attention = 4 * B * s * h * p * (h + h * g / n + s / 2);
   const double mlp = 4 * (static_cast<double>(c.ffn_hidden_size) / h) *
                      (c.gated_mlp() ? 1.5 : 1.0) * B * s * h * h;
+  // Megatron's mamba_layer_flops: d_in is 2 hidden whatever --mamba-num-heads says (the heads
+  // enter the in-projection's width only).
   const MambaConfig& m = c.mamba;
-  const double d_in = static_cast<double>(m.d_inner(c.hidden_size));
-  const double in_proj_out = static_cast<double>(m.in_proj_dim(c.hidden_size));
-  const double mamba = 2 * B * s * h * in_proj_out +
-                       7 * B * s * d_in * static_cast<double>(m.state_dim) + 2 * B * s * d_in * h;
+  double mamba = 0;
+  if (count('M') > 0) {
+    const double d_in = 2 * h;
+    const double heads = m.num_heads > 0 ? static_cast<double>(m.num_heads)
+                                         : std::floor(d_in / static_cast<double>(m.head_dim));
+    const double gn = static_cast<double>(m.num_groups * m.state_dim);
+    mamba = 2 * B * s * h * (2 * d_in + 2 * gn + heads) +
+            7 * B * s * d_in * static_cast<double>(m.state_dim) + 2 * B * s * d_in * h;
+  }
   const double logits = 2 * B * s * h * static_cast<double>(c.padded_vocab_size);
   return 3 * (count('*') * attention + count('-') * mlp + count('M') * mamba + logits);
 }

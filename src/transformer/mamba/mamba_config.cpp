@@ -85,11 +85,14 @@ void MambaConfig::validate(int64_t num_layers, int64_t hidden, int64_t tp) const
   if (!enabled()) return;
   MEGATRON_CHECK(static_cast<int64_t>(layers.size()) == num_layers, "the hybrid pattern '", layers,
                  "' has ", layers.size(), " layers, --num-layers ", num_layers);
-  if (!has_mamba()) return;
   MEGATRON_CHECK(state_dim > 0, "--mamba-state-dim must be positive, got ", state_dim);
   MEGATRON_CHECK(head_dim > 0, "--mamba-head-dim must be positive, got ", head_dim);
   MEGATRON_CHECK(num_groups > 0, "--mamba-num-groups must be positive, got ", num_groups);
-  MEGATRON_CHECK(num_heads >= 0, "--mamba-num-heads must be positive, got ", num_heads);
+  MEGATRON_CHECK(num_heads >= 0,
+                 "--mamba-num-heads must be >= 0 (0: 2 x --hidden-size / "
+                 "--mamba-head-dim), got ",
+                 num_heads);
+  if (!has_mamba()) return;
   if (num_heads == 0)
     MEGATRON_CHECK((expand * hidden) % head_dim == 0, "the Mamba inner size 2 x --hidden-size (",
                    expand * hidden, ") must be divisible by --mamba-head-dim (", head_dim,
