@@ -398,6 +398,34 @@ class TestUpcycling(unittest.TestCase):
         losses = [float(f["lm loss"]) for _, f in
                   sorted(megatron_log.iteration_lines(fine.stdout).items())]
         self.assertLess(losses[-1], losses[0])
+        # Its iteration-1 tensors against Megatron's _convert_to_moe_state_dict restated here:
+        # activation scale E g / topk = 8 (pre-softmax), weights scaled by 8^(1/3) (SwiGLU);
+        # expert e = fc1 rows of piece e % 2 of the gate and of the up projection, fc2 columns
+        # of that piece; router rows 2k and 2k + 1 equal. f32 values scaled in f64 and rounded
+        # once: 1e-6 relative.
+        _, dense_t = checkpoint_reader.read_checkpoint(dense_dir)
+        meta, moe_t = checkpoint_reader.read_checkpoint(
+            os.path.join(TMP.name, "moe_g2", "iter_0000001"))
+        self.assertEqual(meta["iteration"], 1)
+        scale = (8 * 2 / 2) ** (1 / 3)
+        for layer in range(4):
+            p = f"model.decoder.layers.{layer}.mlp."
+            fc1 = dense_t[p + "linear_fc1.weight"].astype(np.float64)  # [gate 64; up 64]
+            fc2 = dense_t[p + "linear_fc2.weight"].astype(np.float64)  # [h, 64]
+            for e in range(8):
+                piece = e % 2
+                want1 = scale * np.concatenate([fc1[32 * piece:32 * piece + 32],
+                                                fc1[64 + 32 * piece:64 + 32 * piece + 32]])
+                got1 = moe_t[p + f"experts.local_experts.{e}.linear_fc1.weight"]
+                np.testing.assert_allclose(got1, want1, rtol=1e-6, atol=1e-9)
+                want2 = scale * fc2[:, 32 * piece:32 * piece + 32]
+                got2 = moe_t[p + f"experts.local_experts.{e}.linear_fc2.weight"]
+                np.testing.assert_allclose(got2, want2, rtol=1e-6, atol=1e-9)
+            router = moe_t[p + "router.weight"]
+            np.testing.assert_array_equal(router[0::2], router[1::2])
+            for name in ("self_attention.linear_qkv.weight", "pre_mlp_layernorm.weight"):
+                key = f"model.decoder.layers.{layer}." + name
+                np.testing.assert_array_equal(moe_t[key], dense_t[key])
         bad = run(1, "--load", dense_dir, "--save", os.path.join(TMP.name, "moe_bad"),
                   "--moe-use-upcycling", "--moe-upcycling-granularity", "3", expect_rc=2)
         self.assertIn("--moe-upcycling-granularity", bad.stderr)
