@@ -132,6 +132,34 @@ void check_fp8_gemm_shapes(const TransformerConfig& c, const Arguments& a) {
       gemms.push_back({"linear_q_proj", c.hidden_size, np * m.q_head_dim() / tp, flags});
     }
   }
+  if (c.mamba.enabled()) {
+    // A hybrid model's GEMMs are those of the layer types its pattern has; Megatron's mixer
+    // asserts its in-projection's width divisible by 16 under FP8.
+    const std::string& l = c.mamba.layers;
+    const bool attention = l.find('*') != std::string::npos, mlp = l.find('-') != std::string::npos;
+    std::vector<Gemm> kept;
+    for (const Gemm& g : gemms) {
+      const bool is_attention =
+          std::string(g.name).rfind("linear_qkv", 0) == 0 || std::string(g.name) == "linear_proj";
+      if (is_attention ? attention : mlp) kept.push_back(g);
+    }
+    gemms = kept;
+    if (c.mamba.has_mamba()) {
+      const MambaConfig& m = c.mamba;
+      const char* flags =
+          "--hidden-size, --mamba-head-dim, --mamba-num-heads, --mamba-num-groups, "
+          "--mamba-state-dim";
+      MEGATRON_CHECK(m.in_proj_dim(c.hidden_size) % 16 == 0,
+                     "--fp8-format: the Mamba "
+                     "in-projection's width 2 d_inner + 2 groups x state + heads = ",
+                     m.in_proj_dim(c.hidden_size),
+                     " must be a multiple of 16 (Megatron's "
+                     "assertion): change ",
+                     flags);
+      gemms.push_back({"mixer.in_proj", c.hidden_size, m.in_proj_dim(c.hidden_size) / tp, flags});
+      gemms.push_back({"mixer.out_proj", m.d_inner(c.hidden_size) / tp, c.hidden_size, flags});
+    }
+  }
   if (a.model == "t5") {  // the decoder's cross-attention
     gemms.push_back({"linear_q", c.hidden_size, np * hn / tp, "--hidden-size, --kv-channels"});
     gemms.push_back({"linear_kv", c.hidden_size, 2 * np * hn / tp, "--hidden-size, --kv-channels"});

@@ -148,6 +148,13 @@ class MegatronFlagsTest(unittest.TestCase):
         self.assertRefused(run("pretrain_mamba", *mamba, "--mamba-num-groups", "3"),
                            "--mamba-num-groups")
         self.assertRefused(run("pretrain_mamba", *mamba, "--num-experts", "4"), "--num-experts")
+        # FP8: Megatron's in-projection width rule (2 x 128 + 2 x 2 x 8 + 8 heads = 296).
+        self.assertRefused(run("pretrain_mamba", *mamba, "--bf16", "--fp8-format", "hybrid"),
+                           "--fp8-format", "multiple of 16")
+        fp8 = run("pretrain_mamba", *BASE, "--mamba-state-dim", "8", "--mamba-head-dim", "8",
+                  "--mamba-num-groups", "2", "--hybrid-override-pattern", "M*", "--bf16",
+                  "--fp8-format", "hybrid", "--micro-batch-size", "8")
+        self.assertEqual(fp8.returncode, 0, fp8.stderr[-2000:])
 
     def test_legacy_rope_flags(self):
         # --use-rotary-position-embeddings is Megatron's legacy --position-embedding-type rope;
