@@ -151,13 +151,6 @@ void register_model_args(ArgTable& t, Arguments& a) {
   t.flag("--untie-embeddings-and-output-weights", a.untie_embeddings_and_output_weights,
          "Separate output layer instead of the tied word embeddings");
   t.add("--num-experts", a.num_experts, "Experts per MoE layer (Mixture of Experts; 0: dense)");
-  t.flag("--moe-use-upcycling", a.moe_use_upcycling,
-         "Upcycle the dense model of --load into this MoE model (its MLPs copied into the experts, "
-         "Megatron's scaling), saved to --save as iteration 1 and trained from there; only for "
-         "the first run");
-  t.add("--moe-upcycling-granularity", a.moe_upcycling_granularity,
-        "Upcycling: how many times the dense FFN is wider than an expert (each dense MLP cut into "
-        "this many experts)");
   t.add("--moe-layer-freq", a.moe_layer_freq,
         "Which layers are MoE: N (every N-th from layer 0) or a list expression such as "
         "([0]*3+[1]*5)");
@@ -233,6 +226,13 @@ void register_model_args(ArgTable& t, Arguments& a) {
   t.add("--hidden-dropout", a.hidden_dropout, "Dropout after attention/MLP and on embeddings");
   t.add("--attention-dropout", a.attention_dropout, "Dropout on attention probabilities");
   t.add("--init-method-std", a.init_method_std, "Std of the normal weight init");
+  t.flag("--moe-use-upcycling", a.moe_use_upcycling,
+         "Upcycle the dense model of --load into this MoE model (its MLPs copied into the experts, "
+         "Megatron's scaling), saved to --save as iteration 1 and trained from there; only for "
+         "the first run");
+  t.add("--moe-upcycling-granularity", a.moe_upcycling_granularity,
+        "Upcycling: how many times the dense FFN is wider than an expert (each dense MLP cut into "
+        "this many experts)");
   t.concern("model");
   t.add("--make-vocab-size-divisible-by", a.make_vocab_size_divisible_by,
         "Pad the vocabulary to a multiple of this");

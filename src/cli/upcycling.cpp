@@ -9,6 +9,7 @@
 #include "cli/whole_model.h"
 #include "core/error.h"
 #include "core/logging.h"
+#include "train/checkpointing.h"
 
 namespace megatron::cli {
 
@@ -62,6 +63,24 @@ void upcycle_checkpoint(const Arguments& run) {
   moe.params->initialize(static_cast<uint64_t>(run.seed));
 
   const TransformerConfig &d = dense.cfg, &m = moe.cfg;
+  // Every model argument but the MoE ones and the FFN width must be the dense checkpoint's (as
+  // Megatron builds the dense model from the MoE run's own flags and its loader compares them).
+  {
+    nlohmann::json dj = model_args_json(dense.args, d), mj = model_args_json(moe.args, m);
+    for (const char* key : {"num_experts", "moe_layer_pattern", "moe_ffn_hidden_size",
+                            "moe_shared_expert_intermediate_size", "moe_router_enable_expert_bias",
+                            "ffn_hidden_size"}) {
+      dj.erase(key);
+      mj.erase(key);
+    }
+    const std::vector<std::string> diff = model_arg_differences(dj, mj);
+    std::string text;
+    for (const std::string& line : diff) text += "\n  " + line;
+    MEGATRON_CHECK(diff.empty(),
+                   "--moe-use-upcycling: this run's model differs from the dense "
+                   "checkpoint's (",
+                   run.load, ") beyond the experts:", text, "\npass the checkpoint's values");
+  }
   const MoeConfig& mc = m.moe;
   auto same = [&](const char* flag, int64_t a, int64_t b) {
     MEGATRON_CHECK(a == b, "--moe-use-upcycling: ", flag, " ", b,
@@ -102,6 +121,7 @@ void upcycle_checkpoint(const Arguments& run) {
     return *it->second;
   };
   const int64_t ffn = mc.ffn_hidden_size, h = m.hidden_size;
+  std::vector<std::string> unset;  // MoE tensors nothing of the dense model fills
   for (const Param* p : moe.params->params()) {
     const auto [expert, dense_name] = expert_source(p->name);
     if (expert >= 0) {
@@ -138,13 +158,31 @@ void upcycle_checkpoint(const Arguments& run) {
       continue;
     }
     auto it = by_name.find(p->name);
-    if (it == by_name.end()) continue;  // shared experts, expert bias: this run's init
+    if (it == by_name.end()) {
+      // Shared experts and the router's expert bias keep this run's initialisation (Megatron's
+      // too); anything else would be a model the dense one does not hold.
+      if (p->name.find(".mlp.shared_experts.") == std::string::npos &&
+          !ends_with(p->name, ".mlp.router.expert_bias"))
+        unset.push_back(p->name);
+      continue;
+    }
     MEGATRON_CHECK(it->second->shape == p->shape, "--moe-use-upcycling: ", p->name, " is ",
                    it->second->shape.str(), " in the dense checkpoint, ", p->shape.str(), " here");
     moe.params->set_main(*p, it->second->main);
   }
+  MEGATRON_CHECK(unset.empty(), "--moe-use-upcycling: the dense checkpoint (", run.load,
+                 ") has no ", unset.front(), unset.size() > 1 ? " (and others)" : "",
+                 ": this run's model holds tensors the dense one does not");
   moe.params->sync_compute_from_main();
-  save_whole_checkpoint(moe, run.save, 1);
+  // The data position and the FLOPs so far carry over from the dense run (Megatron's upcycling
+  // loads them with the dense checkpoint); a release checkpoint has none.
+  RunState state;
+  state.consumed_train_samples = dense.state.consumed_train_samples;
+  state.consumed_valid_samples = dense.state.consumed_valid_samples;
+  state.consumed_test_samples = dense.state.consumed_test_samples;
+  state.skipped_train_samples = dense.state.skipped_train_samples;
+  state.floating_point_operations = dense.state.floating_point_operations;
+  save_whole_checkpoint(moe, run.save, 1, state);
   log_line("Upcycled checkpoint saved to " + run.save);
 }
 

@@ -52,10 +52,13 @@ WholeModel whole_model_from_checkpoint(const std::string& root, int64_t step) {
   build_whole_model(m);
   load_shards(reader, CheckpointTarget{m.params.get(), nullptr, nullptr, 0, 0, {}},
               /*optim=*/false);
+  if (!reader.metadata().value("release", false))
+    m.state = run_state_from_json(reader.metadata(), cp::iteration_dir(root, *it));
   return m;
 }
 
-void save_whole_checkpoint(const WholeModel& m, const std::string& root, int64_t iteration) {
+void save_whole_checkpoint(const WholeModel& m, const std::string& root, int64_t iteration,
+                           RunState state) {
   std::shared_ptr<ProcessGroup> self = make_self_process_group();
   const std::string staging = cp::prepare_save(*self, root, iteration);
   const nlohmann::json record = cp::write_rank_file(
@@ -71,7 +74,6 @@ void save_whole_checkpoint(const WholeModel& m, const std::string& root, int64_t
       {"padded_vocab_size", m.cfg.padded_vocab_size},
       {"tokenizer", {{"type", m.args.tokenizer_type}, {"vocab_size", m.cfg.vocab_size}}},
       {"layout", {{"world_size", 1}}}};
-  RunState state;
   state.iteration = iteration;
   meta["run_state"] = run_state_json(state);
   cp::commit_save(*self, root, iteration, staging, record, "", meta);

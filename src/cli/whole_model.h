@@ -9,6 +9,7 @@
 
 #include "models/model_spec.h"
 #include "train/arguments.h"
+#include "train/checkpointing.h"
 
 namespace megatron::cli {
 
@@ -18,6 +19,8 @@ struct WholeModel {
   const ModelSpec* spec = nullptr;
   std::vector<std::unique_ptr<ModelChunk>> chunks;  // one: the whole model
   std::unique_ptr<ParamSet> params;
+  // A checkpoint's run state (whole_model_from_checkpoint; a release's is all zero).
+  RunState state;
 };
 
 // Builds m.chunks and m.params (uninitialised) from m.args.
@@ -29,6 +32,8 @@ WholeModel whole_model_from_hf(const std::string& dir, const std::string& model)
 WholeModel whole_model_from_checkpoint(const std::string& root, int64_t step);
 // Writes the weights as checkpoint iteration `iteration` of `root` (no optimizer state; a release
 // when the iteration is 0).
-void save_whole_checkpoint(const WholeModel& m, const std::string& root, int64_t iteration);
+// `state` (its iteration replaced) gives the run state recorded: consumed samples and FLOPs.
+void save_whole_checkpoint(const WholeModel& m, const std::string& root, int64_t iteration,
+                           RunState state = {});
 
 }  // namespace megatron::cli

@@ -46,16 +46,16 @@ ExpertGrid make_expert_grid(const ParallelGrid& dense, const ParallelConfig& con
                  "; launch more processes or choose smaller expert sizes");
   g.edp = static_cast<int>(stage / experts);
   // With the pipeline before data parallelism in the rank order (--use-tp-pp-dp-mapping) a
-  // pipeline group's stride is tp x cp in the dense grid and etp x ep in the expert grid: both
-  // grids must share their pipeline groups.
-  if (config.order.find("pp") < config.order.find("dp")) {
+  // pipeline group's stride is tp x cp in the dense grid and etp x ep in the expert grid: under
+  // pipeline parallelism both grids must share their pipeline groups (Megatron asserts it).
+  if (dense.pp > 1 && config.order.find("pp") < config.order.find("dp")) {
     MEGATRON_CHECK(experts == static_cast<int64_t>(dense.tp) * dense.cp,
-                   "--use-tp-pp-dp-mapping with experts: --expert-tensor-parallel-size x "
-                   "--expert-model-parallel-size (",
-                   experts, ") must equal --tensor-model-parallel-size x --context-parallel-size (",
+                   "--use-tp-pp-dp-mapping with --pipeline-model-parallel-size ", dense.pp,
+                   ": --expert-tensor-parallel-size x --expert-model-parallel-size (", experts,
+                   ") must equal --tensor-model-parallel-size x --context-parallel-size (",
                    static_cast<int64_t>(dense.tp) * dense.cp,
-                   ") so that the experts' pipeline groups are the dense layers'; drop the flag or "
-                   "change the expert sizes");
+                   ") so that the expert layers' pipeline groups are the dense layers'; drop the "
+                   "flag or change the sizes");
   }
   return g;
 }

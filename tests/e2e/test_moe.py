@@ -382,19 +382,24 @@ class TestUpcycling(unittest.TestCase):
                 for g, w in zip(got, want):
                     self.assertAlmostEqual(g, w, delta=1e-5 * w)
                 self.assertIn("validation loss at iteration 1 ", proc.stdout)
-        # The next run trains the upcycled model from iteration 1, without the flag; with it the
+        # The next run trains the upcycled model from iteration 1, without the flag, its data
+        # continuing after the dense run's 12 x 4 samples (Megatron's loader carries the consumed
+        # samples over): a longer run (24 iterations' data) stopped at 8. With the flag the
         # existing checkpoint is refused.
         out = os.path.join(TMP.name, "moe_ep1")
-        proc = run(1, "--load", out, "--no-load-optim", "--no-load-rng")
-        self.assertEqual(sorted(megatron_log.iteration_lines(proc.stdout)),
-                         list(range(2, ITERS + 1)))
+        proc = run(1, "--load", out, "--no-load-optim", "--no-load-rng", "--train-iters", "24",
+                   "--exit-interval", "8")
+        lines = megatron_log.iteration_lines(proc.stdout)
+        self.assertEqual(sorted(lines), list(range(2, 9)))
+        self.assertEqual(int(lines[2]["consumed samples"]), ITERS * 4 + 4)
         again = run(1, "--load", dense_dir, "--save", out, "--moe-use-upcycling", expect_rc=2)
         self.assertIn("already holds a checkpoint", again.stderr)
         # Granularity 2 with softmax before the top-k (8 experts of half the width, Megatron's
         # scaling of the weights): a different function, which trains from there.
         fine = run(1, "--load", dense_dir, "--save", os.path.join(TMP.name, "moe_g2"),
                    "--moe-use-upcycling", "--num-experts", "8", "--moe-ffn-hidden-size", "32",
-                   "--moe-upcycling-granularity", "2", "--moe-router-pre-softmax")
+                   "--moe-upcycling-granularity", "2", "--moe-router-pre-softmax",
+                   "--train-iters", "24", "--exit-interval", "10")
         losses = [float(f["lm loss"]) for _, f in
                   sorted(megatron_log.iteration_lines(fine.stdout).items())]
         self.assertLess(losses[-1], losses[0])
@@ -429,6 +434,12 @@ class TestUpcycling(unittest.TestCase):
         bad = run(1, "--load", dense_dir, "--save", os.path.join(TMP.name, "moe_bad"),
                   "--moe-use-upcycling", "--moe-upcycling-granularity", "3", expect_rc=2)
         self.assertIn("--moe-upcycling-granularity", bad.stderr)
+        # Any other model difference is listed and refused (here the q/k norms, which the dense
+        # model does not have).
+        bad = run(1, "--load", dense_dir, "--save", os.path.join(TMP.name, "moe_bad"),
+                  "--moe-use-upcycling", "--qk-layernorm", expect_rc=2)
+        self.assertIn("differs from the dense checkpoint", bad.stderr)
+        self.assertIn("qk_layernorm", bad.stderr)
 
 
 def setUpModule():
