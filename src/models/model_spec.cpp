@@ -26,7 +26,8 @@ std::vector<ChunkLayers> chunk_layers(int64_t num_layers, const ChunkPlacement& 
 
 const std::vector<const ModelSpec*>& model_specs() {
   static const std::vector<const ModelSpec*> specs{
-      &gpt_spec(), &bert_spec(), &bert_classification_spec(), &t5_spec(), &llava_spec(), &mamba_spec()};
+      &gpt_spec(), &bert_spec(),  &bert_classification_spec(),
+      &t5_spec(),  &llava_spec(), &mamba_spec()};
   return specs;
 }
 

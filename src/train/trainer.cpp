@@ -333,11 +333,12 @@ void Trainer::build_model() {
     // Megatron's allocate_layers report (its log lines), with the counts of each type.
     const std::string& l = cfg_.mamba.layers;
     const auto count = [&](char c) { return std::count(l.begin(), l.end(), c); };
-    log_first(strprintf("Hybrid allocation (M is mamba, * is attention, - is mlp):\n%s\n%ld "
-                        "attention layers in %ld total layers.\n%ld mlp layers in %ld total "
-                        "layers.",
-                        l.c_str(), static_cast<long>(count('*')), static_cast<long>(l.size()),
-                        static_cast<long>(count('-')), static_cast<long>(l.size())));
+    log_first(
+        strprintf("Hybrid allocation (M is mamba, * is attention, - is mlp):\n%s\n%ld "
+                  "attention layers in %ld total layers.\n%ld mlp layers in %ld total "
+                  "layers.",
+                  l.c_str(), static_cast<long>(count('*')), static_cast<long>(l.size()),
+                  static_cast<long>(count('-')), static_cast<long>(l.size())));
   }
   int64_t nparams = 0;
   for (Param* p : params_->params())

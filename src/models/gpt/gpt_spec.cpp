@@ -20,14 +20,8 @@ std::vector<std::unique_ptr<ModelChunk>> build_chunks(const ModelOptions& o,
   return chunks;
 }
 
-const GPTModel& gpt(const ModelChunk& chunk) {
-  const auto* g = dynamic_cast<const GPTChunk*>(&chunk);
-  MEGATRON_ASSERT(g != nullptr, "a GPT spec function was given another model's chunk");
-  return g->model();
-}
-
 int64_t activation_bytes(const ModelChunk& chunk, const TransformerConfig& cfg, int64_t mbs) {
-  const GPTModel& m = gpt(chunk);
+  const GPTModel& m = gpt_model_of(chunk);
   const GPTStage& st = m.stage();
   const int tp = st.tp ? st.tp->size() : 1;
   const ActivationShape shape{.micro_batch_size = mbs,
@@ -46,11 +40,11 @@ HfMapping hf_mapping() {
   h.read_config = [](const std::string& dir) { return read_hf_config(dir).config; };
   h.load = [](const std::string& dir, ModelChunk& whole, ParamSet& params) {
     const HfModelInfo info = read_hf_config(dir);
-    load_hf_weights(dir, info, const_cast<GPTModel&>(gpt(whole)), params);
+    load_hf_weights(dir, info, const_cast<GPTModel&>(gpt_model_of(whole)), params);
   };
   h.save = [](const std::string& dir, const ModelChunk& whole, const std::string& source_dir,
               std::optional<DType> dtype) {
-    const GPTModel& m = gpt(whole);
+    const GPTModel& m = gpt_model_of(whole);
     HfModelInfo info = source_dir.empty()
                            ? hf_info_from_config(m.config(), infer_hf_arch(m.config()))
                            : read_hf_config(source_dir);
@@ -66,7 +60,7 @@ HfMapping hf_mapping() {
 
 Tensor token_losses(const ModelChunk& whole, const Tensor& tokens, const Tensor& labels) {
   GPTModel::Ctx ctx;
-  return gpt(whole).forward(tokens, labels, Tensor(), ctx, ForwardMode{});
+  return gpt_model_of(whole).forward(tokens, labels, Tensor(), ctx, ForwardMode{});
 }
 
 ModelSpec make_gpt_spec() {
@@ -90,6 +84,12 @@ ModelSpec make_gpt_spec() {
 }
 
 }  // namespace
+
+const GPTModel& gpt_model_of(const ModelChunk& chunk) {
+  const auto* g = dynamic_cast<const GPTChunk*>(&chunk);
+  MEGATRON_ASSERT(g != nullptr, "a GPT spec function was given another model's chunk");
+  return g->model();
+}
 
 GPTStage gpt_stage(const ChunkPlacement& p, const ChunkLayers& l) {
   return GPTStage{.tp = p.tp,

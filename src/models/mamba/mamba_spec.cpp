@@ -5,7 +5,6 @@
 #include <cmath>
 
 #include "core/error.h"
-#include "models/gpt/gpt_chunk.h"
 #include "models/gpt/gpt_spec.h"
 #include "models/mamba/mamba_hf.h"
 
@@ -41,12 +40,6 @@ double hybrid_flops_per_iteration(const TransformerConfig& c, int64_t global_bat
 
 namespace {
 
-const GPTModel& gpt_of(const ModelChunk& chunk) {
-  const auto* g = dynamic_cast<const GPTChunk*>(&chunk);
-  MEGATRON_ASSERT(g != nullptr, "a hybrid Mamba spec function was given another model's chunk");
-  return g->model();
-}
-
 ModelSpec make_mamba_spec() {
   ModelSpec s = gpt_spec();
   s.name = "mamba";
@@ -55,11 +48,11 @@ ModelSpec make_mamba_spec() {
   s.flops_per_iteration = hybrid_flops_per_iteration;
   s.hf.read_config = [](const std::string& dir) { return read_nemotron_h_config(dir).config; };
   s.hf.load = [](const std::string& dir, ModelChunk& whole, ParamSet& params) {
-    load_nemotron_h_weights(dir, const_cast<GPTModel&>(gpt_of(whole)), params);
+    load_nemotron_h_weights(dir, const_cast<GPTModel&>(gpt_model_of(whole)), params);
   };
   s.hf.save = [](const std::string& dir, const ModelChunk& whole, const std::string& source_dir,
                  std::optional<DType> dtype) {
-    save_nemotron_h(dir, gpt_of(whole), source_dir, dtype);
+    save_nemotron_h(dir, gpt_model_of(whole), source_dir, dtype);
   };
   s.hf.check_exportable = check_nemotron_h_exportable;
   return s;

@@ -43,14 +43,6 @@ Tensor columns(const Tensor& x, int64_t start, int64_t n) {
   return out;
 }
 
-// grad += g, where the parameter has gradient storage (frozen weights have none).
-void accumulate(const Param& p, const Tensor& g) {
-  if (!p.main_grad.defined()) return;
-  Tensor& dst = const_cast<Tensor&>(p.main_grad);
-  ops::add_inplace(
-      dst, g.dtype() == dst.dtype() ? g.view(dst.shape()) : g.to(dst.dtype()).view(dst.shape()));
-}
-
 template <typename T>
 T* ptr(const Tensor& t) {
   return t.defined() ? t.data<T>() : nullptr;
@@ -142,7 +134,8 @@ Tensor take_rows(const Tensor& t, const Ranges& ranges) {
   return out;
 }
 
-// p's gradient rows of `ranges` += g's rows in order.
+// p's gradient rows of `ranges` += g's rows in order (nothing for a parameter without gradient
+// storage: frozen weights).
 void accumulate_rows(const Param& p, const Tensor& g, const Ranges& ranges) {
   if (!p.main_grad.defined()) return;
   Tensor& dst = const_cast<Tensor&>(p.main_grad);
@@ -333,7 +326,7 @@ Tensor MambaMixer::backward(const Tensor& dy, Ctx& ctx) const {
     ssm::gated_norm_backward<T>(rows, d_inner_, groups_, ctx.y.data<T>(), ctx.z.data<T>(),
                                 nw.data<T>(), ctx.rstd.data<T>(), dnormed.data<T>(),
                                 dy_local.data<T>(), dz.data<T>(), dnw.data<T>());
-    accumulate(norm_weight, dnw);
+    accumulate_rows(norm_weight, dnw, {{0, d_inner_}});
   };
   auto run = [&]<typename T>(T, const Tensor& dy_scan) {
     const OpTimer timer(OpCategory::kStateSpace, "mamba_backward");

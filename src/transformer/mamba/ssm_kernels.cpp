@@ -38,15 +38,6 @@ T softplus_grad(T v) {
   return v > T(20) ? T(1) : sigmoid(v);
 }
 
-// The convolution's input at position tt (< s) of sequence i, channel c: history or zeros
-// before the first position.
-template <typename T>
-T conv_input(const ConvShape& sh, const T* in, const T* history, int64_t tt, int64_t i, int64_t c) {
-  if (tt >= 0) return in[(tt * sh.b + i) * sh.channels + c];
-  if (history == nullptr) return T(0);
-  return history[(i * (sh.width - 1) + (sh.width - 1) + tt) * sh.channels + c];
-}
-
 // The weights as [width, channels], so that the inner loops run over contiguous channels.
 template <typename T>
 std::vector<T> transposed_weights(const ConvShape& sh, const T* w) {
@@ -161,9 +152,15 @@ template <typename T>
 void conv_history(const ConvShape& sh, const T* in, const T* history, T* next) {
   const int64_t keep = sh.width - 1;
   for (int64_t i = 0; i < sh.b; ++i)
-    for (int64_t j = 0; j < keep; ++j)
-      for (int64_t c = 0; c < sh.channels; ++c)
-        next[(i * keep + j) * sh.channels + c] = conv_input(sh, in, history, sh.s - keep + j, i, c);
+    for (int64_t j = 0; j < keep; ++j) {
+      const T* src = conv_row(sh, in, history, sh.s - keep + j, i);
+      T* dst = next + (i * keep + j) * sh.channels;
+      if (src) {
+        std::copy(src, src + sh.channels, dst);
+      } else {
+        std::fill(dst, dst + sh.channels, T(0));
+      }
+    }
 }
 
 // [rows, cols] -> [cols, rows].
