@@ -109,6 +109,12 @@ void register_model_args(ArgTable& t, Arguments& a) {
         "Mamba layers: groups of heads sharing B and C (divisible by the TP size)");
   t.add("--mamba-num-heads", a.mamba_num_heads,
         "Mamba layers: heads (default 2 x --hidden-size / --mamba-head-dim)");
+  t.add("--heterogeneous-layers-config-path", a.heterogeneous_layers_config_path,
+        "Layers that differ (Llama-Nemotron): a Hugging Face config.json whose block_configs "
+        "give each layer's attention and MLP (whole with its own query groups or width, one "
+        "linear layer, or a no-op); the other flags must repeat its model-level values");
+  t.add("--heterogeneous-layers-config-encoded-json", a.heterogeneous_layers_config_encoded_json,
+        "The same config.json as text (checkpoints keep it; wins over the path)");
   t.flag("--is-hybrid-model", a.is_hybrid_model,
          "Megatron's switch to the hybrid FLOPs formula; --model mamba always counts hybrid FLOPs");
   t.add("--spec", a.spec,
@@ -1153,6 +1159,7 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
                    "layers would run outside FP8): drop one");
   }
   validate_hybrid_args(a);
+  validate_heterogeneous_args(a);
   if (a.moe_use_upcycling) {
     MEGATRON_CHECK(!a.save.empty(),
                    "When using upcycling, the --save option must be specified "
@@ -1408,6 +1415,13 @@ void merge_pretrained_config(Arguments& a, const ArgTable& t) {
                   : c.position_embedding == PositionEmbedding::kRelative ? "relative"
                   : c.position_embedding == PositionEmbedding::kNone     ? "none"
                                                                          : "learned_absolute"));
+  if (c.heterogeneous.enabled()) {  // Llama-Nemotron: Megatron's heterogeneous flags
+    set("--heterogeneous-layers-config-encoded-json", a.heterogeneous_layers_config_encoded_json,
+        c.heterogeneous.json);
+    set("--num-query-groups", a.num_query_groups, c.num_query_groups);
+    a.group_query_attention = true;
+    a.use_rotary_position_embeddings = true;  // Megatron's check asks for the legacy flag too
+  }
   if (c.mamba.enabled()) {  // NemotronH
     const MambaConfig& mb = c.mamba;
     set("--hybrid-override-pattern", a.hybrid_override_pattern, mb.layers);

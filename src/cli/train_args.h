@@ -20,6 +20,11 @@ void register_precision_aware_args(ArgTable& t, Arguments& a);
 void validate_precision_aware_args(const Arguments& a);
 // May set use_distributed_optimizer (Megatron-FSDP runs on it).
 void validate_fsdp_args(Arguments& a);
+// Heterogeneous layers (cli/heterogeneous_args.cpp): reads --heterogeneous-layers-config-path
+// into --heterogeneous-layers-config-encoded-json when that is empty, then Megatron's check that
+// the flags repeat the config.json's model-level values. Runs before the legacy RoPE flag is
+// folded into --position-embedding-type, as Megatron's does.
+void validate_heterogeneous_args(Arguments& a);
 
 // Checks every cross-flag rule, the parallel layout included (world size divisible by tp x pp,
 // heads and query groups by tp, layers by pp and virtual stages, micro-batches by pp when

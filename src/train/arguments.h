@@ -79,6 +79,10 @@ struct Arguments {
   int64_t mamba_num_groups = 8;
   int64_t mamba_num_heads = 0;  // 0: None (2 hidden / head_dim)
   bool is_hybrid_model = false;
+  // Heterogeneous layers (Llama-Nemotron; transformer/heterogeneous_config.h): a config.json with
+  // "block_configs", by path or as its text (what checkpoints keep; read from the path if empty).
+  std::string heterogeneous_layers_config_path;
+  std::string heterogeneous_layers_config_encoded_json;
   std::vector<std::string> spec;  // --spec: the module spec (Megatron's Mamba stack spec, local)
   // Multi-latent attention (transformer/mla_config.h); Megatron's defaults.
   bool multi_latent_attention = false;

@@ -56,7 +56,8 @@ const char* const kShapeKeys[] = {"num_layers",
                                   "mamba_state_dim",
                                   "mamba_head_dim",
                                   "mamba_num_groups",
-                                  "mamba_heads"};
+                                  "mamba_heads",
+                                  "heterogeneous_blocks"};
 
 // The vocabulary's padding rows depend on the tensor-parallel size; the rows that exist in both
 // layouts are read, the others are zero.
@@ -150,6 +151,16 @@ nlohmann::json model_args_json(const Arguments& a, const TransformerConfig& cfg)
   j["mamba_num_groups"] = mb.has_mamba() ? mb.num_groups : 0;
   j["mamba_heads"] = mb.has_mamba() ? mb.heads(cfg.hidden_size) : 0;
   j["mamba_num_heads"] = mb.num_heads;
+  // Heterogeneous layers: each layer's [attention, query groups, MLP, MLP width] (compared; 0
+  // for the model's size, kinds 0 whole, 1 linear, 2 no-op) and the config.json text under its
+  // flag's dest (restored by --use-checkpoint-args, as Megatron keeps it in its args).
+  nlohmann::json blocks = nlohmann::json::array();
+  for (const HeterogeneousBlock& b : cfg.heterogeneous.blocks)
+    blocks.push_back({static_cast<int>(b.attention), b.num_query_groups, static_cast<int>(b.mlp),
+                      b.ffn_hidden_size});
+  j["heterogeneous_blocks"] = blocks;
+  if (cfg.heterogeneous.enabled())
+    j["heterogeneous_layers_config_encoded_json"] = cfg.heterogeneous.json;
   // The routing, under the flags' dests, so that a checkpoint without the full argument record
   // (`megatron convert`'s) restores it with --use-checkpoint-args.
   if (cfg.moe.enabled()) {

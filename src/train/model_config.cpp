@@ -160,6 +160,20 @@ void check_fp8_gemm_shapes(const TransformerConfig& c, const Arguments& a) {
       gemms.push_back({"mixer.out_proj", m.d_inner(c.hidden_size) / tp, c.hidden_size, flags});
     }
   }
+  // A heterogeneous model's layers with their own query groups or MLP width, and its linear
+  // replacements ([h, h/tp]).
+  for (const HeterogeneousBlock& b : c.heterogeneous.blocks) {
+    const char* flag = "--heterogeneous-layers-config-path";
+    if (b.num_query_groups > 0)
+      gemms.push_back({"linear_qkv", c.hidden_size, (np + 2 * b.num_query_groups) * hn / tp, flag});
+    if (b.ffn_hidden_size > 0) {
+      gemms.push_back({"linear_fc1", c.hidden_size,
+                       b.ffn_hidden_size * (c.gated_mlp() ? 2 : 1) / tp, flag});
+      gemms.push_back({"linear_fc2", b.ffn_hidden_size / tp, c.hidden_size, flag});
+    }
+    if (b.attention == BranchKind::kLinear || b.mlp == BranchKind::kLinear)
+      gemms.push_back({"linear replacement", c.hidden_size, c.hidden_size / tp, flag});
+  }
   if (a.model == "t5") {  // the decoder's cross-attention
     gemms.push_back({"linear_q", c.hidden_size, np * hn / tp, "--hidden-size, --kv-channels"});
     gemms.push_back({"linear_kv", c.hidden_size, 2 * np * hn / tp, "--hidden-size, --kv-channels"});
@@ -258,6 +272,21 @@ TransformerConfig transformer_config_from_args(const Arguments& a) {
     c.mamba.num_groups = a.mamba_num_groups;
     c.mamba.num_heads = a.mamba_num_heads;
     c.mamba.validate(a.num_layers, a.hidden_size, a.tensor_model_parallel_size);
+  }
+  if (!a.heterogeneous_layers_config_encoded_json.empty()) {
+    c.heterogeneous = parse_heterogeneous_config(
+        a.heterogeneous_layers_config_encoded_json, a.num_attention_heads, a.hidden_size,
+        "--heterogeneous-layers-config-encoded-json");
+    const int64_t tp = a.tensor_model_parallel_size;
+    for (size_t i = 0; i < c.heterogeneous.blocks.size(); ++i) {
+      const HeterogeneousBlock& b = c.heterogeneous.blocks[i];
+      MEGATRON_CHECK(b.num_query_groups % tp == 0, "--heterogeneous-layers-config-path: layer ",
+                     i, "'s ", b.num_query_groups,
+                     " query groups must be divisible by --tensor-model-parallel-size ", tp);
+      MEGATRON_CHECK(b.ffn_hidden_size % tp == 0, "--heterogeneous-layers-config-path: layer ", i,
+                     "'s MLP width ", b.ffn_hidden_size,
+                     " must be divisible by --tensor-model-parallel-size ", tp);
+    }
   }
   c.mtp_num_layers = a.mtp_num_layers;
   c.mtp_loss_scaling_factor = a.mtp_loss_scaling_factor;

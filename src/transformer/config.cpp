@@ -8,6 +8,16 @@
 
 namespace megatron {
 
+TransformerConfig TransformerConfig::for_layer(int64_t layer) const {
+  TransformerConfig c = *this;
+  c.heterogeneous = HeterogeneousConfig{};
+  if (const HeterogeneousBlock* b = heterogeneous.block(layer)) {
+    if (b->num_query_groups > 0) c.num_query_groups = b->num_query_groups;
+    if (b->ffn_hidden_size > 0) c.ffn_hidden_size = b->ffn_hidden_size;
+  }
+  return c;
+}
+
 void TransformerConfig::finalize() {
   MEGATRON_CHECK(num_layers > 0, "--num-layers must be positive, got ", num_layers);
   MEGATRON_CHECK(hidden_size > 0, "--hidden-size must be positive, got ", hidden_size);
@@ -53,6 +63,28 @@ void TransformerConfig::finalize() {
                    "implemented (Megatron's hybrid layers are M, * and -)");
     MEGATRON_CHECK(mtp_num_layers == 0,
                    "--mtp-num-layers with a hybrid Mamba model is not implemented");
+  }
+  if (heterogeneous.enabled()) {
+    const char* flag = "--heterogeneous-layers-config-path";
+    MEGATRON_CHECK(static_cast<int64_t>(heterogeneous.blocks.size()) == num_layers, flag,
+                   ": its block_configs has ", heterogeneous.blocks.size(),
+                   " layers, --num-layers is ", num_layers);
+    MEGATRON_CHECK(!mla.enabled, flag,
+                   " with --multi-latent-attention is not supported (as in Megatron)");
+    MEGATRON_CHECK(!moe.enabled(), flag,
+                   " with --num-experts: Megatron's heterogeneous layers have dense MLPs");
+    MEGATRON_CHECK(!mamba.enabled(), flag, " does not apply to hybrid Mamba models");
+    MEGATRON_CHECK(!post_layernorm, flag, ": heterogeneous layers are pre-LN");
+    MEGATRON_CHECK(decoder_num_layers == 0, flag, " shapes decoder-only (GPT) models");
+    MEGATRON_CHECK(mtp_num_layers == 0, flag,
+                   " with --mtp-num-layers is not implemented (the block list has no entry for "
+                   "the prediction depths)");
+    for (size_t i = 0; i < heterogeneous.blocks.size(); ++i) {
+      const int64_t g = heterogeneous.blocks[i].num_query_groups;
+      MEGATRON_CHECK(g == 0 || num_attention_heads % g == 0, flag, ": layer ", i, "'s ", g,
+                     " query groups do not divide --num-attention-heads (", num_attention_heads,
+                     ")");
+    }
   }
   if (num_query_groups == 0) num_query_groups = num_attention_heads;
   MEGATRON_CHECK(num_attention_heads % num_query_groups == 0, "--num-attention-heads (",

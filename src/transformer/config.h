@@ -10,6 +10,7 @@
 
 #include "core/dtype.h"
 #include "parallel/fp8_config.h"
+#include "transformer/heterogeneous_config.h"
 #include "transformer/mamba/mamba_config.h"
 #include "transformer/mla_config.h"
 #include "transformer/moe/moe_config.h"
@@ -128,6 +129,9 @@ struct TransformerConfig {
   MlaConfig mla;  // multi-latent attention (--multi-latent-attention; default: off)
   // A hybrid Mamba model's layer types and Mamba sizes (megatron pretrain_mamba; default: none).
   MambaConfig mamba;
+  // Layers that differ (--heterogeneous-layers-config-path: Llama-Nemotron's block list; default:
+  // every layer alike). for_layer() gives a layer its own sizes.
+  HeterogeneousConfig heterogeneous;
   // Multi-token prediction (models/gpt/mtp.h): depths after the decoder (--mtp-num-layers; 0:
   // none) and the weight of their mean loss in the objective (--mtp-loss-scaling-factor).
   int64_t mtp_num_layers = 0;
@@ -150,6 +154,10 @@ struct TransformerConfig {
   bool gated_mlp() const { return swiglu || gated_gelu; }
   // The scale attention applies to q . k.
   double attention_scale() const;
+
+  // Layer `layer`'s config (0-based, global): this one with the heterogeneous block's query
+  // groups and MLP width (Megatron's get_config_for_layer), without the block list.
+  TransformerConfig for_layer(int64_t layer) const;
 
   // Fills derived defaults (ffn, groups, kv_channels, max positions) and checks consistency;
   // errors name the flag.

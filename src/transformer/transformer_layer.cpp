@@ -15,13 +15,20 @@ void accumulate_side_grad(Tensor& acc, const Tensor& g) {
   }
 }
 
-TransformerLayer::TransformerLayer(const std::string& name, const TransformerConfig& cfg,
+TransformerLayer::TransformerLayer(const std::string& name, const TransformerConfig& model_cfg,
                                    int64_t layer_number, const TensorParallelContext& tp,
                                    const LayerOptions& options)
-    : cfg_(cfg),
+    : own_cfg_(model_cfg.heterogeneous.enabled()
+                   ? std::make_unique<const TransformerConfig>(model_cfg.for_layer(layer_number))
+                   : nullptr),
+      cfg_(own_cfg_ ? *own_cfg_ : model_cfg),
       layer_(layer_number),
       stream_layer_(layer_number + options.stream_offset),
       tp_(tp) {
+  const TransformerConfig& cfg = cfg_;
+  const HeterogeneousBlock* block = model_cfg.heterogeneous.block(layer_number);
+  const BranchKind attention = block ? block->attention : BranchKind::kWhole;
+  const BranchKind mlp_kind = block ? block->mlp : BranchKind::kWhole;
   const char type = cfg.mamba.layer_type(layer_number);
   if (type == 'M') {
     MEGATRON_CHECK(!cfg.post_layernorm && !options.cross_attention,
@@ -31,12 +38,16 @@ TransformerLayer::TransformerLayer(const std::string& name, const TransformerCon
     mixer = std::make_unique<MambaMixer>(name + ".mixer", cfg, layer_number, tp);
     return;
   }
-  if (type != '-') {
+  if (type != '-' && attention != BranchKind::kNoOp) {
     input_layernorm = std::make_unique<Norm>(
         name + (cfg.post_layernorm ? ".post_attention_layernorm" : ".input_layernorm"), cfg);
     input_layernorm->mark_sequence_parallel(tp.sp());
-    self_attention = std::make_unique<SelfAttention>(name + ".self_attention", cfg,
-                                                     layer_number + options.stream_offset, tp);
+    if (attention == BranchKind::kLinear) {
+      linear_attention = std::make_unique<LinearReplacement>(name + ".self_attention", cfg, tp);
+    } else {
+      self_attention = std::make_unique<SelfAttention>(name + ".self_attention", cfg,
+                                                       layer_number + options.stream_offset, tp);
+    }
   }
   if (options.cross_attention) {
     MEGATRON_CHECK(
@@ -47,11 +58,13 @@ TransformerLayer::TransformerLayer(const std::string& name, const TransformerCon
     cross_attention =
         std::make_unique<CrossAttention>(name + ".cross_attention", cfg, stream_layer_, tp);
   }
-  if (type == '*') return;
+  if (type == '*' || mlp_kind == BranchKind::kNoOp) return;
   pre_mlp_layernorm = std::make_unique<Norm>(
       name + (cfg.post_layernorm ? ".post_mlp_layernorm" : ".pre_mlp_layernorm"), cfg);
   pre_mlp_layernorm->mark_sequence_parallel(tp.sp());
-  if (cfg.moe.is_moe_layer(layer_number)) {
+  if (mlp_kind == BranchKind::kLinear) {
+    linear_mlp = std::make_unique<LinearReplacement>(name + ".mlp", cfg, tp);
+  } else if (cfg.moe.is_moe_layer(layer_number)) {
     moe = std::make_unique<MoELayer>(name + ".mlp", cfg, layer_number, tp);
   } else {
     mlp = std::make_unique<MLP>(name + ".mlp", cfg, tp);
@@ -82,6 +95,8 @@ std::vector<Fp8GemmScaling*> TransformerLayer::enable_fp8() {
     out.push_back(mlp->linear_fc1.enable_fp8(cfg_.fp8));
     out.push_back(mlp->linear_fc2.enable_fp8(cfg_.fp8));
   }
+  if (linear_attention) out.push_back(linear_attention->linear.enable_fp8(cfg_.fp8));
+  if (linear_mlp) out.push_back(linear_mlp->linear.enable_fp8(cfg_.fp8));
   return out;
 }
 
@@ -91,10 +106,9 @@ void TransformerLayer::collect(std::vector<Param*>& out) {
     mixer->collect(out);
     return;
   }
-  if (self_attention) {
-    input_layernorm->collect(out);
-    self_attention->collect(out);
-  }
+  if (has_attention()) input_layernorm->collect(out);
+  if (self_attention) self_attention->collect(out);
+  if (linear_attention) linear_attention->collect(out);
   if (cross_attention) {
     pre_cross_attn_layernorm->collect(out);
     cross_attention->collect(out);
@@ -102,6 +116,7 @@ void TransformerLayer::collect(std::vector<Param*>& out) {
   if (pre_mlp_layernorm) pre_mlp_layernorm->collect(out);
   if (mlp) mlp->collect(out);
   if (moe) moe->collect(out);
+  if (linear_mlp) linear_mlp->collect(out);
 }
 
 Tensor TransformerLayer::forward(const Tensor& x, const TokenLayout& layout, Ctx& ctx,
@@ -122,15 +137,22 @@ Tensor TransformerLayer::forward(const Tensor& x, const TokenLayout& layout, Ctx
   // backward recomputes it from the norm's saved input.
   const bool drop_norms = mode.training && cfg_.recomputes(&RecomputeModules::layernorm);
   Tensor x1 = x;  // an MLP-only layer's ('-') branch adds to the input itself
-  if (self_attention) {
-    Tensor a =
-        self_attention
-            ->forward(input_layernorm->forward(x, ctx.ln1, self_attention->gemm_input_dtype()),
-                      layout, ctx.attn, mode)
-            .view(x.shape());
-    if (drop_norms) {
-      self_attention->drop_input(ctx.attn);
-      ctx.ln1_dropped = true;
+  if (has_attention()) {
+    Tensor a;
+    if (self_attention) {
+      a = self_attention
+              ->forward(input_layernorm->forward(x, ctx.ln1, self_attention->gemm_input_dtype()),
+                        layout, ctx.attn, mode)
+              .view(x.shape());
+      if (drop_norms) {
+        self_attention->drop_input(ctx.attn);
+        ctx.ln1_dropped = true;
+      }
+    } else {
+      a = linear_attention
+              ->forward(input_layernorm->forward(x, ctx.ln1, linear_attention->gemm_input_dtype()),
+                        ctx.linear_attention)
+              .view(x.shape());
     }
     x1 = Tensor::empty(x.shape(), x.dtype(), x.device());
     if (ctx.dropout > 0)
@@ -151,9 +173,10 @@ Tensor TransformerLayer::forward(const Tensor& x, const TokenLayout& layout, Ctx
     x1 = c;
   }
 
-  if (!has_mlp()) return x1;  // an attention-only layer ('*')
-  const Tensor normed = pre_mlp_layernorm->forward(
-      x1, ctx.ln2, moe ? x1.dtype() : mlp->linear_fc1.gemm_input_dtype());
+  // An attention-only layer ('*'); a copy when both branches are no-ops, so that the layer's
+  // output never aliases its input.
+  if (!has_mlp()) return has_attention() || cross_attention ? x1 : x.clone();
+  const Tensor normed = pre_mlp_layernorm->forward(x1, ctx.ln2, mlp_input_dtype(x1));
   Tensor m = ffn_forward(normed, ctx, mode).view(x.shape());
   if (drop_norms && (mlp || ctx.moe_input.defined())) {
     if (mlp) mlp->drop_input(ctx.mlp);
@@ -166,7 +189,13 @@ Tensor TransformerLayer::forward(const Tensor& x, const TokenLayout& layout, Ctx
   return m;
 }
 
+DType TransformerLayer::mlp_input_dtype(const Tensor& x) const {
+  if (moe) return x.dtype();  // the router computes in f32
+  return mlp ? mlp->linear_fc1.gemm_input_dtype() : linear_mlp->gemm_input_dtype();
+}
+
 Tensor TransformerLayer::ffn_forward(const Tensor& x, Ctx& ctx, const ForwardMode& mode) const {
+  if (linear_mlp) return linear_mlp->forward(x, ctx.linear_mlp);
   if (!moe) return mlp->forward(x, ctx.mlp);
   Tensor y = moe->forward(x, ctx.moe, mode);
   if (mode.training && cfg_.recomputes(&RecomputeModules::moe)) {
@@ -181,6 +210,7 @@ Tensor TransformerLayer::ffn_forward(const Tensor& x, Ctx& ctx, const ForwardMod
 }
 
 Tensor TransformerLayer::ffn_backward(const Tensor& dy, Ctx& ctx) const {
+  if (linear_mlp) return linear_mlp->backward(dy, ctx.linear_mlp);
   if (!moe) return mlp->backward(dy, ctx.mlp);
   if (ctx.moe_input.defined()) {
     moe->forward(ctx.moe_input, ctx.moe, ctx.moe_mode);
@@ -240,8 +270,7 @@ Tensor TransformerLayer::backward(const Tensor& dy, Ctx& ctx, SideGrads* side) c
     }
     if (ctx.ln2_dropped) {  // layernorm's recomputation of the pre-MLP norm's output
       Norm::Ctx again;
-      const Tensor normed = pre_mlp_layernorm->forward(
-          ctx.ln2.x, again, moe ? ctx.ln2.x.dtype() : mlp->linear_fc1.gemm_input_dtype());
+      const Tensor normed = pre_mlp_layernorm->forward(ctx.ln2.x, again, mlp_input_dtype(ctx.ln2.x));
       if (mlp) {
         mlp->keep_input(normed, ctx.mlp);
       } else {
@@ -268,7 +297,7 @@ Tensor TransformerLayer::backward(const Tensor& dy, Ctx& ctx, SideGrads* side) c
     dx1 = d;
   }
 
-  if (!self_attention) {  // an MLP-only layer ('-')
+  if (!has_attention()) {  // an MLP-only layer ('-') or a no-op attention
     ctx = Ctx{};
     return dx1;
   }
@@ -276,6 +305,13 @@ Tensor TransformerLayer::backward(const Tensor& dy, Ctx& ctx, SideGrads* side) c
   if (ctx.dropout > 0) {
     da = Tensor::empty(dx1.shape(), dx1.dtype(), dx1.device());
     sequence_dropout_backward(da, dx1, ctx.dropout, ctx.seed, ctx.stream_attn, tp_, true);
+  }
+  if (linear_attention) {
+    Tensor dx = input_layernorm->backward(
+        linear_attention->backward(da, ctx.linear_attention).view(dy.shape()), ctx.ln1);
+    ops::add_inplace(dx, dx1);
+    ctx = Ctx{};
+    return dx;
   }
   if (ctx.ln1_dropped) {  // layernorm's recomputation of the input norm's output
     Norm::Ctx again;

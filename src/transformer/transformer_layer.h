@@ -27,6 +27,13 @@
 //
 //   out = x + dropout(mixer(norm(x)))
 //
+// A heterogeneous model's layers (cfg.heterogeneous, transformer/heterogeneous_config.h) take
+// their own query groups and MLP width (TransformerConfig::for_layer, kept by the layer), and
+// either branch may be a no-op (no norm, nothing added) or one linear layer after its norm:
+//
+//   x1  = x + dropout(linear_attention(input_layernorm(x)))
+//   out = x1 + dropout(linear_mlp(pre_mlp_layernorm(x1)))
+//
 // Backward mirrors it: the residual stream's gradient passes straight through and each branch
 // adds its input gradient. Under sequence parallelism x, the norms, dropout and residual adds
 // work on this rank's s/tp positions; attention and MLP gather and scatter them.
@@ -36,6 +43,7 @@
 
 #include "transformer/attention.h"
 #include "transformer/cross_attention.h"
+#include "transformer/linear_replacement.h"
 #include "transformer/mamba/mamba_mixer.h"
 #include "transformer/mlp.h"
 #include "transformer/moe/moe_layer.h"
@@ -67,6 +75,7 @@ class TransformerLayer {
     CrossAttention::Ctx cross;
     MLP::Ctx mlp;
     MoELayer::Ctx moe;
+    LinearReplacement::Ctx linear_attention, linear_mlp;
     // --recompute-modules moe: the MoE layer's input and mode, kept instead of its Ctx.
     Tensor moe_input;
     ForwardMode moe_mode;
@@ -77,7 +86,7 @@ class TransformerLayer {
   };
 
   // layer_number is 0-based and global (it keys the layer's dropout streams, after
-  // options.stream_offset).
+  // options.stream_offset, and picks a heterogeneous model's block).
   TransformerLayer(const std::string& name, const TransformerConfig& cfg, int64_t layer_number,
                    const TensorParallelContext& tp, const LayerOptions& options = {});
 
@@ -99,26 +108,36 @@ class TransformerLayer {
   // dense MLP recomputes itself: MLP::set_recompute).
   Tensor ffn_forward(const Tensor& x, Ctx& ctx, const ForwardMode& mode) const;
   Tensor ffn_backward(const Tensor& dy, Ctx& ctx) const;
+  // The dtype the pre-MLP norm writes: its consumer's GEMM input (f32 for an MoE router).
+  DType mlp_input_dtype(const Tensor& x) const;
   Tensor forward_mamba(const Tensor& x, Ctx& ctx, const ForwardMode& mode) const;
   Tensor backward_mamba(const Tensor& dy, Ctx& ctx) const;
 
  public:
-  // The attention branch (null in a hybrid model's '-' and 'M' layers).
+  // The attention branch (null in a hybrid model's '-' and 'M' layers and a heterogeneous
+  // model's no-op attention).
   std::unique_ptr<Norm> input_layernorm;  // post_attention_layernorm with cfg.post_layernorm
-  std::unique_ptr<SelfAttention> self_attention;
+  std::unique_ptr<SelfAttention> self_attention;  // whole attention, or
+  std::unique_ptr<LinearReplacement> linear_attention;  // its linear replacement
   std::unique_ptr<Norm> pre_cross_attn_layernorm;  // decoder layers of T5
   std::unique_ptr<CrossAttention> cross_attention;
-  // The MLP branch (null in a hybrid model's '*' and 'M' layers).
+  // The MLP branch (null in a hybrid model's '*' and 'M' layers and a heterogeneous model's
+  // no-op MLP).
   std::unique_ptr<Norm> pre_mlp_layernorm;  // post_mlp_layernorm with cfg.post_layernorm
   std::unique_ptr<MLP> mlp;                 // a dense layer's MLP, or
-  std::unique_ptr<MoELayer> moe;            // an MoE layer's (cfg.moe.is_moe_layer)
+  std::unique_ptr<MoELayer> moe;            // an MoE layer's (cfg.moe.is_moe_layer), or
+  std::unique_ptr<LinearReplacement> linear_mlp;  // a heterogeneous layer's linear MLP
   // A hybrid model's 'M' layers: Megatron's MambaLayer norm and mixer.
   std::unique_ptr<Norm> norm;
   std::unique_ptr<MambaMixer> mixer;
-  bool has_mlp() const { return mlp || moe; }
+  bool has_mlp() const { return mlp || moe || linear_mlp; }
+  bool has_attention() const { return self_attention || linear_attention; }
+  // The layer's own config (a heterogeneous layer's sizes; else the model's).
+  const TransformerConfig& config() const { return cfg_; }
 
  private:
-  const TransformerConfig& cfg_;
+  std::unique_ptr<const TransformerConfig> own_cfg_;  // a heterogeneous layer's; else null
+  const TransformerConfig& cfg_;                      // *own_cfg_, or the model's
   int64_t layer_, stream_layer_;
   TensorParallelContext tp_;
 };

@@ -188,6 +188,24 @@ TEST(PyTorchOracle, VariantsLogitsLossGradientsAndAdamW) {
 // loss, every gradient (router and each expert's w1 / w2 / w3) and 10 AdamW steps as PyTorch, in
 // the tolerances above: routing is a top-k of distinct scores (the oracle's router weights are 10x
 // the usual scale), so both sides select the same experts and the rest is the same f32 math.
+// Llama-Nemotron (nemotron-nas): a heterogeneous model whose four layers are a whole layer with
+// 2 query groups and a 256-wide MLP, a linear attention with no MLP, no attention with a 512-wide
+// MLP, and a whole attention with 1 query group and a linear MLP. The same tolerances.
+TEST(PyTorchOracle, NemotronNasLogitsLossGradientsAndAdamW) {
+  run_oracle("nemotron-nas");
+  // The imported config is the block list (not a uniform Llama that happens to load).
+  const TransformerConfig c = read_hf_config(g_oracle_dir + "/nemotron-nas/model").config;
+  ASSERT_EQ(c.heterogeneous.blocks.size(), 4u);
+  EXPECT_EQ(c.num_query_groups, 2);  // Megatron's: heads / the first n_heads_in_group
+  EXPECT_EQ(c.heterogeneous.blocks[0].ffn_hidden_size, 256);
+  EXPECT_EQ(c.heterogeneous.blocks[1].attention, BranchKind::kLinear);
+  EXPECT_EQ(c.heterogeneous.blocks[1].mlp, BranchKind::kNoOp);
+  EXPECT_EQ(c.heterogeneous.blocks[2].attention, BranchKind::kNoOp);
+  EXPECT_EQ(c.heterogeneous.blocks[2].ffn_hidden_size, 512);
+  EXPECT_EQ(c.heterogeneous.blocks[3].num_query_groups, 1);
+  EXPECT_EQ(c.heterogeneous.blocks[3].mlp, BranchKind::kLinear);
+}
+
 TEST(PyTorchOracle, MixtralLogitsLossGradientsAndAdamW) {
   run_oracle("mixtral");
   const TransformerConfig c = read_hf_config(g_oracle_dir + "/mixtral/model").config;
@@ -349,7 +367,7 @@ TEST(PyTorchOracle, LayerNorm1pIsTheSameFunctionAndExportsGamma) {
 
 TEST(PyTorchOracle, ExportReproducesTheImportedFilesExactly) {
   for (const std::string arch : {"gpt2", "llama", "gpt2-relu2", "llama31", "qwen3", "mixtral",
-                                 "deepseek-v3", "deepseek-v3-plain"}) {  // HF forms
+                                 "deepseek-v3", "deepseek-v3-plain", "nemotron-nas"}) {  // HF forms
     const std::string src = g_oracle_dir + "/" + arch + "/model";
     Loaded l = load(src);
     const std::string out = testing::scratch_dir("hf_roundtrip_" + arch);
@@ -383,6 +401,7 @@ TEST(PyTorchOracle, ExportReproducesTheImportedFilesExactly) {
     EXPECT_EQ(in.mla.yarn, back.mla.yarn) << arch;
     EXPECT_EQ(in.mla.mscale_all_dim, back.mla.mscale_all_dim) << arch;
     EXPECT_EQ(in.mtp_num_layers, back.mtp_num_layers) << arch;
+    EXPECT_EQ(in.heterogeneous.blocks.size(), back.heterogeneous.blocks.size()) << arch;
   }
 }
 

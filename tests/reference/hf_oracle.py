@@ -46,9 +46,13 @@ Variants (the model-variant flags where Hugging Face has the same variant):
               form: Mamba-2, attention-only (GQA, no positions) and squared-ReLU MLP-only layers
               after hybrid_override_pattern "M*M-", each x + mixer(rmsnorm(x)). The Mamba mixer
               (its torch_forward math) with the scan as its recurrence, one position at a time.
+  nemotron-nas
+              Llama-Nemotron (DeciLMForCausalLM): Llama 3.1 whose layers follow block_configs,
+              each attention and MLP whole (its own kv heads, its ffn_mult's width), one linear
+              layer after its norm, or a no-op (modeling_decilm's DeciLMDecoderLayer).
 
 Usage: python3 tests/reference/hf_oracle.py --arch {gpt2,llama,gpt2-relu2,llama31,qwen3,mixtral,
-       deepseek-v3,deepseek-v3-plain,deepseek-v3-mtp,nemotron-h} --out DIR
+       deepseek-v3,deepseek-v3-plain,deepseek-v3-mtp,nemotron-h,nemotron-nas} --out DIR
        [--seed 1234]
 """
 
@@ -871,6 +875,122 @@ def nemotron_h_forward(cfg, w, ids):
 
 
 ARCHS["nemotron-h"] = (NEMOTRON_H_CONFIG, nemotron_h_weights, nemotron_h_forward)
+
+
+# Llama-Nemotron (DeciLMForCausalLM, model_type nemotron-nas): Llama 3.1 whose layers differ by
+# block_configs. Layer 0 whole (2 kv heads, ffn_mult 2.0: 256 wide), 1 a linear attention and no
+# MLP, 2 no attention and a 512-wide MLP (ffn_mult 7.0), 3 whole attention with 1 kv head and a
+# linear MLP.
+NEMOTRON_NAS_CONFIG = dict(
+    LLAMA31_CONFIG, model_type="nemotron-nas", architectures=["DeciLMForCausalLM"],
+    num_hidden_layers=4, head_dim=None,
+    block_configs=[
+        {"attention": {"n_heads_in_group": 2, "no_op": False, "replace_with_linear": False},
+         "ffn": {"ffn_mult": 2.0, "no_op": False, "replace_with_linear": False}},
+        {"attention": {"n_heads_in_group": None, "no_op": False, "replace_with_linear": True},
+         "ffn": {"ffn_mult": None, "no_op": True, "replace_with_linear": False}},
+        {"attention": {"n_heads_in_group": None, "no_op": True, "replace_with_linear": False},
+         "ffn": {"ffn_mult": 7.0, "no_op": False, "replace_with_linear": False}},
+        {"attention": {"n_heads_in_group": 4, "no_op": False, "replace_with_linear": False},
+         "ffn": {"ffn_mult": None, "no_op": False, "replace_with_linear": True}},
+    ])
+for _k in ("num_key_value_heads", "intermediate_size"):
+    NEMOTRON_NAS_CONFIG.pop(_k)
+
+
+def decilm_ffn_size(ffn_mult, hidden):
+    """HF DeciLM's _ffn_mult_to_intermediate_size: int(2 m h / 3) up to a multiple of 256."""
+    n = int(2 * ffn_mult * hidden / 3)
+    return n if n % 256 == 0 else n + 256 - n % 256
+
+
+def nemotron_nas_weights(cfg, init):
+    V, H, nh = cfg["vocab_size"], cfg["hidden_size"], cfg["num_attention_heads"]
+    hd = H // nh
+    w = {"model.embed_tokens.weight": init.matrix(V, H)}
+    for i, blk in enumerate(cfg["block_configs"]):
+        p = f"model.layers.{i}."
+        a, f = blk["attention"], blk["ffn"]
+        if not a["no_op"]:
+            w[p + "input_layernorm.weight"] = init.norm(H)
+            if a["replace_with_linear"]:
+                w[p + "self_attn.linear_attn.weight"] = init.matrix(H, H)
+            else:
+                nkv = nh // a["n_heads_in_group"]
+                w[p + "self_attn.q_proj.weight"] = init.matrix(nh * hd, H)
+                w[p + "self_attn.k_proj.weight"] = init.matrix(nkv * hd, H)
+                w[p + "self_attn.v_proj.weight"] = init.matrix(nkv * hd, H)
+                w[p + "self_attn.o_proj.weight"] = init.matrix(H, nh * hd)
+        if not f["no_op"]:
+            w[p + "post_attention_layernorm.weight"] = init.norm(H)
+            if f["replace_with_linear"]:
+                w[p + "mlp.linear_mlp.weight"] = init.matrix(H, H)
+            else:
+                inter = decilm_ffn_size(f["ffn_mult"], H)
+                w[p + "mlp.gate_proj.weight"] = init.matrix(inter, H)
+                w[p + "mlp.up_proj.weight"] = init.matrix(inter, H)
+                w[p + "mlp.down_proj.weight"] = init.matrix(H, inter)
+    w["model.norm.weight"] = init.norm(H)
+    w["lm_head.weight"] = init.matrix(V, H)
+    return w
+
+
+def nemotron_nas_forward(cfg, w, ids):
+    """DeciLMDecoderLayer's forward: a no-op branch adds nothing, a linear one adds
+    linear(rmsnorm(x)), a whole one Llama's attention (its own kv heads) or SwiGLU MLP."""
+    B, S = ids.shape
+    H, nh = cfg["hidden_size"], cfg["num_attention_heads"]
+    hd = H // nh
+    eps = cfg["rms_norm_eps"]
+    sc = cfg["rope_scaling"]  # HF's _compute_llama3_parameters
+    inv_freq = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
+    factor, low, high = sc["factor"], sc["low_freq_factor"], sc["high_freq_factor"]
+    old = sc["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old / low, inv_freq / factor, inv_freq)
+    smooth = (old / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < old / high) * ~(wavelen > old / low)
+    inv_freq = torch.where(medium, smoothed, scaled)
+    freqs = (inv_freq[:, None] @ torch.arange(S, dtype=torch.float32)[None, :]).transpose(0, 1)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos()[None, None], emb.sin()[None, None]
+    causal = torch.full((S, S), torch.finfo(torch.float32).min).triu(1)[None, None]
+    x = F.embedding(ids, w["model.embed_tokens.weight"])
+    for i, blk in enumerate(cfg["block_configs"]):
+        p = f"model.layers.{i}."
+        a, f = blk["attention"], blk["ffn"]
+        if a["replace_with_linear"]:
+            x = x + F.linear(rms_norm(x, w[p + "input_layernorm.weight"], eps),
+                             w[p + "self_attn.linear_attn.weight"])
+        elif not a["no_op"]:
+            nkv = nh // a["n_heads_in_group"]
+            rep = nh // nkv
+            h = rms_norm(x, w[p + "input_layernorm.weight"], eps)
+            q = F.linear(h, w[p + "self_attn.q_proj.weight"]).view(B, S, nh, hd).transpose(1, 2)
+            k = F.linear(h, w[p + "self_attn.k_proj.weight"]).view(B, S, nkv, hd).transpose(1, 2)
+            v = F.linear(h, w[p + "self_attn.v_proj.weight"]).view(B, S, nkv, hd).transpose(1, 2)
+            q = apply_rope(q, cos, sin, hd, False)
+            k = apply_rope(k, cos, sin, hd, False)
+            k = k[:, :, None].expand(B, nkv, rep, S, hd).reshape(B, nh, S, hd)
+            v = v[:, :, None].expand(B, nkv, rep, S, hd).reshape(B, nh, S, hd)
+            att = torch.matmul(q, k.transpose(2, 3)) * (hd ** -0.5) + causal
+            att = torch.softmax(att, dim=-1, dtype=torch.float32)
+            o = torch.matmul(att, v).transpose(1, 2).contiguous().reshape(B, S, nh * hd)
+            x = x + F.linear(o, w[p + "self_attn.o_proj.weight"])
+        if f["replace_with_linear"]:
+            x = x + F.linear(rms_norm(x, w[p + "post_attention_layernorm.weight"], eps),
+                             w[p + "mlp.linear_mlp.weight"])
+        elif not f["no_op"]:
+            h = rms_norm(x, w[p + "post_attention_layernorm.weight"], eps)
+            g = F.linear(h, w[p + "mlp.gate_proj.weight"])
+            u = F.linear(h, w[p + "mlp.up_proj.weight"])
+            x = x + F.linear(F.silu(g) * u, w[p + "mlp.down_proj.weight"])
+    x = rms_norm(x, w["model.norm.weight"], eps)
+    return F.linear(x, w["lm_head.weight"])
+
+
+ARCHS["nemotron-nas"] = (NEMOTRON_NAS_CONFIG, nemotron_nas_weights, nemotron_nas_forward)
 
 
 def lm_loss(logits, labels):

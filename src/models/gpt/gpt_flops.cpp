@@ -3,7 +3,41 @@
 
 namespace megatron {
 
+namespace {
+
+// A heterogeneous model's layers by their own kinds and sizes, in the formula's units: a whole
+// attention with its query groups, a whole MLP with its width, a linear replacement's one h x h
+// GEMM (1/2: 2 of the unit's 24 h^2 FLOPs per token, x 3 passes), a no-op nothing. (Megatron's
+// formula does not read the block list: it counts every layer as the flags' whole layer.)
+double heterogeneous_flops(const TransformerConfig& c, double B) {
+  const double s = static_cast<double>(c.seq_length), h = static_cast<double>(c.hidden_size);
+  const double n = static_cast<double>(c.num_attention_heads);
+  const double qproj_ratio = n * static_cast<double>(c.kv_channels) / h;
+  const double gated = c.gated_mlp() ? 1.5 : 1.0;
+  double units = 0;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const HeterogeneousBlock& b = *c.heterogeneous.block(l);
+    const TransformerConfig lc = c.for_layer(l);
+    if (b.attention == BranchKind::kWhole) {
+      units += (1.0 + static_cast<double>(lc.num_query_groups) / n + s / h) * qproj_ratio;
+    } else if (b.attention == BranchKind::kLinear) {
+      units += 0.5;
+    }
+    if (b.mlp == BranchKind::kWhole) {
+      units += static_cast<double>(lc.ffn_hidden_size) / h * gated;
+    } else if (b.mlp == BranchKind::kLinear) {
+      units += 0.5;
+    }
+  }
+  const double logit = static_cast<double>(c.padded_vocab_size) / (2.0 * h);
+  return 12.0 * B * s * h * h * (units + logit);
+}
+
+}  // namespace
+
 double model_flops_per_iteration(const TransformerConfig& c, int64_t global_batch_size) {
+  if (c.heterogeneous.enabled())
+    return heterogeneous_flops(c, static_cast<double>(global_batch_size));
   const double B = static_cast<double>(global_batch_size), s = static_cast<double>(c.seq_length);
   const double L = static_cast<double>(c.num_layers), h = static_cast<double>(c.hidden_size);
   const double n = static_cast<double>(c.num_attention_heads);

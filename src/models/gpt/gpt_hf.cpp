@@ -11,6 +11,7 @@
 #include "checkpoint/safetensors_dir.h"
 #include "models/common/hf_tensors.h"
 #include "models/gpt/deepseek_hf.h"
+#include "models/gpt/nemotron_nas_hf.h"
 
 namespace megatron {
 namespace fs = std::filesystem;
@@ -114,7 +115,11 @@ HfModelInfo hf_info_from_json(const nlohmann::json& config, const std::string& f
                    file,
                    ": scale_attn_by_inverse_layer_idx / reorder_and_upcast_attn are not supported");
   } else if (model_type == "llama" || model_type == "mistral" || model_type == "qwen2" ||
-             model_type == "qwen3" || model_type == "mixtral" || model_type == "qwen3_moe") {
+             model_type == "qwen3" || model_type == "mixtral" || model_type == "qwen3_moe" ||
+             model_type == "nemotron-nas") {
+    // nemotron-nas (Llama-Nemotron): Llama with a block list of differing layers; its query
+    // groups and MLP widths are the blocks'.
+    const bool nas = model_type == "nemotron-nas";
     info.arch = HfArch::kLlama;
     // Qwen3 is Llama with an RMSNorm over each query and key head (q_norm, k_norm):
     // Megatron's --qk-layernorm.
@@ -126,7 +131,7 @@ HfModelInfo hf_info_from_json(const nlohmann::json& config, const std::string& f
     c.num_query_groups = get_or<int64_t>(j, "num_key_value_heads", c.num_attention_heads, file);
     c.kv_channels = get_or<int64_t>(j, "head_dim", 0, file);
     c.ffn_hidden_size = get_or<int64_t>(j, "intermediate_size", 0, file);
-    MEGATRON_CHECK(c.ffn_hidden_size > 0 || c.moe.enabled(), file,
+    MEGATRON_CHECK(c.ffn_hidden_size > 0 || c.moe.enabled() || nas, file,
                    ": intermediate_size is missing");
     if (c.ffn_hidden_size == 0) c.ffn_hidden_size = c.moe.ffn_hidden_size;
     c.max_position_embeddings = get<int64_t>(j, "max_position_embeddings", file);
@@ -176,13 +181,14 @@ HfModelInfo hf_info_from_json(const nlohmann::json& config, const std::string& f
     c.add_bias_linear = false;
     c.add_qkv_bias = attn_bias;
     c.untie_embeddings_and_output_weights = !get_or<bool>(j, "tie_word_embeddings", false, file);
+    if (nas) read_nemotron_nas_config(j, file, c);
   } else if (model_type == "deepseek_v3") {
     info.arch = HfArch::kLlama;  // Llama's embedding, norms, dense MLPs and head
     read_deepseek_v3_config(j, file, c);
   } else {
     MEGATRON_CHECK(false, file, ": model_type '", model_type,
                    "' is not supported; supported: gpt2, llama (also mistral, qwen2, qwen3, "
-                   "mixtral, qwen3_moe layouts), deepseek_v3");
+                   "mixtral, qwen3_moe, nemotron-nas layouts), deepseek_v3");
   }
   // Newer transformers write "dtype"; older ones "torch_dtype".
   const std::string dtype_key = j.contains("torch_dtype") ? "torch_dtype" : "dtype";
@@ -195,7 +201,7 @@ using Mapping = HfTensorMapping;
 
 std::vector<Mapping> hf_tensor_mappings(const HfModelInfo& info, GPTModel& m) {
   const TransformerConfig& c = m.config();
-  const int64_t h = c.hidden_size, hn = c.head_dim(), ng = c.num_query_groups;
+  const int64_t h = c.hidden_size, hn = c.head_dim();
   const int64_t np = c.num_attention_heads;
   const int64_t ffn = c.ffn_hidden_size, V = c.vocab_size;
   std::vector<Mapping> maps;
@@ -238,23 +244,30 @@ std::vector<Mapping> hf_tensor_mappings(const HfModelInfo& info, GPTModel& m) {
     // transformer layer, where DeepSeek-V3 keeps it (its extra tensors below).
     const auto layer_maps = [&](TransformerLayer& L, int64_t i) {
       const std::string p = "model.layers." + std::to_string(i) + ".";
-      add(p + "input_layernorm.weight", L.input_layernorm->weight, {h});
-      if (c.mla.enabled) {
+      // A heterogeneous layer's own sizes; its no-op branches have no tensors, its linear
+      // replacements one [h, h] weight (nemotron-nas).
+      const TransformerConfig& lc = L.config();
+      const int64_t ngl = lc.num_query_groups, ffnl = lc.ffn_hidden_size;
+      auto layer_rows = [&](int part) { return packed_qkv_rows(lc, part); };
+      if (L.has_attention()) add(p + "input_layernorm.weight", L.input_layernorm->weight, {h});
+      if (L.linear_attention) {
+        add(p + "self_attn.linear_attn.weight", L.linear_attention->linear.weight(), {h, h});
+      } else if (L.self_attention && c.mla.enabled) {
         add_deepseek_attention_mappings(c, L, p, maps);
-      } else {
+      } else if (L.self_attention) {
         add(p + "self_attn.q_proj.weight", L.self_attention->linear_qkv->weight(), {np * hn, h},
-            false, all_rows(0));
-        add(p + "self_attn.k_proj.weight", L.self_attention->linear_qkv->weight(), {ng * hn, h},
-            false, all_rows(1));
-        add(p + "self_attn.v_proj.weight", L.self_attention->linear_qkv->weight(), {ng * hn, h},
-            false, all_rows(2));
+            false, layer_rows(0));
+        add(p + "self_attn.k_proj.weight", L.self_attention->linear_qkv->weight(), {ngl * hn, h},
+            false, layer_rows(1));
+        add(p + "self_attn.v_proj.weight", L.self_attention->linear_qkv->weight(), {ngl * hn, h},
+            false, layer_rows(2));
         if (c.add_qkv_bias) {
           add(p + "self_attn.q_proj.bias", L.self_attention->linear_qkv->bias(), {np * hn}, false,
-              all_rows(0));
-          add(p + "self_attn.k_proj.bias", L.self_attention->linear_qkv->bias(), {ng * hn}, false,
-              all_rows(1));
-          add(p + "self_attn.v_proj.bias", L.self_attention->linear_qkv->bias(), {ng * hn}, false,
-              all_rows(2));
+              layer_rows(0));
+          add(p + "self_attn.k_proj.bias", L.self_attention->linear_qkv->bias(), {ngl * hn}, false,
+              layer_rows(1));
+          add(p + "self_attn.v_proj.bias", L.self_attention->linear_qkv->bias(), {ngl * hn}, false,
+              layer_rows(2));
         }
         add(p + "self_attn.o_proj.weight", L.self_attention->linear_proj.weight(), {h, np * hn});
         if (c.qk_layernorm) {
@@ -262,8 +275,10 @@ std::vector<Mapping> hf_tensor_mappings(const HfModelInfo& info, GPTModel& m) {
           add(p + "self_attn.k_norm.weight", L.self_attention->k_layernorm->weight, {hn});
         }
       }
-      add(p + "post_attention_layernorm.weight", L.pre_mlp_layernorm->weight, {h});
-      if (L.moe && info.model_type == "deepseek_v3") {
+      if (L.has_mlp()) add(p + "post_attention_layernorm.weight", L.pre_mlp_layernorm->weight, {h});
+      if (L.linear_mlp) {
+        add(p + "mlp.linear_mlp.weight", L.linear_mlp->linear.weight(), {h, h});
+      } else if (L.moe && info.model_type == "deepseek_v3") {
         add_deepseek_moe_mappings(c, L, p, maps);
       } else if (L.moe) {
         // Mixtral: block_sparse_moe.gate, experts.E.w1 (gate) / w3 (up) / w2 (down);
@@ -281,10 +296,10 @@ std::vector<Mapping> hf_tensor_mappings(const HfModelInfo& info, GPTModel& m) {
               {}, fe);
           add(x + (mixtral ? "w2" : "down_proj") + ".weight", L.moe->experts.fc2(e), {h, fe});
         }
-      } else {
-        add(p + "mlp.gate_proj.weight", L.mlp->linear_fc1.weight(), {ffn, h}, false, {}, 0);
-        add(p + "mlp.up_proj.weight", L.mlp->linear_fc1.weight(), {ffn, h}, false, {}, ffn);
-        add(p + "mlp.down_proj.weight", L.mlp->linear_fc2.weight(), {h, ffn});
+      } else if (L.mlp) {
+        add(p + "mlp.gate_proj.weight", L.mlp->linear_fc1.weight(), {ffnl, h}, false, {}, 0);
+        add(p + "mlp.up_proj.weight", L.mlp->linear_fc1.weight(), {ffnl, h}, false, {}, ffnl);
+        add(p + "mlp.down_proj.weight", L.mlp->linear_fc2.weight(), {h, ffnl});
       }
     };
     for (int64_t i = 0; i < c.num_layers; ++i) layer_maps(*m.decoder->layers[i], i);
@@ -529,7 +544,9 @@ HfModelInfo hf_info_from_config(const TransformerConfig& c, HfArch arch) {
          {"hidden_act", "silu"},
          {"tie_word_embeddings", !c.untie_embeddings_and_output_weights},
          {"attention_bias", false}};
-    if (!c.moe.enabled()) {
+    if (c.heterogeneous.enabled()) {
+      add_nemotron_nas_keys(c, j);
+    } else if (!c.moe.enabled()) {
       j["model_type"] = c.qk_layernorm ? "qwen3" : "llama";
       j["architectures"] = {c.qk_layernorm ? "Qwen3ForCausalLM" : "LlamaForCausalLM"};
       j["mlp_bias"] = false;

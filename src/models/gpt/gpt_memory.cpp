@@ -18,13 +18,16 @@ int64_t activation_bytes_per_microbatch(const TransformerConfig& c, const Activa
   auto mlp = [&](int64_t ffn, int64_t rows) {
     return rows * (c.gated_mlp() ? 2 * ffn : ffn) / t * e + rows * ffn / t * g;
   };
-  const int64_t gqa_attention = 2 * s_local_b * h * e + 2 * stats  // input, x1, norm statistics
-                                + sb * h * g                       // qkv GEMM input
-                                + sb * (np + 2 * ng) * hn / t * e  // qkv after RoPE
-                                + core
-                                // linear_proj's input: the attention output itself in fp32 runs, a
-                                // 16-bit copy otherwise
-                                + (g == 4 ? 0 : sb * np * hn / t * g);
+  auto gqa = [&](int64_t groups) {
+    return 2 * s_local_b * h * e + 2 * stats      // input, x1, norm statistics
+           + sb * h * g                           // qkv GEMM input
+           + sb * (np + 2 * groups) * hn / t * e  // qkv after RoPE
+           + core
+           // linear_proj's input: the attention output itself in fp32 runs, a 16-bit copy
+           // otherwise
+           + (g == 4 ? 0 : sb * np * hn / t * g);
+  };
+  const int64_t gqa_attention = gqa(ng);
   // Multi-latent attention (transformer/mla.h): the down projections' shared input (this rank's
   // positions), the latents before their norms (f32) and after (the up projections' inputs,
   // gathered under SP), the packed buffer of heads head_dim() wide, the core attention's output,
@@ -66,8 +69,27 @@ int64_t activation_bytes_per_microbatch(const TransformerConfig& c, const Activa
                   sb * (2 * conv + heads + 2 * di + m.num_groups / t) * e + sb * di * g +
                   states * e;
   }
+  // A heterogeneous model's branches (transformer/heterogeneous_config.h): a whole attention
+  // with its groups (its input, norm statistics and what attention keeps), a linear replacement
+  // (its input, norm statistics and the GEMM's gathered input), a whole MLP with its width or a
+  // linear one (x1, norm statistics, the GEMM input, the MLP's intermediates); no-ops nothing.
+  const int64_t branch_input = s_local_b * h * e + stats + sb * h * g;
+  auto hetero_layer = [&](int64_t l) {
+    const HeterogeneousBlock& hb = *c.heterogeneous.block(l);
+    const TransformerConfig lc = c.for_layer(l);
+    int64_t n = 0;
+    if (hb.attention == BranchKind::kWhole) n += gqa(lc.num_query_groups) - s_local_b * h * e - stats;
+    if (hb.attention == BranchKind::kLinear) n += branch_input;
+    if (hb.mlp == BranchKind::kWhole) n += branch_input + mlp(lc.ffn_hidden_size, sb);
+    if (hb.mlp == BranchKind::kLinear) n += branch_input;
+    return n;
+  };
   for (int64_t i = 0; i < L; ++i) {
     const int64_t l = a.first_layer + i;
+    if (c.heterogeneous.enabled()) {
+      kept += hetero_layer(l);
+      continue;
+    }
     switch (c.mamba.layer_type(l)) {
       case 'M':
         kept += mamba_layer;
@@ -98,10 +120,18 @@ int64_t activation_bytes_per_microbatch(const TransformerConfig& c, const Activa
         const bool is_moe = c.moe.is_moe_layer(a.first_layer + i);
         // A hybrid model's layers recompute only the branch they have (none in Mamba layers).
         const char kind = c.mamba.layer_type(a.first_layer + i);
-        const bool attn = kind == '\0' || kind == '*', dense = kind == '\0' || kind == '-';
+        bool attn = kind == '\0' || kind == '*', dense = kind == '\0' || kind == '-';
+        int64_t width = f;
+        // A heterogeneous layer: only whole branches recompute (a linear replacement keeps its
+        // input and has nothing else).
+        if (const HeterogeneousBlock* hb = c.heterogeneous.block(a.first_layer + i)) {
+          attn = hb->attention == BranchKind::kWhole;
+          dense = hb->mlp == BranchKind::kWhole;
+          width = c.for_layer(a.first_layer + i).ffn_hidden_size;
+        }
         if (attn && r.core_attn) bytes -= core;
         if (attn && r.mla_up_proj && c.mla.enabled) bytes -= sb * np * 3 * hn / t * e;
-        if (dense && !is_moe && r.mlp) bytes -= mlp(f, sb);
+        if (dense && !is_moe && r.mlp) bytes -= mlp(width, sb);
         // layernorm: the norms' outputs as their consumers kept them (gathered under SP).
         if (attn && r.layernorm) bytes -= c.mla.enabled ? s_local_b * h * g : sb * h * g;
         if (dense && r.layernorm && !is_moe) bytes -= sb * h * g;
