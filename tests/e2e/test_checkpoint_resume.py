@@ -276,6 +276,48 @@ class TestResharding(unittest.TestCase):
                                              ("pp2 dp2 distributed optimizer", 4,
                                               [PP, "2", *DISTOPT])])
 
+    def test_heterogeneous_checkpoint_reshards_and_keeps_its_blocks(self):
+        # Llama-Nemotron's heterogeneous layers: per-layer query groups (4 and 2 of 8 heads) and
+        # MLP widths (256, 512), and two linear replacements, each split over TP on its own:
+        # saved at tp2 with the distributed optimizer, loaded at tp1 and pp2, saved again
+        # unchanged. Then the block list is the checkpoint's: another list is refused naming
+        # it, and --use-checkpoint-args brings the saved one back without the flag.
+        blocks = [({"n_heads_in_group": 2}, {"ffn_mult": 2.0}),
+                  ({"replace_with_linear": True}, {"no_op": True}),
+                  ({"no_op": True}, {"ffn_mult": 7.0}),
+                  ({"n_heads_in_group": 4}, {"replace_with_linear": True})]
+        config = {"hidden_act": "silu", "num_hidden_layers": 4, "hidden_size": 64,
+                  "num_attention_heads": 8, "tie_word_embeddings": False, "rope_theta": 10000.0,
+                  "rope_scaling": {"rope_type": "llama3", "factor": 8.0},
+                  "block_configs": [{"attention": a, "ffn": f} for a, f in blocks]}
+        path = os.path.join(tmpdir("het"), "config.json")
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(config, f)
+        llama = ["--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu",
+                 "--disable-bias-linear", "--num-attention-heads", "8", "--group-query-attention",
+                 "--num-query-groups", "4", "--untie-embeddings-and-output-weights",
+                 "--use-rope-scaling",
+                 "--use-rotary-position-embeddings"]
+        model = [*llama, "--heterogeneous-layers-config-path", path]
+        saved = [TP, "2", *DISTOPT]
+        self.check_reshard(model, 4, saved, [("tp2dp2 (the saved layout)", 4, saved),
+                                             ("tp1pp1", 1, []),
+                                             ("pp2 dp2 distributed optimizer", 4,
+                                              [PP, "2", *DISTOPT])])
+        ck = tmpdir("het_ck")
+        run(1, *model, "--save", ck, "--exit-interval", "5")
+        config["block_configs"][2]["ffn"]["ffn_mult"] = 2.0
+        other = os.path.join(tmpdir("het_other"), "config.json")
+        with open(other, "w", encoding="utf-8") as f:
+            json.dump(config, f)
+        refused = run(1, *llama, "--heterogeneous-layers-config-path", other, "--load", ck,
+                      expect_rc=2)
+        self.assertIn("heterogeneous_blocks", refused.stderr)
+        resumed = run(1, *llama, "--load", ck, "--use-checkpoint-args", "--exit-interval", "6")
+        self.assertEqual(sorted(iterations(resumed)), [6], resumed.stdout[-2000:])
+        straight = iterations(run(1, *model, "--exit-interval", "6"))
+        self.assertEqual(iterations(resumed)[6], straight[6])
+
     def check_reshard(self, model, saved_ranks, saved_flags, layouts):
         ck = tmpdir("ck")
         want = iterations(run(saved_ranks, *model, *saved_flags))[11]

@@ -19,9 +19,11 @@ What it is not: a speed test (bench/), or the bad-layout messages (tests/cli/tes
 
 Usage: test_parallel_equivalence.py --megatron BUILD/megatron --mpiexec MPIEXEC
 """
+import json
 import os
 import re
 import sys
+import tempfile
 import time
 import unittest
 
@@ -164,6 +166,34 @@ class TestParallelEquivalence(unittest.TestCase):
                     ("tp2 cp4", 8, [TP, "2", cp, "4"]),
                     ("cp2 pp2", 4, [cp, "2", PP, "2"])]
         self.check_equivalent(mamba, layouts)
+
+    def test_heterogeneous_layers_in_parallel_layouts(self):
+        # Llama-Nemotron's heterogeneous layers (--heterogeneous-layers-config-path): a whole
+        # layer (4 query groups, MLP 256 wide), a linear attention without MLP, no attention with
+        # a 512-wide MLP, and a whole attention of 2 query groups with a linear MLP. Each splits
+        # its own groups and width over TP; the linear replacements gather their column-parallel
+        # output (and keep SP's positions); pp2 puts two different layers on each stage.
+        blocks = [
+            ({"n_heads_in_group": 2}, {"ffn_mult": 2.0}),
+            ({"n_heads_in_group": None, "replace_with_linear": True}, {"no_op": True}),
+            ({"n_heads_in_group": None, "no_op": True}, {"ffn_mult": 7.0}),
+            ({"n_heads_in_group": 4}, {"ffn_mult": None, "replace_with_linear": True}),
+        ]
+        config = {"model_type": "nemotron-nas", "hidden_act": "silu", "num_hidden_layers": 4,
+                  "hidden_size": 64, "num_attention_heads": 8, "tie_word_embeddings": False,
+                  "rope_theta": 500000.0,
+                  "rope_scaling": {"rope_type": "llama3", "factor": 8.0},
+                  "block_configs": [{"attention": a, "ffn": f} for a, f in blocks]}
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "config.json")
+            with open(path, "w") as f:
+                json.dump(config, f)
+            layouts = [l for l in LAYOUTS if l[0] in ("tp2+sp", "pp2", "pp2 interleaved",
+                                                       "tp2pp2dp2", "dp2 distributed optimizer")]
+            layouts.append(("cp2", 2, ["--context-parallel-size", "2"]))
+            self.check_equivalent([*LLAMA, "--use-rope-scaling", "--use-rotary-position-embeddings",
+                                   "--rotary-base", "500000",
+                                   "--heterogeneous-layers-config-path", path], layouts)
 
     def test_multi_latent_attention_in_parallel_layouts(self):
         # MLA (DeepSeek-V3's attention) with YaRN: the replicated down projections and latent
