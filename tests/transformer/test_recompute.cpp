@@ -72,6 +72,22 @@ TransformerConfig llama_config() {
   return c;
 }
 
+// Llama-Nemotron's heterogeneous layers on the Llama-style block: a whole layer of its own
+// (1 query group, MLP 96 wide), a linear attention and no MLP, no attention and the model's MLP,
+// and the model's attention with a linear MLP.
+TransformerConfig heterogeneous_config() {
+  TransformerConfig c = llama_config();
+  c.heterogeneous.blocks = {
+      {BranchKind::kWhole, BranchKind::kWhole, 1, 96},
+      {BranchKind::kLinear, BranchKind::kNoOp, 0, 0},
+      {BranchKind::kNoOp, BranchKind::kWhole, 0, 0},
+      {BranchKind::kWhole, BranchKind::kLinear, 0, 0},
+  };
+  c.heterogeneous.json = "{}";
+  c.finalize();
+  return c;
+}
+
 struct Setting {
   const char* name;
   RecomputeGranularity granularity;
@@ -241,6 +257,10 @@ TEST(Recompute, Gpt2StyleBlockBitIdentical) {
 }
 TEST(Recompute, LlamaStyleBlockBitIdentical) {
   expect_same_block_run(llama_config(), true);
+}
+
+TEST(Recompute, HeterogeneousBlockBitIdentical) {
+  expect_same_block_run(heterogeneous_config(), true);
 }
 
 // A block without the final norm (a pipeline stage that does not end the decoder): its output is
@@ -487,6 +507,8 @@ class HeldBytes {
     add(c.attn);
     add(c.ln2);
     add(c.mlp);
+    add(c.linear_attention);
+    add(c.linear_mlp);
   }
   void add(const TransformerBlock::Ctx& c) {
     for (const auto& l : c.layers) add(l);
@@ -614,6 +636,40 @@ TEST(Recompute, TrainerActivationEstimateIsTheMeasuredFormula) {
       EXPECT_EQ(activation_bytes_per_microbatch(c, shape), predicted_held_bytes(c, s, false))
           << s.name;
     }
+  }
+}
+
+// A heterogeneous block's held bytes, walked from its Ctx, against the trainer's estimate (each
+// layer's own branches and sizes) plus the final norm's input and statistics, without and with
+// selective recomputation (where only whole branches recompute).
+TEST(Recompute, HeterogeneousHeldActivationBytesMatchTheEstimate) {
+  const TransformerConfig base = heterogeneous_config();
+  std::vector<Setting> settings = {kNone};
+  for (const Setting& s : kRecomputeSettings)
+    if (s.granularity == RecomputeGranularity::kSelective) settings.push_back(s);
+  for (const Setting& s : settings) {
+    SCOPED_TRACE(s.name);
+    BlockFixture f(with(base, s));
+    const Tensor x = f.input();
+    const TokenLayout layout = layout_for(f.cfg);
+    TransformerBlock::Ctx ctx;
+    f.block.forward(x, layout, ctx, kTraining);
+    HeldBytes held;
+    held.add(ctx);
+    held.add(ctx.layout.positions);
+    held.exclude(layout.positions);
+    held.exclude(layout.doc_start);
+    const int64_t sb = f.cfg.seq_length * kBatch;
+    const int64_t final_norm = (sb * f.cfg.hidden_size + sb) * 4;  // input and RMSNorm's rstd
+    ActivationShape shape{.micro_batch_size = kBatch,
+                          .num_layers = f.cfg.num_layers,
+                          .pre_process = false,
+                          .post_process = false};
+    EXPECT_EQ(held.total(), activation_bytes_per_microbatch(f.cfg, shape) + final_norm);
+    // Not the uniform model's count: the blocks change it.
+    TransformerConfig uniform = f.cfg;
+    uniform.heterogeneous = {};
+    EXPECT_NE(held.total(), activation_bytes_per_microbatch(uniform, shape) + final_norm);
   }
 }
 
