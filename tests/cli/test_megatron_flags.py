@@ -14,9 +14,11 @@ What it is: checks of `megatron flags` and of `megatron train` against src/cli/m
 Usage: test_megatron_flags.py --megatron BUILD/megatron
 """
 import argparse
+import json
 import os
 import subprocess
 import sys
+import tempfile
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -123,6 +125,45 @@ class MegatronFlagsTest(unittest.TestCase):
         proc = run("train", *BASE, "--no-such-flag")
         self.assertRefused(proc, "unknown flag --no-such-flag")
         self.assertNotIn("did you mean", proc.stderr)
+
+    def test_heterogeneous_layers_flags(self):
+        # Megatron's check that the flags repeat the config.json, and what the block list cannot
+        # hold, exit 2 naming the flag or key; the JSON text works as well as the path.
+        config = {"hidden_act": "silu", "num_hidden_layers": 2, "hidden_size": 64,
+                  "num_attention_heads": 4, "tie_word_embeddings": False, "rope_theta": 10000.0,
+                  "rope_scaling": {"factor": 8.0},
+                  "block_configs": [
+                      {"attention": {"n_heads_in_group": 2}, "ffn": {"ffn_mult": 2.0}},
+                      {"attention": {"replace_with_linear": True}, "ffn": {"no_op": True}}]}
+        llama = [*BASE, "--position-embedding-type", "rope", "--normalization", "RMSNorm",
+                 "--swiglu", "--disable-bias-linear", "--group-query-attention",
+                 "--num-query-groups", "2", "--untie-embeddings-and-output-weights",
+                 "--use-rope-scaling", "--use-rotary-position-embeddings"]
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "config.json")
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump(config, f)
+            flag = ["--heterogeneous-layers-config-path", path]
+            ok = run("train", *llama, *flag)
+            self.assertEqual(ok.returncode, 0, ok.stderr[-2000:])
+            text = run("train", *llama, "--heterogeneous-layers-config-encoded-json",
+                       json.dumps(config))
+            self.assertEqual(text.returncode, 0, text.stderr[-2000:])
+            self.assertRefused(run("train", *llama[:-1], *flag), "Arguments differ",
+                               "--use-rotary-position-embeddings false (provided) != true")
+            self.assertRefused(run("train", *llama, *flag, "--num-query-groups", "4"),
+                               "--num-query-groups 4 (provided) != 2 (expected)")
+            self.assertRefused(run("train", *llama, "--heterogeneous-layers-config-path",
+                                   os.path.join(tmp, "missing.json")),
+                               "--heterogeneous-layers-config-path", "cannot read")
+            self.assertRefused(run("train", *llama, *flag, "--tensor-model-parallel-size", "4"),
+                               "--tensor-model-parallel-size")
+            self.assertRefused(run("train", *llama, *flag, "--num-experts", "2"),
+                               "--num-experts")
+            config["block_configs"][1]["attention"]["window_length"] = 64
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump(config, f)
+            self.assertRefused(run("train", *llama, *flag), "block_configs[1].attention.window_length")
 
     def test_hybrid_mamba_flags(self):
         # Megatron's Mamba stack spec runs as pretrain_mamba; other specs and hybrid flags on
