@@ -93,6 +93,10 @@ nlohmann::json model_args_json(const Arguments& a, const TransformerConfig& cfg)
       {"rotary_base", cfg.rotary_base},
       {"rotary_percent", cfg.rotary_percent},
       {"rotary_interleaved", cfg.rotary_interleaved},
+      // The switch with its factor: a record without it (`megatron convert`'s) would restore
+      // the factor and leave the scaling off.
+      {"use_rope_scaling", cfg.rope_scaling_factor > 0},
+      {"use_rotary_position_embeddings", a.use_rotary_position_embeddings},
       {"rope_scaling_factor", cfg.rope_scaling_factor},
       {"rotary_seq_len_interpolation_factor", cfg.rotary_seq_len_interpolation_factor},
       {"normalization", a.normalization},

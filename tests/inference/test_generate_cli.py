@@ -4,7 +4,7 @@ argmax of full forward passes without a cache, in every layout; seeded sampling;
 
 What it is:
   - The oracle (tests/reference/generate_oracle.py) writes a tiny GPT-2-style, Llama-style,
-    Mixtral-style and DeepSeek-V3-style model as Hugging Face directories, four prompts of 1 to 12 tokens and, for each,
+    Mixtral-style, DeepSeek-V3-style and Llama-Nemotron-style (heterogeneous layers) model as Hugging Face directories, four prompts of 1 to 12 tokens and, for each,
     PyTorch's greedy continuation of 10 tokens where every token is the argmax of a full forward
     pass over the sequence so far (no cache), with the log-probabilities of a full forward.
   - `megatron generate --top_k 1` of the four prompts in one batch (different lengths: prefill of
@@ -142,6 +142,13 @@ class TestGreedyAgainstPyTorch(unittest.TestCase):
                         "2", "--expert-tensor-parallel-size", "1"], True),
             ("pp2", 2, ["--pipeline-model-parallel-size", "2"], True)])
 
+
+    def test_nemotron_nas(self):
+        # Llama-Nemotron's heterogeneous layers: a KV cache only for the whole attentions, each
+        # with its own query groups (2 and 1); the linear and no-op branches keep nothing.
+        self.check_arch("nemotron-nas", self.LAYOUTS[:3] + [
+            ("pp2", 2, ["--pipeline-model-parallel-size", "2"], True),
+            ("pp4", 4, ["--pipeline-model-parallel-size", "4"], True)])
 
     def test_deepseek_v3(self):
         # Multi-latent attention's KV cache holds the up-projected keys and values of every head;

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Greedy-generation oracle: what `megatron generate --top_k 1` must produce.
 
-Writes a tiny GPT-2-style, Llama-style, Mixtral-style (MoE) or DeepSeek-V3-style (multi-latent
-attention, MoE) model with seeded random weights as a Hugging Face directory (the same PyTorch restatement of the HF math as hf_oracle.py), a batch of prompts of
+Writes a tiny GPT-2-style, Llama-style, Mixtral-style (MoE), DeepSeek-V3-style (multi-latent
+attention, MoE) or Llama-Nemotron-style (heterogeneous layers) model with seeded random weights
+as a Hugging Face directory (the same PyTorch restatement of the HF math as hf_oracle.py), a
+batch of prompts of
 different lengths, and for each prompt its greedy continuation computed the slow way: every new
 token is the argmax of a full forward pass over the whole sequence so far, with no KV cache.
 The log-probabilities of every token after the first (log-softmax of a full forward's logits)
@@ -15,7 +17,7 @@ every step is written out ("min_gap"), and the script refuses a model whose gap 
 (an implementation differing by f32 rounding, ~1e-6, could then pick the other token and the
 comparison would test nothing but luck).
 
-Usage: python3 tests/reference/generate_oracle.py --arch {gpt2,llama,mixtral,deepseek-v3} --out DIR [--seed 7]
+Usage: python3 tests/reference/generate_oracle.py --arch {gpt2,llama,mixtral,deepseek-v3,nemotron-nas} --out DIR [--seed 7]
 Writes DIR/model/{config.json,model.safetensors} and DIR/expected.json.
 """
 
@@ -79,7 +81,7 @@ def run(arch, out_dir, seed):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--arch", required=True, choices=["gpt2", "llama", "mixtral", "deepseek-v3"])
+    ap.add_argument("--arch", required=True, choices=["gpt2", "llama", "mixtral", "deepseek-v3", "nemotron-nas"])
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=7)
     args = ap.parse_args()
