@@ -237,6 +237,11 @@ int run_plan(int argc, char** argv, MpiRuntime& mpi) {
     MEGATRON_CHECK(args.model == "gpt",
                    "plan models GPT-style decoders (--model gpt, pretrain_gpt); got --model ",
                    args.model);
+    MEGATRON_CHECK(args.heterogeneous_layers_config_path.empty() &&
+                       args.heterogeneous_layers_config_encoded_json.empty(),
+                   "plan models decoders of identical layers; heterogeneous layers "
+                   "(--heterogeneous-layers-config-path) are not modeled: plan the uniform model "
+                   "of the flags without it for an upper bound");
     resolve_vocab_size(args, table);
     MEGATRON_CHECK(o.nodes >= 1, "--num-nodes must be at least 1, got ", o.nodes);
     MEGATRON_CHECK(o.per_node >= 0, "--gpus-per-node must be positive, got ", o.per_node);
