@@ -190,6 +190,12 @@ void register_model_args(ArgTable& t, Arguments& a) {
   t.add("--moe-z-loss-coeff", a.moe_z_loss_coeff, "Coefficient of the router z-loss");
   t.add("--moe-input-jitter-eps", a.moe_input_jitter_eps,
         "Router input multiplied by U(1 - eps, 1 + eps) in training");
+  t.flag("--moe-router-force-load-balancing", a.moe_router_force_load_balancing,
+         "Benchmarks only: the routers route on standard normal random logits (gradients pass "
+         "through to the gating GEMM unchanged), so every expert gets its share of tokens");
+  t.flag("--moe-apply-probs-on-input", a.moe_apply_probs_on_input,
+         "The routing probability multiplies each expert's input instead of its activation "
+         "(Llama 4's experts; --moe-router-topk 1 only)");
   t.add("--moe-expert-capacity-factor", a.moe_expert_capacity_factor,
         "Tokens per expert at most capacity factor x tokens x topk / experts (default dropless)");
   t.add("--moe-token-drop-policy", a.moe_token_drop_policy,

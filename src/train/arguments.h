@@ -334,8 +334,10 @@ struct Arguments {
   std::vector<std::string> moe_aux_loss_coeff = {"0.0"};  // one per load-balancing type
   double moe_z_loss_coeff = kUnset;
   double moe_input_jitter_eps = kUnset;
-  double moe_expert_capacity_factor = kUnset;   // unset or negative: dropless
-  std::string moe_token_drop_policy = "probs";  // probs or position
+  bool moe_router_force_load_balancing = false;  // benchmark-only random routing
+  bool moe_apply_probs_on_input = false;         // probabilities scale the experts' input
+  double moe_expert_capacity_factor = kUnset;    // unset or negative: dropless
+  std::string moe_token_drop_policy = "probs";   // probs or position
   bool moe_pad_expert_input_to_capacity = false;
   std::string moe_token_dispatcher_type = "allgather";  // allgather or alltoall
   bool moe_grouped_gemm = false;

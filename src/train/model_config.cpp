@@ -50,6 +50,8 @@ MoeConfig moe_config_from_args(const Arguments& a) {
   }
   m.z_loss_coeff = is_set(a.moe_z_loss_coeff) ? a.moe_z_loss_coeff : 0.0;
   m.input_jitter_eps = is_set(a.moe_input_jitter_eps) ? a.moe_input_jitter_eps : 0.0;
+  m.force_load_balancing = a.moe_router_force_load_balancing;
+  m.apply_probs_on_input = a.moe_apply_probs_on_input;
   // Megatron turns a negative capacity factor into None (dropless).
   m.capacity_factor = is_set(a.moe_expert_capacity_factor) && a.moe_expert_capacity_factor > 0
                           ? a.moe_expert_capacity_factor
@@ -167,8 +169,8 @@ void check_fp8_gemm_shapes(const TransformerConfig& c, const Arguments& a) {
     if (b.num_query_groups > 0)
       gemms.push_back({"linear_qkv", c.hidden_size, (np + 2 * b.num_query_groups) * hn / tp, flag});
     if (b.ffn_hidden_size > 0) {
-      gemms.push_back({"linear_fc1", c.hidden_size,
-                       b.ffn_hidden_size * (c.gated_mlp() ? 2 : 1) / tp, flag});
+      gemms.push_back(
+          {"linear_fc1", c.hidden_size, b.ffn_hidden_size * (c.gated_mlp() ? 2 : 1) / tp, flag});
       gemms.push_back({"linear_fc2", b.ffn_hidden_size / tp, c.hidden_size, flag});
     }
     if (b.attention == BranchKind::kLinear || b.mlp == BranchKind::kLinear)
@@ -274,14 +276,14 @@ TransformerConfig transformer_config_from_args(const Arguments& a) {
     c.mamba.validate(a.num_layers, a.hidden_size, a.tensor_model_parallel_size);
   }
   if (!a.heterogeneous_layers_config_encoded_json.empty()) {
-    c.heterogeneous = parse_heterogeneous_config(
-        a.heterogeneous_layers_config_encoded_json, a.num_attention_heads, a.hidden_size,
-        "--heterogeneous-layers-config-encoded-json");
+    c.heterogeneous = parse_heterogeneous_config(a.heterogeneous_layers_config_encoded_json,
+                                                 a.num_attention_heads, a.hidden_size,
+                                                 "--heterogeneous-layers-config-encoded-json");
     const int64_t tp = a.tensor_model_parallel_size;
     for (size_t i = 0; i < c.heterogeneous.blocks.size(); ++i) {
       const HeterogeneousBlock& b = c.heterogeneous.blocks[i];
-      MEGATRON_CHECK(b.num_query_groups % tp == 0, "--heterogeneous-layers-config-path: layer ",
-                     i, "'s ", b.num_query_groups,
+      MEGATRON_CHECK(b.num_query_groups % tp == 0, "--heterogeneous-layers-config-path: layer ", i,
+                     "'s ", b.num_query_groups,
                      " query groups must be divisible by --tensor-model-parallel-size ", tp);
       MEGATRON_CHECK(b.ffn_hidden_size % tp == 0, "--heterogeneous-layers-config-path: layer ", i,
                      "'s MLP width ", b.ffn_hidden_size,

@@ -121,6 +121,17 @@ class TestLayouts(unittest.TestCase):
         ("cp2 ep2 per-token loss", 4, ["--context-parallel-size", "2", EP, "2",
                                        "--calculate-per-token-loss"],
          ["--calculate-per-token-loss"]),
+        # Benchmark routing on random logits, drawn per token of the micro-batch (the same in
+        # every layout), and Llama 4's top-1 sigmoid routing with the probabilities on the
+        # experts' input.
+        ("forced load balancing, ep2 tp2+sp etp1", 4,
+         [EP, "2", TP, "2", SP, ETP, "1", "--moe-router-force-load-balancing"],
+         ["--moe-router-force-load-balancing"]),
+        ("probabilities on the input, top-1 sigmoid, ep2 tp2+sp", 4,
+         [EP, "2", TP, "2", SP, "--moe-apply-probs-on-input", "--moe-router-topk", "1",
+          "--moe-router-score-function", "sigmoid"],
+         ["--moe-apply-probs-on-input", "--moe-router-topk", "1", "--moe-router-score-function",
+          "sigmoid"]),
         # Dense and MoE layers alternating, on interleaved pipeline stages, with overlapped
         # reductions of small (dense and expert) buckets and the distributed optimizer.
         ("moe every 2nd layer, pp2 interleaved ep2 overlapped distributed", 4,

@@ -321,6 +321,11 @@ TEST(LayerGradients, MoeLayerRoutingExpertsAndSharedExperts) {
          m.pre_softmax = true;
          m.router_topk = 1;
          m.capacity_factor = 1.0;
+       })},
+      {"sigmoid top-1, probabilities on the input (Llama 4)", variant([](MoeConfig& m) {
+         m.score_function = MoeScoreFunction::kSigmoid;
+         m.router_topk = 1;
+         m.apply_probs_on_input = true;
        })}};
   const ForwardMode training{true, 3, 4};
   for (const auto& [name, cfg] : cfgs) {
@@ -343,6 +348,112 @@ TEST(LayerGradients, MoeLayerRoutingExpertsAndSharedExperts) {
                  [&](const Tensor& dy) { return moe.backward(dy, ctx); }},
                 15);
     EXPECT_EQ(dropped, cfg.moe.capacity_factor > 0) << "the capacity case must drop tokens";
+  }
+}
+
+// --moe-apply-probs-on-input: y = expert(p x) instead of p expert(x). With squared ReLU (degree 2,
+// no biases) expert(p x) = p^2 expert(x) for p > 0, so the flag's output is the default's times
+// each token's probability (sigmoid top-1 scores, in (0, 1)).
+TEST(MoeOptions, ProbabilitiesOnTheInput) {
+  SelfGroup g;
+  struct Out {
+    Tensor y;
+    std::vector<double> probs;
+  };
+  auto run = [&](bool on_input) {
+    TransformerConfig c = llama_style(base_config());
+    c.swiglu = false;
+    c.squared_relu = true;
+    c.moe.num_experts = 4;
+    c.moe.ffn_hidden_size = 6;
+    c.moe.aux_loss_coeff = {0.0};
+    c.moe.router_topk = 1;
+    c.moe.score_function = MoeScoreFunction::kSigmoid;
+    c.moe.apply_probs_on_input = on_input;
+    c.finalize();
+    MoELayer moe("mlp", c, 0, g.tp());
+    std::vector<Param*> ps;
+    moe.collect(ps);
+    ParamSet params(ps, DType::kF64);
+    params.initialize(3);
+    params.sync_compute_from_main();
+    MoELayer::Ctx ctx;
+    const Tensor x = testing::random_tensor({5, 2, c.hidden_size}, 9, 1.0, DType::kF64);
+    Out o{moe.forward(x, ctx, ForwardMode{}).clone(), {}};
+    const auto& r = ctx.router.routing;
+    for (int64_t t = 0; t < r.tokens; ++t) {
+      double p = 0;
+      for (int64_t e = 0; e < r.experts; ++e) p += r.probs[static_cast<size_t>(t * r.experts + e)];
+      o.probs.push_back(p);
+    }
+    return o;
+  };
+  const Out on = run(true), off = run(false);
+  ASSERT_EQ(on.probs, off.probs);
+  const int64_t h = on.y.dim(2);
+  Tensor want = off.y.clone();
+  for (int64_t t = 0; t < static_cast<int64_t>(on.probs.size()); ++t) {
+    EXPECT_GT(on.probs[static_cast<size_t>(t)], 0.0);
+    EXPECT_LT(on.probs[static_cast<size_t>(t)], 1.0);
+    for (int64_t c = 0; c < h; ++c)
+      want.data<double>()[t * h + c] *= on.probs[static_cast<size_t>(t)];
+  }
+  EXPECT_TRUE(testing::allclose(on.y, want, 1e-12, 1e-10));  // fp64: rounding only
+  EXPECT_FALSE(testing::allclose(on.y, off.y, 1e-6, 1e-6));
+}
+
+// --moe-router-force-load-balancing (benchmarks): routed on N(0, 1) logits, a router that sends
+// every token to expert 0 spreads them over all experts; the same draws again in a second
+// forward (a recomputation); the gating GEMM still gets the logits' gradient (straight through).
+TEST(MoeOptions, ForcedLoadBalancingSpreadsTokensAndPassesGradients) {
+  SelfGroup g;
+  TransformerConfig c = llama_style(base_config());
+  c.moe.num_experts = 4;
+  c.moe.ffn_hidden_size = 6;
+  c.moe.aux_loss_coeff = {0.0};
+  c.finalize();
+  auto counts_of = [&](MoELayer::Ctx& ctx, MoELayer& moe, const Tensor& x) {
+    ctx = {};
+    moe.forward(x, ctx, ForwardMode{true, 3, 4});
+    std::vector<int64_t> n(4, 0);
+    const auto& r = ctx.router.routing;
+    for (int64_t t = 0; t < r.tokens; ++t)
+      for (int64_t e = 0; e < 4; ++e) n[static_cast<size_t>(e)] += r.map[t * 4 + e];
+    return n;
+  };
+  for (bool forced : {false, true}) {
+    SCOPED_TRACE(forced ? "forced" : "learned");
+    c.moe.force_load_balancing = forced;
+    MoELayer moe("mlp", c, 0, g.tp());
+    std::vector<Param*> ps;
+    moe.collect(ps);
+    ParamSet params(ps, DType::kF64);
+    params.initialize(3);
+    // The router prefers expert 0 for every token (a positive input, a large row 0).
+    Tensor& w = moe.router.weight.main;
+    for (int64_t i = 0; i < w.numel(); ++i) w.data<double>()[i] = i < c.hidden_size ? 10.0 : 0.0;
+    params.sync_compute_from_main();
+    Tensor x = testing::random_tensor({16, 2, c.hidden_size}, 5, 0.5, DType::kF64);
+    for (int64_t i = 0; i < x.numel(); ++i)
+      x.data<double>()[i] = std::fabs(x.data<double>()[i]) + 0.1;
+    MoELayer::Ctx ctx;
+    const std::vector<int64_t> n = counts_of(ctx, moe, x);
+    if (!forced) {
+      EXPECT_EQ(n[0], 32);  // every one of the 32 tokens (top-2: its second choice varies)
+      continue;
+    }
+    // 64 selections over 4 experts: each gets a share near 16 (binomial sd ~3.5).
+    for (int64_t e = 0; e < 4; ++e) EXPECT_GT(n[static_cast<size_t>(e)], 6) << "expert " << e;
+    const std::vector<double> logits = ctx.router.logits;
+    MoELayer::Ctx again;
+    EXPECT_EQ(counts_of(again, moe, x), n);
+    EXPECT_EQ(again.router.logits, logits);
+    params.zero_grads();
+    moe.backward(testing::random_tensor(x.shape(), 6, 1.0, DType::kF64), ctx);
+    double gw = 0;
+    for (int64_t i = 0; i < moe.router.weight.main_grad.numel(); ++i)
+      gw += std::fabs(moe.router.weight.main_grad.item(i));
+    EXPECT_GT(gw, 0) << "the straight-through gradient reaches the gating GEMM";
   }
 }
 

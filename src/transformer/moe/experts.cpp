@@ -81,6 +81,36 @@ Tensor GroupedExperts::gemm_input(const Tensor& t) const {
 
 Tensor GroupedExperts::forward(const Tensor& x, const std::vector<int64_t>& counts,
                                const std::vector<double>& probs, Ctx& ctx) const {
+  if (!cfg_.moe.apply_probs_on_input) return forward_rows(x, counts, probs, ctx);
+  // --moe-apply-probs-on-input: the rows scaled by their probabilities in f32 (Megatron's
+  // product of the fp32 probabilities with the input, cast to the input's dtype by the GEMM
+  // input conversion), and the activation's probabilities 1.
+  Tensor scaled = x.dtype() == DType::kF64 ? x.clone() : x.to(DType::kF32);
+  ops::scale_rows(scaled, row_tensor(probs, scaled.dtype()));
+  Tensor y = forward_rows(scaled, counts, std::vector<double>(probs.size(), 1.0), ctx);
+  ctx.unscaled_x = x;
+  ctx.input_probs = probs;
+  return y;
+}
+
+Tensor GroupedExperts::backward(const Tensor& dy, Ctx& ctx, std::vector<double>* dprobs) const {
+  if (!ctx.unscaled_x.defined()) return backward_rows(dy, ctx, dprobs);
+  // y = f(p x): dp_r = <df_r, x_r>, dx = p df (f's gradient for its probabilities of 1 unused).
+  const Tensor x = ctx.unscaled_x;
+  const std::vector<double> probs = ctx.input_probs;
+  std::vector<double> unused;
+  Tensor dx = backward_rows(dy, ctx, &unused);
+  const int64_t N = dx.dim(0);
+  Tensor dp = Tensor::empty({N}, dx.dtype());
+  ops::row_dots(dp, dx, x.dtype() == dx.dtype() ? x : x.to(dx.dtype()));
+  const Tensor dp64 = dp.to(DType::kF64);
+  dprobs->assign(dp64.data<double>(), dp64.data<double>() + N);
+  ops::scale_rows(dx, row_tensor(probs, dx.dtype()));
+  return dx;
+}
+
+Tensor GroupedExperts::forward_rows(const Tensor& x, const std::vector<int64_t>& counts,
+                                    const std::vector<double>& probs, Ctx& ctx) const {
   if (fp8_) return forward_fp8(x, counts, probs, ctx);
   const int64_t N = x.dim(0), h = cfg_.hidden_size;
   const int64_t f = ffn_local_, f1 = cfg_.gated_mlp() ? 2 * f : f;
@@ -109,7 +139,8 @@ void GroupedExperts::activation(Ctx& ctx) const {
   ctx.scaled = gemm_input(scaled);
 }
 
-Tensor GroupedExperts::backward(const Tensor& dy, Ctx& ctx, std::vector<double>* dprobs) const {
+Tensor GroupedExperts::backward_rows(const Tensor& dy, Ctx& ctx,
+                                     std::vector<double>* dprobs) const {
   if (fp8_) return backward_fp8(dy, ctx, dprobs);
   if (!ctx.act.defined()) activation(ctx);  // moe_act's recomputation
   const int64_t N = dy.dim(0);

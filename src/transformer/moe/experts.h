@@ -4,10 +4,11 @@
 //
 //   y_r = fc2_e( act(fc1_e(x_r)) * p_r )   for row r routed to local expert e
 //
-// which equals p_r * expert_e(x_r) since MoE layers have no biases. fc1 is [ffn_e (x2 for
-// SwiGLU: [gate | up]), h], fc2 [h, ffn_e], per expert, as SequentialMLP's local_experts.
-// Each expert's rows are one contiguous block; each of the six GEMMs (fc1 and fc2, their input
-// and weight gradients) is one grouped GEMM over all local experts' blocks (ops::grouped_matmul,
+// which equals p_r * expert_e(x_r) since MoE layers have no biases; or, with
+// --moe-apply-probs-on-input (top-1 routing, Llama 4), y_r = expert_e(p_r x_r). fc1 is [ffn_e (x2
+// for SwiGLU: [gate | up]), h], fc2 [h, ffn_e], per expert, as SequentialMLP's local_experts. Each
+// expert's rows are one contiguous block; each of the six GEMMs (fc1 and fc2, their input and
+// weight gradients) is one grouped GEMM over all local experts' blocks (ops::grouped_matmul,
 // Megatron's --moe-grouped-gemm; the CPU device has no other kind, so the flag changes nothing
 // here), and the activation and the probability scaling run once over all rows.
 //
@@ -46,6 +47,9 @@ class GroupedExperts {
                          // high-precision weight gradients, --no-fp8-wgrad)
     std::vector<float> x_inv, scaled_inv;
     std::vector<Fp8Tensor> w1, w2;
+    // --moe-apply-probs-on-input: the rows before their scaling, and the probabilities.
+    Tensor unscaled_x;
+    std::vector<double> input_probs;
   };
 
   // ep_rank, ep_size: this rank's share of the experts (num_experts / ep_size consecutive ones);
@@ -75,6 +79,11 @@ class GroupedExperts {
   Tensor gemm_input(const Tensor& t) const;
 
  private:
+  // The experts on rows whose activations are scaled by `probs` (forward and backward above
+  // without --moe-apply-probs-on-input's input scaling).
+  Tensor forward_rows(const Tensor& x, const std::vector<int64_t>& counts,
+                      const std::vector<double>& probs, Ctx& ctx) const;
+  Tensor backward_rows(const Tensor& dy, Ctx& ctx, std::vector<double>* dprobs) const;
   Tensor forward_fp8(const Tensor& x, const std::vector<int64_t>& counts,
                      const std::vector<double>& probs, Ctx& ctx) const;
   Tensor backward_fp8(const Tensor& dy, Ctx& ctx, std::vector<double>* dprobs) const;

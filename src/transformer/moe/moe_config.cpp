@@ -71,6 +71,10 @@ void MoeConfig::validate(int64_t num_layers, bool add_bias_linear) const {
                    "--moe-router-enable-expert-bias and --moe-router-num-groups");
   }
   MEGATRON_CHECK(z_loss_coeff >= 0, "--moe-z-loss-coeff must be >= 0, got ", z_loss_coeff);
+  MEGATRON_CHECK(!apply_probs_on_input || router_topk == 1,
+                 "`moe_apply_probs_on_input` only works with `moe_router_topk`=1: "
+                 "--moe-apply-probs-on-input needs --moe-router-topk 1, got ",
+                 router_topk);
   MEGATRON_CHECK(input_jitter_eps >= 0 && input_jitter_eps < 1,
                  "--moe-input-jitter-eps must be in [0, 1), got ", input_jitter_eps);
   MEGATRON_CHECK(!enable_expert_bias || score_function == MoeScoreFunction::kSigmoid,

@@ -43,6 +43,13 @@ struct MoeConfig {
   std::vector<double> aux_loss_coeff = {0.0};
   double z_loss_coeff = 0;      // --moe-z-loss-coeff (0: off)
   double input_jitter_eps = 0;  // --moe-input-jitter-eps (0: off)
+  // --moe-router-force-load-balancing (Megatron's RandomSTE, for benchmarks): the routing sees
+  // standard normal logits instead of the gating GEMM's, and their gradient goes to the GEMM as
+  // if they were its output (a straight-through estimator).
+  bool force_load_balancing = false;
+  // --moe-apply-probs-on-input: y = expert(p x) instead of p expert(x) (top-1 only, Megatron's
+  // assertion): the same for a linear expert, not through its activation.
+  bool apply_probs_on_input = false;
 
   double capacity_factor = 0;  // --moe-expert-capacity-factor (<= 0: dropless)
   MoeDropPolicy drop_policy = MoeDropPolicy::kProbs;  // --moe-token-drop-policy

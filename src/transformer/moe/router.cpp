@@ -53,6 +53,13 @@ void TopKRouter::collect(std::vector<Param*>& out) {
   if (has_expert_bias()) out.push_back(&expert_bias);
 }
 
+int64_t TopKRouter::global_token(int64_t t, int64_t T, int64_t batch) const {
+  const int64_t sp_row0 = tp_.sp() ? tp_.rank() * T : 0;
+  const int64_t cp_local = (tp_.sp() ? T * tp_.size() : T) / batch;  // CP-local positions
+  const int64_t row = sp_row0 + t, s = row / batch, b = row % batch;
+  return tp_.cp.global_row(s, cp_local) * batch + b;
+}
+
 void TopKRouter::forward(const Tensor& x, int64_t batch, Ctx& ctx, const ForwardMode& mode) const {
   const MoeConfig& m = cfg_.moe;
   const int64_t h = cfg_.hidden_size, E = m.num_experts, T = x.numel() / h;
@@ -63,13 +70,10 @@ void TopKRouter::forward(const Tensor& x, int64_t batch, Ctx& ctx, const Forward
     // x * U(1 - eps, 1 + eps), one draw per element keyed by the token's place in the whole
     // micro-batch, so every TP / CP layout draws the same noise for the same token.
     ctx.jitter = Tensor::empty({T, h}, xin.dtype(), xin.device());
-    const int64_t sp_row0 = tp_.sp() ? tp_.rank() * T : 0;
-    const int64_t cp_local = (tp_.sp() ? T * tp_.size() : T) / batch;  // CP-local positions
     const uint64_t stream = mode.site_stream(layer_, 3);
     std::vector<double> noise(static_cast<size_t>(T * h));
     for (int64_t t = 0; t < T; ++t) {
-      const int64_t row = sp_row0 + t, s = row / batch, b = row % batch;
-      const int64_t global = tp_.cp.global_row(s, cp_local) * batch + b;
+      const int64_t global = global_token(t, T, batch);
       for (int64_t c = 0; c < h; ++c) {
         const float u = Philox::uniform(mode.seed, stream, static_cast<uint64_t>(global * h + c));
         noise[t * h + c] = 1.0 - m.input_jitter_eps + 2.0 * m.input_jitter_eps * u;
@@ -92,6 +96,18 @@ void TopKRouter::forward(const Tensor& x, int64_t batch, Ctx& ctx, const Forward
   Tensor logits = Tensor::empty({T, E}, gemm == DType::kF64 ? DType::kF64 : DType::kF32);
   ops::matmul(logits, ctx.x, false, weight.value_as(gemm), true);
   ctx.logits = to_f64(logits);
+  if (m.force_load_balancing) {
+    // Megatron's RandomSTE: the routing sees N(0, 1) logits; backward hands their gradient to
+    // the GEMM unchanged. Drawn per token of the whole micro-batch (as the jitter), so every
+    // layout routes alike, and the same again when a recomputation repeats the forward.
+    const uint64_t stream = mode.site_stream(layer_, 6);
+    for (int64_t t = 0; t < T; ++t) {
+      const uint64_t token = static_cast<uint64_t>(global_token(t, T, batch));
+      for (int64_t e = 0; e < E; ++e)
+        ctx.logits[static_cast<size_t>(t * E + e)] = Philox::normal(
+            mode.seed, stream, token * static_cast<uint64_t>(E) + static_cast<uint64_t>(e));
+    }
+  }
 
   // The bias from the fp32 main copy (Megatron keeps it in fp32): a bf16 compute copy would
   // round away updates of 1e-3 once |bias| > 0.25.

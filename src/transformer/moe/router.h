@@ -65,6 +65,10 @@ class TopKRouter {
   Param expert_bias;  // [E] f32, only with --moe-router-enable-expert-bias
 
  private:
+  // Row t of this rank's T tokens ([s', b] order of `batch` sequences) as its index in the whole
+  // micro-batch (before sequence and context parallelism split it).
+  int64_t global_token(int64_t t, int64_t T, int64_t batch) const;
+
   const TransformerConfig& cfg_;
   int64_t layer_;
   TensorParallelContext tp_;
