@@ -33,6 +33,8 @@ void resolve_inference_args(Arguments& a, const ArgTable& t, int world_size, boo
   merge_pretrained_config(a, t);
   resolve_encoder_decoder(a, t, /*training=*/false);
   resolve_vocab_size(a, t);
+  // A heterogeneous block list given by path (a checkpoint or config.json brings its text).
+  validate_heterogeneous_args(a);
   const int64_t tp = a.tensor_model_parallel_size, pp = a.pipeline_model_parallel_size;
   MEGATRON_CHECK(tp >= 1 && pp >= 1,
                  "--tensor-model-parallel-size and "

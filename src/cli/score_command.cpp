@@ -67,6 +67,7 @@ int score_command(int argc, char** argv) {
   // A vision-language model scores lines of any length (up to its positions): no text length.
   if (args.model == "llava" && args.seq_length == 0) args.dataloader_seq_length = 1;
   resolve_encoder_decoder(args, table, /*training=*/false);
+  validate_heterogeneous_args(args);  // a block list given by path (config.json brings its text)
   set_num_threads(static_cast<int>(args.num_threads));
   args.hidden_dropout = args.attention_dropout = 0;
   TransformerConfig cfg = transformer_config_from_args(args);

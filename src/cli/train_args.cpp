@@ -1374,7 +1374,8 @@ void merge_pretrained_config(Arguments& a, const ArgTable& t) {
     const std::string dir = cp::iteration_dir(a.pretrained_checkpoint, *it);
     const cp::CheckpointReader reader = cp::CheckpointReader::open(dir);
     nlohmann::json saved = reader.metadata().value("arguments", nlohmann::json::object());
-    if (saved.empty()) saved = reader.metadata().value("args", nlohmann::json::object());
+    if (saved.empty())
+      saved = model_record_as_flags(reader.metadata().value("args", nlohmann::json::object()));
     if (saved.value("model", std::string()) != "llava") {
       // A language model's checkpoint as a LLaVA's language model (Megatron's combine step):
       // the vision settings are this run's.
@@ -1747,14 +1748,10 @@ void merge_checkpoint_args(Arguments& a, const ArgTable& t, bool report) {
   const std::string src = dir + "/" + cp::kMetadataFile;
   // The argument table's record of the run that saved it ("arguments"); a checkpoint from before
   // that record, or from `megatron convert`, has only the resolved model arguments ("args"),
-  // whose keys are the same dests except add_bias_linear.
+  // whose keys are the same dests but for two (model_record_as_flags).
   nlohmann::json saved = reader.metadata().value("arguments", nlohmann::json::object());
-  if (saved.empty()) {
-    saved = reader.metadata().value("args", nlohmann::json::object());
-    if (saved.contains("add_bias_linear") && saved["add_bias_linear"].is_boolean()) {
-      saved["disable_bias_linear"] = !saved["add_bias_linear"].get<bool>();
-    }
-  }
+  if (saved.empty())
+    saved = model_record_as_flags(reader.metadata().value("args", nlohmann::json::object()));
   // Every flag of the model concern; a given --seq-length wins (a run may train on other
   // lengths); the vocabulary of a NullTokenizer run is --vocab-size itself, else the tokenizer's.
   if (!t.given("--tokenizer-type") && saved.contains("tokenizer_type") &&

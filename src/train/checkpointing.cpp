@@ -181,6 +181,15 @@ nlohmann::json model_args_json(const Arguments& a, const TransformerConfig& cfg)
   return j;
 }
 
+nlohmann::json model_record_as_flags(nlohmann::json args) {
+  if (args.contains("add_bias_linear") && args["add_bias_linear"].is_boolean())
+    args["disable_bias_linear"] = !args["add_bias_linear"].get<bool>();
+  if (!args.contains("use_rope_scaling") && args.contains("rope_scaling_factor") &&
+      args["rope_scaling_factor"].is_number() && args["rope_scaling_factor"].get<double>() > 0)
+    args["use_rope_scaling"] = true;
+  return args;
+}
+
 std::vector<std::string> model_arg_differences(const nlohmann::json& saved,
                                                const nlohmann::json& mine) {
   std::vector<std::string> out;

@@ -62,6 +62,13 @@ struct RunState {
 // (--use-checkpoint-args restores them) and that must match for its tensors to load.
 nlohmann::json model_args_json(const Arguments& a, const TransformerConfig& cfg);
 // "name: checkpoint X, this run Y" for every field of `saved` that differs in `mine`.
+// A checkpoint's resolved model record ("args": what `megatron convert` writes, and every
+// checkpoint from before the full argument record) as the flags' dests that --use-checkpoint-args
+// restores: disable_bias_linear from add_bias_linear, and use_rope_scaling from a positive
+// rope_scaling_factor where an older record lacks the switch (the factor is 0 when scaling is
+// off).
+nlohmann::json model_record_as_flags(nlohmann::json args);
+
 std::vector<std::string> model_arg_differences(const nlohmann::json& saved,
                                                const nlohmann::json& mine);
 

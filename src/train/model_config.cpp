@@ -282,12 +282,11 @@ TransformerConfig transformer_config_from_args(const Arguments& a) {
     const int64_t tp = a.tensor_model_parallel_size;
     for (size_t i = 0; i < c.heterogeneous.blocks.size(); ++i) {
       const HeterogeneousBlock& b = c.heterogeneous.blocks[i];
-      MEGATRON_CHECK(b.num_query_groups % tp == 0, "--heterogeneous-layers-config-path: layer ", i,
-                     "'s ", b.num_query_groups,
+      const char* where = "the heterogeneous block list (--heterogeneous-layers-config-path)";
+      MEGATRON_CHECK(b.num_query_groups % tp == 0, where, ": layer ", i, "'s ", b.num_query_groups,
                      " query groups must be divisible by --tensor-model-parallel-size ", tp);
-      MEGATRON_CHECK(b.ffn_hidden_size % tp == 0, "--heterogeneous-layers-config-path: layer ", i,
-                     "'s MLP width ", b.ffn_hidden_size,
-                     " must be divisible by --tensor-model-parallel-size ", tp);
+      MEGATRON_CHECK(b.ffn_hidden_size % tp == 0, where, ": layer ", i, "'s MLP width ",
+                     b.ffn_hidden_size, " must be divisible by --tensor-model-parallel-size ", tp);
     }
   }
   c.mtp_num_layers = a.mtp_num_layers;

@@ -10,8 +10,10 @@
 // Each branch is whole (with its own query groups or MLP width), replaced by one linear layer
 // hidden -> hidden after its norm (Megatron's ColumnParallelLinearGathered), or a no-op (no norm,
 // nothing added to the residual stream). Megatron's reading, kept here: the groups are
-// num_attention_heads / n_heads_in_group (or "num_query_groups"), the MLP width
-// find_multiple(int(2 ffn_mult hidden / 3), 256) (or "ffn_hidden_size"), the MLP entry is "ffn"
+// num_attention_heads / n_heads_in_group (or "num_query_groups"; newer DeciLM lists'
+// "num_key_value_heads"), the MLP width
+// find_multiple(int(2 ffn_mult hidden / 3), 256) (or "ffn_hidden_size", or DeciLM's
+// "intermediate_size"), the MLP entry is "ffn"
 // or "mlp", and a null size means the model's own. The JSON text itself is kept (checkpoints
 // store it, as Megatron's --heterogeneous-layers-config-encoded-json).
 #pragma once
@@ -57,7 +59,7 @@ HeterogeneousConfig parse_heterogeneous_config(const std::string& json_text,
                                                const std::string& source);
 
 // Megatron's validate_model_config_args_from_heterogeneous_config: the config.json's model-level
-// values that the flags must repeat. Empty optional fields were absent from the file.
+// values that the flags must repeat (tie_word_embeddings false and no rope scaling when absent).
 struct HeterogeneousModelArgs {
   std::string hidden_act;
   int64_t num_hidden_layers = 0, hidden_size = 0, num_attention_heads = 0;

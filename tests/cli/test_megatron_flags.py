@@ -128,7 +128,8 @@ class MegatronFlagsTest(unittest.TestCase):
 
     def test_heterogeneous_layers_flags(self):
         # Megatron's check that the flags repeat the config.json, and what the block list cannot
-        # hold, exit 2 naming the flag or key; the JSON text works as well as the path.
+        # hold, exit 2 naming the flag or key; the JSON text works as well as the path (a layer's
+        # groups against the TP size: test_parallel_equivalence.py, which has the ranks).
         config = {"hidden_act": "silu", "num_hidden_layers": 2, "hidden_size": 64,
                   "num_attention_heads": 4, "tie_word_embeddings": False, "rope_theta": 10000.0,
                   "rope_scaling": {"factor": 8.0},
@@ -156,8 +157,6 @@ class MegatronFlagsTest(unittest.TestCase):
             self.assertRefused(run("train", *llama, "--heterogeneous-layers-config-path",
                                    os.path.join(tmp, "missing.json")),
                                "--heterogeneous-layers-config-path", "cannot read")
-            self.assertRefused(run("train", *llama, *flag, "--tensor-model-parallel-size", "4"),
-                               "--tensor-model-parallel-size")
             self.assertRefused(run("train", *llama, *flag, "--num-experts", "2"),
                                "--num-experts")
             config["block_configs"][1]["attention"]["window_length"] = 64

@@ -191,9 +191,17 @@ class TestParallelEquivalence(unittest.TestCase):
             layouts = [l for l in LAYOUTS if l[0] in ("tp2+sp", "pp2", "pp2 interleaved",
                                                        "tp2pp2dp2", "dp2 distributed optimizer")]
             layouts.append(("cp2", 2, ["--context-parallel-size", "2"]))
-            self.check_equivalent([*LLAMA, "--use-rope-scaling", "--use-rotary-position-embeddings",
-                                   "--rotary-base", "500000",
-                                   "--heterogeneous-layers-config-path", path], layouts)
+            model = [*LLAMA, "--use-rope-scaling", "--use-rotary-position-embeddings",
+                     "--rotary-base", "500000", "--heterogeneous-layers-config-path", path]
+            self.check_equivalent(model, layouts)
+            # Layer 3's 2 query groups do not split over 4 TP ranks: exit 2 naming the layer on
+            # every rank.
+            refused = run(4, *with_flags(TINY, model), TP, "4")
+            self.assertEqual(refused.returncode, 2, refused.stderr[-2000:])
+            for rank in range(4):
+                self.assertIn(f"[rank {rank}] the heterogeneous block list "
+                              "(--heterogeneous-layers-config-path): layer 3's 2 query groups must "
+                              "be divisible by --tensor-model-parallel-size 4", refused.stderr)
 
     def test_multi_latent_attention_in_parallel_layouts(self):
         # MLA (DeepSeek-V3's attention) with YaRN: the replicated down projections and latent

@@ -29,6 +29,7 @@ Usage: test_generate_cli.py --megatron BUILD/megatron --mpiexec MPIEXEC [unittes
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -149,6 +150,23 @@ class TestGreedyAgainstPyTorch(unittest.TestCase):
         self.check_arch("nemotron-nas", self.LAYOUTS[:3] + [
             ("pp2", 2, ["--pipeline-model-parallel-size", "2"], True),
             ("pp4", 4, ["--pipeline-model-parallel-size", "4"], True)])
+        # A converted checkpoint from before the model record kept use_rope_scaling (Llama 3.1's
+        # switch; only its factor was there): the positive factor turns the scaling on.
+        out, expected = oracle("nemotron-nas")
+        legacy = os.path.join(out, "ckpt_legacy")
+        shutil.copytree(os.path.join(out, "ckpt"), legacy, dirs_exist_ok=True)
+        meta_path = os.path.join(legacy, "iter_0000000", "metadata.json")
+        with open(meta_path, encoding="utf-8") as f:
+            meta = json.load(f)
+        del meta["args"]["use_rope_scaling"]
+        with open(meta_path, "w", encoding="utf-8") as f:
+            json.dump(meta, f)
+        r, results = generate(["--load", legacy], os.path.join(out, "prompts.txt"))
+        self.assertEqual(r.returncode, 0, r.stderr[-3000:])
+        self.assertEqual([res["tokens"] for res in results], expected["greedy"])
+        err = max(abs(a - b) for res, want in zip(results, expected["logprobs"])
+                  for a, b in zip(res["logprobs"], want))
+        self.assertLess(err, LOGPROB_TOL)
 
     def test_deepseek_v3(self):
         # Multi-latent attention's KV cache holds the up-projected keys and values of every head;

@@ -401,7 +401,14 @@ TEST(PyTorchOracle, ExportReproducesTheImportedFilesExactly) {
     EXPECT_EQ(in.mla.yarn, back.mla.yarn) << arch;
     EXPECT_EQ(in.mla.mscale_all_dim, back.mla.mscale_all_dim) << arch;
     EXPECT_EQ(in.mtp_num_layers, back.mtp_num_layers) << arch;
-    EXPECT_EQ(in.heterogeneous.blocks.size(), back.heterogeneous.blocks.size()) << arch;
+    ASSERT_EQ(in.heterogeneous.blocks.size(), back.heterogeneous.blocks.size()) << arch;
+    for (size_t i = 0; i < in.heterogeneous.blocks.size(); ++i) {
+      const HeterogeneousBlock &x = in.heterogeneous.blocks[i], &y = back.heterogeneous.blocks[i];
+      EXPECT_EQ(x.attention, y.attention) << arch << " layer " << i;
+      EXPECT_EQ(x.mlp, y.mlp) << arch << " layer " << i;
+      EXPECT_EQ(x.num_query_groups, y.num_query_groups) << arch << " layer " << i;
+      EXPECT_EQ(x.ffn_hidden_size, y.ffn_hidden_size) << arch << " layer " << i;
+    }
   }
 }
 

@@ -10,6 +10,7 @@
 #include "comm/process_group.h"
 #include "core/error.h"
 #include "models/gpt/gpt_flops.h"
+#include "models/gpt/gpt_hf.h"
 #include "testing/layer_gradients.h"
 #include "testing/testing.h"
 #include "transformer/heterogeneous_config.h"
@@ -64,11 +65,11 @@ TEST(HeterogeneousConfig, RefusesWhatItCannotBuildNamingTheKey) {
     return std::string("accepted");
   };
   const std::string ffn = R"("ffn": {"ffn_mult": 1.0})";
-  EXPECT_NE(error(R"({"attention": {"n_heads_in_group": 3}, )" + ffn + "}").find(
-                "must be a multiple of it"),
+  EXPECT_NE(error(R"({"attention": {"n_heads_in_group": 3}, )" + ffn + "}")
+                .find("must be a multiple of it"),
             std::string::npos);
-  EXPECT_NE(error(R"({"attention": {"window_length": 128}, )" + ffn + "}").find(
-                "block_configs[0].attention.window_length"),
+  EXPECT_NE(error(R"({"attention": {"window_length": 128}, )" + ffn + "}")
+                .find("block_configs[0].attention.window_length"),
             std::string::npos);
   EXPECT_NE(error(R"({"attention": {"no_op": true, "replace_with_linear": true}, )" + ffn + "}")
                 .find("choose one"),
@@ -78,9 +79,9 @@ TEST(HeterogeneousConfig, RefusesWhatItCannotBuildNamingTheKey) {
   EXPECT_NE(error(R"({"attention": {}})").find("needs an \"ffn\""), std::string::npos);
   EXPECT_NE(error(R"({"attention": {"n_heads_in_group": "8"}, )" + ffn + "}").find("wrong type"),
             std::string::npos);
-  EXPECT_NE(error(R"({"attention": {"no_op": true, "num_query_groups": 2}, )" + ffn + "}")
-                .find("no-op"),
-            std::string::npos);
+  EXPECT_NE(
+      error(R"({"attention": {"no_op": true, "num_query_groups": 2}, )" + ffn + "}").find("no-op"),
+      std::string::npos);
   try {
     parse_heterogeneous_config("{\"layers\": []}", 8, 64, "cfg.json");
     ADD_FAILURE() << "a config without block_configs was accepted";
@@ -204,6 +205,41 @@ TEST(HeterogeneousLayers, FlopsCountEachLayersBranches) {
                        + 0.5;                              // layer 2: linear MLP
   const double want = 12 * B * s * h * h * (units + 16 / (2 * h));
   EXPECT_NEAR(model_flops_per_iteration(c, 3), want, 1e-9 * want);
+}
+
+// The Hugging Face config of a model whose block list uses Megatron's own keys (num_query_groups,
+// ffn_hidden_size, "mlp"): written in DeciLM's keys (n_heads_in_group, ffn_mult), which read back
+// as the same blocks; a width DeciLM cannot express (not a multiple of 256) is refused.
+TEST(HeterogeneousLayers, HuggingFaceExportWritesDeciLMKeys) {
+  TransformerConfig c = config();
+  c.hidden_size = 64;
+  c.kv_channels = 16;
+  c.swiglu = true;
+  c.heterogeneous = parse_heterogeneous_config(R"({"block_configs": [
+    {"attention": {"num_query_groups": 1}, "mlp": {"ffn_hidden_size": 512}},
+    {"attention": {"replace_with_linear": true}, "mlp": {"no_op": true}},
+    {"attention": {"no_op": true}, "mlp": {"replace_with_linear": true}},
+    {"attention": {"num_query_groups": 4}, "mlp": {"ffn_hidden_size": 256}}]})",
+                                               4, 64, "test");
+  c.ffn_hidden_size = 256;
+  const HfModelInfo info = hf_info_from_config(c, HfArch::kLlama);
+  EXPECT_EQ(info.raw["model_type"], "nemotron-nas");
+  const nlohmann::json& blocks = info.raw["block_configs"];
+  ASSERT_EQ(blocks.size(), 4u);
+  EXPECT_EQ(blocks[0]["attention"]["n_heads_in_group"], 4);
+  EXPECT_EQ(blocks[0]["ffn"]["ffn_mult"], 12.0);  // 1.5 x 512 / 64
+  EXPECT_TRUE(blocks[1]["attention"]["replace_with_linear"].get<bool>());
+  EXPECT_TRUE(blocks[1]["ffn"]["no_op"].get<bool>());
+  const HeterogeneousConfig back = parse_heterogeneous_config(info.raw.dump(), 4, 64, "export");
+  ASSERT_EQ(back.blocks.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(back.blocks[i].attention, c.heterogeneous.blocks[i].attention) << i;
+    EXPECT_EQ(back.blocks[i].mlp, c.heterogeneous.blocks[i].mlp) << i;
+    EXPECT_EQ(back.blocks[i].num_query_groups, c.heterogeneous.blocks[i].num_query_groups) << i;
+    EXPECT_EQ(back.blocks[i].ffn_hidden_size, c.heterogeneous.blocks[i].ffn_hidden_size) << i;
+  }
+  c.heterogeneous.blocks[3].ffn_hidden_size = 300;
+  EXPECT_THROW(hf_info_from_config(c, HfArch::kLlama), InvalidArgument);
 }
 
 }  // namespace

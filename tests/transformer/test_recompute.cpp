@@ -641,12 +641,12 @@ TEST(Recompute, TrainerActivationEstimateIsTheMeasuredFormula) {
 
 // A heterogeneous block's held bytes, walked from its Ctx, against the trainer's estimate (each
 // layer's own branches and sizes) plus the final norm's input and statistics, without and with
-// selective recomputation (where only whole branches recompute).
+// every recomputation (selective: only whole branches recompute; full block: the layers after the
+// first n keep their own kinds' activations).
 TEST(Recompute, HeterogeneousHeldActivationBytesMatchTheEstimate) {
   const TransformerConfig base = heterogeneous_config();
   std::vector<Setting> settings = {kNone};
-  for (const Setting& s : kRecomputeSettings)
-    if (s.granularity == RecomputeGranularity::kSelective) settings.push_back(s);
+  settings.insert(settings.end(), kRecomputeSettings.begin(), kRecomputeSettings.end());
   for (const Setting& s : settings) {
     SCOPED_TRACE(s.name);
     BlockFixture f(with(base, s));
@@ -666,10 +666,13 @@ TEST(Recompute, HeterogeneousHeldActivationBytesMatchTheEstimate) {
                           .pre_process = false,
                           .post_process = false};
     EXPECT_EQ(held.total(), activation_bytes_per_microbatch(f.cfg, shape) + final_norm);
-    // Not the uniform model's count: the blocks change it.
+    // Not the uniform model's count: the blocks change it (except under full uniform
+    // recomputation, which keeps only each chunk's input).
     TransformerConfig uniform = f.cfg;
     uniform.heterogeneous = {};
-    EXPECT_NE(held.total(), activation_bytes_per_microbatch(uniform, shape) + final_norm);
+    if (s.method != RecomputeMethod::kUniform) {
+      EXPECT_NE(held.total(), activation_bytes_per_microbatch(uniform, shape) + final_norm);
+    }
   }
 }
 

@@ -7,7 +7,8 @@ namespace {
 
 // A heterogeneous model's layers by their own kinds and sizes, in the formula's units: a whole
 // attention with its query groups, a whole MLP with its width, a linear replacement's one h x h
-// GEMM (1/2: 2 of the unit's 24 h^2 FLOPs per token, x 3 passes), a no-op nothing. (Megatron's
+// GEMM (1/2: the unit is 12 h^2 FLOPs per token over forward and backward, the GEMM 2 h^2 in each
+// of its 3 passes, 6 h^2), a no-op nothing. (Megatron's
 // formula does not read the block list: it counts every layer as the flags' whole layer.)
 double heterogeneous_flops(const TransformerConfig& c, double B) {
   const double s = static_cast<double>(c.seq_length), h = static_cast<double>(c.hidden_size);

@@ -2,6 +2,7 @@
 #include "models/gpt/gpt_memory.h"
 
 #include <algorithm>
+#include <vector>
 
 namespace megatron {
 
@@ -78,31 +79,35 @@ int64_t activation_bytes_per_microbatch(const TransformerConfig& c, const Activa
     const HeterogeneousBlock& hb = *c.heterogeneous.block(l);
     const TransformerConfig lc = c.for_layer(l);
     int64_t n = 0;
-    if (hb.attention == BranchKind::kWhole) n += gqa(lc.num_query_groups) - s_local_b * h * e - stats;
+    if (hb.attention == BranchKind::kWhole)
+      n += gqa(lc.num_query_groups) - s_local_b * h * e - stats;
     if (hb.attention == BranchKind::kLinear) n += branch_input;
     if (hb.mlp == BranchKind::kWhole) n += branch_input + mlp(lc.ffn_hidden_size, sb);
     if (hb.mlp == BranchKind::kLinear) n += branch_input;
     return n;
   };
+  std::vector<int64_t> per_layer(static_cast<size_t>(L));
   for (int64_t i = 0; i < L; ++i) {
     const int64_t l = a.first_layer + i;
+    int64_t& n = per_layer[static_cast<size_t>(i)];
     if (c.heterogeneous.enabled()) {
-      kept += hetero_layer(l);
-      continue;
+      n = hetero_layer(l);
+    } else {
+      switch (c.mamba.layer_type(l)) {
+        case 'M':
+          n = mamba_layer;
+          break;
+        case '*':
+          n = attention;
+          break;
+        case '-':
+          n = mlp_only;
+          break;
+        default:
+          n = c.moe.is_moe_layer(l) ? moe_layer : layer;
+      }
     }
-    switch (c.mamba.layer_type(l)) {
-      case 'M':
-        kept += mamba_layer;
-        break;
-      case '*':
-        kept += attention;
-        break;
-      case '-':
-        kept += mlp_only;
-        break;
-      default:
-        kept += c.moe.is_moe_layer(l) ? moe_layer : layer;
-    }
+    kept += n;
   }
   switch (c.recompute_granularity) {
     case RecomputeGranularity::kNone:
@@ -146,9 +151,13 @@ int64_t activation_bytes_per_microbatch(const TransformerConfig& c, const Activa
     }
     case RecomputeGranularity::kFull: {
       const int64_t n = std::max<int64_t>(c.recompute_num_layers, 1);
-      bytes = c.recompute_method == RecomputeMethod::kUniform
-                  ? (L + n - 1) / n * input
-                  : std::min(n, L) * input + std::max<int64_t>(L - n, 0) * (kept / L);
+      // Uniform: one input per chunk; block: the stage's first n layers keep their input, the
+      // others everything (each layer its own kind).
+      bytes = (L + n - 1) / n * input;
+      if (c.recompute_method != RecomputeMethod::kUniform) {
+        bytes = std::min(n, L) * input;
+        for (int64_t i = n; i < L; ++i) bytes += per_layer[static_cast<size_t>(i)];
+      }
       break;
     }
   }
