@@ -362,6 +362,10 @@ void register_train_args(ArgTable& t, Arguments& a) {
         "Sizes of the two levels of a2a+p2p context parallelism: INNER (all-to-all) OUTER (ring)");
   t.flag("--use-distributed-optimizer", a.use_distributed_optimizer,
          "Use distributed optimizer: shard the Adam moments over data-parallel ranks");
+  t.add("--num-distributed-optimizer-instances", a.num_distributed_optimizer_instances,
+        "Copies of the distributed optimizer: the data-parallel (x context-parallel) ranks split "
+        "into this many consecutive instances, each sharding the state over its own ranks; "
+        "gradients are reduce-scattered within an instance, then summed across instances");
   t.flag("--overlap-grad-reduce", a.overlap_grad_reduce, "If set, overlap DDP grad reduce");
   t.flag("--overlap-param-gather", a.overlap_param_gather,
          "With the distributed optimizer: the all-gather of the updated weights runs during the "
@@ -799,6 +803,7 @@ int64_t validate_parallel_layout(Arguments& a, int world_size, int rank) {
   pc.context_parallel_size = to_int(a.context_parallel_size);
   pc.expert_model_parallel_size = to_int(a.expert_model_parallel_size);
   pc.expert_tensor_parallel_size = to_int(a.expert_tensor_parallel_size);
+  pc.num_distributed_optimizer_instances = to_int(a.num_distributed_optimizer_instances);
   if (a.use_tp_pp_dp_mapping) pc.order = "tp-cp-ep-pp-dp";
   const ParallelGrid grid = make_parallel_grid(world_size, pc);
   const int64_t dp = grid.dp;
@@ -1255,6 +1260,23 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
   validate_fp8_args(a);
   validate_fsdp_args(a);
   validate_precision_aware_args(a);
+  if (a.num_distributed_optimizer_instances != 1) {
+    // (Its divisibility and positivity: make_parallel_grid, in validate_parallel_layout.)
+    MEGATRON_CHECK(a.use_distributed_optimizer,
+                   "Partial DistOpt cannot be used without DistOpt: "
+                   "--num-distributed-optimizer-instances needs --use-distributed-optimizer");
+    MEGATRON_CHECK(!a.use_megatron_fsdp,
+                   "--num-distributed-optimizer-instances with --use-megatron-fsdp (Megatron's "
+                   "hybrid sharding, HSDP) is not implemented: instances shard the optimizer "
+                   "state of the distributed optimizer only");
+    MEGATRON_CHECK(a.expert_model_parallel_size == 1 &&
+                       (a.expert_tensor_parallel_size == 0 ||
+                        a.expert_tensor_parallel_size == a.tensor_model_parallel_size),
+                   "--num-distributed-optimizer-instances with experts split apart "
+                   "(--expert-model-parallel-size > 1 or --expert-tensor-parallel-size != "
+                   "--tensor-model-parallel-size) is not implemented: their instances would "
+                   "split the expert-data-parallel group");
+  }
   if (a.global_batch_size == 0) a.global_batch_size = a.micro_batch_size * dp;
   MEGATRON_CHECK(a.global_batch_size > 0, "--global-batch-size must be positive, got ",
                  a.global_batch_size);

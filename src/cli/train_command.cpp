@@ -63,6 +63,8 @@ int run_train(int argc, char** argv, MpiRuntime& mpi) {
   pc.context_parallel_size = static_cast<int>(args.context_parallel_size);
   pc.expert_model_parallel_size = static_cast<int>(args.expert_model_parallel_size);
   pc.expert_tensor_parallel_size = static_cast<int>(args.expert_tensor_parallel_size);
+  pc.num_distributed_optimizer_instances =
+      static_cast<int>(args.num_distributed_optimizer_instances);
   if (args.use_tp_pp_dp_mapping) pc.order = "tp-cp-ep-pp-dp";
   // One GPU per rank by local rank; ranks share GPUs when there are more ranks than GPUs. NCCL
   // carries the GPU tensors' collectives where every rank has a GPU of its own (it refuses two

@@ -29,6 +29,13 @@ ParallelGrid make_parallel_grid(int world_size, const ParallelConfig& config) {
   grid.cp = cp;
   grid.pp = pp;  // ep lives in the expert grid (make_expert_grid); the dense grid's is 1
   grid.dp = static_cast<int>(world_size / model_size);
+  const int k = config.num_distributed_optimizer_instances;
+  MEGATRON_CHECK(k >= 1, "--num-distributed-optimizer-instances must be >= 1, got ", k);
+  MEGATRON_CHECK(static_cast<int64_t>(grid.dp) * cp % k == 0,
+                 "Data parallel size should be divisible by partial DistOpt shard factor: the "
+                 "data-parallel size (",
+                 grid.dp, ") x --context-parallel-size (", cp,
+                 ") must be divisible by --num-distributed-optimizer-instances (", k, ")");
   return grid;
 }
 
@@ -98,6 +105,28 @@ ParallelState::ParallelState(std::shared_ptr<ProcessGroup> world, const Parallel
   edp_ = world_->split(expert_gen.get_ranks("dp"));
   emp_ = world_->split(expert_gen.get_ranks("tp-ep-pp"));
   MEGATRON_ASSERT(ep_ && etp_ && tp_ep_ && edp_ && emp_);
+  // Distributed-optimizer instances: each data x context parallel group cut into K consecutive
+  // blocks (Megatron's intra-partial groups), and the ranks at the same place in each block.
+  instances_ = config.num_distributed_optimizer_instances;
+  if (instances_ == 1) {
+    intra_dp_cp_ = dp_cp_;
+    return;
+  }
+  std::vector<std::vector<int>> intra, inter;
+  for (const std::vector<int>& g : gen.get_ranks("dp-cp")) {
+    const size_t n = g.size() / static_cast<size_t>(instances_);
+    for (size_t i = 0; i < static_cast<size_t>(instances_); ++i)
+      intra.emplace_back(g.begin() + static_cast<std::ptrdiff_t>(i * n),
+                         g.begin() + static_cast<std::ptrdiff_t>((i + 1) * n));
+    for (size_t j = 0; j < n; ++j) {
+      std::vector<int> across;
+      for (size_t i = 0; i < static_cast<size_t>(instances_); ++i) across.push_back(g[i * n + j]);
+      inter.push_back(std::move(across));
+    }
+  }
+  intra_dp_cp_ = world_->split(intra);
+  inter_instance_ = world_->split(inter);
+  MEGATRON_ASSERT(intra_dp_cp_ && inter_instance_);
 }
 
 ProcessGroup& ParallelState::embedding_group() const {

@@ -34,6 +34,10 @@ struct ParallelConfig {
   // The rank order of both grids: Megatron's default, or "tp-cp-ep-pp-dp" with
   // --use-tp-pp-dp-mapping (pipeline stages of one data-parallel replica on adjacent ranks).
   std::string order = std::string(kDefaultRankOrder);
+  // --num-distributed-optimizer-instances: the data x context parallel ranks of a stage split into
+  // this many consecutive instances of the distributed optimizer (ParallelState's intra-instance
+  // and inter-instance groups).
+  int num_distributed_optimizer_instances = 1;
 };
 
 // The expert grid's sizes (see above): ETP, EP and the expert-data-parallel size.
@@ -79,6 +83,13 @@ class ParallelState {
   ProcessGroup& cp_group() const { return *cp_; }
   // Data parallel x context parallel: where gradients are reduced.
   ProcessGroup& dp_cp_group() const { return *dp_cp_; }
+  // --num-distributed-optimizer-instances K: this rank's instance, the dp x cp / K consecutive
+  // ranks of its data x context parallel group that share one copy of the optimizer state
+  // (the whole group when K is 1), and the K ranks at its place in every instance (null when K
+  // is 1). Megatron's intra-partial data-parallel and inter distributed-optimizer-instance groups.
+  ProcessGroup& intra_instance_group() const { return *intra_dp_cp_; }
+  ProcessGroup* inter_instance_group() const { return inter_instance_.get(); }
+  int num_distributed_optimizer_instances() const { return instances_; }
   // Tensor x data x context parallel: every rank of this pipeline stage, where FP8 delayed
   // scaling reduces its amaxes (Megatron's amax reduction group, with context parallelism).
   ProcessGroup& amax_reduction_group() const { return *amax_; }
@@ -117,6 +128,8 @@ class ParallelState {
   ExpertGrid expert_grid_;
   std::shared_ptr<ProcessGroup> world_, tp_, pp_, dp_, cp_, dp_cp_, mp_, embedding_, amax_;
   std::shared_ptr<ProcessGroup> ep_, etp_, tp_ep_, edp_, emp_;
+  std::shared_ptr<ProcessGroup> intra_dp_cp_, inter_instance_;
+  int instances_ = 1;
 };
 
 }  // namespace megatron

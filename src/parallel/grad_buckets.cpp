@@ -21,8 +21,12 @@ BucketLayout distributed_bucket_layout(int64_t bucket_size, int dp_size, int exp
 }
 
 GradBuckets::GradBuckets(ParamSet& params, ProcessGroup& dp, int64_t bucket_size, bool overlap,
-                         GradReduce reduce, ExpertReduction expert)
-    : params_(params), dp_(dp), overlap_(overlap), reduce_(reduce) {
+                         GradReduce reduce, ExpertReduction expert, ProcessGroup* inter)
+    : params_(params), dp_(dp), inter_(inter), overlap_(overlap), reduce_(reduce) {
+  MEGATRON_CHECK(inter == nullptr || (reduce == GradReduce::kReduceScatter &&
+                                      expert.group == nullptr && !params.grads_sharded()),
+                 "several distributed-optimizer instances need the distributed optimizer, "
+                 "experts split like the dense layers and unsharded gradients");
   // Parameters in buffer order (ascending offset).
   // (Frozen weights without gradients lie after every bucket and take part in none.)
   std::vector<const Param*> order;
@@ -93,7 +97,9 @@ GradBuckets::GradBuckets(ParamSet& params, ProcessGroup& dp, int64_t bucket_size
     Bucket& b = buckets_[i];
     const bool ex = expert.group && expert_bucket[i] && b.num_params > 0;
     b.group = ex ? expert.group : &dp;
-    b.scale = ex ? expert.scale : 1.0 / static_cast<double>(dp.size());
+    b.inter = ex ? nullptr : inter;
+    const int instances = b.inter ? b.inter->size() : 1;
+    b.scale = ex ? expert.scale : 1.0 / (static_cast<double>(dp.size()) * instances);
   }
   for (Bucket& b : buckets_) {
     b.shard_begin = b.begin;
@@ -229,6 +235,14 @@ void GradBuckets::finish() {
       b.low = b.low_shard = Tensor();
     }
   }
+  // Several optimizer instances: each shard summed over the instances (launched for every
+  // bucket, then waited for, so they travel together).
+  if (!reduce_enabled_) return;
+  std::vector<Work> inter;
+  for (Bucket& b : buckets_) {
+    if (b.inter && b.inter->size() > 1) inter.push_back(b.inter->all_reduce_async(b.shard));
+  }
+  for (Work& w : inter) w.wait();
 }
 
 }  // namespace megatron

@@ -24,6 +24,13 @@
 // gradient times 1/dp; no promise): the distributed optimizer reads the owned shards only.
 // Overlap works the same way.
 //
+// Several distributed-optimizer instances (--num-distributed-optimizer-instances K, Megatron's
+// partial distributed optimizer): `dp` is then this rank's instance, dp x cp / K consecutive
+// data-parallel ranks, and `inter` the K ranks holding the same shard in the K instances. A
+// bucket is scaled by 1 / (|dp| K), reduce-scattered over the instance, and its shard all-reduced
+// over `inter` (Megatron's two steps, the second after the first has finished): every instance
+// ends with the whole mean in its shards, and holds the optimizer state for them.
+//
 // Padding: only the distributed layout pads (zeros at each bucket's end, to a multiple of
 // lcm(16 dp, 128): Megatron's lcm(dp, 128) unless 16 divides dp, where it is larger so that every
 // shard stays a multiple of 16 elements, 64-byte aligned as the parameters are). The padding lives
@@ -65,8 +72,10 @@ class GradBuckets {
   // bucket_size: elements per bucket at least (the last bucket takes the rest); <= 0: one
   // bucket. kReduceScatter takes the buckets of a bucketed ParamSet, laid out with this
   // bucket_size and a padding that dp divides. params and dp must outlive this object.
+  // inter: the inter-instance group (kReduceScatter, dense buckets only), or null.
   GradBuckets(ParamSet& params, ProcessGroup& dp, int64_t bucket_size, bool overlap,
-              GradReduce reduce = GradReduce::kAllReduce, ExpertReduction expert = {});
+              GradReduce reduce = GradReduce::kAllReduce, ExpertReduction expert = {},
+              ProcessGroup* inter = nullptr);
 
   // --grad-reduce-in-bf16: each bucket is rounded to bf16 before its reduction and the reduced
   // values are bf16 (widened back into the fp32 buffer by finish()). Through ProcessGroup the sum
@@ -128,6 +137,7 @@ class GradBuckets {
     int num_params = 0, ready = 0;
     bool launched = false;
     ProcessGroup* group = nullptr;  // where it is reduced
+    ProcessGroup* inter = nullptr;  // then its shard summed over the instances, or null
     double scale = 1.0;             // applied before the sum when averaging
     Tensor view, shard;             // the ranges, as tensors
     Tensor low, low_shard;          // bf16 copies in flight with --grad-reduce-in-bf16
@@ -145,6 +155,7 @@ class GradBuckets {
 
   ParamSet& params_;
   ProcessGroup& dp_;
+  ProcessGroup* inter_ = nullptr;
   bool overlap_;
   bool reduce_in_bf16_ = false;
   bool average_ = true;

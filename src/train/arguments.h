@@ -302,6 +302,9 @@ struct Arguments {
   std::vector<std::string> cp_comm_type = {"p2p"};  // p2p|allgather|a2a|a2a+p2p, one or per layer
   std::vector<std::string> hierarchical_context_parallel_sizes;  // a2a+p2p: INNER OUTER
   bool use_distributed_optimizer = false;  // ZeRO-1: Adam moments sharded over data parallel
+  // Copies of the distributed optimizer over the data-parallel ranks (Megatron's partial
+  // distributed optimizer): each shards over dp x cp / this many ranks.
+  int64_t num_distributed_optimizer_instances = 1;
   // Megatron-FSDP: per-layer buffers; no_shard, optim (ZeRO-1), optim_grads (ZeRO-2),
   // optim_grads_params (ZeRO-3).
   bool use_megatron_fsdp = false;

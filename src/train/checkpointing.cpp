@@ -242,7 +242,8 @@ void for_each_box(const CheckpointTarget& t, bool optim, bool writes_only, Fn&& 
   }
   if (sharded) {
     for (const ParamSet::OwnedSegment& seg : ps.owned_segments()) {
-      if ((writes_only && seg.param->is_duplicate()) || seg.param->frozen) continue;
+      if ((writes_only && (seg.param->is_duplicate() || t.instance != 0)) || seg.param->frozen)
+        continue;
       const int64_t at = seg.at - seg.param_begin;
       for (const cp::Piece& piece : cp::shard_pieces(*seg.param, seg.param_begin, seg.numel))
         fn("model." + seg.param->name, *seg.param, ps.main(), at, piece);
@@ -253,7 +254,7 @@ void for_each_box(const CheckpointTarget& t, bool optim, bool writes_only, Fn&& 
   // moments are saved unscaled, as Megatron saves them), stored back after a load.
   auto [exp_avg, exp_avg_sq] = t.dist_optimizer->moments_f32();
   for (const auto& seg : t.dist_optimizer->owned_segments()) {
-    if (writes_only && seg.param->is_duplicate()) continue;
+    if (writes_only && (seg.param->is_duplicate() || t.instance != 0)) continue;
     // The segment's moments start at seg.state for the Param's element seg.param_begin.
     const int64_t at = seg.state - seg.param_begin;
     for (const cp::Piece& piece : cp::shard_pieces(*seg.param, seg.param_begin, seg.numel)) {

@@ -143,6 +143,8 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
   dp_rank_ = ps.dp_rank();
   grad_size_ = ps.dp_cp_group().size();
   grad_rank_ = ps.dp_cp_group().rank();
+  opt_size_ = ps.intra_instance_group().size();
+  opt_rank_ = ps.intra_instance_group().rank();
   first_rank_ = ps.rank() == 0;
   last_rank_ = ps.rank() == ps.world_size() - 1;
   has_loss_ = ps.is_last_stage();
@@ -270,7 +272,7 @@ void Trainer::build_model() {
   const int64_t bucket = bucket_size();
   const bool distributed = args_.use_distributed_optimizer;
   const int expert_dp = ps.experts_apart() ? ps.edp_size() : 1;
-  BucketLayout layout = distributed_bucket_layout(bucket, static_cast<int>(grad_size_), expert_dp);
+  BucketLayout layout = distributed_bucket_layout(bucket, static_cast<int>(opt_size_), expert_dp);
   // Megatron-FSDP's buffers: one per unit (transformer layer, embeddings, ...); with optim_grads
   // the gradients, with optim_grads_params the weights too, exist only as this rank's shards
   // (over the groups the buckets reduce over: dp x cp, and expert data parallelism for experts
@@ -286,8 +288,8 @@ void Trainer::build_model() {
   // main weights shard with the optimizer state, the 16-bit compute copy staying whole
   // (Megatron's layout, 6 + 12/dp bytes per parameter).
   sharding.main = distributed && is_half(cfg_.compute_dtype);
-  sharding.dense_rank = static_cast<int>(grad_rank_);
-  sharding.dense_size = static_cast<int>(grad_size_);
+  sharding.dense_rank = static_cast<int>(opt_rank_);
+  sharding.dense_size = static_cast<int>(opt_size_);
   if (ps.experts_apart()) {
     sharding.expert_rank = ps.edp_rank();
     sharding.expert_size = ps.edp_size();
@@ -380,7 +382,7 @@ void Trainer::build_model() {
                                    pp, virtual_stages_, ps.pp_rank(), num_microbatches_,
                                    args_.microbatch_group_size_per_vp_stage);
     }
-    log_first(theoretical_memory_line(nparams, cfg_.compute_dtype, grad_size_, sharded, activation,
+    log_first(theoretical_memory_line(nparams, cfg_.compute_dtype, opt_size_, sharded, activation,
                                       fp8_weights, frozen));
   }
 }
@@ -430,9 +432,12 @@ void Trainer::build_optimizer() {
   // 1 / (dp x cp) (GradBuckets' ExpertReduction); otherwise they are dense parameters here.
   ExpertReduction expert;
   if (ps.experts_apart()) expert = {&ps.edp_group(), 1.0 / static_cast<double>(grad_size_)};
+  // Several distributed-optimizer instances: the reduce-scatter over this rank's instance, then
+  // the shards summed over the instances (GradBuckets).
   grad_buckets_ = std::make_unique<GradBuckets>(
-      *params_, ps.dp_cp_group(), bucket_size(), args_.overlap_grad_reduce,
-      distributed ? GradReduce::kReduceScatter : GradReduce::kAllReduce, expert);
+      *params_, ps.intra_instance_group(), bucket_size(), args_.overlap_grad_reduce,
+      distributed ? GradReduce::kReduceScatter : GradReduce::kAllReduce, expert,
+      ps.inter_instance_group());
   grad_buckets_->set_reduce_in_bf16(args_.grad_reduce_in_bf16);
   grad_buckets_->set_average(!args_.calculate_per_token_loss);
   executor_ = std::make_unique<PipelineExecutor>(ps.pp_group(), virtual_stages_, device_);
@@ -456,13 +461,18 @@ void Trainer::build_optimizer() {
     }
     log_first(strprintf(
         " > distributed optimizer: each of the %ld data-parallel%s ranks keeps the Adam moments "
-        "%sof 1/%ld of every gradient bucket (%.2f MB on this rank)%s",
-        static_cast<long>(grad_size_), ps.cp_size() > 1 ? " x context-parallel" : "",
-        params_->main_sharded() ? "and the fp32 main weights " : "", static_cast<long>(grad_size_),
+        "%sof 1/%ld of every gradient bucket (%.2f MB on this rank)%s%s",
+        static_cast<long>(opt_size_), ps.cp_size() > 1 ? " x context-parallel" : "",
+        params_->main_sharded() ? "and the fp32 main weights " : "", static_cast<long>(opt_size_),
         static_cast<double>(dist_optimizer_->state_bytes()) / 1048576.0,
-        grad_size_ == 1 ? "; with data-parallel size 1 there is nothing to shard: it behaves as "
-                          "the plain optimizer"
-                        : ""));
+        ps.num_distributed_optimizer_instances() > 1
+            ? strprintf(" in each of %d instances (the gradient shards summed over them)",
+                        ps.num_distributed_optimizer_instances())
+                  .c_str()
+            : "",
+        opt_size_ == 1 ? "; with data-parallel size 1 there is nothing to shard: it behaves as "
+                         "the plain optimizer"
+                       : ""));
     if (args_.use_precision_aware_optimizer) {
       log_first(strprintf(
           " > precision-aware optimizer: Adam's moments stored as exp_avg %s, exp_avg_sq %s "
@@ -897,12 +907,14 @@ CheckpointTarget Trainer::checkpoint_target() const {
   std::vector<Param*> extra;
   for (const auto& chunk : chunks_)
     for (Param* p : chunk->extra_state()) extra.push_back(p);
+  const ProcessGroup* inter = parallel_->inter_instance_group();
   return CheckpointTarget{params_.get(),
                           optimizer_.get(),
                           dist_optimizer_.get(),
                           grad_rank_,
                           parallel_->experts_apart() ? parallel_->edp_rank() : grad_rank_,
-                          std::move(extra)};
+                          std::move(extra),
+                          inter ? inter->rank() : 0};
 }
 
 ExpertParallelContext Trainer::expert_parallel() const {
@@ -1041,7 +1053,8 @@ double Trainer::sum_over_model(const std::function<double(ParamDomain)>& part, b
   sharded = sharded && dist_optimizer_ != nullptr;
   const bool apart = ps.experts_apart();
   Tensor d = Tensor::full({1}, part(apart ? ParamDomain::kDense : ParamDomain::kAll), DType::kF64);
-  if (sharded) ps.dp_cp_group().all_reduce(d);
+  // Each optimizer instance holds every shard once: the sum over this rank's instance.
+  if (sharded) ps.intra_instance_group().all_reduce(d);
   ps.model_parallel_group().all_reduce(d);
   if (!apart) return d.data<double>()[0];
   Tensor e = Tensor::full({1}, part(ParamDomain::kExpert), DType::kF64);
@@ -1056,6 +1069,9 @@ double Trainer::comm_seconds() const {
              ps.pp_group().busy_seconds() + ps.dp_group().busy_seconds() +
              ps.dp_cp_group().busy_seconds() + ps.model_parallel_group().busy_seconds();
   if (ps.in_embedding_group()) s += ps.embedding_group().busy_seconds();
+  if (const ProcessGroup* inter = ps.inter_instance_group()) {  // its own groups
+    s += ps.intra_instance_group().busy_seconds() + inter->busy_seconds();
+  }
   return s + cp_busy_seconds() + expert_busy_seconds();
 }
 

@@ -219,6 +219,9 @@ class Trainer {
   // The group gradients reduce over: data parallel x context parallel (one rank's samples are
   // split over its CP group, so its replicas are the dp x cp ranks holding the same weights).
   int64_t grad_size_ = 1, grad_rank_ = 0;
+  // The distributed optimizer's shard group: this rank's instance (--num-distributed-optimizer-
+  // instances; the data x context parallel group with one instance).
+  int64_t opt_size_ = 1, opt_rank_ = 0;
   ContextParallelContext cp_;
   std::shared_ptr<ProcessGroup> cp_inner_, cp_outer_;  // a2a+p2p only
   int virtual_stages_ = 1;

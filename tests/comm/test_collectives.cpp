@@ -692,6 +692,47 @@ TEST(ParallelState, ExpertGroupsMatchTheExpertRankGenerator) {
   EXPECT_GE(checked, 4);
 }
 
+// --num-distributed-optimizer-instances K (Megatron's partial distributed optimizer): each
+// data x context parallel group cut into K consecutive blocks (the intra-instance groups) and the
+// ranks at the same place in each block (the inter-instance groups), for every K dividing it.
+TEST(ParallelState, DistributedOptimizerInstanceGroups) {
+  const int n = world().size();
+  int checked = 0;
+  for (int tp : {1, 2})
+    for (int cp : {1, 2})
+      for (int k : {1, 2, 4}) {
+        if (n % (tp * cp) != 0 || (n / tp) % k != 0) continue;
+        ParallelState ps(g_runtime->world(), {.tensor_model_parallel_size = tp,
+                                              .context_parallel_size = cp,
+                                              .num_distributed_optimizer_instances = k});
+        SCOPED_TRACE(ps.str() + ", instances " + std::to_string(k));
+        const std::vector<int> dpcp = ps.dp_cp_group().global_ranks();
+        const size_t per = dpcp.size() / static_cast<size_t>(k);
+        const size_t at = static_cast<size_t>(ps.dp_cp_group().rank());
+        const size_t instance = at / per, place = at % per;
+        const std::vector<int> intra(
+            dpcp.begin() + static_cast<std::ptrdiff_t>(instance * per),
+            dpcp.begin() + static_cast<std::ptrdiff_t>((instance + 1) * per));
+        EXPECT_EQ(ps.intra_instance_group().global_ranks(), intra);
+        EXPECT_EQ(ps.num_distributed_optimizer_instances(), k);
+        if (k == 1) {
+          EXPECT_EQ(ps.inter_instance_group(), nullptr);
+        } else {
+          std::vector<int> inter;
+          for (size_t i = 0; i < static_cast<size_t>(k); ++i)
+            inter.push_back(dpcp[i * per + place]);
+          ASSERT_NE(ps.inter_instance_group(), nullptr);
+          EXPECT_EQ(ps.inter_instance_group()->global_ranks(), inter);
+          EXPECT_EQ(ps.inter_instance_group()->rank(), static_cast<int>(instance));
+        }
+        ++checked;
+      }
+  EXPECT_GE(checked, 3);
+  // K must divide dp x cp: the same refusal on every rank.
+  EXPECT_THROW(ParallelState(g_runtime->world(), {.num_distributed_optimizer_instances = 3}),
+               InvalidArgument);
+}
+
 // all_to_all_v and all_gather_v with uneven (and empty) chunks: rank r sends (r + j) % 3
 // elements r * 100 + j + k / 10 to rank j; every rank contributes r + 1 elements to the gather.
 TEST(Collectives, AllToAllVAndAllGatherVWithUnevenAndEmptyChunks) {

@@ -276,6 +276,19 @@ class TestResharding(unittest.TestCase):
                                              ("pp2 dp2 distributed optimizer", 4,
                                               [PP, "2", *DISTOPT])])
 
+    def test_distributed_optimizer_instances_reshard(self):
+        # Two distributed-optimizer instances hold the same sharded state (moments, and the main
+        # weights in bf16): instance 0 writes it, and the checkpoint loads into one instance at
+        # dp4, into tp1pp1 and back into two instances, and saves back unchanged, in fp32 and
+        # bf16.
+        saved = [*DISTOPT, "--num-distributed-optimizer-instances", "2"]
+        layouts = [("dp4 two instances (the saved layout)", 4, saved),
+                   ("dp4 one instance", 4, DISTOPT), ("tp1pp1", 1, []),
+                   ("tp2dp2 two instances", 4, [TP, "2", *saved])]
+        for precision in ([], ["--bf16"]):
+            with self.subTest(precision=precision or "fp32"):
+                self.check_reshard(precision, 4, saved, layouts, saved_tp=1)
+
     def test_heterogeneous_checkpoint_reshards_and_keeps_its_blocks(self):
         # Llama-Nemotron's heterogeneous layers: per-layer query groups (4 and 2 of 8 heads) and
         # MLP widths (256, 512), and two linear replacements, each split over TP on its own:
@@ -318,12 +331,12 @@ class TestResharding(unittest.TestCase):
         straight = iterations(run(1, *model, "--exit-interval", "6"))
         self.assertEqual(iterations(resumed)[6], straight[6])
 
-    def check_reshard(self, model, saved_ranks, saved_flags, layouts):
+    def check_reshard(self, model, saved_ranks, saved_flags, layouts, saved_tp=2):
         ck = tmpdir("ck")
         want = iterations(run(saved_ranks, *model, *saved_flags))[11]
         run(saved_ranks, *model, *saved_flags, "--save", ck, "--exit-interval", "10")
         saved_meta, saved = checkpoint_reader.read_checkpoint(ck)
-        self.assertEqual(saved_meta["layout"]["tensor_model_parallel_size"], 2)
+        self.assertEqual(saved_meta["layout"]["tensor_model_parallel_size"], saved_tp)
         self.assertTrue(any(k.startswith("optimizer.exp_avg_sq.") for k in saved))
         for name, ranks, flags in layouts:
             with self.subTest(layout=name):

@@ -69,6 +69,14 @@ LAYOUTS = [
     ("dp4 distributed optimizer, overlapped buckets", 4,
      ["--use-distributed-optimizer", "--overlap-grad-reduce", "--ddp-bucket-size", "3000"]),
     ("tp2dp2 distributed optimizer", 4, [TP, "2", "--use-distributed-optimizer"]),
+    # Two distributed-optimizer instances (Megatron's partial distributed optimizer): gradients
+    # reduce-scattered within each half of the data-parallel ranks, then summed across the
+    # halves; at tp2dp2 each instance is one rank (nothing to scatter, only the sum).
+    ("dp4 distributed optimizer, 2 instances", 4,
+     ["--use-distributed-optimizer", "--num-distributed-optimizer-instances", "2"]),
+    ("tp2dp2 distributed optimizer, 2 instances, overlapped", 4,
+     [TP, "2", "--use-distributed-optimizer", "--num-distributed-optimizer-instances", "2",
+      "--overlap-grad-reduce", "--overlap-param-gather", "--ddp-bucket-size", "3000"]),
 ]
 
 
@@ -317,6 +325,25 @@ class TestParallelEquivalence(unittest.TestCase):
         print(f"Adam state per rank (MB) at dp 1, 2, 4: {state}", file=sys.stderr)
         for ranks in (2, 4):
             self.assertAlmostEqual(state[ranks], state[1] / ranks, delta=0.01 * state[1])
+        # Two instances at dp4: each shards over its 2 ranks, so the state is dp2's.
+        proc = run(4, *with_flags(TINY, ["--train-iters", "4", "--use-distributed-optimizer",
+                                         "--num-distributed-optimizer-instances", "2"]))
+        self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
+        m = re.search(r"distributed optimizer: .*?\(([0-9.]+) MB on this rank\) in each of 2 "
+                      r"instances", proc.stdout)
+        self.assertIsNotNone(m, proc.stdout[-2000:])
+        self.assertAlmostEqual(float(m[1]), state[2], delta=0.01 * state[1])
+        # Refusals, on every rank: without the distributed optimizer, and 3 instances of dp4.
+        for flags, needle in ((["--num-distributed-optimizer-instances", "2"],
+                               "needs --use-distributed-optimizer"),
+                              (["--use-distributed-optimizer",
+                                "--num-distributed-optimizer-instances", "3"],
+                               "must be divisible by --num-distributed-optimizer-instances (3)")):
+            bad = run(4, *with_flags(TINY, ["--train-iters", "1", *flags]))
+            self.assertEqual(bad.returncode, 2, bad.stderr[-2000:])
+            for rank in range(4):
+                self.assertIn(f"[rank {rank}]", bad.stderr)
+            self.assertIn(needle, bad.stderr)
 
     def test_a_failing_rank_takes_the_whole_job_down_with_its_message(self):
         # World rank 2 (tp 0 of the second pipeline stage) throws at iteration 3, while its peers
