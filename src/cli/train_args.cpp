@@ -1269,13 +1269,18 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
                    "--num-distributed-optimizer-instances with --use-megatron-fsdp (Megatron's "
                    "hybrid sharding, HSDP) is not implemented: instances shard the optimizer "
                    "state of the distributed optimizer only");
-    MEGATRON_CHECK(a.expert_model_parallel_size == 1 &&
-                       (a.expert_tensor_parallel_size == 0 ||
-                        a.expert_tensor_parallel_size == a.tensor_model_parallel_size),
-                   "--num-distributed-optimizer-instances with experts split apart "
-                   "(--expert-model-parallel-size > 1 or --expert-tensor-parallel-size != "
-                   "--tensor-model-parallel-size) is not implemented: their instances would "
-                   "split the expert-data-parallel group");
+    if (a.num_experts > 0) {
+      // Experts split apart shard over the expert-data-parallel ranks, cut the same way.
+      const int64_t etp = a.expert_tensor_parallel_size > 0 ? a.expert_tensor_parallel_size
+                                                            : a.tensor_model_parallel_size;
+      const int64_t edp =
+          world_size / a.pipeline_model_parallel_size / (etp * a.expert_model_parallel_size);
+      MEGATRON_CHECK(edp % a.num_distributed_optimizer_instances == 0,
+                     "Expert data parallel size should be divisible by partial DistOpt shard "
+                     "factor: the expert-data-parallel size (",
+                     edp, ") must be divisible by --num-distributed-optimizer-instances (",
+                     a.num_distributed_optimizer_instances, ")");
+    }
   }
   if (a.global_batch_size == 0) a.global_batch_size = a.micro_batch_size * dp;
   MEGATRON_CHECK(a.global_batch_size > 0, "--global-batch-size must be positive, got ",

@@ -105,28 +105,39 @@ ParallelState::ParallelState(std::shared_ptr<ProcessGroup> world, const Parallel
   edp_ = world_->split(expert_gen.get_ranks("dp"));
   emp_ = world_->split(expert_gen.get_ranks("tp-ep-pp"));
   MEGATRON_ASSERT(ep_ && etp_ && tp_ep_ && edp_ && emp_);
-  // Distributed-optimizer instances: each data x context parallel group cut into K consecutive
-  // blocks (Megatron's intra-partial groups), and the ranks at the same place in each block.
+  // Distributed-optimizer instances: each data x context parallel group (and expert data
+  // parallel group) cut into K consecutive blocks (Megatron's intra-partial groups), and the
+  // ranks at the same place in each block.
   instances_ = config.num_distributed_optimizer_instances;
   if (instances_ == 1) {
     intra_dp_cp_ = dp_cp_;
+    intra_edp_ = edp_;
     return;
   }
-  std::vector<std::vector<int>> intra, inter;
-  for (const std::vector<int>& g : gen.get_ranks("dp-cp")) {
-    const size_t n = g.size() / static_cast<size_t>(instances_);
-    for (size_t i = 0; i < static_cast<size_t>(instances_); ++i)
-      intra.emplace_back(g.begin() + static_cast<std::ptrdiff_t>(i * n),
-                         g.begin() + static_cast<std::ptrdiff_t>((i + 1) * n));
-    for (size_t j = 0; j < n; ++j) {
-      std::vector<int> across;
-      for (size_t i = 0; i < static_cast<size_t>(instances_); ++i) across.push_back(g[i * n + j]);
-      inter.push_back(std::move(across));
+  const auto cut = [&](const RankGroups& groups, RankGroups& intra, RankGroups& inter) {
+    const auto k = static_cast<size_t>(instances_);
+    for (const std::vector<int>& g : groups) {
+      MEGATRON_CHECK(g.size() % k == 0, "--num-distributed-optimizer-instances (", instances_,
+                     ") must divide the expert-data-parallel size (", g.size(), ")");
+      const size_t n = g.size() / k;
+      for (size_t i = 0; i < k; ++i)
+        intra.emplace_back(g.begin() + static_cast<std::ptrdiff_t>(i * n),
+                           g.begin() + static_cast<std::ptrdiff_t>((i + 1) * n));
+      for (size_t j = 0; j < n; ++j) {
+        std::vector<int> across;
+        for (size_t i = 0; i < k; ++i) across.push_back(g[i * n + j]);
+        inter.push_back(std::move(across));
+      }
     }
-  }
+  };
+  RankGroups intra, inter, intra_e, inter_e;
+  cut(gen.get_ranks("dp-cp"), intra, inter);
+  cut(expert_gen.get_ranks("dp"), intra_e, inter_e);
   intra_dp_cp_ = world_->split(intra);
   inter_instance_ = world_->split(inter);
-  MEGATRON_ASSERT(intra_dp_cp_ && inter_instance_);
+  intra_edp_ = world_->split(intra_e);
+  inter_edp_ = world_->split(inter_e);
+  MEGATRON_ASSERT(intra_dp_cp_ && inter_instance_ && intra_edp_ && inter_edp_);
 }
 
 ProcessGroup& ParallelState::embedding_group() const {

@@ -89,6 +89,11 @@ class ParallelState {
   // is 1). Megatron's intra-partial data-parallel and inter distributed-optimizer-instance groups.
   ProcessGroup& intra_instance_group() const { return *intra_dp_cp_; }
   ProcessGroup* inter_instance_group() const { return inter_instance_.get(); }
+  // The same cut of the expert-data-parallel group (experts split apart): its K consecutive
+  // blocks and the ranks at one place in each (Megatron's intra- and inter-partial expert
+  // data-parallel groups); the dense ones' when experts are not apart.
+  ProcessGroup& intra_instance_expert_group() const { return *intra_edp_; }
+  ProcessGroup* inter_instance_expert_group() const { return inter_edp_.get(); }
   int num_distributed_optimizer_instances() const { return instances_; }
   // Tensor x data x context parallel: every rank of this pipeline stage, where FP8 delayed
   // scaling reduces its amaxes (Megatron's amax reduction group, with context parallelism).
@@ -128,7 +133,7 @@ class ParallelState {
   ExpertGrid expert_grid_;
   std::shared_ptr<ProcessGroup> world_, tp_, pp_, dp_, cp_, dp_cp_, mp_, embedding_, amax_;
   std::shared_ptr<ProcessGroup> ep_, etp_, tp_ep_, edp_, emp_;
-  std::shared_ptr<ProcessGroup> intra_dp_cp_, inter_instance_;
+  std::shared_ptr<ProcessGroup> intra_dp_cp_, inter_instance_, intra_edp_, inter_edp_;
   int instances_ = 1;
 };
 

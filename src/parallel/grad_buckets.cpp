@@ -23,10 +23,11 @@ BucketLayout distributed_bucket_layout(int64_t bucket_size, int dp_size, int exp
 GradBuckets::GradBuckets(ParamSet& params, ProcessGroup& dp, int64_t bucket_size, bool overlap,
                          GradReduce reduce, ExpertReduction expert, ProcessGroup* inter)
     : params_(params), dp_(dp), inter_(inter), overlap_(overlap), reduce_(reduce) {
-  MEGATRON_CHECK(inter == nullptr || (reduce == GradReduce::kReduceScatter &&
-                                      expert.group == nullptr && !params.grads_sharded()),
-                 "several distributed-optimizer instances need the distributed optimizer, "
-                 "experts split like the dense layers and unsharded gradients");
+  MEGATRON_CHECK(
+      inter == nullptr || (reduce == GradReduce::kReduceScatter && !params.grads_sharded() &&
+                           (expert.group == nullptr || expert.inter != nullptr)),
+      "several distributed-optimizer instances need the distributed optimizer, "
+      "unsharded gradients and, for experts split apart, their own instances");
   // Parameters in buffer order (ascending offset).
   // (Frozen weights without gradients lie after every bucket and take part in none.)
   std::vector<const Param*> order;
@@ -97,7 +98,7 @@ GradBuckets::GradBuckets(ParamSet& params, ProcessGroup& dp, int64_t bucket_size
     Bucket& b = buckets_[i];
     const bool ex = expert.group && expert_bucket[i] && b.num_params > 0;
     b.group = ex ? expert.group : &dp;
-    b.inter = ex ? nullptr : inter;
+    b.inter = ex ? expert.inter : inter;
     const int instances = b.inter ? b.inter->size() : 1;
     b.scale = ex ? expert.scale : 1.0 / (static_cast<double>(dp.size()) * instances);
   }

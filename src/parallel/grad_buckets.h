@@ -65,6 +65,9 @@ enum class GradReduce : uint8_t {
 struct ExpertReduction {
   ProcessGroup* group = nullptr;
   double scale = 1.0;
+  // With several distributed-optimizer instances: `group` is this rank's instance of the
+  // expert-data-parallel ranks and `inter` the ranks holding the same shard in the others.
+  ProcessGroup* inter = nullptr;
 };
 
 class GradBuckets {

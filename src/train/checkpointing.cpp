@@ -213,6 +213,11 @@ namespace {
 // every box of what `t` holds: the main weights and plain-Adam moments of every Param, and the
 // distributed optimizer's owned moments. writes_only: only the boxes this rank writes (each
 // element once over all ranks, see the file comment); else every box it holds (a load).
+// The distributed-optimizer instance holding p's shards on this rank.
+int64_t instance_of(const CheckpointTarget& t, const Param& p) {
+  return p.expert_parallel ? t.expert_instance : t.instance;
+}
+
 template <typename Fn>
 void for_each_box(const CheckpointTarget& t, bool optim, bool writes_only, Fn&& fn) {
   ParamSet& ps = *t.params;
@@ -242,7 +247,8 @@ void for_each_box(const CheckpointTarget& t, bool optim, bool writes_only, Fn&& 
   }
   if (sharded) {
     for (const ParamSet::OwnedSegment& seg : ps.owned_segments()) {
-      if ((writes_only && (seg.param->is_duplicate() || t.instance != 0)) || seg.param->frozen)
+      if ((writes_only && (seg.param->is_duplicate() || instance_of(t, *seg.param) != 0)) ||
+          seg.param->frozen)
         continue;
       const int64_t at = seg.at - seg.param_begin;
       for (const cp::Piece& piece : cp::shard_pieces(*seg.param, seg.param_begin, seg.numel))
@@ -254,7 +260,7 @@ void for_each_box(const CheckpointTarget& t, bool optim, bool writes_only, Fn&& 
   // moments are saved unscaled, as Megatron saves them), stored back after a load.
   auto [exp_avg, exp_avg_sq] = t.dist_optimizer->moments_f32();
   for (const auto& seg : t.dist_optimizer->owned_segments()) {
-    if (writes_only && (seg.param->is_duplicate() || t.instance != 0)) continue;
+    if (writes_only && (seg.param->is_duplicate() || instance_of(t, *seg.param) != 0)) continue;
     // The segment's moments start at seg.state for the Param's element seg.param_begin.
     const int64_t at = seg.state - seg.param_begin;
     for (const cp::Piece& piece : cp::shard_pieces(*seg.param, seg.param_begin, seg.numel)) {

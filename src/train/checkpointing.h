@@ -85,9 +85,10 @@ struct CheckpointTarget {
   // extra_state: FP8 scaling), replicated over DP and TP: written by the ranks that write the
   // dense weights, read by every rank. A checkpoint without it leaves it as it is.
   std::vector<Param*> extra_state;
-  // --num-distributed-optimizer-instances: this rank's instance. Every instance holds the same
-  // sharded state (main weight shards, moments); instance 0 writes it, all read it.
-  int64_t instance = 0;
+  // --num-distributed-optimizer-instances: this rank's instance (for expert-parallel Params, its
+  // instance of the expert-data-parallel ranks). Every instance holds the same sharded state
+  // (main weight shards, moments); instance 0 writes it, all read it.
+  int64_t instance = 0, expert_instance = 0;
 };
 
 // This rank's boxes (see the file comment); optim adds the moments. copy: host copies that stay

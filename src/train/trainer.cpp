@@ -271,7 +271,7 @@ void Trainer::build_model() {
   // optimizer pads each bucket to split evenly into data-parallel shards.
   const int64_t bucket = bucket_size();
   const bool distributed = args_.use_distributed_optimizer;
-  const int expert_dp = ps.experts_apart() ? ps.edp_size() : 1;
+  const int expert_dp = ps.experts_apart() ? ps.intra_instance_expert_group().size() : 1;
   BucketLayout layout = distributed_bucket_layout(bucket, static_cast<int>(opt_size_), expert_dp);
   // Megatron-FSDP's buffers: one per unit (transformer layer, embeddings, ...); with optim_grads
   // the gradients, with optim_grads_params the weights too, exist only as this rank's shards
@@ -291,8 +291,8 @@ void Trainer::build_model() {
   sharding.dense_rank = static_cast<int>(opt_rank_);
   sharding.dense_size = static_cast<int>(opt_size_);
   if (ps.experts_apart()) {
-    sharding.expert_rank = ps.edp_rank();
-    sharding.expert_size = ps.edp_size();
+    sharding.expert_rank = ps.intra_instance_expert_group().rank();
+    sharding.expert_size = ps.intra_instance_expert_group().size();
   }
   params_ = distributed
                 ? std::make_unique<ParamSet>(all, cfg_.compute_dtype, layout, device_, sharding)
@@ -431,7 +431,10 @@ void Trainer::build_optimizer() {
   // Experts split over EP (or ETP != TP) reduce over the expert-data-parallel group, scaled by
   // 1 / (dp x cp) (GradBuckets' ExpertReduction); otherwise they are dense parameters here.
   ExpertReduction expert;
-  if (ps.experts_apart()) expert = {&ps.edp_group(), 1.0 / static_cast<double>(grad_size_)};
+  if (ps.experts_apart()) {
+    expert = {&ps.intra_instance_expert_group(), 1.0 / static_cast<double>(grad_size_),
+              ps.inter_instance_expert_group()};
+  }
   // Several distributed-optimizer instances: the reduce-scatter over this rank's instance, then
   // the shards summed over the instances (GradBuckets).
   grad_buckets_ = std::make_unique<GradBuckets>(
@@ -908,13 +911,16 @@ CheckpointTarget Trainer::checkpoint_target() const {
   for (const auto& chunk : chunks_)
     for (Param* p : chunk->extra_state()) extra.push_back(p);
   const ProcessGroup* inter = parallel_->inter_instance_group();
-  return CheckpointTarget{params_.get(),
-                          optimizer_.get(),
-                          dist_optimizer_.get(),
-                          grad_rank_,
-                          parallel_->experts_apart() ? parallel_->edp_rank() : grad_rank_,
-                          std::move(extra),
-                          inter ? inter->rank() : 0};
+  const ProcessGroup* inter_e = parallel_->inter_instance_expert_group();
+  return CheckpointTarget{
+      params_.get(),
+      optimizer_.get(),
+      dist_optimizer_.get(),
+      grad_rank_,
+      parallel_->experts_apart() ? parallel_->edp_rank() : grad_rank_,
+      std::move(extra),
+      inter ? inter->rank() : 0,
+      parallel_->experts_apart() && inter_e ? inter_e->rank() : (inter ? inter->rank() : 0)};
 }
 
 ExpertParallelContext Trainer::expert_parallel() const {
@@ -1058,7 +1064,7 @@ double Trainer::sum_over_model(const std::function<double(ParamDomain)>& part, b
   ps.model_parallel_group().all_reduce(d);
   if (!apart) return d.data<double>()[0];
   Tensor e = Tensor::full({1}, part(ParamDomain::kExpert), DType::kF64);
-  if (sharded) ps.edp_group().all_reduce(e);
+  if (sharded) ps.intra_instance_expert_group().all_reduce(e);
   ps.expert_model_parallel_group().all_reduce(e);
   return d.data<double>()[0] + e.data<double>()[0];
 }

@@ -728,6 +728,19 @@ TEST(ParallelState, DistributedOptimizerInstanceGroups) {
         ++checked;
       }
   EXPECT_GE(checked, 3);
+  // Experts split apart (EP 2): the expert-data-parallel group cut the same way.
+  if (n % 4 == 0) {
+    ParallelState ps(g_runtime->world(),
+                     {.expert_model_parallel_size = 2, .num_distributed_optimizer_instances = 2});
+    const std::vector<int> edp = ps.edp_group().global_ranks();
+    const size_t per = edp.size() / 2, at = static_cast<size_t>(ps.edp_rank());
+    const std::vector<int> intra(edp.begin() + static_cast<std::ptrdiff_t>(at / per * per),
+                                 edp.begin() + static_cast<std::ptrdiff_t>((at / per + 1) * per));
+    EXPECT_EQ(ps.intra_instance_expert_group().global_ranks(), intra);
+    ASSERT_NE(ps.inter_instance_expert_group(), nullptr);
+    EXPECT_EQ(ps.inter_instance_expert_group()->global_ranks(),
+              (std::vector<int>{edp[at % per], edp[per + at % per]}));
+  }
   // K must divide dp x cp: the same refusal on every rank.
   EXPECT_THROW(ParallelState(g_runtime->world(), {.num_distributed_optimizer_instances = 3}),
                InvalidArgument);

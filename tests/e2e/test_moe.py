@@ -113,6 +113,11 @@ class TestLayouts(unittest.TestCase):
         ("etp2", 2, [ETP, "2"], []),
         ("ep2 pp2", 4, [EP, "2", PP, "2"], []),
         ("ep2 dp4 distributed optimizer", 4, [EP, "2", DISTOPT], []),
+        # Two distributed-optimizer instances: dense buckets over halves of the 4 data-parallel
+        # ranks, expert buckets over halves of the 2 expert-data-parallel ranks, each shard then
+        # summed across the instances.
+        ("ep2 dp4 distributed optimizer, 2 instances", 4,
+         [EP, "2", DISTOPT, "--num-distributed-optimizer-instances", "2"], []),
         ("alltoall ep2", 2, [EP, "2", *A2A], A2A),
         ("alltoall ep2 tp2+sp etp1", 4, [EP, "2", TP, "2", SP, ETP, "1", *A2A], A2A),
         # Context parallelism: the losses' counts sum over TP x CP and each CP rank's share of
@@ -243,6 +248,23 @@ class TestResharding(unittest.TestCase):
                     print(f"reshard to {name}{' distributed' if opt else ''}: iteration 7 "
                           f"relative {rel:.1e}", file=sys.stderr)
                     self.assertLess(rel, RTOL, name)
+
+
+    def test_checkpoint_of_two_optimizer_instances_loads_at_one(self):
+        # ep2 dp4 with two distributed-optimizer instances: instance 0 writes the dense and the
+        # expert shards (each instance holds them all); ep1 on one rank, ep4 and the saved layout
+        # take the next step to the straight run's iteration 7.
+        saved = [EP, "2", DISTOPT, "--num-distributed-optimizer-instances", "2"]
+        want = curve(run(4, *saved))[7]
+        ck = tempfile.mkdtemp(prefix="ck_", dir=TMP.name)
+        run(4, *saved, "--save", ck, "--exit-interval", "6")
+        for name, ranks, flags in [("ep1", 1, []), ("ep4", 4, [EP, "4", DISTOPT]),
+                                   ("ep2 two instances (saved)", 4, saved)]:
+            got = curve(run(ranks, *flags, "--load", ck, "--exit-interval", "7"))
+            self.assertEqual(sorted(got), [7], name)
+            rel = max(abs(got[7][k] / want[k] - 1) for k in want)
+            print(f"reshard to {name}: iteration 7 relative {rel:.1e}", file=sys.stderr)
+            self.assertLess(rel, RTOL, name)
 
 
 class TestMixtral(unittest.TestCase):
