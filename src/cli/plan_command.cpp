@@ -237,6 +237,10 @@ int run_plan(int argc, char** argv, MpiRuntime& mpi) {
     MEGATRON_CHECK(args.model == "gpt",
                    "plan models GPT-style decoders (--model gpt, pretrain_gpt); got --model ",
                    args.model);
+    MEGATRON_CHECK(args.num_distributed_optimizer_instances == 1,
+                   "plan models one distributed-optimizer instance; "
+                   "--num-distributed-optimizer-instances is not modeled (its memory is that of "
+                   "data-parallel size dp / instances): drop it");
     MEGATRON_CHECK(args.heterogeneous_layers_config_path.empty() &&
                        args.heterogeneous_layers_config_encoded_json.empty(),
                    "plan models decoders of identical layers; heterogeneous layers "

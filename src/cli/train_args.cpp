@@ -1265,10 +1265,10 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
     MEGATRON_CHECK(a.use_distributed_optimizer,
                    "Partial DistOpt cannot be used without DistOpt: "
                    "--num-distributed-optimizer-instances needs --use-distributed-optimizer");
-    MEGATRON_CHECK(!a.use_megatron_fsdp,
-                   "--num-distributed-optimizer-instances with --use-megatron-fsdp (Megatron's "
-                   "hybrid sharding, HSDP) is not implemented: instances shard the optimizer "
-                   "state of the distributed optimizer only");
+    MEGATRON_CHECK(!a.use_megatron_fsdp || a.data_parallel_sharding_strategy != "no_shard",
+                   "--num-distributed-optimizer-instances with --use-megatron-fsdp shards within "
+                   "each instance (hybrid sharding, HSDP): choose "
+                   "--data-parallel-sharding-strategy optim, optim_grads or optim_grads_params");
     if (a.num_experts > 0) {
       // Experts split apart shard over the expert-data-parallel ranks, cut the same way.
       const int64_t etp = a.expert_tensor_parallel_size > 0 ? a.expert_tensor_parallel_size

@@ -23,11 +23,10 @@ BucketLayout distributed_bucket_layout(int64_t bucket_size, int dp_size, int exp
 GradBuckets::GradBuckets(ParamSet& params, ProcessGroup& dp, int64_t bucket_size, bool overlap,
                          GradReduce reduce, ExpertReduction expert, ProcessGroup* inter)
     : params_(params), dp_(dp), inter_(inter), overlap_(overlap), reduce_(reduce) {
-  MEGATRON_CHECK(
-      inter == nullptr || (reduce == GradReduce::kReduceScatter && !params.grads_sharded() &&
-                           (expert.group == nullptr || expert.inter != nullptr)),
-      "several distributed-optimizer instances need the distributed optimizer, "
-      "unsharded gradients and, for experts split apart, their own instances");
+  MEGATRON_CHECK(inter == nullptr || (reduce == GradReduce::kReduceScatter &&
+                                      (expert.group == nullptr || expert.inter != nullptr)),
+                 "several distributed-optimizer instances need the distributed optimizer and, "
+                 "for experts split apart, their own instances");
   // Parameters in buffer order (ascending offset).
   // (Frozen weights without gradients lie after every bucket and take part in none.)
   std::vector<const Param*> order;
@@ -222,6 +221,7 @@ void GradBuckets::poll() {
 void GradBuckets::finish() {
   if (grads_sharded()) {
     while (!pending_.empty()) complete_oldest();
+    sum_over_instances();
     return;
   }
   for (Bucket& b : buckets_) launch(b);
@@ -236,14 +236,28 @@ void GradBuckets::finish() {
       b.low = b.low_shard = Tensor();
     }
   }
-  // Several optimizer instances: each shard summed over the instances (launched for every
-  // bucket, then waited for, so they travel together).
+  sum_over_instances();
+}
+
+void GradBuckets::sum_over_instances() {
+  // Several optimizer instances (Megatron-FSDP's hybrid sharding too): each shard summed over the
+  // instances (launched for every bucket, then waited for, so they travel together).
+  // With --grad-reduce-in-bf16 the sum travels in bf16 as well (Megatron's bf16 buffer).
   if (!reduce_enabled_) return;
   std::vector<Work> inter;
+  std::vector<std::pair<Tensor*, Tensor>> low;  // shard, its bf16 copy in flight
+  low.reserve(buckets_.size());
   for (Bucket& b : buckets_) {
-    if (b.inter && b.inter->size() > 1) inter.push_back(b.inter->all_reduce_async(b.shard));
+    if (!b.inter || b.inter->size() == 1) continue;
+    if (reduce_in_bf16_) {
+      low.emplace_back(&b.shard, b.shard.to(DType::kBF16));
+      inter.push_back(b.inter->all_reduce_async(low.back().second));
+    } else {
+      inter.push_back(b.inter->all_reduce_async(b.shard));
+    }
   }
   for (Work& w : inter) w.wait();
+  for (auto& [shard, l] : low) shard->copy_from(l);
 }
 
 }  // namespace megatron

@@ -29,7 +29,9 @@
 // data-parallel ranks, and `inter` the K ranks holding the same shard in the K instances. A
 // bucket is scaled by 1 / (|dp| K), reduce-scattered over the instance, and its shard all-reduced
 // over `inter` (Megatron's two steps, the second after the first has finished): every instance
-// ends with the whole mean in its shards, and holds the optimizer state for them.
+// ends with the whole mean in its shards, and holds the optimizer state for them. Megatron-FSDP's
+// sharded gradients take the same second step (its hybrid sharding, HSDP: shards within an
+// instance, replicas across).
 //
 // Padding: only the distributed layout pads (zeros at each bucket's end, to a multiple of
 // lcm(16 dp, 128): Megatron's lcm(dp, 128) unless 16 divides dp, where it is larger so that every
@@ -155,6 +157,8 @@ class GradBuckets {
   };
   std::vector<Pending> pending_;
   void complete_oldest();
+  // The all-reduce of every bucket's shard over its inter-instance group (none: nothing).
+  void sum_over_instances();
 
   ParamSet& params_;
   ProcessGroup& dp_;

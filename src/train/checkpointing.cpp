@@ -177,6 +177,7 @@ nlohmann::json model_args_json(const Arguments& a, const TransformerConfig& cfg)
     j["moe_router_group_topk"] = m.group_topk;
     if (m.topk_scaling_factor > 0) j["moe_router_topk_scaling_factor"] = m.topk_scaling_factor;
     j["moe_layer_freq"] = a.moe_layer_freq;
+    j["moe_apply_probs_on_input"] = m.apply_probs_on_input;
   }
   return j;
 }
@@ -209,15 +210,15 @@ std::vector<std::string> model_arg_differences(const nlohmann::json& saved,
 
 namespace {
 
-// Calls fn(tensor name, param, flat buffer, where the Param's element 0 sits in it, piece) for
-// every box of what `t` holds: the main weights and plain-Adam moments of every Param, and the
-// distributed optimizer's owned moments. writes_only: only the boxes this rank writes (each
-// element once over all ranks, see the file comment); else every box it holds (a load).
 // The distributed-optimizer instance holding p's shards on this rank.
 int64_t instance_of(const CheckpointTarget& t, const Param& p) {
   return p.expert_parallel ? t.expert_instance : t.instance;
 }
 
+// Calls fn(tensor name, param, flat buffer, where the Param's element 0 sits in it, piece) for
+// every box of what `t` holds: the main weights and plain-Adam moments of every Param, and the
+// distributed optimizer's owned moments. writes_only: only the boxes this rank writes (each
+// element once over all ranks, see the file comment); else every box it holds (a load).
 template <typename Fn>
 void for_each_box(const CheckpointTarget& t, bool optim, bool writes_only, Fn&& fn) {
   ParamSet& ps = *t.params;

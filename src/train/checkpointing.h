@@ -8,7 +8,9 @@
 //   optimizer.exp_avg.<param>      Adam's first moment   } unless --no-save-optim
 //   optimizer.exp_avg_sq.<param>   Adam's second moment  }
 // Every element is written once: the weights and the plain optimizer's moments by data-parallel
-// rank 0, the distributed optimizer's moments by the rank that owns them, and never by a copy
+// rank 0, the distributed optimizer's moments (and sharded main weights) by the rank that owns
+// them in distributed-optimizer instance 0 (--num-distributed-optimizer-instances), and never by a
+// copy
 // another rank also holds (Param::is_duplicate: TP replicas, the last stage's tied embeddings).
 // Every rank reads the boxes of everything it holds, duplicates included.
 //

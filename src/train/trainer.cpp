@@ -473,9 +473,9 @@ void Trainer::build_optimizer() {
                         ps.num_distributed_optimizer_instances())
                   .c_str()
             : "",
-        opt_size_ == 1 ? "; with data-parallel size 1 there is nothing to shard: it behaves as "
-                         "the plain optimizer"
-                       : ""));
+        grad_size_ == 1 ? "; with data-parallel size 1 there is nothing to shard: it behaves as "
+                          "the plain optimizer"
+                        : ""));
     if (args_.use_precision_aware_optimizer) {
       log_first(strprintf(
           " > precision-aware optimizer: Adam's moments stored as exp_avg %s, exp_avg_sq %s "
@@ -533,10 +533,16 @@ void Trainer::report_fsdp() const {
   const double state = static_cast<double>(b.state) / mb;
   const std::string& strategy = args_.data_parallel_sharding_strategy;
   log_first(strprintf(
-      " > Megatron-FSDP, --data-parallel-sharding-strategy %s over %ld data-parallel%s ranks: "
+      " > Megatron-FSDP, --data-parallel-sharding-strategy %s over %ld data-parallel%s ranks%s: "
       "%s; one buffer per unit (each transformer layer, the embeddings, ...)",
-      strategy.c_str(), static_cast<long>(grad_size_),
+      strategy.c_str(), static_cast<long>(opt_size_),
       parallel_->cp_size() > 1 ? " x context-parallel" : "",
+      parallel_->num_distributed_optimizer_instances() > 1
+          ? strprintf(" in each of %d instances (hybrid sharding: the gradient shards summed "
+                      "across them)",
+                      parallel_->num_distributed_optimizer_instances())
+                .c_str()
+          : "",
       strategy == "no_shard"      ? "nothing sharded (plain data parallelism)"
       : strategy == "optim"       ? "the optimizer state sharded (ZeRO-1)"
       : strategy == "optim_grads" ? "the optimizer state and the gradients sharded (ZeRO-2)"
@@ -700,6 +706,8 @@ void Trainer::build_data() {
 // printed; put beside the measurements after the second logging interval.
 void Trainer::predict_step() {
   if (spec_->name != "gpt" || device_ != Device::kCPU) return;
+  // What the planner does not model: no prediction rather than a wrong one.
+  if (cfg_.heterogeneous.enabled() || args_.num_distributed_optimizer_instances > 1) return;
   const ParallelState& ps = *parallel_;
   Timer timer;
   const plan::Workload workload =
@@ -1084,9 +1092,12 @@ double Trainer::comm_seconds() const {
 double Trainer::expert_busy_seconds() const {
   const ParallelState& ps = *parallel_;
   if (!ps.experts_apart()) return 0.0;  // the expert groups are the dense ones (counted there)
-  return ps.ep_group().busy_seconds() + ps.etp_group().busy_seconds() +
-         ps.tp_ep_group().busy_seconds() + ps.edp_group().busy_seconds() +
-         ps.expert_model_parallel_group().busy_seconds();
+  double s = ps.ep_group().busy_seconds() + ps.etp_group().busy_seconds() +
+             ps.tp_ep_group().busy_seconds() + ps.edp_group().busy_seconds() +
+             ps.expert_model_parallel_group().busy_seconds();
+  if (const ProcessGroup* inter = ps.inter_instance_expert_group())  // their own groups
+    s += ps.intra_instance_expert_group().busy_seconds() + inter->busy_seconds();
+  return s;
 }
 
 double Trainer::cp_busy_seconds() const {

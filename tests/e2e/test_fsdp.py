@@ -111,6 +111,21 @@ class TestStrategies(unittest.TestCase):
     def test_dp4(self):
         self.check_layout(4, ["optim", "optim_grads", "optim_grads_params"])
 
+    def test_hybrid_sharding_over_two_instances(self):
+        # HSDP (--num-distributed-optimizer-instances 2): each strategy shards within halves of
+        # the 4 data-parallel ranks and the gradient shards are summed across the halves, so
+        # the curve is plain data parallelism's; also with experts split over EP 2.
+        instances = ["--num-distributed-optimizer-instances", "2"]
+        plain = curves(run(4))
+        for s in ["optim", "optim_grads", "optim_grads_params"]:
+            got = curves(run(4, *fsdp(s), *instances))
+            megatron_log.assert_same_curves(self, got, plain, f"{s} 2 instances", FP32_REL)
+        moe = ["--num-experts", "4", "--expert-model-parallel-size", "2", "--moe-router-topk",
+               "2", "--disable-bias-linear"]
+        plain = curves(run(4, *moe))
+        got = curves(run(4, *moe, *fsdp("optim_grads_params"), *instances))
+        megatron_log.assert_same_curves(self, got, plain, "experts, 2 instances", FP32_REL)
+
     def test_tensor_and_sequence_parallel(self):
         self.check_layout(4, ["optim_grads", "optim_grads_params"],
                           "--tensor-model-parallel-size", "2", "--sequence-parallel")

@@ -454,6 +454,11 @@ TEST(MoeOptions, ForcedLoadBalancingSpreadsTokensAndPassesGradients) {
     for (int64_t i = 0; i < moe.router.weight.main_grad.numel(); ++i)
       gw += std::fabs(moe.router.weight.main_grad.item(i));
     EXPECT_GT(gw, 0) << "the straight-through gradient reaches the gating GEMM";
+    // Outside training (evaluation, generation) every forward draws other logits.
+    MoELayer::Ctx e1, e2;
+    moe.forward(x, e1, ForwardMode{});
+    moe.forward(x, e2, ForwardMode{});
+    EXPECT_NE(e1.router.logits, e2.router.logits);
   }
 }
 

@@ -473,6 +473,10 @@ void add_hf_moe_keys(const TransformerConfig& c, json& j) {
   // Qwen3-MoE when the heads have q/k norms (it has them always), else Mixtral (every layer
   // MoE, softmax over the k selected). Routers Hugging Face cannot express have no export.
   const MoeConfig& m = c.moe;
+  MEGATRON_CHECK(!m.apply_probs_on_input,
+                 "this MoE model has no Hugging Face equivalent here: Mixtral and Qwen3-MoE scale "
+                 "the experts' outputs by the routing probabilities, not their inputs "
+                 "(--moe-apply-probs-on-input)");
   MEGATRON_CHECK(m.score_function == MoeScoreFunction::kSoftmax && m.topk_scaling_factor == 0 &&
                      m.group_topk == 0 && !m.enable_expert_bias &&
                      m.shared_expert_intermediate_size == 0 && !m.has(MoeLoadBalancing::kSinkhorn),

@@ -99,8 +99,10 @@ void TopKRouter::forward(const Tensor& x, int64_t batch, Ctx& ctx, const Forward
   if (m.force_load_balancing) {
     // Megatron's RandomSTE: the routing sees N(0, 1) logits; backward hands their gradient to
     // the GEMM unchanged. Drawn per token of the whole micro-batch (as the jitter), so every
-    // layout routes alike, and the same again when a recomputation repeats the forward.
-    const uint64_t stream = mode.site_stream(layer_, 6);
+    // layout routes alike, and the same again when a recomputation repeats the forward. Outside
+    // training (evaluation, generation: no per-step seed) each forward draws anew, as Megatron's
+    // generator moves on with every call.
+    const uint64_t stream = mode.site_stream(layer_, 6) + (mode.training ? 0 : ++eval_draws_ << 32);
     for (int64_t t = 0; t < T; ++t) {
       const uint64_t token = static_cast<uint64_t>(global_token(t, T, batch));
       for (int64_t e = 0; e < E; ++e)

@@ -74,6 +74,8 @@ class TopKRouter {
   TensorParallelContext tp_;
   // Counted in backward (training only): const methods, state of the balancing statistics.
   mutable std::vector<double> tokens_per_expert_;
+  // Forced balancing outside training: the forwards so far (each draws other logits).
+  mutable uint64_t eval_draws_ = 0;
 };
 
 }  // namespace megatron
