@@ -27,6 +27,9 @@ void validate_fsdp_args(Arguments& a) {
                  "check_weight_hash_across_dp_replicas_interval is not supported with "
                  "optim_grads_params: the data-parallel ranks hold different shards of the "
                  "weights; drop --check-weight-hash-across-dp-replicas-interval");
+  MEGATRON_CHECK(!(a.use_megatron_fsdp && s == "optim_grads_params" && a.test_mode),
+                 "--test-mode compares the query/key norms' weights across data-parallel "
+                 "replicas, which optim_grads_params shards: drop --test-mode");
   MEGATRON_CHECK(s == "no_shard" || s == "optim" || s == "optim_grads" || s == "optim_grads_params",
                  "--data-parallel-sharding-strategy must be no_shard, optim, optim_grads or "
                  "optim_grads_params, got '",

@@ -417,6 +417,10 @@ void register_train_args(ArgTable& t, Arguments& a) {
          "Log each step's expert load: the busiest expert's tokens over the mean, averaged over "
          "the MoE layers");
   t.add("--log-interval", a.log_interval, "Iterations between log lines");
+  t.flag("--test-mode", a.test_mode,
+         "Megatron's real-time test: every iteration the query/key norms' weights (--qk-layernorm) "
+         "must be the same bits on every data-parallel replica and tensor-parallel rank; a "
+         "difference (silent corruption) ends the run naming them");
   t.add("--check-weight-hash-across-dp-replicas-interval",
         a.check_weight_hash_across_dp_replicas_interval,
         "Every N iterations (and before training) check that the data-parallel replicas hold "

@@ -1835,6 +1835,7 @@ int Trainer::train() {
     if (it % args_.log_interval == 0 || it == args_.train_iters) log_iteration(log, step);
     const int64_t hash_interval = args_.check_weight_hash_across_dp_replicas_interval;
     if (hash_interval > 0 && it % hash_interval == 0) check_weight_hashes(it);
+    if (args_.test_mode) check_qk_norm_replicas(it);
     if (it % args_.eval_interval == 0)
       validate(strprintf("iteration %ld", static_cast<long>(it)), it);
     if (checkpointer_) {
@@ -1878,8 +1879,65 @@ void Trainer::check_weight_hashes(int64_t iteration) {
       strprintf(">>> Weight hashes match after %ld iterations...", static_cast<long>(iteration)));
 }
 
+namespace {
+// --test-mode's tensors: the query and key head norms' weights and biases (Megatron's
+// run_realtime_tests compares exactly these).
+bool is_qk_norm(const Param& p) {
+  return p.name.find(".q_layernorm.") != std::string::npos ||
+         p.name.find(".k_layernorm.") != std::string::npos;
+}
+}  // namespace
+
+void Trainer::check_qk_norm_replicas(int64_t iteration) {
+  complete_param_gather();
+  const ParallelState& ps = *parallel_;
+  std::vector<Param*> qk;
+  for (Param* p : params_->params())
+    if (is_qk_norm(*p)) qk.push_back(p);
+  // Over the data-parallel replicas, then over the tensor-parallel ranks, which hold whole copies
+  // of these (their gradients are summed over TP). (No expert Params among them: the expert group
+  // argument is never used but must be the same collective on every rank.) Each group agrees on
+  // its own verdict; the world then agrees on which weights differ where, so that every rank
+  // stops with the same message (a rank whose groups match would otherwise wait for the others).
+  const size_t n = qk.size();
+  Tensor bad = Tensor::zeros({static_cast<int64_t>(2 * n)}, DType::kI64);
+  const std::pair<ProcessGroup*, size_t> checks[] = {{&ps.dp_cp_group(), 0}, {&ps.tp_group(), n}};
+  for (const auto& [group, at] : checks) {
+    for (const std::string& line : replica_weight_mismatches(qk, *group, *group)) {
+      const std::string name = line.substr(0, line.find(':'));
+      for (size_t i = 0; i < n; ++i)
+        if (qk[i]->name == name) bad.data<int64_t>()[at + i] = 1;
+    }
+  }
+  ps.world_group().all_reduce(bad, ReduceOp::kMax);
+  std::string list;
+  for (size_t i = 0; i < n; ++i) {
+    const bool dp = bad.data<int64_t>()[i] != 0, tp = bad.data<int64_t>()[n + i] != 0;
+    if (!dp && !tp) continue;
+    list += (list.empty() ? "" : "; ") + qk[i]->name + " differs across " +
+            (dp && tp ? "data-parallel replicas and tensor-parallel ranks"
+             : dp     ? "data-parallel replicas"
+                      : "tensor-parallel ranks");
+  }
+  if (list.empty()) return;
+  // Corruption, not bad input: a runtime failure (exit 1) on every rank.
+  throw std::runtime_error(strprintf(
+      "--test-mode: discrepancy between the query/key norm weights at iteration %ld: %s (silent "
+      "data corruption: resume from the last good checkpoint)",
+      static_cast<long>(iteration), list.c_str()));
+}
+
 void Trainer::flip_one_weight_bit() {
-  Param& p = *params_->params().front();
+  // The first weight the enabled replica checks cover (--test-mode: a query/key norm's).
+  Param* target = params_->params().front();
+  if (args_.test_mode) {
+    for (Param* p : params_->params())
+      if (is_qk_norm(*p)) {
+        target = p;
+        break;
+      }
+  }
+  Param& p = *target;
   Tensor host = p.value.device() == Device::kCPU ? p.value : p.value.to(Device::kCPU);
   static_cast<uint8_t*>(host.raw())[0] ^= 1;  // the lowest bit of the first element
   if (p.value.device() != Device::kCPU) p.value.copy_from(host);

@@ -114,6 +114,9 @@ class Trainer {
   // --check-weight-hash-across-dp-replicas-interval (train/replica_check.h): throws when the
   // data-parallel replicas' weights differ; collective.
   void check_weight_hashes(int64_t iteration);
+  // --test-mode (Megatron's run_realtime_tests): the query/key norms' weights equal over the
+  // data-parallel replicas and the tensor-parallel ranks; a difference ends the run (exit 1).
+  void check_qk_norm_replicas(int64_t iteration);
   // --inject-fault flip-weight: one bit of this rank's first weight flipped.
   void flip_one_weight_bit();
   // A loaded checkpoint's schedule parameters (--override-opt_param-scheduler,

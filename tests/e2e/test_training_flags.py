@@ -282,6 +282,27 @@ class TrainingFlagsTest(unittest.TestCase):
         self.assertEqual(proc.returncode, 2, proc.stderr[-3000:])
         self.assertIn("not supported with optim_grads_params", proc.stderr)
 
+    def test_test_mode_compares_the_query_key_norms(self):
+        # --test-mode (Megatron's run_realtime_tests): with --qk-layernorm at tp2 x dp2 the query
+        # and key norms' weights are compared over DP and TP every iteration and match; one bit
+        # flipped in the first of them on world rank 1 (its TP peer of rank 0, after iteration 3's
+        # step) ends the run at that iteration's check, on every rank, naming the weight (exit 1).
+        qk = dict(qk_layernorm=True, tensor_model_parallel_size=2, train_iters=5, test_mode=True)
+        proc = self.train(4, **qk)
+        self.assertEqual(sorted(megatron_log.loss_curve(proc.stdout, None)), [1, 2, 3, 4, 5])
+        proc = megatron_job.run_train(
+            MEGATRON, MPIEXEC, 4,
+            megatron_job.flags_with(BASE, inject_fault="flip-weight:1:3", **qk), TIMEOUT_S)
+        self.assertEqual(proc.returncode, 1, proc.stderr[-3000:])
+        for rank in range(4):
+            self.assertIn(f"[rank {rank}] --test-mode: discrepancy between the query/key norm "
+                          "weights at iteration 3: decoder.layers.0.self_attention.q_layernorm."
+                          "weight differs across data-parallel replicas and tensor-parallel ranks "
+                          "(", proc.stderr)
+        self.assertNotIn("iteration        4/", proc.stdout)
+        for marker in megatron_job.CRASH_MARKERS:
+            self.assertNotIn(marker, proc.stderr)
+
     def test_retention_and_progress_log(self):
         save = os.path.join(self.tmp, "ckpt")
         proc = self.train(train_iters=7, save=save, save_interval=1, save_retain_interval=3,
