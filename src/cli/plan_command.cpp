@@ -56,7 +56,8 @@ const std::set<std::string>& layout_flags() {
                                               "--data-parallel-sharding-strategy",
                                               "--overlap-grad-reduce",
                                               "--overlap-param-gather",
-                                              "--cp-comm-type"};
+                                              "--cp-comm-type",
+                                              "--num-distributed-optimizer-instances"};
   return flags;
 }
 
@@ -137,6 +138,7 @@ std::string command_line(int argc, char** argv, const ModelSpec& spec, const pla
     out += " --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params";
   if (l.overlap_grad_reduce) out += " --overlap-grad-reduce";
   if (l.overlap_param_gather) out += " --overlap-param-gather";
+  if (l.instances > 1) num("--num-distributed-optimizer-instances", l.instances);
   return out;
 }
 
@@ -155,6 +157,7 @@ nlohmann::json to_json(const plan::Candidate& cand, const std::string& command) 
             {"micro_batch_size", l.mbs},
             {"recompute", plan::recompute_name(l.recompute)},
             {"sharding", plan::sharding_name(l.sharding)},
+            {"distributed_optimizer_instances", l.instances},
             {"overlap_grad_reduce", l.overlap_grad_reduce},
             {"overlap_param_gather", l.overlap_param_gather}}},
           {"name", plan::layout_name(l)},
@@ -237,10 +240,6 @@ int run_plan(int argc, char** argv, MpiRuntime& mpi) {
     MEGATRON_CHECK(args.model == "gpt",
                    "plan models GPT-style decoders (--model gpt, pretrain_gpt); got --model ",
                    args.model);
-    MEGATRON_CHECK(args.num_distributed_optimizer_instances == 1,
-                   "plan models one distributed-optimizer instance; "
-                   "--num-distributed-optimizer-instances is not modeled (its memory is that of "
-                   "data-parallel size dp / instances): drop it");
     MEGATRON_CHECK(args.heterogeneous_layers_config_path.empty() &&
                        args.heterogeneous_layers_config_encoded_json.empty(),
                    "plan models decoders of identical layers; heterogeneous layers "
@@ -338,6 +337,7 @@ int run_plan(int argc, char** argv, MpiRuntime& mpi) {
     k.mbs = fixed("--micro-batch-size", args.micro_batch_size);
     k.split = pipeline_split(args);  // given split flags apply to every layout
     k.vpp_group = args.microbatch_group_size_per_vp_stage;
+    k.instances = std::max<int64_t>(1, args.num_distributed_optimizer_instances);
     if (table.given("--num-virtual-stages-per-pipeline-rank") ||
         table.given("--num-layers-per-virtual-pipeline-stage"))
       k.vpp = layout_from_args(args, world).vpp;

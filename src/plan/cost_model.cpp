@@ -432,7 +432,9 @@ void predict_memory(const Workload& w, const Layout& l, const Device& dev, Predi
   sharded.grads = l.sharding == Sharding::kFsdp || l.sharding == Sharding::kFsdpGrads;
   sharded.compute = l.sharding == Sharding::kFsdp;
   if (l.sharding != Sharding::kNone) sharded.moment_bytes = w.moment_bytes;
-  const double per_param = weight_and_optimizer_bytes_per_param(cfg.compute_dtype, l.dp, sharded);
+  // With several optimizer instances the state shards over one instance's dp / K ranks.
+  const double per_param =
+      weight_and_optimizer_bytes_per_param(cfg.compute_dtype, l.dp / l.instances, sharded);
   double worst = 0;
   for (int64_t s = 0; s < l.pp; ++s) {
     const RankParams p = rank_params(cfg, l, s);
@@ -607,24 +609,29 @@ Prediction predict(const Workload& w, const Layout& l, const Cluster& c) {
   const double grad_bytes = w.grad_reduce_in_bf16 ? 2.0 : 4.0;
   const double param_bytes = is_half(cfg.compute_dtype) ? 2.0 : 4.0;
   const int64_t edp = l.tp * l.cp * l.dp / (l.ep * l.etp);
-  const Link& dp_link = link_of(c, l.tp * l.cp, l.dp);
-  const Link& edp_link = link_of(c, l.ep * l.etp, edp);
+  // Several optimizer instances (K): the sharded reductions and gathers run within an instance of
+  // dp / K consecutive data-parallel ranks, then each shard is all-reduced over the K ranks
+  // holding it (strided by the instance).
+  const int64_t k = l.instances;
+  const Link& dp_link = link_of(c, l.tp * l.cp, l.dp / k);
+  const Link& edp_link = link_of(c, l.ep * l.etp, edp / k);
   const double dense_params = rp.total() - rp.expert;
   auto reduce = [&](const Link& link, int64_t n, double params) {
     const double grads = params * grad_bytes, weights = params * param_bytes;
+    const double across = k > 1 ? all_reduce(link_of(c, l.tp * l.cp * n, k), k, grads / d(n)) : 0;
     switch (l.sharding) {
       case Sharding::kNone:
         return all_reduce(link, n, grads);
       case Sharding::kDistributedOptimizer:  // reduce-scatter, then gather the updated weights
-        return gather(link, n, grads) + gather(link, n, weights);
+        return gather(link, n, grads) + across + gather(link, n, weights);
       case Sharding::kFsdpGrads:  // each micro-batch's gradients scattered, weights gathered once
-        return d(m) * gather(link, n, grads) + gather(link, n, weights);
+        return d(m) * gather(link, n, grads) + across + gather(link, n, weights);
       case Sharding::kFsdp:  // weights gathered for each forward and backward, gradients scattered
-        return d(m) * (2 * gather(link, n, weights) + gather(link, n, grads));
+        return d(m) * (2 * gather(link, n, weights) + gather(link, n, grads)) + across;
     }
     return 0.0;
   };
-  double dp = reduce(dp_link, l.dp, dense_params) + reduce(edp_link, edp, rp.expert);
+  double dp = reduce(dp_link, l.dp / k, dense_params) + reduce(edp_link, edp / k, rp.expert);
   const bool fsdp = l.sharding == Sharding::kFsdp || l.sharding == Sharding::kFsdpGrads;
   if (l.overlap_grad_reduce || fsdp) {
     // Buckets reduce while the last micro-batch's backward runs (FSDP's every micro-batch's,
@@ -642,7 +649,7 @@ Prediction predict(const Workload& w, const Layout& l, const Cluster& c) {
   // Optimizer: Adam reads gradient, main weight and both moments and writes the three back, then
   // the 16-bit copy (about 34 bytes per element), plus the gradient norm's read and the gradient
   // zeroing (8): over this rank's shard.
-  const double shard = l.sharding == Sharding::kNone ? 1.0 : d(l.dp);
+  const double shard = l.sharding == Sharding::kNone ? 1.0 : d(l.dp / l.instances);
   out.optimizer = (42.0 * rp.total() / shard) / (c.device.memory_bw * c.device.memory_efficiency);
   out.overhead = c.iteration_overhead;
   out.step = pipeline + out.dp_comm + out.optimizer + out.overhead;

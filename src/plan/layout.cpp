@@ -50,6 +50,7 @@ std::string layout_name(const Layout& l) {
   s += strprintf(" dp%ld mbs%ld", static_cast<long>(l.dp), static_cast<long>(l.mbs));
   if (l.recompute != Recompute::kNone) s += std::string(" rc-") + recompute_name(l.recompute);
   if (l.sharding != Sharding::kNone) s += std::string(" ") + sharding_name(l.sharding);
+  if (l.instances > 1) s += strprintf(" x%ld", static_cast<long>(l.instances));
   return s;
 }
 

@@ -33,6 +33,9 @@ struct Layout {
   bool overlap_param_gather = false;  // --overlap-param-gather
   std::string cp_comm_type = "p2p";   // --cp-comm-type
   PipelineSplit split = {};  // uneven pipeline stages (--decoder-first-pipeline-num-layers, ...)
+  // --num-distributed-optimizer-instances: sharded state over dp / instances ranks, the gradient
+  // shards then all-reduced across the instances.
+  int64_t instances = 1;
 
   int64_t world() const { return tp * cp * pp * dp; }
   // Micro-batches per data-parallel rank for a global batch.

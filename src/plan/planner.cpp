@@ -77,6 +77,9 @@ std::string layout_rule_violation(const Workload& w, const Layout& l, int64_t wo
   }
   if ((l.sharding == Sharding::kFsdp || l.sharding == Sharding::kFsdpGrads) && l.pp > 1)
     return "Megatron-FSDP runs without pipelining";
+  if (l.instances > 1 && (l.sharding == Sharding::kNone || (l.dp * l.cp) % l.instances != 0))
+    return "--num-distributed-optimizer-instances needs a sharded optimizer and must divide dp x "
+           "cp";
   if (l.cp_comm_type == "a2a" && c.num_attention_heads % (l.tp * l.cp) != 0)
     return "--cp-comm-type a2a needs the heads divisible by tp x cp";
   return "";
@@ -147,6 +150,7 @@ std::vector<Candidate> plan_layouts(const PlanRequest& r) {
                       l.cp_comm_type = cp_comm;
                       l.split = k.split;
                       l.vpp_group = vpp > 1 ? k.vpp_group : 0;
+                      l.instances = sh == Sharding::kNone ? 1 : k.instances;
                       l.overlap_grad_reduce = dp > 1;
                       l.overlap_param_gather = dp > 1 && sh == Sharding::kDistributedOptimizer;
                       if (!layout_rule_violation(w, l, world).empty()) continue;

@@ -29,6 +29,7 @@ struct Constraints {
   PipelineSplit split;       // every layout's layer split (default: even)
   // --microbatch-group-size-per-virtual-pipeline-stage for the interleaved layouts (0: pp).
   int64_t vpp_group = 0;
+  int64_t instances = 1;  // --num-distributed-optimizer-instances (every layout's)
 };
 
 struct Candidate {

@@ -36,6 +36,7 @@ plan::Layout layout_from_args(const Arguments& a, int64_t world) {
   l.overlap_grad_reduce = a.overlap_grad_reduce;
   l.overlap_param_gather = a.overlap_param_gather;
   l.cp_comm_type = a.cp_comm_type.empty() ? "p2p" : a.cp_comm_type.front();
+  l.instances = std::max<int64_t>(1, a.num_distributed_optimizer_instances);
   return l;
 }
 
@@ -68,6 +69,7 @@ void apply_layout_to_args(const plan::Layout& l, Arguments& a) {
   a.overlap_grad_reduce = l.overlap_grad_reduce;
   a.overlap_param_gather = l.overlap_param_gather;
   a.cp_comm_type = {l.cp_comm_type};
+  a.num_distributed_optimizer_instances = l.instances;
 }
 
 double moment_bytes_from_args(const Arguments& a) {

@@ -707,7 +707,7 @@ void Trainer::build_data() {
 void Trainer::predict_step() {
   if (spec_->name != "gpt" || device_ != Device::kCPU) return;
   // What the planner does not model: no prediction rather than a wrong one.
-  if (cfg_.heterogeneous.enabled() || args_.num_distributed_optimizer_instances > 1) return;
+  if (cfg_.heterogeneous.enabled()) return;
   const ParallelState& ps = *parallel_;
   Timer timer;
   const plan::Workload workload =

@@ -176,6 +176,29 @@ TEST(PlanTime, DataParallelReductionIsARingAllReduceOfFp32Gradients) {
   EXPECT_NEAR(predict(workload(c, 4), l, free_compute(bw)).dp_comm, 0.75 * 6 * params / bw, 1e-12);
 }
 
+// Two distributed-optimizer instances at dp 4: the reduce-scatter and gather run over an
+// instance of 2 ranks, (2 - 1) / 2 (4 + 2), and each shard (half the gradients) is all-reduced
+// over the 2 instances, 2 (2 - 1) / 2 x 4 / 2; the state shards over 2 ranks, not 4.
+TEST(PlanTime, OptimizerInstancesReduceWithinThenAcross) {
+  const TransformerConfig c = gpt2_style();
+  const double bw = 1e9;
+  Layout l;
+  l.dp = 4;
+  l.sharding = Sharding::kDistributedOptimizer;
+  l.instances = 2;
+  const double params = rank_params(c, l, 0).total();
+  const Prediction p = predict(workload(c, 4), l, free_compute(bw));
+  EXPECT_NEAR(p.dp_comm, (0.5 * 6 + 1.0 * 4 / 2) * params / bw, 1e-12);
+  Layout one = l;
+  one.instances = 1;
+  Layout half = one;
+  half.dp = 2;
+  EXPECT_NEAR(p.weight_and_optimizer_bytes,
+              predict(workload(c, 4), half, free_compute(bw)).weight_and_optimizer_bytes, 1e-6);
+  EXPECT_GT(p.weight_and_optimizer_bytes,
+            predict(workload(c, 4), one, free_compute(bw)).weight_and_optimizer_bytes);
+}
+
 TEST(PlanTime, ThePipelineBubbleIsPpMinusOneOverVppStageTimes) {
   // With every stage equally slow (compute is a fixed GEMM time per layer here and the ends are
   // free), step = (m + (pp - 1) / vpp) stage times: Narayanan et al.'s bubble.
