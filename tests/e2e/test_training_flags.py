@@ -282,6 +282,27 @@ class TrainingFlagsTest(unittest.TestCase):
         self.assertEqual(proc.returncode, 2, proc.stderr[-3000:])
         self.assertIn("not supported with optim_grads_params", proc.stderr)
 
+    def test_overlap_param_gather_with_optimizer_step(self):
+        # Megatron's three conditions (distributed optimizer, --overlap-param-gather, interleaved
+        # pipeline) exit 2 naming the flag; met, the run is --overlap-param-gather's, value for
+        # value (pp2 with 2 chunks per rank over dp2).
+        layout = dict(num_layers=4, pipeline_model_parallel_size=2,
+                      num_layers_per_virtual_pipeline_stage=1, use_distributed_optimizer=True,
+                      overlap_param_gather=True, overlap_grad_reduce=True, train_iters=4)
+        want = megatron_log.loss_curve(self.train(4, **layout).stdout, 4)
+        got = megatron_log.loss_curve(
+            self.train(4, overlap_param_gather_with_optimizer_step=True, **layout).stdout, 4)
+        self.assertEqual(got, want)
+        flag = {"overlap_param_gather_with_optimizer_step": True}
+        for drop, needle in (("use_distributed_optimizer", "only supported with distributed"),
+                             ("overlap_param_gather", "Must use --overlap-param-gather-with"),
+                             ("num_layers_per_virtual_pipeline_stage", "interleaved pipeline")):
+            bad = {k: v for k, v in layout.items() if k != drop}
+            proc = megatron_job.run_train(MEGATRON, MPIEXEC, 4,
+                                          megatron_job.flags_with(BASE, **bad, **flag), TIMEOUT_S)
+            self.assertEqual(proc.returncode, 2, proc.stderr[-2000:])
+            self.assertIn(needle, proc.stderr)
+
     def test_test_mode_compares_the_query_key_norms(self):
         # --test-mode (Megatron's run_realtime_tests): with --qk-layernorm at tp2 x dp2 the query
         # and key norms' weights are compared over DP and TP every iteration and match; one bit
