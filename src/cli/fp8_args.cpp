@@ -39,7 +39,7 @@ void validate_fp8_args(const Arguments& a) {
                    "drop it");
     // Megatron's rule; Megatron-FSDP's no_shard is plain data parallelism here, with no
     // distributed optimizer to quantise the shards.
-    MEGATRON_CHECK(a.use_distributed_optimizer ||
+    MEGATRON_CHECK(a.use_distributed_optimizer || a.use_torch_fsdp2 ||
                        (a.use_megatron_fsdp && a.data_parallel_sharding_strategy != "no_shard"),
                    "--fp8-param-gather only supported with distributed optimizer or megatron fsdp: "
                    "add --use-distributed-optimizer (or --use-megatron-fsdp with "

@@ -7,6 +7,14 @@
 namespace megatron::cli {
 
 void register_fsdp_args(ArgTable& t, Arguments& a) {
+  t.flag("--use-torch-fsdp2", a.use_torch_fsdp2,
+         "PyTorch's FSDP2 (weights, gradients and optimizer state sharded over the data-parallel "
+         "ranks, ZeRO-3): run by Megatron-FSDP's optim_grads_params, the same sharding and "
+         "numbers");
+  t.negative_flag("--torch-fsdp2-no-reshard-after-forward", "torch_fsdp2_reshard_after_forward",
+                  a.torch_fsdp2_reshard_after_forward,
+                  "With --use-torch-fsdp2: keep the gathered weights from forward to backward "
+                  "(run as optim_grads, which keeps them whole; the same numbers)");
   t.flag("--use-megatron-fsdp", a.use_megatron_fsdp,
          "Megatron-FSDP: data parallelism over per-layer flat buffers, sharded as "
          "--data-parallel-sharding-strategy says (implies the distributed optimizer unless "
@@ -18,6 +26,19 @@ void register_fsdp_args(ArgTable& t, Arguments& a) {
 }
 
 void validate_fsdp_args(Arguments& a) {
+  MEGATRON_CHECK(a.torch_fsdp2_reshard_after_forward || a.use_torch_fsdp2,
+                 "--torch-fsdp2-no-reshard-after-forward applies to --use-torch-fsdp2: add it");
+  if (a.use_torch_fsdp2) {
+    // Megatron's assertions, then FSDP2's sharding through Megatron-FSDP.
+    MEGATRON_CHECK(a.pipeline_model_parallel_size == 1,
+                   "--use-torch-fsdp2 is not supported with pipeline parallelism");
+    MEGATRON_CHECK(!a.use_megatron_fsdp && !a.use_distributed_optimizer,
+                   "--use-torch-fsdp2 shards the optimizer itself: drop --use-megatron-fsdp and "
+                   "--use-distributed-optimizer");
+    a.use_megatron_fsdp = true;
+    a.data_parallel_sharding_strategy =
+        a.torch_fsdp2_reshard_after_forward ? "optim_grads_params" : "optim_grads";
+  }
   const std::string& s = a.data_parallel_sharding_strategy;
   MEGATRON_CHECK(a.check_weight_hash_across_dp_replicas_interval >= 0,
                  "--check-weight-hash-across-dp-replicas-interval must be >= 0 (0: never), got ",

@@ -312,6 +312,10 @@ struct Arguments {
   // Megatron-FSDP: per-layer buffers; no_shard, optim (ZeRO-1), optim_grads (ZeRO-2),
   // optim_grads_params (ZeRO-3).
   bool use_megatron_fsdp = false;
+  // --use-torch-fsdp2: PyTorch's FSDP2 (ZeRO-3 over data x context parallelism), run here by
+  // Megatron-FSDP's optim_grads_params (optim_grads with --torch-fsdp2-no-reshard-after-forward).
+  bool use_torch_fsdp2 = false;
+  bool torch_fsdp2_reshard_after_forward = true;
   std::string data_parallel_sharding_strategy = "no_shard";
   bool overlap_grad_reduce = false;   // reduce each gradient bucket as soon as it is complete
   bool overlap_param_gather = false;  // gather updated weights during the next forward

@@ -111,6 +111,17 @@ class TestStrategies(unittest.TestCase):
     def test_dp4(self):
         self.check_layout(4, ["optim", "optim_grads", "optim_grads_params"])
 
+    def test_torch_fsdp2_runs_as_zero3(self):
+        # --use-torch-fsdp2 (PyTorch's FSDP2, ZeRO-3) runs as optim_grads_params, and with
+        # --torch-fsdp2-no-reshard-after-forward as optim_grads: plain data parallelism's curve.
+        # Megatron refuses it with pipeline parallelism (exit 2 naming it).
+        plain = curves(run(2))
+        for extra in ([], ["--torch-fsdp2-no-reshard-after-forward"]):
+            got = curves(run(2, "--use-torch-fsdp2", *extra))
+            megatron_log.assert_same_curves(self, got, plain, f"torch fsdp2 {extra}", FP32_REL)
+        proc = run(2, "--use-torch-fsdp2", "--pipeline-model-parallel-size", "2", expect_rc=2)
+        self.assertIn("--use-torch-fsdp2 is not supported with pipeline parallelism", proc.stderr)
+
     def test_hybrid_sharding_over_two_instances(self):
         # HSDP (--num-distributed-optimizer-instances 2): each strategy shards within halves of
         # the 4 data-parallel ranks and the gradient shards are summed across the halves, so
