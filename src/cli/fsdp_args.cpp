@@ -26,8 +26,7 @@ void register_fsdp_args(ArgTable& t, Arguments& a) {
 }
 
 void validate_fsdp_args(Arguments& a) {
-  MEGATRON_CHECK(a.torch_fsdp2_reshard_after_forward || a.use_torch_fsdp2,
-                 "--torch-fsdp2-no-reshard-after-forward applies to --use-torch-fsdp2: add it");
+  // (--torch-fsdp2-no-reshard-after-forward alone changes nothing, as in Megatron.)
   if (a.use_torch_fsdp2) {
     // Megatron's assertions, then FSDP2's sharding through Megatron-FSDP.
     MEGATRON_CHECK(a.pipeline_model_parallel_size == 1,

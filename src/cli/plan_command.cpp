@@ -57,7 +57,9 @@ const std::set<std::string>& layout_flags() {
                                               "--overlap-grad-reduce",
                                               "--overlap-param-gather",
                                               "--cp-comm-type",
-                                              "--num-distributed-optimizer-instances"};
+                                              "--num-distributed-optimizer-instances",
+                                              "--use-torch-fsdp2",
+                                              "--torch-fsdp2-no-reshard-after-forward"};
   return flags;
 }
 
@@ -344,7 +346,8 @@ int run_plan(int argc, char** argv, MpiRuntime& mpi) {
     if (table.given("--recompute-granularity") || table.given("--recompute-activations"))
       k.recompute = plan::recompute_name(layout_from_args(args, world).recompute);
     if (table.given("--cp-comm-type")) k.cp_comm_type = layout_from_args(args, world).cp_comm_type;
-    if (table.given("--use-distributed-optimizer") || table.given("--use-megatron-fsdp"))
+    if (table.given("--use-distributed-optimizer") || table.given("--use-megatron-fsdp") ||
+        table.given("--use-torch-fsdp2"))
       k.sharding = plan::sharding_name(layout_from_args(args, world).sharding);
     request.refuse = refuse;
     ranked = plan::plan_layouts(request);

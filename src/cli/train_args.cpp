@@ -367,10 +367,6 @@ void register_train_args(ArgTable& t, Arguments& a) {
         "into this many consecutive instances, each sharding the state over its own ranks; "
         "gradients are reduce-scattered within an instance, then summed across instances");
   t.flag("--overlap-grad-reduce", a.overlap_grad_reduce, "If set, overlap DDP grad reduce");
-  t.flag("--overlap-param-gather-with-optimizer-step", a.overlap_param_gather_with_optimizer_step,
-         "Megatron starts the first virtual stage's weight all-gathers during the optimizer step "
-         "(on GPU streams; the same numbers); here --overlap-param-gather's gathers, waited for "
-         "before each layer of the next forward, already run behind the step's end");
   t.flag("--overlap-param-gather", a.overlap_param_gather,
          "With the distributed optimizer: the all-gather of the updated weights runs during the "
          "next forward, each bucket waited for just before the first layer that reads it");
@@ -1268,27 +1264,15 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
   validate_fp8_args(a);
   validate_fsdp_args(a);
   validate_precision_aware_args(a);
-  if (a.overlap_param_gather_with_optimizer_step) {  // Megatron's three assertions
-    MEGATRON_CHECK(a.use_distributed_optimizer,
-                   "--overlap-param-gather-with-optimizer-step only supported with distributed "
-                   "optimizer: add --use-distributed-optimizer");
-    MEGATRON_CHECK(a.overlap_param_gather,
-                   "Must use --overlap-param-gather-with-optimizer-step with "
-                   "--overlap-param-gather");
-    MEGATRON_CHECK(virtual_pipeline_stages(a) > 1,
-                   "--overlap-param-gather-with-optimizer-step only supported with interleaved "
-                   "pipeline parallelism: add --num-layers-per-virtual-pipeline-stage or "
-                   "--num-virtual-stages-per-pipeline-rank");
-  }
   if (a.num_distributed_optimizer_instances != 1) {
     // (Its divisibility and positivity: make_parallel_grid, in validate_parallel_layout.)
-    MEGATRON_CHECK(a.use_distributed_optimizer,
-                   "Partial DistOpt cannot be used without DistOpt: "
-                   "--num-distributed-optimizer-instances needs --use-distributed-optimizer");
     MEGATRON_CHECK(!a.use_megatron_fsdp || a.data_parallel_sharding_strategy != "no_shard",
                    "--num-distributed-optimizer-instances with --use-megatron-fsdp shards within "
                    "each instance (hybrid sharding, HSDP): choose "
                    "--data-parallel-sharding-strategy optim, optim_grads or optim_grads_params");
+    MEGATRON_CHECK(a.use_distributed_optimizer,
+                   "Partial DistOpt cannot be used without DistOpt: "
+                   "--num-distributed-optimizer-instances needs --use-distributed-optimizer");
     if (a.num_experts > 0) {
       // Experts split apart shard over the expert-data-parallel ranks, cut the same way.
       const int64_t etp = a.expert_tensor_parallel_size > 0 ? a.expert_tensor_parallel_size

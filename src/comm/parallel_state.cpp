@@ -118,7 +118,8 @@ ParallelState::ParallelState(std::shared_ptr<ProcessGroup> world, const Parallel
     const auto k = static_cast<size_t>(instances_);
     for (const std::vector<int>& g : groups) {
       MEGATRON_CHECK(g.size() % k == 0, "--num-distributed-optimizer-instances (", instances_,
-                     ") must divide the expert-data-parallel size (", g.size(), ")");
+                     ") must divide the data x context parallel and expert-data-parallel sizes (",
+                     g.size(), " here)");
       const size_t n = g.size() / k;
       for (size_t i = 0; i < k; ++i)
         intra.emplace_back(g.begin() + static_cast<std::ptrdiff_t>(i * n),

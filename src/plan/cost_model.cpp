@@ -616,9 +616,11 @@ Prediction predict(const Workload& w, const Layout& l, const Cluster& c) {
   const Link& dp_link = link_of(c, l.tp * l.cp, l.dp / k);
   const Link& edp_link = link_of(c, l.ep * l.etp, edp / k);
   const double dense_params = rp.total() - rp.expert;
-  auto reduce = [&](const Link& link, int64_t n, double params) {
+  // stride: the ranks between two members of the reduction's group (tp x cp for the dense
+  // layers, ep x etp for the experts); the K instances lie n of them apart.
+  auto reduce = [&](const Link& link, int64_t stride, int64_t n, double params) {
     const double grads = params * grad_bytes, weights = params * param_bytes;
-    const double across = k > 1 ? all_reduce(link_of(c, l.tp * l.cp * n, k), k, grads / d(n)) : 0;
+    const double across = k > 1 ? all_reduce(link_of(c, stride * n, k), k, grads / d(n)) : 0;
     switch (l.sharding) {
       case Sharding::kNone:
         return all_reduce(link, n, grads);
@@ -631,7 +633,8 @@ Prediction predict(const Workload& w, const Layout& l, const Cluster& c) {
     }
     return 0.0;
   };
-  double dp = reduce(dp_link, l.dp / k, dense_params) + reduce(edp_link, edp / k, rp.expert);
+  double dp = reduce(dp_link, l.tp * l.cp, l.dp / k, dense_params) +
+              reduce(edp_link, l.ep * l.etp, edp / k, rp.expert);
   const bool fsdp = l.sharding == Sharding::kFsdp || l.sharding == Sharding::kFsdpGrads;
   if (l.overlap_grad_reduce || fsdp) {
     // Buckets reduce while the last micro-batch's backward runs (FSDP's every micro-batch's,

@@ -77,9 +77,13 @@ std::string layout_rule_violation(const Workload& w, const Layout& l, int64_t wo
   }
   if ((l.sharding == Sharding::kFsdp || l.sharding == Sharding::kFsdpGrads) && l.pp > 1)
     return "Megatron-FSDP runs without pipelining";
-  if (l.instances > 1 && (l.sharding == Sharding::kNone || (l.dp * l.cp) % l.instances != 0))
-    return "--num-distributed-optimizer-instances needs a sharded optimizer and must divide dp x "
-           "cp";
+  // (The trainer takes K dividing dp x cp; the model splits the data-parallel ranks.)
+  if (l.instances > 1 && (l.sharding == Sharding::kNone || l.dp % l.instances != 0))
+    return "--num-distributed-optimizer-instances needs a sharded optimizer and must divide the "
+           "data-parallel size (as the planner models it)";
+  if (l.instances > 1 && c.moe.num_experts > 0 &&
+      (l.tp * l.cp * l.dp / (l.ep * l.etp)) % l.instances != 0)
+    return "--num-distributed-optimizer-instances must divide the expert-data-parallel size";
   if (l.cp_comm_type == "a2a" && c.num_attention_heads % (l.tp * l.cp) != 0)
     return "--cp-comm-type a2a needs the heads divisible by tp x cp";
   return "";

@@ -305,10 +305,7 @@ struct Arguments {
   // Copies of the distributed optimizer over the data-parallel ranks (Megatron's partial
   // distributed optimizer): each shards over dp x cp / this many ranks.
   int64_t num_distributed_optimizer_instances = 1;
-  bool test_mode = false;
-  bool overlap_param_gather_with_optimizer_step =
-      false;  // the same gathers here (see its help)  // --test-mode: the query/key norms' replicas
-              // compared every iteration
+  bool test_mode = false;  // --test-mode: the query/key norms' replicas compared every iteration
   // Megatron-FSDP: per-layer buffers; no_shard, optim (ZeRO-1), optim_grads (ZeRO-2),
   // optim_grads_params (ZeRO-3).
   bool use_megatron_fsdp = false;

@@ -28,11 +28,18 @@ plan::Layout layout_from_args(const Arguments& a, int64_t world) {
   // Megatron-FSDP's no_shard is plain data parallelism and its optim the distributed
   // optimizer's sharding.
   const std::string& strategy = a.data_parallel_sharding_strategy;
-  l.sharding = a.use_megatron_fsdp && strategy == "optim_grads_params" ? plan::Sharding::kFsdp
-               : a.use_megatron_fsdp && strategy == "optim_grads"      ? plan::Sharding::kFsdpGrads
-               : (a.use_megatron_fsdp && strategy == "optim") || a.use_distributed_optimizer
-                   ? plan::Sharding::kDistributedOptimizer
-                   : plan::Sharding::kNone;
+  // --use-torch-fsdp2 runs as Megatron-FSDP's optim_grads_params (optim_grads without resharding
+  // after forward).
+  if (a.use_torch_fsdp2) {
+    l.sharding =
+        a.torch_fsdp2_reshard_after_forward ? plan::Sharding::kFsdp : plan::Sharding::kFsdpGrads;
+  } else {
+    l.sharding = a.use_megatron_fsdp && strategy == "optim_grads_params" ? plan::Sharding::kFsdp
+                 : a.use_megatron_fsdp && strategy == "optim_grads" ? plan::Sharding::kFsdpGrads
+                 : (a.use_megatron_fsdp && strategy == "optim") || a.use_distributed_optimizer
+                     ? plan::Sharding::kDistributedOptimizer
+                     : plan::Sharding::kNone;
+  }
   l.overlap_grad_reduce = a.overlap_grad_reduce;
   l.overlap_param_gather = a.overlap_param_gather;
   l.cp_comm_type = a.cp_comm_type.empty() ? "p2p" : a.cp_comm_type.front();
@@ -61,6 +68,8 @@ void apply_layout_to_args(const plan::Layout& l, Arguments& a) {
   a.recompute_method = l.recompute == plan::Recompute::kFull ? "uniform" : "";
   a.recompute_num_layers = l.recompute == plan::Recompute::kFull ? 1 : 0;
   a.use_distributed_optimizer = l.sharding == plan::Sharding::kDistributedOptimizer;
+  a.use_torch_fsdp2 = false;  // a layout's sharding is Megatron-FSDP's (the same run)
+  a.torch_fsdp2_reshard_after_forward = true;
   a.use_megatron_fsdp =
       l.sharding == plan::Sharding::kFsdp || l.sharding == plan::Sharding::kFsdpGrads;
   a.data_parallel_sharding_strategy = l.sharding == plan::Sharding::kFsdp ? "optim_grads_params"

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <stdexcept>
 
 #include "comm/agreement.h"
@@ -1899,27 +1900,25 @@ void Trainer::check_qk_norm_replicas(int64_t iteration) {
   // argument is never used but must be the same collective on every rank.) Each group agrees on
   // its own verdict; the world then agrees on which weights differ where, so that every rank
   // stops with the same message (a rank whose groups match would otherwise wait for the others).
-  const size_t n = qk.size();
-  Tensor bad = Tensor::zeros({static_cast<int64_t>(2 * n)}, DType::kI64);
-  const std::pair<ProcessGroup*, size_t> checks[] = {{&ps.dp_cp_group(), 0}, {&ps.tp_group(), n}};
-  for (const auto& [group, at] : checks) {
+  // This rank's verdicts name its own weights (pipeline stages hold different ones); the world
+  // then agrees on one flag, so that every rank stops (a rank whose groups match would otherwise
+  // wait for the others in the next collective).
+  std::map<std::string, std::string> where;  // weight -> the parallelism it differs across
+  const std::pair<ProcessGroup*, const char*> checks[] = {
+      {&ps.dp_cp_group(), "data-parallel replicas"}, {&ps.tp_group(), "tensor-parallel ranks"}};
+  for (const auto& [group, what] : checks) {
     for (const std::string& line : replica_weight_mismatches(qk, *group, *group)) {
-      const std::string name = line.substr(0, line.find(':'));
-      for (size_t i = 0; i < n; ++i)
-        if (qk[i]->name == name) bad.data<int64_t>()[at + i] = 1;
+      std::string& w = where[line.substr(0, line.find(':'))];
+      w += (w.empty() ? "" : " and ") + std::string(what);
     }
   }
+  Tensor bad = Tensor::full({1}, where.empty() ? 0.0 : 1.0, DType::kF64);
   ps.world_group().all_reduce(bad, ReduceOp::kMax);
+  if (bad.data<double>()[0] == 0) return;
   std::string list;
-  for (size_t i = 0; i < n; ++i) {
-    const bool dp = bad.data<int64_t>()[i] != 0, tp = bad.data<int64_t>()[n + i] != 0;
-    if (!dp && !tp) continue;
-    list += (list.empty() ? "" : "; ") + qk[i]->name + " differs across " +
-            (dp && tp ? "data-parallel replicas and tensor-parallel ranks"
-             : dp     ? "data-parallel replicas"
-                      : "tensor-parallel ranks");
-  }
-  if (list.empty()) return;
+  for (const auto& [name, what] : where)
+    list += (list.empty() ? "" : "; ") + name + " differs across " + what;
+  if (list.empty()) list = "on other ranks (their messages name the weights)";
   // Corruption, not bad input: a runtime failure (exit 1) on every rank.
   throw std::runtime_error(strprintf(
       "--test-mode: discrepancy between the query/key norm weights at iteration %ld: %s (silent "

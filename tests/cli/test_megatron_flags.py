@@ -101,11 +101,11 @@ class MegatronFlagsTest(unittest.TestCase):
             seen.add((r["group"], r["note"]))
             with self.subTest(flag=r["flag"]):
                 self.assertRefused(run("train", *BASE, *with_value(r, "2")), r["flag"], r["note"])
-        self.assertGreater(len(seen), 30)
+        self.assertGreater(len(seen), 20)  # a real sweep (fewer as flags get implemented)
 
     def test_only_one_value(self):
         only = [r for r in rows() if r["status"].startswith("only ")]
-        self.assertGreater(len(only), 3)  # the table's kinds of row are all exercised
+        self.assertGreaterEqual(len(only), 3)  # (--main-grads-dtype, --main-params-dtype, ...)
         for r in only:
             value = r["status"][len("only "):]
             with self.subTest(flag=r["flag"]):

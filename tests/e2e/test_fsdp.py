@@ -308,7 +308,9 @@ class TestBadFlags(unittest.TestCase):
             (["--data-parallel-sharding-strategy", "optim_grads"], "--use-megatron-fsdp"),
             ([*fsdp("zero3")], "--data-parallel-sharding-strategy"),
             ([*fsdp("optim"), "--optimizer", "onebit_adam"], "--optimizer"),
-            (["--use-torch-fsdp2"], "--use-torch-fsdp2"),
+            (["--use-torch-fsdp2", *fsdp("optim")], "--use-torch-fsdp2"),
+            ([*fsdp("no_shard"), "--num-distributed-optimizer-instances", "2"],
+             "hybrid sharding"),
             (["--ckpt-format", "fsdp_dtensor"], "--ckpt-format"),
         ]
         for args, needle in cases:

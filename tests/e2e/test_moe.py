@@ -118,6 +118,10 @@ class TestLayouts(unittest.TestCase):
         # summed across the instances.
         ("ep2 dp4 distributed optimizer, 2 instances", 4,
          [EP, "2", DISTOPT, "--num-distributed-optimizer-instances", "2"], []),
+        # ... and at dp8, where each instance's 2 expert-data-parallel ranks reduce-scatter too.
+        ("ep2 dp8 distributed optimizer, 2 instances", 8,
+         [EP, "2", DISTOPT, "--num-distributed-optimizer-instances", "2", "--global-batch-size",
+          "8"], ["--global-batch-size", "8"]),
         ("alltoall ep2", 2, [EP, "2", *A2A], A2A),
         ("alltoall ep2 tp2+sp etp1", 4, [EP, "2", TP, "2", SP, ETP, "1", *A2A], A2A),
         # Context parallelism: the losses' counts sum over TP x CP and each CP rank's share of
