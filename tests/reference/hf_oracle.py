@@ -506,6 +506,19 @@ def moe_aux_losses(cfg, logits):
     return aux, z
 
 
+def llama3_inv_freq(inv_freq, scaling):
+    """HF's _compute_llama3_parameters: the low frequencies divided by the factor, the high ones
+    kept, the band between smoothly interpolated."""
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old = scaling["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old / low, inv_freq / factor, inv_freq)
+    smooth = (old / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < old / high) * ~(wavelen > old / low)
+    return torch.where(medium, smoothed, scaled)
+
+
 def llama_forward(cfg, w, ids, aux=None):
     B, S = ids.shape
     H, L = cfg["hidden_size"], cfg["num_hidden_layers"]
@@ -523,15 +536,8 @@ def llama_forward(cfg, w, ids, aux=None):
     scaling = cfg.get("rope_scaling")
     if scaling and scaling["rope_type"] == "linear":  # HF's linear: positions / factor
         pos = pos / scaling["factor"]
-    elif scaling and scaling["rope_type"] == "llama3":  # HF's _compute_llama3_parameters
-        factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
-        old = scaling["original_max_position_embeddings"]
-        wavelen = 2 * math.pi / inv_freq
-        scaled = torch.where(wavelen > old / low, inv_freq / factor, inv_freq)
-        smooth = (old / wavelen - low) / (high - low)
-        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-        medium = ~(wavelen < old / high) * ~(wavelen > old / low)
-        inv_freq = torch.where(medium, smoothed, scaled)
+    elif scaling and scaling["rope_type"] == "llama3":
+        inv_freq = llama3_inv_freq(inv_freq, scaling)
     freqs = (inv_freq[:, None] @ pos[None, :]).transpose(0, 1)  # [S, rot/2]
     if interleaved:  # Megatron's RotaryEmbedding: each frequency on channels 2j and 2j+1
         emb = torch.stack((freqs, freqs), dim=-1).reshape(S, rot)
@@ -942,16 +948,8 @@ def nemotron_nas_forward(cfg, w, ids):
     H, nh = cfg["hidden_size"], cfg["num_attention_heads"]
     hd = H // nh
     eps = cfg["rms_norm_eps"]
-    sc = cfg["rope_scaling"]  # HF's _compute_llama3_parameters
     inv_freq = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
-    factor, low, high = sc["factor"], sc["low_freq_factor"], sc["high_freq_factor"]
-    old = sc["original_max_position_embeddings"]
-    wavelen = 2 * math.pi / inv_freq
-    scaled = torch.where(wavelen > old / low, inv_freq / factor, inv_freq)
-    smooth = (old / wavelen - low) / (high - low)
-    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-    medium = ~(wavelen < old / high) * ~(wavelen > old / low)
-    inv_freq = torch.where(medium, smoothed, scaled)
+    inv_freq = llama3_inv_freq(inv_freq, cfg["rope_scaling"])
     freqs = (inv_freq[:, None] @ torch.arange(S, dtype=torch.float32)[None, :]).transpose(0, 1)
     emb = torch.cat((freqs, freqs), dim=-1)
     cos, sin = emb.cos()[None, None], emb.sin()[None, None]
