@@ -35,14 +35,14 @@ void validate_heterogeneous_args(Arguments& a) {
   if (a.heterogeneous_layers_config_path.empty() &&
       a.heterogeneous_layers_config_encoded_json.empty())
     return;
-  const std::string source = a.heterogeneous_layers_config_encoded_json.empty()
-                                 ? "--heterogeneous-layers-config-path " +
-                                       a.heterogeneous_layers_config_path
-                                 : std::string("--heterogeneous-layers-config-encoded-json");
+  const std::string source =
+      a.heterogeneous_layers_config_encoded_json.empty()
+          ? "--heterogeneous-layers-config-path " + a.heterogeneous_layers_config_path
+          : std::string("--heterogeneous-layers-config-encoded-json");
   if (a.heterogeneous_layers_config_encoded_json.empty())
     a.heterogeneous_layers_config_encoded_json = read_text(a.heterogeneous_layers_config_path);
-  MEGATRON_CHECK(a.model == "gpt", source, " shapes GPT models (Megatron's pretrain_gpt), not --model ",
-                 a.model);
+  MEGATRON_CHECK(a.model == "gpt", source,
+                 " shapes GPT models (Megatron's pretrain_gpt), not --model ", a.model);
   const HeterogeneousModelArgs m =
       heterogeneous_model_args(a.heterogeneous_layers_config_encoded_json, source);
   MEGATRON_CHECK(m.hidden_act == "silu", source, ": hidden_act in heterogeneous config is ",
@@ -54,8 +54,8 @@ void validate_heterogeneous_args(Arguments& a) {
   std::vector<std::string> differ;
   auto expect = [&](const char* flag, const auto& given, const auto& wanted) {
     if (!(given == wanted))
-      differ.push_back(std::string(flag) + " " + shown(given) + " (provided) != " +
-                       shown(wanted) + " (expected)");
+      differ.push_back(std::string(flag) + " " + shown(given) + " (provided) != " + shown(wanted) +
+                       " (expected)");
   };
   expect("--swiglu", a.swiglu, true);
   expect("--normalization", a.normalization, std::string("RMSNorm"));

@@ -22,7 +22,7 @@ BucketLayout distributed_bucket_layout(int64_t bucket_size, int dp_size, int exp
 
 GradBuckets::GradBuckets(ParamSet& params, ProcessGroup& dp, int64_t bucket_size, bool overlap,
                          GradReduce reduce, ExpertReduction expert, ProcessGroup* inter)
-    : params_(params), dp_(dp), inter_(inter), overlap_(overlap), reduce_(reduce) {
+    : params_(params), dp_(dp), overlap_(overlap), reduce_(reduce) {
   MEGATRON_CHECK(inter == nullptr || (reduce == GradReduce::kReduceScatter &&
                                       (expert.group == nullptr || expert.inter != nullptr)),
                  "several distributed-optimizer instances need the distributed optimizer and, "

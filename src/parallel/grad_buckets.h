@@ -162,7 +162,6 @@ class GradBuckets {
 
   ParamSet& params_;
   ProcessGroup& dp_;
-  ProcessGroup* inter_ = nullptr;
   bool overlap_;
   bool reduce_in_bf16_ = false;
   bool average_ = true;

@@ -165,16 +165,14 @@ HeterogeneousModelArgs heterogeneous_model_args(const std::string& json_text,
       m.has_rope_scaling = true;
       m.rope_scaling_factor = j["rope_scaling"]["factor"].get<double>();
     }
-    int64_t first = 0;
     for (const nlohmann::json& b : need("block_configs")) {
       if (!b.contains("attention")) continue;
       const nlohmann::json& a = b["attention"];
       if (!a.contains("n_heads_in_group") || a["n_heads_in_group"].is_null()) continue;
-      const int64_t g = a["n_heads_in_group"].get<int64_t>();
-      if (first == 0) first = g;
-      if (g != first) m.uniform_groups = false;
+      const int64_t per_group = a["n_heads_in_group"].get<int64_t>();
+      if (per_group > 0) m.num_query_groups = m.num_attention_heads / per_group;
+      break;  // the first one, as Megatron's check takes
     }
-    if (first > 0) m.num_query_groups = m.num_attention_heads / first;
     return m;
   });
 }

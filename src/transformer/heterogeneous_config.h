@@ -68,9 +68,6 @@ struct HeterogeneousModelArgs {
   bool has_rope_scaling = false;
   // num_attention_heads / the first non-null n_heads_in_group (0: none given).
   int64_t num_query_groups = 0;
-  // Whether every non-null n_heads_in_group is the same (Megatron's training arguments require
-  // it; its model does not).
-  bool uniform_groups = true;
 };
 HeterogeneousModelArgs heterogeneous_model_args(const std::string& json_text,
                                                 const std::string& source);

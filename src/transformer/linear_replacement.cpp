@@ -7,10 +7,9 @@ namespace megatron {
 
 LinearReplacement::LinearReplacement(const std::string& name, const TransformerConfig& cfg,
                                      const TensorParallelContext& tp)
-    : linear(name, cfg.hidden_size, cfg.hidden_size, cfg.init_method_std, *tp.group,
-             {.with_bias = cfg.add_bias_linear,
-              .gather_output = true,
-              .sequence_parallel = tp.sp()}),
+    : linear(
+          name, cfg.hidden_size, cfg.hidden_size, cfg.init_method_std, *tp.group,
+          {.with_bias = cfg.add_bias_linear, .gather_output = true, .sequence_parallel = tp.sp()}),
       tp_(tp) {}
 
 Tensor LinearReplacement::forward(const Tensor& x, Ctx& ctx) const {

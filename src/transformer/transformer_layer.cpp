@@ -270,7 +270,8 @@ Tensor TransformerLayer::backward(const Tensor& dy, Ctx& ctx, SideGrads* side) c
     }
     if (ctx.ln2_dropped) {  // layernorm's recomputation of the pre-MLP norm's output
       Norm::Ctx again;
-      const Tensor normed = pre_mlp_layernorm->forward(ctx.ln2.x, again, mlp_input_dtype(ctx.ln2.x));
+      const Tensor normed =
+          pre_mlp_layernorm->forward(ctx.ln2.x, again, mlp_input_dtype(ctx.ln2.x));
       if (mlp) {
         mlp->keep_input(normed, ctx.mlp);
       } else {

@@ -117,15 +117,15 @@ class TransformerLayer {
   // The attention branch (null in a hybrid model's '-' and 'M' layers and a heterogeneous
   // model's no-op attention).
   std::unique_ptr<Norm> input_layernorm;  // post_attention_layernorm with cfg.post_layernorm
-  std::unique_ptr<SelfAttention> self_attention;  // whole attention, or
+  std::unique_ptr<SelfAttention> self_attention;        // whole attention, or
   std::unique_ptr<LinearReplacement> linear_attention;  // its linear replacement
-  std::unique_ptr<Norm> pre_cross_attn_layernorm;  // decoder layers of T5
+  std::unique_ptr<Norm> pre_cross_attn_layernorm;       // decoder layers of T5
   std::unique_ptr<CrossAttention> cross_attention;
   // The MLP branch (null in a hybrid model's '*' and 'M' layers and a heterogeneous model's
   // no-op MLP).
-  std::unique_ptr<Norm> pre_mlp_layernorm;  // post_mlp_layernorm with cfg.post_layernorm
-  std::unique_ptr<MLP> mlp;                 // a dense layer's MLP, or
-  std::unique_ptr<MoELayer> moe;            // an MoE layer's (cfg.moe.is_moe_layer), or
+  std::unique_ptr<Norm> pre_mlp_layernorm;        // post_mlp_layernorm with cfg.post_layernorm
+  std::unique_ptr<MLP> mlp;                       // a dense layer's MLP, or
+  std::unique_ptr<MoELayer> moe;                  // an MoE layer's (cfg.moe.is_moe_layer), or
   std::unique_ptr<LinearReplacement> linear_mlp;  // a heterogeneous layer's linear MLP
   // A hybrid model's 'M' layers: Megatron's MambaLayer norm and mixer.
   std::unique_ptr<Norm> norm;

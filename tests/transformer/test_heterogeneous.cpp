@@ -99,7 +99,6 @@ TEST(HeterogeneousConfig, ModelArgsForMegatronsCheck) {
                             {"attention": {"n_heads_in_group": 4}}]})",
       "cfg.json");
   EXPECT_EQ(m.num_query_groups, 4);  // heads / the first non-null n_heads_in_group
-  EXPECT_FALSE(m.uniform_groups);
   EXPECT_FALSE(m.tie_word_embeddings);
   EXPECT_EQ(m.rope_scaling_factor, 8.0);
 }
