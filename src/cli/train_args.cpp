@@ -485,8 +485,7 @@ void register_train_args(ArgTable& t, Arguments& a) {
          "The objective is the mean loss over every token of the global batch (gradients summed "
          "over replicas, then divided by the token count), instead of the mean of the "
          "micro-batches' means");
-  t.negative_flag("--no-check-for-nan-in-loss-and-grad", "check_for_nan_in_loss_and_grad",
-                  a.check_for_nan_in_loss_and_grad, "Do not stop on a NaN/Inf loss or gradient");
+  register_rerun_args(t, a);
   t.concern("data");
   t.flag("--mock-data", a.mock_data, "Train on synthetic data");
   t.add("--data-path", a.data_path, "Dataset prefix, or a blend: weight prefix weight prefix ...");
@@ -1264,6 +1263,7 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
   validate_fp8_args(a);
   validate_fsdp_args(a);
   validate_precision_aware_args(a);
+  validate_rerun_args(a);
   if (a.num_distributed_optimizer_instances != 1) {
     // (Its divisibility and positivity: make_parallel_grid, in validate_parallel_layout.)
     MEGATRON_CHECK(!a.use_megatron_fsdp || a.data_parallel_sharding_strategy != "no_shard",

@@ -14,6 +14,9 @@ void register_train_args(ArgTable& t, Arguments& a);
 void register_fp8_args(ArgTable& t, Arguments& a);
 void validate_fp8_args(const Arguments& a);
 void register_fsdp_args(ArgTable& t, Arguments& a);
+// The rerun state machine's flags and the result validations (cli/rerun_args.cpp).
+void register_rerun_args(ArgTable& t, Arguments& a);
+void validate_rerun_args(const Arguments& a);
 // The precision-aware optimizer's flags (cli/optimizer_args.cpp) and their rules, checked after
 // validate_fsdp_args (which decides whether the distributed optimizer runs).
 void register_precision_aware_args(ArgTable& t, Arguments& a);

@@ -130,6 +130,7 @@ void GradBuckets::reduce_scatter_add(int64_t i, Tensor full) {
   Bucket& b = buckets_[static_cast<size_t>(i)];
   MEGATRON_ASSERT(full.numel() == b.end - b.begin, "reduce_scatter_add: bucket ", i, " has ",
                   b.end - b.begin, " elements, got ", full.str());
+  if (before_reduce_) before_reduce_(i, full);
   if (!reduce_enabled_) return;
   ProcessGroup& g = *b.group;
   if (average_ && b.scale != 1.0) ops::scale_inplace(full, b.scale);
@@ -174,6 +175,7 @@ void GradBuckets::reset() {
 void GradBuckets::launch(Bucket& b) {
   if (b.launched) return;
   b.launched = true;
+  if (before_reduce_) before_reduce_(&b - buckets_.data(), b.view);
   if (!reduce_enabled_) return;
   ProcessGroup& g = *b.group;
   // An expert bucket's scale is not 1 / |group| (ExpertReduction): applied even alone.

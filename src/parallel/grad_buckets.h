@@ -46,6 +46,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <unordered_map>
 #include <vector>
 
@@ -105,6 +106,12 @@ class GradBuckets {
   // first, so that their full buffers are freed); finish() completes them all. `full` must not be
   // touched until then.
   void reduce_scatter_add(int64_t i, Tensor full);
+
+  // Called with a bucket's index and its local gradients (of this rank, before any scaling)
+  // just before they are reduced; under grads_sharded() once per backward with that backward's
+  // gradients. Megatron's check_grads (the rerun state machine's validations) hooks in here.
+  using Inspect = std::function<void(int64_t bucket, const Tensor& grads)>;
+  void set_before_reduce(Inspect f) { before_reduce_ = std::move(f); }
 
   // Start of a step: nothing reduced, nothing ready.
   void reset();
@@ -170,6 +177,7 @@ class GradBuckets {
   std::vector<Bucket> buckets_;
   std::unordered_map<const Param*, int> bucket_of_;
   std::unordered_map<const Param*, bool> ready_;  // marked this step
+  Inspect before_reduce_;
 };
 
 // Megatron's default bucket size in elements: max(40,000,000, 1,000,000 x dp size).

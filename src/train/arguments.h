@@ -176,6 +176,13 @@ struct Arguments {
   double adam_eps = 1e-8;
   double clip_grad = 1.0;
   bool check_for_nan_in_loss_and_grad = true;
+  // Megatron's rerun state machine (train/rerun_state_machine.h) and its further validations.
+  bool check_for_spiky_loss = false;
+  bool check_for_large_grads = false;
+  std::string rerun_mode = "validate_results";  // disabled | validate_results | report_stats
+  int64_t error_injection_rate = 0;
+  std::string error_injection_type = "transient_error";
+  std::string result_rejected_tracker_filename;
   bool calculate_per_token_loss = false;  // objective: mean over the global batch's tokens
 
   // ---- data ----

@@ -39,6 +39,7 @@ TensorMap MicroBatchRunner::forward(int microbatch, int chunk, const TensorMap& 
     const ObjectiveScale scale{loss_scale_, static_cast<int64_t>(batches_.size()), per_token_};
     const LossTerms terms =
         loss_.forward(out, batch, scale, training_ ? &dloss_[microbatch] : nullptr);
+    if (training_ && loss_check_ && !terms.terms().empty()) loss_check_(terms.terms().front().sum);
     if (!microbatch_means_) {
       losses_.add(terms);
     } else {

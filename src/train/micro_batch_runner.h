@@ -53,6 +53,9 @@ class MicroBatchRunner final : public StageRunner {
   // Megatron-FSDP's sharded strategies: every backward (not only the last micro-batch's) tells
   // the runtime which parameters it starts and finishes, so that it lends and reduces them.
   void set_fsdp(FsdpRuntime* fsdp) { fsdp_ = fsdp; }
+  // Training, last stage: called with each micro-batch's local loss sum (the first term's, this
+  // rank's tokens, before any reduction), where Megatron's loss function validates it.
+  void set_loss_check(std::function<void(double)> f) { loss_check_ = std::move(f); }
 
  private:
   const std::vector<std::unique_ptr<ModelChunk>>& chunks_;
@@ -63,6 +66,7 @@ class MicroBatchRunner final : public StageRunner {
   bool training_;
   GradBuckets* buckets_;
   FsdpRuntime* fsdp_ = nullptr;
+  std::function<void(double)> loss_check_;
   double loss_scale_;
   bool per_token_ = false;
   bool microbatch_means_ = false;

@@ -215,6 +215,7 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
         "iteration-based schedule counts them");
   }
   for (const std::string& v : args_.iterations_to_skip) iterations_to_skip_.insert(std::stoll(v));
+  build_rerun_state_machine();
   // The final (largest) batch: what the memory estimate must hold.
   num_microbatches_ = batch_schedule_->all_batches().back().microbatches;
   eval_microbatches_ = args_.global_batch_size / (args_.micro_batch_size * dp_size_);
@@ -444,6 +445,8 @@ void Trainer::build_optimizer() {
       ps.inter_instance_group());
   grad_buckets_->set_reduce_in_bf16(args_.grad_reduce_in_bf16);
   grad_buckets_->set_average(!args_.calculate_per_token_loss);
+  grad_buckets_->set_before_reduce(
+      [this](int64_t bucket, const Tensor& grads) { validate_grads(bucket, grads); });
   executor_ = std::make_unique<PipelineExecutor>(ps.pp_group(), virtual_stages_, device_);
 
   // The weight decay of each step comes from the schedule (StepRates); this is the constant one.
@@ -1192,32 +1195,22 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, const BatchSchedule::
   const double expert0 = expert_busy_seconds();
   const std::array<double, kOpCategories> ops0 = op_times();
   Timer phase;
-  params_->zero_grads();
-  grad_buckets_->reset();
   // 1-bit Adam's compressed stage: each rank keeps its own gradients.
   const bool compressed_step = onebit_ && onebit_->compressing();
   if (onebit_) grad_buckets_->set_reduce(!compressed_step);
   const int64_t dp_bytes0 = parallel_->dp_cp_group().bytes_sent();
-  // Before backward, so that it accumulates onto the inf (inf + x = inf) and the bucket holding
-  // it is launched with it even when reductions overlap backward.
-  if (fault_.inf_grad_at(parallel_->rank(), iteration)) {
-    // Sharded gradients: into this rank's shard, which the reductions add to. (The first
-    // registered parameter may be frozen, without a gradient: a trained one's.)
-    Tensor g = params_->grads();
-    if (!params_->grads_sharded()) {
-      for (const Param* p : params_->params())
-        if (p->requires_grad) {
-          g = p->main_grad;
-          p->main_grad_zero = false;  // its first GEMM must add to the inf, not overwrite it
-          break;
-        }
-    }
-    g.flat_view(0, {1}).fill(std::numeric_limits<float>::infinity());
-  }
   std::vector<TensorMap> batches =
       step_batches(num_microbatches_, [&](int64_t) { return prefetcher_->next(); });
   timers_.add("batch-generator", phase.elapsed());
   phase = Timer();
+  // What a pass of forward and backward changes besides the gradients, for a re-run to start
+  // from as this one did: the FP8 delayed-scaling state (amax histories and scales). The batches
+  // are kept; dropout masks and every other draw are functions of the iteration.
+  std::vector<std::pair<Param*, Tensor>> fp8_state;
+  if (cfg_.fp8.enabled()) {
+    for (auto& c : chunks_)
+      for (Param* p : c->extra_state()) fp8_state.emplace_back(p, p->main.clone());
+  }
   // The stream is a micro-batch's place in the sample order counted from the end of this
   // iteration's batch (the sampler gives rank r micro-batch mb * dp + r of it): any layout with
   // the same micro-batch size draws the same dropout masks, and batches of a ramp-up never share
@@ -1239,19 +1232,54 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, const BatchSchedule::
     m.moe_tracker = moe_tracker_.get();
     return m;
   };
-  MicroBatchRunner runner(chunks_, *loss_, args_.micro_batch_size, std::move(batches), mode,
-                          /*training=*/true, grad_buckets_.get(), loss_scale);
-  runner.set_per_token_loss(args_.calculate_per_token_loss);
-  runner.set_report_microbatch_means(args_.sft);
-  runner.set_fsdp(fsdp_.get());
-  executor_->run(schedule(), runner);
-  timers_.add("forward-backward", phase.elapsed());
+  // Megatron's rerun loop: one pass, and another when a validation rejected a result.
+  bool rerun = false;
+  while (rerun_->should_run_forward_backward(iteration)) {
+    if (rerun) {
+      for (auto& [p, saved] : fp8_state) p->main.copy_from(saved);
+      if (moe_tracker_) moe_tracker_->clear();
+      for (auto& c : chunks_)
+        for (TopKRouter* router : c->moe_routers()) router->clear_tokens_per_expert();
+    }
+    rerun = true;
+    params_->zero_grads();
+    grad_buckets_->reset();
+    // Before backward, so that it accumulates onto the inf (inf + x = inf) and the bucket
+    // holding it is launched with it even when reductions overlap backward.
+    if (fault_.inf_grad_at(parallel_->rank(), iteration)) {
+      // Sharded gradients: into this rank's shard, which the reductions add to. (The first
+      // registered parameter may be frozen, without a gradient: a trained one's.)
+      Tensor g = params_->grads();
+      if (!params_->grads_sharded()) {
+        for (const Param* p : params_->params())
+          if (p->requires_grad) {
+            g = p->main_grad;
+            p->main_grad_zero = false;  // its first GEMM must add to the inf, not overwrite it
+            break;
+          }
+      }
+      g.flat_view(0, {1}).fill(std::numeric_limits<float>::infinity());
+    }
+    MicroBatchRunner runner(chunks_, *loss_, args_.micro_batch_size, batches, mode,
+                            /*training=*/true, grad_buckets_.get(), loss_scale);
+    runner.set_per_token_loss(args_.calculate_per_token_loss);
+    runner.set_report_microbatch_means(args_.sft);
+    runner.set_fsdp(fsdp_.get());
+    runner.set_loss_check([this](double sum) { validate_loss(sum); });
+    executor_->run(schedule(), runner);
+    timers_.add("forward-backward", phase.elapsed());
 
-  phase = Timer();
-  finish_gradients();
-  timers_.add("all-grads-sync", phase.elapsed());
-  phase = Timer();
-  r.terms = runner.losses();
+    phase = Timer();
+    finish_gradients();
+    timers_.add("all-grads-sync", phase.elapsed());
+    phase = Timer();
+    r.terms = runner.losses();
+  }
+  r.rerun = rerun_->should_checkpoint_and_exit();
+  if (r.rerun.exit) {  // nothing is updated: the checkpoint holds the last iteration
+    timers_.add("communication (all groups)", comm_seconds() - comm0);
+    return r;
+  }
   reduce_loss_stats(&r.terms);
   r.loss = r.terms.empty() ? 0.0 : r.terms.terms().front().value();
   add_moe_terms(&r.terms);
@@ -1286,7 +1314,7 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, const BatchSchedule::
       return r;
     }
   }
-  if (args_.check_for_nan_in_loss_and_grad && has_loss_ && !scaler_) {
+  if (nan_checks_ && has_loss_ && !scaler_) {
     // A diverged run is a runtime failure (exit 1), not bad input.
     if (!std::isfinite(r.loss)) {
       throw std::runtime_error(strprintf(
@@ -1304,7 +1332,7 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, const BatchSchedule::
                            : grad_sum_squares_unique(*params_, d);
   };
   r.grad_norm = std::sqrt(sum_over_model(grad_squares));
-  if (args_.check_for_nan_in_loss_and_grad) {
+  if (nan_checks_) {
     if (!std::isfinite(r.grad_norm)) {
       throw std::runtime_error(
           strprintf("found NaN or Inf in the gradient norm at iteration %ld; lower --lr, or pass "
@@ -1572,6 +1600,8 @@ void Trainer::load_checkpoint() {
                 "--fp8-format): their scales start from 1");
     bytes_read = reader.bytes_read();
     RunState state = run_state_from_json(meta, meta_path);
+    if (!args_.finetune && !release)
+      loaded_rerun_state_ = meta.value("rerun_state_machine", nlohmann::json());
     if (optim) {
       if (optimizer_) optimizer_->set_steps(state.optimizer_steps);
       if (dist_optimizer_) dist_optimizer_->set_steps(state.optimizer_steps);
@@ -1607,6 +1637,7 @@ void Trainer::load_checkpoint() {
                 "iteration %ld",
                 root.c_str(), ps.tp_rank() + 1, ps.tp_size(), ps.pp_rank() + 1, ps.pp_size(),
                 static_cast<long>(start_iteration_)));
+  restore_rerun_state();
 }
 
 RunState Trainer::run_state(int64_t iteration) const {
@@ -1625,25 +1656,144 @@ RunState Trainer::run_state(int64_t iteration) const {
   return s;
 }
 
+nlohmann::json Trainer::layout_record() const {
+  const ParallelState& ps = *parallel_;
+  return {{"world_size", ps.world_size()},
+          {"tensor_model_parallel_size", ps.tp_size()},
+          {"pipeline_model_parallel_size", ps.pp_size()},
+          {"virtual_pipeline_model_parallel_size", virtual_stages_},
+          {"data_parallel_size", dp_size_},
+          {"context_parallel_size", ps.cp_size()},
+          {"expert_model_parallel_size", ps.ep_size()},
+          {"expert_tensor_parallel_size", ps.etp_size()},
+          {"sequence_parallel", args_.sequence_parallel},
+          {"use_distributed_optimizer", args_.use_distributed_optimizer}};
+}
+
 nlohmann::json Trainer::checkpoint_extra() const {
   const ParallelState& ps = *parallel_;
-  return {{"args", model_args_json(args_, cfg_)},
+  nlohmann::json extra = {{"args", model_args_json(args_, cfg_)},
           {"arguments", args_.argument_record},
           {"has_optimizer_state", args_.save_optim},
           {"padded_vocab_size", cfg_.padded_vocab_size},
           {"tokenizer", {{"type", args_.tokenizer_type}, {"vocab_size", cfg_.vocab_size}}},
-          {"layout",
-           {{"world_size", ps.world_size()},
-            {"tensor_model_parallel_size", ps.tp_size()},
-            {"pipeline_model_parallel_size", ps.pp_size()},
-            {"virtual_pipeline_model_parallel_size", virtual_stages_},
-            {"data_parallel_size", dp_size_},
-            {"context_parallel_size", ps.cp_size()},
-            {"expert_model_parallel_size", ps.ep_size()},
-            {"expert_tensor_parallel_size", ps.etp_size()},
-            {"sequence_parallel", args_.sequence_parallel},
-            {"use_distributed_optimizer", args_.use_distributed_optimizer}}},
+          {"layout", layout_record()},
           {"compute_dtype", dtype_name(cfg_.compute_dtype)}};
+  // Only a save that asks for a re-run carries the machine's state (Megatron's state_dict is
+  // None otherwise). The state is agreed over the world, so every rank gathers or none does.
+  if (rerun_ && rerun_->has_checkpoint_state()) {
+    nlohmann::json record = rerun_->common_state();
+    record["layout"] = extra["layout"];
+    record["ranks"] = nlohmann::json::array();
+    for (const std::string& r : all_gather_strings(ps.world_group(), rerun_->rank_state().dump()))
+      record["ranks"].push_back(nlohmann::json::parse(r));
+    extra["rerun_state_machine"] = std::move(record);
+  }
+  return extra;
+}
+
+void Trainer::build_rerun_state_machine() {
+  const ParallelState& ps = *parallel_;
+  // As Megatron's argument check: dynamic fp16 loss scaling reads NaN/Inf as overflow.
+  nan_checks_ = args_.check_for_nan_in_loss_and_grad && !(args_.fp16 && args_.loss_scale <= 0);
+  if (args_.check_for_nan_in_loss_and_grad && !nan_checks_) {
+    log_first(
+        "WARNING: Setting args.check_for_nan_in_loss_and_grad to False since dynamic loss "
+        "scaling is being used");
+  }
+  if (!args_.result_rejected_tracker_filename.empty()) {
+    auto list = [](const std::vector<int64_t>& v) {
+      std::string text;
+      for (int64_t x : v) text += (text.empty() ? "" : ", ") + std::to_string(x);
+      return "[" + text + "]";
+    };
+    std::vector<int64_t> several;
+    const std::vector<int64_t> skip =
+        skipped_iterations_from_tracker(args_.result_rejected_tracker_filename, &several);
+    // The file names the logged iteration; the skip list counts the iterations before the step
+    // (Megatron r0.14 adds the logged number itself, which skips the iteration after it).
+    for (int64_t it : skip)
+      if (it >= 1) iterations_to_skip_.insert(it - 1);
+    log_first("Will skip these iterations from tracker file: " + list(skip));
+    if (!several.empty())
+      log_first("Will not skip these iterations due to multiple rank errors: " + list(several));
+  }
+  RerunStateMachine::Options o;
+  o.mode = parse_rerun_mode(args_.rerun_mode);
+  o.error_injection_rate = args_.error_injection_rate;
+  o.error_injection_type = parse_rerun_diagnostic(args_.error_injection_type);
+  o.seed = static_cast<uint64_t>(args_.seed);
+  o.tracker_file = args_.result_rejected_tracker_filename;
+  o.identity = this_rerun_identity(ps.rank());
+  o.validations = nan_checks_ || args_.check_for_spiky_loss || args_.check_for_large_grads;
+  ProcessGroup& world = parallel_->world_group();
+  o.any_rank = [&world](bool flag) {
+    Tensor t = Tensor::full({1}, flag ? 1.0 : 0.0, DType::kF64);
+    world.all_reduce(t, ReduceOp::kMax);
+    return t.item(0) > 0;
+  };
+  o.gather = [&world](const std::string& mine) { return all_gather_strings(world, mine); };
+  o.log_first = [this](const std::string& line) { log_first(line); };
+  o.log_warning = [rank = ps.rank()](const std::string& line) {
+    log_line(strprintf("[rank %d] %s", rank, line.c_str()));
+  };
+  o.log_error = [rank = ps.rank()](const std::string& line) {
+    log_error(strprintf("[rank %d] %s", rank, line.c_str()));
+  };
+  rerun_ = std::make_unique<RerunStateMachine>(std::move(o));
+}
+
+void Trainer::validate_loss(double local_sum) {
+  RerunStateMachine& m = *rerun_;
+  if (!m.wants_results()) return;
+  if (nan_checks_) {
+    // Tolerance 0: the forward is deterministic (Megatron's setting too).
+    m.validate(local_sum, [](double v) { return std::isnan(v); },
+               "found NaN in local forward loss calculation", 0.0, /*fatal=*/true);
+    m.validate(local_sum, [](double v) { return std::isinf(v); },
+               "found Inf in local forward loss calculation", 0.0, /*fatal=*/true);
+  }
+  if (args_.check_for_spiky_loss) {
+    // Megatron's SPIKY_LOSS_FACTOR: 10 times the largest of the first 100 losses.
+    m.validate(local_sum, [&m](double v) { return m.is_unexpectedly_large(v, 10, "loss"); },
+               "Spiky loss", 0.0, /*fatal=*/false);
+  }
+}
+
+void Trainer::validate_grads(int64_t bucket, const Tensor& grads) {
+  RerunStateMachine& m = *rerun_;
+  if (!(nan_checks_ || args_.check_for_large_grads) || !m.wants_results()) return;
+  const double norm = std::sqrt(ops::sum_squares(grads));
+  const std::string where = strprintf(
+      " in local grad norm for bucket #%ld in backward pass before data-parallel communication "
+      "collective",
+      static_cast<long>(bucket));
+  // Megatron's tolerance, 0.1%, allows for a non-deterministic backward (flash attention's);
+  // this one is deterministic, so a real difference is far above it.
+  if (nan_checks_) {
+    m.validate(norm, [](double v) { return std::isnan(v); }, "found NaN" + where, 0.001, true);
+    m.validate(norm, [](double v) { return std::isinf(v); }, "found Inf" + where, 0.001, true);
+  }
+  if (args_.check_for_large_grads) {
+    m.validate(norm, [&m](double v) { return m.is_unexpectedly_large(v, 10, "grads"); },
+               strprintf("found unexpected large grads in bucket #%ld in backward pass before "
+                         "data-parallel communication collective",
+                         static_cast<long>(bucket)),
+               0.001, /*fatal=*/false);
+  }
+}
+
+void Trainer::restore_rerun_state() {
+  if (loaded_rerun_state_.is_null()) return;
+  const nlohmann::json& record = loaded_rerun_state_;
+  // As Megatron: only a job of the same layout resumes the re-run.
+  if (record.value("layout", nlohmann::json()) != layout_record()) {
+    log_first(
+        " > the checkpoint asks for a re-run of its next iteration, but was saved with another "
+        "parallel layout: its rerun state is ignored");
+    return;
+  }
+  rerun_->load(record, record.at("ranks").at(static_cast<size_t>(parallel_->rank())));
 }
 
 void Trainer::save_checkpoint(int64_t iteration, bool non_persistent) {
@@ -1788,6 +1938,7 @@ int Trainer::train() {
     if (iterations_to_skip_.count(it - 1)) {
       // Megatron's dummy_train_step: the batch is read and dropped; no step, no schedule
       // advance, no log line, evaluation or save for this iteration.
+      rerun_->skip_iteration(it);
       if (prefetcher_) {
         for (int64_t mb = 0; mb < num_microbatches_; ++mb) prefetcher_->next();
       }
@@ -1799,6 +1950,26 @@ int Trainer::train() {
     // The schedule advances only on successful steps (an fp16 step skipped for overflow does
     // not count), as Megatron's optimizer-parameter scheduler does.
     const StepResult r = train_step(it, batch, rates_at(scheduler_samples_));
+    if (r.rerun.exit) {
+      // Megatron's should_checkpoint_and_exit: the last completed iteration saved when asked,
+      // every rank exiting with the machine's code.
+      if (r.rerun.checkpoint) {
+        if (checkpointer_) {
+          save_checkpoint(it - 1);
+        } else {
+          log_first(" > no --save: the checkpoint the rerun state machine asks for is not saved");
+        }
+      }
+      if (checkpointer_) checkpointer_->finish();
+      if (np_checkpointer_) np_checkpointer_->finish();
+      log_first(strprintf("[exiting program at iteration %ld with exit code %d (rerun state "
+                          "machine)] datetime: %s",
+                          static_cast<long>(it), r.rerun.code, timestamp().c_str()));
+      watchdog_->disarm();
+      prefetcher_.reset();
+      if (tensorboard_) tensorboard_->close();
+      return r.rerun.code;
+    }
     if (fault_.flip_weight_at(parallel_->rank(), it)) flip_one_weight_bit();
     consumed_train_ += batch.running;
     skipped_train_samples_ += batch.global - batch.running;

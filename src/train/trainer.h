@@ -46,6 +46,7 @@
 #include "train/exit_signal.h"
 #include "train/fault_injection.h"
 #include "train/progress_log.h"
+#include "train/rerun_state_machine.h"
 #include "train/step_timers.h"
 #include "train/tensorboard_writer.h"
 #include "train/training_log.h"
@@ -80,6 +81,8 @@ class Trainer {
     double grad_norm = 0;
     bool skipped = false;    // fp16 overflow: no update, the LR schedule does not advance
     int64_t num_zeros = -1;  // --log-num-zeros-in-grad (-1: not counted)
+    // The rerun state machine's decision; with `exit` set nothing was updated.
+    RerunStateMachine::Decision rerun;
   };
   // The constructor's parts, in order.
   void build_model();
@@ -193,6 +196,7 @@ class Trainer {
   RunState run_state(int64_t iteration) const;
   // metadata.json's fields besides tensors and run state: model arguments, layout, tokenizer.
   nlohmann::json checkpoint_extra() const;
+  nlohmann::json layout_record() const;  // the parallel layout a checkpoint records
   void save_checkpoint(int64_t iteration, bool non_persistent = false);
   // After iteration `it`: the exit code when the run must stop now (--exit-signal-handler,
   // --exit-duration-in-mins, --exit-interval; agreed by every rank), else -1.
@@ -298,6 +302,17 @@ class Trainer {
   int64_t consumed_train_ = 0;
   int64_t skipped_train_samples_ = 0;     // --decrease-batch-size-if-needed, --iterations-to-skip
   std::set<int64_t> iterations_to_skip_;  // Megatron's 0-based counts
+  // Megatron's result validation (--rerun-mode); nan_checks_: the NaN/Inf validations are on
+  // (--no-check-for-nan-in-loss-and-grad off, and not dynamic fp16 loss scaling, whose scale
+  // they drive).
+  std::unique_ptr<RerunStateMachine> rerun_;
+  bool nan_checks_ = false;
+  nlohmann::json loaded_rerun_state_;  // the checkpoint's record, restored after loading
+  void build_rerun_state_machine();
+  // The validations of a micro-batch's local loss sum and of a bucket's local gradients.
+  void validate_loss(double local_sum);
+  void validate_grads(int64_t bucket, const Tensor& grads);
+  void restore_rerun_state();
   double flops_so_far_ = 0;               // the model's FLOPs of every iteration trained
   double flops_at_start_ = 0;             // ... when this job started (for --log-progress)
   int64_t start_iteration_ = 0;           // the loaded checkpoint's iteration (0 without --load)
