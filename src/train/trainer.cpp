@@ -1207,7 +1207,7 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, const BatchSchedule::
   // from as this one did: the FP8 delayed-scaling state (amax histories and scales). The batches
   // are kept; dropout masks and every other draw are functions of the iteration.
   std::vector<std::pair<Param*, Tensor>> fp8_state;
-  if (cfg_.fp8.enabled()) {
+  if (cfg_.fp8.enabled() && rerun_->mode() != RerunMode::kDisabled) {
     for (auto& c : chunks_)
       for (Param* p : c->extra_state()) fp8_state.emplace_back(p, p->main.clone());
   }
