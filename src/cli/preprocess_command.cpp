@@ -363,8 +363,8 @@ void validate(const PreprocessArgs& a) {
   MEGATRON_CHECK(a.log_interval >= 1, "--log-interval is ", a.log_interval, ", expected >= 1");
   MEGATRON_CHECK(!a.tokenizer.type.empty(),
                  "--tokenizer-type is required (GPT2BPETokenizer, HuggingFaceTokenizer, "
-                 "SentencePieceTokenizer, BertWordPieceLowerCase, BertWordPieceCase or "
-                 "NullTokenizer)");
+                 "SentencePieceTokenizer, BertWordPieceLowerCase, BertWordPieceCase, "
+                 "TikTokenizer or NullTokenizer)");
 }
 
 void print_progress(int64_t docs, int64_t bytes, double elapsed) {
@@ -400,15 +400,22 @@ int preprocess_command(int argc, char** argv) {
   table.add("--log-interval", a.log_interval, "Documents between progress lines");
   table.add("--tokenizer-type", a.tokenizer.type,
             "GPT2BPETokenizer, HuggingFaceTokenizer, SentencePieceTokenizer, "
-            "BertWordPieceLowerCase, BertWordPieceCase or NullTokenizer");
+            "BertWordPieceLowerCase, BertWordPieceCase, TikTokenizer or NullTokenizer");
   table.add("--vocab-file", a.tokenizer.vocab_file,
             "GPT-2 BPE vocabulary (encoder.json) or WordPiece vocab.txt");
   table.add("--vocab-extra-ids", a.tokenizer.vocab_extra_ids,
             "WordPiece: append <extra_id_0> .. <extra_id_{N-1}> (T5 sentinels)");
   table.add("--merge-file", a.tokenizer.merge_file, "GPT-2 BPE merges (vocab.bpe)");
   table.add("--tokenizer-model", a.tokenizer.tokenizer_model,
-            "tokenizer.json or SentencePiece model");
-  table.add("--vocab-size", a.tokenizer.vocab_size, "Vocabulary size (NullTokenizer)");
+            "tokenizer.json, SentencePiece model or TikTokenizer vocabulary JSON");
+  table.add("--vocab-size", a.tokenizer.vocab_size,
+            "Vocabulary size (NullTokenizer; TikTokenizer, default 131072)");
+  table.add("--tiktoken-pattern", a.tokenizer.tiktoken_pattern,
+            "TikTokenizer's pre-tokenizer: v1 or v2");
+  table.add("--tiktoken-num-special-tokens", a.tokenizer.tiktoken_num_special_tokens,
+            "TikTokenizer: ids before the vocabulary held by special tokens");
+  table.add("--tiktoken-special-tokens", a.tokenizer.tiktoken_special_tokens,
+            "TikTokenizer's named special tokens, with <unk> <s> </s>");
   if (int rc = parse(app, argc, argv); rc >= 0) return rc;
   validate(a);
   if (a.workers == 0) a.workers = available_cores();

@@ -261,12 +261,19 @@ void register_model_args(ArgTable& t, Arguments& a) {
   t.concern("tokenizer");
   t.add("--tokenizer-type", a.tokenizer_type,
         "GPT2BPETokenizer, HuggingFaceTokenizer, SentencePieceTokenizer, BertWordPieceLowerCase, "
-        "BertWordPieceCase or NullTokenizer");
+        "BertWordPieceCase, TikTokenizer or NullTokenizer");
   t.add("--vocab-file", a.vocab_file, "GPT-2 BPE vocabulary (encoder.json) or WordPiece vocab.txt");
   t.add("--vocab-extra-ids", a.vocab_extra_ids,
         "WordPiece: append <extra_id_0> .. <extra_id_{N-1}> sentinel tokens");
   t.add("--merge-file", a.merge_file, "GPT-2 BPE merges (vocab.bpe)");
-  t.add("--tokenizer-model", a.tokenizer_model, "tokenizer.json or SentencePiece model");
+  t.add("--tokenizer-model", a.tokenizer_model,
+        "tokenizer.json, SentencePiece model or TikTokenizer vocabulary JSON");
+  t.add("--tiktoken-pattern", a.tiktoken_pattern,
+        "TikTokenizer's pre-tokenizer: v1 or v2 (Megatron's PATTERN_TIKTOKEN, _V2)");
+  t.add("--tiktoken-num-special-tokens", a.tiktoken_num_special_tokens,
+        "TikTokenizer: ids before the vocabulary held by special tokens");
+  t.add("--tiktoken-special-tokens", a.tiktoken_special_tokens,
+        "TikTokenizer's named special tokens, with <unk> <s> </s> (default: those three)");
   t.concern("checkpoint");
   t.add("--pretrained-checkpoint", a.pretrained_checkpoint,
         "Weights to start from: a Hugging Face model directory (config.json + safetensors) or "
@@ -1418,7 +1425,7 @@ void merge_pretrained_config(Arguments& a, const ArgTable& t) {
         saved.erase(key);
     }
     saved.erase("model");
-    if (a.tokenizer_type != "NullTokenizer") saved.erase("vocab_size");
+    if (!tokenizer_reads_vocab_size(a.tokenizer_type)) saved.erase("vocab_size");
     t.restore("model", saved,
               {"--model", "--seq-length", "--encoder-seq-length", "--decoder-seq-length"}, dir);
     return;
@@ -1789,7 +1796,7 @@ void merge_checkpoint_args(Arguments& a, const ArgTable& t, bool report) {
       saved["tokenizer_type"].is_string()) {
     a.tokenizer_type = saved["tokenizer_type"].get<std::string>();
   }
-  if (a.tokenizer_type != "NullTokenizer") saved.erase("vocab_size");
+  if (!tokenizer_reads_vocab_size(a.tokenizer_type)) saved.erase("vocab_size");
   // A given sequence length wins (a run may train on other lengths), the encoder's and the
   // decoder's too.
   for (const std::string& line : t.restore(

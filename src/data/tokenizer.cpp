@@ -10,6 +10,7 @@
 #include "data/hf_bpe_tokenizer.h"
 #include "data/null_tokenizer.h"
 #include "data/sentencepiece_tokenizer.h"
+#include "data/tiktoken_tokenizer.h"
 
 namespace megatron {
 
@@ -18,7 +19,7 @@ namespace {
 constexpr const char* kSupported =
     "GPT2BPETokenizer, HuggingFaceTokenizer, SFTTokenizer, SentencePieceTokenizer, "
     "GPTSentencePieceTokenizer, "
-    "Llama2Tokenizer, BertWordPieceLowerCase, BertWordPieceCase, NullTokenizer";
+    "Llama2Tokenizer, BertWordPieceLowerCase, BertWordPieceCase, TikTokenizer, NullTokenizer";
 
 // The flag must be given and name an existing file (or, where allowed, a directory).
 void require_path(const std::string& type, const char* flag, const std::string& path,
@@ -38,6 +39,10 @@ std::string Tokenizer::piece(int64_t id) const {
                  " up in; BERT-style data needs a WordPiece tokenizer (--tokenizer-type "
                  "BertWordPieceLowerCase or BertWordPieceCase)");
   return {};
+}
+
+bool tokenizer_reads_vocab_size(const std::string& type) {
+  return type == "NullTokenizer" || type == "TikTokenizer";
 }
 
 std::unique_ptr<Tokenizer> build_tokenizer(const TokenizerArgs& args) {
@@ -66,6 +71,13 @@ std::unique_ptr<Tokenizer> build_tokenizer(const TokenizerArgs& args) {
                  "--vocab-extra-ids applies to the WordPiece "
                  "tokenizers (BertWordPieceLowerCase, BertWordPieceCase), not ",
                  type);
+  if (type == "TikTokenizer") {
+    require_path(type, "--tokenizer-model", args.tokenizer_model,
+                 "a tiktoken vocabulary JSON (a list of rank, token_bytes, token_str)");
+    return std::make_unique<TikTokenizer>(args.tokenizer_model, args.tiktoken_pattern,
+                                          args.vocab_size, args.tiktoken_num_special_tokens,
+                                          args.tiktoken_special_tokens);
+  }
   if (type == "NullTokenizer") {
     MEGATRON_CHECK(args.vocab_size > 0,
                    "--tokenizer-type NullTokenizer needs --vocab-size > 0, got ", args.vocab_size);

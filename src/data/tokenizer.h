@@ -3,7 +3,8 @@
 // Implementations: GPT2BPETokenizer (encoder.json + vocab.bpe, byte-level BPE with GPT-2's
 // pre-tokenizer through PCRE2), HuggingFaceTokenizer (BPE tokenizer.json), SentencePieceTokenizer
 // (libsentencepiece), BertWordPieceLowerCase / BertWordPieceCase (WordPiece with BERT's basic
-// tokenizer, ICU for the Unicode rules), NullTokenizer (text is space-separated ids). encode() and
+// tokenizer, ICU for the Unicode rules), TikTokenizer (tiktoken's BPE over a ranked JSON
+// vocabulary), NullTokenizer (text is space-separated ids). encode() and
 // decode() are safe to call from several threads at once (preprocessing runs one per worker
 // thread).
 #pragma once
@@ -24,7 +25,16 @@ struct TokenizerArgs {
   std::string tokenizer_model;         // --tokenizer-model (tokenizer.json or SentencePiece .model)
   int64_t vocab_size = 0;              // --vocab-size (NullTokenizer)
   int64_t vocab_extra_ids = 0;         // --vocab-extra-ids: <extra_id_i> sentinels (WordPiece)
+  // TikTokenizer (data/tiktoken_tokenizer.h): --tiktoken-pattern v1|v2, the number of special
+  // ids before the vocabulary and the named special tokens (empty: <unk> <s> </s>).
+  std::string tiktoken_pattern;
+  int64_t tiktoken_num_special_tokens = 1000;
+  std::vector<std::string> tiktoken_special_tokens;
 };
+
+// Whether the tokenizer type takes its vocabulary size from --vocab-size (NullTokenizer's ids,
+// TikTokenizer's cut of its vocabulary) rather than from its files alone.
+bool tokenizer_reads_vocab_size(const std::string& type);
 
 // Megatron's special-token ids (tokenizer.cls, .sep, .pad, .mask, .bos, .eos and
 // .additional_special_tokens_ids); -1 where the tokenizer has none.

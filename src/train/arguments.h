@@ -204,6 +204,9 @@ struct Arguments {
   bool bert_no_binary_head = false;               // --bert-no-binary-head
   std::string transformer_block_type = "pre_ln";  // --transformer-block-type
   int64_t vocab_extra_ids = 0;                    // --vocab-extra-ids
+  std::string tiktoken_pattern;                   // TikTokenizer: v1 | v2
+  int64_t tiktoken_num_special_tokens = 1000;
+  std::vector<std::string> tiktoken_special_tokens;  // empty: <unk> <s> </s>
   // Finetuning (`megatron finetune`, Megatron's tasks/main.py)
   std::string task;                     // --task: classification, MNLI, QQP
   std::vector<std::string> train_data;  // --train-data

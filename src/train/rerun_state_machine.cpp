@@ -32,9 +32,10 @@ constexpr int64_t kReportingInterval = 2;
 
 // Megatron's _compare_floats: 0 for the same value (NaN = NaN), infinity when one is NaN or
 // infinite and the other is not, else the relative difference |a - b| / mean(a, b).
+// (Two infinities of opposite signs give NaN there, which no tolerance exceeds: a match.)
 double compare(double a, double b) {
   if (a == b || (std::isnan(a) && std::isnan(b))) return kMatch;
-  if (std::isnan(a) || std::isnan(b) || std::isinf(a) || std::isinf(b)) return kMismatch;
+  if (std::isnan(a) != std::isnan(b) || std::isinf(a) != std::isinf(b)) return kMismatch;
   return std::fabs((a - b) / (a + b) * 2);
 }
 
@@ -152,6 +153,12 @@ bool RerunStateMachine::should_run_forward_backward(int64_t iteration) {
       state_ = RerunState::kInitialRun;
       rerun_requested_ = checkpoint_requested_ = false;
       restart_again_requested_ = continue_requested_ = false;
+      // A diagnosis that ended in "continue" must not match a later re-run's validations
+      // (Megatron keeps the old call, which another rank's re-run would then compare against).
+      failed_call_.reset();
+      initial_result_ = 0;
+      suspicious_node_.clear();
+      suspicious_device_ = -1;
       return true;
     case RerunState::kInitialRun:
       if (mode_ == RerunMode::kDisabled || !agreed(rerun_requested_)) {

@@ -131,6 +131,9 @@ TokenizerArgs tokenizer_args(const Arguments& a) {
   t.tokenizer_model = a.tokenizer_model;
   t.vocab_size = a.vocab_size;
   t.vocab_extra_ids = a.vocab_extra_ids;
+  t.tiktoken_pattern = a.tiktoken_pattern;
+  t.tiktoken_num_special_tokens = a.tiktoken_num_special_tokens;
+  t.tiktoken_special_tokens = a.tiktoken_special_tokens;
   return t;
 }
 
@@ -1276,7 +1279,9 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, const BatchSchedule::
     r.terms = runner.losses();
   }
   r.rerun = rerun_->should_checkpoint_and_exit();
-  if (r.rerun.exit) {  // nothing is updated: the checkpoint holds the last iteration
+  if (r.rerun.exit) {
+    // Nothing is updated: the checkpoint holds the last iteration, FP8 scaling state included.
+    for (auto& [p, saved] : fp8_state) p->main.copy_from(saved);
     timers_.add("communication (all groups)", comm_seconds() - comm0);
     return r;
   }
@@ -1707,9 +1712,19 @@ void Trainer::build_rerun_state_machine() {
       for (int64_t x : v) text += (text.empty() ? "" : ", ") + std::to_string(x);
       return "[" + text + "]";
     };
-    std::vector<int64_t> several;
-    const std::vector<int64_t> skip =
-        skipped_iterations_from_tracker(args_.result_rejected_tracker_filename, &several);
+    // Read by rank 0 and sent to all: every rank must skip the same iterations (a file being
+    // appended to, or not shared, could read differently elsewhere).
+    std::string lists;
+    if (ps.rank() == 0) {
+      std::vector<int64_t> several;
+      const std::vector<int64_t> skip =
+          skipped_iterations_from_tracker(args_.result_rejected_tracker_filename, &several);
+      lists = nlohmann::json{skip, several}.dump();
+    }
+    broadcast_string(parallel_->world_group(), lists, 0);
+    const nlohmann::json parsed = nlohmann::json::parse(lists);
+    const auto skip = parsed[0].get<std::vector<int64_t>>();
+    const auto several = parsed[1].get<std::vector<int64_t>>();
     // The file names the logged iteration; the skip list counts the iterations before the step
     // (Megatron r0.14 adds the logged number itself, which skips the iteration after it).
     for (int64_t it : skip)
@@ -1793,7 +1808,12 @@ void Trainer::restore_rerun_state() {
         "parallel layout: its rerun state is ignored");
     return;
   }
-  rerun_->load(record, record.at("ranks").at(static_cast<size_t>(parallel_->rank())));
+  try {
+    rerun_->load(record, record.at("ranks").at(static_cast<size_t>(parallel_->rank())));
+  } catch (const std::exception& e) {  // as Megatron: an unreadable record is skipped
+    log_first(std::string(" > unable to restore the rerun state machine from the checkpoint (") +
+              e.what() + "): skipped");
+  }
 }
 
 void Trainer::save_checkpoint(int64_t iteration, bool non_persistent) {
@@ -1956,6 +1976,9 @@ int Trainer::train() {
       if (r.rerun.checkpoint) {
         if (checkpointer_) {
           save_checkpoint(it - 1);
+          // A non-persistent checkpoint of the same iteration (saved or loaded by this job)
+          // would be loaded first and lose the record: one is written with the same state.
+          if (np_checkpointer_) save_checkpoint(it - 1, /*non_persistent=*/true);
         } else {
           log_first(" > no --save: the checkpoint the rerun state machine asks for is not saved");
         }

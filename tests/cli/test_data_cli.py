@@ -13,6 +13,7 @@ Usage: test_data_cli.py --megatron BUILD/megatron [unittest args]
 """
 
 import argparse
+import base64
 import json
 import math
 import os
@@ -28,6 +29,72 @@ from test_cli import TINY, CliTestCase, iteration_lines, losses_of, megatron
 # ------------------------------------------------------------------------------------------------
 # training on indexed datasets: preprocess, train with validation, corruptions
 # ------------------------------------------------------------------------------------------------
+
+def read_indexed(prefix):
+    """The token ids of each sequence of a Megatron .bin/.idx pair (int32 or uint16 tokens)."""
+    with open(prefix + ".idx", "rb") as f:
+        idx = f.read()
+    assert idx[:9] == b"MMIDIDX\x00\x00", prefix
+    code = idx[17]
+    count = struct.unpack_from("<Q", idx, 18)[0]
+    lengths = struct.unpack_from(f"<{count}i", idx, 34)
+    pointers = struct.unpack_from(f"<{count}q", idx, 34 + 4 * count)
+    fmt, size = {8: ("H", 2), 4: ("i", 4)}[code]
+    with open(prefix + ".bin", "rb") as f:
+        data = f.read()
+    return [list(struct.unpack_from(f"<{n}{fmt}", data, p)) for n, p in zip(lengths, pointers)]
+
+
+class TestTikTokenizerData(CliTestCase):
+    """--tokenizer-type TikTokenizer through preprocess and train (its encoding is checked against
+    js-tiktoken by tests/data/tokenizer_parity)."""
+
+    SPECIALS = 16
+
+    def vocab(self):
+        # The 256 bytes, then "th" 256, "he" 257, "the" 258, " t" 259, " the" 260.
+        tokens = [bytes([b]) for b in range(256)] + [b"th", b"he", b"the", b" t", b" the"]
+        path = os.path.join(self.tmp, "tik.json")
+        with open(path, "w") as f:
+            json.dump([{"rank": i, "token_bytes": base64.b64encode(t).decode(),
+                        "token_str": t.decode("utf-8", "replace")} for i, t in enumerate(tokens)],
+                      f)
+        return path, ["--tokenizer-type", "TikTokenizer", "--tokenizer-model", path,
+                      "--tiktoken-pattern", "v2", "--tiktoken-num-special-tokens", self.SPECIALS,
+                      "--vocab-size", len(tokens) + self.SPECIALS]
+
+    def test_preprocess_writes_megatrons_ids_and_train_reads_them(self):
+        vocab, flags = self.vocab()
+        docs = ["the the", "then"] * 300
+        path = os.path.join(self.tmp, "docs.jsonl")
+        with open(path, "w") as f:
+            for d in docs:
+                f.write(json.dumps({"text": d}) + "\n")
+        prefix = os.path.join(self.tmp, "tik")
+        self.assertOk(megatron("preprocess", "--input", path, "--output-prefix", prefix, *flags,
+                               "--append-eod", "--workers", "2"), "preprocess")
+        seqs = read_indexed(prefix + "_text_document")
+        # "the the": the pieces "the" and " the" are tokens; "then" merges th, then the, and
+        # keeps n; ids are ranks + 16 special ids; EOD is </s> (2).
+        off = self.SPECIALS
+        self.assertEqual(seqs[:2], [[off + 258, off + 260, 2], [off + 258, off + ord("n"), 2]])
+        self.assertEqual(len(seqs), len(docs))
+        proc = megatron("train", *TINY, *flags, "--data-path", prefix + "_text_document",
+                        "--split", "98,1,1", "--train-iters", "3", "--lr", "1e-3",
+                        "--eval-iters", "1", "--eval-interval", "3", "--num-threads", "1",
+                        "--log-interval", "1",
+                        "--data-cache-path", os.path.join(self.tmp, "cache"))
+        self.assertOk(proc, "train")
+        # 277 ids, padded to Megatron's multiple of 128.
+        self.assertIn("padded vocab (size: 277) with 107 dummy tokens (new size: 384)",
+                      proc.stdout)
+        self.assertEqual(len(losses_of(proc.stdout)), 3)
+        bad = megatron("preprocess", "--input", path, "--output-prefix", prefix,
+                       *[a for a in flags if a not in ("--tiktoken-pattern", "v2")],
+                       "--workers", "1")
+        self.assertEqual(bad.returncode, 2, bad.stderr)
+        self.assertIn("--tiktoken-pattern v1 or v2", bad.stderr)
+
 
 class TestIndexedData(CliTestCase):
     """megatron preprocess -> megatron train --data-path, with NullTokenizer documents that follow

@@ -20,6 +20,7 @@
 #include "data/null_tokenizer.h"
 #include "data/sentence_splitter.h"
 #include "data/sentencepiece_tokenizer.h"
+#include "data/tiktoken_tokenizer.h"
 #include "data/tokenizer.h"
 #include "testing/testing.h"
 
@@ -438,6 +439,124 @@ TEST(SentencePieceTokenizer, EncodesThroughLibsentencepiece) {
   EXPECT_EQ(legacy.decode(Ids{402}), " <EOD> ");
 }
 
+// ---------------------------------------------------------------------------------------------
+// TikTokenizer
+
+// A Megatron TikTokenizer JSON: the 256 single bytes, then `merged` in rank order.
+std::string tiktoken_json(const std::vector<std::string>& merged) {
+  json vocab = json::array();
+  auto add = [&](const std::string& bytes) {
+    static const char* b64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    std::string enc;
+    for (size_t i = 0; i < bytes.size(); i += 3) {
+      uint32_t v = static_cast<unsigned char>(bytes[i]) << 16;
+      if (i + 1 < bytes.size()) v |= static_cast<unsigned char>(bytes[i + 1]) << 8;
+      if (i + 2 < bytes.size()) v |= static_cast<unsigned char>(bytes[i + 2]);
+      enc += b64[(v >> 18) & 63];
+      enc += b64[(v >> 12) & 63];
+      enc += i + 1 < bytes.size() ? b64[(v >> 6) & 63] : '=';
+      enc += i + 2 < bytes.size() ? b64[v & 63] : '=';
+    }
+    // token_str is informative (Megatron does not read it): the text where the bytes are UTF-8.
+    vocab.push_back({{"rank", vocab.size()},
+                     {"token_bytes", enc},
+                     {"token_str", is_valid_utf8(bytes) ? bytes : std::string()}});
+  };
+  for (int b = 0; b < 256; ++b) add(std::string(1, static_cast<char>(b)));
+  for (const std::string& m : merged) add(m);
+  return vocab.dump();
+}
+
+struct TikFiles {
+  std::string dir, vocab;
+  explicit TikFiles(const std::vector<std::string>& merged) {
+    dir = testing::scratch_dir("tiktoken");
+    vocab = dir + "/vocab.json";
+    write_file(vocab, tiktoken_json(merged));
+  }
+};
+
+TEST(TikTokenizer, MergesLowestRankFirstWithMegatronsIdLayout) {
+  // Ranks: "ab" 256, "bc" 257, "abc" 258, "cd" 259. With 3 special ids the vocabulary starts at
+  // id 3; --vocab-size 3 + 260 takes every token.
+  const TikFiles f({"ab", "bc", "abc", "cd"});
+  const TikTokenizer tok(f.vocab, "v2", 263, 3, {});
+  EXPECT_EQ(tok.vocab_size(), 263);
+  EXPECT_EQ(tok.eod(), 2);  // </s>
+  EXPECT_EQ(tok.special_tokens().bos, 1);
+  const int64_t off = 3;
+  // "abcd": pairs ab(256) bc(257) cd(259): ab first -> [ab][c][d]; then ab+c = "abc" (258) vs
+  // c+d (259): abc -> [abc][d]; abc+d is not a token.
+  EXPECT_EQ(tok.encode("abcd"), (Ids{off + 258, off + 'd'}));
+  // "bcd": bc (257) before cd (259) -> [bc][d].
+  EXPECT_EQ(tok.encode("bcd"), (Ids{off + 257, off + 'd'}));
+  // A whole piece that is a token is that token ("abc"), not its merge path.
+  EXPECT_EQ(tok.encode("abc"), Ids{off + 258});
+  // The pattern splits first: "ab cd" -> "ab", " cd" (no merge across the pieces).
+  EXPECT_EQ(tok.encode("ab cd"), (Ids{off + 256, off + ' ', off + 259}));
+  // Special tokens in text are text; decode gives their text back.
+  EXPECT_EQ(tok.encode("</s>"), (Ids{off + '<', off + '/', off + 's', off + '>'}));
+  EXPECT_EQ(tok.decode(Ids{1, off + 256, 2}), "<s>ab</s>");
+  // Token bytes that split a character decode as Python's errors="replace".
+  EXPECT_EQ(tok.decode(Ids{off + 0xE2, off + 0x82}), "\xEF\xBF\xBD");
+  EXPECT_EQ(tok.decode(tok.encode("h\xC3\xA9llo \xE2\x82\xAC 42")), "h\xC3\xA9llo \xE2\x82\xAC 42");
+  // The default special tokens and their fillers.
+  EXPECT_EQ(tok.piece(0), "<unk>");
+  const TikTokenizer wide(f.vocab, "v1", 1000 + 256, 1000, {"<unk>", "<s>", "</s>", "<mask>"});
+  EXPECT_EQ(wide.piece(3), "<mask>");
+  EXPECT_EQ(wide.piece(999), "<SPECIAL_999>");
+  EXPECT_EQ(wide.encode("ab"), (Ids{1000 + 'a', 1000 + 'b'}));  // cut to 256 tokens: no merges
+}
+
+TEST(TikTokenizer, PatternsSplitAsMegatronsDo) {
+  const PreTokenizerRegex r1(tiktoken_pattern("v1"), "v1");
+  const PreTokenizerRegex r2(tiktoken_pattern("v2"), "v2");
+  auto split = [](const PreTokenizerRegex& r, std::string_view text) {
+    std::vector<std::string> out;
+    r.for_each_match(text, [&](size_t b, size_t e) { out.emplace_back(text.substr(b, e - b)); });
+    return out;
+  };
+  using S = std::vector<std::string>;
+  // v1: letters run together whatever the case; digits one by one; punctuation takes the line
+  // breaks after it.
+  EXPECT_EQ(split(r1, "HelloWorld 123"), (S{"HelloWorld", " ", "1", "2", "3"}));
+  EXPECT_EQ(split(r1, "x!!\n\ny"), (S{"x", "!!\n\n", "y"}));
+  // v2: an upper-case run before lower-case letters splits camel case; punctuation keeps "/".
+  EXPECT_EQ(split(r2, "HelloWorld 123"), (S{"Hello", "World", " ", "1", "2", "3"}));
+  EXPECT_EQ(split(r2, "a+/b\n\n  c"), (S{"a", "+/", "b", "\n\n", " ", " c"}));
+  // Without merges, a tokenizer's ids are the pieces' bytes.
+  const TikFiles f({});
+  const TikTokenizer v1(f.vocab, "v1", 259, 3, {});
+  EXPECT_EQ(v1.encode("Hi 7"), (Ids{3 + 'H', 3 + 'i', 3 + ' ', 3 + '7'}));
+}
+
+TEST(TikTokenizer, ErrorsNameTheFlagOrFile) {
+  const TikFiles f({"ab"});
+  auto err = [&](const std::string& pattern, int64_t vocab, int64_t specials,
+                 std::vector<std::string> named, const std::string& path = "") {
+    return error_of([&] { TikTokenizer(path.empty() ? f.vocab : path, pattern, vocab, specials, named); });
+  };
+  EXPECT_NE(err("", 300, 3, {}).find("--tiktoken-pattern v1 or v2"), std::string::npos);
+  EXPECT_NE(err("v3", 300, 3, {}).find("got 'v3'"), std::string::npos);
+  EXPECT_NE(err("v2", 300, 3, {}).find("pass --vocab-size 260 or less"), std::string::npos);
+  EXPECT_NE(err("v2", 259, 3, {"<unk>", "<s>"}).find("must include <unk>, <s> and </s>"),
+            std::string::npos);
+  EXPECT_NE(err("v2", 259, 3, {"<unk>", "<s>", "</s>", "<s>"}).find("unique"), std::string::npos);
+  EXPECT_NE(err("v2", 259, 2, {}).find("--tiktoken-num-special-tokens 2"), std::string::npos);
+  const std::string bad = f.dir + "/bad.json";
+  write_file(bad, R"([{"rank": 1, "token_bytes": "AA==", "token_str": ""}])");
+  EXPECT_NE(err("v2", 4, 3, {}, bad).find("entry 0: rank 1 where 0 is expected"),
+            std::string::npos);
+  write_file(bad, R"([{"rank": 0, "token_bytes": "AQ==", "token_str": ""}])");
+  EXPECT_NE(err("v2", 4, 3, {}, bad).find("single bytes 0..255 in order"), std::string::npos);
+  write_file(bad, R"({"a": 1})");
+  EXPECT_NE(err("v2", 4, 3, {}, bad).find("JSON list"), std::string::npos);
+  TokenizerArgs a;
+  a.type = "TikTokenizer";
+  EXPECT_NE(error_of([&] { build_tokenizer(a); }).find("needs --tokenizer-model"),
+            std::string::npos);
+}
+
 TEST(NullTokenizer, ParsesIdsAndChecksRange) {
   const NullTokenizer tok(100);
   EXPECT_EQ(tok.encode("3 1  4\n99"), (Ids{3, 1, 4, 99}));
@@ -640,6 +759,8 @@ TEST(DISABLED_TokenizerParity, EncodeManifest) {
     args.vocab_file = job.value("vocab_file", "");
     args.merge_file = job.value("merge_file", "");
     args.tokenizer_model = job.value("tokenizer_model", "");
+    args.tiktoken_pattern = job.value("tiktoken_pattern", "");
+    args.vocab_size = job.value("vocab_size", int64_t{0});
     const std::string name = job.at("name").get<std::string>();
     const std::vector<std::string> docs = read_docs(job.at("docs").get<std::string>());
     ASSERT_FALSE(docs.empty()) << name;

@@ -10,6 +10,12 @@
 // For BertWordPieceLowerCase/BertWordPieceCase, @huggingface/tokenizers again (BertNormalizer,
 // BertPreTokenizer, WordPiece), on documents rewritten where it departs from Megatron's
 // bert_tokenization.py (see bertOracleInput).
+// For TikTokenizer, js-tiktoken's byte-pair encoder on vocabularies written in Megatron's JSON
+// format from js-tiktoken's cl100k_base and GPT-2 ranks (the single bytes first, as Megatron
+// requires, then the merged tokens in rank order), ids offset by the special tokens, with
+// Megatron's v2 and v1 patterns (\s read as Unicode White_Space as Rust's regex reads it; v1's
+// possessive quantifiers, which JavaScript lacks, as greedy ones: the optional or repeated class
+// there can never be given back to a match, so both match the same).
 // This is a test harness, not a tokenizer: it implements no encoding itself.
 'use strict';
 
@@ -436,6 +442,30 @@ function bertEdgeDocs() {
 // ---------------------------------------------------------------------------------------------
 // prepare
 
+// Megatron's TikTokenizer patterns (megatron/training/tokenizer/tokenizer.py).
+const kTiktokenPatterns = {
+  v1: String.raw`[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+`,
+  v2: String.raw`[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|` +
+    String.raw`[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}|` +
+    String.raw` ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+`,
+};
+const kTiktokenSpecials = 1000;  // Megatron's --tiktoken-num-special-tokens default
+
+// js-tiktoken's ranks (base64 tokens in rank order) as Megatron's TikTokenizer JSON.
+function tiktokenVocab(ranksModule) {
+  const tokens = [];
+  for (const line of need(ranksModule).bpe_ranks.split('\n').filter(Boolean)) {
+    const [, offset, ...items] = line.split(' ');
+    items.forEach((t, i) => { tokens[Number(offset) + i] = t; });
+  }
+  const bytes = tokens.map((t) => Buffer.from(t, 'base64'));
+  const single = bytes.filter((b) => b.length === 1).sort((a, b) => a[0] - b[0]);
+  if (single.length !== 256) throw new Error(`${ranksModule}: ${single.length} single bytes`);
+  const ordered = [...single, ...bytes.filter((b) => b.length > 1)];
+  return ordered.map((b, rank) => ({ rank, token_bytes: b.toString('base64'),
+    token_str: b.toString('utf8') }));
+}
+
 function prepare() {
   fs.mkdirSync(workDir, { recursive: true });
   const brown = brownDocs();
@@ -469,8 +499,22 @@ function prepare() {
   const bertEdge = [...bertEdgeDocs(), ...edge];
   writeDocs(work('bert_edge.bin'), bertEdge);
 
+  const tiktoken = { tik_cl100k_v2: ['js-tiktoken/ranks/cl100k_base', 'v2'],
+    tik_gpt2_v1: ['js-tiktoken/ranks/gpt2', 'v1'] };
+  const tiktokenJobs = [];
+  for (const [name, [ranks, pattern]] of Object.entries(tiktoken)) {
+    const vocab = tiktokenVocab(ranks);
+    fs.writeFileSync(work(`${name}.json`), JSON.stringify(vocab));
+    for (const set of ['brown', 'edge']) {
+      tiktokenJobs.push({ name: `${name}_${set}`, type: 'TikTokenizer',
+        tokenizer_model: work(`${name}.json`), tiktoken_pattern: pattern,
+        vocab_size: vocab.length + kTiktokenSpecials, docs: work(`${set}.bin`),
+        time: set === 'brown' && pattern === 'v2' });
+    }
+  }
+
   const files = gpt2Files();
-  const jobs = [];
+  const jobs = [...tiktokenJobs];
   for (const set of ['brown', 'edge']) {
     jobs.push({ name: `gpt2_${set}`, type: 'GPT2BPETokenizer', vocab_file: files.vocab,
       merge_file: files.merges, docs: work(`${set}.bin`), time: set === 'brown' });
@@ -594,7 +638,7 @@ function compare() {
       skipText = () => true;
     } else if (bert) {
       wantText = (i) => megatronBertDecode(got[i], bert.inv);
-    } else if (job.type !== 'GPT2BPETokenizer' && job.type !== 'HuggingFaceTokenizer') {
+    } else if (!['GPT2BPETokenizer', 'HuggingFaceTokenizer', 'TikTokenizer'].includes(job.type)) {
       const spmDecoded = fs.readFileSync(work('spm_decoded.txt'), 'utf8').split('\n');
       wantText = (i) => spmDecoded[i];
     }
@@ -616,7 +660,19 @@ function compare() {
     }
     if (roundTrip) ++failures;
 
-    if (job.type === 'GPT2BPETokenizer') {
+    if (job.type === 'TikTokenizer') {
+      const vocab = JSON.parse(fs.readFileSync(job.tokenizer_model, 'utf8'));
+      const specials = { '<unk>': 0, '<s>': 1, '</s>': 2 };
+      for (let i = 3; i < kTiktokenSpecials; ++i) specials[`<SPECIAL_${i}>`] = i;
+      const pattern = kTiktokenPatterns[job.tiktoken_pattern].replace(/\?\+/g, '?')
+        .replace(/\]\+\+/g, ']+').replace(/\\s/g, '\\p{White_Space}')
+        .replace(/\\S/g, '\\P{White_Space}');
+      const oracle = new Tiktoken({ pat_str: pattern, special_tokens: specials,
+        bpe_ranks: `! ${kTiktokenSpecials} ${vocab.map((v) => v.token_bytes).join(' ')}` });
+      // encode_ordinary: special tokens in the text are text (none allowed, none refused).
+      check(`${job.name} vs js-tiktoken (Megatron's ${job.tiktoken_pattern} pattern)`, docs, got,
+        (i) => oracle.encode(docs[i], [], []));
+    } else if (job.type === 'GPT2BPETokenizer') {
       check(`${job.name} vs js-tiktoken gpt2 (White_Space \\s)`, docs, got,
         (i) => tiktoken.encode(docs[i], [], []));
       check(`${job.name} vs gpt-3-encoder`, docs, got, (i) => gpt3.encode(docs[i]),

@@ -11,7 +11,8 @@ named by SLURMD_NODENAME, so "another node" is a restart with another name.
     tracker file holds each step; a run given it skips that iteration and then trains exactly
     as a run told --iterations-to-skip does.
   - Injected errors: a transient one exits 17 after saving, and the resumed run's losses are
-    those of a run never interrupted, bit for bit; a persistent one exits 16, then 17 on
+    those of a run never interrupted, bit for bit (with FP8 delayed scaling, whose state the
+    re-run would otherwise have advanced); a persistent one exits 16, then 17 on
     another node; a correct spiky loss (not fatal) under pp2 exits 16, then the re-run on
     another node continues and the losses again equal the uninterrupted run's.
   - report_stats re-runs every iteration: with FP8 delayed scaling, the distributed optimizer
@@ -154,17 +155,20 @@ class TestReproducibleFault(RerunTest):
 
 class TestInjectedErrors(RerunTest):
     def test_transient_error_exits_17_and_the_resumed_run_is_unchanged(self):
+        # With FP8 delayed scaling: the checkpoint holds the scaling state from before the
+        # re-run iteration, so the resumed run repeats it exactly.
         ck = self.path("ck")
-        first = run(1, "--save", ck, "--save-interval", "100", "--error-injection-rate", "1")
+        fp8 = ["--fp8-format", "hybrid", "--fp8-recipe", "delayed", "--fp8-amax-history-len", "4"]
+        first = run(1, *fp8, "--save", ck, "--save-interval", "100", "--error-injection-rate", "1")
         # The first validated iteration is 2 (none on iteration 1, as Megatron).
         self.expect(first, 17, "Injecting error type Transient error", "Possible transient error",
                     "A checkpoint at the last iteration is being saved")
         it, meta = saved(ck)
         self.assertEqual(it, 1)
         self.assertNotIn("rerun_state_machine", meta)  # nothing to resume: iteration 2 reruns
-        resumed = run(1, "--load", ck)
+        resumed = run(1, *fp8, "--load", ck)
         self.expect(resumed, 0)
-        whole = run(1)
+        whole = run(1, *fp8)
         self.expect(whole, 0)
         self.assertEqual(losses(resumed, range(2, ITERS + 1)), losses(whole, range(2, ITERS + 1)))
 

@@ -14,6 +14,7 @@
 #include <stdexcept>
 
 #include "core/error.h"
+#include "testing/testing.h"
 #include "train/exit_codes.h"
 
 namespace megatron {
@@ -167,6 +168,38 @@ TEST(RerunStateMachine, ReproducedNonFatalResultContinues) {
   // Normal iterations afterwards, validated again.
   EXPECT_EQ(iterate(r.m, 3, {1.0}).passes, 1);
   EXPECT_EQ(iterate(r.m, 4, {kNaN, 1.0}).decision.code, kExitFailedOnResultValidation);
+}
+
+TEST(RerunStateMachine, AnotherRanksRerunAfterAContinueComparesNothingHere) {
+  // This rank's spike was diagnosed correct and training continued; later another rank rejects
+  // a result. In that re-run this rank's validations must not be compared with its old spike.
+  Harness h;
+  RerunStateMachine m(h.options(RerunMode::kValidateResults));
+  iterate(m, 1, {1.0});
+  auto big = [](double v) { return v > 100; };
+  while (m.should_run_forward_backward(2)) m.validate(500, big, "Spiky loss", 0.0, false);
+  Harness h2;
+  bool others = false;  // whether another rank raises a flag
+  RerunStateMachine::Options o = h2.options(RerunMode::kValidateResults, "node-b");
+  o.any_rank = [&](bool flag) { return flag || others; };
+  (void)m.should_checkpoint_and_exit();
+  RerunStateMachine r(o);
+  r.load(m.common_state(), m.rank_state());
+  while (r.should_run_forward_backward(2)) r.validate(500, big, "Spiky loss", 0.0, false);
+  EXPECT_FALSE(r.should_checkpoint_and_exit().exit);  // continued
+  h2.warnings.clear();
+  h2.errors.clear();
+  others = true;  // iteration 3: another rank's result is rejected, not reproducible there
+  int passes = 0;
+  while (r.should_run_forward_backward(3)) {
+    r.validate(600, never, "Spiky loss", 0.0, false);  // sequence 1, as the old failed call
+    ++passes;
+    if (passes == 2) others = false;  // no rank asks for a checkpoint: transient
+  }
+  EXPECT_EQ(passes, 2);
+  EXPECT_EQ(r.should_checkpoint_and_exit().code, kExitFailedOnResultValidation);
+  EXPECT_TRUE(h2.warnings.empty()) << h2.warnings.front();
+  EXPECT_TRUE(h2.errors.empty()) << h2.errors.front();
 }
 
 TEST(RerunStateMachine, ToleranceDecidesReproducibility) {
@@ -324,8 +357,7 @@ TEST(RerunStateMachine, BadFlagValuesNameTheFlag) {
 }
 
 TEST(RerunStateMachine, TrackerFileSkipRule) {
-  const std::string path =
-      (std::filesystem::temp_directory_path() / "rerun_tracker_test.txt").string();
+  const std::string path = testing::scratch_dir("rerun_tracker_rule") + "/tracker.txt";
   {
     std::ofstream f(path);
     auto line = [&](const char* job, int rank, int it, const char* status) {
@@ -351,9 +383,7 @@ TEST(RerunStateMachine, TrackerFileSkipRule) {
 }
 
 TEST(RerunStateMachine, RejectionsAreAppendedToTheTracker) {
-  const std::string path =
-      (std::filesystem::temp_directory_path() / "rerun_tracker_log.txt").string();
-  std::filesystem::remove(path);
+  const std::string path = testing::scratch_dir("rerun_tracker_log") + "/tracker.txt";
   Harness h;
   RerunStateMachine::Options o = h.options(RerunMode::kValidateResults);
   o.tracker_file = path;
