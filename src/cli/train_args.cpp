@@ -538,6 +538,9 @@ void register_train_args(ArgTable& t, Arguments& a) {
   t.flag("--full-validation", a.full_validation,
          "Each evaluation reads the whole validation set once (one epoch of it, every sample "
          "counted once); --eval-iters then sizes the test evaluation only");
+  t.add("--mid-level-dataset-surplus", a.mid_level_dataset_surplus,
+        "A blend builds each of its datasets with this share more samples than its weight asks "
+        "(Megatron's margin for the blending's rounding; its error names this flag)");
   t.flag("--multiple-validation-sets", a.multiple_validation_sets,
          "With several --valid-data-path prefixes and --full-validation: evaluate and log each "
          "prefix as its own set (validation-0, validation-1, ...) instead of their blend");

@@ -20,6 +20,7 @@ struct DataConfig {
   std::string split = "969, 30, 1";    // --split
   std::vector<std::string> train_data_path, valid_data_path, test_data_path;  // per split
   bool multiple_validation_sets = false;  // one validation set per --valid-data-path prefix
+  double mid_level_dataset_surplus = 0.005;  // --mid-level-dataset-surplus (blends)
   // --sft: the paths are JSON-lines conversations (data/sft_dataset.h) in this prompt format.
   bool sft = false;
   std::string sft_prompt_format = "nemotron-h-aligned";

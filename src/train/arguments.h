@@ -230,6 +230,7 @@ struct Arguments {
   // --multiple-validation-sets: one set per --valid-data-path prefix, evaluated and logged apart.
   bool full_validation = false;
   bool multiple_validation_sets = false;
+  double mid_level_dataset_surplus = 0.005;  // blends: extra share of each dataset's samples
   bool skip_train = false;  // evaluate the loaded checkpoint on validation and test data only
 
   // ---- checkpoints (see src/train/checkpointing.h) ----

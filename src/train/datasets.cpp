@@ -24,6 +24,7 @@ DataConfig data_config(const Arguments& a) {
   d.valid_data_path = a.valid_data_path;
   d.test_data_path = a.test_data_path;
   d.multiple_validation_sets = a.multiple_validation_sets;
+  d.mid_level_dataset_surplus = a.mid_level_dataset_surplus;
   d.sft = a.sft;
   d.sft_prompt_format = a.sft_tokenizer_prompt_format;
   d.data_cache_path = a.data_cache_path;

@@ -163,6 +163,27 @@ class TestIndexedData(CliTestCase):
         self.assertIn("rebuilding the cached GPTDataset train indices", proc.stdout)
         self.assertIn("Build and save", proc.stdout)
 
+    def test_blend_surplus_sizes_the_blended_datasets(self):
+        # --mid-level-dataset-surplus changes how many samples each blended dataset is built
+        # with, so its cached indices (named by a description that holds that count) are built
+        # anew for another surplus and loaded again for the first one.
+        a, b = self.make_dataset("a"), self.make_dataset("b", reverse=True)
+        blend = ["--data-path", "0.3", a, "0.7", b]
+        args = ["--train-iters", "2", "--lr", "1e-3", "--eval-iters", "0"]
+        run = lambda *extra: megatron("train", *self.MODEL, *blend, "--split", "90,5,5",
+                                      "--data-cache-path", os.path.join(self.tmp, "cache"),
+                                      *args, *extra)
+        first = run()
+        self.assertOk(first, "default surplus")
+        other = run("--mid-level-dataset-surplus", "0.5")
+        self.assertOk(other, "surplus 0.5")
+        self.assertIn("Build and save the GPTDataset train indices", other.stdout)
+        again = run("--mid-level-dataset-surplus", "0.005")
+        self.assertOk(again, "default surplus again")
+        self.assertNotIn("Build and save", again.stdout)
+        self.assertUsageError(run("--mid-level-dataset-surplus", "-1"),
+                              "--mid-level-dataset-surplus must be >= 0")
+
     def test_reset_masks_and_workers_train(self):
         prefix = self.make_dataset()
         base = ["--train-iters", "3", "--lr", "1e-3", "--eval-iters", "0", "--log-interval", "1",

@@ -580,7 +580,7 @@ TEST(BuildTokenizer, SelectsByTypeAndChecksFlags) {
   EXPECT_NE(error_of([&] { build_tokenizer(args); }).find("--vocab-size"), std::string::npos);
 
   // A Megatron tokenizer type we do not build is refused with the list of those we do.
-  args.type = "TikTokenizer";
+  args.type = "MultimodalTokenizer";
   std::string m = error_of([&] { build_tokenizer(args); });
   EXPECT_NE(m.find("GPT2BPETokenizer, HuggingFaceTokenizer"), std::string::npos) << m;
   EXPECT_NE(m.find("BertWordPieceCase"), std::string::npos) << m;
