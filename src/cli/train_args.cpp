@@ -377,6 +377,9 @@ void register_train_args(ArgTable& t, Arguments& a) {
   t.flag("--overlap-param-gather", a.overlap_param_gather,
          "With the distributed optimizer: the all-gather of the updated weights runs during the "
          "next forward, each bucket waited for just before the first layer that reads it");
+  t.add("--ddp-num-buckets", a.ddp_num_buckets,
+        "Cut this rank's parameters into about this many gradient buckets (bucket size: its "
+        "parameter count / N, Megatron's rule) instead of --ddp-bucket-size");
   t.add("--ddp-bucket-size", a.ddp_bucket_size,
         "Bucket size for data-parallel communication, in elements "
         "(0: max(40000000, 1000000 x data parallel size))");
@@ -580,6 +583,8 @@ void register_train_args(ArgTable& t, Arguments& a) {
   t.add("--load", a.load, "Resume from the latest checkpoint under this directory");
   t.add("--save-interval", a.save_interval,
         "Iterations between checkpoints (default: one at the end of training)");
+  t.add("--persistent-save-interval", a.persistent_save_interval,
+        "Megatron's other name of --save-interval");
   t.add("--save-retain-interval", a.save_retain_interval,
         "Keep only the checkpoints of iterations divisible by this, and the latest (the others "
         "are deleted once a newer one is saved)");
@@ -657,6 +662,10 @@ void validate_checkpoint_args(const Arguments& a) {
       "format, torch_dist-like sharded checkpoints that load into any layout; drop the "
       "flag");
   MEGATRON_CHECK(a.save_interval >= 0, "--save-interval must be >= 0, got ", a.save_interval);
+  MEGATRON_CHECK(a.persistent_save_interval == -1 || a.save_interval == 0 ||
+                     a.persistent_save_interval == a.save_interval,
+                 "--persistent-save-interval is Megatron's other name of --save-interval: give "
+                 "one of them");
   MEGATRON_CHECK(a.non_persistent_ckpt_type.empty() || a.non_persistent_ckpt_type == "global" ||
                      a.non_persistent_ckpt_type == "local",
                  "--non-persistent-ckpt-type must be global or local, got '",
@@ -1144,6 +1153,8 @@ void validate_hybrid_args(const Arguments& a) {
 }  // namespace
 
 void validate_train_args(Arguments& a, int world_size, int rank) {
+  if (a.persistent_save_interval != -1 && a.save_interval == 0)
+    a.save_interval = a.persistent_save_interval;
   FaultInjection::parse(a.inject_fault);  // a malformed testing hook fails before the dump
   model_spec(a.model);                    // an unknown --model, with the known ones
   validate_checkpoint_args(a);
@@ -1312,6 +1323,12 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
   MEGATRON_CHECK(a.ddp_bucket_size >= 0,
                  "--ddp-bucket-size must be >= 0 elements (0: Megatron's default), got ",
                  a.ddp_bucket_size);
+  if (a.ddp_num_buckets != -1) {  // Megatron's two assertions
+    MEGATRON_CHECK(a.ddp_bucket_size == 0,
+                   "Cannot specify both --ddp-num-buckets and --ddp-bucket-size");
+    MEGATRON_CHECK(a.ddp_num_buckets > 0, "--ddp-num-buckets must be greater than 0, got ",
+                   a.ddp_num_buckets);
+  }
   MEGATRON_CHECK(a.optimizer == "adam" || a.optimizer == "onebit_adam", "--optimizer ", a.optimizer,
                  " is not supported (adam, onebit_adam)");
   if (a.optimizer == "onebit_adam") {

@@ -240,6 +240,7 @@ struct Arguments {
   std::string save;                  // --save: checkpoint root; empty: no checkpoints
   std::string load;                  // --load: checkpoint root to resume from
   int64_t save_interval = 0;         // iterations between saves; 0: only at the end
+  int64_t persistent_save_interval = -1;  // Megatron's other name of --save-interval; -1: unset
   int64_t save_retain_interval = 0;  // keep only these multiples (and the latest); 0: keep all
   // Non-persistent checkpoints (Megatron's global type): every --non-persistent-save-interval
   // iterations that are not a --save-interval multiple, into --non-persistent-global-ckpt-dir
@@ -328,6 +329,7 @@ struct Arguments {
   bool overlap_grad_reduce = false;   // reduce each gradient bucket as soon as it is complete
   bool overlap_param_gather = false;  // gather updated weights during the next forward
   int64_t ddp_bucket_size = 0;        // elements; 0: Megatron's max(40000000, 1000000 x dp size)
+  int64_t ddp_num_buckets = -1;       // buckets of this rank's parameters instead; -1: unset
   double gemm_peak_gflops = 0;        // MFU denominator; 0: measured at start-up
   int64_t timing_log_level = 0;       // 0: no step-time report; 1-2: phases (see step_timers.h)
   std::string inject_fault;           // testing hook "KIND:RANK:ITERATION"; empty: none

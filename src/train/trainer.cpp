@@ -273,7 +273,13 @@ void Trainer::build_model() {
     needs_data_ = !batch_specs_.empty();
   }
   // The buffers' bucket layout must be known before they are allocated: the distributed
-  // optimizer pads each bucket to split evenly into data-parallel shards.
+  // optimizer pads each bucket to split evenly into data-parallel shards. --ddp-num-buckets:
+  // Megatron's bucket size, this rank's parameter count (its chunks') / N.
+  if (args_.ddp_num_buckets > 0) {
+    int64_t count = 0;
+    for (const Param* p : all) count += p->shape.numel();
+    bucket_elems_ = std::max<int64_t>(1, count / args_.ddp_num_buckets);
+  }
   const int64_t bucket = bucket_size();
   const bool distributed = args_.use_distributed_optimizer;
   const int expert_dp = ps.experts_apart() ? ps.intra_instance_expert_group().size() : 1;
@@ -425,6 +431,7 @@ void Trainer::build_context_parallel() {
 }
 
 int64_t Trainer::bucket_size() const {
+  if (bucket_elems_ > 0) return bucket_elems_;
   return args_.ddp_bucket_size > 0 ? args_.ddp_bucket_size
                                    : default_ddp_bucket_size(static_cast<int>(grad_size_));
 }
@@ -450,6 +457,11 @@ void Trainer::build_optimizer() {
   grad_buckets_->set_average(!args_.calculate_per_token_loss);
   grad_buckets_->set_before_reduce(
       [this](int64_t bucket, const Tensor& grads) { validate_grads(bucket, grads); });
+  // As Megatron's gradient buffer, per pipeline stage (the first rank of each stage's line).
+  log_gathered(grad_rank_ != 0 || ps.tp_rank() != 0
+                   ? std::string()
+                   : strprintf("Number of buckets for gradient all-reduce / reduce-scatter: %ld",
+                               static_cast<long>(grad_buckets_->num_buckets())));
   executor_ = std::make_unique<PipelineExecutor>(ps.pp_group(), virtual_stages_, device_);
 
   // The weight decay of each step comes from the schedule (StepRates); this is the constant one.

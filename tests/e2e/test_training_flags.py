@@ -364,6 +364,37 @@ class TrainingFlagsTest(unittest.TestCase):
         self.assertIn("--overlap-param-gather only supported with distributed optimizer",
                       refused.stderr)
 
+    def test_ddp_num_buckets_and_persistent_save_interval(self):
+        # --ddp-num-buckets N: bucket size = this rank's parameters / N (Megatron's rule), about N
+        # buckets, the same numbers as one bucket (each element is reduced and stepped alike).
+        common = dict(use_distributed_optimizer=True, overlap_grad_reduce=True, train_iters=4)
+        one = self.train(ranks=2, **common)
+        four = self.train(ranks=2, **common, ddp_num_buckets=4)
+        def buckets(proc):
+            return int(re.search(r"Number of buckets for gradient all-reduce / reduce-scatter: "
+                                 r"(\d+)", proc.stdout).group(1))
+        # The default size holds the whole model (its buckets are only the parameter groups the
+        # layout keeps apart); a quarter of it cuts those groups further, into 4 or more.
+        self.assertGreaterEqual(buckets(four), 4)
+        self.assertGreater(buckets(four), buckets(one))
+        self.assertEqual(megatron_log.loss_curve(one.stdout, 4),
+                         megatron_log.loss_curve(four.stdout, 4))
+        # --persistent-save-interval is Megatron's other name of --save-interval.
+        save = os.path.join(self.tmp, "persistent")
+        self.train(train_iters=4, save=save, persistent_save_interval=2)
+        self.assertEqual(sorted(d for d in os.listdir(save) if d.startswith("iter_")),
+                         ["iter_0000002", "iter_0000004"])
+        for extra, message in (
+                (dict(ddp_num_buckets=4, ddp_bucket_size=100),
+                 "Cannot specify both --ddp-num-buckets and --ddp-bucket-size"),
+                (dict(ddp_num_buckets=0), "--ddp-num-buckets must be greater than 0"),
+                (dict(save_interval=2, persistent_save_interval=3),
+                 "--persistent-save-interval is Megatron's other name of --save-interval")):
+            proc = megatron_job.run_train(MEGATRON, MPIEXEC, 1, megatron_job.flags_with(
+                BASE, **extra), TIMEOUT_S)
+            self.assertEqual(proc.returncode, 2, proc.stderr)
+            self.assertIn(message, proc.stderr)
+
     def test_calculate_per_token_loss(self):
         data = {"data_path": short_documents(self.tmp), "split": "90,5,5",
                 "tokenizer_type": "NullTokenizer", "eod_mask_loss": True, "train_iters": 6,
