@@ -614,6 +614,11 @@ void register_train_args(ArgTable& t, Arguments& a) {
          "With --load: exit (code 2) when there is no checkpoint instead of starting afresh");
   t.flag("--use-checkpoint-args", a.use_checkpoint_args,
          "Take the model-shape arguments from the --load checkpoint");
+  t.negative_flag("--no-use-tokenizer-model-from-checkpoint-args",
+                  "use_tokenizer_model_from_checkpoint_args",
+                  a.use_tokenizer_model_from_checkpoint_args,
+                  "With --use-checkpoint-args, do not take --tokenizer-model (and TikTokenizer's "
+                  "settings) from the checkpoint");
   t.flag("--use-mp-args-from-checkpoint-args", a.use_mp_args_from_checkpoint_args,
          "With --use-checkpoint-args, also take the tensor, pipeline (and virtual) and expert "
          "parallel sizes from the checkpoint");
@@ -1817,6 +1822,20 @@ void merge_checkpoint_args(Arguments& a, const ArgTable& t, bool report) {
     a.tokenizer_type = saved["tokenizer_type"].get<std::string>();
   }
   if (!tokenizer_reads_vocab_size(a.tokenizer_type)) saved.erase("vocab_size");
+  // Megatron also takes --tokenizer-model (not with --no-use-tokenizer-model-from-checkpoint-
+  // args); here given flags win, as for the type, and only for the saving run's type, whose
+  // TikTokenizer settings come along.
+  if (a.use_tokenizer_model_from_checkpoint_args &&
+      saved.value("tokenizer_type", nlohmann::json()) == nlohmann::json(a.tokenizer_type)) {
+    nlohmann::json files = nlohmann::json::object();
+    for (const char* key : {"tokenizer_model", "tiktoken_pattern", "tiktoken_num_special_tokens",
+                            "tiktoken_special_tokens"})
+      if (saved.contains(key) && !saved[key].is_null()) files[key] = saved[key];
+    t.restore("tokenizer", files,
+              {"--tokenizer-model", "--tiktoken-pattern", "--tiktoken-num-special-tokens",
+               "--tiktoken-special-tokens"},
+              src);
+  }
   // A given sequence length wins (a run may train on other lengths), the encoder's and the
   // decoder's too.
   for (const std::string& line : t.restore(

@@ -263,6 +263,8 @@ struct Arguments {
   bool use_checkpoint_opt_param_scheduler = false;
   bool exit_on_missing_checkpoint = false;
   bool use_checkpoint_args = false;  // model-shape arguments from the --load checkpoint
+  // With it, the saving run's --tokenizer-model (and TikTokenizer settings) too.
+  bool use_tokenizer_model_from_checkpoint_args = true;
   bool use_mp_args_from_checkpoint_args = false;  // with it, the model-parallel sizes too
   int64_t ckpt_step = -1;                  // --ckpt-step: load this iteration, not the tracker's
   bool async_save = false;                 // write checkpoints on a background thread

@@ -85,6 +85,27 @@ class TestTikTokenizerData(CliTestCase):
                         "--log-interval", "1",
                         "--data-cache-path", os.path.join(self.tmp, "cache"))
         self.assertOk(proc, "train")
+        # --use-checkpoint-args brings the tokenizer back too (type, model file, TikTokenizer's
+        # pattern, special ids and vocabulary size), as Megatron's takes --tokenizer-model;
+        # --no-use-tokenizer-model-from-checkpoint-args leaves the file to be given.
+        ck = os.path.join(self.tmp, "ck")
+        self.assertOk(megatron("train", *TINY, *flags, "--data-path", prefix + "_text_document",
+                               "--split", "98,1,1", "--train-iters", "2", "--lr", "1e-3",
+                               "--eval-iters", "0", "--num-threads", "1", "--save", ck,
+                               "--data-cache-path", os.path.join(self.tmp, "cache")), "save")
+        gen = megatron("generate", "--load", ck, "--use-checkpoint-args", "--prompts", "the then",
+                       "--num-tokens-to-generate", "3", "--num-threads", "1")
+        self.assertOk(gen, "generate")
+        out = json.loads(gen.stdout.strip().splitlines()[-1])
+        # "the then": "the", then " then" merged as th, the, " the", leaving n.
+        self.assertEqual(out["tokens"][:3], [off + 258, off + 260, off + ord("n")])
+        self.assertTrue(out["text"].startswith("the then"), out)
+        bare = megatron("train", "--load", ck, "--use-checkpoint-args", "--data-path",
+                        prefix + "_text_document", "--split", "98,1,1", "--train-iters", "3",
+                        "--lr", "1e-3", "--num-threads", "1",
+                        "--no-use-tokenizer-model-from-checkpoint-args")
+        self.assertEqual(bare.returncode, 2, bare.stderr)
+        self.assertIn("--tokenizer-type TikTokenizer needs --tokenizer-model", bare.stderr)
         # 277 ids, padded to Megatron's multiple of 128.
         self.assertIn("padded vocab (size: 277) with 107 dummy tokens (new size: 384)",
                       proc.stdout)
