@@ -394,6 +394,10 @@ void register_train_args(ArgTable& t, Arguments& a) {
         "pipeline stage)");
   t.add("--recompute-num-layers", a.recompute_num_layers,
         "Layers per recomputed chunk (uniform) or recomputed layers per pipeline stage (block)");
+  t.flag("--distribute-saved-activations", a.distribute_saved_activations,
+         "With full recomputation: keep each recomputed chunk's input split over the tensor-"
+         "parallel ranks (1/tp each), all-gathered before it is recomputed (not with sequence "
+         "parallelism, which splits it already)");
   t.flag("--recompute-activations", a.recompute_activations,
          "Deprecated: the same as --recompute-granularity selective");
   t.add("--recompute-modules", a.recompute_modules,
@@ -1046,6 +1050,19 @@ void validate_recompute(Arguments& a, int64_t per_stage) {
   MEGATRON_CHECK(a.recompute_method.empty() || a.recompute_method == "uniform" ||
                      a.recompute_method == "block",
                  "--recompute-method must be uniform or block, got '", a.recompute_method, "'");
+  if (a.distribute_saved_activations) {  // Megatron's assertions
+    MEGATRON_CHECK(a.tensor_model_parallel_size > 1,
+                   "--distribute-saved-activations: can distribute recomputed activations only "
+                   "across tensor model parallel groups (--tensor-model-parallel-size > 1)");
+    MEGATRON_CHECK(granularity == "full",
+                   "--distribute-saved-activations is only applicable to --recompute-granularity "
+                   "full");
+    MEGATRON_CHECK(!a.recompute_method.empty(),
+                   "--distribute-saved-activations needs a --recompute-method (uniform or block)");
+    MEGATRON_CHECK(!a.sequence_parallel,
+                   "--distribute-saved-activations must be false when sequence parallel is "
+                   "enabled (--sequence-parallel)");
+  }
   if (a.recompute_activations) {
     MEGATRON_CHECK(granularity != "full",
                    "--recompute-activations (deprecated alias of --recompute-granularity "

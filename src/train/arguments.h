@@ -373,6 +373,7 @@ struct Arguments {
   std::string recompute_granularity;   // full or selective; empty: none
   std::string recompute_method;        // uniform or block (with full); empty: none
   int64_t recompute_num_layers = 0;    // layers per chunk (uniform) / per stage (block); 0: unset
+  bool distribute_saved_activations = false;  // kept segment inputs split over the TP ranks
   bool recompute_activations = false;  // deprecated alias of --recompute-granularity selective
   // --recompute-modules (with selective); unset: Megatron's default, core_attn.
   std::vector<std::string> recompute_modules;

@@ -334,6 +334,7 @@ TransformerConfig transformer_config_from_args(const Arguments& a) {
                    "'; choose uniform or block");
   }
   c.recompute_num_layers = a.recompute_num_layers;
+  c.distribute_saved_activations = a.distribute_saved_activations;
   if (!a.recompute_modules.empty()) {  // unset: Megatron's default, core_attn alone
     RecomputeModules& m = c.recompute_modules;
     m = RecomputeModules{};

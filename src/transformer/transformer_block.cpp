@@ -57,6 +57,12 @@ TransformerBlock::TransformerBlock(const std::string& name, const TransformerCon
     for (Fp8GemmScaling* g : l->enable_fp8()) fp8_->add(g);
   }
   amax_group_ = tp.amax;
+  // Megatron's split_tensor_into_1d_equal_chunks / gather_split_1d_tensor over the TP group.
+  if (cfg.distribute_saved_activations && tp.group && tp.size() > 1) {
+    MEGATRON_CHECK(!tp.sp(), "--distribute-saved-activations must be false when sequence "
+                             "parallel is enabled (Megatron's rule)");
+    tp_group_ = tp.group;
+  }
   final_layernorm.mark_sequence_parallel(tp.sp());
   std::vector<Param*> ps;
   final_layernorm.collect(ps);
@@ -72,6 +78,7 @@ Tensor TransformerBlock::forward(const Tensor& x, const TokenLayout& layout, Ctx
                                  const ForwardMode& mode) const {
   ctx.layers.resize(layers.size());
   ctx.segment_inputs.assign(segments_.size(), Tensor());
+  ctx.segment_shapes.assign(segments_.size(), Shape());
   Tensor h = x;
   if (fp8_) {
     fp8_->begin_forward(mode.training, mode.first_micro_batch);
@@ -81,6 +88,15 @@ Tensor TransformerBlock::forward(const Tensor& x, const TokenLayout& layout, Ctx
     const Segment& seg = segments_[k];
     if (seg.recompute) {
       ctx.segment_inputs[k] = h;
+      ctx.segment_shapes[k] = h.shape();
+      if (tp_group_) {
+        const int64_t n = h.numel(), p = tp_group_->size();
+        MEGATRON_CHECK(n % p == 0, "--distribute-saved-activations: a segment input of ", n,
+                       " elements does not split into ", p, " equal parts");
+        Tensor mine = Tensor::empty({n / p}, h.dtype(), h.device());
+        mine.copy_from(h.flat_view(tp_group_->rank() * (n / p), {n / p}));
+        ctx.segment_inputs[k] = mine;
+      }
       ctx.layout = layout;
       ctx.mode = mode;
       if (fp8_ && ctx.fp8_scales.empty()) ctx.fp8_scales = fp8_->forward_scales();
@@ -128,6 +144,11 @@ Tensor TransformerBlock::backward(const Tensor& dy, Ctx& ctx, const ParamsDone& 
       // segment's output is not needed (its gradient is d).
       // FP8: with the scales the forward used, recording nothing (TE's recompute phase).
       Tensor h = ctx.segment_inputs[k];
+      if (tp_group_) {
+        Tensor whole = Tensor::empty({h.numel() * tp_group_->size()}, h.dtype(), h.device());
+        tp_group_->all_gather(whole, h);
+        h = whole.view(ctx.segment_shapes[k]);
+      }
       // The whole segment's weights, read by the recomputation and then by each backward.
       if (done) {
         for (int64_t i = seg.begin; i < seg.end; ++i) done.begin(layer_params(i));

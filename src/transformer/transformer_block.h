@@ -73,6 +73,9 @@ class TransformerBlock {
     std::vector<TransformerLayer::Ctx> layers;  // empty between forward and backward when the
                                                 // layer's segment is recomputed
     std::vector<Tensor> segment_inputs;         // per segment: its input [s, b, h] if recomputed
+                                                // (this TP rank's flat 1/tp with
+                                                // distribute_saved_activations)
+    std::vector<Shape> segment_shapes;          // the inputs' shapes
     TokenLayout layout;                         // kept for the recomputation (only if any)
     ForwardMode mode;                           // as run in forward, for the recomputation
     Norm::Ctx final_norm;
@@ -115,6 +118,7 @@ class TransformerBlock {
   // The layers' FP8 GEMMs, Megatron's fp8_autocast region around this block (null: no FP8).
   std::unique_ptr<Fp8Region> fp8_;
   ProcessGroup* amax_group_ = nullptr;
+  ProcessGroup* tp_group_ = nullptr;  // distributes the kept segment inputs (or null)
   bool has_final_norm_;
   std::vector<const Param*> final_norm_params_;
   std::vector<Segment> segments_;  // covers every layer, in order

@@ -97,6 +97,27 @@ class TestRecomputeTraining(CurveCase):
     def test_tensor_and_sequence_parallel_curves_identical(self):
         self.assertSameCurve(2, TP2_SP, [FULL_UNIFORM_1, FULL_BLOCK_1, SELECTIVE])
 
+    def test_distributed_saved_activations_curves_identical(self):
+        # --distribute-saved-activations (TP without SP): each kept chunk input is split over the
+        # TP ranks and all-gathered before its recomputation; the numbers cannot change.
+        tp2 = ["--tensor-model-parallel-size", "2"]
+        dist = ["--distribute-saved-activations"]
+        self.assertSameCurve(2, tp2, [FULL_UNIFORM_1 + dist, FULL_BLOCK_2 + dist])
+
+    def test_distributed_saved_activations_halve_the_kept_inputs(self):
+        # The activation estimate printed at start-up (Theoretical memory footprints): 4 kept
+        # layer inputs of s x b x h f32 = 256 x 2 x 256 x 4 bytes = 0.5 MB each, half of each
+        # on a TP rank of 2 with the flag: 1 MB less (printed to 0.01 MB).
+        big = ["--seq-length", "256", "--hidden-size", "256", "--max-position-embeddings", "256",
+               "--train-iters", "1", "--tensor-model-parallel-size", "2"]
+        figures = []
+        for extra in ([], ["--distribute-saved-activations"]):
+            proc = run(2, TINY + big + FULL_UNIFORM_1 + extra)
+            self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+            line = next(l for l in proc.stdout.splitlines() if "Theoretical memory" in l)
+            figures.append(float(line.split("activation=")[1].split(" MB")[0]))
+        self.assertAlmostEqual(figures[0] - figures[1], 1.0, delta=0.011)
+
     def test_pipeline_parallel_curves_identical(self):
         # 2 layers per stage: uniform 1 recomputes each layer, uniform 2 the whole stage.
         self.assertSameCurve(2, PP2, [FULL_UNIFORM_1, FULL_UNIFORM_2])
@@ -211,6 +232,18 @@ class TestRecomputeArgs(unittest.TestCase):
                            "--moe-grouped-gemm")
         self.assertRefused(1, ["--moe-layer-recompute"] + FULL_UNIFORM_1,
                            "--moe-layer-recompute", "full")
+
+    def test_distribute_saved_activations_refusals(self):
+        # Megatron's assertions: TP > 1, full granularity with a method, no sequence parallelism.
+        dist = ["--distribute-saved-activations"]
+        for ranks, args, needle in (
+                (1, FULL_UNIFORM_1 + dist, "across tensor model parallel groups"),
+                (2, ["--tensor-model-parallel-size", "2"] + SELECTIVE + dist,
+                 "only applicable to --recompute-granularity full"),
+                (2, TP2_SP + FULL_UNIFORM_1 + dist, "sequence parallel")):
+            proc = run(ranks, TINY + args)
+            self.assertEqual(proc.returncode, 2, proc.stderr[-2000:])
+            self.assertIn(needle, proc.stderr)
 
     def test_deprecated_alias_against_full(self):
         self.assertRefused(1, ["--recompute-activations"] + FULL_UNIFORM_1,

@@ -152,10 +152,12 @@ int64_t activation_bytes_per_microbatch(const TransformerConfig& c, const Activa
     case RecomputeGranularity::kFull: {
       const int64_t n = std::max<int64_t>(c.recompute_num_layers, 1);
       // Uniform: one input per chunk; block: the stage's first n layers keep their input, the
-      // others everything (each layer its own kind).
-      bytes = (L + n - 1) / n * input;
+      // others everything (each layer its own kind). --distribute-saved-activations: each kept
+      // input is 1/tp of it.
+      const int64_t kept_input = c.distribute_saved_activations && t > 1 ? input / t : input;
+      bytes = (L + n - 1) / n * kept_input;
       if (c.recompute_method != RecomputeMethod::kUniform) {
-        bytes = std::min(n, L) * input;
+        bytes = std::min(n, L) * kept_input;
         for (int64_t i = n; i < L; ++i) bytes += per_layer[static_cast<size_t>(i)];
       }
       break;
