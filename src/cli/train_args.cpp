@@ -203,6 +203,11 @@ void register_model_args(ArgTable& t, Arguments& a) {
   t.flag("--moe-pad-expert-input-to-capacity", a.moe_pad_expert_input_to_capacity,
          "Every expert gets exactly its capacity of rows (padding with probability 0)");
   t.add("--moe-token-dispatcher-type", a.moe_token_dispatcher_type, "allgather or alltoall");
+  t.flag("--moe-router-padding-for-fp8", a.moe_router_padding_for_fp8,
+         "Megatron pads each expert's tokens to the GPU FP8 GEMMs' multiple of 16 with tokens of "
+         "probability 0, which adds nothing to any output or gradient; the FP8 expert GEMMs here "
+         "take any number of rows, so nothing is padded (Megatron's checks kept: needs "
+         "--fp8-format and the alltoall dispatcher)");
   t.flag("--moe-grouped-gemm", a.moe_grouped_gemm,
          "The experts' GEMMs as grouped GEMMs (one op over all local experts); the CPU device "
          "always runs them so, with or without the flag");
