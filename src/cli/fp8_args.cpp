@@ -33,14 +33,6 @@ void register_fp8_args(ArgTable& t, Arguments& a) {
 }
 
 void validate_fp8_args(const Arguments& a) {
-  if (a.moe_router_padding_for_fp8) {  // Megatron's TransformerConfig checks
-    MEGATRON_CHECK(!a.fp8_format.empty(),
-                   "fp8 must be specified when --moe-router-padding-for-fp8 is given "
-                   "(--fp8-format)");
-    MEGATRON_CHECK(a.moe_token_dispatcher_type != "allgather",
-                   "allgather and alltoall_seq dispatcher does not support "
-                   "--moe-router-padding-for-fp8 (--moe-token-dispatcher-type alltoall)");
-  }
   if (a.fp8_param_gather) {
     MEGATRON_CHECK(!a.fp8_format.empty(),
                    "--fp8-param-gather keeps the FP8 GEMMs' weights in FP8: add --fp8-format or "

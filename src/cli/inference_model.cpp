@@ -19,6 +19,10 @@ void register_inference_args(ArgTable& t, Arguments& a) {
   t.add("--load", a.load,
         "Checkpoint directory to load the weights from (its tracker's iteration)");
   t.add("--ckpt-step", a.ckpt_step, "Load this iteration instead of the tracker's");
+  t.negative_flag("--no-use-tokenizer-model-from-checkpoint-args",
+                  "use_tokenizer_model_from_checkpoint_args",
+                  a.use_tokenizer_model_from_checkpoint_args,
+                  "Do not take --tokenizer-model from the checkpoint (pass it)");
 }
 
 void resolve_inference_args(Arguments& a, const ArgTable& t, int world_size, bool report) {

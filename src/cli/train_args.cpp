@@ -203,11 +203,6 @@ void register_model_args(ArgTable& t, Arguments& a) {
   t.flag("--moe-pad-expert-input-to-capacity", a.moe_pad_expert_input_to_capacity,
          "Every expert gets exactly its capacity of rows (padding with probability 0)");
   t.add("--moe-token-dispatcher-type", a.moe_token_dispatcher_type, "allgather or alltoall");
-  t.flag("--moe-router-padding-for-fp8", a.moe_router_padding_for_fp8,
-         "Megatron pads each expert's tokens to the GPU FP8 GEMMs' multiple of 16 with tokens of "
-         "probability 0, which adds nothing to any output or gradient; the FP8 expert GEMMs here "
-         "take any number of rows, so nothing is padded (Megatron's checks kept: needs "
-         "--fp8-format and the alltoall dispatcher)");
   t.flag("--moe-grouped-gemm", a.moe_grouped_gemm,
          "The experts' GEMMs as grouped GEMMs (one op over all local experts); the CPU device "
          "always runs them so, with or without the flag");
@@ -384,7 +379,10 @@ void register_train_args(ArgTable& t, Arguments& a) {
          "next forward, each bucket waited for just before the first layer that reads it");
   t.add("--ddp-num-buckets", a.ddp_num_buckets,
         "Cut this rank's parameters into about this many gradient buckets (bucket size: its "
-        "parameter count / N, Megatron's rule) instead of --ddp-bucket-size");
+        "parameter count / N, Megatron's rule) instead of --ddp-bucket-size; the buckets apply "
+        "on every pipeline stage and model chunk, overlapped or not (Megatron keeps one bucket "
+        "per buffer on later stages and chunks and without --overlap-grad-reduce: the same "
+        "numbers either way)");
   t.add("--ddp-bucket-size", a.ddp_bucket_size,
         "Bucket size for data-parallel communication, in elements "
         "(0: max(40000000, 1000000 x data parallel size))");
@@ -1845,14 +1843,17 @@ void merge_checkpoint_args(Arguments& a, const ArgTable& t, bool report) {
   }
   if (!tokenizer_reads_vocab_size(a.tokenizer_type)) saved.erase("vocab_size");
   // Megatron also takes --tokenizer-model (not with --no-use-tokenizer-model-from-checkpoint-
-  // args); here given flags win, as for the type, and only for the saving run's type, whose
-  // TikTokenizer settings come along.
-  if (a.use_tokenizer_model_from_checkpoint_args &&
-      saved.value("tokenizer_type", nlohmann::json()) == nlohmann::json(a.tokenizer_type)) {
+  // args) and --tiktoken-pattern; here given flags win, as for the type, and only for the
+  // saving run's type. TikTokenizer's special-token settings come along (an extension: Megatron
+  // leaves them to the command line).
+  if (saved.value("tokenizer_type", nlohmann::json()) == nlohmann::json(a.tokenizer_type)) {
     nlohmann::json files = nlohmann::json::object();
     for (const char* key : {"tokenizer_model", "tiktoken_pattern", "tiktoken_num_special_tokens",
-                            "tiktoken_special_tokens"})
+                            "tiktoken_special_tokens"}) {
+      if (!a.use_tokenizer_model_from_checkpoint_args && std::string(key) == "tokenizer_model")
+        continue;
       if (saved.contains(key) && !saved[key].is_null()) files[key] = saved[key];
+    }
     t.restore("tokenizer", files,
               {"--tokenizer-model", "--tiktoken-pattern", "--tiktoken-num-special-tokens",
                "--tiktoken-special-tokens"},

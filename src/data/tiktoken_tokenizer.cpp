@@ -5,6 +5,7 @@
 #include <openssl/evp.h>
 
 #include <algorithm>
+#include <cctype>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -25,13 +26,26 @@ constexpr std::string_view kPatternV2 =
 constexpr int64_t kDefaultVocabSize = 1 << 17;
 constexpr int64_t kNoRank = std::numeric_limits<int64_t>::max();
 
+// Strict standard base64 (Python's b64decode with validation): whole quads of the alphabet,
+// '=' only as the last one or two characters.
+bool is_base64(const std::string& text) {
+  if (text.size() % 4 != 0) return false;
+  size_t pad = 0;
+  while (pad < 2 && pad < text.size() && text[text.size() - 1 - pad] == '=') ++pad;
+  for (size_t i = 0; i + pad < text.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    if (!std::isalnum(c) && c != '+' && c != '/') return false;
+  }
+  return true;
+}
+
 std::string base64_decode(const std::string& text, const std::string& where) {
+  MEGATRON_CHECK(is_base64(text), where, ": token_bytes \"", text, "\" is not base64");
   std::string out(text.size() / 4 * 3 + 3, '\0');
   const int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
                                 reinterpret_cast<const unsigned char*>(text.data()),
                                 static_cast<int>(text.size()));
-  MEGATRON_CHECK(n >= 0 && text.size() % 4 == 0, where, ": token_bytes \"", text,
-                 "\" is not base64");
+  MEGATRON_CHECK(n >= 0, where, ": token_bytes \"", text, "\" is not base64");
   // EVP_DecodeBlock counts the padding's zero bytes.
   size_t len = static_cast<size_t>(n);
   for (size_t i = text.size(); i > 0 && text[i - 1] == '='; --i) --len;
@@ -53,7 +67,8 @@ TikTokenizer::TikTokenizer(const std::string& path, const std::string& pattern,
                            int64_t vocab_size, int64_t num_special_tokens,
                            std::vector<std::string> special_tokens)
     : regex_(tiktoken_pattern(pattern), "TikTokenizer --tiktoken-pattern " + pattern) {
-  if (vocab_size <= 0) vocab_size = kDefaultVocabSize;
+  MEGATRON_CHECK(vocab_size >= 0, "--vocab-size must be positive, got ", vocab_size);
+  if (vocab_size == 0) vocab_size = kDefaultVocabSize;  // not given
   // Megatron's checks on the special tokens, then its fillers.
   const std::vector<std::string> required = {"<unk>", "<s>", "</s>"};
   if (special_tokens.empty()) special_tokens = required;
@@ -68,6 +83,15 @@ TikTokenizer::TikTokenizer(const std::string& path, const std::string& pattern,
                  special_tokens.size(), " special tokens and below --vocab-size ", vocab_size);
   for (int64_t i = static_cast<int64_t>(special_tokens.size()); i < num_special_tokens; ++i)
     special_tokens.push_back("<SPECIAL_" + std::to_string(i) + ">");
+  // Megatron checks again with the fillers: a named token may not be one of them.
+  MEGATRON_CHECK(std::set<std::string>(special_tokens.begin(), special_tokens.end()).size() ==
+                     special_tokens.size(),
+                 "--tiktoken-special-tokens: a named token repeats a filler <SPECIAL_i> of "
+                 "--tiktoken-num-special-tokens; the special tokens must be unique");
+  MEGATRON_CHECK(vocab_size - num_special_tokens >= 256, "--vocab-size ", vocab_size,
+                 " leaves ", vocab_size - num_special_tokens,
+                 " ids after --tiktoken-num-special-tokens ", num_special_tokens,
+                 "; the vocabulary needs at least its 256 single bytes");
 
   const std::string where = "--tokenizer-model " + path;
   const std::string text = read_tokenizer_file(path, "--tokenizer-model");
@@ -100,7 +124,6 @@ TikTokenizer::TikTokenizer(const std::string& path, const std::string& pattern,
     std::string bytes = base64_decode(x["token_bytes"].get<std::string>(), entry);
     MEGATRON_CHECK(i >= 256 || (bytes.size() == 1 && static_cast<unsigned char>(bytes[0]) == i),
                    entry, ": the first 256 tokens must be the single bytes 0..255 in order");
-    MEGATRON_CHECK(!bytes.empty(), entry, ": an empty token");
     id_bytes_.push_back(std::move(bytes));
   }
   // Views into id_bytes_, which no longer grows.
@@ -108,11 +131,6 @@ TikTokenizer::TikTokenizer(const std::string& path, const std::string& pattern,
     const bool fresh = ranks_.emplace(id_bytes_[static_cast<size_t>(id)], id).second;
     MEGATRON_CHECK(fresh, where, ": token ", id - num_special_tokens,
                    " repeats the bytes of an earlier one");
-  }
-  for (int64_t id = 0; id < num_special_tokens; ++id) {
-    MEGATRON_CHECK(!ranks_.count(id_bytes_[static_cast<size_t>(id)]), where,
-                   ": the special token ", id_bytes_[static_cast<size_t>(id)],
-                   " is also a vocabulary token");
   }
   auto index = [&](const std::string& t) {
     return static_cast<int64_t>(std::find(special_tokens.begin(), special_tokens.end(), t) -

@@ -76,6 +76,9 @@ void PipelineExecutor::run(const std::vector<Action>& actions, StageRunner& runn
         MEGATRON_ASSERT(first_virtual(a.chunk) || !s.input.empty(), "forward ", to_string(a),
                         " before its input arrived");
         s.output = runner.forward(a.microbatch, a.chunk, s.input);
+        // Backward never reads it; whatever it needs the model's state keeps (and frees what it
+        // need not keep, e.g. --distribute-saved-activations' split of a recomputed input).
+        s.input = TensorMap();
         if (last_virtual(a.chunk)) s.output = TensorMap();
         break;
       case ActionKind::kSendForward:

@@ -363,8 +363,6 @@ struct Arguments {
   std::string moe_token_drop_policy = "probs";   // probs or position
   bool moe_pad_expert_input_to_capacity = false;
   std::string moe_token_dispatcher_type = "allgather";  // allgather or alltoall
-  // GPU FP8 alignment of each expert's rows (zero-probability padding, no effect on results).
-  bool moe_router_padding_for_fp8 = false;
   bool moe_grouped_gemm = false;
   bool moe_per_layer_logging = false;
   bool log_expert_load = false;             // ours: "expert load max/mean" in the iteration line

@@ -92,8 +92,9 @@ class Trainer {
   void build_data();
   void report_gemm_peak();
   void predict_step();
+  // --ddp-num-buckets' size, else --ddp-bucket-size or Megatron's default for the dp x cp size.
   int64_t bucket_size() const;
-  int64_t bucket_elems_ = 0;  // --ddp-num-buckets' bucket size (0: bucket_size()'s rule)  // --ddp-bucket-size or Megatron's default for the dp x cp size
+  int64_t bucket_elems_ = 0;  // --ddp-num-buckets' bucket size, parameters / N (0: not given)
   // This rank's context-parallel group and comm types (none at --context-parallel-size 1),
   // built once (a2a+p2p splits the CP group into its inner and outer groups: collective).
   ContextParallelContext context_parallel() const;

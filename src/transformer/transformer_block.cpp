@@ -89,7 +89,7 @@ Tensor TransformerBlock::forward(const Tensor& x, const TokenLayout& layout, Ctx
     if (seg.recompute) {
       ctx.segment_inputs[k] = h;
       ctx.segment_shapes[k] = h.shape();
-      if (tp_group_) {
+      if (tp_group_ && mode.training) {
         const int64_t n = h.numel(), p = tp_group_->size();
         MEGATRON_CHECK(n % p == 0, "--distribute-saved-activations: a segment input of ", n,
                        " elements does not split into ", p, " equal parts");
@@ -144,7 +144,7 @@ Tensor TransformerBlock::backward(const Tensor& dy, Ctx& ctx, const ParamsDone& 
       // segment's output is not needed (its gradient is d).
       // FP8: with the scales the forward used, recording nothing (TE's recompute phase).
       Tensor h = ctx.segment_inputs[k];
-      if (tp_group_) {
+      if (tp_group_ && h.numel() != ctx.segment_shapes[k].numel()) {
         Tensor whole = Tensor::empty({h.numel() * tp_group_->size()}, h.dtype(), h.device());
         tp_group_->all_gather(whole, h);
         h = whole.view(ctx.segment_shapes[k]);

@@ -543,14 +543,35 @@ TEST(TikTokenizer, ErrorsNameTheFlagOrFile) {
             std::string::npos);
   EXPECT_NE(err("v2", 259, 3, {"<unk>", "<s>", "</s>", "<s>"}).find("unique"), std::string::npos);
   EXPECT_NE(err("v2", 259, 2, {}).find("--tiktoken-num-special-tokens 2"), std::string::npos);
-  const std::string bad = f.dir + "/bad.json";
-  write_file(bad, R"([{"rank": 1, "token_bytes": "AA==", "token_str": ""}])");
-  EXPECT_NE(err("v2", 4, 3, {}, bad).find("entry 0: rank 1 where 0 is expected"),
+  // A filler may not repeat a named token; the vocabulary needs its 256 bytes.
+  EXPECT_NE(err("v2", 300, 8, {"<unk>", "<s>", "</s>", "<SPECIAL_5>"}).find("repeats a filler"),
             std::string::npos);
-  write_file(bad, R"([{"rank": 0, "token_bytes": "AQ==", "token_str": ""}])");
-  EXPECT_NE(err("v2", 4, 3, {}, bad).find("single bytes 0..255 in order"), std::string::npos);
+  EXPECT_NE(err("v2", 258, 3, {}).find("at least its 256 single bytes"), std::string::npos);
+  EXPECT_NE(err("v2", -5, 3, {}).find("--vocab-size must be positive"), std::string::npos);
+  // Bad files: 256 entries (what --vocab-size 259 with 3 special ids reads), one broken.
+  const std::string bad = f.dir + "/bad.json";
+  auto broken = [&](auto mutate) {
+    json v = json::parse(tiktoken_json({}));
+    mutate(v);
+    write_file(bad, v.dump());
+    return err("v2", 259, 3, {}, bad);
+  };
+  EXPECT_NE(broken([](json& v) { v[0]["rank"] = 1; }).find("entry 0: rank 1 where 0 is expected"),
+            std::string::npos);
+  EXPECT_NE(broken([](json& v) { v[0]["token_bytes"] = "AQ=="; })
+                .find("single bytes 0..255 in order"),
+            std::string::npos);
+  // Base64 as Python's validating decoder reads it: padding only at the end.
+  for (const char* b64 : {"QQ=A", "====", "QQ==QUJD", "QQ", "Q Q="}) {
+    EXPECT_NE(broken([&](json& v) { v[65]["token_bytes"] = b64; }).find("is not base64"),
+              std::string::npos)
+        << b64;
+  }
+  EXPECT_NE(broken([](json& v) { v[66]["token_bytes"] = "QQ=="; })  // "A" twice
+                .find("single bytes 0..255 in order"),
+            std::string::npos);
   write_file(bad, R"({"a": 1})");
-  EXPECT_NE(err("v2", 4, 3, {}, bad).find("JSON list"), std::string::npos);
+  EXPECT_NE(err("v2", 259, 3, {}, bad).find("JSON list"), std::string::npos);
   TokenizerArgs a;
   a.type = "TikTokenizer";
   EXPECT_NE(error_of([&] { build_tokenizer(a); }).find("needs --tokenizer-model"),

@@ -222,12 +222,6 @@ class TestFp8(unittest.TestCase):
         self.assertEqual({it: resumed[it] for it in range(7, ITERS + 1)},
                          {it: ep2[it] for it in range(7, ITERS + 1)})
 
-    def test_router_padding_for_fp8_changes_nothing(self):
-        # Megatron pads each expert's tokens to FP8's multiple of 16 with probability-0 rows,
-        # which add nothing; the GEMMs here take any row count: the same numbers, unpadded.
-        fp8 = ["--bf16", "--fp8-format", "hybrid", "--moe-token-dispatcher-type", "alltoall"]
-        self.assertEqual(single(*fp8, "--moe-router-padding-for-fp8"), single(*fp8))
-
 
 class TestCapacity(unittest.TestCase):
     def test_layouts_with_the_same_local_tokens_drop_the_same(self):
@@ -356,10 +350,6 @@ class TestBadInput(unittest.TestCase):
         (2, [EP, "2", "--fp16"], "fp16"),
         (1, ["--moe-shared-expert-overlap", "--moe-shared-expert-intermediate-size", "32"],
          "alltoall"),
-        (1, ["--moe-router-padding-for-fp8", "--moe-token-dispatcher-type", "alltoall"],
-         "fp8 must be specified when --moe-router-padding-for-fp8"),
-        (1, ["--moe-router-padding-for-fp8", "--bf16", "--fp8-format", "hybrid"],
-         "does not support --moe-router-padding-for-fp8"),
     ]
 
     def test_each_refusal_names_the_flag_on_every_rank(self):

@@ -154,7 +154,8 @@ int64_t activation_bytes_per_microbatch(const TransformerConfig& c, const Activa
       // Uniform: one input per chunk; block: the stage's first n layers keep their input, the
       // others everything (each layer its own kind). --distribute-saved-activations: each kept
       // input is 1/tp of it.
-      const int64_t kept_input = c.distribute_saved_activations && t > 1 ? input / t : input;
+      const bool split = c.distribute_saved_activations && t > 1 && !a.sequence_parallel;
+      const int64_t kept_input = split ? input / t : input;
       bytes = (L + n - 1) / n * kept_input;
       if (c.recompute_method != RecomputeMethod::kUniform) {
         bytes = std::min(n, L) * kept_input;
