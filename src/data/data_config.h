@@ -19,7 +19,7 @@ struct DataConfig {
   std::vector<std::string> data_path;  // --data-path [weight] prefix ... (with --split)
   std::string split = "969, 30, 1";    // --split
   std::vector<std::string> train_data_path, valid_data_path, test_data_path;  // per split
-  bool multiple_validation_sets = false;  // one validation set per --valid-data-path prefix
+  bool multiple_validation_sets = false;     // one validation set per --valid-data-path prefix
   double mid_level_dataset_surplus = 0.005;  // --mid-level-dataset-surplus (blends)
   // --sft: the paths are JSON-lines conversations (data/sft_dataset.h) in this prompt format.
   bool sft = false;

@@ -63,9 +63,8 @@ std::string_view tiktoken_pattern(const std::string& name) {
   return {};
 }
 
-TikTokenizer::TikTokenizer(const std::string& path, const std::string& pattern,
-                           int64_t vocab_size, int64_t num_special_tokens,
-                           std::vector<std::string> special_tokens)
+TikTokenizer::TikTokenizer(const std::string& path, const std::string& pattern, int64_t vocab_size,
+                           int64_t num_special_tokens, std::vector<std::string> special_tokens)
     : regex_(tiktoken_pattern(pattern), "TikTokenizer --tiktoken-pattern " + pattern) {
   MEGATRON_CHECK(vocab_size >= 0, "--vocab-size must be positive, got ", vocab_size);
   if (vocab_size == 0) vocab_size = kDefaultVocabSize;  // not given
@@ -88,10 +87,9 @@ TikTokenizer::TikTokenizer(const std::string& path, const std::string& pattern,
                      special_tokens.size(),
                  "--tiktoken-special-tokens: a named token repeats a filler <SPECIAL_i> of "
                  "--tiktoken-num-special-tokens; the special tokens must be unique");
-  MEGATRON_CHECK(vocab_size - num_special_tokens >= 256, "--vocab-size ", vocab_size,
-                 " leaves ", vocab_size - num_special_tokens,
-                 " ids after --tiktoken-num-special-tokens ", num_special_tokens,
-                 "; the vocabulary needs at least its 256 single bytes");
+  MEGATRON_CHECK(vocab_size - num_special_tokens >= 256, "--vocab-size ", vocab_size, " leaves ",
+                 vocab_size - num_special_tokens, " ids after --tiktoken-num-special-tokens ",
+                 num_special_tokens, "; the vocabulary needs at least its 256 single bytes");
 
   const std::string where = "--tokenizer-model " + path;
   const std::string text = read_tokenizer_file(path, "--tokenizer-model");
@@ -118,8 +116,8 @@ TikTokenizer::TikTokenizer(const std::string& path, const std::string& pattern,
     MEGATRON_CHECK(x.is_object() && x.size() == 3 && x.contains("rank") &&
                        x.contains("token_bytes") && x.contains("token_str"),
                    entry, ": the keys must be exactly rank, token_bytes and token_str");
-    MEGATRON_CHECK(x["rank"].is_number_integer() && x["rank"].get<int64_t>() == i, entry,
-                   ": rank ", x["rank"].dump(), " where ", i, " is expected (ranks in order)");
+    MEGATRON_CHECK(x["rank"].is_number_integer() && x["rank"].get<int64_t>() == i, entry, ": rank ",
+                   x["rank"].dump(), " where ", i, " is expected (ranks in order)");
     MEGATRON_CHECK(x["token_bytes"].is_string(), entry, ": token_bytes must be a base64 string");
     std::string bytes = base64_decode(x["token_bytes"].get<std::string>(), entry);
     MEGATRON_CHECK(i >= 256 || (bytes.size() == 1 && static_cast<unsigned char>(bytes[0]) == i),
@@ -141,8 +139,8 @@ TikTokenizer::TikTokenizer(const std::string& path, const std::string& pattern,
   eos_ = index("</s>");
   std::string specials;
   for (const std::string& s : special_tokens) specials += s + "\n";
-  identity_ = "TikTokenizer/" + pattern + "/" + std::to_string(vocab_size) + "/sha256:" +
-              sha256_hex(sha256_hex(text) + sha256_hex(specials));
+  identity_ = "TikTokenizer/" + pattern + "/" + std::to_string(vocab_size) +
+              "/sha256:" + sha256_hex(sha256_hex(text) + sha256_hex(specials));
 }
 
 int64_t TikTokenizer::rank_of(std::string_view bytes) const {
@@ -181,8 +179,7 @@ void TikTokenizer::encode_piece(std::string_view piece, std::vector<int64_t>* id
     parts.erase(parts.begin() + static_cast<std::ptrdiff_t>(best) + 1);
   }
   for (size_t i = 0; i + 1 < parts.size(); ++i) {
-    const int64_t id =
-        rank_of(piece.substr(parts[i].first, parts[i + 1].first - parts[i].first));
+    const int64_t id = rank_of(piece.substr(parts[i].first, parts[i + 1].first - parts[i].first));
     MEGATRON_ASSERT(id != kNoRank, "byte-pair merge left a part outside the vocabulary");
     ids->push_back(id);
   }
@@ -196,9 +193,8 @@ std::vector<int64_t> TikTokenizer::encode(std::string_view text) const {
   }
   std::vector<int64_t> ids;
   ids.reserve(text.size() / 3 + 4);
-  regex_.for_each_match(text, [&](size_t begin, size_t end) {
-    encode_piece(text.substr(begin, end - begin), &ids);
-  });
+  regex_.for_each_match(
+      text, [&](size_t begin, size_t end) { encode_piece(text.substr(begin, end - begin), &ids); });
   return ids;
 }
 

@@ -237,11 +237,11 @@ struct Arguments {
   std::string pretrained_checkpoint;  // Hugging Face model directory to start from
   // --pretrained-vision-checkpoint: a Hugging Face CLIP directory for LLaVA's vision encoder.
   std::string pretrained_vision_checkpoint;
-  std::string save;                  // --save: checkpoint root; empty: no checkpoints
-  std::string load;                  // --load: checkpoint root to resume from
-  int64_t save_interval = 0;         // iterations between saves; 0: only at the end
+  std::string save;                       // --save: checkpoint root; empty: no checkpoints
+  std::string load;                       // --load: checkpoint root to resume from
+  int64_t save_interval = 0;              // iterations between saves; 0: only at the end
   int64_t persistent_save_interval = -1;  // Megatron's other name of --save-interval; -1: unset
-  int64_t save_retain_interval = 0;  // keep only these multiples (and the latest); 0: keep all
+  int64_t save_retain_interval = 0;       // keep only these multiples (and the latest); 0: keep all
   // Non-persistent checkpoints (Megatron's global type): every --non-persistent-save-interval
   // iterations that are not a --save-interval multiple, into --non-persistent-global-ckpt-dir
   // (default <save>/non_persistent), keeping the latest; a load takes the newer of the two.
@@ -370,9 +370,9 @@ struct Arguments {
   int64_t expert_tensor_parallel_size = 0;  // ETP; 0: --tensor-model-parallel-size
 
   // ---- activation recomputation (Megatron's flags; see TransformerBlock) ----
-  std::string recompute_granularity;   // full or selective; empty: none
-  std::string recompute_method;        // uniform or block (with full); empty: none
-  int64_t recompute_num_layers = 0;    // layers per chunk (uniform) / per stage (block); 0: unset
+  std::string recompute_granularity;  // full or selective; empty: none
+  std::string recompute_method;       // uniform or block (with full); empty: none
+  int64_t recompute_num_layers = 0;   // layers per chunk (uniform) / per stage (block); 0: unset
   bool distribute_saved_activations = false;  // kept segment inputs split over the TP ranks
   bool recompute_activations = false;  // deprecated alias of --recompute-granularity selective
   // --recompute-modules (with selective); unset: Megatron's default, core_attn.

@@ -57,18 +57,24 @@ double parse_number(const nlohmann::json& j) {
 
 const char* diagnostic_name(RerunDiagnostic d) {
   switch (d) {
-    case RerunDiagnostic::kCorrectResult: return "correct_result";
-    case RerunDiagnostic::kTransientError: return "transient_error";
-    case RerunDiagnostic::kPersistentError: return "persistent_error";
+    case RerunDiagnostic::kCorrectResult:
+      return "correct_result";
+    case RerunDiagnostic::kTransientError:
+      return "transient_error";
+    case RerunDiagnostic::kPersistentError:
+      return "persistent_error";
   }
   return "";
 }
 
 const char* mode_name(RerunMode m) {
   switch (m) {
-    case RerunMode::kDisabled: return "disabled";
-    case RerunMode::kValidateResults: return "validate_results";
-    case RerunMode::kReportStats: return "report_stats";
+    case RerunMode::kDisabled:
+      return "disabled";
+    case RerunMode::kValidateResults:
+      return "validate_results";
+    case RerunMode::kReportStats:
+      return "report_stats";
   }
   return "";
 }
@@ -127,8 +133,7 @@ RerunIdentity this_rerun_identity(int rank) {
   return id;
 }
 
-RerunStateMachine::RerunStateMachine(Options options)
-    : o_(std::move(options)), mode_(o_.mode) {
+RerunStateMachine::RerunStateMachine(Options options) : o_(std::move(options)), mode_(o_.mode) {
   if (!o_.tracker_file.empty()) {
     // As Megatron: make sure now that the file can be appended to.
     std::FILE* f = std::fopen(o_.tracker_file.c_str(), "a");
@@ -230,9 +235,10 @@ RerunStateMachine::Decision RerunStateMachine::should_checkpoint_and_exit() {
 
 void RerunStateMachine::skip_iteration(int64_t iteration) {
   if (state_ != RerunState::kWillRerunFromCheckpoint) return;
-  o_.log_first(strprintf("Iteration %ld, to be re-run from the checkpoint, is skipped: continuing "
-                         "normal execution",
-                         static_cast<long>(iteration)));
+  o_.log_first(
+      strprintf("Iteration %ld, to be re-run from the checkpoint, is skipped: continuing "
+                "normal execution",
+                static_cast<long>(iteration)));
   state_ = RerunState::kNotRunningYet;
   failed_call_.reset();
   injected_.reset();
@@ -244,8 +250,7 @@ bool RerunStateMachine::wants_results() const {
     case RerunMode::kReportStats:
       return true;
     case RerunMode::kValidateResults:
-      if (state_ == RerunState::kInitialRun)
-        return first_iteration_complete_ && !rerun_requested_;
+      if (state_ == RerunState::kInitialRun) return first_iteration_complete_ && !rerun_requested_;
       // A re-run counts every validation to find the one that failed.
       return state_ == RerunState::kRerunningInPlace ||
              state_ == RerunState::kRerunningFromCheckpoint;
@@ -304,23 +309,24 @@ void RerunStateMachine::validate(double result, const std::function<bool(double)
       initial_result_ = result;
       rerun_requested_ = true;
       log_rejection("initial_run", result, message);
-      o_.log_error(strprintf("Unexpected result %s on rank %d at iteration #%ld invokation #%ld "
-                             "(message='%s')",
-                             number(result).c_str(), id.rank, static_cast<long>(iteration_),
-                             static_cast<long>(call.sequence), message.c_str()));
+      o_.log_error(
+          strprintf("Unexpected result %s on rank %d at iteration #%ld invokation #%ld "
+                    "(message='%s')",
+                    number(result).c_str(), id.rank, static_cast<long>(iteration_),
+                    static_cast<long>(call.sequence), message.c_str()));
     }
     return;
   }
-  const bool rerun = state_ == RerunState::kRerunningInPlace ||
-                     state_ == RerunState::kRerunningFromCheckpoint;
+  const bool rerun =
+      state_ == RerunState::kRerunningInPlace || state_ == RerunState::kRerunningFromCheckpoint;
   if (!rerun || !failed_call_ || !(call == *failed_call_)) return;
   const double comparison = maybe_miscompare(initial_result_, result);
-  const std::string pair = number(result) + (comparison > tolerance ? " != " : " = ") +
-                           number(initial_result_);
+  const std::string pair =
+      number(result) + (comparison > tolerance ? " != " : " = ") + number(initial_result_);
   if (state_ == RerunState::kRerunningInPlace) {
     if (comparison > tolerance) {
-      o_.log_warning(
-          "First rerun: unexpected result is not reproducible within the tolerance (" + pair + ")");
+      o_.log_warning("First rerun: unexpected result is not reproducible within the tolerance (" +
+                     pair + ")");
       log_rejection("first_rerun_not_reproducible", result, message);
       log_failure("Possible transient error");
     } else {
@@ -329,8 +335,8 @@ void RerunStateMachine::validate(double result, const std::function<bool(double)
       suspicious_node_ = id.node;
       suspicious_device_ = id.device;
       log_rejection("first_rerun_reproducible", result, message);
-      o_.log_warning("First rerun: unexpected result is reproducible within the tolerance (" + pair +
-                   "). Need to rerun on a different GPU to verify correctness");
+      o_.log_warning("First rerun: unexpected result is reproducible within the tolerance (" +
+                     pair + "). Need to rerun on a different GPU to verify correctness");
     }
     return;
   }
@@ -376,10 +382,9 @@ bool RerunStateMachine::is_unexpectedly_large(double value, double threshold,
 
 bool RerunStateMachine::maybe_inject() {
   if (o_.error_injection_rate <= 0 || injected_) return false;
-  const uint64_t h =
-      mix(o_.seed ^ mix(static_cast<uint64_t>(iteration_) ^
-                        mix(static_cast<uint64_t>(validations_this_pass_) ^
-                            mix(static_cast<uint64_t>(o_.identity.rank)))));
+  const uint64_t h = mix(o_.seed ^ mix(static_cast<uint64_t>(iteration_) ^
+                                       mix(static_cast<uint64_t>(validations_this_pass_) ^
+                                           mix(static_cast<uint64_t>(o_.identity.rank)))));
   if (h % static_cast<uint64_t>(o_.error_injection_rate) != 0) return false;
   injected_ = o_.error_injection_type;
   static const char* names[] = {"Expected result", "Transient error", "Persistent error"};
@@ -415,12 +420,12 @@ void RerunStateMachine::log_rejection(const std::string& status, double result,
   char ts[64];
   std::strftime(ts, sizeof(ts), "%Y-%m-%d %H:%M:%S", &tm);
   const char* job = std::getenv("SLURM_JOBID");
-  const std::string line =
-      strprintf("ts=%s.%06ld node=%s device=%d jobID=%s rank=%d iteration=%ld status=%s "
-                "result=%s message='%s'\n",
-                ts, static_cast<long>(micros), o_.identity.node.c_str(), o_.identity.device,
-                job && *job ? job : "N/A", o_.identity.rank, static_cast<long>(iteration_),
-                status.c_str(), number(result).c_str(), message.c_str());
+  const std::string line = strprintf(
+      "ts=%s.%06ld node=%s device=%d jobID=%s rank=%d iteration=%ld status=%s "
+      "result=%s message='%s'\n",
+      ts, static_cast<long>(micros), o_.identity.node.c_str(), o_.identity.device,
+      job && *job ? job : "N/A", o_.identity.rank, static_cast<long>(iteration_), status.c_str(),
+      number(result).c_str(), message.c_str());
   // One append per line: ranks sharing the file do not interleave within a line.
   std::FILE* f = std::fopen(o_.tracker_file.c_str(), "a");
   if (!f || std::fputs(line.c_str(), f) < 0) {
@@ -449,10 +454,11 @@ std::string RerunStateMachine::Stats::describe() {
     const int64_t i = static_cast<int64_t>(static_cast<double>(t) * p) - z;
     return i >= 0 ? strprintf("%.3E", samples[i]) : std::string("0.0");
   };
-  return strprintf("%s/%s total/identical samples, rel. variability: avg= %.3E, p50= %s, p90= "
-                   "%s, p99= %s, p99.9= %s, max: %.3E",
-                   grouped(t).c_str(), grouped(z).c_str(), s / static_cast<double>(t),
-                   at(0.5).c_str(), at(0.9).c_str(), at(0.99).c_str(), at(0.999).c_str(), max);
+  return strprintf(
+      "%s/%s total/identical samples, rel. variability: avg= %.3E, p50= %s, p90= "
+      "%s, p99= %s, p99.9= %s, max: %.3E",
+      grouped(t).c_str(), grouped(z).c_str(), s / static_cast<double>(t), at(0.5).c_str(),
+      at(0.9).c_str(), at(0.99).c_str(), at(0.999).c_str(), max);
 }
 
 void RerunStateMachine::report_stats() {
@@ -506,12 +512,11 @@ nlohmann::json RerunStateMachine::rank_state() const {
                       {"suspicious_device", suspicious_device_},
                       {"large_value_counts", large_value_counts_},
                       {"max_values", max_values_}};
-  j["failed_validation_call"] =
-      failed_call_ ? nlohmann::json{{"message", failed_call_->message},
-                                    {"sequence", failed_call_->sequence}}
-                   : nlohmann::json();
-  j["injected_error_type"] = injected_ ? nlohmann::json(diagnostic_name(*injected_))
-                                       : nlohmann::json();
+  j["failed_validation_call"] = failed_call_ ? nlohmann::json{{"message", failed_call_->message},
+                                                              {"sequence", failed_call_->sequence}}
+                                             : nlohmann::json();
+  j["injected_error_type"] =
+      injected_ ? nlohmann::json(diagnostic_name(*injected_)) : nlohmann::json();
   return j;
 }
 
@@ -544,7 +549,7 @@ void RerunStateMachine::load(const nlohmann::json& common, const nlohmann::json&
 std::vector<int64_t> skipped_iterations_from_tracker(const std::string& path,
                                                      std::vector<int64_t>* not_skipped) {
   std::set<int64_t> potential, ignore;
-  std::set<std::pair<int64_t, int64_t>> seen;              // (rank, iteration)
+  std::set<std::pair<int64_t, int64_t>> seen;                                // (rank, iteration)
   std::map<std::string, std::map<int64_t, std::set<int64_t>>> ranks_by_job;  // job -> it -> ranks
   std::ifstream in(path);
   const std::regex re(

@@ -75,7 +75,7 @@ class RerunStateMachine {
     RerunMode mode = RerunMode::kValidateResults;
     int64_t error_injection_rate = 0;  // inject about once in this many validations; 0: never
     RerunDiagnostic error_injection_type = RerunDiagnostic::kTransientError;
-    uint64_t seed = 0;         // of the injection draws
+    uint64_t seed = 0;  // of the injection draws
     // Whether any result is validated at all (a check flag is on): without, no rank can ask for
     // a re-run and the passes end without a collective.
     bool validations = true;

@@ -1689,13 +1689,14 @@ nlohmann::json Trainer::layout_record() const {
 
 nlohmann::json Trainer::checkpoint_extra() const {
   const ParallelState& ps = *parallel_;
-  nlohmann::json extra = {{"args", model_args_json(args_, cfg_)},
-          {"arguments", args_.argument_record},
-          {"has_optimizer_state", args_.save_optim},
-          {"padded_vocab_size", cfg_.padded_vocab_size},
-          {"tokenizer", {{"type", args_.tokenizer_type}, {"vocab_size", cfg_.vocab_size}}},
-          {"layout", layout_record()},
-          {"compute_dtype", dtype_name(cfg_.compute_dtype)}};
+  nlohmann::json extra = {
+      {"args", model_args_json(args_, cfg_)},
+      {"arguments", args_.argument_record},
+      {"has_optimizer_state", args_.save_optim},
+      {"padded_vocab_size", cfg_.padded_vocab_size},
+      {"tokenizer", {{"type", args_.tokenizer_type}, {"vocab_size", cfg_.vocab_size}}},
+      {"layout", layout_record()},
+      {"compute_dtype", dtype_name(cfg_.compute_dtype)}};
   // Only a save that asks for a re-run carries the machine's state (Megatron's state_dict is
   // None otherwise). The state is agreed over the world, so every rank gathers or none does.
   if (rerun_ && rerun_->has_checkpoint_state()) {
@@ -1775,15 +1776,18 @@ void Trainer::validate_loss(double local_sum) {
   if (!m.wants_results()) return;
   if (nan_checks_) {
     // Tolerance 0: the forward is deterministic (Megatron's setting too).
-    m.validate(local_sum, [](double v) { return std::isnan(v); },
-               "found NaN in local forward loss calculation", 0.0, /*fatal=*/true);
-    m.validate(local_sum, [](double v) { return std::isinf(v); },
-               "found Inf in local forward loss calculation", 0.0, /*fatal=*/true);
+    m.validate(
+        local_sum, [](double v) { return std::isnan(v); },
+        "found NaN in local forward loss calculation", 0.0, /*fatal=*/true);
+    m.validate(
+        local_sum, [](double v) { return std::isinf(v); },
+        "found Inf in local forward loss calculation", 0.0, /*fatal=*/true);
   }
   if (args_.check_for_spiky_loss) {
     // Megatron's SPIKY_LOSS_FACTOR: 10 times the largest of the first 100 losses.
-    m.validate(local_sum, [&m](double v) { return m.is_unexpectedly_large(v, 10, "loss"); },
-               "Spiky loss", 0.0, /*fatal=*/false);
+    m.validate(
+        local_sum, [&m](double v) { return m.is_unexpectedly_large(v, 10, "loss"); }, "Spiky loss",
+        0.0, /*fatal=*/false);
   }
 }
 
@@ -1798,15 +1802,18 @@ void Trainer::validate_grads(int64_t bucket, const Tensor& grads) {
   // Megatron's tolerance, 0.1%, allows for a non-deterministic backward (flash attention's);
   // this one is deterministic, so a real difference is far above it.
   if (nan_checks_) {
-    m.validate(norm, [](double v) { return std::isnan(v); }, "found NaN" + where, 0.001, true);
-    m.validate(norm, [](double v) { return std::isinf(v); }, "found Inf" + where, 0.001, true);
+    m.validate(
+        norm, [](double v) { return std::isnan(v); }, "found NaN" + where, 0.001, true);
+    m.validate(
+        norm, [](double v) { return std::isinf(v); }, "found Inf" + where, 0.001, true);
   }
   if (args_.check_for_large_grads) {
-    m.validate(norm, [&m](double v) { return m.is_unexpectedly_large(v, 10, "grads"); },
-               strprintf("found unexpected large grads in bucket #%ld in backward pass before "
-                         "data-parallel communication collective",
-                         static_cast<long>(bucket)),
-               0.001, /*fatal=*/false);
+    m.validate(
+        norm, [&m](double v) { return m.is_unexpectedly_large(v, 10, "grads"); },
+        strprintf("found unexpected large grads in bucket #%ld in backward pass before "
+                  "data-parallel communication collective",
+                  static_cast<long>(bucket)),
+        0.001, /*fatal=*/false);
   }
 }
 
@@ -1997,9 +2004,10 @@ int Trainer::train() {
       }
       if (checkpointer_) checkpointer_->finish();
       if (np_checkpointer_) np_checkpointer_->finish();
-      log_first(strprintf("[exiting program at iteration %ld with exit code %d (rerun state "
-                          "machine)] datetime: %s",
-                          static_cast<long>(it), r.rerun.code, timestamp().c_str()));
+      log_first(
+          strprintf("[exiting program at iteration %ld with exit code %d (rerun state "
+                    "machine)] datetime: %s",
+                    static_cast<long>(it), r.rerun.code, timestamp().c_str()));
       watchdog_->disarm();
       prefetcher_.reset();
       if (tensorboard_) tensorboard_->close();

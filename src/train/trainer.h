@@ -315,11 +315,11 @@ class Trainer {
   void validate_loss(double local_sum);
   void validate_grads(int64_t bucket, const Tensor& grads);
   void restore_rerun_state();
-  double flops_so_far_ = 0;               // the model's FLOPs of every iteration trained
-  double flops_at_start_ = 0;             // ... when this job started (for --log-progress)
-  int64_t start_iteration_ = 0;           // the loaded checkpoint's iteration (0 without --load)
-  int64_t loaded_iteration_ = -1;         // -1: nothing loaded
-  uint64_t dropout_seed_ = 0;             // --seed, or the loaded RNG state
+  double flops_so_far_ = 0;        // the model's FLOPs of every iteration trained
+  double flops_at_start_ = 0;      // ... when this job started (for --log-progress)
+  int64_t start_iteration_ = 0;    // the loaded checkpoint's iteration (0 without --load)
+  int64_t loaded_iteration_ = -1;  // -1: nothing loaded
+  uint64_t dropout_seed_ = 0;      // --seed, or the loaded RNG state
   std::unique_ptr<Checkpointer> checkpointer_;  // --save
   // --non-persistent-save-interval with --non-persistent-ckpt-type global (and --save).
   std::unique_ptr<Checkpointer> np_checkpointer_;

@@ -118,7 +118,7 @@ struct TransformerConfig {
   // --recompute-method (kFull only): kUniform chunks of recompute_num_layers layers, kBlock the
   // first recompute_num_layers layers of each pipeline stage (default kNone).
   RecomputeMethod recompute_method = RecomputeMethod::kNone;
-  int64_t recompute_num_layers = 0;    // --recompute-num-layers, >= 1 with kFull (default 0: unset)
+  int64_t recompute_num_layers = 0;  // --recompute-num-layers, >= 1 with kFull (default 0: unset)
   // --distribute-saved-activations (kFull, TP > 1, no SP): each recomputed segment's input is
   // kept as this TP rank's 1/tp of its elements and all-gathered before the recomputation.
   bool distribute_saved_activations = false;

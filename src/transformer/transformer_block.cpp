@@ -59,8 +59,9 @@ TransformerBlock::TransformerBlock(const std::string& name, const TransformerCon
   amax_group_ = tp.amax;
   // Megatron's split_tensor_into_1d_equal_chunks / gather_split_1d_tensor over the TP group.
   if (cfg.distribute_saved_activations && tp.group && tp.size() > 1) {
-    MEGATRON_CHECK(!tp.sp(), "--distribute-saved-activations must be false when sequence "
-                             "parallel is enabled (Megatron's rule)");
+    MEGATRON_CHECK(!tp.sp(),
+                   "--distribute-saved-activations must be false when sequence "
+                   "parallel is enabled (Megatron's rule)");
     tp_group_ = tp.group;
   }
   final_layernorm.mark_sequence_parallel(tp.sp());

@@ -534,7 +534,8 @@ TEST(TikTokenizer, ErrorsNameTheFlagOrFile) {
   const TikFiles f({"ab"});
   auto err = [&](const std::string& pattern, int64_t vocab, int64_t specials,
                  std::vector<std::string> named, const std::string& path = "") {
-    return error_of([&] { TikTokenizer(path.empty() ? f.vocab : path, pattern, vocab, specials, named); });
+    return error_of(
+        [&] { TikTokenizer(path.empty() ? f.vocab : path, pattern, vocab, specials, named); });
   };
   EXPECT_NE(err("", 300, 3, {}).find("--tiktoken-pattern v1 or v2"), std::string::npos);
   EXPECT_NE(err("v3", 300, 3, {}).find("got 'v3'"), std::string::npos);
@@ -558,9 +559,9 @@ TEST(TikTokenizer, ErrorsNameTheFlagOrFile) {
   };
   EXPECT_NE(broken([](json& v) { v[0]["rank"] = 1; }).find("entry 0: rank 1 where 0 is expected"),
             std::string::npos);
-  EXPECT_NE(broken([](json& v) { v[0]["token_bytes"] = "AQ=="; })
-                .find("single bytes 0..255 in order"),
-            std::string::npos);
+  EXPECT_NE(
+      broken([](json& v) { v[0]["token_bytes"] = "AQ=="; }).find("single bytes 0..255 in order"),
+      std::string::npos);
   // Base64 as Python's validating decoder reads it: padding only at the end.
   for (const char* b64 : {"QQ=A", "====", "QQ==QUJD", "QQ", "Q Q="}) {
     EXPECT_NE(broken([&](json& v) { v[65]["token_bytes"] = b64; }).find("is not base64"),

@@ -21,8 +21,12 @@ namespace megatron {
 namespace {
 
 const double kNaN = std::numeric_limits<double>::quiet_NaN();
-bool is_nan(double v) { return std::isnan(v); }
-bool never(double) { return false; }
+bool is_nan(double v) {
+  return std::isnan(v);
+}
+bool never(double) {
+  return false;
+}
 
 // One rank: "any rank" is this rank's flag; messages are collected.
 struct Harness {
@@ -293,7 +297,8 @@ TEST(RerunStateMachine, UnexpectedlyLargeValues) {
   RerunStateMachine m(h.options(RerunMode::kValidateResults));
   // The first 100 finite values set the maximum (NaN and Inf are ignored), then 10x rejects.
   EXPECT_FALSE(m.is_unexpectedly_large(kNaN, 10, "loss"));
-  for (int i = 0; i < 100; ++i) EXPECT_FALSE(m.is_unexpectedly_large(i == 50 ? -4.0 : 2.0, 10, "loss"));
+  for (int i = 0; i < 100; ++i)
+    EXPECT_FALSE(m.is_unexpectedly_large(i == 50 ? -4.0 : 2.0, 10, "loss"));
   EXPECT_TRUE(h.said("Max value for loss: 4"));
   EXPECT_FALSE(m.is_unexpectedly_large(39.9, 10, "loss"));
   EXPECT_TRUE(m.is_unexpectedly_large(40.0, 10, "loss"));
@@ -319,9 +324,10 @@ TEST(RerunStateMachine, ReportStatsRerunsEveryIterationAndDescribesDifferences) 
   }
   EXPECT_EQ(passes, 2);
   // Reported at even iterations: t = 2 samples, 1 identical; avg = 1 / 2; p50 = samples[1 - 1].
-  EXPECT_TRUE(h.said("  loss: 2/1 total/identical samples, rel. variability: avg= 5.000E-01, "
-                     "p50= 1.000E+00, p90= 1.000E+00, p99= 1.000E+00, p99.9= 1.000E+00, max: "
-                     "1.000E+00"))
+  EXPECT_TRUE(
+      h.said("  loss: 2/1 total/identical samples, rel. variability: avg= 5.000E-01, "
+             "p50= 1.000E+00, p90= 1.000E+00, p99= 1.000E+00, p99.9= 1.000E+00, max: "
+             "1.000E+00"))
       << (h.first.empty() ? "" : h.first.back());
 }
 
@@ -364,8 +370,8 @@ TEST(RerunStateMachine, TrackerFileSkipRule) {
       f << "ts=2026-12-06 10:00:00.000000 node=n device=0 jobID=" << job << " rank=" << rank
         << " iteration=" << it << " status=" << status << " result=nan message='loss is NaN'\n";
     };
-    line("7", 0, 5, "initial_run");               // not a counted status
-    line("7", 0, 5, "first_rerun_reproducible");  // rank 0, iteration 5: once
+    line("7", 0, 5, "initial_run");                // not a counted status
+    line("7", 0, 5, "first_rerun_reproducible");   // rank 0, iteration 5: once
     line("8", 0, 5, "second_rerun_reproducible");  // twice on rank 0: skipped
     line("7", 1, 9, "rerun_disabled");
     line("7", 1, 9, "RerunValidationStatus.RERUN_DISABLED");  // Python 3.12's spelling
