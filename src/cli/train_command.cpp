@@ -70,9 +70,11 @@ int run_train(int argc, char** argv, MpiRuntime& mpi) {
   // carries the GPU tensors' collectives where every rank has a GPU of its own (it refuses two
   // ranks on one GPU); otherwise MPI does, through host copies.
   const Device device = resolve_device(args.device);
+  args.device_index = mpi.local_rank();
   std::shared_ptr<ProcessGroup> world = mpi.world();
   if (device == Device::kCUDA) {
     use_gpu(mpi.local_rank() % gpu_count());
+    args.device_index = mpi.local_rank() % gpu_count();
     if (nccl_available() && mpi.world_size() > 1 && mpi.local_size() <= gpu_count()) {
       world = make_nccl_process_group(world);
     }

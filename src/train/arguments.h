@@ -387,6 +387,9 @@ struct Arguments {
   // Not a flag: this node's ranks per core (>= 1; above 1 the ranks share cores), set by the
   // command from the MPI job for the planner's prediction.
   double ranks_per_core = 1;
+  // Not a flag: this rank's device as the rerun state machine names it (its CUDA device, else
+  // its local rank on the node), set by the command from the MPI job.
+  int64_t device_index = 0;
 };
 
 // The pipeline's layer split of the flags (Megatron's uneven stages, pipeline/layer_split.h); a

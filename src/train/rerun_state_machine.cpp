@@ -115,15 +115,10 @@ RerunDiagnostic parse_rerun_diagnostic(const std::string& value) {
                         "' (choose from correct_result, transient_error, persistent_error)");
 }
 
-RerunIdentity this_rerun_identity(int rank) {
+RerunIdentity this_rerun_identity(int rank, int device) {
   RerunIdentity id;
   id.rank = rank;
-  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"}) {
-    if (const char* v = std::getenv(name); v && *v) {
-      id.device = std::atoi(v);
-      break;
-    }
-  }
+  id.device = device;
   if (const char* slurm = std::getenv("SLURMD_NODENAME"); slurm && *slurm) {
     id.node = slurm;
   } else {

@@ -64,10 +64,9 @@ struct RerunIdentity {
   std::string node;
   int device = 0;
 };
-// This process's identity: $SLURMD_NODENAME or the host name, and the local rank on the node
-// (the launcher's OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID or SLURM_LOCALID; 0 alone), which
-// is also the CUDA device a rank uses.
-RerunIdentity this_rerun_identity(int rank);
+// This process's identity: $SLURMD_NODENAME or the host name, and `device` as given (the
+// command's: the rank's CUDA device, else its local rank on the node).
+RerunIdentity this_rerun_identity(int rank, int device);
 
 class RerunStateMachine {
  public:

@@ -1752,7 +1752,7 @@ void Trainer::build_rerun_state_machine() {
   o.error_injection_type = parse_rerun_diagnostic(args_.error_injection_type);
   o.seed = static_cast<uint64_t>(args_.seed);
   o.tracker_file = args_.result_rejected_tracker_filename;
-  o.identity = this_rerun_identity(ps.rank());
+  o.identity = this_rerun_identity(ps.rank(), static_cast<int>(args_.device_index));
   o.validations = nan_checks_ || args_.check_for_spiky_loss || args_.check_for_large_grads;
   ProcessGroup& world = parallel_->world_group();
   o.any_rank = [&world](bool flag) {
