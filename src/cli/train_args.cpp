@@ -451,8 +451,10 @@ void register_train_args(ArgTable& t, Arguments& a) {
   t.concern("training");
   t.add("--seed", a.seed, "Random seed (weights, dropout, data)");
   t.add("--optimizer", a.optimizer,
-        "Optimizer: adam (AdamW) or onebit_adam (DeepSpeed's 1-bit Adam: compressed momentum "
-        "exchange after --onebit-freeze-step steps)");
+        "Optimizer: adam (AdamW), sgd (SGD with momentum and L2 weight decay, Megatron's "
+        "FusedSGD) or onebit_adam (DeepSpeed's 1-bit Adam: compressed momentum exchange after "
+        "--onebit-freeze-step steps)");
+  t.add("--sgd-momentum", a.sgd_momentum, "Momentum factor for sgd (0: no momentum buffer)");
   t.add("--onebit-freeze-step", a.onebit_freeze_step,
         "1-bit Adam: steps of full Adam (gradients all-reduced) before the variance freezes and "
         "the momentum is exchanged compressed (DeepSpeed's freeze_step)");
@@ -1354,8 +1356,11 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
     MEGATRON_CHECK(a.ddp_num_buckets > 0, "--ddp-num-buckets must be greater than 0, got ",
                    a.ddp_num_buckets);
   }
-  MEGATRON_CHECK(a.optimizer == "adam" || a.optimizer == "onebit_adam", "--optimizer ", a.optimizer,
-                 " is not supported (adam, onebit_adam)");
+  MEGATRON_CHECK(a.optimizer == "adam" || a.optimizer == "sgd" || a.optimizer == "onebit_adam",
+                 "--optimizer ", a.optimizer, " is not supported (adam, sgd, onebit_adam)");
+  // torch.optim.SGD's check (the precision-aware optimizer's "only adam" is checked with it).
+  if (a.optimizer == "sgd")
+    MEGATRON_CHECK(a.sgd_momentum >= 0, "--sgd-momentum must be >= 0, got ", a.sgd_momentum);
   if (a.optimizer == "onebit_adam") {
     MEGATRON_CHECK(!a.use_distributed_optimizer,
                    "--optimizer onebit_adam with --use-distributed-optimizer: 1-bit Adam averages "

@@ -13,10 +13,10 @@ AdamW::AdamW(ParamSet& params, const AdamWConfig& cfg)
       cfg_(cfg),
       // Moments for the trained part of the buffers only (frozen weights without gradients lie
       // after it and have none).
-      exp_avg_(
-          Tensor::zeros({params.trainable_numel()}, params.main().dtype(), params.main().device())),
-      exp_avg_sq_(Tensor::zeros({params.trainable_numel()}, params.main().dtype(),
-                                params.main().device())) {
+      exp_avg_(Tensor::zeros({cfg.states() >= 1 ? params.trainable_numel() : 0},
+                             params.main().dtype(), params.main().device())),
+      exp_avg_sq_(Tensor::zeros({cfg.states() >= 2 ? params.trainable_numel() : 0},
+                                params.main().dtype(), params.main().device())) {
   MEGATRON_CHECK(
       cfg.exp_avg_dtype == MomentDType::kF32 && cfg.exp_avg_sq_dtype == MomentDType::kF32,
       "Adam moments in lower precision are the distributed optimizer's "
@@ -34,8 +34,16 @@ void AdamW::step(const StepRates& rates, double grad_scale) {
     }
     const int64_t off = params_.offset_of(*p);
     const int64_t n = p->main.numel();
-    Tensor m = exp_avg_.flat_view(off, {n}), v = exp_avg_sq_.flat_view(off, {n});
     Tensor w = p->main.view({n});
+    // Mixed precision: the step writes the 16-bit compute copy as it goes.
+    Tensor rounded = p->value.raw() != p->main.raw() ? p->value.view({n}) : Tensor();
+    if (cfg_.sgd()) {
+      Tensor buf = cfg_.states() >= 1 ? exp_avg_.flat_view(off, {n}) : Tensor();
+      ops::sgd_step(w, buf, p->main_grad.view({n}), sgd_spec(cfg_, rates, *p, step_, grad_scale),
+                    rounded.defined() ? &rounded : nullptr);
+      continue;
+    }
+    Tensor m = exp_avg_.flat_view(off, {n}), v = exp_avg_sq_.flat_view(off, {n});
     ops::AdamWSpec spec;
     spec.lr = static_cast<float>(rates.lr_of(*p));
     spec.beta1 = static_cast<float>(cfg_.beta1);
@@ -44,10 +52,26 @@ void AdamW::step(const StepRates& rates, double grad_scale) {
     spec.weight_decay = static_cast<float>(rates.decay_of(*p));
     spec.step = step_;
     spec.grad_scale = grad_scale;
-    // Mixed precision: the step writes the 16-bit compute copy as it goes.
-    Tensor rounded = p->value.raw() != p->main.raw() ? p->value.view({n}) : Tensor();
     ops::adamw_step(w, m, v, p->main_grad.view({n}), spec, rounded.defined() ? &rounded : nullptr);
   }
+}
+
+const char* first_state_name(const AdamWConfig& cfg) {
+  return cfg.sgd() ? "momentum_buffer" : "exp_avg";
+}
+
+ops::SgdSpec sgd_spec(const AdamWConfig& cfg, const StepRates& rates, const Param& p, int64_t step,
+                      double grad_scale) {
+  ops::SgdSpec spec;
+  spec.lr = static_cast<float>(rates.lr_of(p));
+  spec.momentum = static_cast<float>(cfg.sgd_momentum);
+  spec.weight_decay = static_cast<float>(rates.decay_of(p));
+  // The buffer's first step copies the gradient (FusedSGD's first_run). A buffer that starts at
+  // zero later (a checkpoint saved with momentum 0, or without optimizer state, loaded) gives the
+  // same: 0 x momentum + d is d.
+  spec.first = step == 1;
+  spec.grad_scale = grad_scale;
+  return spec;
 }
 
 double grad_norm(ParamSet& params) {

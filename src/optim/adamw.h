@@ -8,9 +8,14 @@
 
 #include "optim/moment_storage.h"
 #include "parallel/param.h"
+#include "tensor/ops.h"
 
 namespace megatron {
 
+// Megatron's --optimizer: adam (AdamW) or sgd (momentum SGD, ops::sgd_step).
+enum class UpdateRule : uint8_t { kAdam, kSgd };
+
+// The optimizer's hyper-parameters (AdamW's, and SGD's with rule kSgd).
 struct AdamWConfig {
   double beta1 = 0.9;          // --adam-beta1
   double beta2 = 0.999;        // --adam-beta2
@@ -20,7 +25,18 @@ struct AdamWConfig {
   // MomentStorage): the distributed optimizer only, as in Megatron; AdamW keeps fp32.
   MomentDType exp_avg_dtype = MomentDType::kF32;
   MomentDType exp_avg_sq_dtype = MomentDType::kF32;
+  // --optimizer sgd: the state is one momentum buffer (torch's momentum_buffer) where Adam keeps
+  // exp_avg, none at all with momentum 0; weight decay is L2, added to the gradient; no bias
+  // correction. Megatron's parameter groups and clipping as for Adam.
+  UpdateRule rule = UpdateRule::kAdam;
+  double sgd_momentum = 0.9;  // --sgd-momentum
+  bool sgd() const { return rule == UpdateRule::kSgd; }
+  // Elements of state per owned weight: 2 (Adam), 1 (SGD with momentum), 0 (SGD without).
+  int states() const { return !sgd() ? 2 : sgd_momentum != 0 ? 1 : 0; }
 };
+// The checkpoint name of the optimizer's first and second state tensors ("exp_avg" and
+// "exp_avg_sq"; SGD's "momentum_buffer" and none).
+const char* first_state_name(const AdamWConfig& cfg);
 
 // One step's hyper-parameters from the schedules (Megatron's parameter groups): the learning
 // rate, the one of the word embeddings and output layer (--decoupled-lr; equal to lr without
@@ -51,8 +67,11 @@ class AdamW {
   int64_t steps() const { return step_; }
   // Restores the step counter (bias correction) from a checkpoint.
   virtual void set_steps(int64_t steps) { step_ = steps; }
+  // Adam's moments; under SGD exp_avg() is the momentum buffer (no elements without momentum)
+  // and exp_avg_sq() has no elements.
   Tensor& exp_avg() { return exp_avg_; }
   Tensor& exp_avg_sq() { return exp_avg_sq_; }
+  const AdamWConfig& config() const { return cfg_; }
 
  protected:
   ParamSet& params_;
@@ -60,6 +79,10 @@ class AdamW {
   Tensor exp_avg_, exp_avg_sq_;
   int64_t step_ = 0;
 };
+
+// One SGD step's constants for parameter p at optimizer step `step` (1-based).
+ops::SgdSpec sgd_spec(const AdamWConfig& cfg, const StepRates& rates, const Param& p, int64_t step,
+                      double grad_scale);
 
 // Global L2 norm of all gradients (each element once), accumulated in double.
 double grad_norm(ParamSet& params);

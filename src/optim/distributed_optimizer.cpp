@@ -40,8 +40,18 @@ DistributedOptimizer::DistributedOptimizer(GradBuckets& buckets, const AdamWConf
   std::vector<std::pair<int64_t, int64_t>> groups;
   for (const Segment& s : segments_) groups.emplace_back(s.state, s.state + s.numel);
   const DType wide = params_.main().dtype();
-  exp_avg_ = MomentStorage(owned, cfg.exp_avg_dtype, wide, params_.main().device(), groups);
-  exp_avg_sq_ = MomentStorage(owned, cfg.exp_avg_sq_dtype, wide, params_.main().device(), groups);
+  // SGD keeps one buffer (none without momentum): the states it lacks hold no elements.
+  MEGATRON_CHECK(!cfg.sgd() || (cfg.exp_avg_dtype == MomentDType::kF32 &&
+                                cfg.exp_avg_sq_dtype == MomentDType::kF32),
+                 "the precision-aware optimizer's storage is Adam's (--use-precision-aware-optimizer "
+                 "only supported with adam)");
+  auto state = [&](int index, MomentDType dtype) {
+    return cfg.states() > index
+               ? MomentStorage(owned, dtype, wide, params_.main().device(), groups)
+               : MomentStorage(0, dtype, wide, params_.main().device(), {});
+  };
+  exp_avg_ = state(0, cfg.exp_avg_dtype);
+  exp_avg_sq_ = state(1, cfg.exp_avg_sq_dtype);
 }
 
 std::pair<Tensor, Tensor> DistributedOptimizer::moments_f32() const {
@@ -77,6 +87,11 @@ void DistributedOptimizer::step(const StepRates& rates, double grad_scale) {
     spec.weight_decay = static_cast<float>(rates.decay_of(*s.param));
     Tensor rounded = round && !s.param->fp8 ? compute_of(s) : Tensor();
     Tensor* r = rounded.defined() ? &rounded : nullptr;
+    if (cfg_.sgd()) {
+      Tensor buf = cfg_.states() >= 1 ? exp_avg_.group(group) : Tensor();
+      ops::sgd_step(w, buf, grad_of(s), sgd_spec(cfg_, rates, *s.param, step_, grad_scale), r);
+      continue;
+    }
     Tensor m, v;
     if (exp_avg_.scaled() || exp_avg_sq_.scaled()) {
       // fp16 / fp8 moments (the precision-aware optimizer): rescaled per segment by the step.

@@ -10,7 +10,8 @@
 //
 //   m, v   the Adam moments, 2 x 4 bytes per owned element in fp32, fewer with the
 //          precision-aware optimizer's storage (MomentStorage: bf16, fp16 or fp8 moments,
-//          AdamWConfig's exp_avg_dtype / exp_avg_sq_dtype): state_bytes() falls as 1/dp
+//          AdamWConfig's exp_avg_dtype / exp_avg_sq_dtype): state_bytes() falls as 1/dp;
+//          under --optimizer sgd, m is the momentum buffer (none without momentum) and v empty
 //   w      the fp32 main weights: the owned range of ParamSet::main(), stepped in place
 //
 // Where w and g live is the ParamSet's (ParamSet::main_shard / grad_shard): in fp32 runs the
@@ -104,6 +105,7 @@ class DistributedOptimizer final : public ParamGate {
   // every rank: each element of the model has exactly one owner per model-parallel rank).
   bool grads_finite() const;
 
+  const AdamWConfig& config() const { return cfg_; }
   int64_t steps() const { return step_; }
   // Restores the step counter (bias correction) from a checkpoint.
   void set_steps(int64_t steps) { step_ = steps; }

@@ -531,6 +531,27 @@ void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor
   MEGATRON_DISPATCH(device, adamw_step(param, exp_avg, exp_avg_sq, grad, spec, rounded));
 }
 
+void sgd_step(Tensor& param, Tensor& momentum_buffer, const Tensor& grad, const SgdSpec& spec,
+              Tensor* rounded) {
+  const OpTimer timer(OpCategory::kOptimizer, __func__);
+  if (rounded) {
+    MEGATRON_CHECK(is_half(rounded->dtype()) && rounded->numel() == param.numel(),
+                   "sgd_step: rounded must be bf16 or f16 with param's ", param.numel(),
+                   " elements, got ", rounded->str());
+  }
+  MEGATRON_CHECK(spec.momentum >= 0, "sgd_step: momentum must be >= 0, got ", spec.momentum);
+  const bool buffer = spec.momentum != 0;
+  if (buffer) {
+    MEGATRON_CHECK(momentum_buffer.numel() == param.numel() &&
+                       momentum_buffer.dtype() == param.dtype(),
+                   "sgd_step: the momentum buffer ", momentum_buffer.str(),
+                   " must have the weights' dtype and size ", param.str());
+  }
+  const Device device = buffer ? device_of("sgd_step", {&param, &momentum_buffer, &grad})
+                               : device_of("sgd_step", {&param, &grad});
+  MEGATRON_DISPATCH(device, sgd_step(param, momentum_buffer, grad, spec, rounded));
+}
+
 namespace {
 // fp16 and E4M3 codes: the moments stored with a scale.
 bool is_scaled_moment(DType t) {

@@ -361,6 +361,21 @@ void store_moment(StoredMoment m, Tensor& values);
 // the moments, adamw_step on them, and storing each with moment_scaling of its abs_max.
 void adamw_step_scaled(Tensor& param, StoredMoment exp_avg, StoredMoment exp_avg_sq,
                        const Tensor& grad, const AdamWSpec& spec, Tensor* rounded = nullptr);
+// One SGD step as Megatron's --optimizer sgd runs it (Apex's / Transformer Engine's FusedSGD,
+// which compute torch.optim.SGD's rule with dampening 0, no Nesterov), over flat buffers:
+//   d = g + wd * p                      (L2 weight decay, added to the gradient)
+//   buf = first ? d : momentum * buf + d (the momentum buffer; none when momentum is 0)
+//   p -= lr * (momentum ? buf : d)
+// g is grad * grad_scale as in adamw_step. first: the buffer's first step, which copies d (as
+// FusedSGD's first_run and torch's fresh momentum_buffer do). momentum_buffer has param's dtype
+// and size, or no elements when momentum is 0. rounded: as in adamw_step.
+struct SgdSpec {
+  float lr = 0, momentum = 0, weight_decay = 0;
+  bool first = false;
+  double grad_scale = 1.0;
+};
+void sgd_step(Tensor& param, Tensor& momentum_buffer, const Tensor& grad, const SgdSpec& spec,
+              Tensor* rounded = nullptr);
 // sum of squares of every element, accumulated in double.
 double sum_squares(const Tensor& x);
 // The number of elements equal to zero (Megatron's --log-num-zeros-in-grad).

@@ -146,7 +146,9 @@ struct Arguments {
   bool fp8_param_gather = false;  // --fp8-param-gather: FP8 weights kept and gathered as FP8
 
   // ---- optimizer and schedule ----
-  std::string optimizer = "adam";       // adam (AdamW) or onebit_adam (DeepSpeed's 1-bit Adam)
+  // adam (AdamW), sgd (momentum SGD) or onebit_adam (DeepSpeed's 1-bit Adam)
+  std::string optimizer = "adam";
+  double sgd_momentum = 0.9;            // --sgd-momentum (Megatron's default)
   int64_t onebit_freeze_step = 100000;  // --onebit-freeze-step (DeepSpeed's freeze_step)
   // --use-precision-aware-optimizer: the Adam moments stored in --exp-avg-dtype /
   // --exp-avg-sq-dtype (fp32, fp16, bf16, fp8; optim/moment_storage.h), distributed optimizer only

@@ -235,8 +235,12 @@ void for_each_box(const CheckpointTarget& t, bool optim, bool writes_only, Fn&& 
     for (const cp::Piece& piece : cp::shard_pieces(*p, 0, p->shape.numel())) {
       fn("model." + p->name, *p, flat, at, piece);
       if (optim && t.optimizer && p->requires_grad) {
-        fn("optimizer.exp_avg." + p->name, *p, t.optimizer->exp_avg(), at, piece);
-        fn("optimizer.exp_avg_sq." + p->name, *p, t.optimizer->exp_avg_sq(), at, piece);
+        const AdamWConfig& c = t.optimizer->config();
+        if (c.states() >= 1)
+          fn(std::string("optimizer.") + first_state_name(c) + "." + p->name, *p,
+             t.optimizer->exp_avg(), at, piece);
+        if (c.states() >= 2)
+          fn("optimizer.exp_avg_sq." + p->name, *p, t.optimizer->exp_avg_sq(), at, piece);
       }
     }
   }
@@ -260,13 +264,16 @@ void for_each_box(const CheckpointTarget& t, bool optim, bool writes_only, Fn&& 
   // The moments in fp32 whatever their storage (the precision-aware optimizer's bf16, fp16 or fp8
   // moments are saved unscaled, as Megatron saves them), stored back after a load.
   auto [exp_avg, exp_avg_sq] = t.dist_optimizer->moments_f32();
+  const AdamWConfig& c = t.dist_optimizer->config();
+  const std::string first = std::string("optimizer.") + first_state_name(c) + ".";
   for (const auto& seg : t.dist_optimizer->owned_segments()) {
     if (writes_only && (seg.param->is_duplicate() || instance_of(t, *seg.param) != 0)) continue;
     // The segment's moments start at seg.state for the Param's element seg.param_begin.
     const int64_t at = seg.state - seg.param_begin;
     for (const cp::Piece& piece : cp::shard_pieces(*seg.param, seg.param_begin, seg.numel)) {
-      fn("optimizer.exp_avg." + seg.param->name, *seg.param, exp_avg, at, piece);
-      fn("optimizer.exp_avg_sq." + seg.param->name, *seg.param, exp_avg_sq, at, piece);
+      if (c.states() >= 1) fn(first + seg.param->name, *seg.param, exp_avg, at, piece);
+      if (c.states() >= 2)
+        fn("optimizer.exp_avg_sq." + seg.param->name, *seg.param, exp_avg_sq, at, piece);
     }
   }
   if (!writes_only) t.dist_optimizer->set_moments(exp_avg, exp_avg_sq);
@@ -308,11 +315,13 @@ bool is_extra_state(const CheckpointTarget& t, const Param& p) {
 }  // namespace
 
 void load_shards(cp::CheckpointReader& reader, const CheckpointTarget& t, bool optim,
-                 bool* extra_missing_out) {
+                 bool* extra_missing_out, bool no_momentum_buffers) {
   bool extra_missing = false;
   for_each_box(t, optim, /*writes_only=*/false,
                [&](const std::string& name, const Param& p, Tensor& flat, int64_t at,
                    const cp::Piece& piece) {
+                 if (no_momentum_buffers && name.starts_with("optimizer.momentum_buffer."))
+                   return;
                  // Extra state a checkpoint may lack (saved without FP8): kept as it is.
                  if (is_extra_state(t, p) && !reader.has(name)) {
                    extra_missing = true;

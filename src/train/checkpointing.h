@@ -7,6 +7,7 @@
 //                                  state (FP8 scales and amax histories)
 //   optimizer.exp_avg.<param>      Adam's first moment   } unless --no-save-optim
 //   optimizer.exp_avg_sq.<param>   Adam's second moment  }
+//   optimizer.momentum_buffer.<param>  instead, SGD's (--optimizer sgd; none with momentum 0)
 // Every element is written once: the weights and the plain optimizer's moments by data-parallel
 // rank 0, the distributed optimizer's moments (and sharded main weights) by the rank that owns
 // them in distributed-optimizer instance 0 (--num-distributed-optimizer-instances), and never by a
@@ -102,8 +103,10 @@ std::vector<checkpoint::ShardEntry> shard_entries(const CheckpointTarget& t, boo
 // then all-gathers the compute copy: DistributedOptimizer::refresh_compute). Errors name the
 // tensor and the file.
 // extra_missing (optional): set when the checkpoint lacks some of t.extra_state (kept as it is).
+// no_momentum_buffers: the checkpoint was saved by SGD without momentum (no buffers); this run's
+// buffers are left as they are (zero: the same next step as torch's fresh buffers).
 void load_shards(checkpoint::CheckpointReader& reader, const CheckpointTarget& t, bool optim,
-                 bool* extra_missing = nullptr);
+                 bool* extra_missing = nullptr, bool no_momentum_buffers = false);
 // The weights of `t` that the checkpoint has (no optimizer state), as Megatron's finetuning loads
 // a pretrained checkpoint with strict=False; returns the names of the parameters it lacks, which
 // keep their values. Tensors of the checkpoint the model lacks are not read.

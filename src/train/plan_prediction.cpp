@@ -82,6 +82,8 @@ void apply_layout_to_args(const plan::Layout& l, Arguments& a) {
 }
 
 double moment_bytes_from_args(const Arguments& a) {
+  // SGD: one fp32 momentum buffer, or nothing without momentum.
+  if (a.optimizer == "sgd") return a.sgd_momentum != 0 ? 4.0 : 0.0;
   MomentDType m = MomentDType::kF32, v = MomentDType::kF32;
   if (!parse_moment_dtype(a.exp_avg_dtype, &m) || !parse_moment_dtype(a.exp_avg_sq_dtype, &v))
     return 8.0;  // refused by the argument checks before a run gets here

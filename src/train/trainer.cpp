@@ -366,7 +366,7 @@ void Trainer::build_model() {
   {
     ShardedState sharded{distributed, params_->main_sharded(), params_->grads_sharded(),
                          params_->weights_sharded()};
-    sharded.moment_bytes = moment_bytes_from_args(args_);  // the precision-aware optimizer's
+    sharded.moment_bytes = moment_bytes_from_args(args_);  // SGD buffer / Adam moment storage
     int64_t fp8_weights = 0, frozen = 0;
     for (const Param* p : params_->params()) {
       if (p->fp8) fp8_weights += p->shape.numel();
@@ -465,7 +465,15 @@ void Trainer::build_optimizer() {
   executor_ = std::make_unique<PipelineExecutor>(ps.pp_group(), virtual_stages_, device_);
 
   // The weight decay of each step comes from the schedule (StepRates); this is the constant one.
-  const AdamWConfig adam{args_.adam_beta1, args_.adam_beta2, args_.adam_eps, args_.weight_decay};
+  AdamWConfig adam{args_.adam_beta1, args_.adam_beta2, args_.adam_eps, args_.weight_decay};
+  if (args_.optimizer == "sgd") {
+    adam.rule = UpdateRule::kSgd;
+    adam.sgd_momentum = args_.sgd_momentum;
+    log_first(strprintf(
+        " > SGD (Megatron's --optimizer sgd, FusedSGD's rule): momentum %g%s, weight decay added "
+        "to the gradient (L2), no bias correction",
+        args_.sgd_momentum, args_.sgd_momentum != 0 ? " (one buffer per weight)" : ", no buffer"));
+  }
   if (distributed) {
     AdamWConfig moments = adam;
     // --use-precision-aware-optimizer's storage (validated: fp32 without the flag).
@@ -482,9 +490,12 @@ void Trainer::build_optimizer() {
                               : nullptr);
     }
     log_first(strprintf(
-        " > distributed optimizer: each of the %ld data-parallel%s ranks keeps the Adam moments "
+        " > distributed optimizer: each of the %ld data-parallel%s ranks keeps the %s "
         "%sof 1/%ld of every gradient bucket (%.2f MB on this rank)%s%s",
         static_cast<long>(opt_size_), ps.cp_size() > 1 ? " x context-parallel" : "",
+        !adam.sgd()               ? "Adam moments"
+        : adam.states() > 0 ? "SGD momentum buffers"
+                                  : "(stateless) SGD updates",
         params_->main_sharded() ? "and the fp32 main weights " : "", static_cast<long>(opt_size_),
         static_cast<double>(dist_optimizer_->state_bytes()) / 1048576.0,
         ps.num_distributed_optimizer_instances() > 1
@@ -1608,9 +1619,23 @@ void Trainer::load_checkpoint() {
       MEGATRON_CHECK(meta.value("has_optimizer_state", false), "checkpoint ", dir,
                      " has no optimizer state (it was saved with --no-save-optim): pass "
                      "--no-load-optim (moments start at zero) or --finetune");
+      // Adam's moments and SGD's momentum buffer are different state (torch's load_state_dict
+      // would fail on the keys); older checkpoints were Adam's. 1-bit Adam keeps Adam's.
+      const std::string saved_optimizer = meta.value("optimizer", std::string("adam"));
+      MEGATRON_CHECK((saved_optimizer == "sgd") == (args_.optimizer == "sgd"), "checkpoint ",
+                     dir, " holds the optimizer state of --optimizer ", saved_optimizer,
+                     ", which --optimizer ", args_.optimizer,
+                     " cannot continue: pass --no-load-optim (its state starts afresh) or --optimizer ",
+                     saved_optimizer);
     }
+    // SGD saved without momentum has no buffers: one taking momentum now starts them at zero.
+    const bool no_buffers = optim && args_.optimizer == "sgd" && args_.sgd_momentum != 0 &&
+                            meta.value("sgd_momentum", args_.sgd_momentum) == 0.0;
+    if (no_buffers)
+      log_first("checkpoint " + dir +
+                " was saved by SGD without momentum: the momentum buffers start at zero");
     bool fp8_state_missing = false;
-    load_shards(reader, checkpoint_target(), optim, &fp8_state_missing);
+    load_shards(reader, checkpoint_target(), optim, &fp8_state_missing, no_buffers);
     if (fp8_state_missing)
       log_first("checkpoint " + dir +
                 " has no FP8 scaling state for some layers (saved without "
@@ -1693,6 +1718,8 @@ nlohmann::json Trainer::checkpoint_extra() const {
       {"args", model_args_json(args_, cfg_)},
       {"arguments", args_.argument_record},
       {"has_optimizer_state", args_.save_optim},
+      {"optimizer", args_.optimizer},
+      {"sgd_momentum", args_.sgd_momentum},
       {"padded_vocab_size", cfg_.padded_vocab_size},
       {"tokenizer", {{"type", args_.tokenizer_type}, {"vocab_size", cfg_.vocab_size}}},
       {"layout", layout_record()},

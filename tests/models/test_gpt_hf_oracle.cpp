@@ -1,6 +1,6 @@
 // The PyTorch oracle: a tiny GPT-2-style and a tiny Llama-style model with random weights, written
 // by tests/reference/hf_oracle.py as Hugging Face safetensors together with PyTorch's logits,
-// loss, every parameter gradient and the losses of 10 AdamW steps. We load the same directory
+// loss, every parameter gradient and the losses of 10 AdamW and 10 SGD steps. We load the same directory
 // through our HF importer and must reproduce all of it.
 //
 // Usage: test_hf_oracle ORACLE_DIR (CTest runs the Python script first, as a fixture).
@@ -13,6 +13,7 @@
 //   up as O(|g|) error, three orders above this bound.
 // - AdamW losses over 10 steps: 1e-4 relative. Adam normalises updates, so tiny gradient
 //   differences can flip the sign of near-zero updates; the loss still agrees to ~1e-5.
+// - SGD (with momentum) losses over 10 steps: the same 1e-4 relative bound.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -151,6 +152,28 @@ void run_oracle(const std::string& arch,
     clip_grads(*fresh.params, 1.0, grad_norm(*fresh.params));
     opt.step(1e-3);
   }
+
+  // 10 steps of --optimizer sgd from the initial weights: torch.optim.SGD with lr 0.05, momentum
+  // 0.9, wd 0.1 on matrices (L2), clip 1.0. The same tolerance as Adam's (each step's update is
+  // lr x the clipped gradient, so the losses follow the gradients' 1e-3 agreement more closely).
+  Loaded again = load(root + "/model", variant);
+  AdamWConfig sgd_cfg{0.9, 0.95, 1e-8, 0.1};
+  sgd_cfg.rule = UpdateRule::kSgd;
+  sgd_cfg.sgd_momentum = 0.9;
+  AdamW sgd(*again.params, sgd_cfg);
+  Tensor want_sgd = expected.read("sgd_losses");
+  for (int64_t step = 0; step < want_sgd.numel(); ++step) {
+    GPTModel::Ctx sctx;
+    Tensor l2 = again.model->forward(batch.inputs, batch.labels, Tensor(), sctx, oracle_mode(c));
+    EXPECT_NEAR(mean_loss(l2), want_sgd.item(step), 1e-4 * want_sgd.item(step))
+        << "sgd step " << step;
+    again.params->zero_grads();
+    set_mtp_gradients(c, B, S, sctx);
+    again.model->backward(Tensor::full({B, S}, 1.0 / static_cast<double>(B * S)), sctx);
+    clip_grads(*again.params, 1.0, grad_norm(*again.params));
+    sgd.step(0.05);
+  }
+  EXPECT_LT(want_sgd.item(want_sgd.numel() - 1), want_sgd.item(0) - 0.01);  // SGD moved the loss
 }
 
 TEST(PyTorchOracle, Gpt2LogitsLossGradientsAndAdamW) {

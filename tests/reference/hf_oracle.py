@@ -8,7 +8,9 @@ LlamaForCausalLM (eager attention path), and writes:
   DIR/model/config.json           Hugging Face style config
   DIR/model/model.safetensors     weights under Hugging Face names, F32
   DIR/expected.safetensors        tokens, logits, loss, grad.<name>,
-                                  grad_norm, adam_losses
+                                  grad_norm, adam_losses (10 AdamW steps),
+                                  sgd_losses (10 torch.optim.SGD steps with
+                                  momentum, from the same initial weights)
 
 What this is not: it does not import or call the transformers or
 safetensors packages (both are re-implemented here in a few lines), it is
@@ -75,6 +77,8 @@ BETAS = (0.9, 0.95)
 EPS = 1e-8
 WEIGHT_DECAY = 0.1
 CLIP = 1.0
+SGD_LR = 0.05  # large enough that 10 steps move the loss well past float noise
+SGD_MOMENTUM = 0.9  # Megatron's --sgd-momentum default
 
 GPT2_CONFIG = {
     "model_type": "gpt2",
@@ -1021,19 +1025,22 @@ def run(arch, out_dir, seed):
          {"params": no_decay, "weight_decay": 0.0}],
         lr=LR, betas=BETAS, eps=EPS)
 
+    def objective_of():
+        if cfg.get("num_nextn_predict_layers"):  # the objective with Megatron's MTP term
+            mtp_logits = []
+            logits = forward(cfg, params, inputs, mtp_logits=mtp_logits)
+            loss = lm_loss(logits, labels)
+            return logits, loss, loss + mtp_objective(cfg, mtp_logits, labels)
+        logits = forward(cfg, params, inputs)
+        loss = lm_loss(logits, labels)
+        return logits, loss, loss
+
     expected_logits = expected_loss = grad_norm0 = None
     grads0 = {}
     losses = []
     for step in range(ADAM_STEPS):
         opt.zero_grad(set_to_none=True)
-        if cfg.get("num_nextn_predict_layers"):  # the objective with Megatron's MTP term
-            mtp_logits = []
-            logits = forward(cfg, params, inputs, mtp_logits=mtp_logits)
-            loss = lm_loss(logits, labels)
-            objective = loss + mtp_objective(cfg, mtp_logits, labels)
-        else:
-            logits = forward(cfg, params, inputs)
-            loss = objective = lm_loss(logits, labels)
+        logits, loss, objective = objective_of()
         if not torch.isfinite(loss):
             raise RuntimeError(f"non-finite loss at step {step}: {loss.item()}")
         losses.append(loss.item())
@@ -1055,6 +1062,28 @@ def run(arch, out_dir, seed):
         expected["grad." + n] = grads0[n]
     expected["grad_norm"] = grad_norm0
     expected["adam_losses"] = torch.tensor(losses, dtype=torch.float32)
+
+    # Megatron's --optimizer sgd (FusedSGD = torch.optim.SGD: momentum, L2 decay on matrices)
+    # from the initial weights, the same batch and clipping.
+    with torch.no_grad():
+        for n in names:
+            params[n].copy_(weights0[n])
+            params[n].grad = None
+    sgd = torch.optim.SGD(
+        [{"params": decay, "weight_decay": WEIGHT_DECAY},
+         {"params": no_decay, "weight_decay": 0.0}],
+        lr=SGD_LR, momentum=SGD_MOMENTUM)
+    sgd_losses = []
+    for step in range(ADAM_STEPS):
+        sgd.zero_grad(set_to_none=True)
+        _, loss, objective = objective_of()
+        sgd_losses.append(loss.item())
+        objective.backward()
+        torch.nn.utils.clip_grad_norm_([params[n] for n in names], CLIP)
+        sgd.step()
+    if not sgd_losses[-1] < sgd_losses[0]:
+        raise RuntimeError(f"SGD did not reduce the loss: {sgd_losses}")
+    expected["sgd_losses"] = torch.tensor(sgd_losses, dtype=torch.float32)
     write_safetensors(os.path.join(out_dir, "expected.safetensors"), expected)
 
     if "megatron_aux" in cfg:

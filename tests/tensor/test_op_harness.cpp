@@ -588,6 +588,20 @@ void register_attention_and_optimizer() {
            return std::vector<Tensor>{pt, m, v2};
          }},
         {"adamw_step"});
+    // SGD: the buffer's first step (a copy), a second one (momentum), and no buffer.
+    const Tensor g2 = random_tensor({n}, 27, 1.0, DType::kF64);
+    add({"sgd_step", dims(Shape{n}),
+         [=](const Place& p) {
+           Tensor pt = p(param), buf = p.zeros({n}), none;
+           ops::SgdSpec sgd{1e-2f, 0.9f, 0.1f, true, 0.7};
+           ops::sgd_step(pt, buf, p(g), sgd);
+           sgd.first = false;
+           ops::sgd_step(pt, buf, p(g2), sgd);
+           Tensor plain = p(param);
+           ops::sgd_step(plain, none, p(g), ops::SgdSpec{1e-2f, 0.0f, 0.1f, true, 1.0});
+           return std::vector<Tensor>{pt, buf, plain};
+         }},
+        {"sgd_step"});
     // The precision-aware optimizer's scaled moments (fp16 and E4M3 codes from zero): the CPU's
     // two-pass kernel in f32, the composed ops elsewhere. Gradients from a few dyadic values and
     // beta 0.5, so that every scaled moment lies well inside a rounding interval of its format

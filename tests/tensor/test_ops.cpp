@@ -715,6 +715,73 @@ TEST(AdamW, MatchesReferenceOverSteps) {
   EXPECT_TRUE(allclose(p, st.param, 1e-6, 1e-5));  // the reference scales the same way
 }
 
+// torch.optim.SGD's rule (momentum, dampening 0, L2 decay) on numbers worked by hand, then over
+// steps against the f64 device, fused clipping, no buffer, and the rounded compute copy.
+TEST(Sgd, TorchRuleByHandAndOverSteps) {
+  // p = 1, g = 0.5, wd 0.25, momentum 0.5, lr 0.125:
+  //   step 1: d = 0.5 + 0.25 = 0.75, buf = 0.75, p = 1 - 0.09375 = 0.90625
+  //   step 2 (g = 0.5): d = 0.5 + 0.2265625 = 0.7265625, buf = 0.375 + 0.7265625 = 1.1015625,
+  //           p = 0.90625 - 0.1376953125 = 0.7685546875 (every value exact in f32)
+  Tensor p = Tensor::full({1}, 1.0), buf = Tensor::zeros({1}), g = Tensor::full({1}, 0.5);
+  ops::SgdSpec spec{0.125f, 0.5f, 0.25f, true, 1.0};
+  ops::sgd_step(p, buf, g, spec);
+  EXPECT_EQ(p.item(0), 0.90625);
+  EXPECT_EQ(buf.item(0), 0.75);
+  spec.first = false;
+  ops::sgd_step(p, buf, g, spec);
+  EXPECT_EQ(buf.item(0), 1.1015625);
+  EXPECT_EQ(p.item(0), 0.7685546875);
+
+  const int64_t n = 4099;  // not a multiple of any vector width or thread split
+  Tensor w = random_tensor({n}, 40), b = Tensor::zeros({n});
+  Tensor w64 = f64(w), b64 = Tensor::zeros({n}, DType::kF64);
+  for (int64_t step = 1; step <= 5; ++step) {
+    Tensor gs = random_tensor({n}, 140 + static_cast<uint64_t>(step));
+    const ops::SgdSpec s{1e-2f, 0.9f, 0.1f, step == 1, 0.8};
+    ops::sgd_step(w, b, gs, s);
+    Tensor g64 = f64(gs);
+    ops::sgd_step(w64, b64, g64, s);
+  }
+  // Five f32 steps of a few roundings each on weights of size ~1: 1e-6 relative.
+  EXPECT_TRUE(allclose(w, w64, 1e-6, 1e-6));
+  EXPECT_TRUE(allclose(b, b64, 1e-6, 1e-6));
+
+  // The clipping factor gives exactly the step on gradients scaled in place first.
+  Tensor gg = random_tensor({n}, 150);
+  Tensor w1 = w.clone(), b1 = b.clone(), w2 = w.clone(), b2 = b.clone();
+  ops::sgd_step(w1, b1, gg, ops::SgdSpec{1e-2f, 0.9f, 0.1f, false, 0.37});
+  Tensor scaled = gg.clone();
+  ops::scale_inplace(scaled, 0.37);
+  ops::sgd_step(w2, b2, scaled, ops::SgdSpec{1e-2f, 0.9f, 0.1f, false, 1.0});
+  EXPECT_TRUE(allclose(w1, w2, 0, 0));
+  EXPECT_TRUE(allclose(b1, b2, 0, 0));
+
+  // Momentum 0: no buffer, plain p -= lr (g + wd p); the first step with a buffer is the same.
+  Tensor none, w3 = w.clone(), w4 = w.clone(), b4 = Tensor::full({n}, 123.0);
+  ops::sgd_step(w3, none, gg, ops::SgdSpec{1e-2f, 0.0f, 0.1f, false, 1.0});
+  ops::sgd_step(w4, b4, gg, ops::SgdSpec{1e-2f, 0.9f, 0.1f, true, 1.0});
+  EXPECT_TRUE(allclose(w3, w4, 0, 0));
+  EXPECT_FALSE(allclose(w3, w, 0, 0));  // the step moved the weights
+
+  // The 16-bit copy written in the pass is the updated weights converted.
+  for (DType half : {DType::kBF16, DType::kF16}) {
+    Tensor w5 = w.clone(), b5 = b.clone(), w6 = w.clone(), b6 = b.clone();
+    Tensor rounded = Tensor::empty({n}, half);
+    const ops::SgdSpec s{1e-2f, 0.9f, 0.1f, false, 1.0};
+    ops::sgd_step(w5, b5, gg, s, &rounded);
+    ops::sgd_step(w6, b6, gg, s);
+    EXPECT_TRUE(allclose(w5, w6, 0, 0));
+    const Tensor want = w6.to(half);
+    EXPECT_EQ(std::memcmp(rounded.raw(), want.raw(), static_cast<size_t>(n) * 2), 0)
+        << dtype_name(half);
+  }
+  Tensor short_buf = Tensor::zeros({n - 1});
+  EXPECT_THROW(ops::sgd_step(w, short_buf, gg, ops::SgdSpec{1e-2f, 0.9f, 0.0f, false, 1.0}),
+               InvalidArgument);
+  EXPECT_THROW(ops::sgd_step(w, b, gg, ops::SgdSpec{1e-2f, -0.5f, 0.0f, false, 1.0}),
+               InvalidArgument);
+}
+
 // The mixed-precision step writes the 16-bit compute copy in the same pass: its bits must be those
 // of converting the updated weights afterwards (what the separate pass did), and the weights and
 // moments those of the step without it.

@@ -574,6 +574,19 @@ void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor
   if (rounded) rounded->copy_from(param);
 }
 
+void sgd_step(Tensor& param, Tensor& momentum_buffer, const Tensor& grad, const SgdSpec& spec,
+              Tensor* rounded) {
+  same_numel(param, grad, "sgd_step");
+  const bool buffer = spec.momentum != 0;
+  if (buffer) same_numel(param, momentum_buffer, "sgd_step");
+  const SgdArgs a{spec.lr, spec.momentum, spec.weight_decay, spec.grad_scale, spec.first};
+  dispatch_float(param, "sgd_step", [&]<typename T>() {
+    cuda::sgd(P<T>(param), buffer ? P<T>(momentum_buffer) : nullptr, P<T>(grad), param.numel(),
+              a);
+  });
+  if (rounded) rounded->copy_from(param);  // a second pass, as adamw_step's
+}
+
 double sum_squares(const Tensor& x) {
   double s = 0;
   dispatch_float(x, "sum_squares",

@@ -264,6 +264,22 @@ __global__ void adamw4_kernel(float4* p, float4* m, float4* v, const float4* g, 
   }
 }
 
+// FusedSGD's per-element rule (ops::sgd_step): decay into the gradient, the buffer (a copy on its
+// first step), the weight moved by lr times it.
+template <typename T>
+__global__ void sgd_kernel(T* p, T* buf, const T* g, int64_t n, T lr, T mu, T wd, T gs,
+                           bool first) {
+  MEGATRON_GRID_LOOP(i, n) {
+    const T gi = g[i] * gs;  // rounded, as clipping in place leaves it
+    T d = fma(wd, p[i], gi);
+    if (buf) {
+      if (!first) d = buf[i] * mu + d;
+      buf[i] = d;
+    }
+    p[i] = fma(-lr, d, p[i]);
+  }
+}
+
 // Reductions: block b sums elements [b * chunk, (b + 1) * chunk) into partial[b].
 constexpr int64_t kReduceChunk = 16384;
 template <typename T>
@@ -428,6 +444,15 @@ void activation_backward(T* dx, const T* dout, const T* x, int64_t n, Activation
   check_launch("activation backward");
 }
 template <typename T>
+void sgd(T* p, T* buf, const T* g, int64_t n, const SgdArgs& a) {
+  if (n == 0) return;
+  sgd_kernel<<<blocks_for(n), kThreads>>>(p, buf, g, n, static_cast<T>(a.lr),
+                                          static_cast<T>(a.momentum),
+                                          static_cast<T>(a.weight_decay),
+                                          static_cast<T>(a.grad_scale), a.first);
+  check_launch("sgd_step");
+}
+template <typename T>
 void swiglu_forward(T* out, const T* x, int64_t rows, int64_t f) {
   if (rows * f == 0) return;
   swiglu_forward_kernel<<<blocks_for(rows * f), kThreads>>>(out, x, rows, f);
@@ -519,6 +544,7 @@ void masked_sum(const T* loss, const float* mask, int64_t n, double* sum, double
   template void swiglu_backward<T>(T*, const T*, const T*, int64_t, int64_t);           \
   template void dropout<T>(T*, const T*, int64_t, float, uint64_t, uint64_t, uint64_t); \
   template void adamw<T>(T*, T*, T*, const T*, int64_t, const AdamArgs&);               \
+  template void sgd<T>(T*, T*, const T*, int64_t, const SgdArgs&);                    \
   template double sum_squares<T>(const T*, int64_t);                                    \
   template int64_t count_zeros<T>(const T*, int64_t);                                   \
   template void masked_sum<T>(const T*, const float*, int64_t, double*, double*);

@@ -190,6 +190,13 @@ struct AdamArgs {
 };
 template <typename T>
 void adamw(T* p, T* m, T* v, const T* g, int64_t n, const AdamArgs& a);
+struct SgdArgs {
+  double lr, momentum, weight_decay, grad_scale;
+  bool first;
+};
+// buf: nullptr when momentum is 0 (no buffer).
+template <typename T>
+void sgd(T* p, T* buf, const T* g, int64_t n, const SgdArgs& a);
 
 }  // namespace megatron::cuda
 

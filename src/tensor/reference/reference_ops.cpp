@@ -531,6 +531,22 @@ void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor
   if (rounded) rounded->copy_from(param);
 }
 
+void sgd_step(Tensor& param, Tensor& momentum_buffer, const Tensor& grad, const SgdSpec& spec,
+              Tensor* rounded) {
+  const bool buffer = spec.momentum != 0;
+  f64("sgd_step", {&param, &grad});
+  if (buffer) f64("sgd_step", {&momentum_buffer});
+  for (int64_t i = 0; i < param.numel(); ++i) {
+    double d = P(grad)[i] * spec.grad_scale + double{spec.weight_decay} * P(param)[i];
+    if (buffer) {
+      if (!spec.first) d += double{spec.momentum} * P(momentum_buffer)[i];
+      W(momentum_buffer)[i] = d;
+    }
+    W(param)[i] -= double{spec.lr} * d;
+  }
+  if (rounded) rounded->copy_from(param);
+}
+
 double sum_squares(const Tensor& x) {
   f64("sum_squares", {&x});
   double s = 0;
