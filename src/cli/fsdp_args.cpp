@@ -63,9 +63,9 @@ void validate_fsdp_args(Arguments& a) {
   // Megatron-FSDP (v1) runs on the distributed optimizer; with no_shard nothing is sharded and
   // it is plain data parallelism.
   a.use_distributed_optimizer = s != "no_shard";
-  MEGATRON_CHECK(a.optimizer == "adam", "--use-megatron-fsdp with --optimizer ", a.optimizer,
-                 ": Megatron-FSDP supports Adam only (1-bit Adam averages whole momenta, which "
-                 "sharding splits); use --optimizer adam");
+  MEGATRON_CHECK(a.optimizer != "onebit_adam", "--use-megatron-fsdp with --optimizer ", a.optimizer,
+                 ": 1-bit Adam averages whole momenta, which Megatron-FSDP's sharding splits; use "
+                 "--optimizer adam or sgd");
 }
 
 }  // namespace megatron::cli

@@ -41,14 +41,14 @@ DistributedOptimizer::DistributedOptimizer(GradBuckets& buckets, const AdamWConf
   for (const Segment& s : segments_) groups.emplace_back(s.state, s.state + s.numel);
   const DType wide = params_.main().dtype();
   // SGD keeps one buffer (none without momentum): the states it lacks hold no elements.
-  MEGATRON_CHECK(!cfg.sgd() || (cfg.exp_avg_dtype == MomentDType::kF32 &&
-                                cfg.exp_avg_sq_dtype == MomentDType::kF32),
-                 "the precision-aware optimizer's storage is Adam's (--use-precision-aware-optimizer "
-                 "only supported with adam)");
+  MEGATRON_CHECK(
+      !cfg.sgd() ||
+          (cfg.exp_avg_dtype == MomentDType::kF32 && cfg.exp_avg_sq_dtype == MomentDType::kF32),
+      "the precision-aware optimizer's storage is Adam's (--use-precision-aware-optimizer "
+      "only supported with adam)");
   auto state = [&](int index, MomentDType dtype) {
-    return cfg.states() > index
-               ? MomentStorage(owned, dtype, wide, params_.main().device(), groups)
-               : MomentStorage(0, dtype, wide, params_.main().device(), {});
+    return cfg.states() > index ? MomentStorage(owned, dtype, wide, params_.main().device(), groups)
+                                : MomentStorage(0, dtype, wide, params_.main().device(), {});
   };
   exp_avg_ = state(0, cfg.exp_avg_dtype);
   exp_avg_sq_ = state(1, cfg.exp_avg_sq_dtype);

@@ -542,10 +542,10 @@ void sgd_step(Tensor& param, Tensor& momentum_buffer, const Tensor& grad, const 
   MEGATRON_CHECK(spec.momentum >= 0, "sgd_step: momentum must be >= 0, got ", spec.momentum);
   const bool buffer = spec.momentum != 0;
   if (buffer) {
-    MEGATRON_CHECK(momentum_buffer.numel() == param.numel() &&
-                       momentum_buffer.dtype() == param.dtype(),
-                   "sgd_step: the momentum buffer ", momentum_buffer.str(),
-                   " must have the weights' dtype and size ", param.str());
+    MEGATRON_CHECK(
+        momentum_buffer.numel() == param.numel() && momentum_buffer.dtype() == param.dtype(),
+        "sgd_step: the momentum buffer ", momentum_buffer.str(),
+        " must have the weights' dtype and size ", param.str());
   }
   const Device device = buffer ? device_of("sgd_step", {&param, &momentum_buffer, &grad})
                                : device_of("sgd_step", {&param, &grad});

@@ -320,8 +320,7 @@ void load_shards(cp::CheckpointReader& reader, const CheckpointTarget& t, bool o
   for_each_box(t, optim, /*writes_only=*/false,
                [&](const std::string& name, const Param& p, Tensor& flat, int64_t at,
                    const cp::Piece& piece) {
-                 if (no_momentum_buffers && name.starts_with("optimizer.momentum_buffer."))
-                   return;
+                 if (no_momentum_buffers && name.starts_with("optimizer.momentum_buffer.")) return;
                  // Extra state a checkpoint may lack (saved without FP8): kept as it is.
                  if (is_extra_state(t, p) && !reader.has(name)) {
                    extra_missing = true;

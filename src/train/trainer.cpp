@@ -493,9 +493,9 @@ void Trainer::build_optimizer() {
         " > distributed optimizer: each of the %ld data-parallel%s ranks keeps the %s "
         "%sof 1/%ld of every gradient bucket (%.2f MB on this rank)%s%s",
         static_cast<long>(opt_size_), ps.cp_size() > 1 ? " x context-parallel" : "",
-        !adam.sgd()               ? "Adam moments"
+        !adam.sgd()         ? "Adam moments"
         : adam.states() > 0 ? "SGD momentum buffers"
-                                  : "(stateless) SGD updates",
+                            : "SGD state, nothing without momentum,",
         params_->main_sharded() ? "and the fp32 main weights " : "", static_cast<long>(opt_size_),
         static_cast<double>(dist_optimizer_->state_bytes()) / 1048576.0,
         ps.num_distributed_optimizer_instances() > 1
@@ -1622,11 +1622,12 @@ void Trainer::load_checkpoint() {
       // Adam's moments and SGD's momentum buffer are different state (torch's load_state_dict
       // would fail on the keys); older checkpoints were Adam's. 1-bit Adam keeps Adam's.
       const std::string saved_optimizer = meta.value("optimizer", std::string("adam"));
-      MEGATRON_CHECK((saved_optimizer == "sgd") == (args_.optimizer == "sgd"), "checkpoint ",
-                     dir, " holds the optimizer state of --optimizer ", saved_optimizer,
-                     ", which --optimizer ", args_.optimizer,
-                     " cannot continue: pass --no-load-optim (its state starts afresh) or --optimizer ",
-                     saved_optimizer);
+      MEGATRON_CHECK(
+          (saved_optimizer == "sgd") == (args_.optimizer == "sgd"), "checkpoint ", dir,
+          " holds the optimizer state of --optimizer ", saved_optimizer, ", which --optimizer ",
+          args_.optimizer,
+          " cannot continue: pass --no-load-optim (its state starts afresh) or --optimizer ",
+          saved_optimizer);
     }
     // SGD saved without momentum has no buffers: one taking momentum now starts them at zero.
     const bool no_buffers = optim && args_.optimizer == "sgd" && args_.sgd_momentum != 0 &&

@@ -1,7 +1,7 @@
 // The PyTorch oracle: a tiny GPT-2-style and a tiny Llama-style model with random weights, written
 // by tests/reference/hf_oracle.py as Hugging Face safetensors together with PyTorch's logits,
-// loss, every parameter gradient and the losses of 10 AdamW and 10 SGD steps. We load the same directory
-// through our HF importer and must reproduce all of it.
+// loss, every parameter gradient and the losses of 10 AdamW and 10 SGD steps. We load the same
+// directory through our HF importer and must reproduce all of it.
 //
 // Usage: test_hf_oracle ORACLE_DIR (CTest runs the Python script first, as a fixture).
 //

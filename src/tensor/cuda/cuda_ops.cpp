@@ -581,8 +581,7 @@ void sgd_step(Tensor& param, Tensor& momentum_buffer, const Tensor& grad, const 
   if (buffer) same_numel(param, momentum_buffer, "sgd_step");
   const SgdArgs a{spec.lr, spec.momentum, spec.weight_decay, spec.grad_scale, spec.first};
   dispatch_float(param, "sgd_step", [&]<typename T>() {
-    cuda::sgd(P<T>(param), buffer ? P<T>(momentum_buffer) : nullptr, P<T>(grad), param.numel(),
-              a);
+    cuda::sgd(P<T>(param), buffer ? P<T>(momentum_buffer) : nullptr, P<T>(grad), param.numel(), a);
   });
   if (rounded) rounded->copy_from(param);  // a second pass, as adamw_step's
 }
