@@ -37,6 +37,7 @@ DistributedOptimizer::DistributedOptimizer(GradBuckets& buckets, const AdamWConf
   }
   // One scale group per segment: what Transformer Engine's FusedAdam scales as one parameter
   // under Megatron's distributed optimizer (a Param's part of this rank's shard).
+  owned_numel_ = owned;
   std::vector<std::pair<int64_t, int64_t>> groups;
   for (const Segment& s : segments_) groups.emplace_back(s.state, s.state + s.numel);
   const DType wide = params_.main().dtype();

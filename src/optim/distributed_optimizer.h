@@ -118,8 +118,9 @@ class DistributedOptimizer final : public ParamGate {
   };
   std::vector<OwnedSegment> owned_segments() const;
   // Elements this rank owns: the sum of its shard lengths, padding included.
-  int64_t owned_numel() const { return exp_avg_.numel(); }
-  // Bytes of optimizer state on this rank (the two moments): their element sizes x owned_numel().
+  int64_t owned_numel() const { return owned_numel_; }
+  // Bytes of optimizer state on this rank (the two moments; SGD's buffer, or nothing): their
+  // element sizes x owned_numel().
   int64_t state_bytes() const { return exp_avg_.nbytes() + exp_avg_sq_.nbytes(); }
   // The moments of the owned elements, [owned_numel()]: bucket 0's shard, then bucket 1's, ...
   // in their storage (one group per segment, in owned_segments() order).
@@ -145,7 +146,8 @@ class DistributedOptimizer final : public ParamGate {
   ParamSet& params_;
   AdamWConfig cfg_;
   std::vector<int64_t> state_offsets_;  // per bucket
-  std::vector<Segment> segments_;       // in buffer order
+  int64_t owned_numel_ = 0;
+  std::vector<Segment> segments_;  // in buffer order
   MomentStorage exp_avg_, exp_avg_sq_;
   int64_t step_ = 0;
   bool overlap_param_gather_ = false;

@@ -431,7 +431,7 @@ void predict_memory(const Workload& w, const Layout& l, const Device& dev, Predi
   sharded.main = l.sharding != Sharding::kNone && is_half(cfg.compute_dtype);
   sharded.grads = l.sharding == Sharding::kFsdp || l.sharding == Sharding::kFsdpGrads;
   sharded.compute = l.sharding == Sharding::kFsdp;
-  if (l.sharding != Sharding::kNone) sharded.moment_bytes = w.moment_bytes;
+  sharded.moment_bytes = l.sharding != Sharding::kNone ? w.moment_bytes : w.plain_moment_bytes;
   // With several optimizer instances the state shards over one instance's dp / K ranks.
   const double per_param =
       weight_and_optimizer_bytes_per_param(cfg.compute_dtype, l.dp / l.instances, sharded);
@@ -651,9 +651,10 @@ Prediction predict(const Workload& w, const Layout& l, const Cluster& c) {
 
   // Optimizer: Adam reads gradient, main weight and both moments and writes the three back, then
   // the 16-bit copy (about 34 bytes per element), plus the gradient norm's read and the gradient
-  // zeroing (8): over this rank's shard.
+  // zeroing (8): over this rank's shard (Workload::optimizer_traffic_bytes: fewer for SGD).
   const double shard = l.sharding == Sharding::kNone ? 1.0 : d(l.dp / l.instances);
-  out.optimizer = (42.0 * rp.total() / shard) / (c.device.memory_bw * c.device.memory_efficiency);
+  out.optimizer = (w.optimizer_traffic_bytes * rp.total() / shard) /
+                  (c.device.memory_bw * c.device.memory_efficiency);
   out.overhead = c.iteration_overhead;
   out.step = pipeline + out.dp_comm + out.optimizer + out.overhead;
 

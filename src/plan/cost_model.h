@@ -46,8 +46,14 @@ struct Workload {
   ActivationRuntime runtime = ActivationRuntime::kMegatron;
   bool grad_reduce_in_bf16 = false;  // --grad-reduce-in-bf16
   // Bytes of the two Adam moments per parameter where the distributed optimizer keeps them: 8
-  // in fp32, fewer with --exp-avg-dtype / --exp-avg-sq-dtype (the precision-aware optimizer).
+  // in fp32, fewer with --exp-avg-dtype / --exp-avg-sq-dtype (the precision-aware optimizer);
+  // SGD's momentum buffer 4, nothing without momentum (--optimizer sgd).
   double moment_bytes = 8.0;
+  // The same where the plain optimizer keeps them (unsharded layouts: always fp32).
+  double plain_moment_bytes = 8.0;
+  // Bytes the optimizer step moves per element of its shard: Adam's 42 (see predict); SGD's
+  // 8 fewer per fp32 state it lacks.
+  double optimizer_traffic_bytes = 42.0;
 };
 
 // Parameters on one rank, by how they are split.

@@ -21,8 +21,9 @@ struct ShardedState {
   bool main = false;     // the fp32 main weights
   bool grads = false;    // the fp32 gradients (Megatron-FSDP optim_grads and up)
   bool compute = false;  // the 16-bit compute copy (optim_grads_params)
-  // Bytes of the two Adam moments per parameter: 8 in fp32, fewer with the precision-aware
-  // optimizer's storage (--exp-avg-dtype, --exp-avg-sq-dtype: 2 for bf16/fp16, 1 for fp8 each).
+  // Bytes of the optimizer state per parameter: Adam's two moments, 8 in fp32, fewer with the
+  // precision-aware optimizer's storage (--exp-avg-dtype, --exp-avg-sq-dtype: 2 for bf16/fp16, 1
+  // for fp8 each); SGD's momentum buffer 4, or 0 without momentum.
   double moment_bytes = 8.0;
 };
 // Bytes of weights, gradients and optimizer state per parameter on one rank, the sharded kinds

@@ -99,6 +99,9 @@ plan::Workload workload_from_args(const Arguments& a, const TransformerConfig& c
   w.runtime = runtime;
   w.grad_reduce_in_bf16 = a.grad_reduce_in_bf16;
   w.moment_bytes = moment_bytes_from_args(a);
+  // The plain optimizer keeps fp32 state (the storage flags need the distributed optimizer).
+  w.plain_moment_bytes = a.optimizer != "sgd" ? 8.0 : a.sgd_momentum != 0 ? 4.0 : 0.0;
+  w.optimizer_traffic_bytes = 42.0 - 2.0 * (8.0 - w.plain_moment_bytes);
   return w;
 }
 

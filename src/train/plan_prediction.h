@@ -19,8 +19,9 @@ plan::Layout layout_from_args(const Arguments& a, int64_t world);
 // strategy).
 void apply_layout_to_args(const plan::Layout& l, Arguments& a);
 // The workload of the flags: the model config, global batch, Megatron's model FLOPs.
-// Bytes of the two Adam moments per parameter in the distributed optimizer's storage (8 in fp32;
-// --exp-avg-dtype / --exp-avg-sq-dtype of the precision-aware optimizer).
+// Bytes of the optimizer state per parameter in the distributed optimizer's storage (Adam's two
+// moments: 8 in fp32, --exp-avg-dtype / --exp-avg-sq-dtype of the precision-aware optimizer;
+// SGD's momentum buffer: 4, 0 without momentum).
 double moment_bytes_from_args(const Arguments& a);
 plan::Workload workload_from_args(const Arguments& a, const TransformerConfig& cfg,
                                   const ModelSpec& spec, plan::ActivationRuntime runtime);

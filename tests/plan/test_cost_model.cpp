@@ -307,6 +307,42 @@ TEST(PlanMemory, FullRecomputationKeepsLayerInputsAndOneLayersWorkingSet) {
   EXPECT_DOUBLE_EQ(two.activation_bytes - one.activation_bytes, (b * 2 - a * 4) * input);
 }
 
+TEST(PlanMemory, OptimizerStateIsTheWorkloadsWhereverItLives) {
+  // bf16 weights: fp32 main 4 + compute copy 2 + gradient 4 + the state per parameter. SGD keeps
+  // one fp32 buffer (4) or none, in the plain optimizer as in the distributed one (which splits
+  // the main weights and the state over dp 2). Exact arithmetic.
+  TransformerConfig c = gpt2_style();
+  c.finalize();
+  Device dev;
+  auto bytes = [&](double plain, double sharded, Sharding s) {
+    Workload w = workload(c, 8);
+    w.plain_moment_bytes = plain;
+    w.moment_bytes = sharded;
+    Layout l;
+    l.dp = 2;
+    l.mbs = 1;
+    l.sharding = s;
+    Prediction p;
+    predict_memory(w, l, dev, &p);
+    return p.weight_and_optimizer_bytes / p.params.total();
+  };
+  EXPECT_DOUBLE_EQ(bytes(8, 8, Sharding::kNone), 18.0);  // Adam
+  EXPECT_DOUBLE_EQ(bytes(4, 4, Sharding::kNone), 14.0);  // SGD with momentum
+  EXPECT_DOUBLE_EQ(bytes(0, 0, Sharding::kNone), 10.0);  // SGD without
+  EXPECT_DOUBLE_EQ(bytes(8, 8, Sharding::kDistributedOptimizer), 2.0 + 2.0 + 4.0 + 4.0);
+  EXPECT_DOUBLE_EQ(bytes(8, 4, Sharding::kDistributedOptimizer), 2.0 + 2.0 + 4.0 + 2.0);
+  // The step's memory traffic follows the state too (Adam's 42 bytes per element, 8 fewer per
+  // fp32 state SGD lacks): the optimizer time scales with it.
+  Workload adam = workload(c, 8), sgd = workload(c, 8);
+  sgd.optimizer_traffic_bytes = 34.0;
+  Layout l;
+  l.mbs = 1;
+  const double ta = predict(adam, l, free_compute(1e12)).optimizer,
+               ts = predict(sgd, l, free_compute(1e12)).optimizer;
+  EXPECT_GT(ta, 0.0);
+  EXPECT_NEAR(ts / ta, 34.0 / 42.0, 1e-12);
+}
+
 TEST(Planner, EveryCandidateKeepsMegatronsRulesAndTheRankingIsByTime) {
   const TransformerConfig c = llama_style();
   PlanRequest r;
