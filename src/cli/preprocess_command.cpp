@@ -38,6 +38,7 @@
 
 #include "cli/arg_table.h"
 #include "cli/commands.h"
+#include "cli/preprocess_partitions.h"
 #include "core/error.h"
 #include "core/logging.h"
 #include "core/threads.h"
@@ -59,6 +60,9 @@ struct PreprocessArgs {
   bool keep_newlines = false;                  // --keep-newlines: sentences keep them
   int64_t workers = 0;                         // --workers: tokenizing threads; 0 = all cores
   int64_t log_interval = 1000;                 // --log-interval: documents between progress lines
+  int64_t partitions = 1;                      // --partitions: preprocess_data.py's file partitions
+  bool keep_sequential_samples = false;        // --keep-sequential-samples: partitions in order
+  std::string lang = "english";                // --lang: NLTK's punkt language (see the flag)
   TokenizerArgs tokenizer;                     // --tokenizer-type and its files
 };
 
@@ -361,6 +365,10 @@ void validate(const PreprocessArgs& a) {
   MEGATRON_CHECK(a.workers >= 0, "--workers is ", a.workers,
                  ", expected >= 1 (or 0 for one per available core)");
   MEGATRON_CHECK(a.log_interval >= 1, "--log-interval is ", a.log_interval, ", expected >= 1");
+  MEGATRON_CHECK(a.partitions >= 1, "--partitions is ", a.partitions, ", expected >= 1");
+  // preprocess_data.py's assertion (each partition's process takes workers / partitions).
+  MEGATRON_CHECK(a.workers == 0 || a.workers % a.partitions == 0, "--workers (", a.workers,
+                 ") must be a multiple of --partitions (", a.partitions, ")");
   MEGATRON_CHECK(!a.tokenizer.type.empty(),
                  "--tokenizer-type is required (GPT2BPETokenizer, HuggingFaceTokenizer, "
                  "SentencePieceTokenizer, BertWordPieceLowerCase, BertWordPieceCase, "
@@ -376,75 +384,29 @@ void print_progress(int64_t docs, int64_t bytes, double elapsed) {
   std::fflush(stderr);
 }
 
-}  // namespace
-
-int preprocess_command(int argc, char** argv) {
-  CLI::App app("Tokenize a JSON-lines file into Megatron indexed datasets (.bin/.idx)",
-               "preprocess");
-  PreprocessArgs a;
-  a.tokenizer.type.clear();  // required here, as in preprocess_data.py
-  ArgTable table(app);
-  table.add("--input", a.input, "JSON-lines file, one JSON object (document) per line");
-  app.add_option("--json-keys", a.json_keys,
-                 "Keys whose values (a string or a list of strings) to tokenize; one dataset "
-                 "per key")
-      ->capture_default_str();
-  table.add("--output-prefix", a.output_prefix, "Outputs are <prefix>_<key>_document.bin and .idx");
-  table.flag("--append-eod", a.append_eod, "Append the tokenizer's EOD id to each document");
-  table.flag("--split-sentences", a.split_sentences,
-             "Split documents into sentences (ICU rules): outputs <prefix>_<key>_sentence");
-  table.flag("--keep-newlines", a.keep_newlines,
-             "With --split-sentences: sentences keep the whitespace and newlines after them");
-  table.add("--workers", a.workers,
-            "Tokenizing threads (0: one per available core); output does not depend on it");
-  table.add("--log-interval", a.log_interval, "Documents between progress lines");
-  table.add("--tokenizer-type", a.tokenizer.type,
-            "GPT2BPETokenizer, HuggingFaceTokenizer, SentencePieceTokenizer, "
-            "BertWordPieceLowerCase, BertWordPieceCase, TikTokenizer or NullTokenizer");
-  table.add("--vocab-file", a.tokenizer.vocab_file,
-            "GPT-2 BPE vocabulary (encoder.json) or WordPiece vocab.txt");
-  table.add("--vocab-extra-ids", a.tokenizer.vocab_extra_ids,
-            "WordPiece: append <extra_id_0> .. <extra_id_{N-1}> (T5 sentinels)");
-  table.add("--merge-file", a.tokenizer.merge_file, "GPT-2 BPE merges (vocab.bpe)");
-  table.add("--tokenizer-model", a.tokenizer.tokenizer_model,
-            "tokenizer.json, SentencePiece model or TikTokenizer vocabulary JSON");
-  table.add("--vocab-size", a.tokenizer.vocab_size,
-            "Vocabulary size (NullTokenizer; TikTokenizer, default 131072)");
-  table.add("--tiktoken-pattern", a.tokenizer.tiktoken_pattern,
-            "TikTokenizer's pre-tokenizer: v1 or v2");
-  table.add("--tiktoken-num-special-tokens", a.tokenizer.tiktoken_num_special_tokens,
-            "TikTokenizer: ids before the vocabulary held by special tokens");
-  table.add("--tiktoken-special-tokens", a.tokenizer.tiktoken_special_tokens,
-            "TikTokenizer's named special tokens, with <unk> <s> </s>");
-  if (int rc = parse(app, argc, argv); rc >= 0) return rc;
-  validate(a);
-  if (a.workers == 0) a.workers = available_cores();
-
-  Timer startup;
-  log_line("Opening " + a.input);
-  const int fd = ::open(a.input.c_str(), O_RDONLY | O_CLOEXEC);
-  MEGATRON_CHECK(fd >= 0, "--input ", a.input, ": cannot open (", std::strerror(errno), ")");
+// Tokenizes one JSON-lines file into <output_prefix>_<key>_<level>.bin/.idx.
+void encode_file(const PreprocessArgs& a, const std::string& input,
+                 const std::string& output_prefix, const Tokenizer& tokenizer,
+                 const SentenceSplitter* splitter, const Timer& startup) {
+  log_line("Opening " + input);
+  const int fd = ::open(input.c_str(), O_RDONLY | O_CLOEXEC);
+  MEGATRON_CHECK(fd >= 0, "--input ", input, ": cannot open (", std::strerror(errno), ")");
   struct CloseFd {
     int fd;
     ~CloseFd() { ::close(fd); }
   } close_fd{fd};
 
-  const std::unique_ptr<Tokenizer> tokenizer = build_tokenizer(a.tokenizer);
-  std::unique_ptr<SentenceSplitter> splitter;
-  if (a.split_sentences) splitter = std::make_unique<SentenceSplitter>(a.keep_newlines);
-  if (a.tokenizer.type.rfind("BertWordPiece", 0) == 0 && !a.split_sentences)
-    log_line("Are you sure you don't want to split sentences?");  // preprocess_data.py's warning
   const char* level = a.split_sentences ? "sentence" : "document";
-  const IndexDType dtype = index_dtype_for_vocab(tokenizer->vocab_size());
+  const IndexDType dtype = index_dtype_for_vocab(tokenizer.vocab_size());
   std::vector<std::string> prefixes;
   std::vector<std::unique_ptr<IndexedDatasetBuilder>> builders;
   for (const std::string& key : a.json_keys) {
-    prefixes.push_back(a.output_prefix + "_" + key + "_" + level);
+    prefixes.push_back(output_prefix + "_" + key + "_" + level);
     builders.push_back(std::make_unique<IndexedDatasetBuilder>(prefixes.back() + ".bin", dtype));
   }
   log_line(strprintf("Time to startup: %.3f", startup.elapsed()));
 
-  const Encoder encoder(a, *tokenizer, splitter.get());
+  const Encoder encoder(a, tokenizer, splitter);
   Pipeline pipeline(a, encoder, fd);
   Timer clock;
   pipeline.start();
@@ -475,10 +437,10 @@ int preprocess_command(int argc, char** argv) {
     if (e.error_line >= 0) {
       const int64_t line_no = docs + 1;  // every earlier line became a document
       if (e.failure) {
-        log_error(a.input + ":" + std::to_string(line_no) + ": failed while tokenizing");
+        log_error(input + ":" + std::to_string(line_no) + ": failed while tokenizing");
         std::rethrow_exception(e.failure);
       }
-      MEGATRON_CHECK(false, a.input, ":", line_no, ": ", e.error);
+      MEGATRON_CHECK(false, input, ":", line_no, ": ", e.error);
     }
   }
   for (size_t k = 0; k < builders.size(); ++k) builders[k]->finalize(prefixes[k] + ".idx");
@@ -495,6 +457,91 @@ int preprocess_command(int argc, char** argv) {
       static_cast<long long>(docs), static_cast<double>(bytes) / 1024 / 1024, elapsed,
       static_cast<double>(docs) / elapsed, static_cast<double>(bytes) / elapsed / 1024 / 1024,
       static_cast<long long>(a.workers)));
+}
+
+}  // namespace
+
+int preprocess_command(int argc, char** argv) {
+  CLI::App app("Tokenize a JSON-lines file into Megatron indexed datasets (.bin/.idx)",
+               "preprocess");
+  PreprocessArgs a;
+  a.tokenizer.type.clear();  // required here, as in preprocess_data.py
+  ArgTable table(app);
+  table.add("--input", a.input, "JSON-lines file, one JSON object (document) per line");
+  app.add_option("--json-keys", a.json_keys,
+                 "Keys whose values (a string or a list of strings) to tokenize; one dataset "
+                 "per key")
+      ->capture_default_str();
+  table.add("--output-prefix", a.output_prefix, "Outputs are <prefix>_<key>_document.bin and .idx");
+  table.flag("--append-eod", a.append_eod, "Append the tokenizer's EOD id to each document");
+  table.flag("--split-sentences", a.split_sentences,
+             "Split documents into sentences (ICU rules): outputs <prefix>_<key>_sentence");
+  table.flag("--keep-newlines", a.keep_newlines,
+             "With --split-sentences: sentences keep the whitespace and newlines after them");
+  table.add("--workers", a.workers,
+            "Tokenizing threads (0: one per available core); output does not depend on it");
+  table.add("--log-interval", a.log_interval, "Documents between progress lines");
+  table.add("--partitions", a.partitions,
+            "Number of file partitions: with more than 1, --input is a glob whose files' lines "
+            "are dealt round-robin into <input>_<i> files, each preprocessed to "
+            "<output-prefix>_<i>_..., then merged (preprocess_data.py's order)");
+  table.flag("--keep-sequential-samples", a.keep_sequential_samples,
+             "With --partitions: contiguous runs of lines per partition, so the merged output "
+             "keeps the input order");
+  table.add("--lang", a.lang,
+            "Language of NLTK's sentence splitter in preprocess_data.py; the splitter here "
+            "applies ICU's sentence rules, which are the same for every language");
+  table.add("--tokenizer-type", a.tokenizer.type,
+            "GPT2BPETokenizer, HuggingFaceTokenizer, SentencePieceTokenizer, "
+            "BertWordPieceLowerCase, BertWordPieceCase, TikTokenizer or NullTokenizer");
+  table.add("--vocab-file", a.tokenizer.vocab_file,
+            "GPT-2 BPE vocabulary (encoder.json) or WordPiece vocab.txt");
+  table.add("--vocab-extra-ids", a.tokenizer.vocab_extra_ids,
+            "WordPiece: append <extra_id_0> .. <extra_id_{N-1}> (T5 sentinels)");
+  table.add("--merge-file", a.tokenizer.merge_file, "GPT-2 BPE merges (vocab.bpe)");
+  table.add("--tokenizer-model", a.tokenizer.tokenizer_model,
+            "tokenizer.json, SentencePiece model or TikTokenizer vocabulary JSON");
+  table.add("--vocab-size", a.tokenizer.vocab_size,
+            "Vocabulary size (NullTokenizer; TikTokenizer, default 131072)");
+  table.add("--tiktoken-pattern", a.tokenizer.tiktoken_pattern,
+            "TikTokenizer's pre-tokenizer: v1 or v2");
+  table.add("--tiktoken-num-special-tokens", a.tokenizer.tiktoken_num_special_tokens,
+            "TikTokenizer: ids before the vocabulary held by special tokens");
+  table.add("--tiktoken-special-tokens", a.tokenizer.tiktoken_special_tokens,
+            "TikTokenizer's named special tokens, with <unk> <s> </s>");
+  if (int rc = parse(app, argc, argv); rc >= 0) return rc;
+  validate(a);
+  if (a.workers == 0) a.workers = available_cores();
+
+  Timer startup;
+  const std::unique_ptr<Tokenizer> tokenizer = build_tokenizer(a.tokenizer);
+  std::unique_ptr<SentenceSplitter> splitter;
+  if (a.split_sentences) splitter = std::make_unique<SentenceSplitter>(a.keep_newlines);
+  if (a.tokenizer.type.rfind("BertWordPiece", 0) == 0 && !a.split_sentences)
+    log_line("Are you sure you don't want to split sentences?");  // preprocess_data.py's warning
+  if (a.partitions == 1) {
+    encode_file(a, a.input, a.output_prefix, *tokenizer, splitter.get(), startup);
+    return 0;
+  }
+  // preprocess_data.py's partitions: the input files' lines dealt into partition files, each
+  // encoded to <output-prefix>_<i>_<key>_<level>, then merged in partition order.
+  const std::vector<PartitionFiles> parts =
+      write_partitions(a.input, a.output_prefix, a.partitions, a.keep_sequential_samples);
+  for (const PartitionFiles& p : parts) {
+    Timer part_startup;
+    encode_file(a, p.input, p.output_prefix, *tokenizer, splitter.get(), part_startup);
+  }
+  const char* level = a.split_sentences ? "sentence" : "document";
+  const IndexDType dtype = index_dtype_for_vocab(tokenizer->vocab_size());
+  for (const std::string& key : a.json_keys) {
+    const std::string suffix = "_" + key + "_" + level;
+    IndexedDatasetBuilder merged(a.output_prefix + suffix + ".bin", dtype);
+    for (const PartitionFiles& p : parts)
+      merged.add_index(IndexedDataset::open(p.output_prefix + suffix));
+    merged.finalize(a.output_prefix + suffix + ".idx");
+    log_line("Merged " + std::to_string(parts.size()) + " partitions into " + a.output_prefix +
+             suffix + ".{bin,idx}");
+  }
   return 0;
 }
 

@@ -192,9 +192,10 @@ IndexDType index_dtype_for_vocab(int64_t vocab_size) {
 // ------------------------------------------------------------------------------------------------
 // Reader
 
-IndexedDataset IndexedDataset::open(const std::string& prefix) {
+IndexedDataset IndexedDataset::open(const std::string& prefix, bool multimodal) {
   IndexedDataset ds;
   ds.prefix_ = prefix;
+  ds.multimodal_ = multimodal;
   const std::string idx_path = prefix + ".idx";
   const std::string bin_path = prefix + ".bin";
 
@@ -233,18 +234,24 @@ IndexedDataset IndexedDataset::open(const std::string& prefix) {
                  "with 0)",
                  kRerun);
   // The counts fix the file length; checked arithmetic so a huge corrupt count cannot wrap.
+  // A multimodal index has one int8 mode per sequence after the document indices.
   uint64_t expected = 0, a = 0, b = 0;
   const bool overflow = __builtin_mul_overflow(seq_count, uint64_t{12}, &a) ||
                         __builtin_mul_overflow(doc_count, uint64_t{8}, &b) ||
                         __builtin_add_overflow(a, b, &expected) ||
                         __builtin_add_overflow(expected, uint64_t{kHeaderBytes}, &expected);
-  if (overflow || expected != idx_size) {
-    MEGATRON_CHECK(overflow || seq_count == 0 || expected + seq_count != idx_size, idx_path,
-                   ": file has ", seq_count,
+  const uint64_t modes = multimodal ? seq_count : 0;
+  if (overflow || expected + modes != idx_size) {
+    MEGATRON_CHECK(overflow || multimodal || seq_count == 0 || expected + seq_count != idx_size,
+                   idx_path, ": file has ", seq_count,
                    " bytes after document_indices, the sequence_modes of a multimodal dataset; "
-                   "only text datasets are supported");
-    MEGATRON_CHECK(false, idx_path, ": file is ", idx_size, " bytes, expected 34 + 12*S + 8*D = ",
-                   (overflow ? std::string("more than 2^64") : std::to_string(expected)),
+                   "only text datasets are supported here");
+    MEGATRON_CHECK(overflow || !multimodal || expected != idx_size, idx_path,
+                   ": no sequence_modes after document_indices: this is a text dataset, not a "
+                   "multimodal one");
+    MEGATRON_CHECK(false, idx_path, ": file is ", idx_size, " bytes, expected 34 + 12*S + 8*D",
+                   multimodal ? " + S" : "", " = ",
+                   (overflow ? std::string("more than 2^64") : std::to_string(expected + modes)),
                    " for sequence_count S = ", seq_count, " and document_count D = ", doc_count,
                    " in its header; the file is truncated or the counts are wrong", kRerun);
   }
@@ -261,6 +268,10 @@ IndexedDataset IndexedDataset::open(const std::string& prefix) {
   if (S) std::memcpy(ds.lengths_storage_.data(), lengths_at, 4 * S);
   if (S) std::memcpy(ds.pointers_storage_.data(), pointers_at, 8 * S);
   std::memcpy(ds.documents_storage_.data(), documents_at, 8 * D);
+  if (multimodal) {
+    ds.modes_storage_.resize(S);
+    if (S) std::memcpy(ds.modes_storage_.data(), documents_at + 8 * D, S);
+  }
   ds.sequence_lengths_ = ds.lengths_storage_;
   ds.sequence_pointers_ = ds.pointers_storage_;
   ds.document_indices_ = ds.documents_storage_;
@@ -319,6 +330,8 @@ IndexedDataset& IndexedDataset::operator=(IndexedDataset&& o) noexcept {
   prefix_ = std::move(o.prefix_);
   dtype_ = o.dtype_;
   num_sequences_ = o.num_sequences_;
+  multimodal_ = o.multimodal_;
+  modes_storage_ = std::move(o.modes_storage_);
   // Moving a vector keeps its buffer, so the spans stay valid; they are re-pointed anyway.
   lengths_storage_ = std::move(o.lengths_storage_);
   pointers_storage_ = std::move(o.pointers_storage_);
@@ -390,6 +403,8 @@ struct IndexedDatasetBuilder::Impl {
   std::vector<unsigned char> pending;
   std::vector<int32_t> sequence_lengths;
   std::vector<int64_t> document_indices{0};
+  bool multimodal = false;
+  std::vector<int8_t> sequence_modes;  // multimodal only
   bool finalized = false;
 
   static constexpr size_t kFlushBytes = 4 << 20;
@@ -401,9 +416,11 @@ struct IndexedDatasetBuilder::Impl {
   }
 };
 
-IndexedDatasetBuilder::IndexedDatasetBuilder(const std::string& bin_path, IndexDType dtype)
+IndexedDatasetBuilder::IndexedDatasetBuilder(const std::string& bin_path, IndexDType dtype,
+                                             bool multimodal)
     : impl_(new Impl) {
   impl_->bin_path = bin_path;
+  impl_->multimodal = multimodal;
   impl_->bin_tmp = temp_name(bin_path);
   impl_->dtype = dtype;
   MEGATRON_CHECK(known_dtype_code(static_cast<uint8_t>(dtype)), bin_path, ": dtype code ",
@@ -427,7 +444,7 @@ IndexedDatasetBuilder::~IndexedDatasetBuilder() {
   delete impl_;
 }
 
-void IndexedDatasetBuilder::add_item(std::span<const int64_t> tokens) {
+void IndexedDatasetBuilder::add_item(std::span<const int64_t> tokens, int8_t mode) {
   Impl& s = *impl_;
   MEGATRON_ASSERT(!s.finalized, "add_item after finalize on ", s.bin_path);
   MEGATRON_CHECK(tokens.size() <= static_cast<size_t>(std::numeric_limits<int32_t>::max()),
@@ -461,7 +478,32 @@ void IndexedDatasetBuilder::add_item(std::span<const int64_t> tokens) {
       break;
   }
   s.sequence_lengths.push_back(static_cast<int32_t>(tokens.size()));
+  if (s.multimodal) s.sequence_modes.push_back(mode);
   if (s.pending.size() >= Impl::kFlushBytes) s.flush();
+}
+
+void IndexedDatasetBuilder::add_index(const IndexedDataset& other) {
+  Impl& s = *impl_;
+  MEGATRON_ASSERT(!s.finalized, "add_index after finalize on ", s.bin_path);
+  MEGATRON_CHECK(other.dtype() == s.dtype, other.prefix(), ".idx: dtype ",
+                 dtype_name(other.dtype()), ", but ", s.bin_path, " is being written as ",
+                 dtype_name(s.dtype),
+                 ": datasets merge only with the same dtype (preprocess them with one tokenizer)");
+  MEGATRON_CHECK(other.multimodal() == s.multimodal, other.prefix(), ".idx: opened as ",
+                 other.multimodal() ? "multimodal" : "text", " for a ",
+                 s.multimodal ? "multimodal" : "text", " output");
+  const int64_t offset = static_cast<int64_t>(s.sequence_lengths.size());
+  s.sequence_lengths.insert(s.sequence_lengths.end(), other.sequence_lengths().begin(),
+                            other.sequence_lengths().end());
+  const std::span<const int64_t> docs = other.document_indices();
+  for (size_t k = 1; k < docs.size(); ++k) s.document_indices.push_back(offset + docs[k]);
+  if (s.multimodal)
+    s.sequence_modes.insert(s.sequence_modes.end(), other.sequence_modes().begin(),
+                            other.sequence_modes().end());
+  // The tokens as they are, after what is pending (written in order).
+  s.flush();
+  const std::span<const unsigned char> bytes = other.bin_bytes();
+  if (!bytes.empty()) write_all(s.fd, bytes.data(), bytes.size(), s.bin_tmp);
 }
 
 void IndexedDatasetBuilder::end_document() {
@@ -483,7 +525,9 @@ void IndexedDatasetBuilder::finalize(const std::string& idx_path) {
   // The .idx is small (12 bytes per sequence): build it in memory and write it in one go.
   const size_t itemsize = index_dtype_size(s.dtype);
   const uint64_t doc_count = s.document_indices.size();
-  std::vector<unsigned char> idx(kHeaderBytes + 12 * static_cast<size_t>(S) + 8 * doc_count);
+  const size_t modes = s.multimodal ? static_cast<size_t>(S) : 0;
+  std::vector<unsigned char> idx(kHeaderBytes + 12 * static_cast<size_t>(S) + 8 * doc_count +
+                                 modes);
   unsigned char* p = idx.data();
   std::memcpy(p, kMagic, sizeof(kMagic));
   std::memcpy(p + 9, &kVersion, 8);
@@ -501,6 +545,8 @@ void IndexedDatasetBuilder::finalize(const std::string& idx_path) {
     pointer += static_cast<int64_t>(len) * static_cast<int64_t>(itemsize);
   }
   std::memcpy(p, s.document_indices.data(), 8 * doc_count);
+  p += 8 * doc_count;
+  if (modes) std::memcpy(p, s.sequence_modes.data(), modes);
 
   const std::string idx_tmp = temp_name(idx_path);
   Fd out{::open(idx_tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};

@@ -7,6 +7,10 @@
 // at the sequence count, .bin size), throwing InvalidArgument naming the file and the field.
 // IndexedDatasetBuilder writes the pair. A "sequence" is what GPT calls a document when
 // preprocessing did not split sentences.
+//
+// Multimodal datasets (Megatron's multimodal=True) add one int8 mode per sequence after the
+// document indices (sequence_modes); they are opened and written only when asked for, as in
+// Megatron, and a text reader refuses them with that reason.
 #pragma once
 
 #include <cstdint>
@@ -33,8 +37,9 @@ IndexDType index_dtype_for_vocab(int64_t vocab_size);
 
 class IndexedDataset {
  public:
-  // Opens prefix.idx and prefix.bin (read-only mmap) and validates them.
-  static IndexedDataset open(const std::string& prefix);
+  // Opens prefix.idx and prefix.bin (read-only mmap) and validates them; multimodal: the index
+  // carries sequence_modes.
+  static IndexedDataset open(const std::string& prefix, bool multimodal = false);
   IndexedDataset(IndexedDataset&&) noexcept;
   IndexedDataset& operator=(IndexedDataset&&) noexcept;
   IndexedDataset(const IndexedDataset&) = delete;
@@ -47,6 +52,11 @@ class IndexedDataset {
   std::span<const int64_t> document_indices() const { return document_indices_; }
   IndexDType dtype() const { return dtype_; }
   const std::string& prefix() const { return prefix_; }
+  bool multimodal() const { return multimodal_; }
+  // One mode per sequence (multimodal datasets only; empty otherwise).
+  std::span<const int8_t> sequence_modes() const { return modes_storage_; }
+  // The whole .bin: every sequence's items back to back.
+  std::span<const unsigned char> bin_bytes() const { return {bin_map_, bin_size_}; }
 
   // Copies `length` tokens of sequence `i`, starting at token `offset`, into out (as int64).
   void read(int64_t i, int64_t offset, int64_t length, int64_t* out) const;
@@ -56,6 +66,7 @@ class IndexedDataset {
   std::string prefix_;
   IndexDType dtype_ = IndexDType::kUInt16;
   int64_t num_sequences_ = 0;
+  bool multimodal_ = false;
   std::span<const int32_t> sequence_lengths_;
   std::span<const int64_t> sequence_pointers_;
   std::span<const int64_t> document_indices_;
@@ -64,6 +75,7 @@ class IndexedDataset {
   std::vector<int32_t> lengths_storage_;
   std::vector<int64_t> pointers_storage_;
   std::vector<int64_t> documents_storage_;
+  std::vector<int8_t> modes_storage_;
   const unsigned char* bin_map_ = nullptr;
   size_t bin_size_ = 0;
 };
@@ -72,12 +84,19 @@ class IndexedDatasetBuilder {
  public:
   // Starts bin_path under a temporary name in the same folder; tokens are appended as they come.
   // Nothing appears under the final names until finalize(); an unfinalized builder leaves none.
-  IndexedDatasetBuilder(const std::string& bin_path, IndexDType dtype);
+  // multimodal: every sequence also gets a mode (add_item's), written after the document indices.
+  IndexedDatasetBuilder(const std::string& bin_path, IndexDType dtype, bool multimodal = false);
   IndexedDatasetBuilder(const IndexedDatasetBuilder&) = delete;
   IndexedDatasetBuilder& operator=(const IndexedDatasetBuilder&) = delete;
   ~IndexedDatasetBuilder();
-  // Appends one sequence. Ids must fit the dtype.
-  void add_item(std::span<const int64_t> tokens);
+  // Appends one sequence. Ids must fit the dtype. mode: its sequence mode in a multimodal
+  // dataset (ignored otherwise, as Megatron's add_item ignores it).
+  void add_item(std::span<const int64_t> tokens, int8_t mode = 0);
+  // Appends every document of `other` (Megatron's add_index, tools/merge_datasets.py): its
+  // sequences, their document boundaries and modes, and its .bin bytes as they are. The dtypes
+  // and the multimodal kinds must agree. As Megatron's, sequences added since the last
+  // end_document() become part of other's first document.
+  void add_index(const IndexedDataset& other);
   // Closes the current document (Megatron's end_document).
   void end_document();
   // Flushes .bin and writes the .idx (both atomically: temp name, fsync, rename).

@@ -11,3 +11,10 @@ add_test(NAME preprocess_end_to_end
   COMMAND ${PYTHON_ORACLE} ${CMAKE_CURRENT_LIST_DIR}/idx_independent.py preprocess-tests
           --megatron $<TARGET_FILE:megatron>)
 set_tests_properties(preprocess_end_to_end PROPERTIES TIMEOUT 600 LABELS "e2e;oracle")
+
+# `megatron merge_datasets` against the same independent writer: byte-identical merges (text and
+# multimodal), the refusals.
+add_test(NAME merge_datasets
+  COMMAND ${PYTHON_ORACLE} ${CMAKE_CURRENT_LIST_DIR}/merge_datasets_test.py
+          --megatron $<TARGET_FILE:megatron>)
+set_tests_properties(merge_datasets PROPERTIES TIMEOUT 300 LABELS "e2e;oracle")

@@ -213,6 +213,62 @@ TEST(IndexedDatasetBuilder, FinalizeNeedsTheLastDocumentClosed) {
   EXPECT_THROW(b.finalize(dir + "/u.idx"), InvalidArgument);
 }
 
+// Megatron's add_index: another dataset's documents after this builder's, its .bin bytes copied;
+// sequences added since the last end_document() join its first document (Megatron's extend of
+// the offset document indices without their leading 0). Multimodal modes travel with their
+// sequences, and each kind refuses the other.
+TEST(IndexedDatasetBuilder, AddIndexAppendsAnotherDatasetAsMegatronDoes) {
+  const std::string dir = scratch();
+  const std::vector<Document> a = random_documents(11, 0, 65535, 40),
+                              b = random_documents(12, 0, 65535, 30);
+  build(dir + "/a", IndexDType::kUInt16, a);
+  build(dir + "/b", IndexDType::kUInt16, b);
+  {
+    IndexedDatasetBuilder m(dir + "/m.bin", IndexDType::kUInt16);
+    m.add_index(IndexedDataset::open(dir + "/a"));
+    m.add_index(IndexedDataset::open(dir + "/b"));
+    m.finalize(dir + "/m.idx");
+  }
+  std::vector<Document> ab = a;
+  ab.insert(ab.end(), b.begin(), b.end());
+  expect_documents(IndexedDataset::open(dir + "/m"), ab);
+
+  IndexedDatasetBuilder open_doc(dir + "/o.bin", IndexDType::kUInt16);
+  const std::vector<int64_t> pending = {7, 8};
+  open_doc.add_item(pending);
+  open_doc.add_index(IndexedDataset::open(dir + "/b"));
+  open_doc.finalize(dir + "/o.idx");
+  std::vector<Document> spliced = b;
+  spliced[0].insert(spliced[0].begin(), pending);
+  expect_documents(IndexedDataset::open(dir + "/o"), spliced);
+
+  {
+    IndexedDatasetBuilder mm(dir + "/mm.bin", IndexDType::kUInt16, /*multimodal=*/true);
+    const std::vector<int64_t> s1 = {1, 2}, s2 = {3};
+    mm.add_item(s1, 2);
+    mm.add_item(s2, -1);
+    mm.end_document();
+    mm.finalize(dir + "/mm.idx");
+  }
+  EXPECT_THROW(IndexedDataset::open(dir + "/mm"), InvalidArgument);  // a text reader refuses
+  const IndexedDataset mm = IndexedDataset::open(dir + "/mm", /*multimodal=*/true);
+  ASSERT_EQ(mm.sequence_modes().size(), 2u);
+  EXPECT_EQ(mm.sequence_modes()[0], 2);
+  EXPECT_EQ(mm.sequence_modes()[1], -1);
+  IndexedDatasetBuilder mm2(dir + "/mm2.bin", IndexDType::kUInt16, true);
+  mm2.add_index(mm);
+  mm2.add_index(mm);
+  mm2.finalize(dir + "/mm2.idx");
+  const IndexedDataset twice = IndexedDataset::open(dir + "/mm2", true);
+  EXPECT_EQ(std::vector<int8_t>(twice.sequence_modes().begin(), twice.sequence_modes().end()),
+            (std::vector<int8_t>{2, -1, 2, -1}));
+  EXPECT_THROW(IndexedDataset::open(dir + "/a", true), InvalidArgument);  // text is not multimodal
+  IndexedDatasetBuilder text(dir + "/t.bin", IndexDType::kUInt16);
+  EXPECT_THROW(text.add_index(mm), InvalidArgument);
+  IndexedDatasetBuilder wide(dir + "/w.bin", IndexDType::kInt32);
+  EXPECT_THROW(wide.add_index(IndexedDataset::open(dir + "/a")), InvalidArgument);
+}
+
 TEST(IndexedDatasetBuilder, MissingFolderIsNamed) {
   const std::string dir = scratch();
   try {

@@ -128,7 +128,7 @@ class TestOneBitAdam(unittest.TestCase):
             ([*ONEBIT, "--use-distributed-optimizer"], "--use-distributed-optimizer"),
             ([*ONEBIT, "--num-experts", "4", "--disable-bias-linear"], "--num-experts"),
             (["--optimizer", "onebit_adam", "--onebit-freeze-step", "0"], "--onebit-freeze-step"),
-            (["--optimizer", "sgd"], "--optimizer"),
+            (["--optimizer", "lamb"], "--optimizer lamb is not supported"),
         ]
         for args, needle in cases:
             proc = run(2, *args, expect_rc=2)
