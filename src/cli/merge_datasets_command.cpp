@@ -19,6 +19,7 @@
 
 #include "cli/arg_table.h"
 #include "cli/commands.h"
+#include "cli/preprocess_partitions.h"
 #include "core/error.h"
 #include "core/logging.h"
 #include "core/timer.h"
@@ -41,20 +42,23 @@ struct MergeArgs {
 std::vector<std::string> pair_prefixes(const std::string& folder) {
   std::set<std::string> names;
   std::error_code ec;
-  for (const fs::directory_entry& e : fs::directory_iterator(folder, ec)) {
-    if (!e.is_regular_file()) continue;  // the tool's isfile(): folders are skipped
-    const fs::path name = e.path().filename();
-    const std::string ext = name.extension().string();
-    const std::string stem = name.stem().string();
+  fs::directory_iterator it(folder, ec);
+  for (; !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    std::error_code type_ec;
+    if (!it->is_regular_file(type_ec)) continue;  // the tool's isfile(): folders are skipped
+    const std::string name = it->path().filename().string();
+    // os.path.splitext's split (leading dots of a name are not an extension).
+    const auto [stem, ext] = split_extension(name);
     // The tool pairs any other file with a .idx it then asserts; its message, with the fix.
     const std::string pair = ext == ".idx" ? ".bin" : ".idx";
     const fs::path partner = fs::path(folder) / (stem + pair);
+    std::error_code partner_ec;
     MEGATRON_CHECK(
-        fs::is_regular_file(partner), "--input ", folder, ": ", pair, " file not provided for ",
-        (fs::path(folder) / stem).string(),
+        fs::is_regular_file(partner, partner_ec), "--input ", folder, ": ", pair,
+        " file not provided for ", (fs::path(folder) / stem).string(),
         ext == ".bin" || ext == ".idx"
             ? ""
-            : " (the folder must hold only .bin/.idx pairs: move " + name.string() + " out of it)");
+            : " (the folder must hold only .bin/.idx pairs: move " + name + " out of it)");
     names.insert(stem);
   }
   MEGATRON_CHECK(!ec, "--input ", folder, ": cannot list (", ec.message(), ")");
@@ -75,11 +79,13 @@ int merge_datasets_command(int argc, char** argv) {
   MEGATRON_CHECK(!a.input.empty(), "--input is required: the folder of .bin/.idx pairs to merge");
   MEGATRON_CHECK(!a.output_prefix.empty(),
                  "--output-prefix is required: the merged dataset's path without .bin/.idx");
-  MEGATRON_CHECK(fs::is_directory(a.input), "--input ", a.input,
+  std::error_code dir_ec;
+  MEGATRON_CHECK(fs::is_directory(a.input, dir_ec), "--input ", a.input,
                  " is not a directory or does not exist");
   const fs::path out_dir = fs::path(a.output_prefix).parent_path();
-  MEGATRON_CHECK(fs::is_directory(out_dir.empty() ? fs::path(".") : out_dir), "--output-prefix ",
-                 a.output_prefix, ": ", out_dir.string(), " is not a directory or does not exist");
+  MEGATRON_CHECK(fs::is_directory(out_dir.empty() ? fs::path(".") : out_dir, dir_ec),
+                 "--output-prefix ", a.output_prefix, ": ", out_dir.string(),
+                 " is not a directory or does not exist");
 
   const std::vector<std::string> prefixes = pair_prefixes(a.input);
   MEGATRON_CHECK(!prefixes.empty(), "--input ", a.input,

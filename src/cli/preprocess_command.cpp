@@ -32,6 +32,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -227,8 +228,9 @@ class Encoder {
 // Reader -> workers -> in-order writer. The writer is the calling thread.
 class Pipeline {
  public:
-  Pipeline(const PreprocessArgs& args, const Encoder& encoder, int fd)
-      : args_(args), encoder_(encoder), fd_(fd) {
+  // input: the file fd reads (named in errors).
+  Pipeline(const PreprocessArgs& args, const Encoder& encoder, int fd, std::string input)
+      : args_(args), encoder_(encoder), fd_(fd), input_(std::move(input)) {
     max_in_flight_ = kChunksInFlightPerWorker * args.workers;
   }
 
@@ -275,7 +277,7 @@ class Pipeline {
       for (;;) {
         const ssize_t n = ::read(fd_, block.data(), block.size());
         if (n < 0 && errno == EINTR) continue;
-        MEGATRON_CHECK(n >= 0, args_.input, ": read failed (", std::strerror(errno), ")");
+        MEGATRON_CHECK(n >= 0, input_, ": read failed (", std::strerror(errno), ")");
         if (n == 0) break;
         carry.append(block.data(), static_cast<size_t>(n));
         if (carry.size() < kChunkBytes) continue;
@@ -332,6 +334,7 @@ class Pipeline {
   const PreprocessArgs& args_;
   const Encoder& encoder_;
   const int fd_;
+  const std::string input_;
   int64_t max_in_flight_ = 0;
   std::vector<std::thread> threads_;
 
@@ -384,17 +387,24 @@ void print_progress(int64_t docs, int64_t bytes, double elapsed) {
   std::fflush(stderr);
 }
 
-// Tokenizes one JSON-lines file into <output_prefix>_<key>_<level>.bin/.idx.
-void encode_file(const PreprocessArgs& a, const std::string& input,
+// An input file opened for reading (closed when it goes).
+struct InputFile {
+  explicit InputFile(const std::string& path) {
+    log_line("Opening " + path);
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    MEGATRON_CHECK(fd >= 0, "--input ", path, ": cannot open (", std::strerror(errno), ")");
+  }
+  InputFile(const InputFile&) = delete;
+  InputFile& operator=(const InputFile&) = delete;
+  ~InputFile() { ::close(fd); }
+  int fd = -1;
+};
+
+// Tokenizes one JSON-lines file (opened as `in`) into <output_prefix>_<key>_<level>.bin/.idx.
+void encode_file(const PreprocessArgs& a, const std::string& input, const InputFile& in,
                  const std::string& output_prefix, const Tokenizer& tokenizer,
                  const SentenceSplitter* splitter, const Timer& startup) {
-  log_line("Opening " + input);
-  const int fd = ::open(input.c_str(), O_RDONLY | O_CLOEXEC);
-  MEGATRON_CHECK(fd >= 0, "--input ", input, ": cannot open (", std::strerror(errno), ")");
-  struct CloseFd {
-    int fd;
-    ~CloseFd() { ::close(fd); }
-  } close_fd{fd};
+  const int fd = in.fd;
 
   const char* level = a.split_sentences ? "sentence" : "document";
   const IndexDType dtype = index_dtype_for_vocab(tokenizer.vocab_size());
@@ -407,7 +417,7 @@ void encode_file(const PreprocessArgs& a, const std::string& input,
   log_line(strprintf("Time to startup: %.3f", startup.elapsed()));
 
   const Encoder encoder(a, tokenizer, splitter);
-  Pipeline pipeline(a, encoder, fd);
+  Pipeline pipeline(a, encoder, fd, input);
   Timer clock;
   pipeline.start();
   int64_t docs = 0, bytes = 0;
@@ -514,22 +524,29 @@ int preprocess_command(int argc, char** argv) {
   if (a.workers == 0) a.workers = available_cores();
 
   Timer startup;
+  // The input is opened before the tokenizer loads, as preprocess_data.py reports a missing one
+  // first (with --partitions the glob is expanded and dealt first).
+  std::unique_ptr<InputFile> single;
+  std::vector<PartitionFiles> parts;
+  if (a.partitions == 1)
+    single = std::make_unique<InputFile>(a.input);
+  else
+    parts = write_partitions(a.input, a.output_prefix, a.partitions, a.keep_sequential_samples);
   const std::unique_ptr<Tokenizer> tokenizer = build_tokenizer(a.tokenizer);
   std::unique_ptr<SentenceSplitter> splitter;
   if (a.split_sentences) splitter = std::make_unique<SentenceSplitter>(a.keep_newlines);
   if (a.tokenizer.type.rfind("BertWordPiece", 0) == 0 && !a.split_sentences)
     log_line("Are you sure you don't want to split sentences?");  // preprocess_data.py's warning
-  if (a.partitions == 1) {
-    encode_file(a, a.input, a.output_prefix, *tokenizer, splitter.get(), startup);
+  if (single) {
+    encode_file(a, a.input, *single, a.output_prefix, *tokenizer, splitter.get(), startup);
     return 0;
   }
-  // preprocess_data.py's partitions: the input files' lines dealt into partition files, each
-  // encoded to <output-prefix>_<i>_<key>_<level>, then merged in partition order.
-  const std::vector<PartitionFiles> parts =
-      write_partitions(a.input, a.output_prefix, a.partitions, a.keep_sequential_samples);
+  // preprocess_data.py's partitions: each partition file encoded to
+  // <output-prefix>_<i>_<key>_<level>, then merged in partition order.
   for (const PartitionFiles& p : parts) {
     Timer part_startup;
-    encode_file(a, p.input, p.output_prefix, *tokenizer, splitter.get(), part_startup);
+    const InputFile in(p.input);
+    encode_file(a, p.input, in, p.output_prefix, *tokenizer, splitter.get(), part_startup);
   }
   const char* level = a.split_sentences ? "sentence" : "document";
   const IndexDType dtype = index_dtype_for_vocab(tokenizer->vocab_size());

@@ -71,9 +71,13 @@ class LineReader {
   size_t read(char* out, size_t cap) {
     if (gz_) {
       const int n = gzread(gzf_, out, static_cast<unsigned>(cap));
+      // gzread ends a stream cut short with 0 and Z_BUF_ERROR recorded (gzip.open raises).
       int err = Z_OK;
-      const char* msg = n < 0 ? gzerror(gzf_, &err) : "";
-      MEGATRON_CHECK(n >= 0, "--input ", path_, ": cannot decompress (", msg, ")");
+      const char* msg = gzerror(gzf_, &err);
+      MEGATRON_CHECK(
+          n >= 0 && (n > 0 || err == Z_OK), "--input ", path_,
+          err == Z_BUF_ERROR ? ": the gzip stream is truncated (" : ": cannot decompress (", msg,
+          ")");
       return static_cast<size_t>(n);
     }
     const size_t n = std::fread(out, 1, cap, f_);
@@ -123,7 +127,8 @@ std::vector<PartitionFiles> write_partitions(const std::string& input_glob,
   for (int64_t i = 0; i < partitions; ++i) {
     parts.push_back(
         {root + "_" + std::to_string(i) + ext, output_prefix + "_" + std::to_string(i)});
-    all_present = all_present && std::filesystem::exists(parts.back().input);
+    std::error_code ec;
+    all_present = all_present && std::filesystem::exists(parts.back().input, ec);
   }
   if (all_present) {
     log_line("Partition files " + parts.front().input + " ... " + parts.back().input +
@@ -138,21 +143,32 @@ std::vector<PartitionFiles> write_partitions(const std::string& input_glob,
       LineReader(f).for_each([&](const std::string&, bool) { ++total; });
     partition_size = std::max<int64_t>(1, (total + partitions - 1) / partitions);
   }
-  struct Closer {
-    void operator()(std::FILE* f) const { std::fclose(f); }
+  // Written under temporary names and renamed at the end: an interrupted run leaves no partial
+  // partition file that the next run would take as complete.
+  struct Partial {
+    std::string path;
+    std::FILE* f = nullptr;
+    ~Partial() {
+      if (f) {
+        std::fclose(f);
+        std::remove(path.c_str());
+      }
+    }
   };
-  std::vector<std::unique_ptr<std::FILE, Closer>> out;
+  std::vector<std::unique_ptr<Partial>> out;
   for (const PartitionFiles& p : parts) {
-    std::FILE* f = std::fopen(p.input.c_str(), "wb");
-    MEGATRON_CHECK(f != nullptr, "--partitions: cannot create ", p.input, " (",
+    auto w = std::make_unique<Partial>();
+    w->path = p.input + ".partial";
+    w->f = std::fopen(w->path.c_str(), "wb");
+    MEGATRON_CHECK(w->f != nullptr, "--partitions: cannot create ", w->path, " (",
                    std::strerror(errno), "); the partition files go next to --input");
-    out.emplace_back(f);
+    out.push_back(std::move(w));
   }
   int64_t index = 0, line_count = 0;
   for (const std::string& file : files) {
     LineReader(file).for_each([&](const std::string& text, bool ended) {
       // A sequential run can step past the last partition after the last line: nothing follows.
-      std::FILE* f = out[static_cast<size_t>(std::min(index, partitions - 1))].get();
+      std::FILE* f = out[static_cast<size_t>(std::min(index, partitions - 1))]->f;
       const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size() &&
                       (!ended || std::fputc('\n', f) != EOF);
       MEGATRON_CHECK(ok, "--partitions: cannot write ",
@@ -166,8 +182,10 @@ std::vector<PartitionFiles> write_partitions(const std::string& input_glob,
     });
   }
   for (size_t i = 0; i < out.size(); ++i) {
-    MEGATRON_CHECK(std::fclose(out[i].release()) == 0, "--partitions: cannot write ",
-                   parts[i].input, " (", std::strerror(errno), ")");
+    // Closed first (a failed flush must not leave a complete-looking file), renamed after.
+    const int closed = std::fclose(std::exchange(out[i]->f, nullptr));
+    MEGATRON_CHECK(closed == 0 && std::rename(out[i]->path.c_str(), parts[i].input.c_str()) == 0,
+                   "--partitions: cannot write ", parts[i].input, " (", std::strerror(errno), ")");
   }
   log_line("Wrote " + std::to_string(partitions) + " partition files " + parts.front().input +
            " ... " + parts.back().input);

@@ -155,6 +155,16 @@ class MergeTest(unittest.TestCase):
                             ".idx file not provided for " + os.path.join(lone, "a"),
                             output=out)
 
+        # Names split as os.path.splitext splits them: "..bin" has no extension, so it needs
+        # a "..bin.idx" partner (the tool's rule), named in the refusal.
+        dots = self.folder("dots")
+        idx.write_dataset(os.path.join(dots, "a"), [[[1]]], "uint16")
+        with open(os.path.join(dots, "..bin"), "wb") as f:
+            f.write(b"")
+        self.assert_refused(merge("--input", dots, "--output-prefix", out),
+                            ".idx file not provided for " + os.path.join(dots, "..bin"),
+                            output=out)
+
         empty = self.folder("empty")
         self.assert_refused(merge("--input", empty, "--output-prefix", out),
                             "holds no .bin/.idx pairs", output=out)
@@ -280,6 +290,38 @@ class PreprocessPartitionsTest(unittest.TestCase):
         for ext in (".bin", ".idx"):
             self.assertEqual(file_bytes(f"{three}_text_document{ext}"),
                              file_bytes(f"{one}_text_document{ext}"), ext)
+
+    def test_odd_line_ends_and_bad_gzip(self):
+        # A lone "\r" ends a line and the last line has no newline (Python's text mode): the
+        # partition files hold what Python's dealing writes.
+        odd = os.path.join(self.dir, "odd_1.jsonl")
+        lines = [json.dumps({"text": f"{i} {i + 1}"}) for i in range(9)]
+        with open(odd, "w", encoding="utf-8", newline="") as f:
+            f.write("\r".join(lines[:4]) + "\r\n" + "\n".join(lines[4:]))
+        prefix = os.path.join(self.dir, "odd")
+        pattern = os.path.join(self.dir, "odd_*")
+        p = self.preprocess(prefix, "--partitions", 2, input_path=pattern)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        with open(odd, encoding="utf-8") as f:
+            dealt = list(f)
+        for i in range(2):
+            with open(f"{pattern}_{i}", encoding="utf-8", newline="") as f:
+                self.assertEqual(f.read(), "".join(dealt[i::2]), f"partition file {i}")
+        _, got = idx.read_dataset(f"{prefix}_text_document")
+        want = [[[k, k + 1, 999]] for k in list(range(0, 9, 2)) + list(range(1, 9, 2))]
+        self.assertEqual(got, want)
+        # A gzip input cut short is an error naming it, and no partition file is left to be
+        # taken as complete by the next run.
+        cut = os.path.join(self.dir, "cut_1.jsonl.gz")
+        with open(self.inputs[1], "rb") as f:
+            data = f.read()
+        with open(cut, "wb") as f:
+            f.write(data[:len(data) // 2])
+        pattern = os.path.join(self.dir, "cut_*")
+        p = self.preprocess(os.path.join(self.dir, "cut"), "--partitions", 2, input_path=pattern)
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("the gzip stream is truncated", p.stderr)
+        self.assertEqual([f for f in os.listdir(self.dir) if f.startswith("cut_*")], [])
 
     def test_refusals(self):
         prefix = os.path.join(self.dir, "bad")
