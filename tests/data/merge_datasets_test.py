@@ -34,7 +34,7 @@ import idx_independent as idx  # noqa: E402
 
 MEGATRON = None
 TIMEOUT_S = 120
-CRASH_MARKERS = ("Traceback", "Segmentation fault", "terminate called", "Aborted")
+CRASH_MARKERS = idx.CRASH_MARKERS
 
 
 def merge(*args):
@@ -45,9 +45,7 @@ def merge(*args):
     return p
 
 
-def file_bytes(path):
-    with open(path, "rb") as f:
-        return f.read()
+file_bytes = idx.file_bytes
 
 
 def write_multimodal(prefix, documents, dtype, modes):
