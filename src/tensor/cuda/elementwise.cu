@@ -446,10 +446,9 @@ void activation_backward(T* dx, const T* dout, const T* x, int64_t n, Activation
 template <typename T>
 void sgd(T* p, T* buf, const T* g, int64_t n, const SgdArgs& a) {
   if (n == 0) return;
-  sgd_kernel<<<blocks_for(n), kThreads>>>(p, buf, g, n, static_cast<T>(a.lr),
-                                          static_cast<T>(a.momentum),
-                                          static_cast<T>(a.weight_decay),
-                                          static_cast<T>(a.grad_scale), a.first);
+  sgd_kernel<<<blocks_for(n), kThreads>>>(
+      p, buf, g, n, static_cast<T>(a.lr), static_cast<T>(a.momentum),
+      static_cast<T>(a.weight_decay), static_cast<T>(a.grad_scale), a.first);
   check_launch("sgd_step");
 }
 template <typename T>
@@ -544,7 +543,7 @@ void masked_sum(const T* loss, const float* mask, int64_t n, double* sum, double
   template void swiglu_backward<T>(T*, const T*, const T*, int64_t, int64_t);           \
   template void dropout<T>(T*, const T*, int64_t, float, uint64_t, uint64_t, uint64_t); \
   template void adamw<T>(T*, T*, T*, const T*, int64_t, const AdamArgs&);               \
-  template void sgd<T>(T*, T*, const T*, int64_t, const SgdArgs&);                    \
+  template void sgd<T>(T*, T*, const T*, int64_t, const SgdArgs&);                      \
   template double sum_squares<T>(const T*, int64_t);                                    \
   template int64_t count_zeros<T>(const T*, int64_t);                                   \
   template void masked_sum<T>(const T*, const float*, int64_t, double*, double*);
