@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <sstream>
 
+#include <gtest/gtest.h>
+
 #include "core/philox.h"
 
 namespace megatron::testing {
@@ -98,7 +100,16 @@ Tensor random_ids(const Shape& shape, uint64_t seed, int64_t vocab) {
 
 std::string scratch_dir(const std::string& name) {
   namespace fs = std::filesystem;
-  fs::path p = fs::temp_directory_path() / ("megatron_test_" + name);
+  // ctest runs each test case as its own process, two at a time: a name shared by a helper used
+  // in several cases (the same files written with different contents) would let one case read
+  // or delete another's files. The running case's name makes the folder its own.
+  std::string dir = "megatron_test_" + name;
+  if (const auto* info = ::testing::UnitTest::GetInstance()->current_test_info()) {
+    dir += std::string("_") + info->test_suite_name() + "." + info->name();
+    for (char& c : dir)
+      if (c == '/') c = '_';
+  }
+  fs::path p = fs::temp_directory_path() / dir;
   fs::remove_all(p);
   fs::create_directories(p);
   return p.string();

@@ -43,7 +43,7 @@ Tensor random_ids(const Shape& shape, uint64_t seed, int64_t vocab);
 // differences with step 1e-6: accurate to about 1e-8 on smooth functions of O(1) inputs.
 Tensor fd_grad(const std::function<Tensor(const Tensor&)>& f, const Tensor& x, const Tensor& dout);
 
-// Path of a scratch directory unique to this test (created, emptied).
+// Path of a scratch directory unique to this name and the running test case (created, emptied).
 std::string scratch_dir(const std::string& name);
 
 }  // namespace megatron::testing
