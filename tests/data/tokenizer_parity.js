@@ -520,9 +520,16 @@ function prepare() {
     jobs.push({ name: `gpt2_${set}`, type: 'GPT2BPETokenizer', vocab_file: files.vocab,
       merge_file: files.merges, docs: work(`${set}.bin`), time: set === 'brown' });
     for (const name of Object.keys(hf)) {
+      // tokenizers.js is the slow oracle (about a minute per tokenizer over the Brown corpus on
+      // 2 cores), so on Brown it checks the tokenizer with a pattern of its own (Llama 3's). The
+      // GPT-2 files are checked there through the C++ side: both merge spellings must give
+      // GPT2BPETokenizer's ids (the checks after the jobs), which js-tiktoken and gpt-3-encoder
+      // check; add_prefix_space changes only a document's start, which the edge cases cover.
+      if (set === 'brown' && name === 'hf_gpt2_prefix') continue;
       jobs.push({ name: `${name}_${set}`, type: 'HuggingFaceTokenizer',
         tokenizer_model: work(name, 'tokenizer.json'), docs: work(`${set}.bin`),
-        time: set === 'brown' && name === 'hf_llama3' });
+        time: set === 'brown' && name === 'hf_llama3',
+        oracle: set === 'edge' || name === 'hf_llama3' });
     }
   }
   for (const type of ['GPTSentencePieceTokenizer', 'Llama2Tokenizer']) {
@@ -531,7 +538,9 @@ function prepare() {
   }
   const bertTypes = [['BertWordPieceLowerCase', 'lower'], ['BertWordPieceCase', 'case']];
   for (const [type, short] of bertTypes) {
-    for (const set of ['brown', 'edge']) {
+    // Cased WordPiece differs from uncased only in normalization (no lower-casing or accent
+    // stripping), which the WordPiece edge cases exercise; Brown runs through the uncased one.
+    for (const set of short === 'lower' ? ['brown', 'edge'] : ['edge']) {
       jobs.push({ name: `bert_${short}_${set}`, type, vocab_file: work('bert_vocab.txt'),
         docs: work(set === 'brown' ? 'brown.bin' : 'bert_edge.bin'),
         time: set === 'brown' && short === 'lower', mutants: set === 'edge' });
@@ -688,7 +697,7 @@ function compare() {
       // tokenizers.js runs ByteLevel's own regex with JavaScript's \s, unlike HF's Rust (Oniguruma:
       // White_Space); its Split patterns are translated to White_Space.
       const byteLevelRegex = json.pre_tokenizer.type === 'ByteLevel';
-      check(`${job.name} vs @huggingface/tokenizers`, docs, got,
+      if (job.oracle) check(`${job.name} vs @huggingface/tokenizers`, docs, got,
         (i) => tokenizer.encode(docs[i]).ids, (i) => byteLevelRegex && jsSpaceDiffers(docs[i]));
     } else if (bert) {
       const lowerCase = kBertTypes[job.type];
