@@ -4,12 +4,12 @@
 // cuBLAS's first operand. f32 runs in plain f32 (CUBLAS_COMPUTE_32F: no TF32 unless --tf32, so
 // results match the CPU device to f32 rounding); bf16 and f16 inputs accumulate in f32 into an
 // f32 output; f64 in f64.
-#include <cublasLt.h>
 #include <cuda_runtime.h>
 
 #include <mutex>
 
 #include "core/error.h"
+#include "tensor/cuda/cublaslt.h"
 #include "tensor/cuda/cuda_ops.h"
 #include "tensor/cuda/kernels.h"
 
@@ -44,7 +44,7 @@ void check(cublasStatus_t s, const char* what) {
 cublasLtHandle_t handle() {
   thread_local cublasLtHandle_t h = [] {
     cublasLtHandle_t created = nullptr;
-    check(cublasLtCreate(&created), "cublasLtCreate");
+    check(cublaslt().create(&created), "cublasLtCreate");
     return created;
   }();
   return h;
@@ -70,11 +70,11 @@ cudaDataType_t data_type(DType t) {
 struct Layout {
   cublasLtMatrixLayout_t d = nullptr;
   Layout(cudaDataType_t t, int64_t rows, int64_t cols, int64_t ld) {
-    check(cublasLtMatrixLayoutCreate(&d, t, static_cast<uint64_t>(rows),
-                                     static_cast<uint64_t>(cols), ld),
+    check(cublaslt().layout_create(&d, t, static_cast<uint64_t>(rows), static_cast<uint64_t>(cols),
+                                   ld),
           "cublasLtMatrixLayoutCreate");
   }
-  ~Layout() { cublasLtMatrixLayoutDestroy(d); }
+  ~Layout() { cublaslt().layout_destroy(d); }
 };
 
 }  // namespace
@@ -103,28 +103,28 @@ void matmul(Tensor& out, const Tensor& a, bool trans_a, const Tensor& b, bool tr
   const cublasComputeType_t compute = f64    ? CUBLAS_COMPUTE_64F
                                       : tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32
                                              : CUBLAS_COMPUTE_32F;
-  check(cublasLtMatmulDescCreate(&desc, compute, f64 ? CUDA_R_64F : CUDA_R_32F),
+  check(cublaslt().desc_create(&desc, compute, f64 ? CUDA_R_64F : CUDA_R_32F),
         "cublasLtMatmulDescCreate");
   const cublasOperation_t op_first = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_second = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  check(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_first,
-                                       sizeof(op_first)),
-        "matmul transa");
-  check(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_second,
-                                       sizeof(op_second)),
+  check(
+      cublaslt().desc_set_attribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)),
+      "matmul transa");
+  check(cublaslt().desc_set_attribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_second,
+                                      sizeof(op_second)),
         "matmul transb");
   // First operand: b's storage, column-major (b_cols x b_rows); second: a's (a_cols x a_rows).
   const Layout first(in_t, b_cols, b_rows, b_cols), second(in_t, a_cols, a_rows, a_cols);
   const Layout result(out_t, N, M, N);
   cublasLtMatmulPreference_t pref = nullptr;
-  check(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
-  check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                             &kWorkspaceBytes, sizeof(kWorkspaceBytes)),
+  check(cublaslt().preference_create(&pref), "cublasLtMatmulPreferenceCreate");
+  check(cublaslt().preference_set_attribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                            &kWorkspaceBytes, sizeof(kWorkspaceBytes)),
         "matmul workspace preference");
   cublasLtMatmulHeuristicResult_t heuristic{};
   int found = 0;
-  check(cublasLtMatmulAlgoGetHeuristic(handle(), desc, first.d, second.d, result.d, result.d, pref,
-                                       1, &heuristic, &found),
+  check(cublaslt().algo_get_heuristic(handle(), desc, first.d, second.d, result.d, result.d, pref,
+                                      1, &heuristic, &found),
         "cublasLtMatmulAlgoGetHeuristic");
   if (found == 0) cuda_fail("matmul", "cuBLASLt found no algorithm for this shape");
   void* ws = workspace(kWorkspaceBytes, 3);
@@ -132,11 +132,11 @@ void matmul(Tensor& out, const Tensor& a, bool trans_a, const Tensor& b, bool tr
   const double alpha64 = 1.0, beta64 = beta;
   const void* alpha = f64 ? static_cast<const void*>(&alpha64) : &alpha32;
   const void* betap = f64 ? static_cast<const void*>(&beta64) : &beta32;
-  const cublasStatus_t s =
-      cublasLtMatmul(handle(), desc, alpha, b.raw(), first.d, a.raw(), second.d, betap, out.raw(),
-                     result.d, out.raw(), result.d, &heuristic.algo, ws, kWorkspaceBytes, 0);
-  cublasLtMatmulPreferenceDestroy(pref);
-  cublasLtMatmulDescDestroy(desc);
+  const cublasStatus_t s = cublaslt().matmul(handle(), desc, alpha, b.raw(), first.d, a.raw(),
+                                             second.d, betap, out.raw(), result.d, out.raw(),
+                                             result.d, &heuristic.algo, ws, kWorkspaceBytes, 0);
+  cublaslt().preference_destroy(pref);
+  cublaslt().desc_destroy(desc);
   check(s, "cublasLtMatmul");
 }
 
