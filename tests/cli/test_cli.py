@@ -34,6 +34,7 @@ import unittest
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testing"))
+import megatron_job  # noqa: E402  (tests/testing: the given GEMM peak)
 import megatron_log  # noqa: E402  (tests/testing: the shared log parser)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -68,8 +69,11 @@ PARAMS_RE = re.compile(r"number of parameters on \(tensor, pipeline\) model para
 
 def megatron(*args, timeout=TIMEOUT_S):
     """Runs the binary; returns the CompletedProcess (text mode)."""
-    return subprocess.run([MEGATRON, *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, check=False)
+    args = [str(a) for a in args]
+    if args:
+        args = [args[0], *megatron_job.with_given_peak(args[0], args[1:])]
+    return subprocess.run([MEGATRON, *args], capture_output=True, text=True, timeout=timeout,
+                          check=False)
 
 
 def losses_of(stdout):

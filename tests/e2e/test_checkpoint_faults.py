@@ -132,7 +132,7 @@ class Job:
     def __init__(self, args, env=None):
         # The command line of megatron_job.run_train, started with Popen instead.
         cmd = [MPIEXEC, "-n", str(RANKS), "--oversubscribe", "--allow-run-as-root", MEGATRON,
-               "train", *args]
+               "train", *megatron_job.with_given_peak("train", args)]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True,
                                      env=dict(os.environ, **megatron_job.MPI_ENV, **(env or {})))

@@ -94,7 +94,7 @@ class TestFinetune(unittest.TestCase):
                 "--valid-data", os.path.join(self.dir, valid), "--epochs", epochs, *self.model()]
 
     def run_cmd(self, ranks, command, args):
-        cmd = [MEGATRON, command, *args]
+        cmd = [MEGATRON, command, *megatron_job.with_given_peak(command, args)]
         if ranks > 1:
             cmd = [MPIEXEC, "-n", str(ranks), "--oversubscribe", "--allow-run-as-root", *cmd]
         return subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S,

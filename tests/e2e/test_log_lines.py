@@ -46,7 +46,7 @@ MEMORY_RE = re.compile(r"^\[Rank (\d+)\] \(after (\d+) iterations\) memory \(MB\
 
 def command(ranks, args):
     return [MPIEXEC, "-n", str(ranks), "--oversubscribe", "--allow-run-as-root", MEGATRON,
-            "train", *args]
+            "train", *megatron_job.with_given_peak("train", args)]
 
 
 def run_harness(ranks, args):

@@ -57,7 +57,7 @@ VOCAB = 512
 
 
 def run(ranks, args, timeout=TIMEOUT_S, entry="pretrain_gpt"):
-    cmd = [MEGATRON, entry, *args]
+    cmd = [MEGATRON, entry, *megatron_job.with_given_peak(entry, args)]
     if ranks > 1:
         cmd = [MPIEXEC, "-n", str(ranks), "--oversubscribe", "--allow-run-as-root", *cmd]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,

@@ -49,7 +49,7 @@ TINY = ["--mock-data", "--vocab-size", "128", "--num-layers", "4", "--hidden-siz
 
 
 def run(ranks, *args, node="node-a"):
-    cmd = [MEGATRON, "train", *TINY, *args]
+    cmd = [MEGATRON, "train", *megatron_job.with_given_peak("train", [*TINY, *args])]
     if ranks > 1:
         cmd = [MPIEXEC, "-n", str(ranks), "--oversubscribe", "--allow-run-as-root", *cmd]
     env = dict(os.environ, **megatron_job.MPI_ENV, SLURMD_NODENAME=node)
