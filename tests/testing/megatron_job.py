@@ -12,6 +12,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 import unittest
 
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
@@ -110,6 +111,35 @@ def run_train(megatron, mpiexec, ranks, args, timeout, command="train"):
                           env=dict(os.environ, **MPI_ENV), check=False)
 
 
+class _TimedResult(unittest.TextTestResult):
+    """A text result that also records each test case's wall time."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.case_seconds = []
+        self._started = 0.0
+
+    def startTest(self, test):
+        self._started = time.monotonic()
+        super().startTest(test)
+
+    def stopTest(self, test):
+        super().stopTest(test)
+        self.case_seconds.append((time.monotonic() - self._started, test.id()))
+
+
+class _TimedRunner(unittest.TextTestRunner):
+    """Prints the slowest cases after the run: what to look at when the suite grows slow."""
+    resultclass = _TimedResult
+
+    def run(self, test):
+        result = super().run(test)
+        slowest = sorted(result.case_seconds, reverse=True)[:8]
+        self.stream.writeln("slowest cases: " + "; ".join(f"{name.rsplit('.', 1)[-1]} {s:.1f} s"
+                                                          for s, name in slowest))
+        return result
+
+
 def main(module):
     """Parses --megatron and --mpiexec into module.MEGATRON / module.MPIEXEC, runs the module's
     unittest cases with the remaining arguments; returns the exit code."""
@@ -118,5 +148,6 @@ def main(module):
     parser.add_argument("--mpiexec", required=True)
     args, rest = parser.parse_known_args()
     module.MEGATRON, module.MPIEXEC = os.path.abspath(args.megatron), args.mpiexec
-    prog = unittest.main(module=module, argv=[sys.argv[0], *rest], exit=False)
+    prog = unittest.main(module=module, argv=[sys.argv[0], *rest], exit=False,
+                         testRunner=_TimedRunner)
     return 0 if prog.result.wasSuccessful() else 1
