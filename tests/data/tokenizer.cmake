@@ -9,6 +9,6 @@ add_test(NAME tokenizer_parity
   COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/tokenizer_parity.sh ${PROJECT_SOURCE_DIR}
           ${PROJECT_BINARY_DIR}/npm $<TARGET_FILE:test_tokenizer>
           ${PROJECT_BINARY_DIR}/tokenizer_parity)
-# Installing the npm packages on a cold cache, the JS encoders over ~60k documents and
+# Installing the npm packages on a cold cache, the JS encoders over ~30k documents and
 # spm_train take a few minutes on a 2-core machine.
 set_tests_properties(tokenizer_parity PROPERTIES TIMEOUT 1200 LABELS "oracle;slow")
