@@ -15,8 +15,11 @@ import sys
 import time
 import unittest
 
+# ob1, Open MPI's own messaging layer over shared memory: UCX's transport probing costs each
+# process 0.2 s of MPI_Init, and these jobs never leave the machine.
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-           "OMPI_MCA_btl_vader_single_copy_mechanism": "none", "OMPI_MCA_mpi_yield_when_idle": "1"}
+           "OMPI_MCA_btl_vader_single_copy_mechanism": "none", "OMPI_MCA_mpi_yield_when_idle": "1",
+           "OMPI_MCA_pml": "ob1"}
 
 
 # Text that only a crash prints (an uncaught exception, a signal, a failed assertion): a refusal
