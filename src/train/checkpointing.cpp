@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <csignal>
 #include <filesystem>
+#include <fstream>
 
 #include "comm/agreement.h"
 #include "core/error.h"
@@ -314,13 +315,46 @@ bool is_extra_state(const CheckpointTarget& t, const Param& p) {
 }
 }  // namespace
 
+std::vector<std::string> restore_optimizer_groups(Arguments& args) {
+  std::vector<std::string> changes;
+  if (args.load.empty() || !args.load_optim || args.finetune) return changes;
+  std::vector<std::string> notes;  // the load logs them
+  const std::optional<CheckpointChoice> choice = checkpoint_to_load(args, &notes);
+  if (!choice) return changes;
+  const std::string dir = cp::iteration_dir(choice->root, choice->iteration);
+  std::ifstream file(dir + "/" + cp::kMetadataFile);
+  if (!file) return changes;
+  const nlohmann::json meta = nlohmann::json::parse(file, nullptr, /*allow_exceptions=*/false);
+  if (!meta.is_object() || meta.value("release", false) ||
+      !meta.value("has_optimizer_state", false))
+    return changes;
+  const bool saved_sgd = meta.value("optimizer", std::string("adam")) == "sgd";
+  if (saved_sgd != (args.optimizer == "sgd")) return changes;  // the load refuses it
+  auto take = [&](const char* key, const char* flag, double& value) {
+    const auto it = meta.find(key);
+    if (it == meta.end() || !it->is_number() || it->get<double>() == value) return;
+    changes.push_back(
+        strprintf(" > %s %g from checkpoint %s (this run's flag says %g): Megatron restores the "
+                  "optimizer's parameter groups with its state; --no-load-optim keeps the flag",
+                  flag, it->get<double>(), dir.c_str(), value));
+    value = it->get<double>();
+  };
+  if (saved_sgd) {
+    take("sgd_momentum", "--sgd-momentum", args.sgd_momentum);
+  } else {
+    take("adam_beta1", "--adam-beta1", args.adam_beta1);
+    take("adam_beta2", "--adam-beta2", args.adam_beta2);
+    take("adam_eps", "--adam-eps", args.adam_eps);
+  }
+  return changes;
+}
+
 void load_shards(cp::CheckpointReader& reader, const CheckpointTarget& t, bool optim,
-                 bool* extra_missing_out, bool no_momentum_buffers) {
+                 bool* extra_missing_out) {
   bool extra_missing = false;
   for_each_box(t, optim, /*writes_only=*/false,
                [&](const std::string& name, const Param& p, Tensor& flat, int64_t at,
                    const cp::Piece& piece) {
-                 if (no_momentum_buffers && name.starts_with("optimizer.momentum_buffer.")) return;
                  // Extra state a checkpoint may lack (saved without FP8): kept as it is.
                  if (is_extra_state(t, p) && !reader.has(name)) {
                    extra_missing = true;

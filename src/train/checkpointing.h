@@ -103,10 +103,8 @@ std::vector<checkpoint::ShardEntry> shard_entries(const CheckpointTarget& t, boo
 // then all-gathers the compute copy: DistributedOptimizer::refresh_compute). Errors name the
 // tensor and the file.
 // extra_missing (optional): set when the checkpoint lacks some of t.extra_state (kept as it is).
-// no_momentum_buffers: the checkpoint was saved by SGD without momentum (no buffers); this run's
-// buffers are left as they are (zero: the same next step as torch's fresh buffers).
 void load_shards(checkpoint::CheckpointReader& reader, const CheckpointTarget& t, bool optim,
-                 bool* extra_missing = nullptr, bool no_momentum_buffers = false);
+                 bool* extra_missing = nullptr);
 // The weights of `t` that the checkpoint has (no optimizer state), as Megatron's finetuning loads
 // a pretrained checkpoint with strict=False; returns the names of the parameters it lacks, which
 // keep their values. Tensors of the checkpoint the model lacks are not read.
@@ -131,6 +129,14 @@ struct CheckpointChoice {
 };
 std::optional<CheckpointChoice> checkpoint_to_load(const Arguments& args,
                                                    std::vector<std::string>* notes);
+
+// Megatron restores the optimizer's parameter groups with its state (torch's load_state_dict):
+// Adam's betas and eps and SGD's momentum are the checkpoint's, whatever this run's flags say
+// (the learning rate and weight decay are set by the scheduler at every step). When `args` will
+// load optimizer state (a checkpoint under --load with it, no --no-load-optim or --finetune),
+// sets those flags to the values the checkpoint records and returns a log line per change.
+// Anything unreadable is left to the load, which names it.
+std::vector<std::string> restore_optimizer_groups(Arguments& args);
 
 // Saves checkpoints under --save, blocking or (--async-save) on a background thread: at most one
 // save in flight; the next save, poll() once every rank has finished writing, or finish() commits

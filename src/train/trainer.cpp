@@ -155,6 +155,7 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
   virtual_stages_ = static_cast<int>(virtual_pipeline_stages(args_));
   fault_ = FaultInjection::parse(args_.inject_fault);
   dropout_seed_ = static_cast<uint64_t>(args_.seed);
+  for (const std::string& change : restore_optimizer_groups(args_)) log_first(change);
   if (args_.timing_log_level >= 2) set_op_profiling(true);
   if (args_.fp16) {
     scaler_ = std::make_unique<LossScaler>(
@@ -1629,14 +1630,8 @@ void Trainer::load_checkpoint() {
           " cannot continue: pass --no-load-optim (its state starts afresh) or --optimizer ",
           saved_optimizer);
     }
-    // SGD saved without momentum has no buffers: one taking momentum now starts them at zero.
-    const bool no_buffers = optim && args_.optimizer == "sgd" && args_.sgd_momentum != 0 &&
-                            meta.value("sgd_momentum", args_.sgd_momentum) == 0.0;
-    if (no_buffers)
-      log_first("checkpoint " + dir +
-                " was saved by SGD without momentum: the momentum buffers start at zero");
     bool fp8_state_missing = false;
-    load_shards(reader, checkpoint_target(), optim, &fp8_state_missing, no_buffers);
+    load_shards(reader, checkpoint_target(), optim, &fp8_state_missing);
     if (fp8_state_missing)
       log_first("checkpoint " + dir +
                 " has no FP8 scaling state for some layers (saved without "
@@ -1720,7 +1715,11 @@ nlohmann::json Trainer::checkpoint_extra() const {
       {"arguments", args_.argument_record},
       {"has_optimizer_state", args_.save_optim},
       {"optimizer", args_.optimizer},
+      // The optimizer's parameter groups as torch saves them (restore_optimizer_groups).
       {"sgd_momentum", args_.sgd_momentum},
+      {"adam_beta1", args_.adam_beta1},
+      {"adam_beta2", args_.adam_beta2},
+      {"adam_eps", args_.adam_eps},
       {"padded_vocab_size", cfg_.padded_vocab_size},
       {"tokenizer", {{"type", args_.tokenizer_type}, {"vocab_size", cfg_.vocab_size}}},
       {"layout", layout_record()},

@@ -13,9 +13,10 @@ dataset the test writes (megatron_job.counting_dataset), --bf16.
   - Checkpoints: the buffers are saved as optimizer.momentum_buffer.<param> (no Adam moments), and
     a dp2 run stopped at iteration 10 and resumed prints the straight run's iterations 11..20
     character for character; the same checkpoint loads at dp1 with the plain optimizer, its next
-    step within the bound stated there. A checkpoint saved with momentum 0 holds no buffers; a run
-    resuming it with momentum 0.9 starts them at zero, which makes its next update the
-    momentum-0 one (iterations 11 and 12 equal the momentum-0 run's, 13 differs).
+    step within the bound stated there. As Megatron restores the optimizer's parameter groups, a
+    resumed run keeps the checkpoint's momentum (a momentum-0 checkpoint, which holds no buffers,
+    resumed under momentum 0.9, and the other way round) or Adam's betas and eps, saying so, and
+    its iterations 11..20 equal the uninterrupted run's; --no-load-optim keeps the flag.
   - Refused, exit 2 naming the flag on every rank: an Adam checkpoint under --optimizer sgd and an
     SGD one under adam (with --no-load-optim they load), --optimizer with an unknown value, a
     negative --sgd-momentum, --use-precision-aware-optimizer with sgd.
@@ -166,22 +167,35 @@ class TestCheckpoints(unittest.TestCase):
                                delta=1e-4 * float(want[12]["lm loss"]))
         self.assertEqual(got[11]["lm loss"], want[11]["lm loss"])
 
-    def test_a_checkpoint_without_buffers_starts_them_at_zero(self):
-        ck = tempfile.mkdtemp(prefix="ck_", dir=TMP.name)
-        no_momentum = ["--sgd-momentum", "0"]
-        want = iterations(run(1, *no_momentum))
-        run(1, *no_momentum, "--save", ck, "--exit-interval", "10")
+    def test_the_checkpoints_momentum_and_betas_continue(self):
+        # Megatron's load_state_dict restores the optimizer's parameter groups: a resumed run
+        # keeps the checkpoint's momentum (or betas and eps) whatever its flags say, and continues
+        # the uninterrupted run's curve exactly; --no-load-optim keeps the flags.
+        def resumed(saved_flags, resume_flags, note):
+            ck = tempfile.mkdtemp(prefix="ck_", dir=TMP.name)
+            want = iterations(run(1, *saved_flags))
+            run(1, *saved_flags, "--save", ck, "--exit-interval", "10")
+            proc = run(1, *resume_flags, "--load", ck)
+            self.assertIn(note, proc.stdout)
+            got = iterations(proc)
+            self.assertEqual([got[i] for i in range(11, 21)], [want[i] for i in range(11, 21)])
+            return ck, want
+
+        # Momentum 0 saved (no buffers), 0.9 asked: it continues without momentum.
+        ck, want = resumed(["--sgd-momentum", "0"], [], " > --sgd-momentum 0 from checkpoint")
         _, saved = checkpoint_reader.read_checkpoint(ck)
         self.assertFalse([k for k in saved if k.startswith("optimizer.")])
-        proc = run(1, "--load", ck)
-        self.assertIn("was saved by SGD without momentum: the momentum buffers start at zero",
-                      proc.stdout)
-        got = iterations(proc)
-        # A zero buffer takes the gradient itself (0 x 0.9 + d): iteration 11's update is the
-        # momentum-0 one, so 12 is the momentum-0 run's; from 13 the buffer carries momentum.
-        self.assertEqual(got[11], want[11])
-        self.assertEqual(got[12], want[12])
-        self.assertNotEqual(got[13]["lm loss"], want[13]["lm loss"])
+        # --no-load-optim: the flag's momentum, nothing restored (nor the scheduler: Megatron's).
+        proc = run(1, "--load", ck, "--no-load-optim")
+        self.assertNotIn("from checkpoint", proc.stdout)
+        self.assertNotEqual(iterations(proc)[11], want[11])
+        # Momentum 0.9 saved, 0 asked: the buffers are loaded and keep their momentum.
+        resumed([], ["--sgd-momentum", "0"], " > --sgd-momentum 0.9 from checkpoint")
+        # Adam: betas and eps.
+        adam = ["--optimizer", "adam", "--lr", "3e-3", "--adam-beta2", "0.95", "--adam-eps",
+                "1e-6"]
+        resumed(adam, ["--optimizer", "adam", "--lr", "3e-3"],
+                " > --adam-beta2 0.95 from checkpoint")
 
 
 class TestRefused(unittest.TestCase):
