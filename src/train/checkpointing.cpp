@@ -315,7 +315,8 @@ bool is_extra_state(const CheckpointTarget& t, const Param& p) {
 }
 }  // namespace
 
-std::vector<std::string> restore_optimizer_groups(Arguments& args) {
+namespace {
+std::vector<std::string> take_optimizer_groups(Arguments& args) {
   std::vector<std::string> changes;
   if (args.load.empty() || !args.load_optim || args.finetune) return changes;
   std::vector<std::string> notes;  // the load logs them
@@ -347,6 +348,19 @@ std::vector<std::string> restore_optimizer_groups(Arguments& args) {
     take("adam_eps", "--adam-eps", args.adam_eps);
   }
   return changes;
+}
+}  // namespace
+
+std::vector<std::string> restore_optimizer_groups(Arguments& args) {
+  // Runs outside any agreed section: a bad tracker or metadata file throws here on some ranks
+  // only, so it is left to the load, which agrees on the failure and names the file.
+  const Arguments before = args;
+  try {
+    return take_optimizer_groups(args);
+  } catch (const std::exception&) {
+    args = before;
+    return {};
+  }
 }
 
 void load_shards(cp::CheckpointReader& reader, const CheckpointTarget& t, bool optim,

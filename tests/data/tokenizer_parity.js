@@ -1,7 +1,7 @@
-// Tokenizer parity oracle. `prepare` writes the documents (the whole Brown corpus, as files and as
-// lines, and hand-written edge cases), the tokenizer files and a manifest for the C++ side;
-// `compare` encodes the same documents with independent JavaScript encoders and counts the
-// documents whose ids differ from what the C++ tokenizers wrote.
+// Tokenizer parity oracle. `prepare` writes the documents (the whole Brown corpus, half its files
+// whole and half line by line, and hand-written edge cases), the tokenizer files and a manifest
+// for the C++ side; `compare` encodes the same documents with independent JavaScript encoders
+// and counts the documents whose ids differ from what the C++ tokenizers wrote.
 //
 // Oracles: js-tiktoken's GPT-2 ranks and byte-pair encoder with the pattern's \s read as Unicode
 // White_Space (what Python `regex` does in OpenAI's encoder.py, which Megatron runs), OpenAI's

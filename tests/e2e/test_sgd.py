@@ -188,7 +188,7 @@ class TestCheckpoints(unittest.TestCase):
         # --no-load-optim: the flag's momentum, nothing restored (nor the scheduler: Megatron's).
         proc = run(1, "--load", ck, "--no-load-optim")
         self.assertNotIn("from checkpoint", proc.stdout)
-        self.assertNotEqual(iterations(proc)[11], want[11])
+        self.assertIn("momentum 0.9 (one buffer per weight)", proc.stdout)
         # Momentum 0.9 saved, 0 asked: the buffers are loaded and keep their momentum.
         resumed([], ["--sgd-momentum", "0"], " > --sgd-momentum 0.9 from checkpoint")
         # Adam: betas and eps.

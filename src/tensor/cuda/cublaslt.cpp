@@ -15,13 +15,13 @@ void* open_library() {
   // RTLD_NODELETE: the handles and function pointers live until the process ends.
   constexpr int kFlags = RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE;
   if (void* h = dlopen(kLibrary.c_str(), kFlags)) return h;
-  const std::string first_error = dlerror();
+  std::string errors = dlerror();
 #ifdef MEGATRON_CUDA_LIBRARY_DIR
   const std::string configured = std::string(MEGATRON_CUDA_LIBRARY_DIR) + "/" + kLibrary;
   if (void* h = dlopen(configured.c_str(), kFlags)) return h;
+  errors += std::string("; ") + dlerror();
 #endif
-  MEGATRON_CHECK(false, "cannot open ", kLibrary,
-                 " (cuBLASLt, for GEMMs on the GPU): ", first_error,
+  MEGATRON_CHECK(false, "cannot open ", kLibrary, " (cuBLASLt, for GEMMs on the GPU): ", errors,
                  "; install the CUDA toolkit's cuBLAS or add its library folder to "
                  "LD_LIBRARY_PATH");
   return nullptr;
