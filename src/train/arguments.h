@@ -361,6 +361,7 @@ struct Arguments {
   double moe_input_jitter_eps = kUnset;
   bool moe_router_force_load_balancing = false;  // benchmark-only random routing
   bool moe_apply_probs_on_input = false;         // probabilities scale the experts' input
+  bool moe_router_padding_for_fp8 = false;       // experts' tokens padded to FP8's multiple
   double moe_expert_capacity_factor = kUnset;    // unset or negative: dropless
   std::string moe_token_drop_policy = "probs";   // probs or position
   bool moe_pad_expert_input_to_capacity = false;

@@ -65,6 +65,7 @@ MoeConfig moe_config_from_args(const Arguments& a) {
                    "'; choose probs or position");
   }
   m.pad_expert_input_to_capacity = a.moe_pad_expert_input_to_capacity;
+  m.router_padding_for_fp8 = a.moe_router_padding_for_fp8;
   if (a.moe_token_dispatcher_type == "allgather") {
     m.dispatcher = MoeDispatcher::kAllGather;
   } else if (a.moe_token_dispatcher_type == "alltoall") {

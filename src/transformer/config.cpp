@@ -111,6 +111,13 @@ void TransformerConfig::finalize() {
   MEGATRON_CHECK(init_method_std > 0, "--init-method-std must be positive, got ", init_method_std);
   if (moe.enabled() && moe.ffn_hidden_size == 0) moe.ffn_hidden_size = ffn_hidden_size;
   moe.validate(num_layers, add_bias_linear);
+  // Megatron's TransformerConfig checks, in its words.
+  MEGATRON_CHECK(!moe.router_padding_for_fp8 || fp8.enabled(),
+                 "--moe-router-padding-for-fp8: fp8 must be specified when "
+                 "moe_router_padding_for_fp8 is True (pass --fp8-format, or drop the flag)");
+  MEGATRON_CHECK(!moe.router_padding_for_fp8 || moe.dispatcher == MoeDispatcher::kAllToAll,
+                 "--moe-router-padding-for-fp8: allgather and alltoall_seq dispatcher does not "
+                 "support moe_router_padding_for_fp8 (pass --moe-token-dispatcher-type alltoall)");
   MEGATRON_CHECK(!(swiglu && gated_gelu), "--swiglu and --gated-linear-unit are exclusive");
   MEGATRON_CHECK(softmax_scale >= 0, "the attention softmax scale must be positive, got ",
                  softmax_scale);

@@ -187,6 +187,51 @@ TEST(MoeRouting, TopKTiesGoToTheLowerIndex) {
 
 // Megatron's get_capacity, ceil(T k / E x factor), clamped here to T (torch.topk over the tokens
 // would fail beyond it).
+// --moe-router-padding-for-fp8: Megatron's pad_routing_map turns, per expert, the first zeros in
+// token order into ones (zero_ranks = cumsum(map == 0) <= (-count) % multiple).
+TEST(MoeRouting, PaddingForFp8TakesEachExpertsFirstFreeTokens) {
+  // 6 tokens, 3 experts, multiple 4. Expert 0 has tokens 1 and 3: tokens 0 and 2 join it.
+  // Expert 1 has 4 tokens already. Expert 2 has none: nothing to pad.
+  const std::vector<uint8_t> map = {0, 1, 0,  //
+                                    1, 1, 0,  //
+                                    0, 0, 0,  //
+                                    1, 1, 0,  //
+                                    0, 1, 0,  //
+                                    0, 0, 0};
+  const std::vector<uint8_t> want = {1, 1, 0,  //
+                                     1, 1, 0,  //
+                                     1, 0, 0,  //
+                                     1, 1, 0,  //
+                                     0, 1, 0,  //
+                                     0, 0, 0};
+  EXPECT_EQ(moe::pad_routing_map(map, 6, 3, 4), want);
+  // Too few free tokens: every one of them joins (5 of 6 routed, multiple 4 -> all 6).
+  const std::vector<uint8_t> full = {1, 1, 1, 1, 1, 0};
+  EXPECT_EQ(moe::pad_routing_map(full, 6, 1, 4), std::vector<uint8_t>(6, 1));
+  // Against the cumsum rule on a random map: counts become multiples of 16 where they can.
+  const int64_t T = 100, E = 5, m = 16;
+  std::vector<uint8_t> rnd(static_cast<size_t>(T * E));
+  uint64_t state = 7;
+  for (uint8_t& v : rnd) {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    v = (state >> 60) < 3 ? 1 : 0;
+  }
+  const std::vector<uint8_t> padded = moe::pad_routing_map(rnd, T, E, m);
+  for (int64_t e = 0; e < E; ++e) {
+    int64_t ones = 0, zero_rank = 0, count = 0;
+    for (int64_t t = 0; t < T; ++t) ones += rnd[t * E + e];
+    const int64_t need = ((-ones) % m + m) % m;
+    for (int64_t t = 0; t < T; ++t) {
+      const size_t i = static_cast<size_t>(t * E + e);
+      if (rnd[i] == 0) ++zero_rank;
+      const uint8_t rule = rnd[i] != 0 || zero_rank <= need ? 1 : 0;
+      EXPECT_EQ(padded[i], rule) << "expert " << e << " token " << t;
+      count += padded[i];
+    }
+    EXPECT_EQ(count % m, 0) << "expert " << e;
+  }
+}
+
 TEST(MoeRouting, CapacityIsMegatronsCeilingClampedToTheTokens) {
   EXPECT_EQ(moe::expert_capacity(12, 8, 2, 1.0), 3);
   EXPECT_EQ(moe::expert_capacity(12, 8, 2, 1.1), 4);   // 3.3 -> 4

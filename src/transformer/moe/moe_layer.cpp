@@ -58,7 +58,13 @@ MoELayer::MoELayer(const std::string& name, const TransformerConfig& cfg, int64_
 Tensor MoELayer::forward_alltoall(const Tensor& flat, Ctx& ctx) const {
   const int64_t E = cfg_.moe.num_experts;
   const moe::Routing& r = ctx.router.routing;
-  ctx.plan = AllToAllPlan(r.map, ctx.tokens, E, experts.first_expert(), experts.num_local(),
+  // The padded rows carry probability 0 (r.probs is 0 off the routing's map) and their
+  // probability gradients are dropped by the router's backward, which reads r.map.
+  const std::vector<uint8_t> map =
+      cfg_.moe.router_padding_for_fp8
+          ? moe::pad_routing_map(r.map, ctx.tokens, E, MoeConfig::kFp8PadMultiple)
+          : r.map;
+  ctx.plan = AllToAllPlan(map, ctx.tokens, E, experts.first_expert(), experts.num_local(),
                           *tp_.expert.ep, *tp_.expert.etp);
   const AllToAllPlan& plan = ctx.plan;
   const auto A = static_cast<int64_t>(plan.send_tokens().size());

@@ -207,6 +207,24 @@ Routing route(const std::vector<double>& logits, int64_t tokens, const MoeConfig
   return r;
 }
 
+std::vector<uint8_t> pad_routing_map(const std::vector<uint8_t>& map, int64_t tokens,
+                                     int64_t experts, int64_t multiple) {
+  std::vector<uint8_t> out = map;
+  for (int64_t e = 0; e < experts; ++e) {
+    int64_t count = 0;
+    for (int64_t t = 0; t < tokens; ++t) count += map[static_cast<size_t>(t * experts + e)] != 0;
+    int64_t missing = (multiple - count % multiple) % multiple;
+    for (int64_t t = 0; t < tokens && missing > 0; ++t) {
+      uint8_t& v = out[static_cast<size_t>(t * experts + e)];
+      if (v == 0) {
+        v = 1;
+        --missing;
+      }
+    }
+  }
+  return out;
+}
+
 void route_backward(const Routing& r, const MoeConfig& cfg, const std::vector<double>& dprobs,
                     std::vector<double>& dlogits) {
   const int64_t T = r.tokens, E = r.experts, k = cfg.router_topk;

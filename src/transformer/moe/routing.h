@@ -54,6 +54,13 @@ struct Routing {
 Routing route(const std::vector<double>& logits, int64_t tokens, const MoeConfig& cfg,
               const std::vector<double>& bias, bool training);
 
+// Megatron's pad_routing_map (--moe-router-padding-for-fp8): each expert's column of map [T, E]
+// gains its first zeros in token order until its count is a multiple of `multiple` (or it has no
+// zeros left). Only the dispatch takes the padded map: the probabilities stay 0 there, and the
+// routing's own map (losses, counts, the backward) is unchanged.
+std::vector<uint8_t> pad_routing_map(const std::vector<uint8_t>& map, int64_t tokens,
+                                     int64_t experts, int64_t multiple);
+
 // dlogits [T, E] += the gradient of sum(dprobs * probs) with respect to the logits. dprobs [T, E]:
 // the gradient of the routing probabilities (only entries on the map matter).
 void route_backward(const Routing& r, const MoeConfig& cfg, const std::vector<double>& dprobs,
