@@ -30,6 +30,12 @@ void register_fp8_args(ArgTable& t, Arguments& a) {
          "Keep the FP8 GEMMs' weights as FP8 codes (one byte each, no bf16 copy), quantised from "
          "the fp32 main weights after each step and all-gathered as such (distributed optimizer "
          "or a sharded Megatron-FSDP strategy, --bf16)");
+  // An FP8 setting rather than an architecture flag: checkpoints do not carry it, so one trained
+  // with it loads without FP8 (conversion, generation in bf16); generation with --fp8-format
+  // takes it as training does.
+  t.flag("--moe-router-padding-for-fp8", a.moe_router_padding_for_fp8,
+         "Pad each expert's tokens from a rank to a multiple of 16 with tokens routed to it with "
+         "probability 0 (FP8 with the alltoall dispatcher; the padding enters the FP8 amaxes)");
 }
 
 void validate_fp8_args(const Arguments& a) {

@@ -202,9 +202,6 @@ void register_model_args(ArgTable& t, Arguments& a) {
         "probs (drop the lowest probabilities) or position (drop the latest tokens)");
   t.flag("--moe-pad-expert-input-to-capacity", a.moe_pad_expert_input_to_capacity,
          "Every expert gets exactly its capacity of rows (padding with probability 0)");
-  t.flag("--moe-router-padding-for-fp8", a.moe_router_padding_for_fp8,
-         "Pad each expert's tokens from a rank to a multiple of 16 with tokens routed to it with "
-         "probability 0 (FP8 with the alltoall dispatcher; the padding enters the FP8 amaxes)");
   t.add("--moe-token-dispatcher-type", a.moe_token_dispatcher_type, "allgather or alltoall");
   t.flag("--moe-grouped-gemm", a.moe_grouped_gemm,
          "The experts' GEMMs as grouped GEMMs (one op over all local experts); the CPU device "

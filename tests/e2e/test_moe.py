@@ -232,10 +232,22 @@ class TestFp8(unittest.TestCase):
         fp8 = ["--bf16", "--fp8-format", "hybrid", *A2A, EP, "2"]
         bf16 = single("--bf16")
         plain = curve(run(2, *fp8))
-        padded = curve(run(2, *fp8, "--moe-router-padding-for-fp8"))
+        ck = tempfile.mkdtemp(prefix="pad_", dir=TMP.name)
+        padded = curve(run(2, *fp8, "--moe-router-padding-for-fp8", "--save", ck,
+                           "--save-interval", str(ITERS)))
         self.assertGreater(worst(padded, plain), 0, "the padded rows changed no amax")
         rel = max(abs(padded[it]["lm loss"] / bf16[it]["lm loss"] - 1) for it in bf16)
         self.assertLess(rel, 0.05)
+        # An FP8 setting, not the model's: the checkpoint generates in bf16 without it, and in
+        # FP8 with it (Megatron's dispatcher pads in inference too).
+        for extra in ([], ["--fp8-format", "hybrid", *A2A, "--moe-router-padding-for-fp8"]):
+            proc = megatron_job.run_train(
+                MEGATRON, MPIEXEC, 1, ["--load", ck, "--tokenizer-type", "NullTokenizer",
+                                       "--vocab-size", "128", "--prompts", "1 4 7",
+                                       "--num-tokens-to-generate", "4", "--bf16", *extra],
+                TIMEOUT_S, "generate")
+            self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
+            self.assertIn('"tokens"', proc.stdout.strip().splitlines()[-1])
 
 
 class TestCapacity(unittest.TestCase):

@@ -464,7 +464,9 @@ TEST(MoeOptions, ForcedLoadBalancingSpreadsTokensAndPassesGradients) {
 
 // --moe-router-padding-for-fp8: the rows it adds carry probability 0, so outside FP8 the layer's
 // output and gradients are the unpadded layer's (f64: to rounding), while each expert's rows grow
-// to a multiple of 16 (or to every token, when too few are left to reach one).
+// to a multiple of 16 (or to every token, when too few are left to reach one). Also with
+// capacity dropping (a dropped assignment may come back as padding, still with probability 0 and
+// no gradient to the router) and with the probabilities on the experts' input.
 TEST(MoeOptions, PaddingForFp8AddsRowsThatChangeNothing) {
   SelfGroup g;
   struct Out {
@@ -473,46 +475,58 @@ TEST(MoeOptions, PaddingForFp8AddsRowsThatChangeNothing) {
     std::vector<int64_t> counts;
   };
   const int64_t tokens = 20;
-  auto run = [&](bool pad) {
-    TransformerConfig c = llama_style(base_config());
-    c.moe.num_experts = 4;
-    c.moe.ffn_hidden_size = 6;
-    c.moe.aux_loss_coeff = {0.0};
-    c.moe.dispatcher = MoeDispatcher::kAllToAll;
-    c.finalize();
-    c.moe.router_padding_for_fp8 = pad;  // after finalize: the trainer also demands FP8
-    MoELayer moe("mlp", c, 0, g.tp());
-    std::vector<Param*> ps;
-    moe.collect(ps);
-    ParamSet params(ps, DType::kF64);
-    params.initialize(3);
-    params.sync_compute_from_main();
-    params.zero_grads();
-    MoELayer::Ctx ctx;
-    const Tensor x = testing::random_tensor({tokens / 2, 2, c.hidden_size}, 9, 1.0, DType::kF64);
-    Out o;
-    o.y = moe.forward(x, ctx, ForwardMode{true, 3, 4}).clone();
-    o.counts = ctx.plan.counts();
-    o.dx = moe.backward(testing::random_tensor(x.shape(), 6, 1.0, DType::kF64), ctx).clone();
-    for (Param* p : ps) o.grads.push_back(p->main_grad.clone());
-    return o;
-  };
-  const Out plain = run(false), padded = run(true);
-  int64_t routed = 0, rows = 0;
-  for (size_t e = 0; e < plain.counts.size(); ++e) {
-    routed += plain.counts[e];
-    rows += padded.counts[e];
-    EXPECT_GE(padded.counts[e], plain.counts[e]);
-    EXPECT_TRUE(padded.counts[e] % 16 == 0 || padded.counts[e] == tokens)
-        << "expert " << e << ": " << padded.counts[e] << " rows";
+  const std::vector<std::pair<std::string, std::function<void(MoeConfig&)>>> variants = {
+      {"dropless top-2", [](MoeConfig&) {}},
+      {"capacity 0.5", [](MoeConfig& m) { m.capacity_factor = 0.5; }},
+      {"probabilities on the input", [](MoeConfig& m) {
+         m.score_function = MoeScoreFunction::kSigmoid;
+         m.router_topk = 1;
+         m.apply_probs_on_input = true;
+       }}};
+  for (const auto& [name, variant] : variants) {
+    SCOPED_TRACE(name);
+    auto run = [&](bool pad) {
+      TransformerConfig c = llama_style(base_config());
+      c.moe.num_experts = 4;
+      c.moe.ffn_hidden_size = 6;
+      c.moe.aux_loss_coeff = {0.0};
+      c.moe.dispatcher = MoeDispatcher::kAllToAll;
+      variant(c.moe);
+      c.finalize();
+      c.moe.router_padding_for_fp8 = pad;  // after finalize: the trainer also demands FP8
+      MoELayer moe("mlp", c, 0, g.tp());
+      std::vector<Param*> ps;
+      moe.collect(ps);
+      ParamSet params(ps, DType::kF64);
+      params.initialize(3);
+      params.sync_compute_from_main();
+      params.zero_grads();
+      MoELayer::Ctx ctx;
+      const Tensor x = testing::random_tensor({tokens / 2, 2, c.hidden_size}, 9, 1.0, DType::kF64);
+      Out o;
+      o.y = moe.forward(x, ctx, ForwardMode{true, 3, 4}).clone();
+      o.counts = ctx.plan.counts();
+      o.dx = moe.backward(testing::random_tensor(x.shape(), 6, 1.0, DType::kF64), ctx).clone();
+      for (Param* p : ps) o.grads.push_back(p->main_grad.clone());
+      return o;
+    };
+    const Out plain = run(false), padded = run(true);
+    int64_t routed = 0, rows = 0;
+    for (size_t e = 0; e < plain.counts.size(); ++e) {
+      routed += plain.counts[e];
+      rows += padded.counts[e];
+      EXPECT_GE(padded.counts[e], plain.counts[e]);
+      EXPECT_TRUE(padded.counts[e] % 16 == 0 || padded.counts[e] == tokens)
+          << "expert " << e << ": " << padded.counts[e] << " rows";
+    }
+    EXPECT_GT(rows, routed) << "nothing was padded";
+    // f64 sums of the same terms plus exact zeros: equal to rounding.
+    EXPECT_TRUE(testing::allclose(padded.y, plain.y, 1e-12, 1e-12));
+    EXPECT_TRUE(testing::allclose(padded.dx, plain.dx, 1e-12, 1e-12));
+    for (size_t i = 0; i < plain.grads.size(); ++i)
+      EXPECT_TRUE(testing::allclose(padded.grads[i], plain.grads[i], 1e-12, 1e-12))
+          << "param " << i;
   }
-  EXPECT_EQ(routed, tokens * 2);  // top-2
-  EXPECT_GT(rows, routed) << "nothing was padded";
-  // f64 sums of the same terms plus exact zeros: equal to rounding.
-  EXPECT_TRUE(testing::allclose(padded.y, plain.y, 1e-12, 1e-12));
-  EXPECT_TRUE(testing::allclose(padded.dx, plain.dx, 1e-12, 1e-12));
-  for (size_t i = 0; i < plain.grads.size(); ++i)
-    EXPECT_TRUE(testing::allclose(padded.grads[i], plain.grads[i], 1e-12, 1e-12)) << "param " << i;
 }
 
 TEST(LayerGradients, TransformerBlockWithFinalNormPlainAndRecomputed) {

@@ -185,8 +185,6 @@ TEST(MoeRouting, TopKTiesGoToTheLowerIndex) {
   }
 }
 
-// Megatron's get_capacity, ceil(T k / E x factor), clamped here to T (torch.topk over the tokens
-// would fail beyond it).
 // --moe-router-padding-for-fp8: Megatron's pad_routing_map turns, per expert, the first zeros in
 // token order into ones (zero_ranks = cumsum(map == 0) <= (-count) % multiple).
 TEST(MoeRouting, PaddingForFp8TakesEachExpertsFirstFreeTokens) {
@@ -232,6 +230,8 @@ TEST(MoeRouting, PaddingForFp8TakesEachExpertsFirstFreeTokens) {
   }
 }
 
+// Megatron's get_capacity, ceil(T k / E x factor), clamped here to T (torch.topk over the tokens
+// would fail beyond it).
 TEST(MoeRouting, CapacityIsMegatronsCeilingClampedToTheTokens) {
   EXPECT_EQ(moe::expert_capacity(12, 8, 2, 1.0), 3);
   EXPECT_EQ(moe::expert_capacity(12, 8, 2, 1.1), 4);   // 3.3 -> 4
