@@ -353,12 +353,11 @@ std::vector<std::string> take_optimizer_groups(Arguments& args) {
 
 std::vector<std::string> restore_optimizer_groups(Arguments& args) {
   // Runs outside any agreed section: a bad tracker or metadata file throws here on some ranks
-  // only, so it is left to the load, which agrees on the failure and names the file.
-  const Arguments before = args;
+  // only, so it is left to the load, which agrees on the failure and names the file. (Every read
+  // that can throw comes before the first flag is set.)
   try {
     return take_optimizer_groups(args);
   } catch (const std::exception&) {
-    args = before;
     return {};
   }
 }
