@@ -12,14 +12,18 @@ void register_fp8_args(ArgTable& t, Arguments& a) {
         "or hybrid (E4M3 inputs and weights, E5M2 gradients); on the CPU the quantised values "
         "feed its bf16 GEMM (FP8's numerics, not its speed)");
   t.add("--fp8-recipe", a.fp8_recipe,
-        "delayed (scales from an amax history) or tensorwise (each tensor's own amax)");
+        "delayed (scales from an amax history), tensorwise (each tensor's own amax), mxfp8 (a "
+        "power-of-two scale per 32 elements along each GEMM's reduction dimension) or blockwise "
+        "(power-of-two scales per 1 x 128 block of activations and gradients, 128 x 128 of "
+        "weights)");
   t.add("--fp8-margin", a.fp8_margin, "Delayed scaling: scales divided by 2^margin");
   t.add("--fp8-amax-history-len", a.fp8_amax_history_len,
         "Delayed scaling: amaxes kept per tensor");
   t.add("--fp8-amax-compute-algo", a.fp8_amax_compute_algo,
         "Delayed scaling: most_recent or max (of the history)");
   t.flag("--no-fp8-wgrad", a.no_fp8_wgrad,
-         "Weight gradients from the unquantised input and output gradient");
+         "Weight gradients from the unquantised input and output gradient (delayed scaling: "
+         "Megatron passes it to no other recipe, which keep FP8 weight gradients)");
   t.flag("--first-last-layers-bf16", a.first_last_layers_bf16,
          "Keep the first and last layers out of FP8 (tensorwise recipe)");
   t.add("--num-layers-at-start-in-bf16", a.num_layers_at_start_in_bf16,
@@ -34,8 +38,9 @@ void register_fp8_args(ArgTable& t, Arguments& a) {
   // with it loads without FP8 (conversion, generation in bf16); generation with --fp8-format
   // takes it as training does.
   t.flag("--moe-router-padding-for-fp8", a.moe_router_padding_for_fp8,
-         "Pad each expert's tokens from a rank to a multiple of 16 with tokens routed to it with "
-         "probability 0 (FP8 with the alltoall dispatcher; the padding enters the FP8 amaxes)");
+         "Pad each expert's tokens from a rank to a multiple of 16 (32 with --fp8-recipe mxfp8) "
+         "with tokens routed to it with probability 0 (FP8 with the alltoall dispatcher; the "
+         "padding enters the FP8 amaxes)");
 }
 
 void validate_fp8_args(const Arguments& a) {
@@ -63,12 +68,16 @@ void validate_fp8_args(const Arguments& a) {
                  "--fp8-format must be e4m3 or "
                  "hybrid, got '",
                  a.fp8_format, "'");
-  MEGATRON_CHECK(a.fp8_recipe == "delayed" || a.fp8_recipe == "tensorwise", "--fp8-recipe ",
-                 a.fp8_recipe,
-                 a.fp8_recipe == "blockwise" || a.fp8_recipe == "mxfp8"
-                     ? " is not implemented (its block scales need a GPU backend's GEMMs): use "
-                       "delayed or tensorwise"
-                     : ": unknown recipe; choose delayed or tensorwise");
+  MEGATRON_CHECK(a.fp8_recipe == "delayed" || a.fp8_recipe == "tensorwise" ||
+                     a.fp8_recipe == "mxfp8" || a.fp8_recipe == "blockwise",
+                 "--fp8-recipe ", a.fp8_recipe,
+                 ": unknown recipe; choose delayed, tensorwise, mxfp8 or blockwise");
+  // Megatron keeps blockwise FP8 weights as codes with a scale per 128 x 128 tile, which the
+  // distributed optimizer quantises per shard; here the codes carry one scale per weight.
+  MEGATRON_CHECK(!(a.fp8_param_gather && a.fp8_recipe == "blockwise"),
+                 "--fp8-param-gather with --fp8-recipe blockwise is not implemented (FP8 weights "
+                 "with a scale per 128 x 128 tile): drop --fp8-param-gather, which computes the "
+                 "same values with the bf16 weights gathered");
   MEGATRON_CHECK(a.fp8_amax_compute_algo == "most_recent" || a.fp8_amax_compute_algo == "max",
                  "--fp8-amax-compute-algo must be most_recent or max, got '",
                  a.fp8_amax_compute_algo, "'");

@@ -1,6 +1,7 @@
 // FP8 codecs (core/fp8.h): a code is read off the value fp8_round gives.
 #include "core/fp8.h"
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 
@@ -74,6 +75,45 @@ const float* fp8_decode_table(Fp8Format f) {
   };
   static const Tables tables;  // built once, read-only after: safe from every thread
   return tables.t[f == Fp8Format::kE4M3 ? 0 : 1];
+}
+
+namespace {
+
+// TE's float_to_e8m0 (util/ptx.cuh, its bit-level form of cvt.rp.satfinite.ue8m0x2.f32).
+uint32_t float_to_e8m0(float v) {
+  if (std::isnan(v)) return 0xFF;
+  if (std::isinf(v)) return 0xFE;
+  if (v == 0.0f) return 0;
+  const uint32_t bits = std::bit_cast<uint32_t>(v);
+  uint32_t exponent = (bits >> 23) & 0xFF;
+  const uint32_t mantissa = bits & 0x7FFFFF;
+  // Round up, saturating at 254; a subnormal rounds up to 2^-126 only above 2^-127.
+  if (mantissa > 0 && exponent != 0xFE && !(exponent == 0 && mantissa <= 0x400000)) ++exponent;
+  return exponent;
+}
+
+float power_of_two(int e) {
+  return std::ldexp(1.0f, e);
+}
+
+}  // namespace
+
+Fp8BlockScale fp8_block_scale(float amax, Fp8BlockRule rule, Fp8Format f) {
+  const float max = fp8_max(f);
+  if (rule == Fp8BlockRule::kMxfp8) {
+    const uint32_t e = float_to_e8m0(amax * (1.0f / max));
+    const float scale = e == 0 ? 1.0f : e >= 254 ? 0.0f : power_of_two(127 - static_cast<int>(e));
+    return {scale, e == 255 ? NAN : power_of_two(static_cast<int>(e) - 127)};
+  }
+  if (amax == 0.0f || !std::isfinite(amax)) return {1.0f, 1.0f};
+  float s = max / amax;
+  if (std::isinf(s)) s = 0x1p127f;  // the input dtype's largest value, rounded down below
+  s = std::bit_cast<float>(std::bit_cast<uint32_t>(s) & 0xFF800000u);
+  return {s, 1.0f / s};
+}
+
+const char* fp8_block_rule_name(Fp8BlockRule rule) {
+  return rule == Fp8BlockRule::kMxfp8 ? "mxfp8" : "blockwise";
 }
 
 }  // namespace megatron

@@ -79,4 +79,25 @@ inline uint8_t fp8_code_of(float r, Fp8Format f) {
 // fp8_decode of every code, [256] (for decoding loops).
 const float* fp8_decode_table(Fp8Format f);
 
+// ---- Block scaling (--fp8-recipe mxfp8 / blockwise) -------------------------------------------
+// A block of a tensor is quantised as q = fp8_round(x * scale) and stands for q * scale_inv; both
+// factors are powers of two (or 0 / 1 at the edges below), so q * scale_inv is exact in f32 and
+// in bf16.
+//   kMxfp8 (Transformer Engine's MXFP8BlockScaling): blocks of 32 along the GEMM's reduction
+//     dimension; an E8M0 exponent e = float_to_e8m0(amax * f32(1 / fp8_max)), the product rounded
+//     UP to a power of two (NaN -> 255, +-inf -> 254, 0 and subnormals up to 2^-127 -> 0, a normal
+//     rounding past 254 saturates at 254); scale = 2^(127 - e) as TE's exp2f_rcp computes it: 1
+//     for e = 0 and 0 for e = 254; scale_inv = 2^(e - 127), what the GEMM reads from the E8M0 code.
+//   kBlockwise (TE's Float8BlockScaling with its default power-of-two scales): 1 x 128 blocks for
+//     activations and gradients, 128 x 128 for weights; scale = fp8_max / amax (f32 division)
+//     with its mantissa cleared (rounded down to a power of two); 1 for an amax of 0, inf or NaN;
+//     an infinite quotient takes the input dtype's largest value, which rounds down to 2^127 for
+//     f32 and bf16 alike; scale_inv = 1 / scale.
+enum class Fp8BlockRule : uint8_t { kMxfp8, kBlockwise };
+struct Fp8BlockScale {
+  float scale, scale_inv;
+};
+Fp8BlockScale fp8_block_scale(float amax, Fp8BlockRule rule, Fp8Format f);
+const char* fp8_block_rule_name(Fp8BlockRule rule);  // "mxfp8", "blockwise"
+
 }  // namespace megatron

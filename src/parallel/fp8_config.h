@@ -16,7 +16,15 @@ enum class Fp8Mode : uint8_t {
 enum class Fp8Recipe : uint8_t {
   kDelayed,     // --fp8-recipe delayed (default): scales from an amax history of earlier steps
   kTensorwise,  // --fp8-recipe tensorwise: each tensor's scale from its own amax (current scaling)
+  kMxfp8,       // --fp8-recipe mxfp8: E8M0 scales per 32 elements along each GEMM's reduction
+  kBlockwise,   // --fp8-recipe blockwise: power-of-two scales per 1 x 128 (activations,
+                // gradients) or 128 x 128 (weights) block
 };
+// How a quantised operand is read by its GEMMs: with its blocks along its rows' elements (the
+// forward's input and weight, the input gradient's output gradient) or down its columns (the
+// input gradient's weight, both operands of the weight gradient). Per-tensor recipes quantise
+// both alike.
+enum class Fp8Usage : uint8_t { kRowwise, kColumnwise };
 
 struct Fp8Config {
   Fp8Mode mode = Fp8Mode::kOff;             // --fp8-format (off when absent)
@@ -33,6 +41,13 @@ struct Fp8Config {
   bool param_gather = false;
 
   bool enabled() const { return mode != Fp8Mode::kOff; }
+  // mxfp8 and blockwise: scales per block of elements, no state between steps.
+  bool block_scaled() const {
+    return recipe == Fp8Recipe::kMxfp8 || recipe == Fp8Recipe::kBlockwise;
+  }
+  // The multiple TE pads an FP8 GEMM's rows to (Megatron's get_fp8_align_size): 32 for MXFP8's
+  // 32-row column blocks, else 16.
+  int64_t align_size() const { return recipe == Fp8Recipe::kMxfp8 ? 32 : 16; }
   Fp8Format forward_format() const { return Fp8Format::kE4M3; }
   Fp8Format backward_format() const {
     return mode == Fp8Mode::kHybrid ? Fp8Format::kE5M2 : Fp8Format::kE4M3;

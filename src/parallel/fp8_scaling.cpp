@@ -74,8 +74,22 @@ void Fp8GemmScaling::record(Operand op, double amax) {
   slot = std::fmax(slot, static_cast<float>(amax));
 }
 
-float Fp8GemmScaling::quantize_into(Tensor& out, const Tensor& x, Operand op) {
+std::pair<int64_t, int64_t> Fp8GemmScaling::block_shape(Operand op, Fp8Usage u) const {
+  const bool rowwise = u == Fp8Usage::kRowwise;
+  if (cfg_.recipe == Fp8Recipe::kMxfp8) return rowwise ? std::pair{1, 32} : std::pair{32, 1};
+  if (op == kWeight) return {128, 128};
+  return rowwise ? std::pair{1, 128} : std::pair{128, 1};
+}
+
+float Fp8GemmScaling::quantize_into(Tensor& out, const Tensor& x, Operand op, Fp8Usage usage) {
   const Fp8Format f = format_of(op);
+  if (cfg_.block_scaled()) {
+    const auto [rows, cols] = block_shape(op, usage);
+    ops::fp8_block_quantize(
+        out, x, rows, cols,
+        cfg_.recipe == Fp8Recipe::kMxfp8 ? Fp8BlockRule::kMxfp8 : Fp8BlockRule::kBlockwise, f);
+    return 1.0f;
+  }
   float scale;
   if (delayed_) {
     scale = scales()[op];
@@ -88,17 +102,32 @@ float Fp8GemmScaling::quantize_into(Tensor& out, const Tensor& x, Operand op) {
   return 1.0f / scale;
 }
 
-Fp8Tensor Fp8GemmScaling::quantize(const Tensor& x, Operand op) {
+Fp8Tensor Fp8GemmScaling::quantize(const Tensor& x, Operand op, Fp8Usage usage) {
   Fp8Tensor out;
   out.q =
       Tensor::empty(x.shape(), x.dtype() == DType::kF64 ? DType::kF64 : DType::kBF16, x.device());
-  out.scale_inv = quantize_into(out.q, x, op);
+  out.scale_inv = quantize_into(out.q, x, op, usage);
   return out;
 }
 
 Fp8Tensor Fp8GemmScaling::weight(const Tensor& w) {
-  if (fresh_weight_ || !weight_cache_.q.defined()) weight_cache_ = quantize(w, kWeight);
+  if (fresh_weight_ || !weight_cache_.q.defined()) {
+    weight_cache_ = quantize(w, kWeight);
+    ++weight_version_;
+  }
   return weight_cache_;
+}
+
+Fp8Tensor Fp8GemmScaling::weight_columnwise(const Param& w) {
+  MEGATRON_ASSERT(usages_differ() && !w.fp8 && weight_cache_.q.defined(), w.name,
+                  ": a columnwise weight is a block-scaled recipe's, after the forward's");
+  // blockwise's 128 x 128 weight tiles read the same both ways
+  if (cfg_.recipe == Fp8Recipe::kBlockwise) return weight_cache_;
+  if (columnwise_version_ != weight_version_ || !weight_cache_columnwise_.q.defined()) {
+    weight_cache_columnwise_ = quantize(w.value, kWeight, Fp8Usage::kColumnwise);
+    columnwise_version_ = weight_version_;
+  }
+  return weight_cache_columnwise_;
 }
 
 Fp8Tensor Fp8GemmScaling::weight(const Param& w) {

@@ -28,6 +28,20 @@
 //     Initial state: s = 1, history 0. The state (scale [3], amax_history [len, 3] per Linear,
 //     columns input, weight, output gradient) is saved in checkpoints (identical on every rank of
 //     the group after each update, so replicated) and resumed exactly.
+//   mxfp8 (TE's MXFP8BlockScaling) and blockwise (TE's Float8BlockScaling): a scale per block of
+//     elements along the GEMM's reduction dimension (core/fp8.h fp8_block_scale), from the
+//     block's own amax: no state. An operand read by two GEMMs along different dimensions is
+//     quantised twice from its high-precision values (TE's rowwise and columnwise usages): the
+//     forward's input and weight rowwise (blocks along the input features), the input gradient's
+//     output gradient rowwise and weight columnwise (blocks along the output features), the
+//     weight gradient's output gradient and input columnwise (blocks along the tokens). mxfp8:
+//     1 x 32 blocks rowwise, 32 x 1 columnwise; blockwise: 1 x 128 and 128 x 1 for inputs and
+//     gradients, 128 x 128 for weights (one quantisation serves both usages). Blocks at a
+//     tensor's edge are partial, their amax over the elements present (TE's kernels zero-fill),
+//     which is also what zero padding to the block size gives. The GEMM multiplies the values
+//     times their block's decoding factor (a power of two: exact in bf16), so the quantised
+//     tensors hold those and their scale_inv is 1: the products and f32 sums of a block-scaled
+//     FP8 GEMM (cuBLASLt's VEC32_UE8M0 / DeepGEMM-style kernels), up to summation order.
 //
 // Megatron passes is_first_microbatch to TE's layers: the weight is quantised once per step, on
 // the first micro-batch, and that copy (with its scale) serves the other micro-batches and the
@@ -38,6 +52,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/process_group.h"
@@ -54,6 +69,7 @@ void delayed_scaling_update(float* history, int64_t len, int64_t stride, float* 
 float current_scaling_scale(double amax, float fp8_max, float value_for_inf);
 
 // A quantised operand: q holds FP8 values (bf16 storage, f64 for f64 runs); x ~ q * scale_inv.
+// Block-scaled recipes: q holds each FP8 value times its block's decoding factor, scale_inv 1.
 struct Fp8Tensor {
   Tensor q;
   float scale_inv = 1.0f;
@@ -72,12 +88,19 @@ class Fp8GemmScaling {
   Fp8GemmScaling& operator=(const Fp8GemmScaling&) = delete;
 
   const Fp8Config& config() const { return cfg_; }
-  // x quantised as operand `op` (input or output gradient), recording its amax where the recipe
-  // and phase say so.
-  Fp8Tensor quantize(const Tensor& x, Operand op);
+  // x quantised as operand `op` (input or output gradient) for `usage`, recording its amax where
+  // the recipe and phase say so.
+  Fp8Tensor quantize(const Tensor& x, Operand op, Fp8Usage usage = Fp8Usage::kRowwise);
   // The same into `out` (bf16, or f64 for f64 x; x's size: a view into a larger tensor, such as
   // one expert's rows of a grouped GEMM's input); returns the inverse scale.
-  float quantize_into(Tensor& out, const Tensor& x, Operand op);
+  float quantize_into(Tensor& out, const Tensor& x, Operand op,
+                      Fp8Usage usage = Fp8Usage::kRowwise);
+  // Whether the rowwise and columnwise quantisations of an operand differ (block-scaled recipes);
+  // when not, one serves both.
+  bool usages_differ() const { return cfg_.block_scaled(); }
+  // Whether a backward will read what this forward quantises (a training forward or a
+  // recomputation; not evaluation or generation).
+  bool backward_follows() const { return recording_ || recomputing_; }
   // The weight for this forward: quantised afresh on a step's first micro-batch (and outside
   // training), else the copy made then.
   Fp8Tensor weight(const Tensor& w);
@@ -85,6 +108,10 @@ class Fp8GemmScaling {
   // its codes with the scale it was quantised with (a fresh tensor each call: only the codes
   // stay between uses), else weight(w.value).
   Fp8Tensor weight(const Param& w);
+  // Block-scaled recipes: the weight as the input gradient's GEMM reads it (columnwise), after a
+  // forward's weight(): mxfp8 quantises w's values once per rowwise copy, blockwise's 128 x 128
+  // tiles read the same both ways (the rowwise copy).
+  Fp8Tensor weight_columnwise(const Param& w);
   // --fp8-param-gather: the scale that quantises this GEMM's weight into its FP8 primary weight
   // after a step (TE's cast_master_weights_to_fp8), given the amax of the whole (tensor-parallel
   // local) weight rounded to bf16 (the max over its data-parallel shards). Delayed: the weight's
@@ -116,6 +143,8 @@ class Fp8GemmScaling {
 
  private:
   Fp8Format format_of(Operand op) const;
+  // The block shape (rows, columns) of operand op read with usage u (block-scaled recipes).
+  std::pair<int64_t, int64_t> block_shape(Operand op, Fp8Usage u) const;
   float* history_row0() { return history_.main.data<float>(); }
   float* scales() { return scale_.main.data<float>(); }
   float current_scale(Operand op) const;
@@ -124,11 +153,12 @@ class Fp8GemmScaling {
   Fp8Config cfg_;
   bool delayed_;
   Param scale_, history_;  // delayed only
-  Fp8Tensor weight_cache_;
-  float primary_scale_inv_ = 1.0f;  // of the FP8 primary weight's codes
-  bool recording_ = false;          // amaxes of this phase are recorded
-  bool fresh_weight_ = true;        // quantise the weight (else the cached copy)
-  float saved_scales_[2] = {};      // the live scales while a recomputation uses old ones
+  Fp8Tensor weight_cache_, weight_cache_columnwise_;
+  int64_t weight_version_ = 0, columnwise_version_ = -1;  // which rowwise copy the other follows
+  float primary_scale_inv_ = 1.0f;                        // of the FP8 primary weight's codes
+  bool recording_ = false;                                // amaxes of this phase are recorded
+  bool fresh_weight_ = true;    // quantise the weight (else the cached copy)
+  float saved_scales_[2] = {};  // the live scales while a recomputation uses old ones
   bool recomputing_ = false;
 };
 

@@ -26,7 +26,9 @@ void Linear::collect(std::vector<Param*>& out) {
 Fp8GemmScaling* Linear::enable_fp8(const Fp8Config& cfg, int tp_rank, int tp_size) {
   std::string name = weight.name.substr(0, weight.name.size() - std::string(".weight").size());
   fp8_ = std::make_unique<Fp8GemmScaling>(name, cfg, tp_rank, tp_size);
-  if (cfg.param_gather) weight.fp8 = fp8_.get();
+  // MXFP8 weights are gathered in bf16 and quantised on each rank, as Megatron does (TE cannot
+  // cast master weights to MXFP8 shards); blockwise with the flag is refused at start-up.
+  if (cfg.param_gather && !cfg.block_scaled()) weight.fp8 = fp8_.get();
   return fp8_.get();
 }
 
@@ -82,12 +84,17 @@ Tensor Linear::forward_fp8(const Tensor& x, Ctx& ctx) const {
   ctx.w8 = fp8_->weight(weight);
   const DType wt = high_precision_dtype();
   if (!fp8_->config().wgrad) ctx.x = x.dtype() == wt || wt == DType::kF32 ? x : x.to(wt);
+  if (fp8_->config().wgrad && fp8_->usages_differ() && fp8_->backward_follows() &&
+      weight.main_grad.defined())
+    ctx.x8c = fp8_->quantize(x, Fp8GemmScaling::kInput, Fp8Usage::kColumnwise);
   Tensor y =
       Tensor::empty({rows, out_}, x.dtype() == DType::kF64 ? DType::kF64 : DType::kF32, x.device());
   ops::matmul(y, ctx.x8.q, false, ctx.w8.q, true);
   ops::scale_inplace(y, descale(ctx.x8, ctx.w8));
   // An FP8 primary weight is decoded again by the backward: only its codes stay in between.
   if (weight.fp8) ctx.w8.q = Tensor();
+  // Block-scaled: the backward reads the columnwise copies only.
+  if (fp8_->usages_differ()) ctx.x8 = ctx.w8 = Fp8Tensor{};
   if (adds_bias()) ops::bias_add(y, bias.value_as(y.dtype()));
   return y;
 }
@@ -95,7 +102,10 @@ Tensor Linear::forward_fp8(const Tensor& x, Ctx& ctx) const {
 Tensor Linear::backward_fp8(const Tensor& dy, Ctx& ctx) const {
   const int64_t rows = dy.numel() / out_;
   const Fp8Tensor dy8 = fp8_->quantize(dy, Fp8GemmScaling::kGradOutput);
-  const Fp8Tensor w8 = ctx.w8.q.defined() ? ctx.w8 : fp8_->weight(weight);
+  const bool two_usages = fp8_->usages_differ();
+  const Fp8Tensor w8 = two_usages           ? fp8_->weight_columnwise(weight)
+                       : ctx.w8.q.defined() ? ctx.w8
+                                            : fp8_->weight(weight);
   Tensor dx = Tensor::empty({rows, in_}, dy.dtype(), dy.device());
   ops::matmul(dx, dy8.q, false, w8.q, false);
   ops::scale_inplace(dx, descale(dy8, w8));
@@ -104,9 +114,14 @@ Tensor Linear::backward_fp8(const Tensor& dy, Ctx& ctx) const {
     // frozen without gradient storage: no weight gradient
   } else if (fp8_->config().wgrad) {
     // The descaled product is added to main_grad, as the FP8 GEMM's accumulate epilogue does.
+    const Fp8Tensor dy8c =
+        two_usages ? fp8_->quantize(dy, Fp8GemmScaling::kGradOutput, Fp8Usage::kColumnwise) : dy8;
+    const Fp8Tensor& x8c = two_usages ? ctx.x8c : ctx.x8;
+    MEGATRON_ASSERT(x8c.q.defined(), weight.name,
+                    ": the forward kept no input for the weight gradient");
     Tensor partial = Tensor::empty(dw.shape(), dw.dtype(), dw.device());
-    ops::matmul(partial, dy8.q, true, ctx.x8.q, false);
-    ops::scale_inplace(partial, descale(dy8, ctx.x8));
+    ops::matmul(partial, dy8c.q, true, x8c.q, false);
+    ops::scale_inplace(partial, descale(dy8c, x8c));
     ops::add_inplace(dw, partial);
     weight.main_grad_zero = false;
   } else {

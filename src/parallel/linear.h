@@ -9,6 +9,8 @@
 // (parallel/fp8_scaling.h): y = (q_x q_w^T) s_x^-1 s_w^-1, dx = (q_dy q_w) s_dy^-1 s_w^-1 and
 // dA += (q_dy^T q_x) s_dy^-1 s_x^-1 (in high precision with --no-fp8-wgrad), the FP8 values held
 // in bf16 and multiplied by the bf16 GEMM (exact products, f32 sums, as an FP8 tensor core).
+// Block-scaled recipes quantise each operand along its GEMM's reduction dimension, so x and dy
+// twice (rowwise for fprop / dgrad, columnwise for wgrad) and the weight columnwise for dgrad.
 #pragma once
 
 #include <memory>
@@ -25,6 +27,7 @@ class Linear {
     Tensor x;          // input as the GEMM saw it (f32, or bf16 in bf16 runs); FP8: kept for a
                        // high-precision weight gradient only
     Fp8Tensor x8, w8;  // FP8: the quantised input and weight of the forward
+    Fp8Tensor x8c;     // block-scaled FP8: the input quantised columnwise for the weight gradient
   };
 
   Linear(const std::string& name, int64_t in, int64_t out, bool with_bias, double init_std);

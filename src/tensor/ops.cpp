@@ -650,6 +650,21 @@ void fp8_quantize(Tensor& out, const Tensor& x, float scale, Fp8Format format) {
   MEGATRON_DISPATCH(device_of("fp8_quantize", {&out, &x}), fp8_quantize(out, x, scale, format));
 }
 
+void fp8_block_quantize(Tensor& out, const Tensor& x, int64_t block_rows, int64_t block_cols,
+                        Fp8BlockRule rule, Fp8Format format) {
+  const OpTimer timer(OpCategory::kNormElementwise, __func__);
+  const DType want = x.dtype() == DType::kF64 ? DType::kF64 : DType::kBF16;
+  MEGATRON_CHECK(x.dtype() == DType::kF32 || x.dtype() == DType::kBF16 || x.dtype() == DType::kF64,
+                 "fp8_block_quantize: x must be f32, bf16 or f64, got ", x.str());
+  MEGATRON_CHECK(out.dtype() == want && out.numel() == x.numel(),
+                 "fp8_block_quantize: out must be ", dtype_name(want), " with x's ", x.numel(),
+                 " elements, got ", out.str());
+  MEGATRON_CHECK(block_rows >= 1 && block_cols >= 1 && x.ndim() >= 1,
+                 "fp8_block_quantize: blocks of ", block_rows, " x ", block_cols, " of ", x.str());
+  MEGATRON_DISPATCH(device_of("fp8_block_quantize", {&out, &x}),
+                    fp8_block_quantize(out, x, block_rows, block_cols, rule, format));
+}
+
 void fp8_encode(Tensor& codes, const Tensor& x, float scale, Fp8Format format) {
   const OpTimer timer(OpCategory::kNormElementwise, __func__);
   MEGATRON_CHECK(x.dtype() == DType::kF32 || x.dtype() == DType::kBF16 || x.dtype() == DType::kF64,

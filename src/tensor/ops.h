@@ -308,6 +308,14 @@ double abs_max(const Tensor& x);
 // product rounded to f32 first as Transformer Engine's cast kernels compute it. x f32, bf16 or
 // f64; out [x's shape] bf16, which holds every FP8 value exactly (f64 when x is f64).
 void fp8_quantize(Tensor& out, const Tensor& x, float scale, Fp8Format format);
+// Block-scaled FP8 (--fp8-recipe mxfp8 / blockwise): x viewed as [rows, x.dim(-1)], split into
+// blocks of block_rows x block_cols (edge blocks partial, their amax over the elements present:
+// TE's kernels zero-fill); each block's scale from its amax (NaN ignored, as abs_max) by `rule`
+// (core/fp8.h fp8_block_scale), and out = fp8_round(f32(x) * scale) * scale_inv: the values a
+// block-scaled FP8 GEMM multiplies, the codes times their block's decoding factor (exact in bf16).
+// out [x's shape] bf16 (f64 when x is f64).
+void fp8_block_quantize(Tensor& out, const Tensor& x, int64_t block_rows, int64_t block_cols,
+                        Fp8BlockRule rule, Fp8Format format);
 // FP8 primary weights (--fp8-param-gather) as one byte each: codes[i] = the code of the value
 // fp8_quantize gives (codes u8, [x's numel]); and back, out[i] = the value of codes[i] (out f32,
 // bf16 or f64: exact in each).

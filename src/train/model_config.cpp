@@ -83,11 +83,16 @@ Fp8Config fp8_config_from_args(const Arguments& a) {
   Fp8Config f;
   if (a.fp8_format.empty()) return f;
   f.mode = a.fp8_format == "hybrid" ? Fp8Mode::kHybrid : Fp8Mode::kE4M3;
-  f.recipe = a.fp8_recipe == "tensorwise" ? Fp8Recipe::kTensorwise : Fp8Recipe::kDelayed;
+  f.recipe = a.fp8_recipe == "tensorwise"  ? Fp8Recipe::kTensorwise
+             : a.fp8_recipe == "mxfp8"     ? Fp8Recipe::kMxfp8
+             : a.fp8_recipe == "blockwise" ? Fp8Recipe::kBlockwise
+                                           : Fp8Recipe::kDelayed;
   f.margin = static_cast<int>(a.fp8_margin);
   f.amax_history_len = a.fp8_amax_history_len;
   f.amax_compute_max = a.fp8_amax_compute_algo == "max";
-  f.wgrad = !a.no_fp8_wgrad;
+  // Megatron hands fp8_wgrad to DelayedScaling alone (override_linear_precision); the other
+  // recipes keep FP8 weight gradients.
+  f.wgrad = !a.no_fp8_wgrad || f.recipe != Fp8Recipe::kDelayed;
   f.param_gather = a.fp8_param_gather;
   f.first_last_layers_bf16 = a.first_last_layers_bf16;
   f.num_layers_at_start_in_bf16 = a.num_layers_at_start_in_bf16;
@@ -181,23 +186,30 @@ void check_fp8_gemm_shapes(const TransformerConfig& c, const Arguments& a) {
     gemms.push_back({"linear_q", c.hidden_size, np * hn / tp, "--hidden-size, --kv-channels"});
     gemms.push_back({"linear_kv", c.hidden_size, 2 * np * hn / tp, "--hidden-size, --kv-channels"});
   }
+  // MXFP8 tensors have 32-element blocks both ways: TE's MXFP8Quantizer wants every dimension
+  // (rows, input and output features) divisible by 32.
+  const bool mx = a.fp8_recipe == "mxfp8";
+  const int64_t in_mult = mx ? 32 : 16, out_mult = mx ? 32 : 8, row_mult = mx ? 32 : 8;
   for (const Gemm& g : gemms) {
-    MEGATRON_CHECK(g.in % 16 == 0 && g.out % 8 == 0, "--fp8-format: the FP8 GEMM of ", g.name,
-                   " is [", g.out, ", ", g.in, "] on each of the ", tp,
+    MEGATRON_CHECK(g.in % in_mult == 0 && g.out % out_mult == 0, "--fp8-format: the FP8 GEMM of ",
+                   g.name, " is [", g.out, ", ", g.in, "] on each of the ", tp,
                    " tensor-parallel ranks; Transformer Engine needs input features divisible "
-                   "by 16 and output features by 8: change ",
+                   "by ",
+                   in_mult, " and output features by ", out_mult, mx ? " (MXFP8)" : "", ": change ",
                    g.flags);
   }
-  MEGATRON_CHECK(rows % 8 == 0,
+  MEGATRON_CHECK(rows % row_mult == 0,
                  "--fp8-format: FP8 GEMMs need their rows (--micro-batch-size x "
                  "--seq-length / context parallel = ",
-                 rows, ") divisible by 8 (Transformer Engine's rule)");
+                 rows, ") divisible by ", row_mult, " (Transformer Engine's rule",
+                 mx ? " for MXFP8" : "", ")");
   if (a.model == "t5" && c.decoder_seq_length > 0) {
     const int64_t dec_rows = a.micro_batch_size * c.decoder_seq_length;
-    MEGATRON_CHECK(dec_rows % 8 == 0,
+    MEGATRON_CHECK(dec_rows % row_mult == 0,
                    "--fp8-format: FP8 GEMMs need their rows (--micro-batch-size x "
                    "--decoder-seq-length = ",
-                   dec_rows, ") divisible by 8 (Transformer Engine's rule)");
+                   dec_rows, ") divisible by ", row_mult, " (Transformer Engine's rule",
+                   mx ? " for MXFP8" : "", ")");
   }
 }
 }  // namespace

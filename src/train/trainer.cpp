@@ -769,20 +769,37 @@ void Trainer::predict_step() {
 void Trainer::report_gemm_peak() {
   if (cfg_.fp8.enabled()) {
     const Fp8Config& f = cfg_.fp8;
-    const std::string recipe = f.recipe == Fp8Recipe::kDelayed
-                                   ? strprintf("delayed scaling (amax history %ld, %s, margin %d)",
-                                               static_cast<long>(f.amax_history_len),
-                                               f.amax_compute_max ? "max" : "most_recent", f.margin)
-                                   : std::string("tensorwise (current) scaling");
+    const std::string recipe =
+        f.recipe == Fp8Recipe::kDelayed
+            ? strprintf("delayed scaling (amax history %ld, %s, margin %d)",
+                        static_cast<long>(f.amax_history_len),
+                        f.amax_compute_max ? "max" : "most_recent", f.margin)
+        : f.recipe == Fp8Recipe::kTensorwise ? std::string("tensorwise (current) scaling")
+        : f.recipe == Fp8Recipe::kMxfp8
+            ? std::string(
+                  "MXFP8 block scaling (a power-of-two E8M0 scale per 32 elements along "
+                  "each GEMM's reduction dimension)")
+            : std::string(
+                  "blockwise scaling (power-of-two scales per 1 x 128 block of inputs "
+                  "and gradients, 128 x 128 of weights)");
     log_first(strprintf(
         " > FP8 %s (%s), %s: the inputs, weights and output gradients of every transformer "
-        "layer's linear-layer GEMMs%s are quantised with per-tensor scales; %s has no FP8 GEMM, "
+        "layer's linear-layer GEMMs%s are quantised with %s scales; %s has no FP8 GEMM, "
         "so the FP8 values feed its bf16 GEMM with f32 sums (FP8's numerics, not its speed)",
         f.mode == Fp8Mode::kHybrid ? "hybrid" : "e4m3",
         f.mode == Fp8Mode::kHybrid ? "E4M3 forward, E5M2 gradients" : "E4M3 throughout",
         recipe.c_str(), f.wgrad ? "" : " (weight gradients in high precision: --no-fp8-wgrad)",
+        f.block_scaled() ? "per-block" : "per-tensor",
         device_ == Device::kCUDA ? "this GPU backend" : "the CPU"));
-    if (f.param_gather)
+    if (args_.no_fp8_wgrad && f.wgrad)
+      log_first(
+          " > --no-fp8-wgrad applies to delayed scaling only (Megatron passes it to no other "
+          "recipe): the weight gradients stay in FP8");
+    if (f.param_gather && f.recipe == Fp8Recipe::kMxfp8)
+      log_first(
+          " > --fp8-param-gather with MXFP8: the weights are all-gathered in bf16 and quantised "
+          "on each rank, as Megatron does (Transformer Engine casts no MXFP8 shards)");
+    else if (f.param_gather)
       log_first(
           " > --fp8-param-gather: those GEMMs' weights are kept as E4M3 codes (one byte each, "
           "no bf16 copy), quantised from the fp32 main weights after each step and all-gathered "

@@ -192,5 +192,65 @@ TEST(Fp8, DenseSweepEncodesToTheNearestCodeTiesToEvenSaturating) {
   EXPECT_EQ(fp8_round(1.375f, Fp8Format::kE5M2), 1.5f);
 }
 
+// Block scales (fp8_block_scale) against what each rule promises, stated independently of TE's
+// bit arithmetic: MXFP8's decoding factor is the smallest power of two that brings the block's
+// amax within the format (2^ceil(log2(amax / max)), its scale the inverse); blockwise's scale is
+// the largest power of two not above the f32 quotient max / amax. Swept over every bf16 amax from
+// 2^-100 to 2^100 (the amaxes of bf16 tensors) and a million random f32 ones; exact equality.
+double power_of_two_at_least(double v) {  // 2^ceil(log2 v), by exponent arithmetic
+  int e = 0;
+  const double m = std::frexp(v, &e);  // v = m 2^e, m in [0.5, 1)
+  return m == 0.5 ? std::ldexp(1.0, e - 1) : std::ldexp(1.0, e);
+}
+
+TEST(Fp8BlockScale, Mxfp8AndBlockwiseScalesArePowersOfTwoAsEachRuleSays) {
+  std::vector<float> amaxes;
+  for (uint32_t b = 0; b < 0x10000; ++b) {
+    const float v = std::bit_cast<float>(b << 16);
+    if (v >= 0x1p-100f && v <= 0x1p100f) amaxes.push_back(v);
+  }
+  uint64_t state = 12345;
+  for (int i = 0; i < 1'000'000; ++i) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    amaxes.push_back(std::ldexp(1.0f + static_cast<float>(state >> 40) * 0x1p-24f,
+                                static_cast<int>((state >> 20) % 200) - 100));
+  }
+  for (Fp8Format f : {Fp8Format::kE4M3, Fp8Format::kE5M2}) {
+    const double max = fp8_max(f);
+    for (float amax : amaxes) {
+      const Fp8BlockScale mx = fp8_block_scale(amax, Fp8BlockRule::kMxfp8, f);
+      const double want_inv = power_of_two_at_least(amax / max);
+      ASSERT_EQ(static_cast<double>(mx.scale_inv), want_inv) << amax;
+      ASSERT_EQ(static_cast<double>(mx.scale), 1.0 / want_inv) << amax;
+      ASSERT_LE(amax * static_cast<double>(mx.scale), max);
+      const Fp8BlockScale bw = fp8_block_scale(amax, Fp8BlockRule::kBlockwise, f);
+      const float quotient = static_cast<float>(max) / amax;
+      ASSERT_LE(bw.scale, quotient) << amax;
+      ASSERT_GT(2.0 * bw.scale, static_cast<double>(quotient)) << amax;
+      ASSERT_EQ(power_of_two_at_least(bw.scale), static_cast<double>(bw.scale)) << amax;
+      ASSERT_EQ(bw.scale_inv * bw.scale, 1.0f);
+    }
+  }
+  // The edges, as TE's kernels have them. MXFP8: amax 0 (and anything up to 448 2^-127) gives
+  // E8M0 code 0, whose multiplier exp2f_rcp makes 1 (the block's values round to 0); an infinite
+  // amax gives code 254 and multiplier 0. Blockwise: 0, inf and NaN give scale 1; a quotient that
+  // overflows f32 takes the largest finite value, rounded down to 2^127.
+  const Fp8Format e4 = Fp8Format::kE4M3;
+  EXPECT_EQ(fp8_block_scale(0.0f, Fp8BlockRule::kMxfp8, e4).scale, 1.0f);
+  EXPECT_EQ(fp8_block_scale(0x1p-130f, Fp8BlockRule::kMxfp8, e4).scale, 1.0f);
+  EXPECT_EQ(fp8_block_scale(0x1p-130f, Fp8BlockRule::kMxfp8, e4).scale_inv, 0x1p-127f);
+  EXPECT_EQ(fp8_block_scale(INFINITY, Fp8BlockRule::kMxfp8, e4).scale, 0.0f);
+  EXPECT_EQ(fp8_block_scale(INFINITY, Fp8BlockRule::kMxfp8, e4).scale_inv, 0x1p127f);
+  EXPECT_EQ(fp8_block_scale(448.0f, Fp8BlockRule::kMxfp8, e4).scale, 1.0f);  // exactly in range
+  EXPECT_EQ(fp8_block_scale(449.0f, Fp8BlockRule::kMxfp8, e4).scale, 0.5f);
+  for (float edge : {0.0f, INFINITY, NAN}) {
+    EXPECT_EQ(fp8_block_scale(edge, Fp8BlockRule::kBlockwise, e4).scale, 1.0f) << edge;
+  }
+  EXPECT_EQ(fp8_block_scale(1e-44f, Fp8BlockRule::kBlockwise, e4).scale, 0x1p127f);
+  EXPECT_EQ(fp8_block_scale(448.0f, Fp8BlockRule::kBlockwise, e4).scale, 1.0f);
+  EXPECT_EQ(fp8_block_scale(449.0f, Fp8BlockRule::kBlockwise, e4).scale, 0.5f);
+  EXPECT_EQ(fp8_block_scale(3.0f, Fp8BlockRule::kBlockwise, e4).scale, 128.0f);  // 149.3 -> 128
+}
+
 }  // namespace
 }  // namespace megatron

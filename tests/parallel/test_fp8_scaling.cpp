@@ -7,6 +7,7 @@
 // step, nothing recorded in evaluation or recomputation, recomputation with the forward's scales).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <vector>
@@ -99,15 +100,16 @@ Tensor gemm64(const Tensor& a, bool ta, const Tensor& b, bool tb, double descale
 }
 
 struct Fp8Linear {
-  Linear lin{"layer.fc", 48, 24, /*with_bias=*/true, 0.3};
+  Linear lin;
   std::unique_ptr<ParamSet> params;
   Fp8GemmScaling* fp8 = nullptr;
   Fp8Region region;
 
-  explicit Fp8Linear(Fp8Config cfg) {
-    params = std::make_unique<ParamSet>(std::vector<Param*>{&lin.weight, &lin.bias}, DType::kF32);
+  explicit Fp8Linear(Fp8Config cfg, int64_t in = 48, int64_t out = 24, DType dtype = DType::kF32)
+      : lin("layer.fc", in, out, /*with_bias=*/true, 0.3) {
+    params = std::make_unique<ParamSet>(std::vector<Param*>{&lin.weight, &lin.bias}, dtype);
     params->initialize(7);
-    ops::add_inplace(lin.bias.main, random_tensor({24}, 8, 0.5));
+    ops::add_inplace(lin.bias.main, random_tensor({out}, 8, 0.5, lin.bias.main.dtype()));
     params->sync_compute_from_main();
     params->zero_grads();
     fp8 = lin.enable_fp8(cfg, 0, 1);
@@ -255,6 +257,100 @@ TEST(Fp8Linear, TensorwiseScalesEachOperandByItsOwnAmax) {
   const float sdy = 448.0f / static_cast<float>(ops::abs_max(dy));  // e4m3: gradients E4M3 too
   EXPECT_TRUE(
       close_to(dx, gemm64(quantised(dy, sdy, Fp8Format::kE4M3), false, qw, false, 1.0 / sdy / sw)));
+}
+
+// fp64 restatement of block scaling: x [rows, cols] in blocks of br x bc, each quantised through
+// the codec with the scale its rule promises (stated as in tests/core/test_fp8.cpp, not through
+// fp8_block_scale): MXFP8 decodes with the smallest power of two bringing the block's amax within
+// the format, blockwise scales by the largest power of two not above max / amax.
+Tensor block_quantised(const Tensor& x, int64_t br, int64_t bc, bool mxfp8, Fp8Format f) {
+  const int64_t rows = x.dim(0), cols = x.dim(1);
+  Tensor out = Tensor::empty(x.shape(), DType::kF64);
+  for (int64_t r0 = 0; r0 < rows; r0 += br)
+    for (int64_t c0 = 0; c0 < cols; c0 += bc) {
+      const int64_t r1 = std::min(rows, r0 + br), c1 = std::min(cols, c0 + bc);
+      double amax = 0;
+      for (int64_t r = r0; r < r1; ++r)
+        for (int64_t c = c0; c < c1; ++c)
+          amax = std::max(amax,
+                          std::fabs(static_cast<double>(static_cast<float>(x.item(r * cols + c)))));
+      double scale = 1;
+      if (amax > 0) {
+        if (mxfp8) {
+          while (amax * scale > fp8_max(f)) scale /= 2;
+          while (amax * scale * 2 <= fp8_max(f)) scale *= 2;
+        } else {
+          const double quotient = static_cast<float>(fp8_max(f) / static_cast<float>(amax));
+          while (scale > quotient) scale /= 2;
+          while (scale * 2 <= quotient) scale *= 2;
+        }
+      }
+      for (int64_t r = r0; r < r1; ++r)
+        for (int64_t c = c0; c < c1; ++c) {
+          const float v = static_cast<float>(static_cast<float>(x.item(r * cols + c)) * scale);
+          out.data<double>()[r * cols + c] = fp8_decode(fp8_encode(v, f), f) / scale;
+        }
+    }
+  return out;
+}
+
+// The block-scaled recipes' three GEMMs read each operand quantised along their own reduction
+// dimension (TE's rowwise / columnwise usages): forward x (1 x B) by w (1 x B); input gradient
+// dy (1 x B) by w (B x 1, or 128 x 128); weight gradient dy (B x 1) by x (B x 1). Sizes with
+// several blocks and partial ones on every edge (MXFP8: 80 = 32 + 32 + 16 features, 72 outputs,
+// 40 rows; blockwise: 160 features, 136 outputs, 136 rows). f64 operands and GEMMs: the products
+// of the restated values are exact and the sums differ by order only (K 2^-53 relative, K <= 160):
+// 1e-12 of the largest result. Reading an operand with the other usage changes many values by
+// FP8's relative step (2^-4 for E4M3): far outside it, which the last check shows.
+TEST(Fp8Linear, BlockScaledRecipesQuantiseEachOperandAlongItsGemmsReduction) {
+  for (bool mx : {true, false}) {
+    Fp8Config cfg;
+    cfg.mode = Fp8Mode::kHybrid;
+    cfg.recipe = mx ? Fp8Recipe::kMxfp8 : Fp8Recipe::kBlockwise;
+    const int64_t in = mx ? 80 : 160, out = mx ? 72 : 136, rows = mx ? 40 : 136;
+    const int64_t B = mx ? 32 : 128;
+    Fp8Linear f(cfg, in, out, DType::kF64);
+    // Magnitudes that change by powers of two from row to row and column to column, so that
+    // a block along the rows and one along the columns take different scales (with values of
+    // one spread, power-of-two scales would coincide and both usages quantise alike).
+    auto graded = [](Tensor t) {
+      for (int64_t r = 0; r < t.dim(0); ++r)
+        for (int64_t c = 0; c < t.dim(1); ++c)
+          t.data<double>()[r * t.dim(1) + c] *= std::ldexp(1.0, static_cast<int>(r % 4 + c % 3));
+      return t;
+    };
+    const Tensor x = graded(random_tensor({rows, in}, 21, 2.0, DType::kF64));
+    const Tensor dy = graded(random_tensor({rows, out}, 22, 0.01, DType::kF64));
+    f.region.begin_forward(/*training=*/true, /*first_micro_batch=*/true);
+    Linear::Ctx ctx;
+    const Tensor y = f.lin.forward(x, ctx);
+    f.region.end_forward(true, nullptr);
+    const Tensor& w = f.lin.weight.value;
+    const Fp8Format e4 = Fp8Format::kE4M3, e5 = Fp8Format::kE5M2;
+    const Tensor w_rows = block_quantised(w, mx ? 1 : 128, mx ? B : 128, mx, e4);
+    const Tensor w_cols = block_quantised(w, mx ? B : 128, mx ? 1 : 128, mx, e4);
+    Tensor want = gemm64(block_quantised(x, 1, B, mx, e4), false, w_rows, true, 1.0);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < out; ++c) want.data<double>()[r * out + c] += f.lin.bias.main.item(c);
+    auto close = [](const Tensor& got, const Tensor& expected) {
+      double peak = 0;
+      for (int64_t i = 0; i < expected.numel(); ++i)
+        peak = std::max(peak, std::fabs(expected.item(i)));
+      return testing::allclose(got.to(DType::kF64), expected.view(got.shape()), 1e-12 * peak, 0);
+    };
+    EXPECT_TRUE(close(y, want)) << "forward, mxfp8 " << mx;
+    f.region.begin_backward();
+    const Tensor dx = f.lin.backward(dy, ctx);
+    f.region.end_backward(nullptr);
+    EXPECT_TRUE(close(dx, gemm64(block_quantised(dy, 1, B, mx, e5), false, w_cols, false, 1.0)))
+        << "dgrad, mxfp8 " << mx;
+    const Tensor x_cols = block_quantised(x, B, 1, mx, e4);
+    const Tensor dw_want = gemm64(block_quantised(dy, B, 1, mx, e5), true, x_cols, false, 1.0);
+    EXPECT_TRUE(close(f.lin.weight.main_grad, dw_want)) << "wgrad, mxfp8 " << mx;
+    const Tensor dw_rowwise = gemm64(block_quantised(dy, 1, B, mx, e5), true,
+                                     block_quantised(x, 1, B, mx, e4), false, 1.0);
+    EXPECT_FALSE(close(f.lin.weight.main_grad, dw_rowwise)) << "the usages differ, mxfp8 " << mx;
+  }
 }
 
 }  // namespace

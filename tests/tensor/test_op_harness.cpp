@@ -115,6 +115,38 @@ std::string dims(const Shape& s) {
 // Row shapes [rows, cols]: one element, odd, and past the vector width and the 64-wide tiles.
 const std::vector<Shape> kRowShapes = {{1, 1}, {3, 7}, {5, 64}, {2, 65}, {4, 130}};
 
+// Block-scaled FP8 (--fp8-recipe mxfp8 / blockwise) in the five block shapes the recipes use,
+// both rules and formats, over shapes with partial blocks at both edges. The values' magnitudes
+// change by powers of two every 16 rows and columns, so neighbouring blocks take different scales
+// (and some blocks sit near E4M3's subnormals before scaling). Exact: one amax per block and one
+// rounding of an exact product per value.
+void register_fp8_blocks() {
+  for (const Shape& s :
+       std::vector<Shape>{{1, 1}, {3, 7}, {5, 64}, {2, 65}, {40, 70}, {130, 260}}) {
+    Tensor a = random_tensor(s, 11, 2.0, DType::kF64);
+    for (int64_t r = 0; r < s[0]; ++r)
+      for (int64_t c = 0; c < s[1]; ++c)
+        a.data<double>()[r * s[1] + c] *=
+            std::ldexp(1.0, static_cast<int>(((r / 16) * 5 + (c / 16) * 3) % 24) - 12);
+    add({"fp8_block_quantize", dims(s),
+         [=](const Place& p) {
+           std::vector<Tensor> outs;
+           const DType q = p.dtype == DType::kF64 ? DType::kF64 : DType::kBF16;
+           for (Fp8BlockRule rule : {Fp8BlockRule::kMxfp8, Fp8BlockRule::kBlockwise})
+             for (Fp8Format f : {Fp8Format::kE4M3, Fp8Format::kE5M2})
+               for (auto [br, bc] : std::vector<std::pair<int64_t, int64_t>>{
+                        {1, 32}, {32, 1}, {1, 128}, {128, 1}, {128, 128}}) {
+                 Tensor out = Tensor::empty(s, q, p.device);
+                 ops::fp8_block_quantize(out, p(a), br, bc, rule, f);
+                 outs.push_back(out);
+               }
+           return outs;
+         },
+         true},
+        {"fp8_block_quantize"});
+  }
+}
+
 void register_elementwise() {
   for (const Shape& s : kRowShapes) {
     const Tensor a = random_tensor(s, 1, 2.0, DType::kF64),
@@ -174,6 +206,7 @@ void register_elementwise() {
          },
          true},
         {"fp8_encode", "fp8_decode"});
+    // Block-scaled FP8 is registered once (register_fp8_blocks), over shapes of its own.
     for (bool tanh : {false, true}) {
       add({tanh ? "gelu (tanh)" : "gelu", dims(s),
            [=](const Place& p) {
@@ -649,6 +682,7 @@ void register_attention_and_optimizer() {
 void register_all() {
   if (!cases().empty()) return;
   register_elementwise();
+  register_fp8_blocks();
   register_norms();
   register_matmul();
   register_grouped_matmul();

@@ -3,6 +3,7 @@
 // codec tested against the OCP specification are one definition.
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "tensor/cpu/cpu_ops.h"
 #include "tensor/cpu/dispatch.h"
@@ -97,6 +98,71 @@ void fp8_quantize(Tensor& out, const Tensor& x, float scale, Fp8Format format) {
     run(x.data<bf16>());
   else
     run(x.data<float>());
+}
+
+namespace {
+// One block row at a time (a thread's): the column maxima over its rows, each block's maximum and
+// scale spread back over its columns, then the values; the column loops vectorise for every block
+// shape (1 x 32, 32 x 1, 1 x 128, 128 x 1, 128 x 128).
+template <Fp8Format F, typename T, typename O>
+void block_quantize(StoredAs<O>* out, const StoredAs<T>* x, int64_t rows, int64_t cols, int64_t br,
+                    int64_t bc, Fp8BlockRule rule) {
+  const int64_t block_rows = (rows + br - 1) / br;
+#pragma omp parallel
+  {
+    std::vector<float> amax(static_cast<size_t>(cols)), scale(amax.size()), inv(amax.size());
+#pragma omp for schedule(static)
+    for (int64_t bi = 0; bi < block_rows; ++bi) {
+      const int64_t r0 = bi * br, r1 = std::min(rows, r0 + br);
+      std::fill(amax.begin(), amax.end(), 0.0f);
+      for (int64_t r = r0; r < r1; ++r) {
+        const StoredAs<T>* xr = x + r * cols;
+        float* a = amax.data();
+#pragma omp simd
+        for (int64_t c = 0; c < cols; ++c)
+          a[c] = std::fmax(a[c], std::fabs(loaded_value<T, float>(xr[c])));  // fmax drops NaN
+      }
+      for (int64_t c0 = 0; c0 < cols; c0 += bc) {
+        const int64_t c1 = std::min(cols, c0 + bc);
+        float m = 0;
+        for (int64_t c = c0; c < c1; ++c) m = std::fmax(m, amax[c]);
+        const Fp8BlockScale s = fp8_block_scale(m, rule, F);
+        std::fill(scale.begin() + c0, scale.begin() + c1, s.scale);
+        std::fill(inv.begin() + c0, inv.begin() + c1, s.scale_inv);
+      }
+      for (int64_t r = r0; r < r1; ++r) {
+        const StoredAs<T>* xr = x + r * cols;
+        StoredAs<O>* yr = out + r * cols;
+        const float *ps = scale.data(), *pi = inv.data();
+#pragma omp simd
+        for (int64_t c = 0; c < cols; ++c)
+          yr[c] = stored_value<O>(fp8_round(loaded_value<T, float>(xr[c]) * ps[c], F) * pi[c]);
+      }
+    }
+  }
+}
+}  // namespace
+
+void fp8_block_quantize(Tensor& out, const Tensor& x, int64_t block_rows, int64_t block_cols,
+                        Fp8BlockRule rule, Fp8Format format) {
+  const int64_t cols = x.dim(-1), rows = cols == 0 ? 0 : x.numel() / cols;
+  if (rows == 0) return;
+  auto run = [&]<typename T, typename O>(const T* px, O* po) {
+    with_format(format, [&]<Fp8Format F>() {
+      block_quantize<F, T, O>(stored_ptr(po), stored_ptr(px), rows, cols, block_rows, block_cols,
+                              rule);
+    });
+  };
+  switch (x.dtype()) {
+    case DType::kF64:
+      run(x.data<double>(), out.data<double>());
+      break;
+    case DType::kBF16:
+      run(x.data<bf16>(), out.data<bf16>());
+      break;
+    default:
+      run(x.data<float>(), out.data<bf16>());
+  }
 }
 
 void fp8_encode(Tensor& codes, const Tensor& x, float scale, Fp8Format format) {

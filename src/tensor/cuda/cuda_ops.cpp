@@ -604,6 +604,13 @@ void fp8_quantize(Tensor& out, const Tensor& x, float scale, Fp8Format format) {
                      format == Fp8Format::kE4M3);
 }
 
+void fp8_block_quantize(Tensor& out, const Tensor& x, int64_t block_rows, int64_t block_cols,
+                        Fp8BlockRule rule, Fp8Format format) {
+  cuda::fp8_block_quantize(out.raw(), x.raw(), static_cast<int>(x.dtype()), x.numel() / x.dim(-1),
+                           x.dim(-1), block_rows, block_cols, rule == Fp8BlockRule::kMxfp8,
+                           format == Fp8Format::kE4M3);
+}
+
 void fp8_encode(Tensor& codes, const Tensor& x, float scale, Fp8Format format) {
   cuda::fp8_encode(codes.raw(), x.raw(), static_cast<int>(x.dtype()), x.numel(), scale,
                    format == Fp8Format::kE4M3);

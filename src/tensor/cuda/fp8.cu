@@ -107,6 +107,61 @@ __global__ void fp8_decode_kernel(void* out, int t, const uint8_t* codes, int64_
   }
 }
 
+// core/fp8.h's fp8_block_scale for device code: {scale, scale_inv} of a block's amax.
+__device__ inline float2 block_scale_device(float amax, bool mxfp8, bool e4m3) {
+  const float max = e4m3 ? 448.0f : 57344.0f;
+  if (mxfp8) {
+    const float v = __fmul_rn(amax, 1.0f / max);
+    uint32_t e;
+    if (isnan(v)) {
+      e = 0xFF;
+    } else if (isinf(v)) {
+      e = 0xFE;
+    } else if (v == 0.0f) {
+      e = 0;
+    } else {
+      const uint32_t bits = __float_as_uint(v);
+      e = (bits >> 23) & 0xFFu;
+      const uint32_t mantissa = bits & 0x7FFFFFu;
+      if (mantissa > 0 && e != 0xFE && !(e == 0 && mantissa <= 0x400000u)) ++e;
+    }
+    const float scale = e == 0 ? 1.0f : e >= 254 ? 0.0f : ldexpf(1.0f, 127 - static_cast<int>(e));
+    return make_float2(
+        scale, e == 255 ? __int_as_float(0x7FC00000) : ldexpf(1.0f, static_cast<int>(e) - 127));
+  }
+  if (amax == 0.0f || !isfinite(amax)) return make_float2(1.0f, 1.0f);
+  float s = __fdiv_rn(max, amax);
+  if (isinf(s)) s = 0x1p127f;
+  s = __uint_as_float(__float_as_uint(s) & 0xFF800000u);
+  return make_float2(s, __fdiv_rn(1.0f, s));
+}
+
+// One thread per block of block_rows x block_cols: its amax, then its values.
+__global__ void fp8_block_quantize_kernel(void* out, const void* x, int t, int64_t rows,
+                                          int64_t cols, int64_t br, int64_t bc, bool mxfp8,
+                                          bool e4m3) {
+  const int64_t blocks_across = (cols + bc - 1) / bc;
+  const int64_t n_blocks = (rows + br - 1) / br * blocks_across;
+  MEGATRON_GRID_LOOP(b, n_blocks) {
+    const int64_t r0 = b / blocks_across * br, c0 = b % blocks_across * bc;
+    const int64_t r1 = r0 + br < rows ? r0 + br : rows, c1 = c0 + bc < cols ? c0 + bc : cols;
+    float amax = 0;
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t c = c0; c < c1; ++c) amax = fmaxf(amax, fabsf(load_f32(x, t, r * cols + c)));
+    const float2 s = block_scale_device(amax, mxfp8, e4m3);
+    for (int64_t r = r0; r < r1; ++r) {
+      for (int64_t c = c0; c < c1; ++c) {
+        const int64_t i = r * cols + c;
+        const float v = __fmul_rn(fp8_round_device(__fmul_rn(load_f32(x, t, i), s.x), e4m3), s.y);
+        if (t == kF64)
+          static_cast<double*>(out)[i] = v;
+        else
+          static_cast<uint16_t*>(out)[i] = f32_to_bf16_bits(v);  // exact: a power-of-two factor
+      }
+    }
+  }
+}
+
 }  // namespace
 
 double abs_max(const void* x, int dtype, int64_t n) {
@@ -126,6 +181,16 @@ void fp8_quantize(void* out, const void* x, int x_dtype, int64_t n, float scale,
   if (n == 0) return;
   fp8_quantize_kernel<<<blocks_for(n), kThreads>>>(out, x, x_dtype, n, scale, e4m3);
   check_launch("fp8_quantize");
+}
+
+void fp8_block_quantize(void* out, const void* x, int x_dtype, int64_t rows, int64_t cols,
+                        int64_t block_rows, int64_t block_cols, bool mxfp8, bool e4m3) {
+  if (rows == 0 || cols == 0) return;
+  const int64_t n_blocks =
+      (rows + block_rows - 1) / block_rows * ((cols + block_cols - 1) / block_cols);
+  fp8_block_quantize_kernel<<<blocks_for(n_blocks), kThreads>>>(
+      out, x, x_dtype, rows, cols, block_rows, block_cols, mxfp8, e4m3);
+  check_launch("fp8_block_quantize");
 }
 
 void fp8_encode(void* codes, const void* x, int x_dtype, int64_t n, float scale, bool e4m3) {

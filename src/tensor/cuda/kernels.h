@@ -87,6 +87,10 @@ void rmsnorm_forward(T* out, T* rstd, const T* x, const T* w, int64_t rows, int6
 double abs_max(const void* x, int x_dtype, int64_t n);
 // out = fp8 value of f32(x) * scale (E4M3 or E5M2, saturating), bf16 bits, or f64 for f64 x.
 void fp8_quantize(void* out, const void* x, int x_dtype, int64_t n, float scale, bool e4m3);
+// Block-scaled FP8 values (tensor/ops.h fp8_block_quantize) of x [rows, cols]: one thread per
+// block; mxfp8: TE's E8M0 rule, else power-of-two blockwise scales (core/fp8.h).
+void fp8_block_quantize(void* out, const void* x, int x_dtype, int64_t rows, int64_t cols,
+                        int64_t block_rows, int64_t block_cols, bool mxfp8, bool e4m3);
 // FP8 codes (one byte each) of fp8_quantize's values, and the values (f32, bf16 or f64) of codes.
 void fp8_encode(void* codes, const void* x, int x_dtype, int64_t n, float scale, bool e4m3);
 void fp8_decode(void* out, int out_dtype, const void* codes, int64_t n, bool e4m3);

@@ -3,6 +3,7 @@
 // arguments with the op's write / accumulate convention. Clarity over speed throughout.
 #include "tensor/reference/reference_ops.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -568,6 +569,32 @@ void fp8_quantize(Tensor& out, const Tensor& x, float scale, Fp8Format format) {
   for (int64_t i = 0; i < x.numel(); ++i) {
     const float scaled = static_cast<float>(P(x)[i]) * scale;
     W(out)[i] = fp8_decode(fp8_encode(scaled, format), format);
+  }
+}
+
+// Block by block in f64 loops, through the codec; the scales from core/fp8.h's rule.
+void fp8_block_quantize(Tensor& out, const Tensor& x, int64_t block_rows, int64_t block_cols,
+                        Fp8BlockRule rule, Fp8Format format) {
+  f64("fp8_block_quantize", {&out, &x});
+  const int64_t cols = x.dim(-1), rows = x.numel() / cols;
+  for (int64_t r0 = 0; r0 < rows; r0 += block_rows) {
+    for (int64_t c0 = 0; c0 < cols; c0 += block_cols) {
+      const int64_t r1 = std::min(rows, r0 + block_rows), c1 = std::min(cols, c0 + block_cols);
+      float amax = 0;
+      for (int64_t r = r0; r < r1; ++r)
+        for (int64_t c = c0; c < c1; ++c) {
+          const float v = std::fabs(static_cast<float>(P(x)[r * cols + c]));
+          if (v > amax) amax = v;  // NaN compares false: ignored
+        }
+      const Fp8BlockScale s = fp8_block_scale(amax, rule, format);
+      for (int64_t r = r0; r < r1; ++r)
+        for (int64_t c = c0; c < c1; ++c) {
+          const float scaled = static_cast<float>(P(x)[r * cols + c]) * s.scale;
+          W(out)
+          [r * cols + c] =
+              static_cast<double>(fp8_decode(fp8_encode(scaled, format), format)) * s.scale_inv;
+        }
+    }
   }
 }
 

@@ -184,11 +184,13 @@ std::vector<Fp8GemmScaling*> GroupedExperts::enable_fp8(const Fp8Config& cfg) {
 
 namespace {
 
-// Each expert's block of rows of x quantised with that expert's scaling (operand op) into one
-// tensor, as the grouped GEMM reads it; the blocks' inverse scales in *inv.
+// Each expert's block of rows of x quantised with that expert's scaling (operand op, for
+// `usage`) into one tensor, as the grouped GEMM reads it; the blocks' inverse scales in *inv.
+// Block-scaled recipes' column blocks stop at each expert's last row: TE's GroupedLinear pads
+// each expert's rows with zeros, which change no block's amax.
 Tensor quantize_blocks(const Tensor& x, const std::vector<int64_t>& counts,
                        const std::vector<std::unique_ptr<Linear>>& fc, Fp8GemmScaling::Operand op,
-                       std::vector<float>* inv) {
+                       std::vector<float>* inv, Fp8Usage usage = Fp8Usage::kRowwise) {
   const int64_t cols = x.dim(1);
   Tensor q =
       Tensor::empty(x.shape(), x.dtype() == DType::kF64 ? DType::kF64 : DType::kBF16, x.device());
@@ -197,7 +199,7 @@ Tensor quantize_blocks(const Tensor& x, const std::vector<int64_t>& counts,
   for (size_t g = 0; g < counts.size(); ++g) {
     Tensor block = q.flat_view(row * cols, {counts[g], cols});
     inv->push_back(
-        fc[g]->fp8()->quantize_into(block, x.flat_view(row * cols, {counts[g], cols}), op));
+        fc[g]->fp8()->quantize_into(block, x.flat_view(row * cols, {counts[g], cols}), op, usage));
     row += counts[g];
   }
   return q;
@@ -254,34 +256,59 @@ Tensor GroupedExperts::forward_fp8(const Tensor& x, const std::vector<int64_t>& 
   const bool wgrad = fc1_.front()->fp8()->config().wgrad;
   ctx.counts = counts;
   ctx.probs = probs;
+  const Fp8GemmScaling& scaling = *fc1_.front()->fp8();
+  // Block-scaled recipes: the weight gradients read their inputs quantised columnwise, kept
+  // instead of the forward's rowwise ones (only when a backward follows).
+  const bool two_usages = scaling.usages_differ();
+  const bool keep_columnwise = two_usages && wgrad && scaling.backward_follows();
   ctx.w1 = fp8_weights(fc1_);
   ctx.w2 = fp8_weights(fc2_);
-  ctx.x8 = quantize_blocks(x, counts, fc1_, Fp8GemmScaling::kInput, &ctx.x_inv);
+  std::vector<float> x_inv;
+  const Tensor x8 = quantize_blocks(x, counts, fc1_, Fp8GemmScaling::kInput, &x_inv);
+  if (!two_usages) {
+    ctx.x8 = x8;
+    ctx.x_inv = x_inv;
+  } else if (keep_columnwise) {
+    ctx.x8 =
+        quantize_blocks(x, counts, fc1_, Fp8GemmScaling::kInput, &ctx.x_inv, Fp8Usage::kColumnwise);
+  }
   if (!wgrad) ctx.x = gemm_input(x);
   ctx.pre_act = Tensor::empty({N, f1}, acc);
-  ops::grouped_matmul(ctx.pre_act, ctx.x8, quantised(ctx.w1), true, counts);
-  ops::scale_rows(ctx.pre_act, block_factors(counts, ctx.x_inv, inverses(ctx.w1), acc));
+  ops::grouped_matmul(ctx.pre_act, x8, quantised(ctx.w1), true, counts);
+  ops::scale_rows(ctx.pre_act, block_factors(counts, x_inv, inverses(ctx.w1), acc));
   ctx.act = Tensor::empty({N, f}, acc);
   if (N > 0) mlp_activation_forward(cfg_, ctx.act, ctx.pre_act);
   Tensor scaled = ctx.act.clone();
   ops::scale_rows(scaled, row_tensor(probs, acc));
-  ctx.scaled8 = quantize_blocks(scaled, counts, fc2_, Fp8GemmScaling::kInput, &ctx.scaled_inv);
+  std::vector<float> scaled_inv;
+  const Tensor scaled8 = quantize_blocks(scaled, counts, fc2_, Fp8GemmScaling::kInput, &scaled_inv);
+  if (!two_usages) {
+    ctx.scaled8 = scaled8;
+    ctx.scaled_inv = scaled_inv;
+  } else if (keep_columnwise) {
+    ctx.scaled8 = quantize_blocks(scaled, counts, fc2_, Fp8GemmScaling::kInput, &ctx.scaled_inv,
+                                  Fp8Usage::kColumnwise);
+  }
   if (!wgrad) ctx.scaled = gemm_input(scaled);
   Tensor y = Tensor::empty({N, h}, acc);
-  ops::grouped_matmul(y, ctx.scaled8, quantised(ctx.w2), true, counts);
-  ops::scale_rows(y, block_factors(counts, ctx.scaled_inv, inverses(ctx.w2), acc));
-  // FP8 primary weights are decoded again by the backward: only their codes stay in between.
-  if (fc1_.front()->weight.fp8) {
+  ops::grouped_matmul(y, scaled8, quantised(ctx.w2), true, counts);
+  ops::scale_rows(y, block_factors(counts, scaled_inv, inverses(ctx.w2), acc));
+  // FP8 primary weights are decoded again by the backward: only their codes stay in between;
+  // block-scaled recipes' backward reads the weights columnwise.
+  if (fc1_.front()->weight.fp8 || two_usages) {
     ctx.w1.clear();
     ctx.w2.clear();
   }
   return y;
 }
 
-std::vector<Fp8Tensor> GroupedExperts::fp8_weights(
-    const std::vector<std::unique_ptr<Linear>>& fc) const {
+std::vector<Fp8Tensor> GroupedExperts::fp8_weights(const std::vector<std::unique_ptr<Linear>>& fc,
+                                                   Fp8Usage usage) const {
   std::vector<Fp8Tensor> out;
-  for (const auto& l : fc) out.push_back(l->fp8()->weight(l->weight));
+  for (const auto& l : fc) {
+    out.push_back(usage == Fp8Usage::kColumnwise ? l->fp8()->weight_columnwise(l->weight)
+                                                 : l->fp8()->weight(l->weight));
+  }
   return out;
 }
 
@@ -291,14 +318,27 @@ Tensor GroupedExperts::backward_fp8(const Tensor& dy, Ctx& ctx, std::vector<doub
   const DType acc = dy.dtype() == DType::kF64 ? DType::kF64 : DType::kF32;
   const bool wgrad = fc1_.front()->fp8()->config().wgrad;
   std::vector<float> dy_inv, dpre_inv;
-  if (ctx.w1.empty()) ctx.w1 = fp8_weights(fc1_);
-  if (ctx.w2.empty()) ctx.w2 = fp8_weights(fc2_);
+  // Block-scaled recipes: the input gradients read the weights columnwise and the weight
+  // gradients the output gradients columnwise (quantised once more); per-tensor recipes read one
+  // quantisation both ways.
+  const bool two_usages = fc1_.front()->fp8()->usages_differ();
+  const Fp8Usage dgrad_weights = two_usages ? Fp8Usage::kColumnwise : Fp8Usage::kRowwise;
+  if (ctx.w1.empty()) ctx.w1 = fp8_weights(fc1_, dgrad_weights);
+  if (ctx.w2.empty()) ctx.w2 = fp8_weights(fc2_, dgrad_weights);
+  auto for_wgrad = [&](const Tensor& g, const Tensor& g8,
+                       const std::vector<std::unique_ptr<Linear>>& fc, std::vector<float>* inv) {
+    return two_usages ? quantize_blocks(g, ctx.counts, fc, Fp8GemmScaling::kGradOutput, inv,
+                                        Fp8Usage::kColumnwise)
+                      : g8;
+  };
   const Tensor dy8 = quantize_blocks(dy, ctx.counts, fc2_, Fp8GemmScaling::kGradOutput, &dy_inv);
   Tensor dscaled = Tensor::empty({N, f}, acc);
   ops::grouped_matmul(dscaled, dy8, quantised(ctx.w2), false, ctx.counts);
   ops::scale_rows(dscaled, block_factors(ctx.counts, dy_inv, inverses(ctx.w2), acc));
   if (wgrad) {
-    accumulate_fp8_wgrad(fc2_, dy8, dy_inv, ctx.scaled8, ctx.scaled_inv, ctx.counts);
+    std::vector<float> dyc_inv = dy_inv;
+    const Tensor dy8c = for_wgrad(dy, dy8, fc2_, &dyc_inv);
+    accumulate_fp8_wgrad(fc2_, dy8c, dyc_inv, ctx.scaled8, ctx.scaled_inv, ctx.counts);
   } else {
     std::vector<Tensor> dw2 = grads(fc2_);
     ops::grouped_matmul_at(dw2, gemm_input(dy), ctx.scaled, ctx.counts, 1.0f);
@@ -316,7 +356,9 @@ Tensor GroupedExperts::backward_fp8(const Tensor& dy, Ctx& ctx, std::vector<doub
   ops::grouped_matmul(dx, dpre8, quantised(ctx.w1), false, ctx.counts);
   ops::scale_rows(dx, block_factors(ctx.counts, dpre_inv, inverses(ctx.w1), acc));
   if (wgrad) {
-    accumulate_fp8_wgrad(fc1_, dpre8, dpre_inv, ctx.x8, ctx.x_inv, ctx.counts);
+    std::vector<float> dprec_inv = dpre_inv;
+    const Tensor dpre8c = for_wgrad(dpre, dpre8, fc1_, &dprec_inv);
+    accumulate_fp8_wgrad(fc1_, dpre8c, dprec_inv, ctx.x8, ctx.x_inv, ctx.counts);
   } else {
     std::vector<Tensor> dw1 = grads(fc1_);
     ops::grouped_matmul_at(dw1, gemm_input(dpre), ctx.x, ctx.counts, 1.0f);

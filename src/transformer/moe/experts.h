@@ -42,7 +42,8 @@ class GroupedExperts {
     std::vector<double> probs;    // [N]
     std::vector<int64_t> counts;  // rows per local expert
     // FP8: x and scaled quantised per expert block, with each block's inverse scale, and the
-    // weights as the forward quantised them.
+    // weights as the forward quantised them (block-scaled recipes: x and scaled quantised
+    // columnwise for the weight gradients; the weights read again columnwise).
     Tensor x8, scaled8;  // [N, h], [N, f] FP8 values (x and scaled then kept only for
                          // high-precision weight gradients, --no-fp8-wgrad)
     std::vector<float> x_inv, scaled_inv;
@@ -90,8 +91,10 @@ class GroupedExperts {
   // ctx.act = activation(ctx.pre_act) and ctx.scaled = act x probabilities (the GEMM input of
   // fc2): the forward's, and moe_act's recomputation of them.
   void activation(Ctx& ctx) const;
-  // Every expert's weight of fc1_ or fc2_ for its GEMMs (Fp8GemmScaling::weight).
-  std::vector<Fp8Tensor> fp8_weights(const std::vector<std::unique_ptr<Linear>>& fc) const;
+  // Every expert's weight of fc1_ or fc2_ for its GEMMs (Fp8GemmScaling::weight, or
+  // weight_columnwise for a block-scaled recipe's input gradients).
+  std::vector<Fp8Tensor> fp8_weights(const std::vector<std::unique_ptr<Linear>>& fc,
+                                     Fp8Usage usage = Fp8Usage::kRowwise) const;
 
   const TransformerConfig& cfg_;
   bool fp8_ = false;

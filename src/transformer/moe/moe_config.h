@@ -55,11 +55,10 @@ struct MoeConfig {
   MoeDropPolicy drop_policy = MoeDropPolicy::kProbs;  // --moe-token-drop-policy
   bool pad_expert_input_to_capacity = false;          // --moe-pad-expert-input-to-capacity
   // --moe-router-padding-for-fp8 (alltoall dispatcher, FP8 only): each expert's tokens from this
-  // rank are padded to a multiple of kFp8PadMultiple with tokens routed to it with probability 0
-  // (pad_routing_map), which add nothing to the output but enter the FP8 GEMMs' amaxes.
+  // rank are padded to a multiple of Fp8Config::align_size() (Megatron's get_fp8_align_size: 32
+  // for mxfp8, else 16) with tokens routed to it with probability 0 (pad_routing_map), which add
+  // nothing to the output but enter the FP8 GEMMs' amaxes.
   bool router_padding_for_fp8 = false;
-  // Megatron's get_fp8_align_size: 16 for the per-tensor recipes (32 for mxfp8, not implemented).
-  static constexpr int64_t kFp8PadMultiple = 16;
 
   MoeDispatcher dispatcher = MoeDispatcher::kAllGather;  // --moe-token-dispatcher-type
   bool grouped_gemm = false;       // --moe-grouped-gemm (the experts' GEMMs are grouped either way)

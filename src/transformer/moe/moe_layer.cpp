@@ -62,7 +62,7 @@ Tensor MoELayer::forward_alltoall(const Tensor& flat, Ctx& ctx) const {
   // probability gradients are dropped by the router's backward, which reads r.map.
   const std::vector<uint8_t> map =
       cfg_.moe.router_padding_for_fp8
-          ? moe::pad_routing_map(r.map, ctx.tokens, E, MoeConfig::kFp8PadMultiple)
+          ? moe::pad_routing_map(r.map, ctx.tokens, E, cfg_.fp8.align_size())
           : r.map;
   ctx.plan = AllToAllPlan(map, ctx.tokens, E, experts.first_expert(), experts.num_local(),
                           *tp_.expert.ep, *tp_.expert.etp);
