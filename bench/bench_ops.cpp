@@ -251,6 +251,32 @@ void BM_MemoryReadWrite(benchmark::State& state) {
 }
 BENCHMARK(BM_MemoryReadWrite)->Unit(benchmark::kMillisecond);
 
+// FP8 quantisation of one operand, as a Linear's GEMM input: per-tensor (abs_max, then
+// fp8_quantize: tensorwise's two passes) against the block-scaled recipes' shapes (mxfp8 1 x 32
+// and 32 x 1, blockwise 1 x 128, 128 x 1 and 128 x 128). range(0): the recipe shape; range(1): 0
+// config a's activation [2048, 256], 1 the tests' [32, 64].
+void BM_Fp8Quantize(benchmark::State& state) {
+  const bool small = state.range(1) == 1;
+  const Tensor x = random(small ? Shape{32, 64} : Shape{kS * kB, kH});
+  Tensor q = Tensor::empty(x.shape(), DType::kBF16);
+  static const std::pair<int64_t, int64_t> kBlocks[] = {
+      {1, 32}, {32, 1}, {1, 128}, {128, 1}, {128, 128}};
+  const int64_t shape = state.range(0);
+  for (auto _ : state) {
+    if (shape == 0) {
+      const double amax = ops::abs_max(x);
+      ops::fp8_quantize(q, x, static_cast<float>(448.0 / amax), Fp8Format::kE4M3);
+    } else {
+      const auto [br, bc] = kBlocks[shape - 1];
+      ops::fp8_block_quantize(q, x, br, bc,
+                              shape <= 2 ? Fp8BlockRule::kMxfp8 : Fp8BlockRule::kBlockwise,
+                              Fp8Format::kE4M3);
+    }
+  }
+  state.SetItemsProcessed(state.iterations() * x.numel());
+}
+BENCHMARK(BM_Fp8Quantize)->ArgsProduct({{0, 1, 2, 3, 4, 5}, {0, 1}})->Unit(benchmark::kMicrosecond);
+
 }  // namespace
 }  // namespace megatron
 

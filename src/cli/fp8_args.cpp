@@ -25,7 +25,7 @@ void register_fp8_args(ArgTable& t, Arguments& a) {
          "Weight gradients from the unquantised input and output gradient (delayed scaling: "
          "Megatron passes it to no other recipe, which keep FP8 weight gradients)");
   t.flag("--first-last-layers-bf16", a.first_last_layers_bf16,
-         "Keep the first and last layers out of FP8 (tensorwise recipe)");
+         "Keep the first and last layers out of FP8 (a recipe other than delayed)");
   t.add("--num-layers-at-start-in-bf16", a.num_layers_at_start_in_bf16,
         "Layers at the start kept out of FP8 with --first-last-layers-bf16");
   t.add("--num-layers-at-end-in-bf16", a.num_layers_at_end_in_bf16,
@@ -34,6 +34,10 @@ void register_fp8_args(ArgTable& t, Arguments& a) {
          "Keep the FP8 GEMMs' weights as FP8 codes (one byte each, no bf16 copy), quantised from "
          "the fp32 main weights after each step and all-gathered as such (distributed optimizer "
          "or a sharded Megatron-FSDP strategy, --bf16)");
+  t.flag("--reuse-grad-buf-for-mxfp8-param-ag", a.reuse_grad_buf_for_mxfp8_param_ag,
+         "MXFP8 with --fp8-param-gather: Megatron all-gathers the bf16 weights through the "
+         "gradient buffer's memory; here they are gathered in their bf16 compute copy (the same "
+         "values)");
   // An FP8 setting rather than an architecture flag: checkpoints do not carry it, so one trained
   // with it loads without FP8 (conversion, generation in bf16); generation with --fp8-format
   // takes it as training does.
@@ -44,6 +48,10 @@ void register_fp8_args(ArgTable& t, Arguments& a) {
 }
 
 void validate_fp8_args(const Arguments& a) {
+  // Megatron's DistributedDataParallelConfig assertion.
+  MEGATRON_CHECK(!a.reuse_grad_buf_for_mxfp8_param_ag || a.fp8_param_gather,
+                 "--reuse-grad-buf-for-mxfp8-param-ag: Reuse grad buffer only when keeping params "
+                 "in MXFP8 (add --fp8-param-gather with --fp8-recipe mxfp8, or drop the flag)");
   if (a.fp8_param_gather) {
     MEGATRON_CHECK(!a.fp8_format.empty(),
                    "--fp8-param-gather keeps the FP8 GEMMs' weights in FP8: add --fp8-format or "
@@ -87,7 +95,7 @@ void validate_fp8_args(const Arguments& a) {
     // Megatron's TransformerConfig rules.
     MEGATRON_CHECK(a.fp8_recipe != "delayed",
                    "Delayed scaling does not support first / last layer in BF16: "
-                   "--first-last-layers-bf16 needs --fp8-recipe tensorwise");
+                   "--first-last-layers-bf16 needs --fp8-recipe tensorwise, mxfp8 or blockwise");
     const int64_t per_stage = a.num_layers / a.pipeline_model_parallel_size;
     for (auto [flag, n] :
          {std::pair{"--num-layers-at-start-in-bf16", a.num_layers_at_start_in_bf16},

@@ -92,8 +92,10 @@ uint32_t float_to_e8m0(float v) {
   return exponent;
 }
 
-float power_of_two(int e) {
-  return std::ldexp(1.0f, e);
+float power_of_two(int e) {  // by the exponent's bits where 2^e is a normal float (it is called
+                             // once per block of 32 elements: ldexp would cost as much as them)
+  return e >= -126 && e <= 127 ? std::bit_cast<float>(static_cast<uint32_t>(e + 127) << 23)
+                               : std::ldexp(1.0f, e);
 }
 
 }  // namespace

@@ -84,8 +84,9 @@ Tensor Linear::forward_fp8(const Tensor& x, Ctx& ctx) const {
   ctx.w8 = fp8_->weight(weight);
   const DType wt = high_precision_dtype();
   if (!fp8_->config().wgrad) ctx.x = x.dtype() == wt || wt == DType::kF32 ? x : x.to(wt);
+  // requires_grad, not main_grad: sharded-gradient runs attach main_grad in the backward only.
   if (fp8_->config().wgrad && fp8_->usages_differ() && fp8_->backward_follows() &&
-      weight.main_grad.defined())
+      weight.requires_grad)
     ctx.x8c = fp8_->quantize(x, Fp8GemmScaling::kInput, Fp8Usage::kColumnwise);
   Tensor y =
       Tensor::empty({rows, out_}, x.dtype() == DType::kF64 ? DType::kF64 : DType::kF32, x.device());

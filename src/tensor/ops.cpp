@@ -659,7 +659,7 @@ void fp8_block_quantize(Tensor& out, const Tensor& x, int64_t block_rows, int64_
   MEGATRON_CHECK(out.dtype() == want && out.numel() == x.numel(),
                  "fp8_block_quantize: out must be ", dtype_name(want), " with x's ", x.numel(),
                  " elements, got ", out.str());
-  MEGATRON_CHECK(block_rows >= 1 && block_cols >= 1 && x.ndim() >= 1,
+  MEGATRON_CHECK(block_rows >= 1 && block_cols >= 1 && x.ndim() >= 1 && x.dim(-1) >= 1,
                  "fp8_block_quantize: blocks of ", block_rows, " x ", block_cols, " of ", x.str());
   MEGATRON_DISPATCH(device_of("fp8_block_quantize", {&out, &x}),
                     fp8_block_quantize(out, x, block_rows, block_cols, rule, format));

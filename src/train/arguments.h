@@ -144,6 +144,8 @@ struct Arguments {
   int64_t num_layers_at_start_in_bf16 = 1;            // --num-layers-at-start-in-bf16
   int64_t num_layers_at_end_in_bf16 = 1;              // --num-layers-at-end-in-bf16
   bool fp8_param_gather = false;  // --fp8-param-gather: FP8 weights kept and gathered as FP8
+  // --reuse-grad-buf-for-mxfp8-param-ag: Megatron's memory layout for MXFP8's bf16 gather
+  bool reuse_grad_buf_for_mxfp8_param_ag = false;
 
   // ---- optimizer and schedule ----
   // adam (AdamW), sgd (momentum SGD) or onebit_adam (DeepSpeed's 1-bit Adam)

@@ -350,6 +350,21 @@ TEST(Fp8Linear, BlockScaledRecipesQuantiseEachOperandAlongItsGemmsReduction) {
     const Tensor dw_rowwise = gemm64(block_quantised(dy, 1, B, mx, e5), true,
                                      block_quantised(x, 1, B, mx, e4), false, 1.0);
     EXPECT_FALSE(close(f.lin.weight.main_grad, dw_rowwise)) << "the usages differ, mxfp8 " << mx;
+    // A later micro-batch reads the step's copies of the weight (both usages); the next step's
+    // first micro-batch quantises the updated weight afresh, the columnwise copy included.
+    for (bool first : {false, true}) {
+      if (first) ops::add_inplace(f.lin.weight.value, random_tensor(w.shape(), 23, 0.3, w.dtype()));
+      f.region.begin_forward(true, first);
+      Linear::Ctx c2;
+      f.lin.forward(x, c2);
+      f.region.end_forward(true, nullptr);
+      f.region.begin_backward();
+      const Tensor dx2 = f.lin.backward(dy, c2);
+      f.region.end_backward(nullptr);
+      const Tensor w2 = block_quantised(f.lin.weight.value, mx ? B : 128, mx ? 1 : 128, mx, e4);
+      EXPECT_TRUE(close(dx2, gemm64(block_quantised(dy, 1, B, mx, e5), false, w2, false, 1.0)))
+          << "dgrad, first micro-batch " << first << ", mxfp8 " << mx;
+    }
   }
 }
 

@@ -101,14 +101,38 @@ void fp8_quantize(Tensor& out, const Tensor& x, float scale, Fp8Format format) {
 }
 
 namespace {
-// One block row at a time (a thread's): the column maxima over its rows, each block's maximum and
-// scale spread back over its columns, then the values; the column loops vectorise for every block
-// shape (1 x 32, 32 x 1, 1 x 128, 128 x 1, 128 x 128).
+// Blocks along a row (1 x bc): each block's amax, scale and values in one visit.
+template <Fp8Format F, typename T, typename O>
+void row_block_quantize(StoredAs<O>* out, const StoredAs<T>* x, int64_t rows, int64_t cols,
+                        int64_t bc, Fp8BlockRule rule) {
+#pragma omp parallel for schedule(static) if (rows * cols >= (1 << 16))
+  for (int64_t r = 0; r < rows; ++r) {
+    const StoredAs<T>* xr = x + r * cols;
+    StoredAs<O>* yr = out + r * cols;
+    for (int64_t c0 = 0; c0 < cols; c0 += bc) {
+      const int64_t c1 = std::min(cols, c0 + bc);
+      float m = 0;
+#pragma omp simd reduction(max : m)
+      for (int64_t c = c0; c < c1; ++c)
+        m = std::fmax(m, std::fabs(loaded_value<T, float>(xr[c])));  // fmax drops NaN
+      const Fp8BlockScale s = fp8_block_scale(m, rule, F);
+#pragma omp simd
+      for (int64_t c = c0; c < c1; ++c)
+        yr[c] =
+            stored_value<O>(fp8_round(loaded_value<T, float>(xr[c]) * s.scale, F) * s.scale_inv);
+    }
+  }
+}
+
+// Blocks down the columns (br x 1) and tiles (br x bc): one block row at a time (a thread's): the
+// column maxima over its rows, each block's maximum and scale spread back over its columns, then
+// the values; the column loops vectorise.
 template <Fp8Format F, typename T, typename O>
 void block_quantize(StoredAs<O>* out, const StoredAs<T>* x, int64_t rows, int64_t cols, int64_t br,
                     int64_t bc, Fp8BlockRule rule) {
+  if (br == 1) return row_block_quantize<F, T, O>(out, x, rows, cols, bc, rule);
   const int64_t block_rows = (rows + br - 1) / br;
-#pragma omp parallel
+#pragma omp parallel if (rows * cols >= (1 << 16))
   {
     std::vector<float> amax(static_cast<size_t>(cols)), scale(amax.size()), inv(amax.size());
 #pragma omp for schedule(static)

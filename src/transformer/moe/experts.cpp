@@ -336,7 +336,7 @@ Tensor GroupedExperts::backward_fp8(const Tensor& dy, Ctx& ctx, std::vector<doub
   ops::grouped_matmul(dscaled, dy8, quantised(ctx.w2), false, ctx.counts);
   ops::scale_rows(dscaled, block_factors(ctx.counts, dy_inv, inverses(ctx.w2), acc));
   if (wgrad) {
-    std::vector<float> dyc_inv = dy_inv;
+    std::vector<float> dyc_inv = two_usages ? std::vector<float>{} : dy_inv;
     const Tensor dy8c = for_wgrad(dy, dy8, fc2_, &dyc_inv);
     accumulate_fp8_wgrad(fc2_, dy8c, dyc_inv, ctx.scaled8, ctx.scaled_inv, ctx.counts);
   } else {
@@ -356,7 +356,7 @@ Tensor GroupedExperts::backward_fp8(const Tensor& dy, Ctx& ctx, std::vector<doub
   ops::grouped_matmul(dx, dpre8, quantised(ctx.w1), false, ctx.counts);
   ops::scale_rows(dx, block_factors(ctx.counts, dpre_inv, inverses(ctx.w1), acc));
   if (wgrad) {
-    std::vector<float> dprec_inv = dpre_inv;
+    std::vector<float> dprec_inv = two_usages ? std::vector<float>{} : dpre_inv;
     const Tensor dpre8c = for_wgrad(dpre, dpre8, fc1_, &dprec_inv);
     accumulate_fp8_wgrad(fc1_, dpre8c, dprec_inv, ctx.x8, ctx.x_inv, ctx.counts);
   } else {
