@@ -182,6 +182,21 @@ void check_fp8_gemm_shapes(const TransformerConfig& c, const Arguments& a) {
     if (b.attention == BranchKind::kLinear || b.mlp == BranchKind::kLinear)
       gemms.push_back({"linear replacement", c.hidden_size, c.hidden_size / tp, flag});
   }
+  if (c.moe.enabled()) {  // the experts' grouped GEMMs (split over ETP) and the shared experts
+    const int64_t etp = a.expert_tensor_parallel_size > 0 ? a.expert_tensor_parallel_size : tp;
+    const int64_t f = c.moe.ffn_hidden_size, s = c.moe.shared_expert_intermediate_size;
+    const int64_t g = c.gated_mlp() ? 2 : 1;
+    gemms.push_back({"an expert's linear_fc1 (per expert-tensor-parallel rank)", c.hidden_size,
+                     g * f / etp, "--moe-ffn-hidden-size"});
+    gemms.push_back({"an expert's linear_fc2 (per expert-tensor-parallel rank)", f / etp,
+                     c.hidden_size, "--moe-ffn-hidden-size"});
+    if (s > 0) {
+      gemms.push_back({"shared_experts.linear_fc1", c.hidden_size, g * s / tp,
+                       "--moe-shared-expert-intermediate-size"});
+      gemms.push_back({"shared_experts.linear_fc2", s / tp, c.hidden_size,
+                       "--moe-shared-expert-intermediate-size"});
+    }
+  }
   if (a.model == "t5") {  // the decoder's cross-attention
     gemms.push_back({"linear_q", c.hidden_size, np * hn / tp, "--hidden-size, --kv-channels"});
     gemms.push_back({"linear_kv", c.hidden_size, 2 * np * hn / tp, "--hidden-size, --kv-channels"});

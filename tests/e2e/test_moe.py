@@ -390,6 +390,9 @@ class TestBadInput(unittest.TestCase):
         (2, [TP, "2"], "--sequence-parallel"),
         (1, ["--moe-layer-freq", "[1,0]"], "--moe-layer-freq"),
         (1, ["--moe-token-dispatcher-type", "flex"], "--moe-token-dispatcher-type"),
+        # MXFP8 wants the experts' GEMM dimensions divisible by 32 (TE's MXFP8Quantizer).
+        (1, ["--bf16", "--fp8-format", "hybrid", "--fp8-recipe", "mxfp8",
+             "--moe-ffn-hidden-size", "48"], "--moe-ffn-hidden-size"),
         (1, ["--moe-pad-expert-input-to-capacity"], "--moe-expert-capacity-factor"),
         (2, [EP, "2", "--fp16"], "fp16"),
         (1, ["--moe-shared-expert-overlap", "--moe-shared-expert-intermediate-size", "32"],
