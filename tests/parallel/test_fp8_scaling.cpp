@@ -16,6 +16,7 @@
 #include "parallel/fp8_scaling.h"
 #include "parallel/linear.h"
 #include "tensor/ops.h"
+#include "testing/fp8_blocks.h"
 #include "testing/testing.h"
 
 namespace megatron {
@@ -259,41 +260,6 @@ TEST(Fp8Linear, TensorwiseScalesEachOperandByItsOwnAmax) {
       close_to(dx, gemm64(quantised(dy, sdy, Fp8Format::kE4M3), false, qw, false, 1.0 / sdy / sw)));
 }
 
-// fp64 restatement of block scaling: x [rows, cols] in blocks of br x bc, each quantised through
-// the codec with the scale its rule promises (stated as in tests/core/test_fp8.cpp, not through
-// fp8_block_scale): MXFP8 decodes with the smallest power of two bringing the block's amax within
-// the format, blockwise scales by the largest power of two not above max / amax.
-Tensor block_quantised(const Tensor& x, int64_t br, int64_t bc, bool mxfp8, Fp8Format f) {
-  const int64_t rows = x.dim(0), cols = x.dim(1);
-  Tensor out = Tensor::empty(x.shape(), DType::kF64);
-  for (int64_t r0 = 0; r0 < rows; r0 += br)
-    for (int64_t c0 = 0; c0 < cols; c0 += bc) {
-      const int64_t r1 = std::min(rows, r0 + br), c1 = std::min(cols, c0 + bc);
-      double amax = 0;
-      for (int64_t r = r0; r < r1; ++r)
-        for (int64_t c = c0; c < c1; ++c)
-          amax = std::max(amax,
-                          std::fabs(static_cast<double>(static_cast<float>(x.item(r * cols + c)))));
-      double scale = 1;
-      if (amax > 0) {
-        if (mxfp8) {
-          while (amax * scale > fp8_max(f)) scale /= 2;
-          while (amax * scale * 2 <= fp8_max(f)) scale *= 2;
-        } else {
-          const double quotient = static_cast<float>(fp8_max(f) / static_cast<float>(amax));
-          while (scale > quotient) scale /= 2;
-          while (scale * 2 <= quotient) scale *= 2;
-        }
-      }
-      for (int64_t r = r0; r < r1; ++r)
-        for (int64_t c = c0; c < c1; ++c) {
-          const float v = static_cast<float>(static_cast<float>(x.item(r * cols + c)) * scale);
-          out.data<double>()[r * cols + c] = fp8_decode(fp8_encode(v, f), f) / scale;
-        }
-    }
-  return out;
-}
-
 // The block-scaled recipes' three GEMMs read each operand quantised along their own reduction
 // dimension (TE's rowwise / columnwise usages): forward x (1 x B) by w (1 x B); input gradient
 // dy (1 x B) by w (B x 1, or 128 x 128); weight gradient dy (B x 1) by x (B x 1). Sizes with
@@ -327,9 +293,9 @@ TEST(Fp8Linear, BlockScaledRecipesQuantiseEachOperandAlongItsGemmsReduction) {
     f.region.end_forward(true, nullptr);
     const Tensor& w = f.lin.weight.value;
     const Fp8Format e4 = Fp8Format::kE4M3, e5 = Fp8Format::kE5M2;
-    const Tensor w_rows = block_quantised(w, mx ? 1 : 128, mx ? B : 128, mx, e4);
-    const Tensor w_cols = block_quantised(w, mx ? B : 128, mx ? 1 : 128, mx, e4);
-    Tensor want = gemm64(block_quantised(x, 1, B, mx, e4), false, w_rows, true, 1.0);
+    const Tensor w_rows = testing::block_quantised(w, mx ? 1 : 128, mx ? B : 128, mx, e4);
+    const Tensor w_cols = testing::block_quantised(w, mx ? B : 128, mx ? 1 : 128, mx, e4);
+    Tensor want = gemm64(testing::block_quantised(x, 1, B, mx, e4), false, w_rows, true, 1.0);
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < out; ++c) want.data<double>()[r * out + c] += f.lin.bias.main.item(c);
     auto close = [](const Tensor& got, const Tensor& expected) {
@@ -342,13 +308,15 @@ TEST(Fp8Linear, BlockScaledRecipesQuantiseEachOperandAlongItsGemmsReduction) {
     f.region.begin_backward();
     const Tensor dx = f.lin.backward(dy, ctx);
     f.region.end_backward(nullptr);
-    EXPECT_TRUE(close(dx, gemm64(block_quantised(dy, 1, B, mx, e5), false, w_cols, false, 1.0)))
+    EXPECT_TRUE(
+        close(dx, gemm64(testing::block_quantised(dy, 1, B, mx, e5), false, w_cols, false, 1.0)))
         << "dgrad, mxfp8 " << mx;
-    const Tensor x_cols = block_quantised(x, B, 1, mx, e4);
-    const Tensor dw_want = gemm64(block_quantised(dy, B, 1, mx, e5), true, x_cols, false, 1.0);
+    const Tensor x_cols = testing::block_quantised(x, B, 1, mx, e4);
+    const Tensor dw_want =
+        gemm64(testing::block_quantised(dy, B, 1, mx, e5), true, x_cols, false, 1.0);
     EXPECT_TRUE(close(f.lin.weight.main_grad, dw_want)) << "wgrad, mxfp8 " << mx;
-    const Tensor dw_rowwise = gemm64(block_quantised(dy, 1, B, mx, e5), true,
-                                     block_quantised(x, 1, B, mx, e4), false, 1.0);
+    const Tensor dw_rowwise = gemm64(testing::block_quantised(dy, 1, B, mx, e5), true,
+                                     testing::block_quantised(x, 1, B, mx, e4), false, 1.0);
     EXPECT_FALSE(close(f.lin.weight.main_grad, dw_rowwise)) << "the usages differ, mxfp8 " << mx;
     // A later micro-batch reads the step's copies of the weight (both usages); the next step's
     // first micro-batch quantises the updated weight afresh, the columnwise copy included.
@@ -361,8 +329,10 @@ TEST(Fp8Linear, BlockScaledRecipesQuantiseEachOperandAlongItsGemmsReduction) {
       f.region.begin_backward();
       const Tensor dx2 = f.lin.backward(dy, c2);
       f.region.end_backward(nullptr);
-      const Tensor w2 = block_quantised(f.lin.weight.value, mx ? B : 128, mx ? 1 : 128, mx, e4);
-      EXPECT_TRUE(close(dx2, gemm64(block_quantised(dy, 1, B, mx, e5), false, w2, false, 1.0)))
+      const Tensor w2 =
+          testing::block_quantised(f.lin.weight.value, mx ? B : 128, mx ? 1 : 128, mx, e4);
+      EXPECT_TRUE(
+          close(dx2, gemm64(testing::block_quantised(dy, 1, B, mx, e5), false, w2, false, 1.0)))
           << "dgrad, first micro-batch " << first << ", mxfp8 " << mx;
     }
   }

@@ -15,7 +15,9 @@
 #include <vector>
 
 #include "core/fp8.h"
+#include "parallel/fp8_scaling.h"
 #include "tensor/ops.h"
+#include "testing/fp8_blocks.h"
 #include "testing/testing.h"
 #include "transformer/moe/experts.h"
 
@@ -140,6 +142,96 @@ TEST(Fp8Experts, EachExpertBlockIsQuantisedWithItsOwnScale) {
   // The empty expert's gradients stay zero.
   EXPECT_EQ(ops::sum_squares(experts.fc1(1).main_grad), 0.0);
   EXPECT_EQ(ops::sum_squares(experts.fc2(1).main_grad), 0.0);
+}
+
+// Rows [r0, r0 + n) of x [N, c] as a tensor of their own.
+Tensor rows_of(const Tensor& x, int64_t r0, int64_t n) {
+  const int64_t c = x.dim(1);
+  return x.flat_view(r0 * c, {n, c}).clone();
+}
+
+// MXFP8 on the experts: every expert's rows quantised on their own, so the weight gradients'
+// 32-row column blocks stop at each expert's last row (TE's GroupedLinear pads an expert's rows
+// with zeros). Expert 0 has 40 rows (a full block and a partial one), expert 2 seven rows 2^16
+// times larger: a column block running on from expert 0 into expert 2 would quantise expert 0's
+// last 8 rows with expert 2's amax, which puts them among E4M3's subnormals (a power-of-two
+// scale only changes values that leave the normal range, so a small ratio would not show). Checked: fc1's forward (rows in 1 x 32 blocks, the weight
+// too) and fc2's weight gradient (output gradient and input in 32 x 1 blocks) of both experts,
+// against tests/testing/fp8_blocks.h. The same tolerance as above (K <= 40 terms in f32).
+TEST(Fp8Experts, Mxfp8ColumnBlocksStopAtEachExpertsRows) {
+  TransformerConfig cfg;
+  cfg.num_layers = 1;
+  cfg.hidden_size = 32;
+  cfg.num_attention_heads = 4;
+  cfg.seq_length = 8;
+  cfg.vocab_size = 64;
+  cfg.padded_vocab_size = 64;
+  cfg.moe.num_experts = 3;
+  cfg.moe.ffn_hidden_size = 32;
+  cfg.moe.router_topk = 2;
+  cfg.add_bias_linear = false;
+  cfg.fp8.mode = Fp8Mode::kHybrid;
+  cfg.fp8.recipe = Fp8Recipe::kMxfp8;
+  cfg.finalize();
+  auto self = make_self_process_group();
+  GroupedExperts experts("mlp.experts", cfg, 0, 1, *self);
+  std::vector<Param*> ps;
+  experts.collect(ps);
+  ParamSet params(ps, DType::kF32);
+  params.initialize(3);
+  params.zero_grads();
+  Fp8Region region;
+  for (Fp8GemmScaling* g : experts.enable_fp8(cfg.fp8)) region.add(g);
+
+  const int64_t h = 32, f = 32, N = 47;
+  const std::vector<int64_t> counts = {40, 0, 7}, starts = {0, 40, 40};
+  Tensor x = random_tensor({N, h}, 5, 1.0);
+  Tensor dy = random_tensor({N, h}, 6, 0.01);
+  for (int64_t i = 40 * h; i < N * h; ++i) {
+    x.data<float>()[i] *= 0x1p16f;
+    dy.data<float>()[i] *= 0x1p16f;
+  }
+  std::vector<double> probs(N);
+  for (int64_t r = 0; r < N; ++r) probs[r] = 0.3 + 0.01 * static_cast<double>(r);
+  region.begin_forward(/*training=*/true, /*first_micro_batch=*/true);
+  GroupedExperts::Ctx ctx;
+  experts.forward(x, counts, probs, ctx);
+  region.end_forward(true, nullptr);
+  const Tensor act = ctx.act.clone(), pre_act = ctx.pre_act.clone();
+  region.begin_backward();
+  std::vector<double> dprobs;
+  experts.backward(dy, ctx, &dprobs);
+  region.end_backward(nullptr);
+
+  const Fp8Format e4 = Fp8Format::kE4M3, e5 = Fp8Format::kE5M2;
+  for (int64_t g : {0, 2}) {
+    const int64_t n = counts[g], r0 = starts[g];
+    const Tensor qx = testing::block_quantised(rows_of(x, r0, n), 1, 32, true, e4);
+    const Tensor qw1 = testing::block_quantised(experts.fc1(g).value, 1, 32, true, e4);
+    std::vector<double> a(qx.data<double>(), qx.data<double>() + n * h),
+        w(qw1.data<double>(), qw1.data<double>() + f * h);
+    const std::vector<double> pre = gemm_nt(a, w, n, h, f, 1.0);
+    for (size_t i = 0; i < pre.size(); ++i)
+      ASSERT_NEAR(pre_act.item(r0 * f + static_cast<int64_t>(i)), pre[i], 1e-5 * peak(pre))
+          << "fc1, expert " << g;
+    Tensor scaled = Tensor::empty({n, f}, DType::kF32);
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t c = 0; c < f; ++c)
+        scaled.data<float>()[r * f + c] =
+            act.data<float>()[(r0 + r) * f + c] * static_cast<float>(probs[r0 + r]);
+    const Tensor qs = testing::block_quantised(scaled, 32, 1, true, e4);
+    const Tensor qdy = testing::block_quantised(rows_of(dy, r0, n), 32, 1, true, e5);
+    std::vector<double> dw2(static_cast<size_t>(h * f), 0.0);
+    for (int64_t i = 0; i < h; ++i)
+      for (int64_t j = 0; j < f; ++j) {
+        double sum = 0;
+        for (int64_t r = 0; r < n; ++r) sum += qdy.item(r * h + i) * qs.item(r * f + j);
+        dw2[i * f + j] = sum;
+      }
+    for (size_t i = 0; i < dw2.size(); ++i)
+      ASSERT_NEAR(experts.fc2(g).main_grad.item(static_cast<int64_t>(i)), dw2[i], 1e-5 * peak(dw2))
+          << "fc2 weight gradient, expert " << g;
+  }
 }
 
 }  // namespace

@@ -261,17 +261,24 @@ Tensor GroupedExperts::forward_fp8(const Tensor& x, const std::vector<int64_t>& 
   // instead of the forward's rowwise ones (only when a backward follows).
   const bool two_usages = scaling.usages_differ();
   const bool keep_columnwise = two_usages && wgrad && scaling.backward_follows();
+  // A GEMM input quantised for the forward (returned, its inverse scales in *inv) and kept for
+  // the weight gradient in *kept (the same tensor, or its columnwise quantisation).
+  auto quantize_input = [&](const Tensor& t, const std::vector<std::unique_ptr<Linear>>& fc,
+                            std::vector<float>* inv, Tensor* kept, std::vector<float>* kept_inv) {
+    Tensor t8 = quantize_blocks(t, counts, fc, Fp8GemmScaling::kInput, inv);
+    if (!two_usages) {
+      *kept = t8;
+      *kept_inv = *inv;
+    } else if (keep_columnwise) {
+      *kept =
+          quantize_blocks(t, counts, fc, Fp8GemmScaling::kInput, kept_inv, Fp8Usage::kColumnwise);
+    }
+    return t8;
+  };
   ctx.w1 = fp8_weights(fc1_);
   ctx.w2 = fp8_weights(fc2_);
   std::vector<float> x_inv;
-  const Tensor x8 = quantize_blocks(x, counts, fc1_, Fp8GemmScaling::kInput, &x_inv);
-  if (!two_usages) {
-    ctx.x8 = x8;
-    ctx.x_inv = x_inv;
-  } else if (keep_columnwise) {
-    ctx.x8 =
-        quantize_blocks(x, counts, fc1_, Fp8GemmScaling::kInput, &ctx.x_inv, Fp8Usage::kColumnwise);
-  }
+  const Tensor x8 = quantize_input(x, fc1_, &x_inv, &ctx.x8, &ctx.x_inv);
   if (!wgrad) ctx.x = gemm_input(x);
   ctx.pre_act = Tensor::empty({N, f1}, acc);
   ops::grouped_matmul(ctx.pre_act, x8, quantised(ctx.w1), true, counts);
@@ -281,14 +288,7 @@ Tensor GroupedExperts::forward_fp8(const Tensor& x, const std::vector<int64_t>& 
   Tensor scaled = ctx.act.clone();
   ops::scale_rows(scaled, row_tensor(probs, acc));
   std::vector<float> scaled_inv;
-  const Tensor scaled8 = quantize_blocks(scaled, counts, fc2_, Fp8GemmScaling::kInput, &scaled_inv);
-  if (!two_usages) {
-    ctx.scaled8 = scaled8;
-    ctx.scaled_inv = scaled_inv;
-  } else if (keep_columnwise) {
-    ctx.scaled8 = quantize_blocks(scaled, counts, fc2_, Fp8GemmScaling::kInput, &ctx.scaled_inv,
-                                  Fp8Usage::kColumnwise);
-  }
+  const Tensor scaled8 = quantize_input(scaled, fc2_, &scaled_inv, &ctx.scaled8, &ctx.scaled_inv);
   if (!wgrad) ctx.scaled = gemm_input(scaled);
   Tensor y = Tensor::empty({N, h}, acc);
   ops::grouped_matmul(y, scaled8, quantised(ctx.w2), true, counts);
