@@ -80,12 +80,6 @@ void validate_fp8_args(const Arguments& a) {
                      a.fp8_recipe == "mxfp8" || a.fp8_recipe == "blockwise",
                  "--fp8-recipe ", a.fp8_recipe,
                  ": unknown recipe; choose delayed, tensorwise, mxfp8 or blockwise");
-  // Megatron keeps blockwise FP8 weights as codes with a scale per 128 x 128 tile, which the
-  // distributed optimizer quantises per shard; here the codes carry one scale per weight.
-  MEGATRON_CHECK(!(a.fp8_param_gather && a.fp8_recipe == "blockwise"),
-                 "--fp8-param-gather with --fp8-recipe blockwise is not implemented (FP8 weights "
-                 "with a scale per 128 x 128 tile): drop --fp8-param-gather, which computes the "
-                 "same values with the bf16 weights gathered");
   MEGATRON_CHECK(a.fp8_amax_compute_algo == "most_recent" || a.fp8_amax_compute_algo == "max",
                  "--fp8-amax-compute-algo must be most_recent or max, got '",
                  a.fp8_amax_compute_algo, "'");

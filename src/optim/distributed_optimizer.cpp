@@ -209,13 +209,32 @@ void DistributedOptimizer::quantize_fp8_weights() {
     weights.push_back(p);
     groups.push_back(&buckets_.group_of(params_.bucket_of(*p)));
   }
-  std::vector<double> amax(weights.size(), 0.0);
+  // Blockwise weights have an amax per 128 x 128 tile (Fp8GemmScaling::primary_tile_scales):
+  // each owned part adds its elements' maxima to the tiles they fall in.
+  auto tiles_of = [&](const Segment& s) {
+    const int64_t t = Fp8GemmScaling::kWeightTile;
+    return ops::Fp8Tiles{s.begin - params_.offset_of(*s.param), s.param->shape[1], t, t};
+  };
+  auto n_tiles = [](const Param& p) {
+    const int64_t t = Fp8GemmScaling::kWeightTile;
+    return p.fp8->tiled_primary_weight() ? (p.shape[0] + t - 1) / t * ((p.shape[1] + t - 1) / t)
+                                         : int64_t{1};
+  };
+  std::vector<std::vector<float>> amax(weights.size());
+  for (size_t i = 0; i < weights.size(); ++i) amax[i].assign(n_tiles(*weights[i]), 0.0f);
   for (size_t k = 0; k < segments_.size(); ++k) {
     const Segment& s = segments_[k];
     if (!s.param->fp8) continue;
     rounded[k] = main_of(s).to(DType::kBF16);
-    double& a = amax[slot.at(s.param)];
-    a = std::max(a, ops::abs_max(rounded[k]));
+    std::vector<float>& a = amax[slot.at(s.param)];
+    if (s.param->fp8->tiled_primary_weight()) {
+      Tensor t = Tensor::zeros({static_cast<int64_t>(a.size())}, DType::kF32, rounded[k].device());
+      ops::fp8_tile_abs_max(t, rounded[k], tiles_of(s));
+      const Tensor host = t.to(Device::kCPU);
+      for (size_t j = 0; j < a.size(); ++j) a[j] = std::max(a[j], host.data<float>()[j]);
+    } else {
+      a[0] = std::max(a[0], static_cast<float>(ops::abs_max(rounded[k])));
+    }
   }
   std::vector<ProcessGroup*> distinct;
   for (ProcessGroup* g : groups)
@@ -223,17 +242,31 @@ void DistributedOptimizer::quantize_fp8_weights() {
   for (ProcessGroup* g : distinct) {
     if (g->size() == 1) continue;
     std::vector<size_t> members;
+    int64_t total = 0;
     for (size_t i = 0; i < weights.size(); ++i)
-      if (groups[i] == g) members.push_back(i);
-    Tensor t = Tensor::empty({static_cast<int64_t>(members.size())}, DType::kF32);
-    for (size_t j = 0; j < members.size(); ++j)
-      t.data<float>()[j] = static_cast<float>(amax[members[j]]);
+      if (groups[i] == g) {
+        members.push_back(i);
+        total += static_cast<int64_t>(amax[i].size());
+      }
+    Tensor t = Tensor::empty({total}, DType::kF32);
+    float* p = t.data<float>();
+    for (size_t i : members) p = std::copy(amax[i].begin(), amax[i].end(), p);
     g->all_reduce(t, ReduceOp::kMax);
-    for (size_t j = 0; j < members.size(); ++j) amax[members[j]] = t.data<float>()[j];
+    const float* q = t.data<float>();
+    for (size_t i : members) {
+      std::copy(q, q + amax[i].size(), amax[i].begin());
+      q += amax[i].size();
+    }
   }
   std::vector<float> scale(weights.size());
-  for (size_t i = 0; i < weights.size(); ++i)
-    scale[i] = weights[i]->fp8->primary_weight_scale(amax[i]);
+  std::vector<Tensor> tile_scales(weights.size());
+  for (size_t i = 0; i < weights.size(); ++i) {
+    Fp8GemmScaling& f8 = *weights[i]->fp8;
+    if (f8.tiled_primary_weight())
+      tile_scales[i] = f8.primary_tile_scales(amax[i], weights[i]->value.device());
+    else
+      scale[i] = f8.primary_weight_scale(amax[i][0]);
+  }
   // The owned parts' codes, with the scales every rank of the group shares.
   for (size_t k = 0; k < segments_.size(); ++k) {
     const Segment& s = segments_[k];
@@ -241,7 +274,11 @@ void DistributedOptimizer::quantize_fp8_weights() {
     const int64_t b = params_.bucket_of(*s.param);
     Tensor codes =
         params_.compute_shard(b).flat_view(s.begin - params_.owned_range(b).first, {s.numel});
-    ops::fp8_encode(codes, rounded[k], scale[slot.at(s.param)], Fp8Format::kE4M3);
+    const size_t i = slot.at(s.param);
+    if (tile_scales[i].defined())
+      ops::fp8_tile_encode(codes, rounded[k], tiles_of(s), tile_scales[i], Fp8Format::kE4M3);
+    else
+      ops::fp8_encode(codes, rounded[k], scale[i], Fp8Format::kE4M3);
   }
 }
 

@@ -119,6 +119,8 @@ Fp8Tensor Fp8GemmScaling::weight(const Tensor& w) {
 }
 
 Fp8Tensor Fp8GemmScaling::weight_columnwise(const Param& w) {
+  // Blockwise FP8 primary weights: decoded afresh, their tiles read the same both ways.
+  if (w.fp8 && tiled_primary_weight()) return weight(w);
   MEGATRON_ASSERT(usages_differ() && !w.fp8 && weight_cache_.q.defined(), w.name,
                   ": a columnwise weight is a block-scaled recipe's, after the forward's");
   // blockwise's 128 x 128 weight tiles read the same both ways
@@ -135,9 +137,27 @@ Fp8Tensor Fp8GemmScaling::weight(const Param& w) {
   MEGATRON_ASSERT(w.fp8 == this, w.name, " is the FP8 primary weight of another GEMM");
   Fp8Tensor out;
   out.q = Tensor::empty(w.shape, DType::kBF16, w.value.device());
+  if (tiled_primary_weight()) {
+    ops::fp8_tile_decode(out.q, w.value, ops::Fp8Tiles{0, w.shape[1], kWeightTile, kWeightTile},
+                         primary_tile_scale_inv_, format_of(kWeight));
+    return out;  // the values times their tile's factor: scale_inv 1
+  }
   ops::fp8_decode(out.q, w.value, format_of(kWeight));
   out.scale_inv = primary_scale_inv_;
   return out;
+}
+
+Tensor Fp8GemmScaling::primary_tile_scales(const std::vector<float>& tile_amax, Device device) {
+  Tensor scales = Tensor::empty({static_cast<int64_t>(tile_amax.size())}, DType::kF32);
+  Tensor inv = Tensor::empty(scales.shape(), DType::kF32);
+  for (size_t i = 0; i < tile_amax.size(); ++i) {
+    const Fp8BlockScale b =
+        fp8_block_scale(tile_amax[i], Fp8BlockRule::kBlockwise, format_of(kWeight));
+    scales.data<float>()[i] = b.scale;
+    inv.data<float>()[i] = b.scale_inv;
+  }
+  primary_tile_scale_inv_ = inv.to(device);
+  return scales.to(device);
 }
 
 float Fp8GemmScaling::primary_weight_scale(double amax) {

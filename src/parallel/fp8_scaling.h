@@ -120,6 +120,15 @@ class Fp8GemmScaling {
   // fp8_max / amax. Remembers its inverse for weight(const Param&). The same numbers as
   // quantising the bf16 weight on the next step's first micro-batch.
   float primary_weight_scale(double amax);
+  // Blockwise: FP8 primary weights carry a scale per 128 x 128 tile of the (tensor-parallel local)
+  // weight [out, in] (tiles row-major, ops::Fp8Tiles), from the tiles' amaxes of the weight
+  // rounded to bf16 (the max over its data-parallel shards; Megatron's quantize_param_shard over
+  // TE's cast_master_weights_to_fp8 for Float8BlockwiseQTensor). Returns the scales (f32 [tiles]
+  // on `device`) and keeps their inverses for weight(const Param&): the same values as the tiles
+  // the forward quantises from the bf16 weight without the flag.
+  static constexpr int64_t kWeightTile = 128;
+  bool tiled_primary_weight() const { return cfg_.recipe == Fp8Recipe::kBlockwise; }
+  Tensor primary_tile_scales(const std::vector<float>& tile_amax, Device device);
 
   // Delayed scaling's checkpointed state (empty for tensorwise): "<linear>.fp8_scale" [3] and
   // "<linear>.fp8_amax_history" [len, 3], f32 in Param::main (not in any ParamSet).
@@ -156,9 +165,10 @@ class Fp8GemmScaling {
   Fp8Tensor weight_cache_, weight_cache_columnwise_;
   int64_t weight_version_ = 0, columnwise_version_ = -1;  // which rowwise copy the other follows
   float primary_scale_inv_ = 1.0f;                        // of the FP8 primary weight's codes
-  bool recording_ = false;                                // amaxes of this phase are recorded
-  bool fresh_weight_ = true;    // quantise the weight (else the cached copy)
-  float saved_scales_[2] = {};  // the live scales while a recomputation uses old ones
+  Tensor primary_tile_scale_inv_;  // blockwise: per tile of the FP8 primary weight
+  bool recording_ = false;         // amaxes of this phase are recorded
+  bool fresh_weight_ = true;       // quantise the weight (else the cached copy)
+  float saved_scales_[2] = {};     // the live scales while a recomputation uses old ones
   bool recomputing_ = false;
 };
 

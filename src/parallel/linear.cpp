@@ -27,8 +27,8 @@ Fp8GemmScaling* Linear::enable_fp8(const Fp8Config& cfg, int tp_rank, int tp_siz
   std::string name = weight.name.substr(0, weight.name.size() - std::string(".weight").size());
   fp8_ = std::make_unique<Fp8GemmScaling>(name, cfg, tp_rank, tp_size);
   // MXFP8 weights are gathered in bf16 and quantised on each rank, as Megatron does (TE cannot
-  // cast master weights to MXFP8 shards); blockwise with the flag is refused at start-up.
-  if (cfg.param_gather && !cfg.block_scaled()) weight.fp8 = fp8_.get();
+  // cast master weights to MXFP8 shards); blockwise ones are codes with a scale per tile.
+  if (cfg.param_gather && cfg.recipe != Fp8Recipe::kMxfp8) weight.fp8 = fp8_.get();
   return fp8_.get();
 }
 

@@ -686,6 +686,60 @@ void fp8_decode(Tensor& out, const Tensor& codes, Fp8Format format) {
   MEGATRON_DISPATCH(device_of("fp8_decode", {&out, &codes}), fp8_decode(out, codes, format));
 }
 
+namespace {
+// A tile description's sanity, and the number of tiles a run of n elements reaches into.
+int64_t tiles_reached(const char* op, const Fp8Tiles& t, int64_t n) {
+  MEGATRON_CHECK(t.offset >= 0 && t.cols >= 1 && t.block_rows >= 1 && t.block_cols >= 1, op,
+                 ": bad tiles (offset ", t.offset, ", cols ", t.cols, ", blocks ", t.block_rows,
+                 " x ", t.block_cols, ")");
+  if (n == 0) return 0;
+  const int64_t last_row = (t.offset + n - 1) / t.cols;
+  return (last_row / t.block_rows + 1) * ((t.cols + t.block_cols - 1) / t.block_cols);
+}
+}  // namespace
+
+void fp8_tile_abs_max(Tensor& amax, const Tensor& x, const Fp8Tiles& tiles) {
+  const OpTimer timer(OpCategory::kNormElementwise, __func__);
+  MEGATRON_CHECK(x.dtype() == DType::kF32 || x.dtype() == DType::kBF16 || x.dtype() == DType::kF64,
+                 "fp8_tile_abs_max: x must be f32, bf16 or f64, got ", x.str());
+  MEGATRON_CHECK(amax.dtype() == DType::kF32 &&
+                     amax.numel() >= tiles_reached("fp8_tile_abs_max", tiles, x.numel()),
+                 "fp8_tile_abs_max: amax must be f32 with a slot per tile, got ", amax.str());
+  MEGATRON_DISPATCH(device_of("fp8_tile_abs_max", {&amax, &x}), fp8_tile_abs_max(amax, x, tiles));
+}
+
+void fp8_tile_encode(Tensor& codes, const Tensor& x, const Fp8Tiles& tiles, const Tensor& scales,
+                     Fp8Format format) {
+  const OpTimer timer(OpCategory::kNormElementwise, __func__);
+  MEGATRON_CHECK(x.dtype() == DType::kF32 || x.dtype() == DType::kBF16 || x.dtype() == DType::kF64,
+                 "fp8_tile_encode: x must be f32, bf16 or f64, got ", x.str());
+  MEGATRON_CHECK(codes.dtype() == DType::kU8 && codes.numel() == x.numel(),
+                 "fp8_tile_encode: codes must be u8 with x's ", x.numel(), " elements, got ",
+                 codes.str());
+  MEGATRON_CHECK(scales.dtype() == DType::kF32 &&
+                     scales.numel() >= tiles_reached("fp8_tile_encode", tiles, x.numel()),
+                 "fp8_tile_encode: scales must be f32 with a slot per tile, got ", scales.str());
+  MEGATRON_DISPATCH(device_of("fp8_tile_encode", {&codes, &x, &scales}),
+                    fp8_tile_encode(codes, x, tiles, scales, format));
+}
+
+void fp8_tile_decode(Tensor& out, const Tensor& codes, const Fp8Tiles& tiles,
+                     const Tensor& scale_inv, Fp8Format format) {
+  const OpTimer timer(OpCategory::kNormElementwise, __func__);
+  MEGATRON_CHECK(
+      out.dtype() == DType::kF32 || out.dtype() == DType::kBF16 || out.dtype() == DType::kF64,
+      "fp8_tile_decode: out must be f32, bf16 or f64, got ", out.str());
+  MEGATRON_CHECK(codes.dtype() == DType::kU8 && codes.numel() == out.numel(),
+                 "fp8_tile_decode: codes must be u8 with out's ", out.numel(), " elements, got ",
+                 codes.str());
+  MEGATRON_CHECK(scale_inv.dtype() == DType::kF32 &&
+                     scale_inv.numel() >= tiles_reached("fp8_tile_decode", tiles, out.numel()),
+                 "fp8_tile_decode: scale_inv must be f32 with a slot per tile, got ",
+                 scale_inv.str());
+  MEGATRON_DISPATCH(device_of("fp8_tile_decode", {&out, &codes, &scale_inv}),
+                    fp8_tile_decode(out, codes, tiles, scale_inv, format));
+}
+
 int64_t count_zeros(const Tensor& x) {
   const OpTimer timer(OpCategory::kOptimizer, __func__);
   MEGATRON_DISPATCH(device_of("count_zeros", {&x}), count_zeros(x));

@@ -321,6 +321,24 @@ void fp8_block_quantize(Tensor& out, const Tensor& x, int64_t block_rows, int64_
 // bf16 or f64: exact in each).
 void fp8_encode(Tensor& codes, const Tensor& x, float scale, Fp8Format format);
 void fp8_decode(Tensor& out, const Tensor& codes, Fp8Format format);
+// Tiled FP8 primary weights (--fp8-param-gather with --fp8-recipe blockwise: a scale per tile of a
+// weight, its shards quantised where they lie): a flat run of a row-major [rows, cols] matrix,
+// element i of the run being the matrix's element offset + i, and its tiles of block_rows x
+// block_cols numbered row-major (tile (r / block_rows) * ceil(cols / block_cols) + c / block_cols).
+struct Fp8Tiles {
+  int64_t offset = 0, cols = 1, block_rows = 1, block_cols = 1;
+};
+// amax[t] = max(amax[t], max |x[i]| over the run's elements in tile t) (NaN ignored); amax f32
+// [number of tiles]; x f32, bf16 or f64.
+void fp8_tile_abs_max(Tensor& amax, const Tensor& x, const Fp8Tiles& tiles);
+// codes[i] = the code of fp8_round(f32(x[i]) * scales[tile of i]) (fp8_encode with a scale per
+// tile); scales f32 [tiles].
+void fp8_tile_encode(Tensor& codes, const Tensor& x, const Fp8Tiles& tiles, const Tensor& scales,
+                     Fp8Format format);
+// out[i] = the value of codes[i] times scale_inv[tile of i] (f32 products; out f32, bf16 or f64:
+// exact for power-of-two factors); scale_inv f32 [tiles].
+void fp8_tile_decode(Tensor& out, const Tensor& codes, const Fp8Tiles& tiles,
+                     const Tensor& scale_inv, Fp8Format format);
 
 // ---- optimizer --------------------------------------------------------------------------------
 // One AdamW step over flat f32 buffers (decoupled weight decay, bias-corrected moments):

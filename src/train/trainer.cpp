@@ -800,10 +800,11 @@ void Trainer::report_gemm_peak() {
           " > --fp8-param-gather with MXFP8: the weights are all-gathered in bf16 and quantised "
           "on each rank, as Megatron does (Transformer Engine casts no MXFP8 shards)");
     else if (f.param_gather)
-      log_first(
+      log_first(strprintf(
           " > --fp8-param-gather: those GEMMs' weights are kept as E4M3 codes (one byte each, "
-          "no bf16 copy), quantised from the fp32 main weights after each step and all-gathered "
-          "as codes");
+          "no bf16 copy%s), quantised from the fp32 main weights after each step and all-gathered "
+          "as codes",
+          f.recipe == Fp8Recipe::kBlockwise ? "; a scale per 128 x 128 tile" : ""));
   }
   if (device_ == Device::kCUDA) {
     // A GPU's GEMMs peak at large sizes (a few GFLOP each).

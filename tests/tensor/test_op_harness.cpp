@@ -144,6 +144,42 @@ void register_fp8_blocks() {
          },
          true},
         {"fp8_block_quantize"});
+    // Tiled primary weights: the matrix as two runs (a shard boundary inside a tile and a row),
+    // both runs' maxima into one amax per tile, power-of-two scales from it (the blockwise rule),
+    // each run encoded, the whole decoded. Exact: maxima, one rounding each, power-of-two factors.
+    for (auto [br, bc] : std::vector<std::pair<int64_t, int64_t>>{{2, 3}, {16, 16}, {128, 128}}) {
+      add({"fp8_tile_abs_max, fp8_tile_encode, fp8_tile_decode",
+           dims(s) + " tiles " + std::to_string(br) + "x" + std::to_string(bc),
+           [=](const Place& p) {
+             const int64_t n = s[0] * s[1], split = n / 3;
+             const int64_t across = (s[1] + bc - 1) / bc, n_tiles = (s[0] + br - 1) / br * across;
+             const Tensor x = p(a);
+             const Tensor head = x.flat_view(0, {split}), tail = x.flat_view(split, {n - split});
+             const ops::Fp8Tiles t0{0, s[1], br, bc}, t1{split, s[1], br, bc};
+             Tensor amax = Tensor::zeros({n_tiles}, DType::kF32, p.device);
+             ops::fp8_tile_abs_max(amax, head, t0);
+             ops::fp8_tile_abs_max(amax, tail, t1);
+             const Tensor host = amax.to(Device::kCPU);
+             Tensor scales = Tensor::empty({n_tiles}, DType::kF32),
+                    inv = Tensor::empty({n_tiles}, DType::kF32);
+             for (int64_t i = 0; i < n_tiles; ++i) {
+               const Fp8BlockScale b = fp8_block_scale(host.data<float>()[i],
+                                                       Fp8BlockRule::kBlockwise, Fp8Format::kE4M3);
+               scales.data<float>()[i] = b.scale;
+               inv.data<float>()[i] = b.scale_inv;
+             }
+             Tensor codes = Tensor::empty({n}, DType::kU8, p.device);
+             Tensor c0 = codes.flat_view(0, {split}), c1 = codes.flat_view(split, {n - split});
+             const Tensor sd = scales.to(p.device), id = inv.to(p.device);
+             ops::fp8_tile_encode(c0, head, t0, sd, Fp8Format::kE4M3);
+             ops::fp8_tile_encode(c1, tail, t1, sd, Fp8Format::kE4M3);
+             Tensor out = p.empty({n});
+             ops::fp8_tile_decode(out, codes, t0, id, Fp8Format::kE4M3);
+             return std::vector<Tensor>{amax.to(DType::kF64), out};
+           },
+           true},
+          {"fp8_tile_abs_max", "fp8_tile_encode", "fp8_tile_decode"});
+    }
   }
 }
 

@@ -231,4 +231,94 @@ void fp8_decode(Tensor& out, const Tensor& codes, Fp8Format format) {
   }
 }
 
+namespace {
+// Calls fn(tile, begin, end) for each piece [begin, end) of a run of n elements that lies in one
+// tile and one matrix row, in order (the loops over a piece's elements then vectorise).
+template <typename Fn>
+void for_each_tile_piece(const Fp8Tiles& t, int64_t n, Fn&& fn) {
+  const int64_t across = (t.cols + t.block_cols - 1) / t.block_cols;
+  for (int64_t i = 0; i < n;) {
+    const int64_t g = t.offset + i, r = g / t.cols, c = g % t.cols;
+    const int64_t stop = std::min({t.cols, (c / t.block_cols + 1) * t.block_cols, c + (n - i)});
+    fn(r / t.block_rows * across + c / t.block_cols, i, i + stop - c);
+    i += stop - c;
+  }
+}
+}  // namespace
+
+void fp8_tile_abs_max(Tensor& amax, const Tensor& x, const Fp8Tiles& tiles) {
+  float* a = amax.data<float>();
+  auto run = [&]<typename T>(const T* px) {
+    const StoredAs<T>* p = stored_ptr(px);
+    for_each_tile_piece(tiles, x.numel(), [&](int64_t tile, int64_t b, int64_t e) {
+      float m = a[tile];
+#pragma omp simd reduction(max : m)
+      for (int64_t i = b; i < e; ++i) m = std::fmax(m, std::fabs(loaded_value<T, float>(p[i])));
+      a[tile] = m;
+    });
+  };
+  switch (x.dtype()) {
+    case DType::kBF16:
+      run(x.data<bf16>());
+      break;
+    case DType::kF64:
+      run(x.data<double>());
+      break;
+    default:
+      run(x.data<float>());
+  }
+}
+
+void fp8_tile_encode(Tensor& codes, const Tensor& x, const Fp8Tiles& tiles, const Tensor& scales,
+                     Fp8Format format) {
+  uint8_t* pc = codes.data<uint8_t>();
+  const float* ps = scales.data<float>();
+  auto run = [&]<typename T>(const T* px) {
+    const StoredAs<T>* p = stored_ptr(px);
+    with_format(format, [&]<Fp8Format F>() {
+      // One thread: a piece is at most a tile's width, too short for a parallel region.
+      for_each_tile_piece(tiles, x.numel(), [&](int64_t tile, int64_t b, int64_t e) {
+        const float s = ps[tile];
+#pragma omp simd
+        for (int64_t i = b; i < e; ++i)
+          pc[i] = fp8_code_of(fp8_round(loaded_value<T, float>(p[i]) * s, F), F);
+      });
+    });
+  };
+  switch (x.dtype()) {
+    case DType::kBF16:
+      run(x.data<bf16>());
+      break;
+    case DType::kF64:
+      run(x.data<double>());
+      break;
+    default:
+      run(x.data<float>());
+  }
+}
+
+void fp8_tile_decode(Tensor& out, const Tensor& codes, const Fp8Tiles& tiles,
+                     const Tensor& scale_inv, Fp8Format format) {
+  const auto* pc = codes.data<uint8_t>();
+  const float* table = fp8_decode_table(format);
+  const float* pi = scale_inv.data<float>();
+  auto run = [&]<typename O>(O* po) {
+    StoredAs<O>* p = stored_ptr(po);
+    for_each_tile_piece(tiles, out.numel(), [&](int64_t tile, int64_t b, int64_t e) {
+      const float f = pi[tile];
+      for (int64_t i = b; i < e; ++i) p[i] = stored_value<O>(table[pc[i]] * f);
+    });
+  };
+  switch (out.dtype()) {
+    case DType::kBF16:
+      run(out.data<bf16>());
+      break;
+    case DType::kF64:
+      run(out.data<double>());
+      break;
+    default:
+      run(out.data<float>());
+  }
+}
+
 }  // namespace megatron::cpu

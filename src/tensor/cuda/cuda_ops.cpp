@@ -611,6 +611,25 @@ void fp8_block_quantize(Tensor& out, const Tensor& x, int64_t block_rows, int64_
                            format == Fp8Format::kE4M3);
 }
 
+void fp8_tile_abs_max(Tensor& amax, const Tensor& x, const Fp8Tiles& t) {
+  cuda::fp8_tile_abs_max(amax.data<float>(), amax.numel(), x.raw(), static_cast<int>(x.dtype()),
+                         x.numel(), t.offset, t.cols, t.block_rows, t.block_cols);
+}
+
+void fp8_tile_encode(Tensor& codes, const Tensor& x, const Fp8Tiles& t, const Tensor& scales,
+                     Fp8Format format) {
+  cuda::fp8_tile_encode(codes.raw(), x.raw(), static_cast<int>(x.dtype()), x.numel(), t.offset,
+                        t.cols, t.block_rows, t.block_cols, scales.data<float>(),
+                        format == Fp8Format::kE4M3);
+}
+
+void fp8_tile_decode(Tensor& out, const Tensor& codes, const Fp8Tiles& t, const Tensor& scale_inv,
+                     Fp8Format format) {
+  cuda::fp8_tile_decode(out.raw(), static_cast<int>(out.dtype()), codes.raw(), out.numel(),
+                        t.offset, t.cols, t.block_rows, t.block_cols, scale_inv.data<float>(),
+                        format == Fp8Format::kE4M3);
+}
+
 void fp8_encode(Tensor& codes, const Tensor& x, float scale, Fp8Format format) {
   cuda::fp8_encode(codes.raw(), x.raw(), static_cast<int>(x.dtype()), x.numel(), scale,
                    format == Fp8Format::kE4M3);

@@ -162,6 +162,52 @@ __global__ void fp8_block_quantize_kernel(void* out, const void* x, int t, int64
   }
 }
 
+__device__ inline int64_t tile_of_device(int64_t g, int64_t cols, int64_t br, int64_t bc) {
+  return g / cols / br * ((cols + bc - 1) / bc) + g % cols / bc;
+}
+
+// One thread per tile: the run's elements in it, row by row.
+__global__ void fp8_tile_abs_max_kernel(float* amax, int64_t n_tiles, const void* x, int t,
+                                        int64_t n, int64_t offset, int64_t cols, int64_t br,
+                                        int64_t bc) {
+  const int64_t across = (cols + bc - 1) / bc;
+  MEGATRON_GRID_LOOP(tile, n_tiles) {
+    const int64_t r0 = tile / across * br, c0 = tile % across * bc;
+    float m = amax[tile];
+    for (int64_t r = r0; r < r0 + br; ++r) {
+      for (int64_t c = c0; c < c0 + bc && c < cols; ++c) {
+        const int64_t i = r * cols + c - offset;
+        if (i >= 0 && i < n) m = fmaxf(m, fabsf(load_f32(x, t, i)));
+      }
+    }
+    amax[tile] = m;
+  }
+}
+
+__global__ void fp8_tile_encode_kernel(uint8_t* codes, const void* x, int t, int64_t n,
+                                       int64_t offset, int64_t cols, int64_t br, int64_t bc,
+                                       const float* scales, bool e4m3) {
+  MEGATRON_GRID_LOOP(i, n) {
+    const float s = scales[tile_of_device(offset + i, cols, br, bc)];
+    codes[i] = fp8_code_device(fp8_round_device(__fmul_rn(load_f32(x, t, i), s), e4m3), e4m3);
+  }
+}
+
+__global__ void fp8_tile_decode_kernel(void* out, int t, const uint8_t* codes, int64_t n,
+                                       int64_t offset, int64_t cols, int64_t br, int64_t bc,
+                                       const float* scale_inv, bool e4m3) {
+  MEGATRON_GRID_LOOP(i, n) {
+    const float v = __fmul_rn(fp8_value_device(codes[i], e4m3),
+                              scale_inv[tile_of_device(offset + i, cols, br, bc)]);
+    if (t == kF64)
+      static_cast<double*>(out)[i] = v;
+    else if (t == kBF16)
+      static_cast<uint16_t*>(out)[i] = f32_to_bf16_bits(v);
+    else
+      static_cast<float*>(out)[i] = v;
+  }
+}
+
 }  // namespace
 
 double abs_max(const void* x, int dtype, int64_t n) {
@@ -205,6 +251,30 @@ void fp8_decode(void* out, int out_dtype, const void* codes, int64_t n, bool e4m
   fp8_decode_kernel<<<blocks_for(n), kThreads>>>(out, out_dtype, static_cast<const uint8_t*>(codes),
                                                  n, e4m3);
   check_launch("fp8_decode");
+}
+
+void fp8_tile_abs_max(float* amax, int64_t n_tiles, const void* x, int x_dtype, int64_t n,
+                      int64_t offset, int64_t cols, int64_t br, int64_t bc) {
+  if (n == 0 || n_tiles == 0) return;
+  fp8_tile_abs_max_kernel<<<blocks_for(n_tiles), kThreads>>>(amax, n_tiles, x, x_dtype, n, offset,
+                                                             cols, br, bc);
+  check_launch("fp8_tile_abs_max");
+}
+
+void fp8_tile_encode(void* codes, const void* x, int x_dtype, int64_t n, int64_t offset,
+                     int64_t cols, int64_t br, int64_t bc, const float* scales, bool e4m3) {
+  if (n == 0) return;
+  fp8_tile_encode_kernel<<<blocks_for(n), kThreads>>>(static_cast<uint8_t*>(codes), x, x_dtype, n,
+                                                      offset, cols, br, bc, scales, e4m3);
+  check_launch("fp8_tile_encode");
+}
+
+void fp8_tile_decode(void* out, int out_dtype, const void* codes, int64_t n, int64_t offset,
+                     int64_t cols, int64_t br, int64_t bc, const float* scale_inv, bool e4m3) {
+  if (n == 0) return;
+  fp8_tile_decode_kernel<<<blocks_for(n), kThreads>>>(
+      out, out_dtype, static_cast<const uint8_t*>(codes), n, offset, cols, br, bc, scale_inv, e4m3);
+  check_launch("fp8_tile_decode");
 }
 
 }  // namespace megatron::cuda

@@ -94,6 +94,15 @@ void fp8_block_quantize(void* out, const void* x, int x_dtype, int64_t rows, int
 // FP8 codes (one byte each) of fp8_quantize's values, and the values (f32, bf16 or f64) of codes.
 void fp8_encode(void* codes, const void* x, int x_dtype, int64_t n, float scale, bool e4m3);
 void fp8_decode(void* out, int out_dtype, const void* codes, int64_t n, bool e4m3);
+// The tiled forms (tensor/ops.h fp8_tile_*): element i of the run is element offset + i of a
+// row-major matrix with `cols` columns, in tiles of br x bc; amax / scales / scale_inv f32 on the
+// device. The amax: one thread per tile over the run.
+void fp8_tile_abs_max(float* amax, int64_t n_tiles, const void* x, int x_dtype, int64_t n,
+                      int64_t offset, int64_t cols, int64_t br, int64_t bc);
+void fp8_tile_encode(void* codes, const void* x, int x_dtype, int64_t n, int64_t offset,
+                     int64_t cols, int64_t br, int64_t bc, const float* scales, bool e4m3);
+void fp8_tile_decode(void* out, int out_dtype, const void* codes, int64_t n, int64_t offset,
+                     int64_t cols, int64_t br, int64_t bc, const float* scale_inv, bool e4m3);
 
 // ---- embedding, row permutations --------------------------------------------------------------
 // out[r, :] = table[ids[r] - start, :] for ids in [start, start + block), else 0. table_dtype is

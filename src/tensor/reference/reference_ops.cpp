@@ -612,6 +612,41 @@ void fp8_decode(Tensor& out, const Tensor& codes, Fp8Format format) {
   for (int64_t i = 0; i < out.numel(); ++i) W(out)[i] = fp8_decode(pc[i], format);
 }
 
+namespace {
+int64_t tile_of(const Fp8Tiles& t, int64_t i) {
+  const int64_t g = t.offset + i, r = g / t.cols, c = g % t.cols;
+  return r / t.block_rows * ((t.cols + t.block_cols - 1) / t.block_cols) + c / t.block_cols;
+}
+}  // namespace
+
+// Element by element, the tile from the index arithmetic; through the codec.
+void fp8_tile_abs_max(Tensor& amax, const Tensor& x, const Fp8Tiles& tiles) {
+  f64("fp8_tile_abs_max", {&x});
+  float* a = amax.data<float>();
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const float v = std::fabs(static_cast<float>(P(x)[i]));
+    float& slot = a[tile_of(tiles, i)];
+    if (v > slot) slot = v;  // NaN compares false: ignored
+  }
+}
+
+void fp8_tile_encode(Tensor& codes, const Tensor& x, const Fp8Tiles& tiles, const Tensor& scales,
+                     Fp8Format format) {
+  f64("fp8_tile_encode", {&x});
+  auto* pc = codes.data<uint8_t>();
+  for (int64_t i = 0; i < x.numel(); ++i)
+    pc[i] =
+        fp8_encode(static_cast<float>(P(x)[i]) * scales.data<float>()[tile_of(tiles, i)], format);
+}
+
+void fp8_tile_decode(Tensor& out, const Tensor& codes, const Fp8Tiles& tiles,
+                     const Tensor& scale_inv, Fp8Format format) {
+  f64("fp8_tile_decode", {&out});
+  const auto* pc = codes.data<uint8_t>();
+  for (int64_t i = 0; i < out.numel(); ++i)
+    W(out)[i] = fp8_decode(pc[i], format) * scale_inv.data<float>()[tile_of(tiles, i)];
+}
+
 int64_t count_zeros(const Tensor& x) {
   f64("count_zeros", {&x});
   int64_t n = 0;
