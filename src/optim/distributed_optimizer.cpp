@@ -263,7 +263,8 @@ void DistributedOptimizer::quantize_fp8_weights() {
   for (size_t i = 0; i < weights.size(); ++i) {
     Fp8GemmScaling& f8 = *weights[i]->fp8;
     if (f8.tiled_primary_weight())
-      tile_scales[i] = f8.primary_tile_scales(amax[i], weights[i]->value.device());
+      // The buffers' device (a ZeRO-3 weight's value is unset between uses).
+      tile_scales[i] = f8.primary_tile_scales(amax[i], params_.device());
     else
       scale[i] = f8.primary_weight_scale(amax[i][0]);
   }

@@ -127,8 +127,15 @@ std::vector<uint8_t> expected_codes(size_t k, Fp8Recipe recipe, float* scale) {
   const int64_t n = kSpecs[k].shape.numel();
   double amax = 0;
   for (int64_t i = 0; i < n; ++i) amax = std::fmax(amax, std::fabs(weight_value(k, i)));
-  // Delayed: the initial scale 1; tensorwise: fp8_max / amax of the whole weight.
+  // Delayed: the initial scale 1; tensorwise: fp8_max / amax of the whole weight; blockwise: the
+  // largest power of two not above it (these weights are one 128 x 128 tile each).
   *scale = recipe == Fp8Recipe::kDelayed ? 1.0f : 448.0f / static_cast<float>(amax);
+  if (recipe == Fp8Recipe::kBlockwise) {
+    float p = 1.0f;
+    while (p > *scale) p /= 2;
+    while (2 * p <= *scale) p *= 2;
+    *scale = p;
+  }
   std::vector<uint8_t> out(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i)
     out[static_cast<size_t>(i)] =
@@ -168,8 +175,10 @@ TEST(Fp8ParamGather, CodesSitInBucketsOfTheirOwnAfterEveryOtherParameter) {
 
 // ZeRO-1 with bf16 (the main weights sharded, the compute copy whole): refresh_compute quantises
 // each rank's shards and all-gathers the codes; every rank ends with every weight's codes.
+// Blockwise: the weights' tile amaxes are reduced over the ranks whose shards cut them, and the
+// decoded weight carries the tile's factor (scale_inv 1).
 TEST(Fp8ParamGather, DistributedOptimizerQuantisesShardsAndGathersCodes) {
-  for (Fp8Recipe recipe : {Fp8Recipe::kDelayed, Fp8Recipe::kTensorwise}) {
+  for (Fp8Recipe recipe : {Fp8Recipe::kDelayed, Fp8Recipe::kTensorwise, Fp8Recipe::kBlockwise}) {
     Model m(true, recipe, layout(false), main_only());
     GradBuckets buckets(*m.set, world(), kBucketSize, false, GradReduce::kReduceScatter);
     DistributedOptimizer opt(buckets, AdamWConfig{});
@@ -182,9 +191,11 @@ TEST(Fp8ParamGather, DistributedOptimizerQuantisesShardsAndGathersCodes) {
       const std::vector<uint8_t> want = expected_codes(k, recipe, &scale);
       EXPECT_EQ(bytes(m.params[k].value), want) << m.params[k].name;
       const Fp8Tensor w = m.params[k].fp8->weight(m.params[k]);
-      EXPECT_EQ(w.scale_inv, 1.0f / scale) << m.params[k].name;
+      const bool tiled = recipe == Fp8Recipe::kBlockwise;
+      EXPECT_EQ(w.scale_inv, tiled ? 1.0f : 1.0f / scale) << m.params[k].name;
       for (int64_t i = 0; i < w.q.numel(); ++i) {
-        ASSERT_EQ(w.q.item(i), fp8_decode(want[static_cast<size_t>(i)], Fp8Format::kE4M3))
+        const double code_value = fp8_decode(want[static_cast<size_t>(i)], Fp8Format::kE4M3);
+        ASSERT_EQ(w.q.item(i), tiled ? code_value / scale : code_value)
             << m.params[k].name << " element " << i;
       }
       if (recipe == Fp8Recipe::kDelayed) {

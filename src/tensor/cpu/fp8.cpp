@@ -244,6 +244,21 @@ void for_each_tile_piece(const Fp8Tiles& t, int64_t n, Fn&& fn) {
     i += stop - c;
   }
 }
+
+// The same pieces, listed, then handed to fn across the threads (each piece is written by one).
+template <typename Fn>
+void for_each_tile_piece_parallel(const Fp8Tiles& t, int64_t n, Fn&& fn) {
+  struct Piece {
+    int64_t tile, begin, end;
+  };
+  std::vector<Piece> pieces;
+  for_each_tile_piece(t, n, [&](int64_t tile, int64_t b, int64_t e) {
+    pieces.push_back({tile, b, e});
+  });
+  const auto count = static_cast<int64_t>(pieces.size());
+#pragma omp parallel for schedule(static) if (n >= (1 << 16))
+  for (int64_t k = 0; k < count; ++k) fn(pieces[k].tile, pieces[k].begin, pieces[k].end);
+}
 }  // namespace
 
 void fp8_tile_abs_max(Tensor& amax, const Tensor& x, const Fp8Tiles& tiles) {
@@ -276,8 +291,7 @@ void fp8_tile_encode(Tensor& codes, const Tensor& x, const Fp8Tiles& tiles, cons
   auto run = [&]<typename T>(const T* px) {
     const StoredAs<T>* p = stored_ptr(px);
     with_format(format, [&]<Fp8Format F>() {
-      // One thread: a piece is at most a tile's width, too short for a parallel region.
-      for_each_tile_piece(tiles, x.numel(), [&](int64_t tile, int64_t b, int64_t e) {
+      for_each_tile_piece_parallel(tiles, x.numel(), [&](int64_t tile, int64_t b, int64_t e) {
         const float s = ps[tile];
 #pragma omp simd
         for (int64_t i = b; i < e; ++i)
@@ -304,7 +318,7 @@ void fp8_tile_decode(Tensor& out, const Tensor& codes, const Fp8Tiles& tiles,
   const float* pi = scale_inv.data<float>();
   auto run = [&]<typename O>(O* po) {
     StoredAs<O>* p = stored_ptr(po);
-    for_each_tile_piece(tiles, out.numel(), [&](int64_t tile, int64_t b, int64_t e) {
+    for_each_tile_piece_parallel(tiles, out.numel(), [&](int64_t tile, int64_t b, int64_t e) {
       const float f = pi[tile];
       for (int64_t i = b; i < e; ++i) p[i] = stored_value<O>(table[pc[i]] * f);
     });

@@ -166,21 +166,16 @@ __device__ inline int64_t tile_of_device(int64_t g, int64_t cols, int64_t br, in
   return g / cols / br * ((cols + bc - 1) / bc) + g % cols / bc;
 }
 
-// One thread per tile: the run's elements in it, row by row.
-__global__ void fp8_tile_abs_max_kernel(float* amax, int64_t n_tiles, const void* x, int t,
-                                        int64_t n, int64_t offset, int64_t cols, int64_t br,
-                                        int64_t bc) {
-  const int64_t across = (cols + bc - 1) / bc;
-  MEGATRON_GRID_LOOP(tile, n_tiles) {
-    const int64_t r0 = tile / across * br, c0 = tile % across * bc;
-    float m = amax[tile];
-    for (int64_t r = r0; r < r0 + br; ++r) {
-      for (int64_t c = c0; c < c0 + bc && c < cols; ++c) {
-        const int64_t i = r * cols + c - offset;
-        if (i >= 0 && i < n) m = fmaxf(m, fabsf(load_f32(x, t, i)));
-      }
-    }
-    amax[tile] = m;
+// One thread per element of the run: its magnitude into its tile's slot by an integer atomic max
+// (the slots and magnitudes are non-negative floats, which order as their bit patterns); NaN is
+// skipped, as fmaxf drops it.
+__global__ void fp8_tile_abs_max_kernel(float* amax, const void* x, int t, int64_t n,
+                                        int64_t offset, int64_t cols, int64_t br, int64_t bc) {
+  MEGATRON_GRID_LOOP(i, n) {
+    const float v = fabsf(load_f32(x, t, i));
+    if (!isnan(v))
+      atomicMax(reinterpret_cast<int*>(amax + tile_of_device(offset + i, cols, br, bc)),
+                __float_as_int(v));
   }
 }
 
@@ -256,8 +251,7 @@ void fp8_decode(void* out, int out_dtype, const void* codes, int64_t n, bool e4m
 void fp8_tile_abs_max(float* amax, int64_t n_tiles, const void* x, int x_dtype, int64_t n,
                       int64_t offset, int64_t cols, int64_t br, int64_t bc) {
   if (n == 0 || n_tiles == 0) return;
-  fp8_tile_abs_max_kernel<<<blocks_for(n_tiles), kThreads>>>(amax, n_tiles, x, x_dtype, n, offset,
-                                                             cols, br, bc);
+  fp8_tile_abs_max_kernel<<<blocks_for(n), kThreads>>>(amax, x, x_dtype, n, offset, cols, br, bc);
   check_launch("fp8_tile_abs_max");
 }
 

@@ -96,7 +96,7 @@ void fp8_encode(void* codes, const void* x, int x_dtype, int64_t n, float scale,
 void fp8_decode(void* out, int out_dtype, const void* codes, int64_t n, bool e4m3);
 // The tiled forms (tensor/ops.h fp8_tile_*): element i of the run is element offset + i of a
 // row-major matrix with `cols` columns, in tiles of br x bc; amax / scales / scale_inv f32 on the
-// device. The amax: one thread per tile over the run.
+// device (n_tiles: amax's slots).
 void fp8_tile_abs_max(float* amax, int64_t n_tiles, const void* x, int x_dtype, int64_t n,
                       int64_t offset, int64_t cols, int64_t br, int64_t bc);
 void fp8_tile_encode(void* codes, const void* x, int x_dtype, int64_t n, int64_t offset,
