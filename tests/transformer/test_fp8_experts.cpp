@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <memory>
 #include <vector>
 
 #include "core/fp8.h"
@@ -57,29 +58,54 @@ double peak(const std::vector<double>& v) {
   return p;
 }
 
-TEST(Fp8Experts, EachExpertBlockIsQuantisedWithItsOwnScale) {
+// Rows [r0, r0 + n) of fc2's input as the layer computes it: the activation [N, f] (f32) times
+// each row's probability, in f32.
+Tensor scaled_rows(const Tensor& act, const std::vector<double>& probs, int64_t r0, int64_t n) {
+  const int64_t f = act.dim(1);
+  Tensor scaled = Tensor::empty({n, f}, DType::kF32);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t c = 0; c < f; ++c)
+      scaled.data<float>()[r * f + c] =
+          act.data<float>()[(r0 + r) * f + c] * static_cast<float>(probs[r0 + r]);
+  return scaled;
+}
+
+// Three experts (hidden 32, FP8 GEMMs in `mode` with `recipe`), their weights initialised and
+// gradients zeroed, their GEMMs in one FP8 region.
+struct Fp8ExpertsUnderTest {
   TransformerConfig cfg;
-  cfg.num_layers = 1;
-  cfg.hidden_size = 32;
-  cfg.num_attention_heads = 4;
-  cfg.seq_length = 8;
-  cfg.vocab_size = 64;
-  cfg.padded_vocab_size = 64;
-  cfg.moe.num_experts = 3;
-  cfg.moe.ffn_hidden_size = 16;
-  cfg.moe.router_topk = 2;
-  cfg.add_bias_linear = false;
-  cfg.fp8.mode = Fp8Mode::kE4M3;
-  cfg.fp8.recipe = Fp8Recipe::kTensorwise;
-  cfg.finalize();
-  auto self = make_self_process_group();
-  GroupedExperts experts("mlp.experts", cfg, 0, 1, *self);
-  std::vector<Param*> ps;
-  experts.collect(ps);
-  ParamSet params(ps, DType::kF32);
-  params.initialize(3);
-  params.zero_grads();
-  experts.enable_fp8(cfg.fp8);
+  decltype(make_self_process_group()) self = make_self_process_group();
+  std::unique_ptr<GroupedExperts> layer;
+  std::unique_ptr<ParamSet> params;
+  Fp8Region region;
+
+  Fp8ExpertsUnderTest(int64_t ffn, Fp8Mode mode, Fp8Recipe recipe) {
+    cfg.num_layers = 1;
+    cfg.hidden_size = 32;
+    cfg.num_attention_heads = 4;
+    cfg.seq_length = 8;
+    cfg.vocab_size = 64;
+    cfg.padded_vocab_size = 64;
+    cfg.moe.num_experts = 3;
+    cfg.moe.ffn_hidden_size = ffn;
+    cfg.moe.router_topk = 2;
+    cfg.add_bias_linear = false;
+    cfg.fp8.mode = mode;
+    cfg.fp8.recipe = recipe;
+    cfg.finalize();
+    layer = std::make_unique<GroupedExperts>("mlp.experts", cfg, 0, 1, *self);
+    std::vector<Param*> ps;
+    layer->collect(ps);
+    params = std::make_unique<ParamSet>(ps, DType::kF32);
+    params->initialize(3);
+    params->zero_grads();
+    for (Fp8GemmScaling* g : layer->enable_fp8(cfg.fp8)) region.add(g);
+  }
+};
+
+TEST(Fp8Experts, EachExpertBlockIsQuantisedWithItsOwnScale) {
+  Fp8ExpertsUnderTest t(16, Fp8Mode::kE4M3, Fp8Recipe::kTensorwise);
+  GroupedExperts& experts = *t.layer;
 
   const int64_t h = 32, f = 16;
   const std::vector<int64_t> counts = {3, 0, 5};
@@ -103,11 +129,7 @@ TEST(Fp8Experts, EachExpertBlockIsQuantisedWithItsOwnScale) {
       ASSERT_NEAR(ctx.pre_act.item(r0 * f + static_cast<int64_t>(i)), pre[i], 1e-5 * peak(pre))
           << "fc1, expert " << g;
     // scaled = act * p in f32, as the layer computes it, then quantised with its block's scale.
-    Tensor scaled = Tensor::empty({n, f}, DType::kF32);
-    for (int64_t r = 0; r < n; ++r)
-      for (int64_t c = 0; c < f; ++c)
-        scaled.data<float>()[r * f + c] =
-            act.data<float>()[(r0 + r) * f + c] * static_cast<float>(probs[r0 + r]);
+    const Tensor scaled = scaled_rows(act, probs, r0, n);
     const auto [qs, s_inv] = block(scaled, 0, n, f, Fp8Format::kE4M3);
     const auto [qw2, w2_inv] = block(experts.fc2(g).value, 0, h, f, Fp8Format::kE4M3);
     const std::vector<double> out = gemm_nt(qs, qw2, n, f, h, s_inv * w2_inv);
@@ -123,11 +145,7 @@ TEST(Fp8Experts, EachExpertBlockIsQuantisedWithItsOwnScale) {
   experts.backward(dy, ctx, &dprobs);
   const int64_t g = 2, n = counts[2], start = 3;
   const auto [qdy, dy_inv] = block(dy, start, n, h, Fp8Format::kE4M3);
-  Tensor scaled = Tensor::empty({n, f}, DType::kF32);
-  for (int64_t r = 0; r < n; ++r)
-    for (int64_t c = 0; c < f; ++c)
-      scaled.data<float>()[r * f + c] =
-          act.data<float>()[(start + r) * f + c] * static_cast<float>(probs[start + r]);
+  const Tensor scaled = scaled_rows(act, probs, start, n);
   const auto [qs, s_inv] = block(scaled, 0, n, f, Fp8Format::kE4M3);
   std::vector<double> dw2(static_cast<size_t>(h * f), 0.0);
   for (int64_t i = 0; i < h; ++i)
@@ -155,33 +173,14 @@ Tensor rows_of(const Tensor& x, int64_t r0, int64_t n) {
 // with zeros). Expert 0 has 40 rows (a full block and a partial one), expert 2 seven rows 2^16
 // times larger: a column block running on from expert 0 into expert 2 would quantise expert 0's
 // last 8 rows with expert 2's amax, which puts them among E4M3's subnormals (a power-of-two
-// scale only changes values that leave the normal range, so a small ratio would not show). Checked: fc1's forward (rows in 1 x 32 blocks, the weight
-// too) and fc2's weight gradient (output gradient and input in 32 x 1 blocks) of both experts,
-// against tests/testing/fp8_blocks.h. The same tolerance as above (K <= 40 terms in f32).
+// scale only changes values that leave the normal range, so a small ratio would not show).
+// Checked: fc1's forward (rows in 1 x 32 blocks, the weight too) and fc2's weight gradient (output
+// gradient and input in 32 x 1 blocks) of both experts, against tests/testing/fp8_blocks.h. The
+// same tolerance as above (K <= 40 terms in f32).
 TEST(Fp8Experts, Mxfp8ColumnBlocksStopAtEachExpertsRows) {
-  TransformerConfig cfg;
-  cfg.num_layers = 1;
-  cfg.hidden_size = 32;
-  cfg.num_attention_heads = 4;
-  cfg.seq_length = 8;
-  cfg.vocab_size = 64;
-  cfg.padded_vocab_size = 64;
-  cfg.moe.num_experts = 3;
-  cfg.moe.ffn_hidden_size = 32;
-  cfg.moe.router_topk = 2;
-  cfg.add_bias_linear = false;
-  cfg.fp8.mode = Fp8Mode::kHybrid;
-  cfg.fp8.recipe = Fp8Recipe::kMxfp8;
-  cfg.finalize();
-  auto self = make_self_process_group();
-  GroupedExperts experts("mlp.experts", cfg, 0, 1, *self);
-  std::vector<Param*> ps;
-  experts.collect(ps);
-  ParamSet params(ps, DType::kF32);
-  params.initialize(3);
-  params.zero_grads();
-  Fp8Region region;
-  for (Fp8GemmScaling* g : experts.enable_fp8(cfg.fp8)) region.add(g);
+  Fp8ExpertsUnderTest t(32, Fp8Mode::kHybrid, Fp8Recipe::kMxfp8);
+  GroupedExperts& experts = *t.layer;
+  Fp8Region& region = t.region;
 
   const int64_t h = 32, f = 32, N = 47;
   const std::vector<int64_t> counts = {40, 0, 7}, starts = {0, 40, 40};
@@ -214,11 +213,7 @@ TEST(Fp8Experts, Mxfp8ColumnBlocksStopAtEachExpertsRows) {
     for (size_t i = 0; i < pre.size(); ++i)
       ASSERT_NEAR(pre_act.item(r0 * f + static_cast<int64_t>(i)), pre[i], 1e-5 * peak(pre))
           << "fc1, expert " << g;
-    Tensor scaled = Tensor::empty({n, f}, DType::kF32);
-    for (int64_t r = 0; r < n; ++r)
-      for (int64_t c = 0; c < f; ++c)
-        scaled.data<float>()[r * f + c] =
-            act.data<float>()[(r0 + r) * f + c] * static_cast<float>(probs[r0 + r]);
+    const Tensor scaled = scaled_rows(act, probs, r0, n);
     const Tensor qs = testing::block_quantised(scaled, 32, 1, true, e4);
     const Tensor qdy = testing::block_quantised(rows_of(dy, r0, n), 32, 1, true, e5);
     std::vector<double> dw2(static_cast<size_t>(h * f), 0.0);

@@ -62,6 +62,22 @@ void with_format(Fp8Format format, Fn&& fn) {
   }
 }
 
+// Calls run(p) with p x's elements as const bf16*, const double* or const float* (f32, bf16 or
+// f64 inputs).
+template <typename Fn>
+void with_input(const Tensor& x, Fn&& run) {
+  switch (x.dtype()) {
+    case DType::kBF16:
+      run(x.data<bf16>());
+      break;
+    case DType::kF64:
+      run(x.data<double>());
+      break;
+    default:
+      run(x.data<float>());
+  }
+}
+
 // The loops, on plain pointers and values (read through a lambda's captures, every pointer would
 // be reloaded after each one-byte store, which may alias it, and the loop would stay scalar).
 template <Fp8Format F, typename T>
@@ -195,16 +211,7 @@ void fp8_encode(Tensor& codes, const Tensor& x, float scale, Fp8Format format) {
   auto run = [&]<typename T>(const T* px) {
     with_format(format, [&]<Fp8Format F>() { encode<F, T>(pc, stored_ptr(px), n, scale); });
   };
-  switch (x.dtype()) {
-    case DType::kBF16:
-      run(x.data<bf16>());
-      break;
-    case DType::kF64:
-      run(x.data<double>());
-      break;
-    default:
-      run(x.data<float>());
-  }
+  with_input(x, run);
 }
 
 void fp8_decode(Tensor& out, const Tensor& codes, Fp8Format format) {
@@ -272,16 +279,7 @@ void fp8_tile_abs_max(Tensor& amax, const Tensor& x, const Fp8Tiles& tiles) {
       a[tile] = m;
     });
   };
-  switch (x.dtype()) {
-    case DType::kBF16:
-      run(x.data<bf16>());
-      break;
-    case DType::kF64:
-      run(x.data<double>());
-      break;
-    default:
-      run(x.data<float>());
-  }
+  with_input(x, run);
 }
 
 void fp8_tile_encode(Tensor& codes, const Tensor& x, const Fp8Tiles& tiles, const Tensor& scales,
@@ -299,16 +297,7 @@ void fp8_tile_encode(Tensor& codes, const Tensor& x, const Fp8Tiles& tiles, cons
       });
     });
   };
-  switch (x.dtype()) {
-    case DType::kBF16:
-      run(x.data<bf16>());
-      break;
-    case DType::kF64:
-      run(x.data<double>());
-      break;
-    default:
-      run(x.data<float>());
-  }
+  with_input(x, run);
 }
 
 void fp8_tile_decode(Tensor& out, const Tensor& codes, const Fp8Tiles& tiles,
