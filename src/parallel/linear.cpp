@@ -71,10 +71,12 @@ Tensor Linear::backward(const Tensor& dy, Ctx& ctx) const {
 }
 
 namespace {
-// The product of two inverse scales, applied to a GEMM of quantised operands (in f32, as the FP8
-// GEMM's epilogue does).
-double descale(const Fp8Tensor& a, const Fp8Tensor& b) {
-  return static_cast<double>(a.scale_inv * b.scale_inv);
+// The product of two inverse scales, applied to a GEMM's result of quantised operands (in f32, as
+// the FP8 GEMM's epilogue does); block-scaled operands carry their factors (a product of 1: no
+// pass over the result).
+void descale(Tensor& result, const Fp8Tensor& a, const Fp8Tensor& b) {
+  const float f = a.scale_inv * b.scale_inv;
+  if (f != 1.0f) ops::scale_inplace(result, static_cast<double>(f));
 }
 }  // namespace
 
@@ -91,7 +93,7 @@ Tensor Linear::forward_fp8(const Tensor& x, Ctx& ctx) const {
   Tensor y =
       Tensor::empty({rows, out_}, x.dtype() == DType::kF64 ? DType::kF64 : DType::kF32, x.device());
   ops::matmul(y, ctx.x8.q, false, ctx.w8.q, true);
-  ops::scale_inplace(y, descale(ctx.x8, ctx.w8));
+  descale(y, ctx.x8, ctx.w8);
   // An FP8 primary weight is decoded again by the backward: only its codes stay in between.
   if (weight.fp8) ctx.w8.q = Tensor();
   // Block-scaled: the backward reads the columnwise copies only.
@@ -109,7 +111,7 @@ Tensor Linear::backward_fp8(const Tensor& dy, Ctx& ctx) const {
                                             : fp8_->weight(weight);
   Tensor dx = Tensor::empty({rows, in_}, dy.dtype(), dy.device());
   ops::matmul(dx, dy8.q, false, w8.q, false);
-  ops::scale_inplace(dx, descale(dy8, w8));
+  descale(dx, dy8, w8);
   Tensor dw = weight.main_grad;
   if (!dw.defined()) {
     // frozen without gradient storage: no weight gradient
@@ -122,7 +124,7 @@ Tensor Linear::backward_fp8(const Tensor& dy, Ctx& ctx) const {
                     ": the forward kept no input for the weight gradient");
     Tensor partial = Tensor::empty(dw.shape(), dw.dtype(), dw.device());
     ops::matmul(partial, dy8c.q, true, x8c.q, false);
-    ops::scale_inplace(partial, descale(dy8c, x8c));
+    descale(partial, dy8c, x8c);
     ops::add_inplace(dw, partial);
     weight.main_grad_zero = false;
   } else {
