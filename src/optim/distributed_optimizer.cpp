@@ -221,20 +221,26 @@ void DistributedOptimizer::quantize_fp8_weights() {
                                          : int64_t{1};
   };
   std::vector<std::vector<float>> amax(weights.size());
-  for (size_t i = 0; i < weights.size(); ++i) amax[i].assign(n_tiles(*weights[i]), 0.0f);
+  std::vector<Tensor> tile_amax(weights.size());  // on the buffers' device, tiled weights only
+  for (size_t i = 0; i < weights.size(); ++i) {
+    amax[i].assign(n_tiles(*weights[i]), 0.0f);
+    if (weights[i]->fp8->tiled_primary_weight())
+      tile_amax[i] = Tensor::zeros({n_tiles(*weights[i])}, DType::kF32, params_.device());
+  }
   for (size_t k = 0; k < segments_.size(); ++k) {
     const Segment& s = segments_[k];
     if (!s.param->fp8) continue;
     rounded[k] = main_of(s).to(DType::kBF16);
-    std::vector<float>& a = amax[slot.at(s.param)];
-    if (s.param->fp8->tiled_primary_weight()) {
-      Tensor t = Tensor::zeros({static_cast<int64_t>(a.size())}, DType::kF32, rounded[k].device());
-      ops::fp8_tile_abs_max(t, rounded[k], tiles_of(s));
-      const Tensor host = t.to(Device::kCPU);
-      for (size_t j = 0; j < a.size(); ++j) a[j] = std::max(a[j], host.data<float>()[j]);
-    } else {
-      a[0] = std::max(a[0], static_cast<float>(ops::abs_max(rounded[k])));
-    }
+    const size_t i = slot.at(s.param);
+    if (tile_amax[i].defined())
+      ops::fp8_tile_abs_max(tile_amax[i], rounded[k], tiles_of(s));  // max into the tiles
+    else
+      amax[i][0] = std::max(amax[i][0], static_cast<float>(ops::abs_max(rounded[k])));
+  }
+  for (size_t i = 0; i < weights.size(); ++i) {
+    if (!tile_amax[i].defined()) continue;
+    const Tensor host = tile_amax[i].to(Device::kCPU);
+    std::copy(host.data<float>(), host.data<float>() + host.numel(), amax[i].begin());
   }
   std::vector<ProcessGroup*> distinct;
   for (ProcessGroup* g : groups)
