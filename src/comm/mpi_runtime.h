@@ -4,7 +4,9 @@
 // alone calls MPI) and the destructor finalises it. Rank and world size come from
 // MPI_COMM_WORLD, the local rank from MPI_Comm_split_type(MPI_COMM_TYPE_SHARED): the ranks that
 // share this node's memory. Nothing reads launcher-specific environment variables, so the same
-// binary runs under `mpirun`/`mpiexec` and under Slurm's `srun` (`srun --mpi=pmix`).
+// binary runs under `mpirun`/`mpiexec` and under Slurm's `srun` (`srun --mpi=pmix`); they are
+// only looked for to tell a process started alone, which gets Open MPI's lighter singleton start
+// (defaults the user's environment overrides; mpi_runtime.cpp).
 //
 // It is not a launcher, and it does not choose a parallel layout (ParallelState does).
 #pragma once

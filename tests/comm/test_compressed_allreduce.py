@@ -35,7 +35,8 @@ TOOL = None
 MPIEXEC = None
 ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
        "OMPI_MCA_btl_vader_single_copy_mechanism": "none", "OMPI_MCA_mpi_yield_when_idle": "1",
-       "OMPI_MCA_pml": "ob1"}  # as tests/testing/megatron_job.py's MPI_ENV
+       "OMPI_MCA_pml": "ob1",
+       "OMPI_MCA_odls_base_sigkill_timeout": "0"}  # as tests/testing/megatron_job.py's MPI_ENV
 
 
 def padded_size(n, w):

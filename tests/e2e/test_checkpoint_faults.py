@@ -62,8 +62,9 @@ RANKS = 2
 # failure to catch.
 TIMEOUT_S = 120
 # Seconds mpirun waits between its SIGTERM and forwarding it, and again before SIGKILL: the
-# ranks keep training for this long, then have this long to save (a save here takes ~50 ms).
-SIGKILL_TIMEOUT_S = 10
+# ranks keep training for this long, then have this long to save (a save here takes ~50 ms: 4 s
+# leaves two orders of magnitude for a loaded machine; each second here is two of the suite's).
+SIGKILL_TIMEOUT_S = 4
 # A tiny model at tp 2 on 2 ranks (dp 1, two micro-batches a step), dropout on (the default), so
 # that resuming must restore the dropout seed too.
 TINY = {"--mock-data": None, "--vocab-size": "128", "--num-layers": "4", "--hidden-size": "64",
@@ -135,7 +136,7 @@ class Job:
                "train", *megatron_job.with_given_peak("train", args)]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True,
-                                     env=dict(os.environ, **megatron_job.MPI_ENV, **(env or {})))
+                                     env={**os.environ, **megatron_job.MPI_ENV, **(env or {})})
         self.out, self.err = [], []
         self.seen = threading.Event()
         self.pattern = None

@@ -81,8 +81,12 @@ class Server:
             cmd = [MPIEXEC, "-n", str(ranks), "--oversubscribe", "--allow-run-as-root", *cmd,
                    "--load", os.path.join(MODEL, "ckpt"), "--tensor-model-parallel-size",
                    str(ranks)]
+        # Stopped by SIGTERM to mpirun, which passes it on after odls_base_sigkill_timeout
+        # seconds and SIGKILLs the ranks as long again later: the drain needs mpirun's default
+        # grace (1 s), which MPI_ENV takes away for the refusal-heavy tests.
+        env = {**os.environ, **megatron_job.MPI_ENV, "OMPI_MCA_odls_base_sigkill_timeout": "1"}
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, env=dict(os.environ, **megatron_job.MPI_ENV))
+                                     text=True, env=env)
         self.lines = []
         self.port = None
         deadline = time.time() + TIMEOUT_S
