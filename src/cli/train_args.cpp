@@ -1216,9 +1216,6 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
                    "--mtp-num-layers: multi-token prediction is implemented for "
                    "--model gpt only (Megatron's GPTModel), not ",
                    a.model);
-    MEGATRON_CHECK(a.fp8_format.empty(),
-                   "--mtp-num-layers with --fp8-format is not implemented yet (the prediction "
-                   "layers would run outside FP8): drop one");
   }
   validate_hybrid_args(a);
   validate_heterogeneous_args(a);

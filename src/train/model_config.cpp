@@ -197,6 +197,9 @@ void check_fp8_gemm_shapes(const TransformerConfig& c, const Arguments& a) {
                        "--moe-shared-expert-intermediate-size"});
     }
   }
+  if (a.mtp_num_layers > 0) {  // each prediction depth's projection [2h -> h], column parallel
+    gemms.push_back({"mtp eh_proj", 2 * c.hidden_size, c.hidden_size / tp, "--hidden-size"});
+  }
   if (a.model == "t5") {  // the decoder's cross-attention
     gemms.push_back({"linear_q", c.hidden_size, np * hn / tp, "--hidden-size, --kv-channels"});
     gemms.push_back({"linear_kv", c.hidden_size, 2 * np * hn / tp, "--hidden-size, --kv-channels"});

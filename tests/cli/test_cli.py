@@ -487,9 +487,6 @@ class TestBadInput(CliTestCase):
                               "--multi-latent-attention", "--model gpt")
         self.assertUsageError(megatron("train", *self.BASE, "--mtp-num-layers", "1"),
                               "--mtp-num-layers", "--position-embedding-type")
-        self.assertUsageError(megatron("train", *self.BASE, *rope, "--mtp-num-layers", "1",
-                                       "--fp8-format", "hybrid"),
-                              "--mtp-num-layers", "--fp8-format")
 
     def test_two_warmups(self):
         proc = megatron("train", *self.BASE, "--lr-warmup-fraction", "0.1",

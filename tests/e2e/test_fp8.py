@@ -347,6 +347,69 @@ class TestResume(unittest.TestCase):
         self.assertEqual(sorted(resumed), [6, 7, 8])
 
 
+class TestMultiTokenPrediction(unittest.TestCase):
+    # --mtp-num-layers under FP8, as Megatron's MultiTokenPredictionLayer: each depth's eh_proj
+    # and transformer layer run in FP8 (two fp8_autocast regions per depth), the shared output
+    # layer in bf16. Two depths on the 4-layer model: 16 + 2 x (1 + 4) FP8 linears.
+    MTP = ["--position-embedding-type", "rope", "--mtp-num-layers", "2"]
+    FIELDS = FIELDS + ("mtp_1 loss", "mtp_2 loss")
+
+    def lines(self, proc):
+        return {it: {k: v for k, v in f.items() if k in self.FIELDS}
+                for it, f in megatron_log.iteration_lines(proc.stdout).items()}
+
+    def test_prediction_depths_run_in_fp8_and_resume_exactly(self):
+        fp8 = [*self.MTP, *HYBRID, "--fp8-amax-history-len", "4"]
+        straight = self.lines(run(1, *fp8))
+        self.assertIn("mtp_2 loss", straight[20])
+        ck = os.path.join(TMP.name, "mtp_resume")
+        run(1, *fp8, "--save", ck, "--save-interval", "10", "--exit-interval", "10")
+        state = fp8_state(ck)
+        self.assertEqual(len(state), 26)
+        for k in (0, 1):
+            for linear in ("eh_proj", "transformer_layer.self_attention.linear_qkv",
+                           "transformer_layer.mlp.linear_fc2"):
+                scale, history = state[f"mtp.layers.{k}.{linear}"]
+                self.assertGreater(np.max(history[:, 0]), 0, linear)  # an input amax recorded
+                self.assertTrue(np.all(scale > 1), (k, linear, scale))  # updated, not initial
+        resumed = self.lines(run(1, *fp8, "--load", ck))
+        self.assertEqual({i: resumed[i] for i in range(11, 21)},
+                         {i: straight[i] for i in range(11, 21)})
+        # Full recomputation (uniform: the prediction depths too) re-runs each region with the
+        # scales its forward used, recording nothing: every printed digit agrees.
+        recomputed = self.lines(run(1, *fp8, "--recompute-granularity", "full",
+                                    "--recompute-method", "uniform", "--recompute-num-layers",
+                                    "1"))
+        self.assertEqual(recomputed, straight)
+
+    def test_layouts_and_recipes_track_bf16(self):
+        # tp2 + SP against one process: the amaxes reduced over TP as the decoder's (the
+        # TestLayouts bound, 2e-3, on the main and both prediction losses). Delayed and mxfp8
+        # against bf16 over 20 iterations: TestCurves' per-iteration bound (4%), and FP8 must
+        # differ from bf16 (measured, Zen 5: at most 0.5% apart over 30 iterations).
+        keys = ("lm loss", "mtp_1 loss", "mtp_2 loss")
+
+        def curves(proc):
+            return {it: [float(f[k]) for k in keys]
+                    for it, f in megatron_log.iteration_lines(proc.stdout).items()}
+
+        def rel(a, b):
+            return [abs(x - y) / y for i in sorted(b) for x, y in zip(a[i], b[i])]
+
+        one = curves(run(1, *self.MTP, *HYBRID))
+        tp2 = curves(run(2, *self.MTP, *HYBRID, "--tensor-model-parallel-size", "2",
+                         "--sequence-parallel"))
+        self.assertEqual(sorted(tp2), sorted(one))
+        self.assertLess(max(rel(tp2, one)), 2e-3)
+        bf16 = curves(run(1, *self.MTP))
+        mx = curves(run(1, *self.MTP, *HYBRID, "--fp8-recipe", "mxfp8"))
+        for name, got in (("delayed", one), ("mxfp8", mx)):
+            r = rel(got, bf16)
+            print(f"mtp {name} vs bf16: worst {max(r):.2e}", file=sys.stderr)
+            self.assertLess(max(r), 0.04, name)
+            self.assertGreater(sum(r) / len(r), 1e-4, name)
+
+
 class TestFp8ParamGather(unittest.TestCase):
     """--fp8-param-gather: the FP8 GEMMs' weights kept and all-gathered as E4M3 codes."""
 

@@ -137,6 +137,14 @@ LossTerms GPTLoss::forward(const TensorMap& out, const TensorMap& batch,
   return terms;
 }
 
+std::vector<Param*> GPTChunk::extra_state() {
+  std::vector<Param*> out = model_.decoder->fp8_state();
+  if (model_.mtp) {
+    for (Param* p : model_.mtp->fp8_state()) out.push_back(p);
+  }
+  return out;
+}
+
 std::vector<TopKRouter*> GPTChunk::moe_routers() {
   std::vector<TopKRouter*> out;
   for (auto& layer : model_.decoder->layers)

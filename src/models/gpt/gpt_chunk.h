@@ -36,7 +36,8 @@ class GPTChunk final : public ModelChunk {
   std::vector<TensorSpec> infer_specs(int64_t b, int64_t s) const override;
   std::vector<Param*> parameters() override { return model_.parameters(); }
   std::vector<TopKRouter*> moe_routers() override;
-  std::vector<Param*> extra_state() override { return model_.decoder->fp8_state(); }
+  // FP8 scaling state: the decoder's, then the prediction depths' (last stage).
+  std::vector<Param*> extra_state() override;
 
   GPTModel& model() { return model_; }
   const GPTModel& model() const { return model_; }

@@ -78,7 +78,24 @@ MultiTokenPrediction::MultiTokenPrediction(const TransformerConfig& cfg,
   for (int64_t k = 0; k < cfg.mtp_num_layers; ++k) {
     layers.push_back(
         std::make_unique<Depth>("mtp.layers." + std::to_string(k), cfg, cfg.num_layers + k, tp));
+    if (!cfg.fp8.enabled()) continue;
+    Depth& d = *layers.back();
+    d.proj_fp8 = std::make_unique<Fp8Region>();
+    d.proj_fp8->add(d.eh_proj.enable_fp8(cfg.fp8));
+    d.layer_fp8 = std::make_unique<Fp8Region>();
+    for (Fp8GemmScaling* g : d.transformer_layer.enable_fp8()) d.layer_fp8->add(g);
   }
+}
+
+std::vector<Param*> MultiTokenPrediction::fp8_state() const {
+  std::vector<Param*> out;
+  for (const auto& d : layers) {
+    for (const Fp8Region* r : {d->proj_fp8.get(), d->layer_fp8.get()}) {
+      if (!r) continue;
+      for (Param* p : r->state()) out.push_back(p);
+    }
+  }
+  return out;
 }
 
 void MultiTokenPrediction::collect(std::vector<Param*>& out) {
@@ -93,16 +110,28 @@ void MultiTokenPrediction::collect(std::vector<Param*>& out) {
 
 Tensor MultiTokenPrediction::region_forward(const Depth& L, Ctx::Depth& c, const Tensor& e,
                                             const Tensor& prev, const TokenLayout& layout,
-                                            const ForwardMode& mode) const {
+                                            const ForwardMode& mode, bool recomputing) const {
+  // An FP8 region's forward: scales kept for a recomputation, amaxes reduced at its end.
+  auto in_region = [&](Fp8Region* r, std::vector<float>& scales, const auto& body) {
+    if (!r || recomputing) return body();
+    r->begin_forward(mode.training, mode.first_micro_batch);
+    if (recompute_ && mode.training) scales = r->forward_scales();
+    auto out = body();
+    r->end_forward(mode.training, tp_.amax);
+    return out;
+  };
   const int64_t h = cfg_.hidden_size, rows = prev.numel() / h;
   const Tensor en = L.enorm.forward(e, c.e).view({rows, h});
   const Tensor hn = L.hnorm.forward(prev, c.h).view({rows, h});
   Tensor cat = Tensor::empty({rows, 2 * h}, en.dtype(), en.device());
   ops::concat_last_dim(cat, {en, hn});
-  Tensor x = L.eh_proj.forward(cat.view({prev.dim(0), prev.dim(1), 2 * h}), c.proj);
+  Tensor x = in_region(L.proj_fp8.get(), c.proj_scales, [&] {
+    return L.eh_proj.forward(cat.view({prev.dim(0), prev.dim(1), 2 * h}), c.proj);
+  });
   x = gather_from_tp_region_forward(x, *tp_.group);  // [s, b, h] on every TP rank
   if (tp_.sp()) x = scatter_to_sequence_parallel_region_forward(x, *tp_.group);
-  x = L.transformer_layer.forward(x, layout, c.layer, mode);
+  x = in_region(L.layer_fp8.get(), c.layer_scales,
+                [&] { return L.transformer_layer.forward(x, layout, c.layer, mode); });
   return L.final_layernorm.forward(x, c.f);
 }
 
@@ -128,7 +157,7 @@ std::vector<Tensor> MultiTokenPrediction::forward(const Tensor& hidden, const Te
     // The embedding's own dropout stream per depth (the model's input has site -1).
     const Tensor e = embedding.forward(ids, Tensor(), Tensor(), c.embedding, mode, true, -2 - k);
     const Tensor in = prev;
-    prev = region_forward(L, c, e, in, layout, mode);
+    prev = region_forward(L, c, e, in, layout, mode, /*recomputing=*/false);
     if (ctx.recompute) {
       // What backward needs is dropped and rebuilt from the region's inputs.
       c.e_in = e;
@@ -155,15 +184,29 @@ Tensor MultiTokenPrediction::backward(const std::vector<Tensor>& dlosses,
     Tensor dh = head.loss_backward(dlosses[static_cast<size_t>(k)], c.head);
     if (dprev.defined()) ops::add_inplace(dh, dprev.view(dh.shape()));
     if (ctx.recompute) {
-      // The same forward from the same inputs and mode: the rebuilt Ctx is the dropped one.
-      region_forward(L, c, c.e_in, c.prev_in, ctx.layout, ctx.mode);
+      // The same forward from the same inputs and mode: the rebuilt Ctx is the dropped one
+      // (FP8: with the forward's scales, recording nothing; TE's recompute phase).
+      if (L.proj_fp8) {
+        L.proj_fp8->begin_recompute(c.proj_scales);
+        L.layer_fp8->begin_recompute(c.layer_scales);
+      }
+      region_forward(L, c, c.e_in, c.prev_in, ctx.layout, ctx.mode, /*recomputing=*/true);
+      if (L.proj_fp8) {
+        L.proj_fp8->end_recompute();
+        L.layer_fp8->end_recompute();
+      }
       c.e_in = c.prev_in = Tensor();
+    } else if (L.proj_fp8) {
+      L.proj_fp8->begin_backward();
+      L.layer_fp8->begin_backward();
     }
     Tensor dx = L.final_layernorm.backward(dh, c.f);
     dx = L.transformer_layer.backward(dx, c.layer);
+    if (L.layer_fp8) L.layer_fp8->end_backward(tp_.amax);
     if (tp_.sp()) dx = scatter_to_sequence_parallel_region_backward(dx, *tp_.group);
     dx = gather_from_tp_region_backward(dx, *tp_.group);
     const Tensor dcat = L.eh_proj.backward(dx, c.proj);
+    if (L.proj_fp8) L.proj_fp8->end_backward(tp_.amax);
     const int64_t rows = dcat.numel() / (2 * h);
     const Tensor flat = dcat.view({rows, 2 * h});
     Tensor de = Tensor::empty({rows, h}, flat.dtype(), flat.device());

@@ -19,6 +19,13 @@
 // Parameters are Megatron's names: mtp.layers.{k-1}.{enorm, hnorm, eh_proj, transformer_layer.*,
 // final_layernorm}. Under --recompute-granularity full (method uniform) each depth from the
 // norms to the final norm is recomputed in backward (recomputes()).
+//
+// FP8 (--fp8-format): as Megatron's MultiTokenPredictionLayer, each depth runs eh_proj inside one
+// fp8_autocast region and its transformer layer inside another (two Fp8Regions: with delayed
+// scaling each reduces its amaxes over the stage's amax group and updates its scales when it
+// ends, forward and backward), always in FP8: the global FP8 context, whatever
+// --first-last-layers-bf16 keeps out of the decoder. A recomputed depth re-runs with the scales
+// its forward used. The shared output layer stays in high precision, as the decoder's.
 #pragma once
 
 #include <memory>
@@ -27,6 +34,7 @@
 #include "models/common/language_embedding.h"
 #include "models/common/lm_head.h"
 #include "parallel/context_parallel.h"
+#include "parallel/fp8_scaling.h"
 #include "parallel/tensor_parallel_linear.h"
 #include "transformer/transformer_layer.h"
 
@@ -41,6 +49,8 @@ class MultiTokenPrediction {
     ColumnParallelLinear eh_proj;
     TransformerLayer transformer_layer;
     Norm final_layernorm;
+    // FP8: eh_proj's region and the transformer layer's (null without FP8).
+    std::unique_ptr<Fp8Region> proj_fp8, layer_fp8;
   };
   struct Ctx {
     struct Depth {
@@ -50,8 +60,10 @@ class MultiTokenPrediction {
       TransformerLayer::Ctx layer;
       LMHead::Ctx head;
       // Full recomputation: the region's inputs (the embedding output and the previous hidden
-      // states); e, h, proj, layer and f are dropped after forward and rebuilt in backward.
+      // states); e, h, proj, layer and f are dropped after forward and rebuilt in backward,
+      // FP8 GEMMs with the scales the forward used.
       Tensor e_in, prev_in;
+      std::vector<float> proj_scales, layer_scales;
     };
     std::vector<Depth> depths;
     bool recompute = false;
@@ -74,6 +86,8 @@ class MultiTokenPrediction {
                   const LMHead& head, Ctx& ctx) const;
 
   void collect(std::vector<Param*>& out);
+  // FP8: every depth's scaling state (checkpointed with the model's extra state); empty without.
+  std::vector<Param*> fp8_state() const;
   int64_t depths() const { return static_cast<int64_t>(layers.size()); }
   // Megatron's MTP recomputation: with --recompute-granularity full and --recompute-method
   // uniform, in training, each depth's enorm/hnorm, eh_proj, transformer layer and final norm
@@ -86,9 +100,10 @@ class MultiTokenPrediction {
 
  private:
   // The recomputed region of depth k, from the embedding output e and the previous depth's
-  // hidden states prev, to the final norm's output.
+  // hidden states prev, to the final norm's output. recomputing: inside backward, the FP8
+  // regions already set to the forward's scales (nothing recorded or updated here).
   Tensor region_forward(const Depth& L, Ctx::Depth& c, const Tensor& e, const Tensor& prev,
-                        const TokenLayout& layout, const ForwardMode& mode) const;
+                        const TokenLayout& layout, const ForwardMode& mode, bool recomputing) const;
 
   const TransformerConfig& cfg_;
   TensorParallelContext tp_;
