@@ -108,6 +108,9 @@ class ModelChunk {
   // _extra_state: FP8 delayed scaling's scales and amax histories), each a Param with its own
   // f32 storage in `main`; none by default.
   virtual std::vector<Param*> extra_state() { return {}; }
+  // The chunk's FP8 regions (Megatron's fp8_autocast contexts), which the trainer joins to one
+  // Fp8Registry per rank (Transformer Engine's global amax buffer); none by default.
+  virtual std::vector<Fp8Region*> fp8_regions() { return {}; }
 };
 
 class LossFn {

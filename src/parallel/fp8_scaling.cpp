@@ -1,6 +1,8 @@
 // FP8 scaling state and recipes (parallel/fp8_scaling.h).
 #include "parallel/fp8_scaling.h"
 
+#include <algorithm>
+
 #include <cfloat>
 #include <cmath>
 
@@ -241,7 +243,36 @@ void Fp8GemmScaling::update(bool forward) {
   }
 }
 
+namespace {
+
+// Delayed scaling's end of a region over `gemms`: their recorded amaxes of the pass reduced with
+// one all-reduce (MAX), then each GEMM's history rolled and its scales updated.
+void reduce_and_update_gemms(const std::vector<Fp8GemmScaling*>& gemms, bool forward,
+                             ProcessGroup* group) {
+  if (gemms.empty()) return;
+  std::vector<float> amax;
+  for (const Fp8GemmScaling* g : gemms) g->recorded_amaxes(forward, &amax);
+  if (group && group->size() > 1) {
+    Tensor t = Tensor::empty({static_cast<int64_t>(amax.size())}, DType::kF32);
+    std::copy(amax.begin(), amax.end(), t.data<float>());
+    group->all_reduce(t, ReduceOp::kMax);
+    std::copy(t.data<float>(), t.data<float>() + t.numel(), amax.begin());
+  }
+  const size_t per = forward ? 2 : 1;
+  for (size_t i = 0; i < gemms.size(); ++i) {
+    gemms[i]->set_recorded_amaxes(forward, amax.data() + i * per);
+    gemms[i]->update(forward);
+  }
+}
+
+}  // namespace
+
+bool Fp8Region::delayed() const {
+  return !gemms_.empty() && gemms_.front()->config().recipe == Fp8Recipe::kDelayed;
+}
+
 void Fp8Region::begin_forward(bool training, bool first_micro_batch) {
+  if (training && registry_) registry_->enroll(this);
   for (Fp8GemmScaling* g : gemms_) g->begin_forward(training, first_micro_batch);
 }
 
@@ -260,20 +291,22 @@ void Fp8Region::end_backward(ProcessGroup* group) {
 }
 
 void Fp8Region::reduce_and_update(bool forward, ProcessGroup* group) {
-  if (gemms_.empty() || gemms_.front()->config().recipe != Fp8Recipe::kDelayed) return;
-  std::vector<float> amax;
-  for (const Fp8GemmScaling* g : gemms_) g->recorded_amaxes(forward, &amax);
-  if (group && group->size() > 1) {
-    Tensor t = Tensor::empty({static_cast<int64_t>(amax.size())}, DType::kF32);
-    std::copy(amax.begin(), amax.end(), t.data<float>());
-    group->all_reduce(t, ReduceOp::kMax);
-    std::copy(t.data<float>(), t.data<float>() + t.numel(), amax.begin());
+  if (!delayed()) return;
+  if (registry_) {
+    registry_->reduce_and_update(forward, group);
+  } else {
+    reduce_and_update_gemms(gemms_, forward, group);
   }
-  const size_t per = forward ? 2 : 1;
-  for (size_t i = 0; i < gemms_.size(); ++i) {
-    gemms_[i]->set_recorded_amaxes(forward, amax.data() + i * per);
-    gemms_[i]->update(forward);
-  }
+}
+
+void Fp8Registry::enroll(Fp8Region* r) {
+  if (!r->delayed() || std::find(regions_.begin(), regions_.end(), r) != regions_.end()) return;
+  regions_.push_back(r);
+  for (Fp8GemmScaling* g : r->gemms()) gemms_.push_back(g);
+}
+
+void Fp8Registry::reduce_and_update(bool forward, ProcessGroup* group) const {
+  reduce_and_update_gemms(gemms_, forward, group);
 }
 
 std::vector<float> Fp8Region::forward_scales() const {

@@ -172,12 +172,20 @@ class Fp8GemmScaling {
   bool recomputing_ = false;
 };
 
+class Fp8Registry;
+
 // The FP8 GEMMs of one TransformerBlock: Megatron's fp8_autocast region around the block's forward.
 // Delayed scaling reduces and updates at the end of each (non-recomputed) training forward and
-// after each backward, one all-reduce of every GEMM's recorded amaxes.
+// after each backward, one all-reduce of every GEMM's recorded amaxes: the region's own GEMMs, or,
+// once it joined an Fp8Registry, every GEMM the registry holds (Transformer Engine's global
+// buffer).
 class Fp8Region {
  public:
   void add(Fp8GemmScaling* s) { gemms_.push_back(s); }
+  // From now on this region's ends update the registry's GEMMs, and its first training forward
+  // enrolls its own there.
+  void join(Fp8Registry* registry) { registry_ = registry; }
+  bool delayed() const;
   bool empty() const { return gemms_.empty(); }
   const std::vector<Fp8GemmScaling*>& gemms() const { return gemms_; }
 
@@ -196,6 +204,29 @@ class Fp8Region {
 
  private:
   void reduce_and_update(bool forward, ProcessGroup* group);
+  std::vector<Fp8GemmScaling*> gemms_;
+  Fp8Registry* registry_ = nullptr;
+};
+
+// Transformer Engine's global amax buffer for one rank's delayed-scaling GEMMs that share an amax
+// group: a module enters it the first time it runs forward in training, and the end of every
+// fp8_autocast region, forward or backward, reduces and rolls the history of every module in it,
+// those that did not run in the region included (a zero amax: the scale stays, the history rolls).
+// Megatron opens several regions a step on one rank (an interleaved pipeline's model chunks,
+// T5's encoder and decoder, each multi-token-prediction depth's two), so with an amax history
+// longer than 1 this is what its histories and, with --fp8-amax-compute-algo max, its scales are.
+// The trainer owns one and its chunks' regions join it; a region alone updates its own GEMMs.
+class Fp8Registry {
+ public:
+  // Adds r's GEMMs (delayed scaling) after those already enrolled; again: no change.
+  void enroll(Fp8Region* r);
+  // One all-reduce (MAX over group, null or size 1: none) of every enrolled GEMM's recorded
+  // amaxes of the pass, then every enrolled GEMM's update.
+  void reduce_and_update(bool forward, ProcessGroup* group) const;
+  int64_t size() const { return static_cast<int64_t>(gemms_.size()); }
+
+ private:
+  std::vector<const Fp8Region*> regions_;
   std::vector<Fp8GemmScaling*> gemms_;
 };
 

@@ -256,6 +256,7 @@ void Trainer::build_model() {
   std::vector<Param*> all;
   for (const auto& chunk : chunks_) {
     for (Param* p : chunk->parameters()) all.push_back(p);
+    for (Fp8Region* r : chunk->fp8_regions()) r->join(&fp8_registry_);
   }
   loss_ = spec_->make_loss(cfg_);
   // Multi-token prediction's layers are numbered after the decoder's (Megatron's tracker holds

@@ -251,7 +251,10 @@ class Trainer {
   TransformerConfig cfg_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::vector<std::unique_ptr<ModelChunk>> chunks_;  // one per virtual pipeline stage
-  const ModelSpec* spec_ = nullptr;                  // --model
+  // FP8 delayed scaling: every chunk's regions update every enrolled GEMM at their ends, as
+  // Transformer Engine's global amax buffer (parallel/fp8_scaling.h).
+  Fp8Registry fp8_registry_;
+  const ModelSpec* spec_ = nullptr;  // --model
   std::unique_ptr<LossFn> loss_;
   BatchFn make_batch_;                   // the spec's batch maker under this run's BatchOptions
   std::vector<TensorSpec> batch_specs_;  // the micro-batch fields this rank's chunks read

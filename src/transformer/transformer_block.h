@@ -111,6 +111,8 @@ class TransformerBlock {
   // FP8 (cfg.fp8): the scaling state of every FP8 GEMM of the block (checkpointed; empty for
   // tensorwise scaling or without FP8).
   std::vector<Param*> fp8_state() const { return fp8_ ? fp8_->state() : std::vector<Param*>{}; }
+  // The FP8 region (null without FP8 layers), for the trainer's Fp8Registry.
+  Fp8Region* fp8_region() const { return fp8_.get(); }
 
  private:
   // Layer i's parameters (TransformerLayer::collect), as the gate and the backward hooks take them.

@@ -210,6 +210,49 @@ TEST(Fp8Linear, DelayedScalingRecordsUpdatesAndCachesTheWeightPerStep) {
   EXPECT_EQ(c3.w8.scale_inv, 1.0f / weight_scale);
 }
 
+TEST(Fp8Registry, EveryRegionsEndRollsEveryEnrolledGemmAsTransformerEnginesGlobalBuffer) {
+  // Two regions (Megatron's two fp8_autocast contexts on one rank) in one registry, history 4
+  // with max. TE's history step (DelayedUpdateRollsTheHistory...): amax over the window, roll
+  // left, row 0 cleared. A's [big, 0, 0, 0] -> [0, 0, 0, big] at its end; every later region end
+  // rolls it again with a zero recorded (B's three: [0, 0, big, 0], [0, big, 0, 0], all zero),
+  // so A's next input amax, a smaller one, is the whole window: 448 / small. Updating its own
+  // GEMMs only, A's window would still hold big (448 / big).
+  Fp8Config cfg = hybrid_delayed();
+  cfg.amax_history_len = 4;
+  cfg.amax_compute_max = true;
+  Fp8Linear a(cfg), b(cfg);
+  Fp8Registry registry;
+  a.region.join(&registry);
+  b.region.join(&registry);
+  const Tensor big = random_tensor({4, 48}, 11, 6.0), small = random_tensor({4, 48}, 12, 1.0);
+  const float big_amax = static_cast<float>(ops::abs_max(big));
+  const float small_amax = static_cast<float>(ops::abs_max(small));
+  ASSERT_LT(small_amax, big_amax);
+  auto step = [](Fp8Linear& f, const Tensor& x) {
+    f.region.begin_forward(/*training=*/true, /*first_micro_batch=*/true);
+    Linear::Ctx c;
+    f.lin.forward(x, c);
+    f.region.end_forward(true, nullptr);
+  };
+  step(a, big);
+  EXPECT_EQ(registry.size(), 1);  // B has not run: not enrolled, not rolled
+  EXPECT_EQ(a.scales()[0], 448.0f / big_amax);
+  EXPECT_EQ(b.scales()[0], 1.0f);
+  for (int i = 0; i < 3; ++i) step(b, small);
+  EXPECT_EQ(registry.size(), 2);
+  EXPECT_EQ(a.scales()[0], 448.0f / big_amax);                   // a zero amax keeps the scale
+  const float* history = a.fp8->state()[1]->main.data<float>();  // [4][input, weight, grad]
+  for (int64_t r = 0; r < 4; ++r) EXPECT_EQ(history[r * 3], 0.0f) << "row " << r;
+  step(a, small);
+  EXPECT_EQ(a.scales()[0], 448.0f / small_amax);
+  // The same steps with the regions alone keep big in A's window.
+  Fp8Linear a2(cfg), b2(cfg);
+  step(a2, big);
+  for (int i = 0; i < 3; ++i) step(b2, small);
+  step(a2, small);
+  EXPECT_EQ(a2.scales()[0], 448.0f / big_amax);
+}
+
 TEST(Fp8Linear, RecomputationUsesTheForwardsScalesAndRecordsNothing) {
   Fp8Linear f(hybrid_delayed());
   const Tensor x = random_tensor({4, 48}, 6, 2.0);

@@ -145,6 +145,18 @@ std::vector<Param*> GPTChunk::extra_state() {
   return out;
 }
 
+std::vector<Fp8Region*> GPTChunk::fp8_regions() {
+  std::vector<Fp8Region*> out;
+  if (Fp8Region* r = model_.decoder->fp8_region()) out.push_back(r);
+  if (model_.mtp) {
+    for (const auto& d : model_.mtp->layers) {
+      for (Fp8Region* r : {d->proj_fp8.get(), d->layer_fp8.get()})
+        if (r) out.push_back(r);
+    }
+  }
+  return out;
+}
+
 std::vector<TopKRouter*> GPTChunk::moe_routers() {
   std::vector<TopKRouter*> out;
   for (auto& layer : model_.decoder->layers)

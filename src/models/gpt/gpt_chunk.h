@@ -38,6 +38,7 @@ class GPTChunk final : public ModelChunk {
   std::vector<TopKRouter*> moe_routers() override;
   // FP8 scaling state: the decoder's, then the prediction depths' (last stage).
   std::vector<Param*> extra_state() override;
+  std::vector<Fp8Region*> fp8_regions() override;
 
   GPTModel& model() { return model_; }
   const GPTModel& model() const { return model_; }

@@ -22,12 +22,11 @@
 //
 // FP8 (--fp8-format): as Megatron's MultiTokenPredictionLayer, each depth runs eh_proj inside one
 // fp8_autocast region and its transformer layer inside another (two Fp8Regions: with delayed
-// scaling each reduces its own GEMMs' amaxes over the stage's amax group and updates their scales
-// when it ends, forward and backward; TE's global buffer also rolls the other regions' histories
-// then, which changes nothing at Megatron's default history length 1: docs/FP8.md), always in
-// FP8: the global FP8 context, whatever --first-last-layers-bf16 keeps out of the decoder. A
-// recomputed depth re-runs with the scales its forward used. The shared output layer stays in
-// high precision, as the decoder's.
+// scaling each one's end reduces the amaxes over the stage's amax group and updates the scales
+// of every GEMM in the trainer's Fp8Registry, forward and backward, as TE's global buffer:
+// docs/FP8.md), always in FP8: the global FP8 context, whatever --first-last-layers-bf16 keeps
+// out of the decoder. A recomputed depth re-runs with the scales its forward used. The shared
+// output layer stays in high precision, as the decoder's.
 #pragma once
 
 #include <memory>

@@ -53,6 +53,12 @@ class T5Chunk final : public ModelChunk {
     for (Param* p : model_.decoder->fp8_state()) out.push_back(p);
     return out;
   }
+  std::vector<Fp8Region*> fp8_regions() override {
+    std::vector<Fp8Region*> out;
+    for (Fp8Region* r : {model_.encoder->fp8_region(), model_.decoder->fp8_region()})
+      if (r) out.push_back(r);
+    return out;
+  }
 
   T5Model& model() { return model_; }
   const T5Model& model() const { return model_; }
