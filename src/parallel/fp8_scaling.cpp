@@ -271,8 +271,12 @@ bool Fp8Region::delayed() const {
   return !gemms_.empty() && gemms_.front()->config().recipe == Fp8Recipe::kDelayed;
 }
 
+void Fp8Region::join(Fp8Registry* registry) {
+  registry_ = registry;
+  registry->enroll(this);
+}
+
 void Fp8Region::begin_forward(bool training, bool first_micro_batch) {
-  if (training && registry_) registry_->enroll(this);
   for (Fp8GemmScaling* g : gemms_) g->begin_forward(training, first_micro_batch);
 }
 

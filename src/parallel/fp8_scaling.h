@@ -176,15 +176,14 @@ class Fp8Registry;
 
 // The FP8 GEMMs of one TransformerBlock: Megatron's fp8_autocast region around the block's forward.
 // Delayed scaling reduces and updates at the end of each (non-recomputed) training forward and
-// after each backward, one all-reduce of every GEMM's recorded amaxes: the region's own GEMMs, or,
-// once it joined an Fp8Registry, every GEMM the registry holds (Transformer Engine's global
-// buffer).
+// after each backward, one all-reduce of the recorded amaxes: of the region's own GEMMs, or, once
+// it joined an Fp8Registry, of every GEMM the registry holds (Transformer Engine's global buffer).
 class Fp8Region {
  public:
   void add(Fp8GemmScaling* s) { gemms_.push_back(s); }
-  // From now on this region's ends update the registry's GEMMs, and its first training forward
-  // enrolls its own there.
-  void join(Fp8Registry* registry) { registry_ = registry; }
+  // Enrolls this region's GEMMs in `registry` (delayed scaling), whose GEMMs its ends update from
+  // now on.
+  void join(Fp8Registry* registry);
   bool delayed() const;
   bool empty() const { return gemms_.empty(); }
   const std::vector<Fp8GemmScaling*>& gemms() const { return gemms_; }
@@ -209,9 +208,12 @@ class Fp8Region {
 };
 
 // Transformer Engine's global amax buffer for one rank's delayed-scaling GEMMs that share an amax
-// group: a module enters it the first time it runs forward in training, and the end of every
-// fp8_autocast region, forward or backward, reduces and rolls the history of every module in it,
-// those that did not run in the region included (a zero amax: the scale stays, the history rolls).
+// group: the end of every fp8_autocast region, forward or backward, reduces and rolls the history
+// of every module in it, those that did not run in the region included (a zero amax: the scale
+// stays, the history rolls). TE enrolls a module at its first forward; here every region enrolls
+// when it joins, before any step: a GEMM that never ran has an all-zero history, which a roll
+// leaves as it is, so a fresh run is the same, and a resumed run (whose checkpoint cannot say
+// which modules TE had enrolled) rolls exactly what the uninterrupted run rolls.
 // Megatron opens several regions a step on one rank (an interleaved pipeline's model chunks,
 // T5's encoder and decoder, each multi-token-prediction depth's two), so with an amax history
 // longer than 1 this is what its histories and, with --fp8-amax-compute-algo max, its scales are.

@@ -359,10 +359,13 @@ class TestMultiTokenPrediction(unittest.TestCase):
                 for it, f in megatron_log.iteration_lines(proc.stdout).items()}
 
     def test_prediction_depths_run_in_fp8_and_resume_exactly(self):
-        # History 8: a micro-batch has five regions here (the decoder, two per depth), and each
-        # region's end rolls every GEMM's history (TE's global buffer), so a shorter history
-        # would have rolled depth 0's eh_proj amax out again by the time the step ends.
-        fp8 = [*self.MTP, *HYBRID, "--fp8-amax-history-len", "8"]
+        # History 8 with max: a micro-batch has five regions here (the decoder, two per depth),
+        # and each region's end rolls every GEMM's history (TE's global buffer), so a shorter
+        # history would have rolled depth 0's eh_proj amax out again by the time the step ends;
+        # with max the zeros those rolls bring in decide the scales, so an exact resume needs
+        # the same GEMMs rolled at every region's end as in the uninterrupted run.
+        fp8 = [*self.MTP, *HYBRID, "--fp8-amax-history-len", "8", "--fp8-amax-compute-algo",
+               "max"]
         straight = self.lines(run(1, *fp8))
         self.assertIn("mtp_2 loss", straight[20])
         ck = os.path.join(TMP.name, "mtp_resume")

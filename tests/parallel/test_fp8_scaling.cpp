@@ -224,6 +224,7 @@ TEST(Fp8Registry, EveryRegionsEndRollsEveryEnrolledGemmAsTransformerEnginesGloba
   Fp8Registry registry;
   a.region.join(&registry);
   b.region.join(&registry);
+  EXPECT_EQ(registry.size(), 2);  // enrolled when joined, before either ran
   const Tensor big = random_tensor({4, 48}, 11, 6.0), small = random_tensor({4, 48}, 12, 1.0);
   const float big_amax = static_cast<float>(ops::abs_max(big));
   const float small_amax = static_cast<float>(ops::abs_max(small));
@@ -234,15 +235,19 @@ TEST(Fp8Registry, EveryRegionsEndRollsEveryEnrolledGemmAsTransformerEnginesGloba
     f.lin.forward(x, c);
     f.region.end_forward(true, nullptr);
   };
+  auto history = [](const Fp8Linear& f) {  // [4][input, weight, grad]
+    const float* h = f.fp8->state()[1]->main.data<float>();
+    return std::vector<float>(h, h + 12);
+  };
   step(a, big);
-  EXPECT_EQ(registry.size(), 1);  // B has not run: not enrolled, not rolled
   EXPECT_EQ(a.scales()[0], 448.0f / big_amax);
+  // B never ran: its all-zero history rolled by A's end stays all zero, its scales 1.
+  EXPECT_EQ(history(b), std::vector<float>(12, 0.0f));
   EXPECT_EQ(b.scales()[0], 1.0f);
   for (int i = 0; i < 3; ++i) step(b, small);
-  EXPECT_EQ(registry.size(), 2);
-  EXPECT_EQ(a.scales()[0], 448.0f / big_amax);                   // a zero amax keeps the scale
-  const float* history = a.fp8->state()[1]->main.data<float>();  // [4][input, weight, grad]
-  for (int64_t r = 0; r < 4; ++r) EXPECT_EQ(history[r * 3], 0.0f) << "row " << r;
+  EXPECT_EQ(a.scales()[0], 448.0f / big_amax);  // big still in the window at each roll
+  const std::vector<float> rolled = history(a);
+  for (int64_t r = 0; r < 4; ++r) EXPECT_EQ(rolled[r * 3], 0.0f) << "row " << r;
   step(a, small);
   EXPECT_EQ(a.scales()[0], 448.0f / small_amax);
   // The same steps with the regions alone keep big in A's window.
