@@ -104,13 +104,18 @@ class ModelChunk {
   // The routers of this chunk's MoE layers (none for a dense model), for the trainer's
   // once-per-step expert-bias update.
   virtual std::vector<TopKRouter*> moe_routers() { return {}; }
-  // State that checkpoints save beside the parameters but that no optimizer trains (Megatron's
-  // _extra_state: FP8 delayed scaling's scales and amax histories), each a Param with its own
-  // f32 storage in `main`; none by default.
-  virtual std::vector<Param*> extra_state() { return {}; }
   // The chunk's FP8 regions (Megatron's fp8_autocast contexts), which the trainer joins to one
   // Fp8Registry per rank (Transformer Engine's global amax buffer); none by default.
   virtual std::vector<Fp8Region*> fp8_regions() { return {}; }
+  // State that checkpoints save beside the parameters but that no optimizer trains (Megatron's
+  // _extra_state: FP8 delayed scaling's scales and amax histories, the regions' in order), each
+  // a Param with its own f32 storage in `main`.
+  std::vector<Param*> extra_state() {
+    std::vector<Param*> out;
+    for (const Fp8Region* r : fp8_regions())
+      for (Param* p : r->state()) out.push_back(p);
+    return out;
+  }
 };
 
 class LossFn {

@@ -108,10 +108,8 @@ class TransformerBlock {
     bool recompute = false;
   };
   const std::vector<Segment>& segments() const { return segments_; }
-  // FP8 (cfg.fp8): the scaling state of every FP8 GEMM of the block (checkpointed; empty for
-  // tensorwise scaling or without FP8).
-  std::vector<Param*> fp8_state() const { return fp8_ ? fp8_->state() : std::vector<Param*>{}; }
-  // The FP8 region (null without FP8 layers), for the trainer's Fp8Registry.
+  // FP8 (cfg.fp8): the block's region (null without FP8 layers), whose GEMMs' scaling state the
+  // chunk checkpoints and whose ends update the trainer's Fp8Registry.
   Fp8Region* fp8_region() const { return fp8_.get(); }
 
  private:

@@ -50,7 +50,6 @@ class BertChunk final : public ModelChunk {
                     const ForwardMode& mode) const override;
   TensorMap backward(const TensorMap& dout, Ctx& ctx, const ParamsDone& done) const override;
   std::vector<Param*> parameters() override { return model_.parameters(); }
-  std::vector<Param*> extra_state() override { return model_.encoder->fp8_state(); }
   std::vector<Fp8Region*> fp8_regions() override {
     Fp8Region* r = model_.encoder->fp8_region();
     return r ? std::vector<Fp8Region*>{r} : std::vector<Fp8Region*>{};

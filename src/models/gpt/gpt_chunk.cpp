@@ -137,22 +137,12 @@ LossTerms GPTLoss::forward(const TensorMap& out, const TensorMap& batch,
   return terms;
 }
 
-std::vector<Param*> GPTChunk::extra_state() {
-  std::vector<Param*> out = model_.decoder->fp8_state();
-  if (model_.mtp) {
-    for (Param* p : model_.mtp->fp8_state()) out.push_back(p);
-  }
-  return out;
-}
-
 std::vector<Fp8Region*> GPTChunk::fp8_regions() {
+  // The decoder's, then the prediction depths' (last stage).
   std::vector<Fp8Region*> out;
   if (Fp8Region* r = model_.decoder->fp8_region()) out.push_back(r);
   if (model_.mtp) {
-    for (const auto& d : model_.mtp->layers) {
-      for (Fp8Region* r : {d->proj_fp8.get(), d->layer_fp8.get()})
-        if (r) out.push_back(r);
-    }
+    for (Fp8Region* r : model_.mtp->fp8_regions()) out.push_back(r);
   }
   return out;
 }

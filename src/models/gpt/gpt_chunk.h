@@ -36,8 +36,6 @@ class GPTChunk final : public ModelChunk {
   std::vector<TensorSpec> infer_specs(int64_t b, int64_t s) const override;
   std::vector<Param*> parameters() override { return model_.parameters(); }
   std::vector<TopKRouter*> moe_routers() override;
-  // FP8 scaling state: the decoder's, then the prediction depths' (last stage).
-  std::vector<Param*> extra_state() override;
   std::vector<Fp8Region*> fp8_regions() override;
 
   GPTModel& model() { return model_; }

@@ -87,13 +87,11 @@ MultiTokenPrediction::MultiTokenPrediction(const TransformerConfig& cfg,
   }
 }
 
-std::vector<Param*> MultiTokenPrediction::fp8_state() const {
-  std::vector<Param*> out;
+std::vector<Fp8Region*> MultiTokenPrediction::fp8_regions() const {
+  std::vector<Fp8Region*> out;
   for (const auto& d : layers) {
-    for (const Fp8Region* r : {d->proj_fp8.get(), d->layer_fp8.get()}) {
-      if (!r) continue;
-      for (Param* p : r->state()) out.push_back(p);
-    }
+    for (Fp8Region* r : {d->proj_fp8.get(), d->layer_fp8.get()})
+      if (r) out.push_back(r);
   }
   return out;
 }

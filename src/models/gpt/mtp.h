@@ -87,8 +87,9 @@ class MultiTokenPrediction {
                   const LMHead& head, Ctx& ctx) const;
 
   void collect(std::vector<Param*>& out);
-  // FP8: every depth's scaling state (checkpointed with the model's extra state); empty without.
-  std::vector<Param*> fp8_state() const;
+  // FP8: every depth's two regions, in order (checkpointed and registered through the chunk's
+  // fp8_regions()); empty without.
+  std::vector<Fp8Region*> fp8_regions() const;
   int64_t depths() const { return static_cast<int64_t>(layers.size()); }
   // Megatron's MTP recomputation: with --recompute-granularity full and --recompute-method
   // uniform, in training, each depth's enorm/hnorm, eh_proj, transformer layer and final norm

@@ -37,7 +37,6 @@ class LlavaChunk final : public ModelChunk {
   TensorMap infer(const TensorMap& in, const TensorMap& batch, const ForwardMode& mode,
                   bool last_only) const override;
   std::vector<Param*> parameters() override { return model_.parameters(); }
-  std::vector<Param*> extra_state() override { return model_.language_model.decoder->fp8_state(); }
   std::vector<Fp8Region*> fp8_regions() override {
     Fp8Region* r = model_.language_model.decoder->fp8_region();
     return r ? std::vector<Fp8Region*>{r} : std::vector<Fp8Region*>{};

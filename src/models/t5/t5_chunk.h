@@ -48,11 +48,6 @@ class T5Chunk final : public ModelChunk {
                     const ForwardMode& mode) const override;
   TensorMap backward(const TensorMap& dout, Ctx& ctx, const ParamsDone& done) const override;
   std::vector<Param*> parameters() override { return model_.parameters(); }
-  std::vector<Param*> extra_state() override {
-    std::vector<Param*> out = model_.encoder->fp8_state();
-    for (Param* p : model_.decoder->fp8_state()) out.push_back(p);
-    return out;
-  }
   std::vector<Fp8Region*> fp8_regions() override {
     std::vector<Fp8Region*> out;
     for (Fp8Region* r : {model_.encoder->fp8_region(), model_.decoder->fp8_region()})

@@ -62,10 +62,10 @@ void with_format(Fp8Format format, Fn&& fn) {
   }
 }
 
-// Calls run(p) with p x's elements as const bf16*, const double* or const float* (f32, bf16 or
-// f64 inputs).
+// Calls run(p) with p x's elements as bf16*, double* or float* (f32, bf16 or f64 tensors: the
+// inputs the kernels read, the outputs they write).
 template <typename Fn>
-void with_input(const Tensor& x, Fn&& run) {
+void with_elements(const Tensor& x, Fn&& run) {
   switch (x.dtype()) {
     case DType::kBF16:
       run(x.data<bf16>());
@@ -211,7 +211,7 @@ void fp8_encode(Tensor& codes, const Tensor& x, float scale, Fp8Format format) {
   auto run = [&]<typename T>(const T* px) {
     with_format(format, [&]<Fp8Format F>() { encode<F, T>(pc, stored_ptr(px), n, scale); });
   };
-  with_input(x, run);
+  with_elements(x, run);
 }
 
 void fp8_decode(Tensor& out, const Tensor& codes, Fp8Format format) {
@@ -279,7 +279,7 @@ void fp8_tile_abs_max(Tensor& amax, const Tensor& x, const Fp8Tiles& tiles) {
       a[tile] = m;
     });
   };
-  with_input(x, run);
+  with_elements(x, run);
 }
 
 void fp8_tile_encode(Tensor& codes, const Tensor& x, const Fp8Tiles& tiles, const Tensor& scales,
@@ -297,7 +297,7 @@ void fp8_tile_encode(Tensor& codes, const Tensor& x, const Fp8Tiles& tiles, cons
       });
     });
   };
-  with_input(x, run);
+  with_elements(x, run);
 }
 
 void fp8_tile_decode(Tensor& out, const Tensor& codes, const Fp8Tiles& tiles,
@@ -312,16 +312,7 @@ void fp8_tile_decode(Tensor& out, const Tensor& codes, const Fp8Tiles& tiles,
       for (int64_t i = b; i < e; ++i) p[i] = stored_value<O>(table[pc[i]] * f);
     });
   };
-  switch (out.dtype()) {
-    case DType::kBF16:
-      run(out.data<bf16>());
-      break;
-    case DType::kF64:
-      run(out.data<double>());
-      break;
-    default:
-      run(out.data<float>());
-  }
+  with_elements(out, run);
 }
 
 }  // namespace megatron::cpu
