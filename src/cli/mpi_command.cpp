@@ -25,24 +25,26 @@ int agree_on_exit_code(const MpiRuntime& mpi, int rc) {
   return static_cast<int>(worst.data<double>()[0]);
 }
 
-// Each rank's reason for refusing the arguments (empty if it had none), printed by rank 0 as one
-// block with a line per rank ("[rank r] ..."): ranks writing their own lines at once interleave
-// mid-line under mpirun's output forwarding. Collective over the world.
+// One block printed by rank 0 with a line per rank ("[rank r] ..."; `silent` for a rank with no
+// message of its own): ranks writing their own lines at once interleave mid-line under mpirun's
+// output forwarding.
+void log_rank_block(const std::vector<std::string>& all, const char* silent) {
+  std::string block;
+  for (size_t r = 0; r < all.size(); ++r) {
+    block += (r == 0 ? "" : "\nerror: ") +
+             strprintf("[rank %zu] %s", r, all[r].empty() ? silent : all[r].c_str());
+  }
+  log_error(block);
+}
+
+// Each rank's reason for refusing the arguments (empty if it had none). Collective over the world.
 void report_refusals(const MpiRuntime& mpi, const std::string& refusal) {
   if (mpi.world_size() == 1) {
     if (!refusal.empty()) log_error(refusal);
     return;
   }
   const std::vector<std::string> all = all_gather_strings(*mpi.world(), refusal);
-  if (mpi.rank() != 0) return;
-  std::string block;
-  for (size_t r = 0; r < all.size(); ++r) {
-    block +=
-        (r == 0 ? "" : "\nerror: ") +
-        strprintf("[rank %zu] %s", r,
-                  all[r].empty() ? "stopping: another rank refused the arguments" : all[r].c_str());
-  }
-  log_error(block);
+  if (mpi.rank() == 0) log_rank_block(all, "stopping: another rank refused the arguments");
 }
 
 }  // namespace
@@ -71,10 +73,13 @@ int run_mpi_command(MpiRuntime& mpi, const std::function<int(MpiRuntime&)>& body
   try {
     return body(mpi);
   } catch (const AgreedFailure& e) {
-    // Every rank stopped at the same point with the same message (the lowest failing rank's):
-    // no rank is left waiting, and rank 0 says it once for all of them.
+    // Every rank stopped at the same point, no rank is left waiting, and rank 0 speaks for all of
+    // them: each rank's own message where the failure carries them, else the lowest failing
+    // rank's.
     if (mpi.world_size() == 1) {
       log_error(e.what());
+    } else if (!e.messages().empty()) {
+      if (mpi.rank() == 0) log_rank_block(e.messages(), "stopping with the other ranks");
     } else if (mpi.rank() == 0) {
       log_error(strprintf("[rank 0] all %d ranks stopped: %s", mpi.world_size(), e.what()));
     }

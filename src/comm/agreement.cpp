@@ -57,6 +57,10 @@ void agree_on_failure(ProcessGroup& group, const std::string& error, int exit_co
   throw AgreedFailure(message, code, first);
 }
 
+void fail_together(ProcessGroup& group, const std::string& mine, int exit_code) {
+  throw AgreedFailure(mine, exit_code, 0, all_gather_strings(group, mine));
+}
+
 void run_agreed(ProcessGroup& group, const std::function<void()>& work) {
   std::string error;
   int code = 0;

@@ -15,6 +15,7 @@
 #include <functional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/process_group.h"
@@ -23,16 +24,24 @@ namespace megatron {
 
 class AgreedFailure : public std::runtime_error {
  public:
-  AgreedFailure(const std::string& message, int exit_code, int failing_rank)
-      : std::runtime_error(message), exit_code_(exit_code), failing_rank_(failing_rank) {}
+  AgreedFailure(const std::string& message, int exit_code, int failing_rank,
+                std::vector<std::string> messages = {})
+      : std::runtime_error(message),
+        exit_code_(exit_code),
+        failing_rank_(failing_rank),
+        messages_(std::move(messages)) {}
   // 2 when the failure was bad input (InvalidArgument), else 1.
   int exit_code() const { return exit_code_; }
   // The lowest group rank that failed; its message is what() on every rank.
   int failing_rank() const { return failing_rank_; }
+  // Every member's own message by group rank, when the failure carries them (fail_together);
+  // else empty.
+  const std::vector<std::string>& messages() const { return messages_; }
 
  private:
   int exit_code_;
   int failing_rank_;
+  std::vector<std::string> messages_;
 };
 
 // Every member's string, in group-rank order. Collective.
@@ -49,5 +58,13 @@ void run_agreed(ProcessGroup& group, const std::function<void()>& work);
 // Agrees on a failure detected outside run_agreed: `error` is this rank's message (empty when it
 // did not fail) and `exit_code` its code. Throws AgreedFailure on every member when any failed.
 void agree_on_failure(ProcessGroup& group, const std::string& error, int exit_code);
+
+// For a failure every member already knows of (it agreed, e.g. by an all-reduce of a verdict)
+// and gives its own account of, `mine` (a check that finds different things on different ranks):
+// gathers every member's message and throws AgreedFailure with `exit_code` on all of them,
+// carrying the messages. `group` is the world: the CLI prints them as one block, a line per world
+// rank, and every rank exits cleanly (MPI_Abort could kill a rank before its line is out).
+// Collective.
+[[noreturn]] void fail_together(ProcessGroup& group, const std::string& mine, int exit_code);
 
 }  // namespace megatron

@@ -2126,15 +2126,23 @@ void Trainer::check_weight_hashes(int64_t iteration) {
   const ParallelState& ps = *parallel_;
   const std::vector<std::string> differ =
       replica_weight_mismatches(params_->params(), ps.dp_cp_group(), ps.edp_group());
-  if (!differ.empty()) {
+  // Each replica group agrees on its own verdict; the world then agrees on one flag, so that
+  // every rank stops together (a rank whose groups match would otherwise wait for the others in
+  // the next collective) and exits cleanly with its own line.
+  Tensor bad = Tensor::full({1}, differ.empty() ? 0.0 : 1.0, DType::kF64);
+  ps.world_group().all_reduce(bad, ReduceOp::kMax);
+  if (bad.data<double>()[0] != 0) {
     std::string list;
     for (const std::string& d : differ) list += (list.empty() ? "" : "; ") + d;
-    // Corruption, not bad input: a runtime failure (exit 1) on every rank, which all see it.
-    throw std::runtime_error(
+    if (list.empty()) list = "on other ranks (their messages name the weights)";
+    // Corruption, not bad input: a runtime failure (exit 1).
+    fail_together(
+        ps.world_group(),
         strprintf("Parameter hashes not matching across DP replicas after %ld iterations: %s. The "
                   "replicas have diverged (silent data corruption, or a reduction that is not "
                   "deterministic); resume from the last checkpoint that passed the check",
-                  static_cast<long>(iteration), list.c_str()));
+                  static_cast<long>(iteration), list.c_str()),
+        1);
   }
   log_first(
       strprintf(">>> Weight hashes match after %ld iterations...", static_cast<long>(iteration)));
@@ -2158,11 +2166,9 @@ void Trainer::check_qk_norm_replicas(int64_t iteration) {
   // Over the data-parallel replicas, then over the tensor-parallel ranks, which hold whole copies
   // of these (their gradients are summed over TP). (No expert Params among them: the expert group
   // argument is never used but must be the same collective on every rank.) Each group agrees on
-  // its own verdict; the world then agrees on which weights differ where, so that every rank
-  // stops with the same message (a rank whose groups match would otherwise wait for the others).
-  // This rank's verdicts name its own weights (pipeline stages hold different ones); the world
-  // then agrees on one flag, so that every rank stops (a rank whose groups match would otherwise
-  // wait for the others in the next collective).
+  // its own verdict; the world then agrees on one flag, so that every rank stops together (a rank
+  // whose groups match would otherwise wait for the others in the next collective), each naming
+  // the weights that differ in its own groups (pipeline stages hold different ones).
   std::map<std::string, std::string> where;  // weight -> the parallelism it differs across
   const std::pair<ProcessGroup*, const char*> checks[] = {
       {&ps.dp_cp_group(), "data-parallel replicas"}, {&ps.tp_group(), "tensor-parallel ranks"}};
@@ -2179,11 +2185,13 @@ void Trainer::check_qk_norm_replicas(int64_t iteration) {
   for (const auto& [name, what] : where)
     list += (list.empty() ? "" : "; ") + name + " differs across " + what;
   if (list.empty()) list = "on other ranks (their messages name the weights)";
-  // Corruption, not bad input: a runtime failure (exit 1) on every rank.
-  throw std::runtime_error(strprintf(
-      "--test-mode: discrepancy between the query/key norm weights at iteration %ld: %s (silent "
-      "data corruption: resume from the last good checkpoint)",
-      static_cast<long>(iteration), list.c_str()));
+  // Corruption, not bad input: a runtime failure (exit 1).
+  fail_together(ps.world_group(),
+                strprintf("--test-mode: discrepancy between the query/key norm weights at "
+                          "iteration %ld: %s (silent data corruption: resume from the last good "
+                          "checkpoint)",
+                          static_cast<long>(iteration), list.c_str()),
+                1);
 }
 
 void Trainer::flip_one_weight_bit() {

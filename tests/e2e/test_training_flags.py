@@ -260,17 +260,23 @@ class TrainingFlagsTest(unittest.TestCase):
                 for it in (0, 2, 4):
                     self.assertIn(f">>> Weight hashes match after {it} iterations...",
                                   proc.stdout)
+        # One bit flipped on world rank 1 after iteration 3's step, at tp2 x dp2: its replica
+        # (rank 3) and itself name the weight at iteration 4's check; ranks 0 and 2, whose
+        # replicas match, stop with them (one clean exit 1, every rank's line, no abort).
         proc = megatron_job.run_train(
-            MEGATRON, MPIEXEC, 2,
+            MEGATRON, MPIEXEC, 4,
             megatron_job.flags_with(BASE, train_iters=6, inject_fault="flip-weight:1:3",
-                                    **{flag: 2}), TIMEOUT_S)
+                                    tensor_model_parallel_size=2, **{flag: 2}), TIMEOUT_S)
         self.assertEqual(proc.returncode, 1, proc.stderr[-3000:])
         self.assertIn(">>> Weight hashes match after 2 iterations...", proc.stdout)
         self.assertNotIn("match after 4 iterations", proc.stdout)
-        for rank in (0, 1):
-            self.assertIn(f"[rank {rank}] Parameter hashes not matching across DP replicas after "
-                          "4 iterations: embedding.word_embeddings.weight: rank 1 of its "
+        head = "Parameter hashes not matching across DP replicas after 4 iterations: "
+        for rank in (1, 3):
+            self.assertIn(f"[rank {rank}] {head}embedding.word_embeddings.weight: rank 1 of its "
                           "data-parallel group differs from rank 0", proc.stderr)
+        for rank in (0, 2):
+            self.assertIn(f"[rank {rank}] {head}on other ranks", proc.stderr)
+        self.assertNotIn("MPI_ABORT", proc.stderr)
         for marker in megatron_job.CRASH_MARKERS:
             self.assertNotIn(marker, proc.stderr)
         # Megatron-FSDP's ZeRO-3 shards the weights: no replicas to compare (refused, as there).
@@ -304,6 +310,7 @@ class TrainingFlagsTest(unittest.TestCase):
                       proc.stderr)
         self.assertIn(f"[rank 0] {head}{name} differs across tensor-parallel ranks (", proc.stderr)
         self.assertIn(f"[rank 2] {head}on other ranks", proc.stderr)
+        self.assertNotIn("MPI_ABORT", proc.stderr)  # a clean exit: every line is out
         self.assertNotIn("iteration        4/", proc.stdout)
         for marker in megatron_job.CRASH_MARKERS:
             self.assertNotIn(marker, proc.stderr)
