@@ -101,8 +101,9 @@ void register_model_args(ArgTable& t, Arguments& a) {
   t.add("--hybrid-mlp-ratio", a.hybrid_mlp_ratio,
         "Hybrid Mamba models: the share of MLP layers, spread evenly among the Mamba layers");
   t.add("--hybrid-override-pattern", a.hybrid_override_pattern,
-        "Hybrid Mamba models: one symbol per layer, M (Mamba-2), * (attention) or - (MLP), e.g. "
-        "M*M-; with a ratio given it must hold as many of each");
+        "Hybrid Mamba models: one symbol per layer, M (Mamba-2), * (attention), - (MLP) or E "
+        "(Mixture of Experts, with --num-experts), e.g. M*M-; with a ratio given it must hold as "
+        "many of each");
   t.add("--mamba-state-dim", a.mamba_state_dim, "Mamba layers: the state size per channel");
   t.add("--mamba-head-dim", a.mamba_head_dim, "Mamba layers: channels per head");
   t.add("--mamba-num-groups", a.mamba_num_groups,
@@ -1164,9 +1165,6 @@ void validate_hybrid_args(const Arguments& a) {
                  "(--model mamba), not --model ",
                  a.model);
   if (a.model != "mamba") return;
-  MEGATRON_CHECK(a.num_experts == 0,
-                 "--num-experts with --model mamba: Mixture of Experts layers in a hybrid Mamba "
-                 "model are not implemented (Megatron r0.14's hybrid layers are M, * and -)");
   MEGATRON_CHECK(a.mtp_num_layers == 0,
                  "--mtp-num-layers with --model mamba is not implemented (MTP is GPTModel's)");
   MEGATRON_CHECK(a.device != "cuda",

@@ -381,6 +381,28 @@ TransformerConfig transformer_config_from_args(const Arguments& a) {
     }
   }
   c.moe = moe_config_from_args(a);
+  if (c.mamba.enabled()) {
+    // A hybrid model's MoE layers are its pattern's E layers (Megatron's MambaStack builds its
+    // moe_layer spec there; --moe-layer-freq shapes GPT's TransformerBlock only).
+    const std::string& l = c.mamba.layers;
+    const bool has_moe = l.find('E') != std::string::npos;
+    MEGATRON_CHECK(!has_moe || c.moe.enabled(), "the hybrid pattern '", l,
+                   "' has E (Mixture of Experts) layers: set --num-experts (and the other --moe-* "
+                   "flags)");
+    MEGATRON_CHECK(has_moe || !c.moe.enabled(),
+                   "--num-experts with --model mamba: the hybrid "
+                   "pattern '",
+                   l,
+                   "' has no E (Mixture of Experts) layer; put E layers in "
+                   "--hybrid-override-pattern or drop --num-experts");
+    MEGATRON_CHECK(!has_moe || a.moe_layer_freq == "1", "--moe-layer-freq ", a.moe_layer_freq,
+                   " does not apply to hybrid Mamba models: their MoE layers are the E layers of "
+                   "--hybrid-override-pattern; drop the flag");
+    if (has_moe) {
+      c.moe.layer_pattern.clear();
+      for (char t : l) c.moe.layer_pattern.push_back(t == 'E' ? 1 : 0);
+    }
+  }
   c.vision = vision_config_from_args(a);
   MEGATRON_CHECK(a.vocab_size > 0, "--vocab-size must be set (positive) for ", a.tokenizer_type,
                  ", got ", a.vocab_size);

@@ -58,9 +58,11 @@ void TransformerConfig::finalize() {
     MEGATRON_CHECK(!post_layernorm,
                    "hybrid Mamba models are pre-LN: drop "
                    "--transformer-block-type post_ln");
-    MEGATRON_CHECK(!moe.enabled(),
-                   "Mixture of Experts in a hybrid Mamba model is not "
-                   "implemented (Megatron's hybrid layers are M, * and -)");
+    for (int64_t l = 0; l < num_layers; ++l)
+      MEGATRON_CHECK(moe.is_moe_layer(l) == (mamba.layer_type(l) == 'E'), "layer ", l,
+                     " of the hybrid pattern '", mamba.layers, "' is ",
+                     moe.is_moe_layer(l) ? "an MoE layer but not E" : "E but not an MoE layer",
+                     ": a hybrid model's MoE layers are exactly its E layers");
     MEGATRON_CHECK(mtp_num_layers == 0,
                    "--mtp-num-layers with a hybrid Mamba model is not implemented");
   }

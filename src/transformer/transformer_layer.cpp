@@ -38,7 +38,7 @@ TransformerLayer::TransformerLayer(const std::string& name, const TransformerCon
     mixer = std::make_unique<MambaMixer>(name + ".mixer", cfg, layer_number, tp);
     return;
   }
-  if (type != '-' && attention != BranchKind::kNoOp) {
+  if (type != '-' && type != 'E' && attention != BranchKind::kNoOp) {
     input_layernorm = std::make_unique<Norm>(
         name + (cfg.post_layernorm ? ".post_attention_layernorm" : ".input_layernorm"), cfg);
     input_layernorm->mark_sequence_parallel(tp.sp());
@@ -136,7 +136,7 @@ Tensor TransformerLayer::forward(const Tensor& x, const TokenLayout& layout, Ctx
   // --recompute-modules layernorm: a norm's output, kept only as the next GEMM's input, goes;
   // backward recomputes it from the norm's saved input.
   const bool drop_norms = mode.training && cfg_.recomputes(&RecomputeModules::layernorm);
-  Tensor x1 = x;  // an MLP-only layer's ('-') branch adds to the input itself
+  Tensor x1 = x;  // an MLP-only layer's ('-', 'E') branch adds to the input itself
   if (has_attention()) {
     Tensor a;
     if (self_attention) {
@@ -298,7 +298,7 @@ Tensor TransformerLayer::backward(const Tensor& dy, Ctx& ctx, SideGrads* side) c
     dx1 = d;
   }
 
-  if (!has_attention()) {  // an MLP-only layer ('-') or a no-op attention
+  if (!has_attention()) {  // an MLP-only layer ('-', 'E') or a no-op attention
     ctx = Ctx{};
     return dx1;
   }

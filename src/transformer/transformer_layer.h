@@ -22,8 +22,9 @@
 // self-attention bias's, with T5's relative positions) to SideGrads.
 //
 // A hybrid model's layers (cfg.mamba.layers, transformer/mamba/mamba_config.h) have one branch
-// each: '*' the attention branch only, '-' the MLP branch only (Megatron's MLPLayer), 'M' a
-// Mamba branch instead of both (Megatron's MambaLayer):
+// each: '*' the attention branch only, '-' the MLP branch only (Megatron's MLPLayer), 'E' the
+// MLP branch only with the MoE layer as its MLP (Megatron's MoE TransformerLayer of the hybrid
+// stack), 'M' a Mamba branch instead of both (Megatron's MambaLayer):
 //
 //   out = x + dropout(mixer(norm(x)))
 //

@@ -182,7 +182,7 @@ class MegatronFlagsTest(unittest.TestCase):
                            "--hybrid-override-pattern", "pretrain_mamba")
         self.assertRefused(run("pretrain_mamba", *mamba, "--hybrid-override-pattern", "M*-"),
                            "--hybrid-override-pattern", "wrong length")
-        self.assertRefused(run("pretrain_mamba", *mamba, "--hybrid-override-pattern", "ME"),
+        self.assertRefused(run("pretrain_mamba", *mamba, "--hybrid-override-pattern", "MX"),
                            "--hybrid-override-pattern", "not a layer symbol")
         self.assertRefused(run("pretrain_mamba", *mamba, "--hybrid-attention-ratio", "0.5",
                                "--hybrid-override-pattern", "MM"),

@@ -29,6 +29,8 @@ aux loss 1e-2, z-loss 1e-3, dropout on), as one process and under mpiexec:
     exactly the trained router and experts, which trains again as a pretrained checkpoint.
   - Bad input: Megatron's validate_args checks for MoE, each an exit 2 on every rank with a
     message naming the flag.
+  - Hybrid Mamba models with MoE layers (E in --hybrid-override-pattern): the layouts above
+    against one process, an ep2 x tp2 checkpoint resumed at ep1, the pattern's refusals.
 What it is not: the router math (tests/transformer/test_moe_routing.cpp), the per-layer gradients
 (test_layers.cpp), or the PyTorch comparison (tests/models/test_gpt_hf_oracle.cpp).
 
@@ -313,6 +315,60 @@ class TestResharding(unittest.TestCase):
             rel = max(abs(got[7][k] / want[k] - 1) for k in want)
             print(f"reshard to {name}: iteration 7 relative {rel:.1e}", file=sys.stderr)
             self.assertLess(rel, RTOL, name)
+
+
+class TestHybridMamba(unittest.TestCase):
+    """MoE layers in a hybrid Mamba model (pretrain_mamba, Megatron core 0.16's E symbol): the
+    same experts, router and losses as GPT's MoE layers, one per E of the pattern, between Mamba
+    and attention layers."""
+    HYBRID = ["--model", "mamba", "--hybrid-override-pattern", "ME*E", "--mamba-state-dim", "8",
+              "--mamba-head-dim", "16", "--mamba-num-groups", "4"]
+    # The pattern puts an E layer on each stage of pp2; cp2 runs the mixers' all-to-all beside
+    # the experts' exchange.
+    LAYOUTS = [("ep2", 2, [EP, "2"]),
+               ("ep2 tp2+sp etp1", 4, [EP, "2", TP, "2", SP, ETP, "1"]),
+               ("ep2 pp2", 4, [EP, "2", PP, "2"]),
+               ("ep2 dp4 distributed optimizer", 4, [EP, "2", DISTOPT]),
+               ("ep2 alltoall", 2, [EP, "2", *A2A]),
+               ("ep2 cp2", 4, [EP, "2", "--context-parallel-size", "2"])]
+
+    def test_layouts_follow_the_single_process_curve(self):
+        want = single(*self.HYBRID)
+        self.assertEqual(sorted(want), list(range(1, ITERS + 1)))
+        # Two MoE layers' losses logged (averaged over them, as GPT's), and a different model
+        # from the GPT one of the same flags.
+        self.assertTrue(all(want[it]["load_balancing_loss"] > 0.5 for it in want))
+        self.assertGreater(worst(want, single()), 1e-3)
+        for name, ranks, flags in self.LAYOUTS:
+            with self.subTest(layout=name):
+                rel = worst(curve(run(ranks, *self.HYBRID, *flags)), want)
+                print(f"hybrid {name}: worst relative difference {rel:.1e}", file=sys.stderr)
+                self.assertLess(rel, RTOL)
+
+    def test_checkpoint_reshards_and_refusals(self):
+        # Saved at ep2 x tp2, the next iteration at ep1 in one process equals the uninterrupted
+        # run's (the E layers' experts under their global index, the mixers' blocks resharded),
+        # the pattern and the experts' flags restored by --use-checkpoint-args.
+        saved = [*self.HYBRID, EP, "2", TP, "2", SP]
+        want = curve(run(4, *saved))[7]
+        ck = tempfile.mkdtemp(prefix="ck_", dir=TMP.name)
+        run(4, *saved, "--save", ck, "--exit-interval", "6")
+        got = curve(run(1, *self.HYBRID, "--load", ck, "--exit-interval", "7",
+                        "--use-checkpoint-args"))
+        self.assertEqual(sorted(got), [7])
+        self.assertLess(max(abs(got[7][k] / want[k] - 1) for k in want), RTOL)
+        # The MoE layers are exactly the E layers: each mismatch exits 2 naming the flag.
+        for flags, text in (
+                (["--num-experts", "0", "--moe-ffn-hidden-size", "0"],
+                 "has E (Mixture of Experts) layers: set --num-experts"),
+                (["--hybrid-override-pattern", "M*M-"], "has no E (Mixture of Experts) layer"),
+                (["--moe-layer-freq", "2"], "--moe-layer-freq 2 does not apply"),
+                (["--hybrid-attention-ratio", "0.25"], "must hold as many of each layer type")):
+            with self.subTest(flags=" ".join(flags)):
+                proc = run(2, *self.HYBRID, *flags, expect_rc=2)
+                self.assertIn(text, proc.stderr)
+                for r in range(2):
+                    self.assertIn(f"[rank {r}]", proc.stderr)
 
 
 class TestMixtral(unittest.TestCase):

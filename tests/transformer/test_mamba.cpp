@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "comm/process_group.h"
+#include "models/mamba/mamba_spec.h"
 #include "testing/layer_gradients.h"
 #include "testing/testing.h"
 #include "transformer/mamba/mamba_config.h"
@@ -48,7 +49,11 @@ TEST(HybridAllocation, OverrideRules) {
   EXPECT_EQ(allocate_hybrid_layers(8, 0.25, 0, "*MMMMMM*"), "*MMMMMM*");
   EXPECT_THROW(allocate_hybrid_layers(8, 0.25, 0, "*MMMMMMM"), InvalidArgument);
   EXPECT_THROW(allocate_hybrid_layers(4, 0, 0, "M*M"), InvalidArgument);   // wrong length
-  EXPECT_THROW(allocate_hybrid_layers(4, 0, 0, "M*EM"), InvalidArgument);  // unknown symbol
+  EXPECT_THROW(allocate_hybrid_layers(4, 0, 0, "M*XM"), InvalidArgument);  // unknown symbol
+  // E (an MoE layer, Megatron core 0.16's symbol) counts as a type of its own: the ratios never
+  // allocate one, so with a ratio a pattern holding E has the wrong counts.
+  EXPECT_EQ(allocate_hybrid_layers(4, 0, 0, "M*EM"), "M*EM");
+  EXPECT_THROW(allocate_hybrid_layers(4, 0.25, 0, "M*EM"), InvalidArgument);
   EXPECT_THROW(allocate_hybrid_layers(4, 0.6, 0.6, ""), InvalidArgument);  // ratios above 1
 }
 
@@ -231,15 +236,20 @@ TransformerConfig hybrid_config(const std::string& pattern) {
   c.mamba.state_dim = 4;
   c.mamba.head_dim = 4;  // d_inner 16: 4 heads
   c.mamba.num_groups = 2;
+  if (pattern.find('E') != std::string::npos) {  // the E layers' MoE: 4 experts, top 2
+    c.moe.num_experts = 4;
+    c.moe.ffn_hidden_size = 6;
+    for (char t : pattern) c.moe.layer_pattern.push_back(t == 'E' ? 1 : 0);
+  }
   c.finalize();
   return c;
 }
 
-// The mixer (projections, convolution, scan, gated norm) and a hybrid model's three layer types
+// The mixer (projections, convolution, scan, gated norm) and a hybrid model's four layer types
 // with hidden dropout, by finite differences in fp64 (testing/layer_gradients.h).
 TEST(MambaLayers, GradientsMatchFiniteDifferences) {
   SelfGroup g;
-  const TransformerConfig cfg = hybrid_config("M*-");
+  const TransformerConfig cfg = hybrid_config("M*-E");
   const Tensor x = testing::random_tensor({6, 2, 8}, 7, 1.0, DType::kF64);
   {
     SCOPED_TRACE("mixer");
@@ -255,12 +265,15 @@ TEST(MambaLayers, GradientsMatchFiniteDifferences) {
                                     [&](const Tensor& dy) { return mixer.backward(dy, ctx); }},
                                    x, 11);
   }
-  for (int64_t l = 0; l < 3; ++l) {
+  for (int64_t l = 0; l < 4; ++l) {
     SCOPED_TRACE("layer type " + std::string(1, cfg.mamba.layers[static_cast<size_t>(l)]));
     TransformerLayer layer("layer", cfg, l, g.tp());
     EXPECT_EQ(layer.mixer != nullptr, l == 0);
     EXPECT_EQ(layer.self_attention != nullptr, l == 1);
-    EXPECT_EQ(layer.has_mlp(), l == 2);
+    EXPECT_EQ(layer.mlp != nullptr, l == 2);
+    EXPECT_EQ(layer.moe != nullptr, l == 3);
+    EXPECT_EQ(layer.input_layernorm != nullptr, l == 1);
+    EXPECT_EQ(layer.pre_mlp_layernorm != nullptr, l >= 2);
     TransformerLayer::Ctx ctx;
     std::vector<Param*> ps;
     layer.collect(ps);
@@ -296,6 +309,41 @@ TEST(MambaLayers, ParameterNamesAndShapes) {
       {"decoder.layers.0.mixer.out_proj.weight", {8, 16}},
   };
   EXPECT_EQ(got, want);
+}
+
+// An E layer is the MoE half of a transformer layer under Megatron's names; a config whose MoE
+// layers are not exactly its E layers is refused (model_config sets one from the other).
+TEST(MambaLayers, MoeLayersAreTheELayers) {
+  SelfGroup g;
+  const TransformerConfig cfg = hybrid_config("ME");
+  EXPECT_FALSE(cfg.moe.is_moe_layer(0));
+  EXPECT_TRUE(cfg.moe.is_moe_layer(1));
+  TransformerLayer layer("decoder.layers.1", cfg, 1, g.tp());
+  std::vector<Param*> ps;
+  layer.collect(ps);
+  ASSERT_GE(ps.size(), 2u);
+  EXPECT_EQ(ps[0]->name, "decoder.layers.1.pre_mlp_layernorm.weight");
+  EXPECT_EQ(ps[1]->name, "decoder.layers.1.mlp.router.weight");
+  EXPECT_EQ(ps[1]->shape, (Shape{4, 8}));
+  TransformerConfig bad = hybrid_config("ME");
+  bad.moe.layer_pattern.clear();  // every layer MoE, the M layer too
+  EXPECT_THROW(bad.finalize(), InvalidArgument);
+  bad.moe.layer_pattern = {1, 0};
+  EXPECT_THROW(bad.finalize(), InvalidArgument);
+}
+
+// The FLOPs per iteration of Megatron core 0.16's hybrid_flops, written out for "ME": the Mamba
+// layer (in_proj, 7 d_in N per token for the scan, out_proj), the MoE layer (4 B s h per unit of
+// routed width, top-2 of 6 plus 5 shared; not gated), the logits; forward x 3.
+TEST(HybridFlops, CountsTheMoeLayersRoutedAndSharedExperts) {
+  TransformerConfig c = hybrid_config("ME");
+  c.moe.shared_expert_intermediate_size = 5;
+  const double B = 3, s = 6, h = 8, d_in = 16, heads = 4, gn = 2 * 4, N = 4, V = 16;
+  const double mamba =
+      2 * B * s * h * (2 * d_in + 2 * gn + heads) + 7 * B * s * d_in * N + 2 * B * s * d_in * h;
+  const double moe = 4 * B * s * h * (6 * 2 + 5);
+  const double want = 3 * (mamba + moe + 2 * B * s * h * V);
+  EXPECT_NEAR(hybrid_flops_per_iteration(c, 3), want, 1e-12 * want);
 }
 
 }  // namespace

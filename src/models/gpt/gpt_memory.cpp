@@ -103,6 +103,9 @@ int64_t activation_bytes_per_microbatch(const TransformerConfig& c, const Activa
         case '-':
           n = mlp_only;
           break;
+        case 'E':  // the MoE layer's own part, after its input and norm statistics
+          n = s_local_b * h * e + stats + moe_layer - attention;
+          break;
         default:
           n = c.moe.is_moe_layer(l) ? moe_layer : layer;
       }

@@ -148,7 +148,8 @@ NemotronHInfo read_nemotron_h_config(const std::string& dir) {
   for (char ch : mb.layers)
     MEGATRON_CHECK(ch == 'M' || ch == '*' || ch == '-', file, ": hybrid_override_pattern '",
                    mb.layers, "': layer type '", std::string(1, ch),
-                   "' is not supported (M, * and -; MoE layers E are not implemented)");
+                   "' is not supported (M, * and -; NemotronH's MoE layers E are not read from "
+                   "Hugging Face here: a Megatron hybrid with E layers trains with --num-experts)");
   mb.state_dim = hf_get_or<int64_t>(j, "ssm_state_size", 128, file);
   mb.num_heads = hf_get_or<int64_t>(j, "mamba_num_heads", 128, file);
   mb.head_dim = hf_get_or<int64_t>(j, "mamba_head_dim", 64, file);
@@ -174,6 +175,10 @@ NemotronHInfo read_nemotron_h_config(const std::string& dir) {
 
 void check_nemotron_h_exportable(const TransformerConfig& c) {
   MEGATRON_CHECK(c.mamba.enabled(), "NemotronH export needs a hybrid Mamba model (--model mamba)");
+  MEGATRON_CHECK(c.mamba.layers.find('E') == std::string::npos, "the hybrid pattern '",
+                 c.mamba.layers,
+                 "' has E (Mixture of Experts) layers, which NemotronH export does not write; "
+                 "keep the Megatron checkpoint");
   MEGATRON_CHECK(c.normalization == Normalization::kRMSNorm && !c.layernorm_zero_centered_gamma &&
                      std::abs(c.norm_epsilon - 1e-5) < 1e-12,
                  "this hybrid model has no NemotronH equivalent: NemotronH's norms are RMSNorm "

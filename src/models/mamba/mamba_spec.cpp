@@ -34,8 +34,15 @@ double hybrid_flops_per_iteration(const TransformerConfig& c, int64_t global_bat
     mamba = 2 * B * s * h * (2 * d_in + 2 * gn + heads) +
             7 * B * s * d_in * static_cast<double>(m.state_dim) + 2 * B * s * d_in * h;
   }
+  // Megatron core 0.16's moe_layer_flops: the routed experts' and the shared experts' MLPs (no
+  // router GEMM).
+  const double gated = c.gated_mlp() ? 1.5 : 1.0;
+  const double moe = 4 * B * s * h * gated *
+                     (static_cast<double>(c.moe.ffn_hidden_size * c.moe.router_topk) +
+                      static_cast<double>(c.moe.shared_expert_intermediate_size));
   const double logits = 2 * B * s * h * static_cast<double>(c.padded_vocab_size);
-  return 3 * (count('*') * attention + count('-') * mlp + count('M') * mamba + logits);
+  return 3 * (count('*') * attention + count('-') * mlp + count('M') * mamba + count('E') * moe +
+              logits);
 }
 
 namespace {

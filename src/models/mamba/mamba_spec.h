@@ -20,7 +20,8 @@ const ModelSpec& mamba_spec();
 // Megatron's hybrid model FLOPs of one iteration (num_floating_point_operations' hybrid_flops):
 // per layer type, forward x 3, with the Mamba layer's in/out projections and 7 d_inner state
 // FLOPs per token for the scan, the attention layer's projections and s/2 score term, the MLP
-// layer's two GEMMs, and the logits.
+// layer's two GEMMs, the MoE layer's top-k routed and shared experts' GEMMs (core 0.16's
+// moe_layer_flops), and the logits.
 double hybrid_flops_per_iteration(const TransformerConfig& cfg, int64_t global_batch_size);
 
 }  // namespace megatron

@@ -66,11 +66,12 @@ std::string allocate_hybrid_layers(int64_t num_layers, double attention_ratio, d
                  "--hybrid-override-pattern '", override_pattern, "' is the wrong length: got ",
                  override_pattern.size(), ", expected ", num_layers, " (--num-layers)");
   for (char c : override_pattern)
-    MEGATRON_CHECK(c == 'M' || c == '*' || c == '-', "--hybrid-override-pattern: '",
+    MEGATRON_CHECK(c == 'M' || c == '*' || c == '-' || c == 'E', "--hybrid-override-pattern: '",
                    std::string(1, c),
-                   "' is not a layer symbol; use M (Mamba), * (attention) or - (MLP)");
+                   "' is not a layer symbol; use M (Mamba), * (attention), - (MLP) or E (Mixture "
+                   "of Experts)");
   if (attention_ratio > 0 || mlp_ratio > 0) {
-    for (char c : {'M', '*', '-'})
+    for (char c : {'M', '*', '-', 'E'})
       MEGATRON_CHECK(std::count(layers.begin(), layers.end(), c) ==
                          std::count(override_pattern.begin(), override_pattern.end(), c),
                      "--hybrid-override-pattern '", override_pattern,

@@ -3,8 +3,10 @@
 //
 // A hybrid stack is one symbol per layer: 'M' a Mamba-2 layer (norm, MambaMixer, residual add),
 // '*' an attention-only layer (input norm, self-attention, residual add), '-' an MLP-only layer
-// (pre-MLP norm, MLP, residual add). Megatron builds the list from --hybrid-attention-ratio and
-// --hybrid-mlp-ratio (allocate_layers below, its algorithm) or takes --hybrid-override-pattern.
+// (pre-MLP norm, MLP, residual add), 'E' an MoE-only layer (pre-MLP norm, the MoE layer of
+// --num-experts, residual add; Megatron core 0.16's MoE symbol, Nemotron-H's MoE variants).
+// Megatron builds the list from --hybrid-attention-ratio and --hybrid-mlp-ratio (allocate_layers
+// below, its algorithm; never E) or takes --hybrid-override-pattern.
 //
 // The mixer's sizes (Megatron's MambaMixer with expand 2, d_conv 4): d_inner = heads x head_dim
 // channels (heads: --mamba-num-heads, or 2 hidden / head_dim), B and C of `groups` x state_dim
@@ -18,7 +20,7 @@
 namespace megatron {
 
 struct MambaConfig {
-  // One symbol per decoder layer ('M', '*', '-'); empty: not a hybrid model (every layer is a
+  // One symbol per decoder layer ('M', '*', '-', 'E'); empty: not a hybrid model (every layer is a
   // whole transformer layer).
   std::string layers;
   int64_t state_dim = 128;  // --mamba-state-dim
@@ -29,7 +31,7 @@ struct MambaConfig {
   int64_t d_conv = 4;       // the causal convolution's width (no flag)
 
   bool enabled() const { return !layers.empty(); }
-  // Layer `layer`'s symbol ('M', '*' or '-'); 0 when not hybrid or past the pattern (a whole
+  // Layer `layer`'s symbol ('M', '*', '-' or 'E'); 0 when not hybrid or past the pattern (a whole
   // transformer layer).
   char layer_type(int64_t layer) const {
     return layer >= 0 && layer < static_cast<int64_t>(layers.size())
