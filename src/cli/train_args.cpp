@@ -1598,7 +1598,8 @@ void merge_pretrained_config(Arguments& a, const ArgTable& t) {
         freq += (i ? "," : "") + std::to_string(c.moe.layer_pattern[i]);
       freq += "]";
     }
-    set("--moe-layer-freq", a.moe_layer_freq, freq);
+    // A hybrid model's MoE layers are its pattern's E layers (restored above), not a frequency.
+    if (!c.mamba.enabled()) set("--moe-layer-freq", a.moe_layer_freq, freq);
   }
   set("--transformer-block-type", a.transformer_block_type,
       std::string(c.post_layernorm ? "post_ln" : "pre_ln"));

@@ -371,6 +371,57 @@ class TestHybridMamba(unittest.TestCase):
                     self.assertIn(f"[rank {r}]", proc.stderr)
 
 
+    def test_nemotron_h_moe_trains_at_ep2_and_converts_back(self):
+        # The PyTorch oracle's NemotronH with MoE layers ("ME*-E", tests/reference/hf_oracle.py):
+        # --pretrained-checkpoint takes the model, its experts and router flags from config.json
+        # (no --moe-layer-freq: the E layers), trains at ep2 with the expert bias updated
+        # (aux-loss-free balancing), and `megatron convert` writes the trained router, bias and
+        # experts back under NemotronH's names, exactly.
+        oracle = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference",
+                              "hf_oracle.py")
+        out = tempfile.mkdtemp(prefix="nemotron_h_moe_", dir=TMP.name)
+        subprocess.run(["/usr/bin/python3", oracle, "--arch", "nemotron-h-moe", "--out", out],
+                       check=True, capture_output=True, timeout=TIMEOUT_S)
+        hf = os.path.join(out, "model")
+        ck = tempfile.mkdtemp(prefix="ck_", dir=TMP.name)
+        args = ["--model", "mamba", "--mock-data", "--pretrained-checkpoint", hf,
+                "--seq-length", "16", "--micro-batch-size", "1", "--global-batch-size", "2",
+                "--train-iters", "2", "--lr", "1e-4", "--eval-iters", "0", "--num-threads", "1",
+                "--save", ck, "--log-interval", "1", EP, "2", "--tokenizer-type", "NullTokenizer"]
+        proc = megatron_job.run_train(MEGATRON, MPIEXEC, 2, args, TIMEOUT_S)
+        self.assertEqual(proc.returncode, 0, proc.stdout[-2000:] + proc.stderr[-2000:])
+        self.assertIn("loaded pretrained weights", proc.stdout)
+        self.assertIn("ME*-E", proc.stdout)
+        back = os.path.join(TMP.name, "nemotron_h_moe_back")
+        conv = subprocess.run([MEGATRON, "convert", "--model", "mamba", "--load", ck,
+                               "--save-hf", back], capture_output=True, text=True,
+                              timeout=TIMEOUT_S)
+        self.assertEqual(conv.returncode, 0, conv.stdout[-2000:] + conv.stderr[-2000:])
+        with open(os.path.join(back, "config.json")) as f:
+            cfg = json.load(f)
+        self.assertEqual((cfg["hybrid_override_pattern"], cfg["n_routed_experts"],
+                          cfg["routed_scaling_factor"], cfg["n_group"]), ("ME*-E", 4, 2.5, 2))
+        _, trained = checkpoint_reader.read_checkpoint(ck)
+        hf_in, _ = checkpoint_reader.read_safetensors(os.path.join(hf, "model.safetensors"))
+        hf_out, _ = checkpoint_reader.read_safetensors(os.path.join(back, "model.safetensors"))
+        self.assertEqual(sorted(hf_out), sorted(hf_in))
+        for layer in (1, 4):
+            ours = f"model.decoder.layers.{layer}.mlp."
+            theirs = f"backbone.layers.{layer}.mixer."
+            for e in range(4):
+                self.assertTrue(np.array_equal(
+                    hf_out[theirs + f"experts.{e}.up_proj.weight"],
+                    trained[ours + f"experts.local_experts.{e}.linear_fc1.weight"]), e)
+                self.assertTrue(np.array_equal(
+                    hf_out[theirs + f"experts.{e}.down_proj.weight"],
+                    trained[ours + f"experts.local_experts.{e}.linear_fc2.weight"]), e)
+            self.assertTrue(np.array_equal(hf_out[theirs + "gate.weight"],
+                                           trained[ours + "router.weight"]))
+            bias = hf_out[theirs + "gate.e_score_correction_bias"]
+            self.assertTrue(np.array_equal(bias, trained[ours + "router.expert_bias"]))
+            self.assertFalse(np.array_equal(bias, hf_in[theirs + "gate.e_score_correction_bias"]))
+
+
 class TestMixtral(unittest.TestCase):
     def test_pretrained_mixtral_trains_at_ep2_and_converts_back(self):
         oracle = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference",

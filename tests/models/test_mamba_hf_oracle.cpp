@@ -3,7 +3,9 @@
 // weights and PyTorch's logits, loss, every gradient and 10 AdamW steps; we load the directory
 // through the NemotronH importer (models/mamba/mamba_hf.h) and reproduce them. Then: the export
 // writes the files' tensors back bit for bit, and generation's carried Mamba state (prefill, then
-// one position at a time) gives the logits of full forwards.
+// one position at a time) gives the logits of full forwards. --arch nemotron-h-moe does the same
+// for a NemotronH with MoE layers ("ME*-E", Nemotron 3's NemotronHMoE: grouped sigmoid routing
+// with a correction bias, scaled, squared-ReLU experts and a shared MLP).
 //
 // Usage: test_mamba_hf_oracle ORACLE_DIR (CTest runs the Python script first, as a fixture).
 //
@@ -80,16 +82,17 @@ Tensor as_pytorch(const Tensor& logits, const TransformerConfig& c, int64_t B, i
   return got;
 }
 
-std::string root() {
-  return g_oracle_dir + "/nemotron-h";
+std::string root(const std::string& arch) {
+  return g_oracle_dir + "/" + arch;
 }
 
-TEST(NemotronHOracle, LogitsLossGradientsAndAdamW) {
+// Logits, loss, every gradient (`tensors` of them) and 10 AdamW steps of `arch` against PyTorch.
+void check_training_math(const std::string& arch, const std::string& pattern, size_t tensors) {
   ASSERT_FALSE(g_oracle_dir.empty()) << "pass the oracle directory as the first argument";
-  auto expected = safetensors::File::open(root() + "/expected.safetensors");
-  Loaded l = load(root() + "/model");
+  auto expected = safetensors::File::open(root(arch) + "/expected.safetensors");
+  Loaded l = load(root(arch) + "/model");
   const TransformerConfig& c = l.model->config();
-  EXPECT_EQ(c.mamba.layers, "M*M-");
+  EXPECT_EQ(c.mamba.layers, pattern);
   const Batch batch = oracle_batch(expected);
   const int64_t B = batch.inputs.dim(0), S = batch.inputs.dim(1);
   GPTModel::Ctx ctx;
@@ -103,9 +106,7 @@ TEST(NemotronHOracle, LogitsLossGradientsAndAdamW) {
   l.params->zero_grads();
   l.model->backward(Tensor::full({B, S}, 1.0 / static_cast<double>(B * S)), ctx);
   const auto grads = nemotron_h_tensors(*l.model, true);
-  // Every tensor: the embedding, 2 Mamba layers of 9, the attention layer's 5, the MLP layer's 3,
-  // the final norm and the head.
-  EXPECT_EQ(grads.size(), 1U + 2 * 9 + 5 + 3 + 2);
+  EXPECT_EQ(grads.size(), tensors);
   for (const auto& [name, g] : grads)
     EXPECT_TRUE(testing::allclose(g, expected.read("grad." + name), 1e-6, 1e-3))
         << "gradient of " << name;
@@ -114,7 +115,7 @@ TEST(NemotronHOracle, LogitsLossGradientsAndAdamW) {
 
   // 10 AdamW steps on the same batch: lr 1e-3, betas (0.9, 0.95), wd 0.1 on tensors of >= 2
   // dims (conv1d.weight included, as Megatron decays its 3-D weight), clip 1.0.
-  Loaded fresh = load(root() + "/model");
+  Loaded fresh = load(root(arch) + "/model");
   AdamW opt(*fresh.params, AdamWConfig{0.9, 0.95, 1e-8, 0.1});
   const Tensor want_losses = expected.read("adam_losses");
   for (int64_t step = 0; step < want_losses.numel(); ++step) {
@@ -129,12 +130,24 @@ TEST(NemotronHOracle, LogitsLossGradientsAndAdamW) {
   }
 }
 
+// Every tensor: the embedding, 2 Mamba layers of 9, the attention layer's 5, the MLP layer's 3,
+// the final norm and the head.
+TEST(NemotronHOracle, LogitsLossGradientsAndAdamW) {
+  check_training_math("nemotron-h", "M*M-", 1U + 2 * 9 + 5 + 3 + 2);
+}
+
+// An MoE layer's 12 trained tensors: its norm, the router (its correction bias is a buffer), 4
+// experts' up and down projections, the shared MLP's two.
+TEST(NemotronHMoeOracle, LogitsLossGradientsAndAdamW) {
+  check_training_math("nemotron-h-moe", "ME*-E", 1U + 9 + 12 + 5 + 3 + 12 + 2);
+}
+
 // Import -> export reproduces the files' tensors and config bit for bit.
-TEST(NemotronHOracle, ExportRoundTrip) {
-  Loaded l = load(root() + "/model");
-  const std::string out = testing::scratch_dir("nemotron_h_export");
-  save_nemotron_h(out, *l.model, root() + "/model", std::nullopt);
-  auto a = safetensors::SafetensorsDir::open(root() + "/model");
+void check_export_round_trip(const std::string& arch) {
+  Loaded l = load(root(arch) + "/model");
+  const std::string out = testing::scratch_dir(arch + "_export");
+  save_nemotron_h(out, *l.model, root(arch) + "/model", std::nullopt);
+  auto a = safetensors::SafetensorsDir::open(root(arch) + "/model");
   auto b = safetensors::SafetensorsDir::open(out);
   EXPECT_EQ(a.names(), b.names());
   for (const std::string& n : a.names()) {
@@ -143,7 +156,7 @@ TEST(NemotronHOracle, ExportRoundTrip) {
     EXPECT_EQ(std::memcmp(x.raw(), y.raw(), x.nbytes()), 0) << n;
   }
   // A config made from ours (no source directory) reads back as the same model.
-  const std::string fresh = testing::scratch_dir("nemotron_h_fresh");
+  const std::string fresh = testing::scratch_dir(arch + "_fresh");
   save_nemotron_h(fresh, *l.model, "", std::nullopt);
   const TransformerConfig back = read_nemotron_h_config(fresh).config;
   const TransformerConfig& in = l.info.config;
@@ -154,15 +167,30 @@ TEST(NemotronHOracle, ExportRoundTrip) {
   EXPECT_EQ(back.num_query_groups, in.num_query_groups);
   EXPECT_EQ(back.kv_channels, in.kv_channels);
   EXPECT_EQ(back.untie_embeddings_and_output_weights, in.untie_embeddings_and_output_weights);
+  EXPECT_EQ(back.moe.num_experts, in.moe.num_experts);
+  EXPECT_EQ(back.moe.router_topk, in.moe.router_topk);
+  EXPECT_EQ(back.moe.ffn_hidden_size, in.moe.ffn_hidden_size);
+  EXPECT_EQ(back.moe.shared_expert_intermediate_size, in.moe.shared_expert_intermediate_size);
+  EXPECT_EQ(back.moe.num_groups, in.moe.num_groups);
+  EXPECT_EQ(back.moe.group_topk, in.moe.group_topk);
+  EXPECT_EQ(back.moe.topk_scaling_factor, in.moe.topk_scaling_factor);
+  EXPECT_EQ(back.moe.layer_pattern, in.moe.layer_pattern);
+}
+
+TEST(NemotronHOracle, ExportRoundTrip) {
+  check_export_round_trip("nemotron-h");
+}
+TEST(NemotronHMoeOracle, ExportRoundTrip) {
+  check_export_round_trip("nemotron-h-moe");
 }
 
 // Generation: a prefill of 5 positions, then one position per call with the Mamba layers' carried
 // convolution inputs and scan state and the attention layer's KV cache, gives each position's
 // logits as one full forward over the whole sequence (f32, different summation orders in the
 // attention over the cache: 1e-5 + 1e-4 |x|, the logits tolerance above).
-TEST(NemotronHOracle, CarriedStateGenerationEqualsFullForward) {
-  auto expected = safetensors::File::open(root() + "/expected.safetensors");
-  Loaded l = load(root() + "/model");
+void check_generation(const std::string& arch) {
+  auto expected = safetensors::File::open(root(arch) + "/expected.safetensors");
+  Loaded l = load(root(arch) + "/model");
   const Batch batch = oracle_batch(expected);
   const int64_t B = batch.inputs.dim(0), S = batch.inputs.dim(1);
   const int64_t Vp = l.model->config().padded_vocab_size;
@@ -194,6 +222,13 @@ TEST(NemotronHOracle, CarriedStateGenerationEqualsFullForward) {
   cache.reset();
   const Tensor again = l.model->infer_stage(Tensor(), columns(0, S), Tensor(), mode, false);
   EXPECT_TRUE(testing::allclose(again, full, 1e-5, 1e-4));
+}
+
+TEST(NemotronHOracle, CarriedStateGenerationEqualsFullForward) {
+  check_generation("nemotron-h");
+}
+TEST(NemotronHMoeOracle, CarriedStateGenerationEqualsFullForward) {
+  check_generation("nemotron-h-moe");
 }
 
 }  // namespace

@@ -48,13 +48,18 @@ Variants (the model-variant flags where Hugging Face has the same variant):
               form: Mamba-2, attention-only (GQA, no positions) and squared-ReLU MLP-only layers
               after hybrid_override_pattern "M*M-", each x + mixer(rmsnorm(x)). The Mamba mixer
               (its torch_forward math) with the scan as its recurrence, one position at a time.
+  nemotron-h-moe
+              NemotronH with MoE layers (Nemotron 3's NemotronHMoE), "ME*-E": DeepSeek-V3's
+              router (sigmoid, e_score_correction_bias, groups, scaling) over squared-ReLU
+              experts, plus a shared squared-ReLU MLP.
   nemotron-nas
               Llama-Nemotron (DeciLMForCausalLM): Llama 3.1 whose layers follow block_configs,
               each attention and MLP whole (its own kv heads, its ffn_mult's width), one linear
               layer after its norm, or a no-op (modeling_decilm's DeciLMDecoderLayer).
 
 Usage: python3 tests/reference/hf_oracle.py --arch {gpt2,llama,gpt2-relu2,llama31,qwen3,mixtral,
-       deepseek-v3,deepseek-v3-plain,deepseek-v3-mtp,nemotron-h,nemotron-nas} --out DIR
+       deepseek-v3,deepseek-v3-plain,deepseek-v3-mtp,nemotron-h,nemotron-h-moe,nemotron-nas}
+       --out DIR
        [--seed 1234]
 """
 
@@ -209,6 +214,14 @@ NEMOTRON_H_CONFIG = {
     "time_step_limit": [0.0, float("inf")],
     "tie_word_embeddings": False,
 }
+# NemotronH with MoE layers (Nemotron 3's NemotronHMoE): "ME*-E" with 4 squared-ReLU experts of
+# 32 in 2 groups (1 chosen, top 2 of it), a random e_score_correction_bias, scaling 2.5 and a
+# shared MLP of 48.
+NEMOTRON_H_MOE_CONFIG = dict(
+    NEMOTRON_H_CONFIG, num_hidden_layers=5, hybrid_override_pattern="ME*-E", n_routed_experts=4,
+    num_experts_per_tok=2, moe_intermediate_size=32, moe_shared_expert_intermediate_size=48,
+    n_group=2, topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.5,
+    moe_latent_size=None)
 # Hugging Face buffers and DeepSeek-V3's copies of the shared tensors: in the weights file, never
 # trained (the copies equal what they copy).
 def is_buffer(name):
@@ -815,6 +828,16 @@ def nemotron_h_weights(cfg, init):
             w[x + "k_proj.weight"] = init.matrix(nkv * hd, H)
             w[x + "v_proj.weight"] = init.matrix(nkv * hd, H)
             w[x + "o_proj.weight"] = init.matrix(H, na * hd)
+        elif t == "E":
+            E, Fe, Fs = (cfg["n_routed_experts"], cfg["moe_intermediate_size"],
+                         cfg["moe_shared_expert_intermediate_size"])
+            w[x + "gate.weight"] = init.matrix(E, H) * 3
+            w[x + "gate.e_score_correction_bias"] = init.matrix(E).abs() * 0.5
+            for e in range(E):
+                w[x + f"experts.{e}.up_proj.weight"] = init.matrix(Fe, H)
+                w[x + f"experts.{e}.down_proj.weight"] = init.matrix(H, Fe)
+            w[x + "shared_experts.up_proj.weight"] = init.matrix(Fs, H)
+            w[x + "shared_experts.down_proj.weight"] = init.matrix(H, Fs)
         else:
             w[x + "up_proj.weight"] = init.matrix(cfg["intermediate_size"], H)
             w[x + "down_proj.weight"] = init.matrix(H, cfg["intermediate_size"])
@@ -854,6 +877,41 @@ def nemotron_h_mamba(cfg, w, x, h):
     return F.linear(y, w[x + "out_proj.weight"])
 
 
+def nemotron_h_moe(cfg, w, m, h):
+    """NemotronHMoE: DeepSeek-V3's router (sigmoid scores, the choice by score + bias among the
+    topk_group best groups by their top-2 sums, others masked to -inf; the chosen plain scores
+    renormalised and scaled), squared-ReLU experts, plus the shared MLP over every token."""
+    B, S, H = h.shape
+    E, k = cfg["n_routed_experts"], cfg["num_experts_per_tok"]
+    G, TG = cfg["n_group"], cfg["topk_group"]
+    flat = h.reshape(-1, H)
+    scores = F.linear(flat.float(), w[m + "gate.weight"].float()).sigmoid()
+    choice = scores + w[m + "gate.e_score_correction_bias"]
+    group_scores = choice.view(-1, G, E // G).topk(2, dim=-1)[0].sum(dim=-1)
+    group_idx = torch.topk(group_scores, k=TG, dim=-1, sorted=False)[1]
+    group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1)
+    score_mask = group_mask.unsqueeze(-1).expand(-1, G, E // G).reshape(-1, E)
+    choice = choice.masked_fill(~score_mask.bool(), float("-inf"))
+    idx = torch.topk(choice, k=k, dim=-1, sorted=False)[1]
+    weights = scores.gather(1, idx)
+    if cfg["norm_topk_prob"]:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    weights = weights * cfg["routed_scaling_factor"]
+    out = torch.zeros_like(flat)
+    for e in range(E):
+        x = m + f"experts.{e}."
+        rows, slot = torch.where(idx == e)
+        if rows.numel() == 0:
+            continue
+        y = F.linear(torch.relu(F.linear(flat[rows], w[x + "up_proj.weight"])) ** 2,
+                     w[x + "down_proj.weight"])
+        out = out.index_add(0, rows, y * weights[rows, slot, None])
+    x = m + "shared_experts."
+    shared = F.linear(torch.relu(F.linear(flat, w[x + "up_proj.weight"])) ** 2,
+                      w[x + "down_proj.weight"])
+    return (out + shared).reshape(B, S, H)
+
+
 def nemotron_h_forward(cfg, w, ids):
     B, S = ids.shape
     eps = cfg["layer_norm_epsilon"]
@@ -876,6 +934,8 @@ def nemotron_h_forward(cfg, w, ids):
             att = torch.softmax(torch.matmul(q, k.transpose(2, 3)) * hd ** -0.5 + causal, dim=-1)
             o = torch.matmul(att, v).transpose(1, 2).reshape(B, S, nh * hd)
             out = F.linear(o, w[m + "o_proj.weight"])
+        elif t == "E":
+            out = nemotron_h_moe(cfg, w, m, h)
         else:  # relu2 MLP
             out = F.linear(torch.relu(F.linear(h, w[m + "up_proj.weight"])) ** 2,
                            w[m + "down_proj.weight"])
@@ -885,6 +945,7 @@ def nemotron_h_forward(cfg, w, ids):
 
 
 ARCHS["nemotron-h"] = (NEMOTRON_H_CONFIG, nemotron_h_weights, nemotron_h_forward)
+ARCHS["nemotron-h-moe"] = (NEMOTRON_H_MOE_CONFIG, nemotron_h_weights, nemotron_h_forward)
 
 
 # Llama-Nemotron (DeciLMForCausalLM, model_type nemotron-nas): Llama 3.1 whose layers differ by

@@ -146,6 +146,22 @@ std::map<std::string, Tensor> mapped_hf_tensors(const std::vector<HfTensorMappin
   return out;
 }
 
+bool is_peer_expert_tensor(const std::string& name, int64_t num_experts, int64_t first_local,
+                           int64_t num_local) {
+  const size_t at = name.find(".experts.");
+  if (at == std::string::npos) return false;
+  const size_t begin = at + 9, end = name.find('.', begin);
+  const std::string index = name.substr(begin, end == std::string::npos ? end : end - begin);
+  const std::string rest = end == std::string::npos ? "" : name.substr(end + 1);
+  const bool expert_weight = rest == "w1.weight" || rest == "w2.weight" || rest == "w3.weight" ||
+                             rest == "gate_proj.weight" || rest == "up_proj.weight" ||
+                             rest == "down_proj.weight";
+  if (!expert_weight || index.empty() || index.find_first_not_of("0123456789") != std::string::npos)
+    return false;
+  const int64_t e = std::stoll(index);
+  return e >= 0 && e < num_experts && (e < first_local || e >= first_local + num_local);
+}
+
 std::set<std::string> read_mapped_tensors(const safetensors::SafetensorsDir& st,
                                           const std::map<std::string, std::string>& by_name,
                                           const std::vector<HfTensorMapping>& maps,

@@ -73,6 +73,12 @@ std::map<std::string, Tensor> mapped_hf_tensors(const std::vector<HfTensorMappin
 // query head (part 0), every key head (1) or every value head (2), in Hugging Face's head order.
 std::vector<int64_t> packed_qkv_rows(const TransformerConfig& cfg, int part);
 
+// Under expert parallelism a rank holds experts [first_local, first_local + num_local) of
+// num_experts: whether `name` is another rank's expert weight (".experts.E." followed by one of
+// Mixtral's, Llama's or NemotronH's projection names), which this rank's loader leaves alone.
+bool is_peer_expert_tensor(const std::string& name, int64_t num_experts, int64_t first_local,
+                           int64_t num_local);
+
 // Reads every tensor `maps` names from the directory `st` (by_name: a mapping's name -> the file's
 // name) into `staged` (each Param's f64 staging buffer, which must be there), checking that each
 // is present with the shape the mapping expects (errors name `dir` and the tensor). Returns the

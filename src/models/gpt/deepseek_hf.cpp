@@ -31,6 +31,12 @@ void read_moe(const json& j, const std::string& file, TransformerConfig& c) {
   if (dense > 0) {
     for (int64_t i = 0; i < c.num_layers; ++i) m.layer_pattern.push_back(i < dense ? 0 : 1);
   }
+  read_noaux_tc_router(j, file, m);
+}
+
+}  // namespace
+
+void read_noaux_tc_router(const json& j, const std::string& file, MoeConfig& m) {
   const std::string scoring = hf_get_or<std::string>(j, "scoring_func", "sigmoid", file);
   const std::string method = hf_get_or<std::string>(j, "topk_method", "noaux_tc", file);
   MEGATRON_CHECK(scoring == "sigmoid" && method == "noaux_tc", file, ": scoring_func '", scoring,
@@ -60,7 +66,32 @@ void read_moe(const json& j, const std::string& file, TransformerConfig& c) {
   m.aux_loss_coeff = {0.0};  // a training choice (--moe-aux-loss-coeff), not the model's
 }
 
-}  // namespace
+void check_noaux_tc_router_exportable(const MoeConfig& moe, const char* model) {
+  MEGATRON_CHECK(moe.score_function == MoeScoreFunction::kSigmoid && moe.enable_expert_bias &&
+                     !moe.pre_softmax && !moe.has(MoeLoadBalancing::kSinkhorn),
+                 "this MoE model has no Hugging Face equivalent: ", model,
+                 " routes by sigmoid scores with an expert bias (--moe-router-score-function "
+                 "sigmoid --moe-router-enable-expert-bias)");
+  MEGATRON_CHECK(moe.num_groups <= 1 || moe.router_topk == 2 * moe.group_topk,
+                 "this MoE model has no Hugging Face equivalent: ", model,
+                 " scores an expert group by its top 2 experts (--moe-router-topk = 2 x "
+                 "--moe-router-group-topk)");
+}
+
+void write_noaux_tc_router(const MoeConfig& moe, json& j) {
+  j["n_routed_experts"] = moe.num_experts;
+  j["num_experts_per_tok"] = moe.router_topk;
+  j["norm_topk_prob"] = true;
+  j["routed_scaling_factor"] = moe.topk_scaling_factor > 0 ? moe.topk_scaling_factor : 1.0;
+  j["n_group"] = moe.num_groups > 1 ? moe.num_groups : 1;
+  j["topk_group"] = moe.num_groups > 1 ? moe.group_topk : 1;
+}
+
+void add_noaux_tc_router_mappings(const TransformerConfig& c, MoELayer& moe,
+                                  const std::string& prefix, std::vector<HfTensorMapping>& maps) {
+  add(maps, prefix + "gate.weight", moe.router.weight, {c.moe.num_experts, c.hidden_size});
+  add(maps, prefix + "gate.e_score_correction_bias", moe.router.expert_bias, {c.moe.num_experts});
+}
 
 void read_deepseek_v3_config(const json& j, const std::string& file, TransformerConfig& c) {
   c.num_layers = hf_get<int64_t>(j, "num_hidden_layers", file);
@@ -179,31 +210,19 @@ json deepseek_v3_config_json(const TransformerConfig& c) {
                    "this MoE model has no Hugging Face equivalent: DeepSeek-V3's dense layers come "
                    "first (--moe-layer-freq ([0]*K+[1]*N))");
   }
-  MEGATRON_CHECK(moe.score_function == MoeScoreFunction::kSigmoid && moe.enable_expert_bias &&
-                     !moe.pre_softmax && !moe.has(MoeLoadBalancing::kSinkhorn),
-                 "this MoE model has no Hugging Face equivalent: DeepSeek-V3 routes by sigmoid "
-                 "scores with an expert bias (--moe-router-score-function sigmoid "
-                 "--moe-router-enable-expert-bias)");
+  check_noaux_tc_router_exportable(moe, "DeepSeek-V3");
   const int64_t shared = moe.shared_expert_intermediate_size;
   MEGATRON_CHECK(shared % moe.ffn_hidden_size == 0,
                  "this MoE model has no Hugging Face equivalent: DeepSeek-V3's shared experts are "
                  "whole experts (--moe-shared-expert-intermediate-size a multiple of "
                  "--moe-ffn-hidden-size)");
-  MEGATRON_CHECK(moe.num_groups <= 1 || moe.router_topk == 2 * moe.group_topk,
-                 "this MoE model has no Hugging Face equivalent: DeepSeek-V3 scores an expert "
-                 "group by its top 2 experts (--moe-router-topk = 2 x --moe-router-group-topk)");
-  j["n_routed_experts"] = moe.num_experts;
-  j["num_experts_per_tok"] = moe.router_topk;
+  write_noaux_tc_router(moe, j);
   j["moe_intermediate_size"] = moe.ffn_hidden_size;
   j["n_shared_experts"] = shared / moe.ffn_hidden_size;
   j["first_k_dense_replace"] = dense;
   j["moe_layer_freq"] = 1;
   j["scoring_func"] = "sigmoid";
   j["topk_method"] = "noaux_tc";
-  j["norm_topk_prob"] = true;
-  j["routed_scaling_factor"] = moe.topk_scaling_factor > 0 ? moe.topk_scaling_factor : 1.0;
-  j["n_group"] = moe.num_groups > 1 ? moe.num_groups : 1;
-  j["topk_group"] = moe.num_groups > 1 ? moe.group_topk : 1;
   return j;
 }
 
@@ -250,8 +269,7 @@ void add_deepseek_moe_mappings(const TransformerConfig& c, TransformerLayer& L,
   MoELayer& moe = *L.moe;
   const int64_t h = c.hidden_size, fe = c.moe.ffn_hidden_size;
   const std::string x = p + "mlp.";
-  add(maps, x + "gate.weight", moe.router.weight, {c.moe.num_experts, h});
-  add(maps, x + "gate.e_score_correction_bias", moe.router.expert_bias, {c.moe.num_experts});
+  add_noaux_tc_router_mappings(c, moe, x, maps);
   for (int64_t e = 0; e < moe.experts.num_local(); ++e) {
     const std::string n = x + "experts." + std::to_string(moe.experts.first_expert() + e) + ".";
     add(maps, n + "gate_proj.weight", moe.experts.fc1(e), {fe, h}, 0);

@@ -36,6 +36,19 @@ void read_deepseek_v3_config(const nlohmann::json& j, const std::string& file,
 // a DeepSeek-V3 layout cannot express).
 nlohmann::json deepseek_v3_config_json(const TransformerConfig& cfg);
 
+// The router DeepSeek-V3 and Nemotron-H's MoE variants share (topk_method noaux_tc): sigmoid
+// scores, e_score_correction_bias for the choice, n_group / topk_group, norm_topk_prob,
+// routed_scaling_factor; read into m (scoring_func / topk_method checked where given).
+void read_noaux_tc_router(const nlohmann::json& j, const std::string& file, MoeConfig& m);
+// InvalidArgument naming the flags when `model`'s router cannot express moe's.
+void check_noaux_tc_router_exportable(const MoeConfig& moe, const char* model);
+// Its config.json keys (n_routed_experts, num_experts_per_tok, norm_topk_prob,
+// routed_scaling_factor, n_group, topk_group).
+void write_noaux_tc_router(const MoeConfig& moe, nlohmann::json& j);
+// PREFIX + gate.weight and gate.e_score_correction_bias (the router's expert bias).
+void add_noaux_tc_router_mappings(const TransformerConfig& c, MoELayer& moe,
+                                  const std::string& prefix, std::vector<HfTensorMapping>& maps);
+
 // Layer `layer`'s attention (prefix "model.layers.N.") and, for an MoE layer, its experts, router
 // and shared experts.
 void add_deepseek_attention_mappings(const TransformerConfig& c, TransformerLayer& layer,

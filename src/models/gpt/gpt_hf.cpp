@@ -384,22 +384,10 @@ void load_hf_weights(const std::string& dir, const HfModelInfo& info, GPTModel& 
     }
     // Under expert parallelism this rank holds E / EP experts: the others' (an expert index of
     // another rank, with an expert weight's name) are for its peers.
-    bool peer_expert = false;
-    if (const size_t at = short_name.find(".experts."); at != std::string::npos && local_experts) {
-      const size_t begin = at + 9, end = short_name.find('.', begin);
-      const std::string index = short_name.substr(begin, end - begin);
-      const std::string rest = end == std::string::npos ? "" : short_name.substr(end + 1);
-      const bool expert_weight = rest == "w1.weight" || rest == "w2.weight" ||
-                                 rest == "w3.weight" || rest == "gate_proj.weight" ||
-                                 rest == "up_proj.weight" || rest == "down_proj.weight";
-      if (expert_weight && !index.empty() &&
-          index.find_first_not_of("0123456789") == std::string::npos) {
-        const int64_t e = std::stoll(index);
-        peer_expert = e >= 0 && e < info.config.moe.num_experts &&
-                      (e < local_experts->first_expert() ||
-                       e >= local_experts->first_expert() + local_experts->num_local());
-      }
-    }
+    const bool peer_expert =
+        local_experts &&
+        is_peer_expert_tensor(short_name, info.config.moe.num_experts,
+                              local_experts->first_expert(), local_experts->num_local());
     MEGATRON_CHECK(mask_buffer || tied_head || rotary_buffer || peer_expert || mtp_copy, dir,
                    ": unexpected tensor '", full, "' for a ",
                    info.arch == HfArch::kGpt2 ? "gpt2" : "llama",

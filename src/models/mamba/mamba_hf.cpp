@@ -6,6 +6,7 @@
 
 #include "checkpoint/safetensors_dir.h"
 #include "models/common/hf_tensors.h"
+#include "models/gpt/deepseek_hf.h"
 
 namespace megatron {
 
@@ -51,6 +52,25 @@ std::vector<Mapping> mappings(GPTModel& m) {
         add(x + "o_proj.weight", L.self_attention->linear_proj.weight(), {h, np * hn});
         break;
       }
+      case 'E': {  // NemotronHMoE: gate, experts.{e}, shared_experts (up/down, squared ReLU)
+        MoELayer& moe = *L.moe;
+        const int64_t fe = c.moe.ffn_hidden_size, fs = c.moe.shared_expert_intermediate_size;
+        add(p + "norm.weight", L.pre_mlp_layernorm->weight, {h});
+        add_noaux_tc_router_mappings(c, moe, x, maps);
+        for (int64_t e = 0; e < moe.experts.num_local(); ++e) {
+          const std::string n =
+              x + "experts." + std::to_string(moe.experts.first_expert() + e) + ".";
+          add(n + "up_proj.weight", moe.experts.fc1(e), {fe, h});
+          add(n + "down_proj.weight", moe.experts.fc2(e), {h, fe});
+        }
+        if (moe.shared_experts) {
+          add(x + "shared_experts.up_proj.weight", moe.shared_experts->linear_fc1.weight(),
+              {fs, h});
+          add(x + "shared_experts.down_proj.weight", moe.shared_experts->linear_fc2.weight(),
+              {h, fs});
+        }
+        break;
+      }
       default:  // '-'
         add(p + "norm.weight", L.pre_mlp_layernorm->weight, {h});
         add(x + "up_proj.weight", L.mlp->linear_fc1.weight(), {ffn, h});
@@ -73,34 +93,41 @@ T either(const nlohmann::json& j, const std::string& a, const std::string& b, T 
 
 nlohmann::json config_json(const TransformerConfig& c, DType dtype) {
   const MambaConfig& mb = c.mamba;
-  return {{"model_type", "nemotron_h"},
-          {"architectures", {"NemotronHForCausalLM"}},
-          {"vocab_size", c.vocab_size},
-          {"hidden_size", c.hidden_size},
-          {"intermediate_size", c.ffn_hidden_size},
-          {"num_hidden_layers", c.num_layers},
-          {"hybrid_override_pattern", mb.layers},
-          {"num_attention_heads", c.num_attention_heads},
-          {"num_key_value_heads", c.num_query_groups},
-          {"head_dim", c.kv_channels},
-          {"attention_head_dim", c.kv_channels},
-          {"max_position_embeddings", c.max_position_embeddings},
-          {"mlp_hidden_act", "relu2"},
-          {"attention_bias", false},
-          {"mlp_bias", false},
-          {"use_bias", false},
-          {"use_conv_bias", true},
-          {"layer_norm_epsilon", c.norm_epsilon},
-          {"residual_in_fp32", false},
-          {"ssm_state_size", mb.state_dim},
-          {"mamba_num_heads", mb.heads(c.hidden_size)},
-          {"mamba_head_dim", mb.head_dim},
-          {"n_groups", mb.num_groups},
-          {"conv_kernel", mb.d_conv},
-          {"expand", mb.expand},
-          {"mamba_hidden_act", "silu"},
-          {"tie_word_embeddings", !c.untie_embeddings_and_output_weights},
-          {"torch_dtype", torch_dtype_name(dtype)}};
+  nlohmann::json j = {{"model_type", "nemotron_h"},
+                      {"architectures", {"NemotronHForCausalLM"}},
+                      {"vocab_size", c.vocab_size},
+                      {"hidden_size", c.hidden_size},
+                      {"intermediate_size", c.ffn_hidden_size},
+                      {"num_hidden_layers", c.num_layers},
+                      {"hybrid_override_pattern", mb.layers},
+                      {"num_attention_heads", c.num_attention_heads},
+                      {"num_key_value_heads", c.num_query_groups},
+                      {"head_dim", c.kv_channels},
+                      {"attention_head_dim", c.kv_channels},
+                      {"max_position_embeddings", c.max_position_embeddings},
+                      {"mlp_hidden_act", "relu2"},
+                      {"attention_bias", false},
+                      {"mlp_bias", false},
+                      {"use_bias", false},
+                      {"use_conv_bias", true},
+                      {"layer_norm_epsilon", c.norm_epsilon},
+                      {"residual_in_fp32", false},
+                      {"ssm_state_size", mb.state_dim},
+                      {"mamba_num_heads", mb.heads(c.hidden_size)},
+                      {"mamba_head_dim", mb.head_dim},
+                      {"n_groups", mb.num_groups},
+                      {"conv_kernel", mb.d_conv},
+                      {"expand", mb.expand},
+                      {"mamba_hidden_act", "silu"},
+                      {"tie_word_embeddings", !c.untie_embeddings_and_output_weights},
+                      {"torch_dtype", torch_dtype_name(dtype)}};
+  if (c.moe.enabled()) {
+    write_noaux_tc_router(c.moe, j);
+    j["moe_intermediate_size"] = c.moe.ffn_hidden_size;
+    j["moe_shared_expert_intermediate_size"] = c.moe.shared_expert_intermediate_size;
+    j["moe_latent_size"] = nullptr;
+  }
+  return j;
 }
 
 }  // namespace
@@ -146,10 +173,24 @@ NemotronHInfo read_nemotron_h_config(const std::string& dir) {
   MambaConfig& mb = c.mamba;
   mb.layers = hf_get<std::string>(j, "hybrid_override_pattern", file);
   for (char ch : mb.layers)
-    MEGATRON_CHECK(ch == 'M' || ch == '*' || ch == '-', file, ": hybrid_override_pattern '",
-                   mb.layers, "': layer type '", std::string(1, ch),
-                   "' is not supported (M, * and -; NemotronH's MoE layers E are not read from "
-                   "Hugging Face here: a Megatron hybrid with E layers trains with --num-experts)");
+    MEGATRON_CHECK(ch == 'M' || ch == '*' || ch == '-' || ch == 'E', file,
+                   ": hybrid_override_pattern '", mb.layers, "': layer type '", std::string(1, ch),
+                   "' is not supported (M, *, - and E)");
+  if (mb.layers.find('E') != std::string::npos) {
+    // NemotronHMoE (Nemotron 3's MoE layers): DeepSeek-V3's router over n_routed_experts
+    // squared-ReLU experts of moe_intermediate_size, plus one shared MLP of
+    // moe_shared_expert_intermediate_size.
+    MoeConfig& m = c.moe;
+    m.num_experts = hf_get<int64_t>(j, "n_routed_experts", file);
+    m.router_topk = hf_get<int64_t>(j, "num_experts_per_tok", file);
+    m.ffn_hidden_size = hf_get<int64_t>(j, "moe_intermediate_size", file);
+    m.shared_expert_intermediate_size =
+        hf_get_or<int64_t>(j, "moe_shared_expert_intermediate_size", 0, file);
+    MEGATRON_CHECK(!j.contains("moe_latent_size") || j["moe_latent_size"].is_null(), file,
+                   ": moe_latent_size is not supported (the experts run at the hidden size here)");
+    read_noaux_tc_router(j, file, m);
+    for (char t : mb.layers) m.layer_pattern.push_back(t == 'E' ? 1 : 0);
+  }
   mb.state_dim = hf_get_or<int64_t>(j, "ssm_state_size", 128, file);
   mb.num_heads = hf_get_or<int64_t>(j, "mamba_num_heads", 128, file);
   mb.head_dim = hf_get_or<int64_t>(j, "mamba_head_dim", 64, file);
@@ -175,10 +216,7 @@ NemotronHInfo read_nemotron_h_config(const std::string& dir) {
 
 void check_nemotron_h_exportable(const TransformerConfig& c) {
   MEGATRON_CHECK(c.mamba.enabled(), "NemotronH export needs a hybrid Mamba model (--model mamba)");
-  MEGATRON_CHECK(c.mamba.layers.find('E') == std::string::npos, "the hybrid pattern '",
-                 c.mamba.layers,
-                 "' has E (Mixture of Experts) layers, which NemotronH export does not write; "
-                 "keep the Megatron checkpoint");
+  if (c.moe.enabled()) check_noaux_tc_router_exportable(c.moe, "NemotronH");
   MEGATRON_CHECK(c.normalization == Normalization::kRMSNorm && !c.layernorm_zero_centered_gamma &&
                      std::abs(c.norm_epsilon - 1e-5) < 1e-12,
                  "this hybrid model has no NemotronH equivalent: NemotronH's norms are RMSNorm "
@@ -205,10 +243,18 @@ void load_nemotron_h_weights(const std::string& dir, GPTModel& model, ParamSet& 
   for (Param* p : params.params()) staged[p] = Tensor::zeros(p->shape, DType::kF64);
   const std::set<std::string> used = read_mapped_tensors(st, by_name, mappings(model), staged, dir);
   const bool tied = !model.config().untie_embeddings_and_output_weights;
+  // Under expert parallelism the other ranks' experts (the same range in every MoE layer).
+  int64_t first_local = 0, num_local = 0;
+  for (const auto& layer : model.decoder->layers)
+    if (layer->moe) {
+      first_local = layer->moe->experts.first_expert();
+      num_local = layer->moe->experts.num_local();
+    }
   for (const auto& [name, full] : by_name)
-    MEGATRON_CHECK(used.count(name) || (tied && name == "lm_head.weight"), dir,
-                   ": unexpected tensor '", full,
-                   "' for a NemotronH model as config.json describes it");
+    MEGATRON_CHECK(
+        used.count(name) || (tied && name == "lm_head.weight") ||
+            is_peer_expert_tensor(name, model.config().moe.num_experts, first_local, num_local),
+        dir, ": unexpected tensor '", full, "' for a NemotronH model as config.json describes it");
   for (auto& [p, t] : staged) params.set_main(*p, t);
   params.sync_compute_from_main();
 }

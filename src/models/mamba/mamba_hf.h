@@ -1,6 +1,6 @@
 // Hugging Face's form of Megatron's hybrid Mamba models: NemotronH (NemotronHForCausalLM,
 // model_type "nemotron_h"), the architecture of NVIDIA's Nemotron-H checkpoints, whose
-// hybrid_override_pattern is Megatron's layer pattern (M Mamba-2, * attention, - MLP).
+// hybrid_override_pattern is Megatron's layer pattern (M Mamba-2, * attention, - MLP, E MoE).
 //
 // The mapping: backbone.embeddings <-> embedding.word_embeddings; per layer, backbone.layers.i.norm
 // <-> the layer's one norm (the Mamba layer's norm, the attention layer's input_layernorm, the MLP
@@ -11,7 +11,11 @@
 // --squared-relu); backbone.norm_f and lm_head (untied by default). NemotronH's attention has no
 // positional embedding (--position-embedding-type none) and its norms are RMSNorm with
 // layer_norm_epsilon (the gated norm's epsilon too: Megatron's is 1e-5, so other values are
-// refused). MoE layers ('E') and biases are not supported (Megatron r0.14's hybrid has neither).
+// refused). An MoE layer ('E', NemotronHMoE of Nemotron 3) is DeepSeek-V3's router
+// (gate.weight, gate.e_score_correction_bias; models/gpt/deepseek_hf.h) over squared-ReLU experts
+// (experts.{e}.up_proj / down_proj <-> the expert's linear_fc1 / linear_fc2) and one shared MLP
+// (shared_experts.up_proj / down_proj), the layer's norm its pre_mlp_layernorm. Biases are not
+// supported (Megatron's hybrid has none).
 #pragma once
 
 #include <map>
