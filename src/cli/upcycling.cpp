@@ -1,6 +1,7 @@
 // Dense checkpoint -> MoE checkpoint (Megatron's upcycling): see the header.
 #include "cli/upcycling.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -72,6 +73,14 @@ void upcycle_checkpoint(const Arguments& run) {
                             "ffn_hidden_size"}) {
       dj.erase(key);
       mj.erase(key);
+    }
+    // A hybrid model's E layers upcycle the dense model's MLP layers (-) at their places (an
+    // extension: Megatron's upcycling builds the dense model from the MoE run's own pattern).
+    for (const char* key : {"hybrid_layers", "hybrid_override_pattern"}) {
+      if (!mj.contains(key) || !mj[key].is_string()) continue;
+      std::string pattern = mj[key].get<std::string>();
+      std::replace(pattern.begin(), pattern.end(), 'E', '-');
+      mj[key] = pattern;
     }
     const std::vector<std::string> diff = model_arg_differences(dj, mj);
     std::string text;

@@ -371,6 +371,36 @@ class TestHybridMamba(unittest.TestCase):
                     self.assertIn(f"[rank {r}]", proc.stderr)
 
 
+    def test_dense_hybrid_upcycles_into_e_layers(self):
+        # --moe-use-upcycling from a dense hybrid checkpoint ("ME*-" with an MLP layer where the
+        # MoE run has E, an extension of Megatron's upcycling): top-2 of 4 copies of the MLP
+        # with probabilities summing to 1 is the dense model, so the validation losses agree
+        # (1e-5 relative, the f32 sums as the layouts' tolerance); the pattern must otherwise be
+        # the checkpoint's.
+        dense = [a for a in with_flags(MOE, [*self.HYBRID, "--hybrid-override-pattern", "M-*-",
+                                             "--ffn-hidden-size", "64", "--eval-iters", "2"])]
+        for flag in ("--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
+                     "--moe-aux-loss-coeff", "--moe-z-loss-coeff"):
+            i = dense.index(flag)
+            del dense[i:i + 2]
+        ck = tempfile.mkdtemp(prefix="dense_hybrid_", dir=TMP.name)
+        for args in ([*dense, "--save", ck], [*dense, "--load", ck, "--skip-train"]):
+            proc = megatron_job.run_train(MEGATRON, MPIEXEC, 1, args, TIMEOUT_S)
+            self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
+        want = [float(f["lm loss value"]) for _, f in megatron_log.validation_lines(proc.stdout)]
+        self.assertEqual(len(want), 2)
+        up = run(1, *self.HYBRID, "--hybrid-override-pattern", "ME*E", "--load", ck, "--save",
+                 os.path.join(TMP.name, "upcycled_hybrid"), "--moe-use-upcycling",
+                 "--skip-train", "--eval-iters", "2")
+        got = [float(f["lm loss value"]) for _, f in megatron_log.validation_lines(up.stdout)]
+        self.assertEqual(len(got), 2)
+        print(f"upcycled hybrid: validation {got} against dense {want}", file=sys.stderr)
+        for g, w in zip(got, want):
+            self.assertAlmostEqual(g, w, delta=1e-5 * w)
+        bad = run(1, *self.HYBRID, "--hybrid-override-pattern", "MEME", "--load", ck, "--save",
+                  os.path.join(TMP.name, "upcycled_bad"), "--moe-use-upcycling", expect_rc=2)
+        self.assertIn('hybrid_layers: checkpoint "M-*-", this run "M-M-"', bad.stderr)
+
     def test_nemotron_h_moe_trains_at_ep2_and_converts_back(self):
         # The PyTorch oracle's NemotronH with MoE layers ("ME*-E", tests/reference/hf_oracle.py):
         # --pretrained-checkpoint takes the model, its experts and router flags from config.json
