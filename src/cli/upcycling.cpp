@@ -76,11 +76,18 @@ void upcycle_checkpoint(const Arguments& run) {
     }
     // A hybrid model's E layers upcycle the dense model's MLP layers (-) at their places (an
     // extension: Megatron's upcycling builds the dense model from the MoE run's own pattern).
-    for (const char* key : {"hybrid_layers", "hybrid_override_pattern"}) {
-      if (!mj.contains(key) || !mj[key].is_string()) continue;
-      std::string pattern = mj[key].get<std::string>();
-      std::replace(pattern.begin(), pattern.end(), 'E', '-');
-      mj[key] = pattern;
+    if (m.mamba.enabled() && d.mamba.enabled()) {
+      std::string as_dense = m.mamba.layers;
+      std::replace(as_dense.begin(), as_dense.end(), 'E', '-');
+      MEGATRON_CHECK(as_dense == d.mamba.layers && d.mamba.layers.find('E') == std::string::npos,
+                     "--moe-use-upcycling: the hybrid pattern '", m.mamba.layers,
+                     "' must be the dense checkpoint's '", d.mamba.layers, "' (", run.load,
+                     ") with E where that has - (an MoE layer in place of each MLP layer to "
+                     "upcycle)");
+      for (const char* key : {"hybrid_layers", "hybrid_override_pattern"}) {
+        dj.erase(key);
+        mj.erase(key);
+      }
     }
     const std::vector<std::string> diff = model_arg_differences(dj, mj);
     std::string text;

@@ -347,14 +347,33 @@ class TestHybridMamba(unittest.TestCase):
 
     def test_checkpoint_reshards_and_refusals(self):
         # Saved at ep2 x tp2, the next iteration at ep1 in one process equals the uninterrupted
-        # run's (the E layers' experts under their global index, the mixers' blocks resharded),
-        # the pattern and the experts' flags restored by --use-checkpoint-args.
+        # run's (the E layers' experts under their global index, the mixers' blocks resharded);
+        # that run gives no model flag: --use-checkpoint-args restores the pattern, the Mamba
+        # sizes and the experts' flags (not a --moe-layer-freq, which would be refused).
         saved = [*self.HYBRID, EP, "2", TP, "2", SP]
         want = curve(run(4, *saved))[7]
         ck = tempfile.mkdtemp(prefix="ck_", dir=TMP.name)
         run(4, *saved, "--save", ck, "--exit-interval", "6")
-        got = curve(run(1, *self.HYBRID, "--load", ck, "--exit-interval", "7",
-                        "--use-checkpoint-args"))
+        valued = {"--num-layers", "--hidden-size", "--num-attention-heads",
+                  "--position-embedding-type", "--normalization", "--num-experts",
+                  "--moe-router-topk", "--moe-ffn-hidden-size"}
+        switches = {"--swiglu", "--disable-bias-linear", "--untie-embeddings-and-output-weights"}
+        training = []
+        i = 0
+        while i < len(MOE):
+            if MOE[i] in valued:
+                i += 2
+                continue
+            if MOE[i] not in switches:
+                training.append(MOE[i])
+            i += 1
+        resumed = megatron_job.run_train(
+            MEGATRON, MPIEXEC, 1,
+            [*training, "--load", ck, "--exit-interval", "7", "--use-checkpoint-args"],
+            TIMEOUT_S)
+        self.assertEqual(resumed.returncode, 0, resumed.stderr[-2000:])
+        self.assertIn("ME*E", resumed.stdout)  # the restored pattern, as allocated
+        got = curve(resumed)
         self.assertEqual(sorted(got), [7])
         self.assertLess(max(abs(got[7][k] / want[k] - 1) for k in want), RTOL)
         # The MoE layers are exactly the E layers: each mismatch exits 2 naming the flag.
@@ -399,7 +418,7 @@ class TestHybridMamba(unittest.TestCase):
             self.assertAlmostEqual(g, w, delta=1e-5 * w)
         bad = run(1, *self.HYBRID, "--hybrid-override-pattern", "MEME", "--load", ck, "--save",
                   os.path.join(TMP.name, "upcycled_bad"), "--moe-use-upcycling", expect_rc=2)
-        self.assertIn('hybrid_layers: checkpoint "M-*-", this run "M-M-"', bad.stderr)
+        self.assertIn("the hybrid pattern 'MEME' must be the dense checkpoint's 'M-*-'", bad.stderr)
 
     def test_nemotron_h_moe_trains_at_ep2_and_converts_back(self):
         # The PyTorch oracle's NemotronH with MoE layers ("ME*-E", tests/reference/hf_oracle.py):
@@ -430,7 +449,8 @@ class TestHybridMamba(unittest.TestCase):
         with open(os.path.join(back, "config.json")) as f:
             cfg = json.load(f)
         self.assertEqual((cfg["hybrid_override_pattern"], cfg["n_routed_experts"],
-                          cfg["routed_scaling_factor"], cfg["n_group"]), ("ME*-E", 4, 2.5, 2))
+                          cfg["routed_scaling_factor"], cfg["norm_topk_prob"]),
+                         ("ME*-E", 4, 2.5, True))
         _, trained = checkpoint_reader.read_checkpoint(ck)
         hf_in, _ = checkpoint_reader.read_safetensors(os.path.join(hf, "model.safetensors"))
         hf_out, _ = checkpoint_reader.read_safetensors(os.path.join(back, "model.safetensors"))

@@ -4,8 +4,8 @@
 // through the NemotronH importer (models/mamba/mamba_hf.h) and reproduce them. Then: the export
 // writes the files' tensors back bit for bit, and generation's carried Mamba state (prefill, then
 // one position at a time) gives the logits of full forwards. --arch nemotron-h-moe does the same
-// for a NemotronH with MoE layers ("ME*-E", Nemotron 3's NemotronHMoE: grouped sigmoid routing
-// with a correction bias, scaled, squared-ReLU experts and a shared MLP).
+// for a NemotronH with MoE layers ("ME*-E", Nemotron 3's NemotronHMoE: sigmoid routing with a
+// correction bias, renormalised and scaled, squared-ReLU experts and a shared MLP).
 //
 // Usage: test_mamba_hf_oracle ORACLE_DIR (CTest runs the Python script first, as a fixture).
 //

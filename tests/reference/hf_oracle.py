@@ -50,8 +50,8 @@ Variants (the model-variant flags where Hugging Face has the same variant):
               (its torch_forward math) with the scan as its recurrence, one position at a time.
   nemotron-h-moe
               NemotronH with MoE layers (Nemotron 3's NemotronHMoE), "ME*-E": DeepSeek-V3's
-              router (sigmoid, e_score_correction_bias, groups, scaling) over squared-ReLU
-              experts, plus a shared squared-ReLU MLP.
+              router (sigmoid, e_score_correction_bias, scaling) over squared-ReLU experts,
+              plus a shared squared-ReLU MLP.
   nemotron-nas
               Llama-Nemotron (DeciLMForCausalLM): Llama 3.1 whose layers follow block_configs,
               each attention and MLP whole (its own kv heads, its ffn_mult's width), one linear
@@ -214,13 +214,13 @@ NEMOTRON_H_CONFIG = {
     "time_step_limit": [0.0, float("inf")],
     "tie_word_embeddings": False,
 }
-# NemotronH with MoE layers (Nemotron 3's NemotronHMoE): "ME*-E" with 4 squared-ReLU experts of
-# 32 in 2 groups (1 chosen, top 2 of it), a random e_score_correction_bias, scaling 2.5 and a
-# shared MLP of 48.
+# NemotronH with MoE layers (Nemotron 3's NemotronHMoE): "ME*-E" with top 2 of 4 squared-ReLU
+# experts of 32 chosen by score + a random e_score_correction_bias (one group, as Nemotron 3;
+# DeepSeek-V3's oracle covers groups), renormalised, scaled by 2.5, and a shared MLP of 48.
 NEMOTRON_H_MOE_CONFIG = dict(
     NEMOTRON_H_CONFIG, num_hidden_layers=5, hybrid_override_pattern="ME*-E", n_routed_experts=4,
     num_experts_per_tok=2, moe_intermediate_size=32, moe_shared_expert_intermediate_size=48,
-    n_group=2, topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.5,
+    n_group=1, topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.5,
     moe_latent_size=None)
 # Hugging Face buffers and DeepSeek-V3's copies of the shared tensors: in the weights file, never
 # trained (the copies equal what they copy).

@@ -325,11 +325,25 @@ TEST(MambaLayers, MoeLayersAreTheELayers) {
   EXPECT_EQ(ps[0]->name, "decoder.layers.1.pre_mlp_layernorm.weight");
   EXPECT_EQ(ps[1]->name, "decoder.layers.1.mlp.router.weight");
   EXPECT_EQ(ps[1]->shape, (Shape{4, 8}));
+  auto refusal = [](TransformerConfig c) -> std::string {
+    try {
+      c.finalize();
+    } catch (const InvalidArgument& e) {
+      return e.what();
+    }
+    return "";
+  };
   TransformerConfig bad = hybrid_config("ME");
   bad.moe.layer_pattern.clear();  // every layer MoE, the M layer too
-  EXPECT_THROW(bad.finalize(), InvalidArgument);
+  EXPECT_NE(refusal(bad).find("layer 0 of the hybrid pattern 'ME' is an MoE layer but not E"),
+            std::string::npos)
+      << refusal(bad);
   bad.moe.layer_pattern = {1, 0};
-  EXPECT_THROW(bad.finalize(), InvalidArgument);
+  EXPECT_NE(refusal(bad).find("layer 0 of the hybrid pattern 'ME' is an MoE layer but not E"),
+            std::string::npos);
+  bad.moe.layer_pattern = {0, 0, 1};  // longer than the pattern: layer 1 is still not MoE
+  EXPECT_NE(refusal(bad).find("layer 1 of the hybrid pattern 'ME' is E but not an MoE layer"),
+            std::string::npos);
 }
 
 // The FLOPs per iteration of Megatron core 0.16's hybrid_flops, written out for "ME": the Mamba

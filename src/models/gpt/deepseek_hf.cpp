@@ -44,10 +44,13 @@ void read_noaux_tc_router(const json& j, const std::string& file, MoeConfig& m) 
                  "' is not supported (DeepSeek-V3's sigmoid with noaux_tc)");
   m.score_function = MoeScoreFunction::kSigmoid;
   m.enable_expert_bias = true;
-  // Megatron's sigmoid router renormalises over the k selected whenever k > 1.
-  MEGATRON_CHECK(hf_get_or<bool>(j, "norm_topk_prob", true, file) || m.router_topk == 1, file,
-                 ": norm_topk_prob false is not supported (Megatron renormalises sigmoid scores "
-                 "over the k selected)");
+  // Megatron's sigmoid router renormalises over the k selected exactly when k > 1 (a top-1
+  // token keeps its raw score; Hugging Face's norm_topk_prob would make it 1).
+  const bool norm = hf_get_or<bool>(j, "norm_topk_prob", true, file);
+  MEGATRON_CHECK(norm == (m.router_topk > 1), file, ": norm_topk_prob ", norm ? "true" : "false",
+                 " with num_experts_per_tok ", m.router_topk,
+                 " is not supported (Megatron renormalises sigmoid scores over the k selected "
+                 "exactly when k > 1)");
   const double scaling = hf_get_or<double>(j, "routed_scaling_factor", 1.0, file);
   m.topk_scaling_factor = scaling == 1.0 ? 0.0 : scaling;
   const int64_t groups = hf_get_or<int64_t>(j, "n_group", 1, file);
@@ -72,6 +75,10 @@ void check_noaux_tc_router_exportable(const MoeConfig& moe, const char* model) {
                  "this MoE model has no Hugging Face equivalent: ", model,
                  " routes by sigmoid scores with an expert bias (--moe-router-score-function "
                  "sigmoid --moe-router-enable-expert-bias)");
+  MEGATRON_CHECK(!moe.apply_probs_on_input,
+                 "this MoE model has no Hugging Face equivalent: ", model,
+                 " weights the experts' outputs, not their inputs (drop "
+                 "--moe-apply-probs-on-input)");
   MEGATRON_CHECK(moe.num_groups <= 1 || moe.router_topk == 2 * moe.group_topk,
                  "this MoE model has no Hugging Face equivalent: ", model,
                  " scores an expert group by its top 2 experts (--moe-router-topk = 2 x "
@@ -81,7 +88,7 @@ void check_noaux_tc_router_exportable(const MoeConfig& moe, const char* model) {
 void write_noaux_tc_router(const MoeConfig& moe, json& j) {
   j["n_routed_experts"] = moe.num_experts;
   j["num_experts_per_tok"] = moe.router_topk;
-  j["norm_topk_prob"] = true;
+  j["norm_topk_prob"] = moe.router_topk > 1;  // Megatron's renormalisation (see the reader)
   j["routed_scaling_factor"] = moe.topk_scaling_factor > 0 ? moe.topk_scaling_factor : 1.0;
   j["n_group"] = moe.num_groups > 1 ? moe.num_groups : 1;
   j["topk_group"] = moe.num_groups > 1 ? moe.group_topk : 1;

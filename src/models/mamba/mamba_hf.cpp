@@ -184,8 +184,10 @@ NemotronHInfo read_nemotron_h_config(const std::string& dir) {
     m.num_experts = hf_get<int64_t>(j, "n_routed_experts", file);
     m.router_topk = hf_get<int64_t>(j, "num_experts_per_tok", file);
     m.ffn_hidden_size = hf_get<int64_t>(j, "moe_intermediate_size", file);
+    // NemotronHMoE always has its shared MLP (its config's default width when the key is
+    // missing, which is not the model's: required here).
     m.shared_expert_intermediate_size =
-        hf_get_or<int64_t>(j, "moe_shared_expert_intermediate_size", 0, file);
+        hf_get<int64_t>(j, "moe_shared_expert_intermediate_size", file);
     MEGATRON_CHECK(!j.contains("moe_latent_size") || j["moe_latent_size"].is_null(), file,
                    ": moe_latent_size is not supported (the experts run at the hidden size here)");
     read_noaux_tc_router(j, file, m);
@@ -216,7 +218,12 @@ NemotronHInfo read_nemotron_h_config(const std::string& dir) {
 
 void check_nemotron_h_exportable(const TransformerConfig& c) {
   MEGATRON_CHECK(c.mamba.enabled(), "NemotronH export needs a hybrid Mamba model (--model mamba)");
-  if (c.moe.enabled()) check_noaux_tc_router_exportable(c.moe, "NemotronH");
+  if (c.moe.enabled()) {
+    check_noaux_tc_router_exportable(c.moe, "NemotronH");
+    MEGATRON_CHECK(c.moe.shared_expert_intermediate_size > 0,
+                   "this hybrid model has no NemotronH equivalent: NemotronH's MoE layers always "
+                   "have a shared MLP (--moe-shared-expert-intermediate-size)");
+  }
   MEGATRON_CHECK(c.normalization == Normalization::kRMSNorm && !c.layernorm_zero_centered_gamma &&
                      std::abs(c.norm_epsilon - 1e-5) < 1e-12,
                  "this hybrid model has no NemotronH equivalent: NemotronH's norms are RMSNorm "
