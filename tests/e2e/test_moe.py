@@ -84,6 +84,16 @@ def run(ranks, *args, expect_rc=0):
     return proc
 
 
+def oracle_model(arch):
+    """A Hugging Face directory of the PyTorch oracle's tiny `arch` (tests/reference)."""
+    oracle = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference",
+                          "hf_oracle.py")
+    out = tempfile.mkdtemp(prefix=arch + "_", dir=TMP.name)
+    subprocess.run(["/usr/bin/python3", oracle, "--arch", arch, "--out", out],
+                   check=True, capture_output=True, timeout=TIMEOUT_S)
+    return os.path.join(out, "model")
+
+
 def curve(proc):
     """{iteration: {field: float}} of the fields that must follow the single-process run."""
     return {it: {k: float(v) for k, v in f.items() if k in FIELDS}
@@ -426,12 +436,7 @@ class TestHybridMamba(unittest.TestCase):
         # (no --moe-layer-freq: the E layers), trains at ep2 with the expert bias updated
         # (aux-loss-free balancing), and `megatron convert` writes the trained router, bias and
         # experts back under NemotronH's names, exactly.
-        oracle = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference",
-                              "hf_oracle.py")
-        out = tempfile.mkdtemp(prefix="nemotron_h_moe_", dir=TMP.name)
-        subprocess.run(["/usr/bin/python3", oracle, "--arch", "nemotron-h-moe", "--out", out],
-                       check=True, capture_output=True, timeout=TIMEOUT_S)
-        hf = os.path.join(out, "model")
+        hf = oracle_model("nemotron-h-moe")
         ck = tempfile.mkdtemp(prefix="ck_", dir=TMP.name)
         args = ["--model", "mamba", "--mock-data", "--pretrained-checkpoint", hf,
                 "--seq-length", "16", "--micro-batch-size", "1", "--global-batch-size", "2",
@@ -474,12 +479,7 @@ class TestHybridMamba(unittest.TestCase):
 
 class TestMixtral(unittest.TestCase):
     def test_pretrained_mixtral_trains_at_ep2_and_converts_back(self):
-        oracle = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference",
-                              "hf_oracle.py")
-        out = tempfile.mkdtemp(prefix="mixtral_", dir=TMP.name)
-        subprocess.run(["/usr/bin/python3", oracle, "--arch", "mixtral", "--out", out],
-                       check=True, capture_output=True, timeout=TIMEOUT_S)
-        hf = os.path.join(out, "model")
+        hf = oracle_model("mixtral")
         ck = tempfile.mkdtemp(prefix="ck_", dir=TMP.name)
         args = ["--mock-data", "--pretrained-checkpoint", hf, "--seq-length", "16",
                 "--micro-batch-size", "1", "--global-batch-size", "2", "--train-iters", "2",

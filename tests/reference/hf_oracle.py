@@ -648,27 +648,36 @@ def deepseek_interleave(t):
     return t.view(b, h, s, d // 2, 2).transpose(4, 3).reshape(b, h, s, d)
 
 
+def noaux_tc_route(cfg, scores, bias, masked):
+    """DeepSeek-V3's routing (NemotronHMoE's too): the choice by score + bias among the
+    topk_group groups with the best top-2 sums (the others' choices set to `masked`: 0.0 in
+    DeepseekV3MoE, -inf in NemotronHMoE); the chosen plain scores, renormalised when
+    norm_topk_prob, times routed_scaling_factor. Returns (expert indices, weights) [T, k]."""
+    E, k = cfg["n_routed_experts"], cfg["num_experts_per_tok"]
+    G, TG = cfg["n_group"], cfg["topk_group"]
+    choice = scores.detach() + bias
+    group_scores = choice.view(-1, G, E // G).topk(2, dim=-1)[0].sum(dim=-1)
+    group_idx = torch.topk(group_scores, k=TG, dim=-1, sorted=False)[1]
+    group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1)
+    score_mask = group_mask.unsqueeze(-1).expand(-1, G, E // G).reshape(-1, E)
+    choice = choice.masked_fill(~score_mask.bool(), masked)
+    idx = torch.topk(choice, k=k, dim=-1, sorted=False)[1]
+    weights = scores.gather(1, idx)
+    if cfg.get("norm_topk_prob", True):
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return idx, weights * cfg["routed_scaling_factor"]
+
+
 def deepseek_moe(cfg, w, p, h):
     """DeepseekV3MoE: sigmoid scores; experts chosen by score + e_score_correction_bias among the
     topk_group groups with the best top-2 sums (others masked to 0.0, as HF does); weights the
     plain scores of the chosen, renormalised, times routed_scaling_factor; plus the shared
     experts over every token."""
     B, S, H = h.shape
-    E, k = cfg["n_routed_experts"], cfg["num_experts_per_tok"]
-    G, TG = cfg["n_group"], cfg["topk_group"]
+    E = cfg["n_routed_experts"]
     flat = h.reshape(-1, H)
-    logits = F.linear(flat.float(), w[p + "mlp.gate.weight"].float())
-    scores = logits.sigmoid()
-    choice = scores.detach() + w[p + "mlp.gate.e_score_correction_bias"]
-    group_scores = choice.view(-1, G, E // G).topk(2, dim=-1)[0].sum(dim=-1)
-    group_idx = torch.topk(group_scores, k=TG, dim=-1, sorted=False)[1]
-    group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1)
-    score_mask = group_mask.unsqueeze(-1).expand(-1, G, E // G).reshape(-1, E)
-    choice = choice.masked_fill(~score_mask.bool(), 0.0)
-    idx = torch.topk(choice, k=k, dim=-1, sorted=False)[1]
-    weights = scores.gather(1, idx)
-    weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
-    weights = weights * cfg["routed_scaling_factor"]
+    scores = F.linear(flat.float(), w[p + "mlp.gate.weight"].float()).sigmoid()
+    idx, weights = noaux_tc_route(cfg, scores, w[p + "mlp.gate.e_score_correction_bias"], 0.0)
     out = torch.zeros_like(flat)
     for e in range(E):
         x = p + f"mlp.experts.{e}."
@@ -878,25 +887,14 @@ def nemotron_h_mamba(cfg, w, x, h):
 
 
 def nemotron_h_moe(cfg, w, m, h):
-    """NemotronHMoE: DeepSeek-V3's router (sigmoid scores, the choice by score + bias among the
-    topk_group best groups by their top-2 sums, others masked to -inf; the chosen plain scores
-    renormalised and scaled), squared-ReLU experts, plus the shared MLP over every token."""
+    """NemotronHMoE: DeepSeek-V3's router over sigmoid scores (non-chosen groups masked to
+    -inf), squared-ReLU experts, plus the shared MLP over every token."""
     B, S, H = h.shape
-    E, k = cfg["n_routed_experts"], cfg["num_experts_per_tok"]
-    G, TG = cfg["n_group"], cfg["topk_group"]
+    E = cfg["n_routed_experts"]
     flat = h.reshape(-1, H)
     scores = F.linear(flat.float(), w[m + "gate.weight"].float()).sigmoid()
-    choice = scores + w[m + "gate.e_score_correction_bias"]
-    group_scores = choice.view(-1, G, E // G).topk(2, dim=-1)[0].sum(dim=-1)
-    group_idx = torch.topk(group_scores, k=TG, dim=-1, sorted=False)[1]
-    group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1)
-    score_mask = group_mask.unsqueeze(-1).expand(-1, G, E // G).reshape(-1, E)
-    choice = choice.masked_fill(~score_mask.bool(), float("-inf"))
-    idx = torch.topk(choice, k=k, dim=-1, sorted=False)[1]
-    weights = scores.gather(1, idx)
-    if cfg["norm_topk_prob"]:
-        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
-    weights = weights * cfg["routed_scaling_factor"]
+    idx, weights = noaux_tc_route(cfg, scores, w[m + "gate.e_score_correction_bias"],
+                                  float("-inf"))
     out = torch.zeros_like(flat)
     for e in range(E):
         x = m + f"experts.{e}."
