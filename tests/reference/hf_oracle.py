@@ -216,17 +216,32 @@ NEMOTRON_H_CONFIG = {
 }
 # NemotronH with MoE layers (Nemotron 3's NemotronHMoE): "ME*-E" with top 2 of 4 squared-ReLU
 # experts of 32 chosen by score + a random e_score_correction_bias (one group, as Nemotron 3;
-# DeepSeek-V3's oracle covers groups), renormalised, scaled by 2.5, and a shared MLP of 48.
+# DeepSeek-V3's oracle covers groups), renormalised, scaled by 2.5, and a shared MLP of 48. Its
+# config.json is transformers 5's: the layers as layers_block_type (the first one by its legacy
+# name), no num_hidden_layers; and the files hold a multi-token prediction layer (mtp.*), which
+# NemotronHForCausalLM ignores.
 NEMOTRON_H_MOE_CONFIG = dict(
-    NEMOTRON_H_CONFIG, num_hidden_layers=5, hybrid_override_pattern="ME*-E", n_routed_experts=4,
-    num_experts_per_tok=2, moe_intermediate_size=32, moe_shared_expert_intermediate_size=48,
-    n_group=1, topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.5,
-    moe_latent_size=None)
-# Hugging Face buffers and DeepSeek-V3's copies of the shared tensors: in the weights file, never
-# trained (the copies equal what they copy).
+    NEMOTRON_H_CONFIG, layers_block_type=["mamba", "moe", "full_attention", "mlp", "moe"],
+    n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+    moe_shared_expert_intermediate_size=48, n_group=1, topk_group=1, norm_topk_prob=True,
+    routed_scaling_factor=2.5, moe_latent_size=None, num_nextn_predict_layers=0)
+for _k in ("hybrid_override_pattern", "num_hidden_layers"):
+    NEMOTRON_H_MOE_CONFIG.pop(_k)
+
+
+def nemotron_h_pattern(cfg):
+    """hybrid_override_pattern, or the pattern of layers_block_type (NemotronHConfig's symbols)."""
+    if "layers_block_type" not in cfg:
+        return cfg["hybrid_override_pattern"]
+    symbol = {"mamba": "M", "linear_attention": "M", "attention": "*", "full_attention": "*",
+              "mlp": "-", "moe": "E"}
+    return "".join(symbol[t] for t in cfg["layers_block_type"])
+# Hugging Face buffers, DeepSeek-V3's copies of the shared tensors and NemotronH's prediction
+# layers: in the weights file, never trained (the copies equal what they copy).
 def is_buffer(name):
-    return name.endswith(("e_score_correction_bias", "shared_head.head.weight")) or (
-        name.startswith("model.layers.") and name.endswith(".embed_tokens.weight"))
+    return (name.endswith(("e_score_correction_bias", "shared_head.head.weight"))
+            or name.startswith("mtp.")
+            or (name.startswith("model.layers.") and name.endswith(".embed_tokens.weight")))
 
 
 # --------------------------------------------------------------------------
@@ -818,7 +833,7 @@ def nemotron_h_weights(cfg, init):
     conv = I + 2 * G * N
     hd, na, nkv = cfg["head_dim"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
     w = {"backbone.embeddings.weight": init.matrix(V, H)}
-    for i, t in enumerate(cfg["hybrid_override_pattern"]):
+    for i, t in enumerate(nemotron_h_pattern(cfg)):
         p = f"backbone.layers.{i}."
         w[p + "norm.weight"] = init.norm(H)
         x = p + "mixer."
@@ -852,6 +867,9 @@ def nemotron_h_weights(cfg, init):
             w[x + "down_proj.weight"] = init.matrix(H, cfg["intermediate_size"])
     w["backbone.norm_f.weight"] = init.norm(H)
     w["lm_head.weight"] = init.matrix(V, H)
+    if "layers_block_type" in cfg:  # a prediction layer's tensors, unused by the model
+        w["mtp.layers.0.norm.weight"] = init.norm(H)
+        w["mtp.layers.0.mixer.gate.weight"] = init.matrix(cfg["n_routed_experts"], H)
     return w
 
 
@@ -917,7 +935,7 @@ def nemotron_h_forward(cfg, w, ids):
     rep = nh // nkv
     causal = torch.full((S, S), torch.finfo(torch.float32).min).triu(1)[None, None]
     x = F.embedding(ids, w["backbone.embeddings.weight"])
-    for i, t in enumerate(cfg["hybrid_override_pattern"]):
+    for i, t in enumerate(nemotron_h_pattern(cfg)):
         p = f"backbone.layers.{i}."
         h = rms_norm(x, w[p + "norm.weight"], eps)
         m = p + "mixer."

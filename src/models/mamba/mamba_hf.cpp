@@ -91,6 +91,42 @@ T either(const nlohmann::json& j, const std::string& a, const std::string& b, T 
   return hf_get_or<T>(j, b, fallback, file);
 }
 
+// The layer symbols: layers_block_type (NemotronHConfig's field since transformers 5; "layer_types"
+// its alias) names each layer ("linear_attention" or legacy "mamba", "full_attention" or legacy
+// "attention", "mlp", "moe") and wins over the legacy hybrid_override_pattern string, as in
+// NemotronHConfig.
+std::string read_layer_pattern(const nlohmann::json& j, const std::string& file) {
+  for (const char* key : {"layers_block_type", "layer_types"}) {
+    if (!j.contains(key) || j[key].is_null()) continue;
+    MEGATRON_CHECK(j[key].is_array(), file, ": ", key, " must be a list of layer types");
+    std::string pattern;
+    for (const auto& t : j[key]) {
+      const std::string type = t.is_string() ? t.get<std::string>() : t.dump();
+      if (type == "linear_attention" || type == "mamba") {
+        pattern += 'M';
+      } else if (type == "full_attention" || type == "attention") {
+        pattern += '*';
+      } else if (type == "mlp") {
+        pattern += '-';
+      } else if (type == "moe") {
+        pattern += 'E';
+      } else {
+        MEGATRON_CHECK(false, file, ": ", key, ": layer type '", type,
+                       "' is not supported (linear_attention, full_attention, mlp, moe)");
+      }
+    }
+    MEGATRON_CHECK(!pattern.empty(), file, ": ", key, " is empty");
+    return pattern;
+  }
+  const std::string pattern = hf_get<std::string>(j, "hybrid_override_pattern", file);
+  for (char ch : pattern)
+    MEGATRON_CHECK(ch == 'M' || ch == '*' || ch == '-' || ch == 'E', file,
+                   ": hybrid_override_pattern '", pattern, "': layer type '", std::string(1, ch),
+                   "' is not supported (M, *, - and E)");
+  MEGATRON_CHECK(!pattern.empty(), file, ": hybrid_override_pattern is empty");
+  return pattern;
+}
+
 nlohmann::json config_json(const TransformerConfig& c, DType dtype) {
   const MambaConfig& mb = c.mamba;
   nlohmann::json j = {{"model_type", "nemotron_h"},
@@ -142,7 +178,6 @@ NemotronHInfo read_nemotron_h_config(const std::string& dir) {
                  "' is not a hybrid Mamba model; --model mamba loads nemotron_h (NemotronH) "
                  "directories");
   TransformerConfig& c = info.config;
-  c.num_layers = hf_get<int64_t>(j, "num_hidden_layers", file);
   c.hidden_size = hf_get<int64_t>(j, "hidden_size", file);
   c.ffn_hidden_size = hf_get<int64_t>(j, "intermediate_size", file);
   c.num_attention_heads = hf_get<int64_t>(j, "num_attention_heads", file);
@@ -171,23 +206,19 @@ NemotronHInfo read_nemotron_h_config(const std::string& dir) {
   c.add_bias_linear = false;
   c.untie_embeddings_and_output_weights = !hf_get_or<bool>(j, "tie_word_embeddings", false, file);
   MambaConfig& mb = c.mamba;
-  mb.layers = hf_get<std::string>(j, "hybrid_override_pattern", file);
-  for (char ch : mb.layers)
-    MEGATRON_CHECK(ch == 'M' || ch == '*' || ch == '-' || ch == 'E', file,
-                   ": hybrid_override_pattern '", mb.layers, "': layer type '", std::string(1, ch),
-                   "' is not supported (M, *, - and E)");
+  mb.layers = read_layer_pattern(j, file);
+  // The layer count is the pattern's (as NemotronHConfig derives num_hidden_layers from it).
+  c.num_layers = static_cast<int64_t>(mb.layers.size());
   if (mb.layers.find('E') != std::string::npos) {
     // NemotronHMoE (Nemotron 3's MoE layers): DeepSeek-V3's router over n_routed_experts
     // squared-ReLU experts of moe_intermediate_size, plus one shared MLP of
-    // moe_shared_expert_intermediate_size.
+    // moe_shared_expert_intermediate_size (NemotronHConfig's defaults for missing keys).
     MoeConfig& m = c.moe;
-    m.num_experts = hf_get<int64_t>(j, "n_routed_experts", file);
-    m.router_topk = hf_get<int64_t>(j, "num_experts_per_tok", file);
-    m.ffn_hidden_size = hf_get<int64_t>(j, "moe_intermediate_size", file);
-    // NemotronHMoE always has its shared MLP (its config's default width when the key is
-    // missing, which is not the model's: required here).
+    m.num_experts = hf_get_or<int64_t>(j, "n_routed_experts", 8, file);
+    m.router_topk = hf_get_or<int64_t>(j, "num_experts_per_tok", 2, file);
+    m.ffn_hidden_size = hf_get_or<int64_t>(j, "moe_intermediate_size", 7688, file);
     m.shared_expert_intermediate_size =
-        hf_get<int64_t>(j, "moe_shared_expert_intermediate_size", file);
+        hf_get_or<int64_t>(j, "moe_shared_expert_intermediate_size", 7688, file);
     MEGATRON_CHECK(!j.contains("moe_latent_size") || j["moe_latent_size"].is_null(), file,
                    ": moe_latent_size is not supported (the experts run at the hidden size here)");
     read_noaux_tc_router(j, file, m);
@@ -257,9 +288,11 @@ void load_nemotron_h_weights(const std::string& dir, GPTModel& model, ParamSet& 
       first_local = layer->moe->experts.first_expert();
       num_local = layer->moe->experts.num_local();
     }
+  // NemotronH's multi-token prediction layers (mtp.*) are skipped, as Hugging Face's model does
+  // (MTP with a hybrid model is not implemented); export copies them back from the source.
   for (const auto& [name, full] : by_name)
     MEGATRON_CHECK(
-        used.count(name) || (tied && name == "lm_head.weight") ||
+        used.count(name) || (tied && name == "lm_head.weight") || name.rfind("mtp.", 0) == 0 ||
             is_peer_expert_tensor(name, model.config().moe.num_experts, first_local, num_local),
         dir, ": unexpected tensor '", full, "' for a NemotronH model as config.json describes it");
   for (auto& [p, t] : staged) params.set_main(*p, t);
@@ -287,7 +320,13 @@ void save_nemotron_h(const std::string& dir, const GPTModel& model, const std::s
   // An open time_step_limit [0, inf] (read from Python's bare Infinity as a string) is
   // NemotronHConfig's default: left out rather than written back as a string.
   config.erase("time_step_limit");
-  write_hf_dir(dir, nemotron_h_tensors(model, false), out, config);
+  std::map<std::string, Tensor> tensors = nemotron_h_tensors(model, false);
+  if (!source_dir.empty()) {  // the prediction layers the model does not hold, unchanged
+    auto st = safetensors::SafetensorsDir::open(source_dir);
+    for (const std::string& n : st.names())
+      if (n.rfind("mtp.", 0) == 0) tensors[n] = st.read(n).to(DType::kF64);
+  }
+  write_hf_dir(dir, tensors, out, config);
 }
 
 }  // namespace megatron

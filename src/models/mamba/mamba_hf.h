@@ -1,6 +1,8 @@
 // Hugging Face's form of Megatron's hybrid Mamba models: NemotronH (NemotronHForCausalLM,
 // model_type "nemotron_h"), the architecture of NVIDIA's Nemotron-H checkpoints, whose
-// hybrid_override_pattern is Megatron's layer pattern (M Mamba-2, * attention, - MLP, E MoE).
+// hybrid_override_pattern is Megatron's layer pattern (M Mamba-2, * attention, - MLP, E MoE;
+// transformers 5 writes it as the list layers_block_type, read too). Its multi-token prediction
+// layers (mtp.*) are skipped on import, as NemotronHForCausalLM does.
 //
 // The mapping: backbone.embeddings <-> embedding.word_embeddings; per layer, backbone.layers.i.norm
 // <-> the layer's one norm (the Mamba layer's norm, the attention layer's input_layernorm, the MLP
