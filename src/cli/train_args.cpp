@@ -1579,9 +1579,12 @@ void merge_pretrained_config(Arguments& a, const ArgTable& t) {
       set("--moe-router-score-function", a.moe_router_score_function, std::string("sigmoid"));
     set("--moe-router-enable-expert-bias", a.moe_router_enable_expert_bias,
         c.moe.enable_expert_bias);
-    // None for a file without groups (a given --moe-router-num-groups contradicts it).
-    set("--moe-router-num-groups", a.moe_router_num_groups, c.moe.num_groups);
-    set("--moe-router-group-topk", a.moe_router_group_topk, c.moe.group_topk);
+    // None for a file without groups: a given group count above 1 contradicts it (one group
+    // routes as none).
+    if (c.moe.num_groups > 0 || a.moe_router_num_groups > 1) {
+      set("--moe-router-num-groups", a.moe_router_num_groups, c.moe.num_groups);
+      set("--moe-router-group-topk", a.moe_router_group_topk, c.moe.group_topk);
+    }
     if (c.moe.topk_scaling_factor > 0) {
       set("--moe-router-topk-scaling-factor", a.moe_router_topk_scaling_factor,
           c.moe.topk_scaling_factor);

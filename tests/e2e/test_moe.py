@@ -428,7 +428,8 @@ class TestHybridMamba(unittest.TestCase):
             self.assertAlmostEqual(g, w, delta=1e-5 * w)
         bad = run(1, *self.HYBRID, "--hybrid-override-pattern", "MEME", "--load", ck, "--save",
                   os.path.join(TMP.name, "upcycled_bad"), "--moe-use-upcycling", expect_rc=2)
-        self.assertIn("the hybrid pattern 'MEME' must be the dense checkpoint's 'M-*-'", bad.stderr)
+        self.assertIn("the hybrid pattern 'MEME' must be the dense checkpoint's 'M-*-'",
+                      bad.stderr)
 
     def test_nemotron_h_moe_trains_at_ep2_and_converts_back(self):
         # The PyTorch oracle's NemotronH with MoE layers ("ME*-E", tests/reference/hf_oracle.py):

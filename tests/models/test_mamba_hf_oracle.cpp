@@ -16,9 +16,11 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 
 #include "checkpoint/safetensors.h"
 #include "checkpoint/safetensors_dir.h"
+#include "models/common/hf_tensors.h"
 #include "models/mamba/mamba_hf.h"
 #include "optim/adamw.h"
 #include "testing/testing.h"
@@ -175,6 +177,56 @@ void check_export_round_trip(const std::string& arch) {
   EXPECT_EQ(back.moe.group_topk, in.moe.group_topk);
   EXPECT_EQ(back.moe.topk_scaling_factor, in.moe.topk_scaling_factor);
   EXPECT_EQ(back.moe.layer_pattern, in.moe.layer_pattern);
+}
+
+// config.json forms and refusals, on the oracle's MoE config edited: the layer_types alias of
+// layers_block_type and num_local_experts of n_routed_experts; an unknown layer type; top-1
+// sigmoid routing, which Megatron leaves unnormalised (norm_topk_prob must be false), and its
+// export writing norm_topk_prob false.
+TEST(NemotronHMoeOracle, ConfigFormsAndRefusals) {
+  const nlohmann::json base = read_hf_config_json(root("nemotron-h-moe") + "/model");
+  auto read = [](const nlohmann::json& j, const std::string& name) {
+    const std::string dir = testing::scratch_dir(name);
+    std::ofstream(dir + "/config.json") << j.dump();
+    return read_nemotron_h_config(dir).config;
+  };
+  auto refusal = [&](const nlohmann::json& j, const std::string& name) -> std::string {
+    try {
+      read(j, name);
+    } catch (const InvalidArgument& e) {
+      return e.what();
+    }
+    return "";
+  };
+  nlohmann::json alias = base;
+  alias["layer_types"] = alias["layers_block_type"];
+  alias.erase("layers_block_type");
+  alias["num_local_experts"] = alias["n_routed_experts"];
+  alias.erase("n_routed_experts");
+  const TransformerConfig c = read(alias, "nemotron_h_alias");
+  EXPECT_EQ(c.mamba.layers, "ME*-E");
+  EXPECT_EQ(c.num_layers, 5);
+  EXPECT_EQ(c.moe.num_experts, 4);
+  nlohmann::json unknown = base;
+  unknown["layers_block_type"][2] = "sliding_attention";
+  EXPECT_NE(refusal(unknown, "nemotron_h_unknown").find("layer type 'sliding_attention'"),
+            std::string::npos);
+  nlohmann::json top1 = base;
+  top1["num_experts_per_tok"] = 1;
+  EXPECT_NE(refusal(top1, "nemotron_h_top1").find("norm_topk_prob true with num_experts_per_tok 1"),
+            std::string::npos);
+  top1["norm_topk_prob"] = false;
+  EXPECT_EQ(read(top1, "nemotron_h_top1_raw").moe.router_topk, 1);
+  Loaded l = load(root("nemotron-h-moe") + "/model");
+  TransformerConfig one = l.model->config();
+  one.moe.router_topk = 1;
+  GPTModel m1(one);
+  ParamSet p1(m1.parameters(), DType::kF32);  // the weights' storage (values do not matter here)
+  const std::string out = testing::scratch_dir("nemotron_h_top1_export");
+  save_nemotron_h(out, m1, "", std::nullopt);
+  EXPECT_FALSE(read_hf_config_json(out)["norm_topk_prob"].get<bool>());
+  one.moe.apply_probs_on_input = true;
+  EXPECT_THROW(check_nemotron_h_exportable(one), InvalidArgument);
 }
 
 TEST(NemotronHOracle, ExportRoundTrip) {

@@ -214,7 +214,7 @@ NemotronHInfo read_nemotron_h_config(const std::string& dir) {
     // squared-ReLU experts of moe_intermediate_size, plus one shared MLP of
     // moe_shared_expert_intermediate_size (NemotronHConfig's defaults for missing keys).
     MoeConfig& m = c.moe;
-    m.num_experts = hf_get_or<int64_t>(j, "n_routed_experts", 8, file);
+    m.num_experts = either<int64_t>(j, "n_routed_experts", "num_local_experts", 8, file);
     m.router_topk = hf_get_or<int64_t>(j, "num_experts_per_tok", 2, file);
     m.ffn_hidden_size = hf_get_or<int64_t>(j, "moe_intermediate_size", 7688, file);
     m.shared_expert_intermediate_size =
