@@ -499,6 +499,18 @@ def apply_rope(t, cos, sin, rot, interleaved):
     return torch.cat((t_rot * cos + rotate_half(t_rot, interleaved) * sin, t_pass), dim=-1)
 
 
+def combine_experts(flat, E, idx, weights, expert):
+    """Sum over each token's chosen experts (idx [T, k]) of weight x expert(e, its rows): every
+    expert runs on the rows routed to it, as Hugging Face's MoE blocks loop over experts."""
+    out = torch.zeros_like(flat)
+    for e in range(E):
+        rows, slot = torch.where(idx == e)
+        if rows.numel() == 0:
+            continue
+        out = out.index_add(0, rows, expert(e, flat[rows]) * weights[rows, slot, None])
+    return out
+
+
 def mixtral_moe(cfg, w, p, h):
     """Hugging Face's MixtralSparseMoeBlock: softmax over all experts, top-k, renormalised over
     the k, the weighted sum of the selected SwiGLU experts. Returns the output and the router
@@ -510,17 +522,12 @@ def mixtral_moe(cfg, w, p, h):
     probs = torch.softmax(logits, dim=1, dtype=torch.float32)
     top, idx = torch.topk(probs, k, dim=-1)
     top = top / top.sum(dim=-1, keepdim=True)
-    out = torch.zeros_like(flat)
-    for e in range(E):
+    def expert(e, t):
         x = p + f"block_sparse_moe.experts.{e}."
-        rows, slot = torch.where(idx == e)
-        if rows.numel() == 0:
-            continue
-        t = flat[rows]
-        y = F.linear(F.silu(F.linear(t, w[x + "w1.weight"])) * F.linear(t, w[x + "w3.weight"]),
-                     w[x + "w2.weight"])
-        out = out.index_add(0, rows, y * top[rows, slot, None])
-    return out.reshape(B, S, H), logits
+        return F.linear(F.silu(F.linear(t, w[x + "w1.weight"])) * F.linear(t, w[x + "w3.weight"]),
+                        w[x + "w2.weight"])
+
+    return combine_experts(flat, E, idx, top, expert).reshape(B, S, H), logits
 
 
 def moe_aux_losses(cfg, logits):
@@ -693,16 +700,12 @@ def deepseek_moe(cfg, w, p, h):
     flat = h.reshape(-1, H)
     scores = F.linear(flat.float(), w[p + "mlp.gate.weight"].float()).sigmoid()
     idx, weights = noaux_tc_route(cfg, scores, w[p + "mlp.gate.e_score_correction_bias"], 0.0)
-    out = torch.zeros_like(flat)
-    for e in range(E):
+    def expert(e, t):
         x = p + f"mlp.experts.{e}."
-        rows, slot = torch.where(idx == e)
-        if rows.numel() == 0:
-            continue
-        t = flat[rows]
-        y = F.linear(F.silu(F.linear(t, w[x + "gate_proj.weight"])) *
-                     F.linear(t, w[x + "up_proj.weight"]), w[x + "down_proj.weight"])
-        out = out.index_add(0, rows, y * weights[rows, slot, None])
+        return F.linear(F.silu(F.linear(t, w[x + "gate_proj.weight"])) *
+                        F.linear(t, w[x + "up_proj.weight"]), w[x + "down_proj.weight"])
+
+    out = combine_experts(flat, E, idx, weights, expert)
     x = p + "mlp.shared_experts."
     shared = F.linear(F.silu(F.linear(flat, w[x + "gate_proj.weight"])) *
                       F.linear(flat, w[x + "up_proj.weight"]), w[x + "down_proj.weight"])
@@ -913,15 +916,12 @@ def nemotron_h_moe(cfg, w, m, h):
     scores = F.linear(flat.float(), w[m + "gate.weight"].float()).sigmoid()
     idx, weights = noaux_tc_route(cfg, scores, w[m + "gate.e_score_correction_bias"],
                                   float("-inf"))
-    out = torch.zeros_like(flat)
-    for e in range(E):
+    def expert(e, t):
         x = m + f"experts.{e}."
-        rows, slot = torch.where(idx == e)
-        if rows.numel() == 0:
-            continue
-        y = F.linear(torch.relu(F.linear(flat[rows], w[x + "up_proj.weight"])) ** 2,
-                     w[x + "down_proj.weight"])
-        out = out.index_add(0, rows, y * weights[rows, slot, None])
+        return F.linear(torch.relu(F.linear(t, w[x + "up_proj.weight"])) ** 2,
+                        w[x + "down_proj.weight"])
+
+    out = combine_experts(flat, E, idx, weights, expert)
     x = m + "shared_experts."
     shared = F.linear(torch.relu(F.linear(flat, w[x + "up_proj.weight"])) ** 2,
                       w[x + "down_proj.weight"])
