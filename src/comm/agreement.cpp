@@ -57,8 +57,12 @@ void agree_on_failure(ProcessGroup& group, const std::string& error, int exit_co
   throw AgreedFailure(message, code, first);
 }
 
-void fail_together(ProcessGroup& group, const std::string& mine, int exit_code) {
-  throw AgreedFailure(mine, exit_code, 0, all_gather_strings(group, mine));
+void agree_on_each_failure(ProcessGroup& group, bool failed, const std::string& account,
+                           int exit_code) {
+  Tensor verdict = Tensor::full({1}, failed ? 1.0 : 0.0, DType::kF64);
+  group.all_reduce(verdict, ReduceOp::kMax);
+  if (verdict.data<double>()[0] == 0) return;
+  throw AgreedFailure(account, exit_code, 0, all_gather_strings(group, account));
 }
 
 void run_agreed(ProcessGroup& group, const std::function<void()>& work) {

@@ -34,7 +34,8 @@ class AgreedFailure : public std::runtime_error {
   int exit_code() const { return exit_code_; }
   // The lowest group rank that failed; its message is what() on every rank.
   int failing_rank() const { return failing_rank_; }
-  // Every member's own message by group rank, when the failure carries them (fail_together);
+  // Every member's own message by group rank, when the failure carries them
+  // (agree_on_each_failure);
   // else empty.
   const std::vector<std::string>& messages() const { return messages_; }
 
@@ -59,12 +60,12 @@ void run_agreed(ProcessGroup& group, const std::function<void()>& work);
 // did not fail) and `exit_code` its code. Throws AgreedFailure on every member when any failed.
 void agree_on_failure(ProcessGroup& group, const std::string& error, int exit_code);
 
-// For a failure every member already knows of (it agreed, e.g. by an all-reduce of a verdict)
-// and gives its own account of, `mine` (a check that finds different things on different ranks):
-// gathers every member's message and throws AgreedFailure with `exit_code` on all of them,
-// carrying the messages. `group` is the world: the CLI prints them as one block, a line per world
-// rank, and every rank exits cleanly (MPI_Abort could kill a rank before its line is out).
-// Collective.
-[[noreturn]] void fail_together(ProcessGroup& group, const std::string& mine, int exit_code);
+// For a check that finds different things on different ranks: when any member `failed`, every
+// member throws AgreedFailure with `exit_code` carrying each member's own `account` (what it found,
+// or that it stops for the others). `group` is the world: the CLI prints the accounts as one block,
+// a line per world rank, and every rank exits cleanly (MPI_Abort could kill a rank before its line
+// is out). Collective: one all-reduce when none failed.
+void agree_on_each_failure(ProcessGroup& group, bool failed, const std::string& account,
+                           int exit_code);
 
 }  // namespace megatron

@@ -2126,24 +2126,19 @@ void Trainer::check_weight_hashes(int64_t iteration) {
   const ParallelState& ps = *parallel_;
   const std::vector<std::string> differ =
       replica_weight_mismatches(params_->params(), ps.dp_cp_group(), ps.edp_group());
-  // Each replica group agrees on its own verdict; the world then agrees on one flag, so that
-  // every rank stops together (a rank whose groups match would otherwise wait for the others in
-  // the next collective) and exits cleanly with its own line.
-  Tensor bad = Tensor::full({1}, differ.empty() ? 0.0 : 1.0, DType::kF64);
-  ps.world_group().all_reduce(bad, ReduceOp::kMax);
-  if (bad.data<double>()[0] != 0) {
-    std::string list;
-    for (const std::string& d : differ) list += (list.empty() ? "" : "; ") + d;
-    if (list.empty()) list = "on other ranks (their messages name the weights)";
-    // Corruption, not bad input: a runtime failure (exit 1).
-    fail_together(
-        ps.world_group(),
-        strprintf("Parameter hashes not matching across DP replicas after %ld iterations: %s. The "
-                  "replicas have diverged (silent data corruption, or a reduction that is not "
-                  "deterministic); resume from the last checkpoint that passed the check",
-                  static_cast<long>(iteration), list.c_str()),
-        1);
-  }
+  // Each replica group agrees on its own verdict; the world then agrees, so that every rank
+  // stops together (a rank whose groups match would otherwise wait for the others in the next
+  // collective) and exits cleanly with its own line. Corruption, not bad input: exit 1.
+  std::string list;
+  for (const std::string& d : differ) list += (list.empty() ? "" : "; ") + d;
+  if (list.empty()) list = "on other ranks (their messages name the weights)";
+  agree_on_each_failure(
+      ps.world_group(), !differ.empty(),
+      strprintf("Parameter hashes not matching across DP replicas after %ld iterations: %s. The "
+                "replicas have diverged (silent data corruption, or a reduction that is not "
+                "deterministic); resume from the last checkpoint that passed the check",
+                static_cast<long>(iteration), list.c_str()),
+      1);
   log_first(
       strprintf(">>> Weight hashes match after %ld iterations...", static_cast<long>(iteration)));
 }
@@ -2178,20 +2173,17 @@ void Trainer::check_qk_norm_replicas(int64_t iteration) {
       w += (w.empty() ? "" : " and ") + std::string(what);
     }
   }
-  Tensor bad = Tensor::full({1}, where.empty() ? 0.0 : 1.0, DType::kF64);
-  ps.world_group().all_reduce(bad, ReduceOp::kMax);
-  if (bad.data<double>()[0] == 0) return;
   std::string list;
   for (const auto& [name, what] : where)
     list += (list.empty() ? "" : "; ") + name + " differs across " + what;
   if (list.empty()) list = "on other ranks (their messages name the weights)";
   // Corruption, not bad input: a runtime failure (exit 1).
-  fail_together(ps.world_group(),
-                strprintf("--test-mode: discrepancy between the query/key norm weights at "
-                          "iteration %ld: %s (silent data corruption: resume from the last good "
-                          "checkpoint)",
-                          static_cast<long>(iteration), list.c_str()),
-                1);
+  agree_on_each_failure(ps.world_group(), !where.empty(),
+                        strprintf("--test-mode: discrepancy between the query/key norm weights at "
+                                  "iteration %ld: %s (silent data corruption: resume from the "
+                                  "last good checkpoint)",
+                                  static_cast<long>(iteration), list.c_str()),
+                        1);
 }
 
 void Trainer::flip_one_weight_bit() {
