@@ -35,6 +35,8 @@ void resolve_inference_args(Arguments& a, const ArgTable& t, int world_size, boo
     merge_checkpoint_args(a, t, report);
   }
   merge_pretrained_config(a, t);
+  for (const std::string& note : resolve_hybrid_pattern(a))
+    if (report) log_line("WARNING: " + note);
   resolve_encoder_decoder(a, t, /*training=*/false);
   resolve_vocab_size(a, t);
   // A heterogeneous block list given by path (a checkpoint or config.json brings its text).

@@ -99,6 +99,11 @@ const std::vector<OwnFlag>& own_train_flags() {
        "mlp or affine (Megatron's MultimodalProjector projector_type, set in code there)"},
       {"--vision-projection-ffn-hidden-size",
        "the mlp projector's width (examples/multimodal sets it per language model in code)"},
+      {"--hybrid-layer-pattern",
+       "Megatron core 0.17's unified hybrid pattern ('|' pipeline segments, '/' MTP depths; "
+       "--hybrid-override-pattern is its deprecated spelling there)"},
+      {"--mtp-hybrid-override-pattern",
+       "Megatron core 0.17's legacy MTP layer pattern of hybrid models"},
   };
   return own;
 }

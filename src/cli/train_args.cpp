@@ -25,6 +25,7 @@
 #include "train/fault_injection.h"
 #include "train/model_config.h"
 #include "train/trainer.h"
+#include "transformer/mamba/hybrid_pattern.h"
 
 namespace megatron::cli {
 
@@ -100,10 +101,17 @@ void register_model_args(ArgTable& t, Arguments& a) {
         "layers (Megatron's allocate_layers)");
   t.add("--hybrid-mlp-ratio", a.hybrid_mlp_ratio,
         "Hybrid Mamba models: the share of MLP layers, spread evenly among the Mamba layers");
-  t.add("--hybrid-override-pattern", a.hybrid_override_pattern,
+  t.add("--hybrid-layer-pattern", a.hybrid_layer_pattern,
         "Hybrid Mamba models: one symbol per layer, M (Mamba-2), * (attention), - (MLP) or E "
-        "(Mixture of Experts, with --num-experts), e.g. M*M-; with a ratio given it must hold as "
-        "many of each");
+        "(Mixture of Experts, with --num-experts), e.g. M*M-; '|' between pipeline segments "
+        "(one per virtual pipeline stage), '/' before each multi-token prediction depth's "
+        "layers (M*M-|M*M-/*-/*-); sets --num-layers and --mtp-num-layers; with a ratio given "
+        "it must hold as many of each");
+  t.add("--hybrid-override-pattern", a.hybrid_override_pattern,
+        "Deprecated spelling of --hybrid-layer-pattern (the same strings)");
+  t.add("--mtp-hybrid-override-pattern", a.mtp_hybrid_override_pattern,
+        "Legacy: one MTP depth's layers, repeated --mtp-num-layers times after the hybrid "
+        "pattern's '/' (use --hybrid-layer-pattern MAIN/MTP/MTP)");
   t.add("--mamba-state-dim", a.mamba_state_dim, "Mamba layers: the state size per channel");
   t.add("--mamba-head-dim", a.mamba_head_dim, "Mamba layers: channels per head");
   t.add("--mamba-num-groups", a.mamba_num_groups,
@@ -1158,15 +1166,14 @@ void validate_hybrid_args(const Arguments& a) {
                  "--spec local is a GPT layer spec; `megatron pretrain_mamba` takes "
                  "megatron.core.models.mamba.mamba_layer_specs mamba_stack_spec (or no --spec)");
   const bool hybrid_flags = a.hybrid_attention_ratio != 0.0 || a.hybrid_mlp_ratio != 0.0 ||
-                            !a.hybrid_override_pattern.empty() || a.is_hybrid_model;
+                            !a.hybrid_override_pattern.empty() || !a.hybrid_layer_pattern.empty() ||
+                            a.is_hybrid_model;
   MEGATRON_CHECK(!hybrid_flags || a.model == "mamba",
-                 "--hybrid-attention-ratio, --hybrid-mlp-ratio, --hybrid-override-pattern and "
-                 "--is-hybrid-model shape hybrid Mamba models: use `megatron pretrain_mamba` "
-                 "(--model mamba), not --model ",
+                 "--hybrid-attention-ratio, --hybrid-mlp-ratio, --hybrid-layer-pattern, "
+                 "--hybrid-override-pattern and --is-hybrid-model shape hybrid Mamba models: use "
+                 "`megatron pretrain_mamba` (--model mamba), not --model ",
                  a.model);
   if (a.model != "mamba") return;
-  MEGATRON_CHECK(a.mtp_num_layers == 0,
-                 "--mtp-num-layers with --model mamba is not implemented (MTP is GPTModel's)");
   MEGATRON_CHECK(a.device != "cuda",
                  "--device cuda with --model mamba: the Mamba layers' scan runs on the CPU only "
                  "here; use --device cpu");
@@ -1177,7 +1184,75 @@ void validate_hybrid_args(const Arguments& a) {
 
 }  // namespace
 
+std::vector<std::string> resolve_hybrid_pattern(Arguments& a) {
+  std::vector<std::string> notes;
+  a.hybrid_pipeline_segments.clear();
+  if (a.model != "mamba") return notes;  // validate_hybrid_args refuses the flags elsewhere
+  const std::string flag = hybrid_pattern_flag(a);
+  // Megatron refuses both spellings together; equal values are accepted here (a checkpoint's
+  // record from before the new spelling restores the old one beside a given new one).
+  MEGATRON_CHECK(a.hybrid_layer_pattern.empty() || a.hybrid_override_pattern.empty() ||
+                     a.hybrid_layer_pattern == a.hybrid_override_pattern,
+                 "--hybrid-override-pattern and --hybrid-layer-pattern cannot both be specified: "
+                 "--hybrid-override-pattern is deprecated; keep --hybrid-layer-pattern");
+  const std::string text = hybrid_pattern_text(a);
+  if (text.empty()) return notes;
+  const HybridPattern p = parse_hybrid_pattern(text, flag);
+  const auto layers = static_cast<int64_t>(p.main.size());
+  if (a.num_layers != 0 && a.num_layers != layers) {
+    notes.push_back(flag + " is set; ignoring --num-layers (" + std::to_string(a.num_layers) +
+                    ") and using the layer count derived from the pattern (" +
+                    std::to_string(layers) + ")");
+  }
+  a.num_layers = layers;
+  if (!p.mtp.empty()) {
+    if (a.mtp_num_layers != 0 && a.mtp_num_layers != p.mtp_depths) {
+      notes.push_back("--mtp-num-layers (" + std::to_string(a.mtp_num_layers) +
+                      ") conflicts with the MTP depth count (" + std::to_string(p.mtp_depths) +
+                      ") in the pattern '" + text + "'; using the pattern's");
+    }
+    a.mtp_num_layers = p.mtp_depths;
+  }
+  if (!p.has_pipes()) return notes;
+  // Megatron's assertions: the '|' segments are the pipeline layout, so nothing else may give
+  // one.
+  auto refuse_beside_pipes = [&](bool given, const char* other, const char* why) {
+    MEGATRON_CHECK(!given, "If ", flag, " contains pipe separators, ", other,
+                   " should not be specified ", why);
+  };
+  const char* explicit_layout = "as the pipeline layout is explicitly defined";
+  refuse_beside_pipes(a.decoder_first_pipeline_num_layers > 0,
+                      "--decoder-first-pipeline-num-layers", explicit_layout);
+  refuse_beside_pipes(a.decoder_last_pipeline_num_layers > 0, "--decoder-last-pipeline-num-layers",
+                      explicit_layout);
+  refuse_beside_pipes(a.num_layers_per_virtual_pipeline_stage > 0,
+                      "--num-layers-per-virtual-pipeline-stage",
+                      "(the virtual stages are the pattern's segments)");
+  refuse_beside_pipes(a.num_virtual_stages_per_pipeline_rank > 0,
+                      "--num-virtual-stages-per-pipeline-rank",
+                      "(the virtual stages are the pattern's segments)");
+  refuse_beside_pipes(!a.pipeline_model_parallel_layout.empty(), "--pipeline-model-parallel-layout",
+                      explicit_layout);
+  refuse_beside_pipes(a.account_for_embedding_in_pipeline_split,
+                      "--account-for-embedding-in-pipeline-split", explicit_layout);
+  refuse_beside_pipes(a.account_for_loss_in_pipeline_split, "--account-for-loss-in-pipeline-split",
+                      explicit_layout);
+  const auto segments = static_cast<int64_t>(p.segments.size());
+  const int64_t pp = std::max<int64_t>(1, a.pipeline_model_parallel_size);
+  MEGATRON_CHECK(pp > 1, flag, " '", text, "' has ", segments,
+                 " pipeline segments ('|'), one per virtual pipeline stage, which need "
+                 "--pipeline-model-parallel-size > 1 (Megatron's interleaved schedule); raise it "
+                 "or drop the '|'");
+  MEGATRON_CHECK(segments % pp == 0, "The number of hybrid pipeline segments described by ", flag,
+                 " must be evenly divisible by --pipeline-model-parallel-size. Got ", segments,
+                 " segments and ", pp, " pipeline parallel size.");
+  a.hybrid_pipeline_segments = p.segments;
+  return notes;
+}
+
 void validate_train_args(Arguments& a, int world_size, int rank) {
+  for (const std::string& note : resolve_hybrid_pattern(a))
+    if (rank == 0) log_line("WARNING: " + note);
   if (a.persistent_save_interval != -1 && a.save_interval == 0)
     a.save_interval = a.persistent_save_interval;
   FaultInjection::parse(a.inject_fault);  // a malformed testing hook fails before the dump
@@ -1210,9 +1285,9 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
                  "not ",
                  a.model);
   if (a.mtp_num_layers > 0) {
-    MEGATRON_CHECK(a.model == "gpt",
-                   "--mtp-num-layers: multi-token prediction is implemented for "
-                   "--model gpt only (Megatron's GPTModel), not ",
+    MEGATRON_CHECK(a.model == "gpt" || a.model == "mamba",
+                   "--mtp-num-layers: multi-token prediction is implemented for --model gpt "
+                   "(Megatron's GPTModel) and mamba (its hybrid model), not ",
                    a.model);
   }
   validate_hybrid_args(a);
@@ -1514,7 +1589,14 @@ void merge_pretrained_config(Arguments& a, const ArgTable& t) {
   }
   if (c.mamba.enabled()) {  // NemotronH
     const MambaConfig& mb = c.mamba;
-    set("--hybrid-override-pattern", a.hybrid_override_pattern, mb.layers);
+    // The unified pattern, with the MTP depths after '/' (under the spelling given, if any).
+    std::string pattern = mb.layers;
+    for (int64_t k = 0; k < c.mtp_num_layers; ++k) pattern += "/" + mb.mtp_layers;
+    if (t.given("--hybrid-layer-pattern")) {
+      set("--hybrid-layer-pattern", a.hybrid_layer_pattern, pattern);
+    } else {
+      set("--hybrid-override-pattern", a.hybrid_override_pattern, pattern);
+    }
     set("--mamba-state-dim", a.mamba_state_dim, mb.state_dim);
     set("--mamba-head-dim", a.mamba_head_dim, mb.head_dim);
     set("--mamba-num-groups", a.mamba_num_groups, mb.num_groups);

@@ -36,6 +36,12 @@ void validate_heterogeneous_args(Arguments& a);
 // world_size: MPI ranks of the job (the data-parallel size is derived from it); rank: this one.
 // Pure arithmetic on the flags: every rank reaches the same verdict without communicating.
 void validate_train_args(Arguments& a, int world_size = 1, int rank = 0);
+// A hybrid model's unified --hybrid-layer-pattern (transformer/mamba/hybrid_pattern.h), as
+// Megatron's validate_args takes it: --num-layers and --mtp-num-layers become the pattern's counts
+// (returned: a line for each given value replaced), its '|' segments the pipeline layout
+// (a.hybrid_pipeline_segments), with Megatron's refusals of the other layout flags beside '|'.
+// Idempotent; nothing for other models. validate_train_args calls it first.
+std::vector<std::string> resolve_hybrid_pattern(Arguments& a);
 
 // Megatron's encoder-decoder aliases: --encoder-num-layers is --num-layers and
 // --encoder-seq-length is --seq-length (one of each pair may be given); the decoder flags apply

@@ -466,7 +466,7 @@ void predict_memory(const Workload& w, const Layout& l, const Device& dev, Predi
         const std::vector<int64_t>& chunk = chunks[static_cast<size_t>(v)];
         a.num_layers = static_cast<int64_t>(chunk.size());
         // The last chunk of the last stage runs multi-token prediction's layers after its own.
-        if (s == l.pp - 1 && v == l.vpp - 1) a.num_layers += cfg.mtp_num_layers;
+        if (s == l.pp - 1 && v == l.vpp - 1) a.num_layers += cfg.layer_slots() - cfg.num_layers;
         a.first_layer = chunk.empty() ? 0 : chunk.front();
         a.pre_process = s == 0 && v == 0;
         a.post_process = false;

@@ -73,7 +73,14 @@ struct Arguments {
   // Hybrid Mamba models (--model mamba, transformer/mamba/mamba_config.h); Megatron's defaults.
   double hybrid_attention_ratio = 0.0;
   double hybrid_mlp_ratio = 0.0;
-  std::string hybrid_override_pattern;  // empty: from the ratios
+  std::string hybrid_override_pattern;  // deprecated spelling of --hybrid-layer-pattern
+  // --hybrid-layer-pattern (core 0.17's unified form, transformer/mamba/hybrid_pattern.h):
+  // "MAIN|MAIN/MTP/MTP"; empty: from the ratios.
+  std::string hybrid_layer_pattern;
+  std::string mtp_hybrid_override_pattern;  // legacy: one MTP depth's layers
+  // Not a flag: the pattern's '|' segments' layer counts when it has more than one (the pipeline
+  // layout they give), set by resolve_hybrid_pattern.
+  std::vector<int64_t> hybrid_pipeline_segments;
   int64_t mamba_state_dim = 128;
   int64_t mamba_head_dim = 64;
   int64_t mamba_num_groups = 8;
@@ -407,6 +414,7 @@ inline PipelineSplit pipeline_split(const Arguments& a) {
                   {}};
   if (!a.pipeline_model_parallel_layout.empty())
     s.layout = parse_pipeline_layout(a.pipeline_model_parallel_layout);
+  if (!a.hybrid_pipeline_segments.empty()) s.layout = a.hybrid_pipeline_segments;
   return s;
 }
 
@@ -415,7 +423,7 @@ inline PipelineSplit pipeline_split(const Arguments& a) {
 // loss counted in when the split counts them), --num-virtual-stages-per-pipeline-rank, or the
 // layout's stages over pp. Assumes the arguments passed validation (train_args).
 inline int64_t virtual_pipeline_stages(const Arguments& a) {
-  if (!a.pipeline_model_parallel_layout.empty()) {
+  if (!a.pipeline_model_parallel_layout.empty() || !a.hybrid_pipeline_segments.empty()) {
     return static_cast<int64_t>(pipeline_split(a).layout.size()) /
            std::max<int64_t>(1, a.pipeline_model_parallel_size);
   }

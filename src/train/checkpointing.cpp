@@ -54,6 +54,7 @@ const char* const kShapeKeys[] = {"num_layers",
                                   "gated_linear_unit",
                                   "bert_binary_head",
                                   "hybrid_layers",
+                                  "hybrid_mtp_layers",
                                   "mamba_state_dim",
                                   "mamba_head_dim",
                                   "mamba_num_groups",
@@ -150,7 +151,14 @@ nlohmann::json model_args_json(const Arguments& a, const TransformerConfig& cfg)
   // pattern under its flag's dest (restored by --use-checkpoint-args).
   const MambaConfig& mb = cfg.mamba;
   j["hybrid_layers"] = mb.layers;
-  if (mb.enabled()) j["hybrid_override_pattern"] = mb.layers;
+  j["hybrid_mtp_layers"] = mb.mtp_layers;
+  if (mb.enabled()) {
+    // The unified form (the deprecated dest takes it too): the MTP depths after '/'.
+    std::string pattern = mb.layers;
+    for (int64_t k = 0; k < cfg.mtp_num_layers && !mb.mtp_layers.empty(); ++k)
+      pattern += "/" + mb.mtp_layers;
+    j["hybrid_override_pattern"] = pattern;
+  }
   j["mamba_state_dim"] = mb.has_mamba() ? mb.state_dim : 0;
   j["mamba_head_dim"] = mb.has_mamba() ? mb.head_dim : 0;
   j["mamba_num_groups"] = mb.has_mamba() ? mb.num_groups : 0;

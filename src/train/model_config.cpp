@@ -7,8 +7,21 @@
 
 #include "core/error.h"
 #include "transformer/layer_pattern.h"
+#include "transformer/mamba/hybrid_pattern.h"
 
 namespace megatron {
+
+std::string hybrid_pattern_text(const Arguments& a) {
+  const std::string& given =
+      a.hybrid_layer_pattern.empty() ? a.hybrid_override_pattern : a.hybrid_layer_pattern;
+  return with_legacy_mtp_pattern(given, a.mtp_hybrid_override_pattern, a.mtp_num_layers);
+}
+
+std::string hybrid_pattern_flag(const Arguments& a) {
+  return a.hybrid_layer_pattern.empty() && !a.hybrid_override_pattern.empty()
+             ? "--hybrid-override-pattern"
+             : "--hybrid-layer-pattern";
+}
 
 MoeConfig moe_config_from_args(const Arguments& a) {
   MoeConfig m;
@@ -298,8 +311,16 @@ TransformerConfig transformer_config_from_args(const Arguments& a) {
                  "--rope-type yarn needs --multi-latent-attention (as in Megatron, other attention "
                  "takes rope only)");
   if (a.model == "mamba") {
+    const std::string text = hybrid_pattern_text(a);
+    const std::string flag = hybrid_pattern_flag(a);
+    const HybridPattern p = parse_hybrid_pattern(text, flag);
     c.mamba.layers = allocate_hybrid_layers(a.num_layers, a.hybrid_attention_ratio,
-                                            a.hybrid_mlp_ratio, a.hybrid_override_pattern);
+                                            a.hybrid_mlp_ratio, p.main, flag);
+    // The CLI sets --mtp-num-layers from the pattern (resolve_hybrid_pattern); a record that
+    // disagrees with its own pattern is refused here.
+    MEGATRON_CHECK(p.mtp.empty() || p.mtp_depths == a.mtp_num_layers, flag, " '", text, "' has ",
+                   p.mtp_depths, " MTP depths, --mtp-num-layers is ", a.mtp_num_layers);
+    c.mamba.mtp_layers = p.mtp;
     c.mamba.state_dim = a.mamba_state_dim;
     c.mamba.head_dim = a.mamba_head_dim;
     c.mamba.num_groups = a.mamba_num_groups;
@@ -384,7 +405,10 @@ TransformerConfig transformer_config_from_args(const Arguments& a) {
   if (c.mamba.enabled()) {
     // A hybrid model's MoE layers are its pattern's E layers (Megatron's MambaStack builds its
     // moe_layer spec there; --moe-layer-freq shapes GPT's TransformerBlock only).
-    const std::string& l = c.mamba.layers;
+    // The MTP depths' layers count too (their MoE statistics come after the decoder's).
+    std::string l = c.mamba.layers;
+    for (int64_t k = 0; k < c.mtp_num_layers && !c.mamba.mtp_layers.empty(); ++k)
+      l += c.mamba.mtp_layers;
     const bool has_moe = l.find('E') != std::string::npos;
     MEGATRON_CHECK(!has_moe || c.moe.enabled(), "the hybrid pattern '", l,
                    "' has E (Mixture of Experts) layers: set --num-experts (and the other --moe-* "
@@ -394,10 +418,10 @@ TransformerConfig transformer_config_from_args(const Arguments& a) {
                    "pattern '",
                    l,
                    "' has no E (Mixture of Experts) layer; put E layers in "
-                   "--hybrid-override-pattern or drop --num-experts");
+                   "--hybrid-layer-pattern or drop --num-experts");
     MEGATRON_CHECK(!has_moe || a.moe_layer_freq == "1", "--moe-layer-freq ", a.moe_layer_freq,
                    " does not apply to hybrid Mamba models: their MoE layers are the E layers of "
-                   "--hybrid-override-pattern; drop the flag");
+                   "--hybrid-layer-pattern; drop the flag");
     if (has_moe) {
       c.moe.layer_pattern.clear();
       for (char t : l) c.moe.layer_pattern.push_back(t == 'E' ? 1 : 0);

@@ -8,6 +8,13 @@
 namespace megatron {
 
 TransformerConfig transformer_config_from_args(const Arguments& args);
+// A hybrid model's unified layer pattern (transformer/mamba/hybrid_pattern.h) from the flags:
+// --hybrid-layer-pattern or its deprecated spelling --hybrid-override-pattern, with a legacy
+// --mtp-hybrid-override-pattern appended once per --mtp-num-layers depth; empty: none given.
+std::string hybrid_pattern_text(const Arguments& args);
+// The flag that pattern came from, for messages: --hybrid-layer-pattern unless only the deprecated
+// --hybrid-override-pattern is given.
+std::string hybrid_pattern_flag(const Arguments& args);
 // The --moe-* flags (dense when --num-experts is 0); validated by TransformerConfig::finalize.
 MoeConfig moe_config_from_args(const Arguments& args);
 // The vision-language flags of --model llava (the encoder's layers and the text length as

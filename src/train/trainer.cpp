@@ -260,9 +260,8 @@ void Trainer::build_model() {
   }
   loss_ = spec_->make_loss(cfg_);
   // Multi-token prediction's layers are numbered after the decoder's (Megatron's tracker holds
-  // num_layers + mtp_num_layers entries too).
-  if (cfg_.moe.enabled())
-    moe_tracker_ = std::make_unique<MoeAuxTracker>(cfg_.num_layers + cfg_.mtp_num_layers);
+  // num_layers + mtp_num_layers entries too; a hybrid MTP depth has its pattern's layers).
+  if (cfg_.moe.enabled()) moe_tracker_ = std::make_unique<MoeAuxTracker>(cfg_.layer_slots());
   // The fields this rank's chunks read, each once, in first-read order.
   {
     for (const auto& chunk : chunks_) {
@@ -997,7 +996,7 @@ void Trainer::add_moe_terms(LossTerms* terms) {
   // its share of the micro-batch), averaged over DP; then per name the mean over the MoE layers
   // and micro-batches. Names in a fixed order on every rank, so the collectives pair up.
   const ParallelState& ps = *parallel_;
-  const int64_t L = cfg_.num_layers + cfg_.mtp_num_layers, moe_layers = cfg_.moe.num_moe_layers(L);
+  const int64_t L = cfg_.layer_slots(), moe_layers = cfg_.num_moe_layer_slots();
   std::vector<std::string> names;
   for (MoeLoadBalancing t : {MoeLoadBalancing::kAuxLoss, MoeLoadBalancing::kSeqAuxLoss})
     if (cfg_.moe.coeff_of(t) > 0)
@@ -1024,7 +1023,7 @@ void Trainer::add_moe_terms(LossTerms* terms) {
       const double x = v.data<double>()[i * L + l] / static_cast<double>(dp_size_) /
                        static_cast<double>(num_microbatches_);
       sum += x;
-      if (cfg_.moe.is_moe_layer(l)) layers.emplace_back(l, x);
+      if (cfg_.is_moe_layer(l)) layers.emplace_back(l, x);
     }
     if (has_loss_) terms->add(names[i], sum / static_cast<double>(moe_layers), 1.0);
     moe_per_layer_.emplace_back(names[i], std::move(layers));
@@ -1041,7 +1040,7 @@ void Trainer::moe_step_end(LossTerms* terms) {
     // Once per global batch: every router's counts summed over TP x DP x CP (the tokens of the
     // whole batch; Megatron's _update_router_expert_bias), and over the pipeline for the log:
     // one [L, E] all-reduce, each stage filling its layers' rows.
-    const int64_t E = cfg_.moe.num_experts, L = cfg_.num_layers + cfg_.mtp_num_layers;
+    const int64_t E = cfg_.moe.num_experts, L = cfg_.layer_slots();
     Tensor counts = Tensor::zeros({L * E}, DType::kF64);
     for (TopKRouter* r : routers)
       std::copy(r->tokens_per_expert().begin(), r->tokens_per_expert().end(),
@@ -1060,7 +1059,7 @@ void Trainer::moe_step_end(LossTerms* terms) {
       double sum = 0;
       int64_t layers = 0;
       for (int64_t l = 0; l < L; ++l) {
-        if (!cfg_.moe.is_moe_layer(l)) continue;
+        if (!cfg_.is_moe_layer(l)) continue;
         const double* c = counts.data<double>() + l * E;
         double mx = 0, mean = 0;
         for (int64_t e = 0; e < E; ++e) {

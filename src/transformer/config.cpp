@@ -58,13 +58,24 @@ void TransformerConfig::finalize() {
     MEGATRON_CHECK(!post_layernorm,
                    "hybrid Mamba models are pre-LN: drop "
                    "--transformer-block-type post_ln");
-    for (int64_t l = 0; l < num_layers; ++l)
+    // Megatron builds no MTP block for a hybrid model without an MTP pattern (a warning only);
+    // here that is refused rather than trained without the depths asked for.
+    MEGATRON_CHECK(mtp_num_layers == 0 || !mamba.mtp_layers.empty(), "--mtp-num-layers ",
+                   mtp_num_layers,
+                   " with a hybrid model needs the MTP layers' pattern: --hybrid-layer-pattern "
+                   "'MAIN/MTP/MTP...' (one /MTP per depth) or --mtp-hybrid-override-pattern MTP");
+    MEGATRON_CHECK(mamba.mtp_layers.empty() || mtp_num_layers > 0,
+                   "an MTP layer pattern without --mtp-num-layers");
+    MEGATRON_CHECK(mamba.mtp_layers.find('E') == std::string::npos || moe.enabled(),
+                   "the MTP layer pattern '", mamba.mtp_layers,
+                   "' has E layers: they need --num-experts");
+    for (int64_t l = 0; l < layer_slots(); ++l)
       MEGATRON_CHECK(moe.is_moe_layer(l) == (mamba.layer_type(l) == 'E'), "layer ", l,
                      " of the hybrid pattern '", mamba.layers, "' is ",
                      moe.is_moe_layer(l) ? "an MoE layer but not E" : "E but not an MoE layer",
                      ": a hybrid model's MoE layers are exactly its E layers");
-    MEGATRON_CHECK(mtp_num_layers == 0,
-                   "--mtp-num-layers with a hybrid Mamba model is not implemented");
+  } else {
+    MEGATRON_CHECK(mamba.mtp_layers.empty(), "an MTP layer pattern needs a hybrid model");
   }
   if (heterogeneous.enabled()) {
     const char* flag = "--heterogeneous-layers-config-path";
@@ -112,7 +123,10 @@ void TransformerConfig::finalize() {
   MEGATRON_CHECK(norm_epsilon > 0, "--norm-epsilon must be positive, got ", norm_epsilon);
   MEGATRON_CHECK(init_method_std > 0, "--init-method-std must be positive, got ", init_method_std);
   if (moe.enabled() && moe.ffn_hidden_size == 0) moe.ffn_hidden_size = ffn_hidden_size;
-  moe.validate(num_layers, add_bias_linear);
+  // A hybrid model's MoE pattern covers its MTP layers too (model_config: one entry per slot).
+  moe.validate(
+      mamba.enabled() && moe.enabled() && !moe.layer_pattern.empty() ? layer_slots() : num_layers,
+      add_bias_linear);
   // Megatron's TransformerConfig checks, in its words.
   MEGATRON_CHECK(!moe.router_padding_for_fp8 || fp8.enabled(),
                  "--moe-router-padding-for-fp8: fp8 must be specified when "
@@ -155,6 +169,12 @@ double TransformerConfig::attention_scale() const {
   // Megatron's multi-latent attention hands its own scale to the core attention.
   if (mla.enabled) return mla.softmax_scale();
   return softmax_scale > 0 ? softmax_scale : 1.0 / std::sqrt(static_cast<double>(kv_channels));
+}
+
+int64_t TransformerConfig::num_moe_layer_slots() const {
+  int64_t n = 0;
+  for (int64_t l = 0; l < layer_slots(); ++l) n += is_moe_layer(l) ? 1 : 0;
+  return n;
 }
 
 int64_t pad_vocab_size(int64_t vocab, int64_t divisible_by, int64_t tp) {

@@ -139,6 +139,20 @@ struct TransformerConfig {
   // none) and the weight of their mean loss in the objective (--mtp-loss-scaling-factor).
   int64_t mtp_num_layers = 0;
   double mtp_loss_scaling_factor = 0.1;
+  // Layers of one MTP depth: a hybrid model's MTP pattern's (mamba.mtp_layers), else GPT's one.
+  int64_t mtp_layers_per_depth() const {
+    return mamba.mtp_layers.empty() ? 1 : static_cast<int64_t>(mamba.mtp_layers.size());
+  }
+  // Layer numbers in use: the decoder's, then every MTP depth's layers (MoE statistics, dropout
+  // streams).
+  int64_t layer_slots() const { return num_layers + mtp_num_layers * mtp_layers_per_depth(); }
+  // Whether layer `layer` (a decoder or MTP layer number) is an MoE layer: a hybrid model's E
+  // layers, else --moe-layer-freq's (an MTP layer: the decoder's last layer's kind).
+  bool is_moe_layer(int64_t layer) const {
+    return mamba.enabled() ? mamba.layer_type(layer) == 'E' : moe.is_moe_layer(layer);
+  }
+  // MoE layers among layer_slots().
+  int64_t num_moe_layer_slots() const;
   Fp8Config fp8;  // FP8 GEMMs (--fp8-format; default: off)
   // A vision-language model's vision encoder and projector (--model llava; default: none).
   // seq_length is then the language model's combined sequence (text and image embeddings).

@@ -64,7 +64,7 @@ TransformerLayer::TransformerLayer(const std::string& name, const TransformerCon
   pre_mlp_layernorm->mark_sequence_parallel(tp.sp());
   if (mlp_kind == BranchKind::kLinear) {
     linear_mlp = std::make_unique<LinearReplacement>(name + ".mlp", cfg, tp);
-  } else if (cfg.moe.is_moe_layer(layer_number)) {
+  } else if (cfg.is_moe_layer(layer_number)) {
     moe = std::make_unique<MoELayer>(name + ".mlp", cfg, layer_number, tp);
   } else {
     mlp = std::make_unique<MLP>(name + ".mlp", cfg, tp);

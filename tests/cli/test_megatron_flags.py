@@ -180,8 +180,14 @@ class MegatronFlagsTest(unittest.TestCase):
         self.assertRefused(run("train", *BASE, *spec), "--spec", "pretrain_mamba")
         self.assertRefused(run("train", *BASE, "--hybrid-override-pattern", "M*"),
                            "--hybrid-override-pattern", "pretrain_mamba")
-        self.assertRefused(run("pretrain_mamba", *mamba, "--hybrid-override-pattern", "M*-"),
-                           "--hybrid-override-pattern", "wrong length")
+        # The pattern gives the layer count (Megatron core 0.17): a different --num-layers is
+        # replaced, with Megatron's warning.
+        longer = run("pretrain_mamba", *mamba, "--hybrid-override-pattern", "M*-")
+        self.assertEqual(longer.returncode, 0, longer.stderr[-2000:])
+        self.assertIn("ignoring --num-layers (2) and using the layer count derived from the "
+                      "pattern (3)", longer.stdout + longer.stderr)
+        self.assertIn("Hybrid allocation (M is mamba, * is attention, - is mlp):\nM*-\n",
+                      longer.stdout)
         self.assertRefused(run("pretrain_mamba", *mamba, "--hybrid-override-pattern", "MX"),
                            "--hybrid-override-pattern", "not a layer symbol")
         self.assertRefused(run("pretrain_mamba", *mamba, "--hybrid-attention-ratio", "0.5",

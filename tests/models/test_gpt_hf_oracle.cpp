@@ -23,6 +23,7 @@
 #include "checkpoint/safetensors.h"
 #include "models/gpt/gpt_hf.h"
 #include "optim/adamw.h"
+#include "oracle_mtp.h"
 #include "tensor/ops.h"
 #include "testing/testing.h"
 #include "transformer/moe/aux_tracker.h"
@@ -89,24 +90,8 @@ Tensor logits_as_pytorch(const GPTModel::Ctx& ctx, const TransformerConfig& c, i
   return got;
 }
 
-// Multi-token prediction (the oracle's deepseek-v3-mtp): the training forward computes each
-// depth's per-token loss, and its gradient joins the main loss's as GPTLoss makes it: depth k's
-// loss mask (all ones) rolled left by k, times --mtp-loss-scaling-factor / depths over its count.
-ForwardMode oracle_mode(const TransformerConfig& c) {
-  return c.mtp_num_layers > 0 ? ForwardMode{true, 1, 0} : ForwardMode{};
-}
-
-void set_mtp_gradients(const TransformerConfig& c, int64_t B, int64_t S, GPTModel::Ctx& ctx) {
-  ctx.mtp_dlosses.clear();
-  for (int64_t k = 1; k <= c.mtp_num_layers; ++k) {
-    Tensor d = Tensor::zeros({B, S});
-    const double w = c.mtp_loss_scaling_factor / static_cast<double>(c.mtp_num_layers) /
-                     static_cast<double>(B * (S - k));
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t t = 0; t + k < S; ++t) d.data<float>()[b * S + t] = static_cast<float>(w);
-    ctx.mtp_dlosses.push_back(d);
-  }
-}
+using testing::oracle_mode;
+using testing::set_mtp_gradients;
 
 void run_oracle(const std::string& arch,
                 const std::function<void(TransformerConfig&)>& variant = {}) {

@@ -23,6 +23,7 @@
 #include "models/common/hf_tensors.h"
 #include "models/mamba/mamba_hf.h"
 #include "optim/adamw.h"
+#include "oracle_mtp.h"
 #include "testing/testing.h"
 #include "transformer/kv_cache.h"
 
@@ -98,7 +99,9 @@ void check_training_math(const std::string& arch, const std::string& pattern, si
   const Batch batch = oracle_batch(expected);
   const int64_t B = batch.inputs.dim(0), S = batch.inputs.dim(1);
   GPTModel::Ctx ctx;
-  const Tensor loss = l.model->forward(batch.inputs, batch.labels, Tensor(), ctx, ForwardMode{});
+  const ForwardMode mode = testing::oracle_mode(c);
+  const Tensor loss = l.model->forward(batch.inputs, batch.labels, Tensor(), ctx, mode);
+  EXPECT_EQ(static_cast<int64_t>(ctx.mtp_losses.size()), c.mtp_num_layers);
   EXPECT_TRUE(
       testing::allclose(as_pytorch(ctx.head.logits, c, B, S), expected.read("logits"), 1e-5, 1e-4))
       << "logits";
@@ -106,6 +109,7 @@ void check_training_math(const std::string& arch, const std::string& pattern, si
   EXPECT_NEAR(mean(loss), want_loss, 1e-5 * want_loss) << "loss";
 
   l.params->zero_grads();
+  testing::set_mtp_gradients(c, B, S, ctx);
   l.model->backward(Tensor::full({B, S}, 1.0 / static_cast<double>(B * S)), ctx);
   const auto grads = nemotron_h_tensors(*l.model, true);
   EXPECT_EQ(grads.size(), tensors);
@@ -122,10 +126,10 @@ void check_training_math(const std::string& arch, const std::string& pattern, si
   const Tensor want_losses = expected.read("adam_losses");
   for (int64_t step = 0; step < want_losses.numel(); ++step) {
     GPTModel::Ctx sctx;
-    const Tensor l2 =
-        fresh.model->forward(batch.inputs, batch.labels, Tensor(), sctx, ForwardMode{});
+    const Tensor l2 = fresh.model->forward(batch.inputs, batch.labels, Tensor(), sctx, mode);
     EXPECT_NEAR(mean(l2), want_losses.item(step), 1e-4 * want_losses.item(step)) << "step " << step;
     fresh.params->zero_grads();
+    testing::set_mtp_gradients(c, B, S, sctx);
     fresh.model->backward(Tensor::full({B, S}, 1.0 / static_cast<double>(B * S)), sctx);
     clip_grads(*fresh.params, 1.0, grad_norm(*fresh.params));
     opt.step(1e-3);
@@ -142,6 +146,16 @@ TEST(NemotronHOracle, LogitsLossGradientsAndAdamW) {
 // experts' up and down projections, the shared MLP's two.
 TEST(NemotronHMoeOracle, LogitsLossGradientsAndAdamW) {
   check_training_math("nemotron-h-moe", "ME*-E", 1U + 9 + 12 + 5 + 3 + 12 + 2);
+}
+
+// Nemotron 3 Super's multi-token prediction (hybrid MTP): two depths of "*E", each trained
+// through lm loss + 0.1 x the depths' mean loss; per depth enorm, hnorm, eh_proj,
+// final_layernorm and the attention's 5 and the MoE layer's 12 tensors.
+TEST(NemotronHMtpOracle, LogitsLossGradientsAndAdamW) {
+  check_training_math("nemotron-h-mtp", "ME*-E", 1U + 9 + 12 + 5 + 3 + 12 + 2 + 2 * (4 + 5 + 12));
+  const TransformerConfig c = read_nemotron_h_config(root("nemotron-h-mtp") + "/model").config;
+  EXPECT_EQ(c.mtp_num_layers, 2);
+  EXPECT_EQ(c.mamba.mtp_layers, "*E");
 }
 
 // Import -> export reproduces the files' tensors and config bit for bit.
@@ -177,6 +191,8 @@ void check_export_round_trip(const std::string& arch) {
   EXPECT_EQ(back.moe.group_topk, in.moe.group_topk);
   EXPECT_EQ(back.moe.topk_scaling_factor, in.moe.topk_scaling_factor);
   EXPECT_EQ(back.moe.layer_pattern, in.moe.layer_pattern);
+  EXPECT_EQ(back.mtp_num_layers, in.mtp_num_layers);
+  EXPECT_EQ(back.mamba.mtp_layers, in.mamba.mtp_layers);
 }
 
 // config.json forms and refusals, on the oracle's MoE config edited: the layer_types alias of
@@ -231,6 +247,9 @@ TEST(NemotronHMoeOracle, ConfigFormsAndRefusals) {
 
 TEST(NemotronHOracle, ExportRoundTrip) {
   check_export_round_trip("nemotron-h");
+}
+TEST(NemotronHMtpOracle, ExportRoundTrip) {
+  check_export_round_trip("nemotron-h-mtp");
 }
 TEST(NemotronHMoeOracle, ExportRoundTrip) {
   check_export_round_trip("nemotron-h-moe");

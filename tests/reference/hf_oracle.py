@@ -52,13 +52,19 @@ Variants (the model-variant flags where Hugging Face has the same variant):
               NemotronH with MoE layers (Nemotron 3's NemotronHMoE), "ME*-E": DeepSeek-V3's
               router (sigmoid, e_score_correction_bias, scaling) over squared-ReLU experts,
               plus a shared squared-ReLU MLP.
+  nemotron-h-mtp
+              nemotron-h-moe with Nemotron 3 Super's multi-token prediction: two depths of an
+              attention then an MoE block (mtp.layers.{0..3}, Megatron's hybrid MTP), gradients
+              and AdamW steps of lm loss + Megatron's MTP term (0.1 x the depths' mean loss);
+              "loss", "logits" and "adam_losses" are the main model's.
   nemotron-nas
               Llama-Nemotron (DeciLMForCausalLM): Llama 3.1 whose layers follow block_configs,
               each attention and MLP whole (its own kv heads, its ffn_mult's width), one linear
               layer after its norm, or a no-op (modeling_decilm's DeciLMDecoderLayer).
 
 Usage: python3 tests/reference/hf_oracle.py --arch {gpt2,llama,gpt2-relu2,llama31,qwen3,mixtral,
-       deepseek-v3,deepseek-v3-plain,deepseek-v3-mtp,nemotron-h,nemotron-h-moe,nemotron-nas}
+       deepseek-v3,deepseek-v3-plain,deepseek-v3-mtp,nemotron-h,nemotron-h-moe,nemotron-h-mtp,
+       nemotron-nas}
        --out DIR
        [--seed 1234]
 """
@@ -227,6 +233,12 @@ NEMOTRON_H_MOE_CONFIG = dict(
     routed_scaling_factor=2.5, moe_latent_size=None, num_nextn_predict_layers=0)
 for _k in ("hybrid_override_pattern", "num_hidden_layers"):
     NEMOTRON_H_MOE_CONFIG.pop(_k)
+# Nemotron 3 Super's multi-token prediction on the MoE model: two depths, each an attention
+# block then an MoE block (its mtp_hybrid_override_pattern "*E", as transformers 5 writes it:
+# mtp_layers_block_type), one block per depth (mtp_use_repeated_layer false).
+NEMOTRON_H_MTP_CONFIG = dict(
+    NEMOTRON_H_MOE_CONFIG, num_nextn_predict_layers=2,
+    mtp_layers_block_type=["full_attention", "moe"], mtp_use_repeated_layer=False)
 
 
 def nemotron_h_pattern(cfg):
@@ -238,9 +250,11 @@ def nemotron_h_pattern(cfg):
     return "".join(symbol[t] for t in cfg["layers_block_type"])
 # Hugging Face buffers, DeepSeek-V3's copies of the shared tensors and NemotronH's prediction
 # layers: in the weights file, never trained (the copies equal what they copy).
-def is_buffer(name):
+def is_buffer(name, cfg=None):
+    nemotron_mtp = (cfg or {}).get("model_type") == "nemotron_h" and \
+        (cfg or {}).get("num_nextn_predict_layers")
     return (name.endswith(("e_score_correction_bias", "shared_head.head.weight"))
-            or name.startswith("mtp.")
+            or (name.startswith("mtp.") and not nemotron_mtp)
             or (name.startswith("model.layers.") and name.endswith(".embed_tokens.weight")))
 
 
@@ -829,48 +843,74 @@ ARCHS = {
 }
 
 
-def nemotron_h_weights(cfg, init):
-    H, V = cfg["hidden_size"], cfg["vocab_size"]
+def nemotron_h_layer_weights(cfg, init, w, p, t):
+    """The tensors of one NemotronH block of type t under prefix p (a decoder layer
+    backbone.layers.{i}. or a prediction sublayer mtp.layers.{n}.)."""
+    H = cfg["hidden_size"]
     I = cfg["mamba_num_heads"] * cfg["mamba_head_dim"]
     G, N, nh = cfg["n_groups"], cfg["ssm_state_size"], cfg["mamba_num_heads"]
     conv = I + 2 * G * N
     hd, na, nkv = cfg["head_dim"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    w[p + "norm.weight"] = init.norm(H)
+    x = p + "mixer."
+    if t == "M":
+        w[x + "in_proj.weight"] = init.matrix(2 * I + 2 * G * N + nh, H) * 5
+        w[x + "conv1d.weight"] = init.matrix(conv, 1, cfg["conv_kernel"]) * 15
+        w[x + "conv1d.bias"] = init.bias(conv) * 5
+        # A in [1, 16) as Megatron initialises it; dt_bias so that softplus(dt) is ~0.01-0.1.
+        w[x + "A_log"] = torch.log(1 + 15 * torch.rand(nh, generator=init.gen))
+        w[x + "D"] = init.norm(nh)
+        w[x + "dt_bias"] = -3 + torch.rand(nh, generator=init.gen) * 2
+        w[x + "norm.weight"] = init.norm(I)
+        w[x + "out_proj.weight"] = init.matrix(H, I) * 3
+    elif t == "*":
+        w[x + "q_proj.weight"] = init.matrix(na * hd, H)
+        w[x + "k_proj.weight"] = init.matrix(nkv * hd, H)
+        w[x + "v_proj.weight"] = init.matrix(nkv * hd, H)
+        w[x + "o_proj.weight"] = init.matrix(H, na * hd)
+    elif t == "E":
+        E, Fe, Fs = (cfg["n_routed_experts"], cfg["moe_intermediate_size"],
+                     cfg["moe_shared_expert_intermediate_size"])
+        w[x + "gate.weight"] = init.matrix(E, H) * 3
+        w[x + "gate.e_score_correction_bias"] = init.matrix(E).abs() * 0.5
+        for e in range(E):
+            w[x + f"experts.{e}.up_proj.weight"] = init.matrix(Fe, H)
+            w[x + f"experts.{e}.down_proj.weight"] = init.matrix(H, Fe)
+        w[x + "shared_experts.up_proj.weight"] = init.matrix(Fs, H)
+        w[x + "shared_experts.down_proj.weight"] = init.matrix(H, Fs)
+    else:
+        w[x + "up_proj.weight"] = init.matrix(cfg["intermediate_size"], H)
+        w[x + "down_proj.weight"] = init.matrix(H, cfg["intermediate_size"])
+
+
+def nemotron_h_mtp_pattern(cfg):
+    """One prediction depth's layer symbols (mtp_layers_block_type or the legacy string)."""
+    if "mtp_layers_block_type" in cfg:
+        return nemotron_h_pattern({"layers_block_type": cfg["mtp_layers_block_type"]})
+    return cfg["mtp_hybrid_override_pattern"]
+
+
+def nemotron_h_weights(cfg, init):
+    H, V = cfg["hidden_size"], cfg["vocab_size"]
     w = {"backbone.embeddings.weight": init.matrix(V, H)}
     for i, t in enumerate(nemotron_h_pattern(cfg)):
-        p = f"backbone.layers.{i}."
-        w[p + "norm.weight"] = init.norm(H)
-        x = p + "mixer."
-        if t == "M":
-            w[x + "in_proj.weight"] = init.matrix(2 * I + 2 * G * N + nh, H) * 5
-            w[x + "conv1d.weight"] = init.matrix(conv, 1, cfg["conv_kernel"]) * 15
-            w[x + "conv1d.bias"] = init.bias(conv) * 5
-            # A in [1, 16) as Megatron initialises it; dt_bias so that softplus(dt) is ~0.01-0.1.
-            w[x + "A_log"] = torch.log(1 + 15 * torch.rand(nh, generator=init.gen))
-            w[x + "D"] = init.norm(nh)
-            w[x + "dt_bias"] = -3 + torch.rand(nh, generator=init.gen) * 2
-            w[x + "norm.weight"] = init.norm(I)
-            w[x + "out_proj.weight"] = init.matrix(H, I) * 3
-        elif t == "*":
-            w[x + "q_proj.weight"] = init.matrix(na * hd, H)
-            w[x + "k_proj.weight"] = init.matrix(nkv * hd, H)
-            w[x + "v_proj.weight"] = init.matrix(nkv * hd, H)
-            w[x + "o_proj.weight"] = init.matrix(H, na * hd)
-        elif t == "E":
-            E, Fe, Fs = (cfg["n_routed_experts"], cfg["moe_intermediate_size"],
-                         cfg["moe_shared_expert_intermediate_size"])
-            w[x + "gate.weight"] = init.matrix(E, H) * 3
-            w[x + "gate.e_score_correction_bias"] = init.matrix(E).abs() * 0.5
-            for e in range(E):
-                w[x + f"experts.{e}.up_proj.weight"] = init.matrix(Fe, H)
-                w[x + f"experts.{e}.down_proj.weight"] = init.matrix(H, Fe)
-            w[x + "shared_experts.up_proj.weight"] = init.matrix(Fs, H)
-            w[x + "shared_experts.down_proj.weight"] = init.matrix(H, Fs)
-        else:
-            w[x + "up_proj.weight"] = init.matrix(cfg["intermediate_size"], H)
-            w[x + "down_proj.weight"] = init.matrix(H, cfg["intermediate_size"])
+        nemotron_h_layer_weights(cfg, init, w, f"backbone.layers.{i}.", t)
     w["backbone.norm_f.weight"] = init.norm(H)
     w["lm_head.weight"] = init.matrix(V, H)
-    if "layers_block_type" in cfg:  # a prediction layer's tensors, unused by the model
+    depths = cfg.get("num_nextn_predict_layers") or 0
+    if depths:
+        # Megatron-Bridge's flattening: depth k's sublayers are mtp.layers.{k L + j}, the first
+        # with enorm, hnorm and eh_proj, the last with final_layernorm.
+        mtp = nemotron_h_mtp_pattern(cfg)
+        for k in range(depths):
+            first, last = f"mtp.layers.{k * len(mtp)}.", f"mtp.layers.{k * len(mtp) + len(mtp) - 1}."
+            w[first + "enorm.weight"] = init.norm(H)
+            w[first + "hnorm.weight"] = init.norm(H)
+            w[first + "eh_proj.weight"] = init.matrix(H, 2 * H)
+            for j, t in enumerate(mtp):
+                nemotron_h_layer_weights(cfg, init, w, f"mtp.layers.{k * len(mtp) + j}.", t)
+            w[last + "final_layernorm.weight"] = init.norm(H)
+    elif "layers_block_type" in cfg:  # a prediction layer's tensors, unused by the model
         w["mtp.layers.0.norm.weight"] = init.norm(H)
         w["mtp.layers.0.mixer.gate.weight"] = init.matrix(cfg["n_routed_experts"], H)
     return w
@@ -928,40 +968,68 @@ def nemotron_h_moe(cfg, w, m, h):
     return (out + shared).reshape(B, S, H)
 
 
-def nemotron_h_forward(cfg, w, ids):
-    B, S = ids.shape
+def nemotron_h_block(cfg, w, p, t, x, causal):
+    """One NemotronH block: x + mixer(rmsnorm(x)), the mixer of type t."""
+    B, S, _ = x.shape
     eps = cfg["layer_norm_epsilon"]
     nh, nkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
     rep = nh // nkv
+    h = rms_norm(x, w[p + "norm.weight"], eps)
+    m = p + "mixer."
+    if t == "M":
+        out = nemotron_h_mamba(cfg, w, m, h)
+    elif t == "*":  # no positional embedding
+        q = F.linear(h, w[m + "q_proj.weight"]).view(B, S, nh, hd).transpose(1, 2)
+        k = F.linear(h, w[m + "k_proj.weight"]).view(B, S, nkv, hd).transpose(1, 2)
+        v = F.linear(h, w[m + "v_proj.weight"]).view(B, S, nkv, hd).transpose(1, 2)
+        k = k[:, :, None].expand(B, nkv, rep, S, hd).reshape(B, nh, S, hd)
+        v = v[:, :, None].expand(B, nkv, rep, S, hd).reshape(B, nh, S, hd)
+        att = torch.softmax(torch.matmul(q, k.transpose(2, 3)) * hd ** -0.5 + causal, dim=-1)
+        o = torch.matmul(att, v).transpose(1, 2).reshape(B, S, nh * hd)
+        out = F.linear(o, w[m + "o_proj.weight"])
+    elif t == "E":
+        out = nemotron_h_moe(cfg, w, m, h)
+    else:  # relu2 MLP
+        out = F.linear(torch.relu(F.linear(h, w[m + "up_proj.weight"])) ** 2,
+                       w[m + "down_proj.weight"])
+    return x + out
+
+
+def nemotron_h_forward(cfg, w, ids, mtp_logits=None):
+    """NemotronHForCausalLM's forward. With num_nextn_predict_layers and a list in mtp_logits,
+    also Megatron's hybrid multi-token prediction on the normed output (Nemotron 3's mtp.*),
+    each depth's logits appended: depth k embeds the tokens rolled left by k, joins
+    enorm(embedding) and hnorm(previous depth's output) through eh_proj, runs the MTP pattern's
+    blocks (Megatron's HybridStack without a final norm) and final_layernorm, and shares the
+    model's embedding and output layer."""
+    S = ids.shape[1]
+    eps = cfg["layer_norm_epsilon"]
     causal = torch.full((S, S), torch.finfo(torch.float32).min).triu(1)[None, None]
     x = F.embedding(ids, w["backbone.embeddings.weight"])
     for i, t in enumerate(nemotron_h_pattern(cfg)):
-        p = f"backbone.layers.{i}."
-        h = rms_norm(x, w[p + "norm.weight"], eps)
-        m = p + "mixer."
-        if t == "M":
-            out = nemotron_h_mamba(cfg, w, m, h)
-        elif t == "*":  # no positional embedding
-            q = F.linear(h, w[m + "q_proj.weight"]).view(B, S, nh, hd).transpose(1, 2)
-            k = F.linear(h, w[m + "k_proj.weight"]).view(B, S, nkv, hd).transpose(1, 2)
-            v = F.linear(h, w[m + "v_proj.weight"]).view(B, S, nkv, hd).transpose(1, 2)
-            k = k[:, :, None].expand(B, nkv, rep, S, hd).reshape(B, nh, S, hd)
-            v = v[:, :, None].expand(B, nkv, rep, S, hd).reshape(B, nh, S, hd)
-            att = torch.softmax(torch.matmul(q, k.transpose(2, 3)) * hd ** -0.5 + causal, dim=-1)
-            o = torch.matmul(att, v).transpose(1, 2).reshape(B, S, nh * hd)
-            out = F.linear(o, w[m + "o_proj.weight"])
-        elif t == "E":
-            out = nemotron_h_moe(cfg, w, m, h)
-        else:  # relu2 MLP
-            out = F.linear(torch.relu(F.linear(h, w[m + "up_proj.weight"])) ** 2,
-                           w[m + "down_proj.weight"])
-        x = x + out
+        x = nemotron_h_block(cfg, w, f"backbone.layers.{i}.", t, x, causal)
     x = rms_norm(x, w["backbone.norm_f.weight"], eps)
+    if mtp_logits is not None:
+        mtp = nemotron_h_mtp_pattern(cfg)
+        prev, rolled = x, ids
+        for k in range(cfg.get("num_nextn_predict_layers") or 0):
+            first = f"mtp.layers.{k * len(mtp)}."
+            rolled = roll_left(rolled)
+            e = rms_norm(F.embedding(rolled, w["backbone.embeddings.weight"]),
+                         w[first + "enorm.weight"], eps)
+            hcat = torch.cat((e, rms_norm(prev, w[first + "hnorm.weight"], eps)), dim=-1)
+            y = F.linear(hcat, w[first + "eh_proj.weight"])
+            for j, t in enumerate(mtp):
+                y = nemotron_h_block(cfg, w, f"mtp.layers.{k * len(mtp) + j}.", t, y, causal)
+            last = f"mtp.layers.{k * len(mtp) + len(mtp) - 1}."
+            prev = rms_norm(y, w[last + "final_layernorm.weight"], eps)
+            mtp_logits.append(F.linear(prev, w["lm_head.weight"]))
     return F.linear(x, w["lm_head.weight"])
 
 
 ARCHS["nemotron-h"] = (NEMOTRON_H_CONFIG, nemotron_h_weights, nemotron_h_forward)
 ARCHS["nemotron-h-moe"] = (NEMOTRON_H_MOE_CONFIG, nemotron_h_weights, nemotron_h_forward)
+ARCHS["nemotron-h-mtp"] = (NEMOTRON_H_MTP_CONFIG, nemotron_h_weights, nemotron_h_forward)
 
 
 # Llama-Nemotron (DeciLMForCausalLM, model_type nemotron-nas): Llama 3.1 whose layers differ by
@@ -1092,7 +1160,7 @@ def run(arch, out_dir, seed):
         f.write("\n")
     write_safetensors(os.path.join(out_dir, "model", "model.safetensors"), weights0)
 
-    names = [n for n in weights0 if not is_buffer(n)]
+    names = [n for n in weights0 if not is_buffer(n, cfg)]
     params = {n: torch.nn.Parameter(t.clone(), requires_grad=n in names)
               for n, t in weights0.items()}
     decay = [params[n] for n in names if params[n].ndim >= 2]

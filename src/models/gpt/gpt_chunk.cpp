@@ -153,7 +153,8 @@ std::vector<TopKRouter*> GPTChunk::moe_routers() {
     if (layer->moe) out.push_back(&layer->moe->router);
   if (model_.mtp)
     for (auto& depth : model_.mtp->layers)
-      if (depth->transformer_layer.moe) out.push_back(&depth->transformer_layer.moe->router);
+      for (auto& layer : depth->layers)
+        if (layer->moe) out.push_back(&layer->moe->router);
   return out;
 }
 

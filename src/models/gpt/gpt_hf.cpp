@@ -307,7 +307,7 @@ std::vector<Mapping> hf_tensor_mappings(const HfModelInfo& info, GPTModel& m) {
       for (int64_t k = 0; k < m.mtp->depths(); ++k) {
         MultiTokenPrediction::Depth& d = *m.mtp->layers[k];
         const std::string p = "model.layers." + std::to_string(c.num_layers + k) + ".";
-        layer_maps(d.transformer_layer, c.num_layers + k);
+        layer_maps(*d.layers.front(), c.num_layers + k);
         add(p + "enorm.weight", d.enorm.weight, {h});
         add(p + "hnorm.weight", d.hnorm.weight, {h});
         add(p + "eh_proj.weight", d.eh_proj.weight(), {h, 2 * h});

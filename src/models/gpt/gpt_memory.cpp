@@ -107,7 +107,7 @@ int64_t activation_bytes_per_microbatch(const TransformerConfig& c, const Activa
           n = s_local_b * h * e + stats + moe_layer - attention;
           break;
         default:
-          n = c.moe.is_moe_layer(l) ? moe_layer : layer;
+          n = c.is_moe_layer(l) ? moe_layer : layer;
       }
     }
     kept += n;
@@ -125,7 +125,7 @@ int64_t activation_bytes_per_microbatch(const TransformerConfig& c, const Activa
       const int64_t moe_intermediates = moe_layer - attention - s_local_b * h * g;
       bytes = kept;
       for (int64_t i = 0; i < L; ++i) {
-        const bool is_moe = c.moe.is_moe_layer(a.first_layer + i);
+        const bool is_moe = c.is_moe_layer(a.first_layer + i);
         // A hybrid model's layers recompute only the branch they have (none in Mamba layers).
         const char kind = c.mamba.layer_type(a.first_layer + i);
         bool attn = kind == '\0' || kind == '*', dense = kind == '\0' || kind == '-';

@@ -24,14 +24,19 @@ int64_t activation_bytes(const ModelChunk& chunk, const TransformerConfig& cfg, 
   const GPTModel& m = gpt_model_of(chunk);
   const GPTStage& st = m.stage();
   const int tp = st.tp ? st.tp->size() : 1;
-  const ActivationShape shape{.micro_batch_size = mbs,
-                              .tp = tp,
-                              .sequence_parallel = st.sequence_parallel && tp > 1,
-                              .num_layers = st.num_layers,
-                              .first_layer = st.first_layer,
-                              .pre_process = st.pre_process,
-                              .post_process = st.post_process,
-                              .cp = st.cp.size()};
+  const ActivationShape shape{
+      .micro_batch_size = mbs,
+      .tp = tp,
+      .sequence_parallel = st.sequence_parallel && tp > 1,
+      // The last stage runs the MTP depths' layers after its
+      // own (numbered after the decoder's, as activation_bytes_per_
+      // microbatch walks them).
+      .num_layers =
+          st.num_layers + (st.post_process && m.mtp ? cfg.layer_slots() - cfg.num_layers : 0),
+      .first_layer = st.first_layer,
+      .pre_process = st.pre_process,
+      .post_process = st.post_process,
+      .cp = st.cp.size()};
   return activation_bytes_per_microbatch(cfg, shape);
 }
 

@@ -57,13 +57,21 @@ Tensor roll_left(const Tensor& x, const ContextParallelContext& cp) {
 }
 
 MultiTokenPrediction::Depth::Depth(const std::string& name, const TransformerConfig& cfg,
-                                   int64_t layer_number, const TensorParallelContext& tp)
+                                   int64_t first_layer, const TensorParallelContext& tp)
     : enorm(name + ".enorm", cfg),
       hnorm(name + ".hnorm", cfg),
       eh_proj(name + ".eh_proj", 2 * cfg.hidden_size, cfg.hidden_size, cfg.init_method_std,
               *tp.group, {.with_bias = false, .sequence_parallel = tp.sp()}),
-      transformer_layer(name + ".transformer_layer", cfg, layer_number, tp),
       final_layernorm(name + ".final_layernorm", cfg) {
+  const int64_t L = cfg.mtp_layers_per_depth();
+  if (cfg.mamba.mtp_layers.empty()) {
+    layers.push_back(
+        std::make_unique<TransformerLayer>(name + ".transformer_layer", cfg, first_layer, tp));
+  } else {
+    for (int64_t j = 0; j < L; ++j)
+      layers.push_back(std::make_unique<TransformerLayer>(
+          name + ".mtp_model_layer.layers." + std::to_string(j), cfg, first_layer + j, tp));
+  }
   enorm.mark_sequence_parallel(tp.sp());
   hnorm.mark_sequence_parallel(tp.sp());
   final_layernorm.mark_sequence_parallel(tp.sp());
@@ -76,14 +84,15 @@ MultiTokenPrediction::MultiTokenPrediction(const TransformerConfig& cfg,
       recompute_(cfg.recompute_granularity == RecomputeGranularity::kFull &&
                  cfg.recompute_method == RecomputeMethod::kUniform) {
   for (int64_t k = 0; k < cfg.mtp_num_layers; ++k) {
-    layers.push_back(
-        std::make_unique<Depth>("mtp.layers." + std::to_string(k), cfg, cfg.num_layers + k, tp));
+    layers.push_back(std::make_unique<Depth>("mtp.layers." + std::to_string(k), cfg,
+                                             cfg.num_layers + k * cfg.mtp_layers_per_depth(), tp));
     if (!cfg.fp8.enabled()) continue;
     Depth& d = *layers.back();
     d.proj_fp8 = std::make_unique<Fp8Region>();
     d.proj_fp8->add(d.eh_proj.enable_fp8(cfg.fp8));
     d.layer_fp8 = std::make_unique<Fp8Region>();
-    for (Fp8GemmScaling* g : d.transformer_layer.enable_fp8()) d.layer_fp8->add(g);
+    for (auto& layer : d.layers)
+      for (Fp8GemmScaling* g : layer->enable_fp8()) d.layer_fp8->add(g);
   }
 }
 
@@ -101,7 +110,7 @@ void MultiTokenPrediction::collect(std::vector<Param*>& out) {
     d->enorm.collect(out);
     d->hnorm.collect(out);
     d->eh_proj.collect(out);
-    d->transformer_layer.collect(out);
+    for (auto& layer : d->layers) layer->collect(out);
     d->final_layernorm.collect(out);
   }
 }
@@ -128,8 +137,12 @@ Tensor MultiTokenPrediction::region_forward(const Depth& L, Ctx::Depth& c, const
   });
   x = gather_from_tp_region_forward(x, *tp_.group);  // [s, b, h] on every TP rank
   if (tp_.sp()) x = scatter_to_sequence_parallel_region_forward(x, *tp_.group);
-  x = in_region(L.layer_fp8.get(), c.layer_scales,
-                [&] { return L.transformer_layer.forward(x, layout, c.layer, mode); });
+  x = in_region(L.layer_fp8.get(), c.layer_scales, [&] {
+    c.layers.assign(L.layers.size(), {});
+    for (size_t j = 0; j < L.layers.size(); ++j)
+      x = L.layers[j]->forward(x, layout, c.layers[j], mode);
+    return x;
+  });
   return L.final_layernorm.forward(x, c.f);
 }
 
@@ -162,7 +175,7 @@ std::vector<Tensor> MultiTokenPrediction::forward(const Tensor& hidden, const Te
       c.prev_in = in;
       c.e = c.h = c.f = Norm::Ctx{};
       c.proj = ColumnParallelLinear::Ctx{};
-      c.layer = TransformerLayer::Ctx{};
+      c.layers.clear();
     }
     losses.push_back(head.loss(prev, targets, c.head));
   }
@@ -199,7 +212,7 @@ Tensor MultiTokenPrediction::backward(const std::vector<Tensor>& dlosses,
       L.layer_fp8->begin_backward();
     }
     Tensor dx = L.final_layernorm.backward(dh, c.f);
-    dx = L.transformer_layer.backward(dx, c.layer);
+    for (size_t j = L.layers.size(); j-- > 0;) dx = L.layers[j]->backward(dx, c.layers[j]);
     if (L.layer_fp8) L.layer_fp8->end_backward(tp_.amax);
     if (tp_.sp()) dx = scatter_to_sequence_parallel_region_backward(dx, *tp_.group);
     dx = gather_from_tp_region_backward(dx, *tp_.group);

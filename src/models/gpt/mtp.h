@@ -5,20 +5,25 @@
 //
 //   ids_k = ids_{k-1} rolled left by one (the last position 0), ids_0 the input tokens
 //   e_k   = embedding(ids_k)                                     (the model's word embeddings)
-//   h_k   = final_layernorm_k(transformer_layer_k(eh_proj_k([enorm_k(e_k) | hnorm_k(h_{k-1})])))
+//   h_k   = final_layernorm_k(layers_k(eh_proj_k([enorm_k(e_k) | hnorm_k(h_{k-1})])))
 //   loss_k = cross entropy of output_layer(h_k) against the labels rolled left by k
 //
 // with the model's own output layer (shared head). eh_proj is column parallel [2h -> h], its
 // output gathered over TP (and scattered over the sequence under sequence parallelism), as
-// Megatron's MultiTokenPredictionLayer. The transformer layer is the last decoder layer's kind
-// (MoE if that is), numbered after the decoder's layers (its dropout streams and MoE statistics).
+// Megatron's MultiTokenPredictionLayer. layers_k is one transformer layer of the last decoder
+// layer's kind (MoE if that is) in a GPT model; in a hybrid model the layers of its pattern's MTP
+// part (--hybrid-layer-pattern "MAIN/*E/*E": an attention layer, then an MoE layer; Megatron's
+// HybridStack inside the MTP layer, without a final norm of its own). They are numbered after the
+// decoder's layers, depth k's layer j as num_layers + k L + j for L layers per depth (their
+// dropout streams and MoE statistics).
 // forward returns each depth's per-token loss [b, s], unmasked: GPTLoss masks the last k
 // positions (the rolled loss mask) and scales each depth's mean by --mtp-loss-scaling-factor / D
 // into the objective (Megatron's MTPLossAutoScaler), logging it as "mtp_k loss".
 //
 // Parameters are Megatron's names: mtp.layers.{k-1}.{enorm, hnorm, eh_proj, transformer_layer.*,
-// final_layernorm}. Under --recompute-granularity full (method uniform) each depth from the
-// norms to the final norm is recomputed in backward (recomputes()).
+// final_layernorm}, a hybrid model's layers mtp.layers.{k-1}.mtp_model_layer.layers.{j}.*. Under
+// --recompute-granularity full (method uniform) each depth from the norms to the final norm is
+// recomputed in backward (recomputes()).
 //
 // FP8 (--fp8-format): as Megatron's MultiTokenPredictionLayer, each depth runs eh_proj inside one
 // fp8_autocast region and its transformer layer inside another (two Fp8Regions: with delayed
@@ -44,11 +49,12 @@ namespace megatron {
 class MultiTokenPrediction {
  public:
   struct Depth {
-    Depth(const std::string& name, const TransformerConfig& cfg, int64_t layer_number,
+    Depth(const std::string& name, const TransformerConfig& cfg, int64_t first_layer,
           const TensorParallelContext& tp);
     Norm enorm, hnorm;
     ColumnParallelLinear eh_proj;
-    TransformerLayer transformer_layer;
+    // GPT: one layer (transformer_layer); a hybrid model: its MTP pattern's (mtp_model_layer).
+    std::vector<std::unique_ptr<TransformerLayer>> layers;
     Norm final_layernorm;
     // FP8: eh_proj's region and the transformer layer's (null without FP8).
     std::unique_ptr<Fp8Region> proj_fp8, layer_fp8;
@@ -58,10 +64,10 @@ class MultiTokenPrediction {
       LanguageEmbedding::Ctx embedding;
       Norm::Ctx e, h, f;
       ColumnParallelLinear::Ctx proj;
-      TransformerLayer::Ctx layer;
+      std::vector<TransformerLayer::Ctx> layers;
       LMHead::Ctx head;
       // Full recomputation: the region's inputs (the embedding output and the previous hidden
-      // states); e, h, proj, layer and f are dropped after forward and rebuilt in backward,
+      // states); e, h, proj, layers and f are dropped after forward and rebuilt in backward,
       // FP8 GEMMs with the scales the forward used.
       Tensor e_in, prev_in;
       std::vector<float> proj_scales, layer_scales;

@@ -24,12 +24,12 @@ std::vector<Mapping> mappings(GPTModel& m) {
   auto add = [&](const std::string& name, Param& p, Shape shape, std::vector<int64_t> rows = {}) {
     maps.push_back(Mapping{name, &p, 0, std::move(rows), false, std::move(shape), 0.0});
   };
-  add("backbone.embeddings.weight", m.embedding->word_embeddings, {V, h});
-  for (int64_t i = 0; i < c.num_layers; ++i) {
-    TransformerLayer& L = *m.decoder->layers[static_cast<size_t>(i)];
-    const std::string p = "backbone.layers." + std::to_string(i) + ".";
+  // One layer of either stack: the decoder's backbone.layers.{i}, or an MTP depth's sublayer
+  // mtp.layers.{k L + j} (Megatron-Bridge's flattening of
+  // mtp.layers.{k}.mtp_model_layer.layers.{j}).
+  auto layer_maps = [&](TransformerLayer& L, char type, const std::string& p) {
     const std::string x = p + "mixer.";
-    switch (mb.layer_type(i)) {
+    switch (type) {
       case 'M': {
         MambaMixer& mx = *L.mixer;
         add(p + "norm.weight", L.norm->weight, {h});
@@ -76,8 +76,30 @@ std::vector<Mapping> mappings(GPTModel& m) {
         add(x + "up_proj.weight", L.mlp->linear_fc1.weight(), {ffn, h});
         add(x + "down_proj.weight", L.mlp->linear_fc2.weight(), {h, ffn});
     }
-  }
+  };
+  add("backbone.embeddings.weight", m.embedding->word_embeddings, {V, h});
+  for (int64_t i = 0; i < c.num_layers; ++i)
+    layer_maps(*m.decoder->layers[static_cast<size_t>(i)], mb.layer_type(i),
+               "backbone.layers." + std::to_string(i) + ".");
   add("backbone.norm_f.weight", m.decoder->final_layernorm.weight, {h});
+  // Multi-token prediction (Nemotron 3's mtp.*): depth k's sublayers are mtp.layers.{k L + j};
+  // the first holds the depth's enorm, hnorm and eh_proj ([embedding | hidden] as Megatron
+  // concatenates), the last its final_layernorm.
+  if (m.mtp) {
+    const auto L = static_cast<int64_t>(mb.mtp_layers.size());
+    for (int64_t k = 0; k < m.mtp->depths(); ++k) {
+      MultiTokenPrediction::Depth& d = *m.mtp->layers[static_cast<size_t>(k)];
+      const std::string first = "mtp.layers." + std::to_string(k * L) + ".";
+      add(first + "enorm.weight", d.enorm.weight, {h});
+      add(first + "hnorm.weight", d.hnorm.weight, {h});
+      add(first + "eh_proj.weight", d.eh_proj.weight(), {h, 2 * h});
+      for (int64_t j = 0; j < L; ++j)
+        layer_maps(*d.layers[static_cast<size_t>(j)], mb.mtp_layers[static_cast<size_t>(j)],
+                   "mtp.layers." + std::to_string(k * L + j) + ".");
+      add("mtp.layers." + std::to_string(k * L + L - 1) + ".final_layernorm.weight",
+          d.final_layernorm.weight, {h});
+    }
+  }
   if (c.untie_embeddings_and_output_weights) add("lm_head.weight", m.head->own_weight, {V, h});
   return maps;
 }
@@ -95,8 +117,11 @@ T either(const nlohmann::json& j, const std::string& a, const std::string& b, T 
 // its alias) names each layer ("linear_attention" or legacy "mamba", "full_attention" or legacy
 // "attention", "mlp", "moe") and wins over the legacy hybrid_override_pattern string, as in
 // NemotronHConfig.
-std::string read_layer_pattern(const nlohmann::json& j, const std::string& file) {
-  for (const char* key : {"layers_block_type", "layer_types"}) {
+std::string read_layer_pattern(const nlohmann::json& j, const std::string& file,
+                               const std::vector<std::string>& list_keys = {"layers_block_type",
+                                                                            "layer_types"},
+                               const std::string& string_key = "hybrid_override_pattern") {
+  for (const std::string& key : list_keys) {
     if (!j.contains(key) || j[key].is_null()) continue;
     MEGATRON_CHECK(j[key].is_array(), file, ": ", key, " must be a list of layer types");
     std::string pattern;
@@ -118,12 +143,12 @@ std::string read_layer_pattern(const nlohmann::json& j, const std::string& file)
     MEGATRON_CHECK(!pattern.empty(), file, ": ", key, " is empty");
     return pattern;
   }
-  const std::string pattern = hf_get<std::string>(j, "hybrid_override_pattern", file);
+  const std::string pattern = hf_get<std::string>(j, string_key, file);
   for (char ch : pattern)
-    MEGATRON_CHECK(ch == 'M' || ch == '*' || ch == '-' || ch == 'E', file,
-                   ": hybrid_override_pattern '", pattern, "': layer type '", std::string(1, ch),
+    MEGATRON_CHECK(ch == 'M' || ch == '*' || ch == '-' || ch == 'E', file, ": ", string_key, " '",
+                   pattern, "': layer type '", std::string(1, ch),
                    "' is not supported (M, *, - and E)");
-  MEGATRON_CHECK(!pattern.empty(), file, ": hybrid_override_pattern is empty");
+  MEGATRON_CHECK(!pattern.empty(), file, ": ", string_key, " is empty");
   return pattern;
 }
 
@@ -157,6 +182,11 @@ nlohmann::json config_json(const TransformerConfig& c, DType dtype) {
                       {"mamba_hidden_act", "silu"},
                       {"tie_word_embeddings", !c.untie_embeddings_and_output_weights},
                       {"torch_dtype", torch_dtype_name(dtype)}};
+  if (c.mtp_num_layers > 0) {  // Megatron-Bridge's keys (one block per depth, none repeated)
+    j["num_nextn_predict_layers"] = c.mtp_num_layers;
+    j["mtp_hybrid_override_pattern"] = mb.mtp_layers;
+    j["mtp_use_repeated_layer"] = false;
+  }
   if (c.moe.enabled()) {
     write_noaux_tc_router(c.moe, j);
     j["moe_intermediate_size"] = c.moe.ffn_hidden_size;
@@ -209,7 +239,21 @@ NemotronHInfo read_nemotron_h_config(const std::string& dir) {
   mb.layers = read_layer_pattern(j, file);
   // The layer count is the pattern's (as NemotronHConfig derives num_hidden_layers from it).
   c.num_layers = static_cast<int64_t>(mb.layers.size());
-  if (mb.layers.find('E') != std::string::npos) {
+  // Multi-token prediction (Nemotron 3 Super's mtp.*): num_nextn_predict_layers blocks of
+  // mtp_hybrid_override_pattern's layers (transformers 5: mtp_layers_block_type), each a depth.
+  // Megatron-Bridge reads one block as one layer repeated over the depths
+  // (mtp_use_repeated_layer, its default): here it is the one depth its files hold.
+  c.mtp_num_layers = hf_get_or<int64_t>(j, "num_nextn_predict_layers", 0, file);
+  MEGATRON_CHECK(c.mtp_num_layers >= 0, file, ": num_nextn_predict_layers must be >= 0");
+  if (c.mtp_num_layers > 0)
+    mb.mtp_layers =
+        read_layer_pattern(j, file, {"mtp_layers_block_type"}, "mtp_hybrid_override_pattern");
+  const std::string all_layers = [&] {
+    std::string l = mb.layers;
+    for (int64_t k = 0; k < c.mtp_num_layers; ++k) l += mb.mtp_layers;
+    return l;
+  }();
+  if (all_layers.find('E') != std::string::npos) {
     // NemotronHMoE (Nemotron 3's MoE layers): DeepSeek-V3's router over n_routed_experts
     // squared-ReLU experts of moe_intermediate_size, plus one shared MLP of
     // moe_shared_expert_intermediate_size (NemotronHConfig's defaults for missing keys).
@@ -222,7 +266,7 @@ NemotronHInfo read_nemotron_h_config(const std::string& dir) {
     MEGATRON_CHECK(!j.contains("moe_latent_size") || j["moe_latent_size"].is_null(), file,
                    ": moe_latent_size is not supported (the experts run at the hidden size here)");
     read_noaux_tc_router(j, file, m);
-    for (char t : mb.layers) m.layer_pattern.push_back(t == 'E' ? 1 : 0);
+    for (char t : all_layers) m.layer_pattern.push_back(t == 'E' ? 1 : 0);
   }
   mb.state_dim = hf_get_or<int64_t>(j, "ssm_state_size", 128, file);
   mb.num_heads = hf_get_or<int64_t>(j, "mamba_num_heads", 128, file);
@@ -283,16 +327,23 @@ void load_nemotron_h_weights(const std::string& dir, GPTModel& model, ParamSet& 
   const bool tied = !model.config().untie_embeddings_and_output_weights;
   // Under expert parallelism the other ranks' experts (the same range in every MoE layer).
   int64_t first_local = 0, num_local = 0;
-  for (const auto& layer : model.decoder->layers)
+  std::vector<const TransformerLayer*> layers;
+  for (const auto& layer : model.decoder->layers) layers.push_back(layer.get());
+  if (model.mtp)
+    for (const auto& d : model.mtp->layers)
+      for (const auto& layer : d->layers) layers.push_back(layer.get());
+  for (const TransformerLayer* layer : layers)
     if (layer->moe) {
       first_local = layer->moe->experts.first_expert();
       num_local = layer->moe->experts.num_local();
     }
-  // NemotronH's multi-token prediction layers (mtp.*) are skipped, as Hugging Face's model does
-  // (MTP with a hybrid model is not implemented); export copies them back from the source.
+  // Without MTP depths in config.json, its prediction layers' tensors (mtp.*) are skipped, as
+  // Hugging Face's model does; export copies them back from the source.
+  const bool skip_mtp = !model.mtp;
   for (const auto& [name, full] : by_name)
     MEGATRON_CHECK(
-        used.count(name) || (tied && name == "lm_head.weight") || name.rfind("mtp.", 0) == 0 ||
+        used.count(name) || (tied && name == "lm_head.weight") ||
+            (skip_mtp && name.rfind("mtp.", 0) == 0) ||
             is_peer_expert_tensor(name, model.config().moe.num_experts, first_local, num_local),
         dir, ": unexpected tensor '", full, "' for a NemotronH model as config.json describes it");
   for (auto& [p, t] : staged) params.set_main(*p, t);
@@ -316,12 +367,17 @@ void save_nemotron_h(const std::string& dir, const GPTModel& model, const std::s
   }
   if (dtype) out = *dtype;
   if (source_dir.empty()) config = config_json(model.config(), out);
+  const TransformerConfig& c = model.config();
+  if (c.mtp_num_layers > 0 && !config.contains("mtp_layers_block_type")) {
+    config["num_nextn_predict_layers"] = c.mtp_num_layers;
+    config["mtp_hybrid_override_pattern"] = c.mamba.mtp_layers;
+  }
   config["torch_dtype"] = torch_dtype_name(out);
   // An open time_step_limit [0, inf] (read from Python's bare Infinity as a string) is
   // NemotronHConfig's default: left out rather than written back as a string.
   config.erase("time_step_limit");
   std::map<std::string, Tensor> tensors = nemotron_h_tensors(model, false);
-  if (!source_dir.empty()) {  // the prediction layers the model does not hold, unchanged
+  if (!source_dir.empty() && !model.mtp) {  // prediction layers the model does not hold
     auto st = safetensors::SafetensorsDir::open(source_dir);
     for (const std::string& n : st.names())
       if (n.rfind("mtp.", 0) == 0) tensors[n] = st.read(n).to(DType::kF64);

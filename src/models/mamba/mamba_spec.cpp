@@ -13,8 +13,11 @@ namespace megatron {
 double hybrid_flops_per_iteration(const TransformerConfig& c, int64_t global_batch_size) {
   const double B = static_cast<double>(global_batch_size), s = static_cast<double>(c.seq_length);
   const double h = static_cast<double>(c.hidden_size);
+  // Megatron's get_hybrid_layer_counts: the decoder's layers and every MTP depth's.
+  const std::string& mtp = c.mamba.mtp_layers;
   const auto count = [&](char type) {
-    return static_cast<double>(std::count(c.mamba.layers.begin(), c.mamba.layers.end(), type));
+    return static_cast<double>(std::count(c.mamba.layers.begin(), c.mamba.layers.end(), type) +
+                               c.mtp_num_layers * std::count(mtp.begin(), mtp.end(), type));
   };
   const double n = static_cast<double>(c.num_attention_heads);
   const double g = static_cast<double>(c.num_query_groups);
@@ -40,7 +43,10 @@ double hybrid_flops_per_iteration(const TransformerConfig& c, int64_t global_bat
   const double moe = 4 * B * s * h * gated *
                      (static_cast<double>(c.moe.ffn_hidden_size * c.moe.router_topk) +
                       static_cast<double>(c.moe.shared_expert_intermediate_size));
-  const double logits = 2 * B * s * h * static_cast<double>(c.padded_vocab_size);
+  // The output layer runs once for the decoder and once per MTP depth (eh_proj is not counted,
+  // as in Megatron).
+  const double logits = 2 * B * s * h * static_cast<double>(c.padded_vocab_size) *
+                        static_cast<double>(1 + c.mtp_num_layers);
   return 3 * (count('*') * attention + count('-') * mlp + count('M') * mamba + count('E') * moe +
               logits);
 }

@@ -52,7 +52,7 @@ std::string allocate_auto(int64_t n, double attention_ratio, double mlp_ratio) {
 }  // namespace
 
 std::string allocate_hybrid_layers(int64_t num_layers, double attention_ratio, double mlp_ratio,
-                                   const std::string& override_pattern) {
+                                   const std::string& override_pattern, const std::string& flag) {
   MEGATRON_CHECK(num_layers > 0, "--num-layers must be positive, got ", num_layers);
   MEGATRON_CHECK(attention_ratio >= 0 && attention_ratio <= 1,
                  "--hybrid-attention-ratio must be in [0, 1], got ", attention_ratio);
@@ -62,19 +62,18 @@ std::string allocate_hybrid_layers(int64_t num_layers, double attention_ratio, d
                  ") + --hybrid-mlp-ratio (", mlp_ratio, ") must not exceed 1");
   std::string layers = allocate_auto(num_layers, attention_ratio, mlp_ratio);
   if (override_pattern.empty()) return layers;
-  MEGATRON_CHECK(static_cast<int64_t>(override_pattern.size()) == num_layers,
-                 "--hybrid-override-pattern '", override_pattern, "' is the wrong length: got ",
-                 override_pattern.size(), ", expected ", num_layers, " (--num-layers)");
+  MEGATRON_CHECK(static_cast<int64_t>(override_pattern.size()) == num_layers, flag, " '",
+                 override_pattern, "' is the wrong length: got ", override_pattern.size(),
+                 ", expected ", num_layers, " (--num-layers)");
   for (char c : override_pattern)
-    MEGATRON_CHECK(c == 'M' || c == '*' || c == '-' || c == 'E', "--hybrid-override-pattern: '",
-                   std::string(1, c),
+    MEGATRON_CHECK(c == 'M' || c == '*' || c == '-' || c == 'E', flag, ": '", std::string(1, c),
                    "' is not a layer symbol; use M (Mamba), * (attention), - (MLP) or E (Mixture "
                    "of Experts)");
   if (attention_ratio > 0 || mlp_ratio > 0) {
     for (char c : {'M', '*', '-', 'E'})
       MEGATRON_CHECK(std::count(layers.begin(), layers.end(), c) ==
                          std::count(override_pattern.begin(), override_pattern.end(), c),
-                     "--hybrid-override-pattern '", override_pattern,
+                     flag, " '", override_pattern,
                      "' must hold as many of "
                      "each layer type as the ratios' pattern '",
                      layers, "' (Megatron's rule): fix the pattern or drop the ratios");
@@ -86,6 +85,9 @@ void MambaConfig::validate(int64_t num_layers, int64_t hidden, int64_t tp) const
   if (!enabled()) return;
   MEGATRON_CHECK(static_cast<int64_t>(layers.size()) == num_layers, "the hybrid pattern '", layers,
                  "' has ", layers.size(), " layers, --num-layers ", num_layers);
+  for (char c : mtp_layers)
+    MEGATRON_CHECK(c == 'M' || c == '*' || c == '-' || c == 'E', "the MTP layer pattern '",
+                   mtp_layers, "': '", std::string(1, c), "' is not a layer symbol");
   MEGATRON_CHECK(state_dim > 0, "--mamba-state-dim must be positive, got ", state_dim);
   MEGATRON_CHECK(head_dim > 0, "--mamba-head-dim must be positive, got ", head_dim);
   MEGATRON_CHECK(num_groups > 0, "--mamba-num-groups must be positive, got ", num_groups);

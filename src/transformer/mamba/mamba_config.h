@@ -6,7 +6,7 @@
 // (pre-MLP norm, MLP, residual add), 'E' an MoE-only layer (pre-MLP norm, the MoE layer of
 // --num-experts, residual add; Megatron core 0.16's MoE symbol, Nemotron-H's MoE variants).
 // Megatron builds the list from --hybrid-attention-ratio and --hybrid-mlp-ratio (allocate_layers
-// below, its algorithm; never E) or takes --hybrid-override-pattern.
+// below, its algorithm; never E) or takes --hybrid-layer-pattern (--hybrid-override-pattern).
 //
 // The mixer's sizes (Megatron's MambaMixer with expand 2, d_conv 4): d_inner = heads x head_dim
 // channels (heads: --mamba-num-heads, or 2 hidden / head_dim), B and C of `groups` x state_dim
@@ -23,6 +23,10 @@ struct MambaConfig {
   // One symbol per decoder layer ('M', '*', '-', 'E'); empty: not a hybrid model (every layer is a
   // whole transformer layer).
   std::string layers;
+  // One multi-token prediction depth's layers (the unified pattern's "/<mtp>", hybrid_pattern.h);
+  // empty: no MTP. Depth k's layer j has the global layer number
+  // layers.size() + k * mtp_layers.size() + j (after the decoder's, as GPT's MTP layer).
+  std::string mtp_layers;
   int64_t state_dim = 128;  // --mamba-state-dim
   int64_t head_dim = 64;    // --mamba-head-dim
   int64_t num_groups = 8;   // --mamba-num-groups
@@ -31,14 +35,17 @@ struct MambaConfig {
   int64_t d_conv = 4;       // the causal convolution's width (no flag)
 
   bool enabled() const { return !layers.empty(); }
-  // Layer `layer`'s symbol ('M', '*', '-' or 'E'); 0 when not hybrid or past the pattern (a whole
-  // transformer layer).
+  // Layer `layer`'s symbol ('M', '*', '-' or 'E'), an MTP layer's past the decoder's; 0 when not
+  // hybrid or past the pattern without MTP layers (a whole transformer layer).
   char layer_type(int64_t layer) const {
-    return layer >= 0 && layer < static_cast<int64_t>(layers.size())
-               ? layers[static_cast<size_t>(layer)]
-               : '\0';
+    const auto n = static_cast<int64_t>(layers.size());
+    if (layer >= 0 && layer < n) return layers[static_cast<size_t>(layer)];
+    if (layer < n || mtp_layers.empty()) return '\0';
+    return mtp_layers[static_cast<size_t>((layer - n) % static_cast<int64_t>(mtp_layers.size()))];
   }
-  bool has_mamba() const { return layers.find('M') != std::string::npos; }
+  bool has_mamba() const {
+    return layers.find('M') != std::string::npos || mtp_layers.find('M') != std::string::npos;
+  }
 
   int64_t heads(int64_t hidden) const {
     return num_heads > 0 ? num_heads : expand * hidden / head_dim;
@@ -60,7 +67,9 @@ struct MambaConfig {
 // symbols of `num_layers` layers for the attention and MLP ratios, spread evenly between the
 // Mamba layers; `override_pattern` (non-empty) replaces them, and must then hold as many of
 // each symbol when a ratio is positive. Errors name the flags.
+// `flag` names the pattern's flag in errors.
 std::string allocate_hybrid_layers(int64_t num_layers, double attention_ratio, double mlp_ratio,
-                                   const std::string& override_pattern);
+                                   const std::string& override_pattern,
+                                   const std::string& flag = "--hybrid-layer-pattern");
 
 }  // namespace megatron
