@@ -1239,13 +1239,20 @@ std::vector<std::string> resolve_hybrid_pattern(Arguments& a) {
                       explicit_layout);
   const auto segments = static_cast<int64_t>(p.segments.size());
   const int64_t pp = std::max<int64_t>(1, a.pipeline_model_parallel_size);
-  MEGATRON_CHECK(pp > 1, flag, " '", text, "' has ", segments,
-                 " pipeline segments ('|'), one per virtual pipeline stage, which need "
-                 "--pipeline-model-parallel-size > 1 (Megatron's interleaved schedule); raise it "
-                 "or drop the '|'");
+  if (pp == 1) {
+    // No pipeline: nothing to lay out (Megatron would ask for interleaving over one rank and
+    // refuse it). Accepted so that a checkpoint of a pipelined run resumes in one process.
+    notes.push_back(flag + " '" + text + "' has " + std::to_string(segments) +
+                    " pipeline segments ('|'); at --pipeline-model-parallel-size 1 they run as "
+                    "one stage");
+    return notes;
+  }
   MEGATRON_CHECK(segments % pp == 0, "The number of hybrid pipeline segments described by ", flag,
                  " must be evenly divisible by --pipeline-model-parallel-size. Got ", segments,
-                 " segments and ", pp, " pipeline parallel size.");
+                 " segments and ", pp,
+                 " pipeline parallel size (a checkpoint's pattern gives way to a given "
+                 "--hybrid-layer-pattern with the same layers: give one with '|' for this "
+                 "layout)");
   a.hybrid_pipeline_segments = p.segments;
   return notes;
 }
@@ -1946,10 +1953,15 @@ void merge_checkpoint_args(Arguments& a, const ArgTable& t, bool report) {
   }
   // A given sequence length wins (a run may train on other lengths), the encoder's and the
   // decoder's too.
-  for (const std::string& line : t.restore(
-           "model", saved, {"--seq-length", "--encoder-seq-length", "--decoder-seq-length"}, src)) {
+  // A given --hybrid-layer-pattern wins too: its '|' segments are this run's pipeline layout
+  // (the load refuses one with other layers, comparing the checkpoint's layer types).
+  for (const std::string& line : t.restore("model", saved,
+                                           {"--seq-length", "--encoder-seq-length",
+                                            "--decoder-seq-length", "--hybrid-layer-pattern"},
+                                           src)) {
     if (report) log_line(" > --use-checkpoint-args: " + line);
   }
+  if (t.given("--hybrid-layer-pattern")) a.hybrid_override_pattern.clear();  // its old spelling
   // --use-mp-args-from-checkpoint-args: the saving run's model-parallel sizes as well, given
   // flags replaced (Megatron's force=True); the checkpoint loads into any layout either way.
   if (a.use_mp_args_from_checkpoint_args) {

@@ -38,6 +38,7 @@ Usage: test_moe.py --megatron BUILD/megatron --mpiexec MPIEXEC [unittest args]
 """
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -697,6 +698,118 @@ def setUpModule():
 def tearDownModule():
     TMP.cleanup()
 
+
+
+class TestHybridMtp(unittest.TestCase):
+    """Megatron core 0.17's --hybrid-layer-pattern with multi-token prediction (Nemotron 3
+    Super's MTP: each depth an attention then an MoE layer after '/') and '|' pipeline segments
+    as the stage layout: every layout trains as one process, a checkpoint resumes in another
+    layout with no model flag, the legacy spelling is the same model, bad patterns exit 2."""
+    HYBRID = ["--model", "mamba", "--mamba-state-dim", "8", "--mamba-head-dim", "16",
+              "--mamba-num-groups", "4"]
+    PATTERN = "ME*E/*E/*E"
+    FIELDS = (*FIELDS, "mtp_1 loss", "mtp_2 loss")
+    # (name, ranks, pattern, flags): '|' puts M E on stage 0 and * E (then the MTP depths) on
+    # stage 1; four segments over pp2 interleave two chunks per rank.
+    LAYOUTS = [("pp2 by '|'", 2, "ME|*E/*E/*E", [PP, "2"]),
+               ("pp2 interleaved by '|'", 2, "M|E|*|E/*E/*E", [PP, "2"]),
+               ("tp2+sp", 2, PATTERN, [TP, "2", SP]),
+               ("ep2", 2, PATTERN, [EP, "2"]),
+               ("cp2", 2, PATTERN, ["--context-parallel-size", "2"]),
+               ("dp2 distributed optimizer", 2, PATTERN, [DISTOPT])]
+
+    def curve(self, proc):
+        return {it: {k: float(v) for k, v in f.items() if k in self.FIELDS}
+                for it, f in megatron_log.iteration_lines(proc.stdout).items()}
+
+    def test_layouts_follow_the_single_process_curve(self):
+        one = run(1, *self.HYBRID, "--hybrid-layer-pattern", self.PATTERN)
+        want = self.curve(one)
+        self.assertEqual(sorted(want), list(range(1, ITERS + 1)))
+        # Both depths' losses logged, and the MoE losses average over the three E layers of the
+        # decoder and the two of the depths.
+        self.assertTrue(all("mtp_2 loss" in want[it] for it in want))
+        self.assertRegex(one.stdout, r"mtp_num_layers \.+ 2\n")
+        # The legacy spelling (--hybrid-override-pattern, --mtp-hybrid-override-pattern with
+        # --mtp-num-layers) is the same model.
+        legacy = run(1, *self.HYBRID, "--hybrid-override-pattern", "ME*E",
+                     "--mtp-hybrid-override-pattern", "*E", "--mtp-num-layers", "2")
+        self.assertEqual(self.curve(legacy), want)
+        for name, ranks, pattern, flags in self.LAYOUTS:
+            with self.subTest(layout=name):
+                proc = run(ranks, *self.HYBRID, "--hybrid-layer-pattern", pattern, *flags)
+                rel = worst(self.curve(proc), want)
+                print(f"hybrid MTP {name}: worst relative difference {rel:.1e}", file=sys.stderr)
+                self.assertLess(rel, RTOL)
+        # The '|' split is the one asked for: stage 0 holds the embedding and M only, while
+        # the default split of pp2 gives it M and E.
+        params = r"number of parameters on \(tensor, pipeline\) model parallel rank \(0, 0\): (\d+)"
+        by_pipe = run(2, *self.HYBRID, "--hybrid-layer-pattern", "M|E*E/*E/*E", PP, "2")
+        even = run(2, *self.HYBRID, "--hybrid-layer-pattern", self.PATTERN, PP, "2")
+        self.assertLess(int(re.search(params, by_pipe.stdout).group(1)),
+                        int(re.search(params, even.stdout).group(1)))
+
+    def test_checkpoint_resumes_elsewhere_and_bad_patterns(self):
+        # Saved at pp2 (split by '|'), the next iteration in one process with only training
+        # flags and --use-checkpoint-args equals the uninterrupted run's: the pattern with its
+        # MTP part comes back from the checkpoint.
+        saved = [*self.HYBRID, "--hybrid-layer-pattern", "ME|*E/*E/*E", PP, "2"]
+        want = self.curve(run(2, *saved))[7]
+        ck = tempfile.mkdtemp(prefix="ck_mtp_", dir=TMP.name)
+        run(2, *saved, "--save", ck, "--exit-interval", "6")
+        valued = {"--num-layers", "--hidden-size", "--num-attention-heads",
+                  "--position-embedding-type", "--normalization", "--num-experts",
+                  "--moe-router-topk", "--moe-ffn-hidden-size"}
+        switches = {"--swiglu", "--disable-bias-linear", "--untie-embeddings-and-output-weights"}
+        training, i = [], 0
+        while i < len(MOE):
+            if MOE[i] in valued:
+                i += 2
+                continue
+            if MOE[i] not in switches:
+                training.append(MOE[i])
+            i += 1
+        resumed = megatron_job.run_train(
+            MEGATRON, MPIEXEC, 1,
+            [*training, "--load", ck, "--exit-interval", "7", "--use-checkpoint-args"],
+            TIMEOUT_S)
+        self.assertEqual(resumed.returncode, 0, resumed.stderr[-2000:])
+        got = self.curve(resumed)
+        self.assertEqual(sorted(got), [7])
+        self.assertLess(max(abs(got[7][k] / want[k] - 1) for k in want), RTOL)
+        # A given pattern with the same layers and other '|' segments is this run's layout; one
+        # with other layers is refused by the load, naming the layer types that differ.
+        resplit = megatron_job.run_train(
+            MEGATRON, MPIEXEC, 2,
+            [*training, "--load", ck, "--exit-interval", "7", "--use-checkpoint-args",
+             "--hybrid-layer-pattern", "M|E*E/*E/*E", PP, "2"], TIMEOUT_S)
+        self.assertEqual(resplit.returncode, 0, resplit.stderr[-2000:])
+        got = self.curve(resplit)
+        self.assertLess(max(abs(got[7][k] / want[k] - 1) for k in want), RTOL)
+        other = megatron_job.run_train(
+            MEGATRON, MPIEXEC, 1,
+            [*training, "--load", ck, "--exit-interval", "7", "--use-checkpoint-args",
+             "--hybrid-layer-pattern", "ME*E/-E/-E"], TIMEOUT_S)
+        self.assertEqual(other.returncode, 2, other.stderr[-2000:])
+        self.assertIn("hybrid_mtp_layers", other.stderr)
+        # Bad patterns and layouts: exit 2 on every rank, the message naming the flag.
+        for flags, text in (
+                (["--hybrid-layer-pattern", "ME|*E", PP, "2",
+                  "--decoder-first-pipeline-num-layers", "1"],
+                 "--decoder-first-pipeline-num-layers should not be specified"),
+                (["--hybrid-layer-pattern", "M|E|*E", PP, "2"],
+                 "must be evenly divisible by --pipeline-model-parallel-size"),
+                (["--hybrid-layer-pattern", "MG*E"], "'G' (gated DeltaNet) is not implemented"),
+                (["--hybrid-layer-pattern", "ME*E/*E/E*"], "all MTP patterns must be identical"),
+                (["--hybrid-layer-pattern", "ME*E", "--mtp-num-layers", "2"],
+                 "needs the MTP layers' pattern"),
+                (["--hybrid-layer-pattern", "ME*E", "--hybrid-override-pattern", "M*EE"],
+                 "cannot both be specified")):
+            with self.subTest(flags=" ".join(flags)):
+                proc = run(2, *self.HYBRID, *flags, expect_rc=2)
+                self.assertIn(text, proc.stderr)
+                for r in range(2):
+                    self.assertIn(f"[rank {r}]", proc.stderr)
 
 if __name__ == "__main__":
     sys.exit(megatron_job.main(sys.modules[__name__]))

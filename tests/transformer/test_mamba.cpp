@@ -4,14 +4,17 @@
 // finite differences in fp64.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <vector>
 
 #include "comm/process_group.h"
+#include "models/gpt/mtp.h"
 #include "models/mamba/mamba_spec.h"
 #include "testing/layer_gradients.h"
 #include "testing/testing.h"
+#include "transformer/mamba/hybrid_pattern.h"
 #include "transformer/mamba/mamba_config.h"
 #include "transformer/mamba/mamba_mixer.h"
 #include "transformer/mamba/ssm_kernels.h"
@@ -55,6 +58,50 @@ TEST(HybridAllocation, OverrideRules) {
   EXPECT_EQ(allocate_hybrid_layers(4, 0, 0, "M*EM"), "M*EM");
   EXPECT_THROW(allocate_hybrid_layers(4, 0.25, 0, "M*EM"), InvalidArgument);
   EXPECT_THROW(allocate_hybrid_layers(4, 0.6, 0.6, ""), InvalidArgument);  // ratios above 1
+}
+
+// Megatron core 0.17's unified pattern (parse_hybrid_pattern's docstring examples): '|' cuts the
+// main pattern into pipeline segments, each "/<mtp>" is one MTP depth of identical layers.
+TEST(HybridPattern, ParsesMegatronsUnifiedForm) {
+  const char* f = "--hybrid-layer-pattern";
+  HybridPattern p = parse_hybrid_pattern("M*M*", f);
+  EXPECT_EQ(p.main, "M*M*");
+  EXPECT_EQ(p.segments, (std::vector<int64_t>{4}));
+  EXPECT_FALSE(p.has_pipes());
+  EXPECT_EQ(p.mtp, "");
+  EXPECT_EQ(p.mtp_depths, 0);
+  p = parse_hybrid_pattern("M-M-|M-M*-/MM/MM", f);
+  EXPECT_EQ(p.main, "M-M-M-M*-");
+  EXPECT_EQ(p.segments, (std::vector<int64_t>{4, 5}));
+  EXPECT_EQ(p.mtp, "MM");
+  EXPECT_EQ(p.mtp_depths, 2);
+  p = parse_hybrid_pattern("MMMM/*M/*M/*M", f);
+  EXPECT_EQ(p.mtp, "*M");
+  EXPECT_EQ(p.mtp_depths, 3);
+  // A separator with nothing after it: no MTP (Megatron's rule); an empty segment is a stage
+  // without layers.
+  p = parse_hybrid_pattern("M*M*/", f);
+  EXPECT_EQ(p.mtp_depths, 0);
+  EXPECT_EQ(parse_hybrid_pattern("M||*", f).segments, (std::vector<int64_t>{1, 0, 1}));
+  auto refusal = [&](const std::string& text) -> std::string {
+    try {
+      parse_hybrid_pattern(text, f);
+    } catch (const InvalidArgument& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(refusal("M*/*E/E*").find("all MTP patterns must be identical"), std::string::npos);
+  EXPECT_NE(refusal("M*/*|E").find("'|' separates pipeline segments"), std::string::npos);
+  EXPECT_NE(refusal("MG*").find("'G' (gated DeltaNet) is not implemented"), std::string::npos);
+  EXPECT_NE(refusal("M+").find("'+' (MLA) is not implemented"), std::string::npos);
+  EXPECT_NE(refusal("M*/D").find("'D' (DeepSeek sparse attention)"), std::string::npos);
+  EXPECT_NE(refusal("MX").find("'X' in the main pattern is not a layer symbol"), std::string::npos);
+  // Megatron's legacy --mtp-hybrid-override-pattern: appended once per depth, unless the
+  // pattern already has its MTP part.
+  EXPECT_EQ(with_legacy_mtp_pattern("M*", "*E", 2), "M*/*E/*E");
+  EXPECT_EQ(with_legacy_mtp_pattern("M*/-", "*E", 2), "M*/-");
+  EXPECT_EQ(with_legacy_mtp_pattern("M*", "*E", 0), "M*");
 }
 
 // Small scan problem with random inputs (fp64); head_dim 5 takes both the 4-channel blocks and
@@ -357,6 +404,65 @@ TEST(HybridFlops, CountsTheMoeLayersRoutedAndSharedExperts) {
       2 * B * s * h * (2 * d_in + 2 * gn + heads) + 7 * B * s * d_in * N + 2 * B * s * d_in * h;
   const double moe = 4 * B * s * h * (6 * 2 + 5);
   const double want = 3 * (mamba + moe + 2 * B * s * h * V);
+  EXPECT_NEAR(hybrid_flops_per_iteration(c, 3), want, 1e-12 * want);
+}
+
+// A hybrid model's MTP depths (--hybrid-layer-pattern "ME/*E/*E"): depth k's layer j is layer
+// number 2 + 2 k + j, its type the MTP pattern's; the E layers among them are MoE layers; the
+// parameters take Megatron's names under mtp.layers.{k}.mtp_model_layer.layers.{j}.
+TEST(HybridMtp, LayersNumbersTypesAndNames) {
+  SelfGroup g;
+  TransformerConfig c = hybrid_config("ME");
+  c.mtp_num_layers = 2;
+  c.mamba.mtp_layers = "*E";
+  c.moe.layer_pattern = {0, 1, 0, 1, 0, 1};
+  c.position_embedding = PositionEmbedding::kNone;
+  c.finalize();
+  EXPECT_EQ(c.layer_slots(), 6);
+  EXPECT_EQ(c.num_moe_layer_slots(), 3);
+  const std::string types = {c.mamba.layer_type(0), c.mamba.layer_type(1), c.mamba.layer_type(2),
+                             c.mamba.layer_type(3), c.mamba.layer_type(4), c.mamba.layer_type(5)};
+  EXPECT_EQ(types, "ME*E*E");
+  for (int64_t l = 0; l < 6; ++l) EXPECT_EQ(c.is_moe_layer(l), l % 2 == 1) << l;
+  MultiTokenPrediction mtp(c, g.tp());
+  ASSERT_EQ(mtp.depths(), 2);
+  ASSERT_EQ(mtp.layers[1]->layers.size(), 2u);
+  EXPECT_EQ(mtp.layers[1]->layers[0]->layer_number(), 4);
+  EXPECT_TRUE(mtp.layers[1]->layers[0]->self_attention != nullptr);
+  EXPECT_TRUE(mtp.layers[1]->layers[1]->moe != nullptr);
+  std::vector<Param*> ps;
+  mtp.collect(ps);
+  std::vector<std::string> names;
+  for (const Param* p : ps) names.push_back(p->name);
+  for (const char* want : {"mtp.layers.1.eh_proj.weight",
+                           "mtp.layers.1.mtp_model_layer.layers.0.self_attention.linear_qkv.weight",
+                           "mtp.layers.1.mtp_model_layer.layers.1.mlp.router.weight",
+                           "mtp.layers.1.final_layernorm.weight"})
+    EXPECT_NE(std::find(names.begin(), names.end(), want), names.end()) << want;
+  // No MTP pattern with --mtp-num-layers: refused (Megatron builds no MTP block, silently).
+  TransformerConfig bad = hybrid_config("ME");
+  bad.mtp_num_layers = 1;
+  try {
+    bad.finalize();
+    ADD_FAILURE() << "finalize accepted MTP depths without an MTP pattern";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("needs the MTP layers' pattern"), std::string::npos)
+        << e.what();
+  }
+}
+
+// Megatron's hybrid FLOPs count every MTP depth's layers (get_hybrid_layer_counts) and one more
+// output layer per depth: "ME/-/-" adds two MLP layers and two logits terms to "ME"'s.
+TEST(HybridFlops, CountsTheMtpDepths) {
+  TransformerConfig c = hybrid_config("ME");
+  const double base = hybrid_flops_per_iteration(c, 3);
+  c.mtp_num_layers = 2;
+  c.mamba.mtp_layers = "-";
+  c.moe.layer_pattern = {0, 1, 0, 0};
+  c.finalize();
+  const double B = 3, s = 6, h = 8, V = 16, f = 12;
+  const double mlp = 4 * (f / h) * B * s * h * h;
+  const double want = base + 3 * (2 * mlp + 2 * (2 * B * s * h * V));
   EXPECT_NEAR(hybrid_flops_per_iteration(c, 3), want, 1e-12 * want);
 }
 
