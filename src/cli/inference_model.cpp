@@ -53,12 +53,17 @@ void resolve_inference_args(Arguments& a, const ArgTable& t, int world_size, boo
                  "parallel layout convert it first (`megatron convert --load-hf DIR --save "
                  "CKPT`) and pass --load CKPT");
   const PipelineSplit split = pipeline_split(a);
-  MEGATRON_CHECK(
-      static_cast<int64_t>(split.layout.size()) <= pp,
-      "inference runs one model chunk per pipeline rank: --pipeline-model-parallel-layout "
-      "has ",
-      split.layout.size(), " stages for --pipeline-model-parallel-size ", pp,
-      "; give one stage per rank (the checkpoint loads into any split)");
+  MEGATRON_CHECK(static_cast<int64_t>(split.layout.size()) <= pp,
+                 "inference runs one model chunk per pipeline rank: ",
+                 a.hybrid_pipeline_segments.empty() ? "--pipeline-model-parallel-layout"
+                                                    : "the hybrid pattern's '|' segments",
+                 " give ", split.layout.size(), " stages for --pipeline-model-parallel-size ", pp,
+                 "; give one stage per rank",
+                 a.hybrid_pipeline_segments.empty()
+                     ? ""
+                     : " (a given --hybrid-layer-pattern with the same layers "
+                       "replaces the checkpoint's)",
+                 " (the checkpoint loads into any split)");
   validate_pipeline_split(a.num_layers, pp, 1, split);
   a.hidden_dropout = a.attention_dropout = 0;
   a.sequence_parallel = false;  // one position per decode step: nothing to split

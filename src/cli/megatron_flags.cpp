@@ -104,6 +104,10 @@ const std::vector<OwnFlag>& own_train_flags() {
        "--hybrid-override-pattern is its deprecated spelling there)"},
       {"--mtp-hybrid-override-pattern",
        "Megatron core 0.17's legacy MTP layer pattern of hybrid models"},
+      {"--mtp-use-repeated-layer",
+       "Megatron core 0.19's TransformerConfig.mtp_use_repeated_layer (a flag there)"},
+      {"--mtp-detach-heads",
+       "Megatron core 0.19's TransformerConfig.mtp_detach_heads (a flag there)"},
   };
   return own;
 }

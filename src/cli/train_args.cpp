@@ -153,6 +153,12 @@ void register_model_args(ArgTable& t, Arguments& a) {
         "token further with its own transformer layer and the shared embedding and output layer");
   t.add("--mtp-loss-scaling-factor", a.mtp_loss_scaling_factor,
         "Weight of the multi-token prediction depths' mean loss in the objective");
+  t.flag("--mtp-use-repeated-layer", a.mtp_use_repeated_layer,
+         "Multi-token prediction: one block (its layers, norms and projection) applied at every "
+         "depth instead of one per depth (Nemotron 3 Super's MTP)");
+  t.flag("--mtp-detach-heads", a.mtp_detach_heads,
+         "Multi-token prediction: the depths read the decoder's output and the embeddings "
+         "detached, so their losses train the MTP blocks (and the shared output layer) only");
   t.flag("--init-method-xavier-uniform", a.init_method_xavier_uniform,
          "Xavier-uniform initialisation of the linear layers' weights");
   t.add("--embedding-init-method-std", a.embedding_init_method_std,
@@ -1199,6 +1205,11 @@ std::vector<std::string> resolve_hybrid_pattern(Arguments& a) {
   if (text.empty()) return notes;
   const HybridPattern p = parse_hybrid_pattern(text, flag);
   const auto layers = static_cast<int64_t>(p.main.size());
+  // Only an MTP part (the legacy MTP pattern beside the ratios): the ratios allocate the layers.
+  if (layers == 0 && !p.has_pipes()) {
+    if (!p.mtp.empty()) a.mtp_num_layers = p.mtp_depths;
+    return notes;
+  }
   if (a.num_layers != 0 && a.num_layers != layers) {
     notes.push_back(flag + " is set; ignoring --num-layers (" + std::to_string(a.num_layers) +
                     ") and using the layer count derived from the pattern (" +
@@ -1214,8 +1225,9 @@ std::vector<std::string> resolve_hybrid_pattern(Arguments& a) {
     a.mtp_num_layers = p.mtp_depths;
   }
   if (!p.has_pipes()) return notes;
-  // Megatron's assertions: the '|' segments are the pipeline layout, so nothing else may give
-  // one.
+  // Megatron's assertions beside '|': the segments are the pipeline layout, so nothing else may
+  // give one. (Megatron refuses the virtual-stage, layout and account-for flags beside any
+  // hybrid pattern; here they stay allowed without '|', an extension: any split of the layers.)
   auto refuse_beside_pipes = [&](bool given, const char* other, const char* why) {
     MEGATRON_CHECK(!given, "If ", flag, " contains pipe separators, ", other,
                    " should not be specified ", why);
@@ -1594,15 +1606,37 @@ void merge_pretrained_config(Arguments& a, const ArgTable& t) {
     a.group_query_attention = true;
     a.use_rotary_position_embeddings = true;  // Megatron's check asks for the legacy flag too
   }
+  // Multi-token prediction: one depth per block of the files, or with a repeated layer (the
+  // file's mtp_use_repeated_layer or the flag) as many applications of its one block as a given
+  // --mtp-num-layers asks.
+  MEGATRON_CHECK(!a.mtp_use_repeated_layer || c.mtp_num_layers <= 1,
+                 "--mtp-use-repeated-layer: ", src, " describes ", c.mtp_num_layers,
+                 " multi-token prediction blocks; a repeated layer is one block (drop the flag)");
+  const bool repeated =
+      c.mtp_num_layers == 1 && (c.mtp_use_repeated_layer || a.mtp_use_repeated_layer);
+  // A given --mtp-num-layers 0 drops a NemotronH's MTP blocks (their tensors are skipped).
+  const bool drop = c.mamba.enabled() && t.given("--mtp-num-layers") && a.mtp_num_layers == 0;
+  const int64_t depths = drop                                      ? 0
+                         : repeated && t.given("--mtp-num-layers") ? a.mtp_num_layers
+                                                                   : c.mtp_num_layers;
+  if (repeated && !drop) a.mtp_use_repeated_layer = true;
   if (c.mamba.enabled()) {  // NemotronH
     const MambaConfig& mb = c.mamba;
-    // The unified pattern, with the MTP depths after '/' (under the spelling given, if any).
+    // The unified pattern, with the MTP depths after '/'. A given --hybrid-layer-pattern with
+    // the same layers stays (its '|' segments are this run's pipeline layout).
     std::string pattern = mb.layers;
-    for (int64_t k = 0; k < c.mtp_num_layers; ++k) pattern += "/" + mb.mtp_layers;
-    if (t.given("--hybrid-layer-pattern")) {
-      set("--hybrid-layer-pattern", a.hybrid_layer_pattern, pattern);
+    for (int64_t k = 0; k < depths; ++k) pattern += "/" + mb.mtp_layers;
+    const bool layer_flag = t.given("--hybrid-layer-pattern");
+    if (layer_flag || t.given("--hybrid-override-pattern")) {
+      const std::string& text = layer_flag ? a.hybrid_layer_pattern : a.hybrid_override_pattern;
+      const char* flag = layer_flag ? "--hybrid-layer-pattern" : "--hybrid-override-pattern";
+      const HybridPattern given = parse_hybrid_pattern(text, flag);
+      MEGATRON_CHECK(given.main == mb.layers && given.mtp_depths == depths &&
+                         (depths == 0 || given.mtp == mb.mtp_layers),
+                     flag, " ", text, " contradicts ", src, " (which implies ", pattern,
+                     " up to '|'); drop the flag to take the checkpoint's layers");
     } else {
-      set("--hybrid-override-pattern", a.hybrid_override_pattern, pattern);
+      a.hybrid_override_pattern = pattern;
     }
     set("--mamba-state-dim", a.mamba_state_dim, mb.state_dim);
     set("--mamba-head-dim", a.mamba_head_dim, mb.head_dim);
@@ -1619,7 +1653,7 @@ void merge_pretrained_config(Arguments& a, const ArgTable& t) {
     set("--decoder-num-layers", a.decoder_num_layers, c.decoder_num_layers);
   set("--softmax-scale", a.softmax_scale, c.softmax_scale);
   set("--gated-linear-unit", a.gated_linear_unit, c.gated_gelu);
-  if (c.mtp_num_layers > 0) set("--mtp-num-layers", a.mtp_num_layers, c.mtp_num_layers);
+  if (c.mtp_num_layers > 0 && !drop) set("--mtp-num-layers", a.mtp_num_layers, depths);
   if (c.mla.enabled) {  // DeepSeek-V3
     const MlaConfig& m = c.mla;
     set("--multi-latent-attention", a.multi_latent_attention, true);
@@ -1955,13 +1989,16 @@ void merge_checkpoint_args(Arguments& a, const ArgTable& t, bool report) {
   // decoder's too.
   // A given --hybrid-layer-pattern wins too: its '|' segments are this run's pipeline layout
   // (the load refuses one with other layers, comparing the checkpoint's layer types).
-  for (const std::string& line : t.restore("model", saved,
-                                           {"--seq-length", "--encoder-seq-length",
-                                            "--decoder-seq-length", "--hybrid-layer-pattern"},
-                                           src)) {
+  for (const std::string& line :
+       t.restore("model", saved,
+                 {"--seq-length", "--encoder-seq-length", "--decoder-seq-length",
+                  "--hybrid-layer-pattern", "--hybrid-override-pattern"},
+                 src)) {
     if (report) log_line(" > --use-checkpoint-args: " + line);
   }
-  if (t.given("--hybrid-layer-pattern")) a.hybrid_override_pattern.clear();  // its old spelling
+  // Either spelling given wins (the other is the record's).
+  if (t.given("--hybrid-layer-pattern")) a.hybrid_override_pattern.clear();
+  if (t.given("--hybrid-override-pattern")) a.hybrid_layer_pattern.clear();
   // --use-mp-args-from-checkpoint-args: the saving run's model-parallel sizes as well, given
   // flags replaced (Megatron's force=True); the checkpoint loads into any layout either way.
   if (a.use_mp_args_from_checkpoint_args) {

@@ -77,14 +77,22 @@ void upcycle_checkpoint(const Arguments& run) {
     // A hybrid model's E layers upcycle the dense model's MLP layers (-) at their places (an
     // extension: Megatron's upcycling builds the dense model from the MoE run's own pattern).
     if (m.mamba.enabled() && d.mamba.enabled()) {
-      std::string as_dense = m.mamba.layers;
-      std::replace(as_dense.begin(), as_dense.end(), 'E', '-');
-      MEGATRON_CHECK(as_dense == d.mamba.layers && d.mamba.layers.find('E') == std::string::npos,
+      // The decoder's layers and an MTP depth's alike.
+      auto as_dense = [](std::string l) {
+        std::replace(l.begin(), l.end(), 'E', '-');
+        return l;
+      };
+      const bool dense_has_e = (d.mamba.layers + d.mamba.mtp_layers).find('E') != std::string::npos;
+      MEGATRON_CHECK(as_dense(m.mamba.layers) == d.mamba.layers &&
+                         as_dense(m.mamba.mtp_layers) == d.mamba.mtp_layers && !dense_has_e,
                      "--moe-use-upcycling: the hybrid pattern '", m.mamba.layers,
-                     "' must be the dense checkpoint's '", d.mamba.layers, "' (", run.load,
+                     (m.mamba.mtp_layers.empty() ? "" : "' with MTP layers '" + m.mamba.mtp_layers),
+                     "' must be the dense checkpoint's '", d.mamba.layers,
+                     (d.mamba.mtp_layers.empty() ? "" : "' with MTP layers '" + d.mamba.mtp_layers),
+                     "' (", run.load,
                      ") with E where that has - (an MoE layer in place of each MLP layer to "
                      "upcycle)");
-      for (const char* key : {"hybrid_layers", "hybrid_override_pattern"}) {
+      for (const char* key : {"hybrid_layers", "hybrid_override_pattern", "hybrid_mtp_layers"}) {
         dj.erase(key);
         mj.erase(key);
       }

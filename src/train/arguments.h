@@ -104,6 +104,8 @@ struct Arguments {
   std::string rope_type;       // rope or yarn; empty: yarn under MLA, rope otherwise
   int64_t mtp_num_layers = 0;  // multi-token prediction depths (Megatron's None: 0)
   double mtp_loss_scaling_factor = 0.1;
+  bool mtp_use_repeated_layer = false;  // one MTP block applied at every depth (core 0.19)
+  bool mtp_detach_heads = false;        // MTP losses train the MTP blocks only (core 0.19)
   bool init_method_xavier_uniform = false;
   double embedding_init_method_std = kUnset;  // unset: --init-method-std
   bool fp32_residual_connection = false;      // the residual stream is fp32 here always

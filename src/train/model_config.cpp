@@ -156,7 +156,7 @@ void check_fp8_gemm_shapes(const TransformerConfig& c, const Arguments& a) {
   if (c.mamba.enabled()) {
     // A hybrid model's GEMMs are those of the layer types its pattern has; Megatron's mixer
     // asserts its in-projection's width divisible by 16 under FP8.
-    const std::string& l = c.mamba.layers;
+    const std::string l = c.mamba.layers + c.mamba.mtp_layers;  // the MTP depths' too
     const bool attention = l.find('*') != std::string::npos, mlp = l.find('-') != std::string::npos;
     std::vector<Gemm> kept;
     for (const Gemm& g : gemms) {
@@ -343,6 +343,8 @@ TransformerConfig transformer_config_from_args(const Arguments& a) {
   }
   c.mtp_num_layers = a.mtp_num_layers;
   c.mtp_loss_scaling_factor = a.mtp_loss_scaling_factor;
+  c.mtp_use_repeated_layer = a.mtp_use_repeated_layer;
+  c.mtp_detach_heads = a.mtp_detach_heads;
   c.mla.enabled = a.multi_latent_attention;
   c.mla.q_lora_rank = a.q_lora_rank;
   c.mla.kv_lora_rank = a.kv_lora_rank;
@@ -407,7 +409,7 @@ TransformerConfig transformer_config_from_args(const Arguments& a) {
     // moe_layer spec there; --moe-layer-freq shapes GPT's TransformerBlock only).
     // The MTP depths' layers count too (their MoE statistics come after the decoder's).
     std::string l = c.mamba.layers;
-    for (int64_t k = 0; k < c.mtp_num_layers && !c.mamba.mtp_layers.empty(); ++k)
+    for (int64_t k = 0; k < c.mtp_blocks() && !c.mamba.mtp_layers.empty(); ++k)
       l += c.mamba.mtp_layers;
     const bool has_moe = l.find('E') != std::string::npos;
     MEGATRON_CHECK(!has_moe || c.moe.enabled(), "the hybrid pattern '", l,

@@ -139,13 +139,22 @@ struct TransformerConfig {
   // none) and the weight of their mean loss in the objective (--mtp-loss-scaling-factor).
   int64_t mtp_num_layers = 0;
   double mtp_loss_scaling_factor = 0.1;
+  // --mtp-use-repeated-layer (Megatron core 0.19's mtp_use_repeated_layer): one block applied at
+  // every depth; --mtp-detach-heads (mtp_detach_heads): the depths read the decoder's output and
+  // the embeddings detached.
+  bool mtp_use_repeated_layer = false;
+  bool mtp_detach_heads = false;
   // Layers of one MTP depth: a hybrid model's MTP pattern's (mamba.mtp_layers), else GPT's one.
   int64_t mtp_layers_per_depth() const {
     return mamba.mtp_layers.empty() ? 1 : static_cast<int64_t>(mamba.mtp_layers.size());
   }
-  // Layer numbers in use: the decoder's, then every MTP depth's layers (MoE statistics, dropout
-  // streams).
-  int64_t layer_slots() const { return num_layers + mtp_num_layers * mtp_layers_per_depth(); }
+  // MTP blocks holding parameters: one per depth, or one in all when repeated.
+  int64_t mtp_blocks() const {
+    return mtp_use_repeated_layer ? std::min<int64_t>(mtp_num_layers, 1) : mtp_num_layers;
+  }
+  // Layer numbers in use: the decoder's, then every MTP block's layers (MoE statistics; a
+  // repeated block's applications share its numbers).
+  int64_t layer_slots() const { return num_layers + mtp_blocks() * mtp_layers_per_depth(); }
   // Whether layer `layer` (a decoder or MTP layer number) is an MoE layer: a hybrid model's E
   // layers, else --moe-layer-freq's (an MTP layer: the decoder's last layer's kind).
   bool is_moe_layer(int64_t layer) const {

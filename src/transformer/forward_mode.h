@@ -53,6 +53,12 @@ struct ForwardMode {
   double aux_loss_scale = 0.0;
   bool aux_per_token = false;
   MoeAuxTracker* moe_tracker = nullptr;
+  // A repeated MTP block's application (--mtp-use-repeated-layer): its MoE losses count
+  // moe_aux_share = 1 / depths of theirs, gradient and logged value (Megatron's division by
+  // mtp_num_layers), and its dropout streams are those of layer number + stream_layer_offset
+  // (the streams the depth's own block would have).
+  double moe_aux_share = 1.0;
+  int64_t stream_layer_offset = 0;
   // Generation: the new positions' keys and values join this cache and attention reads every
   // cached position (transformer/kv_cache.h); null: attention over the input's positions only.
   KvCache* kv_cache = nullptr;
@@ -96,7 +102,7 @@ struct ForwardMode {
 
   // Stream for dropout site `site` of layer `layer` (site < 8).
   uint64_t site_stream(int64_t layer, int site) const {
-    return stream * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(layer) * 8 +
+    return stream * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(layer + stream_layer_offset) * 8 +
            static_cast<uint64_t>(site);
   }
 };

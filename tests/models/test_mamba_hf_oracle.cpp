@@ -17,6 +17,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "checkpoint/safetensors.h"
 #include "checkpoint/safetensors_dir.h"
@@ -38,10 +39,12 @@ struct Loaded {
   std::unique_ptr<ParamSet> params;
 };
 
-Loaded load(const std::string& dir) {
+// variant: what a run's flags change (--mtp-num-layers, --mtp-detach-heads).
+Loaded load(const std::string& dir, const std::function<void(TransformerConfig&)>& variant = {}) {
   Loaded l;
   l.info = read_nemotron_h_config(dir);
   TransformerConfig c = l.info.config;
+  if (variant) variant(c);
   c.padded_vocab_size = pad_vocab_size(c.vocab_size, 128);
   c.seq_length = 16;
   c.hidden_dropout = c.attention_dropout = 0;
@@ -90,10 +93,11 @@ std::string root(const std::string& arch) {
 }
 
 // Logits, loss, every gradient (`tensors` of them) and 10 AdamW steps of `arch` against PyTorch.
-void check_training_math(const std::string& arch, const std::string& pattern, size_t tensors) {
+void check_training_math(const std::string& arch, const std::string& pattern, size_t tensors,
+                         const std::function<void(TransformerConfig&)>& variant = {}) {
   ASSERT_FALSE(g_oracle_dir.empty()) << "pass the oracle directory as the first argument";
   auto expected = safetensors::File::open(root(arch) + "/expected.safetensors");
-  Loaded l = load(root(arch) + "/model");
+  Loaded l = load(root(arch) + "/model", variant);
   const TransformerConfig& c = l.model->config();
   EXPECT_EQ(c.mamba.layers, pattern);
   const Batch batch = oracle_batch(expected);
@@ -121,7 +125,7 @@ void check_training_math(const std::string& arch, const std::string& pattern, si
 
   // 10 AdamW steps on the same batch: lr 1e-3, betas (0.9, 0.95), wd 0.1 on tensors of >= 2
   // dims (conv1d.weight included, as Megatron decays its 3-D weight), clip 1.0.
-  Loaded fresh = load(root(arch) + "/model");
+  Loaded fresh = load(root(arch) + "/model", variant);
   AdamW opt(*fresh.params, AdamWConfig{0.9, 0.95, 1e-8, 0.1});
   const Tensor want_losses = expected.read("adam_losses");
   for (int64_t step = 0; step < want_losses.numel(); ++step) {
@@ -248,6 +252,21 @@ TEST(NemotronHMoeOracle, ConfigFormsAndRefusals) {
 TEST(NemotronHOracle, ExportRoundTrip) {
   check_export_round_trip("nemotron-h");
 }
+// Nemotron 3 Super's training form: the files' one MTP block applied at two depths
+// (mtp_use_repeated_layer: --mtp-num-layers 2 over one block), --mtp-detach-heads; the one
+// block's 21 tensors trained by both depths.
+TEST(NemotronHMtpOracle, RepeatedLayerAndDetachedHeads) {
+  const TransformerConfig file =
+      read_nemotron_h_config(root("nemotron-h-mtp-repeated") + "/model").config;
+  EXPECT_EQ(file.mtp_num_layers, 1);
+  EXPECT_TRUE(file.mtp_use_repeated_layer);
+  check_training_math("nemotron-h-mtp-repeated", "ME*-E", 1U + 9 + 12 + 5 + 3 + 12 + 2 + 21,
+                      [](TransformerConfig& c) {
+                        c.mtp_num_layers = 2;
+                        c.mtp_detach_heads = true;
+                      });
+}
+
 TEST(NemotronHMtpOracle, ExportRoundTrip) {
   check_export_round_trip("nemotron-h-mtp");
 }

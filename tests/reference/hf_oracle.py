@@ -57,6 +57,9 @@ Variants (the model-variant flags where Hugging Face has the same variant):
               attention then an MoE block (mtp.layers.{0..3}, Megatron's hybrid MTP), gradients
               and AdamW steps of lm loss + Megatron's MTP term (0.1 x the depths' mean loss);
               "loss", "logits" and "adam_losses" are the main model's.
+  nemotron-h-mtp-repeated
+              nemotron-h-mtp with one MTP block applied at both depths (mtp_use_repeated_layer)
+              and the depths' inputs detached from the main model (mtp_detach_heads).
   nemotron-nas
               Llama-Nemotron (DeciLMForCausalLM): Llama 3.1 whose layers follow block_configs,
               each attention and MLP whole (its own kv heads, its ffn_mult's width), one linear
@@ -64,7 +67,7 @@ Variants (the model-variant flags where Hugging Face has the same variant):
 
 Usage: python3 tests/reference/hf_oracle.py --arch {gpt2,llama,gpt2-relu2,llama31,qwen3,mixtral,
        deepseek-v3,deepseek-v3-plain,deepseek-v3-mtp,nemotron-h,nemotron-h-moe,nemotron-h-mtp,
-       nemotron-nas}
+       nemotron-h-mtp-repeated,nemotron-nas}
        --out DIR
        [--seed 1234]
 """
@@ -239,6 +242,13 @@ for _k in ("hybrid_override_pattern", "num_hidden_layers"):
 NEMOTRON_H_MTP_CONFIG = dict(
     NEMOTRON_H_MOE_CONFIG, num_nextn_predict_layers=2,
     mtp_layers_block_type=["full_attention", "moe"], mtp_use_repeated_layer=False)
+# The files' one MTP block applied at two depths (Megatron core 0.19's mtp_use_repeated_layer, as
+# Nemotron 3 Super trains it), the depths reading the decoder's output and the embeddings detached
+# (mtp_detach_heads): what the C++ side runs with --mtp-num-layers 2 --mtp-detach-heads
+# (megatron_mtp: keys only this script reads).
+NEMOTRON_H_MTP_REPEATED_CONFIG = dict(
+    NEMOTRON_H_MTP_CONFIG, num_nextn_predict_layers=1, mtp_use_repeated_layer=True,
+    megatron_mtp={"depths": 2, "detach_heads": True})
 
 
 def nemotron_h_pattern(cfg):
@@ -1011,17 +1021,21 @@ def nemotron_h_forward(cfg, w, ids, mtp_logits=None):
     x = rms_norm(x, w["backbone.norm_f.weight"], eps)
     if mtp_logits is not None:
         mtp = nemotron_h_mtp_pattern(cfg)
-        prev, rolled = x, ids
-        for k in range(cfg.get("num_nextn_predict_layers") or 0):
-            first = f"mtp.layers.{k * len(mtp)}."
+        extra = cfg.get("megatron_mtp", {})
+        repeated = cfg.get("mtp_use_repeated_layer", False)
+        detach = extra.get("detach_heads", False)
+        prev, rolled = (x.detach() if detach else x), ids
+        for k in range(extra.get("depths", cfg.get("num_nextn_predict_layers") or 0)):
+            n = 0 if repeated else k * len(mtp)  # the block's first sublayer
+            first = f"mtp.layers.{n}."
             rolled = roll_left(rolled)
-            e = rms_norm(F.embedding(rolled, w["backbone.embeddings.weight"]),
-                         w[first + "enorm.weight"], eps)
+            emb = F.embedding(rolled, w["backbone.embeddings.weight"])
+            e = rms_norm(emb.detach() if detach else emb, w[first + "enorm.weight"], eps)
             hcat = torch.cat((e, rms_norm(prev, w[first + "hnorm.weight"], eps)), dim=-1)
             y = F.linear(hcat, w[first + "eh_proj.weight"])
             for j, t in enumerate(mtp):
-                y = nemotron_h_block(cfg, w, f"mtp.layers.{k * len(mtp) + j}.", t, y, causal)
-            last = f"mtp.layers.{k * len(mtp) + len(mtp) - 1}."
+                y = nemotron_h_block(cfg, w, f"mtp.layers.{n + j}.", t, y, causal)
+            last = f"mtp.layers.{n + len(mtp) - 1}."
             prev = rms_norm(y, w[last + "final_layernorm.weight"], eps)
             mtp_logits.append(F.linear(prev, w["lm_head.weight"]))
     return F.linear(x, w["lm_head.weight"])
@@ -1030,6 +1044,8 @@ def nemotron_h_forward(cfg, w, ids, mtp_logits=None):
 ARCHS["nemotron-h"] = (NEMOTRON_H_CONFIG, nemotron_h_weights, nemotron_h_forward)
 ARCHS["nemotron-h-moe"] = (NEMOTRON_H_MOE_CONFIG, nemotron_h_weights, nemotron_h_forward)
 ARCHS["nemotron-h-mtp"] = (NEMOTRON_H_MTP_CONFIG, nemotron_h_weights, nemotron_h_forward)
+ARCHS["nemotron-h-mtp-repeated"] = (NEMOTRON_H_MTP_REPEATED_CONFIG, nemotron_h_weights,
+                                    nemotron_h_forward)
 
 
 # Llama-Nemotron (DeciLMForCausalLM, model_type nemotron-nas): Llama 3.1 whose layers differ by

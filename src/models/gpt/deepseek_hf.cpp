@@ -194,7 +194,7 @@ json deepseek_v3_config_json(const TransformerConfig& c) {
             {"qk_nope_head_dim", m.qk_head_dim},
             {"qk_rope_head_dim", m.qk_pos_emb_head_dim},
             {"v_head_dim", m.v_head_dim},
-            {"num_nextn_predict_layers", c.mtp_num_layers},
+            {"num_nextn_predict_layers", c.mtp_blocks()},
             {"rope_scaling", nullptr}};
   if (m.yarn) {
     j["rope_scaling"] = {{"rope_type", "yarn"},
@@ -235,7 +235,7 @@ json deepseek_v3_config_json(const TransformerConfig& c) {
 
 std::vector<std::pair<std::string, std::string>> deepseek_mtp_copies(const TransformerConfig& c) {
   std::vector<std::pair<std::string, std::string>> out;
-  for (int64_t k = 0; k < c.mtp_num_layers; ++k) {
+  for (int64_t k = 0; k < c.mtp_blocks(); ++k) {
     const std::string p = "model.layers." + std::to_string(c.num_layers + k) + ".";
     out.emplace_back(p + "embed_tokens.weight", "model.embed_tokens.weight");
     out.emplace_back(p + "shared_head.head.weight", c.untie_embeddings_and_output_weights

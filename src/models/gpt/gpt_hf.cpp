@@ -304,7 +304,7 @@ std::vector<Mapping> hf_tensor_mappings(const HfModelInfo& info, GPTModel& m) {
     };
     for (int64_t i = 0; i < c.num_layers; ++i) layer_maps(*m.decoder->layers[i], i);
     if (m.mtp) {
-      for (int64_t k = 0; k < m.mtp->depths(); ++k) {
+      for (int64_t k = 0; k < static_cast<int64_t>(m.mtp->layers.size()); ++k) {
         MultiTokenPrediction::Depth& d = *m.mtp->layers[k];
         const std::string p = "model.layers." + std::to_string(c.num_layers + k) + ".";
         layer_maps(*d.layers.front(), c.num_layers + k);

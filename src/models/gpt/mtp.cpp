@@ -83,7 +83,7 @@ MultiTokenPrediction::MultiTokenPrediction(const TransformerConfig& cfg,
       tp_(tp),
       recompute_(cfg.recompute_granularity == RecomputeGranularity::kFull &&
                  cfg.recompute_method == RecomputeMethod::kUniform) {
-  for (int64_t k = 0; k < cfg.mtp_num_layers; ++k) {
+  for (int64_t k = 0; k < cfg.mtp_blocks(); ++k) {
     layers.push_back(std::make_unique<Depth>("mtp.layers." + std::to_string(k), cfg,
                                              cfg.num_layers + k * cfg.mtp_layers_per_depth(), tp));
     if (!cfg.fp8.enabled()) continue;
@@ -94,6 +94,19 @@ MultiTokenPrediction::MultiTokenPrediction(const TransformerConfig& cfg,
     for (auto& layer : d.layers)
       for (Fp8GemmScaling* g : layer->enable_fp8()) d.layer_fp8->add(g);
   }
+}
+
+const MultiTokenPrediction::Depth& MultiTokenPrediction::block(int64_t k) const {
+  return *layers[static_cast<size_t>(cfg_.mtp_use_repeated_layer ? 0 : k)];
+}
+
+ForwardMode MultiTokenPrediction::application_mode(const ForwardMode& mode, int64_t k) const {
+  ForwardMode m = mode;
+  if (cfg_.mtp_use_repeated_layer) {
+    m.stream_layer_offset = k * cfg_.mtp_layers_per_depth();
+    m.moe_aux_share = 1.0 / static_cast<double>(depths());
+  }
+  return m;
 }
 
 std::vector<Fp8Region*> MultiTokenPrediction::fp8_regions() const {
@@ -161,14 +174,14 @@ std::vector<Tensor> MultiTokenPrediction::forward(const Tensor& hidden, const Te
   std::vector<Tensor> losses;
   Tensor ids = tokens, targets = labels, prev = hidden;
   for (int64_t k = 0; k < D; ++k) {
-    const Depth& L = *layers[static_cast<size_t>(k)];
+    const Depth& L = block(k);
     Ctx::Depth& c = ctx.depths[static_cast<size_t>(k)];
     ids = roll_left(ids, tp_.cp);
     targets = roll_left(targets, tp_.cp);
     // The embedding's own dropout stream per depth (the model's input has site -1).
     const Tensor e = embedding.forward(ids, Tensor(), Tensor(), c.embedding, mode, true, -2 - k);
     const Tensor in = prev;
-    prev = region_forward(L, c, e, in, layout, mode, /*recomputing=*/false);
+    prev = region_forward(L, c, e, in, layout, application_mode(mode, k), /*recomputing=*/false);
     if (ctx.recompute) {
       // What backward needs is dropped and rebuilt from the region's inputs.
       c.e_in = e;
@@ -190,7 +203,7 @@ Tensor MultiTokenPrediction::backward(const std::vector<Tensor>& dlosses,
                  " depths, ", dlosses.size(), " loss gradients");
   Tensor dprev;  // the gradient of depth k's output from depth k + 1
   for (int64_t k = D - 1; k >= 0; --k) {
-    const Depth& L = *layers[static_cast<size_t>(k)];
+    const Depth& L = block(k);
     Ctx::Depth& c = ctx.depths[static_cast<size_t>(k)];
     Tensor dh = head.loss_backward(dlosses[static_cast<size_t>(k)], c.head);
     if (dprev.defined()) ops::add_inplace(dh, dprev.view(dh.shape()));
@@ -201,7 +214,8 @@ Tensor MultiTokenPrediction::backward(const std::vector<Tensor>& dlosses,
         L.proj_fp8->begin_recompute(c.proj_scales);
         L.layer_fp8->begin_recompute(c.layer_scales);
       }
-      region_forward(L, c, c.e_in, c.prev_in, ctx.layout, ctx.mode, /*recomputing=*/true);
+      region_forward(L, c, c.e_in, c.prev_in, ctx.layout, application_mode(ctx.mode, k),
+                     /*recomputing=*/true);
       if (L.proj_fp8) {
         L.proj_fp8->end_recompute();
         L.layer_fp8->end_recompute();
@@ -225,10 +239,15 @@ Tensor MultiTokenPrediction::backward(const std::vector<Tensor>& dlosses,
     ops::slice_last_dim(de, flat, 0);
     ops::slice_last_dim(dhn, flat, h);
     const Shape shape{dcat.dim(0), dcat.dim(1), h};
-    embedding.backward(L.enorm.backward(de.view(shape), c.e), c.embedding);
+    const Tensor demb = L.enorm.backward(de.view(shape), c.e);
+    // --mtp-detach-heads: the embeddings' output was detached (enorm still learns).
+    if (!cfg_.mtp_detach_heads) embedding.backward(demb, c.embedding);
     dprev = L.hnorm.backward(dhn.view(shape), c.h);
   }
   ctx = Ctx{};
+  // --mtp-detach-heads: the decoder's output was detached at the first depth (the depths still
+  // pass gradients to one another).
+  if (cfg_.mtp_detach_heads) return Tensor::zeros(dprev.shape(), dprev.dtype(), dprev.device());
   return dprev;
 }
 

@@ -96,7 +96,10 @@ class MultiTokenPrediction {
   // FP8: every depth's two regions, in order (checkpointed and registered through the chunk's
   // fp8_regions()); empty without.
   std::vector<Fp8Region*> fp8_regions() const;
-  int64_t depths() const { return static_cast<int64_t>(layers.size()); }
+  // Prediction depths (--mtp-num-layers), each an application of its block: its own, or with
+  // --mtp-use-repeated-layer the one block (layers holds one).
+  int64_t depths() const { return cfg_.mtp_num_layers; }
+  const Depth& block(int64_t k) const;
   // Megatron's MTP recomputation: with --recompute-granularity full and --recompute-method
   // uniform, in training, each depth's enorm/hnorm, eh_proj, transformer layer and final norm
   // (its _proj_and_transformer_layer) are recomputed in backward; block skips it, as Megatron.
@@ -112,6 +115,10 @@ class MultiTokenPrediction {
   // regions already set to the forward's scales (nothing recorded or updated here).
   Tensor region_forward(const Depth& L, Ctx::Depth& c, const Tensor& e, const Tensor& prev,
                         const TokenLayout& layout, const ForwardMode& mode, bool recomputing) const;
+
+  // Depth k's forward mode: a repeated block's k-th application takes the dropout streams of
+  // depth k's own block and 1 / depths of its MoE losses (ForwardMode::moe_aux_share).
+  ForwardMode application_mode(const ForwardMode& mode, int64_t k) const;
 
   const TransformerConfig& cfg_;
   TensorParallelContext tp_;

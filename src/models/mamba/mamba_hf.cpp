@@ -2,9 +2,11 @@
 #include "models/mamba/mamba_hf.h"
 
 #include <cmath>
+#include <filesystem>
 #include <set>
 
 #include "checkpoint/safetensors_dir.h"
+#include "core/logging.h"
 #include "models/common/hf_tensors.h"
 #include "models/gpt/deepseek_hf.h"
 
@@ -87,7 +89,7 @@ std::vector<Mapping> mappings(GPTModel& m) {
   // concatenates), the last its final_layernorm.
   if (m.mtp) {
     const auto L = static_cast<int64_t>(mb.mtp_layers.size());
-    for (int64_t k = 0; k < m.mtp->depths(); ++k) {
+    for (int64_t k = 0; k < static_cast<int64_t>(m.mtp->layers.size()); ++k) {
       MultiTokenPrediction::Depth& d = *m.mtp->layers[static_cast<size_t>(k)];
       const std::string first = "mtp.layers." + std::to_string(k * L) + ".";
       add(first + "enorm.weight", d.enorm.weight, {h});
@@ -152,6 +154,19 @@ std::string read_layer_pattern(const nlohmann::json& j, const std::string& file,
   return pattern;
 }
 
+// Whether the directory's weights hold multi-token prediction tensors (none when it has no
+// weights yet: a config alone is taken at its word).
+bool has_mtp_tensors(const std::string& dir) {
+  namespace fs = std::filesystem;
+  using safetensors::SafetensorsDir;
+  if (!fs::exists(fs::path(dir) / SafetensorsDir::kSingleFile) &&
+      !fs::exists(fs::path(dir) / SafetensorsDir::kIndexFile))
+    return true;
+  for (const std::string& n : safetensors::SafetensorsDir::open(dir).names())
+    if (n.rfind("mtp.", 0) == 0) return true;
+  return false;
+}
+
 nlohmann::json config_json(const TransformerConfig& c, DType dtype) {
   const MambaConfig& mb = c.mamba;
   nlohmann::json j = {{"model_type", "nemotron_h"},
@@ -182,10 +197,10 @@ nlohmann::json config_json(const TransformerConfig& c, DType dtype) {
                       {"mamba_hidden_act", "silu"},
                       {"tie_word_embeddings", !c.untie_embeddings_and_output_weights},
                       {"torch_dtype", torch_dtype_name(dtype)}};
-  if (c.mtp_num_layers > 0) {  // Megatron-Bridge's keys (one block per depth, none repeated)
-    j["num_nextn_predict_layers"] = c.mtp_num_layers;
+  if (c.mtp_num_layers > 0) {  // Megatron-Bridge's keys: the blocks the files hold
+    j["num_nextn_predict_layers"] = c.mtp_blocks();
     j["mtp_hybrid_override_pattern"] = mb.mtp_layers;
-    j["mtp_use_repeated_layer"] = false;
+    j["mtp_use_repeated_layer"] = c.mtp_use_repeated_layer;
   }
   if (c.moe.enabled()) {
     write_noaux_tc_router(c.moe, j);
@@ -241,16 +256,27 @@ NemotronHInfo read_nemotron_h_config(const std::string& dir) {
   c.num_layers = static_cast<int64_t>(mb.layers.size());
   // Multi-token prediction (Nemotron 3 Super's mtp.*): num_nextn_predict_layers blocks of
   // mtp_hybrid_override_pattern's layers (transformers 5: mtp_layers_block_type), each a depth.
-  // Megatron-Bridge reads one block as one layer repeated over the depths
-  // (mtp_use_repeated_layer, its default): here it is the one depth its files hold.
+  // With mtp_use_repeated_layer (Megatron-Bridge's default when absent; here only when true)
+  // one block is applied at every depth: --mtp-num-layers then asks for more depths than the
+  // files' one block (merge_pretrained_config); absent, each block is a depth.
   c.mtp_num_layers = hf_get_or<int64_t>(j, "num_nextn_predict_layers", 0, file);
+  c.mtp_use_repeated_layer =
+      c.mtp_num_layers == 1 && hf_get_or<bool>(j, "mtp_use_repeated_layer", false, file);
+  if (c.mtp_num_layers > 0 && !has_mtp_tensors(dir)) {
+    // A directory saved by Hugging Face's model, which drops mtp.*, keeps the config's count.
+    log_line("warning: " + file + " describes " + std::to_string(c.mtp_num_layers) +
+             " multi-token prediction blocks, but the weights hold no mtp.* tensor: loaded "
+             "without multi-token prediction");
+    c.mtp_num_layers = 0;
+    c.mtp_use_repeated_layer = false;
+  }
   MEGATRON_CHECK(c.mtp_num_layers >= 0, file, ": num_nextn_predict_layers must be >= 0");
   if (c.mtp_num_layers > 0)
     mb.mtp_layers =
         read_layer_pattern(j, file, {"mtp_layers_block_type"}, "mtp_hybrid_override_pattern");
   const std::string all_layers = [&] {
     std::string l = mb.layers;
-    for (int64_t k = 0; k < c.mtp_num_layers; ++k) l += mb.mtp_layers;
+    for (int64_t k = 0; k < c.mtp_blocks(); ++k) l += mb.mtp_layers;
     return l;
   }();
   if (all_layers.find('E') != std::string::npos) {
@@ -368,9 +394,11 @@ void save_nemotron_h(const std::string& dir, const GPTModel& model, const std::s
   if (dtype) out = *dtype;
   if (source_dir.empty()) config = config_json(model.config(), out);
   const TransformerConfig& c = model.config();
-  if (c.mtp_num_layers > 0 && !config.contains("mtp_layers_block_type")) {
-    config["num_nextn_predict_layers"] = c.mtp_num_layers;
-    config["mtp_hybrid_override_pattern"] = c.mamba.mtp_layers;
+  if (c.mtp_num_layers > 0) {  // the blocks written, whatever the source said
+    config["num_nextn_predict_layers"] = c.mtp_blocks();
+    config["mtp_use_repeated_layer"] = c.mtp_use_repeated_layer;
+    if (!config.contains("mtp_layers_block_type"))
+      config["mtp_hybrid_override_pattern"] = c.mamba.mtp_layers;
   }
   config["torch_dtype"] = torch_dtype_name(out);
   // An open time_step_limit [0, inf] (read from Python's bare Infinity as a string) is

@@ -127,8 +127,9 @@ void TopKRouter::forward(const Tensor& x, int64_t batch, Ctx& ctx, const Forward
   // With --calculate-per-token-loss gradients are summed, not averaged: the micro-batch's tokens
   // instead, as the main loss's gradient is divided by the global token count later.
   const double grad_scale =
-      mode.aux_loss_scale *
+      mode.aux_loss_scale * mode.moe_aux_share *
       (mode.aux_per_token ? static_cast<double>(T) * tp_cp : static_cast<double>(tp_.cp.size()));
+  const double share = mode.moe_aux_share;  // of the logged values too
   const double aux_coeff = m.coeff_of(MoeLoadBalancing::kAuxLoss);
   const double seq_coeff = m.coeff_of(MoeLoadBalancing::kSeqAuxLoss);
   if (aux_coeff == 0 && seq_coeff == 0 && m.z_loss_coeff == 0) return;
@@ -138,7 +139,7 @@ void TopKRouter::forward(const Tensor& x, int64_t batch, Ctx& ctx, const Forward
     // the mean over the micro-batch; logged the same way (the tracker sums over TP x CP).
     const double coeff = m.z_loss_coeff / tp_cp;
     const double v = moe::z_loss(ctx.logits, T, E, coeff, grad_scale, &ctx.dlogits_aux);
-    ctx.logged.emplace_back("z_loss", v / tp_cp);
+    ctx.logged.emplace_back("z_loss", share * v / tp_cp);
   }
   if (aux_coeff > 0 || seq_coeff > 0) {
     const moe::AuxScores a = moe::aux_scores(ctx.logits, T, m);
@@ -149,7 +150,7 @@ void TopKRouter::forward(const Tensor& x, int64_t batch, Ctx& ctx, const Forward
       const double loss =
           moe::aux_loss(a, T, E, m.router_topk, counts, static_cast<double>(T) * tp_cp, aux_coeff,
                         grad_scale, &dscores);
-      ctx.logged.emplace_back("load_balancing_loss", loss / aux_coeff);
+      ctx.logged.emplace_back("load_balancing_loss", share * loss / aux_coeff);
     }
     if (seq_coeff > 0) {
       std::vector<double> counts = moe::aux_counts(a, T, E, batch);
@@ -157,7 +158,7 @@ void TopKRouter::forward(const Tensor& x, int64_t batch, Ctx& ctx, const Forward
       const double seq_tokens = static_cast<double>(T / batch) * tp_cp;
       const double loss = moe::seq_aux_loss(a, T, E, m.router_topk, batch, counts, seq_tokens,
                                             seq_coeff, grad_scale, &dscores);
-      ctx.logged.emplace_back("seq_load_balancing_loss", loss / seq_coeff);
+      ctx.logged.emplace_back("seq_load_balancing_loss", share * loss / seq_coeff);
     }
     moe::aux_scores_backward(ctx.logits, T, m, dscores, ctx.dlogits_aux);
   }
