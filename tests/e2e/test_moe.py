@@ -741,6 +741,20 @@ class TestHybridMtp(unittest.TestCase):
                 rel = worst(self.curve(proc), want)
                 print(f"hybrid MTP {name}: worst relative difference {rel:.1e}", file=sys.stderr)
                 self.assertLess(rel, RTOL)
+        # Nemotron 3 Super's training form: one MTP block applied at both depths, detached from
+        # the main model; a different model from the above, the same in pp2 x ep2 and tp2 as in
+        # one process.
+        super_flags = ["--mtp-use-repeated-layer", "--mtp-detach-heads"]
+        repeated = self.curve(run(1, *self.HYBRID, "--hybrid-layer-pattern", self.PATTERN,
+                                  *super_flags))
+        self.assertGreater(worst(repeated, want), 1e-4)
+        for name, ranks, pattern, flags in (
+                ("pp2 ep2", 4, "ME|*E/*E/*E", [PP, "2", EP, "2"]),
+                ("tp2+sp", 2, self.PATTERN, [TP, "2", SP])):
+            with self.subTest(layout="repeated, detached " + name):
+                proc = run(ranks, *self.HYBRID, "--hybrid-layer-pattern", pattern, *flags,
+                           *super_flags)
+                self.assertLess(worst(self.curve(proc), repeated), RTOL)
         # The '|' split is the one asked for: stage 0 holds the embedding and M only, while
         # the default split of pp2 gives it M and E.
         params = r"number of parameters on \(tensor, pipeline\) model parallel rank \(0, 0\): (\d+)"
@@ -748,6 +762,41 @@ class TestHybridMtp(unittest.TestCase):
         even = run(2, *self.HYBRID, "--hybrid-layer-pattern", self.PATTERN, PP, "2")
         self.assertLess(int(re.search(params, by_pipe.stdout).group(1)),
                         int(re.search(params, even.stdout).group(1)))
+
+    def test_nemotron_h_mtp_block_trains_repeated_and_converts_back(self):
+        # The oracle's NemotronH with one MTP block marked mtp_use_repeated_layer (Nemotron 3
+        # Super's files, tests/reference/hf_oracle.py nemotron-h-mtp-repeated): trained at ep2
+        # with --mtp-num-layers 2 (the block at both depths), two depths' losses logged; the
+        # export holds the one trained block (num_nextn_predict_layers 1, repeated) under the
+        # files' names.
+        hf = oracle_model("nemotron-h-mtp-repeated")
+        ck = tempfile.mkdtemp(prefix="ck_", dir=TMP.name)
+        args = ["--model", "mamba", "--mock-data", "--pretrained-checkpoint", hf,
+                "--seq-length", "16", "--micro-batch-size", "1", "--global-batch-size", "2",
+                "--train-iters", "2", "--lr", "1e-3", "--eval-iters", "0", "--num-threads", "1",
+                "--save", ck, "--log-interval", "1", EP, "2", "--tokenizer-type", "NullTokenizer",
+                "--mtp-num-layers", "2", "--mtp-detach-heads"]
+        proc = megatron_job.run_train(MEGATRON, MPIEXEC, 2, args, TIMEOUT_S)
+        self.assertEqual(proc.returncode, 0, proc.stdout[-2000:] + proc.stderr[-2000:])
+        lines = megatron_log.iteration_lines(proc.stdout)
+        self.assertTrue(all("mtp_2 loss" in lines[it] for it in lines))
+        back = os.path.join(TMP.name, "nemotron_h_mtp_back")
+        conv = subprocess.run([MEGATRON, "convert", "--model", "mamba", "--load", ck,
+                               "--save-hf", back], capture_output=True, text=True,
+                              timeout=TIMEOUT_S)
+        self.assertEqual(conv.returncode, 0, conv.stdout[-2000:] + conv.stderr[-2000:])
+        with open(os.path.join(back, "config.json")) as f:
+            cfg = json.load(f)
+        self.assertEqual((cfg["num_nextn_predict_layers"], cfg["mtp_use_repeated_layer"],
+                          cfg["mtp_hybrid_override_pattern"]), (1, True, "*E"))
+        hf_in, _ = checkpoint_reader.read_safetensors(os.path.join(hf, "model.safetensors"))
+        hf_out, _ = checkpoint_reader.read_safetensors(os.path.join(back, "model.safetensors"))
+        self.assertEqual(sorted(hf_out), sorted(hf_in))
+        _, trained = checkpoint_reader.read_checkpoint(ck)
+        self.assertTrue(np.array_equal(hf_out["mtp.layers.0.eh_proj.weight"],
+                                       trained["model.mtp.layers.0.eh_proj.weight"]))
+        self.assertFalse(np.array_equal(hf_out["mtp.layers.0.eh_proj.weight"],
+                                        hf_in["mtp.layers.0.eh_proj.weight"]))
 
     def test_checkpoint_resumes_elsewhere_and_bad_patterns(self):
         # Saved at pp2 (split by '|'), the next iteration in one process with only training

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/process_group.h"
+#include "parallel/param.h"
 #include "transformer/moe/router.h"
 #include "transformer/moe/routing.h"
 
@@ -162,6 +163,53 @@ TEST(MoeRouting, SeqAuxLossEqualsAuxLossForOneSequence) {
       moe::seq_aux_loss(a, T, E, m.router_topk, 1, moe::aux_counts(a, T, E, 1), T, 1.0, 0, nullptr);
   EXPECT_NEAR(seq, aux, 1e-14 * aux);
   EXPECT_GT(aux, 0.5);  // a balanced router gives ~1: a real value, not a zero
+}
+
+// A repeated MTP block's application (ForwardMode::moe_aux_share = 1 / depths, Megatron's
+// division by mtp_num_layers): its load-balancing and z losses count that share, in the
+// gradient and in the logged values alike.
+TEST(MoeRouting, RepeatedApplicationsShareTheLosses) {
+  TransformerConfig cfg;
+  cfg.hidden_size = 4;
+  cfg.moe.num_experts = 4;
+  cfg.moe.ffn_hidden_size = 1;
+  cfg.moe.router_topk = 2;
+  cfg.moe.aux_loss_coeff = {0.01};
+  cfg.moe.z_loss_coeff = 0.001;
+  auto self = make_self_process_group();
+  TopKRouter router("router", cfg, 0, TensorParallelContext{self.get(), false, {}});
+  std::vector<Param*> ps;
+  router.collect(ps);
+  ParamSet set(ps, DType::kF32);
+  Tensor w = Tensor::empty({4, 4}, DType::kF64);
+  for (int64_t i = 0; i < 16; ++i) w.data<double>()[i] = std::sin(1.7 * static_cast<double>(i));
+  set.set_main(router.weight, w);
+  set.sync_compute_from_main();
+  Tensor x = Tensor::empty({6, 4});
+  for (int64_t i = 0; i < 24; ++i) x.data<float>()[i] = static_cast<float>(std::cos(0.9 * i));
+  auto run = [&](double share) {
+    ForwardMode mode{true, 1, 0};
+    mode.aux_loss_scale = 1.0;
+    mode.moe_aux_share = share;
+    TopKRouter::Ctx ctx;
+    router.forward(x, 1, ctx, mode);
+    return ctx;
+  };
+  const TopKRouter::Ctx whole = run(1.0), half = run(0.5);
+  ASSERT_EQ(whole.logged.size(), 2u);  // z_loss, load_balancing_loss
+  ASSERT_EQ(half.logged.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_GT(whole.logged[i].second, 0.0) << whole.logged[i].first;
+    EXPECT_NEAR(half.logged[i].second, 0.5 * whole.logged[i].second, 1e-15 * whole.logged[i].second)
+        << half.logged[i].first;
+  }
+  ASSERT_EQ(half.dlogits_aux.size(), whole.dlogits_aux.size());
+  double norm = 0;
+  for (size_t i = 0; i < whole.dlogits_aux.size(); ++i) {
+    norm += std::abs(whole.dlogits_aux[i]);
+    EXPECT_NEAR(half.dlogits_aux[i], 0.5 * whole.dlogits_aux[i], 1e-15);
+  }
+  EXPECT_GT(norm, 1e-6);  // the gradient is there to be halved
 }
 
 // Ties, which the oracle avoids: the lower expert index wins (routing.h's documented rule).
