@@ -157,8 +157,9 @@ void register_model_args(ArgTable& t, Arguments& a) {
          "Multi-token prediction: one block (its layers, norms and projection) applied at every "
          "depth instead of one per depth (Nemotron 3 Super's MTP)");
   t.flag("--mtp-detach-heads", a.mtp_detach_heads,
-         "Multi-token prediction: the depths read the decoder's output and the embeddings "
-         "detached, so their losses train the MTP blocks (and the shared output layer) only");
+         "Multi-token prediction: the depths read the decoder's output, the embeddings and the "
+         "output weight detached, so their losses train the MTP blocks only, which are clipped "
+         "by a gradient norm of their own (left out of the logged one)");
   t.flag("--init-method-xavier-uniform", a.init_method_xavier_uniform,
          "Xavier-uniform initialisation of the linear layers' weights");
   t.add("--embedding-init-method-std", a.embedding_init_method_std,
@@ -1616,9 +1617,18 @@ void merge_pretrained_config(Arguments& a, const ArgTable& t) {
       c.mtp_num_layers == 1 && (c.mtp_use_repeated_layer || a.mtp_use_repeated_layer);
   // A given --mtp-num-layers 0 drops a NemotronH's MTP blocks (their tensors are skipped).
   const bool drop = c.mamba.enabled() && t.given("--mtp-num-layers") && a.mtp_num_layers == 0;
-  const int64_t depths = drop                                      ? 0
-                         : repeated && t.given("--mtp-num-layers") ? a.mtp_num_layers
-                                                                   : c.mtp_num_layers;
+  // A repeated block's depths: --mtp-num-layers, else a given hybrid pattern's '/' parts.
+  int64_t asked = t.given("--mtp-num-layers") ? a.mtp_num_layers : 0;
+  if (asked == 0 && c.mamba.enabled()) {
+    for (const char* flag : {"--hybrid-layer-pattern", "--hybrid-override-pattern"})
+      if (t.given(flag))
+        asked = parse_hybrid_pattern(flag == std::string("--hybrid-layer-pattern")
+                                         ? a.hybrid_layer_pattern
+                                         : a.hybrid_override_pattern,
+                                     flag)
+                    .mtp_depths;
+  }
+  const int64_t depths = drop ? 0 : repeated && asked > 0 ? asked : c.mtp_num_layers;
   if (repeated && !drop) a.mtp_use_repeated_layer = true;
   if (c.mamba.enabled()) {  // NemotronH
     const MambaConfig& mb = c.mamba;

@@ -84,11 +84,25 @@ bool in_domain(const Param& p, ParamDomain only) {
 }
 
 double grad_sum_squares_unique(ParamSet& params, ParamDomain only) {
+  return grad_sum_squares_unique(params, only, NormGroup::kAll);
+}
+
+bool in_norm_group(const Param& p, NormGroup group) {
+  return group == NormGroup::kAll || p.separate_norm == (group == NormGroup::kSeparate);
+}
+
+double grad_sum_squares_unique(ParamSet& params, ParamDomain only, NormGroup group) {
   double sum = 0;
   for (Param* p : params.params()) {
-    if (!p->is_duplicate() && in_domain(*p, only)) sum += ops::sum_squares(p->main_grad);
+    if (!p->is_duplicate() && in_domain(*p, only) && in_norm_group(*p, group))
+      sum += ops::sum_squares(p->main_grad);
   }
   return sum;
+}
+
+void scale_separate_grads(ParamSet& params, double factor) {
+  for (Param* p : params.params())
+    if (p->separate_norm && p->main_grad.defined()) ops::scale_inplace(p->main_grad, factor);
 }
 
 int64_t grad_zeros_unique(ParamSet& params, ParamDomain only) {

@@ -94,6 +94,13 @@ double grad_norm(ParamSet& params);
 enum class ParamDomain : uint8_t { kAll, kDense, kExpert };
 bool in_domain(const Param& p, ParamDomain only);
 double grad_sum_squares_unique(ParamSet& params, ParamDomain only = ParamDomain::kAll);
+// The parameters whose gradients form a norm: all, those outside a separate norm group (the main
+// norm), or those inside it (Param::separate_norm).
+enum class NormGroup : uint8_t { kAll, kMain, kSeparate };
+bool in_norm_group(const Param& p, NormGroup group);
+double grad_sum_squares_unique(ParamSet& params, ParamDomain only, NormGroup group);
+// Scales the gradients of the separate group's parameters by `factor` (their own clipping).
+void scale_separate_grads(ParamSet& params, double factor);
 // The zero elements of those same gradients (Megatron's count_zeros_fp32 before its model-parallel
 // sum), for --log-num-zeros-in-grad.
 int64_t grad_zeros_unique(ParamSet& params, ParamDomain only = ParamDomain::kAll);

@@ -289,12 +289,21 @@ void DistributedOptimizer::quantize_fp8_weights() {
   }
 }
 
-double DistributedOptimizer::grad_sum_squares_unique(ParamDomain only) const {
+double DistributedOptimizer::grad_sum_squares_unique(ParamDomain only, NormGroup group) const {
   double sum = 0;
   for (const Segment& s : segments_) {
-    if (!s.param->is_duplicate() && in_domain(*s.param, only)) sum += ops::sum_squares(grad_of(s));
+    if (!s.param->is_duplicate() && in_domain(*s.param, only) && in_norm_group(*s.param, group))
+      sum += ops::sum_squares(grad_of(s));
   }
   return sum;
+}
+
+void DistributedOptimizer::scale_separate_grads(double factor) {
+  for (const Segment& s : segments_) {
+    if (!s.param->separate_norm) continue;
+    Tensor g = grad_of(s);
+    ops::scale_inplace(g, factor);
+  }
 }
 
 double DistributedOptimizer::main_sum_squares_unique(ParamDomain only) const {

@@ -81,6 +81,9 @@ struct Param {
   // reduction, parameter gather or optimizer looks. Its weights are still saved and loaded.
   // Set before the ParamSet is built, together with frozen.
   bool requires_grad = true;
+  // Megatron's grad_norm_group 'mtp' (--mtp-detach-heads): left out of the main gradient norm
+  // and clipped by the norm of its own group (the trainer's step).
+  bool separate_norm = false;
   // --fp8-param-gather: the weight of this FP8 GEMM, kept as E4M3 codes of one byte (Megatron's
   // FP8 primary weights): `value` is u8 (ParamSet::codes()), the distributed optimizer quantises
   // the fp32 main weights into it after each step with the GEMM's weight scale

@@ -50,13 +50,17 @@ std::vector<std::vector<int64_t>> stage_chunk_layers(const TransformerConfig& c,
 }
 
 // All of them, chunk after chunk.
-std::vector<int64_t> stage_layers(const TransformerConfig& c, const Layout& l, int64_t stage) {
+// parameters: the layers holding parameters (a repeated MTP block once), else the layers run
+// (every depth).
+std::vector<int64_t> stage_layers(const TransformerConfig& c, const Layout& l, int64_t stage,
+                                  bool parameters = false) {
   std::vector<int64_t> out;
   for (const std::vector<int64_t>& chunk : stage_chunk_layers(c, l, stage))
     out.insert(out.end(), chunk.begin(), chunk.end());
   // Multi-token prediction's layers (numbered after the decoder's) run on the last stage.
+  const int64_t mtp = parameters ? c.mtp_blocks() : c.mtp_num_layers;
   if (stage == l.pp - 1)
-    for (int64_t k = 0; k < c.mtp_num_layers; ++k) out.push_back(c.num_layers + k);
+    for (int64_t k = 0; k < mtp; ++k) out.push_back(c.num_layers + k);
   return out;
 }
 
@@ -364,7 +368,7 @@ RankParams rank_params(const TransformerConfig& c, const Layout& l, int64_t stag
   const double glu = c.gated_mlp() ? 2 : 1;
   const double norm = c.normalization == Normalization::kLayerNorm ? 2 * h : h;
   const bool bias = c.add_bias_linear;
-  for (int64_t layer : stage_layers(c, l, stage)) {
+  for (int64_t layer : stage_layers(c, l, stage, /*parameters=*/true)) {
     // Attention: QKV (+ bias, column-parallel), projection (row-parallel: its bias replicated).
     p.replicated += 2 * norm + (bias ? h : 0);
     const double norm_params = c.normalization == Normalization::kLayerNorm ? 2 : 1;
@@ -412,7 +416,7 @@ RankParams rank_params(const TransformerConfig& c, const Layout& l, int64_t stag
     // Multi-token prediction: per depth two input norms, the final norm and eh_proj [h, 2h]
     // (column parallel); a last stage that is not the first also keeps a copy of the word
     // embeddings for the rolled tokens (the tied output weight's copy serves when tied).
-    const double mtp = d(c.mtp_num_layers);
+    const double mtp = d(c.mtp_blocks());
     p.replicated += mtp * 3 * norm;
     p.dense += mtp * 2 * h * h / t;
     if (mtp > 0 && l.pp > 1 && c.untie_embeddings_and_output_weights) p.embedding += vocab;
@@ -466,7 +470,8 @@ void predict_memory(const Workload& w, const Layout& l, const Device& dev, Predi
         const std::vector<int64_t>& chunk = chunks[static_cast<size_t>(v)];
         a.num_layers = static_cast<int64_t>(chunk.size());
         // The last chunk of the last stage runs multi-token prediction's layers after its own.
-        if (s == l.pp - 1 && v == l.vpp - 1) a.num_layers += cfg.layer_slots() - cfg.num_layers;
+        if (s == l.pp - 1 && v == l.vpp - 1)
+          a.num_layers += cfg.mtp_num_layers * cfg.mtp_layers_per_depth();
         a.first_layer = chunk.empty() ? 0 : chunk.front();
         a.pre_process = s == 0 && v == 0;
         a.post_process = false;

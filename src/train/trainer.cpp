@@ -996,7 +996,15 @@ void Trainer::add_moe_terms(LossTerms* terms) {
   // its share of the micro-batch), averaged over DP; then per name the mean over the MoE layers
   // and micro-batches. Names in a fixed order on every rank, so the collectives pair up.
   const ParallelState& ps = *parallel_;
-  const int64_t L = cfg_.layer_slots(), moe_layers = cfg_.num_moe_layer_slots();
+  // The mean is over the MoE layers run: a repeated MTP block's counted once per depth, as
+  // Megatron counts mtp_num_layers of them (each application logged 1 / depths of its losses).
+  const int64_t L = cfg_.layer_slots();
+  double moe_layers = 0;
+  for (int64_t l = 0; l < L; ++l)
+    if (cfg_.is_moe_layer(l))
+      moe_layers += l < cfg_.num_layers ? 1.0
+                                        : static_cast<double>(cfg_.mtp_num_layers) /
+                                              static_cast<double>(cfg_.mtp_blocks());
   std::vector<std::string> names;
   for (MoeLoadBalancing t : {MoeLoadBalancing::kAuxLoss, MoeLoadBalancing::kSeqAuxLoss})
     if (cfg_.moe.coeff_of(t) > 0)
@@ -1374,11 +1382,17 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, const BatchSchedule::
   // the last stage's copy of the tied embeddings are left out); with the distributed optimizer
   // each data-parallel rank holds only its shards, so their sums are added over DP first.
   // Experts split over EP ranks are summed over their own groups (sum_over_model).
-  auto grad_squares = [&](ParamDomain d) {
-    return dist_optimizer_ ? dist_optimizer_->grad_sum_squares_unique(d)
-                           : grad_sum_squares_unique(*params_, d);
+  // --mtp-detach-heads: the MTP parameters are a norm group of their own (Megatron's
+  // grad_norm_group 'mtp'): left out of the logged norm, clipped by their own below.
+  const bool separate = cfg_.mtp_detach_heads && cfg_.mtp_num_layers > 0;
+  auto grad_squares_of = [&](NormGroup g) {
+    return [&, g](ParamDomain d) {
+      return dist_optimizer_ ? dist_optimizer_->grad_sum_squares_unique(d, g)
+                             : grad_sum_squares_unique(*params_, d, g);
+    };
   };
-  r.grad_norm = std::sqrt(sum_over_model(grad_squares));
+  r.grad_norm =
+      std::sqrt(sum_over_model(grad_squares_of(separate ? NormGroup::kMain : NormGroup::kAll)));
   if (nan_checks_) {
     if (!std::isfinite(r.grad_norm)) {
       throw std::runtime_error(
@@ -1399,6 +1413,24 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, const BatchSchedule::
   }
   // Clipping rides along with the update (one pass over the gradients instead of two).
   const double clip = clip_coefficient(args_.clip_grad, r.grad_norm);
+  if (separate && args_.clip_grad > 0) {
+    // The separate group's own factor, applied ahead of the update's common one.
+    const double norm = std::sqrt(sum_over_model(grad_squares_of(NormGroup::kSeparate)));
+    if (nan_checks_ && !std::isfinite(norm)) {
+      throw std::runtime_error(strprintf(
+          "found NaN or Inf in the multi-token prediction layers' gradient norm at iteration "
+          "%ld; lower --lr, or pass --no-check-for-nan-in-loss-and-grad",
+          static_cast<long>(iteration)));
+    }
+    const double ratio = clip_coefficient(args_.clip_grad, norm) / clip;
+    if (ratio != 1.0) {
+      if (dist_optimizer_) {
+        dist_optimizer_->scale_separate_grads(ratio);
+      } else {
+        scale_separate_grads(*params_, ratio);
+      }
+    }
+  }
   if (dist_optimizer_) {
     dist_optimizer_->step(rates, clip);
   } else {

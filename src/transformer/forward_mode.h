@@ -54,8 +54,9 @@ struct ForwardMode {
   bool aux_per_token = false;
   MoeAuxTracker* moe_tracker = nullptr;
   // A repeated MTP block's application (--mtp-use-repeated-layer): its MoE losses count
-  // moe_aux_share = 1 / depths of theirs, gradient and logged value (Megatron's division by
-  // mtp_num_layers), and its dropout streams are those of layer number + stream_layer_offset
+  // moe_aux_share = 1 / depths of theirs (Megatron's division by mtp_num_layers: the
+  // load-balancing losses' gradient and logged value, the z-loss's logged value), and its
+  // dropout streams are those of layer number + stream_layer_offset
   // (the streams the depth's own block would have).
   double moe_aux_share = 1.0;
   int64_t stream_layer_offset = 0;

@@ -92,6 +92,24 @@ std::string root(const std::string& arch) {
   return g_oracle_dir + "/" + arch;
 }
 
+// The logged gradient norm: every gradient's, or with --mtp-detach-heads all but the MTP
+// parameters' (Megatron's separate grad_norm_group 'mtp').
+double main_grad_norm(ParamSet& params, const TransformerConfig& c) {
+  return std::sqrt(grad_sum_squares_unique(
+      params, ParamDomain::kAll, c.mtp_detach_heads ? NormGroup::kMain : NormGroup::kAll));
+}
+
+// Clipping to 1.0 as the trainer's step does it: the main norm's factor for everything, then the
+// separate group's own factor for the MTP parameters with --mtp-detach-heads.
+void clip_as_the_trainer(ParamSet& params, const TransformerConfig& c) {
+  const double main = main_grad_norm(params, c);
+  clip_grads(params, 1.0, main);
+  if (!c.mtp_detach_heads) return;
+  const double mtp =
+      std::sqrt(grad_sum_squares_unique(params, ParamDomain::kAll, NormGroup::kSeparate));
+  scale_separate_grads(params, clip_coefficient(1.0, mtp) / clip_coefficient(1.0, main));
+}
+
 // Logits, loss, every gradient (`tensors` of them) and 10 AdamW steps of `arch` against PyTorch.
 void check_training_math(const std::string& arch, const std::string& pattern, size_t tensors,
                          const std::function<void(TransformerConfig&)>& variant = {}) {
@@ -120,7 +138,7 @@ void check_training_math(const std::string& arch, const std::string& pattern, si
   for (const auto& [name, g] : grads)
     EXPECT_TRUE(testing::allclose(g, expected.read("grad." + name), 1e-6, 1e-3))
         << "gradient of " << name;
-  const double norm = grad_norm(*l.params);
+  const double norm = main_grad_norm(*l.params, c);
   EXPECT_NEAR(norm, expected.read("grad_norm").item(0), 1e-4 * norm) << "grad norm";
 
   // 10 AdamW steps on the same batch: lr 1e-3, betas (0.9, 0.95), wd 0.1 on tensors of >= 2
@@ -135,7 +153,7 @@ void check_training_math(const std::string& arch, const std::string& pattern, si
     fresh.params->zero_grads();
     testing::set_mtp_gradients(c, B, S, sctx);
     fresh.model->backward(Tensor::full({B, S}, 1.0 / static_cast<double>(B * S)), sctx);
-    clip_grads(*fresh.params, 1.0, grad_norm(*fresh.params));
+    clip_as_the_trainer(*fresh.params, c);
     opt.step(1e-3);
   }
 }
@@ -253,8 +271,9 @@ TEST(NemotronHOracle, ExportRoundTrip) {
   check_export_round_trip("nemotron-h");
 }
 // Nemotron 3 Super's training form: the files' one MTP block applied at two depths
-// (mtp_use_repeated_layer: --mtp-num-layers 2 over one block), --mtp-detach-heads; the one
-// block's 21 tensors trained by both depths.
+// (mtp_use_repeated_layer: --mtp-num-layers 2 over one block), --mtp-detach-heads (the decoder's
+// output, the embeddings and the output weight detached; the MTP parameters clipped by their own
+// norm, the logged norm without them); the one block's 21 tensors trained by both depths.
 TEST(NemotronHMtpOracle, RepeatedLayerAndDetachedHeads) {
   const TransformerConfig file =
       read_nemotron_h_config(root("nemotron-h-mtp-repeated") + "/model").config;

@@ -243,7 +243,8 @@ NEMOTRON_H_MTP_CONFIG = dict(
     NEMOTRON_H_MOE_CONFIG, num_nextn_predict_layers=2,
     mtp_layers_block_type=["full_attention", "moe"], mtp_use_repeated_layer=False)
 # The files' one MTP block applied at two depths (Megatron core 0.19's mtp_use_repeated_layer, as
-# Nemotron 3 Super trains it), the depths reading the decoder's output and the embeddings detached
+# Nemotron 3 Super trains it), the depths reading the decoder's output, the embeddings and the
+# output weight detached, the MTP parameters clipped as a norm group of their own
 # (mtp_detach_heads): what the C++ side runs with --mtp-num-layers 2 --mtp-detach-heads
 # (megatron_mtp: keys only this script reads).
 NEMOTRON_H_MTP_REPEATED_CONFIG = dict(
@@ -1037,7 +1038,8 @@ def nemotron_h_forward(cfg, w, ids, mtp_logits=None):
                 y = nemotron_h_block(cfg, w, f"mtp.layers.{n + j}.", t, y, causal)
             last = f"mtp.layers.{n + len(mtp) - 1}."
             prev = rms_norm(y, w[last + "final_layernorm.weight"], eps)
-            mtp_logits.append(F.linear(prev, w["lm_head.weight"]))
+            head = w["lm_head.weight"]  # detached too with mtp_detach_heads (process_mtp_loss)
+            mtp_logits.append(F.linear(prev, head.detach() if detach else head))
     return F.linear(x, w["lm_head.weight"])
 
 
@@ -1156,6 +1158,18 @@ def nemotron_nas_forward(cfg, w, ids):
 ARCHS["nemotron-nas"] = (NEMOTRON_NAS_CONFIG, nemotron_nas_weights, nemotron_nas_forward)
 
 
+def clip(params, names, cfg):
+    """Megatron's clip_grad_norm: one norm over every gradient, or with mtp_detach_heads the
+    MTP parameters (grad_norm_group 'mtp') clipped by their own norm and left out of the main
+    one, which is returned (the logged grad norm)."""
+    separate = cfg.get("megatron_mtp", {}).get("detach_heads", False)
+    main = [params[n] for n in names if not (separate and n.startswith("mtp."))]
+    norm = torch.nn.utils.clip_grad_norm_(main, CLIP)
+    if separate:
+        torch.nn.utils.clip_grad_norm_([params[n] for n in names if n.startswith("mtp.")], CLIP)
+    return norm
+
+
 def lm_loss(logits, labels):
     return F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1))
 
@@ -1213,7 +1227,7 @@ def run(arch, out_dir, seed):
                 if params[n].grad is None:
                     raise RuntimeError(f"no gradient for {n}")
                 grads0[n] = params[n].grad.detach().clone()
-        norm = torch.nn.utils.clip_grad_norm_([params[n] for n in names], CLIP)
+        norm = clip(params, names, cfg)
         if step == 0:
             grad_norm0 = norm.detach().clone().reshape(1).to(torch.float32)
         opt.step()
@@ -1240,7 +1254,7 @@ def run(arch, out_dir, seed):
         _, loss, objective = objective_of()
         sgd_losses.append(loss.item())
         objective.backward()
-        torch.nn.utils.clip_grad_norm_([params[n] for n in names], CLIP)
+        clip(params, names, cfg)
         sgd.step()
     if not sgd_losses[-1] < sgd_losses[0]:
         raise RuntimeError(f"SGD did not reduce the loss: {sgd_losses}")

@@ -92,7 +92,7 @@ Tensor LMHead::loss(const Tensor& hidden, const Tensor& labels, Ctx& ctx) const 
   return swap(loss_sb, ctx.s, ctx.b);  // [s, b] -> [b, s]
 }
 
-Tensor LMHead::loss_backward(const Tensor& dloss, Ctx& ctx) const {
+Tensor LMHead::loss_backward(const Tensor& dloss, Ctx& ctx, bool weight_grad) const {
   const int64_t s = ctx.s, b = ctx.b, h = cfg_.hidden_size, n = s * b;
   check_shape(dloss, {b, s}, "LMHead dloss");
   Tensor d = dloss.dtype() == ctx.logits.dtype() ? dloss : dloss.to(ctx.logits.dtype());
@@ -110,7 +110,7 @@ Tensor LMHead::loss_backward(const Tensor& dloss, Ctx& ctx) const {
     vocab_parallel_cross_entropy_backward(dlogits, dloss_sb, ctx.logits, ctx.lse, ctx.targets,
                                           vocab_.start, cfg_.vocab_size);
   }
-  if (!bias.name.empty() && bias.main_grad.defined()) {
+  if (weight_grad && !bias.name.empty() && bias.main_grad.defined()) {
     Tensor db = bias.main_grad;
     ops::bias_backward(db, dlogits);
   }
@@ -120,7 +120,7 @@ Tensor LMHead::loss_backward(const Tensor& dloss, Ctx& ctx) const {
   Tensor dhidden = Tensor::empty({n, h}, ctx.lse.dtype(), ctx.lse.device());
   ops::matmul(dhidden, dl, false, w.value, false);
   Tensor dw = w.main_grad;  // undefined: frozen, no weight gradient (Param::requires_grad)
-  if (dw.defined()) ops::matmul(dw, dl, true, ctx.hidden, false, w.grad_beta());
+  if (weight_grad && dw.defined()) ops::matmul(dw, dl, true, ctx.hidden, false, w.grad_beta());
   dl = Tensor();
   dhidden = dhidden.view({s, b, h});
   Tensor dx = tp_.sp() ? gather_from_sequence_parallel_region_backward(dhidden, *tp_.group)

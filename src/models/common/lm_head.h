@@ -50,8 +50,9 @@ class LMHead {
   Tensor gathered_logits(const Tensor& hidden) const;
   // Per-token loss [b, s] of labels [b, s] i64 (f32, or f64 in f64 models).
   Tensor loss(const Tensor& hidden, const Tensor& labels, Ctx& ctx) const;
-  // dloss [b, s] -> the gradient of hidden [s', b, h]; accumulates the weight's main_grad.
-  Tensor loss_backward(const Tensor& dloss, Ctx& ctx) const;
+  // dloss [b, s] -> the gradient of hidden [s', b, h]; accumulates the weight's (and bias's)
+  // main_grad unless weight_grad is false (the weight detached: --mtp-detach-heads).
+  Tensor loss_backward(const Tensor& dloss, Ctx& ctx, bool weight_grad = true) const;
 
   const Param& weight() const { return word_embeddings_ ? *word_embeddings_ : own_weight; }
   // The weight this instance holds (untied, or the pipeline's tied copy), else empty.

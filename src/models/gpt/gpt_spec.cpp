@@ -28,11 +28,12 @@ int64_t activation_bytes(const ModelChunk& chunk, const TransformerConfig& cfg, 
       .micro_batch_size = mbs,
       .tp = tp,
       .sequence_parallel = st.sequence_parallel && tp > 1,
-      // The last stage runs the MTP depths' layers after its
-      // own (numbered after the decoder's, as activation_bytes_per_
-      // microbatch walks them).
+      // The last stage runs every MTP depth's layers after its own (numbered after the
+      // decoder's, as activation_bytes_per_microbatch walks them; a repeated block's
+      // applications each keep their own).
       .num_layers =
-          st.num_layers + (st.post_process && m.mtp ? cfg.layer_slots() - cfg.num_layers : 0),
+          st.num_layers +
+          (st.post_process && m.mtp ? cfg.mtp_num_layers * cfg.mtp_layers_per_depth() : 0),
       .first_layer = st.first_layer,
       .pre_process = st.pre_process,
       .post_process = st.post_process,

@@ -94,6 +94,9 @@ MultiTokenPrediction::MultiTokenPrediction(const TransformerConfig& cfg,
     for (auto& layer : d.layers)
       for (Fp8GemmScaling* g : layer->enable_fp8()) d.layer_fp8->add(g);
   }
+  // --mtp-detach-heads: Megatron tags the MTP parameters grad_norm_group 'mtp' (their own norm
+  // and clipping).
+  if (cfg.mtp_detach_heads) mark_separate_norm_group();
 }
 
 const MultiTokenPrediction::Depth& MultiTokenPrediction::block(int64_t k) const {
@@ -105,8 +108,17 @@ ForwardMode MultiTokenPrediction::application_mode(const ForwardMode& mode, int6
   if (cfg_.mtp_use_repeated_layer) {
     m.stream_layer_offset = k * cfg_.mtp_layers_per_depth();
     m.moe_aux_share = 1.0 / static_cast<double>(depths());
+    // FP8: the first application quantises the block's weights, the others reuse that copy
+    // (TE's is_first_microbatch turns false after a module's first call).
+    m.first_micro_batch = mode.first_micro_batch && k == 0;
   }
   return m;
+}
+
+void MultiTokenPrediction::mark_separate_norm_group() {
+  std::vector<Param*> ps;
+  collect(ps);
+  for (Param* p : ps) p->separate_norm = true;
 }
 
 std::vector<Fp8Region*> MultiTokenPrediction::fp8_regions() const {
@@ -205,7 +217,8 @@ Tensor MultiTokenPrediction::backward(const std::vector<Tensor>& dlosses,
   for (int64_t k = D - 1; k >= 0; --k) {
     const Depth& L = block(k);
     Ctx::Depth& c = ctx.depths[static_cast<size_t>(k)];
-    Tensor dh = head.loss_backward(dlosses[static_cast<size_t>(k)], c.head);
+    // --mtp-detach-heads: the output weight is detached too (Megatron's process_mtp_loss).
+    Tensor dh = head.loss_backward(dlosses[static_cast<size_t>(k)], c.head, !cfg_.mtp_detach_heads);
     if (dprev.defined()) ops::add_inplace(dh, dprev.view(dh.shape()));
     if (ctx.recompute) {
       // The same forward from the same inputs and mode: the rebuilt Ctx is the dropped one

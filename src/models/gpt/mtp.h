@@ -93,6 +93,8 @@ class MultiTokenPrediction {
                   const LMHead& head, Ctx& ctx) const;
 
   void collect(std::vector<Param*>& out);
+  // Param::separate_norm on every parameter of the blocks (--mtp-detach-heads).
+  void mark_separate_norm_group();
   // FP8: every depth's two regions, in order (checkpointed and registered through the chunk's
   // fp8_regions()); empty without.
   std::vector<Fp8Region*> fp8_regions() const;

@@ -127,9 +127,12 @@ void TopKRouter::forward(const Tensor& x, int64_t batch, Ctx& ctx, const Forward
   // With --calculate-per-token-loss gradients are summed, not averaged: the micro-batch's tokens
   // instead, as the main loss's gradient is divided by the global token count later.
   const double grad_scale =
-      mode.aux_loss_scale * mode.moe_aux_share *
+      mode.aux_loss_scale *
       (mode.aux_per_token ? static_cast<double>(T) * tp_cp : static_cast<double>(tp_.cp.size()));
-  const double share = mode.moe_aux_share;  // of the logged values too
+  // A repeated MTP block's application: the load-balancing losses count its share in gradient
+  // and log, the z-loss in the log only (Megatron 0.19 attaches the z-loss's gradient before
+  // dividing it by mtp_num_layers).
+  const double share = mode.moe_aux_share;
   const double aux_coeff = m.coeff_of(MoeLoadBalancing::kAuxLoss);
   const double seq_coeff = m.coeff_of(MoeLoadBalancing::kSeqAuxLoss);
   if (aux_coeff == 0 && seq_coeff == 0 && m.z_loss_coeff == 0) return;
@@ -149,7 +152,7 @@ void TopKRouter::forward(const Tensor& x, int64_t batch, Ctx& ctx, const Forward
       sum_over_tp_cp(counts, tp_);
       const double loss =
           moe::aux_loss(a, T, E, m.router_topk, counts, static_cast<double>(T) * tp_cp, aux_coeff,
-                        grad_scale, &dscores);
+                        share * grad_scale, &dscores);
       ctx.logged.emplace_back("load_balancing_loss", share * loss / aux_coeff);
     }
     if (seq_coeff > 0) {
@@ -157,7 +160,7 @@ void TopKRouter::forward(const Tensor& x, int64_t batch, Ctx& ctx, const Forward
       sum_over_tp_cp(counts, tp_);
       const double seq_tokens = static_cast<double>(T / batch) * tp_cp;
       const double loss = moe::seq_aux_loss(a, T, E, m.router_topk, batch, counts, seq_tokens,
-                                            seq_coeff, grad_scale, &dscores);
+                                            seq_coeff, share * grad_scale, &dscores);
       ctx.logged.emplace_back("seq_load_balancing_loss", share * loss / seq_coeff);
     }
     moe::aux_scores_backward(ctx.logits, T, m, dscores, ctx.dlogits_aux);
