@@ -841,6 +841,12 @@ class TestHybridMtp(unittest.TestCase):
              "--hybrid-layer-pattern", "ME*E/-E/-E"], TIMEOUT_S)
         self.assertEqual(other.returncode, 2, other.stderr[-2000:])
         self.assertIn("hybrid_mtp_layers", other.stderr)
+        # Two blocks saved, one repeated block asked (the model's flags given, not the
+        # checkpoint's): refused by the load, naming the setting.
+        repeated = run(1, *self.HYBRID, "--hybrid-layer-pattern", self.PATTERN,
+                       "--mtp-use-repeated-layer", "--load", ck, "--exit-interval", "7",
+                       expect_rc=2)
+        self.assertIn("mtp_use_repeated_layer", repeated.stderr)
         # Bad patterns and layouts: exit 2 on every rank, the message naming the flag.
         for flags, text in (
                 (["--hybrid-layer-pattern", "ME|*E", PP, "2",

@@ -264,9 +264,12 @@ class TestParallelEquivalence(unittest.TestCase):
         self.check_equivalent([m for m in mtp if m != "--untie-embeddings-and-output-weights"],
                               [l for l in layouts if l[0] in ("pp2", "tp2+sp")], mtp_depths=2)
         # Megatron core 0.19's repeated block (one block at both depths, each application with
-        # its depth's dropout streams) with detached heads.
+        # its depth's dropout streams) with detached heads (the MTP parameters clipped by their
+        # own norm: on the distributed optimizer's shards too).
         self.check_equivalent([*mtp, "--mtp-use-repeated-layer", "--mtp-detach-heads"],
-                              [l for l in layouts if l[0] in ("pp2", "tp2+sp")], mtp_depths=2)
+                              [l for l in layouts if l[0] in ("pp2", "tp2+sp",
+                                                              "dp2 distributed optimizer")],
+                              mtp_depths=2)
         deepseek = ["--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu",
                     "--disable-bias-linear", "--untie-embeddings-and-output-weights",
                     "--multi-latent-attention", "--q-lora-rank", "24", "--kv-lora-rank", "16",
