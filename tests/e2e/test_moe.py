@@ -85,6 +85,23 @@ def run(ranks, *args, expect_rc=0):
     return proc
 
 
+def training_flags():
+    """MOE without its model flags: what a run resuming with --use-checkpoint-args passes."""
+    valued = {"--num-layers", "--hidden-size", "--num-attention-heads",
+              "--position-embedding-type", "--normalization", "--num-experts",
+              "--moe-router-topk", "--moe-ffn-hidden-size"}
+    switches = {"--swiglu", "--disable-bias-linear", "--untie-embeddings-and-output-weights"}
+    out, i = [], 0
+    while i < len(MOE):
+        if MOE[i] in valued:
+            i += 2
+            continue
+        if MOE[i] not in switches:
+            out.append(MOE[i])
+        i += 1
+    return out
+
+
 def oracle_model(arch):
     """A Hugging Face directory of the PyTorch oracle's tiny `arch` (tests/reference)."""
     oracle = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference",
@@ -365,19 +382,7 @@ class TestHybridMamba(unittest.TestCase):
         want = curve(run(4, *saved))[7]
         ck = tempfile.mkdtemp(prefix="ck_", dir=TMP.name)
         run(4, *saved, "--save", ck, "--exit-interval", "6")
-        valued = {"--num-layers", "--hidden-size", "--num-attention-heads",
-                  "--position-embedding-type", "--normalization", "--num-experts",
-                  "--moe-router-topk", "--moe-ffn-hidden-size"}
-        switches = {"--swiglu", "--disable-bias-linear", "--untie-embeddings-and-output-weights"}
-        training = []
-        i = 0
-        while i < len(MOE):
-            if MOE[i] in valued:
-                i += 2
-                continue
-            if MOE[i] not in switches:
-                training.append(MOE[i])
-            i += 1
+        training = training_flags()
         resumed = megatron_job.run_train(
             MEGATRON, MPIEXEC, 1,
             [*training, "--load", ck, "--exit-interval", "7", "--use-checkpoint-args"],
@@ -806,18 +811,7 @@ class TestHybridMtp(unittest.TestCase):
         want = self.curve(run(2, *saved))[7]
         ck = tempfile.mkdtemp(prefix="ck_mtp_", dir=TMP.name)
         run(2, *saved, "--save", ck, "--exit-interval", "6")
-        valued = {"--num-layers", "--hidden-size", "--num-attention-heads",
-                  "--position-embedding-type", "--normalization", "--num-experts",
-                  "--moe-router-topk", "--moe-ffn-hidden-size"}
-        switches = {"--swiglu", "--disable-bias-linear", "--untie-embeddings-and-output-weights"}
-        training, i = [], 0
-        while i < len(MOE):
-            if MOE[i] in valued:
-                i += 2
-                continue
-            if MOE[i] not in switches:
-                training.append(MOE[i])
-            i += 1
+        training = training_flags()
         resumed = megatron_job.run_train(
             MEGATRON, MPIEXEC, 1,
             [*training, "--load", ck, "--exit-interval", "7", "--use-checkpoint-args"],
