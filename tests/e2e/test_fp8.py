@@ -387,6 +387,15 @@ class TestMultiTokenPrediction(unittest.TestCase):
                                     "--recompute-method", "uniform", "--recompute-num-layers",
                                     "1"))
         self.assertEqual(recomputed, straight)
+        # One block at both depths (--mtp-use-repeated-layer): its weights quantised by the
+        # first application and reused by the second (TE's is_first_microbatch), so recomputing
+        # depth 1 reads the copy its forward read.
+        repeated = [*fp8, "--mtp-use-repeated-layer"]
+        once = self.lines(run(1, *repeated))
+        self.assertNotEqual(once, straight)
+        self.assertEqual(self.lines(run(1, *repeated, "--recompute-granularity", "full",
+                                        "--recompute-method", "uniform",
+                                        "--recompute-num-layers", "1")), once)
 
     def test_layouts_and_recipes_track_bf16(self):
         # tp2 + SP against one process: the amaxes reduced over TP as the decoder's (the
