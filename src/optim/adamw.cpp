@@ -39,7 +39,8 @@ void AdamW::step(const StepRates& rates, double grad_scale) {
     Tensor rounded = p->value.raw() != p->main.raw() ? p->value.view({n}) : Tensor();
     if (cfg_.sgd()) {
       Tensor buf = cfg_.states() >= 1 ? exp_avg_.flat_view(off, {n}) : Tensor();
-      ops::sgd_step(w, buf, p->main_grad.view({n}), sgd_spec(cfg_, rates, *p, step_, grad_scale),
+      ops::sgd_step(w, buf, p->main_grad.view({n}),
+                    sgd_spec(cfg_, rates, *p, step_, rates.grad_scale_of(*p, grad_scale)),
                     rounded.defined() ? &rounded : nullptr);
       continue;
     }
@@ -51,7 +52,7 @@ void AdamW::step(const StepRates& rates, double grad_scale) {
     spec.eps = static_cast<float>(cfg_.eps);
     spec.weight_decay = static_cast<float>(rates.decay_of(*p));
     spec.step = step_;
-    spec.grad_scale = grad_scale;
+    spec.grad_scale = rates.grad_scale_of(*p, grad_scale);
     ops::adamw_step(w, m, v, p->main_grad.view({n}), spec, rounded.defined() ? &rounded : nullptr);
   }
 }
@@ -98,11 +99,6 @@ double grad_sum_squares_unique(ParamSet& params, ParamDomain only, NormGroup gro
       sum += ops::sum_squares(p->main_grad);
   }
   return sum;
-}
-
-void scale_separate_grads(ParamSet& params, double factor) {
-  for (Param* p : params.params())
-    if (p->separate_norm && p->main_grad.defined()) ops::scale_inplace(p->main_grad, factor);
 }
 
 int64_t grad_zeros_unique(ParamSet& params, ParamDomain only) {

@@ -48,6 +48,12 @@ struct StepRates {
   // The rate and decay of parameter p.
   double lr_of(const Param& p) const { return p.is_embedding_or_output ? embedding_lr : lr; }
   double decay_of(const Param& p) const { return p.no_weight_decay ? 0.0 : weight_decay; }
+  // The clipping factor of the separate norm group's parameters (Param::separate_norm,
+  // --mtp-detach-heads), which the step applies instead of its common one; < 0: none.
+  double separate_grad_scale = -1;
+  double grad_scale_of(const Param& p, double grad_scale) const {
+    return p.separate_norm && separate_grad_scale >= 0 ? separate_grad_scale : grad_scale;
+  }
 };
 
 class AdamW {
@@ -99,8 +105,6 @@ double grad_sum_squares_unique(ParamSet& params, ParamDomain only = ParamDomain:
 enum class NormGroup : uint8_t { kAll, kMain, kSeparate };
 bool in_norm_group(const Param& p, NormGroup group);
 double grad_sum_squares_unique(ParamSet& params, ParamDomain only, NormGroup group);
-// Scales the gradients of the separate group's parameters by `factor` (their own clipping).
-void scale_separate_grads(ParamSet& params, double factor);
 // The zero elements of those same gradients (Megatron's count_zeros_fp32 before its model-parallel
 // sum), for --log-num-zeros-in-grad.
 int64_t grad_zeros_unique(ParamSet& params, ParamDomain only = ParamDomain::kAll);

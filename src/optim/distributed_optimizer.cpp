@@ -86,11 +86,12 @@ void DistributedOptimizer::step(const StepRates& rates, double grad_scale) {
     Tensor w = main_of(s);
     spec.lr = static_cast<float>(rates.lr_of(*s.param));
     spec.weight_decay = static_cast<float>(rates.decay_of(*s.param));
+    spec.grad_scale = rates.grad_scale_of(*s.param, grad_scale);
     Tensor rounded = round && !s.param->fp8 ? compute_of(s) : Tensor();
     Tensor* r = rounded.defined() ? &rounded : nullptr;
     if (cfg_.sgd()) {
       Tensor buf = cfg_.states() >= 1 ? exp_avg_.group(group) : Tensor();
-      ops::sgd_step(w, buf, grad_of(s), sgd_spec(cfg_, rates, *s.param, step_, grad_scale), r);
+      ops::sgd_step(w, buf, grad_of(s), sgd_spec(cfg_, rates, *s.param, step_, spec.grad_scale), r);
       continue;
     }
     Tensor m, v;
@@ -296,14 +297,6 @@ double DistributedOptimizer::grad_sum_squares_unique(ParamDomain only, NormGroup
       sum += ops::sum_squares(grad_of(s));
   }
   return sum;
-}
-
-void DistributedOptimizer::scale_separate_grads(double factor) {
-  for (const Segment& s : segments_) {
-    if (!s.param->separate_norm) continue;
-    Tensor g = grad_of(s);
-    ops::scale_inplace(g, factor);
-  }
 }
 
 double DistributedOptimizer::main_sum_squares_unique(ParamDomain only) const {

@@ -94,8 +94,6 @@ class DistributedOptimizer final : public ParamGate {
   // This rank's share of the squared global gradient norm (see the file comment), in double.
   double grad_sum_squares_unique(ParamDomain only = ParamDomain::kAll,
                                  NormGroup group = NormGroup::kAll) const;
-  // Scales the owned gradient elements of the separate norm group's parameters.
-  void scale_separate_grads(double factor);
   // The same for the owned fp32 main weights (the parameter norm when the weights are sharded;
   // frozen parameters left out, as params_sum_squares_unique does).
   double main_sum_squares_unique(ParamDomain only = ParamDomain::kAll) const;

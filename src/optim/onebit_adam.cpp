@@ -28,8 +28,7 @@ void OneBitAdam::step(const StepRates& rates, double grad_scale) {
   if (step_ == 1) return;  // DeepSpeed's initialisation call: nothing moves
   const float b1 = static_cast<float>(cfg_.beta1), b2 = static_cast<float>(cfg_.beta2);
   const float eps = static_cast<float>(cfg_.eps);
-  // The clipping factor rounded to f32 and applied to each gradient as an in-place scaling would.
-  const float gs = static_cast<float>(grad_scale);
+
   float* main = params_.main().data<float>();
   const float* grads = params_.grads().data<float>();
   float* m_all = exp_avg_.data<float>();
@@ -43,6 +42,9 @@ void OneBitAdam::step(const StepRates& rates, double grad_scale) {
     const float* g = grads + off;
     const float lr = static_cast<float>(rates.lr_of(*p));
     const float wd = static_cast<float>(rates.decay_of(*p));
+    // The clipping factor rounded to f32 and applied to each gradient as an in-place scaling
+    // would (the separate norm group's own, if any).
+    const float gs = static_cast<float>(rates.grad_scale_of(*p, grad_scale));
     if (!compressing_) {
       for (int64_t i = 0; i < n; ++i) {
         const float gi = g[i] * gs;

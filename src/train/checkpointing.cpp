@@ -109,7 +109,8 @@ nlohmann::json model_args_json(const Arguments& a, const TransformerConfig& cfg)
       {"multi_latent_attention", cfg.mla.enabled},
       {"mtp_num_layers", cfg.mtp_num_layers},
       {"mtp_loss_scaling_factor", cfg.mtp_loss_scaling_factor},
-      {"mtp_use_repeated_layer", cfg.mtp_use_repeated_layer},
+      // Compared: whether the depths share one block (with one depth the same tensors).
+      {"mtp_use_repeated_layer", cfg.mtp_blocks() < cfg.mtp_num_layers},
       {"mtp_detach_heads", cfg.mtp_detach_heads},
       {"q_lora_rank", cfg.mla.enabled ? cfg.mla.q_lora_rank : 0},
       {"kv_lora_rank", cfg.mla.enabled ? cfg.mla.kv_lora_rank : 0},

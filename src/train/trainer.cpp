@@ -996,15 +996,14 @@ void Trainer::add_moe_terms(LossTerms* terms) {
   // its share of the micro-batch), averaged over DP; then per name the mean over the MoE layers
   // and micro-batches. Names in a fixed order on every rank, so the collectives pair up.
   const ParallelState& ps = *parallel_;
-  // The mean is over the MoE layers run: a repeated MTP block's counted once per depth, as
-  // Megatron counts mtp_num_layers of them (each application logged 1 / depths of its losses).
-  const int64_t L = cfg_.layer_slots();
-  double moe_layers = 0;
-  for (int64_t l = 0; l < L; ++l)
-    if (cfg_.is_moe_layer(l))
-      moe_layers += l < cfg_.num_layers ? 1.0
-                                        : static_cast<double>(cfg_.mtp_num_layers) /
-                                              static_cast<double>(cfg_.mtp_blocks());
+  // The mean's divisor is Megatron's counter (_count_moe_layers), so that the logged numbers
+  // compare: the decoder's MoE layers (a hybrid model's E layers, its MTP pattern's counted once
+  // per depth) plus mtp_num_layers whatever the MTP layers are.
+  const int64_t L = cfg_.layer_slots(), D = cfg_.mtp_num_layers;
+  int64_t moe_layers = D;
+  for (int64_t l = 0; l < cfg_.num_layers; ++l) moe_layers += cfg_.is_moe_layer(l) ? 1 : 0;
+  const std::string& mtp = cfg_.mamba.mtp_layers;
+  moe_layers += D * static_cast<int64_t>(std::count(mtp.begin(), mtp.end(), 'E'));
   std::vector<std::string> names;
   for (MoeLoadBalancing t : {MoeLoadBalancing::kAuxLoss, MoeLoadBalancing::kSeqAuxLoss})
     if (cfg_.moe.coeff_of(t) > 0)
@@ -1413,8 +1412,9 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, const BatchSchedule::
   }
   // Clipping rides along with the update (one pass over the gradients instead of two).
   const double clip = clip_coefficient(args_.clip_grad, r.grad_norm);
+  StepRates step_rates = rates;
   if (separate && args_.clip_grad > 0) {
-    // The separate group's own factor, applied ahead of the update's common one.
+    // The separate group's own factor, which the step applies to its parameters instead.
     const double norm = std::sqrt(sum_over_model(grad_squares_of(NormGroup::kSeparate)));
     if (nan_checks_ && !std::isfinite(norm)) {
       throw std::runtime_error(strprintf(
@@ -1422,19 +1422,12 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, const BatchSchedule::
           "%ld; lower --lr, or pass --no-check-for-nan-in-loss-and-grad",
           static_cast<long>(iteration)));
     }
-    const double ratio = clip_coefficient(args_.clip_grad, norm) / clip;
-    if (ratio != 1.0) {
-      if (dist_optimizer_) {
-        dist_optimizer_->scale_separate_grads(ratio);
-      } else {
-        scale_separate_grads(*params_, ratio);
-      }
-    }
+    step_rates.separate_grad_scale = clip_coefficient(args_.clip_grad, norm);
   }
   if (dist_optimizer_) {
-    dist_optimizer_->step(rates, clip);
+    dist_optimizer_->step(step_rates, clip);
   } else {
-    optimizer_->step(rates, clip);
+    optimizer_->step(step_rates, clip);
   }
   if (onebit_) report_onebit_traffic(iteration, compressed_step, dp_bytes0);
   timers_.add("optimizer", phase.elapsed());

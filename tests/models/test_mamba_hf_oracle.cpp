@@ -99,15 +99,15 @@ double main_grad_norm(ParamSet& params, const TransformerConfig& c) {
       params, ParamDomain::kAll, c.mtp_detach_heads ? NormGroup::kMain : NormGroup::kAll));
 }
 
-// Clipping to 1.0 as the trainer's step does it: the main norm's factor for everything, then the
-// separate group's own factor for the MTP parameters with --mtp-detach-heads.
-void clip_as_the_trainer(ParamSet& params, const TransformerConfig& c) {
-  const double main = main_grad_norm(params, c);
-  clip_grads(params, 1.0, main);
-  if (!c.mtp_detach_heads) return;
-  const double mtp =
-      std::sqrt(grad_sum_squares_unique(params, ParamDomain::kAll, NormGroup::kSeparate));
-  scale_separate_grads(params, clip_coefficient(1.0, mtp) / clip_coefficient(1.0, main));
+// An AdamW step (lr 1e-3, decay 0.1) with clipping to 1.0 as the trainer's: the main norm's
+// factor, and with --mtp-detach-heads the MTP parameters' own.
+void step_as_the_trainer(AdamW& opt, ParamSet& params, const TransformerConfig& c) {
+  StepRates rates{1e-3, 1e-3, 0.1};
+  if (c.mtp_detach_heads) {
+    rates.separate_grad_scale = clip_coefficient(
+        1.0, std::sqrt(grad_sum_squares_unique(params, ParamDomain::kAll, NormGroup::kSeparate)));
+  }
+  opt.step(rates, clip_coefficient(1.0, main_grad_norm(params, c)));
 }
 
 // Logits, loss, every gradient (`tensors` of them) and 10 AdamW steps of `arch` against PyTorch.
@@ -153,8 +153,7 @@ void check_training_math(const std::string& arch, const std::string& pattern, si
     fresh.params->zero_grads();
     testing::set_mtp_gradients(c, B, S, sctx);
     fresh.model->backward(Tensor::full({B, S}, 1.0 / static_cast<double>(B * S)), sctx);
-    clip_as_the_trainer(*fresh.params, c);
-    opt.step(1e-3);
+    step_as_the_trainer(opt, *fresh.params, c);
   }
 }
 
