@@ -171,12 +171,6 @@ double TransformerConfig::attention_scale() const {
   return softmax_scale > 0 ? softmax_scale : 1.0 / std::sqrt(static_cast<double>(kv_channels));
 }
 
-int64_t TransformerConfig::num_moe_layer_slots() const {
-  int64_t n = 0;
-  for (int64_t l = 0; l < layer_slots(); ++l) n += is_moe_layer(l) ? 1 : 0;
-  return n;
-}
-
 int64_t pad_vocab_size(int64_t vocab, int64_t divisible_by, int64_t tp) {
   MEGATRON_CHECK(divisible_by > 0, "--make-vocab-size-divisible-by must be positive, got ",
                  divisible_by);

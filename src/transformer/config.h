@@ -160,8 +160,6 @@ struct TransformerConfig {
   bool is_moe_layer(int64_t layer) const {
     return mamba.enabled() ? mamba.layer_type(layer) == 'E' : moe.is_moe_layer(layer);
   }
-  // MoE layers among layer_slots().
-  int64_t num_moe_layer_slots() const;
   Fp8Config fp8;  // FP8 GEMMs (--fp8-format; default: off)
   // A vision-language model's vision encoder and projector (--model llava; default: none).
   // seq_length is then the language model's combined sequence (text and image embeddings).

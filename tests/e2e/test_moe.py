@@ -112,6 +112,28 @@ def oracle_model(arch):
     return os.path.join(out, "model")
 
 
+def train_nemotron_h_and_convert_back(test, arch, *extra):
+    """The oracle's `arch` NemotronH trained 2 iterations at ep2 from --pretrained-checkpoint,
+    then `megatron convert` back to Hugging Face: (the oracle's directory, the training run, the
+    checkpoint, the converted directory, its config.json)."""
+    hf = oracle_model(arch)
+    ck = tempfile.mkdtemp(prefix="ck_", dir=TMP.name)
+    args = ["--model", "mamba", "--mock-data", "--pretrained-checkpoint", hf,
+            "--seq-length", "16", "--micro-batch-size", "1", "--global-batch-size", "2",
+            "--train-iters", "2", "--eval-iters", "0", "--num-threads", "1",
+            "--save", ck, "--log-interval", "1", EP, "2", "--tokenizer-type", "NullTokenizer",
+            *extra]
+    proc = megatron_job.run_train(MEGATRON, MPIEXEC, 2, args, TIMEOUT_S)
+    test.assertEqual(proc.returncode, 0, proc.stdout[-2000:] + proc.stderr[-2000:])
+    back = tempfile.mkdtemp(prefix=arch + "_back_", dir=TMP.name)
+    conv = subprocess.run([MEGATRON, "convert", "--model", "mamba", "--load", ck,
+                           "--save-hf", back], capture_output=True, text=True, timeout=TIMEOUT_S)
+    test.assertEqual(conv.returncode, 0, conv.stdout[-2000:] + conv.stderr[-2000:])
+    with open(os.path.join(back, "config.json")) as f:
+        cfg = json.load(f)
+    return hf, proc, ck, back, cfg
+
+
 def curve(proc):
     """{iteration: {field: float}} of the fields that must follow the single-process run."""
     return {it: {k: float(v) for k, v in f.items() if k in FIELDS}
@@ -443,23 +465,10 @@ class TestHybridMamba(unittest.TestCase):
         # flags from config.json (no --moe-layer-freq: the E layers), trains at ep2 with the expert bias updated
         # (aux-loss-free balancing), and `megatron convert` writes the trained router, bias and
         # experts back under NemotronH's names, exactly.
-        hf = oracle_model("nemotron-h-moe")
-        ck = tempfile.mkdtemp(prefix="ck_", dir=TMP.name)
-        args = ["--model", "mamba", "--mock-data", "--pretrained-checkpoint", hf,
-                "--seq-length", "16", "--micro-batch-size", "1", "--global-batch-size", "2",
-                "--train-iters", "2", "--lr", "1e-4", "--eval-iters", "0", "--num-threads", "1",
-                "--save", ck, "--log-interval", "1", EP, "2", "--tokenizer-type", "NullTokenizer"]
-        proc = megatron_job.run_train(MEGATRON, MPIEXEC, 2, args, TIMEOUT_S)
-        self.assertEqual(proc.returncode, 0, proc.stdout[-2000:] + proc.stderr[-2000:])
+        hf, proc, ck, back, cfg = train_nemotron_h_and_convert_back(self, "nemotron-h-moe",
+                                                                     "--lr", "1e-4")
         self.assertIn("loaded pretrained weights", proc.stdout)
         self.assertIn("ME*-E", proc.stdout)
-        back = os.path.join(TMP.name, "nemotron_h_moe_back")
-        conv = subprocess.run([MEGATRON, "convert", "--model", "mamba", "--load", ck,
-                               "--save-hf", back], capture_output=True, text=True,
-                              timeout=TIMEOUT_S)
-        self.assertEqual(conv.returncode, 0, conv.stdout[-2000:] + conv.stderr[-2000:])
-        with open(os.path.join(back, "config.json")) as f:
-            cfg = json.load(f)
         self.assertEqual((cfg["hybrid_override_pattern"], cfg["n_routed_experts"],
                           cfg["routed_scaling_factor"], cfg["norm_topk_prob"]),
                          ("ME*-E", 4, 2.5, True))
@@ -774,24 +783,11 @@ class TestHybridMtp(unittest.TestCase):
         # with --mtp-num-layers 2 (the block at both depths), two depths' losses logged; the
         # export holds the one trained block (num_nextn_predict_layers 1, repeated) under the
         # files' names.
-        hf = oracle_model("nemotron-h-mtp-repeated")
-        ck = tempfile.mkdtemp(prefix="ck_", dir=TMP.name)
-        args = ["--model", "mamba", "--mock-data", "--pretrained-checkpoint", hf,
-                "--seq-length", "16", "--micro-batch-size", "1", "--global-batch-size", "2",
-                "--train-iters", "2", "--lr", "1e-3", "--eval-iters", "0", "--num-threads", "1",
-                "--save", ck, "--log-interval", "1", EP, "2", "--tokenizer-type", "NullTokenizer",
-                "--mtp-num-layers", "2", "--mtp-detach-heads"]
-        proc = megatron_job.run_train(MEGATRON, MPIEXEC, 2, args, TIMEOUT_S)
-        self.assertEqual(proc.returncode, 0, proc.stdout[-2000:] + proc.stderr[-2000:])
+        hf, proc, ck, back, cfg = train_nemotron_h_and_convert_back(
+            self, "nemotron-h-mtp-repeated", "--lr", "1e-3", "--mtp-num-layers", "2",
+            "--mtp-detach-heads")
         lines = megatron_log.iteration_lines(proc.stdout)
         self.assertTrue(all("mtp_2 loss" in lines[it] for it in lines))
-        back = os.path.join(TMP.name, "nemotron_h_mtp_back")
-        conv = subprocess.run([MEGATRON, "convert", "--model", "mamba", "--load", ck,
-                               "--save-hf", back], capture_output=True, text=True,
-                              timeout=TIMEOUT_S)
-        self.assertEqual(conv.returncode, 0, conv.stdout[-2000:] + conv.stderr[-2000:])
-        with open(os.path.join(back, "config.json")) as f:
-            cfg = json.load(f)
         self.assertEqual((cfg["num_nextn_predict_layers"], cfg["mtp_use_repeated_layer"],
                           cfg["mtp_hybrid_override_pattern"]), (1, True, "*E"))
         hf_in, _ = checkpoint_reader.read_safetensors(os.path.join(hf, "model.safetensors"))

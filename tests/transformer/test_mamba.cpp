@@ -419,7 +419,6 @@ TEST(HybridMtp, LayersNumbersTypesAndNames) {
   c.position_embedding = PositionEmbedding::kNone;
   c.finalize();
   EXPECT_EQ(c.layer_slots(), 6);
-  EXPECT_EQ(c.num_moe_layer_slots(), 3);
   const std::string types = {c.mamba.layer_type(0), c.mamba.layer_type(1), c.mamba.layer_type(2),
                              c.mamba.layer_type(3), c.mamba.layer_type(4), c.mamba.layer_type(5)};
   EXPECT_EQ(types, "ME*E*E");
