@@ -108,6 +108,22 @@ const std::vector<OwnFlag>& own_train_flags() {
        "Megatron core 0.19's TransformerConfig.mtp_use_repeated_layer (a flag there)"},
       {"--mtp-detach-heads",
        "Megatron core 0.19's TransformerConfig.mtp_detach_heads (a flag there)"},
+      {"--window-size", "Megatron core 0.19's sliding-window attention flag (gpt-oss)"},
+      {"--window-attn-skip-freq", "Megatron core 0.19's flag (gpt-oss: 2)"},
+      {"--softmax-type",
+       "Megatron core 0.19's TransformerConfig.softmax_type (a flag there; gpt-oss's sinks)"},
+      {"--quick-geglu", "Megatron core 0.19's flag (gpt-oss's MLP)"},
+      {"--glu-linear-offset", "Megatron core 0.19's TransformerConfig.glu_linear_offset"},
+      {"--activation-func-clamp-value",
+       "Megatron core 0.19's TransformerConfig.activation_func_clamp_value"},
+      {"--yarn-original-max-position-embeddings",
+       "Megatron core 0.19's YaRN on ordinary attention (--position-embedding-type yarn)"},
+      {"--yarn-beta-fast", "Megatron core 0.19's YaRN on ordinary attention"},
+      {"--yarn-beta-slow", "Megatron core 0.19's YaRN on ordinary attention"},
+      {"--yarn-correction-range-round-to-int",
+       "Megatron core 0.19's YaRN on ordinary attention (default on)"},
+      {"--no-yarn-correction-range-round-to-int",
+       "Megatron core 0.19's YaRN on ordinary attention (gpt-oss: off)"},
   };
   return own;
 }

@@ -96,6 +96,36 @@ void register_model_args(ArgTable& t, Arguments& a) {
         "Layers without RoPE (Llama 4's NoPE layers): N, every N-th layer (the N-th, 2N-th, "
         "...), or a list expression with one 0/1 per layer, 1 skipping RoPE, e.g. "
         "([0]*3+[1])*3");
+  t.add("--window-size", a.window_size,
+        "Sliding-window attention \"L,R\": each query sees the L keys before it (R after it: 0 "
+        "for causal models; -1 unbounded)");
+  t.add("--window-attn-skip-freq", a.window_attn_skip_freq,
+        "Layers with full attention among the sliding-window ones: N, every N-th layer, or a "
+        "list expression with one 0/1 per layer, 1 for the window, e.g. \"[1,1,1,0]*3\"");
+  t.add("--softmax-type", a.softmax_type,
+        "Attention softmax: vanilla, off-by-one (1 added to each row's denominator) or learnable "
+        "(a learned sink logit per head, gpt-oss's sinks)");
+  t.flag("--quick-geglu", a.quick_geglu,
+         "Gated MLP with quick GELU, x sigmoid(1.702 x), on the gate (gpt-oss)");
+  t.add("--glu-linear-offset", a.glu_linear_offset,
+        "Added to the gated MLP's linear half before the product (gpt-oss: 1)");
+  t.add("--activation-func-clamp-value", a.activation_func_clamp_value,
+        "Gated MLP: the gate clamped above at this value and the linear half to [-v, v] "
+        "(gpt-oss: 7)");
+  t.add("--yarn-original-max-position-embeddings", a.yarn_original_max_position_embeddings,
+        "--position-embedding-type yarn: the original context YaRN's correction range is "
+        "computed for (default 4096)");
+  t.add("--yarn-beta-fast", a.yarn_beta_fast,
+        "--position-embedding-type yarn: the fast boundary's rotations (default 32)");
+  t.add("--yarn-beta-slow", a.yarn_beta_slow,
+        "--position-embedding-type yarn: the slow boundary's rotations (default 1)");
+  t.flag("--yarn-correction-range-round-to-int", a.yarn_correction_range_round_to_int,
+         "--position-embedding-type yarn: round the correction range outwards to whole pairs "
+         "(the default)");
+  t.negative_flag("--no-yarn-correction-range-round-to-int", "yarn_correction_range_round_to_int",
+                  a.yarn_correction_range_round_to_int,
+                  "--position-embedding-type yarn: keep the correction range's ends fractional "
+                  "(Hugging Face's rope_scaling truncate false, gpt-oss)");
   t.add("--hybrid-attention-ratio", a.hybrid_attention_ratio,
         "Hybrid Mamba models: the share of attention layers, spread evenly between the Mamba "
         "layers (Megatron's allocate_layers)");

@@ -157,9 +157,12 @@ struct Blocks {
       query.push_back(std::move(qs));
     }
   }
-  // Whether any query of chunk q sees a key of the chunk starting at kv_start.
+  // Whether any query of chunk q sees a key of the chunk starting at kv_start: not when every key
+  // follows the chunk's last query (causal), or precedes its first query's window.
   bool visible(int64_t q, int64_t kv_start) const {
-    return !spec.causal || kv_start <= query[q].q_offset + d.c - 1;
+    const int64_t q0 = query[q].q_offset;
+    if (spec.causal && kv_start > q0 + d.c - 1) return false;
+    return spec.window < 0 || kv_start + d.c - 1 >= q0 - spec.window;
   }
   ops::AttentionSpec block(int64_t q, int64_t kv_start) const {
     ops::AttentionSpec s = query[q];

@@ -257,6 +257,27 @@ void swiglu_backward(Tensor& dx, const Tensor& dout, const Tensor& x) {
   MEGATRON_DISPATCH(device_of("swiglu_backward", {&dx, &dout, &x}), swiglu_backward(dx, dout, x));
 }
 
+void quick_geglu_forward(Tensor& out, const Tensor& x, double offset, double clamp) {
+  const OpTimer timer(OpCategory::kNormElementwise, __func__);
+  MEGATRON_CHECK(x.ndim() >= 1 && x.dim(-1) % 2 == 0 && out.numel() * 2 == x.numel() &&
+                     out.dtype() == x.dtype(),
+                 "quick_geglu_forward: input ", x.str(), " must be [rows, 2f] for output ",
+                 out.str());
+  MEGATRON_DISPATCH(device_of("quick_geglu_forward", {&out, &x}),
+                    quick_geglu_forward(out, x, offset, clamp));
+}
+
+void quick_geglu_backward(Tensor& dx, const Tensor& dout, const Tensor& x, double offset,
+                          double clamp) {
+  const OpTimer timer(OpCategory::kNormElementwise, __func__);
+  MEGATRON_CHECK(x.ndim() >= 1 && x.dim(-1) % 2 == 0 && dout.numel() * 2 == x.numel() &&
+                     dx.numel() == x.numel() && dx.dtype() == x.dtype() &&
+                     dout.dtype() == x.dtype(),
+                 "quick_geglu_backward: shapes ", dx.str(), ", ", dout.str(), ", ", x.str());
+  MEGATRON_DISPATCH(device_of("quick_geglu_backward", {&dx, &dout, &x}),
+                    quick_geglu_backward(dx, dout, x, offset, clamp));
+}
+
 void dropout_forward(Tensor& out, const Tensor& x, float p, uint64_t seed, uint64_t stream,
                      uint64_t offset) {
   const OpTimer timer(OpCategory::kNormElementwise, __func__);
@@ -343,8 +364,10 @@ YarnRamp yarn_ramp(const RopeSpec& spec) {
            (2 * std::log(static_cast<double>(spec.base)));
   };
   YarnRamp r;
-  r.low = std::max(std::floor(dim_of(spec.yarn_beta_fast)), 0.0);
-  r.high = std::min(std::ceil(dim_of(spec.yarn_beta_slow)), static_cast<double>(spec.rot_dim - 1));
+  const double low = dim_of(spec.yarn_beta_fast), high = dim_of(spec.yarn_beta_slow);
+  r.low = std::max(spec.yarn_round_to_int ? std::floor(low) : low, 0.0);
+  r.high = std::min(spec.yarn_round_to_int ? std::ceil(high) : high,
+                    static_cast<double>(spec.rot_dim - 1));
   if (r.low == r.high) r.high += 0.001;
   return r;
 }
@@ -412,6 +435,36 @@ void attention_merge(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor
   const OpTimer timer(OpCategory::kAttention, __func__);
   MEGATRON_DISPATCH(device_of("attention_merge", {&out, &lse, &out_b, &lse_b}),
                     attention_merge(out, lse, out_b, lse_b));
+}
+
+namespace {
+void check_sink_args(const char* op, const Tensor& out, const Tensor& lse, const Tensor& sink) {
+  MEGATRON_CHECK(out.ndim() == 4, op, ": out must be [sq, b, np, hn], got ", out.str());
+  check_shape(lse, {out.dim(1), out.dim(2), out.dim(0)}, "attention sink lse");
+  check_shape(sink, {out.dim(2)}, "attention sink");
+  MEGATRON_CHECK(lse.dtype() == out.dtype() && sink.dtype() == out.dtype(), op,
+                 ": out, lse and sink must share a dtype, got ", out.str(), ", ", lse.str(), ", ",
+                 sink.str());
+}
+}  // namespace
+
+void attention_sink_forward(Tensor& out, Tensor& lse, const Tensor& sink) {
+  const OpTimer timer(OpCategory::kAttention, __func__);
+  check_sink_args(__func__, out, lse, sink);
+  MEGATRON_DISPATCH(device_of("attention_sink_forward", {&out, &lse, &sink}),
+                    attention_sink_forward(out, lse, sink));
+}
+
+void attention_sink_backward(Tensor& dsink, const Tensor& dout, const Tensor& out,
+                             const Tensor& lse, const Tensor& sink) {
+  const OpTimer timer(OpCategory::kAttention, __func__);
+  check_sink_args(__func__, out, lse, sink);
+  check_shape(dout, out.shape(), "attention sink dout");
+  check_shape(dsink, sink.shape(), "attention sink dsink");
+  MEGATRON_CHECK(dout.dtype() == out.dtype() && dsink.dtype() == out.dtype(), __func__,
+                 ": dout and dsink must have out's dtype");
+  MEGATRON_DISPATCH(device_of("attention_sink_backward", {&dsink, &dout, &out, &lse, &sink}),
+                    attention_sink_backward(dsink, dout, out, lse, sink));
 }
 
 void cross_entropy_forward(Tensor& loss, Tensor& lse, const Tensor& logits, const Tensor& targets,

@@ -90,6 +90,14 @@ void quick_gelu_backward(Tensor& dx, const Tensor& dout, const Tensor& x);
 void swiglu_forward(Tensor& out, const Tensor& x);
 void swiglu_backward(Tensor& dx, const Tensor& dout, const Tensor& x);
 
+// Quick GeGLU (--quick-geglu, gpt-oss) on x[r, 2f] = [gate | up]: with clamp > 0 the gate is
+// clamped to <= clamp and up to [-clamp, clamp] (--activation-func-clamp-value), then
+// out[r, f] = quick_gelu(gate) * (up + offset) (--glu-linear-offset). The clamps pass gradient
+// where the input lies inside them, bounds included (torch.clamp's).
+void quick_geglu_forward(Tensor& out, const Tensor& x, double offset, double clamp);
+void quick_geglu_backward(Tensor& dx, const Tensor& dout, const Tensor& x, double offset,
+                          double clamp);
+
 // Dropout with a counter-based mask: element i is kept iff uniform(seed, stream, offset + i) >= p,
 // and scaled by 1/(1-p). The mask is recomputed in backward, never stored. `offset` places a shard
 // in its full tensor (under sequence parallelism rank r holds elements [r n, (r + 1) n)), so
@@ -151,6 +159,9 @@ struct RopeSpec {
   double position_scale = 1.0;
   double yarn_factor = 0;  // 0: no YaRN
   double yarn_original_max_positions = 4096, yarn_beta_fast = 32, yarn_beta_slow = 1;
+  // The correction range's ends rounded outwards to whole pairs (Megatron's default; false:
+  // --no-yarn-correction-range-round-to-int, Hugging Face's rope_scaling "truncate": false).
+  bool yarn_round_to_int = true;
   double mscale = 1.0;
 };
 void rope_inplace(Tensor& x, const Tensor& positions, const RopeSpec& spec, bool inverse);
@@ -158,7 +169,8 @@ void rope_inplace(Tensor& x, const Tensor& positions, const RopeSpec& spec, bool
 // device's rope_inplace turns channel pair j by, per unit of position.
 std::vector<double> rope_inv_freqs(const RopeSpec& spec);
 // YaRN's ramp over the pairs: 0 up to `low`, 1 from `high` on (Megatron's
-// _yarn_find_correction_range, rounded outwards, and _yarn_linear_ramp_mask's guard against
+// _yarn_find_correction_range, rounded outwards unless yarn_round_to_int is false, and
+// _yarn_linear_ramp_mask's guard against
 // low == high); the frequency is original x (1 - ramp) + original / factor x ramp.
 struct YarnRamp {
   double low = 0, high = 0;
@@ -199,7 +211,8 @@ AttentionView packed_qkv_view(const Tensor& qkv, QkvPart part);
 // kv_offset + j) is visible iff
 //   (!causal or kv_offset + j <= q_offset + i)  and
 //   (doc_start undefined or kv_offset + j >= doc_start[bb, i])  and
-//   (key_valid undefined or key_valid[bb, j] != 0).
+//   (key_valid undefined or key_valid[bb, j] != 0)  and
+//   (window < 0 or kv_offset + j >= q_offset + i - window).
 struct AttentionSpec {
   float scale = 1.0f;  // usually 1/sqrt(hn)
   bool causal = true;
@@ -209,6 +222,9 @@ struct AttentionSpec {
   // Document starts (--reset-attention-mask), or undefined: [b, sq] i32, the global position of
   // the first key query i may see.
   Tensor doc_start;
+  // Sliding-window attention (--window-size L,0 on this layer): a query sees the keys at most
+  // `window` positions before it (and, causally, none after); -1: no window.
+  int64_t window = -1;
   // Key padding, or undefined: [b, skv] i32, nonzero for a real key, 0 for padding (BERT's
   // padding mask, batched generation).
   Tensor key_valid;
@@ -247,6 +263,18 @@ void attention_backward(const AttentionView& dq, const AttentionView& dk, const 
 //   lse' = log(exp(lse) + exp(lse_b)),  out' = exp(lse - lse') out + exp(lse_b - lse') out_b.
 // out, out_b: [sq, b, np, hn]; lse, lse_b: [b, np, sq]. Rows with lse = -inf saw no key.
 void attention_merge(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor& lse_b);
+// Attention sinks (--softmax-type off-by-one or learnable; gpt-oss's sinks): each row of head h
+// also normalises over one more logit, sink[h], whose value is zero:
+//   P_ij = exp(s_ij) / (exp(sink_h) + sum_j exp(s_ij)).
+// Applied to a finished (out, lse) in place, as a merge with a key set whose one key has score
+// sink_h and value 0: lse' = log(exp(lse) + exp(sink_h)), out *= exp(lse - lse'). sink: [np] of
+// out's dtype (this rank's heads). attention_backward then takes the merged out and lse as for any
+// split of the keys (its dq, dk, dv are those of P above), and the sink's gradient is
+//   dsink_h = -sum_{b,i} exp(sink_h - lse'_{b,h,i}) (dout_{i,b,h} . out_{i,b,h}),
+// written into dsink [np].
+void attention_sink_forward(Tensor& out, Tensor& lse, const Tensor& sink);
+void attention_sink_backward(Tensor& dsink, const Tensor& dout, const Tensor& out,
+                             const Tensor& lse, const Tensor& sink);
 
 // ---- loss -------------------------------------------------------------------------------------
 // Fused softmax cross-entropy over the vocabulary. logits [n, Vp] f32 (Vp = padded vocab);

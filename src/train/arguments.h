@@ -70,6 +70,19 @@ struct Arguments {
   bool qk_layernorm = false;
   bool qk_l2_norm = false;   // --qk-l2-norm (Llama 4): weightless RMS norm of q and k heads
   std::string no_rope_freq;  // --no-rope-freq: N (every N-th layer) or a 0/1 list expression
+  // gpt-oss's attention and MLP (Megatron core 0.19's TransformerConfig fields and flags).
+  std::string window_size;               // --window-size "L,R"; empty: no sliding window
+  std::string window_attn_skip_freq;     // N (every N-th layer full) or a 0/1 list (1: window)
+  std::string softmax_type = "vanilla";  // vanilla, off-by-one or learnable (attention sinks)
+  bool quick_geglu = false;
+  double glu_linear_offset = 0.0;
+  double activation_func_clamp_value = kUnset;  // None
+  // YaRN on (non-MLA) attention, --position-embedding-type yarn (its factor is
+  // --rotary-scaling-factor, its mscales --mscale and --mscale-all-dim, as under MLA).
+  double yarn_original_max_position_embeddings = kUnset;  // None: 4096
+  double yarn_beta_fast = kUnset;                         // None: 32
+  double yarn_beta_slow = kUnset;                         // None: 1
+  bool yarn_correction_range_round_to_int = true;
   // Hybrid Mamba models (--model mamba, transformer/mamba/mamba_config.h); Megatron's defaults.
   double hybrid_attention_ratio = 0.0;
   double hybrid_mlp_ratio = 0.0;

@@ -40,6 +40,8 @@ const char* const kShapeKeys[] = {"num_layers",
                                   "qk_pos_emb_head_dim",
                                   "v_head_dim",
                                   "swiglu",
+                                  "quick_geglu",
+                                  "softmax_learnable",
                                   "add_bias_linear",
                                   "add_qkv_bias",
                                   "untie_embeddings_and_output_weights",
@@ -148,6 +150,21 @@ nlohmann::json model_args_json(const Arguments& a, const TransformerConfig& cfg)
   // Llama 4's attention variants: the flags' dests (restored by --use-checkpoint-args from a
   // checkpoint without the full argument record) and the resolved NoPE layers (compared).
   j["qk_l2_norm"] = cfg.qk_l2_norm;
+  // gpt-oss's pieces under their flags' dests (restored by --use-checkpoint-args); whether the
+  // sinks are parameters is compared.
+  j["window_size"] = a.window_size;
+  j["window_attn_skip_freq"] = a.window_attn_skip_freq;
+  j["softmax_type"] = a.softmax_type;
+  j["softmax_learnable"] = cfg.softmax_type == SoftmaxType::kLearnable;
+  j["quick_geglu"] = cfg.quick_geglu;
+  j["glu_linear_offset"] = cfg.glu_linear_offset;
+  if (cfg.activation_clamp > 0) j["activation_func_clamp_value"] = cfg.activation_clamp;
+  if (cfg.position_embedding == PositionEmbedding::kYarn) {
+    j["yarn_original_max_position_embeddings"] = cfg.yarn_original_max_positions;
+    j["yarn_beta_fast"] = cfg.yarn_beta_fast;
+    j["yarn_beta_slow"] = cfg.yarn_beta_slow;
+    j["yarn_correction_range_round_to_int"] = cfg.yarn_round_to_int;
+  }
   j["no_rope_freq"] = a.no_rope_freq;
   j["no_rope_layers"] = cfg.no_rope_layers;
   if (a.padded_vocab_size > 0) j["padded_vocab_size"] = a.padded_vocab_size;

@@ -3,6 +3,9 @@
 #include "train/model_config.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -245,6 +248,103 @@ void check_fp8_gemm_shapes(const TransformerConfig& c, const Arguments& a) {
 }
 }  // namespace
 
+namespace {
+// gpt-oss's pieces (Megatron core 0.19): sliding windows, attention sinks, quick GeGLU with its
+// offset and clamp, YaRN on ordinary attention.
+void set_gpt_oss_fields(const Arguments& a, TransformerConfig& c) {
+  if (!a.window_size.empty()) {
+    // Megatron's tuple_type: "L,R" (brackets and spaces allowed).
+    std::string text;
+    for (char ch : a.window_size)
+      if (ch != ' ' && ch != '(' && ch != ')' && ch != '[' && ch != ']') text += ch;
+    const size_t comma = text.find(',');
+    int64_t left = 0, right = 0;
+    bool ok = comma != std::string::npos && text.find(',', comma + 1) == std::string::npos;
+    try {
+      size_t used = 0;
+      left = ok ? std::stoll(text.substr(0, comma), &used) : 0;
+      ok = ok && used == comma;
+      const std::string r = ok ? text.substr(comma + 1) : "";
+      right = ok ? std::stoll(r, &used) : 0;
+      ok = ok && used == r.size();
+    } catch (const std::exception&) {
+      ok = false;
+    }
+    MEGATRON_CHECK(ok, "--window-size '", a.window_size,
+                   "': give two integers \"L,R\", e.g. 127,0 (a window of the 127 keys before "
+                   "each query and the query's own)");
+    MEGATRON_CHECK(left >= -1 && right >= -1, "--window-size ", a.window_size,
+                   ": the sizes are >= 0, or -1 for unbounded");
+    MEGATRON_CHECK(right == 0 || right == -1, "--window-size ", a.window_size,
+                   ": causal attention sees no key after the query; give R = 0 (e.g. ", left,
+                   ",0)");
+    // (-1, *) is the whole causal context: no window.
+    c.window_attention = left >= 0;
+    c.window_left = left;
+    c.window_right = 0;
+  }
+  if (!a.window_attn_skip_freq.empty()) {
+    if (a.window_size.empty()) {
+      std::fprintf(stderr,
+                   "WARNING: --window-attn-skip-freq has no effect without --window-size (as in "
+                   "Megatron)\n");
+    }
+    c.window_layers = parse_window_attn_skip_freq(a.window_attn_skip_freq, a.num_layers);
+  }
+  if (a.softmax_type == "vanilla") {
+    c.softmax_type = SoftmaxType::kVanilla;
+  } else if (a.softmax_type == "off-by-one") {
+    c.softmax_type = SoftmaxType::kOffByOne;
+  } else if (a.softmax_type == "learnable") {
+    c.softmax_type = SoftmaxType::kLearnable;
+  } else {
+    MEGATRON_CHECK(false, "--softmax-type: unknown '", a.softmax_type,
+                   "'; choose vanilla, off-by-one or learnable");
+  }
+  MEGATRON_CHECK(c.softmax_type == SoftmaxType::kVanilla || a.model != "t5", "--softmax-type ",
+                 a.softmax_type, " is not implemented for T5's cross-attention; use vanilla");
+  MEGATRON_CHECK(!c.window_attention || a.model == "gpt" || a.model == "mamba",
+                 "--window-size: sliding-window attention is implemented for the causal decoders "
+                 "(--model gpt and mamba), not --model ",
+                 a.model);
+  c.quick_geglu = a.quick_geglu;
+  MEGATRON_CHECK(!a.quick_geglu || (!a.swiglu && !a.gated_linear_unit && !a.squared_relu),
+                 "--quick-geglu is an activation of its own: drop --swiglu, --gated-linear-unit "
+                 "and --squared-relu");
+  const bool clamp = is_set(a.activation_func_clamp_value);
+  MEGATRON_CHECK(a.quick_geglu || (a.glu_linear_offset == 0 && !clamp),
+                 "--glu-linear-offset and --activation-func-clamp-value act on --quick-geglu "
+                 "(gpt-oss's MLP); add --quick-geglu or drop them");
+  MEGATRON_CHECK(!clamp || a.activation_func_clamp_value > 0,
+                 "--activation-func-clamp-value must be positive, got ",
+                 a.activation_func_clamp_value);
+  c.glu_linear_offset = a.glu_linear_offset;
+  c.activation_clamp = clamp ? a.activation_func_clamp_value : 0;
+  const bool yarn = a.position_embedding_type == "yarn";
+  for (const auto& [flag, value] : {std::pair{"--yarn-original-max-position-embeddings",
+                                              a.yarn_original_max_position_embeddings},
+                                    std::pair{"--yarn-beta-fast", a.yarn_beta_fast},
+                                    std::pair{"--yarn-beta-slow", a.yarn_beta_slow}}) {
+    MEGATRON_CHECK(!is_set(value) || yarn || a.multi_latent_attention, flag,
+                   " applies to --position-embedding-type yarn");
+  }
+  if (yarn) {
+    MEGATRON_CHECK(a.rotary_scaling_factor >= 1,
+                   "--rotary-scaling-factor (YaRN's factor) must "
+                   "be >= 1, got ",
+                   a.rotary_scaling_factor);
+    c.yarn_factor = a.rotary_scaling_factor;
+    if (is_set(a.yarn_original_max_position_embeddings))
+      c.yarn_original_max_positions = a.yarn_original_max_position_embeddings;
+    if (is_set(a.yarn_beta_fast)) c.yarn_beta_fast = a.yarn_beta_fast;
+    if (is_set(a.yarn_beta_slow)) c.yarn_beta_slow = a.yarn_beta_slow;
+    c.yarn_mscale = a.mscale;
+    c.yarn_mscale_all_dim = a.mscale_all_dim;
+    c.yarn_round_to_int = a.yarn_correction_range_round_to_int;
+  }
+}
+}  // namespace
+
 TransformerConfig transformer_config_from_args(const Arguments& a) {
   TransformerConfig c;
   c.num_layers = a.num_layers;
@@ -259,6 +359,8 @@ TransformerConfig transformer_config_from_args(const Arguments& a) {
     c.position_embedding = PositionEmbedding::kLearnedAbsolute;
   } else if (a.position_embedding_type == "rope") {
     c.position_embedding = PositionEmbedding::kRope;
+  } else if (a.position_embedding_type == "yarn") {
+    c.position_embedding = PositionEmbedding::kYarn;
   } else if (a.position_embedding_type == "none") {
     c.position_embedding = PositionEmbedding::kNone;
   } else if (a.position_embedding_type == "relative") {
@@ -268,7 +370,7 @@ TransformerConfig transformer_config_from_args(const Arguments& a) {
     c.position_embedding = PositionEmbedding::kRelative;
   } else {
     MEGATRON_CHECK(false, "--position-embedding-type: unknown type '", a.position_embedding_type,
-                   "'; choose learned_absolute, rope, relative (T5) or none");
+                   "'; choose learned_absolute, rope, yarn, relative (T5) or none");
   }
   c.relative_attention_num_buckets = a.relative_attention_num_buckets;
   c.relative_attention_max_distance = a.relative_attention_max_distance;
@@ -305,6 +407,7 @@ TransformerConfig transformer_config_from_args(const Arguments& a) {
   // Megatron's spec takes L2Norm over the q/k layernorm when both are given.
   if (c.qk_l2_norm) c.qk_layernorm = false;
   if (!a.no_rope_freq.empty()) c.no_rope_layers = parse_no_rope_freq(a.no_rope_freq, a.num_layers);
+  set_gpt_oss_fields(a, c);
   MEGATRON_CHECK(a.rope_type.empty() || a.rope_type == "rope" || a.rope_type == "yarn",
                  "--rope-type: unknown '", a.rope_type, "'; choose rope or yarn");
   MEGATRON_CHECK(a.multi_latent_attention || a.rope_type.empty() || a.rope_type == "rope",

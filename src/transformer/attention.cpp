@@ -73,8 +73,23 @@ SelfAttention::SelfAttention(const std::string& name, const TransformerConfig& c
     q_layernorm->mark_sequence_parallel(true);  // partial over TP: see the header
     k_layernorm->mark_sequence_parallel(true);
   }
+  if (cfg.softmax_type == SoftmaxType::kLearnable) {
+    // Megatron's DotProductAttention: a parameter of the local heads, drawn with init_method;
+    // 1-D, so no weight decay.
+    Param& p = softmax_offset.emplace();
+    p.name = name + ".core_attention.softmax_offset";
+    p.shape = Shape{heads_local_};
+    p.init = Init::kNormal;
+    p.init_std = cfg.init_method_std;
+    p.no_weight_decay = true;
+    p.tp_partition_dim = 0;
+    p.tp_rank = tp.rank();
+    p.tp_size = tp.size();
+  }
   // --no-rope-freq: Megatron drops the rotary embedding of this layer's attention (NoPE).
-  if (cfg.position_embedding == PositionEmbedding::kRope && !cfg.skips_rope(layer_number)) {
+  const bool rotary = cfg.position_embedding == PositionEmbedding::kRope ||
+                      cfg.position_embedding == PositionEmbedding::kYarn;
+  if (rotary && !cfg.skips_rope(layer_number)) {
     rope_on_ = true;
     rope_.head_begin = 0;
     rope_.head_end = cfg.queries_per_group() + 1;  // queries and the key; never the value
@@ -85,6 +100,15 @@ SelfAttention::SelfAttention(const std::string& name, const TransformerConfig& c
     if (cfg.rotary_seq_len_interpolation_factor > 0) {
       rope_.position_scale = 1.0 / cfg.rotary_seq_len_interpolation_factor;
     }
+    if (cfg.position_embedding == PositionEmbedding::kYarn) {  // core 0.19's YarnRotaryEmbedding
+      rope_.yarn_factor = cfg.yarn_factor;
+      rope_.yarn_original_max_positions = cfg.yarn_original_max_positions;
+      rope_.yarn_beta_fast = cfg.yarn_beta_fast;
+      rope_.yarn_beta_slow = cfg.yarn_beta_slow;
+      rope_.yarn_round_to_int = cfg.yarn_round_to_int;
+      rope_.mscale = MlaConfig::yarn_mscale(cfg.yarn_factor, cfg.yarn_mscale) /
+                     MlaConfig::yarn_mscale(cfg.yarn_factor, cfg.yarn_mscale_all_dim);
+    }
   }
 }
 
@@ -93,6 +117,7 @@ void SelfAttention::collect(std::vector<Param*>& out) {
   if (linear_qkv) linear_qkv->collect(out);
   if (q_layernorm) q_layernorm->collect(out);
   if (k_layernorm) k_layernorm->collect(out);
+  if (softmax_offset) out.push_back(&*softmax_offset);
   linear_proj.collect(out);
 }
 
@@ -188,17 +213,46 @@ Tensor SelfAttention::qk_norm_backward(const Tensor& dqkv, Ctx& ctx) const {
   return join_qkv(p, dqkv, qpg, hn);
 }
 
+Tensor SelfAttention::sinks(const Tensor& like) const {
+  switch (cfg_.softmax_type) {
+    case SoftmaxType::kVanilla:
+      return Tensor();
+    case SoftmaxType::kOffByOne:  // exp(0) = 1 in every row's denominator
+      return Tensor::zeros({heads_local_}, like.dtype(), like.device());
+    case SoftmaxType::kLearnable:
+      return softmax_offset->value_as(like.dtype());
+  }
+  return Tensor();
+}
+
+void SelfAttention::sink_backward(const Tensor& dout, const Ctx& ctx) const {
+  if (!softmax_offset || !softmax_offset->main_grad.defined()) return;  // off-by-one, or frozen
+  Tensor dsink = Tensor::empty({heads_local_}, ctx.out.dtype(), ctx.out.device());
+  ops::attention_sink_backward(dsink, dout, ctx.out, ctx.lse, sinks(ctx.out));
+  // Gradients accumulate through const modules, as every weight gradient does (Param::main_grad
+  // views the ParamSet's buffer).
+  Tensor& g = const_cast<Tensor&>(softmax_offset->main_grad);
+  if (softmax_offset->main_grad_zero) {  // the step's first gradient: written, not added
+    g.copy_from(dsink.dtype() == g.dtype() ? dsink : dsink.to(g.dtype()));
+    softmax_offset->main_grad_zero = false;
+  } else {
+    ops::add_inplace(g, dsink.dtype() == g.dtype() ? dsink : dsink.to(g.dtype()));
+  }
+}
+
 void SelfAttention::core_attention(Ctx& ctx) const {
   const int64_t s = ctx.qkv.dim(0), b = ctx.qkv.dim(1), np = heads_local_, hn = cfg_.head_dim();
   ctx.out = Tensor::empty({s, b, np, hn}, ctx.qkv.dtype(), ctx.qkv.device());
   ctx.lse = Tensor::empty({b, np, s}, ctx.qkv.dtype(), ctx.qkv.device());
   if (tp_.cp.enabled()) {  // the local queries over the whole sequence's keys
     cp_attention_forward(ctx.out, ctx.lse, ctx.qkv, ctx.spec, tp_.cp);
-    return;
+  } else {
+    ops::attention_forward(ctx.out, ctx.lse, ops::packed_qkv_view(ctx.qkv, ops::QkvPart::kQuery),
+                           ops::packed_qkv_view(ctx.qkv, ops::QkvPart::kKey),
+                           ops::packed_qkv_view(ctx.qkv, ops::QkvPart::kValue), ctx.spec);
   }
-  ops::attention_forward(ctx.out, ctx.lse, ops::packed_qkv_view(ctx.qkv, ops::QkvPart::kQuery),
-                         ops::packed_qkv_view(ctx.qkv, ops::QkvPart::kKey),
-                         ops::packed_qkv_view(ctx.qkv, ops::QkvPart::kValue), ctx.spec);
+  const Tensor sink = sinks(ctx.out);
+  if (sink.defined()) ops::attention_sink_forward(ctx.out, ctx.lse, sink);
 }
 
 Tensor SelfAttention::forward_cached(const Tensor& x, const TokenLayout& layout, Ctx& ctx,
@@ -233,6 +287,7 @@ Tensor SelfAttention::forward_cached(const Tensor& x, const TokenLayout& layout,
   spec.scale = static_cast<float>(cfg_.attention_scale());
   spec.causal = true;
   spec.q_offset = offset;  // query t sees cached keys [0, offset + t]
+  spec.window = cfg_.attention_window(layer_);
   spec.precision = cfg_.compute_dtype;
   if (layout.bias.defined()) {  // T5's relative positions of the new queries over every key
     check_shape(layout.bias, {1, np, s, offset + s}, "cached attention bias");
@@ -243,6 +298,8 @@ Tensor SelfAttention::forward_cached(const Tensor& x, const TokenLayout& layout,
   ops::attention_forward(out, lse, ops::packed_qkv_view(qkv, ops::QkvPart::kQuery),
                          ops::attention_view(kv.k.slice0(0, offset + s), ng),
                          ops::attention_view(kv.v.slice0(0, offset + s), ng), spec);
+  const Tensor sink = sinks(out);
+  if (sink.defined()) ops::attention_sink_forward(out, lse, sink);
   Tensor y = linear_proj.forward(proj_input(out), ctx.proj_ctx);
   ctx = Ctx{};
   return y;
@@ -273,6 +330,7 @@ Tensor SelfAttention::forward(const Tensor& x, const TokenLayout& layout, Ctx& c
                  "SelfAttention: context parallelism runs causal attention only; bidirectional "
                  "models (BERT) need --context-parallel-size 1");
   ctx.spec.causal = layout.causal;
+  ctx.spec.window = cfg_.attention_window(layer_);
   ctx.spec.precision = cfg_.compute_dtype;
   if (layout.key_valid.defined()) {
     check_shape(layout.key_valid, {b, s}, "attention key_valid");
@@ -320,6 +378,7 @@ Tensor SelfAttention::backward(const Tensor& dy, Ctx& ctx, Tensor* dbias) const 
     if (ctx.proj_input_shape.ndim() > 0) ctx.proj_ctx.linear.x = ctx.out.view(ctx.proj_input_shape);
   }
   Tensor dout = heads_grad(linear_proj.backward(dy, ctx.proj_ctx), ctx.out.shape());
+  sink_backward(dout, ctx);
   Tensor dqkv = Tensor::empty(ctx.qkv.shape(), ctx.qkv.dtype(), ctx.qkv.device());
   using ops::packed_qkv_view, ops::QkvPart;
   if (tp_.cp.enabled()) {

@@ -26,6 +26,14 @@
 // --rope-type yarn) whatever --position-embedding-type says, as Megatron's MLA applies its own, and
 // linear_proj takes the first v_head_dim channels of each head's output.
 //
+// Sliding-window attention (--window-size, --window-attn-skip-freq): the layer's window goes into
+// the spec (ops::AttentionSpec::window), so every path (tiles, context-parallel blocks, the KV
+// cache) masks the same keys. Attention sinks (--softmax-type off-by-one / learnable): after the
+// core attention, (out, lse) take one more logit per head in the softmax's denominator
+// (ops::attention_sink_forward; learnable: the parameter core_attention.softmax_offset, one per
+// head, split over TP like the heads); the core attention's backward then runs on the merged out
+// and lse unchanged, and the sink's gradient comes from ops::attention_sink_backward.
+//
 // --qk-layernorm: q_layernorm and k_layernorm, norms over hn shared by every query (key) head,
 // run on the query and key heads between linear_qkv and RoPE (Megatron's
 // get_query_key_value_tensors). Each TP rank sees only its heads, so their weight gradients are
@@ -78,6 +86,7 @@ class SelfAttention {
   std::optional<MlaProjections> mla;               // --multi-latent-attention
   RowParallelLinear linear_proj;
   std::optional<Norm> q_layernorm, k_layernorm;  // --qk-layernorm (not with MLA: see mla.h)
+  std::optional<Param> softmax_offset;           // --softmax-type learnable: [np/tp]
   // What the first GEMMs take the layer's (normed) input in.
   DType gemm_input_dtype() const {
     return mla ? mla->gemm_input_dtype() : linear_qkv->gemm_input_dtype();
@@ -95,6 +104,11 @@ class SelfAttention {
                         const ForwardMode& mode) const;
   // ctx.out, ctx.lse = core attention of ctx.qkv under ctx.spec (forward and recomputation).
   void core_attention(Ctx& ctx) const;
+  // The sink logits of this rank's heads in `like`'s dtype and device (--softmax-type), or an
+  // undefined tensor (vanilla).
+  Tensor sinks(const Tensor& like) const;
+  // dout -> the sink's gradient, accumulated into softmax_offset (learnable only).
+  void sink_backward(const Tensor& dout, const Ctx& ctx) const;
   // --qk-layernorm on the packed [s, b, ng, qpg + 2, hn] buffer: the query heads through
   // q_layernorm, the key head through k_layernorm, the value head as it is. backward maps the
   // gradient of the result to the gradient of the input the same way.

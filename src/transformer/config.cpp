@@ -49,8 +49,9 @@ void TransformerConfig::finalize() {
   MEGATRON_CHECK(mtp_num_layers >= 0, "--mtp-num-layers must be >= 0, got ", mtp_num_layers);
   if (mtp_num_layers > 0) {
     MEGATRON_CHECK(position_embedding == PositionEmbedding::kRope ||
+                       position_embedding == PositionEmbedding::kYarn ||
                        position_embedding == PositionEmbedding::kNone,
-                   "--mtp-num-layers needs --position-embedding-type rope or none (as in "
+                   "--mtp-num-layers needs --position-embedding-type rope, yarn or none (as in "
                    "Megatron: the rolled tokens have no learned positions)");
   }
   if (mamba.enabled()) {
@@ -148,7 +149,8 @@ void TransformerConfig::finalize() {
                    ") must exceed half of --relative-attention-num-buckets (",
                    relative_attention_num_buckets, ")");
   }
-  if (position_embedding == PositionEmbedding::kRope) {
+  if (position_embedding == PositionEmbedding::kRope ||
+      position_embedding == PositionEmbedding::kYarn) {
     MEGATRON_CHECK(rotary_percent > 0 && rotary_percent <= 1,
                    "--rotary-percent must be in (0, 1], got ", rotary_percent);
     MEGATRON_CHECK(rope_scaling_factor >= 0, "--rope-scaling-factor must be positive, got ",

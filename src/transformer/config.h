@@ -21,7 +21,10 @@ namespace megatron {
 enum class Normalization : uint8_t { kLayerNorm, kRMSNorm };
 // kRelative: T5's bucketed relative-position bias on the self-attention scores
 // (transformer/relative_position.h).
-enum class PositionEmbedding : uint8_t { kLearnedAbsolute, kRope, kNone, kRelative };
+enum class PositionEmbedding : uint8_t { kLearnedAbsolute, kRope, kNone, kRelative, kYarn };
+// --softmax-type (Megatron core 0.19): the attention softmax, or with a sink logit per head in the
+// denominator: 0 (off-by-one) or a learned one (learnable: core_attention.softmax_offset).
+enum class SoftmaxType : uint8_t { kVanilla, kOffByOne, kLearnable };
 // Megatron's activation recomputation (see TransformerBlock and SelfAttention).
 enum class RecomputeGranularity : uint8_t { kNone, kFull, kSelective };
 enum class RecomputeMethod : uint8_t { kNone, kUniform, kBlock };
@@ -72,6 +75,37 @@ struct TransformerConfig {
   // x sigmoid(1.702 x) instead of GELU: CLIP's vision towers (Megatron's quick_gelu, set by the
   // vision model's config as examples/multimodal does; no language-model flag).
   bool quick_gelu = false;
+  // --quick-geglu (gpt-oss): the gated MLP with quick GELU, out = quick_gelu(gate) (up +
+  // glu_linear_offset) over fc1's [gate | up]; with activation_clamp > 0 the gate is clamped
+  // above at it and up to [-clamp, clamp] first (--activation-func-clamp-value; 0: no clamp).
+  bool quick_geglu = false;
+  double glu_linear_offset = 0;  // --glu-linear-offset
+  double activation_clamp = 0;   // --activation-func-clamp-value
+  // --window-size L,R: sliding-window attention, each query sees the L keys before it (R after
+  // it: 0 in causal models; -1 unbounded). window_layers (--window-attn-skip-freq): one entry per
+  // layer, 1 where the layer uses the window; empty: every layer (Megatron's
+  // is_layer_window_attention).
+  bool window_attention = false;
+  int64_t window_left = -1, window_right = 0;
+  std::vector<int> window_layers;
+  // ops::AttentionSpec::window of layer `layer` (0-based): window_left, or -1 without a window.
+  int64_t attention_window(int64_t layer) const {
+    if (!window_attention) return -1;
+    if (!window_layers.empty() && (layer >= static_cast<int64_t>(window_layers.size()) ||
+                                   window_layers[static_cast<size_t>(layer)] == 0)) {
+      return -1;
+    }
+    return window_left;
+  }
+  SoftmaxType softmax_type = SoftmaxType::kVanilla;  // --softmax-type
+  // --position-embedding-type yarn on (non-MLA) attention, Megatron core 0.19's YarnRotaryEmbedding
+  // from --rotary-scaling-factor, --yarn-original-max-position-embeddings, --yarn-beta-fast,
+  // --yarn-beta-slow, --mscale, --mscale-all-dim and --yarn-correction-range-round-to-int; cos and
+  // sin are multiplied by the concentration factor yarn_mscale(f, mscale) / yarn_mscale(f,
+  // mscale_all_dim) (MlaConfig::yarn_mscale).
+  double yarn_factor = 1, yarn_original_max_positions = 4096, yarn_beta_fast = 32,
+         yarn_beta_slow = 1, yarn_mscale = 1, yarn_mscale_all_dim = 0;
+  bool yarn_round_to_int = true;
   bool qk_layernorm = false;  // --qk-layernorm: a norm over each query and key head
   // --qk-l2-norm (Llama 4): q_layernorm and k_layernorm are Megatron's L2Norm instead, RMS
   // normalisation without a weight (eps --norm-epsilon), before RoPE; wins over qk_layernorm.
@@ -175,7 +209,7 @@ struct TransformerConfig {
   int64_t queries_per_group() const { return num_attention_heads / num_query_groups; }
   bool qkv_bias() const { return add_bias_linear || add_qkv_bias; }
   // fc1 computes [gate | up] (SwiGLU or GeGLU).
-  bool gated_mlp() const { return swiglu || gated_gelu; }
+  bool gated_mlp() const { return swiglu || gated_gelu || quick_geglu; }
   // The scale attention applies to q . k.
   double attention_scale() const;
 

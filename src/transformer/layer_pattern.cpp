@@ -125,4 +125,17 @@ std::vector<int> parse_no_rope_freq(const std::string& text, int64_t num_layers)
   return out;
 }
 
+std::vector<int> parse_window_attn_skip_freq(const std::string& text, int64_t num_layers) {
+  LayerFreq f = parse_layer_freq(text, num_layers, "--window-attn-skip-freq",
+                                 "0 (full attention) or 1 (sliding window)");
+  if (!f.pattern.empty()) return f.pattern;
+  MEGATRON_CHECK(f.every > 0,
+                 "--window-attn-skip-freq must be a positive integer or a list, "
+                 "got ",
+                 text);
+  std::vector<int> out;
+  for (int64_t i = 0; i < num_layers; ++i) out.push_back((i + 1) % f.every != 0 ? 1 : 0);
+  return out;
+}
+
 }  // namespace megatron

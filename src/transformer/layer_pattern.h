@@ -30,4 +30,9 @@ LayerFreq parse_layer_freq(const std::string& text, int64_t num_layers, const st
 // layer; 1 marks a layer without RoPE.
 std::vector<int> parse_no_rope_freq(const std::string& text, int64_t num_layers);
 
+// --window-attn-skip-freq: an integer N (every N-th layer, the N-th, 2N-th, ..., has full
+// attention, the others the sliding window: Megatron's layer_number % N != 0) or a list expression
+// of one entry per layer, 1 for the window. Returns one entry per layer, 1 for the window.
+std::vector<int> parse_window_attn_skip_freq(const std::string& text, int64_t num_layers);
+
 }  // namespace megatron

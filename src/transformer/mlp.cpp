@@ -1,4 +1,4 @@
-// MLP layer: fc1, GELU or SwiGLU, fc2 (scaled init).
+// MLP layer: fc1, GELU, SwiGLU, GeGLU or quick GeGLU, fc2 (scaled init).
 #include "transformer/mlp.h"
 
 #include <cmath>
@@ -56,7 +56,9 @@ bool fuses_bias_gelu(const TransformerConfig& cfg) {
 }  // namespace
 
 void mlp_activation_forward(const TransformerConfig& cfg, Tensor& out, const Tensor& x) {
-  if (cfg.gated_gelu) {
+  if (cfg.quick_geglu) {
+    ops::quick_geglu_forward(out, x, cfg.glu_linear_offset, cfg.activation_clamp);
+  } else if (cfg.gated_gelu) {
     geglu_forward(out, x, cfg.openai_gelu);
   } else if (cfg.swiglu) {
     ops::swiglu_forward(out, x);
@@ -71,7 +73,9 @@ void mlp_activation_forward(const TransformerConfig& cfg, Tensor& out, const Ten
 
 void mlp_activation_backward(const TransformerConfig& cfg, Tensor& dx, const Tensor& dout,
                              const Tensor& x) {
-  if (cfg.gated_gelu) {
+  if (cfg.quick_geglu) {
+    ops::quick_geglu_backward(dx, dout, x, cfg.glu_linear_offset, cfg.activation_clamp);
+  } else if (cfg.gated_gelu) {
     geglu_backward(dx, dout, x, cfg.openai_gelu);
   } else if (cfg.swiglu) {
     ops::swiglu_backward(dx, dout, x);

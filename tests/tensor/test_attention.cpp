@@ -3,9 +3,10 @@
 //
 // Covered: q, k, v read from Megatron's packed QKV through views and as separate tensors;
 // causal and not; sq != skv (cross-attention); global offsets (a decode step after a KV cache);
-// document starts; key padding; an additive bias shared over the batch or per sequence, with its
-// gradient; attention dropout; rows that see no key; and results over two key blocks merged
-// through their log-sum-exps against one pass, backward included.
+// document starts; sliding windows; key padding; an additive bias shared over the batch or per
+// sequence, with its gradient; attention dropout; rows that see no key; results over two key
+// blocks merged through their log-sum-exps against one pass, backward included; and attention
+// sinks against their definition (one more key of score sink_h and value 0).
 //
 // Tolerances (the reason for each number): fast f32 against the f64 reference: inputs are O(1),
 // rows at most a few hundred keys, so f32 rounding (6e-8 relative per operation, growing with the
@@ -268,6 +269,137 @@ TEST(Attention, DocumentStartsAcrossTiles) {
   Inputs in = random_inputs(150, 150, 2, 2, 2, 32, 34);
   in.spec.doc_start = doc_starts(2, 150, {{0, 40, 64, 65, 149}, {0, 127, 128}});
   expect_matches_reference(in, 35, false);
+}
+
+TEST(Attention, SlidingWindowMatchesReferenceAndFiniteDifferences) {
+  // --window-size 3,0: query i sees keys i-3 .. i.
+  Inputs in = random_inputs(9, 9, 2, 2, 2, 4, 60);
+  in.spec.window = 3;
+  expect_matches_reference(in, 61, true);
+  // Against the same call with the window written as document starts (the first visible key of
+  // each query), which the kernels mask independently.
+  Inputs docs = in;
+  docs.spec.window = -1;
+  docs.spec.doc_start = doc_starts(2, 9, {{0}, {0}});
+  for (int64_t bb = 0; bb < 2; ++bb)
+    for (int64_t i = 0; i < 9; ++i)
+      docs.spec.doc_start.data<int32_t>()[bb * 9 + i] =
+          static_cast<int32_t>(std::max<int64_t>(0, i - 3));
+  const Tensor dout = random_tensor({9, 2, 4, 4}, 62);
+  const Outputs a = run_fast(in, dout), b = run_fast(docs, dout);
+  EXPECT_TRUE(allclose(a.out, b.out, 0, 0)) << "out";
+  EXPECT_TRUE(allclose(a.dq, b.dq, 0, 0) && allclose(a.dk, b.dk, 0, 0) &&
+              allclose(a.dv, b.dv, 0, 0));
+  // Window 0: each query sees only itself, its output its own value vector.
+  in.spec.window = 0;
+  const Outputs o = run_fast(in, dout);
+  for (int64_t c = 0; c < 4; ++c)
+    EXPECT_NEAR(o.out.item(((5 * 2 + 1) * 4 + 2) * 4 + c), in.v.item(((5 * 2 + 1) * 2 + 1) * 4 + c),
+                1e-6);
+}
+
+TEST(Attention, SlidingWindowAcrossTilesOffsetsAndDocuments) {
+  // Windows shorter and longer than the 64-wide tiles (whole key tiles skipped for some query
+  // tiles), with documents, and a chunk of queries after a cache (q_offset).
+  for (int64_t window : {5, 70, 200}) {
+    Inputs in = random_inputs(150, 150, 2, 2, 2, 32, 63);
+    in.spec.window = window;
+    in.spec.doc_start = doc_starts(2, 150, {{0, 40, 100}, {0, 127}});
+    expect_matches_reference(in, 64, false);
+  }
+  Inputs tail = random_inputs(20, 90, 1, 2, 2, 16, 65);
+  tail.spec.q_offset = 70;  // queries 70 .. 89 over keys 0 .. 89
+  tail.spec.window = 30;
+  expect_matches_reference(tail, 66, false);
+}
+
+// Sinks as one more key at position -1, of zero key and value vectors, whose score is the sink
+// through an additive bias: the definition restated with the plain op. The sink is seen by every
+// query, so the window (queries at positions >= 0, keys from kv_offset 0) is written into the
+// bias as -inf instead. Returns the reference out, lse, gradients and the sink's gradient (the
+// bias gradient's column).
+struct SinkRef {
+  Tensor out, lse, dq, dk, dv, dsink;
+};
+SinkRef sinks_by_extra_key(const Inputs& in, const Tensor& sink, const Tensor& dout) {
+  const int64_t sq = in.q.dim(0), skv = in.k.dim(0), b = in.q.dim(1), np = in.q.dim(2),
+                ng = in.k.dim(2), hn = in.q.dim(3);
+  Tensor k = Tensor::zeros({skv + 1, b, ng, hn}, DType::kF64);
+  Tensor v = Tensor::zeros({skv + 1, b, ng, hn}, DType::kF64);
+  const Tensor k64 = f64(in.k), v64 = f64(in.v);
+  std::copy(k64.data<double>(), k64.data<double>() + k64.numel(), k.data<double>() + b * ng * hn);
+  std::copy(v64.data<double>(), v64.data<double>() + v64.numel(), v.data<double>() + b * ng * hn);
+  ops::AttentionSpec spec = as_f64(in.spec);
+  spec.kv_offset = in.spec.kv_offset - 1;
+  spec.window = -1;
+  Tensor bias = Tensor::zeros({1, np, sq, skv + 1}, DType::kF64);
+  for (int64_t h = 0; h < np; ++h)
+    for (int64_t i = 0; i < sq; ++i) {
+      double* row = bias.data<double>() + (h * sq + i) * (skv + 1);
+      row[0] = sink.item(h);
+      for (int64_t j = 0; j < skv; ++j)
+        if (in.spec.window >= 0 && j < in.spec.q_offset + i - in.spec.window) row[j + 1] = kNegInf;
+    }
+  spec.bias = bias;
+  const ref::AttentionResult r = ref::attention(f64(in.q), k, v, spec);
+  const ref::AttentionGrads g = ref::attention_backward(f64(dout), f64(in.q), k, v, spec);
+  SinkRef s{r.out,
+            r.lse,
+            g.dq,
+            g.dk.slice0(1, skv + 1),
+            g.dv.slice0(1, skv + 1),
+            Tensor::zeros({np}, DType::kF64)};
+  for (int64_t h = 0; h < np; ++h)
+    for (int64_t i = 0; i < sq; ++i)
+      s.dsink.data<double>()[h] += g.dbias.data<double>()[(h * sq + i) * (skv + 1)];
+  return s;
+}
+
+TEST(Attention, SinksMatchAnExtraKeyAndFiniteDifferences) {
+  for (const DType dt : {DType::kF32, DType::kF64}) {
+    Inputs in = random_inputs(11, 11, 2, 2, 2, 8, 70);
+    in.q = in.q.to(dt);
+    in.k = in.k.to(dt);
+    in.v = in.v.to(dt);
+    in.spec.window = 4;  // gpt-oss's sliding layers carry sinks too
+    const Tensor sink = random_tensor({4}, 71, 2.0, DType::kF64);
+    const Tensor dout = random_tensor({11, 2, 4, 8}, 72).to(dt);
+    const SinkRef want = sinks_by_extra_key(in, sink, dout);
+    // The op: the attention, the sink merged in, backward on the merged out and lse.
+    Outputs o{Tensor::empty({11, 2, 4, 8}, dt), Tensor::empty({2, 4, 11}, dt),
+              Tensor::empty(in.q.shape(), dt),  Tensor::empty(in.k.shape(), dt),
+              Tensor::empty(in.v.shape(), dt),  Tensor()};
+    const auto q = ops::attention_view(in.q, 2), k = ops::attention_view(in.k, 2),
+               v = ops::attention_view(in.v, 2);
+    ops::attention_forward(o.out, o.lse, q, k, v, in.spec);
+    const Tensor s = sink.to(dt);
+    ops::attention_sink_forward(o.out, o.lse, s);
+    ops::attention_backward(ops::attention_view(o.dq, 2), ops::attention_view(o.dk, 2),
+                            ops::attention_view(o.dv, 2), Tensor(), dout, q, k, v, o.out, o.lse,
+                            in.spec);
+    Tensor dsink = Tensor::empty({4}, dt);
+    ops::attention_sink_backward(dsink, dout, o.out, o.lse, s);
+    const double atol = dt == DType::kF64 ? kF64Tol : kF32GradAtol;
+    const double rtol = dt == DType::kF64 ? kF64Tol : kF32Rtol;
+    EXPECT_TRUE(allclose(o.out, want.out, atol, rtol)) << "out";
+    EXPECT_TRUE(allclose(o.lse, want.lse, atol, rtol)) << "lse";
+    EXPECT_TRUE(allclose(o.dq, want.dq, atol, rtol)) << "dq";
+    EXPECT_TRUE(allclose(o.dk, want.dk, atol, rtol)) << "dk";
+    EXPECT_TRUE(allclose(o.dv, want.dv, atol, rtol)) << "dv";
+    EXPECT_TRUE(allclose(dsink, want.dsink, atol, rtol)) << "dsink";
+    if (dt != DType::kF64) continue;
+    // The sink's gradient against central differences of the definition.
+    const Tensor fs = fd_grad([&](const Tensor& x) { return sinks_by_extra_key(in, x, dout).out; },
+                              sink, f64(dout));
+    EXPECT_TRUE(allclose(dsink, fs, kFdTol, kFdTol)) << "dsink vs finite differences";
+    // Off-by-one: a sink of 0 adds exp(0) = 1 to every denominator.
+    Tensor zero_out = Tensor::empty({11, 2, 4, 8}, dt), zero_lse = Tensor::empty({2, 4, 11}, dt);
+    ops::attention_forward(zero_out, zero_lse, q, k, v, in.spec);
+    Tensor plain_lse = zero_lse.to(DType::kF64);
+    ops::attention_sink_forward(zero_out, zero_lse, Tensor::zeros({4}, dt));
+    for (int64_t i = 0; i < plain_lse.numel(); ++i)
+      EXPECT_NEAR(zero_lse.item(i), std::log(std::exp(plain_lse.item(i)) + 1), 1e-12);
+  }
 }
 
 TEST(Attention, KeyPaddingNonCausal) {

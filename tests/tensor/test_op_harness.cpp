@@ -298,6 +298,18 @@ void register_elementwise() {
            return std::vector<Tensor>{y, dx};
          }},
         {"swiglu_forward", "swiglu_backward"});
+    // gpt-oss's clamped quick GeGLU (inputs of std 2 put about half the gates and ups past the
+    // clamp 1.5) and the plain one with an offset.
+    for (const double clamp : {0.0, 1.5}) {
+      add({clamp > 0 ? "quick geglu (clamped)" : "quick geglu", dims(both),
+           [=](const Place& p) {
+             Tensor y = p.empty(half), dx = p.empty(both);
+             ops::quick_geglu_forward(y, p(x2), 1.0, clamp);
+             ops::quick_geglu_backward(dx, p(dy), p(x2), 1.0, clamp);
+             return std::vector<Tensor>{y, dx};
+           }},
+          {"quick_geglu_forward", "quick_geglu_backward"});
+    }
     // Dropout: the kept elements scaled by 1/(1-p), the mask a function of (seed, stream,
     // offset + i); backward applies the same mask.
     add({"dropout", dims(s),
@@ -646,6 +658,34 @@ void register_attention_and_optimizer() {
         {"attention_forward", "attention_backward", "attention_merge", "attention_view",
          "packed_qkv_view"});
   }
+  // gpt-oss's layers: a sliding window (across a tile boundary) with sinks, forward and backward.
+  for (int64_t s : {1, 70}) {
+    const Tensor q = random_tensor({s, 2, 4, 16}, 41, 1.0, DType::kF64);
+    const Tensor k = random_tensor({s, 2, 2, 16}, 42, 1.0, DType::kF64);
+    const Tensor v = random_tensor({s, 2, 2, 16}, 43, 1.0, DType::kF64);
+    const Tensor dout = random_tensor({s, 2, 4, 16}, 44, 1.0, DType::kF64);
+    const Tensor sink = random_tensor({4}, 45, 2.0, DType::kF64);
+    ops::AttentionSpec spec;
+    spec.scale = 0.25f;
+    spec.window = 5;
+    add({"attention (window, sinks)", dims(Shape{s, 16}),
+         [=](const Place& p) {
+           Tensor out = p.empty({s, 2, 4, 16}), lse = p.empty({2, 4, s});
+           const Tensor qt = p(q), kt = p(k), vt = p(v), st = p(sink);
+           const auto qv = ops::attention_view(qt, 2), kv = ops::attention_view(kt, 2),
+                      vv = ops::attention_view(vt, 2);
+           ops::attention_forward(out, lse, qv, kv, vv, spec);
+           ops::attention_sink_forward(out, lse, st);
+           Tensor dq = p.empty(qt.shape()), dk = p.empty(kt.shape()), dv = p.empty(vt.shape());
+           ops::attention_backward(ops::attention_view(dq, 2), ops::attention_view(dk, 2),
+                                   ops::attention_view(dv, 2), Tensor(), p(dout), qv, kv, vv, out,
+                                   lse, spec);
+           Tensor dsink = p.empty({4});
+           ops::attention_sink_backward(dsink, p(dout), out, lse, st);
+           return std::vector<Tensor>{out, lse, dq, dk, dv, dsink};
+         }},
+        {"attention_sink_forward", "attention_sink_backward"});
+  }
   for (int64_t n : {1, 7, 1001}) {
     const Tensor param = random_tensor({n}, 25, 1.0, DType::kF64),
                  g = random_tensor({n}, 26, 1.0, DType::kF64);
@@ -827,6 +867,16 @@ TEST(OpsHarness, BackwardsMatchFiniteDifferences) {
     Tensor dx = Tensor::empty(x2.shape(), DType::kF64);
     ops::swiglu_backward(dx, d2, x2);
     EXPECT_TRUE(testing::allclose(dx, want, kFdTol, kFdTol)) << "swiglu";
+    // Clamped quick GeGLU: no element of x2 lies within the step of the clamp (1.5).
+    for (const double clamp : {0.0, 1.5}) {
+      const Tensor wq =
+          fd([&](const Tensor& v) { return ref::quick_geglu(v, 1.0, clamp); }, x2, d2);
+      EXPECT_TRUE(
+          testing::allclose(ref::quick_geglu_backward(d2, x2, 1.0, clamp), wq, kFdTol, kFdTol));
+      Tensor dq = Tensor::empty(x2.shape(), DType::kF64);
+      ops::quick_geglu_backward(dq, d2, x2, 1.0, clamp);
+      EXPECT_TRUE(testing::allclose(dq, wq, kFdTol, kFdTol)) << "quick geglu " << clamp;
+    }
   }
   {
     const double eps = 1e-5;

@@ -151,9 +151,12 @@ struct Masking {
     qpos = s.q_positions > 0 ? s.q_positions : d.sq;
     kvpos = s.kv_positions > 0 ? s.kv_positions : d.skv;
   }
-  // First key row query row i may see by its document (0 without documents; may exceed skv).
+  // First key row query row i may see by its document and the sliding window (0 without
+  // either; may exceed skv).
   int64_t first_key(int64_t bb, int64_t i) const {
-    return doc ? std::max<int64_t>(doc[bb * d.sq + i] - spec.kv_offset, 0) : 0;
+    int64_t first = doc ? doc[bb * d.sq + i] - spec.kv_offset : 0;
+    if (spec.window >= 0) first = std::max(first, spec.q_offset + i - spec.window - spec.kv_offset);
+    return std::max<int64_t>(first, 0);
   }
   // One past the last key row query row i may see causally (skv without the causal mask).
   int64_t end_key(int64_t i) const {
@@ -702,6 +705,54 @@ void attention_merge(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor
           l[li] = mx + std::log(z);
         }
       }
+    }
+  });
+}
+
+void attention_sink_forward(Tensor& out, Tensor& lse, const Tensor& sink) {
+  const int64_t sq = out.dim(0), b = out.dim(1), np = out.dim(2), hn = out.dim(3);
+  cpu::dispatch_float(out, "attention_sink_forward", [&]<typename T>() {
+    T* o = out.data<T>();
+    T* l = lse.data<T>();
+    const T* s = sink.data<T>();
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t bb = 0; bb < b; ++bb) {
+      for (int64_t h = 0; h < np; ++h) {
+        for (int64_t i = 0; i < sq; ++i) {
+          T& li = l[(bb * np + h) * sq + i];
+          // lse' = logaddexp(lse, sink); a row that saw no key keeps out = 0.
+          const T mx = std::max(li, s[h]);
+          const T merged = mx + std::log(std::exp(li - mx) + std::exp(s[h] - mx));
+          const T f = std::exp(li - merged);
+          T* row = o + ((i * b + bb) * np + h) * hn;
+          for (int64_t c = 0; c < hn; ++c) row[c] *= f;
+          li = merged;
+        }
+      }
+    }
+  });
+}
+
+void attention_sink_backward(Tensor& dsink, const Tensor& dout, const Tensor& out,
+                             const Tensor& lse, const Tensor& sink) {
+  const int64_t sq = out.dim(0), b = out.dim(1), np = out.dim(2), hn = out.dim(3);
+  cpu::dispatch_float(out, "attention_sink_backward", [&]<typename T>() {
+    const T* o = out.data<T>();
+    const T* d = dout.data<T>();
+    const T* l = lse.data<T>();
+    const T* s = sink.data<T>();
+    T* ds = dsink.data<T>();
+#pragma omp parallel for schedule(static)
+    for (int64_t h = 0; h < np; ++h) {
+      double acc = 0;  // a sum over every row of the head: in double, in a fixed order
+      for (int64_t bb = 0; bb < b; ++bb) {
+        for (int64_t i = 0; i < sq; ++i) {
+          const int64_t at = ((i * b + bb) * np + h) * hn;
+          const T p = std::exp(s[h] - l[(bb * np + h) * sq + i]);
+          acc -= static_cast<double>(p * dot(d + at, o + at, hn));
+        }
+      }
+      ds[h] = static_cast<T>(acc);
     }
   });
 }

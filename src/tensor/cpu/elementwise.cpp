@@ -1,5 +1,6 @@
 // Elementwise CPU kernels: adds, bias, GELU, tanh, SwiGLU, dropout. Memory-bound loops, OpenMP over
 // elements or rows, vectorised by the compiler. Templated on float/double.
+#include <algorithm>
 #include <cmath>
 
 #include "core/philox.h"
@@ -275,6 +276,66 @@ void swiglu_forward(Tensor& out, const Tensor& x) {
       for (int64_t j = 0; j < f; ++j) {
         T a = gate[j];
         orow[j] = a / (1 + cpu::vexp(-a)) * up[j];
+      }
+    }
+  });
+}
+
+namespace {
+// quick_geglu's clamps (clamp > 0): the gate's upper bound, up's symmetric one.
+template <typename T>
+inline T clamp_gate(T g, T clamp) {
+  return clamp > 0 && g > clamp ? clamp : g;
+}
+template <typename T>
+inline T clamp_up(T u, T clamp) {
+  return clamp > 0 ? std::clamp(u, -clamp, clamp) : u;
+}
+}  // namespace
+
+void quick_geglu_forward(Tensor& out, const Tensor& x, double offset, double clamp) {
+  const int64_t f = x.dim(-1) / 2;
+  dispatch_float(x, "quick_geglu_forward", [&]<typename T>() {
+    T* o = out.data<T>();
+    const T* in = x.data<T>();
+    const T off = static_cast<T>(offset), lim = static_cast<T>(clamp);
+    const int64_t rows = rows_of(x);
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* gate = in + r * 2 * f;
+      const T* up = gate + f;
+      T* orow = o + r * f;
+      for (int64_t j = 0; j < f; ++j) {
+        const T g = clamp_gate(gate[j], lim);
+        orow[j] = g / (1 + cpu::vexp(static_cast<T>(-1.702) * g)) * (clamp_up(up[j], lim) + off);
+      }
+    }
+  });
+}
+
+void quick_geglu_backward(Tensor& dx, const Tensor& dout, const Tensor& x, double offset,
+                          double clamp) {
+  const int64_t f = x.dim(-1) / 2;
+  dispatch_float(x, "quick_geglu_backward", [&]<typename T>() {
+    T* d = dx.data<T>();
+    const T *g = dout.data<T>(), *in = x.data<T>();
+    const T off = static_cast<T>(offset), lim = static_cast<T>(clamp);
+    const int64_t rows = rows_of(x);
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* gate = in + r * 2 * f;
+      const T* up = gate + f;
+      const T* grow = g + r * f;
+      T* dgate = d + r * 2 * f;
+      T* dup = dgate + f;
+      for (int64_t j = 0; j < f; ++j) {
+        const T a = clamp_gate(gate[j], lim), u = clamp_up(up[j], lim);
+        const T s = 1 / (1 + cpu::vexp(static_cast<T>(-1.702) * a));
+        const bool gate_free = !(lim > 0) || gate[j] <= lim;
+        const bool up_free = !(lim > 0) || (up[j] >= -lim && up[j] <= lim);
+        dup[j] = up_free ? grow[j] * a * s : T(0);
+        dgate[j] =
+            gate_free ? grow[j] * (u + off) * (s + static_cast<T>(1.702) * a * s * (1 - s)) : T(0);
       }
     }
   });

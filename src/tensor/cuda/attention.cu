@@ -264,6 +264,44 @@ __global__ void merge_kernel(T* out, T* lse, const T* out_b, const T* lse_b, int
   }
 }
 
+// Attention sinks (ops::attention_sink_forward): row r = (i * b + bb) * np + h.
+template <typename T>
+__global__ void sink_forward_kernel(T* out, T* lse, const T* sink, int64_t sq, int64_t b,
+                                    int64_t np, int64_t hn) {
+  MEGATRON_GRID_LOOP(r, sq * b * np) {
+    const int64_t h = r % np, bb = (r / np) % b, i = r / (np * b);
+    T* l = lse + (bb * np + h) * sq + i;
+    const T m = max(*l, sink[h]);
+    const T merged = m + log(exp(*l - m) + exp(sink[h] - m));
+    const T f = exp(*l - merged);
+    for (int64_t c = 0; c < hn; ++c) out[r * hn + c] *= f;
+    *l = merged;
+  }
+}
+
+// One block per head: the sink's gradient summed over the head's rows (a tree in shared memory).
+template <typename T>
+__global__ void sink_backward_kernel(T* dsink, const T* dout, const T* out, const T* lse,
+                                     const T* sink, int64_t sq, int64_t b, int64_t np, int64_t hn) {
+  __shared__ double partial[kThreads];
+  const int64_t h = blockIdx.x;
+  double acc = 0;
+  for (int64_t n = threadIdx.x; n < sq * b; n += blockDim.x) {
+    const int64_t i = n / b, bb = n % b;
+    const int64_t at = ((i * b + bb) * np + h) * hn;
+    double dot = 0;
+    for (int64_t c = 0; c < hn; ++c) dot += static_cast<double>(dout[at + c]) * out[at + c];
+    acc -= exp(static_cast<double>(sink[h]) - lse[(bb * np + h) * sq + i]) * dot;
+  }
+  partial[threadIdx.x] = acc;
+  __syncthreads();
+  for (unsigned w = blockDim.x / 2; w > 0; w /= 2) {
+    if (threadIdx.x < w) partial[threadIdx.x] += partial[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) dsink[h] = static_cast<T>(partial[0]);
+}
+
 template <typename Kernel>
 void allow_shared(Kernel kernel, size_t bytes) {
   if (bytes > 48 * 1024) {
@@ -338,12 +376,33 @@ void attention_merge(T* out, T* lse, const T* out_b, const T* lse_b, int64_t sq,
   check_launch("attention_merge");
 }
 
+template <typename T>
+void attention_sink_forward(T* out, T* lse, const T* sink, int64_t sq, int64_t b, int64_t np,
+                            int64_t hn) {
+  if (sq * b * np == 0) return;
+  sink_forward_kernel<<<blocks_for(sq * b * np), kThreads>>>(out, lse, sink, sq, b, np, hn);
+  check_launch("attention_sink_forward");
+}
+
+template <typename T>
+void attention_sink_backward(T* dsink, const T* dout, const T* out, const T* lse, const T* sink,
+                             int64_t sq, int64_t b, int64_t np, int64_t hn) {
+  if (np == 0) return;
+  sink_backward_kernel<<<static_cast<unsigned>(np), kThreads>>>(dsink, dout, out, lse, sink, sq, b,
+                                                                np, hn);
+  check_launch("attention_sink_backward");
+}
+
 #define MEGATRON_INSTANTIATE(T)                                                                   \
   template void attention_forward<T>(T*, T*, const T*, const T*, const T*, const T*,              \
                                      const AttnArgs&);                                            \
   template void attention_backward<T>(T*, T*, T*, T*, T*, const T*, const T*, const T*, const T*, \
                                       const T*, const T*, const T*, const AttnArgs&);             \
-  template void attention_merge<T>(T*, T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t);
+  template void attention_merge<T>(T*, T*, const T*, const T*, int64_t, int64_t, int64_t,         \
+                                   int64_t);                                                      \
+  template void attention_sink_forward<T>(T*, T*, const T*, int64_t, int64_t, int64_t, int64_t);  \
+  template void attention_sink_backward<T>(T*, const T*, const T*, const T*, const T*, int64_t,   \
+                                           int64_t, int64_t, int64_t);
 MEGATRON_INSTANTIATE(float)
 MEGATRON_INSTANTIATE(double)
 #undef MEGATRON_INSTANTIATE

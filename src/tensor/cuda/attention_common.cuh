@@ -20,6 +20,7 @@ __device__ inline bool visible(const AttnArgs& a, int64_t bb, int64_t i, int64_t
   const int64_t ig = a.q_offset + i, jg = a.kv_offset + j;
   if (a.causal && jg > ig) return false;
   if (a.doc_start && jg < a.doc_start[bb * sq + i]) return false;
+  if (a.window >= 0 && jg < ig - a.window) return false;
   if (a.key_valid && a.key_valid[bb * skv + j] == 0) return false;
   return true;
 }

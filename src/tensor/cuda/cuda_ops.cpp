@@ -83,6 +83,7 @@ AttnArgs attn_args(const AttentionView& q, const AttentionView& k, const Attenti
   a.causal = spec.causal;
   a.q_offset = spec.q_offset;
   a.kv_offset = spec.kv_offset;
+  a.window = spec.window;
   if (spec.doc_start.defined()) {
     MEGATRON_CHECK(spec.doc_start.dtype() == DType::kI32 && spec.doc_start.numel() == q.b * q.s, op,
                    ": doc_start must be i32 [b, sq], got ", spec.doc_start.str());
@@ -240,6 +241,20 @@ void swiglu_backward(Tensor& dx, const Tensor& dout, const Tensor& x) {
                  "swiglu_backward: ", dout.str(), " for ", x.str());
   dispatch_float(x, "swiglu_backward", [&]<typename T>() {
     cuda::swiglu_backward(P<T>(dx), P<T>(dout), P<T>(x), rows_of(x), f);
+  });
+}
+
+void quick_geglu_forward(Tensor& out, const Tensor& x, double offset, double clamp) {
+  dispatch_float(x, "quick_geglu_forward", [&]<typename T>() {
+    cuda::quick_geglu_forward(P<T>(out), P<T>(x), rows_of(x), x.dim(-1) / 2, offset, clamp);
+  });
+}
+
+void quick_geglu_backward(Tensor& dx, const Tensor& dout, const Tensor& x, double offset,
+                          double clamp) {
+  dispatch_float(x, "quick_geglu_backward", [&]<typename T>() {
+    cuda::quick_geglu_backward(P<T>(dx), P<T>(dout), P<T>(x), rows_of(x), x.dim(-1) / 2, offset,
+                               clamp);
   });
 }
 
@@ -430,6 +445,21 @@ void attention_merge(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor
   dispatch_float(out, "attention_merge", [&]<typename T>() {
     cuda::attention_merge(P<T>(out), P<T>(lse), P<T>(out_b), P<T>(lse_b), out.dim(0), out.dim(1),
                           out.dim(2), out.dim(3));
+  });
+}
+
+void attention_sink_forward(Tensor& out, Tensor& lse, const Tensor& sink) {
+  dispatch_float(out, "attention_sink_forward", [&]<typename T>() {
+    cuda::attention_sink_forward(P<T>(out), P<T>(lse), P<T>(sink), out.dim(0), out.dim(1),
+                                 out.dim(2), out.dim(3));
+  });
+}
+
+void attention_sink_backward(Tensor& dsink, const Tensor& dout, const Tensor& out,
+                             const Tensor& lse, const Tensor& sink) {
+  dispatch_float(out, "attention_sink_backward", [&]<typename T>() {
+    cuda::attention_sink_backward(P<T>(dsink), P<T>(dout), P<T>(out), P<T>(lse), P<T>(sink),
+                                  out.dim(0), out.dim(1), out.dim(2), out.dim(3));
   });
 }
 

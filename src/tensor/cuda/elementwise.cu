@@ -218,6 +218,36 @@ __global__ void swiglu_backward_kernel(T* dx, const T* dout, const T* x, int64_t
   }
 }
 
+// quick_geglu (ops.h): the clamps apply where clamp > 0.
+template <typename T>
+__global__ void quick_geglu_forward_kernel(T* out, const T* x, int64_t rows, int64_t f, T offset,
+                                           T clamp) {
+  MEGATRON_GRID_LOOP(i, rows * f) {
+    const int64_t r = i / f, c = i % f;
+    T g = x[r * 2 * f + c], u = x[r * 2 * f + f + c];
+    if (clamp > T(0)) {
+      g = min(g, clamp);
+      u = max(min(u, clamp), -clamp);
+    }
+    out[i] = g * sigmoid(T(1.702) * g) * (u + offset);
+  }
+}
+template <typename T>
+__global__ void quick_geglu_backward_kernel(T* dx, const T* dout, const T* x, int64_t rows,
+                                            int64_t f, T offset, T clamp) {
+  MEGATRON_GRID_LOOP(i, rows * f) {
+    const int64_t r = i / f, c = i % f;
+    const T g0 = x[r * 2 * f + c], u0 = x[r * 2 * f + f + c];
+    const bool on = clamp > T(0);
+    const T g = on ? min(g0, clamp) : g0, u = on ? max(min(u0, clamp), -clamp) : u0;
+    const T s = sigmoid(T(1.702) * g);
+    const bool gate_free = !on || g0 <= clamp, up_free = !on || (u0 >= -clamp && u0 <= clamp);
+    dx[r * 2 * f + c] =
+        gate_free ? dout[i] * (u + offset) * (s + T(1.702) * g * s * (T(1) - s)) : T(0);
+    dx[r * 2 * f + f + c] = up_free ? dout[i] * g * s : T(0);
+  }
+}
+
 template <typename T>
 __global__ void dropout_kernel(T* out, const T* x, int64_t n, float p, T scale, uint64_t seed,
                                uint64_t stream, uint64_t offset) {
@@ -464,6 +494,21 @@ void swiglu_backward(T* dx, const T* dout, const T* x, int64_t rows, int64_t f) 
   check_launch("swiglu_backward");
 }
 template <typename T>
+void quick_geglu_forward(T* out, const T* x, int64_t rows, int64_t f, double offset, double clamp) {
+  if (rows * f == 0) return;
+  quick_geglu_forward_kernel<<<blocks_for(rows * f), kThreads>>>(
+      out, x, rows, f, static_cast<T>(offset), static_cast<T>(clamp));
+  check_launch("quick_geglu_forward");
+}
+template <typename T>
+void quick_geglu_backward(T* dx, const T* dout, const T* x, int64_t rows, int64_t f, double offset,
+                          double clamp) {
+  if (rows * f == 0) return;
+  quick_geglu_backward_kernel<<<blocks_for(rows * f), kThreads>>>(
+      dx, dout, x, rows, f, static_cast<T>(offset), static_cast<T>(clamp));
+  check_launch("quick_geglu_backward");
+}
+template <typename T>
 void dropout(T* out, const T* x, int64_t n, float p, uint64_t seed, uint64_t stream,
              uint64_t offset) {
   if (n == 0) return;
@@ -528,24 +573,26 @@ void masked_sum(const T* loss, const float* mask, int64_t n, double* sum, double
   }
 }
 
-#define MEGATRON_INSTANTIATE(T)                                                         \
-  template void add<T>(T*, const T*, const T*, int64_t);                                \
-  template void add_inplace<T>(T*, const T*, int64_t);                                  \
-  template void mul<T>(T*, const T*, const T*, int64_t);                                \
-  template void scale<T>(T*, double, int64_t);                                          \
-  template void bias_add<T>(T*, const T*, int64_t, int64_t);                            \
-  template void column_sums_accumulate<T>(T*, const T*, int64_t, int64_t);              \
-  template void scale_rows<T>(T*, const T*, int64_t, int64_t);                          \
-  template void row_dots<T>(T*, const T*, const T*, int64_t, int64_t);                  \
-  template void activation_forward<T>(T*, const T*, int64_t, Activation);               \
-  template void activation_backward<T>(T*, const T*, const T*, int64_t, Activation);    \
-  template void swiglu_forward<T>(T*, const T*, int64_t, int64_t);                      \
-  template void swiglu_backward<T>(T*, const T*, const T*, int64_t, int64_t);           \
-  template void dropout<T>(T*, const T*, int64_t, float, uint64_t, uint64_t, uint64_t); \
-  template void adamw<T>(T*, T*, T*, const T*, int64_t, const AdamArgs&);               \
-  template void sgd<T>(T*, T*, const T*, int64_t, const SgdArgs&);                      \
-  template double sum_squares<T>(const T*, int64_t);                                    \
-  template int64_t count_zeros<T>(const T*, int64_t);                                   \
+#define MEGATRON_INSTANTIATE(T)                                                                    \
+  template void add<T>(T*, const T*, const T*, int64_t);                                           \
+  template void add_inplace<T>(T*, const T*, int64_t);                                             \
+  template void mul<T>(T*, const T*, const T*, int64_t);                                           \
+  template void scale<T>(T*, double, int64_t);                                                     \
+  template void bias_add<T>(T*, const T*, int64_t, int64_t);                                       \
+  template void column_sums_accumulate<T>(T*, const T*, int64_t, int64_t);                         \
+  template void scale_rows<T>(T*, const T*, int64_t, int64_t);                                     \
+  template void row_dots<T>(T*, const T*, const T*, int64_t, int64_t);                             \
+  template void activation_forward<T>(T*, const T*, int64_t, Activation);                          \
+  template void activation_backward<T>(T*, const T*, const T*, int64_t, Activation);               \
+  template void swiglu_forward<T>(T*, const T*, int64_t, int64_t);                                 \
+  template void swiglu_backward<T>(T*, const T*, const T*, int64_t, int64_t);                      \
+  template void quick_geglu_forward<T>(T*, const T*, int64_t, int64_t, double, double);            \
+  template void quick_geglu_backward<T>(T*, const T*, const T*, int64_t, int64_t, double, double); \
+  template void dropout<T>(T*, const T*, int64_t, float, uint64_t, uint64_t, uint64_t);            \
+  template void adamw<T>(T*, T*, T*, const T*, int64_t, const AdamArgs&);                          \
+  template void sgd<T>(T*, T*, const T*, int64_t, const SgdArgs&);                                 \
+  template double sum_squares<T>(const T*, int64_t);                                               \
+  template int64_t count_zeros<T>(const T*, int64_t);                                              \
   template void masked_sum<T>(const T*, const float*, int64_t, double*, double*);
 MEGATRON_INSTANTIATE(float)
 MEGATRON_INSTANTIATE(double)

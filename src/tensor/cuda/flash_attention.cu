@@ -258,6 +258,8 @@ __device__ inline void advance_kv(bool more, bf16* ks, bf16* vs, const float* kf
 __device__ inline bool tile_visible(const AttnArgs& a, int64_t i0, int rows, int64_t j0, int cols) {
   if (a.doc_start || a.key_valid) return false;
   if (i0 + rows > a.q.s || j0 + cols > a.k.s) return false;
+  // The window's first visible key of the tile's first row is its last hidden one for later rows.
+  if (a.window >= 0 && a.kv_offset + j0 < a.q_offset + i0 + rows - 1 - a.window) return false;
   return !a.causal || a.kv_offset + j0 + cols - 1 <= a.q_offset + i0;
 }
 

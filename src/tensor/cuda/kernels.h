@@ -59,6 +59,11 @@ void swiglu_forward(T* out, const T* x, int64_t rows, int64_t f);
 template <typename T>
 void swiglu_backward(T* dx, const T* dout, const T* x, int64_t rows, int64_t f);
 template <typename T>
+void quick_geglu_forward(T* out, const T* x, int64_t rows, int64_t f, double offset, double clamp);
+template <typename T>
+void quick_geglu_backward(T* dx, const T* dout, const T* x, int64_t rows, int64_t f, double offset,
+                          double clamp);
+template <typename T>
 void dropout(T* out, const T* x, int64_t n, float p, uint64_t seed, uint64_t stream,
              uint64_t offset);
 
@@ -160,6 +165,7 @@ struct AttnArgs {
   int64_t q_offset, kv_offset;
   const int32_t* doc_start;  // [b, sq] or null
   const int32_t* key_valid;  // [b, skv] or null
+  int64_t window;            // sliding window (keys at most this far back); -1: none
   int64_t bias_batches;      // 0: no bias, 1 shared, b per sequence
   float dropout;
   uint64_t seed, stream;
@@ -180,6 +186,12 @@ void attention_backward(T* dq, T* dk, T* dv, T* dbias_scratch, T* delta, const T
 template <typename T>
 void attention_merge(T* out, T* lse, const T* out_b, const T* lse_b, int64_t sq, int64_t b,
                      int64_t np, int64_t hn);
+template <typename T>
+void attention_sink_forward(T* out, T* lse, const T* sink, int64_t sq, int64_t b, int64_t np,
+                            int64_t hn);
+template <typename T>
+void attention_sink_backward(T* dsink, const T* dout, const T* out, const T* lse, const T* sink,
+                             int64_t sq, int64_t b, int64_t np, int64_t hn);
 
 // Flash attention on the tensor cores (flash_attention.cu): f32 tensors, products of bf16-rounded
 // operands (q, k, v, dout, the probabilities and dS) accumulated in f32, the softmax statistics and

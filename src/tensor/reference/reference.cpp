@@ -136,6 +136,44 @@ Tensor swiglu_backward(const Tensor& dout, const Tensor& x) {
   return dx;
 }
 
+namespace {
+// Megatron's glu() with clamp: x_glu.clamp(max=c), x_linear.clamp(-c, c) (clamp > 0).
+double clamped(double v, double lo, double hi) {
+  return v < lo ? lo : v > hi ? hi : v;
+}
+}  // namespace
+
+Tensor quick_geglu(const Tensor& x, double offset, double clamp) {
+  const int64_t f = x.dim(-1) / 2, n = rows(x);
+  const double inf = std::numeric_limits<double>::infinity();
+  const double lim = clamp > 0 ? clamp : inf;
+  Tensor y = Tensor::zeros({n, f}, DType::kF64);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t j = 0; j < f; ++j) {
+      const double a = clamped(P(x)[r * 2 * f + j], -inf, lim);
+      const double u = clamped(P(x)[r * 2 * f + f + j], -lim, lim);
+      W(y)[r * f + j] = a / (1 + std::exp(-1.702 * a)) * (u + offset);
+    }
+  return y;
+}
+
+Tensor quick_geglu_backward(const Tensor& dout, const Tensor& x, double offset, double clamp) {
+  const int64_t f = x.dim(-1) / 2, n = rows(x);
+  const double inf = std::numeric_limits<double>::infinity();
+  const double lim = clamp > 0 ? clamp : inf;
+  Tensor dx = like(x);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t j = 0; j < f; ++j) {
+      const double a0 = P(x)[r * 2 * f + j], u0 = P(x)[r * 2 * f + f + j];
+      const double a = clamped(a0, -inf, lim), u = clamped(u0, -lim, lim);
+      const double g = P(dout)[r * f + j], s = 1 / (1 + std::exp(-1.702 * a));
+      // d/da of a sigmoid(1.702 a), times the clamp's pass-through (inside, bounds included).
+      W(dx)[r * 2 * f + j] = a0 <= lim ? g * (u + offset) * (s + 1.702 * a * s * (1 - s)) : 0;
+      W(dx)[r * 2 * f + f + j] = u0 >= -lim && u0 <= lim ? g * a * s : 0;
+    }
+  return dx;
+}
+
 Tensor layernorm(const Tensor& x, const Tensor& w, const Tensor& b, double eps) {
   int64_t h = x.dim(-1);
   Tensor y = like(x);
@@ -235,8 +273,12 @@ double rope_inv_freq(const ops::RopeSpec& spec, int64_t j) {
       return spec.rot_dim * std::log(spec.yarn_original_max_positions / (turns * 2 * M_PI)) /
              (2 * std::log(static_cast<double>(spec.base)));
     };
-    double low = std::floor(correction_dim(spec.yarn_beta_fast));
-    double high = std::ceil(correction_dim(spec.yarn_beta_slow));
+    double low = correction_dim(spec.yarn_beta_fast);
+    double high = correction_dim(spec.yarn_beta_slow);
+    if (spec.yarn_round_to_int) {  // HF's truncate (Megatron's correction_range_round_to_int)
+      low = std::floor(low);
+      high = std::ceil(high);
+    }
     low = low < 0 ? 0 : low;
     high = high > spec.rot_dim - 1 ? spec.rot_dim - 1 : high;
     if (low == high) high += 0.001;
@@ -309,6 +351,7 @@ bool visible(const ops::AttentionSpec& spec, const AttnDims& d, int64_t bb, int6
   const int64_t ig = spec.q_offset + i, jg = spec.kv_offset + j;
   if (spec.causal && jg > ig) return false;
   if (spec.doc_start.defined() && jg < spec.doc_start.data<int32_t>()[bb * d.sq + i]) return false;
+  if (spec.window >= 0 && jg < ig - spec.window) return false;
   if (spec.key_valid.defined() && spec.key_valid.data<int32_t>()[bb * d.skv + j] == 0) return false;
   return true;
 }

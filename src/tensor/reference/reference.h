@@ -23,6 +23,8 @@ Tensor quick_gelu(const Tensor& x);
 Tensor quick_gelu_backward(const Tensor& dout, const Tensor& x);
 Tensor swiglu(const Tensor& x);
 Tensor swiglu_backward(const Tensor& dout, const Tensor& x);
+Tensor quick_geglu(const Tensor& x, double offset, double clamp);
+Tensor quick_geglu_backward(const Tensor& dout, const Tensor& x, double offset, double clamp);
 
 struct NormGrads {
   Tensor dx, dweight, dbias;

@@ -215,6 +215,17 @@ void swiglu_backward(Tensor& dx, const Tensor& dout, const Tensor& x) {
   write(dx, ref::swiglu_backward(dout, x), "swiglu_backward");
 }
 
+void quick_geglu_forward(Tensor& out, const Tensor& x, double offset, double clamp) {
+  f64("quick_geglu_forward", {&out, &x});
+  write(out, ref::quick_geglu(x, offset, clamp), "quick_geglu_forward");
+}
+
+void quick_geglu_backward(Tensor& dx, const Tensor& dout, const Tensor& x, double offset,
+                          double clamp) {
+  f64("quick_geglu_backward", {&dx, &dout, &x});
+  write(dx, ref::quick_geglu_backward(dout, x, offset, clamp), "quick_geglu_backward");
+}
+
 void dropout_forward(Tensor& out, const Tensor& x, float p, uint64_t seed, uint64_t stream,
                      uint64_t offset) {
   f64("dropout_forward", {&out, &x});
@@ -381,6 +392,41 @@ void attention_merge(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor
           o[c] = std::exp(*l - merged) * o[c] + std::exp(lb - merged) * ob[c];
         *l = merged;
       }
+}
+
+void attention_sink_forward(Tensor& out, Tensor& lse, const Tensor& sink) {
+  f64("attention_sink_forward", {&out, &lse, &sink});
+  const int64_t sq = out.dim(0), b = out.dim(1), np = out.dim(2), hn = out.dim(3);
+  for (int64_t i = 0; i < sq; ++i)
+    for (int64_t bb = 0; bb < b; ++bb)
+      for (int64_t h = 0; h < np; ++h) {
+        // The sink is one more logit of the row's softmax whose value is zero.
+        double* l = W(lse) + (bb * np + h) * sq + i;
+        const double s = P(sink)[h];
+        const double merged = std::log(std::exp(*l) + std::exp(s));
+        double* o = W(out) + ((i * b + bb) * np + h) * hn;
+        for (int64_t c = 0; c < hn; ++c) o[c] *= std::exp(*l) / std::exp(merged);
+        *l = merged;
+      }
+}
+
+void attention_sink_backward(Tensor& dsink, const Tensor& dout, const Tensor& out,
+                             const Tensor& lse, const Tensor& sink) {
+  f64("attention_sink_backward", {&dsink, &dout, &out, &lse, &sink});
+  const int64_t sq = out.dim(0), b = out.dim(1), np = out.dim(2), hn = out.dim(3);
+  for (int64_t h = 0; h < np; ++h) {
+    // d loss / d sink = sum over rows of (probability of the sink) x (0 - dout . out).
+    double acc = 0;
+    for (int64_t i = 0; i < sq; ++i)
+      for (int64_t bb = 0; bb < b; ++bb) {
+        const double p = std::exp(P(sink)[h]) / std::exp(P(lse)[(bb * np + h) * sq + i]);
+        const int64_t at = ((i * b + bb) * np + h) * hn;
+        double dot = 0;
+        for (int64_t c = 0; c < hn; ++c) dot += P(dout)[at + c] * P(out)[at + c];
+        acc += p * (0 - dot);
+      }
+    W(dsink)[h] = acc;
+  }
 }
 
 void cross_entropy_forward(Tensor& loss, Tensor& lse, const Tensor& logits, const Tensor& targets,
