@@ -1627,6 +1627,7 @@ void merge_pretrained_config(Arguments& a, const ArgTable& t) {
   set("--max-position-embeddings", a.max_position_embeddings, c.max_position_embeddings);
   set("--position-embedding-type", a.position_embedding_type,
       std::string(c.position_embedding == PositionEmbedding::kRope       ? "rope"
+                  : c.position_embedding == PositionEmbedding::kYarn     ? "yarn"
                   : c.position_embedding == PositionEmbedding::kRelative ? "relative"
                   : c.position_embedding == PositionEmbedding::kNone     ? "none"
                                                                          : "learned_absolute"));
@@ -1709,7 +1710,19 @@ void merge_pretrained_config(Arguments& a, const ArgTable& t) {
       set("--mscale-all-dim", a.mscale_all_dim, m.mscale_all_dim);
     }
   }
-  if (c.position_embedding == PositionEmbedding::kRope) {
+  if (c.position_embedding == PositionEmbedding::kYarn) {  // gpt-oss
+    set("--rotary-scaling-factor", a.rotary_scaling_factor, c.yarn_factor);
+    set("--yarn-original-max-position-embeddings", a.yarn_original_max_position_embeddings,
+        c.yarn_original_max_positions);
+    set("--yarn-beta-fast", a.yarn_beta_fast, c.yarn_beta_fast);
+    set("--yarn-beta-slow", a.yarn_beta_slow, c.yarn_beta_slow);
+    set("--yarn-correction-range-round-to-int", a.yarn_correction_range_round_to_int,
+        c.yarn_round_to_int);
+    set("--mscale", a.mscale, c.yarn_mscale);
+    set("--mscale-all-dim", a.mscale_all_dim, c.yarn_mscale_all_dim);
+  }
+  if (c.position_embedding == PositionEmbedding::kRope ||
+      c.position_embedding == PositionEmbedding::kYarn) {
     set("--rotary-base", a.rotary_base, c.rotary_base);
     set("--rotary-percent", a.rotary_percent, 1.0);  // HF Llama rotates the whole head
     set("--rotary-interleaved", a.rotary_interleaved, false);
@@ -1730,6 +1743,24 @@ void merge_pretrained_config(Arguments& a, const ArgTable& t) {
   set("--qk-layernorm", a.qk_layernorm, c.qk_layernorm);
   set("--disable-bias-linear", a.disable_bias_linear, !c.add_bias_linear);
   set("--add-qkv-bias", a.add_qkv_bias, c.add_qkv_bias);
+  // gpt-oss's attention and MLP.
+  set("--quick-geglu", a.quick_geglu, c.quick_geglu);
+  if (c.quick_geglu) {
+    set("--glu-linear-offset", a.glu_linear_offset, c.glu_linear_offset);
+    if (c.activation_clamp > 0)
+      set("--activation-func-clamp-value", a.activation_func_clamp_value, c.activation_clamp);
+  }
+  set("--softmax-type", a.softmax_type,
+      std::string(c.softmax_type == SoftmaxType::kLearnable  ? "learnable"
+                  : c.softmax_type == SoftmaxType::kOffByOne ? "off-by-one"
+                                                             : "vanilla"));
+  if (c.window_attention) {
+    set("--window-size", a.window_size, std::to_string(c.window_left) + ",0");
+    std::string layers = "[";
+    for (size_t i = 0; i < c.window_layers.size(); ++i)
+      layers += (i ? "," : "") + std::to_string(c.window_layers[i]);
+    if (!c.window_layers.empty()) set("--window-attn-skip-freq", a.window_attn_skip_freq, layers + "]");
+  }
   set("--untie-embeddings-and-output-weights", a.untie_embeddings_and_output_weights,
       c.untie_embeddings_and_output_weights);
   set("--vocab-size", a.vocab_size, c.vocab_size);

@@ -126,8 +126,7 @@ void TransformerConfig::finalize() {
   if (moe.enabled() && moe.ffn_hidden_size == 0) moe.ffn_hidden_size = ffn_hidden_size;
   // A hybrid model's MoE pattern covers its MTP layers too (model_config: one entry per slot).
   moe.validate(
-      mamba.enabled() && moe.enabled() && !moe.layer_pattern.empty() ? layer_slots() : num_layers,
-      add_bias_linear);
+      mamba.enabled() && moe.enabled() && !moe.layer_pattern.empty() ? layer_slots() : num_layers);
   // Megatron's TransformerConfig checks, in its words.
   MEGATRON_CHECK(!moe.router_padding_for_fp8 || fp8.enabled(),
                  "--moe-router-padding-for-fp8: fp8 must be specified when "

@@ -9,19 +9,24 @@
 // - logits: |err| <= 1e-5 + 1e-4 |x|. Logits are O(1) sums over h = 64 products; f32 rounding
 //   differences are ~1e-6.
 // - loss: 1e-5 relative.
-// - gradients: |err| <= 1e-6 + 1e-3 |g|, with the largest gradients O(0.1): a wrong term shows
-//   up as O(|g|) error, three orders above this bound.
+// - gradients: |err| <= a + 1e-3 |g|, a = max(1e-6, 1e-5 max |g| of the tensor): with the largest
+//   gradients O(0.1) a is 1e-6; gpt-oss's oracle scales its weights up (to reach the clamps and
+//   separate the routing) and its gradients are O(1), where elements that are small by
+//   cancellation carry the f32 rounding of the large terms (1e-6 of them, measured 1.6e-6 at
+//   1.8). A wrong term shows up as O(|g|) error, three orders above this bound.
 // - AdamW losses over 10 steps: 1e-4 relative. Adam normalises updates, so tiny gradient
 //   differences can flip the sign of near-zero updates; the loss still agrees to ~1e-5.
 // - SGD (with momentum) losses over 10 steps: the same 1e-4 relative bound.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <functional>
 
 #include "checkpoint/safetensors.h"
 #include "models/gpt/gpt_hf.h"
+#include "models/gpt/gpt_oss_hf.h"
 #include "optim/adamw.h"
 #include "oracle_mtp.h"
 #include "tensor/ops.h"
@@ -90,6 +95,13 @@ Tensor logits_as_pytorch(const GPTModel::Ctx& ctx, const TransformerConfig& c, i
   return got;
 }
 
+// The gradient tolerance above.
+::testing::AssertionResult gradient_close(const Tensor& got, const Tensor& want) {
+  double largest = 0;
+  for (int64_t i = 0; i < want.numel(); ++i) largest = std::max(largest, std::abs(want.item(i)));
+  return testing::allclose(got, want, std::max(1e-6, 1e-5 * largest), 1e-3);
+}
+
 using testing::oracle_mode;
 using testing::set_mtp_gradients;
 
@@ -117,7 +129,7 @@ void run_oracle(const std::string& arch,
   auto grads = to_hf_tensors(l.info, *l.model, true);
   for (const auto& [name, g] : grads) {
     Tensor want = expected.read("grad." + name);
-    EXPECT_TRUE(testing::allclose(g, want, 1e-6, 1e-3)) << "gradient of " << name;
+    EXPECT_TRUE(gradient_close(g, want)) << "gradient of " << name;
   }
   const double norm = grad_norm(*l.params);
   EXPECT_NEAR(norm, expected.read("grad_norm").item(0), 1e-4 * norm) << "grad norm";
@@ -126,7 +138,12 @@ void run_oracle(const std::string& arch,
   Loaded fresh = load(root + "/model", variant);
   AdamW opt(*fresh.params, AdamWConfig{0.9, 0.95, 1e-8, 0.1});
   Tensor want_losses = expected.read("adam_losses");
-  for (int64_t step = 0; step < want_losses.numel(); ++step) {
+  // A curve that is chaotic at the f32 level after some steps (gpt-oss's: hf_oracle.py measures
+  // it) is compared over the steps before.
+  const int64_t adam_steps = expected.contains("adam_steps_compared")
+                                 ? static_cast<int64_t>(expected.read("adam_steps_compared").item(0))
+                                 : want_losses.numel();
+  for (int64_t step = 0; step < adam_steps; ++step) {
     GPTModel::Ctx sctx;
     Tensor l2 = fresh.model->forward(batch.inputs, batch.labels, Tensor(), sctx, oracle_mode(c));
     const double got_loss = mean_loss(l2);
@@ -268,8 +285,8 @@ TEST(PyTorchOracle, DeepSeekV3PlainLogitsLossGradientsAndAdamW) {
 // gradients are those of lm loss + sum over layers of 0.1 aux + 0.01 z. Tolerances: the losses are
 // smooth functions of the f32 router logits (~1e-6 relative apart), 1e-5 relative; gradients as
 // above.
-TEST(PyTorchOracle, MixtralPerLayerAuxAndZLossesAndTheirGradients) {
-  const std::string root = g_oracle_dir + "/mixtral";
+void expect_per_layer_aux_losses(const std::string& arch, const std::string& router_weight) {
+  const std::string root = g_oracle_dir + "/" + arch;
   auto expected = safetensors::File::open(root + "/expected.safetensors");
   Loaded l = load(root + "/model", [](TransformerConfig& c) {
     c.moe.aux_loss_coeff = {0.1};
@@ -296,13 +313,78 @@ TEST(PyTorchOracle, MixtralPerLayerAuxAndZLossesAndTheirGradients) {
   }
   bool router_differs = false;  // the aux terms change the router's gradient visibly
   for (const auto& [name, g] : to_hf_tensors(l.info, *l.model, true)) {
-    EXPECT_TRUE(testing::allclose(g, expected.read("grad_aux." + name), 1e-6, 1e-3))
+    EXPECT_TRUE(gradient_close(g, expected.read("grad_aux." + name)))
         << "gradient of " << name << " with the auxiliary losses";
-    if (name.find("gate.weight") != std::string::npos)
+    if (name.find(router_weight) != std::string::npos)
       router_differs =
           router_differs || !testing::allclose(g, expected.read("grad." + name), 1e-6, 1e-3);
   }
   EXPECT_TRUE(router_differs) << "the auxiliary losses did not change the router's gradient";
+}
+
+TEST(PyTorchOracle, MixtralPerLayerAuxAndZLossesAndTheirGradients) {
+  expect_per_layer_aux_losses("mixtral", "gate.weight");
+}
+
+// gpt-oss (Megatron core 0.19's flags; the oracle restates Hugging Face's GptOssForCausalLM):
+// sliding windows of 4 keys on layers 0 and 2, learned sinks on every head, YaRN with a partial
+// ramp (factor 32, unrounded correction range, attention factor 1.35), q/k/v/o biases, head_dim
+// 24 != hidden / heads, an MoE of clamped quick-GeGLU experts with biases (their gate_up columns
+// interleaved in the files) behind a biased router, top-2 then softmax. The oracle's weights put
+// 6.5% of the gates and 15% of the linear halves past the clamp 7, so the clamp's pass-through
+// gradients are exercised. Logits, loss, every gradient (sinks, router bias, expert biases
+// included) and 10 AdamW/SGD steps within the tolerances above; routing on distinct logits (the
+// smallest top-2 margin is 2e-3, a thousand times the f32 differences).
+TEST(PyTorchOracle, GptOssLogitsLossGradientsAndAdamW) {
+  run_oracle("gpt-oss");
+  const TransformerConfig c = read_hf_config(g_oracle_dir + "/gpt-oss/model").config;
+  EXPECT_TRUE(c.window_attention);
+  EXPECT_EQ(c.window_left, 3);  // Hugging Face's sliding_window 4 counts the query
+  EXPECT_EQ(c.window_layers, (std::vector<int>{1, 0, 1, 0}));
+  EXPECT_EQ(c.softmax_type, SoftmaxType::kLearnable);
+  EXPECT_EQ(c.position_embedding, PositionEmbedding::kYarn);
+  EXPECT_FALSE(c.yarn_round_to_int);
+  EXPECT_TRUE(c.quick_geglu);
+  EXPECT_EQ(c.glu_linear_offset, 1.0);
+  EXPECT_EQ(c.activation_clamp, 7.0);
+  EXPECT_TRUE(c.add_bias_linear);
+  EXPECT_EQ(c.moe.num_experts, 4);
+  EXPECT_EQ(c.moe.router_topk, 2);
+  EXPECT_FALSE(c.moe.pre_softmax);
+}
+
+// The same model from OpenAI's published form: the experts' weights in MXFP4 (blocks of E2M1
+// pairs and E8M0 scales, quantization_config mxfp4), dequantized on load to exactly the values of
+// the unquantized directory (the oracle rounded them to MXFP4 first): every parameter bit for bit.
+TEST(PyTorchOracle, GptOssMxfp4ExpertsLoadAsTheUnquantizedWeights) {
+  Loaded plain = load(g_oracle_dir + "/gpt-oss/model");
+  Loaded mx = load(g_oracle_dir + "/gpt-oss/model_mxfp4");
+  ASSERT_EQ(plain.params->params().size(), mx.params->params().size());
+  for (size_t i = 0; i < plain.params->params().size(); ++i) {
+    const Param& a = *plain.params->params()[i];
+    const Param& b = *mx.params->params()[i];
+    ASSERT_EQ(a.name, b.name);
+    EXPECT_TRUE(testing::allclose(b.main, a.main, 0, 0)) << a.name;
+  }
+  // The format by hand: the first byte's low nibble is the first value.
+  Tensor blocks = Tensor::zeros({2, 3, 16}, DType::kU8), scales = Tensor::zeros({2, 3}, DType::kU8);
+  for (int64_t i = 0; i < 6; ++i) scales.data<uint8_t>()[i] = 127;  // 2^0
+  blocks.data<uint8_t>()[0] = 0x72;  // low nibble 2 (1.0), high nibble 7 (6.0)
+  blocks.data<uint8_t>()[16] = 0x9F;  // group 1: -6.0, then -0.5
+  scales.data<uint8_t>()[0] = 128;   // group 0: 2^1
+  const Tensor v = dequantize_mxfp4(blocks, scales);
+  ASSERT_EQ(v.shape(), (Shape{2, 96}));
+  EXPECT_EQ(v.item(0), 2.0);
+  EXPECT_EQ(v.item(1), 12.0);
+  EXPECT_EQ(v.item(2), 0.0);
+  EXPECT_EQ(v.item(32), -6.0);
+  EXPECT_EQ(v.item(33), -0.5);
+}
+
+// With aux loss 0.1 and z-loss 0.01: Megatron's per-layer losses over the biased router's
+// logits, and their gradients (the router bias's included), as for Mixtral.
+TEST(PyTorchOracle, GptOssPerLayerAuxAndZLossesAndTheirGradients) {
+  expect_per_layer_aux_losses("gpt-oss", "router.weight");
 }
 
 // Each variant's oracle tells it from the plain model: the same weights without the variant
@@ -319,7 +401,15 @@ TEST(PyTorchOracle, VariantsAreDistinguishable) {
       {"deepseek-v3", [](TransformerConfig& c) { c.mla.yarn = false; }},
       {"deepseek-v3", [](TransformerConfig& c) { c.mla.mscale_all_dim = c.mla.mscale; }},
       {"deepseek-v3", [](TransformerConfig& c) { c.moe.num_groups = c.moe.group_topk = 0; }},
-      {"deepseek-v3", [](TransformerConfig& c) { c.moe.topk_scaling_factor = 0; }}};
+      {"deepseek-v3", [](TransformerConfig& c) { c.moe.topk_scaling_factor = 0; }},
+      // gpt-oss without each of its pieces: windows, YaRN's unrounded range, its attention
+      // factor, the clamp, the linear offset (the sinks are parameters: their gradients above).
+      {"gpt-oss", [](TransformerConfig& c) { c.window_attention = false; }},
+      {"gpt-oss", [](TransformerConfig& c) { c.window_layers.clear(); }},
+      {"gpt-oss", [](TransformerConfig& c) { c.yarn_round_to_int = true; }},
+      {"gpt-oss", [](TransformerConfig& c) { c.yarn_mscale = 0; }},
+      {"gpt-oss", [](TransformerConfig& c) { c.activation_clamp = 0; }},
+      {"gpt-oss", [](TransformerConfig& c) { c.glu_linear_offset = 0; }}};
   for (const auto& [arch, undo] : plain) {
     SCOPED_TRACE(arch);
     const std::string root = g_oracle_dir + "/" + arch;
@@ -375,7 +465,8 @@ TEST(PyTorchOracle, LayerNorm1pIsTheSameFunctionAndExportsGamma) {
 
 TEST(PyTorchOracle, ExportReproducesTheImportedFilesExactly) {
   for (const std::string arch : {"gpt2", "llama", "gpt2-relu2", "llama31", "qwen3", "mixtral",
-                                 "deepseek-v3", "deepseek-v3-plain", "nemotron-nas"}) {  // HF forms
+                                 "deepseek-v3", "deepseek-v3-plain", "nemotron-nas",
+                                 "gpt-oss"}) {  // HF forms
     const std::string src = g_oracle_dir + "/" + arch + "/model";
     Loaded l = load(src);
     const std::string out = testing::scratch_dir("hf_roundtrip_" + arch);

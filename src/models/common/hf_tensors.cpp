@@ -115,16 +115,26 @@ nlohmann::json read_hf_config_json(const std::string& dir) {
   return j;
 }
 
+Shape HfTensorMapping::file_shape() const {
+  if (slice < 0) return hf_shape;
+  std::vector<int64_t> dims{slices};
+  for (int i = 0; i < hf_shape.ndim(); ++i) dims.push_back(hf_shape[i]);
+  return Shape(dims.begin(), dims.end());
+}
+
 void copy_mapped(const HfTensorMapping& mp, double* hf, double* ours, bool to_ours) {
+  if (mp.slice >= 0) hf += mp.slice * mp.hf_shape.numel();  // this slice of a stacked tensor
   const int64_t cols = row_len(*mp.param), rows = hf_rows(mp);
   for (int64_t r = 0; r < rows; ++r) {
     double* row = ours + dest_row(mp, r) * cols;
     for (int64_t k = 0; k < cols; ++k) {
       const int64_t i = mp.hf_shape.ndim() == 1 ? r : mp.transpose ? k * rows + r : r * cols + k;
+      // Without an offset the value itself: x + 0.0 would turn -0.0 (which MXFP4 weights hold)
+      // into +0.0, and export would not give back the files' bytes.
       if (to_ours) {
-        row[k] = hf[i] - mp.offset;
+        row[k] = mp.offset != 0 ? hf[i] - mp.offset : hf[i];
       } else {
-        hf[i] = row[k] + mp.offset;
+        hf[i] = mp.offset != 0 ? row[k] + mp.offset : row[k];
       }
     }
   }
@@ -136,12 +146,14 @@ std::map<std::string, Tensor> mapped_hf_tensors(const std::vector<HfTensorMappin
   for (const HfTensorMapping& mp : maps) {
     // A frozen tensor (DeepSeek's expert bias, a buffer in Hugging Face) has no gradient.
     if (grads && (mp.param->frozen || !mp.param->main_grad.defined())) continue;
-    Tensor t = Tensor::empty(mp.hf_shape, DType::kF64);
+    // A stacked tensor is made by its first slice's mapping and filled by each slice's.
+    auto it = out.find(mp.hf_name);
+    if (it == out.end())
+      it = out.emplace(mp.hf_name, Tensor::zeros(mp.file_shape(), DType::kF64)).first;
     Tensor src = to_host(grads ? mp.param->main_grad : mp.param->main).to(DType::kF64);
     HfTensorMapping values = mp;
     if (grads) values.offset = 0;  // d/dgamma = d/dweight: the offset moves values only
-    copy_mapped(values, t.data<double>(), src.data<double>(), false);
-    out[mp.hf_name] = t;
+    copy_mapped(values, it->second.data<double>(), src.data<double>(), false);
   }
   return out;
 }
@@ -166,18 +178,25 @@ std::set<std::string> read_mapped_tensors(const safetensors::SafetensorsDir& st,
                                           const std::map<std::string, std::string>& by_name,
                                           const std::vector<HfTensorMapping>& maps,
                                           std::map<Param*, Tensor>& staged,
-                                          const std::string& dir) {
+                                          const std::string& dir,
+                                          const HfDerivedTensors& derived) {
   std::set<std::string> used;
+  // The last tensor read: a stacked tensor's slices are consecutive mappings, read once.
+  std::string held_name;
+  Tensor held;
   for (const HfTensorMapping& mp : maps) {
     auto it = by_name.find(mp.hf_name);
     MEGATRON_CHECK(it != by_name.end(), dir, ": tensor '", mp.hf_name,
                    "' is missing from the safetensors files; config.json and the weights disagree");
     used.insert(it->first);
-    const auto& ti = st.info(it->second);
-    MEGATRON_CHECK(ti.shape == mp.hf_shape, dir, ": tensor '", it->second, "' has shape ",
-                   ti.shape.str(), ", config.json implies ", mp.hf_shape.str());
-    Tensor src = st.read(it->second).to(DType::kF64);
-    copy_mapped(mp, src.data<double>(), staged.at(mp.param).data<double>(), true);
+    if (held_name != it->second) {
+      const auto d = derived.find(it->second);
+      held = (d != derived.end() ? d->second() : st.read(it->second)).to(DType::kF64);
+      held_name = it->second;
+    }
+    MEGATRON_CHECK(held.shape() == mp.file_shape(), dir, ": tensor '", it->second, "' has shape ",
+                   held.shape().str(), ", config.json implies ", mp.file_shape().str());
+    copy_mapped(mp, held.data<double>(), staged.at(mp.param).data<double>(), true);
   }
   return used;
 }

@@ -7,6 +7,7 @@
 // disagree, and import -> export reproduces the files' tensors bit for bit.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -58,6 +59,11 @@ struct HfTensorMapping {
   bool transpose = false;     // HF stores [in, out] (GPT-2 Conv1D)
   Shape hf_shape;
   double offset = 0;  // HF value = ours + offset (1 for a zero-centred norm weight)
+  // A stacked HF tensor (gpt-oss's experts, [E, ...]): the mapping covers slice `slice` of its
+  // first dimension (of `slices`), hf_shape being one slice's shape. -1: the whole tensor.
+  int64_t slice = -1, slices = 0;
+  // The HF tensor's whole shape (slices prepended for a stacked one).
+  Shape file_shape() const;
 };
 
 // Copies between the HF tensor `hf` and the param's flat buffer `ours` (both f64): element (r, k)
@@ -83,10 +89,14 @@ bool is_peer_expert_tensor(const std::string& name, int64_t num_experts, int64_t
 // name) into `staged` (each Param's f64 staging buffer, which must be there), checking that each
 // is present with the shape the mapping expects (errors name `dir` and the tensor). Returns the
 // mapping names read, so that the caller can refuse the file's other tensors.
+// Tensors a loader makes from others (gpt-oss's MXFP4 experts from their blocks and scales): a
+// file name -> a function that returns the tensor (called once per run of mappings that read it).
+using HfDerivedTensors = std::map<std::string, std::function<Tensor()>>;
 std::set<std::string> read_mapped_tensors(const safetensors::SafetensorsDir& st,
                                           const std::map<std::string, std::string>& by_name,
                                           const std::vector<HfTensorMapping>& maps,
-                                          std::map<Param*, Tensor>& staged, const std::string& dir);
+                                          std::map<Param*, Tensor>& staged, const std::string& dir,
+                                          const HfDerivedTensors& derived = {});
 
 // Writes dir/model.safetensors (tensors cast to dtype) and dir/config.json, creating dir.
 void write_hf_dir(const std::string& dir, const std::map<std::string, Tensor>& tensors, DType dtype,

@@ -2,6 +2,7 @@
 // and our parameters (transposes, per-group QKV rows, [gate; up], vocabulary padding).
 #include "models/gpt/gpt_hf.h"
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -11,6 +12,7 @@
 #include "checkpoint/safetensors_dir.h"
 #include "models/common/hf_tensors.h"
 #include "models/gpt/deepseek_hf.h"
+#include "models/gpt/gpt_oss_hf.h"
 #include "models/gpt/nemotron_nas_hf.h"
 
 namespace megatron {
@@ -185,10 +187,13 @@ HfModelInfo hf_info_from_json(const nlohmann::json& config, const std::string& f
   } else if (model_type == "deepseek_v3") {
     info.arch = HfArch::kLlama;  // Llama's embedding, norms, dense MLPs and head
     read_deepseek_v3_config(j, file, c);
+  } else if (model_type == "gpt_oss") {
+    info.arch = HfArch::kLlama;  // Llama's embedding, final norm and head
+    read_gpt_oss_config(j, file, c);
   } else {
     MEGATRON_CHECK(false, file, ": model_type '", model_type,
                    "' is not supported; supported: gpt2, llama (also mistral, qwen2, qwen3, "
-                   "mixtral, qwen3_moe, nemotron-nas layouts), deepseek_v3");
+                   "mixtral, qwen3_moe, nemotron-nas layouts), deepseek_v3, gpt_oss");
   }
   // Newer transformers write "dtype"; older ones "torch_dtype".
   const std::string dtype_key = j.contains("torch_dtype") ? "torch_dtype" : "dtype";
@@ -244,6 +249,10 @@ std::vector<Mapping> hf_tensor_mappings(const HfModelInfo& info, GPTModel& m) {
     // transformer layer, where DeepSeek-V3 keeps it (its extra tensors below).
     const auto layer_maps = [&](TransformerLayer& L, int64_t i) {
       const std::string p = "model.layers." + std::to_string(i) + ".";
+      if (info.model_type == "gpt_oss") {
+        add_gpt_oss_layer_mappings(c, L, p, maps);
+        return;
+      }
       // A heterogeneous layer's own sizes; its no-op branches have no tensors, its linear
       // replacements one [h, h] weight (nemotron-nas).
       const TransformerConfig& lc = L.config();
@@ -360,10 +369,17 @@ void load_hf_weights(const std::string& dir, const HfModelInfo& info, GPTModel& 
   const GroupedExperts* local_experts = nullptr;
   for (const auto& layer : model.decoder->layers)
     if (layer->moe) local_experts = &layer->moe->experts;
+  // gpt-oss's MXFP4 experts: dequantized from their blocks and scales.
+  std::vector<std::string> mxfp4_parts;
+  const HfDerivedTensors derived = info.model_type == "gpt_oss"
+                                       ? gpt_oss_mxfp4_tensors(st, &mxfp4_parts)
+                                       : HfDerivedTensors{};
+  for (const auto& [name, make] : derived) by_short[name] = name;
   const std::set<std::string> used =
-      read_mapped_tensors(st, by_short, build_mappings(info, model), staged, dir);
+      read_mapped_tensors(st, by_short, build_mappings(info, model), staged, dir, derived);
   for (const auto& [short_name, full] : by_short) {
     if (used.count(short_name)) continue;
+    if (std::find(mxfp4_parts.begin(), mxfp4_parts.end(), full) != mxfp4_parts.end()) continue;
     const bool mask_buffer = short_name.find(".attn.bias") != std::string::npos ||
                              short_name.find(".attn.masked_bias") != std::string::npos;
     const bool tied_head =
@@ -389,8 +405,7 @@ void load_hf_weights(const std::string& dir, const HfModelInfo& info, GPTModel& 
         is_peer_expert_tensor(short_name, info.config.moe.num_experts,
                               local_experts->first_expert(), local_experts->num_local());
     MEGATRON_CHECK(mask_buffer || tied_head || rotary_buffer || peer_expert || mtp_copy, dir,
-                   ": unexpected tensor '", full, "' for a ",
-                   info.arch == HfArch::kGpt2 ? "gpt2" : "llama",
+                   ": unexpected tensor '", full, "' for a ", info.model_type,
                    " model as config.json describes it");
   }
   for (auto& [p, t] : staged) params.set_main(*p, t);
@@ -425,6 +440,10 @@ HfArch infer_hf_arch(const TransformerConfig& c) {
   MEGATRON_CHECK(c.mtp_num_layers == 0 || c.mla.enabled,
                  "this model has no Hugging Face equivalent: multi-token prediction layers have "
                  "a Hugging Face form in DeepSeek-V3 only (--multi-latent-attention)");
+  if (looks_like_gpt_oss(c)) {
+    gpt_oss_config_json(c);  // refuses, naming the flags, what gpt-oss cannot express
+    return HfArch::kLlama;
+  }
   if (c.mla.enabled) {  // DeepSeek-V3 (Llama's other tensors)
     MEGATRON_CHECK(c.normalization == Normalization::kRMSNorm && c.swiglu && !c.add_bias_linear &&
                        !c.add_qkv_bias,
@@ -520,6 +539,8 @@ HfModelInfo hf_info_from_config(const TransformerConfig& c, HfArch arch) {
          {"tie_word_embeddings", true}};
   } else if (c.mla.enabled) {
     j = deepseek_v3_config_json(c);
+  } else if (looks_like_gpt_oss(c)) {
+    j = gpt_oss_config_json(c);
   } else {
     // Llama's keys, which Mixtral and Qwen3(-MoE) share.
     j = {{"num_hidden_layers", c.num_layers},

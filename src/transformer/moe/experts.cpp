@@ -38,6 +38,85 @@ Tensor row_tensor(const std::vector<double>& v, DType t) {
   return t == DType::kF64 ? d : d.to(t);
 }
 
+// Expert biases (--add-bias-linear with MoE, gpt-oss; Megatron core 0.19's TEGroupedMLP): fc1's
+// bias joins each expert's rows before the activation; fc2's, as Megatron's _apply_bias, joins
+// each row scaled by the row's probability, so that the layer's output is p_r expert_e(x_r) with
+// the whole expert (bias included) weighted.
+void add_fc1_bias(Tensor& pre_act, const std::vector<std::unique_ptr<Linear>>& fc1,
+                  const std::vector<int64_t>& counts) {
+  int64_t row = 0;
+  for (size_t g = 0; g < counts.size(); ++g) {
+    if (counts[g] > 0) {
+      Tensor rows = pre_act.slice0(row, row + counts[g]);
+      ops::bias_add(rows, fc1[g]->bias.value_as(pre_act.dtype()));
+    }
+    row += counts[g];
+  }
+}
+
+// fc2's bias rows of block g, each scaled by its probability: [counts[g], h].
+Tensor scaled_bias_rows(const Linear& fc2, int64_t count, const Tensor& probs, DType t) {
+  Tensor rows = Tensor::zeros({count, fc2.bias.shape[0]}, t);
+  ops::bias_add(rows, fc2.bias.value_as(t));
+  ops::scale_rows(rows, probs);
+  return rows;
+}
+
+void add_fc2_bias(Tensor& y, const std::vector<std::unique_ptr<Linear>>& fc2,
+                  const std::vector<int64_t>& counts, const std::vector<double>& probs) {
+  const Tensor p = row_tensor(probs, y.dtype());
+  int64_t row = 0;
+  for (size_t g = 0; g < counts.size(); ++g) {
+    if (counts[g] > 0) {
+      Tensor rows = y.slice0(row, row + counts[g]);
+      ops::add_inplace(rows, scaled_bias_rows(*fc2[g], counts[g],
+                                              p.slice0(row, row + counts[g]), y.dtype()));
+    }
+    row += counts[g];
+  }
+}
+
+// d fc2.bias_g += sum_r p_r dy_r; dprobs_r += dy_r . fc2.bias_g.
+void fc2_bias_backward(const Tensor& dy, const std::vector<std::unique_ptr<Linear>>& fc2,
+                       const std::vector<int64_t>& counts, const std::vector<double>& probs,
+                       std::vector<double>* dprobs) {
+  const DType t = dy.dtype() == DType::kF64 ? DType::kF64 : DType::kF32;
+  const Tensor dyt = dy.dtype() == t ? dy : dy.to(t);
+  const Tensor p = row_tensor(probs, t);
+  int64_t row = 0;
+  for (size_t g = 0; g < counts.size(); ++g) {
+    const int64_t n = counts[g];
+    if (n > 0) {
+      const Tensor d = dyt.slice0(row, row + n);
+      Tensor ones = Tensor::full({n}, 1.0, t);
+      Tensor dp = Tensor::empty({n}, t);
+      ops::row_dots(dp, d, scaled_bias_rows(*fc2[g], n, ones, t));
+      const Tensor dp64 = dp.to(DType::kF64);
+      for (int64_t i = 0; i < n; ++i) (*dprobs)[row + i] += dp64.data<double>()[i];
+      if (fc2[g]->bias.main_grad.defined()) {
+        Tensor weighted = d.clone();
+        ops::scale_rows(weighted, p.slice0(row, row + n));
+        Tensor& db = const_cast<Tensor&>(fc2[g]->bias.main_grad);
+        ops::bias_backward(db, weighted);
+      }
+    }
+    row += n;
+  }
+}
+
+// d fc1.bias_g += sum over the expert's rows of dpre.
+void fc1_bias_backward(const Tensor& dpre, const std::vector<std::unique_ptr<Linear>>& fc1,
+                       const std::vector<int64_t>& counts) {
+  int64_t row = 0;
+  for (size_t g = 0; g < counts.size(); ++g) {
+    if (counts[g] > 0 && fc1[g]->bias.main_grad.defined()) {
+      Tensor& db = const_cast<Tensor&>(fc1[g]->bias.main_grad);
+      ops::bias_backward(db, dpre.slice0(row, row + counts[g]));
+    }
+    row += counts[g];
+  }
+}
+
 }  // namespace
 
 GroupedExperts::GroupedExperts(const std::string& name, const TransformerConfig& cfg, int ep_rank,
@@ -56,10 +135,23 @@ GroupedExperts::GroupedExperts(const std::string& name, const TransformerConfig&
   const double out_std = cfg.init_method_std / std::sqrt(2.0 * static_cast<double>(cfg.num_layers));
   for (int64_t i = 0; i < local; ++i) {
     const std::string p = name + ".local_experts." + std::to_string(first_ + i);
-    fc1_.push_back(std::make_unique<Linear>(p + ".linear_fc1", h, f1, false, cfg.init_method_std));
-    fc2_.push_back(std::make_unique<Linear>(p + ".linear_fc2", ffn_local_, h, false, out_std));
+    fc1_.push_back(std::make_unique<Linear>(p + ".linear_fc1", h, f1, cfg.add_bias_linear,
+                                            cfg.init_method_std));
+    fc2_.push_back(
+        std::make_unique<Linear>(p + ".linear_fc2", ffn_local_, h, cfg.add_bias_linear, out_std));
     mark_etp(fc1_.back()->weight, etp, 0, cfg.gated_mlp() ? 2 : 1);
     mark_etp(fc2_.back()->weight, etp, 1, 1);
+    if (cfg.add_bias_linear) {
+      // fc2's bias joins whole outputs, which expert tensor parallelism leaves as partial sums
+      // (refused); fc1's would split like its rows.
+      MEGATRON_CHECK(etp.size() == 1,
+                     "MoE expert biases (--add-bias-linear, the default) with "
+                     "--expert-tensor-parallel-size ", etp.size(),
+                     " (which defaults to --tensor-model-parallel-size) are not implemented: add "
+                     "--expert-tensor-parallel-size 1, or --disable-bias-linear");
+      mark_etp(fc1_.back()->bias, etp, 0, cfg.gated_mlp() ? 2 : 1);
+      mark_etp(fc2_.back()->bias, etp, -1, 1);
+    }
   }
 }
 
@@ -120,9 +212,11 @@ Tensor GroupedExperts::forward_rows(const Tensor& x, const std::vector<int64_t>&
   ctx.x = gemm_input(x);
   ctx.pre_act = Tensor::empty({N, f1}, acc);
   ops::grouped_matmul(ctx.pre_act, ctx.x, values(fc1_), true, counts);
+  if (cfg_.add_bias_linear) add_fc1_bias(ctx.pre_act, fc1_, counts);
   activation(ctx);
   Tensor y = Tensor::empty({N, h}, acc);
   ops::grouped_matmul(y, ctx.scaled, values(fc2_), true, counts);
+  if (cfg_.add_bias_linear) add_fc2_bias(y, fc2_, counts, probs);
   // --recompute-modules moe_act: the activation and its scaled copy are rebuilt in backward from
   // pre_act and the probabilities (output-discarding recomputation).
   if (recompute_act_) ctx.act = ctx.scaled = Tensor();
@@ -157,9 +251,11 @@ Tensor GroupedExperts::backward_rows(const Tensor& dy, Ctx& ctx,
   ops::row_dots(dp, dscaled, ctx.act);
   const Tensor dp64 = dp.to(DType::kF64);
   dprobs->assign(dp64.data<double>(), dp64.data<double>() + N);
+  if (cfg_.add_bias_linear) fc2_bias_backward(dy, fc2_, ctx.counts, ctx.probs, dprobs);
   ops::scale_rows(dscaled, row_tensor(ctx.probs, acc));
   Tensor dpre = Tensor::empty({N, f1}, acc);
   if (N > 0) mlp_activation_backward(cfg_, dpre, dscaled, ctx.pre_act);
+  if (cfg_.add_bias_linear) fc1_bias_backward(dpre, fc1_, ctx.counts);
   const Tensor dpre_c = gemm_input(dpre);
   Tensor dx = Tensor::empty({N, cfg_.hidden_size}, acc);
   ops::grouped_matmul(dx, dpre_c, values(fc1_), false, ctx.counts);
@@ -283,6 +379,7 @@ Tensor GroupedExperts::forward_fp8(const Tensor& x, const std::vector<int64_t>& 
   ctx.pre_act = Tensor::empty({N, f1}, acc);
   ops::grouped_matmul(ctx.pre_act, x8, quantised(ctx.w1), true, counts);
   ops::scale_rows(ctx.pre_act, block_factors(counts, x_inv, inverses(ctx.w1), acc));
+  if (cfg_.add_bias_linear) add_fc1_bias(ctx.pre_act, fc1_, counts);
   ctx.act = Tensor::empty({N, f}, acc);
   if (N > 0) mlp_activation_forward(cfg_, ctx.act, ctx.pre_act);
   Tensor scaled = ctx.act.clone();
@@ -293,6 +390,7 @@ Tensor GroupedExperts::forward_fp8(const Tensor& x, const std::vector<int64_t>& 
   Tensor y = Tensor::empty({N, h}, acc);
   ops::grouped_matmul(y, scaled8, quantised(ctx.w2), true, counts);
   ops::scale_rows(y, block_factors(counts, scaled_inv, inverses(ctx.w2), acc));
+  if (cfg_.add_bias_linear) add_fc2_bias(y, fc2_, counts, probs);
   // FP8 primary weights are decoded again by the backward: only their codes stay in between;
   // block-scaled recipes' backward reads the weights columnwise.
   if (fc1_.front()->weight.fp8 || two_usages) {
@@ -347,9 +445,11 @@ Tensor GroupedExperts::backward_fp8(const Tensor& dy, Ctx& ctx, std::vector<doub
   ops::row_dots(dp, dscaled, ctx.act);
   const Tensor dp64 = dp.to(DType::kF64);
   dprobs->assign(dp64.data<double>(), dp64.data<double>() + N);
+  if (cfg_.add_bias_linear) fc2_bias_backward(dy, fc2_, ctx.counts, ctx.probs, dprobs);
   ops::scale_rows(dscaled, row_tensor(ctx.probs, acc));
   Tensor dpre = Tensor::empty({N, f1}, acc);
   if (N > 0) mlp_activation_backward(cfg_, dpre, dscaled, ctx.pre_act);
+  if (cfg_.add_bias_linear) fc1_bias_backward(dpre, fc1_, ctx.counts);
   const Tensor dpre8 =
       quantize_blocks(dpre, ctx.counts, fc1_, Fp8GemmScaling::kGradOutput, &dpre_inv);
   Tensor dx = Tensor::empty({N, cfg_.hidden_size}, acc);

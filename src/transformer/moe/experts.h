@@ -4,7 +4,8 @@
 //
 //   y_r = fc2_e( act(fc1_e(x_r)) * p_r )   for row r routed to local expert e
 //
-// which equals p_r * expert_e(x_r) since MoE layers have no biases; or, with
+// which equals p_r * expert_e(x_r) (with --add-bias-linear, gpt-oss's expert biases: fc1's bias
+// before the activation, fc2's scaled by p_r, Megatron core 0.19's _apply_bias); or, with
 // --moe-apply-probs-on-input (top-1 routing, Llama 4), y_r = expert_e(p_r x_r). fc1 is [ffn_e (x2
 // for SwiGLU: [gate | up]), h], fc2 [h, ffn_e], per expert, as SequentialMLP's local_experts. Each
 // expert's rows are one contiguous block; each of the six GEMMs (fc1 and fc2, their input and
@@ -74,6 +75,9 @@ class GroupedExperts {
   int64_t first_expert() const { return first_; }
   Param& fc1(int64_t local) { return fc1_[local]->weight; }
   Param& fc2(int64_t local) { return fc2_[local]->weight; }
+  // Their biases (--add-bias-linear; unnamed without).
+  Param& fc1_bias(int64_t local) { return fc1_[local]->bias; }
+  Param& fc2_bias(int64_t local) { return fc2_[local]->bias; }
   // The dtype of the experts' GEMM inputs, and t in it (f32 weights take t as it is): the
   // dispatcher converts tokens before moving them, so in bf16 they travel in half the bytes.
   DType gemm_dtype() const;

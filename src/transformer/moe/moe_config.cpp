@@ -25,11 +25,9 @@ bool MoeConfig::has(MoeLoadBalancing type) const {
   return false;
 }
 
-void MoeConfig::validate(int64_t num_layers, bool add_bias_linear) const {
+void MoeConfig::validate(int64_t num_layers) const {
   if (!enabled()) return;
   MEGATRON_CHECK(num_experts > 0, "--num-experts must be positive, got ", num_experts);
-  MEGATRON_CHECK(!add_bias_linear,
-                 "Bias is not supported for MoE: add --disable-bias-linear with --num-experts");
   MEGATRON_CHECK(layer_pattern.empty() || static_cast<int64_t>(layer_pattern.size()) == num_layers,
                  "--moe-layer-freq: the pattern has ", layer_pattern.size(),
                  " entries, --num-layers is ", num_layers, "; give one 0/1 per layer");

@@ -79,8 +79,8 @@ struct MoeConfig {
   bool has(MoeLoadBalancing type) const;
 
   // Megatron's checks of validate_args and TransformerConfig that involve only these fields
-  // (and the model's layer count, hidden size and bias flag).
-  void validate(int64_t num_layers, bool add_bias_linear) const;
+  // (and the model's layer count).
+  void validate(int64_t num_layers) const;
 };
 
 // --moe-layer-freq: "N" (every N-th layer from layer 0) or a list expression of 0/1 terms joined

@@ -36,6 +36,17 @@ TopKRouter::TopKRouter(const std::string& name, const TransformerConfig& cfg, in
   weight.tp_rank = tp.rank();  // replicated over TP: counted once in norms
   weight.tp_size = tp.size();
   weight.sequence_parallel = tp.sp();
+  if (cfg.add_bias_linear) {
+    // Megatron core 0.19's router bias (gpt-oss): in the gating linear, drawn with init_method
+    // like the weight; 1-D, so no weight decay.
+    bias.name = name + ".bias";
+    bias.shape = {E};
+    bias.init_std = cfg.init_method_std;
+    bias.no_weight_decay = true;
+    bias.tp_rank = tp.rank();
+    bias.tp_size = tp.size();
+    bias.sequence_parallel = tp.sp();
+  }
   if (cfg.moe.enable_expert_bias) {
     expert_bias.name = name + ".expert_bias";
     expert_bias.shape = {E};
@@ -50,6 +61,7 @@ TopKRouter::TopKRouter(const std::string& name, const TransformerConfig& cfg, in
 
 void TopKRouter::collect(std::vector<Param*>& out) {
   out.push_back(&weight);
+  if (!bias.name.empty()) out.push_back(&bias);
   if (has_expert_bias()) out.push_back(&expert_bias);
 }
 
@@ -95,6 +107,7 @@ void TopKRouter::forward(const Tensor& x, int64_t batch, Ctx& ctx, const Forward
   ctx.x = xin.dtype() == gemm ? xin : xin.to(gemm);
   Tensor logits = Tensor::empty({T, E}, gemm == DType::kF64 ? DType::kF64 : DType::kF32);
   ops::matmul(logits, ctx.x, false, weight.value_as(gemm), true);
+  if (!bias.name.empty()) ops::bias_add(logits, bias.value_as(logits.dtype()));
   ctx.logits = to_f64(logits);
   if (m.force_load_balancing) {
     // Megatron's RandomSTE: the routing sees N(0, 1) logits; backward hands their gradient to
@@ -113,9 +126,9 @@ void TopKRouter::forward(const Tensor& x, int64_t batch, Ctx& ctx, const Forward
 
   // The bias from the fp32 main copy (Megatron keeps it in fp32): a bf16 compute copy would
   // round away updates of 1e-3 once |bias| > 0.25.
-  std::vector<double> bias;
-  if (has_expert_bias()) bias = to_f64(expert_bias.main);
-  ctx.routing = moe::route(ctx.logits, T, m, bias, mode.training);
+  std::vector<double> score_bias;
+  if (has_expert_bias()) score_bias = to_f64(expert_bias.main);
+  ctx.routing = moe::route(ctx.logits, T, m, score_bias, mode.training);
 
   if (!mode.training) return;
   ctx.tracker = mode.moe_tracker;
@@ -198,6 +211,12 @@ Tensor TopKRouter::backward(const std::vector<double>& dprobs, Ctx& ctx) const {
     ops::matmul(dw, dl_g, true, ctx.x, false);
     Tensor g = weight.main_grad;
     ops::add_inplace(g, dw.to(g.dtype()));
+  }
+  if (!bias.name.empty() && bias.main_grad.defined()) {  // d bias = the column sums of dlogits
+    Tensor db = Tensor::zeros(bias.shape, out);
+    ops::bias_backward(db, dl.dtype() == out ? dl : dl.to(out));
+    Tensor g = bias.main_grad;
+    ops::add_inplace(g, db.dtype() == g.dtype() ? db : db.to(g.dtype()));
   }
   // Back in the activations' dtype (an fp64 gating GEMM in an fp32 model returns f64).
   if (ctx.jitter.defined() && dx.dtype() != ctx.jitter.dtype()) dx = dx.to(ctx.jitter.dtype());
