@@ -4,7 +4,9 @@ argmax of full forward passes without a cache, in every layout; seeded sampling;
 
 What it is:
   - The oracle (tests/reference/generate_oracle.py) writes a tiny GPT-2-style, Llama-style,
-    Mixtral-style, DeepSeek-V3-style and Llama-Nemotron-style (heterogeneous layers) model as Hugging Face directories, four prompts of 1 to 12 tokens and, for each,
+    Mixtral-style, DeepSeek-V3-style, Llama-Nemotron-style (heterogeneous layers) and gpt-oss
+    (sliding windows of 4 keys, sinks) model as Hugging Face directories, four prompts of 1 to 12
+    tokens and, for each,
     PyTorch's greedy continuation of 10 tokens where every token is the argmax of a full forward
     pass over the sequence so far (no cache), with the log-probabilities of a full forward.
   - `megatron generate --top_k 1` of the four prompts in one batch (different lengths: prefill of
@@ -143,6 +145,15 @@ class TestGreedyAgainstPyTorch(unittest.TestCase):
                         "2", "--expert-tensor-parallel-size", "1"], True),
             ("pp2", 2, ["--pipeline-model-parallel-size", "2"], True)])
 
+
+    def test_gpt_oss(self):
+        # gpt-oss: the KV cache's attention masks the sliding window (prompts and continuations
+        # of up to 22 tokens against windows of 4) and adds the sinks; the biased router and
+        # experts under expert parallelism.
+        self.check_arch("gpt-oss", self.LAYOUTS[:2] + [
+            ("tp2 ep2", 2, ["--expert-model-parallel-size", "2", "--tensor-model-parallel-size",
+                            "2", "--expert-tensor-parallel-size", "1"], True),
+            ("pp2", 2, ["--pipeline-model-parallel-size", "2"], True)])
 
     def test_nemotron_nas(self):
         # Llama-Nemotron's heterogeneous layers: a KV cache only for the whole attentions, each

@@ -2,7 +2,9 @@
 """Greedy-generation oracle: what `megatron generate --top_k 1` must produce.
 
 Writes a tiny GPT-2-style, Llama-style, Mixtral-style (MoE), DeepSeek-V3-style (multi-latent
-attention, MoE) or Llama-Nemotron-style (heterogeneous layers) model with seeded random weights
+attention, MoE), Llama-Nemotron-style (heterogeneous layers) or gpt-oss (sliding windows of 4
+keys, sinks, YaRN, clamped quick-GeGLU experts: prompts and continuations longer than the window)
+model with seeded random weights
 as a Hugging Face directory (the same PyTorch restatement of the HF math as hf_oracle.py), a
 batch of prompts of
 different lengths, and for each prompt its greedy continuation computed the slow way: every new
@@ -17,7 +19,8 @@ every step is written out ("min_gap"), and the script refuses a model whose gap 
 (an implementation differing by f32 rounding, ~1e-6, could then pick the other token and the
 comparison would test nothing but luck).
 
-Usage: python3 tests/reference/generate_oracle.py --arch {gpt2,llama,mixtral,deepseek-v3,nemotron-nas} --out DIR [--seed 7]
+Usage: python3 tests/reference/generate_oracle.py --arch {gpt2,llama,mixtral,deepseek-v3,nemotron-nas,gpt-oss}
+       --out DIR [--seed 7 (gpt-oss: 5)]
 Writes DIR/model/{config.json,model.safetensors} and DIR/expected.json.
 """
 
@@ -33,6 +36,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hf_oracle  # noqa: E402
 
 PROMPT_LENGTHS = (3, 7, 1, 12)
+# Seeds whose greedy choices are clear (the gap check below) where 7's are not: gpt-oss's scaled
+# router and clamps (hf_oracle.py) leave seed 7 a gap of 7e-5; seed 5's smallest is 1.9e-2.
+DEFAULT_SEEDS = {"gpt-oss": 5}
 TOKENS = 10
 MIN_GAP = 1e-3
 
@@ -81,12 +87,12 @@ def run(arch, out_dir, seed):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--arch", required=True, choices=["gpt2", "llama", "mixtral", "deepseek-v3", "nemotron-nas"])
+    ap.add_argument("--arch", required=True, choices=["gpt2", "llama", "mixtral", "deepseek-v3", "nemotron-nas", "gpt-oss"])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--seed", type=int, default=None)
     args = ap.parse_args()
     try:
-        run(args.arch, args.out, args.seed)
+        run(args.arch, args.out, DEFAULT_SEEDS.get(args.arch, 7) if args.seed is None else args.seed)
     except Exception as e:  # noqa: BLE001 - report any failure as one line
         print(f"generate_oracle: error: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
