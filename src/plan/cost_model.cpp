@@ -387,6 +387,7 @@ RankParams rank_params(const TransformerConfig& c, const Layout& l, int64_t stag
           (h * (np + 2 * ng) * hn + (c.qkv_bias() ? (np + 2 * ng) * hn : 0) + np * hn * h) / t;
       if (c.qk_layernorm) p.replicated += 2 * norm_params * hn;
     }
+    if (c.softmax_type == SoftmaxType::kLearnable) p.dense += np / t;  // the heads' sinks
     if (!c.moe.is_moe_layer(layer)) {
       const double f = d(c.ffn_hidden_size);
       p.dense += (h * f * glu + (bias ? f * glu : 0) + f * h) / t;
@@ -396,6 +397,10 @@ RankParams rank_params(const TransformerConfig& c, const Layout& l, int64_t stag
       const double fe = d(m.ffn_hidden_size);
       p.expert += d(m.num_experts) * (h * fe * glu + fe * h) / d(l.ep * l.etp);
       p.replicated += d(m.num_experts) * h;  // router
+      if (bias) {  // the router's bias and the experts' (fc2's whole: ETP 1 with biases)
+        p.replicated += d(m.num_experts);
+        p.expert += d(m.num_experts) * (fe * glu / d(l.etp) + h) / d(l.ep);
+      }
       if (m.shared_expert_intermediate_size > 0) {
         const double fs = d(m.shared_expert_intermediate_size);
         p.dense += (h * fs * glu + fs * h) / t;

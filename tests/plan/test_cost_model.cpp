@@ -76,6 +76,24 @@ TransformerConfig mla_style(int64_t q_lora_rank) {
   return c;
 }
 
+// gpt-oss's shape: sinks per head, biases on the attention, the router and the experts, a gated
+// MLP (quick GeGLU), every layer MoE.
+TransformerConfig gpt_oss_style() {
+  TransformerConfig c = llama_style();
+  c.qk_layernorm = false;
+  c.swiglu = false;
+  c.quick_geglu = true;
+  c.glu_linear_offset = 1;
+  c.activation_clamp = 7;
+  c.add_bias_linear = true;
+  c.softmax_type = SoftmaxType::kLearnable;
+  c.moe.num_experts = 4;
+  c.moe.router_topk = 2;
+  c.moe.ffn_hidden_size = 48;
+  c.finalize();
+  return c;
+}
+
 // Parameters the trainer counts on a rank: every parameter but buffers (the routers' expert
 // bias), as the start-up line does.
 int64_t built_params(const TransformerConfig& c, int pp, int rank) {
@@ -92,7 +110,7 @@ int64_t built_params(const TransformerConfig& c, int pp, int rank) {
 TEST(PlanParams, RankParamsMatchTheBuiltModelOnEveryStage) {
   // Exact: both count the same tensors' elements.
   for (const TransformerConfig& c :
-       {gpt2_style(), llama_style(), moe_style(), mla_style(32), mla_style(0)}) {
+       {gpt2_style(), llama_style(), moe_style(), mla_style(32), mla_style(0), gpt_oss_style()}) {
     for (int pp : {1, 2, 4}) {
       Layout l;
       l.pp = pp;
