@@ -46,8 +46,8 @@ struct DTypeName {
 // In the reference writer's order: its dtype enum sorted descending, which puts the widest
 // alignment first and breaks ties the same way (I64 before F64, F32 before I32, BF16 before F16).
 constexpr DTypeName kDTypes[] = {
-    {DType::kI64, "I64"}, {DType::kF64, "F64"},   {DType::kF32, "F32"},
-    {DType::kI32, "I32"}, {DType::kBF16, "BF16"}, {DType::kF16, "F16"}, {DType::kU8, "U8"},
+    {DType::kI64, "I64"},   {DType::kF64, "F64"}, {DType::kF32, "F32"}, {DType::kI32, "I32"},
+    {DType::kBF16, "BF16"}, {DType::kF16, "F16"}, {DType::kU8, "U8"},
 };
 
 int writer_rank(DType dtype) {
@@ -61,8 +61,8 @@ int writer_rank(DType dtype) {
 // "unsupported" rather than "unknown".
 bool is_other_safetensors_dtype(const std::string& s) {
   static const std::set<std::string> kOthers = {
-      "BOOL",    "I8",      "I16",         "U16",         "U32", "U64",     "C64",
-      "F8_E5M2", "F8_E4M3", "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F4",  "F6_E2M3", "F6_E3M2"};
+      "BOOL",    "I8",      "I16",         "U16",         "U32", "U64",     "C64",    "F8_E5M2",
+      "F8_E4M3", "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F4",  "F6_E2M3", "F6_E3M2"};
   return kOthers.count(s) != 0;
 }
 

@@ -866,6 +866,13 @@ void validate_expert_layout(Arguments& a, int64_t tp) {
                  "enabled without also enabling sequence parallelism: add --sequence-parallel "
                  "with --num-experts and --tensor-model-parallel-size ",
                  tp);
+  // Expert biases (gpt-oss): fc2's would join partial sums under expert tensor parallelism.
+  MEGATRON_CHECK(etp == 1 || a.disable_bias_linear,
+                 "MoE expert biases (--add-bias-linear, the default) with "
+                 "--expert-tensor-parallel-size ",
+                 etp,
+                 " (which defaults to --tensor-model-parallel-size) are not implemented: add "
+                 "--expert-tensor-parallel-size 1, or --disable-bias-linear");
 }
 
 // The tensor- and pipeline-parallel layout: Megatron's rules (validate_args, TransformerConfig,
@@ -1759,7 +1766,8 @@ void merge_pretrained_config(Arguments& a, const ArgTable& t) {
     std::string layers = "[";
     for (size_t i = 0; i < c.window_layers.size(); ++i)
       layers += (i ? "," : "") + std::to_string(c.window_layers[i]);
-    if (!c.window_layers.empty()) set("--window-attn-skip-freq", a.window_attn_skip_freq, layers + "]");
+    if (!c.window_layers.empty())
+      set("--window-attn-skip-freq", a.window_attn_skip_freq, layers + "]");
   }
   set("--untie-embeddings-and-output-weights", a.untie_embeddings_and_output_weights,
       c.untie_embeddings_and_output_weights);

@@ -290,6 +290,9 @@ void set_gpt_oss_fields(const Arguments& a, TransformerConfig& c) {
                    "Megatron)\n");
     }
     c.window_layers = parse_window_attn_skip_freq(a.window_attn_skip_freq, a.num_layers);
+    const LayerFreq f = parse_layer_freq(a.window_attn_skip_freq, a.num_layers,
+                                         "--window-attn-skip-freq", "0 (full) or 1 (window)");
+    c.window_skip_every = f.pattern.empty() ? f.every : 0;
   }
   if (a.softmax_type == "vanilla") {
     c.softmax_type = SoftmaxType::kVanilla;
@@ -328,7 +331,17 @@ void set_gpt_oss_fields(const Arguments& a, TransformerConfig& c) {
     MEGATRON_CHECK(!is_set(value) || yarn || a.multi_latent_attention, flag,
                    " applies to --position-embedding-type yarn");
   }
-  if (yarn) {
+  if (yarn && !a.multi_latent_attention) {
+    MEGATRON_CHECK(!a.rotary_interleaved,
+                   "--rotary-interleaved does not work with --position-embedding-type yarn (as "
+                   "in Megatron, whose YaRN rotates half-split pairs)");
+    if (a.rotary_percent != 1.0 || a.use_rope_scaling ||
+        is_set(a.rotary_seq_len_interpolation_factor)) {
+      std::fprintf(stderr,
+                   "WARNING: --rotary-percent, --use-rope-scaling and "
+                   "--rotary-seq-len-interpolation-factor have no effect with "
+                   "--position-embedding-type yarn (as in Megatron: YaRN turns the whole head)\n");
+    }
     MEGATRON_CHECK(a.rotary_scaling_factor >= 1,
                    "--rotary-scaling-factor (YaRN's factor) must "
                    "be >= 1, got ",

@@ -100,7 +100,12 @@ SelfAttention::SelfAttention(const std::string& name, const TransformerConfig& c
     if (cfg.rotary_seq_len_interpolation_factor > 0) {
       rope_.position_scale = 1.0 / cfg.rotary_seq_len_interpolation_factor;
     }
-    if (cfg.position_embedding == PositionEmbedding::kYarn) {  // core 0.19's YarnRotaryEmbedding
+    if (cfg.position_embedding == PositionEmbedding::kYarn) {
+      // Core 0.19's YarnRotaryEmbedding: the whole head turns (its dim is kv_channels), and
+      // neither Llama 3.1's scaling nor position interpolation applies.
+      rope_.rot_dim = cfg.head_dim();
+      rope_.scaling_factor = 0;
+      rope_.position_scale = 1.0;
       rope_.yarn_factor = cfg.yarn_factor;
       rope_.yarn_original_max_positions = cfg.yarn_original_max_positions;
       rope_.yarn_beta_fast = cfg.yarn_beta_fast;

@@ -125,8 +125,12 @@ void TransformerConfig::finalize() {
   MEGATRON_CHECK(init_method_std > 0, "--init-method-std must be positive, got ", init_method_std);
   if (moe.enabled() && moe.ffn_hidden_size == 0) moe.ffn_hidden_size = ffn_hidden_size;
   // A hybrid model's MoE pattern covers its MTP layers too (model_config: one entry per slot).
-  moe.validate(
-      mamba.enabled() && moe.enabled() && !moe.layer_pattern.empty() ? layer_slots() : num_layers);
+  moe.validate(mamba.enabled() && moe.enabled() && !moe.layer_pattern.empty() ? layer_slots()
+                                                                              : num_layers);
+  // Megatron's SharedExpertMLP asserts it (routers and experts take biases since core 0.19).
+  MEGATRON_CHECK(!moe.enabled() || moe.shared_expert_intermediate_size == 0 || !add_bias_linear,
+                 "bias is not supported in the shared experts (Megatron's SharedExpertMLP): add "
+                 "--disable-bias-linear with --moe-shared-expert-intermediate-size");
   // Megatron's TransformerConfig checks, in its words.
   MEGATRON_CHECK(!moe.router_padding_for_fp8 || fp8.enabled(),
                  "--moe-router-padding-for-fp8: fp8 must be specified when "
@@ -164,6 +168,20 @@ void TransformerConfig::finalize() {
                    "rotary dimension kv_channels * --rotary-percent = ", rot,
                    " must be even and >= 2");
   }
+}
+
+int64_t TransformerConfig::attention_window(int64_t layer) const {
+  if (!window_attention) return -1;
+  if (window_layers.empty()) return window_left;
+  int64_t number = layer + 1;  // Megatron's layer_number
+  if (layer >= num_layers) {
+    const int64_t slot = layer - num_layers, per_depth = mtp_layers_per_depth();
+    number = mamba.enabled() ? slot % per_depth + 1 : slot / per_depth + 1;
+  }
+  if (window_skip_every > 0) return number % window_skip_every != 0 ? window_left : -1;
+  const bool windowed = number - 1 < static_cast<int64_t>(window_layers.size()) &&
+                        window_layers[static_cast<size_t>(number - 1)] != 0;
+  return windowed ? window_left : -1;
 }
 
 double TransformerConfig::attention_scale() const {

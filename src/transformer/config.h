@@ -85,18 +85,17 @@ struct TransformerConfig {
   // it: 0 in causal models; -1 unbounded). window_layers (--window-attn-skip-freq): one entry per
   // layer, 1 where the layer uses the window; empty: every layer (Megatron's
   // is_layer_window_attention).
+  // window_skip_every: the integer form's N (0 for a list), which MTP layers apply to their own
+  // numbers.
   bool window_attention = false;
   int64_t window_left = -1, window_right = 0;
   std::vector<int> window_layers;
-  // ops::AttentionSpec::window of layer `layer` (0-based): window_left, or -1 without a window.
-  int64_t attention_window(int64_t layer) const {
-    if (!window_attention) return -1;
-    if (!window_layers.empty() && (layer >= static_cast<int64_t>(window_layers.size()) ||
-                                   window_layers[static_cast<size_t>(layer)] == 0)) {
-      return -1;
-    }
-    return window_left;
-  }
+  int64_t window_skip_every = 0;
+  // ops::AttentionSpec::window of layer `layer` (a decoder layer, or an MTP layer past them, in
+  // our 0-based numbering): window_left, or -1 without a window. Megatron's rule applies to its
+  // 1-based layer numbers: a decoder layer's is layer + 1; MTP layers number their own from 1
+  // (GPT: depth k's layer is k + 1, a repeated block's 1; a hybrid MTP block's layer j is j + 1).
+  int64_t attention_window(int64_t layer) const;
   SoftmaxType softmax_type = SoftmaxType::kVanilla;  // --softmax-type
   // --position-embedding-type yarn on (non-MLA) attention, Megatron core 0.19's YarnRotaryEmbedding
   // from --rotary-scaling-factor, --yarn-original-max-position-embeddings, --yarn-beta-fast,

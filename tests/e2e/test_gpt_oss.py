@@ -217,7 +217,11 @@ class TestRefusals(unittest.TestCase):
                 (["--yarn-beta-fast", "16"], "--yarn-beta-fast applies to "
                                              "--position-embedding-type yarn"),
                 (["--window-size", "5,0", "--model", "bert"], "--window-size: sliding-window"),
-                (["--num-experts", "4", TP, "2", SP], "--expert-tensor-parallel-size 1")):
+                (["--num-experts", "4", TP, "2", SP], "--expert-tensor-parallel-size 1"),
+                (["--num-experts", "4", "--moe-shared-expert-intermediate-size", "32"],
+                 "bias is not supported in the shared experts"),
+                (["--position-embedding-type", "yarn", "--rotary-interleaved"],
+                 "--rotary-interleaved does not work with --position-embedding-type yarn")):
             with self.subTest(flags=" ".join(flags)):
                 proc = run(2, "--num-attention-heads", "4", *flags, expect_rc=2)
                 self.assertIn(text, proc.stderr)

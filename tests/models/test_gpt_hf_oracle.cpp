@@ -140,9 +140,10 @@ void run_oracle(const std::string& arch,
   Tensor want_losses = expected.read("adam_losses");
   // A curve that is chaotic at the f32 level after some steps (gpt-oss's: hf_oracle.py measures
   // it) is compared over the steps before.
-  const int64_t adam_steps = expected.contains("adam_steps_compared")
-                                 ? static_cast<int64_t>(expected.read("adam_steps_compared").item(0))
-                                 : want_losses.numel();
+  const int64_t adam_steps =
+      expected.contains("adam_steps_compared")
+          ? static_cast<int64_t>(expected.read("adam_steps_compared").item(0))
+          : want_losses.numel();
   for (int64_t step = 0; step < adam_steps; ++step) {
     GPTModel::Ctx sctx;
     Tensor l2 = fresh.model->forward(batch.inputs, batch.labels, Tensor(), sctx, oracle_mode(c));
@@ -369,9 +370,9 @@ TEST(PyTorchOracle, GptOssMxfp4ExpertsLoadAsTheUnquantizedWeights) {
   // The format by hand: the first byte's low nibble is the first value.
   Tensor blocks = Tensor::zeros({2, 3, 16}, DType::kU8), scales = Tensor::zeros({2, 3}, DType::kU8);
   for (int64_t i = 0; i < 6; ++i) scales.data<uint8_t>()[i] = 127;  // 2^0
-  blocks.data<uint8_t>()[0] = 0x72;  // low nibble 2 (1.0), high nibble 7 (6.0)
+  blocks.data<uint8_t>()[0] = 0x72;   // low nibble 2 (1.0), high nibble 7 (6.0)
   blocks.data<uint8_t>()[16] = 0x9F;  // group 1: -6.0, then -0.5
-  scales.data<uint8_t>()[0] = 128;   // group 0: 2^1
+  scales.data<uint8_t>()[0] = 128;    // group 0: 2^1
   const Tensor v = dequantize_mxfp4(blocks, scales);
   ASSERT_EQ(v.shape(), (Shape{2, 96}));
   EXPECT_EQ(v.item(0), 2.0);
@@ -464,9 +465,9 @@ TEST(PyTorchOracle, LayerNorm1pIsTheSameFunctionAndExportsGamma) {
 }
 
 TEST(PyTorchOracle, ExportReproducesTheImportedFilesExactly) {
-  for (const std::string arch : {"gpt2", "llama", "gpt2-relu2", "llama31", "qwen3", "mixtral",
-                                 "deepseek-v3", "deepseek-v3-plain", "nemotron-nas",
-                                 "gpt-oss"}) {  // HF forms
+  for (const std::string arch :
+       {"gpt2", "llama", "gpt2-relu2", "llama31", "qwen3", "mixtral", "deepseek-v3",
+        "deepseek-v3-plain", "nemotron-nas", "gpt-oss"}) {  // HF forms
     const std::string src = g_oracle_dir + "/" + arch + "/model";
     Loaded l = load(src);
     const std::string out = testing::scratch_dir("hf_roundtrip_" + arch);

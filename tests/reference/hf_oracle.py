@@ -1310,11 +1310,6 @@ def gpt_oss_weights(cfg, init):
     return w
 
 
-# When a list: every gpt-oss MoE forward appends its smallest gap between the k-th and the
-# (k+1)-th router logit over the tokens (where a routing decision is closest to flipping).
-ROUTER_MARGINS = None
-
-
 def gpt_oss_moe(cfg, w, m, h, clamp=None):
     """GptOssMLP: router logits x W^T + b; the top-k logits, softmax over those k (not over all
     experts); each chosen expert's x @ gate_up_proj[e] + bias, gate the even columns and up the
@@ -1327,9 +1322,6 @@ def gpt_oss_moe(cfg, w, m, h, clamp=None):
     flat = h.reshape(-1, H)
     logits = F.linear(flat, w[m + "router.weight"], w[m + "router.bias"])
     top, idx = torch.topk(logits, k, dim=-1)
-    if ROUTER_MARGINS is not None:  # how close the k-th and (k+1)-th logits come
-        nearest = torch.topk(logits.detach(), k + 1, dim=-1).values
-        ROUTER_MARGINS.append((nearest[:, k - 1] - nearest[:, k]).min().item())
     weights = torch.softmax(top, dim=-1)
     x = m + "experts."
 

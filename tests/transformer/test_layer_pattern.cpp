@@ -1,4 +1,5 @@
-// Megatron's per-layer list expressions: --moe-layer-freq and --no-rope-freq, as its argument
+// Megatron's per-layer list expressions: --moe-layer-freq, --no-rope-freq and
+// --window-attn-skip-freq (with the window's layers, MTP layers included), as its argument
 // parser evaluates them (Python list arithmetic, written out here by hand) and its
 // TransformerConfig expands an integer.
 #include <gtest/gtest.h>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "transformer/config.h"
 #include "transformer/layer_pattern.h"
 #include "transformer/moe/moe_config.h"
 
@@ -50,6 +52,49 @@ TEST(LayerPattern, MoeLayerFreq) {
   EXPECT_EQ(parse_moe_layer_freq("([0]+[1]*3)", 4), (std::vector<int>{0, 1, 1, 1}));
   expect_refused([] { parse_moe_layer_freq("[1,0]", 4); }, "--moe-layer-freq");
   expect_refused([] { parse_moe_layer_freq("[1,3]", 2); }, "0 (dense) or 1 (MoE)");
+}
+
+TEST(LayerPattern, WindowAttnSkipFreqAsMegatronsLayerNumbers) {
+  // N: layer_number % N != 0 is a window layer (numbers from 1): with 2, layers 1 and 3 (our 0
+  // and 2) have the window, 2 and 4 full attention; a list gives 1 for the window layers.
+  EXPECT_EQ(parse_window_attn_skip_freq("2", 4), (std::vector<int>{1, 0, 1, 0}));
+  EXPECT_EQ(parse_window_attn_skip_freq("3", 5), (std::vector<int>{1, 1, 0, 1, 1}));
+  EXPECT_EQ(parse_window_attn_skip_freq("[1,1,1,0]*2", 8),
+            (std::vector<int>{1, 1, 1, 0, 1, 1, 1, 0}));
+  expect_refused([] { parse_window_attn_skip_freq("[1,0]", 4); }, "--window-attn-skip-freq");
+  expect_refused([] { parse_window_attn_skip_freq("0", 4); }, "--window-attn-skip-freq");
+}
+
+TEST(LayerPattern, WindowLayersOfDecoderAndMtpLayers) {
+  TransformerConfig c;
+  c.num_layers = 4;
+  c.window_attention = true;
+  c.window_left = 127;
+  EXPECT_EQ(c.attention_window(2), 127);  // no pattern: every layer
+  c.window_layers = parse_window_attn_skip_freq("2", 4);
+  c.window_skip_every = 2;
+  EXPECT_EQ(c.attention_window(0), 127);
+  EXPECT_EQ(c.attention_window(1), -1);
+  // GPT's MTP depth k numbers its layer k + 1 (Megatron core 0.19's MTP numbering): depth 0 has
+  // the window, depth 1 not.
+  c.mtp_num_layers = 2;
+  EXPECT_EQ(c.attention_window(4), 127);
+  EXPECT_EQ(c.attention_window(5), -1);
+  // A list pattern indexes by the same numbers.
+  c.window_layers = {0, 1, 1, 1};
+  c.window_skip_every = 0;
+  EXPECT_EQ(c.attention_window(4), -1);
+  EXPECT_EQ(c.attention_window(5), 127);
+  // A hybrid model's MTP block numbers its layers 1, 2, ... within each depth.
+  c.mamba.layers = "M*M*";
+  c.mamba.mtp_layers = "*E";
+  c.window_layers = {1, 0, 1, 0};
+  c.window_skip_every = 2;
+  EXPECT_EQ(c.attention_window(4), 127);  // depth 0, layer 1
+  EXPECT_EQ(c.attention_window(5), -1);   // depth 0, layer 2
+  EXPECT_EQ(c.attention_window(6), 127);  // depth 1, layer 1
+  c.window_attention = false;
+  EXPECT_EQ(c.attention_window(0), -1);
 }
 
 }  // namespace

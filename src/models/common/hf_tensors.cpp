@@ -177,8 +177,7 @@ bool is_peer_expert_tensor(const std::string& name, int64_t num_experts, int64_t
 std::set<std::string> read_mapped_tensors(const safetensors::SafetensorsDir& st,
                                           const std::map<std::string, std::string>& by_name,
                                           const std::vector<HfTensorMapping>& maps,
-                                          std::map<Param*, Tensor>& staged,
-                                          const std::string& dir,
+                                          std::map<Param*, Tensor>& staged, const std::string& dir,
                                           const HfDerivedTensors& derived) {
   std::set<std::string> used;
   // The last tensor read: a stacked tensor's slices are consecutive mappings, read once.

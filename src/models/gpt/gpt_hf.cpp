@@ -371,9 +371,8 @@ void load_hf_weights(const std::string& dir, const HfModelInfo& info, GPTModel& 
     if (layer->moe) local_experts = &layer->moe->experts;
   // gpt-oss's MXFP4 experts: dequantized from their blocks and scales.
   std::vector<std::string> mxfp4_parts;
-  const HfDerivedTensors derived = info.model_type == "gpt_oss"
-                                       ? gpt_oss_mxfp4_tensors(st, &mxfp4_parts)
-                                       : HfDerivedTensors{};
+  const HfDerivedTensors derived =
+      info.model_type == "gpt_oss" ? gpt_oss_mxfp4_tensors(st, &mxfp4_parts) : HfDerivedTensors{};
   for (const auto& [name, make] : derived) by_short[name] = name;
   const std::set<std::string> used =
       read_mapped_tensors(st, by_short, build_mappings(info, model), staged, dir, derived);

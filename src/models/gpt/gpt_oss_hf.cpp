@@ -2,6 +2,7 @@
 #include "models/gpt/gpt_oss_hf.h"
 
 #include <cmath>
+#include <cstdio>
 #include <set>
 
 #include "transformer/mla_config.h"
@@ -29,26 +30,50 @@ void read_rope_scaling(const json& j, const std::string& file, TransformerConfig
                  "' is not supported for gpt_oss (yarn, or none)");
   c.position_embedding = PositionEmbedding::kYarn;
   c.yarn_factor = hf_get<double>(rs, "factor", file);
-  MEGATRON_CHECK(c.yarn_factor >= 1, file, ": rope_scaling factor must be >= 1, got ",
-                 c.yarn_factor);
   c.yarn_beta_fast = hf_get_or<double>(rs, "beta_fast", 32.0, file);
   c.yarn_beta_slow = hf_get_or<double>(rs, "beta_slow", 1.0, file);
-  c.yarn_original_max_positions = hf_get_or<double>(
-      rs, "original_max_position_embeddings",
-      hf_get_or<double>(j, "initial_context_length", 4096.0, file), file);
+  // transformers' _compute_yarn_parameters: with original_max_position_embeddings the factor is
+  // max_position_embeddings / original (gpt-oss's files agree with their "factor"); without it
+  // the original context is max_position_embeddings.
+  const double max_positions = hf_get<double>(j, "max_position_embeddings", file);
+  if (rs.contains("original_max_position_embeddings") &&
+      !rs["original_max_position_embeddings"].is_null()) {
+    c.yarn_original_max_positions = hf_get<double>(rs, "original_max_position_embeddings", file);
+    const double ratio = max_positions / c.yarn_original_max_positions;
+    if (std::fabs(ratio - c.yarn_factor) > 1e-9 * ratio) {
+      std::fprintf(stderr,
+                   "WARNING: %s: rope_scaling factor %g differs from max_position_embeddings / "
+                   "original_max_position_embeddings = %g, which Hugging Face's YaRN uses; "
+                   "so does this run\n",
+                   file.c_str(), c.yarn_factor, ratio);
+      c.yarn_factor = ratio;
+    }
+  } else {
+    c.yarn_original_max_positions = max_positions;
+  }
+  MEGATRON_CHECK(c.yarn_factor >= 1, file, ": rope_scaling factor must be >= 1, got ",
+                 c.yarn_factor);
   // Hugging Face's truncate (default true) rounds the correction range outwards, as Megatron's
   // --yarn-correction-range-round-to-int; gpt-oss's configs say false.
   c.yarn_round_to_int = hf_get_or<bool>(rs, "truncate", true, file);
-  // The attention factor: DeepSeek's mscale keys when given (Megatron's --mscale and
-  // --mscale-all-dim), else 0.1 ln(factor) + 1 (mscale 1, mscale_all_dim 0).
-  c.yarn_mscale = hf_get_or<double>(rs, "mscale", 1.0, file);
-  c.yarn_mscale_all_dim = hf_get_or<double>(rs, "mscale_all_dim", 0.0, file);
+  // The attention factor: with both of DeepSeek's mscale keys (nonzero) their ratio, Megatron's
+  // --mscale and --mscale-all-dim; otherwise 0.1 ln(factor) + 1 (mscale 1, mscale_all_dim 0),
+  // as transformers computes it.
+  const double m = hf_get_or<double>(rs, "mscale", 0.0, file);
+  const double m_all = hf_get_or<double>(rs, "mscale_all_dim", 0.0, file);
+  c.yarn_mscale = m != 0 && m_all != 0 ? m : 1.0;
+  c.yarn_mscale_all_dim = m != 0 && m_all != 0 ? m_all : 0.0;
   if (rs.contains("attention_factor") && !rs["attention_factor"].is_null()) {
+    // A given factor: Megatron's concentration factor is mscale / 1 for mscale_all_dim 0 when
+    // yarn_mscale(f, mscale) equals it, i.e. mscale = (factor - 1) / (0.1 ln f).
     const double given = hf_get<double>(rs, "attention_factor", file);
     const double ours = yarn_attention_factor(c.yarn_factor, c.yarn_mscale, c.yarn_mscale_all_dim);
-    MEGATRON_CHECK(std::fabs(given - ours) <= 1e-9 * ours, file, ": rope_scaling attention_factor ",
-                   given, " differs from YaRN's ", ours,
-                   " for this factor, which is the one Megatron applies");
+    if (std::fabs(given - ours) > 1e-12 * ours) {
+      MEGATRON_CHECK(c.yarn_factor > 1, file, ": rope_scaling attention_factor ", given,
+                     " with factor 1 has no Megatron form (its YaRN factor is 1 there)");
+      c.yarn_mscale = (given - 1) / (0.1 * std::log(c.yarn_factor));
+      c.yarn_mscale_all_dim = 0;
+    }
   }
 }
 
@@ -68,8 +93,7 @@ void read_gpt_oss_config(const json& j, const std::string& file, TransformerConf
   c.num_layers = hf_get<int64_t>(j, "num_hidden_layers", file);
   c.hidden_size = hf_get<int64_t>(j, "hidden_size", file);
   c.num_attention_heads = hf_get<int64_t>(j, "num_attention_heads", file);
-  c.num_query_groups =
-      hf_get_or<int64_t>(j, "num_key_value_heads", c.num_attention_heads, file);
+  c.num_query_groups = hf_get_or<int64_t>(j, "num_key_value_heads", c.num_attention_heads, file);
   c.kv_channels = hf_get_or<int64_t>(j, "head_dim", 64, file);
   c.max_position_embeddings = hf_get<int64_t>(j, "max_position_embeddings", file);
   c.vocab_size = hf_get<int64_t>(j, "vocab_size", file);
@@ -111,10 +135,11 @@ void read_gpt_oss_config(const json& j, const std::string& file, TransformerConf
   // The MLP: every layer an MoE of quick-GeGLU experts.
   MoeConfig& m = c.moe;
   m.num_experts = hf_get<int64_t>(j, "num_local_experts", file);
-  m.router_topk = hf_get_or<int64_t>(
-      j, "num_experts_per_tok", hf_get_or<int64_t>(j, "experts_per_token", 4, file), file);
+  m.router_topk = hf_get_or<int64_t>(j, "num_experts_per_tok",
+                                     hf_get_or<int64_t>(j, "experts_per_token", 4, file), file);
   m.ffn_hidden_size = hf_get<int64_t>(j, "intermediate_size", file);
-  m.aux_loss_coeff = {0.0};  // HF's router_aux_loss_coef is a training choice (--moe-aux-loss-coeff)
+  m.aux_loss_coeff = {
+      0.0};  // HF's router_aux_loss_coef is a training choice (--moe-aux-loss-coeff)
   c.ffn_hidden_size = m.ffn_hidden_size;
   c.quick_geglu = true;
   c.glu_linear_offset = 1.0;
@@ -186,9 +211,11 @@ json gpt_oss_config_json(const TransformerConfig& c) {
                          {"beta_slow", c.yarn_beta_slow},
                          {"original_max_position_embeddings", c.yarn_original_max_positions},
                          {"truncate", c.yarn_round_to_int}};
+    // Other mscales than YaRN's default factor: the factor itself, which transformers takes as
+    // given (its mscale keys alone would be ignored unless both are nonzero).
     if (c.yarn_mscale != 1.0 || c.yarn_mscale_all_dim != 0.0) {
-      j["rope_scaling"]["mscale"] = c.yarn_mscale;
-      j["rope_scaling"]["mscale_all_dim"] = c.yarn_mscale_all_dim;
+      j["rope_scaling"]["attention_factor"] =
+          yarn_attention_factor(c.yarn_factor, c.yarn_mscale, c.yarn_mscale_all_dim);
     }
   }
   // layer_types and the window (Hugging Face's W counts the query).
@@ -250,8 +277,8 @@ Tensor dequantize_mxfp4(const Tensor& blocks, const Tensor& scales) {
   MEGATRON_CHECK(blocks.dtype() == DType::kU8 && scales.dtype() == DType::kU8 &&
                      blocks.ndim() >= 2 && blocks.dim(-1) == 16 &&
                      scales.numel() * 16 == blocks.numel(),
-                 "MXFP4: blocks must be u8 [..., G, 16] and scales u8 [..., G], got ",
-                 blocks.str(), " and ", scales.str());
+                 "MXFP4: blocks must be u8 [..., G, 16] and scales u8 [..., G], got ", blocks.str(),
+                 " and ", scales.str());
   // E2M1's sixteen codes (sign, two exponent bits, one mantissa bit).
   static constexpr float kE2M1[16] = {+0.0f, 0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
                                       -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
@@ -287,7 +314,8 @@ HfDerivedTensors gpt_oss_mxfp4_tensors(const safetensors::SafetensorsDir& st,
     }
     const std::string base = name.substr(0, name.size() - suffix.size());
     const std::string scales = base + "_scales";
-    MEGATRON_CHECK(present.count(scales) != 0, "MXFP4 tensor '", name, "' has no '", scales, "' beside it");
+    MEGATRON_CHECK(present.count(scales) != 0, "MXFP4 tensor '", name, "' has no '", scales,
+                   "' beside it");
     parts->push_back(name);
     parts->push_back(scales);
     derived[base] = [&st, name, scales]() {

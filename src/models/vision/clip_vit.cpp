@@ -60,6 +60,11 @@ TransformerConfig vision_transformer_config(const TransformerConfig& lm) {
   c.post_layernorm = false;
   c.swiglu = c.gated_gelu = c.openai_gelu = c.squared_relu = c.qk_layernorm = false;
   c.quick_gelu = true;
+  c.quick_geglu = false;  // nor the language model's gpt-oss pieces
+  c.glu_linear_offset = c.activation_clamp = 0;
+  c.window_attention = false;
+  c.window_layers.clear();
+  c.softmax_type = SoftmaxType::kVanilla;
   c.add_bias_linear = true;
   c.add_qkv_bias = true;
   c.position_embedding = PositionEmbedding::kNone;  // the ViT adds its own learned table

@@ -69,8 +69,8 @@ void add_fc2_bias(Tensor& y, const std::vector<std::unique_ptr<Linear>>& fc2,
   for (size_t g = 0; g < counts.size(); ++g) {
     if (counts[g] > 0) {
       Tensor rows = y.slice0(row, row + counts[g]);
-      ops::add_inplace(rows, scaled_bias_rows(*fc2[g], counts[g],
-                                              p.slice0(row, row + counts[g]), y.dtype()));
+      ops::add_inplace(
+          rows, scaled_bias_rows(*fc2[g], counts[g], p.slice0(row, row + counts[g]), y.dtype()));
     }
     row += counts[g];
   }
@@ -146,7 +146,8 @@ GroupedExperts::GroupedExperts(const std::string& name, const TransformerConfig&
       // (refused); fc1's would split like its rows.
       MEGATRON_CHECK(etp.size() == 1,
                      "MoE expert biases (--add-bias-linear, the default) with "
-                     "--expert-tensor-parallel-size ", etp.size(),
+                     "--expert-tensor-parallel-size ",
+                     etp.size(),
                      " (which defaults to --tensor-model-parallel-size) are not implemented: add "
                      "--expert-tensor-parallel-size 1, or --disable-bias-linear");
       mark_etp(fc1_.back()->bias, etp, 0, cfg.gated_mlp() ? 2 : 1);

@@ -61,8 +61,8 @@ class TopKRouter {
   int64_t layer_number() const { return layer_; }
   bool has_expert_bias() const { return !expert_bias.name.empty(); }
 
-  Param weight;       // [E, h]
-  Param bias;         // [E], with --add-bias-linear (Megatron core 0.19's router bias); else unnamed
+  Param weight;  // [E, h]
+  Param bias;    // [E], with --add-bias-linear (Megatron core 0.19's router bias); else unnamed
   Param expert_bias;  // [E] f32, only with --moe-router-enable-expert-bias
 
  private:
