@@ -3,6 +3,7 @@
 // time goes, kernel by kernel. Timings only; correctness lives in tests/.
 //
 // Run: build/bench/bench_ops [--benchmark_filter=Attention]
+#include <algorithm>
 #include <benchmark/benchmark.h>
 
 #include <cmath>
@@ -102,6 +103,37 @@ BENCHMARK(BM_Attention)
     ->Args({0, 1})
     ->Args({1, 1})
     ->Unit(benchmark::kMillisecond);
+
+// gpt-oss's layers at a long sequence: causal attention over 4096 positions, full (window -1) or
+// with a sliding window of 128 or 1024 keys (--window-size W,0), plus the sinks; forward and
+// backward. The window skips the key tiles before it, so the time should follow the visible
+// (query, key) pairs, counted as the items.
+void BM_AttentionWindow(benchmark::State& state) {
+  constexpr int64_t s = 4096, heads = 4, hn = 64;
+  const int64_t window = state.range(0);
+  ops::AttentionSpec spec;
+  spec.scale = 1.0f / std::sqrt(static_cast<float>(hn));
+  spec.window = window;
+  Tensor qkv = random({s, 1, heads, 3, hn}), out = Tensor::empty({s, 1, heads, hn});
+  Tensor lse = Tensor::empty({1, heads, s}), dqkv = Tensor::empty(qkv.shape());
+  const Tensor sink = random({heads});
+  Tensor dsink = Tensor::empty({heads});
+  using ops::packed_qkv_view, ops::QkvPart;
+  const auto q = packed_qkv_view(qkv, QkvPart::kQuery), k = packed_qkv_view(qkv, QkvPart::kKey),
+             v = packed_qkv_view(qkv, QkvPart::kValue);
+  const auto dq = packed_qkv_view(dqkv, QkvPart::kQuery), dk = packed_qkv_view(dqkv, QkvPart::kKey),
+             dv = packed_qkv_view(dqkv, QkvPart::kValue);
+  for (auto _ : state) {
+    ops::attention_forward(out, lse, q, k, v, spec);
+    ops::attention_sink_forward(out, lse, sink);
+    ops::attention_sink_backward(dsink, out, out, lse, sink);
+    ops::attention_backward(dq, dk, dv, Tensor(), out, q, k, v, out, lse, spec);
+  }
+  int64_t pairs = 0;  // visible (query, key) pairs
+  for (int64_t i = 0; i < s; ++i) pairs += window < 0 ? i + 1 : std::min(i, window) + 1;
+  state.SetItemsProcessed(state.iterations() * heads * pairs);
+}
+BENCHMARK(BM_AttentionWindow)->Arg(-1)->Arg(1024)->Arg(128)->Unit(benchmark::kMillisecond);
 
 void BM_LayerNormForwardBackward(benchmark::State& state) {
   Tensor x = random({kS * kB, kH}), w = random({kH}), b = random({kH}),
