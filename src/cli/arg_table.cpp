@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <set>
 
 #include "core/error.h"
 #include "core/logging.h"
@@ -14,6 +15,20 @@ namespace megatron::cli {
 void ArgTable::flag(const std::string& flag, bool& field, const std::string& help) {
   CLI::Option* opt = app_.add_flag(flag, field, help);
   entries_.push_back(bound(flag, dest_of(flag), opt, field));
+}
+
+void ArgTable::flag_pair(const std::string& flag, const std::string& negative, bool& field,
+                         const std::string& help, const std::string& negative_help) {
+  // Callbacks triggered on parse run in command-line order (plain flags are set after parsing,
+  // in declaration order).
+  CLI::Option* on = app_.add_flag_callback(
+      flag, [&field] { field = true; }, help);
+  on->trigger_on_parse();
+  entries_.push_back(bound(flag, dest_of(flag), on, field));
+  CLI::Option* off = app_.add_flag_callback(
+      negative, [&field] { field = false; }, negative_help);
+  off->trigger_on_parse();
+  entries_.push_back(bound(negative, dest_of(flag), off, field));
 }
 
 void ArgTable::negative_flag(const std::string& flag, const std::string& dest, bool& field,
@@ -95,7 +110,9 @@ std::string ArgTable::to_text(double v) {
 
 void ArgTable::print_dump() const {
   std::vector<std::pair<std::string, std::string>> rows;
-  for (const Entry& e : entries_) rows.emplace_back(e.dest, e.value());
+  std::set<std::string> dests;  // a flag pair's two flags share one line
+  for (const Entry& e : entries_)
+    if (dests.insert(e.dest).second) rows.emplace_back(e.dest, e.value());
   std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) {
     std::string la = a.first, lb = b.first;
     std::transform(la.begin(), la.end(), la.begin(), ::tolower);

@@ -36,6 +36,10 @@ class ArgTable {
   }
   // --flag sets field to true.
   void flag(const std::string& flag, bool& field, const std::string& help);
+  // --foo and --no-foo on one field (argparse's store_true / store_false pair on one dest): each
+  // sets it as the parser meets it, so the last given wins, as in argparse. One dump line.
+  void flag_pair(const std::string& flag, const std::string& negative, bool& field,
+                 const std::string& help, const std::string& negative_help);
   // --no-foo sets `dest` (a true-by-default field) to false, as Megatron's store_false flags do.
   void negative_flag(const std::string& flag, const std::string& dest, bool& field,
                      const std::string& help);

@@ -119,13 +119,12 @@ void register_model_args(ArgTable& t, Arguments& a) {
         "--position-embedding-type yarn: the fast boundary's rotations (default 32)");
   t.add("--yarn-beta-slow", a.yarn_beta_slow,
         "--position-embedding-type yarn: the slow boundary's rotations (default 1)");
-  t.flag("--yarn-correction-range-round-to-int", a.yarn_correction_range_round_to_int,
-         "--position-embedding-type yarn: round the correction range outwards to whole pairs "
-         "(the default)");
-  t.negative_flag("--no-yarn-correction-range-round-to-int", "yarn_correction_range_round_to_int",
-                  a.yarn_correction_range_round_to_int,
-                  "--position-embedding-type yarn: keep the correction range's ends fractional "
-                  "(Hugging Face's rope_scaling truncate false, gpt-oss)");
+  t.flag_pair("--yarn-correction-range-round-to-int", "--no-yarn-correction-range-round-to-int",
+              a.yarn_correction_range_round_to_int,
+              "--position-embedding-type yarn: round the correction range outwards to whole pairs "
+              "(the default)",
+              "--position-embedding-type yarn: keep the correction range's ends fractional "
+              "(Hugging Face's rope_scaling truncate false, gpt-oss)");
   t.add("--hybrid-attention-ratio", a.hybrid_attention_ratio,
         "Hybrid Mamba models: the share of attention layers, spread evenly between the Mamba "
         "layers (Megatron's allocate_layers)");

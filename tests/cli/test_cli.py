@@ -352,6 +352,22 @@ class TestRepeatedFlags(CliTestCase):
         self.assertIn("  num_layers " + "." * (48 - len("num_layers")) + " 3", proc.stdout)
         self.assertIn("  lr " + "." * (48 - len("lr")) + " 0.002", proc.stdout)
 
+    def test_the_last_of_a_flag_pair_wins(self):
+        # --yarn-correction-range-round-to-int and its --no- form set one dest: the last given
+        # wins, in either order, and the dump has one line for it.
+        name = "yarn_correction_range_round_to_int"
+        for flags, value in ((["--no-" + name.replace("_", "-"), "--" + name.replace("_", "-")],
+                              "True"),
+                             (["--" + name.replace("_", "-"), "--no-" + name.replace("_", "-")],
+                              "False")):
+            proc = megatron("train", "--mock-data", *TINY, "--vocab-size", "128",
+                            "--train-iters", "1", "--lr", "1e-3", "--num-threads", "1",
+                            "--position-embedding-type", "yarn", *flags)
+            self.assertOk(proc, " ".join(flags))
+            line = "  " + name + " " + "." * (48 - len(name)) + " "
+            self.assertIn(line + value, proc.stdout)
+            self.assertEqual(proc.stdout.count(line), 1)
+
 
 class TestGradientAccumulation(CliTestCase):
     def test_four_micro_batches_equal_one(self):
