@@ -50,9 +50,10 @@ std::vector<std::string> ArgTable::restore(const std::string& concern, const nlo
                                            const std::set<std::string>& keep,
                                            const std::string& source) const {
   std::vector<std::string> changed;
+  std::set<std::string> done;  // a flag pair's dest once, given by either of its flags
   for (const Entry& e : entries_) {
-    if (e.concern != concern || !saved.contains(e.dest)) continue;
-    const bool given = e.option->count() > 0;
+    if (e.concern != concern || !saved.contains(e.dest) || !done.insert(e.dest).second) continue;
+    const bool given = this->given(e.flag);
     if (given && keep.count(e.flag)) continue;
     const std::string before = e.value();
     try {
@@ -68,8 +69,13 @@ std::vector<std::string> ArgTable::restore(const std::string& concern, const nlo
 }
 
 bool ArgTable::given(const std::string& flag) const {
-  for (const Entry& e : entries_)
-    if (e.flag == flag) return e.option->count() > 0;
+  for (const Entry& e : entries_) {
+    if (e.flag != flag) continue;
+    // A flag pair's flags both set its dest: either one given is the dest given.
+    for (const Entry& other : entries_)
+      if (other.dest == e.dest && other.option->count() > 0) return true;
+    return false;
+  }
   return false;
 }
 

@@ -44,6 +44,7 @@ class ArgTable {
   void negative_flag(const std::string& flag, const std::string& dest, bool& field,
                      const std::string& help);
 
+  // Whether `flag` (or the other flag of its pair, which sets the same dest) was given.
   bool given(const std::string& flag) const;
   bool has(const std::string& flag) const;
   // Every entry's flag, in registration order; one entry's help text and value as the dump

@@ -161,9 +161,13 @@ void TransformerConfig::finalize() {
     MEGATRON_CHECK(rotary_seq_len_interpolation_factor >= 0,
                    "--rotary-seq-len-interpolation-factor must be positive, got ",
                    rotary_seq_len_interpolation_factor);
-    // MLA turns its own rotary channels (qk_pos_emb_head_dim, checked by mla.validate()).
+    // MLA turns its own rotary channels (qk_pos_emb_head_dim, checked by mla.validate()); YaRN
+    // the whole head whatever --rotary-percent says.
     const int64_t rot =
-        mla.enabled ? 2 : static_cast<int64_t>(static_cast<double>(kv_channels) * rotary_percent);
+        mla.enabled ? 2
+        : position_embedding == PositionEmbedding::kYarn
+            ? kv_channels
+            : static_cast<int64_t>(static_cast<double>(kv_channels) * rotary_percent);
     MEGATRON_CHECK(rot >= 2 && rot % 2 == 0,
                    "rotary dimension kv_channels * --rotary-percent = ", rot,
                    " must be even and >= 2");

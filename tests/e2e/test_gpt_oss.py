@@ -28,6 +28,7 @@ Usage: test_gpt_oss.py --megatron BUILD/megatron --mpiexec MPIEXEC [unittest arg
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -152,6 +153,28 @@ class TestCheckpoints(unittest.TestCase):
                                    msg=f"iteration {it}")
         refused = run(1, *OSS, *MOE, "--softmax-type", "vanilla", "--load", ck, expect_rc=2)
         self.assertIn("softmax_learnable", refused.stderr)
+        # The flags' model as a Hugging Face gpt_oss directory: transformers reads YaRN's factor
+        # as max_position_embeddings / original_max_position_embeddings, so the file's context
+        # is 4 x 64; it trains again as a pretrained checkpoint, YaRN's factor 4 read back.
+        hf = tempfile.mkdtemp(prefix="hf_", dir=TMP.name)
+        conv = subprocess.run([MEGATRON, "convert", "--load", ck, "--save-hf", hf],
+                              capture_output=True, text=True, timeout=TIMEOUT_S)
+        self.assertEqual(conv.returncode, 0, conv.stdout[-2000:] + conv.stderr[-2000:])
+        with open(os.path.join(hf, "config.json")) as f:
+            cfg = json.load(f)
+        self.assertEqual(cfg["model_type"], "gpt_oss")
+        self.assertEqual(cfg["max_position_embeddings"], 256)
+        self.assertEqual(cfg["rope_scaling"]["factor"], 4)
+        self.assertEqual(cfg["rope_scaling"]["original_max_position_embeddings"], 64)
+        self.assertFalse(cfg["rope_scaling"]["truncate"])
+        self.assertEqual(cfg["sliding_window"], 6)
+        self.assertEqual(cfg["layer_types"], ["sliding_attention", "full_attention"] * 2)
+        again = run(1, "--mock-data", "--pretrained-checkpoint", hf, "--seq-length", "32",
+                    "--micro-batch-size", "1", "--global-batch-size", "2", "--train-iters", "1",
+                    "--eval-iters", "0", "--num-threads", "1", "--tokenizer-type",
+                    "NullTokenizer", "--lr", "1e-4", base=[])
+        self.assertIn("iteration        1/", again.stdout)
+        self.assertNotIn("differs from max_position_embeddings", again.stderr)
 
 
 def oracle_dir():
@@ -195,6 +218,18 @@ class TestHuggingFace(unittest.TestCase):
             self.assertEqual(got[key], want[key], key)
         for key, value in want["rope_scaling"].items():
             self.assertEqual(got["rope_scaling"][key], value, key)
+        # A flag that contradicts the file is refused, the --no- form of a flag pair too (a
+        # copy of the oracle's directory whose rope_scaling rounds the correction range).
+        rounding = tempfile.mkdtemp(prefix="truncate_", dir=TMP.name)
+        for name in os.listdir(os.path.join(out, "model")):
+            shutil.copy(os.path.join(out, "model", name), rounding)
+        with open(os.path.join(rounding, "config.json"), "w") as f:
+            json.dump(dict(want, rope_scaling=dict(want["rope_scaling"], truncate=True)), f)
+        bad = run(1, "--mock-data", "--pretrained-checkpoint", rounding, "--seq-length", "16",
+                  "--micro-batch-size", "1", "--global-batch-size", "2", "--train-iters", "1",
+                  "--lr", "1e-4", "--no-yarn-correction-range-round-to-int", base=[],
+                  expect_rc=2)
+        self.assertIn("--yarn-correction-range-round-to-int false contradicts", bad.stderr)
         # The converted directory trains again as a pretrained checkpoint.
         again = run(1, "--mock-data", "--pretrained-checkpoint", back, "--seq-length", "16",
                     "--micro-batch-size", "1", "--global-batch-size", "2", "--train-iters", "1",

@@ -205,6 +205,18 @@ json gpt_oss_config_json(const TransformerConfig& c) {
             {"output_router_logits", false},
             {"tie_word_embeddings", !c.untie_embeddings_and_output_weights}};
   if (c.position_embedding == PositionEmbedding::kYarn) {
+    // transformers takes YaRN's factor as max_position_embeddings /
+    // original_max_position_embeddings (read_rope_scaling): the written context is the one that
+    // gives this factor.
+    const double context = c.yarn_original_max_positions * c.yarn_factor;
+    MEGATRON_CHECK(
+        std::fabs(context - std::round(context)) < 1e-9 * context,
+        "this model has no Hugging Face gpt_oss form: transformers derives YaRN's factor "
+        "from max_position_embeddings / original_max_position_embeddings, and "
+        "--rotary-scaling-factor (",
+        c.yarn_factor, ") x --yarn-original-max-position-embeddings (",
+        c.yarn_original_max_positions, ") is no whole number of positions");
+    j["max_position_embeddings"] = static_cast<int64_t>(std::llround(context));
     j["rope_scaling"] = {{"rope_type", "yarn"},
                          {"factor", c.yarn_factor},
                          {"beta_fast", c.yarn_beta_fast},
