@@ -3,8 +3,8 @@
 // time goes, kernel by kernel. Timings only; correctness lives in tests/.
 //
 // Run: build/bench/bench_ops [--benchmark_filter=Attention]
-#include <algorithm>
 #include <benchmark/benchmark.h>
+#include <algorithm>
 
 #include <cmath>
 #include <utility>

@@ -235,14 +235,10 @@ void SelfAttention::sink_backward(const Tensor& dout, const Ctx& ctx) const {
   Tensor dsink = Tensor::empty({heads_local_}, ctx.out.dtype(), ctx.out.device());
   ops::attention_sink_backward(dsink, dout, ctx.out, ctx.lse, sinks(ctx.out));
   // Gradients accumulate through const modules, as every weight gradient does (Param::main_grad
-  // views the ParamSet's buffer).
+  // views the ParamSet's buffer, zeroed each step; no GEMM writes this one, so adding is right
+  // from the first micro-batch on).
   Tensor& g = const_cast<Tensor&>(softmax_offset->main_grad);
-  if (softmax_offset->main_grad_zero) {  // the step's first gradient: written, not added
-    g.copy_from(dsink.dtype() == g.dtype() ? dsink : dsink.to(g.dtype()));
-    softmax_offset->main_grad_zero = false;
-  } else {
-    ops::add_inplace(g, dsink.dtype() == g.dtype() ? dsink : dsink.to(g.dtype()));
-  }
+  ops::add_inplace(g, dsink.dtype() == g.dtype() ? dsink : dsink.to(g.dtype()));
 }
 
 void SelfAttention::core_attention(Ctx& ctx) const {
