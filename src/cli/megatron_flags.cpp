@@ -124,6 +124,17 @@ const std::vector<OwnFlag>& own_train_flags() {
        "Megatron core 0.19's YaRN on ordinary attention (default on)"},
       {"--no-yarn-correction-range-round-to-int",
        "Megatron core 0.19's YaRN on ordinary attention (gpt-oss: off)"},
+      {"--muon-momentum", "Megatron core 0.19's Muon optimizer (--optimizer muon)"},
+      {"--muon-no-split-qkv", "Megatron core 0.19's Muon optimizer"},
+      {"--muon-nesterov", "Megatron core 0.19's Muon optimizer"},
+      {"--muon-scale-mode", "Megatron core 0.19's Muon optimizer"},
+      {"--muon-fp32-matmul-prec", "Megatron core 0.19's Muon optimizer (low refused)"},
+      {"--muon-coefficient-type",
+       "Megatron core 0.19's Muon optimizer (emerging_optimizers 0.2's types)"},
+      {"--muon-num-ns-steps", "Megatron core 0.19's Muon optimizer"},
+      {"--muon-tp-mode", "Megatron core 0.19's Muon optimizer"},
+      {"--muon-extra-scale-factor", "Megatron core 0.19's Muon optimizer"},
+      {"--muon-scalar-optimizer", "Megatron core 0.19's Muon optimizer (adam only; lion refused)"},
   };
   return own;
 }

@@ -1,9 +1,10 @@
 // The precision-aware optimizer's flags of `megatron train` (Megatron's
-// --use-precision-aware-optimizer, --exp-avg-dtype, --exp-avg-sq-dtype) and Megatron's rules for
-// them. What they do is optim/moment_storage.h's.
+// --use-precision-aware-optimizer, --exp-avg-dtype, --exp-avg-sq-dtype) and Muon's (--muon-*),
+// and Megatron's rules for them. What they do is optim/moment_storage.h's and optim/muon.h's.
 #include "cli/train_args.h"
 #include "core/error.h"
 #include "optim/moment_storage.h"
+#include "optim/muon.h"
 
 namespace megatron::cli {
 
@@ -39,6 +40,75 @@ void validate_precision_aware_args(const Arguments& a) {
                  "--use-precision-aware-optimizer only supported with distributed optimizer: add "
                  "--use-distributed-optimizer (or --use-megatron-fsdp with a sharding strategy "
                  "other than no_shard)");
+}
+
+void register_muon_args(ArgTable& t, Arguments& a) {
+  t.add("--muon-momentum", a.muon_momentum, "Momentum factor for the Muon optimizer");
+  t.negative_flag("--muon-no-split-qkv", "muon_split_qkv", a.muon_split_qkv,
+                  "Muon: orthogonalise a fused QKV weight whole instead of its queries, keys and "
+                  "values apart");
+  t.flag("--muon-nesterov", a.muon_nesterov,
+         "Muon: Nesterov-style momentum ((1 - momentum) gradient + momentum x buffer)");
+  t.add("--muon-scale-mode", a.muon_scale_mode,
+        "Muon's update scale for an [out, in] matrix: spectral (sqrt(max(out, in))), "
+        "unit_rms_norm (sqrt(out / in)) or shape_scaling (sqrt(max(1, out / in)))");
+  t.add("--muon-fp32-matmul-prec", a.muon_fp32_matmul_prec,
+        "Precision of the Newton-Schulz products: medium (bf16 inputs and outputs, f32 "
+        "accumulation, as Megatron under torch's medium), high or highest (f32)");
+  t.add("--muon-coefficient-type", a.muon_coefficient_type,
+        "Newton-Schulz coefficients: simple, quintic, polar_express or aol");
+  t.add("--muon-num-ns-steps", a.muon_num_ns_steps, "Newton-Schulz steps of the Muon optimizer");
+  t.add("--muon-tp-mode", a.muon_tp_mode,
+        "Newton-Schulz of tensor-parallel weights: blockwise (each shard alone), duplicated "
+        "(the whole matrix on every rank) or distributed (Gram matrices summed over the group)");
+  t.add("--muon-extra-scale-factor", a.muon_extra_scale_factor,
+        "Additional scale factor of the Muon update");
+  t.add("--muon-scalar-optimizer", a.muon_scalar_optimizer,
+        "Optimizer of the parameters Muon leaves out (embeddings, output layer, biases, norms): "
+        "adam");
+}
+
+void validate_muon_args(const Arguments& a) {
+  // Megatron's argparse choices, checked whatever the optimizer (as argparse does).
+  MuonScaleMode scale{};
+  MEGATRON_CHECK(parse_muon_scale_mode(a.muon_scale_mode, &scale),
+                 "--muon-scale-mode must be spectral, unit_rms_norm or shape_scaling, got '",
+                 a.muon_scale_mode, "'");
+  MuonTpMode mode{};
+  MEGATRON_CHECK(parse_muon_tp_mode(a.muon_tp_mode, &mode),
+                 "--muon-tp-mode must be blockwise, duplicated or distributed, got '",
+                 a.muon_tp_mode, "'");
+  // Megatron offers low too, which torch's set_float32_matmul_precision rejects at the first step.
+  MEGATRON_CHECK(a.muon_fp32_matmul_prec == "medium" || a.muon_fp32_matmul_prec == "high" ||
+                     a.muon_fp32_matmul_prec == "highest",
+                 "--muon-fp32-matmul-prec must be medium, high or highest, got '",
+                 a.muon_fp32_matmul_prec, "'");
+  MEGATRON_CHECK(a.optimizer != "dist_muon",
+                 "--optimizer dist_muon (deprecated in Megatron: muon with its layer-wise "
+                 "distributed optimizer) is not supported: use --optimizer muon without "
+                 "--use-distributed-optimizer");
+  if (a.optimizer != "muon") return;
+  MEGATRON_CHECK(!muon_coefficients(a.muon_coefficient_type, 1).empty(),
+                 "Unsupported muon coefficient type '", a.muon_coefficient_type,
+                 "'. Supported types: simple, quintic, polar_express, aol");
+  MEGATRON_CHECK(a.muon_num_ns_steps >= 1, "--muon-num-ns-steps must be at least 1, got ",
+                 a.muon_num_ns_steps);
+  MEGATRON_CHECK(a.muon_momentum >= 0 && a.muon_momentum < 1,
+                 "--muon-momentum must be in [0, 1), got ", a.muon_momentum);
+  MEGATRON_CHECK(a.muon_scalar_optimizer == "adam", "--muon-scalar-optimizer ",
+                 a.muon_scalar_optimizer,
+                 " is not supported: adam (Megatron's default; lion is not implemented here)");
+  MEGATRON_CHECK(!a.fp16,
+                 "--optimizer muon with --fp16: emerging optimizer with fp16 is not "
+                 "supported (Megatron's rule); use --bf16");
+  MEGATRON_CHECK(!a.use_distributed_optimizer,
+                 "--optimizer muon with --use-distributed-optimizer: Megatron's layer-wise "
+                 "distributed optimizer for Muon is not implemented here; drop "
+                 "--use-distributed-optimizer (every data-parallel rank then keeps the whole "
+                 "momentum)");
+  MEGATRON_CHECK(!a.use_megatron_fsdp && !a.use_torch_fsdp2,
+                 "--optimizer muon with Megatron-FSDP or torch FSDP2: emerging optimizers do not "
+                 "support FSDP (Megatron's rule); drop --use-megatron-fsdp / --use-torch-fsdp2");
 }
 
 }  // namespace megatron::cli

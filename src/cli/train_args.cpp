@@ -497,13 +497,16 @@ void register_train_args(ArgTable& t, Arguments& a) {
   t.add("--seed", a.seed, "Random seed (weights, dropout, data)");
   t.add("--optimizer", a.optimizer,
         "Optimizer: adam (AdamW), sgd (SGD with momentum and L2 weight decay, Megatron's "
-        "FusedSGD) or onebit_adam (DeepSpeed's 1-bit Adam: compressed momentum exchange after "
-        "--onebit-freeze-step steps)");
+        "FusedSGD), muon (Muon's orthogonalised momentum for the matrices, AdamW for the rest) or "
+        "onebit_adam "
+        "(DeepSpeed's 1-bit Adam: compressed momentum exchange after --onebit-freeze-step "
+        "steps)");
   t.add("--sgd-momentum", a.sgd_momentum, "Momentum factor for sgd (0: no momentum buffer)");
   t.add("--onebit-freeze-step", a.onebit_freeze_step,
         "1-bit Adam: steps of full Adam (gradients all-reduced) before the variance freezes and "
         "the momentum is exchanged compressed (DeepSpeed's freeze_step)");
   register_precision_aware_args(t, a);
+  register_muon_args(t, a);
   t.add("--lr", a.lr, "Peak learning rate");
   t.add("--min-lr", a.min_lr, "Minimum learning rate");
   t.flag("--override-opt_param-scheduler", a.override_opt_param_scheduler,
@@ -1437,6 +1440,7 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
   validate_fp8_args(a);
   validate_fsdp_args(a);
   validate_precision_aware_args(a);
+  validate_muon_args(a);
   validate_rerun_args(a);
   if (a.num_distributed_optimizer_instances != 1) {
     // (Its divisibility and positivity: make_parallel_grid, in validate_parallel_layout.)
@@ -1482,8 +1486,9 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
     MEGATRON_CHECK(a.ddp_num_buckets > 0, "--ddp-num-buckets must be greater than 0, got ",
                    a.ddp_num_buckets);
   }
-  MEGATRON_CHECK(a.optimizer == "adam" || a.optimizer == "sgd" || a.optimizer == "onebit_adam",
-                 "--optimizer ", a.optimizer, " is not supported (adam, sgd, onebit_adam)");
+  MEGATRON_CHECK(a.optimizer == "adam" || a.optimizer == "sgd" || a.optimizer == "muon" ||
+                     a.optimizer == "onebit_adam",
+                 "--optimizer ", a.optimizer, " is not supported (adam, sgd, muon, onebit_adam)");
   // torch.optim.SGD's check (the precision-aware optimizer's "only adam" is checked with it).
   if (a.optimizer == "sgd")
     MEGATRON_CHECK(a.sgd_momentum >= 0, "--sgd-momentum must be >= 0, got ", a.sgd_momentum);

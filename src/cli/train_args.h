@@ -21,6 +21,8 @@ void validate_rerun_args(const Arguments& a);
 // validate_fsdp_args (which decides whether the distributed optimizer runs).
 void register_precision_aware_args(ArgTable& t, Arguments& a);
 void validate_precision_aware_args(const Arguments& a);
+void register_muon_args(ArgTable& t, Arguments& a);
+void validate_muon_args(const Arguments& a);
 // May set use_distributed_optimizer (Megatron-FSDP runs on it).
 void validate_fsdp_args(Arguments& a);
 // Heterogeneous layers (cli/heterogeneous_args.cpp): reads --heterogeneous-layers-config-path

@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "optim/muon.h"
 #include "tensor/ops.h"
 
 namespace megatron {
@@ -59,6 +60,19 @@ void AdamW::step(const StepRates& rates, double grad_scale) {
 
 const char* first_state_name(const AdamWConfig& cfg) {
   return cfg.sgd() ? "momentum_buffer" : "exp_avg";
+}
+
+const char* first_state_name(const AdamWConfig& cfg, const Param& p) {
+  return cfg.rule == UpdateRule::kMuon && is_muon_matrix(p) ? "momentum_buffer"
+                                                            : first_state_name(cfg);
+}
+
+std::string optimizer_state_family(const std::string& optimizer) {
+  return optimizer == "sgd" || optimizer == "muon" ? optimizer : "adam";
+}
+
+int states_of(const AdamWConfig& cfg, const Param& p) {
+  return cfg.rule == UpdateRule::kMuon && is_muon_matrix(p) ? 1 : cfg.states();
 }
 
 ops::SgdSpec sgd_spec(const AdamWConfig& cfg, const StepRates& rates, const Param& p, int64_t step,

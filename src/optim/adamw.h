@@ -6,14 +6,17 @@
 // optimizer (that shards these buffers over data-parallel ranks; it comes with parallelism).
 #pragma once
 
+#include <string>
+
 #include "optim/moment_storage.h"
 #include "parallel/param.h"
 #include "tensor/ops.h"
 
 namespace megatron {
 
-// Megatron's --optimizer: adam (AdamW) or sgd (momentum SGD, ops::sgd_step).
-enum class UpdateRule : uint8_t { kAdam, kSgd };
+// Megatron's --optimizer: adam (AdamW), sgd (momentum SGD, ops::sgd_step) or muon (Muon for the
+// matrices, AdamW for the rest: optim/muon.h).
+enum class UpdateRule : uint8_t { kAdam, kSgd, kMuon };
 
 // The optimizer's hyper-parameters (AdamW's, and SGD's with rule kSgd).
 struct AdamWConfig {
@@ -37,6 +40,13 @@ struct AdamWConfig {
 // The checkpoint name of the optimizer's first and second state tensors ("exp_avg" and
 // "exp_avg_sq"; SGD's "momentum_buffer" and none).
 const char* first_state_name(const AdamWConfig& cfg);
+// The same for parameter p, and how many of them p has: under Muon a matrix has only its
+// "momentum_buffer" (optim/muon.h's is_muon_matrix), the others Adam's two.
+const char* first_state_name(const AdamWConfig& cfg, const Param& p);
+int states_of(const AdamWConfig& cfg, const Param& p);
+// Which optimizers' checkpointed state another can continue: "sgd", "muon", or "adam" (adam,
+// onebit_adam and any older checkpoint's).
+std::string optimizer_state_family(const std::string& optimizer);
 
 // One step's hyper-parameters from the schedules (Megatron's parameter groups): the learning
 // rate, the one of the word embeddings and output layer (--decoupled-lr; equal to lr without

@@ -47,6 +47,13 @@ struct Param {
   double init_std = 0.02;
   bool no_weight_decay = false;  // biases and norm weights (Megatron's param groups)
   bool is_embedding_or_output = false;
+  // Megatron's number of dimensions where this tensor is stored with fewer (Mamba's conv1d weight:
+  // 3-D there, [channels, d_conv] here); 0: shape's. --optimizer muon decides by it which
+  // parameters are matrices.
+  int megatron_ndim = 0;
+  // A fused linear_qkv weight's rows per query group: its queries, its key and its value
+  // (Megatron's qkv_split_shapes), which --optimizer muon orthogonalises apart. Empty otherwise.
+  std::vector<int64_t> qkv_split;
 
   // Tensor parallelism. tp_partition_dim: the dim split over the TP group (-1: every TP rank
   // holds the whole tensor). tp_partition_stride: the full dim is first cut into this many equal

@@ -170,10 +170,21 @@ struct Arguments {
   bool reuse_grad_buf_for_mxfp8_param_ag = false;
 
   // ---- optimizer and schedule ----
-  // adam (AdamW), sgd (momentum SGD) or onebit_adam (DeepSpeed's 1-bit Adam)
+  // adam (AdamW), sgd (momentum SGD), muon (Muon + AdamW) or onebit_adam (DeepSpeed's 1-bit Adam)
   std::string optimizer = "adam";
   double sgd_momentum = 0.9;            // --sgd-momentum (Megatron's default)
   int64_t onebit_freeze_step = 100000;  // --onebit-freeze-step (DeepSpeed's freeze_step)
+  // --optimizer muon (optim/muon.h; Megatron core 0.19's flags and defaults)
+  double muon_momentum = 0.9;                     // --muon-momentum
+  bool muon_split_qkv = true;                     // --muon-no-split-qkv
+  bool muon_nesterov = false;                     // --muon-nesterov
+  std::string muon_scale_mode = "spectral";       // --muon-scale-mode
+  std::string muon_fp32_matmul_prec = "medium";   // --muon-fp32-matmul-prec
+  std::string muon_coefficient_type = "quintic";  // --muon-coefficient-type
+  int64_t muon_num_ns_steps = 5;                  // --muon-num-ns-steps
+  std::string muon_tp_mode = "blockwise";         // --muon-tp-mode
+  double muon_extra_scale_factor = 1.0;           // --muon-extra-scale-factor
+  std::string muon_scalar_optimizer = "adam";     // --muon-scalar-optimizer
   // --use-precision-aware-optimizer: the Adam moments stored in --exp-avg-dtype /
   // --exp-avg-sq-dtype (fp32, fp16, bf16, fp8; optim/moment_storage.h), distributed optimizer only
   bool use_precision_aware_optimizer = false;

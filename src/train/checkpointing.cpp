@@ -266,10 +266,10 @@ void for_each_box(const CheckpointTarget& t, bool optim, bool writes_only, Fn&& 
       fn("model." + p->name, *p, flat, at, piece);
       if (optim && t.optimizer && p->requires_grad) {
         const AdamWConfig& c = t.optimizer->config();
-        if (c.states() >= 1)
-          fn(std::string("optimizer.") + first_state_name(c) + "." + p->name, *p,
+        if (states_of(c, *p) >= 1)
+          fn(std::string("optimizer.") + first_state_name(c, *p) + "." + p->name, *p,
              t.optimizer->exp_avg(), at, piece);
-        if (c.states() >= 2)
+        if (states_of(c, *p) >= 2)
           fn("optimizer.exp_avg_sq." + p->name, *p, t.optimizer->exp_avg_sq(), at, piece);
       }
     }
@@ -358,8 +358,8 @@ std::vector<std::string> take_optimizer_groups(Arguments& args) {
   if (!meta.is_object() || meta.value("release", false) ||
       !meta.value("has_optimizer_state", false))
     return changes;
-  const bool saved_sgd = meta.value("optimizer", std::string("adam")) == "sgd";
-  if (saved_sgd != (args.optimizer == "sgd")) return changes;  // the load refuses it
+  const std::string saved = optimizer_state_family(meta.value("optimizer", std::string("adam")));
+  if (saved != optimizer_state_family(args.optimizer)) return changes;  // the load refuses it
   auto take = [&](const char* key, const char* flag, double& value) {
     const auto it = meta.find(key);
     if (it == meta.end() || !it->is_number() || it->get<double>() == value) return;
@@ -369,9 +369,11 @@ std::vector<std::string> take_optimizer_groups(Arguments& args) {
                   flag, it->get<double>(), dir.c_str(), value));
     value = it->get<double>();
   };
-  if (saved_sgd) {
+  if (saved == "sgd") {
     take("sgd_momentum", "--sgd-momentum", args.sgd_momentum);
   } else {
+    // Muon's matrices keep their momentum in their group; its other groups are Adam's.
+    if (saved == "muon") take("muon_momentum", "--muon-momentum", args.muon_momentum);
     take("adam_beta1", "--adam-beta1", args.adam_beta1);
     take("adam_beta2", "--adam-beta2", args.adam_beta2);
     take("adam_eps", "--adam-eps", args.adam_eps);

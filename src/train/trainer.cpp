@@ -525,6 +525,36 @@ void Trainer::build_optimizer() {
         "steps (--onebit-freeze-step); then the variance is frozen and the momentum is averaged "
         "compressed to 1 bit per element with error feedback instead",
         static_cast<long>(grad_size_), static_cast<long>(args_.onebit_freeze_step)));
+  } else if (args_.optimizer == "muon") {
+    adam.rule = UpdateRule::kMuon;
+    MuonConfig muon;
+    muon.momentum = args_.muon_momentum;
+    muon.nesterov = args_.muon_nesterov;
+    muon.split_qkv = args_.muon_split_qkv;
+    parse_muon_scale_mode(args_.muon_scale_mode, &muon.scale_mode);  // validated
+    parse_muon_tp_mode(args_.muon_tp_mode, &muon.tp_mode);
+    muon.bf16_iteration = args_.muon_fp32_matmul_prec == "medium";
+    muon.coefficient_type = args_.muon_coefficient_type;
+    muon.num_ns_steps = args_.muon_num_ns_steps;
+    muon.extra_scale_factor = args_.muon_extra_scale_factor;
+    optimizer_ = std::make_unique<Muon>(*params_, adam, muon, ps.tp_group(), ps.etp_group());
+    int64_t matrices = 0, elements = 0;
+    for (const Param* p : params_->params()) {
+      if (is_muon_matrix(*p)) {
+        ++matrices;
+        elements += p->shape.numel();
+      }
+    }
+    log_first(strprintf(
+        " > Muon (Megatron's --optimizer muon): %ld matrices (%ld elements on this rank) take "
+        "the orthogonalised momentum (momentum %g%s, %ld %s Newton-Schulz steps in %s, scale %s, "
+        "tensor-parallel mode %s%s); embeddings, output layer and the other parameters take "
+        "AdamW",
+        static_cast<long>(matrices), static_cast<long>(elements), muon.momentum,
+        muon.nesterov ? ", Nesterov" : "", static_cast<long>(muon.num_ns_steps),
+        muon.coefficient_type.c_str(), muon.bf16_iteration ? "bf16" : "f32",
+        args_.muon_scale_mode.c_str(), args_.muon_tp_mode.c_str(),
+        muon.split_qkv ? ", QKV split" : ""));
   } else {
     optimizer_ = std::make_unique<AdamW>(*params_, adam);
   }
@@ -1663,13 +1693,14 @@ void Trainer::load_checkpoint() {
       MEGATRON_CHECK(meta.value("has_optimizer_state", false), "checkpoint ", dir,
                      " has no optimizer state (it was saved with --no-save-optim): pass "
                      "--no-load-optim (moments start at zero) or --finetune");
-      // Adam's moments and SGD's momentum buffer are different state (torch's load_state_dict
-      // would fail on the keys); older checkpoints were Adam's. 1-bit Adam keeps Adam's.
+      // Adam's moments, SGD's momentum buffer and Muon's (buffers for the matrices, Adam's
+      // moments for the rest) are different state (torch's load_state_dict would fail on the
+      // keys); older checkpoints were Adam's. 1-bit Adam keeps Adam's.
       const std::string saved_optimizer = meta.value("optimizer", std::string("adam"));
       MEGATRON_CHECK(
-          (saved_optimizer == "sgd") == (args_.optimizer == "sgd"), "checkpoint ", dir,
-          " holds the optimizer state of --optimizer ", saved_optimizer, ", which --optimizer ",
-          args_.optimizer,
+          optimizer_state_family(saved_optimizer) == optimizer_state_family(args_.optimizer),
+          "checkpoint ", dir, " holds the optimizer state of --optimizer ", saved_optimizer,
+          ", which --optimizer ", args_.optimizer,
           " cannot continue: pass --no-load-optim (its state starts afresh) or --optimizer ",
           saved_optimizer);
     }
@@ -1760,6 +1791,7 @@ nlohmann::json Trainer::checkpoint_extra() const {
       {"optimizer", args_.optimizer},
       // The optimizer's parameter groups as torch saves them (restore_optimizer_groups).
       {"sgd_momentum", args_.sgd_momentum},
+      {"muon_momentum", args_.muon_momentum},
       {"adam_beta1", args_.adam_beta1},
       {"adam_beta2", args_.adam_beta2},
       {"adam_eps", args_.adam_eps},

@@ -31,6 +31,7 @@
 #include "optim/distributed_optimizer.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_scheduler.h"
+#include "optim/muon.h"
 #include "optim/onebit_adam.h"
 #include "optim/scheduler_state.h"
 #include "parallel/fsdp.h"

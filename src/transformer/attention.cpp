@@ -60,6 +60,9 @@ SelfAttention::SelfAttention(const std::string& name, const TransformerConfig& c
   linear_qkv.emplace(
       name + ".linear_qkv", cfg.hidden_size, qkv_width(cfg), cfg.init_method_std, *tp.group,
       ColumnParallelLinear::Options{.with_bias = cfg.qkv_bias(), .sequence_parallel = tp.sp()});
+  // Muon orthogonalises the queries, keys and values apart (Megatron's qkv_split_shapes).
+  linear_qkv->weight().qkv_split = {cfg.num_attention_heads / cfg.num_query_groups * cfg.head_dim(),
+                                    cfg.head_dim(), cfg.head_dim()};
   if (cfg.qk_l2_norm) {  // Megatron's L2Norm: RMS normalisation without a weight
     q_layernorm.emplace(name + ".q_layernorm", cfg.head_dim(), Normalization::kRMSNorm,
                         cfg.norm_epsilon, false, /*learnable=*/false);

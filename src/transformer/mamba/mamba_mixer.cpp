@@ -79,6 +79,7 @@ MambaMixer::MambaMixer(const std::string& name, const TransformerConfig& cfg, in
   conv1d_weight = tp_param(name + ".conv1d.weight", {conv_dim_, d_conv_}, Init::kUniform,
                            conv_bound, tp, {di, gn, gn});
   conv1d_weight.no_weight_decay = false;  // Megatron's is 3-D [channels, 1, d_conv]: decayed
+  conv1d_weight.megatron_ndim = 3;        // not a matrix for Muon
   conv1d_bias =
       tp_param(name + ".conv1d.bias", {conv_dim_}, Init::kUniform, conv_bound, tp, {di, gn, gn});
   A_log = tp_param(name + ".A_log", {heads_}, Init::kMambaALog, 0, tp);
