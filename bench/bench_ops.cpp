@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "optim/muon.h"
 #include "core/philox.h"
 #include "optim/moment_storage.h"
 #include "tensor/cpu/gemm.h"
@@ -134,6 +135,20 @@ void BM_AttentionWindow(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * heads * pairs);
 }
 BENCHMARK(BM_AttentionWindow)->Arg(-1)->Arg(1024)->Arg(128)->Unit(benchmark::kMillisecond);
+
+// Muon's Newton-Schulz (optim/muon.h) on a [768, 3072] matrix (GPT-2's fc1/fc2 shape): five
+// quintic steps, bf16 (arg 1, --muon-fp32-matmul-prec medium) or f32 (arg 0). FLOPs per call:
+// 5 x (4 m^2 n + 2 m^3) with m = 768, n = 3072. bench/muon_pytorch.py times PyTorch on the same.
+void BM_NewtonSchulz(benchmark::State& state) {
+  constexpr int64_t m = 768, n = 3072;
+  const Tensor x = random({m, n});
+  const auto coefficients = muon_coefficients("quintic", 5);
+  for (auto _ : state) benchmark::DoNotOptimize(newton_schulz(x, coefficients, false, state.range(0)));
+  state.counters["GFLOP/s"] = benchmark::Counter(
+      5.0 * (4.0 * m * m * n + 2.0 * m * m * m) * static_cast<double>(state.iterations()) / 1e9,
+      benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_NewtonSchulz)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_LayerNormForwardBackward(benchmark::State& state) {
   Tensor x = random({kS * kB, kH}), w = random({kH}), b = random({kH}),

@@ -103,6 +103,7 @@ ClipVisionModel::ClipVisionModel(const TransformerConfig& lm, const TensorParall
       ln_pre("vision_model.ln_pre", cfg_),
       tp_(TensorParallelContext{tp.group, /*sequence_parallel=*/false, {}, {}, nullptr}),
       patch_dim_(lm.vision.patch_dim) {
+  conv1.weight.megatron_ndim = 4;  // Megatron's Conv2d [h_v, 3, p, p]: not a matrix for Muon
   class_token.name = "vision_model.class_token";
   class_token.shape = {cfg_.hidden_size};  // Megatron's [1, 1, h_v] (one class token)
   class_token.init_std = 1.0;
