@@ -10,9 +10,9 @@
 #include <utility>
 #include <vector>
 
-#include "optim/muon.h"
 #include "core/philox.h"
 #include "optim/moment_storage.h"
+#include "optim/muon.h"
 #include "tensor/cpu/gemm.h"
 #include "tensor/ops.h"
 
@@ -143,7 +143,8 @@ void BM_NewtonSchulz(benchmark::State& state) {
   constexpr int64_t m = 768, n = 3072;
   const Tensor x = random({m, n});
   const auto coefficients = muon_coefficients("quintic", 5);
-  for (auto _ : state) benchmark::DoNotOptimize(newton_schulz(x, coefficients, false, state.range(0)));
+  for (auto _ : state)
+    benchmark::DoNotOptimize(newton_schulz(x, coefficients, false, state.range(0)));
   state.counters["GFLOP/s"] = benchmark::Counter(
       5.0 * (4.0 * m * m * n + 2.0 * m * m * m) * static_cast<double>(state.iterations()) / 1e9,
       benchmark::Counter::kIsRate);

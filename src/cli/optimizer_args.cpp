@@ -54,7 +54,7 @@ void register_muon_args(ArgTable& t, Arguments& a) {
         "unit_rms_norm (sqrt(out / in)) or shape_scaling (sqrt(max(1, out / in)))");
   t.add("--muon-fp32-matmul-prec", a.muon_fp32_matmul_prec,
         "Precision of the Newton-Schulz products: medium (bf16 inputs and outputs, f32 "
-        "accumulation, as Megatron under torch's medium), high or highest (f32)");
+        "accumulation, as Megatron under torch's medium) or high (f32); low is refused");
   t.add("--muon-coefficient-type", a.muon_coefficient_type,
         "Newton-Schulz coefficients: simple, quintic, polar_express or aol");
   t.add("--muon-num-ns-steps", a.muon_num_ns_steps, "Newton-Schulz steps of the Muon optimizer");
@@ -78,10 +78,9 @@ void validate_muon_args(const Arguments& a) {
   MEGATRON_CHECK(parse_muon_tp_mode(a.muon_tp_mode, &mode),
                  "--muon-tp-mode must be blockwise, duplicated or distributed, got '",
                  a.muon_tp_mode, "'");
-  // Megatron offers low too, which torch's set_float32_matmul_precision rejects at the first step.
-  MEGATRON_CHECK(a.muon_fp32_matmul_prec == "medium" || a.muon_fp32_matmul_prec == "high" ||
-                     a.muon_fp32_matmul_prec == "highest",
-                 "--muon-fp32-matmul-prec must be medium, high or highest, got '",
+  MEGATRON_CHECK(a.muon_fp32_matmul_prec == "low" || a.muon_fp32_matmul_prec == "medium" ||
+                     a.muon_fp32_matmul_prec == "high",
+                 "--muon-fp32-matmul-prec must be low, medium or high, got '",
                  a.muon_fp32_matmul_prec, "'");
   MEGATRON_CHECK(a.optimizer != "dist_muon",
                  "--optimizer dist_muon (deprecated in Megatron: muon with its layer-wise "
@@ -91,6 +90,10 @@ void validate_muon_args(const Arguments& a) {
   MEGATRON_CHECK(!muon_coefficients(a.muon_coefficient_type, 1).empty(),
                  "Unsupported muon coefficient type '", a.muon_coefficient_type,
                  "'. Supported types: simple, quintic, polar_express, aol");
+  // Megatron offers low, which torch's set_float32_matmul_precision rejects at the first step.
+  MEGATRON_CHECK(a.muon_fp32_matmul_prec != "low",
+                 "--muon-fp32-matmul-prec low is not a matmul precision (torch rejects it at the "
+                 "first step): use medium (bf16 Newton-Schulz) or high (f32)");
   MEGATRON_CHECK(a.muon_num_ns_steps >= 1, "--muon-num-ns-steps must be at least 1, got ",
                  a.muon_num_ns_steps);
   MEGATRON_CHECK(a.muon_momentum >= 0 && a.muon_momentum < 1,
@@ -101,14 +104,14 @@ void validate_muon_args(const Arguments& a) {
   MEGATRON_CHECK(!a.fp16,
                  "--optimizer muon with --fp16: emerging optimizer with fp16 is not "
                  "supported (Megatron's rule); use --bf16");
+  MEGATRON_CHECK(!a.use_megatron_fsdp && !a.use_torch_fsdp2,
+                 "--optimizer muon with Megatron-FSDP or torch FSDP2: emerging optimizers do not "
+                 "support FSDP (Megatron's rule); drop --use-megatron-fsdp / --use-torch-fsdp2");
   MEGATRON_CHECK(!a.use_distributed_optimizer,
                  "--optimizer muon with --use-distributed-optimizer: Megatron's layer-wise "
                  "distributed optimizer for Muon is not implemented here; drop "
                  "--use-distributed-optimizer (every data-parallel rank then keeps the whole "
                  "momentum)");
-  MEGATRON_CHECK(!a.use_megatron_fsdp && !a.use_torch_fsdp2,
-                 "--optimizer muon with Megatron-FSDP or torch FSDP2: emerging optimizers do not "
-                 "support FSDP (Megatron's rule); drop --use-megatron-fsdp / --use-torch-fsdp2");
 }
 
 }  // namespace megatron::cli

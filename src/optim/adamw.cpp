@@ -46,16 +46,23 @@ void AdamW::step(const StepRates& rates, double grad_scale) {
       continue;
     }
     Tensor m = exp_avg_.flat_view(off, {n}), v = exp_avg_sq_.flat_view(off, {n});
-    ops::AdamWSpec spec;
-    spec.lr = static_cast<float>(rates.lr_of(*p));
-    spec.beta1 = static_cast<float>(cfg_.beta1);
-    spec.beta2 = static_cast<float>(cfg_.beta2);
-    spec.eps = static_cast<float>(cfg_.eps);
-    spec.weight_decay = static_cast<float>(rates.decay_of(*p));
-    spec.step = step_;
-    spec.grad_scale = rates.grad_scale_of(*p, grad_scale);
-    ops::adamw_step(w, m, v, p->main_grad.view({n}), spec, rounded.defined() ? &rounded : nullptr);
+    ops::adamw_step(w, m, v, p->main_grad.view({n}),
+                    adam_spec(cfg_, rates, *p, step_, rates.grad_scale_of(*p, grad_scale)),
+                    rounded.defined() ? &rounded : nullptr);
   }
+}
+
+ops::AdamWSpec adam_spec(const AdamWConfig& cfg, const StepRates& rates, const Param& p,
+                         int64_t step, double grad_scale) {
+  ops::AdamWSpec spec;
+  spec.lr = static_cast<float>(rates.lr_of(p));
+  spec.beta1 = static_cast<float>(cfg.beta1);
+  spec.beta2 = static_cast<float>(cfg.beta2);
+  spec.eps = static_cast<float>(cfg.eps);
+  spec.weight_decay = static_cast<float>(rates.decay_of(p));
+  spec.step = step;
+  spec.grad_scale = grad_scale;
+  return spec;
 }
 
 const char* first_state_name(const AdamWConfig& cfg) {

@@ -96,6 +96,9 @@ class AdamW {
   int64_t step_ = 0;
 };
 
+// One AdamW step's constants for parameter p at optimizer step `step` (1-based, bias correction).
+ops::AdamWSpec adam_spec(const AdamWConfig& cfg, const StepRates& rates, const Param& p,
+                         int64_t step, double grad_scale);
 // One SGD step's constants for parameter p at optimizer step `step` (1-based).
 ops::SgdSpec sgd_spec(const AdamWConfig& cfg, const StepRates& rates, const Param& p, int64_t step,
                       double grad_scale);

@@ -127,7 +127,9 @@ Tensor newton_schulz(const Tensor& x, const std::vector<std::array<double, 3>>& 
     if (bf16) round_bf16(A);
     if (sum_group) {
       sum_group->all_reduce(A);
-      if (bf16) round_bf16(A);  // a bf16 all-reduce's result
+      // A bf16 all-reduce's result over two ranks (one rounding of the sum; NCCL's ring rounds
+      // each partial sum beyond two).
+      if (bf16) round_bf16(A);
     }
     const Tensor Ag = A.to(gemm);
     ops::matmul(AA, Ag, false, Ag, false);  // B = b A + c A A
@@ -177,7 +179,13 @@ Tensor Muon::orthogonalize_matrix(const Param& p, const Tensor& x) {
     const int64_t lr = local.shape()[0], lc = local.shape()[1];
     Tensor whole = Tensor::empty({lr * group.size(), lc}, DType::kF32, x.device());
     group.all_gather(whole, local);
-    Tensor ow = newton_schulz(whole, coefficients_, whole.shape()[0] > lc, muon_.bf16_iteration);
+    // The one-process orientation: the full [out, in] matrix is iterated transposed when
+    // out > in; `whole` is that matrix itself for a row split, its transpose for a column split.
+    const int64_t full_rows = dim == 0 ? whole.shape()[0] : lc,
+                  full_cols = dim == 0 ? lc : whole.shape()[0];
+    Tensor ow = newton_schulz(whole, coefficients_,
+                              dim == 0 ? full_rows > full_cols : full_rows <= full_cols,
+                              muon_.bf16_iteration);
     Tensor mine = ow.slice0(lr * group.rank(), lr * (group.rank() + 1)).clone();
     o = dim == 0 ? mine : transposed(mine);
   } else {
@@ -231,15 +239,7 @@ void Muon::step(const StepRates& rates, double grad_scale) {
     const double gs = rates.grad_scale_of(*p, grad_scale);
     if (!is_muon_matrix(*p)) {
       Tensor m = exp_avg_.flat_view(off, {n}), v = exp_avg_sq_.flat_view(off, {n});
-      ops::AdamWSpec spec;
-      spec.lr = static_cast<float>(rates.lr_of(*p));
-      spec.beta1 = static_cast<float>(cfg_.beta1);
-      spec.beta2 = static_cast<float>(cfg_.beta2);
-      spec.eps = static_cast<float>(cfg_.eps);
-      spec.weight_decay = static_cast<float>(rates.decay_of(*p));
-      spec.step = step_;
-      spec.grad_scale = gs;
-      ops::adamw_step(w, m, v, p->main_grad.view({n}), spec,
+      ops::adamw_step(w, m, v, p->main_grad.view({n}), adam_spec(cfg_, rates, *p, step_, gs),
                       rounded.defined() ? &rounded : nullptr);
       continue;
     }

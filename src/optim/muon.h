@@ -29,8 +29,8 @@
 //
 // --muon-fp32-matmul-prec medium (the default) runs the iteration as Megatron does under torch's
 // "medium" precision: the normalised matrix and every product rounded to bf16, the products
-// accumulated in f32 (Megatron's "BF16 I/O kernels"); high and highest keep f32 (on GPUs Megatron's
-// high is TF32).
+// accumulated in f32 (Megatron's "BF16 I/O kernels"); high keeps f32 (on GPUs Megatron's high is
+// TF32); low is refused (torch rejects it).
 //
 // State: "momentum_buffer" for each Muon matrix in AdamW::exp_avg() (exp_avg_sq() unused there);
 // Adam's exp_avg / exp_avg_sq for the others, with their bias correction. Data-parallel replicas

@@ -7,7 +7,8 @@
 //                                  state (FP8 scales and amax histories)
 //   optimizer.exp_avg.<param>      Adam's first moment   } unless --no-save-optim
 //   optimizer.exp_avg_sq.<param>   Adam's second moment  }
-//   optimizer.momentum_buffer.<param>  instead, SGD's (--optimizer sgd; none with momentum 0)
+//   optimizer.momentum_buffer.<param>  instead, SGD's (--optimizer sgd; none with momentum 0), and
+//                                  Muon's for its matrices (--optimizer muon; Adam's for the rest)
 // Every element is written once: the weights and the plain optimizer's moments by data-parallel
 // rank 0, the distributed optimizer's moments (and sharded main weights) by the rank that owns
 // them in distributed-optimizer instance 0 (--num-distributed-optimizer-instances), and never by a

@@ -8,7 +8,8 @@ stride blocks; RMSNorm; untied output layer), and an MoE variant (4 experts, top
     the curve differs from Adam's; --bf16 with the default bf16 Newton-Schulz learns too.
   - Layouts with the whole-matrix TP modes (--muon-tp-mode duplicated or distributed) and f32
     iterations (--muon-fp32-matmul-prec high): tp2 + sequence parallelism, tp2 distributed, pp2,
-    dp2, cp2, and for the MoE model ep2 and expert TP 2: loss and grad-norm curves as the single
+    dp2, cp2, and for the MoE model ep2 and expert TP 2 (with TP 2, and alone: the experts split
+    over a group that is not the dense weights'): loss and grad-norm curves as the single
     process within 1e-5 relative (every layout sums the same f32 terms in another order). The
     default blockwise mode orthogonalises each TP shard alone, so its tp2 curve is not the one
     process's (Megatron's semantics).
@@ -112,7 +113,9 @@ class TestCurves(unittest.TestCase):
         want = curve(run(1, *EXACT, *MOE))
         for ranks, args in [(2, [EP, "2"]), (2, [TP, "2", "--sequence-parallel", ETP, "2"]),
                             (2, [TP, "2", "--sequence-parallel", ETP, "2", "--muon-tp-mode",
-                                 "distributed"])]:
+                                 "distributed"]),
+                            # Experts split over their own group, the dense weights whole.
+                            (2, [ETP, "2"])]:
             got = curve(run(ranks, *EXACT, *MOE, *args))
             megatron_log.assert_same_curves(self, got, want, "MoE " + " ".join(args), RTOL)
 
@@ -201,7 +204,9 @@ class TestRefused(unittest.TestCase):
                    "supported")
         self.check(1, ["--muon-num-ns-steps", "0"], "--muon-num-ns-steps must be at least 1")
         self.check(1, ["--muon-fp32-matmul-prec", "low"],
-                   "--muon-fp32-matmul-prec must be medium, high or highest, got 'low'")
+                   "--muon-fp32-matmul-prec low is not a matmul precision")
+        self.check(1, ["--muon-fp32-matmul-prec", "highest"],
+                   "--muon-fp32-matmul-prec must be low, medium or high, got 'highest'")
 
 
 if __name__ == "__main__":

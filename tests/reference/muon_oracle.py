@@ -57,6 +57,8 @@ VARIANTS = {
                          nesterov=False, split=True, extra=1.0, momentum=0.9),
     "medium_nesterov": dict(bf16=True, coeff="quintic", ns_steps=5, scale="spectral",
                             nesterov=True, split=True, extra=1.0, momentum=0.9),
+    "high_nesterov": dict(bf16=False, coeff="quintic", ns_steps=5, scale="spectral",
+                          nesterov=True, split=True, extra=1.0, momentum=0.9),
     "high_polar_unit_nosplit": dict(bf16=False, coeff="polar_express", ns_steps=10,
                                     scale="unit_rms_norm", nesterov=False, split=False,
                                     extra=0.5, momentum=0.95),
