@@ -1,6 +1,9 @@
 // The precision-aware optimizer's flags of `megatron train` (Megatron's
 // --use-precision-aware-optimizer, --exp-avg-dtype, --exp-avg-sq-dtype) and Muon's (--muon-*),
 // and Megatron's rules for them. What they do is optim/moment_storage.h's and optim/muon.h's.
+#include <string>
+#include <vector>
+
 #include "cli/train_args.h"
 #include "core/error.h"
 #include "optim/moment_storage.h"
@@ -68,7 +71,8 @@ void register_muon_args(ArgTable& t, Arguments& a) {
         "adam");
 }
 
-void validate_muon_args(const Arguments& a) {
+std::vector<std::string> validate_muon_args(Arguments& a) {
+  std::vector<std::string> notes;
   // Megatron's argparse choices, checked whatever the optimizer (as argparse does).
   MuonScaleMode scale{};
   MEGATRON_CHECK(parse_muon_scale_mode(a.muon_scale_mode, &scale),
@@ -82,11 +86,17 @@ void validate_muon_args(const Arguments& a) {
                      a.muon_fp32_matmul_prec == "high",
                  "--muon-fp32-matmul-prec must be low, medium or high, got '",
                  a.muon_fp32_matmul_prec, "'");
-  MEGATRON_CHECK(a.optimizer != "dist_muon",
-                 "--optimizer dist_muon (deprecated in Megatron: muon with its layer-wise "
-                 "distributed optimizer) is not supported: use --optimizer muon without "
-                 "--use-distributed-optimizer");
-  if (a.optimizer != "muon") return;
+  // Megatron's rewrite: dist_muon is muon with the layer-wise distributed optimizer, and so is
+  // muon with --use-distributed-optimizer (whose flag it then clears: the gradients are
+  // all-reduced, each parameter's state kept by one replica; optim/muon.h).
+  if (a.optimizer == "dist_muon") {
+    notes.push_back(
+        "optimizer='dist_muon' is deprecated. Use --optimizer muon --use-distributed-optimizer "
+        "instead.");
+    a.optimizer = "muon";
+    a.use_layer_wise_distributed_optimizer = true;
+  }
+  if (a.optimizer != "muon") return notes;
   MEGATRON_CHECK(!muon_coefficients(a.muon_coefficient_type, 1).empty(),
                  "Unsupported muon coefficient type '", a.muon_coefficient_type,
                  "'. Supported types: simple, quintic, polar_express, aol");
@@ -107,11 +117,24 @@ void validate_muon_args(const Arguments& a) {
   MEGATRON_CHECK(!a.use_megatron_fsdp && !a.use_torch_fsdp2,
                  "--optimizer muon with Megatron-FSDP or torch FSDP2: emerging optimizers do not "
                  "support FSDP (Megatron's rule); drop --use-megatron-fsdp / --use-torch-fsdp2");
-  MEGATRON_CHECK(!a.use_distributed_optimizer,
-                 "--optimizer muon with --use-distributed-optimizer: Megatron's layer-wise "
-                 "distributed optimizer for Muon is not implemented here; drop "
-                 "--use-distributed-optimizer (every data-parallel rank then keeps the whole "
-                 "momentum)");
+  if (a.use_distributed_optimizer) {
+    a.use_layer_wise_distributed_optimizer = true;
+    a.use_distributed_optimizer = false;
+  }
+  if (a.use_layer_wise_distributed_optimizer) {
+    MEGATRON_CHECK(a.num_distributed_optimizer_instances == 1,
+                   "--num-distributed-optimizer-instances with Muon's layer-wise distributed "
+                   "optimizer (--optimizer muon --use-distributed-optimizer) is not supported: "
+                   "drop it");
+    MEGATRON_CHECK(!a.overlap_param_gather,
+                   "--overlap-param-gather with Muon's layer-wise distributed optimizer is not "
+                   "implemented here (its parameters are broadcast after the step): drop "
+                   "--overlap-param-gather");
+    MEGATRON_CHECK(!a.fp8_param_gather,
+                   "--fp8-param-gather with Muon's layer-wise distributed optimizer is not "
+                   "implemented here: drop --fp8-param-gather");
+  }
+  return notes;
 }
 
 }  // namespace megatron::cli

@@ -22,7 +22,9 @@ void validate_rerun_args(const Arguments& a);
 void register_precision_aware_args(ArgTable& t, Arguments& a);
 void validate_precision_aware_args(const Arguments& a);
 void register_muon_args(ArgTable& t, Arguments& a);
-void validate_muon_args(const Arguments& a);
+// Megatron's rewrite of --use-distributed-optimizer / dist_muon into the layer-wise distributed
+// optimizer, then the checks; returns the warnings to log.
+std::vector<std::string> validate_muon_args(Arguments& a);
 // May set use_distributed_optimizer (Megatron-FSDP runs on it).
 void validate_fsdp_args(Arguments& a);
 // Heterogeneous layers (cli/heterogeneous_args.cpp): reads --heterogeneous-layers-config-path

@@ -14,10 +14,13 @@ AdamW::AdamW(ParamSet& params, const AdamWConfig& cfg)
       cfg_(cfg),
       // Moments for the trained part of the buffers only (frozen weights without gradients lie
       // after it and have none).
-      exp_avg_(Tensor::zeros({cfg.states() >= 1 ? params.trainable_numel() : 0},
-                             params.main().dtype(), params.main().device())),
-      exp_avg_sq_(Tensor::zeros({cfg.states() >= 2 ? params.trainable_numel() : 0},
-                                params.main().dtype(), params.main().device())) {
+      // (Muon lays out its own: optim/muon.h.)
+      exp_avg_(Tensor::zeros(
+          {cfg.states() >= 1 && cfg.rule != UpdateRule::kMuon ? params.trainable_numel() : 0},
+          params.main().dtype(), params.main().device())),
+      exp_avg_sq_(Tensor::zeros(
+          {cfg.states() >= 2 && cfg.rule != UpdateRule::kMuon ? params.trainable_numel() : 0},
+          params.main().dtype(), params.main().device())) {
   MEGATRON_CHECK(
       cfg.exp_avg_dtype == MomentDType::kF32 && cfg.exp_avg_sq_dtype == MomentDType::kF32,
       "Adam moments in lower precision are the distributed optimizer's "

@@ -87,6 +87,16 @@ class AdamW {
   // and exp_avg_sq() has no elements.
   Tensor& exp_avg() { return exp_avg_; }
   Tensor& exp_avg_sq() { return exp_avg_sq_; }
+  // Where p's state k (0: exp_avg() or the momentum buffer, 1: exp_avg_sq()) starts in its
+  // buffer; -1 when this rank holds none of it (Muon's layer-wise distribution). The moments are
+  // parallel to ParamSet::main() here.
+  virtual int64_t state_offset(const Param& p, int k) const {
+    (void)k;
+    return params_.offset_of(p);
+  }
+  // Whether each Param's state is held, and checkpointed, by one data-parallel rank (its owner)
+  // rather than by every replica (written by data-parallel rank 0).
+  virtual bool states_by_owner() const { return false; }
   const AdamWConfig& config() const { return cfg_; }
 
  protected:

@@ -151,12 +151,49 @@ bool is_muon_matrix(const Param& p) {
 }
 
 Muon::Muon(ParamSet& params, const AdamWConfig& cfg, const MuonConfig& muon, ProcessGroup& tp,
-           ProcessGroup& etp)
-    : AdamW(params, cfg), muon_(muon), tp_(tp), etp_(etp) {
+           ProcessGroup& etp, const LayerWiseGroups& layer_wise)
+    : AdamW(params, cfg), muon_(muon), tp_(tp), etp_(etp), layer_wise_(layer_wise) {
   coefficients_ = muon_coefficients(muon.coefficient_type, muon.num_ns_steps);
   MEGATRON_CHECK(muon.num_ns_steps >= 1 && !coefficients_.empty(), "--muon-coefficient-type ",
                  muon.coefficient_type, " with --muon-num-ns-steps ", muon.num_ns_steps,
                  ": need a known type and at least one step");
+  MEGATRON_CHECK(cfg.rule == UpdateRule::kMuon, "Muon takes an AdamWConfig with rule kMuon");
+  if (layer_wise_.dense && !layer_wise_.expert) layer_wise_.expert = layer_wise_.dense;
+  // Owners: each parameter to the rank of its group holding the fewest elements so far.
+  std::unordered_map<const ProcessGroup*, std::vector<int64_t>> load;
+  int64_t first = 0, second = 0;
+  for (const Param* p : params_.params()) {
+    if (!p->requires_grad) continue;
+    Held h;
+    // Frozen parameters (a router's expert bias, updated outside the optimizer on every rank)
+    // stay on every rank: their step leaves them as they are and refreshes the compute copy.
+    if (layer_wise_.dense && !p->frozen) {
+      ProcessGroup& g = owner_group(*p);
+      std::vector<int64_t>& l = load[&g];
+      if (l.empty()) l.assign(static_cast<size_t>(g.size()), 0);
+      h.owner = static_cast<int>(std::min_element(l.begin(), l.end()) - l.begin());
+      l[static_cast<size_t>(h.owner)] += p->shape.numel();
+      if (h.owner != g.rank()) {
+        held_[p] = h;
+        continue;
+      }
+    }
+    h.first = first;
+    first += p->shape.numel();
+    if (!is_muon_matrix(*p)) {
+      h.second = second;
+      second += p->shape.numel();
+    }
+    held_[p] = h;
+  }
+  exp_avg_ = Tensor::zeros({first}, params_.main().dtype(), params_.main().device());
+  exp_avg_sq_ = Tensor::zeros({second}, params_.main().dtype(), params_.main().device());
+}
+
+int64_t Muon::state_offset(const Param& p, int k) const {
+  const auto it = held_.find(&p);
+  if (it == held_.end()) return -1;
+  return k == 0 ? it->second.first : it->second.second;
 }
 
 Tensor Muon::orthogonalize_matrix(const Param& p, const Tensor& x) {
@@ -232,13 +269,14 @@ void Muon::step(const StepRates& rates, double grad_scale) {
       if (p->value.raw() != p->main.raw()) p->value.copy_from(p->main);
       continue;
     }
-    const int64_t off = params_.offset_of(*p);
+    if (!owns(*p)) continue;  // its owner updates it (layer-wise), broadcast below
     const int64_t n = p->main.numel();
     Tensor w = p->main.view({n});
     Tensor rounded = p->value.raw() != p->main.raw() ? p->value.view({n}) : Tensor();
     const double gs = rates.grad_scale_of(*p, grad_scale);
     if (!is_muon_matrix(*p)) {
-      Tensor m = exp_avg_.flat_view(off, {n}), v = exp_avg_sq_.flat_view(off, {n});
+      Tensor m = exp_avg_.flat_view(state_offset(*p, 0), {n});
+      Tensor v = exp_avg_sq_.flat_view(state_offset(*p, 1), {n});
       ops::adamw_step(w, m, v, p->main_grad.view({n}), adam_spec(cfg_, rates, *p, step_, gs),
                       rounded.defined() ? &rounded : nullptr);
       continue;
@@ -248,7 +286,7 @@ void Muon::step(const StepRates& rates, double grad_scale) {
     if (gs != 1.0) ops::scale_inplace(g, gs);
     if (wd != 0 && lr != 0) ops::scale_inplace(w, 1.0 - lr * wd);  // decoupled decay, first
     // m <- mu m + (1 - mu) g
-    Tensor m = exp_avg_.flat_view(off, {n});
+    Tensor m = exp_avg_.flat_view(state_offset(*p, 0), {n});
     Tensor share = g.clone();
     ops::scale_inplace(share, 1.0 - mu);
     axpy_scaled(m, mu, share);
@@ -259,6 +297,18 @@ void Muon::step(const StepRates& rates, double grad_scale) {
     ops::scale_inplace(o, -lr);
     ops::add_inplace(w, o.view({n}));
     if (rounded.defined()) rounded.copy_from(w);
+  }
+  if (!layer_wise_.dense) return;
+  // Every parameter from its owner (Megatron's allgather of the layer-wise parameters), then the
+  // compute copies of the ones updated elsewhere.
+  for (Param* p : params_.params()) {
+    if (!p->requires_grad || p->frozen) continue;
+    ProcessGroup& g = owner_group(*p);
+    if (g.size() == 1) continue;
+    const int owner = held_.at(p).owner;
+    Tensor w = p->main.view({p->main.numel()});
+    g.broadcast(w, owner);
+    if (owner != g.rank() && p->value.raw() != p->main.raw()) p->value.copy_from(p->main);
   }
 }
 

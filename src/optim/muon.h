@@ -32,14 +32,24 @@
 // accumulated in f32 (Megatron's "BF16 I/O kernels"); high keeps f32 (on GPUs Megatron's high is
 // TF32); low is refused (torch rejects it).
 //
-// State: "momentum_buffer" for each Muon matrix in AdamW::exp_avg() (exp_avg_sq() unused there);
-// Adam's exp_avg / exp_avg_sq for the others, with their bias correction. Data-parallel replicas
-// all-reduce the gradients and compute the same step. Not the distributed optimizer (Megatron's
-// layer-wise one); the trainer refuses the combination.
+// State: "momentum_buffer" for each Muon matrix, Adam's exp_avg / exp_avg_sq (with their bias
+// correction) for the others, packed: AdamW::exp_avg() holds every held Param's first state,
+// exp_avg_sq() only the Adam parameters' second (state_offset).
+//
+// Layer-wise distribution (Megatron's LayerWiseDistributedOptimizer: --use-distributed-optimizer
+// or the deprecated --optimizer dist_muon with Muon): the gradients are all-reduced as without it,
+// each parameter is owned whole by one rank of its data-parallel group (experts: their
+// expert-data-parallel group), chosen by a greedy balance of the elements in parameter order (the
+// same choice on every rank), and only its owner keeps its state and computes its update; then
+// every parameter is broadcast from its owner. The same updates as without it, the state and the
+// Newton-Schulz work divided over the replicas. TP peers share their data-parallel rank, so the
+// owners of a split matrix's shards are one TP group, whose modes' collectives they run
+// together.
 #pragma once
 
 #include <array>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "comm/process_group.h"
@@ -85,17 +95,29 @@ Tensor newton_schulz(const Tensor& x, const std::vector<std::array<double, 3>>& 
 // Param::megatron_ndim) other than the embeddings and the output layer.
 bool is_muon_matrix(const Param& p);
 
+// The layer-wise distribution's groups: the data-parallel group of the dense parameters and the
+// one of the experts (the same group when experts are reduced with the dense parameters).
+struct LayerWiseGroups {
+  ProcessGroup* dense = nullptr;
+  ProcessGroup* expert = nullptr;
+};
+
 class Muon : public AdamW {
  public:
   // tp / etp: the groups the dense and the expert parameters are split over (their sizes match
-  // the Params' tp_size).
+  // the Params' tp_size). layer_wise: the groups to distribute the state over; none: every rank
+  // keeps and updates everything.
   Muon(ParamSet& params, const AdamWConfig& cfg, const MuonConfig& muon, ProcessGroup& tp,
-       ProcessGroup& etp);
+       ProcessGroup& etp, const LayerWiseGroups& layer_wise = {});
 
   using AdamW::step;
   void step(const StepRates& rates, double grad_scale = 1.0) override;
 
   const MuonConfig& muon() const { return muon_; }
+  int64_t state_offset(const Param& p, int k) const override;
+  bool states_by_owner() const override { return layer_wise_.dense != nullptr; }
+  // Whether this rank updates p (always without the layer-wise distribution).
+  bool owns(const Param& p) const { return state_offset(p, 0) >= 0; }
   // The orthogonalised update of p from u (p's local shape, f32), scale included: what the step
   // subtracts times lr. Collective over p's TP group in the duplicated and distributed modes.
   Tensor orthogonalize(const Param& p, const Tensor& u);
@@ -105,6 +127,17 @@ class Muon : public AdamW {
   std::vector<std::array<double, 3>> coefficients_;
   ProcessGroup& tp_;
   ProcessGroup& etp_;
+  LayerWiseGroups layer_wise_;
+  // Per Param (by ParamSet order): its offsets in exp_avg_ and exp_avg_sq_ (-1: none here), and
+  // under the layer-wise distribution its owner's rank in its group.
+  struct Held {
+    int64_t first = -1, second = -1;
+    int owner = 0;
+  };
+  std::unordered_map<const Param*, Held> held_;
+  ProcessGroup& owner_group(const Param& p) const {
+    return p.expert_parallel ? *layer_wise_.expert : *layer_wise_.dense;
+  }
   // One matrix [rows, cols] of p's shard (a whole weight, or a query, key or value block), its
   // full size rows x cols x (TP size along the partition dim).
   Tensor orthogonalize_matrix(const Param& p, const Tensor& x);

@@ -258,19 +258,27 @@ void for_each_box(const CheckpointTarget& t, bool optim, bool writes_only, Fn&& 
   const bool sharded = ps.main_sharded();
   for (const Param* p : ps.params()) {
     const bool weights = !writes_only || (p->expert_parallel ? t.expert_dp_rank : t.dp_rank) == 0;
-    if ((sharded && !p->frozen) || !weights || (writes_only && p->is_duplicate())) continue;
+    if ((sharded && !p->frozen) || (writes_only && p->is_duplicate())) continue;
+    // p's optimizer state: held by every replica and written with the weights, or under Muon's
+    // layer-wise distribution held and written by p's owner alone (AdamW::state_offset).
+    const bool by_owner = t.optimizer && t.optimizer->states_by_owner() && !p->frozen;
+    const bool state = optim && t.optimizer && p->requires_grad && (weights || by_owner);
+    if (!weights && !state) continue;
     const bool own = sharded && p->frozen;
     Tensor& flat = own ? const_cast<Tensor&>(p->main) : ps.main();
     const int64_t at = own ? 0 : ps.offset_of(*p);
     for (const cp::Piece& piece : cp::shard_pieces(*p, 0, p->shape.numel())) {
-      fn("model." + p->name, *p, flat, at, piece);
-      if (optim && t.optimizer && p->requires_grad) {
-        const AdamWConfig& c = t.optimizer->config();
-        if (states_of(c, *p) >= 1)
+      if (weights) fn("model." + p->name, *p, flat, at, piece);
+      if (!state) continue;
+      const AdamWConfig& c = t.optimizer->config();
+      for (int k = 0; k < states_of(c, *p); ++k) {
+        const int64_t st = t.optimizer->state_offset(*p, k);
+        if (st < 0) continue;  // another rank's (layer-wise)
+        if (k == 0)
           fn(std::string("optimizer.") + first_state_name(c, *p) + "." + p->name, *p,
-             t.optimizer->exp_avg(), at, piece);
-        if (states_of(c, *p) >= 2)
-          fn("optimizer.exp_avg_sq." + p->name, *p, t.optimizer->exp_avg_sq(), at, piece);
+             t.optimizer->exp_avg(), st, piece);
+        else
+          fn("optimizer.exp_avg_sq." + p->name, *p, t.optimizer->exp_avg_sq(), st, piece);
       }
     }
   }

@@ -537,7 +537,14 @@ void Trainer::build_optimizer() {
     muon.coefficient_type = args_.muon_coefficient_type;
     muon.num_ns_steps = args_.muon_num_ns_steps;
     muon.extra_scale_factor = args_.muon_extra_scale_factor;
-    optimizer_ = std::make_unique<Muon>(*params_, adam, muon, ps.tp_group(), ps.etp_group());
+    LayerWiseGroups layer_wise;
+    if (args_.use_layer_wise_distributed_optimizer) {
+      layer_wise.dense = &ps.intra_instance_group();
+      layer_wise.expert =
+          ps.experts_apart() ? &ps.intra_instance_expert_group() : &ps.intra_instance_group();
+    }
+    auto owned =
+        std::make_unique<Muon>(*params_, adam, muon, ps.tp_group(), ps.etp_group(), layer_wise);
     int64_t matrices = 0, elements = 0;
     for (const Param* p : params_->params()) {
       if (is_muon_matrix(*p)) {
@@ -545,6 +552,16 @@ void Trainer::build_optimizer() {
         elements += p->shape.numel();
       }
     }
+    if (layer_wise.dense) {
+      log_first(strprintf(
+          " > Muon's layer-wise distributed optimizer (Megatron's for --use-distributed-optimizer "
+          "with Muon): gradients all-reduced, each parameter's state and update on one of the "
+          "%ld data-parallel ranks, then broadcast (%.2f MB of state on this rank)",
+          static_cast<long>(grad_size_),
+          static_cast<double>(owned->exp_avg().nbytes() + owned->exp_avg_sq().nbytes()) /
+              1048576.0));
+    }
+    optimizer_ = std::move(owned);
     log_first(strprintf(
         " > Muon (Megatron's --optimizer muon): %ld matrices (%ld elements on this rank) take "
         "the orthogonalised momentum (momentum %g%s, %ld %s Newton-Schulz steps in %s, scale %s, "

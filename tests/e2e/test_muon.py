@@ -19,10 +19,14 @@ stride blocks; RMSNorm; untied output layer), and an MoE variant (4 experts, top
     within 1e-5, and --muon-momentum comes back from the checkpoint (Megatron restores the
     optimizer's parameter groups). An Adam checkpoint is refused under muon and the other way
     round.
-  - Refused, exit 2 naming the flag on every rank: --fp16, --use-distributed-optimizer and
-    --optimizer dist_muon (Megatron's layer-wise distributed optimizer is not implemented), an
-    unknown coefficient type, TP mode or scale mode, --muon-scalar-optimizer lion,
-    --muon-num-ns-steps 0, --muon-fp32-matmul-prec low.
+  - Megatron's layer-wise distributed optimizer (--use-distributed-optimizer with Muon, and the
+    deprecated --optimizer dist_muon, which warns): the plain optimizer's iterations bit for bit
+    at dp2, at tp2 x dp2 (duplicated mode) and at ep2 x dp2 with experts, rank 0 holding about
+    half of the state; its checkpoint resumes exactly under itself and under the plain optimizer.
+  - Refused, exit 2 naming the flag on every rank: --fp16, an unknown coefficient type, TP mode
+    or scale mode, --muon-scalar-optimizer lion, --muon-num-ns-steps 0, --muon-fp32-matmul-prec
+    low, and with the layer-wise distributed optimizer --overlap-param-gather and
+    --num-distributed-optimizer-instances.
 What it is not: the update's arithmetic against PyTorch and the TP modes' algebra
 (tests/optim/test_muon.cpp with tests/reference/muon_oracle.py).
 
@@ -59,6 +63,7 @@ TP, PP, CP, EP, ETP = ("--tensor-model-parallel-size", "--pipeline-model-paralle
                        "--context-parallel-size", "--expert-model-parallel-size",
                        "--expert-tensor-parallel-size")
 KEYS = ("lm loss", "grad norm")
+DIST = "--use-distributed-optimizer"
 RTOL = 1e-5
 
 
@@ -127,6 +132,57 @@ class TestCurves(unittest.TestCase):
         self.assertGreater(abs(tp2[ITERS]["lm loss"] - one[ITERS]["lm loss"]), 1e-3)
 
 
+def state_mb(proc):
+    marker = " > Muon's layer-wise distributed optimizer"
+    for line in proc.stdout.splitlines():
+        if line.startswith(marker):
+            return float(line.split("(")[-1].split(" MB")[0])
+    raise AssertionError("no layer-wise line:\n" + proc.stdout[-2000:])
+
+
+class TestLayerWise(unittest.TestCase):
+    """--use-distributed-optimizer with Muon: Megatron's layer-wise distributed optimizer."""
+
+    def test_same_bits_as_the_plain_optimizer_state_divided(self):
+        plain = raw_iterations(run(2))
+        lw = run(2, DIST)
+        self.assertEqual(raw_iterations(lw), plain)
+        dist_muon = run(2, "--optimizer", "dist_muon")
+        self.assertIn("WARNING: optimizer='dist_muon' is deprecated. Use --optimizer muon "
+                      "--use-distributed-optimizer instead.", dist_muon.stdout)
+        self.assertEqual(raw_iterations(dist_muon), plain)
+        # Rank 0's state: about half of one process's (whole parameters per owner, balanced by
+        # their elements: the 8192-element embeddings and output layer make it uneven).
+        whole = state_mb(run(1, DIST))
+        self.assertLess(state_mb(lw), 0.75 * whole)
+        self.assertGreater(state_mb(lw), 0.25 * whole)
+        # With TP (the owners of a matrix's shards form its TP group, duplicated mode's gathers
+        # among them) and with experts over their own data-parallel group.
+        for args in [[TP, "2", "--muon-tp-mode", "duplicated"],
+                     [*MOE, EP, "2"]]:
+            self.assertEqual(raw_iterations(run(4, *args, DIST)), raw_iterations(run(4, *args)),
+                             " ".join(args))
+
+    def test_checkpoints_continue_across_the_two(self):
+        ck = tempfile.mkdtemp(prefix="lw_", dir=TMP.name)
+        straight = raw_iterations(run(2, DIST))
+        run(2, DIST, "--save", ck, "--exit-interval", "6")
+        _, saved = checkpoint_reader.read_checkpoint(ck)
+        # Each owner wrote its parameters' state: all of it is there, once.
+        buffers = [k for k in saved if k.startswith("optimizer.momentum_buffer.")]
+        moments = [k for k in saved if k.startswith("optimizer.exp_avg.")]
+        self.assertEqual(len(buffers), 16)
+        self.assertEqual(len(buffers) + len(moments),
+                         len([k for k in saved if k.startswith("model.")]))
+        resumed = raw_iterations(run(2, DIST, "--load", ck))
+        self.assertEqual([resumed[i] for i in range(7, ITERS + 1)],
+                         [straight[i] for i in range(7, ITERS + 1)])
+        # The plain optimizer continues it bit for bit at dp2.
+        resumed = raw_iterations(run(2, "--load", ck))
+        self.assertEqual([resumed[i] for i in range(7, ITERS + 1)],
+                         [straight[i] for i in range(7, ITERS + 1)])
+
+
 class TestCheckpoints(unittest.TestCase):
     def test_resume_exactly_and_in_another_layout(self):
         ck = tempfile.mkdtemp(prefix="ck_", dir=TMP.name)
@@ -191,10 +247,12 @@ class TestRefused(unittest.TestCase):
     def test_bad_combinations_and_values_exit_2(self):
         self.check(2, ["--fp16"], "--optimizer muon with --fp16: emerging optimizer with fp16 is "
                    "not supported")
-        self.check(2, ["--use-distributed-optimizer"],
-                   "--optimizer muon with --use-distributed-optimizer: Megatron's layer-wise")
-        self.check(1, ["--optimizer", "dist_muon"], "--optimizer dist_muon (deprecated in "
-                   "Megatron")
+        self.check(2, [DIST, "--overlap-grad-reduce", "--overlap-param-gather"],
+                   "--overlap-param-gather with Muon's layer-wise distributed optimizer is not "
+                   "implemented")
+        self.check(2, [DIST, "--num-distributed-optimizer-instances", "2"],
+                   "--num-distributed-optimizer-instances with Muon's layer-wise distributed "
+                   "optimizer")
         self.check(1, ["--muon-coefficient-type", "custom"],
                    "Unsupported muon coefficient type 'custom'")
         self.check(2, ["--muon-tp-mode", "sharded"],

@@ -142,18 +142,19 @@ TEST(MuonOracle, StepsMatchPyTorch) {
       SCOPED_TRACE(p->name);
       const Tensor init = f.read("init." + p->name);
       const Tensor want = f.read(pre + "w." + p->name);
-      const int64_t off = ps.offset_of(*p), n = p->shape.numel();
-      const Tensor m = muon.exp_avg().flat_view(off, {n});
+      const int64_t n = p->shape.numel();
+      const Tensor m = muon.exp_avg().flat_view(muon.state_offset(*p, 0), {n});
       if (is_muon_matrix(*p)) {
         const double err = relative_change_error(p->main.view({n}), want.view({n}), init);
         EXPECT_LT(err, v.cfg.bf16_iteration ? 3e-3 : 5e-5);
-        // The momentum buffer is elementwise f32 arithmetic: rounding only.
+        // The momentum buffer is elementwise f32 arithmetic: rounding only; no second state.
+        EXPECT_EQ(muon.state_offset(*p, 1), -1);
         EXPECT_LT(max_abs_diff(m, f.read(pre + "m." + p->name).view({n})), 1e-6);
       } else {
         // AdamW's step: the same f32 formula (ops::adamw_step is torch's AdamW).
         EXPECT_LT(max_abs_diff(p->main.view({n}), want.view({n})), 1e-6);
         EXPECT_LT(max_abs_diff(m, f.read(pre + "m." + p->name).view({n})), 1e-6);
-        const Tensor vv = muon.exp_avg_sq().flat_view(off, {n});
+        const Tensor vv = muon.exp_avg_sq().flat_view(muon.state_offset(*p, 1), {n});
         EXPECT_LT(max_abs_diff(vv, f.read(pre + "v." + p->name).view({n})), 1e-6);
       }
     }
@@ -164,6 +165,73 @@ TEST(MuonOracle, StepsMatchPyTorch) {
   const double apart =
       relative_change_error(f.read("medium_nesterov.w.tall"), f.read("high_nesterov.w.tall"), init);
   EXPECT_GT(apart, 3e-3) << "bf16 and f32 iterations too close to tell apart";
+}
+
+// The layer-wise distribution (--use-distributed-optimizer with Muon): the world as the
+// data-parallel group, every rank the same gradients; the owners' updates broadcast give the
+// plain optimizer's weights bit for bit, each rank holding only its owned parameters' state.
+TEST(MuonLayerWise, SameWeightsStateDividedOverTheRanks) {
+  ASSERT_FALSE(g_oracle_dir.empty()) << "pass --oracle-dir=DIR (muon_oracle.py --out DIR)";
+  auto f = safetensors::File::open(g_oracle_dir + "/muon.safetensors");
+  ProcessGroup& g = world();
+  auto build = [&](std::vector<Param>& params) {
+    std::vector<Param*> ptrs;
+    for (size_t i = 0; i < kParams.size(); ++i) {
+      Param& p = params[i];
+      p.name = kParams[i].name;
+      p.shape = kParams[i].shape;
+      p.no_weight_decay = std::string(kParams[i].kind) == "adam_nowd";
+      p.is_embedding_or_output = p.name == "embedding";
+      if (p.name == "conv") p.megatron_ndim = 3;
+      if (std::string(kParams[i].kind) == "qkv") p.qkv_split = {8, 4, 4};
+      ptrs.push_back(&p);
+    }
+    return ptrs;
+  };
+  std::vector<Param> a(kParams.size()), b(kParams.size());
+  std::vector<Param*> pa = build(a), pb = build(b);
+  ParamSet sa(pa, DType::kF32), sb(pb, DType::kF32);
+  for (size_t i = 0; i < pa.size(); ++i) {
+    sa.set_main(*pa[i], f.read("init." + pa[i]->name));
+    sb.set_main(*pb[i], f.read("init." + pb[i]->name));
+  }
+  AdamWConfig adam{0.9, 0.95, 1e-8, kWd};
+  adam.rule = UpdateRule::kMuon;
+  MuonConfig cfg;
+  cfg.nesterov = true;
+  Muon plain(sa, adam, cfg, g, g);
+  Muon layer_wise(sb, adam, cfg, g, g, LayerWiseGroups{&g, &g});
+  for (int step = 0; step < 3; ++step) {
+    for (size_t i = 0; i < pa.size(); ++i) {
+      const Tensor grad = f.read("grad." + std::to_string(step) + "." + pa[i]->name);
+      pa[i]->main_grad.copy_from(grad);
+      pb[i]->main_grad.copy_from(grad);
+    }
+    plain.step(StepRates{kLr, kLr, kWd}, kGradScale[step]);
+    layer_wise.step(StepRates{kLr, kLr, kWd}, kGradScale[step]);
+  }
+  int owned = 0;
+  for (size_t i = 0; i < pa.size(); ++i) {
+    SCOPED_TRACE(pa[i]->name);
+    EXPECT_EQ(max_abs_diff(pa[i]->main, pb[i]->main), 0.0);
+    if (!layer_wise.owns(*pb[i])) continue;
+    ++owned;
+    // The owner's state is the plain optimizer's.
+    const int64_t n = pa[i]->shape.numel();
+    EXPECT_EQ(max_abs_diff(plain.exp_avg().flat_view(plain.state_offset(*pa[i], 0), {n}),
+                           layer_wise.exp_avg().flat_view(layer_wise.state_offset(*pb[i], 0), {n})),
+              0.0);
+  }
+  // Every parameter has exactly one owner, and with more than one rank no rank holds all.
+  Tensor counts = Tensor::full({2}, 0.0, DType::kF64);
+  counts.data<double>()[0] = owned;
+  counts.data<double>()[1] = static_cast<double>(layer_wise.exp_avg().numel());
+  g.all_reduce(counts);
+  EXPECT_EQ(counts.item(0), static_cast<double>(pa.size()));
+  EXPECT_EQ(counts.item(1), static_cast<double>(plain.exp_avg().numel()));
+  if (g.size() > 1) {
+    EXPECT_LT(owned, static_cast<int>(pa.size()));
+  }
 }
 
 // A deterministic full matrix, the same on every rank.
