@@ -134,7 +134,9 @@ const std::vector<OwnFlag>& own_train_flags() {
       {"--muon-num-ns-steps", "Megatron core 0.19's Muon optimizer"},
       {"--muon-tp-mode", "Megatron core 0.19's Muon optimizer"},
       {"--muon-extra-scale-factor", "Megatron core 0.19's Muon optimizer"},
-      {"--muon-scalar-optimizer", "Megatron core 0.19's Muon optimizer (adam only; lion refused)"},
+      {"--muon-scalar-optimizer", "Megatron core 0.19's Muon optimizer (adam or lion)"},
+      {"--lion-beta1", "Megatron core 0.19's Lion optimizer (--optimizer lion)"},
+      {"--lion-beta2", "Megatron core 0.19's Lion optimizer"},
   };
   return own;
 }

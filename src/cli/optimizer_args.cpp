@@ -68,7 +68,10 @@ void register_muon_args(ArgTable& t, Arguments& a) {
         "Additional scale factor of the Muon update");
   t.add("--muon-scalar-optimizer", a.muon_scalar_optimizer,
         "Optimizer of the parameters Muon leaves out (embeddings, output layer, biases, norms): "
-        "adam");
+        "adam or lion");
+  t.add("--lion-beta1", a.lion_beta1,
+        "Lion's first beta: the interpolation whose sign is the update");
+  t.add("--lion-beta2", a.lion_beta2, "Lion's second beta: its moment's decay");
 }
 
 std::vector<std::string> validate_muon_args(Arguments& a) {
@@ -96,6 +99,22 @@ std::vector<std::string> validate_muon_args(Arguments& a) {
     a.optimizer = "muon";
     a.use_layer_wise_distributed_optimizer = true;
   }
+  if (a.optimizer == "lion" || (a.optimizer == "muon" && a.muon_scalar_optimizer == "lion")) {
+    // emerging_optimizers' Lion constructor checks.
+    for (const auto& [flag, value] :
+         {std::pair{"--lion-beta1", a.lion_beta1}, {"--lion-beta2", a.lion_beta2}})
+      MEGATRON_CHECK(value >= 0 && value < 1, "Invalid beta: ", flag, " must be in [0, 1), got ",
+                     value);
+  }
+  if (a.optimizer == "lion") {
+    MEGATRON_CHECK(!a.fp16,
+                   "--optimizer lion with --fp16: emerging optimizer with fp16 is not "
+                   "supported (Megatron's rule); use --bf16");
+    MEGATRON_CHECK(!a.use_megatron_fsdp && !a.use_torch_fsdp2,
+                   "--optimizer lion with Megatron-FSDP or torch FSDP2: emerging optimizers do "
+                   "not support FSDP (Megatron's rule); drop --use-megatron-fsdp / "
+                   "--use-torch-fsdp2");
+  }
   if (a.optimizer != "muon") return notes;
   MEGATRON_CHECK(!muon_coefficients(a.muon_coefficient_type, 1).empty(),
                  "Unsupported muon coefficient type '", a.muon_coefficient_type,
@@ -108,9 +127,9 @@ std::vector<std::string> validate_muon_args(Arguments& a) {
                  a.muon_num_ns_steps);
   MEGATRON_CHECK(a.muon_momentum >= 0 && a.muon_momentum < 1,
                  "--muon-momentum must be in [0, 1), got ", a.muon_momentum);
-  MEGATRON_CHECK(a.muon_scalar_optimizer == "adam", "--muon-scalar-optimizer ",
-                 a.muon_scalar_optimizer,
-                 " is not supported: adam (Megatron's default; lion is not implemented here)");
+  MEGATRON_CHECK(a.muon_scalar_optimizer == "adam" || a.muon_scalar_optimizer == "lion",
+                 "--muon-scalar-optimizer must be adam or lion, got '", a.muon_scalar_optimizer,
+                 "'");
   MEGATRON_CHECK(!a.fp16,
                  "--optimizer muon with --fp16: emerging optimizer with fp16 is not "
                  "supported (Megatron's rule); use --bf16");

@@ -497,8 +497,8 @@ void register_train_args(ArgTable& t, Arguments& a) {
   t.add("--seed", a.seed, "Random seed (weights, dropout, data)");
   t.add("--optimizer", a.optimizer,
         "Optimizer: adam (AdamW), sgd (SGD with momentum and L2 weight decay, Megatron's "
-        "FusedSGD), muon (Muon's orthogonalised momentum for the matrices, AdamW for the rest) or "
-        "onebit_adam "
+        "FusedSGD), muon (Muon's orthogonalised momentum for the matrices, AdamW or Lion for the "
+        "rest), lion (the sign of an interpolated momentum; one moment) or onebit_adam "
         "(DeepSpeed's 1-bit Adam: compressed momentum exchange after --onebit-freeze-step "
         "steps)");
   t.add("--sgd-momentum", a.sgd_momentum, "Momentum factor for sgd (0: no momentum buffer)");
@@ -1488,8 +1488,9 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
                    a.ddp_num_buckets);
   }
   MEGATRON_CHECK(a.optimizer == "adam" || a.optimizer == "sgd" || a.optimizer == "muon" ||
-                     a.optimizer == "onebit_adam",
-                 "--optimizer ", a.optimizer, " is not supported (adam, sgd, muon, onebit_adam)");
+                     a.optimizer == "lion" || a.optimizer == "onebit_adam",
+                 "--optimizer ", a.optimizer,
+                 " is not supported (adam, sgd, muon, lion, onebit_adam)");
   // torch.optim.SGD's check (the precision-aware optimizer's "only adam" is checked with it).
   if (a.optimizer == "sgd")
     MEGATRON_CHECK(a.sgd_momentum >= 0, "--sgd-momentum must be >= 0, got ", a.sgd_momentum);

@@ -41,6 +41,13 @@ void AdamW::step(const StepRates& rates, double grad_scale) {
     Tensor w = p->main.view({n});
     // Mixed precision: the step writes the 16-bit compute copy as it goes.
     Tensor rounded = p->value.raw() != p->main.raw() ? p->value.view({n}) : Tensor();
+    if (cfg_.lion()) {
+      Tensor m = exp_avg_.flat_view(off, {n});
+      ops::lion_step(w, m, p->main_grad.view({n}),
+                     lion_spec(cfg_, rates, *p, rates.grad_scale_of(*p, grad_scale)),
+                     rounded.defined() ? &rounded : nullptr);
+      continue;
+    }
     if (cfg_.sgd()) {
       Tensor buf = cfg_.states() >= 1 ? exp_avg_.flat_view(off, {n}) : Tensor();
       ops::sgd_step(w, buf, p->main_grad.view({n}),
@@ -78,11 +85,23 @@ const char* first_state_name(const AdamWConfig& cfg, const Param& p) {
 }
 
 std::string optimizer_state_family(const std::string& optimizer) {
-  return optimizer == "sgd" || optimizer == "muon" ? optimizer : "adam";
+  return optimizer == "sgd" || optimizer == "muon" || optimizer == "lion" ? optimizer : "adam";
 }
 
 int states_of(const AdamWConfig& cfg, const Param& p) {
-  return cfg.rule == UpdateRule::kMuon && is_muon_matrix(p) ? 1 : cfg.states();
+  if (cfg.rule != UpdateRule::kMuon) return cfg.states();
+  return is_muon_matrix(p) || cfg.muon_scalar_lion ? 1 : 2;
+}
+
+ops::LionSpec lion_spec(const AdamWConfig& cfg, const StepRates& rates, const Param& p,
+                        double grad_scale) {
+  ops::LionSpec spec;
+  spec.lr = static_cast<float>(rates.lr_of(p));
+  spec.beta1 = static_cast<float>(cfg.lion_beta1);
+  spec.beta2 = static_cast<float>(cfg.lion_beta2);
+  spec.weight_decay = static_cast<float>(rates.decay_of(p));
+  spec.grad_scale = grad_scale;
+  return spec;
 }
 
 ops::SgdSpec sgd_spec(const AdamWConfig& cfg, const StepRates& rates, const Param& p, int64_t step,

@@ -14,9 +14,9 @@
 
 namespace megatron {
 
-// Megatron's --optimizer: adam (AdamW), sgd (momentum SGD, ops::sgd_step) or muon (Muon for the
-// matrices, AdamW for the rest: optim/muon.h).
-enum class UpdateRule : uint8_t { kAdam, kSgd, kMuon };
+// Megatron's --optimizer: adam (AdamW), sgd (momentum SGD, ops::sgd_step), lion (ops::lion_step)
+// or muon (Muon for the matrices, AdamW or Lion for the rest: optim/muon.h).
+enum class UpdateRule : uint8_t { kAdam, kSgd, kMuon, kLion };
 
 // The optimizer's hyper-parameters (AdamW's, and SGD's with rule kSgd).
 struct AdamWConfig {
@@ -34,8 +34,15 @@ struct AdamWConfig {
   UpdateRule rule = UpdateRule::kAdam;
   double sgd_momentum = 0.9;  // --sgd-momentum
   bool sgd() const { return rule == UpdateRule::kSgd; }
-  // Elements of state per owned weight: 2 (Adam), 1 (SGD with momentum), 0 (SGD without).
-  int states() const { return !sgd() ? 2 : sgd_momentum != 0 ? 1 : 0; }
+  // --optimizer lion (and Muon's --muon-scalar-optimizer lion): one moment, exp_avg; decoupled
+  // weight decay; no bias correction.
+  double lion_beta1 = 0.95;  // --lion-beta1
+  double lion_beta2 = 0.98;  // --lion-beta2
+  bool lion() const { return rule == UpdateRule::kLion; }
+  // Muon's rule for the parameters that are not its matrices: Lion instead of Adam.
+  bool muon_scalar_lion = false;
+  // Elements of state per owned weight: 2 (Adam), 1 (SGD with momentum, Lion), 0 (SGD without).
+  int states() const { return lion() ? 1 : !sgd() ? 2 : sgd_momentum != 0 ? 1 : 0; }
 };
 // The checkpoint name of the optimizer's first and second state tensors ("exp_avg" and
 // "exp_avg_sq"; SGD's "momentum_buffer" and none).
@@ -109,6 +116,9 @@ class AdamW {
 // One AdamW step's constants for parameter p at optimizer step `step` (1-based, bias correction).
 ops::AdamWSpec adam_spec(const AdamWConfig& cfg, const StepRates& rates, const Param& p,
                          int64_t step, double grad_scale);
+// One Lion step's constants for parameter p.
+ops::LionSpec lion_spec(const AdamWConfig& cfg, const StepRates& rates, const Param& p,
+                        double grad_scale);
 // One SGD step's constants for parameter p at optimizer step `step` (1-based).
 ops::SgdSpec sgd_spec(const AdamWConfig& cfg, const StepRates& rates, const Param& p, int64_t step,
                       double grad_scale);

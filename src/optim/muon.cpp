@@ -180,7 +180,7 @@ Muon::Muon(ParamSet& params, const AdamWConfig& cfg, const MuonConfig& muon, Pro
     }
     h.first = first;
     first += p->shape.numel();
-    if (!is_muon_matrix(*p)) {
+    if (states_of(cfg_, *p) >= 2) {
       h.second = second;
       second += p->shape.numel();
     }
@@ -274,6 +274,12 @@ void Muon::step(const StepRates& rates, double grad_scale) {
     Tensor w = p->main.view({n});
     Tensor rounded = p->value.raw() != p->main.raw() ? p->value.view({n}) : Tensor();
     const double gs = rates.grad_scale_of(*p, grad_scale);
+    if (!is_muon_matrix(*p) && cfg_.muon_scalar_lion) {
+      Tensor m = exp_avg_.flat_view(state_offset(*p, 0), {n});
+      ops::lion_step(w, m, p->main_grad.view({n}), lion_spec(cfg_, rates, *p, gs),
+                     rounded.defined() ? &rounded : nullptr);
+      continue;
+    }
     if (!is_muon_matrix(*p)) {
       Tensor m = exp_avg_.flat_view(state_offset(*p, 0), {n});
       Tensor v = exp_avg_sq_.flat_view(state_offset(*p, 1), {n});

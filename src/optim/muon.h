@@ -1,6 +1,7 @@
 // Muon (--optimizer muon): Megatron core's TensorParallelMuon, the orthogonalised momentum of
-// NVIDIA's emerging_optimizers (the version Megatron pins), for every matrix of the model; Adam for
-// the rest (Megatron's default parameter override: embeddings, the output layer and every
+// NVIDIA's emerging_optimizers (the version Megatron pins), for every matrix of the model; Adam (or
+// Lion: --muon-scalar-optimizer lion, AdamWConfig::muon_scalar_lion) for the rest (Megatron's
+// default parameter override: embeddings, the output layer and every
 // parameter that is not 2-D, in Megatron's shapes).
 //
 // One step of a matrix W with gradient g (already times the clipping coefficient), learning rate
@@ -33,8 +34,8 @@
 // TF32); low is refused (torch rejects it).
 //
 // State: "momentum_buffer" for each Muon matrix, Adam's exp_avg / exp_avg_sq (with their bias
-// correction) for the others, packed: AdamW::exp_avg() holds every held Param's first state,
-// exp_avg_sq() only the Adam parameters' second (state_offset).
+// correction) or Lion's exp_avg for the others, packed: AdamW::exp_avg() holds every held Param's
+// first state, exp_avg_sq() only the Adam parameters' second (state_offset).
 //
 // Layer-wise distribution (Megatron's LayerWiseDistributedOptimizer: --use-distributed-optimizer
 // or the deprecated --optimizer dist_muon with Muon): the gradients are all-reduced as without it,

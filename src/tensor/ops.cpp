@@ -605,6 +605,21 @@ void sgd_step(Tensor& param, Tensor& momentum_buffer, const Tensor& grad, const 
   MEGATRON_DISPATCH(device, sgd_step(param, momentum_buffer, grad, spec, rounded));
 }
 
+void lion_step(Tensor& param, Tensor& exp_avg, const Tensor& grad, const LionSpec& spec,
+               Tensor* rounded) {
+  const OpTimer timer(OpCategory::kOptimizer, __func__);
+  if (rounded) {
+    MEGATRON_CHECK(is_half(rounded->dtype()) && rounded->numel() == param.numel(),
+                   "lion_step: rounded must be bf16 or f16 with param's ", param.numel(),
+                   " elements, got ", rounded->str());
+  }
+  MEGATRON_CHECK(exp_avg.numel() == param.numel() && exp_avg.dtype() == param.dtype(),
+                 "lion_step: exp_avg ", exp_avg.str(), " must have the weights' dtype and size ",
+                 param.str());
+  MEGATRON_DISPATCH(device_of("lion_step", {&param, &exp_avg, &grad}),
+                    lion_step(param, exp_avg, grad, spec, rounded));
+}
+
 namespace {
 // fp16 and E4M3 codes: the moments stored with a scale.
 bool is_scaled_moment(DType t) {

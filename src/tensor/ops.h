@@ -430,6 +430,20 @@ struct SgdSpec {
 };
 void sgd_step(Tensor& param, Tensor& momentum_buffer, const Tensor& grad, const SgdSpec& spec,
               Tensor* rounded = nullptr);
+// One Lion step (Chen et al. 2023; emerging_optimizers' Lion, Megatron's --optimizer lion and
+// Muon's --muon-scalar-optimizer lion), over flat buffers, with torch's lerp:
+//   p -= lr * wd * p                       (decoupled weight decay, first)
+//   u = lerp(m, g, 1 - beta1)              (the update's interpolation)
+//   m = lerp(m, g, 1 - beta2)              (the one moment, "exp_avg")
+//   p -= lr * sign(u)                      (sign(0) = 0)
+// lerp(a, b, w) = a + w (b - a) for w < 0.5, else b - (b - a)(1 - w). g = grad * grad_scale.
+// rounded: as in adamw_step.
+struct LionSpec {
+  float lr = 0, beta1 = 0.95f, beta2 = 0.98f, weight_decay = 0;
+  double grad_scale = 1.0;
+};
+void lion_step(Tensor& param, Tensor& exp_avg, const Tensor& grad, const LionSpec& spec,
+               Tensor* rounded = nullptr);
 // sum of squares of every element, accumulated in double.
 double sum_squares(const Tensor& x);
 // The number of elements equal to zero (Megatron's --log-num-zeros-in-grad).

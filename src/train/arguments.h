@@ -184,10 +184,12 @@ struct Arguments {
   int64_t muon_num_ns_steps = 5;                  // --muon-num-ns-steps
   std::string muon_tp_mode = "blockwise";         // --muon-tp-mode
   double muon_extra_scale_factor = 1.0;           // --muon-extra-scale-factor
-  std::string muon_scalar_optimizer = "adam";
+  std::string muon_scalar_optimizer = "adam";     // --muon-scalar-optimizer
+  double lion_beta1 = 0.95;                       // --lion-beta1 (--optimizer lion)
+  double lion_beta2 = 0.98;                       // --lion-beta2
   // Muon's layer-wise distributed optimizer (optim/muon.h): set by argument validation from
   // --use-distributed-optimizer (which it then clears, as Megatron does) or --optimizer dist_muon.
-  bool use_layer_wise_distributed_optimizer = false;  // --muon-scalar-optimizer
+  bool use_layer_wise_distributed_optimizer = false;
   // --use-precision-aware-optimizer: the Adam moments stored in --exp-avg-dtype /
   // --exp-avg-sq-dtype (fp32, fp16, bf16, fp8; optim/moment_storage.h), distributed optimizer only
   bool use_precision_aware_optimizer = false;

@@ -377,11 +377,16 @@ std::vector<std::string> take_optimizer_groups(Arguments& args) {
                   flag, it->get<double>(), dir.c_str(), value));
     value = it->get<double>();
   };
+  // Muon's matrices keep their momentum in their group; its other groups are Adam's or Lion's
+  // (the load refuses a checkpoint of the other one).
+  const bool lion = saved == "lion" || (saved == "muon" && args.muon_scalar_optimizer == "lion");
+  if (saved == "muon") take("muon_momentum", "--muon-momentum", args.muon_momentum);
   if (saved == "sgd") {
     take("sgd_momentum", "--sgd-momentum", args.sgd_momentum);
+  } else if (lion) {
+    take("lion_beta1", "--lion-beta1", args.lion_beta1);
+    take("lion_beta2", "--lion-beta2", args.lion_beta2);
   } else {
-    // Muon's matrices keep their momentum in their group; its other groups are Adam's.
-    if (saved == "muon") take("muon_momentum", "--muon-momentum", args.muon_momentum);
     take("adam_beta1", "--adam-beta1", args.adam_beta1);
     take("adam_beta2", "--adam-beta2", args.adam_beta2);
     take("adam_eps", "--adam-eps", args.adam_eps);

@@ -10,9 +10,9 @@
 //   optimizer.momentum_buffer.<param>  instead, SGD's (--optimizer sgd; none with momentum 0), and
 //                                  Muon's for its matrices (--optimizer muon; Adam's for the rest)
 // Every element is written once: the weights and the plain optimizer's moments by data-parallel
-// rank 0, the distributed optimizer's moments (and sharded main weights) by the rank that owns
-// them in distributed-optimizer instance 0 (--num-distributed-optimizer-instances), and never by a
-// copy
+// rank 0 (under Muon's layer-wise distribution a parameter's state by its owner), the distributed
+// optimizer's moments (and sharded main weights) by the rank that owns them in
+// distributed-optimizer instance 0 (--num-distributed-optimizer-instances), and never by a copy
 // another rank also holds (Param::is_duplicate: TP replicas, the last stage's tied embeddings).
 // Every rank reads the boxes of everything it holds, duplicates included.
 //

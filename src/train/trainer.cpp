@@ -475,6 +475,15 @@ void Trainer::build_optimizer() {
         "to the gradient (L2), no bias correction",
         args_.sgd_momentum, args_.sgd_momentum != 0 ? " (one buffer per weight)" : ", no buffer"));
   }
+  adam.lion_beta1 = args_.lion_beta1;
+  adam.lion_beta2 = args_.lion_beta2;
+  if (args_.optimizer == "lion") {
+    adam.rule = UpdateRule::kLion;
+    log_first(strprintf(
+        " > Lion (Megatron's --optimizer lion, emerging_optimizers' rule): the sign of "
+        "lerp(moment, gradient, 1 - %g), one moment with decay %g, decoupled weight decay",
+        args_.lion_beta1, args_.lion_beta2));
+  }
   if (distributed) {
     AdamWConfig moments = adam;
     // --use-precision-aware-optimizer's storage (validated: fp32 without the flag).
@@ -527,6 +536,7 @@ void Trainer::build_optimizer() {
         static_cast<long>(grad_size_), static_cast<long>(args_.onebit_freeze_step)));
   } else if (args_.optimizer == "muon") {
     adam.rule = UpdateRule::kMuon;
+    adam.muon_scalar_lion = args_.muon_scalar_optimizer == "lion";
     MuonConfig muon;
     muon.momentum = args_.muon_momentum;
     muon.nesterov = args_.muon_nesterov;
@@ -555,8 +565,9 @@ void Trainer::build_optimizer() {
     if (layer_wise.dense) {
       log_first(strprintf(
           " > Muon's layer-wise distributed optimizer (Megatron's for --use-distributed-optimizer "
-          "with Muon): gradients all-reduced, each parameter's state and update on one of the "
-          "%ld data-parallel ranks, then broadcast (%.2f MB of state on this rank)",
+          "with Muon): gradients all-reduced, each parameter's state and update on one rank of "
+          "its data-parallel group (%ld ranks for the dense parameters), then broadcast (%.2f MB "
+          "of state on this rank)",
           static_cast<long>(grad_size_),
           static_cast<double>(owned->exp_avg().nbytes() + owned->exp_avg_sq().nbytes()) /
               1048576.0));
@@ -566,12 +577,12 @@ void Trainer::build_optimizer() {
         " > Muon (Megatron's --optimizer muon): %ld matrices (%ld elements on this rank) take "
         "the orthogonalised momentum (momentum %g%s, %ld %s Newton-Schulz steps in %s, scale %s, "
         "tensor-parallel mode %s%s); embeddings, output layer and the other parameters take "
-        "AdamW",
+        "%s",
         static_cast<long>(matrices), static_cast<long>(elements), muon.momentum,
         muon.nesterov ? ", Nesterov" : "", static_cast<long>(muon.num_ns_steps),
         muon.coefficient_type.c_str(), muon.bf16_iteration ? "bf16" : "f32",
         args_.muon_scale_mode.c_str(), args_.muon_tp_mode.c_str(),
-        muon.split_qkv ? ", QKV split" : ""));
+        muon.split_qkv ? ", QKV split" : "", adam.muon_scalar_lion ? "Lion" : "AdamW"));
   } else {
     optimizer_ = std::make_unique<AdamW>(*params_, adam);
   }
@@ -1714,10 +1725,20 @@ void Trainer::load_checkpoint() {
       // moments for the rest) are different state (torch's load_state_dict would fail on the
       // keys); older checkpoints were Adam's. 1-bit Adam keeps Adam's.
       const std::string saved_optimizer = meta.value("optimizer", std::string("adam"));
+      // Muon's other parameters: Adam's two moments or Lion's one.
+      const auto family = [&](const std::string& optimizer, const std::string& scalar) {
+        const std::string f = optimizer_state_family(optimizer);
+        return f == "muon" && scalar == "lion" ? std::string("muon with lion") : f;
+      };
+      const std::string saved_scalar = meta.value("muon_scalar_optimizer", std::string("adam"));
       MEGATRON_CHECK(
-          optimizer_state_family(saved_optimizer) == optimizer_state_family(args_.optimizer),
+          family(saved_optimizer, saved_scalar) ==
+              family(args_.optimizer, args_.muon_scalar_optimizer),
           "checkpoint ", dir, " holds the optimizer state of --optimizer ", saved_optimizer,
+          saved_optimizer == "muon" ? " --muon-scalar-optimizer " + saved_scalar : "",
           ", which --optimizer ", args_.optimizer,
+          args_.optimizer == "muon" ? " --muon-scalar-optimizer " + args_.muon_scalar_optimizer
+                                    : "",
           " cannot continue: pass --no-load-optim (its state starts afresh) or --optimizer ",
           saved_optimizer);
     }
@@ -1809,6 +1830,9 @@ nlohmann::json Trainer::checkpoint_extra() const {
       // The optimizer's parameter groups as torch saves them (restore_optimizer_groups).
       {"sgd_momentum", args_.sgd_momentum},
       {"muon_momentum", args_.muon_momentum},
+      {"muon_scalar_optimizer", args_.muon_scalar_optimizer},
+      {"lion_beta1", args_.lion_beta1},
+      {"lion_beta2", args_.lion_beta2},
       {"adam_beta1", args_.adam_beta1},
       {"adam_beta2", args_.adam_beta2},
       {"adam_eps", args_.adam_eps},

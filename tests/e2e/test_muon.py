@@ -23,10 +23,15 @@ stride blocks; RMSNorm; untied output layer), and an MoE variant (4 experts, top
     deprecated --optimizer dist_muon, which warns): the plain optimizer's iterations bit for bit
     at dp2, at tp2 x dp2 (duplicated mode) and at ep2 x dp2 with experts, rank 0 holding about
     half of the state; its checkpoint resumes exactly under itself and under the plain optimizer.
-  - Refused, exit 2 naming the flag on every rank: --fp16, an unknown coefficient type, TP mode
-    or scale mode, --muon-scalar-optimizer lion, --muon-num-ns-steps 0, --muon-fp32-matmul-prec
-    low, and with the layer-wise distributed optimizer --overlap-param-gather and
-    --num-distributed-optimizer-instances.
+  - Lion (--optimizer lion): learns and is not Adam; the distributed optimizer's shards give the
+    plain optimizer's iterations bit for bit; its checkpoint holds one moment per parameter,
+    resumes exactly in the other optimizer layout with --lion-beta2 restored, and is refused by
+    Adam. Muon with --muon-scalar-optimizer lion learns, is layer-wise distributable bit for bit,
+    and its checkpoint is refused under Muon with Adam for the rest.
+  - Refused, exit 2 naming the flag on every rank: --fp16 (Muon and Lion), an unknown coefficient
+    type, TP mode, scale mode or scalar optimizer, a Lion beta outside [0, 1),
+    --muon-num-ns-steps 0, --muon-fp32-matmul-prec low, and with the layer-wise distributed
+    optimizer --overlap-param-gather and --num-distributed-optimizer-instances.
 What it is not: the update's arithmetic against PyTorch and the TP modes' algebra
 (tests/optim/test_muon.cpp with tests/reference/muon_oracle.py).
 
@@ -183,6 +188,55 @@ class TestLayerWise(unittest.TestCase):
                          [straight[i] for i in range(7, ITERS + 1)])
 
 
+class TestLion(unittest.TestCase):
+    """--optimizer lion and Muon's --muon-scalar-optimizer lion."""
+
+    def test_lion_learns_shards_and_resumes(self):
+        lion = ["--optimizer", "lion", "--lr", "1e-3"]
+        proc = run(1, *lion)
+        self.assertIn(" > Lion (Megatron's --optimizer lion", proc.stdout)
+        got = curve(proc)
+        self.assertLess(got[ITERS]["lm loss"], got[1]["lm loss"] - 0.5)
+        adam = curve(run(1, "--optimizer", "adam", "--lr", "1e-3"))
+        self.assertGreater(abs(adam[ITERS]["lm loss"] - got[ITERS]["lm loss"]), 0.05)
+        # Elementwise: the distributed optimizer's shards give the plain optimizer's bits.
+        plain = raw_iterations(run(2, *lion))
+        self.assertEqual(raw_iterations(run(2, *lion, DIST)), plain)
+        ck = tempfile.mkdtemp(prefix="lion_", dir=TMP.name)
+        run(2, *lion, DIST, "--lion-beta2", "0.9", "--save", ck, "--exit-interval", "6")
+        _, saved = checkpoint_reader.read_checkpoint(ck)
+        self.assertEqual(len([k for k in saved if k.startswith("optimizer.exp_avg.")]),
+                         len([k for k in saved if k.startswith("model.")]))
+        self.assertFalse([k for k in saved if k.startswith("optimizer.exp_avg_sq.")])
+        want = raw_iterations(run(2, *lion, DIST, "--lion-beta2", "0.9"))
+        proc = run(2, *lion, "--load", ck)  # the plain optimizer, the checkpoint's beta
+        self.assertIn(" > --lion-beta2 0.9 from checkpoint", proc.stdout)
+        got = raw_iterations(proc)
+        self.assertEqual([got[i] for i in range(7, ITERS + 1)],
+                         [want[i] for i in range(7, ITERS + 1)])
+        refused = run(1, "--optimizer", "adam", "--load", ck, expect_rc=2)
+        self.assertIn("holds the optimizer state of --optimizer lion, which --optimizer adam "
+                      "cannot continue", refused.stderr)
+
+    def test_muon_with_lion_for_the_rest(self):
+        proc = run(1, "--muon-scalar-optimizer", "lion")
+        self.assertIn("embeddings, output layer and the other parameters take Lion", proc.stdout)
+        got = curve(proc)
+        self.assertLess(got[ITERS]["lm loss"], got[1]["lm loss"] - 0.5)
+        self.assertNotEqual(got[ITERS]["lm loss"], curve(run(1))[ITERS]["lm loss"])
+        self.assertEqual(raw_iterations(run(2, "--muon-scalar-optimizer", "lion", DIST)),
+                         raw_iterations(run(2, "--muon-scalar-optimizer", "lion")))
+        ck = tempfile.mkdtemp(prefix="muon_lion_", dir=TMP.name)
+        run(1, "--muon-scalar-optimizer", "lion", "--save", ck, "--exit-interval", "4")
+        _, saved = checkpoint_reader.read_checkpoint(ck)
+        self.assertEqual(len([k for k in saved if k.startswith("optimizer.momentum_buffer.")]), 16)
+        self.assertFalse([k for k in saved if k.startswith("optimizer.exp_avg_sq.")])
+        refused = run(1, "--load", ck, expect_rc=2)
+        self.assertIn("holds the optimizer state of --optimizer muon --muon-scalar-optimizer "
+                      "lion, which --optimizer muon --muon-scalar-optimizer adam cannot continue",
+                      refused.stderr)
+
+
 class TestCheckpoints(unittest.TestCase):
     def test_resume_exactly_and_in_another_layout(self):
         ck = tempfile.mkdtemp(prefix="ck_", dir=TMP.name)
@@ -222,13 +276,14 @@ class TestCheckpoints(unittest.TestCase):
         self.assertEqual([got[i] for i in range(7, ITERS + 1)],
                          [want[i] for i in range(7, ITERS + 1)])
         refused = run(1, "--optimizer", "adam", "--load", ck, expect_rc=2)
-        self.assertIn("holds the optimizer state of --optimizer muon, which --optimizer adam "
-                      "cannot continue", refused.stderr)
+        self.assertIn("holds the optimizer state of --optimizer muon --muon-scalar-optimizer adam, "
+                      "which --optimizer adam cannot continue", refused.stderr)
         adam_ck = tempfile.mkdtemp(prefix="adam_", dir=TMP.name)
         run(1, "--optimizer", "adam", "--save", adam_ck, "--exit-interval", "4")
         refused = run(2, "--load", adam_ck, expect_rc=2)
         self.assertIn("holds the optimizer state of --optimizer adam, which --optimizer muon "
-                      "cannot continue: pass --no-load-optim", refused.stderr)
+                      "--muon-scalar-optimizer adam cannot continue: pass --no-load-optim",
+                      refused.stderr)
         got = raw_iterations(run(1, "--load", adam_ck, "--no-load-optim", "--exit-interval", "6"))
         self.assertEqual(sorted(got), [5, 6])
 
@@ -258,8 +313,11 @@ class TestRefused(unittest.TestCase):
         self.check(2, ["--muon-tp-mode", "sharded"],
                    "--muon-tp-mode must be blockwise, duplicated or distributed, got 'sharded'")
         self.check(1, ["--muon-scale-mode", "rms"], "--muon-scale-mode must be spectral")
-        self.check(1, ["--muon-scalar-optimizer", "lion"], "--muon-scalar-optimizer lion is not "
-                   "supported")
+        self.check(1, ["--muon-scalar-optimizer", "rmsprop"],
+                   "--muon-scalar-optimizer must be adam or lion, got 'rmsprop'")
+        self.check(2, ["--optimizer", "lion", "--lion-beta1", "1.5"],
+                   "Invalid beta: --lion-beta1 must be in [0, 1), got 1.5")
+        self.check(1, ["--optimizer", "lion", "--fp16"], "--optimizer lion with --fp16")
         self.check(1, ["--muon-num-ns-steps", "0"], "--muon-num-ns-steps must be at least 1")
         self.check(1, ["--muon-fp32-matmul-prec", "low"],
                    "--muon-fp32-matmul-prec low is not a matmul precision")

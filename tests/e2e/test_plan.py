@@ -53,6 +53,19 @@ class Plan(unittest.TestCase):
         for phrase in phrases:
             self.assertIn(phrase, proc.stderr)
 
+    def test_muon_layouts_leave_out_the_layer_wise_optimizer(self):
+        # Muon's --use-distributed-optimizer is its layer-wise optimizer, whose memory and
+        # traffic the planner does not model: no layout proposes it, and evaluating it says so.
+        gpu = ["--gpu", "a100-80", "--num-nodes", "2", "--gpus-per-node", "4"]
+        args = [*gpu, *MODEL, "--bf16", "--global-batch-size", "32", "--optimizer", "muon"]
+        proc = plan([*args, "--json", "--top", "1000"])
+        self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+        layouts = json.loads(proc.stdout)["layouts"]
+        self.assertGreater(len(layouts), 20)
+        self.assertEqual({l["layout"]["sharding"] for l in layouts}, {"ddp"})
+        self.refused(plan([*args, "--use-distributed-optimizer", "--evaluate"]),
+                     "the planner does not model Muon's layer-wise distributed optimizer")
+
     def test_ranked_layouts_and_their_commands(self):
         gpu = ["--gpu", "a100-80", "--num-nodes", "2", "--gpus-per-node", "4"]
         proc = plan([*gpu, *MODEL, "--bf16", "--global-batch-size", "32", "--json", "--top",

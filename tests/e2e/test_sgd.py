@@ -230,7 +230,7 @@ class TestRefused(unittest.TestCase):
 
     def test_bad_values_exit_2(self):
         self.check(2, ["--optimizer", "lamb"], "--optimizer lamb is not supported (adam, sgd, "
-                   "muon, onebit_adam)")
+                   "muon, lion, onebit_adam)")
         self.check(2, ["--sgd-momentum", "-0.5"], "--sgd-momentum must be >= 0, got -0.5")
         self.check(1, [*DIST, "--use-precision-aware-optimizer"],
                    "--use-precision-aware-optimizer only supported with adam")

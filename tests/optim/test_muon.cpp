@@ -31,6 +31,7 @@
 
 #include <cmath>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "checkpoint/safetensors.h"
@@ -65,6 +66,7 @@ constexpr double kLr = 0.02, kWd = 0.1;
 struct Variant {
   const char* name;
   MuonConfig cfg;
+  bool scalar_lion = false;  // --muon-scalar-optimizer lion
 };
 
 std::vector<Variant> variants() {
@@ -89,7 +91,9 @@ std::vector<Variant> variants() {
        make(false, "polar_express", 10, MuonScaleMode::kUnitRmsNorm, false, false, 0.5, 0.95)},
       {"medium_aol_shape",
        make(true, "aol", 6, MuonScaleMode::kShapeScaling, true, true, 1.0, 0.9)},
-      {"high_simple", make(false, "simple", 3, MuonScaleMode::kSpectral, true, true, 2.0, 0.5)}};
+      {"high_simple", make(false, "simple", 3, MuonScaleMode::kSpectral, true, true, 2.0, 0.5)},
+      {"high_scalar_lion",
+       make(false, "quintic", 5, MuonScaleMode::kSpectral, false, true, 1.0, 0.9), true}};
 }
 
 // |a - b| / |b - init| over all elements (the error relative to the weights' change).
@@ -131,6 +135,7 @@ TEST(MuonOracle, StepsMatchPyTorch) {
     ps.sync_compute_from_main();
     AdamWConfig adam{0.9, 0.95, 1e-8, kWd};
     adam.rule = UpdateRule::kMuon;
+    adam.muon_scalar_lion = v.scalar_lion;
     Muon muon(ps, adam, v.cfg, world(), world());
     for (int step = 0; step < 3; ++step) {
       for (Param* p : ptrs)
@@ -150,6 +155,11 @@ TEST(MuonOracle, StepsMatchPyTorch) {
         // The momentum buffer is elementwise f32 arithmetic: rounding only; no second state.
         EXPECT_EQ(muon.state_offset(*p, 1), -1);
         EXPECT_LT(max_abs_diff(m, f.read(pre + "m." + p->name).view({n})), 1e-6);
+      } else if (v.scalar_lion) {
+        // Lion's step: the same f32 formula (ops::lion_step is emerging_optimizers' Lion).
+        EXPECT_LT(max_abs_diff(p->main.view({n}), want.view({n})), 1e-6);
+        EXPECT_LT(max_abs_diff(m, f.read(pre + "m." + p->name).view({n})), 1e-6);
+        EXPECT_EQ(muon.state_offset(*p, 1), -1);  // one moment
       } else {
         // AdamW's step: the same f32 formula (ops::adamw_step is torch's AdamW).
         EXPECT_LT(max_abs_diff(p->main.view({n}), want.view({n})), 1e-6);
@@ -231,6 +241,49 @@ TEST(MuonLayerWise, SameWeightsStateDividedOverTheRanks) {
   EXPECT_EQ(counts.item(1), static_cast<double>(plain.exp_avg().numel()));
   if (g.size() > 1) {
     EXPECT_LT(owned, static_cast<int>(pa.size()));
+  }
+}
+
+// --optimizer lion: AdamW's class with rule kLion over every parameter (and the distributed
+// optimizer's segments, tests/e2e), against the oracle's Lion with two pairs of betas.
+TEST(LionOracle, StepsMatchPyTorch) {
+  ASSERT_FALSE(g_oracle_dir.empty()) << "pass --oracle-dir=DIR (muon_oracle.py --out DIR)";
+  auto f = safetensors::File::open(g_oracle_dir + "/muon.safetensors");
+  for (const auto& [name, b1, b2] :
+       {std::tuple{"lion", 0.9, 0.99}, {"lion_small_betas", 0.3, 0.4}}) {
+    SCOPED_TRACE(name);
+    std::vector<Param> params(kParams.size());
+    std::vector<Param*> ptrs;
+    for (size_t i = 0; i < kParams.size(); ++i) {
+      params[i].name = kParams[i].name;
+      params[i].shape = kParams[i].shape;
+      params[i].no_weight_decay = std::string(kParams[i].kind) == "adam_nowd";
+      ptrs.push_back(&params[i]);
+    }
+    ParamSet ps(ptrs, DType::kF32);
+    for (Param* p : ptrs) ps.set_main(*p, f.read("init." + p->name));
+    AdamWConfig cfg{0.9, 0.95, 1e-8, kWd};
+    cfg.rule = UpdateRule::kLion;
+    cfg.lion_beta1 = b1;
+    cfg.lion_beta2 = b2;
+    AdamW lion(ps, cfg);
+    EXPECT_EQ(lion.exp_avg_sq().numel(), 0);  // one moment
+    for (int step = 0; step < 3; ++step) {
+      for (Param* p : ptrs)
+        p->main_grad.copy_from(f.read("grad." + std::to_string(step) + "." + p->name));
+      lion.step(StepRates{kLr, kLr, kWd}, kGradScale[step]);
+    }
+    for (Param* p : ptrs) {
+      SCOPED_TRACE(p->name);
+      const int64_t n = p->shape.numel();
+      const std::string pre = std::string(name) + ".";
+      // The same f32 formula in the same order; a sign that flips on an update within rounding
+      // of 0 would move a weight by 2 lr = 0.04 (none here).
+      EXPECT_LT(max_abs_diff(p->main.view({n}), f.read(pre + "w." + p->name).view({n})), 1e-6);
+      EXPECT_LT(max_abs_diff(lion.exp_avg().flat_view(ps.offset_of(*p), {n}),
+                             f.read(pre + "m." + p->name).view({n})),
+                1e-6);
+    }
   }
 }
 

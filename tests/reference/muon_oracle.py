@@ -9,14 +9,16 @@ matmul precision the matrix cast to bf16 and every product a bf16 GEMM, emulated
 see newton_schulz), get_muon_scale_factor,
 Megatron's QKV split (the rows of every query group split into query, key and value, each kind
 orthogonalised as one matrix) and its default parameter override (torch.optim.AdamW for the
-embeddings and every parameter that is not 2-D in Megatron's shapes, no weight decay on biases).
+embeddings and every parameter that is not 2-D in Megatron's shapes, no weight decay on biases),
+or emerging_optimizers' Lion in its place (--muon-scalar-optimizer lion); and --optimizer lion
+alone (Lion over every parameter, torch's lerp in both of its forms).
 
 Writes DIR/muon.safetensors:
   init.<p>                  the initial weights
   grad.<step>.<p>           each step's gradient (before the clipping factor GRAD_SCALE[step],
                             which the step applies)
   <variant>.w.<p>           the weights after STEPS steps
-  <variant>.m.<p>           Muon's momentum_buffer, or AdamW's exp_avg
+  <variant>.m.<p>           Muon's momentum_buffer, or AdamW's or Lion's exp_avg
   <variant>.v.<p>           AdamW's exp_avg_sq (AdamW parameters only)
 Variants and parameters are listed below; the C++ test lists the same.
 
@@ -66,7 +68,13 @@ VARIANTS = {
                              nesterov=True, split=True, extra=1.0, momentum=0.9),
     "high_simple": dict(bf16=False, coeff="simple", ns_steps=3, scale="spectral",
                         nesterov=True, split=True, extra=2.0, momentum=0.5),
+    # --muon-scalar-optimizer lion (Lion's default betas) for the parameters Muon leaves out.
+    "high_scalar_lion": dict(bf16=False, coeff="quintic", ns_steps=5, scale="spectral",
+                             nesterov=False, split=True, extra=1.0, momentum=0.9, scalar="lion",
+                             lion_betas=(0.95, 0.98)),
 }
+# --optimizer lion over every parameter (betas under 0.5 too: torch's other lerp form).
+LION_VARIANTS = {"lion": (0.9, 0.99), "lion_small_betas": (0.3, 0.4)}
 
 COEFFICIENTS = {
     "simple": [(3.4445, -4.7750, 2.0315)],
@@ -137,21 +145,52 @@ def orthogonalize(u, kind, v):
     return torch.cat(outs, dim=1).view(u.shape)
 
 
+def lion_step(p, g, m, lr, wd, betas):
+    """emerging_optimizers' Lion (decoupled decay) on one tensor, in place."""
+    p.add_(p, alpha=-wd * lr)
+    u = m.lerp(g, 1 - betas[0])
+    m.lerp_(g, 1 - betas[1])
+    p.add_(torch.sign(u), alpha=-lr)
+
+
+def run_lion(betas, init, grads):
+    params = {n: init[n].clone() for n, _, _ in PARAMS}
+    moments = {n: torch.zeros_like(params[n]) for n in params}
+    for step in range(STEPS):
+        for n, _, k in PARAMS:
+            wd = 0.0 if k == "adam_nowd" else WD
+            lion_step(params[n], grads[step][n] * GRAD_SCALE[step], moments[n], LR, wd, betas)
+    out = {}
+    for n in params:
+        out["w." + n] = params[n]
+        out["m." + n] = moments[n]
+    return out
+
+
 def run_variant(v, init, grads):
     params = {n: init[n].clone() for n, _, _ in PARAMS}
     muon = [n for n, _, k in PARAMS if k in ("muon", "qkv")]
     buffers = {n: torch.zeros_like(params[n]) for n in muon}
-    adam_params = {n: torch.nn.Parameter(params[n]) for n, _, k in PARAMS if k.startswith("adam")}
-    adam = torch.optim.AdamW(
-        [{"params": [adam_params[n] for n, _, k in PARAMS if k == "adam"], "weight_decay": WD},
-         {"params": [adam_params[n] for n, _, k in PARAMS if k == "adam_nowd"],
-          "weight_decay": 0.0}],
-        lr=LR, betas=BETAS, eps=EPS)
     kinds = {n: k for n, _, k in PARAMS}
+    scalar_lion = v.get("scalar") == "lion"
+    lion_moments = {n: torch.zeros_like(params[n]) for n, _, k in PARAMS
+                    if k.startswith("adam") and scalar_lion}
+    adam_params = {n: torch.nn.Parameter(params[n]) for n, _, k in PARAMS
+                   if k.startswith("adam") and not scalar_lion}
+    adam = torch.optim.AdamW(
+        [{"params": [p for n, p in adam_params.items() if kinds[n] == "adam"],
+          "weight_decay": WD},
+         {"params": [p for n, p in adam_params.items() if kinds[n] == "adam_nowd"],
+          "weight_decay": 0.0}],
+        lr=LR, betas=BETAS, eps=EPS) if adam_params else None
     for step in range(STEPS):
         for n in adam_params:
             adam_params[n].grad = grads[step][n] * GRAD_SCALE[step]
-        adam.step()
+        if adam:
+            adam.step()
+        for n in lion_moments:
+            lion_step(params[n], grads[step][n] * GRAD_SCALE[step], lion_moments[n], LR,
+                      0.0 if kinds[n] == "adam_nowd" else WD, v["lion_betas"])
         with torch.no_grad():
             for n in muon:
                 p, g, buf = params[n], grads[step][n] * GRAD_SCALE[step], buffers[n]
@@ -163,6 +202,9 @@ def run_variant(v, init, grads):
     for n in muon:
         out["w." + n] = params[n]
         out["m." + n] = buffers[n]
+    for n, m in lion_moments.items():
+        out["w." + n] = params[n]
+        out["m." + n] = m
     for n, p in adam_params.items():
         out["w." + n] = p.detach()
         out["m." + n] = adam.state[p]["exp_avg"]
@@ -182,6 +224,9 @@ def main():
         tensors.update({f"grad.{step}.{n}": t for n, t in grads[step].items()})
     for name, v in VARIANTS.items():
         for key, t in run_variant(v, init, grads).items():
+            tensors[f"{name}.{key}"] = t.contiguous().to(torch.float32)
+    for name, betas in LION_VARIANTS.items():
+        for key, t in run_lion(betas, init, grads).items():
             tensors[f"{name}.{key}"] = t.contiguous().to(torch.float32)
     os.makedirs(args.out, exist_ok=True)
     write_safetensors(os.path.join(args.out, "muon.safetensors"), tensors)

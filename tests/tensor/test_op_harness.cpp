@@ -711,6 +711,15 @@ void register_attention_and_optimizer() {
            return std::vector<Tensor>{pt, buf, plain};
          }},
         {"sgd_step"});
+    // Lion: two steps, betas on both sides of torch's lerp switch at 0.5, the clipping factor.
+    add({"lion_step", dims(Shape{n}),
+         [=](const Place& p) {
+           Tensor pt = p(param), m = p.zeros({n});
+           ops::lion_step(pt, m, p(g), ops::LionSpec{1e-2f, 0.9f, 0.99f, 0.1f, 0.7});
+           ops::lion_step(pt, m, p(g2), ops::LionSpec{1e-2f, 0.3f, 0.4f, 0.1f, 1.0});
+           return std::vector<Tensor>{pt, m};
+         }},
+        {"lion_step"});
     // The precision-aware optimizer's scaled moments (fp16 and E4M3 codes from zero): the CPU's
     // two-pass kernel in f32, the composed ops elsewhere. Gradients from a few dyadic values and
     // beta 0.5, so that every scaled moment lies well inside a rounding interval of its format

@@ -715,6 +715,54 @@ TEST(AdamW, MatchesReferenceOverSteps) {
   EXPECT_TRUE(allclose(p, st.param, 1e-6, 1e-5));  // the reference scales the same way
 }
 
+// emerging_optimizers' Lion on numbers worked by hand (both lerp forms, sign 0), then the clipping
+// factor, the rounded compute copy and a short moment refused.
+TEST(Lion, RuleByHand) {
+  // p = 1, m = 0, g = 0.5, lr 0.125, wd 0.25, betas (0.75, 0.5):
+  //   decay: p = 1 - 0.03125 = 0.96875; u = 0 + 0.25 (0.5 - 0) = 0.125 > 0: p = 0.84375;
+  //   m = 0.5 - (0.5 - 0)(1 - 0.5) = 0.25 (beta2's weight 0.5: the second lerp form)
+  // step 2 with g = -1: decay: p = 0.84375 - 0.0263671875 = 0.8173828125;
+  //   u = 0.25 + 0.25 (-1 - 0.25) = -0.0625 < 0: p = 0.9423828125; m = -1 + 1.25 x 0.5 = -0.375
+  // (every value exact in f32).
+  Tensor p = Tensor::full({1}, 1.0), m = Tensor::zeros({1});
+  const ops::LionSpec spec{0.125f, 0.75f, 0.5f, 0.25f, 1.0};
+  ops::lion_step(p, m, Tensor::full({1}, 0.5), spec);
+  EXPECT_EQ(p.item(0), 0.84375);
+  EXPECT_EQ(m.item(0), 0.25);
+  ops::lion_step(p, m, Tensor::full({1}, -1.0), spec);
+  EXPECT_EQ(p.item(0), 0.9423828125);
+  EXPECT_EQ(m.item(0), -0.375);
+  // A zero update (moment and gradient 0) moves the weight by its decay alone.
+  Tensor q = Tensor::full({1}, 2.0), z = Tensor::zeros({1});
+  ops::lion_step(q, z, Tensor::zeros({1}), spec);
+  EXPECT_EQ(q.item(0), 2.0 - 2.0 * 0.125 * 0.25);
+
+  const int64_t n = 4099;
+  Tensor w = random_tensor({n}, 41), mm = random_tensor({n}, 42), gg = random_tensor({n}, 43);
+  // The clipping factor gives exactly the step on gradients scaled in place first.
+  Tensor w1 = w.clone(), m1 = mm.clone(), w2 = w.clone(), m2 = mm.clone();
+  ops::lion_step(w1, m1, gg, ops::LionSpec{1e-2f, 0.9f, 0.99f, 0.1f, 0.37});
+  Tensor scaled = gg.clone();
+  ops::scale_inplace(scaled, 0.37);
+  ops::lion_step(w2, m2, scaled, ops::LionSpec{1e-2f, 0.9f, 0.99f, 0.1f, 1.0});
+  EXPECT_TRUE(allclose(w1, w2, 0, 0));
+  EXPECT_TRUE(allclose(m1, m2, 0, 0));
+  EXPECT_FALSE(allclose(w1, w, 0, 0));
+  for (DType half : {DType::kBF16, DType::kF16}) {
+    Tensor w5 = w.clone(), m5 = mm.clone(), w6 = w.clone(), m6 = mm.clone();
+    Tensor rounded = Tensor::empty({n}, half);
+    const ops::LionSpec s{1e-2f, 0.9f, 0.99f, 0.1f, 1.0};
+    ops::lion_step(w5, m5, gg, s, &rounded);
+    ops::lion_step(w6, m6, gg, s);
+    EXPECT_TRUE(allclose(w5, w6, 0, 0));
+    const Tensor want = w6.to(half);
+    EXPECT_EQ(std::memcmp(rounded.raw(), want.raw(), static_cast<size_t>(n) * 2), 0)
+        << dtype_name(half);
+  }
+  Tensor short_m = Tensor::zeros({n - 1});
+  EXPECT_THROW(ops::lion_step(w, short_m, gg, ops::LionSpec{}), InvalidArgument);
+}
+
 // torch.optim.SGD's rule (momentum, dampening 0, L2 decay) on numbers worked by hand, then over
 // steps against the f64 device, fused clipping, no buffer, and the rounded compute copy.
 TEST(Sgd, TorchRuleByHandAndOverSteps) {

@@ -616,6 +616,17 @@ void sgd_step(Tensor& param, Tensor& momentum_buffer, const Tensor& grad, const 
   if (rounded) rounded->copy_from(param);  // a second pass, as adamw_step's
 }
 
+void lion_step(Tensor& param, Tensor& exp_avg, const Tensor& grad, const LionSpec& spec,
+               Tensor* rounded) {
+  same_numel(param, grad, "lion_step");
+  same_numel(param, exp_avg, "lion_step");
+  const LionArgs a{spec.lr, spec.beta1, spec.beta2, spec.weight_decay, spec.grad_scale};
+  dispatch_float(param, "lion_step", [&]<typename T>() {
+    cuda::lion(P<T>(param), P<T>(exp_avg), P<T>(grad), param.numel(), a);
+  });
+  if (rounded) rounded->copy_from(param);  // a second pass, as adamw_step's
+}
+
 double sum_squares(const Tensor& x) {
   double s = 0;
   dispatch_float(x, "sum_squares",

@@ -310,6 +310,22 @@ __global__ void sgd_kernel(T* p, T* buf, const T* g, int64_t n, T lr, T mu, T wd
   }
 }
 
+// Lion's per-element rule (ops::lion_step), torch's lerp.
+template <typename T>
+__device__ T lerp_torch(T a, T b, T w) {
+  return w < T(0.5) ? a + w * (b - a) : b - (b - a) * (T(1) - w);
+}
+template <typename T>
+__global__ void lion_kernel(T* p, T* m, const T* g, int64_t n, T lr, T b1, T b2, T wd, T gs) {
+  MEGATRON_GRID_LOOP(i, n) {
+    const T gi = g[i] * gs;
+    const T w = p[i] + (-wd * lr) * p[i];
+    const T u = lerp_torch(m[i], gi, T(1) - b1);
+    m[i] = lerp_torch(m[i], gi, T(1) - b2);
+    p[i] = w - lr * static_cast<T>((u > T(0)) - (u < T(0)));
+  }
+}
+
 // Reductions: block b sums elements [b * chunk, (b + 1) * chunk) into partial[b].
 constexpr int64_t kReduceChunk = 16384;
 template <typename T>
@@ -482,6 +498,14 @@ void sgd(T* p, T* buf, const T* g, int64_t n, const SgdArgs& a) {
   check_launch("sgd_step");
 }
 template <typename T>
+void lion(T* p, T* m, const T* g, int64_t n, const LionArgs& a) {
+  if (n == 0) return;
+  lion_kernel<<<blocks_for(n), kThreads>>>(
+      p, m, g, n, static_cast<T>(a.lr), static_cast<T>(a.beta1), static_cast<T>(a.beta2),
+      static_cast<T>(a.weight_decay), static_cast<T>(a.grad_scale));
+  check_launch("lion_step");
+}
+template <typename T>
 void swiglu_forward(T* out, const T* x, int64_t rows, int64_t f) {
   if (rows * f == 0) return;
   swiglu_forward_kernel<<<blocks_for(rows * f), kThreads>>>(out, x, rows, f);
@@ -591,6 +615,7 @@ void masked_sum(const T* loss, const float* mask, int64_t n, double* sum, double
   template void dropout<T>(T*, const T*, int64_t, float, uint64_t, uint64_t, uint64_t);            \
   template void adamw<T>(T*, T*, T*, const T*, int64_t, const AdamArgs&);                          \
   template void sgd<T>(T*, T*, const T*, int64_t, const SgdArgs&);                                 \
+  template void lion<T>(T*, T*, const T*, int64_t, const LionArgs&);                               \
   template double sum_squares<T>(const T*, int64_t);                                               \
   template int64_t count_zeros<T>(const T*, int64_t);                                              \
   template void masked_sum<T>(const T*, const float*, int64_t, double*, double*);

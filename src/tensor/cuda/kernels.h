@@ -222,6 +222,11 @@ struct SgdArgs {
 // buf: nullptr when momentum is 0 (no buffer).
 template <typename T>
 void sgd(T* p, T* buf, const T* g, int64_t n, const SgdArgs& a);
+struct LionArgs {
+  double lr, beta1, beta2, weight_decay, grad_scale;
+};
+template <typename T>
+void lion(T* p, T* m, const T* g, int64_t n, const LionArgs& a);
 
 }  // namespace megatron::cuda
 

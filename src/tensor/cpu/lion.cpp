@@ -1,0 +1,59 @@
+// Lion over flat buffers (--optimizer lion, Muon's --muon-scalar-optimizer lion): one pass over
+// memory that also writes the 16-bit compute copy of mixed-precision runs.
+#include <cmath>
+#include <cstdint>
+
+#include "tensor/cpu/cpu_ops.h"
+#include "tensor/cpu/dispatch.h"
+#include "tensor/cpu/half_store.h"
+#include "tensor/ops.h"
+
+namespace megatron::cpu {
+
+namespace {
+// torch.lerp's two forms (start + w (end - start) below w = 0.5, end - (end - start)(1 - w) from
+// it), compiled without contraction as torch's CPU kernel rounds them.
+template <typename T>
+T lerp(T start, T end, T w) {
+  return w < T(0.5) ? start + w * (end - start) : end - (end - start) * (T(1) - w);
+}
+}  // namespace
+
+void lion_step(Tensor& param, Tensor& exp_avg, const Tensor& grad, const LionSpec& spec,
+               Tensor* rounded) {
+  cpu::check_numel(param, grad, "lion_step");
+  cpu::check_numel(param, exp_avg, "lion_step");
+  cpu::dispatch_float(param, "lion_step", [&]<typename T>() {
+    T* p = param.data<T>();
+    T* m = exp_avg.data<T>();
+    const T* g = grad.data<T>();
+    const T lr = spec.lr, b1 = spec.beta1, b2 = spec.beta2, wd = spec.weight_decay;
+    const T gs = static_cast<T>(spec.grad_scale), decay = -wd * lr;
+    const int64_t n = param.numel();
+    // emerging_optimizers' order: p.add_(p, alpha=-wd lr), then the update from the old moment,
+    // the moment's own lerp, p.add_(sign(update), alpha=-lr).
+    auto run = [&](auto store) {
+#pragma omp parallel for simd schedule(static)
+      for (int64_t i = 0; i < n; ++i) {
+        const T gi = g[i] * gs;
+        const T w = p[i] + decay * p[i];
+        const T u = lerp(m[i], gi, T(1) - b1);
+        m[i] = lerp(m[i], gi, T(1) - b2);
+        const T out = w - lr * static_cast<T>((u > T(0)) - (u < T(0)));
+        p[i] = out;
+        store(i, out);
+      }
+    };
+    if (!rounded) {
+      run([](int64_t, T) {});
+    } else if (rounded->dtype() == DType::kBF16) {
+      StoredAs<bf16>* r = stored_ptr(rounded->data<bf16>());
+      run([r](int64_t i, T w) { r[i] = stored_value<bf16>(w); });
+    } else {
+      StoredAs<f16>* r = stored_ptr(rounded->data<f16>());
+      run([r](int64_t i, T w) { r[i] = stored_value<f16>(w); });
+    }
+  });
+}
+
+}  // namespace megatron::cpu
