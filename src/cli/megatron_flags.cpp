@@ -135,8 +135,8 @@ const std::vector<OwnFlag>& own_train_flags() {
       {"--muon-tp-mode", "Megatron core 0.19's Muon optimizer"},
       {"--muon-extra-scale-factor", "Megatron core 0.19's Muon optimizer"},
       {"--muon-scalar-optimizer", "Megatron core 0.19's Muon optimizer (adam or lion)"},
-      {"--lion-beta1", "Megatron core 0.19's Lion optimizer (--optimizer lion)"},
-      {"--lion-beta2", "Megatron core 0.19's Lion optimizer"},
+      {"--lion-beta1", "Megatron core 0.19's (--muon-scalar-optimizer lion)"},
+      {"--lion-beta2", "Megatron core 0.19's (--muon-scalar-optimizer lion)"},
   };
   return own;
 }

@@ -70,8 +70,12 @@ void register_muon_args(ArgTable& t, Arguments& a) {
         "Optimizer of the parameters Muon leaves out (embeddings, output layer, biases, norms): "
         "adam or lion");
   t.add("--lion-beta1", a.lion_beta1,
-        "Lion's first beta: the interpolation whose sign is the update");
-  t.add("--lion-beta2", a.lion_beta2, "Lion's second beta: its moment's decay");
+        "First beta of the Lion on Muon's other parameters (--muon-scalar-optimizer lion): the "
+        "interpolation whose sign is the update (--optimizer lion takes --adam-beta1, as "
+        "Megatron builds it)");
+  t.add("--lion-beta2", a.lion_beta2,
+        "Second beta of the Lion on Muon's other parameters: its moment's decay (--optimizer "
+        "lion takes --adam-beta2)");
 }
 
 std::vector<std::string> validate_muon_args(Arguments& a) {
@@ -99,59 +103,63 @@ std::vector<std::string> validate_muon_args(Arguments& a) {
     a.optimizer = "muon";
     a.use_layer_wise_distributed_optimizer = true;
   }
-  if (a.optimizer == "lion" || (a.optimizer == "muon" && a.muon_scalar_optimizer == "lion")) {
-    // emerging_optimizers' Lion constructor checks.
+  // emerging_optimizers' Lion constructor checks, on the betas each Lion takes: Muon's other
+  // parameters --lion-beta1/2, --optimizer lion's matrices Adam's (Megatron's registry entry).
+  const bool scalar_lion = a.optimizer == "muon" && a.muon_scalar_optimizer == "lion";
+  if (scalar_lion || a.optimizer == "lion") {
+    const bool adam_betas = a.optimizer == "lion";
     for (const auto& [flag, value] :
-         {std::pair{"--lion-beta1", a.lion_beta1}, {"--lion-beta2", a.lion_beta2}})
+         {std::pair{adam_betas ? "--adam-beta1" : "--lion-beta1",
+                    adam_betas ? a.adam_beta1 : a.lion_beta1},
+          {adam_betas ? "--adam-beta2" : "--lion-beta2", adam_betas ? a.adam_beta2 : a.lion_beta2}})
       MEGATRON_CHECK(value >= 0 && value < 1, "Invalid beta: ", flag, " must be in [0, 1), got ",
-                     value);
+                     value, adam_betas ? " (--optimizer lion takes Adam's betas)" : "");
   }
-  if (a.optimizer == "lion") {
-    MEGATRON_CHECK(!a.fp16,
-                   "--optimizer lion with --fp16: emerging optimizer with fp16 is not "
-                   "supported (Megatron's rule); use --bf16");
-    MEGATRON_CHECK(!a.use_megatron_fsdp && !a.use_torch_fsdp2,
-                   "--optimizer lion with Megatron-FSDP or torch FSDP2: emerging optimizers do "
-                   "not support FSDP (Megatron's rule); drop --use-megatron-fsdp / "
-                   "--use-torch-fsdp2");
+  if (a.optimizer != "muon" && a.optimizer != "lion") return notes;
+  const std::string& o = a.optimizer;
+  if (o == "muon") {
+    MEGATRON_CHECK(!muon_coefficients(a.muon_coefficient_type, 1).empty(),
+                   "Unsupported muon coefficient type '", a.muon_coefficient_type,
+                   "'. Supported types: simple, quintic, polar_express, aol");
+    // Megatron offers low, which torch's set_float32_matmul_precision rejects at the first step.
+    MEGATRON_CHECK(a.muon_fp32_matmul_prec != "low",
+                   "--muon-fp32-matmul-prec low is not a matmul precision (torch rejects it at "
+                   "the first step): use medium (bf16 Newton-Schulz) or high (f32)");
+    MEGATRON_CHECK(a.muon_num_ns_steps >= 1, "--muon-num-ns-steps must be at least 1, got ",
+                   a.muon_num_ns_steps);
+    MEGATRON_CHECK(a.muon_momentum >= 0 && a.muon_momentum < 1,
+                   "--muon-momentum must be in [0, 1), got ", a.muon_momentum);
+    MEGATRON_CHECK(a.muon_scalar_optimizer == "adam" || a.muon_scalar_optimizer == "lion",
+                   "--muon-scalar-optimizer must be adam or lion, got '", a.muon_scalar_optimizer,
+                   "'");
   }
-  if (a.optimizer != "muon") return notes;
-  MEGATRON_CHECK(!muon_coefficients(a.muon_coefficient_type, 1).empty(),
-                 "Unsupported muon coefficient type '", a.muon_coefficient_type,
-                 "'. Supported types: simple, quintic, polar_express, aol");
-  // Megatron offers low, which torch's set_float32_matmul_precision rejects at the first step.
-  MEGATRON_CHECK(a.muon_fp32_matmul_prec != "low",
-                 "--muon-fp32-matmul-prec low is not a matmul precision (torch rejects it at the "
-                 "first step): use medium (bf16 Newton-Schulz) or high (f32)");
-  MEGATRON_CHECK(a.muon_num_ns_steps >= 1, "--muon-num-ns-steps must be at least 1, got ",
-                 a.muon_num_ns_steps);
-  MEGATRON_CHECK(a.muon_momentum >= 0 && a.muon_momentum < 1,
-                 "--muon-momentum must be in [0, 1), got ", a.muon_momentum);
-  MEGATRON_CHECK(a.muon_scalar_optimizer == "adam" || a.muon_scalar_optimizer == "lion",
-                 "--muon-scalar-optimizer must be adam or lion, got '", a.muon_scalar_optimizer,
-                 "'");
-  MEGATRON_CHECK(!a.fp16,
-                 "--optimizer muon with --fp16: emerging optimizer with fp16 is not "
-                 "supported (Megatron's rule); use --bf16");
-  MEGATRON_CHECK(!a.use_megatron_fsdp && !a.use_torch_fsdp2,
-                 "--optimizer muon with Megatron-FSDP or torch FSDP2: emerging optimizers do not "
-                 "support FSDP (Megatron's rule); drop --use-megatron-fsdp / --use-torch-fsdp2");
+  // Megatron's rules for every emerging optimizer.
+  MEGATRON_CHECK(!a.fp16, "--optimizer ", o,
+                 " with --fp16: emerging optimizer with fp16 is not supported (Megatron's rule); "
+                 "use --bf16");
+  MEGATRON_CHECK(!a.use_megatron_fsdp && !a.use_torch_fsdp2, "--optimizer ", o,
+                 " with Megatron-FSDP or torch FSDP2: emerging optimizers do not support FSDP "
+                 "(Megatron's rule); drop --use-megatron-fsdp / --use-torch-fsdp2");
   if (a.use_distributed_optimizer) {
     a.use_layer_wise_distributed_optimizer = true;
     a.use_distributed_optimizer = false;
   }
   if (a.use_layer_wise_distributed_optimizer) {
     MEGATRON_CHECK(a.num_distributed_optimizer_instances == 1,
-                   "--num-distributed-optimizer-instances with Muon's layer-wise distributed "
-                   "optimizer (--optimizer muon --use-distributed-optimizer) is not supported: "
+                   "--num-distributed-optimizer-instances with the layer-wise distributed "
+                   "optimizer (--optimizer ",
+                   o,
+                   " --use-distributed-optimizer) is not supported: "
                    "drop it");
     MEGATRON_CHECK(!a.overlap_param_gather,
-                   "--overlap-param-gather with Muon's layer-wise distributed optimizer is not "
-                   "implemented here (its parameters are broadcast after the step): drop "
-                   "--overlap-param-gather");
+                   "--overlap-param-gather with the layer-wise distributed optimizer (--optimizer ",
+                   o,
+                   " --use-distributed-optimizer) is not implemented here (its parameters are "
+                   "broadcast after the step): drop --overlap-param-gather");
     MEGATRON_CHECK(!a.fp8_param_gather,
-                   "--fp8-param-gather with Muon's layer-wise distributed optimizer is not "
-                   "implemented here: drop --fp8-param-gather");
+                   "--fp8-param-gather with the layer-wise distributed optimizer (--optimizer ", o,
+                   " --use-distributed-optimizer) is not implemented here: drop "
+                   "--fp8-param-gather");
   }
   return notes;
 }

@@ -310,8 +310,8 @@ int run_plan(int argc, char** argv, MpiRuntime& mpi) {
       transformer_config_from_args(a);
       // Its memory and traffic are neither ZeRO-1's nor plain data parallelism's.
       MEGATRON_CHECK(!a.use_layer_wise_distributed_optimizer,
-                     "the planner does not model Muon's layer-wise distributed optimizer "
-                     "(--use-distributed-optimizer with --optimizer muon)");
+                     "the planner does not model the layer-wise distributed optimizer "
+                     "(--use-distributed-optimizer with --optimizer muon or lion)");
     } catch (const InvalidArgument& e) {
       if (first_refusal.empty()) first_refusal = plan::layout_name(l) + ": " + e.what();
       return e.what();

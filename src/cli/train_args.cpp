@@ -498,7 +498,8 @@ void register_train_args(ArgTable& t, Arguments& a) {
   t.add("--optimizer", a.optimizer,
         "Optimizer: adam (AdamW), sgd (SGD with momentum and L2 weight decay, Megatron's "
         "FusedSGD), muon (Muon's orthogonalised momentum for the matrices, AdamW or Lion for the "
-        "rest), lion (the sign of an interpolated momentum; one moment) or onebit_adam "
+        "rest), lion (Lion, the sign of an interpolated momentum, for the matrices; AdamW for the "
+        "rest) or onebit_adam "
         "(DeepSpeed's 1-bit Adam: compressed momentum exchange after --onebit-freeze-step "
         "steps)");
   t.add("--sgd-momentum", a.sgd_momentum, "Momentum factor for sgd (0: no momentum buffer)");

@@ -15,12 +15,11 @@ AdamW::AdamW(ParamSet& params, const AdamWConfig& cfg)
       // Moments for the trained part of the buffers only (frozen weights without gradients lie
       // after it and have none).
       // (Muon lays out its own: optim/muon.h.)
-      exp_avg_(Tensor::zeros(
-          {cfg.states() >= 1 && cfg.rule != UpdateRule::kMuon ? params.trainable_numel() : 0},
-          params.main().dtype(), params.main().device())),
-      exp_avg_sq_(Tensor::zeros(
-          {cfg.states() >= 2 && cfg.rule != UpdateRule::kMuon ? params.trainable_numel() : 0},
-          params.main().dtype(), params.main().device())) {
+      exp_avg_(Tensor::zeros({cfg.states() >= 1 && !cfg.emerging() ? params.trainable_numel() : 0},
+                             params.main().dtype(), params.main().device())),
+      exp_avg_sq_(
+          Tensor::zeros({cfg.states() >= 2 && !cfg.emerging() ? params.trainable_numel() : 0},
+                        params.main().dtype(), params.main().device())) {
   MEGATRON_CHECK(
       cfg.exp_avg_dtype == MomentDType::kF32 && cfg.exp_avg_sq_dtype == MomentDType::kF32,
       "Adam moments in lower precision are the distributed optimizer's "
@@ -41,13 +40,6 @@ void AdamW::step(const StepRates& rates, double grad_scale) {
     Tensor w = p->main.view({n});
     // Mixed precision: the step writes the 16-bit compute copy as it goes.
     Tensor rounded = p->value.raw() != p->main.raw() ? p->value.view({n}) : Tensor();
-    if (cfg_.lion()) {
-      Tensor m = exp_avg_.flat_view(off, {n});
-      ops::lion_step(w, m, p->main_grad.view({n}),
-                     lion_spec(cfg_, rates, *p, rates.grad_scale_of(*p, grad_scale)),
-                     rounded.defined() ? &rounded : nullptr);
-      continue;
-    }
     if (cfg_.sgd()) {
       Tensor buf = cfg_.states() >= 1 ? exp_avg_.flat_view(off, {n}) : Tensor();
       ops::sgd_step(w, buf, p->main_grad.view({n}),
@@ -89,17 +81,18 @@ std::string optimizer_state_family(const std::string& optimizer) {
 }
 
 int states_of(const AdamWConfig& cfg, const Param& p) {
-  if (cfg.rule != UpdateRule::kMuon) return cfg.states();
-  return is_muon_matrix(p) || cfg.muon_scalar_lion ? 1 : 2;
+  if (!cfg.emerging()) return cfg.states();
+  if (is_muon_matrix(p)) return 1;  // Muon's buffer or Lion's moment
+  return cfg.rule == UpdateRule::kMuon && cfg.muon_scalar_lion ? 1 : 2;
 }
 
-ops::LionSpec lion_spec(const AdamWConfig& cfg, const StepRates& rates, const Param& p,
+ops::LionSpec lion_spec(double beta1, double beta2, const StepRates& rates, const Param& p,
                         double grad_scale) {
   ops::LionSpec spec;
   spec.lr = static_cast<float>(rates.lr_of(p));
-  spec.beta1 = static_cast<float>(cfg.lion_beta1);
-  spec.beta2 = static_cast<float>(cfg.lion_beta2);
-  spec.weight_decay = static_cast<float>(rates.decay_of(p));
+  spec.weight1 = static_cast<float>(1.0 - beta1);
+  spec.weight2 = static_cast<float>(1.0 - beta2);
+  spec.decay = static_cast<float>(-rates.decay_of(p) * rates.lr_of(p));
   spec.grad_scale = grad_scale;
   return spec;
 }

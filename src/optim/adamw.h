@@ -14,8 +14,9 @@
 
 namespace megatron {
 
-// Megatron's --optimizer: adam (AdamW), sgd (momentum SGD, ops::sgd_step), lion (ops::lion_step)
-// or muon (Muon for the matrices, AdamW or Lion for the rest: optim/muon.h).
+// Megatron's --optimizer: adam (AdamW), sgd (momentum SGD, ops::sgd_step), and its emerging
+// optimizers (optim/muon.h, class Muon): muon (Muon for the matrices, AdamW or Lion for the rest)
+// and lion (Lion for the matrices with Adam's betas, AdamW for the rest).
 enum class UpdateRule : uint8_t { kAdam, kSgd, kMuon, kLion };
 
 // The optimizer's hyper-parameters (AdamW's, and SGD's with rule kSgd).
@@ -34,25 +35,28 @@ struct AdamWConfig {
   UpdateRule rule = UpdateRule::kAdam;
   double sgd_momentum = 0.9;  // --sgd-momentum
   bool sgd() const { return rule == UpdateRule::kSgd; }
-  // --optimizer lion (and Muon's --muon-scalar-optimizer lion): one moment, exp_avg; decoupled
-  // weight decay; no bias correction.
+  // Muon's --muon-scalar-optimizer lion: Lion with these betas for the parameters that are not
+  // its matrices (one moment, exp_avg; decoupled decay; no bias correction). --optimizer lion's
+  // matrices take Adam's betas (Megatron builds that Lion from adam_beta1/2).
   double lion_beta1 = 0.95;  // --lion-beta1
   double lion_beta2 = 0.98;  // --lion-beta2
-  bool lion() const { return rule == UpdateRule::kLion; }
-  // Muon's rule for the parameters that are not its matrices: Lion instead of Adam.
   bool muon_scalar_lion = false;
-  // Elements of state per owned weight: 2 (Adam), 1 (SGD with momentum, Lion), 0 (SGD without).
-  int states() const { return lion() ? 1 : !sgd() ? 2 : sgd_momentum != 0 ? 1 : 0; }
+  // Megatron's emerging optimizers (muon, lion): class Muon, per-parameter state (states_of).
+  bool emerging() const { return rule == UpdateRule::kMuon || rule == UpdateRule::kLion; }
+  // Elements of state per owned weight: 2 (Adam), 1 (SGD with momentum), 0 (SGD without).
+  int states() const { return !sgd() ? 2 : sgd_momentum != 0 ? 1 : 0; }
 };
 // The checkpoint name of the optimizer's first and second state tensors ("exp_avg" and
 // "exp_avg_sq"; SGD's "momentum_buffer" and none).
 const char* first_state_name(const AdamWConfig& cfg);
 // The same for parameter p, and how many of them p has: under Muon a matrix has only its
-// "momentum_buffer" (optim/muon.h's is_muon_matrix), the others Adam's two.
+// "momentum_buffer" (optim/muon.h's is_muon_matrix), under Lion its "exp_avg"; the others Adam's
+// two, or Lion's "exp_avg" alone with --muon-scalar-optimizer lion.
 const char* first_state_name(const AdamWConfig& cfg, const Param& p);
 int states_of(const AdamWConfig& cfg, const Param& p);
-// Which optimizers' checkpointed state another can continue: "sgd", "muon", or "adam" (adam,
-// onebit_adam and any older checkpoint's).
+// Which optimizers' checkpointed state another can continue: "sgd", "muon", "lion", or "adam"
+// (adam, onebit_adam and any older checkpoint's). Muon's with Lion for the rest is told apart
+// by the caller.
 std::string optimizer_state_family(const std::string& optimizer);
 
 // One step's hyper-parameters from the schedules (Megatron's parameter groups): the learning
@@ -116,8 +120,9 @@ class AdamW {
 // One AdamW step's constants for parameter p at optimizer step `step` (1-based, bias correction).
 ops::AdamWSpec adam_spec(const AdamWConfig& cfg, const StepRates& rates, const Param& p,
                          int64_t step, double grad_scale);
-// One Lion step's constants for parameter p.
-ops::LionSpec lion_spec(const AdamWConfig& cfg, const StepRates& rates, const Param& p,
+// One Lion step's constants for parameter p with betas (beta1, beta2): the lerp weights and the
+// decay computed in double and rounded once, as torch receives them from Python.
+ops::LionSpec lion_spec(double beta1, double beta2, const StepRates& rates, const Param& p,
                         double grad_scale);
 // One SGD step's constants for parameter p at optimizer step `step` (1-based).
 ops::SgdSpec sgd_spec(const AdamWConfig& cfg, const StepRates& rates, const Param& p, int64_t step,

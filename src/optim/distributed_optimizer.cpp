@@ -89,11 +89,6 @@ void DistributedOptimizer::step(const StepRates& rates, double grad_scale) {
     spec.grad_scale = rates.grad_scale_of(*s.param, grad_scale);
     Tensor rounded = round && !s.param->fp8 ? compute_of(s) : Tensor();
     Tensor* r = rounded.defined() ? &rounded : nullptr;
-    if (cfg_.lion()) {
-      Tensor m = exp_avg_.group(group);
-      ops::lion_step(w, m, grad_of(s), lion_spec(cfg_, rates, *s.param, spec.grad_scale), r);
-      continue;
-    }
     if (cfg_.sgd()) {
       Tensor buf = cfg_.states() >= 1 ? exp_avg_.group(group) : Tensor();
       ops::sgd_step(w, buf, grad_of(s), sgd_spec(cfg_, rates, *s.param, step_, spec.grad_scale), r);

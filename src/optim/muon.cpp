@@ -157,7 +157,7 @@ Muon::Muon(ParamSet& params, const AdamWConfig& cfg, const MuonConfig& muon, Pro
   MEGATRON_CHECK(muon.num_ns_steps >= 1 && !coefficients_.empty(), "--muon-coefficient-type ",
                  muon.coefficient_type, " with --muon-num-ns-steps ", muon.num_ns_steps,
                  ": need a known type and at least one step");
-  MEGATRON_CHECK(cfg.rule == UpdateRule::kMuon, "Muon takes an AdamWConfig with rule kMuon");
+  MEGATRON_CHECK(cfg.emerging(), "Muon takes an AdamWConfig with rule kMuon or kLion");
   if (layer_wise_.dense && !layer_wise_.expert) layer_wise_.expert = layer_wise_.dense;
   // Owners: each parameter to the rank of its group holding the fewest elements so far.
   std::unordered_map<const ProcessGroup*, std::vector<int64_t>> load;
@@ -274,10 +274,17 @@ void Muon::step(const StepRates& rates, double grad_scale) {
     Tensor w = p->main.view({n});
     Tensor rounded = p->value.raw() != p->main.raw() ? p->value.view({n}) : Tensor();
     const double gs = rates.grad_scale_of(*p, grad_scale);
-    if (!is_muon_matrix(*p) && cfg_.muon_scalar_lion) {
+    // Lion: --optimizer lion's matrices with Adam's betas (Megatron's registry Lion takes
+    // adam_beta1/2), or Muon's other parameters with --lion-beta1/2.
+    const bool matrix = is_muon_matrix(*p);
+    const bool lion_matrix = matrix && cfg_.rule == UpdateRule::kLion;
+    const bool lion_scalar = !matrix && cfg_.rule == UpdateRule::kMuon && cfg_.muon_scalar_lion;
+    if (lion_matrix || lion_scalar) {
       Tensor m = exp_avg_.flat_view(state_offset(*p, 0), {n});
-      ops::lion_step(w, m, p->main_grad.view({n}), lion_spec(cfg_, rates, *p, gs),
-                     rounded.defined() ? &rounded : nullptr);
+      const ops::LionSpec spec = lion_matrix
+                                     ? lion_spec(cfg_.beta1, cfg_.beta2, rates, *p, gs)
+                                     : lion_spec(cfg_.lion_beta1, cfg_.lion_beta2, rates, *p, gs);
+      ops::lion_step(w, m, p->main_grad.view({n}), spec, rounded.defined() ? &rounded : nullptr);
       continue;
     }
     if (!is_muon_matrix(*p)) {

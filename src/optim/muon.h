@@ -1,3 +1,8 @@
+// Megatron's emerging optimizers, which treat the matrices and the other parameters apart:
+// --optimizer muon (below), and --optimizer lion (AdamWConfig rule kLion: emerging_optimizers'
+// Lion, ops::lion_step, for the same matrices with Adam's --adam-beta1/2, as Megatron's registry
+// entry builds it; AdamW for the rest; the layer-wise distribution and packed state as Muon's).
+//
 // Muon (--optimizer muon): Megatron core's TensorParallelMuon, the orthogonalised momentum of
 // NVIDIA's emerging_optimizers (the version Megatron pins), for every matrix of the model; Adam (or
 // Lion: --muon-scalar-optimizer lion, AdamWConfig::muon_scalar_lion) for the rest (Megatron's

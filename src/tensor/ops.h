@@ -430,16 +430,18 @@ struct SgdSpec {
 };
 void sgd_step(Tensor& param, Tensor& momentum_buffer, const Tensor& grad, const SgdSpec& spec,
               Tensor* rounded = nullptr);
-// One Lion step (Chen et al. 2023; emerging_optimizers' Lion, Megatron's --optimizer lion and
-// Muon's --muon-scalar-optimizer lion), over flat buffers, with torch's lerp:
-//   p -= lr * wd * p                       (decoupled weight decay, first)
-//   u = lerp(m, g, 1 - beta1)              (the update's interpolation)
-//   m = lerp(m, g, 1 - beta2)              (the one moment, "exp_avg")
-//   p -= lr * sign(u)                      (sign(0) = 0)
-// lerp(a, b, w) = a + w (b - a) for w < 0.5, else b - (b - a)(1 - w). g = grad * grad_scale.
-// rounded: as in adamw_step.
+// One Lion step (Chen et al. 2023; emerging_optimizers' Lion, which Megatron's --optimizer lion
+// and Muon's --muon-scalar-optimizer lion run), over flat buffers, with torch's roundings:
+//   p = p + decay p                        (decoupled weight decay first: decay = -lr wd)
+//   u = lerp(m, g, weight1)                (the update's interpolation: weight1 = 1 - beta1)
+//   m = lerp(m, g, weight2)                (the one moment, "exp_avg": weight2 = 1 - beta2)
+//   p = p - lr sign(u)                     (sign(0) = 0; a NaN u gives a NaN weight)
+// lerp(a, b, w) = a + w (b - a) for w < 0.5, else b - (b - a)(1 - w), each a fused multiply-add
+// as torch's CPU kernel; p + decay p one too (torch's add_ with alpha). g = grad * grad_scale.
+// The weights and the decay are the f32 roundings of values computed in double (what torch
+// receives from Python): lion_spec in optim/adamw.h. rounded: as in adamw_step.
 struct LionSpec {
-  float lr = 0, beta1 = 0.95f, beta2 = 0.98f, weight_decay = 0;
+  float lr = 0, weight1 = 0.05f, weight2 = 0.02f, decay = 0;
   double grad_scale = 1.0;
 };
 void lion_step(Tensor& param, Tensor& exp_avg, const Tensor& grad, const LionSpec& spec,

@@ -379,7 +379,9 @@ std::vector<std::string> take_optimizer_groups(Arguments& args) {
   };
   // Muon's matrices keep their momentum in their group; its other groups are Adam's or Lion's
   // (the load refuses a checkpoint of the other one).
-  const bool lion = saved == "lion" || (saved == "muon" && args.muon_scalar_optimizer == "lion");
+  // (--optimizer lion's groups are all Adam's betas: Megatron builds its Lion from them.)
+  const bool lion =
+      saved == "muon" && meta.value("muon_scalar_optimizer", std::string("adam")) == "lion";
   if (saved == "muon") take("muon_momentum", "--muon-momentum", args.muon_momentum);
   if (saved == "sgd") {
     take("sgd_momentum", "--sgd-momentum", args.sgd_momentum);

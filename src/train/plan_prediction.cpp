@@ -84,7 +84,6 @@ void apply_layout_to_args(const plan::Layout& l, Arguments& a) {
 double moment_bytes_from_args(const Arguments& a) {
   // SGD: one fp32 momentum buffer, or nothing without momentum.
   if (a.optimizer == "sgd") return a.sgd_momentum != 0 ? 4.0 : 0.0;
-  if (a.optimizer == "lion") return 4.0;  // one fp32 moment
   MomentDType m = MomentDType::kF32, v = MomentDType::kF32;
   if (!parse_moment_dtype(a.exp_avg_dtype, &m) || !parse_moment_dtype(a.exp_avg_sq_dtype, &v))
     return 8.0;  // refused by the argument checks before a run gets here
@@ -101,10 +100,7 @@ plan::Workload workload_from_args(const Arguments& a, const TransformerConfig& c
   w.grad_reduce_in_bf16 = a.grad_reduce_in_bf16;
   w.moment_bytes = moment_bytes_from_args(a);
   // The plain optimizer keeps fp32 state (the storage flags need the distributed optimizer).
-  w.plain_moment_bytes = a.optimizer == "lion"  ? 4.0
-                         : a.optimizer != "sgd" ? 8.0
-                         : a.sgd_momentum != 0  ? 4.0
-                                                : 0.0;
+  w.plain_moment_bytes = a.optimizer != "sgd" ? 8.0 : a.sgd_momentum != 0 ? 4.0 : 0.0;
   w.optimizer_traffic_bytes = 42.0 - 2.0 * (8.0 - w.plain_moment_bytes);
   return w;
 }

@@ -477,13 +477,6 @@ void Trainer::build_optimizer() {
   }
   adam.lion_beta1 = args_.lion_beta1;
   adam.lion_beta2 = args_.lion_beta2;
-  if (args_.optimizer == "lion") {
-    adam.rule = UpdateRule::kLion;
-    log_first(strprintf(
-        " > Lion (Megatron's --optimizer lion, emerging_optimizers' rule): the sign of "
-        "lerp(moment, gradient, 1 - %g), one moment with decay %g, decoupled weight decay",
-        args_.lion_beta1, args_.lion_beta2));
-  }
   if (distributed) {
     AdamWConfig moments = adam;
     // --use-precision-aware-optimizer's storage (validated: fp32 without the flag).
@@ -534,8 +527,8 @@ void Trainer::build_optimizer() {
         "steps (--onebit-freeze-step); then the variance is frozen and the momentum is averaged "
         "compressed to 1 bit per element with error feedback instead",
         static_cast<long>(grad_size_), static_cast<long>(args_.onebit_freeze_step)));
-  } else if (args_.optimizer == "muon") {
-    adam.rule = UpdateRule::kMuon;
+  } else if (args_.optimizer == "muon" || args_.optimizer == "lion") {
+    adam.rule = args_.optimizer == "lion" ? UpdateRule::kLion : UpdateRule::kMuon;
     adam.muon_scalar_lion = args_.muon_scalar_optimizer == "lion";
     MuonConfig muon;
     muon.momentum = args_.muon_momentum;
@@ -564,25 +557,36 @@ void Trainer::build_optimizer() {
     }
     if (layer_wise.dense) {
       log_first(strprintf(
-          " > Muon's layer-wise distributed optimizer (Megatron's for --use-distributed-optimizer "
-          "with Muon): gradients all-reduced, each parameter's state and update on one rank of "
+          " > %s's layer-wise distributed optimizer (Megatron's for --use-distributed-optimizer "
+          "with %s): gradients all-reduced, each parameter's state and update on one rank of "
           "its data-parallel group (%ld ranks for the dense parameters), then broadcast (%.2f MB "
           "of state on this rank)",
-          static_cast<long>(grad_size_),
+          adam.rule == UpdateRule::kLion ? "Lion" : "Muon",
+          adam.rule == UpdateRule::kLion ? "Lion" : "Muon", static_cast<long>(grad_size_),
           static_cast<double>(owned->exp_avg().nbytes() + owned->exp_avg_sq().nbytes()) /
               1048576.0));
     }
     optimizer_ = std::move(owned);
-    log_first(strprintf(
-        " > Muon (Megatron's --optimizer muon): %ld matrices (%ld elements on this rank) take "
-        "the orthogonalised momentum (momentum %g%s, %ld %s Newton-Schulz steps in %s, scale %s, "
-        "tensor-parallel mode %s%s); embeddings, output layer and the other parameters take "
-        "%s",
-        static_cast<long>(matrices), static_cast<long>(elements), muon.momentum,
-        muon.nesterov ? ", Nesterov" : "", static_cast<long>(muon.num_ns_steps),
-        muon.coefficient_type.c_str(), muon.bf16_iteration ? "bf16" : "f32",
-        args_.muon_scale_mode.c_str(), args_.muon_tp_mode.c_str(),
-        muon.split_qkv ? ", QKV split" : "", adam.muon_scalar_lion ? "Lion" : "AdamW"));
+    if (adam.rule == UpdateRule::kLion) {
+      log_first(strprintf(
+          " > Lion (Megatron's --optimizer lion, emerging_optimizers' rule as Megatron builds it): "
+          "%ld matrices (%ld elements on this rank) take the sign of lerp(moment, gradient, 1 - "
+          "%g), one moment with decay %g (--adam-beta1/2), decoupled weight decay; embeddings, "
+          "output layer and the other parameters take AdamW",
+          static_cast<long>(matrices), static_cast<long>(elements), args_.adam_beta1,
+          args_.adam_beta2));
+    } else {
+      log_first(strprintf(
+          " > Muon (Megatron's --optimizer muon): %ld matrices (%ld elements on this rank) take "
+          "the orthogonalised momentum (momentum %g%s, %ld %s Newton-Schulz steps in %s, scale %s, "
+          "tensor-parallel mode %s%s); embeddings, output layer and the other parameters take "
+          "%s",
+          static_cast<long>(matrices), static_cast<long>(elements), muon.momentum,
+          muon.nesterov ? ", Nesterov" : "", static_cast<long>(muon.num_ns_steps),
+          muon.coefficient_type.c_str(), muon.bf16_iteration ? "bf16" : "f32",
+          args_.muon_scale_mode.c_str(), args_.muon_tp_mode.c_str(),
+          muon.split_qkv ? ", QKV split" : "", adam.muon_scalar_lion ? "Lion" : "AdamW"));
+    }
   } else {
     optimizer_ = std::make_unique<AdamW>(*params_, adam);
   }

@@ -23,13 +23,14 @@ stride blocks; RMSNorm; untied output layer), and an MoE variant (4 experts, top
     deprecated --optimizer dist_muon, which warns): the plain optimizer's iterations bit for bit
     at dp2, at tp2 x dp2 (duplicated mode) and at ep2 x dp2 with experts, rank 0 holding about
     half of the state; its checkpoint resumes exactly under itself and under the plain optimizer.
-  - Lion (--optimizer lion): learns and is not Adam; the distributed optimizer's shards give the
-    plain optimizer's iterations bit for bit; its checkpoint holds one moment per parameter,
-    resumes exactly in the other optimizer layout with --lion-beta2 restored, and is refused by
-    Adam. Muon with --muon-scalar-optimizer lion learns, is layer-wise distributable bit for bit,
+  - Lion (--optimizer lion, as Megatron builds it: Lion with Adam's betas for the matrices, AdamW
+    for the rest): learns and is not Adam; its layer-wise distributed optimizer gives the plain
+    optimizer's iterations bit for bit; its checkpoint holds one moment per matrix and two for
+    the rest, resumes exactly in the other optimizer layout with --adam-beta2 restored, and is
+    refused by Adam. Muon with --muon-scalar-optimizer lion learns, is layer-wise distributable bit for bit,
     and its checkpoint is refused under Muon with Adam for the rest.
   - Refused, exit 2 naming the flag on every rank: --fp16 (Muon and Lion), an unknown coefficient
-    type, TP mode, scale mode or scalar optimizer, a Lion beta outside [0, 1),
+    type, TP mode, scale mode or scalar optimizer, a beta a Lion takes outside [0, 1),
     --muon-num-ns-steps 0, --muon-fp32-matmul-prec low, and with the layer-wise distributed
     optimizer --overlap-param-gather and --num-distributed-optimizer-instances.
 What it is not: the update's arithmetic against PyTorch and the TP modes' algebra
@@ -194,23 +195,30 @@ class TestLion(unittest.TestCase):
     def test_lion_learns_shards_and_resumes(self):
         lion = ["--optimizer", "lion", "--lr", "1e-3"]
         proc = run(1, *lion)
-        self.assertIn(" > Lion (Megatron's --optimizer lion", proc.stdout)
+        self.assertIn(" > Lion (Megatron's --optimizer lion, emerging_optimizers' rule as Megatron "
+                      "builds it): 16 matrices", proc.stdout)
         got = curve(proc)
         self.assertLess(got[ITERS]["lm loss"], got[1]["lm loss"] - 0.5)
         adam = curve(run(1, "--optimizer", "adam", "--lr", "1e-3"))
-        self.assertGreater(abs(adam[ITERS]["lm loss"] - got[ITERS]["lm loss"]), 0.05)
-        # Elementwise: the distributed optimizer's shards give the plain optimizer's bits.
+        # Lion's sign steps and Adam's normalised ones part by 0.046 at iteration 12 (measured);
+        # the same rule would agree to f32 noise (1e-6).
+        self.assertGreater(abs(adam[ITERS]["lm loss"] - got[ITERS]["lm loss"]), 0.01)
+        # Megatron's layer-wise distributed optimizer for it: the plain optimizer's bits.
         plain = raw_iterations(run(2, *lion))
-        self.assertEqual(raw_iterations(run(2, *lion, DIST)), plain)
+        lw = run(2, *lion, DIST)
+        self.assertIn(" > Lion's layer-wise distributed optimizer", lw.stdout)
+        self.assertEqual(raw_iterations(lw), plain)
         ck = tempfile.mkdtemp(prefix="lion_", dir=TMP.name)
-        run(2, *lion, DIST, "--lion-beta2", "0.9", "--save", ck, "--exit-interval", "6")
+        run(2, *lion, DIST, "--adam-beta2", "0.99", "--save", ck, "--exit-interval", "6")
         _, saved = checkpoint_reader.read_checkpoint(ck)
+        # One moment for each of the 16 matrices, Adam's two for the rest.
         self.assertEqual(len([k for k in saved if k.startswith("optimizer.exp_avg.")]),
                          len([k for k in saved if k.startswith("model.")]))
-        self.assertFalse([k for k in saved if k.startswith("optimizer.exp_avg_sq.")])
-        want = raw_iterations(run(2, *lion, DIST, "--lion-beta2", "0.9"))
+        self.assertEqual(len([k for k in saved if k.startswith("optimizer.exp_avg_sq.")]),
+                         len([k for k in saved if k.startswith("model.")]) - 16)
+        want = raw_iterations(run(2, *lion, DIST, "--adam-beta2", "0.99"))
         proc = run(2, *lion, "--load", ck)  # the plain optimizer, the checkpoint's beta
-        self.assertIn(" > --lion-beta2 0.9 from checkpoint", proc.stdout)
+        self.assertIn(" > --adam-beta2 0.99 from checkpoint", proc.stdout)
         got = raw_iterations(proc)
         self.assertEqual([got[i] for i in range(7, ITERS + 1)],
                          [want[i] for i in range(7, ITERS + 1)])
@@ -303,10 +311,10 @@ class TestRefused(unittest.TestCase):
         self.check(2, ["--fp16"], "--optimizer muon with --fp16: emerging optimizer with fp16 is "
                    "not supported")
         self.check(2, [DIST, "--overlap-grad-reduce", "--overlap-param-gather"],
-                   "--overlap-param-gather with Muon's layer-wise distributed optimizer is not "
-                   "implemented")
+                   "--overlap-param-gather with the layer-wise distributed optimizer (--optimizer "
+                   "muon --use-distributed-optimizer) is not implemented")
         self.check(2, [DIST, "--num-distributed-optimizer-instances", "2"],
-                   "--num-distributed-optimizer-instances with Muon's layer-wise distributed "
+                   "--num-distributed-optimizer-instances with the layer-wise distributed "
                    "optimizer")
         self.check(1, ["--muon-coefficient-type", "custom"],
                    "Unsupported muon coefficient type 'custom'")
@@ -315,8 +323,11 @@ class TestRefused(unittest.TestCase):
         self.check(1, ["--muon-scale-mode", "rms"], "--muon-scale-mode must be spectral")
         self.check(1, ["--muon-scalar-optimizer", "rmsprop"],
                    "--muon-scalar-optimizer must be adam or lion, got 'rmsprop'")
-        self.check(2, ["--optimizer", "lion", "--lion-beta1", "1.5"],
-                   "Invalid beta: --lion-beta1 must be in [0, 1), got 1.5")
+        self.check(2, ["--optimizer", "lion", "--adam-beta1", "1.5"],
+                   "Invalid beta: --adam-beta1 must be in [0, 1), got 1.5 (--optimizer lion "
+                   "takes Adam's betas)")
+        self.check(1, ["--muon-scalar-optimizer", "lion", "--lion-beta2", "1"],
+                   "Invalid beta: --lion-beta2 must be in [0, 1), got 1")
         self.check(1, ["--optimizer", "lion", "--fp16"], "--optimizer lion with --fp16")
         self.check(1, ["--muon-num-ns-steps", "0"], "--muon-num-ns-steps must be at least 1")
         self.check(1, ["--muon-fp32-matmul-prec", "low"],

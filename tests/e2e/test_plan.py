@@ -64,7 +64,7 @@ class Plan(unittest.TestCase):
         self.assertGreater(len(layouts), 20)
         self.assertEqual({l["layout"]["sharding"] for l in layouts}, {"ddp"})
         self.refused(plan([*args, "--use-distributed-optimizer", "--evaluate"]),
-                     "the planner does not model Muon's layer-wise distributed optimizer")
+                     "the planner does not model the layer-wise distributed optimizer")
 
     def test_ranked_layouts_and_their_commands(self):
         gpu = ["--gpu", "a100-80", "--num-nodes", "2", "--gpus-per-node", "4"]

@@ -244,8 +244,8 @@ TEST(MuonLayerWise, SameWeightsStateDividedOverTheRanks) {
   }
 }
 
-// --optimizer lion: AdamW's class with rule kLion over every parameter (and the distributed
-// optimizer's segments, tests/e2e), against the oracle's Lion with two pairs of betas.
+// --optimizer lion as Megatron builds it: Lion with Adam's betas for the matrices, AdamW for the
+// rest (class Muon with rule kLion), against the oracle with two pairs of betas.
 TEST(LionOracle, StepsMatchPyTorch) {
   ASSERT_FALSE(g_oracle_dir.empty()) << "pass --oracle-dir=DIR (muon_oracle.py --out DIR)";
   auto f = safetensors::File::open(g_oracle_dir + "/muon.safetensors");
@@ -255,19 +255,19 @@ TEST(LionOracle, StepsMatchPyTorch) {
     std::vector<Param> params(kParams.size());
     std::vector<Param*> ptrs;
     for (size_t i = 0; i < kParams.size(); ++i) {
-      params[i].name = kParams[i].name;
-      params[i].shape = kParams[i].shape;
-      params[i].no_weight_decay = std::string(kParams[i].kind) == "adam_nowd";
-      ptrs.push_back(&params[i]);
+      Param& p = params[i];
+      p.name = kParams[i].name;
+      p.shape = kParams[i].shape;
+      p.no_weight_decay = std::string(kParams[i].kind) == "adam_nowd";
+      p.is_embedding_or_output = p.name == "embedding";
+      if (p.name == "conv") p.megatron_ndim = 3;
+      ptrs.push_back(&p);
     }
     ParamSet ps(ptrs, DType::kF32);
     for (Param* p : ptrs) ps.set_main(*p, f.read("init." + p->name));
-    AdamWConfig cfg{0.9, 0.95, 1e-8, kWd};
+    AdamWConfig cfg{b1, b2, 1e-8, kWd};
     cfg.rule = UpdateRule::kLion;
-    cfg.lion_beta1 = b1;
-    cfg.lion_beta2 = b2;
-    AdamW lion(ps, cfg);
-    EXPECT_EQ(lion.exp_avg_sq().numel(), 0);  // one moment
+    Muon lion(ps, cfg, MuonConfig{}, world(), world());
     for (int step = 0; step < 3; ++step) {
       for (Param* p : ptrs)
         p->main_grad.copy_from(f.read("grad." + std::to_string(step) + "." + p->name));
@@ -277,12 +277,20 @@ TEST(LionOracle, StepsMatchPyTorch) {
       SCOPED_TRACE(p->name);
       const int64_t n = p->shape.numel();
       const std::string pre = std::string(name) + ".";
-      // The same f32 formula in the same order; a sign that flips on an update within rounding
-      // of 0 would move a weight by 2 lr = 0.04 (none here).
+      // The same f32 operations in the same order (torch's lerp and add_ as fused multiply-adds);
+      // 1e-6 for another CPU's vector kernels. A sign flipped by an update
+      // within rounding of 0 would move a weight by 2 lr = 0.04.
       EXPECT_LT(max_abs_diff(p->main.view({n}), f.read(pre + "w." + p->name).view({n})), 1e-6);
-      EXPECT_LT(max_abs_diff(lion.exp_avg().flat_view(ps.offset_of(*p), {n}),
+      EXPECT_LT(max_abs_diff(lion.exp_avg().flat_view(lion.state_offset(*p, 0), {n}),
                              f.read(pre + "m." + p->name).view({n})),
                 1e-6);
+      // Lion's matrices keep one moment, the others Adam's two.
+      EXPECT_EQ(lion.state_offset(*p, 1) >= 0, !is_muon_matrix(*p));
+      if (!is_muon_matrix(*p)) {
+        EXPECT_LT(max_abs_diff(lion.exp_avg_sq().flat_view(lion.state_offset(*p, 1), {n}),
+                               f.read(pre + "v." + p->name).view({n})),
+                  1e-6);
+      }
     }
   }
 }

@@ -10,8 +10,9 @@ see newton_schulz), get_muon_scale_factor,
 Megatron's QKV split (the rows of every query group split into query, key and value, each kind
 orthogonalised as one matrix) and its default parameter override (torch.optim.AdamW for the
 embeddings and every parameter that is not 2-D in Megatron's shapes, no weight decay on biases),
-or emerging_optimizers' Lion in its place (--muon-scalar-optimizer lion); and --optimizer lion
-alone (Lion over every parameter, torch's lerp in both of its forms).
+or emerging_optimizers' Lion in its place (--muon-scalar-optimizer lion); and --optimizer lion as
+Megatron builds it (Lion with Adam's betas for the same matrices, AdamW for the rest; torch's lerp
+in both of its forms).
 
 Writes DIR/muon.safetensors:
   init.<p>                  the initial weights
@@ -73,7 +74,7 @@ VARIANTS = {
                              nesterov=False, split=True, extra=1.0, momentum=0.9, scalar="lion",
                              lion_betas=(0.95, 0.98)),
 }
-# --optimizer lion over every parameter (betas under 0.5 too: torch's other lerp form).
+# --optimizer lion with --adam-beta1/2 (betas under 0.5 too: torch's other lerp form).
 LION_VARIANTS = {"lion": (0.9, 0.99), "lion_small_betas": (0.3, 0.4)}
 
 COEFFICIENTS = {
@@ -154,16 +155,37 @@ def lion_step(p, g, m, lr, wd, betas):
 
 
 def run_lion(betas, init, grads):
+    """Megatron's --optimizer lion: emerging_optimizers' registry Lion for the matrices, built
+    with betas = (adam_beta1, adam_beta2), and AdamW with the same betas for the rest (the
+    registry's default parameter override)."""
     params = {n: init[n].clone() for n, _, _ in PARAMS}
-    moments = {n: torch.zeros_like(params[n]) for n in params}
+    matrices = [n for n, _, k in PARAMS if k in ("muon", "qkv")]
+    moments = {n: torch.zeros_like(params[n]) for n in matrices}
+    adam_params = {n: torch.nn.Parameter(params[n]) for n, _, k in PARAMS
+                   if k.startswith("adam")}
+    kinds = {n: k for n, _, k in PARAMS}
+    adam = torch.optim.AdamW(
+        [{"params": [p for n, p in adam_params.items() if kinds[n] == "adam"],
+          "weight_decay": WD},
+         {"params": [p for n, p in adam_params.items() if kinds[n] == "adam_nowd"],
+          "weight_decay": 0.0}],
+        lr=LR, betas=betas, eps=EPS)
     for step in range(STEPS):
-        for n, _, k in PARAMS:
-            wd = 0.0 if k == "adam_nowd" else WD
-            lion_step(params[n], grads[step][n] * GRAD_SCALE[step], moments[n], LR, wd, betas)
+        for n in adam_params:
+            adam_params[n].grad = grads[step][n] * GRAD_SCALE[step]
+        adam.step()
+        with torch.no_grad():
+            for n in matrices:
+                lion_step(params[n], grads[step][n] * GRAD_SCALE[step], moments[n], LR, WD,
+                          betas)
     out = {}
-    for n in params:
+    for n in matrices:
         out["w." + n] = params[n]
         out["m." + n] = moments[n]
+    for n, p in adam_params.items():
+        out["w." + n] = p.detach()
+        out["m." + n] = adam.state[p]["exp_avg"]
+        out["v." + n] = adam.state[p]["exp_avg_sq"]
     return out
 
 

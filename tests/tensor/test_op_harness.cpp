@@ -715,8 +715,9 @@ void register_attention_and_optimizer() {
     add({"lion_step", dims(Shape{n}),
          [=](const Place& p) {
            Tensor pt = p(param), m = p.zeros({n});
-           ops::lion_step(pt, m, p(g), ops::LionSpec{1e-2f, 0.9f, 0.99f, 0.1f, 0.7});
-           ops::lion_step(pt, m, p(g2), ops::LionSpec{1e-2f, 0.3f, 0.4f, 0.1f, 1.0});
+           // lerp weights (1 - beta) below 0.5, then at and above it.
+           ops::lion_step(pt, m, p(g), ops::LionSpec{1e-2f, 0.1f, 0.01f, -1e-3f, 0.7});
+           ops::lion_step(pt, m, p(g2), ops::LionSpec{1e-2f, 0.7f, 0.5f, -1e-3f, 1.0});
            return std::vector<Tensor>{pt, m};
          }},
         {"lion_step"});

@@ -718,14 +718,15 @@ TEST(AdamW, MatchesReferenceOverSteps) {
 // emerging_optimizers' Lion on numbers worked by hand (both lerp forms, sign 0), then the clipping
 // factor, the rounded compute copy and a short moment refused.
 TEST(Lion, RuleByHand) {
-  // p = 1, m = 0, g = 0.5, lr 0.125, wd 0.25, betas (0.75, 0.5):
+  // p = 1, m = 0, g = 0.5, lr 0.125, wd 0.25, betas (0.75, 0.5), each a fused multiply-add:
   //   decay: p = 1 - 0.03125 = 0.96875; u = 0 + 0.25 (0.5 - 0) = 0.125 > 0: p = 0.84375;
   //   m = 0.5 - (0.5 - 0)(1 - 0.5) = 0.25 (beta2's weight 0.5: the second lerp form)
   // step 2 with g = -1: decay: p = 0.84375 - 0.0263671875 = 0.8173828125;
   //   u = 0.25 + 0.25 (-1 - 0.25) = -0.0625 < 0: p = 0.9423828125; m = -1 + 1.25 x 0.5 = -0.375
   // (every value exact in f32).
   Tensor p = Tensor::full({1}, 1.0), m = Tensor::zeros({1});
-  const ops::LionSpec spec{0.125f, 0.75f, 0.5f, 0.25f, 1.0};
+  // lerp weights 1 - beta: 0.25 and 0.5; decay -lr wd = -0.03125.
+  const ops::LionSpec spec{0.125f, 0.25f, 0.5f, -0.03125f, 1.0};
   ops::lion_step(p, m, Tensor::full({1}, 0.5), spec);
   EXPECT_EQ(p.item(0), 0.84375);
   EXPECT_EQ(m.item(0), 0.25);
@@ -741,17 +742,17 @@ TEST(Lion, RuleByHand) {
   Tensor w = random_tensor({n}, 41), mm = random_tensor({n}, 42), gg = random_tensor({n}, 43);
   // The clipping factor gives exactly the step on gradients scaled in place first.
   Tensor w1 = w.clone(), m1 = mm.clone(), w2 = w.clone(), m2 = mm.clone();
-  ops::lion_step(w1, m1, gg, ops::LionSpec{1e-2f, 0.9f, 0.99f, 0.1f, 0.37});
+  ops::lion_step(w1, m1, gg, ops::LionSpec{1e-2f, 0.1f, 0.01f, -1e-3f, 0.37});
   Tensor scaled = gg.clone();
   ops::scale_inplace(scaled, 0.37);
-  ops::lion_step(w2, m2, scaled, ops::LionSpec{1e-2f, 0.9f, 0.99f, 0.1f, 1.0});
+  ops::lion_step(w2, m2, scaled, ops::LionSpec{1e-2f, 0.1f, 0.01f, -1e-3f, 1.0});
   EXPECT_TRUE(allclose(w1, w2, 0, 0));
   EXPECT_TRUE(allclose(m1, m2, 0, 0));
   EXPECT_FALSE(allclose(w1, w, 0, 0));
   for (DType half : {DType::kBF16, DType::kF16}) {
     Tensor w5 = w.clone(), m5 = mm.clone(), w6 = w.clone(), m6 = mm.clone();
     Tensor rounded = Tensor::empty({n}, half);
-    const ops::LionSpec s{1e-2f, 0.9f, 0.99f, 0.1f, 1.0};
+    const ops::LionSpec s{1e-2f, 0.1f, 0.01f, -1e-3f, 1.0};
     ops::lion_step(w5, m5, gg, s, &rounded);
     ops::lion_step(w6, m6, gg, s);
     EXPECT_TRUE(allclose(w5, w6, 0, 0));

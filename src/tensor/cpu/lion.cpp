@@ -11,11 +11,13 @@
 namespace megatron::cpu {
 
 namespace {
-// torch.lerp's two forms (start + w (end - start) below w = 0.5, end - (end - start)(1 - w) from
-// it), compiled without contraction as torch's CPU kernel rounds them.
+// torch.lerp's two forms as its vectorised CPU kernel rounds them: fmadd(w, end - start, start)
+// below w = 0.5, fnmadd(end - start, 1 - w, end) from it (this file is compiled without
+// contraction: the fused multiply-adds are the explicit ones).
 template <typename T>
 T lerp(T start, T end, T w) {
-  return w < T(0.5) ? start + w * (end - start) : end - (end - start) * (T(1) - w);
+  const T diff = end - start;
+  return w < T(0.5) ? std::fma(w, diff, start) : std::fma(-diff, T(1) - w, end);
 }
 }  // namespace
 
@@ -27,19 +29,20 @@ void lion_step(Tensor& param, Tensor& exp_avg, const Tensor& grad, const LionSpe
     T* p = param.data<T>();
     T* m = exp_avg.data<T>();
     const T* g = grad.data<T>();
-    const T lr = spec.lr, b1 = spec.beta1, b2 = spec.beta2, wd = spec.weight_decay;
-    const T gs = static_cast<T>(spec.grad_scale), decay = -wd * lr;
+    const T lr = spec.lr, w1 = spec.weight1, w2 = spec.weight2, decay = spec.decay;
+    const T gs = static_cast<T>(spec.grad_scale);
     const int64_t n = param.numel();
     // emerging_optimizers' order: p.add_(p, alpha=-wd lr), then the update from the old moment,
-    // the moment's own lerp, p.add_(sign(update), alpha=-lr).
+    // the moment's own lerp, p.add_(sign(update), alpha=-lr) (each add_ a fused multiply-add).
     auto run = [&](auto store) {
 #pragma omp parallel for simd schedule(static)
       for (int64_t i = 0; i < n; ++i) {
         const T gi = g[i] * gs;
-        const T w = p[i] + decay * p[i];
-        const T u = lerp(m[i], gi, T(1) - b1);
-        m[i] = lerp(m[i], gi, T(1) - b2);
-        const T out = w - lr * static_cast<T>((u > T(0)) - (u < T(0)));
+        const T w = std::fma(decay, p[i], p[i]);
+        const T u = lerp(m[i], gi, w1);
+        m[i] = lerp(m[i], gi, w2);
+        const T s = std::isnan(u) ? u : static_cast<T>((u > T(0)) - (u < T(0)));
+        const T out = std::fma(-lr, s, w);
         p[i] = out;
         store(i, out);
       }

@@ -620,7 +620,7 @@ void lion_step(Tensor& param, Tensor& exp_avg, const Tensor& grad, const LionSpe
                Tensor* rounded) {
   same_numel(param, grad, "lion_step");
   same_numel(param, exp_avg, "lion_step");
-  const LionArgs a{spec.lr, spec.beta1, spec.beta2, spec.weight_decay, spec.grad_scale};
+  const LionArgs a{spec.lr, spec.weight1, spec.weight2, spec.decay, spec.grad_scale};
   dispatch_float(param, "lion_step", [&]<typename T>() {
     cuda::lion(P<T>(param), P<T>(exp_avg), P<T>(grad), param.numel(), a);
   });

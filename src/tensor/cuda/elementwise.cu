@@ -310,19 +310,21 @@ __global__ void sgd_kernel(T* p, T* buf, const T* g, int64_t n, T lr, T mu, T wd
   }
 }
 
-// Lion's per-element rule (ops::lion_step), torch's lerp.
+// Lion's per-element rule (ops::lion_step): torch's lerp and add_ as explicit fused multiply-adds.
 template <typename T>
 __device__ T lerp_torch(T a, T b, T w) {
-  return w < T(0.5) ? a + w * (b - a) : b - (b - a) * (T(1) - w);
+  const T diff = b - a;
+  return w < T(0.5) ? fma(w, diff, a) : fma(-diff, T(1) - w, b);
 }
 template <typename T>
-__global__ void lion_kernel(T* p, T* m, const T* g, int64_t n, T lr, T b1, T b2, T wd, T gs) {
+__global__ void lion_kernel(T* p, T* m, const T* g, int64_t n, T lr, T w1, T w2, T decay, T gs) {
   MEGATRON_GRID_LOOP(i, n) {
     const T gi = g[i] * gs;
-    const T w = p[i] + (-wd * lr) * p[i];
-    const T u = lerp_torch(m[i], gi, T(1) - b1);
-    m[i] = lerp_torch(m[i], gi, T(1) - b2);
-    p[i] = w - lr * static_cast<T>((u > T(0)) - (u < T(0)));
+    const T w = fma(decay, p[i], p[i]);
+    const T u = lerp_torch(m[i], gi, w1);
+    m[i] = lerp_torch(m[i], gi, w2);
+    const T s = isnan(u) ? u : static_cast<T>((u > T(0)) - (u < T(0)));
+    p[i] = fma(-lr, s, w);
   }
 }
 
@@ -501,8 +503,8 @@ template <typename T>
 void lion(T* p, T* m, const T* g, int64_t n, const LionArgs& a) {
   if (n == 0) return;
   lion_kernel<<<blocks_for(n), kThreads>>>(
-      p, m, g, n, static_cast<T>(a.lr), static_cast<T>(a.beta1), static_cast<T>(a.beta2),
-      static_cast<T>(a.weight_decay), static_cast<T>(a.grad_scale));
+      p, m, g, n, static_cast<T>(a.lr), static_cast<T>(a.weight1), static_cast<T>(a.weight2),
+      static_cast<T>(a.decay), static_cast<T>(a.grad_scale));
   check_launch("lion_step");
 }
 template <typename T>

@@ -223,7 +223,7 @@ struct SgdArgs {
 template <typename T>
 void sgd(T* p, T* buf, const T* g, int64_t n, const SgdArgs& a);
 struct LionArgs {
-  double lr, beta1, beta2, weight_decay, grad_scale;
+  double lr, weight1, weight2, decay, grad_scale;
 };
 template <typename T>
 void lion(T* p, T* m, const T* g, int64_t n, const LionArgs& a);

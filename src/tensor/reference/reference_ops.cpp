@@ -597,13 +597,13 @@ void sgd_step(Tensor& param, Tensor& momentum_buffer, const Tensor& grad, const 
 void lion_step(Tensor& param, Tensor& exp_avg, const Tensor& grad, const LionSpec& spec,
                Tensor* rounded) {
   f64("lion_step", {&param, &exp_avg, &grad});
-  const double lr = spec.lr, b1 = spec.beta1, b2 = spec.beta2, wd = spec.weight_decay;
+  const double lr = spec.lr, w1 = spec.weight1, w2 = spec.weight2, decay = spec.decay;
   for (int64_t i = 0; i < param.numel(); ++i) {
     const double g = P(grad)[i] * spec.grad_scale, m = P(exp_avg)[i];
-    const double u = b1 * m + (1 - b1) * g;
-    W(exp_avg)[i] = b2 * m + (1 - b2) * g;
-    const double w = P(param)[i] * (1 - lr * wd);
-    W(param)[i] = w - lr * static_cast<double>((u > 0) - (u < 0));
+    const double u = m + w1 * (g - m);
+    W(exp_avg)[i] = m + w2 * (g - m);
+    const double w = P(param)[i] * (1 + decay);
+    W(param)[i] = w - lr * (std::isnan(u) ? u : static_cast<double>((u > 0) - (u < 0)));
   }
   if (rounded) rounded->copy_from(param);
 }
