@@ -112,24 +112,32 @@ double max_abs_diff(const Tensor& a, const Tensor& b) {
   return m;
 }
 
+// The oracle's parameters with their attributes (a bias without decay, the embeddings, a 3-D conv
+// weight stored 2-D, a fused QKV): pointers into `params`, which must outlive them.
+std::vector<Param*> oracle_params(std::vector<Param>& params) {
+  params.assign(kParams.size(), Param{});
+  std::vector<Param*> ptrs;
+  for (size_t i = 0; i < kParams.size(); ++i) {
+    Param& p = params[i];
+    p.name = kParams[i].name;
+    p.shape = kParams[i].shape;
+    const std::string kind = kParams[i].kind;
+    p.no_weight_decay = kind == "adam_nowd";
+    p.is_embedding_or_output = p.name == "embedding";
+    if (p.name == "conv") p.megatron_ndim = 3;
+    if (kind == "qkv") p.qkv_split = {8, 4, 4};
+    ptrs.push_back(&p);
+  }
+  return ptrs;
+}
+
 TEST(MuonOracle, StepsMatchPyTorch) {
   ASSERT_FALSE(g_oracle_dir.empty()) << "pass --oracle-dir=DIR (muon_oracle.py --out DIR)";
   auto f = safetensors::File::open(g_oracle_dir + "/muon.safetensors");
   for (const Variant& v : variants()) {
     SCOPED_TRACE(v.name);
-    std::vector<Param> params(kParams.size());
-    std::vector<Param*> ptrs;
-    for (size_t i = 0; i < kParams.size(); ++i) {
-      Param& p = params[i];
-      p.name = kParams[i].name;
-      p.shape = kParams[i].shape;
-      const std::string kind = kParams[i].kind;
-      p.no_weight_decay = kind == "adam_nowd";
-      p.is_embedding_or_output = p.name == "embedding";
-      if (p.name == "conv") p.megatron_ndim = 3;
-      if (kind == "qkv") p.qkv_split = {8, 4, 4};
-      ptrs.push_back(&p);
-    }
+    std::vector<Param> params;
+    std::vector<Param*> ptrs = oracle_params(params);
     ParamSet ps(ptrs, DType::kF32);
     for (Param* p : ptrs) ps.set_main(*p, f.read("init." + p->name));
     ps.sync_compute_from_main();
@@ -184,22 +192,8 @@ TEST(MuonLayerWise, SameWeightsStateDividedOverTheRanks) {
   ASSERT_FALSE(g_oracle_dir.empty()) << "pass --oracle-dir=DIR (muon_oracle.py --out DIR)";
   auto f = safetensors::File::open(g_oracle_dir + "/muon.safetensors");
   ProcessGroup& g = world();
-  auto build = [&](std::vector<Param>& params) {
-    std::vector<Param*> ptrs;
-    for (size_t i = 0; i < kParams.size(); ++i) {
-      Param& p = params[i];
-      p.name = kParams[i].name;
-      p.shape = kParams[i].shape;
-      p.no_weight_decay = std::string(kParams[i].kind) == "adam_nowd";
-      p.is_embedding_or_output = p.name == "embedding";
-      if (p.name == "conv") p.megatron_ndim = 3;
-      if (std::string(kParams[i].kind) == "qkv") p.qkv_split = {8, 4, 4};
-      ptrs.push_back(&p);
-    }
-    return ptrs;
-  };
-  std::vector<Param> a(kParams.size()), b(kParams.size());
-  std::vector<Param*> pa = build(a), pb = build(b);
+  std::vector<Param> a, b;
+  std::vector<Param*> pa = oracle_params(a), pb = oracle_params(b);
   ParamSet sa(pa, DType::kF32), sb(pb, DType::kF32);
   for (size_t i = 0; i < pa.size(); ++i) {
     sa.set_main(*pa[i], f.read("init." + pa[i]->name));
@@ -252,17 +246,8 @@ TEST(LionOracle, StepsMatchPyTorch) {
   for (const auto& [name, b1, b2] :
        {std::tuple{"lion", 0.9, 0.99}, {"lion_small_betas", 0.3, 0.4}}) {
     SCOPED_TRACE(name);
-    std::vector<Param> params(kParams.size());
-    std::vector<Param*> ptrs;
-    for (size_t i = 0; i < kParams.size(); ++i) {
-      Param& p = params[i];
-      p.name = kParams[i].name;
-      p.shape = kParams[i].shape;
-      p.no_weight_decay = std::string(kParams[i].kind) == "adam_nowd";
-      p.is_embedding_or_output = p.name == "embedding";
-      if (p.name == "conv") p.megatron_ndim = 3;
-      ptrs.push_back(&p);
-    }
+    std::vector<Param> params;
+    std::vector<Param*> ptrs = oracle_params(params);
     ParamSet ps(ptrs, DType::kF32);
     for (Param* p : ptrs) ps.set_main(*p, f.read("init." + p->name));
     AdamWConfig cfg{b1, b2, 1e-8, kWd};

@@ -62,15 +62,7 @@ void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor
     };
     // The 16-bit copies round through f32, as convert() does from either source dtype.
     auto with_store = [&]<typename M, typename V>() {
-      if (!rounded) {
-        run.template operator()<M, V>([](int64_t, T) {});
-      } else if (rounded->dtype() == DType::kBF16) {
-        StoredAs<bf16>* r = stored_ptr(rounded->data<bf16>());
-        run.template operator()<M, V>([r](int64_t i, T w) { r[i] = stored_value<bf16>(w); });
-      } else {
-        StoredAs<f16>* r = stored_ptr(rounded->data<f16>());
-        run.template operator()<M, V>([r](int64_t i, T w) { r[i] = stored_value<f16>(w); });
-      }
+      with_rounded_store<T>(rounded, [&](auto store) { run.template operator()<M, V>(store); });
     };
     const bool m16 = exp_avg.dtype() == DType::kBF16, v16 = exp_avg_sq.dtype() == DType::kBF16;
     if constexpr (std::is_same_v<T, float>) {

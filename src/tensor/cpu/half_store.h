@@ -50,6 +50,22 @@ inline const StoredAs<O>* stored_ptr(const O* p) {
   return reinterpret_cast<const StoredAs<O>*>(p);
 }
 
+// The optimizer steps' one-pass rounding: calls run(store), where store(i, w) writes element i of
+// the 16-bit compute copy `rounded` (bf16 or f16, rounded through f32 as convert() rounds) from
+// the updated weight w, or does nothing without one.
+template <typename T, typename Run>
+void with_rounded_store(Tensor* rounded, Run&& run) {
+  if (!rounded) {
+    run([](int64_t, T) {});
+  } else if (rounded->dtype() == DType::kBF16) {
+    StoredAs<bf16>* r = stored_ptr(rounded->data<bf16>());
+    run([r](int64_t i, T w) { r[i] = stored_value<bf16>(w); });
+  } else {
+    StoredAs<f16>* r = stored_ptr(rounded->data<f16>());
+    run([r](int64_t i, T w) { r[i] = stored_value<f16>(w); });
+  }
+}
+
 // Calls fn.template operator()<O>() with O = T, bf16 or f16 from out's dtype (16-bit outputs for
 // f32 inputs only).
 template <typename T, typename Fn>

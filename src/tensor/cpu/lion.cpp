@@ -47,15 +47,7 @@ void lion_step(Tensor& param, Tensor& exp_avg, const Tensor& grad, const LionSpe
         store(i, out);
       }
     };
-    if (!rounded) {
-      run([](int64_t, T) {});
-    } else if (rounded->dtype() == DType::kBF16) {
-      StoredAs<bf16>* r = stored_ptr(rounded->data<bf16>());
-      run([r](int64_t i, T w) { r[i] = stored_value<bf16>(w); });
-    } else {
-      StoredAs<f16>* r = stored_ptr(rounded->data<f16>());
-      run([r](int64_t i, T w) { r[i] = stored_value<f16>(w); });
-    }
+    with_rounded_store<T>(rounded, run);
   });
 }
 

@@ -42,15 +42,7 @@ void sgd_step(Tensor& param, Tensor& momentum_buffer, const Tensor& grad, const 
         store(i, w);
       }
     };
-    if (!rounded) {
-      run([](int64_t, T) {});
-    } else if (rounded->dtype() == DType::kBF16) {
-      StoredAs<bf16>* r = stored_ptr(rounded->data<bf16>());
-      run([r](int64_t i, T w) { r[i] = stored_value<bf16>(w); });
-    } else {
-      StoredAs<f16>* r = stored_ptr(rounded->data<f16>());
-      run([r](int64_t i, T w) { r[i] = stored_value<f16>(w); });
-    }
+    with_rounded_store<T>(rounded, run);
   });
 }
 
