@@ -261,7 +261,8 @@ Tensor Muon::orthogonalize(const Param& p, const Tensor& u) {
 }
 
 void Muon::step(const StepRates& rates, double grad_scale) {
-  // Adam for every parameter that is not a Muon matrix (its own step count: bias correction).
+  // The matrices take Muon's update (or Lion's); the other parameters Adam's (its bias correction
+  // counts these steps) or Lion's.
   ++step_;
   const double mu = muon_.momentum;
   for (Param* p : params_.params()) {
@@ -287,7 +288,7 @@ void Muon::step(const StepRates& rates, double grad_scale) {
       ops::lion_step(w, m, p->main_grad.view({n}), spec, rounded.defined() ? &rounded : nullptr);
       continue;
     }
-    if (!is_muon_matrix(*p)) {
+    if (!matrix) {
       Tensor m = exp_avg_.flat_view(state_offset(*p, 0), {n});
       Tensor v = exp_avg_sq_.flat_view(state_offset(*p, 1), {n});
       ops::adamw_step(w, m, v, p->main_grad.view({n}), adam_spec(cfg_, rates, *p, step_, gs),
@@ -295,12 +296,11 @@ void Muon::step(const StepRates& rates, double grad_scale) {
       continue;
     }
     const double lr = rates.lr_of(*p), wd = rates.decay_of(*p);
-    Tensor g = p->main_grad.view({n}).clone();
-    if (gs != 1.0) ops::scale_inplace(g, gs);
     if (wd != 0 && lr != 0) ops::scale_inplace(w, 1.0 - lr * wd);  // decoupled decay, first
-    // m <- mu m + (1 - mu) g
+    // m <- mu m + (1 - mu) g, g the clipped gradient (rounded as clipping in place leaves it).
     Tensor m = exp_avg_.flat_view(state_offset(*p, 0), {n});
-    Tensor share = g.clone();
+    Tensor share = p->main_grad.view({n}).clone();
+    if (gs != 1.0) ops::scale_inplace(share, gs);
     ops::scale_inplace(share, 1.0 - mu);
     axpy_scaled(m, mu, share);
     // Nesterov: u = (1 - mu) g + mu m (the share above), else u = m.

@@ -502,9 +502,9 @@ void sgd(T* p, T* buf, const T* g, int64_t n, const SgdArgs& a) {
 template <typename T>
 void lion(T* p, T* m, const T* g, int64_t n, const LionArgs& a) {
   if (n == 0) return;
-  lion_kernel<<<blocks_for(n), kThreads>>>(
-      p, m, g, n, static_cast<T>(a.lr), static_cast<T>(a.weight1), static_cast<T>(a.weight2),
-      static_cast<T>(a.decay), static_cast<T>(a.grad_scale));
+  lion_kernel<<<blocks_for(n), kThreads>>>(p, m, g, n, static_cast<T>(a.lr),
+                                           static_cast<T>(a.weight1), static_cast<T>(a.weight2),
+                                           static_cast<T>(a.decay), static_cast<T>(a.grad_scale));
   check_launch("lion_step");
 }
 template <typename T>
