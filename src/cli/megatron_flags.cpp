@@ -137,6 +137,11 @@ const std::vector<OwnFlag>& own_train_flags() {
       {"--muon-scalar-optimizer", "Megatron core 0.19's Muon optimizer (adam or lion)"},
       {"--lion-beta1", "Megatron core 0.19's (--muon-scalar-optimizer lion)"},
       {"--lion-beta2", "Megatron core 0.19's (--muon-scalar-optimizer lion)"},
+      {"--qk-clip", "Megatron core 0.19's TransformerConfig.qk_clip (MuonClip)"},
+      {"--qk-clip-alpha", "Megatron core 0.19's TransformerConfig.qk_clip_alpha"},
+      {"--qk-clip-threshold", "Megatron core 0.19's TransformerConfig.qk_clip_threshold"},
+      {"--log-max-attention-logit",
+       "Megatron core 0.19's TransformerConfig.log_max_attention_logit"},
   };
   return own;
 }

@@ -1,11 +1,13 @@
 // The precision-aware optimizer's flags of `megatron train` (Megatron's
-// --use-precision-aware-optimizer, --exp-avg-dtype, --exp-avg-sq-dtype) and Muon's (--muon-*),
-// and Megatron's rules for them. What they do is optim/moment_storage.h's and optim/muon.h's.
+// --use-precision-aware-optimizer, --exp-avg-dtype, --exp-avg-sq-dtype), Muon's (--muon-*) and
+// MuonClip's qk-clip (--qk-clip*), and Megatron's rules for them. What they do is
+// optim/moment_storage.h's, optim/muon.h's and train/qk_clip.h's.
 #include <string>
 #include <vector>
 
 #include "cli/train_args.h"
 #include "core/error.h"
+#include "models/model_spec.h"
 #include "optim/moment_storage.h"
 #include "optim/muon.h"
 
@@ -162,6 +164,40 @@ std::vector<std::string> validate_muon_args(Arguments& a) {
                    "--fp8-param-gather");
   }
   return notes;
+}
+
+void register_qk_clip_args(ArgTable& t, Arguments& a) {
+  t.flag("--qk-clip", a.qk_clip,
+         "MuonClip's qk-clip: after each step, shrink the query and key weights of every query "
+         "group (MLA: head) whose largest attention score of the step exceeded "
+         "--qk-clip-threshold, so that it would have been the threshold");
+  t.add("--qk-clip-alpha", a.qk_clip_alpha,
+        "qk-clip's balance: the queries shrink by eta^alpha, the keys by eta^(1 - alpha), eta = "
+        "threshold / largest score");
+  t.add("--qk-clip-threshold", a.qk_clip_threshold,
+        "qk-clip's bound on the attention scores (scaled q . k)");
+  t.flag("--log-max-attention-logit", a.log_max_attention_logit,
+         "Log the largest attention score of each step over the whole model (also with "
+         "--qk-clip)");
+}
+
+void validate_qk_clip_args(const Arguments& a) {
+  if (a.qk_clip) {
+    // Megatron's rules and messages.
+    MEGATRON_CHECK(a.qk_clip_alpha > 0.0 && a.qk_clip_alpha < 1.0,
+                   "--qk-clip-alpha must be between 0.0 and 1.0 when using --qk-clip (got ",
+                   a.qk_clip_alpha, ")");
+    MEGATRON_CHECK(a.qk_clip_threshold > 0,
+                   "--qk-clip-threshold must be greater than 0 when using --qk-clip (got ",
+                   a.qk_clip_threshold, ")");
+  }
+  if (!a.qk_clip && !a.log_max_attention_logit) return;
+  const char* flag = a.qk_clip ? "--qk-clip" : "--log-max-attention-logit";
+  // Megatron's clip_qk walks the decoder's layers: models without one have nothing it reads.
+  const std::string& model = model_spec(a.model).name;
+  MEGATRON_CHECK(model != "bert" && model != "bert_classification", flag,
+                 " reads the self-attention layers of a decoder (Megatron's clip_qk); --model ",
+                 a.model, " has none");
 }
 
 }  // namespace megatron::cli

@@ -508,6 +508,7 @@ void register_train_args(ArgTable& t, Arguments& a) {
         "the momentum is exchanged compressed (DeepSpeed's freeze_step)");
   register_precision_aware_args(t, a);
   register_muon_args(t, a);
+  register_qk_clip_args(t, a);
   t.add("--lr", a.lr, "Peak learning rate");
   t.add("--min-lr", a.min_lr, "Minimum learning rate");
   t.flag("--override-opt_param-scheduler", a.override_opt_param_scheduler,
@@ -1443,6 +1444,7 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
   validate_precision_aware_args(a);
   for (const std::string& note : validate_muon_args(a))
     if (rank == 0) log_line("WARNING: " + note);
+  validate_qk_clip_args(a);
   validate_rerun_args(a);
   if (a.num_distributed_optimizer_instances != 1) {
     // (Its divisibility and positivity: make_parallel_grid, in validate_parallel_layout.)

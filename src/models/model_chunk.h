@@ -104,6 +104,10 @@ class ModelChunk {
   // The routers of this chunk's MoE layers (none for a dense model), for the trainer's
   // once-per-step expert-bias update.
   virtual std::vector<TopKRouter*> moe_routers() { return {}; }
+  // The self-attention of this chunk's decoder layers (Megatron's clip_qk walks decoder.layers:
+  // not an encoder's, not the MTP depths'), for --qk-clip and --log-max-attention-logit
+  // (train/qk_clip.h); none by default.
+  virtual std::vector<SelfAttention*> decoder_self_attentions() { return {}; }
   // The chunk's FP8 regions (Megatron's fp8_autocast contexts), which the trainer joins to one
   // Fp8Registry per rank (Transformer Engine's global amax buffer); none by default.
   virtual std::vector<Fp8Region*> fp8_regions() { return {}; }

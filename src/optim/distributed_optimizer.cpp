@@ -68,7 +68,8 @@ void DistributedOptimizer::set_moments(const Tensor& exp_avg, const Tensor& exp_
   if (exp_avg_sq_.dtype() != MomentDType::kF32) exp_avg_sq_.from_f32(exp_avg_sq);
 }
 
-void DistributedOptimizer::step(const StepRates& rates, double grad_scale) {
+void DistributedOptimizer::step(const StepRates& rates, double grad_scale,
+                                const std::vector<RowScale>& after_update) {
   finish_param_gather();  // the previous step's weights are all in before this one updates them
   ++step_;
   ops::AdamWSpec spec;
@@ -105,6 +106,7 @@ void DistributedOptimizer::step(const StepRates& rates, double grad_scale) {
       ops::adamw_step(w, m, v, grad_of(s), spec, r);
     }
   }
+  scale_owned_rows(after_update, round);
   if (round) params_.sync_frozen_compute();
   if (params_.weights_sharded()) {
     // ZeRO-3: the weights stay sharded; the FSDP runtime gathers each unit when a layer needs it.
@@ -113,6 +115,31 @@ void DistributedOptimizer::step(const StepRates& rates, double grad_scale) {
     return;
   }
   start_gathers(/*rounded=*/round);
+}
+
+void DistributedOptimizer::scale_owned_rows(const std::vector<RowScale>& scales, bool rounded) {
+  if (scales.empty()) return;
+  std::unordered_map<const Param*, const RowScale*> by_param;
+  for (const RowScale& r : scales)
+    if (!r.param->frozen) by_param[r.param] = &r;
+  for (const Segment& s : segments_) {
+    const auto it = by_param.find(s.param);
+    if (it == by_param.end()) continue;
+    scale_rows_of(main_of(s), *it->second, s.begin - params_.offset_of(*s.param));
+    // FP8 primary weights are quantised from the main weights after this.
+    if (rounded && !s.param->fp8) compute_of(s).copy_from(main_of(s));
+  }
+}
+
+void DistributedOptimizer::scale_main_rows(const std::vector<RowScale>& scales) {
+  if (scales.empty()) return;
+  finish_param_gather();
+  if (!params_.main_sharded()) {  // fp32: every rank holds the whole main weights
+    megatron::scale_main_rows(params_, scales);
+    return;
+  }
+  scale_owned_rows(scales, /*rounded=*/false);
+  refresh_compute();
 }
 
 void DistributedOptimizer::refresh_compute() {

@@ -55,6 +55,7 @@
 #include "parallel/grad_buckets.h"
 #include "parallel/param.h"
 #include "parallel/param_gate.h"
+#include "parallel/row_scale.h"
 
 namespace megatron {
 
@@ -67,8 +68,14 @@ class DistributedOptimizer final : public ParamGate {
   // One AdamW update of the owned main weights from the owned (reduced) gradients times
   // grad_scale (the clipping coefficient, clip_coefficient in adamw.h) at `rates`, then the
   // all-gather of the main weights over DP and the compute-copy refresh. Collective over the
-  // data-parallel group. Increments the step counter (bias correction).
-  void step(const StepRates& rates, double grad_scale = 1.0);
+  // data-parallel group. Increments the step counter (bias correction). `after_update`: row
+  // factors (qk-clip) applied to the updated owned main weights before they are rounded and
+  // gathered (parallel/row_scale.h).
+  void step(const StepRates& rates, double grad_scale = 1.0,
+            const std::vector<RowScale>& after_update = {});
+  // The same row factors without an update (a skipped fp16 step): the owned main weights
+  // scaled, then every rank's compute copy refreshed from them (refresh_compute). Collective.
+  void scale_main_rows(const std::vector<RowScale>& scales);
   // The same with learning rate lr for every parameter and the configured weight decay.
   void step(double lr, double grad_scale = 1.0) {
     step(StepRates{lr, lr, cfg_.weight_decay}, grad_scale);
@@ -159,6 +166,9 @@ class DistributedOptimizer final : public ParamGate {
   std::vector<std::pair<Tensor, Tensor>> gather_views_;  // per bucket: (whole bucket, own shard)
   mutable double gather_wait_seconds_ = 0;
 
+  // Applies `scales` to the owned segments of their Params; with `rounded`, also re-rounds those
+  // segments' part of the compute copy (which the step already wrote).
+  void scale_owned_rows(const std::vector<RowScale>& scales, bool rounded);
   void complete_gather(int64_t bucket) const;
   // Launches the all-gathers of the updated weights (waits for them without overlap).
   // rounded: this rank's part of the compute copy was already rounded by the step.

@@ -497,6 +497,12 @@ ops::AttentionSpec heads_spec(const ops::AttentionSpec& spec, const Layout& d, P
   s.head_offset = spec.head_offset + g.rank() * (d.ng / g.size()) * d.qpg;
   if (s.total_heads == 0) s.total_heads = d.np();
   if (spec.doc_start.defined()) s.doc_start = gather_doc_start(spec.doc_start, g, natural);
+  // The largest-score statistic of this rank's heads: the slots of those heads (the others stay
+  // as they are; the trainer takes the max over the context-parallel ranks).
+  if (spec.max_logit.defined()) {
+    const int64_t heads = d.ng / g.size() * d.qpg;
+    s.max_logit = spec.max_logit.flat_view(g.rank() * heads, {heads});
+  }
   return s;
 }
 

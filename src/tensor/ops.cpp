@@ -414,9 +414,10 @@ void rope_inplace(Tensor& x, const Tensor& positions, const RopeSpec& spec, bool
 void attention_forward(Tensor& out, Tensor& lse, const AttentionView& q, const AttentionView& k,
                        const AttentionView& v, const AttentionSpec& spec) {
   const OpTimer timer(OpCategory::kAttention, __func__);
-  MEGATRON_DISPATCH(device_of("attention_forward", {&out, &lse, &q.tensor, &k.tensor, &v.tensor,
-                                                    &spec.doc_start, &spec.key_valid, &spec.bias}),
-                    attention_forward(out, lse, q, k, v, spec));
+  MEGATRON_DISPATCH(
+      device_of("attention_forward", {&out, &lse, &q.tensor, &k.tensor, &v.tensor, &spec.doc_start,
+                                      &spec.key_valid, &spec.bias, &spec.max_logit}),
+      attention_forward(out, lse, q, k, v, spec));
 }
 
 void attention_backward(const AttentionView& dq, const AttentionView& dk, const AttentionView& dv,

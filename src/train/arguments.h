@@ -187,6 +187,13 @@ struct Arguments {
   std::string muon_scalar_optimizer = "adam";     // --muon-scalar-optimizer
   double lion_beta1 = 0.95;                       // --lion-beta1 (--optimizer lion)
   double lion_beta2 = 0.98;                       // --lion-beta2
+  // MuonClip's qk-clip (train/qk_clip.h; Megatron core 0.19's TransformerConfig fields): after
+  // each step every query group's query and key rows of linear_qkv shrink so that its largest
+  // attention score of the step would have been at most the threshold.
+  bool qk_clip = false;                  // --qk-clip
+  double qk_clip_alpha = 0.5;            // --qk-clip-alpha: the queries' share of the shrink
+  double qk_clip_threshold = 100;        // --qk-clip-threshold
+  bool log_max_attention_logit = false;  // --log-max-attention-logit
   // Muon's layer-wise distributed optimizer (optim/muon.h): set by argument validation from
   // --use-distributed-optimizer (which it then clears, as Megatron does) or --optimizer dist_muon.
   bool use_layer_wise_distributed_optimizer = false;

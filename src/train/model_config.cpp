@@ -294,6 +294,7 @@ void set_gpt_oss_fields(const Arguments& a, TransformerConfig& c) {
                                          "--window-attn-skip-freq", "0 (full) or 1 (window)");
     c.window_skip_every = f.pattern.empty() ? f.every : 0;
   }
+  c.track_max_logits = a.qk_clip || a.log_max_attention_logit;
   if (a.softmax_type == "vanilla") {
     c.softmax_type = SoftmaxType::kVanilla;
   } else if (a.softmax_type == "off-by-one") {

@@ -262,6 +262,16 @@ void Trainer::build_model() {
   // Multi-token prediction's layers are numbered after the decoder's (Megatron's tracker holds
   // num_layers + mtp_num_layers entries too; a hybrid MTP depth has its pattern's layers).
   if (cfg_.moe.enabled()) moe_tracker_ = std::make_unique<MoeAuxTracker>(cfg_.layer_slots());
+  if (cfg_.track_max_logits) {
+    std::vector<SelfAttention*> attentions;
+    for (const auto& chunk : chunks_)
+      for (SelfAttention* a : chunk->decoder_self_attentions()) attentions.push_back(a);
+    qk_clipper_ = std::make_unique<QkClipper>(std::move(attentions),
+                                              QkClip{.alpha = args_.qk_clip_alpha,
+                                                     .threshold = args_.qk_clip_threshold,
+                                                     .dtype = cfg_.compute_dtype},
+                                              args_.qk_clip);
+  }
   // The fields this rank's chunks read, each once, in first-read order.
   {
     for (const auto& chunk : chunks_) {
@@ -1400,6 +1410,14 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, const BatchSchedule::
   r.loss = r.terms.empty() ? 0.0 : r.terms.terms().front().value();
   add_moe_terms(&r.terms);
   moe_step_end(&r.terms);
+  // qk-clip's factors from this step's forwards; applied to the weights the step leaves.
+  std::vector<RowScale> clip_rows;
+  if (qk_clipper_) {
+    QkClipper::Step q =
+        qk_clipper_->finish(parallel_->dp_cp_group(), parallel_->model_parallel_group());
+    r.max_logit = q.max_logit;
+    clip_rows = std::move(q.scales);
+  }
   if (args_.calculate_per_token_loss) divide_by_global_tokens(r.terms);
   if (scaler_) {
     // Megatron's fp16 step: unscale the fp32 main gradients, look for inf/NaN anywhere in the
@@ -1419,6 +1437,12 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, const BatchSchedule::
     const bool found_inf = found.data<double>()[0] > 0;
     scaler_->update(found_inf);
     if (found_inf) {
+      // No update, but Megatron's clip_qk still runs after the optimizer's (skipped) step.
+      if (dist_optimizer_) {
+        dist_optimizer_->scale_main_rows(clip_rows);
+      } else {
+        scale_main_rows(*params_, clip_rows);
+      }
       r.skipped = true;
       r.grad_norm = std::numeric_limits<double>::quiet_NaN();
       timers_.add("optimizer", phase.elapsed());
@@ -1487,9 +1511,10 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, const BatchSchedule::
     step_rates.separate_grad_scale = clip_coefficient(args_.clip_grad, norm);
   }
   if (dist_optimizer_) {
-    dist_optimizer_->step(step_rates, clip);
+    dist_optimizer_->step(step_rates, clip, clip_rows);
   } else {
     optimizer_->step(step_rates, clip);
+    scale_main_rows(*params_, clip_rows);
   }
   if (onebit_) report_onebit_traffic(iteration, compressed_step, dp_bytes0);
   timers_.add("optimizer", phase.elapsed());
@@ -2183,6 +2208,7 @@ int Trainer::train() {
     step.batch_size = batch.running;
     step.num_zeros = r.skipped ? -1 : r.num_zeros;
     if (args_.log_params_norm) step.params_norm = params_norm();
+    step.max_attention_logit = r.max_logit;
     log.add(step);
     if (tensorboard_ && it % args_.tensorboard_log_interval == 0) {
       log.tensorboard(*tensorboard_, step);

@@ -15,6 +15,7 @@
 
 #include <array>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -47,6 +48,7 @@
 #include "train/exit_signal.h"
 #include "train/fault_injection.h"
 #include "train/progress_log.h"
+#include "train/qk_clip.h"
 #include "train/rerun_state_machine.h"
 #include "train/step_timers.h"
 #include "train/tensorboard_writer.h"
@@ -82,6 +84,8 @@ class Trainer {
     double grad_norm = 0;
     bool skipped = false;    // fp16 overflow: no update, the LR schedule does not advance
     int64_t num_zeros = -1;  // --log-num-zeros-in-grad (-1: not counted)
+    // --qk-clip / --log-max-attention-logit: the step's largest attention score (NaN: not kept)
+    double max_logit = std::numeric_limits<double>::quiet_NaN();
     // The rerun state machine's decision; with `exit` set nothing was updated.
     RerunStateMachine::Decision rerun;
   };
@@ -270,6 +274,8 @@ class Trainer {
   // Seconds spent in communication so far, over every group of this rank.
   double comm_seconds() const;
   std::unique_ptr<ParamSet> params_;
+  // --qk-clip / --log-max-attention-logit: the decoder attention's largest scores (qk_clip.h).
+  std::unique_ptr<QkClipper> qk_clipper_;
   std::unique_ptr<MoeAuxTracker> moe_tracker_;  // MoE models: each layer's losses of a step
   // The last step's MoE losses per name: (layer, value) of every MoE layer.
   std::vector<std::pair<std::string, std::vector<std::pair<int64_t, double>>>> moe_per_layer_;

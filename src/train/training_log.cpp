@@ -63,6 +63,9 @@ std::string TrainingLog::close_interval(const Step& s, const Values& means) {
   if (!s.skipped) line += strprintf(" grad norm: %.3f |", s.grad_norm);
   if (s.num_zeros >= 0) line += strprintf(" num zeros: %ld |", static_cast<long>(s.num_zeros));
   if (s.params_norm == s.params_norm) line += strprintf(" params norm: %.3f |", s.params_norm);
+  if (s.max_attention_logit == s.max_attention_logit) {
+    line += strprintf(" max attention logit: %.6E |", s.max_attention_logit);
+  }
   line += strprintf(
       " number of skipped iterations: %3ld | number of nan iterations: %3ld | tokens per "
       "second: %.1f | model FLOPs utilisation: %.1f%% |",
@@ -101,6 +104,10 @@ void TrainingLog::tensorboard(TensorBoardWriter& tb, const Step& s) const {
   if (!s.skipped) both("grad-norm", s.grad_norm);
   if (s.num_zeros >= 0) both("num-zeros", static_cast<double>(s.num_zeros));
   if (s.params_norm == s.params_norm) both("params-norm", s.params_norm);
+  // Megatron's tag (by iteration only).
+  if (s.max_attention_logit == s.max_attention_logit) {
+    by_iter.emplace_back("max_attention_logit", s.max_attention_logit);
+  }
   if (o_.memory_to_tensorboard) {
     // The CPU's counterparts of the CUDA allocator's statistics: the resident set now (what the
     // process holds) and its peak.

@@ -49,6 +49,8 @@ class TrainingLog {
     double next_decoupled_lr = kUnsetValue;  // --decoupled-lr's after this step
     int64_t num_zeros = -1;                  // of the gradients (-1: not counted)
     double params_norm = kUnsetValue;        // of the weights after the step
+    // --qk-clip / --log-max-attention-logit: the step's largest attention score
+    double max_attention_logit = kUnsetValue;
   };
   // What the run logs besides the fixed fields.
   struct Options {

@@ -3,6 +3,7 @@
 #include "transformer/attention.h"
 
 #include <cmath>
+#include <limits>
 
 #include "parallel/mappings.h"
 #include "tensor/ops.h"
@@ -349,6 +350,14 @@ Tensor SelfAttention::forward(const Tensor& x, const TokenLayout& layout, Ctx& c
     check_shape(layout.doc_start, {b, s}, "attention doc_start");
     ctx.spec.doc_start = layout.doc_start;
   }
+  if (mode.training && cfg_.track_max_logits) {
+    // Raised by this forward (and again, with the same scores, by a recomputation).
+    if (!max_logits_.defined()) {
+      max_logits_ =
+          Tensor::full({np}, -std::numeric_limits<double>::infinity(), DType::kF32, qkv.device());
+    }
+    ctx.spec.max_logit = max_logits_;
+  }
   ctx.qkv = qkv;
   core_attention(ctx);
   Tensor y = linear_proj.forward(proj_input(ctx.out), ctx.proj_ctx);
@@ -404,6 +413,55 @@ Tensor SelfAttention::backward(const Tensor& dy, Ctx& ctx, Tensor* dbias) const 
                   : linear_qkv->backward(dqkv.view({s, b, dqkv.numel() / (s * b)}), ctx.qkv_ctx);
   ctx = Ctx{};
   return dx;
+}
+
+std::vector<RowScale> SelfAttention::qk_clip_scales(const std::vector<float>& m,
+                                                    const QkClip& clip) {
+  MEGATRON_CHECK(static_cast<int64_t>(m.size()) == heads_local_, "qk-clip: ", m.size(),
+                 " largest scores for ", heads_local_, " heads");
+  // Per clipped unit (query group; MLA: head) its eta, or nothing when none exceeds the bound.
+  const int64_t units = mla ? heads_local_ : groups_local_, per = heads_local_ / units;
+  std::vector<float> eta(static_cast<size_t>(units), 1.0f);
+  bool any = false;
+  for (int64_t u = 0; u < units; ++u) {
+    float g = m[static_cast<size_t>(u * per)];
+    for (int64_t p = 1; p < per; ++p) g = std::max(g, m[static_cast<size_t>(u * per + p)]);
+    if (clip.exceeds(g)) any = true;
+    // A group at or below the bound gets min(1, t / m) = 1. One whose scores were all negative
+    // is below it too and keeps 1 (Megatron's formula would give it a negative eta, whose
+    // powers are NaN).
+    eta[static_cast<size_t>(u)] = g > 0 ? clip.eta(g) : 1.0f;
+  }
+  if (!any) return {};
+  std::vector<float> q(eta.size()), k(eta.size());
+  for (size_t u = 0; u < eta.size(); ++u) {
+    q[u] = clip.power(eta[u], clip.alpha);
+    k[u] = clip.power(eta[u], 1.0 - clip.alpha);
+  }
+  // Rows per unit, in the weights' order: runs of (rows, factor per unit).
+  auto rows = [&](const Param& w,
+                  const std::vector<std::pair<int64_t, const std::vector<float>*>>& runs) {
+    RowScale r{&w, {}};
+    for (int64_t u = 0; u < units; ++u)
+      for (const auto& [n, f] : runs)
+        r.factors.insert(r.factors.end(), static_cast<size_t>(n),
+                         f ? (*f)[static_cast<size_t>(u)] : 1.0f);
+    MEGATRON_CHECK(static_cast<int64_t>(r.factors.size()) == w.shape[0], "qk-clip: ", w.name,
+                   " has ", w.shape[0], " rows, not ", r.factors.size());
+    return r;
+  };
+  const int64_t hn = cfg_.head_dim();
+  if (!mla) {
+    // linear_qkv per query group: its queries, its key, its value.
+    return {rows(linear_qkv->weight(), {{per * hn, &q}, {hn, &k}, {hn, nullptr}})};
+  }
+  // MLA per head: the query projection [q_nope | q_pe] (q_pe by eta itself: its key k_pe is
+  // shared by every head and stays), linear_kv_up_proj [k_nope | v].
+  const MlaConfig& c = cfg_.mla;
+  const Param& wq =
+      mla->linear_q_proj ? mla->linear_q_proj->weight() : mla->linear_q_up_proj->weight();
+  return {rows(wq, {{c.qk_head_dim, &q}, {c.qk_pos_emb_head_dim, &eta}}),
+          rows(mla->linear_kv_up_proj.weight(), {{c.qk_head_dim, &k}, {c.v_head_dim, nullptr}})};
 }
 
 }  // namespace megatron

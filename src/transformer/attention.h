@@ -44,12 +44,14 @@
 #include <optional>
 #include <string>
 
+#include "parallel/row_scale.h"
 #include "parallel/tensor_parallel_linear.h"
 #include "tensor/ops.h"
 #include "transformer/config.h"
 #include "transformer/forward_mode.h"
 #include "transformer/mla.h"
 #include "transformer/norm.h"
+#include "transformer/qk_clip.h"
 #include "transformer/tensor_parallel_context.h"
 
 namespace megatron {
@@ -91,6 +93,18 @@ class SelfAttention {
   DType gemm_input_dtype() const {
     return mla ? mla->gemm_input_dtype() : linear_qkv->gemm_input_dtype();
   }
+  // cfg.track_max_logits (--qk-clip, --log-max-attention-logit): [np/tp] f32 on the
+  // activations' device, each local head's largest attention score over the training forwards
+  // since the last reset_max_logits() (ops::AttentionSpec::max_logit); undefined before the
+  // first. Evaluation and generation forwards leave it alone.
+  const Tensor& max_logits() const { return max_logits_; }
+  int64_t local_heads() const { return heads_local_; }
+  void reset_max_logits() { max_logits_ = Tensor(); }
+  // qk-clip (transformer/qk_clip.h): the row factors of this layer's query and key projections
+  // for the largest scores `m` of the local heads (rounded to clip.dtype, reduced over data and
+  // context parallelism): per query group the max over its heads (Megatron's GQA rule; MLA: per
+  // head). Empty when no group exceeded the threshold.
+  std::vector<RowScale> qk_clip_scales(const std::vector<float>& m, const QkClip& clip);
   // Every GEMM's FP8 scaling state (cfg.fp8).
   std::vector<Fp8GemmScaling*> enable_fp8();
   // --recompute-modules layernorm: forget the input x where forward kept it (the first GEMMs'
@@ -122,7 +136,8 @@ class SelfAttention {
   bool recompute_core_attention_;       // --recompute-granularity selective (core_attn)
   bool recompute_mla_up_ = false;       // --recompute-modules mla_up_proj
   ops::RopeSpec rope_;
-  bool rope_on_ = false;  // RoPE (or MLA's own) turns q and k
+  bool rope_on_ = false;       // RoPE (or MLA's own) turns q and k
+  mutable Tensor max_logits_;  // see max_logits(): raised by const training forwards
   // The heads' outputs [s, b, np/tp, head_dim] -> linear_proj's input [s, b, np/tp * v_head_dim]
   // (the same tensor unless MLA's value heads are narrower), and back for the gradient.
   Tensor proj_input(const Tensor& out) const;

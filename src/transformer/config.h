@@ -97,6 +97,9 @@ struct TransformerConfig {
   // (GPT: depth k's layer is k + 1, a repeated block's 1; a hybrid MTP block's layer j is j + 1).
   int64_t attention_window(int64_t layer) const;
   SoftmaxType softmax_type = SoftmaxType::kVanilla;  // --softmax-type
+  // --qk-clip or --log-max-attention-logit: training forwards raise each self-attention head's
+  // largest score (SelfAttention::max_logits; the trainer's train/qk_clip.h reads and resets it).
+  bool track_max_logits = false;
   // --position-embedding-type yarn on (non-MLA) attention, Megatron core 0.19's YarnRotaryEmbedding
   // from --rotary-scaling-factor, --yarn-original-max-position-embeddings, --yarn-beta-fast,
   // --yarn-beta-slow, --mscale, --mscale-all-dim and --yarn-correction-range-round-to-int; cos and

@@ -99,6 +99,13 @@ class TransformerBlock {
 
   std::vector<std::unique_ptr<TransformerLayer>> layers;
   Norm final_layernorm;
+  // The layers' self-attention, in layer order (hybrid and linear-replacement layers have none).
+  std::vector<SelfAttention*> self_attentions() const {
+    std::vector<SelfAttention*> out;
+    for (const auto& l : layers)
+      if (l->self_attention) out.push_back(l->self_attention.get());
+    return out;
+  }
   bool has_final_norm() const { return has_final_norm_; }
 
   // Layers [begin, end) (indices into `layers`) run as one unit; `recompute`: only the input

@@ -29,9 +29,11 @@
 #include "models/gpt/gpt_oss_hf.h"
 #include "optim/adamw.h"
 #include "oracle_mtp.h"
+#include "parallel/row_scale.h"
 #include "tensor/ops.h"
 #include "testing/testing.h"
 #include "transformer/moe/aux_tracker.h"
+#include "transformer/qk_clip.h"
 
 namespace megatron {
 namespace {
@@ -179,11 +181,77 @@ void run_oracle(const std::string& arch,
   EXPECT_LT(want_sgd.item(want_sgd.numel() - 1), want_sgd.item(0) - 0.01);  // SGD moved the loss
 }
 
+// MuonClip's qk-clip after each of 5 AdamW steps (hf_oracle.py's qk_clip_oracle): the model with
+// its query and key projections 8x larger (scores of O(5)) and a threshold between its groups'
+// largest scores, which PyTorch keeps at least 1e-3 (relative) away from every group's at every
+// step. Each step: every layer's per-head largest score (SelfAttention::max_logits, what the clip
+// reads) within 1e-4 relative of PyTorch's (f32 scores of O(5) from weights that agree as the
+// AdamW losses do; clipping moves them by 1e-2 to 0.3, so a wrong factor, row or group shows),
+// the same number of groups clipped, and the loss within the AdamW bound above (1e-4).
+void run_qk_clip_oracle(const std::string& arch) {
+  SCOPED_TRACE("qk-clip");
+  const std::string root = g_oracle_dir + "/" + arch;
+  auto expected = safetensors::File::open(root + "/expected.safetensors");
+  Loaded l = load(root + "/qk_clip_model", [](TransformerConfig& c) {
+    c.track_max_logits = true;
+    c.hidden_dropout = 0;
+    c.attention_dropout = 0;
+  });
+  const TransformerConfig& c = l.model->config();
+  const Batch batch = oracle_batch(expected);
+  const int64_t B = batch.inputs.dim(0), S = batch.inputs.dim(1);
+  const QkClip clip{.alpha = expected.read("qk_clip.alpha").item(0),
+                    .threshold = expected.read("qk_clip.threshold").item(0),
+                    .dtype = DType::kF32};
+  const Tensor want_losses = expected.read("qk_clip.losses");
+  const Tensor want_max = expected.read("qk_clip.max_logits");  // [steps, layers, heads]
+  const Tensor want_clipped = expected.read("qk_clip.clipped");
+  std::vector<SelfAttention*> layers = l.model->decoder->self_attentions();
+  ASSERT_EQ(static_cast<int64_t>(layers.size()), want_max.dim(1));
+  const int64_t heads = want_max.dim(2);
+  const int64_t groups = c.mla.enabled ? heads : c.num_query_groups;
+  AdamW opt(*l.params, AdamWConfig{0.9, 0.95, 1e-8, 0.1});
+  for (int64_t step = 0; step < want_losses.numel(); ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    GPTModel::Ctx ctx;
+    Tensor loss =
+        l.model->forward(batch.inputs, batch.labels, Tensor(), ctx, ForwardMode{true, 1, 0});
+    EXPECT_NEAR(mean_loss(loss), want_losses.item(step), 1e-4 * want_losses.item(step));
+    l.params->zero_grads();
+    l.model->backward(Tensor::full({B, S}, 1.0 / static_cast<double>(B * S)), ctx);
+    clip_grads(*l.params, 1.0, grad_norm(*l.params));
+    opt.step(1e-3);
+    int64_t clipped = 0;
+    std::vector<RowScale> scales;
+    for (size_t i = 0; i < layers.size(); ++i) {
+      const Tensor& got = layers[i]->max_logits();
+      std::vector<float> m;
+      for (int64_t h = 0; h < heads; ++h) {
+        m.push_back(static_cast<float>(got.item(h)));
+        const double want =
+            want_max.item((step * want_max.dim(1) + static_cast<int64_t>(i)) * heads + h);
+        EXPECT_NEAR(got.item(h), want, 1e-4 * std::abs(want)) << "layer " << i << " head " << h;
+      }
+      for (int64_t g = 0; g < groups; ++g) {
+        float top = m[static_cast<size_t>(g * heads / groups)];
+        for (int64_t h = g * heads / groups; h < (g + 1) * heads / groups; ++h)
+          top = std::max(top, m[static_cast<size_t>(h)]);
+        clipped += clip.exceeds(top);
+      }
+      for (RowScale& r : layers[i]->qk_clip_scales(m, clip)) scales.push_back(std::move(r));
+      layers[i]->reset_max_logits();
+    }
+    EXPECT_EQ(clipped, static_cast<int64_t>(want_clipped.item(step)));
+    scale_main_rows(*l.params, scales);
+  }
+}
+
 TEST(PyTorchOracle, Gpt2LogitsLossGradientsAndAdamW) {
   run_oracle("gpt2");
 }
 TEST(PyTorchOracle, LlamaLogitsLossGradientsAndAdamW) {
   run_oracle("llama");
+  run_qk_clip_oracle("llama");  // grouped-query attention: 2 query heads per key
 }
 
 // The model variants Hugging Face has, each through its own config: GPT-2 with relu2
@@ -251,6 +319,7 @@ TEST(PyTorchOracle, MixtralLogitsLossGradientsAndAdamW) {
 // query and key heads zero-padded to them here).
 TEST(PyTorchOracle, DeepSeekV3LogitsLossGradientsAndAdamW) {
   run_oracle("deepseek-v3");
+  run_qk_clip_oracle("deepseek-v3");  // multi-latent attention: per head, alpha 0.3
   const TransformerConfig c = read_hf_config(g_oracle_dir + "/deepseek-v3/model").config;
   EXPECT_TRUE(c.mla.enabled);
   EXPECT_TRUE(c.mla.yarn);

@@ -590,7 +590,7 @@ def llama3_inv_freq(inv_freq, scaling):
     return torch.where(medium, smoothed, scaled)
 
 
-def llama_forward(cfg, w, ids, aux=None):
+def llama_forward(cfg, w, ids, aux=None, stats=None):
     B, S = ids.shape
     H, L = cfg["hidden_size"], cfg["num_hidden_layers"]
     nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
@@ -635,6 +635,8 @@ def llama_forward(cfg, w, ids, aux=None):
         v = v[:, :, None].expand(B, nkv, rep, S, hd).reshape(B, nh, S, hd)
         att = torch.matmul(q, k.transpose(2, 3)) * (hd ** -0.5)
         att = att + causal
+        if stats is not None:  # each head's largest visible score (masked ones are -3.4e38)
+            stats.append(att.detach().amax(dim=(0, 2, 3)))
         att = torch.softmax(att, dim=-1, dtype=torch.float32).to(q.dtype)
         o = torch.matmul(att, v).transpose(1, 2).contiguous().reshape(B, S, nh * hd)
         o = F.linear(o, w[p + "self_attn.o_proj.weight"])
@@ -755,7 +757,7 @@ def deepseek_moe(cfg, w, p, h):
     return (out + shared).reshape(B, S, H)
 
 
-def deepseek_layer(cfg, w, p, x, moe, cos, sin, causal):
+def deepseek_layer(cfg, w, p, x, moe, cos, sin, causal, stats=None):
     """One DeepSeek-V3 decoder layer (DeepseekV3DecoderLayer): MLA, then the MLP or the MoE."""
     B, S, _ = x.shape
     eps = cfg["rms_norm_eps"]
@@ -790,6 +792,8 @@ def deepseek_layer(cfg, w, p, x, moe, cos, sin, causal):
     qs = torch.cat((q_pass, q_rot), dim=-1)
     ks = torch.cat((k_pass, k_rot), dim=-1)
     att = torch.matmul(qs, ks.transpose(2, 3)) * scaling + causal
+    if stats is not None:
+        stats.append(att.detach().amax(dim=(0, 2, 3)))
     att = torch.softmax(att, dim=-1, dtype=torch.float32)
     o = torch.matmul(att, v).transpose(1, 2).reshape(B, S, nh * dv)
     x = x + F.linear(o, w[a + "o_proj.weight"])
@@ -813,7 +817,7 @@ def roll_left(t):
     return out
 
 
-def deepseek_forward(cfg, w, ids, mtp_logits=None):
+def deepseek_forward(cfg, w, ids, mtp_logits=None, stats=None):
     """DeepseekV3ForCausalLM's eager path. With num_nextn_predict_layers and a list in
     mtp_logits, also Megatron's multi-token prediction (MultiTokenPredictionLayer) on the
     normed output, the logits of each depth appended: depth k embeds the tokens rolled left by k,
@@ -827,7 +831,8 @@ def deepseek_forward(cfg, w, ids, mtp_logits=None):
     causal = torch.full((S, S), torch.finfo(torch.float32).min).triu(1)[None, None]
     x = F.embedding(ids, w["model.embed_tokens.weight"])
     for i in range(L):
-        x = deepseek_layer(cfg, w, f"model.layers.{i}.", x, is_moe_layer(cfg, i), cos, sin, causal)
+        x = deepseek_layer(cfg, w, f"model.layers.{i}.", x, is_moe_layer(cfg, i), cos, sin, causal,
+                           stats)
     x = rms_norm(x, w["model.norm.weight"], eps)
     if mtp_logits is not None:
         prev, rolled = x, ids
@@ -1434,6 +1439,123 @@ def clip(params, names, cfg):
     return norm
 
 
+# MuonClip's qk-clip (Megatron core 0.19's Attention.clip_qk / MLASelfAttention.clip_qk) after
+# each AdamW step, on the Hugging Face tensors: per key/value group (MLA: per head) its largest
+# score m of the step, eta = clamp(t / m, max=1) when any group exceeds t, the group's query rows
+# times eta^alpha and key rows times eta^(1 - alpha); MLA's rotary query rows times eta, its
+# shared rotary key and the values untouched.
+QK_CLIP_ALPHA = {"llama": 0.35, "deepseek-v3": 0.3}
+QK_CLIP_STEPS = 5
+
+
+def qk_clip_weights(cfg, params, stats, threshold, alpha):
+    """Applies the clip to params in place; returns how many groups were clipped."""
+    clipped = 0
+    with torch.no_grad():
+        for i, m in enumerate(stats):
+            a = f"model.layers.{i}.self_attn."
+            nh = cfg["num_attention_heads"]
+            mla = "kv_lora_rank" in cfg
+            groups = nh if mla else cfg["num_key_value_heads"]
+            grouped = m.view(groups, -1).amax(dim=1)
+            if not bool((grouped > threshold).any()):
+                continue
+            clipped += int((grouped > threshold).sum())
+            eta = torch.clamp(threshold / grouped, max=1.0).view(groups, 1, 1)
+            if mla:
+                nope, rope, dv = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+                wq = params[a + ("q_b_proj.weight" if cfg["q_lora_rank"] else "q_proj.weight")]
+                q = wq.view(nh, nope + rope, -1)
+                q[:, :nope].mul_(torch.pow(eta, alpha))
+                q[:, nope:].mul_(eta)
+                kv = params[a + "kv_b_proj.weight"].view(nh, nope + dv, -1)
+                kv[:, :nope].mul_(torch.pow(eta, 1 - alpha))
+            else:
+                hd = cfg.get("head_dim") or cfg["hidden_size"] // nh
+                q = params[a + "q_proj.weight"].view(groups, -1, params[a + "q_proj.weight"].shape[1])
+                q.mul_(torch.pow(eta, alpha))
+                k = params[a + "k_proj.weight"].view(groups, hd, -1)
+                k.mul_(torch.pow(eta, 1 - alpha))
+    return clipped
+
+
+def qk_clip_losses(cfg, forward, weights0, names, inputs, labels, threshold, alpha):
+    """QK_CLIP_STEPS AdamW steps (the run's hyper-parameters) each followed by the clip: the
+    losses, each step's largest scores [layers, heads], and the clipped groups per step."""
+    params = {n: torch.nn.Parameter(t.clone(), requires_grad=n in names)
+              for n, t in weights0.items()}
+    decayed = [n for n in names if params[n].ndim >= 2 and not n.endswith("_bias")]
+    opt = torch.optim.AdamW(
+        [{"params": [params[n] for n in decayed], "weight_decay": WEIGHT_DECAY},
+         {"params": [params[n] for n in names if n not in decayed], "weight_decay": 0.0}],
+        lr=LR, betas=BETAS, eps=EPS)
+    losses, maxima, clipped = [], [], []
+    for _ in range(QK_CLIP_STEPS):
+        opt.zero_grad(set_to_none=True)
+        stats = []
+        loss = lm_loss(forward(cfg, params, inputs, stats=stats), labels)
+        losses.append(loss.item())
+        maxima.append(torch.stack(stats))
+        loss.backward()
+        clip(params, names, cfg)
+        opt.step()
+        clipped.append(qk_clip_weights(cfg, params, stats, threshold, alpha))
+    return losses, torch.stack(maxima), clipped
+
+
+def qk_clip_oracle(arch, out_dir, cfg, forward, weights0, names, inputs, labels, expected):
+    """The model with its query and key projections 8x larger (scores of O(1-10), where
+    clipping them changes the loss), written to out_dir/qk_clip_model; a threshold between the
+    groups' largest scores, so that the run clips some groups and not others, with every group's
+    maximum at least 1e-3 (relative) away from it at every step: both sides then take the same
+    decisions whatever their f32 rounding."""
+    alpha = QK_CLIP_ALPHA[arch]
+    weights = dict(weights0)
+    for n in weights:
+        if n.endswith(("q_proj.weight", "k_proj.weight", "q_b_proj.weight", "kv_b_proj.weight",
+                       "kv_a_proj_with_mqa.weight")):
+            weights[n] = weights0[n] * 8
+    stats = []
+    with torch.no_grad():
+        forward(cfg, {n: t.clone() for n, t in weights.items()}, inputs, stats=stats)
+    groups = cfg["num_attention_heads"] if "kv_lora_rank" in cfg else cfg["num_key_value_heads"]
+    start = sorted(float(g) for m in stats for g in m.view(groups, -1).amax(dim=1))
+    mid = len(start) // 2
+    # (f32 values: the threshold is a float on both sides.)
+    candidates = sorted((torch.tensor((a + b) / 2).item() for a, b in zip(start, start[1:])),
+                        key=lambda t: abs(t - start[mid]))
+    for t in candidates:
+        losses, maxima, clipped = qk_clip_losses(cfg, forward, weights, names, inputs, labels,
+                                                 t, alpha)
+        grouped = maxima.view(QK_CLIP_STEPS, -1, groups, maxima.shape[-1] // groups).amax(dim=-1)
+        margin = float(((grouped - t).abs() / t).min())
+        total = grouped.shape[1] * groups
+        if margin > 1e-3 and any(0 < c < total for c in clipped):
+            break
+    else:
+        raise RuntimeError(f"qk-clip: no threshold clears every group by 1e-3: {start}")
+    # Unclipped, the same steps' largest scores stay well apart from the clipped run's (the C++
+    # test compares them to 1e-4).
+    plain, plain_maxima, _ = qk_clip_losses(cfg, forward, weights, names, inputs, labels,
+                                            float("inf"), alpha)
+    change = float(((maxima - plain_maxima).abs() / plain_maxima.abs()).max())
+    if change < 1e-2:
+        raise RuntimeError(f"qk-clip hardly changes the scores: {change}")
+    os.makedirs(os.path.join(out_dir, "qk_clip_model"), exist_ok=True)
+    with open(os.path.join(out_dir, "qk_clip_model", "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+        f.write("\n")
+    write_safetensors(os.path.join(out_dir, "qk_clip_model", "model.safetensors"), weights)
+    expected["qk_clip.threshold"] = torch.tensor([t], dtype=torch.float32)
+    expected["qk_clip.alpha"] = torch.tensor([alpha], dtype=torch.float32)
+    expected["qk_clip.losses"] = torch.tensor(losses, dtype=torch.float32)
+    expected["qk_clip.plain_losses"] = torch.tensor(plain, dtype=torch.float32)
+    expected["qk_clip.max_logits"] = maxima.to(torch.float32)
+    expected["qk_clip.clipped"] = torch.tensor(clipped, dtype=torch.int64)
+    print(f"hf_oracle {arch}: qk-clip threshold {t:.4f}, clipped groups per step {clipped}, "
+          f"loss {losses[-1]:.6f} (unclipped {plain[-1]:.6f}), scores moved up to {change:.3f}")
+
+
 def lm_loss(logits, labels):
     return F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1))
 
@@ -1536,6 +1658,8 @@ def run(arch, out_dir, seed):
         # while SGD's curve moves by under 2e-6 over all 10 steps. The C++ test compares the
         # first 5 AdamW steps and all the SGD ones.
         expected["adam_steps_compared"] = torch.tensor([5], dtype=torch.int64)
+    if arch in QK_CLIP_ALPHA:
+        qk_clip_oracle(arch, out_dir, cfg, forward, weights0, names, inputs, labels, expected)
     write_safetensors(os.path.join(out_dir, "expected.safetensors"), expected)
 
     if "megatron_aux" in cfg:

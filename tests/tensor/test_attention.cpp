@@ -700,6 +700,111 @@ TEST(Attention, LongSequencesGiveEachDocumentItsOwnCallsBits) {
   }
 }
 
+// ---- the largest score per head (AttentionSpec::max_logit: --qk-clip's statistic) -----------
+
+// max_logit[h] after one forward from -inf: the largest scale q . k + bias over every pair head h
+// sees, against the reference's f64 scores. f32: the scores are hn-term f32 dot products of O(1)
+// inputs (rounding ~1e-6 of the O(3) scores); bound 1e-5 absolute and relative. The f64 kernel:
+// its f64 score stored in the f32 statistic, rounded once (half an f32 ulp, 6e-8; bound 1.2e-7
+// relative). bf16 tiles (AVX-512 BF16 CPUs): exact bf16 products summed in f32, against the
+// reference on the bf16-rounded q and k, the same 1e-5.
+TEST(Attention, MaxLogitIsEachHeadsLargestVisibleScore) {
+  struct Case {
+    int64_t sq, skv, b, np, ng, hn;
+    bool causal;
+    int64_t q_offset, window;
+    bool docs, padding, bias;
+  };
+  const Case cases[] = {{99, 99, 2, 4, 2, 64, true, 0, -1, false, false, false},
+                        {130, 130, 1, 2, 2, 16, true, 0, 20, true, false, false},
+                        {70, 150, 2, 2, 1, 32, false, 0, -1, false, true, false},
+                        {37, 101, 1, 4, 4, 16, true, 64, -1, false, false, false},
+                        {64, 64, 2, 2, 2, 16, true, 0, -1, false, false, true}};
+  uint64_t seed = 900;
+  for (const Case& c : cases) {
+    SCOPED_TRACE("sq " + std::to_string(c.sq) + " skv " + std::to_string(c.skv));
+    Inputs in = random_inputs(c.sq, c.skv, c.b, c.ng, c.np / c.ng, c.hn, ++seed);
+    in.spec.causal = c.causal;
+    in.spec.q_offset = c.q_offset;
+    in.spec.window = c.window;
+    if (c.docs) in.spec.doc_start = doc_starts(c.b, c.sq, {{0, 50, 90}});
+    if (c.padding) {  // sequence 1 keeps only its first 40 keys
+      in.spec.key_valid = Tensor::empty({c.b, c.skv}, DType::kI32);
+      for (int64_t i = 0; i < c.b * c.skv; ++i)
+        in.spec.key_valid.data<int32_t>()[i] = i / c.skv == 0 || i % c.skv < 40 ? 1 : 0;
+    }
+    if (c.bias) in.spec.bias = random_tensor({1, c.np, c.sq, c.skv}, ++seed, 2.0);
+    auto max_logit = [&](const Inputs& x, DType dtype, DType precision) {
+      Inputs run{x.q.to(dtype), x.k.to(dtype), x.v.to(dtype), x.groups, x.spec};
+      if (run.spec.bias.defined()) run.spec.bias = run.spec.bias.to(dtype);
+      run.spec.precision = precision;
+      run.spec.max_logit = Tensor::full({c.np}, kNegInf, DType::kF32);
+      Tensor out = Tensor::empty({c.sq, c.b, c.np, c.hn}, dtype);
+      Tensor lse = Tensor::empty({c.b, c.np, c.sq}, dtype);
+      ops::attention_forward(out, lse, ops::attention_view(run.q, x.groups),
+                             ops::attention_view(run.k, x.groups),
+                             ops::attention_view(run.v, x.groups), run.spec);
+      return run.spec.max_logit;
+    };
+    const Tensor want = ref::attention(f64(in.q), f64(in.k), f64(in.v), as_f64(in.spec)).max_score;
+    EXPECT_TRUE(allclose(max_logit(in, DType::kF32, DType::kF32), want, 1e-5, 1e-5)) << "f32";
+    EXPECT_TRUE(allclose(max_logit(in, DType::kF64, DType::kF64), want, 0, 1.2e-7)) << "f64";
+    auto rounded = [](const Tensor& x) { return x.to(DType::kBF16).to(DType::kF32); };
+    Inputs r{rounded(in.q), rounded(in.k), in.v, in.groups, in.spec};
+    const Tensor want_bf16 = ref::attention(f64(r.q), f64(r.k), f64(r.v), as_f64(r.spec)).max_score;
+    EXPECT_TRUE(allclose(max_logit(r, DType::kF32, DType::kBF16), want_bf16, 1e-5, 1e-5))
+        << "bf16 tiles";
+    // The reference's own definition, checked by brute force on one head: the largest visible
+    // score (every case leaves head 0 of sequence 0 some visible key).
+    EXPECT_GT(want.item(0), kNegInf);
+  }
+}
+
+// The statistic is raised, never lowered: a second call (the other half of the keys, another
+// micro-batch) leaves the larger of the two; a head no row of which sees any key keeps what it
+// had.
+TEST(Attention, MaxLogitIsRaisedAcrossCalls) {
+  const int64_t s = 150, b = 2, ng = 2, qpg = 2, np = ng * qpg, hn = 16, split = 70;
+  Inputs full = random_inputs(s, s, b, ng, qpg, hn, 950);
+  Tensor whole = Tensor::full({np}, kNegInf, DType::kF32);
+  Tensor halves = Tensor::full({np}, kNegInf, DType::kF32);
+  auto forward = [&](const Tensor& k, const Tensor& v, int64_t kv_offset, const Tensor& acc) {
+    ops::AttentionSpec spec = full.spec;
+    spec.kv_offset = kv_offset;
+    spec.max_logit = acc;
+    Tensor out = Tensor::empty({s, b, np, hn}), lse = Tensor::empty({b, np, s});
+    ops::attention_forward(out, lse, ops::attention_view(full.q, ng), ops::attention_view(k, ng),
+                           ops::attention_view(v, ng), spec);
+  };
+  forward(full.k, full.v, 0, whole);
+  forward(full.k.slice0(0, split).clone(), full.v.slice0(0, split).clone(), 0, halves);
+  forward(full.k.slice0(split, s).clone(), full.v.slice0(split, s).clone(), split, halves);
+  // Each score is the same hn-term product in either call (1e-6: f32 tiles may sum it in
+  // another order at another column).
+  EXPECT_TRUE(allclose(halves, whole, 1e-6, 1e-6));
+  // A larger value already there stays; the others are raised to the call's.
+  Tensor seeded = Tensor::full({np}, kNegInf, DType::kF32);
+  seeded.data<float>()[1] = 1e6f;
+  forward(full.k, full.v, 0, seeded);
+  EXPECT_EQ(seeded.item(1), 1e6);
+  EXPECT_EQ(seeded.item(0), whole.item(0));
+  // Every key padding: no row sees a key, nothing is raised.
+  ops::AttentionSpec none = full.spec;
+  none.key_valid = Tensor::zeros({b, s}, DType::kI32);
+  none.max_logit = Tensor::full({np}, kNegInf, DType::kF32);
+  Tensor out = Tensor::empty({s, b, np, hn}), lse = Tensor::empty({b, np, s});
+  ops::attention_forward(out, lse, ops::attention_view(full.q, ng), ops::attention_view(full.k, ng),
+                         ops::attention_view(full.v, ng), none);
+  for (int64_t h = 0; h < np; ++h) EXPECT_EQ(none.max_logit.item(h), kNegInf);
+  // A wrong shape or dtype is refused.
+  ops::AttentionSpec bad = full.spec;
+  bad.max_logit = Tensor::full({np + 1}, kNegInf, DType::kF32);
+  EXPECT_THROW(
+      ops::attention_forward(out, lse, ops::attention_view(full.q, ng),
+                             ops::attention_view(full.k, ng), ops::attention_view(full.v, ng), bad),
+      InvalidArgument);
+}
+
 TEST(Attention, RefusesMismatchedViews) {
   Inputs in = random_inputs(4, 4, 1, 2, 1, 4, 90);
   Tensor out = Tensor::empty({4, 1, 2, 4}), lse = Tensor::empty({1, 2, 4});

@@ -23,6 +23,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <regex>
 #include <set>
 #include <string>
@@ -596,16 +597,23 @@ void register_attention_and_optimizer() {
     spec.causal = causal != 0;
     spec.q_offset = skv - sq > 0 && causal ? skv - sq : 0;
     // Outputs: out, lse, dq, dk, dv; the keys in two blocks merged (out, lse) and their
-    // backwards (dq summed, dk and dv side by side); the packed-QKV forward when sq == skv.
-    std::vector<std::pair<size_t, size_t>> same = {{0, 5}, {1, 6}, {2, 7}, {3, 8}, {4, 9}};
-    if (sq == skv) same.emplace_back(0, 10);
+    // backwards (dq summed, dk and dv side by side); each head's largest score (max_logit) of
+    // the whole call and raised by the two blocks; the packed-QKV forward when sq == skv.
+    std::vector<std::pair<size_t, size_t>> same = {{0, 5}, {1, 6}, {2, 7},
+                                                   {3, 8}, {4, 9}, {10, 11}};
+    if (sq == skv) same.emplace_back(0, 12);
     add({causal ? "attention (causal)" : "attention", dims(Shape{sq, skv, hn}),
          [=](const Place& p) {
            const Tensor qt = p(q), kt = p(k), vt = p(v), dt = p(dout);
            Tensor out = p.empty({sq, 2, 4, hn}), lse = p.empty({2, 4, sq});
            const auto qv = ops::attention_view(qt, 2);
+           // max_logit is f32 on every device but the reference (f64).
+           const DType stat = p.device == Device::kReference ? DType::kF64 : DType::kF32;
+           const double none = -std::numeric_limits<double>::infinity();
+           ops::AttentionSpec whole = spec;
+           whole.max_logit = Tensor::full({4}, none, stat, p.device);
            ops::attention_forward(out, lse, qv, ops::attention_view(kt, 2),
-                                  ops::attention_view(vt, 2), spec);
+                                  ops::attention_view(vt, 2), whole);
            Tensor dq = p.empty(qt.shape()), dk = p.empty(kt.shape()), dv = p.empty(vt.shape());
            ops::attention_backward(ops::attention_view(dq, 2), ops::attention_view(dk, 2),
                                    ops::attention_view(dv, 2), Tensor(), dt, qv,
@@ -618,6 +626,8 @@ void register_attention_and_optimizer() {
            Tensor out_b = p.empty(out.shape()), lse_b = p.empty(lse.shape());
            ops::AttentionSpec first = spec, second = spec;
            second.kv_offset = half;
+           const Tensor block_max = Tensor::full({4}, none, stat, p.device);
+           first.max_logit = second.max_logit = block_max;
            const Tensor k1 = kt.slice0(0, half), v1 = vt.slice0(0, half);
            const Tensor k2 = kt.slice0(half, skv), v2 = vt.slice0(half, skv);
            ops::attention_forward(merged, mlse, qv, ops::attention_view(k1, 2),
@@ -642,7 +652,23 @@ void register_attention_and_optimizer() {
                                      mlse, second);
              ops::add_inplace(bdq, dq2);
            }
-           std::vector<Tensor> outs{out, lse, dq, dk, dv, merged, mlse, bdq, bdk, bdv};
+           // The statistic is f32 on every device, the reference's rounded to f32 alike (an
+           // f64 kernel's score and the reference's round to the same f32).
+           auto stat_of = [&](const Tensor& m) {
+             return p.device == Device::kReference ? m.to(DType::kF32).to(DType::kF64) : m;
+           };
+           std::vector<Tensor> outs{out,
+                                    lse,
+                                    dq,
+                                    dk,
+                                    dv,
+                                    merged,
+                                    mlse,
+                                    bdq,
+                                    bdk,
+                                    bdv,
+                                    stat_of(whole.max_logit),
+                                    stat_of(block_max)};
            if (sq == skv) {
              // The same q, k, v read in place from Megatron's packed QKV.
              const Tensor packed = p(qkv);

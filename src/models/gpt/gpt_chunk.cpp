@@ -147,6 +147,10 @@ std::vector<Fp8Region*> GPTChunk::fp8_regions() {
   return out;
 }
 
+std::vector<SelfAttention*> GPTChunk::decoder_self_attentions() {
+  return model_.decoder->self_attentions();
+}
+
 std::vector<TopKRouter*> GPTChunk::moe_routers() {
   std::vector<TopKRouter*> out;
   for (auto& layer : model_.decoder->layers)

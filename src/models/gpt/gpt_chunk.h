@@ -36,6 +36,7 @@ class GPTChunk final : public ModelChunk {
   std::vector<TensorSpec> infer_specs(int64_t b, int64_t s) const override;
   std::vector<Param*> parameters() override { return model_.parameters(); }
   std::vector<TopKRouter*> moe_routers() override;
+  std::vector<SelfAttention*> decoder_self_attentions() override;
   std::vector<Fp8Region*> fp8_regions() override;
 
   GPTModel& model() { return model_; }

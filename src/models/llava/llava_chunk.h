@@ -37,6 +37,9 @@ class LlavaChunk final : public ModelChunk {
   TensorMap infer(const TensorMap& in, const TensorMap& batch, const ForwardMode& mode,
                   bool last_only) const override;
   std::vector<Param*> parameters() override { return model_.parameters(); }
+  std::vector<SelfAttention*> decoder_self_attentions() override {
+    return model_.language_model.decoder->self_attentions();  // the vision tower is an encoder
+  }
   std::vector<Fp8Region*> fp8_regions() override {
     Fp8Region* r = model_.language_model.decoder->fp8_region();
     return r ? std::vector<Fp8Region*>{r} : std::vector<Fp8Region*>{};

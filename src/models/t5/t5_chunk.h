@@ -48,6 +48,9 @@ class T5Chunk final : public ModelChunk {
                     const ForwardMode& mode) const override;
   TensorMap backward(const TensorMap& dout, Ctx& ctx, const ParamsDone& done) const override;
   std::vector<Param*> parameters() override { return model_.parameters(); }
+  std::vector<SelfAttention*> decoder_self_attentions() override {
+    return model_.decoder->self_attentions();
+  }
   std::vector<Fp8Region*> fp8_regions() override {
     std::vector<Fp8Region*> out;
     for (Fp8Region* r : {model_.encoder->fp8_region(), model_.decoder->fp8_region()})

@@ -126,6 +126,10 @@ Dims make_dims(const AttentionView& q, const AttentionView& k, const AttentionVi
     check_shape(spec.bias, {bb, d.np, d.sq, d.skv}, "attention bias");
     MEGATRON_CHECK(spec.bias.dtype() == q.tensor.dtype(), "attention: bias dtype must be q's");
   }
+  if (spec.max_logit.defined()) {
+    check_shape(spec.max_logit, {d.np}, "attention max_logit");
+    MEGATRON_CHECK(spec.max_logit.dtype() == DType::kF32, "attention: max_logit must be f32");
+  }
   return d;
 }
 
@@ -235,8 +239,8 @@ inline void transpose_words(uint32_t* dst, const uint32_t* src, int64_t rows, in
 }
 
 template <typename T>
-void forward_kernel(T* out, T* lse, const Rows<T>& q, const Rows<T>& k, const Rows<T>& v,
-                    const Dims& d, const Masking<T>& mk) {
+void forward_kernel(T* out, T* lse, float* max_logit, const Rows<T>& q, const Rows<T>& k,
+                    const Rows<T>& v, const Dims& d, const Masking<T>& mk) {
   const int64_t qtiles = (d.sq + kTile - 1) / kTile, ktiles = (d.skv + kTile - 1) / kTile,
                 hn = d.hn;
   const T scale = static_cast<T>(mk.spec.scale);
@@ -267,7 +271,10 @@ void forward_kernel(T* out, T* lse, const Rows<T>& q, const Rows<T>& k, const Ro
     // bf16 tiles: q's rows, K^T and V as pairs per key tile, the probabilities' rows.
     std::vector<uint32_t> qa(bf ? kTile * hp : 0), ktv(bf ? slots * hp * kTile : 0),
         vv(bf ? slots * tp * hn : 0), pa(bf ? kTile * tp : 0);
-#pragma omp for collapse(3) schedule(dynamic, chunk)
+    // The largest score of each head this thread saw (spec.max_logit): a row's running max
+    // ends as the largest score it gave a visible key.
+    std::vector<T> head_max(max_logit ? d.np : 0, neg_inf);
+#pragma omp for collapse(3) schedule(dynamic, chunk) nowait
     for (int64_t bb = 0; bb < d.b; ++bb) {
       for (int64_t h = 0; h < d.np; ++h) {
         for (int64_t qt = 0; qt < qtiles; ++qt) {
@@ -383,8 +390,15 @@ void forward_kernel(T* out, T* lse, const Rows<T>& q, const Rows<T>& k, const Ro
             const T inv = 1 / sum[r];
             for (int64_t c = 0; c < hn; ++c) dst[c] = o[r * hn + c] * inv;
             lse[d.lse_off(i0 + r, bb, h)] = m[r] + std::log(sum[r]);
+            if (max_logit) head_max[h] = std::max(head_max[h], m[r]);
           }
         }
+      }
+    }
+    if (max_logit) {
+#pragma omp critical(attention_max_logit)
+      for (int64_t h = 0; h < d.np; ++h) {
+        max_logit[h] = std::max(max_logit[h], static_cast<float>(head_max[h]));
       }
     }
   }
@@ -645,7 +659,9 @@ void attention_forward(Tensor& out, Tensor& lse, const AttentionView& q, const A
                  "attention_forward: out and lse must have q's dtype");
   cpu::dispatch_float(q.tensor, "attention_forward", [&]<typename T>() {
     const Masking<T> mk(spec, d);
-    forward_kernel<T>(out.data<T>(), lse.data<T>(), rows<T>(q), rows<T>(k), rows<T>(v), d, mk);
+    float* max_logit = spec.max_logit.defined() ? spec.max_logit.data<float>() : nullptr;
+    forward_kernel<T>(out.data<T>(), lse.data<T>(), max_logit, rows<T>(q), rows<T>(k), rows<T>(v),
+                      d, mk);
   });
 }
 

@@ -101,6 +101,7 @@ __global__ void forward_kernel(T* out, T* lse, const T* q, const T* k, const T* 
     if (c < hn) o[c] = l > T(0) ? acc[t] / l : T(0);
   }
   if (lane == 0) lse[(bb * a.np + h) * sq + i] = l > T(0) ? m + log(l) : T(-INFINITY);
+  if (lane == 0 && l > T(0)) raise_max_logit(a, h, static_cast<float>(m));
 }
 
 // delta[bb, h, i] = dout_i . out_i (the row sum of P dP over every key).

@@ -108,6 +108,11 @@ AttnArgs attn_args(const AttentionView& q, const AttentionView& k, const Attenti
   a.q_positions = spec.q_positions;
   a.kv_positions = spec.kv_positions;
   a.matrix_units = is_half(spec.precision);
+  if (spec.max_logit.defined()) {
+    MEGATRON_CHECK(spec.max_logit.dtype() == DType::kF32 && spec.max_logit.numel() == a.np, op,
+                   ": max_logit must be f32 [np], got ", spec.max_logit.str());
+    a.max_logit = spec.max_logit.data<float>();
+  }
   return a;
 }
 

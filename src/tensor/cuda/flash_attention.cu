@@ -399,6 +399,8 @@ __global__ void __launch_bounds__(32 * W, B)
     }
     if (t == 0) {
       lse[(bb * a.np + h) * sq + row[r]] = l[r] > 0.0f ? (m[r] + log2f(l[r])) * kLn2 : -INFINITY;
+      // m is in log2 units (the scores were scaled by log2 e).
+      if (l[r] > 0.0f) raise_max_logit(a, h, m[r] * kLn2);
     }
   }
 }

@@ -173,6 +173,7 @@ struct AttnArgs {
   // AttentionSpec::precision is bf16 or f16: q, k, v, the probabilities and dS may be rounded to
   // bf16 for the tensor cores (flash_attention_applies says where they are used).
   bool matrix_units;
+  float* max_logit;  // [np], raised to each head's largest visible score; null: not kept
 };
 template <typename T>
 void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const T* bias,

@@ -330,6 +330,7 @@ struct HeadAttention {
   int64_t sq, skv;
   std::vector<double> pm, keep, lse;
   std::vector<char> visible;
+  double max_score = -std::numeric_limits<double>::infinity();  // over every visible pair
 };
 
 struct AttnDims {
@@ -386,6 +387,7 @@ HeadAttention head_attention(const Tensor& q, const Tensor& k, const ops::Attent
       a.lse[i] = mx;
       continue;
     }
+    a.max_score = std::max(a.max_score, mx);
     double z = 0;
     for (int64_t j = 0; j < d.skv; ++j) z += a.visible[i * d.skv + j] ? std::exp(sc[j] - mx) : 0;
     a.lse[i] = mx + std::log(z);
@@ -410,10 +412,12 @@ AttentionResult attention(const Tensor& q, const Tensor& k, const Tensor& v,
                           const ops::AttentionSpec& spec) {
   const AttnDims d = attn_dims(q, k);
   AttentionResult r{Tensor::zeros({d.sq, d.b, d.np, d.hn}, DType::kF64),
-                    Tensor::zeros({d.b, d.np, d.sq}, DType::kF64)};
+                    Tensor::zeros({d.b, d.np, d.sq}, DType::kF64),
+                    Tensor::full({d.np}, -std::numeric_limits<double>::infinity(), DType::kF64)};
   for (int64_t bb = 0; bb < d.b; ++bb)
     for (int64_t h = 0; h < d.np; ++h) {
       const HeadAttention a = head_attention(q, k, spec, d, bb, h);
+      W(r.max_score)[h] = std::max(W(r.max_score)[h], a.max_score);
       for (int64_t i = 0; i < d.sq; ++i) {
         W(r.lse)[(bb * d.np + h) * d.sq + i] = a.lse[i];
         double* o = W(r.out) + ((i * d.b + bb) * d.np + h) * d.hn;

@@ -42,9 +42,10 @@ Tensor rope(const Tensor& x, const Tensor& positions, const ops::RopeSpec& spec,
 
 // Softmax attention with an explicit score matrix, every masking rule of ops::AttentionSpec
 // applied as written there. q [sq, b, np, hn], k and v [skv, b, ng, hn], contiguous; out [sq, b,
-// np, hn], lse [b, np, sq] (-inf and a zero output for a row that sees no key).
+// np, hn], lse [b, np, sq] (-inf and a zero output for a row that sees no key), max_score [np]:
+// the largest scaled (and biased) score of each head over its visible pairs (-inf: none).
 struct AttentionResult {
-  Tensor out, lse;
+  Tensor out, lse, max_score;
 };
 AttentionResult attention(const Tensor& q, const Tensor& k, const Tensor& v,
                           const ops::AttentionSpec& spec);

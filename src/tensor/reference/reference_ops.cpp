@@ -353,6 +353,12 @@ void attention_forward(Tensor& out, Tensor& lse, const AttentionView& q, const A
       ref::attention(gather_view(q), gather_view(k), gather_view(v), spec);
   write(out, r.out, "attention_forward");
   write(lse, r.lse, "attention_forward");
+  if (spec.max_logit.defined()) {
+    f64("attention_forward", {&spec.max_logit});
+    check_shape(spec.max_logit, {r.max_score.numel()}, "attention_forward max_logit");
+    for (int64_t h = 0; h < spec.max_logit.numel(); ++h)
+      W(spec.max_logit)[h] = std::max(P(spec.max_logit)[h], P(r.max_score)[h]);
+  }
 }
 
 void attention_backward(const AttentionView& dq, const AttentionView& dk, const AttentionView& dv,
