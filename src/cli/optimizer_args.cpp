@@ -181,7 +181,8 @@ void register_qk_clip_args(ArgTable& t, Arguments& a) {
          "--qk-clip)");
 }
 
-void validate_qk_clip_args(const Arguments& a) {
+std::vector<std::string> validate_qk_clip_args(const Arguments& a) {
+  std::vector<std::string> notes;
   if (a.qk_clip) {
     // Megatron's rules and messages.
     MEGATRON_CHECK(a.qk_clip_alpha > 0.0 && a.qk_clip_alpha < 1.0,
@@ -191,13 +192,21 @@ void validate_qk_clip_args(const Arguments& a) {
                    "--qk-clip-threshold must be greater than 0 when using --qk-clip (got ",
                    a.qk_clip_threshold, ")");
   }
-  if (!a.qk_clip && !a.log_max_attention_logit) return;
+  if (!a.qk_clip && !a.log_max_attention_logit) return notes;
   const char* flag = a.qk_clip ? "--qk-clip" : "--log-max-attention-logit";
   // Megatron's clip_qk walks the decoder's layers: models without one have nothing it reads.
   const std::string& model = model_spec(a.model).name;
   MEGATRON_CHECK(model != "bert" && model != "bert_classification", flag,
                  " reads the self-attention layers of a decoder (Megatron's clip_qk); --model ",
                  a.model, " has none");
+  // (MLA's --qk-layernorm normalises the latents, before the clipped up-projections.)
+  if (a.qk_clip && (a.qk_layernorm || a.qk_l2_norm) && !a.multi_latent_attention) {
+    notes.push_back(std::string(a.qk_l2_norm ? "--qk-l2-norm" : "--qk-layernorm") +
+                    " normalises each query and key head after linear_qkv: --qk-clip's shrinking "
+                    "of their rows changes no attention score, and the clipped rows keep "
+                    "shrinking every step (as in Megatron)");
+  }
+  return notes;
 }
 
 }  // namespace megatron::cli

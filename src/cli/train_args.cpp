@@ -1444,7 +1444,8 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
   validate_precision_aware_args(a);
   for (const std::string& note : validate_muon_args(a))
     if (rank == 0) log_line("WARNING: " + note);
-  validate_qk_clip_args(a);
+  for (const std::string& note : validate_qk_clip_args(a))
+    if (rank == 0) log_line("WARNING: " + note);
   validate_rerun_args(a);
   if (a.num_distributed_optimizer_instances != 1) {
     // (Its divisibility and positivity: make_parallel_grid, in validate_parallel_layout.)

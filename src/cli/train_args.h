@@ -28,7 +28,8 @@ std::vector<std::string> validate_muon_args(Arguments& a);
 // MuonClip's --qk-clip, --qk-clip-alpha, --qk-clip-threshold and --log-max-attention-logit
 // (cli/optimizer_args.cpp), and Megatron's rules for them.
 void register_qk_clip_args(ArgTable& t, Arguments& a);
-void validate_qk_clip_args(const Arguments& a);
+// Returns the warnings to log.
+std::vector<std::string> validate_qk_clip_args(const Arguments& a);
 // May set use_distributed_optimizer (Megatron-FSDP runs on it).
 void validate_fsdp_args(Arguments& a);
 // Heterogeneous layers (cli/heterogeneous_args.cpp): reads --heterogeneous-layers-config-path

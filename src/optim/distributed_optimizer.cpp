@@ -132,7 +132,8 @@ void DistributedOptimizer::scale_owned_rows(const std::vector<RowScale>& scales,
 }
 
 void DistributedOptimizer::scale_main_rows(const std::vector<RowScale>& scales) {
-  if (scales.empty()) return;
+  // Collective even when this rank scales nothing: another rank of a bucket's group may (TP ranks
+  // hold different heads, and an expert bucket's group spans them).
   finish_param_gather();
   if (!params_.main_sharded()) {  // fp32: every rank holds the whole main weights
     megatron::scale_main_rows(params_, scales);

@@ -74,7 +74,8 @@ class DistributedOptimizer final : public ParamGate {
   void step(const StepRates& rates, double grad_scale = 1.0,
             const std::vector<RowScale>& after_update = {});
   // The same row factors without an update (a skipped fp16 step): the owned main weights
-  // scaled, then every rank's compute copy refreshed from them (refresh_compute). Collective.
+  // scaled, then every rank's compute copy refreshed from them (refresh_compute). Collective
+  // over every bucket's group, whether or not this rank has factors.
   void scale_main_rows(const std::vector<RowScale>& scales);
   // The same with learning rate lr for every parameter and the configured weight decay.
   void step(double lr, double grad_scale = 1.0) {

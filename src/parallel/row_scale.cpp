@@ -24,6 +24,7 @@ void scale_rows_of(Tensor w, const RowScale& s, int64_t begin) {
 }
 
 void scale_main_rows(ParamSet& params, const std::vector<RowScale>& scales) {
+  if (scales.empty()) return;
   MEGATRON_CHECK(!params.main_sharded(),
                  "scale_main_rows: the main weights are sharded (the distributed optimizer "
                  "scales its shards itself)");

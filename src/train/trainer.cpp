@@ -378,6 +378,22 @@ void Trainer::build_model() {
     ShardedState sharded{distributed, params_->main_sharded(), params_->grads_sharded(),
                          params_->weights_sharded()};
     sharded.moment_bytes = moment_bytes_from_args(args_);  // SGD buffer / Adam moment storage
+    if (args_.optimizer == "muon" || args_.optimizer == "lion") {
+      // Megatron's emerging optimizers keep one fp32 state tensor per matrix (Muon's buffer,
+      // Lion's moment) and Adam's two (or Lion's one) for the rest: their mean over the trained
+      // parameters. The layer-wise distributed optimizer spreads it over the replicas.
+      AdamWConfig c;
+      c.rule = args_.optimizer == "muon" ? UpdateRule::kMuon : UpdateRule::kLion;
+      c.muon_scalar_lion = args_.muon_scalar_optimizer == "lion";
+      double state = 0, trained = 0;
+      for (const Param* p : params_->params()) {
+        if (p->frozen || !p->requires_grad) continue;
+        state += 4.0 * states_of(c, *p) * static_cast<double>(p->shape.numel());
+        trained += static_cast<double>(p->shape.numel());
+      }
+      sharded.moment_bytes = trained > 0 ? state / trained : 0.0;
+      sharded.moments = args_.use_layer_wise_distributed_optimizer;
+    }
     int64_t fp8_weights = 0, frozen = 0;
     for (const Param* p : params_->params()) {
       if (p->fp8) fp8_weights += p->shape.numel();
@@ -1438,10 +1454,10 @@ Trainer::StepResult Trainer::train_step(int64_t iteration, const BatchSchedule::
     scaler_->update(found_inf);
     if (found_inf) {
       // No update, but Megatron's clip_qk still runs after the optimizer's (skipped) step.
-      if (dist_optimizer_) {
-        dist_optimizer_->scale_main_rows(clip_rows);
-      } else {
+      if (!dist_optimizer_) {
         scale_main_rows(*params_, clip_rows);
+      } else if (args_.qk_clip) {
+        dist_optimizer_->scale_main_rows(clip_rows);  // collective on every rank
       }
       r.skipped = true;
       r.grad_norm = std::numeric_limits<double>::quiet_NaN();

@@ -5,7 +5,9 @@ What it is: `megatron train --optimizer muon` on mock data with a tiny Llama-sha
 the fused QKV splits into queries, keys and values of unequal sizes; SwiGLU, whose fc1 shards are
 stride blocks; RMSNorm; untied output layer), and an MoE variant (4 experts, top-2).
   - It learns and is not Adam: the start-up line names the matrices it takes, the loss falls, and
-    the curve differs from Adam's; --bf16 with the default bf16 Newton-Schulz learns too.
+    the curve differs from Adam's; --bf16 with the default bf16 Newton-Schulz learns too. The
+    start-up memory estimate prices a matrix's state at 4 bytes per element (Adam's 8 for the
+    rest), and the layer-wise distributed optimizer's at half of it per replica at dp2.
   - Layouts with the whole-matrix TP modes (--muon-tp-mode duplicated or distributed) and f32
     iterations (--muon-fp32-matmul-prec high): tp2 + sequence parallelism, tp2 distributed, pp2,
     dp2, cp2, and for the MoE model ep2 and expert TP 2 (with TP 2, and alone: the experts split
@@ -109,8 +111,14 @@ class TestCurves(unittest.TestCase):
                       "mode blockwise, QKV split", proc.stdout)
         muon = curve(proc)
         self.assertLess(muon[ITERS]["lm loss"], muon[1]["lm loss"] - 0.5)
-        adam = curve(run(1, "--optimizer", "adam"))
+        adam_proc = run(1, "--optimizer", "adam")
+        adam = curve(adam_proc)
         self.assertGreater(abs(adam[ITERS]["lm loss"] - muon[ITERS]["lm loss"]), 0.05)
+        # The start-up estimate prices a matrix's state at its one fp32 buffer (Adam's 8 bytes
+        # for the rest): 4 bytes fewer per matrix element than Adam's (two %.2f roundings).
+        elements = int(proc.stdout.split(" matrices (")[1].split(" elements")[0])
+        self.assertAlmostEqual(weight_and_optimizer_mb(adam_proc) - weight_and_optimizer_mb(proc),
+                               4 * elements / 1048576, delta=0.011)
         bf16 = curve(run(1, "--bf16"))
         self.assertLess(bf16[ITERS]["lm loss"], bf16[1]["lm loss"] - 0.5)
 
@@ -138,6 +146,18 @@ class TestCurves(unittest.TestCase):
         self.assertGreater(abs(tp2[ITERS]["lm loss"] - one[ITERS]["lm loss"]), 1e-3)
 
 
+def line_value(proc, marker, after, before):
+    for line in proc.stdout.splitlines():
+        if marker in line:
+            return float(line.split(after)[1].split(before)[0])
+    raise AssertionError(f"no '{marker}' line:\n" + proc.stdout[-2000:])
+
+
+def weight_and_optimizer_mb(proc):
+    return line_value(proc, "Theoretical memory footprints: weight and optimizer=",
+                      "weight and optimizer=", " MB")
+
+
 def state_mb(proc):
     marker = " > Muon's layer-wise distributed optimizer"
     for line in proc.stdout.splitlines():
@@ -150,9 +170,17 @@ class TestLayerWise(unittest.TestCase):
     """--use-distributed-optimizer with Muon: Megatron's layer-wise distributed optimizer."""
 
     def test_same_bits_as_the_plain_optimizer_state_divided(self):
-        plain = raw_iterations(run(2))
+        plain_proc = run(2)
+        plain = raw_iterations(plain_proc)
         lw = run(2, DIST)
         self.assertEqual(raw_iterations(lw), plain)
+        # The start-up estimate spreads the state over the two replicas: half of its 4 bytes per
+        # matrix element and 8 per other parameter off the plain optimizer's figure.
+        params = int(lw.stdout.split("model parallel rank (0, 0): ")[1].split()[0])
+        elements = int(lw.stdout.split(" matrices (")[1].split(" elements")[0])
+        state = 4 * elements + 8 * (params - elements)
+        self.assertAlmostEqual(weight_and_optimizer_mb(plain_proc) - weight_and_optimizer_mb(lw),
+                               state / 2 / 1048576, delta=0.011)
         dist_muon = run(2, "--optimizer", "dist_muon")
         self.assertIn("WARNING: optimizer='dist_muon' is deprecated. Use --optimizer muon "
                       "--use-distributed-optimizer instead.", dist_muon.stdout)

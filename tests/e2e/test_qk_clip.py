@@ -17,7 +17,8 @@ attention scores (12 to 17) exceed a threshold of 3, and a multi-latent-attentio
     rounding and gathering them) against the plain optimizer at dp2, and Muon's layer-wise
     distributed optimizer against plain Muon: the same iterations bit for bit.
   - fp16 with a loss scale that overflows first: the skipped iterations still clip (as Megatron's
-    clip_qk runs after a skipped step), the same with and without the distributed optimizer.
+    clip_qk runs after a skipped step), the same with and without the distributed optimizer, also
+    for an MoE model whose expert buckets are gathered across the TP ranks.
   - Checkpoints: a bf16 distributed-optimizer run stopped at iteration 6 and resumed prints the
     straight run's iterations 7..12 character for character.
   - Refused, exit 2 on every rank: --qk-clip-alpha outside (0, 1), --qk-clip-threshold <= 0, and
@@ -152,6 +153,17 @@ class TestClip(unittest.TestCase):
         # The first iteration overflowed (no update) yet its clip ran: the second sees clipped
         # weights, their largest score below the first's.
         self.assertLess(want[2]["max attention logit"], 0.8 * want[1]["max attention logit"])
+        # Experts whose data-parallel group spans the TP ranks (expert TP 1 under TP 2): the
+        # TP ranks clip different heads, and the skipped step's gathers of the expert buckets
+        # still run on every rank.
+        # (Expert parallelism refuses fp16: the experts are whole on each rank, their
+        # data-parallel group is the two TP ranks.)
+        moe = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "32",
+               "--moe-token-dispatcher-type", "alltoall", TP, "2", "--sequence-parallel",
+               "--expert-tensor-parallel-size", "1"]
+        want = curve(run(2, *CLIP, *fp16, *moe), ("max attention logit",))
+        got = curve(run(2, *CLIP, *fp16, *moe, DIST), ("max attention logit",))
+        megatron_log.assert_same_curves(self, got, want, "fp16 MoE distributed", RTOL)
 
     def test_resume_is_exact(self):
         ck = tempfile.mkdtemp(prefix="ck_", dir=TMP.name)

@@ -798,11 +798,14 @@ TEST(Attention, MaxLogitIsRaisedAcrossCalls) {
   for (int64_t h = 0; h < np; ++h) EXPECT_EQ(none.max_logit.item(h), kNegInf);
   // A wrong shape or dtype is refused.
   ops::AttentionSpec bad = full.spec;
-  bad.max_logit = Tensor::full({np + 1}, kNegInf, DType::kF32);
-  EXPECT_THROW(
-      ops::attention_forward(out, lse, ops::attention_view(full.q, ng),
-                             ops::attention_view(full.k, ng), ops::attention_view(full.v, ng), bad),
-      InvalidArgument);
+  for (const Tensor& wrong :
+       {Tensor::full({np + 1}, kNegInf, DType::kF32), Tensor::full({np}, kNegInf, DType::kF64)}) {
+    bad.max_logit = wrong;
+    EXPECT_THROW(ops::attention_forward(out, lse, ops::attention_view(full.q, ng),
+                                        ops::attention_view(full.k, ng),
+                                        ops::attention_view(full.v, ng), bad),
+                 InvalidArgument);
+  }
 }
 
 TEST(Attention, RefusesMismatchedViews) {

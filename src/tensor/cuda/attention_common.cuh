@@ -40,12 +40,13 @@ __device__ inline T keep_scale(const AttnArgs& a, int64_t bb, int64_t h, int64_t
 }
 
 // Raises a.max_logit[h] to x (AttentionSpec::max_logit; a no-op without one). Floats compare
-// as their bit patterns do as signed integers when non-negative and in reverse as unsigned ones
-// when negative, so one integer atomic does it (the slot starts at -inf or a real score).
+// as their bit patterns do as signed integers when the sign bit is clear and in reverse as
+// unsigned ones when it is set (-0.0 included), so one integer atomic does it (the slot starts at
+// -inf or a real score).
 __device__ inline void raise_max_logit(const AttnArgs& a, int64_t h, float x) {
   if (!a.max_logit) return;
   float* slot = a.max_logit + h;
-  if (x >= 0.0f) {
+  if (__float_as_int(x) >= 0) {
     atomicMax(reinterpret_cast<int*>(slot), __float_as_int(x));
   } else {
     atomicMin(reinterpret_cast<unsigned int*>(slot), __float_as_uint(x));
