@@ -142,6 +142,10 @@ const std::vector<OwnFlag>& own_train_flags() {
       {"--qk-clip-threshold", "Megatron core 0.19's TransformerConfig.qk_clip_threshold"},
       {"--log-max-attention-logit",
        "Megatron core 0.19's TransformerConfig.log_max_attention_logit"},
+      {"--apply-wd-to-qk-layernorm", "Megatron core 0.19's flag (Qwen3-Next's weight decay rule)"},
+      {"--no-weight-decay-cond-type",
+       "Megatron core 0.19's deprecated spelling of --apply-wd-to-qk-layernorm"},
+      {"--override-ckpt-iteration", "Megatron core 0.19's flag"},
   };
   return own;
 }

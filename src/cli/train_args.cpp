@@ -534,6 +534,11 @@ void register_train_args(ArgTable& t, Arguments& a) {
   t.add("--lr-wsd-decay-style", a.lr_wsd_decay_style,
         "WSD decay: exponential, linear, cosine, minus_sqrt");
   t.add("--weight-decay", a.weight_decay, "AdamW weight decay (not applied to biases and norms)");
+  t.flag("--apply-wd-to-qk-layernorm", a.apply_wd_to_qk_layernorm,
+         "Weight decay on the q_layernorm and k_layernorm weights too (Qwen3-Next's rule; "
+         "other norms and biases keep none)");
+  t.add("--no-weight-decay-cond-type", a.no_weight_decay_cond_type,
+        "Deprecated spelling of --apply-wd-to-qk-layernorm: apply_wd_to_qk_layernorm");
   t.add("--start-weight-decay", a.start_weight_decay,
         "Weight decay at the start of training (with --weight-decay-incr-style linear/cosine)");
   t.add("--end-weight-decay", a.end_weight_decay,
@@ -682,6 +687,10 @@ void register_train_args(ArgTable& t, Arguments& a) {
          "With --use-checkpoint-args, also take the tensor, pipeline (and virtual) and expert "
          "parallel sizes from the checkpoint");
   t.add("--ckpt-step", a.ckpt_step, "Load this iteration instead of the tracker's");
+  t.add("--override-ckpt-iteration", a.override_ckpt_iteration,
+        "Continue the loaded checkpoint as if it were saved at this iteration: its consumed "
+        "samples become iteration x --global-batch-size, so the data replays from there (the "
+        "learning-rate schedule keeps the checkpoint's position)");
   t.flag("--async-save", a.async_save,
          "Write checkpoints from a host copy on a background thread while training continues");
   t.flag("--verify-integrity", a.verify_integrity,
@@ -763,6 +772,15 @@ void validate_checkpoint_args(const Arguments& a) {
   MEGATRON_CHECK(!a.use_checkpoint_args || !a.load.empty(),
                  "--use-checkpoint-args needs --load (the checkpoint to take them from)");
   MEGATRON_CHECK(a.ckpt_step < 0 || !a.load.empty(), "--ckpt-step needs --load");
+  if (a.override_ckpt_iteration != -1) {
+    MEGATRON_CHECK(a.override_ckpt_iteration >= 0,
+                   "--override-ckpt-iteration must be an iteration (>= 0), got ",
+                   a.override_ckpt_iteration);
+    // Megatron's rule and message.
+    MEGATRON_CHECK(!a.finetune,
+                   "Cannot override checkpoint iteration together with finetune flag "
+                   "(--override-ckpt-iteration with --finetune)");
+  }
   MEGATRON_CHECK(!a.exit_on_missing_checkpoint || !a.load.empty(),
                  "--exit-on-missing-checkpoint needs --load");
   MEGATRON_CHECK(a.load.empty() || a.pretrained_checkpoint.empty(),
@@ -1446,6 +1464,18 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
     if (rank == 0) log_line("WARNING: " + note);
   for (const std::string& note : validate_qk_clip_args(a))
     if (rank == 0) log_line("WARNING: " + note);
+  if (!a.no_weight_decay_cond_type.empty()) {  // Megatron's rewrite, warning and choices
+    MEGATRON_CHECK(a.no_weight_decay_cond_type == "apply_wd_to_qk_layernorm",
+                   "--no-weight-decay-cond-type must be apply_wd_to_qk_layernorm, got '",
+                   a.no_weight_decay_cond_type, "' (use --apply-wd-to-qk-layernorm)");
+    if (rank == 0) {
+      log_line(
+          "WARNING: --no-weight-decay-cond-type is deprecated. Please use "
+          "--apply-wd-to-qk-layernorm instead.");
+    }
+    a.apply_wd_to_qk_layernorm = true;
+    a.no_weight_decay_cond_type.clear();
+  }
   validate_rerun_args(a);
   if (a.num_distributed_optimizer_instances != 1) {
     // (Its divisibility and positivity: make_parallel_grid, in validate_parallel_layout.)

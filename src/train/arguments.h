@@ -190,6 +190,10 @@ struct Arguments {
   // MuonClip's qk-clip (train/qk_clip.h; Megatron core 0.19's TransformerConfig fields): after
   // each step every query group's query and key rows of linear_qkv shrink so that its largest
   // attention score of the step would have been at most the threshold.
+  // --apply-wd-to-qk-layernorm (or the deprecated --no-weight-decay-cond-type
+  // apply_wd_to_qk_layernorm): q_layernorm and k_layernorm weights decay too (Qwen3-Next).
+  bool apply_wd_to_qk_layernorm = false;
+  std::string no_weight_decay_cond_type;
   bool qk_clip = false;                  // --qk-clip
   double qk_clip_alpha = 0.5;            // --qk-clip-alpha: the queries' share of the shrink
   double qk_clip_threshold = 100;        // --qk-clip-threshold
@@ -305,6 +309,9 @@ struct Arguments {
   // --no-load-optim; checkpoints here hold the main weights, so every load does that.
   bool load_main_params_from_ckpt = false;
   bool finetune = false;  // load weights only, start at iteration 0
+  // --override-ckpt-iteration: the loaded checkpoint's iteration replaced by this one, its
+  // consumed samples by iteration x --global-batch-size (-1: keep the checkpoint's).
+  int64_t override_ckpt_iteration = -1;
   int64_t check_weight_hash_across_dp_replicas_interval = 0;  // 0: never (train/replica_check.h)
   // On --load, the schedule's parameters: this run's (override), the checkpoint's
   // (use_checkpoint), or, with neither, this run's, which must equal the checkpoint's.

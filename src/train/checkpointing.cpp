@@ -450,6 +450,7 @@ nlohmann::json run_state_json(const RunState& s) {
                       {"optimizer_steps", s.optimizer_steps},
                       {"skipped_train_samples", s.skipped_train_samples},
                       {"floating_point_operations", s.floating_point_operations}};
+  if (s.global_batch_size) j["global_batch_size"] = *s.global_batch_size;
   j["loss_scaler"] = nullptr;
   if (s.loss_scaler) {
     j["loss_scaler"] = {{"scale", s.loss_scaler->scale},
@@ -474,6 +475,8 @@ RunState run_state_from_json(const nlohmann::json& meta, const std::string& wher
     s.optimizer_steps = j.at("optimizer_steps").get<int64_t>();
     s.skipped_train_samples = j.value("skipped_train_samples", int64_t{0});
     s.floating_point_operations = j.value("floating_point_operations", 0.0);
+    if (j.contains("global_batch_size"))  // (older checkpoints did not record it)
+      s.global_batch_size = j.at("global_batch_size").get<int64_t>();
     if (!j.at("loss_scaler").is_null()) {
       const nlohmann::json& l = j.at("loss_scaler");
       s.loss_scaler =

@@ -55,6 +55,9 @@ struct RunState {
   // num_floating_point_operations_so_far (--log-progress throughput); 0 in older checkpoints.
   int64_t skipped_train_samples = 0;
   double floating_point_operations = 0;
+  // The run's --global-batch-size (what --override-ckpt-iteration checks); absent in older
+  // checkpoints.
+  std::optional<int64_t> global_batch_size;
   std::optional<LossScalerState> loss_scaler;  // --fp16 runs
   std::optional<uint64_t> rng_seed;            // absent with --no-save-rng
   // Megatron's OptimizerParamScheduler.state_dict() (optim/scheduler_state.h); null in

@@ -258,6 +258,15 @@ void Trainer::build_model() {
     for (Param* p : chunk->parameters()) all.push_back(p);
     for (Fp8Region* r : chunk->fp8_regions()) r->join(&fp8_registry_);
   }
+  if (args_.apply_wd_to_qk_layernorm) {
+    // Megatron's Qwen3-Next rule: 1-D parameters and biases keep no decay, except those of the
+    // q_layernorm and k_layernorm modules.
+    for (Param* p : all) {
+      if (p->name.find("q_layernorm.") != std::string::npos ||
+          p->name.find("k_layernorm.") != std::string::npos)
+        p->no_weight_decay = false;
+    }
+  }
   loss_ = spec_->make_loss(cfg_);
   // Multi-token prediction's layers are numbered after the decoder's (Megatron's tracker holds
   // num_layers + mtp_num_layers entries too; a hybrid MTP depth has its pattern's layers).
@@ -1811,6 +1820,22 @@ void Trainer::load_checkpoint() {
   const double seconds = timer.elapsed(), mb = static_cast<double>(total.data<int64_t>()[0]) / 1e6;
   log_first(strprintf(" > read %.1f MB of tensors on %d ranks in %.3f s (%.1f MB/s)", mb,
                       ps.world_size(), seconds, mb / std::max(seconds, 1e-9)));
+  if (args_.override_ckpt_iteration >= 0 && !release) {
+    // Megatron's override: the data loader replays from the target iteration (consumed samples
+    // recomputed from the current batch size, which must be the checkpoint's); the schedule and
+    // the optimizer keep the checkpoint's.
+    const int64_t gbs = args_.global_batch_size, target = args_.override_ckpt_iteration;
+    MEGATRON_CHECK(!loaded->global_batch_size || *loaded->global_batch_size == gbs,
+                   "--override-ckpt-iteration recomputes consumed_train_samples from the target "
+                   "iteration and current global_batch_size, but checkpoint global_batch_size (",
+                   loaded->global_batch_size.value_or(0), ") != current global_batch_size (", gbs,
+                   "). This would replay the data loader from the wrong sample offset.");
+    loaded->iteration = target;
+    loaded->consumed_train_samples = target * gbs;
+    loaded->skipped_train_samples = 0;
+    log_first(strprintf("Overriding checkpoint iteration to %ld (consumed_train_samples = %ld)",
+                        static_cast<long>(target), static_cast<long>(target * gbs)));
+  }
   loaded_iteration_ = loaded->iteration;
   if (!args_.finetune && !release) {
     start_iteration_ = loaded->iteration;
@@ -1845,6 +1870,7 @@ RunState Trainer::run_state(int64_t iteration) const {
   s.opt_param_scheduler = scheduler_state_dict(schedule_, wd_schedule_, scheduler_samples_);
   s.skipped_train_samples = skipped_train_samples_;
   s.floating_point_operations = flops_so_far_;
+  s.global_batch_size = args_.global_batch_size;
   s.optimizer_steps = optimizer_ ? optimizer_->steps() : dist_optimizer_->steps();
   if (scaler_) s.loss_scaler = scaler_->state();
   if (args_.save_rng) s.rng_seed = dropout_seed_;

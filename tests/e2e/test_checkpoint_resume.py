@@ -30,6 +30,9 @@ GPT model with dropout on, 20 iterations, evaluation every 5.
     saved; a resume with another --lr or --train-iters refused (exit 2), kept with
     --override-opt_param-scheduler, the checkpoint's taken with
     --use-checkpoint-opt_param-scheduler (the learning rate printed at the next iteration).
+  - --override-ckpt-iteration: a checkpoint of iteration 10 resumed as iteration 6 reads
+    iteration 7's samples at the schedule's iteration-11 learning rate; another global batch
+    size and --finetune are refused (exit 2).
   - A checkpoint saved with --no-save-optim refuses a load that wants the optimizer (exit 2,
     naming --no-load-optim) and loads its weights, with zero moments, under --no-load-optim.
   - The reader the checks above trust: an intact tp2 checkpoint assembles its boxes, and a
@@ -417,6 +420,37 @@ class TestScheduleOnLoad(unittest.TestCase):
         proc = run(1, "--load", ck, "--override-opt_param-scheduler",
                    "--use-checkpoint-opt_param-scheduler", expect_rc=2)
         self.assertIn("both override and use-checkpoint are set", proc.stderr)
+
+
+class TestOverrideIteration(unittest.TestCase):
+    """--override-ckpt-iteration (Megatron core 0.19): the checkpoint continues as if saved at
+    another iteration; its consumed samples are recomputed from the current global batch size,
+    so the data loader replays from there, while the schedule and optimizer keep the
+    checkpoint's."""
+
+    def test_rewinds_the_data_not_the_schedule(self):
+        ck = tmpdir("override")
+        straight = iterations(run(1, "--eval-iters", "0"))
+        run(1, "--save", ck, "--exit-interval", "10", "--eval-iters", "0")
+        proc = run(1, "--load", ck, "--override-ckpt-iteration", "6", "--eval-iters", "0")
+        self.assertIn("Overriding checkpoint iteration to 6 (consumed_train_samples = 24)",
+                      proc.stdout)
+        got = iterations(proc)
+        self.assertEqual(sorted(got), list(range(7, 21)), proc.stdout[-2000:])
+        # Iteration 7 reads the samples the straight run's iteration 7 read...
+        self.assertEqual(got[7]["consumed samples"], straight[7]["consumed samples"])
+        # ...at the learning rate of the checkpoint's next step (straight iteration 11).
+        self.assertEqual(got[7]["learning rate"], straight[11]["learning rate"])
+        self.assertNotEqual(got[7]["learning rate"], straight[7]["learning rate"])
+        # The checkpoint records its global batch size: another one is refused, as Megatron
+        # does; so is --finetune (which starts at iteration 0 anyway).
+        proc = run(1, "--load", ck, "--override-ckpt-iteration", "6", "--eval-iters", "0",
+                   "--global-batch-size", "8", "--override-opt_param-scheduler", expect_rc=2)
+        self.assertIn("checkpoint global_batch_size (4) != current global_batch_size (8)",
+                      proc.stderr)
+        proc = run(1, "--load", ck, "--override-ckpt-iteration", "6", "--finetune", expect_rc=2)
+        self.assertIn("Cannot override checkpoint iteration together with finetune flag",
+                      proc.stderr)
 
 
 class TestOptimizerStateMissing(unittest.TestCase):

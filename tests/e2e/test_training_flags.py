@@ -16,6 +16,8 @@ decoder (tests/train/decode_tfevents.py) and restatements of Megatron's rules:
 - --weight-decay-incr-style linear with start == end equals the constant style digit for digit,
   and start 0 / end 0.5 differs from both constant 0 and constant 0.5 (the decay really
   follows the schedule);
+- --apply-wd-to-qk-layernorm (and its deprecated --no-weight-decay-cond-type spelling) decays
+  the query and key norms' weights and nothing else (one step, against the run without it);
 - --log-params-norm equals the L2 norm of the saved fp32 weights (each element once, so the
   same for one process and tp2 x pp2), to the 3 printed decimals;
 - --log-num-zeros-in-grad is the same count in every layout (tp2, pp2, dp2 with the
@@ -209,6 +211,35 @@ class TrainingFlagsTest(unittest.TestCase):
         self.assertEqual(ramp[1], zero[1])
         self.assertNotEqual(ramp[4], zero[4])
         self.assertNotEqual(ramp[4], const[4])
+
+    def test_apply_wd_to_qk_layernorm(self):
+        # One step with --weight-decay 0.5 and the query/key norms (weights 1 at start): the
+        # flag decays exactly those (by the same lr x wd on every element) and nothing else;
+        # its deprecated spelling is the same run bit for bit, with Megatron's warning.
+        common = dict(train_iters=1, weight_decay="0.5", qk_layernorm=True)
+        paths = {n: os.path.join(self.tmp, n) for n in ("plain", "wd", "alias")}
+        self.train(**common, save=paths["plain"])
+        self.train(**common, save=paths["wd"], apply_wd_to_qk_layernorm=True)
+        alias = self.train(**common, save=paths["alias"],
+                           no_weight_decay_cond_type="apply_wd_to_qk_layernorm")
+        self.assertIn("WARNING: --no-weight-decay-cond-type is deprecated. Please use "
+                      "--apply-wd-to-qk-layernorm instead.", alias.stdout)
+        plain, wd, again = (weights(paths[n]) for n in ("plain", "wd", "alias"))
+        for name in wd:
+            self.assertTrue(np.array_equal(wd[name], again[name]), name)
+        moved = sorted(n for n in wd if not np.array_equal(wd[n], plain[n]))
+        self.assertEqual(moved, [f"model.decoder.layers.{i}.self_attention.{k}_layernorm.weight"
+                                 for i in range(2) for k in ("k", "q")])
+        for name in moved:
+            gap = plain[name].astype(np.float64) - wd[name].astype(np.float64)
+            self.assertGreater(gap.min(), 0, name)
+            self.assertLess(gap.max() - gap.min(), 1e-6, name)  # one lr x wd x 1 everywhere
+        proc = megatron_job.run_train(
+            MEGATRON, MPIEXEC, 1, [*megatron_job.flags_with(BASE, no_weight_decay_cond_type="x")],
+            TIMEOUT_S)
+        self.assertEqual(proc.returncode, 2, proc.stderr[-2000:])
+        self.assertIn("--no-weight-decay-cond-type must be apply_wd_to_qk_layernorm, got 'x'",
+                      proc.stderr)
 
     def test_params_norm_matches_the_saved_weights_in_every_layout(self):
         for name, ranks, layout in (("single", 1, {}),
