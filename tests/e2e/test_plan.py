@@ -65,6 +65,18 @@ class Plan(unittest.TestCase):
         self.assertEqual({l["layout"]["sharding"] for l in layouts}, {"ddp"})
         self.refused(plan([*args, "--use-distributed-optimizer", "--evaluate"]),
                      "the planner does not model the layer-wise distributed optimizer")
+        # Its state: 4 bytes per element of the split (matrix) weights where Adam keeps 8. MODEL
+        # (4 layers, h 128, ffn 512, biases) has 4 x 197504 of them at tp 1, 8 of its tensors
+        # being biases the estimate counts among the matrices (4 x 1280 elements).
+        one = ["--gpu", "a100-80", "--num-nodes", "1", "--gpus-per-node", "1", *MODEL, "--bf16",
+               "--global-batch-size", "4", "--evaluate", "--json"]
+        memory = {}
+        for optimizer in ("adam", "muon"):
+            proc = plan([*one, "--optimizer", optimizer])
+            self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+            memory[optimizer] = json.loads(proc.stdout)["layouts"][0]["memory_bytes"]
+        self.assertAlmostEqual(memory["adam"]["weights_and_optimizer"] -
+                               memory["muon"]["weights_and_optimizer"], 4 * 4 * 197504, delta=1)
 
     def test_ranked_layouts_and_their_commands(self):
         gpu = ["--gpu", "a100-80", "--num-nodes", "2", "--gpus-per-node", "4"]
