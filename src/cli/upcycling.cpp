@@ -206,6 +206,7 @@ void upcycle_checkpoint(const Arguments& run) {
   state.consumed_test_samples = dense.state.consumed_test_samples;
   state.skipped_train_samples = dense.state.skipped_train_samples;
   state.floating_point_operations = dense.state.floating_point_operations;
+  state.global_batch_size = dense.state.global_batch_size;
   save_whole_checkpoint(moe, run.save, 1, state);
   log_line("Upcycled checkpoint saved to " + run.save);
 }

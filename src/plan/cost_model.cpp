@@ -447,7 +447,15 @@ void predict_memory(const Workload& w, const Layout& l, const Device& dev, Predi
   double worst = 0;
   for (int64_t s = 0; s < l.pp; ++s) {
     const RankParams p = rank_params(cfg, l, s);
-    const double weights = p.total() * per_param;
+    double weights = p.total() * per_param;
+    if (w.emerging) {  // the stage's own mix of matrices and the rest (their state unsharded)
+      ShardedState none = sharded;
+      none.moment_bytes = 0;
+      weights = p.total() * weight_and_optimizer_bytes_per_param(cfg.compute_dtype,
+                                                                 l.dp / l.instances, none) +
+                (p.dense + p.expert) * w.matrix_state_bytes +
+                (p.replicated + p.embedding) * w.other_state_bytes;
+    }
     // Micro-batches (chunks) this stage holds at once under its schedule.
     const int in_flight = in_flight_microbatches(l.pp, l.vpp, s, m, l.vpp_group);
     const std::vector<std::vector<int64_t>> chunks = stage_chunk_layers(cfg, l, s);

@@ -54,6 +54,14 @@ struct Workload {
   // Bytes the optimizer step moves per element of its shard: Adam's 42 (see predict); SGD's
   // 8 fewer per fp32 state it lacks.
   double optimizer_traffic_bytes = 42.0;
+  // Megatron's emerging optimizers (--optimizer muon or lion, the plain optimizer): the state
+  // bytes of the split weights (dense layers and experts: the matrices, one fp32 state) and of
+  // the rest (replicated weights, embeddings: Adam's two, Lion's one), mixed per stage as each
+  // rank holds them; the moment_bytes fields are then unused. (MLA's replicated down
+  // projections and learned position embeddings are matrices priced as the rest, the 1-D
+  // attention sinks and the split weights' biases the other way round.)
+  bool emerging = false;
+  double matrix_state_bytes = 4.0, other_state_bytes = 8.0;
 };
 
 // Parameters on one rank, by how they are split.

@@ -103,17 +103,16 @@ plan::Workload workload_from_args(const Arguments& a, const TransformerConfig& c
   w.plain_moment_bytes = a.optimizer != "sgd" ? 8.0 : a.sgd_momentum != 0 ? 4.0 : 0.0;
   if (a.optimizer == "muon" || a.optimizer == "lion") {
     // Megatron's emerging optimizers: one fp32 state per matrix element (Muon's buffer, Lion's
-    // moment), Adam's two (Lion's one under --muon-scalar-optimizer lion) for the rest, averaged
-    // over the model's parameters, its split weights (dense layers, experts) taken for the
-    // matrices and the replicated ones and the embeddings for the rest. (The few biases among
-    // the split weights and the 2-D routers are miscounted; the trainer's start-up estimate
-    // counts its real parameters.) Their layer-wise distributed optimizer is not modelled.
-    const plan::RankParams p = plan::rank_params(cfg, plan::Layout{}, 0);
-    const double rest = a.optimizer == "muon" && a.muon_scalar_optimizer == "lion" ? 4.0 : 8.0;
+    // moment), Adam's two (Lion's one under --muon-scalar-optimizer lion) for the rest, mixed
+    // per stage by the memory model (plan::Workload::emerging). The optimizer traffic takes the
+    // whole model's mix. (Their layer-wise distributed optimizer is not modelled.)
+    w.emerging = true;
+    w.other_state_bytes = a.optimizer == "muon" && a.muon_scalar_optimizer == "lion" ? 4.0 : 8.0;
+    const plan::RankParams p = plan::rank_params(cfg, plan::Layout{}, 0);  // the whole model
     if (p.total() > 0) {
-      w.plain_moment_bytes =
-          (4.0 * (p.dense + p.expert) + rest * (p.replicated + p.embedding)) / p.total();
-      w.moment_bytes = w.plain_moment_bytes;
+      w.plain_moment_bytes = (w.matrix_state_bytes * (p.dense + p.expert) +
+                              w.other_state_bytes * (p.replicated + p.embedding)) /
+                             p.total();
     }
   }
   w.optimizer_traffic_bytes = 42.0 - 2.0 * (8.0 - w.plain_moment_bytes);

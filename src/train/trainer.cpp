@@ -1820,7 +1820,12 @@ void Trainer::load_checkpoint() {
   const double seconds = timer.elapsed(), mb = static_cast<double>(total.data<int64_t>()[0]) / 1e6;
   log_first(strprintf(" > read %.1f MB of tensors on %d ranks in %.3f s (%.1f MB/s)", mb,
                       ps.world_size(), seconds, mb / std::max(seconds, 1e-9)));
-  if (args_.override_ckpt_iteration >= 0 && !release) {
+  loaded_iteration_ = loaded->iteration;  // the checkpoint's own (the final save compares it)
+  if (args_.override_ckpt_iteration >= 0 && release) {
+    log_first(
+        "WARNING: --override-ckpt-iteration ignored: a release checkpoint starts at "
+        "iteration 0");
+  } else if (args_.override_ckpt_iteration >= 0) {
     // Megatron's override: the data loader replays from the target iteration (consumed samples
     // recomputed from the current batch size, which must be the checkpoint's); the schedule and
     // the optimizer keep the checkpoint's.
@@ -1836,7 +1841,6 @@ void Trainer::load_checkpoint() {
     log_first(strprintf("Overriding checkpoint iteration to %ld (consumed_train_samples = %ld)",
                         static_cast<long>(target), static_cast<long>(target * gbs)));
   }
-  loaded_iteration_ = loaded->iteration;
   if (!args_.finetune && !release) {
     start_iteration_ = loaded->iteration;
     consumed_train_ = loaded->consumed_train_samples;
