@@ -112,13 +112,13 @@ class TimingReport(unittest.TestCase):
         self.assertIsNotNone(gemms, stdout[-2000:])
         self.assertAlmostEqual(sum(ms for ms, _, _ in gemms.values()), ops["matmul"],
                                delta=0.01 * len(gemms), msg=gemms)
-        # 2 micro-batches of 128 tokens, hidden 128, 2 layers: the QKV forward (out 384) twice
+        # 2 micro-batches of 128 tokens, hidden 256, 2 layers: the QKV forward (out 768) twice
         # per micro-batch; its weight gradient written into the zeroed gradient in the first
         # micro-batch and accumulated in the second; in all, three GEMMs for each of the 2 x 4
         # linear layers and the output layer in each micro-batch; every rate positive.
-        self.assertEqual(gemms.get("128x384x128 NT f32", (0, 0, 0))[1], 4, gemms)
-        self.assertEqual(gemms.get("384x128x128 TN f32", (0, 0, 0))[1], 2, gemms)
-        self.assertEqual(gemms.get("384x128x128 TN f32 +=", (0, 0, 0))[1], 2, gemms)
+        self.assertEqual(gemms.get("128x768x256 NT f32", (0, 0, 0))[1], 4, gemms)
+        self.assertEqual(gemms.get("768x256x128 TN f32", (0, 0, 0))[1], 2, gemms)
+        self.assertEqual(gemms.get("768x256x128 TN f32 +=", (0, 0, 0))[1], 2, gemms)
         self.assertEqual(sum(calls for _, calls, _ in gemms.values()), 2 * 3 * (2 * 4 + 1), gemms)
         self.assertTrue(all(rate > 0 for _, _, rate in gemms.values()), gemms)
 
