@@ -247,11 +247,11 @@ struct AttentionSpec {
   // head dimensions that are multiples of 16: tensor/cpu/tile_gemm_bf16.h). The reference device
   // computes in f64.
   DType precision = DType::kF32;
-  // Undefined, or [np] f32 on q's device (f64 on the reference device), raised in place by attention_forward to the largest
-  // score scale q_i . k_j + bias_ij that head h gave a key it sees (Transformer Engine's
-  // max_logit, the statistic of --qk-clip and --log-max-attention-logit). A max over every row,
-  // so that calls over chunks of the queries or keys (context parallelism, micro-batches) simply
-  // raise it again. Backward ignores it.
+  // Undefined, or [np] f32 on q's device (f64 on the reference device), raised in place by
+  // attention_forward to the largest score scale q_i . k_j + bias_ij that head h gave a key it sees
+  // (Transformer Engine's max_logit, the statistic of --qk-clip and --log-max-attention-logit). A
+  // max over every row, so that calls over chunks of the queries or keys (context parallelism,
+  // micro-batches) simply raise it again. Backward ignores it.
   Tensor max_logit;
 };
 void attention_forward(Tensor& out, Tensor& lse, const AttentionView& q, const AttentionView& k,
