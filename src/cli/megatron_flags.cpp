@@ -146,6 +146,9 @@ const std::vector<OwnFlag>& own_train_flags() {
       {"--no-weight-decay-cond-type",
        "Megatron core 0.19's deprecated spelling of --apply-wd-to-qk-layernorm"},
       {"--override-ckpt-iteration", "Megatron core 0.19's flag"},
+      {"--allow-ambiguous-pad-tokens", "Megatron core 0.19's flag (GPT data's pad masking)"},
+      {"--null-tokenizer-eod-id", "Megatron core 0.19's TokenizerConfig.null_tokenizer_eod_id"},
+      {"--null-tokenizer-pad-id", "Megatron core 0.19's TokenizerConfig.null_tokenizer_pad_id"},
   };
   return own;
 }

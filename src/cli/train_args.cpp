@@ -319,6 +319,11 @@ void register_model_args(ArgTable& t, Arguments& a) {
         "TikTokenizer: ids before the vocabulary held by special tokens");
   t.add("--tiktoken-special-tokens", a.tiktoken_special_tokens,
         "TikTokenizer's named special tokens, with <unk> <s> </s> (default: those three)");
+  t.add("--null-tokenizer-eod-id", a.null_tokenizer_eod_id,
+        "NullTokenizer's end-of-document id (-1: --vocab-size - 1)");
+  t.add("--null-tokenizer-pad-id", a.null_tokenizer_pad_id,
+        "NullTokenizer's pad id, masked out of the loss and read as 0 (-1: none); pick an id "
+        "the data does not use for real tokens");
   t.concern("checkpoint");
   t.add("--pretrained-checkpoint", a.pretrained_checkpoint,
         "Weights to start from: a Hugging Face model directory (config.json + safetensors) or "
@@ -615,6 +620,10 @@ void register_train_args(ArgTable& t, Arguments& a) {
          "No training: evaluate the weights (--load) on the validation and test data, once");
   t.concern("data");
   t.flag("--eod-mask-loss", a.eod_mask_loss, "No loss on end-of-document input tokens");
+  t.flag("--allow-ambiguous-pad-tokens", a.allow_ambiguous_pad_tokens,
+         "Mask the tokenizer's pad id out of the loss even where it is also another special "
+         "token's (EOD, EOS, ...): those lose their loss too. Without it such a pad is not "
+         "masked at all (a warning says so)");
   t.concern("logging");
   t.add("--tensorboard-dir", a.tensorboard_dir, "Write TensorBoard event files here");
   t.add("--tensorboard-log-interval", a.tensorboard_log_interval,

@@ -24,15 +24,16 @@ struct DataConfig {
   // --sft: the paths are JSON-lines conversations (data/sft_dataset.h) in this prompt format.
   bool sft = false;
   std::string sft_prompt_format = "nemotron-h-aligned";
-  std::string data_cache_path;        // --data-cache-path ("" = beside the data)
-  int64_t seed = 1234;                // --seed: sample order and mock documents
-  bool eod_mask_loss = false;         // --eod-mask-loss
-  bool reset_position_ids = false;    // --reset-position-ids
-  bool reset_attention_mask = false;  // --reset-attention-mask
-  double mask_prob = 0.15;            // --mask-prob (BERT)
-  double short_seq_prob = 0.1;        // --short-seq-prob (BERT)
-  bool bert_binary_head = true;       // not --bert-no-binary-head
-  int64_t decoder_seq_length = 0;     // --decoder-seq-length (T5)
+  std::string data_cache_path;              // --data-cache-path ("" = beside the data)
+  int64_t seed = 1234;                      // --seed: sample order and mock documents
+  bool eod_mask_loss = false;               // --eod-mask-loss
+  bool reset_position_ids = false;          // --reset-position-ids
+  bool reset_attention_mask = false;        // --reset-attention-mask
+  bool allow_ambiguous_pad_tokens = false;  // --allow-ambiguous-pad-tokens (data/gpt_batch.h)
+  double mask_prob = 0.15;                  // --mask-prob (BERT)
+  double short_seq_prob = 0.1;              // --short-seq-prob (BERT)
+  bool bert_binary_head = true;             // not --bert-no-binary-head
+  int64_t decoder_seq_length = 0;           // --decoder-seq-length (T5)
   // Vision-language models (--model llava): the image size the CLIP transform resizes to, the
   // text tokens per sample (--dataloader-seq-length + 1, the image token included) and the
   // embeddings each image becomes in the language model's sequence of language_seq_length.

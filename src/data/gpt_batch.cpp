@@ -1,6 +1,7 @@
 // Micro-batch construction with Megatron's EOD-driven loss mask, position ids and document starts.
 #include "data/gpt_batch.h"
 
+#include <string>
 #include <vector>
 
 namespace megatron {
@@ -28,8 +29,43 @@ GPTBatch make_batch(const SampleSource& data, int64_t first, int64_t b, const Ba
       if (opt.eod_mask_loss && is_eod) mask[t] = 0;
       if (is_eod) doc_begin = t + 1;
     }
+    // Megatron's order: the masks above read the pad ids; then the pads go.
+    for (int64_t t = 0; t < s; ++t) {
+      if (lab[t] == opt.pad) {
+        mask[t] = 0;
+        lab[t] = 0;
+      }
+      if (tok[t] == opt.pad) tok[t] = 0;
+    }
   }
   return batch;
+}
+
+PadToken gpt_pad_token(const Tokenizer& tokenizer, bool allow_ambiguous) {
+  PadToken pad{tokenizer.pad(), false};
+  if (pad.id < 0) return pad;
+  const SpecialTokens sp = tokenizer.special_tokens();
+  std::vector<int64_t> others = {tokenizer.eod(), sp.eos, sp.bos, sp.cls, sp.sep, sp.mask};
+  others.insert(others.end(), sp.additional.begin(), sp.additional.end());
+  for (const int64_t id : others) pad.ambiguous = pad.ambiguous || id == pad.id;
+  if (pad.ambiguous && !allow_ambiguous) pad.id = -1;
+  return pad;
+}
+
+std::string ambiguous_pad_warning(bool allowed) {
+  std::string w =
+      "The pad token id in the tokenizer collides with another special token id. This may "
+      "cause instability and lack of convergence during training. ";
+  if (allowed) {
+    return w +
+           "Do not ignore this warning if you do not understand the implications "
+           "(--allow-ambiguous-pad-tokens masks every such token out of the loss).";
+  }
+  return w +
+         "As such, the training flow will avoid masking out any pad tokens already present "
+         "in the dataset. If you would like to disable this behavior, please provide a "
+         "tokenizer with a uniquely-defined pad token id (or pass "
+         "--allow-ambiguous-pad-tokens).";
 }
 
 TensorMap gpt_batch_fields(const GPTBatch& b) {

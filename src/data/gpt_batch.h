@@ -4,12 +4,16 @@
 // - position ids restart after every EOD (--reset-position-ids);
 // - doc_start, the first position of each token's document, so attention stays inside documents
 //   (--reset-attention-mask). The EOD token belongs to the document it ends.
+// and GPTDataset.__getitem__'s padding rule after them: no loss where the label is the pad id,
+// and pad ids in tokens and labels become 0 (so the embedding can look them up). The masks and
+// positions are computed before that, on the pad ids.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
 #include "data/sample_source.h"
+#include "data/tokenizer.h"
 #include "tensor/tensor.h"
 #include "tensor/tensor_map.h"
 
@@ -28,6 +32,7 @@ struct BatchOptions {
   bool eod_mask_loss = false;
   bool reset_position_ids = false;
   bool reset_attention_mask = false;
+  int64_t pad = -1;  // gpt_pad_token(); -1 also fills short samples (GPTDatasetConfig)
 };
 
 // The batch's fields by name, as Megatron's get_batch names them (the names GPT's model chunks
@@ -41,6 +46,19 @@ inline constexpr const char* kDocStart = "doc_start";
 TensorMap gpt_batch_fields(const GPTBatch& b);
 // The dtype of the field `name`; refuses a name that is no GPT batch field.
 DType gpt_batch_field_dtype(const std::string& name);
+
+// The id GPT samples treat as padding: Megatron's MegatronDataset._pad_token_id. The tokenizer's
+// pad (-1 when it has none); when that equals another of its special tokens (EOD, EOS, BOS,
+// CLS, SEP, MASK, a sentinel), masking it would silence real tokens, so it becomes -1 (no id of
+// the data) unless allow_ambiguous (--allow-ambiguous-pad-tokens) keeps it. `ambiguous` says
+// whether it collided, for the warning Megatron prints either way.
+struct PadToken {
+  int64_t id = -1;
+  bool ambiguous = false;
+};
+PadToken gpt_pad_token(const Tokenizer& tokenizer, bool allow_ambiguous);
+// Megatron's warning for an ambiguous pad (kept or dropped).
+std::string ambiguous_pad_warning(bool allowed);
 
 // Builds a batch from samples first, first + 1, ..., first + b - 1 of `data`.
 GPTBatch make_batch(const SampleSource& data, int64_t first, int64_t b, const BatchOptions& opt);

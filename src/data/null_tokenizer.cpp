@@ -7,10 +7,16 @@
 
 namespace megatron {
 
-NullTokenizer::NullTokenizer(int64_t vocab_size) : vocab_size_(vocab_size) {
+NullTokenizer::NullTokenizer(int64_t vocab_size, int64_t eod, int64_t pad)
+    : vocab_size_(vocab_size), eod_(eod < 0 ? vocab_size - 1 : eod), pad_(pad) {
   MEGATRON_CHECK(vocab_size > 0,
                  "NullTokenizer needs --vocab-size > 0 (ids are 0..V-1, EOD is V-1)", ", got ",
                  vocab_size);
+  MEGATRON_CHECK(eod >= -1 && eod < vocab_size, "--null-tokenizer-eod-id ", eod,
+                 " is no id of the vocabulary [0, ", vocab_size,
+                 "); pass one or -1 (vocab_size - 1)");
+  MEGATRON_CHECK(pad >= -1 && pad < vocab_size, "--null-tokenizer-pad-id ", pad,
+                 " is no id of the vocabulary [0, ", vocab_size, "); pass one or -1 (no pad)");
 }
 
 std::vector<int64_t> NullTokenizer::encode(std::string_view text) const {

@@ -24,6 +24,7 @@ SentencePieceTokenizer::SentencePieceTokenizer(std::string type, const std::stri
     MEGATRON_CHECK(bos_to_prepend_ >= 0, "--tokenizer-model ", model_file,
                    ": Llama2Tokenizer prepends BOS, but the model has no bos piece");
   }
+  if (type == "GPTSentencePieceTokenizer") pad_id_ = processor_->pad_id();
   if (type != "SentencePieceTokenizer") return;
   // Megatron's _SentencePieceTokenizer: extend the vocabulary with its special tokens.
   auto piece_of = [&](int id, const char* fallback) {
@@ -48,7 +49,7 @@ SentencePieceTokenizer::SentencePieceTokenizer(std::string type, const std::stri
   add("<SEP>");
   eod_id_ = add("<EOD>");
   add("<MASK>");
-  add(piece_of(processor_->pad_id(), "<PAD>"));
+  pad_id_ = add(piece_of(processor_->pad_id(), "<PAD>"));
   add(piece_of(processor_->bos_id(), "<BOS>"));
   eos_id_ = add(piece_of(processor_->eos_id(), "<EOS>"));
 }

@@ -47,6 +47,12 @@ bool tokenizer_reads_vocab_size(const std::string& type) {
 
 std::unique_ptr<Tokenizer> build_tokenizer(const TokenizerArgs& args) {
   const std::string& type = args.type;
+  MEGATRON_CHECK(args.null_tokenizer_pad_id == -1 || type == "NullTokenizer",
+                 "--null-tokenizer-pad-id sets NullTokenizer's pad, not ", type,
+                 "'s; drop the flag (the tokenizer's own pad applies)");
+  MEGATRON_CHECK(args.null_tokenizer_eod_id == -1 || type == "NullTokenizer",
+                 "--null-tokenizer-eod-id sets NullTokenizer's EOD, not ", type,
+                 "'s; drop the flag (the tokenizer's own EOD applies)");
   if (type == "GPT2BPETokenizer") {
     require_path(type, "--vocab-file", args.vocab_file, "GPT-2's encoder.json");
     require_path(type, "--merge-file", args.merge_file, "GPT-2's vocab.bpe");
@@ -81,7 +87,8 @@ std::unique_ptr<Tokenizer> build_tokenizer(const TokenizerArgs& args) {
   if (type == "NullTokenizer") {
     MEGATRON_CHECK(args.vocab_size > 0,
                    "--tokenizer-type NullTokenizer needs --vocab-size > 0, got ", args.vocab_size);
-    return std::make_unique<NullTokenizer>(args.vocab_size);
+    return std::make_unique<NullTokenizer>(args.vocab_size, args.null_tokenizer_eod_id,
+                                           args.null_tokenizer_pad_id);
   }
   MEGATRON_CHECK(false, "--tokenizer-type ", type, " is not supported; use one of: ", kSupported);
   return nullptr;

@@ -30,6 +30,8 @@ struct TokenizerArgs {
   std::string tiktoken_pattern;
   int64_t tiktoken_num_special_tokens = 1000;
   std::vector<std::string> tiktoken_special_tokens;
+  int64_t null_tokenizer_eod_id = -1;  // --null-tokenizer-eod-id (NullTokenizer; -1: V - 1)
+  int64_t null_tokenizer_pad_id = -1;  // --null-tokenizer-pad-id (NullTokenizer; -1: no pad)
 };
 
 // Whether the tokenizer type takes its vocabulary size from --vocab-size (NullTokenizer's ids,
@@ -56,6 +58,10 @@ class Tokenizer {
   virtual std::string identity() const = 0;
   // The special tokens BERT- and T5-style data need (none by default).
   virtual SpecialTokens special_tokens() const { return {}; }
+  // Megatron's tokenizer.pad, which its GPT datasets mask out of the loss and map to id 0; -1
+  // where Megatron's tokenizer has none (its property raises). It can differ from
+  // special_tokens().pad: Megatron's SentencePiece tokenizers have a pad but serve no BERT data.
+  virtual int64_t pad() const { return special_tokens().pad; }
   // The vocabulary string of `id` (WordPiece's "##" marks continuations, which whole-word
   // masking reads). Tokenizers without a string vocabulary throw InvalidArgument.
   virtual std::string piece(int64_t id) const;

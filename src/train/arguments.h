@@ -251,6 +251,9 @@ struct Arguments {
   bool eod_mask_loss = false;
   bool reset_position_ids = false;
   bool reset_attention_mask = false;
+  bool allow_ambiguous_pad_tokens = false;  // mask a pad id shared with another special token
+  int64_t null_tokenizer_eod_id = -1;       // NullTokenizer's EOD; -1: vocab_size - 1
+  int64_t null_tokenizer_pad_id = -1;       // NullTokenizer's pad; -1: none
   // BERT (--model bert / pretrain_bert)
   double mask_prob = 0.15;                        // --mask-prob
   double short_seq_prob = 0.1;                    // --short-seq-prob

@@ -32,6 +32,7 @@ DataConfig data_config(const Arguments& a) {
   d.eod_mask_loss = a.eod_mask_loss;
   d.reset_position_ids = a.reset_position_ids;
   d.reset_attention_mask = a.reset_attention_mask;
+  d.allow_ambiguous_pad_tokens = a.allow_ambiguous_pad_tokens;
   d.mask_prob = a.mask_prob;
   d.short_seq_prob = a.short_seq_prob;
   d.bert_binary_head = !a.bert_no_binary_head;

@@ -134,6 +134,8 @@ TokenizerArgs tokenizer_args(const Arguments& a) {
   t.tiktoken_pattern = a.tiktoken_pattern;
   t.tiktoken_num_special_tokens = a.tiktoken_num_special_tokens;
   t.tiktoken_special_tokens = a.tiktoken_special_tokens;
+  t.null_tokenizer_eod_id = a.null_tokenizer_eod_id;
+  t.null_tokenizer_pad_id = a.null_tokenizer_pad_id;
   return t;
 }
 

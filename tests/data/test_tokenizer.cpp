@@ -437,6 +437,29 @@ TEST(SentencePieceTokenizer, EncodesThroughLibsentencepiece) {
   want.push_back(2);  // </s> is split out too
   EXPECT_EQ(legacy.encode("the lazy<EOD>fox</s>"), want);
   EXPECT_EQ(legacy.decode(Ids{402}), " <EOD> ");
+
+  // Megatron's tokenizer.pad, which GPT data masks: the appended <PAD> (404, and text holding
+  // "<PAD>" encodes to it) for SentencePieceTokenizer; the model's pad id for
+  // GPTSentencePieceTokenizer (spm_train's default: none, -1); none for Llama2Tokenizer.
+  EXPECT_EQ(legacy.pad(), 404);
+  EXPECT_EQ(legacy.encode("<PAD>"), Ids{404});
+  EXPECT_EQ(tok.pad(), -1);
+  EXPECT_EQ(llama.pad(), -1);
+
+  // A model with a pad piece (--pad_id=3, "<pad>"): SentencePieceTokenizer takes it instead of
+  // appending <PAD> (<CLS> <SEP> <EOD> <MASK> are 401..404 then), GPTSentencePieceTokenizer
+  // reports it, Llama2Tokenizer still has none.
+  const auto padded = sentencepiece::SentencePieceTrainer::Train(
+      "--input=" + dir + "/train.txt --model_prefix=" + dir +
+      "/p --vocab_size=401 --model_type=bpe --byte_fallback=true --minloglevel=2 --num_threads=1 "
+      "--pad_id=3");
+  ASSERT_TRUE(padded.ok()) << padded.ToString();
+  const SentencePieceTokenizer legacy_pad("SentencePieceTokenizer", dir + "/p.model");
+  EXPECT_EQ(legacy_pad.vocab_size(), 405);
+  EXPECT_EQ(legacy_pad.pad(), 3);
+  EXPECT_EQ(legacy_pad.encode("<pad>"), Ids{3});
+  EXPECT_EQ(SentencePieceTokenizer("GPTSentencePieceTokenizer", dir + "/p.model").pad(), 3);
+  EXPECT_EQ(SentencePieceTokenizer("Llama2Tokenizer", dir + "/p.model").pad(), -1);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -586,6 +609,7 @@ TEST(NullTokenizer, ParsesIdsAndChecksRange) {
   EXPECT_EQ(tok.encode("  "), Ids{});
   EXPECT_EQ(tok.decode(Ids{3, 1, 4}), "3 1 4");
   EXPECT_EQ(tok.eod(), 99);
+  EXPECT_EQ(tok.pad(), -1);
   EXPECT_EQ(tok.vocab_size(), 100);
   EXPECT_NE(error_of([&] { tok.encode("1 x"); }).find("\"x\""), std::string::npos);
   EXPECT_NE(error_of([&] { tok.encode("-1"); }).find("\"-1\""), std::string::npos);
@@ -616,8 +640,34 @@ TEST(BuildTokenizer, SelectsByTypeAndChecksFlags) {
   m = error_of([&] { build_tokenizer(args); });
   EXPECT_NE(m.find("--vocab-extra-ids"), std::string::npos) << m;
   args.vocab_extra_ids = 0;
+  // --null-tokenizer-eod-id / --null-tokenizer-pad-id: NullTokenizer's, ids of its vocabulary.
+  args.null_tokenizer_eod_id = 4;
+  args.null_tokenizer_pad_id = 0;
+  EXPECT_EQ(build_tokenizer(args)->eod(), 4);
+  EXPECT_EQ(build_tokenizer(args)->pad(), 0);
+  args.null_tokenizer_pad_id = 10;
+  m = error_of([&] { build_tokenizer(args); });
+  EXPECT_NE(m.find("--null-tokenizer-pad-id 10 is no id of the vocabulary [0, 10)"),
+            std::string::npos)
+      << m;
+  args.null_tokenizer_pad_id = -1;
+  args.null_tokenizer_eod_id = -2;
+  m = error_of([&] { build_tokenizer(args); });
+  EXPECT_NE(m.find("--null-tokenizer-eod-id -2"), std::string::npos) << m;
+  args.null_tokenizer_eod_id = -1;
+  EXPECT_EQ(build_tokenizer(args)->eod(), 9);
 
   args.type = "GPT2BPETokenizer";
+  args.null_tokenizer_pad_id = 0;
+  m = error_of([&] { build_tokenizer(args); });
+  EXPECT_NE(m.find("--null-tokenizer-pad-id sets NullTokenizer's pad, not GPT2BPETokenizer's"),
+            std::string::npos)
+      << m;
+  args.null_tokenizer_pad_id = -1;
+  args.null_tokenizer_eod_id = 3;
+  m = error_of([&] { build_tokenizer(args); });
+  EXPECT_NE(m.find("--null-tokenizer-eod-id sets NullTokenizer's EOD"), std::string::npos) << m;
+  args.null_tokenizer_eod_id = -1;
   m = error_of([&] { build_tokenizer(args); });
   EXPECT_NE(m.find("needs --vocab-file"), std::string::npos) << m;
   const TinyGpt2 t = make_tiny_gpt2("tok_factory");

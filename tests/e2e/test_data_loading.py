@@ -20,11 +20,19 @@ tests/data/test_random_sampler.cpp):
 - --sft: a run on conversations of tests/data/sft_oracle.py (whose samples test_sft_dataset.cpp
   checks) learns them (the loss falls below 0.6 of its start in 30 steps), tp2 follows one
   process, and a conversation the SFT tokenizer refuses stops the run with exit 2 naming it;
+- the pad token (GPTDataset's rule: no loss where the label is the tokenizer's pad, pad ids read
+  as 0), with NullTokenizer's --null-tokenizer-pad-id on documents of ids 1..98 and EOD 99: pad 0
+  (no id of the documents) changes nothing, digit for digit; pad 4 trains the curve of pad 0 on
+  the same documents with every 4 written as 0 (the pads became 0 and lost their loss), which
+  without a pad is another curve; a pad equal to EOD is warned about and ignored (the curve of no
+  pad), and with --allow-ambiguous-pad-tokens warned about and used;
 - refusals (exit 2, the flag named): --multiple-validation-sets without --full-validation,
-  --full-validation with --mock-data or a weighted validation blend, --dataloader-type external.
+  --full-validation with --mock-data or a weighted validation blend, --dataloader-type external,
+  a --null-tokenizer-pad-id outside the vocabulary.
 
 Usage: test_data_loading.py --megatron BUILD/megatron --mpiexec MPIEXEC
 """
+import json
 import os
 import re
 import subprocess
@@ -111,6 +119,49 @@ class DataLoadingTest(unittest.TestCase):
             out = self.run_ok(ranks=2, extra=extra, dataloader_type="cyclic")
             curve = megatron_log.curves(out, ["lm loss"], 1, 6)
             self.assertTrue(all(c["lm loss"] < 10 for c in curve.values()), out[-2000:])
+
+    # ---- the pad token -----------------------------------------------------------------------
+
+    def test_pad_tokens_lose_their_loss_and_read_as_zero(self):
+        keys = ["lm loss", "grad norm"]
+        # The documents of prefix "a" (ids 1..98, EOD 99) with every 4 written as 0.
+        zeroed = os.path.join(self.tmp, "zeroed")
+        os.makedirs(zeroed)
+        fours = 0
+        with open(os.path.join(self.tmp, "a", "docs.jsonl"), encoding="utf-8") as src, \
+                open(os.path.join(zeroed, "docs.jsonl"), "w", encoding="utf-8") as dst:
+            for line in src:
+                ids = json.loads(line)["text"].split()
+                fours += ids.count("4")
+                dst.write(json.dumps({"text": " ".join("0" if t == "4" else t for t in ids)})
+                          + "\n")
+        self.assertGreater(fours, 100)
+        proc = subprocess.run([MEGATRON, "preprocess", "--input", os.path.join(zeroed, "docs.jsonl"),
+                               "--output-prefix", os.path.join(zeroed, "docs"), "--tokenizer-type",
+                               "NullTokenizer", "--vocab-size", "100", "--append-eod",
+                               "--workers", "1"], capture_output=True, text=True,
+                              timeout=TIMEOUT_S, check=False)
+        self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
+        zeroed_data = {**self.data(), "--data-path": os.path.join(zeroed, "docs_text_document")}
+
+        def curve(out):
+            return megatron_log.curves(out, keys, 1, 6)
+
+        plain = curve(self.run_ok())
+        self.assertEqual(curve(self.run_ok(null_tokenizer_pad_id=0)), plain)
+        masked = curve(self.run_ok(null_tokenizer_pad_id=4))
+        self.assertNotEqual(masked[1]["lm loss"], plain[1]["lm loss"])
+        self.assertEqual(curve(self.run_ok(data=zeroed_data, null_tokenizer_pad_id=0)), masked)
+        self.assertNotEqual(curve(self.run_ok(data=zeroed_data))[1]["lm loss"],
+                            masked[1]["lm loss"])
+        # A pad that is also EOD (99, NullTokenizer's V - 1).
+        out = self.run_ok(null_tokenizer_pad_id=99)
+        self.assertIn("collides with another special token id", out)
+        self.assertIn("avoid masking out any pad tokens", out)
+        self.assertEqual(curve(out), plain)
+        out = self.run_ok(extra=("--allow-ambiguous-pad-tokens",), null_tokenizer_pad_id=99)
+        self.assertIn("Do not ignore this warning", out)
+        self.assertNotEqual(curve(out)[1]["lm loss"], plain[1]["lm loss"])
 
     # ---- --full-validation -------------------------------------------------------------------
 
@@ -232,6 +283,7 @@ class DataLoadingTest(unittest.TestCase):
                     "--data-cache-path": self.cache}
         self.refused("--full-validation", data=weighted, full_validation=True)
         self.refused("--dataloader-type", dataloader_type="external")
+        self.refused("--null-tokenizer-pad-id 100", null_tokenizer_pad_id=100)
 
 
 if __name__ == "__main__":

@@ -3,9 +3,11 @@
 // samples a micro-batch holds).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "data/gpt_batch.h"
+#include "data/null_tokenizer.h"
 #include "train/batch_prefetcher.h"
 
 namespace megatron {
@@ -53,6 +55,117 @@ TEST(GPTBatch, MasksAndPositionsFollowMegatron) {
     EXPECT_EQ(plain.positions.data<int64_t>()[t], t);
     EXPECT_EQ(plain.loss_mask.data<float>()[t], 1.0f);
   }
+}
+
+// One fixed sample (seq_length + 1 ids), whatever the index.
+class FixedSource : public SampleSource {
+ public:
+  explicit FixedSource(std::vector<int64_t> ids) : ids_(std::move(ids)) {}
+  int64_t size() const override { return 1; }
+  int64_t seq_length() const override { return static_cast<int64_t>(ids_.size()) - 1; }
+  void sample(int64_t, int64_t* out) const override { std::copy(ids_.begin(), ids_.end(), out); }
+
+ private:
+  std::vector<int64_t> ids_;
+};
+
+// The fields of sample 0 as plain vectors.
+struct Row {
+  std::vector<int64_t> tokens, labels, positions;
+  std::vector<float> mask;
+  std::vector<int32_t> start;
+};
+Row row_of(const GPTBatch& b) {
+  const int64_t s = b.tokens.numel();
+  Row r;
+  r.tokens.assign(b.tokens.data<int64_t>(), b.tokens.data<int64_t>() + s);
+  r.labels.assign(b.labels.data<int64_t>(), b.labels.data<int64_t>() + s);
+  r.positions.assign(b.positions.data<int64_t>(), b.positions.data<int64_t>() + s);
+  r.mask.assign(b.loss_mask.data<float>(), b.loss_mask.data<float>() + s);
+  if (b.doc_start.defined())
+    r.start.assign(b.doc_start.data<int32_t>(), b.doc_start.data<int32_t>() + s);
+  return r;
+}
+
+// GPTDataset.__getitem__ after _get_ltor_masks_and_position_ids: loss_mask[labels == pad] = 0,
+// then tokens and labels equal to pad become 0. EOD = 7, pad = 3.
+TEST(GPTBatch, PadLabelsLoseTheirLossAndPadIdsBecomeZero) {
+  constexpr int64_t kPad = 3;
+  FixedSource src({5, kPad, kEod, kPad, 9, kPad, kPad, 11, kPad});
+  BatchOptions opt{kEod, true, true, true, kPad};
+  const Row r = row_of(make_batch(src, 0, 1, opt));
+  EXPECT_EQ(r.tokens, (std::vector<int64_t>{5, 0, kEod, 0, 9, 0, 0, 11}));
+  EXPECT_EQ(r.labels, (std::vector<int64_t>{0, kEod, 0, 9, 0, 0, 11, 0}));
+  // No loss where the label is a pad (t = 0, 2, 4, 5, 7) or the input is EOD (t = 2); the
+  // pads as inputs keep theirs (t = 1, 3, 6 predict EOD, 9, 11).
+  EXPECT_EQ(r.mask, (std::vector<float>{0, 1, 0, 1, 0, 0, 1, 0}));
+  EXPECT_EQ(r.positions, (std::vector<int64_t>{0, 1, 2, 0, 1, 2, 3, 4}));
+  EXPECT_EQ(r.start, (std::vector<int32_t>{0, 0, 0, 3, 3, 3, 3, 3}));
+
+  // Without a pad id (-1) the same sample is untouched...
+  opt.pad = -1;
+  const Row plain = row_of(make_batch(src, 0, 1, opt));
+  EXPECT_EQ(plain.tokens, (std::vector<int64_t>{5, kPad, kEod, kPad, 9, kPad, kPad, 11}));
+  EXPECT_EQ(plain.mask, (std::vector<float>{1, 1, 0, 1, 1, 1, 1, 1}));
+  // ... and a short sample's -1 filling (GPTDatasetConfig's pad when partial samples are kept)
+  // is masked and read as 0.
+  FixedSource short_sample({4, 5, 6, -1, -1});
+  const Row filled = row_of(make_batch(short_sample, 0, 1, BatchOptions{kEod}));
+  EXPECT_EQ(filled.tokens, (std::vector<int64_t>{4, 5, 6, 0}));
+  EXPECT_EQ(filled.labels, (std::vector<int64_t>{5, 6, 0, 0}));
+  EXPECT_EQ(filled.mask, (std::vector<float>{1, 1, 0, 0}));
+}
+
+// A pad shared with EOD (--allow-ambiguous-pad-tokens): the EOD rules read the ids before the
+// pads become 0, as Megatron computes the masks first.
+TEST(GPTBatch, AnAmbiguousPadStillEndsDocuments) {
+  FixedSource src({5, kEod, 8, 9, kEod});
+  const Row r = row_of(make_batch(src, 0, 1, BatchOptions{kEod, true, true, true, kEod}));
+  EXPECT_EQ(r.tokens, (std::vector<int64_t>{5, 0, 8, 9}));
+  EXPECT_EQ(r.labels, (std::vector<int64_t>{0, 8, 9, 0}));
+  EXPECT_EQ(r.mask, (std::vector<float>{0, 0, 1, 0}));
+  EXPECT_EQ(r.positions, (std::vector<int64_t>{0, 1, 0, 1}));
+  EXPECT_EQ(r.start, (std::vector<int32_t>{0, 0, 2, 2}));
+}
+
+// A tokenizer with chosen special ids.
+class SpecialsTokenizer : public NullTokenizer {
+ public:
+  SpecialsTokenizer(int64_t pad, SpecialTokens sp) : NullTokenizer(64), pad_(pad), sp_(sp) {}
+  int64_t pad() const override { return pad_; }
+  SpecialTokens special_tokens() const override { return sp_; }
+
+ private:
+  int64_t pad_;
+  SpecialTokens sp_;
+};
+
+// MegatronDataset's pad: the tokenizer's, unless it collides with another special token (then -1,
+// no id of the data, unless --allow-ambiguous-pad-tokens keeps it).
+TEST(GPTBatch, PadTokenFollowsMegatronsCollisionRule) {
+  auto check = [](const Tokenizer& tok, int64_t want, bool ambiguous, const char* what) {
+    const PadToken p = gpt_pad_token(tok, false);
+    EXPECT_EQ(p.id, want) << what;
+    EXPECT_EQ(p.ambiguous, ambiguous) << what;
+    const PadToken kept = gpt_pad_token(tok, true);
+    EXPECT_EQ(kept.id, tok.pad()) << what;
+    EXPECT_EQ(kept.ambiguous, ambiguous) << what;
+  };
+  check(NullTokenizer(16), -1, false, "no pad");
+  check(NullTokenizer(16, -1, 3), 3, false, "pad 3, EOD 15");
+  check(NullTokenizer(16, -1, 15), -1, true, "pad = EOD = V - 1");
+  check(NullTokenizer(16, 4, 4), -1, true, "pad = --null-tokenizer-eod-id");
+  SpecialTokens sp;
+  sp.cls = 10;
+  sp.sep = 11;
+  sp.mask = 12;
+  check(SpecialsTokenizer(0, sp), 0, false, "[PAD] 0 apart from the others");
+  for (int64_t id : {10, 11, 12}) check(SpecialsTokenizer(id, sp), -1, true, "pad = CLS/SEP/MASK");
+  sp.bos = 20;
+  sp.eos = 21;
+  sp.additional = {30, 31};
+  for (int64_t id : {20, 21, 31}) check(SpecialsTokenizer(id, sp), -1, true, "pad = BOS/EOS/extra");
+  check(SpecialsTokenizer(22, sp), 22, false, "pad 22, an id of no other special token");
 }
 
 // Every token of the next n micro-batches, flattened.

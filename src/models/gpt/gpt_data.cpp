@@ -15,6 +15,9 @@ namespace megatron {
 Datasets gpt_datasets(const DataConfig& a, const Tokenizer& tokenizer, int64_t seq_length,
                       const SampleCounts& n, bool log) {
   Datasets d;
+  const PadToken pad = gpt_pad_token(tokenizer, a.allow_ambiguous_pad_tokens);
+  if (log && pad.ambiguous)
+    log_line("> warning: " + ambiguous_pad_warning(a.allow_ambiguous_pad_tokens));
   if (a.mock_data) {
     if (log) log_line("> building train, validation, and test datasets ...");
     // Each split gets its own document stream (seeds differ), like Megatron's mock splits.
@@ -48,6 +51,7 @@ Datasets gpt_datasets(const DataConfig& a, const Tokenizer& tokenizer, int64_t s
   if (!a.data_path.empty()) g.config.split = a.split;
   g.config.tokenizer_json = nlohmann::json(tokenizer.identity()).dump();
   g.config.path_to_cache = a.data_cache_path;
+  g.config.pad_token_id = pad.id;
   g.config.log = log;
   GPTDatasets built = build_gpt_datasets(g);
   MEGATRON_CHECK(built.train != nullptr,
@@ -71,6 +75,7 @@ BatchFn gpt_batch_maker(const DataConfig& config, const Tokenizer& tokenizer) {
   }
   BatchOptions options;
   options.eod = tokenizer.eod();
+  options.pad = gpt_pad_token(tokenizer, config.allow_ambiguous_pad_tokens).id;
   options.eod_mask_loss = config.eod_mask_loss;
   options.reset_position_ids = config.reset_position_ids;
   options.reset_attention_mask = config.reset_attention_mask;
