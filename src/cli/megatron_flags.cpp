@@ -149,6 +149,17 @@ const std::vector<OwnFlag>& own_train_flags() {
       {"--allow-ambiguous-pad-tokens", "Megatron core 0.19's flag (GPT data's pad masking)"},
       {"--null-tokenizer-eod-id", "Megatron core 0.19's TokenizerConfig.null_tokenizer_eod_id"},
       {"--null-tokenizer-pad-id", "Megatron core 0.19's TokenizerConfig.null_tokenizer_pad_id"},
+      {"--fim-data", "Megatron core 0.19's flag (GPTFIMDataset)"},
+      {"--fim-rate", "Megatron core 0.19's flag (GPTFIMDataset)"},
+      {"--fim-spm-rate", "Megatron core 0.19's flag (GPTFIMDataset)"},
+      {"--fim-split-sample", "Megatron core 0.19's flag (GPTFIMDataset)"},
+      {"--fim-fragment-rate", "Megatron core 0.19's flag (GPTFIMDataset)"},
+      {"--fim-no-prefix", "Megatron core 0.19's flag (GPTFIMDataset)"},
+      {"--fim-prefix-token", "Megatron core 0.19's flag (GPTFIMDataset)"},
+      {"--fim-middle-token", "Megatron core 0.19's flag (GPTFIMDataset)"},
+      {"--fim-suffix-token", "Megatron core 0.19's flag (GPTFIMDataset)"},
+      {"--fim-pad-token", "Megatron core 0.19's flag (GPTFIMDataset)"},
+      {"--fim-eod-token", "Megatron core 0.19's flag (GPTFIMDataset)"},
   };
   return own;
 }

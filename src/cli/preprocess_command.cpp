@@ -519,6 +519,10 @@ int preprocess_command(int argc, char** argv) {
             "TikTokenizer: ids before the vocabulary held by special tokens");
   table.add("--tiktoken-special-tokens", a.tokenizer.tiktoken_special_tokens,
             "TikTokenizer's named special tokens, with <unk> <s> </s>");
+  table.add("--null-tokenizer-eod-id", a.tokenizer.null_tokenizer_eod_id,
+            "NullTokenizer's end-of-document id, which --append-eod writes (-1: --vocab-size - 1)");
+  table.add("--null-tokenizer-pad-id", a.tokenizer.null_tokenizer_pad_id,
+            "NullTokenizer's pad id (-1: none; training masks it)");
   if (int rc = parse(app, argc, argv); rc >= 0) return rc;
   validate(a);
   if (a.workers == 0) a.workers = available_cores();

@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/logging.h"
 #include "data/classification_dataset.h"
+#include "data/fim_config.h"
 #include "data/tokenizer.h"
 #include "models/model_spec.h"
 #include "optim/lr_scheduler.h"
@@ -21,6 +22,7 @@
 #include "pipeline/schedule.h"
 #include "train/batch_schedule.h"
 #include "train/checkpointing.h"
+#include "train/datasets.h"
 #include "train/exit_signal.h"
 #include "train/fault_injection.h"
 #include "train/model_config.h"
@@ -620,6 +622,26 @@ void register_train_args(ArgTable& t, Arguments& a) {
          "No training: evaluate the weights (--load) on the validation and test data, once");
   t.concern("data");
   t.flag("--eod-mask-loss", a.eod_mask_loss, "No loss on end-of-document input tokens");
+  t.flag("--fim-data", a.fim_data,
+         "Fill-in-the-middle samples (Megatron's GPTFIMDataset; a HuggingFaceTokenizer with the "
+         "FIM tokens)");
+  t.add("--fim-rate", a.fim_rate, "Probability that a document segment is permuted (FIM)");
+  t.add("--fim-spm-rate", a.fim_spm_rate,
+        "Probability that a permuted segment is written suffix-prefix-middle (else PSM)");
+  t.add("--fim-split-sample", a.fim_split_sample,
+        "A token (e.g. a file separator) at which segments are split again, each fragment "
+        "permuted with --fim-fragment-rate");
+  t.add("--fim-fragment-rate", a.fim_fragment_rate,
+        "Probability that a fragment is permuted (with --fim-split-sample)");
+  t.add("--fim-no-prefix", a.fim_no_prefix,
+        "Fragments whose text starts with this are never permuted");
+  t.add("--fim-prefix-token", a.fim_prefix_token, "FIM prefix token");
+  t.add("--fim-middle-token", a.fim_middle_token, "FIM middle token");
+  t.add("--fim-suffix-token", a.fim_suffix_token, "FIM suffix token");
+  t.add("--fim-pad-token", a.fim_pad_token,
+        "FIM pad token (fills a sample the permutation shortened)");
+  t.add("--fim-eod-token", a.fim_eod_token,
+        "The token between documents, at which samples are cut into segments");
   t.flag("--allow-ambiguous-pad-tokens", a.allow_ambiguous_pad_tokens,
          "Mask the tokenizer's pad id out of the loss even where it is also another special "
          "token's (EOD, EOS, ...): those lose their loss too. Without it such a pad is not "
@@ -1418,6 +1440,25 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
   MEGATRON_CHECK(a.eval_interval > 0, "--eval-interval must be positive, got ", a.eval_interval);
   MEGATRON_CHECK(a.eval_iters >= 0, "--eval-iters must be >= 0, got ", a.eval_iters);
   MEGATRON_CHECK(a.num_workers >= 0, "--num-workers must be >= 0, got ", a.num_workers);
+  if (a.fim_data) {
+    // pretrain_gpt.py builds mock and SFT datasets before it looks at --fim-data.
+    if (a.mock_data || a.sft) {
+      if (rank == 0)
+        log_line(std::string("WARNING: --fim-data is ignored with ") +
+                 (a.sft ? "--sft" : "--mock-data") + ", as in Megatron's pretrain_gpt");
+      a.fim_data = false;
+    } else {
+      MEGATRON_CHECK(a.model == "gpt" || a.model == "mamba",
+                     "--fim-data permutes GPT samples (--model gpt or mamba), not --model ",
+                     a.model);
+      MEGATRON_CHECK(a.tokenizer_type == "HuggingFaceTokenizer",
+                     "--fim-data decodes and re-encodes samples with a Hugging Face tokenizer "
+                     "that has the FIM tokens: pass --tokenizer-type HuggingFaceTokenizer "
+                     "--tokenizer-model DIR (got --tokenizer-type ",
+                     a.tokenizer_type, ")");
+      validate_fim_config(data_config(a).fim);
+    }
+  }
   if (a.sft) {
     MEGATRON_CHECK(a.model == "gpt" || a.model == "mamba",
                    "--sft trains GPT and hybrid Mamba models (--model gpt or mamba), not --model ",
@@ -2098,19 +2139,20 @@ void merge_checkpoint_args(Arguments& a, const ArgTable& t, bool report) {
   if (!tokenizer_reads_vocab_size(a.tokenizer_type)) saved.erase("vocab_size");
   // Megatron also takes --tokenizer-model (not with --no-use-tokenizer-model-from-checkpoint-
   // args) and --tiktoken-pattern; here given flags win, as for the type, and only for the
-  // saving run's type. TikTokenizer's special-token settings come along (an extension: Megatron
-  // leaves them to the command line).
+  // saving run's type. TikTokenizer's special-token settings and NullTokenizer's EOD and pad ids
+  // come along (an extension: Megatron leaves them to the command line).
   if (saved.value("tokenizer_type", nlohmann::json()) == nlohmann::json(a.tokenizer_type)) {
     nlohmann::json files = nlohmann::json::object();
-    for (const char* key : {"tokenizer_model", "tiktoken_pattern", "tiktoken_num_special_tokens",
-                            "tiktoken_special_tokens"}) {
+    for (const char* key :
+         {"tokenizer_model", "tiktoken_pattern", "tiktoken_num_special_tokens",
+          "tiktoken_special_tokens", "null_tokenizer_eod_id", "null_tokenizer_pad_id"}) {
       if (!a.use_tokenizer_model_from_checkpoint_args && std::string(key) == "tokenizer_model")
         continue;
       if (saved.contains(key) && !saved[key].is_null()) files[key] = saved[key];
     }
     t.restore("tokenizer", files,
               {"--tokenizer-model", "--tiktoken-pattern", "--tiktoken-num-special-tokens",
-               "--tiktoken-special-tokens"},
+               "--tiktoken-special-tokens", "--null-tokenizer-eod-id", "--null-tokenizer-pad-id"},
               src);
   }
   // A given sequence length wins (a run may train on other lengths), the encoder's and the

@@ -141,7 +141,7 @@ std::unique_ptr<GPTDataset> make_gpt(const Source& s, Split split,
                                      const GPTDatasetConfig& config) {
   const DocumentRange range = *s.ranges[static_cast<size_t>(split)];
   if (config.log) {
-    log_line(std::string(" > building the GPTDataset ") + split_name(split) + " split of " +
+    log_line(" > building the " + config.class_name + " " + split_name(split) + " split of " +
              s.prefix + ": " + std::to_string(range.size()) + " documents " + range_text(range));
   }
   return std::make_unique<GPTDataset>(s.dataset, range, num_samples, split, config);
@@ -198,7 +198,7 @@ std::unique_ptr<SampleSource> build_split(const std::vector<Source>& all_sources
     }
   }
   if (config.log && parts.size() == 1) {
-    log_line(" > WARNING: building a BlendedDataset for a single GPTDataset");
+    log_line(" > WARNING: building a BlendedDataset for a single " + config.class_name);
   }
   // Unweighted without a count: Megatron's exhaustive blend (every sample of each once).
   std::optional<int64_t> blend_size;

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "data/fim_config.h"
 #include "data/sample_source.h"
 
 namespace megatron {
@@ -30,6 +31,8 @@ struct DataConfig {
   bool reset_position_ids = false;          // --reset-position-ids
   bool reset_attention_mask = false;        // --reset-attention-mask
   bool allow_ambiguous_pad_tokens = false;  // --allow-ambiguous-pad-tokens (data/gpt_batch.h)
+  bool fim_data = false;                    // --fim-data: fill-in-the-middle samples
+  FimConfig fim;                            // the other --fim-* flags
   double mask_prob = 0.15;                  // --mask-prob (BERT)
   double short_seq_prob = 0.1;              // --short-seq-prob (BERT)
   bool bert_binary_head = true;             // not --bert-no-binary-head

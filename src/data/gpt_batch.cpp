@@ -44,10 +44,9 @@ GPTBatch make_batch(const SampleSource& data, int64_t first, int64_t b, const Ba
 PadToken gpt_pad_token(const Tokenizer& tokenizer, bool allow_ambiguous) {
   PadToken pad{tokenizer.pad(), false};
   if (pad.id < 0) return pad;
-  const SpecialTokens sp = tokenizer.special_tokens();
-  std::vector<int64_t> others = {tokenizer.eod(), sp.eos, sp.bos, sp.cls, sp.sep, sp.mask};
-  others.insert(others.end(), sp.additional.begin(), sp.additional.end());
-  for (const int64_t id : others) pad.ambiguous = pad.ambiguous || id == pad.id;
+  // Core 0.19 compares with tokenizer.special_tokens_dict, which none of its tokenizers has, so
+  // in effect with EOS and EOD only.
+  pad.ambiguous = pad.id == tokenizer.eod() || pad.id == tokenizer.special_tokens().eos;
   if (pad.ambiguous && !allow_ambiguous) pad.id = -1;
   return pad;
 }

@@ -48,9 +48,9 @@ TensorMap gpt_batch_fields(const GPTBatch& b);
 DType gpt_batch_field_dtype(const std::string& name);
 
 // The id GPT samples treat as padding: Megatron's MegatronDataset._pad_token_id. The tokenizer's
-// pad (-1 when it has none); when that equals another of its special tokens (EOD, EOS, BOS,
-// CLS, SEP, MASK, a sentinel), masking it would silence real tokens, so it becomes -1 (no id of
-// the data) unless allow_ambiguous (--allow-ambiguous-pad-tokens) keeps it. `ambiguous` says
+// pad (-1 when it has none); when that equals its EOD or EOS (the special tokens Megatron core
+// 0.19 compares it with), masking it would silence real tokens, so it becomes -1 (no id of the
+// data) unless allow_ambiguous (--allow-ambiguous-pad-tokens) keeps it. `ambiguous` says
 // whether it collided, for the warning Megatron prints either way.
 struct PadToken {
   int64_t id = -1;

@@ -343,7 +343,7 @@ std::string gpt_dataset_description(const std::string& dataset_path,
                                     const GPTDatasetConfig& config) {
   using Json = nlohmann::ordered_json;
   Json j;
-  j["class"] = "GPTDataset";
+  j["class"] = config.class_name;
   j["dataset_path"] = dataset_path;
   j["num_samples"] = num_samples ? Json(*num_samples) : Json(nullptr);
   j["index_split"] = split_name(split);
@@ -379,8 +379,8 @@ std::string gpt_dataset_description(const std::string& dataset_path,
   return j.dump(4, ' ', true);
 }
 
-std::string default_gpt_cache_dir(const std::string& dataset_path) {
-  return (std::filesystem::path(dataset_path) / "cache" / "GPTDataset_indices").string();
+std::string default_gpt_cache_dir(const std::string& dataset_path, const std::string& class_name) {
+  return (std::filesystem::path(dataset_path) / "cache" / (class_name + "_indices")).string();
 }
 
 namespace {
@@ -423,7 +423,7 @@ GPTIndices load_or_build_gpt_indices(std::span<const int32_t> sequence_lengths,
 
   std::optional<IndexCache> cache;
   if (!cache_dir.empty()) {
-    cache.emplace(cache_dir, "GPTDataset", name,
+    cache.emplace(cache_dir, config.class_name, name,
                   gpt_dataset_description(dataset_path, num_samples, split, config));
     std::string why;
     if (auto arrays = cache->load(kGPTSuffixes, &why)) {
@@ -436,7 +436,7 @@ GPTIndices load_or_build_gpt_indices(std::span<const int32_t> sequence_lengths,
       why = check_gpt_indices(loaded, sequence_lengths, documents);
       if (why.empty()) why = check_against_data(loaded, sequence_lengths, config.sequence_length);
       if (why.empty()) {
-        log("Load the GPTDataset " + name + " indices");
+        log("Load the " + config.class_name + " " + name + " indices");
         for (std::string_view suffix : kGPTSuffixes) {
           std::string what(suffix.substr(0, suffix.size() - 4));  // "document_index"
           std::replace(what.begin(), what.end(), '_', ' ');
@@ -452,17 +452,19 @@ GPTIndices load_or_build_gpt_indices(std::span<const int32_t> sequence_lengths,
          {std::string_view("description.txt"), kGPTSuffixes[0], kGPTSuffixes[1], kGPTSuffixes[2]}) {
       any_file = any_file || std::filesystem::exists(cache->path(suffix));
     }
-    if (any_file) log("> rebuilding the cached GPTDataset " + name + " indices: " + why);
+    if (any_file)
+      log("> rebuilding the cached " + config.class_name + " " + name + " indices: " + why);
   }
 
-  log("Build and save the GPTDataset " + name + " indices");
+  log("Build and save the " + config.class_name + " " + name + " indices");
   GPTIndices built =
       build_gpt_indices(sequence_lengths, documents, plan, config.sequence_length, seed);
   if (cache) {
     const NpyArray* arrays[] = {&built.document_index, &built.sample_index, &built.shuffle_index};
     cache->save(kGPTSuffixes, arrays);
   } else {
-    log("> WARNING: unable to save the GPTDataset indexes because no cache path is set");
+    log("> WARNING: unable to save the " + config.class_name +
+        " indexes because no cache path is set");
   }
   log("> total number of samples: " + std::to_string(plan.num_samples));
   log("> total number of epochs: " + std::to_string(plan.num_epochs));
@@ -515,8 +517,9 @@ GPTDataset::GPTDataset(std::shared_ptr<const IndexedDataset> dataset, DocumentRa
                  "documents [", documents.begin, ", ", documents.end, ") are outside ",
                  dataset_->prefix(), "'s ", dataset_->num_sequences(), " sequences");
   const std::string& path = dataset_->prefix();
-  const std::string cache_dir =
-      config.path_to_cache.empty() ? default_gpt_cache_dir(path) : config.path_to_cache;
+  const std::string cache_dir = config.path_to_cache.empty()
+                                    ? default_gpt_cache_dir(path, config.class_name)
+                                    : config.path_to_cache;
   description_ = gpt_dataset_description(path, num_samples, split, config);
   indices_ = load_or_build_gpt_indices(dataset_->sequence_lengths(), documents, num_samples, split,
                                        path, config, cache_dir);

@@ -76,7 +76,10 @@ struct GPTDatasetConfig {
   // default, and pretrain_gpt.py's (it never sets it), is true.
   bool drop_last_partial_validation_sequence = true;
   int64_t pad_token_id = -1;  // fills a short sample (only when partial samples are kept)
-  bool log = true;            // print Megatron's build/load lines (rank 0 only)
+  // Megatron's dataset class: it names the cache files, their default folder and the build lines
+  // (GPTFIMDataset under --fim-data, whose indices are a GPTDataset's).
+  std::string class_name = "GPTDataset";
+  bool log = true;  // print Megatron's build/load lines (rank 0 only)
 };
 
 // Numbers fixed by the inputs before any shuffling: the shape of every index array.
@@ -132,7 +135,8 @@ std::string gpt_dataset_description(const std::string& dataset_path,
 
 // The cache directory Megatron uses for a dataset prefix when no --data-cache-path is given: the
 // prefix itself used as a directory, `<prefix>/cache/GPTDataset_indices`.
-std::string default_gpt_cache_dir(const std::string& dataset_path);
+std::string default_gpt_cache_dir(const std::string& dataset_path,
+                                  const std::string& class_name = "GPTDataset");
 
 // Loads the indices from the cache in `cache_dir` if a complete, consistent one exists, else
 // builds and saves them there (cache_dir "" = build only). Prints Megatron's lines when

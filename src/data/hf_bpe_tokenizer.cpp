@@ -203,11 +203,13 @@ HuggingFaceTokenizer::HuggingFaceTokenizer(const std::string& path) : path_(path
       token.lstrip = flag_or(t, "lstrip", false);
       token.rstrip = flag_or(t, "rstrip", false);
       token.normalized = flag_or(t, "normalized", true);
+      token.special = flag_or(t, "special", false);
       MEGATRON_CHECK(!flag_or(t, "single_word", false), file, ": added token \"", token.content,
                      "\" has single_word=true, which is not supported");
       MEGATRON_CHECK(!token.content.empty() && token.id >= 0, file, ": added token ", t.dump(),
                      " needs a non-empty content and an id >= 0");
       added_content_[token.id] = token.content;
+      if (token.special) special_ids_.insert(token.id);
       added_.push_back(std::move(token));
     }
     added_by_first_byte_.resize(256);
@@ -411,8 +413,18 @@ std::vector<int64_t> HuggingFaceTokenizer::encode_plain(std::string_view text) c
 }
 
 std::string HuggingFaceTokenizer::decode(std::span<const int64_t> ids) const {
+  return decode_ids(ids, false);
+}
+
+std::string HuggingFaceTokenizer::decode_skipping_special(std::span<const int64_t> ids) const {
+  return decode_ids(ids, true);
+}
+
+std::string HuggingFaceTokenizer::decode_ids(std::span<const int64_t> ids,
+                                             bool skip_special) const {
   std::string bytes;
   for (const int64_t id : ids) {
+    if (skip_special && special_ids_.count(id)) continue;
     if (const auto it = added_content_.find(id); it != added_content_.end()) {
       bytes += it->second;  // added tokens are stored as text, not byte-mapped
       continue;

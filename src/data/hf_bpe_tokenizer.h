@@ -23,6 +23,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "data/gpt2_bpe_tokenizer.h"
@@ -44,6 +45,9 @@ class HuggingFaceTokenizer : public Tokenizer {
   // byte-mapped string); -1 when the tokenizer has neither.
   int64_t token_to_id(const std::string& token) const;
   std::string decode(std::span<const int64_t> ids) const override;
+  // decode() without the added tokens marked special ("special": true), as HF's
+  // decode(skip_special_tokens=True).
+  std::string decode_skipping_special(std::span<const int64_t> ids) const;
   int64_t vocab_size() const override { return vocab_size_; }
   // See the file comment for the rule; an error when no token qualifies.
   int64_t eod() const override;
@@ -53,7 +57,7 @@ class HuggingFaceTokenizer : public Tokenizer {
   struct AddedToken {
     std::string content;
     int64_t id = 0;
-    bool lstrip = false, rstrip = false, normalized = true;
+    bool lstrip = false, rstrip = false, normalized = true, special = false;
   };
   // One pre-tokenizer step, applied to every piece the previous step produced.
   struct Step {
@@ -71,6 +75,7 @@ class HuggingFaceTokenizer : public Tokenizer {
   void split_added_tokens(std::string_view text, bool normalized_pass,
                           std::vector<Segment>* segments) const;
   void encode_text(std::string_view piece, size_t step, std::vector<int64_t>* ids) const;
+  std::string decode_ids(std::span<const int64_t> ids, bool skip_special) const;
 
   std::string path_;
   std::unique_ptr<ByteLevelBpe> bpe_;
@@ -79,6 +84,7 @@ class HuggingFaceTokenizer : public Tokenizer {
   // For each first byte, the added tokens starting with it, longest first.
   std::vector<std::vector<size_t>> added_by_first_byte_;
   std::unordered_map<int64_t, std::string> added_content_;
+  std::unordered_set<int64_t> special_ids_;       // added tokens with "special": true
   std::vector<int64_t> prefix_ids_, suffix_ids_;  // post-processor template around the text
   int64_t vocab_size_ = 0;
   int64_t eod_ = -1;

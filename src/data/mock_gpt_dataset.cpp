@@ -14,7 +14,8 @@ constexpr int64_t kMaxDocLength = 4096;
 
 MockGPTDataset::MockGPTDataset(int64_t num_samples, int64_t seq_length, int64_t eod, uint64_t seed)
     : num_samples_(num_samples), seq_length_(seq_length), eod_(eod) {
-  MEGATRON_CHECK(eod >= 1, "mock data needs a vocabulary of at least 2 tokens");
+  MEGATRON_CHECK(eod >= 1, "mock documents hold the ids below the end-of-document id, here ", eod,
+                 "; pass a --vocab-size of at least 2 (or a --null-tokenizer-eod-id >= 1)");
   const int64_t stream_end = num_samples * seq_length + 1;
   while (doc_starts_.back() < stream_end) {
     const uint64_t k = doc_starts_.size() - 1;

@@ -59,6 +59,32 @@ int64_t NumpyRandomState::choice_index(std::span<const double> p) {
   return static_cast<int64_t>(std::upper_bound(cdf.begin(), cdf.end(), u) - cdf.begin());
 }
 
+int64_t NumpyRandomState::binomial_one(double p) {
+  MEGATRON_CHECK(p >= 0 && p <= 1, "binomial: p = ", p, " is outside [0, 1]");
+  // RandomState keeps the original binomial, without the Generator's early return for p = 0:
+  // random_binomial_inversion(n = 1, p') with p' = min(p, 1 - p), its arithmetic as written:
+  // q = 1 - p', P(X = 0) = exp(n log q), the bound min(n, n p' + 10 sqrt(n p' q + 1)) = 1.
+  const double pp = p <= 0.5 ? p : 1.0 - p;
+  const double q = 1.0 - pp;
+  const double qn = std::exp(1.0 * std::log(q));
+  const double bound = std::min(1.0, pp + 10.0 * std::sqrt(pp * q + 1));
+  int64_t x = 0;
+  double px = qn;
+  double u = random();
+  while (u > px) {
+    ++x;
+    if (static_cast<double>(x) > bound) {
+      x = 0;
+      px = qn;
+      u = random();
+    } else {
+      u -= px;
+      px = (static_cast<double>(1 - x + 1) * pp * px) / (static_cast<double>(x) * q);
+    }
+  }
+  return p <= 0.5 ? x : 1 - x;
+}
+
 int64_t NumpyRandomState::geometric(double p) {
   MEGATRON_CHECK(p > 0 && p < 1.0 / 3, "geometric: p = ", p,
                  " is outside (0, 1/3), the range NumPy samples by inversion");

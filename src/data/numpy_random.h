@@ -1,6 +1,7 @@
 // NumPy's legacy random stream, `numpy.random.RandomState(seed)`, as far as Megatron's datasets
 // use it: seeding with a 32-bit integer, `shuffle` of a 1-D array or list, `random()`,
-// `randint(low, high)`, `choice(a, p=...)` and `geometric(p)` (masked-LM sample construction).
+// `randint(low, high)`, `choice(a, p=...)` and `geometric(p)` (masked-LM sample construction),
+// `binomial(1, p)` (fill-in-the-middle samples).
 //
 // Megatron shuffles its document and sample indices with RandomState, so a run is sample-identical
 // to Megatron's only if our shuffles are bit-identical to NumPy's. RandomState is frozen by NumPy's
@@ -41,6 +42,10 @@ class NumpyRandomState {
   // RandomState.geometric(p), for p < 1/3 (inversion: ceil(log1p(-U) / log(1 - p))), the only
   // range the datasets use (SpanBERT's p = 0.2).
   int64_t geometric(double p);
+  // RandomState.binomial(1, p): NumPy's inversion for n = 1 (its choice for n p <= 30), on
+  // min(p, 1 - p) and mirrored for p > 1/2. One draw, p = 0 and 1 included (rarely more: the
+  // inversion restarts when rounding carries it past n).
+  int64_t binomial_one(double p);
 
   template <typename T>
   void shuffle(std::span<T> x) {

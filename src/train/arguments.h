@@ -254,6 +254,14 @@ struct Arguments {
   bool allow_ambiguous_pad_tokens = false;  // mask a pad id shared with another special token
   int64_t null_tokenizer_eod_id = -1;       // NullTokenizer's EOD; -1: vocab_size - 1
   int64_t null_tokenizer_pad_id = -1;       // NullTokenizer's pad; -1: none
+  // Fill-in-the-middle data (--fim-data, data/fim_dataset.h)
+  bool fim_data = false;
+  double fim_rate = 0.5, fim_spm_rate = 0.5;
+  double fim_fragment_rate = std::numeric_limits<double>::quiet_NaN();  // unset
+  std::string fim_split_sample, fim_no_prefix;                          // "": unset
+  std::string fim_prefix_token = "<fim_prefix>", fim_middle_token = "<fim_middle>";
+  std::string fim_suffix_token = "<fim_suffix>", fim_pad_token = "<fim_pad>";
+  std::string fim_eod_token = "<|endoftext|>";
   // BERT (--model bert / pretrain_bert)
   double mask_prob = 0.15;                        // --mask-prob
   double short_seq_prob = 0.1;                    // --short-seq-prob

@@ -1,6 +1,8 @@
 // The data flags as a DataConfig, and Megatron's per-split sample counts.
 #include "train/datasets.h"
 
+#include <cmath>
+
 #include "train/model_config.h"
 
 namespace megatron {
@@ -33,6 +35,17 @@ DataConfig data_config(const Arguments& a) {
   d.reset_position_ids = a.reset_position_ids;
   d.reset_attention_mask = a.reset_attention_mask;
   d.allow_ambiguous_pad_tokens = a.allow_ambiguous_pad_tokens;
+  d.fim_data = a.fim_data;
+  d.fim.rate = a.fim_rate;
+  d.fim.spm_rate = a.fim_spm_rate;
+  d.fim.split_sample = a.fim_split_sample;
+  if (!std::isnan(a.fim_fragment_rate)) d.fim.fragment_rate = a.fim_fragment_rate;
+  if (!a.fim_no_prefix.empty()) d.fim.no_prefix = a.fim_no_prefix;
+  d.fim.prefix_token = a.fim_prefix_token;
+  d.fim.middle_token = a.fim_middle_token;
+  d.fim.suffix_token = a.fim_suffix_token;
+  d.fim.pad_token = a.fim_pad_token;
+  d.fim.eod_token = a.fim_eod_token;
   d.mask_prob = a.mask_prob;
   d.short_seq_prob = a.short_seq_prob;
   d.bert_binary_head = !a.bert_no_binary_head;

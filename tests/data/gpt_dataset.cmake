@@ -20,3 +20,10 @@ megatron_test(test_sft_dataset SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_sft_data
 target_compile_definitions(test_sft_dataset PRIVATE
   MEGATRON_PYTHON_ORACLE="${PYTHON_ORACLE}"
   MEGATRON_SFT_ORACLE="${CMAKE_CURRENT_SOURCE_DIR}/sft_oracle.py")
+
+# --fim-data samples against Megatron's GPTFIMDataset restated in Python with NumPy's RandomState.
+megatron_test(test_fim_dataset SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_fim_dataset.cpp
+  LIBS megatron_data)
+target_compile_definitions(test_fim_dataset PRIVATE
+  MEGATRON_PYTHON_ORACLE="${PYTHON_ORACLE}"
+  MEGATRON_FIM_ORACLE="${CMAKE_CURRENT_SOURCE_DIR}/fim_oracle.py")

@@ -287,6 +287,17 @@ def run_case(case, out):
         rng = np.random.RandomState(case["seed"])
         vals = rng.randint(0, case["max"] + 1, size=case["count"], dtype=np.uint64)
         save(out, name + ".npy", vals.astype(np.int64))
+    elif op == "binomial":
+        # fim_dataset.py's draws: scalar binomial(1, p) calls, each followed by a
+        # randint(low=0, high=n + 1, size=2) (its character boundaries), n cycling.
+        rng = np.random.RandomState(case["seed"])
+        vals = []
+        for k in range(case["count"]):
+            p = case["ps"][k % len(case["ps"])]
+            n = case["ns"][k % len(case["ns"])]
+            vals.append(int(rng.binomial(1, p)))
+            vals.extend(int(v) for v in rng.randint(low=0, high=n + 1, size=2))
+        save(out, name + ".npy", np.array(vals, dtype=np.int64))
     elif op == "gpt":
         lengths = np.load(case["lengths"])
         drop_last = case["split"] != "valid" or case.get("drop_last_partial_validation_sequence", True)

@@ -87,6 +87,41 @@ TEST(NumpyRandomState, RandomIntervalMatchesNumPyRandint) {
   }
 }
 
+TEST(NumpyRandomState, BinomialOneAndRandintMatchNumPy) {
+  // Fill-in-the-middle's draws (data/fim_dataset.h): binomial(1, p), including p = 0 and 1
+  // (RandomState still draws), both sides of 1/2 and a p whose exp(log(1 - p)) is not 1 - p, each followed by
+  // randint(0, n + 1, size=2) with n = 0 (no draw) and past 2^16.
+  const std::string dir = testing::scratch_dir("gpt_binomial");
+  const std::vector<double> ps = {0.5, 0.0, 1.0, 0.1, 0.9, 0.3, 0.7000000000000001, 1e-9};
+  const std::vector<int64_t> ns = {0, 1, 5, 100, 70000, 3};
+  Json cases = Json::array();
+  for (int64_t seed : {0, 1234, 99}) {
+    cases.push_back({{"op", "binomial"},
+                     {"name", "b" + std::to_string(seed)},
+                     {"seed", seed},
+                     {"ps", ps},
+                     {"ns", ns},
+                     {"count", 2000}});
+  }
+  run_oracle(cases, dir);
+  for (const Json& c : cases) {
+    const NpyArray want = NpyArray::load(dir + "/" + c["name"].get<std::string>() + ".npy");
+    NumpyRandomState rng(static_cast<uint32_t>(c["seed"].get<int64_t>()));
+    int64_t ones = 0, at = 0;
+    for (int64_t k = 0; k < 2000; ++k) {
+      const double p = ps[static_cast<size_t>(k) % ps.size()];
+      const int64_t n = ns[static_cast<size_t>(k) % ns.size()];
+      const int64_t b = rng.binomial_one(p);
+      ones += b;
+      ASSERT_EQ(b, want.get(at++)) << "p " << p << " draw " << k;
+      ASSERT_EQ(rng.randint(0, n + 1), want.get(at++)) << "n " << n << " draw " << k;
+      ASSERT_EQ(rng.randint(0, n + 1), want.get(at++)) << "n " << n << " draw " << k;
+    }
+    ASSERT_EQ(at, want.numel());
+    EXPECT_GT(ones, 500);  // the draws are not all zero
+  }
+}
+
 // ---- .npy files ------------------------------------------------------------------------------
 
 // Values spanning each dtype's range (negative, past 2^31, past 2^32 for int64).

@@ -26,6 +26,16 @@ tests/data/test_random_sampler.cpp):
   the same documents with every 4 written as 0 (the pads became 0 and lost their loss), which
   without a pad is another curve; a pad equal to EOD is warned about and ignored (the curve of no
   pad), and with --allow-ambiguous-pad-tokens warned about and used;
+- --fim-data (fill-in-the-middle, tests/data/test_fim_dataset.cpp checks the samples against
+  Megatron's code restated) on code-like documents tokenized by the FIM oracle's tokenizer.json:
+  --fim-rate 0 (cut at a token the data lacks) trains the plain run's curve digit for digit (its
+  indices cached apart, under Megatron's GPTFIMDataset name), --fim-rate 1 another one that
+  still learns; with split files
+  (--fim-split-sample, --fim-fragment-rate) dp2 and tp2 follow one process within 1e-5 (every
+  sample draws from its own seed, whatever reads it), and a run resumed at iteration 3 prints the
+  straight run's iterations 4-6 digit for digit; --fim-data with --mock-data is ignored with a
+  warning; a NullTokenizer run, --fim-split-sample without --fim-fragment-rate, a rate outside
+  [0, 1] and a FIM token the tokenizer lacks exit 2 naming the flag;
 - refusals (exit 2, the flag named): --multiple-validation-sets without --full-validation,
   --full-validation with --mock-data or a weighted validation blend, --dataloader-type external,
   a --null-tokenizer-pad-id outside the vocabulary.
@@ -46,6 +56,7 @@ import megatron_job  # noqa: E402
 import megatron_log  # noqa: E402
 
 SFT_ORACLE = os.path.join(HERE, "..", "data", "sft_oracle.py")
+FIM_ORACLE = os.path.join(HERE, "..", "data", "fim_oracle.py")
 MEGATRON = None
 MPIEXEC = None
 TIMEOUT_S = 300
@@ -284,6 +295,97 @@ class DataLoadingTest(unittest.TestCase):
         self.refused("--full-validation", data=weighted, full_validation=True)
         self.refused("--dataloader-type", dataloader_type="external")
         self.refused("--null-tokenizer-pad-id 100", null_tokenizer_pad_id=100)
+
+
+class FimDataTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls._tmp = tempfile.TemporaryDirectory(prefix="megatron_fim_")
+        cls.tmp = cls._tmp.name
+        cls.tokenizer = os.path.join(cls.tmp, "tokenizer.json")
+        subprocess.run([sys.executable, FIM_ORACLE, "--write-tokenizer", cls.tokenizer],
+                       check=True, timeout=TIMEOUT_S)
+        # Repositories of 1 to 3 small source files, separated by <file_sep>.
+        jsonl = os.path.join(cls.tmp, "repos.jsonl")
+        with open(jsonl, "w", encoding="utf-8") as f:
+            for r in range(300):
+                files = [f"def f{r}_{k}(x):\n    return x * {r % 7 + k} + {k}  # caf\u00e9\n"
+                         for k in range(1 + r % 3)]
+                f.write(json.dumps({"text": "<file_sep>".join(files)}) + "\n")
+        cls.prefix = os.path.join(cls.tmp, "repos")
+        proc = subprocess.run([MEGATRON, "preprocess", "--input", jsonl, "--output-prefix",
+                               cls.prefix, "--tokenizer-type", "HuggingFaceTokenizer",
+                               "--tokenizer-model", cls.tokenizer, "--append-eod", "--workers",
+                               "1"], capture_output=True, text=True, timeout=TIMEOUT_S,
+                              check=False)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        cls.flags = {**MODEL, "--tokenizer-type": "HuggingFaceTokenizer",
+                     "--tokenizer-model": cls.tokenizer, "--seq-length": "64",
+                     "--max-position-embeddings": "64", "--data-path": cls.prefix + "_text_document",
+                     "--split": "90,10,0", "--data-cache-path": os.path.join(cls.tmp, "cache")}
+        del cls.flags["--vocab-size"]
+
+    @classmethod
+    def tearDownClass(cls):
+        cls._tmp.cleanup()
+
+    def run_ok(self, ranks=1, extra=(), **overrides):
+        proc = megatron_job.run_train(MEGATRON, MPIEXEC, ranks,
+                                      [*megatron_job.flags_with(self.flags, **overrides), *extra],
+                                      TIMEOUT_S)
+        self.assertEqual(proc.returncode, 0, proc.stdout[-3000:] + proc.stderr[-3000:])
+        return proc.stdout
+
+    def curve(self, out, last=6):
+        return megatron_log.curves(out, ["lm loss", "grad norm"], 1, last)
+
+    def test_rate_zero_is_the_plain_run_and_rate_one_learns(self):
+        plain = self.curve(self.run_ok())
+        # Cut at a token the data never holds (Megatron drops an EOD that ends an empty
+        # segment, so a sample starting with EOD changes even at rate 0).
+        out = self.run_ok(extra=("--fim-data",), fim_rate=0, fim_eod_token="<fim_pad>")
+        self.assertRegex(out, r"(Build and save|Load) the GPTFIMDataset train indices")
+        self.assertEqual(self.curve(out), plain)
+        fim = self.curve(self.run_ok(extra=("--fim-data",), fim_rate=1, train_iters=40), 40)
+        self.assertNotEqual(fim[1]["lm loss"], plain[1]["lm loss"])
+        self.assertLess(fim[40]["lm loss"], 0.6 * fim[1]["lm loss"])
+
+    def test_layouts_and_resume_read_the_same_samples(self):
+        fim = ("--fim-data", "--fim-split-sample", "<file_sep>", "--fim-fragment-rate", "0.7")
+        one = self.curve(self.run_ok(extra=fim))
+        for ranks, overrides in ((2, {}), (2, {"tensor_model_parallel_size": 2})):
+            with self.subTest(ranks=ranks, **overrides):
+                got = self.curve(self.run_ok(ranks, extra=fim, **overrides))
+                megatron_log.assert_same_curves(self, got, one, "fim", rel=REL)
+        ckpt = os.path.join(self.tmp, "fim_ckpt")
+        self.run_ok(extra=fim, exit_interval=3, save=ckpt, save_interval=3)
+        resumed = megatron_log.curves(self.run_ok(extra=fim, load=ckpt),
+                                      ["lm loss", "grad norm"], 4, 6)
+        self.assertEqual(resumed, {it: one[it] for it in (4, 5, 6)})
+
+    def refused(self, flag, extra=(), **overrides):
+        proc = megatron_job.run_train(MEGATRON, MPIEXEC, 1,
+                                      [*megatron_job.flags_with(self.flags, **overrides), *extra],
+                                      TIMEOUT_S)
+        self.assertEqual(proc.returncode, 2, proc.stdout[-2000:] + proc.stderr[-2000:])
+        self.assertIn(flag, proc.stderr)
+        for marker in megatron_job.CRASH_MARKERS:
+            self.assertNotIn(marker, proc.stderr)
+
+    def test_mock_data_and_refusals(self):
+        mock = {k: v for k, v in self.flags.items() if k not in ("--data-path", "--split")}
+        proc = megatron_job.run_train(MEGATRON, MPIEXEC, 1,
+                                      [*megatron_job.flags_with(mock, mock_data=True),
+                                       "--fim-data"], TIMEOUT_S)
+        self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
+        self.assertIn("--fim-data is ignored with --mock-data", proc.stdout)
+        self.refused("--tokenizer-type HuggingFaceTokenizer", extra=("--fim-data",),
+                     tokenizer_type="NullTokenizer", vocab_size=300)
+        self.refused("--fim-fragment-rate", extra=("--fim-data", "--fim-split-sample",
+                                                   "<file_sep>"))
+        self.refused("--fim-rate 1.5", extra=("--fim-data",), fim_rate=1.5)
+        self.refused("--fim-middle-token <mid> is no token", extra=("--fim-data",),
+                     fim_middle_token="<mid>")
 
 
 if __name__ == "__main__":

@@ -6,11 +6,35 @@
 #include "core/error.h"
 #include "core/logging.h"
 #include "data/blended_dataset.h"
+#include "data/fim_dataset.h"
 #include "data/gpt_batch.h"
 #include "data/mock_gpt_dataset.h"
 #include "data/sft_dataset.h"
 
 namespace megatron {
+
+namespace {
+
+// --fim-data: every split's samples permuted (data/fim_dataset.h), each split its own stream of
+// per-sample seeds.
+void with_fim(const DataConfig& a, const Tokenizer& tokenizer, Datasets* d) {
+  const auto* hf = dynamic_cast<const HuggingFaceTokenizer*>(&tokenizer);
+  MEGATRON_CHECK(hf != nullptr, "--fim-data needs --tokenizer-type HuggingFaceTokenizer");
+  const FimTokens tokens = fim_tokens(a.fim, *hf);
+  int64_t stream = 0;
+  auto wrap = [&](std::unique_ptr<SampleSource>& source) {
+    if (source)
+      source =
+          std::make_unique<FimSampleSource>(std::move(source), a.fim, tokens, *hf, a.seed, stream);
+    ++stream;
+  };
+  wrap(d->train);
+  wrap(d->valid);
+  wrap(d->test);
+  for (auto& more : d->more_valid) wrap(more);
+}
+
+}  // namespace
 
 Datasets gpt_datasets(const DataConfig& a, const Tokenizer& tokenizer, int64_t seq_length,
                       const SampleCounts& n, bool log) {
@@ -53,6 +77,7 @@ Datasets gpt_datasets(const DataConfig& a, const Tokenizer& tokenizer, int64_t s
   g.config.path_to_cache = a.data_cache_path;
   g.config.pad_token_id = pad.id;
   g.config.log = log;
+  if (a.fim_data) g.config.class_name = "GPTFIMDataset";
   GPTDatasets built = build_gpt_datasets(g);
   MEGATRON_CHECK(built.train != nullptr,
                  "no training data: the training split of --data-path is "
@@ -61,6 +86,7 @@ Datasets gpt_datasets(const DataConfig& a, const Tokenizer& tokenizer, int64_t s
   d.valid = std::move(built.valid);
   d.test = std::move(built.test);
   d.more_valid = std::move(built.more_valid);
+  if (a.fim_data) with_fim(a, tokenizer, &d);
   return d;
 }
 
