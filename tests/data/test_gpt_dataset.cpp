@@ -89,7 +89,7 @@ TEST(NumpyRandomState, RandomIntervalMatchesNumPyRandint) {
 
 TEST(NumpyRandomState, BinomialOneAndRandintMatchNumPy) {
   // Fill-in-the-middle's draws (data/fim_dataset.h): binomial(1, p), including p = 0 and 1
-  // (RandomState still draws), both sides of 1/2 and a p whose exp(log(1 - p)) is not 1 - p, each followed by
+  // (RandomState still draws), both sides of 1/2 and a p next to 0, each followed by
   // randint(0, n + 1, size=2) with n = 0 (no draw) and past 2^16.
   const std::string dir = testing::scratch_dir("gpt_binomial");
   const std::vector<double> ps = {0.5, 0.0, 1.0, 0.1, 0.9, 0.3, 0.7000000000000001, 1e-9};
