@@ -149,6 +149,7 @@ const std::vector<OwnFlag>& own_train_flags() {
       {"--allow-ambiguous-pad-tokens", "Megatron core 0.19's flag (GPT data's pad masking)"},
       {"--null-tokenizer-eod-id", "Megatron core 0.19's TokenizerConfig.null_tokenizer_eod_id"},
       {"--null-tokenizer-pad-id", "Megatron core 0.19's TokenizerConfig.null_tokenizer_pad_id"},
+      {"--phase-transition-iterations", "Megatron core 0.19's flag (data phases)"},
       {"--fim-data", "Megatron core 0.19's flag (GPTFIMDataset)"},
       {"--fim-rate", "Megatron core 0.19's flag (GPTFIMDataset)"},
       {"--fim-spm-rate", "Megatron core 0.19's flag (GPTFIMDataset)"},

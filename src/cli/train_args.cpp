@@ -475,6 +475,10 @@ void register_train_args(ArgTable& t, Arguments& a) {
         "Batch-size ramp-up START INCREMENT SAMPLES: the global batch starts at START and grows "
         "by INCREMENT evenly over SAMPLES samples (with --train-samples, or with --train-iters as "
         "Megatron's GPT-3 example uses it)");
+  t.add("--phase-transition-iterations", a.phase_transition_iterations,
+        "Comma-separated iterations where the data changes: a job saves and exits at the next "
+        "one; the job resumed from it builds its training data for its phase alone and reads "
+        "it from the start (a constant global batch size across phases)");
   t.add("--iterations-to-skip", a.iterations_to_skip,
         "Iterations whose batch is read and dropped without a step (Megatron's count before "
         "the step: 5 skips the iteration logged as 6); their samples count as skipped");
@@ -1118,6 +1122,24 @@ void validate_batch_schedule(Arguments& a, int64_t dp) {
     MEGATRON_CHECK(a.train_iters > 0, "--train-samples (", a.train_samples,
                    ") is less than one global batch (", a.global_batch_size, ")");
   }
+  a.phase_transitions.clear();
+  if (!a.phase_transition_iterations.empty()) {
+    std::stringstream list(a.phase_transition_iterations);
+    for (std::string item; std::getline(list, item, ',');) {
+      char* end = nullptr;
+      const long long it = std::strtoll(item.c_str(), &end, 10);
+      while (end && *end == ' ') ++end;
+      MEGATRON_CHECK(end != item.c_str() && *end == '\0' && it > 0,
+                     "--phase-transition-iterations takes comma-separated iterations > 0, got '",
+                     a.phase_transition_iterations, "'");
+      a.phase_transitions.push_back(it);
+    }
+    std::sort(a.phase_transitions.begin(), a.phase_transitions.end());
+    MEGATRON_CHECK(!rampup,
+                   "--phase-transition-iterations needs a constant global batch size across "
+                   "phases (a phase's samples are its iterations x --global-batch-size); drop "
+                   "--rampup-batch-size");
+  }
 }
 
 // The weight-decay increment and the decoupled learning rate (Megatron's validate_args and
@@ -1441,11 +1463,15 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
   MEGATRON_CHECK(a.eval_iters >= 0, "--eval-iters must be >= 0, got ", a.eval_iters);
   MEGATRON_CHECK(a.num_workers >= 0, "--num-workers must be >= 0, got ", a.num_workers);
   if (a.fim_data) {
-    // pretrain_gpt.py builds mock and SFT datasets before it looks at --fim-data.
-    if (a.mock_data || a.sft) {
-      if (rank == 0)
-        log_line(std::string("WARNING: --fim-data is ignored with ") +
-                 (a.sft ? "--sft" : "--mock-data") + ", as in Megatron's pretrain_gpt");
+    MEGATRON_CHECK(!a.mock_data,
+                   "--fim-data permutes real documents: mock data is not supported with the FIM "
+                   "dataset (as in Megatron); pass --data-path");
+    MEGATRON_CHECK(a.fim_rate > 0,
+                   "--fim-rate should be specified (a probability above 0, as Megatron asserts; "
+                   "without FIM drop --fim-data)");
+    // pretrain_gpt.py builds the SFT dataset before it looks at --fim-data.
+    if (a.sft) {
+      if (rank == 0) log_line("WARNING: --fim-data is ignored with --sft, as in Megatron");
       a.fim_data = false;
     } else {
       MEGATRON_CHECK(a.model == "gpt" || a.model == "mamba",

@@ -2,7 +2,10 @@
 // source.
 //
 // Each sample (seq_length + 1 ids) is cut at the FIM EOD token (--fim-eod-token) into segments;
-// each segment is, with probability --fim-rate, decoded to text (special tokens dropped), cut at
+// each segment is, with probability --fim-rate, decoded to text (special tokens dropped: the
+// added tokens tokenizer.json marks "special", where Megatron drops transformers'
+// all_special_tokens, its special-token map; the two agree for tokenizers whose special added
+// tokens are the map's), cut at
 // two uniformly drawn character positions into prefix, middle and suffix, and written back as
 //   PSM: <prefix> prefix <suffix> suffix <middle> middle, or with probability --fim-spm-rate
 //   SPM: <prefix> <suffix> suffix <middle> prefix middle,

@@ -71,7 +71,7 @@ struct GPTDatasetConfig {
   int64_t sequence_length = 0;          // --seq-length (tokens per sample, labels excluded)
   std::optional<std::string> split;     // --split as given; nullopt with per-split data paths
   std::string tokenizer_json = "null";  // the tokenizer's identifiers (JSON) for the description
-  std::string path_to_cache;  // --data-cache-path; "" = <data prefix>/cache/GPTDataset_indices
+  std::string path_to_cache;  // --data-cache-path; "" = <data prefix>/cache/<class>_indices
   // Validation keeps its last partial sample (ceil instead of floor) when false. Megatron's
   // default, and pretrain_gpt.py's (it never sets it), is true.
   bool drop_last_partial_validation_sequence = true;
@@ -134,7 +134,7 @@ std::string gpt_dataset_description(const std::string& dataset_path,
                                     const GPTDatasetConfig& config);
 
 // The cache directory Megatron uses for a dataset prefix when no --data-cache-path is given: the
-// prefix itself used as a directory, `<prefix>/cache/GPTDataset_indices`.
+// prefix itself used as a directory, `<prefix>/cache/<class_name>_indices`.
 std::string default_gpt_cache_dir(const std::string& dataset_path,
                                   const std::string& class_name = "GPTDataset");
 

@@ -45,8 +45,8 @@ class HuggingFaceTokenizer : public Tokenizer {
   // byte-mapped string); -1 when the tokenizer has neither.
   int64_t token_to_id(const std::string& token) const;
   std::string decode(std::span<const int64_t> ids) const override;
-  // decode() without the added tokens marked special ("special": true), as HF's
-  // decode(skip_special_tokens=True).
+  // decode() without the added tokens marked special ("special": true), as the tokenizers
+  // library's decode(skip_special_tokens=True).
   std::string decode_skipping_special(std::span<const int64_t> ids) const;
   int64_t vocab_size() const override { return vocab_size_; }
   // See the file comment for the rule; an error when no token qualifies.

@@ -142,6 +142,11 @@ struct Arguments {
   std::vector<std::string>
       iterations_to_skip;  // sample-based training (Megatron's update_train_iters); 0: unset
   std::vector<std::string> rampup_batch_size;  // START INCREMENT SAMPLES (train/batch_schedule.h)
+  // --phase-transition-iterations "I1,I2,...": data phases (each job trains one phase on its own
+  // data, reading it from its start, and saves and exits at the next transition); parsed into
+  // phase_transitions, sorted.
+  std::string phase_transition_iterations;
+  std::vector<int64_t> phase_transitions;
   bool decrease_batch_size_if_needed = false;  // round batches down to micro x dp multiples
   int64_t log_interval = 100;
   int64_t seed = 1234;

@@ -794,14 +794,32 @@ void Trainer::build_checkpointing() {
 void Trainer::build_data() {
   const DataConfig data = data_config(args_);
   make_batch_ = spec_->batch_maker(data, *tokenizer_);
+  SampleCounts need = sample_counts(args_);
+  int64_t train_need = batch_schedule_->samples_in(args_.train_iters);
+  if (!args_.phase_transitions.empty()) {
+    // Megatron's data phases: this job's phase runs from the last transition at or before the
+    // start to the next one; its training data is built for the phase's samples alone and read
+    // from its first sample (the global batch is constant, checked by the CLI).
+    const int64_t gbs = args_.global_batch_size;
+    int64_t first = 0, next = args_.train_iters;
+    for (const int64_t t : args_.phase_transitions) {
+      if (t <= start_iteration_) first = t;
+      if (t > start_iteration_) next = std::min(next, t);
+    }
+    const int64_t phase_samples = std::min(need.train, next * gbs) - first * gbs;
+    phase_data_offset_ = consumed_train_ - (start_iteration_ - first) * gbs;
+    need.train = phase_samples;
+    train_need = (std::min(next, args_.train_iters) - first) * gbs;
+    log_first(strprintf(
+        " > data phase of iterations %ld to %ld: %ld training samples, read from "
+        "the first",
+        static_cast<long>(first), static_cast<long>(next), static_cast<long>(phase_samples)));
+  }
   // Rank 0 builds (and caches) the sample indices first; the others then load them.
   if (!first_rank_) parallel_->world_group().barrier();
-  data_ =
-      spec_->build_datasets(data, *tokenizer_, cfg_.seq_length, sample_counts(args_), first_rank_);
+  data_ = spec_->build_datasets(data, *tokenizer_, cfg_.seq_length, need, first_rank_);
   if (first_rank_) parallel_->world_group().barrier();
   // Every sample the run will read must exist now, not hours in, at the last evaluation.
-  const SampleCounts need = sample_counts(args_);
-  const int64_t train_need = batch_schedule_->samples_in(args_.train_iters);
   MEGATRON_CHECK(data_.train->size() >= train_need, "the training data has ", data_.train->size(),
                  " samples; ", args_.train_iters, " iterations of the batch schedule need ",
                  train_need);
@@ -1843,6 +1861,14 @@ void Trainer::load_checkpoint() {
     log_first(strprintf("Overriding checkpoint iteration to %ld (consumed_train_samples = %ld)",
                         static_cast<long>(target), static_cast<long>(target * gbs)));
   }
+  // Megatron compares the batch size with data phases: a phase's samples are its iterations
+  // times it.
+  MEGATRON_CHECK(
+      args_.phase_transitions.empty() || !loaded->global_batch_size ||
+          *loaded->global_batch_size == args_.global_batch_size,
+      "--global-batch-size ", args_.global_batch_size, " differs from the checkpoint's (",
+      loaded->global_batch_size.value_or(0),
+      "); --phase-transition-iterations needs the same global batch size in every phase");
   if (!args_.finetune && !release) {
     start_iteration_ = loaded->iteration;
     consumed_train_ = loaded->consumed_train_samples;
@@ -2097,7 +2123,9 @@ int Trainer::exit_decision(int64_t it) {
                   kExitSavedRequeue);
     }
   }
-  if (args_.exit_interval > 0 && it % args_.exit_interval == 0) {
+  const auto& phases = args_.phase_transitions;
+  if ((args_.exit_interval > 0 && it % args_.exit_interval == 0) ||
+      std::find(phases.begin(), phases.end(), it) != phases.end()) {
     return stop(strprintf("exiting program at iteration %ld", static_cast<long>(it)), kExitOk);
   }
   return -1;
@@ -2167,9 +2195,9 @@ int Trainer::train() {
   if (args_.log_world_size_to_tensorboard) options.world_size = parallel_->world_size();
   TrainingLog log(options);
   if (needs_data_ && parallel_->tp_rank() == 0) {
-    prefetcher_ =
-        std::make_unique<BatchPrefetcher>(*data_.train, make_batch_, args_.micro_batch_size,
-                                          consumed_train_, args_.num_workers, dp_rank_, dp_size_);
+    prefetcher_ = std::make_unique<BatchPrefetcher>(
+        *data_.train, make_batch_, args_.micro_batch_size, consumed_train_ - phase_data_offset_,
+        args_.num_workers, dp_rank_, dp_size_);
   }
   BatchSchedule::Batch batch = batch_schedule_->at(consumed_train_);
   if (batch_schedule_->ramps_up()) {

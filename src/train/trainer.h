@@ -305,6 +305,9 @@ class Trainer {
   std::optional<LrSchedule> decoupled_schedule_;  // --decoupled-lr: embeddings and output layer
   WeightDecaySchedule wd_schedule_;
   Datasets data_;
+  // --phase-transition-iterations: the consumed samples before this phase's first (the training
+  // data is read from consumed_train_ - phase_data_offset_).
+  int64_t phase_data_offset_ = 0;
   std::unique_ptr<TensorBoardWriter> tensorboard_;
   std::unique_ptr<BatchPrefetcher> prefetcher_;
   std::optional<BatchSchedule> batch_schedule_;  // the global batch of each iteration

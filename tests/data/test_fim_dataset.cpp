@@ -88,6 +88,27 @@ TEST(FimDataset, SamplesEqualMegatronsRestated) {
     samples.emplace_back(stream.begin() + static_cast<std::ptrdiff_t>(at),
                          stream.begin() + static_cast<std::ptrdiff_t>(at + kWidth));
   ASSERT_GE(samples.size(), 40u);
+  // Megatron's quirks, built by hand: a sample ending in EOD (an empty last segment, which still
+  // becomes the three sentinels and the template's <s> when drawn), consecutive EODs (empty
+  // segments dropped with their EOD), a segment of special tokens only (no text: randint over
+  // one position draws nothing) and a sample of a single segment with no EOD.
+  const Ids doc = tok.encode("def g():\n    return 1  # caf\xC3\xA9\n");
+  const int64_t eod = ids_default.eod;
+  auto quirk = [&](std::initializer_list<Ids> parts) {
+    Ids s;
+    for (const Ids& p : parts) s.insert(s.end(), p.begin(), p.end());
+    s.resize(kWidth, doc[3]);
+    return s;
+  };
+  const Ids specials = {ids_default.prefix, ids_default.middle, tok.token_to_id("<s>")};
+  for (int k = 0; k < 6; ++k) {
+    samples.push_back(quirk({doc, doc, doc, doc}));  // filled up to the width: no EOD at all
+    Ids ends(samples.back().begin(), samples.back().end() - 1);
+    ends.push_back(eod);
+    samples.push_back(ends);
+    samples.push_back(quirk({{eod, eod}, doc, {eod, eod, eod}, doc, {eod}, specials, {eod}, doc}));
+    samples.push_back(quirk({specials, {eod}, doc, {eod}, specials}));
+  }
 
   const Variant variants[] = {
       {"psm", 1.0, 0.0, "", std::nullopt, std::nullopt},

@@ -28,14 +28,21 @@ tests/data/test_random_sampler.cpp):
   pad), and with --allow-ambiguous-pad-tokens warned about and used;
 - --fim-data (fill-in-the-middle, tests/data/test_fim_dataset.cpp checks the samples against
   Megatron's code restated) on code-like documents tokenized by the FIM oracle's tokenizer.json:
-  --fim-rate 0 (cut at a token the data lacks) trains the plain run's curve digit for digit (its
-  indices cached apart, under Megatron's GPTFIMDataset name), --fim-rate 1 another one that
-  still learns; with split files
-  (--fim-split-sample, --fim-fragment-rate) dp2 and tp2 follow one process within 1e-5 (every
-  sample draws from its own seed, whatever reads it), and a run resumed at iteration 3 prints the
-  straight run's iterations 4-6 digit for digit; --fim-data with --mock-data is ignored with a
-  warning; a NullTokenizer run, --fim-split-sample without --fim-fragment-rate, a rate outside
-  [0, 1] and a FIM token the tokenizer lacks exit 2 naming the flag;
+  a rate below NumPy's 2^-53 resolution (never drawn; Megatron refuses 0) with the cut at a
+  token the data lacks trains the plain run's curve digit for digit (its indices cached apart,
+  under Megatron's GPTFIMDataset name), --fim-rate 1 another one that still learns; with split
+  files (--fim-split-sample, --fim-fragment-rate) the curve is not the plain run's, dp2 and tp2
+  follow one process within 1e-5 (every sample draws from its own seed, whatever reads it), and
+  a run resumed at iteration 3 prints the straight run's iterations 4-6 digit for digit;
+  --fim-data with --mock-data, a NullTokenizer run, --fim-split-sample without
+  --fim-fragment-rate, --fim-rate 0 or 1.5 and a FIM token the tokenizer lacks exit 2 naming
+  the flag;
+- --phase-transition-iterations: with the weights fixed (--lr 0, no dropout) a loss depends on
+  the samples alone; a run with the transition at 3 saves and exits at 3 after the straight run's
+  iterations 1-3, and the job resumed from it reads its phase's data from the start (its
+  iterations 4-6 are the losses of 1-3), also when resumed within the phase (iteration 6 after
+  a stop at 5); another prefix gives the second phase other samples; a changed
+  --global-batch-size and a malformed list exit 2;
 - refusals (exit 2, the flag named): --multiple-validation-sets without --full-validation,
   --full-validation with --mock-data or a weighted validation blend, --dataloader-type external,
   a --null-tokenizer-pad-id outside the vocabulary.
@@ -173,6 +180,40 @@ class DataLoadingTest(unittest.TestCase):
         out = self.run_ok(extra=("--allow-ambiguous-pad-tokens",), null_tokenizer_pad_id=99)
         self.assertIn("Do not ignore this warning", out)
         self.assertNotEqual(curve(out)[1]["lm loss"], plain[1]["lm loss"])
+
+    # ---- --phase-transition-iterations -----------------------------------------------------
+
+    def test_phase_transitions_read_each_phase_from_its_start(self):
+        fixed = {"lr": 0, "hidden_dropout": 0, "attention_dropout": 0}
+        phased = {**fixed, "phase_transition_iterations": "3"}
+        keys = ["lm loss"]
+
+        def losses(out, first, last):
+            return [c["lm loss"] for _, c in sorted(megatron_log.curves(out, keys, first,
+                                                                        last).items())]
+
+        straight = losses(self.run_ok(**fixed), 1, 6)
+        self.assertNotEqual(straight[3:], straight[:3])  # later samples give other losses
+        ckpt = os.path.join(self.tmp, "phases")
+        out = self.run_ok(save=ckpt, save_interval=100, **phased)
+        self.assertIn("exiting program at iteration 3", out)
+        self.assertNotIn("iteration        4/", out)
+        self.assertEqual(losses(out, 1, 3), straight[:3])
+        out = self.run_ok(load=ckpt, **phased)
+        self.assertIn("data phase of iterations 3 to 6: 12 training samples", out)
+        self.assertEqual(losses(out, 4, 6), straight[:3])
+        # Resumed within the phase: iteration 6 reads the phase's third batch.
+        mid = os.path.join(self.tmp, "phases_mid")
+        self.run_ok(load=ckpt, save=mid, save_interval=100, exit_interval=5, **phased)
+        self.assertEqual(losses(self.run_ok(load=mid, **phased), 6, 6), straight[2:3])
+        # The second phase on other data.
+        other = losses(self.run_ok(load=ckpt, data={**self.data(), "--data-path": self.prefix["c"]},
+                                   **phased), 4, 6)
+        self.assertNotEqual(other, straight[:3])
+        self.refused("--phase-transition-iterations needs the same global batch size",
+                     load=ckpt, global_batch_size=8, **phased)
+        self.refused("--phase-transition-iterations takes comma-separated iterations",
+                     phase_transition_iterations="3,x")
 
     # ---- --full-validation -------------------------------------------------------------------
 
@@ -339,12 +380,15 @@ class FimDataTest(unittest.TestCase):
     def curve(self, out, last=6):
         return megatron_log.curves(out, ["lm loss", "grad norm"], 1, last)
 
-    def test_rate_zero_is_the_plain_run_and_rate_one_learns(self):
+    def test_an_undrawn_rate_is_the_plain_run_and_rate_one_learns(self):
         plain = self.curve(self.run_ok())
-        # Cut at a token the data never holds (Megatron drops an EOD that ends an empty
-        # segment, so a sample starting with EOD changes even at rate 0).
-        out = self.run_ok(extra=("--fim-data",), fim_rate=0, fim_eod_token="<fim_pad>")
+        # A rate NumPy's draws (multiples of 2^-53) never fall under, and the cut at a token the
+        # data never holds (Megatron drops an EOD that ends an empty segment, so a sample
+        # starting with EOD would change even without a permutation).
+        out = self.run_ok(extra=("--fim-data",), fim_rate="1e-300", fim_eod_token="<fim_pad>")
         self.assertRegex(out, r"(Build and save|Load) the GPTFIMDataset train indices")
+        self.assertTrue(any("-GPTFIMDataset-train-" in f
+                            for f in os.listdir(os.path.join(self.tmp, "cache"))))
         self.assertEqual(self.curve(out), plain)
         fim = self.curve(self.run_ok(extra=("--fim-data",), fim_rate=1, train_iters=40), 40)
         self.assertNotEqual(fim[1]["lm loss"], plain[1]["lm loss"])
@@ -353,6 +397,7 @@ class FimDataTest(unittest.TestCase):
     def test_layouts_and_resume_read_the_same_samples(self):
         fim = ("--fim-data", "--fim-split-sample", "<file_sep>", "--fim-fragment-rate", "0.7")
         one = self.curve(self.run_ok(extra=fim))
+        self.assertNotEqual(one[1]["lm loss"], self.curve(self.run_ok())[1]["lm loss"])
         for ranks, overrides in ((2, {}), (2, {"tensor_model_parallel_size": 2})):
             with self.subTest(ranks=ranks, **overrides):
                 got = self.curve(self.run_ok(ranks, extra=fim, **overrides))
@@ -372,13 +417,14 @@ class FimDataTest(unittest.TestCase):
         for marker in megatron_job.CRASH_MARKERS:
             self.assertNotIn(marker, proc.stderr)
 
-    def test_mock_data_and_refusals(self):
+    def test_refusals(self):
         mock = {k: v for k, v in self.flags.items() if k not in ("--data-path", "--split")}
         proc = megatron_job.run_train(MEGATRON, MPIEXEC, 1,
                                       [*megatron_job.flags_with(mock, mock_data=True),
                                        "--fim-data"], TIMEOUT_S)
-        self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
-        self.assertIn("--fim-data is ignored with --mock-data", proc.stdout)
+        self.assertEqual(proc.returncode, 2, proc.stderr[-2000:])
+        self.assertIn("mock data is not supported with the FIM dataset", proc.stderr)
+        self.refused("--fim-rate should be specified", extra=("--fim-data",), fim_rate=0)
         self.refused("--tokenizer-type HuggingFaceTokenizer", extra=("--fim-data",),
                      tokenizer_type="NullTokenizer", vocab_size=300)
         self.refused("--fim-fragment-rate", extra=("--fim-data", "--fim-split-sample",
