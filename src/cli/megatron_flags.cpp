@@ -150,6 +150,7 @@ const std::vector<OwnFlag>& own_train_flags() {
       {"--null-tokenizer-eod-id", "Megatron core 0.19's TokenizerConfig.null_tokenizer_eod_id"},
       {"--null-tokenizer-pad-id", "Megatron core 0.19's TokenizerConfig.null_tokenizer_pad_id"},
       {"--phase-transition-iterations", "Megatron core 0.19's flag (data phases)"},
+      {"--dataloader-inter-document-masking", "Megatron core 0.19's flag"},
       {"--fim-data", "Megatron core 0.19's flag (GPTFIMDataset)"},
       {"--fim-rate", "Megatron core 0.19's flag (GPTFIMDataset)"},
       {"--fim-spm-rate", "Megatron core 0.19's flag (GPTFIMDataset)"},

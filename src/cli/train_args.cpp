@@ -646,6 +646,10 @@ void register_train_args(ArgTable& t, Arguments& a) {
         "FIM pad token (fills a sample the permutation shortened)");
   t.add("--fim-eod-token", a.fim_eod_token,
         "The token between documents, at which samples are cut into segments");
+  t.flag("--dataloader-inter-document-masking", a.dataloader_inter_document_masking,
+         "Attention stays inside each document of a sample and positions restart at each, the "
+         "boundaries taken from the dataset's documents (no EOD needed); overrides "
+         "--reset-attention-mask and --reset-position-ids");
   t.flag("--allow-ambiguous-pad-tokens", a.allow_ambiguous_pad_tokens,
          "Mask the tokenizer's pad id out of the loss even where it is also another special "
          "token's (EOD, EOS, ...): those lose their loss too. Without it such a pad is not "
@@ -1462,6 +1466,16 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
   MEGATRON_CHECK(a.eval_interval > 0, "--eval-interval must be positive, got ", a.eval_interval);
   MEGATRON_CHECK(a.eval_iters >= 0, "--eval-iters must be >= 0, got ", a.eval_iters);
   MEGATRON_CHECK(a.num_workers >= 0, "--num-workers must be >= 0, got ", a.num_workers);
+  if (a.dataloader_inter_document_masking) {
+    MEGATRON_CHECK(a.model == "gpt" || a.model == "mamba",
+                   "--dataloader-inter-document-masking masks GPT samples by their documents "
+                   "(--model gpt or mamba), not --model ",
+                   a.model);
+    if (a.sft) {  // Megatron's SFT samples are one conversation each, whatever the flag says
+      if (rank == 0) log_line("WARNING: --dataloader-inter-document-masking is ignored with --sft");
+      a.dataloader_inter_document_masking = false;
+    }
+  }
   if (a.fim_data) {
     MEGATRON_CHECK(!a.mock_data,
                    "--fim-data permutes real documents: mock data is not supported with the FIM "

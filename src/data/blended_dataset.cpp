@@ -438,6 +438,14 @@ void BlendedDataset::sample(int64_t index, int64_t* out) const {
   datasets_[static_cast<size_t>(d)]->sample(indices_.dataset_sample_index.get(index), out);
 }
 
+std::vector<int64_t> BlendedDataset::document_lengths(int64_t index) const {
+  MEGATRON_CHECK(index >= 0 && index < size(), "sample ", index,
+                 " is outside the blended dataset's [0, ", size(), ")");
+  const int64_t d = indices_.dataset_index.get(index);
+  return datasets_[static_cast<size_t>(d)]->document_lengths(
+      indices_.dataset_sample_index.get(index));
+}
+
 std::array<int64_t, 3> megatron_split_num_samples(int64_t train_iters, int64_t global_batch_size,
                                                   int64_t eval_interval, int64_t eval_iters) {
   MEGATRON_CHECK(eval_interval > 0, "--eval-interval must be positive, got ", eval_interval);

@@ -79,6 +79,7 @@ class BlendedDataset : public SampleSource {
   int64_t size() const override { return indices_.dataset_index.numel(); }
   int64_t seq_length() const override { return datasets_[0]->seq_length(); }
   void sample(int64_t index, int64_t* out) const override;
+  std::vector<int64_t> document_lengths(int64_t index) const override;
 
   const std::vector<std::unique_ptr<GPTDataset>>& datasets() const { return datasets_; }
   const BlendedIndices& indices() const { return indices_; }

@@ -75,7 +75,8 @@ struct ClassificationRecord {
 class ClassificationDataset : public SampleSource {
  public:
   // train: `size` samples over shuffled epochs; else (validation) the examples padded to a
-  // multiple of `batch` and cycled to at least `size` samples. Labels outside `labels` are refused, naming the file's flag.
+  // multiple of `batch` and cycled to at least `size` samples. Labels outside `labels` are refused,
+  // naming the file's flag.
   ClassificationDataset(const std::vector<ClassificationExample>& examples,
                         const std::vector<std::string>& labels, const Tokenizer& tokenizer,
                         int64_t seq_length, bool train, int64_t size, int64_t batch, uint32_t seed,

@@ -31,6 +31,7 @@ struct DataConfig {
   bool reset_position_ids = false;          // --reset-position-ids
   bool reset_attention_mask = false;        // --reset-attention-mask
   bool allow_ambiguous_pad_tokens = false;  // --allow-ambiguous-pad-tokens (data/gpt_batch.h)
+  bool inter_document_masking = false;      // --dataloader-inter-document-masking
   bool fim_data = false;                    // --fim-data: fill-in-the-middle samples
   FimConfig fim;                            // the other --fim-* flags
   double mask_prob = 0.15;                  // --mask-prob (BERT)

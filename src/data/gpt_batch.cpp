@@ -4,13 +4,16 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
+
 namespace megatron {
 
 GPTBatch make_batch(const SampleSource& data, int64_t first, int64_t b, const BatchOptions& opt) {
   const int64_t s = data.seq_length();
   GPTBatch batch{Tensor::empty({b, s}, DType::kI64), Tensor::empty({b, s}, DType::kI64),
                  Tensor::full({b, s}, 1.0), Tensor::empty({b, s}, DType::kI64), Tensor()};
-  if (opt.reset_attention_mask) batch.doc_start = Tensor::empty({b, s}, DType::kI32);
+  if (opt.reset_attention_mask || opt.inter_document_masking)
+    batch.doc_start = Tensor::empty({b, s}, DType::kI32);
   std::vector<int64_t> buf(static_cast<size_t>(s + 1));
   for (int64_t i = 0; i < b; ++i) {
     data.sample(first + i, buf.data());
@@ -18,7 +21,7 @@ GPTBatch make_batch(const SampleSource& data, int64_t first, int64_t b, const Ba
     int64_t* lab = batch.labels.data<int64_t>() + i * s;
     float* mask = batch.loss_mask.data<float>() + i * s;
     int64_t* pos = batch.positions.data<int64_t>() + i * s;
-    int32_t* start = opt.reset_attention_mask ? batch.doc_start.data<int32_t>() + i * s : nullptr;
+    int32_t* start = batch.doc_start.defined() ? batch.doc_start.data<int32_t>() + i * s : nullptr;
     int64_t doc_begin = 0;  // position after the last EOD seen
     for (int64_t t = 0; t < s; ++t) {
       tok[t] = buf[t];
@@ -28,6 +31,25 @@ GPTBatch make_batch(const SampleSource& data, int64_t first, int64_t b, const Ba
       const bool is_eod = buf[t] == opt.eod;
       if (opt.eod_mask_loss && is_eod) mask[t] = 0;
       if (is_eod) doc_begin = t + 1;
+    }
+    if (opt.inter_document_masking) {
+      std::vector<int64_t> lengths = data.document_lengths(first + i);
+      if (!lengths.empty() && --lengths.back() == 0) lengths.pop_back();
+      int64_t covered = 0;
+      for (const int64_t n : lengths) covered += n;
+      MEGATRON_ASSERT(covered <= s, "sample ", first + i, "'s documents hold ", covered,
+                      " input tokens, more than the sequence's ", s);
+      if (covered < s) {
+        if (lengths.empty()) lengths.push_back(0);
+        lengths.back() += s - covered;
+      }
+      int64_t t = 0;
+      for (const int64_t n : lengths) {
+        for (int64_t k = 0; k < n; ++k, ++t) {
+          pos[t] = k;
+          start[t] = static_cast<int32_t>(t - k);
+        }
+      }
     }
     // Megatron's order: the masks above read the pad ids; then the pads go.
     for (int64_t t = 0; t < s; ++t) {

@@ -4,7 +4,11 @@
 // - position ids restart after every EOD (--reset-position-ids);
 // - doc_start, the first position of each token's document, so attention stays inside documents
 //   (--reset-attention-mask). The EOD token belongs to the document it ends.
-// and GPTDataset.__getitem__'s padding rule after them: no loss where the label is the pad id,
+// With inter_document_masking (core 0.19's --dataloader-inter-document-masking) the positions
+// restart and attention stays inside each document part of the sample instead, its boundaries
+// taken from the dataset (so documents need no EOD): Megatron's cu_seqlens, the extra label
+// token taken off the last part and a padded sample's shortfall added to it.
+// And GPTDataset.__getitem__'s padding rule after them: no loss where the label is the pad id,
 // and pad ids in tokens and labels become 0 (so the embedding can look them up). The masks and
 // positions are computed before that, on the pad ids.
 #pragma once
@@ -33,6 +37,9 @@ struct BatchOptions {
   bool reset_position_ids = false;
   bool reset_attention_mask = false;
   int64_t pad = -1;  // gpt_pad_token(); -1 also fills short samples (GPTDatasetConfig)
+  // --dataloader-inter-document-masking: positions and document starts from the documents the
+  // sample was cut from (SampleSource::document_lengths), whatever EOD says.
+  bool inter_document_masking = false;
 };
 
 // The batch's fields by name, as Megatron's get_batch names them (the names GPT's model chunks

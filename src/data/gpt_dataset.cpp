@@ -534,4 +534,14 @@ void GPTDataset::sample(int64_t index, int64_t* out) const {
       out);
 }
 
+std::vector<int64_t> GPTDataset::document_lengths(int64_t index) const {
+  std::vector<int64_t> lengths;
+  std::vector<int64_t> unused(static_cast<size_t>(seq_length_ + kExtra));
+  fetch_gpt_sample(
+      indices_, dataset_->sequence_lengths(), seq_length_, pad_token_id_, index,
+      [&](int64_t, int64_t, int64_t length, int64_t*) { lengths.push_back(length); },
+      unused.data());
+  return lengths;
+}
+
 }  // namespace megatron

@@ -166,6 +166,8 @@ class GPTDataset : public SampleSource {
   int64_t size() const override { return indices_.num_samples(); }
   int64_t seq_length() const override { return seq_length_; }
   void sample(int64_t index, int64_t* out) const override;
+  // The parts fetch_gpt_sample reads (empty documents contribute none).
+  std::vector<int64_t> document_lengths(int64_t index) const override;
 
   Split split() const { return split_; }
   const GPTIndices& indices() const { return indices_; }

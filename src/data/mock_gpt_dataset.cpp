@@ -38,4 +38,15 @@ void MockGPTDataset::sample(int64_t index, int64_t* out) const {
   }
 }
 
+std::vector<int64_t> MockGPTDataset::document_lengths(int64_t index) const {
+  MEGATRON_CHECK(index >= 0 && index < num_samples_, "mock dataset: sample ", index,
+                 " out of range [0, ", num_samples_, ")");
+  const int64_t start = index * seq_length_, end = start + seq_length_ + 1;
+  std::vector<int64_t> lengths;
+  for (auto it = std::upper_bound(doc_starts_.begin(), doc_starts_.end(), start) - 1; *it < end;
+       ++it)
+    lengths.push_back(std::min(*(it + 1), end) - std::max(*it, start));
+  return lengths;
+}
+
 }  // namespace megatron

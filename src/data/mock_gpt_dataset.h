@@ -23,6 +23,7 @@ class MockGPTDataset : public SampleSource {
   int64_t size() const override { return num_samples_; }
   int64_t seq_length() const override { return seq_length_; }
   void sample(int64_t index, int64_t* out) const override;
+  std::vector<int64_t> document_lengths(int64_t index) const override;
 
  private:
   int64_t num_samples_, seq_length_, eod_;

@@ -67,6 +67,9 @@ class SampledSource : public SampleSource {
   int64_t seq_length() const override { return inner_->seq_length(); }
   int64_t sample_width() const override { return inner_->sample_width(); }
   void sample(int64_t index, int64_t* out) const override;
+  std::vector<int64_t> document_lengths(int64_t index) const override {
+    return inner_->document_lengths(sampler_.index(index));
+  }
 
   const SampleSource& inner() const { return *inner_; }
   const RandomSampler& sampler() const { return sampler_; }

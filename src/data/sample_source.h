@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 namespace megatron {
 
@@ -20,6 +21,14 @@ class SampleSource {
   virtual int64_t sample_width() const { return seq_length() + 1; }
   // Writes sample `index` (sample_width() values) into out. Safe to call from several threads.
   virtual void sample(int64_t index, int64_t* out) const = 0;
+  // GPT samples: the tokens each document contributes to sample `index`, in order (Megatron's
+  // document_lengths: the extra label token counted in the last; a padded sample's sum falls
+  // short). By default the sample is one document, as Megatron's FIM dataset reports it.
+  virtual std::vector<int64_t> document_lengths(int64_t index) const;
 };
+
+inline std::vector<int64_t> SampleSource::document_lengths(int64_t) const {
+  return {seq_length() + 1};
+}
 
 }  // namespace megatron

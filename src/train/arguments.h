@@ -257,8 +257,9 @@ struct Arguments {
   bool reset_position_ids = false;
   bool reset_attention_mask = false;
   bool allow_ambiguous_pad_tokens = false;  // mask a pad id shared with another special token
-  int64_t null_tokenizer_eod_id = -1;       // NullTokenizer's EOD; -1: vocab_size - 1
-  int64_t null_tokenizer_pad_id = -1;       // NullTokenizer's pad; -1: none
+  bool dataloader_inter_document_masking = false;  // documents from the dataset, not from EOD
+  int64_t null_tokenizer_eod_id = -1;              // NullTokenizer's EOD; -1: vocab_size - 1
+  int64_t null_tokenizer_pad_id = -1;              // NullTokenizer's pad; -1: none
   // Fill-in-the-middle data (--fim-data, data/fim_dataset.h)
   bool fim_data = false;
   double fim_rate = 0.5, fim_spm_rate = 0.5;

@@ -35,6 +35,7 @@ DataConfig data_config(const Arguments& a) {
   d.reset_position_ids = a.reset_position_ids;
   d.reset_attention_mask = a.reset_attention_mask;
   d.allow_ambiguous_pad_tokens = a.allow_ambiguous_pad_tokens;
+  d.inter_document_masking = a.dataloader_inter_document_masking;
   d.fim_data = a.fim_data;
   d.fim.rate = a.fim_rate;
   d.fim.spm_rate = a.fim_spm_rate;

@@ -24,6 +24,9 @@ class WrappedSource : public SampleSource {
   void sample(int64_t index, int64_t* out) const override {
     inner_.sample(index % inner_.size(), out);
   }
+  std::vector<int64_t> document_lengths(int64_t index) const override {
+    return inner_.document_lengths(index % inner_.size());
+  }
 
  private:
   const SampleSource& inner_;

@@ -245,16 +245,17 @@ void Trainer::build_model() {
   const ParallelState& ps = *parallel_;
   // This rank's model chunks, one per virtual pipeline stage, and the model's loss.
   const int pp = ps.pp_size();
-  chunks_ = spec_->build_chunks(ModelOptions{cfg_, args_.reset_attention_mask},
-                                ChunkPlacement{.tp = ps.tp_group_ptr(),
-                                               .sequence_parallel = args_.sequence_parallel,
-                                               .pp_size = pp,
-                                               .pp_rank = ps.pp_rank(),
-                                               .virtual_stages = virtual_stages_,
-                                               .cp = context_parallel(),
-                                               .expert = expert_parallel(),
-                                               .amax = &ps.amax_reduction_group(),
-                                               .split = pipeline_split(args_)});
+  chunks_ = spec_->build_chunks(
+      ModelOptions{cfg_, args_.reset_attention_mask || args_.dataloader_inter_document_masking},
+      ChunkPlacement{.tp = ps.tp_group_ptr(),
+                     .sequence_parallel = args_.sequence_parallel,
+                     .pp_size = pp,
+                     .pp_rank = ps.pp_rank(),
+                     .virtual_stages = virtual_stages_,
+                     .cp = context_parallel(),
+                     .expert = expert_parallel(),
+                     .amax = &ps.amax_reduction_group(),
+                     .split = pipeline_split(args_)});
   std::vector<Param*> all;
   for (const auto& chunk : chunks_) {
     for (Param* p : chunk->parameters()) all.push_back(p);

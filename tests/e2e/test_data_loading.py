@@ -43,6 +43,11 @@ tests/data/test_random_sampler.cpp):
   iterations 4-6 are the losses of 1-3), also when resumed within the phase (iteration 6 after
   a stop at 5); another prefix gives the second phase other samples; a changed
   --global-batch-size and a malformed list exit 2;
+- --dataloader-inter-document-masking: on documents preprocessed with EOD (and on mock data)
+  the dataset's document boundaries are the EODs, so it trains the curve of
+  --reset-attention-mask --reset-position-ids digit for digit; on the same documents without EOD
+  those flags change nothing while it still masks (another curve); tp2 and cp2 follow one
+  process within 1e-5;
 - refusals (exit 2, the flag named): --multiple-validation-sets without --full-validation,
   --full-validation with --mock-data or a weighted validation blend, --dataloader-type external,
   a --null-tokenizer-pad-id outside the vocabulary.
@@ -180,6 +185,41 @@ class DataLoadingTest(unittest.TestCase):
         out = self.run_ok(extra=("--allow-ambiguous-pad-tokens",), null_tokenizer_pad_id=99)
         self.assertIn("Do not ignore this warning", out)
         self.assertNotEqual(curve(out)[1]["lm loss"], plain[1]["lm loss"])
+
+    # ---- --dataloader-inter-document-masking -------------------------------------------------
+
+    def test_inter_document_masking_takes_the_datasets_documents(self):
+        keys = ["lm loss", "grad norm"]
+        resets = ("--reset-attention-mask", "--reset-position-ids")
+        inter = ("--dataloader-inter-document-masking",)
+
+        def curve(extra=(), ranks=1, **overrides):
+            return megatron_log.curves(self.run_ok(ranks, extra=extra, **overrides), keys, 1, 6)
+
+        with_eod = curve(inter)
+        self.assertEqual(with_eod, curve(resets))
+        self.assertNotEqual(with_eod[1]["lm loss"], curve()[1]["lm loss"])
+        mock = {**MODEL, "--mock-data": None}
+        self.assertEqual(curve(inter, data=mock), curve(resets, data=mock))
+        # The same documents preprocessed without EOD.
+        bare = os.path.join(self.tmp, "no_eod")
+        os.makedirs(bare, exist_ok=True)
+        proc = subprocess.run([MEGATRON, "preprocess", "--input",
+                               os.path.join(self.tmp, "a", "docs.jsonl"), "--output-prefix",
+                               os.path.join(bare, "docs"), "--tokenizer-type", "NullTokenizer",
+                               "--vocab-size", "100", "--workers", "1"],
+                              capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+        self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
+        no_eod = {**self.data(), "--data-path": os.path.join(bare, "docs_text_document")}
+        plain = curve(data=no_eod)
+        self.assertEqual(curve(resets, data=no_eod), plain)
+        masked = curve(inter, data=no_eod)
+        self.assertNotEqual(masked[1]["lm loss"], plain[1]["lm loss"])
+        for ranks, overrides in ((2, {"tensor_model_parallel_size": 2}),
+                                 (2, {"context_parallel_size": 2})):
+            with self.subTest(**overrides):
+                megatron_log.assert_same_curves(
+                    self, curve(inter, ranks, data=no_eod, **overrides), masked, "inter", rel=REL)
 
     # ---- --phase-transition-iterations -----------------------------------------------------
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "data/gpt_batch.h"
+#include "data/mock_gpt_dataset.h"
 #include "data/null_tokenizer.h"
 #include "train/batch_prefetcher.h"
 
@@ -126,6 +127,75 @@ TEST(GPTBatch, AnAmbiguousPadStillEndsDocuments) {
   EXPECT_EQ(r.mask, (std::vector<float>{0, 0, 1, 0}));
   EXPECT_EQ(r.positions, (std::vector<int64_t>{0, 1, 0, 1}));
   EXPECT_EQ(r.start, (std::vector<int32_t>{0, 0, 2, 2}));
+}
+
+// A fixed sample cut from documents of the given lengths.
+class DocumentSource : public FixedSource {
+ public:
+  DocumentSource(std::vector<int64_t> ids, std::vector<int64_t> lengths)
+      : FixedSource(std::move(ids)), lengths_(std::move(lengths)) {}
+  std::vector<int64_t> document_lengths(int64_t) const override { return lengths_; }
+
+ private:
+  std::vector<int64_t> lengths_;
+};
+
+// --dataloader-inter-document-masking: Megatron core 0.19's cu_seqlens from document_lengths
+// (the extra label token off the last part, a short sample's remainder added to it), positions
+// restarting in each part; the EOD rules no longer place them, the loss mask still follows EOD.
+TEST(GPTBatch, InterDocumentMaskingTakesTheDatasetsDocuments) {
+  BatchOptions opt{kEod, true, true, true};
+  opt.inter_document_masking = true;
+  // 9 ids from parts of 3, 4 and 2 (EOD inside the second part, not at a boundary).
+  const Row r = row_of(
+      make_batch(DocumentSource({10, 11, 12, 13, kEod, 15, 16, 17, 18}, {3, 4, 2}), 0, 1, opt));
+  EXPECT_EQ(r.positions, (std::vector<int64_t>{0, 1, 2, 0, 1, 2, 3, 0}));
+  EXPECT_EQ(r.start, (std::vector<int32_t>{0, 0, 0, 3, 3, 3, 3, 7}));
+  EXPECT_EQ(r.mask, (std::vector<float>{1, 1, 1, 1, 0, 1, 1, 1}));  // --eod-mask-loss still
+  // The last part only the extra token: it goes; a padded sample's shortfall joins the last.
+  const Row tail =
+      row_of(make_batch(DocumentSource({1, 2, 3, 4, 5, 6, 8, 9, 10}, {4, 4, 1}), 0, 1, opt));
+  EXPECT_EQ(tail.start, (std::vector<int32_t>{0, 0, 0, 0, 4, 4, 4, 4}));
+  const Row padded =
+      row_of(make_batch(DocumentSource({1, 2, 3, 4, 5, -1, -1, -1, -1}, {2, 3}), 0, 1, opt));
+  EXPECT_EQ(padded.positions, (std::vector<int64_t>{0, 1, 0, 1, 2, 3, 4, 5}));
+  EXPECT_EQ(padded.start, (std::vector<int32_t>{0, 0, 2, 2, 2, 2, 2, 2}));
+  // Without the flag the same sample follows EOD (restart after position 4).
+  opt.inter_document_masking = false;
+  const Row eod = row_of(
+      make_batch(DocumentSource({10, 11, 12, 13, kEod, 15, 16, 17, 18}, {3, 4, 2}), 0, 1, opt));
+  EXPECT_EQ(eod.start, (std::vector<int32_t>{0, 0, 0, 0, 0, 5, 5, 5}));
+}
+
+// Mock documents end in EOD: the parts MockGPTDataset reports end exactly there.
+TEST(GPTBatch, MockDocumentLengthsEndAtTheirEod) {
+  const MockGPTDataset mock(400, 64, 99, 7);  // documents of up to 4095 tokens: a dozen ends
+  int boundaries = 0;
+  for (int64_t i = 0; i < mock.size(); ++i) {
+    std::vector<int64_t> ids(65);
+    mock.sample(i, ids.data());
+    const std::vector<int64_t> lengths = mock.document_lengths(i);
+    int64_t end = 0;
+    for (size_t k = 0; k < lengths.size(); ++k) {
+      ASSERT_GT(lengths[k], 0);
+      end += lengths[k];
+      if (k + 1 < lengths.size()) {
+        EXPECT_EQ(ids[static_cast<size_t>(end - 1)], 99) << "sample " << i << " part " << k;
+        ++boundaries;
+      }
+    }
+    EXPECT_EQ(end, 65);
+    for (int64_t t = 0; t + 1 < end - lengths.back(); ++t) {
+      // every EOD before the last part ends a part
+      if (ids[static_cast<size_t>(t)] == 99) {
+        int64_t at = 0;
+        bool is_end = false;
+        for (const int64_t n : lengths) is_end = is_end || (at += n) == t + 1;
+        EXPECT_TRUE(is_end) << "sample " << i << " EOD at " << t;
+      }
+    }
+  }
+  EXPECT_GT(boundaries, 0);
 }
 
 // A tokenizer with chosen special ids.

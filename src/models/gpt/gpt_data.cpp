@@ -105,6 +105,7 @@ BatchFn gpt_batch_maker(const DataConfig& config, const Tokenizer& tokenizer) {
   options.eod_mask_loss = config.eod_mask_loss;
   options.reset_position_ids = config.reset_position_ids;
   options.reset_attention_mask = config.reset_attention_mask;
+  options.inter_document_masking = config.inter_document_masking;
   return [options](const SampleSource& data, int64_t first, int64_t b) {
     return gpt_batch_fields(make_batch(data, first, b, options));
   };
