@@ -1467,10 +1467,18 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
   MEGATRON_CHECK(a.eval_iters >= 0, "--eval-iters must be >= 0, got ", a.eval_iters);
   MEGATRON_CHECK(a.num_workers >= 0, "--num-workers must be >= 0, got ", a.num_workers);
   if (a.dataloader_inter_document_masking) {
-    MEGATRON_CHECK(a.model == "gpt" || a.model == "mamba",
+    MEGATRON_CHECK(a.model == "gpt",
                    "--dataloader-inter-document-masking masks GPT samples by their documents "
-                   "(--model gpt or mamba), not --model ",
-                   a.model);
+                   "(--model gpt), not --model ",
+                   a.model,
+                   a.model == "mamba"
+                       ? ": Megatron resets the Mamba layers' state at each document (seq_idx), "
+                         "which the Mamba layers here do not"
+                       : "");
+    MEGATRON_CHECK(a.mtp_num_layers == 0,
+                   "--dataloader-inter-document-masking with --mtp-num-layers: Megatron rolls "
+                   "the multi-token-prediction targets within each document, which is not "
+                   "implemented here; drop one of them");
     if (a.sft) {  // Megatron's SFT samples are one conversation each, whatever the flag says
       if (rank == 0) log_line("WARNING: --dataloader-inter-document-masking is ignored with --sft");
       a.dataloader_inter_document_masking = false;

@@ -822,8 +822,11 @@ void Trainer::build_data() {
   if (first_rank_) parallel_->world_group().barrier();
   // Every sample the run will read must exist now, not hours in, at the last evaluation.
   MEGATRON_CHECK(data_.train->size() >= train_need, "the training data has ", data_.train->size(),
-                 " samples; ", args_.train_iters, " iterations of the batch schedule need ",
-                 train_need);
+                 " samples; ",
+                 args_.phase_transitions.empty()
+                     ? std::to_string(args_.train_iters) + " iterations of the batch schedule"
+                     : std::string("this data phase's iterations"),
+                 " need ", train_need);
   if (args_.eval_iters > 0) {
     MEGATRON_CHECK(args_.full_validation || !data_.valid || data_.valid->size() >= need.valid,
                    "the validation data has ", data_.valid ? data_.valid->size() : 0,
@@ -1862,10 +1865,10 @@ void Trainer::load_checkpoint() {
     log_first(strprintf("Overriding checkpoint iteration to %ld (consumed_train_samples = %ld)",
                         static_cast<long>(target), static_cast<long>(target * gbs)));
   }
-  // Megatron compares the batch size with data phases: a phase's samples are its iterations
-  // times it.
+  // Megatron compares the batch size with data phases (not when finetuning, where it compares no
+  // arguments): a phase's samples are its iterations times it.
   MEGATRON_CHECK(
-      args_.phase_transitions.empty() || !loaded->global_batch_size ||
+      args_.phase_transitions.empty() || args_.finetune || !loaded->global_batch_size ||
           *loaded->global_batch_size == args_.global_batch_size,
       "--global-batch-size ", args_.global_batch_size, " differs from the checkpoint's (",
       loaded->global_batch_size.value_or(0),

@@ -32,19 +32,7 @@ import json
 
 import numpy as np
 
-
-def bytes_to_unicode():
-    """GPT-2's reversible byte -> printable character map."""
-    bs = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("\u00a1"), ord("\u00ac") + 1))
-          + list(range(ord("\u00ae"), ord("\u00ff") + 1)))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs)))
+from sft_oracle import bytes_to_unicode  # GPT-2's byte -> character table
 
 
 SPECIAL = ["<s>", "<fim_prefix>", "<fim_middle>", "<fim_suffix>", "<fim_pad>", "<|endoftext|>",

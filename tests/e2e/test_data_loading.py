@@ -43,11 +43,12 @@ tests/data/test_random_sampler.cpp):
   iterations 4-6 are the losses of 1-3), also when resumed within the phase (iteration 6 after
   a stop at 5); another prefix gives the second phase other samples; a changed
   --global-batch-size and a malformed list exit 2;
-- --dataloader-inter-document-masking: on documents preprocessed with EOD (and on mock data)
-  the dataset's document boundaries are the EODs, so it trains the curve of
+- --dataloader-inter-document-masking: on documents preprocessed with EOD the dataset's document
+  boundaries are the EODs, so it trains the curve of
   --reset-attention-mask --reset-position-ids digit for digit; on the same documents without EOD
   those flags change nothing while it still masks (another curve); tp2 and cp2 follow one
-  process within 1e-5;
+  process within 1e-5; with --mtp-num-layers or --model mamba it exits 2 (Megatron rolls MTP
+  targets and resets the Mamba state per document, which is not done here);
 - refusals (exit 2, the flag named): --multiple-validation-sets without --full-validation,
   --full-validation with --mock-data or a weighted validation blend, --dataloader-type external,
   a --null-tokenizer-pad-id outside the vocabulary.
@@ -199,8 +200,6 @@ class DataLoadingTest(unittest.TestCase):
         with_eod = curve(inter)
         self.assertEqual(with_eod, curve(resets))
         self.assertNotEqual(with_eod[1]["lm loss"], curve()[1]["lm loss"])
-        mock = {**MODEL, "--mock-data": None}
-        self.assertEqual(curve(inter, data=mock), curve(resets, data=mock))
         # The same documents preprocessed without EOD.
         bare = os.path.join(self.tmp, "no_eod")
         os.makedirs(bare, exist_ok=True)
@@ -376,6 +375,8 @@ class DataLoadingTest(unittest.TestCase):
         self.refused("--full-validation", data=weighted, full_validation=True)
         self.refused("--dataloader-type", dataloader_type="external")
         self.refused("--null-tokenizer-pad-id 100", null_tokenizer_pad_id=100)
+        self.refused("--dataloader-inter-document-masking with --mtp-num-layers",
+                     extra=("--dataloader-inter-document-masking",), mtp_num_layers=1)
 
 
 class FimDataTest(unittest.TestCase):
