@@ -41,8 +41,9 @@ tests/data/test_random_sampler.cpp):
   the samples alone; a run with the transition at 3 saves and exits at 3 after the straight run's
   iterations 1-3, and the job resumed from it reads its phase's data from the start (its
   iterations 4-6 are the losses of 1-3), also when resumed within the phase (iteration 6 after
-  a stop at 5); another prefix gives the second phase other samples; a changed
-  --global-batch-size and a malformed list exit 2;
+  a stop at 5); on another prefix the second phase reads that prefix's first samples; with
+  --train-samples, two transitions and two data-parallel ranks each of the three jobs reads its
+  phase from the start; a changed --global-batch-size and a malformed list exit 2;
 - --dataloader-inter-document-masking: on documents preprocessed with EOD the dataset's document
   boundaries are the EODs, so it trains the curve of
   --reset-attention-mask --reset-position-ids digit for digit; on the same documents without EOD
@@ -245,14 +246,39 @@ class DataLoadingTest(unittest.TestCase):
         mid = os.path.join(self.tmp, "phases_mid")
         self.run_ok(load=ckpt, save=mid, save_interval=100, exit_interval=5, **phased)
         self.assertEqual(losses(self.run_ok(load=mid, **phased), 6, 6), straight[2:3])
-        # The second phase on other data.
-        other = losses(self.run_ok(load=ckpt, data={**self.data(), "--data-path": self.prefix["c"]},
-                                   **phased), 4, 6)
+        # The second phase on other data reads that data's first samples.
+        c_data = {**self.data(), "--data-path": self.prefix["c"]}
+        other = losses(self.run_ok(load=ckpt, data=c_data, **phased), 4, 6)
         self.assertNotEqual(other, straight[:3])
+        self.assertEqual(other, losses(self.run_ok(data=c_data, **fixed), 1, 3))
         self.refused("--phase-transition-iterations needs the same global batch size",
                      load=ckpt, global_batch_size=8, **phased)
         self.refused("--phase-transition-iterations takes comma-separated iterations",
                      phase_transition_iterations="3,x")
+
+    def test_phases_by_samples_on_two_ranks(self):
+        # Megatron's form (--train-samples), two transitions, two data-parallel ranks: each of the
+        # three jobs reads its phase's data from the start.
+        fixed = {"lr": 0, "hidden_dropout": 0, "attention_dropout": 0, "train_iters": 0,
+                 "train_samples": 24}
+        phased = {**fixed, "phase_transition_iterations": "4, 2"}  # sorted, spaces allowed
+
+        def losses(out, first, last):
+            return [c["lm loss"] for _, c in sorted(
+                megatron_log.curves(out, ["lm loss"], first, last).items())]
+
+        straight = losses(self.run_ok(2, **fixed), 1, 6)
+        self.assertNotEqual(straight[2:4], straight[:2])
+        ckpt = os.path.join(self.tmp, "phases_dp2")
+        out = self.run_ok(2, save=ckpt, save_interval=100, **phased)
+        self.assertIn("exiting program at iteration 2", out)
+        self.assertEqual(losses(out, 1, 2), straight[:2])
+        out = self.run_ok(2, load=ckpt, save=ckpt, save_interval=100, **phased)
+        self.assertIn("data phase of iterations 2 to 4: 8 training samples", out)
+        self.assertEqual(losses(out, 3, 4), straight[:2])
+        out = self.run_ok(2, load=ckpt, **phased)
+        self.assertIn("data phase of iterations 4 to 6: 8 training samples", out)
+        self.assertEqual(losses(out, 5, 6), straight[:2])
 
     # ---- --full-validation -------------------------------------------------------------------
 
