@@ -136,8 +136,9 @@ def gpt_indices(lengths, begin, end, num_samples, seq_length, seed, drop_last):
     return p, d, s, sh
 
 
-def gpt_samples(tokens, lengths, d, s, sh, seq_length, pad=-1):
-    """Every sample's seq_length + 1 tokens, cut from the concatenated token stream."""
+def gpt_samples(tokens, lengths, d, s, sh, seq_length, pad=-1, parts=None):
+    """Every sample's seq_length + 1 tokens, cut from the concatenated token stream; with
+    `parts` (a list), each sample's piece lengths appended to it (Megatron's document_lengths)."""
     starts = np.concatenate([[0], np.cumsum(lengths.astype(np.int64))])
     out = np.full((len(sh), seq_length + 1), pad, dtype=np.int64)
     for i, j in enumerate(sh):
@@ -150,6 +151,8 @@ def gpt_samples(tokens, lengths, d, s, sh, seq_length, pad=-1):
             pieces.append(tokens[starts[doc] + lo: starts[doc] + hi])
         text = np.concatenate(pieces)
         out[i, : len(text)] = text
+        if parts is not None:
+            parts.append([len(piece) for piece in pieces])
     return out
 
 
@@ -308,7 +311,14 @@ def run_case(case, out):
         save(out, name + ".shuffle_index.npy", sh)
         if "tokens" in case:
             tokens = np.load(case["tokens"])
-            save(out, name + ".samples.npy", gpt_samples(tokens, lengths, d, s, sh, case["seq_length"]))
+            parts = []
+            save(out, name + ".samples.npy",
+                 gpt_samples(tokens, lengths, d, s, sh, case["seq_length"], parts=parts))
+            # Ragged: each sample's piece lengths, zero-filled to the longest list.
+            table = np.zeros((len(parts), max(len(q) for q in parts)), dtype=np.int64)
+            for i, q in enumerate(parts):
+                table[i, : len(q)] = q
+            save(out, name + ".document_lengths.npy", table)
         facts = p
     elif op == "blend":
         w = normalize(case["weights"])

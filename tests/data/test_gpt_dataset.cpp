@@ -332,6 +332,7 @@ TEST(GPTIndices, MatchOracleAndFetchMatchesTokenStream) {
   run_oracle(spec, dir);
 
   bool saw_separate = false, saw_joint_multi_epoch = false, saw_padding = false;
+  bool multi_part = false;
   for (size_t i = 0; i < cases.size(); ++i) {
     const GPTCase& k = cases[i];
     const std::string base = dir + "/g" + std::to_string(i);
@@ -356,10 +357,30 @@ TEST(GPTIndices, MatchOracleAndFetchMatchesTokenStream) {
 
     const NpyArray want = NpyArray::load(base + ".samples.npy");
     ASSERT_EQ(want.shape(), (std::vector<int64_t>{plan.num_samples, k.seq_length + 1}));
+    // The parts each sample is cut from (what GPTDataset::document_lengths reports, and
+    // --dataloader-inter-document-masking masks by): the oracle's pieces, in order.
+    const NpyArray want_parts = NpyArray::load(base + ".document_lengths.npy");
+    ASSERT_EQ(want_parts.shape().size(), 2u);
+    ASSERT_EQ(want_parts.shape()[0], plan.num_samples);
+    const int64_t max_parts = want_parts.shape()[1];
     std::vector<int64_t> got(static_cast<size_t>(k.seq_length + 1));
     for (int64_t s = 0; s < plan.num_samples; ++s) {
-      fetch_gpt_sample(ours, k.corpus->lengths, k.seq_length, -1, s, k.corpus->reader(),
-                       got.data());
+      std::vector<int64_t> parts;
+      const ReadTokens read = k.corpus->reader();
+      fetch_gpt_sample(
+          ours, k.corpus->lengths, k.seq_length, -1, s,
+          [&](int64_t seq, int64_t offset, int64_t length, int64_t* dst) {
+            parts.push_back(length);
+            read(seq, offset, length, dst);
+          },
+          got.data());
+      for (int64_t p = 0; p < max_parts; ++p) {
+        const int64_t w = want_parts.get(s * max_parts + p);
+        if (w == 0) break;  // the zero fill (the corpora hold no empty documents)
+        ASSERT_LT(static_cast<size_t>(p), parts.size()) << "sample " << s;
+        EXPECT_EQ(parts[static_cast<size_t>(p)], w) << "sample " << s << " part " << p;
+      }
+      multi_part |= parts.size() > 1;
       for (int64_t t = 0; t <= k.seq_length; ++t) {
         ASSERT_EQ(got[static_cast<size_t>(t)], want.get(s * (k.seq_length + 1) + t))
             << "sample " << s << " token " << t;
@@ -371,6 +392,7 @@ TEST(GPTIndices, MatchOracleAndFetchMatchesTokenStream) {
   EXPECT_TRUE(saw_separate);
   EXPECT_TRUE(saw_joint_multi_epoch);
   EXPECT_TRUE(saw_padding);
+  EXPECT_TRUE(multi_part);
 }
 
 TEST(GPTIndices, WideDtypesHoldTheSameValues) {
