@@ -324,8 +324,8 @@ void register_model_args(ArgTable& t, Arguments& a) {
   t.add("--null-tokenizer-eod-id", a.null_tokenizer_eod_id,
         "NullTokenizer's end-of-document id (-1: --vocab-size - 1)");
   t.add("--null-tokenizer-pad-id", a.null_tokenizer_pad_id,
-        "NullTokenizer's pad id, masked out of the loss and read as 0 (-1: none); pick an id "
-        "the data does not use for real tokens");
+        "NullTokenizer's pad id, masked out of GPT data's loss and read as 0 (-1: none); pick "
+        "an id the data does not use for real tokens");
   t.concern("checkpoint");
   t.add("--pretrained-checkpoint", a.pretrained_checkpoint,
         "Weights to start from: a Hugging Face model directory (config.json + safetensors) or "
@@ -651,8 +651,8 @@ void register_train_args(ArgTable& t, Arguments& a) {
          "boundaries taken from the dataset's documents (no EOD needed); overrides "
          "--reset-attention-mask and --reset-position-ids");
   t.flag("--allow-ambiguous-pad-tokens", a.allow_ambiguous_pad_tokens,
-         "Mask the tokenizer's pad id out of the loss even where it is also another special "
-         "token's (EOD, EOS, ...): those lose their loss too. Without it such a pad is not "
+         "Mask the tokenizer's pad id out of GPT data's loss even where it is also the EOD or "
+         "EOS token: those lose their loss too and read as id 0. Without it such a pad is not "
          "masked at all (a warning says so)");
   t.concern("logging");
   t.add("--tensorboard-dir", a.tensorboard_dir, "Write TensorBoard event files here");
@@ -1139,10 +1139,21 @@ void validate_batch_schedule(Arguments& a, int64_t dp) {
       a.phase_transitions.push_back(it);
     }
     std::sort(a.phase_transitions.begin(), a.phase_transitions.end());
-    MEGATRON_CHECK(!rampup,
+    // A transition at or past the end changes nothing: the run ends there anyway.
+    std::erase_if(a.phase_transitions, [&](int64_t t) { return t >= a.train_iters; });
+    MEGATRON_CHECK(!rampup && !a.decrease_batch_size_if_needed,
                    "--phase-transition-iterations needs a constant global batch size across "
-                   "phases (a phase's samples are its iterations x --global-batch-size); drop "
-                   "--rampup-batch-size");
+                   "phases (a phase's samples are its iterations x --global-batch-size); drop ",
+                   rampup ? "--rampup-batch-size" : "--decrease-batch-size-if-needed");
+    for (const std::string& v : a.iterations_to_skip) {
+      // Megatron counts a skipped iteration before its step: skipping N skips iteration N + 1.
+      const int64_t skipped = std::strtoll(v.c_str(), nullptr, 10) + 1;
+      MEGATRON_CHECK(std::find(a.phase_transitions.begin(), a.phase_transitions.end(), skipped) ==
+                         a.phase_transitions.end(),
+                     "--iterations-to-skip ", v, " skips iteration ", skipped,
+                     ", a --phase-transition-iterations transition, where the job must save and "
+                     "exit; skip another iteration");
+    }
   }
 }
 

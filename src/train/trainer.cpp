@@ -777,10 +777,16 @@ void Trainer::build_checkpointing() {
       np_checkpointer_ = std::make_unique<Checkpointer>(parallel_, args_, checkpoint_target(),
                                                         fault_, Checkpointer::Kind::kNonPersistent);
     }
-  } else if (args_.non_persistent_save_interval > 0) {
+  }
+  if (args_.save.empty() && args_.non_persistent_save_interval > 0) {
     log_first(
         "WARNING: --non-persistent-save-interval without --save: no checkpoints are saved "
         "(as Megatron)");
+  }
+  if (args_.save.empty() && !args_.phase_transitions.empty()) {
+    log_first(
+        "WARNING: --phase-transition-iterations without --save: the job exits at the next "
+        "transition with nothing to resume the next phase from");
   }
   // The watchdog aborts the whole job (MPI_Abort from its thread: the main thread is stuck).
   watchdog_ =

@@ -43,7 +43,8 @@ tests/data/test_random_sampler.cpp):
   iterations 4-6 are the losses of 1-3), also when resumed within the phase (iteration 6 after
   a stop at 5); on another prefix the second phase reads that prefix's first samples; with
   --train-samples, two transitions and two data-parallel ranks each of the three jobs reads its
-  phase from the start; a changed --global-batch-size and a malformed list exit 2;
+  phase from the start; transitions at or past the last iteration change nothing; a changed
+  --global-batch-size, a malformed list and a skipped iteration at a transition exit 2;
 - --dataloader-inter-document-masking: on documents preprocessed with EOD the dataset's document
   boundaries are the EODs, so it trains the curve of
   --reset-attention-mask --reset-position-ids digit for digit; on the same documents without EOD
@@ -255,6 +256,10 @@ class DataLoadingTest(unittest.TestCase):
                      load=ckpt, global_batch_size=8, **phased)
         self.refused("--phase-transition-iterations takes comma-separated iterations",
                      phase_transition_iterations="3,x")
+        self.refused("--iterations-to-skip 2 skips iteration 3", iterations_to_skip=2, **phased)
+        # A transition at the last iteration or past it changes nothing.
+        self.assertEqual(losses(self.run_ok(**{**fixed, "phase_transition_iterations": "6,9"}),
+                                1, 6), straight)
 
     def test_phases_by_samples_on_two_ranks(self):
         # Megatron's form (--train-samples), two transitions, two data-parallel ranks: each of the
