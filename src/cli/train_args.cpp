@@ -14,7 +14,7 @@
 #include "core/error.h"
 #include "core/logging.h"
 #include "data/classification_dataset.h"
-#include "data/fim_config.h"
+#include "data/fim_dataset.h"
 #include "data/tokenizer.h"
 #include "models/model_spec.h"
 #include "optim/lr_scheduler.h"
@@ -1707,8 +1707,15 @@ std::string text(const T& v) {
 }  // namespace
 
 void resolve_vocab_size(Arguments& a, const ArgTable& t) {
-  if (a.tokenizer_type == "NullTokenizer") return;  // its vocabulary is --vocab-size
-  const int64_t tok_vocab = build_tokenizer(tokenizer_args(a))->vocab_size();
+  if (a.tokenizer_type == "NullTokenizer") {  // its vocabulary is --vocab-size
+    build_tokenizer(tokenizer_args(a));       // its --null-tokenizer-* ids checked now
+    return;
+  }
+  const auto tokenizer = build_tokenizer(tokenizer_args(a));
+  const int64_t tok_vocab = tokenizer->vocab_size();
+  // The FIM tokens looked up now, on every rank, rather than when the data is built.
+  if (const auto* hf = dynamic_cast<const HuggingFaceTokenizer*>(tokenizer.get()); hf && a.fim_data)
+    fim_tokens(data_config(a).fim, *hf);
   const bool hf_pretrained =
       !a.pretrained_checkpoint.empty() &&
       !std::filesystem::exists(std::filesystem::path(a.pretrained_checkpoint) /

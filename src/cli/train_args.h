@@ -76,7 +76,8 @@ void merge_checkpoint_args(Arguments& a, const ArgTable& t, bool report);
 void read_data_args_files(Arguments& a);
 
 // Sets --vocab-size from the tokenizer (files given by the tokenizer flags); with
-// --pretrained-checkpoint, checks the tokenizer fits the checkpoint's vocabulary instead.
+// --pretrained-checkpoint, checks the tokenizer fits the checkpoint's vocabulary instead. Checks
+// what else needs the tokenizer: NullTokenizer's ids, --fim-data's tokens.
 void resolve_vocab_size(Arguments& a, const ArgTable& t);
 
 }  // namespace megatron::cli
