@@ -24,12 +24,14 @@ GPTBatch make_batch(const SampleSource& data, int64_t first, int64_t b, const Ba
     int32_t* start = batch.doc_start.defined() ? batch.doc_start.data<int32_t>() + i * s : nullptr;
     int64_t doc_begin = 0;  // position after the last EOD seen
     for (int64_t t = 0; t < s; ++t) {
-      tok[t] = buf[t];
-      lab[t] = buf[t + 1];
+      // Megatron's order: the EOD rules read the ids as sampled (pads included); then a pad
+      // label loses its loss and pad ids become 0.
+      tok[t] = buf[t] == opt.pad ? 0 : buf[t];
+      lab[t] = buf[t + 1] == opt.pad ? 0 : buf[t + 1];
       pos[t] = opt.reset_position_ids ? t - doc_begin : t;
       if (start) start[t] = static_cast<int32_t>(doc_begin);
       const bool is_eod = buf[t] == opt.eod;
-      if (opt.eod_mask_loss && is_eod) mask[t] = 0;
+      if ((opt.eod_mask_loss && is_eod) || buf[t + 1] == opt.pad) mask[t] = 0;
       if (is_eod) doc_begin = t + 1;
     }
     if (opt.inter_document_masking) {
@@ -50,14 +52,6 @@ GPTBatch make_batch(const SampleSource& data, int64_t first, int64_t b, const Ba
           start[t] = static_cast<int32_t>(t - k);
         }
       }
-    }
-    // Megatron's order: the masks above read the pad ids; then the pads go.
-    for (int64_t t = 0; t < s; ++t) {
-      if (lab[t] == opt.pad) {
-        mask[t] = 0;
-        lab[t] = 0;
-      }
-      if (tok[t] == opt.pad) tok[t] = 0;
     }
   }
   return batch;

@@ -62,27 +62,19 @@ int64_t NumpyRandomState::choice_index(std::span<const double> p) {
 int64_t NumpyRandomState::binomial_one(double p) {
   MEGATRON_CHECK(p >= 0 && p <= 1, "binomial: p = ", p, " is outside [0, 1]");
   // RandomState keeps the original binomial, without the Generator's early return for p = 0:
-  // random_binomial_inversion(n = 1, p') with p' = min(p, 1 - p), its arithmetic as written:
-  // q = 1 - p', P(X = 0) = exp(n log q), the bound min(n, n p' + 10 sqrt(n p' q + 1)) = 1.
+  // random_binomial_inversion(n = 1, p') with p' = min(p, 1 - p), mirrored for p > 1/2. Its
+  // arithmetic for n = 1: P(X = 0) = exp(log q) with q = 1 - p', then P(X = 1) = p' P(X = 0) / q;
+  // the bound min(n, ...) is 1, so a draw that rounding carries past X = 1 starts over.
   const double pp = p <= 0.5 ? p : 1.0 - p;
   const double q = 1.0 - pp;
-  const double qn = std::exp(1.0 * std::log(q));
-  const double bound = std::min(1.0, pp + 10.0 * std::sqrt(pp * q + 1));
-  int64_t x = 0;
-  double px = qn;
-  double u = random();
-  while (u > px) {
-    ++x;
-    if (static_cast<double>(x) > bound) {
-      x = 0;
-      px = qn;
-      u = random();
-    } else {
-      u -= px;
-      px = (static_cast<double>(1 - x + 1) * pp * px) / (static_cast<double>(x) * q);
-    }
+  const double p0 = std::exp(std::log(q));
+  const double p1 = pp * p0 / q;
+  auto mirrored = [&](int64_t x) { return p <= 0.5 ? x : 1 - x; };
+  for (;;) {
+    const double u = random();
+    if (u <= p0) return mirrored(0);
+    if (u - p0 <= p1) return mirrored(1);
   }
-  return p <= 0.5 ? x : 1 - x;
 }
 
 int64_t NumpyRandomState::geometric(double p) {
