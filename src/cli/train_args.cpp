@@ -647,9 +647,10 @@ void register_train_args(ArgTable& t, Arguments& a) {
   t.add("--fim-eod-token", a.fim_eod_token,
         "The token between documents, at which samples are cut into segments");
   t.flag("--dataloader-inter-document-masking", a.dataloader_inter_document_masking,
-         "Attention stays inside each document of a sample and positions restart at each, the "
-         "boundaries taken from the dataset's documents (no EOD needed); overrides "
-         "--reset-attention-mask and --reset-position-ids");
+         "Each document of a sample is its own sequence (Megatron's packed sequences): attention "
+         "stays inside it, positions restart at it, Mamba layers restart their state and "
+         "multi-token prediction rolls within it; the boundaries are the dataset's documents (no "
+         "EOD needed); overrides --reset-attention-mask and --reset-position-ids");
   t.flag("--allow-ambiguous-pad-tokens", a.allow_ambiguous_pad_tokens,
          "Mask the tokenizer's pad id out of GPT data's loss even where it is also the EOD or "
          "EOS token: those lose their loss too and read as id 0. Without it such a pad is not "
@@ -1478,18 +1479,10 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
   MEGATRON_CHECK(a.eval_iters >= 0, "--eval-iters must be >= 0, got ", a.eval_iters);
   MEGATRON_CHECK(a.num_workers >= 0, "--num-workers must be >= 0, got ", a.num_workers);
   if (a.dataloader_inter_document_masking) {
-    MEGATRON_CHECK(a.model == "gpt",
+    MEGATRON_CHECK(a.model == "gpt" || a.model == "mamba",
                    "--dataloader-inter-document-masking masks GPT samples by their documents "
-                   "(--model gpt), not --model ",
-                   a.model,
-                   a.model == "mamba"
-                       ? ": Megatron resets the Mamba layers' state at each document (seq_idx), "
-                         "which the Mamba layers here do not"
-                       : "");
-    MEGATRON_CHECK(a.mtp_num_layers == 0,
-                   "--dataloader-inter-document-masking with --mtp-num-layers: Megatron rolls "
-                   "the multi-token-prediction targets within each document, which is not "
-                   "implemented here; drop one of them");
+                   "(--model gpt or mamba), not --model ",
+                   a.model);
     if (a.sft) {  // Megatron's SFT samples are one conversation each, whatever the flag says
       if (rank == 0) log_line("WARNING: --dataloader-inter-document-masking is ignored with --sft");
       a.dataloader_inter_document_masking = false;

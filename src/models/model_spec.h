@@ -52,6 +52,9 @@ std::vector<ChunkLayers> chunk_layers(int64_t num_layers, const ChunkPlacement& 
 struct ModelOptions {
   TransformerConfig config;
   bool reset_attention_mask = false;  // attention stays inside documents (--reset-attention-mask)
+  // The documents are packed sequences (--dataloader-inter-document-masking; implies
+  // reset_attention_mask): recurrent layers and multi-token prediction respect them too.
+  bool packed_documents = false;
 };
 
 // The micro-batch of samples [first, first + b) of a source, as named fields.

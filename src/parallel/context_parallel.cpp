@@ -609,4 +609,8 @@ Tensor cp_groups_to_rows(const Tensor& full, int64_t G, int64_t X,
   return groups_to_rows(full, G, X, *cp.group, true);
 }
 
+Tensor cp_whole_doc_start(const Tensor& local, const ContextParallelContext& cp) {
+  return gather_doc_start(to_host(local), *cp.group, /*natural=*/true);
+}
+
 }  // namespace megatron

@@ -71,6 +71,9 @@ Tensor cp_positions(int64_t local, int64_t b, const ContextParallelContext& cp);
 // [cp L, b, G/cp, X], every rank's rows in sequence order for this rank's groups
 // [r G/cp, (r + 1) G/cp). G must be divisible by the CP size.
 Tensor cp_rows_to_groups(const Tensor& x, int64_t G, int64_t X, const ContextParallelContext& cp);
+// The whole sequence's document starts [b, S] in sequence order from this rank's local [b, 2c]
+// ones (collective over the CP group).
+Tensor cp_whole_doc_start(const Tensor& local, const ContextParallelContext& cp);
 // Its inverse (_all_to_all_hp2cp with the load balancing redone): [cp L, b, G/cp, X] ->
 // [L, b, G, X].
 Tensor cp_groups_to_rows(const Tensor& full, int64_t G, int64_t X,

@@ -246,7 +246,8 @@ void Trainer::build_model() {
   // This rank's model chunks, one per virtual pipeline stage, and the model's loss.
   const int pp = ps.pp_size();
   chunks_ = spec_->build_chunks(
-      ModelOptions{cfg_, args_.reset_attention_mask || args_.dataloader_inter_document_masking},
+      ModelOptions{cfg_, args_.reset_attention_mask || args_.dataloader_inter_document_masking,
+                   args_.dataloader_inter_document_masking},
       ChunkPlacement{.tp = ps.tp_group_ptr(),
                      .sequence_parallel = args_.sequence_parallel,
                      .pp_size = pp,

@@ -25,6 +25,11 @@ class MoeAuxTracker;
 struct TokenLayout {
   Tensor positions;
   Tensor doc_start;
+  // doc_start's documents are packed sequences (--dataloader-inter-document-masking, Megatron's
+  // THD batches): besides attention, the Mamba layers restart their state at each document and
+  // multi-token prediction rolls its tokens within each. False: an attention mask only
+  // (--reset-attention-mask).
+  bool packed = false;
   bool causal = true;
   Tensor key_valid;
   // Additive bias on every self-attention's scaled scores, [1, np/tp, s, s] (T5's relative

@@ -127,7 +127,7 @@ Tensor TransformerLayer::forward(const Tensor& x, const TokenLayout& layout, Ctx
   ctx.stream_mlp = mode.site_stream(stream_layer_, 2);
   ctx.stream_cross = mode.site_stream(stream_layer_, 5);
   if (cfg_.post_layernorm) return forward_post_ln(x, layout, ctx, mode);
-  if (mixer) return forward_mamba(x, ctx, mode);
+  if (mixer) return forward_mamba(x, layout, ctx, mode);
 
   // The branches' outputs as [s', b, h], so that dropout sees the sequence (its masks are the
   // single-process ones in every layout: transformer/sequence_dropout.h).
@@ -330,10 +330,13 @@ Tensor TransformerLayer::backward(const Tensor& dy, Ctx& ctx, SideGrads* side) c
   return dx;
 }
 
-Tensor TransformerLayer::forward_mamba(const Tensor& x, Ctx& ctx, const ForwardMode& mode) const {
-  Tensor m =
-      mixer->forward(norm->forward(x, ctx.ln_mamba, mixer->gemm_input_dtype()), ctx.mamba, mode)
-          .view(x.shape());
+Tensor TransformerLayer::forward_mamba(const Tensor& x, const TokenLayout& layout, Ctx& ctx,
+                                       const ForwardMode& mode) const {
+  const Tensor docs = layout.packed ? layout.doc_start : Tensor();
+  Tensor m = mixer
+                 ->forward(norm->forward(x, ctx.ln_mamba, mixer->gemm_input_dtype()), docs,
+                           ctx.mamba, mode)
+                 .view(x.shape());
   if (ctx.dropout > 0)
     sequence_dropout_forward(m, m, ctx.dropout, ctx.seed, ctx.stream_attn, tp_, true);
   ops::add_inplace(m, x);  // out = x + dropout(mixer(norm(x)))

@@ -111,7 +111,8 @@ class TransformerLayer {
   Tensor ffn_backward(const Tensor& dy, Ctx& ctx) const;
   // The dtype the pre-MLP norm writes: its consumer's GEMM input (f32 for an MoE router).
   DType mlp_input_dtype(const Tensor& x) const;
-  Tensor forward_mamba(const Tensor& x, Ctx& ctx, const ForwardMode& mode) const;
+  Tensor forward_mamba(const Tensor& x, const TokenLayout& layout, Ctx& ctx,
+                       const ForwardMode& mode) const;
   Tensor backward_mamba(const Tensor& dy, Ctx& ctx) const;
 
  public:

@@ -49,8 +49,9 @@ tests/data/test_random_sampler.cpp):
   boundaries are the EODs, so it trains the curve of
   --reset-attention-mask --reset-position-ids digit for digit; on the same documents without EOD
   those flags change nothing while it still masks (another curve); tp2 and cp2 follow one
-  process within 1e-5; with --mtp-num-layers or --model mamba it exits 2 (Megatron rolls MTP
-  targets and resets the Mamba state per document, which is not done here);
+  process within 1e-5; a hybrid Mamba model with a multi-token-prediction depth (whose restarts
+  and rolls per document tests/models/test_mamba_hf_oracle.cpp checks) trains another curve than
+  unpacked, and tp2, cp2 and pp2 follow one process within 1e-5;
 - refusals (exit 2, the flag named): --multiple-validation-sets without --full-validation,
   --full-validation with --mock-data or a weighted validation blend, --dataloader-type external,
   a --null-tokenizer-pad-id outside the vocabulary.
@@ -202,16 +203,7 @@ class DataLoadingTest(unittest.TestCase):
         with_eod = curve(inter)
         self.assertEqual(with_eod, curve(resets))
         self.assertNotEqual(with_eod[1]["lm loss"], curve()[1]["lm loss"])
-        # The same documents preprocessed without EOD.
-        bare = os.path.join(self.tmp, "no_eod")
-        os.makedirs(bare, exist_ok=True)
-        proc = subprocess.run([MEGATRON, "preprocess", "--input",
-                               os.path.join(self.tmp, "a", "docs.jsonl"), "--output-prefix",
-                               os.path.join(bare, "docs"), "--tokenizer-type", "NullTokenizer",
-                               "--vocab-size", "100", "--workers", "1"],
-                              capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
-        self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
-        no_eod = {**self.data(), "--data-path": os.path.join(bare, "docs_text_document")}
+        no_eod = self.no_eod_data()
         plain = curve(data=no_eod)
         self.assertEqual(curve(resets, data=no_eod), plain)
         masked = curve(inter, data=no_eod)
@@ -221,6 +213,48 @@ class DataLoadingTest(unittest.TestCase):
             with self.subTest(**overrides):
                 megatron_log.assert_same_curves(
                     self, curve(inter, ranks, data=no_eod, **overrides), masked, "inter", rel=REL)
+
+    def no_eod_data(self):
+        """The documents of prefix "a" preprocessed without EOD (once per class)."""
+        bare = os.path.join(self.tmp, "no_eod")
+        if not os.path.isdir(bare):
+            os.makedirs(bare)
+            proc = subprocess.run([MEGATRON, "preprocess", "--input",
+                                   os.path.join(self.tmp, "a", "docs.jsonl"), "--output-prefix",
+                                   os.path.join(bare, "docs"), "--tokenizer-type", "NullTokenizer",
+                                   "--vocab-size", "100", "--workers", "1"],
+                                  capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+            self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
+        return {**self.data(), "--data-path": os.path.join(bare, "docs_text_document")}
+
+    def test_inter_document_masking_with_mamba_layers_and_mtp(self):
+        # A hybrid model with a multi-token-prediction depth on packed documents: the Mamba layers
+        # restart at each document and the depth rolls inside each (tests/models/
+        # test_mamba_hf_oracle.cpp checks both against the documents run alone). Here: it is not
+        # the unpacked run, and TP, CP (the mixers' all-to-all to whole sequences and the roll's
+        # document ends, both gathered over CP) and PP (the depth on the last stage) follow one
+        # process.
+        keys = ["lm loss", "mtp_1 loss", "grad norm"]
+        hybrid = ("--model", "mamba", "--mamba-state-dim", "8", "--mamba-head-dim", "16",
+                  "--mamba-num-groups", "4", "--normalization", "RMSNorm",
+                  "--position-embedding-type", "rope", "--disable-bias-linear")
+        inter = ("--dataloader-inter-document-masking",)
+        no_eod = self.no_eod_data()
+
+        def curve(extra=(), ranks=1, pattern="M*M-/*-", **overrides):
+            out = self.run_ok(ranks, extra=(*hybrid, "--hybrid-layer-pattern", pattern, *extra),
+                              data=no_eod, num_layers=4, **overrides)
+            return megatron_log.curves(out, keys, 1, 6)
+
+        masked = curve(inter)
+        self.assertIn("mtp_1 loss", masked[1])
+        self.assertNotEqual(masked[1]["lm loss"], curve()[1]["lm loss"])
+        for ranks, pattern, overrides in ((2, "M*M-/*-", {"tensor_model_parallel_size": 2}),
+                                          (2, "M*M-/*-", {"context_parallel_size": 2}),
+                                          (2, "M*|M-/*-", {"pipeline_model_parallel_size": 2})):
+            with self.subTest(**overrides):
+                megatron_log.assert_same_curves(
+                    self, curve(inter, ranks, pattern, **overrides), masked, "inter", rel=REL)
 
     # ---- --phase-transition-iterations -----------------------------------------------------
 
@@ -406,8 +440,6 @@ class DataLoadingTest(unittest.TestCase):
         self.refused("--full-validation", data=weighted, full_validation=True)
         self.refused("--dataloader-type", dataloader_type="external")
         self.refused("--null-tokenizer-pad-id 100", null_tokenizer_pad_id=100)
-        self.refused("--dataloader-inter-document-masking with --mtp-num-layers",
-                     extra=("--dataloader-inter-document-masking",), mtp_num_layers=1)
 
 
 class FimDataTest(unittest.TestCase):

@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <string>
@@ -34,6 +35,7 @@
 #include "comm/parallel_state.h"
 #include "core/threads.h"
 #include "models/gpt/gpt_model.h"
+#include "models/gpt/mtp.h"
 #include "tensor/ops.h"
 #include "testing/mpi_testing.h"
 #include "testing/testing.h"
@@ -358,6 +360,46 @@ TEST(PipelineStagesGPT, Gpt2TwoStagesMatchTheWholeModel) {
 
 TEST(PipelineStagesGPT, LlamaTwoStagesMatchTheWholeModel) {
   check_two_stages(llama_config());
+}
+
+// Multi-token prediction's roll under context parallelism, the world as the CP group: each
+// rank's local part rolled (one all-gather of the chunks' first elements, the document starts
+// gathered for the ends) is its columns of the single-process roll of the whole row, with and
+// without packed documents. Documents end inside chunks and at chunk boundaries (the last column
+// of a chunk whose successor on another rank starts a document); sequence 1 ends with a
+// one-token document. Exact: only copies.
+TEST(ContextParallelMtp, RollIsTheWholeRowsColumns) {
+  const int n = g_runtime->world_size();
+  const int64_t c = 3, S = 2 * n * c;
+  ContextParallelContext cp{g_runtime->world().get()};
+  const ContextParallelContext none;
+  Tensor x = Tensor::empty({kB, S}, DType::kF32), starts = Tensor::empty({kB, S}, DType::kI32);
+  const std::vector<std::vector<int64_t>> bounds = {{0, 5, S - 4}, {0, c, 2 * c, S - 1}};
+  for (int64_t i = 0; i < kB; ++i) {
+    int32_t start = 0;
+    for (int64_t t = 0; t < S; ++t) {
+      for (int64_t b : bounds[static_cast<size_t>(i)])
+        if (t == b) start = static_cast<int32_t>(t);
+      starts.data<int32_t>()[i * S + t] = start;
+      x.data<float>()[i * S + t] = static_cast<float>(100 * i + t + 1);
+    }
+  }
+  const Tensor local = cp_local_columns(x, cp), local_starts = cp_local_columns(starts, cp);
+  for (bool packed : {false, true}) {
+    SCOPED_TRACE(packed ? "packed documents" : "whole rows");
+    const Tensor ends = packed ? document_ends(local_starts, cp) : Tensor();
+    const Tensor whole_ends = packed ? document_ends(starts, none) : Tensor();
+    const Tensor once = roll_left(x, none, whole_ends);
+    Tensor got = roll_left(local, cp, ends);
+    EXPECT_EQ(std::memcmp(got.raw(), cp_local_columns(once, cp).raw(), got.nbytes()), 0);
+    got = roll_left(got, cp, ends);  // depth 2
+    const Tensor twice = roll_left(once, none, whole_ends);
+    EXPECT_EQ(std::memcmp(got.raw(), cp_local_columns(twice, cp).raw(), got.nbytes()), 0);
+    // The packed roll differs from the whole row's (documents end inside the row).
+    if (packed) {
+      EXPECT_NE(std::memcmp(once.raw(), roll_left(x).raw(), once.nbytes()), 0);
+    }
+  }
 }
 
 }  // namespace

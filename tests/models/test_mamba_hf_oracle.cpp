@@ -15,6 +15,8 @@
 // relative.
 #include <gtest/gtest.h>
 
+#include <array>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -283,6 +285,121 @@ TEST(NemotronHMtpOracle, RepeatedLayerAndDetachedHeads) {
                         c.mtp_num_layers = 2;
                         c.mtp_detach_heads = true;
                       });
+}
+
+// Packed rows (--dataloader-inter-document-masking): documents cut from the oracle's two
+// sequences, placed one after the other in a row of S tokens; doc_start marks them.
+struct Packed {
+  struct Doc {
+    int64_t seq, from, len, at;  // the oracle sequence's [from, from + len) at row position at
+  };
+  std::vector<std::vector<Doc>> rows;
+  Tensor tokens, labels, starts;  // [rows, S]
+};
+
+Packed pack(const Batch& batch, const std::vector<std::vector<std::array<int64_t, 3>>>& rows) {
+  const int64_t R = static_cast<int64_t>(rows.size()), S = batch.inputs.dim(1);
+  Packed p{{},
+           Tensor::empty({R, S}, DType::kI64),
+           Tensor::empty({R, S}, DType::kI64),
+           Tensor::empty({R, S}, DType::kI32)};
+  for (int64_t r = 0; r < R; ++r) {
+    std::vector<Packed::Doc> docs;
+    int64_t at = 0;
+    for (const auto& [seq, from, len] : rows[static_cast<size_t>(r)]) {
+      for (int64_t t = 0; t < len; ++t) {
+        p.tokens.data<int64_t>()[r * S + at + t] = batch.inputs.data<int64_t>()[seq * S + from + t];
+        p.labels.data<int64_t>()[r * S + at + t] = batch.labels.data<int64_t>()[seq * S + from + t];
+        p.starts.data<int32_t>()[r * S + at + t] = static_cast<int32_t>(at);
+      }
+      docs.push_back({seq, from, len, at});
+      at += len;
+    }
+    EXPECT_EQ(at, S);
+    p.rows.push_back(docs);
+  }
+  return p;
+}
+
+// Positions [at, at + len) of row r of a [R, S, ...] float tensor (logits as PyTorch's) or a
+// [R, S] one (per-token losses), as [len, ...].
+Tensor positions_of(const Tensor& t, int64_t r, int64_t at, int64_t len) {
+  const int64_t S = t.dim(1), inner = t.numel() / (t.dim(0) * S);
+  Tensor out = Tensor::empty({len, inner}, t.dtype());
+  const auto w = static_cast<int64_t>(dtype_size(t.dtype()));
+  std::memcpy(out.raw(), static_cast<const char*>(t.raw()) + (r * S + at) * inner * w,
+              static_cast<size_t>(len * inner * w));
+  return out;
+}
+
+// Each document of a packed row gives PyTorch's logits of its oracle sequence alone (a document
+// starting at the sequence's start, so its prefix is what the oracle ran): the Mamba layers
+// restart their convolution and state at the document (Megatron's seq_idx), attention stays
+// inside it (no position embedding here). doc_start as an attention mask only
+// (--reset-attention-mask) keeps the Mamba state across, so the second documents' logits are
+// not those. Rows: 6 tokens of sequence 0 then 10 of sequence 1, and 3 of sequence 1 then 13 of
+// sequence 0 (every position of a row and both sequences in each). Tolerance: test_gpt_hf_
+// oracle's logits tolerance (f32 on both sides, other summation orders).
+TEST(NemotronHOracle, PackedDocumentsAreSeparateSequences) {
+  ASSERT_FALSE(g_oracle_dir.empty()) << "pass the oracle directory as the first argument";
+  auto expected = safetensors::File::open(root("nemotron-h") + "/expected.safetensors");
+  Loaded l = load(root("nemotron-h") + "/model");
+  const TransformerConfig& c = l.model->config();
+  const Batch batch = oracle_batch(expected);
+  const Packed p = pack(batch, {{{0, 0, 6}, {1, 0, 10}}, {{1, 0, 3}, {0, 0, 13}}});
+  const int64_t R = p.tokens.dim(0), S = p.tokens.dim(1);
+  const Tensor want = expected.read("logits");  // [2, S, V]
+  auto logits = [&](bool packed) {
+    GPTModel::Ctx ctx;
+    l.model->forward(p.tokens, p.labels, Tensor(), ctx, ForwardMode{}, p.starts, packed);
+    return as_pytorch(ctx.head.logits, c, R, S);
+  };
+  const Tensor got = logits(true), attention_only = logits(false);
+  for (int64_t r = 0; r < R; ++r)
+    for (const Packed::Doc& d : p.rows[static_cast<size_t>(r)]) {
+      const Tensor oracle = positions_of(want, d.seq, 0, d.len);
+      EXPECT_TRUE(testing::allclose(positions_of(got, r, d.at, d.len), oracle, 1e-5, 1e-4))
+          << "row " << r << ", the document at " << d.at;
+      if (d.at == 0) continue;
+      EXPECT_FALSE(
+          testing::allclose(positions_of(attention_only, r, d.at, d.len), oracle, 1e-3, 1e-2))
+          << "row " << r << ": the Mamba state crossed into the document at " << d.at;
+    }
+}
+
+// Multi-token prediction on packed rows: a document's every per-token loss (the main one and
+// both depths') is the same wherever the row puts it and whatever precedes or follows it:
+// sequence 1's first 10 tokens after 6 of sequence 0 (their end is the row's) and before 6 of
+// sequence 0 (their end a document boundary, where the roll gives 0 as at the row's end).
+// Without packing the depths' roll reads the next document's tokens and the Mamba state carries
+// over, so the two placements differ. Tolerance: f32 on both sides; the same arithmetic at other
+// row positions except the expert GEMMs' row grouping (a few ulp of O(1) losses).
+TEST(NemotronHMtpOracle, PackedDocumentsRollInsideEachDocument) {
+  ASSERT_FALSE(g_oracle_dir.empty()) << "pass the oracle directory as the first argument";
+  auto expected = safetensors::File::open(root("nemotron-h-mtp") + "/expected.safetensors");
+  Loaded l = load(root("nemotron-h-mtp") + "/model");
+  const TransformerConfig& c = l.model->config();
+  ASSERT_EQ(c.mtp_num_layers, 2);
+  const Batch batch = oracle_batch(expected);
+  const Packed p = pack(batch, {{{0, 0, 6}, {1, 0, 10}}, {{1, 0, 10}, {0, 6, 6}}});
+  // Per row, the main loss then the depths' [R, S].
+  auto losses = [&](bool packed) {
+    GPTModel::Ctx ctx;
+    std::vector<Tensor> out{l.model->forward(p.tokens, p.labels, Tensor(), ctx,
+                                             testing::oracle_mode(c), p.starts, packed)};
+    out.insert(out.end(), ctx.mtp_losses.begin(), ctx.mtp_losses.end());
+    return out;
+  };
+  const std::vector<Tensor> got = losses(true), unpacked = losses(false);
+  ASSERT_EQ(got.size(), 3U);
+  double moved = 0;
+  for (size_t k = 0; k < got.size(); ++k) {
+    const Tensor after = positions_of(got[k], 0, 6, 10), before = positions_of(got[k], 1, 0, 10);
+    EXPECT_TRUE(testing::allclose(after, before, 1e-5, 1e-5)) << "loss " << k;
+    const Tensor a = positions_of(unpacked[k], 0, 6, 10), b = positions_of(unpacked[k], 1, 0, 10);
+    for (int64_t t = 0; t < 10; ++t) moved = std::max(moved, std::abs(a.item(t) - b.item(t)));
+  }
+  EXPECT_GT(moved, 1e-2);
 }
 
 TEST(NemotronHMtpOracle, ExportRoundTrip) {

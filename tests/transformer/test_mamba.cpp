@@ -1,7 +1,9 @@
 // Hybrid Mamba models' pieces (transformer/mamba): Megatron's layer allocation; the scan against
 // the SSD "attention" form of the same recurrence; carried state (generation) against one pass;
 // the kernels' backward (with the chunked recomputation) and the mixer and hybrid layers by
-// finite differences in fp64.
+// finite differences in fp64; packed documents (Megatron's seq_idx): the scan and convolution
+// restart at each document (against the dual form and the convolution's sum restricted to the
+// document), forward and backward, and multi-token prediction's roll stays inside each.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -225,8 +227,7 @@ double fd(const std::function<double()>& loss, double& v) {
 // The scan's backward, with chunks of 2 positions (the kept states and the recomputation inside
 // each chunk are exercised), against central differences of every input. Tolerance: the check
 // in testing/layer_gradients.h (step 1e-6 in fp64: ~1e-9 error on O(1) values).
-TEST(MambaScan, BackwardMatchesFiniteDifferences) {
-  ScanProblem p(5, 2);
+void check_scan_backward(ScanProblem& p) {
   const Tensor dyt =
       testing::random_tensor({static_cast<int64_t>(p.x.size())}, 99, 1.0, DType::kF64);
   const double* dy = dyt.data<double>();
@@ -256,6 +257,77 @@ TEST(MambaScan, BackwardMatchesFiniteDifferences) {
   check("A_log", p.A_log, dA);
   check("D", p.D, dD);
   check("dt_bias", p.bias, dbias);
+}
+
+TEST(MambaScan, BackwardMatchesFiniteDifferences) {
+  ScanProblem p(5, 2);
+  check_scan_backward(p);
+}
+
+// Packed documents in [b, s] = [2, 7]: sequence 0 holds [0, 3) and [3, 7), sequence 1 [0, 1),
+// [1, 4) and [4, 7) (a one-token document; with chunks of 2 positions a start inside a chunk and
+// one on a chunk's first position, where the kept state is the previous document's).
+const std::vector<int32_t> kPackedStarts = {0, 0, 0, 3, 3, 3, 3, 0, 1, 1, 1, 4, 4, 4};
+
+// The dual form of RecurrenceEqualsDualForm with the sum over u restricted to the document of t,
+// and the convolution's sum restricted to it: each document is its own sequence.
+TEST(MambaScan, PackedDocumentsRestartTheScanAndTheConvolution) {
+  ScanProblem p(7, 3);
+  const std::vector<double> whole = p.forward();
+  p.sh.doc_start = kPackedStarts.data();
+  const std::vector<double> y = p.forward();
+  const auto& sh = p.sh;
+  const int64_t H = sh.heads, P = sh.head_dim, N = sh.state, G = sh.groups;
+  double moved = 0;  // the largest change a restart makes
+  for (int64_t i = 0; i < sh.b; ++i)
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t g = h / (H / G);
+      const double A = -std::exp(p.A_log[h]);
+      auto dts = [&](int64_t t) { return softplus(p.dt[(t * sh.b + i) * H + h] + p.bias[h]); };
+      for (int64_t t = 0; t < sh.s; ++t)
+        for (int64_t q = 0; q < P; ++q) {
+          const int64_t at = ((t * sh.b + i) * H + h) * P + q;
+          double want = p.D[h] * p.x[at];
+          for (int64_t u = kPackedStarts[i * sh.s + t]; u <= t; ++u) {
+            double cb = 0, decay = 0;
+            for (int64_t n = 0; n < N; ++n)
+              cb += p.C[((t * sh.b + i) * G + g) * N + n] * p.B[((u * sh.b + i) * G + g) * N + n];
+            for (int64_t k = u + 1; k <= t; ++k) decay += dts(k);
+            want += cb * std::exp(A * decay) * dts(u) * p.x[((u * sh.b + i) * H + h) * P + q];
+          }
+          EXPECT_NEAR(y[at], want, 1e-12);  // as RecurrenceEqualsDualForm
+          moved = std::max(moved, std::abs(y[at] - whole[at]));
+        }
+    }
+  EXPECT_GT(moved, 1e-3);  // the restarts change the output
+
+  // The convolution: width 4, 3 channels; position t reads positions >= its document's start.
+  const int64_t S = 7, Bn = 2, Cn = 3, K = 4;
+  const ssm::ConvShape cs{
+      .s = S, .b = Bn, .channels = Cn, .width = K, .doc_start = kPackedStarts.data()};
+  const Tensor in = testing::random_tensor({S * Bn * Cn}, 3, 1.0, DType::kF64);
+  const Tensor w = testing::random_tensor({Cn * K}, 4, 1.0, DType::kF64);
+  const Tensor bias = testing::random_tensor({Cn}, 5, 1.0, DType::kF64);
+  std::vector<double> out(static_cast<size_t>(S * Bn * Cn));
+  ssm::conv_silu_forward<double>(cs, in.data<double>(), nullptr, w.data<double>(),
+                                 bias.data<double>(), out.data());
+  for (int64_t t = 0; t < S; ++t)
+    for (int64_t i = 0; i < Bn; ++i)
+      for (int64_t c = 0; c < Cn; ++c) {
+        double pre = bias.data<double>()[c];
+        for (int64_t k = 0; k < K; ++k) {
+          const int64_t tt = t + k - (K - 1);
+          if (tt >= kPackedStarts[i * S + t])
+            pre += w.data<double>()[c * K + k] * in.data<double>()[(tt * Bn + i) * Cn + c];
+        }
+        EXPECT_NEAR(out[(t * Bn + i) * Cn + c], pre / (1 + std::exp(-pre)), 1e-14);
+      }
+}
+
+TEST(MambaScan, PackedBackwardMatchesFiniteDifferences) {
+  ScanProblem p(7, 2);
+  p.sh.doc_start = kPackedStarts.data();
+  check_scan_backward(p);
 }
 
 struct SelfGroup {
@@ -307,10 +379,29 @@ TEST(MambaLayers, GradientsMatchFiniteDifferences) {
     testing::check_layer_gradients({ps,
                                     [&](const Tensor& in) {
                                       ctx = {};
-                                      return mixer.forward(in, ctx, ForwardMode{});
+                                      return mixer.forward(in, Tensor(), ctx, ForwardMode{});
                                     },
                                     [&](const Tensor& dy) { return mixer.backward(dy, ctx); }},
                                    x, 11);
+  }
+  {
+    // Packed documents: the convolution's and the scan's restarts in backward (sequence 0:
+    // [0, 2), [2, 6); sequence 1: [0, 3), [3, 4), [4, 6)).
+    SCOPED_TRACE("mixer, packed documents");
+    MambaMixer mixer("mixer", cfg, 0, g.tp());
+    MambaMixer::Ctx ctx;
+    std::vector<Param*> ps;
+    mixer.collect(ps);
+    Tensor docs = Tensor::empty({2, 6}, DType::kI32);
+    const int32_t starts[] = {0, 0, 2, 2, 2, 2, 0, 0, 0, 3, 4, 4};
+    std::copy(std::begin(starts), std::end(starts), docs.data<int32_t>());
+    testing::check_layer_gradients({ps,
+                                    [&](const Tensor& in) {
+                                      ctx = {};
+                                      return mixer.forward(in, docs, ctx, ForwardMode{});
+                                    },
+                                    [&](const Tensor& dy) { return mixer.backward(dy, ctx); }},
+                                   x, 12);
   }
   for (int64_t l = 0; l < 4; ++l) {
     SCOPED_TRACE("layer type " + std::string(1, cfg.mamba.layers[static_cast<size_t>(l)]));
@@ -463,6 +554,30 @@ TEST(HybridFlops, CountsTheMtpDepths) {
   const double mlp = 4 * (f / h) * B * s * h * h;
   const double want = base + 3 * (2 * mlp + 2 * (2 * B * s * h * V));
   EXPECT_NEAR(hybrid_flops_per_iteration(c, 3), want, 1e-12 * want);
+}
+
+// Multi-token prediction's roll with packed documents (kPackedStarts): each document's last
+// position takes 0, as Megatron core 0.19's _roll_tensor_packed_seq; without documents the roll
+// of the whole row (Megatron's roll_tensor).
+TEST(HybridMtp, RollStaysInsideEachDocument) {
+  Tensor x = Tensor::empty({2, 7}, DType::kI64), starts = Tensor::empty({2, 7}, DType::kI32);
+  for (int64_t k = 0; k < 14; ++k) {
+    x.data<int64_t>()[k] = 10 * (k / 7) + k % 7 + 1;
+    starts.data<int32_t>()[k] = kPackedStarts[static_cast<size_t>(k)];
+  }
+  const ContextParallelContext none;
+  const Tensor ends = document_ends(starts, none);
+  const std::vector<int32_t> want_ends = {0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 1, 0, 0, 0};
+  EXPECT_EQ(std::vector<int32_t>(ends.data<int32_t>(), ends.data<int32_t>() + 14), want_ends);
+  const Tensor rolled = roll_left(x, none, ends);
+  const std::vector<int64_t> want = {2, 3, 0, 5, 6, 7, 0, 0, 13, 14, 0, 16, 17, 0};
+  EXPECT_EQ(std::vector<int64_t>(rolled.data<int64_t>(), rolled.data<int64_t>() + 14), want);
+  const Tensor twice = roll_left(rolled, none, ends);  // depth 2: two places ahead, same document
+  const std::vector<int64_t> want2 = {3, 0, 0, 6, 7, 0, 0, 0, 14, 0, 0, 17, 0, 0};
+  EXPECT_EQ(std::vector<int64_t>(twice.data<int64_t>(), twice.data<int64_t>() + 14), want2);
+  const Tensor plain = roll_left(x, none, Tensor());
+  const std::vector<int64_t> whole = {2, 3, 4, 5, 6, 7, 0, 12, 13, 14, 15, 16, 17, 0};
+  EXPECT_EQ(std::vector<int64_t>(plain.data<int64_t>(), plain.data<int64_t>() + 14), whole);
 }
 
 }  // namespace

@@ -14,8 +14,8 @@ constexpr const char* kTokenLoss = "per-token loss";
 constexpr const char* kLogits = "logits";
 }  // namespace
 
-GPTChunk::GPTChunk(const TransformerConfig& cfg, GPTStage stage, bool documents)
-    : model_(cfg, std::move(stage)), documents_(documents) {}
+GPTChunk::GPTChunk(const TransformerConfig& cfg, GPTStage stage, bool documents, bool packed)
+    : model_(cfg, std::move(stage)), documents_(documents || packed), packed_(packed) {}
 
 std::unique_ptr<ModelChunk::Ctx> GPTChunk::new_ctx() const {
   return std::make_unique<GPTCtx>();
@@ -55,20 +55,22 @@ std::string mtp_count_name(int64_t k) {
 
 TensorMap GPTChunk::forward(const TensorMap& in, const TensorMap& batch, Ctx& ctx,
                             const ForwardMode& mode) const {
-  const GPTInputs inputs{batch.get(kTokens), batch.get(kLabels), batch.get(kPositionIds),
-                         batch.get(kDocStart), Tensor()};
+  const GPTInputs inputs{batch.get(kTokens),   batch.get(kLabels), batch.get(kPositionIds),
+                         batch.get(kDocStart), Tensor(),           packed_};
   GPTModel::Ctx& mctx = static_cast<GPTCtx&>(ctx).model;
   Tensor out = model_.forward_stage(in.get(kHidden), inputs, mctx, mode);
   TensorMap result{{is_last() ? kTokenLoss : kHidden, out}};
   Tensor mask = mctx.mtp_losses.empty() ? Tensor() : batch.get(kLossMask);
   for (size_t k = 0; k < mctx.mtp_losses.size(); ++k) {
     result.set(mtp_loss_name(static_cast<int64_t>(k) + 1), mctx.mtp_losses[k]);
-    // Under context parallelism the loss mask rolls across the ranks' chunks here (collective);
-    // GPTLoss rolls it itself otherwise.
+    // Under context parallelism the loss mask rolls across the ranks' chunks here (collective),
+    // with packed documents inside each document; GPTLoss rolls it itself otherwise.
     const ContextParallelContext& cp = model_.mtp->cp();
-    if (cp.enabled() && mask.defined()) {
-      mask = roll_left(mask, cp);
-      result.set(mtp_mask_name(static_cast<int64_t>(k) + 1), mask);
+    const Tensor& ends = mctx.mtp.ends;
+    if (!mask.defined() || !(cp.enabled() || ends.defined())) continue;
+    mask = roll_left(mask, cp, ends);
+    result.set(mtp_mask_name(static_cast<int64_t>(k) + 1), mask);
+    if (cp.enabled()) {
       // The depth's mean is over the whole sequence's rolled tokens, which the CP ranks hold
       // unevenly (the last k positions are on one rank): each rank normalises by the global
       // count / cp, so that the gradients averaged over CP are one process's.

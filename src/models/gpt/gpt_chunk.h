@@ -3,7 +3,8 @@
 //
 // Stages pass one tensor, "hidden" ([s', b, h] f32, s' = s/tp under sequence parallelism). The
 // first stage reads the batch's "tokens" and "position_ids", the last "labels" and
-// "loss_mask", and every stage "doc_start" with --reset-attention-mask. The last stage's output
+// "loss_mask", and every stage "doc_start" with --reset-attention-mask (or
+// --dataloader-inter-document-masking). The last stage's output
 // is "per-token loss" [b, s]; GPTLoss weighs it by the loss mask.
 #pragma once
 
@@ -20,8 +21,8 @@ namespace megatron {
 class GPTChunk final : public ModelChunk {
  public:
   // documents: attention stays inside documents (--reset-attention-mask), so every stage reads
-  // the batch's doc_start.
-  GPTChunk(const TransformerConfig& cfg, GPTStage stage, bool documents);
+  // the batch's doc_start; packed: they are packed sequences (TokenLayout::packed).
+  GPTChunk(const TransformerConfig& cfg, GPTStage stage, bool documents, bool packed = false);
 
   std::unique_ptr<Ctx> new_ctx() const override;
   std::vector<TensorSpec> recv_specs(int64_t micro_batch_size) const override;
@@ -47,7 +48,7 @@ class GPTChunk final : public ModelChunk {
     GPTModel::Ctx model;
   };
   GPTModel model_;
-  bool documents_;
+  bool documents_, packed_;
 };
 
 class GPTLoss final : public LossFn {

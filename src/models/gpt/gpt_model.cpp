@@ -113,6 +113,7 @@ Tensor GPTModel::forward_stage(const Tensor& hidden_in, const GPTInputs& in, Ctx
   // doc_start (--reset-attention-mask) instead.
   TokenLayout layout;
   layout.doc_start = in.doc_start;
+  layout.packed = in.packed && in.doc_start.defined();
   if (tp_.cp.enabled()) {  // this rank's chunks sit at their places in the whole sequence
     const int64_t local = cfg_.seq_length / tp_.cp.size();
     layout.positions = on_device(cp_positions(local, x.dim(1), tp_.cp), x.device());
@@ -228,10 +229,11 @@ Tensor GPTModel::backward_stage(const Tensor& d, Ctx& ctx, const ParamsDone& don
 }
 
 Tensor GPTModel::forward(const Tensor& tokens, const Tensor& labels, const Tensor& positions,
-                         Ctx& ctx, const ForwardMode& mode, const Tensor& doc_start) const {
+                         Ctx& ctx, const ForwardMode& mode, const Tensor& doc_start,
+                         bool packed) const {
   MEGATRON_ASSERT(stage_.pre_process && stage_.post_process, "forward() runs the whole model");
-  return forward_stage(Tensor(), GPTInputs{tokens, labels, positions, doc_start, Tensor()}, ctx,
-                       mode);
+  return forward_stage(Tensor(), GPTInputs{tokens, labels, positions, doc_start, Tensor(), packed},
+                       ctx, mode);
 }
 
 void GPTModel::backward(const Tensor& dloss, Ctx& ctx) const {

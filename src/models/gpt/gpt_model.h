@@ -58,6 +58,7 @@ struct GPTInputs {
   // (Megatron's decoder_input: a vision-language model's spliced text and image embeddings);
   // backward_stage then returns its gradient and leaves the embedding to the caller.
   Tensor decoder_input;
+  bool packed = false;  // doc_start's documents are packed sequences (TokenLayout::packed)
 };
 
 class GPTModel {
@@ -80,10 +81,12 @@ class GPTModel {
 
   // Whole model (pre_process and post_process). tokens, labels: [b, s] i64; positions: [b, s]
   // i64 or undefined (0..s-1); doc_start: [b, s] i32 document starts for
-  // --reset-attention-mask, or undefined. Returns the per-token loss [b, s] (f32, or f64 in f64
-  // models). Keeps what backward needs in ctx.
+  // --reset-attention-mask, or undefined; packed: they are packed sequences (TokenLayout::
+  // packed). Returns the per-token loss [b, s] (f32, or f64 in f64 models). Keeps what backward
+  // needs in ctx.
   Tensor forward(const Tensor& tokens, const Tensor& labels, const Tensor& positions, Ctx& ctx,
-                 const ForwardMode& mode, const Tensor& doc_start = Tensor()) const;
+                 const ForwardMode& mode, const Tensor& doc_start = Tensor(),
+                 bool packed = false) const;
   // Logits [s * b, Vp] for the given tokens (row t * b + i is position t of sequence i). Whole
   // model without tensor parallelism only.
   Tensor forward_logits(const Tensor& tokens, const Tensor& positions, Ctx& ctx,

@@ -16,7 +16,8 @@ std::vector<std::unique_ptr<ModelChunk>> build_chunks(const ModelOptions& o,
                                                       const ChunkPlacement& p) {
   std::vector<std::unique_ptr<ModelChunk>> chunks;
   for (const ChunkLayers& l : chunk_layers(o.config.num_layers, p))
-    chunks.push_back(std::make_unique<GPTChunk>(o.config, gpt_stage(p, l), o.reset_attention_mask));
+    chunks.push_back(std::make_unique<GPTChunk>(o.config, gpt_stage(p, l), o.reset_attention_mask,
+                                                o.packed_documents));
   return chunks;
 }
 

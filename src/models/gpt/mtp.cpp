@@ -56,6 +56,34 @@ Tensor roll_left(const Tensor& x, const ContextParallelContext& cp) {
   return on_device(out, x.device());
 }
 
+Tensor document_ends(const Tensor& doc_start, const ContextParallelContext& cp) {
+  MEGATRON_CHECK(doc_start.ndim() == 2 && doc_start.dtype() == DType::kI32,
+                 "document_ends: expected [b, s] i32 document starts, got ", doc_start.str());
+  const Tensor whole = cp.enabled() ? cp_whole_doc_start(doc_start, cp) : to_host(doc_start);
+  const int64_t b = doc_start.dim(0), L = doc_start.dim(1), S = whole.dim(1);
+  Tensor ends = Tensor::zeros({b, L}, DType::kI32);
+  const int32_t* starts = whole.data<int32_t>();
+  int32_t* e = ends.data<int32_t>();
+  for (int64_t i = 0; i < b; ++i)
+    for (int64_t j = 0; j < L; ++j) {
+      const int64_t t = cp.global_row(j, L);  // j itself without CP
+      if (t + 1 < S && starts[i * S + t + 1] == t + 1) e[i * L + j] = 1;
+    }
+  return ends;
+}
+
+Tensor roll_left(const Tensor& x, const ContextParallelContext& cp, const Tensor& ends) {
+  if (!ends.defined()) return roll_left(x, cp);
+  check_shape(ends, x.shape(), "roll_left ends");
+  Tensor out = to_host(roll_left(x, cp));
+  const auto w = static_cast<int64_t>(dtype_size(x.dtype()));
+  auto* dst = static_cast<char*>(out.raw());
+  const int32_t* e = ends.data<int32_t>();
+  for (int64_t k = 0; k < x.numel(); ++k)
+    if (e[k] != 0) std::memset(dst + k * w, 0, static_cast<size_t>(w));
+  return on_device(out, x.device());
+}
+
 MultiTokenPrediction::Depth::Depth(const std::string& name, const TransformerConfig& cfg,
                                    int64_t first_layer, const TensorParallelContext& tp)
     : enorm(name + ".enorm", cfg),
@@ -184,12 +212,13 @@ std::vector<Tensor> MultiTokenPrediction::forward(const Tensor& hidden, const Te
     ctx.mode = mode;
   }
   std::vector<Tensor> losses;
+  ctx.ends = layout.packed ? document_ends(layout.doc_start, tp_.cp) : Tensor();
   Tensor ids = tokens, targets = labels, prev = hidden;
   for (int64_t k = 0; k < D; ++k) {
     const Depth& L = block(k);
     Ctx::Depth& c = ctx.depths[static_cast<size_t>(k)];
-    ids = roll_left(ids, tp_.cp);
-    targets = roll_left(targets, tp_.cp);
+    ids = roll_left(ids, tp_.cp, ctx.ends);
+    targets = roll_left(targets, tp_.cp, ctx.ends);
     // The embedding's own dropout stream per depth (the model's input has site -1).
     const Tensor e = embedding.forward(ids, Tensor(), Tensor(), c.embedding, mode, true, -2 - k);
     const Tensor in = prev;

@@ -16,6 +16,9 @@
 // HybridStack inside the MTP layer, without a final norm of its own). They are numbered after the
 // decoder's layers, depth k's layer j as num_layers + k L + j for L layers per depth (their
 // dropout streams and MoE statistics).
+// With packed documents (TokenLayout::packed, --dataloader-inter-document-masking) every roll
+// stays inside each document, the document's last position taking 0 (Megatron core 0.19's
+// _roll_tensor_packed_seq): no depth predicts across a document boundary.
 // forward returns each depth's per-token loss [b, s], unmasked: GPTLoss masks the last k
 // positions (the rolled loss mask) and scales each depth's mean by --mtp-loss-scaling-factor / D
 // into the objective (Megatron's MTPLossAutoScaler), logging it as "mtp_k loss".
@@ -76,6 +79,7 @@ class MultiTokenPrediction {
     bool recompute = false;
     TokenLayout layout;  // what the recomputation runs with
     ForwardMode mode;
+    Tensor ends;  // packed documents: document_ends of the layout, for the loss mask's rolls
   };
 
   MultiTokenPrediction(const TransformerConfig& cfg, const TensorParallelContext& tp);
@@ -135,5 +139,12 @@ Tensor roll_left(const Tensor& x);
 // first element of the global chunk after it, gathered over CP (one all-gather of [b, 2]); the
 // sequence's last position gets 0. Collective over CP; roll_left without CP.
 Tensor roll_left(const Tensor& x, const ContextParallelContext& cp);
+// Packed documents: [b, L] i32, 1 at the last position of each document but the sequence's last
+// (whose roll gives 0 anyway), for this rank's columns (under CP its [b, 2c] part) of the
+// doc_start it takes (the attention's, global positions). Collective over CP.
+Tensor document_ends(const Tensor& doc_start, const ContextParallelContext& cp);
+// roll_left(x, cp) with 0 at every position `ends` marks (undefined: none): a roll inside each
+// document.
+Tensor roll_left(const Tensor& x, const ContextParallelContext& cp, const Tensor& ends);
 
 }  // namespace megatron

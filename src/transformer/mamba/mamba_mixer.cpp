@@ -217,7 +217,8 @@ Tensor MambaMixer::to_heads(const Tensor& xbc, const Tensor& dt, int64_t L, int6
   return out;
 }
 
-Tensor MambaMixer::forward(const Tensor& h, Ctx& ctx, const ForwardMode& mode) const {
+Tensor MambaMixer::forward(const Tensor& h, const Tensor& doc_start, Ctx& ctx,
+                           const ForwardMode& mode) const {
   MEGATRON_CHECK(h.device() == Device::kCPU,
                  "Mamba layers run on the CPU only (their scan has no GPU kernel here)");
   const Tensor zx = in_proj.forward(h, ctx.in_ctx);  // [L, b, in_proj/tp], all L positions
@@ -226,6 +227,7 @@ Tensor MambaMixer::forward(const Tensor& h, Ctx& ctx, const ForwardMode& mode) c
   const Tensor flat = zx.view({rows, zx.dim(2)}).to(w);
   KvCache::Recurrent* carried = mode.kv_cache ? &mode.kv_cache->recurrent(layer_) : nullptr;
   MEGATRON_CHECK(!carried || !cp_.enabled(), "generation under context parallelism");
+  MEGATRON_CHECK(!carried || !doc_start.defined(), "generation with packed documents");
   const Part p = part();
   // The convolution and scan run on this CP rank's heads over the whole sequence (all heads
   // over this rank's rows without CP).
@@ -242,9 +244,23 @@ Tensor MambaMixer::forward(const Tensor& h, Ctx& ctx, const ForwardMode& mode) c
     ctx.dt = dt_local;
   }
   ctx.xbc_act = Tensor::empty({s * b, conv_ch}, w);
-  const ssm::ConvShape conv{.s = s, .b = b, .channels = conv_ch, .width = d_conv_};
-  const ssm::ScanShape scan{
-      .s = s, .b = b, .heads = p.heads, .head_dim = head_dim_, .groups = p.groups, .state = state_};
+  // The whole sequence's document starts in sequence order (the kernels' rows).
+  if (doc_start.defined()) {
+    check_shape(doc_start, {b, L}, "Mamba doc_start");
+    ctx.doc_start = cp_.enabled() ? cp_whole_doc_start(doc_start, cp_) : to_host(doc_start);
+  } else {
+    ctx.doc_start = Tensor();
+  }
+  const int32_t* starts = ptr<int32_t>(ctx.doc_start);
+  const ssm::ConvShape conv{
+      .s = s, .b = b, .channels = conv_ch, .width = d_conv_, .doc_start = starts};
+  const ssm::ScanShape scan{.s = s,
+                            .b = b,
+                            .heads = p.heads,
+                            .head_dim = head_dim_,
+                            .groups = p.groups,
+                            .state = state_,
+                            .doc_start = starts};
   // Backward may follow any forward but a generation's (whose state carries over instead).
   const bool keep = !carried;
   const Ranges heads{{p.h0, p.heads}};
@@ -314,9 +330,16 @@ Tensor MambaMixer::backward(const Tensor& dy, Ctx& ctx) const {
   const Tensor dnormed = dnorm_in.view({rows, d_inner_}).to(w);
   const Part p = part();
   const int64_t xs = p.heads * head_dim_, gn = p.groups * state_, conv_ch = xs + 2 * gn;
-  const ssm::ConvShape conv{.s = s, .b = b, .channels = conv_ch, .width = d_conv_};
-  const ssm::ScanShape scan{
-      .s = s, .b = b, .heads = p.heads, .head_dim = head_dim_, .groups = p.groups, .state = state_};
+  const int32_t* starts = ptr<int32_t>(ctx.doc_start);
+  const ssm::ConvShape conv{
+      .s = s, .b = b, .channels = conv_ch, .width = d_conv_, .doc_start = starts};
+  const ssm::ScanShape scan{.s = s,
+                            .b = b,
+                            .heads = p.heads,
+                            .head_dim = head_dim_,
+                            .groups = p.groups,
+                            .state = state_,
+                            .doc_start = starts};
   const Ranges heads{{p.h0, p.heads}};
   Tensor dy_local = Tensor::empty({rows, d_inner_}, w), dz = Tensor::empty({rows, d_inner_}, w);
   Tensor dxbc, ddt;  // the scan's and convolution's input gradients, this rank's heads

@@ -49,6 +49,7 @@ class MambaMixer {
     // states (this CP rank's heads over the whole sequence), z, the scan's output and the norm's
     // statistics (every head of this rank's rows).
     Tensor xbc, xbc_act, dt, z, y, rstd, kept;
+    Tensor doc_start;      // packed documents: [b, whole sequence] i32 in sequence order
     int64_t s = 0, b = 0;  // this rank's rows and sequences
   };
 
@@ -57,7 +58,10 @@ class MambaMixer {
              const TensorParallelContext& tp);
 
   // h [s, b, hidden] (or [s/tp, b, hidden] under sequence parallelism) -> the same shape.
-  Tensor forward(const Tensor& h, Ctx& ctx, const ForwardMode& mode) const;
+  // doc_start: packed documents (TokenLayout::packed), this rank's [b, s] document starts as the
+  // attention takes them (global positions); the convolution and the scan then restart at each
+  // document (Megatron's seq_idx). Undefined: one document per sequence.
+  Tensor forward(const Tensor& h, const Tensor& doc_start, Ctx& ctx, const ForwardMode& mode) const;
   Tensor backward(const Tensor& dy, Ctx& ctx) const;
   void collect(std::vector<Param*>& out);
   std::vector<Fp8GemmScaling*> enable_fp8(const Fp8Config& cfg);

@@ -48,6 +48,12 @@ std::vector<T> transposed_weights(const ConvShape& sh, const T* w) {
   return wt;
 }
 
+// The first position that output t of sequence i reads: its document's start with packed
+// documents, else any (the history's or zeros before position 0).
+inline int64_t first_read(const ConvShape& sh, int64_t t, int64_t i) {
+  return sh.doc_start ? sh.doc_start[i * sh.s + t] : -sh.width;
+}
+
 // The convolution's input row for position tt of sequence i: the input, the history before
 // position 0, or null (zeros).
 template <typename T>
@@ -64,8 +70,10 @@ void conv_pre_row(const ConvShape& sh, const T* in, const T* history, const T* w
   const int64_t C = sh.channels;
 #pragma omp simd
   for (int64_t c = 0; c < C; ++c) pre[c] = bias ? bias[c] : T(0);
+  const int64_t lo = first_read(sh, t, i);
   for (int64_t k = 0; k < sh.width; ++k) {
-    const T* src = conv_row(sh, in, history, t + k - (sh.width - 1), i);
+    const int64_t tt = t + k - (sh.width - 1);
+    const T* src = tt < lo ? nullptr : conv_row(sh, in, history, tt, i);
     if (src == nullptr) continue;
     const T* wk = wt + k * C;
 #pragma omp simd
@@ -111,7 +119,7 @@ void conv_silu_backward(const ConvShape& sh, const T* in, const T* w, const T* b
     for (int64_t c = 0; c < C; ++c) o[c] = T(0);
     for (int64_t k = 0; k < K; ++k) {
       const int64_t t = j - k + K - 1;
-      if (t >= sh.s) continue;
+      if (t >= sh.s || j < first_read(sh, t, i)) continue;
       const T* d = dpre.data() + (t * sh.b + i) * C;
       const T* wk = wt.data() + k * C;
 #pragma omp simd
@@ -133,7 +141,7 @@ void conv_silu_backward(const ConvShape& sh, const T* in, const T* w, const T* b
       for (int64_t c = 0; c < n; ++c) db[c] += d[c];
       for (int64_t k = 0; k < K; ++k) {
         const int64_t tt = t + k - (K - 1);
-        if (tt < 0) continue;
+        if (tt < 0 || tt < first_read(sh, t, i)) continue;
         const T* x = in + (tt * sh.b + i) * C + c0;
         T* a = acc.data() + k * kBlock;
 #pragma omp simd
@@ -163,6 +171,14 @@ void conv_history(const ConvShape& sh, const T* in, const T* history, T* next) {
     }
 }
 
+// The state's decay into position t of sequence i: exp(dt A), or 0 where a packed document
+// starts (the state restarts; every gradient through the decay then vanishes with it).
+template <typename T>
+T decay(const ScanShape& sh, int64_t t, int64_t i, T dts, T A) {
+  if (sh.doc_start && t > 0 && sh.doc_start[i * sh.s + t] == t) return T(0);
+  return std::exp(dts * A);
+}
+
 // [rows, cols] -> [cols, rows].
 template <typename T>
 void transpose(const T* src, int64_t rows, int64_t cols, T* dst) {
@@ -190,7 +206,7 @@ void scan_forward(const ScanShape& sh, const T* x, const T* dt_raw, const T* A_l
       if (kept && t % sh.chunk == 0)
         std::copy(S.begin(), S.end(), kept + ((t / sh.chunk) * sh.b * H + bh) * PN);
       const int64_t row = t * sh.b + i;
-      const T dts = softplus(dt_raw[row * H + h] + bias), a = std::exp(dts * A);
+      const T dts = softplus(dt_raw[row * H + h] + bias), a = decay(sh, t, i, dts, A);
       const T* xp = x + (row * H + h) * P;
       const T* Bp = B + (row * G + g) * N;
       const T* Cp = C + (row * G + g) * N;
@@ -323,7 +339,7 @@ void scan_backward(const ScanShape& sh, const T* x, const T* dt_raw, const T* A_
         transpose(kept + (c * sh.b * H + bh) * PN, N, P, buf.data());
         for (int64_t t = t0; t < t1; ++t) {
           const int64_t row = t * sh.b + i;
-          const T dts = softplus(dt_raw[row * H + h] + bias), a = std::exp(dts * A);
+          const T dts = softplus(dt_raw[row * H + h] + bias), a = decay(sh, t, i, dts, A);
           const T* xp = x + (row * H + h) * P;
           const T* Bp = B + (row * G + g) * N;
           const T* prev = buf.data() + (t - t0) * PN;
@@ -337,7 +353,7 @@ void scan_backward(const ScanShape& sh, const T* x, const T* dt_raw, const T* A_
         for (int64_t t = t1 - 1; t >= t0; --t) {
           const int64_t row = t * sh.b + i;
           const T v = dt_raw[row * H + h] + bias;
-          const T dts = softplus(v), a = std::exp(dts * A);
+          const T dts = softplus(v), a = decay(sh, t, i, dts, A);
           const T* xp = x + (row * H + h) * P;
           const T* Bp = B + (row * G + g) * N;
           const T* Cp = C + (row * G + g) * N;
@@ -358,7 +374,7 @@ void scan_backward(const ScanShape& sh, const T* x, const T* dt_raw, const T* A_
           for (; p < P; ++p) backward_rows<T>(rows, p, false, dyp, xp, dts, Dh, dxp, ddts, dDh);
           T da = 0;
           for (int64_t n = 0; n < N; ++n) da += da_v[static_cast<size_t>(n)];
-          ddts += da * a * A;  // a = exp(dts A)
+          ddts += da * a * A;  // a = exp(dts A) (or 0 at a document start)
           dA += da * a * dts;
           const T d = ddts * softplus_grad(v);
           ddt_raw[row * H + h] = d;

@@ -12,6 +12,10 @@
 //   gated RMS norm (mamba_ssm's RMSNormGated, norm_before_gate=False): per group of channels,
 //     out = g / sqrt(mean(g^2) + eps) * w with g = y * silu(z).
 //
+// Packed documents (Megatron's seq_idx with --dataloader-inter-document-masking): with doc_start
+// set, each document is its own sequence: the convolution reads zeros before the document's first
+// position and the scan restarts from S = 0 there (a document start has decay exp(dt A) := 0).
+//
 // Rows are tokens in [s, b] order (row t * b + i). The scan keeps the state at the start of every
 // `chunk` positions for backward, which recomputes the states inside each chunk from it (memory:
 // one state per chunk instead of per position).
@@ -23,6 +27,9 @@ namespace megatron::ssm {
 
 struct ConvShape {
   int64_t s = 0, b = 0, channels = 0, width = 0;  // width: the kernel's K
+  // [b, s]: the first position of each token's document, or null (one document per sequence).
+  // Not with history (generation has no packed documents).
+  const int32_t* doc_start = nullptr;
 };
 
 // in, out: [s, b, channels]; w: [channels, width]; bias: [channels]; history: [b, width - 1,
@@ -41,7 +48,8 @@ void conv_history(const ConvShape& sh, const T* in, const T* history, T* next);
 
 struct ScanShape {
   int64_t s = 0, b = 0, heads = 0, head_dim = 0, groups = 0, state = 0;
-  int64_t chunk = 64;  // positions between kept states
+  int64_t chunk = 64;                  // positions between kept states
+  const int32_t* doc_start = nullptr;  // [b, s], as ConvShape's (the state restarts at each)
   int64_t chunks() const { return (s + chunk - 1) / chunk; }
   // Elements of the kept states: [chunks, b, heads, state, head_dim].
   int64_t kept_states() const { return chunks() * b * heads * head_dim * state; }
