@@ -20,6 +20,7 @@ constexpr const char* kUsage =
     "  train       pretrain or finetune a model (Megatron's pretrain_*.py flags; --model)\n"
     "  pretrain_gpt  `train --model gpt`: a launch line's pretrain_gpt.py ARGS as it is\n"
     "  pretrain_bert `train --model bert`: BERT pretraining (pretrain_bert.py)\n"
+    "  pretrain_hybrid `train --model mamba`: hybrid Mamba models (also pretrain_mamba)\n"
     "  finetune    `train --model bert_classification --task ...`: classification finetuning\n"
     "  preprocess  tokenize JSON lines into Megatron .bin/.idx datasets (preprocess_data.py)\n"
     "  merge_datasets  a folder of .bin/.idx datasets into one (merge_datasets.py)\n"
@@ -51,7 +52,7 @@ int dispatch(int argc, char** argv) {
   if (cmd == "train") return train_command(argc - 1, argv + 1);
   // Megatron's entry points: `megatron pretrain_gpt ARGS` is `megatron train --model gpt ARGS`.
   for (const megatron::ModelSpec* spec : megatron::model_specs()) {
-    if (cmd != spec->entry_point) continue;
+    if (!spec->answers_to(cmd)) continue;
     std::vector<char*> args{argv[1]};
     std::string flag = "--model", name = spec->name;
     args.push_back(flag.data());

@@ -1283,30 +1283,41 @@ void validate_recompute(Arguments& a, int64_t per_stage) {
   }
 }
 
-// Hybrid Mamba models (--model mamba, Megatron's pretrain_mamba.py) and --spec.
+// Hybrid Mamba models (--model mamba, Megatron's pretrain_mamba.py and core 0.19's
+// pretrain_hybrid.py) and --spec.
 void validate_hybrid_args(const Arguments& a) {
-  const std::vector<std::string> mamba_spec{"megatron.core.models.mamba.mamba_layer_specs",
-                                            "mamba_stack_spec"};
+  // r0.14's module and core 0.19's (megatron.core.models.hybrid, which keeps mamba_stack_spec
+  // as an alias of hybrid_stack_spec): the same stack.
+  const std::string hybrid_module = "megatron.core.models.hybrid.hybrid_layer_specs";
+  const bool hybrid_spec =
+      a.spec == std::vector<std::string>{"megatron.core.models.mamba.mamba_layer_specs",
+                                         "mamba_stack_spec"} ||
+      a.spec == std::vector<std::string>{hybrid_module, "hybrid_stack_spec"} ||
+      a.spec == std::vector<std::string>{hybrid_module, "mamba_stack_spec"};
   const bool local = a.spec == std::vector<std::string>{"local"};
   std::string given;
   for (const std::string& v : a.spec) given += (given.empty() ? "" : " ") + v;
-  MEGATRON_CHECK(a.spec.empty() || a.spec == mamba_spec || local, "--spec '", given,
+  MEGATRON_CHECK(a.spec.empty() || hybrid_spec || local, "--spec '", given,
                  "': Python module specs cannot be loaded here; the layers are given by --model "
                  "(gpt: Megatron's local GPT spec; mamba: megatron.core.models.mamba."
-                 "mamba_layer_specs mamba_stack_spec): drop --spec");
-  MEGATRON_CHECK(a.spec != mamba_spec || a.model == "mamba",
-                 "--spec megatron.core.models.mamba.mamba_layer_specs mamba_stack_spec is the "
-                 "hybrid Mamba stack: use `megatron pretrain_mamba` (--model mamba)");
-  MEGATRON_CHECK(!local || a.model != "mamba",
-                 "--spec local is a GPT layer spec; `megatron pretrain_mamba` takes "
-                 "megatron.core.models.mamba.mamba_layer_specs mamba_stack_spec (or no --spec)");
+                 "mamba_layer_specs mamba_stack_spec or megatron.core.models.hybrid."
+                 "hybrid_layer_specs hybrid_stack_spec): drop --spec");
+  MEGATRON_CHECK(!hybrid_spec || a.model == "mamba", "--spec ", given,
+                 " is the hybrid Mamba stack: use `megatron pretrain_hybrid` or `megatron "
+                 "pretrain_mamba` (--model mamba)");
+  MEGATRON_CHECK(
+      !local || a.model != "mamba",
+      "--spec local is a GPT layer spec; `megatron pretrain_hybrid` (pretrain_mamba) takes "
+      "megatron.core.models.hybrid.hybrid_layer_specs hybrid_stack_spec (or no "
+      "--spec)");
   const bool hybrid_flags = a.hybrid_attention_ratio != 0.0 || a.hybrid_mlp_ratio != 0.0 ||
                             !a.hybrid_override_pattern.empty() || !a.hybrid_layer_pattern.empty() ||
                             a.is_hybrid_model;
   MEGATRON_CHECK(!hybrid_flags || a.model == "mamba",
                  "--hybrid-attention-ratio, --hybrid-mlp-ratio, --hybrid-layer-pattern, "
                  "--hybrid-override-pattern and --is-hybrid-model shape hybrid Mamba models: use "
-                 "`megatron pretrain_mamba` (--model mamba), not --model ",
+                 "`megatron pretrain_hybrid` or `megatron pretrain_mamba` (--model mamba), not "
+                 "--model ",
                  a.model);
   if (a.model != "mamba") return;
   MEGATRON_CHECK(a.device != "cuda",

@@ -1,6 +1,8 @@
 // The registry of model specs: every architecture compiled in.
 #include "models/model_spec.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "models/bert/bert_classification_spec.h"
 #include "models/bert/bert_spec.h"
@@ -31,6 +33,11 @@ const std::vector<const ModelSpec*>& model_specs() {
   return specs;
 }
 
+bool ModelSpec::answers_to(const std::string& command) const {
+  return command == entry_point || std::find(entry_point_aliases.begin(), entry_point_aliases.end(),
+                                             command) != entry_point_aliases.end();
+}
+
 std::string model_names() {
   std::string names;
   for (const ModelSpec* s : model_specs()) names += (names.empty() ? "" : ", ") + s->name;
@@ -39,7 +46,7 @@ std::string model_names() {
 
 const ModelSpec& model_spec(const std::string& name) {
   for (const ModelSpec* s : model_specs()) {
-    if (s->name == name || s->entry_point == name) return *s;
+    if (s->name == name) return *s;
   }
   MEGATRON_CHECK(false, "--model: unknown model '", name, "'; choose one of ", model_names());
   return *model_specs().front();

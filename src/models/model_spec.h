@@ -84,7 +84,10 @@ struct HfMapping {
 struct ModelSpec {
   std::string name;         // --model NAME
   std::string entry_point;  // the Megatron script it stands for: `megatron pretrain_gpt`
-  std::string summary;      // one line for usage texts
+  // Other names of that script (a later Megatron's rename), accepted as entry_point.
+  std::vector<std::string> entry_point_aliases;
+  bool answers_to(const std::string& command) const;
+  std::string summary;  // one line for usage texts
 
   // This rank's chunks, one per virtual pipeline stage (chunk c of pipeline rank r is virtual
   // stage c * pp + r), each with its parameters initialised lazily by the caller's ParamSet.
@@ -120,8 +123,8 @@ struct ModelSpec {
 const std::vector<const ModelSpec*>& model_specs();
 // The names of every model, comma-separated, for usage texts and messages.
 std::string model_names();
-// The model called `name` (--model) or standing for entry point `name` (pretrain_gpt); refuses
-// an unknown name, listing the known ones.
+// The model called `name` (--model; the entry points, pretrain_gpt, are commands: `megatron
+// pretrain_gpt` passes --model gpt); refuses an unknown name, listing the known ones.
 const ModelSpec& model_spec(const std::string& name);
 
 }  // namespace megatron

@@ -178,6 +178,15 @@ class MegatronFlagsTest(unittest.TestCase):
         self.assertRefused(run("train", *BASE, "--spec", "my.module", "my_spec"), "--spec",
                            "Python module specs cannot be loaded")
         self.assertRefused(run("train", *BASE, *spec), "--spec", "pretrain_mamba")
+        # Megatron core 0.19's names: pretrain_hybrid and the megatron.core.models.hybrid spec.
+        hybrid_spec = ["--spec", "megatron.core.models.hybrid.hybrid_layer_specs",
+                       "hybrid_stack_spec"]
+        ok = run("pretrain_hybrid", *mamba, *hybrid_spec, "--hybrid-layer-pattern", "M*")
+        self.assertEqual(ok.returncode, 0, ok.stderr[-2000:])
+        self.assertIn("Hybrid allocation (M is mamba, * is attention, - is mlp):\nM*\n", ok.stdout)
+        self.assertRefused(run("train", *BASE, *hybrid_spec), "--spec", "pretrain_hybrid")
+        self.assertRefused(run("pretrain_hybrid", *mamba, "--spec", "local",
+                               "--hybrid-layer-pattern", "M*"), "--spec local")
         self.assertRefused(run("train", *BASE, "--hybrid-override-pattern", "M*"),
                            "--hybrid-override-pattern", "pretrain_mamba")
         # The pattern gives the layer count (Megatron core 0.17): a different --num-layers is

@@ -33,7 +33,9 @@ stated in the test.
   and MLP layers from --hybrid-attention-ratio 0.08 --hybrid-mlp-ratio 0.5, its --spec, GQA
   attention without positions, bf16, TP 2 with --sequence-parallel x DP 2 with the distributed
   optimizer and both overlaps; the Mamba sizes (defaults 128 / 64 / 8 in the script) scaled down
-  with the flags. It must train and its loss fall.
+  with the flags. It must train and its loss fall. Megatron core 0.19's version of the script
+  (`megatron pretrain_hybrid`, --hybrid-layer-pattern without --num-layers, the
+  megatron.core.models.hybrid spec) likewise.
 
 Usage: test_megatron_examples.py --megatron BUILD/megatron --mpiexec MPIEXEC
 """
@@ -218,6 +220,35 @@ def mamba_args(tmp, data, checkpoint):
                       "--mamba-num-groups", "2", "--num-threads", "1"]
 
 
+def hybrid_args(tmp, data, checkpoint):
+    """Megatron core 0.19's examples/mamba/train.sh (run by pretrain_hybrid.py), in order, scaled
+    as mamba_args: its 800M pattern's first 8 layers with an attention layer among them (no
+    --num-layers: the pattern gives it), core 0.19's hybrid stack --spec."""
+    options = ["--tensor-model-parallel-size", "2", "--sequence-parallel",
+               "--pipeline-model-parallel-size", "1", "--use-distributed-optimizer",
+               "--overlap-param-gather", "--overlap-grad-reduce",
+               "--untie-embeddings-and-output-weights", "--init-method-std", "0.02",
+               "--position-embedding-type", "none", "--hybrid-layer-pattern", "M-M-M*-M",
+               "--hidden-size", "64", "--num-attention-heads", "4", "--group-query-attention",
+               "--num-query-groups", "2", "--seq-length", "64", "--max-position-embeddings", "64",
+               "--train-samples", "400", "--lr-warmup-samples", "16", "--lr-decay-samples", "396",
+               "--save", checkpoint, "--load", checkpoint, "--data-path", data,
+               "--data-cache-path", os.path.join(tmp, "cache"), "--split", "99,1,0",
+               "--tokenizer-type", "NullTokenizer", "--vocab-size", str(VOCAB),
+               "--distributed-backend", "nccl", "--micro-batch-size", "1",
+               "--global-batch-size", "8", "--lr", "2.5e-3", "--min-lr", "2.5e-4",
+               "--lr-decay-style", "cosine", "--weight-decay", "0.1", "--clip-grad", "1.0",
+               "--attention-dropout", "0.0", "--hidden-dropout", "0.0", "--disable-bias-linear",
+               "--normalization", "RMSNorm", "--adam-beta1", "0.9", "--adam-beta2", "0.95",
+               "--log-interval", "1", "--save-interval", "2000", "--eval-interval", "2000",
+               "--eval-iters", "2", "--bf16", "--use-mcore-models",
+               "--spec", "megatron.core.models.hybrid.hybrid_layer_specs", "hybrid_stack_spec",
+               "--no-create-attention-mask-in-dataloader",
+               "--tensorboard-dir", os.path.join(tmp, "tb")]
+    return options + ["--mamba-state-dim", "16", "--mamba-head-dim", "16",
+                      "--mamba-num-groups", "2", "--num-threads", "1"]
+
+
 class MegatronExamplesTest(unittest.TestCase):
     def setUp(self):
         self._tmp = tempfile.TemporaryDirectory(prefix="megatron_examples_")
@@ -293,6 +324,14 @@ class MegatronExamplesTest(unittest.TestCase):
         self.assertTrainsAndLearns(proc, 50, 1.0)
         # Megatron's allocation of 8 layers at ratios 0.08 / 0.5.
         self.assertIn("Hybrid allocation (M is mamba, * is attention, - is mlp):\nM-M-*-M-\n", proc.stdout)
+
+    def test_hybrid_script(self):
+        # Megatron core 0.19's form of the same example: pretrain_hybrid.py, the pattern given.
+        data = counting_dataset(self.tmp)
+        proc = run(4, hybrid_args(self.tmp, data, os.path.join(self.tmp, "ckpt")),
+                   entry="pretrain_hybrid")
+        self.assertTrainsAndLearns(proc, 50, 1.0)
+        self.assertRegex(proc.stdout, r"num_layers \.+ 8\n")
 
 if __name__ == "__main__":
     sys.exit(megatron_job.main(sys.modules[__name__]))

@@ -48,7 +48,8 @@ struct GPTStage {
 };
 
 // What a stage reads of the micro-batch: tokens and positions on the first stage, labels on the
-// last, doc_start wherever attention runs (--reset-attention-mask).
+// last, doc_start on every stage with --reset-attention-mask (attention) or packed documents
+// (--dataloader-inter-document-masking: also the Mamba layers and multi-token prediction).
 struct GPTInputs {
   Tensor tokens;     // [b, s] i64
   Tensor labels;     // [b, s] i64

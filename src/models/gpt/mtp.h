@@ -20,8 +20,9 @@
 // stays inside each document, the document's last position taking 0 (Megatron core 0.19's
 // _roll_tensor_packed_seq): no depth predicts across a document boundary.
 // forward returns each depth's per-token loss [b, s], unmasked: GPTLoss masks the last k
-// positions (the rolled loss mask) and scales each depth's mean by --mtp-loss-scaling-factor / D
-// into the objective (Megatron's MTPLossAutoScaler), logging it as "mtp_k loss".
+// positions (of each document when packed: the rolled loss mask) and scales each depth's mean by
+// --mtp-loss-scaling-factor / D into the objective (Megatron's MTPLossAutoScaler), logging it as
+// "mtp_k loss".
 //
 // Parameters are Megatron's names: mtp.layers.{k-1}.{enorm, hnorm, eh_proj, transformer_layer.*,
 // final_layernorm}, a hybrid model's layers mtp.layers.{k-1}.mtp_model_layer.layers.{j}.*. Under

@@ -57,7 +57,10 @@ ModelSpec make_mamba_spec() {
   ModelSpec s = gpt_spec();
   s.name = "mamba";
   s.entry_point = "pretrain_mamba";
-  s.summary = "hybrid Mamba-2 / attention / MLP decoder (Megatron's pretrain_mamba.py)";
+  // Megatron core 0.19 renamed the script (pretrain_mamba.py is its deprecated wrapper).
+  s.entry_point_aliases = {"pretrain_hybrid"};
+  s.summary =
+      "hybrid Mamba-2 / attention / MLP decoder (Megatron's pretrain_mamba.py, pretrain_hybrid.py)";
   s.flops_per_iteration = hybrid_flops_per_iteration;
   s.hf.read_config = [](const std::string& dir) { return read_nemotron_h_config(dir).config; };
   s.hf.load = [](const std::string& dir, ModelChunk& whole, ParamSet& params) {
