@@ -151,6 +151,11 @@ const std::vector<OwnFlag>& own_train_flags() {
       {"--null-tokenizer-pad-id", "Megatron core 0.19's TokenizerConfig.null_tokenizer_pad_id"},
       {"--phase-transition-iterations", "Megatron core 0.19's flag (data phases)"},
       {"--dataloader-inter-document-masking", "Megatron core 0.19's flag"},
+      {"--ddp-reduce-scatter-with-fp32-accumulation",
+       "Megatron core 0.19's DistributedDataParallelConfig.reduce_scatter_with_fp32_accumulation"},
+      {"--ddp-param-name-patterns-for-fp32-local-accumulation",
+       "Megatron core 0.19's DistributedDataParallelConfig."
+       "param_name_patterns_for_fp32_local_accumulation"},
       {"--fim-data", "Megatron core 0.19's flag (GPTFIMDataset)"},
       {"--fim-rate", "Megatron core 0.19's flag (GPTFIMDataset)"},
       {"--fim-spm-rate", "Megatron core 0.19's flag (GPTFIMDataset)"},

@@ -351,6 +351,15 @@ void register_model_args(ArgTable& t, Arguments& a) {
   t.flag("--attention-softmax-in-fp32", a.attention_softmax_in_fp32,
          "Run attention masking and softmax in fp32 (always the case here)");
   t.flag("--grad-reduce-in-bf16", a.grad_reduce_in_bf16, "Reduce gradients in bfloat16");
+  t.flag("--ddp-reduce-scatter-with-fp32-accumulation", a.ddp_reduce_scatter_with_fp32_accumulation,
+         "The distributed optimizer's gradient reduce-scatter as an all-to-all in the reduction "
+         "dtype (bf16 with --grad-reduce-in-bf16) and a local sum in fp32 over the ranks, in rank "
+         "order (no effect without --use-distributed-optimizer)");
+  t.add("--ddp-param-name-patterns-for-fp32-local-accumulation",
+        a.ddp_param_name_patterns_for_fp32_local_accumulation,
+        "Parameters (fnmatch patterns, or 'all') whose gradients accumulate over micro-batches in "
+        "fp32 under --grad-reduce-in-bf16; here every parameter's do (the gradient buffer is "
+        "fp32, rounded to bf16 only for the reduction)");
   t.flag("--accumulate-allreduce-grads-in-fp32", a.accumulate_allreduce_grads_in_fp32,
          "Gradient accumulation and all-reduce in fp32 (always the case here)");
   t.concern("parallel");
@@ -1590,6 +1599,13 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
     a.no_weight_decay_cond_type.clear();
   }
   validate_rerun_args(a);
+  // Megatron's DistributedDataParallelConfig assertion (grad_reduce_in_fp32 is the default).
+  MEGATRON_CHECK(
+      a.ddp_param_name_patterns_for_fp32_local_accumulation.empty() || a.grad_reduce_in_bf16,
+      "Only need to explicitly specify param_name patterns for FP32 local accumulation "
+      "if .main_grads aren't already in FP32: "
+      "--ddp-param-name-patterns-for-fp32-local-accumulation needs "
+      "--grad-reduce-in-bf16");
   if (a.num_distributed_optimizer_instances != 1) {
     // (Its divisibility and positivity: make_parallel_grid, in validate_parallel_layout.)
     MEGATRON_CHECK(!a.use_megatron_fsdp || a.data_parallel_sharding_strategy != "no_shard",
@@ -1599,6 +1615,9 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
     MEGATRON_CHECK(a.use_distributed_optimizer,
                    "Partial DistOpt cannot be used without DistOpt: "
                    "--num-distributed-optimizer-instances needs --use-distributed-optimizer");
+    MEGATRON_CHECK(!a.ddp_reduce_scatter_with_fp32_accumulation || a.use_megatron_fsdp,
+                   "RS w/ FP32 accumulation not supported with num_distributed_optimizer_instances "
+                   "> 1: drop --ddp-reduce-scatter-with-fp32-accumulation or use one instance");
     if (a.num_experts > 0) {
       // Experts split apart shard over the expert-data-parallel ranks, cut the same way.
       const int64_t etp = a.expert_tensor_parallel_size > 0 ? a.expert_tensor_parallel_size

@@ -327,17 +327,21 @@ namespace {
 double others(int w) {
   return static_cast<double>(w - 1) / static_cast<double>(w);
 }
+// The bytes a reduction of t moves: 16-bit values travel as their f32 accumulator (reduce).
+int64_t reduced_bytes(const Tensor& t) {
+  return reduces_through_f32(t.dtype()) ? t.numel() * 4 : t.nbytes();
+}
 }  // namespace
 
 void ProcessGroup::all_reduce(Tensor& t, ReduceOp op) {
   Timer timer;
-  count_sent(t.nbytes(), 2 * others(size()));
+  count_sent(reduced_bytes(t), 2 * others(size()));
   reduce(t, op, false).wait();
   *busy_ += timer.elapsed();
 }
 void ProcessGroup::reduce_scatter(Tensor& out, const Tensor& in, ReduceOp op) {
   Timer timer;
-  count_sent(in.nbytes(), others(size()));
+  count_sent(reduced_bytes(in), others(size()));
   reduce_scatter_impl(out, in, op, false).wait();
   *busy_ += timer.elapsed();
 }
@@ -377,11 +381,11 @@ void ProcessGroup::barrier() {
 }
 
 Work ProcessGroup::all_reduce_async(Tensor& t, ReduceOp op) {
-  count_sent(t.nbytes(), 2 * others(size()));
+  count_sent(reduced_bytes(t), 2 * others(size()));
   return timed(reduce(t, op, true));
 }
 Work ProcessGroup::reduce_scatter_async(Tensor& out, const Tensor& in, ReduceOp op) {
-  count_sent(in.nbytes(), others(size()));
+  count_sent(reduced_bytes(in), others(size()));
   return timed(reduce_scatter_impl(out, in, op, true));
 }
 Work ProcessGroup::all_gather_async(Tensor& out, const Tensor& in) {

@@ -124,7 +124,8 @@ class ProcessGroup {
   // Bytes this rank has sent in this group's collectives and sends so far, as the standard
   // algorithms move them (NCCL's bus-bandwidth accounting): an all-reduce of n bytes 2 (W-1)/W n,
   // a reduce-scatter, all-gather or all-to-all of n bytes in total (W-1)/W n, the v-forms what
-  // goes to other ranks, a broadcast or send n. Size-1 groups send nothing. For comparing the
+  // goes to other ranks, a broadcast or send n; a reduction of 16-bit values counts the f32 it
+  // sends (the accumulator). Size-1 groups send nothing. For comparing the
   // traffic of two ways of doing one thing (1-bit Adam's compressed momentum against the
   // gradient all-reduce), not a wire-level count.
   int64_t bytes_sent() const { return *bytes_sent_; }

@@ -126,6 +126,27 @@ GradBuckets::GradBuckets(ParamSet& params, ProcessGroup& dp, int64_t bucket_size
   }
 }
 
+namespace {
+
+// The group's copies of this rank's shard, [n x shard] in any dtype, added in f32 in rank order.
+Tensor sum_copies(const Tensor& gathered, int n) {
+  const Tensor g = gathered.dtype() == DType::kF32 ? gathered : gathered.to(DType::kF32);
+  const int64_t m = g.numel() / n;
+  Tensor sum = g.flat_view(0, Shape{m}).clone();
+  for (int j = 1; j < n; ++j) ops::add_inplace(sum, g.flat_view(j * m, Shape{m}));
+  return sum;
+}
+
+}  // namespace
+
+void GradBuckets::complete_accumulation(Bucket& b) {
+  b.work.wait();
+  const Tensor sum = sum_copies(b.gathered, b.group->size());
+  b.shard.copy_from(reduce_in_bf16_ ? sum.to(DType::kBF16) : sum);
+  b.gathered = b.low = Tensor();
+  if (accumulating_ == &b) accumulating_ = nullptr;
+}
+
 void GradBuckets::reduce_scatter_add(int64_t i, Tensor full) {
   Bucket& b = buckets_[static_cast<size_t>(i)];
   MEGATRON_ASSERT(full.numel() == b.end - b.begin, "reduce_scatter_add: bucket ", i, " has ",
@@ -168,7 +189,9 @@ void GradBuckets::reset() {
     b.work.wait();
     b.ready = 0;
     b.launched = false;
+    b.gathered = b.low = b.low_shard = Tensor();
   }
+  accumulating_ = nullptr;
   for (auto& [p, r] : ready_) r = false;
 }
 
@@ -181,6 +204,17 @@ void GradBuckets::launch(Bucket& b) {
   // An expert bucket's scale is not 1 / |group| (ExpertReduction): applied even alone.
   if (average_ && b.scale != 1.0) ops::scale_inplace(b.view, b.scale);
   if (g.size() == 1) return;
+  if (fp32_accumulation_ && reduce_ == GradReduce::kReduceScatter) {
+    // One bucket's copies at a time: the previous one's sum first (its gradients are final).
+    if (accumulating_ != nullptr) complete_accumulation(*accumulating_);
+    // Each rank receives every rank's copy of its shard (the all-to-all's chunk r is shard r).
+    if (reduce_in_bf16_) b.low = b.view.to(DType::kBF16);
+    const Tensor& send = reduce_in_bf16_ ? b.low : b.view;
+    b.gathered = Tensor::empty(send.shape(), send.dtype(), send.device());
+    b.work = g.all_to_all_async(b.gathered, send);
+    accumulating_ = &b;
+    return;
+  }
   if (reduce_in_bf16_) {
     b.low = b.view.to(DType::kBF16);
     if (reduce_ == GradReduce::kReduceScatter) {
@@ -228,6 +262,10 @@ void GradBuckets::finish() {
   }
   for (Bucket& b : buckets_) launch(b);
   for (Bucket& b : buckets_) {
+    if (b.gathered.defined()) {
+      complete_accumulation(b);
+      continue;
+    }
     b.work.wait();
     if (b.low.defined()) {  // widen the bf16 result back into the fp32 buffer
       if (reduce_ == GradReduce::kReduceScatter) {

@@ -87,6 +87,16 @@ class GradBuckets {
   // values are bf16 (widened back into the fp32 buffer by finish()). Through ProcessGroup the sum
   // itself is taken in f32 and rounded once; a NCCL backend would also halve the traffic.
   void set_reduce_in_bf16(bool on) { reduce_in_bf16_ = on; }
+  // --ddp-reduce-scatter-with-fp32-accumulation (Megatron core 0.19's
+  // reduce_scatter_with_fp32_accumulation), kReduceScatter: a bucket's shards travel by an
+  // all-to-all in the reduction dtype (bf16 with --grad-reduce-in-bf16: half the bytes of the f32
+  // sum ProcessGroup reduces bf16 through) and each rank adds the group's copies of its shard in
+  // f32, in rank order, rounding once (to bf16 with --grad-reduce-in-bf16, as Megatron writes
+  // the sum into its bf16 buffer). Sharded gradients (reduce_scatter_add, Megatron-FSDP's) keep
+  // the plain reduce-scatter (the trainer leaves this off under Megatron-FSDP, which ignores the
+  // flag). At most one bucket's copies are held at a time: launching the next completes the
+  // previous one (Megatron's previous_grad_reduce_bucket_group), whose gradients are final.
+  void set_fp32_accumulation(bool on) { fp32_accumulation_ = on; }
   // false: sum the replicas' gradients instead of averaging them (--calculate-per-token-loss,
   // where the trainer divides by the global token count afterwards).
   void set_average(bool on) { average_ = on; }
@@ -153,9 +163,13 @@ class GradBuckets {
     double scale = 1.0;             // applied before the sum when averaging
     Tensor view, shard;             // the ranges, as tensors
     Tensor low, low_shard;          // bf16 copies in flight with --grad-reduce-in-bf16
+    Tensor gathered;                // fp32 accumulation: the group's copies of the shard
     Work work;
   };
   void launch(Bucket& b);
+  // fp32 accumulation: waits for b's all-to-all and writes the sum of the copies into its shard.
+  void complete_accumulation(Bucket& b);
+  Bucket* accumulating_ = nullptr;  // the bucket whose copies are in flight, or null
   // reduce_scatter_add's transfers in flight, oldest first.
   struct Pending {
     int64_t bucket = 0;
@@ -171,6 +185,7 @@ class GradBuckets {
   ProcessGroup& dp_;
   bool overlap_;
   bool reduce_in_bf16_ = false;
+  bool fp32_accumulation_ = false;
   bool average_ = true;
   bool reduce_enabled_ = true;
   GradReduce reduce_;

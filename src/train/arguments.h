@@ -160,6 +160,9 @@ struct Arguments {
   bool attention_softmax_in_fp32 = false;  // accepted: softmax always runs in fp32 here
   bool accumulate_allreduce_grads_in_fp32 = false;  // accepted: gradients are always fp32
   bool grad_reduce_in_bf16 = false;                 // data-parallel gradient reduction in bf16
+  bool ddp_reduce_scatter_with_fp32_accumulation = false;  // all-to-all, then an fp32 local sum
+  // Accepted: every parameter's gradients accumulate in fp32 here.
+  std::vector<std::string> ddp_param_name_patterns_for_fp32_local_accumulation;
   // FP8 GEMMs (parallel/fp8_scaling.h), Megatron's Transformer Engine flags.
   std::string fp8_format;                             // --fp8-format e4m3|hybrid ("": off)
   std::string fp8_recipe = "delayed";                 // --fp8-recipe delayed|tensorwise

@@ -494,6 +494,9 @@ void Trainer::build_optimizer() {
       distributed ? GradReduce::kReduceScatter : GradReduce::kAllReduce, expert,
       ps.inter_instance_group());
   grad_buckets_->set_reduce_in_bf16(args_.grad_reduce_in_bf16);
+  // Megatron-FSDP reduces through its own buffers, which never read the DDP flag.
+  grad_buckets_->set_fp32_accumulation(args_.ddp_reduce_scatter_with_fp32_accumulation &&
+                                       !args_.use_megatron_fsdp);
   grad_buckets_->set_average(!args_.calculate_per_token_loss);
   grad_buckets_->set_before_reduce(
       [this](int64_t bucket, const Tensor& grads) { validate_grads(bucket, grads); });

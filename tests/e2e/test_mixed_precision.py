@@ -15,6 +15,12 @@ What it is: `megatron train` on mock data.
     curves drift apart by a few tenths of a percent; a broken cast or unscaled gradient moves
     them by far more).
   - fp16 with a constant --loss-scale never changes the scale.
+  - --grad-reduce-in-bf16 moves the dp2 curve within 1% of the fp32 reduction (with and without
+    the distributed optimizer); with --ddp-reduce-scatter-with-fp32-accumulation (all-to-all,
+    fp32 sum) the distributed optimizer's dp2 curve is the plain bf16 reduce-scatter's digit for
+    digit (two terms sum alike in any order), and with several optimizer instances it exits 2;
+    --ddp-param-name-patterns-for-fp32-local-accumulation changes nothing (every gradient
+    accumulates in fp32 here) and needs --grad-reduce-in-bf16 (exit 2).
 What it is not: a check of bit-level fp16 rounding (tests/tensor) or of speed.
 
 Usage: test_mixed_precision.py --megatron BUILD/megatron --mpiexec MPIEXEC
@@ -148,12 +154,36 @@ class TestHalfPrecisionCurves(unittest.TestCase):
         # 50 iterations (bf16 keeps 8 bits of mantissa: ~0.4% per gradient, averaged out by Adam).
         base = [*TINY, "--train-iters", "50", "--bf16"]
         want = [l["loss"] for l in lines(run(2, *base))]
+        curves = {}
         for extra in ([], ["--use-distributed-optimizer"]):
             got = [l["loss"] for l in lines(run(2, *base, *extra, "--grad-reduce-in-bf16"))]
+            curves[len(extra)] = got
             self.assertEqual(len(got), 50)
             diffs = [abs(g - w) / w for g, w in zip(got, want)]
             self.assertLess(max(diffs), 0.01, extra)
             self.assertGreater(max(diffs), 0, f"{extra}: bf16 reduction changed nothing")
+        # --ddp-reduce-scatter-with-fp32-accumulation: the bf16 shards travel by an all-to-all and
+        # each rank adds the two copies in fp32, rounding once, which is what the f32 reduction of
+        # bf16 copies does with two ranks (a sum of two terms has one order): digit for digit.
+        fp32_accumulation = ["--use-distributed-optimizer", "--grad-reduce-in-bf16",
+                             "--ddp-reduce-scatter-with-fp32-accumulation"]
+        self.assertEqual([l["loss"] for l in lines(run(2, *base, *fp32_accumulation))],
+                         curves[1])
+        # Megatron's fp32 local accumulation for named parameters is what the fp32 gradient
+        # buffer does for all: the same curve. Without --grad-reduce-in-bf16 it exits 2.
+        patterns = ["--ddp-param-name-patterns-for-fp32-local-accumulation", "*layernorm*", "all"]
+        self.assertEqual([l["loss"] for l in lines(run(2, *base, "--use-distributed-optimizer",
+                                                        "--grad-reduce-in-bf16", *patterns))],
+                         curves[1])
+        proc = megatron_job.run_train(MEGATRON, MPIEXEC, 1, [*base, *patterns], TIMEOUT_S)
+        self.assertEqual(proc.returncode, 2, proc.stderr[-2000:])
+        self.assertIn("--grad-reduce-in-bf16", proc.stderr)
+        # Megatron's assertion: not with several distributed-optimizer instances.
+        proc = megatron_job.run_train(MEGATRON, MPIEXEC, 2,
+                                      [*base, *fp32_accumulation,
+                                       "--num-distributed-optimizer-instances", "2"], TIMEOUT_S)
+        self.assertEqual(proc.returncode, 2, proc.stderr[-2000:])
+        self.assertIn("--ddp-reduce-scatter-with-fp32-accumulation", proc.stderr)
 
     def test_bf16_and_fp16_track_fp32_over_200_iterations_in_tp2pp2_and_dp2(self):
         base = [*TINY, "--train-iters", "200"]

@@ -317,6 +317,72 @@ TEST(ReduceScatterBuckets, OverlapWithOnlyTheFirstBucketMarked) {
   }
 }
 
+// --ddp-reduce-scatter-with-fp32-accumulation: each owned shard element is the f32 sum, in rank
+// order, of every rank's element scaled by 1 / dp (and rounded to bf16 first with
+// --grad-reduce-in-bf16, the sum rounded to bf16 once), written to the fp32 buffer. The gradients
+// here are arbitrary (not exact in bf16, sums that round), so a reduction in another order or
+// precision misses the expected bits somewhere; the reference is the same rounding steps taken
+// by Tensor's own conversions and f32 additions, so the comparison is exact. The bytes sent: half
+// the plain reduce-scatter's with bf16 (which sends f32), the same with f32.
+TEST(ReduceScatterBuckets, Fp32AccumulationSumsTheRanksCopiesInRankOrder) {
+  auto value = [](int rank, int64_t e) {
+    return static_cast<float>(std::sin(0.37 * static_cast<double>(e) + 1.3 * rank) *
+                              (1.0 + 0.01 * rank));
+  };
+  for (ProcessGroup* dp : groups().list) {
+    if (dp->size() == 1) continue;  // nothing to reduce: the gradients stay as they are
+    for (bool bf16 : {false, true}) {
+      for (bool overlap : {false, true}) {
+        const std::string at = std::string(bf16 ? "bf16" : "f32") + (overlap ? ", overlap" : "");
+        Model m(kSpecs, DType::kF32, distributed_bucket_layout(50, dp->size()));
+        GradBuckets gb(m.set, *dp, 50, overlap, GradReduce::kReduceScatter);
+        gb.set_reduce_in_bf16(bf16);
+        gb.set_fp32_accumulation(true);
+        gb.reset();
+        const int64_t n = m.set.numel();
+        // Every rank's gradients as this rank would reduce them: scaled by 1 / dp (exact for
+        // the power-of-two groups here), rounded to bf16 where the reduction runs in bf16.
+        std::vector<Tensor> sent;
+        for (int r = 0; r < dp->size(); ++r) {
+          Tensor t = Tensor::empty({n}, DType::kF32);
+          for (int64_t e = 0; e < n; ++e)
+            t.data<float>()[e] = value(r, e) / static_cast<float>(dp->size());
+          sent.push_back(bf16 ? t.to(DType::kBF16).to(DType::kF32) : t);
+        }
+        Tensor want = sent[0].clone();
+        for (int r = 1; r < dp->size(); ++r) {
+          for (int64_t e = 0; e < n; ++e) want.data<float>()[e] += sent[r].data<float>()[e];
+        }
+        if (bf16) want = want.to(DType::kBF16).to(DType::kF32);
+        for (int64_t e = 0; e < n; ++e) m.set.grads().data<float>()[e] = value(dp->rank(), e);
+        const int64_t bytes0 = dp->bytes_sent();
+        if (overlap) mark_all_backward(gb, m);
+        gb.finish();
+        const int64_t bytes = dp->bytes_sent() - bytes0;
+        int64_t bad = 0, owned = 0;
+        for (int64_t b = 0; b < gb.num_buckets(); ++b) {
+          const auto [s0, s1] = gb.shard_range(b);
+          for (int64_t e = s0; e < s1; ++e, ++owned) {
+            if (m.set.grads().data<float>()[e] != want.data<float>()[e]) ++bad;
+          }
+        }
+        EXPECT_GT(owned, 0) << at;
+        EXPECT_EQ(bad, 0) << at << where(*dp) << ": " << bad << " of " << owned
+                          << " owned elements";
+        // The plain reduce-scatter of the same buckets sends f32 (bf16 through its f32
+        // accumulator): the all-to-all sends the reduction dtype, half of it in bf16.
+        Model plain(kSpecs, DType::kF32, distributed_bucket_layout(50, dp->size()));
+        GradBuckets pb(plain.set, *dp, 50, false, GradReduce::kReduceScatter);
+        pb.set_reduce_in_bf16(bf16);
+        pb.reset();
+        const int64_t plain0 = dp->bytes_sent();
+        pb.finish();
+        EXPECT_EQ(bytes * (bf16 ? 2 : 1), dp->bytes_sent() - plain0) << at << where(*dp);
+      }
+    }
+  }
+}
+
 TEST(ReduceScatterBuckets, MisuseIsRefused) {
   ProcessGroup& dp = world();
   Model dense(kSpecs, DType::kF32);
