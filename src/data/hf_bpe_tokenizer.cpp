@@ -274,14 +274,19 @@ HuggingFaceTokenizer::HuggingFaceTokenizer(const std::string& path) : path_(path
     if (fs::is_regular_file(config_path, ec)) {
       config_text = read_tokenizer_file(config_path.string(), "--tokenizer-model (its config)");
       const json config = json::parse(config_text, nullptr, /*allow_exceptions=*/false);
-      if (config.is_object() && config.contains("eos_token")) {
-        const json& eos = config["eos_token"];
-        const std::string name = eos.is_string() ? eos.get<std::string>()
-                                 : eos.is_object() && eos.contains("content")
-                                     ? eos["content"].get<std::string>()
+      // A special token of the config: a string or {"content": ...}; null or absent: none.
+      auto token_named = [&](const char* key) -> int64_t {
+        if (!config.is_object() || !config.contains(key)) return -1;
+        const json& v = config[key];
+        const std::string name = v.is_string() ? v.get<std::string>()
+                                 : v.is_object() && v.contains("content")
+                                     ? v["content"].get<std::string>()
                                      : std::string();
-        if (!name.empty()) eod_ = id_of(name);
-      }
+        return name.empty() ? -1 : id_of(name);
+      };
+      eod_ = token_named("eos_token");
+      // Megatron core 0.19's HuggingFaceTokenizer.pad_id: transformers' pad_token.
+      pad_ = token_named("pad_token");
     }
     for (const char* name : {"<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>"}) {
       if (eod_ < 0) eod_ = id_of(name);

@@ -13,7 +13,8 @@
 // Llama-3's BOS), as Megatron's tokenizer(text).input_ids does.
 //
 // EOD, in order: the eos_token of a tokenizer_config.json beside tokenizer.json; else the first of
-// "<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>" that the tokenizer knows. vocab_size =
+// "<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>" that the tokenizer knows. The pad: that
+// config's pad_token, or none. vocab_size =
 // largest id + 1 over the vocabulary and added tokens (len(tokenizer) for files without id holes).
 #pragma once
 
@@ -51,6 +52,9 @@ class HuggingFaceTokenizer : public Tokenizer {
   int64_t vocab_size() const override { return vocab_size_; }
   // See the file comment for the rule; an error when no token qualifies.
   int64_t eod() const override;
+  // tokenizer_config.json's pad_token (Megatron core 0.19's HuggingFaceTokenizer.pad_id, which
+  // GPT data masks); -1 without one (r0.14's Hugging Face tokenizer had no pad at all).
+  int64_t pad() const override { return pad_; }
   std::string identity() const override { return identity_; }
 
  private:
@@ -87,7 +91,7 @@ class HuggingFaceTokenizer : public Tokenizer {
   std::unordered_set<int64_t> special_ids_;       // added tokens with "special": true
   std::vector<int64_t> prefix_ids_, suffix_ids_;  // post-processor template around the text
   int64_t vocab_size_ = 0;
-  int64_t eod_ = -1;
+  int64_t eod_ = -1, pad_ = -1;
   std::string identity_;
 };
 

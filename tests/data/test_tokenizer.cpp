@@ -340,10 +340,19 @@ TEST(HuggingFaceTokenizer, SplitSequenceTemplateAndAddedTokenOptions) {
   EXPECT_EQ(tok.eod(), id_of(t, "<|endoftext|>"));
   EXPECT_EQ(tok.vocab_size(), n + 3);
   EXPECT_EQ(tok.decode(tok.encode("x y")), "<|begin_of_text|>x y");
-  // tokenizer_config.json's eos_token wins.
+  EXPECT_EQ(tok.pad(), -1);  // no config, no pad
+  // tokenizer_config.json's eos_token wins; its pad_token is the pad (Megatron core 0.19's
+  // HuggingFaceTokenizer.pad_id), as a string or {"content": ...}, none when null.
   write_file(t.dir + "/llama/tokenizer_config.json",
-             R"({"eos_token": {"content": "<|begin_of_text|>"}})");
-  EXPECT_EQ(HuggingFaceTokenizer(t.dir + "/llama/tokenizer.json").eod(), n);
+             R"({"eos_token": {"content": "<|begin_of_text|>"}, "pad_token": "<mask>"})");
+  const HuggingFaceTokenizer with_pad(t.dir + "/llama/tokenizer.json");
+  EXPECT_EQ(with_pad.eod(), n);
+  EXPECT_EQ(with_pad.pad(), n + 2);
+  write_file(t.dir + "/llama/tokenizer_config.json",
+             R"({"eos_token": "<|end_of_text|>", "pad_token": null})");
+  EXPECT_EQ(HuggingFaceTokenizer(t.dir + "/llama/tokenizer.json").pad(), -1);
+  write_file(t.dir + "/llama/tokenizer_config.json", R"({"pad_token": {"content": "a"}})");
+  EXPECT_EQ(HuggingFaceTokenizer(t.dir + "/llama/tokenizer.json").pad(), 'a');
 }
 
 TEST(HuggingFaceTokenizer, RefusesWhatItCannotReproduce) {
