@@ -591,6 +591,17 @@ void register_train_args(ArgTable& t, Arguments& a) {
   t.add("--data-args-path", a.data_args_path,
         "A file holding the --data-path arguments (prefixes and weights, separated by white "
         "space), for blends too long for a command line");
+  t.add("--per-dataset-sequences-path", a.per_dataset_sequences_path,
+        "A JSON file {prefix: [sequences, documents + 1]} (Megatron's "
+        "tools/build_sequences_per_dataset.py), the .idx headers' counts of every dataset "
+        "prefix; each prefix's entry is checked against its .idx (a stale file stops the run)");
+  t.flag("--dataloader-fast-cache-load", a.dataloader_fast_cache_load,
+         "Megatron's fast path for prebuilt sample-index caches (needs --data-cache-path and "
+         "per-split data paths); the caches here are read when present and built when missing "
+         "either way");
+  t.flag("--dataloader-defer-npy-index-mmap", a.dataloader_defer_npy_index_mmap,
+         "Megatron's deferred mapping of the cached sample indices (needs --data-cache-path); "
+         "the indices here are read as they are whichever way");
   t.add("--per-split-data-args-path", a.per_split_data_args_path,
         "A JSON file {\"train\": ..., \"valid\": ..., \"test\": ...}, each a list (or a "
         "white-space separated string) of prefixes and weights, instead of "
@@ -1599,6 +1610,16 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
     a.no_weight_decay_cond_type.clear();
   }
   validate_rerun_args(a);
+  // Megatron core 0.19's BlendedMegatronDatasetConfig assertions.
+  MEGATRON_CHECK(!a.dataloader_fast_cache_load || !a.data_cache_path.empty(),
+                 "--data-cache-path must be provided when using --dataloader-fast-cache-load.");
+  MEGATRON_CHECK(!a.dataloader_fast_cache_load || a.data_path.empty(),
+                 "--dataloader-fast-cache-load and --data-path cannot be used together. Use "
+                 "--per-split-data-args-path or --train-data-path, --valid-data-path and "
+                 "--test-data-path instead.");
+  MEGATRON_CHECK(!a.dataloader_defer_npy_index_mmap || !a.data_cache_path.empty(),
+                 "--data-cache-path must be provided when using "
+                 "--dataloader-defer-npy-index-mmap.");
   // Megatron's DistributedDataParallelConfig assertion (grad_reduce_in_fp32 is the default).
   MEGATRON_CHECK(
       a.ddp_param_name_patterns_for_fp32_local_accumulation.empty() || a.grad_reduce_in_bf16,
@@ -2150,6 +2171,34 @@ std::vector<std::string> words(const std::string& text) {
 }
 }  // namespace
 
+namespace {
+
+// --per-dataset-sequences-path: {prefix: [sequence count, document count]} as Megatron's
+// tools/build_sequences_per_dataset.py writes it (the .idx header's two counts).
+void read_sequences_per_dataset(Arguments& a) {
+  const std::string& path = a.per_dataset_sequences_path;
+  std::ifstream f(path);
+  MEGATRON_CHECK(f.good(), "--per-dataset-sequences-path: cannot read '", path, "'");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(f);
+  } catch (const nlohmann::json::exception& e) {
+    MEGATRON_CHECK(false, "--per-dataset-sequences-path: '", path, "' is not JSON (", e.what(),
+                   ")");
+  }
+  MEGATRON_CHECK(j.is_object(), "--per-dataset-sequences-path: '", path,
+                 "' must hold an object {prefix: [sequences, documents]}");
+  for (const auto& [prefix, v] : j.items()) {
+    MEGATRON_CHECK(
+        v.is_array() && v.size() == 2 && v[0].is_number_unsigned() && v[1].is_number_unsigned(),
+        "--per-dataset-sequences-path: '", path, "': the entry of '", prefix,
+        "' must be [sequences, documents], two non-negative integers; got ", v.dump());
+    a.sequences_per_dataset[prefix] = {v[0].get<int64_t>(), v[1].get<int64_t>()};
+  }
+}
+
+}  // namespace
+
 void read_data_args_files(Arguments& a) {
   // Megatron's get_blend_and_blend_per_split: the file replaces the flag it stands for.
   if (!a.data_args_path.empty()) {
@@ -2164,6 +2213,7 @@ void read_data_args_files(Arguments& a) {
     MEGATRON_CHECK(!a.data_path.empty(), "--data-args-path: '", a.data_args_path,
                    "' holds no dataset prefix");
   }
+  if (!a.per_dataset_sequences_path.empty()) read_sequences_per_dataset(a);
   if (a.per_split_data_args_path.empty()) return;
   MEGATRON_CHECK(a.train_data_path.empty() && a.valid_data_path.empty() && a.test_data_path.empty(),
                  "--per-split-data-args-path and --train/valid/test-data-path both give the "

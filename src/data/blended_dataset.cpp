@@ -106,11 +106,25 @@ struct Source {
   std::array<std::optional<DocumentRange>, 3> ranges;
 };
 
-Source open_source(const std::string& prefix, const SplitMatrix& matrix, bool log) {
+Source open_source(const std::string& prefix, const SplitMatrix& matrix, bool log,
+                   const GPTDataArgs& args) {
   Source s;
   s.prefix = prefix;
   s.dataset = std::make_shared<const IndexedDataset>(IndexedDataset::open(prefix));
   const int64_t n = s.dataset->num_sequences();
+  if (!args.sequences_per_dataset_path.empty()) {
+    // Megatron reads the counts from the file instead of the .idx header (a stale file misreads
+    // the index there); here they must agree.
+    const auto it = args.sequences_per_dataset.find(prefix);
+    MEGATRON_CHECK(it != args.sequences_per_dataset.end(), "--per-dataset-sequences-path '",
+                   args.sequences_per_dataset_path, "' has no entry for the dataset prefix '",
+                   prefix, "': rebuild it for this blend");
+    const std::pair<int64_t, int64_t> header{n, s.dataset->num_documents() + 1};
+    MEGATRON_CHECK(it->second == header, "--per-dataset-sequences-path '",
+                   args.sequences_per_dataset_path, "' gives ", prefix, " [", it->second.first,
+                   ", ", it->second.second, "] but its .idx holds [", header.first, ", ",
+                   header.second, "] (sequences, documents + 1): the file is stale; rebuild it");
+  }
   s.ranges = split_document_ranges(matrix, n);
   if (log) {
     std::string line = " > " + prefix + ": " + std::to_string(n) + " documents;";
@@ -493,7 +507,7 @@ GPTDatasets build_gpt_datasets(const GPTDataArgs& args) {
     const Blend blend = parse_blend(args.data_path, "--data-path");
     std::vector<Source> sources;
     for (const std::string& p : blend.prefixes)
-      sources.push_back(open_source(p, matrix, config.log));
+      sources.push_back(open_source(p, matrix, config.log, args));
     for (size_t i = 0; i < 3; ++i) {
       if (!matrix[i]) continue;
       out[i] = build_split(sources, blend.weights, static_cast<Split>(i), count(i), args, config);
@@ -513,7 +527,7 @@ GPTDatasets build_gpt_datasets(const GPTDataArgs& args) {
       spoof[i] = std::make_pair(0.0, 1.0);
       std::vector<Source> sources;
       for (const std::string& p : blend.prefixes)
-        sources.push_back(open_source(p, spoof, config.log));
+        sources.push_back(open_source(p, spoof, config.log, args));
       // Megatron uses a single prefix directly even when it carries a weight here.
       const auto weights = blend.prefixes.size() == 1 ? std::nullopt : blend.weights;
       if (i == 1 && args.multiple_validation_sets && sources.size() > 1) {

@@ -16,10 +16,12 @@
 
 #include <array>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "data/gpt_dataset.h"
@@ -106,6 +108,11 @@ struct GPTDataArgs {
   // per prefix (valid, then more_valid) instead of their blend.
   bool multiple_validation_sets = false;
   double mid_level_dataset_surplus = 0.005;  // --mid-level-dataset-surplus
+  // --per-dataset-sequences-path (its name, for messages, and its entries): each opened prefix
+  // must have an entry equal to its .idx header's counts (sequences, documents + 1). Empty
+  // name: no check.
+  std::string sequences_per_dataset_path;
+  std::map<std::string, std::pair<int64_t, int64_t>> sequences_per_dataset;
   // Seed, sequence length, --split (nullopt with data_path = Megatron's "969, 30, 1"), cache path.
   GPTDatasetConfig config;
 };

@@ -6,8 +6,10 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "data/fim_config.h"
@@ -25,7 +27,10 @@ struct DataConfig {
   // --sft: the paths are JSON-lines conversations (data/sft_dataset.h) in this prompt format.
   bool sft = false;
   std::string sft_prompt_format = "nemotron-h-aligned";
-  std::string data_cache_path;              // --data-cache-path ("" = beside the data)
+  std::string data_cache_path;  // --data-cache-path ("" = beside the data)
+  // --per-dataset-sequences-path: the file and its {prefix: (sequences, documents + 1)}.
+  std::string per_dataset_sequences_path;
+  std::map<std::string, std::pair<int64_t, int64_t>> sequences_per_dataset;
   int64_t seed = 1234;                      // --seed: sample order and mock documents
   bool eod_mask_loss = false;               // --eod-mask-loss
   bool reset_position_ids = false;          // --reset-position-ids

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -254,6 +255,12 @@ struct Arguments {
   std::string data_args_path;            // a file holding --data-path's words
   std::string per_split_data_args_path;  // a JSON file {"train": ..., "valid": ..., "test": ...}
   std::string data_cache_path;
+  // --per-dataset-sequences-path (core 0.19): the file, and what it says of each prefix
+  // (sequences, documents + 1: the .idx header's two counts), checked against the .idx files.
+  std::string per_dataset_sequences_path;
+  std::map<std::string, std::pair<int64_t, int64_t>> sequences_per_dataset;
+  bool dataloader_fast_cache_load = false;       // core 0.19; accepted (see its help)
+  bool dataloader_defer_npy_index_mmap = false;  // core 0.19; accepted (see its help)
   std::string tokenizer_type = "NullTokenizer";
   std::string vocab_file, merge_file, tokenizer_model;
   bool eod_mask_loss = false;

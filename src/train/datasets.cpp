@@ -30,6 +30,8 @@ DataConfig data_config(const Arguments& a) {
   d.sft = a.sft;
   d.sft_prompt_format = a.sft_tokenizer_prompt_format;
   d.data_cache_path = a.data_cache_path;
+  d.per_dataset_sequences_path = a.per_dataset_sequences_path;
+  d.sequences_per_dataset = a.sequences_per_dataset;
   d.seed = a.seed;
   d.eod_mask_loss = a.eod_mask_loss;
   d.reset_position_ids = a.reset_position_ids;

@@ -52,6 +52,10 @@ tests/data/test_random_sampler.cpp):
   process within 1e-5; a hybrid Mamba model with a multi-token-prediction depth (whose restarts
   and rolls per document tests/models/test_mamba_hf_oracle.cpp checks) trains another curve than
   unpacked, and tp2, cp2 and pp2 follow one process within 1e-5;
+- core 0.19's --per-dataset-sequences-path (a file of the .idx headers' counts) trains the plain
+  curve digit for digit, a stale or missing entry exits 2 naming the prefix;
+  --dataloader-fast-cache-load and --dataloader-defer-npy-index-mmap refuse what Megatron
+  asserts (no --data-cache-path; --data-path with the fast path) and otherwise change nothing;
 - refusals (exit 2, the flag named): --multiple-validation-sets without --full-validation,
   --full-validation with --mock-data or a weighted validation blend, --dataloader-type external,
   a --null-tokenizer-pad-id outside the vocabulary.
@@ -61,6 +65,7 @@ Usage: test_data_loading.py --megatron BUILD/megatron --mpiexec MPIEXEC
 import json
 import os
 import re
+import struct
 import subprocess
 import sys
 import tempfile
@@ -255,6 +260,55 @@ class DataLoadingTest(unittest.TestCase):
             with self.subTest(**overrides):
                 megatron_log.assert_same_curves(
                     self, curve(inter, ranks, pattern, **overrides), masked, "inter", rel=REL)
+
+    # ---- core 0.19's data-loader flags --------------------------------------------------------
+
+    def test_sequences_per_dataset_and_the_cache_flags(self):
+        # --per-dataset-sequences-path: Megatron's tools/build_sequences_per_dataset.py file (the
+        # .idx header's sequence and document counts per prefix) trains the plain curve digit for
+        # digit; a stale entry or a missing prefix exits 2 naming the prefix.
+        keys = ["lm loss"]
+
+        def curve(out):
+            return megatron_log.curves(out, keys, 1, 6)
+
+        def header(prefix):
+            with open(prefix + ".idx", "rb") as f:
+                f.read(9 + 8 + 1)  # magic, version, dtype code
+                return list(struct.unpack("<QQ", f.read(16)))
+
+        def write(entries):
+            path = os.path.join(self.tmp, "sequences.json")
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump(entries, f)
+            return path
+
+        prefix = self.prefix["a"]
+        counts = header(prefix)
+        self.assertGreater(counts[0], 0)
+        plain = curve(self.run_ok())
+        good = write({prefix: counts, self.prefix["b"]: header(self.prefix["b"])})
+        self.assertEqual(curve(self.run_ok(per_dataset_sequences_path=good)), plain)
+        self.refused("the file is stale",
+                     per_dataset_sequences_path=write({prefix: [counts[0] - 1, counts[1]]}))
+        self.refused("has no entry for the dataset prefix",
+                     per_dataset_sequences_path=write({self.prefix["b"]: counts}))
+        self.refused("--per-dataset-sequences-path",
+                     per_dataset_sequences_path=write({prefix: "many"}))
+        # --dataloader-fast-cache-load and --dataloader-defer-npy-index-mmap: Megatron's
+        # assertions, and otherwise the same curve (the caches are read when present here).
+        self.refused("--data-cache-path must be provided", extra=("--dataloader-fast-cache-load",),
+                     data={"--data-path": prefix, "--split": "80,20,0"})
+        self.refused("cannot be used together", extra=("--dataloader-fast-cache-load",))
+        self.refused("--dataloader-defer-npy-index-mmap",
+                     extra=("--dataloader-defer-npy-index-mmap",),
+                     data={"--data-path": prefix, "--split": "80,20,0"})
+        per_split = {"--train-data-path": prefix, "--valid-data-path": self.prefix["b"],
+                     "--data-cache-path": self.cache}
+        want = curve(self.run_ok(data=per_split))
+        self.assertEqual(curve(self.run_ok(extra=("--dataloader-fast-cache-load",
+                                                  "--dataloader-defer-npy-index-mmap"),
+                                           data=per_split)), want)
 
     # ---- --phase-transition-iterations -----------------------------------------------------
 

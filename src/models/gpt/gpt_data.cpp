@@ -70,6 +70,8 @@ Datasets gpt_datasets(const DataConfig& a, const Tokenizer& tokenizer, int64_t s
   g.valid_one_epoch = n.valid_one_epoch;
   g.multiple_validation_sets = a.multiple_validation_sets;
   g.mid_level_dataset_surplus = a.mid_level_dataset_surplus;
+  g.sequences_per_dataset_path = a.per_dataset_sequences_path;
+  g.sequences_per_dataset = a.sequences_per_dataset;
   g.config.random_seed = a.seed;
   g.config.sequence_length = seq_length;
   if (!a.data_path.empty()) g.config.split = a.split;
