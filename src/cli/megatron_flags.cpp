@@ -151,6 +151,7 @@ const std::vector<OwnFlag>& own_train_flags() {
       {"--null-tokenizer-pad-id", "Megatron core 0.19's TokenizerConfig.null_tokenizer_pad_id"},
       {"--phase-transition-iterations", "Megatron core 0.19's flag (data phases)"},
       {"--dataloader-inter-document-masking", "Megatron core 0.19's flag"},
+      {"--moe-latent-size", "Megatron core 0.19's TransformerConfig.moe_latent_size (LatentMoE)"},
       {"--per-dataset-sequences-path", "Megatron core 0.19's flag"},
       {"--dataloader-fast-cache-load", "Megatron core 0.19's flag"},
       {"--dataloader-defer-npy-index-mmap", "Megatron core 0.19's flag"},

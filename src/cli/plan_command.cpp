@@ -247,6 +247,9 @@ int run_plan(int argc, char** argv, MpiRuntime& mpi) {
                    "plan models decoders of identical layers; heterogeneous layers "
                    "(--heterogeneous-layers-config-path) are not modeled: plan the uniform model "
                    "of the flags without it for an upper bound");
+    MEGATRON_CHECK(args.moe_latent_size == 0,
+                   "plan does not model LatentMoE (--moe-latent-size): plan the model without it "
+                   "(its experts at the hidden size) for an upper bound");
     resolve_vocab_size(args, table);
     MEGATRON_CHECK(o.nodes >= 1, "--num-nodes must be at least 1, got ", o.nodes);
     MEGATRON_CHECK(o.per_node >= 0, "--gpus-per-node must be positive, got ", o.per_node);

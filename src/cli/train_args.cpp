@@ -211,6 +211,9 @@ void register_model_args(ArgTable& t, Arguments& a) {
         "FFN width of each expert (default --ffn-hidden-size)");
   t.add("--moe-shared-expert-intermediate-size", a.moe_shared_expert_intermediate_size,
         "Total FFN width of the shared experts (applied to every token; default none)");
+  t.add("--moe-latent-size", a.moe_latent_size,
+        "LatentMoE (Nemotron 3): the routed experts run at this width, between projections "
+        "from and back to the hidden size (fc1_latent_proj, fc2_latent_proj); default none");
   t.flag("--moe-shared-expert-overlap", a.moe_shared_expert_overlap,
          "Overlap the shared experts with the token exchange (alltoall dispatcher); on the CPU "
          "they run after the routed experts, the same result");

@@ -426,6 +426,7 @@ struct Arguments {
   std::string moe_layer_freq = "1";       // N, or a list expression such as ([0]*3+[1]*5)
   int64_t moe_ffn_hidden_size = 0;        // per-expert FFN width; 0: --ffn-hidden-size
   int64_t moe_shared_expert_intermediate_size = 0;  // total shared-expert width; 0: none
+  int64_t moe_latent_size = 0;                      // routed experts' width (LatentMoE); 0: none
   bool moe_shared_expert_overlap = false;
   int64_t moe_router_topk = 2;
   std::string moe_router_score_function = "softmax";  // softmax or sigmoid

@@ -34,6 +34,7 @@ MoeConfig moe_config_from_args(const Arguments& a) {
   m.ffn_hidden_size = a.moe_ffn_hidden_size;
   m.shared_expert_intermediate_size = a.moe_shared_expert_intermediate_size;
   m.shared_expert_overlap = a.moe_shared_expert_overlap;
+  m.latent_size = a.moe_latent_size;
   m.router_topk = a.moe_router_topk;
   if (a.moe_router_score_function == "softmax") {
     m.score_function = MoeScoreFunction::kSoftmax;

@@ -217,6 +217,46 @@ class TestLayouts(unittest.TestCase):
         self.assertLess(worst(single(*A2A), single()), RTOL)
 
 
+class TestLatentMoe(unittest.TestCase):
+    """Megatron core 0.19's LatentMoE (--moe-latent-size, Nemotron 3): the routed experts at width
+    16 between fc1_latent_proj and fc2_latent_proj (replicated over TP, their gradients summed
+    over it under sequence parallelism), the router and the shared experts at the hidden size.
+    A different model from the plain MoE one; every layout follows one process; an ep2 tp2+sp
+    checkpoint resumes at ep1 on the straight run's iteration 7, and loading it with another width
+    exits 2 naming moe_latent_size."""
+    LATENT = ["--moe-latent-size", "16", "--moe-shared-expert-intermediate-size", "32"]
+    LAYOUTS = [("ep2", 2, [EP, "2"]),
+               ("ep2 tp2+sp etp1", 4, [EP, "2", TP, "2", SP, ETP, "1"]),
+               ("tp2+sp etp2", 2, [TP, "2", SP]),
+               ("alltoall ep2 tp2+sp", 4, [EP, "2", TP, "2", SP, *A2A]),
+               ("ep2 pp2 distributed optimizer", 4, [EP, "2", PP, "2", DISTOPT])]
+
+    def test_layouts_follow_the_single_process_curve(self):
+        want = single(*self.LATENT)
+        self.assertEqual(sorted(want), list(range(1, ITERS + 1)))
+        shared_only = ["--moe-shared-expert-intermediate-size", "32"]
+        self.assertGreater(worst(want, single(*shared_only)), 1e-3)
+        for name, ranks, flags in self.LAYOUTS:
+            with self.subTest(layout=name):
+                rel = worst(curve(run(ranks, *self.LATENT, *flags)), want)
+                print(f"latent {name}: worst relative difference {rel:.1e}", file=sys.stderr)
+                self.assertLess(rel, RTOL)
+        proc = run(1, "--moe-latent-size", "-1", *shared_only, expect_rc=2)
+        self.assertIn("--moe-latent-size", proc.stderr)
+
+    def test_checkpoint_reshards_and_keeps_the_width(self):
+        saved = [*self.LATENT, EP, "2", TP, "2", SP, ETP, "1"]
+        want = curve(run(4, *saved))[7]
+        ck = tempfile.mkdtemp(prefix="ck_latent_", dir=TMP.name)
+        run(4, *saved, "--save", ck, "--exit-interval", "6")
+        got = curve(run(1, *self.LATENT, "--load", ck, "--exit-interval", "7"))
+        self.assertEqual(sorted(got), [7])
+        self.assertLess(max(abs(got[7][k] / want[k] - 1) for k in want), RTOL)
+        proc = run(1, "--moe-latent-size", "8", "--moe-shared-expert-intermediate-size", "32",
+                   "--load", ck, "--exit-interval", "7", expect_rc=2)
+        self.assertIn("moe_latent_size", proc.stderr)
+
+
 class TestBf16(unittest.TestCase):
     """bf16 training (the experts' grouped GEMMs in bf16, tokens moved in bf16): against f32 and
     across expert parallelism. bf16 rounds weights and GEMM inputs to 8 bits (2^-9 relative);

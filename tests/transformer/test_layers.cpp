@@ -11,6 +11,7 @@
 #include <cmath>
 #include <deque>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -326,6 +327,15 @@ TEST(LayerGradients, MoeLayerRoutingExpertsAndSharedExperts) {
          m.score_function = MoeScoreFunction::kSigmoid;
          m.router_topk = 1;
          m.apply_probs_on_input = true;
+       })},
+      {"LatentMoE: experts at width 3, shared experts at h", variant([](MoeConfig& m) {
+         m.latent_size = 3;
+         m.shared_expert_intermediate_size = 8;
+       })},
+      {"LatentMoE, alltoall dispatcher, sigmoid top-2", variant([](MoeConfig& m) {
+         m.latent_size = 5;
+         m.dispatcher = MoeDispatcher::kAllToAll;
+         m.score_function = MoeScoreFunction::kSigmoid;
        })}};
   const ForwardMode training{true, 3, 4};
   for (const auto& [name, cfg] : cfgs) {
@@ -334,6 +344,18 @@ TEST(LayerGradients, MoeLayerRoutingExpertsAndSharedExperts) {
     MoELayer::Ctx ctx;
     std::vector<Param*> ps;
     moe.collect(ps);
+    if (cfg.moe.latent_size > 0) {
+      // Megatron's names and shapes: the projections [L, h] and [h, L], the experts at L.
+      const int64_t L = cfg.moe.latent_size, h = cfg.hidden_size;
+      std::map<std::string, Shape> shapes;
+      for (const Param* p : ps) shapes[p->name] = p->shape;
+      EXPECT_EQ(shapes.at("mlp.fc1_latent_proj.weight"), (Shape{L, h}));
+      EXPECT_EQ(shapes.at("mlp.fc2_latent_proj.weight"), (Shape{h, L}));
+      const int64_t f1 = cfg.gated_mlp() ? 2 * cfg.moe.ffn_hidden_size : cfg.moe.ffn_hidden_size;
+      EXPECT_EQ(shapes.at("mlp.experts.local_experts.0.linear_fc1.weight"), (Shape{f1, L}));
+      EXPECT_EQ(shapes.at("mlp.experts.local_experts.0.linear_fc2.weight"),
+                (Shape{L, cfg.moe.ffn_hidden_size}));
+    }
     bool dropped = false;
     check_layer({ps,
                  [&](const Tensor& x) {

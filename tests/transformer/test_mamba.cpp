@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "comm/process_group.h"
+#include "models/gpt/gpt_flops.h"
 #include "models/gpt/mtp.h"
 #include "models/mamba/mamba_spec.h"
 #include "testing/layer_gradients.h"
@@ -496,6 +497,38 @@ TEST(HybridFlops, CountsTheMoeLayersRoutedAndSharedExperts) {
   const double moe = 4 * B * s * h * (6 * 2 + 5);
   const double want = 3 * (mamba + moe + 2 * B * s * h * V);
   EXPECT_NEAR(hybrid_flops_per_iteration(c, 3), want, 1e-12 * want);
+}
+
+// LatentMoE (core 0.19's moe_layer_flops with moe_latent_size): the routed experts at the latent
+// width, 4 B s h L for the two projections, the shared experts at h; "ME" with L = 5.
+TEST(HybridFlops, CountsLatentMoeAtTheLatentWidth) {
+  TransformerConfig c = hybrid_config("ME");
+  c.moe.shared_expert_intermediate_size = 4;
+  c.finalize();
+  const double plain = hybrid_flops_per_iteration(c, 3);
+  c.moe.latent_size = 5;
+  const double B = 3, s = 6, h = 8, L = 5, f = 6, k = 2, shared = 4;
+  // The same total minus the plain MoE term, plus the latent one (forward x 3).
+  const double moe_plain = 4 * B * s * h * (f * k + shared);
+  const double moe_latent = 4 * B * s * L * f * k + 4 * B * s * h * L + 4 * B * s * h * shared;
+  const double want = plain + 3 * (moe_latent - moe_plain);
+  EXPECT_NEAR(hybrid_flops_per_iteration(c, 3), want, 1e-12 * want);
+}
+
+// GPT's FLOPs with LatentMoE (core 0.19's num_floating_point_operations): per token and MoE
+// layer the routed term 6 h (f k x) becomes 6 h (f k x L / h + 2 L), x = 2 (not gated), so the
+// totals differ by B s layers 6 h (f k x (L / h - 1) + 2 L); nothing else changes.
+TEST(GptFlops, LatentMoeTermsAreMegatrons) {
+  TransformerConfig c = hybrid_config("*E");
+  c.mamba = MambaConfig{};
+  c.moe.layer_pattern.clear();  // every layer MoE
+  c.moe.shared_expert_intermediate_size = 4;
+  c.finalize();
+  const double plain = model_flops_per_iteration(c, 3);
+  c.moe.latent_size = 5;
+  const double B = 3, s = 6, h = 8, L = 5, f = 6, k = 2, x = 2, layers = 2;
+  const double want = plain + B * s * layers * 6 * h * (f * k * x * (L / h - 1) + 2 * L);
+  EXPECT_NEAR(model_flops_per_iteration(c, 3), want, 1e-12 * want);
 }
 
 // A hybrid model's MTP depths (--hybrid-layer-pattern "ME/*E/*E"): depth k's layer j is layer

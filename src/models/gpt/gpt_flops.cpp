@@ -74,9 +74,21 @@ double model_flops_per_iteration(const TransformerConfig& c, int64_t global_batc
   const double dense_layers = layers - moe_layers;
   const double routed = static_cast<double>(c.moe.ffn_hidden_size * c.moe.router_topk) +
                         static_cast<double>(c.moe.shared_expert_intermediate_size);
-  const double mlp = (static_cast<double>(c.ffn_hidden_size) * dense_layers / layers +
-                      routed * moe_layers / layers) /
-                     h * gated;
+  double mlp = (static_cast<double>(c.ffn_hidden_size) * dense_layers / layers +
+                routed * moe_layers / layers) /
+               h * gated;
+  if (c.moe.latent_size > 0) {
+    // Core 0.19's LatentMoE terms: the routed experts at the latent width, plus the two
+    // projections between h and it (2 latent in Megatron's units, latent in these).
+    const double latent = static_cast<double>(c.moe.latent_size);
+    const double latent_routed =
+        static_cast<double>(c.moe.ffn_hidden_size * c.moe.router_topk) * latent / h +
+        static_cast<double>(c.moe.shared_expert_intermediate_size);
+    mlp = (static_cast<double>(c.ffn_hidden_size) * dense_layers / layers +
+           latent_routed * moe_layers / layers) /
+              h * gated +
+          latent * moe_layers / layers / h;
+  }
   // MTP's two input norms, final norm and eh_proj per depth, and one more pass through the
   // output layer per depth.
   const double mtp_extra = 6.0 * mtp * (3.0 * h + 2.0 * h * h);

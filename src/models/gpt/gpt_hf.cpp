@@ -426,6 +426,9 @@ void save_hf(const std::string& dir, const HfModelInfo& info, const GPTModel& mo
 }
 
 HfArch infer_hf_arch(const TransformerConfig& c) {
+  MEGATRON_CHECK(c.moe.latent_size == 0,
+                 "this model has no Hugging Face equivalent here: LatentMoE (--moe-latent-size) "
+                 "is not mapped to a Hugging Face architecture");
   MEGATRON_CHECK(!c.gated_gelu && c.softmax_scale == 0,
                  "this model has no Hugging Face equivalent: GPT-2 and Llama have no GeGLU MLP "
                  "(--gated-linear-unit) and scale attention by 1/sqrt(head dim) (no "

@@ -44,10 +44,13 @@ int64_t activation_bytes_per_microbatch(const TransformerConfig& c, const Activa
   const int64_t attention = c.mla.enabled ? mla_attention() : gqa_attention;
   const int64_t layer = attention + sb * h * g + mlp(f, sb);  // + fc1's input
   // An MoE layer: each token's k expert rows (experts' input, activation before and after the
-  // probabilities), the router's logits and routing, and the shared experts' MLP.
+  // probabilities), the router's logits and routing, and the shared experts' MLP. LatentMoE: the
+  // rows are L wide, and the two projections keep their inputs (h and L per token).
   const int64_t k = c.moe.router_topk, fe = c.moe.ffn_hidden_size;
-  const int64_t moe_layer = attention + sb * k / t * (h * g + fe * e) + mlp(fe, sb * k) +
+  const int64_t lat = c.moe.latent_size, rows_w = lat > 0 ? lat : h;
+  const int64_t moe_layer = attention + sb * k / t * (rows_w * g + fe * e) + mlp(fe, sb * k) +
                             s_local_b * c.moe.num_experts * 8 * 3 +
+                            (lat > 0 ? s_local_b * (h + lat) * g : 0) +
                             (c.moe.shared_expert_intermediate_size > 0
                                  ? sb * h * g + mlp(c.moe.shared_expert_intermediate_size, sb)
                                  : 0);

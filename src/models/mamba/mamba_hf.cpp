@@ -319,6 +319,8 @@ NemotronHInfo read_nemotron_h_config(const std::string& dir) {
 
 void check_nemotron_h_exportable(const TransformerConfig& c) {
   MEGATRON_CHECK(c.mamba.enabled(), "NemotronH export needs a hybrid Mamba model (--model mamba)");
+  MEGATRON_CHECK(c.moe.latent_size == 0,
+                 "NemotronH export of LatentMoE (--moe-latent-size) is not implemented here");
   if (c.moe.enabled()) {
     check_noaux_tc_router_exportable(c.moe, "NemotronH");
     MEGATRON_CHECK(c.moe.shared_expert_intermediate_size > 0,

@@ -40,9 +40,16 @@ double hybrid_flops_per_iteration(const TransformerConfig& c, int64_t global_bat
   // Megatron core 0.16's moe_layer_flops: the routed experts' and the shared experts' MLPs (no
   // router GEMM).
   const double gated = c.gated_mlp() ? 1.5 : 1.0;
-  const double moe = 4 * B * s * h * gated *
-                     (static_cast<double>(c.moe.ffn_hidden_size * c.moe.router_topk) +
-                      static_cast<double>(c.moe.shared_expert_intermediate_size));
+  double moe = 4 * B * s * h * gated *
+               (static_cast<double>(c.moe.ffn_hidden_size * c.moe.router_topk) +
+                static_cast<double>(c.moe.shared_expert_intermediate_size));
+  if (c.moe.latent_size > 0) {
+    // Core 0.19's LatentMoE: the routed experts at the latent width L, and its two projections.
+    const double L = static_cast<double>(c.moe.latent_size);
+    moe = 4 * B * s * L * gated * static_cast<double>(c.moe.ffn_hidden_size * c.moe.router_topk) +
+          4 * B * s * h * L +
+          4 * B * s * h * gated * static_cast<double>(c.moe.shared_expert_intermediate_size);
+  }
   // The output layer runs once for the decoder and once per MTP depth (eh_proj is not counted,
   // as in Megatron).
   const double logits = 2 * B * s * h * static_cast<double>(c.padded_vocab_size) *

@@ -47,6 +47,12 @@ void MoeConfig::validate(int64_t num_layers) const {
                  "--moe-token-dispatcher-type alltoall or drop --moe-shared-expert-overlap");
   MEGATRON_CHECK(!shared_expert_overlap || shared_expert_intermediate_size > 0,
                  "--moe-shared-expert-overlap needs --moe-shared-expert-intermediate-size");
+  MEGATRON_CHECK(latent_size >= 0,
+                 "MoE latent projection dimension has to be greater than zero: --moe-latent-size ",
+                 latent_size);
+  MEGATRON_CHECK(latent_size == 0 || !shared_expert_overlap,
+                 "Shared expert overlap with MoE latent projections is not supported during "
+                 "training. Disable moe_shared_expert_overlap: drop --moe-shared-expert-overlap");
   MEGATRON_CHECK(load_balancing.size() == aux_loss_coeff.size(),
                  "moe_aux_loss_coeff must be a list of the same length as "
                  "moe_router_load_balancing_type: --moe-router-load-balancing-type has ",

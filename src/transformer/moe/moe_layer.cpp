@@ -1,6 +1,8 @@
 // MoELayer: router, all-gather dispatch over ETP x EP, grouped experts, combine, shared experts.
 #include "transformer/moe/moe_layer.h"
 
+#include <cmath>
+
 #include "tensor/ops.h"
 #include "transformer/moe/permutation.h"
 
@@ -35,12 +37,20 @@ TransformerConfig with_ffn(const TransformerConfig& cfg, int64_t ffn) {
   return c;
 }
 
+// The routed experts' config: LatentMoE's experts take and give rows of the latent width.
+TransformerConfig experts_config(const TransformerConfig& cfg) {
+  TransformerConfig c = cfg;
+  if (cfg.moe.latent_size > 0) c.hidden_size = cfg.moe.latent_size;
+  return c;
+}
+
 }  // namespace
 
 MoELayer::MoELayer(const std::string& name, const TransformerConfig& cfg, int64_t layer_number,
                    const TensorParallelContext& tp)
-    : router(name + ".router", cfg, layer_number, tp),
-      experts(name + ".experts", cfg, tp.with_default_experts().expert.ep_rank,
+    : experts_cfg_(experts_config(cfg)),
+      router(name + ".router", cfg, layer_number, tp),
+      experts(name + ".experts", experts_cfg_, tp.with_default_experts().expert.ep_rank,
               tp.with_default_experts().expert.ep_size, *tp.with_default_experts().expert.etp),
       shared_cfg_(with_ffn(cfg, cfg.moe.shared_expert_intermediate_size)),
       cfg_(cfg),
@@ -49,6 +59,19 @@ MoELayer::MoELayer(const std::string& name, const TransformerConfig& cfg, int64_
     shared_experts = std::make_unique<MLP>(name + ".shared_experts", shared_cfg_, tp);
   if (shared_experts)
     shared_experts->set_recompute(cfg.recomputes(&RecomputeModules::shared_experts));
+  if (cfg.moe.latent_size > 0) {
+    // Megatron's init_method and output_layer_init_method.
+    const int64_t h = cfg.hidden_size, L = cfg.moe.latent_size;
+    fc1_latent_proj = std::make_unique<Linear>(name + ".fc1_latent_proj", h, L, cfg.add_bias_linear,
+                                               cfg.init_method_std);
+    fc2_latent_proj = std::make_unique<Linear>(
+        name + ".fc2_latent_proj", L, h, cfg.add_bias_linear,
+        cfg.init_method_std / std::sqrt(2.0 * static_cast<double>(cfg.num_layers)));
+    for (Linear* l : {fc1_latent_proj.get(), fc2_latent_proj.get()}) {
+      l->weight.sequence_parallel = tp.sp();
+      l->bias.sequence_parallel = tp.sp();
+    }
+  }
   if (!tp_.expert.ep) {
     self_ = make_self_process_group();
     tp_.expert.ep = self_.get();
@@ -78,7 +101,8 @@ Tensor MoELayer::forward_alltoall(const Tensor& flat, Ctx& ctx) const {
   return scatter_add_rows(plan.from_experts(y_perm), plan.send_index(), ctx.tokens);
 }
 
-Tensor MoELayer::backward_alltoall(const Tensor& dflat, Ctx& ctx) const {
+Tensor MoELayer::backward_alltoall(const Tensor& dflat, Ctx& ctx,
+                                   std::vector<double>& dprobs) const {
   const int64_t E = cfg_.moe.num_experts;
   const AllToAllPlan& plan = ctx.plan;
   std::vector<double> dprobs_perm;
@@ -88,33 +112,40 @@ Tensor MoELayer::backward_alltoall(const Tensor& dflat, Ctx& ctx) const {
   Tensor dp = Tensor::empty({static_cast<int64_t>(dprobs_perm.size()), 1}, DType::kF64);
   std::copy(dprobs_perm.begin(), dprobs_perm.end(), dp.data<double>());
   const Tensor dp_assign = plan.from_experts(dp);
-  std::vector<double> dprobs(static_cast<size_t>(ctx.tokens * E), 0.0);
+  dprobs.assign(static_cast<size_t>(ctx.tokens * E), 0.0);
   for (int64_t a = 0; a < dp_assign.numel(); ++a)
     dprobs[plan.send_tokens()[a] * E + plan.send_experts()[a]] += dp_assign.data<double>()[a];
-  Tensor dx = scatter_add_rows(plan.from_experts(dx_perm), plan.send_index(), ctx.tokens);
-  const Tensor dx_router = router.backward(dprobs, ctx.router);
-  ops::add_inplace(dx, dx_router.dtype() == dx.dtype() ? dx_router : dx_router.to(dx.dtype()));
-  return dx;
+  return scatter_add_rows(plan.from_experts(dx_perm), plan.send_index(), ctx.tokens);
 }
 
 void MoELayer::collect(std::vector<Param*>& out) {
   router.collect(out);
   experts.collect(out);
   if (shared_experts) shared_experts->collect(out);
+  if (fc1_latent_proj) {
+    fc1_latent_proj->collect(out);
+    fc2_latent_proj->collect(out);
+  }
 }
 
 Tensor MoELayer::forward(const Tensor& x, Ctx& ctx, const ForwardMode& mode) const {
-  const int64_t h = cfg_.hidden_size, E = cfg_.moe.num_experts;
+  const int64_t h = cfg_.hidden_size;
   ctx.in_shape = x.shape();
   ctx.tokens = x.numel() / h;
   const Tensor flat = x.view({ctx.tokens, h});
   router.forward(flat, x.dim(1), ctx.router, mode);
-  if (cfg_.moe.dispatcher == MoeDispatcher::kAllToAll) {
-    Tensor y = forward_alltoall(flat, ctx).view(x.shape());
-    if (shared_experts) ops::add_inplace(y, shared_experts->forward(x, ctx.shared).view(x.shape()));
-    return y;
-  }
+  const Tensor rows = fc1_latent_proj ? fc1_latent_proj->forward(flat, ctx.latent_in) : flat;
+  const Tensor combined = cfg_.moe.dispatcher == MoeDispatcher::kAllToAll
+                              ? forward_alltoall(rows, ctx)
+                              : routed_forward(rows, ctx);
+  Tensor y = (fc2_latent_proj ? fc2_latent_proj->forward(combined, ctx.latent_out) : combined)
+                 .view(x.shape());
+  if (shared_experts) ops::add_inplace(y, shared_experts->forward(x, ctx.shared).view(x.shape()));
+  return y;
+}
 
+Tensor MoELayer::routed_forward(const Tensor& flat, Ctx& ctx) const {
+  const int64_t E = cfg_.moe.num_experts;
   // Gather the group's tokens with their probabilities and map ([T, 2E]: probs | map).
   ProcessGroup& g = dispatch_group();
   const moe::Routing& r = ctx.router.routing;
@@ -147,23 +178,31 @@ Tensor MoELayer::forward(const Tensor& x, Ctx& ctx, const ForwardMode& mode) con
       }
   ctx.index = index_tensor(ctx.rows);
   const Tensor y_perm = experts.forward(gather_rows(x_all, ctx.index), counts, probs, ctx.experts);
-  Tensor y = reduce_scatter_rows(scatter_add_rows(y_perm, ctx.index, ctx.gathered), g);
-  y = y.view(x.shape());
-  if (shared_experts) ops::add_inplace(y, shared_experts->forward(x, ctx.shared).view(x.shape()));
-  return y;
+  return reduce_scatter_rows(scatter_add_rows(y_perm, ctx.index, ctx.gathered), g);
 }
 
 Tensor MoELayer::backward(const Tensor& dy, Ctx& ctx) const {
-  const int64_t h = cfg_.hidden_size, E = cfg_.moe.num_experts;
-  ProcessGroup& g = dispatch_group();
+  const int64_t h = cfg_.hidden_size;
   const Tensor dflat = dy.view({ctx.tokens, h});
-  if (cfg_.moe.dispatcher == MoeDispatcher::kAllToAll) {
-    Tensor dx = backward_alltoall(dflat, ctx).view(ctx.in_shape);
-    if (shared_experts)
-      ops::add_inplace(dx, shared_experts->backward(dy, ctx.shared).view(ctx.in_shape));
-    ctx = Ctx{};
-    return dx;
-  }
+  const Tensor dcombined =
+      fc2_latent_proj ? fc2_latent_proj->backward(dflat, ctx.latent_out) : dflat;
+  std::vector<double> dprobs;
+  Tensor dx = cfg_.moe.dispatcher == MoeDispatcher::kAllToAll
+                  ? backward_alltoall(dcombined, ctx, dprobs)
+                  : routed_backward(dcombined, ctx, dprobs);
+  if (fc1_latent_proj) dx = fc1_latent_proj->backward(dx, ctx.latent_in);
+  const Tensor dx_router = router.backward(dprobs, ctx.router);
+  ops::add_inplace(dx, dx_router.dtype() == dx.dtype() ? dx_router : dx_router.to(dx.dtype()));
+  dx = dx.view(ctx.in_shape);
+  if (shared_experts)
+    ops::add_inplace(dx, shared_experts->backward(dy, ctx.shared).view(ctx.in_shape));
+  ctx = Ctx{};
+  return dx;
+}
+
+Tensor MoELayer::routed_backward(const Tensor& dflat, Ctx& ctx, std::vector<double>& d) const {
+  const int64_t E = cfg_.moe.num_experts;
+  ProcessGroup& g = dispatch_group();
   const Tensor dy_all = all_gather_rows(experts.gemm_input(dflat), g);
   std::vector<double> dprobs_perm;
   const Tensor dx_perm =
@@ -177,13 +216,7 @@ Tensor MoELayer::backward(const Tensor& dy, Ctx& ctx) const {
   for (size_t i = 0; i < ctx.rows.size(); ++i)
     dp[ctx.rows[i] * E + first + ctx.experts_of[i]] += dprobs_perm[i];
   const Tensor dprobs = reduce_scatter_rows(dprobs_all, g);
-  std::vector<double> d(dprobs.data<double>(), dprobs.data<double>() + dprobs.numel());
-  const Tensor dx_router = router.backward(d, ctx.router);
-  ops::add_inplace(dx, dx_router.dtype() == dx.dtype() ? dx_router : dx_router.to(dx.dtype()));
-  dx = dx.view(ctx.in_shape);
-  if (shared_experts)
-    ops::add_inplace(dx, shared_experts->backward(dy, ctx.shared).view(ctx.in_shape));
-  ctx = Ctx{};
+  d.assign(dprobs.data<double>(), dprobs.data<double>() + dprobs.numel());
   return dx;
 }
 

@@ -20,12 +20,20 @@
 // --moe-token-dispatcher-type alltoall moves only the routed rows instead (AllToAllPlan: an
 // all-to-all over EP with uneven splits, an all-gather over ETP), the same numbers up to the
 // order of the sums.
+//
+// LatentMoE (--moe-latent-size L, Megatron core 0.19's MoELayer with moe_latent_size): the router
+// and the shared experts take x; the routed tokens are fc1_latent_proj(x) [T, L], dispatched,
+// run through experts of width L and combined at width L, then fc2_latent_proj brings the sum
+// back to h. The two projections are replicated over TP (Megatron's "duplicated" TELinear; under
+// sequence parallelism their weight gradients are TP-partial, Param::sequence_parallel) and run
+// in the high-precision GEMM dtype (no FP8).
 #pragma once
 
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "parallel/linear.h"
 #include "transformer/mlp.h"
 #include "transformer/moe/alltoall_dispatcher.h"
 #include "transformer/moe/experts.h"
@@ -34,6 +42,10 @@
 namespace megatron {
 
 class MoELayer {
+  // The routed experts' config (hidden size L with LatentMoE), before `experts` which keeps a
+  // reference to it.
+  TransformerConfig experts_cfg_;
+
  public:
   struct Ctx {
     TopKRouter::Ctx router;
@@ -44,7 +56,8 @@ class MoELayer {
     std::vector<int64_t> experts_of;   // [N] local expert of each permuted row
     int64_t tokens = 0, gathered = 0;  // T local, G x T gathered
     Shape in_shape;
-    AllToAllPlan plan;  // alltoall dispatcher
+    AllToAllPlan plan;                  // alltoall dispatcher
+    Linear::Ctx latent_in, latent_out;  // LatentMoE's projections
   };
 
   MoELayer(const std::string& name, const TransformerConfig& cfg, int64_t layer_number,
@@ -57,11 +70,17 @@ class MoELayer {
   TopKRouter router;
   GroupedExperts experts;
   std::unique_ptr<MLP> shared_experts;  // with --moe-shared-expert-intermediate-size
+  std::unique_ptr<Linear> fc1_latent_proj, fc2_latent_proj;  // with --moe-latent-size
 
  private:
   ProcessGroup& dispatch_group() const { return *tp_.expert.tp_ep; }
   Tensor forward_alltoall(const Tensor& flat, Ctx& ctx) const;
-  Tensor backward_alltoall(const Tensor& dflat, Ctx& ctx) const;
+  // The routed experts' part: rows [T, width] in, their combined output [T, width] out (width: h,
+  // or L with LatentMoE), by the all-gather or the alltoall dispatcher; the backwards return the
+  // rows' gradient and leave the probabilities' gradient in dprobs [T, E].
+  Tensor backward_alltoall(const Tensor& drows, Ctx& ctx, std::vector<double>& dprobs) const;
+  Tensor routed_forward(const Tensor& rows, Ctx& ctx) const;
+  Tensor routed_backward(const Tensor& drows, Ctx& ctx, std::vector<double>& dprobs) const;
 
   TransformerConfig shared_cfg_;  // cfg with the shared experts' width (MLP keeps a reference)
   const TransformerConfig& cfg_;
