@@ -5,7 +5,8 @@
 // writes the files' tensors back bit for bit, and generation's carried Mamba state (prefill, then
 // one position at a time) gives the logits of full forwards. --arch nemotron-h-moe does the same
 // for a NemotronH with MoE layers ("ME*-E", Nemotron 3's NemotronHMoE: sigmoid routing with a
-// correction bias, renormalised and scaled, squared-ReLU experts and a shared MLP).
+// correction bias, renormalised and scaled, squared-ReLU experts and a shared MLP), and
+// --arch nemotron-h-latent for its LatentMoE form (the experts between two latent projections).
 //
 // Usage: test_mamba_hf_oracle ORACLE_DIR (CTest runs the Python script first, as a fixture).
 //
@@ -407,6 +408,19 @@ TEST(NemotronHMtpOracle, ExportRoundTrip) {
 }
 TEST(NemotronHMoeOracle, ExportRoundTrip) {
   check_export_round_trip("nemotron-h-moe");
+}
+
+// Nemotron 3's LatentMoE (moe_latent_size 24 of 64): each MoE layer's 12 tensors, now with the
+// experts at the latent width, plus fc1_latent_proj and fc2_latent_proj; the export writes them
+// and moe_latent_size back.
+TEST(NemotronHLatentOracle, LogitsLossGradientsAndAdamW) {
+  check_training_math("nemotron-h-latent", "ME*-E", 1U + 9 + 14 + 5 + 3 + 14 + 2);
+  EXPECT_EQ(read_nemotron_h_config(root("nemotron-h-latent") + "/model").config.moe.latent_size,
+            24);
+}
+
+TEST(NemotronHLatentOracle, ExportRoundTrip) {
+  check_export_round_trip("nemotron-h-latent");
 }
 
 // Generation: a prefill of 5 positions, then one position per call with the Mamba layers' carried

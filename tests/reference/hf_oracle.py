@@ -52,6 +52,9 @@ Variants (the model-variant flags where Hugging Face has the same variant):
               NemotronH with MoE layers (Nemotron 3's NemotronHMoE), "ME*-E": DeepSeek-V3's
               router (sigmoid, e_score_correction_bias, scaling) over squared-ReLU experts,
               plus a shared squared-ReLU MLP.
+  nemotron-h-latent
+              nemotron-h-moe with Nemotron 3's LatentMoE (moe_latent_size 24): the routed
+              experts at the latent width between fc1_latent_proj and fc2_latent_proj.
   nemotron-h-mtp
               nemotron-h-moe with Nemotron 3 Super's multi-token prediction: two depths of an
               attention then an MoE block (mtp.layers.{0..3}, Megatron's hybrid MTP), gradients
@@ -72,8 +75,8 @@ Variants (the model-variant flags where Hugging Face has the same variant):
               and config.json's quantization_config), which dequantize exactly to model/'s.
 
 Usage: python3 tests/reference/hf_oracle.py --arch {gpt2,llama,gpt2-relu2,llama31,qwen3,mixtral,
-       deepseek-v3,deepseek-v3-plain,deepseek-v3-mtp,nemotron-h,nemotron-h-moe,nemotron-h-mtp,
-       nemotron-h-mtp-repeated,nemotron-nas,gpt-oss}
+       deepseek-v3,deepseek-v3-plain,deepseek-v3-mtp,nemotron-h,nemotron-h-moe,nemotron-h-latent,
+       nemotron-h-mtp,nemotron-h-mtp-repeated,nemotron-nas,gpt-oss}
        --out DIR
        [--seed 1234]
 """
@@ -242,6 +245,10 @@ NEMOTRON_H_MOE_CONFIG = dict(
     routed_scaling_factor=2.5, moe_latent_size=None, num_nextn_predict_layers=0)
 for _k in ("hybrid_override_pattern", "num_hidden_layers"):
     NEMOTRON_H_MOE_CONFIG.pop(_k)
+# Nemotron 3 Super's LatentMoE (moe_latent_size 24 of the hidden 64): the gate and the shared MLP
+# read the hidden states, the routed experts run at the latent width between fc1_latent_proj and
+# fc2_latent_proj.
+NEMOTRON_H_LATENT_CONFIG = dict(NEMOTRON_H_MOE_CONFIG, moe_latent_size=24)
 # Nemotron 3 Super's multi-token prediction on the MoE model: two depths, each an attention
 # block then an MoE block (its mtp_hybrid_override_pattern "*E", as transformers 5 writes it:
 # mtp_layers_block_type), one block per depth (mtp_use_repeated_layer false).
@@ -907,9 +914,13 @@ def nemotron_h_layer_weights(cfg, init, w, p, t):
                      cfg["moe_shared_expert_intermediate_size"])
         w[x + "gate.weight"] = init.matrix(E, H) * 3
         w[x + "gate.e_score_correction_bias"] = init.matrix(E).abs() * 0.5
+        Lt = cfg.get("moe_latent_size") or H  # the routed experts' width
+        if cfg.get("moe_latent_size"):
+            w[x + "fc1_latent_proj.weight"] = init.matrix(Lt, H)
+            w[x + "fc2_latent_proj.weight"] = init.matrix(H, Lt)
         for e in range(E):
-            w[x + f"experts.{e}.up_proj.weight"] = init.matrix(Fe, H)
-            w[x + f"experts.{e}.down_proj.weight"] = init.matrix(H, Fe)
+            w[x + f"experts.{e}.up_proj.weight"] = init.matrix(Fe, Lt)
+            w[x + f"experts.{e}.down_proj.weight"] = init.matrix(Lt, Fe)
         w[x + "shared_experts.up_proj.weight"] = init.matrix(Fs, H)
         w[x + "shared_experts.down_proj.weight"] = init.matrix(H, Fs)
     else:
@@ -995,7 +1006,12 @@ def nemotron_h_moe(cfg, w, m, h):
         return F.linear(torch.relu(F.linear(t, w[x + "up_proj.weight"])) ** 2,
                         w[x + "down_proj.weight"])
 
-    out = combine_experts(flat, E, idx, weights, expert)
+    if cfg.get("moe_latent_size"):  # LatentMoE: the experts between the two projections
+        latent = F.linear(flat, w[m + "fc1_latent_proj.weight"])
+        out = F.linear(combine_experts(latent, E, idx, weights, expert),
+                       w[m + "fc2_latent_proj.weight"])
+    else:
+        out = combine_experts(flat, E, idx, weights, expert)
     x = m + "shared_experts."
     shared = F.linear(torch.relu(F.linear(flat, w[x + "up_proj.weight"])) ** 2,
                       w[x + "down_proj.weight"])
@@ -1068,6 +1084,7 @@ def nemotron_h_forward(cfg, w, ids, mtp_logits=None):
 
 ARCHS["nemotron-h"] = (NEMOTRON_H_CONFIG, nemotron_h_weights, nemotron_h_forward)
 ARCHS["nemotron-h-moe"] = (NEMOTRON_H_MOE_CONFIG, nemotron_h_weights, nemotron_h_forward)
+ARCHS["nemotron-h-latent"] = (NEMOTRON_H_LATENT_CONFIG, nemotron_h_weights, nemotron_h_forward)
 ARCHS["nemotron-h-mtp"] = (NEMOTRON_H_MTP_CONFIG, nemotron_h_weights, nemotron_h_forward)
 ARCHS["nemotron-h-mtp-repeated"] = (NEMOTRON_H_MTP_REPEATED_CONFIG, nemotron_h_weights,
                                     nemotron_h_forward)

@@ -57,13 +57,19 @@ std::vector<Mapping> mappings(GPTModel& m) {
       case 'E': {  // NemotronHMoE: gate, experts.{e}, shared_experts (up/down, squared ReLU)
         MoELayer& moe = *L.moe;
         const int64_t fe = c.moe.ffn_hidden_size, fs = c.moe.shared_expert_intermediate_size;
+        // LatentMoE: the experts at the latent width, between fc1/fc2_latent_proj.
+        const int64_t w = c.moe.latent_size > 0 ? c.moe.latent_size : h;
         add(p + "norm.weight", L.pre_mlp_layernorm->weight, {h});
         add_noaux_tc_router_mappings(c, moe, x, maps);
+        if (moe.fc1_latent_proj) {
+          add(x + "fc1_latent_proj.weight", moe.fc1_latent_proj->weight, {w, h});
+          add(x + "fc2_latent_proj.weight", moe.fc2_latent_proj->weight, {h, w});
+        }
         for (int64_t e = 0; e < moe.experts.num_local(); ++e) {
           const std::string n =
               x + "experts." + std::to_string(moe.experts.first_expert() + e) + ".";
-          add(n + "up_proj.weight", moe.experts.fc1(e), {fe, h});
-          add(n + "down_proj.weight", moe.experts.fc2(e), {h, fe});
+          add(n + "up_proj.weight", moe.experts.fc1(e), {fe, w});
+          add(n + "down_proj.weight", moe.experts.fc2(e), {w, fe});
         }
         if (moe.shared_experts) {
           add(x + "shared_experts.up_proj.weight", moe.shared_experts->linear_fc1.weight(),
@@ -206,7 +212,8 @@ nlohmann::json config_json(const TransformerConfig& c, DType dtype) {
     write_noaux_tc_router(c.moe, j);
     j["moe_intermediate_size"] = c.moe.ffn_hidden_size;
     j["moe_shared_expert_intermediate_size"] = c.moe.shared_expert_intermediate_size;
-    j["moe_latent_size"] = nullptr;
+    j["moe_latent_size"] =
+        c.moe.latent_size > 0 ? nlohmann::json(c.moe.latent_size) : nlohmann::json(nullptr);
   }
   return j;
 }
@@ -289,8 +296,9 @@ NemotronHInfo read_nemotron_h_config(const std::string& dir) {
     m.ffn_hidden_size = hf_get_or<int64_t>(j, "moe_intermediate_size", 7688, file);
     m.shared_expert_intermediate_size =
         hf_get_or<int64_t>(j, "moe_shared_expert_intermediate_size", 7688, file);
-    MEGATRON_CHECK(!j.contains("moe_latent_size") || j["moe_latent_size"].is_null(), file,
-                   ": moe_latent_size is not supported (the experts run at the hidden size here)");
+    // Nemotron 3's LatentMoE (null or absent: the experts at the hidden size).
+    if (j.contains("moe_latent_size") && !j["moe_latent_size"].is_null())
+      m.latent_size = hf_get_or<int64_t>(j, "moe_latent_size", 0, file);
     read_noaux_tc_router(j, file, m);
     for (char t : all_layers) m.layer_pattern.push_back(t == 'E' ? 1 : 0);
   }
@@ -319,8 +327,6 @@ NemotronHInfo read_nemotron_h_config(const std::string& dir) {
 
 void check_nemotron_h_exportable(const TransformerConfig& c) {
   MEGATRON_CHECK(c.mamba.enabled(), "NemotronH export needs a hybrid Mamba model (--model mamba)");
-  MEGATRON_CHECK(c.moe.latent_size == 0,
-                 "NemotronH export of LatentMoE (--moe-latent-size) is not implemented here");
   if (c.moe.enabled()) {
     check_noaux_tc_router_exportable(c.moe, "NemotronH");
     MEGATRON_CHECK(c.moe.shared_expert_intermediate_size > 0,
