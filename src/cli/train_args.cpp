@@ -597,7 +597,8 @@ void register_train_args(ArgTable& t, Arguments& a) {
   t.add("--per-dataset-sequences-path", a.per_dataset_sequences_path,
         "A JSON file {prefix: [sequences, documents + 1]} (Megatron's "
         "tools/build_sequences_per_dataset.py), the .idx headers' counts of every dataset "
-        "prefix; each prefix's entry is checked against its .idx (a stale file stops the run)");
+        "prefix; GPT and hybrid data check each prefix's entry against its .idx (a stale file "
+        "stops the run)");
   t.flag("--dataloader-fast-cache-load", a.dataloader_fast_cache_load,
          "Megatron's fast path for prebuilt sample-index caches (needs --data-cache-path and "
          "per-split data paths); the caches here are read when present and built when missing "
@@ -934,6 +935,9 @@ void validate_expert_layout(Arguments& a, int64_t tp) {
     MEGATRON_CHECK(a.moe_ffn_hidden_size == 0,
                    "moe_ffn_hidden_size must be None when num_experts is not set: drop "
                    "--moe-ffn-hidden-size or add --num-experts");
+    MEGATRON_CHECK(a.moe_latent_size == 0,
+                   "MoE latent projections are applicable only for MoE models: "
+                   "--moe-latent-size needs --num-experts");
     return;
   }
   MEGATRON_CHECK(a.num_experts % ep == 0,
@@ -1998,6 +2002,8 @@ void merge_pretrained_config(Arguments& a, const ArgTable& t) {
       set("--moe-shared-expert-intermediate-size", a.moe_shared_expert_intermediate_size,
           c.moe.shared_expert_intermediate_size);
     }
+    // The experts' width is the file's (LatentMoE's, or the hidden size: 0).
+    set("--moe-latent-size", a.moe_latent_size, c.moe.latent_size);
     std::string freq = "1";
     if (!c.moe.layer_pattern.empty()) {
       freq = "[";

@@ -203,10 +203,17 @@ void check_fp8_gemm_shapes(const TransformerConfig& c, const Arguments& a) {
     const int64_t etp = a.expert_tensor_parallel_size > 0 ? a.expert_tensor_parallel_size : tp;
     const int64_t f = c.moe.ffn_hidden_size, s = c.moe.shared_expert_intermediate_size;
     const int64_t g = c.gated_mlp() ? 2 : 1;
-    gemms.push_back({"an expert's linear_fc1 (per expert-tensor-parallel rank)", c.hidden_size,
-                     g * f / etp, "--moe-ffn-hidden-size"});
-    gemms.push_back({"an expert's linear_fc2 (per expert-tensor-parallel rank)", f / etp,
-                     c.hidden_size, "--moe-ffn-hidden-size"});
+    // LatentMoE: the experts run at the latent width, between two replicated projections.
+    const int64_t w = c.moe.latent_size > 0 ? c.moe.latent_size : c.hidden_size;
+    const char* wflag = c.moe.latent_size > 0 ? "--moe-latent-size" : "--moe-ffn-hidden-size";
+    gemms.push_back(
+        {"an expert's linear_fc1 (per expert-tensor-parallel rank)", w, g * f / etp, wflag});
+    gemms.push_back(
+        {"an expert's linear_fc2 (per expert-tensor-parallel rank)", f / etp, w, wflag});
+    if (c.moe.latent_size > 0) {
+      gemms.push_back({"fc1_latent_proj", c.hidden_size, w, "--moe-latent-size"});
+      gemms.push_back({"fc2_latent_proj", w, c.hidden_size, "--moe-latent-size"});
+    }
     if (s > 0) {
       gemms.push_back({"shared_experts.linear_fc1", c.hidden_size, g * s / tp,
                        "--moe-shared-expert-intermediate-size"});

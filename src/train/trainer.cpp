@@ -869,7 +869,7 @@ void Trainer::build_data() {
 void Trainer::predict_step() {
   if (spec_->name != "gpt" || device_ != Device::kCPU) return;
   // What the planner does not model: no prediction rather than a wrong one.
-  if (cfg_.heterogeneous.enabled()) return;
+  if (cfg_.heterogeneous.enabled() || cfg_.moe.latent_size > 0) return;
   const ParallelState& ps = *parallel_;
   Timer timer;
   const plan::Workload workload =

@@ -89,6 +89,12 @@ std::vector<Fp8GemmScaling*> TransformerLayer::enable_fp8() {
       out.push_back(moe->shared_experts->linear_fc1.enable_fp8(cfg_.fp8));
       out.push_back(moe->shared_experts->linear_fc2.enable_fp8(cfg_.fp8));
     }
+    // LatentMoE's projections (Megatron's duplicated TELinears, FP8 inside the layer's
+    // autocast): replicated over TP, so their scaling state carries the TP coordinates.
+    if (moe->fc1_latent_proj) {
+      out.push_back(moe->fc1_latent_proj->enable_fp8(cfg_.fp8, tp_.rank(), tp_.size()));
+      out.push_back(moe->fc2_latent_proj->enable_fp8(cfg_.fp8, tp_.rank(), tp_.size()));
+    }
     return out;
   }
   if (mlp) {

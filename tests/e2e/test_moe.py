@@ -244,6 +244,21 @@ class TestLatentMoe(unittest.TestCase):
         proc = run(1, "--moe-latent-size", "-1", *shared_only, expect_rc=2)
         self.assertIn("--moe-latent-size", proc.stderr)
 
+    def test_fp8_projections_follow_bf16(self):
+        # Under --fp8-format the projections run in FP8 beside the experts (Megatron's
+        # TELinears in the layer's autocast): within the 5% of bf16 of TestFp8, in one process
+        # and at ep2, and not bf16's curve.
+        bf16 = curve(run(1, *self.LATENT, "--bf16"))
+        fp8 = [*self.LATENT, "--bf16", "--fp8-format", "hybrid"]
+        one = curve(run(1, *fp8))
+        rel = max(abs(one[it]["lm loss"] / bf16[it]["lm loss"] - 1) for it in bf16)
+        self.assertLess(rel, 0.05)
+        self.assertGreater(worst(one, bf16), 0)
+        # At ep2 the amaxes pair other experts (see TestFp8): the same 5% of bf16.
+        ep2 = curve(run(2, *fp8, EP, "2"))
+        self.assertLess(max(abs(ep2[it]["lm loss"] / bf16[it]["lm loss"] - 1) for it in bf16),
+                        0.05)
+
     def test_checkpoint_reshards_and_keeps_the_width(self):
         saved = [*self.LATENT, EP, "2", TP, "2", SP, ETP, "1"]
         want = curve(run(4, *saved))[7]
@@ -615,6 +630,12 @@ class TestBadInput(unittest.TestCase):
         (1, ["--moe-router-padding-for-fp8", *A2A], "fp8 must be specified"),
         (1, ["--moe-router-padding-for-fp8", "--bf16", "--fp8-format", "hybrid"],
          "allgather and alltoall_seq dispatcher does not support"),
+        # LatentMoE: with --moe-shared-expert-overlap (Megatron's training assertion) and a
+        # width MXFP8 cannot take (the experts' GEMMs run at it).
+        (1, ["--moe-latent-size", "16", "--moe-shared-expert-overlap", *A2A,
+             "--moe-shared-expert-intermediate-size", "32"], "--moe-shared-expert-overlap"),
+        (1, ["--bf16", "--fp8-format", "hybrid", "--fp8-recipe", "mxfp8",
+             "--moe-latent-size", "48"], "--moe-latent-size"),
     ]
 
     def test_each_refusal_names_the_flag_on_every_rank(self):
@@ -627,6 +648,18 @@ class TestBadInput(unittest.TestCase):
                     self.assertIn(f"[rank {r}]", err)
                 for marker in megatron_job.CRASH_MARKERS:
                     self.assertNotIn(marker, err + proc.stdout)
+
+    def test_latent_size_needs_experts(self):
+        moe_flags = ("--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
+                     "--moe-aux-loss-coeff", "--moe-z-loss-coeff")
+        dense = []
+        for i, a in enumerate(MOE):  # MOE without the MoE flags and their values
+            if a not in moe_flags and (i == 0 or MOE[i - 1] not in moe_flags):
+                dense.append(a)
+        proc = megatron_job.run_train(MEGATRON, MPIEXEC, 1, [*dense, "--moe-latent-size", "16"],
+                                      TIMEOUT_S)
+        self.assertEqual(proc.returncode, 2, proc.stderr[-2000:])
+        self.assertIn("--moe-latent-size needs --num-experts", proc.stderr)
 
     def test_shared_experts_need_no_bias(self):
         # Routers and experts take biases since Megatron core 0.19 (gpt-oss, tests/e2e/

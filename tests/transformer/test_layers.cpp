@@ -336,7 +336,14 @@ TEST(LayerGradients, MoeLayerRoutingExpertsAndSharedExperts) {
          m.latent_size = 5;
          m.dispatcher = MoeDispatcher::kAllToAll;
          m.score_function = MoeScoreFunction::kSigmoid;
-       })}};
+       })},
+      {"LatentMoE with biases (projections, experts, router)", [&] {
+         TransformerConfig c = base;
+         c.add_bias_linear = true;
+         c.moe.latent_size = 4;
+         c.finalize();
+         return c;
+       }()}};
   const ForwardMode training{true, 3, 4};
   for (const auto& [name, cfg] : cfgs) {
     SCOPED_TRACE(name);
@@ -355,6 +362,10 @@ TEST(LayerGradients, MoeLayerRoutingExpertsAndSharedExperts) {
       EXPECT_EQ(shapes.at("mlp.experts.local_experts.0.linear_fc1.weight"), (Shape{f1, L}));
       EXPECT_EQ(shapes.at("mlp.experts.local_experts.0.linear_fc2.weight"),
                 (Shape{L, cfg.moe.ffn_hidden_size}));
+      if (cfg.add_bias_linear) {
+        EXPECT_EQ(shapes.at("mlp.fc1_latent_proj.bias"), (Shape{L}));
+        EXPECT_EQ(shapes.at("mlp.fc2_latent_proj.bias"), (Shape{h}));
+      }
     }
     bool dropped = false;
     check_layer({ps,

@@ -26,6 +26,9 @@ bool MoeConfig::has(MoeLoadBalancing type) const {
 }
 
 void MoeConfig::validate(int64_t num_layers) const {
+  MEGATRON_CHECK(latent_size == 0 || enabled(),
+                 "MoE latent projections are applicable only for MoE models: "
+                 "--moe-latent-size needs --num-experts");
   if (!enabled()) return;
   MEGATRON_CHECK(num_experts > 0, "--num-experts must be positive, got ", num_experts);
   MEGATRON_CHECK(layer_pattern.empty() || static_cast<int64_t>(layer_pattern.size()) == num_layers,

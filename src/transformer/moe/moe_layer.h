@@ -26,7 +26,7 @@
 // run through experts of width L and combined at width L, then fc2_latent_proj brings the sum
 // back to h. The two projections are replicated over TP (Megatron's "duplicated" TELinear; under
 // sequence parallelism their weight gradients are TP-partial, Param::sequence_parallel) and run
-// in the high-precision GEMM dtype (no FP8).
+// in FP8 under --fp8-format like the experts.
 #pragma once
 
 #include <memory>
@@ -62,6 +62,9 @@ class MoELayer {
 
   MoELayer(const std::string& name, const TransformerConfig& cfg, int64_t layer_number,
            const TensorParallelContext& tp);
+  // `experts` and the MLPs keep references into this object's configs: not movable.
+  MoELayer(MoELayer&&) = delete;
+  MoELayer& operator=(MoELayer&&) = delete;
 
   Tensor forward(const Tensor& x, Ctx& ctx, const ForwardMode& mode) const;  // [s', b, h]
   Tensor backward(const Tensor& dy, Ctx& ctx) const;
