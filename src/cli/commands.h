@@ -14,6 +14,7 @@ int bench_command(int argc, char** argv);
 int plan_command(int argc, char** argv);
 int preprocess_command(int argc, char** argv);
 int merge_datasets_command(int argc, char** argv);
+int build_sequences_command(int argc, char** argv);
 int flags_command(int argc, char** argv);
 int scenes_command(int argc, char** argv);
 

@@ -24,6 +24,7 @@ constexpr const char* kUsage =
     "  finetune    `train --model bert_classification --task ...`: classification finetuning\n"
     "  preprocess  tokenize JSON lines into Megatron .bin/.idx datasets (preprocess_data.py)\n"
     "  merge_datasets  a folder of .bin/.idx datasets into one (merge_datasets.py)\n"
+    "  build_sequences_per_dataset  a blend's .idx counts for --per-dataset-sequences-path\n"
     "  scenes      images of simple scenes with true captions (a checkable vision-language task)\n"
     "  score       per-token log-probabilities of token sequences under a model\n"
     "  generate    text from prompts (greedy or sampled, through a KV cache)\n"
@@ -71,6 +72,7 @@ int dispatch(int argc, char** argv) {
   if (cmd == "flags") return flags_command(argc - 1, argv + 1);
   if (cmd == "preprocess") return preprocess_command(argc - 1, argv + 1);
   if (cmd == "merge_datasets") return merge_datasets_command(argc - 1, argv + 1);
+  if (cmd == "build_sequences_per_dataset") return build_sequences_command(argc - 1, argv + 1);
   if (cmd == "scenes") return scenes_command(argc - 1, argv + 1);
   megatron::log_error("unknown command '" + cmd + "'");
   std::fputs(kUsage, stderr);

@@ -45,12 +45,9 @@ std::string check_blending_indices(const BlendedIndices& b, size_t num_datasets,
   return "";
 }
 
-// Megatron's get_blend_from_list over whitespace-separated tokens.
-struct Blend {
-  std::vector<std::string> prefixes;
-  std::optional<std::vector<double>> weights;
-};
+}  // namespace
 
+// Megatron's get_blend_from_list over whitespace-separated tokens.
 Blend parse_blend(const std::vector<std::string>& args, const std::string& flag) {
   std::vector<std::string> tokens;
   for (const std::string& a : args) {
@@ -88,6 +85,8 @@ Blend parse_blend(const std::vector<std::string>& args, const std::string& flag)
   blend.weights = std::move(weights);
   return blend;
 }
+
+namespace {
 
 int64_t tokens_in(const IndexedDataset& d, DocumentRange r) {
   int64_t total = 0;

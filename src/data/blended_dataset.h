@@ -91,6 +91,15 @@ class BlendedDataset : public SampleSource {
   BlendedIndices indices_;
 };
 
+// A --data-path style blend: "p" (one prefix), "w1 p1 w2 p2 ..." (weighted) or "p1 p2 ..."
+// (weighted by dataset size: no weights); the arguments are further split on whitespace. `flag`
+// names the flag in errors.
+struct Blend {
+  std::vector<std::string> prefixes;
+  std::optional<std::vector<double>> weights;
+};
+Blend parse_blend(const std::vector<std::string>& args, const std::string& flag);
+
 // The data flags of a GPT run.
 struct GPTDataArgs {
   // --data-path: one prefix, "w1 p1 w2 p2 ..." (weighted blend) or "p1 p2 ..." (blend weighted

@@ -52,8 +52,9 @@ tests/data/test_random_sampler.cpp):
   process within 1e-5; a hybrid Mamba model with a multi-token-prediction depth (whose restarts
   and rolls per document tests/models/test_mamba_hf_oracle.cpp checks) trains another curve than
   unpacked, and tp2, cp2 and pp2 follow one process within 1e-5;
-- core 0.19's --per-dataset-sequences-path (a file of the .idx headers' counts) trains the plain
-  curve digit for digit, a stale or missing entry exits 2 naming the prefix;
+- core 0.19's --per-dataset-sequences-path (a file of the .idx headers' counts, as
+  `megatron build_sequences_per_dataset` writes it for a weighted or a per-split blend) trains the
+  plain curve digit for digit, a stale or missing entry exits 2 naming the prefix;
   --dataloader-fast-cache-load and --dataloader-defer-npy-index-mmap refuse what Megatron
   asserts (no --data-cache-path; --data-path with the fast path) and otherwise change nothing;
 - refusals (exit 2, the flag named): --multiple-validation-sets without --full-validation,
@@ -289,6 +290,26 @@ class DataLoadingTest(unittest.TestCase):
         plain = curve(self.run_ok())
         good = write({prefix: counts, self.prefix["b"]: header(self.prefix["b"])})
         self.assertEqual(curve(self.run_ok(per_dataset_sequences_path=good)), plain)
+        # `megatron build_sequences_per_dataset` (Megatron's tool) writes that file: every prefix
+        # of a weighted blend and of per-split blends, once, in order of first appearance.
+        built = os.path.join(self.tmp, "built.json")
+        splits = os.path.join(self.tmp, "splits.json")
+        with open(splits, "w", encoding="utf-8") as f:
+            json.dump({"train": ["1", self.prefix["c"], "2", prefix], "valid": prefix,
+                       "test": []}, f)
+        for args, want in (
+                (["--data-path", "1", prefix, "2", self.prefix["b"]],
+                 [prefix, self.prefix["b"]]),
+                (["--per-split-data-args-path", splits], [self.prefix["c"], prefix])):
+            proc = subprocess.run([MEGATRON, "build_sequences_per_dataset", *args,
+                                   "--per-dataset-sequences-path", built],
+                                  capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+            self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
+            with open(built, encoding="utf-8") as f:
+                got = json.load(f)
+            self.assertEqual(list(got), want)
+            self.assertEqual(got, {p: header(p) for p in want})
+        self.assertEqual(curve(self.run_ok(per_dataset_sequences_path=built)), plain)
         self.refused("the file is stale",
                      per_dataset_sequences_path=write({prefix: [counts[0] - 1, counts[1]]}))
         self.refused("has no entry for the dataset prefix",
