@@ -2182,21 +2182,28 @@ std::vector<std::string> words(const std::string& text) {
 
 namespace {
 
-// --per-dataset-sequences-path: {prefix: [sequence count, document count]} as Megatron's
-// tools/build_sequences_per_dataset.py writes it (the .idx header's two counts).
-void read_sequences_per_dataset(Arguments& a) {
-  const std::string& path = a.per_dataset_sequences_path;
+// The JSON object of file `path` that `flag` names (exit 2 naming both when unreadable, not
+// JSON, or not an object; `what` says what the object must hold).
+nlohmann::json read_json_object(const std::string& flag, const std::string& path,
+                                const std::string& what) {
   std::ifstream f(path);
-  MEGATRON_CHECK(f.good(), "--per-dataset-sequences-path: cannot read '", path, "'");
+  MEGATRON_CHECK(f.good(), flag, ": cannot read '", path, "'");
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(f);
   } catch (const nlohmann::json::exception& e) {
-    MEGATRON_CHECK(false, "--per-dataset-sequences-path: '", path, "' is not JSON (", e.what(),
-                   ")");
+    MEGATRON_CHECK(false, flag, ": '", path, "' is not JSON (", e.what(), ")");
   }
-  MEGATRON_CHECK(j.is_object(), "--per-dataset-sequences-path: '", path,
-                 "' must hold an object {prefix: [sequences, documents]}");
+  MEGATRON_CHECK(j.is_object(), flag, ": '", path, "' must hold ", what);
+  return j;
+}
+
+// --per-dataset-sequences-path: {prefix: [sequence count, document count]} as Megatron's
+// tools/build_sequences_per_dataset.py writes it (the .idx header's two counts).
+void read_sequences_per_dataset(Arguments& a) {
+  const std::string& path = a.per_dataset_sequences_path;
+  const nlohmann::json j = read_json_object("--per-dataset-sequences-path", path,
+                                            "an object {prefix: [sequences, documents]}");
   for (const auto& [prefix, v] : j.items()) {
     MEGATRON_CHECK(
         v.is_array() && v.size() == 2 && v[0].is_number_unsigned() && v[1].is_number_unsigned(),
@@ -2228,16 +2235,8 @@ void read_data_args_files(Arguments& a) {
                  "--per-split-data-args-path and --train/valid/test-data-path both give the "
                  "splits; pass one");
   const std::string& path = a.per_split_data_args_path;
-  std::ifstream f(path);
-  MEGATRON_CHECK(f.good(), "--per-split-data-args-path: cannot read '", path, "'");
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(f);
-  } catch (const nlohmann::json::exception& e) {
-    MEGATRON_CHECK(false, "--per-split-data-args-path: '", path, "' is not JSON (", e.what(), ")");
-  }
-  MEGATRON_CHECK(j.is_object(), "--per-split-data-args-path: '", path,
-                 "' must hold an object with the keys train, valid and test");
+  const nlohmann::json j = read_json_object("--per-split-data-args-path", path,
+                                            "an object with the keys train, valid and test");
   const std::pair<const char*, std::vector<std::string>*> splits[] = {
       {"train", &a.train_data_path}, {"valid", &a.valid_data_path}, {"test", &a.test_data_path}};
   for (const auto& [key, field] : splits) {

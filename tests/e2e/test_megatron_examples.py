@@ -221,32 +221,20 @@ def mamba_args(tmp, data, checkpoint):
 
 
 def hybrid_args(tmp, data, checkpoint):
-    """Megatron core 0.19's examples/mamba/train.sh (run by pretrain_hybrid.py), in order, scaled
-    as mamba_args: its 800M pattern's first 8 layers with an attention layer among them (no
-    --num-layers: the pattern gives it), core 0.19's hybrid stack --spec."""
-    options = ["--tensor-model-parallel-size", "2", "--sequence-parallel",
-               "--pipeline-model-parallel-size", "1", "--use-distributed-optimizer",
-               "--overlap-param-gather", "--overlap-grad-reduce",
-               "--untie-embeddings-and-output-weights", "--init-method-std", "0.02",
-               "--position-embedding-type", "none", "--hybrid-layer-pattern", "M-M-M*-M",
-               "--hidden-size", "64", "--num-attention-heads", "4", "--group-query-attention",
-               "--num-query-groups", "2", "--seq-length", "64", "--max-position-embeddings", "64",
-               "--train-samples", "400", "--lr-warmup-samples", "16", "--lr-decay-samples", "396",
-               "--save", checkpoint, "--load", checkpoint, "--data-path", data,
-               "--data-cache-path", os.path.join(tmp, "cache"), "--split", "99,1,0",
-               "--tokenizer-type", "NullTokenizer", "--vocab-size", str(VOCAB),
-               "--distributed-backend", "nccl", "--micro-batch-size", "1",
-               "--global-batch-size", "8", "--lr", "2.5e-3", "--min-lr", "2.5e-4",
-               "--lr-decay-style", "cosine", "--weight-decay", "0.1", "--clip-grad", "1.0",
-               "--attention-dropout", "0.0", "--hidden-dropout", "0.0", "--disable-bias-linear",
-               "--normalization", "RMSNorm", "--adam-beta1", "0.9", "--adam-beta2", "0.95",
-               "--log-interval", "1", "--save-interval", "2000", "--eval-interval", "2000",
-               "--eval-iters", "2", "--bf16", "--use-mcore-models",
-               "--spec", "megatron.core.models.hybrid.hybrid_layer_specs", "hybrid_stack_spec",
-               "--no-create-attention-mask-in-dataloader",
-               "--tensorboard-dir", os.path.join(tmp, "tb")]
-    return options + ["--mamba-state-dim", "16", "--mamba-head-dim", "16",
-                      "--mamba-num-groups", "2", "--num-threads", "1"]
+    """Megatron core 0.19's examples/mamba/train.sh (run by pretrain_hybrid.py): mamba_args with
+    the pattern given instead of the ratios and --num-layers (its 800M pattern's first 8 layers,
+    an attention layer among them) and core 0.19's hybrid stack --spec."""
+    dropped = {"--num-layers", "--hybrid-attention-ratio", "--hybrid-mlp-ratio", "--spec"}
+    old = mamba_args(tmp, data, checkpoint)
+    options, i = [], 0
+    while i < len(old):
+        if old[i] in dropped:
+            i += 3 if old[i] == "--spec" else 2
+            continue
+        options.append(old[i])
+        i += 1
+    return options + ["--hybrid-layer-pattern", "M-M-M*-M", "--spec",
+                      "megatron.core.models.hybrid.hybrid_layer_specs", "hybrid_stack_spec"]
 
 
 class MegatronExamplesTest(unittest.TestCase):

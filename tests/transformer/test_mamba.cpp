@@ -142,32 +142,37 @@ double softplus(double v) {
   return v > 20 ? v : std::log1p(std::exp(v));
 }
 
-// The same recurrence written as Mamba-2's state-space duality (the "attention" form):
-// y_t = sum_{u <= t} (C_t . B_u) exp(A sum_{k=u+1..t} dt_k) dt_u x_u + D x_t.
+// The same recurrence written as Mamba-2's state-space duality (the "attention" form), for
+// channel q of head h of sequence i at position t, summed from position `first`:
+// y_t = sum_{first <= u <= t} (C_t . B_u) exp(A sum_{k=u+1..t} dt_k) dt_u x_u + D x_t.
+double dual_form(const ScanProblem& p, int64_t i, int64_t h, int64_t t, int64_t q, int64_t first) {
+  const auto& sh = p.sh;
+  const int64_t H = sh.heads, P = sh.head_dim, N = sh.state, G = sh.groups, g = h / (H / G);
+  const double A = -std::exp(p.A_log[h]);
+  auto dts = [&](int64_t k) { return softplus(p.dt[(k * sh.b + i) * H + h] + p.bias[h]); };
+  double y = p.D[h] * p.x[((t * sh.b + i) * H + h) * P + q];
+  for (int64_t u = first; u <= t; ++u) {
+    double cb = 0, decay = 0;
+    for (int64_t n = 0; n < N; ++n)
+      cb += p.C[((t * sh.b + i) * G + g) * N + n] * p.B[((u * sh.b + i) * G + g) * N + n];
+    for (int64_t k = u + 1; k <= t; ++k) decay += dts(k);
+    y += cb * std::exp(A * decay) * dts(u) * p.x[((u * sh.b + i) * H + h) * P + q];
+  }
+  return y;
+}
+
 TEST(MambaScan, RecurrenceEqualsDualForm) {
   const ScanProblem p(7, 3);
   const std::vector<double> y = p.forward();
   const auto& sh = p.sh;
-  const int64_t H = sh.heads, P = sh.head_dim, N = sh.state, G = sh.groups;
   for (int64_t i = 0; i < sh.b; ++i)
-    for (int64_t h = 0; h < H; ++h) {
-      const int64_t g = h / (H / G);
-      const double A = -std::exp(p.A_log[h]);
-      auto dts = [&](int64_t t) { return softplus(p.dt[(t * sh.b + i) * H + h] + p.bias[h]); };
+    for (int64_t h = 0; h < sh.heads; ++h)
       for (int64_t t = 0; t < sh.s; ++t)
-        for (int64_t q = 0; q < P; ++q) {
-          double want = p.D[h] * p.x[((t * sh.b + i) * H + h) * P + q];
-          for (int64_t u = 0; u <= t; ++u) {
-            double cb = 0, decay = 0;
-            for (int64_t n = 0; n < N; ++n)
-              cb += p.C[((t * sh.b + i) * G + g) * N + n] * p.B[((u * sh.b + i) * G + g) * N + n];
-            for (int64_t k = u + 1; k <= t; ++k) decay += dts(k);
-            want += cb * std::exp(A * decay) * dts(u) * p.x[((u * sh.b + i) * H + h) * P + q];
-          }
+        for (int64_t q = 0; q < sh.head_dim; ++q) {
           // Both sides are fp64 sums of a few dozen O(1) terms.
-          EXPECT_NEAR(y[((t * sh.b + i) * H + h) * P + q], want, 1e-12);
+          EXPECT_NEAR(y[((t * sh.b + i) * sh.heads + h) * sh.head_dim + q],
+                      dual_form(p, i, h, t, q, 0), 1e-12);
         }
-    }
 }
 
 // Generation: the scan and the convolution over positions [0, 3) then [3, 7), carrying the state
@@ -278,28 +283,16 @@ TEST(MambaScan, PackedDocumentsRestartTheScanAndTheConvolution) {
   p.sh.doc_start = kPackedStarts.data();
   const std::vector<double> y = p.forward();
   const auto& sh = p.sh;
-  const int64_t H = sh.heads, P = sh.head_dim, N = sh.state, G = sh.groups;
   double moved = 0;  // the largest change a restart makes
   for (int64_t i = 0; i < sh.b; ++i)
-    for (int64_t h = 0; h < H; ++h) {
-      const int64_t g = h / (H / G);
-      const double A = -std::exp(p.A_log[h]);
-      auto dts = [&](int64_t t) { return softplus(p.dt[(t * sh.b + i) * H + h] + p.bias[h]); };
+    for (int64_t h = 0; h < sh.heads; ++h)
       for (int64_t t = 0; t < sh.s; ++t)
-        for (int64_t q = 0; q < P; ++q) {
-          const int64_t at = ((t * sh.b + i) * H + h) * P + q;
-          double want = p.D[h] * p.x[at];
-          for (int64_t u = kPackedStarts[i * sh.s + t]; u <= t; ++u) {
-            double cb = 0, decay = 0;
-            for (int64_t n = 0; n < N; ++n)
-              cb += p.C[((t * sh.b + i) * G + g) * N + n] * p.B[((u * sh.b + i) * G + g) * N + n];
-            for (int64_t k = u + 1; k <= t; ++k) decay += dts(k);
-            want += cb * std::exp(A * decay) * dts(u) * p.x[((u * sh.b + i) * H + h) * P + q];
-          }
-          EXPECT_NEAR(y[at], want, 1e-12);  // as RecurrenceEqualsDualForm
+        for (int64_t q = 0; q < sh.head_dim; ++q) {
+          const int64_t at = ((t * sh.b + i) * sh.heads + h) * sh.head_dim + q;
+          // As RecurrenceEqualsDualForm, summed over the token's document.
+          EXPECT_NEAR(y[at], dual_form(p, i, h, t, q, kPackedStarts[i * sh.s + t]), 1e-12);
           moved = std::max(moved, std::abs(y[at] - whole[at]));
         }
-    }
   EXPECT_GT(moved, 1e-3);  // the restarts change the output
 
   // The convolution: width 4, 3 channels; position t reads positions >= its document's start.

@@ -186,6 +186,21 @@ Tensor as_rows(const Tensor& cols, int64_t L, int64_t b, int64_t X) {
 
 }  // namespace
 
+std::pair<ssm::ConvShape, ssm::ScanShape> MambaMixer::kernel_shapes(const Part& p, int64_t s,
+                                                                    int64_t b,
+                                                                    const Tensor& starts) const {
+  const int32_t* docs = ptr<int32_t>(starts);
+  const int64_t conv_ch = p.heads * head_dim_ + 2 * p.groups * state_;
+  return {ssm::ConvShape{.s = s, .b = b, .channels = conv_ch, .width = d_conv_, .doc_start = docs},
+          ssm::ScanShape{.s = s,
+                         .b = b,
+                         .heads = p.heads,
+                         .head_dim = head_dim_,
+                         .groups = p.groups,
+                         .state = state_,
+                         .doc_start = docs}};
+}
+
 MambaMixer::Ranges MambaMixer::conv_rows(const Part& p) const {
   const int64_t gn = groups_ * state_;
   return {{p.h0 * head_dim_, p.heads * head_dim_},
@@ -251,16 +266,7 @@ Tensor MambaMixer::forward(const Tensor& h, const Tensor& doc_start, Ctx& ctx,
   } else {
     ctx.doc_start = Tensor();
   }
-  const int32_t* starts = ptr<int32_t>(ctx.doc_start);
-  const ssm::ConvShape conv{
-      .s = s, .b = b, .channels = conv_ch, .width = d_conv_, .doc_start = starts};
-  const ssm::ScanShape scan{.s = s,
-                            .b = b,
-                            .heads = p.heads,
-                            .head_dim = head_dim_,
-                            .groups = p.groups,
-                            .state = state_,
-                            .doc_start = starts};
+  const auto [conv, scan] = kernel_shapes(p, s, b, ctx.doc_start);
   // Backward may follow any forward but a generation's (whose state carries over instead).
   const bool keep = !carried;
   const Ranges heads{{p.h0, p.heads}};
@@ -330,16 +336,7 @@ Tensor MambaMixer::backward(const Tensor& dy, Ctx& ctx) const {
   const Tensor dnormed = dnorm_in.view({rows, d_inner_}).to(w);
   const Part p = part();
   const int64_t xs = p.heads * head_dim_, gn = p.groups * state_, conv_ch = xs + 2 * gn;
-  const int32_t* starts = ptr<int32_t>(ctx.doc_start);
-  const ssm::ConvShape conv{
-      .s = s, .b = b, .channels = conv_ch, .width = d_conv_, .doc_start = starts};
-  const ssm::ScanShape scan{.s = s,
-                            .b = b,
-                            .heads = p.heads,
-                            .head_dim = head_dim_,
-                            .groups = p.groups,
-                            .state = state_,
-                            .doc_start = starts};
+  const auto [conv, scan] = kernel_shapes(p, s, b, ctx.doc_start);
   const Ranges heads{{p.h0, p.heads}};
   Tensor dy_local = Tensor::empty({rows, d_inner_}, w), dz = Tensor::empty({rows, d_inner_}, w);
   Tensor dxbc, ddt;  // the scan's and convolution's input gradients, this rank's heads

@@ -31,11 +31,13 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "parallel/tensor_parallel_linear.h"
 #include "transformer/config.h"
 #include "transformer/forward_mode.h"
+#include "transformer/mamba/ssm_kernels.h"
 #include "transformer/tensor_parallel_context.h"
 
 namespace megatron {
@@ -81,6 +83,10 @@ class MambaMixer {
   Part part() const;
   // The convolution's rows of a part: its x channels, its B and its C groups.
   Ranges conv_rows(const Part& p) const;
+  // The kernels' shapes for a part over s positions of b sequences, with the document starts
+  // [b, s] (undefined: none).
+  std::pair<ssm::ConvShape, ssm::ScanShape> kernel_shapes(const Part& p, int64_t s, int64_t b,
+                                                          const Tensor& starts) const;
   // CP: [x | B | C] and dt of this rank's rows [L b, .] -> the part's heads over every row.
   Tensor to_heads(const Tensor& xbc, const Tensor& dt, int64_t L, int64_t b, Tensor& dt_out) const;
 
