@@ -30,6 +30,9 @@ struct TokenLayout {
   // multi-token prediction rolls its tokens within each. False: an attention mask only
   // (--reset-attention-mask).
   bool packed = false;
+  // packed: the whole sequence's document starts [b, S] in sequence order (under context
+  // parallelism gathered once per forward, for the Mamba layers' whole-sequence kernels).
+  Tensor whole_doc_start;
   bool causal = true;
   Tensor key_valid;
   // Additive bias on every self-attention's scaled scores, [1, np/tp, s, s] (T5's relative

@@ -338,7 +338,7 @@ Tensor TransformerLayer::backward(const Tensor& dy, Ctx& ctx, SideGrads* side) c
 
 Tensor TransformerLayer::forward_mamba(const Tensor& x, const TokenLayout& layout, Ctx& ctx,
                                        const ForwardMode& mode) const {
-  const Tensor docs = layout.packed ? layout.doc_start : Tensor();
+  const Tensor docs = layout.packed ? layout.whole_doc_start : Tensor();
   Tensor m = mixer
                  ->forward(norm->forward(x, ctx.ln_mamba, mixer->gemm_input_dtype()), docs,
                            ctx.mamba, mode)

@@ -114,6 +114,10 @@ Tensor GPTModel::forward_stage(const Tensor& hidden_in, const GPTInputs& in, Ctx
   TokenLayout layout;
   layout.doc_start = in.doc_start;
   layout.packed = in.packed && in.doc_start.defined();
+  if (layout.packed) {
+    layout.whole_doc_start =
+        tp_.cp.enabled() ? cp_whole_doc_start(in.doc_start, tp_.cp) : in.doc_start;
+  }
   if (tp_.cp.enabled()) {  // this rank's chunks sit at their places in the whole sequence
     const int64_t local = cfg_.seq_length / tp_.cp.size();
     layout.positions = on_device(cp_positions(local, x.dim(1), tp_.cp), x.device());

@@ -260,12 +260,8 @@ Tensor MambaMixer::forward(const Tensor& h, const Tensor& doc_start, Ctx& ctx,
   }
   ctx.xbc_act = Tensor::empty({s * b, conv_ch}, w);
   // The whole sequence's document starts in sequence order (the kernels' rows).
-  if (doc_start.defined()) {
-    check_shape(doc_start, {b, L}, "Mamba doc_start");
-    ctx.doc_start = cp_.enabled() ? cp_whole_doc_start(doc_start, cp_) : to_host(doc_start);
-  } else {
-    ctx.doc_start = Tensor();
-  }
+  if (doc_start.defined()) check_shape(doc_start, {b, s}, "Mamba doc_start");
+  ctx.doc_start = doc_start.defined() ? to_host(doc_start) : Tensor();
   const auto [conv, scan] = kernel_shapes(p, s, b, ctx.doc_start);
   // Backward may follow any forward but a generation's (whose state carries over instead).
   const bool keep = !carried;

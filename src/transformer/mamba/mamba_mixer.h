@@ -60,9 +60,9 @@ class MambaMixer {
              const TensorParallelContext& tp);
 
   // h [s, b, hidden] (or [s/tp, b, hidden] under sequence parallelism) -> the same shape.
-  // doc_start: packed documents (TokenLayout::packed), this rank's [b, s] document starts as the
-  // attention takes them (global positions); the convolution and the scan then restart at each
-  // document (Megatron's seq_idx). Undefined: one document per sequence.
+  // doc_start: packed documents, the whole sequence's document starts [b, S] in sequence order
+  // (TokenLayout::whole_doc_start; S = this rank's rows x CP size); the convolution and the scan
+  // then restart at each document (Megatron's seq_idx). Undefined: one document per sequence.
   Tensor forward(const Tensor& h, const Tensor& doc_start, Ctx& ctx, const ForwardMode& mode) const;
   Tensor backward(const Tensor& dy, Ctx& ctx) const;
   void collect(std::vector<Param*>& out);
