@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <set>
+#include <stdexcept>
 
 #include "core/error.h"
 #include "core/logging.h"
@@ -15,6 +16,7 @@ namespace megatron::cli {
 void ArgTable::flag(const std::string& flag, bool& field, const std::string& help) {
   CLI::Option* opt = app_.add_flag(flag, field, help);
   entries_.push_back(bound(flag, dest_of(flag), opt, field));
+  entries_.back().on_given = [&field] { field = true; };
 }
 
 void ArgTable::flag_pair(const std::string& flag, const std::string& negative, bool& field,
@@ -25,10 +27,12 @@ void ArgTable::flag_pair(const std::string& flag, const std::string& negative, b
       flag, [&field] { field = true; }, help);
   on->trigger_on_parse();
   entries_.push_back(bound(flag, dest_of(flag), on, field));
+  entries_.back().on_given = [&field] { field = true; };
   CLI::Option* off = app_.add_flag_callback(
       negative, [&field] { field = false; }, negative_help);
   off->trigger_on_parse();
   entries_.push_back(bound(negative, dest_of(flag), off, field));
+  entries_.back().on_given = [&field] { field = false; };
 }
 
 void ArgTable::negative_flag(const std::string& flag, const std::string& dest, bool& field,
@@ -36,6 +40,22 @@ void ArgTable::negative_flag(const std::string& flag, const std::string& dest, b
   CLI::Option* opt = app_.add_flag_callback(
       flag, [&field] { field = false; }, help);
   entries_.push_back(bound(flag, dest, opt, field));
+  entries_.back().on_given = [&field] { field = false; };
+}
+
+void ArgTable::alias(const std::string& alias, const std::string& of) {
+  const auto it = std::find_if(entries_.begin(), entries_.end(),
+                               [&](const Entry& e) { return e.flag == of; });
+  // A wrong alias is a defect of the registration code, not of the user's input.
+  if (it == entries_.end() || !it->on_given) {
+    throw std::logic_error("ArgTable::alias: " + of + " is not a registered switch");
+  }
+  Entry entry = *it;
+  entry.flag = alias;
+  // Set as the parser meets it, so that with a flag pair the last one given wins.
+  entry.option = app_.add_flag_callback(alias, entry.on_given, "The same as " + of);
+  entry.option->trigger_on_parse();
+  entries_.push_back(std::move(entry));
 }
 
 nlohmann::json ArgTable::record(const std::string& concern) const {

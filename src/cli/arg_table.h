@@ -43,6 +43,9 @@ class ArgTable {
   // --no-foo sets `dest` (a true-by-default field) to false, as Megatron's store_false flags do.
   void negative_flag(const std::string& flag, const std::string& dest, bool& field,
                      const std::string& help);
+  // `alias` does what the switch `of` (registered before) does, under the same dest: a later
+  // Megatron's second spelling of a switch (e.g. --disable-fp8-wgrad for --no-fp8-wgrad).
+  void alias(const std::string& alias, const std::string& of);
 
   // Whether `flag` (or the other flag of its pair, which sets the same dest) was given.
   bool given(const std::string& flag) const;
@@ -73,6 +76,7 @@ class ArgTable {
     std::string concern;
     std::function<nlohmann::json()> to_json;
     std::function<void(const nlohmann::json&)> from_json;  // throws json::exception on a bad type
+    std::function<void()> on_given = nullptr;  // a switch: what giving it does (for alias())
   };
   template <typename T>
   Entry bound(const std::string& flag, const std::string& dest, CLI::Option* opt, T& field) {

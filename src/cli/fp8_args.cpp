@@ -24,6 +24,7 @@ void register_fp8_args(ArgTable& t, Arguments& a) {
   t.flag("--no-fp8-wgrad", a.no_fp8_wgrad,
          "Weight gradients from the unquantised input and output gradient (delayed scaling: "
          "Megatron passes it to no other recipe, which keep FP8 weight gradients)");
+  t.alias("--disable-fp8-wgrad", "--no-fp8-wgrad");  // core 0.19's second spelling
   t.flag("--first-last-layers-bf16", a.first_last_layers_bf16,
          "Keep the first and last layers out of FP8 (a recipe other than delayed)");
   t.add("--num-layers-at-start-in-bf16", a.num_layers_at_start_in_bf16,

@@ -23,6 +23,8 @@ void register_inference_args(ArgTable& t, Arguments& a) {
                   "use_tokenizer_model_from_checkpoint_args",
                   a.use_tokenizer_model_from_checkpoint_args,
                   "Do not take --tokenizer-model from the checkpoint (pass it)");
+  t.alias("--disable-use-tokenizer-model-from-checkpoint-args",
+          "--no-use-tokenizer-model-from-checkpoint-args");
 }
 
 void resolve_inference_args(Arguments& a, const ArgTable& t, int world_size, bool report) {

@@ -21,7 +21,10 @@ std::vector<MegatronFlag> parse_table() {
   std::vector<MegatronFlag> rows;
   std::istringstream in(kTable);
   std::string line;
+  // "#release NAME" starts a release's rows (the first file's rows are r0.14's).
+  std::string release = "core_r0.14.0";
   while (std::getline(in, line)) {
+    if (line.rfind("#release ", 0) == 0) release = line.substr(9);
     if (line.empty() || line[0] == '#') continue;
     std::vector<std::string> cols;
     size_t at = 0;
@@ -31,7 +34,7 @@ std::vector<MegatronFlag> parse_table() {
     cols.push_back(line.substr(at));
     // A malformed row is a defect of the build, not of the user's input.
     if (cols.size() != 5) throw std::logic_error("megatron_flags.tsv: malformed row: " + line);
-    rows.push_back(MegatronFlag{cols[0], cols[1], cols[2], cols[3], cols[4]});
+    rows.push_back(MegatronFlag{cols[0], cols[1], cols[2], cols[3], cols[4], release});
   }
   return rows;
 }
@@ -61,8 +64,6 @@ const std::vector<OwnFlag>& own_train_flags() {
       {"--device", "cpu or cuda (Megatron always computes on the GPU of its local rank)"},
       {"--tf32", "TF32 in f32 GEMMs on a GPU (PyTorch's allow_tf32; Megatron trains in bf16/fp16)"},
       {"--gemm-peak-gflops", "the peak model-FLOPs utilisation is reported against"},
-      {"--exit-signal", "the signal --exit-signal-handler waits for (Megatron: SIGTERM only)"},
-      {"--verify-integrity", "also checks every shard file's SHA-256 on load"},
       {"--no-verify-integrity", "skips the per-tensor checksums checked on load by default"},
       {"--save-hf", "writes the trained model as a Hugging Face directory at the end"},
       {"--onebit-freeze-step",
@@ -99,78 +100,6 @@ const std::vector<OwnFlag>& own_train_flags() {
        "mlp or affine (Megatron's MultimodalProjector projector_type, set in code there)"},
       {"--vision-projection-ffn-hidden-size",
        "the mlp projector's width (examples/multimodal sets it per language model in code)"},
-      {"--hybrid-layer-pattern",
-       "Megatron core 0.17's unified hybrid pattern ('|' pipeline segments, '/' MTP depths; "
-       "--hybrid-override-pattern is its deprecated spelling there)"},
-      {"--mtp-hybrid-override-pattern",
-       "Megatron core 0.17's legacy MTP layer pattern of hybrid models"},
-      {"--mtp-use-repeated-layer",
-       "Megatron core 0.19's TransformerConfig.mtp_use_repeated_layer (a flag there)"},
-      {"--mtp-detach-heads",
-       "Megatron core 0.19's TransformerConfig.mtp_detach_heads (a flag there)"},
-      {"--window-size", "Megatron core 0.19's sliding-window attention flag (gpt-oss)"},
-      {"--window-attn-skip-freq", "Megatron core 0.19's flag (gpt-oss: 2)"},
-      {"--softmax-type",
-       "Megatron core 0.19's TransformerConfig.softmax_type (a flag there; gpt-oss's sinks)"},
-      {"--quick-geglu", "Megatron core 0.19's flag (gpt-oss's MLP)"},
-      {"--glu-linear-offset", "Megatron core 0.19's TransformerConfig.glu_linear_offset"},
-      {"--activation-func-clamp-value",
-       "Megatron core 0.19's TransformerConfig.activation_func_clamp_value"},
-      {"--yarn-original-max-position-embeddings",
-       "Megatron core 0.19's YaRN on ordinary attention (--position-embedding-type yarn)"},
-      {"--yarn-beta-fast", "Megatron core 0.19's YaRN on ordinary attention"},
-      {"--yarn-beta-slow", "Megatron core 0.19's YaRN on ordinary attention"},
-      {"--yarn-correction-range-round-to-int",
-       "Megatron core 0.19's YaRN on ordinary attention (default on)"},
-      {"--no-yarn-correction-range-round-to-int",
-       "Megatron core 0.19's YaRN on ordinary attention (gpt-oss: off)"},
-      {"--muon-momentum", "Megatron core 0.19's Muon optimizer (--optimizer muon)"},
-      {"--muon-no-split-qkv", "Megatron core 0.19's Muon optimizer"},
-      {"--muon-nesterov", "Megatron core 0.19's Muon optimizer"},
-      {"--muon-scale-mode", "Megatron core 0.19's Muon optimizer"},
-      {"--muon-fp32-matmul-prec", "Megatron core 0.19's Muon optimizer (low refused)"},
-      {"--muon-coefficient-type",
-       "Megatron core 0.19's Muon optimizer (emerging_optimizers 0.2's types)"},
-      {"--muon-num-ns-steps", "Megatron core 0.19's Muon optimizer"},
-      {"--muon-tp-mode", "Megatron core 0.19's Muon optimizer"},
-      {"--muon-extra-scale-factor", "Megatron core 0.19's Muon optimizer"},
-      {"--muon-scalar-optimizer", "Megatron core 0.19's Muon optimizer (adam or lion)"},
-      {"--lion-beta1", "Megatron core 0.19's (--muon-scalar-optimizer lion)"},
-      {"--lion-beta2", "Megatron core 0.19's (--muon-scalar-optimizer lion)"},
-      {"--qk-clip", "Megatron core 0.19's TransformerConfig.qk_clip (MuonClip)"},
-      {"--qk-clip-alpha", "Megatron core 0.19's TransformerConfig.qk_clip_alpha"},
-      {"--qk-clip-threshold", "Megatron core 0.19's TransformerConfig.qk_clip_threshold"},
-      {"--log-max-attention-logit",
-       "Megatron core 0.19's TransformerConfig.log_max_attention_logit"},
-      {"--apply-wd-to-qk-layernorm", "Megatron core 0.19's flag (Qwen3-Next's weight decay rule)"},
-      {"--no-weight-decay-cond-type",
-       "Megatron core 0.19's deprecated spelling of --apply-wd-to-qk-layernorm"},
-      {"--override-ckpt-iteration", "Megatron core 0.19's flag"},
-      {"--allow-ambiguous-pad-tokens", "Megatron core 0.19's flag (GPT data's pad masking)"},
-      {"--null-tokenizer-eod-id", "Megatron core 0.19's TokenizerConfig.null_tokenizer_eod_id"},
-      {"--null-tokenizer-pad-id", "Megatron core 0.19's TokenizerConfig.null_tokenizer_pad_id"},
-      {"--phase-transition-iterations", "Megatron core 0.19's flag (data phases)"},
-      {"--dataloader-inter-document-masking", "Megatron core 0.19's flag"},
-      {"--moe-latent-size", "Megatron core 0.19's TransformerConfig.moe_latent_size (LatentMoE)"},
-      {"--per-dataset-sequences-path", "Megatron core 0.19's flag"},
-      {"--dataloader-fast-cache-load", "Megatron core 0.19's flag"},
-      {"--dataloader-defer-npy-index-mmap", "Megatron core 0.19's flag"},
-      {"--ddp-reduce-scatter-with-fp32-accumulation",
-       "Megatron core 0.19's DistributedDataParallelConfig.reduce_scatter_with_fp32_accumulation"},
-      {"--ddp-param-name-patterns-for-fp32-local-accumulation",
-       "Megatron core 0.19's DistributedDataParallelConfig."
-       "param_name_patterns_for_fp32_local_accumulation"},
-      {"--fim-data", "Megatron core 0.19's flag (GPTFIMDataset)"},
-      {"--fim-rate", "Megatron core 0.19's flag (GPTFIMDataset)"},
-      {"--fim-spm-rate", "Megatron core 0.19's flag (GPTFIMDataset)"},
-      {"--fim-split-sample", "Megatron core 0.19's flag (GPTFIMDataset)"},
-      {"--fim-fragment-rate", "Megatron core 0.19's flag (GPTFIMDataset)"},
-      {"--fim-no-prefix", "Megatron core 0.19's flag (GPTFIMDataset)"},
-      {"--fim-prefix-token", "Megatron core 0.19's flag (GPTFIMDataset)"},
-      {"--fim-middle-token", "Megatron core 0.19's flag (GPTFIMDataset)"},
-      {"--fim-suffix-token", "Megatron core 0.19's flag (GPTFIMDataset)"},
-      {"--fim-pad-token", "Megatron core 0.19's flag (GPTFIMDataset)"},
-      {"--fim-eod-token", "Megatron core 0.19's flag (GPTFIMDataset)"},
   };
   return own;
 }
@@ -305,17 +234,14 @@ std::vector<std::string> check_megatron_flags(const ArgTable& train) {
 }
 
 std::string megatron_flags_markdown(const ArgTable& train) {
-  std::map<std::string, int> counts;
-  for (const MegatronFlag& row : megatron_flags()) {
-    ++counts[only_value(row).empty() ? row.status : "accepted with one value"];
-  }
   std::ostringstream md;
   md << "# Megatron's flags in megatron-cpp\n\n"
      << "Every flag of Megatron-LM's `megatron/training/arguments.py` (core_r0.14.0), in its "
-        "order, and what `megatron train` (and `megatron pretrain_gpt`) does with it. Generated "
-        "by `megatron flags --markdown` from `src/cli/megatron_flags.tsv` and the flags "
-        "`megatron train` registers; the test suite fails when this page, the table or the "
-        "command disagree.\n\n"
+        "order, then every flag Megatron core 0.19 (core_v0.19.0) added to its parser, in that "
+        "parser's order, and what `megatron train` (and `megatron pretrain_gpt`) does with "
+        "each. Generated by `megatron flags --markdown` from `src/cli/megatron_flags.tsv`, "
+        "`src/cli/megatron_flags_core019.tsv` and the flags `megatron train` registers; the "
+        "test suite fails when this page, the tables or the command disagree.\n\n"
      << "- **implemented**: Megatron's meaning (the description is `megatron train --help`'s).\n"
      << "- **accepted**: parsed; when given, one start-up line says what it means here (the "
         "note).\n"
@@ -326,26 +252,45 @@ std::string megatron_flags_markdown(const ArgTable& train) {
         "Megatron's text-generation server and tasks/main.py parse all of arguments.py: their "
         "own flags (`--help`) with Megatron's meaning, the rows below as they stand, and the "
         "implemented training flags they do not use accepted, each with its start-up line "
-        "(mostly: no effect), except --context-parallel-size other than 1.\n\n"
-     << "Counts: ";
-  bool first = true;
-  for (const auto& [status, n] : counts) {
-    md << (first ? "" : ", ") << n << " " << status;
-    first = false;
-  }
-  md << " (" << megatron_flags().size() << " flags).\n\n"
-     << "| flag | group | status | meaning here |\n|---|---|---|---|\n";
+        "(mostly: no effect), except --context-parallel-size other than 1.\n\n";
   auto cell = [](std::string s) {
     std::string out;
     for (char c : s) out += c == '|' ? std::string("\\|") : std::string(1, c);
     return out;
   };
+  // One section per release: its counts, then its rows.
+  std::vector<std::string> releases;
   for (const MegatronFlag& row : megatron_flags()) {
-    const std::string meaning = row.status == "implemented" ? train.help_of(row.flag) : row.note;
-    md << "| `" << row.flag << "` | " << row.group << " | " << row.status << " | " << cell(meaning)
-       << " |\n";
+    if (releases.empty() || releases.back() != row.release) releases.push_back(row.release);
   }
-  md << "\n## Flags of megatron-cpp's own\n\n| flag | why | description |\n|---|---|---|\n";
+  for (const std::string& release : releases) {
+    std::map<std::string, int> counts;
+    size_t total = 0;
+    for (const MegatronFlag& row : megatron_flags()) {
+      if (row.release != release) continue;
+      ++counts[only_value(row).empty() ? row.status : "accepted with one value"];
+      ++total;
+    }
+    md << "## " << (release == "core_r0.14.0" ? "arguments.py, core_r0.14.0"
+                                               : "Added by " + release)
+       << "\n\nCounts: ";
+    bool first = true;
+    for (const auto& [status, n] : counts) {
+      md << (first ? "" : ", ") << n << " " << status;
+      first = false;
+    }
+    md << " (" << total << " flags).\n\n"
+       << "| flag | group | status | meaning here |\n|---|---|---|---|\n";
+    for (const MegatronFlag& row : megatron_flags()) {
+      if (row.release != release) continue;
+      const std::string meaning =
+          row.status == "implemented" ? train.help_of(row.flag) : row.note;
+      md << "| `" << row.flag << "` | " << row.group << " | " << row.status << " | "
+         << cell(meaning) << " |\n";
+    }
+    md << "\n";
+  }
+  md << "## Flags of megatron-cpp's own\n\n| flag | why | description |\n|---|---|---|\n";
   for (const OwnFlag& f : own_train_flags()) {
     md << "| `" << f.flag << "` | " << cell(f.why) << " | " << cell(train.help_of(f.flag))
        << " |\n";

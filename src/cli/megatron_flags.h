@@ -1,5 +1,6 @@
-// Megatron's flag table: every flag of Megatron-LM's arguments.py (r0.14) with megatron-cpp's
-// answer to it (src/cli/megatron_flags.tsv, compiled into the binary), so that a Megatron launch
+// Megatron's flag table: every flag of Megatron-LM's arguments.py (r0.14, then the flags core
+// 0.19 added) with megatron-cpp's answer to it (src/cli/megatron_flags.tsv and
+// megatron_flags_core019.tsv, compiled into the binary), so that a Megatron launch
 // script runs as it is: implemented flags are `megatron train`'s own; the others are registered
 // here, so that none of them is "unknown". Given, an accepted flag prints one start-up line
 // saying what it means in this implementation; a refused one stops the run (exit 2) naming the
@@ -20,9 +21,11 @@ struct MegatronFlag {
   std::string group;   // Megatron's argument group (_add_GROUP_args)
   std::string status;  // implemented, accepted, refused, or "only V"
   std::string note;    // what an accepted flag means here; why a refused one is
+  std::string release;  // the Megatron release whose parser added it (core_r0.14.0 or later)
 };
 
-// The rows of the table, in arguments.py's order.
+// The rows of the table: r0.14's arguments.py in its order, then each later release's additions
+// in its parser's order.
 const std::vector<MegatronFlag>& megatron_flags();
 
 // The flags of `megatron train` that Megatron does not have, each with why it exists.

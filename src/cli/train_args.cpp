@@ -540,6 +540,9 @@ void register_train_args(ArgTable& t, Arguments& a) {
   t.flag("--use-checkpoint-opt_param-scheduler", a.use_checkpoint_opt_param_scheduler,
          "On --load, take the learning-rate and weight-decay schedule parameters from the "
          "checkpoint instead of the flags");
+  // Core 0.19's spellings without the underscore.
+  t.alias("--override-opt-param-scheduler", "--override-opt_param-scheduler");
+  t.alias("--use-checkpoint-opt-param-scheduler", "--use-checkpoint-opt_param-scheduler");
   t.add("--lr-decay-style", a.lr_decay_style,
         "constant, linear, cosine, inverse-square-root or WSD");
   t.add("--lr-decay-iters", a.lr_decay_iters, "Iterations to decay over (default --train-iters)");
@@ -704,6 +707,7 @@ void register_train_args(ArgTable& t, Arguments& a) {
          "Write the world size to TensorBoard");
   t.negative_flag("--no-log-loss-scale-to-tensorboard", "log_loss_scale_to_tensorboard",
                   a.log_loss_scale_to_tensorboard, "Do not write the loss scale to TensorBoard");
+  t.alias("--disable-log-loss-scale-to-tensorboard", "--no-log-loss-scale-to-tensorboard");
   t.add("--gemm-peak-gflops", a.gemm_peak_gflops,
         "GEMM peak (GFLOP/s) for model-FLOPs utilisation; default: measured at start-up");
   t.concern("checkpoint");
@@ -747,6 +751,8 @@ void register_train_args(ArgTable& t, Arguments& a) {
                   a.use_tokenizer_model_from_checkpoint_args,
                   "With --use-checkpoint-args, do not take --tokenizer-model (and TikTokenizer's "
                   "settings) from the checkpoint");
+  t.alias("--disable-use-tokenizer-model-from-checkpoint-args",
+          "--no-use-tokenizer-model-from-checkpoint-args");
   t.flag("--use-mp-args-from-checkpoint-args", a.use_mp_args_from_checkpoint_args,
          "With --use-checkpoint-args, also take the tensor, pipeline (and virtual) and expert "
          "parallel sizes from the checkpoint");

@@ -2,7 +2,8 @@
 """Megatron's flag table: every flag of Megatron's arguments.py has an answer, and the docs agree.
 
 What it is: checks of `megatron flags` and of `megatron train` against src/cli/megatron_flags.tsv
-(the list of Megatron-LM r0.14's arguments.py flags with our status for each):
+and megatron_flags_core019.tsv (Megatron-LM r0.14's arguments.py flags, then the flags Megatron
+core 0.19 added, with our status for each):
 - `megatron flags --check` passes (the table and the flags `megatron train` registers agree:
   implemented rows are registered flags, our own flags are listed as ours);
 - docs/FLAGS.md is exactly `megatron flags --markdown` (so the page cannot drift);
@@ -23,7 +24,8 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, "..", "..")
-TSV = os.path.join(ROOT, "src", "cli", "megatron_flags.tsv")
+TSVS = [os.path.join(ROOT, "src", "cli", name)
+        for name in ("megatron_flags.tsv", "megatron_flags_core019.tsv")]
 DOC = os.path.join(ROOT, "docs", "FLAGS.md")
 MEGATRON = None
 TIMEOUT_S = 120
@@ -37,12 +39,17 @@ CRASH_MARKERS = ("terminate called", "core dumped", "Segmentation fault", "what(
 
 def rows():
     out = []
-    with open(TSV, encoding="utf-8") as f:
-        for line in f:
-            if line.startswith("#") or not line.strip():
-                continue
-            flag, values, group, status, note = line.rstrip("\n").split("\t")
-            out.append(dict(flag=flag, values=values, group=group, status=status, note=note))
+    for tsv in TSVS:
+        release = "core_r0.14.0"
+        with open(tsv, encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("#release "):
+                    release = line.split()[1]
+                if line.startswith("#") or not line.strip():
+                    continue
+                flag, values, group, status, note = line.rstrip("\n").split("\t")
+                out.append(dict(flag=flag, values=values, group=group, status=status, note=note,
+                                release=release))
     return out
 
 
@@ -70,7 +77,11 @@ class MegatronFlagsTest(unittest.TestCase):
         self.assertEqual(proc.returncode, 0, proc.stderr)
         table = rows()
         self.assertEqual(len({r["flag"] for r in table}), len(table), "a flag listed twice")
-        self.assertGreater(len(table), 500)  # arguments.py r0.14 has 513 flags and one alias
+        # arguments.py r0.14 has 513 flags and one alias; core 0.19's parser adds 358 spellings.
+        r014 = [r for r in table if r["release"] == "core_r0.14.0"]
+        core019 = [r for r in table if r["release"] == "core_v0.19.0"]
+        self.assertEqual(len(r014), 514)
+        self.assertEqual(len(core019), 358)
 
     def test_docs_are_generated_from_the_table(self):
         proc = run("flags", "--markdown")
@@ -116,6 +127,24 @@ class MegatronFlagsTest(unittest.TestCase):
                 self.assertIn(f" > {r['flag']} {value}: {r['note']}", ok.stdout.splitlines())
                 self.assertRefused(run("train", *BASE, r["flag"], "other"), r["flag"],
                                    f"only {value} is accepted")
+
+    def test_core019_second_spellings(self):
+        """Core 0.19's second spellings of r0.14 switches set the same argument."""
+        spellings = {"--disable-fp8-wgrad": "no_fp8_wgrad",
+                     "--override-opt-param-scheduler": "override_opt_param_scheduler",
+                     "--disable-log-loss-scale-to-tensorboard": "log_loss_scale_to_tensorboard"}
+        plain = run("train", *BASE)
+        self.assertEqual(plain.returncode, 0, plain.stderr[-2000:])
+        given = run("train", *BASE, *spellings)
+        self.assertEqual(given.returncode, 0, given.stderr[-2000:])
+
+        def dumped(proc, dest):
+            return [l.split()[-1] for l in proc.stdout.splitlines()
+                    if l.strip().startswith(dest + " ")]
+        for flag, dest in spellings.items():
+            with self.subTest(flag=flag):
+                self.assertEqual(len(dumped(given, dest)), 1)  # one line per argument
+                self.assertNotEqual(dumped(plain, dest), dumped(given, dest))
 
     def test_unknown_flags(self):
         proc = run("train", *BASE, "--lr-warmup-iter", "3")
