@@ -217,6 +217,9 @@ void register_model_args(ArgTable& t, Arguments& a) {
   t.flag("--moe-shared-expert-overlap", a.moe_shared_expert_overlap,
          "Overlap the shared experts with the token exchange (alltoall dispatcher); on the CPU "
          "they run after the routed experts, the same result");
+  t.flag("--moe-shared-expert-gate", a.moe_shared_expert_gate,
+         "Scale the shared experts' output per token by sigmoid(x w) with a learned w [1, h] "
+         "(Qwen2-MoE's shared_expert_gate); only with --moe-shared-expert-intermediate-size");
   t.add("--moe-router-topk", a.moe_router_topk, "Experts per token");
   t.add("--moe-router-score-function", a.moe_router_score_function, "softmax or sigmoid");
   t.flag("--moe-router-pre-softmax", a.moe_router_pre_softmax,
@@ -2007,6 +2010,7 @@ void merge_pretrained_config(Arguments& a, const ArgTable& t) {
     if (c.moe.shared_expert_intermediate_size > 0) {
       set("--moe-shared-expert-intermediate-size", a.moe_shared_expert_intermediate_size,
           c.moe.shared_expert_intermediate_size);
+      set("--moe-shared-expert-gate", a.moe_shared_expert_gate, c.moe.shared_expert_gate);
     }
     // The experts' width is the file's (LatentMoE's, or the hidden size: 0).
     set("--moe-latent-size", a.moe_latent_size, c.moe.latent_size);

@@ -428,6 +428,7 @@ struct Arguments {
   int64_t moe_shared_expert_intermediate_size = 0;  // total shared-expert width; 0: none
   int64_t moe_latent_size = 0;                      // routed experts' width (LatentMoE); 0: none
   bool moe_shared_expert_overlap = false;
+  bool moe_shared_expert_gate = false;  // Megatron core 0.19
   int64_t moe_router_topk = 2;
   std::string moe_router_score_function = "softmax";  // softmax or sigmoid
   bool moe_router_pre_softmax = false;

@@ -34,6 +34,8 @@ MoeConfig moe_config_from_args(const Arguments& a) {
   m.ffn_hidden_size = a.moe_ffn_hidden_size;
   m.shared_expert_intermediate_size = a.moe_shared_expert_intermediate_size;
   m.shared_expert_overlap = a.moe_shared_expert_overlap;
+  // Megatron reads the flag only with shared experts.
+  m.shared_expert_gate = a.moe_shared_expert_gate && a.moe_shared_expert_intermediate_size > 0;
   m.latent_size = a.moe_latent_size;
   m.router_topk = a.moe_router_topk;
   if (a.moe_router_score_function == "softmax") {

@@ -272,6 +272,68 @@ class TestLatentMoe(unittest.TestCase):
         self.assertIn("moe_latent_size", proc.stderr)
 
 
+class TestSharedExpertGate(unittest.TestCase):
+    """Megatron core 0.19's --moe-shared-expert-gate (Qwen2-MoE's shared_expert_gate): the shared
+    experts' output scaled per token by sigmoid(x gate_weight), gate_weight [1, h] replicated over
+    TP (its gradient summed over TP under sequence parallelism). A different curve from the
+    ungated model; every layout follows one process. The oracle's Qwen2-MoE (q/k/v biases, a
+    dense first layer, pre-softmax top-2, the gated shared expert) trains from Hugging Face at
+    ep2 and converts back with the trained gate under Qwen2-MoE's names."""
+    GATED = ["--moe-shared-expert-intermediate-size", "32", "--moe-shared-expert-gate"]
+    LAYOUTS = [("ep2", 2, [EP, "2"]),
+               ("tp2+sp etp2", 2, [TP, "2", SP]),
+               ("ep2 tp2+sp etp1", 4, [EP, "2", TP, "2", SP, ETP, "1"]),
+               ("alltoall ep2 tp2+sp", 4, [EP, "2", TP, "2", SP, *A2A]),
+               ("ep2 pp2 distributed optimizer", 4, [EP, "2", PP, "2", DISTOPT])]
+
+    def test_layouts_follow_the_single_process_curve(self):
+        want = single(*self.GATED)
+        self.assertEqual(sorted(want), list(range(1, ITERS + 1)))
+        self.assertGreater(worst(want, single(*self.GATED[:2])), 1e-3)
+        for name, ranks, flags in self.LAYOUTS:
+            with self.subTest(layout=name):
+                rel = worst(curve(run(ranks, *self.GATED, *flags)), want)
+                print(f"gated shared experts {name}: worst relative difference {rel:.1e}",
+                      file=sys.stderr)
+                self.assertLess(rel, RTOL)
+
+    def test_qwen2_moe_trains_at_ep2_and_converts_back(self):
+        hf = oracle_model("qwen2-moe")
+        ck = tempfile.mkdtemp(prefix="ck_", dir=TMP.name)
+        args = ["--mock-data", "--pretrained-checkpoint", hf, "--seq-length", "16",
+                "--micro-batch-size", "1", "--global-batch-size", "2", "--train-iters", "2",
+                "--lr", "1e-3", "--eval-iters", "0", "--num-threads", "1", "--save", ck,
+                "--log-interval", "1", "--disable-bias-linear", EP, "2",
+                "--tokenizer-type", "NullTokenizer"]
+        proc = megatron_job.run_train(MEGATRON, MPIEXEC, 2, args, TIMEOUT_S)
+        self.assertEqual(proc.returncode, 0, proc.stdout[-2000:] + proc.stderr[-2000:])
+        self.assertIn("loaded pretrained weights", proc.stdout)
+        back = os.path.join(TMP.name, "qwen2_moe_back")
+        conv = subprocess.run([MEGATRON, "convert", "--load", ck, "--save-hf", back],
+                              capture_output=True, text=True, timeout=TIMEOUT_S)
+        self.assertEqual(conv.returncode, 0, conv.stdout[-2000:] + conv.stderr[-2000:])
+        with open(os.path.join(back, "config.json")) as f:
+            cfg = json.load(f)
+        self.assertEqual(cfg["model_type"], "qwen2_moe")
+        self.assertEqual(cfg["shared_expert_intermediate_size"], 40)
+        self.assertEqual(cfg["mlp_only_layers"], [0])
+        self.assertTrue(cfg["qkv_bias"])
+        self.assertFalse(cfg["norm_topk_prob"])
+        _, trained = checkpoint_reader.read_checkpoint(ck)
+        hf_in, _ = checkpoint_reader.read_safetensors(os.path.join(hf, "model.safetensors"))
+        hf_out, _ = checkpoint_reader.read_safetensors(os.path.join(back, "model.safetensors"))
+        self.assertEqual(sorted(hf_in), sorted(hf_out))
+        gate = "model.layers.1.mlp.shared_expert_gate.weight"
+        ours = trained["model.decoder.layers.1.mlp.shared_experts.gate_weight"]
+        self.assertTrue(np.array_equal(hf_out[gate], ours))
+        self.assertFalse(np.array_equal(hf_out[gate], hf_in[gate]))  # it was trained
+        fc1 = trained["model.decoder.layers.1.mlp.shared_experts.linear_fc1.weight"]
+        self.assertTrue(np.array_equal(hf_out["model.layers.1.mlp.shared_expert.gate_proj.weight"],
+                                       fc1[:40]))
+        self.assertTrue(np.array_equal(hf_out["model.layers.1.mlp.shared_expert.up_proj.weight"],
+                                       fc1[40:]))
+
+
 class TestBf16(unittest.TestCase):
     """bf16 training (the experts' grouped GEMMs in bf16, tokens moved in bf16): against f32 and
     across expert parallelism. bf16 rounds weights and GEMM inputs to 8 bits (2^-9 relative);

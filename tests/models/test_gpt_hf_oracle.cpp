@@ -310,6 +310,48 @@ TEST(PyTorchOracle, MixtralLogitsLossGradientsAndAdamW) {
   EXPECT_EQ(c.moe.num_moe_layers(c.num_layers), c.num_layers);
 }
 
+// Qwen2-MoE: q/k/v biases, a dense first layer, then MoE layers of 4 experts, top-2 of the
+// softmax without renormalising, with a shared expert scaled per token by sigmoid(x gate_weight)
+// (Megatron core 0.19's --moe-shared-expert-gate): logits, loss, every gradient (the gate's
+// included) and 10 AdamW steps as PyTorch, in the tolerances above.
+TEST(PyTorchOracle, Qwen2MoeLogitsLossGradientsAndAdamW) {
+  run_oracle("qwen2-moe");
+  const TransformerConfig c = read_hf_config(g_oracle_dir + "/qwen2-moe/model").config;
+  EXPECT_EQ(c.moe.num_experts, 4);
+  EXPECT_TRUE(c.moe.pre_softmax);  // norm_topk_prob false
+  EXPECT_EQ(c.moe.shared_expert_intermediate_size, 40);
+  EXPECT_TRUE(c.moe.shared_expert_gate);
+  EXPECT_TRUE(c.add_qkv_bias);
+  EXPECT_FALSE(c.moe.is_moe_layer(0));
+  EXPECT_TRUE(c.moe.is_moe_layer(1));
+  EXPECT_EQ(c.ffn_hidden_size, 96);  // the dense layer's width
+}
+
+// The Hugging Face form chosen for a model trained here: q/k/v biases export as Qwen2 (dense) or,
+// with gated shared experts, Qwen2-MoE, and read back as the same model; shared experts without
+// the gate, or biases with q/k norms, have no form and are refused.
+TEST(HfExportForm, QkvBiasesAndGatedSharedExperts) {
+  const TransformerConfig qwen2_moe = read_hf_config(g_oracle_dir + "/qwen2-moe/model").config;
+  TransformerConfig dense = qwen2_moe;
+  dense.moe = MoeConfig{};
+  for (const TransformerConfig& c : {dense, qwen2_moe}) {
+    ASSERT_EQ(infer_hf_arch(c), HfArch::kLlama);
+    const HfModelInfo info = hf_info_from_config(c, HfArch::kLlama);
+    EXPECT_EQ(info.model_type, c.moe.enabled() ? "qwen2_moe" : "qwen2");
+    const TransformerConfig back = hf_info_from_json(info.raw, "exported").config;
+    EXPECT_TRUE(back.add_qkv_bias) << info.model_type;
+    EXPECT_EQ(back.moe.shared_expert_gate, c.moe.enabled()) << info.model_type;
+    EXPECT_EQ(back.moe.shared_expert_intermediate_size, c.moe.shared_expert_intermediate_size);
+    EXPECT_EQ(back.moe.layer_pattern, c.moe.layer_pattern);
+  }
+  TransformerConfig ungated = qwen2_moe;
+  ungated.moe.shared_expert_gate = false;
+  EXPECT_THROW(hf_info_from_config(ungated, HfArch::kLlama), InvalidArgument);
+  TransformerConfig normed = dense;
+  normed.qk_layernorm = true;
+  EXPECT_THROW(infer_hf_arch(normed), InvalidArgument);
+}
+
 // DeepSeek-V3: multi-latent attention with a query bottleneck and YaRN (factor 40, a concentration
 // factor and softmax scale other than 1), a dense first layer, then MoE layers routed by sigmoid
 // scores plus the expert bias (e_score_correction_bias, a frozen tensor without gradient) among 2
@@ -535,7 +577,7 @@ TEST(PyTorchOracle, LayerNorm1pIsTheSameFunctionAndExportsGamma) {
 
 TEST(PyTorchOracle, ExportReproducesTheImportedFilesExactly) {
   for (const std::string arch :
-       {"gpt2", "llama", "gpt2-relu2", "llama31", "qwen3", "mixtral", "deepseek-v3",
+       {"gpt2", "llama", "gpt2-relu2", "llama31", "qwen3", "mixtral", "qwen2-moe", "deepseek-v3",
         "deepseek-v3-plain", "nemotron-nas", "gpt-oss"}) {  // HF forms
     const std::string src = g_oracle_dir + "/" + arch + "/model";
     Loaded l = load(src);
@@ -565,6 +607,11 @@ TEST(PyTorchOracle, ExportReproducesTheImportedFilesExactly) {
     EXPECT_EQ(in.moe.layer_pattern, back.moe.layer_pattern) << arch;
     EXPECT_EQ(in.moe.num_groups, back.moe.num_groups) << arch;
     EXPECT_EQ(in.moe.topk_scaling_factor, back.moe.topk_scaling_factor) << arch;
+    EXPECT_EQ(in.moe.pre_softmax, back.moe.pre_softmax) << arch;
+    EXPECT_EQ(in.moe.shared_expert_intermediate_size, back.moe.shared_expert_intermediate_size)
+        << arch;
+    EXPECT_EQ(in.moe.shared_expert_gate, back.moe.shared_expert_gate) << arch;
+    EXPECT_EQ(in.add_qkv_bias, back.add_qkv_bias) << arch;
     EXPECT_EQ(in.mla.enabled, back.mla.enabled) << arch;
     EXPECT_EQ(in.mla.q_lora_rank, back.mla.q_lora_rank) << arch;
     EXPECT_EQ(in.mla.yarn, back.mla.yarn) << arch;

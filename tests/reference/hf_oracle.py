@@ -34,6 +34,10 @@ Variants (the model-variant flags where Hugging Face has the same variant):
               restated from Megatron's formulas, per layer, unlike HF's loss pooled over the
               layers) and grad_aux.<name>, the gradients of lm loss + sum over layers of
               0.1 aux + 0.01 z (coefficients under "megatron_aux").
+  qwen2-moe   Qwen2-MoE: q/k/v biases (--add-qkv-bias), a dense first layer, then sparse blocks
+              of 4 experts (top-2 of the softmax, not renormalised: --moe-router-pre-softmax)
+              with a shared expert scaled by sigmoid(shared_expert_gate(x))
+              (--moe-shared-expert-gate).
 
   deepseek-v3 DeepSeek-V3: multi-latent attention (query bottleneck, YaRN), a dense layer, then
               sigmoid-routed MoE layers with expert bias, groups, scaling and a shared expert.
@@ -74,7 +78,7 @@ Variants (the model-variant flags where Hugging Face has the same variant):
               same model with its expert matrices in openai's MXFP4 form (*_blocks, *_scales, U8,
               and config.json's quantization_config), which dequantize exactly to model/'s.
 
-Usage: python3 tests/reference/hf_oracle.py --arch {gpt2,llama,gpt2-relu2,llama31,qwen3,mixtral,
+Usage: python3 tests/reference/hf_oracle.py --arch {gpt2,llama,gpt2-relu2,llama31,qwen3,mixtral,qwen2-moe,
        deepseek-v3,deepseek-v3-plain,deepseek-v3-mtp,nemotron-h,nemotron-h-moe,nemotron-h-latent,
        nemotron-h-mtp,nemotron-h-mtp-repeated,nemotron-nas,gpt-oss}
        --out DIR
@@ -152,6 +156,14 @@ MIXTRAL_CONFIG = dict(LLAMA_CONFIG, model_type="mixtral", architectures=["Mixtra
                       intermediate_size=48, num_local_experts=4, num_experts_per_tok=2,
                       router_aux_loss_coef=0.0, sliding_window=None,
                       megatron_aux={"aux_loss_coeff": 0.1, "z_loss_coeff": 0.01})
+# Qwen2-MoE (Qwen2MoeForCausalLM): q/k/v biases, a dense first layer (mlp_only_layers), then a
+# sparse block of 4 experts, top-2 of the softmax over all experts without renormalising
+# (norm_topk_prob False), plus a shared expert whose output sigmoid(shared_expert_gate(x)) scales.
+QWEN2_MOE_CONFIG = dict(LLAMA_CONFIG, model_type="qwen2_moe", architectures=["Qwen2MoeForCausalLM"],
+                        intermediate_size=96, moe_intermediate_size=32, num_experts=4,
+                        num_experts_per_tok=2, norm_topk_prob=False, decoder_sparse_step=1,
+                        mlp_only_layers=[0], shared_expert_intermediate_size=40, qkv_bias=True,
+                        use_sliding_window=False, router_aux_loss_coef=0.0)
 # DeepSeek-V3 (DeepseekV3ForCausalLM): multi-latent attention with a query bottleneck, YaRN
 # (factor 40, mscale_all_dim 0.8 so that both the cos/sin concentration factor and the softmax
 # scale differ from 1), a dense first layer, then MoE layers of 8 sigmoid-routed experts with an
@@ -379,6 +391,10 @@ def llama_weights(cfg, init):
         w[p + "self_attn.k_proj.weight"] = init.matrix(nkv * hd, H)
         w[p + "self_attn.v_proj.weight"] = init.matrix(nkv * hd, H)
         w[p + "self_attn.o_proj.weight"] = init.matrix(H, nh * hd)
+        if cfg.get("qkv_bias"):
+            w[p + "self_attn.q_proj.bias"] = init.bias(nh * hd)
+            w[p + "self_attn.k_proj.bias"] = init.bias(nkv * hd)
+            w[p + "self_attn.v_proj.bias"] = init.bias(nkv * hd)
         if cfg["model_type"] == "qwen3":
             w[p + "self_attn.q_norm.weight"] = init.norm(hd)
             w[p + "self_attn.k_norm.weight"] = init.norm(hd)
@@ -393,6 +409,22 @@ def llama_weights(cfg, init):
                 w[x + "w1.weight"] = init.matrix(I, H)
                 w[x + "w2.weight"] = init.matrix(H, I)
                 w[x + "w3.weight"] = init.matrix(I, H)
+            continue
+        if cfg["model_type"] == "qwen2_moe" and i not in cfg["mlp_only_layers"]:
+            E, FE, FS = (cfg["num_experts"], cfg["moe_intermediate_size"],
+                         cfg["shared_expert_intermediate_size"])
+            w[p + "mlp.gate.weight"] = init.matrix(E, H) * 10  # distinct scores, as Mixtral's
+            for e in range(E):
+                x = p + f"mlp.experts.{e}."
+                w[x + "gate_proj.weight"] = init.matrix(FE, H)
+                w[x + "up_proj.weight"] = init.matrix(FE, H)
+                w[x + "down_proj.weight"] = init.matrix(H, FE)
+            w[p + "mlp.shared_expert.gate_proj.weight"] = init.matrix(FS, H)
+            w[p + "mlp.shared_expert.up_proj.weight"] = init.matrix(FS, H)
+            w[p + "mlp.shared_expert.down_proj.weight"] = init.matrix(H, FS)
+            # A gate 10x the usual scale: sigmoids well away from 1/2, so a gate applied wrongly
+            # shows.
+            w[p + "mlp.shared_expert_gate.weight"] = init.matrix(1, H) * 10
             continue
         w[p + "mlp.gate_proj.weight"] = init.matrix(I, H)
         w[p + "mlp.up_proj.weight"] = init.matrix(I, H)
@@ -569,6 +601,28 @@ def mixtral_moe(cfg, w, p, h):
     return combine_experts(flat, E, idx, top, expert).reshape(B, S, H), logits
 
 
+def qwen2_moe_block(cfg, w, p, h):
+    """Hugging Face's Qwen2MoeSparseMoeBlock: the softmax over all experts, its top-k (renormalised
+    only with norm_topk_prob), the weighted sum of the selected SwiGLU experts, plus the shared
+    expert scaled by sigmoid(shared_expert_gate(x)) per token."""
+    B, S, H = h.shape
+    E, k = cfg["num_experts"], cfg["num_experts_per_tok"]
+    flat = h.reshape(-1, H)
+    probs = torch.softmax(F.linear(flat, w[p + "mlp.gate.weight"]), dim=1, dtype=torch.float32)
+    top, idx = torch.topk(probs, k, dim=-1)
+    if cfg["norm_topk_prob"]:
+        top = top / top.sum(dim=-1, keepdim=True)
+
+    def swiglu(x, t):
+        return F.linear(F.silu(F.linear(t, w[x + "gate_proj.weight"])) *
+                        F.linear(t, w[x + "up_proj.weight"]), w[x + "down_proj.weight"])
+
+    out = combine_experts(flat, E, idx, top, lambda e, t: swiglu(p + f"mlp.experts.{e}.", t))
+    shared = swiglu(p + "mlp.shared_expert.", flat)
+    out = out + torch.sigmoid(F.linear(flat, w[p + "mlp.shared_expert_gate.weight"])) * shared
+    return out.reshape(B, S, H)
+
+
 def moe_aux_losses(cfg, logits):
     """Megatron's per-layer losses of one layer's router logits [T, E] at TP = CP = 1 (an
     independent restatement of router.py / moe_utils.py, not HF's pooled-over-layers loss):
@@ -629,9 +683,12 @@ def llama_forward(cfg, w, ids, aux=None, stats=None):
     for i in range(L):
         p = f"model.layers.{i}."
         h = rms_norm(x, w[p + "input_layernorm.weight"], eps)
-        q = F.linear(h, w[p + "self_attn.q_proj.weight"]).view(B, S, nh, hd).transpose(1, 2)
-        k = F.linear(h, w[p + "self_attn.k_proj.weight"]).view(B, S, nkv, hd).transpose(1, 2)
-        v = F.linear(h, w[p + "self_attn.v_proj.weight"]).view(B, S, nkv, hd).transpose(1, 2)
+        q = F.linear(h, w[p + "self_attn.q_proj.weight"], w.get(p + "self_attn.q_proj.bias"))
+        k = F.linear(h, w[p + "self_attn.k_proj.weight"], w.get(p + "self_attn.k_proj.bias"))
+        v = F.linear(h, w[p + "self_attn.v_proj.weight"], w.get(p + "self_attn.v_proj.bias"))
+        q = q.view(B, S, nh, hd).transpose(1, 2)
+        k = k.view(B, S, nkv, hd).transpose(1, 2)
+        v = v.view(B, S, nkv, hd).transpose(1, 2)
         if cfg["model_type"] == "qwen3":  # per-head RMSNorm of q and k, before RoPE
             q = rms_norm(q, w[p + "self_attn.q_norm.weight"], eps)
             k = rms_norm(k, w[p + "self_attn.k_norm.weight"], eps)
@@ -654,6 +711,9 @@ def llama_forward(cfg, w, ids, aux=None, stats=None):
             if aux is not None:
                 aux.append(router_logits)
             x = x + h
+            continue
+        if cfg["model_type"] == "qwen2_moe" and i not in cfg["mlp_only_layers"]:
+            x = x + qwen2_moe_block(cfg, w, p, h)
             continue
         g = F.linear(h, w[p + "mlp.gate_proj.weight"])
         u = F.linear(h, w[p + "mlp.up_proj.weight"])
@@ -878,6 +938,7 @@ ARCHS = {
     "qwen3": (QWEN3_CONFIG, llama_weights, llama_forward),
     "llama-megatron-rope": (LLAMA_MEGATRON_ROPE_CONFIG, llama_weights, llama_forward),
     "mixtral": (MIXTRAL_CONFIG, llama_weights, llama_forward),
+    "qwen2-moe": (QWEN2_MOE_CONFIG, llama_weights, llama_forward),
     "deepseek-v3": (DEEPSEEK_V3_CONFIG, deepseek_weights, deepseek_forward),
     "deepseek-v3-plain": (DEEPSEEK_V3_PLAIN_CONFIG, deepseek_weights, deepseek_forward),
     "deepseek-v3-mtp": (DEEPSEEK_V3_MTP_CONFIG, deepseek_weights, deepseek_forward),

@@ -313,6 +313,11 @@ TEST(LayerGradients, MoeLayerRoutingExpertsAndSharedExperts) {
   const std::vector<std::pair<std::string, TransformerConfig>> cfgs = {
       {"softmax top-2 + shared experts",
        variant([](MoeConfig& m) { m.shared_expert_intermediate_size = 8; })},
+      {"pre-softmax top-2 + gated shared experts (Qwen2-MoE)", variant([](MoeConfig& m) {
+         m.pre_softmax = true;
+         m.shared_expert_intermediate_size = 8;
+         m.shared_expert_gate = true;
+       })},
       {"sigmoid top-2, scaling 2.5, input jitter", variant([](MoeConfig& m) {
          m.score_function = MoeScoreFunction::kSigmoid;
          m.topk_scaling_factor = 2.5;
@@ -351,6 +356,13 @@ TEST(LayerGradients, MoeLayerRoutingExpertsAndSharedExperts) {
     MoELayer::Ctx ctx;
     std::vector<Param*> ps;
     moe.collect(ps);
+    if (cfg.moe.shared_expert_gate) {  // Megatron's gate_weight [1, h], and it is trained
+      const auto it = std::find_if(ps.begin(), ps.end(), [](const Param* p) {
+        return p->name == "mlp.shared_experts.gate_weight";
+      });
+      ASSERT_NE(it, ps.end());
+      EXPECT_EQ((*it)->shape, (Shape{1, cfg.hidden_size}));
+    }
     if (cfg.moe.latent_size > 0) {
       // Megatron's names and shapes: the projections [L, h] and [h, L], the experts at L.
       const int64_t L = cfg.moe.latent_size, h = cfg.hidden_size;

@@ -39,18 +39,27 @@ DType dtype_from_torch(const std::string& s, const std::string& file) {
 
 namespace {
 
-// Mixtral's and Qwen3-MoE's experts as Megatron's MoE flags. Mixtral's router is softmax over all
-// experts, top-k, renormalised over the k: Megatron's default post-softmax over the k selected
-// logits (the same numbers). Qwen3-MoE renormalises only with norm_topk_prob; without it the
-// probabilities are the pre-top-k softmax (--moe-router-pre-softmax). HF's auxiliary loss is not
-// carried over (its coefficient, if any, is a training choice: --moe-aux-loss-coeff).
+// Mixtral's, Qwen2-MoE's and Qwen3-MoE's experts as Megatron's MoE flags. Mixtral's router is
+// softmax over all experts, top-k, renormalised over the k: Megatron's default post-softmax over
+// the k selected logits (the same numbers). Qwen2/3-MoE renormalise only with norm_topk_prob;
+// without it the probabilities are the pre-top-k softmax (--moe-router-pre-softmax). Qwen2-MoE
+// adds a shared expert whose output a sigmoid gate scales per token (--moe-shared-expert-
+// intermediate-size with --moe-shared-expert-gate). HF's auxiliary loss is not carried over (its
+// coefficient, if any, is a training choice: --moe-aux-loss-coeff).
 void read_hf_moe(const json& j, const std::string& model_type, const std::string& file,
                  TransformerConfig& c) {
   if (model_type == "mixtral") {
     c.moe.num_experts = get<int64_t>(j, "num_local_experts", file);
     c.moe.router_topk = get_or<int64_t>(j, "num_experts_per_tok", 2, file);
     c.moe.ffn_hidden_size = get<int64_t>(j, "intermediate_size", file);
-  } else if (model_type == "qwen3_moe") {
+  } else if (model_type == "qwen3_moe" || model_type == "qwen2_moe") {
+    if (model_type == "qwen2_moe") {
+      c.moe.shared_expert_intermediate_size =
+          get<int64_t>(j, "shared_expert_intermediate_size", file);
+      MEGATRON_CHECK(c.moe.shared_expert_intermediate_size > 0, file,
+                     ": shared_expert_intermediate_size must be > 0 (Qwen2-MoE's shared expert)");
+      c.moe.shared_expert_gate = true;
+    }
     c.moe.num_experts = get<int64_t>(j, "num_experts", file);
     c.moe.router_topk = get_or<int64_t>(j, "num_experts_per_tok", 8, file);
     c.moe.ffn_hidden_size = get<int64_t>(j, "moe_intermediate_size", file);
@@ -118,7 +127,7 @@ HfModelInfo hf_info_from_json(const nlohmann::json& config, const std::string& f
                    ": scale_attn_by_inverse_layer_idx / reorder_and_upcast_attn are not supported");
   } else if (model_type == "llama" || model_type == "mistral" || model_type == "qwen2" ||
              model_type == "qwen3" || model_type == "mixtral" || model_type == "qwen3_moe" ||
-             model_type == "nemotron-nas") {
+             model_type == "qwen2_moe" || model_type == "nemotron-nas") {
     // nemotron-nas (Llama-Nemotron): Llama with a block list of differing layers; its query
     // groups and MLP widths are the blocks'.
     const bool nas = model_type == "nemotron-nas";
@@ -174,11 +183,15 @@ HfModelInfo hf_info_from_json(const nlohmann::json& config, const std::string& f
     c.normalization = Normalization::kRMSNorm;
     c.swiglu = true;
     c.position_embedding = PositionEmbedding::kRope;
-    const bool attn_bias = get_or<bool>(j, "attention_bias", model_type == "qwen2", file);
+    // Qwen2-MoE's q/k/v biases are its qkv_bias (always on before transformers had the key).
+    const bool qwen2 = model_type == "qwen2" || model_type == "qwen2_moe";
+    const bool attn_bias = model_type == "qwen2_moe"
+                               ? get_or<bool>(j, "qkv_bias", true, file)
+                               : get_or<bool>(j, "attention_bias", model_type == "qwen2", file);
     MEGATRON_CHECK(!get_or<bool>(j, "mlp_bias", false, file), file, ": mlp_bias is not supported");
     // Qwen2 has biases on q, k, v only (Megatron's --add-qkv-bias); Llama's attention_bias also
     // covers o_proj, which Megatron cannot express separately from the MLP.
-    MEGATRON_CHECK(!attn_bias || model_type == "qwen2", file,
+    MEGATRON_CHECK(!attn_bias || qwen2, file,
                    ": attention_bias with a bias on o_proj is not supported");
     c.add_bias_linear = false;
     c.add_qkv_bias = attn_bias;
@@ -193,7 +206,7 @@ HfModelInfo hf_info_from_json(const nlohmann::json& config, const std::string& f
   } else {
     MEGATRON_CHECK(false, file, ": model_type '", model_type,
                    "' is not supported; supported: gpt2, llama (also mistral, qwen2, qwen3, "
-                   "mixtral, qwen3_moe, nemotron-nas layouts), deepseek_v3, gpt_oss");
+                   "mixtral, qwen2_moe, qwen3_moe, nemotron-nas layouts), deepseek_v3, gpt_oss");
   }
   // Newer transformers write "dtype"; older ones "torch_dtype".
   const std::string dtype_key = j.contains("torch_dtype") ? "torch_dtype" : "dtype";
@@ -304,6 +317,16 @@ std::vector<Mapping> hf_tensor_mappings(const HfModelInfo& info, GPTModel& m) {
           add(x + (mixtral ? "w3" : "up_proj") + ".weight", L.moe->experts.fc1(e), {fe, h}, false,
               {}, fe);
           add(x + (mixtral ? "w2" : "down_proj") + ".weight", L.moe->experts.fc2(e), {h, fe});
+        }
+        if (L.moe->shared_experts) {  // Qwen2-MoE: mlp.shared_expert and its gate
+          const int64_t fs = c.moe.shared_expert_intermediate_size;
+          add(moe + "shared_expert.gate_proj.weight", L.moe->shared_experts->linear_fc1.weight(),
+              {fs, h}, false, {}, 0);
+          add(moe + "shared_expert.up_proj.weight", L.moe->shared_experts->linear_fc1.weight(),
+              {fs, h}, false, {}, fs);
+          add(moe + "shared_expert.down_proj.weight", L.moe->shared_experts->linear_fc2.weight(),
+              {h, fs});
+          add(moe + "shared_expert_gate.weight", L.moe->shared_expert_gate->weight, {1, h});
         }
       } else if (L.mlp) {
         add(p + "mlp.gate_proj.weight", L.mlp->linear_fc1.weight(), {ffnl, h}, false, {}, 0);
@@ -461,7 +484,7 @@ HfArch infer_hf_arch(const TransformerConfig& c) {
   }
   if (c.position_embedding == PositionEmbedding::kRope &&
       c.normalization == Normalization::kRMSNorm && c.swiglu && !c.add_bias_linear &&
-      !c.add_qkv_bias && c.rotary_percent == 1.0 && !c.rotary_interleaved &&
+      !(c.add_qkv_bias && c.qk_layernorm) && c.rotary_percent == 1.0 && !c.rotary_interleaved &&
       !(c.rope_scaling_factor > 0 && c.rotary_seq_len_interpolation_factor > 0)) {
     return HfArch::kLlama;
   }
@@ -469,36 +492,50 @@ HfArch infer_hf_arch(const TransformerConfig& c) {
                  "this model has no Hugging Face equivalent: GPT-2 needs learned positions, "
                  "LayerNorm, GELU, biases and tied embeddings; Llama needs "
                  "--position-embedding-type rope, --normalization RMSNorm, --swiglu and "
-                 "--disable-bias-linear, and rotates half-split pairs (not --rotary-interleaved) "
-                 "of the whole head with at most one of --use-rope-scaling and "
-                 "--rotary-seq-len-interpolation-factor");
+                 "--disable-bias-linear (--add-qkv-bias: Qwen2, without --qk-layernorm), and "
+                 "rotates half-split pairs (not --rotary-interleaved) of the whole head with at "
+                 "most one of --use-rope-scaling and --rotary-seq-len-interpolation-factor");
   return HfArch::kGpt2;
 }
 
 namespace {
 
-// The MoE keys of a Mixtral or Qwen3-MoE config.json (Llama's keys are already in j).
+// The MoE keys of a Mixtral, Qwen2-MoE or Qwen3-MoE config.json (Llama's keys are already in j).
 void add_hf_moe_keys(const TransformerConfig& c, json& j) {
-  // Qwen3-MoE when the heads have q/k norms (it has them always), else Mixtral (every layer
-  // MoE, softmax over the k selected). Routers Hugging Face cannot express have no export.
+  // Qwen2-MoE with a gated shared expert, Qwen3-MoE when the heads have q/k norms (it has them
+  // always), else Mixtral (every layer MoE, softmax over the k selected). Routers Hugging Face
+  // cannot express have no export.
   const MoeConfig& m = c.moe;
+  const bool qwen2 = m.shared_expert_intermediate_size > 0;
+  MEGATRON_CHECK(!qwen2 || (m.shared_expert_gate && !c.qk_layernorm),
+                 "this MoE model has no Hugging Face equivalent: shared experts export as "
+                 "Qwen2-MoE's, which gates them (--moe-shared-expert-gate) and has no q/k norms "
+                 "(--qk-layernorm)");
   MEGATRON_CHECK(!m.apply_probs_on_input,
                  "this MoE model has no Hugging Face equivalent here: Mixtral and Qwen3-MoE scale "
                  "the experts' outputs by the routing probabilities, not their inputs "
                  "(--moe-apply-probs-on-input)");
   MEGATRON_CHECK(m.score_function == MoeScoreFunction::kSoftmax && m.topk_scaling_factor == 0 &&
                      m.group_topk == 0 && !m.enable_expert_bias &&
-                     m.shared_expert_intermediate_size == 0 && !m.has(MoeLoadBalancing::kSinkhorn),
-                 "this MoE model has no Hugging Face equivalent: Mixtral and Qwen3-MoE route by "
-                 "softmax top-k without scaling, groups, expert bias, sinkhorn or shared experts");
-  const bool mixtral = !c.qk_layernorm;
-  MEGATRON_CHECK(
-      c.qk_layernorm || (m.num_moe_layers(c.num_layers) == c.num_layers && !m.pre_softmax),
-      "this MoE model has no Hugging Face equivalent: Mixtral has MoE in every layer "
-      "(--moe-layer-freq 1) and renormalises over the k (no --moe-router-pre-softmax); "
-      "dense layers or pre-softmax need --qk-layernorm (Qwen3-MoE)");
-  j["model_type"] = mixtral ? "mixtral" : "qwen3_moe";
-  j["architectures"] = {mixtral ? "MixtralForCausalLM" : "Qwen3MoeForCausalLM"};
+                     !m.has(MoeLoadBalancing::kSinkhorn),
+                 "this MoE model has no Hugging Face equivalent: Mixtral and Qwen2/3-MoE route by "
+                 "softmax top-k without scaling, groups, expert bias or sinkhorn");
+  MEGATRON_CHECK(!c.add_qkv_bias || qwen2,
+                 "this MoE model has no Hugging Face equivalent: of the MoE forms only Qwen2-MoE "
+                 "has q/k/v biases (--add-qkv-bias), with a gated shared expert");
+  const bool mixtral = !c.qk_layernorm && !qwen2;
+  MEGATRON_CHECK(!mixtral || (m.num_moe_layers(c.num_layers) == c.num_layers && !m.pre_softmax),
+                 "this MoE model has no Hugging Face equivalent: Mixtral has MoE in every layer "
+                 "(--moe-layer-freq 1) and renormalises over the k (no --moe-router-pre-softmax); "
+                 "dense layers or pre-softmax need --qk-layernorm (Qwen3-MoE)");
+  j["model_type"] = mixtral ? "mixtral" : qwen2 ? "qwen2_moe" : "qwen3_moe";
+  j["architectures"] = {mixtral ? "MixtralForCausalLM"
+                        : qwen2 ? "Qwen2MoeForCausalLM"
+                                : "Qwen3MoeForCausalLM"};
+  if (qwen2) {
+    j["shared_expert_intermediate_size"] = m.shared_expert_intermediate_size;
+    j["qkv_bias"] = c.add_qkv_bias;
+  }
   j["num_experts_per_tok"] = c.moe.router_topk;
   j["router_aux_loss_coef"] = 0.0;
   if (mixtral) {
@@ -562,8 +599,13 @@ HfModelInfo hf_info_from_config(const TransformerConfig& c, HfArch arch) {
     if (c.heterogeneous.enabled()) {
       add_nemotron_nas_keys(c, j);
     } else if (!c.moe.enabled()) {
-      j["model_type"] = c.qk_layernorm ? "qwen3" : "llama";
-      j["architectures"] = {c.qk_layernorm ? "Qwen3ForCausalLM" : "LlamaForCausalLM"};
+      // Qwen2 is Llama with biases on q, k and v.
+      j["model_type"] = c.qk_layernorm ? "qwen3" : c.add_qkv_bias ? "qwen2" : "llama";
+      j["architectures"] = {c.qk_layernorm   ? "Qwen3ForCausalLM"
+                            : c.add_qkv_bias ? "Qwen2ForCausalLM"
+                                             : "LlamaForCausalLM"};
+      // (Hugging Face's Qwen2 has the biases always; this import reads the key for it.)
+      if (c.add_qkv_bias) j["attention_bias"] = true;
       j["mlp_bias"] = false;
     } else {
       add_hf_moe_keys(c, j);

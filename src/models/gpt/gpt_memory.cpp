@@ -45,7 +45,8 @@ int64_t activation_bytes_per_microbatch(const TransformerConfig& c, const Activa
   const int64_t layer = attention + sb * h * g + mlp(f, sb);  // + fc1's input
   // An MoE layer: each token's k expert rows (experts' input, activation before and after the
   // probabilities), the router's logits and routing, and the shared experts' MLP. LatentMoE: the
-  // rows are L wide, and the two projections keep their inputs (h and L per token).
+  // rows are L wide, and the two projections keep their inputs (h and L per token). The shared
+  // experts' gate keeps their output and its sigmoid (h + 1 per local token, in f32).
   const int64_t k = c.moe.router_topk, fe = c.moe.ffn_hidden_size;
   const int64_t lat = c.moe.latent_size, rows_w = lat > 0 ? lat : h;
   const int64_t moe_layer = attention + sb * k / t * (rows_w * g + fe * e) + mlp(fe, sb * k) +
@@ -53,7 +54,8 @@ int64_t activation_bytes_per_microbatch(const TransformerConfig& c, const Activa
                             (lat > 0 ? s_local_b * (h + lat) * g : 0) +
                             (c.moe.shared_expert_intermediate_size > 0
                                  ? sb * h * g + mlp(c.moe.shared_expert_intermediate_size, sb)
-                                 : 0);
+                                 : 0) +
+                            (c.moe.shared_expert_gate ? s_local_b * (h + 1) * e : 0);
   const int64_t input = s_local_b * h * e;  // a recomputed segment's input
   const int64_t L = a.num_layers;
   int64_t bytes = 0;

@@ -26,6 +26,9 @@ struct MoeConfig {
   // Total width of the shared experts, --moe-shared-expert-intermediate-size (0: none).
   int64_t shared_expert_intermediate_size = 0;
   bool shared_expert_overlap = false;  // --moe-shared-expert-overlap (alltoall only)
+  // --moe-shared-expert-gate (Megatron core 0.19): the shared experts' output scaled per token by
+  // sigmoid(x gate_weight); without shared experts it is ignored, as Megatron does.
+  bool shared_expert_gate = false;
   // --moe-latent-size (Megatron core 0.19, Nemotron 3's LatentMoE; 0: none): the routed experts
   // run at this width between a projection down from the hidden size and one back up; the router
   // and the shared experts see the hidden size.

@@ -59,6 +59,13 @@ MoELayer::MoELayer(const std::string& name, const TransformerConfig& cfg, int64_
     shared_experts = std::make_unique<MLP>(name + ".shared_experts", shared_cfg_, tp);
   if (shared_experts)
     shared_experts->set_recompute(cfg.recomputes(&RecomputeModules::shared_experts));
+  if (shared_experts && cfg.moe.shared_expert_gate) {
+    // Megatron's gate_weight [1, h]: init_method's normal, replicated over TP.
+    shared_expert_gate = std::make_unique<Linear>(name + ".shared_experts.gate", cfg.hidden_size, 1,
+                                                  false, cfg.init_method_std);
+    shared_expert_gate->weight.name = name + ".shared_experts.gate_weight";
+    shared_expert_gate->weight.sequence_parallel = tp.sp();
+  }
   if (cfg.moe.latent_size > 0) {
     // Megatron's init_method and output_layer_init_method.
     const int64_t h = cfg.hidden_size, L = cfg.moe.latent_size;
@@ -122,6 +129,7 @@ void MoELayer::collect(std::vector<Param*>& out) {
   router.collect(out);
   experts.collect(out);
   if (shared_experts) shared_experts->collect(out);
+  if (shared_expert_gate) shared_expert_gate->collect(out);
   if (fc1_latent_proj) {
     fc1_latent_proj->collect(out);
     fc2_latent_proj->collect(out);
@@ -140,8 +148,77 @@ Tensor MoELayer::forward(const Tensor& x, Ctx& ctx, const ForwardMode& mode) con
                               : routed_forward(rows, ctx);
   Tensor y = (fc2_latent_proj ? fc2_latent_proj->forward(combined, ctx.latent_out) : combined)
                  .view(x.shape());
-  if (shared_experts) ops::add_inplace(y, shared_experts->forward(x, ctx.shared).view(x.shape()));
+  if (shared_experts) ops::add_inplace(y, shared_forward(x, ctx));
   return y;
+}
+
+namespace {
+
+// y = s * g per row: s [T, h], g [T] (the gate's sigmoid); f32 or f64.
+template <typename T>
+void scale_rows(const T* s, const T* g, int64_t rows, int64_t h, T* y) {
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t j = 0; j < h; ++j) y[t * h + j] = s[t * h + j] * g[t];
+}
+
+// The gate's backward: ds = dy * g, and dz_t = g_t (1 - g_t) sum_j dy_tj s_tj (the logit's
+// gradient, through the sigmoid).
+template <typename T>
+void gate_backward(const T* dy, const T* s, const T* g, int64_t rows, int64_t h, T* ds, T* dz) {
+  for (int64_t t = 0; t < rows; ++t) {
+    T dg = 0;
+    for (int64_t j = 0; j < h; ++j) {
+      ds[t * h + j] = dy[t * h + j] * g[t];
+      dg += dy[t * h + j] * s[t * h + j];
+    }
+    dz[t] = dg * g[t] * (1 - g[t]);
+  }
+}
+
+}  // namespace
+
+Tensor MoELayer::shared_forward(const Tensor& x, Ctx& ctx) const {
+  Tensor s = shared_experts->forward(x, ctx.shared).view(x.shape());
+  if (!shared_expert_gate) return s;
+  const int64_t h = cfg_.hidden_size;
+  Tensor z = shared_expert_gate->forward(x.view({ctx.tokens, h}), ctx.gate);  // [T, 1]
+  if (z.dtype() != s.dtype()) z = z.to(s.dtype());
+  Tensor g = Tensor::empty({ctx.tokens}, s.dtype());
+  Tensor y = Tensor::empty(s.shape(), s.dtype());
+  if (s.dtype() == DType::kF64) {
+    for (int64_t t = 0; t < ctx.tokens; ++t)
+      g.data<double>()[t] = 1.0 / (1.0 + std::exp(-z.data<double>()[t]));
+    scale_rows(s.data<double>(), g.data<double>(), ctx.tokens, h, y.data<double>());
+  } else {
+    MEGATRON_CHECK(s.dtype() == DType::kF32, "the shared experts' output is f32 or f64");
+    for (int64_t t = 0; t < ctx.tokens; ++t)
+      g.data<float>()[t] = 1.0f / (1.0f + std::exp(-z.data<float>()[t]));
+    scale_rows(s.data<float>(), g.data<float>(), ctx.tokens, h, y.data<float>());
+  }
+  ctx.shared_out = s;
+  ctx.gate_score = g;
+  return y;
+}
+
+Tensor MoELayer::shared_backward(const Tensor& dy, Ctx& ctx) const {
+  if (!shared_expert_gate) return shared_experts->backward(dy, ctx.shared).view(ctx.in_shape);
+  const int64_t h = cfg_.hidden_size;
+  const Tensor& s = ctx.shared_out;
+  const Tensor d = dy.dtype() == s.dtype() ? dy : dy.to(s.dtype());
+  Tensor ds = Tensor::empty(s.shape(), s.dtype());
+  Tensor dz = Tensor::empty({ctx.tokens, 1}, s.dtype());
+  if (s.dtype() == DType::kF64) {
+    gate_backward(d.data<double>(), s.data<double>(), ctx.gate_score.data<double>(), ctx.tokens, h,
+                  ds.data<double>(), dz.data<double>());
+  } else {
+    gate_backward(d.data<float>(), s.data<float>(), ctx.gate_score.data<float>(), ctx.tokens, h,
+                  ds.data<float>(), dz.data<float>());
+  }
+  Tensor dx = shared_experts->backward(ds, ctx.shared).view(ctx.in_shape);
+  Tensor dx_gate = shared_expert_gate->backward(dz, ctx.gate);
+  ops::add_inplace(
+      dx, (dx_gate.dtype() == dx.dtype() ? dx_gate : dx_gate.to(dx.dtype())).view(ctx.in_shape));
+  return dx;
 }
 
 Tensor MoELayer::routed_forward(const Tensor& flat, Ctx& ctx) const {
@@ -194,8 +271,7 @@ Tensor MoELayer::backward(const Tensor& dy, Ctx& ctx) const {
   const Tensor dx_router = router.backward(dprobs, ctx.router);
   ops::add_inplace(dx, dx_router.dtype() == dx.dtype() ? dx_router : dx_router.to(dx.dtype()));
   dx = dx.view(ctx.in_shape);
-  if (shared_experts)
-    ops::add_inplace(dx, shared_experts->backward(dy, ctx.shared).view(ctx.in_shape));
+  if (shared_experts) ops::add_inplace(dx, shared_backward(dy, ctx));
   ctx = Ctx{};
   return dx;
 }

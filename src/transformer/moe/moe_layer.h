@@ -17,6 +17,10 @@
 // Parallel layout: the input is [s', b, h] as for the MLP (s' = s/tp under sequence
 // parallelism, which MoE needs with TP > 1 as Megatron).
 //
+// --moe-shared-expert-gate (Megatron core 0.19; Qwen2-MoE's shared_expert_gate): the shared
+// experts' output is scaled per token by sigmoid(x w), w [1, h] (gate_weight), replicated over TP
+// (a TP-partial gradient under sequence parallelism, as Megatron marks it sequence_parallel).
+//
 // --moe-token-dispatcher-type alltoall moves only the routed rows instead (AllToAllPlan: an
 // all-to-all over EP with uneven splits, an all-gather over ETP), the same numbers up to the
 // order of the sums.
@@ -58,6 +62,8 @@ class MoELayer {
     Shape in_shape;
     AllToAllPlan plan;                  // alltoall dispatcher
     Linear::Ctx latent_in, latent_out;  // LatentMoE's projections
+    Linear::Ctx gate;                   // --moe-shared-expert-gate: its logits' GEMM
+    Tensor shared_out, gate_score;      // the shared experts' output [T, h] and sigmoid [T]
   };
 
   MoELayer(const std::string& name, const TransformerConfig& cfg, int64_t layer_number,
@@ -74,6 +80,7 @@ class MoELayer {
   GroupedExperts experts;
   std::unique_ptr<MLP> shared_experts;  // with --moe-shared-expert-intermediate-size
   std::unique_ptr<Linear> fc1_latent_proj, fc2_latent_proj;  // with --moe-latent-size
+  std::unique_ptr<Linear> shared_expert_gate;  // with --moe-shared-expert-gate (and shared experts)
 
  private:
   ProcessGroup& dispatch_group() const { return *tp_.expert.tp_ep; }
@@ -84,6 +91,10 @@ class MoELayer {
   Tensor backward_alltoall(const Tensor& drows, Ctx& ctx, std::vector<double>& dprobs) const;
   Tensor routed_forward(const Tensor& rows, Ctx& ctx) const;
   Tensor routed_backward(const Tensor& drows, Ctx& ctx, std::vector<double>& dprobs) const;
+  // The shared experts' part of the output (gated with --moe-shared-expert-gate) and its backward,
+  // which returns the input's gradient through the shared experts and the gate.
+  Tensor shared_forward(const Tensor& x, Ctx& ctx) const;
+  Tensor shared_backward(const Tensor& dy, Ctx& ctx) const;
 
   TransformerConfig shared_cfg_;  // cfg with the shared experts' width (MLP keeps a reference)
   const TransformerConfig& cfg_;
