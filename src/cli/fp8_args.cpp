@@ -46,6 +46,8 @@ void register_fp8_args(ArgTable& t, Arguments& a) {
          "Pad each expert's tokens from a rank to a multiple of 16 (32 with --fp8-recipe mxfp8) "
          "with tokens routed to it with probability 0 (FP8 with the alltoall dispatcher; the "
          "padding enters the FP8 amaxes)");
+  // Core 0.19's name for it (FP8 and FP4; FP4 is not implemented).
+  t.alias("--moe-router-padding-for-quantization", "--moe-router-padding-for-fp8");
 }
 
 void validate_fp8_args(const Arguments& a) {

@@ -523,7 +523,12 @@ int preprocess_command(int argc, char** argv) {
             "NullTokenizer's end-of-document id, which --append-eod writes (-1: --vocab-size - 1)");
   table.add("--null-tokenizer-pad-id", a.tokenizer.null_tokenizer_pad_id,
             "NullTokenizer's pad id (-1: none; training masks it)");
+  bool no_special = false;
+  table.flag("--tokenizer-hf-no-include-special-tokens", no_special,
+             "HuggingFaceTokenizer: no post-processor tokens (a BOS, say) in the documents, as "
+             "Megatron core 0.19's preprocess_data.py with this flag");
   if (int rc = parse(app, argc, argv); rc >= 0) return rc;
+  a.tokenizer.hf_include_special_tokens = !no_special;
   validate(a);
   if (a.workers == 0) a.workers = available_cores();
 

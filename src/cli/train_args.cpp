@@ -332,6 +332,9 @@ void register_model_args(ArgTable& t, Arguments& a) {
   t.add("--null-tokenizer-pad-id", a.null_tokenizer_pad_id,
         "NullTokenizer's pad id, masked out of GPT data's loss and read as 0 (-1: none); pick "
         "an id the data does not use for real tokens");
+  t.flag("--tokenizer-hf-no-include-special-tokens", a.tokenizer_hf_no_include_special_tokens,
+         "HuggingFaceTokenizer: encode without the post-processor's tokens (a BOS, say) and decode "
+         "without special tokens, as Megatron core 0.19's tokenize + convert_tokens_to_ids");
   t.concern("checkpoint");
   t.add("--pretrained-checkpoint", a.pretrained_checkpoint,
         "Weights to start from: a Hugging Face model directory (config.json + safetensors) or "
@@ -652,6 +655,19 @@ void register_train_args(ArgTable& t, Arguments& a) {
   t.flag("--multiple-validation-sets", a.multiple_validation_sets,
          "With several --valid-data-path prefixes and --full-validation: evaluate and log each "
          "prefix as its own set (validation-0, validation-1, ...) instead of their blend");
+  t.add("--eval-micro-batch-size", a.eval_micro_batch_size,
+        "Micro-batch size of the evaluations (default --micro-batch-size): the same samples, "
+        "split differently");
+  t.add("--eval-global-batch-size", a.eval_global_batch_size,
+        "Samples per evaluation iteration (default --global-batch-size); a multiple of "
+        "--eval-micro-batch-size x the data-parallel size. Sizes the validation and test splits "
+        "as Megatron does (--eval-iters x this per evaluation)");
+  t.add("--start-eval-at-iter", a.start_eval_at_iter,
+        "Evaluate during training only from this iteration on (the evaluation after training "
+        "runs always); the validation split is sized for the evaluations left");
+  t.add("--validation-set-names", a.validation_set_names,
+        "With --multiple-validation-sets: one name per validation set, logged as "
+        "validation-NAME instead of validation-INDEX");
   t.flag("--skip-train", a.skip_train,
          "No training: evaluate the weights (--load) on the validation and test data, once");
   t.concern("data");
@@ -1124,6 +1140,20 @@ void validate_batch_schedule(Arguments& a, int64_t dp) {
     MEGATRON_CHECK(!(a.lr_warmup_fraction >= 0 && a.lr_warmup_samples > 0),
                    "can only specify one of --lr-warmup-fraction and --lr-warmup-samples");
   }
+  // Megatron core 0.19's evaluation batch sizes: the training ones unless given.
+  MEGATRON_CHECK(a.eval_micro_batch_size >= 0 && a.eval_global_batch_size >= 0,
+                 "--eval-micro-batch-size and --eval-global-batch-size must be positive");
+  if (a.eval_micro_batch_size == 0) a.eval_micro_batch_size = a.micro_batch_size;
+  if (a.eval_global_batch_size == 0) a.eval_global_batch_size = a.global_batch_size;
+  MEGATRON_CHECK(a.eval_global_batch_size % (a.eval_micro_batch_size * dp) == 0,
+                 "--eval-global-batch-size (", a.eval_global_batch_size,
+                 ") must be divisible by --eval-micro-batch-size (", a.eval_micro_batch_size,
+                 ") times the data-parallel size (", dp, ")");
+  MEGATRON_CHECK(a.start_eval_at_iter >= 0, "--start-eval-at-iter must be >= 0, got ",
+                 a.start_eval_at_iter);
+  MEGATRON_CHECK(a.validation_set_names.empty() || a.multiple_validation_sets,
+                 "--validation-set-names names the sets of --multiple-validation-sets: add it "
+                 "(with --full-validation) or drop the names");
   std::optional<BatchRampup> rampup;
   if (!a.rampup_batch_size.empty()) rampup = parse_rampup_batch_size(a.rampup_batch_size);
   const BatchSchedule schedule(a.global_batch_size, a.micro_batch_size, dp,

@@ -65,7 +65,8 @@ bool flag_or(const json& node, const char* key, bool fallback) {
 
 }  // namespace
 
-HuggingFaceTokenizer::HuggingFaceTokenizer(const std::string& path) : path_(path) {
+HuggingFaceTokenizer::HuggingFaceTokenizer(const std::string& path, bool include_special_tokens)
+    : path_(path), include_special_tokens_(include_special_tokens) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (fs::is_directory(path, ec)) path_ = (fs::path(path) / "tokenizer.json").string();
@@ -383,6 +384,7 @@ void HuggingFaceTokenizer::encode_text(std::string_view piece, size_t step,
 }
 
 std::vector<int64_t> HuggingFaceTokenizer::encode(std::string_view text) const {
+  if (!include_special_tokens_) return encode_plain(text);
   std::vector<int64_t> ids(prefix_ids_);
   const std::vector<int64_t> body = encode_plain(text);
   ids.insert(ids.end(), body.begin(), body.end());
@@ -418,7 +420,7 @@ std::vector<int64_t> HuggingFaceTokenizer::encode_plain(std::string_view text) c
 }
 
 std::string HuggingFaceTokenizer::decode(std::span<const int64_t> ids) const {
-  return decode_ids(ids, false);
+  return decode_ids(ids, !include_special_tokens_);
 }
 
 std::string HuggingFaceTokenizer::decode_skipping_special(std::span<const int64_t> ids) const {

@@ -34,8 +34,11 @@ namespace megatron {
 
 class HuggingFaceTokenizer : public Tokenizer {
  public:
-  // `path`: a tokenizer.json, or a directory holding one.
-  explicit HuggingFaceTokenizer(const std::string& path);
+  // `path`: a tokenizer.json, or a directory holding one. include_special_tokens false (Megatron
+  // core 0.19's --tokenizer-hf-no-include-special-tokens): encode() leaves out the
+  // post-processor's tokens (a BOS, say) and decode() the special tokens, as Megatron's
+  // tokenize() then goes through tokenize + convert_tokens_to_ids and skips them in detokenize().
+  explicit HuggingFaceTokenizer(const std::string& path, bool include_special_tokens = true);
   ~HuggingFaceTokenizer() override;
 
   std::vector<int64_t> encode(std::string_view text) const override;
@@ -82,6 +85,7 @@ class HuggingFaceTokenizer : public Tokenizer {
   std::string decode_ids(std::span<const int64_t> ids, bool skip_special) const;
 
   std::string path_;
+  bool include_special_tokens_ = true;
   std::unique_ptr<ByteLevelBpe> bpe_;
   std::vector<Step> steps_;
   std::vector<AddedToken> added_;

@@ -62,7 +62,8 @@ std::unique_ptr<Tokenizer> build_tokenizer(const TokenizerArgs& args) {
   if (type == "HuggingFaceTokenizer" || type == "SFTTokenizer") {
     require_path(type, "--tokenizer-model", args.tokenizer_model,
                  "a HuggingFace tokenizer.json or its directory", /*directory_ok=*/true);
-    return std::make_unique<HuggingFaceTokenizer>(args.tokenizer_model);
+    return std::make_unique<HuggingFaceTokenizer>(args.tokenizer_model,
+                                                  args.hf_include_special_tokens);
   }
   if (type == "SentencePieceTokenizer" || type == "GPTSentencePieceTokenizer" ||
       type == "Llama2Tokenizer") {

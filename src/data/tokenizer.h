@@ -32,6 +32,9 @@ struct TokenizerArgs {
   std::vector<std::string> tiktoken_special_tokens;
   int64_t null_tokenizer_eod_id = -1;  // --null-tokenizer-eod-id (NullTokenizer; -1: V - 1)
   int64_t null_tokenizer_pad_id = -1;  // --null-tokenizer-pad-id (NullTokenizer; -1: no pad)
+  // HuggingFaceTokenizer without its post-processor's tokens (Megatron core 0.19's
+  // --tokenizer-hf-no-include-special-tokens; data/hf_bpe_tokenizer.h).
+  bool hf_include_special_tokens = true;
 };
 
 // Whether the tokenizer type takes its vocabulary size from --vocab-size (NullTokenizer's ids,

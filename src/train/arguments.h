@@ -267,9 +267,10 @@ struct Arguments {
   bool reset_position_ids = false;
   bool reset_attention_mask = false;
   bool allow_ambiguous_pad_tokens = false;  // mask a pad id shared with another special token
-  bool dataloader_inter_document_masking = false;  // documents from the dataset, not from EOD
-  int64_t null_tokenizer_eod_id = -1;              // NullTokenizer's EOD; -1: vocab_size - 1
-  int64_t null_tokenizer_pad_id = -1;              // NullTokenizer's pad; -1: none
+  bool dataloader_inter_document_masking = false;       // documents from the dataset, not from EOD
+  int64_t null_tokenizer_eod_id = -1;                   // NullTokenizer's EOD; -1: vocab_size - 1
+  int64_t null_tokenizer_pad_id = -1;                   // NullTokenizer's pad; -1: none
+  bool tokenizer_hf_no_include_special_tokens = false;  // Megatron core 0.19
   // Fill-in-the-middle data (--fim-data, data/fim_dataset.h)
   bool fim_data = false;
   double fim_rate = 0.5, fim_spm_rate = 0.5;
@@ -310,6 +311,11 @@ struct Arguments {
   // --multiple-validation-sets: one set per --valid-data-path prefix, evaluated and logged apart.
   bool full_validation = false;
   bool multiple_validation_sets = false;
+  // Megatron core 0.19's validation flags: the evaluation's batch sizes (0: the training ones),
+  // the first iteration the loop evaluates at (0: from the first --eval-interval), the sets' names.
+  int64_t eval_micro_batch_size = 0, eval_global_batch_size = 0;
+  int64_t start_eval_at_iter = 0;
+  std::vector<std::string> validation_set_names;
   double mid_level_dataset_surplus = 0.005;  // blends: extra share of each dataset's samples
   bool skip_train = false;  // evaluate the loaded checkpoint on validation and test data only
 

@@ -11,8 +11,15 @@ SampleCounts sample_counts(const Arguments& a) {
   SampleCounts c;
   const int64_t gbs = a.global_batch_size;
   c.train = a.train_samples > 0 ? a.train_samples : a.train_iters * gbs;
-  c.valid = (a.train_iters / a.eval_interval + 1) * a.eval_iters * gbs;
-  c.test = a.eval_iters * gbs;
+  // Megatron core 0.19's get_train_valid_test_num_samples: evaluations of
+  // --eval-global-batch-size samples, the ones before --start-eval-at-iter not counted (the
+  // evaluation at the end is one more than the loop's when the start is a multiple of the
+  // interval: Megatron counts it out too, and the datasets' surplus covers it).
+  const int64_t eval_gbs = a.eval_global_batch_size > 0 ? a.eval_global_batch_size : gbs;
+  const int64_t evaluations =
+      a.train_iters / a.eval_interval + 1 - a.start_eval_at_iter / a.eval_interval;
+  c.valid = evaluations * a.eval_iters * eval_gbs;
+  c.test = a.eval_iters * eval_gbs;
   c.valid_one_epoch = a.full_validation;
   return c;
 }

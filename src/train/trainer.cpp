@@ -136,6 +136,7 @@ TokenizerArgs tokenizer_args(const Arguments& a) {
   t.tiktoken_special_tokens = a.tiktoken_special_tokens;
   t.null_tokenizer_eod_id = a.null_tokenizer_eod_id;
   t.null_tokenizer_pad_id = a.null_tokenizer_pad_id;
+  t.hf_include_special_tokens = !a.tokenizer_hf_no_include_special_tokens;
   return t;
 }
 
@@ -224,7 +225,7 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
   build_rerun_state_machine();
   // The final (largest) batch: what the memory estimate must hold.
   num_microbatches_ = batch_schedule_->all_batches().back().microbatches;
-  eval_microbatches_ = args_.global_batch_size / (args_.micro_batch_size * dp_size_);
+  eval_microbatches_ = args_.eval_global_batch_size / (args_.eval_micro_batch_size * dp_size_);
 
   build_context_parallel();
   build_model();
@@ -838,22 +839,39 @@ void Trainer::build_data() {
                      : std::string("this data phase's iterations"),
                  " need ", train_need);
   if (args_.eval_iters > 0) {
-    MEGATRON_CHECK(args_.full_validation || !data_.valid || data_.valid->size() >= need.valid,
+    // The split is built for need.valid samples (Megatron's count, so the same samples); the
+    // evaluations read one batch more when --start-eval-at-iter is a multiple of the interval
+    // (the final one, which Megatron's count leaves out): checked against what is read.
+    const int64_t first = std::max<int64_t>(args_.start_eval_at_iter, 1);
+    const int64_t in_loop = first > args_.train_iters ? 0
+                                                      : args_.train_iters / args_.eval_interval -
+                                                            (first - 1) / args_.eval_interval;
+    const int64_t read =
+        std::max(need.valid, (in_loop + 1) * args_.eval_iters * args_.eval_global_batch_size);
+    MEGATRON_CHECK(args_.full_validation || !data_.valid || data_.valid->size() >= read,
                    "the validation data has ", data_.valid ? data_.valid->size() : 0,
-                   " samples; evaluation needs ", need.valid,
-                   " ((--train-iters / --eval-interval + 1) x --eval-iters x "
-                   "--global-batch-size)");
+                   " samples; evaluation needs ", read,
+                   " ((--train-iters / --eval-interval + 1 - --start-eval-at-iter / "
+                   "--eval-interval) x --eval-iters x --eval-global-batch-size)");
     MEGATRON_CHECK(!data_.test || data_.test->size() >= need.test, "the test data has ",
                    data_.test ? data_.test->size() : 0, " samples; evaluation needs ", need.test);
   }
+  // Megatron core 0.19 asserts this at the first evaluation; here before training starts.
+  const size_t sets = data_.valid ? 1 + data_.more_valid.size() : 0;
+  MEGATRON_CHECK(args_.validation_set_names.empty() || args_.validation_set_names.size() == sets,
+                 "--validation-set-names gives ", args_.validation_set_names.size(), " names for ",
+                 sets, " validation sets (one per --valid-data-path prefix)");
   // --dataloader-type cyclic: every split read in the random sampler's order, epoch after epoch
   // (Megatron wraps the validation and test loaders too).
   // --full-validation reads its sets in order, whole (Megatron's sequential sampler for them).
   if (args_.dataloader_type == "cyclic") {
     for (std::unique_ptr<SampleSource>* split : {&data_.train, &data_.valid, &data_.test}) {
       if (*split && !(split == &data_.valid && args_.full_validation)) {
-        *split = std::make_unique<SampledSource>(std::move(*split), args_.micro_batch_size,
-                                                 dp_size_, args_.data_sharding);
+        // Megatron's samplers take the evaluation's micro-batch size for validation and test.
+        const int64_t mbs =
+            split == &data_.train ? args_.micro_batch_size : args_.eval_micro_batch_size;
+        *split =
+            std::make_unique<SampledSource>(std::move(*split), mbs, dp_size_, args_.data_sharding);
       }
     }
   }
@@ -1645,8 +1663,9 @@ void Trainer::add_expert_time(double expert0) {
 LossTerms Trainer::evaluate(const SampleSource& data, int64_t* consumed) {
   complete_param_gather();
   LossTerms terms;
-  // Megatron evaluates whole --global-batch-size batches, ramp-up or not.
-  const int64_t mbs = args_.micro_batch_size, m = eval_microbatches_;
+  // Megatron evaluates whole --eval-global-batch-size batches (--global-batch-size by default),
+  // ramp-up or not, in micro-batches of --eval-micro-batch-size.
+  const int64_t mbs = args_.eval_micro_batch_size, m = eval_microbatches_;
   const bool whole = consumed == nullptr;  // --full-validation
   const WrappedSource wrapped(data);
   const int64_t steps =
@@ -1675,7 +1694,7 @@ LossTerms Trainer::evaluate(const SampleSource& data, int64_t* consumed) {
     executor_->run_forward_only(static_cast<int>(m), runner);
     terms.add(runner.losses());
   }
-  if (!whole) *consumed += args_.eval_iters * args_.global_batch_size;
+  if (!whole) *consumed += args_.eval_iters * args_.eval_global_batch_size;
   reduce_loss_stats(&terms);
   return terms;
 }
@@ -1690,7 +1709,11 @@ void Trainer::validate(const std::string& prefix, int64_t iteration) {
   std::vector<const SampleSource*> sets = {data_.valid.get()};
   for (const auto& more : data_.more_valid) sets.push_back(more.get());
   for (size_t i = 0; i < sets.size(); ++i) {
-    const std::string set = args_.multiple_validation_sets ? "-" + std::to_string(i) : "";
+    // Megatron core 0.19's --validation-set-names, else the set's index.
+    const std::string set = !args_.multiple_validation_sets ? ""
+                            : args_.validation_set_names.empty()
+                                ? "-" + std::to_string(i)
+                                : "-" + args_.validation_set_names[i];
     evaluate_and_print(prefix, set, *sets[i], nullptr, iteration);
   }
 }
@@ -2314,7 +2337,7 @@ int Trainer::train() {
     const int64_t hash_interval = args_.check_weight_hash_across_dp_replicas_interval;
     if (hash_interval > 0 && it % hash_interval == 0) check_weight_hashes(it);
     if (args_.test_mode) check_qk_norm_replicas(it);
-    if (it % args_.eval_interval == 0)
+    if (it % args_.eval_interval == 0 && it >= args_.start_eval_at_iter)
       validate(strprintf("iteration %ld", static_cast<long>(it)), it);
     if (checkpointer_) {
       checkpointer_->poll();

@@ -341,6 +341,13 @@ TEST(HuggingFaceTokenizer, SplitSequenceTemplateAndAddedTokenOptions) {
   EXPECT_EQ(tok.vocab_size(), n + 3);
   EXPECT_EQ(tok.decode(tok.encode("x y")), "<|begin_of_text|>x y");
   EXPECT_EQ(tok.pad(), -1);  // no config, no pad
+  // --tokenizer-hf-no-include-special-tokens (Megatron core 0.19): no template tokens, an added
+  // token in the text still its id, and decode without the special ones (<mask> is not).
+  const HuggingFaceTokenizer plain(t.dir + "/llama", /*include_special_tokens=*/false);
+  EXPECT_EQ(plain.encode("12345'S"), (Ids{'1', '2', '3', '4', '5', '\'', 'S'}));
+  EXPECT_EQ(plain.encode("a <mask>  b"), (Ids{'a', n + 2, 'b'}));
+  EXPECT_EQ(plain.decode(tok.encode("x y")), "x y");
+  EXPECT_EQ(plain.decode(tok.encode("x <mask>")), "x<mask>");
   // tokenizer_config.json's eos_token wins; its pad_token is the pad (Megatron core 0.19's
   // HuggingFaceTokenizer.pad_id), as a string or {"content": ...}, none when null.
   write_file(t.dir + "/llama/tokenizer_config.json",

@@ -453,6 +453,75 @@ class DataLoadingTest(unittest.TestCase):
         want = (lb * nb + lc * nc) / (nb + nc)
         self.assertAlmostEqual(blended, want, delta=REL * want)
 
+    # ---- Megatron core 0.19's evaluation flags --------------------------------------------------
+
+    def validation_values(self, out):
+        """[(place, lm loss)] of the plain validation lines, in order."""
+        return [(place, float(fields["lm loss value"]))
+                for _, place, fields in megatron_log.validation_set_lines(out)]
+
+    def test_eval_batch_sizes(self):
+        # An evaluation reads --eval-global-batch-size samples per iteration from where the last
+        # one stopped; the micro-batch size only splits them (the loss is the token-weighted mean
+        # either way), in one process or over two pipeline stages.
+        every2 = {"eval_interval": 2, "init_method_std": 0.5}
+        plain_out = self.run_ok(**every2)
+        plain = self.validation_values(plain_out)
+        self.assertEqual([p for p, _ in plain],
+                         ["iteration 2", "iteration 4", "iteration 6",
+                          "iteration 6 on validation set"])
+        train = megatron_log.curves(plain_out, ["lm loss"], 1, 6)
+        for ranks, extra in ((1, ()), (2, ("--pipeline-model-parallel-size", "2"))):
+            with self.subTest(ranks=ranks):
+                out = self.run_ok(ranks, extra=("--eval-micro-batch-size", "1", *extra), **every2)
+                got = self.validation_values(out)
+                self.assertEqual([p for p, _ in got], [p for p, _ in plain])
+                for (_, a), (_, b) in zip(got, plain):
+                    self.assertAlmostEqual(a, b, delta=REL * b)
+                curve = megatron_log.curves(out, ["lm loss"], 1, 6)
+                for it in train:
+                    self.assertAlmostEqual(curve[it]["lm loss"], train[it]["lm loss"],
+                                           delta=REL * train[it]["lm loss"])
+        # One evaluation iteration of 8 samples reads what two of 4 read (the split is sized the
+        # same: 4 evaluations x 8 samples either way).
+        eight = self.validation_values(self.run_ok(extra=("--eval-global-batch-size", "8"),
+                                                   **every2))
+        two = self.validation_values(self.run_ok(eval_iters=2, **every2))
+        for (_, a), (_, b) in zip(eight, two):
+            self.assertAlmostEqual(a, b, delta=REL * b)
+        self.assertNotAlmostEqual(eight[0][1], plain[0][1], delta=1e-3 * plain[0][1])
+        self.refused("--eval-global-batch-size", extra=("--eval-global-batch-size", "6",
+                                                         "--eval-micro-batch-size", "4"))
+
+    def test_start_eval_at_iter(self):
+        # Evaluations from iteration 4 on, the one after training always; the first reads the
+        # split's first samples. With fixed weights (lr 0) the three evaluations are the plain
+        # run's first three (which start at iteration 2), sample for sample.
+        fixed = {"eval_interval": 2, "init_method_std": 0.5, "lr": 0}
+        got = self.validation_values(self.run_ok(extra=("--start-eval-at-iter", "4"), **fixed))
+        self.assertEqual([p for p, _ in got],
+                         ["iteration 4", "iteration 6", "iteration 6 on validation set"])
+        plain = self.validation_values(self.run_ok(**fixed))
+        self.assertEqual(len(plain), 4)
+        self.assertEqual([v for _, v in got], [v for _, v in plain[:3]])
+        self.assertEqual(len({v for _, v in plain}), 4)  # each evaluation read other samples
+
+    def test_validation_set_names(self):
+        per_split = {"--train-data-path": self.prefix["a"], "--data-cache-path": self.cache,
+                     "--valid-data-path": [self.prefix["b"], self.prefix["c"]]}
+        flags = ("--multiple-validation-sets", "--validation-set-names", "wiki", "code")
+        out = self.run_ok(data=per_split, extra=flags, lr=0, train_iters=1, eval_interval=1,
+                          full_validation=True)
+        named = [s for s, _, _ in megatron_log.validation_set_lines(out)]
+        self.assertEqual(named, ["wiki", "code", "wiki", "code"])
+        self.assertIn(" validation-wiki loss at iteration 1 |", out)
+        self.refused("--validation-set-names", data=per_split,
+                     extra=("--multiple-validation-sets", "--validation-set-names", "wiki"),
+                     train_iters=1, eval_interval=1, full_validation=True)
+        self.refused("--validation-set-names", data=per_split,
+                     extra=("--validation-set-names", "wiki", "code"), train_iters=1,
+                     eval_interval=1, full_validation=True)
+
     # ---- --sft -------------------------------------------------------------------------------
 
     def sft_fixture(self):

@@ -18,7 +18,7 @@ ITERATION_RE = re.compile(r"^ \[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] iteration +(\d+
 # One whole validation line: " validation loss at PLACE | name value: x | name PPL: y | ".
 # " validation loss at ..." or, with --multiple-validation-sets, " validation-<set> loss at ...".
 VALIDATION_RE = re.compile(
-    r"^ validation(?:-(\d+))? loss at (.+?) \|((?: [a-zA-Z][a-zA-Z0-9 _-]*: [^|]*\|)+) $")
+    r"^ validation(?:-(\S+))? loss at (.+?) \|((?: [a-zA-Z][a-zA-Z0-9 _-]*: [^|]*\|)+) $")
 # Text that only iteration or validation lines print: a line holding any of it must be whole.
 FRAGMENT_RE = re.compile(r"\] iteration +\d|iteration +\d+/ *\d+ \||consumed samples:|"
                          r"elapsed time per iteration|lm loss:|grad norm:|number of skipped "
@@ -75,13 +75,16 @@ def validation_lines(stdout):
 
 def validation_set_lines(stdout):
     """[(set, place, {field: printed value})] for every validation line, in order; set is None
-    for a plain " validation loss" line, the index of " validation-<index> loss" lines."""
+    for a plain " validation loss" line, the index of " validation-<index> loss" lines (an int),
+    the name of " validation-<name> loss" lines (--validation-set-names)."""
     iteration_lines(stdout)
     out = []
     for line in stdout.splitlines():
         m = VALIDATION_RE.match(line)
         if m:
-            out.append((None if m[1] is None else int(m[1]), m[2], _fields(m[3])))
+            name = m[1]
+            out.append((int(name) if name is not None and name.isdigit() else name, m[2],
+                        _fields(m[3])))
     return out
 
 
