@@ -195,6 +195,27 @@ void register_model_args(ArgTable& t, Arguments& a) {
          "Xavier-uniform initialisation of the linear layers' weights");
   t.add("--embedding-init-method-std", a.embedding_init_method_std,
         "Std of the normal init of the word and position embeddings (default --init-method-std)");
+  t.flag("--use-mup", a.use_mup,
+         "Maximal Update Parameterization: with width multiplier m = hidden size / "
+         "--mup-base-hidden-size, matrices drawn with std / sqrt(m), the output projections' "
+         "std / sqrt(2 layers m); embeddings (and an untied output layer) with the embeddings' "
+         "std; embeddings scaled by --mup-embedding-mult, logits by --mup-output-mult; attention "
+         "scale sqrt(--mup-base-head-dim) / head_dim^--mup-attn-scale-power; Adam's hidden "
+         "matrices at lr / m and eps / m (SGD: the vectors and embeddings at lr m)");
+  t.add("--mup-width-mult", a.mup_width_mult,
+        "Computed as hidden size / --mup-base-hidden-size (a given value is replaced, as in "
+        "Megatron)");
+  t.add("--mup-base-hidden-size", a.mup_base_hidden_size,
+        "The base (proxy) model's hidden size the width multiplier is relative to (default: "
+        "this hidden size, m = 1)");
+  t.add("--mup-embedding-mult", a.mup_embedding_mult,
+        "With --use-mup: the embeddings' output multiplied by this");
+  t.add("--mup-output-mult", a.mup_output_mult,
+        "With --use-mup: the logits multiplied by this (1 stands for 1 / width multiplier)");
+  t.add("--mup-base-head-dim", a.mup_base_head_dim,
+        "With --use-mup: the attention scale's numerator is sqrt of this (default 1)");
+  t.add("--mup-attn-scale-power", a.mup_attn_scale_power,
+        "With --use-mup: the attention scale's head-dim power (1: 1/d, 0.5: 1/sqrt(d))");
   t.flag("--fp32-residual-connection", a.fp32_residual_connection,
          "Keep the residual stream in fp32 with --bf16/--fp16 (always the case here: activations "
          "are fp32, only GEMM inputs are 16-bit)");
@@ -1514,6 +1535,21 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
                    "--mtp-num-layers: multi-token prediction is implemented for --model gpt "
                    "(Megatron's GPTModel) and mamba (its hybrid model), not ",
                    a.model);
+  }
+  if (a.use_mup) {
+    MEGATRON_CHECK(a.mup_base_hidden_size >= 0,
+                   "mup_base_hidden_size must be positive: --mup-base-hidden-size ",
+                   a.mup_base_hidden_size);
+    MEGATRON_CHECK(a.model == "gpt" || a.model == "mamba",
+                   "--use-mup is implemented for --model gpt and mamba (Megatron's GPT and "
+                   "hybrid models), not ",
+                   a.model);
+    MEGATRON_CHECK(a.optimizer != "onebit_adam",
+                   "--use-mup with --optimizer onebit_adam: 1-bit Adam has no per-group rates; use "
+                   "adam, sgd, muon or lion");
+    if (a.mup_base_hidden_size == 0) a.mup_base_hidden_size = a.hidden_size;
+    a.mup_width_mult = static_cast<double>(a.hidden_size) /
+                       static_cast<double>(a.mup_base_hidden_size);  // Megatron's, printed
   }
   validate_hybrid_args(a);
   validate_heterogeneous_args(a);

@@ -60,7 +60,7 @@ ops::AdamWSpec adam_spec(const AdamWConfig& cfg, const StepRates& rates, const P
   spec.lr = static_cast<float>(rates.lr_of(p));
   spec.beta1 = static_cast<float>(cfg.beta1);
   spec.beta2 = static_cast<float>(cfg.beta2);
-  spec.eps = static_cast<float>(cfg.eps);
+  spec.eps = static_cast<float>(rates.eps_of(p, cfg.eps));
   spec.weight_decay = static_cast<float>(rates.decay_of(p));
   spec.step = step;
   spec.grad_scale = grad_scale;

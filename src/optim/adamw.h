@@ -66,8 +66,21 @@ struct StepRates {
   double lr = 0;
   double embedding_lr = 0;
   double weight_decay = 0;
-  // The rate and decay of parameter p.
-  double lr_of(const Param& p) const { return p.is_embedding_or_output ? embedding_lr : lr; }
+  // --use-mup's rates (< 0: none): the hidden matrices' (lr / width_mult) and SGD's vectors'
+  // (lr x width_mult), each its own schedule's; Adam's eps of the hidden matrices scaled.
+  double hidden_lr = -1, vector_lr = -1;
+  double hidden_eps_scale = 1;
+  // The rate and decay of parameter p. The word embeddings and output layer keep theirs
+  // (--decoupled-lr) under --use-mup too, as Megatron's overrides leave them.
+  double lr_of(const Param& p) const {
+    if (p.is_embedding_or_output) return embedding_lr;
+    if (p.mup_class == Param::MupClass::kHidden && hidden_lr >= 0) return hidden_lr;
+    if (p.mup_class == Param::MupClass::kVector && vector_lr >= 0) return vector_lr;
+    return lr;
+  }
+  double eps_of(const Param& p, double eps) const {
+    return p.mup_class == Param::MupClass::kHidden ? eps * hidden_eps_scale : eps;
+  }
   double decay_of(const Param& p) const { return p.no_weight_decay ? 0.0 : weight_decay; }
   // The clipping factor of the separate norm group's parameters (Param::separate_norm,
   // --mtp-detach-heads), which the step applies instead of its common one; < 0: none.

@@ -86,6 +86,7 @@ void DistributedOptimizer::step(const StepRates& rates, double grad_scale,
     const auto group = static_cast<int64_t>(k);
     Tensor w = main_of(s);
     spec.lr = static_cast<float>(rates.lr_of(*s.param));
+    spec.eps = static_cast<float>(rates.eps_of(*s.param, cfg_.eps));
     spec.weight_decay = static_cast<float>(rates.decay_of(*s.param));
     spec.grad_scale = rates.grad_scale_of(*s.param, grad_scale);
     Tensor rounded = round && !s.param->fp8 ? compute_of(s) : Tensor();

@@ -91,6 +91,11 @@ struct Param {
   // Megatron's grad_norm_group 'mtp' (--mtp-detach-heads): left out of the main gradient norm
   // and clipped by the norm of its own group (the trainer's step).
   bool separate_norm = false;
+  // --use-mup's parameter class (set by the trainer for its optimizer, Megatron core 0.19's
+  // get_mup_config_overrides): kHidden takes StepRates::hidden_lr (and Adam's eps scaled),
+  // kVector StepRates::vector_lr (SGD's vectors and embeddings); kNone the group's rate.
+  enum class MupClass : uint8_t { kNone, kHidden, kVector };
+  MupClass mup_class = MupClass::kNone;
   // --fp8-param-gather: the weight of this FP8 GEMM, kept as E4M3 codes of one byte (Megatron's
   // FP8 primary weights): `value` is u8 (ParamSet::codes()), the distributed optimizer quantises
   // the fp32 main weights into it after each step with the GEMM's weight scale

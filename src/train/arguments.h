@@ -271,6 +271,13 @@ struct Arguments {
   int64_t null_tokenizer_eod_id = -1;                   // NullTokenizer's EOD; -1: vocab_size - 1
   int64_t null_tokenizer_pad_id = -1;                   // NullTokenizer's pad; -1: none
   bool tokenizer_hf_no_include_special_tokens = false;  // Megatron core 0.19
+  // Megatron core 0.19's Maximal Update Parameterization (--use-mup, --mup-*).
+  bool use_mup = false;
+  double mup_width_mult = 1;         // computed, as Megatron overwrites it
+  int64_t mup_base_hidden_size = 0;  // 0: the hidden size
+  double mup_embedding_mult = 1, mup_output_mult = 1;
+  int64_t mup_base_head_dim = 0;  // 0: none
+  double mup_attn_scale_power = 1;
   // Fill-in-the-middle data (--fim-data, data/fim_dataset.h)
   bool fim_data = false;
   double fim_rate = 0.5, fim_spm_rate = 0.5;

@@ -3,6 +3,7 @@
 #include "train/model_config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <string>
 #include <utility>
@@ -497,6 +498,23 @@ TransformerConfig transformer_config_from_args(const Arguments& a) {
   c.hidden_dropout = a.hidden_dropout;
   c.attention_dropout = a.attention_dropout;
   c.init_method_std = a.init_method_std;
+  if (a.use_mup) {
+    // Megatron core 0.19's TransformerConfig.__post_init__: the width multiplier, the output
+    // multiplier 1 / width_mult when left at 1, the attention scale from the head dim (unless
+    // --softmax-scale gives one; multi-latent attention keeps its own, as Megatron's).
+    c.mup.enabled = true;
+    const int64_t base = a.mup_base_hidden_size > 0 ? a.mup_base_hidden_size : a.hidden_size;
+    c.mup.width_mult = static_cast<double>(a.hidden_size) / static_cast<double>(base);
+    c.mup.embedding_mult = a.mup_embedding_mult;
+    c.mup.output_mult = a.mup_output_mult == 1.0 && c.mup.width_mult != 1.0 ? 1.0 / c.mup.width_mult
+                                                                            : a.mup_output_mult;
+    if (a.softmax_scale == 0) {
+      const int64_t kv = a.kv_channels > 0 ? a.kv_channels : a.hidden_size / a.num_attention_heads;
+      const double base_head_scale =
+          a.mup_base_head_dim > 0 ? std::sqrt(static_cast<double>(a.mup_base_head_dim)) : 1.0;
+      c.softmax_scale = base_head_scale / std::pow(static_cast<double>(kv), a.mup_attn_scale_power);
+    }
+  }
   // The combinations are checked by the CLI (validate_train_args) and by TransformerBlock.
   if (a.recompute_granularity == "full") {
     c.recompute_granularity = RecomputeGranularity::kFull;

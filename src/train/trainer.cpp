@@ -17,6 +17,7 @@
 #include "core/threads.h"
 #include "core/timer.h"
 #include "data/random_sampler.h"
+#include "optim/mup.h"
 #include "tensor/allocator.h"
 #include "tensor/memory_stats.h"
 #include "tensor/op_profile.h"
@@ -231,6 +232,7 @@ Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
   build_model();
   build_optimizer();
   build_schedule();
+  classify_mup_params();
   build_checkpointing();
   build_data();
   report_gemm_peak();
@@ -727,6 +729,18 @@ void Trainer::build_schedule() {
     decoupled_schedule_->min_lr =
         is_set(args_.decoupled_min_lr) ? args_.decoupled_min_lr : args_.min_lr;
   }
+  // --use-mup (Megatron core 0.19's get_mup_config_overrides): a parameter group whose bounds
+  // are scaled by 1 / m (hidden matrices; SGD: by m, the vectors and embeddings), warming up
+  // from the same --lr-warmup-init.
+  if (args_.use_mup && cfg_.mup.width_mult != 1.0) {
+    const double m = cfg_.mup.width_mult;
+    mup_vectors_ = args_.optimizer == "sgd";
+    const double scale = mup_vectors_ ? m : 1.0 / m;
+    mup_schedule_ = schedule_;
+    mup_schedule_->max_lr *= scale;
+    mup_schedule_->min_lr *= scale;
+    if (args_.optimizer == "adam") mup_eps_scale_ = 1.0 / m;
+  }
   // The weight decay grows over all training samples; the constant style is --weight-decay
   // (the CLI also sets both ends to it, as Megatron's validate_args does).
   wd_schedule_.style = parse_weight_decay_incr_style(args_.weight_decay_incr_style);
@@ -750,6 +764,13 @@ void Trainer::restore_schedule(const nlohmann::json& saved) {
        load_scheduler_state(saved, mode, schedule_, wd_schedule_, "--load " + args_.load)) {
     log_first(line);
   }
+  // The μP group too.
+  if (mup_schedule_) {
+    const double max_lr = mup_schedule_->max_lr, min_lr = mup_schedule_->min_lr;
+    mup_schedule_ = schedule_;
+    mup_schedule_->max_lr = max_lr;
+    mup_schedule_->min_lr = min_lr;
+  }
   // The decoupled group shares the schedule's shape, between its own rates.
   if (decoupled_schedule_) {
     const double max_lr = decoupled_schedule_->max_lr, min_lr = decoupled_schedule_->min_lr;
@@ -761,8 +782,24 @@ void Trainer::restore_schedule(const nlohmann::json& saved) {
 
 StepRates Trainer::rates_at(int64_t samples) const {
   const double lr = schedule_.lr_at(samples);
-  return StepRates{lr, decoupled_schedule_ ? decoupled_schedule_->lr_at(samples) : lr,
-                   wd_schedule_.wd_at(samples)};
+  StepRates r{lr, decoupled_schedule_ ? decoupled_schedule_->lr_at(samples) : lr,
+              wd_schedule_.wd_at(samples)};
+  if (mup_schedule_) {
+    const double mup_lr = mup_schedule_->lr_at(samples);
+    if (mup_vectors_) {
+      r.vector_lr = mup_lr;
+      // SGD's embeddings and output layer are vectors' class unless --decoupled-lr sets theirs.
+      if (!decoupled_schedule_) r.embedding_lr = mup_lr;
+    } else {
+      r.hidden_lr = mup_lr;
+    }
+    r.hidden_eps_scale = mup_eps_scale_;
+  }
+  return r;
+}
+
+void Trainer::classify_mup_params() {
+  if (mup_schedule_) assign_mup_classes(params_->params(), args_.optimizer);
 }
 
 // --load, --save, the watchdog and the exit signal.

@@ -303,6 +303,12 @@ class Trainer {
   double param_gather_wait_seconds() const;
   LrSchedule schedule_;
   std::optional<LrSchedule> decoupled_schedule_;  // --decoupled-lr: embeddings and output layer
+  // --use-mup: the schedule of the parameters of Param::MupClass other than kNone (hidden
+  // matrices at lr / m; SGD's vectors at lr m), and Adam's eps scale of the hidden ones.
+  std::optional<LrSchedule> mup_schedule_;
+  bool mup_vectors_ = false;  // SGD: mup_schedule_ is the vectors' (and the embeddings')
+  double mup_eps_scale_ = 1;
+  void classify_mup_params();
   WeightDecaySchedule wd_schedule_;
   Datasets data_;
   // --phase-transition-iterations: the consumed samples before this phase's first (the training

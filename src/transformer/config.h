@@ -142,6 +142,17 @@ struct TransformerConfig {
   int64_t decoder_num_layers = 0;  // --decoder-num-layers
   int64_t decoder_seq_length = 0;  // --decoder-seq-length
 
+  // Maximal Update Parameterization (Megatron core 0.19's --use-mup): width_mult = hidden size /
+  // --mup-base-hidden-size. The model (GPTModel) draws its matrices with std / sqrt(width_mult)
+  // (the embeddings and an untied output layer with the embeddings' std), scales the embedding
+  // sum by embedding_mult and the logits by output_mult (1 / width_mult unless given); the
+  // attention scale is set from it by the CLI; the optimizer's hidden matrices take lr /
+  // width_mult (Param::mup_class).
+  struct Mup {
+    bool enabled = false;
+    double width_mult = 1, embedding_mult = 1, output_mult = 1;
+  } mup;
+
   double hidden_dropout = 0.1;     // --hidden-dropout
   double attention_dropout = 0.1;  // --attention-dropout
   double init_method_std = 0.02;   // --init-method-std

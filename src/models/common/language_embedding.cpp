@@ -105,6 +105,10 @@ Tensor LanguageEmbedding::forward(const Tensor& tokens, const Tensor& positions,
     ctx.token_types = transpose_bs(token_types);
     ops::add_inplace(x, gather(ctx.token_types, tokentype_embeddings.value, act));
   }
+  // --use-mup's embedding multiplier, on the sum of the embeddings before dropout (Megatron core
+  // 0.19's LanguageModelEmbedding).
+  if (cfg_.mup.enabled && cfg_.mup.embedding_mult != 1.0)
+    ops::scale_inplace(x, cfg_.mup.embedding_mult);
   ctx.dropout = mode.training ? static_cast<float>(cfg_.hidden_dropout) : 0.0f;
   ctx.seed = mode.seed;
   ctx.stream = mode.site_stream(dropout_site, 0);
@@ -128,6 +132,11 @@ void LanguageEmbedding::backward(const Tensor& dy, Ctx& ctx) const {
     dx = masked.view({n, h});
   }
   if (layernorm) dx = layernorm->backward(dx.view({ctx.s, ctx.b, h}), ctx.norm).view({n, h});
+  if (cfg_.mup.enabled && cfg_.mup.embedding_mult != 1.0) {
+    Tensor scaled = dx.clone();  // the caller's gradient is not ours to change
+    ops::scale_inplace(scaled, cfg_.mup.embedding_mult);
+    dx = scaled;
+  }
   Tensor dwe = word_embeddings.main_grad;
   if (!dwe.defined()) {
     // frozen without gradient storage (Param::requires_grad): the tables get nothing

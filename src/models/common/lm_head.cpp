@@ -58,6 +58,9 @@ Tensor LMHead::logits(const Tensor& hidden, Ctx& ctx) const {
   ctx.logits = Tensor::empty({n, w.dim(0)}, act, w.device());
   ops::matmul(ctx.logits, ctx.hidden, false, w, true);
   if (!bias.name.empty()) ops::bias_add(ctx.logits, bias.value_as(act));
+  // --use-mup's output multiplier (Megatron core 0.19's _scale_logits), before the loss and in
+  // generation alike.
+  if (scales_logits()) ops::scale_inplace(ctx.logits, cfg_.mup.output_mult);
   return ctx.logits;
 }
 
@@ -100,7 +103,9 @@ Tensor LMHead::loss_backward(const Tensor& dloss, Ctx& ctx, bool weight_grad) co
   // dlogits overwrite the logits: no second [n, Vp] buffer; with 16-bit weights and no output
   // bias (which sums the f32 gradient) the loss writes the GEMMs' rounded input directly.
   const Param& w = weight();
-  const bool rounded = is_half(w.value.dtype()) && (bias.name.empty() || !bias.main_grad.defined());
+  // (Not with --use-mup's logit multiplier, which scales the f32 gradient first.)
+  const bool rounded = is_half(w.value.dtype()) &&
+                       (bias.name.empty() || !bias.main_grad.defined()) && !scales_logits();
   Tensor dlogits = rounded ? Tensor::empty(ctx.logits.shape(), w.value.dtype(), ctx.logits.device())
                            : ctx.logits;
   if (tp_.size() == 1) {
@@ -110,6 +115,7 @@ Tensor LMHead::loss_backward(const Tensor& dloss, Ctx& ctx, bool weight_grad) co
     vocab_parallel_cross_entropy_backward(dlogits, dloss_sb, ctx.logits, ctx.lse, ctx.targets,
                                           vocab_.start, cfg_.vocab_size);
   }
+  if (scales_logits()) ops::scale_inplace(dlogits, cfg_.mup.output_mult);
   if (weight_grad && !bias.name.empty() && bias.main_grad.defined()) {
     Tensor db = bias.main_grad;
     ops::bias_backward(db, dlogits);

@@ -62,6 +62,7 @@ class LMHead {
   bool holds_embedding_copy() const { return own_weight.shared_embedding; }
 
  private:
+  bool scales_logits() const { return cfg_.mup.enabled && cfg_.mup.output_mult != 1.0; }
   const TransformerConfig& cfg_;
   TensorParallelContext tp_;
   VocabShard vocab_;

@@ -2,6 +2,8 @@
 // over the pipeline, with the parameters' tensor-parallel coordinates.
 #include "models/gpt/gpt_model.h"
 
+#include <cmath>
+
 #include "tensor/ops.h"
 #include "transformer/kv_cache.h"
 
@@ -42,17 +44,26 @@ void GPTModel::apply_init_methods() {
   // N(0, --embedding-init-method-std) when that differs from --init-method-std, else the
   // init_method itself; --init-method-xavier-uniform makes the init_method (and the scaled one of
   // the output projections) Xavier-uniform. Norms and biases keep theirs.
+  //
+  // --use-mup (Megatron core 0.19): init_method is N(0, std / sqrt(m)) and the output
+  // projections' scaled one std / (sqrt(2 layers) sqrt(m)), i.e. every matrix drawn from
+  // --init-method-std here divided by sqrt(m); the embeddings keep N(0, embedding std), which an
+  // untied output layer takes too.
   const bool xavier = cfg_.init_method_xavier_uniform;
+  const bool mup = cfg_.mup.enabled;
   const double emb_std = cfg_.embedding_init_method_std;
   const bool emb_own = emb_std > 0 && emb_std != cfg_.init_method_std;
   for (Param* p : parameters()) {
     if (p->init != Init::kNormal) continue;
     const bool emb = p->name == "embedding.word_embeddings.weight" ||
                      p->name == "embedding.position_embeddings.weight";
-    if (emb && emb_own) {
-      p->init_std = emb_std;
+    const bool mup_emb = mup && (emb || p->name == "output_layer.weight");
+    if ((emb && emb_own) || mup_emb) {
+      p->init_std = emb_std > 0 ? emb_std : cfg_.init_method_std;
     } else if (xavier) {
       p->init = Init::kXavierUniform;
+    } else if (mup) {
+      p->init_std /= std::sqrt(cfg_.mup.width_mult);
     }
   }
 }
