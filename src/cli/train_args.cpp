@@ -91,6 +91,9 @@ void register_model_args(ArgTable& t, Arguments& a) {
   t.flag("--qk-layernorm", a.qk_layernorm,
          "A norm (--normalization) over the head dimension of every query and key head, before "
          "RoPE");
+  t.flag("--attention-output-gate", a.attention_output_gate,
+         "Gated attention (Qwen3-Next's): linear_qkv also gives each query channel a gate, and "
+         "the attention's output is multiplied by sigmoid(gate) before linear_proj");
   t.flag("--qk-l2-norm", a.qk_l2_norm,
          "Llama 4's query/key norm: each query and key head divided by its root mean square "
          "(eps --norm-epsilon, no weight), before RoPE; instead of --qk-layernorm");
@@ -1536,6 +1539,11 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
                    "(Megatron's GPTModel) and mamba (its hybrid model), not ",
                    a.model);
   }
+  MEGATRON_CHECK(
+      !(a.attention_output_gate && a.qk_clip),
+      "--qk-clip rescales linear_qkv's query and key rows, which --attention-output-gate "
+      "interleaves with its gates (not supported together here, nor checked by "
+      "Megatron): drop one");
   if (a.use_mup) {
     MEGATRON_CHECK(a.mup_base_hidden_size >= 0,
                    "mup_base_hidden_size must be positive: --mup-base-hidden-size ",

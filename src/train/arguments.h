@@ -272,6 +272,7 @@ struct Arguments {
   int64_t null_tokenizer_pad_id = -1;                   // NullTokenizer's pad; -1: none
   bool tokenizer_hf_no_include_special_tokens = false;  // Megatron core 0.19
   // Megatron core 0.19's Maximal Update Parameterization (--use-mup, --mup-*).
+  bool attention_output_gate = false;  // Megatron core 0.19
   bool use_mup = false;
   double mup_width_mult = 1;         // computed, as Megatron overwrites it
   int64_t mup_base_hidden_size = 0;  // 0: the hidden size

@@ -428,6 +428,7 @@ TransformerConfig transformer_config_from_args(const Arguments& a) {
   c.num_classes = a.num_classes;
   c.squared_relu = a.squared_relu;
   c.qk_layernorm = a.qk_layernorm;
+  c.attention_output_gate = a.attention_output_gate;
   c.qk_l2_norm = a.qk_l2_norm;
   // Megatron's spec takes L2Norm over the q/k layernorm when both are given.
   if (c.qk_l2_norm) c.qk_layernorm = false;

@@ -4,6 +4,8 @@
 
 #include <cmath>
 #include <limits>
+#include <tuple>
+#include <utility>
 
 #include "parallel/mappings.h"
 #include "tensor/ops.h"
@@ -13,7 +15,8 @@ namespace megatron {
 
 namespace {
 int64_t qkv_width(const TransformerConfig& c) {
-  return (c.num_attention_heads + 2 * c.num_query_groups) * c.head_dim();
+  const int64_t gates = c.attention_output_gate ? c.num_attention_heads : 0;
+  return (c.num_attention_heads + gates + 2 * c.num_query_groups) * c.head_dim();
 }
 }  // namespace
 
@@ -61,9 +64,12 @@ SelfAttention::SelfAttention(const std::string& name, const TransformerConfig& c
   linear_qkv.emplace(
       name + ".linear_qkv", cfg.hidden_size, qkv_width(cfg), cfg.init_method_std, *tp.group,
       ColumnParallelLinear::Options{.with_bias = cfg.qkv_bias(), .sequence_parallel = tp.sp()});
-  // Muon orthogonalises the queries, keys and values apart (Megatron's qkv_split_shapes).
-  linear_qkv->weight().qkv_split = {cfg.num_attention_heads / cfg.num_query_groups * cfg.head_dim(),
-                                    cfg.head_dim(), cfg.head_dim()};
+  // Muon orthogonalises the queries, keys and values apart (Megatron's qkv_split_shapes; the
+  // gates as a block of their own).
+  const int64_t per_group = cfg.num_attention_heads / cfg.num_query_groups * cfg.head_dim();
+  linear_qkv->weight().qkv_split = {per_group, cfg.head_dim(), cfg.head_dim()};
+  if (cfg.attention_output_gate)
+    linear_qkv->weight().qkv_split = {per_group, per_group, cfg.head_dim(), cfg.head_dim()};
   if (cfg.qk_l2_norm) {  // Megatron's L2Norm: RMS normalisation without a weight
     q_layernorm.emplace(name + ".q_layernorm", cfg.head_dim(), Normalization::kRMSNorm,
                         cfg.norm_epsilon, false, /*learnable=*/false);
@@ -206,6 +212,77 @@ Tensor join_qkv(const QkvParts& p, const Tensor& like, int64_t qpg, int64_t hn) 
 
 }  // namespace
 
+namespace {
+
+// --attention-output-gate: linear_qkv's output, rows [s b ng, (2 qpg + 2) hn] (per group its
+// queries, their gates, the key, the value), split into the packed qkv [s, b, ng, qpg + 2, hn]
+// and the gates [s, b, ng qpg, hn] (heads in the packed order, as the attention's output);
+// join_gate is the backward's inverse.
+std::pair<Tensor, Tensor> split_gate(const Tensor& raw, int64_t s, int64_t b, int64_t ng,
+                                     int64_t qpg, int64_t hn) {
+  const int64_t rows = s * b * ng;
+  const Tensor flat = raw.view({rows, (2 * qpg + 2) * hn});
+  Tensor q = Tensor::empty({rows, qpg * hn}, raw.dtype(), raw.device());
+  Tensor gate = Tensor::empty({rows, qpg * hn}, raw.dtype(), raw.device());
+  Tensor kv = Tensor::empty({rows, 2 * hn}, raw.dtype(), raw.device());
+  ops::slice_last_dim(q, flat, 0);
+  ops::slice_last_dim(gate, flat, qpg * hn);
+  ops::slice_last_dim(kv, flat, 2 * qpg * hn);
+  Tensor qkv = Tensor::empty({s, b, ng, qpg + 2, hn}, raw.dtype(), raw.device());
+  Tensor qkv_rows = qkv.view({rows, (qpg + 2) * hn});
+  ops::concat_last_dim(qkv_rows, {q, kv});
+  return {qkv, gate.view({s, b, ng * qpg, hn})};
+}
+
+Tensor join_gate(const Tensor& dqkv, const Tensor& dgate, int64_t qpg, int64_t hn) {
+  const int64_t rows = dqkv.numel() / ((qpg + 2) * hn);
+  const Tensor flat = dqkv.view({rows, (qpg + 2) * hn});
+  Tensor dq = Tensor::empty({rows, qpg * hn}, dqkv.dtype(), dqkv.device());
+  Tensor dkv = Tensor::empty({rows, 2 * hn}, dqkv.dtype(), dqkv.device());
+  ops::slice_last_dim(dq, flat, 0);
+  ops::slice_last_dim(dkv, flat, qpg * hn);
+  Tensor out = Tensor::empty({rows, (2 * qpg + 2) * hn}, dqkv.dtype(), dqkv.device());
+  const Tensor g = dgate.dtype() == dqkv.dtype() ? dgate : dgate.to(dqkv.dtype());
+  ops::concat_last_dim(out, {dq, g.view({rows, qpg * hn}), dkv});
+  return out;
+}
+
+// y = out sigmoid(gate) elementwise (sig keeps the sigmoid for backward), and its backward:
+// dout = dy sig, dgate = dy out sig (1 - sig). f32 or f64, as the attention's output.
+template <typename T>
+void gate_forward(const T* out, const T* gate, int64_t n, T* sig, T* y) {
+  for (int64_t i = 0; i < n; ++i) {
+    sig[i] = T(1) / (T(1) + std::exp(-gate[i]));
+    y[i] = out[i] * sig[i];
+  }
+}
+template <typename T>
+void gate_backward(const T* dy, const T* out, const T* sig, int64_t n, T* dout, T* dgate) {
+  for (int64_t i = 0; i < n; ++i) {
+    dout[i] = dy[i] * sig[i];
+    dgate[i] = dy[i] * out[i] * sig[i] * (T(1) - sig[i]);
+  }
+}
+
+Tensor apply_gate(const Tensor& out, const Tensor& gate, Tensor* sig_out) {
+  const Tensor g = gate.dtype() == out.dtype() ? gate : gate.to(out.dtype());
+  Tensor sig = Tensor::empty(out.shape(), out.dtype(), out.device());
+  Tensor y = Tensor::empty(out.shape(), out.dtype(), out.device());
+  if (out.dtype() == DType::kF64) {
+    gate_forward(out.data<double>(), g.data<double>(), out.numel(), sig.data<double>(),
+                 y.data<double>());
+  } else {
+    MEGATRON_CHECK(out.dtype() == DType::kF32 && out.device() == Device::kCPU,
+                   "--attention-output-gate runs on the CPU in f32 or f64");
+    gate_forward(out.data<float>(), g.data<float>(), out.numel(), sig.data<float>(),
+                 y.data<float>());
+  }
+  if (sig_out) *sig_out = sig;
+  return y;
+}
+
+}  // namespace
+
 Tensor SelfAttention::qk_norm_forward(const Tensor& qkv, Ctx& ctx) const {
   const int64_t qpg = cfg_.queries_per_group(), hn = cfg_.head_dim();
   QkvParts p = split_qkv(qkv, qpg, hn);
@@ -268,8 +345,13 @@ Tensor SelfAttention::forward_cached(const Tensor& x, const TokenLayout& layout,
   const int64_t s = x.dim(0), b = x.dim(1), offset = cache.offset();
   const int64_t ng = groups_local_, qpg = cfg_.queries_per_group(), hn = cfg_.head_dim();
   const int64_t np = heads_local_;
-  Tensor qkv = (mla ? mla->forward(x, ctx.mla) : linear_qkv->forward(x, ctx.qkv_ctx))
-                   .view({s, b, ng, qpg + 2, hn});
+  Tensor qkv, gate;
+  if (cfg_.attention_output_gate) {
+    std::tie(qkv, gate) = split_gate(linear_qkv->forward(x, ctx.qkv_ctx), s, b, ng, qpg, hn);
+  } else {
+    qkv = (mla ? mla->forward(x, ctx.mla) : linear_qkv->forward(x, ctx.qkv_ctx))
+              .view({s, b, ng, qpg + 2, hn});
+  }
   if (q_layernorm) qkv = qk_norm_forward(qkv, ctx);
   if (rope_on_) {
     Tensor positions = layout.positions;
@@ -305,6 +387,7 @@ Tensor SelfAttention::forward_cached(const Tensor& x, const TokenLayout& layout,
                          ops::attention_view(kv.v.slice0(0, offset + s), ng), spec);
   const Tensor sink = sinks(out);
   if (sink.defined()) ops::attention_sink_forward(out, lse, sink);
+  if (gate.defined()) out = apply_gate(out, gate, nullptr);
   Tensor y = linear_proj.forward(proj_input(out), ctx.proj_ctx);
   ctx = Ctx{};
   return y;
@@ -320,8 +403,13 @@ Tensor SelfAttention::forward(const Tensor& x, const TokenLayout& layout, Ctx& c
   const int64_t s = x.dim(0) * (tp_.sp() ? tp_.size() : 1), b = x.dim(1);
   const int64_t ng = groups_local_, qpg = cfg_.queries_per_group(), hn = cfg_.head_dim();
   const int64_t np = heads_local_;
-  Tensor qkv = (mla ? mla->forward(x, ctx.mla) : linear_qkv->forward(x, ctx.qkv_ctx))
-                   .view({s, b, ng, qpg + 2, hn});
+  Tensor qkv, gate;
+  if (cfg_.attention_output_gate) {
+    std::tie(qkv, gate) = split_gate(linear_qkv->forward(x, ctx.qkv_ctx), s, b, ng, qpg, hn);
+  } else {
+    qkv = (mla ? mla->forward(x, ctx.mla) : linear_qkv->forward(x, ctx.qkv_ctx))
+              .view({s, b, ng, qpg + 2, hn});
+  }
   if (q_layernorm) qkv = qk_norm_forward(qkv, ctx);
   if (rope_on_) ops::rope_inplace(qkv, positions, rope_, false);
   ctx.positions = positions;
@@ -360,7 +448,11 @@ Tensor SelfAttention::forward(const Tensor& x, const TokenLayout& layout, Ctx& c
   }
   ctx.qkv = qkv;
   core_attention(ctx);
-  Tensor y = linear_proj.forward(proj_input(ctx.out), ctx.proj_ctx);
+  // The gate's product is linear_proj's input (never `out` itself, which selective
+  // recomputation then drops alone and rebuilds for the gate's backward).
+  Tensor y = linear_proj.forward(
+      gate.defined() ? proj_input(apply_gate(ctx.out, gate, &ctx.gate_sig)) : proj_input(ctx.out),
+      ctx.proj_ctx);
   if (recompute_core_attention_) {
     ctx.recompute = true;
     Tensor& proj_input = ctx.proj_ctx.linear.x;
@@ -391,6 +483,19 @@ Tensor SelfAttention::backward(const Tensor& dy, Ctx& ctx, Tensor* dbias) const 
     if (ctx.proj_input_shape.ndim() > 0) ctx.proj_ctx.linear.x = ctx.out.view(ctx.proj_input_shape);
   }
   Tensor dout = heads_grad(linear_proj.backward(dy, ctx.proj_ctx), ctx.out.shape());
+  Tensor dgate;
+  if (ctx.gate_sig.defined()) {
+    const Tensor dgated = dout.dtype() == ctx.out.dtype() ? dout : dout.to(ctx.out.dtype());
+    dout = Tensor::empty(ctx.out.shape(), ctx.out.dtype(), ctx.out.device());
+    dgate = Tensor::empty(ctx.out.shape(), ctx.out.dtype(), ctx.out.device());
+    if (ctx.out.dtype() == DType::kF64) {
+      gate_backward(dgated.data<double>(), ctx.out.data<double>(), ctx.gate_sig.data<double>(),
+                    ctx.out.numel(), dout.data<double>(), dgate.data<double>());
+    } else {
+      gate_backward(dgated.data<float>(), ctx.out.data<float>(), ctx.gate_sig.data<float>(),
+                    ctx.out.numel(), dout.data<float>(), dgate.data<float>());
+    }
+  }
   sink_backward(dout, ctx);
   Tensor dqkv = Tensor::empty(ctx.qkv.shape(), ctx.qkv.dtype(), ctx.qkv.device());
   using ops::packed_qkv_view, ops::QkvPart;
@@ -409,6 +514,7 @@ Tensor SelfAttention::backward(const Tensor& dy, Ctx& ctx, Tensor* dbias) const 
   }
   if (rope_on_) ops::rope_inplace(dqkv, ctx.positions, rope_, true);
   if (q_layernorm) dqkv = qk_norm_backward(dqkv, ctx);
+  if (dgate.defined()) dqkv = join_gate(dqkv, dgate, cfg_.queries_per_group(), cfg_.head_dim());
   Tensor dx = mla ? mla->backward(dqkv, ctx.mla)
                   : linear_qkv->backward(dqkv.view({s, b, dqkv.numel() / (s * b)}), ctx.qkv_ctx);
   ctx = Ctx{};

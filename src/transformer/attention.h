@@ -34,6 +34,11 @@
 // head, split over TP like the heads); the core attention's backward then runs on the merged out
 // and lse unchanged, and the sink's gradient comes from ops::attention_sink_backward.
 //
+// --attention-output-gate (Megatron core 0.19): linear_qkv's rows per query group are the queries,
+// one gate per query channel, the key and the value; the gates are split off (the packed qkv
+// above is what the core attention reads, as without them) and the attention's output is
+// multiplied by sigmoid(gate) before linear_proj, in f32 (Megatron's _apply_output_gate).
+//
 // --qk-layernorm: q_layernorm and k_layernorm, norms over hn shared by every query (key) head,
 // run on the query and key heads between linear_qkv and RoPE (Megatron's
 // get_query_key_value_tensors). Each TP rank sees only its heads, so their weight gradients are
@@ -71,6 +76,7 @@ class SelfAttention {
     ops::AttentionSpec spec;   // as run in forward: the mask, the dropout RNG coordinates
     Norm::Ctx q_norm, k_norm;  // --qk-layernorm
     MlaProjections::Ctx mla;   // --multi-latent-attention
+    Tensor gate_sig;           // --attention-output-gate: sigmoid(gate) [s, b, np/tp, hn]
   };
 
   SelfAttention(const std::string& name, const TransformerConfig& cfg, int64_t layer_number,

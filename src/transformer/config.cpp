@@ -23,6 +23,9 @@ void TransformerConfig::finalize() {
   MEGATRON_CHECK(hidden_size > 0, "--hidden-size must be positive, got ", hidden_size);
   MEGATRON_CHECK(num_attention_heads > 0, "--num-attention-heads must be positive, got ",
                  num_attention_heads);
+  MEGATRON_CHECK(!attention_output_gate || !mla.enabled,
+                 "Output gate is not supported for MLA yet: drop --attention-output-gate or "
+                 "--multi-latent-attention");
   if (kv_channels == 0) {
     MEGATRON_CHECK(hidden_size % num_attention_heads == 0, "--hidden-size (", hidden_size,
                    ") must be divisible by --num-attention-heads (", num_attention_heads,

@@ -109,6 +109,10 @@ struct TransformerConfig {
          yarn_beta_slow = 1, yarn_mscale = 1, yarn_mscale_all_dim = 0;
   bool yarn_round_to_int = true;
   bool qk_layernorm = false;  // --qk-layernorm: a norm over each query and key head
+  // --attention-output-gate (Megatron core 0.19; Qwen3-Next's gated attention): linear_qkv also
+  // produces a gate per query channel (per group: the queries, their gates, the key, the value)
+  // and the attention's output is multiplied by sigmoid(gate) before linear_proj.
+  bool attention_output_gate = false;
   // --qk-l2-norm (Llama 4): q_layernorm and k_layernorm are Megatron's L2Norm instead, RMS
   // normalisation without a weight (eps --norm-epsilon), before RoPE; wins over qk_layernorm.
   bool qk_l2_norm = false;

@@ -17,6 +17,7 @@
 #include <omp.h>
 
 #include "core/philox.h"
+#include "models/gpt/gpt_flops.h"
 #include "models/gpt/gpt_model.h"
 #include "tensor/ops.h"
 #include "testing/testing.h"
@@ -274,6 +275,18 @@ TEST(GPTModel, MupInitAndMultipliers) {
   for (int64_t i = 0; i < one.numel(); ++i)
     diff = std::max(diff, std::abs(emb.item(i) - one.item(i)));
   EXPECT_GT(diff, 1e-3);  // the embedding multiplier reaches the logits
+}
+
+// --attention-output-gate's FLOPs (core 0.19's num_floating_point_operations): the gate rows add
+// 3 x 2 x hidden x (heads x head dim) per token and layer (forward and two backward GEMMs).
+TEST(GPTModel, AttentionOutputGateFlops) {
+  TransformerConfig c = llama_config();
+  const double plain = model_flops_per_iteration(c, 3);
+  c.attention_output_gate = true;
+  const double want = plain + 6.0 * 3 *
+                                  static_cast<double>(c.seq_length * c.num_layers * c.hidden_size *
+                                                      c.num_attention_heads * c.head_dim());
+  EXPECT_NEAR(model_flops_per_iteration(c, 3), want, 1e-12 * want);
 }
 
 // --init-method-xavier-uniform: every normally initialised matrix (the linear layers, the

@@ -51,6 +51,9 @@ double model_flops_per_iteration(const TransformerConfig& c, int64_t global_batc
   // Per token and layer, in units of 12 h^2 (forward, data grad, weight grad x GEMM pairs x
   // multiply-add).
   double attention = (1.0 + g / n + s / h) * qproj_ratio;
+  // Core 0.19's --attention-output-gate: linear_qkv's gate rows, one more query projection's
+  // worth of hidden x query GEMMs (half of the q + o unit above).
+  if (c.attention_output_gate) attention += 0.5 * qproj_ratio;
   if (c.mla.enabled) {
     // Megatron's multi-latent attention term (r0.14's training.py): the projections' parameters
     // (the latent norms counted as one FMA per channel), linear_proj, and the causal half of

@@ -462,6 +462,10 @@ HfArch infer_hf_arch(const TransformerConfig& c) {
                  "this model has no Hugging Face equivalent: --qk-l2-norm and --no-rope-freq are "
                  "Megatron's variants of Llama 4's attention, which differs from them (no norm on "
                  "its NoPE layers, temperature-tuned NoPE queries)");
+  MEGATRON_CHECK(!c.attention_output_gate,
+                 "this model has no Hugging Face equivalent here: --attention-output-gate is "
+                 "Qwen3-Next's gated attention, whose other layers (Gated DeltaNet) are not "
+                 "implemented");
   MEGATRON_CHECK(c.mtp_num_layers == 0 || c.mla.enabled,
                  "this model has no Hugging Face equivalent: multi-token prediction layers have "
                  "a Hugging Face form in DeepSeek-V3 only (--multi-latent-attention)");

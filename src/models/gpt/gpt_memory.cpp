@@ -26,7 +26,10 @@ int64_t activation_bytes_per_microbatch(const TransformerConfig& c, const Activa
            + core
            // linear_proj's input: the attention output itself in fp32 runs, a 16-bit copy
            // otherwise
-           + (g == 4 ? 0 : sb * np * hn / t * g);
+           + (g == 4 ? 0 : sb * np * hn / t * g)
+           // --attention-output-gate: the gates' sigmoid, and in fp32 runs linear_proj's input
+           // (the gated output) besides the output itself
+           + (c.attention_output_gate ? sb * np * hn / t * e * (g == 4 ? 2 : 1) : 0);
   };
   const int64_t gqa_attention = gqa(ng);
   // Multi-latent attention (transformer/mla.h): the down projections' shared input (this rank's

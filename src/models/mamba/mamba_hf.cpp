@@ -346,9 +346,10 @@ void check_nemotron_h_exportable(const TransformerConfig& c) {
   MEGATRON_CHECK(c.position_embedding == PositionEmbedding::kNone,
                  "this hybrid model has no NemotronH equivalent: its attention has no positional "
                  "embedding (--position-embedding-type none)");
-  MEGATRON_CHECK(!c.qk_layernorm && !c.qk_l2_norm && c.softmax_scale == 0 && c.mamba.d_conv == 4,
+  MEGATRON_CHECK(!c.qk_layernorm && !c.qk_l2_norm && c.softmax_scale == 0 &&
+                     !c.attention_output_gate && c.mamba.d_conv == 4,
                  "this hybrid model has no NemotronH equivalent: plain attention (no "
-                 "--qk-layernorm, --qk-l2-norm or --softmax-scale)");
+                 "--qk-layernorm, --qk-l2-norm, --softmax-scale or --attention-output-gate)");
 }
 
 void load_nemotron_h_weights(const std::string& dir, GPTModel& model, ParamSet& params) {
