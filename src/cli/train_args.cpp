@@ -741,6 +741,9 @@ void register_train_args(ArgTable& t, Arguments& a) {
   t.flag("--log-timers-to-tensorboard", a.log_timers_to_tensorboard,
          "Write the iteration time, throughput and (with --timing-log-level) each phase's time "
          "to TensorBoard");
+  t.add("--log-memory-interval", a.log_memory_interval,
+        "Also print each rank's memory report every this many iterations (a multiple of "
+        "--log-interval; default: after the first logging interval only)");
   t.flag("--log-memory-to-tensorboard", a.log_memory_to_tensorboard,
          "Write the resident memory (mem-reserved-bytes) and its peak (mem-max-allocated-bytes) "
          "to TensorBoard");
@@ -825,6 +828,9 @@ void register_train_args(ArgTable& t, Arguments& a) {
         "Exit (after saving, code 3) once training has run this many minutes");
   t.add("--distributed-timeout-minutes", a.distributed_timeout_minutes,
         "Abort the job when a step or collective makes no progress for this long");
+  t.add("--distributed-timeout-seconds-after-init", a.distributed_timeout_seconds_after_init,
+        "After the first iteration, the watchdog's limit in seconds instead (Megatron core 0.19 "
+        "sets the process groups' timeout to it then)");
   t.concern("checkpoint");
   t.add("--save-hf", a.save_hf,
         "After training, write the weights as a Hugging Face model directory here");
@@ -876,6 +882,9 @@ void validate_checkpoint_args(const Arguments& a) {
   MEGATRON_CHECK(a.exit_interval >= 0, "--exit-interval must be >= 0, got ", a.exit_interval);
   MEGATRON_CHECK(a.exit_duration_in_mins >= 0, "--exit-duration-in-mins must be >= 0, got ",
                  a.exit_duration_in_mins);
+  MEGATRON_CHECK(a.distributed_timeout_seconds_after_init >= 0,
+                 "--distributed-timeout-seconds-after-init must be positive, got ",
+                 a.distributed_timeout_seconds_after_init);
   MEGATRON_CHECK(a.distributed_timeout_minutes >= 0,
                  "--distributed-timeout-minutes must be >= 0 (0: no watchdog), got ",
                  a.distributed_timeout_minutes);
@@ -1819,6 +1828,9 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
     }
   }
   MEGATRON_CHECK(a.log_interval > 0, "--log-interval must be positive, got ", a.log_interval);
+  MEGATRON_CHECK(a.log_memory_interval >= 0 && a.log_memory_interval % a.log_interval == 0,
+                 "--log-memory-interval must be a multiple of --log-interval (", a.log_interval,
+                 "), got ", a.log_memory_interval);
   MEGATRON_CHECK(a.timing_log_level >= 0 && a.timing_log_level <= 2,
                  "--timing-log-level must be 0, 1 or 2, got ", a.timing_log_level);
   MEGATRON_CHECK(a.tensorboard_log_interval > 0, "--tensorboard-log-interval must be positive");

@@ -370,10 +370,12 @@ struct Arguments {
   std::string ckpt_format = "torch_dist";  // accepted: the one (sharded, reshardable) format
 
   // ---- graceful exits and hang detection ----
-  bool exit_signal_handler = false;         // save and exit when --exit-signal arrives
-  std::string exit_signal = "SIGTERM";      // the signal --exit-signal-handler waits for
-  int64_t exit_interval = 0;                // exit (after saving) at iterations divisible by this
-  double exit_duration_in_mins = 0;         // exit (after saving) once training ran this long
+  bool exit_signal_handler = false;     // save and exit when --exit-signal arrives
+  std::string exit_signal = "SIGTERM";  // the signal --exit-signal-handler waits for
+  int64_t exit_interval = 0;            // exit (after saving) at iterations divisible by this
+  double exit_duration_in_mins = 0;     // exit (after saving) once training ran this long
+  double distributed_timeout_seconds_after_init = 0;  // core 0.19; 0: the minutes' limit stays
+  int64_t log_memory_interval = 0;                    // core 0.19; 0: the first interval only
   double distributed_timeout_minutes = 10;  // watchdog: a step or collective hanging this long
 
   // ---- logging ----

@@ -2229,6 +2229,8 @@ void Trainer::log_iteration(TrainingLog& log, const TrainingLog::Step& step) {
   if (!memory_reported_) {
     report_memory(step.iteration);
     memory_reported_ = true;
+  } else if (args_.log_memory_interval > 0 && step.iteration % args_.log_memory_interval == 0) {
+    report_memory(step.iteration);  // Megatron core 0.19's --log-memory-interval
   }
   // The prediction against the second interval (the first warms up caches and primitives), or
   // the first when the run logs only once.
@@ -2282,6 +2284,12 @@ int Trainer::train() {
     check_weight_hashes(start_iteration_);
   train_timer_.start();
   for (int64_t it = start_iteration_ + 1; it <= args_.train_iters; ++it) {
+    // Megatron core 0.19's --distributed-timeout-seconds-after-init: once the first iteration is
+    // done, the rest of the run (steps, evaluations, saves) hangs at most this long.
+    if (it == start_iteration_ + 2 && args_.distributed_timeout_seconds_after_init > 0) {
+      watchdog_->set_timeout(args_.distributed_timeout_seconds_after_init,
+                             "--distributed-timeout-seconds-after-init");
+    }
     watchdog_->enter("train-step", it);
     fault_.at_iteration_start(parallel_->rank(), it);
     // The batch follows the consumed samples (Megatron's update_num_microbatches); as Megatron,

@@ -36,12 +36,17 @@ class Watchdog {
   void enter(const char* phase, int64_t iteration);
   // No deadline until the next enter() (e.g. while saving a checkpoint of unknown duration).
   void disarm();
+  // A new limit from now on (> 0; starts the thread of a disabled watchdog), named by `flag` in
+  // the message: Megatron core 0.19's --distributed-timeout-seconds-after-init, which replaces
+  // the process groups' timeout once the first iteration is done.
+  void set_timeout(double seconds, const char* flag);
 
  private:
   using Clock = std::chrono::steady_clock;
   void run();
 
-  const double timeout_seconds_;
+  double timeout_seconds_;  // guarded by mutex_ once the thread runs
+  const char* limit_flag_ = "--distributed-timeout-minutes";
   const int rank_;
   const std::function<void()> on_expiry_;
   std::mutex mutex_;

@@ -17,6 +17,7 @@ Usage: test_megatron_flags.py --megatron BUILD/megatron
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -145,6 +146,23 @@ class MegatronFlagsTest(unittest.TestCase):
             with self.subTest(flag=flag):
                 self.assertEqual(len(dumped(given, dest)), 1)  # one line per argument
                 self.assertNotEqual(dumped(plain, dest), dumped(given, dest))
+
+    def test_core019_logging_and_timeout_flags(self):
+        # --log-memory-interval: the memory report after the first interval and at every
+        # multiple of the interval (iterations 1, 2, 4 of 4); it must divide by --log-interval.
+        # --distributed-timeout-seconds-after-init: the watchdog's limit after iteration 1 (a
+        # run within it finishes; the limit's expiry is tests/train/test_watchdog.cpp's).
+        args = [*BASE, "--train-iters", "4", "--log-interval", "1"]
+        proc = run("train", *args, "--log-memory-interval", "2",
+                   "--distributed-timeout-seconds-after-init", "60")
+        self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
+        reports = [l for l in proc.stdout.splitlines() if "memory (MB)" in l]
+        self.assertEqual([re.search(r"after (\d+) iterations", l)[1] for l in reports],
+                         ["1", "2", "4"])
+        self.assertRefused(run("train", *args, "--log-interval", "2", "--log-memory-interval",
+                               "3"), "--log-memory-interval")
+        self.assertRefused(run("train", *args, "--distributed-timeout-seconds-after-init", "-1"),
+                           "--distributed-timeout-seconds-after-init")
 
     def test_unknown_flags(self):
         proc = run("train", *BASE, "--lr-warmup-iter", "3")

@@ -57,6 +57,26 @@ TEST(Watchdog, FiresOnceWithPhaseAndIteration) {
   EXPECT_NE(err.find("in phase 'train-step' at iteration 7:"), std::string::npos) << err;
 }
 
+// --distributed-timeout-seconds-after-init: a tighter limit set later fires on a stall that the
+// first one would have let pass, names its flag; a disabled watchdog starts with it.
+TEST(Watchdog, SetTimeoutTightensTheLimit) {
+  for (const double first : {60.0, 0.0}) {
+    std::atomic<int> calls{0};
+    testing::internal::CaptureStderr();
+    {
+      Watchdog watchdog(first, 1, [&] { ++calls; });
+      watchdog.set_timeout(0.1, "--distributed-timeout-seconds-after-init");
+      watchdog.enter("train-step", 2);
+      wait_for_call(calls, std::chrono::seconds(5));
+    }
+    const std::string err = testing::internal::GetCapturedStderr();
+    EXPECT_EQ(calls.load(), 1) << first;
+    EXPECT_NE(err.find("(limit --distributed-timeout-seconds-after-init = 0.1 s)"),
+              std::string::npos)
+        << err;
+  }
+}
+
 TEST(Watchdog, RegularProgressKeepsItQuiet) {
   std::atomic<int> calls{0};
   testing::internal::CaptureStderr();
