@@ -1180,8 +1180,11 @@ void validate_batch_schedule(Arguments& a, int64_t dp) {
   if (a.eval_global_batch_size == 0) a.eval_global_batch_size = a.global_batch_size;
   MEGATRON_CHECK(a.eval_global_batch_size % (a.eval_micro_batch_size * dp) == 0,
                  "--eval-global-batch-size (", a.eval_global_batch_size,
-                 ") must be divisible by --eval-micro-batch-size (", a.eval_micro_batch_size,
-                 ") times the data-parallel size (", dp, ")");
+                 "; default --global-batch-size) must be divisible by --eval-micro-batch-size (",
+                 a.eval_micro_batch_size,
+                 "; default --micro-batch-size) times the data-parallel "
+                 "size (",
+                 dp, ")");
   MEGATRON_CHECK(a.start_eval_at_iter >= 0, "--start-eval-at-iter must be >= 0, got ",
                  a.start_eval_at_iter);
   MEGATRON_CHECK(a.validation_set_names.empty() || a.multiple_validation_sets,
@@ -2240,6 +2243,10 @@ void resolve_finetuning(Arguments& a, const ArgTable& t) {
                  "--task, --train-data, --valid-data and --epochs belong to "
                  "`megatron finetune` (--model bert_classification)");
   if (!finetune) return;
+  // Its evaluation reads every example once, padded to whole --global-batch-size batches.
+  MEGATRON_CHECK(!t.given("--eval-micro-batch-size") && !t.given("--eval-global-batch-size"),
+                 "megatron finetune evaluates in the training batch sizes (every validation "
+                 "example once): drop --eval-micro-batch-size and --eval-global-batch-size");
   MEGATRON_CHECK(!a.task.empty(), "megatron finetune needs --task (classification, MNLI, QQP)");
   MEGATRON_CHECK(!a.train_data.empty(), "megatron finetune needs --train-data");
   const ClassificationTask task = classification_task(a.task);

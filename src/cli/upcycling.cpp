@@ -70,7 +70,7 @@ void upcycle_checkpoint(const Arguments& run) {
     nlohmann::json dj = model_args_json(dense.args, d), mj = model_args_json(moe.args, m);
     for (const char* key : {"num_experts", "moe_layer_pattern", "moe_ffn_hidden_size",
                             "moe_shared_expert_intermediate_size", "moe_router_enable_expert_bias",
-                            "ffn_hidden_size"}) {
+                            "moe_shared_expert_gate", "ffn_hidden_size"}) {
       dj.erase(key);
       mj.erase(key);
     }

@@ -126,8 +126,9 @@ struct GPTDataArgs {
   GPTDatasetConfig config;
 };
 
-// Megatron's requested sample counts: train = train_iters * gbs; valid = (train_iters //
-// eval_interval + 1) * eval_iters * gbs; test = eval_iters * gbs.
+// Megatron r0.14's requested sample counts: train = train_iters * gbs; valid = (train_iters //
+// eval_interval + 1) * eval_iters * gbs; test = eval_iters * gbs (the trainer's, with core 0.19's
+// evaluation flags, are train/datasets.h's sample_counts).
 std::array<int64_t, 3> megatron_split_num_samples(int64_t train_iters, int64_t global_batch_size,
                                                   int64_t eval_interval, int64_t eval_iters);
 

@@ -1,6 +1,7 @@
 // The data flags as a DataConfig, and Megatron's per-split sample counts.
 #include "train/datasets.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "train/model_config.h"
@@ -12,13 +13,18 @@ SampleCounts sample_counts(const Arguments& a) {
   const int64_t gbs = a.global_batch_size;
   c.train = a.train_samples > 0 ? a.train_samples : a.train_iters * gbs;
   // Megatron core 0.19's get_train_valid_test_num_samples: evaluations of
-  // --eval-global-batch-size samples, the ones before --start-eval-at-iter not counted (the
-  // evaluation at the end is one more than the loop's when the start is a multiple of the
-  // interval: Megatron counts it out too, and the datasets' surplus covers it).
+  // --eval-global-batch-size samples, the ones before --start-eval-at-iter not counted. When the
+  // start is a multiple of the interval its count is one short (the loop's evaluations from the
+  // start on, and the one after training): Megatron then reads past its count into its
+  // datasets' surplus; here the split is built for the evaluations the run makes, so that a
+  // split without surplus (mock data, an exact blend) holds them too.
   const int64_t eval_gbs = a.eval_global_batch_size > 0 ? a.eval_global_batch_size : gbs;
-  const int64_t evaluations =
-      a.train_iters / a.eval_interval + 1 - a.start_eval_at_iter / a.eval_interval;
-  c.valid = evaluations * a.eval_iters * eval_gbs;
+  const int64_t megatron_count = std::max<int64_t>(
+      0, a.train_iters / a.eval_interval + 1 - a.start_eval_at_iter / a.eval_interval);
+  const int64_t first = std::max<int64_t>(a.start_eval_at_iter, 1);
+  const int64_t in_loop =
+      first > a.train_iters ? 0 : a.train_iters / a.eval_interval - (first - 1) / a.eval_interval;
+  c.valid = std::max(megatron_count, in_loop + 1) * a.eval_iters * eval_gbs;
   c.test = a.eval_iters * eval_gbs;
   c.valid_one_epoch = a.full_validation;
   return c;

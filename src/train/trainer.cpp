@@ -143,6 +143,9 @@ TokenizerArgs tokenizer_args(const Arguments& a) {
 
 Trainer::Trainer(const Arguments& args, std::shared_ptr<ParallelState> parallel)
     : args_(args), parallel_(std::move(parallel)) {
+  // The evaluation's batch sizes, when the caller has not resolved them (the CLI does).
+  if (args_.eval_micro_batch_size == 0) args_.eval_micro_batch_size = args_.micro_batch_size;
+  if (args_.eval_global_batch_size == 0) args_.eval_global_batch_size = args_.global_batch_size;
   // A single process is a world of one: every group is the process itself.
   if (!parallel_)
     parallel_ = std::make_shared<ParallelState>(make_self_process_group(), ParallelConfig{});
@@ -294,7 +297,10 @@ void Trainer::build_model() {
       for (const std::string& f : chunk->batch_fields()) {
         bool known = false;
         for (const TensorSpec& t : batch_specs_) known = known || t.name == f;
-        if (!known) batch_specs_.push_back(spec_->batch_field(f, args_.micro_batch_size, cfg_));
+        if (!known) {
+          batch_specs_.push_back(spec_->batch_field(f, args_.micro_batch_size, cfg_));
+          eval_batch_specs_.push_back(spec_->batch_field(f, args_.eval_micro_batch_size, cfg_));
+        }
       }
     }
     needs_data_ = !batch_specs_.empty();
@@ -876,20 +882,12 @@ void Trainer::build_data() {
                      : std::string("this data phase's iterations"),
                  " need ", train_need);
   if (args_.eval_iters > 0) {
-    // The split is built for need.valid samples (Megatron's count, so the same samples); the
-    // evaluations read one batch more when --start-eval-at-iter is a multiple of the interval
-    // (the final one, which Megatron's count leaves out): checked against what is read.
-    const int64_t first = std::max<int64_t>(args_.start_eval_at_iter, 1);
-    const int64_t in_loop = first > args_.train_iters ? 0
-                                                      : args_.train_iters / args_.eval_interval -
-                                                            (first - 1) / args_.eval_interval;
-    const int64_t read =
-        std::max(need.valid, (in_loop + 1) * args_.eval_iters * args_.eval_global_batch_size);
+    const int64_t read = need.valid;  // every evaluation's samples (sample_counts)
     MEGATRON_CHECK(args_.full_validation || !data_.valid || data_.valid->size() >= read,
                    "the validation data has ", data_.valid ? data_.valid->size() : 0,
                    " samples; evaluation needs ", read,
-                   " ((--train-iters / --eval-interval + 1 - --start-eval-at-iter / "
-                   "--eval-interval) x --eval-iters x --eval-global-batch-size)");
+                   " (the evaluations from --start-eval-at-iter every --eval-interval, and one "
+                   "after training, x --eval-iters x --eval-global-batch-size)");
     MEGATRON_CHECK(!data_.test || data_.test->size() >= need.test, "the test data has ",
                    data_.test ? data_.test->size() : 0, " samples; evaluation needs ", need.test);
   }
@@ -1042,7 +1040,10 @@ std::vector<Action> Trainer::schedule() const {
 }
 
 std::vector<TensorMap> Trainer::step_batches(int64_t microbatches,
-                                             const std::function<TensorMap(int64_t)>& read) {
+                                             const std::function<TensorMap(int64_t)>& read,
+                                             bool evaluation) {
+  // The TP ranks that receive allocate the fields at the step's micro-batch size.
+  const std::vector<TensorSpec>& specs = evaluation ? eval_batch_specs_ : batch_specs_;
   std::vector<TensorMap> batches(static_cast<size_t>(microbatches));
   if (!needs_data_) return batches;
   // TP rank 0 reads; the others receive every field this stage reads, in the specs' order.
@@ -1051,7 +1052,7 @@ std::vector<TensorMap> Trainer::step_batches(int64_t microbatches,
   for (int64_t mb = 0; mb < microbatches; ++mb) {
     TensorMap& m = batches[mb];
     const TensorMap all = tp.rank() == 0 ? read(mb) : TensorMap();
-    for (const TensorSpec& spec : batch_specs_) {
+    for (const TensorSpec& spec : specs) {
       Tensor t = tp.rank() == 0 ? all.at(spec.name) : Tensor::empty(spec.shape, spec.dtype);
       if (tp.size() > 1) tp.broadcast(t, 0);
       // Under context parallelism each rank keeps its chunks of every [b, s] field (Megatron's
@@ -1709,15 +1710,18 @@ LossTerms Trainer::evaluate(const SampleSource& data, int64_t* consumed) {
       whole ? full_validation_steps(data.size(), m * dp_size_ * mbs) : args_.eval_iters;
   for (int64_t it = 0; it < steps; ++it) {
     // Megatron's sampler: micro-step it * m + mb of the evaluation, this rank's share of it.
-    std::vector<TensorMap> batches = step_batches(m, [&](int64_t mb) {
-      const int64_t first = ((it * m + mb) * dp_size_ + dp_rank_) * mbs;
-      if (!whole) return make_batch_(data, *consumed + first, mbs);
-      // The last step's positions past the end re-read the start, their loss masked.
-      TensorMap batch = make_batch_(wrapped, first, mbs);
-      if (first + mbs > data.size())
-        mask_rows_from(batch, std::max<int64_t>(data.size() - first, 0));
-      return batch;
-    });
+    std::vector<TensorMap> batches = step_batches(
+        m,
+        [&](int64_t mb) {
+          const int64_t first = ((it * m + mb) * dp_size_ + dp_rank_) * mbs;
+          if (!whole) return make_batch_(data, *consumed + first, mbs);
+          // The last step's positions past the end re-read the start, their loss masked.
+          TensorMap batch = make_batch_(wrapped, first, mbs);
+          if (first + mbs > data.size())
+            mask_rows_from(batch, std::max<int64_t>(data.size() - first, 0));
+          return batch;
+        },
+        /*evaluation=*/true);
     const ParamGate* gate = fsdp_ ? fsdp_.get() : nullptr;  // sharded weights are gathered
     MicroBatchRunner runner(
         chunks_, *loss_, mbs, std::move(batches),

@@ -149,9 +149,11 @@ class Trainer {
   void report_op_times() const;
   // This stage's share of the micro-batches of a step: read by TP rank 0 of every stage that
   // needs the data (first and last stages; every stage with --reset-attention-mask) and
-  // broadcast over the TP group. `read(k)` builds the k-th micro-batch of the step.
+  // broadcast over the TP group. `read(k)` builds the k-th micro-batch of the step; `evaluation`:
+  // an evaluation's, of --eval-micro-batch-size.
   std::vector<TensorMap> step_batches(int64_t microbatches,
-                                      const std::function<TensorMap(int64_t)>& read);
+                                      const std::function<TensorMap(int64_t)>& read,
+                                      bool evaluation = false);
   // After backward: data-parallel average, sequence-parallel and shared-embedding sums.
   void finish_gradients();
   // Its sequence-parallel and tied-embedding sums on sharded gradients (Megatron-FSDP).
@@ -263,6 +265,7 @@ class Trainer {
   std::unique_ptr<LossFn> loss_;
   BatchFn make_batch_;                   // the spec's batch maker under this run's BatchOptions
   std::vector<TensorSpec> batch_specs_;  // the micro-batch fields this rank's chunks read
+  std::vector<TensorSpec> eval_batch_specs_;  // the same at --eval-micro-batch-size
   std::unique_ptr<PipelineExecutor> executor_;
   std::unique_ptr<GradBuckets> grad_buckets_;
   std::vector<Param*> sp_params_;      // gradients summed over TP after backward (SP replicas)

@@ -163,6 +163,16 @@ class MegatronFlagsTest(unittest.TestCase):
                                "3"), "--log-memory-interval")
         self.assertRefused(run("train", *args, "--distributed-timeout-seconds-after-init", "-1"),
                            "--distributed-timeout-seconds-after-init")
+        # --start-eval-at-iter past the run on mock data (a split without surplus): no evaluation
+        # in the loop, the one after training still runs; a start at an evaluation iteration
+        # (Megatron's count one short) has its samples too.
+        for start, want in (("100", ["iteration 4 on validation set", "iteration 4 on test set"]),
+                            ("2", ["iteration 2", "iteration 4", "iteration 4 on validation set",
+                                   "iteration 4 on test set"])):
+            proc = run("train", *args, "--eval-iters", "1", "--eval-interval", "2",
+                       "--start-eval-at-iter", start)
+            self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
+            self.assertEqual(re.findall(r" validation loss at (.+?) \|", proc.stdout), want)
 
     def test_unknown_flags(self):
         proc = run("train", *BASE, "--lr-warmup-iter", "3")

@@ -463,7 +463,8 @@ class DataLoadingTest(unittest.TestCase):
     def test_eval_batch_sizes(self):
         # An evaluation reads --eval-global-batch-size samples per iteration from where the last
         # one stopped; the micro-batch size only splits them (the loss is the token-weighted mean
-        # either way), in one process or over two pipeline stages.
+        # either way), in one process, over two pipeline stages or two tensor-parallel ranks (whose
+        # receiving rank allocates the evaluation's micro-batch).
         every2 = {"eval_interval": 2, "init_method_std": 0.5}
         plain_out = self.run_ok(**every2)
         plain = self.validation_values(plain_out)
@@ -471,7 +472,8 @@ class DataLoadingTest(unittest.TestCase):
                          ["iteration 2", "iteration 4", "iteration 6",
                           "iteration 6 on validation set"])
         train = megatron_log.curves(plain_out, ["lm loss"], 1, 6)
-        for ranks, extra in ((1, ()), (2, ("--pipeline-model-parallel-size", "2"))):
+        for ranks, extra in ((1, ()), (2, ("--pipeline-model-parallel-size", "2")),
+                             (2, ("--tensor-model-parallel-size", "2"))):
             with self.subTest(ranks=ranks):
                 out = self.run_ok(ranks, extra=("--eval-micro-batch-size", "1", *extra), **every2)
                 got = self.validation_values(out)

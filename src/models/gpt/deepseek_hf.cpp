@@ -218,6 +218,9 @@ json deepseek_v3_config_json(const TransformerConfig& c) {
                    "first (--moe-layer-freq ([0]*K+[1]*N))");
   }
   check_noaux_tc_router_exportable(moe, "DeepSeek-V3");
+  MEGATRON_CHECK(!moe.shared_expert_gate,
+                 "this MoE model has no Hugging Face equivalent: DeepSeek-V3's shared experts have "
+                 "no gate (--moe-shared-expert-gate)");
   const int64_t shared = moe.shared_expert_intermediate_size;
   MEGATRON_CHECK(shared % moe.ffn_hidden_size == 0,
                  "this MoE model has no Hugging Face equivalent: DeepSeek-V3's shared experts are "

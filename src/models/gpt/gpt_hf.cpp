@@ -511,9 +511,10 @@ void add_hf_moe_keys(const TransformerConfig& c, json& j) {
   // cannot express have no export.
   const MoeConfig& m = c.moe;
   const bool qwen2 = m.shared_expert_intermediate_size > 0;
-  MEGATRON_CHECK(!qwen2 || (m.shared_expert_gate && !c.qk_layernorm),
+  MEGATRON_CHECK(!qwen2 || (m.shared_expert_gate && !c.qk_layernorm && c.add_qkv_bias),
                  "this MoE model has no Hugging Face equivalent: shared experts export as "
-                 "Qwen2-MoE's, which gates them (--moe-shared-expert-gate) and has no q/k norms "
+                 "Qwen2-MoE's, which gates them (--moe-shared-expert-gate), has q/k/v biases "
+                 "(--add-qkv-bias; older transformers always build them) and no q/k norms "
                  "(--qk-layernorm)");
   MEGATRON_CHECK(!m.apply_probs_on_input,
                  "this MoE model has no Hugging Face equivalent here: Mixtral and Qwen3-MoE scale "

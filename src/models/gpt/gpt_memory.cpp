@@ -52,13 +52,13 @@ int64_t activation_bytes_per_microbatch(const TransformerConfig& c, const Activa
   // experts' gate keeps their output and its sigmoid (h + 1 per local token, in f32).
   const int64_t k = c.moe.router_topk, fe = c.moe.ffn_hidden_size;
   const int64_t lat = c.moe.latent_size, rows_w = lat > 0 ? lat : h;
-  const int64_t moe_layer = attention + sb * k / t * (rows_w * g + fe * e) + mlp(fe, sb * k) +
-                            s_local_b * c.moe.num_experts * 8 * 3 +
-                            (lat > 0 ? s_local_b * (h + lat) * g : 0) +
-                            (c.moe.shared_expert_intermediate_size > 0
-                                 ? sb * h * g + mlp(c.moe.shared_expert_intermediate_size, sb)
-                                 : 0) +
-                            (c.moe.shared_expert_gate ? s_local_b * (h + 1) * e : 0);
+  const int64_t moe_layer =
+      attention + sb * k / t * (rows_w * g + fe * e) + mlp(fe, sb * k) +
+      s_local_b * c.moe.num_experts * 8 * 3 + (lat > 0 ? s_local_b * (h + lat) * g : 0) +
+      (c.moe.shared_expert_intermediate_size > 0
+           ? sb * h * g + mlp(c.moe.shared_expert_intermediate_size, sb)
+           : 0) +
+      (c.moe.shared_expert_gate ? s_local_b * (h + 1) * e + (g == 4 ? 0 : s_local_b * h * g) : 0);
   const int64_t input = s_local_b * h * e;  // a recomputed segment's input
   const int64_t L = a.num_layers;
   int64_t bytes = 0;

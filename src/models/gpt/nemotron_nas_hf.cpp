@@ -75,9 +75,10 @@ void add_nemotron_nas_keys(const TransformerConfig& c, nlohmann::json& j) {
           "ffn_mult ", mult, " does not give back width ", lc.ffn_hidden_size);
     }
   }
-  MEGATRON_CHECK(!c.qk_layernorm,
+  MEGATRON_CHECK(!c.qk_layernorm && !c.add_qkv_bias,
                  "this heterogeneous model has no Hugging Face nemotron-nas form: DeciLM's "
-                 "attention has no query/key norms (drop --qk-layernorm)");
+                 "attention has no query/key norms or q/k/v biases (drop --qk-layernorm and "
+                 "--add-qkv-bias)");
   j["model_type"] = "nemotron-nas";
   j["architectures"] = {"DeciLMForCausalLM"};
   j["block_configs"] = blocks;

@@ -329,9 +329,10 @@ void check_nemotron_h_exportable(const TransformerConfig& c) {
   MEGATRON_CHECK(c.mamba.enabled(), "NemotronH export needs a hybrid Mamba model (--model mamba)");
   if (c.moe.enabled()) {
     check_noaux_tc_router_exportable(c.moe, "NemotronH");
-    MEGATRON_CHECK(c.moe.shared_expert_intermediate_size > 0,
+    MEGATRON_CHECK(c.moe.shared_expert_intermediate_size > 0 && !c.moe.shared_expert_gate,
                    "this hybrid model has no NemotronH equivalent: NemotronH's MoE layers always "
-                   "have a shared MLP (--moe-shared-expert-intermediate-size)");
+                   "have a shared MLP (--moe-shared-expert-intermediate-size), without a gate "
+                   "(--moe-shared-expert-gate)");
   }
   MEGATRON_CHECK(c.normalization == Normalization::kRMSNorm && !c.layernorm_zero_centered_gamma &&
                      std::abs(c.norm_epsilon - 1e-5) < 1e-12,

@@ -166,12 +166,12 @@ void scale_rows(const T* s, const T* g, int64_t rows, int64_t h, T* y) {
 template <typename T>
 void gate_backward(const T* dy, const T* s, const T* g, int64_t rows, int64_t h, T* ds, T* dz) {
   for (int64_t t = 0; t < rows; ++t) {
-    T dg = 0;
+    double dg = 0;  // a dot product over h: accumulated in double, as ops::row_dots does
     for (int64_t j = 0; j < h; ++j) {
       ds[t * h + j] = dy[t * h + j] * g[t];
-      dg += dy[t * h + j] * s[t * h + j];
+      dg += static_cast<double>(dy[t * h + j]) * static_cast<double>(s[t * h + j]);
     }
-    dz[t] = dg * g[t] * (1 - g[t]);
+    dz[t] = static_cast<T>(dg * g[t] * (1 - g[t]));
   }
 }
 
