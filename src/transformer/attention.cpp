@@ -4,7 +4,6 @@
 
 #include <cmath>
 #include <limits>
-#include <tuple>
 #include <utility>
 
 #include "parallel/mappings.h"
@@ -283,6 +282,18 @@ Tensor apply_gate(const Tensor& out, const Tensor& gate, Tensor* sig_out) {
 
 }  // namespace
 
+Tensor SelfAttention::project_qkv(const Tensor& x, int64_t s, int64_t b, Ctx& ctx,
+                                  Tensor* gate) const {
+  const int64_t ng = groups_local_, qpg = cfg_.queries_per_group(), hn = cfg_.head_dim();
+  if (cfg_.attention_output_gate) {
+    auto [qkv, g] = split_gate(linear_qkv->forward(x, ctx.qkv_ctx), s, b, ng, qpg, hn);
+    *gate = g;
+    return qkv;
+  }
+  return (mla ? mla->forward(x, ctx.mla) : linear_qkv->forward(x, ctx.qkv_ctx))
+      .view({s, b, ng, qpg + 2, hn});
+}
+
 Tensor SelfAttention::qk_norm_forward(const Tensor& qkv, Ctx& ctx) const {
   const int64_t qpg = cfg_.queries_per_group(), hn = cfg_.head_dim();
   QkvParts p = split_qkv(qkv, qpg, hn);
@@ -345,13 +356,8 @@ Tensor SelfAttention::forward_cached(const Tensor& x, const TokenLayout& layout,
   const int64_t s = x.dim(0), b = x.dim(1), offset = cache.offset();
   const int64_t ng = groups_local_, qpg = cfg_.queries_per_group(), hn = cfg_.head_dim();
   const int64_t np = heads_local_;
-  Tensor qkv, gate;
-  if (cfg_.attention_output_gate) {
-    std::tie(qkv, gate) = split_gate(linear_qkv->forward(x, ctx.qkv_ctx), s, b, ng, qpg, hn);
-  } else {
-    qkv = (mla ? mla->forward(x, ctx.mla) : linear_qkv->forward(x, ctx.qkv_ctx))
-              .view({s, b, ng, qpg + 2, hn});
-  }
+  Tensor gate;
+  Tensor qkv = project_qkv(x, s, b, ctx, &gate);
   if (q_layernorm) qkv = qk_norm_forward(qkv, ctx);
   if (rope_on_) {
     Tensor positions = layout.positions;
@@ -401,15 +407,9 @@ Tensor SelfAttention::forward(const Tensor& x, const TokenLayout& layout, Ctx& c
                  "SelfAttention: under context parallelism RoPE needs the global positions");
   // Under sequence parallelism x holds s/tp positions; linear_qkv gathers all s of them.
   const int64_t s = x.dim(0) * (tp_.sp() ? tp_.size() : 1), b = x.dim(1);
-  const int64_t ng = groups_local_, qpg = cfg_.queries_per_group(), hn = cfg_.head_dim();
   const int64_t np = heads_local_;
-  Tensor qkv, gate;
-  if (cfg_.attention_output_gate) {
-    std::tie(qkv, gate) = split_gate(linear_qkv->forward(x, ctx.qkv_ctx), s, b, ng, qpg, hn);
-  } else {
-    qkv = (mla ? mla->forward(x, ctx.mla) : linear_qkv->forward(x, ctx.qkv_ctx))
-              .view({s, b, ng, qpg + 2, hn});
-  }
+  Tensor gate;
+  Tensor qkv = project_qkv(x, s, b, ctx, &gate);
   if (q_layernorm) qkv = qk_norm_forward(qkv, ctx);
   if (rope_on_) ops::rope_inplace(qkv, positions, rope_, false);
   ctx.positions = positions;

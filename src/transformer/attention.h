@@ -132,6 +132,9 @@ class SelfAttention {
   // --qk-layernorm on the packed [s, b, ng, qpg + 2, hn] buffer: the query heads through
   // q_layernorm, the key head through k_layernorm, the value head as it is. backward maps the
   // gradient of the result to the gradient of the input the same way.
+  // The packed qkv [s, b, ng/tp, qpg + 2, hn] of x (s positions after sequence parallelism's
+  // gather), and with --attention-output-gate the gates [s, b, np/tp, hn] in *gate.
+  Tensor project_qkv(const Tensor& x, int64_t s, int64_t b, Ctx& ctx, Tensor* gate) const;
   Tensor qk_norm_forward(const Tensor& qkv, Ctx& ctx) const;
   Tensor qk_norm_backward(const Tensor& dqkv, Ctx& ctx) const;
 

@@ -45,11 +45,8 @@ RTOL = 1e-5  # float sums in another order (tests/e2e/test_parallel_equivalence.
 
 
 def run(ranks, *args, expect_rc=0):
-    proc = megatron_job.run_train(MEGATRON, MPIEXEC, ranks, [*MODEL, *args], TIMEOUT_S)
-    if proc.returncode != expect_rc:
-        raise AssertionError(f"train {' '.join(args)}: exit {proc.returncode}, expected "
-                             f"{expect_rc}\n{proc.stdout[-1500:]}\n{proc.stderr[-3000:]}")
-    return proc
+    return megatron_job.run_expecting(MEGATRON, MPIEXEC, ranks, [*MODEL, *args], TIMEOUT_S,
+                                      expect_rc)
 
 
 def curve(proc):

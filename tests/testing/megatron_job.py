@@ -119,6 +119,16 @@ def run_train(megatron, mpiexec, ranks, args, timeout, command="train"):
                           env=dict(os.environ, **MPI_ENV), check=False)
 
 
+def run_expecting(megatron, mpiexec, ranks, args, timeout, expect_rc=0):
+    """run_train of `megatron train ARGS`, raising AssertionError (with the output's tails) unless
+    it exits with expect_rc."""
+    proc = run_train(megatron, mpiexec, ranks, args, timeout)
+    if proc.returncode != expect_rc:
+        raise AssertionError(f"{ranks} rank(s), train {' '.join(args)}: exit {proc.returncode}, "
+                             f"expected {expect_rc}\n{proc.stdout[-1500:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
 class _TimedResult(unittest.TextTestResult):
     """A text result that also records each test case's wall time."""
 
