@@ -201,7 +201,8 @@ void register_model_args(ArgTable& t, Arguments& a) {
   t.flag("--use-mup", a.use_mup,
          "Maximal Update Parameterization: with width multiplier m = hidden size / "
          "--mup-base-hidden-size, matrices drawn with std / sqrt(m), the output projections' "
-         "std / sqrt(2 layers m); embeddings (and an untied output layer) with the embeddings' "
+         "std / sqrt(2 layers m) (hybrid models: layers m); embeddings (and an untied output "
+         "layer) with the embeddings' "
          "std; embeddings scaled by --mup-embedding-mult, logits by --mup-output-mult; attention "
          "scale sqrt(--mup-base-head-dim) / head_dim^--mup-attn-scale-power; Adam's hidden "
          "matrices at lr / m and eps / m (SGD: the vectors and embeddings at lr m)");
@@ -742,8 +743,8 @@ void register_train_args(ArgTable& t, Arguments& a) {
          "Write the iteration time, throughput and (with --timing-log-level) each phase's time "
          "to TensorBoard");
   t.add("--log-memory-interval", a.log_memory_interval,
-        "Also print each rank's memory report every this many iterations (a multiple of "
-        "--log-interval; default: after the first logging interval only)");
+        "Also print the memory report (Megatron's report_memory) every this many iterations (a "
+        "multiple of --log-interval; default: after the first logging interval only)");
   t.flag("--log-memory-to-tensorboard", a.log_memory_to_tensorboard,
          "Write the resident memory (mem-reserved-bytes) and its peak (mem-max-allocated-bytes) "
          "to TensorBoard");
@@ -830,7 +831,10 @@ void register_train_args(ArgTable& t, Arguments& a) {
         "Abort the job when a step or collective makes no progress for this long");
   t.add("--distributed-timeout-seconds-after-init", a.distributed_timeout_seconds_after_init,
         "After the first iteration, the watchdog's limit in seconds instead (Megatron core 0.19 "
-        "sets the process groups' timeout to it then)");
+        "sets the process groups' timeout to it then): a step, one evaluation iteration or a "
+        "checkpoint save (which Megatron's collective timeout does not bound as a whole) "
+        "running longer aborts the job; it also arms a watchdog --distributed-timeout-minutes 0 "
+        "turned off");
   t.concern("checkpoint");
   t.add("--save-hf", a.save_hf,
         "After training, write the weights as a Hugging Face model directory here");
@@ -1551,6 +1555,13 @@ void validate_train_args(Arguments& a, int world_size, int rank) {
                    "(Megatron's GPTModel) and mamba (its hybrid model), not ",
                    a.model);
   }
+  MEGATRON_CHECK(!a.attention_output_gate || a.model == "gpt" || a.model == "mamba",
+                 "--attention-output-gate is implemented for --model gpt and mamba (Megatron's "
+                 "GPT and hybrid self-attention; it has no cross-attention form), not ",
+                 a.model);
+  MEGATRON_CHECK(!(a.attention_output_gate || a.moe_shared_expert_gate) || a.device != "cuda",
+                 "--attention-output-gate and --moe-shared-expert-gate run on the CPU only: drop "
+                 "--device cuda or the gate");
   MEGATRON_CHECK(
       !(a.attention_output_gate && a.qk_clip),
       "--qk-clip rescales linear_qkv's query and key rows, which --attention-output-gate "

@@ -277,7 +277,7 @@ struct Arguments {
   double mup_width_mult = 1;         // computed, as Megatron overwrites it
   int64_t mup_base_hidden_size = 0;  // 0: the hidden size
   double mup_embedding_mult = 1, mup_output_mult = 1;
-  int64_t mup_base_head_dim = 0;  // 0: none
+  double mup_base_head_dim = 0;  // 0: none (Megatron's Optional[float])
   double mup_attn_scale_power = 1;
   // Fill-in-the-middle data (--fim-data, data/fim_dataset.h)
   bool fim_data = false;

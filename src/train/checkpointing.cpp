@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
@@ -233,6 +234,19 @@ nlohmann::json model_record_as_flags(nlohmann::json args) {
   if (!args.contains("use_rope_scaling") && args.contains("rope_scaling_factor") &&
       args["rope_scaling_factor"].is_number() && args["rope_scaling_factor"].get<double>() > 0)
     args["use_rope_scaling"] = true;
+  // --use-mup's multipliers are recorded as 0 without it: not flags to restore then; with it, the
+  // flags that give them back (the base width from the width multiplier).
+  const nlohmann::json width = args.value("mup_width_mult", nlohmann::json());
+  if (width.is_number() && width.get<double>() > 0) {
+    args["use_mup"] = true;
+    if (args.contains("hidden_size") && args["hidden_size"].is_number_integer()) {
+      args["mup_base_hidden_size"] = static_cast<int64_t>(std::llround(
+          static_cast<double>(args["hidden_size"].get<int64_t>()) / width.get<double>()));
+    }
+  } else {
+    for (const char* key : {"mup_width_mult", "mup_embedding_mult", "mup_output_mult"})
+      args.erase(key);
+  }
   return args;
 }
 

@@ -511,8 +511,7 @@ TransformerConfig transformer_config_from_args(const Arguments& a) {
                                                                             : a.mup_output_mult;
     if (a.softmax_scale == 0) {
       const int64_t kv = a.kv_channels > 0 ? a.kv_channels : a.hidden_size / a.num_attention_heads;
-      const double base_head_scale =
-          a.mup_base_head_dim > 0 ? std::sqrt(static_cast<double>(a.mup_base_head_dim)) : 1.0;
+      const double base_head_scale = a.mup_base_head_dim > 0 ? std::sqrt(a.mup_base_head_dim) : 1.0;
       c.softmax_scale = base_head_scale / std::pow(static_cast<double>(kv), a.mup_attn_scale_power);
     }
   }

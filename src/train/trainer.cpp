@@ -742,6 +742,7 @@ void Trainer::build_schedule() {
     const double m = cfg_.mup.width_mult;
     mup_vectors_ = args_.optimizer == "sgd";
     const double scale = mup_vectors_ ? m : 1.0 / m;
+    mup_scale_ = scale;
     mup_schedule_ = schedule_;
     mup_schedule_->max_lr *= scale;
     mup_schedule_->min_lr *= scale;
@@ -770,12 +771,12 @@ void Trainer::restore_schedule(const nlohmann::json& saved) {
        load_scheduler_state(saved, mode, schedule_, wd_schedule_, "--load " + args_.load)) {
     log_first(line);
   }
-  // The μP group too.
+  // The μP group: the restored schedule's rates scaled (its bounds are a ratio of the base
+  // rate's, which --use-checkpoint-opt_param-scheduler may have taken from the checkpoint).
   if (mup_schedule_) {
-    const double max_lr = mup_schedule_->max_lr, min_lr = mup_schedule_->min_lr;
     mup_schedule_ = schedule_;
-    mup_schedule_->max_lr = max_lr;
-    mup_schedule_->min_lr = min_lr;
+    mup_schedule_->max_lr *= mup_scale_;
+    mup_schedule_->min_lr *= mup_scale_;
   }
   // The decoupled group shares the schedule's shape, between its own rates.
   if (decoupled_schedule_) {
@@ -1709,6 +1710,9 @@ LossTerms Trainer::evaluate(const SampleSource& data, int64_t* consumed) {
   const int64_t steps =
       whole ? full_validation_steps(data.size(), m * dp_size_ * mbs) : args_.eval_iters;
   for (int64_t it = 0; it < steps; ++it) {
+    // Progress per evaluation iteration, so that a limit meant for one step (as
+    // --distributed-timeout-seconds-after-init is) holds for an evaluation of many.
+    if (watchdog_) watchdog_->enter("evaluation", eval_iteration_);
     // Megatron's sampler: micro-step it * m + mb of the evaluation, this rank's share of it.
     std::vector<TensorMap> batches = step_batches(
         m,
@@ -1742,6 +1746,7 @@ LossTerms Trainer::evaluate(const SampleSource& data, int64_t* consumed) {
 
 void Trainer::validate(const std::string& prefix, int64_t iteration) {
   if (!data_.valid || (args_.eval_iters == 0 && !args_.full_validation)) return;
+  eval_iteration_ = iteration;
   watchdog_->enter("evaluation", iteration);
   if (!args_.full_validation) {
     evaluate_and_print(prefix, "", *data_.valid, &consumed_valid_, iteration);
@@ -2492,6 +2497,7 @@ void Trainer::flip_one_weight_bit() {
 }
 
 void Trainer::final_evaluations(int64_t iteration) {
+  eval_iteration_ = iteration;
   watchdog_->enter("evaluation", iteration);
   const long it = static_cast<long>(iteration);
   validate(strprintf("iteration %ld on validation set", it), iteration);

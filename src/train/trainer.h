@@ -310,6 +310,9 @@ class Trainer {
   // matrices at lr / m; SGD's vectors at lr m), and Adam's eps scale of the hidden ones.
   std::optional<LrSchedule> mup_schedule_;
   bool mup_vectors_ = false;  // SGD: mup_schedule_ is the vectors' (and the embeddings')
+  double mup_scale_ = 1;
+  int64_t eval_iteration_ = 0;  // the training iteration an evaluation runs at (the watchdog's) //
+                                // its bounds over the base schedule's (1 / m, or m for SGD)
   double mup_eps_scale_ = 1;
   void classify_mup_params();
   WeightDecaySchedule wd_schedule_;

@@ -56,7 +56,7 @@ void Watchdog::set_timeout(double seconds, const char* flag) {
     timeout_seconds_ = seconds;
     limit_flag_ = flag;
   }
-  wake_.notify_one();  // the check period follows the new limit
+  wake_.notify_one();  // the next check period follows the new limit (within a second)
 }
 
 void Watchdog::run() {

@@ -21,13 +21,12 @@ int64_t qkv_width(const TransformerConfig& c) {
 
 SelfAttention::SelfAttention(const std::string& name, const TransformerConfig& cfg,
                              int64_t layer_number, const TensorParallelContext& tp)
-    :  // Megatron's scaled_init_method_normal: std / sqrt(2 * num_layers) for output projections.
-      linear_proj(
-          name + ".linear_proj", cfg.num_attention_heads * cfg.v_head_dim(), cfg.hidden_size,
-          cfg.init_method_std / std::sqrt(2.0 * static_cast<double>(cfg.num_layers)), *tp.group,
-          {.with_bias = cfg.add_bias_linear,
-           .input_is_parallel = true,
-           .sequence_parallel = tp.sp()}),
+    :  // Megatron's scaled_init_method_normal for output projections (TransformerConfig).
+      linear_proj(name + ".linear_proj", cfg.num_attention_heads * cfg.v_head_dim(),
+                  cfg.hidden_size, cfg.output_init_std(), *tp.group,
+                  {.with_bias = cfg.add_bias_linear,
+                   .input_is_parallel = true,
+                   .sequence_parallel = tp.sp()}),
       cfg_(cfg),
       layer_(layer_number),
       tp_(tp),
@@ -265,14 +264,15 @@ void gate_backward(const T* dy, const T* out, const T* sig, int64_t n, T* dout, 
 
 Tensor apply_gate(const Tensor& out, const Tensor& gate, Tensor* sig_out) {
   const Tensor g = gate.dtype() == out.dtype() ? gate : gate.to(out.dtype());
+  MEGATRON_CHECK(out.device() == Device::kCPU,
+                 "--attention-output-gate runs on the CPU only (drop --device cuda)");
   Tensor sig = Tensor::empty(out.shape(), out.dtype(), out.device());
   Tensor y = Tensor::empty(out.shape(), out.dtype(), out.device());
   if (out.dtype() == DType::kF64) {
     gate_forward(out.data<double>(), g.data<double>(), out.numel(), sig.data<double>(),
                  y.data<double>());
   } else {
-    MEGATRON_CHECK(out.dtype() == DType::kF32 && out.device() == Device::kCPU,
-                   "--attention-output-gate runs on the CPU in f32 or f64");
+    MEGATRON_CHECK(out.dtype() == DType::kF32, "--attention-output-gate runs in f32 or f64");
     gate_forward(out.data<float>(), g.data<float>(), out.numel(), sig.data<float>(),
                  y.data<float>());
   }

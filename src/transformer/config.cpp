@@ -191,6 +191,11 @@ int64_t TransformerConfig::attention_window(int64_t layer) const {
   return windowed ? window_left : -1;
 }
 
+double TransformerConfig::output_init_std() const {
+  const double multiplier = mamba.enabled() ? 1.0 : 2.0;
+  return init_method_std / std::sqrt(multiplier * static_cast<double>(num_layers));
+}
+
 double TransformerConfig::attention_scale() const {
   // Megatron's multi-latent attention hands its own scale to the core attention.
   if (mla.enabled) return mla.softmax_scale();

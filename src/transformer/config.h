@@ -229,6 +229,10 @@ struct TransformerConfig {
   bool gated_mlp() const { return swiglu || gated_gelu || quick_geglu; }
   // The scale attention applies to q . k.
   double attention_scale() const;
+  // Megatron's output_layer_init_method std (linear_proj, fc2, the experts' fc2, Mamba's
+  // out_proj): init_method_std / sqrt(2 layers), or / sqrt(layers) in a hybrid model (its
+  // is_hybrid_model, set by a hybrid pattern in core 0.19).
+  double output_init_std() const;
 
   // Layer `layer`'s config (0-based, global): this one with the heterogeneous block's query
   // groups and MLP width (Megatron's get_config_for_layer), without the block list.

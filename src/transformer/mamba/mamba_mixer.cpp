@@ -61,7 +61,7 @@ MambaMixer::MambaMixer(const std::string& name, const TransformerConfig& cfg, in
                             cfg.mamba.num_groups * cfg.mamba.state_dim,
                             cfg.mamba.heads(cfg.hidden_size)}}),
       out_proj(name + ".out_proj", cfg.mamba.d_inner(cfg.hidden_size), cfg.hidden_size,
-               cfg.init_method_std / std::sqrt(static_cast<double>(cfg.num_layers)), *tp.group,
+               cfg.output_init_std(), *tp.group,
                {.with_bias = false, .input_is_parallel = true, .sequence_parallel = tp.sp()}),
       layer_(layer_number),
       cp_(tp.cp.for_layer(layer_number)) {

@@ -132,7 +132,7 @@ GroupedExperts::GroupedExperts(const std::string& name, const TransformerConfig&
   ffn_local_ = divide(m.ffn_hidden_size, etp.size(),
                       "--moe-ffn-hidden-size by --expert-tensor-parallel-size");
   const int64_t h = cfg.hidden_size, f1 = cfg.gated_mlp() ? 2 * ffn_local_ : ffn_local_;
-  const double out_std = cfg.init_method_std / std::sqrt(2.0 * static_cast<double>(cfg.num_layers));
+  const double out_std = cfg.output_init_std();
   for (int64_t i = 0; i < local; ++i) {
     const std::string p = name + ".local_experts." + std::to_string(first_ + i);
     fc1_.push_back(std::make_unique<Linear>(p + ".linear_fc1", h, f1, cfg.add_bias_linear,

@@ -71,9 +71,8 @@ MoELayer::MoELayer(const std::string& name, const TransformerConfig& cfg, int64_
     const int64_t h = cfg.hidden_size, L = cfg.moe.latent_size;
     fc1_latent_proj = std::make_unique<Linear>(name + ".fc1_latent_proj", h, L, cfg.add_bias_linear,
                                                cfg.init_method_std);
-    fc2_latent_proj = std::make_unique<Linear>(
-        name + ".fc2_latent_proj", L, h, cfg.add_bias_linear,
-        cfg.init_method_std / std::sqrt(2.0 * static_cast<double>(cfg.num_layers)));
+    fc2_latent_proj = std::make_unique<Linear>(name + ".fc2_latent_proj", L, h, cfg.add_bias_linear,
+                                               cfg.output_init_std());
     for (Linear* l : {fc1_latent_proj.get(), fc2_latent_proj.get()}) {
       l->weight.sequence_parallel = tp.sp();
       l->bias.sequence_parallel = tp.sp();
@@ -182,6 +181,8 @@ Tensor MoELayer::shared_forward(const Tensor& x, Ctx& ctx) const {
   if (!shared_expert_gate) return s;
   const int64_t h = cfg_.hidden_size;
   Tensor z = shared_expert_gate->forward(x.view({ctx.tokens, h}), ctx.gate);  // [T, 1]
+  MEGATRON_CHECK(s.device() == Device::kCPU,
+                 "--moe-shared-expert-gate runs on the CPU only (drop --device cuda)");
   if (z.dtype() != s.dtype()) z = z.to(s.dtype());
   Tensor g = Tensor::empty({ctx.tokens}, s.dtype());
   Tensor y = Tensor::empty(s.shape(), s.dtype());
