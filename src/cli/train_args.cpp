@@ -1180,15 +1180,20 @@ void validate_batch_schedule(Arguments& a, int64_t dp) {
   // Megatron core 0.19's evaluation batch sizes: the training ones unless given.
   MEGATRON_CHECK(a.eval_micro_batch_size >= 0 && a.eval_global_batch_size >= 0,
                  "--eval-micro-batch-size and --eval-global-batch-size must be positive");
+  // Checked when either is given (the training sizes are checked, or decreased with
+  // --decrease-batch-size-if-needed, by the batch schedule below; the evaluation then takes
+  // whole micro-batches of them, as before these flags).
+  const bool eval_sizes_given = a.eval_micro_batch_size > 0 || a.eval_global_batch_size > 0;
   if (a.eval_micro_batch_size == 0) a.eval_micro_batch_size = a.micro_batch_size;
   if (a.eval_global_batch_size == 0) a.eval_global_batch_size = a.global_batch_size;
-  MEGATRON_CHECK(a.eval_global_batch_size % (a.eval_micro_batch_size * dp) == 0,
-                 "--eval-global-batch-size (", a.eval_global_batch_size,
-                 "; default --global-batch-size) must be divisible by --eval-micro-batch-size (",
-                 a.eval_micro_batch_size,
-                 "; default --micro-batch-size) times the data-parallel "
-                 "size (",
-                 dp, ")");
+  MEGATRON_CHECK(
+      !eval_sizes_given || a.eval_global_batch_size % (a.eval_micro_batch_size * dp) == 0,
+      "--eval-global-batch-size (", a.eval_global_batch_size,
+      "; default --global-batch-size) must be divisible by --eval-micro-batch-size (",
+      a.eval_micro_batch_size,
+      "; default --micro-batch-size) times the data-parallel "
+      "size (",
+      dp, ")");
   MEGATRON_CHECK(a.start_eval_at_iter >= 0, "--start-eval-at-iter must be >= 0, got ",
                  a.start_eval_at_iter);
   MEGATRON_CHECK(a.validation_set_names.empty() || a.multiple_validation_sets,
