@@ -44,8 +44,8 @@ void ArgTable::negative_flag(const std::string& flag, const std::string& dest, b
 }
 
 void ArgTable::alias(const std::string& alias, const std::string& of) {
-  const auto it = std::find_if(entries_.begin(), entries_.end(),
-                               [&](const Entry& e) { return e.flag == of; });
+  const auto it =
+      std::find_if(entries_.begin(), entries_.end(), [&](const Entry& e) { return e.flag == of; });
   // A wrong alias is a defect of the registration code, not of the user's input.
   if (it == entries_.end() || !it->on_given) {
     throw std::logic_error("ArgTable::alias: " + of + " is not a registered switch");

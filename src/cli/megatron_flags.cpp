@@ -271,8 +271,8 @@ std::string megatron_flags_markdown(const ArgTable& train) {
       ++counts[only_value(row).empty() ? row.status : "accepted with one value"];
       ++total;
     }
-    md << "## " << (release == "core_r0.14.0" ? "arguments.py, core_r0.14.0"
-                                               : "Added by " + release)
+    md << "## "
+       << (release == "core_r0.14.0" ? "arguments.py, core_r0.14.0" : "Added by " + release)
        << "\n\nCounts: ";
     bool first = true;
     for (const auto& [status, n] : counts) {
@@ -283,8 +283,7 @@ std::string megatron_flags_markdown(const ArgTable& train) {
        << "| flag | group | status | meaning here |\n|---|---|---|---|\n";
     for (const MegatronFlag& row : megatron_flags()) {
       if (row.release != release) continue;
-      const std::string meaning =
-          row.status == "implemented" ? train.help_of(row.flag) : row.note;
+      const std::string meaning = row.status == "implemented" ? train.help_of(row.flag) : row.note;
       md << "| `" << row.flag << "` | " << row.group << " | " << row.status << " | "
          << cell(meaning) << " |\n";
     }

@@ -17,10 +17,10 @@ namespace megatron::cli {
 
 struct MegatronFlag {
   std::string flag;
-  std::string values;  // "0" a switch, "1" one value, "*" or "+" a list
-  std::string group;   // Megatron's argument group (_add_GROUP_args)
-  std::string status;  // implemented, accepted, refused, or "only V"
-  std::string note;    // what an accepted flag means here; why a refused one is
+  std::string values;   // "0" a switch, "1" one value, "*" or "+" a list
+  std::string group;    // Megatron's argument group (_add_GROUP_args)
+  std::string status;   // implemented, accepted, refused, or "only V"
+  std::string note;     // what an accepted flag means here; why a refused one is
   std::string release;  // the Megatron release whose parser added it (core_r0.14.0 or later)
 };
 

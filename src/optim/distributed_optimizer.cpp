@@ -75,7 +75,6 @@ void DistributedOptimizer::step(const StepRates& rates, double grad_scale,
   ops::AdamWSpec spec;
   spec.beta1 = static_cast<float>(cfg_.beta1);
   spec.beta2 = static_cast<float>(cfg_.beta2);
-  spec.eps = static_cast<float>(cfg_.eps);
   spec.step = step_;
   spec.grad_scale = grad_scale;
   // Sharded mixed-precision main weights: the step rounds this rank's part of the compute copy as

@@ -883,10 +883,10 @@ void Trainer::build_data() {
                      : std::string("this data phase's iterations"),
                  " need ", train_need);
   if (args_.eval_iters > 0) {
-    const int64_t read = need.valid;  // every evaluation's samples (sample_counts)
-    MEGATRON_CHECK(args_.full_validation || !data_.valid || data_.valid->size() >= read,
+    // need.valid: every evaluation's samples (sample_counts).
+    MEGATRON_CHECK(args_.full_validation || !data_.valid || data_.valid->size() >= need.valid,
                    "the validation data has ", data_.valid ? data_.valid->size() : 0,
-                   " samples; evaluation needs ", read,
+                   " samples; evaluation needs ", need.valid,
                    " (the evaluations from --start-eval-at-iter every --eval-interval, and one "
                    "after training, x --eval-iters x --eval-global-batch-size)");
     MEGATRON_CHECK(!data_.test || data_.test->size() >= need.test, "the test data has ",

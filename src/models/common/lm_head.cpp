@@ -100,12 +100,13 @@ Tensor LMHead::loss_backward(const Tensor& dloss, Ctx& ctx, bool weight_grad) co
   check_shape(dloss, {b, s}, "LMHead dloss");
   Tensor d = dloss.dtype() == ctx.logits.dtype() ? dloss : dloss.to(ctx.logits.dtype());
   Tensor dloss_sb = swap(d, b, s).view({n});
+  // --use-mup's logit multiplier c: the cross entropy's backward is linear in dloss, so scaling
+  // the [n] loss gradient gives c times the logits' gradient without a pass over [n, Vp].
+  if (scales_logits()) ops::scale_inplace(dloss_sb, cfg_.mup.output_mult);
   // dlogits overwrite the logits: no second [n, Vp] buffer; with 16-bit weights and no output
   // bias (which sums the f32 gradient) the loss writes the GEMMs' rounded input directly.
   const Param& w = weight();
-  // (Not with --use-mup's logit multiplier, which scales the f32 gradient first.)
-  const bool rounded = is_half(w.value.dtype()) &&
-                       (bias.name.empty() || !bias.main_grad.defined()) && !scales_logits();
+  const bool rounded = is_half(w.value.dtype()) && (bias.name.empty() || !bias.main_grad.defined());
   Tensor dlogits = rounded ? Tensor::empty(ctx.logits.shape(), w.value.dtype(), ctx.logits.device())
                            : ctx.logits;
   if (tp_.size() == 1) {
@@ -115,7 +116,6 @@ Tensor LMHead::loss_backward(const Tensor& dloss, Ctx& ctx, bool weight_grad) co
     vocab_parallel_cross_entropy_backward(dlogits, dloss_sb, ctx.logits, ctx.lse, ctx.targets,
                                           vocab_.start, cfg_.vocab_size);
   }
-  if (scales_logits()) ops::scale_inplace(dlogits, cfg_.mup.output_mult);
   if (weight_grad && !bias.name.empty() && bias.main_grad.defined()) {
     Tensor db = bias.main_grad;
     ops::bias_backward(db, dlogits);

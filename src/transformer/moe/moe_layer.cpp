@@ -153,25 +153,14 @@ Tensor MoELayer::forward(const Tensor& x, Ctx& ctx, const ForwardMode& mode) con
 
 namespace {
 
-// y = s * g per row: s [T, h], g [T] (the gate's sigmoid); f32 or f64.
-template <typename T>
-void scale_rows(const T* s, const T* g, int64_t rows, int64_t h, T* y) {
-  for (int64_t t = 0; t < rows; ++t)
-    for (int64_t j = 0; j < h; ++j) y[t * h + j] = s[t * h + j] * g[t];
-}
-
-// The gate's backward: ds = dy * g, and dz_t = g_t (1 - g_t) sum_j dy_tj s_tj (the logit's
-// gradient, through the sigmoid).
-template <typename T>
-void gate_backward(const T* dy, const T* s, const T* g, int64_t rows, int64_t h, T* ds, T* dz) {
-  for (int64_t t = 0; t < rows; ++t) {
-    double dg = 0;  // a dot product over h: accumulated in double, as ops::row_dots does
-    for (int64_t j = 0; j < h; ++j) {
-      ds[t * h + j] = dy[t * h + j] * g[t];
-      dg += static_cast<double>(dy[t * h + j]) * static_cast<double>(s[t * h + j]);
-    }
-    dz[t] = static_cast<T>(dg * g[t] * (1 - g[t]));
-  }
+// sigmoid of each of the T gate logits [T, 1], as a [T] vector of `dtype` (one value per token:
+// a host loop in double).
+Tensor sigmoid_rows(const Tensor& z, DType dtype) {
+  const Tensor z64 = z.dtype() == DType::kF64 ? z : z.to(DType::kF64);
+  Tensor g = Tensor::empty({z.numel()}, DType::kF64);
+  for (int64_t t = 0; t < z.numel(); ++t)
+    g.data<double>()[t] = 1.0 / (1.0 + std::exp(-z64.data<double>()[t]));
+  return dtype == DType::kF64 ? g : g.to(dtype);
 }
 
 }  // namespace
@@ -183,38 +172,35 @@ Tensor MoELayer::shared_forward(const Tensor& x, Ctx& ctx) const {
   Tensor z = shared_expert_gate->forward(x.view({ctx.tokens, h}), ctx.gate);  // [T, 1]
   MEGATRON_CHECK(s.device() == Device::kCPU,
                  "--moe-shared-expert-gate runs on the CPU only (drop --device cuda)");
-  if (z.dtype() != s.dtype()) z = z.to(s.dtype());
-  Tensor g = Tensor::empty({ctx.tokens}, s.dtype());
-  Tensor y = Tensor::empty(s.shape(), s.dtype());
-  if (s.dtype() == DType::kF64) {
-    for (int64_t t = 0; t < ctx.tokens; ++t)
-      g.data<double>()[t] = 1.0 / (1.0 + std::exp(-z.data<double>()[t]));
-    scale_rows(s.data<double>(), g.data<double>(), ctx.tokens, h, y.data<double>());
-  } else {
-    MEGATRON_CHECK(s.dtype() == DType::kF32, "the shared experts' output is f32 or f64");
-    for (int64_t t = 0; t < ctx.tokens; ++t)
-      g.data<float>()[t] = 1.0f / (1.0f + std::exp(-z.data<float>()[t]));
-    scale_rows(s.data<float>(), g.data<float>(), ctx.tokens, h, y.data<float>());
-  }
+  // y = s * sigmoid(z) per token (ops::scale_rows, in s's dtype).
+  Tensor g = sigmoid_rows(z, s.dtype());
+  Tensor y = s.clone().view({ctx.tokens, h});
+  ops::scale_rows(y, g);
   ctx.shared_out = s;
   ctx.gate_score = g;
-  return y;
+  return y.view(s.shape());
 }
 
 Tensor MoELayer::shared_backward(const Tensor& dy, Ctx& ctx) const {
   if (!shared_expert_gate) return shared_experts->backward(dy, ctx.shared).view(ctx.in_shape);
   const int64_t h = cfg_.hidden_size;
   const Tensor& s = ctx.shared_out;
-  const Tensor d = dy.dtype() == s.dtype() ? dy : dy.to(s.dtype());
-  Tensor ds = Tensor::empty(s.shape(), s.dtype());
-  Tensor dz = Tensor::empty({ctx.tokens, 1}, s.dtype());
-  if (s.dtype() == DType::kF64) {
-    gate_backward(d.data<double>(), s.data<double>(), ctx.gate_score.data<double>(), ctx.tokens, h,
-                  ds.data<double>(), dz.data<double>());
-  } else {
-    gate_backward(d.data<float>(), s.data<float>(), ctx.gate_score.data<float>(), ctx.tokens, h,
-                  ds.data<float>(), dz.data<float>());
+  const Tensor d = (dy.dtype() == s.dtype() ? dy : dy.to(s.dtype())).view({ctx.tokens, h});
+  // ds = dy * g per token; dz_t = g_t (1 - g_t) sum_j dy_tj s_tj (the logit's gradient through
+  // the sigmoid; the row dot products accumulated in double by ops::row_dots).
+  Tensor ds = d.clone();
+  ops::scale_rows(ds, ctx.gate_score);
+  Tensor dots = Tensor::empty({ctx.tokens}, s.dtype());
+  ops::row_dots(dots, d, s.view({ctx.tokens, h}));
+  const Tensor dots64 = dots.dtype() == DType::kF64 ? dots : dots.to(DType::kF64);
+  const Tensor g64 =
+      ctx.gate_score.dtype() == DType::kF64 ? ctx.gate_score : ctx.gate_score.to(DType::kF64);
+  Tensor dz = Tensor::empty({ctx.tokens, 1}, DType::kF64);
+  for (int64_t t = 0; t < ctx.tokens; ++t) {
+    const double gt = g64.data<double>()[t];
+    dz.data<double>()[t] = dots64.data<double>()[t] * gt * (1 - gt);
   }
+  if (s.dtype() != DType::kF64) dz = dz.to(s.dtype());
   Tensor dx = shared_experts->backward(ds, ctx.shared).view(ctx.in_shape);
   Tensor dx_gate = shared_expert_gate->backward(dz, ctx.gate);
   ops::add_inplace(
